@@ -1,0 +1,71 @@
+// Package rpcstatus builds the gRPC statuses berth returns: a canonical code,
+// a message that says what failed, a google.rpc.ErrorInfo whose reason is a
+// stable machine token, and, for invalid requests, a google.rpc.BadRequest
+// naming the field. Both berthd and berth-agent build their errors here so
+// that every error carries the same details.
+package rpcstatus
+
+import (
+	"errors"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+)
+
+// Domain is the ErrorInfo domain of every berth error.
+const Domain = "berth.dev"
+
+// Reason tokens carried in ErrorInfo.reason. They are stable: clients switch
+// on them.
+const (
+	ReasonInvalidArgument   = "INVALID_ARGUMENT"
+	ReasonSandboxNotFound   = "SANDBOX_NOT_FOUND"
+	ReasonSandboxExists     = "SANDBOX_EXISTS"
+	ReasonImageNotFound     = "IMAGE_NOT_FOUND"
+	ReasonImageArchive      = "IMAGE_ARCHIVE_INVALID"
+	ReasonExecNotFound      = "EXEC_NOT_FOUND"
+	ReasonExecExists        = "EXEC_EXISTS"
+	ReasonCwdInvalid        = "CWD_INVALID"
+	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
+	ReasonUnreachable       = "SANDBOX_UNREACHABLE"
+	ReasonInternal          = "INTERNAL"
+)
+
+// Error returns a status error with code, message msg and an ErrorInfo with
+// reason and metadata meta (which may be nil), plus any extra details.
+func Error(code codes.Code, reason, msg string, meta map[string]string, extra ...protoadapt.MessageV1) error {
+	st := status.New(code, msg)
+	details := append([]protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}}, extra...)
+	withDetails, err := st.WithDetails(details...)
+	if err != nil {
+		// WithDetails fails only for an OK status or unmarshalable details;
+		// the bare status still says what failed.
+		return st.Err()
+	}
+	return withDetails.Err()
+}
+
+// InvalidArgument returns an INVALID_ARGUMENT status naming field, with
+// message "<field>: <description>" and a BadRequest field violation.
+func InvalidArgument(field, description string) error {
+	return Error(codes.InvalidArgument, ReasonInvalidArgument, field+": "+description,
+		map[string]string{"field": field},
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: description}}})
+}
+
+// Reason returns the ErrorInfo reason of err when err is a berth status
+// error, and "" otherwise.
+func Reason(err error) string {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return ""
+	}
+	for _, d := range se.GRPCStatus().Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
