@@ -1,0 +1,281 @@
+// Package integration runs berth end to end against a real containerd: a
+// private containerd started by scripts/containerd.sh (or the one at
+// BERTH_CONTAINERD_ADDRESS), the real berth-agent binary, real containers
+// from the offline base image, and berthd's handlers behind a real gRPC
+// server on a unix socket.
+//
+// With BERTH_E2E=1 (as CI sets) a missing prerequisite fails the run;
+// without it the tests skip.
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// env is the shared test environment set up by TestMain.
+var env struct {
+	skip        string // why every test skips; empty when the env is up
+	repo        string
+	dir         string // short temp dir: sockets live here
+	containerd  string // containerd socket
+	namespace   string
+	agentBinary string
+	cliBinary   string
+	berthdAddr  string // unix:///... of the in-process server
+	conn        *grpc.ClientConn
+	sandboxes   berthv1.SandboxServiceClient
+	images      berthv1.ImageServiceClient
+	rt          *runtime.Runtime
+	image       string
+}
+
+const baseImage = "berth.dev/base:latest"
+
+func TestMain(m *testing.M) {
+	code, err := setup(m)
+	if err != nil {
+		if os.Getenv("BERTH_E2E") == "1" {
+			fmt.Fprintf(os.Stderr, "integration: BERTH_E2E=1 but the environment cannot run: %v\n", err)
+			os.Exit(1)
+		}
+		env.skip = err.Error()
+		code = m.Run()
+	}
+	os.Exit(code)
+}
+
+// setup brings the environment up, runs the tests and tears it down. It
+// returns an error only when the environment could not be brought up.
+func setup(m *testing.M) (code int, err error) {
+	if os.Geteuid() != 0 {
+		return 0, fmt.Errorf("containerd needs root")
+	}
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		return 0, err
+	}
+	env.repo = repo
+	// Socket paths are limited to 108 bytes: keep the directory short.
+	env.dir, err = os.MkdirTemp("/tmp", "bt")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(env.dir)
+
+	env.containerd = os.Getenv("BERTH_CONTAINERD_ADDRESS")
+	if env.containerd == "" {
+		script := filepath.Join(repo, "scripts", "containerd.sh")
+		dir := filepath.Join(env.dir, "c")
+		if out, err := exec.Command("bash", script, "start", dir).CombinedOutput(); err != nil {
+			return 0, fmt.Errorf("start containerd: %v: %s", err, out)
+		}
+		defer func() {
+			if out, err := exec.Command("bash", script, "stop", dir).CombinedOutput(); err != nil {
+				fmt.Fprintf(os.Stderr, "integration: stop containerd: %v: %s\n", err, out)
+			}
+		}()
+		env.containerd = filepath.Join(dir, "containerd.sock")
+	}
+
+	bin := filepath.Join(env.dir, "bin")
+	env.agentBinary = filepath.Join(bin, "berth-agent")
+	env.cliBinary = filepath.Join(bin, "berth")
+	if err := goBuild(env.agentBinary, "./cmd/berth-agent", "CGO_ENABLED=0"); err != nil {
+		return 0, err
+	}
+	if err := goBuild(env.cliBinary, "./cmd/berth"); err != nil {
+		return 0, err
+	}
+
+	archive := os.Getenv("BERTH_TEST_IMAGE")
+	if archive == "" {
+		archive = filepath.Join(repo, "build", "base.oci.tar")
+	}
+	if _, err := os.Stat(archive); err != nil {
+		return 0, fmt.Errorf("test image archive (build it with `make image`): %w", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	b := make([]byte, 4)
+	rand.Read(b)
+	env.namespace = "berth-test-" + hex.EncodeToString(b)
+	env.rt, err = runtime.New(ctx, runtime.Config{
+		Address:     env.containerd,
+		Namespace:   env.namespace,
+		StateDir:    filepath.Join(env.dir, "st"),
+		AgentBinary: env.agentBinary,
+	})
+	if err != nil {
+		return 0, err
+	}
+	defer env.rt.Close()
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if os.Getenv("BERTH_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	svc := server.New(server.Config{}, env.rt, log)
+	defer svc.Close()
+	sock := filepath.Join(env.dir, "berthd.sock")
+	env.berthdAddr = "unix://" + sock
+	lis, err := server.Listen(env.berthdAddr)
+	if err != nil {
+		return 0, err
+	}
+	srv := server.NewGRPCServer(svc, log)
+	go srv.Serve(lis)
+	defer srv.Stop()
+
+	env.conn, err = grpc.NewClient(env.berthdAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, err
+	}
+	defer env.conn.Close()
+	env.sandboxes = berthv1.NewSandboxServiceClient(env.conn)
+	env.images = berthv1.NewImageServiceClient(env.conn)
+
+	if err := importImage(ctx, archive); err != nil {
+		return 0, err
+	}
+	env.image = baseImage
+	defer cleanupNamespace()
+	return m.Run(), nil
+}
+
+// importImage imports the test image through the public ImageService.
+func importImage(ctx context.Context, archive string) error {
+	f, err := os.Open(archive)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	stream, err := env.images.ImportImage(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&berthv1.ImportImageRequest{Part: &berthv1.ImportImageRequest_Header{Header: &berthv1.ImportImageHeader{}}}); err != nil {
+		return err
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if err := stream.Send(&berthv1.ImportImageRequest{Part: &berthv1.ImportImageRequest_Chunk{Chunk: buf[:n]}}); err != nil {
+				return err
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return fmt.Errorf("import %s: %w", archive, err)
+	}
+	for _, img := range resp.GetImages() {
+		if img.GetName() == baseImage {
+			return nil
+		}
+	}
+	return fmt.Errorf("import %s: got images %v, want %s among them", archive, resp.GetImages(), baseImage)
+}
+
+// cleanupNamespace deletes every sandbox the tests left behind.
+func cleanupNamespace() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sbs, err := env.rt.List(ctx, nil)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: list leftovers: %v\n", err)
+		return
+	}
+	for _, sb := range sbs {
+		if err := env.rt.Delete(ctx, sb.ID); err != nil {
+			fmt.Fprintf(os.Stderr, "integration: delete leftover %s: %v\n", sb.ID, err)
+		}
+	}
+}
+
+func goBuild(out, pkg string, extraEnv ...string) error {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = env.repo
+	cmd.Env = append(os.Environ(), extraEnv...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v: %s", pkg, err, b)
+	}
+	return nil
+}
+
+// need skips the test when the environment is not up.
+func need(t *testing.T) {
+	t.Helper()
+	if env.skip != "" {
+		t.Skip("integration environment unavailable: " + env.skip)
+	}
+}
+
+// newSandbox creates a sandbox for the test and deletes it at cleanup.
+func newSandbox(t *testing.T, req *berthv1.CreateSandboxRequest) *berthv1.Sandbox {
+	t.Helper()
+	if req == nil {
+		req = &berthv1.CreateSandboxRequest{}
+	}
+	if req.Image == "" {
+		req.Image = env.image
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := env.sandboxes.CreateSandbox(ctx, req)
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	sb := resp.GetSandbox()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
+			t.Errorf("DeleteSandbox(%s): %v", sb.GetId(), err)
+		}
+	})
+	return sb
+}
+
+// run runs argv in the sandbox through the Run RPC.
+func run(t *testing.T, sandboxID string, argv ...string) *berthv1.RunResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, Process: &berthv1.ProcessSpec{Argv: argv}})
+	if err != nil {
+		t.Fatalf("Run(%q): %v", argv, err)
+	}
+	return resp
+}
+
+// shortID returns a unique sandbox id for a test.
+func shortID(prefix string) string {
+	b := make([]byte, 3)
+	rand.Read(b)
+	return strings.ToLower(prefix) + "-" + hex.EncodeToString(b)
+}

@@ -1,0 +1,281 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// agentInfoTimeout bounds a status query to an agent made while answering
+// GetSandbox or ListSandboxes.
+const agentInfoTimeout = 2 * time.Second
+
+// agentFor returns a client for the agent of a running sandbox. It fails
+// with ErrSandboxNotFound or, when the sandbox's task does not run, with
+// errAgentUnreachable.
+func (s *Service) agentFor(ctx context.Context, sandboxID string) (agentv1.AgentServiceClient, error) {
+	sb, err := s.rt.Get(ctx, sandboxID)
+	if err != nil {
+		return nil, err
+	}
+	if !sb.Running {
+		return nil, fmt.Errorf("%w: the task of sandbox %s is not running", errAgentUnreachable, sandboxID)
+	}
+	return s.agents.Get(sb.SocketPath)
+}
+
+// Exec proxies one exec stream between the caller and the sandbox's agent.
+// The agent owns the exec: when the caller goes away the process keeps
+// running and stays attachable. Events pass through without copying their
+// payloads.
+func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return rpcstatus.InvalidArgument("event", "the stream ended before a start or attach message")
+		}
+		return s.toStatus(ctx, err, nil)
+	}
+	var (
+		sandboxID string
+		opening   *agentv1.ExecRequest
+	)
+	switch ev := first.GetEvent().(type) {
+	case *berthv1.ExecRequest_Start:
+		sandboxID = ev.Start.GetSandboxId()
+		execID, err := s.execID("start.exec_id", ev.Start.GetExecId())
+		if err != nil {
+			return err
+		}
+		if ev.Start.GetProcess() == nil {
+			return rpcstatus.InvalidArgument("start.process", "is missing")
+		}
+		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess()}}}
+	case *berthv1.ExecRequest_Attach:
+		sandboxID = ev.Attach.GetSandboxId()
+		if err := validateExecID("attach.exec_id", ev.Attach.GetExecId()); err != nil {
+			return err
+		}
+		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: ev.Attach.GetExecId(), SinceSeq: ev.Attach.GetSinceSeq()}}}
+	default:
+		return rpcstatus.InvalidArgument("event", "the first message must be start or attach")
+	}
+	meta := map[string]string{"sandbox_id": sandboxID}
+	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
+		return err
+	}
+	agent, err := s.agentFor(ctx, sandboxID)
+	if err != nil {
+		return s.toStatus(ctx, err, meta)
+	}
+
+	// agentCtx ends the agent stream when the caller breaks the protocol;
+	// the caller going away ends it through ctx.
+	agentCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	upstream, err := agent.Exec(agentCtx)
+	if err != nil {
+		return s.toStatus(ctx, agentError(sandboxID, err), meta)
+	}
+	if err := upstream.Send(opening); err != nil && !errors.Is(err, io.EOF) {
+		return s.toStatus(ctx, agentError(sandboxID, err), meta)
+	}
+	var protoErr protocolError
+	// The forwarder ends when the caller closes its side or the stream's
+	// context ends, which returning from this handler does.
+	go forwardCaller(stream, upstream, &protoErr, cancel)
+
+	resp := &berthv1.ExecResponse{}
+	for {
+		msg, err := upstream.Recv()
+		if err != nil {
+			if perr := protoErr.get(); perr != nil {
+				return perr
+			}
+			if errors.Is(err, io.EOF) {
+				return s.toStatus(ctx, fmt.Errorf("%w: the agent of sandbox %s ended the exec stream without a result", errAgentUnreachable, sandboxID), meta)
+			}
+			return s.toStatus(ctx, agentError(sandboxID, err), meta)
+		}
+		if !setEvent(resp, msg) {
+			continue
+		}
+		if err := stream.Send(resp); err != nil {
+			return s.toStatus(ctx, err, meta)
+		}
+		if msg.GetExited() != nil {
+			return nil
+		}
+	}
+}
+
+// setEvent re-wraps an agent event as a public one, sharing the payload.
+func setEvent(resp *berthv1.ExecResponse, msg *agentv1.ExecResponse) bool {
+	switch ev := msg.GetEvent().(type) {
+	case *agentv1.ExecResponse_Started:
+		resp.Event = &berthv1.ExecResponse_Started{Started: ev.Started}
+	case *agentv1.ExecResponse_Output:
+		resp.Event = &berthv1.ExecResponse_Output{Output: ev.Output}
+	case *agentv1.ExecResponse_Heartbeat:
+		resp.Event = &berthv1.ExecResponse_Heartbeat{Heartbeat: ev.Heartbeat}
+	case *agentv1.ExecResponse_Dropped:
+		resp.Event = &berthv1.ExecResponse_Dropped{Dropped: ev.Dropped}
+	case *agentv1.ExecResponse_Exited:
+		resp.Event = &berthv1.ExecResponse_Exited{Exited: ev.Exited}
+	default:
+		return false
+	}
+	return true
+}
+
+// protocolError records the first protocol violation of a caller.
+type protocolError struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (p *protocolError) set(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err == nil {
+		p.err = err
+	}
+}
+
+func (p *protocolError) get() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// forwardCaller forwards the caller's stdin, close_stdin and signal
+// messages to the agent in order. The agent's stream flow control is the
+// back-pressure for stdin. A second start or attach is a protocol error:
+// it is recorded and the agent stream is canceled.
+func forwardCaller(stream berthv1.SandboxService_ExecServer, upstream agentv1.AgentService_ExecClient, protoErr *protocolError, cancel context.CancelFunc) {
+	out := &agentv1.ExecRequest{}
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			// io.EOF: the caller closed its side; anything else: the stream
+			// ended. Either way nothing more will come.
+			upstream.CloseSend()
+			return
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *berthv1.ExecRequest_Stdin:
+			out.Event = &agentv1.ExecRequest_Stdin{Stdin: ev.Stdin}
+		case *berthv1.ExecRequest_CloseStdin:
+			out.Event = &agentv1.ExecRequest_CloseStdin{CloseStdin: ev.CloseStdin}
+		case *berthv1.ExecRequest_Signal:
+			out.Event = &agentv1.ExecRequest_Signal{Signal: ev.Signal}
+		default:
+			protoErr.set(rpcstatus.InvalidArgument("event", "only stdin, close_stdin and signal may follow the first message"))
+			cancel()
+			return
+		}
+		if err := upstream.Send(out); err != nil {
+			// The agent side ended; its Recv reports why.
+			return
+		}
+	}
+}
+
+// agentError classifies an error from an agent RPC. Statuses the agent
+// built (with a berth ErrorInfo) pass unchanged; transport failures mean the
+// agent is unreachable.
+func agentError(sandboxID string, err error) error {
+	if rpcstatus.Reason(err) != "" {
+		return err
+	}
+	switch status.Code(err) {
+	case codes.Unavailable:
+		return fmt.Errorf("%w: sandbox %s: %v", errAgentUnreachable, sandboxID, status.Convert(err).Message())
+	case codes.Canceled:
+		return context.Canceled
+	case codes.DeadlineExceeded:
+		return context.DeadlineExceeded
+	}
+	return fmt.Errorf("agent of sandbox %s: %w", sandboxID, err)
+}
+
+// execID validates a caller's exec id or mints one.
+func (s *Service) execID(field, id string) (string, error) {
+	if id == "" {
+		return newID("ex-", 12), nil
+	}
+	if err := validateExecID(field, id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+// Run runs a process to completion through the agent and returns its
+// collected output, which the agent has already capped per stream.
+func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {
+	sandboxID := req.GetSandboxId()
+	meta := map[string]string{"sandbox_id": sandboxID}
+	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
+		return nil, err
+	}
+	execID, err := s.execID("exec_id", req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetProcess() == nil {
+		return nil, rpcstatus.InvalidArgument("process", "is missing")
+	}
+	if req.GetProcess().GetStdin() {
+		return nil, rpcstatus.InvalidArgument("process.stdin", "Run has no stdin; use Exec")
+	}
+	agent, err := s.agentFor(ctx, sandboxID)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, meta)
+	}
+	upstream, err := agent.Exec(ctx)
+	if err != nil {
+		return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+	}
+	start := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: req.GetProcess()}}}
+	if err := upstream.Send(start); err != nil && !errors.Is(err, io.EOF) {
+		return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+	}
+	if err := upstream.CloseSend(); err != nil {
+		return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+	}
+	var stdout, stderr bytes.Buffer
+	resp := &berthv1.RunResponse{ExecId: execID}
+	for {
+		msg, err := upstream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("%w: the agent of sandbox %s ended the exec stream without a result", errAgentUnreachable, sandboxID)
+			}
+			return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *agentv1.ExecResponse_Output:
+			if ev.Output.GetStream() == berthv1.Stream_STREAM_STDERR {
+				stderr.Write(ev.Output.GetData())
+			} else {
+				stdout.Write(ev.Output.GetData())
+			}
+		case *agentv1.ExecResponse_Exited:
+			resp.Result = ev.Exited.GetResult()
+			resp.Stdout = stdout.Bytes()
+			resp.Stderr = stderr.Bytes()
+			return resp, nil
+		}
+	}
+}

@@ -1,0 +1,401 @@
+// Package runtime is berthd's glue to containerd: it turns a sandbox spec
+// into a container whose PID 1 is berth-agent, reads sandbox records back
+// from container labels, removes sandboxes, and imports and lists images.
+// Everything it knows lives in containerd, so a restarted berthd sees the
+// same sandboxes.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"syscall"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/containerd/v2/pkg/oci"
+	"github.com/containerd/errdefs"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Label keys berthd stores on every sandbox container. Keys with the
+// LabelPrefix are reserved: callers' labels may not use it.
+const (
+	LabelPrefix    = "berth.dev/"
+	labelSandbox   = LabelPrefix + "sandbox"
+	labelImage     = LabelPrefix + "image"
+	labelCreatedAt = LabelPrefix + "created-at"
+	labelPidsLimit = LabelPrefix + "pids-limit"
+)
+
+// Paths inside every sandbox.
+const (
+	// AgentPath is where the agent binary is bind-mounted, read-only.
+	AgentPath = "/.berth-agent"
+	// RunDir is where the sandbox's host directory is bind-mounted; the
+	// agent listens on RunDir/agent.sock.
+	RunDir = "/.berth-run"
+	// socketName is the agent's socket file name in RunDir and in the host
+	// directory.
+	socketName = "agent.sock"
+	// logName is the agent's stdout and stderr log in the host directory.
+	logName = "agent.log"
+)
+
+// Domain errors. The gRPC handlers map them to status codes.
+var (
+	// ErrSandboxNotFound means no sandbox container has the id.
+	ErrSandboxNotFound = errors.New("sandbox not found")
+	// ErrSandboxExists means a container with the id exists already.
+	ErrSandboxExists = errors.New("sandbox exists")
+	// ErrImageNotFound means the image reference is not in the image store.
+	ErrImageNotFound = errors.New("image not found")
+	// ErrImageArchive means an image archive could not be imported.
+	ErrImageArchive = errors.New("invalid image archive")
+)
+
+// Config configures the runtime. Zero fields take the defaults given.
+type Config struct {
+	// Address is containerd's socket path. Required.
+	Address string
+	// Namespace is berthd's containerd namespace. Default "berth".
+	Namespace string
+	// Snapshotter is the containerd snapshotter. Default "overlayfs".
+	Snapshotter string
+	// StateDir is the host directory holding one directory per sandbox
+	// with the agent's socket and log. Sandbox socket paths must stay under
+	// the 108 bytes of sun_path (unix(7)), so keep it short. Default
+	// "/run/berth".
+	StateDir string
+	// AgentBinary is the host path of the static berth-agent binary,
+	// bind-mounted read-only into every sandbox. Required.
+	AgentBinary string
+}
+
+func (c *Config) setDefaults() {
+	if c.Namespace == "" {
+		c.Namespace = "berth"
+	}
+	if c.Snapshotter == "" {
+		c.Snapshotter = "overlayfs"
+	}
+	if c.StateDir == "" {
+		c.StateDir = "/run/berth"
+	}
+}
+
+// Runtime creates and inspects sandboxes in containerd.
+type Runtime struct {
+	cfg    Config
+	client *containerd.Client
+}
+
+// New connects to containerd at cfg.Address and returns a Runtime that
+// works in cfg.Namespace. It fails when containerd does not answer within
+// ctx or the agent binary is missing.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	cfg.setDefaults()
+	if cfg.Address == "" {
+		return nil, errors.New("containerd address is empty")
+	}
+	if st, err := os.Stat(cfg.AgentBinary); err != nil {
+		return nil, fmt.Errorf("agent binary: %w", err)
+	} else if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("agent binary %s is not a regular file", cfg.AgentBinary)
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "s"), 0o700); err != nil {
+		return nil, fmt.Errorf("create state directory: %w", err)
+	}
+	client, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace))
+	if err != nil {
+		return nil, fmt.Errorf("connect to containerd at %s: %w", cfg.Address, err)
+	}
+	if _, err := client.Version(ctx); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
+	}
+	return &Runtime{cfg: cfg, client: client}, nil
+}
+
+// Close closes the connection to containerd. Sandboxes keep running.
+func (r *Runtime) Close() error { return r.client.Close() }
+
+// Namespace returns the containerd namespace the runtime works in.
+func (r *Runtime) Namespace() string { return r.cfg.Namespace }
+
+// SandboxSpec is what a sandbox is created from.
+type SandboxSpec struct {
+	// ID is the sandbox id, already validated.
+	ID string
+	// Image is an image reference present in the image store.
+	Image string
+	// Labels are the caller's labels, without reserved keys.
+	Labels map[string]string
+	// PidsLimit caps processes and threads in the sandbox.
+	PidsLimit uint64
+}
+
+// Sandbox is a sandbox as recorded in containerd.
+type Sandbox struct {
+	ID        string
+	Image     string
+	Labels    map[string]string
+	CreatedAt time.Time
+	PidsLimit uint64
+	// Running is true when the container's task is running.
+	Running bool
+	// TaskPID is the task's host pid; zero when there is no task.
+	TaskPID uint32
+	// SocketPath is the host path of the agent's socket.
+	SocketPath string
+}
+
+// hostDir returns the host directory of sandbox id.
+func (r *Runtime) hostDir(id string) string {
+	return filepath.Join(r.cfg.StateDir, "s", id)
+}
+
+// SocketPath returns the host path of the agent socket of sandbox id.
+func (r *Runtime) SocketPath(id string) string {
+	return filepath.Join(r.hostDir(id), socketName)
+}
+
+// LogPath returns the host path of the agent log of sandbox id.
+func (r *Runtime) LogPath(id string) string {
+	return filepath.Join(r.hostDir(id), logName)
+}
+
+// Create creates the sandbox container and starts its task with the agent
+// as PID 1. It does not wait for the agent to answer. It fails with
+// ErrImageNotFound when the image is not stored and ErrSandboxExists when
+// the id is taken; on any failure it removes what it created.
+func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
+	image, err := r.client.GetImage(ctx, spec.Image)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return fmt.Errorf("%w: %s", ErrImageNotFound, spec.Image)
+		}
+		return fmt.Errorf("get image %s: %w", spec.Image, err)
+	}
+	unpacked, err := image.IsUnpacked(ctx, r.cfg.Snapshotter)
+	if err != nil {
+		return fmt.Errorf("check unpacked image %s: %w", spec.Image, err)
+	}
+	if !unpacked {
+		if err := image.Unpack(ctx, r.cfg.Snapshotter); err != nil {
+			return fmt.Errorf("unpack image %s: %w", spec.Image, err)
+		}
+	}
+
+	dir := r.hostDir(spec.ID)
+	if len(r.SocketPath(spec.ID)) >= 108 {
+		return fmt.Errorf("agent socket path %s is longer than unix(7) allows (107 bytes)", r.SocketPath(spec.ID))
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create sandbox directory: %w", err)
+	}
+	// A stale socket from an earlier sandbox of the same id would make the
+	// readiness check talk to nothing.
+	_ = os.Remove(r.SocketPath(spec.ID))
+
+	labels := make(map[string]string, len(spec.Labels)+4)
+	for k, v := range spec.Labels {
+		labels[k] = v
+	}
+	labels[labelSandbox] = "true"
+	labels[labelImage] = spec.Image
+	labels[labelCreatedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	labels[labelPidsLimit] = strconv.FormatUint(spec.PidsLimit, 10)
+
+	container, err := r.client.NewContainer(ctx, spec.ID,
+		containerd.WithImage(image),
+		containerd.WithSnapshotter(r.cfg.Snapshotter),
+		containerd.WithNewSnapshot(spec.ID, image),
+		containerd.WithContainerLabels(labels),
+		containerd.WithNewSpec(r.specOpts(image, spec, dir)...),
+	)
+	if err != nil {
+		if errdefs.IsAlreadyExists(err) {
+			return fmt.Errorf("%w: %s", ErrSandboxExists, spec.ID)
+		}
+		os.RemoveAll(dir)
+		return fmt.Errorf("create container %s: %w", spec.ID, err)
+	}
+	defer func() {
+		if retErr != nil {
+			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			defer cancel()
+			if err := r.Delete(cleanup, spec.ID); err != nil {
+				retErr = fmt.Errorf("%w (cleanup failed: %v)", retErr, err)
+			}
+		}
+	}()
+
+	task, err := container.NewTask(ctx, cio.LogFile(r.LogPath(spec.ID)))
+	if err != nil {
+		return fmt.Errorf("create task %s: %w", spec.ID, err)
+	}
+	if err := task.Start(ctx); err != nil {
+		return fmt.Errorf("start task %s: %w", spec.ID, err)
+	}
+	return nil
+}
+
+// specOpts builds the OCI spec of a sandbox: the image's config with the
+// agent as entrypoint and the safe defaults of SPEC.md section 6 — a fresh
+// network namespace (containerd's default spec creates one with only lo), no
+// capabilities, no_new_privs, containerd's default seccomp profile (applied
+// after the capabilities, which it reads) and a pids limit.
+func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string) []oci.SpecOpts {
+	return []oci.SpecOpts{
+		oci.WithImageConfig(image),
+		oci.WithProcessArgs(AgentPath, "--socket", RunDir+"/"+socketName),
+		oci.WithProcessCwd("/"),
+		oci.WithHostname(spec.ID),
+		oci.WithMounts([]specs.Mount{
+			{Destination: AgentPath, Type: "bind", Source: r.cfg.AgentBinary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+			{Destination: RunDir, Type: "bind", Source: dir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		}),
+		oci.WithCapabilities(nil),
+		oci.WithNoNewPrivileges,
+		seccomp.WithDefaultProfile(),
+		oci.WithPidsLimit(int64(spec.PidsLimit)),
+	}
+}
+
+// WaitExit returns a channel that receives the task's exit once it exits,
+// so callers waiting for the agent can stop early when the task dies.
+func (r *Runtime) WaitExit(ctx context.Context, id string) (<-chan containerd.ExitStatus, error) {
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return nil, r.containerError(id, err)
+	}
+	task, err := container.Task(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("load task %s: %w", id, err)
+	}
+	return task.Wait(ctx)
+}
+
+// Get returns the sandbox with id, or ErrSandboxNotFound.
+func (r *Runtime) Get(ctx context.Context, id string) (Sandbox, error) {
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return Sandbox{}, r.containerError(id, err)
+	}
+	info, err := container.Info(ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return Sandbox{}, r.containerError(id, err)
+	}
+	if info.Labels[labelSandbox] != "true" {
+		return Sandbox{}, fmt.Errorf("%w: %s", ErrSandboxNotFound, id)
+	}
+	return r.sandbox(ctx, container, info.Labels), nil
+}
+
+// List returns every sandbox whose labels include all of selector, ordered
+// by id.
+func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]Sandbox, error) {
+	filter := fmt.Sprintf("labels.%q==true", labelSandbox)
+	for k, v := range selector {
+		filter += fmt.Sprintf(",labels.%q==%q", k, v)
+	}
+	containers, err := r.client.Containers(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	out := make([]Sandbox, 0, len(containers))
+	for _, c := range containers {
+		labels, err := c.Labels(ctx)
+		if err != nil {
+			if errdefs.IsNotFound(err) {
+				continue // deleted meanwhile
+			}
+			return nil, fmt.Errorf("read labels of %s: %w", c.ID(), err)
+		}
+		out = append(out, r.sandbox(ctx, c, labels))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// sandbox builds a Sandbox from a container and its labels, asking
+// containerd for the task's state.
+func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels map[string]string) Sandbox {
+	sb := Sandbox{
+		ID:         c.ID(),
+		Image:      labels[labelImage],
+		Labels:     make(map[string]string),
+		SocketPath: r.SocketPath(c.ID()),
+	}
+	for k, v := range labels {
+		if len(k) < len(LabelPrefix) || k[:len(LabelPrefix)] != LabelPrefix {
+			sb.Labels[k] = v
+		}
+	}
+	sb.CreatedAt, _ = time.Parse(time.RFC3339Nano, labels[labelCreatedAt])
+	sb.PidsLimit, _ = strconv.ParseUint(labels[labelPidsLimit], 10, 64)
+	if task, err := c.Task(ctx, nil); err == nil {
+		sb.TaskPID = task.Pid()
+		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Running {
+			sb.Running = true
+		}
+	}
+	return sb
+}
+
+// Delete kills the sandbox's task and removes the task, the container, its
+// snapshot and its host directory. Deleting a missing sandbox succeeds.
+func (r *Runtime) Delete(ctx context.Context, id string) error {
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return r.removeHostDir(id)
+		}
+		return fmt.Errorf("load container %s: %w", id, err)
+	}
+	if task, err := container.Task(ctx, nil); err == nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("delete task %s: %w", id, err)
+		}
+	} else if !errdefs.IsNotFound(err) {
+		return fmt.Errorf("load task %s: %w", id, err)
+	}
+	if err := container.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("delete container %s: %w", id, err)
+	}
+	return r.removeHostDir(id)
+}
+
+func (r *Runtime) removeHostDir(id string) error {
+	if err := os.RemoveAll(r.hostDir(id)); err != nil {
+		return fmt.Errorf("remove sandbox directory: %w", err)
+	}
+	return nil
+}
+
+// Kill sends signal to the sandbox's task (its PID 1, the agent).
+func (r *Runtime) Kill(ctx context.Context, id string, signal syscall.Signal) error {
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return r.containerError(id, err)
+	}
+	task, err := container.Task(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("load task %s: %w", id, err)
+	}
+	return task.Kill(ctx, signal)
+}
+
+func (r *Runtime) containerError(id string, err error) error {
+	if errdefs.IsNotFound(err) {
+		return fmt.Errorf("%w: %s", ErrSandboxNotFound, id)
+	}
+	return fmt.Errorf("load container %s: %w", id, err)
+}
