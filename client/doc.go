@@ -1,0 +1,15 @@
+// Package client is the Go client of berthd, the berth sandbox service: it
+// creates and deletes sandboxes, imports and lists images, and runs commands
+// inside sandboxes with streamed, sequence-numbered output.
+//
+// A Client wraps one gRPC connection (a unix socket or TCP) and is safe for
+// concurrent use. Every error an RPC returns is a *Error carrying the gRPC
+// code, the stable reason token berthd put in its google.rpc.ErrorInfo and
+// any field violations; use errors.As to inspect it and never the message
+// text.
+//
+// Exec is the core: it starts a process, returns once berthd says it runs, and
+// then delivers the process's stdout and stderr bytes exactly as they were
+// read, in sequence order, to the writers given with WithStdout and
+// WithStderr, until Wait returns the process's result.
+package client

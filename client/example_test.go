@@ -1,0 +1,227 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// The examples need a running berthd, so they are compiled but not run.
+
+func ExampleDial() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	sb, err := c.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{
+		Image:  "berth.dev/base:latest",
+		Labels: map[string]string{"owner": "ci"},
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.DeleteSandbox(context.WithoutCancel(ctx), sb.GetId())
+	fmt.Println("created", sb.GetId())
+}
+
+func ExampleClient_Exec() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	// Output bytes reach os.Stdout and os.Stderr exactly as the process
+	// wrote them.
+	e, err := c.Exec(ctx, "my-sandbox", &berthv1.ProcessSpec{
+		Argv:    []string{"ls", "-l", "/workspace"},
+		Timeout: durationpb.New(time.Minute),
+	}, client.WithStdout(os.Stdout), client.WithStderr(os.Stderr))
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := e.Wait()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, d := range e.Dropped() {
+		log.Printf("lost output events %d..%d (%d bytes)", d.GetFirstSeq(), d.GetLastSeq(), d.GetBytes())
+	}
+	fmt.Println("exit code", res.GetExitCode(), "timed out", res.GetTimedOut())
+}
+
+func ExampleExecution_Stdin() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	var out strings.Builder
+	e, err := c.Exec(ctx, "my-sandbox", &berthv1.ProcessSpec{
+		ShellCommand: "tr a-z A-Z",
+		Stdin:        true,
+	}, client.WithStdout(&out))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := io.Copy(e.Stdin(), strings.NewReader("hello\n")); err != nil {
+		log.Fatal(err)
+	}
+	if err := e.Stdin().Close(); err != nil { // EOF for tr
+		log.Fatal(err)
+	}
+	if _, err := e.Wait(); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Print(out.String())
+}
+
+func ExampleExecution_Signal() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	e, err := c.Exec(ctx, "my-sandbox", &berthv1.ProcessSpec{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := e.Signal(sctx, "TERM"); err != nil {
+		log.Fatal(err)
+	}
+	res, err := e.Wait()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(res.GetExitCode(), res.GetSignal()) // 143 SIGTERM
+}
+
+func ExampleClient_Attach() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	// Name the exec, so that a broken stream can be resumed.
+	e, err := c.Exec(ctx, "my-sandbox", &berthv1.ProcessSpec{ShellCommand: "make test"},
+		client.WithExecID("build-42"), client.WithStdout(os.Stdout), client.WithStderr(os.Stderr))
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := e.Wait()
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Code == codes.Unavailable {
+		// Resume after the last event written: nothing is written twice.
+		e, err = c.Attach(ctx, "my-sandbox", "build-42", e.LastSeq(),
+			client.WithStdout(os.Stdout), client.WithStderr(os.Stderr))
+		if err != nil {
+			log.Fatal(err)
+		}
+		res, err = e.Wait()
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("exit code", res.GetExitCode())
+}
+
+func ExampleClient_Run() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	resp, err := c.Run(ctx, "my-sandbox", &berthv1.ProcessSpec{Argv: []string{"uname", "-a"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%d %s", resp.GetResult().GetExitCode(), resp.GetStdout())
+}
+
+func ExampleClient_ListSandboxes() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	for sb, err := range c.ListSandboxes(ctx, map[string]string{"owner": "ci"}) {
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println(sb.GetId(), sb.GetState())
+	}
+}
+
+func ExampleClient_ImportImage() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	f, err := os.Open("base.oci.tar")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer f.Close()
+	images, err := c.ImportImage(ctx, f, "berth.dev/base:latest",
+		client.WithProgress(func(sent uint64) { log.Printf("%d bytes sent", sent) }))
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, img := range images {
+		fmt.Println(img.GetName(), img.GetDigest())
+	}
+}
+
+func ExampleError() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	_, err = c.GetSandbox(ctx, "no-such-sandbox")
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		switch ce.Reason {
+		case client.ReasonSandboxNotFound:
+			fmt.Println("gone")
+		case client.ReasonInvalidArgument:
+			for _, v := range ce.FieldViolations {
+				fmt.Println(v.Field, v.Description)
+			}
+		default:
+			fmt.Println(ce.Code, ce.Reason, ce.Message)
+		}
+	}
+}

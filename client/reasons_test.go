@@ -1,0 +1,31 @@
+package client
+
+import (
+	"testing"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+)
+
+// TestReasonsMatchServer keeps the public reason tokens equal to the ones
+// berthd sends.
+func TestReasonsMatchServer(t *testing.T) {
+	tests := []struct{ got, want string }{
+		{ErrorDomain, rpcstatus.Domain},
+		{ReasonInvalidArgument, rpcstatus.ReasonInvalidArgument},
+		{ReasonSandboxNotFound, rpcstatus.ReasonSandboxNotFound},
+		{ReasonSandboxExists, rpcstatus.ReasonSandboxExists},
+		{ReasonImageNotFound, rpcstatus.ReasonImageNotFound},
+		{ReasonImageArchive, rpcstatus.ReasonImageArchive},
+		{ReasonExecNotFound, rpcstatus.ReasonExecNotFound},
+		{ReasonExecExists, rpcstatus.ReasonExecExists},
+		{ReasonCwdInvalid, rpcstatus.ReasonCwdInvalid},
+		{ReasonSandboxNotRunning, rpcstatus.ReasonSandboxNotRunning},
+		{ReasonUnreachable, rpcstatus.ReasonUnreachable},
+		{ReasonInternal, rpcstatus.ReasonInternal},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("client token %q, berthd sends %q", tt.got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,82 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"iter"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// CreateSandbox creates a sandbox and returns it once its agent answers,
+// running. Creation is idempotent on req.SandboxId: the same id with the same
+// spec returns the existing sandbox. Errors: codes.InvalidArgument
+// (ReasonInvalidArgument, with FieldViolations), codes.NotFound
+// (ReasonImageNotFound) when the image is not in berthd's store,
+// codes.AlreadyExists (ReasonSandboxExists) when the id is taken by another
+// spec.
+func (c *Client) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.Sandbox, error) {
+	resp, err := c.sandboxes.CreateSandbox(ctx, req)
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.GetSandbox(), nil
+}
+
+// GetSandbox returns the sandbox named id. Errors: codes.NotFound
+// (ReasonSandboxNotFound).
+func (c *Client) GetSandbox(ctx context.Context, id string) (*berthv1.Sandbox, error) {
+	resp, err := c.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.GetSandbox(), nil
+}
+
+// DeleteSandbox stops and removes the sandbox named id with everything it
+// holds. Deleting a sandbox that does not exist succeeds.
+func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
+	_, err := c.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id})
+	return convertError(err)
+}
+
+// ListSandboxes returns an iterator over every sandbox that has all the
+// labels in labelSelector (nil selects all), in id order. It fetches pages as
+// the loop advances; an error ends the iteration with (nil, err) as its last
+// pair. Each range over the iterator lists afresh.
+//
+//	for sb, err := range c.ListSandboxes(ctx, nil) {
+//		if err != nil { return err }
+//		...
+//	}
+func (c *Client) ListSandboxes(ctx context.Context, labelSelector map[string]string) iter.Seq2[*berthv1.Sandbox, error] {
+	return func(yield func(*berthv1.Sandbox, error) bool) {
+		token := ""
+		for {
+			resp, err := c.sandboxes.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{
+				LabelSelector: labelSelector,
+				PageToken:     token,
+			})
+			if err != nil {
+				yield(nil, convertError(err))
+				return
+			}
+			for _, sb := range resp.GetSandboxes() {
+				if !yield(sb, nil) {
+					return
+				}
+			}
+			next := resp.GetNextPageToken()
+			if next == "" {
+				return
+			}
+			if next == token {
+				// A server that hands back the token it was given would loop
+				// forever.
+				yield(nil, errors.New("list sandboxes: berthd returned the same page token twice"))
+				return
+			}
+			token = next
+		}
+	}
+}

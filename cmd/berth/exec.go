@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+func newExecCmd(g *globals) *cobra.Command {
+	var f processFlags
+	cmd := &cobra.Command{
+		Use:   "exec [flags] SANDBOX [--] COMMAND [ARG...]",
+		Short: "Run a command in a sandbox",
+		Long: `Run COMMAND with its arguments, exactly as given (no shell), in the sandbox
+SANDBOX; --shell runs a command string with /bin/sh -c instead.
+
+Flags go before SANDBOX: everything after it belongs to the command.
+The command's stdout and stderr bytes are copied to berth's as they arrive.
+berth's standard input is forwarded when it is not a terminal (a pipe or a
+file), and closed at its end; otherwise the command reads /dev/null. SIGINT
+and SIGTERM sent to berth are forwarded to the command's process group; at
+the third, berth stops waiting.
+
+berth exits with the command's exit status (128+N when signal N killed it),
+and 125 when berth itself fails.`,
+		Example: `  berth exec my-sandbox -- ls -l /workspace
+  tar c src | berth exec my-sandbox -- tar x -C /workspace
+  berth exec --timeout 10m --env CI=1 --shell 'make && make test' my-sandbox`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sandboxID, command := splitExecArgs(args, cmd.ArgsLenAtDash())
+			spec, err := f.spec(command)
+			if err != nil {
+				return err
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			relay := startSignalRelay(cancel, cmd.ErrOrStderr())
+			defer relay.close()
+			// A closed stdout must come back as EPIPE, not kill berth.
+			signal.Ignore(syscall.SIGPIPE)
+			var stdin io.Reader
+			if forwardStdin(f.noStdin, term.IsTerminal(int(os.Stdin.Fd()))) {
+				spec.Stdin = true
+				stdin = os.Stdin
+			}
+			return execute(ctx, g, c, relay, sandboxID, spec, f.execID, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	// Flags end at SANDBOX: what follows belongs to the command.
+	cmd.Flags().SetInterspersed(false)
+	f.register(cmd.Flags(), true)
+	return cmd
+}
+
+// execute runs spec in the sandbox, copying its output to stdout and stderr
+// and stdin (when not nil) to its standard input, with SIGINT and SIGTERM
+// forwarded through relay. It returns the command's exit status as an
+// exitStatus, or why berth failed. Notices about the run (lost output, a
+// timeout, an OOM kill, truncation) go to stderr.
+func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, spec *berthv1.ProcessSpec, execID string, stdin io.Reader, stdout, stderr io.Writer) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The start is bounded like any request; the command's run is bounded
+	// by its own timeout.
+	var startTimedOut atomic.Bool
+	stopStartTimer := func() bool { return true }
+	if g.rpcTimeout > 0 {
+		stopStartTimer = time.AfterFunc(g.rpcTimeout, func() { startTimedOut.Store(true); cancel() }).Stop
+	}
+	e, err := c.Exec(ctx, sandboxID, spec, client.WithExecID(execID), client.WithStdout(stdout), client.WithStderr(stderr))
+	stopStartTimer()
+	if err != nil {
+		if s := relay.canceledBy(); s != nil {
+			return exitStatus(signalExit(s))
+		}
+		if startTimedOut.Load() {
+			return fmt.Errorf("no answer from berthd within %v (--rpc-timeout)", g.rpcTimeout)
+		}
+		return err
+	}
+	relay.setTarget(e)
+	defer relay.setTarget(nil)
+	if stdin != nil {
+		// This goroutine is not waited for: a read(2) from a pipe cannot be
+		// interrupted, and berth exits once the command has.
+		go func() {
+			if _, err := io.Copy(e.Stdin(), stdin); err != nil && !errors.Is(err, client.ErrStreamClosed) {
+				fmt.Fprintf(stderr, "berth: forward stdin: %s\n", describe(err))
+			}
+			_ = e.Stdin().Close()
+		}()
+	}
+	res, err := e.Wait()
+	relay.setTarget(nil)
+	if err != nil {
+		if errors.Is(err, syscall.EPIPE) {
+			// berth's reader went away: tell the command, as a local pipe
+			// would.
+			signalDetached(ctx, c, sandboxID, e.ID(), e.LastSeq(), "PIPE")
+			return exitStatus(exitBrokenPipe)
+		}
+		if s := relay.canceledBy(); s != nil {
+			return exitStatus(signalExit(s))
+		}
+		if startTimedOut.Load() {
+			return fmt.Errorf("no answer from berthd within %v (--rpc-timeout)", g.rpcTimeout)
+		}
+		return fmt.Errorf("exec %s: %w", e.ID(), err)
+	}
+	for _, n := range notices(e.Started(), res, e.Dropped()) {
+		fmt.Fprintf(stderr, "berth: %s\n", n)
+	}
+	code, err := resultExit(res)
+	if err != nil {
+		return err
+	}
+	if code == 0 {
+		return nil
+	}
+	return exitStatus(code)
+}
+
+// signalDetached sends signal name to an exec whose stream is gone, through
+// a new one, at best effort.
+func signalDetached(ctx context.Context, c *client.Client, sandboxID, execID string, since uint64, name string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), signalTimeout)
+	defer cancel()
+	a, err := c.Attach(ctx, sandboxID, execID, since)
+	if err != nil {
+		return
+	}
+	_ = a.Signal(ctx, name)
+	cancel()
+	_, _ = a.Wait()
+}
+
+// resultExit is berth's exit status for res: the command's exit code, which
+// berthd reports as 0 to 255 (128+N for signal N).
+func resultExit(res *berthv1.ExecResult) (int, error) {
+	code := res.GetExitCode()
+	if code < 0 || code > 255 {
+		return 0, fmt.Errorf("berthd reported exit code %d, outside 0 to 255", code)
+	}
+	return int(code), nil
+}
+
+// notices lists what berth tells the user about a finished command besides
+// its output: facts the exit status alone hides.
+func notices(started *berthv1.ExecStarted, res *berthv1.ExecResult, dropped []*berthv1.ExecDropped) []string {
+	var out []string
+	for _, d := range dropped {
+		out = append(out, fmt.Sprintf("output events %d to %d (%d bytes) were lost before berth read them", d.GetFirstSeq(), d.GetLastSeq(), d.GetBytes()))
+	}
+	if res.GetTimedOut() {
+		out = append(out, fmt.Sprintf("the command timed out after %v", started.GetTimeout().AsDuration()))
+	}
+	if res.GetOomKilled() {
+		out = append(out, "the command was killed for lack of memory (OOM)")
+	}
+	if res.GetStdoutTruncated() {
+		out = append(out, fmt.Sprintf("stdout was cut at %d of %d bytes", started.GetStdoutLimitBytes(), res.GetStdoutBytes()))
+	}
+	if res.GetStderrTruncated() {
+		out = append(out, fmt.Sprintf("stderr was cut at %d of %d bytes", started.GetStderrLimitBytes(), res.GetStderrBytes()))
+	}
+	return out
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+func newImageCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "image",
+		Short: "Import and list images",
+	}
+	cmd.AddCommand(newImageImportCmd(g), newImageListCmd(g))
+	return cmd
+}
+
+func newImageImportCmd(g *globals) *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:   "import FILE [--name REF]",
+		Short: "Import an OCI image archive",
+		Long: `Import an OCI image layout tar archive (optionally gzip-compressed) from
+FILE, or from standard input when FILE is "-", and print the name and digest
+of each image stored. Progress is shown on stderr when it is a terminal. The
+import is not bounded by --rpc-timeout.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var (
+				r     io.Reader
+				total int64 = -1
+				label       = args[0]
+			)
+			if args[0] == "-" {
+				if term.IsTerminal(int(os.Stdin.Fd())) {
+					return errors.New("refusing to read an image archive from a terminal; give FILE or pipe the archive in")
+				}
+				r, label = os.Stdin, "stdin"
+			} else {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
+					total = fi.Size()
+				}
+				r, label = f, filepath.Base(args[0])
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var opts []client.ImportOption
+			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+				p := &progress{w: f, label: label, total: total}
+				defer p.done()
+				opts = append(opts, client.WithProgress(p.update))
+			}
+			images, err := c.ImportImage(cmd.Context(), r, name, opts...)
+			if err != nil {
+				return err
+			}
+			for _, img := range images {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "image reference to store the image under, replacing the archive's (required when the archive names none)")
+	return cmd
+}
+
+// progress draws one status line on a terminal, at most ten times a second.
+type progress struct {
+	w     io.Writer
+	label string
+	total int64 // -1 when unknown
+
+	mu    sync.Mutex
+	last  time.Time
+	sent  uint64
+	drawn bool
+}
+
+func (p *progress) update(sent uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sent = sent
+	if time.Since(p.last) < 100*time.Millisecond && int64(sent) != p.total {
+		return
+	}
+	p.last = time.Now()
+	p.draw()
+}
+
+func (p *progress) draw() {
+	fmt.Fprintf(p.w, "\r\033[Kimporting %s: %s", p.label, progressText(p.sent, p.total))
+	p.drawn = true
+}
+
+func (p *progress) done() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		p.draw()
+		fmt.Fprintln(p.w)
+	}
+}
+
+// progressText renders "3.0 MiB / 12.0 MiB (25%)", or "3.0 MiB" when total
+// is unknown (-1).
+func progressText(sent uint64, total int64) string {
+	if total <= 0 {
+		return byteSize(sent)
+	}
+	return fmt.Sprintf("%s / %s (%d%%)", byteSize(sent), byteSize(uint64(total)), sent*100/uint64(total))
+}
+
+// byteSize renders n bytes in binary units: "512 B", "1.5 KiB", "3.0 MiB".
+func byteSize(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit && exp < 5; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func newImageListCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List images",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := g.unary(cmd.Context())
+			defer cancel()
+			images, err := c.ListImages(ctx)
+			if err != nil {
+				return err
+			}
+			return writeImageTable(cmd.OutOrStdout(), images, time.Now())
+		},
+	}
+}
+
+func writeImageTable(w io.Writer, images []*berthv1.Image, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tCREATED")
+	for _, img := range images {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", img.GetName(), shorten(img.GetDigest(), len("sha256:")+12), byteSize(img.GetSizeBytes()), ago(img.GetCreatedAt().AsTime(), now))
+	}
+	return tw.Flush()
+}

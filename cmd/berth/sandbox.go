@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+func newSandboxCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "sandbox",
+		Aliases: []string{"sb"},
+		Short:   "Create, list, inspect and delete sandboxes",
+	}
+	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g))
+	return cmd
+}
+
+func newSandboxCreateCmd(g *globals) *cobra.Command {
+	var (
+		req       berthv1.CreateSandboxRequest
+		labels    []string
+		pidsLimit uint64
+	)
+	cmd := &cobra.Command{
+		Use:   "create --image REF [flags]",
+		Short: "Create a sandbox and print its id",
+		Long: `Create a sandbox from the image REF and print its id once the sandbox's
+agent answers. Creating an id that exists with the same spec prints it again.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if req.Image == "" {
+				return errors.New("--image is required")
+			}
+			var err error
+			if req.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			if pidsLimit > 0 {
+				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit}
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := g.unary(cmd.Context())
+			defer cancel()
+			sb, err := c.CreateSandbox(ctx, &req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&req.Image, "image", "", "image reference, e.g. berth.dev/base:latest (required)")
+	cmd.Flags().StringVar(&req.SandboxId, "id", "", "sandbox id, 1 to 63 characters from [a-z0-9-] (default: minted by berthd)")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label the sandbox, KEY=VALUE (repeatable)")
+	cmd.Flags().Uint64Var(&pidsLimit, "pids-limit", 0, "maximum processes and threads in the sandbox (default berthd's)")
+	return cmd
+}
+
+func newSandboxListCmd(g *globals) *cobra.Command {
+	var (
+		labels []string
+		quiet  bool
+	)
+	cmd := &cobra.Command{
+		Use:     "ls [--label KEY=VALUE ...]",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sel, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := g.unary(cmd.Context())
+			defer cancel()
+			var sbs []*berthv1.Sandbox
+			for sb, err := range c.ListSandboxes(ctx, sel) {
+				if err != nil {
+					return err
+				}
+				sbs = append(sbs, sb)
+			}
+			if quiet {
+				for _, sb := range sbs {
+					fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
+				}
+				return nil
+			}
+			return writeSandboxTable(cmd.OutOrStdout(), sbs, time.Now())
+		},
+	}
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with this label, KEY=VALUE (repeatable: all must match)")
+	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the ids")
+	return cmd
+}
+
+// writeSandboxTable writes sbs as a table; now dates CREATED.
+func writeSandboxTable(w io.Writer, sbs []*berthv1.Sandbox, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(tw, "ID\tIMAGE\tSTATE\tCREATED\tAGENT BOOT ID")
+	for _, sb := range sbs {
+		boot := sb.GetRuntime().GetAgentBootId()
+		if boot == "" {
+			boot = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", sb.GetId(), sb.GetImage(), stateName(sb.GetState()), ago(sb.GetCreatedAt().AsTime(), now), shorten(boot, 12))
+	}
+	return tw.Flush()
+}
+
+// stateName renders SANDBOX_STATE_RUNNING as "running".
+func stateName(s berthv1.SandboxState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "SANDBOX_STATE_"))
+}
+
+// shorten returns s cut to n bytes.
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// ago renders how long before now t was, in its largest whole unit.
+func ago(t, now time.Time) string {
+	d := now.Sub(t)
+	switch {
+	case t.IsZero() || t.Unix() == 0:
+		return "-"
+	case d < 0:
+		return t.Format(time.RFC3339)
+	case d < time.Minute:
+		return fmt.Sprintf("%ds ago", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm ago", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh ago", int(d.Hours()))
+	default:
+		return fmt.Sprintf("%dd ago", int(d.Hours()/24))
+	}
+}
+
+func newSandboxGetCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get SANDBOX",
+		Short: "Print a sandbox as JSON",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := g.unary(cmd.Context())
+			defer cancel()
+			sb, err := c.GetSandbox(ctx, args[0])
+			if err != nil {
+				return err
+			}
+			b, err := protojson.Marshal(sb)
+			if err != nil {
+				return err
+			}
+			// protojson varies its spacing on purpose; re-indent for a stable
+			// look.
+			var out bytes.Buffer
+			if err := json.Indent(&out, b, "", "  "); err != nil {
+				return err
+			}
+			out.WriteByte('\n')
+			_, err = out.WriteTo(cmd.OutOrStdout())
+			return err
+		},
+	}
+}
+
+func newSandboxRemoveCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm SANDBOX...",
+		Aliases: []string{"delete"},
+		Short:   "Delete sandboxes",
+		Long:    "Delete each sandbox and print its id. Deleting a sandbox that does not exist succeeds.",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			failed := false
+			for _, id := range args {
+				ctx, cancel := g.unary(cmd.Context())
+				err := c.DeleteSandbox(ctx, id)
+				cancel()
+				if err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete %s: %s\n", id, describe(err))
+					failed = true
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), id)
+			}
+			if failed {
+				return exitStatus(exitBerth)
+			}
+			return nil
+		},
+	}
+}
