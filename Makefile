@@ -1,0 +1,66 @@
+# berth's developer and CI entry points. Go's build and module caches are
+# left where Go keeps them by default, so repeated runs stay warm.
+#
+#   make build            bin/berthd, bin/berth, bin/berth-agent (static)
+#   make image            install dependencies, build build/base.oci.tar
+#   make demo             scripts/demo.sh: a command in a real sandbox
+#   make test             scripts/test.sh: everything CI runs
+#   make generate         regenerate proto/ with buf
+#   make lint             buf lint, gofmt, go vet
+#   make check-generated  fail when proto/ differs from what buf generates
+#   make bench            benchmarks (BENCH=regexp, PKG=packages)
+
+GO      ?= go
+BUF     := $(GO) tool -modfile=tools.go.mod buf
+BENCH   ?= .
+PKG     ?= ./...
+IMAGE   := $(CURDIR)/build/base.oci.tar
+
+.PHONY: all build image demo test generate lint check-generated bench clean
+
+all: build
+
+# berth-agent runs as PID 1 inside images that may have no libc at all, so it
+# must be static: CGO_ENABLED=0.
+build:
+	@mkdir -p bin
+	$(GO) build -o bin/ ./cmd/berthd ./cmd/berth
+	CGO_ENABLED=0 $(GO) build -o bin/berth-agent ./cmd/berth-agent
+
+image:
+	scripts/deps.sh
+	scripts/base-image.sh
+
+demo:
+	scripts/demo.sh
+
+test:
+	scripts/test.sh
+
+generate:
+	$(BUF) generate
+
+lint:
+	$(BUF) lint
+	@unformatted=$$(gofmt -l .); \
+	if [ -n "$$unformatted" ]; then \
+		echo "gofmt: these files need formatting (run gofmt -w):"; echo "$$unformatted"; exit 1; \
+	fi
+	$(GO) vet ./...
+
+check-generated: generate
+	@if ! git diff --quiet -- proto || [ -n "$$(git status --porcelain --untracked-files=all -- proto)" ]; then \
+		echo "check-generated: the generated code in proto/ is stale: run 'make generate' and commit the result."; \
+		git status --short -- proto; \
+		git --no-pager diff --stat -- proto; \
+		exit 1; \
+	fi
+	@echo "check-generated: proto/ is up to date"
+
+# Benchmarks that need containers find the base image through
+# BERTH_TEST_IMAGE, as the tests do.
+bench: image
+	BERTH_TEST_IMAGE=$(IMAGE) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count=1 -timeout 30m $(PKG)
+
+clean:
+	rm -rf bin build

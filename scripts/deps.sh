@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# deps.sh installs what berth needs on a Debian (bookworm) machine and skips
+# whatever is already there, so running it again costs about a second.
+#
+#   - containerd, runc (and ctr, which ships with containerd), busybox-static,
+#     plus make and git when missing: apt-get update + apt-get install.
+#     The containerd package's systemd unit is not enabled or started; berth's
+#     scripts run a private containerd instead (scripts/containerd.sh).
+#   - bash-static: the .deb is fetched with `apt-get download` and unpacked
+#     with `dpkg-deb -x` into $BERTH_CACHE/bash-static (not installed), for
+#     the offline base image (scripts/base-image.sh).
+#
+# Environment:
+#   BERTH_CACHE  cache directory (default: $REPO/.cache, gitignored)
+#
+# Output: the bash-static tree at $BERTH_CACHE/bash-static, whose
+# bin/bash-static is the binary. Needs root (or sudo) only when it installs.
+# Go itself is a prerequisite: it fails with a clear message without it.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${BERTH_CACHE:-$REPO/.cache}
+BASH_STATIC_DIR=$CACHE/bash-static
+
+log() { printf 'deps: %s\n' "$*" >&2; }
+
+SUDO=()
+if [[ $EUID -ne 0 ]]; then
+	command -v sudo >/dev/null || { log "not root and no sudo: cannot install packages"; exit 1; }
+	SUDO=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+
+apt_updated=0
+apt_update() {
+	if [[ $apt_updated -eq 0 ]]; then
+		log "apt-get update"
+		"${SUDO[@]}" apt-get update -qq
+		apt_updated=1
+	fi
+}
+
+# installed PKG: whether dpkg has PKG installed (a command of the same name
+# could come from elsewhere; busybox from the non-static package would not run
+# in an image without libc).
+installed() {
+	[[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == "install ok installed" ]]
+}
+
+missing=()
+command -v containerd >/dev/null && command -v ctr >/dev/null || missing+=(containerd)
+command -v runc >/dev/null || missing+=(runc)
+{ [[ -x /bin/busybox ]] && installed busybox-static; } || missing+=(busybox-static)
+command -v make >/dev/null || missing+=(make)
+command -v git >/dev/null || missing+=(git)
+if [[ ${#missing[@]} -gt 0 ]]; then
+	apt_update
+	# Always the full set, so versions stay consistent with each other.
+	pkgs=(containerd runc busybox-static)
+	for p in make git; do
+		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
+	done
+	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
+	"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+else
+	log "containerd, runc, busybox-static, make, git: present"
+fi
+
+if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then
+	log "bash-static: present in $BASH_STATIC_DIR"
+else
+	mkdir -p "$CACHE"
+	tmp=$(mktemp -d "$CACHE/.bash-static.XXXXXX")
+	trap 'rm -rf "$tmp"' EXIT
+	# apt-get download drops privileges to _apt when it is root; give _apt a
+	# directory it can write so the download is sandboxed (it only warns
+	# otherwise).
+	mkdir "$tmp/deb"
+	if [[ $EUID -eq 0 ]] && id _apt >/dev/null 2>&1; then
+		chown _apt "$tmp/deb"
+		chmod 0755 "$tmp"
+	fi
+	download() { (cd "$tmp/deb" && apt-get download -qq bash-static); }
+	if ! download 2>/dev/null; then
+		# A fresh machine (or an image with its lists removed) has no
+		# package lists: update and retry once.
+		apt_update
+		download
+	fi
+	deb=$(ls "$tmp"/deb/bash-static_*.deb)
+	log "bash-static: unpacking $(basename "$deb")"
+	dpkg-deb -x "$deb" "$tmp/tree"
+	[[ -x $tmp/tree/bin/bash-static ]] || { log "$deb has no bin/bash-static"; exit 1; }
+	rm -rf "$BASH_STATIC_DIR"
+	mv "$tmp/tree" "$BASH_STATIC_DIR"
+fi
+
+# shellcheck disable=SC2016 # expanded by bash-static
+log "$(containerd --version | awk '{print $1, $3}'), $(runc --version | head -1), $("$BASH_STATIC_DIR/bin/bash-static" -c 'echo bash-static $BASH_VERSION')"
+
+# Go is not a Debian package here (bookworm has 1.19; go.mod wants 1.26), so
+# it is a prerequisite rather than something this script installs.
+if ! command -v go >/dev/null; then
+	log "go not found in PATH: install Go $(awk '/^go /{print $2}' "$REPO/go.mod") from https://go.dev/dl/ (Debian's golang is too old)"
+	exit 1
+fi
+
+# grpcurl drives the server through reflection in the integration tests and
+# the README's recipes. It is a Go program: install it from the module proxy.
+GRPCURL_VERSION=v1.9.4
+gobin=$(go env GOBIN)
+[[ -n $gobin ]] || gobin=$(go env GOPATH)/bin
+# (grpcurl built by go install reports no version, so presence is the check.)
+if [[ -x $gobin/grpcurl ]]; then
+	log "grpcurl: present in $gobin"
+else
+	log "go install grpcurl@$GRPCURL_VERSION (a few minutes on a cold cache)"
+	GOFLAGS=-buildvcs=false go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+fi
