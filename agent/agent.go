@@ -1,0 +1,337 @@
+// Package agent is berth-agent as a library: the gRPC AgentService that runs
+// as PID 1 of every sandbox, starts and supervises processes (one process
+// group per exec, reaped with wait4(2)), keeps each exec's numbered output
+// events in a bounded ring for re-attaching clients, and reaps the orphans
+// that the kernel re-parents to it.
+//
+// A Server is made with New and runs with Serve or ListenAndServe until its
+// context ends; it then stops every running exec (SIGTERM to its process
+// group, SIGKILL after Config.KillGrace) and returns.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+)
+
+// Version is the agent's release version, reported by Info and --version.
+// Release builds set it with -ldflags "-X github.com/berth-sandbox/berth/agent.Version=v0.1.0".
+var Version = "dev"
+
+// Config configures a Server. A zero field takes the default named in its
+// comment; DefaultConfig returns all defaults.
+type Config struct {
+	// WorkDir is the working directory of processes started with an empty
+	// cwd. New creates it (mkdir -p, mode 0755) when missing and falls back
+	// to "/" when it cannot. Default "/workspace".
+	WorkDir string
+	// Env is the environment every process starts from, as "KEY=value"
+	// strings; a start's env is applied on top. Default: the agent's own
+	// environment (os.Environ at New), which is the container's.
+	Env []string
+
+	// DefaultTimeout applies to a start with no timeout. Default 30m.
+	DefaultTimeout time.Duration
+	// MinTimeout and MaxTimeout bound a requested timeout; a request outside
+	// them is clamped, not refused. Defaults 1s and 24h.
+	MinTimeout time.Duration
+	MaxTimeout time.Duration
+	// KillGrace is how long a process group has between SIGTERM and
+	// SIGKILL when its timeout expires or the agent stops. Default 2s.
+	KillGrace time.Duration
+	// DrainGrace is how long output pipes may stay open after the exec's
+	// process exited (a background child can hold them); then the exec ends
+	// without waiting further. Default 1s.
+	DrainGrace time.Duration
+
+	// DefaultOutputLimit is the per-stream cap, in bytes, of output retained
+	// and sent when a start asks for none. Default 16 MiB.
+	DefaultOutputLimit uint64
+	// MaxOutputLimit is the largest per-stream cap a start may ask for, in
+	// bytes; larger requests are clamped to it. Default 64 MiB.
+	MaxOutputLimit uint64
+	// RingBytes bounds each exec's retained event log, in bytes: every
+	// output event is charged its data size plus EventOverhead. The oldest
+	// events are shed beyond it (readers that had not read them get
+	// ExecDropped); the newest event is always kept. Default 8 MiB.
+	RingBytes uint64
+	// Retention is how long a finished exec stays attachable. Default 10m.
+	Retention time.Duration
+	// HeartbeatInterval is how long an Exec stream may stay silent before
+	// the agent sends ExecHeartbeat. Default 15s.
+	HeartbeatInterval time.Duration
+
+	// Logger receives the agent's operational log; it never gets env
+	// values. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// EventOverhead is the bookkeeping charge, in bytes, of one output event
+// against Config.RingBytes, on top of its data.
+const EventOverhead = 160
+
+// DefaultConfig returns a Config with every default filled in.
+func DefaultConfig() Config {
+	return Config{
+		WorkDir:            "/workspace",
+		DefaultTimeout:     30 * time.Minute,
+		MinTimeout:         time.Second,
+		MaxTimeout:         24 * time.Hour,
+		KillGrace:          2 * time.Second,
+		DrainGrace:         time.Second,
+		DefaultOutputLimit: 16 << 20,
+		MaxOutputLimit:     64 << 20,
+		RingBytes:          8 << 20,
+		Retention:          10 * time.Minute,
+		HeartbeatInterval:  15 * time.Second,
+	}
+}
+
+// withDefaults returns c with zero fields set to their defaults, or an error
+// naming the first inconsistent field.
+func (c Config) withDefaults() (Config, error) {
+	d := DefaultConfig()
+	setDefault(&c.WorkDir, d.WorkDir)
+	setDefault(&c.DefaultTimeout, d.DefaultTimeout)
+	setDefault(&c.MinTimeout, d.MinTimeout)
+	setDefault(&c.MaxTimeout, d.MaxTimeout)
+	setDefault(&c.KillGrace, d.KillGrace)
+	setDefault(&c.DrainGrace, d.DrainGrace)
+	setDefault(&c.DefaultOutputLimit, d.DefaultOutputLimit)
+	setDefault(&c.MaxOutputLimit, d.MaxOutputLimit)
+	setDefault(&c.RingBytes, d.RingBytes)
+	setDefault(&c.Retention, d.Retention)
+	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	switch {
+	case c.MinTimeout < 0 || c.MinTimeout > c.MaxTimeout:
+		return c, fmt.Errorf("config: MinTimeout %v must be within 0..MaxTimeout %v", c.MinTimeout, c.MaxTimeout)
+	case c.DefaultTimeout < c.MinTimeout || c.DefaultTimeout > c.MaxTimeout:
+		return c, fmt.Errorf("config: DefaultTimeout %v must be within MinTimeout %v..MaxTimeout %v", c.DefaultTimeout, c.MinTimeout, c.MaxTimeout)
+	case c.DefaultOutputLimit > c.MaxOutputLimit:
+		return c, fmt.Errorf("config: DefaultOutputLimit %d exceeds MaxOutputLimit %d", c.DefaultOutputLimit, c.MaxOutputLimit)
+	case c.KillGrace < 0 || c.DrainGrace < 0 || c.Retention < 0 || c.HeartbeatInterval < 0:
+		return c, errors.New("config: KillGrace, DrainGrace, Retention and HeartbeatInterval must not be negative")
+	}
+	return c, nil
+}
+
+func setDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
+}
+
+// Server is the AgentService. Create it with New; it serves once.
+type Server struct {
+	agentv1.UnimplementedAgentServiceServer
+
+	cfg     Config
+	log     *slog.Logger
+	workDir string // cfg.WorkDir, or "/" when it could not be created
+	bootID  string
+	devNull *os.File // stdin of processes started without stdin
+	sup     *supervisor
+
+	mu      sync.Mutex
+	execs   map[string]*execution
+	serving bool // Serve was called
+	closing bool // Serve is stopping: starts are refused
+	// stopping is closed when Serve stops; running execs then terminate
+	// their process groups.
+	stopping chan struct{}
+
+	execWG   sync.WaitGroup // one per running exec's supervising goroutine
+	streamWG sync.WaitGroup // one per Exec stream's receiving goroutine
+}
+
+var _ agentv1.AgentServiceServer = (*Server)(nil)
+
+// New returns a Server for cfg. It creates cfg.WorkDir when missing (falling
+// back to "/" when that fails) and opens /dev/null. It fails when cfg is
+// inconsistent or /dev/null cannot be opened.
+func New(cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	id := make([]byte, 16)
+	if _, err := rand.Read(id); err != nil {
+		return nil, fmt.Errorf("boot id: %w", err)
+	}
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, fmt.Errorf("open stdin for processes without stdin: %w", err)
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      cfg.Logger,
+		workDir:  cfg.WorkDir,
+		bootID:   hex.EncodeToString(id),
+		devNull:  devNull,
+		sup:      newSupervisor(),
+		execs:    make(map[string]*execution),
+		stopping: make(chan struct{}),
+	}
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		s.log.Warn("working directory unavailable, using /", "workdir", cfg.WorkDir, "err", err)
+		s.workDir = "/"
+	}
+	return s, nil
+}
+
+// Info reports the agent's boot id, version and pid.
+func (s *Server) Info(context.Context, *agentv1.InfoRequest) (*agentv1.InfoResponse, error) {
+	return &agentv1.InfoResponse{BootId: s.bootID, Version: Version, Pid: int64(os.Getpid())}, nil
+}
+
+// ListenAndServe serves on a unix socket at path until ctx ends, like
+// Serve. A stale socket file at path is removed first; any other kind of
+// file there is an error. The socket is made mode 0600: only berthd (root)
+// dials it.
+func (s *Server) ListenAndServe(ctx context.Context, path string) error {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != os.ModeSocket {
+			return fmt.Errorf("listen %s: exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("chmod socket: %w", err)
+	}
+	return s.Serve(ctx, l)
+}
+
+// Serve serves AgentService on l until ctx ends or l fails, and closes l.
+// Before serving it makes the agent a child subreaper (prctl(2)
+// PR_SET_CHILD_SUBREAPER) unless it is PID 1, so that orphaned descendants
+// are re-parented to it, and starts reaping. When ctx ends it refuses new
+// starts, sends SIGTERM to every running exec's process group, SIGKILL after
+// Config.KillGrace, waits for the execs to finish and their streams to end,
+// and returns nil. It returns an error when l fails or when called twice.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	s.mu.Lock()
+	if s.serving {
+		s.mu.Unlock()
+		l.Close()
+		return errors.New("agent: Serve called twice")
+	}
+	s.serving = true
+	s.mu.Unlock()
+	defer s.devNull.Close()
+
+	if os.Getpid() != 1 {
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			l.Close()
+			return fmt.Errorf("prctl PR_SET_CHILD_SUBREAPER: %w", err)
+		}
+	}
+	// SIGCHLD must be caught before the first process starts, or an early
+	// exit would go unreaped until the next one.
+	s.sup.notify()
+	bgCtx, stopBackground := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	bg.Add(2)
+	go func() { defer bg.Done(); s.sup.run(bgCtx) }()
+	go func() { defer bg.Done(); s.janitor(bgCtx) }()
+
+	// berthd may ping idle connections to detect a dead sandbox early.
+	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
+	agentv1.RegisterAgentServiceServer(gs, s)
+	served := make(chan error, 1)
+	go func() { served <- gs.Serve(l) }()
+	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-served:
+	}
+	s.stop(gs)
+	if serveErr == nil {
+		serveErr = <-served
+	}
+	stopBackground()
+	bg.Wait()
+	if serveErr != nil && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return fmt.Errorf("serve: %w", serveErr)
+	}
+	return nil
+}
+
+// stop ends every running exec and every stream, within bounds so that a
+// process stuck in uninterruptible sleep cannot hold the agent forever.
+func (s *Server) stop(gs *grpc.Server) {
+	s.mu.Lock()
+	s.closing = true
+	close(s.stopping)
+	s.mu.Unlock()
+
+	// Each exec needs at most KillGrace to be killed, DrainGrace twice
+	// (group gone, pipes drained) to finish; allow a second of slack.
+	if !waitTimeout(&s.execWG, s.cfg.KillGrace+2*s.cfg.DrainGrace+time.Second) {
+		s.log.Error("execs still running at shutdown; giving up on them")
+	}
+	// Followers send ExecExited and return; give them a moment, then cut.
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(time.Second):
+		gs.Stop()
+		<-stopped
+	}
+	if !waitTimeout(&s.streamWG, time.Second) {
+		s.log.Error("exec streams still receiving at shutdown")
+	}
+}
+
+// waitTimeout waits for wg for at most d and reports whether it finished.
+// On timeout the waiting goroutine outlives the call until wg finishes;
+// this is only used at shutdown.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// errUnavailable is returned for starts while the agent is not serving.
+func errUnavailable() error {
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, "berth-agent is shutting down; no new exec starts", nil)
+}

@@ -1,0 +1,244 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/agent/ring"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// readBatch is how many events a stream takes from the ring per lock.
+const readBatch = 64
+
+// Exec starts or attaches to an exec and streams its events: ExecStarted,
+// then output events in sequence order (ExecDropped for events the ring shed
+// before this stream read them, ExecHeartbeat after Config.HeartbeatInterval
+// of silence), then ExecExited. Every stream, attach included, begins with
+// the exec's ExecStarted.
+//
+// The first message must be start or attach. A start whose exec_id exists
+// runs nothing and replays that exec from its first event. A program that
+// cannot be found or executed still makes an exec, as in a shell: pid 0,
+// exit code 127 (not found) or 126 (not executable) and a
+// "berth-agent: <argv0>: ..." line on stderr. After the first message the
+// client may send stdin (written in order; the stream's flow control is the
+// backpressure), close_stdin and signal (to the process group; an invalid
+// name fails the stream, the process runs on).
+//
+// Errors: INVALID_ARGUMENT (with a BadRequest naming the field) for a
+// malformed message, FAILED_PRECONDITION CWD_INVALID for a bad working
+// directory, NOT_FOUND EXEC_NOT_FOUND for an unknown exec id,
+// RESOURCE_EXHAUSTED when fork(2) fails, UNAVAILABLE while the agent stops.
+// When the client goes away the process keeps running and stays attachable.
+func (s *Server) Exec(stream agentv1.AgentService_ExecServer) error {
+	req, err := stream.Recv()
+	if errors.Is(err, io.EOF) {
+		return rpcstatus.InvalidArgument("event", "the stream ended before a start or attach message")
+	}
+	if err != nil {
+		return err
+	}
+	var (
+		e   *execution
+		cur ring.Cursor
+	)
+	switch ev := req.GetEvent().(type) {
+	case *agentv1.ExecRequest_Start:
+		e, err = s.startExec(ev.Start)
+	case *agentv1.ExecRequest_Attach:
+		e, cur, err = s.attachExec(ev.Attach)
+	default:
+		err = rpcstatus.InvalidArgument("event", fmt.Sprintf("the first message is %s; want start or attach", eventName(req)))
+	}
+	if err != nil {
+		return err
+	}
+
+	inputErr := make(chan error, 1)
+	s.streamWG.Add(1)
+	go s.receive(stream, e, inputErr)
+	return s.follow(stream, e, cur, inputErr)
+}
+
+// startExec returns the exec named by start, starting it when the id is
+// new. Validation happens before anything runs.
+func (s *Server) startExec(start *agentv1.ExecStart) (*execution, error) {
+	id := start.GetExecId()
+	if err := validateExecID(id); err != nil {
+		return nil, err
+	}
+	if e := s.lookup(id); e != nil {
+		return e, nil
+	}
+	p, err := s.planStart(start.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.serving || s.closing {
+		return nil, errUnavailable()
+	}
+	// Checked again under the lock that also covers the launch: two starts
+	// of one id race here, and only one runs.
+	if e := s.execs[id]; e != nil {
+		return e, nil
+	}
+	e, err := s.launch(id, p)
+	if err != nil {
+		return nil, err
+	}
+	s.execs[id] = e
+	return e, nil
+}
+
+// attachExec returns the exec named by attach and a cursor after its
+// since_seq.
+func (s *Server) attachExec(attach *agentv1.ExecAttach) (*execution, ring.Cursor, error) {
+	id := attach.GetExecId()
+	if id == "" {
+		return nil, ring.Cursor{}, rpcstatus.InvalidArgument("exec_id", "is empty")
+	}
+	e := s.lookup(id)
+	if e == nil {
+		return nil, ring.Cursor{}, rpcstatus.Error(codes.NotFound, rpcstatus.ReasonExecNotFound,
+			fmt.Sprintf("exec %q not found: never started in this agent, or finished more than %v ago", id, s.cfg.Retention),
+			map[string]string{"exec_id": id})
+	}
+	cur, err := e.log.Seek(attach.GetSinceSeq())
+	if err != nil {
+		return nil, ring.Cursor{}, rpcstatus.InvalidArgument("since_seq", fmt.Sprintf("exec %q: %v", id, err))
+	}
+	return e, cur, nil
+}
+
+func (s *Server) lookup(id string) *execution {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.execs[id]
+}
+
+// follow sends e's events after cur until ExecExited, the client goes away,
+// or the receiving side reports an invalid message.
+func (s *Server) follow(stream agentv1.AgentService_ExecServer, e *execution, cur ring.Cursor, inputErr <-chan error) error {
+	ctx := stream.Context()
+	if err := stream.Send(e.started); err != nil {
+		return err
+	}
+	buf := make([]*outputEvent, 0, readBatch)
+	heartbeat := time.NewTimer(s.cfg.HeartbeatInterval)
+	defer heartbeat.Stop()
+	for {
+		select {
+		case err := <-inputErr:
+			return err
+		default:
+		}
+		events, gap, done, wake := e.log.Read(&cur, buf[:0])
+		if gap.Last != 0 {
+			dropped := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Dropped{Dropped: &berthv1.ExecDropped{
+				FirstSeq: gap.First, LastSeq: gap.Last, Bytes: gap.Bytes,
+			}}}
+			if err := stream.Send(dropped); err != nil {
+				return err
+			}
+		}
+		for _, ev := range events {
+			if err := stream.Send(&ev.resp); err != nil {
+				return err
+			}
+		}
+		clear(events) // let shed events be freed while this stream waits
+		if gap.Last != 0 || len(events) > 0 {
+			heartbeat.Reset(s.cfg.HeartbeatInterval)
+			continue
+		}
+		if done {
+			return stream.Send(e.exitedEvent())
+		}
+		select {
+		case <-wake:
+		case <-heartbeat.C:
+			hb := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Heartbeat{Heartbeat: &berthv1.ExecHeartbeat{LastSeq: cur.Seq}}}
+			if err := stream.Send(hb); err != nil {
+				return err
+			}
+			heartbeat.Reset(s.cfg.HeartbeatInterval)
+		case err := <-inputErr:
+			return err
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// receive applies the client's messages after start or attach to e until
+// the stream ends. An invalid message is reported on inputErr (buffered)
+// and ends the loop; follow then fails the stream with it. It returns
+// promptly once the stream ends, except while a stdin write is blocked on
+// a full pipe, which lasts until the process reads or the exec finishes.
+func (s *Server) receive(stream agentv1.AgentService_ExecServer, e *execution, inputErr chan<- error) {
+	defer s.streamWG.Done()
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			// io.EOF: the client sends nothing more but still follows.
+			return
+		}
+		if err := s.apply(e, req); err != nil {
+			inputErr <- err
+			return
+		}
+	}
+}
+
+// apply carries out one stdin, close_stdin or signal message.
+func (s *Server) apply(e *execution, req *agentv1.ExecRequest) error {
+	switch ev := req.GetEvent().(type) {
+	case *agentv1.ExecRequest_Stdin:
+		if !e.hasStdin {
+			return rpcstatus.InvalidArgument("stdin", fmt.Sprintf("exec %q was started without stdin (process.stdin is false)", e.id))
+		}
+		e.writeStdin(ev.Stdin.GetData())
+	case *agentv1.ExecRequest_CloseStdin:
+		// Without stdin the process reads /dev/null: already at EOF.
+		e.closeStdin()
+	case *agentv1.ExecRequest_Signal:
+		sig, err := parseSignal(ev.Signal.GetSignal())
+		if err != nil {
+			return err
+		}
+		if err := e.signal(sig); err != nil {
+			return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, err.Error(), map[string]string{"exec_id": e.id})
+		}
+	default:
+		return rpcstatus.InvalidArgument("event", fmt.Sprintf("%s may only be the first message of the stream", eventName(req)))
+	}
+	return nil
+}
+
+// eventName names the oneof case of req for error messages.
+func eventName(req *agentv1.ExecRequest) string {
+	switch req.GetEvent().(type) {
+	case *agentv1.ExecRequest_Start:
+		return "start"
+	case *agentv1.ExecRequest_Attach:
+		return "attach"
+	case *agentv1.ExecRequest_Stdin:
+		return "stdin"
+	case *agentv1.ExecRequest_CloseStdin:
+		return "close_stdin"
+	case *agentv1.ExecRequest_Signal:
+		return "signal"
+	default:
+		return "empty (no event set)"
+	}
+}

@@ -1,0 +1,178 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// Exit codes of a command that could not be run, as a shell reports them
+// (bash(1) "EXIT STATUS"; POSIX "Command Search and Execution").
+const (
+	exitNotExecutable = 126
+	exitNotFound      = 127
+)
+
+// launch starts the exec id for p and returns it running, or finished with
+// exit code 127 or 126 and a message on stderr when the program cannot be
+// found or executed, as a shell would. Errors mean nothing ran and no exec
+// was recorded: RESOURCE_EXHAUSTED when the process could not be forked
+// (EAGAIN, e.g. the pids limit), INTERNAL otherwise. The caller holds s.mu.
+func (s *Server) launch(id string, p *plan) (*execution, error) {
+	e := newExecution(id, p, s.cfg.RingBytes)
+	stdout := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDOUT, limit: p.stdoutLimit}
+	stderr := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDERR, limit: p.stderrLimit}
+
+	path, err := lookPath(p.argv[0], envPath(p.env))
+	if err != nil {
+		s.cannotRun(e, p, stderr, err)
+		return e, nil
+	}
+
+	// The child gets the write ends of two pipes and the read end of a
+	// third (or /dev/null). Passing *os.File keeps os from copying through
+	// goroutines; the agent reads the parent ends itself.
+	var inR, outW, errW *os.File
+	var closeOnErr []*os.File
+	defer func() {
+		for _, f := range closeOnErr {
+			f.Close()
+		}
+	}()
+	pipe := func() (r, w *os.File, err error) {
+		r, w, err = os.Pipe()
+		if err != nil {
+			return nil, nil, rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "create pipe for exec "+id+": "+err.Error(), nil)
+		}
+		closeOnErr = append(closeOnErr, r, w)
+		return r, w, nil
+	}
+	if stdout.f, outW, err = pipe(); err != nil {
+		return nil, err
+	}
+	if stderr.f, errW, err = pipe(); err != nil {
+		return nil, err
+	}
+	inR = s.devNull
+	if p.stdin {
+		if inR, e.stdin, err = pipe(); err != nil {
+			return nil, err
+		}
+	}
+	attr := &os.ProcAttr{
+		Dir:   p.dir,
+		Env:   p.env,
+		Files: []*os.File{inR, outW, errW},
+		// Its own process group, so that a signal or a timeout reaches
+		// the grandchildren too.
+		Sys: &syscall.SysProcAttr{Setpgid: true},
+	}
+	argv := p.argv
+	start := time.Now()
+	pid, exited, err := s.sup.start(func() (int, error) {
+		proc, err := os.StartProcess(path, argv, attr)
+		if errors.Is(err, unix.ENOEXEC) {
+			// execvp(3): a file the kernel cannot execute is a script
+			// for the standard shell.
+			argv = append([]string{"/bin/sh", path}, argv[1:]...)
+			proc, err = os.StartProcess("/bin/sh", argv, attr)
+		}
+		if err != nil {
+			return 0, err
+		}
+		// The supervisor reaps by pid; drop the handle (and its pidfd)
+		// so that nothing ever waits on it.
+		pid := proc.Pid
+		proc.Release()
+		return pid, nil
+	})
+	if err != nil {
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) {
+			return nil, rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonInternal,
+				fmt.Sprintf("start exec %s: fork: %v (process or memory limit of the sandbox reached)", id, err), map[string]string{"exec_id": id})
+		}
+		// Everything else failed in the child, before or at execve(2).
+		s.cannotRun(e, p, stderr, err)
+		return e, nil
+	}
+	// The child holds its ends now; keep only the parent's.
+	closeOnErr = nil
+	if p.stdin {
+		inR.Close()
+	}
+	outW.Close()
+	errW.Close()
+
+	e.setStarted(pid, p)
+	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", argv[0])
+	s.execWG.Add(1)
+	go s.supervise(e, exited, start, p.timeout, stdout, stderr)
+	return e, nil
+}
+
+// cannotRun finishes e without a process: exit code 127 when the program
+// does not exist (ENOENT), 126 otherwise, with a shell-like message on
+// stderr ("berth-agent: <argv0>: command not found").
+func (s *Server) cannotRun(e *execution, p *plan, stderr *pump, err error) {
+	code := int32(exitNotExecutable)
+	var msg string
+	var errno syscall.Errno
+	errors.As(err, &errno)
+	switch {
+	case errno == unix.ENOENT && !strings.Contains(p.argv[0], "/"):
+		code, msg = exitNotFound, "command not found"
+	case errno == unix.ENOENT:
+		code, msg = exitNotFound, "No such file or directory"
+	case errno == unix.EACCES:
+		msg = "Permission denied"
+	case errno != 0:
+		msg = errno.Error()
+	default:
+		msg = err.Error()
+	}
+	e.setStarted(0, p)
+	e.stdin = nil // nothing reads it; stdin messages are dropped
+	stderr.write([]byte(fmt.Sprintf("berth-agent: %s: %s\n", p.argv[0], msg)))
+	res := &berthv1.ExecResult{ExitCode: code, Duration: durationpb.New(0), UserCpu: durationpb.New(0), SystemCpu: durationpb.New(0)}
+	stderr.fill(res)
+	e.finish(res)
+	s.log.Info("exec could not run", "exec_id", e.id, "program", p.argv[0], "exit_code", code, "err", err)
+}
+
+// lookPath resolves file like execvp(3): a name with a slash is used as is
+// (execve(2) decides), any other is searched in the absolute directories of
+// path. It fails with ENOENT when no candidate exists and EACCES when the
+// only candidates are not executable. Relative PATH entries are skipped:
+// they would be resolved against the agent's directory, not the process's.
+func lookPath(file, path string) (string, error) {
+	if strings.Contains(file, "/") {
+		return file, nil
+	}
+	err := error(unix.ENOENT)
+	for _, dir := range filepath.SplitList(path) {
+		if !filepath.IsAbs(dir) {
+			continue
+		}
+		p := filepath.Join(dir, file)
+		fi, statErr := os.Stat(p)
+		switch {
+		case statErr != nil, fi.IsDir():
+		case fi.Mode()&0o111 != 0:
+			return p, nil
+		default:
+			err = unix.EACCES
+		}
+	}
+	return "", err
+}

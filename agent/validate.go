@@ -1,0 +1,230 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// plan is a validated start: everything needed to run the process, with
+// defaults applied and bounds clamped.
+type plan struct {
+	argv        []string // argv[0] is not yet resolved in PATH
+	env         []string // KEY=value, the base environment plus the start's
+	dir         string   // absolute working directory, checked to exist
+	stdin       bool
+	timeout     time.Duration
+	stdoutLimit uint64 // bytes
+	stderrLimit uint64 // bytes
+}
+
+// maxExecIDLen is the longest exec id, as in berth.v1.ExecStart.exec_id.
+const maxExecIDLen = 128
+
+// validateExecID checks an exec id: 1 to 128 characters from [A-Za-z0-9._-]
+// (berth.v1.ExecStart.exec_id).
+func validateExecID(id string) error {
+	if id == "" {
+		return rpcstatus.InvalidArgument("exec_id", "is empty; berthd names every exec")
+	}
+	if len(id) > maxExecIDLen {
+		return rpcstatus.InvalidArgument("exec_id", fmt.Sprintf("%q is %d characters long, more than %d", id, len(id), maxExecIDLen))
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return rpcstatus.InvalidArgument("exec_id", fmt.Sprintf("%q has %q at offset %d; allowed are [A-Za-z0-9._-]", id, c, i))
+		}
+	}
+	return nil
+}
+
+// planStart validates spec and resolves defaults, before anything runs. Its
+// errors name the offending field: INVALID_ARGUMENT for a malformed spec,
+// FAILED_PRECONDITION with reason CWD_INVALID for a working directory that
+// does not exist or is not a directory (stat(2)).
+func (s *Server) planStart(spec *berthv1.ProcessSpec) (*plan, error) {
+	if spec == nil {
+		return nil, rpcstatus.InvalidArgument("process", "is missing")
+	}
+	p := &plan{stdin: spec.GetStdin()}
+	argv, cmd := spec.GetArgv(), spec.GetShellCommand()
+	switch {
+	case len(argv) == 0 && cmd == "":
+		return nil, rpcstatus.InvalidArgument("process.argv", "is empty and process.shell_command is empty; set exactly one")
+	case len(argv) > 0 && cmd != "":
+		return nil, rpcstatus.InvalidArgument("process.argv", fmt.Sprintf("is set (%d elements) together with process.shell_command; set exactly one", len(argv)))
+	case len(argv) > 0:
+		for i, a := range argv {
+			if at := strings.IndexByte(a, 0); at >= 0 {
+				return nil, rpcstatus.InvalidArgument(fmt.Sprintf("process.argv[%d]", i), fmt.Sprintf("%q contains a NUL byte at offset %d", a, at))
+			}
+		}
+		if argv[0] == "" {
+			return nil, rpcstatus.InvalidArgument("process.argv[0]", "is empty; it names the program to run")
+		}
+		p.argv = argv
+	default:
+		if at := strings.IndexByte(cmd, 0); at >= 0 {
+			return nil, rpcstatus.InvalidArgument("process.shell_command", fmt.Sprintf("contains a NUL byte at offset %d", at))
+		}
+		switch sh := spec.GetShell(); sh {
+		case berthv1.Shell_SHELL_UNSPECIFIED, berthv1.Shell_SHELL_SH:
+			p.argv = []string{"/bin/sh", "-c", cmd}
+		case berthv1.Shell_SHELL_BASH:
+			p.argv = []string{"bash", "-c", cmd}
+		default:
+			return nil, rpcstatus.InvalidArgument("process.shell", fmt.Sprintf("%d is not a known Shell value", sh))
+		}
+	}
+
+	env, err := mergeEnv(s.cfg.Env, spec.GetEnv())
+	if err != nil {
+		return nil, err
+	}
+	p.env = env
+
+	if p.dir, err = s.checkCwd(spec.GetCwd()); err != nil {
+		return nil, err
+	}
+
+	p.timeout = s.cfg.DefaultTimeout
+	if t := spec.GetTimeout(); t != nil {
+		if err := t.CheckValid(); err != nil {
+			return nil, rpcstatus.InvalidArgument("process.timeout", err.Error())
+		}
+		if d := t.AsDuration(); d != 0 {
+			p.timeout = min(max(d, s.cfg.MinTimeout), s.cfg.MaxTimeout)
+		}
+	}
+	p.stdoutLimit = s.clampLimit(spec.GetStdoutLimitBytes())
+	p.stderrLimit = s.clampLimit(spec.GetStderrLimitBytes())
+	return p, nil
+}
+
+// clampLimit maps a requested output cap to the effective one: zero means
+// the default, more than the maximum means the maximum.
+func (s *Server) clampLimit(n uint64) uint64 {
+	if n == 0 {
+		return s.cfg.DefaultOutputLimit
+	}
+	return min(n, s.cfg.MaxOutputLimit)
+}
+
+// checkCwd returns the working directory for cwd: the default one when cwd
+// is empty, else cwd, which must be absolute and an existing directory.
+func (s *Server) checkCwd(cwd string) (string, error) {
+	dir := cwd
+	what := fmt.Sprintf("%q", cwd)
+	if cwd == "" {
+		dir = s.workDir
+		what = fmt.Sprintf("is empty and the default working directory %q", dir)
+	} else {
+		if strings.IndexByte(cwd, 0) >= 0 {
+			return "", rpcstatus.InvalidArgument("process.cwd", fmt.Sprintf("%q contains a NUL byte", cwd))
+		}
+		if !filepath.IsAbs(cwd) {
+			return "", rpcstatus.InvalidArgument("process.cwd", fmt.Sprintf("%q is not an absolute path", cwd))
+		}
+	}
+	fi, err := os.Stat(dir)
+	var why string
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		why = "does not exist"
+	case err != nil:
+		why = "cannot be used: " + err.Error()
+	case !fi.IsDir():
+		why = "is not a directory"
+	default:
+		return dir, nil
+	}
+	return "", rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonCwdInvalid,
+		fmt.Sprintf("process.cwd: %s %s", what, why),
+		map[string]string{"field": "process.cwd", "cwd": dir})
+}
+
+// mergeEnv returns base with add applied on top: keys of add replace the
+// same keys of base, in place; new keys follow in sorted order. Keys must be
+// non-empty and hold neither '=' nor NUL; values must not hold NUL. Error
+// messages never quote a value: values may be secrets.
+func mergeEnv(base []string, add map[string]string) ([]string, error) {
+	keys := make([]string, 0, len(add))
+	for k := range add {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		switch {
+		case k == "":
+			return nil, rpcstatus.InvalidArgument("process.env", "has an empty key")
+		case strings.IndexByte(k, '=') >= 0:
+			return nil, rpcstatus.InvalidArgument("process.env", fmt.Sprintf("key %q contains '='", k))
+		case strings.IndexByte(k, 0) >= 0:
+			return nil, rpcstatus.InvalidArgument("process.env", fmt.Sprintf("key %q contains a NUL byte", k))
+		}
+		if at := strings.IndexByte(add[k], 0); at >= 0 {
+			return nil, rpcstatus.InvalidArgument("process.env["+k+"]", fmt.Sprintf("value contains a NUL byte at offset %d", at))
+		}
+	}
+	env := make([]string, 0, len(base)+len(add))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, ok := add[k]; !ok {
+			env = append(env, kv)
+		}
+	}
+	for _, k := range keys {
+		env = append(env, k+"="+add[k])
+	}
+	return env, nil
+}
+
+// envPath returns the value of PATH in env, or the default search path of
+// execvp(3) implementations on Linux when it is unset.
+func envPath(env []string) string {
+	for i := len(env) - 1; i >= 0; i-- {
+		if v, ok := strings.CutPrefix(env[i], "PATH="); ok {
+			return v
+		}
+	}
+	return "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+}
+
+// parseSignal parses an ExecSignal.signal: a name with or without "SIG",
+// in any case ("TERM", "sigterm"), or a decimal number ("15"), as listed in
+// signal(7). Signal 0 is refused: it delivers nothing.
+func parseSignal(name string) (syscall.Signal, error) {
+	field := "signal.signal"
+	if name == "" {
+		return 0, rpcstatus.InvalidArgument(field, "is empty; want a name like \"TERM\" or a number like \"15\"")
+	}
+	if n, err := strconv.Atoi(name); err == nil {
+		if n < 1 || n > 64 {
+			return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%q is not a signal number (1-64, signal(7))", name))
+		}
+		return syscall.Signal(n), nil
+	}
+	up := strings.ToUpper(name)
+	if !strings.HasPrefix(up, "SIG") {
+		up = "SIG" + up
+	}
+	sig := unix.SignalNum(up)
+	if sig == 0 {
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%q is not a signal name (signal(7))", name))
+	}
+	return sig, nil
+}

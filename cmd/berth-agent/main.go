@@ -1,0 +1,83 @@
+// Command berth-agent is the PID 1 of every berth sandbox: it serves
+// berth.agent.v1.AgentService on a unix socket and supervises the processes
+// berthd asks it to run. See package agent.
+//
+// Usage:
+//
+//	berth-agent [--socket PATH] [flags]
+//	berth-agent --version
+//
+// It stops on SIGTERM or SIGINT: running execs get SIGTERM, SIGKILL after
+// --kill-grace, and the agent exits 0.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/agent"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is main with its arguments and outputs; it returns the exit code: 0
+// after a clean stop, 2 for bad flags, 1 for any other failure.
+func run(args []string, stdout, stderr io.Writer) int {
+	d := agent.DefaultConfig()
+	cfg := d
+	fs := flag.NewFlagSet("berth-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", "/.berth-run/agent.sock", "`path` of the unix socket to serve on (a stale socket there is replaced)")
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.StringVar(&cfg.WorkDir, "workdir", d.WorkDir, "working `directory` for execs without a cwd (created when missing; / when it cannot be)")
+	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", d.DefaultTimeout, "exec timeout when a start asks for none")
+	fs.DurationVar(&cfg.MinTimeout, "min-timeout", d.MinTimeout, "smallest exec timeout; smaller requests are raised to it")
+	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", d.MaxTimeout, "largest exec timeout; larger requests are lowered to it")
+	fs.DurationVar(&cfg.KillGrace, "kill-grace", d.KillGrace, "time between SIGTERM and SIGKILL to an exec's process group on timeout or stop")
+	fs.DurationVar(&cfg.DrainGrace, "drain-grace", d.DrainGrace, "how long output pipes may stay open after an exec's process exited")
+	fs.Uint64Var(&cfg.DefaultOutputLimit, "default-output-limit", d.DefaultOutputLimit, "per-stream output cap in `bytes` when a start asks for none")
+	fs.Uint64Var(&cfg.MaxOutputLimit, "max-output-limit", d.MaxOutputLimit, "largest per-stream output cap in `bytes`")
+	fs.Uint64Var(&cfg.RingBytes, "ring-bytes", d.RingBytes, fmt.Sprintf("retained event log per exec in `bytes` (each event costs its data + %d)", agent.EventOverhead))
+	fs.DurationVar(&cfg.Retention, "retention", d.Retention, "how long a finished exec stays attachable")
+	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "silence on an exec stream before a heartbeat is sent")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "berth-agent: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *version {
+		fmt.Fprintln(stdout, agent.Version)
+		return 0
+	}
+
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cfg.Logger = log
+	srv, err := agent.New(cfg)
+	if err != nil {
+		log.Error("start", "err", err)
+		return 1
+	}
+	// As PID 1 the agent gets no default action for these: stop explicitly.
+	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
+	defer stop()
+	if err := srv.ListenAndServe(ctx, *socket); err != nil {
+		log.Error("serve", "err", err)
+		return 1
+	}
+	log.Info("berth-agent stopped")
+	return 0
+}
