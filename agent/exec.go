@@ -145,7 +145,7 @@ func (s *Server) follow(stream agentv1.AgentService_ExecServer, e *execution, cu
 		events, gap, done, wake := e.log.Read(&cur, buf[:0])
 		if gap.Last != 0 {
 			dropped := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Dropped{Dropped: &berthv1.ExecDropped{
-				FirstSeq: gap.First, LastSeq: gap.Last, Bytes: gap.Bytes,
+				FirstSeq: gap.First, LastSeq: gap.Last, LostBytes: gap.Bytes,
 			}}}
 			if err := stream.Send(dropped); err != nil {
 				return err

@@ -781,14 +781,14 @@ func TestRingShedding(t *testing.T) {
 				t.Fatalf("got %d dropped events, want 1", len(r.dropped))
 			}
 			d := r.dropped[0]
-			if d.GetFirstSeq() != tt.wantFirst || d.GetLastSeq() != lost || d.GetBytes() != tt.wantBytes {
+			if d.GetFirstSeq() != tt.wantFirst || d.GetLastSeq() != lost || d.GetLostBytes() != tt.wantBytes {
 				t.Errorf("dropped = {%d..%d, %d bytes}, want {%d..%d, %d bytes}",
-					d.GetFirstSeq(), d.GetLastSeq(), d.GetBytes(), tt.wantFirst, lost, tt.wantBytes)
+					d.GetFirstSeq(), d.GetLastSeq(), d.GetLostBytes(), tt.wantFirst, lost, tt.wantBytes)
 			}
 			if got, want := string(r.stdout), string(live.stdout[lost*lineLen:]); got != want {
 				t.Errorf("replayed %d bytes, want the last %d", len(got), len(want))
 			}
-			if got := d.GetBytes() + uint64(len(r.stdout)); got != r.result.GetStdoutBytes()-tt.since*lineLen {
+			if got := d.GetLostBytes() + uint64(len(r.stdout)); got != r.result.GetStdoutBytes()-tt.since*lineLen {
 				t.Errorf("dropped + replayed = %d bytes, want stdout_bytes %d - %d seen", got, r.result.GetStdoutBytes(), tt.since*lineLen)
 			}
 		})

@@ -191,7 +191,7 @@ type execRun struct {
 func (r *execRun) droppedBytes() uint64 {
 	var n uint64
 	for _, d := range r.dropped {
-		n += d.GetBytes()
+		n += d.GetLostBytes()
 	}
 	return n
 }

@@ -353,7 +353,7 @@ func TestExecExactBytes(t *testing.T) {
 	if want := []string{"Output", "Output", "Output", "Heartbeat", "Output", "Dropped", "Output", "Output", "Exited"}; !slices.Equal(kinds, want) {
 		t.Errorf("events = %v, want %v", kinds, want)
 	}
-	wantDropped := []*berthv1.ExecDropped{{FirstSeq: 5, LastSeq: 6, Bytes: 10}}
+	wantDropped := []*berthv1.ExecDropped{{FirstSeq: 5, LastSeq: 6, LostBytes: 10}}
 	if diff := cmp.Diff(wantDropped, e.Dropped(), protocmp.Transform()); diff != "" {
 		t.Errorf("Dropped (-want +got):\n%s", diff)
 	}
@@ -606,8 +606,8 @@ func TestAttach(t *testing.T) {
 		wantLastSeq          uint64
 		wantEventsAfterStart int
 	}{
-		{since: 0, wantOut: "three\nfive\n", wantErr: "four\n", wantDropped: []*berthv1.ExecDropped{{FirstSeq: 1, LastSeq: 2, Bytes: 8}}, wantLastSeq: 5},
-		{since: 1, wantOut: "three\nfive\n", wantErr: "four\n", wantDropped: []*berthv1.ExecDropped{{FirstSeq: 2, LastSeq: 2, Bytes: 4}}, wantLastSeq: 5},
+		{since: 0, wantOut: "three\nfive\n", wantErr: "four\n", wantDropped: []*berthv1.ExecDropped{{FirstSeq: 1, LastSeq: 2, LostBytes: 8}}, wantLastSeq: 5},
+		{since: 1, wantOut: "three\nfive\n", wantErr: "four\n", wantDropped: []*berthv1.ExecDropped{{FirstSeq: 2, LastSeq: 2, LostBytes: 4}}, wantLastSeq: 5},
 		{since: 3, wantOut: "five\n", wantErr: "four\n", wantLastSeq: 5},
 		{since: 5, wantLastSeq: 5},
 	}

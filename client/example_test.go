@@ -60,7 +60,7 @@ func ExampleClient_Exec() {
 		log.Fatal(err)
 	}
 	for _, d := range e.Dropped() {
-		log.Printf("lost output events %d..%d (%d bytes)", d.GetFirstSeq(), d.GetLastSeq(), d.GetBytes())
+		log.Printf("lost output events %d..%d (%d bytes)", d.GetFirstSeq(), d.GetLastSeq(), d.GetLostBytes())
 	}
 	fmt.Println("exit code", res.GetExitCode(), "timed out", res.GetTimedOut())
 }

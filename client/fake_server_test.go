@@ -201,7 +201,7 @@ func heartbeatEvent(last uint64) *berthv1.ExecResponse {
 }
 
 func droppedEvent(first, last, n uint64) *berthv1.ExecResponse {
-	return &berthv1.ExecResponse{Event: &berthv1.ExecResponse_Dropped{Dropped: &berthv1.ExecDropped{FirstSeq: first, LastSeq: last, Bytes: n}}}
+	return &berthv1.ExecResponse{Event: &berthv1.ExecResponse_Dropped{Dropped: &berthv1.ExecDropped{FirstSeq: first, LastSeq: last, LostBytes: n}}}
 }
 
 func startedEvent(id string) *berthv1.ExecResponse {

@@ -167,7 +167,7 @@ func resultExit(res *berthv1.ExecResult) (int, error) {
 func notices(started *berthv1.ExecStarted, res *berthv1.ExecResult, dropped []*berthv1.ExecDropped) []string {
 	var out []string
 	for _, d := range dropped {
-		out = append(out, fmt.Sprintf("output events %d to %d (%d bytes) were lost before berth read them", d.GetFirstSeq(), d.GetLastSeq(), d.GetBytes()))
+		out = append(out, fmt.Sprintf("output events %d to %d (%d bytes) were lost before berth read them", d.GetFirstSeq(), d.GetLastSeq(), d.GetLostBytes()))
 	}
 	if res.GetTimedOut() {
 		out = append(out, fmt.Sprintf("the command timed out after %v", started.GetTimeout().AsDuration()))

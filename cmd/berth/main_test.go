@@ -281,7 +281,7 @@ func TestNotices(t *testing.T) {
 		{
 			name:    "truncated and dropped",
 			res:     &berthv1.ExecResult{StdoutTruncated: true, StdoutBytes: 1000, StderrTruncated: true, StderrBytes: 60},
-			dropped: []*berthv1.ExecDropped{{FirstSeq: 3, LastSeq: 9, Bytes: 4096}},
+			dropped: []*berthv1.ExecDropped{{FirstSeq: 3, LastSeq: 9, LostBytes: 4096}},
 			want: []string{
 				"output events 3 to 9 (4096 bytes) were lost before berth read them",
 				"stdout was cut at 100 of 1000 bytes",

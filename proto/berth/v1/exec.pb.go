@@ -338,7 +338,8 @@ type ExecAttach struct {
 	// exec_id names the exec.
 	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
 	// since_seq replays only events whose sequence number is greater than
-	// since_seq; zero replays everything retained.
+	// since_seq; zero replays everything retained. A since_seq beyond the
+	// exec's last event is INVALID_ARGUMENT.
 	SinceSeq      uint64 `protobuf:"varint,3,opt,name=since_seq,json=sinceSeq,proto3" json:"since_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -664,12 +665,15 @@ func (*ExecRequest_CloseStdin) isExecRequest_Event() {}
 
 func (*ExecRequest_Signal) isExecRequest_Event() {}
 
-// ExecStarted says the process runs. It is the first server message.
+// ExecStarted says the exec exists. It is the first server message of every
+// Exec stream, attach included.
 type ExecStarted struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// exec_id is the exec's id, the client's or a minted one.
 	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
-	// pid is the process id inside the sandbox's pid namespace.
+	// pid is the process id inside the sandbox's pid namespace; 0 when the
+	// program could not be started (it was not found or not executable, and
+	// the exec ends with exit code 127 or 126 like a shell's).
 	Pid int64 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
 	// timeout is the effective timeout after clamping.
 	Timeout *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
@@ -867,8 +871,8 @@ type ExecDropped struct {
 	FirstSeq uint64 `protobuf:"varint,1,opt,name=first_seq,json=firstSeq,proto3" json:"first_seq,omitempty"`
 	// last_seq is the last lost sequence number.
 	LastSeq uint64 `protobuf:"varint,2,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
-	// bytes is the number of output bytes lost, in bytes.
-	Bytes         uint64 `protobuf:"varint,3,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// lost_bytes is the number of output bytes lost, in bytes.
+	LostBytes     uint64 `protobuf:"varint,3,opt,name=lost_bytes,json=lostBytes,proto3" json:"lost_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -917,9 +921,9 @@ func (x *ExecDropped) GetLastSeq() uint64 {
 	return 0
 }
 
-func (x *ExecDropped) GetBytes() uint64 {
+func (x *ExecDropped) GetLostBytes() uint64 {
 	if x != nil {
-		return x.Bytes
+		return x.LostBytes
 	}
 	return 0
 }
@@ -1455,11 +1459,12 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x06stream\x18\x02 \x01(\x0e2\x10.berth.v1.StreamR\x06stream\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\"*\n" +
 	"\rExecHeartbeat\x12\x19\n" +
-	"\blast_seq\x18\x01 \x01(\x04R\alastSeq\"[\n" +
+	"\blast_seq\x18\x01 \x01(\x04R\alastSeq\"d\n" +
 	"\vExecDropped\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
-	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x14\n" +
-	"\x05bytes\x18\x03 \x01(\x04R\x05bytes\"\xe4\x03\n" +
+	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1d\n" +
+	"\n" +
+	"lost_bytes\x18\x03 \x01(\x04R\tlostBytes\"\xe4\x03\n" +
 	"\n" +
 	"ExecResult\x12\x1b\n" +
 	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +

@@ -223,7 +223,8 @@ type ImportImageRequest_Header struct {
 }
 
 type ImportImageRequest_Chunk struct {
-	// chunk is the next bytes of the archive, up to 4 MiB each.
+	// chunk is the next bytes of the archive, at most 2 MiB each (gRPC
+	// messages are limited to 4 MiB).
 	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
 }
 
