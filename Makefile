@@ -8,6 +8,7 @@
 #   make generate         regenerate proto/ with buf
 #   make lint             buf lint, gofmt, go vet
 #   make check-generated  fail when proto/ differs from what buf generates
+#   make breaking         buf breaking against proto/BREAKING_BASELINE
 #   make bench            benchmarks (BENCH=regexp, PKG=packages)
 
 GO      ?= go
@@ -16,7 +17,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test generate lint check-generated bench clean
+.PHONY: all build image demo test generate lint breaking check-generated bench clean
 
 all: build
 
@@ -47,6 +48,9 @@ lint:
 		echo "gofmt: these files need formatting (run gofmt -w):"; echo "$$unformatted"; exit 1; \
 	fi
 	$(GO) vet ./...
+
+breaking:
+	$(BUF) breaking --against ".git#ref=$$(cat proto/BREAKING_BASELINE)"
 
 check-generated: generate
 	@if ! git diff --quiet -- proto || [ -n "$$(git status --porcelain --untracked-files=all -- proto)" ]; then \

@@ -33,6 +33,10 @@ step deps scripts/deps.sh
 step base-image scripts/base-image.sh
 step check-generated make --no-print-directory check-generated
 step "buf lint" go tool -modfile=tools.go.mod buf lint
+# The API must stay wire- and JSON-compatible with the commit in
+# proto/BREAKING_BASELINE (the first landed v1). Moving the baseline is a
+# deliberate, reviewed act.
+step "buf breaking" go tool -modfile=tools.go.mod buf breaking --against ".git#ref=$(cat proto/BREAKING_BASELINE)"
 
 export BERTH_TEST_IMAGE=$REPO/build/base.oci.tar
 if [[ -n ${BERTH_E2E:-} ]]; then
