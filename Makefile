@@ -52,11 +52,14 @@ lint:
 breaking:
 	$(BUF) breaking --against ".git#ref=$$(cat proto/BREAKING_BASELINE)"
 
-check-generated: generate
-	@if ! git diff --quiet -- proto || [ -n "$$(git status --porcelain --untracked-files=all -- proto)" ]; then \
+# Generates into a temporary directory and compares with the working tree, so
+# it checks that the .go files match the .proto files next to them, committed
+# or not.
+check-generated:
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(BUF) generate -o "$$tmp" || exit 1; \
+	if ! diff -r -q -x '*.proto' -x BREAKING_BASELINE "$$tmp/proto" proto; then \
 		echo "check-generated: the generated code in proto/ is stale: run 'make generate' and commit the result."; \
-		git status --short -- proto; \
-		git --no-pager diff --stat -- proto; \
 		exit 1; \
 	fi
 	@echo "check-generated: proto/ is up to date"

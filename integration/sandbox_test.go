@@ -209,3 +209,39 @@ func TestErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestResourceLimits checks that CPU and memory caps reach the sandbox's
+// cgroup (read on the host: cgroup v1 paths /sys/fs/cgroup/<controller>/
+// <namespace>/<id>/, see RUNTIME-NOTES.md) and are reported back.
+func TestResourceLimits(t *testing.T) {
+	need(t)
+	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
+		t.Skip("not cgroup v1: the host paths below do not apply")
+	}
+	const mem = 64 << 20
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{CpuMillis: 500, MemoryBytes: mem}})
+	if r := sb.GetResources(); r.GetCpuMillis() != 500 || r.GetMemoryBytes() != mem {
+		t.Errorf("CreateSandbox resources = %v, want cpu_millis 500, memory_bytes %d", r, mem)
+	}
+	for file, want := range map[string]string{
+		"memory/" + env.namespace + "/" + sb.GetId() + "/memory.limit_in_bytes":       "67108864",
+		"memory/" + env.namespace + "/" + sb.GetId() + "/memory.memsw.limit_in_bytes": "67108864",
+		"cpu/" + env.namespace + "/" + sb.GetId() + "/cpu.cfs_quota_us":               "50000",
+		"cpu/" + env.namespace + "/" + sb.GetId() + "/cpu.cfs_period_us":              "100000",
+	} {
+		b, err := os.ReadFile("/sys/fs/cgroup/" + file)
+		if err != nil {
+			t.Errorf("read %s: %v", file, err)
+			continue
+		}
+		if got := strings.TrimSpace(string(b)); got != want {
+			t.Errorf("%s = %s, want %s", file, got, want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{CpuMillis: 1 << 40}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("CreateSandbox(cpu_millis 2^40) = %v, want INVALID_ARGUMENT", err)
+	}
+}

@@ -43,7 +43,17 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 	if pids > s.cfg.MaxPidsLimit {
 		return nil, rpcstatus.InvalidArgument("resources.pids_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", pids, s.cfg.MaxPidsLimit))
 	}
-	spec := runtime.SandboxSpec{ID: id, Image: req.GetImage(), Labels: req.GetLabels(), PidsLimit: pids}
+	res := req.GetResources()
+	if res.GetCpuMillis() > s.cfg.MaxCPUMillis {
+		return nil, rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", res.GetCpuMillis(), s.cfg.MaxCPUMillis))
+	}
+	if max := s.cfg.MaxMemoryBytes; max > 0 && res.GetMemoryBytes() > max {
+		return nil, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", res.GetMemoryBytes(), max))
+	}
+	if m := res.GetMemoryBytes(); m > 0 && m < minMemoryBytes {
+		return nil, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
+	}
+	spec := runtime.SandboxSpec{ID: id, Image: req.GetImage(), Labels: req.GetLabels(), PidsLimit: pids, CPUMillis: res.GetCpuMillis(), MemoryBytes: res.GetMemoryBytes()}
 	if err := s.rt.Create(ctx, spec); err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
@@ -146,6 +156,10 @@ func (s *Service) agentInfo(ctx context.Context, sb runtime.Sandbox) *agentv1.In
 	return info
 }
 
+// minMemoryBytes is the smallest memory cap accepted: below a few MiB the
+// agent itself cannot run.
+const minMemoryBytes = 4 << 20
+
 const (
 	defaultPageSize = 100
 	maxPageSize     = 1000
@@ -214,7 +228,7 @@ func toProto(sb runtime.Sandbox, info *agentv1.InfoResponse) *berthv1.Sandbox {
 		Image:     sb.Image,
 		State:     berthv1.SandboxState_SANDBOX_STATE_STOPPED,
 		Labels:    sb.Labels,
-		Resources: &berthv1.Resources{PidsLimit: sb.PidsLimit},
+		Resources: &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes},
 	}
 	if !sb.CreatedAt.IsZero() {
 		out.CreatedAt = timestamppb.New(sb.CreatedAt)

@@ -5,6 +5,7 @@ package server
 
 import (
 	"log/slog"
+	goruntime "runtime"
 	"time"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -24,6 +25,12 @@ type Config struct {
 	// MaxPidsLimit bounds requested pids limits; larger requests are
 	// INVALID_ARGUMENT. Default 32768.
 	MaxPidsLimit uint64
+	// MaxCPUMillis bounds requested CPU caps, in thousandths of a CPU.
+	// Default: the host's CPU count × 1000.
+	MaxCPUMillis uint64
+	// MaxMemoryBytes bounds requested memory caps, in bytes. Default: no
+	// bound beyond the host's memory.
+	MaxMemoryBytes uint64
 	// AgentReadyTimeout bounds how long CreateSandbox waits for the agent
 	// to answer after the task starts. Default 30 s.
 	AgentReadyTimeout time.Duration
@@ -35,6 +42,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxPidsLimit == 0 {
 		c.MaxPidsLimit = 32768
+	}
+	if c.MaxCPUMillis == 0 {
+		c.MaxCPUMillis = uint64(goruntime.NumCPU()) * 1000
 	}
 	if c.AgentReadyTimeout == 0 {
 		c.AgentReadyTimeout = 30 * time.Second

@@ -32,6 +32,8 @@ const (
 	labelImage     = LabelPrefix + "image"
 	labelCreatedAt = LabelPrefix + "created-at"
 	labelPidsLimit = LabelPrefix + "pids-limit"
+	labelCPUMillis = LabelPrefix + "cpu-millis"
+	labelMemory    = LabelPrefix + "memory-bytes"
 )
 
 // Paths inside every sandbox.
@@ -139,6 +141,10 @@ type SandboxSpec struct {
 	Labels map[string]string
 	// PidsLimit caps processes and threads in the sandbox.
 	PidsLimit uint64
+	// CPUMillis caps CPU in thousandths of a CPU; zero means no cap.
+	CPUMillis uint64
+	// MemoryBytes caps memory in bytes, swap included; zero means no cap.
+	MemoryBytes uint64
 }
 
 // Sandbox is a sandbox as recorded in containerd.
@@ -147,7 +153,11 @@ type Sandbox struct {
 	Image     string
 	Labels    map[string]string
 	CreatedAt time.Time
-	PidsLimit uint64
+	// PidsLimit, CPUMillis and MemoryBytes are the limits the sandbox was
+	// created with, as in SandboxSpec.
+	PidsLimit   uint64
+	CPUMillis   uint64
+	MemoryBytes uint64
 	// Running is true when the container's task is running.
 	Running bool
 	// TaskPID is the task's host pid; zero when there is no task.
@@ -212,6 +222,8 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	labels[labelImage] = spec.Image
 	labels[labelCreatedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 	labels[labelPidsLimit] = strconv.FormatUint(spec.PidsLimit, 10)
+	labels[labelCPUMillis] = strconv.FormatUint(spec.CPUMillis, 10)
+	labels[labelMemory] = strconv.FormatUint(spec.MemoryBytes, 10)
 
 	container, err := r.client.NewContainer(ctx, spec.ID,
 		containerd.WithImage(image),
@@ -253,7 +265,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 // capabilities, no_new_privs, containerd's default seccomp profile (applied
 // after the capabilities, which it reads) and a pids limit.
 func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string) []oci.SpecOpts {
-	return []oci.SpecOpts{
+	opts := []oci.SpecOpts{
 		oci.WithImageConfig(image),
 		oci.WithProcessArgs(AgentPath, "--socket", RunDir+"/"+socketName),
 		oci.WithProcessCwd("/"),
@@ -267,6 +279,30 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		seccomp.WithDefaultProfile(),
 		oci.WithPidsLimit(int64(spec.PidsLimit)),
 	}
+	if spec.MemoryBytes > 0 {
+		opts = append(opts, oci.WithMemoryLimit(spec.MemoryBytes))
+		if swapAccounting() {
+			// memory+swap equal to memory: no swap (cgroup v1
+			// memory.memsw.limit_in_bytes, v2 memory.swap.max = 0).
+			opts = append(opts, oci.WithMemorySwap(int64(spec.MemoryBytes)))
+		}
+	}
+	if spec.CPUMillis > 0 {
+		const period = 100_000 // µs, the kernel's default CFS period
+		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
+	}
+	return opts
+}
+
+// swapAccounting reports whether the kernel accounts swap per cgroup: runc
+// refuses a swap limit otherwise. cgroup v2 always does.
+func swapAccounting() bool {
+	for _, p := range []string{"/sys/fs/cgroup/cgroup.controllers", "/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // WaitExit returns a channel that receives the task's exit once it exits,
@@ -341,6 +377,8 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	}
 	sb.CreatedAt, _ = time.Parse(time.RFC3339Nano, labels[labelCreatedAt])
 	sb.PidsLimit, _ = strconv.ParseUint(labels[labelPidsLimit], 10, 64)
+	sb.CPUMillis, _ = strconv.ParseUint(labels[labelCPUMillis], 10, 64)
+	sb.MemoryBytes, _ = strconv.ParseUint(labels[labelMemory], 10, 64)
 	if task, err := c.Task(ctx, nil); err == nil {
 		sb.TaskPID = task.Pid()
 		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Running {

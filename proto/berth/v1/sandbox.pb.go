@@ -76,12 +76,20 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
-// Resources limits what a sandbox may use.
+// Resources limits what a sandbox may use. Zero fields take the server's
+// defaults; values above the server's maximums are INVALID_ARGUMENT.
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pids_limit caps the number of processes and threads in the sandbox
-	// (pids cgroup). Zero means the server's default.
-	PidsLimit     uint64 `protobuf:"varint,1,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	// (pids cgroup).
+	PidsLimit uint64 `protobuf:"varint,1,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
+	// cpu_millis caps CPU time in thousandths of a CPU: 500 is half a core
+	// (CFS quota over a 100 ms period).
+	CpuMillis uint64 `protobuf:"varint,2,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
+	// memory_bytes caps memory, in bytes, with no swap beyond it (memory
+	// cgroup limit and memsw limit); exceeding it invokes the OOM killer
+	// inside the sandbox.
+	MemoryBytes   uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -119,6 +127,20 @@ func (*Resources) Descriptor() ([]byte, []int) {
 func (x *Resources) GetPidsLimit() uint64 {
 	if x != nil {
 		return x.PidsLimit
+	}
+	return 0
+}
+
+func (x *Resources) GetCpuMillis() uint64 {
+	if x != nil {
+		return x.CpuMillis
+	}
+	return 0
+}
+
+func (x *Resources) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
 	}
 	return 0
 }
@@ -711,10 +733,13 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"*\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
-	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\"P\n" +
+	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
+	"\n" +
+	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"P\n" +
 	"\x0fRuntimeIdentity\x12\"\n" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\"\x97\x03\n" +
