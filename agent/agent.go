@@ -45,6 +45,11 @@ type Config struct {
 	// strings; a start's env is applied on top. Default: the agent's own
 	// environment (os.Environ at New), which is the container's.
 	Env []string
+	// UID and GID are the workload user: processes run as it (setuid and
+	// setgid before execve, supplementary groups cleared) and files are
+	// created as it. Default 0 and 0: root, without capabilities.
+	UID uint32
+	GID uint32
 
 	// DefaultTimeout applies to a start with no timeout. Default 30m.
 	DefaultTimeout time.Duration

@@ -76,7 +76,7 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		Files: []*os.File{inR, outW, errW},
 		// Its own process group, so that a signal or a timeout reaches
 		// the grandchildren too.
-		Sys: &syscall.SysProcAttr{Setpgid: true},
+		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: s.credential()},
 	}
 	argv := p.argv
 	start := time.Now()
@@ -175,4 +175,14 @@ func lookPath(file, path string) (string, error) {
 		}
 	}
 	return "", err
+}
+
+// credential returns the workload user for a child, or nil when the agent
+// runs as that user already (setting it would call setgroups(2), which
+// needs CAP_SETGID).
+func (s *Server) credential() *syscall.Credential {
+	if s.cfg.UID == uint32(os.Getuid()) && s.cfg.GID == uint32(os.Getgid()) {
+		return nil
+	}
+	return &syscall.Credential{Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: []uint32{}}
 }

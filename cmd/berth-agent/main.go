@@ -19,6 +19,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -39,6 +41,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	socket := fs.String("socket", "/.berth-run/agent.sock", "`path` of the unix socket to serve on (a stale socket there is replaced)")
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.StringVar(&cfg.WorkDir, "workdir", d.WorkDir, "working `directory` for execs without a cwd (created when missing; / when it cannot be)")
+	fs.Func("user", "workload `uid:gid` (numeric) that processes run as and files are created as (default 0:0)", func(v string) error {
+		uid, gid, err := parseUser(v)
+		cfg.UID, cfg.GID = uid, gid
+		return err
+	})
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", d.DefaultTimeout, "exec timeout when a start asks for none")
 	fs.DurationVar(&cfg.MinTimeout, "min-timeout", d.MinTimeout, "smallest exec timeout; smaller requests are raised to it")
 	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", d.MaxTimeout, "largest exec timeout; larger requests are lowered to it")
@@ -80,4 +87,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	log.Info("berth-agent stopped")
 	return 0
+}
+
+// parseUser parses "uid:gid" or "uid" (gid = uid), both numeric.
+func parseUser(v string) (uid, gid uint32, err error) {
+	u, g, hasGID := strings.Cut(v, ":")
+	if !hasGID {
+		g = u
+	}
+	uid64, err := strconv.ParseUint(u, 10, 32)
+	if err != nil {
+		return 0, 0, fmt.Errorf("uid %q is not a number from 0 to 4294967295", u)
+	}
+	gid64, err := strconv.ParseUint(g, 10, 32)
+	if err != nil {
+		return 0, 0, fmt.Errorf("gid %q is not a number from 0 to 4294967295", g)
+	}
+	return uint32(uid64), uint32(gid64), nil
 }

@@ -1,0 +1,21 @@
+package agent_test
+
+import (
+	"os"
+	"testing"
+)
+
+// TestWorkloadUser checks that --user makes processes run as that uid and
+// gid with no supplementary groups.
+func TestWorkloadUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("switching users needs root")
+	}
+	a := startAgent(t, "--user", "65534:65533")
+	spec := shell("id -u; id -g; id -G")
+	spec.Cwd = "/" // the test's workdir is private to root
+	r := a.run(t, "user", spec)
+	if got, want := string(r.stdout), "65534\n65533\n65533\n"; got != want {
+		t.Errorf("id as --user 65534:65533 = %q (stderr %q, result %v), want %q", got, r.stderr, r.result, want)
+	}
+}
