@@ -77,6 +77,11 @@ func mkdirAll(path string, mode uint32) (created []string, err error) {
 			}
 			break
 		}
+		if errors.Is(err, unix.ENOTDIR) && p != "/" {
+			// A component above is not a directory: find and name it.
+			missing = nil
+			continue
+		}
 		if !errors.Is(err, unix.ENOENT) || p == "/" {
 			return nil, pathError("stat", p, err)
 		}
