@@ -2,6 +2,7 @@ package files_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
@@ -306,5 +308,42 @@ func TestRenameAndAppend(t *testing.T) {
 	}
 	if fi, _ := os.Lstat(link); fi == nil || !fi.Mode().IsRegular() {
 		t.Errorf("link after a replace = %v, want a regular file", fi)
+	}
+}
+
+// TestWriteAbortedStoresNothing cancels a write mid-stream: no file, no
+// temporary file, and no directory it created may remain.
+func TestWriteAbortedStoresNothing(t *testing.T) {
+	a := startAgent(t, "--user", "65534:65534")
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := a.files.WriteFile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(a.dir, "new", "dirs", "f")
+	stream.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Header{Header: &agentv1.WriteFileHeader{Path: []byte(path), CreateParents: true}}})
+	stream.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Chunk{Chunk: make([]byte, 1<<20)}})
+	// Wait until the agent has created the temporary file, then cancel.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		entries, _ := os.ReadDir(filepath.Dir(path))
+		if len(entries) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not start the write within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	for {
+		entries, _ := os.ReadDir(a.dir)
+		if len(entries) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a canceled write %s still holds %v", a.dir, entries)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
