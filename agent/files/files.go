@@ -71,8 +71,11 @@ type Service struct {
 	cfg Config
 	log *slog.Logger
 	// switchUser is set when the workload user differs from the agent's
-	// own effective uid or gid: path operations then run as asUser says.
+	// own effective uid or gid; dropCaps when the agent has effective
+	// capabilities, which the workload's processes do not get. Either makes
+	// path operations run on a thread of their own (see asUser).
 	switchUser bool
+	dropCaps   bool
 }
 
 var _ agentv1.FileServiceServer = (*Service)(nil)
@@ -99,6 +102,7 @@ func New(cfg Config) *Service {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		switchUser: int(cfg.UID) != os.Geteuid() || int(cfg.GID) != os.Getegid(),
+		dropCaps:   hasEffectiveCaps(),
 	}
 }
 

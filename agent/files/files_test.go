@@ -347,3 +347,19 @@ func TestWriteAbortedStoresNothing(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestRootWorkloadHasNoCapabilities runs the agent as root with its
+// capabilities and root as the workload user: file operations must not use
+// CAP_DAC_OVERRIDE, which the workload's own processes do not have.
+func TestRootWorkloadHasNoCapabilities(t *testing.T) {
+	a := startAgent(t)
+	other := filepath.Join(a.dir, "other")
+	if err := os.WriteFile(other, []byte("1000's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(other, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	_, err := a.readFile(t, &agentv1.ReadFileRequest{Path: []byte(other)})
+	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", other)
+}

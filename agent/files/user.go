@@ -9,7 +9,8 @@ import (
 
 // asUser runs fn with the file-system identity of the workload user and
 // returns its error. When the agent's own uid and gid are the workload
-// user's it simply calls fn.
+// user's and it has no effective capabilities (a sandbox's agent today) it
+// simply calls fn.
 //
 // Otherwise fn runs on a fresh goroutine locked to its OS thread, after
 // that thread alone switched identity: setgroups(2) to no supplementary
@@ -20,7 +21,10 @@ import (
 // fsuid goes from 0 to another uid the kernel also clears the file-system
 // capabilities (CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, ...) from the
 // thread's effective set (capabilities(7)), so fn cannot bypass the user's
-// permissions. The goroutine exits without unlocking the thread, and the Go
+// permissions. Last, the thread clears its effective capability set
+// (capset(2) acts on the calling thread), so that a workload user who is
+// root is held to root's permissions without CAP_DAC_OVERRIDE and the like,
+// as the workload's own processes are. The goroutine exits without unlocking the thread, and the Go
 // runtime then ends the thread (runtime.LockOSThread): the identity never
 // leaks to other goroutines and needs no restoring.
 //
@@ -30,7 +34,7 @@ import (
 // CAP_SETGID; without them asUser fails with a *userError and fn does not
 // run.
 func (s *Service) asUser(fn func() error) error {
-	if !s.switchUser {
+	if !s.switchUser && !s.dropCaps {
 		return fn()
 	}
 	done := make(chan error, 1)
@@ -46,10 +50,43 @@ func (s *Service) asUser(fn func() error) error {
 	return <-done
 }
 
-// becomeUser switches the calling thread's supplementary groups, fsgid and
-// fsuid to the workload user's, and checks that the kernel applied them:
+// becomeUser gives the calling thread the workload user's identity and no
+// effective capabilities, and checks that the kernel applied them:
 // setfsuid(2) and setfsgid(2) report no error when they refuse.
 func (s *Service) becomeUser() error {
+	if s.switchUser {
+		if err := s.switchIDs(); err != nil {
+			return err
+		}
+	}
+	if s.dropCaps {
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			return &userError{s.cfg.UID, s.cfg.GID, fmt.Errorf("capget: %w", err)}
+		}
+		data[0].Effective, data[1].Effective = 0, 0
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			return &userError{s.cfg.UID, s.cfg.GID, fmt.Errorf("capset: %w", err)}
+		}
+	}
+	return nil
+}
+
+// hasEffectiveCaps reports whether the calling thread (the agent, at New)
+// has any effective capability.
+func hasEffectiveCaps() bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return true // unknown: isolate to be safe
+	}
+	return data[0].Effective != 0 || data[1].Effective != 0
+}
+
+// switchIDs switches the calling thread's supplementary groups, fsgid and
+// fsuid to the workload user's.
+func (s *Service) switchIDs() error {
 	uid, gid := int(s.cfg.UID), int(s.cfg.GID)
 	if err := unix.Setgroups(nil); err != nil {
 		return &userError{s.cfg.UID, s.cfg.GID, fmt.Errorf("setgroups: %w", err)}
