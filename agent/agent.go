@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/berth-sandbox/berth/agent/files"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
@@ -85,6 +86,10 @@ type Config struct {
 	// Logger receives the agent's operational log; it never gets env
 	// values. Default slog.Default().
 	Logger *slog.Logger
+
+	// Files caps the file service (package files); its UID, GID and
+	// Logger are set from this Config.
+	Files files.Config
 }
 
 // EventOverhead is the bookkeeping charge, in bytes, of one output event
@@ -272,6 +277,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	// berthd may ping idle connections to detect a dead sandbox early.
 	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
 	agentv1.RegisterAgentServiceServer(gs, s)
+	agentv1.RegisterFileServiceServer(gs, s.fileService())
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(l) }()
 	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID)

@@ -44,6 +44,7 @@ func NewGRPCServer(svc *Service, log *slog.Logger) *grpc.Server {
 	)
 	berthv1.RegisterSandboxServiceServer(srv, svc)
 	berthv1.RegisterImageServiceServer(srv, svc)
+	berthv1.RegisterFileServiceServer(srv, svc.FileService())
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(berthv1.SandboxService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)

@@ -56,6 +56,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.RingBytes, "ring-bytes", d.RingBytes, fmt.Sprintf("retained event log per exec in `bytes` (each event costs its data + %d)", agent.EventOverhead))
 	fs.DurationVar(&cfg.Retention, "retention", d.Retention, "how long a finished exec stays attachable")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "silence on an exec stream before a heartbeat is sent")
+	registerFileFlags(fs, &cfg.Files)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {
 			return 0

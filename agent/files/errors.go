@@ -1,0 +1,211 @@
+package files
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+)
+
+// changedError says that a file changed while it was read or archived.
+type changedError struct {
+	path string
+	why  string // e.g. "it ended after 10 of 20 bytes"
+}
+
+func (e *changedError) Error() string {
+	return fmt.Sprintf("%s changed while it was read: %s", display(e.path), e.why)
+}
+
+// tooLargeError says that a size cap of the agent was exceeded.
+type tooLargeError struct {
+	path   string
+	what   string // e.g. "read of 5368709120 bytes"
+	limit  uint64
+	reason string // ReasonFileTooLarge or ReasonListTooLarge
+	flag   string // the agent flag that sets the cap
+}
+
+func (e *tooLargeError) Error() string {
+	return fmt.Sprintf("%s: %s exceeds the agent's cap of %d (berth-agent --%s)", display(e.path), e.what, e.limit, e.flag)
+}
+
+// entryError says why an archive entry is refused.
+type entryError struct {
+	entry  string
+	reason string // ReasonTarEntryUnsafe or ReasonTarEntryInvalid
+	why    string
+}
+
+func (e *entryError) Error() string {
+	return fmt.Sprintf("archive entry %q: %s", display(e.entry), e.why)
+}
+
+// userError says that the agent could not take on the workload user's
+// identity for a file operation; nothing was done.
+type userError struct {
+	uid, gid uint32
+	err      error
+}
+
+func (e *userError) Error() string {
+	return fmt.Sprintf("act as workload user %d:%d: %v (berth-agent needs CAP_SETUID and CAP_SETGID)", e.uid, e.gid, e.err)
+}
+
+func (e *userError) Unwrap() error { return e.err }
+
+// notRegularError says that a path is not a regular file where one is
+// needed.
+type notRegularError struct {
+	path string
+	typ  string
+}
+
+func (e *notRegularError) Error() string {
+	return fmt.Sprintf("%s is a %s, not a regular file", display(e.path), e.typ)
+}
+
+// invalid returns an INVALID_ARGUMENT status naming field.
+func invalid(field, description string) error {
+	return rpcstatus.InvalidArgument(field, description)
+}
+
+// toStatus converts an error of a file operation to the status returned to
+// berthd. It is the one place where errno values become codes; statuses
+// already built (invalid arguments) pass unchanged and anything
+// unclassified becomes INTERNAL with its message (which names the path).
+func (s *Service) toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if rpcstatus.Reason(err) != "" {
+		return err
+	}
+	var (
+		changed   *changedError
+		tooLarge  *tooLargeError
+		entry     *entryError
+		user      *userError
+		notReg    *notRegularError
+		pathErr   *fs.PathError
+		errno     unix.Errno
+		pathShown string
+	)
+	switch {
+	case errors.As(err, &changed):
+		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonFileChanged, err.Error(), meta(changed.path))
+	case errors.As(err, &tooLarge):
+		m := meta(tooLarge.path)
+		m["limit"] = strconv.FormatUint(tooLarge.limit, 10)
+		return rpcstatus.Error(codes.FailedPrecondition, tooLarge.reason, err.Error(), m)
+	case errors.As(err, &entry):
+		return rpcstatus.Error(codes.InvalidArgument, entry.reason, err.Error(), map[string]string{"entry": display(entry.entry)})
+	case errors.As(err, &user):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonAgentCannotActAsUser, err.Error(), nil)
+	case errors.As(err, &notReg):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonNotRegularFile, err.Error(), meta(notReg.path))
+	case errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled:
+		return status.Error(codes.Canceled, "canceled: "+err.Error())
+	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
+		return status.Error(codes.DeadlineExceeded, "deadline exceeded: "+err.Error())
+	}
+	if errors.As(err, &pathErr) {
+		pathShown = pathErr.Path
+	}
+	msg := err.Error()
+	if !utf8.ValidString(msg) {
+		msg = display(msg)
+	}
+	if !errors.As(err, &errno) {
+		s.log.Error("file operation failed", "err", msg)
+		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, msg, meta(pathShown))
+	}
+	code, reason := errnoCode(errno)
+	if code == codes.Internal {
+		s.log.Error("file operation failed", "err", msg)
+	}
+	return rpcstatus.Error(code, reason, msg, meta(pathShown))
+}
+
+// errnoCode maps an errno from a file system call to a code and reason.
+func errnoCode(errno unix.Errno) (codes.Code, string) {
+	switch errno {
+	case unix.ENOENT:
+		return codes.NotFound, rpcstatus.ReasonFileNotFound
+	case unix.EEXIST:
+		return codes.AlreadyExists, rpcstatus.ReasonFileExists
+	case unix.ENOTDIR:
+		return codes.FailedPrecondition, rpcstatus.ReasonNotADirectory
+	case unix.EISDIR:
+		return codes.FailedPrecondition, rpcstatus.ReasonIsADirectory
+	case unix.ENOTEMPTY:
+		return codes.FailedPrecondition, rpcstatus.ReasonDirectoryNotEmpty
+	case unix.ELOOP:
+		return codes.FailedPrecondition, rpcstatus.ReasonSymlinkLoop
+	case unix.EXDEV:
+		return codes.FailedPrecondition, rpcstatus.ReasonCrossDevice
+	case unix.EROFS:
+		return codes.FailedPrecondition, rpcstatus.ReasonReadOnlyFS
+	case unix.EBUSY, unix.ETXTBSY:
+		return codes.FailedPrecondition, rpcstatus.ReasonFileBusy
+	case unix.EACCES, unix.EPERM:
+		return codes.PermissionDenied, rpcstatus.ReasonPermissionDenied
+	case unix.ENOSPC, unix.EDQUOT:
+		return codes.ResourceExhausted, rpcstatus.ReasonNoSpace
+	case unix.ENAMETOOLONG:
+		return codes.InvalidArgument, rpcstatus.ReasonInvalidArgument
+	}
+	return codes.Internal, rpcstatus.ReasonInternal
+}
+
+// meta returns ErrorInfo metadata naming path, or an empty map.
+func meta(path string) map[string]string {
+	if path == "" {
+		return map[string]string{}
+	}
+	return map[string]string{"path": display(path)}
+}
+
+// display returns s when it is valid UTF-8; otherwise each byte that is not
+// part of valid UTF-8 is written as \xNN. It is what FileInfo.display_name
+// and error messages show: proto3 strings must be valid UTF-8.
+func display(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		} else {
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// pathError wraps errno as a *fs.PathError of op on path.
+func pathError(op, path string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &fs.PathError{Op: op, Path: path, Err: err}
+}
+
+// errnoOf returns the errno err carries.
+func errnoOf(err error) (unix.Errno, bool) {
+	var errno unix.Errno
+	ok := errors.As(err, &errno)
+	return errno, ok
+}

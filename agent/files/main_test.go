@@ -1,0 +1,246 @@
+package files_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+)
+
+// agentBin is the berth-agent binary built by TestMain.
+var agentBin string
+
+func TestMain(m *testing.M) {
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "fbin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "temp dir:", err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	agentBin = filepath.Join(dir, "berth-agent")
+	args := []string{"build", "-o", agentBin}
+	cgo := "CGO_ENABLED=0" // the shipped agent is static
+	if raceEnabled {
+		// The agent runs in its own process: give it its own race detector.
+		args = append(args, "-race")
+		cgo = "CGO_ENABLED=1"
+	}
+	build := exec.Command("go", append(args, "github.com/berth-sandbox/berth/cmd/berth-agent")...)
+	build.Env = append(os.Environ(), cgo)
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build berth-agent: %v\n%s", err, out)
+		return 1
+	}
+	return m.Run()
+}
+
+// logBuffer is a bytes.Buffer safe for concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// testAgent is a running berth-agent and its FileService client.
+type testAgent struct {
+	files agentv1.FileServiceClient
+	// dir is a scratch directory, mode 0777 below a 0755 parent, so that
+	// any workload user may work in it.
+	dir string
+}
+
+// startAgent runs the agent binary with flags and returns a client of its
+// FileService. The agent stops at cleanup and must exit 0. File tests need
+// root: the agent switches to the workload user, which takes
+// CAP_SETUID/CAP_SETGID.
+func startAgent(t testing.TB, flags ...string) *testAgent {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the file service acts as another user, which needs root")
+	}
+	base, err := os.MkdirTemp("", "fa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	work := filepath.Join(base, "w")
+	if err := os.Mkdir(work, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(work, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(base, "a.sock")
+	cmd := exec.Command(agentBin, append([]string{"--socket", sock, "--workdir", "/"}, flags...)...)
+	logs := &logBuffer{}
+	cmd.Stderr = logs
+	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("agent exit: %v, want 0\nagent log:\n%s", err, logs)
+			}
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("agent did not stop within 10s of SIGTERM\nagent log:\n%s", logs)
+		}
+		if strings.Contains(logs.String(), "DATA RACE") {
+			t.Errorf("agent reported a data race:\n%s", logs)
+		}
+	})
+	fast := grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.5, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}
+	conn, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithConnectParams(fast))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := agentv1.NewAgentServiceClient(conn).Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("agent did not answer: %v\nagent log:\n%s", err, logs)
+	}
+	return &testAgent{files: agentv1.NewFileServiceClient(conn), dir: work}
+}
+
+func testCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// writeFile writes data with header h (path set by the caller) in chunks of
+// 1 MiB and returns the response.
+func (a *testAgent) writeFile(t testing.TB, h *agentv1.WriteFileHeader, data []byte) (*agentv1.WriteFileResponse, error) {
+	t.Helper()
+	stream, err := a.files.WriteFile(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Header{Header: h}}); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatal(err)
+	}
+	for len(data) > 0 {
+		n := min(len(data), 1<<20)
+		if err := stream.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Chunk{Chunk: data[:n]}}); err != nil {
+			if errors.Is(err, io.EOF) {
+				break // the agent answered early: CloseAndRecv has its status
+			}
+			t.Fatal(err)
+		}
+		data = data[n:]
+	}
+	return stream.CloseAndRecv()
+}
+
+// readResult is what one ReadFile stream delivered.
+type readResult struct {
+	header *agentv1.ReadFileResponse
+	data   []byte
+	chunks int
+}
+
+func (a *testAgent) readFile(t testing.TB, req *agentv1.ReadFileRequest) (*readResult, error) {
+	t.Helper()
+	stream, err := a.files.ReadFile(testCtx(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &readResult{}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return r, nil
+		}
+		if err != nil {
+			return r, err
+		}
+		if msg.GetHeader() != nil {
+			if r.header != nil {
+				t.Fatalf("second header %v", msg)
+			}
+			r.header = msg
+			continue
+		}
+		if r.header == nil {
+			t.Fatal("chunk before the header")
+		}
+		if len(msg.GetChunk()) > 64<<10 {
+			t.Fatalf("chunk of %d bytes, want at most 64 KiB", len(msg.GetChunk()))
+		}
+		r.data = append(r.data, msg.GetChunk()...)
+		r.chunks++
+	}
+}
+
+// wantStatus fails unless err is a status with code and ErrorInfo reason,
+// and (when path is not empty) metadata "path" equal to path. It returns
+// the ErrorInfo metadata.
+func wantStatus(t testing.TB, err error, code codes.Code, reason, path string) map[string]string {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		t.Fatalf("error = %v, want a status %v %s", err, code, reason)
+	}
+	var info *errdetails.ErrorInfo
+	for _, d := range st.Details() {
+		if i, ok := d.(*errdetails.ErrorInfo); ok {
+			info = i
+		}
+	}
+	if st.Code() != code || info.GetReason() != reason {
+		t.Fatalf("error = %v (reason %q), want %v %s", err, info.GetReason(), code, reason)
+	}
+	if st.Message() == "" {
+		t.Errorf("error %v has an empty message", err)
+	}
+	if path != "" && info.GetMetadata()["path"] != path {
+		t.Errorf("error %v names path %q, want %q", err, info.GetMetadata()["path"], path)
+	}
+	return info.GetMetadata()
+}
+
+// syscallStat is the Sys() of a FileInfo on Linux.
+type syscallStat = syscall.Stat_t

@@ -1,0 +1,103 @@
+package files
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// ReadFile streams a byte range of a regular file: a header from fstat(2)
+// on the opened descriptor, then chunks of at most 64 KiB read with
+// pread(2). It ends with a *changedError when the file yields fewer bytes
+// than the header promised, more (when reading to the end), or a different
+// size or modification time by fstat(2) after the last chunk.
+func (s *Service) ReadFile(req *agentv1.ReadFileRequest, stream agentv1.FileService_ReadFileServer) error {
+	path, err := cleanPath("path", req.GetPath())
+	if err != nil {
+		return err
+	}
+	var fd int
+	err = s.asUser(func() error {
+		// O_NONBLOCK: opening a FIFO must not hang; it is refused below.
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+		return pathError("open", path, err)
+	})
+	if err != nil {
+		return s.toStatus(err)
+	}
+	defer unix.Close(fd)
+	return s.toStatus(s.readFile(stream, fd, path, req.GetOffsetBytes(), req.GetLimitBytes()))
+}
+
+func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, path string, offset, limit uint64) error {
+	var first unix.Stat_t
+	if err := unix.Fstat(fd, &first); err != nil {
+		return pathError("fstat", path, err)
+	}
+	switch first.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		return pathError("read", path, unix.EISDIR)
+	default:
+		return &notRegularError{path, typeName(first.Mode)}
+	}
+	size := uint64(first.Size)
+	var length uint64
+	if offset < size {
+		length = size - offset
+	}
+	if limit > 0 && limit < length {
+		length = limit
+	}
+	if length > s.cfg.MaxReadBytes {
+		return &tooLargeError{path: path, what: fmt.Sprintf("a read of %d bytes", length), limit: s.cfg.MaxReadBytes, reason: rpcstatus.ReasonFileTooLarge, flag: "max-read-bytes"}
+	}
+	header := &berthv1.ReadFileHeader{Info: fileInfo(path, &first, ""), OffsetBytes: offset, LengthBytes: length}
+	if err := stream.Send(&agentv1.ReadFileResponse{Part: &agentv1.ReadFileResponse_Header{Header: header}}); err != nil {
+		return err
+	}
+
+	buf := make([]byte, chunkBytes)
+	msg := &agentv1.ReadFileResponse{}
+	chunk := &agentv1.ReadFileResponse_Chunk{}
+	msg.Part = chunk
+	var done uint64
+	for done < length {
+		want := min(uint64(len(buf)), length-done)
+		n, err := unix.Pread(fd, buf[:want], int64(offset+done))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return pathError("read", path, err)
+		}
+		if n == 0 {
+			return &changedError{path, fmt.Sprintf("it ended after %d of the %d bytes its size promised", done, length)}
+		}
+		// Send marshals before returning, so buf can be reused.
+		chunk.Chunk = buf[:n]
+		if err := stream.Send(msg); err != nil {
+			return err
+		}
+		done += uint64(n)
+	}
+	if limit == 0 {
+		// Reading to the end: a byte past it means the file grew.
+		n, err := unix.Pread(fd, buf[:1], int64(offset+length))
+		if err == nil && n > 0 && offset <= size {
+			return &changedError{path, fmt.Sprintf("it grew past the %d bytes its size promised", size)}
+		}
+	}
+	var last unix.Stat_t
+	if err := unix.Fstat(fd, &last); err != nil {
+		return pathError("fstat", path, err)
+	}
+	if last.Size != first.Size || last.Mtim != first.Mtim {
+		return &changedError{path, fmt.Sprintf("its size or modification time changed (size %d then %d)", first.Size, last.Size)}
+	}
+	return nil
+}

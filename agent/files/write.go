@@ -1,0 +1,308 @@
+package files
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// defaultFileMode is the mode of a new file written without one.
+const defaultFileMode = 0o644
+
+// WriteFile stores the content of a stream: a header, then chunks. In
+// REPLACE mode the content goes to a temporary file in the target's
+// directory, created as the workload user, which is fsynced and renamed
+// over the target; in APPEND mode to the target itself (O_APPEND), fsynced.
+// The response is sent only then. On any failure the temporary file and the
+// parent directories this request created are removed.
+func (s *Service) WriteFile(stream agentv1.FileService_WriteFileServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return invalid("header", "the stream ended before the header")
+		}
+		return s.toStatus(err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return invalid("header", "the first message must be the header")
+	}
+	w, err := s.newWrite(h)
+	if err != nil {
+		return err
+	}
+	if err := s.asUser(w.open); err != nil {
+		return s.toStatus(err)
+	}
+	resp, err := w.copy(stream)
+	if err != nil {
+		w.abort()
+		return s.toStatus(err)
+	}
+	return stream.SendAndClose(resp)
+}
+
+// write is one WriteFile in progress.
+type write struct {
+	s       *Service
+	path    string
+	dir     string
+	h       *agentv1.WriteFileHeader
+	mode    uint32
+	appends bool
+
+	fd      int // -1 when not open
+	tmp     string
+	created []string // parent directories this write created
+	sum     hash.Hash
+	written uint64
+}
+
+// newWrite validates a header.
+func (s *Service) newWrite(h *agentv1.WriteFileHeader) (*write, error) {
+	path, err := cleanPath("header.path", h.GetPath())
+	if err != nil {
+		return nil, err
+	}
+	if path == "/" {
+		return nil, invalid("header.path", `"/" is a directory`)
+	}
+	w := &write{s: s, path: path, dir: filepath.Dir(path), h: h, mode: defaultFileMode, fd: -1, sum: sha256.New()}
+	if h.Mode != nil {
+		if w.mode = h.GetMode(); w.mode > 0o7777 {
+			return nil, invalid("header.mode", "must be at most 07777 (permission bits, setuid, setgid, sticky)")
+		}
+	}
+	switch h.GetWriteMode() {
+	case berthv1.WriteMode_WRITE_MODE_UNSPECIFIED, berthv1.WriteMode_WRITE_MODE_REPLACE:
+	case berthv1.WriteMode_WRITE_MODE_APPEND:
+		w.appends = true
+	default:
+		return nil, invalid("header.write_mode", fmt.Sprintf("unknown write mode %d", h.GetWriteMode()))
+	}
+	if h.SizeBytes != nil && h.GetSizeBytes() > s.cfg.MaxWriteBytes {
+		return nil, s.toStatus(&tooLargeError{path: path, what: fmt.Sprintf("a write of %d bytes", h.GetSizeBytes()), limit: s.cfg.MaxWriteBytes, reason: rpcstatus.ReasonFileTooLarge, flag: "max-write-bytes"})
+	}
+	return w, nil
+}
+
+// open creates the missing parents when asked and opens the file to write:
+// the temporary file, or the target when appending. It runs as the
+// workload user.
+func (w *write) open() error {
+	if w.h.GetCreateParents() {
+		created, err := mkdirAll(w.dir, defaultDirMode)
+		if err != nil {
+			return err
+		}
+		w.created = created
+	}
+	if w.appends {
+		return w.openAppend()
+	}
+	var st unix.Stat_t
+	switch err := unix.Lstat(w.path, &st); {
+	case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		return pathError("write", w.path, unix.EISDIR)
+	case err == nil && w.h.Mode == nil && st.Mode&unix.S_IFMT == unix.S_IFREG:
+		w.mode = st.Mode & 0o7777 // a replaced file keeps its mode
+	case err != nil && !errors.Is(err, unix.ENOENT):
+		return pathError("lstat", w.path, err)
+	}
+	for range 10 {
+		name := filepath.Join(w.dir, "."+filepath.Base(w.path)+".berth-"+randomSuffix()+".tmp")
+		fd, err := unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		if err != nil {
+			// Name the target: the temporary file is an implementation
+			// detail (ENOENT: a missing parent; EACCES: the directory).
+			return pathError("create", w.path, err)
+		}
+		w.fd, w.tmp = fd, name
+		return w.chmod()
+	}
+	return pathError("create temporary file for", w.path, unix.EEXIST)
+}
+
+// openAppend opens the target for appending, creating it with the mode
+// when missing.
+func (w *write) openAppend() error {
+	flags := unix.O_WRONLY | unix.O_APPEND | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY
+	fd, err := unix.Open(w.path, flags|unix.O_CREAT|unix.O_EXCL, 0o600)
+	created := err == nil
+	if errors.Is(err, unix.EEXIST) {
+		fd, err = unix.Open(w.path, flags, 0)
+	}
+	if err != nil {
+		return pathError("open", w.path, err)
+	}
+	w.fd = fd
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return pathError("fstat", w.path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return &notRegularError{w.path, typeName(st.Mode)}
+	}
+	if created {
+		return w.chmod()
+	}
+	w.mode = st.Mode & 0o7777 // an existing file keeps its mode
+	return nil
+}
+
+// chmod sets the new file's mode exactly (open(2) applies the umask).
+func (w *write) chmod() error {
+	return pathError("chmod", w.path, unix.Fchmod(w.fd, w.mode))
+}
+
+// chown gives the file and the directories created for it the requested
+// owner, when the header asks for one other than the workload user. It runs
+// with the agent's own identity (CAP_CHOWN).
+func (w *write) chown() error {
+	if w.h.Uid == nil && w.h.Gid == nil {
+		return nil
+	}
+	uid, gid := int(w.s.cfg.UID), int(w.s.cfg.GID)
+	if w.h.Uid != nil {
+		uid = int(w.h.GetUid())
+	}
+	if w.h.Gid != nil {
+		gid = int(w.h.GetGid())
+	}
+	if err := unix.Fchown(w.fd, uid, gid); err != nil {
+		return pathError("chown", w.path, err)
+	}
+	// chown(2) clears setuid and setgid bits: set the mode again.
+	if err := unix.Fchmod(w.fd, w.mode); err != nil {
+		return pathError("chmod", w.path, err)
+	}
+	for _, d := range w.created {
+		if err := unix.Lchown(d, uid, gid); err != nil {
+			return pathError("chown", d, err)
+		}
+	}
+	return nil
+}
+
+// copy receives the chunks, writes them, and commits the file.
+func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.WriteFileResponse, error) {
+	if err := w.chown(); err != nil {
+		return nil, err
+	}
+	h, limit := w.h, w.s.cfg.MaxWriteBytes
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		data := msg.GetChunk()
+		if msg.GetHeader() != nil {
+			return nil, invalid("header", "only chunks may follow the header")
+		}
+		next := w.written + uint64(len(data))
+		if h.SizeBytes != nil && next > h.GetSizeBytes() {
+			return nil, invalid("header.size_bytes", fmt.Sprintf("the stream carries more than the %d bytes declared", h.GetSizeBytes()))
+		}
+		if next > limit {
+			return nil, &tooLargeError{path: w.path, what: fmt.Sprintf("a write of more than %d bytes", limit), limit: limit, reason: rpcstatus.ReasonFileTooLarge, flag: "max-write-bytes"}
+		}
+		if err := writeAll(w.fd, data); err != nil {
+			return nil, pathError("write", w.path, err)
+		}
+		w.sum.Write(data)
+		w.written = next
+	}
+	if h.SizeBytes != nil && w.written != h.GetSizeBytes() {
+		return nil, invalid("header.size_bytes", fmt.Sprintf("declared %d bytes but the stream carried %d", h.GetSizeBytes(), w.written))
+	}
+	if err := unix.Fsync(w.fd); err != nil {
+		return nil, pathError("fsync", w.path, err)
+	}
+	if !w.appends {
+		if err := w.s.asUser(func() error { return pathError("rename", w.path, unix.Rename(w.tmp, w.path)) }); err != nil {
+			return nil, err
+		}
+		w.tmp = ""
+		if err := syncDir(w.dir, w.fd); err != nil {
+			return nil, err
+		}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(w.fd, &st); err != nil {
+		return nil, pathError("fstat", w.path, err)
+	}
+	unix.Close(w.fd)
+	w.fd = -1
+	return &agentv1.WriteFileResponse{Result: &berthv1.WriteFileResponse{
+		WrittenBytes: w.written,
+		Sha256:       hex.EncodeToString(w.sum.Sum(nil)),
+		Info:         fileInfo(w.path, &st, ""),
+	}}, nil
+}
+
+// abort undoes a failed write: it closes the file, removes the temporary
+// file and the directories created for it.
+func (w *write) abort() {
+	if w.fd >= 0 {
+		unix.Close(w.fd)
+		w.fd = -1
+	}
+	_ = w.s.asUser(func() error {
+		if w.tmp != "" {
+			_ = unix.Unlink(w.tmp)
+		}
+		removeDirs(w.created)
+		return nil
+	})
+}
+
+// writeAll writes all of data to fd.
+func writeAll(fd int, data []byte) error {
+	for len(data) > 0 {
+		n, err := unix.Write(fd, data)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		data = data[n:]
+	}
+	return nil
+}
+
+// syncDir makes a rename in dir durable: fsync(2) of the directory. When
+// the directory cannot be opened for reading (a write-only directory), it
+// syncs the whole file system of fd instead (syncfs(2)).
+func syncDir(dir string, fd int) error {
+	d, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return pathError("syncfs", dir, unix.Syncfs(fd))
+	}
+	defer unix.Close(d)
+	return pathError("fsync", dir, unix.Fsync(d))
+}
+
+// randomSuffix returns 12 random hex digits for temporary names.
+func randomSuffix() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,280 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// defaultRemoteDir is where relative sandbox paths start: the sandbox's
+// default working directory.
+const defaultRemoteDir = "/workspace"
+
+// remoteRef matches SANDBOX:PATH; the id follows the sandbox id rules.
+var remoteRef = regexp.MustCompile(`^([a-z0-9][a-z0-9-]{0,62}):(.*)$`)
+
+// remote is a path inside a sandbox.
+type remote struct {
+	sandboxID string
+	path      string // absolute, cleaned
+}
+
+func (r remote) String() string { return r.sandboxID + ":" + r.path }
+
+// parseRemote parses SANDBOX:PATH. A path that starts with "/" or "." is
+// local even when it holds a colon. A relative PATH starts at /workspace;
+// an empty one is /workspace.
+func parseRemote(arg string) (remote, bool) {
+	if strings.HasPrefix(arg, "/") || strings.HasPrefix(arg, ".") {
+		return remote{}, false
+	}
+	m := remoteRef.FindStringSubmatch(arg)
+	if m == nil {
+		return remote{}, false
+	}
+	p := m[2]
+	if !strings.HasPrefix(p, "/") {
+		p = defaultRemoteDir + "/" + p
+	}
+	return remote{sandboxID: m[1], path: path.Clean(p)}, true
+}
+
+// transferProgress draws one status line for a transfer on a terminal, at
+// most ten times a second.
+type transferProgress struct {
+	w     io.Writer
+	label string
+	total int64 // -1 when unknown
+
+	mu    sync.Mutex
+	last  time.Time
+	moved uint64
+	drawn bool
+}
+
+// newTransferProgress returns a progress line on stderr when it is a
+// terminal, and nil otherwise.
+func newTransferProgress(stderr io.Writer, label string, total int64) *transferProgress {
+	f, ok := stderr.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return nil
+	}
+	return &transferProgress{w: f, label: label, total: total}
+}
+
+// option returns the client option reporting to p, or none for nil.
+func (p *transferProgress) option() []client.FileOption {
+	if p == nil {
+		return nil
+	}
+	return []client.FileOption{client.WithTransferProgress(p.update)}
+}
+
+func (p *transferProgress) update(moved uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.moved = moved
+	if time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	p.draw()
+}
+
+func (p *transferProgress) draw() {
+	fmt.Fprintf(p.w, "\r\033[Kcopying %s: %s", p.label, progressText(p.moved, p.total))
+	p.drawn = true
+}
+
+// done ends the line.
+func (p *transferProgress) done() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		p.draw()
+		fmt.Fprintln(p.w)
+	}
+}
+
+func newCatCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cat SANDBOX:PATH...",
+		Short: "Print files from a sandbox",
+		Long: `Print the files to standard output, byte for byte. A relative PATH starts at
+/workspace. berth fails (exit 125) when a file changed while it was read
+(FILE_CHANGED): what was printed is then incomplete.`,
+		Example: `  berth cat dev:/etc/os-release
+  berth cat dev:out/result.json | jq .`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var refs []remote
+			for _, a := range args {
+				r, ok := parseRemote(a)
+				if !ok {
+					return fmt.Errorf("%q: want SANDBOX:PATH", a)
+				}
+				refs = append(refs, r)
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			quietPipe()
+			for _, r := range refs {
+				if _, err := c.ReadFile(cmd.Context(), r.sandboxID, r.path, cmd.OutOrStdout()); err != nil {
+					return pipeAware(fmt.Errorf("cat %s: %w", r, err))
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func newLsCmd(g *globals) *cobra.Command {
+	var (
+		long      bool
+		recursive bool
+		depth     uint32
+	)
+	cmd := &cobra.Command{
+		Use:   "ls [-l] [-R | --depth N] SANDBOX[:PATH]",
+		Short: "List a directory in a sandbox",
+		Long: `List the directory PATH in the sandbox (default /workspace; a relative PATH
+starts there), in byte order. Symlinks are listed, never followed. Names that
+are not UTF-8 are shown with \xNN escapes. -l adds type and mode, owner,
+size and modification time; -R lists all levels below.`,
+		Example: `  berth ls dev
+  berth ls -l dev:/etc
+  berth ls -R dev:src`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, ok := parseRemote(args[0])
+			if !ok {
+				if !remoteRef.MatchString(args[0] + ":") {
+					return fmt.Errorf("%q: want SANDBOX[:PATH]", args[0])
+				}
+				r = remote{sandboxID: args[0], path: defaultRemoteDir}
+			}
+			if recursive {
+				depth = 1<<32 - 1
+			}
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := g.unary(cmd.Context())
+			defer cancel()
+			entries, errs, err := c.ListDir(ctx, r.sandboxID, r.path, depth)
+			if err != nil {
+				return fmt.Errorf("ls %s: %w", r, err)
+			}
+			quietPipe()
+			if err := writeListing(cmd.OutOrStdout(), r.path, entries, long); err != nil {
+				return pipeAware(err)
+			}
+			for _, e := range errs {
+				fmt.Fprintf(cmd.ErrOrStderr(), "berth: ls: %s (%s)\n", e.GetMessage(), e.GetReason())
+			}
+			if len(errs) > 0 {
+				return exitStatus(1)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&long, "long", "l", false, "show type and mode, owner, size and modification time")
+	cmd.Flags().BoolVarP(&recursive, "recursive", "R", false, "list every level below PATH")
+	cmd.Flags().Uint32Var(&depth, "depth", 1, "levels to list (1: PATH's entries)")
+	return cmd
+}
+
+// writeListing prints entries: names relative to dir, with -l details.
+func writeListing(w io.Writer, dir string, entries []*berthv1.FileInfo, long bool) error {
+	prefix := strings.TrimSuffix(dir, "/") + "/"
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
+	for _, e := range entries {
+		name := strings.TrimPrefix(e.GetDisplayPath(), prefix)
+		if !long {
+			if _, err := fmt.Fprintln(w, name); err != nil {
+				return err
+			}
+			continue
+		}
+		if e.GetType() == berthv1.FileType_FILE_TYPE_SYMLINK {
+			name += " -> " + e.GetDisplaySymlinkTarget()
+		}
+		fmt.Fprintf(tw, "%s\t %d\t %d\t %d\t %s\t %s\n", modeString(e), e.GetUid(), e.GetGid(), e.GetSizeBytes(), e.GetModifiedAt().AsTime().Local().Format("2006-01-02 15:04"), name)
+	}
+	if long {
+		return tw.Flush()
+	}
+	return nil
+}
+
+// modeString renders a type and mode as ls -l does: "drwxr-xr-x",
+// "-rwsr-x---", "lrwxrwxrwx".
+func modeString(e *berthv1.FileInfo) string {
+	types := map[berthv1.FileType]byte{
+		berthv1.FileType_FILE_TYPE_DIRECTORY:    'd',
+		berthv1.FileType_FILE_TYPE_SYMLINK:      'l',
+		berthv1.FileType_FILE_TYPE_FIFO:         'p',
+		berthv1.FileType_FILE_TYPE_SOCKET:       's',
+		berthv1.FileType_FILE_TYPE_CHAR_DEVICE:  'c',
+		berthv1.FileType_FILE_TYPE_BLOCK_DEVICE: 'b',
+	}
+	b := []byte("----------")
+	if c, ok := types[e.GetType()]; ok {
+		b[0] = c
+	}
+	m := e.GetMode()
+	for i, c := range "rwxrwxrwx" {
+		if m&(1<<(8-i)) != 0 {
+			b[1+i] = byte(c)
+		}
+	}
+	special := func(bit uint32, at int, set, unset byte) {
+		if m&bit == 0 {
+			return
+		}
+		if b[at] == 'x' {
+			b[at] = set
+		} else {
+			b[at] = unset
+		}
+	}
+	special(0o4000, 3, 's', 'S')
+	special(0o2000, 6, 's', 'S')
+	special(0o1000, 9, 't', 'T')
+	return string(b)
+}
+
+// quietPipe makes a write to a closed stdout fail with EPIPE instead of
+// killing berth, so that pipeAware can exit 141 like a shell tool.
+func quietPipe() { signal.Ignore(syscall.SIGPIPE) }
+
+// pipeAware turns a broken pipe into exit status 141.
+func pipeAware(err error) error {
+	if errors.Is(err, syscall.EPIPE) {
+		return exitStatus(exitBrokenPipe)
+	}
+	return err
+}

@@ -1,0 +1,430 @@
+package integration
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// dialClient returns the public Go client connected to the test berthd.
+func dialClient(t testing.TB) *client.Client {
+	t.Helper()
+	c, err := client.Dial(context.Background(), env.berthdAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func fileCtx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// randomData returns n random bytes, with NUL and 0xFF at both ends.
+func randomData(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	if n >= 4 {
+		b[0], b[1], b[n-2], b[n-1] = 0x00, 0xff, 0xff, 0x00
+	}
+	return b
+}
+
+func hexSHA(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// hashWriter hashes and counts what is written to it.
+type hashWriter struct {
+	h hash.Hash
+	n int
+}
+
+func newHashWriter() *hashWriter { return &hashWriter{h: sha256.New()} }
+
+func (w *hashWriter) Write(p []byte) (int, error) {
+	w.n += len(p)
+	return w.h.Write(p)
+}
+
+func (w *hashWriter) sum() string { return hex.EncodeToString(w.h.Sum(nil)) }
+
+// sandboxSHA runs sha256sum on path inside the sandbox.
+func sandboxSHA(t *testing.T, sandboxID, path string) string {
+	t.Helper()
+	r := run(t, sandboxID, "sha256sum", path)
+	if r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("sha256sum %s: exit %d: %s", path, r.GetResult().GetExitCode(), r.GetStderr())
+	}
+	sum, _, _ := strings.Cut(string(r.GetStdout()), " ")
+	return sum
+}
+
+// wantFileError fails unless err is a *client.Error with code and reason
+// naming path (when path is not empty).
+func wantFileError(t *testing.T, err error, code codes.Code, reason, path string) *client.Error {
+	t.Helper()
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Code != code || ce.Reason != reason {
+		t.Fatalf("error = %v, want %v %s", err, code, reason)
+	}
+	if path != "" && ce.Metadata["path"] != path {
+		t.Errorf("error %v names path %q, want %q", err, ce.Metadata["path"], path)
+	}
+	return ce
+}
+
+// TestFilesRoundTrip writes random binary files through the public API,
+// reads them back, and checks the SHA-256 three ways: the write response,
+// the bytes read back, and sha256sum inside the sandbox.
+func TestFilesRoundTrip(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	for _, size := range []int{0, 1, 18433, 1<<20 + 1, 128 << 20} {
+		data := randomData(size)
+		want := hexSHA(data)
+		path := "/workspace/rt/data.bin"
+		resp, err := c.WriteFile(fileCtx(t), sb.GetId(), path, bytes.NewReader(data), client.WithCreateParents())
+		if err != nil {
+			t.Fatalf("WriteFile %d bytes: %v", size, err)
+		}
+		if resp.GetWrittenBytes() != uint64(size) || resp.GetSha256() != want {
+			t.Errorf("WriteFile %d bytes = %d bytes, sha %s; want sha %s", size, resp.GetWrittenBytes(), resp.GetSha256(), want)
+		}
+		got := newHashWriter()
+		header, err := c.ReadFile(fileCtx(t), sb.GetId(), path, got)
+		if err != nil {
+			t.Fatalf("ReadFile %d bytes: %v", size, err)
+		}
+		if got.n != size || got.sum() != want || header.GetInfo().GetSizeBytes() != uint64(size) {
+			t.Errorf("ReadFile = %d bytes sha %s (header size %d), want %d bytes sha %s", got.n, got.sum(), header.GetInfo().GetSizeBytes(), size, want)
+		}
+		if in := sandboxSHA(t, sb.GetId(), path); in != want {
+			t.Errorf("sha256sum in the sandbox of the %d-byte file = %s, want %s", size, in, want)
+		}
+	}
+}
+
+// TestFilesOddNames sends names with spaces, emoji and bytes that are not
+// UTF-8 through write, list, stat, read and remove.
+func TestFilesOddNames(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	ctx := fileCtx(t)
+	dir := "/workspace/names"
+	names := []string{"with space.txt", "emoji 🚢⚓.txt", "caf\xe9-latin1", "\xff\xfe"}
+	for _, name := range names {
+		p := dir + "/" + name
+		if _, err := c.WriteFile(ctx, sb.GetId(), p, strings.NewReader("content of "+name), client.WithCreateParents()); err != nil {
+			t.Fatalf("WriteFile(%q): %v", name, err)
+		}
+		info, err := c.Stat(ctx, sb.GetId(), p)
+		if err != nil || string(info.GetName()) != name || string(info.GetPath()) != p {
+			t.Errorf("Stat(%q) = %v, %v", name, info, err)
+		}
+		var buf bytes.Buffer
+		if _, err := c.ReadFile(ctx, sb.GetId(), p, &buf); err != nil || buf.String() != "content of "+name {
+			t.Errorf("ReadFile(%q) = %q, %v", name, buf.String(), err)
+		}
+	}
+	entries, errs, err := c.ListDir(ctx, sb.GetId(), dir, 1)
+	if err != nil || len(errs) > 0 {
+		t.Fatalf("ListDir: %v %v", err, errs)
+	}
+	var got, display []string
+	for _, e := range entries {
+		got = append(got, string(e.GetName()))
+		display = append(display, e.GetDisplayName())
+	}
+	want := slices.Clone(names)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("ListDir names = %q, want %q", got, want)
+	}
+	if !slices.Contains(display, `caf\xe9-latin1`) || !slices.Contains(display, `\xff\xfe`) {
+		t.Errorf("display names %q lack the escaped forms", display)
+	}
+	// The sandbox sees the same bytes.
+	r := run(t, sb.GetId(), "ls", dir)
+	if gotLs := strings.Split(strings.TrimSpace(string(r.GetStdout())), "\n"); len(gotLs) != len(names) {
+		t.Errorf("ls in the sandbox = %q, want %d names", r.GetStdout(), len(names))
+	}
+	for _, name := range names {
+		if err := c.Remove(ctx, sb.GetId(), dir+"/"+name, false); err != nil {
+			t.Errorf("Remove(%q): %v", name, err)
+		}
+	}
+	if entries, _, err := c.ListDir(ctx, sb.GetId(), dir, 1); err != nil || len(entries) != 0 {
+		t.Errorf("ListDir after removing = %v, %v; want empty", entries, err)
+	}
+}
+
+// TestFilesSymlinks checks stat and recursive listing of a relative, a
+// dangling and a looping symlink, and a link to a parent directory that
+// would loop a listing that followed it.
+func TestFilesSymlinks(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	ctx := fileCtx(t)
+	r := run(t, sb.GetId(), "sh", "-c", "mkdir -p /workspace/l/d && echo x > /workspace/l/d/f && cd /workspace/l && ln -s d/f rel && ln -s missing dangling && ln -s loop loop && ln -s .. d/up")
+	if r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("setup: %s", r.GetStderr())
+	}
+	for name, target := range map[string]string{"rel": "d/f", "dangling": "missing", "loop": "loop"} {
+		info, err := c.Stat(ctx, sb.GetId(), "/workspace/l/"+name)
+		if err != nil || info.GetType() != berthv1.FileType_FILE_TYPE_SYMLINK || string(info.GetSymlinkTarget()) != target {
+			t.Errorf("Stat(%s) = %v, %v; want a symlink to %q", name, info, err, target)
+		}
+	}
+	entries, _, err := c.ListDir(ctx, sb.GetId(), "/workspace/l", 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, strings.TrimPrefix(string(e.GetPath()), "/workspace/l/")+"="+e.GetType().String())
+	}
+	want := []string{"d=FILE_TYPE_DIRECTORY", "d/f=FILE_TYPE_REGULAR", "d/up=FILE_TYPE_SYMLINK", "dangling=FILE_TYPE_SYMLINK", "loop=FILE_TYPE_SYMLINK", "rel=FILE_TYPE_SYMLINK"}
+	if !slices.Equal(got, want) {
+		t.Errorf("recursive ListDir = %q, want %q", got, want)
+	}
+	_, err = c.ReadFile(ctx, sb.GetId(), "/workspace/l/dangling", io.Discard)
+	wantFileError(t, err, codes.NotFound, "FILE_NOT_FOUND", "/workspace/l/dangling")
+}
+
+// TestFilesErrors checks the errors named in the API, each naming its
+// path, and that a write through a regular file creates nothing.
+func TestFilesErrors(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	ctx := fileCtx(t)
+	if _, err := c.WriteFile(ctx, sb.GetId(), "/workspace/file", strings.NewReader("x")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Stat(ctx, sb.GetId(), "/workspace/missing")
+	wantFileError(t, err, codes.NotFound, "FILE_NOT_FOUND", "/workspace/missing")
+	_, err = c.WriteFile(ctx, sb.GetId(), "/workspace/file/a/b", strings.NewReader("x"), client.WithCreateParents())
+	wantFileError(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "/workspace/file")
+	_, err = c.WriteFile(ctx, sb.GetId(), "/workspace", strings.NewReader("x"))
+	wantFileError(t, err, codes.FailedPrecondition, "IS_A_DIRECTORY", "/workspace")
+	_, err = c.ReadFile(ctx, sb.GetId(), "/workspace", io.Discard)
+	wantFileError(t, err, codes.FailedPrecondition, "IS_A_DIRECTORY", "/workspace")
+	_, err = c.WriteFile(ctx, sb.GetId(), "/workspace/x/y/file", strings.NewReader("x")) // no create parents
+	wantFileError(t, err, codes.NotFound, "FILE_NOT_FOUND", "/workspace/x/y/file")
+	err = c.Remove(ctx, sb.GetId(), "/workspace", false)
+	wantFileError(t, err, codes.FailedPrecondition, "DIRECTORY_NOT_EMPTY", "/workspace")
+	// The agent binary is mounted read-only.
+	_, err = c.WriteFile(ctx, sb.GetId(), "/.berth-agent", strings.NewReader("x"), client.WithAppend())
+	if ce := (*client.Error)(nil); !errors.As(err, &ce) || ce.Code == codes.OK || ce.Code == codes.Internal {
+		t.Errorf("append to the read-only agent binary: %v, want a named error", err)
+	}
+	entries, _, err := c.ListDir(ctx, sb.GetId(), "/workspace", 10)
+	if err != nil || len(entries) != 1 || string(entries[0].GetName()) != "file" {
+		t.Errorf("/workspace after failed writes = %v, %v; want only file", entries, err)
+	}
+	// Invalid requests name the field.
+	_, err = c.Stat(ctx, sb.GetId(), "relative")
+	if ce := wantFileError(t, err, codes.InvalidArgument, "INVALID_ARGUMENT", ""); len(ce.FieldViolations) != 1 || ce.FieldViolations[0].Field != "path" {
+		t.Errorf("field violations %v, want path", ce.FieldViolations)
+	}
+	_, err = c.Stat(ctx, "no-such-sandbox", "/")
+	wantFileError(t, err, codes.NotFound, "SANDBOX_NOT_FOUND", "")
+}
+
+// TestFilesModeAndOwner checks that mode 0640 is applied exactly and that
+// the file and the parents created for it belong to the workload user.
+// The sandbox's workload user is root (uid 0) until CreateSandboxRequest
+// takes a user (issue 6); ownership by another uid is covered by
+// agent/files TestOwnershipAndMode with the real agent as 1000:1001.
+func TestFilesModeAndOwner(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	ctx := fileCtx(t)
+	resp, err := c.WriteFile(ctx, sb.GetId(), "/workspace/m1/m2/f", strings.NewReader("x"), client.WithMode(0o640), client.WithCreateParents())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := resp.GetInfo(); info.GetMode() != 0o640 || info.GetUid() != 0 {
+		t.Errorf("written file = mode %o uid %d, want 640 and the workload uid 0", info.GetMode(), info.GetUid())
+	}
+	r := run(t, sb.GetId(), "stat", "-c", "%n %a %u:%g", "/workspace/m1", "/workspace/m1/m2", "/workspace/m1/m2/f")
+	want := "/workspace/m1 755 0:0\n/workspace/m1/m2 755 0:0\n/workspace/m1/m2/f 640 0:0\n"
+	if string(r.GetStdout()) != want {
+		t.Errorf("stat in the sandbox = %q, want %q", r.GetStdout(), want)
+	}
+}
+
+// TestFilesChangedDuringRead truncates a file in the sandbox while it is
+// being read: the read must fail with FILE_CHANGED, not end short.
+func TestFilesChangedDuringRead(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	path := "/workspace/changing"
+	if _, err := c.WriteFile(fileCtx(t), sb.GetId(), path, bytes.NewReader(randomData(128<<20))); err != nil {
+		t.Fatal(err)
+	}
+	files := berthv1.NewFileServiceClient(env.conn)
+	stream, err := files.ReadFile(fileCtx(t), &berthv1.ReadFileRequest{SandboxId: sb.GetId(), Location: &berthv1.ReadFileRequest_Path{Path: path}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil || first.GetHeader().GetLengthBytes() != 128<<20 {
+		t.Fatalf("first message = %v, %v; want the header of 128 MiB", first, err)
+	}
+	// Flow control holds the agent back while this test does not read.
+	if r := run(t, sb.GetId(), "sh", "-c", ": > "+path); r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("truncate: %s", r.GetStderr())
+	}
+	var got int
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			t.Fatalf("ReadFile ended OK after %d of %d bytes of a truncated file", got, 128<<20)
+		}
+		if err != nil {
+			if status.Code(err) != codes.Aborted || rpcstatus.Reason(err) != "FILE_CHANGED" {
+				t.Fatalf("ReadFile of a truncated file: %v, want ABORTED FILE_CHANGED", err)
+			}
+			t.Logf("after %d bytes: %v", got, err)
+			return
+		}
+		got += len(msg.GetChunk())
+	}
+}
+
+// TestFilesTarEscapes uploads archives that try to write outside their
+// directory; each is refused naming the entry, and nothing appears
+// outside.
+func TestFilesTarEscapes(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	ctx := fileCtx(t)
+	if r := run(t, sb.GetId(), "sh", "-c", "mkdir -p /outside /workspace/dest && ln -s /outside /workspace/dest/abs && ln -s ../../outside /workspace/dest/rel"); r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("setup: %s", r.GetStderr())
+	}
+	tests := []struct {
+		name   string
+		hdr    tar.Header
+		reason string
+	}{
+		{"dotdot", tar.Header{Name: "../../outside/a", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
+		{"absolute", tar.Header{Name: "/outside/b", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
+		{"through absolute symlink", tar.Header{Name: "abs/c", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
+		{"through relative symlink", tar.Header{Name: "rel/d", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
+		{"dir through symlink", tar.Header{Name: "rel/e/", Typeflag: tar.TypeDir}, "TAR_ENTRY_UNSAFE"},
+		{"symlink out", tar.Header{Name: "f", Typeflag: tar.TypeSymlink, Linkname: "/outside"}, "TAR_ENTRY_UNSAFE"},
+		{"symlink up", tar.Header{Name: "g", Typeflag: tar.TypeSymlink, Linkname: "../../outside"}, "TAR_ENTRY_UNSAFE"},
+		{"hard link out", tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"}, "TAR_ENTRY_UNSAFE"},
+		{"device", tar.Header{Name: "i", Typeflag: tar.TypeChar}, "TAR_ENTRY_UNSUPPORTED"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var buf bytes.Buffer
+			tw := tar.NewWriter(&buf)
+			hdr := tt.hdr
+			hdr.Mode = 0o644
+			if hdr.Typeflag == tar.TypeReg {
+				hdr.Size = 4
+			}
+			tw.WriteHeader(&hdr)
+			if hdr.Size > 0 {
+				tw.Write([]byte("evil"))
+			}
+			tw.Close()
+			_, err := c.Upload(ctx, sb.GetId(), "/workspace/dest", &buf)
+			ce := wantFileError(t, err, codes.InvalidArgument, tt.reason, "")
+			if ce.Metadata["entry"] != tt.hdr.Name {
+				t.Errorf("error names entry %q, want %q", ce.Metadata["entry"], tt.hdr.Name)
+			}
+		})
+	}
+	entries, _, err := c.ListDir(ctx, sb.GetId(), "/outside", 10)
+	if err != nil || len(entries) != 0 {
+		t.Errorf("/outside after the uploads = %v, %v; want empty", entries, err)
+	}
+	r := run(t, sb.GetId(), "sh", "-c", "ls -A /outside /workspace/dest; grep -c evil /etc/passwd")
+	if got := string(r.GetStdout()); got != "/outside:\n\n/workspace/dest:\nabs\nrel\n0\n" {
+		t.Errorf("after the uploads: %q", got)
+	}
+}
+
+// TestFilesUploadDownload moves a directory in as gzip tar and out again.
+func TestFilesUploadDownload(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	c := dialClient(t)
+	ctx := fileCtx(t)
+	data := randomData(3<<20 + 7)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "src/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "src/blob", Typeflag: tar.TypeReg, Mode: 0o600, Size: int64(len(data))})
+	tw.Write(data)
+	tw.WriteHeader(&tar.Header{Name: "src/link", Typeflag: tar.TypeSymlink, Linkname: "blob"})
+	tw.Close()
+	resp, err := c.Upload(ctx, sb.GetId(), "/workspace/up", &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetFiles() != 1 || resp.GetSymlinks() != 1 || resp.GetContentBytes() != uint64(len(data)) {
+		t.Errorf("Upload = %v", resp)
+	}
+	if got := sandboxSHA(t, sb.GetId(), "/workspace/up/src/link"); got != hexSHA(data) {
+		t.Errorf("sha256sum of the uploaded file = %s, want %s", got, hexSHA(data))
+	}
+	var out bytes.Buffer
+	sum, err := c.Download(ctx, sb.GetId(), "/workspace/up", &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(&out)
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+		if h.Name == "src/blob" {
+			body, _ := io.ReadAll(tr)
+			if hexSHA(body) != hexSHA(data) || h.Mode != 0o600 {
+				t.Errorf("downloaded blob: sha %s mode %o", hexSHA(body), h.Mode)
+			}
+		}
+	}
+	if !slices.Equal(names, []string{"src/", "src/blob", "src/link"}) || sum.GetEntries() != 3 {
+		t.Errorf("downloaded entries %q, summary %v", names, sum)
+	}
+}

@@ -1,0 +1,395 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// fileServer implements berth.v1.FileService by forwarding each request to
+// the sandbox's agent, which does the file work in the sandbox's mount
+// namespace as the workload user. berthd validates the sandbox id and the
+// paths (naming the public fields), passes paths on as bytes, and relays
+// data chunks and statuses without copying or reinterpreting them.
+type fileServer struct {
+	berthv1.UnimplementedFileServiceServer
+	s *Service
+}
+
+var _ berthv1.FileServiceServer = (*fileServer)(nil)
+
+// FileService returns the berth.v1.FileService of s, registered by
+// NewGRPCServer.
+func (s *Service) FileService() berthv1.FileServiceServer { return &fileServer{s: s} }
+
+// filesFor returns the FileService client of a running sandbox's agent.
+func (f *fileServer) filesFor(ctx context.Context, sandboxID string) (agentv1.FileServiceClient, error) {
+	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
+		return nil, err
+	}
+	sb, err := f.s.rt.Get(ctx, sandboxID)
+	if err != nil {
+		return nil, f.s.toStatus(ctx, err, map[string]string{"sandbox_id": sandboxID})
+	}
+	if !sb.Running {
+		return nil, f.s.toStatus(ctx, fmt.Errorf("%w: the task of sandbox %s is not running", errAgentUnreachable, sandboxID), map[string]string{"sandbox_id": sandboxID})
+	}
+	files, err := f.s.agents.Files(sb.SocketPath)
+	if err != nil {
+		return nil, f.s.toStatus(ctx, err, map[string]string{"sandbox_id": sandboxID})
+	}
+	return files, nil
+}
+
+// fail converts an error from the agent (or the caller's stream) to the
+// status returned.
+func (f *fileServer) fail(ctx context.Context, sandboxID string, err error) error {
+	return f.s.toStatus(ctx, agentError(sandboxID, err), map[string]string{"sandbox_id": sandboxID})
+}
+
+// location returns a request's path as bytes: text (the string form, field
+// `<prefix>path`) or raw (`<prefix>path_bytes`), whichever is set. It must
+// be absolute and hold no NUL byte.
+func location(prefix, text string, raw []byte) ([]byte, error) {
+	field, p := prefix+"path", []byte(text)
+	if text == "" {
+		field, p = prefix+"path_bytes", raw
+	}
+	switch {
+	case len(p) == 0:
+		return nil, rpcstatus.InvalidArgument(prefix+"path", "is empty: give "+prefix+"path or "+prefix+"path_bytes")
+	case p[0] != '/':
+		return nil, rpcstatus.InvalidArgument(field, "must be an absolute path inside the sandbox (starting with /)")
+	case bytes.IndexByte(p, 0) >= 0:
+		return nil, rpcstatus.InvalidArgument(field, "contains a NUL byte; Linux paths cannot")
+	}
+	return p, nil
+}
+
+// ReadFile forwards a read and its chunks.
+func (f *fileServer) ReadFile(req *berthv1.ReadFileRequest, stream berthv1.FileService_ReadFileServer) error {
+	ctx := stream.Context()
+	path, err := location("", req.GetPath(), req.GetPathBytes())
+	if err != nil {
+		return err
+	}
+	files, err := f.filesFor(ctx, req.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	up, err := files.ReadFile(ctx, &agentv1.ReadFileRequest{Path: path, OffsetBytes: req.GetOffsetBytes(), LimitBytes: req.GetLimitBytes()})
+	if err != nil {
+		return f.fail(ctx, req.GetSandboxId(), err)
+	}
+	out := &berthv1.ReadFileResponse{}
+	chunk := &berthv1.ReadFileResponse_Chunk{}
+	for {
+		msg, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return f.fail(ctx, req.GetSandboxId(), err)
+		}
+		switch part := msg.GetPart().(type) {
+		case *agentv1.ReadFileResponse_Header:
+			out.Part = &berthv1.ReadFileResponse_Header{Header: part.Header}
+		case *agentv1.ReadFileResponse_Chunk:
+			chunk.Chunk = part.Chunk
+			out.Part = chunk
+		default:
+			continue
+		}
+		if err := stream.Send(out); err != nil {
+			return f.fail(ctx, req.GetSandboxId(), err)
+		}
+	}
+}
+
+// clientStream is what WriteFile and Upload forward: the caller's chunks
+// after the header, to the agent.
+type clientStream[Req any] interface {
+	Recv() (Req, error)
+}
+
+// forwardChunks sends each chunk the caller sends after its header to the
+// agent through send, until the caller closes its side. It returns
+// io.EOF-free errors: the caller's (its stream broke, or it sent a second
+// header) or errAgentEnded when the agent ended the stream first (its
+// status then says why).
+func forwardChunks[Req any](in clientStream[Req], chunk func(Req) ([]byte, bool), send func([]byte) error) error {
+	for {
+		msg, err := in.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		data, ok := chunk(msg)
+		if !ok {
+			return rpcstatus.InvalidArgument("header", "only chunks may follow the header")
+		}
+		if err := send(data); err != nil {
+			if errors.Is(err, io.EOF) {
+				return errAgentEnded
+			}
+			return err
+		}
+	}
+}
+
+// errAgentEnded means the agent ended a client stream early.
+var errAgentEnded = errors.New("the agent ended the stream")
+
+// WriteFile forwards a write: header, chunks, then the agent's answer,
+// which comes only when the data is on disk. When the caller's stream
+// breaks, the agent's stream is canceled and the agent stores nothing.
+func (f *fileServer) WriteFile(stream berthv1.FileService_WriteFileServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return rpcstatus.InvalidArgument("header", "the stream ended before the header")
+		}
+		return f.s.toStatus(ctx, err, nil)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return rpcstatus.InvalidArgument("header", "the first message must be the header")
+	}
+	path, err := location("header.", h.GetPath(), h.GetPathBytes())
+	if err != nil {
+		return err
+	}
+	files, err := f.filesFor(ctx, h.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	agentCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up, err := files.WriteFile(agentCtx)
+	if err != nil {
+		return f.fail(ctx, h.GetSandboxId(), err)
+	}
+	header := &agentv1.WriteFileHeader{Path: path, Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, CreateParents: h.GetCreateParents(), WriteMode: h.GetWriteMode(), SizeBytes: h.SizeBytes}
+	err = up.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Header{Header: header}})
+	if err == nil {
+		out := &agentv1.WriteFileRequest{}
+		chunk := &agentv1.WriteFileRequest_Chunk{}
+		out.Part = chunk
+		err = forwardChunks(stream, func(m *berthv1.WriteFileRequest) ([]byte, bool) { return m.GetChunk(), m.GetHeader() == nil }, func(b []byte) error {
+			chunk.Chunk = b
+			return up.Send(out)
+		})
+	}
+	if err != nil && !errors.Is(err, errAgentEnded) && !errors.Is(err, io.EOF) {
+		cancel() // the agent removes what it wrote
+		if rpcstatus.Reason(err) != "" {
+			return err
+		}
+		return f.fail(ctx, h.GetSandboxId(), err)
+	}
+	resp, err := up.CloseAndRecv()
+	if err != nil {
+		return f.fail(ctx, h.GetSandboxId(), err)
+	}
+	return stream.SendAndClose(resp.GetResult())
+}
+
+// Stat forwards a stat.
+func (f *fileServer) Stat(ctx context.Context, req *berthv1.StatRequest) (*berthv1.StatResponse, error) {
+	path, err := location("", req.GetPath(), req.GetPathBytes())
+	if err != nil {
+		return nil, err
+	}
+	files, err := f.filesFor(ctx, req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := files.Stat(ctx, &agentv1.StatRequest{Path: path})
+	if err != nil {
+		return nil, f.fail(ctx, req.GetSandboxId(), err)
+	}
+	return &berthv1.StatResponse{Info: resp.GetInfo()}, nil
+}
+
+// ListDir forwards a listing's batches.
+func (f *fileServer) ListDir(req *berthv1.ListDirRequest, stream berthv1.FileService_ListDirServer) error {
+	ctx := stream.Context()
+	path, err := location("", req.GetPath(), req.GetPathBytes())
+	if err != nil {
+		return err
+	}
+	files, err := f.filesFor(ctx, req.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	up, err := files.ListDir(ctx, &agentv1.ListDirRequest{Path: path, MaxDepth: req.GetMaxDepth()})
+	if err != nil {
+		return f.fail(ctx, req.GetSandboxId(), err)
+	}
+	for {
+		msg, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return f.fail(ctx, req.GetSandboxId(), err)
+		}
+		if err := stream.Send(msg.GetBatch()); err != nil {
+			return f.fail(ctx, req.GetSandboxId(), err)
+		}
+	}
+}
+
+// MakeDir forwards a mkdir.
+func (f *fileServer) MakeDir(ctx context.Context, req *berthv1.MakeDirRequest) (*berthv1.MakeDirResponse, error) {
+	path, err := location("", req.GetPath(), req.GetPathBytes())
+	if err != nil {
+		return nil, err
+	}
+	files, err := f.filesFor(ctx, req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := files.MakeDir(ctx, &agentv1.MakeDirRequest{Path: path, Mode: req.Mode, Parents: req.GetParents()})
+	if err != nil {
+		return nil, f.fail(ctx, req.GetSandboxId(), err)
+	}
+	return &berthv1.MakeDirResponse{Info: resp.GetInfo()}, nil
+}
+
+// Remove forwards a remove.
+func (f *fileServer) Remove(ctx context.Context, req *berthv1.RemoveRequest) (*berthv1.RemoveResponse, error) {
+	path, err := location("", req.GetPath(), req.GetPathBytes())
+	if err != nil {
+		return nil, err
+	}
+	files, err := f.filesFor(ctx, req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := files.Remove(ctx, &agentv1.RemoveRequest{Path: path, Recursive: req.GetRecursive()}); err != nil {
+		return nil, f.fail(ctx, req.GetSandboxId(), err)
+	}
+	return &berthv1.RemoveResponse{}, nil
+}
+
+// Rename forwards a rename.
+func (f *fileServer) Rename(ctx context.Context, req *berthv1.RenameRequest) (*berthv1.RenameResponse, error) {
+	from, err := location("from_", req.GetFromPath(), req.GetFromPathBytes())
+	if err != nil {
+		return nil, err
+	}
+	to, err := location("to_", req.GetToPath(), req.GetToPathBytes())
+	if err != nil {
+		return nil, err
+	}
+	files, err := f.filesFor(ctx, req.GetSandboxId())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := files.Rename(ctx, &agentv1.RenameRequest{FromPath: from, ToPath: to, Overwrite: req.GetOverwrite()}); err != nil {
+		return nil, f.fail(ctx, req.GetSandboxId(), err)
+	}
+	return &berthv1.RenameResponse{}, nil
+}
+
+// Upload forwards an archive to extract.
+func (f *fileServer) Upload(stream berthv1.FileService_UploadServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return rpcstatus.InvalidArgument("header", "the stream ended before the header")
+		}
+		return f.s.toStatus(ctx, err, nil)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return rpcstatus.InvalidArgument("header", "the first message must be the header")
+	}
+	path, err := location("header.", h.GetPath(), h.GetPathBytes())
+	if err != nil {
+		return err
+	}
+	files, err := f.filesFor(ctx, h.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	agentCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	up, err := files.Upload(agentCtx)
+	if err != nil {
+		return f.fail(ctx, h.GetSandboxId(), err)
+	}
+	err = up.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Header{Header: &agentv1.UploadHeader{Path: path, Compression: h.GetCompression()}}})
+	if err == nil {
+		out := &agentv1.UploadRequest{}
+		chunk := &agentv1.UploadRequest_Chunk{}
+		out.Part = chunk
+		err = forwardChunks(stream, func(m *berthv1.UploadRequest) ([]byte, bool) { return m.GetChunk(), m.GetHeader() == nil }, func(b []byte) error {
+			chunk.Chunk = b
+			return up.Send(out)
+		})
+	}
+	if err != nil && !errors.Is(err, errAgentEnded) && !errors.Is(err, io.EOF) {
+		cancel()
+		if rpcstatus.Reason(err) != "" {
+			return err
+		}
+		return f.fail(ctx, h.GetSandboxId(), err)
+	}
+	resp, err := up.CloseAndRecv()
+	if err != nil {
+		return f.fail(ctx, h.GetSandboxId(), err)
+	}
+	return stream.SendAndClose(resp.GetResult())
+}
+
+// Download forwards an archive's chunks and summary.
+func (f *fileServer) Download(req *berthv1.DownloadRequest, stream berthv1.FileService_DownloadServer) error {
+	ctx := stream.Context()
+	path, err := location("", req.GetPath(), req.GetPathBytes())
+	if err != nil {
+		return err
+	}
+	files, err := f.filesFor(ctx, req.GetSandboxId())
+	if err != nil {
+		return err
+	}
+	up, err := files.Download(ctx, &agentv1.DownloadRequest{Path: path, Compression: req.GetCompression()})
+	if err != nil {
+		return f.fail(ctx, req.GetSandboxId(), err)
+	}
+	out := &berthv1.DownloadResponse{}
+	chunk := &berthv1.DownloadResponse_Chunk{}
+	for {
+		msg, err := up.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return f.fail(ctx, req.GetSandboxId(), err)
+		}
+		switch part := msg.GetPart().(type) {
+		case *agentv1.DownloadResponse_Chunk:
+			chunk.Chunk = part.Chunk
+			out.Part = chunk
+		case *agentv1.DownloadResponse_Summary:
+			out.Part = &berthv1.DownloadResponse_Summary{Summary: part.Summary}
+		default:
+			continue
+		}
+		if err := stream.Send(out); err != nil {
+			return f.fail(ctx, req.GetSandboxId(), err)
+		}
+	}
+}
