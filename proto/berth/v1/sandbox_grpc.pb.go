@@ -35,7 +35,13 @@ const (
 //
 // Errors carry a google.rpc.ErrorInfo (domain "berth.dev") whose reason is a
 // stable token, e.g. SANDBOX_NOT_FOUND; invalid requests also carry a
-// google.rpc.BadRequest naming the field.
+// google.rpc.BadRequest naming the field. The runtime conditions carry typed
+// details (errors.proto): RESOURCE_EXHAUSTED FLEET_BUSY (FleetBusy and
+// RetryInfo) when the server is full, UNAVAILABLE SANDBOX_UNREACHABLE
+// (Unreachable) when the agent does not answer, ABORTED RUNTIME_REPLACED
+// (RuntimeReplaced) when the sandbox's runtime dies under an exec, and
+// FAILED_PRECONDITION STALE_HANDLE (StaleHandle) for an exec id of an
+// earlier runtime.
 type SandboxServiceClient interface {
 	// CreateSandbox creates a sandbox from an image and returns once the agent
 	// inside answers. Errors: INVALID_ARGUMENT for a malformed request,
@@ -141,7 +147,13 @@ func (c *sandboxServiceClient) Run(ctx context.Context, in *RunRequest, opts ...
 //
 // Errors carry a google.rpc.ErrorInfo (domain "berth.dev") whose reason is a
 // stable token, e.g. SANDBOX_NOT_FOUND; invalid requests also carry a
-// google.rpc.BadRequest naming the field.
+// google.rpc.BadRequest naming the field. The runtime conditions carry typed
+// details (errors.proto): RESOURCE_EXHAUSTED FLEET_BUSY (FleetBusy and
+// RetryInfo) when the server is full, UNAVAILABLE SANDBOX_UNREACHABLE
+// (Unreachable) when the agent does not answer, ABORTED RUNTIME_REPLACED
+// (RuntimeReplaced) when the sandbox's runtime dies under an exec, and
+// FAILED_PRECONDITION STALE_HANDLE (StaleHandle) for an exec id of an
+// earlier runtime.
 type SandboxServiceServer interface {
 	// CreateSandbox creates a sandbox from an image and returns once the agent
 	// inside answers. Errors: INVALID_ARGUMENT for a malformed request,
