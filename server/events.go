@@ -20,6 +20,8 @@ import (
 type taskEvents struct {
 	rt  *runtime.Runtime
 	log *slog.Logger
+	// onGone is called for every task exit and delete, first.
+	onGone func(runtime.TaskEvent)
 	// onExit is called for every task exit before any watch fires, and
 	// returns what berthd does about it; see exitDecision.
 	onExit func(runtime.TaskEvent) exitDecision
@@ -61,6 +63,7 @@ func newTaskEvents(rt *runtime.Runtime, log *slog.Logger) *taskEvents {
 	return &taskEvents{
 		rt:      rt,
 		log:     log,
+		onGone:  func(runtime.TaskEvent) {},
 		onExit:  func(runtime.TaskEvent) exitDecision { return exitLeftStopped },
 		watches: make(map[string]map[*taskWatch]struct{}),
 		oom:     make(map[string]time.Time),
@@ -186,9 +189,11 @@ func (t *taskEvents) dispatch(ev runtime.TaskEvent) {
 		t.oom[ev.SandboxID] = ev.At
 		t.mu.Unlock()
 	case runtime.TaskExited:
+		t.onGone(ev)
 		decision := t.onExit(ev)
 		t.fire(ev, decision)
 	case runtime.TaskDeleted:
+		t.onGone(ev)
 		// A delete follows the exit; it fires only watches that missed it.
 		t.fire(ev, exitDeleting)
 	}
@@ -233,7 +238,9 @@ func (t *taskEvents) resync(ctx context.Context) {
 				continue
 			}
 			// The exit status and time were lost with the event.
-			t.fire(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: id, Pid: pid, At: time.Now()}, exitLeftStopped)
+			ev := runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: id, Pid: pid}
+			t.onGone(ev)
+			t.fire(ev, exitLeftStopped)
 		}
 	}
 }

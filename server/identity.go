@@ -115,7 +115,10 @@ type identities struct {
 
 type sandboxRuntimes struct {
 	current identity
-	past    []identity // oldest first
+	// gone is true once containerd reported the exit or deletion of the
+	// current runtime's task.
+	gone bool
+	past []identity // oldest first
 	// execs maps exec id to the boot id of the runtime it was started in;
 	// order lists exec ids oldest record first, for eviction.
 	execs map[string]string
@@ -165,6 +168,7 @@ func (r *identities) observe(sandboxID string, id identity) identity {
 	defer r.mu.Unlock()
 	sr := r.get(sandboxID)
 	prev := sr.current
+	sr.gone = false
 	if prev == id {
 		return prev
 	}
@@ -185,6 +189,26 @@ func (r *identities) observe(sandboxID string, id identity) identity {
 func (sr *sandboxRuntimes) notify() {
 	close(sr.changed)
 	sr.changed = make(chan struct{})
+}
+
+// taskGone notes that the task with host pid pid (0: whichever) of the
+// sandbox exited or was deleted.
+func (r *identities) taskGone(sandboxID string, pid uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr, ok := r.sandboxes[sandboxID]
+	if ok && (pid == 0 || sr.current.TaskPID == pid) {
+		sr.gone = true
+	}
+}
+
+// live returns the sandbox's current runtime unless containerd reported
+// its task gone; ok is false when there is none.
+func (r *identities) live(sandboxID string) (id identity, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.get(sandboxID)
+	return sr.current, sr.current.BootID != "" && !sr.gone
 }
 
 // setRestarting marks whether berthd is starting a new task for the

@@ -25,6 +25,7 @@ func (s *Service) watchRuntimes() {
 	s.capacity = newCapacity(s.cfg, s.rt.Usage)
 	s.restarts = newRestarter(s)
 	s.events = newTaskEvents(s.rt, s.log)
+	s.events.onGone = func(ev runtime.TaskEvent) { s.ids.taskGone(ev.SandboxID, ev.Pid) }
 	s.events.onExit = s.restarts.onExit
 	s.bg.Add(2)
 	go func() {

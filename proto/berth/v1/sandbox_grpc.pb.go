@@ -61,7 +61,11 @@ type SandboxServiceClient interface {
 	// sends ExecStarted, numbered ExecOutput events, and ExecExited last.
 	// Errors: INVALID_ARGUMENT for a malformed start, NOT_FOUND
 	// (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID)
-	// when the working directory does not exist or is not a directory.
+	// when the working directory does not exist or is not a directory; and
+	// the runtime conditions of errors.proto: RESOURCE_EXHAUSTED (FLEET_BUSY),
+	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
+	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
+	// (STALE_HANDLE) for an exec id of an earlier runtime.
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
@@ -173,7 +177,11 @@ type SandboxServiceServer interface {
 	// sends ExecStarted, numbered ExecOutput events, and ExecExited last.
 	// Errors: INVALID_ARGUMENT for a malformed start, NOT_FOUND
 	// (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID)
-	// when the working directory does not exist or is not a directory.
+	// when the working directory does not exist or is not a directory; and
+	// the runtime conditions of errors.proto: RESOURCE_EXHAUSTED (FLEET_BUSY),
+	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
+	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
+	// (STALE_HANDLE) for an exec id of an earlier runtime.
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
