@@ -129,13 +129,28 @@ func (t *taskEvents) unwatch(w *taskWatch) {
 	}
 }
 
-// oomSince reports whether an OOM kill was seen in the sandbox at or after
-// since.
-func (t *taskEvents) oomSince(sandboxID string, since time.Time) bool {
+// oomWindow is how close to a task's exit an OOM kill must be seen for the
+// exit to be blamed on it: when the agent (PID 1) is the victim, containerd
+// reports the OOM about 15 ms before the exit (RUNTIME-NOTES.md).
+const oomWindow = time.Second
+
+// oomNear reports whether an OOM kill was seen in the sandbox within
+// oomWindow of exitAt.
+func (t *taskEvents) oomNear(sandboxID string, exitAt time.Time) bool {
+	if exitAt.IsZero() {
+		return false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	at, ok := t.oom[sandboxID]
-	return ok && !at.Before(since)
+	return ok && !at.Before(exitAt.Add(-oomWindow)) && !at.After(exitAt.Add(oomWindow))
+}
+
+// forget drops the OOM record of a deleted sandbox.
+func (t *taskEvents) forget(sandboxID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.oom, sandboxID)
 }
 
 // run follows containerd's events until ctx ends, resubscribing with a
@@ -211,9 +226,6 @@ func (t *taskEvents) fire(ev runtime.TaskEvent, decision exitDecision) {
 		w.event = ev
 		w.decision = decision
 		close(w.fired)
-	}
-	if ev.Kind == runtime.TaskDeleted {
-		delete(t.oom, ev.SandboxID)
 	}
 }
 

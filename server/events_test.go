@@ -46,16 +46,26 @@ func TestTaskWatches(t *testing.T) {
 	if len(decided) != 2 {
 		t.Errorf("onExit saw %d exits, want 2", len(decided))
 	}
-	if !te.oomSince("sb", time.Unix(50, 0)) || te.oomSince("sb", time.Unix(51, 0)) {
-		t.Error("oomSince does not match the OOM event at 50")
+	// The OOM at 50 is 10 s before the exit at 60: not the exit's cause.
+	if te.oomNear("sb", at) || !te.oomNear("sb", time.Unix(50, 500)) || te.oomNear("sb", time.Time{}) {
+		t.Error("oomNear does not match the OOM event at 50 only")
 	}
-	// A later delete does not change how the watch fired.
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskOOM, SandboxID: "sb", At: at.Add(-15 * time.Millisecond)})
+	if !te.oomNear("sb", at) {
+		t.Error("oomNear misses an OOM 15 ms before the exit")
+	}
+	// A later delete does not change how the watch fired, nor the OOM
+	// record, which a restarted task's RUNTIME_REPLACED may still read.
 	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskDeleted, SandboxID: "sb", Pid: 100})
 	if _, decision, _ := te.result(w); decision != exitRestarting {
 		t.Errorf("decision after delete = %v, want unchanged", decision)
 	}
-	if te.oomSince("sb", time.Time{}) {
-		t.Error("OOM record kept after the task's delete")
+	if !te.oomNear("sb", at) {
+		t.Error("OOM record dropped at the task's delete")
+	}
+	te.forget("sb")
+	if te.oomNear("sb", at) {
+		t.Error("OOM record kept after forget")
 	}
 	te.unwatch(w)
 	te.unwatch(other)

@@ -280,12 +280,8 @@ func (g *execGuard) replaced(ctx context.Context, ev runtime.TaskEvent, decision
 	e := g.replacedError(cause)
 	e.exitStatus = ev.ExitStatus
 	e.exitedAt = ev.At
-	since := g.runtime.StartedAt
-	if since.IsZero() {
-		since = g.began
-	}
 	// 137 is 128+SIGKILL, what the OOM killer sends.
-	e.oomKilled = ev.ExitStatus == 137 && g.s.events.oomSince(g.sandboxID, since)
+	e.oomKilled = ev.ExitStatus == 137 && g.s.events.oomNear(g.sandboxID, ev.At)
 	if decision == exitRestarting {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), afterWait)
 		e.after, e.restarting = g.s.ids.awaitReplacement(wctx, g.sandboxID, g.runtime.BootID)

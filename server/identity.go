@@ -136,17 +136,33 @@ func newIdentities(dir string, log *slog.Logger) *identities {
 	return &identities{dir: dir, log: log, sandboxes: make(map[string]*sandboxRuntimes)}
 }
 
-// get returns the record of sandboxID, loading its journal on first use.
-// The caller holds r.mu.
+// get returns the record of sandboxID, loading its journal on first use
+// and creating it when there is none. The caller holds r.mu.
 func (r *identities) get(sandboxID string) *sandboxRuntimes {
-	if sr, ok := r.sandboxes[sandboxID]; ok {
+	if sr := r.peek(sandboxID); sr != nil {
 		return sr
 	}
 	sr := &sandboxRuntimes{execs: make(map[string]string), changed: make(chan struct{})}
-	if r.dir != "" {
-		if err := r.load(sandboxID, sr); err != nil {
-			r.log.Warn("read runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
-		}
+	r.sandboxes[sandboxID] = sr
+	return sr
+}
+
+// peek returns the record of sandboxID, loading its journal on first use,
+// or nil when nothing is known of it: lookups of ids that name no sandbox
+// leave nothing behind. The caller holds r.mu.
+func (r *identities) peek(sandboxID string) *sandboxRuntimes {
+	if sr, ok := r.sandboxes[sandboxID]; ok {
+		return sr
+	}
+	if r.dir == "" {
+		return nil
+	}
+	sr := &sandboxRuntimes{execs: make(map[string]string), changed: make(chan struct{})}
+	if err := r.load(sandboxID, sr); err != nil {
+		r.log.Warn("read runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
+	}
+	if sr.journalLines == 0 {
+		return nil
 	}
 	r.sandboxes[sandboxID] = sr
 	return sr
@@ -157,7 +173,10 @@ func (r *identities) get(sandboxID string) *sandboxRuntimes {
 func (r *identities) current(sandboxID string) identity {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.get(sandboxID).current
+	if sr := r.peek(sandboxID); sr != nil {
+		return sr.current
+	}
+	return identity{}
 }
 
 // observe records id as the sandbox's current runtime. A different boot id
@@ -207,7 +226,10 @@ func (r *identities) taskGone(sandboxID string, pid uint32) {
 func (r *identities) live(sandboxID string) (id identity, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	sr := r.get(sandboxID)
+	sr := r.peek(sandboxID)
+	if sr == nil {
+		return identity{}, false
+	}
 	return sr.current, sr.current.BootID != "" && !sr.gone
 }
 
@@ -230,7 +252,11 @@ func (r *identities) setRestarting(sandboxID string, on bool) {
 func (r *identities) awaitReplacement(ctx context.Context, sandboxID, old string) (identity, bool) {
 	for {
 		r.mu.Lock()
-		sr := r.get(sandboxID)
+		sr := r.peek(sandboxID)
+		if sr == nil {
+			r.mu.Unlock()
+			return identity{}, false
+		}
 		cur, restarting, changed := sr.current, sr.restarting, sr.changed
 		r.mu.Unlock()
 		if cur.BootID != "" && cur.BootID != old {
@@ -276,7 +302,10 @@ func (sr *sandboxRuntimes) record(execID, bootID string) {
 func (r *identities) execRuntime(sandboxID, execID string) (identity, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	sr := r.get(sandboxID)
+	sr := r.peek(sandboxID)
+	if sr == nil {
+		return identity{}, false
+	}
 	boot, ok := sr.execs[execID]
 	if !ok {
 		return identity{}, false

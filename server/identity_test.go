@@ -184,3 +184,20 @@ func TestProcStartTime(t *testing.T) {
 		t.Error("procStartTime(no such pid) succeeded")
 	}
 }
+
+func TestLookupsLeaveNothing(t *testing.T) {
+	for _, dir := range []string{"", t.TempDir()} {
+		r := newIdentities(dir, discard)
+		for i := range 100 {
+			id := fmt.Sprintf("no-such-%d", i)
+			r.current(id)
+			r.live(id)
+			r.execRuntime(id, "x")
+			r.taskGone(id, 1)
+			r.awaitReplacement(context.Background(), id, "")
+		}
+		if len(r.sandboxes) != 0 {
+			t.Errorf("journal %q: lookups of unknown sandboxes left %d records", dir, len(r.sandboxes))
+		}
+	}
+}

@@ -65,6 +65,7 @@ func (s *Service) deletingSandbox(id string) (done func()) {
 		defer cancel()
 		if _, err := s.rt.Get(ctx, id); errors.Is(err, runtime.ErrSandboxNotFound) {
 			s.ids.forget(id)
+			s.events.forget(id)
 			s.restarts.deleted(id)
 		}
 		release()

@@ -555,8 +555,9 @@ type RuntimeReplaced struct {
 	TaskExitStatus uint32 `protobuf:"varint,7,opt,name=task_exit_status,json=taskExitStatus,proto3" json:"task_exit_status,omitempty"`
 	// task_exited_at is when the old task exited; unset when unknown.
 	TaskExitedAt *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=task_exited_at,json=taskExitedAt,proto3" json:"task_exited_at,omitempty"`
-	// oom_killed is true when containerd reported an OOM kill in the
-	// sandbox's cgroup during the old runtime and the task died of SIGKILL.
+	// oom_killed is true when the task died of SIGKILL within a second of
+	// containerd reporting an OOM kill in the sandbox's cgroup: the OOM killer
+	// killed the agent.
 	OomKilled bool `protobuf:"varint,9,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	// elapsed is the time from when berthd received the request to when it
 	// detected the replacement.
