@@ -164,6 +164,9 @@ func (r *identities) peek(sandboxID string) *sandboxRuntimes {
 	if sr.journalLines == 0 {
 		return nil
 	}
+	// Whether the journal's last runtime still runs is unknown until its
+	// agent answers: its task may have died while berthd was down, unseen.
+	sr.gone = true
 	r.sandboxes[sandboxID] = sr
 	return sr
 }

@@ -54,6 +54,9 @@ func TestIdentitiesRecordsRuntimes(t *testing.T) {
 			if got := fresh.current("sb"); got != two {
 				t.Errorf("reloaded current = %v, want %v", got, two)
 			}
+			if got, ok := fresh.live("sb"); ok {
+				t.Errorf("reloaded runtime %v is live before its agent answered", got)
+			}
 			if got, ok := fresh.execRuntime("sb", "build"); !ok || got != one {
 				t.Errorf("reloaded execRuntime(build) = %v, %v; want %v", got, ok, one)
 			}

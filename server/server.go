@@ -1,6 +1,17 @@
 // Package server is berthd as a library: the gRPC handlers of
 // berth.v1.SandboxService and berth.v1.ImageService on top of containerd
 // (package runtime) and the agents inside sandboxes (package agentconn).
+//
+// Errors become gRPC statuses in one place, toStatus (errors.go). The four
+// runtime conditions are detected for real: containerd's task events end
+// exec streams whose runtime died (events.go, execguard.go) and restart
+// dead tasks (restart.go), runtime identities tell stale exec ids from
+// unknown ones (identity.go), every request reaches its agent within a
+// connect budget (reach.go), and capacity admits new work (capacity.go).
+//
+// Anything in berthd that stops a sandbox's task on purpose must hold its
+// restarts (restarter.hold, as deleteSandbox does through deletingSandbox),
+// or berthd starts a new task for it.
 package server
 
 import (
