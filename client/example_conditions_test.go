@@ -19,7 +19,7 @@ import (
 func Example_conditions() {
 	fake := newScriptedBerthd()
 	fake.fail("busy", busyStatus("busy", 10*time.Millisecond), busyStatus("busy", 10*time.Millisecond))
-	for range 100 {
+	for range 10 {
 		fake.fail("frozen", unreachableStatus("frozen", berthv1.Admitted_ADMITTED_NOT_STARTED))
 	}
 	addr, stop, err := startScriptedBerthd(fake)
@@ -31,10 +31,12 @@ func Example_conditions() {
 	ctx := context.Background()
 	// Opt in to retries of what is safe to retry: FLEET_BUSY after
 	// berthd's delay, SANDBOX_UNREACHABLE (when nothing ran) with jittered
-	// backoff; both end with the call's context.
+	// backoff; both end with the call's context or after MaxAttempts.
 	retries := 0
 	c, err := client.Dial(ctx, addr, client.WithRetry(client.RetryPolicy{
-		OnRetry: func(attempt int, err error, wait time.Duration) { retries++ },
+		MaxAttempts:    5,
+		InitialBackoff: 10 * time.Millisecond,
+		OnRetry:        func(attempt int, err error, wait time.Duration) { retries++ },
 	}))
 	if err != nil {
 		log.Fatal(err)
@@ -49,13 +51,12 @@ func Example_conditions() {
 	}
 	fmt.Printf("busy: %s after %d retries\n", res.GetStdout()[:5], retries)
 
-	// Unreachable: retried until the context ends, then returned.
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = c.Run(short, "frozen", &berthv1.ProcessSpec{Argv: []string{"true"}})
-	cancel()
+	// Unreachable: retried with backoff, here 5 attempts in all, then
+	// returned.
+	_, err = c.Run(ctx, "frozen", &berthv1.ProcessSpec{Argv: []string{"true"}})
 	var unreachable *client.UnreachableError
 	if errors.As(err, &unreachable) {
-		fmt.Println("frozen:", unreachable.Detail.GetCause(), "nothing ran:", unreachable.NothingRan())
+		fmt.Println("frozen:", unreachable.Detail.GetCause(), "nothing ran:", unreachable.NothingRan(), "calls:", fake.callsTo("frozen"))
 	}
 
 	// RuntimeReplaced: never retried, the command may have run partly.
@@ -85,7 +86,7 @@ func Example_conditions() {
 
 	// Output:
 	// busy: built after 2 retries
-	// frozen: UNREACHABLE_CAUSE_CONNECT_TIMEOUT nothing ran: true
+	// frozen: UNREACHABLE_CAUSE_CONNECT_TIMEOUT nothing ran: true calls: 5
 	// crashy: REPLACED_CAUSE_TASK_EXITED ADMITTED_STARTED exit status 137
 	// crashy: runtime 0a1b2c3d -> f9e8d7c6 retryable: false
 	// crashy: FailedPrecondition STALE_HANDLE - start a new exec
