@@ -31,6 +31,8 @@ type Client struct {
 	conn      *grpc.ClientConn
 	sandboxes berthv1.SandboxServiceClient
 	images    berthv1.ImageServiceClient
+	// retryPolicy is nil unless WithRetry was given.
+	retryPolicy *RetryPolicy
 }
 
 // Option configures Dial.
@@ -41,6 +43,7 @@ type dialConfig struct {
 	// The transport is insecure for now; TLS and bearer tokens arrive as
 	// further Options (WithTLS, WithToken) that set credentials here.
 	extra []grpc.DialOption
+	retry *RetryPolicy
 }
 
 // WithKeepalive replaces the client's keepalive parameters. The default pings
@@ -92,9 +95,10 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	}
 	conn.Connect()
 	return &Client{
-		conn:      conn,
-		sandboxes: berthv1.NewSandboxServiceClient(conn),
-		images:    berthv1.NewImageServiceClient(conn),
+		conn:        conn,
+		sandboxes:   berthv1.NewSandboxServiceClient(conn),
+		images:      berthv1.NewImageServiceClient(conn),
+		retryPolicy: cfg.retry,
 	}, nil
 }
 

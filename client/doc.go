@@ -8,6 +8,13 @@
 // any field violations; use errors.As to inspect it and never the message
 // text.
 //
+// The four runtime conditions have their own types, each wrapping the
+// *Error: *FleetBusyError (no capacity now; nothing started),
+// *UnreachableError (the sandbox's agent did not answer), *RuntimeReplacedError
+// (the sandbox's runtime died under an exec) and *StaleHandleError (an exec id
+// of an earlier runtime). IsRetryable says which errors are safe to retry, and
+// WithRetry makes the Client retry those by itself; see Example (Conditions).
+//
 // Exec is the core: it starts a process, returns once berthd says it runs, and
 // then delivers the process's stdout and stderr bytes exactly as they were
 // read, in sequence order, to the writers given with WithStdout and

@@ -3,10 +3,14 @@ package client
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // ErrorDomain is the google.rpc.ErrorInfo domain of berth's errors.
@@ -24,14 +28,22 @@ const (
 	ReasonExecExists        = "EXEC_EXISTS"           // the exec id is taken
 	ReasonCwdInvalid        = "CWD_INVALID"           // the working directory is missing or not a directory
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
-	ReasonUnreachable       = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; nothing ran
+	ReasonUnreachable       = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; see *UnreachableError
 	ReasonInternal          = "INTERNAL"              // a berthd bug or an unclassified failure
+	ReasonFleetBusy         = "FLEET_BUSY"            // no capacity right now; nothing started; see *FleetBusyError
+	ReasonRuntimeReplaced   = "RUNTIME_REPLACED"      // the sandbox's runtime died under the exec; see *RuntimeReplacedError
+	ReasonStaleHandle       = "STALE_HANDLE"          // the exec id is from an earlier runtime; see *StaleHandleError
+	ReasonCanceled          = "CANCELED"              // the caller canceled the request
+	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as
 // codes.Unavailable when berthd cannot be reached, or codes.Canceled and
 // codes.DeadlineExceeded when the caller's context ended). Every RPC error
-// the Client returns is an *Error:
+// the Client returns is an *Error or, for the four runtime conditions, a
+// typed error that wraps one (*FleetBusyError, *UnreachableError,
+// *RuntimeReplacedError, *StaleHandleError), so errors.As finds the *Error
+// in either case:
 //
 //	var e *client.Error
 //	if errors.As(err, &e) && e.Reason == client.ReasonSandboxNotFound { ... }
@@ -52,6 +64,10 @@ type Error struct {
 	// FieldViolations lists the request fields a google.rpc.BadRequest
 	// detail blames, in order; set for codes.InvalidArgument.
 	FieldViolations []FieldViolation
+	// RetryDelay is the delay of the status's google.rpc.RetryInfo: how
+	// long berthd suggests waiting before retrying; zero when there is
+	// none.
+	RetryDelay time.Duration
 
 	status *status.Status
 }
@@ -86,14 +102,15 @@ func (e *Error) GRPCStatus() *status.Status {
 }
 
 // convertError is the one place where an error from a gRPC call becomes the
-// error the Client returns: a status error becomes an *Error, anything else
-// (nil, local errors) is returned unchanged. Typed errors for specific
-// conditions will be made here too.
+// error the Client returns: a status error becomes an *Error, or the typed
+// error of its reason; anything else (nil, local errors, errors converted
+// already) is returned unchanged. The reason decides, never the message.
 func convertError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := err.(*Error); ok {
+	switch err.(type) {
+	case *Error, *FleetBusyError, *UnreachableError, *RuntimeReplacedError, *StaleHandleError:
 		return err
 	}
 	st, ok := status.FromError(err)
@@ -101,6 +118,12 @@ func convertError(err error) error {
 		return err
 	}
 	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
+	var (
+		busy        *berthv1.FleetBusy
+		unreachable *berthv1.Unreachable
+		replaced    *berthv1.RuntimeReplaced
+		stale       *berthv1.StaleHandle
+	)
 	for _, d := range st.Details() {
 		switch d := d.(type) {
 		case *errdetails.ErrorInfo:
@@ -114,10 +137,45 @@ func convertError(err error) error {
 			for _, v := range d.GetFieldViolations() {
 				e.FieldViolations = append(e.FieldViolations, FieldViolation{Field: v.GetField(), Description: v.GetDescription()})
 			}
+		case *errdetails.RetryInfo:
+			if d.GetRetryDelay().IsValid() {
+				e.RetryDelay = max(d.GetRetryDelay().AsDuration(), 0)
+			}
+		case *berthv1.FleetBusy:
+			busy = d
+		case *berthv1.Unreachable:
+			unreachable = d
+		case *berthv1.RuntimeReplaced:
+			replaced = d
+		case *berthv1.StaleHandle:
+			stale = d
 		}
 	}
 	if e.Message == "" {
 		e.Message = fmt.Sprintf("berthd returned %s without a message", e.Code)
 	}
+	// A detail missing from the status (an older berthd) leaves an empty
+	// one: the typed error is still made from the reason.
+	switch e.Reason {
+	case ReasonFleetBusy:
+		return &FleetBusyError{baseError: e, Detail: orEmpty(busy)}
+	case ReasonUnreachable:
+		return &UnreachableError{baseError: e, Detail: orEmpty(unreachable)}
+	case ReasonRuntimeReplaced:
+		return &RuntimeReplacedError{baseError: e, Detail: orEmpty(replaced)}
+	case ReasonStaleHandle:
+		return &StaleHandleError{baseError: e, Detail: orEmpty(stale)}
+	}
 	return e
+}
+
+// orEmpty returns m, or a new empty message when m is nil.
+func orEmpty[M any, P interface {
+	*M
+	proto.Message
+}](m P) P {
+	if m == nil {
+		return P(new(M))
+	}
+	return m
 }

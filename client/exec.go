@@ -156,7 +156,18 @@ func (c *Client) Attach(ctx context.Context, sandboxID, execID string, sinceSeq 
 	return c.openExec(ctx, sandboxID, first, sinceSeq, true, cfg)
 }
 
+// openExec opens an Exec stream with first and waits for started, retrying
+// the opening under the Client's retry policy.
 func (c *Client) openExec(ctx context.Context, sandboxID string, first *berthv1.ExecRequest, sinceSeq uint64, stdin bool, cfg execConfig) (*Execution, error) {
+	var e *Execution
+	err := c.retry(ctx, func() (err error) {
+		e, err = c.openExecOnce(ctx, sandboxID, first, sinceSeq, stdin, cfg)
+		return err
+	})
+	return e, err
+}
+
+func (c *Client) openExecOnce(ctx context.Context, sandboxID string, first *berthv1.ExecRequest, sinceSeq uint64, stdin bool, cfg execConfig) (*Execution, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	stream, err := c.sandboxes.Exec(ctx)
 	if err != nil {
@@ -494,9 +505,13 @@ func streamName(s berthv1.Stream) string {
 // Exec.
 func (c *Client) Run(ctx context.Context, sandboxID string, spec *berthv1.ProcessSpec, opts ...ExecOption) (*berthv1.RunResponse, error) {
 	cfg := newExecConfig(opts)
-	resp, err := c.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, ExecId: cfg.execID, Process: spec})
+	var resp *berthv1.RunResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, ExecId: cfg.execID, Process: spec})
+		return convertError(err)
+	})
 	if err != nil {
-		return nil, convertError(err)
+		return nil, err
 	}
 	return resp, nil
 }

@@ -94,9 +94,13 @@ func (c *Client) ImportImage(ctx context.Context, r io.Reader, name string, opts
 
 // ListImages returns every image in berthd's store, ordered by name.
 func (c *Client) ListImages(ctx context.Context) ([]*berthv1.Image, error) {
-	resp, err := c.images.ListImages(ctx, &berthv1.ListImagesRequest{})
+	var resp *berthv1.ListImagesResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.images.ListImages(ctx, &berthv1.ListImagesRequest{})
+		return convertError(err)
+	})
 	if err != nil {
-		return nil, convertError(err)
+		return nil, err
 	}
 	return resp.GetImages(), nil
 }

@@ -22,6 +22,11 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonSandboxNotRunning, rpcstatus.ReasonSandboxNotRunning},
 		{ReasonUnreachable, rpcstatus.ReasonUnreachable},
 		{ReasonInternal, rpcstatus.ReasonInternal},
+		{ReasonFleetBusy, rpcstatus.ReasonFleetBusy},
+		{ReasonRuntimeReplaced, rpcstatus.ReasonRuntimeReplaced},
+		{ReasonStaleHandle, rpcstatus.ReasonStaleHandle},
+		{ReasonCanceled, rpcstatus.ReasonCanceled},
+		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

@@ -16,9 +16,13 @@ import (
 // codes.AlreadyExists (ReasonSandboxExists) when the id is taken by another
 // spec.
 func (c *Client) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.Sandbox, error) {
-	resp, err := c.sandboxes.CreateSandbox(ctx, req)
+	var resp *berthv1.CreateSandboxResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.sandboxes.CreateSandbox(ctx, req)
+		return convertError(err)
+	})
 	if err != nil {
-		return nil, convertError(err)
+		return nil, err
 	}
 	return resp.GetSandbox(), nil
 }
@@ -26,9 +30,13 @@ func (c *Client) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRe
 // GetSandbox returns the sandbox named id. Errors: codes.NotFound
 // (ReasonSandboxNotFound).
 func (c *Client) GetSandbox(ctx context.Context, id string) (*berthv1.Sandbox, error) {
-	resp, err := c.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+	var resp *berthv1.GetSandboxResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+		return convertError(err)
+	})
 	if err != nil {
-		return nil, convertError(err)
+		return nil, err
 	}
 	return resp.GetSandbox(), nil
 }
@@ -36,8 +44,10 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (*berthv1.Sandbox, e
 // DeleteSandbox stops and removes the sandbox named id with everything it
 // holds. Deleting a sandbox that does not exist succeeds.
 func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
-	_, err := c.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id})
-	return convertError(err)
+	return c.retry(ctx, func() error {
+		_, err := c.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id})
+		return convertError(err)
+	})
 }
 
 // ListSandboxes returns an iterator over every sandbox that has all the
@@ -53,12 +63,16 @@ func (c *Client) ListSandboxes(ctx context.Context, labelSelector map[string]str
 	return func(yield func(*berthv1.Sandbox, error) bool) {
 		token := ""
 		for {
-			resp, err := c.sandboxes.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{
-				LabelSelector: labelSelector,
-				PageToken:     token,
+			var resp *berthv1.ListSandboxesResponse
+			err := c.retry(ctx, func() (err error) {
+				resp, err = c.sandboxes.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{
+					LabelSelector: labelSelector,
+					PageToken:     token,
+				})
+				return convertError(err)
 			})
 			if err != nil {
-				yield(nil, convertError(err))
+				yield(nil, err)
 				return
 			}
 			for _, sb := range resp.GetSandboxes() {

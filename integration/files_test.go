@@ -24,16 +24,6 @@ import (
 )
 
 // dialClient returns the public Go client connected to the test berthd.
-func dialClient(t testing.TB) *client.Client {
-	t.Helper()
-	c, err := client.Dial(context.Background(), env.berthdAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 func fileCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
@@ -101,7 +91,7 @@ func wantFileError(t *testing.T, err error, code codes.Code, reason, path string
 func TestFilesRoundTrip(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	for _, size := range []int{0, 1, 18433, 1<<20 + 1, 128 << 20} {
 		data := randomData(size)
 		want := hexSHA(data)
@@ -132,7 +122,7 @@ func TestFilesRoundTrip(t *testing.T) {
 func TestFilesOddNames(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	ctx := fileCtx(t)
 	dir := "/workspace/names"
 	names := []string{"with space.txt", "emoji 🚢⚓.txt", "caf\xe9-latin1", "\xff\xfe"}
@@ -188,7 +178,7 @@ func TestFilesOddNames(t *testing.T) {
 func TestFilesSymlinks(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	ctx := fileCtx(t)
 	r := run(t, sb.GetId(), "sh", "-c", "mkdir -p /workspace/l/d && echo x > /workspace/l/d/f && cd /workspace/l && ln -s d/f rel && ln -s missing dangling && ln -s loop loop && ln -s .. d/up")
 	if r.GetResult().GetExitCode() != 0 {
@@ -221,7 +211,7 @@ func TestFilesSymlinks(t *testing.T) {
 func TestFilesErrors(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	ctx := fileCtx(t)
 	if _, err := c.WriteFile(ctx, sb.GetId(), "/workspace/file", strings.NewReader("x")); err != nil {
 		t.Fatal(err)
@@ -264,7 +254,7 @@ func TestFilesErrors(t *testing.T) {
 func TestFilesModeAndOwner(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	ctx := fileCtx(t)
 	resp, err := c.WriteFile(ctx, sb.GetId(), "/workspace/m1/m2/f", strings.NewReader("x"), client.WithMode(0o640), client.WithCreateParents())
 	if err != nil {
@@ -285,7 +275,7 @@ func TestFilesModeAndOwner(t *testing.T) {
 func TestFilesChangedDuringRead(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	path := "/workspace/changing"
 	if _, err := c.WriteFile(fileCtx(t), sb.GetId(), path, bytes.NewReader(randomData(128<<20))); err != nil {
 		t.Fatal(err)
@@ -326,7 +316,7 @@ func TestFilesChangedDuringRead(t *testing.T) {
 func TestFilesTarEscapes(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	ctx := fileCtx(t)
 	if r := run(t, sb.GetId(), "sh", "-c", "mkdir -p /outside /workspace/dest && ln -s /outside /workspace/dest/abs && ln -s ../../outside /workspace/dest/rel"); r.GetResult().GetExitCode() != 0 {
 		t.Fatalf("setup: %s", r.GetStderr())
@@ -381,7 +371,7 @@ func TestFilesTarEscapes(t *testing.T) {
 func TestFilesUploadDownload(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
-	c := dialClient(t)
+	c := dialClient(t, env.berthdAddr)
 	ctx := fileCtx(t)
 	data := randomData(3<<20 + 7)
 	var buf bytes.Buffer

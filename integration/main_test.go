@@ -132,7 +132,7 @@ func setup(m *testing.M) (code int, err error) {
 	if os.Getenv("BERTH_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	svc := server.New(server.Config{}, env.rt, log)
+	svc := server.New(server.Config{JournalDir: journalDir()}, env.rt, log)
 	defer svc.Close()
 	sock := filepath.Join(env.dir, "berthd.sock")
 	env.berthdAddr = "unix://" + sock

@@ -3,23 +3,167 @@ package server
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
 // errAgentUnreachable means the sandbox's agent did not answer or its task
-// does not run; nothing was started.
+// does not run; nothing was started. *unreachableError wraps it with the
+// facts.
 var errAgentUnreachable = errors.New("sandbox agent unreachable")
+
+// unreachableError says the sandbox's agent could not be reached.
+type unreachableError struct {
+	sandboxID   string
+	execID      string
+	cause       berthv1.UnreachableCause
+	taskRunning bool
+	runtime     identity // last known runtime
+	waited      time.Duration
+	admitted    berthv1.Admitted
+	// what says what failed, for the message.
+	what string
+}
+
+func (e *unreachableError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "sandbox %s: %s", e.sandboxID, e.what)
+	switch e.admitted {
+	case berthv1.Admitted_ADMITTED_STARTED:
+		b.WriteString("; the exec had started and may still run")
+	case berthv1.Admitted_ADMITTED_UNKNOWN:
+		b.WriteString("; the start reached the agent, whether it ran is unknown")
+	default:
+		b.WriteString("; nothing ran")
+	}
+	return b.String()
+}
+
+func (e *unreachableError) Unwrap() error { return errAgentUnreachable }
+
+func (e *unreachableError) detail(budget time.Duration) *berthv1.Unreachable {
+	return &berthv1.Unreachable{
+		SandboxId:     e.sandboxID,
+		ExecId:        e.execID,
+		Cause:         e.cause,
+		TaskRunning:   e.taskRunning,
+		Runtime:       e.runtime.proto(),
+		Waited:        durationProto(e.waited),
+		ConnectBudget: durationProto(budget),
+		AgentVersion:  e.runtime.AgentVersion,
+		ServerVersion: Version,
+		Admitted:      e.admitted,
+	}
+}
+
+// runtimeReplacedError says the sandbox's runtime died or changed under an
+// exec.
+type runtimeReplacedError struct {
+	sandboxID  string
+	execID     string
+	cause      berthv1.ReplacedCause
+	before     identity
+	after      identity
+	restarting bool
+	exitStatus uint32
+	exitedAt   time.Time
+	oomKilled  bool
+	elapsed    time.Duration
+	admitted   berthv1.Admitted
+}
+
+func (e *runtimeReplacedError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "sandbox %s: ", e.sandboxID)
+	switch e.cause {
+	case berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_DELETED:
+		b.WriteString("the sandbox was deleted")
+	case berthv1.ReplacedCause_REPLACED_CAUSE_AGENT_RESTARTED:
+		b.WriteString("the agent restarted")
+	default:
+		b.WriteString("the task exited")
+		if e.exitStatus != 0 {
+			fmt.Fprintf(&b, " with status %d", e.exitStatus)
+		}
+		if e.oomKilled {
+			b.WriteString(" (OOM kill)")
+		}
+	}
+	fmt.Fprintf(&b, " while exec %s was running in it (%s); the exec's processes are gone", e.execID, e.before)
+	switch {
+	case e.after.BootID != "":
+		fmt.Fprintf(&b, "; the sandbox now runs %s", e.after)
+	case e.restarting:
+		b.WriteString("; berthd is starting a new task")
+	case e.cause != berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_DELETED:
+		b.WriteString("; the sandbox is stopped")
+	}
+	return b.String()
+}
+
+func (e *runtimeReplacedError) detail() *berthv1.RuntimeReplaced {
+	d := &berthv1.RuntimeReplaced{
+		SandboxId:      e.sandboxID,
+		ExecId:         e.execID,
+		Cause:          e.cause,
+		Before:         e.before.proto(),
+		After:          e.after.proto(),
+		Restarting:     e.restarting,
+		TaskExitStatus: e.exitStatus,
+		OomKilled:      e.oomKilled,
+		Elapsed:        durationProto(e.elapsed),
+		AgentVersion:   e.before.AgentVersion,
+		ServerVersion:  Version,
+		Admitted:       e.admitted,
+	}
+	if !e.exitedAt.IsZero() {
+		d.TaskExitedAt = timestamppb.New(e.exitedAt)
+	}
+	return d
+}
+
+// staleHandleError says a request named an exec of an earlier runtime.
+type staleHandleError struct {
+	sandboxID string
+	execID    string
+	handle    identity // the runtime the exec belonged to
+	current   identity
+}
+
+func (e *staleHandleError) Error() string {
+	return fmt.Sprintf("exec %s belongs to an earlier runtime of sandbox %s (%s; now %s): its processes are gone; start a new exec with a new exec id",
+		e.execID, e.sandboxID, e.handle, e.current)
+}
+
+func (e *staleHandleError) detail() *berthv1.StaleHandle {
+	return &berthv1.StaleHandle{
+		SandboxId:      e.sandboxID,
+		ExecId:         e.execID,
+		HandleRuntime:  e.handle.proto(),
+		CurrentRuntime: e.current.proto(),
+		AgentVersion:   e.current.AgentVersion,
+		ServerVersion:  Version,
+		Admitted:       berthv1.Admitted_ADMITTED_NOT_STARTED,
+	}
+}
 
 // toStatus converts err to the gRPC status returned to the caller. It is the
 // one place where domain errors become codes: statuses that already carry a
 // berth ErrorInfo (built by a handler or by the agent) pass unchanged, and
-// anything unclassified becomes INTERNAL with its cause logged, never passed
-// through. meta names what the request was about, e.g. the sandbox id.
+// anything unclassified becomes INTERNAL with its cause logged under an
+// incident id that the message names, never passed through. meta names what
+// the request was about, e.g. the sandbox id.
 func (s *Service) toStatus(ctx context.Context, err error, meta map[string]string) error {
 	if err == nil {
 		return nil
@@ -28,7 +172,27 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		return err
 	}
 	msg := err.Error()
+	var (
+		busy        *fleetBusyError
+		unreachable *unreachableError
+		replaced    *runtimeReplacedError
+		stale       *staleHandleError
+	)
 	switch {
+	case errors.As(err, &busy):
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, msg, withMeta(meta, "resource", busy.resource.String()),
+			busy.detail(), &errdetails.RetryInfo{RetryDelay: durationProto(busy.retryDelay)})
+	case errors.As(err, &replaced):
+		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonRuntimeReplaced, msg, withMeta(meta, "exec_id", replaced.execID), replaced.detail())
+	case errors.As(err, &stale):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonStaleHandle, msg, withMeta(meta, "exec_id", stale.execID), stale.detail())
+	case errors.As(err, &unreachable):
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, withMeta(meta, "cause", unreachable.cause.String()), unreachable.detail(s.cfg.ConnectBudget))
+	case errors.Is(err, errAgentUnreachable):
+		// Built without the facts (CreateSandbox's readiness wait): the
+		// detail says what is known.
+		d := &berthv1.Unreachable{SandboxId: meta["sandbox_id"], ConnectBudget: durationProto(s.cfg.ConnectBudget), ServerVersion: Version, Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED}
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, meta, d)
 	case errors.Is(err, runtime.ErrSandboxNotFound):
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonSandboxNotFound, msg, meta)
 	case errors.Is(err, runtime.ErrSandboxExists):
@@ -37,13 +201,31 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonImageNotFound, msg, meta)
 	case errors.Is(err, runtime.ErrImageArchive):
 		return rpcstatus.Error(codes.InvalidArgument, rpcstatus.ReasonImageArchive, msg, meta)
-	case errors.Is(err, errAgentUnreachable):
-		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, meta)
 	case errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled:
-		return status.Error(codes.Canceled, "request canceled: "+msg)
+		return rpcstatus.Error(codes.Canceled, rpcstatus.ReasonCanceled, "request canceled: "+msg, meta)
 	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
-		return rpcstatus.Error(codes.DeadlineExceeded, "DEADLINE_EXCEEDED", "deadline exceeded: "+msg, meta)
+		return rpcstatus.Error(codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded, "deadline exceeded: "+msg, meta)
 	}
-	s.log.ErrorContext(ctx, "internal error", slog.Any("error", err), slog.Any("meta", meta))
-	return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error; the server log has the cause", meta)
+	incident := newID("", 10)
+	s.log.ErrorContext(ctx, "internal error", slog.String("incident", incident), slog.Any("error", err), slog.Any("meta", meta))
+	return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error "+incident+"; the server log has the cause", withMeta(meta, "incident", incident))
+}
+
+// withMeta returns a copy of meta with k set to v.
+func withMeta(meta map[string]string, k, v string) map[string]string {
+	out := make(map[string]string, len(meta)+1)
+	for mk, mv := range meta {
+		out[mk] = mv
+	}
+	if v != "" {
+		out[k] = v
+	}
+	return out
+}
+
+func durationProto(d time.Duration) *durationpb.Duration {
+	if d <= 0 {
+		return nil
+	}
+	return durationpb.New(d)
 }

@@ -20,18 +20,12 @@ import (
 // GetSandbox or ListSandboxes.
 const agentInfoTimeout = 2 * time.Second
 
-// agentFor returns a client for the agent of a running sandbox. It fails
-// with ErrSandboxNotFound or, when the sandbox's task does not run, with
-// errAgentUnreachable.
+// agentFor returns a client for the agent of a running sandbox once it
+// answered within the connect budget. It fails with ErrSandboxNotFound or an
+// *unreachableError (see reach).
 func (s *Service) agentFor(ctx context.Context, sandboxID string) (agentv1.AgentServiceClient, error) {
-	sb, err := s.rt.Get(ctx, sandboxID)
-	if err != nil {
-		return nil, err
-	}
-	if !sb.Running {
-		return nil, fmt.Errorf("%w: the task of sandbox %s is not running", errAgentUnreachable, sandboxID)
-	}
-	return s.agents.Get(sb.SocketPath)
+	agent, _, err := s.reach(ctx, sandboxID, "")
+	return agent, err
 }
 
 // Exec proxies one exec stream between the caller and the sandbox's agent.
@@ -49,12 +43,13 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	}
 	var (
 		sandboxID string
+		execID    string
 		opening   *agentv1.ExecRequest
 	)
 	switch ev := first.GetEvent().(type) {
 	case *berthv1.ExecRequest_Start:
 		sandboxID = ev.Start.GetSandboxId()
-		execID, err := s.execID("start.exec_id", ev.Start.GetExecId())
+		execID, err = s.execID("start.exec_id", ev.Start.GetExecId())
 		if err != nil {
 			return err
 		}
@@ -64,37 +59,41 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess()}}}
 	case *berthv1.ExecRequest_Attach:
 		sandboxID = ev.Attach.GetSandboxId()
-		if err := validateExecID("attach.exec_id", ev.Attach.GetExecId()); err != nil {
+		execID = ev.Attach.GetExecId()
+		if err := validateExecID("attach.exec_id", execID); err != nil {
 			return err
 		}
 		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: ev.Attach.GetExecId(), SinceSeq: ev.Attach.GetSinceSeq()}}}
 	default:
 		return rpcstatus.InvalidArgument("event", "the first message must be start or attach")
 	}
-	meta := map[string]string{"sandbox_id": sandboxID}
+	meta := map[string]string{"sandbox_id": sandboxID, "exec_id": execID}
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
 		return err
 	}
-	agent, err := s.agentFor(ctx, sandboxID)
+	_, isStart := first.GetEvent().(*berthv1.ExecRequest_Start)
+	guard, err := s.guardExec(ctx, sandboxID, execID, isStart)
 	if err != nil {
 		return s.toStatus(ctx, err, meta)
 	}
+	defer guard.close()
 
-	// agentCtx ends the agent stream when the caller breaks the protocol;
-	// the caller going away ends it through ctx.
-	agentCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	upstream, err := agent.Exec(agentCtx)
+	// agentCtx ends the agent stream when the caller breaks the protocol,
+	// and when the sandbox's runtime dies (the guard); the caller going away
+	// ends it through ctx.
+	agentCtx := guard.streamContext(ctx)
+	upstream, err := guard.agent.Exec(agentCtx)
 	if err != nil {
-		return s.toStatus(ctx, agentError(sandboxID, err), meta)
+		return s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
 	if err := upstream.Send(opening); err != nil && !errors.Is(err, io.EOF) {
-		return s.toStatus(ctx, agentError(sandboxID, err), meta)
+		return s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
+	guard.opened()
 	var protoErr protocolError
 	// The forwarder ends when the caller closes its side or the stream's
 	// context ends, which returning from this handler does.
-	go forwardCaller(stream, upstream, &protoErr, cancel)
+	go forwardCaller(stream, upstream, &protoErr, guard.cancel)
 
 	resp := &berthv1.ExecResponse{}
 	for {
@@ -103,11 +102,9 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			if perr := protoErr.get(); perr != nil {
 				return perr
 			}
-			if errors.Is(err, io.EOF) {
-				return s.toStatus(ctx, fmt.Errorf("%w: the agent of sandbox %s ended the exec stream without a result", errAgentUnreachable, sandboxID), meta)
-			}
-			return s.toStatus(ctx, agentError(sandboxID, err), meta)
+			return s.toStatus(ctx, guard.failed(ctx, err), meta)
 		}
+		guard.seen(msg)
 		if !setEvent(resp, msg) {
 			continue
 		}
@@ -192,16 +189,18 @@ func forwardCaller(stream berthv1.SandboxService_ExecServer, upstream agentv1.Ag
 	}
 }
 
-// agentError classifies an error from an agent RPC. Statuses the agent
-// built (with a berth ErrorInfo) pass unchanged; transport failures mean the
-// agent is unreachable.
+// agentError classifies an error from an agent RPC made outside an exec
+// (see execGuard.failed for those). Statuses the agent built (with a berth
+// ErrorInfo) pass unchanged; transport failures mean the agent is
+// unreachable.
 func agentError(sandboxID string, err error) error {
 	if rpcstatus.Reason(err) != "" {
 		return err
 	}
 	switch status.Code(err) {
 	case codes.Unavailable:
-		return fmt.Errorf("%w: sandbox %s: %v", errAgentUnreachable, sandboxID, status.Convert(err).Message())
+		return &unreachableError{sandboxID: sandboxID, cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECTION_LOST,
+			taskRunning: true, admitted: berthv1.Admitted_ADMITTED_UNKNOWN, what: "the connection to the agent broke: " + grpcMessage(err)}
 	case codes.Canceled:
 		return context.Canceled
 	case codes.DeadlineExceeded:
@@ -225,7 +224,6 @@ func (s *Service) execID(field, id string) (string, error) {
 // collected output, which the agent has already capped per stream.
 func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {
 	sandboxID := req.GetSandboxId()
-	meta := map[string]string{"sandbox_id": sandboxID}
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
 		return nil, err
 	}
@@ -233,37 +231,38 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if err != nil {
 		return nil, err
 	}
+	meta := map[string]string{"sandbox_id": sandboxID, "exec_id": execID}
 	if req.GetProcess() == nil {
 		return nil, rpcstatus.InvalidArgument("process", "is missing")
 	}
 	if req.GetProcess().GetStdin() {
 		return nil, rpcstatus.InvalidArgument("process.stdin", "Run has no stdin; use Exec")
 	}
-	agent, err := s.agentFor(ctx, sandboxID)
+	guard, err := s.guardExec(ctx, sandboxID, execID, true)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
-	upstream, err := agent.Exec(ctx)
+	defer guard.close()
+	upstream, err := guard.agent.Exec(guard.streamContext(ctx))
 	if err != nil {
-		return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+		return nil, s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
 	start := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: req.GetProcess()}}}
 	if err := upstream.Send(start); err != nil && !errors.Is(err, io.EOF) {
-		return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+		return nil, s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
+	guard.opened()
 	if err := upstream.CloseSend(); err != nil {
-		return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+		return nil, s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
 	var stdout, stderr bytes.Buffer
 	resp := &berthv1.RunResponse{ExecId: execID}
 	for {
 		msg, err := upstream.Recv()
 		if err != nil {
-			if errors.Is(err, io.EOF) {
-				err = fmt.Errorf("%w: the agent of sandbox %s ended the exec stream without a result", errAgentUnreachable, sandboxID)
-			}
-			return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
+			return nil, s.toStatus(ctx, guard.failed(ctx, err), meta)
 		}
+		guard.seen(msg)
 		switch ev := msg.GetEvent().(type) {
 		case *agentv1.ExecResponse_Output:
 			if ev.Output.GetStream() == berthv1.Stream_STREAM_STDERR {

@@ -31,8 +31,9 @@ func NewGRPCServer(svc *Service, log *slog.Logger) *grpc.Server {
 	})
 	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-		log.ErrorContext(ctx, "handler panic", slog.Any("panic", p))
-		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error; the server log has the cause", nil)
+		incident := newID("", 10)
+		log.ErrorContext(ctx, "handler panic", slog.String("incident", incident), slog.Any("panic", p))
+		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error "+incident+"; the server log has the cause", map[string]string{"incident": incident})
 	})}
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...)),

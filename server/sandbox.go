@@ -54,6 +54,11 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 		return nil, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
 	}
 	spec := runtime.SandboxSpec{ID: id, Image: req.GetImage(), Labels: req.GetLabels(), PidsLimit: pids, CPUMillis: res.GetCpuMillis(), MemoryBytes: res.GetMemoryBytes()}
+	admitted, err := s.capacity.admitSandbox(ctx, id, spec.MemoryBytes)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, meta)
+	}
+	defer admitted()
 	if err := s.rt.Create(ctx, spec); err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
@@ -66,6 +71,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 		}
 		return nil, s.toStatus(ctx, err, meta)
 	}
+	s.sandboxCreated(id, info.GetBootId(), info.GetVersion())
 	sb, err := s.rt.Get(ctx, id)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, meta)
@@ -215,6 +221,8 @@ func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxR
 }
 
 func (s *Service) deleteSandbox(ctx context.Context, id string) error {
+	done := s.deletingSandbox(id)
+	defer done()
 	s.agents.Forget(s.rt.SocketPath(id))
 	if err := s.rt.Delete(ctx, id); err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
 		return err
@@ -235,11 +243,8 @@ func toProto(sb runtime.Sandbox, info *agentv1.InfoResponse) *berthv1.Sandbox {
 	}
 	if sb.Running {
 		out.State = berthv1.SandboxState_SANDBOX_STATE_RUNNING
-		out.Runtime = &berthv1.RuntimeIdentity{TaskPid: sb.TaskPID}
-		if info != nil {
-			out.Runtime.AgentBootId = info.GetBootId()
-			out.AgentVersion = info.GetVersion()
-		}
+		out.Runtime = runtimeIdentity(sb, info)
+		out.AgentVersion = info.GetVersion()
 	}
 	return out
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -33,6 +34,15 @@ func main() {
 	flag.Uint64Var(&svcCfg.DefaultPidsLimit, "default-pids-limit", 1024, "pids limit of a sandbox whose request sets none")
 	flag.Uint64Var(&svcCfg.MaxPidsLimit, "max-pids-limit", 32768, "largest pids limit a request may set")
 	flag.DurationVar(&readyLimit, "agent-ready-timeout", 30*time.Second, "how long CreateSandbox waits for the agent to answer")
+	flag.DurationVar(&svcCfg.ConnectBudget, "connect-budget", 3*time.Second, "how long a request waits for a sandbox's agent to answer before failing with SANDBOX_UNREACHABLE")
+	flag.IntVar(&svcCfg.MaxSandboxes, "max-sandboxes", 0, "most sandboxes the server holds, running or stopped; 0: no cap (beyond it: FLEET_BUSY)")
+	flag.IntVar(&svcCfg.MaxExecsPerSandbox, "max-execs-per-sandbox", 0, "most execs running at once in one sandbox; 0: no cap")
+	flag.IntVar(&svcCfg.MaxExecs, "max-execs", 0, "most execs running at once in all sandboxes; 0: no cap")
+	flag.Uint64Var(&svcCfg.MemoryBudgetBytes, "memory-budget-bytes", 0, "most memory in `bytes` promised to sandboxes (sum of their memory_bytes); 0: no cap")
+	flag.DurationVar(&svcCfg.BusyRetryDelay, "busy-retry-delay", time.Second, "retry delay a FLEET_BUSY error suggests")
+	flag.IntVar(&svcCfg.TaskRestartLimit, "task-restart-limit", 5, "restarts of a sandbox's dead task within --task-restart-window; 0: never restart")
+	flag.DurationVar(&svcCfg.TaskRestartWindow, "task-restart-window", 10*time.Minute, "window of --task-restart-limit")
+	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
@@ -41,6 +51,16 @@ func main() {
 		return
 	}
 	svcCfg.AgentReadyTimeout = readyLimit
+	if err := checkLimits(svcCfg); err != nil {
+		fmt.Fprintln(os.Stderr, "berthd:", err)
+		os.Exit(2)
+	}
+	if svcCfg.TaskRestartLimit == 0 {
+		svcCfg.TaskRestartLimit = -1 // server.Config's "never"
+	}
+	if svcCfg.JournalDir == "" {
+		svcCfg.JournalDir = filepath.Join(rtCfg.StateDir, "journal")
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
 	if err := run(log, rtCfg, svcCfg, listen); err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
@@ -86,4 +106,23 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 	}
 	// Serve returns nil once stopped.
 	return <-served
+}
+
+// checkLimits rejects capacity and timing flags that have no meaning, before
+// server.Config's defaults would quietly replace a zero.
+func checkLimits(c server.Config) error {
+	for name, d := range map[string]time.Duration{"--connect-budget": c.ConnectBudget, "--busy-retry-delay": c.BusyRetryDelay, "--task-restart-window": c.TaskRestartWindow} {
+		if d <= 0 {
+			return fmt.Errorf("%s %v: must be positive", name, d)
+		}
+	}
+	for name, n := range map[string]int{"--max-sandboxes": c.MaxSandboxes, "--max-execs-per-sandbox": c.MaxExecsPerSandbox, "--max-execs": c.MaxExecs} {
+		if n < 0 {
+			return fmt.Errorf("%s %d: must be 0 (no cap) or more", name, n)
+		}
+	}
+	if c.TaskRestartLimit < 0 {
+		return fmt.Errorf("--task-restart-limit %d: must be 0 (never restart) or more", c.TaskRestartLimit)
+	}
+	return nil
 }

@@ -31,6 +31,15 @@ const (
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
 	ReasonUnreachable       = "SANDBOX_UNREACHABLE"
 	ReasonInternal          = "INTERNAL"
+	// The runtime conditions of berth.v1's errors.proto: each status with
+	// one of these reasons also carries the typed detail of that name.
+	ReasonFleetBusy       = "FLEET_BUSY"
+	ReasonRuntimeReplaced = "RUNTIME_REPLACED"
+	ReasonStaleHandle     = "STALE_HANDLE"
+	// ReasonCanceled and ReasonDeadlineExceeded mark a request that ended
+	// because the caller canceled it or its deadline passed.
+	ReasonCanceled         = "CANCELED"
+	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with

@@ -152,7 +152,10 @@ type RuntimeIdentity struct {
 	// agent_boot_id is random per agent process start.
 	AgentBootId string `protobuf:"bytes,1,opt,name=agent_boot_id,json=agentBootId,proto3" json:"agent_boot_id,omitempty"`
 	// task_pid is the containerd task's pid on the host.
-	TaskPid       uint32 `protobuf:"varint,2,opt,name=task_pid,json=taskPid,proto3" json:"task_pid,omitempty"`
+	TaskPid uint32 `protobuf:"varint,2,opt,name=task_pid,json=taskPid,proto3" json:"task_pid,omitempty"`
+	// started_at is when the task's process started (from the host's
+	// /proc/<task_pid>/stat); unset when berthd could not read it.
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -199,6 +202,13 @@ func (x *RuntimeIdentity) GetTaskPid() uint32 {
 		return x.TaskPid
 	}
 	return 0
+}
+
+func (x *RuntimeIdentity) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
 }
 
 // Sandbox describes one sandbox.
@@ -739,10 +749,12 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"P\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\x8b\x01\n" +
 	"\x0fRuntimeIdentity\x12\"\n" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
-	"\btask_pid\x18\x02 \x01(\rR\ataskPid\"\x97\x03\n" +
+	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
+	"\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x97\x03\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -837,34 +849,35 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*RunResponse)(nil),           // 19: berth.v1.RunResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
-	0,  // 0: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	12, // 1: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	15, // 2: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	2,  // 3: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
-	1,  // 4: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	13, // 5: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	1,  // 6: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	3,  // 7: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	3,  // 8: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	14, // 9: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	3,  // 10: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	4,  // 11: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	6,  // 12: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	8,  // 13: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	10, // 14: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	16, // 15: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	17, // 16: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	5,  // 17: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	7,  // 18: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	9,  // 19: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	11, // 20: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	18, // 21: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	19, // 22: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	15, // 0: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	0,  // 1: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
+	12, // 2: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	15, // 3: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	2,  // 4: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
+	1,  // 5: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
+	13, // 6: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	1,  // 7: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	3,  // 8: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	3,  // 9: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	14, // 10: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	3,  // 11: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	4,  // 12: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	6,  // 13: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	8,  // 14: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	10, // 15: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	16, // 16: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	17, // 17: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	5,  // 18: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	7,  // 19: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	9,  // 20: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	11, // 21: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	18, // 22: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	19, // 23: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	18, // [18:24] is the sub-list for method output_type
+	12, // [12:18] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }

@@ -35,7 +35,13 @@ const (
 //
 // Errors carry a google.rpc.ErrorInfo (domain "berth.dev") whose reason is a
 // stable token, e.g. SANDBOX_NOT_FOUND; invalid requests also carry a
-// google.rpc.BadRequest naming the field.
+// google.rpc.BadRequest naming the field. The runtime conditions carry typed
+// details (errors.proto): RESOURCE_EXHAUSTED FLEET_BUSY (FleetBusy and
+// RetryInfo) when the server is full, UNAVAILABLE SANDBOX_UNREACHABLE
+// (Unreachable) when the agent does not answer, ABORTED RUNTIME_REPLACED
+// (RuntimeReplaced) when the sandbox's runtime dies under an exec, and
+// FAILED_PRECONDITION STALE_HANDLE (StaleHandle) for an exec id of an
+// earlier runtime.
 type SandboxServiceClient interface {
 	// CreateSandbox creates a sandbox from an image and returns once the agent
 	// inside answers. Errors: INVALID_ARGUMENT for a malformed request,
@@ -55,7 +61,11 @@ type SandboxServiceClient interface {
 	// sends ExecStarted, numbered ExecOutput events, and ExecExited last.
 	// Errors: INVALID_ARGUMENT for a malformed start, NOT_FOUND
 	// (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID)
-	// when the working directory does not exist or is not a directory.
+	// when the working directory does not exist or is not a directory; and
+	// the runtime conditions of errors.proto: RESOURCE_EXHAUSTED (FLEET_BUSY),
+	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
+	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
+	// (STALE_HANDLE) for an exec id of an earlier runtime.
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
@@ -141,7 +151,13 @@ func (c *sandboxServiceClient) Run(ctx context.Context, in *RunRequest, opts ...
 //
 // Errors carry a google.rpc.ErrorInfo (domain "berth.dev") whose reason is a
 // stable token, e.g. SANDBOX_NOT_FOUND; invalid requests also carry a
-// google.rpc.BadRequest naming the field.
+// google.rpc.BadRequest naming the field. The runtime conditions carry typed
+// details (errors.proto): RESOURCE_EXHAUSTED FLEET_BUSY (FleetBusy and
+// RetryInfo) when the server is full, UNAVAILABLE SANDBOX_UNREACHABLE
+// (Unreachable) when the agent does not answer, ABORTED RUNTIME_REPLACED
+// (RuntimeReplaced) when the sandbox's runtime dies under an exec, and
+// FAILED_PRECONDITION STALE_HANDLE (StaleHandle) for an exec id of an
+// earlier runtime.
 type SandboxServiceServer interface {
 	// CreateSandbox creates a sandbox from an image and returns once the agent
 	// inside answers. Errors: INVALID_ARGUMENT for a malformed request,
@@ -161,7 +177,11 @@ type SandboxServiceServer interface {
 	// sends ExecStarted, numbered ExecOutput events, and ExecExited last.
 	// Errors: INVALID_ARGUMENT for a malformed start, NOT_FOUND
 	// (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID)
-	// when the working directory does not exist or is not a directory.
+	// when the working directory does not exist or is not a directory; and
+	// the runtime conditions of errors.proto: RESOURCE_EXHAUSTED (FLEET_BUSY),
+	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
+	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
+	// (STALE_HANDLE) for an exec id of an earlier runtime.
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.

@@ -1,0 +1,108 @@
+package client
+
+import (
+	"errors"
+	"time"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// baseError lets the condition types embed *Error under a name that does
+// not collide with their Error method: Code, Reason, Message, Metadata and
+// the other fields of the *Error are promoted, and Unwrap returns it.
+type baseError = Error
+
+// FleetBusyError means berthd had no capacity for a new sandbox or exec
+// (codes.ResourceExhausted, ReasonFleetBusy). Nothing was started: the same
+// call may be made again after RetryDelay, which a Client with WithRetry
+// does by itself.
+type FleetBusyError struct {
+	*baseError
+	// Detail says which capacity ran out, its limit and use, and the retry
+	// delay; never nil.
+	Detail *berthv1.FleetBusy
+}
+
+// UnreachableError means the sandbox's agent did not answer within berthd's
+// connect budget, or its task does not run (codes.Unavailable,
+// ReasonUnreachable). Detail.Cause says which. Unless Detail.Admitted says
+// otherwise nothing ran, and a Client with WithRetry retries the call with
+// jittered backoff.
+type UnreachableError struct {
+	*baseError
+	// Detail gives the cause, whether the task runs, the last known
+	// runtime and how long berthd waited; never nil.
+	Detail *berthv1.Unreachable
+}
+
+// RuntimeReplacedError means the sandbox's runtime (its container task and
+// the agent in it) died or changed while the exec ran or was being attached
+// (codes.Aborted, ReasonRuntimeReplaced). The exec's processes are gone; it
+// may have run partly (Detail.Admitted). Files in the sandbox survive when
+// berthd restarted its task (Detail.After); processes and memory do not.
+// It is never retried automatically: decide whether running the command
+// again is safe.
+type RuntimeReplacedError struct {
+	*baseError
+	// Detail names the runtimes before and after, the old task's exit
+	// status and whether the exec had started; never nil.
+	Detail *berthv1.RuntimeReplaced
+}
+
+// StaleHandleError means the call named an exec of an earlier runtime of the
+// sandbox (codes.FailedPrecondition, ReasonStaleHandle): its process is gone
+// with that runtime. Nothing was done. Start a new exec with a new exec id;
+// it is never retried automatically.
+type StaleHandleError struct {
+	*baseError
+	// Detail names the exec's runtime and the sandbox's current one; never
+	// nil.
+	Detail *berthv1.StaleHandle
+}
+
+// Unwrap returns the *Error.
+func (e *FleetBusyError) Unwrap() error { return e.baseError }
+
+// Unwrap returns the *Error.
+func (e *UnreachableError) Unwrap() error { return e.baseError }
+
+// Unwrap returns the *Error.
+func (e *RuntimeReplacedError) Unwrap() error { return e.baseError }
+
+// Unwrap returns the *Error.
+func (e *StaleHandleError) Unwrap() error { return e.baseError }
+
+// Delay returns how long to wait before retrying: the status's RetryInfo
+// delay, else the detail's.
+func (e *FleetBusyError) Delay() time.Duration {
+	if e.RetryDelay > 0 {
+		return e.RetryDelay
+	}
+	if d := e.Detail.GetRetryDelay(); d.IsValid() {
+		return max(d.AsDuration(), 0)
+	}
+	return 0
+}
+
+// NothingRan reports whether berthd says the failed call ran nothing.
+func (e *UnreachableError) NothingRan() bool {
+	switch e.Detail.GetAdmitted() {
+	case berthv1.Admitted_ADMITTED_NOT_STARTED, berthv1.Admitted_ADMITTED_UNSPECIFIED:
+		return true
+	}
+	return false
+}
+
+// IsRetryable reports whether err is a condition that is safe to retry as
+// is: a *FleetBusyError (after its Delay), or an *UnreachableError whose
+// call ran nothing. RuntimeReplaced and StaleHandle are not: the command
+// may have run, or the exec it names is gone. It never looks at message
+// text.
+func IsRetryable(err error) bool {
+	var busy *FleetBusyError
+	if errors.As(err, &busy) {
+		return true
+	}
+	var unreachable *UnreachableError
+	return errors.As(err, &unreachable) && unreachable.NothingRan()
+}

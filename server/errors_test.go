@@ -1,0 +1,135 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+func TestToStatus(t *testing.T) {
+	var logged bytes.Buffer
+	s := &Service{cfg: Config{ConnectBudget: 3 * time.Second}, log: slog.New(slog.NewTextHandler(&logged, nil))}
+	rt := identity{BootID: boot(1), TaskPID: 42, AgentVersion: "v1"}
+	meta := map[string]string{"sandbox_id": "sb"}
+	tests := []struct {
+		name       string
+		err        error
+		wantCode   codes.Code
+		wantReason string
+		// wantDetail is the type of the typed detail, nil for none.
+		wantDetail proto.Message
+		wantRetry  time.Duration
+	}{
+		{"fleet busy", &fleetBusyError{sandboxID: "sb", resource: berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOX_EXECS, limit: 1, inUse: 1, requested: 1, retryDelay: 2 * time.Second},
+			codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, &berthv1.FleetBusy{}, 2 * time.Second},
+		{"unreachable", fmt.Errorf("exec: %w", &unreachableError{sandboxID: "sb", cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT, taskRunning: true, runtime: rt, what: "no answer", admitted: berthv1.Admitted_ADMITTED_NOT_STARTED}),
+			codes.Unavailable, rpcstatus.ReasonUnreachable, &berthv1.Unreachable{}, 0},
+		{"unreachable without facts", fmt.Errorf("%w: agent did not answer", errAgentUnreachable),
+			codes.Unavailable, rpcstatus.ReasonUnreachable, &berthv1.Unreachable{}, 0},
+		{"runtime replaced", &runtimeReplacedError{sandboxID: "sb", execID: "ex", cause: berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED, before: rt, exitStatus: 137, exitedAt: time.Now(), admitted: berthv1.Admitted_ADMITTED_STARTED},
+			codes.Aborted, rpcstatus.ReasonRuntimeReplaced, &berthv1.RuntimeReplaced{}, 0},
+		{"stale handle", &staleHandleError{sandboxID: "sb", execID: "ex", handle: rt, current: identity{BootID: boot(2)}},
+			codes.FailedPrecondition, rpcstatus.ReasonStaleHandle, &berthv1.StaleHandle{}, 0},
+		{"sandbox not found", fmt.Errorf("load: %w", runtime.ErrSandboxNotFound), codes.NotFound, rpcstatus.ReasonSandboxNotFound, nil, 0},
+		{"canceled", context.Canceled, codes.Canceled, rpcstatus.ReasonCanceled, nil, 0},
+		{"deadline", status.Error(codes.DeadlineExceeded, "slow"), codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded, nil, 0},
+		{"agent verdict passes", rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonCwdInvalid, "cwd /x: no such directory", nil),
+			codes.FailedPrecondition, rpcstatus.ReasonCwdInvalid, nil, 0},
+		{"unclassified", errors.New("containerd: secret internals"), codes.Internal, rpcstatus.ReasonInternal, nil, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			logged.Reset()
+			st := status.Convert(s.toStatus(context.Background(), tt.err, meta))
+			if st.Code() != tt.wantCode || st.Message() == "" {
+				t.Errorf("status = %v %q, want %v and a message", st.Code(), st.Message(), tt.wantCode)
+			}
+			var info *errdetails.ErrorInfo
+			var detail proto.Message
+			var retry *errdetails.RetryInfo
+			for _, d := range st.Details() {
+				switch d := d.(type) {
+				case *errdetails.ErrorInfo:
+					info = d
+				case *errdetails.RetryInfo:
+					retry = d
+				case proto.Message:
+					detail = d
+				}
+			}
+			if info.GetReason() != tt.wantReason || info.GetDomain() != rpcstatus.Domain {
+				t.Errorf("ErrorInfo = %v, want reason %s", info, tt.wantReason)
+			}
+			if (tt.wantDetail == nil) != (detail == nil) || (detail != nil && detail.ProtoReflect().Descriptor() != tt.wantDetail.ProtoReflect().Descriptor()) {
+				t.Errorf("detail = %T, want %T", detail, tt.wantDetail)
+			}
+			if got := retry.GetRetryDelay().AsDuration(); (retry != nil) != (tt.wantRetry != 0) || got != tt.wantRetry {
+				t.Errorf("RetryInfo = %v, want %v", retry, tt.wantRetry)
+			}
+		})
+	}
+	t.Run("unclassified hides the cause and logs it", func(t *testing.T) {
+		logged.Reset()
+		st := status.Convert(s.toStatus(context.Background(), errors.New("containerd: secret internals"), meta))
+		if strings.Contains(st.Message(), "secret") {
+			t.Errorf("message %q passes the cause through", st.Message())
+		}
+		incident := rpcstatus.Reason(st.Err())
+		var info *errdetails.ErrorInfo
+		for _, d := range st.Details() {
+			if i, ok := d.(*errdetails.ErrorInfo); ok {
+				info = i
+			}
+		}
+		id := info.GetMetadata()["incident"]
+		if incident != rpcstatus.ReasonInternal || id == "" || !strings.Contains(st.Message(), id) {
+			t.Errorf("status %q, metadata %v: want the incident id in both", st.Message(), info.GetMetadata())
+		}
+		if !strings.Contains(logged.String(), "secret internals") || !strings.Contains(logged.String(), id) {
+			t.Errorf("log %q lacks the cause or incident %s", logged.String(), id)
+		}
+	})
+}
+
+func TestConditionMessages(t *testing.T) {
+	rt := identity{BootID: boot(1), TaskPID: 42}
+	tests := []struct {
+		err  error
+		want []string
+	}{
+		{&fleetBusyError{sandboxID: "sb", resource: berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY, limit: 300, inUse: 250, requested: 100, retryDelay: time.Second},
+			[]string{"sandbox sb", "250", "100", "300", "nothing was started", "1s"}},
+		{&unreachableError{sandboxID: "sb", what: "the agent did not answer", admitted: berthv1.Admitted_ADMITTED_NOT_STARTED},
+			[]string{"sandbox sb", "did not answer", "nothing ran"}},
+		{&unreachableError{sandboxID: "sb", what: "the stream broke", admitted: berthv1.Admitted_ADMITTED_STARTED},
+			[]string{"had started"}},
+		{&runtimeReplacedError{sandboxID: "sb", execID: "ex", cause: berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED, before: rt, exitStatus: 137, oomKilled: true, after: identity{BootID: boot(2), TaskPID: 43}},
+			[]string{"sandbox sb", "task exited with status 137", "OOM", "exec ex", "processes are gone", "task pid 43"}},
+		{&runtimeReplacedError{sandboxID: "sb", execID: "ex", cause: berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED, before: rt, restarting: true},
+			[]string{"starting a new task"}},
+		{&staleHandleError{sandboxID: "sb", execID: "ex", handle: rt, current: identity{BootID: boot(2)}},
+			[]string{"exec ex", "earlier runtime", "sandbox sb", "start a new exec"}},
+	}
+	for _, tt := range tests {
+		msg := tt.err.Error()
+		for _, w := range tt.want {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%T message %q lacks %q", tt.err, msg, w)
+			}
+		}
+	}
+}

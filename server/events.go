@@ -1,0 +1,258 @@
+package server
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// taskEvents follows containerd's task events in berthd's namespace and
+// tells whoever watches a sandbox when its task exits: exec streams end
+// with RUNTIME_REPLACED within milliseconds of the exit instead of waiting
+// for a timeout, and the restarter starts a new task.
+//
+// containerd does not replay events to a late subscriber. After the
+// subscription breaks, run resubscribes and re-checks every watched
+// sandbox's task, so that an exit missed in between still fires.
+type taskEvents struct {
+	rt  *runtime.Runtime
+	log *slog.Logger
+	// onGone is called for every task exit and delete, first.
+	onGone func(runtime.TaskEvent)
+	// onExit is called for every task exit before any watch fires, and
+	// returns what berthd does about it; see exitDecision.
+	onExit func(runtime.TaskEvent) exitDecision
+
+	mu      sync.Mutex
+	watches map[string]map[*taskWatch]struct{}
+	// oom records the last OOM kill seen per sandbox.
+	oom map[string]time.Time
+}
+
+// exitDecision is what berthd does about a task exit.
+type exitDecision int
+
+const (
+	// exitLeftStopped: the sandbox stays stopped (restarts disabled, the
+	// crash-loop bound reached, or a runtime berthd never saw answer).
+	exitLeftStopped exitDecision = iota
+	// exitRestarting: berthd is starting a new task for the sandbox.
+	exitRestarting
+	// exitDeleting: the sandbox is being deleted.
+	exitDeleting
+)
+
+// taskWatch is one watcher's interest in a sandbox's task. fired is closed
+// once the watched task exited (or the sandbox's task was deleted); event
+// then says how.
+type taskWatch struct {
+	sandboxID string
+	fired     chan struct{}
+
+	// Guarded by taskEvents.mu.
+	pid      uint32 // the task pid watched; 0 watches any
+	done     bool
+	event    runtime.TaskEvent
+	decision exitDecision
+}
+
+func newTaskEvents(rt *runtime.Runtime, log *slog.Logger) *taskEvents {
+	return &taskEvents{
+		rt:      rt,
+		log:     log,
+		onGone:  func(runtime.TaskEvent) {},
+		onExit:  func(runtime.TaskEvent) exitDecision { return exitLeftStopped },
+		watches: make(map[string]map[*taskWatch]struct{}),
+		oom:     make(map[string]time.Time),
+	}
+}
+
+// watch starts watching the sandbox's task. Call expect once the task's pid
+// is known, and unwatch when done.
+func (t *taskEvents) watch(sandboxID string) *taskWatch {
+	w := &taskWatch{sandboxID: sandboxID, fired: make(chan struct{})}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	ws := t.watches[sandboxID]
+	if ws == nil {
+		ws = make(map[*taskWatch]struct{})
+		t.watches[sandboxID] = ws
+	}
+	ws[w] = struct{}{}
+	return w
+}
+
+// expect narrows w to the task with host pid pid. It reports false when w
+// already fired for that task (or for an unknown one): the task is gone.
+// An exit of another task seen before, a runtime older than the one just
+// reached, is forgotten.
+func (t *taskEvents) expect(w *taskWatch, pid uint32) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	w.pid = pid
+	if w.done && w.event.Pid != 0 && w.event.Pid != pid {
+		// The exit was of an older task; re-arm.
+		w.done = false
+		w.event = runtime.TaskEvent{}
+		w.fired = make(chan struct{})
+		return true
+	}
+	return !w.done
+}
+
+// firedChan returns the channel closed when w fires.
+func (t *taskEvents) firedChan(w *taskWatch) <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return w.fired
+}
+
+// result returns how w's task ended and what berthd does about it; ok is
+// false while w has not fired.
+func (t *taskEvents) result(w *taskWatch) (ev runtime.TaskEvent, decision exitDecision, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return w.event, w.decision, w.done
+}
+
+func (t *taskEvents) unwatch(w *taskWatch) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if ws := t.watches[w.sandboxID]; ws != nil {
+		delete(ws, w)
+		if len(ws) == 0 {
+			delete(t.watches, w.sandboxID)
+		}
+	}
+}
+
+// oomWindow is how close to a task's exit an OOM kill must be seen for the
+// exit to be blamed on it: when the agent (PID 1) is the victim, containerd
+// reports the OOM about 15 ms before the exit (RUNTIME-NOTES.md).
+const oomWindow = time.Second
+
+// oomNear reports whether an OOM kill was seen in the sandbox within
+// oomWindow of exitAt.
+func (t *taskEvents) oomNear(sandboxID string, exitAt time.Time) bool {
+	if exitAt.IsZero() {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	at, ok := t.oom[sandboxID]
+	return ok && !at.Before(exitAt.Add(-oomWindow)) && !at.After(exitAt.Add(oomWindow))
+}
+
+// forget drops the OOM record of a deleted sandbox.
+func (t *taskEvents) forget(sandboxID string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	delete(t.oom, sandboxID)
+}
+
+// run follows containerd's events until ctx ends, resubscribing with a
+// bounded backoff when the subscription breaks.
+func (t *taskEvents) run(ctx context.Context) {
+	const (
+		minBackoff = 100 * time.Millisecond
+		maxBackoff = 5 * time.Second
+	)
+	backoff := minBackoff
+	for first := true; ; first = false {
+		if !first {
+			// Exits may have been missed while unsubscribed.
+			t.resync(ctx)
+		}
+		began := time.Now()
+		err := t.follow(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		t.log.Warn("containerd task events interrupted; resubscribing", slog.Any("error", err), slog.Duration("backoff", backoff))
+		if time.Since(began) > time.Minute {
+			backoff = minBackoff
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// follow dispatches events from one subscription until it ends.
+func (t *taskEvents) follow(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	events, errs := t.rt.TaskEvents(ctx)
+	for ev := range events {
+		t.dispatch(ev)
+	}
+	return <-errs
+}
+
+// dispatch acts on one event: records OOM kills, lets onExit decide about
+// exits, then fires the watches of the exited task.
+func (t *taskEvents) dispatch(ev runtime.TaskEvent) {
+	switch ev.Kind {
+	case runtime.TaskOOM:
+		t.mu.Lock()
+		t.oom[ev.SandboxID] = ev.At
+		t.mu.Unlock()
+	case runtime.TaskExited:
+		t.onGone(ev)
+		decision := t.onExit(ev)
+		t.fire(ev, decision)
+	case runtime.TaskDeleted:
+		t.onGone(ev)
+		// A delete follows the exit; it fires only watches that missed it.
+		t.fire(ev, exitDeleting)
+	}
+}
+
+// fire closes the watches of ev's sandbox that watch ev's task.
+func (t *taskEvents) fire(ev runtime.TaskEvent, decision exitDecision) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for w := range t.watches[ev.SandboxID] {
+		if w.done || (w.pid != 0 && ev.Pid != 0 && w.pid != ev.Pid) {
+			continue
+		}
+		w.done = true
+		w.event = ev
+		w.decision = decision
+		close(w.fired)
+	}
+}
+
+// resync fires the watches whose task is no longer the sandbox's running
+// task, for exits missed while unsubscribed.
+func (t *taskEvents) resync(ctx context.Context) {
+	t.mu.Lock()
+	pids := make(map[string][]uint32)
+	for id, ws := range t.watches {
+		for w := range ws {
+			pids[id] = append(pids[id], w.pid)
+		}
+	}
+	t.mu.Unlock()
+	for id, watched := range pids {
+		sb, err := t.rt.Get(ctx, id)
+		if ctx.Err() != nil {
+			return
+		}
+		for _, pid := range watched {
+			if err == nil && sb.Running && (pid == 0 || pid == sb.TaskPID) {
+				continue
+			}
+			// The exit status and time were lost with the event.
+			ev := runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: id, Pid: pid}
+			t.onGone(ev)
+			t.fire(ev, exitLeftStopped)
+		}
+	}
+}

@@ -1,0 +1,96 @@
+package server
+
+import (
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+func fired(w *taskWatch, te *taskEvents) bool {
+	select {
+	case <-te.firedChan(w):
+		return true
+	default:
+		return false
+	}
+}
+
+func TestTaskWatches(t *testing.T) {
+	te := newTaskEvents(nil, discard)
+	var decided []runtime.TaskEvent
+	te.onExit = func(ev runtime.TaskEvent) exitDecision {
+		decided = append(decided, ev)
+		return exitRestarting
+	}
+	w := te.watch("sb")
+	other := te.watch("other")
+	if !te.expect(w, 100) {
+		t.Fatal("expect on a fresh watch reported the task gone")
+	}
+	// An exit of another task of the sandbox (an older one) does not fire.
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 99, ExitStatus: 1})
+	if fired(w, te) {
+		t.Error("watch fired for another task's exit")
+	}
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskOOM, SandboxID: "sb", At: time.Unix(50, 0)})
+	at := time.Unix(60, 0)
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 100, ExitStatus: 137, At: at})
+	if !fired(w, te) || fired(other, te) {
+		t.Fatalf("after the exit: watch fired %v, other fired %v; want only the watch", fired(w, te), fired(other, te))
+	}
+	ev, decision, ok := te.result(w)
+	if !ok || ev.ExitStatus != 137 || !ev.At.Equal(at) || decision != exitRestarting {
+		t.Errorf("result = %v, %v, %v; want the exit with exitRestarting", ev, decision, ok)
+	}
+	if len(decided) != 2 {
+		t.Errorf("onExit saw %d exits, want 2", len(decided))
+	}
+	// The OOM at 50 is 10 s before the exit at 60: not the exit's cause.
+	if te.oomNear("sb", at) || !te.oomNear("sb", time.Unix(50, 500)) || te.oomNear("sb", time.Time{}) {
+		t.Error("oomNear does not match the OOM event at 50 only")
+	}
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskOOM, SandboxID: "sb", At: at.Add(-15 * time.Millisecond)})
+	if !te.oomNear("sb", at) {
+		t.Error("oomNear misses an OOM 15 ms before the exit")
+	}
+	// A later delete does not change how the watch fired, nor the OOM
+	// record, which a restarted task's RUNTIME_REPLACED may still read.
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskDeleted, SandboxID: "sb", Pid: 100})
+	if _, decision, _ := te.result(w); decision != exitRestarting {
+		t.Errorf("decision after delete = %v, want unchanged", decision)
+	}
+	if !te.oomNear("sb", at) {
+		t.Error("OOM record dropped at the task's delete")
+	}
+	te.forget("sb")
+	if te.oomNear("sb", at) {
+		t.Error("OOM record kept after forget")
+	}
+	te.unwatch(w)
+	te.unwatch(other)
+	if len(te.watches) != 0 {
+		t.Errorf("watches left: %v", te.watches)
+	}
+}
+
+func TestTaskWatchExpectRearms(t *testing.T) {
+	te := newTaskEvents(nil, discard)
+	w := te.watch("sb")
+	// The old task exits between watch and expect: the new task is what
+	// the request reached, so the watch re-arms for it.
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 1})
+	if !te.expect(w, 2) || fired(w, te) {
+		t.Fatal("expect(2) after the exit of task 1 did not re-arm")
+	}
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 2})
+	if !fired(w, te) {
+		t.Fatal("re-armed watch did not fire for its task")
+	}
+	// Fired for the task expected: expect reports it gone.
+	w2 := te.watch("sb")
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 3})
+	if te.expect(w2, 3) {
+		t.Error("expect(3) after task 3 exited reported it alive")
+	}
+}

@@ -1,0 +1,408 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+const (
+	// replacedGrace is how long a broken agent stream waits for
+	// containerd's exit event before berthd checks the runtime itself. The
+	// event normally arrives within milliseconds of the socket closing:
+	// both follow from the agent's death.
+	replacedGrace = time.Second
+	// afterWait bounds how long a RuntimeReplaced waits for a restarted
+	// runtime's agent to answer, to name it in the detail's after.
+	afterWait = time.Second
+)
+
+// execGuard watches over one exec request, an Exec stream or a Run, from
+// before it reaches the agent to its end. It
+//
+//   - reaches the agent within the connect budget (UNAVAILABLE
+//     SANDBOX_UNREACHABLE when it cannot, nothing sent),
+//   - refuses an exec id of an earlier runtime (FAILED_PRECONDITION
+//     STALE_HANDLE) and records which runtime each started exec id is in,
+//   - admits a new exec within capacity (RESOURCE_EXHAUSTED FLEET_BUSY),
+//   - ends the agent stream as soon as containerd reports the task's exit
+//     and turns the failure into ABORTED RUNTIME_REPLACED,
+//   - fails a request the agent does not answer within the connect budget,
+//   - and keeps the exec's capacity slot until the exec ends, handing it to
+//     a background follower when the caller leaves early.
+//
+// The handler calls guardExec, streamContext, opened after sending the
+// opening message, seen for every agent event, failed to classify an agent
+// stream error, and close when done.
+type execGuard struct {
+	s         *Service
+	sandboxID string
+	execID    string
+	start     bool // a start, not an attach
+	began     time.Time
+	agent     agentv1.AgentServiceClient
+	runtime   identity // the runtime the request went to
+	watch     *taskWatch
+	fired     <-chan struct{}
+	slot      *execSlot // nil unless the request starts a new exec
+
+	cancel      context.CancelFunc
+	watcherDone chan struct{}
+
+	mu       sync.Mutex
+	sent     bool // the opening message was sent to the agent
+	answered bool // the agent sent its first event
+	started  bool // ExecStarted came back
+	exited   bool // ExecExited came back
+	noAnswer bool // the agent sent nothing within the connect budget
+	lastSeq  uint64
+	timer    *time.Timer
+}
+
+// guardExec reaches the sandbox's agent for a request about execID (a start
+// when start is true, else an attach) and admits it. Errors: as for reach,
+// *staleHandleError when execID was started in an earlier runtime, and
+// *fleetBusyError when a new exec does not fit.
+func (s *Service) guardExec(ctx context.Context, sandboxID, execID string, start bool) (*execGuard, error) {
+	began := time.Now()
+	// Watch before reaching: an exit between the two must not go unseen.
+	w := s.events.watch(sandboxID)
+	agent, id, err := s.reach(ctx, sandboxID, execID)
+	if err != nil {
+		s.events.unwatch(w)
+		return nil, err
+	}
+	s.events.expect(w, id.TaskPID)
+	g := &execGuard{s: s, sandboxID: sandboxID, execID: execID, start: start, began: began,
+		agent: agent, runtime: id, watch: w, fired: s.events.firedChan(w)}
+	prev, known := s.ids.execRuntime(sandboxID, execID)
+	switch {
+	case known && prev.BootID != id.BootID:
+		s.events.unwatch(w)
+		return nil, &staleHandleError{sandboxID: sandboxID, execID: execID, handle: prev, current: id}
+	case start && !known:
+		// A start of a known id attaches to the running exec: it takes no
+		// new place.
+		slot, err := s.capacity.admitExec(sandboxID)
+		if err != nil {
+			s.events.unwatch(w)
+			return nil, err
+		}
+		g.slot = slot
+	}
+	return g, nil
+}
+
+// streamContext returns the context for the agent stream. It ends with ctx,
+// when the sandbox's task exits, when the agent does not answer the opening
+// message within the connect budget, and on g.cancel.
+func (g *execGuard) streamContext(ctx context.Context) context.Context {
+	actx, cancel := context.WithCancel(ctx)
+	g.cancel = cancel
+	g.watcherDone = make(chan struct{})
+	go func() {
+		defer close(g.watcherDone)
+		select {
+		case <-g.fired:
+			cancel()
+		case <-actx.Done():
+		}
+	}()
+	return actx
+}
+
+// opened notes that the opening message was sent and starts the budget for
+// the agent's first answer.
+func (g *execGuard) opened() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.sent = true
+	g.timer = time.AfterFunc(g.s.cfg.ConnectBudget, func() {
+		g.mu.Lock()
+		silent := !g.answered
+		g.noAnswer = silent
+		g.mu.Unlock()
+		if silent && g.cancel != nil {
+			g.cancel()
+		}
+	})
+}
+
+// seen notes an agent event.
+func (g *execGuard) seen(msg *agentv1.ExecResponse) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.answered {
+		g.answered = true
+		if g.timer != nil {
+			g.timer.Stop()
+		}
+	}
+	switch ev := msg.GetEvent().(type) {
+	case *agentv1.ExecResponse_Started:
+		if !g.started {
+			g.started = true
+			if g.start {
+				g.s.ids.recordExec(g.sandboxID, g.execID, g.runtime.BootID)
+			}
+		}
+	case *agentv1.ExecResponse_Output:
+		g.lastSeq = max(g.lastSeq, ev.Output.GetSeq())
+	case *agentv1.ExecResponse_Dropped:
+		g.lastSeq = max(g.lastSeq, ev.Dropped.GetLastSeq())
+	case *agentv1.ExecResponse_Exited:
+		g.exited = true
+	}
+}
+
+// admitted says whether the request took effect so far.
+func (g *execGuard) admitted() berthv1.Admitted {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case g.started:
+		return berthv1.Admitted_ADMITTED_STARTED
+	case g.sent:
+		return berthv1.Admitted_ADMITTED_UNKNOWN
+	}
+	return berthv1.Admitted_ADMITTED_NOT_STARTED
+}
+
+// failed classifies err, which ended the agent stream (io.EOF when it ended
+// without ExecExited), for a caller whose context is ctx.
+func (g *execGuard) failed(ctx context.Context, err error) error {
+	if ev, decision, ok := g.s.events.result(g.watch); ok {
+		return g.replaced(ctx, ev, decision)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	g.mu.Lock()
+	noAnswer := g.noAnswer
+	g.mu.Unlock()
+	if noAnswer {
+		return g.unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
+			fmt.Sprintf("the agent took the request but sent nothing within the connect budget of %v", g.s.cfg.ConnectBudget))
+	}
+	if reason := rpcstatus.Reason(err); reason != "" {
+		if reason == rpcstatus.ReasonUnreachable {
+			return g.unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_STOPPING, "the agent is shutting down: "+grpcMessage(err))
+		}
+		return err // the agent's own verdict: EXEC_NOT_FOUND, INVALID_ARGUMENT, ...
+	}
+	// A transport failure, or an end without a result: find out whether the
+	// runtime went away. containerd's event normally says so first.
+	t := time.NewTimer(replacedGrace)
+	defer t.Stop()
+	select {
+	case <-g.fired:
+		ev, decision, _ := g.s.events.result(g.watch)
+		return g.replaced(ctx, ev, decision)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+	}
+	return g.probe(ctx, err)
+}
+
+// probe checks the sandbox's runtime itself after its agent stream broke
+// without containerd reporting an exit.
+func (g *execGuard) probe(ctx context.Context, cause error) error {
+	if errors.Is(cause, io.EOF) {
+		cause = errors.New("the agent ended the exec stream without a result")
+	}
+	sb, err := g.s.rt.Get(ctx, g.sandboxID)
+	switch {
+	case errors.Is(err, runtime.ErrSandboxNotFound):
+		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskDeleted}, exitDeleting)
+	case err != nil:
+		return fmt.Errorf("check sandbox %s after its agent stream failed (%v): %w", g.sandboxID, cause, err)
+	case !sb.Running || sb.TaskPID != g.runtime.TaskPID:
+		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskExited}, exitLeftStopped)
+	}
+	infoCtx, cancel := context.WithTimeout(ctx, g.s.cfg.ConnectBudget)
+	info, err := g.agent.Info(infoCtx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
+	cancel()
+	switch {
+	case err != nil:
+		return g.unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
+			fmt.Sprintf("the exec stream broke (%v) and the agent did not answer again within the connect budget of %v", grpcMessage(cause), g.s.cfg.ConnectBudget))
+	case info.GetBootId() != g.runtime.BootID:
+		after := identity{BootID: info.GetBootId(), TaskPID: sb.TaskPID, AgentVersion: info.GetVersion(), StartedAt: g.runtime.StartedAt}
+		g.s.ids.observe(g.sandboxID, after)
+		e := g.replacedError(berthv1.ReplacedCause_REPLACED_CAUSE_AGENT_RESTARTED)
+		e.after = after
+		return e
+	}
+	return g.unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECTION_LOST,
+		fmt.Sprintf("the exec stream to the agent broke: %v", grpcMessage(cause)))
+}
+
+func (g *execGuard) unreachable(cause berthv1.UnreachableCause, what string) error {
+	admitted := g.admitted()
+	if admitted == berthv1.Admitted_ADMITTED_UNKNOWN && g.start {
+		// A retry with the same exec id must attach, not run it again.
+		g.s.ids.recordExec(g.sandboxID, g.execID, g.runtime.BootID)
+	}
+	return &unreachableError{sandboxID: g.sandboxID, execID: g.execID, cause: cause, taskRunning: true,
+		runtime: g.runtime, waited: time.Since(g.began), admitted: admitted, what: what}
+}
+
+func (g *execGuard) replacedError(cause berthv1.ReplacedCause) *runtimeReplacedError {
+	admitted := g.admitted()
+	if admitted == berthv1.Admitted_ADMITTED_UNKNOWN && g.start {
+		// A retry with the same exec id gets STALE_HANDLE: it may have run.
+		g.s.ids.recordExec(g.sandboxID, g.execID, g.runtime.BootID)
+	}
+	return &runtimeReplacedError{sandboxID: g.sandboxID, execID: g.execID, cause: cause, before: g.runtime,
+		elapsed: time.Since(g.began), admitted: admitted}
+}
+
+// replaced builds the RUNTIME_REPLACED error for the task event ev. When
+// berthd is restarting the task it waits, at most afterWait, for the new
+// runtime to name it.
+func (g *execGuard) replaced(ctx context.Context, ev runtime.TaskEvent, decision exitDecision) error {
+	cause := berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED
+	if decision == exitDeleting {
+		cause = berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_DELETED
+	}
+	e := g.replacedError(cause)
+	e.exitStatus = ev.ExitStatus
+	e.exitedAt = ev.At
+	// 137 is 128+SIGKILL, what the OOM killer sends.
+	e.oomKilled = ev.ExitStatus == 137 && g.s.events.oomNear(g.sandboxID, ev.At)
+	if decision == exitRestarting {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), afterWait)
+		e.after, e.restarting = g.s.ids.awaitReplacement(wctx, g.sandboxID, g.runtime.BootID)
+		cancel()
+	}
+	return e
+}
+
+// close ends the guard: it stops the stream's watcher, and releases the
+// exec's capacity slot, or hands it to a follower when the exec runs on
+// without its caller.
+func (g *execGuard) close() {
+	if g.cancel != nil {
+		g.cancel()
+		<-g.watcherDone
+	}
+	g.mu.Lock()
+	if g.timer != nil {
+		g.timer.Stop()
+	}
+	runsOn := g.started && !g.exited
+	since := g.lastSeq
+	g.mu.Unlock()
+	_, _, gone := g.s.events.result(g.watch)
+	g.s.events.unwatch(g.watch)
+	if g.slot == nil {
+		return
+	}
+	if runsOn && !gone {
+		g.s.followDetached(g.sandboxID, g.execID, g.runtime, since, g.agent, g.slot)
+		return
+	}
+	g.slot.release()
+}
+
+// followDetached holds slot until the exec, which runs on after its caller
+// left, exits: it attaches to it after sequence number since and reads until
+// ExecExited, the exec is unknown to the agent, the sandbox's runtime
+// changes, or berthd stops. Lost connections are retried with backoff.
+func (s *Service) followDetached(sandboxID, execID string, rt identity, since uint64, agent agentv1.AgentServiceClient, slot *execSlot) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		defer slot.release()
+		w := s.events.watch(sandboxID)
+		defer s.events.unwatch(w)
+		if !s.events.expect(w, rt.TaskPID) {
+			return
+		}
+		ctx, cancel := context.WithCancel(s.bgCtx)
+		fired := s.events.firedChan(w)
+		watcherDone := make(chan struct{})
+		go func() {
+			defer close(watcherDone)
+			select {
+			case <-fired:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		defer func() { cancel(); <-watcherDone }()
+		backoff := 100 * time.Millisecond
+		for {
+			err := followToExit(ctx, agent, execID, &since)
+			if err == nil || ctx.Err() != nil || rpcstatus.Reason(err) != "" || status.Code(err) == codes.NotFound {
+				return
+			}
+			if s.ids.current(sandboxID).BootID != rt.BootID {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, 30*time.Second)
+		}
+	}()
+}
+
+// followToExit attaches to execID after *since and reads until ExecExited,
+// advancing *since.
+func followToExit(ctx context.Context, agent agentv1.AgentServiceClient, execID string, since *uint64) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := agent.Exec(ctx)
+	if err != nil {
+		return err
+	}
+	attach := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: execID, SinceSeq: *since}}}
+	if err := stream.Send(attach); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	// Closing the send side does not close the process's stdin: the agent
+	// keeps following.
+	if err := stream.CloseSend(); err != nil {
+		return err
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return errors.New("agent ended the stream without a result")
+		}
+		if err != nil {
+			return err
+		}
+		switch ev := msg.GetEvent().(type) {
+		case *agentv1.ExecResponse_Output:
+			*since = max(*since, ev.Output.GetSeq())
+		case *agentv1.ExecResponse_Dropped:
+			*since = max(*since, ev.Dropped.GetLastSeq())
+		case *agentv1.ExecResponse_Exited:
+			return nil
+		}
+	}
+}
+
+// grpcMessage returns the message of a status error, or err's text.
+func grpcMessage(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return st.Message()
+	}
+	return err.Error()
+}

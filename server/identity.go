@@ -1,0 +1,551 @@
+package server
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// identity is one runtime of a sandbox: a containerd task and the agent
+// running as its PID 1. A new task, or a new agent in the same task, is a
+// new runtime; the agent's boot id (random per agent start) tells runtimes
+// apart.
+type identity struct {
+	BootID  string
+	TaskPID uint32
+	// StartedAt is when the task's process started, from /proc; zero when
+	// unknown.
+	StartedAt    time.Time
+	AgentVersion string
+}
+
+// proto returns id as a RuntimeIdentity, or nil for the zero identity.
+func (id identity) proto() *berthv1.RuntimeIdentity {
+	if id.BootID == "" && id.TaskPID == 0 {
+		return nil
+	}
+	out := &berthv1.RuntimeIdentity{AgentBootId: id.BootID, TaskPid: id.TaskPID}
+	if !id.StartedAt.IsZero() {
+		out.StartedAt = timestamppb.New(id.StartedAt)
+	}
+	return out
+}
+
+// String names the runtime for messages: "agent boot 1a2b3c4d, task pid 42".
+func (id identity) String() string {
+	if id.BootID == "" {
+		if id.TaskPID == 0 {
+			return "no runtime"
+		}
+		return fmt.Sprintf("task pid %d", id.TaskPID)
+	}
+	return fmt.Sprintf("agent boot %s, task pid %d", shortBoot(id.BootID), id.TaskPID)
+}
+
+// shortBoot abbreviates a boot id for messages; details carry it whole.
+func shortBoot(boot string) string {
+	if len(boot) > 8 {
+		return boot[:8]
+	}
+	return boot
+}
+
+// runtimeIdentity returns the RuntimeIdentity reported for a sandbox by
+// GetSandbox and ListSandboxes: the running task's pid and start time and
+// the agent's boot id when it answered; nil when the task does not run.
+func runtimeIdentity(sb runtime.Sandbox, info *agentv1.InfoResponse) *berthv1.RuntimeIdentity {
+	if !sb.Running {
+		return nil
+	}
+	id := identity{TaskPID: sb.TaskPID, BootID: info.GetBootId()}
+	id.StartedAt, _ = procStartTime(sb.TaskPID)
+	out := id.proto()
+	if out == nil {
+		out = &berthv1.RuntimeIdentity{}
+	}
+	return out
+}
+
+// Bounds of what berthd remembers per sandbox.
+const (
+	// maxPastRuntimes is how many earlier runtimes of a sandbox are kept.
+	maxPastRuntimes = 32
+	// maxExecRecords is how many exec ids per sandbox are kept with the
+	// runtime they were started in; the oldest are forgotten first, and an
+	// exec id forgotten is NOT_FOUND rather than STALE_HANDLE.
+	maxExecRecords = 10000
+	// maxJournalBytes bounds how much of a journal is read at load.
+	maxJournalBytes = 16 << 20
+)
+
+// identities remembers, per sandbox, its current runtime, its earlier
+// runtimes, and which runtime each exec id was started in: the facts that
+// tell a stale exec id (STALE_HANDLE) from an unknown one (EXEC_NOT_FOUND)
+// and fill RuntimeReplaced's before and after.
+//
+// With a journal directory it appends every new runtime and exec record to
+// a per-sandbox journal file there, and reads it back the first time a
+// sandbox is looked at, so that a restarted berthd still recognizes exec
+// ids from earlier runtimes. Without one, it remembers only what this
+// berthd process saw.
+type identities struct {
+	dir string // journal directory; "" keeps everything in memory only
+	log *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandboxRuntimes
+}
+
+type sandboxRuntimes struct {
+	current identity
+	// gone is true once containerd reported the exit or deletion of the
+	// current runtime's task.
+	gone bool
+	past []identity // oldest first
+	// execs maps exec id to the boot id of the runtime it was started in;
+	// order lists exec ids oldest record first, for eviction.
+	execs map[string]string
+	order []string
+	// restarting is true while berthd starts a new task for the sandbox.
+	restarting bool
+	// changed is closed and replaced whenever current or restarting change.
+	changed chan struct{}
+	// journalLines counts lines in the journal file, to know when to
+	// compact it.
+	journalLines int
+}
+
+func newIdentities(dir string, log *slog.Logger) *identities {
+	return &identities{dir: dir, log: log, sandboxes: make(map[string]*sandboxRuntimes)}
+}
+
+// get returns the record of sandboxID, loading its journal on first use
+// and creating it when there is none. The caller holds r.mu.
+func (r *identities) get(sandboxID string) *sandboxRuntimes {
+	if sr := r.peek(sandboxID); sr != nil {
+		return sr
+	}
+	sr := &sandboxRuntimes{execs: make(map[string]string), changed: make(chan struct{})}
+	r.sandboxes[sandboxID] = sr
+	return sr
+}
+
+// peek returns the record of sandboxID, loading its journal on first use,
+// or nil when nothing is known of it: lookups of ids that name no sandbox
+// leave nothing behind. The caller holds r.mu.
+func (r *identities) peek(sandboxID string) *sandboxRuntimes {
+	if sr, ok := r.sandboxes[sandboxID]; ok {
+		return sr
+	}
+	if r.dir == "" {
+		return nil
+	}
+	sr := &sandboxRuntimes{execs: make(map[string]string), changed: make(chan struct{})}
+	if err := r.load(sandboxID, sr); err != nil {
+		r.log.Warn("read runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
+	}
+	if sr.journalLines == 0 {
+		return nil
+	}
+	// Whether the journal's last runtime still runs is unknown until its
+	// agent answers: its task may have died while berthd was down, unseen.
+	sr.gone = true
+	r.sandboxes[sandboxID] = sr
+	return sr
+}
+
+// current returns the sandbox's last observed runtime; the zero identity
+// when none was observed.
+func (r *identities) current(sandboxID string) identity {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sr := r.peek(sandboxID); sr != nil {
+		return sr.current
+	}
+	return identity{}
+}
+
+// observe records id as the sandbox's current runtime. A different boot id
+// than before makes the previous runtime an earlier one. It returns the
+// previous current runtime.
+func (r *identities) observe(sandboxID string, id identity) identity {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.get(sandboxID)
+	prev := sr.current
+	sr.gone = false
+	if prev == id {
+		return prev
+	}
+	if prev.BootID != "" && prev.BootID != id.BootID {
+		sr.past = append(sr.past, prev)
+		if len(sr.past) > maxPastRuntimes {
+			sr.past = sr.past[len(sr.past)-maxPastRuntimes:]
+		}
+	}
+	sr.current = id
+	sr.notify()
+	if prev.BootID != id.BootID || prev.TaskPID != id.TaskPID {
+		r.appendJournal(sandboxID, sr, runtimeLine(id))
+	}
+	return prev
+}
+
+func (sr *sandboxRuntimes) notify() {
+	close(sr.changed)
+	sr.changed = make(chan struct{})
+}
+
+// taskGone notes that the task with host pid pid (0: whichever) of the
+// sandbox exited or was deleted.
+func (r *identities) taskGone(sandboxID string, pid uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr, ok := r.sandboxes[sandboxID]
+	if ok && (pid == 0 || sr.current.TaskPID == pid) {
+		sr.gone = true
+	}
+}
+
+// live returns the sandbox's current runtime unless containerd reported
+// its task gone; ok is false when there is none.
+func (r *identities) live(sandboxID string) (id identity, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.peek(sandboxID)
+	if sr == nil {
+		return identity{}, false
+	}
+	return sr.current, sr.current.BootID != "" && !sr.gone
+}
+
+// setRestarting marks whether berthd is starting a new task for the
+// sandbox.
+func (r *identities) setRestarting(sandboxID string, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.get(sandboxID)
+	if sr.restarting != on {
+		sr.restarting = on
+		sr.notify()
+	}
+}
+
+// awaitReplacement waits until the sandbox has a runtime other than the one
+// with boot id old, and returns it. It returns the zero identity and
+// whether a restart is still under way when ctx ends first, and at once
+// when no restart is under way.
+func (r *identities) awaitReplacement(ctx context.Context, sandboxID, old string) (identity, bool) {
+	for {
+		r.mu.Lock()
+		sr := r.peek(sandboxID)
+		if sr == nil {
+			r.mu.Unlock()
+			return identity{}, false
+		}
+		cur, restarting, changed := sr.current, sr.restarting, sr.changed
+		r.mu.Unlock()
+		if cur.BootID != "" && cur.BootID != old {
+			return cur, false
+		}
+		if !restarting {
+			return identity{}, false
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return identity{}, true
+		}
+	}
+}
+
+// recordExec records that execID was started in the runtime with bootID.
+func (r *identities) recordExec(sandboxID, execID, bootID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.get(sandboxID)
+	if sr.execs[execID] == bootID {
+		return
+	}
+	sr.record(execID, bootID)
+	r.appendJournal(sandboxID, sr, "e "+bootID+" "+execID+"\n")
+}
+
+func (sr *sandboxRuntimes) record(execID, bootID string) {
+	if _, ok := sr.execs[execID]; !ok {
+		sr.order = append(sr.order, execID)
+	}
+	sr.execs[execID] = bootID
+	for len(sr.execs) > maxExecRecords && len(sr.order) > 0 {
+		delete(sr.execs, sr.order[0])
+		sr.order = sr.order[1:]
+	}
+}
+
+// execRuntime returns the runtime execID was started in, and false when
+// no start of it was recorded. A runtime no longer remembered in full is
+// returned with its boot id only.
+func (r *identities) execRuntime(sandboxID, execID string) (identity, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.peek(sandboxID)
+	if sr == nil {
+		return identity{}, false
+	}
+	boot, ok := sr.execs[execID]
+	if !ok {
+		return identity{}, false
+	}
+	if sr.current.BootID == boot {
+		return sr.current, true
+	}
+	for i := len(sr.past) - 1; i >= 0; i-- {
+		if sr.past[i].BootID == boot {
+			return sr.past[i], true
+		}
+	}
+	return identity{BootID: boot}, true
+}
+
+// forget drops everything known about the sandbox, journal included.
+func (r *identities) forget(sandboxID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if sr, ok := r.sandboxes[sandboxID]; ok {
+		sr.notify()
+	}
+	delete(r.sandboxes, sandboxID)
+	if r.dir != "" {
+		if err := os.Remove(r.journalPath(sandboxID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			r.log.Warn("remove runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
+		}
+	}
+}
+
+// pruneJournals removes the journals of sandboxes not in keep: sandboxes
+// deleted while berthd was not running.
+func (r *identities) pruneJournals(keep map[string]uint64) {
+	if r.dir == "" {
+		return
+	}
+	entries, err := os.ReadDir(r.dir)
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), journalSuffix)
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if _, live := keep[id]; live {
+			continue
+		}
+		if _, seen := r.sandboxes[id]; seen {
+			continue // created since keep was listed
+		}
+		os.Remove(filepath.Join(r.dir, e.Name()))
+	}
+}
+
+// The journal is a text file per sandbox, one record per line:
+//
+//	r <boot id> <task pid> <task start, unix ns> <agent version>
+//	e <boot id> <exec id>
+//
+// "r" records a runtime berthd observed (the last one is the current one),
+// "e" that an exec id was started in the runtime of that boot id. Lines that
+// do not parse are skipped: the journal holds hints, never authority over
+// what runs.
+const journalSuffix = ".journal"
+
+var (
+	bootIDPattern  = regexp.MustCompile(`^[0-9a-f]{1,64}$`)
+	versionPattern = regexp.MustCompile(`^[!-~]{1,64}$`)
+)
+
+func (r *identities) journalPath(sandboxID string) string {
+	return filepath.Join(r.dir, sandboxID+journalSuffix)
+}
+
+func runtimeLine(id identity) string {
+	var started int64
+	if !id.StartedAt.IsZero() {
+		started = id.StartedAt.UnixNano()
+	}
+	version := id.AgentVersion
+	if !versionPattern.MatchString(version) {
+		version = "-"
+	}
+	return fmt.Sprintf("r %s %d %d %s\n", id.BootID, id.TaskPID, started, version)
+}
+
+// appendJournal appends line to the sandbox's journal, compacting the
+// journal first when it holds far more lines than records. The caller
+// holds r.mu. A failure is logged: the records stay in memory.
+func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line string) {
+	if r.dir == "" {
+		return
+	}
+	if sr.journalLines > 2*(len(sr.execs)+len(sr.past)+1)+1024 {
+		if err := r.compact(sandboxID, sr); err != nil {
+			r.log.Warn("compact runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
+		} else {
+			return // the compacted journal holds line's record already
+		}
+	}
+	f, err := os.OpenFile(r.journalPath(sandboxID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err == nil {
+		_, err = f.WriteString(line)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		r.log.Warn("append runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
+		return
+	}
+	sr.journalLines++
+}
+
+// compact rewrites the sandbox's journal from memory, atomically.
+func (r *identities) compact(sandboxID string, sr *sandboxRuntimes) error {
+	var b bytes.Buffer
+	for _, id := range sr.past {
+		b.WriteString(runtimeLine(id))
+	}
+	lines := len(sr.past)
+	if sr.current.BootID != "" {
+		b.WriteString(runtimeLine(sr.current))
+		lines++
+	}
+	for _, execID := range sr.order {
+		fmt.Fprintf(&b, "e %s %s\n", sr.execs[execID], execID)
+		lines++
+	}
+	tmp := r.journalPath(sandboxID) + ".tmp"
+	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, r.journalPath(sandboxID)); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	sr.journalLines = lines
+	return nil
+}
+
+// load reads the sandbox's journal into sr.
+func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
+	f, err := os.Open(r.journalPath(sandboxID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(io.LimitReader(f, maxJournalBytes))
+	for sc.Scan() {
+		sr.journalLines++
+		fields := strings.Fields(sc.Text())
+		switch {
+		case len(fields) == 5 && fields[0] == "r" && bootIDPattern.MatchString(fields[1]):
+			pid, err1 := strconv.ParseUint(fields[2], 10, 32)
+			started, err2 := strconv.ParseInt(fields[3], 10, 64)
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			id := identity{BootID: fields[1], TaskPID: uint32(pid)}
+			if started > 0 {
+				id.StartedAt = time.Unix(0, started)
+			}
+			if fields[4] != "-" {
+				id.AgentVersion = fields[4]
+			}
+			if sr.current.BootID != "" && sr.current.BootID != id.BootID {
+				sr.past = append(sr.past, sr.current)
+			}
+			sr.current = id
+		case len(fields) == 3 && fields[0] == "e" && bootIDPattern.MatchString(fields[1]) && execIDPattern.MatchString(fields[2]):
+			sr.record(fields[2], fields[1])
+		}
+	}
+	if len(sr.past) > maxPastRuntimes {
+		sr.past = sr.past[len(sr.past)-maxPastRuntimes:]
+	}
+	return sc.Err()
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's starttime: 100 on
+// every Linux architecture berth runs on (proc(5)).
+const clockTicks = 100
+
+// bootTime is the host's boot time from /proc/stat's btime (seconds).
+var bootTime = sync.OnceValues(func() (time.Time, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, err
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("parse btime: %w", err)
+			}
+			return time.Unix(sec, 0), nil
+		}
+	}
+	return time.Time{}, errors.New("no btime in /proc/stat")
+})
+
+// procStartTime returns when host process pid started: boot time plus
+// field 22 (starttime, in clock ticks) of /proc/<pid>/stat (proc(5)). Its
+// resolution is a second, that of btime.
+func procStartTime(pid uint32) (time.Time, error) {
+	if pid == 0 {
+		return time.Time{}, errors.New("no pid")
+	}
+	boot, err := bootTime()
+	if err != nil {
+		return time.Time{}, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return time.Time{}, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces and
+	// parentheses itself: fields are counted after its last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	fields := strings.Fields(string(b[i+1:]))
+	const startTimeField = 22 - 3 // fields after ')' begin with field 3
+	if len(fields) <= startTimeField {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
+	}
+	ticks, err := strconv.ParseUint(fields[startTimeField], 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
+	}
+	return boot.Add(time.Duration(ticks) * (time.Second / clockTicks)), nil
+}

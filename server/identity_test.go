@@ -1,0 +1,206 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func boot(n int) string { return fmt.Sprintf("%032x", n) }
+
+func TestIdentitiesRecordsRuntimes(t *testing.T) {
+	for _, dir := range []string{"", t.TempDir()} {
+		name := "memory"
+		if dir != "" {
+			name = "journal"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := newIdentities(dir, discard)
+			one := identity{BootID: boot(1), TaskPID: 10, StartedAt: time.Unix(1000, 0), AgentVersion: "v1"}
+			two := identity{BootID: boot(2), TaskPID: 20, AgentVersion: "v1"}
+			if prev := r.observe("sb", one); prev != (identity{}) {
+				t.Errorf("first observe returned %v, want the zero identity", prev)
+			}
+			r.recordExec("sb", "build", one.BootID)
+			r.recordExec("sb", "test", one.BootID)
+			if prev := r.observe("sb", two); prev != one {
+				t.Errorf("observe(two) returned %v, want %v", prev, one)
+			}
+			r.recordExec("sb", "test", two.BootID) // started again in the new runtime
+			if got := r.current("sb"); got != two {
+				t.Errorf("current = %v, want %v", got, two)
+			}
+			for execID, want := range map[string]identity{"build": one, "test": two} {
+				if got, ok := r.execRuntime("sb", execID); !ok || got != want {
+					t.Errorf("execRuntime(%s) = %v, %v; want %v", execID, got, ok, want)
+				}
+			}
+			if got, ok := r.execRuntime("sb", "never"); ok {
+				t.Errorf("execRuntime(never) = %v, want none", got)
+			}
+			if dir == "" {
+				return
+			}
+			// A new berthd reads the journal back.
+			fresh := newIdentities(dir, discard)
+			if got := fresh.current("sb"); got != two {
+				t.Errorf("reloaded current = %v, want %v", got, two)
+			}
+			if got, ok := fresh.live("sb"); ok {
+				t.Errorf("reloaded runtime %v is live before its agent answered", got)
+			}
+			if got, ok := fresh.execRuntime("sb", "build"); !ok || got != one {
+				t.Errorf("reloaded execRuntime(build) = %v, %v; want %v", got, ok, one)
+			}
+			fresh.forget("sb")
+			if _, err := os.Stat(filepath.Join(dir, "sb"+journalSuffix)); !os.IsNotExist(err) {
+				t.Errorf("journal after forget: %v, want it removed", err)
+			}
+			if _, ok := newIdentities(dir, discard).execRuntime("sb", "build"); ok {
+				t.Error("exec record survived forget")
+			}
+		})
+	}
+}
+
+func TestJournalSkipsGarbage(t *testing.T) {
+	dir := t.TempDir()
+	lines := []string{
+		"r " + boot(1) + " 10 0 v1",
+		"e " + boot(1) + " ok-1",
+		"e " + boot(1) + " bad/id",  // not an exec id
+		"e NOTHEX ok-2",             // not a boot id
+		"r " + boot(2) + " x 0 v1",  // pid not a number
+		"x what is this",            // unknown record
+		"e " + boot(1),              // short
+		strings.Repeat("z", 100000), // one long line
+		"e " + boot(1) + " ok-3",
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sb"+journalSuffix), []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := newIdentities(dir, discard)
+	if got := r.current("sb"); got.BootID != boot(1) || got.TaskPID != 10 {
+		t.Errorf("current = %v, want boot 1 pid 10", got)
+	}
+	for _, id := range []string{"ok-1"} {
+		if _, ok := r.execRuntime("sb", id); !ok {
+			t.Errorf("%s not loaded", id)
+		}
+	}
+	for _, id := range []string{"bad/id", "ok-2"} {
+		if _, ok := r.execRuntime("sb", id); ok {
+			t.Errorf("%s loaded from a malformed line", id)
+		}
+	}
+}
+
+func TestJournalCompacts(t *testing.T) {
+	dir := t.TempDir()
+	r := newIdentities(dir, discard)
+	r.observe("sb", identity{BootID: boot(1), TaskPID: 1})
+	// Restarting an exec under alternating runtimes appends a line each
+	// time while the records stay few.
+	for i := range 5000 {
+		b := boot(1 + i%2)
+		r.observe("sb", identity{BootID: b, TaskPID: uint32(1 + i%2)})
+		r.recordExec("sb", "same", b)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "sb"+journalSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > 2*(1+maxPastRuntimes)+1024+2 {
+		t.Errorf("journal has %d lines after compaction, want about the records", n)
+	}
+	fresh := newIdentities(dir, discard)
+	if got, ok := fresh.execRuntime("sb", "same"); !ok || got.BootID != r.current("sb").BootID {
+		t.Errorf("after compaction execRuntime = %v, %v; want the current runtime %v", got, ok, r.current("sb"))
+	}
+}
+
+func TestExecRecordsBounded(t *testing.T) {
+	r := newIdentities("", discard)
+	for i := range maxExecRecords + 10 {
+		r.recordExec("sb", fmt.Sprintf("ex-%d", i), boot(1))
+	}
+	if _, ok := r.execRuntime("sb", "ex-0"); ok {
+		t.Error("oldest record kept beyond the bound")
+	}
+	if _, ok := r.execRuntime("sb", fmt.Sprintf("ex-%d", maxExecRecords+9)); !ok {
+		t.Error("newest record dropped")
+	}
+}
+
+func TestAwaitReplacement(t *testing.T) {
+	r := newIdentities("", discard)
+	old := identity{BootID: boot(1), TaskPID: 1}
+	r.observe("sb", old)
+
+	// No restart under way: at once, nothing.
+	if got, restarting := r.awaitReplacement(context.Background(), "sb", old.BootID); got != (identity{}) || restarting {
+		t.Errorf("without a restart = %v, %v; want nothing", got, restarting)
+	}
+	// A restart that completes.
+	r.setRestarting("sb", true)
+	next := identity{BootID: boot(2), TaskPID: 2}
+	go func() {
+		time.Sleep(20 * time.Millisecond)
+		r.observe("sb", next)
+		r.setRestarting("sb", false)
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if got, _ := r.awaitReplacement(ctx, "sb", old.BootID); got != next {
+		t.Errorf("after a restart = %v, want %v", got, next)
+	}
+	// A restart that does not complete in time.
+	r.setRestarting("sb", true)
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if got, restarting := r.awaitReplacement(ctx, "sb", next.BootID); got != (identity{}) || !restarting {
+		t.Errorf("during a slow restart = %v, %v; want nothing yet, restarting", got, restarting)
+	}
+}
+
+func TestProcStartTime(t *testing.T) {
+	got, err := procStartTime(uint32(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// btime has a resolution of a second.
+	if now := time.Now(); got.After(now.Add(time.Second)) || got.Before(now.Add(-10*time.Minute)) {
+		t.Errorf("start time of this test process = %v, now %v", got, now)
+	}
+	if _, err := procStartTime(0); err == nil {
+		t.Error("procStartTime(0) succeeded")
+	}
+	if _, err := procStartTime(1 << 30); err == nil {
+		t.Error("procStartTime(no such pid) succeeded")
+	}
+}
+
+func TestLookupsLeaveNothing(t *testing.T) {
+	for _, dir := range []string{"", t.TempDir()} {
+		r := newIdentities(dir, discard)
+		for i := range 100 {
+			id := fmt.Sprintf("no-such-%d", i)
+			r.current(id)
+			r.live(id)
+			r.execRuntime(id, "x")
+			r.taskGone(id, 1)
+			r.awaitReplacement(context.Background(), id, "")
+		}
+		if len(r.sandboxes) != 0 {
+			t.Errorf("journal %q: lookups of unknown sandboxes left %d records", dir, len(r.sandboxes))
+		}
+	}
+}

@@ -1,0 +1,226 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc"
+)
+
+// restarter starts a new task for a sandbox whose task exited without
+// berthd asking: the agent is the task's PID 1, so the agent crashing, being
+// killed, or being OOM-killed ends the whole task (the kernel kills every
+// process of a pid namespace whose init dies). The new task runs on the same
+// container and snapshot: files in the sandbox survive, processes and
+// memory do not, and the new agent has a new boot id, which makes exec ids
+// of the old runtime stale (STALE_HANDLE).
+//
+// It restarts only runtimes berthd has seen answer (a task that dies while
+// CreateSandbox waits for it is CreateSandbox's to report), never a sandbox
+// being deleted, and at most Config.TaskRestartLimit times per sandbox within
+// Config.TaskRestartWindow, so a sandbox whose agent cannot run stays
+// stopped instead of looping.
+type restarter struct {
+	s      *Service
+	limit  int // restarts per window; < 0 disables restarting
+	window time.Duration
+
+	mu       sync.Mutex
+	held     map[string]int         // sandboxes being deleted or stopped by berthd
+	gone     map[string]time.Time   // sandboxes deleted recently, for late exit events
+	running  map[string]bool        // a restart is under way
+	restarts map[string][]time.Time // recent restart times per sandbox
+}
+
+func newRestarter(s *Service) *restarter {
+	return &restarter{
+		s:        s,
+		limit:    s.cfg.TaskRestartLimit,
+		window:   s.cfg.TaskRestartWindow,
+		held:     make(map[string]int),
+		gone:     make(map[string]time.Time),
+		running:  make(map[string]bool),
+		restarts: make(map[string][]time.Time),
+	}
+}
+
+// hold keeps the sandbox's task from being restarted until release is
+// called: berthd is about to stop it on purpose.
+func (r *restarter) hold(sandboxID string) (release func()) {
+	r.mu.Lock()
+	r.held[sandboxID]++
+	r.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.held[sandboxID]--; r.held[sandboxID] <= 0 {
+				delete(r.held, sandboxID)
+			}
+		})
+	}
+}
+
+// tombstoneTTL is how long a deleted sandbox's exit events are still
+// attributed to its deletion: containerd delivers events asynchronously.
+const tombstoneTTL = time.Minute
+
+// deleted notes that the sandbox was deleted.
+func (r *restarter) deleted(sandboxID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	for id, at := range r.gone {
+		if now.Sub(at) > tombstoneTTL {
+			delete(r.gone, id)
+		}
+	}
+	r.gone[sandboxID] = now
+	delete(r.restarts, sandboxID)
+}
+
+// created notes that a sandbox of this id was (re)created: exits of its
+// tasks are no longer the old deletion's.
+func (r *restarter) created(sandboxID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.gone, sandboxID)
+}
+
+// onExit decides about a task exit and, when the task is to be restarted,
+// marks the restart as under way before returning (exec streams that see
+// the exit next wait for the new runtime) and starts it in the background.
+// It never blocks.
+func (r *restarter) onExit(ev runtime.TaskEvent) exitDecision {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if at, ok := r.gone[ev.SandboxID]; r.held[ev.SandboxID] > 0 || (ok && time.Since(at) < tombstoneTTL) {
+		return exitDeleting
+	}
+	if r.limit < 0 || r.running[ev.SandboxID] {
+		if r.running[ev.SandboxID] {
+			return exitRestarting
+		}
+		return exitLeftStopped
+	}
+	cur := r.s.ids.current(ev.SandboxID)
+	if cur.BootID == "" || cur.TaskPID != ev.Pid {
+		return exitLeftStopped
+	}
+	now := time.Now()
+	recent := r.restarts[ev.SandboxID][:0]
+	for _, at := range r.restarts[ev.SandboxID] {
+		if now.Sub(at) < r.window {
+			recent = append(recent, at)
+		}
+	}
+	if len(recent) >= r.limit {
+		r.restarts[ev.SandboxID] = recent
+		r.s.log.Warn("sandbox task exited again; not restarting it",
+			slog.String("sandbox_id", ev.SandboxID), slog.Int("restarts", len(recent)), slog.Duration("window", r.window),
+			slog.Uint64("exit_status", uint64(ev.ExitStatus)))
+		return exitLeftStopped
+	}
+	r.restarts[ev.SandboxID] = append(recent, now)
+	r.running[ev.SandboxID] = true
+	r.s.ids.setRestarting(ev.SandboxID, true)
+	// Back off within a burst of exits: 0, 200 ms, 400 ms, ...
+	delay := time.Duration(len(recent)) * 200 * time.Millisecond
+	r.s.bg.Add(1)
+	go func() {
+		defer r.s.bg.Done()
+		r.restart(ev, cur, delay)
+	}()
+	return exitRestarting
+}
+
+// restart starts the new task and waits for its agent to answer.
+func (r *restarter) restart(ev runtime.TaskEvent, old identity, delay time.Duration) {
+	id := ev.SandboxID
+	defer func() {
+		r.mu.Lock()
+		delete(r.running, id)
+		r.mu.Unlock()
+		r.s.ids.setRestarting(id, false)
+	}()
+	ctx, cancel := context.WithTimeout(r.s.bgCtx, r.s.cfg.AgentReadyTimeout+delay)
+	defer cancel()
+	select {
+	case <-time.After(delay):
+	case <-ctx.Done():
+		return
+	}
+	r.mu.Lock()
+	held := r.held[id] > 0
+	r.mu.Unlock()
+	if held {
+		return
+	}
+	began := time.Now()
+	next, err := r.start(ctx, id)
+	if err != nil {
+		if errors.Is(err, runtime.ErrSandboxNotFound) {
+			return // deleted meanwhile
+		}
+		r.s.log.Error("restart sandbox task", slog.String("sandbox_id", id), slog.Any("error", err))
+		return
+	}
+	r.s.log.Info("sandbox task restarted",
+		slog.String("sandbox_id", id),
+		slog.Uint64("exit_status", uint64(ev.ExitStatus)),
+		slog.String("old_agent_boot_id", old.BootID), slog.String("agent_boot_id", next.BootID),
+		slog.Uint64("task_pid", uint64(next.TaskPID)), slog.Duration("took", time.Since(began)))
+}
+
+// start starts a new task for the sandbox and returns its runtime once the
+// agent answers.
+func (r *restarter) start(ctx context.Context, id string) (identity, error) {
+	exited := r.s.events.watch(id)
+	defer r.s.events.unwatch(exited)
+	pid, err := r.s.rt.RestartTask(ctx, id)
+	if err != nil {
+		return identity{}, err
+	}
+	r.s.events.expect(exited, pid)
+	socket := r.s.rt.SocketPath(id)
+	// The old connection is in backoff after the old agent died; dial the
+	// new one now.
+	r.s.agents.ResetBackoff(socket)
+	agent, err := r.s.agents.Get(socket)
+	if err != nil {
+		return identity{}, err
+	}
+	type answer struct {
+		info *agentv1.InfoResponse
+		err  error
+	}
+	answered := make(chan answer, 1)
+	infoCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		info, err := agent.Info(infoCtx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
+		answered <- answer{info, err}
+	}()
+	select {
+	case a := <-answered:
+		if a.err != nil {
+			return identity{}, fmt.Errorf("agent of restarted sandbox %s did not answer: %w%s", id, a.err, r.s.logTail(id))
+		}
+		next := identity{BootID: a.info.GetBootId(), TaskPID: pid, AgentVersion: a.info.GetVersion()}
+		next.StartedAt, _ = procStartTime(pid)
+		r.s.ids.observe(id, next)
+		return next, nil
+	case <-r.s.events.firedChan(exited):
+		cancel()
+		<-answered
+		ev, _, _ := r.s.events.result(exited)
+		return identity{}, fmt.Errorf("restarted task of sandbox %s exited with status %d before its agent answered%s", id, ev.ExitStatus, r.s.logTail(id))
+	}
+}

@@ -1,0 +1,60 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/containerd/errdefs"
+)
+
+// ErrTaskRunning means a sandbox's task is running when an operation needs
+// it stopped.
+var ErrTaskRunning = errors.New("task is running")
+
+// RestartTask starts a new task for the sandbox id whose task has exited:
+// it deletes the exited task and starts a new one from the same container,
+// so the sandbox keeps its filesystem (the container's snapshot) and gets a
+// fresh agent as PID 1, with a new pid namespace, network namespace and boot
+// id. It returns the new task's host pid. It fails with ErrSandboxNotFound
+// when the container is gone and ErrTaskRunning when its task runs.
+func (r *Runtime) RestartTask(ctx context.Context, id string) (uint32, error) {
+	container, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return 0, r.containerError(id, err)
+	}
+	task, err := container.Task(ctx, nil)
+	switch {
+	case err == nil:
+		st, err := task.Status(ctx)
+		if err != nil && !errdefs.IsNotFound(err) {
+			return 0, fmt.Errorf("task status %s: %w", id, err)
+		}
+		if err == nil && st.Status != containerd.Stopped {
+			return 0, fmt.Errorf("%w: sandbox %s is %s", ErrTaskRunning, id, st.Status)
+		}
+		if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+			return 0, fmt.Errorf("delete exited task %s: %w", id, err)
+		}
+	case !errdefs.IsNotFound(err):
+		return 0, fmt.Errorf("load task %s: %w", id, err)
+	}
+	// The shim appends to the log file: the new agent's lines follow the
+	// old one's.
+	task, err = container.NewTask(ctx, cio.LogFile(r.LogPath(id)))
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return 0, fmt.Errorf("%w: %s", ErrSandboxNotFound, id)
+		}
+		return 0, fmt.Errorf("create task %s: %w", id, err)
+	}
+	if err := task.Start(ctx); err != nil {
+		if _, derr := task.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill); derr != nil && !errdefs.IsNotFound(derr) {
+			err = fmt.Errorf("%w (delete failed: %v)", err, derr)
+		}
+		return 0, fmt.Errorf("start task %s: %w", id, err)
+	}
+	return task.Pid(), nil
+}
