@@ -73,6 +73,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	cfg.Logger = log
+	// Before any process starts: children must never hold a capability.
+	if err := agent.LockCapabilities(); err != nil {
+		log.Warn("capabilities not locked; processes keep what the agent has", "err", err)
+	}
 	srv, err := agent.New(cfg)
 	if err != nil {
 		log.Error("start", "err", err)
