@@ -31,6 +31,7 @@ const (
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
 	ReasonUnreachable       = "SANDBOX_UNREACHABLE"
 	ReasonInternal          = "INTERNAL"
+	ReasonRegistry          = "REGISTRY_UNREACHABLE"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with
