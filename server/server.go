@@ -158,3 +158,6 @@ func (s *Service) Close() {
 	s.bg.Wait()
 	s.agents.Close()
 }
+
+// WarmPoolReady returns the number of warm-pool sandboxes ready for image.
+func (s *Service) WarmPoolReady(image string) int { return s.pool.Ready(image) }

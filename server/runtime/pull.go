@@ -100,7 +100,7 @@ func (r *Runtime) PullImage(ctx context.Context, ref string, resolveTimeout, int
 		containerd.WithResolver(resolver),
 		containerd.WithPullUnpack,
 		containerd.WithPullSnapshotter(r.cfg.Snapshotter),
-		containerd.WithImageHandler(images.HandlerFunc(tracker.record)),
+		containerd.WithImageHandlerWrapper(tracker.wrap),
 	)
 	close(done)
 	wg.Wait()
@@ -153,17 +153,29 @@ type pullTracker struct {
 	seen  map[string]bool
 }
 
-func (t *pullTracker) record(_ context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+// wrap records every descriptor the pull's handlers visit and the children
+// they return: the unpacker fetches layers itself, so layers are seen only
+// as a manifest's children.
+func (t *pullTracker) wrap(h images.Handler) images.Handler {
+	return images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		children, err := h.Handle(ctx, desc)
+		t.record(append([]ocispec.Descriptor{desc}, children...)...)
+		return children, err
+	})
+}
+
+func (t *pullTracker) record(descs ...ocispec.Descriptor) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.seen == nil {
 		t.seen = make(map[string]bool)
 	}
-	if !t.seen[desc.Digest.String()] {
-		t.seen[desc.Digest.String()] = true
-		t.descs = append(t.descs, desc)
+	for _, desc := range descs {
+		if !t.seen[desc.Digest.String()] {
+			t.seen[desc.Digest.String()] = true
+			t.descs = append(t.descs, desc)
+		}
 	}
-	return nil, nil
 }
 
 // snapshot reports each recorded blob: done when the content store has it,
