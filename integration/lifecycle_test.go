@@ -29,7 +29,9 @@ func TestIdempotentCreate(t *testing.T) {
 	defer cancel()
 	id := shortID("idem")
 	req := &berthv1.CreateSandboxRequest{SandboxId: id, Image: env.image, Env: map[string]string{"TOKEN": "s3cret"}, Labels: map[string]string{"k": "v"}}
-	t.Cleanup(func() { env.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id}) })
+	t.Cleanup(func() {
+		env.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id})
+	})
 
 	const n = 8
 	var wg sync.WaitGroup

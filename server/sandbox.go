@@ -13,8 +13,8 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
-	"github.com/berth-sandbox/berth/server/runtime"
 	"github.com/berth-sandbox/berth/server/fleet"
+	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
