@@ -26,6 +26,7 @@ const (
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
 	ReasonUnreachable       = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; nothing ran
 	ReasonInternal          = "INTERNAL"              // a berthd bug or an unclassified failure
+	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

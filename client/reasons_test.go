@@ -22,6 +22,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonSandboxNotRunning, rpcstatus.ReasonSandboxNotRunning},
 		{ReasonUnreachable, rpcstatus.ReasonUnreachable},
 		{ReasonInternal, rpcstatus.ReasonInternal},
+		{ReasonRegistry, rpcstatus.ReasonRegistry},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {
