@@ -290,8 +290,16 @@ func (s *Service) createOrGet(spec runtime.SandboxSpec) (*berthv1.CreateSandboxR
 	case err != nil:
 		return nil, err
 	}
-	if r := s.reaper.Stopping(spec.ID); r != fleet.ReasonNone || existing.Expired != "" || existing.Pooled {
-		return nil, fmt.Errorf("%w: sandbox %s is being removed (%s); retry to create it anew", errAgentUnreachable, spec.ID, max(r.String(), existing.Expired, "warm pool"))
+	if r := s.reaper.Stopping(spec.ID); r != fleet.ReasonNone || existing.Expired != "" {
+		why := existing.Expired
+		if r != fleet.ReasonNone {
+			why = r.String()
+		}
+		return nil, fmt.Errorf("%w: sandbox %s expired (%s) and is being removed; retry to create it anew", errAgentUnreachable, spec.ID, why)
+	}
+	if existing.Pooled {
+		// Minted pool ids are random: a caller naming one is a conflict.
+		return nil, conflictError(spec.ID, []string{"sandbox_id"})
 	}
 	if fields := specDiff(existing.Spec(), existing.EnvHash, spec); len(fields) > 0 {
 		return nil, conflictError(spec.ID, fields)
