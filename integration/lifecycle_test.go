@@ -190,10 +190,11 @@ func TestLimitsHold(t *testing.T) {
 		defer cancel()
 		done := make(chan *berthv1.RunResponse, 1)
 		go func() {
-			// A foreground fork bomb; the exec's timeout kills its process
-			// group if it does not give up by itself.
+			// A fork bomb in bash, which retries a failed fork(2) with
+			// back-off instead of giving up, so the bomb lasts until the
+			// exec's timeout kills its process group.
 			resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sb.GetId(), Process: &berthv1.ProcessSpec{
-				ShellCommand: "bomb() { bomb | bomb; }; bomb", Timeout: durationpb.New(4 * time.Second)}})
+				ShellCommand: "bomb() { bomb | bomb; }; bomb", Shell: berthv1.Shell_SHELL_BASH, Timeout: durationpb.New(3 * time.Second)}})
 			if err != nil {
 				t.Errorf("fork bomb Run: %v", err)
 			}
@@ -216,6 +217,10 @@ func TestLimitsHold(t *testing.T) {
 		if result == nil {
 			t.Fatal("fork bomb Run failed")
 		}
+		if !result.GetResult().GetTimedOut() {
+			t.Errorf("fork bomb result = %v, want it ended by its 3s timeout", result.GetResult())
+		}
+		t.Logf("fork bomb: peak %d pids under a limit of %d, ended after %v", peak, limit, result.GetResult().GetDuration().AsDuration())
 		if peak > limit || peak < limit/2 {
 			t.Errorf("peak pids during the fork bomb = %d, want between %d and the limit %d", peak, limit/2, limit)
 		}
@@ -270,16 +275,26 @@ func TestIdleTimeout(t *testing.T) {
 	mk := func() *berthv1.Sandbox {
 		return newSandbox(t, &berthv1.CreateSandboxRequest{IdleTimeout: durationpb.New(idle)})
 	}
-	idleSB, busySB, heldSB := mk(), mk(), mk()
-	start := time.Now()
+	// Each sandbox's earliest possible removal is measured from before the
+	// request that last made it active, its latest from after it.
+	before := map[string]time.Time{}
+	after := map[string]time.Time{}
+	t0 := time.Now()
+	idleSB := mk()
+	before[idleSB.GetId()], after[idleSB.GetId()] = t0, time.Now()
+	busySB, heldSB := mk(), mk()
+	t0 = time.Now()
 	startDetached(t, busySB.GetId(), "sleep", "6")
+	before[busySB.GetId()], after[busySB.GetId()] = t0, time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	t0 = time.Now()
 	if _, err := env.sandboxes.KeepAlive(ctx, &berthv1.KeepAliveRequest{SandboxId: heldSB.GetId(), HoldFor: durationpb.New(4 * time.Second)}); err != nil {
 		t.Fatal(err)
 	}
+	before[heldSB.GetId()], after[heldSB.GetId()] = t0, time.Now()
 
-	gone := map[string]time.Duration{}
+	gone := map[string]time.Time{}
 	deadline := time.Now().Add(30 * time.Second)
 	for len(gone) < 3 && time.Now().Before(deadline) {
 		for _, sb := range []*berthv1.Sandbox{idleSB, busySB, heldSB} {
@@ -288,21 +303,28 @@ func TestIdleTimeout(t *testing.T) {
 			}
 			// GetSandbox itself is activity, so look in containerd.
 			if _, err := env.rt.Get(ctx, sb.GetId()); err != nil {
-				gone[sb.GetId()] = time.Since(start)
+				gone[sb.GetId()] = time.Now()
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("removed after: idle %v, busy (sleep 6) %v, held (4s) %v", gone[idleSB.GetId()], gone[busySB.GetId()], gone[heldSB.GetId()])
-	check := func(name string, sb *berthv1.Sandbox, min, max time.Duration) {
-		got, ok := gone[sb.GetId()]
-		if !ok || got < min || got > max {
-			t.Errorf("%s sandbox removed after %v (removed: %v), want between %v and %v", name, got, ok, min, max)
+	// The reaper checks every second; a removal takes a moment.
+	const slack = 3 * time.Second
+	check := func(name string, sb *berthv1.Sandbox, expiry time.Duration) {
+		at, ok := gone[sb.GetId()]
+		if !ok {
+			t.Errorf("%s sandbox still exists 30s later", name)
+			return
+		}
+		early, late := before[sb.GetId()].Add(expiry), after[sb.GetId()].Add(expiry+slack)
+		t.Logf("%s sandbox removed %v after its expiry could start", name, at.Sub(early))
+		if at.Before(early) || at.After(late) {
+			t.Errorf("%s sandbox removed at %v, want between %v and %v", name, at, early, late)
 		}
 	}
-	check("idle", idleSB, idle, idle+3*time.Second)
-	check("busy", busySB, 6*time.Second+idle, 6*time.Second+idle+3*time.Second)
-	check("held", heldSB, 4*time.Second, 4*time.Second+3*time.Second)
+	check("idle", idleSB, idle)
+	check("busy (silent sleep 6)", busySB, 6*time.Second+idle)
+	check("held (4s)", heldSB, 4*time.Second)
 }
 
 // TestMaxLifetime checks that a busy sandbox is stopped at its maximum
