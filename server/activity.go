@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
@@ -40,23 +41,33 @@ func (s *Service) activityStream() grpc.StreamServerInterceptor {
 
 type activityStream struct {
 	grpc.ServerStream
-	s     *Service
+	s *Service
+	// mu guards ended: a handler may receive on another goroutine than
+	// the one that returns.
+	mu    sync.Mutex
 	ended func() // set once a message named a sandbox
 }
 
 func (w *activityStream) RecvMsg(m any) error {
 	err := w.ServerStream.RecvMsg(m)
-	if err == nil && w.ended == nil {
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended == nil {
 		if pm, ok := m.(proto.Message); ok {
 			if id := sandboxIDOf(pm.ProtoReflect(), 1); id != "" {
 				w.ended = w.s.reaper.Begin(id)
 			}
 		}
 	}
-	return err
+	return nil
 }
 
 func (w *activityStream) end() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	if w.ended != nil {
 		w.ended()
 	}
