@@ -65,12 +65,13 @@ import is not bounded by --rpc-timeout.`,
 			}
 			defer c.Close()
 			var opts []client.ImportOption
+			p := &progress{verb: "importing", label: label, total: total}
 			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-				p := &progress{w: f, verb: "importing", label: label, total: total}
-				defer p.done()
+				p.w = f
 				opts = append(opts, client.WithProgress(p.update))
 			}
 			images, err := c.ImportImage(cmd.Context(), r, name, opts...)
+			p.done() // end the progress line before the result or the error
 			if err != nil {
 				return err
 			}
@@ -141,6 +142,7 @@ func progressBar(sent uint64, total int64, width int) string {
 	return "[" + bar + "] "
 }
 
+// done redraws the last state and ends the line, if anything was drawn.
 func (p *progress) done() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -191,9 +193,9 @@ within berthd's --pull-resolve-timeout. The pull is not bounded by
 			}
 			defer c.Close()
 			var opts []client.PullOption
+			p := &progress{verb: "pulling", label: args[0], total: -1}
 			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-				p := &progress{w: f, verb: "pulling", label: args[0], total: -1}
-				defer p.done()
+				p.w = f
 				opts = append(opts, client.WithPullProgress(func(m *berthv1.PullImageResponse) {
 					done := 0
 					for _, l := range m.GetLayers() {
@@ -205,6 +207,7 @@ within berthd's --pull-resolve-timeout. The pull is not bounded by
 				}))
 			}
 			img, err := c.PullImage(cmd.Context(), args[0], opts...)
+			p.done() // end the progress line before the result or the error
 			if err != nil {
 				return err
 			}

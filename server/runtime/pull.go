@@ -128,7 +128,7 @@ func (r *Runtime) pullError(ctx context.Context, ref string, resolveTimeout time
 		strings.Contains(err.Error(), "Client.Timeout"), strings.Contains(err.Error(), "TLS handshake timeout"):
 		// The last two are net/http's timeouts, which it reports as
 		// unexported error types.
-		return fmt.Errorf("%w: pull %s: the registry did not answer within %v: %v", ErrRegistryUnreachable, ref, resolveTimeout, err)
+		return fmt.Errorf("%w: pull %s: cannot reach its registry (connect timeout %v): %v", ErrRegistryUnreachable, ref, resolveTimeout, err)
 	}
 	return fmt.Errorf("pull %s: %w", ref, err)
 }
