@@ -3,10 +3,12 @@ package agent_test
 import (
 	"context"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/agent"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -102,4 +104,22 @@ func TestInfoActivity(t *testing.T) {
 	if last := info.GetLastActivity().AsTime(); info.GetRunningExecs() != 0 || last.Before(before.Add(400*time.Millisecond)) {
 		t.Errorf("Info after the exec: running_execs %d, last_activity %v; want 0 and at least 0.4s after %v (the exec's end)", info.GetRunningExecs(), last, before)
 	}
+}
+
+// TestReserveThreads checks that the threads ReserveThreads makes stay.
+func TestReserveThreads(t *testing.T) {
+	agent.ReserveThreads(24)
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			if n, _ := strconv.Atoi(strings.TrimSpace(v)); n < 24 {
+				t.Errorf("threads after ReserveThreads(24) = %d, want at least 24", n)
+			}
+			return
+		}
+	}
+	t.Fatal("no Threads line in /proc/self/status")
 }

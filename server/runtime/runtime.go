@@ -140,7 +140,8 @@ type SandboxSpec struct {
 	Image string
 	// Labels are the caller's labels, without reserved keys.
 	Labels map[string]string
-	// PidsLimit caps processes and threads in the sandbox.
+	// PidsLimit caps processes and threads of the workload; the cgroup
+	// allows AgentPidsReserve more for the agent.
 	PidsLimit uint64
 	// CPUMillis caps CPU in thousandths of a CPU; zero means no cap.
 	CPUMillis uint64
@@ -284,6 +285,12 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	return nil
 }
 
+// AgentPidsReserve is added to a sandbox's pids limit in its cgroup for the
+// agent's own threads (it keeps some in reserve, see agent.ReserveThreads),
+// so that the workload gets the pids limit it asked for and a fork bomb
+// that exhausts it cannot starve the agent.
+const AgentPidsReserve = 32
+
 // AgentCapabilities are the capabilities the sandbox's PID 1 (the agent)
 // holds in its bounding, permitted and effective sets: what it needs to
 // start processes as the workload user (setuid, setgid, setpcap for locking
@@ -323,7 +330,7 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		oci.WithAmbientCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		seccomp.WithDefaultProfile(),
-		oci.WithPidsLimit(int64(spec.PidsLimit)),
+		oci.WithPidsLimit(int64(spec.PidsLimit + AgentPidsReserve)),
 	}
 	if len(spec.Env) > 0 {
 		opts = append(opts, oci.WithEnv(envList(spec.Env)))

@@ -146,7 +146,8 @@ func (StopReason) EnumDescriptor() ([]byte, []int) {
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pids_limit caps the number of processes and threads in the sandbox
-	// (pids cgroup).
+	// (pids cgroup). The cgroup allows 32 more for the agent's own threads, so
+	// that a workload exhausting its limit cannot starve the agent.
 	PidsLimit uint64 `protobuf:"varint,1,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
 	// cpu_millis caps CPU time in thousandths of a CPU: 500 is half a core
 	// (CFS quota over a 100 ms period).
