@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-sandbox/berth/agent/files"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -164,6 +165,8 @@ type Server struct {
 	bootID  string
 	devNull *os.File // stdin of processes started without stdin
 	sup     *supervisor
+	// activity feeds Info's last_activity (activity.go).
+	activity activity
 
 	mu      sync.Mutex
 	execs   map[string]*execution
@@ -209,12 +212,20 @@ func New(cfg Config) (*Server, error) {
 		s.log.Warn("working directory unavailable, using /", "workdir", cfg.WorkDir, "err", err)
 		s.workDir = "/"
 	}
+	ownWorkDir(s.workDir, cfg.UID, cfg.GID, s.log)
 	return s, nil
 }
 
-// Info reports the agent's boot id, version and pid.
+// Info reports the agent's boot id, version, build and pid, and for
+// berthd's idle timeout the number of running execs and the last exec
+// activity.
 func (s *Server) Info(context.Context, *agentv1.InfoRequest) (*agentv1.InfoResponse, error) {
-	return &agentv1.InfoResponse{BootId: s.bootID, Version: Version, Pid: int64(os.Getpid())}, nil
+	running, last := s.execActivity()
+	resp := &agentv1.InfoResponse{BootId: s.bootID, Version: Version, Build: Build(), Pid: int64(os.Getpid()), RunningExecs: running}
+	if !last.IsZero() {
+		resp.LastActivity = timestamppb.New(last)
+	}
+	return resp, nil
 }
 
 // ListenAndServe serves on a unix socket at path until ctx ends, like

@@ -39,6 +39,7 @@ const readBatch = 64
 // RESOURCE_EXHAUSTED when fork(2) fails, UNAVAILABLE while the agent stops.
 // When the client goes away the process keeps running and stays attachable.
 func (s *Server) Exec(stream agentv1.AgentService_ExecServer) error {
+	s.activity.touch()
 	req, err := stream.Recv()
 	if errors.Is(err, io.EOF) {
 		return rpcstatus.InvalidArgument("event", "the stream ended before a start or attach message")

@@ -2,6 +2,8 @@ package agent_test
 
 import (
 	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -17,5 +19,22 @@ func TestWorkloadUser(t *testing.T) {
 	r := a.run(t, "user", spec)
 	if got, want := string(r.stdout), "65534\n65533\n65533\n"; got != want {
 		t.Errorf("id as --user 65534:65533 = %q (stderr %q, result %v), want %q", got, r.stderr, r.result, want)
+	}
+}
+
+// TestWorkDirOwnedByWorkloadUser checks that the agent gives the working
+// directory it creates to the workload user.
+func TestWorkDirOwnedByWorkloadUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	a := startAgent(t, "--user", "65534:65533")
+	fi, err := os.Stat(filepath.Join(a.dir, "work"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if st.Uid != 65534 || st.Gid != 65533 {
+		t.Errorf("workdir owner = %d:%d, want 65534:65533", st.Uid, st.Gid)
 	}
 }

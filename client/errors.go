@@ -35,6 +35,7 @@ const (
 	ReasonStaleHandle       = "STALE_HANDLE"          // the exec id is from an earlier runtime; see *StaleHandleError
 	ReasonCanceled          = "CANCELED"              // the caller canceled the request
 	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
+	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

@@ -27,6 +27,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonStaleHandle, rpcstatus.ReasonStaleHandle},
 		{ReasonCanceled, rpcstatus.ReasonCanceled},
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
+		{ReasonRegistry, rpcstatus.ReasonRegistry},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

@@ -552,7 +552,7 @@ func TestFleetBusySandboxes(t *testing.T) {
 	need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	existing, err := env.rt.Usage(ctx)
+	existing, err := env.rt.MemoryPromised(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

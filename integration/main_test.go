@@ -134,6 +134,9 @@ func setup(m *testing.M) (code int, err error) {
 	}
 	svc := server.New(server.Config{JournalDir: journalDir()}, env.rt, log)
 	defer svc.Close()
+	if err := svc.Start(ctx); err != nil {
+		return 0, err
+	}
 	sock := filepath.Join(env.dir, "berthd.sock")
 	env.berthdAddr = "unix://" + sock
 	lis, err := server.Listen(env.berthdAddr)

@@ -36,8 +36,8 @@ func NewGRPCServer(svc *Service, log *slog.Logger) *grpc.Server {
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error "+incident+"; the server log has the cause", map[string]string{"incident": incident})
 	})}
 	srv := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...)),
-		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...)),
+		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...), svc.activityUnary()),
+		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...), svc.activityStream()),
 		// Keepalive pings find dead callers of long silent execs; callers may
 		// ping every 10 s or more, also without an active stream.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),

@@ -13,72 +13,11 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
+	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
-
-// CreateSandbox creates the container, starts the agent as its PID 1 and
-// returns once the agent answers. A sandbox whose agent does not answer
-// within Config.AgentReadyTimeout, or whose task exits first, is removed and
-// reported as UNAVAILABLE with the tail of the agent's log.
-func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.CreateSandboxResponse, error) {
-	id := req.GetSandboxId()
-	if id == "" {
-		id = newID("sb-", 10)
-	}
-	meta := map[string]string{"sandbox_id": id}
-	if err := validateSandboxID("sandbox_id", id); err != nil {
-		return nil, err
-	}
-	if req.GetImage() == "" {
-		return nil, rpcstatus.InvalidArgument("image", "is empty")
-	}
-	if err := validateLabels("labels", req.GetLabels()); err != nil {
-		return nil, err
-	}
-	pids := req.GetResources().GetPidsLimit()
-	if pids == 0 {
-		pids = s.cfg.DefaultPidsLimit
-	}
-	if pids > s.cfg.MaxPidsLimit {
-		return nil, rpcstatus.InvalidArgument("resources.pids_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", pids, s.cfg.MaxPidsLimit))
-	}
-	res := req.GetResources()
-	if res.GetCpuMillis() > s.cfg.MaxCPUMillis {
-		return nil, rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", res.GetCpuMillis(), s.cfg.MaxCPUMillis))
-	}
-	if max := s.cfg.MaxMemoryBytes; max > 0 && res.GetMemoryBytes() > max {
-		return nil, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", res.GetMemoryBytes(), max))
-	}
-	if m := res.GetMemoryBytes(); m > 0 && m < minMemoryBytes {
-		return nil, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
-	}
-	spec := runtime.SandboxSpec{ID: id, Image: req.GetImage(), Labels: req.GetLabels(), PidsLimit: pids, CPUMillis: res.GetCpuMillis(), MemoryBytes: res.GetMemoryBytes()}
-	admitted, err := s.capacity.admitSandbox(ctx, id, spec.MemoryBytes)
-	if err != nil {
-		return nil, s.toStatus(ctx, err, meta)
-	}
-	defer admitted()
-	if err := s.rt.Create(ctx, spec); err != nil {
-		return nil, s.toStatus(ctx, err, meta)
-	}
-	info, err := s.waitAgent(ctx, id)
-	if err != nil {
-		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.AgentReadyTimeout)
-		defer cancel()
-		if derr := s.deleteSandbox(cleanup, id); derr != nil {
-			s.log.ErrorContext(ctx, "remove sandbox after failed start", slog.String("sandbox_id", id), slog.Any("error", derr))
-		}
-		return nil, s.toStatus(ctx, err, meta)
-	}
-	s.sandboxCreated(id, info.GetBootId(), info.GetVersion())
-	sb, err := s.rt.Get(ctx, id)
-	if err != nil {
-		return nil, s.toStatus(ctx, err, meta)
-	}
-	s.log.InfoContext(ctx, "sandbox created", slog.String("sandbox_id", id), slog.String("image", spec.Image), slog.String("agent_boot_id", info.GetBootId()))
-	return &berthv1.CreateSandboxResponse{Sandbox: toProto(sb, info)}, nil
-}
 
 // waitAgent waits until the agent of sandbox id answers Info, the task
 // exits, or Config.AgentReadyTimeout passes.
@@ -107,6 +46,7 @@ func (s *Service) waitAgent(ctx context.Context, id string) (*agentv1.InfoRespon
 		if a.err != nil {
 			return nil, fmt.Errorf("%w: agent of sandbox %s did not answer within %v: %v%s", errAgentUnreachable, id, s.cfg.AgentReadyTimeout, a.err, s.logTail(id))
 		}
+		s.checkSkew(id, a.info)
 		return a.info, nil
 	case st := <-exited:
 		cancel()
@@ -129,18 +69,32 @@ func (s *Service) logTail(id string) string {
 	return "; agent log: " + strings.TrimSpace(string(b))
 }
 
-// GetSandbox returns the sandbox's record from containerd and, when it runs,
-// its agent's identity.
+// GetSandbox returns the sandbox's record from containerd with its state
+// (starting, running, stopping with the reason, stopped), its agent's
+// identity and exec count, its deadlines and its live usage (containerd
+// task metrics). Warm-pool members that no caller claimed are NOT_FOUND.
 func (s *Service) GetSandbox(ctx context.Context, req *berthv1.GetSandboxRequest) (*berthv1.GetSandboxResponse, error) {
 	id := req.GetSandboxId()
+	meta := map[string]string{"sandbox_id": id}
 	if err := validateSandboxID("sandbox_id", id); err != nil {
 		return nil, err
 	}
 	sb, err := s.rt.Get(ctx, id)
-	if err != nil {
-		return nil, s.toStatus(ctx, err, map[string]string{"sandbox_id": id})
+	if err == nil && sb.Pooled {
+		err = fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
 	}
-	return &berthv1.GetSandboxResponse{Sandbox: toProto(sb, s.agentInfo(ctx, sb))}, nil
+	if err != nil {
+		return nil, s.toStatus(ctx, err, meta)
+	}
+	var usage *runtime.Usage
+	if sb.Running {
+		if u, err := s.rt.Usage(ctx, id); err == nil {
+			usage = &u
+		} else {
+			s.log.DebugContext(ctx, "sandbox usage unavailable", slog.String("sandbox_id", id), slog.Any("error", err))
+		}
+	}
+	return &berthv1.GetSandboxResponse{Sandbox: s.sandboxProto(sb, s.agentInfo(ctx, sb), usage)}, nil
 }
 
 // agentInfo asks a running sandbox's agent for its identity, briefly; it
@@ -149,17 +103,44 @@ func (s *Service) agentInfo(ctx context.Context, sb runtime.Sandbox) *agentv1.In
 	if !sb.Running {
 		return nil
 	}
-	agent, err := s.agents.Get(sb.SocketPath)
+	info, err := s.agentInfoErr(ctx, sb)
 	if err != nil {
 		return nil
+	}
+	return info
+}
+
+// agentInfoErr asks the sandbox's agent for Info within agentInfoTimeout
+// and checks its version against berthd's.
+func (s *Service) agentInfoErr(ctx context.Context, sb runtime.Sandbox) (*agentv1.InfoResponse, error) {
+	agent, err := s.agents.Get(sb.SocketPath)
+	if err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, agentInfoTimeout)
 	defer cancel()
 	info, err := agent.Info(ctx, &agentv1.InfoRequest{})
 	if err != nil {
-		return nil
+		return nil, agentError(sb.ID, err)
 	}
-	return info
+	s.checkSkew(sb.ID, info)
+	return info, nil
+}
+
+// checkSkew logs a warning, once per agent boot, when the agent's version
+// differs from berthd's.
+func (s *Service) checkSkew(id string, info *agentv1.InfoResponse) {
+	if info == nil || info.GetVersion() == Version {
+		return
+	}
+	s.mu.Lock()
+	warned := s.warned[info.GetBootId()]
+	s.warned[info.GetBootId()] = true
+	s.mu.Unlock()
+	if !warned {
+		s.log.Warn("agent version differs from berthd's", slog.String("sandbox_id", id), slog.String("agent_version", info.GetVersion()),
+			slog.String("agent_build", info.GetBuild()), slog.String("server_version", Version), slog.String("agent_boot_id", info.GetBootId()))
+	}
 }
 
 // minMemoryBytes is the smallest memory cap accepted: below a few MiB the
@@ -195,14 +176,14 @@ func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesR
 	}
 	resp := &berthv1.ListSandboxesResponse{}
 	for _, sb := range all {
-		if sb.ID <= after {
+		if sb.ID <= after || sb.Pooled {
 			continue
 		}
 		if len(resp.Sandboxes) == size {
 			resp.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(resp.Sandboxes[size-1].Id))
 			break
 		}
-		resp.Sandboxes = append(resp.Sandboxes, toProto(sb, s.agentInfo(ctx, sb)))
+		resp.Sandboxes = append(resp.Sandboxes, s.sandboxProto(sb, s.agentInfo(ctx, sb), nil))
 	}
 	return resp, nil
 }
@@ -227,24 +208,78 @@ func (s *Service) deleteSandbox(ctx context.Context, id string) error {
 	if err := s.rt.Delete(ctx, id); err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
 		return err
 	}
+	s.reaper.Forget(id)
 	return nil
 }
 
-func toProto(sb runtime.Sandbox, info *agentv1.InfoResponse) *berthv1.Sandbox {
+// sandboxProto describes sb: its record, the reaper's view, and when given,
+// its agent's answer and its usage.
+func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, usage *runtime.Usage) *berthv1.Sandbox {
 	out := &berthv1.Sandbox{
-		Id:        sb.ID,
-		Image:     sb.Image,
-		State:     berthv1.SandboxState_SANDBOX_STATE_STOPPED,
-		Labels:    sb.Labels,
-		Resources: &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes},
+		Id:            sb.ID,
+		Image:         sb.Image,
+		State:         berthv1.SandboxState_SANDBOX_STATE_STOPPED,
+		Labels:        sb.Labels,
+		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes},
+		EnvKeys:       sb.EnvKeys,
+		User:          fmt.Sprintf("%d:%d", sb.UID, sb.GID),
+		Workdir:       sb.WorkDir,
+		ServerVersion: Version,
+	}
+	if sb.IdleTimeout > 0 {
+		out.IdleTimeout = durationpb.New(sb.IdleTimeout)
+	}
+	if sb.MaxLifetime > 0 {
+		out.MaxLifetime = durationpb.New(sb.MaxLifetime)
 	}
 	if !sb.CreatedAt.IsZero() {
 		out.CreatedAt = timestamppb.New(sb.CreatedAt)
+		if sb.MaxLifetime > 0 {
+			out.ExpiresAt = timestamppb.New(sb.CreatedAt.Add(sb.MaxLifetime))
+		}
 	}
 	if sb.Running {
 		out.State = berthv1.SandboxState_SANDBOX_STATE_RUNNING
 		out.Runtime = runtimeIdentity(sb, info)
-		out.AgentVersion = info.GetVersion()
+		if info != nil {
+			out.AgentVersion = info.GetVersion()
+			out.AgentBuild = info.GetBuild()
+			out.RunningExecs = info.GetRunningExecs()
+			out.VersionSkew = info.GetVersion() != Version
+		}
+	}
+	if st, ok := s.reaper.Status(sb.ID); ok {
+		out.LastActivityAt = timestamppb.New(st.LastActivity)
+		if !st.IdleDeadline.IsZero() {
+			out.IdleExpiresAt = timestamppb.New(st.IdleDeadline)
+		}
+		if st.Stopping != fleet.ReasonNone {
+			out.State = berthv1.SandboxState_SANDBOX_STATE_STOPPING
+			out.StopReason = stopReasonProto(st.Stopping)
+		}
+	}
+	if r := fleet.ParseReason(sb.Expired); r != fleet.ReasonNone {
+		out.State = berthv1.SandboxState_SANDBOX_STATE_STOPPING
+		out.StopReason = stopReasonProto(r)
+	}
+	s.mu.Lock()
+	_, starting := s.creating[sb.ID]
+	s.mu.Unlock()
+	if starting && info == nil && out.State == berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		out.State = berthv1.SandboxState_SANDBOX_STATE_STARTING
+	}
+	if usage != nil {
+		out.Usage = &berthv1.SandboxUsage{CpuTime: durationpb.New(usage.CPU), MemoryBytes: usage.MemoryBytes, MemoryPeakBytes: usage.MemoryPeakBytes, Pids: usage.Pids}
 	}
 	return out
+}
+
+func stopReasonProto(r fleet.Reason) berthv1.StopReason {
+	switch r {
+	case fleet.ReasonIdle:
+		return berthv1.StopReason_STOP_REASON_IDLE_TIMEOUT
+	case fleet.ReasonLifetime:
+		return berthv1.StopReason_STOP_REASON_MAX_LIFETIME
+	}
+	return berthv1.StopReason_STOP_REASON_UNSPECIFIED
 }

@@ -23,6 +23,7 @@ import (
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
+	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
@@ -83,6 +84,29 @@ type Config struct {
 	// not EXEC_NOT_FOUND) across berthd restarts. Empty: remember them in
 	// memory only.
 	JournalDir string
+	// DefaultIdleTimeout is a sandbox's idle timeout when the request sets
+	// none. Default 30 min.
+	DefaultIdleTimeout time.Duration
+	// MaxIdleTimeout bounds requested idle timeouts and KeepAlive holds;
+	// larger requests are INVALID_ARGUMENT. Default 24 h.
+	MaxIdleTimeout time.Duration
+	// DefaultMaxLifetime is a sandbox's maximum lifetime when the request
+	// sets none. Default 24 h.
+	DefaultMaxLifetime time.Duration
+	// MaxLifetime bounds requested maximum lifetimes; larger requests are
+	// INVALID_ARGUMENT. Default 7 days.
+	MaxLifetime time.Duration
+	// Reaper tunes the idle and lifetime checks (interval, probe timeout).
+	Reaper fleet.ReaperConfig
+	// WarmPool maps image references to the number of pre-created
+	// sandboxes to keep ready for them; empty disables the pool. Only
+	// requests without sandbox_id and request_id, with default resources,
+	// user, working directory and no env, are served from it.
+	WarmPool map[string]int
+	// PullResolveTimeout bounds resolving an image reference at its
+	// registry in PullImage; an unreachable registry fails after it.
+	// Default 10 s.
+	PullResolveTimeout time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -110,6 +134,23 @@ func (c *Config) setDefaults() {
 	if c.TaskRestartWindow == 0 {
 		c.TaskRestartWindow = 10 * time.Minute
 	}
+	if c.DefaultIdleTimeout == 0 {
+		c.DefaultIdleTimeout = 30 * time.Minute
+	}
+	if c.MaxIdleTimeout == 0 {
+		c.MaxIdleTimeout = 24 * time.Hour
+	}
+	if c.DefaultMaxLifetime == 0 {
+		c.DefaultMaxLifetime = 24 * time.Hour
+	}
+	if c.MaxLifetime == 0 {
+		c.MaxLifetime = 7 * 24 * time.Hour
+	}
+	c.MaxIdleTimeout = max(c.MaxIdleTimeout, c.DefaultIdleTimeout)
+	c.MaxLifetime = max(c.MaxLifetime, c.DefaultMaxLifetime)
+	if c.PullResolveTimeout == 0 {
+		c.PullResolveTimeout = 10 * time.Second
+	}
 }
 
 // Service implements berth.v1.SandboxService and berth.v1.ImageService.
@@ -128,7 +169,14 @@ type Service struct {
 	ids      *identities
 	restarts *restarter
 	capacity *capacity
-	// bgCtx ends at Close; bg counts the goroutines that Close waits for.
+	reaper   *fleet.Reaper
+	pool     *fleet.Pool
+
+	mu       sync.Mutex
+	creating map[string]*creation // CreateSandbox in progress, by sandbox id
+	warned   map[string]bool      // agent boot ids warned about version skew
+
+	// bgCtx ends at Close; bg counts the goroutines that use it.
 	bgCtx  context.Context
 	bgStop context.CancelFunc
 	bg     sync.WaitGroup
@@ -140,21 +188,45 @@ var (
 )
 
 // New returns a Service that keeps sandboxes in rt. log receives errors that
-// are reported to callers as INTERNAL.
+// are reported to callers as INTERNAL. Call Start before serving so that
+// existing sandboxes are re-adopted and idle timeouts and the warm pool
+// work.
 //
 // New starts following containerd's task events in the background (see
 // watchRuntimes); Close stops it.
 func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	cfg.setDefaults()
-	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(), log: log}
+	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(), log: log,
+		creating: make(map[string]*creation), warned: make(map[string]bool)}
+	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
+	s.reaper = fleet.NewReaper(cfg.Reaper, prober{s}, stopper{s}, log)
+	s.pool = fleet.NewPool(fleet.PoolConfig{Sizes: cfg.WarmPool}, maker{s}, log)
 	s.watchRuntimes()
 	return s
 }
 
-// Close stops the background work and closes the agent connections.
-// Sandboxes and their execs keep running.
+// Start re-adopts the sandboxes containerd holds (see Adopt), then starts
+// the idle/lifetime reaper and the warm-pool refill in the background until
+// Close.
+func (s *Service) Start(ctx context.Context) error {
+	if err := s.Adopt(ctx); err != nil {
+		return err
+	}
+	s.bg.Add(2)
+	go func() { defer s.bg.Done(); s.reaper.Run(s.bgCtx) }()
+	go func() { defer s.bg.Done(); s.pool.Run(s.bgCtx) }()
+	return nil
+}
+
+// Close stops the background work, waits for it (creations in progress are
+// canceled and cleaned up) and closes the agent connections. Sandboxes,
+// warm-pool members included, and their execs keep running for the next
+// berthd to adopt.
 func (s *Service) Close() {
 	s.bgStop()
 	s.bg.Wait()
 	s.agents.Close()
 }
+
+// WarmPoolReady returns the number of warm-pool sandboxes ready for image.
+func (s *Service) WarmPoolReady(image string) int { return s.pool.Ready(image) }

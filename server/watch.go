@@ -13,7 +13,6 @@ import (
 // the runtime identities (and their journal), the capacity accounting, the
 // task restarter — and starts following containerd's task events.
 func (s *Service) watchRuntimes() {
-	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	if s.cfg.JournalDir != "" {
 		if err := os.MkdirAll(s.cfg.JournalDir, 0o700); err != nil {
 			s.log.Error("runtime journal unavailable; exec ids of earlier runtimes are remembered in memory only",
@@ -22,7 +21,7 @@ func (s *Service) watchRuntimes() {
 		}
 	}
 	s.ids = newIdentities(s.cfg.JournalDir, s.log)
-	s.capacity = newCapacity(s.cfg, s.rt.Usage)
+	s.capacity = newCapacity(s.cfg, s.rt.MemoryPromised)
 	s.restarts = newRestarter(s)
 	s.events = newTaskEvents(s.rt, s.log)
 	s.events.onGone = func(ev runtime.TaskEvent) { s.ids.taskGone(ev.SandboxID, ev.Pid) }
@@ -35,7 +34,7 @@ func (s *Service) watchRuntimes() {
 	go func() {
 		defer s.bg.Done()
 		// Journals of sandboxes deleted while berthd was down.
-		if live, err := s.rt.Usage(s.bgCtx); err == nil {
+		if live, err := s.rt.MemoryPromised(s.bgCtx); err == nil {
 			s.ids.pruneJournals(live)
 		}
 	}()

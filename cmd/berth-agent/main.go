@@ -74,6 +74,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	cfg.Logger = log
+	// Before any process starts: children must never hold a capability.
+	if err := agent.LockCapabilities(); err != nil {
+		log.Warn("capabilities not locked; processes keep what the agent has", "err", err)
+	}
+	// Threads made now survive a fork bomb that exhausts the pids limit.
+	agent.ReserveThreads(reservedThreads)
 	srv, err := agent.New(cfg)
 	if err != nil {
 		log.Error("start", "err", err)
@@ -89,6 +95,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	log.Info("berth-agent stopped")
 	return 0
 }
+
+// reservedThreads is how many OS threads the agent makes at start for
+// later (agent.ReserveThreads); berthd's runtime.AgentPidsReserve covers
+// them and the runtime's own.
+const reservedThreads = 16
 
 // parseUser parses "uid:gid" or "uid" (gid = uid), both numeric.
 func parseUser(v string) (uid, gid uint32, err error) {

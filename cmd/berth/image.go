@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
@@ -20,9 +21,9 @@ import (
 func newImageCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image",
-		Short: "Import and list images",
+		Short: "Import, pull, list and delete images",
 	}
-	cmd.AddCommand(newImageImportCmd(g), newImageListCmd(g))
+	cmd.AddCommand(newImageImportCmd(g), newImagePullCmd(g), newImageListCmd(g), newImageRemoveCmd(g))
 	return cmd
 }
 
@@ -64,12 +65,13 @@ import is not bounded by --rpc-timeout.`,
 			}
 			defer c.Close()
 			var opts []client.ImportOption
+			p := &progress{verb: "importing", label: label, total: total}
 			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-				p := &progress{w: f, label: label, total: total}
-				defer p.done()
+				p.w = f
 				opts = append(opts, client.WithProgress(p.update))
 			}
 			images, err := c.ImportImage(cmd.Context(), r, name, opts...)
+			p.done() // end the progress line before the result or the error
 			if err != nil {
 				return err
 			}
@@ -83,11 +85,14 @@ import is not bounded by --rpc-timeout.`,
 	return cmd
 }
 
-// progress draws one status line on a terminal, at most ten times a second.
+// progress draws one status line with a bar on a terminal, at most ten
+// times a second.
 type progress struct {
 	w     io.Writer
+	verb  string // "importing", "pulling"
 	label string
-	total int64 // -1 when unknown
+	total int64  // -1 when unknown
+	extra string // appended, e.g. "2/3 blobs"
 
 	mu    sync.Mutex
 	last  time.Time
@@ -106,11 +111,38 @@ func (p *progress) update(sent uint64) {
 	p.draw()
 }
 
+// updateTotal is update for a total that grows as it becomes known.
+func (p *progress) updateTotal(sent uint64, total int64, extra string) {
+	p.mu.Lock()
+	p.total, p.extra = total, extra
+	p.mu.Unlock()
+	p.update(sent)
+}
+
 func (p *progress) draw() {
-	fmt.Fprintf(p.w, "\r\033[Kimporting %s: %s", p.label, progressText(p.sent, p.total))
+	line := fmt.Sprintf("\r\033[K%s %s %s%s", p.verb, p.label, progressBar(p.sent, p.total, 24), progressText(p.sent, p.total))
+	if p.extra != "" {
+		line += ", " + p.extra
+	}
+	fmt.Fprint(p.w, line)
 	p.drawn = true
 }
 
+// progressBar renders "[=====>      ] " of width cells for sent of total, or
+// "" when total is unknown (-1 or 0).
+func progressBar(sent uint64, total int64, width int) string {
+	if total <= 0 {
+		return ""
+	}
+	done := min(int(sent*uint64(width)/uint64(total)), width)
+	bar := strings.Repeat("=", done)
+	if done < width {
+		bar += ">" + strings.Repeat(" ", width-done-1)
+	}
+	return "[" + bar + "] "
+}
+
+// done redraws the last state and ends the line, if anything was drawn.
 func (p *progress) done() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -141,6 +173,81 @@ func byteSize(n uint64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func newImagePullCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "pull REF",
+		Short: "Pull an image from its registry",
+		Long: `Have berthd pull the image REF from its registry, store and unpack it, and
+print its name and digest. A bare name means docker.io and ":latest", as for
+docker pull; registries on localhost are spoken to over plain HTTP. Progress
+is shown on stderr when it is a terminal. An unreachable registry fails
+within berthd's --pull-resolve-timeout. The pull is not bounded by
+--rpc-timeout.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			var opts []client.PullOption
+			p := &progress{verb: "pulling", label: args[0], total: -1}
+			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+				p.w = f
+				opts = append(opts, client.WithPullProgress(func(m *berthv1.PullImageResponse) {
+					done := 0
+					for _, l := range m.GetLayers() {
+						if l.GetDone() {
+							done++
+						}
+					}
+					p.updateTotal(m.GetDownloadedBytes(), int64(m.GetTotalBytes()), fmt.Sprintf("%d/%d blobs", done, len(m.GetLayers())))
+				}))
+			}
+			img, err := c.PullImage(cmd.Context(), args[0], opts...)
+			p.done() // end the progress line before the result or the error
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
+			return nil
+		},
+	}
+}
+
+func newImageRemoveCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm REF...",
+		Aliases: []string{"delete"},
+		Short:   "Delete images",
+		Long:    "Delete each image from berthd's store and print its name. Sandboxes created from it keep running.",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			failed := false
+			for _, name := range args {
+				ctx, cancel := g.unary(cmd.Context())
+				err := c.DeleteImage(ctx, name)
+				cancel()
+				if err != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete image %s: %s\n", name, describe(err))
+					failed = true
+					continue
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), name)
+			}
+			if failed {
+				return exitStatus(exitBerth)
+			}
+			return nil
+		},
+	}
 }
 
 func newImageListCmd(g *globals) *cobra.Command {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -22,15 +23,16 @@ func newSandboxCmd(g *globals) *cobra.Command {
 		Aliases: []string{"sb"},
 		Short:   "Create, list, inspect and delete sandboxes",
 	}
-	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g))
+	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g), newSandboxKeepAliveCmd(g))
 	return cmd
 }
 
 func newSandboxCreateCmd(g *globals) *cobra.Command {
 	var (
-		req       berthv1.CreateSandboxRequest
-		labels    []string
-		pidsLimit uint64
+		req                   berthv1.CreateSandboxRequest
+		labels, env           []string
+		pidsLimit, cpu, mem   uint64
+		idleTimeout, lifetime time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image REF [flags]",
@@ -46,8 +48,17 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			if req.Labels, err = parseKV("label", labels); err != nil {
 				return err
 			}
-			if pidsLimit > 0 {
-				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit}
+			if req.Env, err = parseKV("env", env); err != nil {
+				return err
+			}
+			if pidsLimit > 0 || cpu > 0 || mem > 0 {
+				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit, CpuMillis: cpu, MemoryBytes: mem}
+			}
+			if idleTimeout != 0 {
+				req.IdleTimeout = durationpb.New(idleTimeout)
+			}
+			if lifetime != 0 {
+				req.MaxLifetime = durationpb.New(lifetime)
 			}
 			c, err := g.dial(cmd.Context())
 			if err != nil {
@@ -68,6 +79,44 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().StringVar(&req.SandboxId, "id", "", "sandbox id, 1 to 63 characters from [a-z0-9-] (default: minted by berthd)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label the sandbox, KEY=VALUE (repeatable)")
 	cmd.Flags().Uint64Var(&pidsLimit, "pids-limit", 0, "maximum processes and threads in the sandbox (default berthd's)")
+	cmd.Flags().Uint64Var(&cpu, "cpu-millis", 0, "CPU cap in thousandths of a CPU, e.g. 500 for half a core (default: none)")
+	cmd.Flags().Uint64Var(&mem, "memory-bytes", 0, "memory cap in bytes, no swap (default: none)")
+	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable of every process, KEY=VALUE (repeatable)")
+	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid" or "uid:gid" (default 0:0)`)
+	cmd.Flags().StringVar(&req.Workdir, "workdir", "", "working directory, created for the workload user (default /workspace)")
+	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 0, "remove the sandbox after this long without a running command or request (default berthd's)")
+	cmd.Flags().DurationVar(&lifetime, "max-lifetime", 0, "remove the sandbox this long after creation (default berthd's)")
+	cmd.Flags().StringVar(&req.RequestId, "request-id", "", "idempotency key: the same key names the same sandbox (ignored with --id)")
+	return cmd
+}
+
+func newSandboxKeepAliveCmd(g *globals) *cobra.Command {
+	var hold time.Duration
+	cmd := &cobra.Command{
+		Use:   "keepalive SANDBOX [--hold DURATION]",
+		Short: "Count as activity in a sandbox, or hold off its idle timeout",
+		Long: `Count as activity in the sandbox now, so its idle timeout starts over; with
+--hold, keep the idle timeout from removing it for that long. Prints when the
+sandbox expires now: idle and maximum lifetime, RFC 3339.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.dial(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := g.unary(cmd.Context())
+			defer cancel()
+			resp, err := c.KeepAlive(ctx, args[0], hold)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "idle expires %s\nlifetime ends %s\n",
+				resp.GetIdleExpiresAt().AsTime().Local().Format(time.RFC3339), resp.GetExpiresAt().AsTime().Local().Format(time.RFC3339))
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&hold, "hold", 0, "keep the sandbox from idling out for this long (at most berthd's --max-idle-timeout)")
 	return cmd
 }
 

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -43,6 +45,25 @@ func main() {
 	flag.IntVar(&svcCfg.TaskRestartLimit, "task-restart-limit", 5, "restarts of a sandbox's dead task within --task-restart-window; 0: never restart")
 	flag.DurationVar(&svcCfg.TaskRestartWindow, "task-restart-window", 10*time.Minute, "window of --task-restart-limit")
 	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
+	flag.Uint64Var(&svcCfg.MaxCPUMillis, "max-cpu-millis", 0, "largest CPU cap a request may set, in thousandths of a CPU (default: the host's CPUs x 1000)")
+	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: no bound)")
+	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
+	flag.DurationVar(&svcCfg.MaxIdleTimeout, "max-idle-timeout", 24*time.Hour, "largest idle timeout or KeepAlive hold a request may set")
+	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
+	flag.DurationVar(&svcCfg.MaxLifetime, "max-lifetime", 7*24*time.Hour, "largest maximum lifetime a request may set")
+	flag.DurationVar(&svcCfg.Reaper.Interval, "reap-interval", time.Second, "how often idle timeouts and lifetimes are checked")
+	flag.DurationVar(&svcCfg.PullResolveTimeout, "pull-resolve-timeout", 10*time.Second, "how long PullImage may take to reach the registry before it fails with UNAVAILABLE")
+	flag.Func("warm-pool", "keep `IMAGE=N` sandboxes of IMAGE pre-created for fast creates (repeatable)", func(v string) error {
+		image, n, err := parseWarmPool(v)
+		if err != nil {
+			return err
+		}
+		if svcCfg.WarmPool == nil {
+			svcCfg.WarmPool = map[string]int{}
+		}
+		svcCfg.WarmPool[image] = n
+		return nil
+	})
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
@@ -68,8 +89,9 @@ func main() {
 	}
 }
 
-// run serves until SIGTERM or SIGINT, then stops gracefully. Sandboxes keep
-// running.
+// run re-adopts the namespace's sandboxes, then serves until SIGTERM or
+// SIGINT and stops gracefully. Sandboxes keep running, to be re-adopted by
+// the next berthd.
 func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -83,6 +105,10 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 	defer rt.Close()
 	svc := server.New(svcCfg, rt, log)
 	defer svc.Close()
+	// Re-adopt what an earlier berthd left running before serving.
+	if err := svc.Start(ctx); err != nil {
+		return err
+	}
 	lis, err := server.Listen(listen)
 	if err != nil {
 		return err
@@ -125,4 +151,17 @@ func checkLimits(c server.Config) error {
 		return fmt.Errorf("--task-restart-limit %d: must be 0 (never restart) or more", c.TaskRestartLimit)
 	}
 	return nil
+}
+
+// parseWarmPool parses "IMAGE=N" with N from 1 to 64.
+func parseWarmPool(v string) (string, int, error) {
+	i := strings.LastIndex(v, "=")
+	if i <= 0 {
+		return "", 0, fmt.Errorf("%q is not IMAGE=N", v)
+	}
+	n, err := strconv.Atoi(v[i+1:])
+	if err != nil || n < 1 || n > 64 {
+		return "", 0, fmt.Errorf("%q: N must be a number from 1 to 64", v)
+	}
+	return v[:i], n, nil
 }

@@ -40,6 +40,7 @@ const (
 	// because the caller canceled it or its deadline passed.
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
+	ReasonRegistry         = "REGISTRY_UNREACHABLE"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with

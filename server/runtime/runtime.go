@@ -34,6 +34,7 @@ const (
 	labelPidsLimit = LabelPrefix + "pids-limit"
 	labelCPUMillis = LabelPrefix + "cpu-millis"
 	labelMemory    = LabelPrefix + "memory-bytes"
+	// More of the record: labels.go.
 )
 
 // Paths inside every sandbox.
@@ -139,12 +140,28 @@ type SandboxSpec struct {
 	Image string
 	// Labels are the caller's labels, without reserved keys.
 	Labels map[string]string
-	// PidsLimit caps processes and threads in the sandbox.
+	// PidsLimit caps processes and threads of the workload; the cgroup
+	// allows AgentPidsReserve more for the agent.
 	PidsLimit uint64
 	// CPUMillis caps CPU in thousandths of a CPU; zero means no cap.
 	CPUMillis uint64
 	// MemoryBytes caps memory in bytes, swap included; zero means no cap.
 	MemoryBytes uint64
+	// Env is added to the process environment of the agent and so of every
+	// process in the sandbox. Values go into the OCI spec only: labels keep
+	// the keys and a hash.
+	Env map[string]string
+	// UID and GID are the workload user, passed to the agent.
+	UID, GID uint32
+	// WorkDir is the absolute working directory for processes without a
+	// cwd, passed to the agent.
+	WorkDir string
+	// IdleTimeout and MaxLifetime are recorded for berthd's reaper; the
+	// runtime does not enforce them.
+	IdleTimeout time.Duration
+	MaxLifetime time.Duration
+	// Pooled marks a warm-pool member that no caller has claimed yet.
+	Pooled bool
 }
 
 // Sandbox is a sandbox as recorded in containerd.
@@ -158,6 +175,24 @@ type Sandbox struct {
 	PidsLimit   uint64
 	CPUMillis   uint64
 	MemoryBytes uint64
+	// UID, GID, WorkDir, IdleTimeout, MaxLifetime and Pooled are as in
+	// SandboxSpec.
+	UID, GID    uint32
+	WorkDir     string
+	IdleTimeout time.Duration
+	MaxLifetime time.Duration
+	Pooled      bool
+	// EnvKeys are the sorted names of SandboxSpec.Env; EnvHash is
+	// EnvDigest of it.
+	EnvKeys []string
+	EnvHash string
+	// SpecHash is SandboxSpec.Digest at creation (or at a pool claim).
+	SpecHash string
+	// Expired is the reason the reaper recorded before removing it ("" when
+	// it has not expired): a berthd that died meanwhile finishes the job.
+	Expired string
+	// HoldUntil is the end of the latest KeepAlive hold; zero when none.
+	HoldUntil time.Time
 	// Running is true when the container's task is running.
 	Running bool
 	// TaskPID is the task's host pid; zero when there is no task.
@@ -214,16 +249,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	// readiness check talk to nothing.
 	_ = os.Remove(r.SocketPath(spec.ID))
 
-	labels := make(map[string]string, len(spec.Labels)+4)
-	for k, v := range spec.Labels {
-		labels[k] = v
-	}
-	labels[labelSandbox] = "true"
-	labels[labelImage] = spec.Image
-	labels[labelCreatedAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	labels[labelPidsLimit] = strconv.FormatUint(spec.PidsLimit, 10)
-	labels[labelCPUMillis] = strconv.FormatUint(spec.CPUMillis, 10)
-	labels[labelMemory] = strconv.FormatUint(spec.MemoryBytes, 10)
+	labels := spec.labels(time.Now())
 
 	container, err := r.client.NewContainer(ctx, spec.ID,
 		containerd.WithImage(image),
@@ -259,25 +285,55 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	return nil
 }
 
+// AgentPidsReserve is added to a sandbox's pids limit in its cgroup for the
+// agent's own threads (it keeps some in reserve, see agent.ReserveThreads),
+// so that the workload gets the pids limit it asked for and a fork bomb
+// that exhausts it cannot starve the agent.
+const AgentPidsReserve = 32
+
+// AgentCapabilities are the capabilities the sandbox's PID 1 (the agent)
+// holds in its bounding, permitted and effective sets: what it needs to
+// start processes as the workload user (setuid, setgid, setpcap for locking
+// securebits), to signal them, and to act on files for that user. Processes
+// the agent starts hold none.
+var AgentCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER",
+	"CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_KILL",
+}
+
 // specOpts builds the OCI spec of a sandbox: the image's config with the
-// agent as entrypoint and the safe defaults of SPEC.md section 6 — a fresh
-// network namespace (containerd's default spec creates one with only lo), no
-// capabilities, no_new_privs, containerd's default seccomp profile (applied
-// after the capabilities, which it reads) and a pids limit.
+// agent as entrypoint (given the workload user and working directory), the
+// caller's env on top of the image's, and the safe defaults of SPEC.md
+// section 6 — a fresh network namespace (containerd's default spec creates
+// one with only lo), AgentCapabilities for the agent alone, no_new_privs,
+// containerd's default seccomp profile (applied after the capabilities,
+// which it reads) and a pids limit.
 func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(image),
-		oci.WithProcessArgs(AgentPath, "--socket", RunDir+"/"+socketName),
+		oci.WithProcessArgs(AgentPath, "--socket", RunDir+"/"+socketName,
+			"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir()),
 		oci.WithProcessCwd("/"),
+		// The agent is root whatever the image's USER says: it switches to
+		// the workload user for every process it starts.
+		oci.WithUIDGID(0, 0),
 		oci.WithHostname(spec.ID),
 		oci.WithMounts([]specs.Mount{
 			{Destination: AgentPath, Type: "bind", Source: r.cfg.AgentBinary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 			{Destination: RunDir, Type: "bind", Source: dir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 		}),
-		oci.WithCapabilities(nil),
+		// The agent keeps these to act for the workload user; it locks
+		// securebits and empties its bounding set at start, so no process
+		// it runs holds any (agent.LockCapabilities). Nothing inheritable
+		// or ambient.
+		oci.WithCapabilities(AgentCapabilities),
+		oci.WithAmbientCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		seccomp.WithDefaultProfile(),
-		oci.WithPidsLimit(int64(spec.PidsLimit)),
+		oci.WithPidsLimit(int64(spec.PidsLimit + AgentPidsReserve)),
+	}
+	if len(spec.Env) > 0 {
+		opts = append(opts, oci.WithEnv(envList(spec.Env)))
 	}
 	if spec.MemoryBytes > 0 {
 		opts = append(opts, oci.WithMemoryLimit(spec.MemoryBytes))
@@ -379,6 +435,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	sb.PidsLimit, _ = strconv.ParseUint(labels[labelPidsLimit], 10, 64)
 	sb.CPUMillis, _ = strconv.ParseUint(labels[labelCPUMillis], 10, 64)
 	sb.MemoryBytes, _ = strconv.ParseUint(labels[labelMemory], 10, 64)
+	sb.decodeLabels(labels)
 	if task, err := c.Task(ctx, nil); err == nil {
 		sb.TaskPID = task.Pid()
 		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Running {

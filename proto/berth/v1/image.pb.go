@@ -361,6 +361,294 @@ func (x *ListImagesResponse) GetImages() []*Image {
 	return nil
 }
 
+// PullImageRequest names the image to pull.
+type PullImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reference is the image reference, e.g. "docker.io/library/alpine:3.20"
+	// or "localhost:5000/team/tool:v1"; a bare name gets docker.io and
+	// ":latest" like docker pull. Registries on localhost are spoken to over
+	// plain HTTP.
+	Reference     string `protobuf:"bytes,1,opt,name=reference,proto3" json:"reference,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageRequest) Reset() {
+	*x = PullImageRequest{}
+	mi := &file_berth_v1_image_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageRequest) ProtoMessage() {}
+
+func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_image_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
+func (*PullImageRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PullImageRequest) GetReference() string {
+	if x != nil {
+		return x.Reference
+	}
+	return ""
+}
+
+// PullLayerProgress is the download state of one blob of the image.
+type PullLayerProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// digest is the blob's digest, "sha256:<hex>".
+	Digest string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// media_type is the blob's OCI media type.
+	MediaType string `protobuf:"bytes,2,opt,name=media_type,json=mediaType,proto3" json:"media_type,omitempty"`
+	// downloaded_bytes is how many bytes are stored so far.
+	DownloadedBytes uint64 `protobuf:"varint,3,opt,name=downloaded_bytes,json=downloadedBytes,proto3" json:"downloaded_bytes,omitempty"`
+	// total_bytes is the blob's size in bytes.
+	TotalBytes uint64 `protobuf:"varint,4,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// done is true once the blob is stored whole.
+	Done          bool `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullLayerProgress) Reset() {
+	*x = PullLayerProgress{}
+	mi := &file_berth_v1_image_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullLayerProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullLayerProgress) ProtoMessage() {}
+
+func (x *PullLayerProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_image_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullLayerProgress.ProtoReflect.Descriptor instead.
+func (*PullLayerProgress) Descriptor() ([]byte, []int) {
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PullLayerProgress) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *PullLayerProgress) GetMediaType() string {
+	if x != nil {
+		return x.MediaType
+	}
+	return ""
+}
+
+func (x *PullLayerProgress) GetDownloadedBytes() uint64 {
+	if x != nil {
+		return x.DownloadedBytes
+	}
+	return 0
+}
+
+func (x *PullLayerProgress) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *PullLayerProgress) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+// PullImageResponse is one message of the PullImage stream.
+type PullImageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// layers are the blobs seen so far with their progress.
+	Layers []*PullLayerProgress `protobuf:"bytes,1,rep,name=layers,proto3" json:"layers,omitempty"`
+	// downloaded_bytes sums layers' downloaded_bytes.
+	DownloadedBytes uint64 `protobuf:"varint,2,opt,name=downloaded_bytes,json=downloadedBytes,proto3" json:"downloaded_bytes,omitempty"`
+	// total_bytes sums layers' total_bytes (of the blobs known so far).
+	TotalBytes uint64 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// image is set in the last message, once the image is stored and
+	// unpacked.
+	Image         *Image `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullImageResponse) Reset() {
+	*x = PullImageResponse{}
+	mi := &file_berth_v1_image_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullImageResponse) ProtoMessage() {}
+
+func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_image_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
+func (*PullImageResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PullImageResponse) GetLayers() []*PullLayerProgress {
+	if x != nil {
+		return x.Layers
+	}
+	return nil
+}
+
+func (x *PullImageResponse) GetDownloadedBytes() uint64 {
+	if x != nil {
+		return x.DownloadedBytes
+	}
+	return 0
+}
+
+func (x *PullImageResponse) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *PullImageResponse) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+// DeleteImageRequest names the image to delete.
+type DeleteImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the image reference as ListImages shows it.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteImageRequest) Reset() {
+	*x = DeleteImageRequest{}
+	mi := &file_berth_v1_image_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteImageRequest) ProtoMessage() {}
+
+func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_image_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
+func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeleteImageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// DeleteImageResponse is empty.
+type DeleteImageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteImageResponse) Reset() {
+	*x = DeleteImageResponse{}
+	mi := &file_berth_v1_image_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteImageResponse) ProtoMessage() {}
+
+func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_image_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
+func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{10}
+}
+
 var File_berth_v1_image_proto protoreflect.FileDescriptor
 
 const file_berth_v1_image_proto_rawDesc = "" +
@@ -383,11 +671,32 @@ const file_berth_v1_image_proto_rawDesc = "" +
 	"\x06images\x18\x01 \x03(\v2\x0f.berth.v1.ImageR\x06images\"\x13\n" +
 	"\x11ListImagesRequest\"=\n" +
 	"\x12ListImagesResponse\x12'\n" +
-	"\x06images\x18\x01 \x03(\v2\x0f.berth.v1.ImageR\x06images2\xa5\x01\n" +
+	"\x06images\x18\x01 \x03(\v2\x0f.berth.v1.ImageR\x06images\"0\n" +
+	"\x10PullImageRequest\x12\x1c\n" +
+	"\treference\x18\x01 \x01(\tR\treference\"\xaa\x01\n" +
+	"\x11PullLayerProgress\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"media_type\x18\x02 \x01(\tR\tmediaType\x12)\n" +
+	"\x10downloaded_bytes\x18\x03 \x01(\x04R\x0fdownloadedBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x04 \x01(\x04R\n" +
+	"totalBytes\x12\x12\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\"\xbb\x01\n" +
+	"\x11PullImageResponse\x123\n" +
+	"\x06layers\x18\x01 \x03(\v2\x1b.berth.v1.PullLayerProgressR\x06layers\x12)\n" +
+	"\x10downloaded_bytes\x18\x02 \x01(\x04R\x0fdownloadedBytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x03 \x01(\x04R\n" +
+	"totalBytes\x12%\n" +
+	"\x05image\x18\x04 \x01(\v2\x0f.berth.v1.ImageR\x05image\"(\n" +
+	"\x12DeleteImageRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
+	"\x13DeleteImageResponse2\xb9\x02\n" +
 	"\fImageService\x12L\n" +
 	"\vImportImage\x12\x1c.berth.v1.ImportImageRequest\x1a\x1d.berth.v1.ImportImageResponse(\x01\x12G\n" +
 	"\n" +
-	"ListImages\x12\x1b.berth.v1.ListImagesRequest\x1a\x1c.berth.v1.ListImagesResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"ListImages\x12\x1b.berth.v1.ListImagesRequest\x1a\x1c.berth.v1.ListImagesResponse\x12F\n" +
+	"\tPullImage\x12\x1a.berth.v1.PullImageRequest\x1a\x1b.berth.v1.PullImageResponse0\x01\x12J\n" +
+	"\vDeleteImage\x12\x1c.berth.v1.DeleteImageRequest\x1a\x1d.berth.v1.DeleteImageResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_image_proto_rawDescOnce sync.Once
@@ -401,7 +710,7 @@ func file_berth_v1_image_proto_rawDescGZIP() []byte {
 	return file_berth_v1_image_proto_rawDescData
 }
 
-var file_berth_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_berth_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_berth_v1_image_proto_goTypes = []any{
 	(*Image)(nil),                 // 0: berth.v1.Image
 	(*ImportImageHeader)(nil),     // 1: berth.v1.ImportImageHeader
@@ -409,22 +718,33 @@ var file_berth_v1_image_proto_goTypes = []any{
 	(*ImportImageResponse)(nil),   // 3: berth.v1.ImportImageResponse
 	(*ListImagesRequest)(nil),     // 4: berth.v1.ListImagesRequest
 	(*ListImagesResponse)(nil),    // 5: berth.v1.ListImagesResponse
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*PullImageRequest)(nil),      // 6: berth.v1.PullImageRequest
+	(*PullLayerProgress)(nil),     // 7: berth.v1.PullLayerProgress
+	(*PullImageResponse)(nil),     // 8: berth.v1.PullImageResponse
+	(*DeleteImageRequest)(nil),    // 9: berth.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),   // 10: berth.v1.DeleteImageResponse
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_berth_v1_image_proto_depIdxs = []int32{
-	6, // 0: berth.v1.Image.created_at:type_name -> google.protobuf.Timestamp
-	1, // 1: berth.v1.ImportImageRequest.header:type_name -> berth.v1.ImportImageHeader
-	0, // 2: berth.v1.ImportImageResponse.images:type_name -> berth.v1.Image
-	0, // 3: berth.v1.ListImagesResponse.images:type_name -> berth.v1.Image
-	2, // 4: berth.v1.ImageService.ImportImage:input_type -> berth.v1.ImportImageRequest
-	4, // 5: berth.v1.ImageService.ListImages:input_type -> berth.v1.ListImagesRequest
-	3, // 6: berth.v1.ImageService.ImportImage:output_type -> berth.v1.ImportImageResponse
-	5, // 7: berth.v1.ImageService.ListImages:output_type -> berth.v1.ListImagesResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	11, // 0: berth.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	1,  // 1: berth.v1.ImportImageRequest.header:type_name -> berth.v1.ImportImageHeader
+	0,  // 2: berth.v1.ImportImageResponse.images:type_name -> berth.v1.Image
+	0,  // 3: berth.v1.ListImagesResponse.images:type_name -> berth.v1.Image
+	7,  // 4: berth.v1.PullImageResponse.layers:type_name -> berth.v1.PullLayerProgress
+	0,  // 5: berth.v1.PullImageResponse.image:type_name -> berth.v1.Image
+	2,  // 6: berth.v1.ImageService.ImportImage:input_type -> berth.v1.ImportImageRequest
+	4,  // 7: berth.v1.ImageService.ListImages:input_type -> berth.v1.ListImagesRequest
+	6,  // 8: berth.v1.ImageService.PullImage:input_type -> berth.v1.PullImageRequest
+	9,  // 9: berth.v1.ImageService.DeleteImage:input_type -> berth.v1.DeleteImageRequest
+	3,  // 10: berth.v1.ImageService.ImportImage:output_type -> berth.v1.ImportImageResponse
+	5,  // 11: berth.v1.ImageService.ListImages:output_type -> berth.v1.ListImagesResponse
+	8,  // 12: berth.v1.ImageService.PullImage:output_type -> berth.v1.PullImageResponse
+	10, // 13: berth.v1.ImageService.DeleteImage:output_type -> berth.v1.DeleteImageResponse
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_image_proto_init() }
@@ -442,7 +762,7 @@ func file_berth_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_image_proto_rawDesc), len(file_berth_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,6 +21,8 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	ImageService_ImportImage_FullMethodName = "/berth.v1.ImageService/ImportImage"
 	ImageService_ListImages_FullMethodName  = "/berth.v1.ImageService/ListImages"
+	ImageService_PullImage_FullMethodName   = "/berth.v1.ImageService/PullImage"
+	ImageService_DeleteImage_FullMethodName = "/berth.v1.ImageService/DeleteImage"
 )
 
 // ImageServiceClient is the client API for ImageService service.
@@ -39,6 +41,16 @@ type ImageServiceClient interface {
 	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse], error)
 	// ListImages lists stored images ordered by name.
 	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
+	// PullImage fetches an image from its registry, stores and unpacks it, and
+	// streams progress while it does: PullImageProgress messages, then one
+	// with the image set last. Errors: INVALID_ARGUMENT for a malformed
+	// reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
+	// image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
+	// reached within the server's resolve timeout.
+	PullImage(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullImageResponse], error)
+	// DeleteImage removes an image record from the store; sandboxes created
+	// from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+	DeleteImage(ctx context.Context, in *DeleteImageRequest, opts ...grpc.CallOption) (*DeleteImageResponse, error)
 }
 
 type imageServiceClient struct {
@@ -72,6 +84,35 @@ func (c *imageServiceClient) ListImages(ctx context.Context, in *ListImagesReque
 	return out, nil
 }
 
+func (c *imageServiceClient) PullImage(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullImageResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ImageService_ServiceDesc.Streams[1], ImageService_PullImage_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PullImageRequest, PullImageResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ImageService_PullImageClient = grpc.ServerStreamingClient[PullImageResponse]
+
+func (c *imageServiceClient) DeleteImage(ctx context.Context, in *DeleteImageRequest, opts ...grpc.CallOption) (*DeleteImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteImageResponse)
+	err := c.cc.Invoke(ctx, ImageService_DeleteImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ImageServiceServer is the server API for ImageService service.
 // All implementations must embed UnimplementedImageServiceServer
 // for forward compatibility.
@@ -88,6 +129,16 @@ type ImageServiceServer interface {
 	ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error
 	// ListImages lists stored images ordered by name.
 	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
+	// PullImage fetches an image from its registry, stores and unpacks it, and
+	// streams progress while it does: PullImageProgress messages, then one
+	// with the image set last. Errors: INVALID_ARGUMENT for a malformed
+	// reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
+	// image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
+	// reached within the server's resolve timeout.
+	PullImage(*PullImageRequest, grpc.ServerStreamingServer[PullImageResponse]) error
+	// DeleteImage removes an image record from the store; sandboxes created
+	// from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+	DeleteImage(context.Context, *DeleteImageRequest) (*DeleteImageResponse, error)
 	mustEmbedUnimplementedImageServiceServer()
 }
 
@@ -103,6 +154,12 @@ func (UnimplementedImageServiceServer) ImportImage(grpc.ClientStreamingServer[Im
 }
 func (UnimplementedImageServiceServer) ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListImages not implemented")
+}
+func (UnimplementedImageServiceServer) PullImage(*PullImageRequest, grpc.ServerStreamingServer[PullImageResponse]) error {
+	return status.Error(codes.Unimplemented, "method PullImage not implemented")
+}
+func (UnimplementedImageServiceServer) DeleteImage(context.Context, *DeleteImageRequest) (*DeleteImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteImage not implemented")
 }
 func (UnimplementedImageServiceServer) mustEmbedUnimplementedImageServiceServer() {}
 func (UnimplementedImageServiceServer) testEmbeddedByValue()                      {}
@@ -150,6 +207,35 @@ func _ImageService_ListImages_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ImageService_PullImage_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PullImageRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ImageServiceServer).PullImage(m, &grpc.GenericServerStream[PullImageRequest, PullImageResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ImageService_PullImageServer = grpc.ServerStreamingServer[PullImageResponse]
+
+func _ImageService_DeleteImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ImageServiceServer).DeleteImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ImageService_DeleteImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ImageServiceServer).DeleteImage(ctx, req.(*DeleteImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ImageService_ServiceDesc is the grpc.ServiceDesc for ImageService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -161,12 +247,21 @@ var ImageService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListImages",
 			Handler:    _ImageService_ListImages_Handler,
 		},
+		{
+			MethodName: "DeleteImage",
+			Handler:    _ImageService_DeleteImage_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "ImportImage",
 			Handler:       _ImageService_ImportImage_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "PullImage",
+			Handler:       _ImageService_PullImage_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "berth/v1/image.proto",

@@ -9,6 +9,7 @@ package berthv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -33,6 +34,12 @@ const (
 	// SANDBOX_STATE_STOPPED means the container exists but its task is not
 	// running.
 	SandboxState_SANDBOX_STATE_STOPPED SandboxState = 2
+	// SANDBOX_STATE_STARTING means the sandbox is being created: its agent
+	// has not answered yet.
+	SandboxState_SANDBOX_STATE_STARTING SandboxState = 3
+	// SANDBOX_STATE_STOPPING means the sandbox expired (see Sandbox.stop_reason)
+	// and is being removed.
+	SandboxState_SANDBOX_STATE_STOPPING SandboxState = 4
 )
 
 // Enum value maps for SandboxState.
@@ -41,11 +48,15 @@ var (
 		0: "SANDBOX_STATE_UNSPECIFIED",
 		1: "SANDBOX_STATE_RUNNING",
 		2: "SANDBOX_STATE_STOPPED",
+		3: "SANDBOX_STATE_STARTING",
+		4: "SANDBOX_STATE_STOPPING",
 	}
 	SandboxState_value = map[string]int32{
 		"SANDBOX_STATE_UNSPECIFIED": 0,
 		"SANDBOX_STATE_RUNNING":     1,
 		"SANDBOX_STATE_STOPPED":     2,
+		"SANDBOX_STATE_STARTING":    3,
+		"SANDBOX_STATE_STOPPING":    4,
 	}
 )
 
@@ -76,12 +87,67 @@ func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
+// StopReason says why the server stops a sandbox by itself.
+type StopReason int32
+
+const (
+	// STOP_REASON_UNSPECIFIED means the sandbox is not being stopped.
+	StopReason_STOP_REASON_UNSPECIFIED StopReason = 0
+	// STOP_REASON_IDLE_TIMEOUT means no exec ran and no request named the
+	// sandbox for its idle timeout.
+	StopReason_STOP_REASON_IDLE_TIMEOUT StopReason = 1
+	// STOP_REASON_MAX_LIFETIME means the sandbox reached its maximum lifetime.
+	StopReason_STOP_REASON_MAX_LIFETIME StopReason = 2
+)
+
+// Enum value maps for StopReason.
+var (
+	StopReason_name = map[int32]string{
+		0: "STOP_REASON_UNSPECIFIED",
+		1: "STOP_REASON_IDLE_TIMEOUT",
+		2: "STOP_REASON_MAX_LIFETIME",
+	}
+	StopReason_value = map[string]int32{
+		"STOP_REASON_UNSPECIFIED":  0,
+		"STOP_REASON_IDLE_TIMEOUT": 1,
+		"STOP_REASON_MAX_LIFETIME": 2,
+	}
+)
+
+func (x StopReason) Enum() *StopReason {
+	p := new(StopReason)
+	*p = x
+	return p
+}
+
+func (x StopReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StopReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_sandbox_proto_enumTypes[1].Descriptor()
+}
+
+func (StopReason) Type() protoreflect.EnumType {
+	return &file_berth_v1_sandbox_proto_enumTypes[1]
+}
+
+func (x StopReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StopReason.Descriptor instead.
+func (StopReason) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
 // Resources limits what a sandbox may use. Zero fields take the server's
 // defaults; values above the server's maximums are INVALID_ARGUMENT.
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pids_limit caps the number of processes and threads in the sandbox
-	// (pids cgroup).
+	// (pids cgroup). The cgroup allows 32 more for the agent's own threads, so
+	// that a workload exhausting its limit cannot starve the agent.
 	PidsLimit uint64 `protobuf:"varint,1,opt,name=pids_limit,json=pidsLimit,proto3" json:"pids_limit,omitempty"`
 	// cpu_millis caps CPU time in thousandths of a CPU: 500 is half a core
 	// (CFS quota over a 100 ms period).
@@ -145,6 +211,84 @@ func (x *Resources) GetMemoryBytes() uint64 {
 	return 0
 }
 
+// SandboxUsage is what a running sandbox uses now, from its cgroup (containerd
+// task metrics).
+type SandboxUsage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cpu_time is the CPU time all its processes used since the sandbox
+	// started (user + system).
+	CpuTime *durationpb.Duration `protobuf:"bytes,1,opt,name=cpu_time,json=cpuTime,proto3" json:"cpu_time,omitempty"`
+	// memory_bytes is its memory working set in bytes: usage without the
+	// inactive file cache, which the kernel reclaims first (as kubectl top
+	// reports it).
+	MemoryBytes uint64 `protobuf:"varint,2,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// memory_peak_bytes is the highest memory usage seen, in bytes, cache
+	// included.
+	MemoryPeakBytes uint64 `protobuf:"varint,3,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3" json:"memory_peak_bytes,omitempty"`
+	// pids is the number of processes and threads now.
+	Pids          uint64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxUsage) Reset() {
+	*x = SandboxUsage{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxUsage) ProtoMessage() {}
+
+func (x *SandboxUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxUsage.ProtoReflect.Descriptor instead.
+func (*SandboxUsage) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SandboxUsage) GetCpuTime() *durationpb.Duration {
+	if x != nil {
+		return x.CpuTime
+	}
+	return nil
+}
+
+func (x *SandboxUsage) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *SandboxUsage) GetMemoryPeakBytes() uint64 {
+	if x != nil {
+		return x.MemoryPeakBytes
+	}
+	return 0
+}
+
+func (x *SandboxUsage) GetPids() uint64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
 // RuntimeIdentity identifies one run of a sandbox's runtime: a new task or a
 // restarted agent yields a new identity.
 type RuntimeIdentity struct {
@@ -162,7 +306,7 @@ type RuntimeIdentity struct {
 
 func (x *RuntimeIdentity) Reset() {
 	*x = RuntimeIdentity{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -174,7 +318,7 @@ func (x *RuntimeIdentity) String() string {
 func (*RuntimeIdentity) ProtoMessage() {}
 
 func (x *RuntimeIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -187,7 +331,7 @@ func (x *RuntimeIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeIdentity.ProtoReflect.Descriptor instead.
 func (*RuntimeIdentity) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RuntimeIdentity) GetAgentBootId() string {
@@ -229,14 +373,52 @@ type Sandbox struct {
 	// agent_version is the version the agent reports; empty when stopped.
 	AgentVersion string `protobuf:"bytes,7,opt,name=agent_version,json=agentVersion,proto3" json:"agent_version,omitempty"`
 	// resources are the effective limits.
-	Resources     *Resources `protobuf:"bytes,8,opt,name=resources,proto3" json:"resources,omitempty"`
+	Resources *Resources `protobuf:"bytes,8,opt,name=resources,proto3" json:"resources,omitempty"`
+	// env_keys are the names of the sandbox's environment variables, sorted.
+	// Their values are never returned or logged.
+	EnvKeys []string `protobuf:"bytes,9,rep,name=env_keys,json=envKeys,proto3" json:"env_keys,omitempty"`
+	// user is the workload user "uid:gid" that processes run as.
+	User string `protobuf:"bytes,10,opt,name=user,proto3" json:"user,omitempty"`
+	// workdir is the working directory of processes started without a cwd.
+	Workdir string `protobuf:"bytes,11,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// idle_timeout is the effective idle timeout.
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,12,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// max_lifetime is the effective maximum lifetime.
+	MaxLifetime *durationpb.Duration `protobuf:"bytes,13,opt,name=max_lifetime,json=maxLifetime,proto3" json:"max_lifetime,omitempty"`
+	// expires_at is when the maximum lifetime ends: created_at +
+	// max_lifetime.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// last_activity_at is when berthd last saw activity: a request naming the
+	// sandbox, or an exec starting, running or ending. After a berthd restart
+	// it starts at the restart.
+	LastActivityAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_activity_at,json=lastActivityAt,proto3" json:"last_activity_at,omitempty"`
+	// idle_expires_at is when the idle timeout stops the sandbox unless
+	// something happens first: last_activity_at + idle_timeout, or the end of
+	// a KeepAlive hold when later. A running exec moves it on.
+	IdleExpiresAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=idle_expires_at,json=idleExpiresAt,proto3" json:"idle_expires_at,omitempty"`
+	// stop_reason says why the sandbox is being stopped; set with state
+	// SANDBOX_STATE_STOPPING.
+	StopReason StopReason `protobuf:"varint,17,opt,name=stop_reason,json=stopReason,proto3,enum=berth.v1.StopReason" json:"stop_reason,omitempty"`
+	// running_execs is the number of execs whose process runs, as the agent
+	// reports it.
+	RunningExecs uint32 `protobuf:"varint,18,opt,name=running_execs,json=runningExecs,proto3" json:"running_execs,omitempty"`
+	// usage is what the sandbox uses now; set by GetSandbox for a running
+	// sandbox, not by ListSandboxes.
+	Usage *SandboxUsage `protobuf:"bytes,19,opt,name=usage,proto3" json:"usage,omitempty"`
+	// agent_build identifies the agent's build (VCS revision and Go version).
+	AgentBuild string `protobuf:"bytes,20,opt,name=agent_build,json=agentBuild,proto3" json:"agent_build,omitempty"`
+	// server_version is berthd's version.
+	ServerVersion string `protobuf:"bytes,21,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
+	// version_skew is true when agent_version differs from server_version:
+	// the sandbox was created by another berthd release.
+	VersionSkew   bool `protobuf:"varint,22,opt,name=version_skew,json=versionSkew,proto3" json:"version_skew,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -248,7 +430,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -261,7 +443,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Sandbox) GetId() string {
@@ -320,6 +502,104 @@ func (x *Sandbox) GetResources() *Resources {
 	return nil
 }
 
+func (x *Sandbox) GetEnvKeys() []string {
+	if x != nil {
+		return x.EnvKeys
+	}
+	return nil
+}
+
+func (x *Sandbox) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Sandbox) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
+func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+func (x *Sandbox) GetMaxLifetime() *durationpb.Duration {
+	if x != nil {
+		return x.MaxLifetime
+	}
+	return nil
+}
+
+func (x *Sandbox) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *Sandbox) GetLastActivityAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastActivityAt
+	}
+	return nil
+}
+
+func (x *Sandbox) GetIdleExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.IdleExpiresAt
+	}
+	return nil
+}
+
+func (x *Sandbox) GetStopReason() StopReason {
+	if x != nil {
+		return x.StopReason
+	}
+	return StopReason_STOP_REASON_UNSPECIFIED
+}
+
+func (x *Sandbox) GetRunningExecs() uint32 {
+	if x != nil {
+		return x.RunningExecs
+	}
+	return 0
+}
+
+func (x *Sandbox) GetUsage() *SandboxUsage {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *Sandbox) GetAgentBuild() string {
+	if x != nil {
+		return x.AgentBuild
+	}
+	return ""
+}
+
+func (x *Sandbox) GetServerVersion() string {
+	if x != nil {
+		return x.ServerVersion
+	}
+	return ""
+}
+
+func (x *Sandbox) GetVersionSkew() bool {
+	if x != nil {
+		return x.VersionSkew
+	}
+	return false
+}
+
 // CreateSandboxRequest asks for a new sandbox.
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -334,14 +614,39 @@ type CreateSandboxRequest struct {
 	// beginning with "berth.dev/" are reserved.
 	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// resources limits the sandbox; unset fields take the server's defaults.
-	Resources     *Resources `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
+	Resources *Resources `protobuf:"bytes,4,opt,name=resources,proto3" json:"resources,omitempty"`
+	// env is the environment of every process in the sandbox, on top of the
+	// image's. Keys must be non-empty without '=' or NUL; values may hold any
+	// bytes but NUL. Values are never logged nor returned.
+	Env map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// user is the workload user that processes run as and files are created
+	// as: "uid" or "uid:gid", numeric (gid defaults to uid). Empty means
+	// "0:0", root without capabilities.
+	User string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	// workdir is the working directory of processes started without a cwd,
+	// an absolute path; created when missing and owned by the workload user.
+	// Empty means "/workspace".
+	Workdir string `protobuf:"bytes,7,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// idle_timeout stops and removes the sandbox after this long without a
+	// running exec and without a request naming it. Zero means the server's
+	// default; values beyond the server's maximum are INVALID_ARGUMENT.
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,8,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// max_lifetime stops and removes the sandbox this long after its
+	// creation, whatever runs in it. Zero means the server's default; values
+	// beyond the server's maximum are INVALID_ARGUMENT.
+	MaxLifetime *durationpb.Duration `protobuf:"bytes,9,opt,name=max_lifetime,json=maxLifetime,proto3" json:"max_lifetime,omitempty"`
+	// request_id makes a create without sandbox_id idempotent: the sandbox id
+	// is derived from it, so a retried request finds the sandbox the first
+	// one created. 1 to 128 printable ASCII characters. Ignored when
+	// sandbox_id is set.
+	RequestId     string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -353,7 +658,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -366,7 +671,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CreateSandboxRequest) GetSandboxId() string {
@@ -397,18 +702,63 @@ func (x *CreateSandboxRequest) GetResources() *Resources {
 	return nil
 }
 
+func (x *CreateSandboxRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *CreateSandboxRequest) GetWorkdir() string {
+	if x != nil {
+		return x.Workdir
+	}
+	return ""
+}
+
+func (x *CreateSandboxRequest) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetMaxLifetime() *durationpb.Duration {
+	if x != nil {
+		return x.MaxLifetime
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // CreateSandboxResponse returns the created sandbox.
 type CreateSandboxResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sandbox is the created sandbox, running.
-	Sandbox       *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	Sandbox *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// from_warm_pool is true when a pre-created sandbox of the server's warm
+	// pool was handed out.
+	FromWarmPool  bool `protobuf:"varint,2,opt,name=from_warm_pool,json=fromWarmPool,proto3" json:"from_warm_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +770,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +783,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -441,6 +791,13 @@ func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
 		return x.Sandbox
 	}
 	return nil
+}
+
+func (x *CreateSandboxResponse) GetFromWarmPool() bool {
+	if x != nil {
+		return x.FromWarmPool
+	}
+	return false
 }
 
 // GetSandboxRequest names a sandbox.
@@ -454,7 +811,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +823,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +836,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -500,7 +857,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +869,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +882,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -552,7 +909,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -564,7 +921,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -577,7 +934,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListSandboxesRequest) GetLabelSelector() map[string]string {
@@ -614,7 +971,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +983,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +996,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -667,7 +1024,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -679,7 +1036,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -692,7 +1049,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteSandboxRequest) GetSandboxId() string {
@@ -711,7 +1068,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +1080,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,25 +1093,143 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{11}
+}
+
+// KeepAliveRequest names the sandbox to keep.
+type KeepAliveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// hold_for keeps the idle timeout from stopping the sandbox before now +
+	// hold_for (a later hold replaces an earlier one). Zero only counts as
+	// activity now. At most the server's maximum idle timeout.
+	HoldFor       *durationpb.Duration `protobuf:"bytes,2,opt,name=hold_for,json=holdFor,proto3" json:"hold_for,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveRequest) Reset() {
+	*x = KeepAliveRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveRequest) ProtoMessage() {}
+
+func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
+func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *KeepAliveRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *KeepAliveRequest) GetHoldFor() *durationpb.Duration {
+	if x != nil {
+		return x.HoldFor
+	}
+	return nil
+}
+
+// KeepAliveResponse tells when the sandbox expires now.
+type KeepAliveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// idle_expires_at is when the idle timeout stops the sandbox unless more
+	// activity comes.
+	IdleExpiresAt *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=idle_expires_at,json=idleExpiresAt,proto3" json:"idle_expires_at,omitempty"`
+	// expires_at is when the maximum lifetime ends.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAliveResponse) Reset() {
+	*x = KeepAliveResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAliveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAliveResponse) ProtoMessage() {}
+
+func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
+func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.IdleExpiresAt
+	}
+	return nil
+}
+
+func (x *KeepAliveResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
 }
 
 var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\x8b\x01\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\xa7\x01\n" +
+	"\fSandboxUsage\x124\n" +
+	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
+	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +
+	"\x11memory_peak_bytes\x18\x03 \x01(\x04R\x0fmemoryPeakBytes\x12\x12\n" +
+	"\x04pids\x18\x04 \x01(\x04R\x04pids\"\x8b\x01\n" +
 	"\x0fRuntimeIdentity\x12\"\n" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x97\x03\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x96\b\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -764,21 +1239,51 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"created_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x123\n" +
 	"\aruntime\x18\x06 \x01(\v2\x19.berth.v1.RuntimeIdentityR\aruntime\x12#\n" +
 	"\ragent_version\x18\a \x01(\tR\fagentVersion\x121\n" +
-	"\tresources\x18\b \x01(\v2\x13.berth.v1.ResourcesR\tresources\x1a9\n" +
+	"\tresources\x18\b \x01(\v2\x13.berth.v1.ResourcesR\tresources\x12\x19\n" +
+	"\benv_keys\x18\t \x03(\tR\aenvKeys\x12\x12\n" +
+	"\x04user\x18\n" +
+	" \x01(\tR\x04user\x12\x18\n" +
+	"\aworkdir\x18\v \x01(\tR\aworkdir\x12<\n" +
+	"\fidle_timeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12<\n" +
+	"\fmax_lifetime\x18\r \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x129\n" +
+	"\n" +
+	"expires_at\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12D\n" +
+	"\x10last_activity_at\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\x0elastActivityAt\x12B\n" +
+	"\x0fidle_expires_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\ridleExpiresAt\x125\n" +
+	"\vstop_reason\x18\x11 \x01(\x0e2\x14.berth.v1.StopReasonR\n" +
+	"stopReason\x12#\n" +
+	"\rrunning_execs\x18\x12 \x01(\rR\frunningExecs\x12,\n" +
+	"\x05usage\x18\x13 \x01(\v2\x16.berth.v1.SandboxUsageR\x05usage\x12\x1f\n" +
+	"\vagent_build\x18\x14 \x01(\tR\n" +
+	"agentBuild\x12%\n" +
+	"\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n" +
+	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfd\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x04\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12B\n" +
 	"\x06labels\x18\x03 \x03(\v2*.berth.v1.CreateSandboxRequest.LabelsEntryR\x06labels\x121\n" +
-	"\tresources\x18\x04 \x01(\v2\x13.berth.v1.ResourcesR\tresources\x1a9\n" +
+	"\tresources\x18\x04 \x01(\v2\x13.berth.v1.ResourcesR\tresources\x129\n" +
+	"\x03env\x18\x05 \x03(\v2'.berth.v1.CreateSandboxRequest.EnvEntryR\x03env\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x18\n" +
+	"\aworkdir\x18\a \x01(\tR\aworkdir\x12<\n" +
+	"\fidle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12<\n" +
+	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\n" +
+	" \x01(\tR\trequestId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"D\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"j\n" +
 	"\x15CreateSandboxResponse\x12+\n" +
-	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"2\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\x12$\n" +
+	"\x0efrom_warm_pool\x18\x02 \x01(\bR\ffromWarmPool\"2\n" +
 	"\x11GetSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"A\n" +
@@ -798,17 +1303,33 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x14DeleteSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x17\n" +
-	"\x15DeleteSandboxResponse*c\n" +
+	"\x15DeleteSandboxResponse\"g\n" +
+	"\x10KeepAliveRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
+	"\bhold_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\aholdFor\"\x92\x01\n" +
+	"\x11KeepAliveResponse\x12B\n" +
+	"\x0fidle_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ridleExpiresAt\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*\x9b\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x19\n" +
-	"\x15SANDBOX_STATE_STOPPED\x10\x022\xbe\x03\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\x02\x12\x1a\n" +
+	"\x16SANDBOX_STATE_STARTING\x10\x03\x12\x1a\n" +
+	"\x16SANDBOX_STATE_STOPPING\x10\x04*e\n" +
+	"\n" +
+	"StopReason\x12\x1b\n" +
+	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18STOP_REASON_IDLE_TIMEOUT\x10\x01\x12\x1c\n" +
+	"\x18STOP_REASON_MAX_LIFETIME\x10\x022\x84\x04\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
 	"GetSandbox\x12\x1b.berth.v1.GetSandboxRequest\x1a\x1c.berth.v1.GetSandboxResponse\x12P\n" +
 	"\rListSandboxes\x12\x1e.berth.v1.ListSandboxesRequest\x1a\x1f.berth.v1.ListSandboxesResponse\x12P\n" +
-	"\rDeleteSandbox\x12\x1e.berth.v1.DeleteSandboxRequest\x1a\x1f.berth.v1.DeleteSandboxResponse\x129\n" +
+	"\rDeleteSandbox\x12\x1e.berth.v1.DeleteSandboxRequest\x1a\x1f.berth.v1.DeleteSandboxResponse\x12D\n" +
+	"\tKeepAlive\x12\x1a.berth.v1.KeepAliveRequest\x1a\x1b.berth.v1.KeepAliveResponse\x129\n" +
 	"\x04Exec\x12\x15.berth.v1.ExecRequest\x1a\x16.berth.v1.ExecResponse(\x010\x01\x122\n" +
 	"\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
@@ -824,60 +1345,82 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_berth_v1_sandbox_proto_rawDescData
 }
 
-var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_berth_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: berth.v1.SandboxState
-	(*Resources)(nil),             // 1: berth.v1.Resources
-	(*RuntimeIdentity)(nil),       // 2: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),               // 3: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 4: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 5: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 6: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 7: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 8: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 9: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),  // 10: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil), // 11: berth.v1.DeleteSandboxResponse
-	nil,                           // 12: berth.v1.Sandbox.LabelsEntry
-	nil,                           // 13: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                           // 14: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
-	(*ExecRequest)(nil),           // 16: berth.v1.ExecRequest
-	(*RunRequest)(nil),            // 17: berth.v1.RunRequest
-	(*ExecResponse)(nil),          // 18: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 19: berth.v1.RunResponse
+	(StopReason)(0),               // 1: berth.v1.StopReason
+	(*Resources)(nil),             // 2: berth.v1.Resources
+	(*SandboxUsage)(nil),          // 3: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),       // 4: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),               // 5: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),  // 6: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil), // 7: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),     // 8: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),    // 9: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),  // 10: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil), // 11: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),  // 12: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil), // 13: berth.v1.DeleteSandboxResponse
+	(*KeepAliveRequest)(nil),      // 14: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 15: berth.v1.KeepAliveResponse
+	nil,                           // 16: berth.v1.Sandbox.LabelsEntry
+	nil,                           // 17: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                           // 18: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                           // 19: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
+	(*ExecRequest)(nil),           // 22: berth.v1.ExecRequest
+	(*RunRequest)(nil),            // 23: berth.v1.RunRequest
+	(*ExecResponse)(nil),          // 24: berth.v1.ExecResponse
+	(*RunResponse)(nil),           // 25: berth.v1.RunResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
-	15, // 0: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
-	0,  // 1: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	12, // 2: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	15, // 3: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	2,  // 4: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
-	1,  // 5: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	13, // 6: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	1,  // 7: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	3,  // 8: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	3,  // 9: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	14, // 10: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	3,  // 11: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	4,  // 12: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	6,  // 13: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	8,  // 14: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	10, // 15: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	16, // 16: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	17, // 17: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	5,  // 18: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	7,  // 19: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	9,  // 20: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	11, // 21: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	18, // 22: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	19, // 23: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	18, // [18:24] is the sub-list for method output_type
-	12, // [12:18] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	20, // 0: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	21, // 1: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	0,  // 2: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
+	16, // 3: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	21, // 4: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	4,  // 5: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
+	2,  // 6: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
+	20, // 7: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	20, // 8: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	21, // 9: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	21, // 10: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	21, // 11: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 12: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
+	3,  // 13: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
+	17, // 14: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	2,  // 15: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	18, // 16: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	20, // 17: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	20, // 18: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	5,  // 19: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	5,  // 20: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	19, // 21: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	5,  // 22: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	20, // 23: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	21, // 24: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	21, // 25: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 26: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	8,  // 27: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	10, // 28: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	12, // 29: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	14, // 30: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	22, // 31: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	23, // 32: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	7,  // 33: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	9,  // 34: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	11, // 35: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	13, // 36: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	15, // 37: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	24, // 38: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	25, // 39: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	33, // [33:40] is the sub-list for method output_type
+	26, // [26:33] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -891,8 +1434,8 @@ func file_berth_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   14,
+			NumEnums:      2,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

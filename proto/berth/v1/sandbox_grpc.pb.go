@@ -23,6 +23,7 @@ const (
 	SandboxService_GetSandbox_FullMethodName    = "/berth.v1.SandboxService/GetSandbox"
 	SandboxService_ListSandboxes_FullMethodName = "/berth.v1.SandboxService/ListSandboxes"
 	SandboxService_DeleteSandbox_FullMethodName = "/berth.v1.SandboxService/DeleteSandbox"
+	SandboxService_KeepAlive_FullMethodName     = "/berth.v1.SandboxService/KeepAlive"
 	SandboxService_Exec_FullMethodName          = "/berth.v1.SandboxService/Exec"
 	SandboxService_Run_FullMethodName           = "/berth.v1.SandboxService/Run"
 )
@@ -44,9 +45,17 @@ const (
 // earlier runtime.
 type SandboxServiceClient interface {
 	// CreateSandbox creates a sandbox from an image and returns once the agent
-	// inside answers. Errors: INVALID_ARGUMENT for a malformed request,
-	// NOT_FOUND (IMAGE_NOT_FOUND) when the image is not in the image store,
-	// ALREADY_EXISTS (SANDBOX_EXISTS) when the id is taken.
+	// inside answers. It is idempotent on the sandbox id (the caller's
+	// sandbox_id, or the one derived from request_id): a repeated request with
+	// the same spec returns the existing sandbox, waiting for it while it
+	// starts, and concurrent requests for one id create one container.
+	// Errors: INVALID_ARGUMENT for a malformed request or a value beyond the
+	// server's bounds, NOT_FOUND (IMAGE_NOT_FOUND) when the image is not in
+	// the image store, ALREADY_EXISTS (SANDBOX_EXISTS) when the id belongs to a
+	// sandbox with another spec (the message and the ErrorInfo metadata
+	// "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
+	// when the agent does not answer in time or the id's sandbox is being
+	// removed after it expired.
 	CreateSandbox(ctx context.Context, in *CreateSandboxRequest, opts ...grpc.CallOption) (*CreateSandboxResponse, error)
 	// GetSandbox returns one sandbox. Errors: NOT_FOUND (SANDBOX_NOT_FOUND).
 	GetSandbox(ctx context.Context, in *GetSandboxRequest, opts ...grpc.CallOption) (*GetSandboxResponse, error)
@@ -56,6 +65,13 @@ type SandboxServiceClient interface {
 	// DeleteSandbox stops the sandbox and removes its task, container,
 	// snapshot and host directory. Deleting a missing sandbox succeeds.
 	DeleteSandbox(ctx context.Context, in *DeleteSandboxRequest, opts ...grpc.CallOption) (*DeleteSandboxResponse, error)
+	// KeepAlive counts as activity in the sandbox now, and with hold_for keeps
+	// the idle timeout from stopping it before now + hold_for. It never extends
+	// the maximum lifetime. Every other request naming the sandbox counts as
+	// activity too, for as long as it lasts. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND), INVALID_ARGUMENT when hold_for is negative or
+	// beyond the server's maximum idle timeout.
+	KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*KeepAliveResponse, error)
 	// Exec runs a process and streams its output: the client sends ExecStart
 	// (or ExecAttach) first, then stdin, close_stdin and signals; the server
 	// sends ExecStarted, numbered ExecOutput events, and ExecExited last.
@@ -120,6 +136,16 @@ func (c *sandboxServiceClient) DeleteSandbox(ctx context.Context, in *DeleteSand
 	return out, nil
 }
 
+func (c *sandboxServiceClient) KeepAlive(ctx context.Context, in *KeepAliveRequest, opts ...grpc.CallOption) (*KeepAliveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeepAliveResponse)
+	err := c.cc.Invoke(ctx, SandboxService_KeepAlive_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sandboxServiceClient) Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[0], SandboxService_Exec_FullMethodName, cOpts...)
@@ -160,9 +186,17 @@ func (c *sandboxServiceClient) Run(ctx context.Context, in *RunRequest, opts ...
 // earlier runtime.
 type SandboxServiceServer interface {
 	// CreateSandbox creates a sandbox from an image and returns once the agent
-	// inside answers. Errors: INVALID_ARGUMENT for a malformed request,
-	// NOT_FOUND (IMAGE_NOT_FOUND) when the image is not in the image store,
-	// ALREADY_EXISTS (SANDBOX_EXISTS) when the id is taken.
+	// inside answers. It is idempotent on the sandbox id (the caller's
+	// sandbox_id, or the one derived from request_id): a repeated request with
+	// the same spec returns the existing sandbox, waiting for it while it
+	// starts, and concurrent requests for one id create one container.
+	// Errors: INVALID_ARGUMENT for a malformed request or a value beyond the
+	// server's bounds, NOT_FOUND (IMAGE_NOT_FOUND) when the image is not in
+	// the image store, ALREADY_EXISTS (SANDBOX_EXISTS) when the id belongs to a
+	// sandbox with another spec (the message and the ErrorInfo metadata
+	// "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
+	// when the agent does not answer in time or the id's sandbox is being
+	// removed after it expired.
 	CreateSandbox(context.Context, *CreateSandboxRequest) (*CreateSandboxResponse, error)
 	// GetSandbox returns one sandbox. Errors: NOT_FOUND (SANDBOX_NOT_FOUND).
 	GetSandbox(context.Context, *GetSandboxRequest) (*GetSandboxResponse, error)
@@ -172,6 +206,13 @@ type SandboxServiceServer interface {
 	// DeleteSandbox stops the sandbox and removes its task, container,
 	// snapshot and host directory. Deleting a missing sandbox succeeds.
 	DeleteSandbox(context.Context, *DeleteSandboxRequest) (*DeleteSandboxResponse, error)
+	// KeepAlive counts as activity in the sandbox now, and with hold_for keeps
+	// the idle timeout from stopping it before now + hold_for. It never extends
+	// the maximum lifetime. Every other request naming the sandbox counts as
+	// activity too, for as long as it lasts. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND), INVALID_ARGUMENT when hold_for is negative or
+	// beyond the server's maximum idle timeout.
+	KeepAlive(context.Context, *KeepAliveRequest) (*KeepAliveResponse, error)
 	// Exec runs a process and streams its output: the client sends ExecStart
 	// (or ExecAttach) first, then stdin, close_stdin and signals; the server
 	// sends ExecStarted, numbered ExecOutput events, and ExecExited last.
@@ -207,6 +248,9 @@ func (UnimplementedSandboxServiceServer) ListSandboxes(context.Context, *ListSan
 }
 func (UnimplementedSandboxServiceServer) DeleteSandbox(context.Context, *DeleteSandboxRequest) (*DeleteSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) KeepAlive(context.Context, *KeepAliveRequest) (*KeepAliveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method KeepAlive not implemented")
 }
 func (UnimplementedSandboxServiceServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
 	return status.Error(codes.Unimplemented, "method Exec not implemented")
@@ -307,6 +351,24 @@ func _SandboxService_DeleteSandbox_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_KeepAlive_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeepAliveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).KeepAlive(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_KeepAlive_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).KeepAlive(ctx, req.(*KeepAliveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SandboxService_Exec_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(SandboxServiceServer).Exec(&grpc.GenericServerStream[ExecRequest, ExecResponse]{ServerStream: stream})
 }
@@ -354,6 +416,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSandbox",
 			Handler:    _SandboxService_DeleteSandbox_Handler,
+		},
+		{
+			MethodName: "KeepAlive",
+			Handler:    _SandboxService_KeepAlive_Handler,
 		},
 		{
 			MethodName: "Run",

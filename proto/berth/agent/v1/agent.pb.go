@@ -10,6 +10,7 @@ import (
 	v1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -67,7 +68,15 @@ type InfoResponse struct {
 	// version is the agent's release version, e.g. "v0.1.0".
 	Version string `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
 	// pid is the agent's pid inside the sandbox, 1 when it is PID 1.
-	Pid           int64 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	Pid int64 `protobuf:"varint,3,opt,name=pid,proto3" json:"pid,omitempty"`
+	// build identifies the agent's build: VCS revision (with "+dirty" for a
+	// modified tree) and Go version, e.g. "6fc4b1f0a1c2 go1.26.8".
+	Build string `protobuf:"bytes,4,opt,name=build,proto3" json:"build,omitempty"`
+	// running_execs is the number of execs whose process has not ended.
+	RunningExecs uint32 `protobuf:"varint,5,opt,name=running_execs,json=runningExecs,proto3" json:"running_execs,omitempty"`
+	// last_activity is when an exec last started, ended, or had a stream
+	// opened to it; unset before the first.
+	LastActivity  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_activity,json=lastActivity,proto3" json:"last_activity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -121,6 +130,27 @@ func (x *InfoResponse) GetPid() int64 {
 		return x.Pid
 	}
 	return 0
+}
+
+func (x *InfoResponse) GetBuild() string {
+	if x != nil {
+		return x.Build
+	}
+	return ""
+}
+
+func (x *InfoResponse) GetRunningExecs() uint32 {
+	if x != nil {
+		return x.RunningExecs
+	}
+	return 0
+}
+
+func (x *InfoResponse) GetLastActivity() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastActivity
+	}
+	return nil
 }
 
 // ExecStart starts a process in the agent.
@@ -515,12 +545,15 @@ var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\"\r\n" +
-	"\vInfoRequest\"S\n" +
+	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
+	"\vInfoRequest\"\xcf\x01\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x10\n" +
-	"\x03pid\x18\x03 \x01(\x03R\x03pid\"U\n" +
+	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x14\n" +
+	"\x05build\x18\x04 \x01(\tR\x05build\x12#\n" +
+	"\rrunning_execs\x18\x05 \x01(\rR\frunningExecs\x12?\n" +
+	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"U\n" +
 	"\tExecStart\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12/\n" +
 	"\aprocess\x18\x02 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\"B\n" +
@@ -561,43 +594,45 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 
 var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
-	(*InfoRequest)(nil),       // 0: berth.agent.v1.InfoRequest
-	(*InfoResponse)(nil),      // 1: berth.agent.v1.InfoResponse
-	(*ExecStart)(nil),         // 2: berth.agent.v1.ExecStart
-	(*ExecAttach)(nil),        // 3: berth.agent.v1.ExecAttach
-	(*ExecRequest)(nil),       // 4: berth.agent.v1.ExecRequest
-	(*ExecResponse)(nil),      // 5: berth.agent.v1.ExecResponse
-	(*v1.ProcessSpec)(nil),    // 6: berth.v1.ProcessSpec
-	(*v1.ExecStdin)(nil),      // 7: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil), // 8: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),     // 9: berth.v1.ExecSignal
-	(*v1.ExecStarted)(nil),    // 10: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),     // 11: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),  // 12: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),    // 13: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),     // 14: berth.v1.ExecExited
+	(*InfoRequest)(nil),           // 0: berth.agent.v1.InfoRequest
+	(*InfoResponse)(nil),          // 1: berth.agent.v1.InfoResponse
+	(*ExecStart)(nil),             // 2: berth.agent.v1.ExecStart
+	(*ExecAttach)(nil),            // 3: berth.agent.v1.ExecAttach
+	(*ExecRequest)(nil),           // 4: berth.agent.v1.ExecRequest
+	(*ExecResponse)(nil),          // 5: berth.agent.v1.ExecResponse
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),        // 7: berth.v1.ProcessSpec
+	(*v1.ExecStdin)(nil),          // 8: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),     // 9: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),         // 10: berth.v1.ExecSignal
+	(*v1.ExecStarted)(nil),        // 11: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),         // 12: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),      // 13: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),        // 14: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),         // 15: berth.v1.ExecExited
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	6,  // 0: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	2,  // 1: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
-	3,  // 2: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	7,  // 3: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	8,  // 4: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	9,  // 5: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	10, // 6: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	11, // 7: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	12, // 8: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	13, // 9: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	14, // 10: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	0,  // 11: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	4,  // 12: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	1,  // 13: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	5,  // 14: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	6,  // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	7,  // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	2,  // 2: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
+	3,  // 3: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
+	8,  // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	9,  // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	10, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	11, // 7: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	12, // 8: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	13, // 9: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	14, // 10: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	15, // 11: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	0,  // 12: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	4,  // 13: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	1,  // 14: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	5,  // 15: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }

@@ -1,0 +1,242 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// berthEnv is a berthd (in-process or a subprocess) with its own containerd
+// namespace and state directory, so that what it adopts and cleans at start
+// is its own.
+type berthEnv struct {
+	ns, stateDir, sock string
+	rt                 *runtime.Runtime // containerd in ns, for checks
+	conn               *grpc.ClientConn
+	sandboxes          berthv1.SandboxServiceClient
+	images             berthv1.ImageServiceClient
+	svc                *server.Service // in-process only
+}
+
+// newNamespaceRuntime returns a runtime in a fresh namespace and state
+// directory; at cleanup it deletes every sandbox left there.
+func newNamespaceRuntime(t testing.TB, name string) (*runtime.Runtime, string, string) {
+	t.Helper()
+	ns := env.namespace + "-" + name
+	stateDir := filepath.Join(env.dir, name)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rt, err := runtime.New(ctx, runtime.Config{Address: env.containerd, Namespace: ns, StateDir: stateDir, AgentBinary: env.agentBinary})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		sbs, _ := rt.List(ctx, nil)
+		for _, sb := range sbs {
+			if err := rt.Delete(ctx, sb.ID); err != nil {
+				t.Errorf("delete leftover %s: %v", sb.ID, err)
+			}
+		}
+		rt.Close()
+	})
+	return rt, ns, stateDir
+}
+
+// dialEnv connects e's clients to e.sock.
+func (e *berthEnv) dial(t testing.TB) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+e.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.conn, e.sandboxes, e.images = conn, berthv1.NewSandboxServiceClient(conn), berthv1.NewImageServiceClient(conn)
+}
+
+// importBase imports the test image through e's ImageService.
+func (e *berthEnv) importBase(t testing.TB) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	saved := env.images
+	env.images = e.images
+	defer func() { env.images = saved }()
+	if err := importImageAs(ctx, archivePath(), ""); err != nil {
+		t.Fatalf("import the base image into %s: %v", e.ns, err)
+	}
+}
+
+// newInProcessEnv runs berthd's handlers with cfg in-process, on their own
+// namespace, with the base image imported.
+func newInProcessEnv(t testing.TB, name string, cfg server.Config) *berthEnv {
+	t.Helper()
+	rt, ns, stateDir := newNamespaceRuntime(t, name)
+	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: filepath.Join(env.dir, name+".sock")}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if os.Getenv("BERTH_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	// The pool starts filling at Start: the image must be there before.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f, err := os.Open(archivePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := rt.ImportImage(ctx, f, ""); err != nil {
+		t.Fatal(err)
+	}
+	e.svc = server.New(cfg, rt, log)
+	if err := e.svc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.svc.Close)
+	e.serve(t, e.svc, log)
+	return e
+}
+
+func (e *berthEnv) serve(t testing.TB, svc *server.Service, log *slog.Logger) {
+	t.Helper()
+	lis, err := server.Listen("unix://" + e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.NewGRPCServer(svc, log)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	e.dial(t)
+}
+
+var (
+	berthdOnce sync.Once
+	berthdBin  string
+	berthdErr  error
+)
+
+// testServerVersion is linked into the berthd binary under test; the agent
+// reports "dev", so its sandboxes show version skew.
+const testServerVersion = "v0.0.0-berthd-test"
+
+// berthdBinary builds cmd/berthd once.
+func berthdBinary(t testing.TB) string {
+	t.Helper()
+	berthdOnce.Do(func() {
+		berthdBin = filepath.Join(env.dir, "bin", "berthd")
+		cmd := exec.Command("go", "build", "-o", berthdBin, "-ldflags", "-X github.com/berth-sandbox/berth/server.Version="+testServerVersion, "./cmd/berthd")
+		cmd.Dir = env.repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			berthdErr = err
+			t.Logf("go build berthd: %s", out)
+		}
+	})
+	if berthdErr != nil {
+		t.Fatalf("build berthd: %v", berthdErr)
+	}
+	return berthdBin
+}
+
+// lockedBuffer is a bytes.Buffer for one writer and concurrent readers.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// berthdProc is a berthd subprocess.
+type berthdProc struct {
+	cmd    *exec.Cmd
+	log    *lockedBuffer
+	exited chan struct{}
+	err    error
+}
+
+// startBerthd runs the berthd binary for e and waits until it serves. It is
+// killed at cleanup if still running.
+func startBerthd(t testing.TB, e *berthEnv, flags ...string) *berthdProc {
+	t.Helper()
+	args := append([]string{
+		"--containerd-address", env.containerd, "--namespace", e.ns, "--state-dir", e.stateDir,
+		"--agent-binary", env.agentBinary, "--listen", "unix://" + e.sock, "--log-level", "DEBUG",
+		"--reap-interval", "200ms",
+	}, flags...)
+	p := &berthdProc{cmd: exec.Command(berthdBinary(t), args...), log: &lockedBuffer{}, exited: make(chan struct{})}
+	p.cmd.Stderr = p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("berthd log:\n%s", p.log)
+		}
+	})
+	e.dial(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := e.images.ListImages(ctx, &berthv1.ListImagesRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("berthd did not serve: %v\nlog:\n%s", err, p.log)
+	}
+	return p
+}
+
+// signal sends sig to berthd and waits up to 15s for it to exit.
+func (p *berthdProc) signal(t testing.TB, sig syscall.Signal) error {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(15 * time.Second):
+		t.Fatalf("berthd did not exit within 15s of %v", sig)
+		return nil
+	}
+}
+
+// logLines returns the lines of berthd's log that contain every one of
+// subs.
+func (p *berthdProc) logLines(subs ...string) []string {
+	var out []string
+	for _, line := range strings.Split(p.log.String(), "\n") {
+		all := true
+		for _, s := range subs {
+			all = all && strings.Contains(line, s)
+		}
+		if all && line != "" {
+			out = append(out, line)
+		}
+	}
+	return out
+}

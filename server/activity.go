@@ -1,0 +1,95 @@
+package server
+
+import (
+	"context"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Every request that names a sandbox is activity in it for as long as it
+// lasts (SPEC.md section 2: idle means no exec running and no request). The
+// interceptors below find the sandbox id in the request itself — a
+// top-level sandbox_id field or one in a message field one level down, such
+// as ExecRequest.start — so that every service's RPCs count without each
+// handler having to report it.
+
+// activityUnary counts a unary request naming a sandbox as activity while
+// its handler runs.
+func (s *Service) activityUnary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if m, ok := req.(proto.Message); ok {
+			if id := sandboxIDOf(m.ProtoReflect(), 1); id != "" {
+				defer s.reaper.Begin(id)()
+			}
+		}
+		return handler(ctx, req)
+	}
+}
+
+// activityStream counts a stream as activity in the sandbox its first
+// message naming one names, from that message until the handler returns.
+func (s *Service) activityStream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		w := &activityStream{ServerStream: ss, s: s}
+		defer w.end()
+		return handler(srv, w)
+	}
+}
+
+type activityStream struct {
+	grpc.ServerStream
+	s *Service
+	// mu guards ended: a handler may receive on another goroutine than
+	// the one that returns.
+	mu    sync.Mutex
+	ended func() // set once a message named a sandbox
+}
+
+func (w *activityStream) RecvMsg(m any) error {
+	err := w.ServerStream.RecvMsg(m)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended == nil {
+		if pm, ok := m.(proto.Message); ok {
+			if id := sandboxIDOf(pm.ProtoReflect(), 1); id != "" {
+				w.ended = w.s.reaper.Begin(id)
+			}
+		}
+	}
+	return nil
+}
+
+func (w *activityStream) end() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended != nil {
+		w.ended()
+	}
+}
+
+// sandboxIDOf returns the first non-empty string field named sandbox_id in
+// m, or in its set message fields down to depth levels.
+func sandboxIDOf(m protoreflect.Message, depth int) string {
+	if fd := m.Descriptor().Fields().ByName("sandbox_id"); fd != nil && fd.Kind() == protoreflect.StringKind && fd.Cardinality() != protoreflect.Repeated {
+		if id := m.Get(fd).String(); id != "" {
+			return id
+		}
+	}
+	if depth == 0 {
+		return ""
+	}
+	var id string
+	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Kind() == protoreflect.MessageKind && fd.Cardinality() != protoreflect.Repeated && !fd.IsMap() {
+			id = sandboxIDOf(v.Message(), depth-1)
+		}
+		return id == ""
+	})
+	return id
+}

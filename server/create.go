@@ -1,0 +1,463 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/fleet"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Bounds of the create request beyond Config's.
+const (
+	maxEnvEntries   = 1024
+	maxEnvBytes     = 256 << 10 // keys and values together
+	maxRequestIDLen = 128
+	maxPathBytes    = 4096
+	minTimeout      = time.Second
+)
+
+// creation is one CreateSandbox in progress for an id. Requests for the
+// same id and spec wait for it instead of creating again.
+type creation struct {
+	spec runtime.SandboxSpec
+	done chan struct{} // closed when resp or err is set
+	resp *berthv1.CreateSandboxResponse
+	err  error
+}
+
+// CreateSandbox creates a sandbox, or returns the existing one of the same
+// id and spec (waiting while it starts). Concurrent requests for one id
+// share one creation, which runs on even when its callers go away, so that
+// a retry finds its result. A request without sandbox_id and request_id
+// whose spec is the pool's default takes a warm-pool member when one is
+// ready. A sandbox whose agent does not answer within
+// Config.AgentReadyTimeout, or whose task exits first, is removed and
+// reported as UNAVAILABLE with the tail of the agent's log.
+func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.CreateSandboxResponse, error) {
+	spec, err := s.sandboxSpec(req)
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{"sandbox_id": spec.ID}
+	if req.GetSandboxId() == "" && req.GetRequestId() == "" && s.poolable(spec) {
+		if resp, ok := s.fromPool(ctx, spec); ok {
+			return resp, nil
+		}
+	}
+	c, err := s.joinCreation(spec)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, meta)
+	}
+	select {
+	case <-c.done:
+		if c.err != nil {
+			return nil, s.toStatus(ctx, c.err, meta)
+		}
+		return c.resp, nil
+	case <-ctx.Done():
+		return nil, s.toStatus(ctx, ctx.Err(), meta)
+	}
+}
+
+// sandboxSpec validates req and returns the spec it asks for, with the
+// server's defaults filled in and the id chosen: the caller's, derived from
+// request_id, or minted.
+func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest) (runtime.SandboxSpec, error) {
+	spec := runtime.SandboxSpec{ID: req.GetSandboxId(), Image: req.GetImage(), Labels: req.GetLabels(), Env: req.GetEnv()}
+	switch {
+	case spec.ID != "":
+		if err := validateSandboxID("sandbox_id", spec.ID); err != nil {
+			return spec, err
+		}
+	case req.GetRequestId() != "":
+		if err := validateRequestID("request_id", req.GetRequestId()); err != nil {
+			return spec, err
+		}
+		spec.ID = requestSandboxID(req.GetRequestId())
+	default:
+		spec.ID = newID("sb-", 10)
+	}
+	if spec.Image == "" {
+		return spec, rpcstatus.InvalidArgument("image", "is empty")
+	}
+	if err := validateLabels("labels", spec.Labels); err != nil {
+		return spec, err
+	}
+	if err := validateEnv("env", spec.Env); err != nil {
+		return spec, err
+	}
+
+	res := req.GetResources()
+	spec.PidsLimit, spec.CPUMillis, spec.MemoryBytes = res.GetPidsLimit(), res.GetCpuMillis(), res.GetMemoryBytes()
+	if spec.PidsLimit == 0 {
+		spec.PidsLimit = s.cfg.DefaultPidsLimit
+	}
+	if spec.PidsLimit > s.cfg.MaxPidsLimit {
+		return spec, rpcstatus.InvalidArgument("resources.pids_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.PidsLimit, s.cfg.MaxPidsLimit))
+	}
+	if spec.CPUMillis > s.cfg.MaxCPUMillis {
+		return spec, rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.CPUMillis, s.cfg.MaxCPUMillis))
+	}
+	if max := s.cfg.MaxMemoryBytes; max > 0 && spec.MemoryBytes > max {
+		return spec, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.MemoryBytes, max))
+	}
+	if m := spec.MemoryBytes; m > 0 && m < minMemoryBytes {
+		return spec, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
+	}
+
+	var err error
+	if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
+		return spec, err
+	}
+	if spec.WorkDir, err = validateWorkDir("workdir", req.GetWorkdir()); err != nil {
+		return spec, err
+	}
+	if spec.IdleTimeout, err = boundedDuration("idle_timeout", req.GetIdleTimeout(), s.cfg.DefaultIdleTimeout, s.cfg.MaxIdleTimeout); err != nil {
+		return spec, err
+	}
+	if spec.MaxLifetime, err = boundedDuration("max_lifetime", req.GetMaxLifetime(), s.cfg.DefaultMaxLifetime, s.cfg.MaxLifetime); err != nil {
+		return spec, err
+	}
+	return spec, nil
+}
+
+func validateRequestID(field, id string) error {
+	if len(id) > maxRequestIDLen {
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("is %d bytes; the limit is %d", len(id), maxRequestIDLen))
+	}
+	for _, r := range id {
+		if r < 0x21 || r > 0x7e {
+			return rpcstatus.InvalidArgument(field, "must be printable ASCII without spaces")
+		}
+	}
+	return nil
+}
+
+// requestSandboxID derives the sandbox id of a request id: "rq-" and 12
+// characters of its SHA-256 (60 bits), so a retried request names the same
+// sandbox.
+func requestSandboxID(requestID string) string {
+	sum := sha256.Sum256([]byte(requestID))
+	b := make([]byte, 12)
+	for i := range b {
+		b[i] = idAlphabet[int(sum[i])%len(idAlphabet)]
+	}
+	return "rq-" + string(b)
+}
+
+func validateEnv(field string, env map[string]string) error {
+	if len(env) > maxEnvEntries {
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("has %d entries; the limit is %d", len(env), maxEnvEntries))
+	}
+	total := 0
+	for k, v := range env {
+		switch {
+		case k == "":
+			return rpcstatus.InvalidArgument(field, "a key is empty")
+		case strings.ContainsAny(k, "=\x00"):
+			return rpcstatus.InvalidArgument(field, fmt.Sprintf("key %q contains '=' or NUL", k))
+		case strings.ContainsRune(v, 0):
+			// The value is never echoed: it may be a secret.
+			return rpcstatus.InvalidArgument(field, fmt.Sprintf("the value of %q contains NUL", k))
+		}
+		total += len(k) + len(v) + 2
+	}
+	if total > maxEnvBytes {
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("is %d bytes; the limit is %d", total, maxEnvBytes))
+	}
+	if n := len(runtime.EnvKeysJSON(env)); len(env) > 0 && n > runtime.MaxEnvKeysLabelBytes {
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("its key names take %d bytes as JSON; the limit is %d", n, runtime.MaxEnvKeysLabelBytes))
+	}
+	return nil
+}
+
+// parseUser parses "uid" or "uid:gid" (numeric; gid defaults to uid); empty
+// is 0:0. 4294967295 is (uid_t)-1, which setuid(2) cannot take.
+func parseUser(field, v string) (uid, gid uint32, err error) {
+	if v == "" {
+		return 0, 0, nil
+	}
+	u, g, hasGID := strings.Cut(v, ":")
+	if !hasGID {
+		g = u
+	}
+	uid64, err1 := strconv.ParseUint(u, 10, 32)
+	gid64, err2 := strconv.ParseUint(g, 10, 32)
+	if err1 != nil || err2 != nil || uid64 == 1<<32-1 || gid64 == 1<<32-1 {
+		return 0, 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%q must be \"uid\" or \"uid:gid\", numbers from 0 to 4294967294", v))
+	}
+	return uint32(uid64), uint32(gid64), nil
+}
+
+// validateWorkDir returns the working directory, runtime.DefaultWorkDir for
+// empty. It must be absolute and clean, and not inside the kernel's or the
+// agent's own mounts.
+func validateWorkDir(field, dir string) (string, error) {
+	if dir == "" {
+		return runtime.DefaultWorkDir, nil
+	}
+	switch {
+	case len(dir) > maxPathBytes:
+		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("is %d bytes; the limit is %d", len(dir), maxPathBytes))
+	case strings.ContainsRune(dir, 0):
+		return "", rpcstatus.InvalidArgument(field, "contains NUL")
+	case !filepath.IsAbs(dir) || filepath.Clean(dir) != dir:
+		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%q must be an absolute, clean path (like %q)", dir, filepath.Clean("/"+dir)))
+	}
+	for _, p := range []string{"/proc", "/sys", "/dev", runtime.AgentPath, runtime.RunDir} {
+		if dir == p || strings.HasPrefix(dir, p+"/") {
+			return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%q is inside %s", dir, p))
+		}
+	}
+	return dir, nil
+}
+
+// boundedDuration returns d, def when d is unset or zero, or an
+// INVALID_ARGUMENT naming field when d is invalid, negative, below a second
+// or above max.
+func boundedDuration(field string, d *durationpb.Duration, def, max time.Duration) (time.Duration, error) {
+	if d == nil {
+		return def, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, rpcstatus.InvalidArgument(field, err.Error())
+	}
+	v := d.AsDuration()
+	switch {
+	case v == 0:
+		return def, nil
+	case v < minTimeout:
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%v is below the minimum of %v", v, minTimeout))
+	case v > max:
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%v exceeds the server's maximum of %v", v, max))
+	}
+	return v, nil
+}
+
+// joinCreation returns the creation in progress for spec.ID when its spec
+// is the same, or starts one. A creation in progress with another spec is
+// a conflict.
+func (s *Service) joinCreation(spec runtime.SandboxSpec) (*creation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.creating[spec.ID]; ok {
+		if fields := specDiff(c.spec, runtime.EnvDigest(c.spec.Env), spec); len(fields) > 0 {
+			return nil, conflictError(spec.ID, fields)
+		}
+		return c, nil
+	}
+	if err := s.bgCtx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: berthd is shutting down", errAgentUnreachable)
+	}
+	c := &creation{spec: spec, done: make(chan struct{})}
+	s.creating[spec.ID] = c
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		c.resp, c.err = s.createOrGet(spec)
+		s.mu.Lock()
+		delete(s.creating, spec.ID)
+		s.mu.Unlock()
+		close(c.done)
+	}()
+	return c, nil
+}
+
+// createOrGet returns the existing sandbox of spec.ID when its spec is the
+// same, or creates it. It runs under the Service's background context,
+// bounded by the agent-ready timeout plus a minute for containerd.
+func (s *Service) createOrGet(spec runtime.SandboxSpec) (*berthv1.CreateSandboxResponse, error) {
+	ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.AgentReadyTimeout+time.Minute)
+	defer cancel()
+	existing, err := s.rt.Get(ctx, spec.ID)
+	switch {
+	case errors.Is(err, runtime.ErrSandboxNotFound):
+		return s.create(ctx, spec)
+	case err != nil:
+		return nil, err
+	}
+	if r := s.reaper.Stopping(spec.ID); r != fleet.ReasonNone || existing.Expired != "" {
+		why := existing.Expired
+		if r != fleet.ReasonNone {
+			why = r.String()
+		}
+		return nil, fmt.Errorf("%w: sandbox %s expired (%s) and is being removed; retry to create it anew", errAgentUnreachable, spec.ID, why)
+	}
+	if existing.Pooled {
+		// Minted pool ids are random: a caller naming one is a conflict.
+		return nil, conflictError(spec.ID, []string{"sandbox_id"})
+	}
+	if fields := specDiff(existing.Spec(), existing.EnvHash, spec); len(fields) > 0 {
+		return nil, conflictError(spec.ID, fields)
+	}
+	var info *agentv1.InfoResponse
+	if existing.Running {
+		if info, err = s.waitAgent(ctx, spec.ID); err != nil {
+			return nil, err
+		}
+	}
+	s.log.Info("sandbox exists with the same spec; returning it", slog.String("sandbox_id", spec.ID))
+	return &berthv1.CreateSandboxResponse{Sandbox: s.sandboxProto(existing, info, nil)}, nil
+}
+
+// create makes a new sandbox of spec and starts tracking it.
+func (s *Service) create(ctx context.Context, spec runtime.SandboxSpec) (*berthv1.CreateSandboxResponse, error) {
+	sb, info, err := s.start(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	s.track(sb)
+	s.log.Info("sandbox created", slog.String("sandbox_id", spec.ID), slog.String("image", spec.Image),
+		slog.String("agent_boot_id", info.GetBootId()), slog.String("user", fmt.Sprintf("%d:%d", spec.UID, spec.GID)),
+		slog.Any("env_keys", sb.EnvKeys), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))
+	return &berthv1.CreateSandboxResponse{Sandbox: s.sandboxProto(sb, info, nil)}, nil
+}
+
+// start creates the container and task of spec and waits for the agent. On
+// failure it removes what it created.
+func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.Sandbox, *agentv1.InfoResponse, error) {
+	admitted, err := s.capacity.admitSandbox(ctx, spec.ID, spec.MemoryBytes)
+	if err != nil {
+		return runtime.Sandbox{}, nil, err
+	}
+	defer admitted()
+	if err := s.rt.Create(ctx, spec); err != nil {
+		return runtime.Sandbox{}, nil, err
+	}
+	info, err := s.waitAgent(ctx, spec.ID)
+	if err == nil {
+		s.sandboxCreated(spec.ID, info.GetBootId(), info.GetVersion())
+		var sb runtime.Sandbox
+		if sb, err = s.rt.Get(ctx, spec.ID); err == nil {
+			return sb, info, nil
+		}
+	}
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if derr := s.deleteSandbox(cleanup, spec.ID); derr != nil {
+		s.log.Error("remove sandbox after failed start", slog.String("sandbox_id", spec.ID), slog.Any("error", derr))
+	}
+	return runtime.Sandbox{}, nil, err
+}
+
+// track hands a running sandbox to the reaper, with its limits from its
+// record.
+func (s *Service) track(sb runtime.Sandbox) {
+	idle, life := sb.IdleTimeout, sb.MaxLifetime
+	if idle == 0 {
+		idle = s.cfg.DefaultIdleTimeout // recorded by a berthd without idle timeouts
+	}
+	if life == 0 {
+		life = s.cfg.DefaultMaxLifetime
+	}
+	s.reaper.Track(sb.ID, fleet.Limits{CreatedAt: sb.CreatedAt, IdleTimeout: idle, MaxLifetime: life, HoldUntil: sb.HoldUntil})
+}
+
+// specDiff names the request fields in which the spec of an existing or
+// starting sandbox (have, whose env is known by its digest haveEnv) differs
+// from want, all with defaults filled in.
+func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec) []string {
+	var fields []string
+	add := func(differ bool, field string) {
+		if differ {
+			fields = append(fields, field)
+		}
+	}
+	add(have.Image != want.Image, "image")
+	add(!maps.Equal(have.Labels, want.Labels), "labels")
+	add(haveEnv != runtime.EnvDigest(want.Env), "env")
+	add(have.PidsLimit != want.PidsLimit, "resources.pids_limit")
+	add(have.CPUMillis != want.CPUMillis, "resources.cpu_millis")
+	add(have.MemoryBytes != want.MemoryBytes, "resources.memory_bytes")
+	add(have.UID != want.UID || have.GID != want.GID, "user")
+	add(have.WorkDir != want.WorkDir, "workdir")
+	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
+	add(have.MaxLifetime != want.MaxLifetime, "max_lifetime")
+	return fields
+}
+
+// conflictError is ALREADY_EXISTS naming the differing fields, in the
+// message and in the ErrorInfo metadata "fields" (comma-separated).
+func conflictError(id string, fields []string) error {
+	return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists,
+		fmt.Sprintf("sandbox %s exists with another spec; differing fields: %s", id, strings.Join(fields, ", ")),
+		map[string]string{"sandbox_id": id, "fields": strings.Join(fields, ",")})
+}
+
+// poolable reports whether a request's spec is what warm-pool members are
+// made with: no env, user 0:0, the default working directory and limits.
+// Labels, idle timeout and maximum lifetime are applied at the claim.
+func (s *Service) poolable(spec runtime.SandboxSpec) bool {
+	def := s.pooledSpec(spec.Image, spec.ID)
+	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
+		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0
+}
+
+// pooledSpec is the spec of a warm-pool member of image.
+func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
+	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, WorkDir: runtime.DefaultWorkDir,
+		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
+}
+
+// fromPool claims a ready warm-pool member for spec. It reports false when
+// none is ready or the claim failed (the member is then removed), and the
+// caller creates a sandbox the usual way.
+func (s *Service) fromPool(ctx context.Context, spec runtime.SandboxSpec) (*berthv1.CreateSandboxResponse, bool) {
+	id, ok := s.pool.Take(spec.Image)
+	if !ok {
+		return nil, false
+	}
+	drop := func(err error) (*berthv1.CreateSandboxResponse, bool) {
+		s.log.Warn("warm pool: member unusable; removing it and creating anew", slog.String("sandbox_id", id), slog.Any("error", err))
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := s.deleteSandbox(cleanup, id); err != nil {
+			s.log.Error("warm pool: remove member", slog.String("sandbox_id", id), slog.Any("error", err))
+		}
+		return nil, false
+	}
+	if err := s.rt.Claim(ctx, id, spec); err != nil {
+		return drop(err)
+	}
+	sb, err := s.rt.Get(ctx, id)
+	if err != nil {
+		return drop(err)
+	}
+	info, err := s.agentInfoErr(ctx, sb)
+	if err != nil {
+		return drop(err)
+	}
+	s.track(sb)
+	s.log.Info("sandbox created from the warm pool", slog.String("sandbox_id", id), slog.String("image", spec.Image),
+		slog.String("agent_boot_id", info.GetBootId()), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))
+	return &berthv1.CreateSandboxResponse{Sandbox: s.sandboxProto(sb, info, nil), FromWarmPool: true}, true
+}
+
+// maker creates warm-pool members for fleet.Pool.
+type maker struct{ s *Service }
+
+func (m maker) MakePooled(ctx context.Context, image string) (string, error) {
+	spec := m.s.pooledSpec(image, newID("sb-", 10))
+	ctx, cancel := context.WithTimeout(ctx, m.s.cfg.AgentReadyTimeout+time.Minute)
+	defer cancel()
+	_, info, err := m.s.start(ctx, spec)
+	if err != nil {
+		return "", err
+	}
+	m.s.checkSkew(spec.ID, info)
+	return spec.ID, nil
+}

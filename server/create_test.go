@@ -1,0 +1,98 @@
+package server
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+func TestParseUser(t *testing.T) {
+	for _, tc := range []struct {
+		in       string
+		uid, gid uint32
+		ok       bool
+	}{
+		{"", 0, 0, true},
+		{"1000", 1000, 1000, true},
+		{"1000:2000", 1000, 2000, true},
+		{"0:0", 0, 0, true},
+		{"4294967294:1", 4294967294, 1, true},
+		{"4294967295", 0, 0, false},
+		{"alice", 0, 0, false},
+		{"1000:", 0, 0, false},
+		{"-1", 0, 0, false},
+	} {
+		uid, gid, err := parseUser("user", tc.in)
+		if (err == nil) != tc.ok || uid != tc.uid || gid != tc.gid {
+			t.Errorf("parseUser(%q) = %d, %d, %v; want %d, %d, ok %v", tc.in, uid, gid, err, tc.uid, tc.gid, tc.ok)
+		}
+	}
+}
+
+func TestValidateWorkDir(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		ok       bool
+	}{
+		{"", "/workspace", true},
+		{"/", "/", true},
+		{"/home/dev", "/home/dev", true},
+		{"home", "", false},
+		{"/a/../b", "", false},
+		{"/a/", "", false},
+		{"/proc", "", false},
+		{"/sys/fs", "", false},
+		{"/.berth-run/x", "", false},
+		{"/procs", "/procs", true},
+	} {
+		got, err := validateWorkDir("workdir", tc.in)
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("validateWorkDir(%q) = %q, %v; want %q, ok %v", tc.in, got, err, tc.want, tc.ok)
+		}
+	}
+}
+
+func TestSpecDiff(t *testing.T) {
+	base := runtime.SandboxSpec{Image: "img", Labels: map[string]string{"a": "b"}, Env: map[string]string{"K": "v"}, PidsLimit: 10, WorkDir: "/workspace", IdleTimeout: time.Minute, MaxLifetime: time.Hour}
+	if got := specDiff(base, runtime.EnvDigest(base.Env), base); len(got) != 0 {
+		t.Errorf("specDiff(same) = %v, want none", got)
+	}
+	other := base
+	other.Env = map[string]string{"K": "w"}
+	other.Labels = nil
+	other.UID = 1
+	other.MaxLifetime = 2 * time.Hour
+	want := []string{"labels", "env", "user", "max_lifetime"}
+	if got := specDiff(base, runtime.EnvDigest(base.Env), other); !slices.Equal(got, want) {
+		t.Errorf("specDiff = %v, want %v", got, want)
+	}
+	if base.Digest() == other.Digest() {
+		t.Error("different specs have the same digest")
+	}
+}
+
+func TestRequestSandboxID(t *testing.T) {
+	a, b := requestSandboxID("job-1"), requestSandboxID("job-2")
+	if a != requestSandboxID("job-1") || a == b || validateSandboxID("id", a) != nil {
+		t.Errorf("requestSandboxID: job-1 %q, job-2 %q; want stable, distinct, valid ids", a, b)
+	}
+}
+
+func TestSandboxIDOf(t *testing.T) {
+	exec := &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{SandboxId: "sb-1"}}}
+	if got := sandboxIDOf(exec.ProtoReflect(), 1); got != "sb-1" {
+		t.Errorf("sandboxIDOf(exec start) = %q, want sb-1", got)
+	}
+	if got := sandboxIDOf((&berthv1.GetSandboxRequest{SandboxId: "sb-2"}).ProtoReflect(), 1); got != "sb-2" {
+		t.Errorf("sandboxIDOf(get) = %q, want sb-2", got)
+	}
+	if got := sandboxIDOf((&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Stdin{Stdin: &berthv1.ExecStdin{}}}).ProtoReflect(), 1); got != "" {
+		t.Errorf("sandboxIDOf(stdin) = %q, want none", got)
+	}
+	if got := sandboxIDOf((&berthv1.ListImagesRequest{}).ProtoReflect(), 1); got != "" {
+		t.Errorf("sandboxIDOf(list images) = %q, want none", got)
+	}
+}

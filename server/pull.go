@@ -1,0 +1,70 @@
+package server
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"context"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc/codes"
+)
+
+// pullProgressInterval is how often PullImage reports progress.
+const pullProgressInterval = 250 * time.Millisecond
+
+// PullImage pulls an image from its registry, sending progress about every
+// 250 ms and the stored image last.
+func (s *Service) PullImage(req *berthv1.PullImageRequest, stream berthv1.ImageService_PullImageServer) error {
+	ctx := stream.Context()
+	ref := req.GetReference()
+	meta := map[string]string{"reference": ref}
+	if ref == "" {
+		return rpcstatus.InvalidArgument("reference", "is empty")
+	}
+	if _, err := runtime.NormalizeReference(ref); err != nil {
+		return rpcstatus.InvalidArgument("reference", err.Error())
+	}
+	var sendErr error
+	img, err := s.rt.PullImage(ctx, ref, s.cfg.PullResolveTimeout, pullProgressInterval, func(layers []runtime.PullProgress) {
+		if sendErr == nil {
+			sendErr = stream.Send(pullProgressProto(layers))
+		}
+	})
+	switch {
+	case errors.Is(err, runtime.ErrRegistryUnreachable):
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonRegistry, err.Error(), meta)
+	case err != nil:
+		return s.toStatus(ctx, err, meta)
+	case sendErr != nil:
+		return s.toStatus(ctx, sendErr, meta)
+	}
+	s.log.InfoContext(ctx, "image pulled", slog.String("image", img.Name), slog.String("digest", img.Digest))
+	return stream.Send(&berthv1.PullImageResponse{Image: imageProto(img)})
+}
+
+func pullProgressProto(layers []runtime.PullProgress) *berthv1.PullImageResponse {
+	resp := &berthv1.PullImageResponse{}
+	for _, l := range layers {
+		resp.Layers = append(resp.Layers, &berthv1.PullLayerProgress{Digest: l.Digest, MediaType: l.MediaType, DownloadedBytes: l.Downloaded, TotalBytes: l.Total, Done: l.Done})
+		resp.DownloadedBytes += l.Downloaded
+		resp.TotalBytes += l.Total
+	}
+	return resp
+}
+
+// DeleteImage deletes an image record; sandboxes created from it keep their
+// snapshots and run on.
+func (s *Service) DeleteImage(ctx context.Context, req *berthv1.DeleteImageRequest) (*berthv1.DeleteImageResponse, error) {
+	name := req.GetName()
+	if name == "" {
+		return nil, rpcstatus.InvalidArgument("name", "is empty")
+	}
+	if err := s.rt.DeleteImage(ctx, name); err != nil {
+		return nil, s.toStatus(ctx, err, map[string]string{"name": name})
+	}
+	s.log.InfoContext(ctx, "image deleted", slog.String("image", name))
+	return &berthv1.DeleteImageResponse{}, nil
+}

@@ -1,0 +1,154 @@
+package runtime
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Label keys of the sandbox record beyond those in runtime.go. Durations are
+// Go duration strings, times RFC 3339 with nanoseconds in UTC.
+const (
+	labelUser        = LabelPrefix + "user"         // "uid:gid"
+	labelWorkDir     = LabelPrefix + "workdir"      // absolute path
+	labelIdleTimeout = LabelPrefix + "idle-timeout" // duration
+	labelMaxLifetime = LabelPrefix + "max-lifetime" // duration
+	labelEnvKeys     = LabelPrefix + "env-keys"     // JSON array of sorted keys
+	labelEnvHash     = LabelPrefix + "env-sha256"   // EnvDigest
+	labelSpecHash    = LabelPrefix + "spec-sha256"  // SandboxSpec.Digest
+	labelPool        = LabelPrefix + "pool"         // "true" on unclaimed warm-pool members
+	labelExpired     = LabelPrefix + "expired"      // reason, set just before removal
+	labelHoldUntil   = LabelPrefix + "hold-until"   // time
+)
+
+// DefaultWorkDir is the working directory of a spec that names none.
+const DefaultWorkDir = "/workspace"
+
+// MaxEnvKeysLabelBytes bounds the JSON list of env keys kept in a label
+// (containerd limits a label to 4096 bytes with its key).
+const MaxEnvKeysLabelBytes = 4000
+
+func (s SandboxSpec) workDir() string {
+	if s.WorkDir == "" {
+		return DefaultWorkDir
+	}
+	return s.WorkDir
+}
+
+// envList renders env as sorted "KEY=value" strings.
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out
+}
+
+// EnvKeysJSON returns the label value listing env's keys, sorted.
+func EnvKeysJSON(env map[string]string) string {
+	b, _ := json.Marshal(slices.Sorted(maps.Keys(env)))
+	return string(b)
+}
+
+// EnvDigest returns a SHA-256 over env's sorted entries, "" for no env. It
+// lets a repeated create compare env without storing values in labels.
+func EnvDigest(env map[string]string) string {
+	if len(env) == 0 {
+		return ""
+	}
+	h := sha256.New()
+	for _, kv := range envList(env) {
+		h.Write([]byte(kv))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Digest returns a SHA-256 over everything a caller chose in the spec —
+// image, labels, env, limits, user, working directory, idle timeout and
+// maximum lifetime — but not the id or Pooled. Two specs with equal digests
+// create equal sandboxes.
+func (s SandboxSpec) Digest() string {
+	h := sha256.New()
+	field := func(name, value string) { fmt.Fprintf(h, "%s=%q\n", name, value) }
+	field("image", s.Image)
+	for _, k := range slices.Sorted(maps.Keys(s.Labels)) {
+		field("label."+k, s.Labels[k])
+	}
+	field("env", EnvDigest(s.Env))
+	field("pids", strconv.FormatUint(s.PidsLimit, 10))
+	field("cpu", strconv.FormatUint(s.CPUMillis, 10))
+	field("memory", strconv.FormatUint(s.MemoryBytes, 10))
+	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
+	field("workdir", s.workDir())
+	field("idle", s.IdleTimeout.String())
+	field("lifetime", s.MaxLifetime.String())
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// labels returns the container labels recording spec, created at now.
+func (s SandboxSpec) labels(now time.Time) map[string]string {
+	labels := make(map[string]string, len(s.Labels)+16)
+	for k, v := range s.Labels {
+		labels[k] = v
+	}
+	labels[labelSandbox] = "true"
+	labels[labelImage] = s.Image
+	labels[labelCreatedAt] = now.UTC().Format(time.RFC3339Nano)
+	labels[labelPidsLimit] = strconv.FormatUint(s.PidsLimit, 10)
+	labels[labelCPUMillis] = strconv.FormatUint(s.CPUMillis, 10)
+	labels[labelMemory] = strconv.FormatUint(s.MemoryBytes, 10)
+	labels[labelUser] = fmt.Sprintf("%d:%d", s.UID, s.GID)
+	labels[labelWorkDir] = s.workDir()
+	labels[labelIdleTimeout] = s.IdleTimeout.String()
+	labels[labelMaxLifetime] = s.MaxLifetime.String()
+	if len(s.Env) > 0 {
+		labels[labelEnvKeys] = EnvKeysJSON(s.Env)
+		labels[labelEnvHash] = EnvDigest(s.Env)
+	}
+	labels[labelSpecHash] = s.Digest()
+	if s.Pooled {
+		labels[labelPool] = "true"
+	}
+	return labels
+}
+
+// decodeLabels fills the record fields kept in labels.go's labels.
+func (sb *Sandbox) decodeLabels(labels map[string]string) {
+	if u, g, ok := strings.Cut(labels[labelUser], ":"); ok {
+		uid, _ := strconv.ParseUint(u, 10, 32)
+		gid, _ := strconv.ParseUint(g, 10, 32)
+		sb.UID, sb.GID = uint32(uid), uint32(gid)
+	}
+	sb.WorkDir = labels[labelWorkDir]
+	if sb.WorkDir == "" {
+		sb.WorkDir = DefaultWorkDir
+	}
+	sb.IdleTimeout, _ = time.ParseDuration(labels[labelIdleTimeout])
+	sb.MaxLifetime, _ = time.ParseDuration(labels[labelMaxLifetime])
+	if v := labels[labelEnvKeys]; v != "" {
+		_ = json.Unmarshal([]byte(v), &sb.EnvKeys)
+	}
+	sb.EnvHash = labels[labelEnvHash]
+	sb.SpecHash = labels[labelSpecHash]
+	sb.Pooled = labels[labelPool] == "true"
+	sb.Expired = labels[labelExpired]
+	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
+}
+
+// Spec returns the spec the record describes, without env values (EnvHash
+// stands for them) and without the id.
+func (sb Sandbox) Spec() SandboxSpec {
+	return SandboxSpec{
+		ID: sb.ID, Image: sb.Image, Labels: sb.Labels,
+		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes,
+		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
+		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled,
+	}
+}

@@ -1,0 +1,207 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
+	"github.com/containerd/containerd/v2/core/remotes/docker"
+	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// Pull errors, for the handlers to map to status codes.
+var (
+	// ErrRegistryUnreachable means the image's registry could not be
+	// reached (DNS, connect or TLS failure, or no answer in time).
+	ErrRegistryUnreachable = errors.New("registry unreachable")
+	// ErrInvalidReference means the image reference cannot be parsed.
+	ErrInvalidReference = errors.New("invalid image reference")
+)
+
+// PullProgress is the state of one blob during a pull.
+type PullProgress struct {
+	Digest     string
+	MediaType  string
+	Downloaded uint64 // bytes stored so far
+	Total      uint64 // the blob's size in bytes
+	Done       bool
+}
+
+// NormalizeReference returns ref as a fully qualified reference, as docker
+// pull reads it: "alpine" is "docker.io/library/alpine:latest".
+func NormalizeReference(ref string) (string, error) {
+	named, err := reference.ParseDockerRef(ref)
+	if err != nil {
+		return "", fmt.Errorf("%w: %q: %v", ErrInvalidReference, ref, err)
+	}
+	return named.String(), nil
+}
+
+// PullImage fetches ref (normalized) from its registry, stores and unpacks
+// it, and returns it. Registries on localhost are spoken to over plain
+// HTTP. Resolving the reference must finish within resolveTimeout, or the
+// pull fails with ErrRegistryUnreachable; the download itself is bounded by
+// ctx only. progress, when not nil, is called about every interval with
+// every blob seen so far, from a goroutine PullImage waits for.
+func (r *Runtime) PullImage(ctx context.Context, ref string, resolveTimeout, interval time.Duration, progress func([]PullProgress)) (Image, error) {
+	ref, err := NormalizeReference(ref)
+	if err != nil {
+		return Image{}, err
+	}
+	dialer := &net.Dialer{Timeout: resolveTimeout, KeepAlive: 30 * time.Second}
+	transport := docker.DefaultHTTPTransport(nil)
+	transport.DialContext = dialer.DialContext
+	transport.TLSHandshakeTimeout = resolveTimeout
+	transport.ResponseHeaderTimeout = resolveTimeout
+	resolver := docker.NewResolver(docker.ResolverOptions{
+		Hosts: docker.ConfigureDefaultRegistries(
+			docker.WithClient(&http.Client{Transport: transport}),
+			docker.WithPlainHTTP(docker.MatchLocalhost),
+		),
+	})
+	// Resolve alone first, under the short timeout: an unreachable registry
+	// fails here in seconds rather than after the transport's retries.
+	resolveCtx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	_, _, err = resolver.Resolve(resolveCtx, ref)
+	cancel()
+	if err != nil {
+		return Image{}, r.pullError(ctx, ref, resolveTimeout, err)
+	}
+
+	tracker := &pullTracker{}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	if progress != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-t.C:
+					progress(tracker.snapshot(ctx, r))
+				}
+			}
+		}()
+	}
+	img, err := r.client.Pull(ctx, ref,
+		containerd.WithResolver(resolver),
+		containerd.WithPullUnpack,
+		containerd.WithPullSnapshotter(r.cfg.Snapshotter),
+		containerd.WithImageHandlerWrapper(tracker.wrap),
+	)
+	close(done)
+	wg.Wait()
+	if err != nil {
+		return Image{}, r.pullError(ctx, ref, resolveTimeout, err)
+	}
+	if progress != nil {
+		progress(tracker.snapshot(ctx, r))
+	}
+	return imageOf(img.Metadata()), nil
+}
+
+// pullError classifies a resolve or fetch failure.
+func (r *Runtime) pullError(ctx context.Context, ref string, resolveTimeout time.Duration, err error) error {
+	var (
+		dnsErr *net.DNSError
+		opErr  *net.OpError
+	)
+	switch {
+	case ctx.Err() != nil:
+		return fmt.Errorf("pull %s: %w", ref, ctx.Err())
+	case errdefs.IsNotFound(err):
+		return fmt.Errorf("%w: %s: the registry has no such image (%v)", ErrImageNotFound, ref, err)
+	case errors.As(err, &dnsErr), errors.As(err, &opErr), errors.Is(err, context.DeadlineExceeded),
+		strings.Contains(err.Error(), "Client.Timeout"), strings.Contains(err.Error(), "TLS handshake timeout"):
+		// The last two are net/http's timeouts, which it reports as
+		// unexported error types.
+		return fmt.Errorf("%w: pull %s: cannot reach its registry (connect timeout %v): %v", ErrRegistryUnreachable, ref, resolveTimeout, err)
+	}
+	return fmt.Errorf("pull %s: %w", ref, err)
+}
+
+// DeleteImage removes the image record name and waits for its content to be
+// garbage collected. Content still used by other images or by sandboxes'
+// snapshots stays.
+func (r *Runtime) DeleteImage(ctx context.Context, name string) error {
+	if err := r.client.ImageService().Delete(ctx, name, images.SynchronousDelete()); err != nil {
+		if errdefs.IsNotFound(err) {
+			return fmt.Errorf("%w: %s", ErrImageNotFound, name)
+		}
+		return fmt.Errorf("delete image %s: %w", name, err)
+	}
+	return nil
+}
+
+// pullTracker records the blobs a pull visits, in order.
+type pullTracker struct {
+	mu    sync.Mutex
+	descs []ocispec.Descriptor
+	seen  map[string]bool
+}
+
+// wrap records every descriptor the pull's handlers visit and the children
+// they return: the unpacker fetches layers itself, so layers are seen only
+// as a manifest's children.
+func (t *pullTracker) wrap(h images.Handler) images.Handler {
+	return images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
+		children, err := h.Handle(ctx, desc)
+		t.record(append([]ocispec.Descriptor{desc}, children...)...)
+		return children, err
+	})
+}
+
+func (t *pullTracker) record(descs ...ocispec.Descriptor) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.seen == nil {
+		t.seen = make(map[string]bool)
+	}
+	for _, desc := range descs {
+		if !t.seen[desc.Digest.String()] {
+			t.seen[desc.Digest.String()] = true
+			t.descs = append(t.descs, desc)
+		}
+	}
+}
+
+// snapshot reports each recorded blob: done when the content store has it,
+// else the offset of its ingest (content.Status refs end in the digest).
+func (t *pullTracker) snapshot(ctx context.Context, r *Runtime) []PullProgress {
+	t.mu.Lock()
+	descs := append([]ocispec.Descriptor(nil), t.descs...)
+	t.mu.Unlock()
+	cs := r.client.ContentStore()
+	active := map[string]int64{}
+	if statuses, err := cs.ListStatuses(ctx); err == nil {
+		for _, st := range statuses {
+			if i := strings.LastIndex(st.Ref, "sha256:"); i >= 0 {
+				active[st.Ref[i:]] = st.Offset
+			}
+		}
+	}
+	out := make([]PullProgress, 0, len(descs))
+	for _, d := range descs {
+		p := PullProgress{Digest: d.Digest.String(), MediaType: d.MediaType, Total: uint64(max(d.Size, 0))}
+		if off, ok := active[p.Digest]; ok {
+			p.Downloaded = uint64(off)
+		} else if _, err := cs.Info(ctx, d.Digest); err == nil {
+			p.Downloaded, p.Done = p.Total, true
+		}
+		out = append(out, p)
+	}
+	return out
+}
