@@ -87,6 +87,10 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// cgroupRoot is where the cgroup filesystem is mounted; berthd mounts the
+// sandbox's own cgroup there read-only.
+const cgroupRoot = "/sys/fs/cgroup"
+
 // EventOverhead is the bookkeeping charge, in bytes, of one output event
 // against Config.RingBytes, on top of its data.
 const EventOverhead = 160
@@ -159,6 +163,10 @@ type Server struct {
 	bootID  string
 	devNull *os.File // stdin of processes started without stdin
 	sup     *supervisor
+	// oom counts the OOM kills of the agent's memory cgroup; oomScore gives
+	// children the highest OOM score.
+	oom      *oomCounter
+	oomScore *oomScore
 
 	mu      sync.Mutex
 	execs   map[string]*execution
@@ -197,6 +205,7 @@ func New(cfg Config) (*Server, error) {
 		bootID:   hex.EncodeToString(id),
 		devNull:  devNull,
 		sup:      newSupervisor(),
+		oomScore: newOOMScore(cfg.Logger),
 		execs:    make(map[string]*execution),
 		stopping: make(chan struct{}),
 	}
@@ -204,6 +213,8 @@ func New(cfg Config) (*Server, error) {
 		s.log.Warn("working directory unavailable, using /", "workdir", cfg.WorkDir, "err", err)
 		s.workDir = "/"
 	}
+	selfCgroup, _ := os.ReadFile("/proc/self/cgroup")
+	s.oom = findOOMCounter(cgroupRoot, selfCgroup)
 	return s, nil
 }
 
@@ -274,7 +285,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	agentv1.RegisterAgentServiceServer(gs, s)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(l) }()
-	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID)
+	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,
+		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore.own)
 
 	var serveErr error
 	select {

@@ -790,7 +790,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x19\n" +
-	"\x15SANDBOX_STATE_STOPPED\x10\x022\xbe\x03\n" +
+	"\x15SANDBOX_STATE_STOPPED\x10\x022\xcd\x04\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -798,7 +798,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\rListSandboxes\x12\x1e.berth.v1.ListSandboxesRequest\x1a\x1f.berth.v1.ListSandboxesResponse\x12P\n" +
 	"\rDeleteSandbox\x12\x1e.berth.v1.DeleteSandboxRequest\x1a\x1f.berth.v1.DeleteSandboxResponse\x129\n" +
 	"\x04Exec\x12\x15.berth.v1.ExecRequest\x1a\x16.berth.v1.ExecResponse(\x010\x01\x122\n" +
-	"\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponse\x12D\n" +
+	"\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n" +
+	"\n" +
+	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -833,8 +836,12 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 	(*ExecRequest)(nil),           // 16: berth.v1.ExecRequest
 	(*RunRequest)(nil),            // 17: berth.v1.RunRequest
-	(*ExecResponse)(nil),          // 18: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 19: berth.v1.RunResponse
+	(*ListExecsRequest)(nil),      // 18: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),     // 19: berth.v1.SignalExecRequest
+	(*ExecResponse)(nil),          // 20: berth.v1.ExecResponse
+	(*RunResponse)(nil),           // 21: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),     // 22: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),    // 23: berth.v1.SignalExecResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
@@ -854,14 +861,18 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	10, // 14: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
 	16, // 15: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
 	17, // 16: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	5,  // 17: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	7,  // 18: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	9,  // 19: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	11, // 20: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	18, // 21: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	19, // 22: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	17, // [17:23] is the sub-list for method output_type
-	11, // [11:17] is the sub-list for method input_type
+	18, // 17: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	19, // 18: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	5,  // 19: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	7,  // 20: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	9,  // 21: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	11, // 22: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	20, // 23: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	21, // 24: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	22, // 25: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	23, // 26: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	19, // [19:27] is the sub-list for method output_type
+	11, // [11:19] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
