@@ -18,6 +18,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -78,6 +79,15 @@ type Config struct {
 	// AgentBinary is the host path of the static berth-agent binary,
 	// bind-mounted read-only into every sandbox. Required.
 	AgentBinary string
+	// ExecHeartbeat, ExecRetention and ExecRingBytes are given to the agent
+	// of every sandbox created from now on (berth-agent
+	// --heartbeat-interval, --retention, --ring-bytes); existing sandboxes
+	// keep theirs. Zero keeps the agent's defaults: a heartbeat after 15 s
+	// of silence, finished execs attachable for 10 minutes, 8 MiB of events
+	// retained per exec.
+	ExecHeartbeat time.Duration
+	ExecRetention time.Duration
+	ExecRingBytes uint64
 }
 
 func (c *Config) setDefaults() {
@@ -263,17 +273,26 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 // agent as entrypoint and the safe defaults of SPEC.md section 6 — a fresh
 // network namespace (containerd's default spec creates one with only lo), no
 // capabilities, no_new_privs, containerd's default seccomp profile (applied
-// after the capabilities, which it reads) and a pids limit.
+// after the capabilities, which it reads) and a pids limit — plus the
+// sandbox's cgroup mounted read-only and a low OOM score for the agent.
 func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(image),
-		oci.WithProcessArgs(AgentPath, "--socket", RunDir+"/"+socketName),
+		oci.WithProcessArgs(r.agentArgs()...),
 		oci.WithProcessCwd("/"),
 		oci.WithHostname(spec.ID),
 		oci.WithMounts([]specs.Mount{
 			{Destination: AgentPath, Type: "bind", Source: r.cfg.AgentBinary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 			{Destination: RunDir, Type: "bind", Source: dir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+			// The sandbox's own cgroup, read-only: the agent reads its
+			// oom_kill counter to tell an OOM kill from another SIGKILL.
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
 		}),
+		// runc sets the agent's OOM score with privilege, which also
+		// lets the agent lower its score back to it after raising it
+		// for each child (children get 1000): the OOM killer takes a
+		// workload process, not the agent.
+		withOOMScoreAdj(agentOOMScoreAdj),
 		oci.WithCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		seccomp.WithDefaultProfile(),
@@ -292,6 +311,37 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
 	}
 	return opts
+}
+
+// agentOOMScoreAdj is the agent's oom_score_adj (proc(5)): nearly never
+// chosen by the OOM killer, yet still killable (-1000 is not) if the agent
+// itself is all the memory there is.
+const agentOOMScoreAdj = -999
+
+// withOOMScoreAdj sets the OOM score of the container's init process.
+func withOOMScoreAdj(score int) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
+		if s.Process == nil {
+			s.Process = &specs.Process{}
+		}
+		s.Process.OOMScoreAdj = &score
+		return nil
+	}
+}
+
+// agentArgs is the agent's command line.
+func (r *Runtime) agentArgs() []string {
+	args := []string{AgentPath, "--socket", RunDir + "/" + socketName}
+	if r.cfg.ExecHeartbeat > 0 {
+		args = append(args, "--heartbeat-interval", r.cfg.ExecHeartbeat.String())
+	}
+	if r.cfg.ExecRetention > 0 {
+		args = append(args, "--retention", r.cfg.ExecRetention.String())
+	}
+	if r.cfg.ExecRingBytes > 0 {
+		args = append(args, "--ring-bytes", strconv.FormatUint(r.cfg.ExecRingBytes, 10))
+	}
+	return args
 }
 
 // swapAccounting reports whether the kernel accounts swap per cgroup: runc
