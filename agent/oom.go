@@ -15,16 +15,19 @@ import (
 
 // childOOMScoreAdj is the oom_score_adj (proc(5)) every process the agent
 // starts is born with: the highest, so that the kernel's OOM killer picks a
-// workload process before the agent whenever it can. Raising a score needs
-// no privilege; lowering one below the process's oom_score_adj_min needs
-// CAP_SYS_RESOURCE, which sandboxes lack, so berthd has runc set the
-// agent's own (low) score and minimum when the container starts.
+// workload process before the agent whenever it can (its badness adds
+// oom_score_adj/1000 of the cgroup's memory to a process's RSS, so a child
+// at 1000 outranks the agent at its inherited score, normally 0). Raising a
+// score needs no privilege; lowering one below the process's
+// oom_score_adj_min needs CAP_SYS_RESOURCE, which the agent lacks, so the
+// agent cannot lower its own below what it inherited.
 const childOOMScoreAdj = 1000
 
 // oomScore gives the agent's children childOOMScoreAdj. A child inherits
 // its score at fork and there is no hook between fork and exec in
 // os.StartProcess, so the agent raises its own score around each start and
-// lowers it back right after (allowed down to its oom_score_adj_min). The
+// lowers it back right after (allowed down to its oom_score_adj_min, which a
+// process inherits unchanged unless a privileged writer set it). The
 // raised window lasts until the child has exec'd (a vfork), well under a
 // millisecond; the OOM killer would only pick the agent in it if the agent
 // were the largest process of the sandbox.

@@ -18,7 +18,6 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
-	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -274,7 +273,14 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 // network namespace (containerd's default spec creates one with only lo), no
 // capabilities, no_new_privs, containerd's default seccomp profile (applied
 // after the capabilities, which it reads) and a pids limit — plus the
-// sandbox's cgroup mounted read-only and a low OOM score for the agent.
+// sandbox's cgroup mounted read-only.
+//
+// The agent keeps the OOM score it inherits; it starts every child with the
+// highest (1000), so the OOM killer takes a workload process first. A lower
+// score for the agent (spec.Process.OOMScoreAdj) is not set: runc needs
+// CAP_SYS_RESOURCE to lower a score, and without it container creation fails
+// ("can't get final child's PID from pipe"), as on machines whose root lacks
+// that capability.
 func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(image),
@@ -288,11 +294,6 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 			// oom_kill counter to tell an OOM kill from another SIGKILL.
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
 		}),
-		// runc sets the agent's OOM score with privilege, which also
-		// lets the agent lower its score back to it after raising it
-		// for each child (children get 1000): the OOM killer takes a
-		// workload process, not the agent.
-		withOOMScoreAdj(agentOOMScoreAdj),
 		oci.WithCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		seccomp.WithDefaultProfile(),
@@ -311,22 +312,6 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
 	}
 	return opts
-}
-
-// agentOOMScoreAdj is the agent's oom_score_adj (proc(5)): nearly never
-// chosen by the OOM killer, yet still killable (-1000 is not) if the agent
-// itself is all the memory there is.
-const agentOOMScoreAdj = -999
-
-// withOOMScoreAdj sets the OOM score of the container's init process.
-func withOOMScoreAdj(score int) oci.SpecOpts {
-	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *specs.Spec) error {
-		if s.Process == nil {
-			s.Process = &specs.Process{}
-		}
-		s.Process.OOMScoreAdj = &score
-		return nil
-	}
 }
 
 // agentArgs is the agent's command line.
