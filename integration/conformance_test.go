@@ -530,19 +530,22 @@ func cliInteractive(t *testing.T, c *conformance) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
+	waited := false
 	var out syncBuffer
 	copied := make(chan struct{})
 	go func() { io.Copy(&out, master); close(copied) }()
 	defer func() {
-		// The copy ends with EIO once no slave is open.
+		if !waited {
+			cmd.Process.Kill()
+			<-exited
+		}
+		// The copy ends with EIO once no slave is open any more.
 		slave.Close()
-		<-copied
+		select {
+		case <-copied:
+		case <-time.After(10 * time.Second):
+			t.Errorf("reading the pty did not end after berth exited")
+		}
 	}()
 	waitOut := func(want string) {
 		t.Helper()
@@ -569,6 +572,7 @@ func cliInteractive(t *testing.T, c *conformance) {
 	waitOut("40 120\r\n")
 	select {
 	case err := <-exited:
+		waited = true
 		var exitErr *exec.ExitError
 		if !errors.As(err, &exitErr) || exitErr.ExitCode() != 7 {
 			t.Errorf("berth exec -it exited with %v, want status 7; output %q", err, out.String())

@@ -112,6 +112,16 @@ func follow(ctx context.Context, g *globals, c *client.Client, relay *signalRela
 	defer cancel()
 	// The start is bounded like any request; the command's run is bounded
 	// by its own timeout.
+	if tty != nil {
+		// Raw before the command starts: output that arrives before the
+		// switch would otherwise pass through berth's own line discipline
+		// ("\r\n" would become "\r\r\n"). Also restored below, before any
+		// notice is printed.
+		if err := tty.makeRaw(); err != nil {
+			return err
+		}
+		defer tty.restore()
+	}
 	var startTimedOut atomic.Bool
 	stopStartTimer := func() bool { return true }
 	if g.rpcTimeout > 0 {
@@ -133,11 +143,6 @@ func follow(ctx context.Context, g *globals, c *client.Client, relay *signalRela
 	if tty != nil {
 		stopResizes := tty.forwardResizes(e, stderr)
 		defer stopResizes()
-		if err := tty.makeRaw(); err != nil {
-			return err
-		}
-		// Also restored below, before any notice is printed.
-		defer tty.restore()
 	}
 	if stdin != nil {
 		// This goroutine is not waited for: a read(2) from a pipe cannot be

@@ -131,7 +131,7 @@ func (f *processFlags) setup(spec *berthv1.ProcessSpec, stdin, stdout *os.File) 
 		return in, nil
 	}
 	t := newTerminal(stdin, stdout, in != nil)
-	spec.Tty = t.ttySize()
+	spec.Tty = t.startSize()
 	if v := os.Getenv("TERM"); v != "" && spec.GetEnv()["TERM"] == "" {
 		if spec.Env == nil {
 			spec.Env = make(map[string]string)

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"golang.org/x/term"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -31,6 +32,7 @@ type terminal struct {
 	in, out int  // berth's stdin and stdout file descriptors
 	raw     bool // put in into raw mode while the command runs
 	saved   *term.State
+	started *berthv1.TtySize // the size the command started with
 }
 
 // newTerminal returns the terminal of a -t command whose input is forwarded
@@ -39,6 +41,12 @@ func newTerminal(in, out *os.File, forwardIn bool) *terminal {
 	t := &terminal{in: int(in.Fd()), out: int(out.Fd())}
 	t.raw = forwardIn && term.IsTerminal(t.in)
 	return t
+}
+
+// startSize returns the size to start the command with, and remembers it.
+func (t *terminal) startSize() *berthv1.TtySize {
+	t.started = t.ttySize()
+	return t.started
 }
 
 // ttySize returns the size of berth's terminal (its stdout, else its stdin),
@@ -75,10 +83,14 @@ func (t *terminal) restore() {
 }
 
 // forwardResizes sends berth's terminal size to e on every SIGWINCH until
-// the returned stop is called; stop waits for the forwarding goroutine.
+// the returned stop is called; stop waits for the forwarding goroutine. A
+// size that changed while the command was starting is sent at once.
 func (t *terminal) forwardResizes(e *client.Execution, stderr io.Writer) (stop func()) {
 	winch := make(chan os.Signal, 1)
 	signal.Notify(winch, syscall.SIGWINCH)
+	if !proto.Equal(t.ttySize(), t.started) {
+		winch <- syscall.SIGWINCH
+	}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
