@@ -43,8 +43,9 @@ type execution struct {
 	stdinMu   sync.Mutex
 	stdinOnce sync.Once
 	// tty is the terminal's master for a tty exec, else nil. It is also the
-	// stdout pump's file; the pump closes it with closeTTY, under ttyMu so
-	// that a resize never meets a closed file.
+	// stdout pump's file; supervise closes it with closeTTY once the
+	// process is reaped and the output drained, under ttyMu so that a
+	// resize never meets a closed file.
 	tty       *os.File
 	ttyMu     sync.Mutex
 	ttyClosed bool
@@ -200,8 +201,7 @@ func (e *execution) resize(rows, cols uint16) error {
 	return nil
 }
 
-// closeTTY closes the terminal's master; the stdout pump calls it once
-// drained.
+// closeTTY closes the terminal's master, which hangs the terminal up.
 func (e *execution) closeTTY() {
 	e.ttyMu.Lock()
 	defer e.ttyMu.Unlock()
@@ -238,7 +238,7 @@ func (e *execution) finishedBefore(t time.Time) bool {
 type pump struct {
 	log    *ring.Log[*outputEvent]
 	f      *os.File // the pipe's read end or a terminal's master
-	close  func()   // closes f once run is done; nil means f.Close
+	close  func()   // called instead of f.Close once run is done, when set
 	stream berthv1.Stream
 	limit  uint64 // bytes kept at most
 	kept   uint64 // bytes appended to the log
@@ -375,6 +375,12 @@ wait:
 				_ = p.f.SetReadDeadline(past)
 			}
 		}
+	}
+
+	if e.tty != nil {
+		// The process is reaped: hanging up its terminal can only reach
+		// what it left behind.
+		e.closeTTY()
 	}
 
 	res := resultOf(st, start)

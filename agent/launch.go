@@ -79,7 +79,11 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 			return nil, internal("open terminal", err)
 		}
 		closeOnErr = append(closeOnErr, master, slave)
-		stdout.f, stdout.close = master, e.closeTTY
+		// The master stays open until the process is reaped (supervise
+		// closes it): closing it hangs the terminal up, and a program
+		// that closed its own terminal descriptors (GNU cat's
+		// close_stdout) but has not exited yet would die of SIGHUP.
+		stdout.f, stdout.close = master, func() {}
 		e.tty = master
 		if p.stdin {
 			e.stdin = master

@@ -186,10 +186,10 @@ func TestTTYErrors(t *testing.T) {
 
 	// Resizing an exec without a terminal, or to a bad size, fails the
 	// stream; the process runs on.
-	stream := a.startExec(t, ctx, "no-tty", shell("read x"))
+	stream := a.startExec(t, ctx, "no-tty", shell("exec sleep 30"))
 	send(t, stream, resizeReq(10, 10))
 	wantInvalid(t, recvErr(t, stream), "resize")
-	stream = a.startExec(t, ctx, "tty", withTTY(shell("read x"), 24, 80))
+	stream = a.startExec(t, ctx, "tty", withTTY(shell("exec sleep 30"), 24, 80))
 	send(t, stream, resizeReq(0, 10))
 	wantInvalid(t, recvErr(t, stream), "resize.rows")
 	killExec(t, a, "no-tty")
