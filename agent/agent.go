@@ -93,6 +93,10 @@ type Config struct {
 	Files files.Config
 }
 
+// cgroupRoot is where the cgroup filesystem is mounted; berthd mounts the
+// sandbox's own cgroup there read-only.
+const cgroupRoot = "/sys/fs/cgroup"
+
 // EventOverhead is the bookkeeping charge, in bytes, of one output event
 // against Config.RingBytes, on top of its data.
 const EventOverhead = 160
@@ -167,6 +171,10 @@ type Server struct {
 	sup     *supervisor
 	// activity feeds Info's last_activity (activity.go).
 	activity activity
+	// oom counts the OOM kills of the agent's memory cgroup; oomScore gives
+	// children the highest OOM score.
+	oom      *oomCounter
+	oomScore *oomScore
 
 	mu      sync.Mutex
 	execs   map[string]*execution
@@ -205,6 +213,7 @@ func New(cfg Config) (*Server, error) {
 		bootID:   hex.EncodeToString(id),
 		devNull:  devNull,
 		sup:      newSupervisor(),
+		oomScore: newOOMScore(cfg.Logger),
 		execs:    make(map[string]*execution),
 		stopping: make(chan struct{}),
 	}
@@ -213,6 +222,8 @@ func New(cfg Config) (*Server, error) {
 		s.workDir = "/"
 	}
 	ownWorkDir(s.workDir, cfg.UID, cfg.GID, s.log)
+	selfCgroup, _ := os.ReadFile("/proc/self/cgroup")
+	s.oom = findOOMCounter(cgroupRoot, selfCgroup)
 	return s, nil
 }
 
@@ -291,7 +302,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	agentv1.RegisterFileServiceServer(gs, s.fileService())
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(l) }()
-	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID)
+	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,
+		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore.own)
 
 	var serveErr error
 	select {

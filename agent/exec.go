@@ -22,7 +22,8 @@ const readBatch = 64
 // then output events in sequence order (ExecDropped for events the ring shed
 // before this stream read them, ExecHeartbeat after Config.HeartbeatInterval
 // of silence), then ExecExited. Every stream, attach included, begins with
-// the exec's ExecStarted.
+// the exec's ExecStarted. A start with background ends the stream after
+// ExecStarted; the exec runs on.
 //
 // The first message must be start or attach. A start whose exec_id exists
 // runs nothing and replays that exec from its first event. A program that
@@ -30,8 +31,9 @@ const readBatch = 64
 // exit code 127 (not found) or 126 (not executable) and a
 // "berth-agent: <argv0>: ..." line on stderr. After the first message the
 // client may send stdin (written in order; the stream's flow control is the
-// backpressure), close_stdin and signal (to the process group; an invalid
-// name fails the stream, the process runs on).
+// backpressure), close_stdin (EOF, or EOT typed into a terminal), signal
+// (to the process group; an invalid name fails the stream, the process runs
+// on) and resize (tty execs only).
 //
 // Errors: INVALID_ARGUMENT (with a BadRequest naming the field) for a
 // malformed message, FAILED_PRECONDITION CWD_INVALID for a bad working
@@ -51,9 +53,11 @@ func (s *Server) Exec(stream agentv1.AgentService_ExecServer) error {
 		e   *execution
 		cur ring.Cursor
 	)
+	background := false
 	switch ev := req.GetEvent().(type) {
 	case *agentv1.ExecRequest_Start:
 		e, err = s.startExec(ev.Start)
+		background = ev.Start.GetBackground()
 	case *agentv1.ExecRequest_Attach:
 		e, cur, err = s.attachExec(ev.Attach)
 	default:
@@ -61,6 +65,10 @@ func (s *Server) Exec(stream agentv1.AgentService_ExecServer) error {
 	}
 	if err != nil {
 		return err
+	}
+	if background {
+		// The exec runs on; attach follows it later.
+		return stream.Send(e.started)
 	}
 
 	inputErr := make(chan error, 1)
@@ -110,9 +118,7 @@ func (s *Server) attachExec(attach *agentv1.ExecAttach) (*execution, ring.Cursor
 	}
 	e := s.lookup(id)
 	if e == nil {
-		return nil, ring.Cursor{}, rpcstatus.Error(codes.NotFound, rpcstatus.ReasonExecNotFound,
-			fmt.Sprintf("exec %q not found: never started in this agent, or finished more than %v ago", id, s.cfg.Retention),
-			map[string]string{"exec_id": id})
+		return nil, ring.Cursor{}, s.execNotFound(id)
 	}
 	cur, err := e.log.Seek(attach.GetSinceSeq())
 	if err != nil {
@@ -201,7 +207,7 @@ func (s *Server) receive(stream agentv1.AgentService_ExecServer, e *execution, i
 	}
 }
 
-// apply carries out one stdin, close_stdin or signal message.
+// apply carries out one stdin, close_stdin, signal or resize message.
 func (s *Server) apply(e *execution, req *agentv1.ExecRequest) error {
 	switch ev := req.GetEvent().(type) {
 	case *agentv1.ExecRequest_Stdin:
@@ -218,6 +224,17 @@ func (s *Server) apply(e *execution, req *agentv1.ExecRequest) error {
 			return err
 		}
 		if err := e.signal(sig); err != nil {
+			return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, err.Error(), map[string]string{"exec_id": e.id})
+		}
+	case *agentv1.ExecRequest_Resize:
+		if !e.hasTTY {
+			return rpcstatus.InvalidArgument("resize", fmt.Sprintf("exec %q was started without a terminal (process.tty is unset)", e.id))
+		}
+		rows, cols, err := ttySize("resize", ev.Resize.GetRows(), ev.Resize.GetCols())
+		if err != nil {
+			return err
+		}
+		if err := e.resize(rows, cols); err != nil {
 			return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, err.Error(), map[string]string{"exec_id": e.id})
 		}
 	default:
@@ -239,6 +256,8 @@ func eventName(req *agentv1.ExecRequest) string {
 		return "close_stdin"
 	case *agentv1.ExecRequest_Signal:
 		return "signal"
+	case *agentv1.ExecRequest_Resize:
+		return "resize"
 	default:
 		return "empty (no event set)"
 	}

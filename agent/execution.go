@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,20 +24,43 @@ const chunkSize = 32 << 10
 // execution is one exec: its process group, its event log and, once it
 // ended, its result. It outlives its process for Config.Retention.
 type execution struct {
-	id       string
-	pgid     int // the process group, equal to the pid; 0 when nothing ran
-	hasStdin bool
+	id        string
+	pgid      int // the process group, equal to the pid; 0 when nothing ran
+	hasStdin  bool
+	hasTTY    bool      // started with process.tty; tty is nil when nothing ran
+	argv      []string  // as run, for ListExecs
+	startedAt time.Time // when the start was accepted
 	// started is the ExecStarted event every stream begins with.
 	started *agentv1.ExecResponse
 	// log holds the output events; it is closed after exited is set.
 	log *ring.Log[*outputEvent]
 
-	// stdin is the write end of the process's stdin pipe, nil without
-	// stdin. stdinMu makes each ExecStdin one write, in order; Close does
-	// not take it, so closing unblocks a write stuck on a full pipe.
+	// stdin is where ExecStdin goes: the write end of the process's stdin
+	// pipe, or the terminal's master for a tty exec; nil without stdin.
+	// stdinMu makes each ExecStdin one write, in order; closing a pipe does
+	// not take it, so that it unblocks a write stuck on a full pipe.
 	stdin     *os.File
 	stdinMu   sync.Mutex
 	stdinOnce sync.Once
+	// tty is the terminal's master for a tty exec, else nil. It is also the
+	// stdout pump's file; supervise closes it with closeTTY once the
+	// process is reaped and the output drained, under ttyMu so that a
+	// resize never meets a closed file.
+	tty       *os.File
+	ttyMu     sync.Mutex
+	ttyClosed bool
+	// eotSent is set, under stdinMu, once close_stdin typed EOT into the
+	// terminal; later stdin is dropped.
+	eotSent bool
+
+	// oomBefore is the sandbox's OOM kill count when the exec started;
+	// oomKnown is false when the agent has no counter.
+	oomBefore uint64
+	oomKnown  bool
+	// killSent is set once the agent sent SIGKILL to the group (timeout,
+	// stop, or a client's signal): a SIGKILL death is then not the OOM
+	// killer's.
+	killSent atomic.Bool
 
 	mu         sync.Mutex
 	finished   bool                  // the result is known; the pgid may be reused
@@ -59,9 +83,12 @@ func stampOutput(ev *outputEvent, seq uint64) { ev.out.Seq = seq }
 
 func newExecution(id string, p *plan, ringBytes uint64) *execution {
 	return &execution{
-		id:       id,
-		hasStdin: p.stdin,
-		log:      ring.New(ringBytes, EventOverhead, stampOutput),
+		id:        id,
+		hasStdin:  p.stdin,
+		hasTTY:    p.tty,
+		argv:      p.argv,
+		startedAt: time.Now(),
+		log:       ring.New(ringBytes, EventOverhead, stampOutput),
 	}
 }
 
@@ -86,10 +113,21 @@ func (e *execution) signal(sig syscall.Signal) error {
 	if e.finished || e.pgid == 0 {
 		return nil
 	}
+	if sig == unix.SIGKILL {
+		// Before the kill: the reaper may hand over the status at once.
+		e.killSent.Store(true)
+	}
 	if err := unix.Kill(-e.pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("kill process group %d with %v: %w", e.pgid, sig, err)
 	}
 	return nil
+}
+
+// running reports whether the exec's result is not known yet.
+func (e *execution) running() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return !e.finished
 }
 
 // groupAlive reports whether any process, zombies included, is still in the
@@ -108,21 +146,67 @@ func (e *execution) awaitGroupGone(d time.Duration) {
 	}
 }
 
-// writeStdin writes data to the process's stdin pipe, blocking while the
-// pipe is full. Errors after the process closed its end or the exec ended
-// (EPIPE, closed file) are dropped: the bytes had no reader.
+// writeStdin writes data to the process's stdin, blocking while the pipe
+// (or the terminal's input queue) is full. Errors after the process closed
+// its end or the exec ended (EPIPE, EIO, closed file) are dropped: the bytes
+// had no reader. After close_stdin on a tty exec the bytes are dropped too.
 func (e *execution) writeStdin(data []byte) {
 	e.stdinMu.Lock()
 	defer e.stdinMu.Unlock()
+	if e.eotSent {
+		return
+	}
 	_, _ = e.stdin.Write(data)
 }
 
-// closeStdin closes the stdin pipe, delivering EOF; it is idempotent and
-// safe while a write is blocked (that write then fails).
+// closeStdin carries out close_stdin. A pipe is closed, delivering EOF;
+// that is idempotent and safe while a write is blocked (that write then
+// fails). A terminal gets EOT typed once, after the stdin written before
+// it, and stays open: closing the master would hang it up.
 func (e *execution) closeStdin() {
-	if e.stdin != nil {
+	switch {
+	case e.stdin == nil:
+	case e.tty != nil:
+		e.stdinMu.Lock()
+		defer e.stdinMu.Unlock()
+		if !e.eotSent {
+			e.eotSent = true
+			_, _ = e.stdin.Write([]byte{eot})
+		}
+	default:
 		e.stdinOnce.Do(func() { e.stdin.Close() })
 	}
+}
+
+// endStdin releases the stdin of an exec whose process exited, unblocking
+// a write stuck on a full pipe. A terminal's master is left to the stdout
+// pump, which closes it once drained.
+func (e *execution) endStdin() {
+	if e.stdin != nil && e.tty == nil {
+		e.stdinOnce.Do(func() { e.stdin.Close() })
+	}
+}
+
+// resize sets the terminal size of a tty exec. Once the terminal is closed
+// (the exec ended) it does nothing.
+func (e *execution) resize(rows, cols uint16) error {
+	e.ttyMu.Lock()
+	defer e.ttyMu.Unlock()
+	if e.tty == nil || e.ttyClosed {
+		return nil
+	}
+	if err := resizeTTY(e.tty, rows, cols); err != nil {
+		return fmt.Errorf("resize terminal of exec %s: %w", e.id, err)
+	}
+	return nil
+}
+
+// closeTTY closes the terminal's master, which hangs the terminal up.
+func (e *execution) closeTTY() {
+	e.ttyMu.Lock()
+	defer e.ttyMu.Unlock()
+	e.ttyClosed = true
+	e.tty.Close()
 }
 
 // finish records the result and ends the log; streams then send exited.
@@ -153,15 +237,17 @@ func (e *execution) finishedBefore(t time.Time) bool {
 // limit bytes and counting all of them.
 type pump struct {
 	log    *ring.Log[*outputEvent]
-	f      *os.File // the pipe's read end, closed by run
+	f      *os.File // the pipe's read end or a terminal's master
+	close  func()   // called instead of f.Close once run is done, when set
 	stream berthv1.Stream
 	limit  uint64 // bytes kept at most
 	kept   uint64 // bytes appended to the log
 	total  uint64 // bytes read
 }
 
-// run reads until EOF or an error (a read deadline set by the exec's
-// supervising goroutine ends it), closes the pipe and signals done.
+// run reads until EOF or an error (EIO from a terminal whose slave side is
+// closed everywhere; a read deadline set by the exec's supervising
+// goroutine), closes the file and signals done.
 func (p *pump) run(done chan<- struct{}) {
 	buf := make([]byte, chunkSize)
 	for {
@@ -173,7 +259,11 @@ func (p *pump) run(done chan<- struct{}) {
 			break
 		}
 	}
-	p.f.Close()
+	if p.close != nil {
+		p.close()
+	} else {
+		p.f.Close()
+	}
 	done <- struct{}{}
 }
 
@@ -206,14 +296,16 @@ func (p *pump) fill(res *berthv1.ExecResult) {
 
 // supervise owns a started exec until it finishes: it enforces the timeout
 // and the agent's stop (SIGTERM to the group, SIGKILL after KillGrace),
-// waits for the reaper's exit status, drains the pipes for at most
-// DrainGrace (a background child may hold them open forever), and records
-// the result. It owns the two pump goroutines and waits for both.
-func (s *Server) supervise(e *execution, exited <-chan exitStatus, start time.Time, timeout time.Duration, stdout, stderr *pump) {
+// waits for the reaper's exit status, drains the output (two pipes, or one
+// terminal) for at most DrainGrace (a background child may hold it open
+// forever), and records the result. It owns the pump goroutines and waits
+// for them.
+func (s *Server) supervise(e *execution, exited <-chan exitStatus, start time.Time, timeout time.Duration, pumps []*pump) {
 	defer s.execWG.Done()
-	pumped := make(chan struct{}, 2)
-	go stdout.run(pumped)
-	go stderr.run(pumped)
+	pumped := make(chan struct{}, len(pumps))
+	for _, p := range pumps {
+		go p.run(pumped)
+	}
 
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -250,7 +342,8 @@ wait:
 			killSent, killC = true, nil
 		}
 	}
-	e.closeStdin()
+	oomAfter, _ := s.oom.count()
+	e.endStdin()
 	if termSent && !killSent {
 		// The process exited after SIGTERM; what it left in its group (a
 		// grandchild ignoring SIGTERM) still gets its grace, then SIGKILL.
@@ -270,26 +363,35 @@ wait:
 
 	drain := time.NewTimer(s.cfg.DrainGrace)
 	defer drain.Stop()
-	for n := 0; n < 2; {
+	for n := 0; n < len(pumps); {
 		select {
 		case <-pumped:
 			n++
 		case <-drain.C:
 			// Completion is the process's exit, not pipe EOF: unblock the
-			// reads; each pump closes its pipe.
+			// reads; each pump closes its file.
 			past := time.Unix(1, 0)
-			_ = stdout.f.SetReadDeadline(past)
-			_ = stderr.f.SetReadDeadline(past)
+			for _, p := range pumps {
+				_ = p.f.SetReadDeadline(past)
+			}
 		}
+	}
+
+	if e.tty != nil {
+		// The process is reaped: hanging up its terminal can only reach
+		// what it left behind.
+		e.closeTTY()
 	}
 
 	res := resultOf(st, start)
 	res.TimedOut = timedOut
-	stdout.fill(res)
-	stderr.fill(res)
+	res.OomKilled = oomVerdict(st.ws, e.oomBefore, oomAfter, e.oomKnown, e.killSent.Load())
+	for _, p := range pumps {
+		p.fill(res)
+	}
 	e.finish(res)
 	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "exit_code", res.ExitCode,
-		"signal", res.Signal, "timed_out", timedOut, "duration", res.Duration.AsDuration())
+		"signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
 }
 
 func (s *Server) logSignalErr(e *execution, err error) {

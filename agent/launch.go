@@ -25,14 +25,20 @@ const (
 )
 
 // launch starts the exec id for p and returns it running, or finished with
-// exit code 127 or 126 and a message on stderr when the program cannot be
-// found or executed, as a shell would. Errors mean nothing ran and no exec
-// was recorded: RESOURCE_EXHAUSTED when the process could not be forked
-// (EAGAIN, e.g. the pids limit), INTERNAL otherwise. The caller holds s.mu.
+// exit code 127 or 126 and a message on stderr (on the terminal for a tty
+// exec) when the program cannot be found or executed, as a shell would.
+// Errors mean nothing ran and no exec was recorded: RESOURCE_EXHAUSTED when
+// the process could not be forked (EAGAIN, e.g. the pids limit), INTERNAL
+// otherwise. The caller holds s.mu.
 func (s *Server) launch(id string, p *plan) (*execution, error) {
 	e := newExecution(id, p, s.cfg.RingBytes)
 	stdout := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDOUT, limit: p.stdoutLimit}
 	stderr := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDERR, limit: p.stderrLimit}
+	pumps := []*pump{stdout, stderr}
+	if p.tty {
+		// One stream: the terminal's output.
+		pumps, stderr = pumps[:1], stdout
+	}
 
 	path, err := lookPath(p.argv[0], envPath(p.env))
 	if err != nil {
@@ -41,46 +47,78 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	}
 
 	// The child gets the write ends of two pipes and the read end of a
-	// third (or /dev/null). Passing *os.File keeps os from copying through
-	// goroutines; the agent reads the parent ends itself.
-	var inR, outW, errW *os.File
+	// third (or /dev/null), or a terminal's slave side for all three.
+	// Passing *os.File keeps os from copying through goroutines; the agent
+	// reads the parent ends itself.
 	var closeOnErr []*os.File
 	defer func() {
 		for _, f := range closeOnErr {
 			f.Close()
 		}
 	}()
+	internal := func(what string, err error) error {
+		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), map[string]string{"exec_id": id})
+	}
 	pipe := func() (r, w *os.File, err error) {
 		r, w, err = os.Pipe()
 		if err != nil {
-			return nil, nil, rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "create pipe for exec "+id+": "+err.Error(), nil)
+			return nil, nil, internal("create pipe", err)
 		}
 		closeOnErr = append(closeOnErr, r, w)
 		return r, w, nil
 	}
-	if stdout.f, outW, err = pipe(); err != nil {
-		return nil, err
-	}
-	if stderr.f, errW, err = pipe(); err != nil {
-		return nil, err
-	}
-	inR = s.devNull
-	if p.stdin {
-		if inR, e.stdin, err = pipe(); err != nil {
+	var (
+		files      []*os.File // the child's fds 0, 1 and 2
+		childEnds  []*os.File // closed in the agent once the child holds them
+		sys        = &syscall.SysProcAttr{Credential: s.credential()}
+		outW, errW *os.File
+	)
+	if p.tty {
+		master, slave, err := openPTY(p.ttyRows, p.ttyCols)
+		if err != nil {
+			return nil, internal("open terminal", err)
+		}
+		closeOnErr = append(closeOnErr, master, slave)
+		// The master stays open until the process is reaped (supervise
+		// closes it): closing it hangs the terminal up, and a program
+		// that closed its own terminal descriptors (GNU cat's
+		// close_stdout) but has not exited yet would die of SIGHUP.
+		stdout.f, stdout.close = master, func() {}
+		e.tty = master
+		if p.stdin {
+			e.stdin = master
+		}
+		files, childEnds = []*os.File{slave, slave, slave}, []*os.File{slave}
+		// A new session with the terminal as its controlling terminal
+		// (setsid(2), TIOCSCTTY): job control and ^C work, and the
+		// session leader's process group is the exec's group.
+		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+	} else {
+		if stdout.f, outW, err = pipe(); err != nil {
 			return nil, err
 		}
-	}
-	attr := &os.ProcAttr{
-		Dir:   p.dir,
-		Env:   p.env,
-		Files: []*os.File{inR, outW, errW},
+		if stderr.f, errW, err = pipe(); err != nil {
+			return nil, err
+		}
+		inR := s.devNull
+		if p.stdin {
+			if inR, e.stdin, err = pipe(); err != nil {
+				return nil, err
+			}
+			childEnds = append(childEnds, inR)
+		}
+		files, childEnds = []*os.File{inR, outW, errW}, append(childEnds, outW, errW)
 		// Its own process group, so that a signal or a timeout reaches
 		// the grandchildren too.
-		Sys: &syscall.SysProcAttr{Setpgid: true, Credential: s.credential()},
+		sys.Setpgid = true
 	}
+	attr := &os.ProcAttr{Dir: p.dir, Env: p.env, Files: files, Sys: sys}
 	argv := p.argv
+	e.oomBefore, e.oomKnown = s.oom.count()
 	start := time.Now()
 	pid, exited, err := s.sup.start(func() (int, error) {
+		// Children are born with the highest OOM score (see oomScore).
+		defer s.oomScore.raise()()
 		proc, err := os.StartProcess(path, argv, attr)
 		if errors.Is(err, unix.ENOEXEC) {
 			// execvp(3): a file the kernel cannot execute is a script
@@ -106,24 +144,23 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		s.cannotRun(e, p, stderr, err)
 		return e, nil
 	}
-	// The child holds its ends now; keep only the parent's.
+	// The child holds its ends now; keep only the agent's.
 	closeOnErr = nil
-	if p.stdin {
-		inR.Close()
+	for _, f := range childEnds {
+		f.Close()
 	}
-	outW.Close()
-	errW.Close()
 
 	e.setStarted(pid, p)
-	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", argv[0])
+	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", argv[0], "tty", p.tty)
 	s.execWG.Add(1)
-	go s.supervise(e, exited, start, p.timeout, stdout, stderr)
+	go s.supervise(e, exited, start, p.timeout, pumps)
 	return e, nil
 }
 
 // cannotRun finishes e without a process: exit code 127 when the program
 // does not exist (ENOENT), 126 otherwise, with a shell-like message on
-// stderr ("berth-agent: <argv0>: command not found").
+// stderr ("berth-agent: <argv0>: command not found"), which is the stdout
+// pump for a tty exec.
 func (s *Server) cannotRun(e *execution, p *plan, stderr *pump, err error) {
 	code := int32(exitNotExecutable)
 	var msg string
@@ -142,7 +179,7 @@ func (s *Server) cannotRun(e *execution, p *plan, stderr *pump, err error) {
 		msg = err.Error()
 	}
 	e.setStarted(0, p)
-	e.stdin = nil // nothing reads it; stdin messages are dropped
+	e.stdin, e.tty = nil, nil // nothing reads it; stdin messages are dropped
 	stderr.write([]byte(fmt.Sprintf("berth-agent: %s: %s\n", p.argv[0], msg)))
 	res := &berthv1.ExecResult{ExitCode: code, Duration: durationpb.New(0), UserCpu: durationpb.New(0), SystemCpu: durationpb.New(0)}
 	stderr.fill(res)

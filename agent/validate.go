@@ -29,6 +29,10 @@ type plan struct {
 	timeout     time.Duration
 	stdoutLimit uint64 // bytes
 	stderrLimit uint64 // bytes
+	// tty is true when the process runs on a pseudo-terminal of ttyRows x
+	// ttyCols cells.
+	tty              bool
+	ttyRows, ttyCols uint16
 }
 
 // maxExecIDLen is the longest exec id, as in berth.v1.ExecStart.exec_id.
@@ -112,7 +116,28 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec) (*plan, error) {
 	}
 	p.stdoutLimit = s.clampLimit(spec.GetStdoutLimitBytes())
 	p.stderrLimit = s.clampLimit(spec.GetStderrLimitBytes())
+	if tty := spec.GetTty(); tty != nil {
+		p.tty = true
+		if p.ttyRows, p.ttyCols, err = ttySize("process.tty", tty.GetRows(), tty.GetCols()); err != nil {
+			return nil, err
+		}
+	}
 	return p, nil
+}
+
+// ttySize checks a terminal size: rows and cols from 1 to 65535
+// (struct winsize holds 16 bits; tty_ioctl(4)). field prefixes the field
+// names in errors.
+func ttySize(field string, rows, cols uint32) (uint16, uint16, error) {
+	for _, f := range []struct {
+		name string
+		v    uint32
+	}{{"rows", rows}, {"cols", cols}} {
+		if f.v < 1 || f.v > 65535 {
+			return 0, 0, rpcstatus.InvalidArgument(field+"."+f.name, fmt.Sprintf("%d is outside 1 to 65535", f.v))
+		}
+	}
+	return uint16(rows), uint16(cols), nil
 }
 
 // clampLimit maps a requested output cap to the effective one: zero means
@@ -208,7 +233,12 @@ func envPath(env []string) string {
 // in any case ("TERM", "sigterm"), or a decimal number ("15"), as listed in
 // signal(7). Signal 0 is refused: it delivers nothing.
 func parseSignal(name string) (syscall.Signal, error) {
-	field := "signal.signal"
+	return parseSignalField("signal.signal", name)
+}
+
+// parseSignalField is parseSignal with field naming the request field in
+// errors.
+func parseSignalField(field, name string) (syscall.Signal, error) {
 	if name == "" {
 		return 0, rpcstatus.InvalidArgument(field, "is empty; want a name like \"TERM\" or a number like \"15\"")
 	}

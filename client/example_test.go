@@ -148,6 +148,68 @@ func ExampleClient_Attach() {
 	fmt.Println("exit code", res.GetExitCode())
 }
 
+func ExampleClient_ExecBackground() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	// Start a server and return at once; it runs on in the sandbox.
+	started, err := c.ExecBackground(ctx, "my-sandbox", &berthv1.ProcessSpec{ShellCommand: "python3 -m http.server 8000"},
+		client.WithExecID("web"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("started pid", started.GetPid())
+
+	execs, err := c.ListExecs(ctx, "my-sandbox")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, x := range execs {
+		fmt.Println(x.GetExecId(), x.GetState(), x.GetArgv())
+	}
+
+	// Later: stop it, then read everything it wrote and how it ended.
+	if _, err := c.SignalExec(ctx, "my-sandbox", "web", "TERM"); err != nil {
+		log.Fatal(err)
+	}
+	e, err := c.Attach(ctx, "my-sandbox", "web", 0, client.WithStdout(os.Stdout), client.WithStderr(os.Stderr))
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := e.Wait()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("exit code", res.GetExitCode())
+}
+
+func ExampleWithTTY() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	// A terminal of 24 rows and 80 columns: one output stream, "\r\n" line
+	// ends, and programs that check isatty(3) behave as at a terminal.
+	e, err := c.Exec(ctx, "my-sandbox", &berthv1.ProcessSpec{Argv: []string{"top", "-b", "-n", "1"}},
+		client.WithTTY(24, 80), client.WithStdout(os.Stdout))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := e.Resize(ctx, 50, 132); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := e.Wait(); err != nil {
+		log.Fatal(err)
+	}
+}
+
 func ExampleClient_Run() {
 	ctx := context.Background()
 	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -45,6 +46,7 @@ type ExecOption func(*execConfig)
 
 type execConfig struct {
 	execID  string
+	tty     *berthv1.TtySize
 	stdout  io.Writer
 	stderr  io.Writer
 	onEvent func(*berthv1.ExecResponse)
@@ -65,6 +67,16 @@ func newExecConfig(opts []ExecOption) execConfig {
 // ignores it.
 func WithExecID(id string) ExecOption {
 	return func(c *execConfig) { c.execID = id }
+}
+
+// WithTTY runs the process on a pseudo-terminal of rows x cols character
+// cells, as its controlling terminal (it sets ProcessSpec.Tty on a copy of
+// the spec). The terminal's output, stderr included, arrives as stdout, with
+// the terminal's line discipline applied ("\n" becomes "\r\n", input is
+// echoed). Closing Stdin types EOT (^D) instead of closing the terminal;
+// Execution.Resize changes the size. Exec and ExecBackground only.
+func WithTTY(rows, cols uint16) ExecOption {
+	return func(c *execConfig) { c.tty = &berthv1.TtySize{Rows: uint32(rows), Cols: uint32(cols)} }
 }
 
 // WithStdout has the exec's stdout bytes written to w exactly as berthd sent
@@ -134,9 +146,92 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, spec *berthv1.Proce
 	first := &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
 		SandboxId: sandboxID,
 		ExecId:    cfg.execID,
-		Process:   spec,
+		Process:   cfg.spec(spec),
 	}}}
 	return c.openExec(ctx, sandboxID, first, 0, spec.GetStdin(), cfg)
+}
+
+// spec returns spec with the options' terminal, copied when it changes.
+func (cfg execConfig) spec(spec *berthv1.ProcessSpec) *berthv1.ProcessSpec {
+	if cfg.tty == nil {
+		return spec
+	}
+	spec = proto.CloneOf(spec)
+	if spec == nil {
+		spec = &berthv1.ProcessSpec{}
+	}
+	spec.Tty = cfg.tty
+	return spec
+}
+
+// ExecBackground starts spec in the sandbox sandboxID and returns berthd's
+// started event (exec id, pid, effective timeout and caps) as soon as the
+// process runs; it runs on without a stream. Follow it with Attach (which
+// also feeds its stdin when spec.Stdin is set), list it with ListExecs and
+// signal it with SignalExec. Of the ExecOptions WithExecID and WithTTY
+// apply. Errors as for Exec.
+func (c *Client) ExecBackground(ctx context.Context, sandboxID string, spec *berthv1.ProcessSpec, opts ...ExecOption) (*berthv1.ExecStarted, error) {
+	cfg := newExecConfig(opts)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.sandboxes.Exec(ctx)
+	if err != nil {
+		return nil, convertError(err)
+	}
+	first := &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
+		SandboxId:  sandboxID,
+		ExecId:     cfg.execID,
+		Process:    cfg.spec(spec),
+		Background: true,
+	}}}
+	if err := stream.Send(first); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = streamStatus(stream)
+		}
+		return nil, convertError(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: stream ended before started", ErrProtocol)
+		}
+		return nil, convertError(err)
+	}
+	started := resp.GetStarted()
+	if started == nil {
+		return nil, fmt.Errorf("%w: first event is %T, want started", ErrProtocol, resp.GetEvent())
+	}
+	// berthd ends the stream now; reading its status finishes the call
+	// cleanly, but a berthd that streams on must not hold the caller.
+	t := time.AfterFunc(finalStatusWait, cancel)
+	_, _ = stream.Recv()
+	t.Stop()
+	return started, nil
+}
+
+// ListExecs lists the execs of the sandbox sandboxID that run or ended
+// within the agent's retention time, ordered by start time. Errors:
+// codes.NotFound (ReasonSandboxNotFound).
+func (c *Client) ListExecs(ctx context.Context, sandboxID string) ([]*berthv1.ExecInfo, error) {
+	resp, err := c.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: sandboxID})
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp.GetExecs(), nil
+}
+
+// SignalExec sends the signal name ("TERM", "SIGKILL", "15"; see signal(7))
+// to the process group of the exec execID without a stream. It returns
+// berthv1.ExecState_EXEC_STATE_RUNNING when the signal was sent and
+// EXEC_STATE_EXITED when the exec had ended already (nothing was sent).
+// Errors: codes.InvalidArgument for an unknown signal, codes.NotFound
+// (ReasonSandboxNotFound, ReasonExecNotFound).
+func (c *Client) SignalExec(ctx context.Context, sandboxID, execID, signal string) (berthv1.ExecState, error) {
+	resp, err := c.sandboxes.SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: sandboxID, ExecId: execID, Signal: signal})
+	if err != nil {
+		return berthv1.ExecState_EXEC_STATE_UNSPECIFIED, convertError(err)
+	}
+	return resp.GetState(), nil
 }
 
 // Attach follows the exec execID of sandbox sandboxID: berthd replays every
@@ -268,8 +363,8 @@ func (e *Execution) Wait() (*berthv1.ExecResult, error) {
 
 // Stdin returns the exec's standard input. Write sends p as ExecStdin
 // messages of at most 1 MiB; concurrent Writes are sent one after the other,
-// each in one piece. Close sends close_stdin, delivering EOF to the process;
-// it is idempotent. Writing fails with ErrNoStdin when the exec was started
+// each in one piece. Close sends close_stdin, delivering EOF to the process
+// (or typing EOT into its terminal); it is idempotent. Writing fails with ErrNoStdin when the exec was started
 // without ProcessSpec.Stdin, with ErrStreamClosed once the stream has ended,
 // and with io.ErrClosedPipe after Close.
 func (e *Execution) Stdin() io.WriteCloser { return e.stdin }
@@ -285,6 +380,18 @@ func (e *Execution) Signal(ctx context.Context, name string) error {
 	}
 	defer e.release()
 	return e.sendLocked(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Signal{Signal: &berthv1.ExecSignal{Signal: name}}})
+}
+
+// Resize sets the terminal size of an exec started with WithTTY (or
+// ProcessSpec.Tty) to rows x cols character cells; the process gets
+// SIGWINCH. It fails like Signal, and the stream fails with
+// codes.InvalidArgument when the exec has no terminal or a size is 0.
+func (e *Execution) Resize(ctx context.Context, rows, cols uint16) error {
+	if err := e.acquire(ctx); err != nil {
+		return err
+	}
+	defer e.release()
+	return e.sendLocked(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Resize{Resize: &berthv1.ExecResize{Rows: uint32(rows), Cols: uint32(cols)}}})
 }
 
 func (e *Execution) acquire(ctx context.Context) error {

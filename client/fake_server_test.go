@@ -29,14 +29,17 @@ import (
 //	bytes     binary and split UTF-8 output on both streams, a heartbeat,
 //	          a dropped note, exit code 3
 //	cat       echoes each stdin message as one stdout event; on close_stdin
-//	          reports the stdin message sizes and the signal count on stderr
-//	          and exits 0
+//	          reports the stdin message sizes, the signal count and any
+//	          resizes on stderr and exits 0
 //	sleep     heartbeats until a signal, then exits 128+N
 //	hang      never starts
 //	badfirst  sends output before started
 //	gap       skips a sequence number
 //	dup       repeats an output event
 //	noexit    ends the stream without exited
+//
+// A start with a tty first prints "tty=ROWSxCOLS\n"; a background start
+// ends after started.
 //
 // The exec "done-exec" of sandbox "sb-1" can be attached to: it retains
 // events 3..5 of 5.
@@ -257,7 +260,15 @@ func (s *fakeSandboxes) start(stream execStream, start *berthv1.ExecStart) error
 	if err := stream.Send(startedEvent(cmpOr(start.GetExecId(), "exec-1"))); err != nil {
 		return err
 	}
+	if start.GetBackground() {
+		return nil
+	}
 	x := &session{stream: stream}
+	if tty := start.GetProcess().GetTty(); tty != nil {
+		if err := x.out(stdout, fmt.Sprintf("tty=%dx%d\n", tty.GetRows(), tty.GetCols())); err != nil {
+			return err
+		}
+	}
 	switch argv[0] {
 	case "bytes":
 		for _, step := range []func() error{
@@ -325,7 +336,7 @@ func interact(x *session, name string) error {
 	}()
 	heartbeat := time.NewTicker(20 * time.Millisecond)
 	defer heartbeat.Stop()
-	var sizes []string
+	var sizes, resizes []string
 	signals := 0
 	for {
 		select {
@@ -352,8 +363,14 @@ func interact(x *session, name string) error {
 				if err := x.out(stdout, string(ev.Stdin.GetData())); err != nil {
 					return err
 				}
+			case *berthv1.ExecRequest_Resize:
+				resizes = append(resizes, fmt.Sprintf("%dx%d", ev.Resize.GetRows(), ev.Resize.GetCols()))
 			case *berthv1.ExecRequest_CloseStdin:
-				report := fmt.Sprintf("stdin-sizes=%s signals=%d\n", strings.Join(sizes, ","), signals)
+				report := fmt.Sprintf("stdin-sizes=%s signals=%d", strings.Join(sizes, ","), signals)
+				if len(resizes) > 0 {
+					report += " resizes=" + strings.Join(resizes, ",")
+				}
+				report += "\n"
 				if err := x.out(stderr, report); err != nil {
 					return err
 				}
@@ -418,6 +435,35 @@ func (s *fakeSandboxes) attach(stream execStream, a *berthv1.ExecAttach) error {
 		}
 	}
 	return stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: 0, StdoutBytes: 18, StderrBytes: 5}))
+}
+
+// fakeExecs are the execs ListExecs reports for "sb-1".
+var fakeExecs = []*berthv1.ExecInfo{
+	{ExecId: "running-exec", State: berthv1.ExecState_EXEC_STATE_RUNNING, Argv: []string{"sleep", "30"}, Pid: 7, StartedAt: testCreated},
+	{ExecId: "done-exec", State: berthv1.ExecState_EXEC_STATE_EXITED, Argv: []string{"/bin/sh", "-c", "echo"}, Pid: 8, StartedAt: testCreated,
+		LastSeq: 5, Result: &berthv1.ExecResult{StdoutBytes: 18, StderrBytes: 5}},
+}
+
+func (s *fakeSandboxes) ListExecs(_ context.Context, req *berthv1.ListExecsRequest) (*berthv1.ListExecsResponse, error) {
+	if !s.exists(req.GetSandboxId()) {
+		return nil, sandboxNotFound(req.GetSandboxId())
+	}
+	return &berthv1.ListExecsResponse{Execs: fakeExecs}, nil
+}
+
+func (s *fakeSandboxes) SignalExec(_ context.Context, req *berthv1.SignalExecRequest) (*berthv1.SignalExecResponse, error) {
+	if !s.exists(req.GetSandboxId()) {
+		return nil, sandboxNotFound(req.GetSandboxId())
+	}
+	if _, ok := signalNumbers[strings.TrimPrefix(strings.ToUpper(req.GetSignal()), "SIG")]; !ok {
+		return nil, rpcstatus.InvalidArgument("signal", fmt.Sprintf("%q is not a signal name", req.GetSignal()))
+	}
+	for _, e := range fakeExecs {
+		if e.GetExecId() == req.GetExecId() {
+			return &berthv1.SignalExecResponse{State: e.GetState()}, nil
+		}
+	}
+	return nil, rpcstatus.Error(codes.NotFound, rpcstatus.ReasonExecNotFound, fmt.Sprintf("exec %q not found", req.GetExecId()), nil)
 }
 
 // fakeImages stores imported archives' digests and reports each import's

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -24,6 +22,7 @@ import (
 	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // journalDir is the runtime journal directory of the tests' berthd.
@@ -47,11 +46,18 @@ func dialClient(t testing.TB, addr string, opts ...client.Option) *client.Client
 // with the main berthd.
 func startServer(t *testing.T, cfg server.Config) string {
 	t.Helper()
+	return serveService(t, cfg, env.rt)
+}
+
+// serveService serves a berthd Service with cfg on rt behind a real gRPC
+// server on its own unix socket, stopped at cleanup, and returns its address.
+func serveService(t *testing.T, cfg server.Config, rt *runtime.Runtime) string {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("BERTH_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("server", t.Name())
 	}
-	svc := server.New(cfg, env.rt, log)
+	svc := server.New(cfg, rt, log)
 	addr := "unix://" + filepath.Join(env.dir, shortID("s")+".sock")
 	lis, err := server.Listen(addr)
 	if err != nil {
@@ -160,26 +166,8 @@ func waitState(t *testing.T, c *client.Client, id string, want berthv1.SandboxSt
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the Execution's receive goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // waitOutput polls, for at most 10 s, until out holds want.
-func waitOutput(t *testing.T, out *syncBuffer, want string) {
+func waitOutput(t *testing.T, out *lockedBuffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(out.String(), want) {
@@ -237,7 +225,7 @@ func TestRuntimeReplacedWhenTaskKilled(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out syncBuffer
+	var out lockedBuffer
 	e, err := c.Exec(ctx, id, &berthv1.ProcessSpec{ShellCommand: "echo running; exec sleep 60"}, client.WithStdout(&out), client.WithExecID("victim"))
 	if err != nil {
 		t.Fatalf("Exec: %v", err)
@@ -286,7 +274,7 @@ func TestRuntimeReplacedWhenAgentKilled(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out syncBuffer
+	var out lockedBuffer
 	e, err := c.Exec(ctx, id, &berthv1.ProcessSpec{ShellCommand: "echo running; sleep 60 & wait", Stdin: true}, client.WithStdout(&out), client.WithExecID("victim"))
 	if err != nil {
 		t.Fatalf("Exec: %v", err)
@@ -327,6 +315,10 @@ func TestRuntimeReplacedWhenAgentKilled(t *testing.T) {
 	}
 	t.Run("attach", func(t *testing.T) {
 		_, err := c.Attach(ctx, id, "victim", 0)
+		checkStale(t, err)
+	})
+	t.Run("signal", func(t *testing.T) {
+		_, err := c.SignalExec(ctx, id, "victim", "TERM")
 		checkStale(t, err)
 	})
 	t.Run("start with the old id runs nothing", func(t *testing.T) {

@@ -31,7 +31,7 @@ func (s *Service) agentFor(ctx context.Context, sandboxID string) (agentv1.Agent
 // Exec proxies one exec stream between the caller and the sandbox's agent.
 // The agent owns the exec: when the caller goes away the process keeps
 // running and stays attachable. Events pass through without copying their
-// payloads.
+// payloads. A background start ends with OK after started.
 func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	ctx := stream.Context()
 	first, err := stream.Recv()
@@ -42,9 +42,10 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		return s.toStatus(ctx, err, nil)
 	}
 	var (
-		sandboxID string
-		execID    string
-		opening   *agentv1.ExecRequest
+		sandboxID  string
+		execID     string
+		opening    *agentv1.ExecRequest
+		background bool
 	)
 	switch ev := first.GetEvent().(type) {
 	case *berthv1.ExecRequest_Start:
@@ -56,7 +57,8 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		if ev.Start.GetProcess() == nil {
 			return rpcstatus.InvalidArgument("start.process", "is missing")
 		}
-		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess()}}}
+		background = ev.Start.GetBackground()
+		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess(), Background: background}}}
 	case *berthv1.ExecRequest_Attach:
 		sandboxID = ev.Attach.GetSandboxId()
 		execID = ev.Attach.GetExecId()
@@ -96,11 +98,16 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	go forwardCaller(stream, upstream, &protoErr, guard.cancel)
 
 	resp := &berthv1.ExecResponse{}
+	started := false
 	for {
 		msg, err := upstream.Recv()
 		if err != nil {
 			if perr := protoErr.get(); perr != nil {
 				return perr
+			}
+			if errors.Is(err, io.EOF) && background && started {
+				// The agent ends a background start after started.
+				return nil
 			}
 			return s.toStatus(ctx, guard.failed(ctx, err), meta)
 		}
@@ -108,6 +115,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		if !setEvent(resp, msg) {
 			continue
 		}
+		started = started || msg.GetStarted() != nil
 		if err := stream.Send(resp); err != nil {
 			return s.toStatus(ctx, err, meta)
 		}
@@ -156,7 +164,7 @@ func (p *protocolError) get() error {
 	return p.err
 }
 
-// forwardCaller forwards the caller's stdin, close_stdin and signal
+// forwardCaller forwards the caller's stdin, close_stdin, signal and resize
 // messages to the agent in order. The agent's stream flow control is the
 // back-pressure for stdin. A second start or attach is a protocol error:
 // it is recorded and the agent stream is canceled.
@@ -177,8 +185,10 @@ func forwardCaller(stream berthv1.SandboxService_ExecServer, upstream agentv1.Ag
 			out.Event = &agentv1.ExecRequest_CloseStdin{CloseStdin: ev.CloseStdin}
 		case *berthv1.ExecRequest_Signal:
 			out.Event = &agentv1.ExecRequest_Signal{Signal: ev.Signal}
+		case *berthv1.ExecRequest_Resize:
+			out.Event = &agentv1.ExecRequest_Resize{Resize: ev.Resize}
 		default:
-			protoErr.set(rpcstatus.InvalidArgument("event", "only stdin, close_stdin and signal may follow the first message"))
+			protoErr.set(rpcstatus.InvalidArgument("event", "only stdin, close_stdin, signal and resize may follow the first message"))
 			cancel()
 			return
 		}

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -29,15 +28,28 @@ SANDBOX; --shell runs a command string with /bin/sh -c instead.
 Flags go before SANDBOX: everything after it belongs to the command.
 The command's stdout and stderr bytes are copied to berth's as they arrive.
 berth's standard input is forwarded when it is not a terminal (a pipe or a
-file), and closed at its end; otherwise the command reads /dev/null. SIGINT
-and SIGTERM sent to berth are forwarded to the command's process group; at
-the third, berth stops waiting.
+file), or always with -i, and closed at its end; otherwise the command reads
+/dev/null. SIGINT and SIGTERM sent to berth are forwarded to the command's
+process group; at the third, berth stops waiting.
+
+-t runs the command on a terminal of the size of berth's own (24x80 when
+berth has none), with berth's TERM; its output arrives as one stream. With
+-i as well and a terminal on berth's stdin, that terminal is put in raw mode
+(every key, ^C included, goes to the command's terminal) and restored when
+berth exits; window size changes are forwarded. At the end of forwarded
+input the command's terminal gets EOT (^D).
+
+-d starts the command in the background, prints its exec id and exits 0;
+follow it with "berth attach", list it with "berth ps", signal it with
+"berth kill".
 
 berth exits with the command's exit status (128+N when signal N killed it),
 and 125 when berth itself fails.`,
 		Example: `  berth exec my-sandbox -- ls -l /workspace
   tar c src | berth exec my-sandbox -- tar x -C /workspace
-  berth exec --timeout 10m --env CI=1 --shell 'make && make test' my-sandbox`,
+  berth exec --timeout 10m --env CI=1 --shell 'make && make test' my-sandbox
+  berth exec -it my-sandbox -- bash
+  berth exec -d --id web my-sandbox -- python3 -m http.server`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sandboxID, command := splitExecArgs(args, cmd.ArgsLenAtDash())
@@ -56,12 +68,11 @@ and 125 when berth itself fails.`,
 			defer relay.close()
 			// A closed stdout must come back as EPIPE, not kill berth.
 			signal.Ignore(syscall.SIGPIPE)
-			var stdin io.Reader
-			if forwardStdin(f.noStdin, term.IsTerminal(int(os.Stdin.Fd()))) {
-				spec.Stdin = true
-				stdin = os.Stdin
+			stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
+			if f.detach {
+				return detach(ctx, g, c, sandboxID, spec, f.execID, cmd.OutOrStdout())
 			}
-			return execute(ctx, g, c, relay, sandboxID, spec, f.execID, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return execute(ctx, g, c, relay, sandboxID, spec, f.execID, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 		},
 	}
 	// Flags end at SANDBOX: what follows belongs to the command.
@@ -70,22 +81,53 @@ and 125 when berth itself fails.`,
 	return cmd
 }
 
+// detach starts spec in the background and prints its exec id.
+func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string, spec *berthv1.ProcessSpec, execID string, stdout io.Writer) error {
+	ctx, cancel := g.unary(ctx)
+	defer cancel()
+	started, err := c.ExecBackground(ctx, sandboxID, spec, client.WithExecID(execID))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, started.GetExecId())
+	return nil
+}
+
 // execute runs spec in the sandbox, copying its output to stdout and stderr
 // and stdin (when not nil) to its standard input, with SIGINT and SIGTERM
-// forwarded through relay. It returns the command's exit status as an
+// forwarded through relay, and with tty (when not nil) in raw mode and its
+// size changes forwarded. It returns the command's exit status as an
 // exitStatus, or why berth failed. Notices about the run (lost output, a
 // timeout, an OOM kill, truncation) go to stderr.
-func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, spec *berthv1.ProcessSpec, execID string, stdin io.Reader, stdout, stderr io.Writer) error {
+func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, spec *berthv1.ProcessSpec, execID string, stdin io.Reader, stdout, stderr io.Writer, tty *terminal) error {
+	start := func(ctx context.Context, opts ...client.ExecOption) (*client.Execution, error) {
+		return c.Exec(ctx, sandboxID, spec, append(opts, client.WithExecID(execID))...)
+	}
+	return follow(ctx, g, c, relay, sandboxID, start, stdin, stdout, stderr, tty)
+}
+
+// follow is execute for an exec that open starts or attaches to.
+func follow(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, open func(context.Context, ...client.ExecOption) (*client.Execution, error), stdin io.Reader, stdout, stderr io.Writer, tty *terminal) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// The start is bounded like any request; the command's run is bounded
 	// by its own timeout.
+	if tty != nil {
+		// Raw before the command starts: output that arrives before the
+		// switch would otherwise pass through berth's own line discipline
+		// ("\r\n" would become "\r\r\n"). Also restored below, before any
+		// notice is printed.
+		if err := tty.makeRaw(); err != nil {
+			return err
+		}
+		defer tty.restore()
+	}
 	var startTimedOut atomic.Bool
 	stopStartTimer := func() bool { return true }
 	if g.rpcTimeout > 0 {
 		stopStartTimer = time.AfterFunc(g.rpcTimeout, func() { startTimedOut.Store(true); cancel() }).Stop
 	}
-	e, err := c.Exec(ctx, sandboxID, spec, client.WithExecID(execID), client.WithStdout(stdout), client.WithStderr(stderr))
+	e, err := open(ctx, client.WithStdout(stdout), client.WithStderr(stderr))
 	stopStartTimer()
 	if err != nil {
 		if s := relay.canceledBy(); s != nil {
@@ -98,6 +140,10 @@ func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRel
 	}
 	relay.setTarget(e)
 	defer relay.setTarget(nil)
+	if tty != nil {
+		stopResizes := tty.forwardResizes(e, stderr)
+		defer stopResizes()
+	}
 	if stdin != nil {
 		// This goroutine is not waited for: a read(2) from a pipe cannot be
 		// interrupted, and berth exits once the command has.
@@ -110,6 +156,9 @@ func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRel
 	}
 	res, err := e.Wait()
 	relay.setTarget(nil)
+	if tty != nil {
+		tty.restore()
+	}
 	if err != nil {
 		if errors.Is(err, syscall.EPIPE) {
 			// berth's reader went away: tell the command, as a local pipe

@@ -3,10 +3,13 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -41,8 +44,9 @@ type processFlags struct {
 	shell   string
 	bash    bool
 	noStdin bool
-	// TTY mode is not implemented yet; the flags exist to say so.
-	interactive, tty bool
+	// interactive forwards stdin even from a terminal; tty runs the command
+	// on a terminal; detach starts it in the background (berth exec only).
+	interactive, tty, detach bool
 }
 
 // register adds the flags to fs; berth run has no --id, its sandbox being
@@ -57,19 +61,21 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.StringVar(&f.shell, "shell", "", "run this command string with /bin/sh -c instead of COMMAND ARG...")
 	fs.BoolVar(&f.bash, "bash", false, "run --shell's command string with bash instead of /bin/sh")
 	fs.BoolVar(&f.noStdin, "no-stdin", false, "do not forward standard input; the command reads /dev/null")
-	fs.BoolVarP(&f.interactive, "interactive", "i", false, "not supported yet")
-	fs.BoolVarP(&f.tty, "tty", "t", false, "not supported yet")
-	_ = fs.MarkHidden("interactive")
-	_ = fs.MarkHidden("tty")
+	fs.BoolVarP(&f.interactive, "interactive", "i", false, "forward standard input also when it is a terminal")
+	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
+	if withExecID {
+		fs.BoolVarP(&f.detach, "detach", "d", false, "start the command in the background, print its exec id and exit")
+	}
 }
 
 // spec builds the process to run from the flags and the command line after
 // the sandbox id.
 func (f *processFlags) spec(command []string) (*berthv1.ProcessSpec, error) {
-	if f.interactive || f.tty {
-		return nil, errors.New("-i/-t: terminal sessions are not supported yet; standard input is forwarded when it is not a terminal")
-	}
 	switch {
+	case f.detach && f.interactive:
+		return nil, errors.New("--detach and -i: a detached command's stdin cannot be forwarded")
+	case f.interactive && f.noStdin:
+		return nil, errors.New("-i and --no-stdin contradict each other")
 	case f.shell != "" && len(command) > 0:
 		return nil, fmt.Errorf("give either --shell or COMMAND, not both (COMMAND is %q)", command)
 	case f.shell == "" && len(command) == 0:
@@ -106,7 +112,31 @@ func splitExecArgs(args []string, dashAt int) (sandboxID string, command []strin
 }
 
 // forwardStdin says whether berth forwards its standard input: unless
-// --no-stdin, when it is not a terminal (a pipe, a file, /dev/null).
-func forwardStdin(noStdin, stdinIsTerminal bool) bool {
-	return !noStdin && !stdinIsTerminal
+// --no-stdin or --detach, with -i, or else when it is not a terminal (a
+// pipe, a file, /dev/null).
+func (f *processFlags) forwardStdin(stdinIsTerminal bool) bool {
+	return !f.noStdin && !f.detach && (f.interactive || !stdinIsTerminal)
+}
+
+// setup completes spec for berth's own stdin and stdout: it returns the
+// reader to forward (nil for none) and, with -t, berth's terminal, after
+// giving spec its size and berth's TERM.
+func (f *processFlags) setup(spec *berthv1.ProcessSpec, stdin, stdout *os.File) (io.Reader, *terminal) {
+	var in io.Reader
+	if f.forwardStdin(term.IsTerminal(int(stdin.Fd()))) {
+		spec.Stdin = true
+		in = stdin
+	}
+	if !f.tty {
+		return in, nil
+	}
+	t := newTerminal(stdin, stdout, in != nil)
+	spec.Tty = t.startSize()
+	if v := os.Getenv("TERM"); v != "" && spec.GetEnv()["TERM"] == "" {
+		if spec.Env == nil {
+			spec.Env = make(map[string]string)
+		}
+		spec.Env["TERM"] = v
+	}
+	return in, t
 }

@@ -95,8 +95,9 @@ func TestProcessSpec(t *testing.T) {
 		{name: "bash alone", flags: processFlags{bash: true}, command: []string{"y"}, wantErr: "--bash needs --shell"},
 		{name: "negative timeout", flags: processFlags{timeout: -time.Second}, command: []string{"y"}, wantErr: "must not be negative"},
 		{name: "bad env", flags: processFlags{env: []string{"A"}}, command: []string{"y"}, wantErr: "--env"},
-		{name: "tty", flags: processFlags{tty: true}, command: []string{"sh"}, wantErr: "not supported yet"},
-		{name: "interactive", flags: processFlags{interactive: true}, command: []string{"sh"}, wantErr: "not supported yet"},
+		{name: "tty", flags: processFlags{interactive: true, tty: true}, command: []string{"sh"}, want: &berthv1.ProcessSpec{Argv: []string{"sh"}}},
+		{name: "detach and interactive", flags: processFlags{interactive: true, detach: true}, command: []string{"sh"}, wantErr: "--detach and -i"},
+		{name: "interactive without stdin", flags: processFlags{interactive: true, noStdin: true}, command: []string{"sh"}, wantErr: "-i and --no-stdin"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -118,15 +119,23 @@ func TestProcessSpec(t *testing.T) {
 }
 
 func TestForwardStdin(t *testing.T) {
-	tests := []struct{ noStdin, terminal, want bool }{
-		{noStdin: false, terminal: false, want: true},
-		{noStdin: false, terminal: true, want: false},
-		{noStdin: true, terminal: false, want: false},
-		{noStdin: true, terminal: true, want: false},
+	tests := []struct {
+		f        processFlags
+		terminal bool
+		want     bool
+	}{
+		{f: processFlags{}, terminal: false, want: true},
+		{f: processFlags{}, terminal: true, want: false},
+		{f: processFlags{interactive: true}, terminal: true, want: true},
+		{f: processFlags{tty: true}, terminal: true, want: false},
+		{f: processFlags{interactive: true, tty: true}, terminal: true, want: true},
+		{f: processFlags{noStdin: true}, terminal: false, want: false},
+		{f: processFlags{noStdin: true}, terminal: true, want: false},
+		{f: processFlags{detach: true}, terminal: false, want: false},
 	}
 	for _, tt := range tests {
-		if got := forwardStdin(tt.noStdin, tt.terminal); got != tt.want {
-			t.Errorf("forwardStdin(%v, %v) = %v, want %v", tt.noStdin, tt.terminal, got, tt.want)
+		if got := tt.f.forwardStdin(tt.terminal); got != tt.want {
+			t.Errorf("%+v.forwardStdin(%v) = %v, want %v", tt.f, tt.terminal, got, tt.want)
 		}
 	}
 }
@@ -207,7 +216,7 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"exec", "--bogus", "sb", "ls"}, wantStderr: "unknown flag: --bogus"},
 		{args: []string{"exec"}, wantStderr: "requires at least 1 arg"},
 		{args: []string{"exec", "sb"}, wantStderr: "no command"},
-		{args: []string{"exec", "-it", "sb", "sh"}, wantStderr: "not supported yet"},
+		{args: []string{"exec", "-di", "sb", "sh"}, wantStderr: "--detach and -i"},
 		{args: []string{"exec", "--shell", "ls", "sb", "ls"}, wantStderr: "either --shell or COMMAND"},
 		{args: []string{"run", "--", "ls"}, wantStderr: "--image is required"},
 		{args: []string{"run", "--image", "x"}, wantStderr: "no command"},
@@ -352,6 +361,30 @@ func TestSandboxTable(t *testing.T) {
 		"ID             IMAGE                   STATE     CREATED   AGENT BOOT ID\n" +
 		"a              busybox                 running   2m ago    0123456789ab\n" +
 		"long-sandbox   berth.dev/base:latest   stopped   3h ago    -\n"
+	if diff := cmp.Diff(want, b.String()); diff != "" {
+		t.Errorf("table (-want +got):\n%s", diff)
+	}
+}
+
+func TestExecTable(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	execs := []*berthv1.ExecInfo{
+		{ExecId: "web", State: berthv1.ExecState_EXEC_STATE_RUNNING, Pid: 12, StartedAt: timestamppb.New(now.Add(-5 * time.Minute)),
+			Argv: []string{"python3", "-m", "http.server"}},
+		{ExecId: "hog", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 40, StartedAt: timestamppb.New(now.Add(-90 * time.Second)),
+			Argv: []string{"/bin/sh", "-c", "x"}, ArgvTruncated: true, Result: &berthv1.ExecResult{ExitCode: 137, Signal: "SIGKILL", OomKilled: true}},
+		{ExecId: "slow", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 41, StartedAt: timestamppb.New(now.Add(-time.Minute)),
+			Argv: []string{"sleep", "99"}, Result: &berthv1.ExecResult{ExitCode: 143, Signal: "SIGTERM", TimedOut: true}},
+	}
+	var b bytes.Buffer
+	if err := writeExecTable(&b, execs, now); err != nil {
+		t.Fatal(err)
+	}
+	want := "" +
+		"EXEC ID  STATE    PID  STARTED  EXIT                 COMMAND\n" +
+		"web      running  12   5m ago                        python3 -m http.server\n" +
+		"hog      exited   40   1m ago   137 SIGKILL oom      /bin/sh -c x ...\n" +
+		"slow     exited   41   1m ago   143 SIGTERM timeout  sleep 99\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
 	}

@@ -5,14 +5,12 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -80,12 +78,8 @@ delete is reported on stderr without changing it.`,
 				}
 				return err
 			}
-			var stdin io.Reader
-			if forwardStdin(f.noStdin, term.IsTerminal(int(os.Stdin.Fd()))) {
-				spec.Stdin = true
-				stdin = os.Stdin
-			}
-			return execute(ctx, g, c, relay, id, spec, "", stdin, cmd.OutOrStdout(), cmd.ErrOrStderr())
+			stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
+			return execute(ctx, g, c, relay, id, spec, "", stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 		},
 	}
 	cmd.Flags().SetInterspersed(false)

@@ -64,6 +64,9 @@ func main() {
 		svcCfg.WarmPool[image] = n
 		return nil
 	})
+	flag.DurationVar(&rtCfg.ExecHeartbeat, "exec-heartbeat-interval", 15*time.Second, "silence on an exec stream before the agent sends a heartbeat (given to new sandboxes' agents)")
+	flag.DurationVar(&rtCfg.ExecRetention, "exec-retention", 10*time.Minute, "how long a finished exec stays attachable and listed (given to new sandboxes' agents)")
+	flag.Uint64Var(&rtCfg.ExecRingBytes, "exec-ring-bytes", 8<<20, "output events retained per exec for re-attaching, in `bytes` (given to new sandboxes' agents)")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()

@@ -79,6 +79,15 @@ type Config struct {
 	// AgentBinary is the host path of the static berth-agent binary,
 	// bind-mounted read-only into every sandbox. Required.
 	AgentBinary string
+	// ExecHeartbeat, ExecRetention and ExecRingBytes are given to the agent
+	// of every sandbox created from now on (berth-agent
+	// --heartbeat-interval, --retention, --ring-bytes); existing sandboxes
+	// keep theirs. Zero keeps the agent's defaults: a heartbeat after 15 s
+	// of silence, finished execs attachable for 10 minutes, 8 MiB of events
+	// retained per exec.
+	ExecHeartbeat time.Duration
+	ExecRetention time.Duration
+	ExecRingBytes uint64
 }
 
 func (c *Config) setDefaults() {
@@ -302,17 +311,24 @@ var AgentCapabilities = []string{
 }
 
 // specOpts builds the OCI spec of a sandbox: the image's config with the
-// agent as entrypoint (given the workload user and working directory), the
-// caller's env on top of the image's, and the safe defaults of SPEC.md
-// section 6 — a fresh network namespace (containerd's default spec creates
-// one with only lo), AgentCapabilities for the agent alone, no_new_privs,
-// containerd's default seccomp profile (applied after the capabilities,
-// which it reads) and a pids limit.
+// agent as entrypoint (given the workload user, working directory and exec
+// settings), the caller's env on top of the image's, and the safe defaults of
+// SPEC.md section 6 — a fresh network namespace (containerd's default spec
+// creates one with only lo), AgentCapabilities for the agent alone,
+// no_new_privs, containerd's default seccomp profile (applied after the
+// capabilities, which it reads) and a pids limit — plus the sandbox's cgroup
+// mounted read-only.
+//
+// The agent keeps the OOM score it inherits; it starts every child with the
+// highest (1000), so the OOM killer takes a workload process first. A lower
+// score for the agent (spec.Process.OOMScoreAdj) is not set: runc needs
+// CAP_SYS_RESOURCE to lower a score, and without it container creation fails
+// ("can't get final child's PID from pipe"), as on machines whose root lacks
+// that capability.
 func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
 		oci.WithImageConfig(image),
-		oci.WithProcessArgs(AgentPath, "--socket", RunDir+"/"+socketName,
-			"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir()),
+		oci.WithProcessArgs(r.agentArgs(spec)...),
 		oci.WithProcessCwd("/"),
 		// The agent is root whatever the image's USER says: it switches to
 		// the workload user for every process it starts.
@@ -321,6 +337,9 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		oci.WithMounts([]specs.Mount{
 			{Destination: AgentPath, Type: "bind", Source: r.cfg.AgentBinary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
 			{Destination: RunDir, Type: "bind", Source: dir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+			// The sandbox's own cgroup, read-only: the agent reads its
+			// oom_kill counter to tell an OOM kill from another SIGKILL.
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}},
 		}),
 		// The agent keeps these to act for the workload user; it locks
 		// securebits and empties its bounding set at start, so no process
@@ -348,6 +367,22 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
 	}
 	return opts
+}
+
+// agentArgs is the agent's command line.
+func (r *Runtime) agentArgs(spec SandboxSpec) []string {
+	args := []string{AgentPath, "--socket", RunDir + "/" + socketName,
+		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir()}
+	if r.cfg.ExecHeartbeat > 0 {
+		args = append(args, "--heartbeat-interval", r.cfg.ExecHeartbeat.String())
+	}
+	if r.cfg.ExecRetention > 0 {
+		args = append(args, "--retention", r.cfg.ExecRetention.String())
+	}
+	if r.cfg.ExecRingBytes > 0 {
+		args = append(args, "--ring-bytes", strconv.FormatUint(r.cfg.ExecRingBytes, 10))
+	}
+	return args
 }
 
 // swapAccounting reports whether the kernel accounts swap per cgroup: runc

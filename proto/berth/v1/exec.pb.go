@@ -10,6 +10,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -128,6 +129,62 @@ func (Stream) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_exec_proto_rawDescGZIP(), []int{1}
 }
 
+// ExecState is the lifecycle state of an exec.
+type ExecState int32
+
+const (
+	// EXEC_STATE_UNSPECIFIED is never reported.
+	ExecState_EXEC_STATE_UNSPECIFIED ExecState = 0
+	// EXEC_STATE_RUNNING means the result is not known yet: the process runs,
+	// or it exited and its output is draining (for at most the agent's drain
+	// grace).
+	ExecState_EXEC_STATE_RUNNING ExecState = 1
+	// EXEC_STATE_EXITED means the exec ended; its result is known and stays
+	// attachable for the agent's retention time (default 10 minutes).
+	ExecState_EXEC_STATE_EXITED ExecState = 2
+)
+
+// Enum value maps for ExecState.
+var (
+	ExecState_name = map[int32]string{
+		0: "EXEC_STATE_UNSPECIFIED",
+		1: "EXEC_STATE_RUNNING",
+		2: "EXEC_STATE_EXITED",
+	}
+	ExecState_value = map[string]int32{
+		"EXEC_STATE_UNSPECIFIED": 0,
+		"EXEC_STATE_RUNNING":     1,
+		"EXEC_STATE_EXITED":      2,
+	}
+)
+
+func (x ExecState) Enum() *ExecState {
+	p := new(ExecState)
+	*p = x
+	return p
+}
+
+func (x ExecState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExecState) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_exec_proto_enumTypes[2].Descriptor()
+}
+
+func (ExecState) Type() protoreflect.EnumType {
+	return &file_berth_v1_exec_proto_enumTypes[2]
+}
+
+func (x ExecState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExecState.Descriptor instead.
+func (ExecState) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{2}
+}
+
 // ProcessSpec describes one command to run inside a sandbox. Exactly one of
 // argv and shell_command is set.
 type ProcessSpec struct {
@@ -165,8 +222,18 @@ type ProcessSpec struct {
 	// stderr_limit_bytes caps the stderr bytes retained and sent, in bytes,
 	// like stdout_limit_bytes.
 	StderrLimitBytes uint64 `protobuf:"varint,9,opt,name=stderr_limit_bytes,json=stderrLimitBytes,proto3" json:"stderr_limit_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// tty, when set, runs the process on a new pseudo-terminal of this size,
+	// as the controlling terminal of a new session whose process group is the
+	// exec's group. Its stdin, stdout and stderr are the terminal: output
+	// arrives as STREAM_STDOUT only, after the terminal's line discipline (by
+	// default "\n" becomes "\r\n" and input is echoed); ExecStdin (when
+	// stdin is true) is typed into the terminal; ExecCloseStdin types EOT
+	// (0x04, ^D), which a program reading a line in canonical mode sees as end
+	// of file; ExecResize changes the size. stdout_limit_bytes caps the
+	// terminal's output.
+	Tty           *TtySize `protobuf:"bytes,10,opt,name=tty,proto3" json:"tty,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ProcessSpec) Reset() {
@@ -262,6 +329,68 @@ func (x *ProcessSpec) GetStderrLimitBytes() uint64 {
 	return 0
 }
 
+func (x *ProcessSpec) GetTty() *TtySize {
+	if x != nil {
+		return x.Tty
+	}
+	return nil
+}
+
+// TtySize is the size of a terminal, in character cells.
+type TtySize struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// rows is the number of lines, 1 to 65535.
+	Rows uint32 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	// cols is the number of columns, 1 to 65535.
+	Cols          uint32 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TtySize) Reset() {
+	*x = TtySize{}
+	mi := &file_berth_v1_exec_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TtySize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TtySize) ProtoMessage() {}
+
+func (x *TtySize) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TtySize.ProtoReflect.Descriptor instead.
+func (*TtySize) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TtySize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *TtySize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
 // ExecStart starts a process. It is the first message of an Exec stream.
 type ExecStart struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -273,14 +402,20 @@ type ExecStart struct {
 	// from its first event.
 	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
 	// process is what to run.
-	Process       *ProcessSpec `protobuf:"bytes,3,opt,name=process,proto3" json:"process,omitempty"`
+	Process *ProcessSpec `protobuf:"bytes,3,opt,name=process,proto3" json:"process,omitempty"`
+	// background, when true, ends the stream with an OK status right after
+	// ExecStarted; the exec keeps running in the sandbox. Its output is
+	// retained for ExecAttach, ListExecs lists it and SignalExec (or an attach
+	// stream) signals it. With process.stdin its standard input stays open
+	// until an attach stream closes it or the process exits.
+	Background    bool `protobuf:"varint,4,opt,name=background,proto3" json:"background,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_berth_v1_exec_proto_msgTypes[1]
+	mi := &file_berth_v1_exec_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -292,7 +427,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[1]
+	mi := &file_berth_v1_exec_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -305,7 +440,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{1}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ExecStart) GetSandboxId() string {
@@ -329,6 +464,13 @@ func (x *ExecStart) GetProcess() *ProcessSpec {
 	return nil
 }
 
+func (x *ExecStart) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
+}
+
 // ExecAttach follows an existing exec. It is the first message of an Exec
 // stream, instead of ExecStart.
 type ExecAttach struct {
@@ -347,7 +489,7 @@ type ExecAttach struct {
 
 func (x *ExecAttach) Reset() {
 	*x = ExecAttach{}
-	mi := &file_berth_v1_exec_proto_msgTypes[2]
+	mi := &file_berth_v1_exec_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +501,7 @@ func (x *ExecAttach) String() string {
 func (*ExecAttach) ProtoMessage() {}
 
 func (x *ExecAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[2]
+	mi := &file_berth_v1_exec_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +514,7 @@ func (x *ExecAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAttach.ProtoReflect.Descriptor instead.
 func (*ExecAttach) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ExecAttach) GetSandboxId() string {
@@ -407,7 +549,7 @@ type ExecStdin struct {
 
 func (x *ExecStdin) Reset() {
 	*x = ExecStdin{}
-	mi := &file_berth_v1_exec_proto_msgTypes[3]
+	mi := &file_berth_v1_exec_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +561,7 @@ func (x *ExecStdin) String() string {
 func (*ExecStdin) ProtoMessage() {}
 
 func (x *ExecStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[3]
+	mi := &file_berth_v1_exec_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +574,7 @@ func (x *ExecStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStdin.ProtoReflect.Descriptor instead.
 func (*ExecStdin) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecStdin) GetData() []byte {
@@ -442,7 +584,9 @@ func (x *ExecStdin) GetData() []byte {
 	return nil
 }
 
-// ExecCloseStdin closes the process's standard input, delivering EOF.
+// ExecCloseStdin closes the process's standard input, delivering EOF. For
+// an exec with a tty it types EOT (0x04, ^D) instead and the terminal stays
+// open; later ExecStdin messages are dropped.
 type ExecCloseStdin struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -451,7 +595,7 @@ type ExecCloseStdin struct {
 
 func (x *ExecCloseStdin) Reset() {
 	*x = ExecCloseStdin{}
-	mi := &file_berth_v1_exec_proto_msgTypes[4]
+	mi := &file_berth_v1_exec_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -463,7 +607,7 @@ func (x *ExecCloseStdin) String() string {
 func (*ExecCloseStdin) ProtoMessage() {}
 
 func (x *ExecCloseStdin) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[4]
+	mi := &file_berth_v1_exec_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -476,7 +620,7 @@ func (x *ExecCloseStdin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecCloseStdin.ProtoReflect.Descriptor instead.
 func (*ExecCloseStdin) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{4}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{5}
 }
 
 // ExecSignal sends a signal to the exec's process group.
@@ -491,7 +635,7 @@ type ExecSignal struct {
 
 func (x *ExecSignal) Reset() {
 	*x = ExecSignal{}
-	mi := &file_berth_v1_exec_proto_msgTypes[5]
+	mi := &file_berth_v1_exec_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -503,7 +647,7 @@ func (x *ExecSignal) String() string {
 func (*ExecSignal) ProtoMessage() {}
 
 func (x *ExecSignal) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[5]
+	mi := &file_berth_v1_exec_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -516,7 +660,7 @@ func (x *ExecSignal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSignal.ProtoReflect.Descriptor instead.
 func (*ExecSignal) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{5}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecSignal) GetSignal() string {
@@ -524,6 +668,62 @@ func (x *ExecSignal) GetSignal() string {
 		return x.Signal
 	}
 	return ""
+}
+
+// ExecResize changes the terminal size of an exec started with a tty; the
+// kernel sends SIGWINCH to the terminal's foreground process group.
+type ExecResize struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// rows is the number of lines, 1 to 65535.
+	Rows uint32 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	// cols is the number of columns, 1 to 65535.
+	Cols          uint32 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecResize) Reset() {
+	*x = ExecResize{}
+	mi := &file_berth_v1_exec_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecResize) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecResize) ProtoMessage() {}
+
+func (x *ExecResize) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecResize.ProtoReflect.Descriptor instead.
+func (*ExecResize) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ExecResize) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *ExecResize) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
 }
 
 // ExecRequest is one client message of an Exec stream: the first is start or
@@ -539,6 +739,7 @@ type ExecRequest struct {
 	//	*ExecRequest_Stdin
 	//	*ExecRequest_CloseStdin
 	//	*ExecRequest_Signal
+	//	*ExecRequest_Resize
 	Event         isExecRequest_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -546,7 +747,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_berth_v1_exec_proto_msgTypes[6]
+	mi := &file_berth_v1_exec_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -558,7 +759,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[6]
+	mi := &file_berth_v1_exec_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -571,7 +772,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{6}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecRequest) GetEvent() isExecRequest_Event {
@@ -626,6 +827,15 @@ func (x *ExecRequest) GetSignal() *ExecSignal {
 	return nil
 }
 
+func (x *ExecRequest) GetResize() *ExecResize {
+	if x != nil {
+		if x, ok := x.Event.(*ExecRequest_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
 type isExecRequest_Event interface {
 	isExecRequest_Event()
 }
@@ -655,6 +865,11 @@ type ExecRequest_Signal struct {
 	Signal *ExecSignal `protobuf:"bytes,5,opt,name=signal,proto3,oneof"`
 }
 
+type ExecRequest_Resize struct {
+	// resize changes the terminal size of a tty exec.
+	Resize *ExecResize `protobuf:"bytes,6,opt,name=resize,proto3,oneof"`
+}
+
 func (*ExecRequest_Start) isExecRequest_Event() {}
 
 func (*ExecRequest_Attach) isExecRequest_Event() {}
@@ -664,6 +879,8 @@ func (*ExecRequest_Stdin) isExecRequest_Event() {}
 func (*ExecRequest_CloseStdin) isExecRequest_Event() {}
 
 func (*ExecRequest_Signal) isExecRequest_Event() {}
+
+func (*ExecRequest_Resize) isExecRequest_Event() {}
 
 // ExecStarted says the exec exists. It is the first server message of every
 // Exec stream, attach included.
@@ -687,7 +904,7 @@ type ExecStarted struct {
 
 func (x *ExecStarted) Reset() {
 	*x = ExecStarted{}
-	mi := &file_berth_v1_exec_proto_msgTypes[7]
+	mi := &file_berth_v1_exec_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +916,7 @@ func (x *ExecStarted) String() string {
 func (*ExecStarted) ProtoMessage() {}
 
 func (x *ExecStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[7]
+	mi := &file_berth_v1_exec_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +929,7 @@ func (x *ExecStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
 func (*ExecStarted) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{7}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecStarted) GetExecId() string {
@@ -767,7 +984,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_berth_v1_exec_proto_msgTypes[8]
+	mi := &file_berth_v1_exec_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +996,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[8]
+	mi := &file_berth_v1_exec_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +1009,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{8}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ExecOutput) GetSeq() uint64 {
@@ -828,7 +1045,7 @@ type ExecHeartbeat struct {
 
 func (x *ExecHeartbeat) Reset() {
 	*x = ExecHeartbeat{}
-	mi := &file_berth_v1_exec_proto_msgTypes[9]
+	mi := &file_berth_v1_exec_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +1057,7 @@ func (x *ExecHeartbeat) String() string {
 func (*ExecHeartbeat) ProtoMessage() {}
 
 func (x *ExecHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[9]
+	mi := &file_berth_v1_exec_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +1070,7 @@ func (x *ExecHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecHeartbeat.ProtoReflect.Descriptor instead.
 func (*ExecHeartbeat) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{9}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ExecHeartbeat) GetLastSeq() uint64 {
@@ -879,7 +1096,7 @@ type ExecDropped struct {
 
 func (x *ExecDropped) Reset() {
 	*x = ExecDropped{}
-	mi := &file_berth_v1_exec_proto_msgTypes[10]
+	mi := &file_berth_v1_exec_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -891,7 +1108,7 @@ func (x *ExecDropped) String() string {
 func (*ExecDropped) ProtoMessage() {}
 
 func (x *ExecDropped) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[10]
+	mi := &file_berth_v1_exec_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -904,7 +1121,7 @@ func (x *ExecDropped) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecDropped.ProtoReflect.Descriptor instead.
 func (*ExecDropped) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{10}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ExecDropped) GetFirstSeq() uint64 {
@@ -940,7 +1157,13 @@ type ExecResult struct {
 	// timed_out is true when the process was killed because its timeout
 	// expired.
 	TimedOut bool `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
-	// oom_killed is true when the kernel's OOM killer killed the process.
+	// oom_killed is true when the kernel's OOM killer ended the exec: the
+	// process was killed by SIGKILL, or exited with 137 as a shell does when
+	// its child was, while the sandbox's memory cgroup counted an OOM kill
+	// (memory.oom_control oom_kill on cgroup v1, memory.events on v2), and
+	// berth had not sent SIGKILL itself. It is never reported as timed_out.
+	// With several execs running at once, an OOM kill in one and a SIGKILL
+	// from inside the sandbox in another are not told apart.
 	OomKilled bool `protobuf:"varint,4,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	// duration is the wall time from start to exit.
 	Duration *durationpb.Duration `protobuf:"bytes,5,opt,name=duration,proto3" json:"duration,omitempty"`
@@ -970,7 +1193,7 @@ type ExecResult struct {
 
 func (x *ExecResult) Reset() {
 	*x = ExecResult{}
-	mi := &file_berth_v1_exec_proto_msgTypes[11]
+	mi := &file_berth_v1_exec_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -982,7 +1205,7 @@ func (x *ExecResult) String() string {
 func (*ExecResult) ProtoMessage() {}
 
 func (x *ExecResult) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[11]
+	mi := &file_berth_v1_exec_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -995,7 +1218,7 @@ func (x *ExecResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResult.ProtoReflect.Descriptor instead.
 func (*ExecResult) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{11}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExecResult) GetExitCode() int32 {
@@ -1093,7 +1316,7 @@ type ExecExited struct {
 
 func (x *ExecExited) Reset() {
 	*x = ExecExited{}
-	mi := &file_berth_v1_exec_proto_msgTypes[12]
+	mi := &file_berth_v1_exec_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1105,7 +1328,7 @@ func (x *ExecExited) String() string {
 func (*ExecExited) ProtoMessage() {}
 
 func (x *ExecExited) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[12]
+	mi := &file_berth_v1_exec_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1118,7 +1341,7 @@ func (x *ExecExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
 func (*ExecExited) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{12}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExecExited) GetResult() *ExecResult {
@@ -1148,7 +1371,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_berth_v1_exec_proto_msgTypes[13]
+	mi := &file_berth_v1_exec_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1160,7 +1383,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[13]
+	mi := &file_berth_v1_exec_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1173,7 +1396,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{13}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -1282,7 +1505,7 @@ type RunRequest struct {
 
 func (x *RunRequest) Reset() {
 	*x = RunRequest{}
-	mi := &file_berth_v1_exec_proto_msgTypes[14]
+	mi := &file_berth_v1_exec_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1294,7 +1517,7 @@ func (x *RunRequest) String() string {
 func (*RunRequest) ProtoMessage() {}
 
 func (x *RunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[14]
+	mi := &file_berth_v1_exec_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1307,7 +1530,7 @@ func (x *RunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunRequest.ProtoReflect.Descriptor instead.
 func (*RunRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{14}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunRequest) GetSandboxId() string {
@@ -1348,7 +1571,7 @@ type RunResponse struct {
 
 func (x *RunResponse) Reset() {
 	*x = RunResponse{}
-	mi := &file_berth_v1_exec_proto_msgTypes[15]
+	mi := &file_berth_v1_exec_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1583,7 @@ func (x *RunResponse) String() string {
 func (*RunResponse) ProtoMessage() {}
 
 func (x *RunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_exec_proto_msgTypes[15]
+	mi := &file_berth_v1_exec_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1596,7 @@ func (x *RunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunResponse.ProtoReflect.Descriptor instead.
 func (*RunResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{15}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunResponse) GetExecId() string {
@@ -1404,11 +1627,345 @@ func (x *RunResponse) GetStderr() []byte {
 	return nil
 }
 
+// ExecInfo describes one exec of a sandbox.
+type ExecInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exec_id is the exec's id.
+	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// state says whether the exec runs or ended.
+	State ExecState `protobuf:"varint,2,opt,name=state,proto3,enum=berth.v1.ExecState" json:"state,omitempty"`
+	// argv summarizes the command as run: a shell_command shows as
+	// ["/bin/sh", "-c", command] (or bash). At most the first 16 elements are
+	// listed, each cut to at most 256 bytes at a character boundary.
+	Argv []string `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	// argv_truncated is true when argv was shortened.
+	ArgvTruncated bool `protobuf:"varint,4,opt,name=argv_truncated,json=argvTruncated,proto3" json:"argv_truncated,omitempty"`
+	// pid is the process id inside the sandbox; 0 when nothing could run.
+	Pid int64 `protobuf:"varint,5,opt,name=pid,proto3" json:"pid,omitempty"`
+	// started_at is when the exec started.
+	StartedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
+	// tty is true when the exec runs on a terminal.
+	Tty bool `protobuf:"varint,7,opt,name=tty,proto3" json:"tty,omitempty"`
+	// stdin is true when the exec has a standard input fed by the client.
+	Stdin bool `protobuf:"varint,8,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// last_seq is the sequence number of the exec's last output event so far.
+	LastSeq uint64 `protobuf:"varint,9,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// result says how the exec ended; set when state is EXEC_STATE_EXITED.
+	Result        *ExecResult `protobuf:"bytes,10,opt,name=result,proto3" json:"result,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecInfo) Reset() {
+	*x = ExecInfo{}
+	mi := &file_berth_v1_exec_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecInfo) ProtoMessage() {}
+
+func (x *ExecInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecInfo.ProtoReflect.Descriptor instead.
+func (*ExecInfo) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ExecInfo) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ExecInfo) GetState() ExecState {
+	if x != nil {
+		return x.State
+	}
+	return ExecState_EXEC_STATE_UNSPECIFIED
+}
+
+func (x *ExecInfo) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetArgvTruncated() bool {
+	if x != nil {
+		return x.ArgvTruncated
+	}
+	return false
+}
+
+func (x *ExecInfo) GetPid() int64 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *ExecInfo) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetTty() bool {
+	if x != nil {
+		return x.Tty
+	}
+	return false
+}
+
+func (x *ExecInfo) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *ExecInfo) GetLastSeq() uint64 {
+	if x != nil {
+		return x.LastSeq
+	}
+	return 0
+}
+
+func (x *ExecInfo) GetResult() *ExecResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+// ListExecsRequest names the sandbox whose execs to list.
+type ListExecsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId     string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsRequest) Reset() {
+	*x = ListExecsRequest{}
+	mi := &file_berth_v1_exec_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsRequest) ProtoMessage() {}
+
+func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
+func (*ListExecsRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListExecsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// ListExecsResponse lists a sandbox's execs.
+type ListExecsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// execs are the running execs and the ended ones still retained, ordered
+	// by start time.
+	Execs         []*ExecInfo `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsResponse) Reset() {
+	*x = ListExecsResponse{}
+	mi := &file_berth_v1_exec_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsResponse) ProtoMessage() {}
+
+func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
+func (*ListExecsResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListExecsResponse) GetExecs() []*ExecInfo {
+	if x != nil {
+		return x.Execs
+	}
+	return nil
+}
+
+// SignalExecRequest signals an exec without an Exec stream.
+type SignalExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// exec_id names the exec.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// signal is a signal name or number, as in ExecSignal.
+	Signal        string `protobuf:"bytes,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalExecRequest) Reset() {
+	*x = SignalExecRequest{}
+	mi := &file_berth_v1_exec_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalExecRequest) ProtoMessage() {}
+
+func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalExecRequest.ProtoReflect.Descriptor instead.
+func (*SignalExecRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SignalExecRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SignalExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *SignalExecRequest) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+// SignalExecResponse says what the signal met.
+type SignalExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the exec's state when the signal was sent:
+	// EXEC_STATE_RUNNING when it went to the exec's process group,
+	// EXEC_STATE_EXITED when the exec had ended and nothing was sent.
+	State         ExecState `protobuf:"varint,1,opt,name=state,proto3,enum=berth.v1.ExecState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalExecResponse) Reset() {
+	*x = SignalExecResponse{}
+	mi := &file_berth_v1_exec_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalExecResponse) ProtoMessage() {}
+
+func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalExecResponse.ProtoReflect.Descriptor instead.
+func (*SignalExecResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SignalExecResponse) GetState() ExecState {
+	if x != nil {
+		return x.State
+	}
+	return ExecState_EXEC_STATE_UNSPECIFIED
+}
+
 var File_berth_v1_exec_proto protoreflect.FileDescriptor
 
 const file_berth_v1_exec_proto_rawDesc = "" +
 	"\n" +
-	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\"\x90\x03\n" +
+	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x03\n" +
 	"\vProcessSpec\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12#\n" +
 	"\rshell_command\x18\x02 \x01(\tR\fshellCommand\x12%\n" +
@@ -1418,15 +1975,23 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x05stdin\x18\x06 \x01(\bR\x05stdin\x123\n" +
 	"\atimeout\x18\a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x12,\n" +
 	"\x12stdout_limit_bytes\x18\b \x01(\x04R\x10stdoutLimitBytes\x12,\n" +
-	"\x12stderr_limit_bytes\x18\t \x01(\x04R\x10stderrLimitBytes\x1a6\n" +
+	"\x12stderr_limit_bytes\x18\t \x01(\x04R\x10stderrLimitBytes\x12#\n" +
+	"\x03tty\x18\n" +
+	" \x01(\v2\x11.berth.v1.TtySizeR\x03tty\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"t\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
+	"\aTtySize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x94\x01\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12/\n" +
-	"\aprocess\x18\x03 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\"a\n" +
+	"\aprocess\x18\x03 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +
+	"\n" +
+	"background\x18\x04 \x01(\bR\n" +
+	"background\"a\n" +
 	"\n" +
 	"ExecAttach\x12\x1d\n" +
 	"\n" +
@@ -1438,14 +2003,19 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x0eExecCloseStdin\"$\n" +
 	"\n" +
 	"ExecSignal\x12\x16\n" +
-	"\x06signal\x18\x01 \x01(\tR\x06signal\"\x8d\x02\n" +
+	"\x06signal\x18\x01 \x01(\tR\x06signal\"4\n" +
+	"\n" +
+	"ExecResize\x12\x12\n" +
+	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xbd\x02\n" +
 	"\vExecRequest\x12+\n" +
 	"\x05start\x18\x01 \x01(\v2\x13.berth.v1.ExecStartH\x00R\x05start\x12.\n" +
 	"\x06attach\x18\x02 \x01(\v2\x14.berth.v1.ExecAttachH\x00R\x06attach\x12+\n" +
 	"\x05stdin\x18\x03 \x01(\v2\x13.berth.v1.ExecStdinH\x00R\x05stdin\x12;\n" +
 	"\vclose_stdin\x18\x04 \x01(\v2\x18.berth.v1.ExecCloseStdinH\x00R\n" +
 	"closeStdin\x12.\n" +
-	"\x06signal\x18\x05 \x01(\v2\x14.berth.v1.ExecSignalH\x00R\x06signalB\a\n" +
+	"\x06signal\x18\x05 \x01(\v2\x14.berth.v1.ExecSignalH\x00R\x06signal\x12.\n" +
+	"\x06resize\x18\x06 \x01(\v2\x14.berth.v1.ExecResizeH\x00R\x06resizeB\a\n" +
 	"\x05event\"\xc9\x01\n" +
 	"\vExecStarted\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x10\n" +
@@ -1502,7 +2072,32 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12,\n" +
 	"\x06result\x18\x02 \x01(\v2\x14.berth.v1.ExecResultR\x06result\x12\x16\n" +
 	"\x06stdout\x18\x03 \x01(\fR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x04 \x01(\fR\x06stderr*<\n" +
+	"\x06stderr\x18\x04 \x01(\fR\x06stderr\"\xc7\x02\n" +
+	"\bExecInfo\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12)\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12%\n" +
+	"\x0eargv_truncated\x18\x04 \x01(\bR\rargvTruncated\x12\x10\n" +
+	"\x03pid\x18\x05 \x01(\x03R\x03pid\x129\n" +
+	"\n" +
+	"started_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x10\n" +
+	"\x03tty\x18\a \x01(\bR\x03tty\x12\x14\n" +
+	"\x05stdin\x18\b \x01(\bR\x05stdin\x12\x19\n" +
+	"\blast_seq\x18\t \x01(\x04R\alastSeq\x12,\n" +
+	"\x06result\x18\n" +
+	" \x01(\v2\x14.berth.v1.ExecResultR\x06result\"1\n" +
+	"\x10ListExecsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"=\n" +
+	"\x11ListExecsResponse\x12(\n" +
+	"\x05execs\x18\x01 \x03(\v2\x12.berth.v1.ExecInfoR\x05execs\"c\n" +
+	"\x11SignalExecRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\tR\x06signal\"?\n" +
+	"\x12SignalExecResponse\x12)\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state*<\n" +
 	"\x05Shell\x12\x15\n" +
 	"\x11SHELL_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bSHELL_SH\x10\x01\x12\x0e\n" +
@@ -1511,7 +2106,11 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x02B7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\rSTREAM_STDERR\x10\x02*V\n" +
+	"\tExecState\x12\x1a\n" +
+	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x15\n" +
+	"\x11EXEC_STATE_EXITED\x10\x02B7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_exec_proto_rawDescOnce sync.Once
@@ -1525,58 +2124,74 @@ func file_berth_v1_exec_proto_rawDescGZIP() []byte {
 	return file_berth_v1_exec_proto_rawDescData
 }
 
-var file_berth_v1_exec_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_berth_v1_exec_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_berth_v1_exec_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_berth_v1_exec_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_berth_v1_exec_proto_goTypes = []any{
-	(Shell)(0),                  // 0: berth.v1.Shell
-	(Stream)(0),                 // 1: berth.v1.Stream
-	(*ProcessSpec)(nil),         // 2: berth.v1.ProcessSpec
-	(*ExecStart)(nil),           // 3: berth.v1.ExecStart
-	(*ExecAttach)(nil),          // 4: berth.v1.ExecAttach
-	(*ExecStdin)(nil),           // 5: berth.v1.ExecStdin
-	(*ExecCloseStdin)(nil),      // 6: berth.v1.ExecCloseStdin
-	(*ExecSignal)(nil),          // 7: berth.v1.ExecSignal
-	(*ExecRequest)(nil),         // 8: berth.v1.ExecRequest
-	(*ExecStarted)(nil),         // 9: berth.v1.ExecStarted
-	(*ExecOutput)(nil),          // 10: berth.v1.ExecOutput
-	(*ExecHeartbeat)(nil),       // 11: berth.v1.ExecHeartbeat
-	(*ExecDropped)(nil),         // 12: berth.v1.ExecDropped
-	(*ExecResult)(nil),          // 13: berth.v1.ExecResult
-	(*ExecExited)(nil),          // 14: berth.v1.ExecExited
-	(*ExecResponse)(nil),        // 15: berth.v1.ExecResponse
-	(*RunRequest)(nil),          // 16: berth.v1.RunRequest
-	(*RunResponse)(nil),         // 17: berth.v1.RunResponse
-	nil,                         // 18: berth.v1.ProcessSpec.EnvEntry
-	(*durationpb.Duration)(nil), // 19: google.protobuf.Duration
+	(Shell)(0),                    // 0: berth.v1.Shell
+	(Stream)(0),                   // 1: berth.v1.Stream
+	(ExecState)(0),                // 2: berth.v1.ExecState
+	(*ProcessSpec)(nil),           // 3: berth.v1.ProcessSpec
+	(*TtySize)(nil),               // 4: berth.v1.TtySize
+	(*ExecStart)(nil),             // 5: berth.v1.ExecStart
+	(*ExecAttach)(nil),            // 6: berth.v1.ExecAttach
+	(*ExecStdin)(nil),             // 7: berth.v1.ExecStdin
+	(*ExecCloseStdin)(nil),        // 8: berth.v1.ExecCloseStdin
+	(*ExecSignal)(nil),            // 9: berth.v1.ExecSignal
+	(*ExecResize)(nil),            // 10: berth.v1.ExecResize
+	(*ExecRequest)(nil),           // 11: berth.v1.ExecRequest
+	(*ExecStarted)(nil),           // 12: berth.v1.ExecStarted
+	(*ExecOutput)(nil),            // 13: berth.v1.ExecOutput
+	(*ExecHeartbeat)(nil),         // 14: berth.v1.ExecHeartbeat
+	(*ExecDropped)(nil),           // 15: berth.v1.ExecDropped
+	(*ExecResult)(nil),            // 16: berth.v1.ExecResult
+	(*ExecExited)(nil),            // 17: berth.v1.ExecExited
+	(*ExecResponse)(nil),          // 18: berth.v1.ExecResponse
+	(*RunRequest)(nil),            // 19: berth.v1.RunRequest
+	(*RunResponse)(nil),           // 20: berth.v1.RunResponse
+	(*ExecInfo)(nil),              // 21: berth.v1.ExecInfo
+	(*ListExecsRequest)(nil),      // 22: berth.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),     // 23: berth.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),     // 24: berth.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),    // 25: berth.v1.SignalExecResponse
+	nil,                           // 26: berth.v1.ProcessSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 }
 var file_berth_v1_exec_proto_depIdxs = []int32{
 	0,  // 0: berth.v1.ProcessSpec.shell:type_name -> berth.v1.Shell
-	18, // 1: berth.v1.ProcessSpec.env:type_name -> berth.v1.ProcessSpec.EnvEntry
-	19, // 2: berth.v1.ProcessSpec.timeout:type_name -> google.protobuf.Duration
-	2,  // 3: berth.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	3,  // 4: berth.v1.ExecRequest.start:type_name -> berth.v1.ExecStart
-	4,  // 5: berth.v1.ExecRequest.attach:type_name -> berth.v1.ExecAttach
-	5,  // 6: berth.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	6,  // 7: berth.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	7,  // 8: berth.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	19, // 9: berth.v1.ExecStarted.timeout:type_name -> google.protobuf.Duration
-	1,  // 10: berth.v1.ExecOutput.stream:type_name -> berth.v1.Stream
-	19, // 11: berth.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	19, // 12: berth.v1.ExecResult.user_cpu:type_name -> google.protobuf.Duration
-	19, // 13: berth.v1.ExecResult.system_cpu:type_name -> google.protobuf.Duration
-	13, // 14: berth.v1.ExecExited.result:type_name -> berth.v1.ExecResult
-	9,  // 15: berth.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	10, // 16: berth.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	11, // 17: berth.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	12, // 18: berth.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	14, // 19: berth.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	2,  // 20: berth.v1.RunRequest.process:type_name -> berth.v1.ProcessSpec
-	13, // 21: berth.v1.RunResponse.result:type_name -> berth.v1.ExecResult
-	22, // [22:22] is the sub-list for method output_type
-	22, // [22:22] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	26, // 1: berth.v1.ProcessSpec.env:type_name -> berth.v1.ProcessSpec.EnvEntry
+	27, // 2: berth.v1.ProcessSpec.timeout:type_name -> google.protobuf.Duration
+	4,  // 3: berth.v1.ProcessSpec.tty:type_name -> berth.v1.TtySize
+	3,  // 4: berth.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	5,  // 5: berth.v1.ExecRequest.start:type_name -> berth.v1.ExecStart
+	6,  // 6: berth.v1.ExecRequest.attach:type_name -> berth.v1.ExecAttach
+	7,  // 7: berth.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	8,  // 8: berth.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	9,  // 9: berth.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	10, // 10: berth.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	27, // 11: berth.v1.ExecStarted.timeout:type_name -> google.protobuf.Duration
+	1,  // 12: berth.v1.ExecOutput.stream:type_name -> berth.v1.Stream
+	27, // 13: berth.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	27, // 14: berth.v1.ExecResult.user_cpu:type_name -> google.protobuf.Duration
+	27, // 15: berth.v1.ExecResult.system_cpu:type_name -> google.protobuf.Duration
+	16, // 16: berth.v1.ExecExited.result:type_name -> berth.v1.ExecResult
+	12, // 17: berth.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	13, // 18: berth.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	14, // 19: berth.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	15, // 20: berth.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	17, // 21: berth.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	3,  // 22: berth.v1.RunRequest.process:type_name -> berth.v1.ProcessSpec
+	16, // 23: berth.v1.RunResponse.result:type_name -> berth.v1.ExecResult
+	2,  // 24: berth.v1.ExecInfo.state:type_name -> berth.v1.ExecState
+	28, // 25: berth.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
+	16, // 26: berth.v1.ExecInfo.result:type_name -> berth.v1.ExecResult
+	21, // 27: berth.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	2,  // 28: berth.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_exec_proto_init() }
@@ -1584,14 +2199,15 @@ func file_berth_v1_exec_proto_init() {
 	if File_berth_v1_exec_proto != nil {
 		return
 	}
-	file_berth_v1_exec_proto_msgTypes[6].OneofWrappers = []any{
+	file_berth_v1_exec_proto_msgTypes[8].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Attach)(nil),
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
+		(*ExecRequest_Resize)(nil),
 	}
-	file_berth_v1_exec_proto_msgTypes[13].OneofWrappers = []any{
+	file_berth_v1_exec_proto_msgTypes[15].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Output)(nil),
 		(*ExecResponse_Heartbeat)(nil),
@@ -1603,8 +2219,8 @@ func file_berth_v1_exec_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_exec_proto_rawDesc), len(file_berth_v1_exec_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   17,
+			NumEnums:      3,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1322,7 +1322,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18STOP_REASON_IDLE_TIMEOUT\x10\x01\x12\x1c\n" +
-	"\x18STOP_REASON_MAX_LIFETIME\x10\x022\x84\x04\n" +
+	"\x18STOP_REASON_MAX_LIFETIME\x10\x022\x93\x05\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -1331,7 +1331,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\rDeleteSandbox\x12\x1e.berth.v1.DeleteSandboxRequest\x1a\x1f.berth.v1.DeleteSandboxResponse\x12D\n" +
 	"\tKeepAlive\x12\x1a.berth.v1.KeepAliveRequest\x1a\x1b.berth.v1.KeepAliveResponse\x129\n" +
 	"\x04Exec\x12\x15.berth.v1.ExecRequest\x1a\x16.berth.v1.ExecResponse(\x010\x01\x122\n" +
-	"\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponse\x12D\n" +
+	"\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n" +
+	"\n" +
+	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1372,8 +1375,12 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
 	(*ExecRequest)(nil),           // 22: berth.v1.ExecRequest
 	(*RunRequest)(nil),            // 23: berth.v1.RunRequest
-	(*ExecResponse)(nil),          // 24: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 25: berth.v1.RunResponse
+	(*ListExecsRequest)(nil),      // 24: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),     // 25: berth.v1.SignalExecRequest
+	(*ExecResponse)(nil),          // 26: berth.v1.ExecResponse
+	(*RunResponse)(nil),           // 27: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),     // 28: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),    // 29: berth.v1.SignalExecResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	20, // 0: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
@@ -1409,15 +1416,19 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	14, // 30: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
 	22, // 31: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
 	23, // 32: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	7,  // 33: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	9,  // 34: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	11, // 35: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	13, // 36: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	15, // 37: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	24, // 38: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	25, // 39: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	33, // [33:40] is the sub-list for method output_type
-	26, // [26:33] is the sub-list for method input_type
+	24, // 33: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	25, // 34: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	7,  // 35: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	9,  // 36: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	11, // 37: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	13, // 38: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	15, // 39: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	26, // 40: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	27, // 41: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	28, // 42: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	29, // 43: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	35, // [35:44] is the sub-list for method output_type
+	26, // [26:35] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name

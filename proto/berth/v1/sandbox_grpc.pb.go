@@ -26,6 +26,8 @@ const (
 	SandboxService_KeepAlive_FullMethodName     = "/berth.v1.SandboxService/KeepAlive"
 	SandboxService_Exec_FullMethodName          = "/berth.v1.SandboxService/Exec"
 	SandboxService_Run_FullMethodName           = "/berth.v1.SandboxService/Run"
+	SandboxService_ListExecs_FullMethodName     = "/berth.v1.SandboxService/ListExecs"
+	SandboxService_SignalExec_FullMethodName    = "/berth.v1.SandboxService/SignalExec"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -86,6 +88,17 @@ type SandboxServiceClient interface {
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
 	Run(ctx context.Context, in *RunRequest, opts ...grpc.CallOption) (*RunResponse, error)
+	// ListExecs lists the sandbox's running execs and the ended ones still
+	// retained (for the agent's retention time, default 10 minutes), ordered
+	// by start time. Errors: NOT_FOUND (SANDBOX_NOT_FOUND), UNAVAILABLE
+	// (SANDBOX_UNREACHABLE).
+	ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error)
+	// SignalExec sends a signal to a running exec's process group, as
+	// ExecSignal does on a stream, e.g. to a background exec. Signalling an
+	// exec that already ended sends nothing and succeeds with state
+	// EXEC_STATE_EXITED. Errors: INVALID_ARGUMENT for an unknown signal name,
+	// NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
+	SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -169,6 +182,26 @@ func (c *sandboxServiceClient) Run(ctx context.Context, in *RunRequest, opts ...
 	return out, nil
 }
 
+func (c *sandboxServiceClient) ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListExecsResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ListExecs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignalExecResponse)
+	err := c.cc.Invoke(ctx, SandboxService_SignalExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -227,6 +260,17 @@ type SandboxServiceServer interface {
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
 	Run(context.Context, *RunRequest) (*RunResponse, error)
+	// ListExecs lists the sandbox's running execs and the ended ones still
+	// retained (for the agent's retention time, default 10 minutes), ordered
+	// by start time. Errors: NOT_FOUND (SANDBOX_NOT_FOUND), UNAVAILABLE
+	// (SANDBOX_UNREACHABLE).
+	ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error)
+	// SignalExec sends a signal to a running exec's process group, as
+	// ExecSignal does on a stream, e.g. to a background exec. Signalling an
+	// exec that already ended sends nothing and succeeds with state
+	// EXEC_STATE_EXITED. Errors: INVALID_ARGUMENT for an unknown signal name,
+	// NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
+	SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -257,6 +301,12 @@ func (UnimplementedSandboxServiceServer) Exec(grpc.BidiStreamingServer[ExecReque
 }
 func (UnimplementedSandboxServiceServer) Run(context.Context, *RunRequest) (*RunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Run not implemented")
+}
+func (UnimplementedSandboxServiceServer) ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListExecs not implemented")
+}
+func (UnimplementedSandboxServiceServer) SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SignalExec not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -394,6 +444,42 @@ func _SandboxService_Run_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_ListExecs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListExecsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ListExecs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ListExecs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ListExecs(ctx, req.(*ListExecsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_SignalExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignalExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).SignalExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_SignalExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).SignalExec(ctx, req.(*SignalExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -424,6 +510,14 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Run",
 			Handler:    _SandboxService_Run_Handler,
+		},
+		{
+			MethodName: "ListExecs",
+			Handler:    _SandboxService_ListExecs_Handler,
+		},
+		{
+			MethodName: "SignalExec",
+			Handler:    _SandboxService_SignalExec_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

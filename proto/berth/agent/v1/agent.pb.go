@@ -160,7 +160,10 @@ type ExecStart struct {
 	// existing exec attaches to it from its first event.
 	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
 	// process is what to run.
-	Process       *v1.ProcessSpec `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
+	Process *v1.ProcessSpec `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
+	// background ends the stream with an OK status right after ExecStarted;
+	// the exec runs on.
+	Background    bool `protobuf:"varint,3,opt,name=background,proto3" json:"background,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +210,13 @@ func (x *ExecStart) GetProcess() *v1.ProcessSpec {
 		return x.Process
 	}
 	return nil
+}
+
+func (x *ExecStart) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
 }
 
 // ExecAttach follows an existing exec.
@@ -277,6 +287,7 @@ type ExecRequest struct {
 	//	*ExecRequest_Stdin
 	//	*ExecRequest_CloseStdin
 	//	*ExecRequest_Signal
+	//	*ExecRequest_Resize
 	Event         isExecRequest_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -364,6 +375,15 @@ func (x *ExecRequest) GetSignal() *v1.ExecSignal {
 	return nil
 }
 
+func (x *ExecRequest) GetResize() *v1.ExecResize {
+	if x != nil {
+		if x, ok := x.Event.(*ExecRequest_Resize); ok {
+			return x.Resize
+		}
+	}
+	return nil
+}
+
 type isExecRequest_Event interface {
 	isExecRequest_Event()
 }
@@ -393,6 +413,11 @@ type ExecRequest_Signal struct {
 	Signal *v1.ExecSignal `protobuf:"bytes,5,opt,name=signal,proto3,oneof"`
 }
 
+type ExecRequest_Resize struct {
+	// resize changes the terminal size of a tty exec.
+	Resize *v1.ExecResize `protobuf:"bytes,6,opt,name=resize,proto3,oneof"`
+}
+
 func (*ExecRequest_Start) isExecRequest_Event() {}
 
 func (*ExecRequest_Attach) isExecRequest_Event() {}
@@ -402,6 +427,8 @@ func (*ExecRequest_Stdin) isExecRequest_Event() {}
 func (*ExecRequest_CloseStdin) isExecRequest_Event() {}
 
 func (*ExecRequest_Signal) isExecRequest_Event() {}
+
+func (*ExecRequest_Resize) isExecRequest_Event() {}
 
 // ExecResponse is one event of the exec, as in berth.v1.ExecResponse.
 type ExecResponse struct {
@@ -541,6 +568,190 @@ func (*ExecResponse_Dropped) isExecResponse_Event() {}
 
 func (*ExecResponse_Exited) isExecResponse_Event() {}
 
+// ListExecsRequest is empty.
+type ListExecsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsRequest) Reset() {
+	*x = ListExecsRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsRequest) ProtoMessage() {}
+
+func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
+func (*ListExecsRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+}
+
+// ListExecsResponse lists the agent's execs.
+type ListExecsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// execs are ordered by start time.
+	Execs         []*v1.ExecInfo `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListExecsResponse) Reset() {
+	*x = ListExecsResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListExecsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListExecsResponse) ProtoMessage() {}
+
+func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
+func (*ListExecsResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListExecsResponse) GetExecs() []*v1.ExecInfo {
+	if x != nil {
+		return x.Execs
+	}
+	return nil
+}
+
+// SignalExecRequest names an exec and a signal.
+type SignalExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exec_id names the exec.
+	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// signal is a signal name or number, as in berth.v1.ExecSignal.
+	Signal        string `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalExecRequest) Reset() {
+	*x = SignalExecRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalExecRequest) ProtoMessage() {}
+
+func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalExecRequest.ProtoReflect.Descriptor instead.
+func (*SignalExecRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SignalExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *SignalExecRequest) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+// SignalExecResponse says what the signal met.
+type SignalExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// state is the exec's state when the signal was sent.
+	State         v1.ExecState `protobuf:"varint,1,opt,name=state,proto3,enum=berth.v1.ExecState" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalExecResponse) Reset() {
+	*x = SignalExecResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalExecResponse) ProtoMessage() {}
+
+func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalExecResponse.ProtoReflect.Descriptor instead.
+func (*SignalExecResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SignalExecResponse) GetState() v1.ExecState {
+	if x != nil {
+		return x.State
+	}
+	return v1.ExecState(0)
+}
+
 var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
@@ -553,21 +764,25 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x14\n" +
 	"\x05build\x18\x04 \x01(\tR\x05build\x12#\n" +
 	"\rrunning_execs\x18\x05 \x01(\rR\frunningExecs\x12?\n" +
-	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"U\n" +
+	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"u\n" +
 	"\tExecStart\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12/\n" +
-	"\aprocess\x18\x02 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\"B\n" +
+	"\aprocess\x18\x02 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +
+	"\n" +
+	"background\x18\x03 \x01(\bR\n" +
+	"background\"B\n" +
 	"\n" +
 	"ExecAttach\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x1b\n" +
-	"\tsince_seq\x18\x02 \x01(\x04R\bsinceSeq\"\x99\x02\n" +
+	"\tsince_seq\x18\x02 \x01(\x04R\bsinceSeq\"\xc9\x02\n" +
 	"\vExecRequest\x121\n" +
 	"\x05start\x18\x01 \x01(\v2\x19.berth.agent.v1.ExecStartH\x00R\x05start\x124\n" +
 	"\x06attach\x18\x02 \x01(\v2\x1a.berth.agent.v1.ExecAttachH\x00R\x06attach\x12+\n" +
 	"\x05stdin\x18\x03 \x01(\v2\x13.berth.v1.ExecStdinH\x00R\x05stdin\x12;\n" +
 	"\vclose_stdin\x18\x04 \x01(\v2\x18.berth.v1.ExecCloseStdinH\x00R\n" +
 	"closeStdin\x12.\n" +
-	"\x06signal\x18\x05 \x01(\v2\x14.berth.v1.ExecSignalH\x00R\x06signalB\a\n" +
+	"\x06signal\x18\x05 \x01(\v2\x14.berth.v1.ExecSignalH\x00R\x06signal\x12.\n" +
+	"\x06resize\x18\x06 \x01(\v2\x14.berth.v1.ExecResizeH\x00R\x06resizeB\a\n" +
 	"\x05event\"\x96\x02\n" +
 	"\fExecResponse\x121\n" +
 	"\astarted\x18\x01 \x01(\v2\x15.berth.v1.ExecStartedH\x00R\astarted\x12.\n" +
@@ -575,10 +790,21 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\theartbeat\x18\x03 \x01(\v2\x17.berth.v1.ExecHeartbeatH\x00R\theartbeat\x121\n" +
 	"\adropped\x18\x04 \x01(\v2\x15.berth.v1.ExecDroppedH\x00R\adropped\x12.\n" +
 	"\x06exited\x18\x05 \x01(\v2\x14.berth.v1.ExecExitedH\x00R\x06exitedB\a\n" +
-	"\x05event2\x98\x01\n" +
+	"\x05event\"\x12\n" +
+	"\x10ListExecsRequest\"=\n" +
+	"\x11ListExecsResponse\x12(\n" +
+	"\x05execs\x18\x01 \x03(\v2\x12.berth.v1.ExecInfoR\x05execs\"D\n" +
+	"\x11SignalExecRequest\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\tR\x06signal\"?\n" +
+	"\x12SignalExecResponse\x12)\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state2\xbf\x02\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
-	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
+	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
+	"\tListExecs\x12 .berth.agent.v1.ListExecsRequest\x1a!.berth.agent.v1.ListExecsResponse\x12S\n" +
+	"\n" +
+	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponseB=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_berth_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -592,7 +818,7 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*InfoRequest)(nil),           // 0: berth.agent.v1.InfoRequest
 	(*InfoResponse)(nil),          // 1: berth.agent.v1.InfoResponse
@@ -600,39 +826,53 @@ var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*ExecAttach)(nil),            // 3: berth.agent.v1.ExecAttach
 	(*ExecRequest)(nil),           // 4: berth.agent.v1.ExecRequest
 	(*ExecResponse)(nil),          // 5: berth.agent.v1.ExecResponse
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),        // 7: berth.v1.ProcessSpec
-	(*v1.ExecStdin)(nil),          // 8: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),     // 9: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),         // 10: berth.v1.ExecSignal
-	(*v1.ExecStarted)(nil),        // 11: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),         // 12: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),      // 13: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),        // 14: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),         // 15: berth.v1.ExecExited
+	(*ListExecsRequest)(nil),      // 6: berth.agent.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),     // 7: berth.agent.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),     // 8: berth.agent.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),    // 9: berth.agent.v1.SignalExecResponse
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),        // 11: berth.v1.ProcessSpec
+	(*v1.ExecStdin)(nil),          // 12: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),     // 13: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),         // 14: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),         // 15: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),        // 16: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),         // 17: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),      // 18: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),        // 19: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),         // 20: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),           // 21: berth.v1.ExecInfo
+	(v1.ExecState)(0),             // 22: berth.v1.ExecState
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	6,  // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	7,  // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	10, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	11, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
 	2,  // 2: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
 	3,  // 3: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	8,  // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	9,  // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	10, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	11, // 7: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	12, // 8: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	13, // 9: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	14, // 10: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	15, // 11: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	0,  // 12: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	4,  // 13: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	1,  // 14: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	5,  // 15: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	13, // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	14, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	15, // 7: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	16, // 8: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	17, // 9: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	18, // 10: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	19, // 11: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	20, // 12: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	21, // 13: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	22, // 14: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	0,  // 15: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	4,  // 16: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	6,  // 17: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	8,  // 18: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	1,  // 19: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	5,  // 20: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	7,  // 21: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	9,  // 22: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	19, // [19:23] is the sub-list for method output_type
+	15, // [15:19] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }
@@ -646,6 +886,7 @@ func file_berth_agent_v1_agent_proto_init() {
 		(*ExecRequest_Stdin)(nil),
 		(*ExecRequest_CloseStdin)(nil),
 		(*ExecRequest_Signal)(nil),
+		(*ExecRequest_Resize)(nil),
 	}
 	file_berth_agent_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
@@ -660,7 +901,7 @@ func file_berth_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AgentService_Info_FullMethodName = "/berth.agent.v1.AgentService/Info"
-	AgentService_Exec_FullMethodName = "/berth.agent.v1.AgentService/Exec"
+	AgentService_Info_FullMethodName       = "/berth.agent.v1.AgentService/Info"
+	AgentService_Exec_FullMethodName       = "/berth.agent.v1.AgentService/Exec"
+	AgentService_ListExecs_FullMethodName  = "/berth.agent.v1.AgentService/ListExecs"
+	AgentService_SignalExec_FullMethodName = "/berth.agent.v1.AgentService/SignalExec"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -39,6 +41,12 @@ type AgentServiceClient interface {
 	// a malformed start (with a google.rpc.BadRequest), FAILED_PRECONDITION
 	// for a missing working directory, NOT_FOUND for an unknown exec id.
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
+	// ListExecs lists running and retained execs, ordered by start time.
+	ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error)
+	// SignalExec signals an exec's process group without a stream, with the
+	// semantics of berth.v1.SandboxService.SignalExec. Errors:
+	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
+	SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error)
 }
 
 type agentServiceClient struct {
@@ -72,6 +80,26 @@ func (c *agentServiceClient) Exec(ctx context.Context, opts ...grpc.CallOption) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_ExecClient = grpc.BidiStreamingClient[ExecRequest, ExecResponse]
 
+func (c *agentServiceClient) ListExecs(ctx context.Context, in *ListExecsRequest, opts ...grpc.CallOption) (*ListExecsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListExecsResponse)
+	err := c.cc.Invoke(ctx, AgentService_ListExecs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SignalExecResponse)
+	err := c.cc.Invoke(ctx, AgentService_SignalExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -88,6 +116,12 @@ type AgentServiceServer interface {
 	// a malformed start (with a google.rpc.BadRequest), FAILED_PRECONDITION
 	// for a missing working directory, NOT_FOUND for an unknown exec id.
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
+	// ListExecs lists running and retained execs, ordered by start time.
+	ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error)
+	// SignalExec signals an exec's process group without a stream, with the
+	// semantics of berth.v1.SandboxService.SignalExec. Errors:
+	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
+	SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -103,6 +137,12 @@ func (UnimplementedAgentServiceServer) Info(context.Context, *InfoRequest) (*Inf
 }
 func (UnimplementedAgentServiceServer) Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error {
 	return status.Error(codes.Unimplemented, "method Exec not implemented")
+}
+func (UnimplementedAgentServiceServer) ListExecs(context.Context, *ListExecsRequest) (*ListExecsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListExecs not implemented")
+}
+func (UnimplementedAgentServiceServer) SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SignalExec not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -150,6 +190,42 @@ func _AgentService_Exec_Handler(srv interface{}, stream grpc.ServerStream) error
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_ExecServer = grpc.BidiStreamingServer[ExecRequest, ExecResponse]
 
+func _AgentService_ListExecs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListExecsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).ListExecs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_ListExecs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).ListExecs(ctx, req.(*ListExecsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_SignalExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SignalExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).SignalExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_SignalExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).SignalExec(ctx, req.(*SignalExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -160,6 +236,14 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Info",
 			Handler:    _AgentService_Info_Handler,
+		},
+		{
+			MethodName: "ListExecs",
+			Handler:    _AgentService_ListExecs_Handler,
+		},
+		{
+			MethodName: "SignalExec",
+			Handler:    _AgentService_SignalExec_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

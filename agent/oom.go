@@ -1,0 +1,178 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// childOOMScoreAdj is the oom_score_adj (proc(5)) every process the agent
+// starts is born with: the highest, so that the kernel's OOM killer picks a
+// workload process before the agent whenever it can (its badness adds
+// oom_score_adj/1000 of the cgroup's memory to a process's RSS, so a child
+// at 1000 outranks the agent at its inherited score, normally 0). Raising a
+// score needs no privilege; lowering one below the process's
+// oom_score_adj_min needs CAP_SYS_RESOURCE, which the agent lacks, so the
+// agent cannot lower its own below what it inherited.
+const childOOMScoreAdj = 1000
+
+// oomScore gives the agent's children childOOMScoreAdj. A child inherits
+// its score at fork and there is no hook between fork and exec in
+// os.StartProcess, so the agent raises its own score around each start and
+// lowers it back right after (allowed down to its oom_score_adj_min, which a
+// process inherits unchanged unless a privileged writer set it). The
+// raised window lasts until the child has exec'd (a vfork), well under a
+// millisecond; the OOM killer would only pick the agent in it if the agent
+// were the largest process of the sandbox.
+type oomScore struct {
+	path    string // /proc/self/oom_score_adj
+	own     string // the agent's score, restored after each start
+	enabled bool
+	log     *slog.Logger
+}
+
+// newOOMScore reads the agent's own score. When it cannot be read or is
+// already the highest, starts leave it alone.
+func newOOMScore(log *slog.Logger) *oomScore {
+	o := &oomScore{path: "/proc/self/oom_score_adj", log: log}
+	b, err := os.ReadFile(o.path)
+	if err != nil {
+		log.Warn("oom_score_adj unavailable; children keep the agent's", "err", err)
+		return o
+	}
+	o.own = strings.TrimSpace(string(b))
+	n, err := strconv.Atoi(o.own)
+	if err != nil {
+		log.Warn("oom_score_adj unreadable; children keep the agent's", "value", o.own)
+		return o
+	}
+	o.enabled = n < childOOMScoreAdj
+	return o
+}
+
+// raise sets the agent's score to childOOMScoreAdj for the next fork and
+// returns the function that restores it. The caller holds the supervisor's
+// start lock, so raises never overlap.
+func (o *oomScore) raise() (restore func()) {
+	if !o.enabled {
+		return func() {}
+	}
+	if err := os.WriteFile(o.path, []byte(strconv.Itoa(childOOMScoreAdj)), 0); err != nil {
+		o.log.Warn("raise oom_score_adj for a child; it keeps the agent's", "err", err)
+		return func() {}
+	}
+	return func() {
+		if err := os.WriteFile(o.path, []byte(o.own), 0); err != nil {
+			// The agent keeps the children's score: say so loudly, and stop
+			// trying (a failing restore would repeat on every start).
+			o.log.Error("restore the agent's oom_score_adj; it stays at the children's", "want", o.own, "err", err)
+			o.enabled = false
+		}
+	}
+}
+
+// oomCounter reads how many processes the kernel's OOM killer has killed in
+// the agent's memory cgroup: the oom_kill field of memory.oom_control on
+// cgroup v1 or of memory.events on cgroup v2 (kernel 4.13 and later). The
+// kernel counts a kill before it sends SIGKILL (mm/oom_kill.c), so a count
+// read after reaping a victim includes it.
+type oomCounter struct {
+	path string // empty when no counter was found
+}
+
+// findOOMCounter locates the counter file under the cgroup filesystem
+// mounted at root (normally /sys/fs/cgroup), given the content of
+// /proc/self/cgroup. Inside a container without a cgroup namespace, the
+// container's own cgroup directory is what is mounted (runc bind-mounts it
+// for cgroup v1), so the mount's top directory is tried after the path
+// /proc/self/cgroup names.
+func findOOMCounter(root string, procSelfCgroup []byte) *oomCounter {
+	var candidates []string
+	sc := bufio.NewScanner(bytes.NewReader(procSelfCgroup))
+	for sc.Scan() {
+		// hierarchy-ID:controller-list:cgroup-path (cgroups(7))
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		switch {
+		case parts[0] == "0" && parts[1] == "":
+			candidates = append(candidates,
+				filepath.Join(root, parts[2], "memory.events"),
+				filepath.Join(root, "memory.events"))
+		case containsController(parts[1], "memory"):
+			candidates = append(candidates,
+				filepath.Join(root, "memory", parts[2], "memory.oom_control"),
+				filepath.Join(root, "memory", "memory.oom_control"))
+		}
+	}
+	for _, p := range candidates {
+		if _, ok := readOOMKill(p); ok {
+			return &oomCounter{path: p}
+		}
+	}
+	return &oomCounter{}
+}
+
+func containsController(list, name string) bool {
+	for _, c := range strings.Split(list, ",") {
+		if c == name {
+			return true
+		}
+	}
+	return false
+}
+
+// count returns the current number of OOM kills, and false when the agent
+// has no counter.
+func (c *oomCounter) count() (uint64, bool) {
+	if c.path == "" {
+		return 0, false
+	}
+	return readOOMKill(c.path)
+}
+
+// readOOMKill returns the value of the "oom_kill N" line of a
+// memory.oom_control or memory.events file.
+func readOOMKill(path string) (uint64, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return n, err == nil
+		}
+	}
+	return 0, false
+}
+
+// describe names the counter for the agent's log.
+func (c *oomCounter) describe() string {
+	if c.path == "" {
+		return "none (OOM kills are not reported; mount the cgroup filesystem read-only at /sys/fs/cgroup)"
+	}
+	return c.path
+}
+
+// diedOfKill reports whether a process ended as an OOM victim does: killed
+// by SIGKILL, or exiting 137 as a shell does when its child was.
+func diedOfKill(ws unix.WaitStatus) bool {
+	return ws.Signaled() && ws.Signal() == syscall.SIGKILL ||
+		ws.Exited() && ws.ExitStatus() == 128+int(syscall.SIGKILL)
+}
+
+// oomVerdict decides ExecResult.oom_killed: the exec died of SIGKILL (or
+// exit 137), the cgroup's OOM kill count rose while it ran, and the agent
+// had not sent SIGKILL itself (for a timeout, a stop or a client's signal).
+func oomVerdict(ws unix.WaitStatus, before, after uint64, known, agentKilled bool) bool {
+	return known && !agentKilled && after > before && diedOfKill(ws)
+}
