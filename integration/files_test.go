@@ -246,27 +246,31 @@ func TestFilesErrors(t *testing.T) {
 	wantFileError(t, err, codes.NotFound, "SANDBOX_NOT_FOUND", "")
 }
 
-// TestFilesModeAndOwner checks that mode 0640 is applied exactly and that
-// the file and the parents created for it belong to the workload user.
-// The sandbox's workload user is root (uid 0) until CreateSandboxRequest
-// takes a user (issue 6); ownership by another uid is covered by
-// agent/files TestOwnershipAndMode with the real agent as 1000:1001.
+// TestFilesModeAndOwner checks, in a sandbox whose workload user is
+// 1000:1000, that mode 0640 is applied exactly and that the file and the
+// parents created for it belong to the workload user — and that the user's
+// permissions hold: it cannot write where only root may.
 func TestFilesModeAndOwner(t *testing.T) {
 	need(t)
-	sb := newSandbox(t, nil)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{User: "1000:1000"})
 	c := dialClient(t, env.berthdAddr)
 	ctx := fileCtx(t)
 	resp, err := c.WriteFile(ctx, sb.GetId(), "/workspace/m1/m2/f", strings.NewReader("x"), client.WithMode(0o640), client.WithCreateParents())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info := resp.GetInfo(); info.GetMode() != 0o640 || info.GetUid() != 0 {
-		t.Errorf("written file = mode %o uid %d, want 640 and the workload uid 0", info.GetMode(), info.GetUid())
+	if info := resp.GetInfo(); info.GetMode() != 0o640 || info.GetUid() != 1000 || info.GetGid() != 1000 {
+		t.Errorf("written file = mode %o owner %d:%d, want 640 and the workload user 1000:1000", info.GetMode(), info.GetUid(), info.GetGid())
 	}
 	r := run(t, sb.GetId(), "stat", "-c", "%n %a %u:%g", "/workspace/m1", "/workspace/m1/m2", "/workspace/m1/m2/f")
-	want := "/workspace/m1 755 0:0\n/workspace/m1/m2 755 0:0\n/workspace/m1/m2/f 640 0:0\n"
+	want := "/workspace/m1 755 1000:1000\n/workspace/m1/m2 755 1000:1000\n/workspace/m1/m2/f 640 1000:1000\n"
 	if string(r.GetStdout()) != want {
 		t.Errorf("stat in the sandbox = %q, want %q", r.GetStdout(), want)
+	}
+	_, err = c.WriteFile(ctx, sb.GetId(), "/etc/berth-test", strings.NewReader("x"))
+	wantFileError(t, err, codes.PermissionDenied, "PERMISSION_DENIED", "/etc/berth-test")
+	if r := run(t, sb.GetId(), "sh", "-c", "test -e /etc/berth-test && echo exists || echo absent"); string(r.GetStdout()) != "absent\n" {
+		t.Errorf("/etc/berth-test after the refused write: %q, want absent", r.GetStdout())
 	}
 }
 
