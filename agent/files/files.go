@@ -46,7 +46,8 @@ type Config struct {
 	// before any byte moves. Default 16 GiB.
 	MaxArchiveBytes uint64
 	// MaxListEntries caps the entries of one ListDir or Download, refused
-	// (LIST_TOO_LARGE) before any entry is sent. Default 200 000.
+	// (LIST_TOO_LARGE) before any entry is sent, and of one Upload, refused
+	// at the first entry past it. Default 200 000.
 	MaxListEntries int
 	// Logger receives operational errors; never file contents. Default
 	// slog.Default().

@@ -104,18 +104,25 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 
 // extraction is one Upload being extracted.
 type extraction struct {
-	s     *Service
-	b     *beneath
-	limit uint64
-	resp  berthv1.UploadResponse
-	dirs  []dirMeta // directory entries, fixed up last
+	s       *Service
+	b       *beneath
+	limit   uint64
+	resp    berthv1.UploadResponse
+	entries int            // archive entries seen
+	dirs    []dirMeta      // directory entries, fixed up last
+	dirAt   map[string]int // index in dirs by name: a repeated entry updates its record
 }
 
-// dirMeta is a directory entry's mode and time, applied after its contents
-// were written (a read-only directory must not stop its own extraction).
+// dirMeta is a directory entry's mode and times, applied after its
+// contents were written (a read-only directory must not stop its own
+// extraction). It keeps only these: a tar header also holds its pax
+// records, up to 1 MiB each, which an archive of many directory entries
+// would otherwise pile up in the agent's memory.
 type dirMeta struct {
-	name string
-	hdr  *tar.Header
+	raw          string // the entry's name as archived, for errors
+	name         string
+	mode         uint32
+	atime, mtime unix.Timespec
 }
 
 func (x *extraction) run(in *chunkReader, c berthv1.Compression) error {
@@ -199,6 +206,9 @@ func (x *extraction) entry(hdr *tar.Header, content io.Reader) error {
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
 	}
+	if x.entries++; x.entries > x.s.cfg.MaxListEntries {
+		return &tooLargeError{path: x.b.path, what: fmt.Sprintf("an archive of more than %d entries", x.s.cfg.MaxListEntries), limit: uint64(x.s.cfg.MaxListEntries), reason: rpcstatus.ReasonListTooLarge, flag: "max-list-entries"}
+	}
 	name, err := entryName(hdr.Name)
 	if err != nil {
 		return err
@@ -245,7 +255,7 @@ func (x *extraction) apply(name string, hdr *tar.Header, content io.Reader) erro
 			return err
 		}
 		unix.Close(fd)
-		x.dirs = append(x.dirs, dirMeta{name, hdr})
+		x.addDir(name, hdr)
 		x.resp.Directories++
 		return nil
 	case tar.TypeReg, tar.TypeGNUSparse, tar.TypeCont:
@@ -367,14 +377,41 @@ func (x *extraction) link(name string, hdr *tar.Header) error {
 	return nil
 }
 
-// times sets an entry's access and modification time, not following a
-// symlink.
-func (x *extraction) times(parent int, base, name string, hdr *tar.Header) error {
-	mtime := unix.NsecToTimespec(hdr.ModTime.UnixNano())
-	atime := mtime
+// addDir records a directory entry for fixDir; a directory archived twice
+// gets the last entry's mode and times, as tar(1) would leave it.
+func (x *extraction) addDir(name string, hdr *tar.Header) {
+	atime, mtime := entryTimes(hdr)
+	d := dirMeta{raw: hdr.Name, name: name, mode: uint32(hdr.Mode) & 0o1777, atime: atime, mtime: mtime}
+	if i, ok := x.dirAt[name]; ok {
+		x.dirs[i] = d
+		return
+	}
+	if x.dirAt == nil {
+		x.dirAt = make(map[string]int)
+	}
+	x.dirAt[name] = len(x.dirs)
+	x.dirs = append(x.dirs, d)
+}
+
+// entryTimes returns an entry's access and modification time; the access
+// time is the modification time when the archive has none.
+func entryTimes(hdr *tar.Header) (atime, mtime unix.Timespec) {
+	mtime = unix.NsecToTimespec(hdr.ModTime.UnixNano())
+	atime = mtime
 	if !hdr.AccessTime.IsZero() {
 		atime = unix.NsecToTimespec(hdr.AccessTime.UnixNano())
 	}
+	return atime, mtime
+}
+
+// times sets an entry's access and modification time, not following a
+// symlink.
+func (x *extraction) times(parent int, base, name string, hdr *tar.Header) error {
+	atime, mtime := entryTimes(hdr)
+	return x.setTimes(parent, base, name, atime, mtime)
+}
+
+func (x *extraction) setTimes(parent int, base, name string, atime, mtime unix.Timespec) error {
 	if err := unix.UtimesNanoAt(parent, base, []unix.Timespec{atime, mtime}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return pathError("set times of", x.b.full(name), err)
 	}
@@ -386,19 +423,19 @@ func (x *extraction) fixDir(d dirMeta) error {
 	if d.name != "." {
 		fd, err := x.b.open(d.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 		if err != nil {
-			return x.entryErr(d.hdr.Name, d.name, err)
+			return x.entryErr(d.raw, d.name, err)
 		}
-		err = unix.Fchmod(fd, uint32(d.hdr.Mode)&0o1777)
+		err = unix.Fchmod(fd, d.mode)
 		unix.Close(fd)
 		if err != nil {
 			return pathError("chmod", x.b.full(d.name), err)
 		}
 		parent, err := x.b.dir(path.Dir(d.name))
 		if err != nil {
-			return x.entryErr(d.hdr.Name, d.name, err)
+			return x.entryErr(d.raw, d.name, err)
 		}
 		defer unix.Close(parent)
-		return x.times(parent, path.Base(d.name), d.name, d.hdr)
+		return x.setTimes(parent, path.Base(d.name), d.name, d.atime, d.mtime)
 	}
 	return nil
 }

@@ -120,7 +120,9 @@ type FileServiceClient interface {
 	// with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
 	// one stay extracted. Files are owned by the workload user whatever the
 	// archive says; permission bits are kept except setuid and setgid;
-	// modification times are kept.
+	// modification times are kept. An archive of more entries than the
+	// agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
+	// the first entry past it.
 	Upload(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadRequest, UploadResponse], error)
 	// Download streams a directory as a tar archive (pax format; optionally
 	// gzip-compressed), entry names relative to the directory, or a single
@@ -353,7 +355,9 @@ type FileServiceServer interface {
 	// with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
 	// one stay extracted. Files are owned by the workload user whatever the
 	// archive says; permission bits are kept except setuid and setgid;
-	// modification times are kept.
+	// modification times are kept. An archive of more entries than the
+	// agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
+	// the first entry past it.
 	Upload(grpc.ClientStreamingServer[UploadRequest, UploadResponse]) error
 	// Download streams a directory as a tar archive (pax format; optionally
 	// gzip-compressed), entry names relative to the directory, or a single
