@@ -2,11 +2,18 @@ package files_test
 
 import (
 	"archive/tar"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // TestUploadEntryCap uploads more entries than --max-list-entries: the
@@ -52,5 +59,100 @@ func TestUploadRepeatedDirectory(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(dir, "d"))
 	if err != nil || fi.Mode().Perm() != 0o750 {
 		t.Errorf("d after the upload: %v, %v; want mode 0750 from the last entry", fi.Mode(), err)
+	}
+}
+
+// badRequestField returns the field the BadRequest of err blames, or "".
+func badRequestField(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+			return br.GetFieldViolations()[0].GetField()
+		}
+	}
+	return ""
+}
+
+// TestLongestNames writes, renames and stats names of NAME_MAX (255) bytes,
+// which Linux allows, and one byte more, which is INVALID_ARGUMENT naming
+// the request field, as every invalid argument is.
+func TestLongestNames(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	ctx := testCtx(t)
+	longest := filepath.Join(a.dir, "sub", strings.Repeat("n", 255))
+	for _, mode := range []berthv1.WriteMode{berthv1.WriteMode_WRITE_MODE_REPLACE, berthv1.WriteMode_WRITE_MODE_APPEND} {
+		resp, err := a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(longest), CreateParents: true, WriteMode: mode}, []byte("data"))
+		if err != nil {
+			t.Fatalf("WriteFile %v of a 255-byte name: %v", mode, err)
+		}
+		if resp.GetResult().GetWrittenBytes() != 4 {
+			t.Errorf("WriteFile %v = %v, want 4 bytes", mode, resp.GetResult())
+		}
+	}
+	if b, err := os.ReadFile(longest); err != nil || string(b) != "datadata" {
+		t.Errorf("file with the 255-byte name = %q, %v; want datadata", b, err)
+	}
+	if names, _ := os.ReadDir(filepath.Dir(longest)); len(names) != 1 {
+		t.Errorf("directory after the writes holds %d entries, want the file alone (no temporary file left)", len(names))
+	}
+	renamed := filepath.Join(a.dir, "sub", strings.Repeat("r", 255))
+	if _, err := a.files.Rename(ctx, &agentv1.RenameRequest{FromPath: []byte(longest), ToPath: []byte(renamed)}); err != nil {
+		t.Errorf("Rename to a 255-byte name: %v", err)
+	}
+
+	tooLong := filepath.Join(a.dir, strings.Repeat("x", 256))
+	check := func(what string, err error, field string) {
+		t.Helper()
+		wantStatus(t, err, codes.InvalidArgument, "INVALID_ARGUMENT", "")
+		if got := badRequestField(err); got != field {
+			t.Errorf("%s with a 256-byte name: BadRequest blames %q, want %q (%v)", what, got, field, err)
+		}
+	}
+	_, err := a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(tooLong)}, []byte("x"))
+	check("WriteFile", err, "header.path")
+	_, err = a.files.Stat(ctx, &agentv1.StatRequest{Path: []byte(tooLong + "/f")})
+	check("Stat", err, "path")
+	_, err = a.files.Rename(ctx, &agentv1.RenameRequest{FromPath: []byte(renamed), ToPath: []byte(tooLong)})
+	check("Rename", err, "to_path")
+	_, err = a.upload(t, tooLong, makeTar(t, []tarEntry{{name: "f", typ: tar.TypeReg}}, false))
+	check("Upload", err, "header.path")
+	_, err = a.upload(t, filepath.Join(a.dir, "up"), makeTar(t, []tarEntry{{name: strings.Repeat("e", 256), typ: tar.TypeReg}}, false))
+	meta := wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSUPPORTED", "")
+	if meta["entry"] != strings.Repeat("e", 256) {
+		t.Errorf("Upload of an entry with a 256-byte name names entry %q", meta["entry"])
+	}
+}
+
+// TestSpecialFilesAreNotRegular reads and appends to a unix socket, which
+// open(2) refuses with ENXIO: that is NOT_A_REGULAR_FILE like a device or
+// FIFO, not an internal error.
+func TestSpecialFilesAreNotRegular(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	sock := filepath.Join(a.dir, "sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	os.Chmod(sock, 0o777)
+	_, err = a.readFile(t, &agentv1.ReadFileRequest{Path: []byte(sock)})
+	wantStatus(t, err, codes.FailedPrecondition, "NOT_A_REGULAR_FILE", sock)
+	_, err = a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(sock), WriteMode: berthv1.WriteMode_WRITE_MODE_APPEND}, []byte("x"))
+	wantStatus(t, err, codes.FailedPrecondition, "NOT_A_REGULAR_FILE", sock)
+}
+
+// TestRenameIntoItself moves a directory into its own subdirectory, which
+// rename(2) refuses with EINVAL: the caller's mistake, INVALID_ARGUMENT
+// naming to_path, not an internal error.
+func TestRenameIntoItself(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	d := filepath.Join(a.dir, "d")
+	if err := os.Mkdir(d, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chown(d, 1000, 1000)
+	_, err := a.files.Rename(testCtx(t), &agentv1.RenameRequest{FromPath: []byte(d), ToPath: []byte(d + "/sub")})
+	wantStatus(t, err, codes.InvalidArgument, "INVALID_ARGUMENT", "")
+	if got := badRequestField(err); got != "to_path" {
+		t.Errorf("BadRequest blames %q, want to_path (%v)", got, err)
 	}
 }

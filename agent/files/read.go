@@ -24,7 +24,7 @@ func (s *Service) ReadFile(req *agentv1.ReadFileRequest, stream agentv1.FileServ
 	err = s.asUser(func() error {
 		// O_NONBLOCK: opening a FIFO must not hang; it is refused below.
 		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-		return pathError("open", path, err)
+		return openError(path, err)
 	})
 	if err != nil {
 		return s.toStatus(err)

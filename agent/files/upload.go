@@ -187,6 +187,8 @@ func entryName(name string) (string, error) {
 		return "", &entryError{name, rpcstatus.ReasonTarEntryUnsafe, "is an absolute path"}
 	case hasDotDot(name):
 		return "", &entryError{name, rpcstatus.ReasonTarEntryUnsafe, `has a ".." component`}
+	case longComponent(name) != "":
+		return "", &entryError{name, rpcstatus.ReasonTarEntryInvalid, "has a name component longer than Linux allows (NAME_MAX, 255 bytes)"}
 	}
 	return path.Clean(name), nil
 }
@@ -334,6 +336,8 @@ func (x *extraction) symlink(name string, hdr *tar.Header) error {
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a symlink to the absolute path %q", display(t))}
 	case strings.IndexByte(t, 0) >= 0:
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, "is a symlink whose target has a NUL byte"}
+	case len(t) >= unix.PathMax:
+		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryInvalid, "is a symlink whose target is longer than Linux allows (PATH_MAX, 4096 bytes)"}
 	}
 	if resolved := path.Join(path.Dir(name), t); resolved == ".." || strings.HasPrefix(resolved, "../") {
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a symlink to %q, which leads out of the target directory", display(t))}
@@ -358,6 +362,8 @@ func (x *extraction) link(name string, hdr *tar.Header) error {
 	switch {
 	case t == "" || strings.HasPrefix(t, "/") || hasDotDot(t):
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a hard link to %q, which is not a relative path inside the archive", display(t))}
+	case longComponent(t) != "":
+		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryInvalid, "is a hard link to a name longer than Linux allows (NAME_MAX, 255 bytes)"}
 	}
 	t = path.Clean(t)
 	src, err := x.b.dir(path.Dir(t))

@@ -54,17 +54,21 @@ const (
 //     directory (e.g. a path through a regular file), IS_A_DIRECTORY when a
 //     file operation names a directory, DIRECTORY_NOT_EMPTY, SYMLINK_LOOP,
 //     CROSS_DEVICE (rename(2) EXDEV), READ_ONLY_FILESYSTEM, FILE_BUSY,
-//     FILE_TOO_LARGE when a size cap of the agent is exceeded (refused
-//     before any byte moves when the size is known).
+//     NOT_A_REGULAR_FILE when a read or write names a device, FIFO or
+//     socket, FILE_TOO_LARGE when a size cap of the agent is exceeded
+//     (refused before any byte moves when the size is known),
+//     LIST_TOO_LARGE when an entry cap is, WORKLOAD_USER_UNAVAILABLE when
+//     the agent cannot act as the workload user.
 //   - PERMISSION_DENIED (PERMISSION_DENIED): the workload user may not.
 //   - ALREADY_EXISTS (FILE_EXISTS): the target exists and the request asked
 //     not to replace it.
 //   - ABORTED (FILE_CHANGED): the file changed while it was read.
 //   - RESOURCE_EXHAUSTED (NO_SPACE): the file system is full (ENOSPC,
 //     EDQUOT).
-//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest, or
+//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest
+//     naming the field, e.g. a path component longer than 255 bytes, or
 //     TAR_ENTRY_UNSAFE / TAR_ENTRY_UNSUPPORTED naming the archive entry in
-//     metadata "entry").
+//     metadata "entry", or ARCHIVE_INVALID).
 //   - NOT_FOUND (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE) as
 //     for SandboxService.
 type FileServiceClient interface {
@@ -289,17 +293,21 @@ type FileService_DownloadClient = grpc.ServerStreamingClient[DownloadResponse]
 //     directory (e.g. a path through a regular file), IS_A_DIRECTORY when a
 //     file operation names a directory, DIRECTORY_NOT_EMPTY, SYMLINK_LOOP,
 //     CROSS_DEVICE (rename(2) EXDEV), READ_ONLY_FILESYSTEM, FILE_BUSY,
-//     FILE_TOO_LARGE when a size cap of the agent is exceeded (refused
-//     before any byte moves when the size is known).
+//     NOT_A_REGULAR_FILE when a read or write names a device, FIFO or
+//     socket, FILE_TOO_LARGE when a size cap of the agent is exceeded
+//     (refused before any byte moves when the size is known),
+//     LIST_TOO_LARGE when an entry cap is, WORKLOAD_USER_UNAVAILABLE when
+//     the agent cannot act as the workload user.
 //   - PERMISSION_DENIED (PERMISSION_DENIED): the workload user may not.
 //   - ALREADY_EXISTS (FILE_EXISTS): the target exists and the request asked
 //     not to replace it.
 //   - ABORTED (FILE_CHANGED): the file changed while it was read.
 //   - RESOURCE_EXHAUSTED (NO_SPACE): the file system is full (ENOSPC,
 //     EDQUOT).
-//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest, or
+//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest
+//     naming the field, e.g. a path component longer than 255 bytes, or
 //     TAR_ENTRY_UNSAFE / TAR_ENTRY_UNSUPPORTED naming the archive entry in
-//     metadata "entry").
+//     metadata "entry", or ARCHIVE_INVALID).
 //   - NOT_FOUND (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE) as
 //     for SandboxService.
 type FileServiceServer interface {
