@@ -162,13 +162,15 @@ func (e *staleHandleError) detail() *berthv1.StaleHandle {
 // one place where domain errors become codes: statuses that already carry a
 // berth ErrorInfo (built by a handler or by the agent) pass unchanged, and
 // anything unclassified becomes INTERNAL with its cause logged under an
-// incident id that the message names, never passed through. meta names what
-// the request was about, e.g. the sandbox id.
+// incident id that the message names, never passed through. An agent's own
+// INTERNAL status is unclassified too: its text is the agent's, not the
+// caller's to read. meta names what the request was about, e.g. the
+// sandbox id.
 func (s *Service) toStatus(ctx context.Context, err error, meta map[string]string) error {
 	if err == nil {
 		return nil
 	}
-	if rpcstatus.Reason(err) != "" {
+	if r := rpcstatus.Reason(err); r != "" && r != rpcstatus.ReasonInternal && status.Code(err) != codes.Internal {
 		return err
 	}
 	msg := err.Error()
