@@ -156,3 +156,69 @@ func TestRenameIntoItself(t *testing.T) {
 		t.Errorf("BadRequest blames %q, want to_path (%v)", got, err)
 	}
 }
+
+// TestUploadSymlinkRealLocation creates symlinks whose target stays inside
+// the directory when resolved from the entry's name, but leads out from
+// where the link really lands (its parent is reached through a symlink of
+// the same archive) or through a symlink inside the target itself. Each
+// must be refused like any symlink that leads out; harmless climbing
+// targets still work.
+func TestUploadSymlinkRealLocation(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	tests := []struct {
+		name    string
+		entries []tarEntry
+		bad     string
+	}{
+		{"parent through a symlink", []tarEntry{
+			{name: "a", typ: tar.TypeSymlink, link: "."},
+			{name: "a/x", typ: tar.TypeSymlink, link: "../secret"},
+		}, "a/x"},
+		{"deeper parent through a symlink", []tarEntry{
+			{name: "s/", typ: tar.TypeDir, mode: 0o755},
+			{name: "s/up", typ: tar.TypeSymlink, link: ".."},
+			{name: "s/up/y", typ: tar.TypeSymlink, link: "../secret"},
+		}, "s/up/y"},
+		{"dotdot after a symlink in the target", []tarEntry{
+			{name: "d", typ: tar.TypeSymlink, link: "."},
+			{name: "z", typ: tar.TypeSymlink, link: "d/../secret"},
+		}, "z"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dest := filepath.Join(a.dir, strings.ReplaceAll(tt.name, " ", "-"), "dest")
+			_, err := a.upload(t, dest, makeTar(t, tt.entries, false))
+			if meta := wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSAFE", ""); meta["entry"] != tt.bad {
+				t.Errorf("error names entry %q, want %q", meta["entry"], tt.bad)
+			}
+			// No symlink left in dest leads out of it.
+			filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
+				if err != nil || d.Type()&os.ModeSymlink == 0 {
+					return nil
+				}
+				target, _ := filepath.EvalSymlinks(p)
+				if target != "" && !strings.HasPrefix(target+"/", dest+"/") {
+					t.Errorf("symlink %s leads to %s, out of %s", p, target, dest)
+				}
+				return nil
+			})
+		})
+	}
+	dest := filepath.Join(a.dir, "fine")
+	_, err := a.upload(t, dest, makeTar(t, []tarEntry{
+		{name: "lib/", typ: tar.TypeDir, mode: 0o755},
+		{name: "lib/real.so", typ: tar.TypeReg, body: "so"},
+		{name: "bin/", typ: tar.TypeDir, mode: 0o755},
+		{name: "bin/tool", typ: tar.TypeSymlink, link: "../lib/./real.so"},
+		{name: "self", typ: tar.TypeSymlink, link: "."},
+		{name: "self/top", typ: tar.TypeSymlink, link: "lib/real.so"},
+	}, false))
+	if err != nil {
+		t.Fatalf("upload of harmless symlinks: %v", err)
+	}
+	for _, p := range []string{"bin/tool", "top"} {
+		if b, err := os.ReadFile(filepath.Join(dest, p)); err != nil || string(b) != "so" {
+			t.Errorf("%s = %q, %v; want the library", p, b, err)
+		}
+	}
+}

@@ -339,14 +339,39 @@ func (x *extraction) symlink(name string, hdr *tar.Header) error {
 	case len(t) >= unix.PathMax:
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryInvalid, "is a symlink whose target is longer than Linux allows (PATH_MAX, 4096 bytes)"}
 	}
+	leadsOut := &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a symlink to %q, which leads out of the target directory", display(t))}
 	if resolved := path.Join(path.Dir(name), t); resolved == ".." || strings.HasPrefix(resolved, "../") {
-		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a symlink to %q, which leads out of the target directory", display(t))}
+		return leadsOut
+	}
+	ups, rest := 0, t
+	for rest == ".." || strings.HasPrefix(rest, "../") {
+		ups++
+		rest = strings.TrimPrefix(strings.TrimPrefix(rest, ".."), "/")
 	}
 	parent, base, err := x.parentOf(name)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(parent)
+	// Where a ".." after a name leads depends on whether that name is a
+	// symlink: it is taken only when every name before it is a directory,
+	// not a symlink, and it stays below the link's own directory.
+	if last := strings.LastIndex("/"+rest+"/", "/../"); last >= 0 {
+		if !x.b.realDirs(parent, rest[:last+2]) {
+			return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf(`is a symlink to %q, with ".." after a name that is not a directory of the archive (where it leads would depend on what that name becomes)`, display(t))}
+		}
+	}
+	// The link lands where its parent really is, which symlinks of the
+	// archive may have moved from where its name says.
+	if ups > 0 {
+		within, err := x.b.climbs(parent, ups)
+		if err != nil {
+			return pathError("resolve parent of", x.b.full(name), err)
+		}
+		if !within {
+			return leadsOut
+		}
+	}
 	if err := unix.Symlinkat(t, parent, base); err != nil {
 		return pathError("symlink", x.b.full(name), err)
 	}

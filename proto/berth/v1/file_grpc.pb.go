@@ -116,7 +116,9 @@ type FileServiceClient interface {
 	// optionally gzip-compressed) into a directory, created with its parents
 	// when missing. The first message is an UploadHeader, the others archive
 	// bytes in order. Entries whose name is absolute or has a ".." component,
-	// symlinks whose target is absolute or leads out of the directory, and
+	// symlinks whose target is absolute or leads out of the directory (from
+	// where the link really lands; a ".." after a name only through real
+	// directories, never through a symlink), and
 	// entries that would be written through a symlink out of the directory
 	// (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
 	// (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
@@ -355,7 +357,9 @@ type FileServiceServer interface {
 	// optionally gzip-compressed) into a directory, created with its parents
 	// when missing. The first message is an UploadHeader, the others archive
 	// bytes in order. Entries whose name is absolute or has a ".." component,
-	// symlinks whose target is absolute or leads out of the directory, and
+	// symlinks whose target is absolute or leads out of the directory (from
+	// where the link really lands; a ".." after a name only through real
+	// directories, never through a symlink), and
 	// entries that would be written through a symlink out of the directory
 	// (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
 	// (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
