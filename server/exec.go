@@ -102,7 +102,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			if perr := protoErr.get(); perr != nil {
 				return perr
 			}
-			return s.toStatus(ctx, guard.failed(ctx, err), meta)
+			return s.toStatus(ctx, publicExecFields(guard.failed(ctx, err), isStart), meta)
 		}
 		guard.seen(msg)
 		if !setEvent(resp, msg) {
