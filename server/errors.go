@@ -43,7 +43,13 @@ func (e *unreachableError) Error() string {
 	case berthv1.Admitted_ADMITTED_STARTED:
 		b.WriteString("; the exec had started and may still run")
 	case berthv1.Admitted_ADMITTED_UNKNOWN:
-		b.WriteString("; the start reached the agent, whether it ran is unknown")
+		if e.execID == "" {
+			// A file operation: nothing was started, but it may have
+			// been done.
+			b.WriteString("; the request reached the agent, whether it took effect is unknown")
+		} else {
+			b.WriteString("; the start reached the agent, whether it ran is unknown")
+		}
 	default:
 		b.WriteString("; nothing ran")
 	}
