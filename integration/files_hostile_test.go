@@ -4,10 +4,17 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -51,5 +58,145 @@ func TestUploadHeaderBomb(t *testing.T) {
 	entries, _, err := c.ListDir(fileCtx(t), sb.GetId(), "/workspace/bomb", 1)
 	if err != nil || len(entries) != dirs {
 		t.Errorf("ListDir after the upload = %d entries, %v; want %d", len(entries), err, dirs)
+	}
+}
+
+// fileErrorShape fails unless err is a status with code, an ErrorInfo of
+// reason and a message, and (when field is set) a BadRequest naming field.
+func fileErrorShape(t *testing.T, what string, err error, code codes.Code, reason, field string) {
+	t.Helper()
+	st := status.Convert(err)
+	if err == nil || st.Code() != code || rpcstatus.Reason(err) != reason || st.Message() == "" {
+		t.Errorf("%s: error %v (reason %q), want %v %s with a message", what, err, rpcstatus.Reason(err), code, reason)
+		return
+	}
+	if field != "" && badRequestField(err) != field {
+		t.Errorf("%s: BadRequest blames %q, want %q", what, badRequestField(err), field)
+	}
+}
+
+// workspaceEntries lists /workspace/<dir> by running ls in the sandbox.
+func workspaceEntries(t *testing.T, id, dir string) string {
+	t.Helper()
+	return strings.TrimSpace(string(run(t, id, "ls", "-A", "/workspace/"+dir).GetStdout()))
+}
+
+// TestWriteFileProtocolMisuse drives WriteFile and Upload through berthd
+// the wrong ways: no header, a chunk first, two headers, more bytes than
+// declared, a caller that gives up mid-stream. Each is a named error, and
+// none leaves a file or a temporary file behind.
+func TestWriteFileProtocolMisuse(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	run(t, id, "mkdir", "/workspace/m")
+	fc := berthv1.NewFileServiceClient(env.conn)
+	header := func(size *uint64) *berthv1.WriteFileRequest {
+		return &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Header{Header: &berthv1.WriteFileHeader{
+			SandboxId: id, Location: &berthv1.WriteFileHeader_Path{Path: "/workspace/m/f"}, SizeBytes: size}}}
+	}
+	chunk := func(b string) *berthv1.WriteFileRequest {
+		return &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Chunk{Chunk: []byte(b)}}
+	}
+	write := func(msgs ...*berthv1.WriteFileRequest) error {
+		stream, err := fc.WriteFile(fileCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if err := stream.Send(m); err != nil {
+				break // berthd ended the stream; CloseAndRecv has why
+			}
+		}
+		_, err = stream.CloseAndRecv()
+		return err
+	}
+	three := uint64(3)
+	huge := uint64(1 << 50)
+	fileErrorShape(t, "no message", write(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header")
+	fileErrorShape(t, "chunk first", write(chunk("x"), header(nil)), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header")
+	fileErrorShape(t, "two headers", write(header(nil), chunk("abc"), header(nil), chunk("def")), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header")
+	fileErrorShape(t, "more than declared", write(header(&three), chunk("abcde")), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header.size_bytes")
+	fileErrorShape(t, "fewer than declared", write(header(&three), chunk("a")), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header.size_bytes")
+	fileErrorShape(t, "over the cap", write(header(&huge), chunk("a")), codes.FailedPrecondition, rpcstatus.ReasonFileTooLarge, "")
+
+	// A caller that gives up mid-stream.
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := fc.WriteFile(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Send(header(nil))
+	stream.Send(chunk(strings.Repeat("x", 1<<20)))
+	deadline := time.Now().Add(10 * time.Second)
+	for workspaceEntries(t, id, "m") == "" && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond) // until the agent made its temporary file
+	}
+	cancel()
+	for {
+		left := workspaceEntries(t, id, "m")
+		if left == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a canceled write /workspace/m holds %q", left)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if left := workspaceEntries(t, id, "m"); left != "" {
+		t.Errorf("after the misused writes /workspace/m holds %q, want nothing", left)
+	}
+
+	upload := func(msgs ...*berthv1.UploadRequest) error {
+		stream, err := fc.Upload(fileCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			if err := stream.Send(m); err != nil {
+				break
+			}
+		}
+		_, err = stream.CloseAndRecv()
+		return err
+	}
+	uh := &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Header{Header: &berthv1.UploadHeader{SandboxId: id, Location: &berthv1.UploadHeader_Path{Path: "/workspace/u"}}}}
+	uc := &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Chunk{Chunk: []byte("not a tar")}}
+	fileErrorShape(t, "upload without messages", upload(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header")
+	fileErrorShape(t, "upload chunk first", upload(uc), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header")
+	fileErrorShape(t, "upload two headers", upload(uh, uh), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header")
+	fileErrorShape(t, "upload of garbage", upload(uh, uc), codes.InvalidArgument, rpcstatus.ReasonArchiveInvalid, "")
+}
+
+// TestConcurrentWritersSamePath has 8 writers replace one file at once:
+// each succeeds, the file ends up as exactly one writer's content, and no
+// temporary file is left.
+func TestConcurrentWritersSamePath(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	c := dialClient(t, env.berthdAddr)
+	const writers = 8
+	sums := make(map[string]bool)
+	datas := make([][]byte, writers)
+	for i := range datas {
+		datas[i] = randomData(300<<10 + i)
+		sums[hexSHA(datas[i])] = true
+	}
+	errs := make(chan error, writers)
+	for i := range writers {
+		go func() {
+			_, err := c.WriteFile(fileCtx(t), id, "/workspace/c/same", bytes.NewReader(datas[i]), client.WithCreateParents())
+			errs <- err
+		}()
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent WriteFile: %v", err)
+		}
+	}
+	if got := sandboxSHA(t, id, "/workspace/c/same"); !sums[got] {
+		t.Errorf("file after concurrent writes has sha %s, which no writer wrote", got)
+	}
+	if left := workspaceEntries(t, id, "c"); left != "same" {
+		t.Errorf("/workspace/c holds %q, want only the file", left)
 	}
 }
