@@ -222,3 +222,35 @@ func TestUploadSymlinkRealLocation(t *testing.T) {
 		}
 	}
 }
+
+// TestReadPseudoFiles reads files of /proc and /sys, whose size fstat(2)
+// does not know (0, or 4096 on sysfs): the read gives their whole content
+// with a header that says how long it is, not FILE_CHANGED; a range works
+// too.
+func TestReadPseudoFiles(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	for _, p := range []string{"/proc/cpuinfo", "/proc/self/status", "/proc/sys/kernel/osrelease", "/sys/class/net/lo/mtu"} {
+		want, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		r, err := a.readFile(t, &agentv1.ReadFileRequest{Path: []byte(p)})
+		if err != nil {
+			t.Errorf("ReadFile %s: %v", p, err)
+			continue
+		}
+		if got := r.header.GetHeader().GetLengthBytes(); got != uint64(len(r.data)) || len(r.data) == 0 {
+			t.Errorf("ReadFile %s: header length %d, %d bytes sent; want them equal and not zero", p, got, len(r.data))
+		}
+		if p != "/proc/self/status" && string(r.data) != string(want) {
+			t.Errorf("ReadFile %s = %q, want %q", p, r.data, want)
+		}
+		if p == "/proc/self/status" && !strings.Contains(string(r.data), "berth-agent") {
+			t.Errorf("ReadFile %s = %q, want the agent's status", p, r.data)
+		}
+	}
+	r, err := a.readFile(t, &agentv1.ReadFileRequest{Path: []byte("/proc/self/status"), OffsetBytes: 6, LimitBytes: 11})
+	if err != nil || string(r.data) != "berth-agent" || r.header.GetHeader().GetLengthBytes() != 11 {
+		t.Errorf("ReadFile of a range of /proc/self/status = %q, %v; want berth-agent", r.data, err)
+	}
+}

@@ -80,7 +80,10 @@ type FileServiceClient interface {
 	// with ABORTED (FILE_CHANGED) instead, never with a short file passed off
 	// as whole. Symlinks are followed (open(2)). A read of more bytes than
 	// the agent's cap is refused with FAILED_PRECONDITION (FILE_TOO_LARGE)
-	// before any byte is sent.
+	// before any byte is sent. Files of pseudo file systems (procfs, sysfs,
+	// cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
+	// know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
+	// length_bytes is what was read.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the
@@ -321,7 +324,10 @@ type FileServiceServer interface {
 	// with ABORTED (FILE_CHANGED) instead, never with a short file passed off
 	// as whole. Symlinks are followed (open(2)). A read of more bytes than
 	// the agent's cap is refused with FAILED_PRECONDITION (FILE_TOO_LARGE)
-	// before any byte is sent.
+	// before any byte is sent. Files of pseudo file systems (procfs, sysfs,
+	// cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
+	// know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
+	// length_bytes is what was read.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the
