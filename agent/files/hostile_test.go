@@ -254,3 +254,19 @@ func TestReadPseudoFiles(t *testing.T) {
 		t.Errorf("ReadFile of a range of /proc/self/status = %q, %v; want berth-agent", r.data, err)
 	}
 }
+
+// TestRefusedSymlinkKeepsEarlierEntry refuses a symlink entry that would
+// replace a file extracted before it: the refusal happens before anything
+// is replaced, so the file stays as the earlier entry left it.
+func TestRefusedSymlinkKeepsEarlierEntry(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	dest := filepath.Join(a.dir, "keep")
+	_, err := a.upload(t, dest, makeTar(t, []tarEntry{
+		{name: "x", typ: tar.TypeReg, body: "keep"},
+		{name: "x", typ: tar.TypeSymlink, link: "missing/../y"},
+	}, false))
+	wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSAFE", "")
+	if b, err := os.ReadFile(filepath.Join(dest, "x")); err != nil || string(b) != "keep" {
+		t.Errorf("x after the refused entry = %q, %v; want the earlier file", b, err)
+	}
+}

@@ -274,6 +274,20 @@ func (x *extraction) apply(name string, hdr *tar.Header, content io.Reader) erro
 // missing, after removing whatever non-directory is at name (tar replaces
 // entries).
 func (x *extraction) parentOf(name string) (int, string, error) {
+	parent, base, err := x.dirOf(name)
+	if err != nil {
+		return -1, "", err
+	}
+	if err := x.replace(parent, base, name); err != nil {
+		unix.Close(parent)
+		return -1, "", err
+	}
+	return parent, base, nil
+}
+
+// dirOf returns an O_PATH descriptor of name's directory, made when
+// missing, and name's last component.
+func (x *extraction) dirOf(name string) (int, string, error) {
 	if name == "." {
 		return -1, "", pathError("extract", x.b.path, unix.EISDIR)
 	}
@@ -281,12 +295,15 @@ func (x *extraction) parentOf(name string) (int, string, error) {
 	if err != nil {
 		return -1, "", err
 	}
-	base := path.Base(name)
+	return parent, path.Base(name), nil
+}
+
+// replace removes whatever non-directory is at base in parent.
+func (x *extraction) replace(parent int, base, name string) error {
 	if err := unix.Unlinkat(parent, base, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		unix.Close(parent)
-		return -1, "", pathError("replace", x.b.full(name), err)
+		return pathError("replace", x.b.full(name), err)
 	}
-	return parent, base, nil
+	return nil
 }
 
 func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error {
@@ -348,7 +365,7 @@ func (x *extraction) symlink(name string, hdr *tar.Header) error {
 		ups++
 		rest = strings.TrimPrefix(strings.TrimPrefix(rest, ".."), "/")
 	}
-	parent, base, err := x.parentOf(name)
+	parent, base, err := x.dirOf(name)
 	if err != nil {
 		return err
 	}
@@ -371,6 +388,9 @@ func (x *extraction) symlink(name string, hdr *tar.Header) error {
 		if !within {
 			return leadsOut
 		}
+	}
+	if err := x.replace(parent, base, name); err != nil {
+		return err
 	}
 	if err := unix.Symlinkat(t, parent, base); err != nil {
 		return pathError("symlink", x.b.full(name), err)
