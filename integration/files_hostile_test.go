@@ -200,3 +200,43 @@ func TestConcurrentWritersSamePath(t *testing.T) {
 		t.Errorf("/workspace/c holds %q, want only the file", left)
 	}
 }
+
+// TestListDirLargeTree lists, recursively, 10 000 files whose paths are
+// nearly PATH_MAX long (each FileInfo carries its path twice: about 80 MB
+// in all) in a sandbox limited to 64 MiB: the listing must arrive whole,
+// and the agent (PID 1) must survive it, so it cannot hold the whole
+// listing in memory at once.
+func TestListDirLargeTree(t *testing.T) {
+	need(t)
+	c := dialClient(t, env.berthdAddr)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{MemoryBytes: 64 << 20}})
+	const depth, files = 15, 10_000
+	var dir string
+	for i := range depth {
+		dir += fmt.Sprintf("%02d%s/", i, strings.Repeat("n", 248))
+	}
+	var buf bytes.Buffer
+	zw := gzip.NewWriter(&buf)
+	tw := tar.NewWriter(zw)
+	for f := range files {
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("%s%05d%s", dir, f, strings.Repeat("f", 200)), Mode: 0o644}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tw.Close()
+	zw.Close()
+	if _, err := c.Upload(fileCtx(t), sb.GetId(), "/workspace/t", &buf); err != nil {
+		t.Fatalf("Upload of the tree: %v", err)
+	}
+	entries, errs, err := c.ListDir(fileCtx(t), sb.GetId(), "/workspace/t", depth+1)
+	if err != nil || len(errs) != 0 {
+		t.Fatalf("ListDir of %d entries: %v, errors %v", depth+files, err, errs)
+	}
+	if len(entries) != depth+files || len(entries[len(entries)-1].GetPath()) < 3900 {
+		t.Errorf("ListDir = %d entries, want %d with paths of about 4000 bytes", len(entries), depth+files)
+	}
+	after, err := c.GetSandbox(fileCtx(t), sb.GetId())
+	if err != nil || after.GetRuntime().GetAgentBootId() != sb.GetRuntime().GetAgentBootId() {
+		t.Errorf("after the listing the sandbox runs %v (%v), want the same agent %s", after.GetRuntime(), err, sb.GetRuntime().GetAgentBootId())
+	}
+}

@@ -28,6 +28,10 @@ const chunkBytes = 64 << 10
 // listBatch is the most entries one ListDirResponse carries.
 const listBatch = 1000
 
+// listBatchBytes is about the most bytes of entries one ListDirResponse
+// carries, well below gRPC's default 4 MiB message limit.
+const listBatchBytes = 1 << 20
+
 // Config configures a Service. Zero fields take the defaults named.
 type Config struct {
 	// UID and GID are the workload user whose permissions file operations
