@@ -6,6 +6,7 @@ import (
 	"compress/gzip"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -201,7 +202,7 @@ func TestConcurrentWritersSamePath(t *testing.T) {
 	}
 }
 
-// TestListDirLargeTree lists, recursively, 10 000 files whose paths are
+// TestListDirLargeTree lists and downloads, recursively, 10 000 files whose paths are
 // nearly PATH_MAX long (each FileInfo carries its path twice: about 80 MB
 // in all) in a sandbox limited to 64 MiB: the listing must arrive whole,
 // and the agent (PID 1) must survive it, so it cannot hold the whole
@@ -235,8 +236,13 @@ func TestListDirLargeTree(t *testing.T) {
 	if len(entries) != depth+files || len(entries[len(entries)-1].GetPath()) < 3900 {
 		t.Errorf("ListDir = %d entries, want %d with paths of about 4000 bytes", len(entries), depth+files)
 	}
+	// Download walks the same tree: it must not hold it either.
+	summary, err := c.Download(fileCtx(t), sb.GetId(), "/workspace/t", io.Discard)
+	if err != nil || summary.GetEntries() != depth+files {
+		t.Errorf("Download of the tree = %v, %v; want %d entries", summary, err, depth+files)
+	}
 	after, err := c.GetSandbox(fileCtx(t), sb.GetId())
 	if err != nil || after.GetRuntime().GetAgentBootId() != sb.GetRuntime().GetAgentBootId() {
-		t.Errorf("after the listing the sandbox runs %v (%v), want the same agent %s", after.GetRuntime(), err, sb.GetRuntime().GetAgentBootId())
+		t.Errorf("after the listing and download the sandbox runs %v (%v), want the same agent %s", after.GetRuntime(), err, sb.GetRuntime().GetAgentBootId())
 	}
 }

@@ -50,8 +50,9 @@ type Config struct {
 	// before any byte moves. Default 16 GiB.
 	MaxArchiveBytes uint64
 	// MaxListEntries caps the entries of one ListDir or Download, refused
-	// (LIST_TOO_LARGE) before any entry is sent, and of one Upload, refused
-	// at the first entry past it. Default 200 000.
+	// (LIST_TOO_LARGE) before any entry is sent (or at the entry past it
+	// when the tree grows while it is sent), and of one Upload, refused at
+	// the first entry past it. Default 200 000.
 	MaxListEntries int
 	// Logger receives operational errors; never file contents. Default
 	// slog.Default().
