@@ -25,9 +25,9 @@ type FleetBusyError struct {
 
 // UnreachableError means the sandbox's agent did not answer within berthd's
 // connect budget, or its task does not run (codes.Unavailable,
-// ReasonUnreachable). Detail.Cause says which. Unless Detail.Admitted says
-// otherwise nothing ran, and a Client with WithRetry retries the call with
-// jittered backoff.
+// ReasonUnreachable). Detail.Cause says which. When Detail.Admitted is
+// ADMITTED_NOT_STARTED nothing ran, and a Client with WithRetry retries the
+// call with jittered backoff; otherwise the call may have taken effect.
 type UnreachableError struct {
 	*baseError
 	// Detail gives the cause, whether the task runs, the last known
@@ -84,13 +84,12 @@ func (e *FleetBusyError) Delay() time.Duration {
 	return 0
 }
 
-// NothingRan reports whether berthd says the failed call ran nothing.
+// NothingRan reports whether berthd says the failed call ran nothing
+// (Detail.Admitted is ADMITTED_NOT_STARTED). A status that does not say,
+// without the detail or with admitted unspecified, may have run: retrying
+// it could run a command twice.
 func (e *UnreachableError) NothingRan() bool {
-	switch e.Detail.GetAdmitted() {
-	case berthv1.Admitted_ADMITTED_NOT_STARTED, berthv1.Admitted_ADMITTED_UNSPECIFIED:
-		return true
-	}
-	return false
+	return e.Detail.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
 }
 
 // IsRetryable reports whether err is a condition that is safe to retry as

@@ -146,6 +146,36 @@ func TestConditionWithoutDetail(t *testing.T) {
 	}
 }
 
+// TestUnreachableWithoutAdmitted checks that an UNREACHABLE status that
+// does not say whether the call took effect (no detail, or admitted left
+// unspecified) is not taken to mean that nothing ran: a retry could run a
+// command twice, so it is neither retryable nor retried.
+func TestUnreachableWithoutAdmitted(t *testing.T) {
+	for name, st := range map[string]error{
+		"no detail":            rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, "agent gone", nil),
+		"admitted unspecified": unreachableStatus("sb", berthv1.Admitted_ADMITTED_UNSPECIFIED),
+		"admitted unknown":     unreachableStatus("sb", berthv1.Admitted_ADMITTED_UNKNOWN),
+		"admitted and started": unreachableStatus("sb", berthv1.Admitted_ADMITTED_STARTED),
+	} {
+		t.Run(name, func(t *testing.T) {
+			fake := newScriptedBerthd()
+			fake.fail("sb", st, st, st)
+			c := scriptedClient(t, fake, client.WithRetry(client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Millisecond}))
+			_, err := c.Run(t.Context(), "sb", &berthv1.ProcessSpec{Argv: []string{"true"}})
+			var e *client.UnreachableError
+			if !errors.As(err, &e) {
+				t.Fatalf("Run = %v (%T), want an *UnreachableError", err, err)
+			}
+			if e.NothingRan() || client.IsRetryable(err) {
+				t.Errorf("NothingRan() = %v, IsRetryable = %v for %v; want both false", e.NothingRan(), client.IsRetryable(err), e.Detail)
+			}
+			if n := fake.callsTo("sb"); n != 1 {
+				t.Errorf("berthd saw %d calls, want 1: the retry policy retried a call that may have run", n)
+			}
+		})
+	}
+}
+
 // TestRetryPolicy checks what the retry policy retries, how long it waits,
 // and that it stops at the context's end and at MaxAttempts.
 func TestRetryPolicy(t *testing.T) {

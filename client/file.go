@@ -27,6 +27,17 @@ const (
 	ReasonFileChanged       = "FILE_CHANGED"          // ABORTED: the file changed while it was read; what was written is incomplete
 	ReasonTarEntryUnsafe    = "TAR_ENTRY_UNSAFE"      // INVALID_ARGUMENT: an archive entry would escape its directory; Metadata["entry"] names it
 	ReasonTarEntryInvalid   = "TAR_ENTRY_UNSUPPORTED" // INVALID_ARGUMENT: an archive entry of a type berth does not extract
+	ReasonArchiveInvalid    = "ARCHIVE_INVALID"       // INVALID_ARGUMENT: the upload is not a readable tar (or gzip) stream
+	ReasonNotRegularFile    = "NOT_A_REGULAR_FILE"    // FAILED_PRECONDITION: a read or write of a device, FIFO or socket
+	ReasonListTooLarge      = "LIST_TOO_LARGE"        // FAILED_PRECONDITION: a listing, download or upload has more entries than the agent's cap
+	ReasonSymlinkLoop       = "SYMLINK_LOOP"          // FAILED_PRECONDITION: too many symlinks in the path
+	ReasonCrossDevice       = "CROSS_DEVICE"          // FAILED_PRECONDITION: a rename across file systems
+	ReasonReadOnlyFS        = "READ_ONLY_FILESYSTEM"  // FAILED_PRECONDITION: the file system is read-only
+	ReasonFileBusy          = "FILE_BUSY"             // FAILED_PRECONDITION: the path is in use, e.g. a mount point
+	ReasonNoSpace           = "NO_SPACE"              // RESOURCE_EXHAUSTED: the file system is full
+	// ReasonWorkloadUserUnavailable (FAILED_PRECONDITION): the agent cannot
+	// act as the sandbox's workload user; nothing was done.
+	ReasonWorkloadUserUnavailable = "WORKLOAD_USER_UNAVAILABLE"
 )
 
 // FileOption configures the file transfers: WriteFile, ReadFile, Upload

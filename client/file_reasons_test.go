@@ -20,6 +20,15 @@ func TestFileReasonsMatchAgent(t *testing.T) {
 		{ReasonFileChanged, rpcstatus.ReasonFileChanged},
 		{ReasonTarEntryUnsafe, rpcstatus.ReasonTarEntryUnsafe},
 		{ReasonTarEntryInvalid, rpcstatus.ReasonTarEntryInvalid},
+		{ReasonArchiveInvalid, rpcstatus.ReasonArchiveInvalid},
+		{ReasonNotRegularFile, rpcstatus.ReasonNotRegularFile},
+		{ReasonListTooLarge, rpcstatus.ReasonListTooLarge},
+		{ReasonSymlinkLoop, rpcstatus.ReasonSymlinkLoop},
+		{ReasonCrossDevice, rpcstatus.ReasonCrossDevice},
+		{ReasonReadOnlyFS, rpcstatus.ReasonReadOnlyFS},
+		{ReasonFileBusy, rpcstatus.ReasonFileBusy},
+		{ReasonNoSpace, rpcstatus.ReasonNoSpace},
+		{ReasonWorkloadUserUnavailable, rpcstatus.ReasonAgentCannotActAsUser},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

@@ -168,7 +168,7 @@ func reattach(t *testing.T, c *conformance) {
 		t.Errorf("attach at the last seq = %d outputs, result %v; want none and the result", len(none.outputs), none.result)
 	}
 	err := openExec(t, env.sandboxes, attachReq(c.sb, id, all.lastSeq+1), all.lastSeq+1).failure()
-	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "since_seq")
+	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "attach.since_seq")
 }
 
 func attachUnknown(t *testing.T, c *conformance) {
@@ -727,18 +727,18 @@ func validation(t *testing.T, c *conformance) {
 		field    string
 		contains string // the value, quoted as in the message
 	}{
-		{"empty argv", &berthv1.ProcessSpec{}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.argv", "is empty"},
-		{"empty program", &berthv1.ProcessSpec{Argv: []string{""}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.argv[0]", "is empty"},
-		{"NUL in argv", &berthv1.ProcessSpec{Argv: []string{"echo", "a\x00b"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.argv[1]", `"a\x00b"`},
-		{"NUL in shell command", &berthv1.ProcessSpec{ShellCommand: "echo \x00"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.shell_command", "NUL"},
-		{"env key with =", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A=B": "v"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.env", `"A=B"`},
-		{"env key with NUL", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A\x00": "v"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.env", `"A\x00"`},
-		{"empty env key", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"": "v"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.env", "empty key"},
-		{"NUL in env value", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"K": "a\x00"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.env[K]", "NUL"},
-		{"relative cwd", &berthv1.ProcessSpec{Argv: []string{"true"}, Cwd: "tmp"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.cwd", `"tmp"`},
+		{"empty argv", &berthv1.ProcessSpec{}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.argv", "is empty"},
+		{"empty program", &berthv1.ProcessSpec{Argv: []string{""}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.argv[0]", "is empty"},
+		{"NUL in argv", &berthv1.ProcessSpec{Argv: []string{"echo", "a\x00b"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.argv[1]", `"a\x00b"`},
+		{"NUL in shell command", &berthv1.ProcessSpec{ShellCommand: "echo \x00"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.shell_command", "NUL"},
+		{"env key with =", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A=B": "v"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.env", `"A=B"`},
+		{"env key with NUL", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A\x00": "v"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.env", `"A\x00"`},
+		{"empty env key", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"": "v"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.env", "empty key"},
+		{"NUL in env value", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"K": "a\x00"}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.env[K]", "NUL"},
+		{"relative cwd", &berthv1.ProcessSpec{Argv: []string{"true"}, Cwd: "tmp"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.cwd", `"tmp"`},
 		{"missing cwd", &berthv1.ProcessSpec{Argv: []string{"true"}, Cwd: "/no/such/dir"}, codes.FailedPrecondition, rpcstatus.ReasonCwdInvalid, "", `"/no/such/dir" does not exist`},
 		{"cwd is a file", &berthv1.ProcessSpec{Argv: []string{"true"}, Cwd: "/etc/passwd"}, codes.FailedPrecondition, rpcstatus.ReasonCwdInvalid, "", `"/etc/passwd" is not a directory`},
-		{"tty of 0 rows", &berthv1.ProcessSpec{Argv: []string{"true"}, Tty: &berthv1.TtySize{Cols: 80}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "process.tty.rows", "0 is outside"},
+		{"tty of 0 rows", &berthv1.ProcessSpec{Argv: []string{"true"}, Tty: &berthv1.TtySize{Cols: 80}}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.tty.rows", "0 is outside"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -400,6 +400,21 @@ func TestUnreachableWhenAgentStopped(t *testing.T) {
 		})
 	})
 
+	// File operations reach the agent the same way: none hangs until the
+	// caller's deadline.
+	t.Run("stat", func(t *testing.T) {
+		check(t, func() error {
+			_, err := c.Stat(ctx, id, "/workspace")
+			return err
+		})
+	})
+	t.Run("write", func(t *testing.T) {
+		check(t, func() error {
+			_, err := c.WriteFile(ctx, id, "/workspace/ran", strings.NewReader("ran"))
+			return err
+		})
+	})
+
 	signalAgent(t, rt.GetTaskPid(), syscall.SIGCONT)
 	continued = true
 	res, err := c.Run(ctx, id, &berthv1.ProcessSpec{ShellCommand: "test -e /workspace/ran && echo ran || echo nothing"})

@@ -49,7 +49,7 @@ func TestCreateExecDelete(t *testing.T) {
 		t.Errorf("ListSandboxes(team=berth) = %v, want only %s", listed.GetSandboxes(), id)
 	}
 
-	hostDir := strings.TrimSuffix(env.rt.SocketPath(id), "/agent.sock")
+	hostDir := strings.TrimSuffix(env.rt.SocketPath(id), "/run/agent.sock")
 	if _, err := os.Stat(hostDir); err != nil {
 		t.Fatalf("host directory %s before delete: %v", hostDir, err)
 	}

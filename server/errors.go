@@ -43,7 +43,13 @@ func (e *unreachableError) Error() string {
 	case berthv1.Admitted_ADMITTED_STARTED:
 		b.WriteString("; the exec had started and may still run")
 	case berthv1.Admitted_ADMITTED_UNKNOWN:
-		b.WriteString("; the start reached the agent, whether it ran is unknown")
+		if e.execID == "" {
+			// A file operation: nothing was started, but it may have
+			// been done.
+			b.WriteString("; the request reached the agent, whether it took effect is unknown")
+		} else {
+			b.WriteString("; the start reached the agent, whether it ran is unknown")
+		}
 	default:
 		b.WriteString("; nothing ran")
 	}
@@ -162,13 +168,15 @@ func (e *staleHandleError) detail() *berthv1.StaleHandle {
 // one place where domain errors become codes: statuses that already carry a
 // berth ErrorInfo (built by a handler or by the agent) pass unchanged, and
 // anything unclassified becomes INTERNAL with its cause logged under an
-// incident id that the message names, never passed through. meta names what
-// the request was about, e.g. the sandbox id.
+// incident id that the message names, never passed through. An agent's own
+// INTERNAL status is unclassified too: its text is the agent's, not the
+// caller's to read. meta names what the request was about, e.g. the
+// sandbox id.
 func (s *Service) toStatus(ctx context.Context, err error, meta map[string]string) error {
 	if err == nil {
 		return nil
 	}
-	if rpcstatus.Reason(err) != "" {
+	if r := rpcstatus.Reason(err); r != "" && r != rpcstatus.ReasonInternal && status.Code(err) != codes.Internal {
 		return err
 	}
 	msg := err.Error()

@@ -105,6 +105,38 @@ func TestToStatus(t *testing.T) {
 	})
 }
 
+// TestToStatusAgentInternal passes an agent's INTERNAL status (an errno
+// the agent could not classify, with its raw text) through toStatus: it is
+// an incident like any unclassified failure, its text logged, never sent.
+func TestToStatusAgentInternal(t *testing.T) {
+	var logged bytes.Buffer
+	s := &Service{log: slog.New(slog.NewTextHandler(&logged, nil))}
+	agentErr := rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "read /workspace/x: input/output error", map[string]string{"path": "/workspace/x"})
+	for _, err := range []error{agentErr, agentError("sb", agentErr), status.Error(codes.Internal, "grpc: error while marshaling")} {
+		logged.Reset()
+		st := status.Convert(s.toStatus(context.Background(), err, map[string]string{"sandbox_id": "sb"}))
+		var info *errdetails.ErrorInfo
+		for _, d := range st.Details() {
+			if i, ok := d.(*errdetails.ErrorInfo); ok {
+				info = i
+			}
+		}
+		id := info.GetMetadata()["incident"]
+		if st.Code() != codes.Internal || info.GetReason() != rpcstatus.ReasonInternal || id == "" || !strings.Contains(st.Message(), id) {
+			t.Errorf("toStatus(%v) = %v %q %v, want INTERNAL naming an incident", err, st.Code(), st.Message(), info)
+		}
+		if strings.Contains(st.Message(), "input/output") || strings.Contains(st.Message(), "marshaling") {
+			t.Errorf("toStatus(%v) message %q passes the agent's text through", err, st.Message())
+		}
+		if info.GetMetadata()["sandbox_id"] != "sb" {
+			t.Errorf("toStatus(%v) metadata %v, want the sandbox named", err, info.GetMetadata())
+		}
+		if !strings.Contains(logged.String(), id) || !strings.Contains(logged.String(), status.Convert(err).Message()) {
+			t.Errorf("log %q lacks incident %s or the agent's text", logged.String(), id)
+		}
+	}
+}
+
 func TestConditionMessages(t *testing.T) {
 	rt := identity{BootID: boot(1), TaskPID: 42}
 	tests := []struct {
@@ -117,6 +149,10 @@ func TestConditionMessages(t *testing.T) {
 			[]string{"sandbox sb", "did not answer", "nothing ran"}},
 		{&unreachableError{sandboxID: "sb", what: "the stream broke", admitted: berthv1.Admitted_ADMITTED_STARTED},
 			[]string{"had started"}},
+		{&unreachableError{sandboxID: "sb", execID: "ex", what: "the stream broke", admitted: berthv1.Admitted_ADMITTED_UNKNOWN},
+			[]string{"the start reached the agent"}},
+		{agentError("sb", status.Error(codes.Unavailable, "connection reset")),
+			[]string{"sandbox sb", "connection reset", "the request reached the agent, whether it took effect is unknown"}},
 		{&runtimeReplacedError{sandboxID: "sb", execID: "ex", cause: berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED, before: rt, exitStatus: 137, oomKilled: true, after: identity{BootID: boot(2), TaskPID: 43}},
 			[]string{"sandbox sb", "task exited with status 137", "OOM", "exec ex", "processes are gone", "task pid 43"}},
 		{&runtimeReplacedError{sandboxID: "sb", execID: "ex", cause: berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED, before: rt, restarting: true},

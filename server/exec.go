@@ -109,7 +109,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 				// The agent ends a background start after started.
 				return nil
 			}
-			return s.toStatus(ctx, guard.failed(ctx, err), meta)
+			return s.toStatus(ctx, publicExecFields(guard.failed(ctx, err), isStart), meta)
 		}
 		guard.seen(msg)
 		if !setEvent(resp, msg) {

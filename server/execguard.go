@@ -59,10 +59,12 @@ type execGuard struct {
 
 	cancel      context.CancelFunc
 	watcherDone chan struct{}
+	answeredCh  chan struct{} // closed with answered
 
 	mu       sync.Mutex
 	sent     bool // the opening message was sent to the agent
 	answered bool // the agent sent its first event
+	refused  bool // the agent ended the stream with its own error before any event
 	started  bool // ExecStarted came back
 	exited   bool // ExecExited came back
 	noAnswer bool // the agent sent nothing within the connect budget
@@ -85,7 +87,7 @@ func (s *Service) guardExec(ctx context.Context, sandboxID, execID string, start
 	}
 	s.events.expect(w, id.TaskPID)
 	g := &execGuard{s: s, sandboxID: sandboxID, execID: execID, start: start, began: began,
-		agent: agent, runtime: id, watch: w, fired: s.events.firedChan(w)}
+		agent: agent, runtime: id, watch: w, fired: s.events.firedChan(w), answeredCh: make(chan struct{})}
 	prev, known := s.ids.execRuntime(sandboxID, execID)
 	switch {
 	case known && prev.BootID != id.BootID:
@@ -104,11 +106,17 @@ func (s *Service) guardExec(ctx context.Context, sandboxID, execID string, start
 	return g, nil
 }
 
-// streamContext returns the context for the agent stream. It ends with ctx,
-// when the sandbox's task exits, when the agent does not answer the opening
-// message within the connect budget, and on g.cancel.
+// streamContext returns the context for the agent stream. It ends when the
+// sandbox's task exits, when the agent does not answer the opening message
+// within the connect budget, on g.cancel, and when ctx ends, with one
+// exception: a start whose caller leaves before the agent's first answer
+// keeps its stream until that answer (at most the connect budget), so that
+// berthd learns whether the exec runs and keeps counting it if it does.
+// Ending the stream at once would leave a process running that no one
+// counts: a caller could then start any number of execs past the capacity
+// limits by canceling each start early.
 func (g *execGuard) streamContext(ctx context.Context) context.Context {
-	actx, cancel := context.WithCancel(ctx)
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.cancel = cancel
 	g.watcherDone = make(chan struct{})
 	go func() {
@@ -116,8 +124,22 @@ func (g *execGuard) streamContext(ctx context.Context) context.Context {
 		select {
 		case <-g.fired:
 			cancel()
+			return
 		case <-actx.Done():
+			return
+		case <-ctx.Done():
 		}
+		if g.start {
+			t := time.NewTimer(g.s.cfg.ConnectBudget)
+			select {
+			case <-g.answeredCh:
+			case <-g.fired:
+			case <-actx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+		cancel()
 	}()
 	return actx
 }
@@ -145,6 +167,7 @@ func (g *execGuard) seen(msg *agentv1.ExecResponse) {
 	defer g.mu.Unlock()
 	if !g.answered {
 		g.answered = true
+		close(g.answeredCh)
 		if g.timer != nil {
 			g.timer.Stop()
 		}
@@ -199,6 +222,9 @@ func (g *execGuard) failed(ctx context.Context, err error) error {
 		if reason == rpcstatus.ReasonUnreachable {
 			return g.unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_STOPPING, "the agent is shutting down: "+grpcMessage(err))
 		}
+		g.mu.Lock()
+		g.refused = !g.answered
+		g.mu.Unlock()
 		return err // the agent's own verdict: EXEC_NOT_FOUND, INVALID_ARGUMENT, ...
 	}
 	// A transport failure, or an end without a result: find out whether the
@@ -302,7 +328,10 @@ func (g *execGuard) close() {
 	if g.timer != nil {
 		g.timer.Stop()
 	}
-	runsOn := g.started && !g.exited
+	// A start sent without an answer may run: the follower finds out, and
+	// frees the place when the agent does not know the exec.
+	maybeRuns := g.start && g.sent && !g.answered && !g.refused
+	runsOn := (g.started || maybeRuns) && !g.exited
 	since := g.lastSeq
 	g.mu.Unlock()
 	_, _, gone := g.s.events.result(g.watch)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -28,19 +27,18 @@ var _ berthv1.FileServiceServer = (*fileServer)(nil)
 // NewGRPCServer.
 func (s *Service) FileService() berthv1.FileServiceServer { return &fileServer{s: s} }
 
-// filesFor returns the FileService client of a running sandbox's agent.
+// filesFor returns the FileService client of a running sandbox's agent,
+// once the agent answered within the connect budget as for an exec (see
+// reach): a stopped or hung agent is SANDBOX_UNREACHABLE with nothing sent,
+// not a request that hangs until the caller's deadline.
 func (f *fileServer) filesFor(ctx context.Context, sandboxID string) (agentv1.FileServiceClient, error) {
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
 		return nil, err
 	}
-	sb, err := f.s.rt.Get(ctx, sandboxID)
-	if err != nil {
+	if _, _, err := f.s.reach(ctx, sandboxID, ""); err != nil {
 		return nil, f.s.toStatus(ctx, err, map[string]string{"sandbox_id": sandboxID})
 	}
-	if !sb.Running {
-		return nil, f.s.toStatus(ctx, fmt.Errorf("%w: the task of sandbox %s is not running", errAgentUnreachable, sandboxID), map[string]string{"sandbox_id": sandboxID})
-	}
-	files, err := f.s.agents.Files(sb.SocketPath)
+	files, err := f.s.agents.Files(f.s.rt.SocketPath(sandboxID))
 	if err != nil {
 		return nil, f.s.toStatus(ctx, err, map[string]string{"sandbox_id": sandboxID})
 	}

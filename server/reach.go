@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"time"
 
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc"
 )
@@ -49,9 +49,14 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 		if !sb.Running {
 			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED, "the sandbox's task is not running")
 		}
-		if _, err := os.Stat(sb.SocketPath); errors.Is(err, fs.ErrNotExist) {
+		switch err := agentconn.CheckSocket(sb.SocketPath); {
+		case errors.Is(err, fs.ErrNotExist):
 			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_SOCKET_MISSING,
 				"the agent's socket does not exist: the agent has not started listening")
+		case errors.Is(err, agentconn.ErrNotSocket):
+			// Something in the sandbox replaced it: berthd never follows it.
+			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_SOCKET_MISSING,
+				"the agent's socket was replaced by something that is not a socket (berthd does not follow symlinks there)")
 		}
 		return nil
 	}

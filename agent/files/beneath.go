@@ -120,3 +120,54 @@ func (b *beneath) mkdirAll(rel string) (int, error) {
 	}
 	return b.dir(rel)
 }
+
+// climbs reports whether n ".." steps up from the directory open at dir
+// stay within the directory b resolves beneath: whether b's directory is
+// reached in fewer than n steps (then the n-th step leaves it) is checked
+// by comparing device and inode numbers, step by step.
+func (b *beneath) climbs(dir, n int) (bool, error) {
+	var root unix.Stat_t
+	if err := unix.Fstat(b.fd, &root); err != nil {
+		return false, err
+	}
+	cur, err := unix.Dup(dir)
+	if err != nil {
+		return false, err
+	}
+	defer func() { unix.Close(cur) }()
+	for range n {
+		var st unix.Stat_t
+		if err := unix.Fstat(cur, &st); err != nil {
+			return false, err
+		}
+		if st.Dev == root.Dev && st.Ino == root.Ino {
+			return false, nil
+		}
+		up, err := unix.Openat(cur, "..", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return false, err
+		}
+		unix.Close(cur)
+		cur = up
+	}
+	return true, nil
+}
+
+// realDirs reports whether rel, resolved from the directory open at dir,
+// goes through directories only, no symlink, and stays beneath dir
+// (openat2(2) RESOLVE_NO_SYMLINKS|RESOLVE_BENEATH). Without openat2 it
+// reports false.
+func (b *beneath) realDirs(dir int, rel string) bool {
+	if b.fallback {
+		return false
+	}
+	fd, err := unix.Openat2(dir, rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return false
+	}
+	unix.Close(fd)
+	return true
+}

@@ -16,10 +16,13 @@ import (
 )
 
 // Download archives a directory's contents (or one file) as a pax tar
-// stream, as the workload user. The tree is walked first, not following
-// symlinks, so that the caps are checked before any byte is sent; then each
-// regular file is opened (O_NOFOLLOW), its header written from fstat(2) and
-// exactly that many bytes copied, or the stream fails with FILE_CHANGED.
+// stream, as the workload user. The tree is walked twice, not following
+// symlinks: first counting entries and content bytes, so that the caps are
+// checked before any byte is sent, then writing each entry as it is
+// reached, so that the agent holds one entry at a time, not the tree. Each
+// regular file is opened (O_NOFOLLOW), its header written from fstat(2)
+// and exactly that many bytes copied, or the stream fails with
+// FILE_CHANGED.
 func (s *Service) Download(req *agentv1.DownloadRequest, stream agentv1.FileService_DownloadServer) error {
 	path, err := cleanPath("path", req.GetPath())
 	if err != nil {
@@ -32,25 +35,30 @@ func (s *Service) Download(req *agentv1.DownloadRequest, stream agentv1.FileServ
 		return invalid("compression", fmt.Sprintf("unknown compression %d", c))
 	}
 	return s.toStatus(s.asUser(func() error {
-		d := &download{s: s, root: path, seen: make(map[devIno]string)}
-		if err := d.gather(); err != nil {
+		count := &download{s: s, root: path, seen: make(map[devIno]bool)}
+		if err := count.walkRoot(count.count); err != nil {
 			return err
 		}
+		d := &download{s: s, root: path, seen: make(map[devIno]bool)}
 		return d.send(stream, c == berthv1.Compression_COMPRESSION_GZIP)
 	}))
 }
 
 type devIno struct{ dev, ino uint64 }
 
-// download is one Download: what to archive, then the archive.
+// download is one pass of a Download walk.
 type download struct {
 	s       *Service
 	root    string
-	single  bool // root is a file: one entry named by its base name
-	entries []dlEntry
+	n       int             // entries walked
+	total   uint64          // content bytes walked, each multiply-linked file once
+	seen    map[devIno]bool // multiply-linked files walked
 	skipped [][]byte
-	total   uint64
-	seen    map[devIno]string // first name of each multiply-linked file
+
+	// The sending pass.
+	tw      *tar.Writer
+	linked  map[devIno]string // first name archived of each multiply-linked file
+	summary *berthv1.DownloadSummary
 }
 
 type dlEntry struct {
@@ -58,10 +66,12 @@ type dlEntry struct {
 	full   string // path in the sandbox
 	st     unix.Stat_t
 	target string // symlink target
+	single bool   // the downloaded path is this file
 }
 
-// gather walks what is to be archived and checks the caps.
-func (d *download) gather() error {
+// walkRoot walks what is to be archived, calling visit for each entry in
+// archive order.
+func (d *download) walkRoot(visit func(*dlEntry) error) error {
 	var st unix.Stat_t
 	if err := unix.Stat(d.root, &st); err != nil {
 		return pathError("stat", d.root, err)
@@ -70,19 +80,16 @@ func (d *download) gather() error {
 		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return &notRegularError{d.root, typeName(st.Mode)}
 		}
-		d.single = true
-		d.total = uint64(st.Size)
-		d.entries = []dlEntry{{rel: filepath.Base(d.root), full: d.root, st: st}}
-		return d.checkTotal()
+		return visit(&dlEntry{rel: filepath.Base(d.root), full: d.root, st: st, single: true})
 	}
 	fd, err := unix.Open(d.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return pathError("open directory", d.root, err)
 	}
-	return d.walk(fd, "")
+	return d.walk(fd, "", visit)
 }
 
-func (d *download) walk(fd int, rel string) error {
+func (d *download) walk(fd int, rel string, visit func(*dlEntry) error) error {
 	defer unix.Close(fd)
 	dir := filepath.Join(d.root, rel)
 	names, err := readDirNames(fd)
@@ -91,7 +98,7 @@ func (d *download) walk(fd int, rel string) error {
 	}
 	sortBytes(names)
 	for _, name := range names {
-		e := dlEntry{rel: filepath.Join(rel, name), full: filepath.Join(dir, name)}
+		e := &dlEntry{rel: filepath.Join(rel, name), full: filepath.Join(dir, name)}
 		if err := unix.Fstatat(fd, name, &e.st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			continue // removed since it was read
 		}
@@ -103,27 +110,16 @@ func (d *download) walk(fd int, rel string) error {
 			if e.target, err = readlink(fd, name); err != nil {
 				return pathError("readlink", e.full, err)
 			}
-		case unix.S_IFREG:
-			if e.st.Nlink <= 1 || d.seen[devIno{e.st.Dev, e.st.Ino}] == "" {
-				d.total += uint64(e.st.Size)
-			}
-			if e.st.Nlink > 1 && d.seen[devIno{e.st.Dev, e.st.Ino}] == "" {
-				d.seen[devIno{e.st.Dev, e.st.Ino}] = e.rel
-			}
 		}
-		if len(d.entries) >= d.s.cfg.MaxListEntries {
-			return &tooLargeError{path: d.root, what: fmt.Sprintf("an archive of more than %d entries", d.s.cfg.MaxListEntries), limit: uint64(d.s.cfg.MaxListEntries), reason: rpcstatus.ReasonListTooLarge, flag: "max-list-entries"}
-		}
-		if err := d.checkTotal(); err != nil {
+		if err := visit(e); err != nil {
 			return err
 		}
-		d.entries = append(d.entries, e)
 		if e.st.Mode&unix.S_IFMT == unix.S_IFDIR {
 			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return pathError("open directory", e.full, err)
 			}
-			if err := d.walk(sub, e.rel); err != nil {
+			if err := d.walk(sub, e.rel, visit); err != nil {
 				return err
 			}
 		}
@@ -131,14 +127,29 @@ func (d *download) walk(fd int, rel string) error {
 	return nil
 }
 
-func (d *download) checkTotal() error {
+// count takes e into the entry and content caps; on the sending pass a cap
+// is crossed only when the tree grew since it was counted.
+func (d *download) count(e *dlEntry) error {
+	if d.n >= d.s.cfg.MaxListEntries {
+		return &tooLargeError{path: d.root, what: fmt.Sprintf("an archive of more than %d entries", d.s.cfg.MaxListEntries), limit: uint64(d.s.cfg.MaxListEntries), reason: rpcstatus.ReasonListTooLarge, flag: "max-list-entries"}
+	}
+	d.n++
+	if e.st.Mode&unix.S_IFMT == unix.S_IFREG {
+		key := devIno{e.st.Dev, e.st.Ino}
+		if e.st.Nlink <= 1 || !d.seen[key] {
+			d.total += uint64(e.st.Size)
+		}
+		if e.st.Nlink > 1 {
+			d.seen[key] = true
+		}
+	}
 	if limit := d.s.cfg.MaxArchiveBytes; d.total > limit {
 		return &tooLargeError{path: d.root, what: fmt.Sprintf("an archive of %d content bytes", d.total), limit: limit, reason: rpcstatus.ReasonFileTooLarge, flag: "max-archive-bytes"}
 	}
 	return nil
 }
 
-// send writes the archive to the stream.
+// send walks again and writes the archive to the stream as it goes.
 func (d *download) send(stream agentv1.FileService_DownloadServer, compress bool) error {
 	out := &chunkSender{send: func(b []byte) error {
 		return stream.Send(&agentv1.DownloadResponse{Part: &agentv1.DownloadResponse_Chunk{Chunk: b}})
@@ -149,18 +160,25 @@ func (d *download) send(stream agentv1.FileService_DownloadServer, compress bool
 		zw = gzip.NewWriter(out)
 		w = zw
 	}
-	tw := tar.NewWriter(w)
-	summary := &berthv1.DownloadSummary{Skipped: d.skipped}
-	linked := make(map[devIno]string)
-	for _, e := range d.entries {
-		n, err := d.entry(tw, e, linked)
+	d.tw = tar.NewWriter(w)
+	d.linked = make(map[devIno]string)
+	d.summary = &berthv1.DownloadSummary{}
+	err := d.walkRoot(func(e *dlEntry) error {
+		if err := d.count(e); err != nil {
+			return err
+		}
+		n, err := d.entry(e)
 		if err != nil {
 			return err
 		}
-		summary.Entries++
-		summary.ContentBytes += n
+		d.summary.Entries++
+		d.summary.ContentBytes += n
+		return nil
+	})
+	if err != nil {
+		return err
 	}
-	if err := tw.Close(); err != nil {
+	if err := d.tw.Close(); err != nil {
 		return err
 	}
 	if zw != nil {
@@ -171,12 +189,14 @@ func (d *download) send(stream agentv1.FileService_DownloadServer, compress bool
 	if err := out.flush(); err != nil {
 		return err
 	}
-	summary.ArchiveBytes = out.n
-	return stream.Send(&agentv1.DownloadResponse{Part: &agentv1.DownloadResponse_Summary{Summary: summary}})
+	d.summary.ArchiveBytes = out.n
+	d.summary.Skipped = d.skipped
+	return stream.Send(&agentv1.DownloadResponse{Part: &agentv1.DownloadResponse_Summary{Summary: d.summary}})
 }
 
 // entry writes one entry and returns the content bytes it carried.
-func (d *download) entry(tw *tar.Writer, e dlEntry, linked map[devIno]string) (uint64, error) {
+func (d *download) entry(e *dlEntry) (uint64, error) {
+	tw, linked := d.tw, d.linked
 	hdr := header(e.rel, &e.st)
 	switch e.st.Mode & unix.S_IFMT {
 	case unix.S_IFDIR:
@@ -202,7 +222,7 @@ func (d *download) entry(tw *tar.Writer, e dlEntry, linked map[devIno]string) (u
 		return 0, tw.WriteHeader(hdr)
 	}
 	flags := unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY
-	if !d.single {
+	if !e.single {
 		flags |= unix.O_NOFOLLOW // a file swapped for a symlink is not followed
 	}
 	fd, err := unix.Open(e.full, flags, 0)

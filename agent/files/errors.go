@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -74,6 +75,23 @@ func (e *notRegularError) Error() string {
 	return fmt.Sprintf("%s is a %s, not a regular file", display(e.path), e.typ)
 }
 
+// openError describes a failed open(2) of path. ENXIO and ENODEV mean a
+// special file that cannot be opened (a unix socket, a FIFO without a
+// reader, a device without a driver): a *notRegularError naming its type,
+// like any other file that is not regular; anything else a *fs.PathError.
+func openError(path string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, unix.ENXIO) || errors.Is(err, unix.ENODEV) {
+		var st unix.Stat_t
+		if unix.Stat(path, &st) == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return &notRegularError{path, typeName(st.Mode)}
+		}
+	}
+	return pathError("open", path, err)
+}
+
 // invalid returns an INVALID_ARGUMENT status naming field.
 func invalid(field, description string) error {
 	return rpcstatus.InvalidArgument(field, description)
@@ -130,6 +148,13 @@ func (s *Service) toStatus(err error) error {
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, msg, meta(pathShown))
 	}
 	code, reason := errnoCode(errno)
+	if errno == unix.ENAMETOOLONG {
+		// Request paths are checked against NAME_MAX and PATH_MAX first;
+		// this is a path that grew too long in resolution (symlinks).
+		m := meta(pathShown)
+		m["field"] = "path"
+		return rpcstatus.Error(code, reason, msg, m, &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "path", Description: msg}}})
+	}
 	if code == codes.Internal {
 		s.log.Error("file operation failed", "err", msg)
 	}

@@ -28,6 +28,10 @@ const chunkBytes = 64 << 10
 // listBatch is the most entries one ListDirResponse carries.
 const listBatch = 1000
 
+// listBatchBytes is about the most bytes of entries one ListDirResponse
+// carries, well below gRPC's default 4 MiB message limit.
+const listBatchBytes = 1 << 20
+
 // Config configures a Service. Zero fields take the defaults named.
 type Config struct {
 	// UID and GID are the workload user whose permissions file operations
@@ -46,7 +50,9 @@ type Config struct {
 	// before any byte moves. Default 16 GiB.
 	MaxArchiveBytes uint64
 	// MaxListEntries caps the entries of one ListDir or Download, refused
-	// (LIST_TOO_LARGE) before any entry is sent. Default 200 000.
+	// (LIST_TOO_LARGE) before any entry is sent (or at the entry past it
+	// when the tree grows while it is sent), and of one Upload, refused at
+	// the first entry past it. Default 200 000.
 	MaxListEntries int
 	// Logger receives operational errors; never file contents. Default
 	// slog.Default().

@@ -1,6 +1,7 @@
 package files
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 
@@ -104,7 +105,25 @@ func cleanPath(field string, raw []byte) (string, error) {
 	case len(p) > unix.PathMax:
 		return "", invalid(field, "is longer than PATH_MAX (4096 bytes)")
 	}
+	if long := longComponent(p); long != "" {
+		return "", invalid(field, fmt.Sprintf("has a component of %d bytes (%s...); Linux names are at most 255 bytes (NAME_MAX)", len(long), quote(long[:16])))
+	}
 	return filepath.Clean(p), nil
+}
+
+// nameMax is NAME_MAX, the longest file name Linux file systems take, in
+// bytes.
+const nameMax = 255
+
+// longComponent returns the first slash-separated component of p longer
+// than NAME_MAX, or "".
+func longComponent(p string) string {
+	for part := range strings.SplitSeq(p, "/") {
+		if len(part) > nameMax {
+			return part
+		}
+	}
+	return ""
 }
 
 // quote renders a path for a message.

@@ -93,6 +93,12 @@ func mkdirAll(path string, mode uint32) (created []string, err error) {
 			m = mode
 		}
 		if err := mkdir(p, m); err != nil {
+			var st unix.Stat_t
+			if errors.Is(err, unix.EEXIST) && unix.Stat(p, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+				// Made meanwhile by someone else (a concurrent write with
+				// create_parents): there, as wanted, and not ours to undo.
+				continue
+			}
 			removeDirs(created)
 			return nil, err
 		}

@@ -24,7 +24,7 @@ func (s *Service) ReadFile(req *agentv1.ReadFileRequest, stream agentv1.FileServ
 	err = s.asUser(func() error {
 		// O_NONBLOCK: opening a FIFO must not hang; it is refused below.
 		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-		return pathError("open", path, err)
+		return openError(path, err)
 	})
 	if err != nil {
 		return s.toStatus(err)
@@ -44,6 +44,11 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 		return pathError("read", path, unix.EISDIR)
 	default:
 		return &notRegularError{path, typeName(first.Mode)}
+	}
+	if pseudo, err := isPseudoFS(fd); err != nil {
+		return pathError("fstatfs", path, err)
+	} else if pseudo {
+		return s.readPseudo(stream, fd, path, &first, offset, limit)
 	}
 	size := uint64(first.Size)
 	var length uint64
@@ -98,6 +103,76 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 	}
 	if last.Size != first.Size || last.Mtim != first.Mtim {
 		return &changedError{path, fmt.Sprintf("its size or modification time changed (size %d then %d)", first.Size, last.Size)}
+	}
+	return nil
+}
+
+// pseudoReadBytes caps what ReadFile takes of a file of a pseudo file
+// system, which it holds in memory: such files are generated text (a few
+// KiB as a rule).
+const pseudoReadBytes = 16 << 20
+
+// isPseudoFS reports whether the file open at fd is on a file system whose
+// files are generated when read, so that fstat(2) does not know their size
+// (0 on procfs, 4096 on sysfs): procfs, sysfs, cgroup, debugfs, tracefs,
+// securityfs (statfs(2) f_type).
+func isPseudoFS(fd int) (bool, error) {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return false, err
+	}
+	switch fs.Type {
+	case unix.PROC_SUPER_MAGIC, unix.SYSFS_MAGIC, unix.CGROUP_SUPER_MAGIC, unix.CGROUP2_SUPER_MAGIC,
+		unix.DEBUGFS_MAGIC, unix.TRACEFS_MAGIC, unix.SECURITYFS_MAGIC:
+		return true, nil
+	}
+	return false, nil
+}
+
+// readPseudo reads the range of a pseudo file (see isPseudoFS) into memory
+// first, at most pseudoReadBytes and the read cap, so that the header can
+// say exactly how many bytes follow, then sends it. One read(2) sequence
+// is one generation of the content: it is what the file said then.
+func (s *Service) readPseudo(stream agentv1.FileService_ReadFileServer, fd int, path string, st *unix.Stat_t, offset, limit uint64) error {
+	max := min(uint64(pseudoReadBytes), s.cfg.MaxReadBytes)
+	if limit > 0 && limit < max {
+		max = limit
+	}
+	var data []byte
+	buf := make([]byte, chunkBytes)
+	pos := offset
+	for uint64(len(data)) <= max {
+		want := min(uint64(len(buf)), max+1-uint64(len(data)))
+		n, err := unix.Pread(fd, buf[:want], int64(pos))
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return pathError("read", path, err)
+		}
+		if n == 0 {
+			break
+		}
+		data = append(data, buf[:n]...)
+		pos += uint64(n)
+	}
+	if uint64(len(data)) > max {
+		if limit > 0 && limit <= max {
+			data = data[:limit]
+		} else {
+			return &tooLargeError{path: path, what: fmt.Sprintf("a read of more than %d bytes of a generated file (procfs, sysfs, ...: read whole, at most 16 MiB)", max), limit: max, reason: rpcstatus.ReasonFileTooLarge, flag: "max-read-bytes"}
+		}
+	}
+	header := &berthv1.ReadFileHeader{Info: fileInfo(path, st, ""), OffsetBytes: offset, LengthBytes: uint64(len(data))}
+	if err := stream.Send(&agentv1.ReadFileResponse{Part: &agentv1.ReadFileResponse_Header{Header: header}}); err != nil {
+		return err
+	}
+	for len(data) > 0 {
+		n := min(len(data), chunkBytes)
+		if err := stream.Send(&agentv1.ReadFileResponse{Part: &agentv1.ReadFileResponse_Chunk{Chunk: data[:n]}}); err != nil {
+			return err
+		}
+		data = data[n:]
 	}
 	return nil
 }

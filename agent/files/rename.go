@@ -3,6 +3,7 @@ package files
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"golang.org/x/sys/unix"
 
@@ -45,6 +46,8 @@ func (s *Service) Rename(_ context.Context, req *agentv1.RenameRequest) (*agentv
 		}
 		// Name the path the error is about.
 		switch {
+		case errors.Is(err, unix.EINVAL):
+			return invalid("to_path", fmt.Sprintf("%s is inside %s: a directory cannot be moved into itself", quote(to), quote(from)))
 		case errors.Is(err, unix.EEXIST), errors.Is(err, unix.EISDIR), errors.Is(err, unix.ENOTEMPTY):
 			return pathError("rename "+display(from)+" to", to, err)
 		case errors.Is(err, unix.ENOENT):

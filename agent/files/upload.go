@@ -104,18 +104,25 @@ func (r *chunkReader) Read(p []byte) (int, error) {
 
 // extraction is one Upload being extracted.
 type extraction struct {
-	s     *Service
-	b     *beneath
-	limit uint64
-	resp  berthv1.UploadResponse
-	dirs  []dirMeta // directory entries, fixed up last
+	s       *Service
+	b       *beneath
+	limit   uint64
+	resp    berthv1.UploadResponse
+	entries int            // archive entries seen
+	dirs    []dirMeta      // directory entries, fixed up last
+	dirAt   map[string]int // index in dirs by name: a repeated entry updates its record
 }
 
-// dirMeta is a directory entry's mode and time, applied after its contents
-// were written (a read-only directory must not stop its own extraction).
+// dirMeta is a directory entry's mode and times, applied after its
+// contents were written (a read-only directory must not stop its own
+// extraction). It keeps only these: a tar header also holds its pax
+// records, up to 1 MiB each, which an archive of many directory entries
+// would otherwise pile up in the agent's memory.
 type dirMeta struct {
-	name string
-	hdr  *tar.Header
+	raw          string // the entry's name as archived, for errors
+	name         string
+	mode         uint32
+	atime, mtime unix.Timespec
 }
 
 func (x *extraction) run(in *chunkReader, c berthv1.Compression) error {
@@ -180,6 +187,8 @@ func entryName(name string) (string, error) {
 		return "", &entryError{name, rpcstatus.ReasonTarEntryUnsafe, "is an absolute path"}
 	case hasDotDot(name):
 		return "", &entryError{name, rpcstatus.ReasonTarEntryUnsafe, `has a ".." component`}
+	case longComponent(name) != "":
+		return "", &entryError{name, rpcstatus.ReasonTarEntryInvalid, "has a name component longer than Linux allows (NAME_MAX, 255 bytes)"}
 	}
 	return path.Clean(name), nil
 }
@@ -198,6 +207,9 @@ func hasDotDot(name string) bool {
 func (x *extraction) entry(hdr *tar.Header, content io.Reader) error {
 	if hdr.Typeflag == tar.TypeXGlobalHeader {
 		return nil
+	}
+	if x.entries++; x.entries > x.s.cfg.MaxListEntries {
+		return &tooLargeError{path: x.b.path, what: fmt.Sprintf("an archive of more than %d entries", x.s.cfg.MaxListEntries), limit: uint64(x.s.cfg.MaxListEntries), reason: rpcstatus.ReasonListTooLarge, flag: "max-list-entries"}
 	}
 	name, err := entryName(hdr.Name)
 	if err != nil {
@@ -245,7 +257,7 @@ func (x *extraction) apply(name string, hdr *tar.Header, content io.Reader) erro
 			return err
 		}
 		unix.Close(fd)
-		x.dirs = append(x.dirs, dirMeta{name, hdr})
+		x.addDir(name, hdr)
 		x.resp.Directories++
 		return nil
 	case tar.TypeReg, tar.TypeGNUSparse, tar.TypeCont:
@@ -262,6 +274,20 @@ func (x *extraction) apply(name string, hdr *tar.Header, content io.Reader) erro
 // missing, after removing whatever non-directory is at name (tar replaces
 // entries).
 func (x *extraction) parentOf(name string) (int, string, error) {
+	parent, base, err := x.dirOf(name)
+	if err != nil {
+		return -1, "", err
+	}
+	if err := x.replace(parent, base, name); err != nil {
+		unix.Close(parent)
+		return -1, "", err
+	}
+	return parent, base, nil
+}
+
+// dirOf returns an O_PATH descriptor of name's directory, made when
+// missing, and name's last component.
+func (x *extraction) dirOf(name string) (int, string, error) {
 	if name == "." {
 		return -1, "", pathError("extract", x.b.path, unix.EISDIR)
 	}
@@ -269,12 +295,15 @@ func (x *extraction) parentOf(name string) (int, string, error) {
 	if err != nil {
 		return -1, "", err
 	}
-	base := path.Base(name)
+	return parent, path.Base(name), nil
+}
+
+// replace removes whatever non-directory is at base in parent.
+func (x *extraction) replace(parent int, base, name string) error {
 	if err := unix.Unlinkat(parent, base, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		unix.Close(parent)
-		return -1, "", pathError("replace", x.b.full(name), err)
+		return pathError("replace", x.b.full(name), err)
 	}
-	return parent, base, nil
+	return nil
 }
 
 func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error {
@@ -324,15 +353,45 @@ func (x *extraction) symlink(name string, hdr *tar.Header) error {
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a symlink to the absolute path %q", display(t))}
 	case strings.IndexByte(t, 0) >= 0:
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, "is a symlink whose target has a NUL byte"}
+	case len(t) >= unix.PathMax:
+		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryInvalid, "is a symlink whose target is longer than Linux allows (PATH_MAX, 4096 bytes)"}
 	}
+	leadsOut := &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a symlink to %q, which leads out of the target directory", display(t))}
 	if resolved := path.Join(path.Dir(name), t); resolved == ".." || strings.HasPrefix(resolved, "../") {
-		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a symlink to %q, which leads out of the target directory", display(t))}
+		return leadsOut
 	}
-	parent, base, err := x.parentOf(name)
+	ups, rest := 0, t
+	for rest == ".." || strings.HasPrefix(rest, "../") {
+		ups++
+		rest = strings.TrimPrefix(strings.TrimPrefix(rest, ".."), "/")
+	}
+	parent, base, err := x.dirOf(name)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(parent)
+	// Where a ".." after a name leads depends on whether that name is a
+	// symlink: it is taken only when every name before it is a directory,
+	// not a symlink, and it stays below the link's own directory.
+	if last := strings.LastIndex("/"+rest+"/", "/../"); last >= 0 {
+		if !x.b.realDirs(parent, rest[:last+2]) {
+			return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf(`is a symlink to %q, with ".." after a name that is not a directory of the archive (where it leads would depend on what that name becomes)`, display(t))}
+		}
+	}
+	// The link lands where its parent really is, which symlinks of the
+	// archive may have moved from where its name says.
+	if ups > 0 {
+		within, err := x.b.climbs(parent, ups)
+		if err != nil {
+			return pathError("resolve parent of", x.b.full(name), err)
+		}
+		if !within {
+			return leadsOut
+		}
+	}
+	if err := x.replace(parent, base, name); err != nil {
+		return err
+	}
 	if err := unix.Symlinkat(t, parent, base); err != nil {
 		return pathError("symlink", x.b.full(name), err)
 	}
@@ -348,6 +407,8 @@ func (x *extraction) link(name string, hdr *tar.Header) error {
 	switch {
 	case t == "" || strings.HasPrefix(t, "/") || hasDotDot(t):
 		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryUnsafe, fmt.Sprintf("is a hard link to %q, which is not a relative path inside the archive", display(t))}
+	case longComponent(t) != "":
+		return &entryError{hdr.Name, rpcstatus.ReasonTarEntryInvalid, "is a hard link to a name longer than Linux allows (NAME_MAX, 255 bytes)"}
 	}
 	t = path.Clean(t)
 	src, err := x.b.dir(path.Dir(t))
@@ -367,14 +428,41 @@ func (x *extraction) link(name string, hdr *tar.Header) error {
 	return nil
 }
 
-// times sets an entry's access and modification time, not following a
-// symlink.
-func (x *extraction) times(parent int, base, name string, hdr *tar.Header) error {
-	mtime := unix.NsecToTimespec(hdr.ModTime.UnixNano())
-	atime := mtime
+// addDir records a directory entry for fixDir; a directory archived twice
+// gets the last entry's mode and times, as tar(1) would leave it.
+func (x *extraction) addDir(name string, hdr *tar.Header) {
+	atime, mtime := entryTimes(hdr)
+	d := dirMeta{raw: hdr.Name, name: name, mode: uint32(hdr.Mode) & 0o1777, atime: atime, mtime: mtime}
+	if i, ok := x.dirAt[name]; ok {
+		x.dirs[i] = d
+		return
+	}
+	if x.dirAt == nil {
+		x.dirAt = make(map[string]int)
+	}
+	x.dirAt[name] = len(x.dirs)
+	x.dirs = append(x.dirs, d)
+}
+
+// entryTimes returns an entry's access and modification time; the access
+// time is the modification time when the archive has none.
+func entryTimes(hdr *tar.Header) (atime, mtime unix.Timespec) {
+	mtime = unix.NsecToTimespec(hdr.ModTime.UnixNano())
+	atime = mtime
 	if !hdr.AccessTime.IsZero() {
 		atime = unix.NsecToTimespec(hdr.AccessTime.UnixNano())
 	}
+	return atime, mtime
+}
+
+// times sets an entry's access and modification time, not following a
+// symlink.
+func (x *extraction) times(parent int, base, name string, hdr *tar.Header) error {
+	atime, mtime := entryTimes(hdr)
+	return x.setTimes(parent, base, name, atime, mtime)
+}
+
+func (x *extraction) setTimes(parent int, base, name string, atime, mtime unix.Timespec) error {
 	if err := unix.UtimesNanoAt(parent, base, []unix.Timespec{atime, mtime}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return pathError("set times of", x.b.full(name), err)
 	}
@@ -386,19 +474,19 @@ func (x *extraction) fixDir(d dirMeta) error {
 	if d.name != "." {
 		fd, err := x.b.open(d.name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 		if err != nil {
-			return x.entryErr(d.hdr.Name, d.name, err)
+			return x.entryErr(d.raw, d.name, err)
 		}
-		err = unix.Fchmod(fd, uint32(d.hdr.Mode)&0o1777)
+		err = unix.Fchmod(fd, d.mode)
 		unix.Close(fd)
 		if err != nil {
 			return pathError("chmod", x.b.full(d.name), err)
 		}
 		parent, err := x.b.dir(path.Dir(d.name))
 		if err != nil {
-			return x.entryErr(d.hdr.Name, d.name, err)
+			return x.entryErr(d.raw, d.name, err)
 		}
 		defer unix.Close(parent)
-		return x.times(parent, path.Base(d.name), d.name, d.hdr)
+		return x.setTimes(parent, path.Base(d.name), d.name, d.atime, d.mtime)
 	}
 	return nil
 }

@@ -121,7 +121,7 @@ func (w *write) open() error {
 		return pathError("lstat", w.path, err)
 	}
 	for range 10 {
-		name := filepath.Join(w.dir, "."+filepath.Base(w.path)+".berth-"+randomSuffix()+".tmp")
+		name := filepath.Join(w.dir, tempName(filepath.Base(w.path)))
 		fd, err := unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if errors.Is(err, unix.EEXIST) {
 			continue
@@ -147,7 +147,7 @@ func (w *write) openAppend() error {
 		fd, err = unix.Open(w.path, flags, 0)
 	}
 	if err != nil {
-		return pathError("open", w.path, err)
+		return openError(w.path, err)
 	}
 	w.fd = fd
 	var st unix.Stat_t
@@ -298,6 +298,18 @@ func syncDir(dir string, fd int) error {
 	}
 	defer unix.Close(d)
 	return pathError("fsync", dir, unix.Fsync(d))
+}
+
+// tempName returns a name for a temporary file beside the file base:
+// ".<base>.berth-<12 hex digits>.tmp", with base cut short so that the
+// whole name stays within NAME_MAX (a name of 255 bytes is valid, its
+// temporary file must be too).
+func tempName(base string) string {
+	const extra = len(".") + len(".berth-") + 12 + len(".tmp")
+	if len(base) > nameMax-extra {
+		base = base[:nameMax-extra]
+	}
+	return "." + base + ".berth-" + randomSuffix() + ".tmp"
 }
 
 // randomSuffix returns 12 random hex digits for temporary names.

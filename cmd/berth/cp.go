@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -36,7 +37,8 @@ SHA-256 reported by berthd; a file that changes while it is read fails the
 copy with FILE_CHANGED and leaves no local file). Directories travel as tar
 streams: symlinks are kept as symlinks, files are owned by the sandbox's
 workload user on upload and by you on download, and archive entries that
-would escape the destination are refused. "-" reads a file from standard
+would escape the destination, or symlinks that would lead out of it, are
+refused. "-" reads a file from standard
 input, or writes a file (or a directory as a tar stream) to standard
 output. Progress is shown on stderr when it is a terminal. Copies are not
 bounded by --rpc-timeout.`,
@@ -298,6 +300,9 @@ func extractTar(root *os.Root, r io.Reader) error {
 				return err
 			}
 		case tar.TypeSymlink:
+			if why := symlinkLeadsOut(root, name, hdr.Linkname); why != "" {
+				return fmt.Errorf("archive entry %q is a symlink to %q, which %s", hdr.Name, hdr.Linkname, why)
+			}
 			_ = root.Remove(name)
 			if err := root.Symlink(hdr.Linkname, name); err != nil {
 				return err
@@ -309,6 +314,54 @@ func extractTar(root *os.Root, r io.Reader) error {
 			}
 		}
 	}
+}
+
+// symlinkLeadsOut says why the symlink name -> target, about to be made
+// beneath root, would lead out of root, or returns "". os.Root keeps the
+// extraction itself inside, but a link left pointing out would be followed
+// by whatever the user runs next in the destination. As berth-agent does
+// for uploads: the target must be relative, must stay inside resolved
+// from the link's directory, and a ".." in it counts only when the link's
+// directory and every name before the ".." are real directories, not
+// symlinks (which would move where it leads).
+func symlinkLeadsOut(root *os.Root, name, target string) string {
+	if path.IsAbs(target) {
+		return "is absolute"
+	}
+	dir := path.Dir(name)
+	if j := path.Join(dir, target); j == ".." || strings.HasPrefix(j, "../") {
+		return "leads out of the destination"
+	}
+	if !slices.Contains(strings.Split(target, "/"), "..") {
+		return ""
+	}
+	realDir := func(p string) bool {
+		fi, err := root.Lstat(p)
+		return err == nil && fi.IsDir()
+	}
+	for p := dir; p != "."; p = path.Dir(p) {
+		if !realDir(p) {
+			return "climbs from a directory reached through a symlink"
+		}
+	}
+	cur := dir
+	parts := strings.Split(target, "/")
+	for i, part := range parts {
+		if !slices.Contains(parts[i:], "..") {
+			break
+		}
+		switch part {
+		case "", ".":
+		case "..":
+			cur = path.Dir(cur)
+		default:
+			cur = path.Join(cur, part)
+			if !realDir(cur) {
+				return "has \"..\" after a name that is not a directory"
+			}
+		}
+	}
+	return ""
 }
 
 // isReason reports whether err is a berthd error with reason.

@@ -159,8 +159,10 @@ func newLsCmd(g *globals) *cobra.Command {
 		Use:   "ls [-l] [-R | --depth N] SANDBOX[:PATH]",
 		Short: "List a directory in a sandbox",
 		Long: `List the directory PATH in the sandbox (default /workspace; a relative PATH
-starts there), in byte order. Symlinks are listed, never followed. Names that
-are not UTF-8 are shown with \xNN escapes. -l adds type and mode, owner,
+starts there), in byte order. Symlinks are listed, never followed. Bytes that
+are not UTF-8, control characters and bidirectional formatting characters in
+names are shown as \xNN escapes, so that a name cannot steer your terminal.
+-l adds type and mode, owner,
 size and modification time; -R lists all levels below.`,
 		Example: `  berth ls dev
   berth ls -l dev:/etc
@@ -193,7 +195,7 @@ size and modification time; -R lists all levels below.`,
 				return pipeAware(err)
 			}
 			for _, e := range errs {
-				fmt.Fprintf(cmd.ErrOrStderr(), "berth: ls: %s (%s)\n", e.GetMessage(), e.GetReason())
+				fmt.Fprintf(cmd.ErrOrStderr(), "berth: ls: %s (%s)\n", terminalSafe(e.GetMessage()), terminalSafe(e.GetReason()))
 			}
 			if len(errs) > 0 {
 				return exitStatus(1)
@@ -208,11 +210,12 @@ size and modification time; -R lists all levels below.`,
 }
 
 // writeListing prints entries: names relative to dir, with -l details.
+// Names come from the sandbox: they are printed through terminalSafe.
 func writeListing(w io.Writer, dir string, entries []*berthv1.FileInfo, long bool) error {
 	prefix := strings.TrimSuffix(dir, "/") + "/"
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', tabwriter.AlignRight)
 	for _, e := range entries {
-		name := strings.TrimPrefix(e.GetDisplayPath(), prefix)
+		name := terminalSafe(strings.TrimPrefix(e.GetDisplayPath(), prefix))
 		if !long {
 			if _, err := fmt.Fprintln(w, name); err != nil {
 				return err
@@ -220,7 +223,7 @@ func writeListing(w io.Writer, dir string, entries []*berthv1.FileInfo, long boo
 			continue
 		}
 		if e.GetType() == berthv1.FileType_FILE_TYPE_SYMLINK {
-			name += " -> " + e.GetDisplaySymlinkTarget()
+			name += " -> " + terminalSafe(e.GetDisplaySymlinkTarget())
 		}
 		fmt.Fprintf(tw, "%s\t %d\t %d\t %d\t %s\t %s\n", modeString(e), e.GetUid(), e.GetGid(), e.GetSizeBytes(), e.GetModifiedAt().AsTime().Local().Format("2006-01-02 15:04"), name)
 	}

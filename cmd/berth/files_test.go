@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -51,5 +55,49 @@ func TestWriteListing(t *testing.T) {
 		if !bytes.Contains(long.Bytes(), []byte(want)) {
 			t.Errorf("long listing lacks %q:\n%s", want, long.String())
 		}
+	}
+}
+
+// TestWriteListingControlCharacters lists names a sandbox chose to attack
+// the terminal of whoever lists them: escape sequences, a newline that
+// fakes a second entry, a C1 CSI, a right-to-left override. None reaches
+// the output as is.
+func TestWriteListingControlCharacters(t *testing.T) {
+	mtime := timestamppb.Now()
+	entries := []*berthv1.FileInfo{
+		{DisplayPath: "/w/title\x1b]0;pwned\x07", Type: berthv1.FileType_FILE_TYPE_REGULAR, ModifiedAt: mtime},
+		{DisplayPath: "/w/a\nfake-entry", Type: berthv1.FileType_FILE_TYPE_REGULAR, ModifiedAt: mtime},
+		{DisplayPath: "/w/c1\u009b2J", Type: berthv1.FileType_FILE_TYPE_REGULAR, ModifiedAt: mtime},
+		{DisplayPath: "/w/l", Type: berthv1.FileType_FILE_TYPE_SYMLINK, DisplaySymlinkTarget: "gpj.\u202eexe", ModifiedAt: mtime},
+	}
+	for _, long := range []bool{false, true} {
+		var out bytes.Buffer
+		writeListing(&out, "/w", entries, long)
+		got := out.String()
+		for _, bad := range []string{"\x1b", "\x07", "\u009b", "\u202e", "a\nfake"} {
+			if strings.Contains(got, bad) {
+				t.Errorf("listing (long %v) passes %q through:\n%q", long, bad, got)
+			}
+		}
+		for _, want := range []string{`title\x1b]0;pwned\x07`, `a\x0afake-entry`, `c1\xc2\x9b2J`} {
+			if !strings.Contains(got, want) {
+				t.Errorf("listing (long %v) lacks %q:\n%q", long, want, got)
+			}
+		}
+		if lines := strings.Count(got, "\n"); lines != len(entries) {
+			t.Errorf("listing (long %v) has %d lines, want %d:\n%q", long, lines, len(entries), got)
+		}
+	}
+}
+
+// TestExitCodeControlCharacters prints a berthd error whose message holds
+// a name from the sandbox with an escape sequence: stderr gets it escaped.
+func TestExitCodeControlCharacters(t *testing.T) {
+	err := &client.Error{Code: codes.NotFound, Reason: client.ReasonFileNotFound, Message: "lstat /w/x\x1b[2J\x1b[1;1H: no such file or directory",
+		FieldViolations: []client.FieldViolation{{Field: "path", Description: "bad \x1b[31mred"}}}
+	var stderr bytes.Buffer
+	exitCode(fmt.Errorf("ls dev:/w: %w", err), &stderr)
+	if got := stderr.String(); strings.Contains(got, "\x1b") || !strings.Contains(got, `/w/x\x1b[2J\x1b[1;1H`) || !strings.Contains(got, `bad \x1b[31mred`) {
+		t.Errorf("stderr = %q, want the escape sequences escaped", got)
 	}
 }

@@ -130,25 +130,27 @@ func exitCode(err error, stderr io.Writer) int {
 }
 
 // describe renders err for people: a berthd error as "<message> (<REASON>)",
-// with its field violations.
+// with its field violations. Text from berthd may carry names from a
+// sandbox, so every piece goes through terminalSafe; the line breaks
+// between violations are berth's own.
 func describe(err error) string {
 	var ce *client.Error
 	if !errors.As(err, &ce) {
-		return err.Error()
+		return terminalSafe(err.Error())
 	}
 	tag := ce.Reason
 	if tag == "" {
 		tag = ce.Code.String()
 	}
-	msg := fmt.Sprintf("%s (%s)", ce.Message, tag)
+	msg := fmt.Sprintf("%s (%s)", terminalSafe(ce.Message), terminalSafe(tag))
 	for _, v := range ce.FieldViolations {
 		if v.Field+": "+v.Description != ce.Message {
-			msg += fmt.Sprintf("\n  %s: %s", v.Field, v.Description)
+			msg += fmt.Sprintf("\n  %s: %s", terminalSafe(v.Field), terminalSafe(v.Description))
 		}
 	}
 	// Add the context berth put around the error, if any.
 	if prefix, ok := strings.CutSuffix(err.Error(), ce.Error()); ok {
-		msg = prefix + msg
+		msg = terminalSafe(prefix) + msg
 	}
 	return msg
 }

@@ -38,6 +38,8 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	}
 	cc, err := grpc.NewClient("unix://"+socketPath,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Never through a symlink the sandbox put in place of its socket.
+		grpc.WithContextDialer(dialer),
 		// An agent comes up within a few hundred milliseconds of its task
 		// starting; gRPC's default 1 s first backoff would double that.
 		grpc.WithConnectParams(grpc.ConnectParams{

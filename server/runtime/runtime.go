@@ -41,13 +41,15 @@ const (
 const (
 	// AgentPath is where the agent binary is bind-mounted, read-only.
 	AgentPath = "/.berth-agent"
-	// RunDir is where the sandbox's host directory is bind-mounted; the
-	// agent listens on RunDir/agent.sock.
+	// RunDir is where the "run" subdirectory of the sandbox's host
+	// directory is bind-mounted; the agent listens on RunDir/agent.sock.
 	RunDir = "/.berth-run"
 	// socketName is the agent's socket file name in RunDir and in the host
-	// directory.
+	// directory's "run".
 	socketName = "agent.sock"
-	// logName is the agent's stdout and stderr log in the host directory.
+	// logName is the agent's stdout and stderr log in the host directory,
+	// outside "run": the sandbox can replace anything in "run" (a symlink
+	// there would have containerd's shim, host root, open any host file).
 	logName = "agent.log"
 )
 
@@ -217,7 +219,7 @@ func (r *Runtime) hostDir(id string) string {
 
 // SocketPath returns the host path of the agent socket of sandbox id.
 func (r *Runtime) SocketPath(id string) string {
-	return filepath.Join(r.hostDir(id), socketName)
+	return filepath.Join(r.hostDir(id), "run", socketName)
 }
 
 // LogPath returns the host path of the agent log of sandbox id.
@@ -251,7 +253,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if len(r.SocketPath(spec.ID)) >= 108 {
 		return fmt.Errorf("agent socket path %s is longer than unix(7) allows (107 bytes)", r.SocketPath(spec.ID))
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
 		return fmt.Errorf("create sandbox directory: %w", err)
 	}
 	// A stale socket from an earlier sandbox of the same id would make the
@@ -336,7 +338,7 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		oci.WithHostname(spec.ID),
 		oci.WithMounts([]specs.Mount{
 			{Destination: AgentPath, Type: "bind", Source: r.cfg.AgentBinary, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
-			{Destination: RunDir, Type: "bind", Source: dir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+			{Destination: RunDir, Type: "bind", Source: filepath.Join(dir, "run"), Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
 			// The sandbox's own cgroup, read-only: the agent reads its
 			// oom_kill counter to tell an OOM kill from another SIGKILL.
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "noexec", "nodev"}},

@@ -541,7 +541,11 @@ func (x *ExecAttach) GetSinceSeq() uint64 {
 // ExecStdin carries bytes for the process's standard input.
 type ExecStdin struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// data is written to the process's stdin pipe as is.
+	// data is written to the process's stdin pipe as is. Send large input
+	// in pieces (the Go client sends at most 1 MiB per message): a message
+	// over gRPC's 4 MiB limit ends the stream with RESOURCE_EXHAUSTED,
+	// which gRPC itself sends, without berth's error details; the process
+	// runs on and can be attached.
 	Data          []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

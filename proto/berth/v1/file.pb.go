@@ -1281,7 +1281,8 @@ func (x *ListDirError) GetMessage() string {
 	return ""
 }
 
-// ListDirResponse is one batch of a listing, at most 1000 entries.
+// ListDirResponse is one batch of a listing, at most 1000 entries and about
+// 1 MiB.
 type ListDirResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// entries are the next entries, in order.

@@ -54,17 +54,21 @@ const (
 //     directory (e.g. a path through a regular file), IS_A_DIRECTORY when a
 //     file operation names a directory, DIRECTORY_NOT_EMPTY, SYMLINK_LOOP,
 //     CROSS_DEVICE (rename(2) EXDEV), READ_ONLY_FILESYSTEM, FILE_BUSY,
-//     FILE_TOO_LARGE when a size cap of the agent is exceeded (refused
-//     before any byte moves when the size is known).
+//     NOT_A_REGULAR_FILE when a read or write names a device, FIFO or
+//     socket, FILE_TOO_LARGE when a size cap of the agent is exceeded
+//     (refused before any byte moves when the size is known),
+//     LIST_TOO_LARGE when an entry cap is, WORKLOAD_USER_UNAVAILABLE when
+//     the agent cannot act as the workload user.
 //   - PERMISSION_DENIED (PERMISSION_DENIED): the workload user may not.
 //   - ALREADY_EXISTS (FILE_EXISTS): the target exists and the request asked
 //     not to replace it.
 //   - ABORTED (FILE_CHANGED): the file changed while it was read.
 //   - RESOURCE_EXHAUSTED (NO_SPACE): the file system is full (ENOSPC,
 //     EDQUOT).
-//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest, or
+//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest
+//     naming the field, e.g. a path component longer than 255 bytes, or
 //     TAR_ENTRY_UNSAFE / TAR_ENTRY_UNSUPPORTED naming the archive entry in
-//     metadata "entry").
+//     metadata "entry", or ARCHIVE_INVALID).
 //   - NOT_FOUND (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE) as
 //     for SandboxService.
 type FileServiceClient interface {
@@ -76,7 +80,10 @@ type FileServiceClient interface {
 	// with ABORTED (FILE_CHANGED) instead, never with a short file passed off
 	// as whole. Symlinks are followed (open(2)). A read of more bytes than
 	// the agent's cap is refused with FAILED_PRECONDITION (FILE_TOO_LARGE)
-	// before any byte is sent.
+	// before any byte is sent. Files of pseudo file systems (procfs, sysfs,
+	// cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
+	// know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
+	// length_bytes is what was read.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the
@@ -112,7 +119,9 @@ type FileServiceClient interface {
 	// optionally gzip-compressed) into a directory, created with its parents
 	// when missing. The first message is an UploadHeader, the others archive
 	// bytes in order. Entries whose name is absolute or has a ".." component,
-	// symlinks whose target is absolute or leads out of the directory, and
+	// symlinks whose target is absolute or leads out of the directory (from
+	// where the link really lands; a ".." after a name only through real
+	// directories, never through a symlink), and
 	// entries that would be written through a symlink out of the directory
 	// (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
 	// (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
@@ -120,7 +129,9 @@ type FileServiceClient interface {
 	// with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
 	// one stay extracted. Files are owned by the workload user whatever the
 	// archive says; permission bits are kept except setuid and setgid;
-	// modification times are kept.
+	// modification times are kept. An archive of more entries than the
+	// agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
+	// the first entry past it.
 	Upload(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadRequest, UploadResponse], error)
 	// Download streams a directory as a tar archive (pax format; optionally
 	// gzip-compressed), entry names relative to the directory, or a single
@@ -287,17 +298,21 @@ type FileService_DownloadClient = grpc.ServerStreamingClient[DownloadResponse]
 //     directory (e.g. a path through a regular file), IS_A_DIRECTORY when a
 //     file operation names a directory, DIRECTORY_NOT_EMPTY, SYMLINK_LOOP,
 //     CROSS_DEVICE (rename(2) EXDEV), READ_ONLY_FILESYSTEM, FILE_BUSY,
-//     FILE_TOO_LARGE when a size cap of the agent is exceeded (refused
-//     before any byte moves when the size is known).
+//     NOT_A_REGULAR_FILE when a read or write names a device, FIFO or
+//     socket, FILE_TOO_LARGE when a size cap of the agent is exceeded
+//     (refused before any byte moves when the size is known),
+//     LIST_TOO_LARGE when an entry cap is, WORKLOAD_USER_UNAVAILABLE when
+//     the agent cannot act as the workload user.
 //   - PERMISSION_DENIED (PERMISSION_DENIED): the workload user may not.
 //   - ALREADY_EXISTS (FILE_EXISTS): the target exists and the request asked
 //     not to replace it.
 //   - ABORTED (FILE_CHANGED): the file changed while it was read.
 //   - RESOURCE_EXHAUSTED (NO_SPACE): the file system is full (ENOSPC,
 //     EDQUOT).
-//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest, or
+//   - INVALID_ARGUMENT (INVALID_ARGUMENT with a google.rpc.BadRequest
+//     naming the field, e.g. a path component longer than 255 bytes, or
 //     TAR_ENTRY_UNSAFE / TAR_ENTRY_UNSUPPORTED naming the archive entry in
-//     metadata "entry").
+//     metadata "entry", or ARCHIVE_INVALID).
 //   - NOT_FOUND (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE) as
 //     for SandboxService.
 type FileServiceServer interface {
@@ -309,7 +324,10 @@ type FileServiceServer interface {
 	// with ABORTED (FILE_CHANGED) instead, never with a short file passed off
 	// as whole. Symlinks are followed (open(2)). A read of more bytes than
 	// the agent's cap is refused with FAILED_PRECONDITION (FILE_TOO_LARGE)
-	// before any byte is sent.
+	// before any byte is sent. Files of pseudo file systems (procfs, sysfs,
+	// cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
+	// know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
+	// length_bytes is what was read.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the
@@ -345,7 +363,9 @@ type FileServiceServer interface {
 	// optionally gzip-compressed) into a directory, created with its parents
 	// when missing. The first message is an UploadHeader, the others archive
 	// bytes in order. Entries whose name is absolute or has a ".." component,
-	// symlinks whose target is absolute or leads out of the directory, and
+	// symlinks whose target is absolute or leads out of the directory (from
+	// where the link really lands; a ".." after a name only through real
+	// directories, never through a symlink), and
 	// entries that would be written through a symlink out of the directory
 	// (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
 	// (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
@@ -353,7 +373,9 @@ type FileServiceServer interface {
 	// with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
 	// one stay extracted. Files are owned by the workload user whatever the
 	// archive says; permission bits are kept except setuid and setgid;
-	// modification times are kept.
+	// modification times are kept. An archive of more entries than the
+	// agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
+	// the first entry past it.
 	Upload(grpc.ClientStreamingServer[UploadRequest, UploadResponse]) error
 	// Download streams a directory as a tar archive (pax format; optionally
 	// gzip-compressed), entry names relative to the directory, or a single

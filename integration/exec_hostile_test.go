@@ -1,0 +1,103 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+)
+
+// TestCanceledStartKeepsItsPlace starts execs on a berthd that allows one
+// exec per sandbox and cancels each stream right after the start went out,
+// at varying moments: before, while and after the agent starts the
+// process. However the cancel falls, berthd must never let a second exec
+// run beside one it admitted: a start whose outcome berthd did not see
+// keeps its place until berthd knows the exec is not running.
+func TestCanceledStartKeepsItsPlace(t *testing.T) {
+	need(t)
+	addr := startServer(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1})
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	capped := berthv1.NewSandboxServiceClient(conn)
+	id := newSandbox(t, nil).GetId()
+	running := func() int {
+		out := string(run(t, id, "ps", "-o", "args").GetStdout())
+		return strings.Count(out, "sleep 3600")
+	}
+	for i := range 12 {
+		ctx, cancel := context.WithCancel(context.Background())
+		stream, err := capped.Exec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := &berthv1.ExecStart{SandboxId: id, ExecId: fmt.Sprintf("c%d", i), Process: &berthv1.ProcessSpec{Argv: []string{"sleep", "3600"}}}
+		if err := stream.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: start}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Duration(i) * 700 * time.Microsecond)
+		cancel()
+		// Let berthd and the agent settle what the cancel left.
+		time.Sleep(150 * time.Millisecond)
+		if n := running(); n > 1 {
+			t.Fatalf("after %d canceled starts %d execs run in the sandbox, at most 1 allowed", i+1, n)
+		}
+	}
+	if running() == 0 {
+		t.Fatalf("no canceled start ran at all: the test did not exercise a start the agent carried out")
+	}
+}
+
+// TestExecFieldNames sends invalid starts on the public Exec stream: the
+// BadRequest names the field where the caller put it (start.process...),
+// not where the agent's own API has it, and Run names it in RunRequest.
+func TestExecFieldNames(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	tests := []struct {
+		process *berthv1.ProcessSpec
+		want    string
+	}{
+		{&berthv1.ProcessSpec{}, "process.argv"},
+		{&berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A=B": "x"}}, "process.env"},
+		{&berthv1.ProcessSpec{Argv: []string{"true"}, Cwd: "relative"}, "process.cwd"},
+	}
+	for _, tt := range tests {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		stream, err := env.sandboxes.Exec(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{SandboxId: id, Process: tt.process}}})
+		_, err = stream.Recv()
+		if got := badRequestField(err); got != "start."+tt.want {
+			t.Errorf("Exec start %v: %v blames %q, want %q", tt.process, err, got, "start."+tt.want)
+		}
+		_, err = env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: tt.process})
+		if got := badRequestField(err); got != tt.want {
+			t.Errorf("Run %v: %v blames %q, want %q", tt.process, err, got, tt.want)
+		}
+		cancel()
+	}
+}
+
+// badRequestField returns the field the BadRequest of err blames, or "".
+func badRequestField(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+			return br.GetFieldViolations()[0].GetField()
+		}
+	}
+	return ""
+}
