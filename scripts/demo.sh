@@ -75,7 +75,9 @@ cleanup() {
 KEEP=1: containerd and berthd are still running.
   berthd:      pid $(cat "$BERTHD_PID" 2>/dev/null), log $BERTHD_LOG
   containerd:  $DIR/containerd.sock, log $DIR/containerd.log
-Use them:
+Use them (the README's CLI and grpcurl examples work after these two lines):
+  export PATH=$REPO/bin:\$PATH BERTH_ADDR=$ADDR
+  S=${ADDR#unix://}
   $REPO/bin/berth --addr $ADDR sandbox create --image $IMAGE_REF --id mybox
   $REPO/bin/berth --addr $ADDR exec mybox -- bash -c 'uname -a'
   $REPO/bin/berth --addr $ADDR sandbox rm mybox
