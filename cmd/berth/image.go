@@ -225,27 +225,7 @@ func newImageRemoveCmd(g *globals) *cobra.Command {
 		Long:    "Delete each image from berthd's store and print its name. Sandboxes created from it keep running.",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			failed := false
-			for _, name := range args {
-				ctx, cancel := g.unary(cmd.Context())
-				err := c.DeleteImage(ctx, name)
-				cancel()
-				if err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete image %s: %s\n", name, describe(err))
-					failed = true
-					continue
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), name)
-			}
-			if failed {
-				return exitStatus(exitBerth)
-			}
-			return nil
+			return deleteEach(cmd, g, "image ", args, (*client.Client).DeleteImage)
 		},
 	}
 }

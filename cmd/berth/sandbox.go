@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -251,27 +253,34 @@ func newSandboxRemoveCmd(g *globals) *cobra.Command {
 		Long:    "Delete each sandbox and print its id. Deleting a sandbox that does not exist succeeds.",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			failed := false
-			for _, id := range args {
-				ctx, cancel := g.unary(cmd.Context())
-				err := c.DeleteSandbox(ctx, id)
-				cancel()
-				if err != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete %s: %s\n", id, describe(err))
-					failed = true
-					continue
-				}
-				fmt.Fprintln(cmd.OutOrStdout(), id)
-			}
-			if failed {
-				return exitStatus(exitBerth)
-			}
-			return nil
+			return deleteEach(cmd, g, "", args, (*client.Client).DeleteSandbox)
 		},
 	}
+}
+
+// deleteEach deletes every name in args with del, printing each name once
+// deleted and an error line (prefixed with what, e.g. "image ") for each
+// that failed; it fails with exit code 125 when any did.
+func deleteEach(cmd *cobra.Command, g *globals, what string, args []string, del func(*client.Client, context.Context, string) error) error {
+	c, err := g.dial(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	failed := false
+	for _, name := range args {
+		ctx, cancel := g.unary(cmd.Context())
+		err := del(c, ctx, name)
+		cancel()
+		if err != nil {
+			fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete %s%s: %s\n", what, name, describe(err))
+			failed = true
+			continue
+		}
+		fmt.Fprintln(cmd.OutOrStdout(), name)
+	}
+	if failed {
+		return exitStatus(exitBerth)
+	}
+	return nil
 }
