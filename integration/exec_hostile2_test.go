@@ -3,12 +3,14 @@ package integration
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -46,5 +48,57 @@ func TestHugeInvalidArgvIsInvalidArgument(t *testing.T) {
 	// The agent connection still serves.
 	if out := run(t, id, "echo", "ok").GetStdout(); string(out) != "ok\n" {
 		t.Fatalf("after the refused start, echo ok printed %q", out)
+	}
+}
+
+// TestListExecsStaysUnderMessageLimit retains 1100 finished execs, each
+// with 16 arguments of 300 bytes (ExecInfo keeps 16 of 256 bytes: about
+// 4 KiB each). Listing them all is 4.3 MiB, past the public client's
+// default 4 MiB message limit: ListExecs failed RESOURCE_EXHAUSTED
+// "received message larger than max" for as long as they were retained.
+// It must answer with the newest execs and count the rest in omitted.
+func TestListExecsStaysUnderMessageLimit(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	argv := []string{"true"}
+	for range 16 {
+		argv = append(argv, strings.Repeat("a", 300))
+	}
+	const n = 1100
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			if _, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: argv}}); err != nil {
+				t.Errorf("run %d: %v", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	ctx2, cancel2 := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel2()
+	_, err := env.sandboxes.Run(ctx2, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"echo", "last"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
+	if err != nil {
+		t.Fatalf("ListExecs with %d retained execs: %v", n+1, err)
+	}
+	got := len(l.GetExecs())
+	if got+int(l.GetOmitted()) != n+1 || l.GetOmitted() == 0 {
+		t.Fatalf("ListExecs listed %d and omitted %d; want %d in all, some omitted", got, l.GetOmitted(), n+1)
+	}
+	if last := l.GetExecs()[got-1].GetArgv(); len(last) != 2 || last[1] != "last" {
+		t.Fatalf("the last listed exec runs %q; want the newest, echo last", last)
+	}
+	if size := proto.Size(l); size > 3<<20 {
+		t.Fatalf("ListExecs response is %d bytes; want at most 3 MiB", size)
 	}
 }
