@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,5 +41,58 @@ func TestDeleteDuringCreate(t *testing.T) {
 			t.Fatalf("GetSandbox(%s) after delete: %v; want NOT_FOUND", id, err)
 		}
 		cancel()
+	}
+}
+
+// TestWorkloadKillsPID1 pins what happens when the workload, running as
+// the agent's uid, sends SIGTERM to PID 1 (README "Killing only the agent
+// ends the task"): the agent stops as at berthd's stop, so a running exec
+// ends with SIGTERM in its result, and berthd restarts the task: a new
+// boot id, files kept.
+func TestWorkloadKillsPID1(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	get := func() *berthv1.Sandbox {
+		g, err := env.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+		if err != nil {
+			t.Fatalf("GetSandbox: %v", err)
+		}
+		return g.GetSandbox()
+	}
+	boot := get().GetRuntime().GetAgentBootId()
+	run(t, id, "sh", "-c", "echo kept > /workspace/f")
+	sleeper := make(chan *berthv1.RunResponse, 1)
+	go func() {
+		r, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"sleep", "100"}}})
+		if err != nil {
+			t.Errorf("sleep 100: %v", err)
+		}
+		sleeper <- r
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(string(run(t, id, "ps", "-o", "args").GetStdout()), "sleep 100") {
+		if time.Now().After(deadline) {
+			t.Fatal("sleep 100 did not start within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	run(t, id, "kill", "-TERM", "1")
+	if r := <-sleeper; r.GetResult().GetSignal() != "SIGTERM" {
+		t.Fatalf("the running exec ended with %v; want SIGTERM from the stopping agent", r.GetResult())
+	}
+	for {
+		sb := get()
+		if b := sb.GetRuntime().GetAgentBootId(); b != "" && b != boot && sb.GetState() == berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new runtime within 10s after kill -TERM 1: %v", sb)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out := string(run(t, id, "cat", "/workspace/f").GetStdout()); out != "kept\n" {
+		t.Fatalf("after the restart /workspace/f holds %q; want kept", out)
 	}
 }
