@@ -2,10 +2,12 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -95,4 +97,40 @@ func TestWorkloadKillsPID1(t *testing.T) {
 	if out := string(run(t, id, "cat", "/workspace/f").GetStdout()); out != "kept\n" {
 		t.Fatalf("after the restart /workspace/f holds %q; want kept", out)
 	}
+}
+
+// TestCreateRefusesHugeLabels creates sandboxes with 1000 labels of 3000
+// bytes each: 3 MiB per sandbox, every label within containerd's 4096-byte
+// bound. Two of them made ListSandboxes 6 MiB, past the public client's
+// 4 MiB message limit, failing it for every caller of the server. The
+// labels' total must be bounded and refused by name.
+func TestCreateRefusesHugeLabels(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	labels := map[string]string{}
+	for i := range 1000 {
+		labels[fmt.Sprintf("k%d", i)] = strings.Repeat("v", 3000)
+	}
+	resp, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Labels: labels})
+	if err == nil {
+		env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: resp.GetSandbox().GetId()})
+		t.Fatal("CreateSandbox with 3 MiB of labels succeeded; want INVALID_ARGUMENT naming labels")
+	}
+	st := status.Convert(err)
+	var field string
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+			field = br.GetFieldViolations()[0].GetField()
+		}
+	}
+	if st.Code() != codes.InvalidArgument || field != "labels" {
+		t.Fatalf("CreateSandbox with 3 MiB of labels: %v (field %q); want INVALID_ARGUMENT naming labels", err, field)
+	}
+	// 16 KiB in all still fits.
+	small := map[string]string{}
+	for i := range 4 {
+		small[fmt.Sprintf("k%d", i)] = strings.Repeat("v", 4000)
+	}
+	newSandbox(t, &berthv1.CreateSandboxRequest{Labels: small})
 }
