@@ -8,6 +8,8 @@ import (
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -21,8 +23,15 @@ const (
 	listArgBytes = 256
 )
 
+// listBytes bounds the encoded ExecInfos of one ListExecs response: below
+// gRPC's default 4 MiB message limit of the public client, with room for
+// framing.
+const listBytes = 3 << 20
+
 // ListExecs lists the running execs and the finished ones still retained,
-// ordered by start time (then id).
+// ordered by start time (then id). When their encoded size exceeds
+// listBytes, the oldest are left out and counted in omitted: an ExecInfo
+// holds up to 4 KiB of argv, and thousands of execs may be retained.
 func (s *Server) ListExecs(context.Context, *agentv1.ListExecsRequest) (*agentv1.ListExecsResponse, error) {
 	s.mu.Lock()
 	execs := make([]*execution, 0, len(s.execs))
@@ -36,11 +45,21 @@ func (s *Server) ListExecs(context.Context, *agentv1.ListExecsRequest) (*agentv1
 		}
 		return strings.Compare(a.id, b.id)
 	})
-	resp := &agentv1.ListExecsResponse{Execs: make([]*berthv1.ExecInfo, 0, len(execs))}
-	for _, e := range execs {
-		resp.Execs = append(resp.Execs, e.info())
+	// Newest first within the budget, then back to start-time order.
+	infos := make([]*berthv1.ExecInfo, 0, len(execs))
+	size := 0
+	for i := len(execs) - 1; i >= 0; i-- {
+		in := execs[i].info()
+		// Field tag, length prefix and message, as repeated field 1 encodes.
+		n := proto.Size(in)
+		size += 1 + protowire.SizeVarint(uint64(n)) + n
+		if size > listBytes {
+			break
+		}
+		infos = append(infos, in)
 	}
-	return resp, nil
+	slices.Reverse(infos)
+	return &agentv1.ListExecsResponse{Execs: infos, Omitted: uint32(len(execs) - len(infos))}, nil
 }
 
 // SignalExec sends a signal to an exec's process group, as a signal message

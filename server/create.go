@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -37,6 +38,9 @@ type creation struct {
 	done chan struct{} // closed when resp or err is set
 	resp *berthv1.CreateSandboxResponse
 	err  error
+	// deleted is set when a DeleteSandbox for the id ran during the
+	// creation: a failure is then reported as the sandbox being gone.
+	deleted atomic.Bool
 }
 
 // CreateSandbox creates a sandbox, or returns the existing one of the same
@@ -269,6 +273,11 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec) (*creation, error) {
 	go func() {
 		defer s.bg.Done()
 		c.resp, c.err = s.createOrGet(spec)
+		if c.err != nil && c.deleted.Load() {
+			// The delete pulled the container or the agent connection
+			// out from under the start; what failed next is its echo.
+			c.err = fmt.Errorf("%w: %s was deleted while it was being created (the start then failed: %v)", runtime.ErrSandboxNotFound, spec.ID, c.err)
+		}
 		s.mu.Lock()
 		delete(s.creating, spec.ID)
 		s.mu.Unlock()

@@ -23,7 +23,7 @@ func (s *Service) ListExecs(ctx context.Context, req *berthv1.ListExecsRequest) 
 	if err != nil {
 		return nil, s.toStatus(ctx, agentError(sandboxID, err), meta)
 	}
-	return &berthv1.ListExecsResponse{Execs: resp.GetExecs()}, nil
+	return &berthv1.ListExecsResponse{Execs: resp.GetExecs(), Omitted: resp.GetOmitted()}, nil
 }
 
 // SignalExec has the agent signal an exec's process group.

@@ -188,12 +188,19 @@ func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesR
 	return resp, nil
 }
 
-// DeleteSandbox removes the sandbox; a missing one is not an error.
+// DeleteSandbox removes the sandbox; a missing one is not an error. A
+// CreateSandbox of the id in progress that fails because of it fails
+// NOT_FOUND SANDBOX_NOT_FOUND ("deleted while it was being created").
 func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxRequest) (*berthv1.DeleteSandboxResponse, error) {
 	id := req.GetSandboxId()
 	if err := validateSandboxID("sandbox_id", id); err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	if c := s.creating[id]; c != nil {
+		c.deleted.Store(true)
+	}
+	s.mu.Unlock()
 	if err := s.deleteSandbox(ctx, id); err != nil {
 		return nil, s.toStatus(ctx, err, map[string]string{"sandbox_id": id})
 	}

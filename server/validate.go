@@ -21,6 +21,12 @@ var (
 // (containerd/labels.Validate: 4096 bytes).
 const maxLabelBytes = 4096
 
+// maxLabelsBytes bounds all of a sandbox's labels, keys and values
+// together: they are returned with the sandbox by GetSandbox and
+// ListSandboxes, whose default page of 100 must stay within gRPC's 4 MiB
+// message limit.
+const maxLabelsBytes = 16 << 10
+
 func validateSandboxID(field, id string) error {
 	if id == "" {
 		return rpcstatus.InvalidArgument(field, "is empty")
@@ -39,7 +45,9 @@ func validateExecID(field, id string) error {
 }
 
 func validateLabels(field string, labels map[string]string) error {
+	total := 0
 	for k, v := range labels {
+		total += len(k) + len(v)
 		switch {
 		case k == "":
 			return rpcstatus.InvalidArgument(field, "a label key is empty")
@@ -48,6 +56,9 @@ func validateLabels(field string, labels map[string]string) error {
 		case len(k)+len(v) > maxLabelBytes:
 			return rpcstatus.InvalidArgument(field, fmt.Sprintf("label %q is %d bytes with its value; the limit is %d", k, len(k)+len(v), maxLabelBytes))
 		}
+	}
+	if total > maxLabelsBytes {
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("%d labels take %d bytes, keys and values; the limit is %d in all", len(labels), total, maxLabelsBytes))
 	}
 	return nil
 }

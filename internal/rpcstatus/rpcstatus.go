@@ -7,6 +7,8 @@ package rpcstatus
 
 import (
 	"errors"
+	"fmt"
+	"unicode/utf8"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -45,8 +47,19 @@ const (
 
 // Error returns a status error with code, message msg and an ErrorInfo with
 // reason and metadata meta (which may be nil), plus any extra details.
+// msg and the metadata values are cut to maxText bytes each (see clip).
 func Error(code codes.Code, reason, msg string, meta map[string]string, extra ...protoadapt.MessageV1) error {
-	st := status.New(code, msg)
+	st := status.New(code, clip(msg))
+	for _, v := range meta {
+		if len(v) > maxText {
+			clipped := make(map[string]string, len(meta))
+			for k, v := range meta {
+				clipped[k] = clip(v)
+			}
+			meta = clipped
+			break
+		}
+	}
 	details := append([]protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: Domain, Metadata: meta}}, extra...)
 	withDetails, err := st.WithDetails(details...)
 	if err != nil {
@@ -60,6 +73,7 @@ func Error(code codes.Code, reason, msg string, meta map[string]string, extra ..
 // InvalidArgument returns an INVALID_ARGUMENT status naming field, with
 // message "<field>: <description>" and a BadRequest field violation.
 func InvalidArgument(field, description string) error {
+	description = clip(description)
 	return Error(codes.InvalidArgument, ReasonInvalidArgument, field+": "+description,
 		map[string]string{"field": field},
 		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: description}}})
@@ -78,4 +92,24 @@ func Reason(err error) string {
 		}
 	}
 	return ""
+}
+
+// maxText bounds a status message, a BadRequest description and an
+// ErrorInfo metadata value, in bytes. Statuses travel in HTTP/2 trailers; a
+// message quoting a hostile input in full (megabytes of argv, quoted at up
+// to 4 bytes per byte) overflows the peer's header limits and breaks the
+// whole connection (COMPRESSION_ERROR), every stream on it included.
+const maxText = 2 << 10
+
+// clip returns s when it is at most maxText bytes, else its first bytes up
+// to a UTF-8 character boundary followed by a note of the full length.
+func clip(s string) string {
+	if len(s) <= maxText {
+		return s
+	}
+	n := maxText - 64 // room for the note
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return fmt.Sprintf("%s... (cut: %d bytes in all)", s[:n], len(s))
 }

@@ -1811,7 +1811,12 @@ type ListExecsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// execs are the running execs and the ended ones still retained, ordered
 	// by start time.
-	Execs         []*ExecInfo `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	Execs []*ExecInfo `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	// omitted is how many of the oldest execs were left out to keep the
+	// response under 3 MiB (gRPC's default limit is 4 MiB): many execs with
+	// long argv can exceed it while they are retained. Zero when all are
+	// listed.
+	Omitted       uint32 `protobuf:"varint,2,opt,name=omitted,proto3" json:"omitted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1851,6 +1856,13 @@ func (x *ListExecsResponse) GetExecs() []*ExecInfo {
 		return x.Execs
 	}
 	return nil
+}
+
+func (x *ListExecsResponse) GetOmitted() uint32 {
+	if x != nil {
+		return x.Omitted
+	}
+	return 0
 }
 
 // SignalExecRequest signals an exec without an Exec stream.
@@ -2092,9 +2104,10 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	" \x01(\v2\x14.berth.v1.ExecResultR\x06result\"1\n" +
 	"\x10ListExecsRequest\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"=\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"W\n" +
 	"\x11ListExecsResponse\x12(\n" +
-	"\x05execs\x18\x01 \x03(\v2\x12.berth.v1.ExecInfoR\x05execs\"c\n" +
+	"\x05execs\x18\x01 \x03(\v2\x12.berth.v1.ExecInfoR\x05execs\x12\x18\n" +
+	"\aomitted\x18\x02 \x01(\rR\aomitted\"c\n" +
 	"\x11SignalExecRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +

@@ -609,7 +609,10 @@ func (*ListExecsRequest) Descriptor() ([]byte, []int) {
 type ListExecsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// execs are ordered by start time.
-	Execs         []*v1.ExecInfo `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	Execs []*v1.ExecInfo `protobuf:"bytes,1,rep,name=execs,proto3" json:"execs,omitempty"`
+	// omitted is how many of the oldest execs were left out to keep the
+	// response under 3 MiB (berth.v1.ListExecsResponse.omitted).
+	Omitted       uint32 `protobuf:"varint,2,opt,name=omitted,proto3" json:"omitted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -649,6 +652,13 @@ func (x *ListExecsResponse) GetExecs() []*v1.ExecInfo {
 		return x.Execs
 	}
 	return nil
+}
+
+func (x *ListExecsResponse) GetOmitted() uint32 {
+	if x != nil {
+		return x.Omitted
+	}
+	return 0
 }
 
 // SignalExecRequest names an exec and a signal.
@@ -791,9 +801,10 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\adropped\x18\x04 \x01(\v2\x15.berth.v1.ExecDroppedH\x00R\adropped\x12.\n" +
 	"\x06exited\x18\x05 \x01(\v2\x14.berth.v1.ExecExitedH\x00R\x06exitedB\a\n" +
 	"\x05event\"\x12\n" +
-	"\x10ListExecsRequest\"=\n" +
+	"\x10ListExecsRequest\"W\n" +
 	"\x11ListExecsResponse\x12(\n" +
-	"\x05execs\x18\x01 \x03(\v2\x12.berth.v1.ExecInfoR\x05execs\"D\n" +
+	"\x05execs\x18\x01 \x03(\v2\x12.berth.v1.ExecInfoR\x05execs\x12\x18\n" +
+	"\aomitted\x18\x02 \x01(\rR\aomitted\"D\n" +
 	"\x11SignalExecRequest\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\"?\n" +
