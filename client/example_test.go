@@ -168,7 +168,7 @@ func ExampleClient_ExecBackground() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	for _, x := range execs {
+	for _, x := range execs.GetExecs() {
 		fmt.Println(x.GetExecId(), x.GetState(), x.GetArgv())
 	}
 

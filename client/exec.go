@@ -210,14 +210,15 @@ func (c *Client) ExecBackground(ctx context.Context, sandboxID string, spec *ber
 }
 
 // ListExecs lists the execs of the sandbox sandboxID that run or ended
-// within the agent's retention time, ordered by start time. Errors:
+// within the agent's retention time, ordered by start time. The listing is
+// bounded in size: resp.Omitted counts the oldest execs left out. Errors:
 // codes.NotFound (ReasonSandboxNotFound).
-func (c *Client) ListExecs(ctx context.Context, sandboxID string) ([]*berthv1.ExecInfo, error) {
+func (c *Client) ListExecs(ctx context.Context, sandboxID string) (*berthv1.ListExecsResponse, error) {
 	resp, err := c.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: sandboxID})
 	if err != nil {
 		return nil, convertError(err)
 	}
-	return resp.GetExecs(), nil
+	return resp, nil
 }
 
 // SignalExec sends the signal name ("TERM", "SIGKILL", "15"; see signal(7))

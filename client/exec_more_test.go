@@ -59,10 +59,14 @@ func TestExecBackground(t *testing.T) {
 
 func TestListExecs(t *testing.T) {
 	env := newTestEnv(t)
-	got, err := env.c.ListExecs(t.Context(), "sb-1")
+	resp, err := env.c.ListExecs(t.Context(), "sb-1")
 	if err != nil {
 		t.Fatalf("ListExecs: %v", err)
 	}
+	if resp.GetOmitted() != 3 {
+		t.Errorf("ListExecs omitted = %d, want 3", resp.GetOmitted())
+	}
+	got := resp.GetExecs()
 	want := []*berthv1.ExecInfo{
 		{ExecId: "running-exec", State: berthv1.ExecState_EXEC_STATE_RUNNING, Argv: []string{"sleep", "30"}, Pid: 7, StartedAt: testCreated},
 		{ExecId: "done-exec", State: berthv1.ExecState_EXEC_STATE_EXITED, Argv: []string{"/bin/sh", "-c", "echo"}, Pid: 8, StartedAt: testCreated,

@@ -448,7 +448,7 @@ func (s *fakeSandboxes) ListExecs(_ context.Context, req *berthv1.ListExecsReque
 	if !s.exists(req.GetSandboxId()) {
 		return nil, sandboxNotFound(req.GetSandboxId())
 	}
-	return &berthv1.ListExecsResponse{Execs: fakeExecs}, nil
+	return &berthv1.ListExecsResponse{Execs: fakeExecs, Omitted: 3}, nil
 }
 
 func (s *fakeSandboxes) SignalExec(_ context.Context, req *berthv1.SignalExecRequest) (*berthv1.SignalExecResponse, error) {

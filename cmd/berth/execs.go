@@ -35,17 +35,21 @@ apply.`,
 			defer c.Close()
 			ctx, cancel := g.unary(cmd.Context())
 			defer cancel()
-			execs, err := c.ListExecs(ctx, args[0])
+			resp, err := c.ListExecs(ctx, args[0])
 			if err != nil {
 				return err
 			}
+			if n := resp.GetOmitted(); n > 0 {
+				// Never a silent cut: say that the oldest are missing.
+				fmt.Fprintf(cmd.ErrOrStderr(), "berth: %d older execs not shown (the listing is limited in size)\n", n)
+			}
 			if quiet {
-				for _, x := range execs {
+				for _, x := range resp.GetExecs() {
 					fmt.Fprintln(cmd.OutOrStdout(), x.GetExecId())
 				}
 				return nil
 			}
-			return writeExecTable(cmd.OutOrStdout(), execs, time.Now())
+			return writeExecTable(cmd.OutOrStdout(), resp.GetExecs(), time.Now())
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print exec ids only")
