@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/agent"
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -35,7 +36,7 @@ func TestChildrenHoldNoCapabilities(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: an unprivileged agent has no capabilities to withhold")
 	}
-	if raceEnabled {
+	if agentbin.RaceEnabled {
 		t.Skip("the race-enabled agent is a cgo build, which cannot change every thread's capabilities (syscall.AllThreadsSyscall)")
 	}
 	for _, tc := range []struct {

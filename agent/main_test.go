@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -44,40 +43,11 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	agentBin = filepath.Join(dir, "berth-agent")
-	args := []string{"build", "-o", agentBin, "-ldflags", "-X github.com/berth-sandbox/berth/agent.Version=" + testVersion}
-	cgo := "CGO_ENABLED=0" // the shipped agent is static
-	if raceEnabled {
-		// The agent runs in its own process, out of reach of this test
-		// binary's race detector: give it its own (which needs cgo).
-		args = append(args, "-race")
-		cgo = "CGO_ENABLED=1"
-	}
-	build := exec.Command("go", append(args, "github.com/berth-sandbox/berth/cmd/berth-agent")...)
-	build.Env = append(os.Environ(), cgo)
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build berth-agent: %v\n%s", err, out)
+	if agentBin, err = agentbin.Build(dir, "-X github.com/berth-sandbox/berth/agent.Version="+testVersion); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return m.Run()
-}
-
-// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // testAgent is a running berth-agent process and a client connected to it.
@@ -86,7 +56,7 @@ type testAgent struct {
 	pid    int
 	dir    string // holds the socket; usable as scratch space
 	client agentv1.AgentServiceClient
-	stderr *syncBuffer
+	stderr *agentbin.Buffer
 	// signalPid receives the SIGTERM that stops the agent: pid, unless a
 	// wrapper runs the agent.
 	signalPid int
@@ -119,7 +89,7 @@ func startAgentAt(t testing.TB, dir string, flags ...string) *testAgent {
 func startAgentCmd(t testing.TB, dir string, prefix []string, flags ...string) *testAgent {
 	t.Helper()
 	sock := filepath.Join(dir, "a.sock")
-	a := &testAgent{dir: dir, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	a := &testAgent{dir: dir, stderr: &agentbin.Buffer{}, exited: make(chan struct{})}
 	args := append(append(prefix, agentBin, "--socket", sock, "--workdir", filepath.Join(dir, "work")), flags...)
 	a.cmd = exec.Command(args[0], args[1:]...)
 	a.cmd.Stderr = a.stderr

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -512,7 +513,7 @@ func cliInteractive(t *testing.T, c *conformance) {
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	waited := false
-	var out lockedBuffer
+	var out agentbin.Buffer
 	copied := make(chan struct{})
 	go func() { io.Copy(&out, master); close(copied) }()
 	defer func() {

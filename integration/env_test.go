@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -153,28 +153,10 @@ func berthdBinary(t testing.TB) string {
 	return berthdBin
 }
 
-// lockedBuffer is a bytes.Buffer for one writer and concurrent readers.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // berthdProc is a berthd subprocess.
 type berthdProc struct {
 	cmd    *exec.Cmd
-	log    *lockedBuffer
+	log    *agentbin.Buffer
 	exited chan struct{}
 	err    error
 }
@@ -188,7 +170,7 @@ func startBerthd(t testing.TB, e *berthEnv, flags ...string) *berthdProc {
 		"--agent-binary", env.agentBinary, "--listen", "unix://" + e.sock, "--log-level", "DEBUG",
 		"--reap-interval", "200ms",
 	}, flags...)
-	p := &berthdProc{cmd: exec.Command(berthdBinary(t), args...), log: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &berthdProc{cmd: exec.Command(berthdBinary(t), args...), log: &agentbin.Buffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

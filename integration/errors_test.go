@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -167,7 +168,7 @@ func waitState(t *testing.T, c *client.Client, id string, want berthv1.SandboxSt
 }
 
 // waitOutput polls, for at most 10 s, until out holds want.
-func waitOutput(t *testing.T, out *lockedBuffer, want string) {
+func waitOutput(t *testing.T, out *agentbin.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(out.String(), want) {
@@ -225,7 +226,7 @@ func TestRuntimeReplacedWhenTaskKilled(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out lockedBuffer
+	var out agentbin.Buffer
 	e, err := c.Exec(ctx, id, &berthv1.ProcessSpec{ShellCommand: "echo running; exec sleep 60"}, client.WithStdout(&out), client.WithExecID("victim"))
 	if err != nil {
 		t.Fatalf("Exec: %v", err)
@@ -274,7 +275,7 @@ func TestRuntimeReplacedWhenAgentKilled(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out lockedBuffer
+	var out agentbin.Buffer
 	e, err := c.Exec(ctx, id, &berthv1.ProcessSpec{ShellCommand: "echo running; sleep 60 & wait", Stdin: true}, client.WithStdout(&out), client.WithExecID("victim"))
 	if err != nil {
 		t.Fatalf("Exec: %v", err)

@@ -1,7 +1,6 @@
 package files_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -39,39 +38,11 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
-	agentBin = filepath.Join(dir, "berth-agent")
-	args := []string{"build", "-o", agentBin}
-	cgo := "CGO_ENABLED=0" // the shipped agent is static
-	if raceEnabled {
-		// The agent runs in its own process: give it its own race detector.
-		args = append(args, "-race")
-		cgo = "CGO_ENABLED=1"
-	}
-	build := exec.Command("go", append(args, "github.com/berth-sandbox/berth/cmd/berth-agent")...)
-	build.Env = append(os.Environ(), cgo)
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build berth-agent: %v\n%s", err, out)
+	if agentBin, err = agentbin.Build(dir, ""); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return m.Run()
-}
-
-// logBuffer is a bytes.Buffer safe for concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // testAgent is a running berth-agent and its FileService client.
@@ -108,7 +79,7 @@ func startAgent(t testing.TB, flags ...string) *testAgent {
 	}
 	sock := filepath.Join(base, "a.sock")
 	cmd := exec.Command(agentBin, append([]string{"--socket", sock, "--workdir", "/"}, flags...)...)
-	logs := &logBuffer{}
+	logs := &agentbin.Buffer{}
 	cmd.Stderr = logs
 	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
 	if err := cmd.Start(); err != nil {

@@ -1,6 +1,0 @@
-//go:build !race
-
-package files_test
-
-// raceEnabled is true with -race.
-const raceEnabled = false

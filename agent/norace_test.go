@@ -1,6 +1,0 @@
-//go:build !race
-
-package agent_test
-
-// raceEnabled is true when the tests run with -race.
-const raceEnabled = false

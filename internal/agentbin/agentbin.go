@@ -1,0 +1,58 @@
+// Package agentbin builds the real berth-agent binary for tests, so that
+// the agent's own tests, its files tests and the integration tests run the
+// binary that ships rather than a fake. Tests only.
+package agentbin
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+)
+
+// Build compiles cmd/berth-agent into dir/berth-agent and returns its path.
+// The binary is static (CGO_ENABLED=0) as shipped, except under the race
+// detector: the agent runs in its own process, out of reach of the test
+// binary's race detector, so it then gets its own (which needs cgo).
+// ldflags, when not empty, is passed as -ldflags.
+func Build(dir, ldflags string) (string, error) {
+	bin := filepath.Join(dir, "berth-agent")
+	args := []string{"build", "-o", bin}
+	if ldflags != "" {
+		args = append(args, "-ldflags", ldflags)
+	}
+	cgo := "CGO_ENABLED=0"
+	if RaceEnabled {
+		args = append(args, "-race")
+		cgo = "CGO_ENABLED=1"
+	}
+	cmd := exec.Command("go", append(args, "github.com/berth-sandbox/berth/cmd/berth-agent")...)
+	cmd.Env = append(os.Environ(), cgo)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build berth-agent: %v\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writers and readers, for
+// collecting a child process's log.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
