@@ -143,6 +143,37 @@ func forwardChunks[Req any](in clientStream[Req], chunk func(Req) ([]byte, bool)
 	}
 }
 
+// fileHeader is what the headers of WriteFile and Upload share.
+type fileHeader interface {
+	comparable
+	GetSandboxId() string
+	GetPath() string
+	GetPathBytes() []byte
+}
+
+// recvHeader receives the first message of a WriteFile or Upload stream,
+// which must be its header, and resolves the header's path and the
+// sandbox's agent. It fails with INVALID_ARGUMENT naming "header" when the
+// stream ends first or starts with a chunk.
+func recvHeader[Req any, H fileHeader](f *fileServer, ctx context.Context, in clientStream[Req], header func(Req) H) (h H, path []byte, files agentv1.FileServiceClient, err error) {
+	first, err := in.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return h, nil, nil, rpcstatus.InvalidArgument("header", "the stream ended before the header")
+		}
+		return h, nil, nil, f.s.toStatus(ctx, err, nil)
+	}
+	var none H
+	if h = header(first); h == none {
+		return h, nil, nil, rpcstatus.InvalidArgument("header", "the first message must be the header")
+	}
+	if path, err = location("header.", h.GetPath(), h.GetPathBytes()); err != nil {
+		return h, nil, nil, err
+	}
+	files, err = f.filesFor(ctx, h.GetSandboxId())
+	return h, path, files, err
+}
+
 // errAgentEnded means the agent ended a client stream early.
 var errAgentEnded = errors.New("the agent ended the stream")
 
@@ -151,22 +182,7 @@ var errAgentEnded = errors.New("the agent ended the stream")
 // breaks, the agent's stream is canceled and the agent stores nothing.
 func (f *fileServer) WriteFile(stream berthv1.FileService_WriteFileServer) error {
 	ctx := stream.Context()
-	first, err := stream.Recv()
-	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return rpcstatus.InvalidArgument("header", "the stream ended before the header")
-		}
-		return f.s.toStatus(ctx, err, nil)
-	}
-	h := first.GetHeader()
-	if h == nil {
-		return rpcstatus.InvalidArgument("header", "the first message must be the header")
-	}
-	path, err := location("header.", h.GetPath(), h.GetPathBytes())
-	if err != nil {
-		return err
-	}
-	files, err := f.filesFor(ctx, h.GetSandboxId())
+	h, path, files, err := recvHeader(f, ctx, stream, (*berthv1.WriteFileRequest).GetHeader)
 	if err != nil {
 		return err
 	}
@@ -303,22 +319,7 @@ func (f *fileServer) Rename(ctx context.Context, req *berthv1.RenameRequest) (*b
 // Upload forwards an archive to extract.
 func (f *fileServer) Upload(stream berthv1.FileService_UploadServer) error {
 	ctx := stream.Context()
-	first, err := stream.Recv()
-	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return rpcstatus.InvalidArgument("header", "the stream ended before the header")
-		}
-		return f.s.toStatus(ctx, err, nil)
-	}
-	h := first.GetHeader()
-	if h == nil {
-		return rpcstatus.InvalidArgument("header", "the first message must be the header")
-	}
-	path, err := location("header.", h.GetPath(), h.GetPathBytes())
-	if err != nil {
-		return err
-	}
-	files, err := f.filesFor(ctx, h.GetSandboxId())
+	h, path, files, err := recvHeader(f, ctx, stream, (*berthv1.UploadRequest).GetHeader)
 	if err != nil {
 		return err
 	}
