@@ -97,7 +97,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	// context ends, which returning from this handler does.
 	go forwardCaller(stream, upstream, &protoErr, guard.cancel)
 
-	resp := &berthv1.ExecResponse{}
+	var resp eventWrapper
 	started := false
 	for {
 		msg, err := upstream.Recv()
@@ -112,11 +112,11 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			return s.toStatus(ctx, publicExecFields(guard.failed(ctx, err), isStart), meta)
 		}
 		guard.seen(msg)
-		if !setEvent(resp, msg) {
+		if !resp.set(msg) {
 			continue
 		}
 		started = started || msg.GetStarted() != nil
-		if err := stream.Send(resp); err != nil {
+		if err := stream.Send(&resp.ExecResponse); err != nil {
 			return s.toStatus(ctx, err, meta)
 		}
 		if msg.GetExited() != nil {
@@ -125,19 +125,31 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	}
 }
 
-// setEvent re-wraps an agent event as a public one, sharing the payload.
-func setEvent(resp *berthv1.ExecResponse, msg *agentv1.ExecResponse) bool {
+// eventWrapper re-wraps agent events as public ones, sharing the payload.
+// Its oneof wrappers are reused from event to event: Send marshals before
+// it returns, so the output path allocates nothing per event in berthd.
+type eventWrapper struct {
+	berthv1.ExecResponse
+	started   berthv1.ExecResponse_Started
+	output    berthv1.ExecResponse_Output
+	heartbeat berthv1.ExecResponse_Heartbeat
+	dropped   berthv1.ExecResponse_Dropped
+	exited    berthv1.ExecResponse_Exited
+}
+
+// set points w at msg's event; false for an event it does not know.
+func (w *eventWrapper) set(msg *agentv1.ExecResponse) bool {
 	switch ev := msg.GetEvent().(type) {
 	case *agentv1.ExecResponse_Started:
-		resp.Event = &berthv1.ExecResponse_Started{Started: ev.Started}
+		w.started.Started, w.Event = ev.Started, &w.started
 	case *agentv1.ExecResponse_Output:
-		resp.Event = &berthv1.ExecResponse_Output{Output: ev.Output}
+		w.output.Output, w.Event = ev.Output, &w.output
 	case *agentv1.ExecResponse_Heartbeat:
-		resp.Event = &berthv1.ExecResponse_Heartbeat{Heartbeat: ev.Heartbeat}
+		w.heartbeat.Heartbeat, w.Event = ev.Heartbeat, &w.heartbeat
 	case *agentv1.ExecResponse_Dropped:
-		resp.Event = &berthv1.ExecResponse_Dropped{Dropped: ev.Dropped}
+		w.dropped.Dropped, w.Event = ev.Dropped, &w.dropped
 	case *agentv1.ExecResponse_Exited:
-		resp.Event = &berthv1.ExecResponse_Exited{Exited: ev.Exited}
+		w.exited.Exited, w.Event = ev.Exited, &w.exited
 	default:
 		return false
 	}
