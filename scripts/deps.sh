@@ -30,12 +30,15 @@ if [[ $EUID -ne 0 ]]; then
 	SUDO=(sudo)
 fi
 export DEBIAN_FRONTEND=noninteractive
+# Several checkouts may run this script at once on one machine (parallel
+# worktrees): wait for dpkg's lock instead of failing on it.
+APT=(apt-get -o DPkg::Lock::Timeout=300)
 
 apt_updated=0
 apt_update() {
 	if [[ $apt_updated -eq 0 ]]; then
 		log "apt-get update"
-		"${SUDO[@]}" apt-get update -qq
+		"${SUDO[@]}" "${APT[@]}" update -qq
 		apt_updated=1
 	fi
 }
@@ -61,7 +64,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
-	"${SUDO[@]}" apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
 	log "containerd, runc, busybox-static, make, git: present"
 fi
