@@ -27,11 +27,21 @@ const (
 // launch starts the exec id for p and returns it running, or finished with
 // exit code 127 or 126 and a message on stderr (on the terminal for a tty
 // exec) when the program cannot be found or executed, as a shell would.
-// Errors mean nothing ran and no exec was recorded: RESOURCE_EXHAUSTED when
-// the process could not be forked (EAGAIN, e.g. the pids limit), INTERNAL
-// otherwise. The caller holds s.mu.
-func (s *Server) launch(id string, p *plan) (*execution, error) {
-	e := newExecution(id, p, s.cfg.RingBytes)
+// With follow it also returns a reader attached to the exec's output from
+// before the process starts. Errors mean nothing ran and no exec was
+// recorded: RESOURCE_EXHAUSTED when the process could not be forked
+// (EAGAIN, e.g. the pids limit), INTERNAL otherwise. The caller holds s.mu.
+func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reader, err error) {
+	e := newExecution(id, p, s.cfg.RingBytes, s.output)
+	var r *reader
+	if follow {
+		r, _ = e.log.Follow(0) // cannot fail at 0
+	}
+	defer func() {
+		if err != nil {
+			e.log.Drop()
+		}
+	}()
 	stdout := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDOUT, limit: p.stdoutLimit}
 	stderr := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDERR, limit: p.stderrLimit}
 	pumps := []*pump{stdout, stderr}
@@ -43,7 +53,7 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	path, err := lookPath(p.argv[0], envPath(p.env))
 	if err != nil {
 		s.cannotRun(e, p, stderr, err)
-		return e, nil
+		return e, r, nil
 	}
 
 	// The child gets the write ends of two pipes and the read end of a
@@ -76,7 +86,7 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	if p.tty {
 		master, slave, err := openPTY(p.ttyRows, p.ttyCols)
 		if err != nil {
-			return nil, internal("open terminal", err)
+			return nil, nil, internal("open terminal", err)
 		}
 		closeOnErr = append(closeOnErr, master, slave)
 		// The master stays open until the process is reaped (supervise
@@ -95,15 +105,15 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
 	} else {
 		if stdout.f, outW, err = pipe(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if stderr.f, errW, err = pipe(); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		inR := s.devNull
 		if p.stdin {
 			if inR, e.stdin, err = pipe(); err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			childEnds = append(childEnds, inR)
 		}
@@ -137,12 +147,12 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	})
 	if err != nil {
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) {
-			return nil, rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonInternal,
+			return nil, nil, rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonInternal,
 				fmt.Sprintf("start exec %s: fork: %v (process or memory limit of the sandbox reached)", id, err), map[string]string{"exec_id": id})
 		}
 		// Everything else failed in the child, before or at execve(2).
 		s.cannotRun(e, p, stderr, err)
-		return e, nil
+		return e, r, nil
 	}
 	// The child holds its ends now; keep only the agent's.
 	closeOnErr = nil
@@ -154,7 +164,7 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", argv[0], "tty", p.tty)
 	s.execWG.Add(1)
 	go s.supervise(e, exited, start, p.timeout, pumps)
-	return e, nil
+	return e, r, nil
 }
 
 // cannotRun finishes e without a process: exit code 127 when the program

@@ -43,6 +43,9 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonOutputLost (DATA_LOSS) marks a Run whose command ran but whose
+	// output within the caps did not all arrive.
+	ReasonOutputLost = "OUTPUT_LOST"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with

@@ -15,6 +15,19 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
+// Limits of agent connections, in bytes.
+const (
+	// MaxRecvBytes is the largest message berthd accepts from an agent:
+	// output events are at most 256 KiB, ListExecs answers at most 3 MiB.
+	MaxRecvBytes = 4 << 20
+	// StreamWindowBytes is the flow-control window of each agent stream:
+	// the most berthd buffers for one stream that its caller does not read.
+	StreamWindowBytes = 1 << 20
+	// ConnWindowBytes is the flow-control window of an agent connection
+	// (the sum over its streams in flight).
+	ConnWindowBytes = 8 << 20
+)
+
 // Pool holds agent connections keyed by socket path. The zero value is not
 // usable; call NewPool.
 type Pool struct {
@@ -46,7 +59,15 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
 			MinConnectTimeout: 2 * time.Second,
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+		// The workload can reach the agent's socket: what comes from it
+		// is untrusted. No message from it may exceed MaxRecvBytes, and
+		// fixed flow-control windows bound what berthd buffers per stream
+		// to StreamWindowBytes while the caller reads slowly: gRPC's
+		// flow control then holds the agent, and the agent holds the
+		// process.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
+		grpc.WithInitialWindowSize(StreamWindowBytes),
+		grpc.WithInitialConnWindowSize(ConnWindowBytes),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)

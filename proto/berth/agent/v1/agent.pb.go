@@ -163,9 +163,11 @@ type ExecStart struct {
 	Process *v1.ProcessSpec `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
 	// background ends the stream with an OK status right after ExecStarted;
 	// the exec runs on.
-	Background    bool `protobuf:"varint,3,opt,name=background,proto3" json:"background,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Background bool `protobuf:"varint,3,opt,name=background,proto3" json:"background,omitempty"`
+	// detached_output is what the exec does with output no reader reads.
+	DetachedOutput v1.DetachedOutput `protobuf:"varint,4,opt,name=detached_output,json=detachedOutput,proto3,enum=berth.v1.DetachedOutput" json:"detached_output,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -219,13 +221,24 @@ func (x *ExecStart) GetBackground() bool {
 	return false
 }
 
+func (x *ExecStart) GetDetachedOutput() v1.DetachedOutput {
+	if x != nil {
+		return x.DetachedOutput
+	}
+	return v1.DetachedOutput(0)
+}
+
 // ExecAttach follows an existing exec.
 type ExecAttach struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// exec_id names the exec.
 	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
 	// since_seq replays only events with a greater sequence number.
-	SinceSeq      uint64 `protobuf:"varint,2,opt,name=since_seq,json=sinceSeq,proto3" json:"since_seq,omitempty"`
+	SinceSeq uint64 `protobuf:"varint,2,opt,name=since_seq,json=sinceSeq,proto3" json:"since_seq,omitempty"`
+	// exit_only sends ExecStarted, heartbeats and ExecExited but no output:
+	// for berthd following an exec whose caller left. Such a stream is not a
+	// reader: it never holds the process's writes back.
+	ExitOnly      bool `protobuf:"varint,3,opt,name=exit_only,json=exitOnly,proto3" json:"exit_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -272,6 +285,13 @@ func (x *ExecAttach) GetSinceSeq() uint64 {
 		return x.SinceSeq
 	}
 	return 0
+}
+
+func (x *ExecAttach) GetExitOnly() bool {
+	if x != nil {
+		return x.ExitOnly
+	}
+	return false
 }
 
 // ExecRequest is one message from berthd: start or attach first, then the
@@ -774,17 +794,19 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x14\n" +
 	"\x05build\x18\x04 \x01(\tR\x05build\x12#\n" +
 	"\rrunning_execs\x18\x05 \x01(\rR\frunningExecs\x12?\n" +
-	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"u\n" +
+	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"\xb8\x01\n" +
 	"\tExecStart\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12/\n" +
 	"\aprocess\x18\x02 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +
 	"\n" +
 	"background\x18\x03 \x01(\bR\n" +
-	"background\"B\n" +
+	"background\x12A\n" +
+	"\x0fdetached_output\x18\x04 \x01(\x0e2\x18.berth.v1.DetachedOutputR\x0edetachedOutput\"_\n" +
 	"\n" +
 	"ExecAttach\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x1b\n" +
-	"\tsince_seq\x18\x02 \x01(\x04R\bsinceSeq\"\xc9\x02\n" +
+	"\tsince_seq\x18\x02 \x01(\x04R\bsinceSeq\x12\x1b\n" +
+	"\texit_only\x18\x03 \x01(\bR\bexitOnly\"\xc9\x02\n" +
 	"\vExecRequest\x121\n" +
 	"\x05start\x18\x01 \x01(\v2\x19.berth.agent.v1.ExecStartH\x00R\x05start\x124\n" +
 	"\x06attach\x18\x02 \x01(\v2\x1a.berth.agent.v1.ExecAttachH\x00R\x06attach\x12+\n" +
@@ -843,47 +865,49 @@ var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*SignalExecResponse)(nil),    // 9: berth.agent.v1.SignalExecResponse
 	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 	(*v1.ProcessSpec)(nil),        // 11: berth.v1.ProcessSpec
-	(*v1.ExecStdin)(nil),          // 12: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),     // 13: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),         // 14: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),         // 15: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),        // 16: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),         // 17: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),      // 18: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),        // 19: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),         // 20: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),           // 21: berth.v1.ExecInfo
-	(v1.ExecState)(0),             // 22: berth.v1.ExecState
+	(v1.DetachedOutput)(0),        // 12: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),          // 13: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),     // 14: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),         // 15: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),         // 16: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),        // 17: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),         // 18: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),      // 19: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),        // 20: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),         // 21: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),           // 22: berth.v1.ExecInfo
+	(v1.ExecState)(0),             // 23: berth.v1.ExecState
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
 	10, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
 	11, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	2,  // 2: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
-	3,  // 3: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	12, // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	13, // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	14, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	15, // 7: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	16, // 8: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	17, // 9: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	18, // 10: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	19, // 11: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	20, // 12: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	21, // 13: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	22, // 14: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	0,  // 15: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	4,  // 16: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	6,  // 17: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	8,  // 18: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	1,  // 19: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	5,  // 20: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	7,  // 21: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	9,  // 22: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	12, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	2,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
+	3,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
+	13, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	14, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	15, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	16, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	17, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	18, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	19, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	20, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	21, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	22, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	23, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	0,  // 16: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	4,  // 17: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	6,  // 18: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	8,  // 19: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	1,  // 20: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	5,  // 21: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	7,  // 22: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	9,  // 23: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	20, // [20:24] is the sub-list for method output_type
+	16, // [16:20] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }
