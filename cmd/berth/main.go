@@ -52,6 +52,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // globals are the flags every subcommand takes.
 type globals struct {
 	addr       string
+	creds      credentialFlags
 	rpcTimeout time.Duration
 	stderr     io.Writer // set before any subcommand runs
 }
@@ -73,6 +74,7 @@ before the command started; 141 when its output is a closed pipe.`,
 		SilenceUsage:  true,
 	}
 	root.PersistentFlags().StringVar(&g.addr, "addr", addrDefault(os.Getenv), "berthd address: unix:///path/to.sock, unix:/path, /path or host:port; $BERTH_ADDR sets the default")
+	g.creds.register(root.PersistentFlags(), os.Getenv)
 	root.PersistentFlags().DurationVar(&g.rpcTimeout, "rpc-timeout", time.Minute, "deadline of each request to berthd, and of starting a command; 0 for none (\"berth exec --timeout\" bounds the command itself)")
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
 	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newVersionCmd())
@@ -88,17 +90,22 @@ func addrDefault(getenv func(string) string) string {
 	return defaultAddr
 }
 
-// dial dials berthd with the client's retry policy: a FLEET_BUSY refusal
-// and an unreachable agent (when nothing ran) are retried within
-// --rpc-timeout, each retry noted on stderr.
+// dial dials berthd with the credentials of the flags (credentials.go) and
+// the client's retry policy: a FLEET_BUSY refusal and an unreachable agent
+// (when nothing ran) are retried within --rpc-timeout, each retry noted on
+// stderr.
 func (g *globals) dial(ctx context.Context) (*client.Client, error) {
-	return client.Dial(ctx, g.addr, client.WithRetry(client.RetryPolicy{
+	opts, err := g.creds.options()
+	if err != nil {
+		return nil, err
+	}
+	return client.Dial(ctx, g.addr, append(opts, client.WithRetry(client.RetryPolicy{
 		OnRetry: func(_ int, err error, wait time.Duration) {
 			if g.stderr != nil {
 				fmt.Fprintf(g.stderr, "berth: %s; retrying in %v\n", describe(err), wait.Round(time.Millisecond))
 			}
 		},
-	}))
+	}))...)
 }
 
 // unary returns the context for one request to berthd.
