@@ -93,16 +93,8 @@ func BenchmarkSideBySide(b *testing.B) {
 		measure(b, "stdout/berth-Exec", size, func(b *testing.B) sample {
 			var n counter
 			start := time.Now()
-			e, err := c.Exec(ctx, id, spec, client.WithStdout(&n))
-			if err != nil {
-				b.Fatal(err)
-			}
-			res, err := e.Wait()
-			d := time.Since(start)
-			if err != nil || res.GetExitCode() != 0 {
-				b.Fatalf("Exec(dd) = %v, %v", res, err)
-			}
-			return sample{d: d, lost: size - n.n.Load()}
+			berthExec(b, c, id, spec, &n)
+			return sample{d: time.Since(start), lost: size - n.n.Load()}
 		})
 		measure(b, "stdout/containerd-FIFO", size, func(b *testing.B) sample {
 			var n counter
@@ -144,16 +136,8 @@ func BenchmarkSideBySide(b *testing.B) {
 		spec := &berthv1.ProcessSpec{Argv: []string{"true"}}
 		measure(b, "roundtrip/berth-Exec", 0, func(b *testing.B) sample {
 			start := time.Now()
-			e, err := c.Exec(ctx, id, spec)
-			if err != nil {
-				b.Fatal(err)
-			}
-			res, err := e.Wait()
-			d := time.Since(start)
-			if err != nil || res.GetExitCode() != 0 {
-				b.Fatalf("Exec(true) = %v, %v", res, err)
-			}
-			return sample{d: d}
+			berthExec(b, c, id, spec, io.Discard)
+			return sample{d: time.Since(start)}
 		})
 		measure(b, "roundtrip/containerd-Exec", 0, func(b *testing.B) sample {
 			start := time.Now()
@@ -234,67 +218,64 @@ func benchFiles(b *testing.B, c *client.Client, id string) {
 		}
 	}
 
-	measure(b, "files/WriteFile", fileBytes, func(b *testing.B) sample {
-		start := time.Now()
-		f, err := os.Open(src)
-		if err != nil {
-			b.Fatal(err)
+	// out times read writing into a new host file; in times write reading
+	// the host file name. Each returns the content bytes moved.
+	out := func(read func(io.Writer) (uint64, error)) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			start := time.Now()
+			f, err := os.Create(dst)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, err := read(f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil || n != fileBytes {
+				b.Fatalf("%d bytes, %v; want %d", n, err, fileBytes)
+			}
+			return sample{d: time.Since(start)}
 		}
-		defer f.Close()
-		resp, err := c.WriteFile(ctx, id, path, f, client.WithSize(fileBytes))
-		if err != nil || resp.GetWrittenBytes() != fileBytes {
-			b.Fatalf("WriteFile = %v, %v", resp, err)
+	}
+	in := func(name string, write func(io.Reader) error) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			start := time.Now()
+			f, err := os.Open(name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			if err := write(f); err != nil {
+				b.Fatal(err)
+			}
+			return sample{d: time.Since(start)}
 		}
-		return sample{d: time.Since(start)}
-	})
+	}
+
+	measure(b, "files/WriteFile", fileBytes, in(src, func(r io.Reader) error {
+		resp, err := c.WriteFile(ctx, id, path, r, client.WithSize(fileBytes))
+		if err == nil && resp.GetWrittenBytes() != fileBytes {
+			err = fmt.Errorf("WriteFile wrote %d bytes, want %d", resp.GetWrittenBytes(), fileBytes)
+		}
+		return err
+	}))
 	measure(b, "files/host-cp-sync", fileBytes, host(`cp "$1" "$2" && sync "$2"`, src, dst))
-	measure(b, "files/ReadFile", fileBytes, func(b *testing.B) sample {
-		start := time.Now()
-		f, err := os.Create(dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		h, err := c.ReadFile(ctx, id, path, f)
-		if err == nil {
-			err = f.Close()
-		}
-		if err != nil || h.GetLengthBytes() != fileBytes {
-			b.Fatalf("ReadFile = %v, %v", h, err)
-		}
-		return sample{d: time.Since(start)}
-	})
+	measure(b, "files/ReadFile", fileBytes, out(func(w io.Writer) (uint64, error) {
+		h, err := c.ReadFile(ctx, id, path, w)
+		return h.GetLengthBytes(), err
+	}))
 	measure(b, "files/host-cp", fileBytes, host(`cp "$1" "$2"`, src, dst))
 	measure(b, "files/berth-cp-in", fileBytes, cli("cp", src, id+":/workspace/cp.bin"))
 	measure(b, "files/berth-cp-out", fileBytes, cli("cp", id+":/workspace/cp.bin", dst))
-	measure(b, "files/Download", fileBytes, func(b *testing.B) sample {
-		start := time.Now()
-		f, err := os.Create(dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		sum, err := c.Download(ctx, id, path, f)
-		if err == nil {
-			err = f.Close()
-		}
-		if err != nil || sum.GetContentBytes() != fileBytes {
-			b.Fatalf("Download = %v, %v", sum, err)
-		}
-		return sample{d: time.Since(start)}
-	})
+	measure(b, "files/Download", fileBytes, out(func(w io.Writer) (uint64, error) {
+		sum, err := c.Download(ctx, id, path, w)
+		return sum.GetContentBytes(), err
+	}))
 	measure(b, "files/host-tar-c", fileBytes, host(`tar -cf "$2" -C "$(dirname "$1")" "$(basename "$1")"`, src, dst))
-	measure(b, "files/Upload", fileBytes, func(b *testing.B) sample {
-		start := time.Now()
-		f, err := os.Open(archive)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer f.Close()
-		resp, err := c.Upload(ctx, id, "/workspace/up", f)
-		if err != nil {
-			b.Fatalf("Upload = %v, %v", resp, err)
-		}
-		return sample{d: time.Since(start)}
-	})
+	measure(b, "files/Upload", fileBytes, in(archive, func(r io.Reader) error {
+		_, err := c.Upload(ctx, id, "/workspace/up", r)
+		return err
+	}))
 	xdir := filepath.Join(dir, "x")
 	if err := os.Mkdir(xdir, 0o755); err != nil {
 		b.Fatal(err)
@@ -363,6 +344,18 @@ func createFirstExec(b *testing.B, sandboxes berthv1.SandboxServiceClient, pool 
 		b.Fatal(err)
 	}
 	return sample{d: d}
+}
+
+// berthExec runs spec in the sandbox id through berth's Exec with its
+// stdout written to stdout, and waits for its exit status, which must be 0.
+func berthExec(b *testing.B, c *client.Client, id string, spec *berthv1.ProcessSpec, stdout io.Writer) {
+	e, err := c.Exec(context.Background(), id, spec, client.WithStdout(stdout))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res, err := e.Wait(); err != nil || res.GetExitCode() != 0 {
+		b.Fatalf("Exec(%q) = %v, %v", spec.GetArgv(), res, err)
+	}
 }
 
 // ctrExec runs processes in a sandbox's container through containerd's own
