@@ -38,6 +38,13 @@ const (
 	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
 	ReasonUnauthenticated   = "UNAUTHENTICATED"       // the request carries no valid credentials (token, client certificate)
 	ReasonNotPermitted      = "NOT_PERMITTED"         // the principal may not call the method (image writes are for admins)
+	// The sandbox's own limits (RESOURCE_EXHAUSTED): nothing was started;
+	// the same request may work once something in the sandbox ends.
+	// Error.Metadata["limit"] names the limit ("pids", "memory",
+	// "descriptors") and ["errno"] the errno.
+	ReasonPidsLimit       = "PIDS_LIMIT_REACHED"       // a fork failed: the sandbox's pids_limit is reached
+	ReasonMemoryLimit     = "MEMORY_LIMIT_REACHED"     // the agent could not allocate: the sandbox's memory limit
+	ReasonDescriptorLimit = "DESCRIPTOR_LIMIT_REACHED" // the agent is out of file descriptors
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

@@ -206,6 +206,9 @@ func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesR
 		}
 		after = string(b)
 	}
+	if err := validateLabels("label_selector", req.GetLabelSelector()); err != nil {
+		return nil, err
+	}
 	selector := req.GetLabelSelector()
 	if !p.Admin {
 		// containerd filters by owner: a principal's listing costs what

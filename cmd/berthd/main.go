@@ -65,7 +65,7 @@ func main() {
 	flag.DurationVar(&svcCfg.TaskRestartWindow, "task-restart-window", 10*time.Minute, "window of --task-restart-limit")
 	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
 	flag.Uint64Var(&svcCfg.MaxCPUMillis, "max-cpu-millis", 0, "largest CPU cap a request may set, in thousandths of a CPU (default: the host's CPUs x 1000)")
-	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: no bound)")
+	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: the host's physical memory)")
 	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxIdleTimeout, "max-idle-timeout", 24*time.Hour, "largest idle timeout or KeepAlive hold a request may set")
 	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
