@@ -27,10 +27,12 @@ const (
 // launch starts the exec id for p and returns it running, or finished with
 // exit code 127 or 126 and a message on stderr (on the terminal for a tty
 // exec) when the program cannot be found or executed, as a shell would.
-// With follow it also returns a reader attached to the exec's output from
-// before the process starts. Errors mean nothing ran and no exec was
-// recorded: RESOURCE_EXHAUSTED when the process could not be forked
-// (EAGAIN, e.g. the pids limit), INTERNAL otherwise. The caller holds s.mu.
+// Errors mean nothing ran and no exec was recorded: RESOURCE_EXHAUSTED with
+// the limit's reason when the process could not be forked or its pipes
+// made (PIDS_LIMIT_REACHED for EAGAIN, MEMORY_LIMIT_REACHED,
+// DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. With follow it also
+// returns a reader attached to the exec's output from before the process
+// starts. The caller holds s.mu.
 func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reader, err error) {
 	e := newExecution(id, p, s.cfg.RingBytes, s.output)
 	var r *reader
@@ -67,7 +69,11 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 		}
 	}()
 	internal := func(what string, err error) error {
-		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), map[string]string{"exec_id": id})
+		meta := map[string]string{"exec_id": id}
+		if limit := rpcstatus.SandboxLimit(fmt.Sprintf("%s for exec %s", what, id), err, meta); limit != nil {
+			return limit // out of descriptors or memory: the sandbox's limits
+		}
+		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), meta)
 	}
 	pipe := func() (r, w *os.File, err error) {
 		r, w, err = os.Pipe()
@@ -146,9 +152,9 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 		return pid, nil
 	})
 	if err != nil {
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) {
-			return nil, nil, rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonInternal,
-				fmt.Sprintf("start exec %s: fork: %v (process or memory limit of the sandbox reached)", id, err), map[string]string{"exec_id": id})
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+			// fork(2) itself failed: a capacity fact of the sandbox.
+			return nil, nil, rpcstatus.SandboxLimit(fmt.Sprintf("start exec %s: fork", id), err, map[string]string{"exec_id": id})
 		}
 		// Everything else failed in the child, before or at execve(2).
 		s.cannotRun(e, p, stderr, err)

@@ -106,16 +106,6 @@ const (
 	// of Runs in progress, in bytes: each Run reserves its two output caps
 	// (berthd --run-buffer-bytes).
 	CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT CapacityResource = 5
-	// CAPACITY_RESOURCE_AGENT_DESCRIPTORS is the open file descriptors of the
-	// sandbox's agent (its RLIMIT_NOFILE): each running exec holds two or
-	// three.
-	CapacityResource_CAPACITY_RESOURCE_AGENT_DESCRIPTORS CapacityResource = 6
-	// CAPACITY_RESOURCE_SANDBOX_PROCESSES is the sandbox's pids limit
-	// (resources.pids_limit): fork(2) failed with EAGAIN.
-	CapacityResource_CAPACITY_RESOURCE_SANDBOX_PROCESSES CapacityResource = 7
-	// CAPACITY_RESOURCE_SANDBOX_MEMORY is the sandbox's memory: fork(2) or
-	// execve(2) failed with ENOMEM.
-	CapacityResource_CAPACITY_RESOURCE_SANDBOX_MEMORY CapacityResource = 8
 )
 
 // Enum value maps for CapacityResource.
@@ -127,20 +117,14 @@ var (
 		3: "CAPACITY_RESOURCE_SERVER_EXECS",
 		4: "CAPACITY_RESOURCE_MEMORY",
 		5: "CAPACITY_RESOURCE_RUN_OUTPUT",
-		6: "CAPACITY_RESOURCE_AGENT_DESCRIPTORS",
-		7: "CAPACITY_RESOURCE_SANDBOX_PROCESSES",
-		8: "CAPACITY_RESOURCE_SANDBOX_MEMORY",
 	}
 	CapacityResource_value = map[string]int32{
-		"CAPACITY_RESOURCE_UNSPECIFIED":       0,
-		"CAPACITY_RESOURCE_SANDBOXES":         1,
-		"CAPACITY_RESOURCE_SANDBOX_EXECS":     2,
-		"CAPACITY_RESOURCE_SERVER_EXECS":      3,
-		"CAPACITY_RESOURCE_MEMORY":            4,
-		"CAPACITY_RESOURCE_RUN_OUTPUT":        5,
-		"CAPACITY_RESOURCE_AGENT_DESCRIPTORS": 6,
-		"CAPACITY_RESOURCE_SANDBOX_PROCESSES": 7,
-		"CAPACITY_RESOURCE_SANDBOX_MEMORY":    8,
+		"CAPACITY_RESOURCE_UNSPECIFIED":   0,
+		"CAPACITY_RESOURCE_SANDBOXES":     1,
+		"CAPACITY_RESOURCE_SANDBOX_EXECS": 2,
+		"CAPACITY_RESOURCE_SERVER_EXECS":  3,
+		"CAPACITY_RESOURCE_MEMORY":        4,
+		"CAPACITY_RESOURCE_RUN_OUTPUT":    5,
 	}
 )
 
@@ -314,12 +298,9 @@ type FleetBusy struct {
 	// resource is the capacity that ran out.
 	Resource CapacityResource `protobuf:"varint,2,opt,name=resource,proto3,enum=berth.v1.CapacityResource" json:"resource,omitempty"`
 	// limit is the configured capacity: a count, or bytes for
-	// CAPACITY_RESOURCE_MEMORY, CAPACITY_RESOURCE_RUN_OUTPUT and
-	// CAPACITY_RESOURCE_SANDBOX_MEMORY; zero when the sandbox's agent could
-	// not read it.
+	// CAPACITY_RESOURCE_MEMORY and CAPACITY_RESOURCE_RUN_OUTPUT.
 	Limit uint64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
-	// in_use is what was in use when the request came, in the unit of limit
-	// (zero when unknown).
+	// in_use is what was in use when the request came, in the unit of limit.
 	InUse uint64 `protobuf:"varint,4,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
 	// requested is what the request asked for, in the unit of limit: 1 for a
 	// sandbox or an exec, the memory_bytes of a new sandbox, a Run's two
@@ -884,17 +865,14 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x14ADMITTED_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ADMITTED_NOT_STARTED\x10\x01\x12\x14\n" +
 	"\x10ADMITTED_STARTED\x10\x02\x12\x14\n" +
-	"\x10ADMITTED_UNKNOWN\x10\x03*\xd7\x02\n" +
+	"\x10ADMITTED_UNKNOWN\x10\x03*\xdf\x01\n" +
 	"\x10CapacityResource\x12!\n" +
 	"\x1dCAPACITY_RESOURCE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bCAPACITY_RESOURCE_SANDBOXES\x10\x01\x12#\n" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
 	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04\x12 \n" +
-	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05\x12'\n" +
-	"#CAPACITY_RESOURCE_AGENT_DESCRIPTORS\x10\x06\x12'\n" +
-	"#CAPACITY_RESOURCE_SANDBOX_PROCESSES\x10\a\x12$\n" +
-	" CAPACITY_RESOURCE_SANDBOX_MEMORY\x10\b*\xf3\x01\n" +
+	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\xf3\x01\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +
