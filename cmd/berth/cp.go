@@ -68,21 +68,19 @@ when it is a terminal. Copies are not bounded by --rpc-timeout.`,
 			case !srcRemote && !dstRemote:
 				return fmt.Errorf("neither %q nor %q is SANDBOX:PATH", args[0], args[1])
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			cp := &copier{c: c, opts: opts, stderr: cmd.ErrOrStderr()}
-			if dstRemote {
-				err = cp.upload(cmd.Context(), args[0], dst, strings.HasSuffix(args[1], "/"), cmd.InOrStdin())
-			} else {
-				err = cp.download(cmd.Context(), src, args[1], cmd.OutOrStdout())
-			}
-			if err != nil {
-				return err
-			}
-			return cp.exit()
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				cp := &copier{c: c, opts: opts, stderr: cmd.ErrOrStderr()}
+				var err error
+				if dstRemote {
+					err = cp.upload(ctx, args[0], dst, strings.HasSuffix(args[1], "/"), cmd.InOrStdin())
+				} else {
+					err = cp.download(ctx, src, args[1], cmd.OutOrStdout())
+				}
+				if err != nil {
+					return err
+				}
+				return cp.exit()
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&opts.archive, "archive", "a", false, "keep numeric owners (and setuid/setgid bits), as docker cp -a")
