@@ -201,9 +201,13 @@ func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxR
 	}
 	s.mu.Lock()
 	if c := s.creating[id]; c != nil {
+		// The creation holds the sandbox's lifecycle lock: cancel it, so
+		// that the delete runs now instead of after it.
 		c.deleted.Store(true)
+		c.cancel()
 	}
 	s.mu.Unlock()
+	s.restarts.abort(id)
 	if err := s.deleteSandbox(ctx, id); err != nil {
 		return nil, s.toStatus(ctx, err, map[string]string{"sandbox_id": id})
 	}
@@ -211,8 +215,23 @@ func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxR
 	return &berthv1.DeleteSandboxResponse{}, nil
 }
 
+// deleteSandbox removes the sandbox under its lifecycle lock.
 func (s *Service) deleteSandbox(ctx context.Context, id string) error {
-	done := s.deletingSandbox(id)
+	unlock, err := s.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", id, err)
+	}
+	defer unlock()
+	return s.deleteLocked(ctx, id)
+}
+
+// deleteLocked removes the sandbox; the caller holds its lifecycle lock.
+func (s *Service) deleteLocked(ctx context.Context, id string) error {
+	var pid uint32
+	if sb, err := s.rt.Get(ctx, id); err == nil {
+		pid = sb.TaskPID
+	}
+	done := s.deletingSandbox(id, pid)
 	defer done()
 	s.agents.Forget(s.rt.SocketPath(id))
 	if err := s.rt.Delete(ctx, id); err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
