@@ -45,6 +45,12 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonUnauthenticated (UNAUTHENTICATED): the request carries no
+	// valid credentials. ReasonNotPermitted (PERMISSION_DENIED): the
+	// principal may not call the method (an admin-only one) or act on
+	// another's behalf.
+	ReasonUnauthenticated = "UNAUTHENTICATED"
+	ReasonNotPermitted    = "NOT_PERMITTED"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with
