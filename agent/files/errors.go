@@ -40,6 +40,18 @@ func (e *tooLargeError) Error() string {
 	return fmt.Sprintf("%s: %s exceeds the agent's cap of %d (berth-agent --%s)", display(e.path), e.what, e.limit, e.flag)
 }
 
+// quotaError says that a write would need more than the sandbox's disk
+// quota.
+type quotaError struct {
+	path  string
+	what  string // e.g. "a write of 5368709120 bytes"
+	limit uint64
+}
+
+func (e *quotaError) Error() string {
+	return fmt.Sprintf("%s: %s exceeds the sandbox's disk quota of %d bytes (resources.disk_bytes)", display(e.path), e.what, e.limit)
+}
+
 // entryError says why an archive entry is refused.
 type entryError struct {
 	entry  string
@@ -111,6 +123,7 @@ func (s *Service) toStatus(err error) error {
 	var (
 		changed   *changedError
 		tooLarge  *tooLargeError
+		quota     *quotaError
 		entry     *entryError
 		user      *userError
 		notReg    *notRegularError
@@ -125,6 +138,10 @@ func (s *Service) toStatus(err error) error {
 		m := meta(tooLarge.path)
 		m["limit"] = strconv.FormatUint(tooLarge.limit, 10)
 		return rpcstatus.Error(codes.FailedPrecondition, tooLarge.reason, err.Error(), m)
+	case errors.As(err, &quota):
+		m := meta(quota.path)
+		m["limit"] = strconv.FormatUint(quota.limit, 10)
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, err.Error(), m)
 	case errors.As(err, &entry):
 		return rpcstatus.Error(codes.InvalidArgument, entry.reason, err.Error(), map[string]string{"entry": display(entry.entry)})
 	case errors.As(err, &user):

@@ -231,8 +231,11 @@ func (x *extraction) entryErr(raw, name string, err error) error {
 	if errors.As(err, &entry) || rpcstatus.Reason(err) != "" {
 		return err
 	}
-	var tooLarge *tooLargeError
-	if errors.As(err, &tooLarge) {
+	var (
+		tooLarge *tooLargeError
+		quota    *quotaError
+	)
+	if errors.As(err, &tooLarge) || errors.As(err, &quota) {
 		return err
 	}
 	if errors.Is(err, errEscape) || errors.Is(err, unix.ELOOP) {
@@ -309,6 +312,12 @@ func (x *extraction) replace(parent int, base, name string) error {
 func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error {
 	if x.resp.ContentBytes+uint64(hdr.Size) > x.limit {
 		return &tooLargeError{path: x.b.full(name), what: fmt.Sprintf("an archive of more than %d content bytes", x.limit), limit: x.limit, reason: rpcstatus.ReasonFileTooLarge, flag: "max-archive-bytes"}
+	}
+	// The header's size is what the entry holds (archive/tar yields exactly
+	// that many bytes, a sparse file's holes included), so an archive that
+	// cannot fit stops here, before its bytes are written.
+	if d := x.s.cfg.DiskBytes; d > 0 && x.resp.ContentBytes+uint64(hdr.Size) > d {
+		return &quotaError{path: x.b.full(name), what: fmt.Sprintf("an archive of more than %d content bytes", d), limit: d}
 	}
 	parent, base, err := x.parentOf(name)
 	if err != nil {
