@@ -36,6 +36,10 @@ const (
 	ReasonCanceled          = "CANCELED"              // the caller canceled the request
 	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
 	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
+	// ReasonDiskQuotaUnsupported: resources.disk_bytes was set on a server
+	// that cannot enforce disk quotas (FAILED_PRECONDITION); nothing was
+	// created. Create without disk_bytes, or on a server that has them.
+	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

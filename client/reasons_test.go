@@ -28,6 +28,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonCanceled, rpcstatus.ReasonCanceled},
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
+		{ReasonDiskQuotaUnsupported, rpcstatus.ReasonDiskQuotaUnsupported},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

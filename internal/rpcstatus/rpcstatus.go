@@ -43,6 +43,9 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonDiskQuotaUnsupported: a disk quota was asked for on a server
+	// whose snapshotter cannot enforce one.
+	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with
