@@ -63,7 +63,7 @@ func BenchmarkCreateToFirstExec(b *testing.B) {
 		for i := range b.N {
 			start := time.Now()
 			out, err := exec.Command("ctr", "--address", env.containerd, "--namespace", env.namespace,
-				"run", "--rm", baseImage, fmt.Sprintf("ctr-bench-%d-%d", time.Now().UnixNano(), i), "/bin/echo", "hi").CombinedOutput()
+				"run", "--rm", "--snapshotter", env.snapshotter, baseImage, fmt.Sprintf("ctr-bench-%d-%d", time.Now().UnixNano(), i), "/bin/echo", "hi").CombinedOutput()
 			if err != nil || string(out) != "hi\n" {
 				b.Fatalf("ctr run: %v: %q", err, out)
 			}
