@@ -29,6 +29,9 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
 		{ReasonDiskQuotaUnsupported, rpcstatus.ReasonDiskQuotaUnsupported},
+		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
+		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},
+		{ReasonDescriptorLimit, rpcstatus.ReasonDescriptorLimit},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

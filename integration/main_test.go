@@ -180,7 +180,9 @@ func setup(m *testing.M) (code int, err error) {
 	}
 	env.image = baseImage
 	defer cleanupNamespace()
-	return m.Run(), nil
+	code = m.Run()
+	printSideBySide(os.Stdout)
+	return code, nil
 }
 
 // testDiskQuota is the main server's default disk quota: testDiskBytes when

@@ -86,7 +86,7 @@ func TestDiskQuota(t *testing.T) {
 		}
 	})
 	t.Run("WriteFile into a full sandbox", func(t *testing.T) {
-		_, err := c.WriteFile(fileCtx(t), id, "/workspace/more", bytes.NewReader(make([]byte, mib)))
+		_, err := c.WriteFile(fileCtx(t), id, "/workspace/more", bytes.NewReader(randomData(mib)))
 		noSpace(t, "WriteFile", err, "/workspace/more")
 		if r := sh(t, "ls -A /workspace"); string(r.GetStdout()) != "fill\nup\n" {
 			t.Errorf("after the refused WriteFile /workspace holds %q, want fill and up", r.GetStdout())
@@ -95,8 +95,9 @@ func TestDiskQuota(t *testing.T) {
 	t.Run("Upload into a full sandbox", func(t *testing.T) {
 		var buf bytes.Buffer
 		tw := tar.NewWriter(&buf)
+		// Random bytes: zeros would be extracted as holes, taking no space.
 		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: mib})
-		tw.Write(make([]byte, mib))
+		tw.Write(randomData(mib))
 		tw.Close()
 		_, err := c.Upload(fileCtx(t), id, "/workspace/up", &buf)
 		noSpace(t, "Upload", err, "/workspace/up/f")

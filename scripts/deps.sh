@@ -3,8 +3,10 @@
 # whatever is already there, so running it again costs about a second.
 #
 #   - containerd, runc (and ctr, which ships with containerd), busybox-static,
-#     plus make, git and btrfs-progs (for disk quotas, scripts/btrfs-quota.sh)
-#     when missing: apt-get update + apt-get install.
+#     libarchive-tools (bsdtar: the tar round-trip tests check berth's archives
+#     against GNU tar, bsdtar and busybox tar), plus make, git and
+#     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh) when missing:
+#     apt-get update + apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - bash-static: the .deb is fetched with `apt-get download` and unpacked
@@ -55,6 +57,7 @@ missing=()
 command -v containerd >/dev/null && command -v ctr >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 { [[ -x /bin/busybox ]] && installed busybox-static; } || missing+=(busybox-static)
+command -v bsdtar >/dev/null || missing+=(libarchive-tools)
 command -v make >/dev/null || missing+=(make)
 command -v git >/dev/null || missing+=(git)
 # btrfs-progs formats and manages the quota-enabled btrfs that disk quotas
@@ -64,13 +67,13 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git btrfs-progs; do
+	for p in make git libarchive-tools btrfs-progs; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, make, git, btrfs-progs: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -15,17 +14,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/tartree"
 )
 
 // changedError says that a file changed while it was read or archived.
-type changedError struct {
-	path string
-	why  string // e.g. "it ended after 10 of 20 bytes"
-}
-
-func (e *changedError) Error() string {
-	return fmt.Sprintf("%s changed while it was read: %s", display(e.path), e.why)
-}
+type changedError = tartree.ChangedError
 
 // tooLargeError says that a size cap of the agent was exceeded.
 type tooLargeError struct {
@@ -50,17 +43,6 @@ type quotaError struct {
 
 func (e *quotaError) Error() string {
 	return fmt.Sprintf("%s: %s exceeds the sandbox's disk quota of %d bytes (resources.disk_bytes)", display(e.path), e.what, e.limit)
-}
-
-// entryError says why an archive entry is refused.
-type entryError struct {
-	entry  string
-	reason string // ReasonTarEntryUnsafe or ReasonTarEntryInvalid
-	why    string
-}
-
-func (e *entryError) Error() string {
-	return fmt.Sprintf("archive entry %q: %s", display(e.entry), e.why)
 }
 
 // userError says that the agent could not take on the workload user's
@@ -124,7 +106,8 @@ func (s *Service) toStatus(err error) error {
 		changed   *changedError
 		tooLarge  *tooLargeError
 		quota     *quotaError
-		entry     *entryError
+		entry     *tartree.EntryError
+		archive   *tartree.ArchiveError
 		user      *userError
 		notReg    *notRegularError
 		pathErr   *fs.PathError
@@ -133,7 +116,7 @@ func (s *Service) toStatus(err error) error {
 	)
 	switch {
 	case errors.As(err, &changed):
-		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonFileChanged, err.Error(), meta(changed.path))
+		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonFileChanged, err.Error(), meta(changed.Path))
 	case errors.As(err, &tooLarge):
 		m := meta(tooLarge.path)
 		m["limit"] = strconv.FormatUint(tooLarge.limit, 10)
@@ -143,7 +126,13 @@ func (s *Service) toStatus(err error) error {
 		m["limit"] = strconv.FormatUint(quota.limit, 10)
 		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, err.Error(), m)
 	case errors.As(err, &entry):
-		return rpcstatus.Error(codes.InvalidArgument, entry.reason, err.Error(), map[string]string{"entry": display(entry.entry)})
+		reason := rpcstatus.ReasonTarEntryInvalid
+		if entry.Unsafe {
+			reason = rpcstatus.ReasonTarEntryUnsafe
+		}
+		return rpcstatus.Error(codes.InvalidArgument, reason, err.Error(), map[string]string{"entry": display(entry.Entry)})
+	case errors.As(err, &archive):
+		return archiveError(archive.Why)
 	case errors.As(err, &user):
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonAgentCannotActAsUser, err.Error(), nil)
 	case errors.As(err, &notReg):
@@ -164,6 +153,9 @@ func (s *Service) toStatus(err error) error {
 		s.log.Error("file operation failed", "err", msg)
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, msg, meta(pathShown))
 	}
+	if limit := rpcstatus.SandboxLimit(msg, errno, meta(pathShown)); limit != nil && errno != unix.EAGAIN {
+		return limit // out of memory or descriptors: the sandbox's limits
+	}
 	code, reason := errnoCode(errno)
 	if errno == unix.ENAMETOOLONG {
 		// Request paths are checked against NAME_MAX and PATH_MAX first;
@@ -175,7 +167,11 @@ func (s *Service) toStatus(err error) error {
 	if code == codes.Internal {
 		s.log.Error("file operation failed", "err", msg)
 	}
-	return rpcstatus.Error(code, reason, msg, meta(pathShown))
+	m := meta(pathShown)
+	if reason == rpcstatus.ReasonFileRefused {
+		m["errno"] = unix.ErrnoName(errno)
+	}
+	return rpcstatus.Error(code, reason, msg, m)
 }
 
 // errnoCode maps an errno from a file system call to a code and reason.
@@ -205,6 +201,14 @@ func errnoCode(errno unix.Errno) (codes.Code, string) {
 		return codes.ResourceExhausted, rpcstatus.ReasonNoSpace
 	case unix.ENAMETOOLONG:
 		return codes.InvalidArgument, rpcstatus.ReasonInvalidArgument
+	case unix.EFBIG:
+		return codes.FailedPrecondition, rpcstatus.ReasonFileTooLarge
+	case unix.EINVAL, unix.EIO, unix.ENXIO, unix.ENODEV, unix.EOPNOTSUPP, unix.ESPIPE, unix.EOVERFLOW,
+		unix.EAGAIN, unix.EMLINK, unix.ENOTTY, unix.ETIMEDOUT, unix.ESTALE, unix.ENODATA, unix.E2BIG:
+		// What the file or its file system answered for this file: a
+		// /proc file that takes only aligned reads (EINVAL), a device
+		// without data (ENXIO, EIO), a file system without the feature.
+		return codes.FailedPrecondition, rpcstatus.ReasonFileRefused
 	}
 	return codes.Internal, rpcstatus.ReasonInternal
 }
@@ -220,22 +224,7 @@ func meta(path string) map[string]string {
 // display returns s when it is valid UTF-8; otherwise each byte that is not
 // part of valid UTF-8 is written as \xNN. It is what FileInfo.display_name
 // and error messages show: proto3 strings must be valid UTF-8.
-func display(s string) string {
-	if utf8.ValidString(s) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		} else {
-			b.WriteString(s[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
+func display(s string) string { return tartree.Display(s) }
 
 // pathError wraps errno as a *fs.PathError of op on path.
 func pathError(op, path string, err error) error {

@@ -49,9 +49,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitCode(root.ExecuteContext(ctx), stderr)
 }
 
-// globals are the flags every subcommand takes.
+// globals are the flags every subcommand takes; connect.go turns them into
+// a connection to berthd.
 type globals struct {
 	addr       string
+	creds      credentialFlags
 	rpcTimeout time.Duration
 	stderr     io.Writer // set before any subcommand runs
 }
@@ -73,6 +75,7 @@ before the command started; 141 when its output is a closed pipe.`,
 		SilenceUsage:  true,
 	}
 	root.PersistentFlags().StringVar(&g.addr, "addr", addrDefault(os.Getenv), "berthd address: unix:///path/to.sock, unix:/path, /path or host:port; $BERTH_ADDR sets the default")
+	g.creds.register(root.PersistentFlags(), os.Getenv)
 	root.PersistentFlags().DurationVar(&g.rpcTimeout, "rpc-timeout", time.Minute, "deadline of each request to berthd, and of starting a command; 0 for none (\"berth exec --timeout\" bounds the command itself)")
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
 	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newVersionCmd())
@@ -86,27 +89,6 @@ func addrDefault(getenv func(string) string) string {
 		return a
 	}
 	return defaultAddr
-}
-
-// dial dials berthd with the client's retry policy: a FLEET_BUSY refusal
-// and an unreachable agent (when nothing ran) are retried within
-// --rpc-timeout, each retry noted on stderr.
-func (g *globals) dial(ctx context.Context) (*client.Client, error) {
-	return client.Dial(ctx, g.addr, client.WithRetry(client.RetryPolicy{
-		OnRetry: func(_ int, err error, wait time.Duration) {
-			if g.stderr != nil {
-				fmt.Fprintf(g.stderr, "berth: %s; retrying in %v\n", describe(err), wait.Round(time.Millisecond))
-			}
-		},
-	}))
-}
-
-// unary returns the context for one request to berthd.
-func (g *globals) unary(ctx context.Context) (context.Context, context.CancelFunc) {
-	if g.rpcTimeout <= 0 {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, g.rpcTimeout)
 }
 
 // exitStatus carries an exit status out of a command without a message: the
