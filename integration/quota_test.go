@@ -72,9 +72,7 @@ func TestDiskQuota(t *testing.T) {
 	}
 
 	t.Run("dd inside stops at the quota", func(t *testing.T) {
-		// /workspace/up is made first: with the quota full even a
-		// directory may not fit.
-		r := sh(t, "mkdir /workspace/up && dd if=/dev/zero of=/workspace/fill bs=1M count=200")
+		r := sh(t, "dd if=/dev/zero of=/workspace/fill bs=1M count=200")
 		if r.GetResult().GetExitCode() == 0 || !strings.Contains(string(r.GetStderr()), "Disk quota exceeded") {
 			t.Fatalf("dd of 200 MiB into a 100 MiB quota: exit %d, stderr %q; want a failure with EDQUOT", r.GetResult().GetExitCode(), r.GetStderr())
 		}
@@ -88,25 +86,31 @@ func TestDiskQuota(t *testing.T) {
 	t.Run("WriteFile into a full sandbox", func(t *testing.T) {
 		_, err := c.WriteFile(fileCtx(t), id, "/workspace/more", bytes.NewReader(randomData(mib)))
 		noSpace(t, "WriteFile", err, "/workspace/more")
-		if r := sh(t, "ls -A /workspace"); string(r.GetStdout()) != "fill\nup\n" {
-			t.Errorf("after the refused WriteFile /workspace holds %q, want fill and up", r.GetStdout())
+		if r := sh(t, "ls -A /workspace"); string(r.GetStdout()) != "fill\n" {
+			t.Errorf("after the refused WriteFile /workspace holds %q, want only fill", r.GetStdout())
 		}
 	})
-	t.Run("Upload into a full sandbox", func(t *testing.T) {
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		// Random bytes: zeros would be extracted as holes, taking no space.
-		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: mib})
-		tw.Write(randomData(mib))
-		tw.Close()
-		_, err := c.Upload(fileCtx(t), id, "/workspace/up", &buf)
-		noSpace(t, "Upload", err, "/workspace/up/f")
-	})
 	t.Run("space comes back when files go", func(t *testing.T) {
-		sh(t, "rm -rf /workspace/fill /workspace/up")
+		sh(t, "rm /workspace/fill")
 		if r := sh(t, "dd if=/dev/zero of=/workspace/half bs=1M count=50 && rm /workspace/half"); r.GetResult().GetExitCode() != 0 {
 			t.Fatalf("dd of 50 MiB after freeing the quota: exit %d: %s", r.GetResult().GetExitCode(), r.GetStderr())
 		}
+	})
+	t.Run("Upload past the quota", func(t *testing.T) {
+		if r := sh(t, "dd if=/dev/zero of=/workspace/fill bs=1M count=96"); r.GetResult().GetExitCode() != 0 {
+			t.Fatalf("dd of 96 MiB: exit %d: %s", r.GetResult().GetExitCode(), r.GetStderr())
+		}
+		defer sh(t, "rm -f /workspace/fill")
+		// 8 MiB fit the agent's check of the archive against the quota;
+		// the kernel stops them as they are written. Random bytes: zeros
+		// would be extracted as holes, taking no space.
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 8 * mib})
+		tw.Write(randomData(8 * mib))
+		tw.Close()
+		_, err := c.Upload(fileCtx(t), id, "/workspace/up", &buf)
+		noSpace(t, "Upload", err, "/workspace/up/f")
 	})
 	gz, err := tarbomb.Gzip("zeros", 1536*mib)
 	if err != nil {
@@ -127,8 +131,8 @@ func TestDiskQuota(t *testing.T) {
 		})
 	}
 	t.Run("streamed WriteFile over the quota", func(t *testing.T) {
-		_, err := c.WriteFile(fileCtx(t), id, "/workspace/stream", io.LimitReader(tarbomb.Zeros{}, 200*mib))
-		noSpace(t, "WriteFile of 200 MiB", err, "/workspace/stream")
+		_, err := c.WriteFile(fileCtx(t), id, "/workspace/stream", io.LimitReader(tarbomb.Zeros{}, 110*mib))
+		noSpace(t, "WriteFile of 110 MiB", err, "/workspace/stream")
 	})
 	if used := diskUsed(t); used > 10*mib {
 		t.Errorf("usage.disk_bytes = %d after every refused write, want what the sandbox holds (well under 10 MiB)", used)
