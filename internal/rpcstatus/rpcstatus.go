@@ -48,6 +48,9 @@ const (
 	// ReasonOutputLost (DATA_LOSS) marks a Run whose command ran but whose
 	// output within the caps did not all arrive.
 	ReasonOutputLost = "OUTPUT_LOST"
+	// ReasonDiskQuotaUnsupported: a disk quota was asked for on a server
+	// whose snapshotter cannot enforce one.
+	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
 	// ReasonUnauthenticated (UNAUTHENTICATED): the request carries no
 	// valid credentials. ReasonNotPermitted (PERMISSION_DENIED): the
 	// principal may not call the method (an admin-only one) or act on
