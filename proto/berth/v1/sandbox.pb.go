@@ -155,7 +155,11 @@ type Resources struct {
 	// memory_bytes caps memory, in bytes, with no swap beyond it (memory
 	// cgroup limit and memsw limit); exceeding it invokes the OOM killer
 	// inside the sandbox.
-	MemoryBytes   uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryBytes uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// shm_bytes is the size of /dev/shm (a tmpfs), in bytes, rounded up to
+	// KiB; 0 means 64 MiB, as docker's default. Its pages count against
+	// memory_bytes, which it may not exceed.
+	ShmBytes      uint64 `protobuf:"varint,4,opt,name=shm_bytes,json=shmBytes,proto3" json:"shm_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -207,6 +211,13 @@ func (x *Resources) GetCpuMillis() uint64 {
 func (x *Resources) GetMemoryBytes() uint64 {
 	if x != nil {
 		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *Resources) GetShmBytes() uint64 {
+	if x != nil {
+		return x.ShmBytes
 	}
 	return 0
 }
@@ -1225,13 +1236,14 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x89\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\xa7\x01\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1b\n" +
+	"\tshm_bytes\x18\x04 \x01(\x04R\bshmBytes\"\xa7\x01\n" +
 	"\fSandboxUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +
