@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-sandbox/berth/agent/files"
+	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/agent/ring"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -188,10 +189,12 @@ type Server struct {
 	sup     *supervisor
 	// activity feeds Info's last_activity (activity.go).
 	activity activity
-	// oom counts the OOM kills of the agent's memory cgroup; oomScore gives
-	// children the highest OOM score.
+	// oom counts the OOM kills of the agent's memory cgroup; oomScore is
+	// the agent's own OOM score, the lowest it may set.
 	oom      *oomCounter
-	oomScore *oomScore
+	oomScore string
+	// launcher starts the processes of execs (package launcher).
+	launcher *launcher.Launcher
 	// output is the budget of the output all execs retain
 	// (Config.RetainedBytes).
 	output *ring.Pool
@@ -233,7 +236,7 @@ func New(cfg Config) (*Server, error) {
 		bootID:   hex.EncodeToString(id),
 		devNull:  devNull,
 		sup:      newSupervisor(),
-		oomScore: newOOMScore(cfg.Logger),
+		oomScore: lowerOOMScore(cfg.Logger),
 		execs:    make(map[string]*execution),
 		stopping: make(chan struct{}),
 	}
@@ -252,6 +255,7 @@ func New(cfg Config) (*Server, error) {
 		s.cfg.RetainedBytes = defaultRetainedBytes(memoryLimit(s.oom.path))
 	}
 	s.output = ring.NewPool(s.cfg.RetainedBytes)
+	s.launcher = launcher.New(launcher.Config{Credential: s.credential(), Nofile: cfg.WorkloadNofile, Stderr: os.Stderr})
 	return s, nil
 }
 
@@ -308,6 +312,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.serving = true
 	s.mu.Unlock()
 	defer s.devNull.Close()
+	defer s.launcher.Close()
 
 	if os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -331,7 +336,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(l) }()
 	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,
-		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore.own, "retained_bytes", s.cfg.RetainedBytes)
+		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore, "retained_bytes", s.cfg.RetainedBytes)
 
 	var serveErr error
 	select {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -358,7 +359,8 @@ func TestEnv(t *testing.T) {
 }
 
 // children returns the pids and states of the processes whose parent is
-// ppid, from /proc/<pid>/stat (proc(5)).
+// ppid, from /proc/<pid>/stat (proc(5)), but for the agent's launcher,
+// which lives as long as the agent.
 func children(t testing.TB, ppid int) map[int]string {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
@@ -382,7 +384,7 @@ func children(t testing.TB, ppid int) map[int]string {
 		if _, err := fmt.Sscanf(rest, "%s %d", &state, &parent); err != nil {
 			continue
 		}
-		if parent == ppid {
+		if cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline")); parent == ppid && !bytes.HasPrefix(cmdline, []byte(launcher.Arg0+"\x00")) {
 			kids[pid] = state
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -63,9 +64,8 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	}
 
 	// The child gets the write ends of two pipes and the read end of a
-	// third (or /dev/null), or a terminal's slave side for all three.
-	// Passing *os.File keeps os from copying through goroutines; the agent
-	// reads the parent ends itself.
+	// third (or /dev/null), or a terminal's slave side for all three. The
+	// agent reads the parent ends itself.
 	var closeOnErr []*os.File
 	defer func() {
 		for _, f := range closeOnErr {
@@ -75,7 +75,7 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	internal := func(what string, err error) error {
 		meta := map[string]string{"exec_id": id}
 		if limit := rpcstatus.SandboxLimit(fmt.Sprintf("%s for exec %s", what, id), err, meta); limit != nil {
-			return limit // out of descriptors or memory: the sandbox's limits
+			return limit // out of descriptors, processes or memory: the sandbox's limits
 		}
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), meta)
 	}
@@ -87,12 +87,8 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 		closeOnErr = append(closeOnErr, r, w)
 		return r, w, nil
 	}
-	var (
-		files      []*os.File // the child's fds 0, 1 and 2
-		childEnds  []*os.File // closed in the agent once the child holds them
-		sys        = &syscall.SysProcAttr{Credential: s.credential()}
-		outW, errW *os.File
-	)
+	req := &launcher.Request{Path: path, Argv: p.argv, Env: p.env, Dir: p.dir}
+	var childEnds []*os.File // closed in the agent once the child holds them
 	if p.tty {
 		master, slave, err := openPTY(p.ttyRows, p.ttyCols)
 		if err != nil {
@@ -108,12 +104,13 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 		if p.stdin {
 			e.stdin = master
 		}
-		files, childEnds = []*os.File{slave, slave, slave}, []*os.File{slave}
+		req.Stdio, childEnds = [3]*os.File{slave, slave, slave}, []*os.File{slave}
 		// A new session with the terminal as its controlling terminal
 		// (setsid(2), TIOCSCTTY): job control and ^C work, and the
 		// session leader's process group is the exec's group.
-		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+		req.Session = true
 	} else {
+		var outW, errW *os.File
 		if stdout.f, outW, err = pipe(); err != nil {
 			return nil, nil, err
 		}
@@ -127,42 +124,23 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 			}
 			childEnds = append(childEnds, inR)
 		}
-		files, childEnds = []*os.File{inR, outW, errW}, append(childEnds, outW, errW)
-		// Its own process group, so that a signal or a timeout reaches
-		// the grandchildren too.
-		sys.Setpgid = true
+		// Its own process group (not a session), so that a signal or a
+		// timeout reaches the grandchildren too.
+		req.Stdio, childEnds = [3]*os.File{inR, outW, errW}, append(childEnds, outW, errW)
 	}
-	attr := &os.ProcAttr{Dir: p.dir, Env: p.env, Files: files, Sys: sys}
-	argv := p.argv
 	e.oomBefore, e.oomKnown = s.oom.count()
 	start := time.Now()
-	pid, exited, err := s.sup.start(func() (int, error) {
-		// Children are born with the highest OOM score (see oomScore).
-		defer s.oomScore.raise()()
-		proc, err := os.StartProcess(path, argv, attr)
-		if errors.Is(err, unix.ENOEXEC) {
-			// execvp(3): a file the kernel cannot execute is a script
-			// for the standard shell.
-			argv = append([]string{"/bin/sh", path}, argv[1:]...)
-			proc, err = os.StartProcess("/bin/sh", argv, attr)
-		}
-		if err != nil {
-			return 0, err
-		}
-		// The supervisor reaps by pid; drop the handle (and its pidfd)
-		// so that nothing ever waits on it.
-		pid := proc.Pid
-		proc.Release()
-		return pid, nil
-	})
-	if err != nil {
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
-			// fork(2) itself failed: a capacity fact of the sandbox.
-			return nil, nil, rpcstatus.SandboxLimit(fmt.Sprintf("start exec %s: fork", id), err, map[string]string{"exec_id": id})
-		}
-		// Everything else failed in the child, before or at execve(2).
-		s.cannotRun(e, p, stderr, err)
+	// The launcher forks the process as the agent's child, born with the
+	// workload's OOM score and descriptor limit (package launcher).
+	pid, exited, err := s.sup.start(func() (int, error) { return s.launcher.Start(req) })
+	var execErr *launcher.ExecError
+	switch {
+	case errors.As(err, &execErr):
+		// It failed in the child, at execve(2): nothing of it ran.
+		s.cannotRun(e, p, stderr, execErr.Errno)
 		return e, r, nil
+	case err != nil:
+		return nil, nil, internal("start the process", err)
 	}
 	// The child holds its ends now; keep only the agent's.
 	closeOnErr = nil
@@ -171,7 +149,7 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	}
 
 	e.setStarted(pid, p)
-	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", argv[0], "tty", p.tty)
+	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", p.argv[0], "tty", p.tty)
 	s.execWG.Add(1)
 	go s.supervise(e, exited, start, p.timeout, pumps)
 	return e, r, nil

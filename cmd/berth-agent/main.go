@@ -81,6 +81,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := agent.LockCapabilities(); err != nil {
 		log.Warn("capabilities not locked; processes keep what the agent has", "err", err)
 	}
+	if lim, err := agent.RaiseNofile(); err != nil {
+		log.Warn("descriptor limit not raised", "err", err)
+	} else {
+		log.Info("descriptor limit", "nofile", lim.Cur, "workload_nofile", min(cfg.WorkloadNofile, lim.Max))
+	}
 	// Threads made now survive a fork bomb that exhausts the pids limit.
 	agent.ReserveThreads(reservedThreads)
 	srv, err := agent.New(cfg)

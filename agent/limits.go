@@ -1,10 +1,13 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // Bounds of the default retained-output budget (Config.RetainedBytes): an
@@ -49,4 +52,24 @@ func memoryLimit(counterPath string) uint64 {
 		return 0 // "max", or v1's "unlimited"
 	}
 	return n
+}
+
+// RaiseNofile raises the agent's own soft RLIMIT_NOFILE to its hard limit
+// (setrlimit(2); the hard limit is the container's, set by the OCI spec) and
+// returns the limit it has: each running exec holds two or three
+// descriptors in the agent. The processes it starts get Config.WorkloadNofile
+// as their soft limit instead. Go's runtime raises the soft limit at start
+// too; doing it here makes the value the agent runs with explicit.
+func RaiseNofile() (unix.Rlimit, error) {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return lim, fmt.Errorf("getrlimit RLIMIT_NOFILE: %w", err)
+	}
+	if lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+			return lim, fmt.Errorf("setrlimit RLIMIT_NOFILE to %d: %w", lim.Max, err)
+		}
+	}
+	return lim, nil
 }
