@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/berth-sandbox/berth/internal/wire"
 	"strings"
 	"time"
 
@@ -85,10 +86,10 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	dialOpts := append([]grpc.DialOption{
+	dialOpts := append(append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithKeepaliveParams(cfg.keepalive),
-	}, cfg.extra...)
+	), cfg.extra...)
 	conn, err := grpc.NewClient(t, dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", target, err)

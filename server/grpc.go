@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"github.com/berth-sandbox/berth/internal/wire"
 	"log/slog"
 	"net"
 	"os"
@@ -35,14 +36,14 @@ func NewGRPCServer(svc *Service, log *slog.Logger) *grpc.Server {
 		log.ErrorContext(ctx, "handler panic", slog.String("incident", incident), slog.Any("panic", p))
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error "+incident+"; the server log has the cause", map[string]string{"incident": incident})
 	})}
-	srv := grpc.NewServer(
+	srv := grpc.NewServer(append(wire.ServerOptions(),
 		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...), svc.activityUnary()),
 		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...), svc.activityStream()),
 		// Keepalive pings find dead callers of long silent execs; callers may
 		// ping every 10 s or more, also without an active stream.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	berthv1.RegisterSandboxServiceServer(srv, svc)
 	berthv1.RegisterImageServiceServer(srv, svc)
 	berthv1.RegisterFileServiceServer(srv, svc.FileService())

@@ -59,6 +59,7 @@ type download struct {
 	tw      *tar.Writer
 	linked  map[devIno]string // first name archived of each multiply-linked file
 	summary *berthv1.DownloadSummary
+	copyBuf []byte // file contents move through it: one read(2) per chunk, not per 32 KiB
 }
 
 type dlEntry struct {
@@ -244,7 +245,10 @@ func (d *download) entry(e *dlEntry) (uint64, error) {
 	if err := tw.WriteHeader(hdr); err != nil {
 		return 0, err
 	}
-	n, err := io.Copy(tw, io.LimitReader(fdReader(fd), st.Size))
+	if d.copyBuf == nil {
+		d.copyBuf = make([]byte, chunkBytes)
+	}
+	n, err := io.CopyBuffer(tw, io.LimitReader(fdReader(fd), st.Size), d.copyBuf)
 	if err != nil {
 		return 0, err
 	}

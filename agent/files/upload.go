@@ -111,6 +111,7 @@ type extraction struct {
 	entries int            // archive entries seen
 	dirs    []dirMeta      // directory entries, fixed up last
 	dirAt   map[string]int // index in dirs by name: a repeated entry updates its record
+	copyBuf []byte         // file contents move through it: one write(2) per chunk, not per 32 KiB
 }
 
 // dirMeta is a directory entry's mode and times, applied after its
@@ -319,8 +320,10 @@ func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error
 	if err != nil {
 		return pathError("create", x.b.full(name), err)
 	}
-	f := fdWriter(fd)
-	n, err := io.Copy(f, content)
+	if x.copyBuf == nil {
+		x.copyBuf = make([]byte, chunkBytes)
+	}
+	n, err := io.CopyBuffer(fdWriter(fd), content, x.copyBuf)
 	if err != nil {
 		unix.Close(fd)
 		if _, isErrno := errnoOf(err); isErrno {

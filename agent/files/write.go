@@ -24,7 +24,8 @@ const defaultFileMode = 0o644
 // REPLACE mode the content goes to a temporary file in the target's
 // directory, created as the workload user, which is fsynced and renamed
 // over the target; in APPEND mode to the target itself (O_APPEND), fsynced.
-// The response is sent only then. On any failure the temporary file and the
+// The response is sent only then, with the content's SHA-256 when the
+// header asked for it. On any failure the temporary file and the
 // parent directories this request created are removed.
 func (s *Service) WriteFile(stream agentv1.FileService_WriteFileServer) error {
 	first, err := stream.Recv()
@@ -64,8 +65,8 @@ type write struct {
 
 	fd      int // -1 when not open
 	tmp     string
-	created []string // parent directories this write created
-	sum     hash.Hash
+	created []string  // parent directories this write created
+	sum     hash.Hash // nil unless the header asked for the SHA-256
 	written uint64
 }
 
@@ -78,7 +79,10 @@ func (s *Service) newWrite(h *agentv1.WriteFileHeader) (*write, error) {
 	if path == "/" {
 		return nil, invalid("header.path", `"/" is a directory`)
 	}
-	w := &write{s: s, path: path, dir: filepath.Dir(path), h: h, mode: defaultFileMode, fd: -1, sum: sha256.New()}
+	w := &write{s: s, path: path, dir: filepath.Dir(path), h: h, mode: defaultFileMode, fd: -1}
+	if h.GetWantSha256() {
+		w.sum = sha256.New()
+	}
 	if h.Mode != nil {
 		if w.mode = h.GetMode(); w.mode > 0o7777 {
 			return nil, invalid("header.mode", "must be at most 07777 (permission bits, setuid, setgid, sticky)")
@@ -226,7 +230,9 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 		if err := writeAll(w.fd, data); err != nil {
 			return nil, pathError("write", w.path, err)
 		}
-		w.sum.Write(data)
+		if w.sum != nil {
+			w.sum.Write(data)
+		}
 		w.written = next
 	}
 	if h.SizeBytes != nil && w.written != h.GetSizeBytes() {
@@ -250,11 +256,11 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 	}
 	unix.Close(w.fd)
 	w.fd = -1
-	return &agentv1.WriteFileResponse{Result: &berthv1.WriteFileResponse{
-		WrittenBytes: w.written,
-		Sha256:       hex.EncodeToString(w.sum.Sum(nil)),
-		Info:         fileInfo(w.path, &st, ""),
-	}}, nil
+	resp := &berthv1.WriteFileResponse{WrittenBytes: w.written, Info: fileInfo(w.path, &st, "")}
+	if w.sum != nil {
+		resp.Sha256 = hex.EncodeToString(w.sum.Sum(nil))
+	}
+	return &agentv1.WriteFileResponse{Result: resp}, nil
 }
 
 // abort undoes a failed write: it closes the file, removes the temporary

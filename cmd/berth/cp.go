@@ -32,9 +32,9 @@ path, or "-" for standard input or output.
 
 As with cp(1), when the destination is an existing directory (or ends with
 "/") the source goes inside it under its own name; otherwise the source is
-copied to the destination path. Files travel as files (atomically replaced,
-SHA-256 reported by berthd; a file that changes while it is read fails the
-copy with FILE_CHANGED and leaves no local file). Directories travel as tar
+copied to the destination path. Files travel as files (atomically replaced
+and on disk when berth cp returns; a file that changes while it is read fails
+the copy with FILE_CHANGED and leaves no local file). Directories travel as tar
 streams: symlinks are kept as symlinks, files are owned by the sandbox's
 workload user on upload and by you on download, and archive entries that
 would escape the destination, or symlinks that would lead out of it, are
