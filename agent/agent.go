@@ -15,7 +15,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"github.com/berth-sandbox/berth/internal/wire"
 	"log/slog"
 	"net"
 	"os"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/berth-sandbox/berth/agent/files"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 

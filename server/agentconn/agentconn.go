@@ -6,10 +6,10 @@ package agentconn
 import (
 	"context"
 	"fmt"
-	"github.com/berth-sandbox/berth/internal/wire"
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
