@@ -9,24 +9,17 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// Limits of agent connections, in bytes.
-const (
-	// MaxRecvBytes is the largest message berthd accepts from an agent:
-	// output events are at most 256 KiB, ListExecs answers at most 3 MiB.
-	MaxRecvBytes = 4 << 20
-	// StreamWindowBytes is the flow-control window of each agent stream:
-	// the most berthd buffers for one stream that its caller does not read.
-	StreamWindowBytes = 1 << 20
-	// ConnWindowBytes is the flow-control window of an agent connection
-	// (the sum over its streams in flight).
-	ConnWindowBytes = 8 << 20
-)
+// MaxRecvBytes is the largest message berthd accepts from an agent, in
+// bytes: output events are at most 256 KiB, file chunks 1 MiB, ListExecs
+// answers at most 3 MiB.
+const MaxRecvBytes = 4 << 20
 
 // Pool holds agent connections keyed by socket path. The zero value is not
 // usable; call NewPool.
@@ -49,7 +42,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	if cc, ok := p.conns[socketPath]; ok {
 		return agentv1.NewAgentServiceClient(cc), nil
 	}
-	cc, err := grpc.NewClient("unix://"+socketPath,
+	cc, err := grpc.NewClient("unix://"+socketPath, append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Never through a symlink the sandbox put in place of its socket.
 		grpc.WithContextDialer(dialer),
@@ -61,14 +54,11 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 		}),
 		// The workload can reach the agent's socket: what comes from it
 		// is untrusted. No message from it may exceed MaxRecvBytes, and
-		// fixed flow-control windows bound what berthd buffers per stream
-		// to StreamWindowBytes while the caller reads slowly: gRPC's
-		// flow control then holds the agent, and the agent holds the
-		// process.
+		// the fixed flow-control windows (package wire) bound what berthd
+		// buffers per stream while its caller reads slowly: gRPC's flow
+		// control then holds the agent, and the agent holds the process.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
-		grpc.WithInitialWindowSize(StreamWindowBytes),
-		grpc.WithInitialConnWindowSize(ConnWindowBytes),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)
 	}
