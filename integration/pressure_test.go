@@ -68,19 +68,25 @@ func TestDetachedWritersKeepTheAgent(t *testing.T) {
 	if after := bootID(t, sb); after != before {
 		t.Errorf("agent boot id changed from %s to %s: the agent died", before, after)
 	}
-	// The newest writer's output is retained whole; the first one's was
-	// shed for it, and an attach says so.
-	last := openExec(t, env.sandboxes, attachReq(sb, ids[writers-1], 0), 0).wait()
-	if len(last.stdout) != 8000000 || len(last.dropped) != 0 {
-		t.Errorf("newest writer: %d bytes retained, %d dropped; want all 8000000", len(last.stdout), len(last.dropped))
+	// What each writer retains plus what an attach is told was shed is its
+	// 8000000 bytes; together they retain at most the budget, an eighth of
+	// the sandbox's memory (plus one 256 KiB event per writer in flight).
+	var retained, lostAll uint64
+	for _, id := range ids {
+		ev := openExec(t, env.sandboxes, attachReq(sb, id, 0), 0).wait()
+		var lost uint64
+		for _, d := range ev.dropped {
+			lost += d.GetLostBytes()
+		}
+		if got := uint64(len(ev.stdout)) + lost; got != 8000000 {
+			t.Errorf("exec %s: %d bytes retained + %d lost = %d, want 8000000", id, len(ev.stdout), lost, got)
+		}
+		retained += uint64(len(ev.stdout))
+		lostAll += lost
 	}
-	first := openExec(t, env.sandboxes, attachReq(sb, ids[0], 0), 0).wait()
-	var lost uint64
-	for _, d := range first.dropped {
-		lost += d.GetLostBytes()
-	}
-	if lost == 0 || uint64(len(first.stdout))+lost != 8000000 {
-		t.Errorf("first writer: %d bytes retained + %d lost; want some lost, 8000000 in all", len(first.stdout), lost)
+	t.Logf("40 writers of 8 MB: %d KiB retained, %d KiB shed", retained>>10, lostAll>>10)
+	if retained > 32<<20 || lostAll == 0 {
+		t.Errorf("retained %d bytes, shed %d; want at most the 32 MiB budget retained", retained, lostAll)
 	}
 }
 
@@ -147,9 +153,11 @@ func TestMemoryPressureSparesTheAgent(t *testing.T) {
 }
 
 // TestManyConcurrentExecs starts 800 `sleep 5` execs at once in one
-// sandbox: each runs to exit 0 or is refused with a typed error before
-// anything started (the agent's descriptors, the sandbox's pids); none
-// reports an exit status for a command that never ran.
+// sandbox: each runs to exit 0 or fails with a typed error — refused before
+// anything started (the agent's descriptors, the sandbox's pids), or, on a
+// loaded machine where the agent's queue of starts outlasts berthd's
+// connect budget, SANDBOX_UNREACHABLE saying it is unknown whether it ran;
+// none reports an exit status for a command that never ran.
 func TestManyConcurrentExecs(t *testing.T) {
 	if env.skip != "" {
 		t.Skip(env.skip)
@@ -181,7 +189,8 @@ func TestManyConcurrentExecs(t *testing.T) {
 			switch reason := rpcstatus.Reason(err); {
 			case err == nil && res.GetExitCode() == 0:
 				ran++
-			case reason == rpcstatus.ReasonDescriptorLimit || reason == rpcstatus.ReasonPidsLimit || reason == rpcstatus.ReasonFleetBusy:
+			case reason == rpcstatus.ReasonDescriptorLimit || reason == rpcstatus.ReasonPidsLimit || reason == rpcstatus.ReasonFleetBusy ||
+				reason == rpcstatus.ReasonUnreachable:
 				refused[reason]++
 			case err != nil:
 				t.Errorf("exec %d: %v (reason %q), want a result or a typed refusal", i, err, reason)
