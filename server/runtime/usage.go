@@ -25,7 +25,11 @@ type Usage struct {
 
 // Usage reads the sandbox task's metrics from containerd (cgroup v1 or v2
 // stats, as the shim reports them).
-func (r *Runtime) Usage(ctx context.Context, id string) (Usage, error) {
+func (r *Runtime) Usage(ctx context.Context, id string) (_ Usage, err error) {
+	c := r.begin(ctx, "read the usage of sandbox "+id)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return Usage{}, r.containerError(id, err)
