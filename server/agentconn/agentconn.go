@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -123,7 +124,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 		return agentv1.NewAgentServiceClient(cc), nil
 	}
 	received := new(atomic.Uint64)
-	cc, err := grpc.NewClient("unix://"+socketPath,
+	cc, err := grpc.NewClient("unix://"+socketPath, append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Never through a symlink the sandbox put in place of its socket.
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return p.dial(ctx, socketPath) }),
@@ -135,7 +136,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
 		grpc.WithStatsHandler(counter{received}),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)
 	}
