@@ -625,10 +625,14 @@ func streamName(s berthv1.Stream) string {
 }
 
 // Run runs spec in the sandbox sandboxID to completion and returns its
-// result with the retained stdout and stderr (at most the effective caps;
-// the result says whether they were truncated), without streaming. spec.Stdin
-// must be false. Of the ExecOptions only WithExecID applies. Errors as for
-// Exec.
+// result with the head of stdout and stderr, up to their caps (berthd's
+// defaults when unset: 2 MiB and 1 MiB; the result says whether each was
+// truncated), without streaming. Every byte within the caps is there: Run
+// fails with codes.DataLoss (ReasonOutputLost) rather than return less.
+// The client accepts a response as large as the caps, beyond gRPC's
+// default 4 MiB. spec.Stdin must be false. Of the ExecOptions only
+// WithExecID applies. Errors as for Exec, and codes.InvalidArgument naming
+// the cap when the caps exceed berthd's Run maximum.
 func (c *Client) Run(ctx context.Context, sandboxID string, spec *berthv1.ProcessSpec, opts ...ExecOption) (*berthv1.RunResponse, error) {
 	cfg := newExecConfig(opts)
 	var resp *berthv1.RunResponse

@@ -29,6 +29,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
 		{ReasonDiskQuotaUnsupported, rpcstatus.ReasonDiskQuotaUnsupported},
+		{ReasonOutputLost, rpcstatus.ReasonOutputLost},
 		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
 		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},
 		{ReasonDescriptorLimit, rpcstatus.ReasonDescriptorLimit},
