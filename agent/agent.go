@@ -208,8 +208,9 @@ type Server struct {
 	// their process groups.
 	stopping chan struct{}
 
-	execWG   sync.WaitGroup // one per running exec's supervising goroutine
-	streamWG sync.WaitGroup // one per Exec stream's receiving goroutine
+	launching sync.WaitGroup // one per start in flight (see startExec)
+	execWG    sync.WaitGroup // one per running exec's supervising goroutine
+	streamWG  sync.WaitGroup // one per Exec stream's receiving goroutine
 }
 
 var _ agentv1.AgentServiceServer = (*Server)(nil)
@@ -365,6 +366,8 @@ func (s *Server) stop(gs *grpc.Server) {
 	s.mu.Unlock()
 	// No reader waits for what the stopping execs still write.
 	s.output.Release()
+	// Starts in flight finish first: each may add a supervising goroutine.
+	s.launching.Wait()
 
 	// Each exec needs at most KillGrace to be killed, DrainGrace twice
 	// (group gone, pipes drained) to finish; allow a second of slack.

@@ -84,7 +84,10 @@ type reader = ring.Reader[*outputEvent]
 // new, and a reader attached to its output from the first event, unless
 // the start is a background one. A new exec's reader is attached before the
 // process starts, so that nothing it writes can be shed before the stream
-// reads it. Validation happens before anything runs.
+// reads it. Validation happens before anything runs. The new exec is
+// published before its process starts, so that a second start of the same
+// id waits for it instead of running again; the agent's lock is not held
+// while the process starts, so that attaches, lists and Info go on.
 func (s *Server) startExec(start *agentv1.ExecStart) (*execution, *reader, error) {
 	id := start.GetExecId()
 	if err := validateExecID(id); err != nil {
@@ -98,22 +101,38 @@ func (s *Server) startExec(start *agentv1.ExecStart) (*execution, *reader, error
 	if err != nil {
 		return nil, nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.serving || s.closing {
-		return nil, nil, errUnavailable()
+	for {
+		s.mu.Lock()
+		if !s.serving || s.closing {
+			s.mu.Unlock()
+			return nil, nil, errUnavailable()
+		}
+		if s.execs[id] != nil {
+			// Another start of the id came first: follow it, or start
+			// anew if it failed.
+			s.mu.Unlock()
+			if e := s.lookup(id); e != nil {
+				return s.follower(e, background)
+			}
+			continue
+		}
+		e := newExecution(id, p, s.cfg.RingBytes, s.output)
+		s.execs[id] = e
+		// Before closing can be set: stop waits for launches in flight.
+		s.launching.Add(1)
+		s.mu.Unlock()
+		r, err := s.launch(e, p, !background)
+		s.launching.Done()
+		if err != nil {
+			s.mu.Lock()
+			delete(s.execs, id)
+			s.mu.Unlock()
+			e.setLaunched(false)
+			return nil, nil, err
+		}
+		e.setLaunched(true)
+		return e, r, nil
 	}
-	// Checked again under the lock that also covers the launch: two starts
-	// of one id race here, and only one runs.
-	if e := s.execs[id]; e != nil {
-		return s.follower(e, background)
-	}
-	e, r, err := s.launch(id, p, !background)
-	if err != nil {
-		return nil, nil, err
-	}
-	s.execs[id] = e
-	return e, r, nil
 }
 
 // follower returns e with a reader from its first event, or without one for
@@ -147,10 +166,16 @@ func (s *Server) attachExec(attach *agentv1.ExecAttach) (*execution, *reader, er
 	return e, r, nil
 }
 
+// lookup returns the exec id, once its start is done, or nil when there is
+// none or its start failed.
 func (s *Server) lookup(id string) *execution {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.execs[id]
+	e := s.execs[id]
+	s.mu.Unlock()
+	if e == nil || !e.awaitLaunched() {
+		return nil
+	}
+	return e
 }
 
 // follow sends e's events after r's position until ExecExited, the client

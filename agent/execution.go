@@ -44,6 +44,11 @@ type execution struct {
 	log *ring.Log[*outputEvent]
 	// done is closed when the exec finished (after exited is set).
 	done chan struct{}
+	// launchedC is closed once the start is done: launched says whether it
+	// succeeded (the fields above are set), or failed and the exec was
+	// removed. Only then may others use the exec.
+	launchedC chan struct{}
+	launched  bool
 
 	// stdin is where ExecStdin goes: the write end of the process's stdin
 	// pipe, or the terminal's master for a tty exec; nil without stdin.
@@ -101,9 +106,33 @@ func newExecution(id string, p *plan, ringBytes uint64, pool *ring.Pool) *execut
 		argv:      p.argv,
 		startedAt: time.Now(),
 		done:      make(chan struct{}),
+		launchedC: make(chan struct{}),
 		log: ring.New(ring.Config[*outputEvent]{
 			Limit: ringBytes, Overhead: EventOverhead, Block: p.block, Pool: pool, Stamp: stampOutput,
 		}),
+	}
+}
+
+// setLaunched ends the start: ok when it succeeded.
+func (e *execution) setLaunched(ok bool) {
+	e.launched = ok
+	close(e.launchedC)
+}
+
+// awaitLaunched waits for the start to end and reports whether it
+// succeeded.
+func (e *execution) awaitLaunched() bool {
+	<-e.launchedC
+	return e.launched
+}
+
+// isLaunched reports, without waiting, whether the start succeeded.
+func (e *execution) isLaunched() bool {
+	select {
+	case <-e.launchedC:
+		return e.launched
+	default:
+		return false
 	}
 }
 

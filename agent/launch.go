@@ -26,17 +26,18 @@ const (
 	exitNotFound      = 127
 )
 
-// launch starts the exec id for p and returns it running, or finished with
-// exit code 127 or 126 and a message on stderr (on the terminal for a tty
-// exec) when the program cannot be found or executed, as a shell would.
-// Errors mean nothing ran and no exec was recorded: RESOURCE_EXHAUSTED with
-// the limit's reason when the process could not be forked or its pipes
-// made (PIDS_LIMIT_REACHED for EAGAIN, MEMORY_LIMIT_REACHED,
-// DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. With follow it also
-// returns a reader attached to the exec's output from before the process
-// starts. The caller holds s.mu.
-func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reader, err error) {
-	e := newExecution(id, p, s.cfg.RingBytes, s.output)
+// launch starts the process of the new exec e for p and leaves e running,
+// or finished with exit code 127 or 126 and a message on stderr (on the
+// terminal for a tty exec) when the program cannot be found or executed, as
+// a shell would. Errors mean nothing ran and the caller must forget e:
+// RESOURCE_EXHAUSTED with the limit's reason when the process could not be
+// forked or its pipes made (PIDS_LIMIT_REACHED for EAGAIN,
+// MEMORY_LIMIT_REACHED, DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. With
+// follow it also returns a reader attached to the exec's output from
+// before the process starts. The caller does not hold s.mu: starts
+// serialize on the supervisor's lock and the launcher only.
+func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err error) {
+	id := e.id
 	var r *reader
 	if follow {
 		r, _ = e.log.Follow(0) // cannot fail at 0
@@ -60,7 +61,7 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	}
 	if err != nil {
 		s.cannotRun(e, p, stderr, err)
-		return e, r, nil
+		return r, nil
 	}
 
 	// The child gets the write ends of two pipes and the read end of a
@@ -92,7 +93,7 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	if p.tty {
 		master, slave, err := openPTY(p.ttyRows, p.ttyCols)
 		if err != nil {
-			return nil, nil, internal("open terminal", err)
+			return nil, internal("open terminal", err)
 		}
 		closeOnErr = append(closeOnErr, master, slave)
 		// The master stays open until the process is reaped (supervise
@@ -112,15 +113,15 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	} else {
 		var outW, errW *os.File
 		if stdout.f, outW, err = pipe(); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if stderr.f, errW, err = pipe(); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		inR := s.devNull
 		if p.stdin {
 			if inR, e.stdin, err = pipe(); err != nil {
-				return nil, nil, err
+				return nil, err
 			}
 			childEnds = append(childEnds, inR)
 		}
@@ -138,9 +139,9 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	case errors.As(err, &execErr):
 		// It failed in the child, at execve(2): nothing of it ran.
 		s.cannotRun(e, p, stderr, execErr.Errno)
-		return e, r, nil
+		return r, nil
 	case err != nil:
-		return nil, nil, internal("start the process", err)
+		return nil, internal("start the process", err)
 	}
 	// The child holds its ends now; keep only the agent's.
 	closeOnErr = nil
@@ -152,7 +153,7 @@ func (s *Server) launch(id string, p *plan, follow bool) (_ *execution, _ *reade
 	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", p.argv[0], "tty", p.tty)
 	s.execWG.Add(1)
 	go s.supervise(e, exited, start, p.timeout, pumps)
-	return e, r, nil
+	return r, nil
 }
 
 // cannotRun finishes e without a process: exit code 127 when the program

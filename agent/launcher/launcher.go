@@ -40,6 +40,11 @@ import (
 // Arg0 is the argv[0] that makes the agent binary a launcher.
 const Arg0 = "berth-agent-launcher"
 
+// Comm is the launcher's command name (/proc/<pid>/comm, prctl(2)
+// PR_SET_NAME): berthd counts the launcher's work as its agent's when it
+// tells a busy agent from a hung one.
+const Comm = "berth-launcher"
+
 // OOMScoreAdj is the oom_score_adj (proc(5)) of the launcher and so of every
 // process it starts: the highest, so that the kernel's OOM killer picks a
 // workload process before the agent whenever it can.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"syscall"
+	"unsafe"
 )
 
 // init turns the process into a launcher when argv[0] is Arg0, before the
@@ -30,6 +31,7 @@ const socketFD = 3
 func serve(nofile string) int {
 	// The processes started must not inherit the socket.
 	syscall.CloseOnExec(socketFD)
+	setComm(Comm)
 	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(OOMScoreAdj)), 0); err != nil {
 		fmt.Fprintf(os.Stderr, "berth-agent launcher: processes keep the agent's OOM score: %v\n", err)
 	}
@@ -180,4 +182,12 @@ func spawn(req *Request, fds []int) (int, syscall.Errno, byte) {
 		return 0, errno, stageFork
 	}
 	return 0, errno, stageExec
+}
+
+// setComm sets the calling thread's command name, which is the process's
+// for its main thread (prctl(2) PR_SET_NAME; at most 15 bytes). Failure only
+// costs the name.
+func setComm(name string) {
+	b := append([]byte(name), 0)
+	syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_NAME, uintptr(unsafe.Pointer(&b[0])), 0)
 }
