@@ -48,6 +48,9 @@ const (
 	// ReasonOutputLost (DATA_LOSS) marks a Run whose command ran but whose
 	// output within the caps did not all arrive.
 	ReasonOutputLost = "OUTPUT_LOST"
+	// ReasonRegistryNotAllowed (FAILED_PRECONDITION): berthd's
+	// configuration does not let PullImage reach the image's registry.
+	ReasonRegistryNotAllowed = "REGISTRY_NOT_ALLOWED"
 	// ReasonDiskQuotaUnsupported: a disk quota was asked for on a server
 	// whose snapshotter cannot enforce one.
 	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
