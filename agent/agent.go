@@ -208,6 +208,7 @@ type Server struct {
 	// their process groups.
 	stopping chan struct{}
 
+	starting  sync.Mutex     // held by a start (launch) from its pipes to its fork
 	launching sync.WaitGroup // one per start in flight (see startExec)
 	execWG    sync.WaitGroup // one per running exec's supervising goroutine
 	streamWG  sync.WaitGroup // one per Exec stream's receiving goroutine

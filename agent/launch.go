@@ -34,9 +34,12 @@ const (
 // forked or its pipes made (PIDS_LIMIT_REACHED for EAGAIN,
 // MEMORY_LIMIT_REACHED, DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. With
 // follow it also returns a reader attached to the exec's output from
-// before the process starts. The caller does not hold s.mu: starts
-// serialize on the supervisor's lock and the launcher only.
+// before the process starts. The caller does not hold s.mu; starts take
+// s.starting, one at a time, so that a burst of starts holds the
+// descriptors of one start in flight, not of all.
 func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err error) {
+	s.starting.Lock()
+	defer s.starting.Unlock()
 	id := e.id
 	var r *reader
 	if follow {
