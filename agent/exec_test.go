@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/internal/e2e"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -993,12 +994,10 @@ func TestCwd(t *testing.T) {
 // subreaper, and stops cleanly on SIGTERM although PID 1 has no default
 // signal actions.
 func TestAsPID1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a pid namespace")
-	}
+	e2e.NeedRoot(t, "a pid namespace")
 	unshare, err := osexec.LookPath("unshare")
 	if err != nil {
-		t.Skip("needs unshare(1)")
+		e2e.Missing(t, "unshare(1) (util-linux) is not installed")
 	}
 	dir, err := os.MkdirTemp("", "ag")
 	if err != nil {
