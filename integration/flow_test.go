@@ -53,9 +53,7 @@ func repeatedSum(block []byte, n int) [sha256.Size]byte {
 // event: the writer waits for the reader. The 1 GiB case also shows that a
 // stream has no ceiling (the agent used to stop at 64 MiB).
 func TestExecFlowControl(t *testing.T) {
-	if env.skip != "" {
-		t.Skip(env.skip)
-	}
+	need(t)
 	sb := newSandbox(t, nil).GetId()
 	block := randomBlock(t, sb, "/tmp/block")
 	for _, blocks := range []int{1, 16, 64} {
@@ -130,9 +128,7 @@ func TestExecFlowControl(t *testing.T) {
 // caps beyond the server's maximum refused before anything runs, and the
 // server's Run buffer budget.
 func TestRunOutput(t *testing.T) {
-	if env.skip != "" {
-		t.Skip(env.skip)
-	}
+	need(t)
 	sb := newSandbox(t, nil).GetId()
 	block := randomBlock(t, sb, "/tmp/block")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -258,9 +254,7 @@ func TestRunOutput(t *testing.T) {
 // the default keeps the newest output and reports what it shed; block
 // makes the writer wait until an attach reads, and loses nothing.
 func TestDetachedOutput(t *testing.T) {
-	if env.skip != "" {
-		t.Skip(env.skip)
-	}
+	need(t)
 	sb := newSandbox(t, nil).GetId()
 	const size = 64 << 20 // eight 8 MiB rings
 	cmd := &berthv1.ProcessSpec{Argv: []string{"head", "-c", fmt.Sprint(size), "/dev/zero"}}

@@ -36,9 +36,7 @@ func bootID(t *testing.T, sandboxID string) string {
 // the memory), sheds the output of ended execs first, and is never
 // OOM-killed: its boot id stays the same.
 func TestDetachedWritersKeepTheAgent(t *testing.T) {
-	if env.skip != "" {
-		t.Skip(env.skip)
-	}
+	need(t)
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{MemoryBytes: 256 << 20}}).GetId()
 	before := bootID(t, sb)
 	const writers = 40
@@ -97,9 +95,7 @@ func TestDetachedWritersKeepTheAgent(t *testing.T) {
 // agent keeps its boot id, every exec ends with a result, and the next exec
 // works.
 func TestMemoryPressureSparesTheAgent(t *testing.T) {
-	if env.skip != "" {
-		t.Skip(env.skip)
-	}
+	need(t)
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{MemoryBytes: 64 << 20}}).GetId()
 	before := bootID(t, sb)
 	if ev := runExec(t, env.sandboxes, sb, "", sh("dd if=/dev/zero of=/dev/shm/fill bs=1M count=48 2>&1")); ev.result.GetExitCode() != 0 {
@@ -159,9 +155,7 @@ func TestMemoryPressureSparesTheAgent(t *testing.T) {
 // connect budget, SANDBOX_UNREACHABLE saying it is unknown whether it ran;
 // none reports an exit status for a command that never ran.
 func TestManyConcurrentExecs(t *testing.T) {
-	if env.skip != "" {
-		t.Skip(env.skip)
-	}
+	need(t)
 	sb := newSandbox(t, nil).GetId()
 	const execs = 800
 	var (
