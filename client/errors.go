@@ -45,6 +45,9 @@ const (
 	ReasonPidsLimit       = "PIDS_LIMIT_REACHED"       // a fork failed: the sandbox's pids_limit is reached
 	ReasonMemoryLimit     = "MEMORY_LIMIT_REACHED"     // the agent could not allocate: the sandbox's memory limit
 	ReasonDescriptorLimit = "DESCRIPTOR_LIMIT_REACHED" // the agent is out of file descriptors
+	// PortForward (Error.Metadata["port"] names the port in the sandbox).
+	ReasonPortClosed      = "PORT_CLOSED"      // FAILED_PRECONDITION: nothing accepts connections on the port in the sandbox
+	ReasonConnectionReset = "CONNECTION_RESET" // ABORTED: the forwarded connection failed after it opened
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

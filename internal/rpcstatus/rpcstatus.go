@@ -130,3 +130,16 @@ func clip(s string) string {
 	}
 	return fmt.Sprintf("%s... (cut: %d bytes in all)", s[:n], len(s))
 }
+
+// Reason tokens of PortForward streams; ErrorInfo metadata "port" names the
+// port in the sandbox.
+const (
+	// ReasonPortClosed (FAILED_PRECONDITION): nothing accepts connections
+	// on the port inside the sandbox (connect(2) was refused or did not
+	// complete).
+	ReasonPortClosed = "PORT_CLOSED"
+	// ReasonConnectionReset (ABORTED): the forwarded connection failed
+	// after it opened (reset by the server in the sandbox, or a write to it
+	// failed); bytes sent before may or may not have been read.
+	ReasonConnectionReset = "CONNECTION_RESET"
+)

@@ -1225,7 +1225,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -1335,7 +1335,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18STOP_REASON_IDLE_TIMEOUT\x10\x01\x12\x1c\n" +
-	"\x18STOP_REASON_MAX_LIFETIME\x10\x022\x93\x05\n" +
+	"\x18STOP_REASON_MAX_LIFETIME\x10\x022\xe3\x05\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -1347,7 +1347,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponse\x12D\n" +
 	"\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n" +
 	"\n" +
-	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n" +
+	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01B7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1390,10 +1391,12 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*RunRequest)(nil),            // 23: berth.v1.RunRequest
 	(*ListExecsRequest)(nil),      // 24: berth.v1.ListExecsRequest
 	(*SignalExecRequest)(nil),     // 25: berth.v1.SignalExecRequest
-	(*ExecResponse)(nil),          // 26: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 27: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),     // 28: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),    // 29: berth.v1.SignalExecResponse
+	(*PortForwardRequest)(nil),    // 26: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),          // 27: berth.v1.ExecResponse
+	(*RunResponse)(nil),           // 28: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),     // 29: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),    // 30: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),   // 31: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	20, // 0: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
@@ -1431,17 +1434,19 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	23, // 32: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
 	24, // 33: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
 	25, // 34: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	7,  // 35: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	9,  // 36: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	11, // 37: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	13, // 38: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	15, // 39: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	26, // 40: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	27, // 41: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	28, // 42: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	29, // 43: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	35, // [35:44] is the sub-list for method output_type
-	26, // [26:35] is the sub-list for method input_type
+	26, // 35: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	7,  // 36: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	9,  // 37: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	11, // 38: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	13, // 39: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	15, // 40: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	27, // 41: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	28, // 42: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	29, // 43: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	30, // 44: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	31, // 45: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	36, // [36:46] is the sub-list for method output_type
+	26, // [26:36] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -1453,6 +1458,7 @@ func file_berth_v1_sandbox_proto_init() {
 		return
 	}
 	file_berth_v1_exec_proto_init()
+	file_berth_v1_port_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
