@@ -137,6 +137,9 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	}
 
 	var err error
+	if spec.DiskBytes, err = s.diskBytes(res.GetDiskBytes()); err != nil {
+		return spec, err
+	}
 	if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
 		return spec, err
 	}
@@ -162,6 +165,32 @@ func validateRequestID(field, id string) error {
 		}
 	}
 	return nil
+}
+
+// minDiskBytes is the smallest disk quota accepted: btrfs copies a few
+// 16 KiB metadata blocks on a snapshot's first writes, and the agent
+// creates the working directory.
+const minDiskBytes = 1 << 20
+
+// diskBytes returns the disk quota for a request's resources.disk_bytes:
+// the server's default for zero. A quota on a server that cannot enforce
+// one is FAILED_PRECONDITION DISK_QUOTA_UNSUPPORTED, never ignored.
+func (s *Service) diskBytes(req uint64) (uint64, error) {
+	const field = "resources.disk_bytes"
+	if req == 0 {
+		return s.cfg.DefaultDiskBytes, nil
+	}
+	if err := s.rt.DiskQuota(); err != nil {
+		return 0, rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonDiskQuotaUnsupported,
+			fmt.Sprintf("%s: this server cannot enforce disk quotas: %v", field, err), map[string]string{"field": field})
+	}
+	if max := s.cfg.MaxDiskBytes; max > 0 && req > max {
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d exceeds the server's maximum of %d", req, max))
+	}
+	if req < minDiskBytes {
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d is below the minimum of %d (1 MiB)", req, minDiskBytes))
+	}
+	return req, nil
 }
 
 // requestSandboxID derives the sandbox id of owner's request id: "rq-" and
@@ -420,6 +449,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.PidsLimit != want.PidsLimit, "resources.pids_limit")
 	add(have.CPUMillis != want.CPUMillis, "resources.cpu_millis")
 	add(have.MemoryBytes != want.MemoryBytes, "resources.memory_bytes")
+	add(have.DiskBytes != want.DiskBytes, "resources.disk_bytes")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
@@ -451,12 +481,13 @@ func takenError(id string) error {
 func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
-		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0
+		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0 &&
+		spec.DiskBytes == def.DiskBytes
 }
 
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, WorkDir: runtime.DefaultWorkDir,
+	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, DiskBytes: s.cfg.DefaultDiskBytes, WorkDir: runtime.DefaultWorkDir,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
 }
 
