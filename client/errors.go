@@ -52,6 +52,9 @@ const (
 	// PortForward (Error.Metadata["port"] names the port in the sandbox).
 	ReasonPortClosed      = "PORT_CLOSED"      // FAILED_PRECONDITION: nothing accepts connections on the port in the sandbox
 	ReasonConnectionReset = "CONNECTION_RESET" // ABORTED: the forwarded connection failed after it opened
+	// ReasonNetworkUnavailable (FAILED_PRECONDITION): network mode EGRESS
+	// asked of a berthd without a working sandbox network.
+	ReasonNetworkUnavailable = "NETWORK_UNAVAILABLE"
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

@@ -260,15 +260,19 @@ func TestPortForwardFlowControl(t *testing.T) {
 		t.Fatal(err)
 	}
 	// dd's written bytes (/proc/PID/io wchar) stop growing while nobody
-	// reads: poll until two readings a second apart agree. (The probe of
-	// startInSandbox had a dd of its own, which ended at its close.)
+	// reads: poll until two readings a second apart agree.
+	// The sum over every dd: the probe's may not have exited yet.
 	written := func() int64 {
-		out := run(t, id, "sh", "-c", "cat /proc/$(pidof dd)/io")
-		m := regexp.MustCompile(`wchar: (\d+)`).FindSubmatch(out.GetStdout())
-		if m == nil || out.GetResult().GetExitCode() != 0 {
+		out := run(t, id, "sh", "-c", "for p in $(pidof dd); do cat /proc/$p/io 2>/dev/null; done")
+		ms := regexp.MustCompile(`wchar: (\d+)`).FindAllSubmatch(out.GetStdout(), -1)
+		if len(ms) == 0 {
 			t.Fatalf("/proc/PID/io of dd: %q %q", out.GetStdout(), out.GetStderr())
 		}
-		n, _ := strconv.ParseInt(string(m[1]), 10, 64)
+		var n int64
+		for _, m := range ms {
+			v, _ := strconv.ParseInt(string(m[1]), 10, 64)
+			n += v
+		}
 		return n
 	}
 	const bound = 64 << 20

@@ -146,3 +146,9 @@ const (
 	// failed); bytes sent before may or may not have been read.
 	ReasonConnectionReset = "CONNECTION_RESET"
 )
+
+// ReasonNetworkUnavailable (FAILED_PRECONDITION): a sandbox of network mode
+// EGRESS was asked of a berthd whose sandbox network is not available
+// (CNI plugins or nftables missing, or it failed to start); metadata
+// "field" is "network.mode".
+const ReasonNetworkUnavailable = "NETWORK_UNAVAILABLE"
