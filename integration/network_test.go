@@ -166,6 +166,24 @@ func newOutside(t testing.TB) *outside {
 	if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+o.hostIf+"/forwarding", []byte("1"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// allowed:81 holds connections open until the client closes its side.
+	hold, err := listenIn("/run/netns/"+o.name, netip.AddrPortFrom(o.allowed, 81).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.servers = append(o.servers, hold)
+	go func() {
+		for {
+			c, err := hold.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(io.Discard, c)
+				c.Close()
+			}()
+		}
+	}()
 	for _, a := range []netip.Addr{o.allowed, o.denied, o.linkLocal} {
 		l, err := listenIn("/run/netns/"+o.name, netip.AddrPortFrom(a, 80).String())
 		if err != nil {
@@ -603,3 +621,58 @@ func TestNetworkRestart(t *testing.T) {
 }
 
 func discardLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// TestNetworkMaxConnections: with max_connections 2 and two connections
+// open, a third is refused; once one closes, a new one opens.
+func TestNetworkMaxConnections(t *testing.T) {
+	need(t)
+	ne := newNetEnv(t, "netm-"+randHex(2))
+	o := newOutside(t)
+	p := egress(o.allowed.String())
+	p.MaxConnections = 2
+	sb := ne.create(t, p)
+	id := sb.GetId()
+	// Two connections held open by the server on port 81, in background
+	// execs of their own.
+	var jobs []string
+	for range 2 {
+		st, err := ne.sandboxes.Run(context.Background(), &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{
+			ShellCommand: fmt.Sprintf("setsid sh -c 'sleep 600 | nc %s 81' >/dev/null 2>&1 & echo $!", o.allowed)}})
+		if err != nil || st.GetResult().GetExitCode() != 0 {
+			t.Fatalf("open a held connection: %v %v", err, st)
+		}
+		jobs = append(jobs, strings.TrimSpace(string(st.GetStdout())))
+	}
+	established := func() int {
+		out, _ := ne.sh(t, id, fmt.Sprintf("netstat -tn | grep -c '%s:81 *ESTABLISHED'", o.allowed))
+		n := 0
+		fmt.Sscan(out, &n)
+		return n
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for established() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the two held connections did not open")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if ne.reaches(t, id, o.allowed.String(), 80, o.allowed.String()) {
+		t.Error("a third connection opened with max_connections 2 and two open")
+	}
+	// Each job leads a session of its own: kill its process group.
+	ne.sh(t, id, "kill -9 -- -"+jobs[0]+" -"+jobs[1])
+	for established() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the held connections did not close")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// The kernel forgets a closed connection once its conntrack entry is
+	// gone (TIME_WAIT/CLOSE); poll, bounded, for a new one to open.
+	for !ne.reaches(t, id, o.allowed.String(), 80, o.allowed.String()) {
+		if time.Now().After(deadline.Add(2 * time.Minute)) {
+			t.Fatal("no new connection opened after the held ones closed")
+		}
+		time.Sleep(time.Second)
+	}
+}
