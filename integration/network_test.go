@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +21,6 @@ import (
 
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -195,31 +193,14 @@ func newOutside(t testing.TB) *outside {
 	return o
 }
 
-// listenIn listens on addr in the network namespace at nsPath (the socket
-// stays there; the thread that made it is ended).
+// listenIn listens on addr in the network namespace at nsPath.
 func listenIn(nsPath, addr string) (net.Listener, error) {
-	type result struct {
-		l   net.Listener
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: Go ends the thread
-		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			done <- result{nil, err}
-			return
-		}
-		defer unix.Close(fd)
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			done <- result{nil, err}
-			return
-		}
-		l, err := net.Listen("tcp4", addr)
-		done <- result{l, err}
-	}()
-	r := <-done
-	return r.l, r.err
+	var l net.Listener
+	err := inNetNS(nsPath, func() (err error) {
+		l, err = net.Listen("tcp4", addr)
+		return err
+	})
+	return l, err
 }
 
 // serveBanner answers every connection with banner and a newline.

@@ -299,31 +299,35 @@ func TestPortForwardFlowControl(t *testing.T) {
 }
 
 // dialInSandbox connects to 127.0.0.1:port in the network namespace of the
-// sandbox's task with pid (setns(2) on a locked thread): the direct path
-// that PortForward is measured beside.
+// sandbox's task with pid: the direct path that PortForward is measured
+// beside.
 func dialInSandbox(pid uint32, port uint16) (net.Conn, error) {
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	done := make(chan result, 1)
+	var c net.Conn
+	err := inNetNS(fmt.Sprintf("/proc/%d/ns/net", pid), func() (err error) {
+		c, err = net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
+		return err
+	})
+	return c, err
+}
+
+// inNetNS runs fn on a thread moved into the network namespace at nsPath
+// (setns(2)); sockets fn makes stay there. The thread is never unlocked,
+// so Go ends it afterwards.
+func inNetNS(nsPath string, fn func() error) error {
+	done := make(chan error, 1)
 	go func() {
-		// The thread's namespace changes: it is never unlocked, so Go
-		// ends it with the goroutine.
 		runtime.LockOSThread()
-		ns, err := unix.Open(fmt.Sprintf("/proc/%d/ns/net", pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		fd, err := unix.Open(nsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			done <- result{nil, err}
+			done <- err
 			return
 		}
-		defer unix.Close(ns)
-		if err := unix.Setns(ns, unix.CLONE_NEWNET); err != nil {
-			done <- result{nil, err}
+		defer unix.Close(fd)
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			done <- err
 			return
 		}
-		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
-		done <- result{c, err}
+		done <- fn()
 	}()
-	r := <-done
-	return r.c, r.err
+	return <-done
 }
