@@ -499,16 +499,17 @@ func (m *Manager) rebuild(ctx context.Context) error {
 	return nft(ctx, m.rules.define(as, elems))
 }
 
-// removeStrays removes namespaces and leases that no record names, of
-// sandboxes not in live (a berthd that died mid-attach).
+// removeStrays removes namespaces and leases that no adopted record names
+// (a berthd that died mid-attach or mid-detach).
 func (m *Manager) removeStrays(ctx context.Context, live map[string]bool) {
 	entries, _ := os.ReadDir(m.dir("netns"))
 	for _, e := range entries {
-		if id := e.Name(); !live[id] || m.attached[id] == nil {
-			if m.attached[id] == nil {
-				m.log.Info("network: removing a stray network namespace", slog.String("sandbox_id", id))
-				m.release(ctx, id)
-			}
+		// Without a record its rules cannot be rebuilt: a sandbox
+		// using it (a crash between pinning and recording) has no working
+		// network either way.
+		if id := e.Name(); m.attached[id] == nil {
+			m.log.Info("network: removing a stray network namespace", slog.String("sandbox_id", id), slog.Bool("sandbox_alive", live[id]))
+			m.release(ctx, id)
 		}
 	}
 	leases, _ := os.ReadDir(m.dir("ipam", "berth-"+m.cfg.Bridge))
