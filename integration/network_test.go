@@ -657,3 +657,54 @@ func TestNetworkMaxConnections(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 }
+
+// TestNetworkBandwidth: bandwidth caps become token buckets (tc tbf) on the
+// sandbox's host interface (what it receives) and on an ifb device fed
+// from it (what it sends); both go with the sandbox.
+func TestNetworkBandwidth(t *testing.T) {
+	need(t)
+	ne := newNetEnv(t, "netb-"+randHex(2))
+	p := egress("192.0.2.0/24")
+	p.EgressBytesPerSecond, p.IngressBytesPerSecond = 1_000_000, 2_000_000
+	sb := ne.create(t, p)
+	if got := sb.GetNetwork(); got.GetEgressBytesPerSecond() != 1_000_000 || got.GetIngressBytesPerSecond() != 2_000_000 {
+		t.Errorf("Sandbox.network = %v, want the rates asked for", got)
+	}
+	ports := bridgePorts(t, ne.cfg.Bridge)
+	if len(ports) != 1 {
+		t.Fatalf("bridge ports: %v", ports)
+	}
+	tc := func(dev string) string {
+		out, err := exec.Command("tc", "qdisc", "show", "dev", dev).CombinedOutput()
+		if err != nil {
+			t.Fatalf("tc qdisc show dev %s: %v: %s", dev, err, out)
+		}
+		return string(out)
+	}
+	if q := tc(ports[0]); !strings.Contains(q, "qdisc tbf") || !strings.Contains(q, "rate 16Mbit") {
+		t.Errorf("qdiscs of the sandbox's host interface %s: %q, want tbf at 16Mbit (2 MB/s in)", ports[0], q)
+	}
+	ifbs, err := exec.Command("ip", "-o", "link", "show", "type", "ifb").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ifb string
+	for _, line := range strings.Split(string(ifbs), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && strings.HasPrefix(f[1], "bwp") {
+			name := strings.TrimSuffix(f[1], ":")
+			if strings.Contains(tc(name), "rate 8Mbit") {
+				ifb = name
+			}
+		}
+	}
+	if ifb == "" {
+		t.Fatalf("no ifb device with a tbf at 8Mbit (1 MB/s out) among %q", ifbs)
+	}
+	if _, err := ne.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlink.LinkByName(ifb); err == nil {
+		t.Errorf("ifb device %s left after the delete", ifb)
+	}
+	checkNetworkEmpty(t, ne)
+}

@@ -67,7 +67,7 @@ command -v git >/dev/null || missing+=(git)
 { command -v mkfs.btrfs >/dev/null && command -v btrfs >/dev/null; } || missing+=(btrfs-progs)
 # The sandbox network (network mode EGRESS): the CNI plugins berth drives,
 # nft for its rules, ip for the network tests.
-[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback && -x /usr/lib/cni/bandwidth ]] || missing+=(containernetworking-plugins)
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
 if [[ ${#missing[@]} -gt 0 ]]; then

@@ -178,6 +178,9 @@ func (s *Service) networkSpec(np *berthv1.NetworkPolicy) (runtime.NetworkSpec, e
 		if np.GetMaxConnections() > 0 {
 			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.max_connections", "is only for network mode NETWORK_MODE_EGRESS")
 		}
+		if np.GetEgressBytesPerSecond() > 0 || np.GetIngressBytesPerSecond() > 0 {
+			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.egress_bytes_per_second", "bandwidth caps are only for network mode NETWORK_MODE_EGRESS")
+		}
 		return runtime.NetworkSpec{}, nil
 	case berthv1.NetworkMode_NETWORK_MODE_EGRESS:
 	default:
@@ -199,7 +202,16 @@ func (s *Service) networkSpec(np *berthv1.NetworkPolicy) (runtime.NetworkSpec, e
 		}
 		return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.allow", err.Error())
 	}
-	spec := runtime.NetworkSpec{Egress: true, Allow: p.Entries(), MaxConnections: p.MaxConnections}
+	for _, rate := range []struct {
+		field string
+		v     uint64
+	}{{"network.egress_bytes_per_second", np.GetEgressBytesPerSecond()}, {"network.ingress_bytes_per_second", np.GetIngressBytesPerSecond()}} {
+		if rate.v > network.MaxBytesPerSecond {
+			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument(rate.field, fmt.Sprintf("%d exceeds the maximum of %d", rate.v, uint64(network.MaxBytesPerSecond)))
+		}
+	}
+	spec := runtime.NetworkSpec{Egress: true, Allow: p.Entries(), MaxConnections: p.MaxConnections,
+		EgressBytesPerSecond: np.GetEgressBytesPerSecond(), IngressBytesPerSecond: np.GetIngressBytesPerSecond()}
 	if n := len(runtime.AllowJSON(spec.Allow)); n > runtime.MaxNetworkAllowLabelBytes {
 		return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.allow", fmt.Sprintf("takes %d bytes as JSON; the limit is %d", n, runtime.MaxNetworkAllowLabelBytes))
 	}
@@ -219,6 +231,7 @@ func (s *Service) attachNetwork(ctx context.Context, spec *runtime.SandboxSpec) 
 	if err != nil {
 		return err
 	}
+	p.EgressBytesPerSecond, p.IngressBytesPerSecond = spec.Network.EgressBytesPerSecond, spec.Network.IngressBytesPerSecond
 	att, err := s.cfg.Network.Attach(ctx, spec.ID, p)
 	if err != nil {
 		return err

@@ -363,7 +363,8 @@ func (s *Service) networkProto(sb runtime.Sandbox, out *berthv1.Sandbox) {
 		out.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_NONE}
 		return
 	}
-	out.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: sb.Network.Allow, MaxConnections: sb.Network.MaxConnections}
+	out.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: sb.Network.Allow, MaxConnections: sb.Network.MaxConnections,
+		EgressBytesPerSecond: sb.Network.EgressBytesPerSecond, IngressBytesPerSecond: sb.Network.IngressBytesPerSecond}
 	if s.cfg.Network != nil {
 		if addr, ok := s.cfg.Network.Addr(sb.ID); ok {
 			out.NetworkAddress = addr.String()

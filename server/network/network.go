@@ -78,8 +78,8 @@ type Config struct {
 	// namespaces, IPAM leases, resolv.conf files. Required; keep it on a
 	// tmpfs (it describes what lives until reboot), e.g. /run/berth/net.
 	StateDir string
-	// PluginDirs are searched for the CNI plugins bridge, host-local and
-	// loopback. Default DefaultPluginDirs.
+	// PluginDirs are searched for the CNI plugins bridge, host-local,
+	// loopback and bandwidth. Default DefaultPluginDirs.
 	PluginDirs []string
 	// DNSUpstreams are the resolvers ("host:port") berth's resolver asks
 	// for allow-listed names, from the host. Default: the nameservers of
@@ -137,6 +137,8 @@ type attachment struct {
 	Veth           string     `json:"veth"` // host side of its veth pair
 	Allow          []string   `json:"allow"`
 	MaxConnections uint32     `json:"max_connections,omitempty"`
+	EgressRate     uint64     `json:"egress_bytes_per_second,omitempty"`
+	IngressRate    uint64     `json:"ingress_bytes_per_second,omitempty"`
 	Policy         Policy     `json:"-"`
 }
 
@@ -169,7 +171,7 @@ func New(cfg Config, log *slog.Logger) (*Manager, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
-	for _, plugin := range []string{"bridge", "host-local", "loopback"} {
+	for _, plugin := range []string{"bridge", "host-local", "loopback", "bandwidth"} {
 		if !pluginExists(cfg.PluginDirs, plugin) {
 			return nil, fmt.Errorf("%w: CNI plugin %s not found in %s (Debian: apt-get install containernetworking-plugins)", ErrUnavailable, plugin, strings.Join(cfg.PluginDirs, ", "))
 		}
@@ -213,7 +215,8 @@ func pluginExists(dirs []string, name string) bool {
 // cniConfList is the CNI network: the bridge plugin on Config.Bridge
 // (which Start creates with the gateway address, so the plugin neither
 // assigns it nor turns on the host's IP forwarding) with host-local
-// addresses and a default route through the gateway.
+// addresses and a default route through the gateway, then the bandwidth
+// plugin, which does nothing unless a sandbox's policy sets a rate.
 func (m *Manager) cniConfList() ([]byte, error) {
 	conf := map[string]any{
 		"cniVersion": "1.0.0",
@@ -226,9 +229,23 @@ func (m *Manager) cniConfList() ([]byte, error) {
 				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
 				"dataDir": m.dir("ipam"),
 			},
-		}},
+		}, map[string]any{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}}},
 	}
 	return json.Marshal(conf)
+}
+
+// bandwidth is p's rates for the bandwidth plugin: bits per second, with
+// bursts of a tenth of a second (at least 64 KiB, above any MTU).
+func bandwidth(p Policy) gocni.BandWidth {
+	var bw gocni.BandWidth
+	burst := func(rate uint64) uint64 { return max(rate*8/10, 64<<10*8) }
+	if r := p.IngressBytesPerSecond; r > 0 {
+		bw.IngressRate, bw.IngressBurst = r*8, burst(r)
+	}
+	if r := p.EgressBytesPerSecond; r > 0 {
+		bw.EgressRate, bw.EgressBurst = r*8, burst(r)
+	}
+	return bw
 }
 
 // Subnet returns the sandboxes' network.
@@ -392,17 +409,24 @@ func (m *Manager) Attach(ctx context.Context, id string, p Policy) (att Attachme
 	if err := createNetNS(ns); err != nil {
 		return Attachment{}, err
 	}
-	result, err := m.cni.Setup(ctx, id, ns)
+	var opts []gocni.NamespaceOpts
+	if p.EgressBytesPerSecond > 0 || p.IngressBytesPerSecond > 0 {
+		opts = append(opts, gocni.WithCapabilityBandWidth(bandwidth(p)))
+	}
+	result, err := m.cni.Setup(ctx, id, ns, opts...)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("CNI setup of %s: %w", id, err)
 	}
-	a := &attachment{ID: id, Allow: p.Entries(), MaxConnections: p.MaxConnections, Policy: p}
+	a := &attachment{ID: id, Allow: p.Entries(), MaxConnections: p.MaxConnections,
+		EgressRate: p.EgressBytesPerSecond, IngressRate: p.IngressBytesPerSecond, Policy: p}
 	if cfg := result.Interfaces["eth0"]; cfg != nil && len(cfg.IPConfigs) > 0 {
 		a.Addr, _ = netip.AddrFromSlice(cfg.IPConfigs[0].IP.To4())
 	}
+	// The bridge plugin lists the bridge, the host's veth, the sandbox's
+	// eth0; the bandwidth plugin may add its ifb device after them.
 	for _, raw := range result.Raw() {
 		for _, in := range raw.Interfaces {
-			if in.Sandbox == "" && in.Name != m.cfg.Bridge {
+			if in.Sandbox == "" && in.Name != m.cfg.Bridge && a.Veth == "" {
 				a.Veth = in.Name
 			}
 		}
@@ -618,6 +642,7 @@ func readRecord(path string) (*attachment, error) {
 		a.Policy.Allow = append(a.Policy.Allow, r)
 	}
 	a.Policy.MaxConnections = a.MaxConnections
+	a.Policy.EgressBytesPerSecond, a.Policy.IngressBytesPerSecond = a.EgressRate, a.IngressRate
 	return &a, nil
 }
 

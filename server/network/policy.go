@@ -157,7 +157,14 @@ type Policy struct {
 	// MaxConnections caps the connections the sandbox has open through
 	// the bridge at once (new ones beyond are refused); 0: no cap.
 	MaxConnections uint32
+	// EgressBytesPerSecond and IngressBytesPerSecond cap what the sandbox
+	// sends and receives (CNI bandwidth plugin: token buckets on its host
+	// interface and an ifb device); 0: no cap.
+	EgressBytesPerSecond, IngressBytesPerSecond uint64
 }
+
+// MaxBytesPerSecond bounds a bandwidth cap.
+const MaxBytesPerSecond = 1 << 40
 
 // FieldError is an invalid allow-list entry: Field names it
 // ("network.allow[3]").

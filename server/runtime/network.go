@@ -15,6 +15,8 @@ const (
 	labelNetwork         = LabelPrefix + "network"           // "egress"
 	labelNetworkAllow    = LabelPrefix + "network-allow"     // JSON array of normalized entries
 	labelNetworkMaxConns = LabelPrefix + "network-max-conns" // decimal
+	labelNetworkEgress   = LabelPrefix + "network-egress-bps"  // bytes per second, decimal
+	labelNetworkIngress  = LabelPrefix + "network-ingress-bps" // bytes per second, decimal
 )
 
 // MaxNetworkAllowLabelBytes bounds the JSON allow-list kept in a label
@@ -30,6 +32,9 @@ type NetworkSpec struct {
 	// MaxConnections its connection cap, as recorded.
 	Allow          []string
 	MaxConnections uint32
+	// EgressBytesPerSecond and IngressBytesPerSecond cap its bandwidth;
+	// zero: no cap.
+	EgressBytesPerSecond, IngressBytesPerSecond uint64
 	// NetNS is the path of the network namespace the container joins, and
 	// ResolvConf a host file bind-mounted read-only at /etc/resolv.conf
 	// (network.Attachment). Set for EGRESS at create; not recorded.
@@ -47,7 +52,8 @@ func AllowJSON(allow []string) string {
 
 // Equal reports whether n and o record the same network.
 func (n NetworkSpec) Equal(o NetworkSpec) bool {
-	return n.Egress == o.Egress && slices.Equal(n.Allow, o.Allow) && n.MaxConnections == o.MaxConnections
+	return n.Egress == o.Egress && slices.Equal(n.Allow, o.Allow) && n.MaxConnections == o.MaxConnections &&
+		n.EgressBytesPerSecond == o.EgressBytesPerSecond && n.IngressBytesPerSecond == o.IngressBytesPerSecond
 }
 
 func (n NetworkSpec) digestFields(field func(name, value string)) {
@@ -57,6 +63,8 @@ func (n NetworkSpec) digestFields(field func(name, value string)) {
 	field("network", "egress")
 	field("network.allow", AllowJSON(n.Allow))
 	field("network.max_connections", strconv.FormatUint(uint64(n.MaxConnections), 10))
+	field("network.egress_bytes_per_second", strconv.FormatUint(n.EgressBytesPerSecond, 10))
+	field("network.ingress_bytes_per_second", strconv.FormatUint(n.IngressBytesPerSecond, 10))
 }
 
 func (n NetworkSpec) addLabels(labels map[string]string) {
@@ -67,6 +75,12 @@ func (n NetworkSpec) addLabels(labels map[string]string) {
 	labels[labelNetworkAllow] = AllowJSON(n.Allow)
 	if n.MaxConnections > 0 {
 		labels[labelNetworkMaxConns] = strconv.FormatUint(uint64(n.MaxConnections), 10)
+	}
+	if n.EgressBytesPerSecond > 0 {
+		labels[labelNetworkEgress] = strconv.FormatUint(n.EgressBytesPerSecond, 10)
+	}
+	if n.IngressBytesPerSecond > 0 {
+		labels[labelNetworkIngress] = strconv.FormatUint(n.IngressBytesPerSecond, 10)
 	}
 }
 
@@ -80,6 +94,8 @@ func decodeNetwork(labels map[string]string) NetworkSpec {
 	if v, err := strconv.ParseUint(labels[labelNetworkMaxConns], 10, 32); err == nil {
 		n.MaxConnections = uint32(v)
 	}
+	n.EgressBytesPerSecond, _ = strconv.ParseUint(labels[labelNetworkEgress], 10, 64)
+	n.IngressBytesPerSecond, _ = strconv.ParseUint(labels[labelNetworkIngress], 10, 64)
 	return n
 }
 

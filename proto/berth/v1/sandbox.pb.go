@@ -320,8 +320,15 @@ type NetworkPolicy struct {
 	// max_connections caps the connections an EGRESS sandbox has open at
 	// once through the bridge; new ones beyond are refused. Zero: no cap.
 	MaxConnections uint32 `protobuf:"varint,3,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// egress_bytes_per_second caps what an EGRESS sandbox sends, in bytes
+	// per second (token bucket, bursts of a tenth of a second); zero: no
+	// cap. At most 2^40.
+	EgressBytesPerSecond uint64 `protobuf:"varint,4,opt,name=egress_bytes_per_second,json=egressBytesPerSecond,proto3" json:"egress_bytes_per_second,omitempty"`
+	// ingress_bytes_per_second caps what an EGRESS sandbox receives through
+	// its interface, in bytes per second, as egress_bytes_per_second.
+	IngressBytesPerSecond uint64 `protobuf:"varint,5,opt,name=ingress_bytes_per_second,json=ingressBytesPerSecond,proto3" json:"ingress_bytes_per_second,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *NetworkPolicy) Reset() {
@@ -371,6 +378,20 @@ func (x *NetworkPolicy) GetAllow() []string {
 func (x *NetworkPolicy) GetMaxConnections() uint32 {
 	if x != nil {
 		return x.MaxConnections
+	}
+	return 0
+}
+
+func (x *NetworkPolicy) GetEgressBytesPerSecond() uint64 {
+	if x != nil {
+		return x.EgressBytesPerSecond
+	}
+	return 0
+}
+
+func (x *NetworkPolicy) GetIngressBytesPerSecond() uint64 {
+	if x != nil {
+		return x.IngressBytesPerSecond
 	}
 	return 0
 }
@@ -1439,11 +1460,13 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12\x1b\n" +
-	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\"y\n" +
+	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\"\xe9\x01\n" +
 	"\rNetworkPolicy\x12)\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x15.berth.v1.NetworkModeR\x04mode\x12\x14\n" +
 	"\x05allow\x18\x02 \x03(\tR\x05allow\x12'\n" +
-	"\x0fmax_connections\x18\x03 \x01(\rR\x0emaxConnections\"\xc6\x01\n" +
+	"\x0fmax_connections\x18\x03 \x01(\rR\x0emaxConnections\x125\n" +
+	"\x17egress_bytes_per_second\x18\x04 \x01(\x04R\x14egressBytesPerSecond\x127\n" +
+	"\x18ingress_bytes_per_second\x18\x05 \x01(\x04R\x15ingressBytesPerSecond\"\xc6\x01\n" +
 	"\fSandboxUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +
