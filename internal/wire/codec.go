@@ -192,3 +192,37 @@ func (r *Receiver) Recv(recvMsg func(any) error, m proto.Message) (data []byte, 
 
 // Free releases the last chunk's buffers.
 func (r *Receiver) Free() { r.fr.Free() }
+
+// Embedded reports whether the frame is a message of exactly one field,
+// the message field numbered field (an oneof case, say), and returns the
+// value of that message's first field when it is the varint numbered
+// first: e.g. the sequence number of an exec's output event. Any other
+// message is not: Decode it.
+func (f *Frame) Embedded(field, first protoreflect.FieldNumber) (uint64, bool) {
+	var head [32]byte // a tag and a length, then the inner tag and varint
+	got := 0
+	for _, b := range f.data {
+		got += copy(head[got:], b.ReadOnlyData())
+		if got == len(head) {
+			break
+		}
+	}
+	num, typ, tagLen := protowire.ConsumeTag(head[:got])
+	if tagLen < 0 || num != field || typ != protowire.BytesType {
+		return 0, false
+	}
+	n, lenLen := protowire.ConsumeVarint(head[tagLen:got])
+	if lenLen < 0 || n != uint64(f.data.Len()-tagLen-lenLen) {
+		return 0, false
+	}
+	inner := head[tagLen+lenLen : got]
+	num, typ, innerTag := protowire.ConsumeTag(inner)
+	if innerTag < 0 || num != first || typ != protowire.VarintType {
+		return 0, false
+	}
+	v, vLen := protowire.ConsumeVarint(inner[innerTag:])
+	if vLen < 0 {
+		return 0, false
+	}
+	return v, true
+}
