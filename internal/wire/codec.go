@@ -226,3 +226,9 @@ func (f *Frame) Embedded(field, first protoreflect.FieldNumber) (uint64, bool) {
 	}
 	return v, true
 }
+
+// FrameOf returns a frame holding b, an encoded message, to be sent as it
+// is. b must not change while gRPC may hold it; it is never pooled.
+func FrameOf(b []byte) *Frame {
+	return &Frame{data: mem.BufferSlice{mem.SliceBuffer(b)}}
+}
