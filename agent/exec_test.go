@@ -183,6 +183,23 @@ func TestTimeoutKillsGroup(t *testing.T) {
 	}
 }
 
+// TestTimeoutKillsWhatIgnoresTerm: a process that ignores SIGTERM outlives
+// its timeout only by the kill grace: then SIGKILL ends it, reported as a
+// timeout with exit 137.
+func TestTimeoutKillsWhatIgnoresTerm(t *testing.T) {
+	a := startAgent(t, "--kill-grace", "300ms")
+	spec := shell(`trap "" TERM; sleep 100`)
+	spec.Timeout = durationpb.New(time.Second)
+	r := a.run(t, execID(t), spec)
+	res := r.result
+	if !res.GetTimedOut() || res.GetExitCode() != 137 || res.GetSignal() != "SIGKILL" {
+		t.Errorf("result = %v, want timed out, exit 137, SIGKILL", res)
+	}
+	if d := res.GetDuration().AsDuration(); d < 1300*time.Millisecond || d > 10*time.Second {
+		t.Errorf("duration %v, want the 1 s timeout plus the 300 ms grace (well under 10 s)", d)
+	}
+}
+
 func TestTimeoutClamp(t *testing.T) {
 	a := startAgent(t, "--min-timeout", "2s", "--max-timeout", "1h", "--default-timeout", "5m",
 		"--default-output-limit", "1000", "--max-output-limit", "5000")
