@@ -124,6 +124,33 @@ func (e *execution) signal(sig syscall.Signal) error {
 	return nil
 }
 
+// terminate sends sig, for a timeout or the agent's stop, to everything the
+// exec started: its process group, and for a tty exec every process group
+// of its terminal session — a shell with job control puts each job in a
+// group of its own, which a signal to the leader's group would miss. A
+// process that made a session of its own (setsid) is out of reach, as it
+// means to be.
+func (e *execution) terminate(sig syscall.Signal) error {
+	if !e.hasTTY {
+		return e.signal(sig)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished || e.pgid == 0 {
+		return nil
+	}
+	if sig == unix.SIGKILL {
+		e.killSent.Store(true)
+	}
+	var errs []error
+	for _, pgid := range sessionGroups(e.pgid) {
+		if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill process group %d of session %d with %v: %w", pgid, e.pgid, sig, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // running reports whether the exec's result is not known yet.
 func (e *execution) running() bool {
 	e.mu.Lock()
@@ -132,9 +159,15 @@ func (e *execution) running() bool {
 }
 
 // groupAlive reports whether any process, zombies included, is still in the
-// exec's process group.
+// exec's process group, or for a tty exec in its session (see terminate).
 func (e *execution) groupAlive() bool {
-	return e.pgid != 0 && unix.Kill(-e.pgid, 0) == nil
+	if e.pgid == 0 {
+		return false
+	}
+	if e.hasTTY {
+		return len(sessionGroups(e.pgid)) > 0
+	}
+	return unix.Kill(-e.pgid, 0) == nil
 }
 
 // awaitGroupGone polls until the process group is empty (its members were
@@ -321,7 +354,7 @@ func (s *Server) supervise(e *execution, exited <-chan exitStatus, start time.Ti
 			return
 		}
 		termSent = true
-		s.logSignalErr(e, e.signal(unix.SIGTERM))
+		s.logSignalErr(e, e.terminate(unix.SIGTERM))
 		killTimer = time.NewTimer(s.cfg.KillGrace)
 		killC = killTimer.C
 	}
@@ -339,7 +372,7 @@ wait:
 			stopping = nil
 			escalate()
 		case <-killC:
-			s.logSignalErr(e, e.signal(unix.SIGKILL))
+			s.logSignalErr(e, e.terminate(unix.SIGKILL))
 			killSent, killC = true, nil
 		}
 	}
@@ -350,7 +383,7 @@ wait:
 		// grandchild ignoring SIGTERM) still gets its grace, then SIGKILL.
 		if e.groupAlive() {
 			<-killC
-			s.logSignalErr(e, e.signal(unix.SIGKILL))
+			s.logSignalErr(e, e.terminate(unix.SIGKILL))
 			killSent = true
 		} else {
 			killTimer.Stop()
