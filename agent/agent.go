@@ -93,6 +93,11 @@ type Config struct {
 	RingBytes uint64
 	// Retention is how long a finished exec stays attachable. Default 10m.
 	Retention time.Duration
+	// MaxRetained bounds how many finished execs are kept for Retention:
+	// beyond it the oldest are forgotten at once (then NOT_FOUND), so
+	// that a sandbox running many short execs keeps constant memory and
+	// Info and ListExecs constant cost. Default 1000.
+	MaxRetained int
 	// HeartbeatInterval is how long an Exec stream may stay silent before
 	// the agent sends ExecHeartbeat. Default 15s.
 	HeartbeatInterval time.Duration
@@ -127,6 +132,7 @@ func DefaultConfig() Config {
 		MaxOutputLimit:     64 << 20,
 		RingBytes:          8 << 20,
 		Retention:          10 * time.Minute,
+		MaxRetained:        1000,
 		HeartbeatInterval:  15 * time.Second,
 	}
 }
@@ -145,6 +151,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.MaxOutputLimit, d.MaxOutputLimit)
 	setDefault(&c.RingBytes, d.RingBytes)
 	setDefault(&c.Retention, d.Retention)
+	setDefault(&c.MaxRetained, d.MaxRetained)
 	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
 	if c.Env == nil {
 		c.Env = os.Environ()
@@ -187,12 +194,14 @@ type Server struct {
 	// oom counts the OOM kills of the agent's memory cgroup; oomScore gives
 	// children the highest OOM score.
 	oom      *oomCounter
+	ooms     oomLedger // which exec took which OOM kill
 	oomScore *oomScore
 
 	mu      sync.Mutex
 	execs   map[string]*execution
-	serving bool // Serve was called
-	closing bool // Serve is stopping: starts are refused
+	retired []*execution // finished execs, oldest first (retention.go)
+	serving bool         // Serve was called
+	closing bool         // Serve is stopping: starts are refused
 	// stopping is closed when Serve stops; running execs then terminate
 	// their process groups.
 	stopping chan struct{}

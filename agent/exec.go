@@ -106,6 +106,9 @@ func (s *Server) startExec(start *agentv1.ExecStart) (*execution, error) {
 		return nil, err
 	}
 	s.execs[id] = e
+	if !e.running() {
+		s.retireLocked(e) // it could not run: finished already
+	}
 	return e, nil
 }
 

@@ -63,6 +63,10 @@ type execution struct {
 	// killer's.
 	killSent atomic.Bool
 
+	// retired is set once the exec is among the server's finished ones
+	// (Server.retired); guarded by Server.mu.
+	retired bool
+
 	mu         sync.Mutex
 	finished   bool                  // the result is known; the pgid may be reused
 	finishedAt time.Time             // when finished became true
@@ -419,11 +423,12 @@ wait:
 
 	res := resultOf(st, start)
 	res.TimedOut = timedOut
-	res.OomKilled = oomVerdict(st.ws, e.oomBefore, oomAfter, e.oomKnown, e.killSent.Load())
+	res.OomKilled = oomVerdict(st.ws, e.oomBefore, oomAfter, e.oomKnown, e.killSent.Load(), &s.ooms)
 	for _, p := range pumps {
 		p.fill(res)
 	}
 	e.finish(res)
+	s.retire(e)
 	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "exit_code", res.GetExitCode(),
 		"signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
 }
