@@ -47,6 +47,7 @@ func (s *Server) retireLocked(e *execution) {
 		// exec's since.
 		if s.execs[old.id] == old {
 			delete(s.execs, old.id)
+			old.log.Drop()
 		}
 	}
 }
@@ -58,6 +59,7 @@ func (s *Server) sweep(cutoff time.Time) {
 	for id, e := range s.execs {
 		if e.finishedBefore(cutoff) {
 			delete(s.execs, id)
+			e.log.Drop()
 		}
 	}
 }
