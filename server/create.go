@@ -105,22 +105,8 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest) (runtime.Sandbo
 		return spec, err
 	}
 
-	res := req.GetResources()
-	spec.PidsLimit, spec.CPUMillis, spec.MemoryBytes = res.GetPidsLimit(), res.GetCpuMillis(), res.GetMemoryBytes()
-	if spec.PidsLimit == 0 {
-		spec.PidsLimit = s.cfg.DefaultPidsLimit
-	}
-	if spec.PidsLimit > s.cfg.MaxPidsLimit {
-		return spec, rpcstatus.InvalidArgument("resources.pids_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.PidsLimit, s.cfg.MaxPidsLimit))
-	}
-	if spec.CPUMillis > s.cfg.MaxCPUMillis {
-		return spec, rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.CPUMillis, s.cfg.MaxCPUMillis))
-	}
-	if max := s.cfg.MaxMemoryBytes; max > 0 && spec.MemoryBytes > max {
-		return spec, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.MemoryBytes, max))
-	}
-	if m := spec.MemoryBytes; m > 0 && m < minMemoryBytes {
-		return spec, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
+	if err := s.resources(&spec, req.GetResources()); err != nil {
+		return spec, err
 	}
 
 	var err error
@@ -137,6 +123,65 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest) (runtime.Sandbo
 		return spec, err
 	}
 	return spec, nil
+}
+
+// resources fills spec's limits from res, the server's defaults standing in
+// for zero fields, and checks them against the server's maximums.
+func (s *Service) resources(spec *runtime.SandboxSpec, res *berthv1.Resources) error {
+	spec.PidsLimit, spec.CPUMillis, spec.MemoryBytes = res.GetPidsLimit(), res.GetCpuMillis(), res.GetMemoryBytes()
+	spec.OpenFiles = res.GetOpenFilesLimit()
+	s.defaultResources(spec)
+	if spec.PidsLimit > s.cfg.MaxPidsLimit {
+		return rpcstatus.InvalidArgument("resources.pids_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.PidsLimit, s.cfg.MaxPidsLimit))
+	}
+	if spec.CPUMillis > s.cfg.MaxCPUMillis {
+		return rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.CPUMillis, s.cfg.MaxCPUMillis))
+	}
+	if max := s.cfg.MaxMemoryBytes; max > 0 && spec.MemoryBytes > max {
+		return rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.MemoryBytes, max))
+	}
+	if m := spec.MemoryBytes; m > 0 && m < minMemoryBytes {
+		return rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
+	}
+	if spec.OpenFiles > s.cfg.MaxOpenFiles {
+		return rpcstatus.InvalidArgument("resources.open_files_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.OpenFiles, s.cfg.MaxOpenFiles))
+	}
+	if spec.OpenFiles < minOpenFiles {
+		return rpcstatus.InvalidArgument("resources.open_files_limit", fmt.Sprintf("%d is below the minimum of %d", spec.OpenFiles, minOpenFiles))
+	}
+	// Every process may hold OpenFiles descriptors, each its own open file
+	// at worst: PidsLimit × OpenFiles bounds what the sandbox can take from
+	// the host's file table (fs.file-max).
+	if max := s.cfg.MaxSandboxOpenFiles; spec.PidsLimit > max || spec.OpenFiles > max/spec.PidsLimit {
+		worst := spec.PidsLimit * spec.OpenFiles // for the message
+		field := "resources.open_files_limit"
+		if res.GetOpenFilesLimit() == 0 {
+			field = "resources.pids_limit"
+		}
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("pids_limit %d × open_files_limit %d may hold %d open files; the server's maximum per sandbox is %d: lower either",
+			spec.PidsLimit, spec.OpenFiles, worst, s.cfg.MaxSandboxOpenFiles))
+	}
+	return nil
+}
+
+// minOpenFiles is the smallest RLIMIT_NOFILE accepted: the agent needs
+// descriptors of its own for its socket, pipes and files.
+const minOpenFiles = 64
+
+// defaultResources puts the server's defaults in spec's zero limits.
+func (s *Service) defaultResources(spec *runtime.SandboxSpec) {
+	if spec.PidsLimit == 0 {
+		spec.PidsLimit = s.cfg.DefaultPidsLimit
+	}
+	if spec.CPUMillis == 0 && s.cfg.DefaultCPUMillis > 0 {
+		spec.CPUMillis = uint64(s.cfg.DefaultCPUMillis)
+	}
+	if spec.MemoryBytes == 0 && s.cfg.DefaultMemoryBytes > 0 {
+		spec.MemoryBytes = uint64(s.cfg.DefaultMemoryBytes)
+	}
+	if spec.OpenFiles == 0 {
+		spec.OpenFiles = s.cfg.DefaultOpenFiles
+	}
 }
 
 func validateRequestID(field, id string) error {
@@ -392,6 +437,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.PidsLimit != want.PidsLimit, "resources.pids_limit")
 	add(have.CPUMillis != want.CPUMillis, "resources.cpu_millis")
 	add(have.MemoryBytes != want.MemoryBytes, "resources.memory_bytes")
+	add(have.OpenFiles != want.OpenFiles, "resources.open_files_limit")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
@@ -413,13 +459,16 @@ func conflictError(id string, fields []string) error {
 func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
-		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0
+		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == def.CPUMillis &&
+		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles
 }
 
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, WorkDir: runtime.DefaultWorkDir,
+	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
+	s.defaultResources(&spec)
+	return spec
 }
 
 // fromPool claims a ready warm-pool member for spec. It reports false when

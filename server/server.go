@@ -34,7 +34,7 @@ var Version = "dev"
 // Config configures the handlers. Zero fields take the defaults given.
 type Config struct {
 	// DefaultPidsLimit is a sandbox's pids limit (processes and threads)
-	// when the request gives none. Default 1024.
+	// when the request gives none. Default 512.
 	DefaultPidsLimit uint64
 	// MaxPidsLimit bounds requested pids limits; larger requests are
 	// INVALID_ARGUMENT. Default 32768.
@@ -45,6 +45,26 @@ type Config struct {
 	// MaxMemoryBytes bounds requested memory caps, in bytes. Default: no
 	// bound beyond the host's memory.
 	MaxMemoryBytes uint64
+	// DefaultCPUMillis is a sandbox's CPU cap, in thousandths of a CPU,
+	// when the request gives none. Default 1000 (one CPU); negative: no
+	// cap.
+	DefaultCPUMillis int64
+	// DefaultMemoryBytes is a sandbox's memory cap, in bytes, when the
+	// request gives none. Default 1 GiB; negative: no cap.
+	DefaultMemoryBytes int64
+	// DefaultOpenFiles is a sandbox's RLIMIT_NOFILE (per process) when the
+	// request gives none. Default 1024, the limit containerd and Docker
+	// give.
+	DefaultOpenFiles uint64
+	// MaxOpenFiles bounds requested RLIMIT_NOFILE values. Default 1048576
+	// (the kernel's default fs.nr_open, above which setrlimit fails).
+	MaxOpenFiles uint64
+	// MaxSandboxOpenFiles bounds a sandbox's worst case of open files,
+	// pids_limit × open_files_limit; a request beyond it is
+	// INVALID_ARGUMENT. It keeps one sandbox from exhausting the host's
+	// file table (fs.file-max: about 2.4 million with 24 GiB of memory).
+	// Default 1048576 (2^20).
+	MaxSandboxOpenFiles uint64
 	// AgentReadyTimeout bounds how long CreateSandbox waits for the agent
 	// to answer after the task starts. Default 30 s.
 	AgentReadyTimeout time.Duration
@@ -111,7 +131,22 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.DefaultPidsLimit == 0 {
-		c.DefaultPidsLimit = 1024
+		c.DefaultPidsLimit = 512
+	}
+	if c.DefaultCPUMillis == 0 {
+		c.DefaultCPUMillis = 1000
+	}
+	if c.DefaultMemoryBytes == 0 {
+		c.DefaultMemoryBytes = 1 << 30
+	}
+	if c.DefaultOpenFiles == 0 {
+		c.DefaultOpenFiles = 1024
+	}
+	if c.MaxOpenFiles == 0 {
+		c.MaxOpenFiles = 1 << 20
+	}
+	if c.MaxSandboxOpenFiles == 0 {
+		c.MaxSandboxOpenFiles = 1 << 20
 	}
 	if c.MaxPidsLimit == 0 {
 		c.MaxPidsLimit = 32768

@@ -33,7 +33,7 @@ func main() {
 	flag.StringVar(&rtCfg.StateDir, "state-dir", "/run/berth", "host directory for per-sandbox agent sockets and logs (keep it short: socket paths max 107 bytes)")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
 	flag.StringVar(&listen, "listen", "unix:///run/berth/berthd.sock", "gRPC listen address: unix:///path or host:port")
-	flag.Uint64Var(&svcCfg.DefaultPidsLimit, "default-pids-limit", 1024, "pids limit of a sandbox whose request sets none")
+	flag.Uint64Var(&svcCfg.DefaultPidsLimit, "default-pids-limit", 512, "pids limit of a sandbox whose request sets none")
 	flag.Uint64Var(&svcCfg.MaxPidsLimit, "max-pids-limit", 32768, "largest pids limit a request may set")
 	flag.DurationVar(&readyLimit, "agent-ready-timeout", 30*time.Second, "how long CreateSandbox waits for the agent to answer")
 	flag.DurationVar(&svcCfg.ConnectBudget, "connect-budget", 3*time.Second, "how long a request waits for a sandbox's agent to answer before failing with SANDBOX_UNREACHABLE")
@@ -47,6 +47,11 @@ func main() {
 	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
 	flag.Uint64Var(&svcCfg.MaxCPUMillis, "max-cpu-millis", 0, "largest CPU cap a request may set, in thousandths of a CPU (default: the host's CPUs x 1000)")
 	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: no bound)")
+	flag.Int64Var(&svcCfg.DefaultCPUMillis, "default-cpu-millis", 1000, "CPU cap of a sandbox whose request sets none, in thousandths of a CPU; -1: no cap")
+	flag.Int64Var(&svcCfg.DefaultMemoryBytes, "default-memory-bytes", 1<<30, "memory cap of a sandbox whose request sets none, in `bytes`; -1: no cap")
+	flag.Uint64Var(&svcCfg.DefaultOpenFiles, "default-open-files", 1024, "RLIMIT_NOFILE of a sandbox's processes when its request sets none")
+	flag.Uint64Var(&svcCfg.MaxOpenFiles, "max-open-files", 1<<20, "largest RLIMIT_NOFILE a request may set")
+	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
 	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxIdleTimeout, "max-idle-timeout", 24*time.Hour, "largest idle timeout or KeepAlive hold a request may set")
 	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
@@ -149,6 +154,32 @@ func checkLimits(c server.Config) error {
 		if n < 0 {
 			return fmt.Errorf("%s %d: must be 0 (no cap) or more", name, n)
 		}
+	}
+	for name, n := range map[string]int64{"--default-cpu-millis": c.DefaultCPUMillis, "--default-memory-bytes": c.DefaultMemoryBytes} {
+		if n == 0 || n < -1 {
+			return fmt.Errorf("%s %d: must be positive, or -1 for no cap", name, n)
+		}
+	}
+	for name, n := range map[string]uint64{"--default-pids-limit": c.DefaultPidsLimit, "--default-open-files": c.DefaultOpenFiles, "--max-open-files": c.MaxOpenFiles, "--max-sandbox-open-files": c.MaxSandboxOpenFiles} {
+		if n == 0 {
+			return fmt.Errorf("%s: must be positive", name)
+		}
+	}
+	if c.DefaultPidsLimit > c.MaxPidsLimit {
+		return fmt.Errorf("--default-pids-limit %d exceeds --max-pids-limit %d", c.DefaultPidsLimit, c.MaxPidsLimit)
+	}
+	if c.DefaultOpenFiles > c.MaxOpenFiles {
+		return fmt.Errorf("--default-open-files %d exceeds --max-open-files %d", c.DefaultOpenFiles, c.MaxOpenFiles)
+	}
+	if c.DefaultPidsLimit*c.DefaultOpenFiles > c.MaxSandboxOpenFiles {
+		return fmt.Errorf("--default-pids-limit %d x --default-open-files %d exceeds --max-sandbox-open-files %d: default sandboxes could not be created",
+			c.DefaultPidsLimit, c.DefaultOpenFiles, c.MaxSandboxOpenFiles)
+	}
+	if c.MaxMemoryBytes > 0 && c.DefaultMemoryBytes > 0 && uint64(c.DefaultMemoryBytes) > c.MaxMemoryBytes {
+		return fmt.Errorf("--default-memory-bytes %d exceeds --max-memory-bytes %d", c.DefaultMemoryBytes, c.MaxMemoryBytes)
+	}
+	if c.MaxCPUMillis > 0 && c.DefaultCPUMillis > 0 && uint64(c.DefaultCPUMillis) > c.MaxCPUMillis {
+		return fmt.Errorf("--default-cpu-millis %d exceeds --max-cpu-millis %d", c.DefaultCPUMillis, c.MaxCPUMillis)
 	}
 	if c.TaskRestartLimit < 0 {
 		return fmt.Errorf("--task-restart-limit %d: must be 0 (never restart) or more", c.TaskRestartLimit)

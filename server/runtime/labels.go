@@ -85,6 +85,7 @@ func (s SandboxSpec) Digest() string {
 	field("pids", strconv.FormatUint(s.PidsLimit, 10))
 	field("cpu", strconv.FormatUint(s.CPUMillis, 10))
 	field("memory", strconv.FormatUint(s.MemoryBytes, 10))
+	field("nofile", strconv.FormatUint(s.OpenFiles, 10))
 	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
@@ -104,6 +105,7 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	labels[labelPidsLimit] = strconv.FormatUint(s.PidsLimit, 10)
 	labels[labelCPUMillis] = strconv.FormatUint(s.CPUMillis, 10)
 	labels[labelMemory] = strconv.FormatUint(s.MemoryBytes, 10)
+	labels[labelOpenFiles] = strconv.FormatUint(s.OpenFiles, 10)
 	labels[labelUser] = fmt.Sprintf("%d:%d", s.UID, s.GID)
 	labels[labelWorkDir] = s.workDir()
 	labels[labelIdleTimeout] = s.IdleTimeout.String()
@@ -147,7 +149,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 func (sb Sandbox) Spec() SandboxSpec {
 	return SandboxSpec{
 		ID: sb.ID, Image: sb.Image, Labels: sb.Labels,
-		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes,
+		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, OpenFiles: sb.OpenFiles,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled,
 	}

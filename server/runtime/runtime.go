@@ -34,6 +34,7 @@ const (
 	labelPidsLimit = LabelPrefix + "pids-limit"
 	labelCPUMillis = LabelPrefix + "cpu-millis"
 	labelMemory    = LabelPrefix + "memory-bytes"
+	labelOpenFiles = LabelPrefix + "open-files"
 	// More of the record: labels.go.
 )
 
@@ -158,6 +159,9 @@ type SandboxSpec struct {
 	CPUMillis uint64
 	// MemoryBytes caps memory in bytes, swap included; zero means no cap.
 	MemoryBytes uint64
+	// OpenFiles is RLIMIT_NOFILE, soft and hard, of the agent and so of
+	// every process in the sandbox; zero keeps containerd's default (1024).
+	OpenFiles uint64
 	// Env is added to the process environment of the agent and so of every
 	// process in the sandbox. Values go into the OCI spec only: labels keep
 	// the keys and a hash.
@@ -181,11 +185,12 @@ type Sandbox struct {
 	Image     string
 	Labels    map[string]string
 	CreatedAt time.Time
-	// PidsLimit, CPUMillis and MemoryBytes are the limits the sandbox was
-	// created with, as in SandboxSpec.
+	// PidsLimit, CPUMillis, MemoryBytes and OpenFiles are the limits the
+	// sandbox was created with, as in SandboxSpec.
 	PidsLimit   uint64
 	CPUMillis   uint64
 	MemoryBytes uint64
+	OpenFiles   uint64
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime and Pooled are as in
 	// SandboxSpec.
 	UID, GID    uint32
@@ -364,6 +369,11 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 			opts = append(opts, oci.WithMemorySwap(int64(spec.MemoryBytes)))
 		}
 	}
+	if spec.OpenFiles > 0 {
+		// Soft and hard alike: the agent raises nothing above the hard
+		// limit, and no process in the sandbox can.
+		opts = append(opts, oci.WithRlimit(&specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Soft: spec.OpenFiles, Hard: spec.OpenFiles}))
+	}
 	if spec.CPUMillis > 0 {
 		const period = 100_000 // µs, the kernel's default CFS period
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
@@ -472,6 +482,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	sb.PidsLimit, _ = strconv.ParseUint(labels[labelPidsLimit], 10, 64)
 	sb.CPUMillis, _ = strconv.ParseUint(labels[labelCPUMillis], 10, 64)
 	sb.MemoryBytes, _ = strconv.ParseUint(labels[labelMemory], 10, 64)
+	sb.OpenFiles, _ = strconv.ParseUint(labels[labelOpenFiles], 10, 64)
 	sb.decodeLabels(labels)
 	if task, err := c.Task(ctx, nil); err == nil {
 		sb.TaskPID = task.Pid()

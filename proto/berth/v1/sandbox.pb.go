@@ -155,9 +155,16 @@ type Resources struct {
 	// memory_bytes caps memory, in bytes, with no swap beyond it (memory
 	// cgroup limit and memsw limit); exceeding it invokes the OOM killer
 	// inside the sandbox.
-	MemoryBytes   uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MemoryBytes uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// open_files_limit is the RLIMIT_NOFILE (soft and hard) of every process
+	// in the sandbox: the most file descriptors one process may hold. Its
+	// product with pids_limit, the sandbox's worst case of open files, must
+	// stay within the server's per-sandbox bound (INVALID_ARGUMENT naming
+	// this field otherwise), so that one sandbox cannot exhaust the host's
+	// file table.
+	OpenFilesLimit uint64 `protobuf:"varint,5,opt,name=open_files_limit,json=openFilesLimit,proto3" json:"open_files_limit,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Resources) Reset() {
@@ -207,6 +214,13 @@ func (x *Resources) GetCpuMillis() uint64 {
 func (x *Resources) GetMemoryBytes() uint64 {
 	if x != nil {
 		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *Resources) GetOpenFilesLimit() uint64 {
+	if x != nil {
+		return x.OpenFilesLimit
 	}
 	return 0
 }
@@ -1213,13 +1227,14 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\xa7\x01\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12(\n" +
+	"\x10open_files_limit\x18\x05 \x01(\x04R\x0eopenFilesLimit\"\xa7\x01\n" +
 	"\fSandboxUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +
