@@ -204,3 +204,62 @@ func TestLookupsLeaveNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalFailsClosed checks that an exec record the journal cannot
+// take is refused and not kept, that a retracted record reads back as
+// unknown, and that a failed write leaves the journal's lines whole.
+func TestJournalFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	r := newIdentities(dir, discard)
+	one := identity{BootID: boot(1), TaskPID: 10}
+	r.observe("sb", one)
+	if added, err := r.recordExec("sb", "spent", one.BootID); err != nil || !added {
+		t.Fatalf("recordExec(spent) = %v, %v; want added", added, err)
+	}
+	if added, err := r.recordExec("sb", "refused", one.BootID); err != nil || !added {
+		t.Fatalf("recordExec(refused) = %v, %v; want added", added, err)
+	}
+	r.retractExec("sb", "refused", one.BootID)
+	if got, ok := r.execRuntime("sb", "refused"); ok {
+		t.Errorf("execRuntime(refused) after retraction = %v, want unknown", got)
+	}
+
+	// /dev/full takes the open and fails every write with ENOSPC.
+	journal := filepath.Join(dir, "sb"+journalSuffix)
+	saved, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(journal, journal+".saved"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/full", journal); err != nil {
+		t.Fatal(err)
+	}
+	added, err := r.recordExec("sb", "blocked", one.BootID)
+	if err == nil || added {
+		t.Fatalf("recordExec(blocked) on a full journal = %v, %v; want an error", added, err)
+	}
+	if got, ok := r.execRuntime("sb", "blocked"); ok {
+		t.Errorf("execRuntime(blocked) after a failed record = %v, want unknown", got)
+	}
+	if err := os.Remove(journal); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(journal+".saved", journal); err != nil {
+		t.Fatal(err)
+	}
+
+	fresh := newIdentities(dir, discard)
+	if got, ok := fresh.execRuntime("sb", "spent"); !ok || got.BootID != one.BootID {
+		t.Errorf("reloaded execRuntime(spent) = %v, %v; want %v", got, ok, one)
+	}
+	for _, id := range []string{"refused", "blocked"} {
+		if got, ok := fresh.execRuntime("sb", id); ok {
+			t.Errorf("reloaded execRuntime(%s) = %v, want unknown", id, got)
+		}
+	}
+	if b, _ := os.ReadFile(journal); string(b) != string(saved) {
+		t.Errorf("journal after the failed write = %q, want %q", b, saved)
+	}
+}

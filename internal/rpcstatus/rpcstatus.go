@@ -43,6 +43,10 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonJournalUnavailable (UNAVAILABLE) refuses an exec start that
+	// berthd could not record in its runtime journal (a full or read-only
+	// journal directory): nothing ran, and a retry is safe.
+	ReasonJournalUnavailable = "JOURNAL_UNAVAILABLE"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with
