@@ -56,15 +56,12 @@ bounded by --rpc-timeout.`,
 			case !srcRemote && !dstRemote:
 				return fmt.Errorf("neither %q nor %q is SANDBOX:PATH", args[0], args[1])
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			if dstRemote {
-				return upload(cmd.Context(), c, args[0], dst, strings.HasSuffix(args[1], "/"), cmd.InOrStdin(), cmd.ErrOrStderr())
-			}
-			return download(cmd.Context(), c, src, args[1], cmd.OutOrStdout(), cmd.ErrOrStderr())
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				if dstRemote {
+					return upload(ctx, c, args[0], dst, strings.HasSuffix(args[1], "/"), cmd.InOrStdin(), cmd.ErrOrStderr())
+				}
+				return download(ctx, c, src, args[1], cmd.OutOrStdout(), cmd.ErrOrStderr())
+			})
 		},
 	}
 }

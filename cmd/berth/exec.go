@@ -57,22 +57,19 @@ and 125 when berth itself fails.`,
 			if err != nil {
 				return err
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-			defer relay.close()
-			// A closed stdout must come back as EPIPE, not kill berth.
-			signal.Ignore(syscall.SIGPIPE)
-			stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
-			if f.detach {
-				return detach(ctx, g, c, sandboxID, spec, f.execID, cmd.OutOrStdout())
-			}
-			return execute(ctx, g, c, relay, sandboxID, spec, f.execID, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
+				defer relay.close()
+				// A closed stdout must come back as EPIPE, not kill berth.
+				signal.Ignore(syscall.SIGPIPE)
+				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
+				if f.detach {
+					return detach(ctx, g, c, sandboxID, spec, f.execID, cmd.OutOrStdout())
+				}
+				return execute(ctx, g, c, relay, sandboxID, spec, f.execID, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
+			})
 		},
 	}
 	// Flags end at SANDBOX: what follows belongs to the command.

@@ -28,28 +28,23 @@ status of an ended exec, with the signal and "timeout" or "oom" when they
 apply.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			resp, err := c.ListExecs(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			if n := resp.GetOmitted(); n > 0 {
-				// Never a silent cut: say that the oldest are missing.
-				fmt.Fprintf(cmd.ErrOrStderr(), "berth: %d older execs not shown (the listing is limited in size)\n", n)
-			}
-			if quiet {
-				for _, x := range resp.GetExecs() {
-					fmt.Fprintln(cmd.OutOrStdout(), x.GetExecId())
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.ListExecs(ctx, args[0])
+				if err != nil {
+					return err
 				}
-				return nil
-			}
-			return writeExecTable(cmd.OutOrStdout(), resp.GetExecs(), time.Now())
+				if n := resp.GetOmitted(); n > 0 {
+					// Never a silent cut: say that the oldest are missing.
+					fmt.Fprintf(cmd.ErrOrStderr(), "berth: %d older execs not shown (the listing is limited in size)\n", n)
+				}
+				if quiet {
+					for _, x := range resp.GetExecs() {
+						fmt.Fprintln(cmd.OutOrStdout(), x.GetExecId())
+					}
+					return nil
+				}
+				return writeExecTable(cmd.OutOrStdout(), resp.GetExecs(), time.Now())
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print exec ids only")
@@ -107,26 +102,23 @@ been started with stdin). SIGINT and SIGTERM are forwarded to the command.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sandboxID, execID := args[0], args[1]
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-			defer relay.close()
-			signal.Ignore(syscall.SIGPIPE)
-			var stdin io.Reader
-			if interactive {
-				stdin = os.Stdin
-			}
-			open := func(ctx context.Context, opts ...client.ExecOption) (*client.Execution, error) {
-				return c.Attach(ctx, sandboxID, execID, since, opts...)
-			}
-			// berth's terminal stays as it is: whether the exec has one of
-			// its own is not known here.
-			return follow(ctx, g, c, relay, sandboxID, open, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), nil)
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
+				defer relay.close()
+				signal.Ignore(syscall.SIGPIPE)
+				var stdin io.Reader
+				if interactive {
+					stdin = os.Stdin
+				}
+				open := func(ctx context.Context, opts ...client.ExecOption) (*client.Execution, error) {
+					return c.Attach(ctx, sandboxID, execID, since, opts...)
+				}
+				// berth's terminal stays as it is: whether the exec has one of
+				// its own is not known here.
+				return follow(ctx, g, c, relay, sandboxID, open, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), nil)
+			})
 		},
 	}
 	cmd.Flags().Uint64Var(&since, "since", 0, "replay only output after this sequence number")
@@ -144,21 +136,16 @@ to the process group of exec EXEC_ID of SANDBOX. A command that has ended
 already gets nothing; berth says so on stderr and exits 0.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			state, err := c.SignalExec(ctx, args[0], args[1], sig)
-			if err != nil {
-				return err
-			}
-			if state == berthv1.ExecState_EXEC_STATE_EXITED {
-				fmt.Fprintf(cmd.ErrOrStderr(), "berth: exec %s had ended already; no signal sent\n", args[1])
-			}
-			return nil
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				state, err := c.SignalExec(ctx, args[0], args[1], sig)
+				if err != nil {
+					return err
+				}
+				if state == berthv1.ExecState_EXEC_STATE_EXITED {
+					fmt.Fprintf(cmd.ErrOrStderr(), "berth: exec %s had ended already; no signal sent\n", args[1])
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVarP(&sig, "signal", "s", "TERM", "signal name or number (signal(7))")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -133,18 +134,15 @@ func newCatCmd(g *globals) *cobra.Command {
 				}
 				refs = append(refs, r)
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			quietPipe()
-			for _, r := range refs {
-				if _, err := c.ReadFile(cmd.Context(), r.sandboxID, r.path, cmd.OutOrStdout()); err != nil {
-					return pipeAware(fmt.Errorf("cat %s: %w", r, err))
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				quietPipe()
+				for _, r := range refs {
+					if _, err := c.ReadFile(ctx, r.sandboxID, r.path, cmd.OutOrStdout()); err != nil {
+						return pipeAware(fmt.Errorf("cat %s: %w", r, err))
+					}
 				}
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 }
@@ -179,28 +177,23 @@ size and modification time; -R lists all levels below.`,
 			if recursive {
 				depth = 1<<32 - 1
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			entries, errs, err := c.ListDir(ctx, r.sandboxID, r.path, depth)
-			if err != nil {
-				return fmt.Errorf("ls %s: %w", r, err)
-			}
-			quietPipe()
-			if err := writeListing(cmd.OutOrStdout(), r.path, entries, long); err != nil {
-				return pipeAware(err)
-			}
-			for _, e := range errs {
-				fmt.Fprintf(cmd.ErrOrStderr(), "berth: ls: %s (%s)\n", terminalSafe(e.GetMessage()), terminalSafe(e.GetReason()))
-			}
-			if len(errs) > 0 {
-				return exitStatus(1)
-			}
-			return nil
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				entries, errs, err := c.ListDir(ctx, r.sandboxID, r.path, depth)
+				if err != nil {
+					return fmt.Errorf("ls %s: %w", r, err)
+				}
+				quietPipe()
+				if err := writeListing(cmd.OutOrStdout(), r.path, entries, long); err != nil {
+					return pipeAware(err)
+				}
+				for _, e := range errs {
+					fmt.Fprintf(cmd.ErrOrStderr(), "berth: ls: %s (%s)\n", terminalSafe(e.GetMessage()), terminalSafe(e.GetReason()))
+				}
+				if len(errs) > 0 {
+					return exitStatus(1)
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().BoolVarP(&long, "long", "l", false, "show type and mode, owner, size and modification time")

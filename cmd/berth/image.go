@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -59,26 +60,23 @@ import is not bounded by --rpc-timeout.`,
 				}
 				r, label = f, filepath.Base(args[0])
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var opts []client.ImportOption
-			p := &progress{verb: "importing", label: label, total: total}
-			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-				p.w = f
-				opts = append(opts, client.WithProgress(p.update))
-			}
-			images, err := c.ImportImage(cmd.Context(), r, name, opts...)
-			p.done() // end the progress line before the result or the error
-			if err != nil {
-				return err
-			}
-			for _, img := range images {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
-			}
-			return nil
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				var opts []client.ImportOption
+				p := &progress{verb: "importing", label: label, total: total}
+				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+					p.w = f
+					opts = append(opts, client.WithProgress(p.update))
+				}
+				images, err := c.ImportImage(ctx, r, name, opts...)
+				p.done() // end the progress line before the result or the error
+				if err != nil {
+					return err
+				}
+				for _, img := range images {
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
+				}
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&name, "name", "", "image reference to store the image under, replacing the archive's (required when the archive names none)")
@@ -187,32 +185,29 @@ within berthd's --pull-resolve-timeout. The pull is not bounded by
 --rpc-timeout.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			var opts []client.PullOption
-			p := &progress{verb: "pulling", label: args[0], total: -1}
-			if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-				p.w = f
-				opts = append(opts, client.WithPullProgress(func(m *berthv1.PullImageResponse) {
-					done := 0
-					for _, l := range m.GetLayers() {
-						if l.GetDone() {
-							done++
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				var opts []client.PullOption
+				p := &progress{verb: "pulling", label: args[0], total: -1}
+				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+					p.w = f
+					opts = append(opts, client.WithPullProgress(func(m *berthv1.PullImageResponse) {
+						done := 0
+						for _, l := range m.GetLayers() {
+							if l.GetDone() {
+								done++
+							}
 						}
-					}
-					p.updateTotal(m.GetDownloadedBytes(), int64(m.GetTotalBytes()), fmt.Sprintf("%d/%d blobs", done, len(m.GetLayers())))
-				}))
-			}
-			img, err := c.PullImage(cmd.Context(), args[0], opts...)
-			p.done() // end the progress line before the result or the error
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
-			return nil
+						p.updateTotal(m.GetDownloadedBytes(), int64(m.GetTotalBytes()), fmt.Sprintf("%d/%d blobs", done, len(m.GetLayers())))
+					}))
+				}
+				img, err := c.PullImage(ctx, args[0], opts...)
+				p.done() // end the progress line before the result or the error
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
+				return nil
+			})
 		},
 	}
 }
@@ -237,18 +232,13 @@ func newImageListCmd(g *globals) *cobra.Command {
 		Short:   "List images",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			images, err := c.ListImages(ctx)
-			if err != nil {
-				return err
-			}
-			return writeImageTable(cmd.OutOrStdout(), images, time.Now())
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				images, err := c.ListImages(ctx)
+				if err != nil {
+					return err
+				}
+				return writeImageTable(cmd.OutOrStdout(), images, time.Now())
+			})
 		},
 	}
 }

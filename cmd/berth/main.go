@@ -49,7 +49,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return exitCode(root.ExecuteContext(ctx), stderr)
 }
 
-// globals are the flags every subcommand takes.
+// globals are the flags every subcommand takes; connect.go turns them into
+// a connection to berthd.
 type globals struct {
 	addr       string
 	rpcTimeout time.Duration
@@ -86,27 +87,6 @@ func addrDefault(getenv func(string) string) string {
 		return a
 	}
 	return defaultAddr
-}
-
-// dial dials berthd with the client's retry policy: a FLEET_BUSY refusal
-// and an unreachable agent (when nothing ran) are retried within
-// --rpc-timeout, each retry noted on stderr.
-func (g *globals) dial(ctx context.Context) (*client.Client, error) {
-	return client.Dial(ctx, g.addr, client.WithRetry(client.RetryPolicy{
-		OnRetry: func(_ int, err error, wait time.Duration) {
-			if g.stderr != nil {
-				fmt.Fprintf(g.stderr, "berth: %s; retrying in %v\n", describe(err), wait.Round(time.Millisecond))
-			}
-		},
-	}))
-}
-
-// unary returns the context for one request to berthd.
-func (g *globals) unary(ctx context.Context) (context.Context, context.CancelFunc) {
-	if g.rpcTimeout <= 0 {
-		return context.WithCancel(ctx)
-	}
-	return context.WithTimeout(ctx, g.rpcTimeout)
 }
 
 // exitStatus carries an exit status out of a command without a message: the

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -31,7 +32,7 @@ is interrupted. berth exits with the command's exit status; a failure to
 delete is reported on stderr without changing it.`,
 		Example: `  berth run --image berth.dev/base:latest -- uname -a
   berth run --image berth.dev/base:latest --shell 'echo $HOME'`,
-		RunE: func(cmd *cobra.Command, args []string) (err error) {
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if image == "" {
 				return errors.New("--image is required")
 			}
@@ -43,43 +44,40 @@ delete is reported on stderr without changing it.`,
 			if err != nil {
 				return err
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := context.WithCancel(cmd.Context())
-			defer cancel()
-			relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-			defer relay.close()
-			signal.Ignore(syscall.SIGPIPE)
+			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				ctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
+				defer relay.close()
+				signal.Ignore(syscall.SIGPIPE)
 
-			// The id is chosen here so that the sandbox can be deleted even
-			// when the create was interrupted after berthd acted on it.
-			id := newRunSandboxID()
-			defer func() {
-				dctx, dcancel := g.unary(context.WithoutCancel(cmd.Context()))
-				defer dcancel()
-				if derr := c.DeleteSandbox(dctx, id); derr != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete sandbox %s: %s\n", id, describe(derr))
+				// The id is chosen here so that the sandbox can be deleted even
+				// when the create was interrupted after berthd acted on it.
+				id := newRunSandboxID()
+				defer func() {
+					dctx, dcancel := g.unary(context.WithoutCancel(ctx))
+					defer dcancel()
+					if derr := c.DeleteSandbox(dctx, id); derr != nil {
+						fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete sandbox %s: %s\n", id, describe(derr))
+					}
+				}()
+				cctx, ccancel := g.unary(ctx)
+				_, err := c.CreateSandbox(cctx, &berthv1.CreateSandboxRequest{
+					SandboxId: id,
+					Image:     image,
+					Labels:    lbls,
+					Resources: &berthv1.Resources{PidsLimit: pidsLimit},
+				})
+				ccancel()
+				if err != nil {
+					if s := relay.canceledBy(); s != nil {
+						return exitStatus(signalExit(s))
+					}
+					return err
 				}
-			}()
-			cctx, ccancel := g.unary(ctx)
-			_, err = c.CreateSandbox(cctx, &berthv1.CreateSandboxRequest{
-				SandboxId: id,
-				Image:     image,
-				Labels:    lbls,
-				Resources: &berthv1.Resources{PidsLimit: pidsLimit},
+				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
+				return execute(ctx, g, c, relay, id, spec, "", stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 			})
-			ccancel()
-			if err != nil {
-				if s := relay.canceledBy(); s != nil {
-					return exitStatus(signalExit(s))
-				}
-				return err
-			}
-			stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
-			return execute(ctx, g, c, relay, id, spec, "", stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 		},
 	}
 	cmd.Flags().SetInterspersed(false)

@@ -62,19 +62,14 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			if lifetime != 0 {
 				req.MaxLifetime = durationpb.New(lifetime)
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			sb, err := c.CreateSandbox(ctx, &req)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
-			return nil
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				sb, err := c.CreateSandbox(ctx, &req)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
+				return nil
+			})
 		},
 	}
 	cmd.Flags().StringVar(&req.Image, "image", "", "image reference, e.g. berth.dev/base:latest (required)")
@@ -102,20 +97,15 @@ func newSandboxKeepAliveCmd(g *globals) *cobra.Command {
 sandbox expires now: idle and maximum lifetime, RFC 3339.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			resp, err := c.KeepAlive(ctx, args[0], hold)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "idle expires %s\nlifetime ends %s\n",
-				resp.GetIdleExpiresAt().AsTime().Local().Format(time.RFC3339), resp.GetExpiresAt().AsTime().Local().Format(time.RFC3339))
-			return nil
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.KeepAlive(ctx, args[0], hold)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "idle expires %s\nlifetime ends %s\n",
+					resp.GetIdleExpiresAt().AsTime().Local().Format(time.RFC3339), resp.GetExpiresAt().AsTime().Local().Format(time.RFC3339))
+				return nil
+			})
 		},
 	}
 	cmd.Flags().DurationVar(&hold, "hold", 0, "keep the sandbox from idling out for this long (at most berthd's --max-idle-timeout)")
@@ -137,27 +127,22 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := g.dial(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			var sbs []*berthv1.Sandbox
-			for sb, err := range c.ListSandboxes(ctx, sel) {
-				if err != nil {
-					return err
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				var sbs []*berthv1.Sandbox
+				for sb, err := range c.ListSandboxes(ctx, sel) {
+					if err != nil {
+						return err
+					}
+					sbs = append(sbs, sb)
 				}
-				sbs = append(sbs, sb)
-			}
-			if quiet {
-				for _, sb := range sbs {
-					fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
+				if quiet {
+					for _, sb := range sbs {
+						fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
+					}
+					return nil
 				}
-				return nil
-			}
-			return writeSandboxTable(cmd.OutOrStdout(), sbs, time.Now())
+				return writeSandboxTable(cmd.OutOrStdout(), sbs, time.Now())
+			})
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with this label, KEY=VALUE (repeatable: all must match)")
@@ -217,30 +202,25 @@ func newSandboxGetCmd(g *globals) *cobra.Command {
 		Short: "Print a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.dial(cmd.Context())
-			if err != nil {
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				sb, err := c.GetSandbox(ctx, args[0])
+				if err != nil {
+					return err
+				}
+				b, err := protojson.Marshal(sb)
+				if err != nil {
+					return err
+				}
+				// protojson varies its spacing on purpose; re-indent for a stable
+				// look.
+				var out bytes.Buffer
+				if err := json.Indent(&out, b, "", "  "); err != nil {
+					return err
+				}
+				out.WriteByte('\n')
+				_, err = out.WriteTo(cmd.OutOrStdout())
 				return err
-			}
-			defer c.Close()
-			ctx, cancel := g.unary(cmd.Context())
-			defer cancel()
-			sb, err := c.GetSandbox(ctx, args[0])
-			if err != nil {
-				return err
-			}
-			b, err := protojson.Marshal(sb)
-			if err != nil {
-				return err
-			}
-			// protojson varies its spacing on purpose; re-indent for a stable
-			// look.
-			var out bytes.Buffer
-			if err := json.Indent(&out, b, "", "  "); err != nil {
-				return err
-			}
-			out.WriteByte('\n')
-			_, err = out.WriteTo(cmd.OutOrStdout())
-			return err
+			})
 		},
 	}
 }
@@ -262,25 +242,22 @@ func newSandboxRemoveCmd(g *globals) *cobra.Command {
 // deleted and an error line (prefixed with what, e.g. "image ") for each
 // that failed; it fails with exit code 125 when any did.
 func deleteEach(cmd *cobra.Command, g *globals, what string, args []string, del func(*client.Client, context.Context, string) error) error {
-	c, err := g.dial(cmd.Context())
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	failed := false
-	for _, name := range args {
-		ctx, cancel := g.unary(cmd.Context())
-		err := del(c, ctx, name)
-		cancel()
-		if err != nil {
-			fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete %s%s: %s\n", what, name, describe(err))
-			failed = true
-			continue
+	return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+		failed := false
+		for _, name := range args {
+			rctx, cancel := g.unary(ctx)
+			err := del(c, rctx, name)
+			cancel()
+			if err != nil {
+				fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete %s%s: %s\n", what, name, describe(err))
+				failed = true
+				continue
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), name)
 		}
-		fmt.Fprintln(cmd.OutOrStdout(), name)
-	}
-	if failed {
-		return exitStatus(exitBerth)
-	}
-	return nil
+		if failed {
+			return exitStatus(exitBerth)
+		}
+		return nil
+	})
 }

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
+)
+
+// This file is the one place where berth's global flags become a connection
+// to berthd, the way kubectl's cmdutil.Factory is: every command reaches
+// berthd through withClient or call, so an option of the connection (an
+// address, credentials, retries) is added here once.
+
+// dial dials berthd with the client's retry policy: a FLEET_BUSY refusal
+// and an unreachable agent (when nothing ran) are retried within
+// --rpc-timeout, each retry noted on stderr.
+func (g *globals) dial(ctx context.Context) (*client.Client, error) {
+	return client.Dial(ctx, g.addr, client.WithRetry(client.RetryPolicy{
+		OnRetry: func(_ int, err error, wait time.Duration) {
+			if g.stderr != nil {
+				fmt.Fprintf(g.stderr, "berth: %s; retrying in %v\n", describe(err), wait.Round(time.Millisecond))
+			}
+		},
+	}))
+}
+
+// withClient dials berthd, runs fn with the command's context and the
+// client, and closes the client. fn bounds its own requests: it is for
+// streams and transfers that --rpc-timeout does not bound (exec, cp, image
+// import); one request uses call.
+func (g *globals) withClient(cmd *cobra.Command, fn func(ctx context.Context, c *client.Client) error) error {
+	c, err := g.dial(cmd.Context())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return fn(cmd.Context(), c)
+}
+
+// call is withClient for commands made of one request: ctx ends after
+// --rpc-timeout.
+func (g *globals) call(cmd *cobra.Command, fn func(ctx context.Context, c *client.Client) error) error {
+	return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+		ctx, cancel := g.unary(ctx)
+		defer cancel()
+		return fn(ctx, c)
+	})
+}
+
+// unary returns the context for one request to berthd: ctx bounded by
+// --rpc-timeout, or not at all when it is 0.
+func (g *globals) unary(ctx context.Context) (context.Context, context.CancelFunc) {
+	if g.rpcTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, g.rpcTimeout)
+}
