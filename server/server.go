@@ -231,7 +231,7 @@ var (
 // watchRuntimes); Close stops it.
 func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	cfg.setDefaults()
-	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(), log: log,
+	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(rt.AgentVerifier()), log: log,
 		creating: make(map[string]*creation), warned: make(map[string]bool)}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.reaper = fleet.NewReaper(cfg.Reaper, prober{s}, stopper{s}, log)

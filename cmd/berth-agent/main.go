@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/agent"
+	"github.com/berth-sandbox/berth/internal/agentproof"
 )
 
 func main() {
@@ -36,6 +37,10 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	d := agent.DefaultConfig()
 	cfg := d
+	// berthd's per-sandbox secret: out of the environment before anything
+	// copies it, so that no process the agent starts inherits it.
+	hexSecret, hasSecret := os.LookupEnv(agentproof.EnvSecret)
+	os.Unsetenv(agentproof.EnvSecret)
 	fs := flag.NewFlagSet("berth-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.berth-run/agent.sock", "`path` of the unix socket to serve on (a stale socket there is replaced)")
@@ -74,6 +79,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	cfg.Logger = log
+	if hasSecret {
+		secret, err := agentproof.ParseSecret(hexSecret)
+		if err != nil {
+			log.Error("berthd's secret is unusable: berthd will refuse this agent", "err", err)
+		}
+		cfg.Secret = secret
+	}
 	// Before any process starts: children must never hold a capability.
 	if err := agent.LockCapabilities(); err != nil {
 		log.Warn("capabilities not locked; processes keep what the agent has", "err", err)

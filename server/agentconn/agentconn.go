@@ -18,13 +18,18 @@ import (
 // Pool holds agent connections keyed by socket path. The zero value is not
 // usable; call NewPool.
 type Pool struct {
+	verifier Verifier
+	refused  refusals
+
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
-// NewPool returns an empty pool.
-func NewPool() *Pool {
-	return &Pool{conns: make(map[string]*grpc.ClientConn)}
+// NewPool returns an empty pool whose connections are checked with v: the
+// listener's credentials when connecting, the agent's proof of its secret
+// in every Info call. A nil v checks nothing.
+func NewPool(v Verifier) *Pool {
+	return &Pool{verifier: v, refused: refusals{last: make(map[string]error)}, conns: make(map[string]*grpc.ClientConn)}
 }
 
 // Get returns a client for the agent listening on socketPath, creating the
@@ -38,8 +43,10 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	}
 	cc, err := grpc.NewClient("unix://"+socketPath,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		// Never through a symlink the sandbox put in place of its socket.
-		grpc.WithContextDialer(dialer),
+		// Never through a symlink the sandbox put in place of its socket,
+		// and only to the sandbox's agent.
+		grpc.WithContextDialer(p.dial),
+		grpc.WithUnaryInterceptor(p.proveInfo(socketPath)),
 		// An agent comes up within a few hundred milliseconds of its task
 		// starting; gRPC's default 1 s first backoff would double that.
 		grpc.WithConnectParams(grpc.ConnectParams{

@@ -70,8 +70,5 @@ func dialSocket(ctx context.Context, path string) (net.Conn, error) {
 	return conn, nil
 }
 
-// dialer is the gRPC context dialer of the pool: addr is the socket path
-// of a "unix://" target.
-func dialer(ctx context.Context, addr string) (net.Conn, error) {
-	return dialSocket(ctx, strings.TrimPrefix(addr, "unix://"))
-}
+// trimUnix returns the socket path of a "unix://" target.
+func trimUnix(addr string) string { return strings.TrimPrefix(addr, "unix://") }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -35,6 +36,7 @@ const (
 	labelCPUMillis = LabelPrefix + "cpu-millis"
 	labelMemory    = LabelPrefix + "memory-bytes"
 	labelOpenFiles = LabelPrefix + "open-files"
+	labelRuntime   = LabelPrefix + "runtime"
 	// More of the record: labels.go.
 )
 
@@ -44,6 +46,8 @@ const (
 	AgentPath = "/.berth-agent"
 	// RunDir is where the "run" subdirectory of the sandbox's host
 	// directory is bind-mounted; the agent listens on RunDir/agent.sock.
+	// That subdirectory is a tmpfs of its own of RunDirBytes (rundir.go):
+	// the workload can write there, but not the host's disk.
 	RunDir = "/.berth-run"
 	// socketName is the agent's socket file name in RunDir and in the host
 	// directory's "run".
@@ -52,6 +56,15 @@ const (
 	// outside "run": the sandbox can replace anything in "run" (a symlink
 	// there would have containerd's shim, host root, open any host file).
 	logName = "agent.log"
+)
+
+// Runtimes a sandbox can run under (SandboxSpec.Runtime).
+const (
+	// RuntimeRunc runs the sandbox as an ordinary container (runc).
+	RuntimeRunc = "runc"
+	// RuntimeGVisor runs it under gVisor's runsc: the workload's system
+	// calls go to gVisor's user-space kernel, not the host's.
+	RuntimeGVisor = "gvisor"
 )
 
 // Domain errors. The gRPC handlers map them to status codes.
@@ -107,8 +120,9 @@ func (c *Config) setDefaults() {
 
 // Runtime creates and inspects sandboxes in containerd.
 type Runtime struct {
-	cfg    Config
-	client *containerd.Client
+	cfg     Config
+	client  *containerd.Client
+	secrets secrets
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -261,18 +275,18 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
 		return fmt.Errorf("create sandbox directory: %w", err)
 	}
-	// A stale socket from an earlier sandbox of the same id would make the
-	// readiness check talk to nothing.
-	_ = os.Remove(r.SocketPath(spec.ID))
 
 	labels := spec.labels(time.Now())
+	secret := agentproof.NewSecret()
+	labels[labelAgentSecret] = secret
+	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
 	container, err := r.client.NewContainer(ctx, spec.ID,
 		containerd.WithImage(image),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),
 		containerd.WithNewSnapshot(spec.ID, image),
 		containerd.WithContainerLabels(labels),
-		containerd.WithNewSpec(r.specOpts(image, spec, dir)...),
+		containerd.WithNewSpec(append(r.specOpts(image, spec, dir), oci.WithEnv([]string{agentproof.EnvSecret + "=" + secret}))...),
 	)
 	if err != nil {
 		if errdefs.IsAlreadyExists(err) {
@@ -291,6 +305,12 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 	}()
 
+	// Mounted once the id is known to be this create's: another
+	// sandbox's run directory must never be covered. A fresh tmpfs also
+	// holds no stale socket of an earlier sandbox of the same id.
+	if err := mountRunDir(filepath.Join(dir, "run"), 0, 0); err != nil {
+		return err
+	}
 	task, err := container.NewTask(ctx, cio.LogFile(r.LogPath(spec.ID)))
 	if err != nil {
 		return fmt.Errorf("create task %s: %w", spec.ID, err)
@@ -517,6 +537,10 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 }
 
 func (r *Runtime) removeHostDir(id string) error {
+	r.secrets.drop(id)
+	if err := unmountRunDir(filepath.Join(r.hostDir(id), "run")); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(r.hostDir(id)); err != nil {
 		return fmt.Errorf("remove sandbox directory: %w", err)
 	}

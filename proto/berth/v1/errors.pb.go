@@ -172,6 +172,12 @@ const (
 	// UNREACHABLE_CAUSE_AGENT_STOPPING means the agent is shutting down and
 	// refuses new work.
 	UnreachableCause_UNREACHABLE_CAUSE_AGENT_STOPPING UnreachableCause = 5
+	// UNREACHABLE_CAUSE_AGENT_UNVERIFIED means something answered on the
+	// agent's socket that is not the sandbox's agent: the listener is not the
+	// sandbox's init process, or it could not prove the per-sandbox secret
+	// berthd gave the agent at create. A workload that replaced the agent's
+	// socket with its own listener gets this; nothing was sent to it.
+	UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED UnreachableCause = 6
 )
 
 // Enum value maps for UnreachableCause.
@@ -183,14 +189,16 @@ var (
 		3: "UNREACHABLE_CAUSE_CONNECT_TIMEOUT",
 		4: "UNREACHABLE_CAUSE_CONNECTION_LOST",
 		5: "UNREACHABLE_CAUSE_AGENT_STOPPING",
+		6: "UNREACHABLE_CAUSE_AGENT_UNVERIFIED",
 	}
 	UnreachableCause_value = map[string]int32{
-		"UNREACHABLE_CAUSE_UNSPECIFIED":     0,
-		"UNREACHABLE_CAUSE_TASK_STOPPED":    1,
-		"UNREACHABLE_CAUSE_SOCKET_MISSING":  2,
-		"UNREACHABLE_CAUSE_CONNECT_TIMEOUT": 3,
-		"UNREACHABLE_CAUSE_CONNECTION_LOST": 4,
-		"UNREACHABLE_CAUSE_AGENT_STOPPING":  5,
+		"UNREACHABLE_CAUSE_UNSPECIFIED":      0,
+		"UNREACHABLE_CAUSE_TASK_STOPPED":     1,
+		"UNREACHABLE_CAUSE_SOCKET_MISSING":   2,
+		"UNREACHABLE_CAUSE_CONNECT_TIMEOUT":  3,
+		"UNREACHABLE_CAUSE_CONNECTION_LOST":  4,
+		"UNREACHABLE_CAUSE_AGENT_STOPPING":   5,
+		"UNREACHABLE_CAUSE_AGENT_UNVERIFIED": 6,
 	}
 )
 
@@ -864,14 +872,15 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x1bCAPACITY_RESOURCE_SANDBOXES\x10\x01\x12#\n" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
-	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04*\xf3\x01\n" +
+	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04*\x9b\x02\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +
 	" UNREACHABLE_CAUSE_SOCKET_MISSING\x10\x02\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECT_TIMEOUT\x10\x03\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECTION_LOST\x10\x04\x12$\n" +
-	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05*\x97\x01\n" +
+	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05\x12&\n" +
+	"\"UNREACHABLE_CAUSE_AGENT_UNVERIFIED\x10\x06*\x97\x01\n" +
 	"\rReplacedCause\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_TASK_EXITED\x10\x01\x12\"\n" +
