@@ -36,6 +36,13 @@ const (
 	ReasonCanceled          = "CANCELED"              // the caller canceled the request
 	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
 	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
+	// The sandbox's own limits (RESOURCE_EXHAUSTED): nothing was started;
+	// the same request may work once something in the sandbox ends.
+	// Error.Metadata["limit"] names the limit ("pids", "memory",
+	// "descriptors") and ["errno"] the errno.
+	ReasonPidsLimit       = "PIDS_LIMIT_REACHED"       // a fork failed: the sandbox's pids_limit is reached
+	ReasonMemoryLimit     = "MEMORY_LIMIT_REACHED"     // the agent could not allocate: the sandbox's memory limit
+	ReasonDescriptorLimit = "DESCRIPTOR_LIMIT_REACHED" // the agent is out of file descriptors
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/textsafe"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/fleet"
@@ -95,8 +96,8 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest) (runtime.Sandbo
 	default:
 		spec.ID = newID("sb-", 10)
 	}
-	if spec.Image == "" {
-		return spec, rpcstatus.InvalidArgument("image", "is empty")
+	if err := validateImageRef("image", spec.Image); err != nil {
+		return spec, err
 	}
 	if err := validateLabels("labels", spec.Labels); err != nil {
 		return spec, err
@@ -218,10 +219,10 @@ func validateEnv(field string, env map[string]string) error {
 		case k == "":
 			return rpcstatus.InvalidArgument(field, "a key is empty")
 		case strings.ContainsAny(k, "=\x00"):
-			return rpcstatus.InvalidArgument(field, fmt.Sprintf("key %q contains '=' or NUL", k))
+			return rpcstatus.InvalidArgument(field, fmt.Sprintf("key %s contains '=' or NUL", textsafe.Quote(k)))
 		case strings.ContainsRune(v, 0):
 			// The value is never echoed: it may be a secret.
-			return rpcstatus.InvalidArgument(field, fmt.Sprintf("the value of %q contains NUL", k))
+			return rpcstatus.InvalidArgument(field, fmt.Sprintf("the value of %s contains NUL", textsafe.Quote(k)))
 		}
 		total += len(k) + len(v) + 2
 	}
@@ -247,7 +248,7 @@ func parseUser(field, v string) (uid, gid uint32, err error) {
 	uid64, err1 := strconv.ParseUint(u, 10, 32)
 	gid64, err2 := strconv.ParseUint(g, 10, 32)
 	if err1 != nil || err2 != nil || uid64 == 1<<32-1 || gid64 == 1<<32-1 {
-		return 0, 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%q must be \"uid\" or \"uid:gid\", numbers from 0 to 4294967294", v))
+		return 0, 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%s must be \"uid\" or \"uid:gid\", numbers from 0 to 4294967294", textsafe.Quote(v)))
 	}
 	return uint32(uid64), uint32(gid64), nil
 }
@@ -265,12 +266,10 @@ func validateWorkDir(field, dir string) (string, error) {
 	case strings.ContainsRune(dir, 0):
 		return "", rpcstatus.InvalidArgument(field, "contains NUL")
 	case !filepath.IsAbs(dir) || filepath.Clean(dir) != dir:
-		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%q must be an absolute, clean path (like %q)", dir, filepath.Clean("/"+dir)))
+		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%s must be an absolute, clean path (like %s)", textsafe.Quote(dir), textsafe.Quote(filepath.Clean("/"+dir))))
 	}
-	for _, p := range []string{"/proc", "/sys", "/dev", runtime.AgentPath, runtime.RunDir} {
-		if dir == p || strings.HasPrefix(dir, p+"/") {
-			return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%q is inside %s", dir, p))
-		}
+	if p := reservedDir(dir, true); p != "" {
+		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%s is inside %s", textsafe.Quote(dir), p))
 	}
 	return dir, nil
 }

@@ -170,6 +170,9 @@ func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesR
 		}
 		after = string(b)
 	}
+	if err := validateLabels("label_selector", req.GetLabelSelector()); err != nil {
+		return nil, err
+	}
 	all, err := s.rt.List(ctx, req.GetLabelSelector())
 	if err != nil {
 		return nil, s.toStatus(ctx, err, nil)

@@ -46,7 +46,7 @@ func main() {
 	flag.DurationVar(&svcCfg.TaskRestartWindow, "task-restart-window", 10*time.Minute, "window of --task-restart-limit")
 	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
 	flag.Uint64Var(&svcCfg.MaxCPUMillis, "max-cpu-millis", 0, "largest CPU cap a request may set, in thousandths of a CPU (default: the host's CPUs x 1000)")
-	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: no bound)")
+	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: the host's physical memory)")
 	flag.Int64Var(&svcCfg.DefaultCPUMillis, "default-cpu-millis", 1000, "CPU cap of a sandbox whose request sets none, in thousandths of a CPU; -1: no cap")
 	flag.Int64Var(&svcCfg.DefaultMemoryBytes, "default-memory-bytes", 1<<30, "memory cap of a sandbox whose request sets none, in `bytes`; -1: no cap")
 	flag.Uint64Var(&svcCfg.DefaultOpenFiles, "default-open-files", 1024, "RLIMIT_NOFILE of a sandbox's processes when its request sets none")
