@@ -78,6 +78,11 @@ func setup(m *testing.M) (code int, err error) {
 		return 0, err
 	}
 	defer os.RemoveAll(env.dir)
+	// Sandboxes' roots are unprivileged host ids (user namespaces): they
+	// must pass through to the containerd state and the agent binary here.
+	if err := os.Chmod(env.dir, 0o711); err != nil {
+		return 0, err
+	}
 
 	env.containerd = os.Getenv("BERTH_CONTAINERD_ADDRESS")
 	if env.containerd == "" {

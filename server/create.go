@@ -114,6 +114,9 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest) (runtime.Sandbo
 	if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
 		return spec, err
 	}
+	if err := s.isolation(&spec, req); err != nil {
+		return spec, err
+	}
 	if spec.WorkDir, err = validateWorkDir("workdir", req.GetWorkdir()); err != nil {
 		return spec, err
 	}
@@ -161,6 +164,32 @@ func (s *Service) resources(spec *runtime.SandboxSpec, res *berthv1.Resources) e
 		}
 		return rpcstatus.InvalidArgument(field, fmt.Sprintf("pids_limit %d × open_files_limit %d may hold %d open files; the server's maximum per sandbox is %d: lower either",
 			spec.PidsLimit, spec.OpenFiles, worst, s.cfg.MaxSandboxOpenFiles))
+	}
+	return nil
+}
+
+// isolation fills spec's runtime and user namespace from req and checks
+// them against what the server allows.
+func (s *Service) isolation(spec *runtime.SandboxSpec, req *berthv1.CreateSandboxRequest) error {
+	spec.HostUsers = req.GetHostUsers()
+	switch spec.Runtime = req.GetRuntime(); spec.Runtime {
+	case "", runtime.RuntimeRunc:
+		spec.Runtime = runtime.RuntimeRunc
+	case runtime.RuntimeGVisor:
+		if !s.rt.GVisorEnabled() {
+			return rpcstatus.InvalidArgument("runtime", `"gvisor" is not enabled on this server (berthd --gvisor-binary)`)
+		}
+		// gVisor's sentry runs as an unprivileged host user in a user
+		// namespace of its own: host_users changes nothing there.
+		spec.HostUsers = false
+	default:
+		return rpcstatus.InvalidArgument("runtime", fmt.Sprintf("%q must be %q or %q", spec.Runtime, runtime.RuntimeRunc, runtime.RuntimeGVisor))
+	}
+	if spec.HostUsers && !s.cfg.AllowHostUsers {
+		return rpcstatus.InvalidArgument("host_users", "this server runs every sandbox in a user namespace of its own (berthd --allow-host-users permits the host's)")
+	}
+	if !spec.HostUsers && spec.Runtime == runtime.RuntimeRunc && (spec.UID >= runtime.IDRangeSize || spec.GID >= runtime.IDRangeSize) {
+		return rpcstatus.InvalidArgument("user", fmt.Sprintf("%d:%d: ids in a sandbox's user namespace are 0 to %d", spec.UID, spec.GID, runtime.IDRangeSize-1))
 	}
 	return nil
 }
@@ -437,6 +466,8 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.CPUMillis != want.CPUMillis, "resources.cpu_millis")
 	add(have.MemoryBytes != want.MemoryBytes, "resources.memory_bytes")
 	add(have.OpenFiles != want.OpenFiles, "resources.open_files_limit")
+	add(have.HostUsers != want.HostUsers, "host_users")
+	add(have.Runtime != want.Runtime, "runtime")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
@@ -459,12 +490,12 @@ func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
 		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == def.CPUMillis &&
-		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles
+		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles && spec.HostUsers == def.HostUsers && spec.Runtime == def.Runtime
 }
 
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir,
+	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir, Runtime: runtime.RuntimeRunc,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
 	s.defaultResources(&spec)
 	return spec

@@ -69,6 +69,9 @@ type Config struct {
 	// file table (fs.file-max: about 2.4 million with 24 GiB of memory).
 	// Default 1048576 (2^20).
 	MaxSandboxOpenFiles uint64
+	// AllowHostUsers lets a request run its sandbox in the host's user
+	// namespace (CreateSandboxRequest.host_users); refused by default.
+	AllowHostUsers bool
 	// AgentReadyTimeout bounds how long CreateSandbox waits for the agent
 	// to answer after the task starts. Default 30 s.
 	AgentReadyTimeout time.Duration

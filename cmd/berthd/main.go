@@ -51,6 +51,18 @@ func main() {
 	flag.Int64Var(&svcCfg.DefaultMemoryBytes, "default-memory-bytes", 1<<30, "memory cap of a sandbox whose request sets none, in `bytes`; -1: no cap")
 	flag.Uint64Var(&svcCfg.DefaultOpenFiles, "default-open-files", 1024, "RLIMIT_NOFILE of a sandbox's processes when its request sets none")
 	flag.Uint64Var(&svcCfg.MaxOpenFiles, "max-open-files", 1<<20, "largest RLIMIT_NOFILE a request may set")
+	flag.BoolVar(&svcCfg.AllowHostUsers, "allow-host-users", false, "let a request run its sandbox in the host's user namespace (host_users); by default every sandbox gets a user namespace and id range of its own")
+	flag.Func("userns-first-id", "first host `id` of the ranges of 65536 ids given to sandboxes' user namespaces (default 1073741824)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		rtCfg.IDFirst = uint32(n)
+		return err
+	})
+	flag.Func("userns-ranges", "how many id ranges there are from --userns-first-id: sandboxes with a user namespace at once (default 16384)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		rtCfg.IDRanges = uint32(n)
+		return err
+	})
+	flag.StringVar(&rtCfg.GVisorBinary, "gvisor-binary", "", "runsc wrapper (scripts/runsc-berth) the runc shim runs for sandboxes with runtime \"gvisor\"; empty: such sandboxes are refused")
 	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
 	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxIdleTimeout, "max-idle-timeout", 24*time.Hour, "largest idle timeout or KeepAlive hold a request may set")

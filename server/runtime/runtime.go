@@ -9,10 +9,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -37,6 +39,7 @@ const (
 	labelMemory    = LabelPrefix + "memory-bytes"
 	labelOpenFiles = LabelPrefix + "open-files"
 	labelRuntime   = LabelPrefix + "runtime"
+	labelHostUsers = LabelPrefix + "host-users"
 	// More of the record: labels.go.
 )
 
@@ -104,6 +107,15 @@ type Config struct {
 	ExecHeartbeat time.Duration
 	ExecRetention time.Duration
 	ExecRingBytes uint64
+	// IDFirst is the first host id of the user-namespace ranges given to
+	// sandboxes, IDRanges how many ranges of IDRangeSize ids there are.
+	// Defaults 1073741824 (2^30) and 16384: host ids 2^30 to 2^31-1, far
+	// from any host account. Two berthds on one host need disjoint ranges.
+	IDFirst  uint32
+	IDRanges uint32
+	// GVisorBinary is the runsc wrapper that the runc shim runs for gvisor
+	// sandboxes (scripts/runsc-berth). Empty: gvisor sandboxes are refused.
+	GVisorBinary string
 }
 
 func (c *Config) setDefaults() {
@@ -116,6 +128,12 @@ func (c *Config) setDefaults() {
 	if c.StateDir == "" {
 		c.StateDir = "/run/berth"
 	}
+	if c.IDFirst == 0 {
+		c.IDFirst = 1 << 30
+	}
+	if c.IDRanges == 0 {
+		c.IDRanges = 16384
+	}
 }
 
 // Runtime creates and inspects sandboxes in containerd.
@@ -123,6 +141,9 @@ type Runtime struct {
 	cfg     Config
 	client  *containerd.Client
 	secrets secrets
+
+	idMu       sync.Mutex
+	idReserved map[uint32]string // id ranges of creates in progress
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -138,8 +159,16 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	} else if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("agent binary %s is not a regular file", cfg.AgentBinary)
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "s"), 0o700); err != nil {
-		return nil, fmt.Errorf("create state directory: %w", err)
+	// 0711: a sandbox's root, an unprivileged host id, must be able to
+	// pass through to its run directory (runc bind-mounts it from inside
+	// the sandbox's user namespace); listing stays berthd's.
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "s")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create state directory: %w", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
 	}
 	client, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace))
 	if err != nil {
@@ -149,7 +178,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		client.Close()
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
 	}
-	return &Runtime{cfg: cfg, client: client}, nil
+	return &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string)}, nil
 }
 
 // Close closes the connection to containerd. Sandboxes keep running.
@@ -176,6 +205,12 @@ type SandboxSpec struct {
 	// OpenFiles is RLIMIT_NOFILE, soft and hard, of the agent and so of
 	// every process in the sandbox; zero keeps containerd's default (1024).
 	OpenFiles uint64
+	// HostUsers runs the sandbox in the host's user namespace. Otherwise
+	// it gets one of its own, ids 0-65535 mapped to a host range no other
+	// sandbox of the runtime uses (userns.go).
+	HostUsers bool
+	// Runtime is RuntimeRunc (also for "") or RuntimeGVisor.
+	Runtime string
 	// Env is added to the process environment of the agent and so of every
 	// process in the sandbox. Values go into the OCI spec only: labels keep
 	// the keys and a hash.
@@ -205,6 +240,11 @@ type Sandbox struct {
 	CPUMillis   uint64
 	MemoryBytes uint64
 	OpenFiles   uint64
+	// HostUsers and Runtime are as in SandboxSpec; IDBase is the host id
+	// its root maps to (0 with HostUsers).
+	HostUsers bool
+	Runtime   string
+	IDBase    uint32
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime and Pooled are as in
 	// SandboxSpec.
 	UID, GID    uint32
@@ -272,7 +312,10 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if len(r.SocketPath(spec.ID)) >= 108 {
 		return fmt.Errorf("agent socket path %s is longer than unix(7) allows (107 bytes)", r.SocketPath(spec.ID))
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create sandbox directory: %w", err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "run"), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create sandbox directory: %w", err)
 	}
 
@@ -281,12 +324,27 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	labels[labelAgentSecret] = secret
 	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
+	specOpts := append(r.specOpts(image, spec, dir), oci.WithEnv([]string{agentproof.EnvSecret + "=" + secret}))
+	snapshot := containerd.WithNewSnapshot(spec.ID, image)
+	var base uint32
+	if spec.userns() {
+		var release func()
+		if base, release, err = r.allocIDBase(ctx, spec.ID); err != nil {
+			return err
+		}
+		defer release()
+		labels[labelIDBase] = strconv.FormatUint(uint64(base), 10)
+		// The image's files chowned into the range (a copy per range).
+		snapshot = containerd.WithUserNSRemappedSnapshot(spec.ID, image, idMaps(base), idMaps(base))
+		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
+	}
 	container, err := r.client.NewContainer(ctx, spec.ID,
 		containerd.WithImage(image),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),
-		containerd.WithNewSnapshot(spec.ID, image),
+		snapshot,
 		containerd.WithContainerLabels(labels),
-		containerd.WithNewSpec(append(r.specOpts(image, spec, dir), oci.WithEnv([]string{agentproof.EnvSecret + "=" + secret}))...),
+		r.withRuntime(spec),
+		containerd.WithNewSpec(specOpts...),
 	)
 	if err != nil {
 		if errdefs.IsAlreadyExists(err) {
@@ -308,7 +366,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	// Mounted once the id is known to be this create's: another
 	// sandbox's run directory must never be covered. A fresh tmpfs also
 	// holds no stale socket of an earlier sandbox of the same id.
-	if err := mountRunDir(filepath.Join(dir, "run"), 0, 0); err != nil {
+	if err := mountRunDir(filepath.Join(dir, "run"), base, base); err != nil {
 		return err
 	}
 	task, err := container.NewTask(ctx, cio.LogFile(r.LogPath(spec.ID)))
@@ -503,6 +561,14 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	sb.CPUMillis, _ = strconv.ParseUint(labels[labelCPUMillis], 10, 64)
 	sb.MemoryBytes, _ = strconv.ParseUint(labels[labelMemory], 10, 64)
 	sb.OpenFiles, _ = strconv.ParseUint(labels[labelOpenFiles], 10, 64)
+	sb.HostUsers = labels[labelHostUsers] == "true"
+	sb.Runtime = labels[labelRuntime]
+	if sb.Runtime == "" {
+		sb.Runtime = RuntimeRunc
+	}
+	if b, err := strconv.ParseUint(labels[labelIDBase], 10, 32); err == nil {
+		sb.IDBase = uint32(b)
+	}
 	sb.decodeLabels(labels)
 	if task, err := c.Task(ctx, nil); err == nil {
 		sb.TaskPID = task.Pid()

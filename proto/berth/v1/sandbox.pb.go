@@ -425,7 +425,16 @@ type Sandbox struct {
 	ServerVersion string `protobuf:"bytes,21,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
 	// version_skew is true when agent_version differs from server_version:
 	// the sandbox was created by another berthd release.
-	VersionSkew   bool `protobuf:"varint,22,opt,name=version_skew,json=versionSkew,proto3" json:"version_skew,omitempty"`
+	VersionSkew bool `protobuf:"varint,22,opt,name=version_skew,json=versionSkew,proto3" json:"version_skew,omitempty"`
+	// host_users is true when the sandbox runs in the host's user namespace
+	// (CreateSandboxRequest.host_users).
+	HostUsers bool `protobuf:"varint,23,opt,name=host_users,json=hostUsers,proto3" json:"host_users,omitempty"`
+	// host_id_base is the host uid and gid that the sandbox's root (id 0)
+	// maps to; ids 0-65535 map to host_id_base onwards. 0 with host_users.
+	HostIdBase uint32 `protobuf:"varint,24,opt,name=host_id_base,json=hostIdBase,proto3" json:"host_id_base,omitempty"`
+	// runtime_name is what runs the sandbox, "runc" or "gvisor"
+	// (CreateSandboxRequest.runtime).
+	RuntimeName   string `protobuf:"bytes,25,opt,name=runtime_name,json=runtimeName,proto3" json:"runtime_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -614,6 +623,27 @@ func (x *Sandbox) GetVersionSkew() bool {
 	return false
 }
 
+func (x *Sandbox) GetHostUsers() bool {
+	if x != nil {
+		return x.HostUsers
+	}
+	return false
+}
+
+func (x *Sandbox) GetHostIdBase() uint32 {
+	if x != nil {
+		return x.HostIdBase
+	}
+	return 0
+}
+
+func (x *Sandbox) GetRuntimeName() string {
+	if x != nil {
+		return x.RuntimeName
+	}
+	return ""
+}
+
 // CreateSandboxRequest asks for a new sandbox.
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -653,7 +683,21 @@ type CreateSandboxRequest struct {
 	// is derived from it, so a retried request finds the sandbox the first
 	// one created. 1 to 128 printable ASCII characters. Ignored when
 	// sandbox_id is set.
-	RequestId     string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// host_users runs the sandbox in the host's user namespace: its root is
+	// the host's root (without capabilities). By default (false) every
+	// sandbox gets a user namespace of its own whose ids 0-65535 map to a
+	// range of unprivileged host ids no other sandbox of the server uses, and
+	// user must then be below 65536. Allowed only when berthd runs with
+	// --allow-host-users (INVALID_ARGUMENT otherwise), for images that need
+	// host ids (e.g. a bind of host files); ignored by the gvisor runtime,
+	// whose processes never run on the host kernel.
+	HostUsers bool `protobuf:"varint,11,opt,name=host_users,json=hostUsers,proto3" json:"host_users,omitempty"`
+	// runtime is what runs the sandbox: "runc" (default), an ordinary
+	// container, or "gvisor", gVisor's runsc, whose user-space kernel takes
+	// the workload's system calls (stronger isolation, slower system calls;
+	// README lists the differences). Another value is INVALID_ARGUMENT.
+	Runtime       string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -754,6 +798,20 @@ func (x *CreateSandboxRequest) GetMaxLifetime() *durationpb.Duration {
 func (x *CreateSandboxRequest) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *CreateSandboxRequest) GetHostUsers() bool {
+	if x != nil {
+		return x.HostUsers
+	}
+	return false
+}
+
+func (x *CreateSandboxRequest) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
 	}
 	return ""
 }
@@ -1244,7 +1302,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x96\b\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xfa\b\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1272,10 +1330,15 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vagent_build\x18\x14 \x01(\tR\n" +
 	"agentBuild\x12%\n" +
 	"\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n" +
-	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x1a9\n" +
+	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x12\x1d\n" +
+	"\n" +
+	"host_users\x18\x17 \x01(\bR\thostUsers\x12 \n" +
+	"\fhost_id_base\x18\x18 \x01(\rR\n" +
+	"hostIdBase\x12!\n" +
+	"\fruntime_name\x18\x19 \x01(\tR\vruntimeName\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x04\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -1289,7 +1352,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\n" +
-	" \x01(\tR\trequestId\x1a9\n" +
+	" \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"host_users\x18\v \x01(\bR\thostUsers\x12\x18\n" +
+	"\aruntime\x18\f \x01(\tR\aruntime\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
