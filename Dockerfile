@@ -19,8 +19,11 @@
 #     -v /run/berth:/run/berth \
 #     berth
 #
-# and clients use unix:///run/berth/berthd.sock on the host (or pass
-# --listen=:7443 and publish the port). Extra arguments go to berthd.
+# and clients use unix:///run/berth/berthd.sock on the host. To publish a
+# port, berthd needs TLS (it refuses plaintext TCP): mount the certificate,
+# key, client CA and token file and pass --listen=:7443 --tls-cert ...
+# --tls-key ... [--tls-client-ca ...] [--token-file ...] (README "Security
+# model"). Extra arguments go to berthd.
 
 ARG GO_VERSION=1.26
 

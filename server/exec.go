@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
-	"github.com/berth-sandbox/berth/server/agentconn"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/agentconn"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )

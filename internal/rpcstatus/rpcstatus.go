@@ -45,6 +45,12 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonUnauthenticated (UNAUTHENTICATED): the request carries no
+	// valid credentials. ReasonNotPermitted (PERMISSION_DENIED): the
+	// principal may not call the method (an admin-only one) or act on
+	// another's behalf.
+	ReasonUnauthenticated = "UNAUTHENTICATED"
+	ReasonNotPermitted    = "NOT_PERMITTED"
 	// ReasonJournalUnavailable (UNAVAILABLE) refuses an exec start that
 	// berthd could not record in its runtime journal (a full or read-only
 	// journal directory): nothing ran, and a retry is safe.

@@ -40,7 +40,7 @@ func (v *stubVerifier) Peer(_ context.Context, _ string, cred *unix.Ucred) error
 	return nil
 }
 func (v *stubVerifier) Secret(context.Context, string) ([]byte, error) { return v.secret, nil }
-func (v *stubVerifier) Refused(string)                                { v.refused++ }
+func (v *stubVerifier) Refused(string)                                 { v.refused++ }
 
 func serveFake(t *testing.T, secret []byte) string {
 	t.Helper()

@@ -426,15 +426,20 @@ type Sandbox struct {
 	// version_skew is true when agent_version differs from server_version:
 	// the sandbox was created by another berthd release.
 	VersionSkew bool `protobuf:"varint,22,opt,name=version_skew,json=versionSkew,proto3" json:"version_skew,omitempty"`
+	// owner is the principal that created the sandbox: "unix:uid:N" for a
+	// caller on berthd's unix socket, else the principal of its bearer token
+	// or client certificate. Only the owner and admins see the sandbox;
+	// empty for sandboxes made before berthd recorded owners (admins only).
+	Owner string `protobuf:"bytes,23,opt,name=owner,proto3" json:"owner,omitempty"`
 	// host_users is true when the sandbox runs in the host's user namespace
 	// (CreateSandboxRequest.host_users).
-	HostUsers bool `protobuf:"varint,23,opt,name=host_users,json=hostUsers,proto3" json:"host_users,omitempty"`
+	HostUsers bool `protobuf:"varint,24,opt,name=host_users,json=hostUsers,proto3" json:"host_users,omitempty"`
 	// host_id_base is the host uid and gid that the sandbox's root (id 0)
 	// maps to; ids 0-65535 map to host_id_base onwards. 0 with host_users.
-	HostIdBase uint32 `protobuf:"varint,24,opt,name=host_id_base,json=hostIdBase,proto3" json:"host_id_base,omitempty"`
+	HostIdBase uint32 `protobuf:"varint,25,opt,name=host_id_base,json=hostIdBase,proto3" json:"host_id_base,omitempty"`
 	// runtime_name is what runs the sandbox, "runc" or "gvisor"
 	// (CreateSandboxRequest.runtime).
-	RuntimeName   string `protobuf:"bytes,25,opt,name=runtime_name,json=runtimeName,proto3" json:"runtime_name,omitempty"`
+	RuntimeName   string `protobuf:"bytes,26,opt,name=runtime_name,json=runtimeName,proto3" json:"runtime_name,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -621,6 +626,13 @@ func (x *Sandbox) GetVersionSkew() bool {
 		return x.VersionSkew
 	}
 	return false
+}
+
+func (x *Sandbox) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 func (x *Sandbox) GetHostUsers() bool {
@@ -1302,7 +1314,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xfa\b\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x90\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1330,12 +1342,13 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vagent_build\x18\x14 \x01(\tR\n" +
 	"agentBuild\x12%\n" +
 	"\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n" +
-	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x12\x1d\n" +
+	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x12\x14\n" +
+	"\x05owner\x18\x17 \x01(\tR\x05owner\x12\x1d\n" +
 	"\n" +
-	"host_users\x18\x17 \x01(\bR\thostUsers\x12 \n" +
-	"\fhost_id_base\x18\x18 \x01(\rR\n" +
+	"host_users\x18\x18 \x01(\bR\thostUsers\x12 \n" +
+	"\fhost_id_base\x18\x19 \x01(\rR\n" +
 	"hostIdBase\x12!\n" +
-	"\fruntime_name\x18\x19 \x01(\tR\vruntimeName\x1a9\n" +
+	"\fruntime_name\x18\x1a \x01(\tR\vruntimeName\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf2\x04\n" +
