@@ -124,3 +124,4 @@ func TestReserveThreads(t *testing.T) {
 	}
 	t.Fatal("no Threads line in /proc/self/status")
 }
+

@@ -127,6 +127,8 @@ func setup(m *testing.M) (code int, err error) {
 		Namespace:   env.namespace,
 		StateDir:    filepath.Join(env.dir, "st"),
 		AgentBinary: env.agentBinary,
+		// scripts/deps.sh installs runsc.
+		GVisorBinary: filepath.Join(repo, "scripts", "runsc-berth"),
 	})
 	if err != nil {
 		return 0, err

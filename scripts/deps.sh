@@ -3,7 +3,8 @@
 # whatever is already there, so running it again costs about a second.
 #
 #   - containerd, runc (and ctr, which ships with containerd), busybox-static,
-#     plus make and git when missing: apt-get update + apt-get install.
+#     plus make, git and runsc (gVisor) when missing: apt-get update +
+#     apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - bash-static: the .deb is fetched with `apt-get download` and unpacked
@@ -56,11 +57,13 @@ command -v runc >/dev/null || missing+=(runc)
 { [[ -x /bin/busybox ]] && installed busybox-static; } || missing+=(busybox-static)
 command -v make >/dev/null || missing+=(make)
 command -v git >/dev/null || missing+=(git)
+# gVisor (runtime "gvisor"): Debian's runsc, run through scripts/runsc-berth.
+[[ -x /usr/bin/runsc ]] || missing+=(runsc)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git; do
+	for p in make git runsc; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"

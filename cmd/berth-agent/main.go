@@ -37,14 +37,11 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	d := agent.DefaultConfig()
 	cfg := d
-	// berthd's per-sandbox secret: out of the environment before anything
-	// copies it, so that no process the agent starts inherits it.
-	hexSecret, hasSecret := os.LookupEnv(agentproof.EnvSecret)
-	os.Unsetenv(agentproof.EnvSecret)
 	fs := flag.NewFlagSet("berth-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.berth-run/agent.sock", "`path` of the unix socket to serve on (a stale socket there is replaced)")
 	version := fs.Bool("version", false, "print the version and exit")
+	secretFile := fs.String("secret-file", "", "`path` of berthd's per-sandbox secret, which Info proves; read and removed at start")
 	fs.StringVar(&cfg.WorkDir, "workdir", d.WorkDir, "working `directory` for execs without a cwd (created when missing; / when it cannot be)")
 	fs.Func("user", "workload `uid:gid` (numeric) that processes run as and files are created as (default 0:0)", func(v string) error {
 		uid, gid, err := parseUser(v)
@@ -79,8 +76,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	cfg.Logger = log
-	if hasSecret {
-		secret, err := agentproof.ParseSecret(hexSecret)
+	if *secretFile != "" {
+		// Read and removed before anything runs: no process of the
+		// workload ever sees it.
+		secret, err := agentproof.ReadSecretFile(*secretFile)
 		if err != nil {
 			log.Error("berthd's secret is unusable: berthd will refuse this agent", "err", err)
 		}

@@ -1,9 +1,11 @@
 // Package agentproof lets berthd tell a sandbox's real agent from a
 // workload that put its own listener where the agent's socket was. berthd
-// gives every sandbox's agent a random secret at create (in the agent's
-// environment, which no process of the workload can read: it holds no
-// capabilities, the agent does, so ptrace(2) access to it is refused);
-// berthd then sends a fresh random challenge with every Info call and
+// gives every sandbox's agent a random secret at create, in a file of the
+// sandbox's run directory that the agent reads and removes before any
+// process of the workload runs (not in its environment: gVisor lets a
+// process of the same uid read /proc/1/environ, and its 2022 release can
+// write neither /proc/self/mem nor process_vm_writev to scrub it); berthd
+// then sends a fresh random challenge with every Info call and
 // accepts only an answer that is HMAC-SHA256 (crypto/hmac) of the challenge
 // under that secret.
 package agentproof
@@ -15,11 +17,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 )
 
-// EnvSecret is the environment variable that carries the secret, hex, to
-// the agent. The agent removes it from the environment its processes get.
-const EnvSecret = "BERTH_AGENT_SECRET"
+// SecretFile is the name of the secret's file in the sandbox's run
+// directory: hex, written by berthd before each task start, removed by the
+// agent once read.
+const SecretFile = "agent.secret"
 
 // SecretBytes and ChallengeBytes are the sizes of a secret and of a
 // challenge.
@@ -45,6 +50,18 @@ func random(n int) []byte {
 	b := make([]byte, n)
 	rand.Read(b) // never fails (crypto/rand)
 	return b
+}
+
+// ReadSecretFile reads the secret at path and removes the file.
+func ReadSecretFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if rerr := os.Remove(path); err == nil && rerr != nil {
+		return nil, fmt.Errorf("remove the secret file: %w", rerr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ParseSecret(strings.TrimSpace(string(b)))
 }
 
 // ParseSecret decodes a hex secret as NewSecret makes it.

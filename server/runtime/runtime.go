@@ -25,6 +25,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // Label keys berthd stores on every sandbox container. Keys with the
@@ -329,7 +330,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	labels[labelAgentSecret] = secret
 	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
-	specOpts := append(r.specOpts(image, spec, dir), oci.WithEnv([]string{agentproof.EnvSecret + "=" + secret}))
+	specOpts := r.specOpts(image, spec, dir)
 	snapshot := containerd.WithNewSnapshot(spec.ID, image)
 	var base uint32
 	if spec.userns() {
@@ -372,6 +373,9 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	// sandbox's run directory must never be covered. A fresh tmpfs also
 	// holds no stale socket of an earlier sandbox of the same id.
 	if err := mountRunDir(filepath.Join(dir, "run"), base, base); err != nil {
+		return err
+	}
+	if err := r.writeSecret(spec.ID, secret, base); err != nil {
 		return err
 	}
 	task, err := container.NewTask(ctx, cio.LogFile(r.LogPath(spec.ID)))
@@ -466,7 +470,7 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 
 // agentArgs is the agent's command line.
 func (r *Runtime) agentArgs(spec SandboxSpec) []string {
-	args := []string{AgentPath, "--socket", RunDir + "/" + socketName,
+	args := []string{AgentPath, "--socket", RunDir + "/" + socketName, "--secret-file", RunDir + "/" + agentproof.SecretFile,
 		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir()}
 	if r.cfg.ExecHeartbeat > 0 {
 		args = append(args, "--heartbeat-interval", r.cfg.ExecHeartbeat.String())
@@ -594,25 +598,67 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("load container %s: %w", id, err)
 	}
-	if task, err := container.Task(ctx, nil); err == nil {
-		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("delete task %s: %w", id, err)
+	// A create of the container still under way may start its task
+	// between the two deletes (containerd then refuses the container's
+	// delete as FAILED_PRECONDITION): delete that task too.
+	for attempt := 0; ; attempt++ {
+		if err := r.deleteTask(ctx, container); err != nil {
+			return err
 		}
-	} else if !errdefs.IsNotFound(err) {
-		return fmt.Errorf("load task %s: %w", id, err)
-	}
-	if err := container.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("delete container %s: %w", id, err)
+		err := container.Delete(ctx, containerd.WithSnapshotCleanup)
+		if err == nil || errdefs.IsNotFound(err) {
+			break
+		}
+		if !errdefs.IsFailedPrecondition(err) || attempt == 3 {
+			return fmt.Errorf("delete container %s: %w", id, err)
+		}
 	}
 	return r.removeHostDir(id)
 }
 
+// deleteTask kills and deletes the container's task, if any. A task whose
+// start is under way when the delete comes can lose its shim during the
+// delete ("ttrpc: closed"): the delete is tried again, a few times, until
+// containerd no longer has the task.
+func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container) error {
+	var err error
+	for attempt := range 4 {
+		var task containerd.Task
+		task, err = container.Task(ctx, nil)
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			err = fmt.Errorf("load task %s: %w", container.ID(), err)
+		} else if _, err = task.Delete(ctx, containerd.WithProcessKill); err == nil || errdefs.IsNotFound(err) {
+			return nil
+		} else {
+			err = fmt.Errorf("delete task %s: %w", container.ID(), err)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
+		}
+	}
+	return err
+}
+
 func (r *Runtime) removeHostDir(id string) error {
 	r.secrets.drop(id)
-	if err := unmountRunDir(filepath.Join(r.hostDir(id), "run")); err != nil {
-		return err
+	run := filepath.Join(r.hostDir(id), "run")
+	// A create of the same id racing this delete may mount the run
+	// directory's tmpfs between the unmount and the removal: unmount again.
+	var err error
+	for range 3 {
+		if err = unmountRunDir(run); err != nil {
+			return err
+		}
+		if err = os.RemoveAll(r.hostDir(id)); !errors.Is(err, unix.EBUSY) {
+			break
+		}
 	}
-	if err := os.RemoveAll(r.hostDir(id)); err != nil {
+	if err != nil {
 		return fmt.Errorf("remove sandbox directory: %w", err)
 	}
 	return nil

@@ -3,9 +3,11 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -125,4 +127,27 @@ func (v AgentVerifier) Refused(path string) {
 	if id, err := v.r.sandboxOfSocket(path); err == nil {
 		v.r.secrets.drop(id)
 	}
+}
+
+// writeSecret puts the sandbox's hex secret in its run directory for the
+// agent to read at start, owned by the sandbox's root (host id base) and
+// readable by it alone.
+func (r *Runtime) writeSecret(id, hexSecret string, base uint32) error {
+	path := filepath.Join(r.hostDir(id), "run", agentproof.SecretFile)
+	os.Remove(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
+	if err != nil {
+		return fmt.Errorf("write the agent secret: %w", err)
+	}
+	_, err = f.WriteString(hexSecret)
+	if err == nil {
+		err = f.Chown(int(base), int(base))
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write the agent secret: %w", err)
+	}
+	return nil
 }
