@@ -124,4 +124,3 @@ func TestReserveThreads(t *testing.T) {
 	}
 	t.Fatal("no Threads line in /proc/self/status")
 }
-

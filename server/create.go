@@ -36,10 +36,11 @@ const (
 // creation is one CreateSandbox in progress for an id. Requests for the
 // same id and spec wait for it instead of creating again.
 type creation struct {
-	spec runtime.SandboxSpec
-	done chan struct{} // closed when resp or err is set
-	resp *berthv1.CreateSandboxResponse
-	err  error
+	spec   runtime.SandboxSpec
+	cancel context.CancelFunc // ends the creation, as a delete of the id does
+	done   chan struct{}      // closed when resp or err is set
+	resp   *berthv1.CreateSandboxResponse
+	err    error
 	// deleted is set when a DeleteSandbox for the id ran during the
 	// creation: a failure is then reported as the sandbox being gone.
 	deleted atomic.Bool
@@ -356,12 +357,16 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*cre
 	if err := s.bgCtx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: berthd is shutting down", errAgentUnreachable)
 	}
-	c := &creation{spec: spec, done: make(chan struct{})}
+	// It runs under the Service's background context, bounded by the
+	// agent-ready timeout plus a minute for containerd.
+	ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.AgentReadyTimeout+time.Minute)
+	c := &creation{spec: spec, cancel: cancel, done: make(chan struct{})}
 	s.creating[spec.ID] = c
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		c.resp, c.err = s.createOrGet(spec, p)
+		defer cancel()
+		c.resp, c.err = s.createOrGet(ctx, spec, p)
 		if c.err != nil && c.deleted.Load() {
 			// The delete pulled the container or the agent connection
 			// out from under the start; what failed next is its echo.
@@ -376,12 +381,14 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*cre
 }
 
 // createOrGet returns the existing sandbox of spec.ID when its spec is the
-// same and caller p may see it, or creates it. It runs under the Service's
-// background context, bounded by the agent-ready timeout plus a minute for
-// containerd.
-func (s *Service) createOrGet(spec runtime.SandboxSpec, p auth.Principal) (*berthv1.CreateSandboxResponse, error) {
-	ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.AgentReadyTimeout+time.Minute)
-	defer cancel()
+// same and caller p may see it, or creates it, under the sandbox's
+// lifecycle lock.
+func (s *Service) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p auth.Principal) (*berthv1.CreateSandboxResponse, error) {
+	unlock, err := s.lifecycle.Lock(ctx, spec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", spec.ID, err)
+	}
+	defer unlock()
 	existing, err := s.rt.Get(ctx, spec.ID)
 	switch {
 	case errors.Is(err, runtime.ErrSandboxNotFound):
@@ -430,7 +437,8 @@ func (s *Service) create(ctx context.Context, spec runtime.SandboxSpec) (*berthv
 }
 
 // start creates the container and task of spec and waits for the agent. On
-// failure it removes what it created.
+// failure it removes what it created. The caller holds the sandbox's
+// lifecycle lock.
 func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.Sandbox, *agentv1.InfoResponse, error) {
 	admitted, err := s.capacity.admitSandbox(ctx, spec.ID, spec.MemoryBytes)
 	if err != nil {
@@ -451,7 +459,7 @@ func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.
 	}
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if derr := s.deleteSandbox(cleanup, spec.ID); derr != nil {
+	if derr := s.deleteLocked(cleanup, spec.ID); derr != nil {
 		s.log.Error("remove sandbox after failed start", slog.String("sandbox_id", spec.ID), slog.Any("error", derr))
 	}
 	return runtime.Sandbox{}, nil, err
@@ -540,11 +548,16 @@ func (s *Service) fromPool(ctx context.Context, spec runtime.SandboxSpec) (*bert
 	if !ok {
 		return nil, false
 	}
+	unlock, err := s.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return nil, false
+	}
+	defer unlock()
 	drop := func(err error) (*berthv1.CreateSandboxResponse, bool) {
 		s.log.Warn("warm pool: member unusable; removing it and creating anew", slog.String("sandbox_id", id), slog.Any("error", err))
 		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if err := s.deleteSandbox(cleanup, id); err != nil {
+		if err := s.deleteLocked(cleanup, id); err != nil {
 			s.log.Error("warm pool: remove member", slog.String("sandbox_id", id), slog.Any("error", err))
 		}
 		return nil, false
@@ -575,6 +588,11 @@ func (m maker) MakePooled(ctx context.Context, image string) (string, error) {
 	spec := m.s.pooledSpec(image, newID("sb-", 10))
 	ctx, cancel := context.WithTimeout(ctx, m.s.cfg.AgentReadyTimeout+time.Minute)
 	defer cancel()
+	unlock, err := m.s.lifecycle.Lock(ctx, spec.ID)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	_, info, err := m.s.start(ctx, spec)
 	if err != nil {
 		return "", err

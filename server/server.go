@@ -11,7 +11,10 @@
 //
 // Anything in berthd that stops a sandbox's task on purpose must hold its
 // restarts (restarter.hold, as deleteSandbox does through deletingSandbox),
-// or berthd starts a new task for it.
+// or berthd starts a new task for it. Creating, removing and restarting a
+// sandbox hold its lifecycle lock (Service.lifecycle, per sandbox id), so
+// that they happen one after another; events are matched to a task by its
+// identity (pid and start time), never by the sandbox id alone.
 package server
 
 import (
@@ -25,6 +28,7 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/fleet"
+	"github.com/berth-sandbox/berth/server/idlock"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"golang.org/x/sys/unix"
 )
@@ -227,6 +231,11 @@ type Service struct {
 	capacity *capacity
 	reaper   *fleet.Reaper
 	pool     *fleet.Pool
+
+	// lifecycle serializes what creates, removes or restarts a sandbox,
+	// per sandbox id: a create and a delete of one id never interleave,
+	// so neither sees the other's half-made or half-removed sandbox.
+	lifecycle idlock.Locks
 
 	mu       sync.Mutex
 	creating map[string]*creation // CreateSandbox in progress, by sandbox id
