@@ -72,7 +72,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, libarchive-tools, make, git: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, runsc: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then
