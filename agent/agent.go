@@ -48,6 +48,18 @@ type Config struct {
 	// strings; a start's env is applied on top. Default: the agent's own
 	// environment (os.Environ at New), which is the container's.
 	Env []string
+	// LoginEnv gives every process the workload user's login environment
+	// on top of Env: HOME, USER, LOGNAME and SHELL from the image's
+	// /etc/passwd, and PATH when Env has none (see loginEnv). berthd sets
+	// it; an agent run by hand leaves Env as it is.
+	LoginEnv bool
+	// KeepHome says that Env's HOME was set on purpose (by the image's
+	// config or the sandbox's env) and wins over /etc/passwd; otherwise it
+	// is runc's default for the agent's own user and LoginEnv replaces it.
+	KeepHome bool
+	// NameHost makes /etc/hosts resolve the sandbox's hostname at start
+	// (see nameHost). berthd sets it; never on a host.
+	NameHost bool
 	// UID and GID are the workload user: processes run as it (setuid and
 	// setgid before execve, supplementary groups cleared) and files are
 	// created as it. Default 0 and 0: root, without capabilities.
@@ -228,6 +240,10 @@ func New(cfg Config) (*Server, error) {
 		s.workDir = "/"
 	}
 	ownWorkDir(s.workDir, cfg.UID, cfg.GID, s.log)
+	if cfg.NameHost {
+		host, _ := os.Hostname()
+		nameHost(s.log, "/etc/hosts", host)
+	}
 	selfCgroup, _ := os.ReadFile("/proc/self/cgroup")
 	s.oom = findOOMCounter(cgroupRoot, selfCgroup)
 	return s, nil

@@ -4,9 +4,10 @@
 #
 #   - containerd, runc (and ctr, which ships with containerd), busybox-static,
 #     libarchive-tools (bsdtar: the tar round-trip tests check berth's archives
-#     against GNU tar, bsdtar and busybox tar), plus make, git and runsc
-#     (gVisor, run through scripts/runsc-berth) when missing: apt-get update
-#     + apt-get install.
+#     against GNU tar, bsdtar and busybox tar), plus make, git,
+#     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh) and runsc (gVisor,
+#     run through scripts/runsc-berth) when missing: apt-get update +
+#     apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - bash-static: the .deb is fetched with `apt-get download` and unpacked
@@ -62,17 +63,20 @@ command -v make >/dev/null || missing+=(make)
 command -v git >/dev/null || missing+=(git)
 # gVisor (runtime "gvisor"): Debian's runsc, run through scripts/runsc-berth.
 [[ -x /usr/bin/runsc ]] || missing+=(runsc)
+# btrfs-progs formats and manages the quota-enabled btrfs that disk quotas
+# need (scripts/btrfs-quota.sh, run by scripts/containerd.sh).
+{ command -v mkfs.btrfs >/dev/null && command -v btrfs >/dev/null; } || missing+=(btrfs-progs)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git libarchive-tools runsc; do
+	for p in make git libarchive-tools btrfs-progs runsc; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, libarchive-tools, make, git, runsc: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, runsc: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then

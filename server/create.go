@@ -118,11 +118,22 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 		return spec, err
 	}
 
-	if err := s.resources(&spec, req.GetResources()); err != nil {
+	res := req.GetResources()
+	if err := s.resources(&spec, res); err != nil {
 		return spec, err
+	}
+	spec.ShmBytes = (res.GetShmBytes() + 1023) / 1024 * 1024
+	if spec.ShmBytes == 0 {
+		spec.ShmBytes = runtime.DefaultShmBytes
+	}
+	if m := spec.MemoryBytes; m > 0 && spec.ShmBytes > m && res.GetShmBytes() != 0 {
+		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds memory_bytes %d: /dev/shm pages count against the memory limit", res.GetShmBytes(), m))
 	}
 
 	var err error
+	if spec.DiskBytes, err = s.diskBytes(res.GetDiskBytes()); err != nil {
+		return spec, err
+	}
 	if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
 		return spec, err
 	}
@@ -236,6 +247,32 @@ func validateRequestID(field, id string) error {
 		}
 	}
 	return nil
+}
+
+// minDiskBytes is the smallest disk quota accepted: btrfs copies a few
+// 16 KiB metadata blocks on a snapshot's first writes, and the agent
+// creates the working directory.
+const minDiskBytes = 1 << 20
+
+// diskBytes returns the disk quota for a request's resources.disk_bytes:
+// the server's default for zero. A quota on a server that cannot enforce
+// one is FAILED_PRECONDITION DISK_QUOTA_UNSUPPORTED, never ignored.
+func (s *Service) diskBytes(req uint64) (uint64, error) {
+	const field = "resources.disk_bytes"
+	if req == 0 {
+		return s.cfg.DefaultDiskBytes, nil
+	}
+	if err := s.rt.DiskQuota(); err != nil {
+		return 0, rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonDiskQuotaUnsupported,
+			fmt.Sprintf("%s: this server cannot enforce disk quotas: %v", field, err), map[string]string{"field": field})
+	}
+	if max := s.cfg.MaxDiskBytes; max > 0 && req > max {
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d exceeds the server's maximum of %d", req, max))
+	}
+	if req < minDiskBytes {
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d is below the minimum of %d (1 MiB)", req, minDiskBytes))
+	}
+	return req, nil
 }
 
 // requestSandboxID derives the sandbox id of owner's request id: "rq-" and
@@ -497,6 +534,8 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.OpenFiles != want.OpenFiles, "resources.open_files_limit")
 	add(have.HostUsers != want.HostUsers, "host_users")
 	add(have.Runtime != want.Runtime, "runtime")
+	add(have.DiskBytes != want.DiskBytes, "resources.disk_bytes")
+	add(have.ShmBytes != want.ShmBytes, "resources.shm_bytes")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
@@ -529,12 +568,13 @@ func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
 		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == def.CPUMillis &&
-		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles && spec.HostUsers == def.HostUsers && spec.Runtime == def.Runtime
+		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles && spec.HostUsers == def.HostUsers && spec.Runtime == def.Runtime &&
+		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes
 }
 
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir, Runtime: runtime.RuntimeRunc,
+	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir, Runtime: runtime.RuntimeRunc, DiskBytes: s.cfg.DefaultDiskBytes, ShmBytes: runtime.DefaultShmBytes,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
 	s.defaultResources(&spec)
 	return spec

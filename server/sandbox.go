@@ -329,7 +329,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		Image:         sb.Image,
 		State:         berthv1.SandboxState_SANDBOX_STATE_STOPPED,
 		Labels:        sb.Labels,
-		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, OpenFilesLimit: sb.OpenFiles},
+		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, OpenFilesLimit: sb.OpenFiles, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes},
 		HostUsers:     sb.HostUsers,
 		HostIdBase:    sb.IDBase,
 		RuntimeName:   sb.Runtime,
@@ -382,7 +382,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		out.State = berthv1.SandboxState_SANDBOX_STATE_STARTING
 	}
 	if usage != nil {
-		out.Usage = &berthv1.SandboxUsage{CpuTime: durationpb.New(usage.CPU), MemoryBytes: usage.MemoryBytes, MemoryPeakBytes: usage.MemoryPeakBytes, Pids: usage.Pids}
+		out.Usage = &berthv1.SandboxUsage{CpuTime: durationpb.New(usage.CPU), MemoryBytes: usage.MemoryBytes, MemoryPeakBytes: usage.MemoryPeakBytes, Pids: usage.Pids, DiskBytes: usage.DiskBytes}
 	}
 	return out
 }

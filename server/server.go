@@ -19,6 +19,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	goruntime "runtime"
@@ -76,6 +77,13 @@ type Config struct {
 	// AllowHostUsers lets a request run its sandbox in the host's user
 	// namespace (CreateSandboxRequest.host_users); refused by default.
 	AllowHostUsers bool
+	// DefaultDiskBytes is a sandbox's disk quota, in bytes, when the request
+	// sets none (resources.disk_bytes). Zero: no quota. Non-zero needs a
+	// runtime with disk quotas (runtime.Runtime.DiskQuota), or Start fails.
+	DefaultDiskBytes uint64
+	// MaxDiskBytes bounds requested disk quotas, in bytes; larger requests
+	// are INVALID_ARGUMENT. Zero: no bound beyond the file system.
+	MaxDiskBytes uint64
 	// AgentReadyTimeout bounds how long CreateSandbox waits for the agent
 	// to answer after the task starts. Default 30 s.
 	AgentReadyTimeout time.Duration
@@ -272,8 +280,12 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 
 // Start re-adopts the sandboxes containerd holds (see Adopt), then starts
 // the idle/lifetime reaper and the warm-pool refill in the background until
-// Close.
+// Close. It fails without doing anything when Config asks for disk quotas
+// that the runtime cannot set.
 func (s *Service) Start(ctx context.Context) error {
+	if err := s.rt.DiskQuota(); err != nil && (s.cfg.DefaultDiskBytes > 0 || s.cfg.MaxDiskBytes > 0) {
+		return fmt.Errorf("a default or maximum disk quota is configured, but: %w", err)
+	}
 	if err := s.Adopt(ctx); err != nil {
 		return err
 	}

@@ -34,6 +34,7 @@ func main() {
 	)
 	flag.StringVar(&rtCfg.Address, "containerd-address", "/run/containerd/containerd.sock", "containerd socket path")
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
+	flag.StringVar(&rtCfg.Snapshotter, "snapshotter", "overlayfs", "containerd snapshotter for sandboxes' file systems; disk quotas need btrfs (see scripts/btrfs-quota.sh)")
 	flag.StringVar(&rtCfg.StateDir, "state-dir", "/run/berth", "host directory for per-sandbox agent sockets and logs (keep it short: socket paths max 107 bytes)")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
 	flag.StringVar(&listen, "listen", "unix:///run/berth/berthd.sock", "gRPC listen address: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp)")
@@ -83,6 +84,8 @@ func main() {
 	})
 	flag.StringVar(&rtCfg.GVisorBinary, "gvisor-binary", "", "runsc wrapper (scripts/runsc-berth) the runc shim runs for sandboxes with runtime \"gvisor\"; empty: such sandboxes are refused")
 	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
+	flag.Uint64Var(&svcCfg.DefaultDiskBytes, "default-disk-bytes", 0, "disk quota of a sandbox whose request sets none, in `bytes`; 0: none (default: 10 GiB when the snapshotter enforces disk quotas, else none)")
+	flag.Uint64Var(&svcCfg.MaxDiskBytes, "max-disk-bytes", 0, "largest disk quota a request may set, in `bytes` (default: no bound)")
 	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxIdleTimeout, "max-idle-timeout", 24*time.Hour, "largest idle timeout or KeepAlive hold a request may set")
 	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
@@ -111,6 +114,8 @@ func main() {
 		return
 	}
 	svcCfg.AgentReadyTimeout = readyLimit
+	diskDefaultSet := false
+	flag.Visit(func(f *flag.Flag) { diskDefaultSet = diskDefaultSet || f.Name == "default-disk-bytes" })
 	if err := checkLimits(svcCfg); err != nil {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
 		os.Exit(2)
@@ -130,7 +135,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
 		os.Exit(2)
 	}
-	if err := run(log, rtCfg, svcCfg, listen, authn, socket); err != nil {
+	if err := run(log, rtCfg, svcCfg, listen, authn, socket, diskDefaultSet); err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -139,7 +144,13 @@ func main() {
 // run re-adopts the namespace's sandboxes, then serves until SIGTERM or
 // SIGINT and stops gracefully. Sandboxes keep running, to be re-adopted by
 // the next berthd. SIGHUP re-reads the token file and the TLS material.
-func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen string, authn *auth.Authenticator, socket socketFlags) error {
+//
+// Disk quotas: with a snapshotter that enforces them and no
+// --default-disk-bytes, sandboxes get defaultDiskBytes. Without one, a
+// configured default or maximum makes berthd refuse to start (the operator
+// asked for a limit it cannot keep); with neither, it starts and warns that
+// the disk of sandboxes is unlimited, and requests naming a quota are refused.
+func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen string, authn *auth.Authenticator, socket socketFlags, diskDefaultSet bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hup := make(chan os.Signal, 1)
@@ -172,6 +183,16 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 		return err
 	}
 	defer rt.Close()
+	if err := rt.DiskQuota(); err != nil {
+		if !diskDefaultSet && svcCfg.MaxDiskBytes == 0 {
+			log.Warn("sandboxes' disk use is NOT limited: any sandbox can fill the host's disk; requests with resources.disk_bytes are refused", slog.Any("reason", err))
+		}
+	} else if !diskDefaultSet {
+		svcCfg.DefaultDiskBytes = defaultDiskBytes
+		if max := svcCfg.MaxDiskBytes; max > 0 {
+			svcCfg.DefaultDiskBytes = min(defaultDiskBytes, max)
+		}
+	}
 	svc := server.New(svcCfg, rt, log)
 	defer svc.Close()
 	// Re-adopt what an earlier berthd left running before serving.
@@ -185,7 +206,8 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 	srv := server.NewGRPCServer(svc, log, server.WithAuthenticator(authn))
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	log.Info("berthd serving", slog.String("listen", listen), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version))
+	log.Info("berthd serving", slog.String("listen", listen), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
+		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes))
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
@@ -262,6 +284,11 @@ func checkListen(authn *auth.Authenticator, listen string, socket socketFlags) e
 	return authn.CheckListen("tcp", listen)
 }
 
+// defaultDiskBytes is the disk quota of sandboxes whose request sets none,
+// when the snapshotter enforces quotas and --default-disk-bytes is not
+// given: 10 GiB, as hosted sandboxes commonly get.
+const defaultDiskBytes = 10 << 30
+
 // checkLimits rejects capacity and timing flags that have no meaning, before
 // server.Config's defaults would quietly replace a zero.
 func checkLimits(c server.Config) error {
@@ -300,6 +327,10 @@ func checkLimits(c server.Config) error {
 	}
 	if c.MaxCPUMillis > 0 && c.DefaultCPUMillis > 0 && uint64(c.DefaultCPUMillis) > c.MaxCPUMillis {
 		return fmt.Errorf("--default-cpu-millis %d exceeds --max-cpu-millis %d", c.DefaultCPUMillis, c.MaxCPUMillis)
+
+	}
+	if c.MaxDiskBytes > 0 && c.DefaultDiskBytes > c.MaxDiskBytes {
+		return fmt.Errorf("--default-disk-bytes %d exceeds --max-disk-bytes %d", c.DefaultDiskBytes, c.MaxDiskBytes)
 	}
 	if c.TaskRestartLimit < 0 {
 		return fmt.Errorf("--task-restart-limit %d: must be 0 (never restart) or more", c.TaskRestartLimit)

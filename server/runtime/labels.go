@@ -25,6 +25,7 @@ const (
 	labelPool        = LabelPrefix + "pool"         // "true" on unclaimed warm-pool members
 	labelExpired     = LabelPrefix + "expired"      // reason, set just before removal
 	labelHoldUntil   = LabelPrefix + "hold-until"   // time
+	labelShm         = LabelPrefix + "shm-bytes"    // decimal bytes
 	// LabelOwner holds the principal that created the sandbox (package
 	// server/auth); absent on warm-pool members no one claimed and on
 	// sandboxes of a berthd that did not record owners.
@@ -105,6 +106,16 @@ func (s SandboxSpec) Digest() string {
 	field("nofile", strconv.FormatUint(s.OpenFiles, 10))
 	field("host-users", strconv.FormatBool(s.HostUsers))
 	field("runtime", s.runtime())
+	if s.DiskBytes > 0 {
+		// Only when set, so that digests of specs without a disk quota
+		// stay what they were before disk quotas existed.
+		field("disk", strconv.FormatUint(s.DiskBytes, 10))
+	}
+	if s.shmBytes() != DefaultShmBytes {
+		// Only when set: the digests of sandboxes recorded before
+		// shm_bytes existed stay what they were.
+		field("shm", strconv.FormatUint(s.shmBytes(), 10))
+	}
 	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
@@ -129,6 +140,8 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	if s.HostUsers {
 		labels[labelHostUsers] = "true"
 	}
+	labels[labelDisk] = strconv.FormatUint(s.DiskBytes, 10)
+	labels[labelShm] = strconv.FormatUint(s.shmBytes(), 10)
 	labels[labelUser] = fmt.Sprintf("%d:%d", s.UID, s.GID)
 	labels[labelWorkDir] = s.workDir()
 	labels[labelIdleTimeout] = s.IdleTimeout.String()
@@ -154,6 +167,10 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 		gid, _ := strconv.ParseUint(g, 10, 32)
 		sb.UID, sb.GID = uint32(uid), uint32(gid)
 	}
+	sb.ShmBytes, _ = strconv.ParseUint(labels[labelShm], 10, 64)
+	if sb.ShmBytes == 0 {
+		sb.ShmBytes = DefaultShmBytes // recorded before shm_bytes existed
+	}
 	sb.WorkDir = labels[labelWorkDir]
 	if sb.WorkDir == "" {
 		sb.WorkDir = DefaultWorkDir
@@ -176,7 +193,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 func (sb Sandbox) Spec() SandboxSpec {
 	return SandboxSpec{
 		ID: sb.ID, Image: sb.Image, Labels: sb.Labels,
-		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, OpenFiles: sb.OpenFiles,
+		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, OpenFiles: sb.OpenFiles, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes,
 		HostUsers: sb.HostUsers, Runtime: sb.Runtime,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,

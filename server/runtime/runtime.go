@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,11 +22,14 @@ import (
 	"github.com/berth-sandbox/berth/internal/agentproof"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/server/runtime/qgroup"
 )
 
 // Label keys berthd stores on every sandbox container. Keys with the
@@ -41,6 +45,7 @@ const (
 	labelOpenFiles = LabelPrefix + "open-files"
 	labelRuntime   = LabelPrefix + "runtime"
 	labelHostUsers = LabelPrefix + "host-users"
+	labelDisk      = LabelPrefix + "disk-bytes"
 	// More of the record: labels.go.
 )
 
@@ -90,6 +95,9 @@ type Config struct {
 	// Namespace is berthd's containerd namespace. Default "berth".
 	Namespace string
 	// Snapshotter is the containerd snapshotter. Default "overlayfs".
+	// Sandboxes get disk quotas (SandboxSpec.DiskBytes) only with "btrfs",
+	// whose root containerd must have on a btrfs with quotas enabled
+	// (scripts/btrfs-quota.sh); see DiskQuota.
 	Snapshotter string
 	// StateDir is the host directory holding one directory per sandbox
 	// with the agent's socket and log. Sandbox socket paths must stay under
@@ -145,11 +153,16 @@ type Runtime struct {
 
 	idMu       sync.Mutex
 	idReserved map[uint32]string // id ranges of creates in progress
+	// quota sets sandboxes' disk quotas; nil when quotaErr says why
+	// there are none.
+	quota    *qgroup.FS
+	quotaErr error
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
 // works in cfg.Namespace. It fails when containerd does not answer within
-// ctx or the agent binary is missing.
+// ctx or the agent binary is missing. Whether sandboxes can get disk quotas
+// is found out here too: see DiskQuota.
 func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	cfg.setDefaults()
 	if cfg.Address == "" {
@@ -179,11 +192,24 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		client.Close()
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
 	}
-	return &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string)}, nil
+	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string)}
+	if r.quota, err = r.openDiskQuota(ctx); err != nil {
+		if !errors.Is(err, ErrDiskQuotaUnsupported) {
+			client.Close()
+			return nil, err
+		}
+		r.quotaErr = err
+	}
+	return r, nil
 }
 
 // Close closes the connection to containerd. Sandboxes keep running.
-func (r *Runtime) Close() error { return r.client.Close() }
+func (r *Runtime) Close() error {
+	if r.quota != nil {
+		r.quota.Close()
+	}
+	return r.client.Close()
+}
 
 // Namespace returns the containerd namespace the runtime works in.
 func (r *Runtime) Namespace() string { return r.cfg.Namespace }
@@ -212,6 +238,14 @@ type SandboxSpec struct {
 	HostUsers bool
 	// Runtime is RuntimeRunc (also for "") or RuntimeGVisor.
 	Runtime string
+	// DiskBytes caps the bytes the sandbox's writable layer holds beyond
+	// its image (data and metadata, btrfs quota group "exclusive" bytes),
+	// and, in the agent, the file bytes one Upload or WriteFile may
+	// store; zero means no cap. Non-zero needs DiskQuota() == nil.
+	DiskBytes uint64
+	// ShmBytes is the size of /dev/shm in bytes (rounded up to KiB); zero
+	// means DefaultShmBytes.
+	ShmBytes uint64
 	// Env is added to the process environment of the agent and so of every
 	// process in the sandbox. Values go into the OCI spec only: labels keep
 	// the keys and a hash.
@@ -239,7 +273,7 @@ type Sandbox struct {
 	Image     string
 	Labels    map[string]string
 	CreatedAt time.Time
-	// PidsLimit, CPUMillis, MemoryBytes and OpenFiles are the limits the
+	// PidsLimit, CPUMillis, MemoryBytes, OpenFiles and DiskBytes are the limits the
 	// sandbox was created with, as in SandboxSpec.
 	PidsLimit   uint64
 	CPUMillis   uint64
@@ -250,6 +284,8 @@ type Sandbox struct {
 	HostUsers bool
 	Runtime   string
 	IDBase    uint32
+	DiskBytes uint64
+	ShmBytes  uint64
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
 	// in SandboxSpec.
 	UID, GID    uint32
@@ -293,9 +329,11 @@ func (r *Runtime) LogPath(id string) string {
 }
 
 // Create creates the sandbox container and starts its task with the agent
-// as PID 1. It does not wait for the agent to answer. It fails with
-// ErrImageNotFound when the image is not stored and ErrSandboxExists when
-// the id is taken; on any failure it removes what it created.
+// as PID 1, its writable snapshot capped at spec.DiskBytes. It does not
+// wait for the agent to answer. It fails with ErrImageNotFound when the
+// image is not stored, ErrSandboxExists when the id is taken and
+// ErrDiskQuotaUnsupported when a disk quota is asked for and cannot be set;
+// on any failure it removes what it created.
 func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	image, err := r.client.GetImage(ctx, spec.Image)
 	if err != nil {
@@ -368,6 +406,14 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 			}
 		}
 	}()
+
+	// The limit is in place before the task, and so anything in the
+	// sandbox, runs.
+	if spec.DiskBytes > 0 {
+		if err := r.limitDisk(ctx, spec.ID, spec.DiskBytes); err != nil {
+			return fmt.Errorf("disk quota of sandbox %s: %w", spec.ID, err)
+		}
+	}
 
 	// Mounted once the id is known to be this create's: another
 	// sandbox's run directory must never be covered. A fresh tmpfs also
@@ -443,11 +489,21 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		oci.WithAmbientCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		seccomp.WithDefaultProfile(),
+		withQuotaSafeIoctls,
 		oci.WithPidsLimit(int64(spec.PidsLimit + AgentPidsReserve)),
+		oci.WithDevShmSize(int64((spec.shmBytes() + 1023) / 1024)),
+		// Unprivileged ICMP echo sockets for every group, as docker sets
+		// it in a container's network namespace: ping works without
+		// CAP_NET_RAW, which no sandbox process holds (for pings that use
+		// them, like iputils'; busybox's ping needs a raw socket).
+		withSysctl("net.ipv4.ping_group_range", "0 2147483647"),
 	}
 	if len(spec.Env) > 0 {
 		opts = append(opts, oci.WithEnv(envList(spec.Env)))
 	}
+	// Last: whether HOME is in the environment now (the image's config or
+	// the sandbox's env set it) decides whether the agent keeps it.
+	opts = append(opts, withKeepHome)
 	if spec.MemoryBytes > 0 {
 		opts = append(opts, oci.WithMemoryLimit(spec.MemoryBytes))
 		if swapAccounting() {
@@ -471,7 +527,8 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 // agentArgs is the agent's command line.
 func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	args := []string{AgentPath, "--socket", RunDir + "/" + socketName, "--secret-file", RunDir + "/" + agentproof.SecretFile,
-		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir()}
+		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir(),
+		"--login-env", "--name-host"}
 	if r.cfg.ExecHeartbeat > 0 {
 		args = append(args, "--heartbeat-interval", r.cfg.ExecHeartbeat.String())
 	}
@@ -481,7 +538,52 @@ func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	if r.cfg.ExecRingBytes > 0 {
 		args = append(args, "--ring-bytes", strconv.FormatUint(r.cfg.ExecRingBytes, 10))
 	}
+	if spec.DiskBytes > 0 {
+		args = append(args, "--disk-bytes", strconv.FormatUint(spec.DiskBytes, 10))
+	}
 	return args
+}
+
+// DefaultShmBytes is the size of a sandbox's /dev/shm when its spec asks
+// for none: docker's default.
+const DefaultShmBytes = 64 << 20
+
+func (s SandboxSpec) shmBytes() uint64 {
+	if s.ShmBytes == 0 {
+		return DefaultShmBytes
+	}
+	return s.ShmBytes
+}
+
+// withSysctl sets a namespaced kernel parameter of the sandbox.
+func withSysctl(key, value string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Linux == nil {
+			s.Linux = &specs.Linux{}
+		}
+		if s.Linux.Sysctl == nil {
+			s.Linux.Sysctl = map[string]string{}
+		}
+		s.Linux.Sysctl[key] = value
+		return nil
+	}
+}
+
+// withKeepHome passes --keep-home to the agent when the process
+// environment sets HOME: the agent then keeps it instead of taking the
+// workload user's home from /etc/passwd (runc sets HOME only when it is
+// missing, for the agent's own user).
+func withKeepHome(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	if s.Process == nil {
+		return nil
+	}
+	for _, kv := range s.Process.Env {
+		if strings.HasPrefix(kv, "HOME=") {
+			s.Process.Args = append(s.Process.Args, "--keep-home")
+			return nil
+		}
+	}
+	return nil
 }
 
 // swapAccounting reports whether the kernel accounts swap per cgroup: runc
@@ -578,6 +680,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	if b, err := strconv.ParseUint(labels[labelIDBase], 10, 32); err == nil {
 		sb.IDBase = uint32(b)
 	}
+	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
 	sb.decodeLabels(labels)
 	if task, err := c.Task(ctx, nil); err == nil {
 		sb.TaskPID = task.Pid()

@@ -156,13 +156,27 @@ type Resources struct {
 	// cgroup limit and memsw limit); exceeding it invokes the OOM killer
 	// inside the sandbox.
 	MemoryBytes uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// disk_bytes caps, in bytes, what the sandbox may store beyond its image:
+	// files written by its processes, WriteFile and Upload, with their
+	// metadata (inodes, directories), in its writable layer. A write past it
+	// fails inside with EDQUOT ("Disk quota exceeded"); WriteFile and Upload
+	// answer RESOURCE_EXHAUSTED NO_SPACE naming the path, and refuse up front
+	// a file or archive whose size alone exceeds it (sparse files count with
+	// their apparent size). Needs a server with disk quotas (the btrfs
+	// snapshotter); on one without, a non-zero value is FAILED_PRECONDITION
+	// DISK_QUOTA_UNSUPPORTED.
+	DiskBytes uint64 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	// shm_bytes is the size of /dev/shm (a tmpfs), in bytes, rounded up to
+	// KiB; 0 means 64 MiB, as docker's default. Its pages count against
+	// memory_bytes, which it may not exceed.
+	ShmBytes uint64 `protobuf:"varint,5,opt,name=shm_bytes,json=shmBytes,proto3" json:"shm_bytes,omitempty"`
 	// open_files_limit is the RLIMIT_NOFILE (soft and hard) of every process
 	// in the sandbox: the most file descriptors one process may hold. Its
 	// product with pids_limit, the sandbox's worst case of open files, must
 	// stay within the server's per-sandbox bound (INVALID_ARGUMENT naming
 	// this field otherwise), so that one sandbox cannot exhaust the host's
 	// file table.
-	OpenFilesLimit uint64 `protobuf:"varint,5,opt,name=open_files_limit,json=openFilesLimit,proto3" json:"open_files_limit,omitempty"`
+	OpenFilesLimit uint64 `protobuf:"varint,6,opt,name=open_files_limit,json=openFilesLimit,proto3" json:"open_files_limit,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -218,6 +232,20 @@ func (x *Resources) GetMemoryBytes() uint64 {
 	return 0
 }
 
+func (x *Resources) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *Resources) GetShmBytes() uint64 {
+	if x != nil {
+		return x.ShmBytes
+	}
+	return 0
+}
+
 func (x *Resources) GetOpenFilesLimit() uint64 {
 	if x != nil {
 		return x.OpenFilesLimit
@@ -240,7 +268,11 @@ type SandboxUsage struct {
 	// included.
 	MemoryPeakBytes uint64 `protobuf:"varint,3,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3" json:"memory_peak_bytes,omitempty"`
 	// pids is the number of processes and threads now.
-	Pids          uint64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	Pids uint64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	// disk_bytes is what resources.disk_bytes counts now: the bytes the
+	// sandbox's writable layer holds beyond its image, metadata included.
+	// Zero on a server without disk quotas.
+	DiskBytes     uint64 `protobuf:"varint,5,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -299,6 +331,13 @@ func (x *SandboxUsage) GetMemoryPeakBytes() uint64 {
 func (x *SandboxUsage) GetPids() uint64 {
 	if x != nil {
 		return x.Pids
+	}
+	return 0
+}
+
+func (x *SandboxUsage) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
 	}
 	return 0
 }
@@ -1297,19 +1336,24 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x96\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12(\n" +
-	"\x10open_files_limit\x18\x05 \x01(\x04R\x0eopenFilesLimit\"\xa7\x01\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12\x1b\n" +
+	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\x12(\n" +
+	"\x10open_files_limit\x18\x06 \x01(\x04R\x0eopenFilesLimit\"\xc6\x01\n" +
 	"\fSandboxUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +
 	"\x11memory_peak_bytes\x18\x03 \x01(\x04R\x0fmemoryPeakBytes\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\x04R\x04pids\"\x8b\x01\n" +
+	"\x04pids\x18\x04 \x01(\x04R\x04pids\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x05 \x01(\x04R\tdiskBytes\"\x8b\x01\n" +
 	"\x0fRuntimeIdentity\x12\"\n" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
