@@ -1,11 +1,23 @@
 package integration
 
 import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // TestGVisorSandbox runs a sandbox under gVisor (runtime "gvisor"): the
@@ -29,5 +41,118 @@ func TestGVisorSandbox(t *testing.T) {
 	if out := string(got.GetStdout()); !strings.HasPrefix(out, ".\n..\nagent.sock\n") || strings.Contains(out, "SECRET") {
 		log, _ := os.ReadFile(env.rt.LogPath(sb.GetId()))
 		t.Errorf("run directory and PID 1's environment under gVisor: %q, want only agent.sock and no secret\nagent log:\n%s", out, log)
+	}
+}
+
+// TestGVisorFiles runs the file service in a gVisor sandbox with a workload
+// user: write, read, stat, list, rename, remove, and an Upload and
+// Download of a tar with a directory, a file and a symlink (gVisor's 2022
+// kernel has no openat2(2): the agent resolves names without it).
+func TestGVisorFiles(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
+	c := dialClient(t, env.berthdAddr)
+	ctx := t.Context()
+	if _, err := c.WriteFile(ctx, sb.GetId(), "/workspace/a/b.txt", strings.NewReader("hello"), client.WithCreateParents()); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	var buf bytes.Buffer
+	if _, err := c.ReadFile(ctx, sb.GetId(), "/workspace/a/b.txt", &buf); err != nil || buf.String() != "hello" {
+		t.Fatalf("ReadFile = %q, %v; want hello", buf.String(), err)
+	}
+	fi, err := c.Stat(ctx, sb.GetId(), "/workspace/a/b.txt")
+	if err != nil || fi.GetSizeBytes() != 5 || fi.GetUid() != 0 {
+		t.Fatalf("Stat = %v, %v; want 5 bytes owned by 0", fi, err)
+	}
+	if err := c.Rename(ctx, sb.GetId(), "/workspace/a/b.txt", "/workspace/a/c.txt", false); err != nil {
+		t.Fatalf("Rename: %v", err)
+	}
+	var tarball bytes.Buffer
+	tw := tar.NewWriter(&tarball)
+	tw.WriteHeader(&tar.Header{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o755})
+	tw.WriteHeader(&tar.Header{Name: "d/f", Typeflag: tar.TypeReg, Mode: 0o644, Size: 3})
+	tw.Write([]byte("abc"))
+	tw.WriteHeader(&tar.Header{Name: "d/l", Typeflag: tar.TypeSymlink, Linkname: "f"})
+	tw.Close()
+	if _, err := c.Upload(ctx, sb.GetId(), "/workspace/up", &tarball, client.WithCreateParents()); err != nil {
+		t.Fatalf("Upload: %v", err)
+	}
+	entries, _, err := c.ListDir(ctx, sb.GetId(), "/workspace", 3)
+	if err != nil {
+		t.Fatalf("ListDir: %v", err)
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.GetDisplayPath())
+	}
+	if got := strings.Join(names, " "); !strings.Contains(got, "up/d/f") || !strings.Contains(got, "up/d/l") || !strings.Contains(got, "a/c.txt") {
+		t.Errorf("ListDir(/workspace) = %s, want a/c.txt, up/d/f and up/d/l", got)
+	}
+	var out bytes.Buffer
+	if _, err := c.Download(ctx, sb.GetId(), "/workspace/up", &out); err != nil || out.Len() == 0 {
+		t.Errorf("Download: %d bytes, %v", out.Len(), err)
+	}
+	if err := c.Remove(ctx, sb.GetId(), "/workspace/up", true); err != nil {
+		t.Errorf("Remove: %v", err)
+	}
+}
+
+// TestGVisorWorkloadUser pins the one difference of gVisor's 2022 kernel
+// for a workload user other than root: processes run as it, but the file
+// service cannot act as it (that kernel has no setfsuid(2)), and says so
+// with FAILED_PRECONDITION WORKLOAD_USER_UNAVAILABLE instead of acting as
+// root.
+func TestGVisorWorkloadUser(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor", User: "1000:1000"})
+	if got := run(t, sb.GetId(), "id", "-u"); string(got.GetStdout()) != "1000\n" {
+		t.Errorf("id -u under gVisor with user 1000 = %q (stderr %q), want 1000", got.GetStdout(), got.GetStderr())
+	}
+	c := dialClient(t, env.berthdAddr)
+	_, err := c.WriteFile(t.Context(), sb.GetId(), "/workspace/f", strings.NewReader("x"))
+	wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonAgentCannotActAsUser, "")
+}
+
+// TestGVisorFailedStartCleanup starts a gVisor sandbox whose agent cannot
+// be executed (a bind-mounted file without the execute bit): runsc creates
+// the container but its start fails, which leaves it "created", a state in
+// which runsc cannot kill it. The create must fail and remove everything:
+// the container, runsc's container state and its sandbox processes.
+func TestGVisorFailedStartCleanup(t *testing.T) {
+	need(t)
+	notExec := filepath.Join(env.dir, "not-an-agent")
+	if err := os.WriteFile(notExec, []byte("not a program\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ns := env.namespace + "-gf"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rt, err := runtime.New(ctx, runtime.Config{Address: env.containerd, Namespace: ns, StateDir: filepath.Join(env.dir, "gf"),
+		AgentBinary: notExec, GVisorBinary: filepath.Join(env.repo, "scripts", "runsc-berth")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	f, err := os.Open(archivePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := rt.ImportImage(ctx, f, ""); err != nil {
+		t.Fatal(err)
+	}
+	err = rt.Create(ctx, runtime.SandboxSpec{ID: "gf", Image: baseImage, PidsLimit: 64, Runtime: runtime.RuntimeGVisor})
+	if err == nil || !strings.Contains(err.Error(), "start task gf") || strings.Contains(err.Error(), "cleanup failed") {
+		t.Fatalf("Create with an agent that cannot run = %v, want a failed start, cleaned up", err)
+	}
+	if _, err := rt.Get(ctx, "gf"); !errors.Is(err, runtime.ErrSandboxNotFound) {
+		t.Errorf("Get after the failed create = %v, want ErrSandboxNotFound", err)
+	}
+	if _, err := os.Stat(filepath.Join("/run/containerd/runc", ns, "gf_sandbox:gf.state")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("runsc state of gf after the failed create: %v, want none", err)
+	}
+	out, _ := exec.Command("pgrep", "-f", "runsc-sandbox --root=/run/containerd/runc/"+ns+" ").Output()
+	if len(out) > 0 {
+		t.Errorf("runsc sandbox processes of %s left: %s", ns, out)
 	}
 }

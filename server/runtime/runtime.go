@@ -496,7 +496,9 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		// it in a container's network namespace: ping works without
 		// CAP_NET_RAW, which no sandbox process holds (for pings that use
 		// them, like iputils'; busybox's ping needs a raw socket).
-		withSysctl("net.ipv4.ping_group_range", "0 2147483647"),
+		// In a user namespace the range may only hold its own ids (the
+		// kernel refuses unmapped ones with EINVAL).
+		withSysctl("net.ipv4.ping_group_range", pingGroups(spec)),
 	}
 	if len(spec.Env) > 0 {
 		opts = append(opts, oci.WithEnv(envList(spec.Env)))
@@ -737,6 +739,9 @@ func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container
 			return nil
 		} else {
 			err = fmt.Errorf("delete task %s: %w", container.ID(), err)
+			if ferr := r.forceDeleteGVisor(ctx, container); ferr != nil {
+				err = fmt.Errorf("%w (%v)", err, ferr)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -86,3 +89,30 @@ func (r *Runtime) withRuntime(spec SandboxSpec) containerd.NewContainerOpts {
 // GVisorEnabled reports whether gvisor sandboxes can be created: a runsc
 // wrapper is configured.
 func (r *Runtime) GVisorEnabled() bool { return r.cfg.GVisorBinary != "" }
+
+// forceDeleteGVisor removes a gVisor container that runsc cannot kill: one
+// whose start failed stays "created", and the shim's kill then fails
+// ("sandbox is not running"), so the task can never be deleted. runsc's
+// own `delete -force` (in the runc shim's state root for the namespace)
+// removes it, its sandbox and gofer processes with it; the task's delete
+// then succeeds. It does nothing for other runtimes.
+func (r *Runtime) forceDeleteGVisor(ctx context.Context, container containerd.Container) error {
+	labels, err := container.Labels(ctx)
+	if err != nil || labels[labelRuntime] != RuntimeGVisor || r.cfg.GVisorBinary == "" {
+		return nil
+	}
+	root := filepath.Join("/run/containerd/runc", r.cfg.Namespace)
+	out, err := exec.CommandContext(ctx, r.cfg.GVisorBinary, "--root="+root, "delete", "-force", container.ID()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("runsc delete -force %s: %v: %s", container.ID(), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// pingGroups is net.ipv4.ping_group_range for the sandbox: every group.
+func pingGroups(spec SandboxSpec) string {
+	if spec.userns() {
+		return fmt.Sprintf("0 %d", IDRangeSize-1)
+	}
+	return "0 2147483647"
+}
