@@ -30,6 +30,7 @@ import (
 	"github.com/berth-sandbox/berth/agent/files"
 	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -320,7 +321,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	go func() { defer bg.Done(); s.janitor(bgCtx) }()
 
 	// berthd may ping idle connections to detect a dead sandbox early.
-	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
+	gs := grpc.NewServer(append(wire.ServerOptions(), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
 	agentv1.RegisterAgentServiceServer(gs, s)
 	agentv1.RegisterFileServiceServer(gs, s.fileService())
 	served := make(chan error, 1)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -73,7 +74,7 @@ func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Ser
 	stream := []grpc.StreamServerInterceptor{logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...)}
 	stream = append(stream, cfg.auth.StreamInterceptors()...)
 	stream = append(stream, logPrincipalStream, svc.activityStream())
-	srv := grpc.NewServer(
+	srv := grpc.NewServer(append(wire.ServerOptions(),
 		grpc.Creds(cfg.auth.TransportCredentials()),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
@@ -81,7 +82,7 @@ func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Ser
 		// ping every 10 s or more, also without an active stream.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	berthv1.RegisterSandboxServiceServer(srv, svc)
 	berthv1.RegisterImageServiceServer(srv, svc)
 	berthv1.RegisterFileServiceServer(srv, svc.FileService())

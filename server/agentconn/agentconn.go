@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -41,7 +42,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	if cc, ok := p.conns[socketPath]; ok {
 		return agentv1.NewAgentServiceClient(cc), nil
 	}
-	cc, err := grpc.NewClient("unix://"+socketPath,
+	cc, err := grpc.NewClient("unix://"+socketPath, append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Never through a symlink the sandbox put in place of its socket,
 		// and only to the sandbox's agent.
@@ -54,7 +55,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 			MinConnectTimeout: 2 * time.Second,
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)
 	}
