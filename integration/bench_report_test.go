@@ -119,6 +119,8 @@ var comparisons = []comparison{
 	{what: "exec round trip of `true`", berth: "roundtrip/berth-Exec", anchors: []string{"roundtrip/containerd-Exec", "roundtrip/host-fork-exec"}, latency: true,
 		target: "p50 <= 1/30", met: func(r float64) bool { return r <= 1.0/30 }},
 	{what: "create to first exec (echo)", berth: "create/berth-cold", anchors: []string{"create/ctr-run"}, latency: true},
+	{what: "create to first exec, host_users (no remapped snapshot)", berth: "create/berth-cold-host-users", anchors: []string{"create/ctr-run"}, latency: true},
+	{what: "create to first exec, runtime gvisor", berth: "create/berth-cold-gvisor", anchors: []string{"create/ctr-run"}, latency: true},
 	{what: "create to first exec, warm pool", berth: "create/berth-warm", anchors: []string{"create/ctr-run"}, latency: true},
 }
 

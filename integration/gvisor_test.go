@@ -156,3 +156,22 @@ func TestGVisorFailedStartCleanup(t *testing.T) {
 		t.Errorf("runsc sandbox processes of %s left: %s", ns, out)
 	}
 }
+
+// TestGVisorOOM pins how a memory cap ends under gVisor: the host's OOM
+// killer takes the sandbox's gVisor kernel, not one process in it, so the
+// exec ends with ABORTED RUNTIME_REPLACED whose detail says oom_killed;
+// berthd restarts the task and the sandbox works again.
+func TestGVisorOOM(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor", Resources: &berthv1.Resources{MemoryBytes: 64 << 20}})
+	c := dialClient(t, env.berthdAddr)
+	_, err := c.Run(t.Context(), sb.GetId(), &berthv1.ProcessSpec{Argv: []string{"bash", "-c", `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo ${#x}`}})
+	var re *client.RuntimeReplacedError
+	if !errors.As(err, &re) || !re.Detail.GetOomKilled() {
+		t.Fatalf("a 200 MB string in a 64 MiB gVisor sandbox: %v, want RUNTIME_REPLACED with oom_killed", err)
+	}
+	waitRuntime(t, c, sb.GetId(), sb.GetRuntime().GetAgentBootId())
+	if got := run(t, sb.GetId(), "echo", "back"); string(got.GetStdout()) != "back\n" {
+		t.Errorf("after the OOM: %q, want back", got.GetStdout())
+	}
+}
