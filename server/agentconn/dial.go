@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,6 +68,3 @@ func dialSocket(ctx context.Context, path string) (net.Conn, error) {
 	}
 	return conn, nil
 }
-
-// trimUnix returns the socket path of a "unix://" target.
-func trimUnix(addr string) string { return strings.TrimPrefix(addr, "unix://") }

@@ -82,26 +82,22 @@ func peerCred(conn net.Conn) (*unix.Ucred, error) {
 	return cred, credErr
 }
 
-// dial connects to the agent socket at addr ("unix://" + path) and checks
-// its listener with the Verifier.
-func (p *Pool) dial(ctx context.Context, addr string) (net.Conn, error) {
-	path := trimUnix(addr)
-	conn, err := dialSocket(ctx, path)
-	if err != nil || p.verifier == nil {
-		return conn, err
+// verifyPeer checks the listener of a new connection to path with the
+// Verifier; a refusal wraps ErrUnverified and is kept for Refusal.
+func (p *Pool) verifyPeer(ctx context.Context, path string, conn net.Conn) error {
+	if p.verifier == nil {
+		return nil
 	}
 	cred, err := peerCred(conn)
 	if err == nil {
 		err = p.verifier.Peer(ctx, path, cred)
 	}
 	if err != nil {
-		conn.Close()
 		err = fmt.Errorf("%w: %v", ErrUnverified, err)
 		p.refused.set(path, err)
 		p.verifier.Refused(path)
-		return nil, err
 	}
-	return conn, nil
+	return err
 }
 
 // proveInfo is the unary interceptor of an agent connection: every Info
