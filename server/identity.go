@@ -132,6 +132,10 @@ type sandboxRuntimes struct {
 	// journalLines counts lines in the journal file, to know when to
 	// compact it.
 	journalLines int
+	// journal is the journal file, open for appending once written: a
+	// start then needs no new descriptor (berthd out of descriptors still
+	// runs execs in sandboxes it knows).
+	journal *os.File
 	// owner is the sandbox's owner (principal) as containerd recorded it
 	// while the runtime with boot id ownerBoot ran: reach trusts it for
 	// that runtime only, so a sandbox deleted and created anew behind
@@ -405,6 +409,7 @@ func (r *identities) forget(sandboxID string) {
 	defer r.mu.Unlock()
 	if sr, ok := r.sandboxes[sandboxID]; ok {
 		sr.notify()
+		sr.closeJournal()
 	}
 	delete(r.sandboxes, sandboxID)
 	if r.dir != "" {
@@ -492,26 +497,34 @@ func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line s
 			return nil // the compacted journal holds line's record already
 		}
 	}
-	f, err := os.OpenFile(r.journalPath(sandboxID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("open runtime journal: %w", err)
+	if sr.journal == nil {
+		f, err := os.OpenFile(r.journalPath(sandboxID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return fmt.Errorf("open runtime journal: %w", err)
+		}
+		sr.journal = f
 	}
-	st, err := f.Stat()
+	st, err := sr.journal.Stat()
 	if err == nil {
 		var n int
-		n, err = f.WriteString(line)
+		n, err = sr.journal.WriteString(line)
 		if err != nil && n > 0 {
-			f.Truncate(st.Size())
+			sr.journal.Truncate(st.Size())
 		}
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
 	}
 	if err != nil {
 		return fmt.Errorf("append to runtime journal: %w", err)
 	}
 	sr.journalLines++
 	return nil
+}
+
+// closeJournal closes sr's journal file, if open.
+func (sr *sandboxRuntimes) closeJournal() {
+	if sr.journal != nil {
+		sr.journal.Close()
+		sr.journal = nil
+	}
 }
 
 // compact rewrites the sandbox's journal from memory, atomically.
@@ -537,6 +550,8 @@ func (r *identities) compact(sandboxID string, sr *sandboxRuntimes) error {
 		os.Remove(tmp)
 		return err
 	}
+	// The file open for appending is the replaced one now.
+	sr.closeJournal()
 	sr.journalLines = lines
 	return nil
 }

@@ -224,16 +224,15 @@ func TestJournalFailsClosed(t *testing.T) {
 		t.Errorf("execRuntime(refused) after retraction = %v, want unknown", got)
 	}
 
-	// /dev/full takes the open and fails every write with ENOSPC.
-	journal := filepath.Join(dir, "sb"+journalSuffix)
-	saved, err := os.ReadFile(journal)
+	// The journal's descriptor on /dev/full: every write fails with
+	// ENOSPC, as on a full file system.
+	saved, err := os.ReadFile(filepath.Join(dir, "sb"+journalSuffix))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Rename(journal, journal+".saved"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink("/dev/full", journal); err != nil {
+	sr := r.sandboxes["sb"]
+	sr.closeJournal()
+	if sr.journal, err = os.OpenFile("/dev/full", os.O_WRONLY, 0); err != nil {
 		t.Fatal(err)
 	}
 	added, err := r.recordExec("sb", "blocked", one.BootID)
@@ -243,12 +242,8 @@ func TestJournalFailsClosed(t *testing.T) {
 	if got, ok := r.execRuntime("sb", "blocked"); ok {
 		t.Errorf("execRuntime(blocked) after a failed record = %v, want unknown", got)
 	}
-	if err := os.Remove(journal); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(journal+".saved", journal); err != nil {
-		t.Fatal(err)
-	}
+	sr.closeJournal()
+	journal := filepath.Join(dir, "sb"+journalSuffix)
 
 	fresh := newIdentities(dir, discard)
 	if got, ok := fresh.execRuntime("sb", "spent"); !ok || got.BootID != one.BootID {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -18,7 +19,7 @@ import (
 
 // Every sandbox that does not run in the host's user namespace gets ids
 // 0-IDRangeSize-1 mapped to a range of host ids of its own:
-// Config.IDFirst + k × IDRangeSize for the lowest slot k no other sandbox
+// Config.IDFirst + k × IDRangeSize for a random slot k no other sandbox
 // of the runtime holds. A range per sandbox, not one shared by all: a
 // process that escapes one sandbox holds ids that own nothing of another
 // sandbox's files and cannot signal or ptrace its processes. The cost is a
@@ -38,7 +39,7 @@ func idMaps(base uint32) []specs.LinuxIDMapping {
 	return []specs.LinuxIDMapping{{ContainerID: 0, HostID: base, Size: IDRangeSize}}
 }
 
-// allocIDBase reserves the lowest free id range for sandbox id and returns
+// allocIDBase reserves a free id range, chosen at random, for sandbox id and returns
 // its first host id. Ranges held by containers in containerd are taken, as
 // are those reserved by creates still in progress; release gives a
 // reservation back once the container records it (or the create failed).
@@ -62,8 +63,13 @@ func (r *Runtime) allocIDBase(ctx context.Context, id string) (base uint32, rele
 	for b := range r.idReserved {
 		used[b] = true
 	}
-	for k := uint32(0); k < r.cfg.IDRanges; k++ {
-		b := r.cfg.IDFirst + k*IDRangeSize
+	// A random free range, not the lowest: containerd's remapped-snapshot
+	// option leaves its work snapshot behind when a create fails midway
+	// (it removes the wrong key) until its garbage collector runs, and the
+	// next create of the same range would collide with it.
+	first := rand.Uint32N(r.cfg.IDRanges)
+	for i := uint32(0); i < r.cfg.IDRanges; i++ {
+		b := r.cfg.IDFirst + ((first+i)%r.cfg.IDRanges)*IDRangeSize
 		if !used[b] {
 			r.idReserved[b] = id
 			return b, func() {
