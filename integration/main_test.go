@@ -159,7 +159,7 @@ func setup(m *testing.M) (code int, err error) {
 			return 0, fmt.Errorf("the btrfs snapshotter cannot enforce disk quotas: %w", err)
 		}
 	}
-	svc := server.New(server.Config{JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
+	svc := server.New(server.Config{PullRegistries: []string{"*", "127.0.0.1:*"}, JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
 	defer svc.Close()
 	if err := svc.Start(ctx); err != nil {
 		return 0, err
