@@ -36,20 +36,23 @@ import (
 
 // env is the shared test environment set up by TestMain.
 var env struct {
-	skip        string // why every test skips; empty when the env is up
-	repo        string
-	dir         string // short temp dir: sockets live here
-	containerd  string // containerd socket
-	namespace   string
-	snapshotter string
-	agentBinary string
-	cliBinary   string
-	berthdAddr  string // unix:///... of the in-process server
-	conn        *grpc.ClientConn
-	sandboxes   berthv1.SandboxServiceClient
-	images      berthv1.ImageServiceClient
-	rt          *runtime.Runtime
-	image       string
+	skip       string // why every test skips; empty when the env is up
+	repo       string
+	dir        string // short temp dir: sockets live here
+	containerd string // containerd socket
+	// containerdDir is the state directory of the tests' own containerd
+	// (scripts/containerd.sh), empty with BERTH_CONTAINERD_ADDRESS.
+	containerdDir string
+	namespace     string
+	snapshotter   string
+	agentBinary   string
+	cliBinary     string
+	berthdAddr    string // unix:///... of the in-process server
+	conn          *grpc.ClientConn
+	sandboxes     berthv1.SandboxServiceClient
+	images        berthv1.ImageServiceClient
+	rt            *runtime.Runtime
+	image         string
 }
 
 const baseImage = "berth.dev/base:latest"
@@ -107,6 +110,7 @@ func setup(m *testing.M) (code int, err error) {
 			}
 		}()
 		env.containerd = filepath.Join(dir, "containerd.sock")
+		env.containerdDir = dir
 	}
 
 	bin := filepath.Join(env.dir, "bin")
