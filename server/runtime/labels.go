@@ -120,6 +120,7 @@ func (s SandboxSpec) Digest() string {
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
 	field("lifetime", s.MaxLifetime.String())
+	s.Network.digestFields(field)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -157,6 +158,7 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	if s.Owner != "" {
 		labels[LabelOwner] = s.Owner
 	}
+	s.Network.addLabels(labels)
 	return labels
 }
 
@@ -184,6 +186,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	sb.SpecHash = labels[labelSpecHash]
 	sb.Pooled = labels[labelPool] == "true"
 	sb.Owner = labels[LabelOwner]
+	sb.Network = decodeNetwork(labels)
 	sb.Expired = labels[labelExpired]
 	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
 }
@@ -197,5 +200,6 @@ func (sb Sandbox) Spec() SandboxSpec {
 		HostUsers: sb.HostUsers, Runtime: sb.Runtime,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
+		Network: sb.Network,
 	}
 }
