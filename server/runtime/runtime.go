@@ -553,6 +553,12 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		const period = 100_000 // µs, the kernel's default CFS period
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
 	}
+	if spec.userns() && spec.Network.NetNS != "" {
+		// The network namespace berthd made belongs to the host's user
+		// namespace: the sandbox may neither mount sysfs nor write its
+		// net sysctls.
+		opts = append(opts, withSysBind, withoutNetSysctls)
+	}
 	return append(opts, spec.Network.specOpts()...)
 }
 
