@@ -34,6 +34,14 @@ func TestGVisorSandbox(t *testing.T) {
 	if out := string(got.GetStdout()); out != "4.4.0\nhi\n" || got.GetResult().GetExitCode() != 0 {
 		t.Errorf("uname -r; echo hi under gVisor: %q (stderr %q, exit %d), want 4.4.0 and hi", out, got.GetStderr(), got.GetResult().GetExitCode())
 	}
+	// gVisor's kernel ignores CLONE_PARENT: the launcher hands each
+	// process to the agent (PID 1), which reaps it, start after start.
+	for i := range 3 {
+		got = run(t, sb.GetId(), "sh", "-c", "echo x; exit 3")
+		if out := string(got.GetStdout()); out != "x\n" || got.GetResult().GetExitCode() != 3 {
+			t.Errorf("start %d under gVisor: %q, exit %d; want x and 3", i, out, got.GetResult().GetExitCode())
+		}
+	}
 	// The agent read and removed berthd's secret before anything ran: a
 	// workload finds it neither in the run directory nor in PID 1's
 	// environment (which gVisor lets a process of the same uid read).

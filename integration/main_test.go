@@ -313,7 +313,10 @@ func run(t *testing.T, sandboxID string, argv ...string) *berthv1.RunResponse {
 	defer cancel()
 	resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, Process: &berthv1.ProcessSpec{Argv: argv}})
 	if err != nil {
-		t.Fatalf("Run(%q): %v", argv, err)
+		// The agent's log says what it started and what it saw end: the
+		// first thing to read when a Run hangs or fails.
+		log, _ := os.ReadFile(env.rt.LogPath(sandboxID))
+		t.Fatalf("Run(%q): %v\nagent log of %s:\n%s", argv, err, sandboxID, log)
 	}
 	return resp
 }
