@@ -189,6 +189,13 @@ type Config struct {
 	// NetworkUnavailable as the reason.
 	Network            Network
 	NetworkUnavailable string
+
+	// AgentVerifier decides whether what listens on a sandbox's agent
+	// socket is its agent (agentconn.Verifier). Nil: the runtime's
+	// (runtime.Runtime.AgentVerifier): the listener is the sandbox's init
+	// process and proves the secret berthd gave it at create. Tests that
+	// stand a hostile agent in for a verified one give their own.
+	AgentVerifier agentconn.Verifier
 }
 
 // Network is what the handlers need of sandbox networking: attach a
@@ -351,7 +358,11 @@ var (
 // watchRuntimes); Close stops it.
 func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	cfg.setDefaults()
-	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(rt.AgentVerifier()), log: log,
+	verifier := cfg.AgentVerifier
+	if verifier == nil {
+		verifier = rt.AgentVerifier()
+	}
+	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(verifier), log: log,
 		creating: make(map[string]*creation), warned: make(map[string]bool),
 		runBuffers: runout.NewBudget(cfg.RunBufferBytes)}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
