@@ -67,6 +67,9 @@ func TestConformance(t *testing.T) {
 }
 
 func conformanceOn(t *testing.T, rt string) {
+	if rt == runtime.RuntimeGVisor {
+		needGVisor(t)
+	}
 	var c conformance
 	c.runtime = rt
 	c.sb = newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: rt}).GetId()

@@ -20,12 +20,30 @@ import (
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
+// needGVisor is need for a test that runs gVisor sandboxes: it also needs
+// Debian's runsc, which scripts/runsc-berth runs and scripts/deps.sh
+// installs. Without it the test fails under BERTH_E2E=1 and is skipped
+// otherwise.
+func needGVisor(t *testing.T) {
+	t.Helper()
+	need(t)
+	if _, err := os.Stat(runscBinary); err != nil {
+		if os.Getenv("BERTH_E2E") == "1" {
+			t.Fatalf("BERTH_E2E=1 but gVisor cannot run: %v (scripts/deps.sh installs Debian's runsc)", err)
+		}
+		t.Skipf("gVisor unavailable: %v (scripts/deps.sh installs Debian's runsc)", err)
+	}
+}
+
+// runscBinary is the runsc that scripts/runsc-berth runs.
+const runscBinary = "/usr/bin/runsc"
+
 // TestGVisorSandbox runs a sandbox under gVisor (runtime "gvisor"): the
 // agent starts inside runsc's user-space kernel, berthd reaches it through
 // its host socket and verifies it by its secret, and commands run there
 // (uname reports gVisor's 4.4.0, not the host's kernel).
 func TestGVisorSandbox(t *testing.T) {
-	need(t)
+	needGVisor(t)
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
 	if sb.GetRuntimeName() != "gvisor" || sb.GetHostUsers() || sb.GetHostIdBase() != 0 {
 		t.Errorf("sandbox runtime %q host_users %v host_id_base %d, want gvisor without a host id range", sb.GetRuntimeName(), sb.GetHostUsers(), sb.GetHostIdBase())
@@ -57,7 +75,7 @@ func TestGVisorSandbox(t *testing.T) {
 // Download of a tar with a directory, a file and a symlink (gVisor's 2022
 // kernel has no openat2(2): the agent resolves names without it).
 func TestGVisorFiles(t *testing.T) {
-	need(t)
+	needGVisor(t)
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
 	c := dialClient(t, env.berthdAddr)
 	ctx := t.Context()
@@ -111,7 +129,7 @@ func TestGVisorFiles(t *testing.T) {
 // with FAILED_PRECONDITION WORKLOAD_USER_UNAVAILABLE instead of acting as
 // root.
 func TestGVisorWorkloadUser(t *testing.T) {
-	need(t)
+	needGVisor(t)
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor", User: "1000:1000"})
 	if got := run(t, sb.GetId(), "id", "-u"); string(got.GetStdout()) != "1000\n" {
 		t.Errorf("id -u under gVisor with user 1000 = %q (stderr %q), want 1000", got.GetStdout(), got.GetStderr())
@@ -127,7 +145,7 @@ func TestGVisorWorkloadUser(t *testing.T) {
 // which runsc cannot kill it. The create must fail and remove everything:
 // the container, runsc's container state and its sandbox processes.
 func TestGVisorFailedStartCleanup(t *testing.T) {
-	need(t)
+	needGVisor(t)
 	notExec := filepath.Join(env.dir, "not-an-agent")
 	if err := os.WriteFile(notExec, []byte("not a program\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -170,7 +188,7 @@ func TestGVisorFailedStartCleanup(t *testing.T) {
 // exec ends with ABORTED RUNTIME_REPLACED whose detail says oom_killed;
 // berthd restarts the task and the sandbox works again.
 func TestGVisorOOM(t *testing.T) {
-	need(t)
+	needGVisor(t)
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor", Resources: &berthv1.Resources{MemoryBytes: 64 << 20}})
 	c := dialClient(t, env.berthdAddr)
 	_, err := c.Run(t.Context(), sb.GetId(), &berthv1.ProcessSpec{Argv: []string{"bash", "-c", `x=$(head -c 200000000 /dev/zero | tr '\0' a); echo ${#x}`}})
