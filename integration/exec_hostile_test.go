@@ -1,13 +1,11 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/internal/agentbin"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -33,13 +30,7 @@ import (
 // keeps its place until berthd knows the exec is not running.
 func TestCanceledStartKeepsItsPlace(t *testing.T) {
 	need(t)
-	addr := startServer(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	capped := berthv1.NewSandboxServiceClient(conn)
+	capped := sandboxClient(t, startServer(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}))
 	id := newSandbox(t, nil).GetId()
 	running := func() int {
 		out := string(run(t, id, "ps", "-o", "args").GetStdout())
@@ -77,17 +68,14 @@ func TestCanceledStartKeepsItsPlace(t *testing.T) {
 func TestCanceledStartWhileLaunching(t *testing.T) {
 	need(t)
 	var logs agentbin.Buffer
-	addr := serveServiceLog(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}, env.rt, slog.New(slog.NewTextHandler(&logs, nil)))
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	capped := berthv1.NewSandboxServiceClient(conn)
+	capped := sandboxClient(t, serveServiceLog(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}, env.rt, slog.New(slog.NewTextHandler(&logs, nil))))
 	id := newSandbox(t, nil).GetId()
 	run(t, id, "true") // the agent starts its launcher with the first exec
 	agent := agentPID(t, id)
-	launcher := launcherPID(t, agent)
+	launcher := agentbin.LauncherPID(agent)
+	if launcher == 0 {
+		t.Fatalf("no launcher among the children of agent %d", agent)
+	}
 	pipes := agentPipes(t, agent)
 
 	if err := syscall.Kill(launcher, syscall.SIGSTOP); err != nil {
@@ -138,32 +126,16 @@ func TestCanceledStartWhileLaunching(t *testing.T) {
 	}
 }
 
-// launcherPID returns the host pid of the agent's launcher: the child of
-// agent (host pid) whose argv[0] is launcher.Arg0.
-func launcherPID(t *testing.T, agent int) int {
+// sandboxClient dials berthd at addr and returns its SandboxService; the
+// connection closes at cleanup.
+func sandboxClient(t *testing.T, addr string) berthv1.SandboxServiceClient {
 	t.Helper()
-	entries, err := os.ReadDir("/proc")
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		i := bytes.LastIndexByte(stat, ')')
-		if err != nil || i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(stat[i+1:])) // state, ppid, ...
-		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if len(fields) > 1 && fields[1] == strconv.Itoa(agent) && bytes.HasPrefix(cmdline, []byte(launcher.Arg0+"\x00")) {
-			return pid
-		}
-	}
-	t.Fatalf("no launcher among the children of agent %d", agent)
-	return 0
+	t.Cleanup(func() { conn.Close() })
+	return berthv1.NewSandboxServiceClient(conn)
 }
 
 // agentPipes returns the pipes host process pid holds open, by inode.
