@@ -318,6 +318,7 @@ func (s *Service) deleteLocked(ctx context.Context, id string) error {
 		return err
 	}
 	s.reaper.Forget(id)
+	s.release(ctx, id)
 	return nil
 }
 
@@ -335,6 +336,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		Workdir:       sb.WorkDir,
 		ServerVersion: Version,
 		Owner:         sb.Owner,
+		NodeId:        s.cfg.NodeID,
 	}
 	if sb.IdleTimeout > 0 {
 		out.IdleTimeout = durationpb.New(sb.IdleTimeout)

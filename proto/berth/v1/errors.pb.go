@@ -172,6 +172,17 @@ const (
 	// UNREACHABLE_CAUSE_AGENT_STOPPING means the agent is shutting down and
 	// refuses new work.
 	UnreachableCause_UNREACHABLE_CAUSE_AGENT_STOPPING UnreachableCause = 5
+	// UNREACHABLE_CAUSE_NODE_LOST means the sandbox lives on another berthd
+	// of the fleet (Unreachable.node_id) whose lease in the cluster store
+	// expired: the node stopped, crashed or lost the cluster store. Its
+	// sandboxes answer again once it is back.
+	UnreachableCause_UNREACHABLE_CAUSE_NODE_LOST UnreachableCause = 6
+	// UNREACHABLE_CAUSE_NODE_UNREACHABLE means the sandbox lives on another
+	// berthd of the fleet (Unreachable.node_id) that still holds its lease but
+	// did not answer the berthd that routed the request: it is stopping,
+	// overloaded or cut off from the other nodes. Its lease expires within
+	// the lease time if it is gone (then UNREACHABLE_CAUSE_NODE_LOST).
+	UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE UnreachableCause = 7
 )
 
 // Enum value maps for UnreachableCause.
@@ -183,14 +194,18 @@ var (
 		3: "UNREACHABLE_CAUSE_CONNECT_TIMEOUT",
 		4: "UNREACHABLE_CAUSE_CONNECTION_LOST",
 		5: "UNREACHABLE_CAUSE_AGENT_STOPPING",
+		6: "UNREACHABLE_CAUSE_NODE_LOST",
+		7: "UNREACHABLE_CAUSE_NODE_UNREACHABLE",
 	}
 	UnreachableCause_value = map[string]int32{
-		"UNREACHABLE_CAUSE_UNSPECIFIED":     0,
-		"UNREACHABLE_CAUSE_TASK_STOPPED":    1,
-		"UNREACHABLE_CAUSE_SOCKET_MISSING":  2,
-		"UNREACHABLE_CAUSE_CONNECT_TIMEOUT": 3,
-		"UNREACHABLE_CAUSE_CONNECTION_LOST": 4,
-		"UNREACHABLE_CAUSE_AGENT_STOPPING":  5,
+		"UNREACHABLE_CAUSE_UNSPECIFIED":      0,
+		"UNREACHABLE_CAUSE_TASK_STOPPED":     1,
+		"UNREACHABLE_CAUSE_SOCKET_MISSING":   2,
+		"UNREACHABLE_CAUSE_CONNECT_TIMEOUT":  3,
+		"UNREACHABLE_CAUSE_CONNECTION_LOST":  4,
+		"UNREACHABLE_CAUSE_AGENT_STOPPING":   5,
+		"UNREACHABLE_CAUSE_NODE_LOST":        6,
+		"UNREACHABLE_CAUSE_NODE_UNREACHABLE": 7,
 	}
 )
 
@@ -422,8 +437,13 @@ type Unreachable struct {
 	// server_version is berthd's version.
 	ServerVersion string `protobuf:"bytes,9,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
 	// admitted says whether the request took effect: ADMITTED_NOT_STARTED
-	// unless the connection broke after the request reached the agent.
-	Admitted      Admitted `protobuf:"varint,10,opt,name=admitted,proto3,enum=berth.v1.Admitted" json:"admitted,omitempty"`
+	// unless the connection broke after the request reached the agent (or,
+	// for a routed request, the node that holds the sandbox).
+	Admitted Admitted `protobuf:"varint,10,opt,name=admitted,proto3,enum=berth.v1.Admitted" json:"admitted,omitempty"`
+	// node_id names the berthd node of the fleet that holds the sandbox, for
+	// the causes UNREACHABLE_CAUSE_NODE_LOST and
+	// UNREACHABLE_CAUSE_NODE_UNREACHABLE; empty otherwise.
+	NodeId        string `protobuf:"bytes,11,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -526,6 +546,13 @@ func (x *Unreachable) GetAdmitted() Admitted {
 		return x.Admitted
 	}
 	return Admitted_ADMITTED_UNSPECIFIED
+}
+
+func (x *Unreachable) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
 }
 
 // RuntimeReplaced says the sandbox's runtime (its containerd task and the
@@ -812,7 +839,7 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\vretry_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryDelay\x12%\n" +
 	"\x0eserver_version\x18\a \x01(\tR\rserverVersion\x12.\n" +
-	"\badmitted\x18\b \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xc0\x03\n" +
+	"\badmitted\x18\b \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xd9\x03\n" +
 	"\vUnreachable\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -825,7 +852,8 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\ragent_version\x18\b \x01(\tR\fagentVersion\x12%\n" +
 	"\x0eserver_version\x18\t \x01(\tR\rserverVersion\x12.\n" +
 	"\badmitted\x18\n" +
-	" \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xb8\x04\n" +
+	" \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\x12\x17\n" +
+	"\anode_id\x18\v \x01(\tR\x06nodeId\"\xb8\x04\n" +
 	"\x0fRuntimeReplaced\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -864,14 +892,16 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x1bCAPACITY_RESOURCE_SANDBOXES\x10\x01\x12#\n" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
-	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04*\xf3\x01\n" +
+	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04*\xbc\x02\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +
 	" UNREACHABLE_CAUSE_SOCKET_MISSING\x10\x02\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECT_TIMEOUT\x10\x03\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECTION_LOST\x10\x04\x12$\n" +
-	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05*\x97\x01\n" +
+	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05\x12\x1f\n" +
+	"\x1bUNREACHABLE_CAUSE_NODE_LOST\x10\x06\x12&\n" +
+	"\"UNREACHABLE_CAUSE_NODE_UNREACHABLE\x10\a*\x97\x01\n" +
 	"\rReplacedCause\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_TASK_EXITED\x10\x01\x12\"\n" +

@@ -455,7 +455,10 @@ type Sandbox struct {
 	// caller on berthd's unix socket, else the principal of its bearer token
 	// or client certificate. Only the owner and admins see the sandbox;
 	// empty for sandboxes made before berthd recorded owners (admins only).
-	Owner         string `protobuf:"bytes,23,opt,name=owner,proto3" json:"owner,omitempty"`
+	Owner string `protobuf:"bytes,23,opt,name=owner,proto3" json:"owner,omitempty"`
+	// node_id names the berthd node of the fleet that holds the sandbox (see
+	// NodeService); empty on a berthd that is not part of a fleet.
+	NodeId        string `protobuf:"bytes,24,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -647,6 +650,13 @@ func (x *Sandbox) GetVersionSkew() bool {
 func (x *Sandbox) GetOwner() string {
 	if x != nil {
 		return x.Owner
+	}
+	return ""
+}
+
+func (x *Sandbox) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
 	}
 	return ""
 }
@@ -1285,7 +1295,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xac\b\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xc5\b\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1314,7 +1324,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"agentBuild\x12%\n" +
 	"\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n" +
 	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x12\x14\n" +
-	"\x05owner\x18\x17 \x01(\tR\x05owner\x1a9\n" +
+	"\x05owner\x18\x17 \x01(\tR\x05owner\x12\x17\n" +
+	"\anode_id\x18\x18 \x01(\tR\x06nodeId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x04\n" +
