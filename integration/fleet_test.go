@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -348,6 +349,16 @@ func TestFleet(t *testing.T) {
 	}
 	if t.Failed() {
 		t.FailNow()
+	}
+	// berth node ls, as root on a node's unix socket (an admin).
+	out, err := exec.CommandContext(ctx, env.cliBinary, "--addr", "unix://"+f.nodes[1].sock, "node", "ls").CombinedOutput()
+	if err != nil {
+		t.Fatalf("berth node ls: %v: %s", err, out)
+	}
+	for _, want := range []string{`n1\s+ready\s+127\.0\.0\.1:\d+\s+15/20\s`, `n2\s+ready\s+\S+\s+9/12\s`, `n3\s+ready\s+\S+\s+6/8\s`} {
+		if !regexp.MustCompile(want).Match(out) {
+			t.Errorf("berth node ls does not match %s:\n%s", want, out)
+		}
 	}
 	// The fleet lists all 30 through any entry point, in pages.
 	var listed int

@@ -38,7 +38,16 @@ type Peers struct {
 	budget time.Duration
 
 	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	conns map[string]peerConn // by node id
+}
+
+// peerConn is a connection to one registration of a node: a node that
+// registered again (restarted) gets a new connection, without the backoff
+// that the failures of the old one built up.
+type peerConn struct {
+	conn    *grpc.ClientConn
+	address string
+	lease   int64
 }
 
 // NewPeers returns Peers that dial with creds and wait at most
@@ -47,26 +56,26 @@ func NewPeers(creds PeerCredentials, connectBudget time.Duration) *Peers {
 	if connectBudget <= 0 {
 		connectBudget = 3 * time.Second
 	}
-	return &Peers{creds: creds, budget: connectBudget, conns: make(map[string]*grpc.ClientConn)}
+	return &Peers{creds: creds, budget: connectBudget, conns: make(map[string]peerConn)}
 }
 
 // Close closes every connection.
 func (p *Peers) Close() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for addr, c := range p.conns {
-		c.Close()
-		delete(p.conns, addr)
+	for id, c := range p.conns {
+		c.conn.Close()
+		delete(p.conns, id)
 	}
 }
 
-// ready returns the connection to addr once it is ready, waiting at most
-// the connect budget (and ctx); false when the node did not accept a
-// connection within it or refused it, so that nothing was sent. A
-// connection whose last attempt failed tries again at once rather than
-// after gRPC's backoff: a node that restarted answers its first call.
-func (p *Peers) ready(ctx context.Context, addr string) (*grpc.ClientConn, bool, error) {
-	c, err := p.conn(addr)
+// ready returns the connection to node once it is ready, waiting at most
+// the connect budget (and ctx) while it connects; false when the node did
+// not accept a connection within it or refused the last attempt, so that
+// nothing was sent. A refused connection tries again at the next call
+// rather than after gRPC's backoff.
+func (p *Peers) ready(ctx context.Context, node NodeRecord) (*grpc.ClientConn, bool, error) {
+	c, err := p.conn(node)
 	if err != nil {
 		return nil, false, err
 	}
@@ -75,10 +84,11 @@ func (p *Peers) ready(ctx context.Context, addr string) (*grpc.ClientConn, bool,
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.budget)
 	defer cancel()
-	c.Connect()
 	if c.GetState() == connectivity.TransientFailure {
 		c.ResetConnectBackoff()
+		return c, false, nil
 	}
+	c.Connect()
 	tried := false
 	for {
 		s := c.GetState()
@@ -102,12 +112,17 @@ func (p *Peers) ready(ctx context.Context, addr string) (*grpc.ClientConn, bool,
 	}
 }
 
-func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
+func (p *Peers) conn(node NodeRecord) (*grpc.ClientConn, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if c, ok := p.conns[addr]; ok {
-		return c, nil
+	if c, ok := p.conns[node.ID]; ok {
+		if c.address == node.Address && c.lease == node.Lease {
+			return c.conn, nil
+		}
+		c.conn.Close()
+		delete(p.conns, node.ID)
 	}
+	addr := node.Address
 	tc := insecure.NewCredentials()
 	if p.creds.TLS != nil {
 		tc = credentials.NewTLS(p.creds.TLS)
@@ -126,7 +141,7 @@ func (p *Peers) conn(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: connection to node at %s: %w", addr, err)
 	}
-	p.conns[addr] = c
+	p.conns[node.ID] = peerConn{conn: c, address: addr, lease: node.Lease}
 	return c, nil
 }
 

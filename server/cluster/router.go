@@ -260,7 +260,7 @@ func (r *Router) forwardUnary(ctx context.Context, p auth.Principal, node NodeRe
 	if err != nil {
 		return nil, err
 	}
-	conn, ready, err := r.cfg.Peers.ready(ctx, node.Address)
+	conn, ready, err := r.cfg.Peers.ready(ctx, node)
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +286,7 @@ func (r *Router) forwardUnary(ctx context.Context, p auth.Principal, node NodeRe
 // The caller-to-node direction runs on a goroutine that ends when ss ends,
 // which gRPC makes happen when this returns.
 func (r *Router) forwardStream(ctx context.Context, p auth.Principal, node NodeRecord, info *grpc.StreamServerInfo, ss grpc.ServerStream, first proto.Message, out protoreflect.MessageType, id string) error {
-	conn, ready, err := r.cfg.Peers.ready(ctx, node.Address)
+	conn, ready, err := r.cfg.Peers.ready(ctx, node)
 	if err != nil {
 		return err
 	}
