@@ -39,6 +39,12 @@ demo:
 test:
 	scripts/test.sh
 
+# The Debian root is built once into the cache (scripts/debian-image.sh).
+test-debian:
+	scripts/deps.sh
+	BERTH_E2E=1 BERTH_DEBIAN_ROOT=$$(scripts/debian-image.sh) GO_TEST_PKGS=./integration/ \
+		GO_TEST_FLAGS='-tags debian -run TestDebianImage -v' scripts/test.sh
+
 generate:
 	$(BUF) generate
 

@@ -36,6 +36,9 @@ const (
 	ReasonCanceled          = "CANCELED"              // the caller canceled the request
 	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
 	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
+	// ReasonRegistryNotAllowed (FAILED_PRECONDITION): berthd may not pull
+	// from the image's registry (berthd --pull-registry); nothing was sent.
+	ReasonRegistryNotAllowed = "REGISTRY_NOT_ALLOWED"
 	// ReasonDiskQuotaUnsupported: resources.disk_bytes was set on a server
 	// that cannot enforce disk quotas (FAILED_PRECONDITION); nothing was
 	// created. Create without disk_bytes, or on a server that has them.
@@ -58,6 +61,11 @@ const (
 	ReasonPidsLimit       = "PIDS_LIMIT_REACHED"       // a fork failed: the sandbox's pids_limit is reached
 	ReasonMemoryLimit     = "MEMORY_LIMIT_REACHED"     // the agent could not allocate: the sandbox's memory limit
 	ReasonDescriptorLimit = "DESCRIPTOR_LIMIT_REACHED" // the agent is out of file descriptors
+	// Something berthd depends on failed, not the request or a sandbox;
+	// see *DependencyError.
+	ReasonContainerdUnavailable = "CONTAINERD_UNAVAILABLE"       // UNAVAILABLE: containerd refused or did not answer in time
+	ReasonServerDiskFull        = "SERVER_DISK_FULL"             // RESOURCE_EXHAUSTED: the disk of berthd's own directories is full
+	ReasonServerDescriptors     = "SERVER_DESCRIPTORS_EXHAUSTED" // RESOURCE_EXHAUSTED: berthd is out of file descriptors
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as
@@ -133,7 +141,7 @@ func convertError(err error) error {
 		return nil
 	}
 	switch err.(type) {
-	case *Error, *FleetBusyError, *UnreachableError, *RuntimeReplacedError, *StaleHandleError:
+	case *Error, *FleetBusyError, *UnreachableError, *RuntimeReplacedError, *StaleHandleError, *DependencyError:
 		return err
 	}
 	st, ok := status.FromError(err)
@@ -146,6 +154,7 @@ func convertError(err error) error {
 		unreachable *berthv1.Unreachable
 		replaced    *berthv1.RuntimeReplaced
 		stale       *berthv1.StaleHandle
+		dependency  *berthv1.DependencyFailure
 	)
 	for _, d := range st.Details() {
 		switch d := d.(type) {
@@ -172,6 +181,8 @@ func convertError(err error) error {
 			replaced = d
 		case *berthv1.StaleHandle:
 			stale = d
+		case *berthv1.DependencyFailure:
+			dependency = d
 		}
 	}
 	if e.Message == "" {
@@ -188,6 +199,8 @@ func convertError(err error) error {
 		return &RuntimeReplacedError{baseError: e, Detail: orEmpty(replaced)}
 	case ReasonStaleHandle:
 		return &StaleHandleError{baseError: e, Detail: orEmpty(stale)}
+	case ReasonContainerdUnavailable, ReasonServerDiskFull, ReasonServerDescriptors:
+		return &DependencyError{baseError: e, Detail: orEmpty(dependency)}
 	}
 	return e
 }

@@ -28,10 +28,14 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonCanceled, rpcstatus.ReasonCanceled},
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
+		{ReasonRegistryNotAllowed, rpcstatus.ReasonRegistryNotAllowed},
 		{ReasonDiskQuotaUnsupported, rpcstatus.ReasonDiskQuotaUnsupported},
 		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
 		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},
 		{ReasonDescriptorLimit, rpcstatus.ReasonDescriptorLimit},
+		{ReasonContainerdUnavailable, rpcstatus.ReasonContainerdUnavailable},
+		{ReasonServerDiskFull, rpcstatus.ReasonServerDiskFull},
+		{ReasonServerDescriptors, rpcstatus.ReasonServerDescriptors},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

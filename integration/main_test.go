@@ -36,21 +36,24 @@ import (
 
 // env is the shared test environment set up by TestMain.
 var env struct {
-	skip        string // why every test skips; empty when the env is up
-	repo        string
-	dir         string // short temp dir: sockets live here
-	containerd  string // containerd socket
-	namespace   string
-	snapshotter string
-	agentBinary string
-	cliBinary   string
-	berthdAddr  string // unix:///... of the in-process server
-	conn        *grpc.ClientConn
-	sandboxes   berthv1.SandboxServiceClient
-	images      berthv1.ImageServiceClient
-	rt          *runtime.Runtime
-	image       string
-	archive     string // the base image's OCI archive
+	skip       string // why every test skips; empty when the env is up
+	repo       string
+	dir        string // short temp dir: sockets live here
+	containerd string // containerd socket
+	// containerdDir is the state directory of the tests' own containerd
+	// (scripts/containerd.sh), empty with BERTH_CONTAINERD_ADDRESS.
+	containerdDir string
+	namespace     string
+	snapshotter   string
+	agentBinary   string
+	cliBinary     string
+	berthdAddr    string // unix:///... of the in-process server
+	conn          *grpc.ClientConn
+	sandboxes     berthv1.SandboxServiceClient
+	images        berthv1.ImageServiceClient
+	rt            *runtime.Runtime
+	image         string
+	archive       string // the base image's OCI archive
 }
 
 const baseImage = "berth.dev/base:latest"
@@ -103,6 +106,7 @@ func setup(m *testing.M) (code int, err error) {
 			}
 		}()
 		env.containerd = filepath.Join(dir, "containerd.sock")
+		env.containerdDir = dir
 	}
 
 	bin := filepath.Join(env.dir, "bin")
@@ -154,7 +158,7 @@ func setup(m *testing.M) (code int, err error) {
 			return 0, fmt.Errorf("the btrfs snapshotter cannot enforce disk quotas: %w", err)
 		}
 	}
-	svc := server.New(server.Config{JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
+	svc := server.New(server.Config{PullRegistries: []string{"*", "127.0.0.1:*"}, JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
 	defer svc.Close()
 	if err := svc.Start(ctx); err != nil {
 		return 0, err

@@ -432,7 +432,7 @@ func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line s
 	if r.dir == "" {
 		return
 	}
-	if sr.journalLines > 2*(len(sr.execs)+len(sr.past)+1)+1024 {
+	if sr.journalLines > maxJournalLines(len(sr.execs)+len(sr.past)) {
 		if err := r.compact(sandboxID, sr); err != nil {
 			r.log.Warn("compact runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
 		} else {
@@ -452,6 +452,12 @@ func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line s
 	}
 	sr.journalLines++
 }
+
+// maxJournalLines is how many lines a journal holding records records may
+// grow to before it is compacted: with at most maxExecRecords exec records
+// and maxPastRuntimes runtimes, a journal stays under about 1.1 MB (51
+// bytes a line), however many execs the sandbox ran.
+func maxJournalLines(records int) int { return 2*(records+1) + 1024 }
 
 // compact rewrites the sandbox's journal from memory, atomically.
 func (r *identities) compact(sandboxID string, sr *sandboxRuntimes) error {
@@ -490,7 +496,7 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 		return err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(io.LimitReader(f, maxJournalBytes))
+	sc := newLineScanner(io.LimitReader(f, maxJournalBytes), maxJournalLine)
 	for sc.Scan() {
 		sr.journalLines++
 		fields := strings.Fields(sc.Text())
@@ -522,6 +528,57 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 	return sc.Err()
 }
 
+// maxJournalLine is the longest journal line read: a record is under 250
+// bytes; a longer line is not a record and is skipped whole.
+const maxJournalLine = 4 << 10
+
+// lineScanner reads lines like bufio.Scanner, except that a line longer
+// than its buffer is skipped whole instead of ending the scan: a Scanner
+// stops at the first line over its 64 KiB and drops every line after it.
+type lineScanner struct {
+	r    *bufio.Reader
+	line []byte
+	err  error
+}
+
+func newLineScanner(r io.Reader, max int) *lineScanner {
+	return &lineScanner{r: bufio.NewReaderSize(r, max)}
+}
+
+// Scan advances to the next line of at most the buffer's size, without its
+// newline (a last line without one included); false at the end or on a
+// read error (Err).
+func (s *lineScanner) Scan() bool {
+	skipping := false
+	for {
+		line, err := s.r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			skipping = true
+			continue
+		}
+		if !skipping && len(line) > 0 {
+			s.line = bytes.TrimSuffix(line, []byte("\n"))
+			if err != nil && !errors.Is(err, io.EOF) {
+				s.err = err
+			}
+			return true
+		}
+		skipping = false // the end of a long line, dropped
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				s.err = err
+			}
+			return false
+		}
+	}
+}
+
+// Text returns the current line.
+func (s *lineScanner) Text() string { return string(s.line) }
+
+// Err returns the first read error other than io.EOF.
+func (s *lineScanner) Err() error { return s.err }
+
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's starttime: 100 on
 // every Linux architecture berth runs on (proc(5)).
 const clockTicks = 100
@@ -543,31 +600,112 @@ var bootTime = sync.OnceValues(func() (time.Time, error) {
 // field 22 (starttime, in clock ticks) of /proc/<pid>/stat (proc(5)). Its
 // resolution is a clock tick (10 ms), rounded down.
 func procStartTime(pid uint32) (time.Time, error) {
-	if pid == 0 {
-		return time.Time{}, errors.New("no pid")
-	}
 	boot, err := bootTime()
 	if err != nil {
 		return time.Time{}, err
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	fields, err := procStat(pid)
 	if err != nil {
 		return time.Time{}, err
+	}
+	const startTime = 22
+	ticks, err := strconv.ParseUint(fields[startTime], 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
+	}
+	return boot.Add(time.Duration(ticks) * (time.Second / clockTicks)), nil
+}
+
+// procCPU returns the CPU time host process pid has used in its current
+// threads, to the nanosecond: the sum of the first field of
+// /proc/<pid>/task/<tid>/schedstat (run time, ns), falling back to fields
+// 14 and 15 (utime, stime: 10 ms ticks) of /proc/<pid>/stat (proc(5)). A
+// thread that exits takes its time with it, so only a change means work.
+func procCPU(pid uint32) (time.Duration, error) {
+	if pid == 0 {
+		return 0, errors.New("no pid")
+	}
+	if tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
+		var sum uint64
+		read := 0
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b)); len(f) > 0 {
+				if ns, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+					sum += ns
+					read++
+				}
+			}
+		}
+		if read > 0 {
+			return time.Duration(sum), nil
+		}
+	}
+	fields, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	const utime, stime = 14, 15
+	u, err1 := strconv.ParseUint(fields[utime], 10, 64)
+	s, err2 := strconv.ParseUint(fields[stime], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat utime, stime: %w", pid, err)
+	}
+	return time.Duration(u+s) * (time.Second / clockTicks), nil
+}
+
+// procRunnable reports whether a thread of host process pid is running or
+// waiting for a CPU (state R in /proc/<pid>/task/<tid>/stat, proc(5)).
+func procRunnable(pid uint32) bool {
+	if pid == 0 {
+		return false
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		// The state, field 3, follows the command name's last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'R' {
+			return true
+		}
+	}
+	return false
+}
+
+// procStopped reports whether host process pid is stopped by a signal
+// (state T, or t when traced, in /proc/<pid>/stat, proc(5)).
+func procStopped(pid uint32) bool {
+	fields, err := procStat(pid)
+	return err == nil && (fields[3] == "T" || fields[3] == "t")
+}
+
+// procStat returns the fields of /proc/<pid>/stat indexed as proc(5)
+// numbers them (fields[1] is the pid), through field 22 at least.
+func procStat(pid uint32) ([]string, error) {
+	if pid == 0 {
+		return nil, errors.New("no pid")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
 	}
 	// The command name, field 2, is in parentheses and may hold spaces and
 	// parentheses itself: fields are counted after its last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return time.Time{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+		return nil, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
-	fields := strings.Fields(string(b[i+1:]))
-	const startTimeField = 22 - 3 // fields after ')' begin with field 3
-	if len(fields) <= startTimeField {
-		return time.Time{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
+	fields := append([]string{"", strconv.FormatUint(uint64(pid), 10), ""}, strings.Fields(string(b[i+1:]))...)
+	if len(fields) <= 22 {
+		return nil, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)-1)
 	}
-	ticks, err := strconv.ParseUint(fields[startTimeField], 10, 64)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
-	}
-	return boot.Add(time.Duration(ticks) * (time.Second / clockTicks)), nil
+	return fields, nil
 }

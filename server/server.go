@@ -69,6 +69,12 @@ type Config struct {
 	// to connect and answer, and for its first answer to an exec; past it
 	// the request fails with UNAVAILABLE SANDBOX_UNREACHABLE. Default 3 s.
 	ConnectBudget time.Duration
+	// AgentBusyLimit bounds how long a request waits for an agent that
+	// keeps working — using CPU, sending other streams' events — but has
+	// not answered it yet: a busy agent is not an unreachable one. Past it
+	// the request fails with SANDBOX_UNREACHABLE, cause AGENT_BUSY.
+	// Default 30 s, and never below ConnectBudget.
+	AgentBusyLimit time.Duration
 	// MaxSandboxes caps the sandboxes the server holds, running or
 	// stopped; CreateSandbox beyond it fails with RESOURCE_EXHAUSTED
 	// FLEET_BUSY. Zero: no cap.
@@ -125,6 +131,20 @@ type Config struct {
 	// Placements records which node holds each sandbox when this berthd
 	// is a node of a fleet (a *cluster.Member); nil outside a fleet.
 	Placements placements
+	// MaxAgentLogBytes bounds each sandbox's agent log (about 170 bytes
+	// an exec): past it the newest half is kept as agent.log.1 and the log
+	// starts anew. Default 4 MiB.
+	MaxAgentLogBytes int64
+	// AgentLogCheck is how often agent logs are measured. Default 10 s.
+	AgentLogCheck time.Duration
+	// PullRegistries names the registries PullImage may reach, as
+	// references write them ("registry.example.com", "localhost:5000",
+	// "localhost:*" for any port);
+	// "*" stands for every registry not on berthd's host. Empty: "*". A
+	// registry on berthd's host is reached only when named (see
+	// runtime.PullOptions.Registries); others are FAILED_PRECONDITION
+	// REGISTRY_NOT_ALLOWED with nothing sent.
+	PullRegistries []string
 	// PullResolveTimeout bounds resolving an image reference at its
 	// registry in PullImage; an unreachable registry fails after it.
 	// Default 10 s.
@@ -150,6 +170,10 @@ func (c *Config) setDefaults() {
 	if c.ConnectBudget == 0 {
 		c.ConnectBudget = 3 * time.Second
 	}
+	if c.AgentBusyLimit == 0 {
+		c.AgentBusyLimit = 30 * time.Second
+	}
+	c.AgentBusyLimit = max(c.AgentBusyLimit, c.ConnectBudget)
 	if c.BusyRetryDelay == 0 {
 		c.BusyRetryDelay = time.Second
 	}
@@ -173,6 +197,12 @@ func (c *Config) setDefaults() {
 	}
 	c.MaxIdleTimeout = max(c.MaxIdleTimeout, c.DefaultIdleTimeout)
 	c.MaxLifetime = max(c.MaxLifetime, c.DefaultMaxLifetime)
+	if c.MaxAgentLogBytes <= 0 {
+		c.MaxAgentLogBytes = 4 << 20
+	}
+	if c.AgentLogCheck <= 0 {
+		c.AgentLogCheck = 10 * time.Second
+	}
 	if c.PullResolveTimeout == 0 {
 		c.PullResolveTimeout = 10 * time.Second
 	}
@@ -257,9 +287,10 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.Adopt(ctx); err != nil {
 		return err
 	}
-	s.bg.Add(2)
+	s.bg.Add(3)
 	go func() { defer s.bg.Done(); s.reaper.Run(s.bgCtx) }()
 	go func() { defer s.bg.Done(); s.pool.Run(s.bgCtx) }()
+	go func() { defer s.bg.Done(); s.trimAgentLogs(s.bgCtx) }()
 	return nil
 }
 

@@ -39,6 +39,7 @@ func main() {
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
 	flag.StringVar(&rtCfg.Snapshotter, "snapshotter", "overlayfs", "containerd snapshotter for sandboxes' file systems; disk quotas need btrfs (see scripts/btrfs-quota.sh)")
 	flag.StringVar(&rtCfg.StateDir, "state-dir", "/run/berth", "host directory for per-sandbox agent sockets and logs (keep it short: socket paths max 107 bytes)")
+	flag.DurationVar(&rtCfg.CallBudget, "containerd-budget", 10*time.Second, "how long a containerd request that should answer at once (records, tasks) may take before it fails with UNAVAILABLE CONTAINERD_UNAVAILABLE")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
 	flag.Func("listen", "gRPC listen `address`: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp); repeatable, e.g. a unix socket for local callers and TCP for the fleet (default unix:///run/berth/berthd.sock)", func(v string) error {
 		listens = append(listens, v)
@@ -63,6 +64,7 @@ func main() {
 	flag.Uint64Var(&svcCfg.MaxPidsLimit, "max-pids-limit", 32768, "largest pids limit a request may set")
 	flag.DurationVar(&readyLimit, "agent-ready-timeout", 30*time.Second, "how long CreateSandbox waits for the agent to answer")
 	flag.DurationVar(&svcCfg.ConnectBudget, "connect-budget", 3*time.Second, "how long a request waits for a sandbox's agent to answer before failing with SANDBOX_UNREACHABLE")
+	flag.DurationVar(&svcCfg.AgentBusyLimit, "agent-busy-limit", 30*time.Second, "how long a request waits for an agent that keeps working but has not answered it yet, before SANDBOX_UNREACHABLE (cause AGENT_BUSY)")
 	flag.IntVar(&svcCfg.MaxSandboxes, "max-sandboxes", 0, "most sandboxes the server holds, running or stopped; 0: no cap (beyond it: FLEET_BUSY)")
 	flag.IntVar(&svcCfg.MaxExecsPerSandbox, "max-execs-per-sandbox", 0, "most execs running at once in one sandbox; 0: no cap")
 	flag.IntVar(&svcCfg.MaxExecs, "max-execs", 0, "most execs running at once in all sandboxes; 0: no cap")
@@ -80,6 +82,11 @@ func main() {
 	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxLifetime, "max-lifetime", 7*24*time.Hour, "largest maximum lifetime a request may set")
 	flag.DurationVar(&svcCfg.Reaper.Interval, "reap-interval", time.Second, "how often idle timeouts and lifetimes are checked")
+	flag.Int64Var(&svcCfg.MaxAgentLogBytes, "max-agent-log-bytes", 4<<20, "largest a sandbox's agent log grows, in `bytes`; then its newest half is kept as agent.log.1 and it starts anew")
+	flag.Func("pull-registry", "`REGISTRY` PullImage may reach, as references write it (registry.example.com, localhost:5000; repeatable); \"*\" is every registry not on this host, the default; a registry on this host is reached only when named", func(v string) error {
+		svcCfg.PullRegistries = append(svcCfg.PullRegistries, v)
+		return nil
+	})
 	flag.DurationVar(&svcCfg.PullResolveTimeout, "pull-resolve-timeout", 10*time.Second, "how long PullImage may take to reach the registry before it fails with UNAVAILABLE")
 	flag.Func("warm-pool", "keep `IMAGE=N` sandboxes of IMAGE pre-created for fast creates (repeatable)", func(v string) error {
 		image, n, err := parseWarmPool(v)

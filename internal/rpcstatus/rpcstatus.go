@@ -45,6 +45,9 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonRegistryNotAllowed (FAILED_PRECONDITION): berthd's
+	// configuration does not let PullImage reach the image's registry.
+	ReasonRegistryNotAllowed = "REGISTRY_NOT_ALLOWED"
 	// ReasonDiskQuotaUnsupported: a disk quota was asked for on a server
 	// whose snapshotter cannot enforce one.
 	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
@@ -54,6 +57,13 @@ const (
 	// another's behalf.
 	ReasonUnauthenticated = "UNAUTHENTICATED"
 	ReasonNotPermitted    = "NOT_PERMITTED"
+	// Something berthd depends on failed (berth.v1.DependencyFailure):
+	// containerd did not answer (UNAVAILABLE), the disk of berthd's own
+	// directories is full or berthd is out of file descriptors
+	// (RESOURCE_EXHAUSTED).
+	ReasonContainerdUnavailable = "CONTAINERD_UNAVAILABLE"
+	ReasonServerDiskFull        = "SERVER_DISK_FULL"
+	ReasonServerDescriptors     = "SERVER_DESCRIPTORS_EXHAUSTED"
 	// A fleet of berthd nodes (server/cluster). ReasonClusterUnavailable
 	// (UNAVAILABLE): the cluster store (etcd) does not answer, or no node
 	// holds a lease. ReasonNotClustered (FAILED_PRECONDITION): a NodeService

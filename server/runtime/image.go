@@ -10,6 +10,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
+	"github.com/containerd/errdefs"
 )
 
 // Image is an image in the store.
@@ -29,12 +30,22 @@ type Image struct {
 // the snapshotter. name, when not empty, names the archive's index instead
 // of the names recorded in it. It fails with ErrImageArchive when the stream
 // is not a readable archive or names no image.
-func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name string) ([]Image, error) {
+func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name string) (_ []Image, err error) {
+	c := r.beginLong(ctx, "import an image archive")
+	defer c.end(&err)
+	c.changes()
 	stream, err := compression.DecompressStream(archive)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrImageArchive, err)
 	}
 	defer stream.Close()
+	// One lease over the import and the unpacking: content that no image
+	// record references (yet, or any more) is not collected meanwhile.
+	ctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lease for the import: %w", err)
+	}
+	defer done(context.WithoutCancel(ctx))
 	var opts []containerd.ImportOpt
 	if name != "" {
 		opts = append(opts, containerd.WithIndexName(name), containerd.WithSkipDigestRef(func(string) bool { return true }))
@@ -44,18 +55,27 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("import image archive: %w", ctx.Err())
 		}
+		if errdefs.IsUnavailable(err) {
+			return nil, fmt.Errorf("import image archive: %w", err)
+		}
 		return nil, fmt.Errorf("%w: %v", ErrImageArchive, err)
 	}
 	if name != "" {
-		// Keep only the requested name: names from the archive's own
-		// annotations were not asked for.
-		kept := imported[:0]
-		for _, img := range imported {
-			if img.Name == name {
-				kept = append(kept, img)
+		// The archive's index has the name: Import records it first.
+		// Names from the archive's own annotations were not asked for,
+		// and one equal to name (docker save's RepoTags) made Import
+		// point the record at a manifest instead: point it back.
+		img := imported[0]
+		stored, err := r.client.ImageService().Get(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("read back image %s: %w", name, err)
+		}
+		if stored.Target.Digest != img.Target.Digest {
+			if img, err = r.client.ImageService().Update(ctx, img, "target"); err != nil {
+				return nil, fmt.Errorf("name image %s: %w", name, err)
 			}
 		}
-		imported = kept
+		imported = []images.Image{img}
 	}
 	if len(imported) == 0 {
 		return nil, fmt.Errorf("%w: the archive names no image; give a name", ErrImageArchive)
@@ -71,7 +91,11 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 }
 
 // ListImages returns every stored image, ordered by name.
-func (r *Runtime) ListImages(ctx context.Context) ([]Image, error) {
+func (r *Runtime) ListImages(ctx context.Context) (_ []Image, err error) {
+	c := r.begin(ctx, "list images")
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	imgs, err := r.client.ImageService().List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list images: %w", err)
