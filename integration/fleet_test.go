@@ -62,7 +62,7 @@ type fleetEnv struct {
 const fleetLeaseTTL = 3 * time.Second
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -74,7 +74,7 @@ func freePort(t *testing.T) int {
 
 // startContainerd starts a private containerd in dir (overlayfs only) and
 // stops it at cleanup.
-func startContainerd(t *testing.T, dir string) string {
+func startContainerd(t testing.TB, dir string) string {
 	t.Helper()
 	script := filepath.Join(env.repo, "scripts", "containerd.sh")
 	cmd := exec.Command("bash", script, "start", dir)
@@ -92,8 +92,10 @@ func startContainerd(t *testing.T, dir string) string {
 	return filepath.Join(dir, "containerd.sock")
 }
 
-// startFleet brings up three nodes with --max-sandboxes caps.
-func startFleet(t *testing.T, caps []int) *fleetEnv {
+// startFleet brings up a node per --max-sandboxes cap: the first on the
+// suite's containerd, each other on a containerd of its own unless
+// shared, when they all use the suite's (in namespaces of their own).
+func startFleet(t testing.TB, caps []int, shared bool) *fleetEnv {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "bf")
 	if err != nil {
@@ -123,8 +125,9 @@ func startFleet(t *testing.T, caps []int) *fleetEnv {
 		n := &fleetNode{id: fmt.Sprintf("n%d", i+1), ns: "berth-fleet-" + suffix, dir: filepath.Join(dir, fmt.Sprintf("s%d", i+1))}
 		n.sock = filepath.Join(dir, fmt.Sprintf("n%d.sock", i+1))
 		n.addr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		if i == 0 {
+		if i == 0 || shared {
 			n.containerd = env.containerd
+			n.ns = fmt.Sprintf("berth-fleet-%s-%d", suffix, i+1)
 		} else {
 			n.containerd = startContainerd(t, filepath.Join(dir, fmt.Sprintf("c%d", i+1)))
 		}
@@ -192,7 +195,7 @@ func startFleet(t *testing.T, caps []int) *fleetEnv {
 }
 
 // start runs the node's berthd and waits until it serves.
-func (n *fleetNode) start(t *testing.T) {
+func (n *fleetNode) start(t testing.TB) {
 	t.Helper()
 	p := &berthdProc{cmd: exec.Command(berthdBinary(t), n.args...), log: &agentbin.Buffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.log
@@ -235,7 +238,7 @@ func tail(s string, n int) string {
 }
 
 // importOn imports the base image on node n.
-func importOn(t *testing.T, n *fleetNode) {
+func importOn(t testing.TB, n *fleetNode) {
 	t.Helper()
 	c, err := client.Dial(context.Background(), "unix://"+n.sock)
 	if err != nil {
@@ -256,7 +259,7 @@ func importOn(t *testing.T, n *fleetNode) {
 
 // waitNodes polls ListNodes (as the admin ops) until ok holds, for at most
 // a minute: long enough for any lease to expire and any node to publish.
-func (f *fleetEnv) waitNodes(t *testing.T, what string, ok func([]*berthv1.Node) bool) []*berthv1.Node {
+func (f *fleetEnv) waitNodes(t testing.TB, what string, ok func([]*berthv1.Node) bool) []*berthv1.Node {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	var last []*berthv1.Node
@@ -277,7 +280,7 @@ func (f *fleetEnv) waitNodes(t *testing.T, what string, ok func([]*berthv1.Node)
 }
 
 // cleanup deletes the fleet's sandboxes on every node's containerd.
-func (f *fleetEnv) cleanup(t *testing.T) {
+func (f *fleetEnv) cleanup(t testing.TB) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for _, n := range f.nodes {
@@ -319,7 +322,7 @@ func (f *fleetEnv) other(id string) int {
 // two entry points, and draining.
 func TestFleet(t *testing.T) {
 	need(t)
-	f := startFleet(t, []int{20, 12, 8})
+	f := startFleet(t, []int{20, 12, 8}, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
