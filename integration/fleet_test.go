@@ -237,6 +237,65 @@ func tail(s string, n int) string {
 	return s
 }
 
+// startGateway runs a berthd --gateway of the fleet and returns a client
+// of it as alice.
+func (f *fleetEnv) startGateway(t *testing.T) *client.Client {
+	t.Helper()
+	n0 := f.nodes[0]
+	gw := &fleetNode{id: "gw", dir: filepath.Join(filepath.Dir(n0.dir), "gw"), sock: filepath.Join(filepath.Dir(n0.sock), "gw.sock"), addr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	for i := 0; i < len(n0.args); i++ {
+		switch a := n0.args[i]; a {
+		case "--containerd-address", "--namespace", "--agent-binary", "--snapshotter", "--max-sandboxes", "--etcd-embed-dir", "--etcd-embed-client-url", "--etcd-embed-peer-url", "--listen", "--node-id", "--state-dir":
+			i++ // and its value
+		case "--etcd-embed":
+		default:
+			gw.args = append(gw.args, a)
+		}
+	}
+	gw.args = append(gw.args, "--gateway", "--etcd-endpoints", f.etcd, "--node-id", gw.id, "--state-dir", gw.dir, "--listen", "unix://"+gw.sock, "--listen", gw.addr)
+	p := &berthdProc{cmd: exec.Command(berthdBinary(t), gw.args...), log: &agentbin.Buffer{}, exited: make(chan struct{})}
+	p.cmd.Stderr = p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() {
+			t.Logf("gateway log (last 8 KiB):\n%s", tail(p.log.String(), 8<<10))
+		}
+	})
+	tlsCfg, err := client.TLSConfigFromFiles(f.certs.CAFile, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.Dial(context.Background(), gw.addr, client.WithTLS(tlsCfg), client.WithToken(aliceToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	// It serves once alice's ListNodes gets an answer: NOT_PERMITTED, the
+	// service being for admins.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.ListNodes(ctx)
+		cancel()
+		if fleetReason(err) == client.ReasonNotPermitted {
+			return c
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("the gateway exited: %v\nlog:\n%s", p.err, tail(p.log.String(), 8<<10))
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("gateway: ListNodes as alice = %v, want NOT_PERMITTED\nlog:\n%s", err, tail(p.log.String(), 8<<10))
+		}
+	}
+}
+
 // importOn imports the base image on node n.
 func importOn(t testing.TB, n *fleetNode) {
 	t.Helper()
@@ -524,6 +583,20 @@ func TestFleet(t *testing.T) {
 	// A placement constraint pins a sandbox to the node labelled so.
 	if sb, err := f.alice[0].CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "fl-pinned", Image: env.image, Labels: map[string]string{"node.berth.dev/id": "n2"}}); err != nil || sb.GetNodeId() != "n2" {
 		t.Errorf("create with node.berth.dev/id=n2 = %v on %q", err, sb.GetNodeId())
+	}
+	// A gateway: a berthd without containerd that routes every call.
+	gw := f.startGateway(t)
+	if sb, err := gw.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "fl-gw", Image: env.image}); err != nil || sb.GetNodeId() == "" {
+		t.Errorf("create through the gateway = %v, %v", sb, err)
+	}
+	if res, err := gw.Run(ctx, placed["n3"][1], &berthv1.ProcessSpec{Argv: []string{"echo", "via gateway"}}); err != nil || string(res.GetStdout()) != "via gateway\n" {
+		t.Errorf("Run through the gateway = %v, %v", res, err)
+	}
+	if _, err := gw.GetSandbox(ctx, "fl-nosuch"); fleetReason(err) != client.ReasonSandboxNotFound {
+		t.Errorf("GetSandbox of an unknown id through the gateway = %v, want SANDBOX_NOT_FOUND", err)
+	}
+	if _, err := gw.ListImages(ctx); fleetReason(err) != client.ReasonNotANode {
+		t.Errorf("ListImages on the gateway = %v, want NOT_A_NODE", err)
 	}
 	// Deleting through another entry point removes it from its node and
 	// from the fleet's records.
