@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -365,16 +368,6 @@ func (f *fleetEnv) node(id string) *fleetNode {
 	return nil
 }
 
-// other returns the index of an entry point that is not node id's.
-func (f *fleetEnv) other(id string) int {
-	for i, n := range f.nodes {
-		if n.id != id {
-			return i
-		}
-	}
-	return -1
-}
-
 // TestFleet runs berth across three nodes: placement by capacity, every
 // kind of call through an entry point that does not hold the sandbox, a
 // node lost and back, one sandbox out of concurrent creates of one id on
@@ -436,14 +429,9 @@ func TestFleet(t *testing.T) {
 		t.Errorf("ListSandboxes through n3 lists %d of the 30 sandboxes", listed)
 	}
 
-	// Calls through an entry point that does not hold the sandbox.
-	for _, id := range []string{placed["n1"][0], placed["n3"][0]} {
-		sb, err := f.alice[0].GetSandbox(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		via := f.alice[f.other(sb.GetNodeId())]
-		t.Run("routed-"+sb.GetNodeId(), func(t *testing.T) { routedCalls(ctx, t, via, id) })
+	// Calls through n2, which neither created (n1 did) nor holds them.
+	for _, holder := range []string{"n1", "n3"} {
+		t.Run("routed-"+holder, func(t *testing.T) { routedCalls(ctx, t, f.alice[1], placed[holder][0]) })
 	}
 	// A reattach through a third entry point: started through one that
 	// does not hold the sandbox, attached through another.
@@ -660,6 +648,28 @@ func routedCalls(ctx context.Context, t *testing.T, c *client.Client, id string)
 	}
 	if _, err := c.Stat(ctx, id, "/workspace/d"); fleetReason(err) != "FILE_NOT_FOUND" {
 		t.Errorf("Stat after Remove = %v, want FILE_NOT_FOUND", err)
+	}
+	// PortForward: an HTTP GET of random bytes from busybox httpd in the
+	// sandbox, back exactly.
+	page := make([]byte, 1<<20+3)
+	rand.Read(page)
+	if _, err := c.WriteFile(ctx, id, "/srv/page", bytes.NewReader(page), client.WithCreateParents()); err != nil {
+		t.Fatal(err)
+	}
+	startInSandbox(t, c, id, 8080, "httpd", "-f", "-p", "8080", "-h", "/srv")
+	pc, err := c.PortForward(ctx, id, 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	fmt.Fprintf(pc, "GET /page HTTP/1.0\r\nHost: sandbox\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(pc), nil)
+	if err != nil {
+		t.Fatalf("PortForward GET: %v", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(body, page) {
+		t.Errorf("PortForward GET /page: %s, %d bytes (equal %v), %v", resp.Status, len(body), bytes.Equal(body, page), err)
 	}
 }
 

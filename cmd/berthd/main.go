@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"os/user"
@@ -19,6 +20,7 @@ import (
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/cluster"
+	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc"
 )
@@ -103,6 +105,32 @@ func main() {
 	flag.DurationVar(&rtCfg.ExecRetention, "exec-retention", 10*time.Minute, "how long a finished exec stays attachable and listed (given to new sandboxes' agents)")
 	flag.Uint64Var(&rtCfg.ExecRingBytes, "exec-ring-bytes", 8<<20, "output events retained per exec for re-attaching, in `bytes` (given to new sandboxes' agents)")
 	fleetFlags.register()
+	var netCfg network.Config
+	var netSubnet, netDir string
+	var netOff bool
+	flag.BoolVar(&netOff, "no-network", false, "run without the sandbox network: sandboxes of network mode EGRESS are refused (NETWORK_UNAVAILABLE)")
+	flag.StringVar(&netCfg.Bridge, "network-bridge", network.DefaultBridge, "host bridge of EGRESS sandboxes; also names berth's nftables tables (berth-BRIDGE) and CNI network; 1-15 characters")
+	flag.StringVar(&netSubnet, "network-subnet", network.DefaultSubnet, "IPv4 network of EGRESS sandboxes; its first address is the bridge's (gateway and DNS resolver)")
+	flag.StringVar(&netDir, "network-state-dir", "", "directory of the network's state: records, network namespaces, address leases (default <state-dir>/net)")
+	flag.Func("network-dns", "upstream DNS resolver `HOST:PORT` that berth's resolver asks for allow-listed names (repeatable; default: the nameservers of /etc/resolv.conf)", func(v string) error {
+		if _, err := netip.ParseAddrPort(v); err != nil {
+			return fmt.Errorf("want IP:PORT: %w", err)
+		}
+		netCfg.DNSUpstreams = append(netCfg.DNSUpstreams, v)
+		return nil
+	})
+	flag.Func("network-deny", "IPv4 `CIDR` EGRESS sandboxes never reach unless an allow entry lies inside it, beyond link-local (cloud metadata), loopback, multicast and their own network (repeatable)", func(v string) error {
+		p, err := netip.ParsePrefix(v)
+		if err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("want an IPv4 CIDR like 10.0.0.0/8")
+		}
+		netCfg.Deny = append(netCfg.Deny, p.Masked())
+		return nil
+	})
+	flag.Func("cni-plugin-dir", "`directory` of the CNI plugins bridge, host-local and loopback (repeatable; default /usr/lib/cni, /opt/cni/bin)", func(v string) error {
+		netCfg.PluginDirs = append(netCfg.PluginDirs, v)
+		return nil
+	})
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
@@ -127,6 +155,27 @@ func main() {
 		listens = []string{"unix:///run/berth/berthd.sock"}
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
+	if p, err := netip.ParsePrefix(netSubnet); err != nil {
+		fmt.Fprintln(os.Stderr, "berthd: --network-subnet:", err)
+		os.Exit(2)
+	} else {
+		netCfg.Subnet = p
+	}
+	netCfg.StateDir = netDir
+	if netCfg.StateDir == "" {
+		netCfg.StateDir = filepath.Join(rtCfg.StateDir, "net")
+	}
+	if !fleetFlags.gateway { // a gateway runs no sandboxes
+		switch mgr, err := network.New(netCfg, log); {
+		case netOff:
+			svcCfg.NetworkUnavailable = "berthd runs with --no-network"
+		case err != nil:
+			log.Error("no sandbox network: EGRESS sandboxes are refused", slog.Any("error", err))
+			svcCfg.NetworkUnavailable = err.Error()
+		default:
+			svcCfg.Network = mgr
+		}
+	}
 	err := fleetFlags.check(listens)
 	if fleetFlags.enabled() {
 		authCfg.UnixHost = fleetFlags.nodeID

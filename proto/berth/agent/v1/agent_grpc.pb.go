@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AgentService_Info_FullMethodName       = "/berth.agent.v1.AgentService/Info"
-	AgentService_Exec_FullMethodName       = "/berth.agent.v1.AgentService/Exec"
-	AgentService_ListExecs_FullMethodName  = "/berth.agent.v1.AgentService/ListExecs"
-	AgentService_SignalExec_FullMethodName = "/berth.agent.v1.AgentService/SignalExec"
+	AgentService_Info_FullMethodName        = "/berth.agent.v1.AgentService/Info"
+	AgentService_Exec_FullMethodName        = "/berth.agent.v1.AgentService/Exec"
+	AgentService_ListExecs_FullMethodName   = "/berth.agent.v1.AgentService/ListExecs"
+	AgentService_SignalExec_FullMethodName  = "/berth.agent.v1.AgentService/SignalExec"
+	AgentService_PortForward_FullMethodName = "/berth.agent.v1.AgentService/PortForward"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -47,6 +48,12 @@ type AgentServiceClient interface {
 	// semantics of berth.v1.SandboxService.SignalExec. Errors:
 	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
 	SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error)
+	// PortForward dials 127.0.0.1:port in the sandbox's network namespace and
+	// carries the connection's bytes both ways, with the semantics of
+	// berth.v1.SandboxService.PortForward. Errors: INVALID_ARGUMENT for a
+	// missing start or a bad port, FAILED_PRECONDITION (PORT_CLOSED) when the
+	// connection is refused, ABORTED (CONNECTION_RESET) when it fails later.
+	PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error)
 }
 
 type agentServiceClient struct {
@@ -100,6 +107,19 @@ func (c *agentServiceClient) SignalExec(ctx context.Context, in *SignalExecReque
 	return out, nil
 }
 
+func (c *agentServiceClient) PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_PortForward_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PortForwardRequest, PortForwardResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_PortForwardClient = grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse]
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -122,6 +142,12 @@ type AgentServiceServer interface {
 	// semantics of berth.v1.SandboxService.SignalExec. Errors:
 	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
 	SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error)
+	// PortForward dials 127.0.0.1:port in the sandbox's network namespace and
+	// carries the connection's bytes both ways, with the semantics of
+	// berth.v1.SandboxService.PortForward. Errors: INVALID_ARGUMENT for a
+	// missing start or a bad port, FAILED_PRECONDITION (PORT_CLOSED) when the
+	// connection is refused, ABORTED (CONNECTION_RESET) when it fails later.
+	PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -143,6 +169,9 @@ func (UnimplementedAgentServiceServer) ListExecs(context.Context, *ListExecsRequ
 }
 func (UnimplementedAgentServiceServer) SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SignalExec not implemented")
+}
+func (UnimplementedAgentServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
+	return status.Error(codes.Unimplemented, "method PortForward not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -226,6 +255,13 @@ func _AgentService_SignalExec_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_PortForward_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServiceServer).PortForward(&grpc.GenericServerStream[PortForwardRequest, PortForwardResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_PortForwardServer = grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -250,6 +286,12 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Exec",
 			Handler:       _AgentService_Exec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "PortForward",
+			Handler:       _AgentService_PortForward_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},
