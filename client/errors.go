@@ -45,6 +45,11 @@ const (
 	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
 	ReasonUnauthenticated      = "UNAUTHENTICATED" // the request carries no valid credentials (token, client certificate)
 	ReasonNotPermitted         = "NOT_PERMITTED"   // the principal may not call the method (image writes are for admins)
+	// ReasonOutputLost (DATA_LOSS): a Run's command ran, but its output
+	// within the caps did not all arrive; Metadata["exec_id"] names the
+	// exec, which may be attached for what is retained. Not retryable
+	// blindly: the command ran.
+	ReasonOutputLost = "OUTPUT_LOST"
 	// A fleet of berthd nodes. A sandbox whose node is lost or does not
 	// answer is an *UnreachableError (ReasonUnreachable) whose
 	// Detail.Cause is UNREACHABLE_CAUSE_NODE_LOST or

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/term"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -47,6 +48,9 @@ type processFlags struct {
 	// interactive forwards stdin even from a terminal; tty runs the command
 	// on a terminal; detach starts it in the background (berth exec only).
 	interactive, tty, detach bool
+	// keepOutput makes a detached command wait for a reader rather than
+	// lose output (DETACHED_OUTPUT_BLOCK).
+	keepOutput bool
 }
 
 // register adds the flags to fs; berth run has no --id, its sandbox being
@@ -65,7 +69,17 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
 	if withExecID {
 		fs.BoolVarP(&f.detach, "detach", "d", false, "start the command in the background, print its exec id and exit")
+		fs.BoolVar(&f.keepOutput, "keep-output", false, "while no one is attached, make the command's writes wait once its output buffer is full, instead of dropping the oldest output")
 	}
+}
+
+// execOptions are the client options of an exec from the flags.
+func (f *processFlags) execOptions() []client.ExecOption {
+	opts := []client.ExecOption{client.WithExecID(f.execID)}
+	if f.keepOutput {
+		opts = append(opts, client.WithDetachedOutput(berthv1.DetachedOutput_DETACHED_OUTPUT_BLOCK))
+	}
+	return opts
 }
 
 // spec builds the process to run from the flags and the command line after

@@ -76,7 +76,7 @@ delete is reported on stderr without changing it.`,
 					return err
 				}
 				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
-				return execute(ctx, g, c, relay, id, spec, "", stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
+				return execute(ctx, g, c, relay, id, spec, nil, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 			})
 		},
 	}
