@@ -186,6 +186,7 @@ func (s *Server) cannotRun(e *execution, p *plan, stderr *pump, err error) {
 	res := &berthv1.ExecResult{ExitCode: proto.Int32(code), Duration: durationpb.New(0), UserCpu: durationpb.New(0), SystemCpu: durationpb.New(0)}
 	stderr.fill(res)
 	e.finish(res)
+	s.retire(e)
 	s.log.Info("exec could not run", "exec_id", e.id, "program", p.argv[0], "exit_code", code, "err", err)
 }
 
