@@ -1118,3 +1118,22 @@ func TestAsPID1(t *testing.T) {
 		t.Errorf("PID 1 still has children 10s later (pid: state): %v", left)
 	}
 }
+
+// TestLogBoundsProgram runs a 100 KB program name with terminal escapes:
+// the agent's log line about it stays short and carries no raw control
+// character.
+func TestLogBoundsProgram(t *testing.T) {
+	a := startAgent(t)
+	r := a.run(t, execID(t), argv(strings.Repeat("x", 100<<10)+"\x1b]0;pwned\x07"))
+	if got := r.result.GetExitCode(); got != 127 {
+		t.Fatalf("exit code = %d, want 127", got)
+	}
+	for _, line := range strings.Split(a.stderr.String(), "\n") {
+		if len(line) > 2048 {
+			t.Errorf("agent log line of %d bytes: %.120q...", len(line), line)
+		}
+		if strings.ContainsAny(line, "\x1b\x07") {
+			t.Errorf("agent log line with a raw control character: %.200q", line)
+		}
+	}
+}
