@@ -594,6 +594,41 @@ func TestFleet(t *testing.T) {
 	if _, err := f.alice[0].GetSandbox(ctx, "fl-pinned"); fleetReason(err) != client.ReasonSandboxNotFound {
 		t.Errorf("GetSandbox after delete through n3 = %v, want SANDBOX_NOT_FOUND", err)
 	}
+
+	// The fleet full (20 + 12 + 8 sandboxes): the next create is the
+	// fleet's FLEET_BUSY, nothing started, and no node holds more than its
+	// cap.
+	held := func() (n int) {
+		for _, nd := range f.nodes {
+			sbs, err := nd.rt.List(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n += len(sbs)
+		}
+		return n
+	}
+	for i := held(); i < 40; i++ {
+		if _, err := f.alice[i%3].CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: fmt.Sprintf("fl-fill-%d", i), Image: env.image}); err != nil {
+			t.Fatalf("create fl-fill-%d with %d of the fleet's 40 in use: %v", i, i, err)
+		}
+	}
+	_, err = f.alice[1].CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "fl-too-many", Image: env.image})
+	var busy *client.FleetBusyError
+	if !errors.As(err, &busy) || busy.Detail.GetAdmitted() != berthv1.Admitted_ADMITTED_NOT_STARTED || busy.Delay() <= 0 {
+		t.Errorf("create with the fleet full = %v, want a *FleetBusyError, nothing started, with a retry delay", err)
+	} else if busy.Detail.GetLimit() != 40 || busy.Detail.GetInUse() != 40 {
+		t.Logf("FLEET_BUSY detail %v (a node refused on its own: the fleet's view lagged)", busy.Detail)
+	}
+	if got := held(); got != 40 {
+		t.Errorf("the fleet's containerds hold %d sandboxes after a refused create, want 40", got)
+	}
+	for _, nd := range f.nodes {
+		sbs, _ := nd.rt.List(ctx, nil)
+		if limit := map[string]int{"n1": 20, "n2": 12, "n3": 8}[nd.id]; len(sbs) > limit {
+			t.Errorf("node %s holds %d sandboxes, more than its --max-sandboxes %d", nd.id, len(sbs), limit)
+		}
+	}
 }
 
 // routedCalls runs execs and file operations on sandbox id through c,
