@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runout"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // agentInfoTimeout bounds a status query to an agent made while answering
@@ -89,7 +91,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	// and when the sandbox's runtime dies (the guard); the caller going away
 	// ends it through ctx.
 	agentCtx := guard.streamContext(ctx)
-	upstream, err := guard.agent.Exec(agentCtx)
+	upstream, err := guard.agent.Exec(agentCtx, wire.CallOption())
 	if err != nil {
 		return s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
@@ -102,10 +104,31 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	// context ends, which returning from this handler does.
 	go forwardCaller(stream, upstream, &protoErr, guard.cancel)
 
-	var resp eventWrapper
+	var (
+		resp eventWrapper
+		fr   wire.Frame
+	)
+	defer fr.Free()
+	msg := &agentv1.ExecResponse{}
 	started := false
 	for {
-		msg, err := upstream.Recv()
+		err := upstream.RecvMsg(&fr)
+		if err == nil {
+			// An output event goes on as it is on the wire: its field
+			// numbers are the same in both APIs (TestExecEventFields),
+			// and Embedded passes only {seq, stream, data}, nothing a
+			// hostile agent could add.
+			if seq, ok := fr.Embedded(execOutputField, outputFields, outputDataField); ok {
+				guard.seenOutput(seq)
+				if err := stream.SendMsg(&fr); err != nil {
+					return s.toStatus(ctx, err, meta)
+				}
+				continue
+			}
+			msg.Reset()
+			err = fr.Decode(msg)
+			fr.Free()
+		}
 		if err != nil {
 			if perr := protoErr.get(); perr != nil {
 				return perr
@@ -129,6 +152,16 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		}
 	}
 }
+
+// Field numbers of an exec's output event: ExecResponse.output, the same
+// in berth.v1 and berth.agent.v1, and ExecOutput's seq and stream (in the
+// order proto.Marshal writes them) and data.
+var (
+	outputMsg       = (&berthv1.ExecOutput{}).ProtoReflect().Descriptor().Fields()
+	execOutputField = (&berthv1.ExecResponse{}).ProtoReflect().Descriptor().Fields().ByName("output").Number()
+	outputFields    = []protoreflect.FieldNumber{outputMsg.ByName("seq").Number(), outputMsg.ByName("stream").Number()}
+	outputDataField = outputMsg.ByName("data").Number()
+)
 
 // eventWrapper re-wraps agent events as public ones, sharing the payload.
 // Its oneof wrappers are reused from event to event: Send marshals before

@@ -169,10 +169,16 @@ func (g *execGuard) opened() {
 	})
 }
 
-// seen notes an agent event.
-func (g *execGuard) seen(msg *agentv1.ExecResponse) {
+// seenOutput notes an output event numbered seq, relayed undecoded.
+func (g *execGuard) seenOutput(seq uint64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.answer()
+	g.lastSeq = max(g.lastSeq, seq)
+}
+
+// answer notes that the agent answered. The caller holds g.mu.
+func (g *execGuard) answer() {
 	if !g.answered {
 		g.answered = true
 		close(g.answeredCh)
@@ -180,6 +186,13 @@ func (g *execGuard) seen(msg *agentv1.ExecResponse) {
 			g.timer.Stop()
 		}
 	}
+}
+
+// seen notes an agent event.
+func (g *execGuard) seen(msg *agentv1.ExecResponse) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.answer()
 	switch ev := msg.GetEvent().(type) {
 	case *agentv1.ExecResponse_Started:
 		if !g.started {
