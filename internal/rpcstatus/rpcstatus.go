@@ -88,6 +88,10 @@ const (
 	// do not see them.
 	ReasonPlacedElsewhere  = "SANDBOX_PLACED_ELSEWHERE"
 	ReasonNodeNotAccepting = "NODE_NOT_ACCEPTING"
+	// ReasonJournalUnavailable (UNAVAILABLE) refuses an exec start that
+	// berthd could not record in its runtime journal (a full or read-only
+	// journal directory): nothing ran, and a retry is safe.
+	ReasonJournalUnavailable = "JOURNAL_UNAVAILABLE"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with

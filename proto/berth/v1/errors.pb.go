@@ -185,17 +185,23 @@ const (
 	// agent that is busy but answers within that is not unreachable: berthd
 	// waits for it.
 	UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY UnreachableCause = 6
+	// UNREACHABLE_CAUSE_AGENT_UNVERIFIED means something answered on the
+	// agent's socket that is not the sandbox's agent: the listener is not the
+	// sandbox's init process, or it could not prove the per-sandbox secret
+	// berthd gave the agent at create. A workload that replaced the agent's
+	// socket with its own listener gets this; nothing was sent to it.
+	UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED UnreachableCause = 7
 	// UNREACHABLE_CAUSE_NODE_LOST means the sandbox lives on another berthd
 	// of the fleet (Unreachable.node_id) whose lease in the cluster store
 	// expired: the node stopped, crashed or lost the cluster store. Its
 	// sandboxes answer again once it is back.
-	UnreachableCause_UNREACHABLE_CAUSE_NODE_LOST UnreachableCause = 7
+	UnreachableCause_UNREACHABLE_CAUSE_NODE_LOST UnreachableCause = 8
 	// UNREACHABLE_CAUSE_NODE_UNREACHABLE means the sandbox lives on another
 	// berthd of the fleet (Unreachable.node_id) that still holds its lease but
 	// did not answer the berthd that routed the request: it is stopping,
 	// overloaded or cut off from the other nodes. Its lease expires within
 	// the lease time if it is gone (then UNREACHABLE_CAUSE_NODE_LOST).
-	UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE UnreachableCause = 8
+	UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE UnreachableCause = 9
 )
 
 // Enum value maps for UnreachableCause.
@@ -208,8 +214,9 @@ var (
 		4: "UNREACHABLE_CAUSE_CONNECTION_LOST",
 		5: "UNREACHABLE_CAUSE_AGENT_STOPPING",
 		6: "UNREACHABLE_CAUSE_AGENT_BUSY",
-		7: "UNREACHABLE_CAUSE_NODE_LOST",
-		8: "UNREACHABLE_CAUSE_NODE_UNREACHABLE",
+		7: "UNREACHABLE_CAUSE_AGENT_UNVERIFIED",
+		8: "UNREACHABLE_CAUSE_NODE_LOST",
+		9: "UNREACHABLE_CAUSE_NODE_UNREACHABLE",
 	}
 	UnreachableCause_value = map[string]int32{
 		"UNREACHABLE_CAUSE_UNSPECIFIED":      0,
@@ -219,8 +226,9 @@ var (
 		"UNREACHABLE_CAUSE_CONNECTION_LOST":  4,
 		"UNREACHABLE_CAUSE_AGENT_STOPPING":   5,
 		"UNREACHABLE_CAUSE_AGENT_BUSY":       6,
-		"UNREACHABLE_CAUSE_NODE_LOST":        7,
-		"UNREACHABLE_CAUSE_NODE_UNREACHABLE": 8,
+		"UNREACHABLE_CAUSE_AGENT_UNVERIFIED": 7,
+		"UNREACHABLE_CAUSE_NODE_LOST":        8,
+		"UNREACHABLE_CAUSE_NODE_UNREACHABLE": 9,
 	}
 )
 
@@ -1165,7 +1173,7 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
 	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04\x12 \n" +
-	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\xde\x02\n" +
+	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\x86\x03\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +
@@ -1173,9 +1181,10 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"!UNREACHABLE_CAUSE_CONNECT_TIMEOUT\x10\x03\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECTION_LOST\x10\x04\x12$\n" +
 	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05\x12 \n" +
-	"\x1cUNREACHABLE_CAUSE_AGENT_BUSY\x10\x06\x12\x1f\n" +
-	"\x1bUNREACHABLE_CAUSE_NODE_LOST\x10\a\x12&\n" +
-	"\"UNREACHABLE_CAUSE_NODE_UNREACHABLE\x10\b*\x97\x01\n" +
+	"\x1cUNREACHABLE_CAUSE_AGENT_BUSY\x10\x06\x12&\n" +
+	"\"UNREACHABLE_CAUSE_AGENT_UNVERIFIED\x10\a\x12\x1f\n" +
+	"\x1bUNREACHABLE_CAUSE_NODE_LOST\x10\b\x12&\n" +
+	"\"UNREACHABLE_CAUSE_NODE_UNREACHABLE\x10\t*\x97\x01\n" +
 	"\rReplacedCause\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_TASK_EXITED\x10\x01\x12\"\n" +
