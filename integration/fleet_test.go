@@ -105,6 +105,11 @@ func startFleet(t testing.TB, caps []int, shared bool) *fleetEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// Sandboxes' roots are unprivileged host ids (user namespaces): they
+	// must pass through to the containerd state directories here.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
 	f := &fleetEnv{}
 	if f.certs, err = testcerts.NewSet(dir); err != nil {
 		t.Fatal(err)
