@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -214,14 +215,24 @@ func TestAwaitReplacement(t *testing.T) {
 	}
 }
 
+// TestProcStartTime starts a process between two readings of the clock:
+// its start time lies between them, less one clock tick (10 ms) of
+// rounding down — not a second early, as with /proc/stat's btime, which
+// put a new runtime's started_at before the old task's exit.
 func TestProcStartTime(t *testing.T) {
-	got, err := procStartTime(uint32(os.Getpid()))
+	before := time.Now()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	got, err := procStartTime(uint32(cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// btime has a resolution of a second.
-	if now := time.Now(); got.After(now.Add(time.Second)) || got.Before(now.Add(-10*time.Minute)) {
-		t.Errorf("start time of this test process = %v, now %v", got, now)
+	if got.Before(before.Add(-time.Second/clockTicks)) || got.After(after) {
+		t.Errorf("start time of a process started between %v and %v = %v", before, after, got)
 	}
 	if _, err := procStartTime(0); err == nil {
 		t.Error("procStartTime(0) succeeded")
@@ -245,5 +256,59 @@ func TestLookupsLeaveNothing(t *testing.T) {
 		if len(r.sandboxes) != 0 {
 			t.Errorf("journal %q: lookups of unknown sandboxes left %d records", dir, len(r.sandboxes))
 		}
+	}
+}
+
+// TestJournalFailsClosed checks that an exec record the journal cannot
+// take is refused and not kept, that a retracted record reads back as
+// unknown, and that a failed write leaves the journal's lines whole.
+func TestJournalFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	r := newIdentities(dir, discard)
+	one := identity{BootID: boot(1), TaskPID: 10}
+	r.observe("sb", one)
+	if added, err := r.recordExec("sb", "spent", one.BootID); err != nil || !added {
+		t.Fatalf("recordExec(spent) = %v, %v; want added", added, err)
+	}
+	if added, err := r.recordExec("sb", "refused", one.BootID); err != nil || !added {
+		t.Fatalf("recordExec(refused) = %v, %v; want added", added, err)
+	}
+	r.retractExec("sb", "refused", one.BootID)
+	if got, ok := r.execRuntime("sb", "refused"); ok {
+		t.Errorf("execRuntime(refused) after retraction = %v, want unknown", got)
+	}
+
+	// The journal's descriptor on /dev/full: every write fails with
+	// ENOSPC, as on a full file system.
+	saved, err := os.ReadFile(filepath.Join(dir, "sb"+journalSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := r.sandboxes["sb"]
+	sr.closeJournal()
+	if sr.journal, err = os.OpenFile("/dev/full", os.O_WRONLY, 0); err != nil {
+		t.Fatal(err)
+	}
+	added, err := r.recordExec("sb", "blocked", one.BootID)
+	if err == nil || added {
+		t.Fatalf("recordExec(blocked) on a full journal = %v, %v; want an error", added, err)
+	}
+	if got, ok := r.execRuntime("sb", "blocked"); ok {
+		t.Errorf("execRuntime(blocked) after a failed record = %v, want unknown", got)
+	}
+	sr.closeJournal()
+	journal := filepath.Join(dir, "sb"+journalSuffix)
+
+	fresh := newIdentities(dir, discard)
+	if got, ok := fresh.execRuntime("sb", "spent"); !ok || got.BootID != one.BootID {
+		t.Errorf("reloaded execRuntime(spent) = %v, %v; want %v", got, ok, one)
+	}
+	for _, id := range []string{"refused", "blocked"} {
+		if got, ok := fresh.execRuntime("sb", id); ok {
+			t.Errorf("reloaded execRuntime(%s) = %v, want unknown", id, got)
+		}
+	}
+	if b, _ := os.ReadFile(journal); string(b) != string(saved) {
+		t.Errorf("journal after the failed write = %q, want %q", b, saved)
 	}
 }

@@ -215,6 +215,11 @@ func (s *Service) checkSkew(id string, info *agentv1.InfoResponse) {
 // agent itself cannot run.
 const minMemoryBytes = 4 << 20
 
+// maxShmBytes bounds resources.shm_bytes whatever --max-memory-bytes says:
+// far from the wrap of its rounding to whole KiB and from the int64 of the
+// OCI spec.
+const maxShmBytes = 1 << 62
+
 const (
 	defaultPageSize = 100
 	maxPageSize     = 1000
@@ -399,7 +404,10 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		Image:         sb.Image,
 		State:         berthv1.SandboxState_SANDBOX_STATE_STOPPED,
 		Labels:        sb.Labels,
-		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes},
+		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, OpenFilesLimit: sb.OpenFiles, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes},
+		HostUsers:     sb.HostUsers,
+		HostIdBase:    sb.IDBase,
+		RuntimeName:   sb.Runtime,
 		EnvKeys:       sb.EnvKeys,
 		User:          fmt.Sprintf("%d:%d", sb.UID, sb.GID),
 		Workdir:       sb.WorkDir,
