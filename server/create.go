@@ -58,7 +58,9 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 	}
 	meta := map[string]string{"sandbox_id": spec.ID}
 	if req.GetSandboxId() == "" && req.GetRequestId() == "" && s.poolable(spec) {
+		began := time.Now()
 		if resp, ok := s.fromPool(ctx, spec); ok {
+			s.obs.SandboxCreated(true, time.Since(began))
 			return resp, nil
 		}
 	}
@@ -325,11 +327,13 @@ func (s *Service) createOrGet(spec runtime.SandboxSpec) (*berthv1.CreateSandboxR
 
 // create makes a new sandbox of spec and starts tracking it.
 func (s *Service) create(ctx context.Context, spec runtime.SandboxSpec) (*berthv1.CreateSandboxResponse, error) {
+	began := time.Now()
 	sb, info, err := s.start(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	s.track(sb)
+	s.obs.SandboxCreated(false, time.Since(began))
 	s.log.Info("sandbox created", slog.String("sandbox_id", spec.ID), slog.String("image", spec.Image),
 		slog.String("agent_boot_id", info.GetBootId()), slog.String("user", fmt.Sprintf("%d:%d", spec.UID, spec.GID)),
 		slog.Any("env_keys", sb.EnvKeys), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))

@@ -101,6 +101,7 @@ func (f *fileServer) ReadFile(req *berthv1.ReadFileRequest, stream berthv1.FileS
 		case *agentv1.ReadFileResponse_Chunk:
 			chunk.Chunk = part.Chunk
 			out.Part = chunk
+			f.s.obs.FileBytes("out", len(part.Chunk))
 		default:
 			continue
 		}
@@ -200,6 +201,7 @@ func (f *fileServer) WriteFile(stream berthv1.FileService_WriteFileServer) error
 		out.Part = chunk
 		err = forwardChunks(stream, func(m *berthv1.WriteFileRequest) ([]byte, bool) { return m.GetChunk(), m.GetHeader() == nil }, func(b []byte) error {
 			chunk.Chunk = b
+			f.s.obs.FileBytes("in", len(b))
 			return up.Send(out)
 		})
 	}
@@ -336,6 +338,7 @@ func (f *fileServer) Upload(stream berthv1.FileService_UploadServer) error {
 		out.Part = chunk
 		err = forwardChunks(stream, func(m *berthv1.UploadRequest) ([]byte, bool) { return m.GetChunk(), m.GetHeader() == nil }, func(b []byte) error {
 			chunk.Chunk = b
+			f.s.obs.FileBytes("in", len(b))
 			return up.Send(out)
 		})
 	}
@@ -382,6 +385,7 @@ func (f *fileServer) Download(req *berthv1.DownloadRequest, stream berthv1.FileS
 		case *agentv1.DownloadResponse_Chunk:
 			chunk.Chunk = part.Chunk
 			out.Part = chunk
+			f.s.obs.FileBytes("out", len(part.Chunk))
 		case *agentv1.DownloadResponse_Summary:
 			out.Part = &berthv1.DownloadResponse_Summary{Summary: part.Summary}
 		default:

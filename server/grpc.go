@@ -24,25 +24,41 @@ import (
 // NewGRPCServer returns a gRPC server serving svc as SandboxService and
 // ImageService, with grpc.health.v1 (reporting SERVING), server reflection,
 // keepalive, request logging to log and panic recovery (a panic becomes
-// INTERNAL and is logged, never a crash).
-func NewGRPCServer(svc *Service, log *slog.Logger) *grpc.Server {
+// INTERNAL and is logged, never a crash). opts come before berthd's own
+// options, so their interceptors run outside berthd's (metrics see every
+// call, panics included); a stats handler among them (OpenTelemetry) sees
+// every call too.
+//
+// Every call is logged when it ends, with its code and its duration in
+// seconds (grpc.duration_seconds): at DEBUG when it succeeded or the
+// caller's request was at fault, at INFO for the runtime conditions
+// (RESOURCE_EXHAUSTED, UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED), at ERROR for
+// berthd's own failures (INTERNAL, UNKNOWN, DATA_LOSS), so that a busy
+// server's INFO log holds lifecycle events and failures, not traffic.
+func NewGRPCServer(svc *Service, log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(rpcLogLevel),
+		logging.WithDurationField(func(d time.Duration) logging.Fields {
+			return logging.Fields{"grpc.duration_seconds", d.Seconds()}
+		}),
+	}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		incident := newID("", 10)
 		log.ErrorContext(ctx, "handler panic", slog.String("incident", incident), slog.Any("panic", p))
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error "+incident+"; the server log has the cause", map[string]string{"incident": incident})
 	})}
-	srv := grpc.NewServer(
+	srv := grpc.NewServer(append(opts,
 		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...), svc.activityUnary()),
 		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...), svc.activityStream()),
 		// Keepalive pings find dead callers of long silent execs; callers may
 		// ping every 10 s or more, also without an active stream.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	berthv1.RegisterSandboxServiceServer(srv, svc)
 	berthv1.RegisterImageServiceServer(srv, svc)
 	berthv1.RegisterFileServiceServer(srv, svc.FileService())
@@ -82,4 +98,18 @@ func Listen(addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("restrict socket %s: %w", path, err)
 	}
 	return l, nil
+}
+
+// rpcLogLevel is the level of a finished call's log line by its code: see
+// NewGRPCServer.
+func rpcLogLevel(code codes.Code) logging.Level {
+	switch code {
+	case codes.ResourceExhausted, codes.Unavailable, codes.Aborted, codes.DeadlineExceeded:
+		return logging.LevelInfo
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		return logging.LevelError
+	case codes.Unimplemented:
+		return logging.LevelWarn
+	}
+	return logging.LevelDebug
 }

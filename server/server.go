@@ -107,6 +107,9 @@ type Config struct {
 	// registry in PullImage; an unreachable registry fails after it.
 	// Default 10 s.
 	PullResolveTimeout time.Duration
+	// Observer receives counts and latencies for metrics (see
+	// server/metrics). Nil: nothing is counted.
+	Observer Observer
 }
 
 func (c *Config) setDefaults() {
@@ -148,6 +151,9 @@ func (c *Config) setDefaults() {
 	}
 	c.MaxIdleTimeout = max(c.MaxIdleTimeout, c.DefaultIdleTimeout)
 	c.MaxLifetime = max(c.MaxLifetime, c.DefaultMaxLifetime)
+	if c.Observer == nil {
+		c.Observer = noObserver{}
+	}
 	if c.PullResolveTimeout == 0 {
 		c.PullResolveTimeout = 10 * time.Second
 	}
@@ -162,6 +168,7 @@ type Service struct {
 	rt     *runtime.Runtime
 	agents *agentconn.Pool
 	log    *slog.Logger
+	obs    Observer
 
 	// Runtime conditions (errors.go): task events, runtime identities,
 	// task restarts and capacity.
@@ -196,7 +203,7 @@ var (
 // watchRuntimes); Close stops it.
 func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	cfg.setDefaults()
-	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(), log: log,
+	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(), log: log, obs: cfg.Observer,
 		creating: make(map[string]*creation), warned: make(map[string]bool)}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.reaper = fleet.NewReaper(cfg.Reaper, prober{s}, stopper{s}, log)

@@ -4,9 +4,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -15,7 +18,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/logs"
 	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/metrics"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
@@ -27,6 +32,7 @@ func main() {
 		logLevel   slog.Level
 		version    bool
 		readyLimit time.Duration
+		metricsAt  string
 	)
 	flag.StringVar(&rtCfg.Address, "containerd-address", "/run/containerd/containerd.sock", "containerd socket path")
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
@@ -67,7 +73,8 @@ func main() {
 	flag.DurationVar(&rtCfg.ExecHeartbeat, "exec-heartbeat-interval", 15*time.Second, "silence on an exec stream before the agent sends a heartbeat (given to new sandboxes' agents)")
 	flag.DurationVar(&rtCfg.ExecRetention, "exec-retention", 10*time.Minute, "how long a finished exec stays attachable and listed (given to new sandboxes' agents)")
 	flag.Uint64Var(&rtCfg.ExecRingBytes, "exec-ring-bytes", 8<<20, "output events retained per exec for re-attaching, in `bytes` (given to new sandboxes' agents)")
-	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
+	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
+	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics and /debug/pprof/ over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
 	if version {
@@ -85,8 +92,8 @@ func main() {
 	if svcCfg.JournalDir == "" {
 		svcCfg.JournalDir = filepath.Join(rtCfg.StateDir, "journal")
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
-	if err := run(log, rtCfg, svcCfg, listen); err != nil {
+	log := logs.New(os.Stderr, logLevel)
+	if err := run(log, rtCfg, svcCfg, listen, metricsAt); err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -95,7 +102,7 @@ func main() {
 // run re-adopts the namespace's sandboxes, then serves until SIGTERM or
 // SIGINT and stops gracefully. Sandboxes keep running, to be re-adopted by
 // the next berthd.
-func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen string) error {
+func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, metricsAt string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 
@@ -106,6 +113,11 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 		return err
 	}
 	defer rt.Close()
+	var m *metrics.Metrics
+	if metricsAt != "" {
+		m = metrics.New()
+		svcCfg.Observer = m
+	}
 	svc := server.New(svcCfg, rt, log)
 	defer svc.Close()
 	// Re-adopt what an earlier berthd left running before serving.
@@ -116,7 +128,17 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 	if err != nil {
 		return err
 	}
-	srv := server.NewGRPCServer(svc, log)
+	srv := server.NewGRPCServer(svc, log, m.ServerOptions()...)
+	if m != nil {
+		m.SetSource(svc)
+		m.InitializeGRPC(srv)
+		stopMetrics, err := serveMetrics(metricsAt, m.Handler(), log)
+		if err != nil {
+			lis.Close()
+			return err
+		}
+		defer stopMetrics()
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	log.Info("berthd serving", slog.String("listen", listen), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version))
@@ -135,6 +157,26 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 	}
 	// Serve returns nil once stopped.
 	return <-served
+}
+
+// serveMetrics serves h over HTTP on addr in the background until the
+// returned stop is called. A failure to serve after the start is logged:
+// metrics are not worth stopping berthd for.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener failed", slog.String("listen", addr), slog.Any("error", err))
+		}
+	}()
+	log.Info("metrics serving", slog.String("listen", lis.Addr().String()))
+	return func() { hs.Close(); <-done }, nil
 }
 
 // checkLimits rejects capacity and timing flags that have no meaning, before
