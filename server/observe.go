@@ -109,4 +109,3 @@ func stateLabel(st berthv1.SandboxState) string {
 }
 
 var _ metrics.Source = (*Service)(nil)
-
