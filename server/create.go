@@ -57,6 +57,15 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 		return nil, err
 	}
 	meta := map[string]string{"sandbox_id": spec.ID}
+	// "berth.dev/base" means "berth.dev/base:latest", as for docker. An
+	// image not stored keeps its name: an existing sandbox of the same
+	// spec is still returned, a new one fails with IMAGE_NOT_FOUND.
+	switch name, err := s.rt.ResolveImage(ctx, spec.Image); {
+	case err == nil:
+		spec.Image = name
+	case !errors.Is(err, runtime.ErrImageNotFound):
+		return nil, s.toStatus(ctx, err, meta)
+	}
 	if req.GetSandboxId() == "" && req.GetRequestId() == "" && s.poolable(spec) {
 		began := time.Now()
 		if resp, ok := s.fromPool(ctx, spec); ok {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/client"
 )
@@ -38,7 +40,18 @@ func (g *globals) withClient(cmd *cobra.Command, fn func(ctx context.Context, c 
 		return err
 	}
 	defer c.Close()
-	return fn(cmd.Context(), c)
+	return g.hint(fn(cmd.Context(), c))
+}
+
+// hint adds where berth looked for berthd to a failure to reach it: an
+// UNAVAILABLE without a berth reason comes from the transport (no socket,
+// connection refused), not from berthd.
+func (g *globals) hint(err error) error {
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Code == codes.Unavailable && ce.Reason == "" {
+		return fmt.Errorf("cannot reach berthd at %s (set --addr or $BERTH_ADDR): %w", g.addr, err)
+	}
+	return err
 }
 
 // call is withClient for commands made of one request: ctx ends after

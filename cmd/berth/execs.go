@@ -18,7 +18,10 @@ import (
 )
 
 func newPsCmd(g *globals) *cobra.Command {
-	var quiet bool
+	var (
+		quiet  bool
+		output outputFormat
+	)
 	cmd := &cobra.Command{
 		Use:   "ps SANDBOX",
 		Short: "List a sandbox's running and recently ended commands",
@@ -37,17 +40,21 @@ apply.`,
 					// Never a silent cut: say that the oldest are missing.
 					fmt.Fprintf(cmd.ErrOrStderr(), "berth: %d older execs not shown (the listing is limited in size)\n", n)
 				}
-				if quiet {
+				switch {
+				case quiet:
 					for _, x := range resp.GetExecs() {
 						fmt.Fprintln(cmd.OutOrStdout(), x.GetExecId())
 					}
 					return nil
+				case output == "json":
+					return writeJSONList(cmd.OutOrStdout(), resp.GetExecs())
 				}
 				return writeExecTable(cmd.OutOrStdout(), resp.GetExecs(), time.Now())
 			})
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print exec ids only")
+	addOutputFlag(cmd, &output, "table")
 	return cmd
 }
 

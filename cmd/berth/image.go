@@ -20,10 +20,7 @@ import (
 )
 
 func newImageCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "image",
-		Short: "Import, pull, list and delete images",
-	}
+	cmd := newGroupCmd("image", "Import, pull, list and delete images")
 	cmd.AddCommand(newImageImportCmd(g), newImagePullCmd(g), newImageListCmd(g), newImageRemoveCmd(g))
 	return cmd
 }
@@ -226,7 +223,8 @@ func newImageRemoveCmd(g *globals) *cobra.Command {
 }
 
 func newImageListCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var output outputFormat
+	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List images",
@@ -237,17 +235,22 @@ func newImageListCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if output == "json" {
+					return writeJSONList(cmd.OutOrStdout(), images)
+				}
 				return writeImageTable(cmd.OutOrStdout(), images, time.Now())
 			})
 		},
 	}
+	addOutputFlag(cmd, &output, "table")
+	return cmd
 }
 
 func writeImageTable(w io.Writer, images []*berthv1.Image, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tCREATED")
 	for _, img := range images {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", img.GetName(), shorten(img.GetDigest(), len("sha256:")+12), byteSize(img.GetSizeBytes()), ago(img.GetCreatedAt().AsTime(), now))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", img.GetName(), shorten(img.GetDigest(), len("sha256:")+12), byteSize(img.GetContentSizeBytes()), ago(img.GetCreatedAt().AsTime(), now))
 	}
 	return tw.Flush()
 }

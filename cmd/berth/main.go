@@ -112,11 +112,13 @@ func exitCode(err error, stderr io.Writer) int {
 // describe renders err for people: a berthd error as "<message> (<REASON>)",
 // with its field violations. Text from berthd may carry names from a
 // sandbox, so every piece goes through terminalSafe; the line breaks
-// between violations are berth's own.
+// between violations are berth's own. berth's own errors keep their line
+// breaks and tabs (cobra's suggestions), with every other control character
+// escaped.
 func describe(err error) string {
 	var ce *client.Error
 	if !errors.As(err, &ce) {
-		return terminalSafe(err.Error())
+		return strings.TrimRight(terminalSafeLines(err.Error()), "\n")
 	}
 	tag := ce.Reason
 	if tag == "" {
@@ -133,4 +135,28 @@ func describe(err error) string {
 		msg = terminalSafe(prefix) + msg
 	}
 	return msg
+}
+
+// newGroupCmd returns a command that only groups subcommands. Alone it
+// prints its help; with an unknown subcommand it fails (exit 125) naming it,
+// with cobra's suggestions, as the root command does. (cobra itself prints
+// the help and exits 0 for an unknown subcommand of a group.)
+func newGroupCmd(use, short string, aliases ...string) *cobra.Command {
+	return &cobra.Command{
+		Use:                        use,
+		Aliases:                    aliases,
+		Short:                      short,
+		Args:                       cobra.ArbitraryArgs,
+		SuggestionsMinimumDistance: 2, // cobra's default for the root
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t") + "\n"
+			}
+			return errors.New(msg)
+		},
+	}
 }

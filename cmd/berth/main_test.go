@@ -228,6 +228,13 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"sandbox", "ls", "extra"}, wantStderr: "unknown command"},
 		{args: []string{"image", "import"}, wantStderr: "accepts 1 arg"},
 		{args: []string{"nosuch"}, wantStderr: "unknown command"},
+		// Issue 12: an unknown subcommand of a group printed help and
+		// exited 0.
+		{args: []string{"sandbox", "stop", "x"}, wantStderr: `unknown command "stop" for "berth sandbox"`},
+		{args: []string{"image", "inspect", "x"}, wantStderr: `unknown command "inspect" for "berth image"`},
+		// Issue 12: cobra's suggestion was printed as "\x0a\x0aDid you mean".
+		{args: []string{"sandbox", "lss"}, wantStderr: "\n\nDid you mean this?\n\tls\n"},
+		{args: []string{"exce"}, wantStderr: "\n\nDid you mean this?\n\texec\n"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -387,5 +394,19 @@ func TestExecTable(t *testing.T) {
 		"slow     exited   41   1m ago   143 SIGTERM timeout  sleep 99\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
+	}
+}
+
+// TestUnreachableBerthdHint: a wrong socket gave a raw gRPC error with no
+// hint of --addr or $BERTH_ADDR (issue 12).
+func TestUnreachableBerthdHint(t *testing.T) {
+	addr := "unix://" + t.TempDir() + "/nosuch.sock"
+	for _, args := range [][]string{{"sandbox", "ls"}, {"ps", "sb"}, {"exec", "sb", "true"}} {
+		var stdout, stderr bytes.Buffer
+		got := run(context.Background(), append([]string{"--addr", addr, "--rpc-timeout", "5s"}, args...), &stdout, &stderr)
+		want := "cannot reach berthd at " + addr + " (set --addr or $BERTH_ADDR)"
+		if got != exitBerth || !strings.Contains(stderr.String(), want) {
+			t.Errorf("berth %q = %d, stderr %q, want %d and %q", args, got, stderr.String(), exitBerth, want)
+		}
 	}
 }

@@ -31,6 +31,21 @@ func terminalSafe(s string) string {
 	return b.String()
 }
 
+// terminalSafeLines is terminalSafe keeping line breaks and tabs, which
+// cannot steer a terminal: for berth's own messages that span lines, like
+// cobra's "Did you mean this?" suggestions.
+func terminalSafeLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		fields := strings.Split(l, "\t")
+		for j, f := range fields {
+			fields[j] = terminalSafe(f)
+		}
+		lines[i] = strings.Join(fields, "\t")
+	}
+	return strings.Join(lines, "\n")
+}
+
 func unsafeRune(r rune) bool {
 	return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
 }
