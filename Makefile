@@ -12,6 +12,10 @@
 #   make bench            benchmarks (BENCH=regexp, PKG=packages)
 
 GO      ?= go
+# VERSION is what berthd, berth-agent and berth report (--version, the
+# agent's Info, version skew); the same for all three.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/berth-sandbox/berth/internal/version.Version=$(VERSION)
 BUF     := $(GO) tool -modfile=tools.go.mod buf
 BENCH   ?= .
 PKG     ?= ./...
@@ -25,8 +29,8 @@ all: build
 # must be static: CGO_ENABLED=0.
 build:
 	@mkdir -p bin
-	$(GO) build -o bin/ ./cmd/berthd ./cmd/berth
-	CGO_ENABLED=0 $(GO) build -o bin/berth-agent ./cmd/berth-agent
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/berthd ./cmd/berth
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/berth-agent ./cmd/berth-agent
 
 image:
 	scripts/deps.sh

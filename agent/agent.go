@@ -29,12 +29,20 @@ import (
 
 	"github.com/berth-sandbox/berth/agent/files"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/version"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
-// Version is the agent's release version, reported by Info and --version.
-// Release builds set it with -ldflags "-X github.com/berth-sandbox/berth/agent.Version=v0.1.0".
+// Version is the agent's release version, reported by Info and --version:
+// internal/version's (set at build time, see there), unless set with
+// -ldflags "-X github.com/berth-sandbox/berth/agent.Version=v0.1.0".
 var Version = "dev"
+
+func init() {
+	if Version == "dev" {
+		Version = version.Get()
+	}
+}
 
 // Config configures a Server. A zero field takes the default named in its
 // comment; DefaultConfig returns all defaults.

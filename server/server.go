@@ -21,15 +21,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/version"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
-// Version is berthd's release version, set at build time with
-// -ldflags "-X github.com/berth-sandbox/berth/server.Version=v0.1.0".
+// Version is berthd's release version: internal/version's (set at build
+// time, see there), unless set with -ldflags "-X
+// github.com/berth-sandbox/berth/server.Version=v0.1.0".
 var Version = "dev"
+
+func init() {
+	if Version == "dev" {
+		Version = version.Get()
+	}
+}
 
 // Config configures the handlers. Zero fields take the defaults given.
 type Config struct {
