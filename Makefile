@@ -9,7 +9,8 @@
 #   make lint             buf lint, gofmt, go vet
 #   make check-generated  fail when proto/ differs from what buf generates
 #   make breaking         buf breaking against proto/BREAKING_BASELINE
-#   make bench            benchmarks (BENCH=regexp, PKG=packages)
+#   make bench            scripts/bench.sh: berth beside its anchors, one table
+#   make gobench          any Go benchmarks (BENCH=regexp, PKG=packages)
 
 GO      ?= go
 # VERSION is what berthd, berth-agent and berth report (--version, the
@@ -21,7 +22,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test generate lint breaking check-generated bench clean
+.PHONY: all build image demo test generate lint breaking check-generated bench gobench clean
 
 all: build
 
@@ -68,9 +69,14 @@ check-generated:
 	fi
 	@echo "check-generated: proto/ is up to date"
 
+# The side-by-side benchmark (BENCHMARKS.md records its output); it installs
+# what it needs and builds the image itself.
+bench:
+	scripts/bench.sh
+
 # Benchmarks that need containers find the base image through
 # BERTH_TEST_IMAGE, as the tests do.
-bench: image
+gobench: image
 	BERTH_TEST_IMAGE=$(IMAGE) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count=1 -timeout 30m $(PKG)
 
 clean:

@@ -160,7 +160,9 @@ func setup(m *testing.M) (code int, err error) {
 	}
 	env.image = baseImage
 	defer cleanupNamespace()
-	return m.Run(), nil
+	code = m.Run()
+	printSideBySide(os.Stdout)
+	return code, nil
 }
 
 // importImage imports the test image through the public ImageService.

@@ -1,0 +1,305 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"golang.org/x/sys/unix"
+)
+
+// The side-by-side report: BenchmarkSideBySide's sub-benchmarks record what
+// they measured here, and TestMain prints one table after the run, berth
+// beside its anchors (printSideBySide). Nothing is recorded, and nothing
+// printed, unless the benchmark ran (go test -bench).
+
+// measurement is one sub-benchmark's run (one per -count).
+type measurement struct {
+	bytes   int64           // payload bytes per iteration; 0 for a latency
+	samples []time.Duration // wall time of each iteration
+	lost    int64           // payload bytes that did not arrive, over all iterations
+}
+
+// rate is the throughput in MB/s (10^6 bytes) over all iterations.
+func (m measurement) rate() float64 {
+	var total time.Duration
+	for _, d := range m.samples {
+		total += d
+	}
+	if total == 0 {
+		return 0
+	}
+	return float64(m.bytes*int64(len(m.samples))-m.lost) / total.Seconds() / 1e6
+}
+
+// quantile is the q-quantile of the samples (nearest rank).
+func (m measurement) quantile(q float64) time.Duration {
+	s := slices.Clone(m.samples)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[max(0, min(i, len(s)-1))]
+}
+
+var report struct {
+	mu       sync.Mutex
+	results  map[string][]measurement // by sub-benchmark name under BenchmarkSideBySide
+	host     string                   // where the host side's files live, and their file system
+	loadFrom string                   // load average when the first result came in
+}
+
+// record keeps m as one run of the sub-benchmark name.
+func record(name string, m measurement) {
+	report.mu.Lock()
+	defer report.mu.Unlock()
+	if report.results == nil {
+		report.results = make(map[string][]measurement)
+		report.loadFrom = loadAverage()
+	}
+	report.results[name] = append(report.results[name], m)
+}
+
+// median returns the run of name with the median value of metric, and the
+// number of runs.
+func median(name string, metric func(measurement) float64) (measurement, int, bool) {
+	runs := slices.Clone(report.results[name])
+	if len(runs) == 0 {
+		return measurement{}, 0, false
+	}
+	slices.SortFunc(runs, func(a, b measurement) int {
+		x, y := metric(a), metric(b)
+		switch {
+		case x < y:
+			return -1
+		case x > y:
+			return 1
+		}
+		return 0
+	})
+	return runs[len(runs)/2], len(runs), true
+}
+
+// comparison is one row group of the table: berth's figure beside its
+// anchors'.
+type comparison struct {
+	what    string   // what is measured, for people
+	berth   string   // sub-benchmark name of berth's side
+	anchors []string // sub-benchmark names of the anchors, the first one the target's
+	latency bool     // a latency (p50, p99; lower is better), else a throughput
+	target  string   // the issue's target for berth/first anchor, "" when none
+	met     func(ratio float64) bool
+}
+
+// comparisons lists the table's rows in order; the names are those of
+// BenchmarkSideBySide's sub-benchmarks.
+var comparisons = []comparison{
+	{what: "Exec stdout, " + stdoutLabel, berth: "stdout/berth-Exec", anchors: []string{"stdout/containerd-FIFO", "stdout/host-pipe"},
+		target: ">= 1.0x", met: func(r float64) bool { return r >= 1.0 }},
+	{what: "ReadFile 128 MiB to a host file", berth: "files/ReadFile", anchors: []string{"files/host-cp"},
+		target: ">= 0.5x", met: func(r float64) bool { return r >= 0.5 }},
+	{what: "WriteFile 128 MiB from a host file", berth: "files/WriteFile", anchors: []string{"files/host-cp-sync"},
+		target: ">= 0.5x", met: func(r float64) bool { return r >= 0.5 }},
+	{what: "berth cp of a 128 MiB file out", berth: "files/berth-cp-out", anchors: []string{"files/host-cp"}},
+	{what: "berth cp of a 128 MiB file in", berth: "files/berth-cp-in", anchors: []string{"files/host-cp-sync"}},
+	{what: "Download (tar) of a 128 MiB file", berth: "files/Download", anchors: []string{"files/host-tar-c"}},
+	{what: "Upload (tar) of a 128 MiB file", berth: "files/Upload", anchors: []string{"files/host-tar-x-sync"}},
+	{what: "exec round trip of `true`", berth: "roundtrip/berth-Exec", anchors: []string{"roundtrip/containerd-Exec", "roundtrip/host-fork-exec"}, latency: true,
+		target: "p50 <= 1/30", met: func(r float64) bool { return r <= 1.0/30 }},
+	{what: "create to first exec (echo)", berth: "create/berth-cold", anchors: []string{"create/ctr-run"}, latency: true},
+	{what: "create to first exec, warm pool", berth: "create/berth-warm", anchors: []string{"create/ctr-run"}, latency: true},
+}
+
+// anchorText says, for people, what each anchor does.
+var anchorText = map[string]string{
+	"stdout/containerd-FIFO":    "containerd task.Exec, FIFO",
+	"stdout/host-pipe":          "host pipe",
+	"files/host-cp":             "host cp",
+	"files/host-cp-sync":        "host cp && sync FILE",
+	"files/host-tar-c":          "host tar -c",
+	"files/host-tar-x-sync":     "host tar -x && sync -f",
+	"roundtrip/containerd-Exec": "containerd task.Exec",
+	"roundtrip/host-fork-exec":  "host fork+exec+wait",
+	"create/ctr-run":            "ctr run --rm",
+}
+
+// printSideBySide prints the table of what BenchmarkSideBySide recorded, if
+// anything, with the date and the machine.
+func printSideBySide(w io.Writer) {
+	report.mu.Lock()
+	defer report.mu.Unlock()
+	if len(report.results) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n=== berth side by side: %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	for _, line := range machine() {
+		fmt.Fprintf(w, "    %s\n", line)
+	}
+	if report.host != "" {
+		fmt.Fprintf(w, "    host files: %s\n", report.host)
+	}
+	fmt.Fprintf(w, "    load average: %s at the first result, %s at the end\n", report.loadFrom, loadAverage())
+	fmt.Fprintln(w)
+
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.Debug)
+	fmt.Fprintln(tw, "what\tberth\tanchor\tanchor's figure\tberth/anchor\ttarget\t")
+	for _, c := range comparisons {
+		metric := measurement.rate
+		if c.latency {
+			metric = func(m measurement) float64 { return float64(m.quantile(0.5)) }
+		}
+		b, runs, ok := median(c.berth, metric)
+		if !ok {
+			continue
+		}
+		what, berth := c.what, figure(b, c.latency)
+		if runs > 1 {
+			what += fmt.Sprintf(" (median of %d runs)", runs)
+		}
+		if b.lost > 0 {
+			berth += fmt.Sprintf(", LOST %.1f of %.1f MiB", float64(b.lost)/(1<<20), float64(b.bytes*int64(len(b.samples)))/(1<<20))
+		}
+		shown := false
+		for i, name := range c.anchors {
+			a, _, ok := median(name, metric)
+			if !ok {
+				continue
+			}
+			ratio := metric(b) / metric(a)
+			target := ""
+			if i == 0 && c.target != "" {
+				verdict := "MISSED"
+				if c.met(ratio) && b.lost == 0 {
+					verdict = "met"
+				}
+				target = c.target + " " + verdict
+			}
+			if shown {
+				what, berth = "", ""
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t\n", what, berth, anchorText[name], figure(a, c.latency), ratioText(ratio), target)
+			shown = true
+		}
+		if !shown {
+			fmt.Fprintf(tw, "%s\t%s\t\t\t\t\t\n", what, berth)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nMB/s: 10^6 payload bytes delivered per second of wall time. p50, p99: of n operations.")
+	fmt.Fprintln(w, "berth/anchor: of MB/s (higher is better for berth), of p50 (lower is better for berth).")
+}
+
+// figure formats a measurement: MB/s, or p50/p99 and the sample count.
+func figure(m measurement, latency bool) string {
+	if latency {
+		return fmt.Sprintf("p50 %s p99 %s n=%d", ms(m.quantile(0.5)), ms(m.quantile(0.99)), len(m.samples))
+	}
+	return fmt.Sprintf("%.0f MB/s", m.rate())
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+}
+
+// ratioText formats berth/anchor; a ratio below 1/10 also as a fraction.
+func ratioText(r float64) string {
+	if r > 0 && r < 0.1 {
+		return fmt.Sprintf("%.3fx (1/%.0f)", r, 1/r)
+	}
+	return fmt.Sprintf("%.2fx", r)
+}
+
+// machine describes the host: CPU, cores, memory, kernel, distribution, Go,
+// containerd and runc.
+func machine() []string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	var si unix.Sysinfo_t
+	unix.Sysinfo(&si)
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	distro := "unknown distribution"
+	if f, err := os.Open("/etc/os-release"); err == nil {
+		s := bufio.NewScanner(f)
+		for s.Scan() {
+			if v, ok := strings.CutPrefix(s.Text(), "PRETTY_NAME="); ok {
+				distro = strings.Trim(v, `"`)
+			}
+		}
+		f.Close()
+	}
+	lines := []string{
+		fmt.Sprintf("machine: %s, %d cores, %.1f GiB, %s, Linux %s, %s",
+			cpu, runtime.NumCPU(), float64(si.Totalram)*float64(si.Unit)/(1<<30), distro, unix.ByteSliceToString(uts.Release[:]), runtime.Version()),
+	}
+	versions := []string{}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if cc, err := containerd.New(env.containerd); err == nil {
+		if v, err := cc.Version(ctx); err == nil {
+			versions = append(versions, "containerd "+v.Version)
+		}
+		cc.Close()
+	}
+	if out, err := exec.Command("runc", "--version").Output(); err == nil {
+		first, _, _ := bytes.Cut(out, []byte("\n"))
+		versions = append(versions, string(first))
+	}
+	if len(versions) > 0 {
+		lines = append(lines, strings.Join(versions, ", "))
+	}
+	return lines
+}
+
+// loadAverage returns /proc/loadavg's 1, 5 and 15 minute figures.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// fsType names the file system dir is on (statfs(2) f_type).
+func fsType(dir string) string {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return "unknown"
+	}
+	switch st.Type {
+	case unix.EXT4_SUPER_MAGIC:
+		return "ext4"
+	case unix.XFS_SUPER_MAGIC:
+		return "xfs"
+	case unix.BTRFS_SUPER_MAGIC:
+		return "btrfs"
+	case unix.TMPFS_MAGIC:
+		return "tmpfs"
+	case unix.OVERLAYFS_SUPER_MAGIC:
+		return "overlayfs"
+	}
+	return fmt.Sprintf("f_type %#x", st.Type)
+}

@@ -1,0 +1,424 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// stdoutBytes is how much the stdout benchmarks stream: 64 MiB, or
+// BERTH_BENCH_STDOUT_BYTES.
+var stdoutBytes = func() int64 {
+	if n, err := strconv.ParseInt(os.Getenv("BERTH_BENCH_STDOUT_BYTES"), 10, 64); err == nil && n > 0 {
+		return n
+	}
+	return 64 << 20
+}()
+
+// ddBlock is the write size of the stdout benchmarks' producer, as cat(1)
+// and cp(1) of coreutils use: large enough that the producer is not what
+// is measured (busybox head writes 4 KiB at a time, ~430 MB/s into a pipe
+// on the machine this was written on).
+const ddBlock = 128 << 10
+
+var stdoutLabel = fmt.Sprintf("%d MiB (dd bs=128k)", stdoutBytes>>20)
+
+// fileBytes is the size of the file the file benchmarks move.
+const fileBytes = 128 << 20
+
+// BenchmarkSideBySide measures berth beside its anchors in one run on one
+// machine, and TestMain prints the table (printSideBySide) after it:
+//
+//   - stdout: `dd if=/dev/zero bs=128k` of 64 MiB, every byte to a reader
+//     in this process, through berth's Exec (client -> berthd -> agent),
+//     through containerd's own task.Exec with FIFOs (the shim copies the
+//     pipe into a FIFO, the containerd client copies the FIFO), and
+//     through a host pipe. The same busybox binary produces in all three
+//     (the base image's busybox is the host's).
+//   - files: a 128 MiB random file. ReadFile writes it to a host file, as
+//     `cp SRC DST` on the host does (neither side syncs); WriteFile reads
+//     a host file and answers after the agent wrote a temporary file,
+//     fsync(2)ed it, renamed it over the target and fsync(2)ed the
+//     directory, beside `cp SRC DST && sync DST` (write and fsync(2) of
+//     the file). `berth cp` in and out are the CLI doing the same. Download
+//     writes the tar stream of the file to a host file, beside `tar -cf`;
+//     Upload extracts one into a sandbox directory and answers after
+//     syncfs(2), beside `tar -xf && sync -f`. Host files live in the
+//     integration tests' temporary directory, on the file system of the
+//     private containerd's root when the tests started it.
+//   - roundtrip: `true` through berth's Exec until its exit status, through
+//     containerd's task.Exec (create, start, wait, delete), and fork, exec
+//     and wait4 of busybox true on the host.
+//   - create: CreateSandbox then Run of `echo hi` until its result, cold
+//     (a new container) and from a warm pool of one, beside `ctr run --rm`
+//     of the same image; deleting the sandbox is off the clock.
+//
+// Run it with scripts/bench.sh (make bench). -bench
+// 'SideBySide/stdout' and the like run one group.
+func BenchmarkSideBySide(b *testing.B) {
+	if env.skip != "" {
+		b.Skip("integration environment unavailable: " + env.skip)
+	}
+	ctx := context.Background()
+	sb := benchSandbox(b)
+	id := sb.GetId()
+	c, err := client.Dial(ctx, env.berthdAddr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	busybox, err := exec.LookPath("busybox")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctr := newCtrExec(b, id)
+
+	b.Run("stdout", func(b *testing.B) {
+		dd := []string{"dd", "if=/dev/zero", fmt.Sprintf("bs=%d", ddBlock), fmt.Sprintf("count=%d", stdoutBytes/ddBlock), "status=none"}
+		size := stdoutBytes / ddBlock * ddBlock
+		spec := &berthv1.ProcessSpec{Argv: dd, StdoutLimitBytes: uint64(size)}
+		measure(b, "stdout/berth-Exec", size, func(b *testing.B) sample {
+			var n counter
+			start := time.Now()
+			berthExec(b, c, id, spec, &n)
+			return sample{d: time.Since(start), lost: size - n.n.Load()}
+		})
+		measure(b, "stdout/containerd-FIFO", size, func(b *testing.B) sample {
+			var n counter
+			start := time.Now()
+			ctr.run(b, dd, &n)
+			return sample{d: time.Since(start), lost: size - n.n.Load()}
+		})
+		measure(b, "stdout/host-pipe", size, func(b *testing.B) sample {
+			start := time.Now()
+			cmd := exec.Command(busybox, dd...)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			buf := make([]byte, 64<<10)
+			var got int64
+			for {
+				k, err := out.Read(buf)
+				got += int64(k)
+				if err != nil {
+					break
+				}
+			}
+			if err := cmd.Wait(); err != nil {
+				b.Fatal(err)
+			}
+			return sample{d: time.Since(start), lost: size - got}
+		})
+	})
+
+	b.Run("files", func(b *testing.B) {
+		benchFiles(b, c, id)
+	})
+
+	b.Run("roundtrip", func(b *testing.B) {
+		spec := &berthv1.ProcessSpec{Argv: []string{"true"}}
+		measure(b, "roundtrip/berth-Exec", 0, func(b *testing.B) sample {
+			start := time.Now()
+			berthExec(b, c, id, spec, io.Discard)
+			return sample{d: time.Since(start)}
+		})
+		measure(b, "roundtrip/containerd-Exec", 0, func(b *testing.B) sample {
+			start := time.Now()
+			ctr.run(b, []string{"true"}, io.Discard)
+			return sample{d: time.Since(start)}
+		})
+		measure(b, "roundtrip/host-fork-exec", 0, func(b *testing.B) sample {
+			start := time.Now()
+			if err := exec.Command(busybox, "true").Run(); err != nil {
+				b.Fatal(err)
+			}
+			return sample{d: time.Since(start)}
+		})
+	})
+
+	b.Run("create", func(b *testing.B) {
+		measure(b, "create/berth-cold", 0, func(b *testing.B) sample {
+			return createFirstExec(b, env.sandboxes, nil)
+		})
+		pool := newInProcessEnv(b, "bw", warmPoolConfig())
+		measure(b, "create/berth-warm", 0, func(b *testing.B) sample {
+			return createFirstExec(b, pool.sandboxes, pool)
+		})
+		var n int
+		measure(b, "create/ctr-run", 0, func(b *testing.B) sample {
+			n++
+			start := time.Now()
+			out, err := exec.Command("ctr", "--address", env.containerd, "--namespace", env.namespace,
+				"run", "--rm", baseImage, fmt.Sprintf("ctr-bench-%d-%d", time.Now().UnixNano(), n), "/bin/echo", "hi").CombinedOutput()
+			if err != nil || string(out) != "hi\n" {
+				b.Fatalf("ctr run: %v: %q", err, out)
+			}
+			return sample{d: time.Since(start)}
+		})
+	})
+}
+
+// benchFiles is BenchmarkSideBySide's files group.
+func benchFiles(b *testing.B, c *client.Client, id string) {
+	ctx := context.Background()
+	dir, err := os.MkdirTemp(env.dir, "bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	report.mu.Lock()
+	report.host = fmt.Sprintf("%s (%s); the sandbox's /workspace is an overlayfs snapshot in containerd's root", dir, fsType(dir))
+	report.mu.Unlock()
+	src, dst := filepath.Join(dir, "src.bin"), filepath.Join(dir, "dst.bin")
+	if err := os.WriteFile(src, randomData(fileBytes), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	archive := filepath.Join(dir, "src.tar")
+	if out, err := exec.Command("tar", "-cf", archive, "-C", dir, "src.bin").CombinedOutput(); err != nil {
+		b.Fatalf("tar: %v: %s", err, out)
+	}
+	const path = "/workspace/bench.bin"
+	sh := func(b *testing.B, script string, args ...string) {
+		if out, err := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...).CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v: %s", script, err, out)
+		}
+	}
+	host := func(script string, args ...string) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			start := time.Now()
+			sh(b, script, args...)
+			return sample{d: time.Since(start)}
+		}
+	}
+	cli := func(args ...string) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			start := time.Now()
+			cmd := exec.Command(env.cliBinary, append([]string{"--addr", env.berthdAddr}, args...)...)
+			if out, err := cmd.CombinedOutput(); err != nil {
+				b.Fatalf("berth %q: %v: %s", args, err, out)
+			}
+			return sample{d: time.Since(start)}
+		}
+	}
+
+	// out times read writing into a new host file; in times write reading
+	// the host file name. Each returns the content bytes moved.
+	out := func(read func(io.Writer) (uint64, error)) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			start := time.Now()
+			f, err := os.Create(dst)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n, err := read(f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil || n != fileBytes {
+				b.Fatalf("%d bytes, %v; want %d", n, err, fileBytes)
+			}
+			return sample{d: time.Since(start)}
+		}
+	}
+	in := func(name string, write func(io.Reader) error) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			start := time.Now()
+			f, err := os.Open(name)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+			if err := write(f); err != nil {
+				b.Fatal(err)
+			}
+			return sample{d: time.Since(start)}
+		}
+	}
+
+	measure(b, "files/WriteFile", fileBytes, in(src, func(r io.Reader) error {
+		resp, err := c.WriteFile(ctx, id, path, r, client.WithSize(fileBytes))
+		if err == nil && resp.GetWrittenBytes() != fileBytes {
+			err = fmt.Errorf("WriteFile wrote %d bytes, want %d", resp.GetWrittenBytes(), fileBytes)
+		}
+		return err
+	}))
+	measure(b, "files/host-cp-sync", fileBytes, host(`cp "$1" "$2" && sync "$2"`, src, dst))
+	measure(b, "files/ReadFile", fileBytes, out(func(w io.Writer) (uint64, error) {
+		h, err := c.ReadFile(ctx, id, path, w)
+		return h.GetLengthBytes(), err
+	}))
+	measure(b, "files/host-cp", fileBytes, host(`cp "$1" "$2"`, src, dst))
+	measure(b, "files/berth-cp-in", fileBytes, cli("cp", src, id+":/workspace/cp.bin"))
+	measure(b, "files/berth-cp-out", fileBytes, cli("cp", id+":/workspace/cp.bin", dst))
+	measure(b, "files/Download", fileBytes, out(func(w io.Writer) (uint64, error) {
+		sum, err := c.Download(ctx, id, path, w)
+		return sum.GetContentBytes(), err
+	}))
+	measure(b, "files/host-tar-c", fileBytes, host(`tar -cf "$2" -C "$(dirname "$1")" "$(basename "$1")"`, src, dst))
+	measure(b, "files/Upload", fileBytes, in(archive, func(r io.Reader) error {
+		_, err := c.Upload(ctx, id, "/workspace/up", r)
+		return err
+	}))
+	xdir := filepath.Join(dir, "x")
+	if err := os.Mkdir(xdir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	measure(b, "files/host-tar-x-sync", fileBytes, host(`tar -xf "$1" -C "$2" && sync -f "$2"`, archive, xdir))
+}
+
+// sample is one timed operation: its wall time and the payload bytes that
+// did not arrive.
+type sample struct {
+	d    time.Duration
+	lost int64
+}
+
+// measure runs op as the sub-benchmark name (its last path element) in a
+// b.Loop and records the samples for the table. bytes is the payload of
+// one op, 0 for a latency benchmark, which also reports p50-ms and p99-ms.
+func measure(b *testing.B, name string, bytes int64, op func(*testing.B) sample) {
+	b.Run(filepath.Base(name), func(b *testing.B) {
+		m := measurement{bytes: bytes}
+		if bytes > 0 {
+			b.SetBytes(bytes)
+		}
+		for b.Loop() {
+			s := op(b)
+			m.samples = append(m.samples, s.d)
+			m.lost += s.lost
+		}
+		if bytes == 0 {
+			b.ReportMetric(float64(m.quantile(0.5))/1e6, "p50-ms")
+			b.ReportMetric(float64(m.quantile(0.99))/1e6, "p99-ms")
+		}
+		if m.lost > 0 {
+			b.ReportMetric(float64(m.lost)/float64(len(m.samples)), "lost-B/op")
+		}
+		record(name, m)
+	})
+}
+
+// createFirstExec creates a sandbox through sandboxes and runs echo in it,
+// timed; pool, when not nil, is the warm pool that must serve the create.
+// The sandbox is deleted off the clock.
+func createFirstExec(b *testing.B, sandboxes berthv1.SandboxServiceClient, pool *berthEnv) sample {
+	ctx := context.Background()
+	b.StopTimer()
+	if pool != nil {
+		waitPool(b, pool, 1)
+	}
+	b.StartTimer()
+	start := time.Now()
+	resp, err := sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: resp.GetSandbox().GetId(), Process: &berthv1.ProcessSpec{Argv: []string{"/bin/echo", "hi"}}})
+	if err != nil || string(r.GetStdout()) != "hi\n" {
+		b.Fatalf("Run: %v %q", err, r.GetStdout())
+	}
+	d := time.Since(start)
+	b.StopTimer()
+	defer b.StartTimer()
+	if resp.GetFromWarmPool() != (pool != nil) {
+		b.Fatalf("from_warm_pool = %v, want %v", resp.GetFromWarmPool(), pool != nil)
+	}
+	if _, err := sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: resp.GetSandbox().GetId()}); err != nil {
+		b.Fatal(err)
+	}
+	return sample{d: d}
+}
+
+// berthExec runs spec in the sandbox id through berth's Exec with its
+// stdout written to stdout, and waits for its exit status, which must be 0.
+func berthExec(b *testing.B, c *client.Client, id string, spec *berthv1.ProcessSpec, stdout io.Writer) {
+	e, err := c.Exec(context.Background(), id, spec, client.WithStdout(stdout))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res, err := e.Wait(); err != nil || res.GetExitCode() != 0 {
+		b.Fatalf("Exec(%q) = %v, %v", spec.GetArgv(), res, err)
+	}
+}
+
+// ctrExec runs processes in a sandbox's container through containerd's own
+// task.Exec, as containerd's clients (ctr, nerdctl, CRI) do.
+type ctrExec struct {
+	cc   *containerd.Client
+	task containerd.Task
+	proc specs.Process
+	n    int
+}
+
+func newCtrExec(b *testing.B, id string) *ctrExec {
+	ctx := context.Background()
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.namespace))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { cc.Close() })
+	container, err := cc.LoadContainer(ctx, id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	spec, err := container.Spec(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	task, err := container.Task(ctx, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &ctrExec{cc: cc, task: task, proc: *spec.Process}
+}
+
+// run executes argv with its stdout copied to stdout through a FIFO (cio)
+// and waits until it exited and every byte was copied.
+func (c *ctrExec) run(b *testing.B, argv []string, stdout io.Writer) {
+	ctx := context.Background()
+	c.n++
+	p := c.proc
+	p.Args, p.Terminal = argv, false
+	proc, err := c.task.Exec(ctx, fmt.Sprintf("bench-%d-%d", os.Getpid(), c.n), &p, cio.NewCreator(cio.WithStreams(nil, stdout, io.Discard)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer proc.Delete(ctx)
+	statusC, err := proc.Wait(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := proc.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	st := <-statusC
+	proc.IO().Wait()
+	if code, _, err := st.Result(); err != nil || code != 0 {
+		b.Fatalf("task.Exec(%q) = exit %d, %v", argv, code, err)
+	}
+}
+
+// counter counts what is written to it.
+type counter struct{ n atomic.Int64 }
+
+func (c *counter) Write(p []byte) (int, error) {
+	c.n.Add(int64(len(p)))
+	return len(p), nil
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# bench.sh measures berth beside its anchors in one run on this machine and
+# prints one table (berth, anchor, ratio, the issue's target): Exec stdout
+# throughput beside containerd's task.Exec with a FIFO and a host pipe;
+# ReadFile, WriteFile, `berth cp`, Download and Upload of 128 MiB beside
+# host cp, cp && sync, tar; exec round trip (p50, p99) beside containerd's
+# task.Exec and fork+exec on the host; create to first exec beside
+# `ctr run --rm`. It is integration.BenchmarkSideBySide: go test -bench
+# with the integration tests' TestMain, which starts a private containerd
+# (or uses BERTH_CONTAINERD_ADDRESS) and builds the real agent and CLI.
+# `make bench` runs it. BENCHMARKS.md says what each side does.
+#
+# Environment:
+#   BENCH        sub-benchmarks to run, a go test -bench pattern
+#                (default SideBySide; e.g. SideBySide/stdout, SideBySide/files)
+#   BENCH_COUNT  runs of each sub-benchmark; the table shows the median
+#                (default 1)
+#   BENCH_TIME   go test -benchtime per sub-benchmark (default 2s)
+#   BERTH_BENCH_STDOUT_BYTES  bytes the stdout benchmarks stream
+#                (default 67108864)
+#   GO_TEST_FLAGS  extra go test flags, e.g. -cpuprofile cpu.out
+#
+# The go test output comes first, then the table; the exit status is go
+# test's.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO"
+
+scripts/deps.sh >/dev/null
+scripts/base-image.sh >/dev/null
+export BERTH_TEST_IMAGE=$REPO/build/base.oci.tar
+# A benchmark that cannot run fails instead of skipping.
+export BERTH_E2E=1
+# shellcheck disable=SC2086 # GO_TEST_FLAGS is a word list
+exec go test -count="${BENCH_COUNT:-1}" -run '^$' -bench "${BENCH:-SideBySide}" \
+	-benchtime "${BENCH_TIME:-2s}" -timeout 60m ${GO_TEST_FLAGS:-} ./integration/
