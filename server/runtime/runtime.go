@@ -492,15 +492,25 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("load container %s: %w", id, err)
 	}
-	if task, err := container.Task(ctx, nil); err == nil {
-		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-			return fmt.Errorf("delete task %s: %w", id, err)
+	// A Create of the same id may start the task between the task's
+	// deletion and the container's: containerd then refuses the container
+	// (FailedPrecondition, "cannot delete running task"), and the task is
+	// deleted again. Each round follows a task start, so a few suffice.
+	for attempt := 1; ; attempt++ {
+		if task, err := container.Task(ctx, nil); err == nil {
+			if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("delete task %s: %w", id, err)
+			}
+		} else if !errdefs.IsNotFound(err) {
+			return fmt.Errorf("load task %s: %w", id, err)
 		}
-	} else if !errdefs.IsNotFound(err) {
-		return fmt.Errorf("load task %s: %w", id, err)
-	}
-	if err := container.Delete(ctx, containerd.WithSnapshotCleanup); err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("delete container %s: %w", id, err)
+		err := container.Delete(ctx, containerd.WithSnapshotCleanup)
+		if err == nil || errdefs.IsNotFound(err) {
+			break
+		}
+		if !errdefs.IsFailedPrecondition(err) || attempt == 5 {
+			return fmt.Errorf("delete container %s: %w", id, err)
+		}
 	}
 	return r.removeHostDir(id)
 }
