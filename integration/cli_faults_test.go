@@ -3,12 +3,15 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // TestCLIFaults pins the CLI faults of issue 12 that need a berthd; each
@@ -85,4 +88,55 @@ func TestCLIFaults(t *testing.T) {
 			t.Errorf("berth sandbox ls -o yaml: %q, exit %d; want 125 naming the formats", errOut, code)
 		}
 	})
+}
+
+// TestCLIRunUsesWarmPool: berth run always sent a sandbox id, so a berthd
+// with a warm pool never handed it a ready sandbox (issue 12).
+func TestCLIRunUsesWarmPool(t *testing.T) {
+	need(t)
+	e := newInProcessEnv(t, "runpool", server.Config{WarmPool: map[string]int{baseImage: 1}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var member string
+	for member == "" {
+		if e.svc.WarmPoolReady(baseImage) == 1 {
+			sbs, err := e.rt.List(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sb := range sbs {
+				if sb.Pooled {
+					member = sb.ID
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("the warm pool had no member: %v", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	out, errOut, code := berthCLI(t, nil, "--addr", "unix://"+e.sock, "run", "--image", baseImage, "--", "hostname")
+	if code != 0 || out != member+"\n" {
+		t.Fatalf("berth run -- hostname = %q, %q, exit %d; want the warm-pool member %s", out, errOut, code, member)
+	}
+	if _, err := e.rt.Get(ctx, member); !errors.Is(err, runtime.ErrSandboxNotFound) {
+		t.Errorf("after berth run, its sandbox %s: %v; want it deleted", member, err)
+	}
+}
+
+// TestCLICompletion: berth completed no sandbox ids (issue 12).
+func TestCLICompletion(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{SandboxId: "cli-complete-me"})
+	for _, args := range [][]string{{"__complete", "exec", "cli-comp"}, {"__complete", "sandbox", "rm", "x", "cli-comp"}, {"__complete", "cat", "cli-comp"}} {
+		out, errOut, code := berthCLI(t, nil, args...)
+		want := sb.GetId() + "\n"
+		if args[1] == "cat" {
+			want = sb.GetId() + ":\n"
+		}
+		if code != 0 || !strings.HasPrefix(out, want) {
+			t.Errorf("berth %q = %q, %q, exit %d; want it to start with %q", args, out, errOut, code, want)
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -71,4 +72,64 @@ func (g *globals) unary(ctx context.Context) (context.Context, context.CancelFun
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, g.rpcTimeout)
+}
+
+// completeSandboxIDs is the shell completion of a SANDBOX argument: the ids
+// berthd lists that start with toComplete. suffix is appended to each (":"
+// for SANDBOX:PATH arguments, which then continue without a space). It
+// completes nothing, quietly, when berthd cannot be reached within a few
+// seconds: a completion must never hang the shell.
+func (g *globals) completeSandboxIDs(cmd *cobra.Command, toComplete, suffix string) ([]string, cobra.ShellCompDirective) {
+	directive := cobra.ShellCompDirectiveNoFileComp
+	if suffix != "" {
+		directive |= cobra.ShellCompDirectiveNoSpace
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, g.addr)
+	if err != nil {
+		return nil, directive
+	}
+	defer c.Close()
+	var ids []string
+	for sb, err := range c.ListSandboxes(ctx, nil) {
+		if err != nil {
+			return nil, directive | cobra.ShellCompDirectiveError
+		}
+		if strings.HasPrefix(sb.GetId(), toComplete) {
+			ids = append(ids, sb.GetId()+suffix)
+		}
+	}
+	return ids, directive
+}
+
+// sandboxArg returns a cobra ValidArgsFunction completing sandbox ids for
+// the first argument only.
+func (g *globals) sandboxArg() cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveDefault
+		}
+		return g.completeSandboxIDs(cmd, toComplete, "")
+	}
+}
+
+// sandboxArgs completes sandbox ids for every argument (sandbox rm).
+func (g *globals) sandboxArgs() cobra.CompletionFunc {
+	return func(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		return g.completeSandboxIDs(cmd, toComplete, "")
+	}
+}
+
+// remoteArg completes SANDBOX: for arguments that are SANDBOX:PATH or a
+// local path (cp, cat, ls): until a ":" is typed, sandbox ids with a ":"
+// and local files.
+func (g *globals) remoteArg() cobra.CompletionFunc {
+	return func(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		if strings.Contains(toComplete, ":") || strings.HasPrefix(toComplete, "/") || strings.HasPrefix(toComplete, ".") {
+			return nil, cobra.ShellCompDirectiveDefault
+		}
+		ids, _ := g.completeSandboxIDs(cmd, toComplete, ":")
+		return ids, cobra.ShellCompDirectiveNoSpace
+	}
 }

@@ -169,6 +169,12 @@ func follow(ctx context.Context, g *globals, c *client.Client, relay *signalRela
 		if startTimedOut.Load() {
 			return fmt.Errorf("no answer from berthd within %v (--rpc-timeout)", g.rpcTimeout)
 		}
+		var replaced *client.RuntimeReplacedError
+		if e.Started() != nil && !errors.As(err, &replaced) {
+			// The stream broke, not the command: say how to pick it up
+			// where berth left it.
+			fmt.Fprintf(stderr, "berth: the command may still run; follow it with: berth attach --since %d %s %s\n", e.LastSeq(), sandboxID, e.ID())
+		}
 		return fmt.Errorf("exec %s: %w", e.ID(), err)
 	}
 	for _, n := range notices(e.Started(), res, e.Dropped()) {

@@ -26,9 +26,10 @@ func newPsCmd(g *globals) *cobra.Command {
 		Use:   "ps SANDBOX",
 		Short: "List a sandbox's running and recently ended commands",
 		Long: `List the execs of SANDBOX that run, or that ended within the agent's
-retention time (10 minutes by default), oldest first. EXIT shows the exit
-status of an ended exec, with the signal and "timeout" or "oom" when they
-apply.`,
+retention time (10 minutes by default), oldest first. LAST SEQ is the
+sequence number of the exec's last output event ("berth attach --since N"
+replays what came after N). EXIT shows the exit status of an ended exec,
+with the signal and "timeout" or "oom" when they apply.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
@@ -61,7 +62,7 @@ apply.`,
 // writeExecTable prints execs as a table.
 func writeExecTable(w io.Writer, execs []*berthv1.ExecInfo, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EXEC ID\tSTATE\tPID\tSTARTED\tEXIT\tCOMMAND")
+	fmt.Fprintln(tw, "EXEC ID\tSTATE\tPID\tSTARTED\tLAST SEQ\tEXIT\tCOMMAND")
 	for _, x := range execs {
 		state, exit := "running", ""
 		if x.GetState() == berthv1.ExecState_EXEC_STATE_EXITED {
@@ -71,7 +72,7 @@ func writeExecTable(w io.Writer, execs []*berthv1.ExecInfo, now time.Time) error
 		if x.GetArgvTruncated() {
 			command += " ..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", x.GetExecId(), state, x.GetPid(), ago(x.GetStartedAt().AsTime(), now), exit, shorten(command, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", x.GetExecId(), state, x.GetPid(), ago(x.GetStartedAt().AsTime(), now), x.GetLastSeq(), exit, shorten(command, 60))
 	}
 	return tw.Flush()
 }

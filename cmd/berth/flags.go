@@ -44,6 +44,8 @@ type processFlags struct {
 	shell   string
 	bash    bool
 	noStdin bool
+	// outputLimit caps each output stream, in bytes; 0: berthd's default.
+	outputLimit uint64
 	// interactive forwards stdin even from a terminal; tty runs the command
 	// on a terminal; detach starts it in the background (berth exec only).
 	interactive, tty, detach bool
@@ -61,6 +63,7 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.StringVar(&f.shell, "shell", "", "run this command string with /bin/sh -c instead of COMMAND ARG...")
 	fs.BoolVar(&f.bash, "bash", false, "run --shell's command string with bash instead of /bin/sh")
 	fs.BoolVar(&f.noStdin, "no-stdin", false, "do not forward standard input; the command reads /dev/null")
+	fs.Uint64Var(&f.outputLimit, "output-limit", 0, "keep at most this many `bytes` of stdout and of stderr each (default and maximum: berthd's, 16 MiB and 64 MiB); beyond it output is counted and discarded, and berth says so")
 	fs.BoolVarP(&f.interactive, "interactive", "i", false, "forward standard input also when it is a terminal")
 	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
 	if withExecID {
@@ -96,6 +99,7 @@ func (f *processFlags) spec(command []string) (*berthv1.ProcessSpec, error) {
 	if f.timeout > 0 {
 		spec.Timeout = durationpb.New(f.timeout)
 	}
+	spec.StdoutLimitBytes, spec.StderrLimitBytes = f.outputLimit, f.outputLimit
 	return spec, nil
 }
 

@@ -106,6 +106,28 @@ func (p *progress) update(sent uint64) {
 	p.draw()
 }
 
+// pulled draws a PullImage progress message. Once every blob is
+// downloaded the line says "unpacking" without a bar: berthd answers when
+// the layers are unpacked too, which takes a while for a large image, and a
+// bar at 100% would look stuck.
+func (p *progress) pulled(m *berthv1.PullImageResponse) {
+	done := 0
+	for _, l := range m.GetLayers() {
+		if l.GetDone() {
+			done++
+		}
+	}
+	blobs := fmt.Sprintf("%d/%d blobs", done, len(m.GetLayers()))
+	if total := m.GetTotalBytes(); total > 0 && m.GetDownloadedBytes() >= total && done == len(m.GetLayers()) {
+		p.mu.Lock()
+		p.verb = "unpacking"
+		p.mu.Unlock()
+		p.updateTotal(m.GetDownloadedBytes(), -1, blobs+" downloaded")
+		return
+	}
+	p.updateTotal(m.GetDownloadedBytes(), int64(m.GetTotalBytes()), blobs)
+}
+
 // updateTotal is update for a total that grows as it becomes known.
 func (p *progress) updateTotal(sent uint64, total int64, extra string) {
 	p.mu.Lock()
@@ -187,15 +209,7 @@ within berthd's --pull-resolve-timeout. The pull is not bounded by
 				p := &progress{verb: "pulling", label: args[0], total: -1}
 				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 					p.w = f
-					opts = append(opts, client.WithPullProgress(func(m *berthv1.PullImageResponse) {
-						done := 0
-						for _, l := range m.GetLayers() {
-							if l.GetDone() {
-								done++
-							}
-						}
-						p.updateTotal(m.GetDownloadedBytes(), int64(m.GetTotalBytes()), fmt.Sprintf("%d/%d blobs", done, len(m.GetLayers())))
-					}))
+					opts = append(opts, client.WithPullProgress(p.pulled))
 				}
 				img, err := c.PullImage(ctx, args[0], opts...)
 				p.done() // end the progress line before the result or the error

@@ -78,6 +78,17 @@ before the command started; 141 when its output is a closed pipe.`,
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
 	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newVersionCmd())
 	root.AddCommand(newCpCmd(g), newLsCmd(g), newCatCmd(g))
+	// Shell completion (berth completion bash|zsh|fish|powershell) of
+	// sandbox ids, asked of berthd.
+	for path, complete := range map[string]cobra.CompletionFunc{
+		"exec": g.sandboxArg(), "ps": g.sandboxArg(), "attach": g.sandboxArg(), "kill": g.sandboxArg(),
+		"sandbox get": g.sandboxArg(), "sandbox keepalive": g.sandboxArg(), "sandbox rm": g.sandboxArgs(),
+		"cp": g.remoteArg(), "cat": g.remoteArg(), "ls": g.remoteArg(),
+	} {
+		if c, _, err := root.Find(strings.Fields(path)); err == nil {
+			c.ValidArgsFunction = complete
+		}
+	}
 	return root
 }
 

@@ -89,6 +89,8 @@ func TestProcessSpec(t *testing.T) {
 				Timeout: durationpb.New(90 * time.Second)},
 		},
 		{name: "shell", flags: processFlags{shell: "echo $HOME"}, want: &berthv1.ProcessSpec{ShellCommand: "echo $HOME"}},
+		{name: "output limit", flags: processFlags{outputLimit: 64 << 20}, command: []string{"make"},
+			want: &berthv1.ProcessSpec{Argv: []string{"make"}, StdoutLimitBytes: 64 << 20, StderrLimitBytes: 64 << 20}},
 		{name: "bash", flags: processFlags{shell: "echo $HOME", bash: true}, want: &berthv1.ProcessSpec{ShellCommand: "echo $HOME", Shell: berthv1.Shell_SHELL_BASH}},
 		{name: "no command", wantErr: "no command"},
 		{name: "shell and command", flags: processFlags{shell: "x"}, command: []string{"y"}, wantErr: "either --shell or COMMAND"},
@@ -377,7 +379,7 @@ func TestExecTable(t *testing.T) {
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	execs := []*berthv1.ExecInfo{
 		{ExecId: "web", State: berthv1.ExecState_EXEC_STATE_RUNNING, Pid: 12, StartedAt: timestamppb.New(now.Add(-5 * time.Minute)),
-			Argv: []string{"python3", "-m", "http.server"}},
+			Argv: []string{"python3", "-m", "http.server"}, LastSeq: 7},
 		{ExecId: "hog", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 40, StartedAt: timestamppb.New(now.Add(-90 * time.Second)),
 			Argv: []string{"/bin/sh", "-c", "x"}, ArgvTruncated: true, Result: &berthv1.ExecResult{ExitCode: 137, Signal: "SIGKILL", OomKilled: true}},
 		{ExecId: "slow", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 41, StartedAt: timestamppb.New(now.Add(-time.Minute)),
@@ -388,10 +390,10 @@ func TestExecTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "" +
-		"EXEC ID  STATE    PID  STARTED  EXIT                 COMMAND\n" +
-		"web      running  12   5m ago                        python3 -m http.server\n" +
-		"hog      exited   40   1m ago   137 SIGKILL oom      /bin/sh -c x ...\n" +
-		"slow     exited   41   1m ago   143 SIGTERM timeout  sleep 99\n"
+		"EXEC ID  STATE    PID  STARTED  LAST SEQ  EXIT                 COMMAND\n" +
+		"web      running  12   5m ago   7                              python3 -m http.server\n" +
+		"hog      exited   40   1m ago   0         137 SIGKILL oom      /bin/sh -c x ...\n" +
+		"slow     exited   41   1m ago   0         143 SIGTERM timeout  sleep 99\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
 	}
