@@ -19,8 +19,11 @@
 #     -v /run/berth:/run/berth \
 #     berth
 #
-# Clients use unix:///run/berth/berthd.sock on the host. Extra arguments go
-# to berthd (e.g. --metrics-listen=:9464).
+# Clients use unix:///run/berth/berthd.sock on the host. To publish a
+# port, berthd needs TLS (it refuses plaintext TCP): mount the certificate,
+# key, client CA and token file and pass --listen=:7443 --tls-cert ...
+# --tls-key ... [--tls-client-ca ...] [--token-file ...] (README "Security
+# model"). Extra arguments go to berthd (e.g. --metrics-listen=:9464).
 
 ARG GO_VERSION=1.26
 

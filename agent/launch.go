@@ -27,9 +27,10 @@ const (
 // launch starts the exec id for p and returns it running, or finished with
 // exit code 127 or 126 and a message on stderr (on the terminal for a tty
 // exec) when the program cannot be found or executed, as a shell would.
-// Errors mean nothing ran and no exec was recorded: RESOURCE_EXHAUSTED when
-// the process could not be forked (EAGAIN, e.g. the pids limit), INTERNAL
-// otherwise. The caller holds s.mu.
+// Errors mean nothing ran and no exec was recorded: RESOURCE_EXHAUSTED with
+// the limit's reason when the process could not be forked or its pipes
+// made (PIDS_LIMIT_REACHED for EAGAIN, MEMORY_LIMIT_REACHED,
+// DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. The caller holds s.mu.
 func (s *Server) launch(id string, p *plan) (*execution, error) {
 	e := newExecution(id, p, s.cfg.RingBytes)
 	stdout := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDOUT, limit: p.stdoutLimit}
@@ -57,7 +58,11 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		}
 	}()
 	internal := func(what string, err error) error {
-		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), map[string]string{"exec_id": id})
+		meta := map[string]string{"exec_id": id}
+		if limit := rpcstatus.SandboxLimit(fmt.Sprintf("%s for exec %s", what, id), err, meta); limit != nil {
+			return limit // out of descriptors or memory: the sandbox's limits
+		}
+		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), meta)
 	}
 	pipe := func() (r, w *os.File, err error) {
 		r, w, err = os.Pipe()
@@ -136,9 +141,9 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		return pid, nil
 	})
 	if err != nil {
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) {
-			return nil, rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonInternal,
-				fmt.Sprintf("start exec %s: fork: %v (process or memory limit of the sandbox reached)", id, err), map[string]string{"exec_id": id})
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
+			// fork(2) itself failed: a capacity fact of the sandbox.
+			return nil, rpcstatus.SandboxLimit(fmt.Sprintf("start exec %s: fork", id), err, map[string]string{"exec_id": id})
 		}
 		// Everything else failed in the child, before or at execve(2).
 		s.cannotRun(e, p, stderr, err)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/textsafe"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -45,12 +46,12 @@ func validateExecID(id string) error {
 		return rpcstatus.InvalidArgument("exec_id", "is empty; berthd names every exec")
 	}
 	if len(id) > maxExecIDLen {
-		return rpcstatus.InvalidArgument("exec_id", fmt.Sprintf("%q is %d characters long, more than %d", id, len(id), maxExecIDLen))
+		return rpcstatus.InvalidArgument("exec_id", fmt.Sprintf("%s is %d characters long, more than %d", textsafe.Quote(id), len(id), maxExecIDLen))
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
-			return rpcstatus.InvalidArgument("exec_id", fmt.Sprintf("%q has %q at offset %d; allowed are [A-Za-z0-9._-]", id, c, i))
+			return rpcstatus.InvalidArgument("exec_id", fmt.Sprintf("%s has %q at offset %d; allowed are [A-Za-z0-9._-]", textsafe.Quote(id), c, i))
 		}
 	}
 	return nil
@@ -74,7 +75,7 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec) (*plan, error) {
 	case len(argv) > 0:
 		for i, a := range argv {
 			if at := strings.IndexByte(a, 0); at >= 0 {
-				return nil, rpcstatus.InvalidArgument(fmt.Sprintf("process.argv[%d]", i), fmt.Sprintf("%q contains a NUL byte at offset %d", a, at))
+				return nil, rpcstatus.InvalidArgument(fmt.Sprintf("process.argv[%d]", i), fmt.Sprintf("%s contains a NUL byte at offset %d", textsafe.Quote(a), at))
 			}
 		}
 		if argv[0] == "" {
@@ -153,16 +154,16 @@ func (s *Server) clampLimit(n uint64) uint64 {
 // is empty, else cwd, which must be absolute and an existing directory.
 func (s *Server) checkCwd(cwd string) (string, error) {
 	dir := cwd
-	what := fmt.Sprintf("%q", cwd)
+	what := textsafe.Quote(cwd)
 	if cwd == "" {
 		dir = s.workDir
 		what = fmt.Sprintf("is empty and the default working directory %q", dir)
 	} else {
 		if strings.IndexByte(cwd, 0) >= 0 {
-			return "", rpcstatus.InvalidArgument("process.cwd", fmt.Sprintf("%q contains a NUL byte", cwd))
+			return "", rpcstatus.InvalidArgument("process.cwd", fmt.Sprintf("%s contains a NUL byte", textsafe.Quote(cwd)))
 		}
 		if !filepath.IsAbs(cwd) {
-			return "", rpcstatus.InvalidArgument("process.cwd", fmt.Sprintf("%q is not an absolute path", cwd))
+			return "", rpcstatus.InvalidArgument("process.cwd", fmt.Sprintf("%s is not an absolute path", textsafe.Quote(cwd)))
 		}
 	}
 	fi, err := os.Stat(dir)
@@ -197,9 +198,9 @@ func mergeEnv(base []string, add map[string]string) ([]string, error) {
 		case k == "":
 			return nil, rpcstatus.InvalidArgument("process.env", "has an empty key")
 		case strings.IndexByte(k, '=') >= 0:
-			return nil, rpcstatus.InvalidArgument("process.env", fmt.Sprintf("key %q contains '='", k))
+			return nil, rpcstatus.InvalidArgument("process.env", fmt.Sprintf("key %s contains '='", textsafe.Quote(k)))
 		case strings.IndexByte(k, 0) >= 0:
-			return nil, rpcstatus.InvalidArgument("process.env", fmt.Sprintf("key %q contains a NUL byte", k))
+			return nil, rpcstatus.InvalidArgument("process.env", fmt.Sprintf("key %s contains a NUL byte", textsafe.Quote(k)))
 		}
 		if at := strings.IndexByte(add[k], 0); at >= 0 {
 			return nil, rpcstatus.InvalidArgument("process.env["+k+"]", fmt.Sprintf("value contains a NUL byte at offset %d", at))
@@ -244,7 +245,7 @@ func parseSignalField(field, name string) (syscall.Signal, error) {
 	}
 	if n, err := strconv.Atoi(name); err == nil {
 		if n < 1 || n > 64 {
-			return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%q is not a signal number (1-64, signal(7))", name))
+			return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%s is not a signal number (1-64, signal(7))", textsafe.Quote(name)))
 		}
 		return syscall.Signal(n), nil
 	}
@@ -254,7 +255,7 @@ func parseSignalField(field, name string) (syscall.Signal, error) {
 	}
 	sig := unix.SignalNum(up)
 	if sig == 0 {
-		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%q is not a signal name (signal(7))", name))
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%s is not a signal name (signal(7))", textsafe.Quote(name)))
 	}
 	return sig, nil
 }

@@ -2,13 +2,18 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials/local"
 	"google.golang.org/grpc/keepalive"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -40,10 +45,11 @@ type Option func(*dialConfig)
 
 type dialConfig struct {
 	keepalive keepalive.ClientParameters
-	// The transport is insecure for now; TLS and bearer tokens arrive as
-	// further Options (WithTLS, WithToken) that set credentials here.
-	extra []grpc.DialOption
-	retry *RetryPolicy
+	token     string      // WithToken
+	tls       *tls.Config // WithTLS; nil: defaults
+	insecure  bool        // WithInsecure
+	extra     []grpc.DialOption
+	retry     *RetryPolicy
 }
 
 // WithKeepalive replaces the client's keepalive parameters. The default pings
@@ -51,6 +57,60 @@ type dialConfig struct {
 // connection when a ping is not answered within 10 s.
 func WithKeepalive(p keepalive.ClientParameters) Option {
 	return func(c *dialConfig) { c.keepalive = p }
+}
+
+// WithToken sends token with every request as a bearer token
+// ("authorization: Bearer <token>" metadata); berthd maps it to a principal
+// through its token file, and it decides over the connection's identity.
+// The token travels only over a unix socket or TLS; with WithInsecure also
+// over plaintext TCP.
+func WithToken(token string) Option {
+	return func(c *dialConfig) { c.token = token }
+}
+
+// WithTLS sets the TLS configuration for TCP targets, which use TLS unless
+// WithInsecure: RootCAs to trust berthd's certificate (nil: the system's
+// roots), Certificates for a client certificate (mTLS: its common name is
+// the principal), ServerName when the address is not a name in berthd's
+// certificate. Unix sockets ignore it.
+func WithTLS(cfg *tls.Config) Option {
+	return func(c *dialConfig) { c.tls = cfg.Clone() }
+}
+
+// TLSConfigFromFiles returns a TLS configuration for WithTLS from PEM
+// files: caFile holds the CAs to trust berthd's certificate with ("": the
+// system's roots); certFile and keyFile a client certificate and its key
+// ("": none). It fails naming the file that does not load.
+func TLSConfigFromFiles(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("TLS CA file: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("TLS CA file %s holds no PEM certificate", caFile)
+		}
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("a TLS client certificate needs both its certificate and its key file")
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("TLS client certificate %s and key %s: %w", certFile, keyFile, err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+// WithInsecure dials TCP targets without TLS, for a berthd started with
+// --insecure-tcp: everything, a token included, crosses the network in
+// plaintext.
+func WithInsecure() Option {
+	return func(c *dialConfig) { c.insecure = true }
 }
 
 // WithDialOptions appends gRPC dial options after the client's own, so they
@@ -67,8 +127,10 @@ func WithDialOptions(opts ...grpc.DialOption) Option {
 //	/run/berth/berthd.sock          the same (a bare absolute path)
 //	host:port                       TCP, host resolved through DNS
 //
-// or any other gRPC target ("dns:///host:port", "passthrough:///name"). The
-// transport is not encrypted yet.
+// or any other gRPC target ("dns:///host:port", "passthrough:///name").
+// A unix socket needs no credentials: berthd knows the caller's uid. Any
+// other target uses TLS (WithTLS; the system's roots by
+// default) unless WithInsecure. WithToken adds a bearer token.
 //
 // Dial does no I/O and does not wait for berthd: the connection is made in
 // the background, and RPCs fail with codes.Unavailable while berthd cannot
@@ -85,10 +147,26 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	dialOpts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithKeepaliveParams(cfg.keepalive),
-	}, cfg.extra...)
+	var creds credentials.TransportCredentials
+	switch {
+	case strings.HasPrefix(t, "unix:"):
+		// Local credentials: a unix socket counts as private, so a
+		// token may go over it.
+		creds = local.NewCredentials()
+	case cfg.insecure:
+		creds = insecure.NewCredentials()
+	default:
+		tc := cfg.tls
+		if tc == nil {
+			tc = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithKeepaliveParams(cfg.keepalive)}
+	if cfg.token != "" {
+		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearerToken{token: cfg.token, secure: !cfg.insecure}))
+	}
+	dialOpts = append(dialOpts, cfg.extra...)
 	conn, err := grpc.NewClient(t, dialOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", target, err)
@@ -101,6 +179,18 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		retryPolicy: cfg.retry,
 	}, nil
 }
+
+// bearerToken is the per-request credential of WithToken.
+type bearerToken struct {
+	token  string
+	secure bool // refuse transports without privacy
+}
+
+func (b bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + b.token}, nil
+}
+
+func (b bearerToken) RequireTransportSecurity() bool { return b.secure }
 
 // grpcTarget turns a Dial target into a gRPC target name.
 func grpcTarget(target string) (string, error) {

@@ -46,7 +46,7 @@ func newTestEnv(t *testing.T) *testEnv {
 	berthv1.RegisterImageServiceServer(srv, env.images)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	c, err := client.Dial(t.Context(), "passthrough:///bufnet", client.WithDialOptions(
+	c, err := client.Dial(t.Context(), "passthrough:///bufnet", client.WithInsecure(), client.WithDialOptions(
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 	))
 	if err != nil {

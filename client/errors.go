@@ -21,7 +21,7 @@ const ErrorDomain = "berth.dev"
 const (
 	ReasonInvalidArgument   = "INVALID_ARGUMENT"      // a request field is invalid; see FieldViolations
 	ReasonSandboxNotFound   = "SANDBOX_NOT_FOUND"     // no such sandbox (or not the caller's)
-	ReasonSandboxExists     = "SANDBOX_EXISTS"        // the sandbox id is taken by another spec
+	ReasonSandboxExists     = "SANDBOX_EXISTS"        // the sandbox id is taken: by another spec, or by a sandbox of another principal
 	ReasonImageNotFound     = "IMAGE_NOT_FOUND"       // the image is not in berthd's store
 	ReasonImageArchive      = "IMAGE_ARCHIVE_INVALID" // an imported archive cannot be read or names no image
 	ReasonExecNotFound      = "EXEC_NOT_FOUND"        // no such exec in the sandbox
@@ -36,6 +36,15 @@ const (
 	ReasonCanceled          = "CANCELED"              // the caller canceled the request
 	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
 	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
+	ReasonUnauthenticated   = "UNAUTHENTICATED"       // the request carries no valid credentials (token, client certificate)
+	ReasonNotPermitted      = "NOT_PERMITTED"         // the principal may not call the method (image writes are for admins)
+	// The sandbox's own limits (RESOURCE_EXHAUSTED): nothing was started;
+	// the same request may work once something in the sandbox ends.
+	// Error.Metadata["limit"] names the limit ("pids", "memory",
+	// "descriptors") and ["errno"] the errno.
+	ReasonPidsLimit       = "PIDS_LIMIT_REACHED"       // a fork failed: the sandbox's pids_limit is reached
+	ReasonMemoryLimit     = "MEMORY_LIMIT_REACHED"     // the agent could not allocate: the sandbox's memory limit
+	ReasonDescriptorLimit = "DESCRIPTOR_LIMIT_REACHED" // the agent is out of file descriptors
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as

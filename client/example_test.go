@@ -287,3 +287,49 @@ func ExampleError() {
 		}
 	}
 }
+
+func ExampleWithToken() {
+	ctx := context.Background()
+	// berthd on TCP speaks TLS: trust its CA, and send a bearer token from
+	// berthd's token file (here from the environment, as the CLI does).
+	tlsCfg, err := client.TLSConfigFromFiles("/etc/berth/ca.crt", "", "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := client.Dial(ctx, "berth.example:7443", client.WithTLS(tlsCfg), client.WithToken(os.Getenv("BERTH_TOKEN")))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	// Only the token's principal's sandboxes are listed.
+	for sb, err := range c.ListSandboxes(ctx, nil) {
+		if err != nil {
+			var ce *client.Error
+			if errors.As(err, &ce) && ce.Reason == client.ReasonUnauthenticated {
+				log.Fatal("berthd does not know the token: ", ce.Message)
+			}
+			log.Fatal(err)
+		}
+		fmt.Println(sb.GetId(), sb.GetOwner())
+	}
+}
+
+func ExampleWithTLS() {
+	ctx := context.Background()
+	// mTLS: the client certificate's common name is the principal.
+	tlsCfg, err := client.TLSConfigFromFiles("/etc/berth/ca.crt", "alice.crt", "alice.key")
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := client.Dial(ctx, "berth.example:7443", client.WithTLS(tlsCfg))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	sb, err := c.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: "berth.dev/base:latest"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(sb.GetId(), "owned by", sb.GetOwner()) // owned by alice
+}

@@ -38,6 +38,11 @@ const (
 	// ReasonWorkloadUserUnavailable (FAILED_PRECONDITION): the agent cannot
 	// act as the sandbox's workload user; nothing was done.
 	ReasonWorkloadUserUnavailable = "WORKLOAD_USER_UNAVAILABLE"
+	// ReasonFileRefused (FAILED_PRECONDITION): the file or its file system
+	// refuses the operation as asked, e.g. a /proc file that takes only
+	// aligned reads (EINVAL) or a device without data (ENXIO);
+	// Error.Metadata["errno"] names the errno.
+	ReasonFileRefused = "FILE_OPERATION_REFUSED"
 )
 
 // FileOption configures the file transfers: WriteFile, ReadFile, Upload

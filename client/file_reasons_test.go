@@ -29,6 +29,7 @@ func TestFileReasonsMatchAgent(t *testing.T) {
 		{ReasonFileBusy, rpcstatus.ReasonFileBusy},
 		{ReasonNoSpace, rpcstatus.ReasonNoSpace},
 		{ReasonWorkloadUserUnavailable, rpcstatus.ReasonAgentCannotActAsUser},
+		{ReasonFileRefused, rpcstatus.ReasonFileRefused},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

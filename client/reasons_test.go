@@ -28,6 +28,9 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonCanceled, rpcstatus.ReasonCanceled},
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
+		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
+		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},
+		{ReasonDescriptorLimit, rpcstatus.ReasonDescriptorLimit},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

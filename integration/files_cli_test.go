@@ -15,6 +15,13 @@ func berthCLI(t *testing.T, stdin []byte, args ...string) (string, string, int) 
 	t.Helper()
 	cmd := exec.Command(env.cliBinary, append([]string{"--addr", env.berthdAddr}, args...)...)
 	cmd.Stdin = bytes.NewReader(stdin)
+	return runCLI(t, cmd, args)
+}
+
+// runCLI runs a berth CLI command made with args and returns its stdout,
+// stderr and exit code.
+func runCLI(t *testing.T, cmd *exec.Cmd, args []string) (string, string, int) {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

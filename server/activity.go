@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 
+	"github.com/berth-sandbox/berth/server/auth"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -22,7 +23,7 @@ func (s *Service) activityUnary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if m, ok := req.(proto.Message); ok {
 			if id := sandboxIDOf(m.ProtoReflect(), 1); id != "" {
-				defer s.reaper.Begin(id)()
+				defer s.beginActivity(ctx, id)()
 			}
 		}
 		return handler(ctx, req)
@@ -58,7 +59,7 @@ func (w *activityStream) RecvMsg(m any) error {
 	if w.ended == nil {
 		if pm, ok := m.(proto.Message); ok {
 			if id := sandboxIDOf(pm.ProtoReflect(), 1); id != "" {
-				w.ended = w.s.reaper.Begin(id)
+				w.ended = w.s.beginActivity(w.ServerStream.Context(), id)
 			}
 		}
 	}
@@ -71,6 +72,21 @@ func (w *activityStream) end() {
 	if w.ended != nil {
 		w.ended()
 	}
+}
+
+// beginActivity counts a request naming sandbox id as activity in it until
+// the returned function is called — unless the sandbox is another
+// principal's: requests that get NOT_FOUND must not keep it from idling
+// out. Whose it is comes from the owner berthd verified for its live
+// runtime (at its creation, or a request's reach); until one is, the
+// request counts.
+func (s *Service) beginActivity(ctx context.Context, id string) (end func()) {
+	if last, ok := s.ids.live(id); ok {
+		if owner, known := s.ids.ownerOf(id, last.BootID); known && !auth.Sees(ctx, owner) {
+			return func() {}
+		}
+	}
+	return s.reaper.Begin(id)
 }
 
 // sandboxIDOf returns the first non-empty string field named sandbox_id in

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -119,19 +120,19 @@ func (c *capacity) admitSandbox(ctx context.Context, id string, memBytes uint64)
 	count := uint64(len(existing))
 	var mem uint64
 	for _, m := range existing {
-		mem += m
+		mem = addSaturating(mem, m)
 	}
 	for pid, m := range c.pending {
 		if _, ok := existing[pid]; !ok {
 			count++
-			mem += m
+			mem = addSaturating(mem, m)
 		}
 	}
 	if c.maxSandboxes > 0 && count+1 > uint64(c.maxSandboxes) {
 		return nil, &fleetBusyError{sandboxID: id, resource: berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES,
 			limit: uint64(c.maxSandboxes), inUse: count, requested: 1, retryDelay: c.retryDelay}
 	}
-	if c.memoryBudget > 0 && mem+memBytes > c.memoryBudget {
+	if c.memoryBudget > 0 && addSaturating(mem, memBytes) > c.memoryBudget {
 		return nil, &fleetBusyError{sandboxID: id, resource: berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY,
 			limit: c.memoryBudget, inUse: mem, requested: memBytes, retryDelay: c.retryDelay}
 	}
@@ -144,6 +145,16 @@ func (c *capacity) admitSandbox(ctx context.Context, id string, memBytes uint64)
 			c.createMu.Unlock()
 		})
 	}, nil
+}
+
+// addSaturating returns a+b, or the largest uint64 when the sum would wrap:
+// memory caps come from callers and from labels, and a wrapped sum would
+// admit what the budget cannot hold.
+func addSaturating(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
 }
 
 // execSlot is one admitted exec's place; release it once the exec ended.

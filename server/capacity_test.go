@@ -137,3 +137,25 @@ func TestAdmitSandbox(t *testing.T) {
 		}
 	})
 }
+
+// TestAdmitSandboxMemoryNoWrap: memory caps near 2^64, from a request or
+// from sandboxes' records, must not wrap the budget's sum and be admitted.
+func TestAdmitSandboxMemoryNoWrap(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		existing map[string]uint64
+		request  uint64
+	}{
+		{"request", map[string]uint64{"a": 100}, 1<<64 - 50},
+		{"records", map[string]uint64{"a": 1<<64 - 10, "b": 20}, 1},
+		{"both", map[string]uint64{"a": 1 << 63}, 1 << 63},
+	} {
+		usage := func(context.Context) (map[string]uint64, error) { return tc.existing, nil }
+		c := newCapacity(Config{MemoryBudgetBytes: 300}, usage)
+		var b *fleetBusyError
+		if _, err := c.admitSandbox(ctx, "new", tc.request); !errors.As(err, &b) || b.resource != berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY {
+			t.Errorf("%s: admitSandbox(%d) with %v promised = %v, want FLEET_BUSY for memory", tc.name, tc.request, tc.existing, err)
+		}
+	}
+}

@@ -14,8 +14,10 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/textsafe"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc/codes"
@@ -51,8 +53,18 @@ type creation struct {
 // ready. A sandbox whose agent does not answer within
 // Config.AgentReadyTimeout, or whose task exits first, is removed and
 // reported as UNAVAILABLE with the tail of the agent's log.
+//
+// The sandbox records the caller as its owner. Sandbox ids are one
+// namespace for all principals: a caller-chosen id that another principal's
+// sandbox holds is ALREADY_EXISTS (takenError) without a word about that
+// sandbox. Ids derived from request_id include the caller, so two
+// principals' idempotency keys never collide.
 func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.CreateSandboxResponse, error) {
-	spec, err := s.sandboxSpec(req)
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := s.sandboxSpec(req, p.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +85,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 			return resp, nil
 		}
 	}
-	c, err := s.joinCreation(spec)
+	c, err := s.joinCreation(spec, p)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
@@ -88,11 +100,11 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 	}
 }
 
-// sandboxSpec validates req and returns the spec it asks for, with the
-// server's defaults filled in and the id chosen: the caller's, derived from
-// request_id, or minted.
-func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest) (runtime.SandboxSpec, error) {
-	spec := runtime.SandboxSpec{ID: req.GetSandboxId(), Image: req.GetImage(), Labels: req.GetLabels(), Env: req.GetEnv()}
+// sandboxSpec validates req and returns the spec it asks for, owned by
+// owner, with the server's defaults filled in and the id chosen: the
+// caller's, derived from owner and request_id, or minted.
+func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (runtime.SandboxSpec, error) {
+	spec := runtime.SandboxSpec{ID: req.GetSandboxId(), Image: req.GetImage(), Labels: req.GetLabels(), Env: req.GetEnv(), Owner: owner}
 	switch {
 	case spec.ID != "":
 		if err := validateSandboxID("sandbox_id", spec.ID); err != nil {
@@ -102,12 +114,12 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest) (runtime.Sandbo
 		if err := validateRequestID("request_id", req.GetRequestId()); err != nil {
 			return spec, err
 		}
-		spec.ID = requestSandboxID(req.GetRequestId())
+		spec.ID = requestSandboxID(owner, req.GetRequestId())
 	default:
 		spec.ID = newID("sb-", 10)
 	}
-	if spec.Image == "" {
-		return spec, rpcstatus.InvalidArgument("image", "is empty")
+	if err := validateImageRef("image", spec.Image); err != nil {
+		return spec, err
 	}
 	if err := validateLabels("labels", spec.Labels); err != nil {
 		return spec, err
@@ -162,11 +174,12 @@ func validateRequestID(field, id string) error {
 	return nil
 }
 
-// requestSandboxID derives the sandbox id of a request id: "rq-" and 12
-// characters of its SHA-256 (60 bits), so a retried request names the same
-// sandbox.
-func requestSandboxID(requestID string) string {
-	sum := sha256.Sum256([]byte(requestID))
+// requestSandboxID derives the sandbox id of owner's request id: "rq-" and
+// 12 characters of the SHA-256 of both (60 bits), so a retried request
+// names the same sandbox, and the same request id of another principal
+// another one.
+func requestSandboxID(owner, requestID string) string {
+	sum := sha256.Sum256([]byte(owner + "\x00" + requestID))
 	b := make([]byte, 12)
 	for i := range b {
 		b[i] = idAlphabet[int(sum[i])%len(idAlphabet)]
@@ -184,10 +197,10 @@ func validateEnv(field string, env map[string]string) error {
 		case k == "":
 			return rpcstatus.InvalidArgument(field, "a key is empty")
 		case strings.ContainsAny(k, "=\x00"):
-			return rpcstatus.InvalidArgument(field, fmt.Sprintf("key %q contains '=' or NUL", k))
+			return rpcstatus.InvalidArgument(field, fmt.Sprintf("key %s contains '=' or NUL", textsafe.Quote(k)))
 		case strings.ContainsRune(v, 0):
 			// The value is never echoed: it may be a secret.
-			return rpcstatus.InvalidArgument(field, fmt.Sprintf("the value of %q contains NUL", k))
+			return rpcstatus.InvalidArgument(field, fmt.Sprintf("the value of %s contains NUL", textsafe.Quote(k)))
 		}
 		total += len(k) + len(v) + 2
 	}
@@ -213,7 +226,7 @@ func parseUser(field, v string) (uid, gid uint32, err error) {
 	uid64, err1 := strconv.ParseUint(u, 10, 32)
 	gid64, err2 := strconv.ParseUint(g, 10, 32)
 	if err1 != nil || err2 != nil || uid64 == 1<<32-1 || gid64 == 1<<32-1 {
-		return 0, 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%q must be \"uid\" or \"uid:gid\", numbers from 0 to 4294967294", v))
+		return 0, 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%s must be \"uid\" or \"uid:gid\", numbers from 0 to 4294967294", textsafe.Quote(v)))
 	}
 	return uint32(uid64), uint32(gid64), nil
 }
@@ -231,12 +244,10 @@ func validateWorkDir(field, dir string) (string, error) {
 	case strings.ContainsRune(dir, 0):
 		return "", rpcstatus.InvalidArgument(field, "contains NUL")
 	case !filepath.IsAbs(dir) || filepath.Clean(dir) != dir:
-		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%q must be an absolute, clean path (like %q)", dir, filepath.Clean("/"+dir)))
+		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%s must be an absolute, clean path (like %s)", textsafe.Quote(dir), textsafe.Quote(filepath.Clean("/"+dir))))
 	}
-	for _, p := range []string{"/proc", "/sys", "/dev", runtime.AgentPath, runtime.RunDir} {
-		if dir == p || strings.HasPrefix(dir, p+"/") {
-			return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%q is inside %s", dir, p))
-		}
+	if p := reservedDir(dir, true); p != "" {
+		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%s is inside %s", textsafe.Quote(dir), p))
 	}
 	return dir, nil
 }
@@ -264,12 +275,16 @@ func boundedDuration(field string, d *durationpb.Duration, def, max time.Duratio
 }
 
 // joinCreation returns the creation in progress for spec.ID when its spec
-// is the same, or starts one. A creation in progress with another spec is
-// a conflict.
-func (s *Service) joinCreation(spec runtime.SandboxSpec) (*creation, error) {
+// is the same, or starts one for caller p. A creation in progress with
+// another spec is a conflict, and one for an owner p may not see is
+// takenError.
+func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*creation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.creating[spec.ID]; ok {
+		if !p.Sees(c.spec.Owner) {
+			return nil, takenError(spec.ID)
+		}
 		if fields := specDiff(c.spec, runtime.EnvDigest(c.spec.Env), spec); len(fields) > 0 {
 			return nil, conflictError(spec.ID, fields)
 		}
@@ -283,7 +298,7 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec) (*creation, error) {
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		c.resp, c.err = s.createOrGet(spec)
+		c.resp, c.err = s.createOrGet(spec, p)
 		if c.err != nil && c.deleted.Load() {
 			// The delete pulled the container or the agent connection
 			// out from under the start; what failed next is its echo.
@@ -298,9 +313,10 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec) (*creation, error) {
 }
 
 // createOrGet returns the existing sandbox of spec.ID when its spec is the
-// same, or creates it. It runs under the Service's background context,
-// bounded by the agent-ready timeout plus a minute for containerd.
-func (s *Service) createOrGet(spec runtime.SandboxSpec) (*berthv1.CreateSandboxResponse, error) {
+// same and caller p may see it, or creates it. It runs under the Service's
+// background context, bounded by the agent-ready timeout plus a minute for
+// containerd.
+func (s *Service) createOrGet(spec runtime.SandboxSpec, p auth.Principal) (*berthv1.CreateSandboxResponse, error) {
 	ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.AgentReadyTimeout+time.Minute)
 	defer cancel()
 	existing, err := s.rt.Get(ctx, spec.ID)
@@ -309,6 +325,9 @@ func (s *Service) createOrGet(spec runtime.SandboxSpec) (*berthv1.CreateSandboxR
 		return s.create(ctx, spec)
 	case err != nil:
 		return nil, err
+	case !p.Sees(existing.Owner):
+		// Before anything else about it: its state, its spec.
+		return nil, takenError(spec.ID)
 	}
 	if r := s.reaper.Stopping(spec.ID); r != fleet.ReasonNone || existing.Expired != "" {
 		why := existing.Expired
@@ -363,6 +382,7 @@ func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.
 	info, err := s.waitAgent(ctx, spec.ID)
 	if err == nil {
 		s.sandboxCreated(spec.ID, info.GetBootId(), info.GetVersion())
+		s.ids.setOwner(spec.ID, info.GetBootId(), spec.Owner)
 		var sb runtime.Sandbox
 		if sb, err = s.rt.Get(ctx, spec.ID); err == nil {
 			return sb, info, nil
@@ -420,6 +440,16 @@ func conflictError(id string, fields []string) error {
 		map[string]string{"sandbox_id": id, "fields": strings.Join(fields, ",")})
 }
 
+// takenError is ALREADY_EXISTS for an id that a sandbox the caller may not
+// see holds: ids are one namespace, so the create cannot go ahead, but the
+// answer says nothing of that sandbox (no spec, no differing fields, not
+// even whether it is running).
+func takenError(id string) error {
+	return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists,
+		fmt.Sprintf("sandbox id %s is taken; choose another id, or let berthd choose one (leave sandbox_id empty)", id),
+		map[string]string{"sandbox_id": id})
+}
+
 // poolable reports whether a request's spec is what warm-pool members are
 // made with: no env, user 0:0, the default working directory and limits.
 // Labels, idle timeout and maximum lifetime are applied at the claim.
@@ -452,6 +482,7 @@ func (s *Service) fromPool(ctx context.Context, spec runtime.SandboxSpec) (*bert
 		}
 		return nil, false
 	}
+	s.ids.setOwner(id, "", "") // it changes now
 	if err := s.rt.Claim(ctx, id, spec); err != nil {
 		return drop(err)
 	}
@@ -463,6 +494,7 @@ func (s *Service) fromPool(ctx context.Context, spec runtime.SandboxSpec) (*bert
 	if err != nil {
 		return drop(err)
 	}
+	s.ids.setOwner(id, info.GetBootId(), sb.Owner)
 	s.track(sb)
 	s.log.Info("sandbox created from the warm pool", slog.String("sandbox_id", id), slog.String("image", spec.Image),
 		slog.String("agent_boot_id", info.GetBootId()), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))

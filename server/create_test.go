@@ -75,9 +75,13 @@ func TestSpecDiff(t *testing.T) {
 }
 
 func TestRequestSandboxID(t *testing.T) {
-	a, b := requestSandboxID("job-1"), requestSandboxID("job-2")
-	if a != requestSandboxID("job-1") || a == b || validateSandboxID("id", a) != nil {
+	a, b := requestSandboxID("alice", "job-1"), requestSandboxID("alice", "job-2")
+	if a != requestSandboxID("alice", "job-1") || a == b || validateSandboxID("id", a) != nil {
 		t.Errorf("requestSandboxID: job-1 %q, job-2 %q; want stable, distinct, valid ids", a, b)
+	}
+	// Another principal's key names another sandbox.
+	if c := requestSandboxID("bob", "job-1"); c == a {
+		t.Errorf("requestSandboxID(bob, job-1) = %q, the same as alice's", c)
 	}
 }
 

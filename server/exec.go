@@ -57,6 +57,9 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		if ev.Start.GetProcess() == nil {
 			return rpcstatus.InvalidArgument("start.process", "is missing")
 		}
+		if err := validateExecCwd("start.process.cwd", ev.Start.GetProcess().GetCwd()); err != nil {
+			return err
+		}
 		background = ev.Start.GetBackground()
 		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess(), Background: background}}}
 	case *berthv1.ExecRequest_Attach:
@@ -259,6 +262,9 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	}
 	if req.GetProcess().GetStdin() {
 		return nil, rpcstatus.InvalidArgument("process.stdin", "Run has no stdin; use Exec")
+	}
+	if err := validateExecCwd("process.cwd", req.GetProcess().GetCwd()); err != nil {
+		return nil, err
 	}
 	guard, err := s.guardExec(ctx, sandboxID, execID, true)
 	if err != nil {

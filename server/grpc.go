@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -21,21 +22,59 @@ import (
 	"google.golang.org/grpc/reflection"
 )
 
-// NewGRPCServer returns a gRPC server serving svc as SandboxService and
-// ImageService, with grpc.health.v1 (reporting SERVING), server reflection,
-// keepalive, request logging to log and panic recovery (a panic becomes
-// INTERNAL and is logged, never a crash). opts come before berthd's own
-// options, so their interceptors run outside berthd's (metrics see every
-// call, panics included); a stats handler among them (OpenTelemetry) sees
-// every call too.
+// GRPCOption configures NewGRPCServer.
+type GRPCOption func(*grpcConfig)
+
+type grpcConfig struct {
+	auth  *auth.Authenticator
+	extra []grpc.ServerOption
+}
+
+// WithServerOptions adds gRPC server options before berthd's own, so that
+// their interceptors run outside berthd's (metrics see every call, panics
+// and refused credentials included); a stats handler among them
+// (OpenTelemetry) sees every call too.
+func WithServerOptions(opts ...grpc.ServerOption) GRPCOption {
+	return func(c *grpcConfig) { c.extra = append(c.extra, opts...) }
+}
+
+// WithAuthenticator makes the server authenticate callers with a: its
+// transport credentials (unix socket peer credentials, TLS) and its
+// interceptors (bearer tokens, client certificates, admins, nodes). Without
+// it the server takes auth.New(auth.Config{}): unix socket peers only, TCP
+// refused.
+func WithAuthenticator(a *auth.Authenticator) GRPCOption {
+	return func(c *grpcConfig) { c.auth = a }
+}
+
+// NewGRPCServer returns a gRPC server serving svc as SandboxService,
+// ImageService and FileService, with grpc.health.v1 (reporting SERVING),
+// server reflection, keepalive, request logging to log (with the caller's
+// principal) and panic recovery (a panic becomes INTERNAL and is logged,
+// never a crash). Every request but health checks is authenticated (see
+// package auth); handlers see the caller's auth.Principal and no incoming
+// metadata.
 //
 // Every call is logged when it ends, with its code and its duration in
 // seconds (grpc.duration_seconds): at DEBUG when it succeeded or the
 // caller's request was at fault, at INFO for the runtime conditions
-// (RESOURCE_EXHAUSTED, UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED), at ERROR for
+// (RESOURCE_EXHAUSTED, UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED) and refused
+// credentials (UNAUTHENTICATED, PERMISSION_DENIED), at ERROR for
 // berthd's own failures (INTERNAL, UNKNOWN, DATA_LOSS), so that a busy
 // server's INFO log holds lifecycle events and failures, not traffic.
-func NewGRPCServer(svc *Service, log *slog.Logger, opts ...grpc.ServerOption) *grpc.Server {
+func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Server {
+	var cfg grpcConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.auth == nil {
+		// The zero Config reads no file: it cannot fail.
+		a, err := auth.New(auth.Config{}, log)
+		if err != nil {
+			panic(err)
+		}
+		cfg.auth = a
+	}
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
@@ -51,9 +90,16 @@ func NewGRPCServer(svc *Service, log *slog.Logger, opts ...grpc.ServerOption) *g
 		log.ErrorContext(ctx, "handler panic", slog.String("incident", incident), slog.Any("panic", p))
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error "+incident+"; the server log has the cause", map[string]string{"incident": incident})
 	})}
-	srv := grpc.NewServer(append(opts,
-		grpc.ChainUnaryInterceptor(logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...), svc.activityUnary()),
-		grpc.ChainStreamInterceptor(logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...), svc.activityStream()),
+	unary := []grpc.UnaryServerInterceptor{logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...)}
+	unary = append(unary, cfg.auth.UnaryInterceptors()...)
+	unary = append(unary, logPrincipalUnary, svc.activityUnary())
+	stream := []grpc.StreamServerInterceptor{logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...)}
+	stream = append(stream, cfg.auth.StreamInterceptors()...)
+	stream = append(stream, logPrincipalStream, svc.activityStream())
+	srv := grpc.NewServer(append(cfg.extra,
+		grpc.Creds(cfg.auth.TransportCredentials()),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 		// Keepalive pings find dead callers of long silent execs; callers may
 		// ping every 10 s or more, also without an active stream.
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
@@ -71,14 +117,70 @@ func NewGRPCServer(svc *Service, log *slog.Logger, opts ...grpc.ServerOption) *g
 	return srv
 }
 
-// Listen listens on addr: "unix:///path" or "unix:/path" for a unix socket
-// (a stale socket file is removed first; the socket is made 0600), anything
-// else as a TCP host:port.
-func Listen(addr string) (net.Listener, error) {
-	path, ok := strings.CutPrefix(addr, "unix://")
-	if !ok {
-		path, ok = strings.CutPrefix(addr, "unix:")
+// rpcLogLevel is the level of a finished call's log line by its code: see
+// NewGRPCServer.
+func rpcLogLevel(code codes.Code) logging.Level {
+	switch code {
+	case codes.ResourceExhausted, codes.Unavailable, codes.Aborted, codes.DeadlineExceeded, codes.Unauthenticated, codes.PermissionDenied:
+		return logging.LevelInfo
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		return logging.LevelError
+	case codes.Unimplemented:
+		return logging.LevelWarn
 	}
+	return logging.LevelDebug
+}
+
+// logPrincipalUnary and logPrincipalStream add the caller's principal to
+// the request's log line.
+func logPrincipalUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	addPrincipalField(ctx)
+	return handler(ctx, req)
+}
+
+func logPrincipalStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	addPrincipalField(ss.Context())
+	return handler(srv, ss)
+}
+
+func addPrincipalField(ctx context.Context) {
+	if p, ok := auth.FromContext(ctx); ok {
+		logging.AddFields(ctx, logging.Fields{"principal", p.String()})
+	}
+}
+
+// ListenOption configures Listen's unix socket.
+type ListenOption func(*listenConfig)
+
+type listenConfig struct {
+	mode os.FileMode
+	gid  int
+}
+
+// WithSocketMode sets the unix socket's permission bits (default 0600: root
+// only). Every uid that may connect is its own principal (auth package), so
+// 0660 with WithSocketGroup, or 0666, lets local users in as themselves;
+// they must also be able to search the socket's directory.
+func WithSocketMode(mode os.FileMode) ListenOption {
+	return func(c *listenConfig) { c.mode = mode }
+}
+
+// WithSocketGroup gives the unix socket to group gid (-1: leave it).
+func WithSocketGroup(gid int) ListenOption {
+	return func(c *listenConfig) { c.gid = gid }
+}
+
+// Listen listens on addr: "unix:///path" or "unix:/path" for a unix socket
+// (a stale socket file is removed first; the socket is made 0600 unless
+// WithSocketMode says otherwise), anything else as a TCP host:port. TCP
+// needs TLS or an explicit plaintext choice: see auth.Authenticator's
+// CheckListen, which berthd calls first.
+func Listen(addr string, opts ...ListenOption) (net.Listener, error) {
+	cfg := listenConfig{mode: 0o600, gid: -1}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	path, ok := UnixPath(addr)
 	if !ok {
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -93,23 +195,25 @@ func Listen(addr string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	if cfg.gid >= 0 {
+		if err := os.Chown(path, -1, cfg.gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("give socket %s to group %d: %w", path, cfg.gid, err)
+		}
+	}
+	if err := os.Chmod(path, cfg.mode); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("restrict socket %s: %w", path, err)
 	}
 	return l, nil
 }
 
-// rpcLogLevel is the level of a finished call's log line by its code: see
-// NewGRPCServer.
-func rpcLogLevel(code codes.Code) logging.Level {
-	switch code {
-	case codes.ResourceExhausted, codes.Unavailable, codes.Aborted, codes.DeadlineExceeded:
-		return logging.LevelInfo
-	case codes.Internal, codes.Unknown, codes.DataLoss:
-		return logging.LevelError
-	case codes.Unimplemented:
-		return logging.LevelWarn
+// UnixPath returns the socket path of a "unix:///path" or "unix:/path"
+// address, and false for anything else (a TCP host:port).
+func UnixPath(addr string) (string, bool) {
+	path, ok := strings.CutPrefix(addr, "unix://")
+	if !ok {
+		path, ok = strings.CutPrefix(addr, "unix:")
 	}
-	return logging.LevelDebug
+	return path, ok
 }

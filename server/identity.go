@@ -130,6 +130,11 @@ type sandboxRuntimes struct {
 	// journalLines counts lines in the journal file, to know when to
 	// compact it.
 	journalLines int
+	// owner is the sandbox's owner (principal) as containerd recorded it
+	// while the runtime with boot id ownerBoot ran: reach trusts it for
+	// that runtime only, so a sandbox deleted and created anew behind
+	// berthd's back (another berthd on the namespace) is looked up again.
+	owner, ownerBoot string
 }
 
 func newIdentities(dir string, log *slog.Logger) *identities {
@@ -322,6 +327,27 @@ func (r *identities) execRuntime(sandboxID, execID string) (identity, bool) {
 		}
 	}
 	return identity{BootID: boot}, true
+}
+
+// setOwner remembers owner as the owner of the sandbox whose runtime has
+// boot id bootID; an empty bootID forgets the owner (a warm-pool claim).
+func (r *identities) setOwner(sandboxID, bootID, owner string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.get(sandboxID)
+	sr.owner, sr.ownerBoot = owner, bootID
+}
+
+// ownerOf returns the owner remembered for the sandbox's runtime with boot
+// id bootID; false when none is.
+func (r *identities) ownerOf(sandboxID, bootID string) (string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.peek(sandboxID)
+	if sr == nil || bootID == "" || sr.ownerBoot != bootID {
+		return "", false
+	}
+	return sr.owner, true
 }
 
 // forget drops everything known about the sandbox, journal included.

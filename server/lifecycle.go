@@ -104,11 +104,7 @@ func (s *Service) KeepAlive(ctx context.Context, req *berthv1.KeepAliveRequest) 
 			return nil, rpcstatus.InvalidArgument("hold_for", fmt.Sprintf("%v is outside 0 to the server's maximum idle timeout %v", hold, s.cfg.MaxIdleTimeout))
 		}
 	}
-	sb, err := s.rt.Get(ctx, id)
-	if err == nil && sb.Pooled {
-		err = fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
-	}
-	if err != nil {
+	if _, err := s.visibleSandbox(ctx, id); err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
 	if hold > 0 {

@@ -20,10 +20,10 @@ const pullProgressInterval = 250 * time.Millisecond
 func (s *Service) PullImage(req *berthv1.PullImageRequest, stream berthv1.ImageService_PullImageServer) error {
 	ctx := stream.Context()
 	ref := req.GetReference()
-	meta := map[string]string{"reference": ref}
-	if ref == "" {
-		return rpcstatus.InvalidArgument("reference", "is empty")
+	if err := validateImageRef("reference", ref); err != nil {
+		return err
 	}
+	meta := map[string]string{"reference": ref}
 	if _, err := runtime.NormalizeReference(ref); err != nil {
 		return rpcstatus.InvalidArgument("reference", err.Error())
 	}
@@ -59,8 +59,8 @@ func pullProgressProto(layers []runtime.PullProgress) *berthv1.PullImageResponse
 // snapshots and run on.
 func (s *Service) DeleteImage(ctx context.Context, req *berthv1.DeleteImageRequest) (*berthv1.DeleteImageResponse, error) {
 	name := req.GetName()
-	if name == "" {
-		return nil, rpcstatus.InvalidArgument("name", "is empty")
+	if err := validateImageRef("name", name); err != nil {
+		return nil, err
 	}
 	if err := s.rt.DeleteImage(ctx, name); err != nil {
 		return nil, s.toStatus(ctx, err, map[string]string{"name": name})

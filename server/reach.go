@@ -10,6 +10,7 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc"
 )
@@ -21,7 +22,9 @@ import (
 // sandbox's task is not running (TASK_STOPPED), the agent's socket is
 // missing (SOCKET_MISSING), or the agent did not connect and answer within
 // Config.ConnectBudget (CONNECT_TIMEOUT: stopped, hung or overloaded).
-// execID, which may be empty, only goes into the error.
+// execID, which may be empty, only goes into the error. A sandbox the
+// caller of ctx may not see (auth.Sees) is ErrSandboxNotFound, worded as
+// for a missing one, decided before anything reaches its agent.
 //
 // When berthd knows the sandbox's runtime and containerd has not reported
 // its task gone, the agent answering with that runtime's boot id proves the
@@ -40,6 +43,9 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 		sb, err = s.rt.Get(ctx, sandboxID)
 		if err != nil {
 			return err
+		}
+		if !auth.Sees(ctx, sb.Owner) {
+			return sandboxNotFound(sandboxID)
 		}
 		checked = true
 		unreachable := func(cause berthv1.UnreachableCause, what string) error {
@@ -60,7 +66,13 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 		}
 		return nil
 	}
-	if !known {
+	// The owner berthd verified for the live runtime spares containerd;
+	// without one, containerd's record decides before the agent is asked.
+	owner, ownerKnown := s.ids.ownerOf(sandboxID, last.BootID)
+	if known && ownerKnown && !auth.Sees(ctx, owner) {
+		return nil, identity{}, sandboxNotFound(sandboxID)
+	}
+	if !known || !ownerKnown {
 		if err := check(); err != nil {
 			return nil, identity{}, err
 		}
@@ -86,6 +98,9 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 			what: fmt.Sprintf("the agent did not answer within the connect budget of %v (%v)", s.cfg.ConnectBudget, grpcMessage(err))}
 	}
 	if known && info.GetBootId() == last.BootID {
+		if checked {
+			s.ids.setOwner(sandboxID, last.BootID, sb.Owner)
+		}
 		return agent, last, nil
 	}
 	if !checked {
@@ -101,5 +116,6 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 		id.StartedAt, _ = procStartTime(id.TaskPID)
 	}
 	s.ids.observe(sandboxID, id)
+	s.ids.setOwner(sandboxID, id.BootID, sb.Owner)
 	return agent, id, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"strings"
 
@@ -13,8 +14,10 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -69,20 +72,49 @@ func (s *Service) logTail(id string) string {
 	return "; agent log: " + strings.TrimSpace(string(b))
 }
 
+// sandboxNotFound is the error of a sandbox that does not exist, and of one
+// the caller may not see: the same words and details (toStatus), so that no
+// answer tells the two apart.
+func sandboxNotFound(id string) error {
+	return fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
+}
+
+// visibleSandbox returns the record of sandbox id when the caller of ctx
+// may see it (auth.Sees). A warm-pool member no caller claimed, or another
+// principal's sandbox, is sandboxNotFound.
+func (s *Service) visibleSandbox(ctx context.Context, id string) (runtime.Sandbox, error) {
+	sb, err := s.rt.Get(ctx, id)
+	if err != nil {
+		return runtime.Sandbox{}, err
+	}
+	if sb.Pooled || !auth.Sees(ctx, sb.Owner) {
+		return runtime.Sandbox{}, sandboxNotFound(id)
+	}
+	return sb, nil
+}
+
+// caller returns the principal of ctx; a context the auth interceptors did
+// not make has none and is refused as UNAUTHENTICATED.
+func caller(ctx context.Context) (auth.Principal, error) {
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return auth.Principal{}, rpcstatus.Error(codes.Unauthenticated, rpcstatus.ReasonUnauthenticated, "the request carries no authenticated principal", nil)
+	}
+	return p, nil
+}
+
 // GetSandbox returns the sandbox's record from containerd with its state
 // (starting, running, stopping with the reason, stopped), its agent's
 // identity and exec count, its deadlines and its live usage (containerd
-// task metrics). Warm-pool members that no caller claimed are NOT_FOUND.
+// task metrics). Warm-pool members that no caller claimed, and sandboxes of
+// other principals, are NOT_FOUND.
 func (s *Service) GetSandbox(ctx context.Context, req *berthv1.GetSandboxRequest) (*berthv1.GetSandboxResponse, error) {
 	id := req.GetSandboxId()
 	meta := map[string]string{"sandbox_id": id}
 	if err := validateSandboxID("sandbox_id", id); err != nil {
 		return nil, err
 	}
-	sb, err := s.rt.Get(ctx, id)
-	if err == nil && sb.Pooled {
-		err = fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
-	}
+	sb, err := s.visibleSandbox(ctx, id)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
@@ -152,9 +184,13 @@ const (
 	maxPageSize     = 1000
 )
 
-// ListSandboxes lists sandboxes ordered by id. The page token is the last id
-// of the previous page, base64-encoded.
+// ListSandboxes lists the caller's sandboxes (an admin's: all) ordered by
+// id. The page token is the last id of the previous page, base64-encoded.
 func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesRequest) (*berthv1.ListSandboxesResponse, error) {
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
 	size := int(req.GetPageSize())
 	switch {
 	case size < 0 || size > maxPageSize:
@@ -170,13 +206,26 @@ func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesR
 		}
 		after = string(b)
 	}
-	all, err := s.rt.List(ctx, req.GetLabelSelector())
+	if err := validateLabels("label_selector", req.GetLabelSelector()); err != nil {
+		return nil, err
+	}
+	selector := req.GetLabelSelector()
+	if !p.Admin {
+		// containerd filters by owner: a principal's listing costs what
+		// its own sandboxes cost, not what the host holds.
+		selector = maps.Clone(selector)
+		if selector == nil {
+			selector = make(map[string]string, 1)
+		}
+		selector[runtime.LabelOwner] = p.Name
+	}
+	all, err := s.rt.List(ctx, selector)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, nil)
 	}
 	resp := &berthv1.ListSandboxesResponse{}
 	for _, sb := range all {
-		if sb.ID <= after || sb.Pooled {
+		if sb.ID <= after || sb.Pooled || !p.Sees(sb.Owner) {
 			continue
 		}
 		if len(resp.Sandboxes) == size {
@@ -188,23 +237,48 @@ func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesR
 	return resp, nil
 }
 
-// DeleteSandbox removes the sandbox; a missing one is not an error. A
-// CreateSandbox of the id in progress that fails because of it fails
-// NOT_FOUND SANDBOX_NOT_FOUND ("deleted while it was being created").
+// DeleteSandbox removes the sandbox; a missing one is not an error, and
+// neither is one the caller may not see, which stays untouched: the answer
+// is the same as for a missing one. A CreateSandbox of the id in progress
+// that fails because of it fails NOT_FOUND SANDBOX_NOT_FOUND ("deleted
+// while it was being created").
 func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxRequest) (*berthv1.DeleteSandboxResponse, error) {
 	id := req.GetSandboxId()
 	if err := validateSandboxID("sandbox_id", id); err != nil {
 		return nil, err
 	}
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{"sandbox_id": id}
 	s.mu.Lock()
-	if c := s.creating[id]; c != nil {
+	c := s.creating[id]
+	if c != nil && p.Sees(c.spec.Owner) {
 		c.deleted.Store(true)
 	}
 	s.mu.Unlock()
-	if err := s.deleteSandbox(ctx, id); err != nil {
-		return nil, s.toStatus(ctx, err, map[string]string{"sandbox_id": id})
+	if c == nil {
+		// Nothing of the id is being created: containerd's record says
+		// whose it is. A missing sandbox leaves nothing to do — removing
+		// "whatever has the id" now could hit another principal's
+		// sandbox created in between.
+		sb, err := s.rt.Get(ctx, id)
+		switch {
+		case errors.Is(err, runtime.ErrSandboxNotFound):
+			return &berthv1.DeleteSandboxResponse{}, nil
+		case err != nil:
+			return nil, s.toStatus(ctx, err, meta)
+		case !p.Sees(sb.Owner):
+			return &berthv1.DeleteSandboxResponse{}, nil
+		}
+	} else if !p.Sees(c.spec.Owner) {
+		return &berthv1.DeleteSandboxResponse{}, nil
 	}
-	s.log.InfoContext(ctx, "sandbox deleted", slog.String("sandbox_id", id))
+	if err := s.deleteSandbox(ctx, id); err != nil {
+		return nil, s.toStatus(ctx, err, meta)
+	}
+	s.log.InfoContext(ctx, "sandbox deleted", slog.String("sandbox_id", id), slog.String("principal", p.String()))
 	return &berthv1.DeleteSandboxResponse{}, nil
 }
 
@@ -232,6 +306,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		User:          fmt.Sprintf("%d:%d", sb.UID, sb.GID),
 		Workdir:       sb.WorkDir,
 		ServerVersion: Version,
+		Owner:         sb.Owner,
 	}
 	if sb.IdleTimeout > 0 {
 		out.IdleTimeout = durationpb.New(sb.IdleTimeout)

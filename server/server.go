@@ -17,6 +17,7 @@ package server
 import (
 	"context"
 	"log/slog"
+	"math"
 	goruntime "runtime"
 	"sync"
 	"time"
@@ -26,6 +27,7 @@ import (
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"golang.org/x/sys/unix"
 )
 
 // Version is berthd's release version: internal/version's (set at build
@@ -50,8 +52,10 @@ type Config struct {
 	// MaxCPUMillis bounds requested CPU caps, in thousandths of a CPU.
 	// Default: the host's CPU count × 1000.
 	MaxCPUMillis uint64
-	// MaxMemoryBytes bounds requested memory caps, in bytes. Default: no
-	// bound beyond the host's memory.
+	// MaxMemoryBytes bounds requested memory caps, in bytes; larger
+	// requests are INVALID_ARGUMENT. Default: the host's physical memory
+	// (sysinfo(2) totalram), which also keeps a cap far from the int64
+	// the OCI spec stores it in.
 	MaxMemoryBytes uint64
 	// AgentReadyTimeout bounds how long CreateSandbox waits for the agent
 	// to answer after the task starts. Default 30 s.
@@ -130,6 +134,9 @@ func (c *Config) setDefaults() {
 	if c.MaxCPUMillis == 0 {
 		c.MaxCPUMillis = uint64(goruntime.NumCPU()) * 1000
 	}
+	if c.MaxMemoryBytes == 0 {
+		c.MaxMemoryBytes = hostMemoryBytes()
+	}
 	if c.AgentReadyTimeout == 0 {
 		c.AgentReadyTimeout = 30 * time.Second
 	}
@@ -165,6 +172,17 @@ func (c *Config) setDefaults() {
 	if c.PullResolveTimeout == 0 {
 		c.PullResolveTimeout = 10 * time.Second
 	}
+}
+
+// hostMemoryBytes returns the host's physical memory in bytes (sysinfo(2)),
+// or 1 TiB when it cannot be read.
+func hostMemoryBytes() uint64 {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil || si.Totalram == 0 {
+		return 1 << 40
+	}
+	unit := uint64(max(si.Unit, 1))
+	return min(uint64(si.Totalram), math.MaxInt64/unit) * unit
 }
 
 // Service implements berth.v1.SandboxService and berth.v1.ImageService.

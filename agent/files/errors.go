@@ -147,6 +147,9 @@ func (s *Service) toStatus(err error) error {
 		s.log.Error("file operation failed", "err", msg)
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, msg, meta(pathShown))
 	}
+	if limit := rpcstatus.SandboxLimit(msg, errno, meta(pathShown)); limit != nil && errno != unix.EAGAIN {
+		return limit // out of memory or descriptors: the sandbox's limits
+	}
 	code, reason := errnoCode(errno)
 	if errno == unix.ENAMETOOLONG {
 		// Request paths are checked against NAME_MAX and PATH_MAX first;
@@ -158,7 +161,11 @@ func (s *Service) toStatus(err error) error {
 	if code == codes.Internal {
 		s.log.Error("file operation failed", "err", msg)
 	}
-	return rpcstatus.Error(code, reason, msg, meta(pathShown))
+	m := meta(pathShown)
+	if reason == rpcstatus.ReasonFileRefused {
+		m["errno"] = unix.ErrnoName(errno)
+	}
+	return rpcstatus.Error(code, reason, msg, m)
 }
 
 // errnoCode maps an errno from a file system call to a code and reason.
@@ -188,6 +195,14 @@ func errnoCode(errno unix.Errno) (codes.Code, string) {
 		return codes.ResourceExhausted, rpcstatus.ReasonNoSpace
 	case unix.ENAMETOOLONG:
 		return codes.InvalidArgument, rpcstatus.ReasonInvalidArgument
+	case unix.EFBIG:
+		return codes.FailedPrecondition, rpcstatus.ReasonFileTooLarge
+	case unix.EINVAL, unix.EIO, unix.ENXIO, unix.ENODEV, unix.EOPNOTSUPP, unix.ESPIPE, unix.EOVERFLOW,
+		unix.EAGAIN, unix.EMLINK, unix.ENOTTY, unix.ETIMEDOUT, unix.ESTALE, unix.ENODATA, unix.E2BIG:
+		// What the file or its file system answered for this file: a
+		// /proc file that takes only aligned reads (EINVAL), a device
+		// without data (ENXIO, EIO), a file system without the feature.
+		return codes.FailedPrecondition, rpcstatus.ReasonFileRefused
 	}
 	return codes.Internal, rpcstatus.ReasonInternal
 }

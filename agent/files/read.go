@@ -2,6 +2,7 @@ package files
 
 import (
 	"fmt"
+	"math"
 
 	"golang.org/x/sys/unix"
 
@@ -141,7 +142,9 @@ func (s *Service) readPseudo(stream agentv1.FileService_ReadFileServer, fd int, 
 	var data []byte
 	buf := make([]byte, chunkBytes)
 	pos := offset
-	for uint64(len(data)) <= max {
+	// An offset past any file's size (pread(2) takes an off_t) reads
+	// nothing, as for a regular file.
+	for uint64(len(data)) <= max && pos <= math.MaxInt64 {
 		want := min(uint64(len(buf)), max+1-uint64(len(data)))
 		n, err := unix.Pread(fd, buf[:want], int64(pos))
 		if err == unix.EINTR {

@@ -18,17 +18,22 @@ import (
 // berthd through withClient or call, so an option of the connection (an
 // address, credentials, retries) is added here once.
 
-// dial dials berthd with the client's retry policy: a FLEET_BUSY refusal
-// and an unreachable agent (when nothing ran) are retried within
-// --rpc-timeout, each retry noted on stderr.
+// dial dials berthd with the credentials of the flags (credentials.go) and
+// the client's retry policy: a FLEET_BUSY refusal and an unreachable agent
+// (when nothing ran) are retried within --rpc-timeout, each retry noted on
+// stderr.
 func (g *globals) dial(ctx context.Context) (*client.Client, error) {
-	return client.Dial(ctx, g.addr, client.WithRetry(client.RetryPolicy{
+	opts, err := g.creds.options()
+	if err != nil {
+		return nil, err
+	}
+	return client.Dial(ctx, g.addr, append(opts, client.WithRetry(client.RetryPolicy{
 		OnRetry: func(_ int, err error, wait time.Duration) {
 			if g.stderr != nil {
 				fmt.Fprintf(g.stderr, "berth: %s; retrying in %v\n", describe(err), wait.Round(time.Millisecond))
 			}
 		},
-	}))
+	}))...)
 }
 
 // withClient dials berthd, runs fn with the command's context and the
@@ -86,7 +91,11 @@ func (g *globals) completeSandboxIDs(cmd *cobra.Command, toComplete, suffix stri
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, g.addr)
+	opts, err := g.creds.options()
+	if err != nil {
+		return nil, directive
+	}
+	c, err := client.Dial(ctx, g.addr, opts...)
 	if err != nil {
 		return nil, directive
 	}

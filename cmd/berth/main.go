@@ -53,6 +53,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // a connection to berthd.
 type globals struct {
 	addr       string
+	creds      credentialFlags
 	rpcTimeout time.Duration
 	stderr     io.Writer // set before any subcommand runs
 }
@@ -74,6 +75,7 @@ before the command started; 141 when its output is a closed pipe.`,
 		SilenceUsage:  true,
 	}
 	root.PersistentFlags().StringVar(&g.addr, "addr", addrDefault(os.Getenv), "berthd address: unix:///path/to.sock, unix:/path, /path or host:port; $BERTH_ADDR sets the default")
+	g.creds.register(root.PersistentFlags(), os.Getenv)
 	root.PersistentFlags().DurationVar(&g.rpcTimeout, "rpc-timeout", time.Minute, "deadline of each request to berthd, and of starting a command; 0 for none (\"berth exec --timeout\" bounds the command itself)")
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
 	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newVersionCmd())

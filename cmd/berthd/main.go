@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/logs"
 	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/metrics"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
@@ -29,6 +31,8 @@ func main() {
 		rtCfg      runtime.Config
 		svcCfg     server.Config
 		listen     string
+		authCfg    auth.Config
+		socket     socketFlags
 		logLevel   slog.Level
 		version    bool
 		readyLimit time.Duration
@@ -38,7 +42,22 @@ func main() {
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
 	flag.StringVar(&rtCfg.StateDir, "state-dir", "/run/berth", "host directory for per-sandbox agent sockets and logs (keep it short: socket paths max 107 bytes)")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
-	flag.StringVar(&listen, "listen", "unix:///run/berth/berthd.sock", "gRPC listen address: unix:///path or host:port")
+	flag.StringVar(&listen, "listen", "unix:///run/berth/berthd.sock", "gRPC listen address: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp)")
+	flag.StringVar(&authCfg.TokenFile, "token-file", "", "bearer token file: lines \"sha256:<hex of SHA-256(token)> PRINCIPAL\"; re-read on SIGHUP")
+	flag.StringVar(&authCfg.TLSCertFile, "tls-cert", "", "PEM certificate (chain) to serve TCP with; re-read on SIGHUP")
+	flag.StringVar(&authCfg.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert; re-read on SIGHUP")
+	flag.StringVar(&authCfg.ClientCAFile, "tls-client-ca", "", "PEM CA bundle: client certificates it signed authenticate callers (mTLS), the common name being the principal; re-read on SIGHUP")
+	flag.BoolVar(&authCfg.InsecureTCP, "insecure-tcp", false, "serve TCP without TLS: tokens and data cross the network in plaintext (behind a TLS-terminating proxy only)")
+	flag.Func("admin", "`PRINCIPAL` that sees and acts on every sandbox and may import, pull and delete images (repeatable; unix:uid:0 always is one)", func(v string) error {
+		authCfg.Admins = append(authCfg.Admins, v)
+		return nil
+	})
+	flag.Func("node-principal", "`PRINCIPAL` of another berthd node, which may act on behalf of a caller by naming it in the berth-forwarded-principal metadata (repeatable)", func(v string) error {
+		authCfg.Nodes = append(authCfg.Nodes, v)
+		return nil
+	})
+	flag.Func("socket-mode", "permission `bits` of the unix socket, octal (default 0600: root only; every uid that connects is its own principal)", socket.setMode)
+	flag.Func("socket-group", "`group` (name or gid) owning the unix socket", socket.setGroup)
 	flag.Uint64Var(&svcCfg.DefaultPidsLimit, "default-pids-limit", 1024, "pids limit of a sandbox whose request sets none")
 	flag.Uint64Var(&svcCfg.MaxPidsLimit, "max-pids-limit", 32768, "largest pids limit a request may set")
 	flag.DurationVar(&readyLimit, "agent-ready-timeout", 30*time.Second, "how long CreateSandbox waits for the agent to answer")
@@ -52,7 +71,7 @@ func main() {
 	flag.DurationVar(&svcCfg.TaskRestartWindow, "task-restart-window", 10*time.Minute, "window of --task-restart-limit")
 	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
 	flag.Uint64Var(&svcCfg.MaxCPUMillis, "max-cpu-millis", 0, "largest CPU cap a request may set, in thousandths of a CPU (default: the host's CPUs x 1000)")
-	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: no bound)")
+	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: the host's physical memory)")
 	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxIdleTimeout, "max-idle-timeout", 24*time.Hour, "largest idle timeout or KeepAlive hold a request may set")
 	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
@@ -93,7 +112,15 @@ func main() {
 		svcCfg.JournalDir = filepath.Join(rtCfg.StateDir, "journal")
 	}
 	log := logs.New(os.Stderr, logLevel)
-	if err := run(log, rtCfg, svcCfg, listen, metricsAt); err != nil {
+	authn, err := auth.New(authCfg, log)
+	if err == nil {
+		err = checkListen(authn, listen, socket)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "berthd:", err)
+		os.Exit(2)
+	}
+	if err := run(log, rtCfg, svcCfg, listen, metricsAt, authn, socket); err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -101,10 +128,32 @@ func main() {
 
 // run re-adopts the namespace's sandboxes, then serves until SIGTERM or
 // SIGINT and stops gracefully. Sandboxes keep running, to be re-adopted by
-// the next berthd.
-func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, metricsAt string) error {
+// the next berthd. SIGHUP re-reads the token file and the TLS material.
+func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, metricsAt string, authn *auth.Authenticator, socket socketFlags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	reloads := make(chan struct{})
+	hupCtx, hupStop := context.WithCancel(ctx)
+	defer func() {
+		hupStop()
+		<-reloads
+		signal.Stop(hup)
+	}()
+	go func() {
+		defer close(reloads)
+		for {
+			select {
+			case <-hup:
+				if err := authn.Reload(); err != nil {
+					log.Error("reload on SIGHUP failed; keeping the tokens and TLS material loaded before", slog.Any("error", err))
+				}
+			case <-hupCtx.Done():
+				return
+			}
+		}
+	}()
 
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	rt, err := runtime.New(connectCtx, rtCfg)
@@ -124,11 +173,11 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, m
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
-	lis, err := server.Listen(listen)
+	lis, err := server.Listen(listen, socket.options()...)
 	if err != nil {
 		return err
 	}
-	srv := server.NewGRPCServer(svc, log, m.ServerOptions()...)
+	srv := server.NewGRPCServer(svc, log, server.WithAuthenticator(authn), server.WithServerOptions(m.ServerOptions()...))
 	if m != nil {
 		m.SetSource(svc)
 		m.InitializeGRPC(srv)
@@ -157,6 +206,65 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, m
 	}
 	// Serve returns nil once stopped.
 	return <-served
+}
+
+// socketFlags are --socket-mode and --socket-group.
+type socketFlags struct {
+	mode    os.FileMode
+	modeSet bool
+	gid     int
+	gidSet  bool
+}
+
+func (f *socketFlags) setMode(v string) error {
+	m, err := strconv.ParseUint(v, 8, 32)
+	if err != nil || m > 0o777 {
+		return fmt.Errorf("%q is not octal permission bits like 0660", v)
+	}
+	f.mode, f.modeSet = os.FileMode(m), true
+	return nil
+}
+
+func (f *socketFlags) setGroup(v string) error {
+	gid, err := strconv.Atoi(v)
+	if err != nil {
+		g, lerr := user.LookupGroup(v)
+		if lerr != nil {
+			return fmt.Errorf("group %q: %w", v, lerr)
+		}
+		gid, _ = strconv.Atoi(g.Gid)
+	}
+	if gid < 0 {
+		return fmt.Errorf("group %q: must be a name or a gid of 0 or more", v)
+	}
+	f.gid, f.gidSet = gid, true
+	return nil
+}
+
+func (f socketFlags) options() []server.ListenOption {
+	var opts []server.ListenOption
+	if f.modeSet {
+		opts = append(opts, server.WithSocketMode(f.mode))
+	}
+	if f.gidSet {
+		opts = append(opts, server.WithSocketGroup(f.gid))
+	}
+	return opts
+}
+
+// checkListen refuses flags that do not fit the listen address: TCP
+// without TLS or --insecure-tcp, socket flags on TCP, TLS on a unix socket.
+func checkListen(authn *auth.Authenticator, listen string, socket socketFlags) error {
+	if _, unix := server.UnixPath(listen); unix {
+		if authn.ServesTLS() {
+			return fmt.Errorf("--tls-cert: --listen %s is a unix socket, which callers reach without TLS (their uid is their principal)", listen)
+		}
+		return authn.CheckListen("unix", listen)
+	}
+	if socket.modeSet || socket.gidSet {
+		return fmt.Errorf("--socket-mode and --socket-group apply to a unix socket; --listen %s is TCP", listen)
+	}
+	return authn.CheckListen("tcp", listen)
 }
 
 // serveMetrics serves h over HTTP on addr in the background until the

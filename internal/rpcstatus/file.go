@@ -23,4 +23,5 @@ const (
 	ReasonTarEntryInvalid      = "TAR_ENTRY_UNSUPPORTED"     // INVALID_ARGUMENT: an archive entry of a type berth does not extract
 	ReasonArchiveInvalid       = "ARCHIVE_INVALID"           // INVALID_ARGUMENT: the upload is not a readable tar (or gzip) stream
 	ReasonAgentCannotActAsUser = "WORKLOAD_USER_UNAVAILABLE" // FAILED_PRECONDITION: the agent lacks the capabilities to act as the workload user
+	ReasonFileRefused          = "FILE_OPERATION_REFUSED"    // FAILED_PRECONDITION: the file or its file system refuses the operation as asked (EINVAL, EIO, ENXIO, EOPNOTSUPP, ...; metadata "errno")
 )

@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"unicode/utf8"
 
+	"github.com/berth-sandbox/berth/internal/textsafe"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -43,20 +45,29 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonUnauthenticated (UNAUTHENTICATED): the request carries no
+	// valid credentials. ReasonNotPermitted (PERMISSION_DENIED): the
+	// principal may not call the method (an admin-only one) or act on
+	// another's behalf.
+	ReasonUnauthenticated = "UNAUTHENTICATED"
+	ReasonNotPermitted    = "NOT_PERMITTED"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with
 // reason and metadata meta (which may be nil), plus any extra details.
-// msg and the metadata values are cut to maxText bytes each (see clip).
+// msg and the metadata values are made safe to show (see safeText): raw
+// control and bidirectional formatting characters and invalid UTF-8 are
+// escaped, and each is cut to maxText bytes. Messages quote a request's
+// values with textsafe.Quote, which bounds each one further.
 func Error(code codes.Code, reason, msg string, meta map[string]string, extra ...protoadapt.MessageV1) error {
-	st := status.New(code, clip(msg))
+	st := status.New(code, safeText(msg))
 	for _, v := range meta {
-		if len(v) > maxText {
-			clipped := make(map[string]string, len(meta))
+		if safeText(v) != v {
+			safe := make(map[string]string, len(meta))
 			for k, v := range meta {
-				clipped[k] = clip(v)
+				safe[k] = safeText(v)
 			}
-			meta = clipped
+			meta = safe
 			break
 		}
 	}
@@ -73,7 +84,7 @@ func Error(code codes.Code, reason, msg string, meta map[string]string, extra ..
 // InvalidArgument returns an INVALID_ARGUMENT status naming field, with
 // message "<field>: <description>" and a BadRequest field violation.
 func InvalidArgument(field, description string) error {
-	description = clip(description)
+	description = safeText(description)
 	return Error(codes.InvalidArgument, ReasonInvalidArgument, field+": "+description,
 		map[string]string{"field": field},
 		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: description}}})
@@ -100,6 +111,12 @@ func Reason(err error) string {
 // to 4 bytes per byte) overflows the peer's header limits and breaks the
 // whole connection (COMPRESSION_ERROR), every stream on it included.
 const maxText = 2 << 10
+
+// safeText returns s escaped (textsafe.Escape) and clipped. Status texts
+// reach terminals, logs and other languages' clients: a raw ESC or NUL
+// from a request must not arrive there as is, and proto3 strings must be
+// valid UTF-8.
+func safeText(s string) string { return clip(textsafe.Escape(s)) }
 
 // clip returns s when it is at most maxText bytes, else its first bytes up
 // to a UTF-8 character boundary followed by a note of the full length.

@@ -25,6 +25,10 @@ const (
 	labelPool        = LabelPrefix + "pool"         // "true" on unclaimed warm-pool members
 	labelExpired     = LabelPrefix + "expired"      // reason, set just before removal
 	labelHoldUntil   = LabelPrefix + "hold-until"   // time
+	// LabelOwner holds the principal that created the sandbox (package
+	// server/auth); absent on warm-pool members no one claimed and on
+	// sandboxes of a berthd that did not record owners.
+	LabelOwner = LabelPrefix + "owner"
 )
 
 // DefaultWorkDir is the working directory of a spec that names none.
@@ -116,6 +120,9 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	if s.Pooled {
 		labels[labelPool] = "true"
 	}
+	if s.Owner != "" {
+		labels[LabelOwner] = s.Owner
+	}
 	return labels
 }
 
@@ -138,6 +145,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	sb.EnvHash = labels[labelEnvHash]
 	sb.SpecHash = labels[labelSpecHash]
 	sb.Pooled = labels[labelPool] == "true"
+	sb.Owner = labels[LabelOwner]
 	sb.Expired = labels[labelExpired]
 	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
 }
@@ -149,6 +157,6 @@ func (sb Sandbox) Spec() SandboxSpec {
 		ID: sb.ID, Image: sb.Image, Labels: sb.Labels,
 		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
-		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled,
+		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
 	}
 }

@@ -173,6 +173,10 @@ type SandboxSpec struct {
 	MaxLifetime time.Duration
 	// Pooled marks a warm-pool member that no caller has claimed yet.
 	Pooled bool
+	// Owner is the principal that creates the sandbox (LabelOwner); empty
+	// for warm-pool members until a caller claims one. It is not part of
+	// Digest: who asked is not what was asked for.
+	Owner string
 }
 
 // Sandbox is a sandbox as recorded in containerd.
@@ -186,13 +190,14 @@ type Sandbox struct {
 	PidsLimit   uint64
 	CPUMillis   uint64
 	MemoryBytes uint64
-	// UID, GID, WorkDir, IdleTimeout, MaxLifetime and Pooled are as in
-	// SandboxSpec.
+	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
+	// in SandboxSpec.
 	UID, GID    uint32
 	WorkDir     string
 	IdleTimeout time.Duration
 	MaxLifetime time.Duration
 	Pooled      bool
+	Owner       string
 	// EnvKeys are the sorted names of SandboxSpec.Env; EnvHash is
 	// EnvDigest of it.
 	EnvKeys []string

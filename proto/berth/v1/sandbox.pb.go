@@ -411,7 +411,12 @@ type Sandbox struct {
 	ServerVersion string `protobuf:"bytes,21,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
 	// version_skew is true when agent_version differs from server_version:
 	// the sandbox was created by another berthd release.
-	VersionSkew   bool `protobuf:"varint,22,opt,name=version_skew,json=versionSkew,proto3" json:"version_skew,omitempty"`
+	VersionSkew bool `protobuf:"varint,22,opt,name=version_skew,json=versionSkew,proto3" json:"version_skew,omitempty"`
+	// owner is the principal that created the sandbox: "unix:uid:N" for a
+	// caller on berthd's unix socket, else the principal of its bearer token
+	// or client certificate. Only the owner and admins see the sandbox;
+	// empty for sandboxes made before berthd recorded owners (admins only).
+	Owner         string `protobuf:"bytes,23,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -598,6 +603,13 @@ func (x *Sandbox) GetVersionSkew() bool {
 		return x.VersionSkew
 	}
 	return false
+}
+
+func (x *Sandbox) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
 }
 
 // CreateSandboxRequest asks for a new sandbox.
@@ -1229,7 +1241,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x96\b\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xac\b\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1257,7 +1269,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vagent_build\x18\x14 \x01(\tR\n" +
 	"agentBuild\x12%\n" +
 	"\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n" +
-	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x1a9\n" +
+	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x12\x14\n" +
+	"\x05owner\x18\x17 \x01(\tR\x05owner\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x04\n" +

@@ -1,0 +1,403 @@
+package auth_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/testcerts"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
+)
+
+// whoami is an ImageService that answers with what its handlers see:
+// ListImages and PullImage return one image named after the caller's
+// principal, its digest describing the rest.
+type whoami struct {
+	berthv1.UnimplementedImageServiceServer
+}
+
+func describe(ctx context.Context) (*berthv1.Image, error) {
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Internal, "the handler got no principal")
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	return &berthv1.Image{Name: p.Name, Digest: fmt.Sprintf("admin=%v via=%s method=%s metadata=%d", p.Admin, p.Via, p.Method, md.Len())}, nil
+}
+
+func (whoami) ListImages(ctx context.Context, _ *berthv1.ListImagesRequest) (*berthv1.ListImagesResponse, error) {
+	img, err := describe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &berthv1.ListImagesResponse{Images: []*berthv1.Image{img}}, nil
+}
+
+func (whoami) PullImage(_ *berthv1.PullImageRequest, stream berthv1.ImageService_PullImageServer) error {
+	img, err := describe(stream.Context())
+	if err != nil {
+		return err
+	}
+	return stream.Send(&berthv1.PullImageResponse{Image: img})
+}
+
+func (whoami) DeleteImage(context.Context, *berthv1.DeleteImageRequest) (*berthv1.DeleteImageResponse, error) {
+	return &berthv1.DeleteImageResponse{}, nil
+}
+
+// Tokens of the tests' token file: 64 hex-like characters each.
+var (
+	aliceToken = strings.Repeat("a1", 32)
+	nodeToken  = strings.Repeat("n0", 32)
+	adminToken = strings.Repeat("ad", 32)
+)
+
+// fixture is an Authenticator serving whoami on a unix socket and on TLS
+// TCP, with a token file and a client CA.
+type fixture struct {
+	dir       string
+	authn     *auth.Authenticator
+	tokenFile string
+	unixAddr  string
+	tcpAddr   string
+	ca        *testcerts.CA
+	caFile    string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := &fixture{dir: t.TempDir()}
+	set, err := testcerts.NewSet(f.dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ca, f.caFile = set.CA, set.CAFile
+	f.tokenFile = filepath.Join(f.dir, "tokens")
+	f.writeTokens(t, auth.TokenHash(aliceToken)+" alice\n"+auth.TokenHash(nodeToken)+" node-2\n"+auth.TokenHash(adminToken)+" ops\n")
+	f.authn, err = auth.New(auth.Config{TokenFile: f.tokenFile, TLSCertFile: set.CertFile, TLSKeyFile: set.KeyFile, ClientCAFile: f.caFile,
+		Admins: []string{"ops"}, Nodes: []string{"node-2"}}, nil)
+	if err != nil {
+		t.Fatalf("auth.New: %v", err)
+	}
+	srv := grpc.NewServer(grpc.Creds(f.authn.TransportCredentials()),
+		grpc.ChainUnaryInterceptor(f.authn.UnaryInterceptors()...), grpc.ChainStreamInterceptor(f.authn.StreamInterceptors()...))
+	berthv1.RegisterImageServiceServer(srv, whoami{})
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	sock := filepath.Join(f.dir, "b.sock")
+	ul, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.authn.CheckListen("tcp", tl.Addr().String()); err != nil {
+		t.Fatalf("CheckListen(tcp) with TLS: %v", err)
+	}
+	go srv.Serve(ul)
+	go srv.Serve(tl)
+	t.Cleanup(srv.Stop)
+	f.unixAddr, f.tcpAddr = "unix://"+sock, tl.Addr().String()
+	return f
+}
+
+func (f *fixture) writeTokens(t *testing.T, content string) {
+	t.Helper()
+	if err := os.WriteFile(f.tokenFile, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// clientCert returns a TLS configuration trusting the fixture's CA with a
+// client certificate of common name cn signed by ca.
+func (f *fixture) clientCert(t *testing.T, ca *testcerts.CA, cn string) *tls.Config {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Client(cn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, err := testcerts.Write(t.TempDir(), "client", certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := client.TLSConfigFromFiles(f.caFile, certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func (f *fixture) trustOnly(t *testing.T) *tls.Config {
+	t.Helper()
+	cfg, err := client.TLSConfigFromFiles(f.caFile, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// whoIs calls ListImages through the real client and returns the image the
+// server described, or the error.
+func whoIs(t *testing.T, addr string, opts ...client.Option) (*berthv1.Image, error) {
+	t.Helper()
+	c, err := client.Dial(t.Context(), addr, opts...)
+	if err != nil {
+		t.Fatalf("Dial(%s): %v", addr, err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	imgs, err := c.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return imgs[0], nil
+}
+
+func reasonOf(err error) (codes.Code, string) {
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		return ce.Code, ce.Reason
+	}
+	return status.Code(err), rpcstatus.Reason(err)
+}
+
+func TestPrincipals(t *testing.T) {
+	f := newFixture(t)
+	other, err := testcerts.NewCA("another CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := auth.UnixPrincipal(uint32(os.Getuid()))
+	selfAdmin := os.Getuid() == 0
+	for _, tc := range []struct {
+		name       string
+		addr       string
+		opts       []client.Option
+		wantName   string
+		wantDigest string // admin, via and method as the handler saw them
+	}{
+		{"unix peer", f.unixAddr, nil, self, fmt.Sprintf("admin=%v via= method=unix metadata=0", selfAdmin)},
+		{"unix with token", f.unixAddr, []client.Option{client.WithToken(aliceToken)}, "alice", "admin=false via= method=token metadata=0"},
+		{"TLS with token", f.tcpAddr, []client.Option{client.WithTLS(f.trustOnly(t)), client.WithToken(aliceToken)}, "alice", "admin=false via= method=token metadata=0"},
+		{"mTLS", f.tcpAddr, []client.Option{client.WithTLS(f.clientCert(t, f.ca, "carol"))}, "carol", "admin=false via= method=tls metadata=0"},
+		{"mTLS admin", f.tcpAddr, []client.Option{client.WithTLS(f.clientCert(t, f.ca, "ops"))}, "ops", "admin=true via= method=tls metadata=0"},
+		{"token over certificate", f.tcpAddr, []client.Option{client.WithTLS(f.clientCert(t, f.ca, "carol")), client.WithToken(adminToken)}, "ops", "admin=true via= method=token metadata=0"},
+		{"node forwarding", f.tcpAddr, []client.Option{client.WithTLS(f.trustOnly(t)), client.WithToken(nodeToken),
+			client.WithDialOptions(grpc.WithUnaryInterceptor(forwardAs("unix:uid:1000")))}, "unix:uid:1000", "admin=false via=node-2 method=token metadata=0"},
+		{"node forwarding root", f.unixAddr, []client.Option{client.WithToken(nodeToken),
+			client.WithDialOptions(grpc.WithUnaryInterceptor(forwardAs(auth.RootPrincipal)))}, auth.RootPrincipal, "admin=true via=node-2 method=token metadata=0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			img, err := whoIs(t, tc.addr, tc.opts...)
+			if err != nil {
+				t.Fatalf("ListImages: %v", err)
+			}
+			if img.GetName() != tc.wantName || img.GetDigest() != tc.wantDigest {
+				t.Errorf("principal %q (%s), want %q (%s)", img.GetName(), img.GetDigest(), tc.wantName, tc.wantDigest)
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		name       string
+		addr       string
+		opts       []client.Option
+		wantCode   codes.Code
+		wantReason string
+	}{
+		{"TLS without credentials", f.tcpAddr, []client.Option{client.WithTLS(f.trustOnly(t))}, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated},
+		{"unknown token", f.tcpAddr, []client.Option{client.WithTLS(f.trustOnly(t)), client.WithToken(strings.Repeat("x", 64))}, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated},
+		{"short token", f.unixAddr, []client.Option{client.WithToken("secret")}, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated},
+		{"wrong token on unix", f.unixAddr, []client.Option{client.WithToken(strings.Repeat("x", 64))}, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated},
+		{"forwarding from a non-node", f.unixAddr, []client.Option{client.WithToken(aliceToken),
+			client.WithDialOptions(grpc.WithUnaryInterceptor(forwardAs("ops")))}, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
+		// Go's TLS client sends no certificate that berthd's CAs did not
+		// sign (they are named in the handshake): no credentials.
+		{"certificate of another CA", f.tcpAddr, []client.Option{client.WithTLS(f.clientCert(t, other, "ops"))}, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated},
+		// The TLS handshake refuses these: no request is made.
+		{"certificate of another CA, forced", f.tcpAddr, []client.Option{client.WithTLS(forceCert(t, f.trustOnly(t), other, "ops"))}, codes.Unavailable, ""},
+		{"plaintext on the TLS port", f.tcpAddr, []client.Option{client.WithInsecure(), client.WithToken(aliceToken)}, codes.Unavailable, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			img, err := whoIs(t, tc.addr, tc.opts...)
+			if code, reason := reasonOf(err); code != tc.wantCode || reason != tc.wantReason {
+				t.Errorf("ListImages = %v, %v; want %v %q", img, err, tc.wantCode, tc.wantReason)
+			}
+		})
+	}
+}
+
+// forceCert returns cfg presenting a certificate of ca for cn whatever
+// CAs the server names.
+func forceCert(t *testing.T, cfg *tls.Config, ca *testcerts.CA, cn string) *tls.Config {
+	t.Helper()
+	certPEM, keyPEM, err := ca.Client(cn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	return cfg
+}
+
+// forwardAs adds the forwarding header a node sends.
+func forwardAs(name string) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		return invoker(metadata.AppendToOutgoingContext(ctx, auth.ForwardedHeader, name), method, req, reply, cc, opts...)
+	}
+}
+
+func TestAdminOnlyAndStreams(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	dial := func(token string) *client.Client {
+		c, err := client.Dial(ctx, f.unixAddr, client.WithToken(token))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	alice, ops := dial(aliceToken), dial(adminToken)
+	if err := alice.DeleteImage(ctx, "x"); !isReason(err, codes.PermissionDenied, rpcstatus.ReasonNotPermitted) {
+		t.Errorf("DeleteImage by alice = %v, want PERMISSION_DENIED %s", err, rpcstatus.ReasonNotPermitted)
+	}
+	if _, err := alice.PullImage(ctx, "x"); !isReason(err, codes.PermissionDenied, rpcstatus.ReasonNotPermitted) {
+		t.Errorf("PullImage (a stream) by alice = %v, want PERMISSION_DENIED %s", err, rpcstatus.ReasonNotPermitted)
+	}
+	if err := ops.DeleteImage(ctx, "x"); err != nil {
+		t.Errorf("DeleteImage by admin ops: %v", err)
+	}
+	img, err := ops.PullImage(ctx, "x")
+	if err != nil || img.GetName() != "ops" || img.GetDigest() != "admin=true via= method=token metadata=0" {
+		t.Errorf("PullImage by ops saw %v (%v); want principal ops, admin, no metadata", img, err)
+	}
+}
+
+func isReason(err error, code codes.Code, reason string) bool {
+	c, r := reasonOf(err)
+	return c == code && r == reason
+}
+
+// TestMetadataSealed sends metadata berthd must never pass on, the
+// containerd client's namespace header and the token among it: handlers,
+// unary and streaming, see none.
+func TestMetadataSealed(t *testing.T) {
+	f := newFixture(t)
+	conn, err := grpc.NewClient(f.unixAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+adminToken,
+		"containerd-namespace", "default", "containerd-namespace-ttrpc", "default", "x-anything", "1")
+	images := berthv1.NewImageServiceClient(conn)
+	resp, err := images.ListImages(ctx, &berthv1.ListImagesRequest{})
+	if err != nil || resp.GetImages()[0].GetDigest() != "admin=true via= method=token metadata=0" {
+		t.Errorf("ListImages with metadata: %v, %v; want the handler to see admin ops and metadata=0", resp, err)
+	}
+	stream, err := images.PullImage(ctx, &berthv1.PullImageRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := stream.Recv()
+	if err != nil || msg.GetImage().GetDigest() != "admin=true via= method=token metadata=0" {
+		t.Errorf("PullImage with metadata: %v, %v; want the handler to see admin ops and metadata=0", msg, err)
+	}
+}
+
+func TestHealthNeedsNoCredentials(t *testing.T) {
+	f := newFixture(t)
+	conn, err := grpc.NewClient(f.tcpAddr, grpc.WithTransportCredentials(credentials.NewTLS(f.trustOnly(t))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health Check over TLS without credentials = %v, %v; want SERVING", resp, err)
+	}
+}
+
+func TestReload(t *testing.T) {
+	f := newFixture(t)
+	newToken := strings.Repeat("b2", 32)
+	f.writeTokens(t, auth.TokenHash(newToken)+" bob\n")
+	if err := f.authn.Reload(); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	if img, err := whoIs(t, f.unixAddr, client.WithToken(newToken)); err != nil || img.GetName() != "bob" {
+		t.Errorf("a token added before Reload: %v, %v; want principal bob", img, err)
+	}
+	if _, err := whoIs(t, f.unixAddr, client.WithToken(aliceToken)); !isReason(err, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated) {
+		t.Errorf("a token removed before Reload: %v, want UNAUTHENTICATED", err)
+	}
+	// A broken file keeps what was loaded.
+	f.writeTokens(t, "sha256:nothex bob\n")
+	if err := f.authn.Reload(); err == nil || !strings.Contains(err.Error(), "line 1") {
+		t.Errorf("Reload of a broken file = %v, want an error naming line 1", err)
+	}
+	if img, err := whoIs(t, f.unixAddr, client.WithToken(newToken)); err != nil || img.GetName() != "bob" {
+		t.Errorf("after a failed Reload: %v, %v; want principal bob still", img, err)
+	}
+}
+
+func TestCheckListen(t *testing.T) {
+	plain, err := auth.New(auth.Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.CheckListen("unix", "/run/x.sock"); err != nil {
+		t.Errorf("CheckListen(unix) = %v, want nil", err)
+	}
+	if err := plain.CheckListen("tcp", "0.0.0.0:7000"); err == nil || !strings.Contains(err.Error(), "--insecure-tcp") {
+		t.Errorf("CheckListen(tcp) without TLS = %v, want a refusal naming --insecure-tcp", err)
+	}
+	insecureOK, err := auth.New(auth.Config{InsecureTCP: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := insecureOK.CheckListen("tcp", "127.0.0.1:7000"); err != nil {
+		t.Errorf("CheckListen(tcp) with InsecureTCP = %v, want nil", err)
+	}
+	for _, cfg := range []auth.Config{
+		{TLSCertFile: "c.crt"},
+		{ClientCAFile: "ca.crt"},
+		{Admins: []string{"a b"}},
+		{TokenFile: "/nonexistent/tokens"},
+	} {
+		if _, err := auth.New(cfg, nil); err == nil {
+			t.Errorf("auth.New(%+v) = nil error, want a refusal", cfg)
+		}
+	}
+}
