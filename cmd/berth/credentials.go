@@ -18,13 +18,17 @@ type credentialFlags struct {
 	tlsCA, tlsCert, tlsKey string
 	tlsServerName          string
 	insecure               bool
+	// envToken is $BERTH_TOKEN, used when --token is not given; it is not
+	// the flag's default, which --help would print.
+	envToken string
 }
 
 // register adds the flags to fs, their defaults from the environment
 // (BERTH_TOKEN, BERTH_TOKEN_FILE, BERTH_TLS_CA, BERTH_TLS_CERT,
 // BERTH_TLS_KEY).
 func (f *credentialFlags) register(fs *pflag.FlagSet, getenv func(string) string) {
-	fs.StringVar(&f.token, "token", getenv("BERTH_TOKEN"), "bearer token sent to berthd (visible in ps: prefer $BERTH_TOKEN or --token-file); $BERTH_TOKEN sets the default")
+	f.envToken = getenv("BERTH_TOKEN")
+	fs.StringVar(&f.token, "token", "", "bearer token sent to berthd (visible in ps: prefer $BERTH_TOKEN or --token-file); default $BERTH_TOKEN")
 	fs.StringVar(&f.tokenFile, "token-file", getenv("BERTH_TOKEN_FILE"), "file holding the bearer token; $BERTH_TOKEN_FILE sets the default")
 	fs.StringVar(&f.tlsCA, "tls-ca", getenv("BERTH_TLS_CA"), "PEM CA bundle to verify berthd's certificate with (default: the system's roots); $BERTH_TLS_CA sets the default")
 	fs.StringVar(&f.tlsCert, "tls-cert", getenv("BERTH_TLS_CERT"), "PEM client certificate (mTLS; its common name is the principal); $BERTH_TLS_CERT sets the default")
@@ -37,6 +41,9 @@ func (f *credentialFlags) register(fs *pflag.FlagSet, getenv func(string) string
 func (f *credentialFlags) options() ([]client.Option, error) {
 	var opts []client.Option
 	token := f.token
+	if token == "" && f.tokenFile == "" {
+		token = f.envToken
+	}
 	if f.tokenFile != "" {
 		if token != "" {
 			return nil, fmt.Errorf("give a token either with --token ($BERTH_TOKEN) or --token-file ($BERTH_TOKEN_FILE), not both")
