@@ -5,7 +5,9 @@
 #   make image            install dependencies, build build/base.oci.tar
 #   make demo             scripts/demo.sh: a command in a real sandbox
 #   make test             scripts/test.sh: everything CI runs
-#   make generate         regenerate proto/ with buf
+#   make generate         regenerate proto/ and clients/ with buf
+#   make clients          build the TypeScript client (clients/typescript/dist)
+#   make container-image  build the Dockerfile with buildah (slow; not in test)
 #   make lint             buf lint, gofmt, go vet
 #   make check-generated  fail when proto/ differs from what buf generates
 #   make breaking         buf breaking against proto/BREAKING_BASELINE
@@ -22,7 +24,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test generate lint breaking check-generated bench gobench clean
+.PHONY: all build image demo test generate clients lint breaking check-generated bench gobench clean container-image
 
 all: build
 
@@ -43,8 +45,14 @@ demo:
 test:
 	scripts/test.sh
 
+# generate also makes the Python and TypeScript clients (buf.gen.clients.yaml),
+# whose tools scripts/deps.sh installs.
 generate:
 	$(BUF) generate
+	$(BUF) generate --template buf.gen.clients.yaml
+
+clients:
+	cd clients/typescript && npm run --silent build
 
 lint:
 	$(BUF) lint
@@ -66,8 +74,14 @@ check-generated:
 	if ! diff -r -q -x '*.proto' -x BREAKING_BASELINE "$$tmp/proto" proto; then \
 		echo "check-generated: the generated code in proto/ is stale: run 'make generate' and commit the result."; \
 		exit 1; \
+	fi; \
+	$(BUF) generate --template buf.gen.clients.yaml -o "$$tmp" || exit 1; \
+	if ! diff -r -q -x berth_client.py -x __pycache__ "$$tmp/clients/python" clients/python || \
+		! diff -r -q "$$tmp/clients/typescript/src/gen" clients/typescript/src/gen; then \
+		echo "check-generated: the generated clients are stale: run 'make generate' and commit the result."; \
+		exit 1; \
 	fi
-	@echo "check-generated: proto/ is up to date"
+	@echo "check-generated: proto/ and clients/ are up to date"
 
 # The side-by-side benchmark (BENCHMARKS.md records its output); it installs
 # what it needs and builds the image itself.
@@ -81,3 +95,6 @@ gobench: image
 
 clean:
 	rm -rf bin build
+
+container-image:
+	scripts/container-image.sh
