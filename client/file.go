@@ -55,6 +55,7 @@ type fileConfig struct {
 	offset   uint64
 	limit    uint64
 	gzip     bool
+	owners   bool
 }
 
 // WithTransferProgress has a transfer call fn after each chunk, with the
@@ -104,6 +105,13 @@ func WithRange(offset, limit uint64) FileOption {
 // stream. Upload also detects gzip by itself.
 func WithGzip() FileOption {
 	return func(c *fileConfig) { c.gzip = true }
+}
+
+// WithKeepOwners gives uploaded entries the archive's numeric owners (and
+// keeps setuid and setgid bits) instead of the sandbox's workload user, as
+// docker cp --archive does. Upload.
+func WithKeepOwners() FileOption {
+	return func(c *fileConfig) { c.owners = true }
 }
 
 func fileOptions(opts []FileOption) *fileConfig {
@@ -342,11 +350,13 @@ func (c *Client) Rename(ctx context.Context, sandboxID, from, to string, overwri
 }
 
 // Upload extracts the tar archive r yields (gzip-compressed or not) into
-// the directory dir in the sandbox, created when missing. Unsafe entries
-// fail with ReasonTarEntryUnsafe naming the entry.
+// the directory dir in the sandbox, created when missing, atomically: a
+// failed or canceled upload leaves dir as it was. Unsafe entries fail with
+// ReasonTarEntryUnsafe naming the entry; entries the sandbox cannot create
+// (device nodes) are listed in the response's skipped.
 func (c *Client) Upload(ctx context.Context, sandboxID, dir string, r io.Reader, opts ...FileOption) (*berthv1.UploadResponse, error) {
 	cfg := fileOptions(opts)
-	h := &berthv1.UploadHeader{SandboxId: sandboxID}
+	h := &berthv1.UploadHeader{SandboxId: sandboxID, KeepOwners: cfg.owners}
 	if cfg.gzip {
 		h.Compression = berthv1.Compression_COMPRESSION_GZIP
 	}

@@ -316,7 +316,8 @@ func TestFilesChangedDuringRead(t *testing.T) {
 
 // TestFilesTarEscapes uploads archives that try to write outside their
 // directory; each is refused naming the entry, and nothing appears
-// outside.
+// outside. Symlinks that lead out are kept as they are (a target is data);
+// a device node is skipped and listed (no CAP_MKNOD in a sandbox).
 func TestFilesTarEscapes(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
@@ -325,26 +326,10 @@ func TestFilesTarEscapes(t *testing.T) {
 	if r := run(t, sb.GetId(), "sh", "-c", "mkdir -p /outside /workspace/dest && ln -s /outside /workspace/dest/abs && ln -s ../../outside /workspace/dest/rel"); r.GetResult().GetExitCode() != 0 {
 		t.Fatalf("setup: %s", r.GetStderr())
 	}
-	tests := []struct {
-		name   string
-		hdr    tar.Header
-		reason string
-	}{
-		{"dotdot", tar.Header{Name: "../../outside/a", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
-		{"absolute", tar.Header{Name: "/outside/b", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
-		{"through absolute symlink", tar.Header{Name: "abs/c", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
-		{"through relative symlink", tar.Header{Name: "rel/d", Typeflag: tar.TypeReg}, "TAR_ENTRY_UNSAFE"},
-		{"dir through symlink", tar.Header{Name: "rel/e/", Typeflag: tar.TypeDir}, "TAR_ENTRY_UNSAFE"},
-		{"symlink out", tar.Header{Name: "f", Typeflag: tar.TypeSymlink, Linkname: "/outside"}, "TAR_ENTRY_UNSAFE"},
-		{"symlink up", tar.Header{Name: "g", Typeflag: tar.TypeSymlink, Linkname: "../../outside"}, "TAR_ENTRY_UNSAFE"},
-		{"hard link out", tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"}, "TAR_ENTRY_UNSAFE"},
-		{"device", tar.Header{Name: "i", Typeflag: tar.TypeChar}, "TAR_ENTRY_UNSUPPORTED"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var buf bytes.Buffer
-			tw := tar.NewWriter(&buf)
-			hdr := tt.hdr
+	upload := func(hdrs ...tar.Header) (*berthv1.UploadResponse, error) {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, hdr := range hdrs {
 			hdr.Mode = 0o644
 			if hdr.Typeflag == tar.TypeReg {
 				hdr.Size = 4
@@ -353,20 +338,50 @@ func TestFilesTarEscapes(t *testing.T) {
 			if hdr.Size > 0 {
 				tw.Write([]byte("evil"))
 			}
-			tw.Close()
-			_, err := c.Upload(ctx, sb.GetId(), "/workspace/dest", &buf)
-			ce := wantFileError(t, err, codes.InvalidArgument, tt.reason, "")
-			if ce.Metadata["entry"] != tt.hdr.Name {
-				t.Errorf("error names entry %q, want %q", ce.Metadata["entry"], tt.hdr.Name)
+		}
+		tw.Close()
+		return c.Upload(ctx, sb.GetId(), "/workspace/dest", &buf)
+	}
+	tests := []struct {
+		name string
+		hdrs []tar.Header
+		bad  string
+	}{
+		{"dotdot", []tar.Header{{Name: "../../outside/a", Typeflag: tar.TypeReg}}, "../../outside/a"},
+		{"absolute", []tar.Header{{Name: "/outside/b", Typeflag: tar.TypeReg}}, "/outside/b"},
+		{"through absolute symlink", []tar.Header{{Name: "abs/c", Typeflag: tar.TypeReg}}, "abs/c"},
+		{"through relative symlink", []tar.Header{{Name: "rel/d", Typeflag: tar.TypeReg}}, "rel/d"},
+		{"dir through symlink", []tar.Header{{Name: "rel/e/", Typeflag: tar.TypeDir}}, "rel/e/"},
+		{"through its own symlink", []tar.Header{{Name: "j", Typeflag: tar.TypeSymlink, Linkname: "/outside"}, {Name: "j/k", Typeflag: tar.TypeReg}}, "j/k"},
+		{"hard link out", []tar.Header{{Name: "h", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"}}, "h"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := upload(tt.hdrs...)
+			ce := wantFileError(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSAFE", "")
+			if ce.Metadata["entry"] != tt.bad {
+				t.Errorf("error names entry %q, want %q", ce.Metadata["entry"], tt.bad)
 			}
 		})
+	}
+	resp, err := upload(
+		tar.Header{Name: "f", Typeflag: tar.TypeSymlink, Linkname: "/outside"},
+		tar.Header{Name: "g", Typeflag: tar.TypeSymlink, Linkname: "../../outside"},
+		tar.Header{Name: "i", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3},
+		tar.Header{Name: "p", Typeflag: tar.TypeFifo},
+	)
+	if err != nil {
+		t.Fatalf("upload of symlinks that lead out, a device and a FIFO: %v", err)
+	}
+	if resp.GetSymlinks() != 2 || resp.GetSpecialFiles() != 1 || resp.GetSkippedCount() != 1 || len(resp.GetSkipped()) != 1 || string(resp.GetSkipped()[0]) != "i" {
+		t.Errorf("Upload = %v, want 2 symlinks, 1 special file, i skipped", resp)
 	}
 	entries, _, err := c.ListDir(ctx, sb.GetId(), "/outside", 10)
 	if err != nil || len(entries) != 0 {
 		t.Errorf("/outside after the uploads = %v, %v; want empty", entries, err)
 	}
-	r := run(t, sb.GetId(), "sh", "-c", "ls -A /outside /workspace/dest; grep -c evil /etc/passwd")
-	if got := string(r.GetStdout()); got != "/outside:\n\n/workspace/dest:\nabs\nrel\n0\n" {
+	r := run(t, sb.GetId(), "sh", "-c", "ls -A /outside /workspace/dest; readlink /workspace/dest/f; readlink /workspace/dest/g; grep -c evil /etc/passwd")
+	if got := string(r.GetStdout()); got != "/outside:\n\n/workspace/dest:\nabs\nf\ng\np\nrel\n/outside\n../../outside\n0\n" {
 		t.Errorf("after the uploads: %q", got)
 	}
 }
@@ -421,4 +436,32 @@ func TestFilesUploadDownload(t *testing.T) {
 	if !slices.Equal(names, []string{"src/", "src/blob", "src/link"}) || sum.GetEntries() != 3 {
 		t.Errorf("downloaded entries %q, summary %v", names, sum)
 	}
+}
+
+// TestFilesWriteParentsAndOwner writes with create_parents and an
+// explicit owner in a root sandbox (root without capabilities): the file
+// and its parents appear, owned as asked. A regular file where a
+// directory is needed is NOT_A_DIRECTORY for WriteFile with and without
+// create_parents and for MakeDir.
+func TestFilesWriteParentsAndOwner(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	c := dialClient(t, env.berthdAddr)
+	ctx := fileCtx(t)
+	if _, err := c.WriteFile(ctx, id, "/workspace/o/p/q.txt", strings.NewReader("q"), client.WithOwner(1234, 2345), client.WithCreateParents()); err != nil {
+		t.Fatalf("WriteFile with an owner and create_parents: %v", err)
+	}
+	r := run(t, id, "sh", "-c", "stat -c '%u:%g %n' /workspace/o /workspace/o/p /workspace/o/p/q.txt; ls -A /workspace")
+	if got, want := string(r.GetStdout()), "1234:2345 /workspace/o\n1234:2345 /workspace/o/p\n1234:2345 /workspace/o/p/q.txt\no\n"; got != want {
+		t.Errorf("after the write: %q, want %q", got, want)
+	}
+	if _, err := c.WriteFile(ctx, id, "/workspace/f", strings.NewReader("a file")); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.WriteFile(ctx, id, "/workspace/f/g", strings.NewReader("x"))
+	wantFileError(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "")
+	_, err = c.WriteFile(ctx, id, "/workspace/f/g", strings.NewReader("x"), client.WithCreateParents())
+	wantFileError(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "")
+	_, err = c.MakeDir(ctx, id, "/workspace/f/g", true)
+	wantFileError(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "")
 }

@@ -3,7 +3,9 @@
 # whatever is already there, so running it again costs about a second.
 #
 #   - containerd, runc (and ctr, which ships with containerd), busybox-static,
-#     plus make and git when missing: apt-get update + apt-get install.
+#     libarchive-tools (bsdtar: the tar round-trip tests check berth's archives
+#     against GNU tar, bsdtar and busybox tar), plus make and git when
+#     missing: apt-get update + apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - the clients' tools (see the end): protoc, grpc_python_plugin,
@@ -56,19 +58,20 @@ missing=()
 command -v containerd >/dev/null && command -v ctr >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 { [[ -x /bin/busybox ]] && installed busybox-static; } || missing+=(busybox-static)
+command -v bsdtar >/dev/null || missing+=(libarchive-tools)
 command -v make >/dev/null || missing+=(make)
 command -v git >/dev/null || missing+=(git)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git; do
+	for p in make git libarchive-tools; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, make, git: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then

@@ -331,7 +331,7 @@ func (f *fileServer) Upload(stream berthv1.FileService_UploadServer) error {
 	if err != nil {
 		return f.fail(ctx, h.GetSandboxId(), err)
 	}
-	err = up.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Header{Header: &agentv1.UploadHeader{Path: path, Compression: h.GetCompression()}}})
+	err = up.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Header{Header: &agentv1.UploadHeader{Path: path, Compression: h.GetCompression(), KeepOwners: h.GetKeepOwners()}}})
 	if err == nil {
 		out := &agentv1.UploadRequest{}
 		chunk := &agentv1.UploadRequest_Chunk{}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"strconv"
-	"strings"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -15,17 +14,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/tartree"
 )
 
 // changedError says that a file changed while it was read or archived.
-type changedError struct {
-	path string
-	why  string // e.g. "it ended after 10 of 20 bytes"
-}
-
-func (e *changedError) Error() string {
-	return fmt.Sprintf("%s changed while it was read: %s", display(e.path), e.why)
-}
+type changedError = tartree.ChangedError
 
 // tooLargeError says that a size cap of the agent was exceeded.
 type tooLargeError struct {
@@ -38,17 +31,6 @@ type tooLargeError struct {
 
 func (e *tooLargeError) Error() string {
 	return fmt.Sprintf("%s: %s exceeds the agent's cap of %d (berth-agent --%s)", display(e.path), e.what, e.limit, e.flag)
-}
-
-// entryError says why an archive entry is refused.
-type entryError struct {
-	entry  string
-	reason string // ReasonTarEntryUnsafe or ReasonTarEntryInvalid
-	why    string
-}
-
-func (e *entryError) Error() string {
-	return fmt.Sprintf("archive entry %q: %s", display(e.entry), e.why)
 }
 
 // userError says that the agent could not take on the workload user's
@@ -111,7 +93,8 @@ func (s *Service) toStatus(err error) error {
 	var (
 		changed   *changedError
 		tooLarge  *tooLargeError
-		entry     *entryError
+		entry     *tartree.EntryError
+		archive   *tartree.ArchiveError
 		user      *userError
 		notReg    *notRegularError
 		pathErr   *fs.PathError
@@ -120,13 +103,19 @@ func (s *Service) toStatus(err error) error {
 	)
 	switch {
 	case errors.As(err, &changed):
-		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonFileChanged, err.Error(), meta(changed.path))
+		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonFileChanged, err.Error(), meta(changed.Path))
 	case errors.As(err, &tooLarge):
 		m := meta(tooLarge.path)
 		m["limit"] = strconv.FormatUint(tooLarge.limit, 10)
 		return rpcstatus.Error(codes.FailedPrecondition, tooLarge.reason, err.Error(), m)
 	case errors.As(err, &entry):
-		return rpcstatus.Error(codes.InvalidArgument, entry.reason, err.Error(), map[string]string{"entry": display(entry.entry)})
+		reason := rpcstatus.ReasonTarEntryInvalid
+		if entry.Unsafe {
+			reason = rpcstatus.ReasonTarEntryUnsafe
+		}
+		return rpcstatus.Error(codes.InvalidArgument, reason, err.Error(), map[string]string{"entry": display(entry.Entry)})
+	case errors.As(err, &archive):
+		return archiveError(archive.Why)
 	case errors.As(err, &user):
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonAgentCannotActAsUser, err.Error(), nil)
 	case errors.As(err, &notReg):
@@ -218,22 +207,7 @@ func meta(path string) map[string]string {
 // display returns s when it is valid UTF-8; otherwise each byte that is not
 // part of valid UTF-8 is written as \xNN. It is what FileInfo.display_name
 // and error messages show: proto3 strings must be valid UTF-8.
-func display(s string) string {
-	if utf8.ValidString(s) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		} else {
-			b.WriteString(s[i : i+size])
-		}
-		i += size
-	}
-	return b.String()
-}
+func display(s string) string { return tartree.Display(s) }
 
 // pathError wraps errno as a *fs.PathError of op on path.
 func pathError(op, path string, err error) error {

@@ -323,11 +323,11 @@ func TestWriteAbortedStoresNothing(t *testing.T) {
 	path := filepath.Join(a.dir, "new", "dirs", "f")
 	stream.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Header{Header: &agentv1.WriteFileHeader{Path: []byte(path), CreateParents: true}}})
 	stream.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Chunk{Chunk: make([]byte, 1<<20)}})
-	// Wait until the agent has created the temporary file, then cancel.
+	// Wait until the agent has created the file in its staged parents
+	// (".new.berth-*.tmp/dirs/f"), then cancel.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		entries, _ := os.ReadDir(filepath.Dir(path))
-		if len(entries) > 0 {
+		if staged, _ := filepath.Glob(filepath.Join(a.dir, ".new.berth-*.tmp", "dirs", "f")); len(staged) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -362,4 +362,54 @@ func TestRootWorkloadHasNoCapabilities(t *testing.T) {
 	}
 	_, err := a.readFile(t, &agentv1.ReadFileRequest{Path: []byte(other)})
 	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", other)
+}
+
+// TestWriteCreateParentsWithOwner writes with create_parents and an owner
+// other than the workload user (root without capabilities, as in a
+// sandbox): the file and its new parents appear together, owned as asked;
+// a write that fails leaves none of them. A file where a directory is
+// needed is NOT_A_DIRECTORY with and without create_parents, and for
+// MakeDir.
+func TestWriteCreateParentsWithOwner(t *testing.T) {
+	a := startAgent(t, "--user", "0:0")
+	path := filepath.Join(a.dir, "o", "p", "q.txt")
+	h := &agentv1.WriteFileHeader{Path: []byte(path), Uid: proto.Uint32(1234), Gid: proto.Uint32(2345), CreateParents: true, Mode: proto.Uint32(0o4750)}
+	if _, err := a.writeFile(t, h, []byte("q")); err != nil {
+		t.Fatalf("WriteFile: %v", err)
+	}
+	for _, p := range []string{path, filepath.Dir(path), filepath.Dir(filepath.Dir(path))} {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		wantMode := uint32(0o755)
+		if p == path {
+			wantMode = 0o4750
+		}
+		if st.Uid != 1234 || st.Gid != 2345 || st.Mode&0o7777 != wantMode {
+			t.Errorf("%s: %d:%d mode %o, want 1234:2345 mode %o", p, st.Uid, st.Gid, st.Mode&0o7777, wantMode)
+		}
+	}
+	if entries, _ := os.ReadDir(a.dir); len(entries) != 1 {
+		t.Errorf("%s holds %v, want only o", a.dir, entries)
+	}
+	// A failed write (fewer bytes than declared) leaves nothing.
+	h = &agentv1.WriteFileHeader{Path: []byte(filepath.Join(a.dir, "x", "y", "z")), Uid: proto.Uint32(1234), Gid: proto.Uint32(2345), CreateParents: true, SizeBytes: proto.Uint64(5)}
+	_, err := a.writeFile(t, h, []byte("abc"))
+	wantStatus(t, err, codes.InvalidArgument, "INVALID_ARGUMENT", "")
+	if entries, _ := os.ReadDir(a.dir); len(entries) != 1 {
+		t.Errorf("%s holds %v after a failed write, want only o", a.dir, entries)
+	}
+
+	file := filepath.Join(a.dir, "f")
+	os.WriteFile(file, []byte("a file"), 0o644)
+	for _, parents := range []bool{false, true} {
+		_, err := a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(filepath.Join(file, "g")), CreateParents: parents}, []byte("x"))
+		wantStatus(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "")
+		_, err = a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(filepath.Join(file, "g", "h")), CreateParents: parents}, []byte("x"))
+		wantStatus(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "")
+		_, err = a.files.MakeDir(testCtx(t), &agentv1.MakeDirRequest{Path: []byte(filepath.Join(file, "g")), Parents: parents})
+		wantStatus(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "")
+	}
 }

@@ -2,11 +2,14 @@ package files_test
 
 import (
 	"archive/tar"
+	"bytes"
+	"context"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -17,9 +20,9 @@ import (
 )
 
 // TestUploadEntryCap uploads more entries than --max-list-entries: the
-// upload is refused by name (LIST_TOO_LARGE) once the cap is crossed, the
-// entries before stay, and empty entries (which cost no content bytes but
-// an inode each) count.
+// upload is refused by name (LIST_TOO_LARGE) once the cap is crossed and
+// leaves nothing (uploads are atomic); empty entries (which cost no
+// content bytes but an inode each) count.
 func TestUploadEntryCap(t *testing.T) {
 	a := startAgent(t, "--user", "1000:1000", "--max-list-entries", "3")
 	dir := filepath.Join(a.dir, "up")
@@ -31,13 +34,8 @@ func TestUploadEntryCap(t *testing.T) {
 	if meta["limit"] != "3" {
 		t.Errorf("limit = %q, want 3", meta["limit"])
 	}
-	for _, n := range []string{"a", "b", "d"} {
-		if _, err := os.Lstat(filepath.Join(dir, n)); err != nil {
-			t.Errorf("entry %s before the refused one: %v", n, err)
-		}
-	}
-	if _, err := os.Lstat(filepath.Join(dir, "c")); !os.IsNotExist(err) {
-		t.Errorf("entry c past the cap: lstat %v, want not-exist", err)
+	if entries, err := os.ReadDir(a.dir); err != nil || len(entries) != 0 {
+		t.Errorf("%s holds %v (%v) after the refused upload, want nothing", a.dir, entries, err)
 	}
 }
 
@@ -157,68 +155,52 @@ func TestRenameIntoItself(t *testing.T) {
 	}
 }
 
-// TestUploadSymlinkRealLocation creates symlinks whose target stays inside
-// the directory when resolved from the entry's name, but leads out from
-// where the link really lands (its parent is reached through a symlink of
-// the same archive) or through a symlink inside the target itself. Each
-// must be refused like any symlink that leads out; harmless climbing
-// targets still work.
-func TestUploadSymlinkRealLocation(t *testing.T) {
+// TestUploadSymlinksVerbatim keeps symlink targets as archived, absolute
+// and climbing ones too (a venv's bin/python -> /usr/bin/python3), and
+// refuses, naming the entry, what would be written through them out of the
+// directory.
+func TestUploadSymlinksVerbatim(t *testing.T) {
 	a := startAgent(t, "--user", "1000:1000")
-	tests := []struct {
-		name    string
-		entries []tarEntry
-		bad     string
-	}{
-		{"parent through a symlink", []tarEntry{
-			{name: "a", typ: tar.TypeSymlink, link: "."},
-			{name: "a/x", typ: tar.TypeSymlink, link: "../secret"},
-		}, "a/x"},
-		{"deeper parent through a symlink", []tarEntry{
-			{name: "s/", typ: tar.TypeDir, mode: 0o755},
-			{name: "s/up", typ: tar.TypeSymlink, link: ".."},
-			{name: "s/up/y", typ: tar.TypeSymlink, link: "../secret"},
-		}, "s/up/y"},
-		{"dotdot after a symlink in the target", []tarEntry{
-			{name: "d", typ: tar.TypeSymlink, link: "."},
-			{name: "z", typ: tar.TypeSymlink, link: "d/../secret"},
-		}, "z"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dest := filepath.Join(a.dir, strings.ReplaceAll(tt.name, " ", "-"), "dest")
-			_, err := a.upload(t, dest, makeTar(t, tt.entries, false))
-			if meta := wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSAFE", ""); meta["entry"] != tt.bad {
-				t.Errorf("error names entry %q, want %q", meta["entry"], tt.bad)
-			}
-			// No symlink left in dest leads out of it.
-			filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
-				if err != nil || d.Type()&os.ModeSymlink == 0 {
-					return nil
-				}
-				target, _ := filepath.EvalSymlinks(p)
-				if target != "" && !strings.HasPrefix(target+"/", dest+"/") {
-					t.Errorf("symlink %s leads to %s, out of %s", p, target, dest)
-				}
-				return nil
-			})
-		})
-	}
-	dest := filepath.Join(a.dir, "fine")
-	_, err := a.upload(t, dest, makeTar(t, []tarEntry{
-		{name: "lib/", typ: tar.TypeDir, mode: 0o755},
-		{name: "lib/real.so", typ: tar.TypeReg, body: "so"},
-		{name: "bin/", typ: tar.TypeDir, mode: 0o755},
-		{name: "bin/tool", typ: tar.TypeSymlink, link: "../lib/./real.so"},
+	dest := filepath.Join(a.dir, "venv")
+	resp, err := a.upload(t, dest, makeTar(t, []tarEntry{
+		{name: "bin/python", typ: tar.TypeSymlink, link: "/usr/bin/python3"},
+		{name: "bin/python3", typ: tar.TypeSymlink, link: "python"},
+		{name: "up", typ: tar.TypeSymlink, link: "../../.."},
 		{name: "self", typ: tar.TypeSymlink, link: "."},
-		{name: "self/top", typ: tar.TypeSymlink, link: "lib/real.so"},
+		{name: "self/through-self", typ: tar.TypeReg, body: "fine"},
 	}, false))
 	if err != nil {
-		t.Fatalf("upload of harmless symlinks: %v", err)
+		t.Fatalf("Upload: %v", err)
 	}
-	for _, p := range []string{"bin/tool", "top"} {
-		if b, err := os.ReadFile(filepath.Join(dest, p)); err != nil || string(b) != "so" {
-			t.Errorf("%s = %q, %v; want the library", p, b, err)
+	if resp.GetResult().GetSymlinks() != 4 {
+		t.Errorf("Upload = %v, want 4 symlinks", resp.GetResult())
+	}
+	for name, want := range map[string]string{"bin/python": "/usr/bin/python3", "bin/python3": "python", "up": "../../.."} {
+		if got, err := os.Readlink(filepath.Join(dest, name)); got != want {
+			t.Errorf("%s -> %q (%v), want %q", name, got, err, want)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dest, "through-self")); string(b) != "fine" {
+		t.Errorf("through-self = %q, %v", b, err)
+	}
+	for name, entries := range map[string][]tarEntry{
+		"abs/evil": {{name: "abs", typ: tar.TypeSymlink, link: a.dir}, {name: "abs/evil", typ: tar.TypeReg, body: "x"}},
+		"up/evil":  {{name: "up", typ: tar.TypeSymlink, link: ".."}, {name: "up/evil", typ: tar.TypeReg, body: "x"}},
+		"up/evil2": nil, // through the symlink "up" already in dest
+	} {
+		if entries == nil {
+			entries = []tarEntry{{name: "up/evil2", typ: tar.TypeReg, body: "x"}}
+		}
+		target := filepath.Join(a.dir, "t-"+strings.Trim(strings.ReplaceAll(name, "/", "-"), "-"))
+		if name == "up/evil2" {
+			target = dest
+		}
+		_, err := a.upload(t, target, makeTar(t, entries, false))
+		if meta := wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSAFE", ""); meta["entry"] != name {
+			t.Errorf("error names entry %q, want %q", meta["entry"], name)
+		}
+		if _, err := os.Lstat(filepath.Join(a.dir, "evil")); !os.IsNotExist(err) {
+			t.Fatalf("%s/evil was written: %v", a.dir, err)
 		}
 	}
 }
@@ -255,18 +237,110 @@ func TestReadPseudoFiles(t *testing.T) {
 	}
 }
 
-// TestRefusedSymlinkKeepsEarlierEntry refuses a symlink entry that would
-// replace a file extracted before it: the refusal happens before anything
-// is replaced, so the file stays as the earlier entry left it.
-func TestRefusedSymlinkKeepsEarlierEntry(t *testing.T) {
+// TestUploadIsAtomic refuses an entry after others were extracted, and
+// cancels an upload half-way: either leaves the directory as it was, and
+// no staging directory behind.
+func TestUploadIsAtomic(t *testing.T) {
 	a := startAgent(t, "--user", "1000:1000")
 	dest := filepath.Join(a.dir, "keep")
+	os.MkdirAll(dest, 0o777)
+	os.Chmod(dest, 0o777)
+	os.WriteFile(filepath.Join(dest, "x"), []byte("keep"), 0o666)
 	_, err := a.upload(t, dest, makeTar(t, []tarEntry{
-		{name: "x", typ: tar.TypeReg, body: "keep"},
-		{name: "x", typ: tar.TypeSymlink, link: "missing/../y"},
+		{name: "x", typ: tar.TypeReg, body: "replaced"},
+		{name: "new", typ: tar.TypeReg, body: "new"},
+		{name: "../escape", typ: tar.TypeReg, body: "no"},
 	}, false))
 	wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSAFE", "")
-	if b, err := os.ReadFile(filepath.Join(dest, "x")); err != nil || string(b) != "keep" {
-		t.Errorf("x after the refused entry = %q, %v; want the earlier file", b, err)
+	wantOnly := func(when string) {
+		t.Helper()
+		entries, _ := os.ReadDir(dest)
+		if b, err := os.ReadFile(filepath.Join(dest, "x")); len(entries) != 1 || err != nil || string(b) != "keep" {
+			t.Errorf("%s: dest holds %v, x = %q (%v); want only x as it was", when, entries, b, err)
+		}
+	}
+	wantOnly("after a refused entry")
+
+	// Cancel after part of a large archive was sent.
+	big := makeTar(t, []tarEntry{
+		{name: "x", typ: tar.TypeReg, body: "replaced"},
+		{name: "big", typ: tar.TypeReg, body: strings.Repeat("b", 4<<20)},
+	}, false)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	stream, err := a.files.Upload(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Header{Header: &agentv1.UploadHeader{Path: []byte(dest)}}})
+	stream.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Chunk{Chunk: big[:2<<20]}})
+	// The agent has the first chunk once a staging directory holds it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if staged, _ := filepath.Glob(filepath.Join(dest, ".berth-upload-*", "big")); len(staged) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	cancel()
+	// The agent ends the upload when it sees the cancellation; it then
+	// removes the staging directory.
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if entries, _ := os.ReadDir(dest); len(entries) == 1 {
+			break
+		}
+	}
+	wantOnly("after a canceled upload")
+}
+
+// TestUploadSpecialFiles creates FIFOs, lists device nodes the workload
+// user may not create (no CAP_MKNOD) as skipped, and with keep_owners
+// gives entries the archive's owners.
+func TestUploadSpecialFiles(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	dest := filepath.Join(a.dir, "special")
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, h := range []*tar.Header{
+		{Name: "fifo", Typeflag: tar.TypeFifo, Mode: 0o640},
+		{Name: "null", Typeflag: tar.TypeChar, Mode: 0o666, Devmajor: 1, Devminor: 3},
+		{Name: "owned", Typeflag: tar.TypeReg, Mode: 0o4755, Uid: 1234, Gid: 5678},
+		{Name: "d/", Typeflag: tar.TypeDir, Mode: 0o750, Uid: 4321, Gid: 8765},
+		{Name: "d/l", Typeflag: tar.TypeSymlink, Linkname: "/x", Uid: 42, Gid: 43},
+	} {
+		tw.WriteHeader(h)
+	}
+	tw.Close()
+	for _, keep := range []bool{false, true} {
+		os.RemoveAll(dest)
+		stream, err := a.files.Upload(testCtx(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Header{Header: &agentv1.UploadHeader{Path: []byte(dest), KeepOwners: keep}}})
+		stream.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Chunk{Chunk: buf.Bytes()}})
+		resp, err := stream.CloseAndRecv()
+		if err != nil {
+			t.Fatalf("keep_owners %v: Upload: %v", keep, err)
+		}
+		r := resp.GetResult()
+		if r.GetSpecialFiles() != 1 || r.GetSkippedCount() != 1 || len(r.GetSkipped()) != 1 || string(r.GetSkipped()[0]) != "null" {
+			t.Errorf("keep_owners %v: Upload = %v, want 1 special file and null skipped", keep, r)
+		}
+		if fi, err := os.Lstat(filepath.Join(dest, "fifo")); err != nil || fi.Mode() != os.ModeNamedPipe|0o640 {
+			t.Errorf("fifo: %v, %v", fi, err)
+		}
+		want := map[string][3]uint32{"owned": {1000, 1000, 0o755}, "d": {1000, 1000, 0o750}, "d/l": {1000, 1000, 0o777}}
+		if keep {
+			want = map[string][3]uint32{"owned": {1234, 5678, 0o4755}, "d": {4321, 8765, 0o750}, "d/l": {42, 43, 0o777}}
+		}
+		for name, w := range want {
+			fi, err := os.Lstat(filepath.Join(dest, name))
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				continue
+			}
+			st := fi.Sys().(*syscallStat)
+			if st.Uid != w[0] || st.Gid != w[1] || st.Mode&0o7777 != w[2] {
+				t.Errorf("keep_owners %v: %s is %d:%d mode %o, want %d:%d mode %o", keep, name, st.Uid, st.Gid, st.Mode&0o7777, w[0], w[1], w[2])
+			}
+		}
 	}
 }

@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/tartree"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -65,13 +65,12 @@ func (l *listing) walkRoot(maxDepth uint32) error {
 // walk lists the directory open at fd (which it closes), named path, whose
 // entries are at depth.
 func (l *listing) walk(fd int, path string, depth, maxDepth uint32) error {
-	names, err := readDirNames(fd)
+	names, err := tartree.ReadDirNames(fd)
 	if err != nil {
 		unix.Close(fd)
 		return pathError("read directory", path, err)
 	}
 	// Byte order of names, as the API promises.
-	sortBytes(names)
 	defer unix.Close(fd)
 	for _, name := range names {
 		var st unix.Stat_t
@@ -173,27 +172,4 @@ func (l *listing) flush(last bool) error {
 	}
 	l.batch, l.size, l.sent = nil, 0, true
 	return nil
-}
-
-// sortBytes sorts names in byte order (Go compares strings bytewise).
-func sortBytes(names []string) { slices.Sort(names) }
-
-// readDirNames returns the names in the directory open at fd, without "."
-// and "..", from getdents64(2).
-func readDirNames(fd int) ([]string, error) {
-	var names []string
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := unix.Getdents(fd, buf)
-		if err == unix.EINTR {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		if n <= 0 {
-			return names, nil
-		}
-		_, _, names = unix.ParseDirent(buf[:n], -1, names)
-	}
 }

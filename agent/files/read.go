@@ -82,7 +82,7 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 			return pathError("read", path, err)
 		}
 		if n == 0 {
-			return &changedError{path, fmt.Sprintf("it ended after %d of the %d bytes its size promised", done, length)}
+			return &changedError{Path: path, Why: fmt.Sprintf("it ended after %d of the %d bytes its size promised", done, length)}
 		}
 		// Send marshals before returning, so buf can be reused.
 		chunk.Chunk = buf[:n]
@@ -95,7 +95,7 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 		// Reading to the end: a byte past it means the file grew.
 		n, err := unix.Pread(fd, buf[:1], int64(offset+length))
 		if err == nil && n > 0 && offset <= size {
-			return &changedError{path, fmt.Sprintf("it grew past the %d bytes its size promised", size)}
+			return &changedError{Path: path, Why: fmt.Sprintf("it grew past the %d bytes its size promised", size)}
 		}
 	}
 	var last unix.Stat_t
@@ -103,7 +103,7 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 		return pathError("fstat", path, err)
 	}
 	if last.Size != first.Size || last.Mtim != first.Mtim {
-		return &changedError{path, fmt.Sprintf("its size or modification time changed (size %d then %d)", first.Size, last.Size)}
+		return &changedError{Path: path, Why: fmt.Sprintf("its size or modification time changed (size %d then %d)", first.Size, last.Size)}
 	}
 	return nil
 }

@@ -370,7 +370,7 @@ func keys(m map[string]string) []string {
 
 // TestUploadEscapes feeds archives that try to write outside their
 // directory: each is refused naming the entry, and nothing appears
-// outside.
+// outside (internal/tartree tests every way in detail).
 func TestUploadEscapes(t *testing.T) {
 	a := startAgent(t, "--user", "1000:1000")
 	outside := filepath.Join(a.dir, "outside")
@@ -381,30 +381,20 @@ func TestUploadEscapes(t *testing.T) {
 		bad     string
 	}{
 		{"dotdot", []tarEntry{{name: "../outside/evil", typ: tar.TypeReg, body: "x"}}, "../outside/evil"},
-		{"dotdot inside", []tarEntry{{name: "a/../../outside/evil", typ: tar.TypeReg, body: "x"}}, "a/../../outside/evil"},
 		{"absolute", []tarEntry{{name: outside + "/evil", typ: tar.TypeReg, body: "x"}}, outside + "/evil"},
-		{"absolute symlink", []tarEntry{{name: "l", typ: tar.TypeSymlink, link: outside}}, "l"},
-		{"escaping symlink", []tarEntry{{name: "d/l", typ: tar.TypeSymlink, link: "../../outside"}}, "d/l"},
-		{"through existing symlink", []tarEntry{{name: "pre/evil", typ: tar.TypeReg, body: "x"}}, "pre/evil"},
-		{"dir through existing symlink", []tarEntry{{name: "pre/sub/", typ: tar.TypeDir}}, "pre/sub/"},
+		{"through an absolute symlink", []tarEntry{{name: "l", typ: tar.TypeSymlink, link: outside}, {name: "l/evil", typ: tar.TypeReg, body: "x"}}, "l/evil"},
+		{"through an existing symlink", []tarEntry{{name: "pre/evil", typ: tar.TypeReg, body: "x"}}, "pre/evil"},
 		{"hard link out", []tarEntry{{name: "h", typ: tar.TypeLink, link: "../outside/target"}}, "h"},
-		{"hard link through symlink", []tarEntry{{name: "h", typ: tar.TypeLink, link: "pre/target"}}, "h"},
-		{"device", []tarEntry{{name: "dev", typ: tar.TypeChar}}, "dev"},
 	}
 	os.WriteFile(filepath.Join(outside, "target"), []byte("t"), 0o666)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dest := filepath.Join(a.dir, "dest-"+strings.ReplaceAll(tt.name, " ", "-"))
 			os.Mkdir(dest, 0o777)
-			// A symlink that leads out, planted before the upload.
+			os.Chmod(dest, 0o777)
 			os.Symlink("../outside", filepath.Join(dest, "pre"))
 			_, err := a.upload(t, dest, makeTar(t, tt.entries, false))
-			reason := "TAR_ENTRY_UNSAFE"
-			if tt.name == "device" {
-				reason = "TAR_ENTRY_UNSUPPORTED"
-			}
-			wantStatus(t, err, codes.InvalidArgument, reason, "")
-			if meta := wantStatus(t, err, codes.InvalidArgument, reason, ""); meta["entry"] != tt.bad {
+			if meta := wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSAFE", ""); meta["entry"] != tt.bad {
 				t.Errorf("error names entry %q, want %q", meta["entry"], tt.bad)
 			}
 			entries, _ := os.ReadDir(outside)
@@ -416,20 +406,10 @@ func TestUploadEscapes(t *testing.T) {
 			}
 		})
 	}
-	// A harmless relative symlink inside, and writing through it, is fine.
+	// Garbage is not an archive; an unknown entry type is unsupported.
 	dest := filepath.Join(a.dir, "ok")
-	_, err := a.upload(t, dest, makeTar(t, []tarEntry{
-		{name: "real/", typ: tar.TypeDir},
-		{name: "alias", typ: tar.TypeSymlink, link: "real"},
-		{name: "alias/f", typ: tar.TypeReg, body: "via alias"},
-	}, false))
-	if err != nil {
-		t.Fatalf("harmless upload: %v", err)
-	}
-	if got, _ := os.ReadFile(filepath.Join(dest, "real", "f")); string(got) != "via alias" {
-		t.Errorf("real/f = %q", got)
-	}
-	// Garbage is not an archive.
-	_, err = a.upload(t, dest, []byte(strings.Repeat("not a tar ", 100)))
+	_, err := a.upload(t, dest, []byte(strings.Repeat("not a tar ", 100)))
 	wantStatus(t, err, codes.InvalidArgument, "ARCHIVE_INVALID", "")
+	_, err = a.upload(t, dest, makeTar(t, []tarEntry{{name: "v", typ: 'Z'}}, false))
+	wantStatus(t, err, codes.InvalidArgument, "TAR_ENTRY_UNSUPPORTED", "")
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -24,8 +25,12 @@ const defaultFileMode = 0o644
 // REPLACE mode the content goes to a temporary file in the target's
 // directory, created as the workload user, which is fsynced and renamed
 // over the target; in APPEND mode to the target itself (O_APPEND), fsynced.
-// The response is sent only then. On any failure the temporary file and the
-// parent directories this request created are removed.
+// With create_parents and missing parents, the temporary file is made in
+// a staged copy of the missing directories beside the first of them
+// (".<name>.berth-<random>.tmp"), which one rename(2) puts in place at the
+// end: the new directories and the file appear together or not at all.
+// The response is sent only then. On any failure the temporary file and
+// the staged or created directories are removed.
 func (s *Service) WriteFile(stream agentv1.FileService_WriteFileServer) error {
 	first, err := stream.Recv()
 	if err != nil {
@@ -43,6 +48,7 @@ func (s *Service) WriteFile(stream agentv1.FileService_WriteFileServer) error {
 		return err
 	}
 	if err := s.asUser(w.open); err != nil {
+		w.abort()
 		return s.toStatus(err)
 	}
 	resp, err := w.copy(stream)
@@ -64,7 +70,12 @@ type write struct {
 
 	fd      int // -1 when not open
 	tmp     string
-	created []string // parent directories this write created
+	created []string // parent directories this write created (appending)
+	// With create_parents and missing parents: the staged directories,
+	// top first (staged[0] becomes top), and O_PATH descriptors of them.
+	staged  []string
+	top     string
+	dirFDs  []int
 	sum     hash.Hash
 	written uint64
 }
@@ -97,16 +108,22 @@ func (s *Service) newWrite(h *agentv1.WriteFileHeader) (*write, error) {
 	return w, nil
 }
 
-// open creates the missing parents when asked and opens the file to write:
-// the temporary file, or the target when appending. It runs as the
-// workload user.
+// open opens the file to write: the temporary file, in the target's
+// directory or in staged parents, or the target when appending. It runs
+// as the workload user.
 func (w *write) open() error {
 	if w.h.GetCreateParents() {
-		created, err := mkdirAll(w.dir, defaultDirMode)
-		if err != nil {
+		ancestor, missing, err := missingParents(w.dir)
+		switch {
+		case err != nil:
 			return err
+		case len(missing) > 0 && w.appends:
+			if w.created, err = mkdirAll(w.dir, defaultDirMode); err != nil {
+				return err
+			}
+		case len(missing) > 0:
+			return w.openStaged(ancestor, missing)
 		}
-		w.created = created
 	}
 	if w.appends {
 		return w.openAppend()
@@ -135,6 +152,67 @@ func (w *write) open() error {
 		return w.chmod()
 	}
 	return pathError("create temporary file for", w.path, unix.EEXIST)
+}
+
+// missingParents returns the nearest existing ancestor of dir and the
+// names of the missing directories below it down to dir, top first. A
+// component that exists but is not a directory fails with ENOTDIR naming
+// it, whichever component it is (as without create_parents and as
+// MakeDir).
+func missingParents(dir string) (string, []string, error) {
+	var missing []string
+	for p := dir; ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		err := unix.Stat(p, &st)
+		switch {
+		case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+			return p, missing, nil
+		case err == nil:
+			return "", nil, pathError("mkdir", p, unix.ENOTDIR)
+		case errors.Is(err, unix.ENOTDIR) && p != "/":
+			missing = nil // a component above is not a directory: find it
+		case errors.Is(err, unix.ENOENT) && p != "/":
+			missing = append([]string{filepath.Base(p)}, missing...)
+		default:
+			return "", nil, pathError("stat", p, err)
+		}
+	}
+}
+
+// openStaged makes the missing parents in a staging directory beside the
+// first of them and the temporary file in it, under its final name.
+func (w *write) openStaged(ancestor string, missing []string) error {
+	w.top = filepath.Join(ancestor, missing[0])
+	staging := filepath.Join(ancestor, tempName(missing[0]))
+	for i, p := 0, staging; i < len(missing); i++ {
+		if i > 0 {
+			p = filepath.Join(p, missing[i])
+		}
+		if err := mkdir(p, defaultDirMode); err != nil {
+			return pathError("create", w.path, errnoOr(err))
+		}
+		w.staged = append(w.staged, p)
+		fd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return pathError("open", p, err)
+		}
+		w.dirFDs = append(w.dirFDs, fd)
+	}
+	name := filepath.Join(w.staged[len(w.staged)-1], filepath.Base(w.path))
+	fd, err := unix.Open(name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return pathError("create", w.path, err)
+	}
+	w.fd, w.tmp = fd, name
+	return w.chmod()
+}
+
+// errnoOr returns the errno err carries, or err.
+func errnoOr(err error) error {
+	if errno, ok := errnoOf(err); ok {
+		return errno
+	}
+	return err
 }
 
 // openAppend opens the target for appending, creating it with the mode
@@ -195,6 +273,11 @@ func (w *write) chown() error {
 			return pathError("chown", d, err)
 		}
 	}
+	for i, fd := range w.dirFDs {
+		if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+			return pathError("chown", w.staged[i], err)
+		}
+	}
 	return nil
 }
 
@@ -236,11 +319,7 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 		return nil, pathError("fsync", w.path, err)
 	}
 	if !w.appends {
-		if err := w.s.asUser(func() error { return pathError("rename", w.path, unix.Rename(w.tmp, w.path)) }); err != nil {
-			return nil, err
-		}
-		w.tmp = ""
-		if err := syncDir(w.dir, w.fd); err != nil {
+		if err := w.commit(); err != nil {
 			return nil, err
 		}
 	}
@@ -257,20 +336,90 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 	}}, nil
 }
 
+// commit renames the temporary file over the target, or the staged
+// parents into place, and syncs the directory that changed.
+func (w *write) commit() error {
+	if len(w.staged) == 0 {
+		if err := w.s.asUser(func() error { return pathError("rename", w.path, unix.Rename(w.tmp, w.path)) }); err != nil {
+			return err
+		}
+		w.tmp = ""
+		return syncDir(w.dir, w.fd)
+	}
+	err := w.s.asUser(func() error {
+		err := unix.Renameat2(unix.AT_FDCWD, w.staged[0], unix.AT_FDCWD, w.top, unix.RENAME_NOREPLACE)
+		if errors.Is(err, unix.EINVAL) {
+			// The file system cannot refuse to replace: check, then rename.
+			var st unix.Stat_t
+			if err = unix.EEXIST; unix.Lstat(w.top, &st) != nil {
+				err = unix.Rename(w.staged[0], w.top)
+			}
+		}
+		if !errors.Is(err, unix.EEXIST) && !errors.Is(err, unix.ENOTEMPTY) {
+			return pathError("rename", w.path, err)
+		}
+		// A parent was made meanwhile (a concurrent write): make what is
+		// still missing and move just the file.
+		created, err := mkdirAll(w.dir, defaultDirMode)
+		if err != nil {
+			return err
+		}
+		w.created = created
+		return pathError("rename", w.path, unix.Rename(w.tmp, w.path))
+	})
+	if err != nil {
+		return err
+	}
+	w.tmp = ""
+	for _, fd := range w.dirFDs {
+		unix.Close(fd)
+	}
+	w.dirFDs = nil
+	if w.created != nil {
+		w.removeStaged() // what is left of them
+	}
+	w.staged = nil // else they are the target's parents now
+	return syncDir(filepath.Dir(w.top), w.fd)
+}
+
+// removeStaged removes the staged directories: as the workload user, and
+// when that fails (they were given another owner) as the agent itself
+// (os.RemoveAll, which follows no symlink, of a directory of random name
+// this write made).
+func (w *write) removeStaged() {
+	if len(w.staged) == 0 {
+		return
+	}
+	var err error
+	_ = w.s.asUser(func() error {
+		err = os.RemoveAll(w.staged[0])
+		return nil
+	})
+	if err != nil {
+		_ = os.RemoveAll(w.staged[0])
+	}
+}
+
 // abort undoes a failed write: it closes the file, removes the temporary
-// file and the directories created for it.
+// file and the directories staged or created for it.
 func (w *write) abort() {
 	if w.fd >= 0 {
 		unix.Close(w.fd)
 		w.fd = -1
 	}
+	for _, fd := range w.dirFDs {
+		unix.Close(fd)
+	}
+	w.dirFDs = nil
 	_ = w.s.asUser(func() error {
-		if w.tmp != "" {
+		if w.tmp != "" && len(w.staged) == 0 {
 			_ = unix.Unlink(w.tmp)
 		}
 		removeDirs(w.created)
 		return nil
 	})
+	w.removeStaged()
+	w.staged = nil
 }
 
 // writeAll writes all of data to fd.

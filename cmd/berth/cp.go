@@ -1,26 +1,27 @@
 package main
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
-	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/tartree"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 func newCpCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var opts cpOptions
+	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
 		Short: "Copy files and directories between a sandbox and the local machine",
 		Long: `Copy a file or a directory tree into or out of a sandbox. One of SRC and DST
@@ -34,17 +35,28 @@ As with cp(1), when the destination is an existing directory (or ends with
 "/") the source goes inside it under its own name; otherwise the source is
 copied to the destination path. Files travel as files (atomically replaced,
 SHA-256 reported by berthd; a file that changes while it is read fails the
-copy with FILE_CHANGED and leaves no local file). Directories travel as tar
-streams: symlinks are kept as symlinks, files are owned by the sandbox's
-workload user on upload and by you on download, and archive entries that
-would escape the destination, or symlinks that would lead out of it, are
-refused. "-" reads a file from standard
-input, or writes a file (or a directory as a tar stream) to standard
-output. Progress is shown on stderr when it is a terminal. Copies are not
-bounded by --rpc-timeout.`,
+copy with FILE_CHANGED and leaves no local file; a download keeps the
+file's mtime). Directories travel as tar streams and arrive whole or not at
+all (a failed copy leaves the destination as it was): symlinks with their
+targets as they are, hard links, FIFOs, sparse files with their holes,
+modes and mtimes. Files belong to the sandbox's workload user on upload
+and to you on download; -a keeps the numeric owners (and setuid and setgid
+bits; on download only when you may chown, i.e. as root). No archive entry
+is ever written outside the destination, nor through a symlink out of it.
+
+What cannot be copied is named on stderr, and berth then exits 1 unless
+--skip-special is given: unix sockets (tar cannot carry them) and device
+nodes where they cannot be created (sandbox processes never can: mknod
+needs CAP_MKNOD).
+
+"-" reads a file from standard input, or writes a file (or a directory as
+a POSIX pax tar stream) to standard output. Progress is shown on stderr
+when it is a terminal. Copies are not bounded by --rpc-timeout.`,
 		Example: `  berth cp ./src dev:/workspace/src
   berth cp dev:/workspace/out/report.pdf .
-  tar c . | berth exec dev -- tar x -C /workspace   # the same, by hand
+  berth cp -a ./rootfs dev:/srv/rootfs                # keep owners
+  berth cp dev:/etc - | tar tv                        # a directory as tar
+  tar c . | berth exec dev -- tar x -C /workspace     # the same, by hand
   berth cp dev:/var/log/app.log - | tail`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -57,17 +69,58 @@ bounded by --rpc-timeout.`,
 				return fmt.Errorf("neither %q nor %q is SANDBOX:PATH", args[0], args[1])
 			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+				cp := &copier{c: c, opts: opts, stderr: cmd.ErrOrStderr()}
+				var err error
 				if dstRemote {
-					return upload(ctx, c, args[0], dst, strings.HasSuffix(args[1], "/"), cmd.InOrStdin(), cmd.ErrOrStderr())
+					err = cp.upload(ctx, args[0], dst, strings.HasSuffix(args[1], "/"), cmd.InOrStdin())
+				} else {
+					err = cp.download(ctx, src, args[1], cmd.OutOrStdout())
 				}
-				return download(ctx, c, src, args[1], cmd.OutOrStdout(), cmd.ErrOrStderr())
+				if err != nil {
+					return err
+				}
+				return cp.exit()
 			})
 		},
 	}
+	cmd.Flags().BoolVarP(&opts.archive, "archive", "a", false, "keep numeric owners (and setuid/setgid bits), as docker cp -a")
+	cmd.Flags().BoolVar(&opts.skipSpecial, "skip-special", false, "exit 0 when sockets or device nodes that cannot be created were skipped (each is still named on stderr)")
+	return cmd
+}
+
+// cpOptions are berth cp's flags.
+type cpOptions struct {
+	archive     bool
+	skipSpecial bool
+}
+
+// copier is one berth cp.
+type copier struct {
+	c       *client.Client
+	opts    cpOptions
+	stderr  io.Writer
+	skipped int
+}
+
+// skip names an entry that was not copied on stderr.
+func (cp *copier) skip(name, why string) {
+	cp.skipped++
+	fmt.Fprintf(cp.stderr, "berth: cp: skipped %s: %s\n", terminalSafe(tartree.Display(name)), why)
+}
+
+// exit is the copy's exit status once the data moved: 1 when entries were
+// skipped without --skip-special.
+func (cp *copier) exit() error {
+	if cp.skipped > 0 && !cp.opts.skipSpecial {
+		fmt.Fprintf(cp.stderr, "berth: cp: %d entries were not copied (--skip-special accepts that)\n", cp.skipped)
+		return exitStatus(1)
+	}
+	return nil
 }
 
 // upload copies the local path (or stdin for "-") to dst.
-func upload(ctx context.Context, c *client.Client, local string, dst remote, intoDir bool, stdin io.Reader, stderr io.Writer) error {
+func (cp *copier) upload(ctx context.Context, local string, dst remote, intoDir bool, stdin io.Reader) error {
+	c := cp.c
 	// Does the destination name a directory to copy into?
 	if local != "-" {
 		if intoDir {
@@ -87,14 +140,21 @@ func upload(ctx context.Context, c *client.Client, local string, dst remote, int
 		return err
 	}
 	if !fi.IsDir() {
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("cp %s: a %v cannot be copied as a file; copy its directory", local, fi.Mode().Type())
+		}
 		f, err := os.Open(local)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		p := newTransferProgress(stderr, filepath.Base(local), fi.Size())
+		p := newTransferProgress(cp.stderr, filepath.Base(local), fi.Size())
 		defer p.done()
 		opts := append(p.option(), client.WithCreateParents(), client.WithMode(uint32(fi.Mode().Perm())), client.WithSize(uint64(fi.Size())))
+		if cp.opts.archive {
+			st := fi.Sys().(*syscall.Stat_t)
+			opts = append(opts, client.WithOwner(st.Uid, st.Gid), client.WithMode(uint32(st.Mode&0o7777)))
+		}
 		resp, err := c.WriteFile(ctx, dst.sandboxID, dst.path, f, opts...)
 		if err != nil {
 			return err
@@ -105,66 +165,36 @@ func upload(ctx context.Context, c *client.Client, local string, dst remote, int
 		return nil
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(pw, local, stderr)) }()
+	go func() { pw.CloseWithError(writeTree(pw, local, cp.skip)) }()
 	defer pr.Close()
-	p := newTransferProgress(stderr, filepath.Base(local), -1)
+	p := newTransferProgress(cp.stderr, filepath.Base(local), -1)
 	defer p.done()
-	_, err = c.Upload(ctx, dst.sandboxID, dst.path, pr, p.option()...)
-	return err
+	opts := p.option()
+	if cp.opts.archive {
+		opts = append(opts, client.WithKeepOwners())
+	}
+	resp, err := c.Upload(ctx, dst.sandboxID, dst.path, pr, opts...)
+	if err != nil {
+		return err
+	}
+	for _, name := range resp.GetSkipped() {
+		cp.skip(string(name), "the sandbox cannot create device nodes (mknod needs CAP_MKNOD)")
+	}
+	if n := resp.GetSkippedCount(); n > uint64(len(resp.GetSkipped())) {
+		cp.skipped += int(n) - len(resp.GetSkipped())
+		fmt.Fprintf(cp.stderr, "berth: cp: %d more device nodes skipped\n", n-uint64(len(resp.GetSkipped())))
+	}
+	return nil
 }
 
-// writeTar writes the tree under dir as a tar stream, names relative to
-// dir. Symlinks are archived as symlinks; sockets and devices are skipped
-// with a notice on stderr.
-func writeTar(w io.Writer, dir string, stderr io.Writer) error {
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(dir, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		var link string
-		switch {
-		case fi.Mode()&os.ModeSymlink != 0:
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		case !fi.Mode().IsRegular() && !fi.IsDir():
-			fmt.Fprintf(stderr, "berth: cp: skipping %s: a %v cannot be copied\n", p, fi.Mode().Type())
-			return nil
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		hdr.Name = filepath.ToSlash(rel)
-		if fi.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.Format = tar.FormatPAX
-		if err := tw.WriteHeader(hdr); err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return nil
-		}
-		f, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		n, err := io.Copy(tw, io.LimitReader(f, fi.Size()))
-		if err == nil && n < fi.Size() {
-			err = fmt.Errorf("%s changed while it was read: %d of %d bytes", p, n, fi.Size())
-		}
+// writeTree writes the tree under dir as a tar stream (internal/tartree),
+// the directory itself first as "./" so that its mode and mtime travel
+// too; sockets are passed to skip.
+func writeTree(w io.Writer, dir string, skip func(name, why string)) error {
+	tw := tartree.NewWriter(w)
+	opts := tartree.WalkOptions{IncludeRoot: true, Skip: func(e *tartree.Entry, why string) { skip(e.Path, why) }}
+	err := tartree.Walk(dir, opts, func(e *tartree.Entry) error {
+		_, err := tw.Add(e)
 		return err
 	})
 	if err != nil {
@@ -174,7 +204,8 @@ func writeTar(w io.Writer, dir string, stderr io.Writer) error {
 }
 
 // download copies src to the local path (or stdout for "-").
-func download(ctx context.Context, c *client.Client, src remote, local string, stdout, stderr io.Writer) error {
+func (cp *copier) download(ctx context.Context, src remote, local string, stdout io.Writer) error {
+	c := cp.c
 	info, err := c.Stat(ctx, src.sandboxID, src.path)
 	if err != nil {
 		return err
@@ -183,7 +214,11 @@ func download(ctx context.Context, c *client.Client, src remote, local string, s
 	if local == "-" {
 		quietPipe()
 		if isDir {
-			_, err = c.Download(ctx, src.sandboxID, src.path, stdout)
+			var sum *berthv1.DownloadSummary
+			sum, err = c.Download(ctx, src.sandboxID, src.path, stdout)
+			for _, name := range sum.GetSkipped() {
+				cp.skip(path.Join(src.path, string(name)), "a unix socket cannot be archived")
+			}
 		} else {
 			_, err = c.ReadFile(ctx, src.sandboxID, src.path, stdout)
 		}
@@ -194,27 +229,39 @@ func download(ctx context.Context, c *client.Client, src remote, local string, s
 		target = filepath.Join(local, path.Base(src.path))
 	}
 	if isDir {
-		return downloadDir(ctx, c, src, target, stderr)
+		return cp.downloadDir(ctx, src, target)
 	}
-	return downloadFile(ctx, c, src, target, stderr)
+	return cp.downloadFile(ctx, src, target)
 }
 
 // downloadFile reads src into a temporary file next to target and renames
-// it into place only when the read was complete.
-func downloadFile(ctx context.Context, c *client.Client, src remote, target string, stderr io.Writer) error {
+// it into place only when the read was complete, with the file's mode and
+// mtime (and owner with -a).
+func (cp *copier) downloadFile(ctx context.Context, src remote, target string) error {
 	tmp, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".berth-*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // after the rename: nothing
-	p := newTransferProgress(stderr, path.Base(src.path), -1)
+	p := newTransferProgress(cp.stderr, path.Base(src.path), -1)
 	defer p.done()
-	header, err := c.ReadFile(ctx, src.sandboxID, src.path, tmp, p.option()...)
+	header, err := cp.c.ReadFile(ctx, src.sandboxID, src.path, tmp, p.option()...)
+	info := header.GetInfo()
+	mode := info.GetMode() & 0o777
+	if err == nil && cp.opts.archive {
+		if err = tmp.Chown(int(info.GetUid()), int(info.GetGid())); err == nil {
+			mode = info.GetMode() & 0o7777
+		}
+	}
 	if err == nil {
-		err = tmp.Chmod(os.FileMode(header.GetInfo().GetMode() & 0o777))
+		err = tmp.Chmod(fileMode(mode))
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && info.GetModifiedAt() != nil {
+		mtime := info.GetModifiedAt().AsTime()
+		err = os.Chtimes(tmp.Name(), mtime, mtime)
 	}
 	if err != nil {
 		return fmt.Errorf("cp %s: %w", src, err)
@@ -222,27 +269,42 @@ func downloadFile(ctx context.Context, c *client.Client, src remote, target stri
 	return os.Rename(tmp.Name(), target)
 }
 
-// downloadDir streams src as tar and extracts it into target, created when
-// missing. Extraction goes through os.Root, which refuses any name or
-// symlink that leads out of target.
-func downloadDir(ctx context.Context, c *client.Client, src remote, target string, stderr io.Writer) error {
-	if err := os.MkdirAll(target, 0o755); err != nil {
-		return err
+// fileMode converts permission bits with setuid, setgid and sticky to an
+// os.FileMode.
+func fileMode(m uint32) os.FileMode {
+	mode := os.FileMode(m & 0o777)
+	if m&0o4000 != 0 {
+		mode |= os.ModeSetuid
 	}
-	root, err := os.OpenRoot(target)
-	if err != nil {
-		return err
+	if m&0o2000 != 0 {
+		mode |= os.ModeSetgid
 	}
-	defer root.Close()
+	if m&0o1000 != 0 {
+		mode |= os.ModeSticky
+	}
+	return mode
+}
+
+// downloadDir streams src as tar and extracts it into target
+// (internal/tartree: whole or not at all, nothing written outside target,
+// modes and mtimes kept, owners with -a).
+func (cp *copier) downloadDir(ctx context.Context, src remote, target string) error {
 	pr, pw := io.Pipe()
+	opts := tartree.Options{Skip: func(name, why string) { cp.skip(filepath.Join(target, name), why) }}
+	if cp.opts.archive {
+		opts.Chown = chown
+	}
 	extracted := make(chan error, 1)
 	go func() {
-		err := extractTar(root, pr)
+		_, err := tartree.Extract(target, pr, opts)
+		if err == nil {
+			_, err = io.Copy(io.Discard, pr) // let the download reach its summary
+		}
 		pr.CloseWithError(err) // a failed extraction stops the download
 		extracted <- err
 	}()
-	p := newTransferProgress(stderr, path.Base(src.path), -1)
-	_, err = c.Download(ctx, src.sandboxID, src.path, pw, p.option()...)
+	p := newTransferProgress(cp.stderr, path.Base(src.path), -1)
+	sum, err := cp.c.Download(ctx, src.sandboxID, src.path, pw, p.option()...)
 	p.done()
 	pw.CloseWithError(err)
 	if xerr := <-extracted; xerr != nil && err == nil {
@@ -251,114 +313,19 @@ func downloadDir(ctx context.Context, c *client.Client, src remote, target strin
 	if err != nil {
 		return fmt.Errorf("cp %s: %w", src, err)
 	}
+	for _, name := range sum.GetSkipped() {
+		cp.skip(path.Join(src.path, string(name)), "a unix socket cannot be archived")
+	}
 	return nil
 }
 
-// extractTar extracts a tar stream beneath root: directories, regular
-// files, symlinks and hard links; names must be relative without "..".
-func extractTar(root *os.Root, r io.Reader) error {
-	tr := tar.NewReader(r)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			_, err = io.Copy(io.Discard, r) // let the download reach its summary
-			return err
-		}
-		if err != nil {
-			return err
-		}
-		name := path.Clean(hdr.Name)
-		if strings.HasPrefix(hdr.Name, "/") || name == ".." || strings.HasPrefix(name, "../") {
-			return fmt.Errorf("archive entry %q leads out of the destination", hdr.Name)
-		}
-		mode := os.FileMode(hdr.Mode & 0o777)
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
-				return err
-			}
-			if err := root.Chmod(name, mode|0o200); err != nil { // keep it writable for its contents
-				return err
-			}
-		case tar.TypeReg:
-			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-				return err
-			}
-			_ = root.Remove(name)
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			if why := symlinkLeadsOut(root, name, hdr.Linkname); why != "" {
-				return fmt.Errorf("archive entry %q is a symlink to %q, which %s", hdr.Name, hdr.Linkname, why)
-			}
-			_ = root.Remove(name)
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return err
-			}
-		case tar.TypeLink:
-			_ = root.Remove(name)
-			if err := root.Link(path.Clean(hdr.Linkname), name); err != nil {
-				return err
-			}
-		}
+// chown gives a downloaded entry its owner (berth cp -a), and then its
+// mode: chown(2) clears setuid and setgid bits.
+func chown(fd, uid, gid int, mode uint32) error {
+	if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil || mode == 0 {
+		return err
 	}
-}
-
-// symlinkLeadsOut says why the symlink name -> target, about to be made
-// beneath root, would lead out of root, or returns "". os.Root keeps the
-// extraction itself inside, but a link left pointing out would be followed
-// by whatever the user runs next in the destination. As berth-agent does
-// for uploads: the target must be relative, must stay inside resolved
-// from the link's directory, and a ".." in it counts only when the link's
-// directory and every name before the ".." are real directories, not
-// symlinks (which would move where it leads).
-func symlinkLeadsOut(root *os.Root, name, target string) string {
-	if path.IsAbs(target) {
-		return "is absolute"
-	}
-	dir := path.Dir(name)
-	if j := path.Join(dir, target); j == ".." || strings.HasPrefix(j, "../") {
-		return "leads out of the destination"
-	}
-	if !slices.Contains(strings.Split(target, "/"), "..") {
-		return ""
-	}
-	realDir := func(p string) bool {
-		fi, err := root.Lstat(p)
-		return err == nil && fi.IsDir()
-	}
-	for p := dir; p != "."; p = path.Dir(p) {
-		if !realDir(p) {
-			return "climbs from a directory reached through a symlink"
-		}
-	}
-	cur := dir
-	parts := strings.Split(target, "/")
-	for i, part := range parts {
-		if !slices.Contains(parts[i:], "..") {
-			break
-		}
-		switch part {
-		case "", ".":
-		case "..":
-			cur = path.Dir(cur)
-		default:
-			cur = path.Join(cur, part)
-			if !realDir(cur) {
-				return "has \"..\" after a name that is not a directory"
-			}
-		}
-	}
-	return ""
+	return unix.Fchmod(fd, mode)
 }
 
 // isReason reports whether err is a berthd error with reason.

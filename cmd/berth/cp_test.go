@@ -3,106 +3,68 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
+	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-type cpEntry struct {
-	name, link string
-	typ        byte
-	body       string
-}
-
-func cpTar(t *testing.T, entries []cpEntry) *bytes.Buffer {
-	t.Helper()
+// TestWriteTree archives a directory as berth cp uploads it: the
+// directory itself first as "./", hard links as links, and a unix socket
+// named to skip instead of archived. (internal/tartree tests the archive
+// against real tar implementations.)
+func TestWriteTree(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
+	os.Link(filepath.Join(dir, "a"), filepath.Join(dir, "b"))
+	sock := filepath.Join(dir, "s.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var skipped []string
 	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, e := range entries {
-		hdr := &tar.Header{Name: e.name, Linkname: e.link, Typeflag: e.typ, Mode: 0o644, Size: int64(len(e.body))}
-		if e.typ == tar.TypeDir {
-			hdr.Mode = 0o755
+	if err := writeTree(&buf, dir, func(name, why string) { skipped = append(skipped, name+": "+why) }); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	tr := tar.NewReader(&buf)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
 		}
-		if err := tw.WriteHeader(hdr); err != nil {
+		if err != nil {
 			t.Fatal(err)
 		}
-		tw.Write([]byte(e.body))
+		got = append(got, string(h.Typeflag)+" "+h.Name+" "+h.Linkname)
 	}
-	tw.Close()
-	return &buf
+	if want := []string{"5 ./ ", "0 a ", "1 b a"}; strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("archive holds %q, want %q", got, want)
+	}
+	if len(skipped) != 1 || !strings.HasPrefix(skipped[0], sock+": ") {
+		t.Errorf("skipped %q, want the socket", skipped)
+	}
 }
 
-// TestExtractTarHostile extracts archives a hostile sandbox could send to
-// berth cp: no entry may write outside the destination, and no symlink
-// that leads out of it may be left there for the user's next command to
-// follow, wherever the link really lands.
-func TestExtractTarHostile(t *testing.T) {
-	tests := []struct {
-		name    string
-		entries []cpEntry
-	}{
-		{"dotdot name", []cpEntry{{name: "../evil", typ: tar.TypeReg, body: "x"}}},
-		{"absolute name", []cpEntry{{name: "/tmp/evil", typ: tar.TypeReg, body: "x"}}},
-		{"absolute symlink", []cpEntry{{name: "l", typ: tar.TypeSymlink, link: "/etc"}}},
-		{"escaping symlink", []cpEntry{{name: "d/l", typ: tar.TypeSymlink, link: "../../x"}}},
-		{"symlink landing higher", []cpEntry{
-			{name: "a", typ: tar.TypeSymlink, link: "."},
-			{name: "a/x", typ: tar.TypeSymlink, link: "../secret"},
-		}},
-		{"dotdot through a symlink", []cpEntry{
-			{name: "d", typ: tar.TypeSymlink, link: "."},
-			{name: "z", typ: tar.TypeSymlink, link: "d/../secret"},
-		}},
-		{"write through a symlink", []cpEntry{
-			{name: "l", typ: tar.TypeSymlink, link: "sub/../.."},
-			{name: "l/evil", typ: tar.TypeReg, body: "x"},
-		}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			base := t.TempDir()
-			dest := filepath.Join(base, "dest")
-			os.Mkdir(dest, 0o755)
-			root, err := os.OpenRoot(dest)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer root.Close()
-			if err := extractTar(root, cpTar(t, tt.entries)); err == nil {
-				t.Errorf("extractTar accepted the archive")
-			}
-			if entries, _ := os.ReadDir(base); len(entries) != 1 {
-				t.Errorf("%s holds %v, want only dest", base, entries)
-			}
-			filepath.WalkDir(dest, func(p string, d os.DirEntry, err error) error {
-				if err != nil || d.Type()&os.ModeSymlink == 0 {
-					return nil
-				}
-				target, _ := os.Readlink(p)
-				resolved := target
-				if !filepath.IsAbs(target) {
-					resolved = filepath.Join(filepath.Dir(p), target)
-				}
-				if real, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil && !filepath.IsAbs(target) {
-					resolved = filepath.Join(real, target)
-				}
-				if !strings.HasPrefix(resolved+"/", dest+"/") {
-					t.Errorf("symlink %s -> %s leads out of %s", p, target, dest)
-				}
-				return nil
-			})
-		})
-	}
-	// Ordinary relative links still come through.
-	dest := t.TempDir()
-	root, _ := os.OpenRoot(dest)
-	defer root.Close()
-	err := extractTar(root, cpTar(t, []cpEntry{
-		{name: "lib/", typ: tar.TypeDir}, {name: "lib/real.js", typ: tar.TypeReg, body: "js"},
-		{name: "bin/", typ: tar.TypeDir}, {name: "bin/tool", typ: tar.TypeSymlink, link: "../lib/real.js"},
-	}))
-	if b, rerr := os.ReadFile(filepath.Join(dest, "bin/tool")); err != nil || string(b) != "js" {
-		t.Errorf("ordinary archive: %v; bin/tool = %q, %v", err, b, rerr)
+// TestCopierExit exits 1 after skipped entries, which are named on
+// stderr, unless --skip-special accepts them.
+func TestCopierExit(t *testing.T) {
+	for _, accept := range []bool{false, true} {
+		var stderr bytes.Buffer
+		cp := &copier{opts: cpOptions{skipSpecial: accept}, stderr: &stderr}
+		cp.skip("dev/null", "a character device node may not be created here")
+		err := cp.exit()
+		var status exitStatus
+		if accept && err != nil || !accept && (!errors.As(err, &status) || status != 1) {
+			t.Errorf("--skip-special=%v: exit = %v", accept, err)
+		}
+		if !strings.Contains(stderr.String(), "skipped dev/null: a character device") {
+			t.Errorf("--skip-special=%v: stderr %q does not name the entry", accept, stderr.String())
+		}
 	}
 }

@@ -1851,7 +1851,12 @@ type UploadHeader struct {
 	//	*UploadHeader_PathBytes
 	Location isUploadHeader_Location `protobuf_oneof:"location"`
 	// compression is the archive's compression.
-	Compression   Compression `protobuf:"varint,4,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	Compression Compression `protobuf:"varint,4,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	// keep_owners gives each entry the archive's numeric owner (and keeps
+	// setuid and setgid bits), as `tar --same-owner` as root and
+	// `docker cp --archive` do; otherwise everything belongs to the
+	// sandbox's workload user.
+	KeepOwners    bool `protobuf:"varint,5,opt,name=keep_owners,json=keepOwners,proto3" json:"keep_owners,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1923,6 +1928,13 @@ func (x *UploadHeader) GetCompression() Compression {
 		return x.Compression
 	}
 	return Compression_COMPRESSION_UNSPECIFIED
+}
+
+func (x *UploadHeader) GetKeepOwners() bool {
+	if x != nil {
+		return x.KeepOwners
+	}
+	return false
 }
 
 type isUploadHeader_Location interface {
@@ -2047,7 +2059,15 @@ type UploadResponse struct {
 	ContentBytes uint64 `protobuf:"varint,5,opt,name=content_bytes,json=contentBytes,proto3" json:"content_bytes,omitempty"`
 	// archive_bytes is how many archive bytes were received (compressed,
 	// when compressed).
-	ArchiveBytes  uint64 `protobuf:"varint,6,opt,name=archive_bytes,json=archiveBytes,proto3" json:"archive_bytes,omitempty"`
+	ArchiveBytes uint64 `protobuf:"varint,6,opt,name=archive_bytes,json=archiveBytes,proto3" json:"archive_bytes,omitempty"`
+	// special_files is the number of FIFOs and device nodes created.
+	SpecialFiles uint64 `protobuf:"varint,7,opt,name=special_files,json=specialFiles,proto3" json:"special_files,omitempty"`
+	// skipped are the entries not extracted (device nodes the workload user
+	// may not create), raw names as archived; at most 1000 are listed,
+	// skipped_count counts them all.
+	Skipped [][]byte `protobuf:"bytes,8,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	// skipped_count is the number of entries not extracted.
+	SkippedCount  uint64 `protobuf:"varint,9,opt,name=skipped_count,json=skippedCount,proto3" json:"skipped_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2120,6 +2140,27 @@ func (x *UploadResponse) GetContentBytes() uint64 {
 func (x *UploadResponse) GetArchiveBytes() uint64 {
 	if x != nil {
 		return x.ArchiveBytes
+	}
+	return 0
+}
+
+func (x *UploadResponse) GetSpecialFiles() uint64 {
+	if x != nil {
+		return x.SpecialFiles
+	}
+	return 0
+}
+
+func (x *UploadResponse) GetSkipped() [][]byte {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+func (x *UploadResponse) GetSkippedCount() uint64 {
+	if x != nil {
+		return x.SkippedCount
 	}
 	return 0
 }
@@ -2524,20 +2565,22 @@ const file_berth_v1_file_proto_rawDesc = "" +
 	"\toverwrite\x18\x06 \x01(\bR\toverwriteB\x06\n" +
 	"\x04fromB\x04\n" +
 	"\x02to\"\x10\n" +
-	"\x0eRenameResponse\"\xa9\x01\n" +
+	"\x0eRenameResponse\"\xca\x01\n" +
 	"\fUploadHeader\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n" +
 	"\n" +
 	"path_bytes\x18\x03 \x01(\fH\x00R\tpathBytes\x127\n" +
-	"\vcompression\x18\x04 \x01(\x0e2\x15.berth.v1.CompressionR\vcompressionB\n" +
+	"\vcompression\x18\x04 \x01(\x0e2\x15.berth.v1.CompressionR\vcompression\x12\x1f\n" +
+	"\vkeep_owners\x18\x05 \x01(\bR\n" +
+	"keepOwnersB\n" +
 	"\n" +
 	"\blocation\"a\n" +
 	"\rUploadRequest\x120\n" +
 	"\x06header\x18\x01 \x01(\v2\x16.berth.v1.UploadHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part\"\xcd\x01\n" +
+	"\x04part\"\xb1\x02\n" +
 	"\x0eUploadResponse\x12\x14\n" +
 	"\x05files\x18\x01 \x01(\x04R\x05files\x12 \n" +
 	"\vdirectories\x18\x02 \x01(\x04R\vdirectories\x12\x1a\n" +
@@ -2545,7 +2588,10 @@ const file_berth_v1_file_proto_rawDesc = "" +
 	"\n" +
 	"hard_links\x18\x04 \x01(\x04R\thardLinks\x12#\n" +
 	"\rcontent_bytes\x18\x05 \x01(\x04R\fcontentBytes\x12#\n" +
-	"\rarchive_bytes\x18\x06 \x01(\x04R\farchiveBytes\"\xac\x01\n" +
+	"\rarchive_bytes\x18\x06 \x01(\x04R\farchiveBytes\x12#\n" +
+	"\rspecial_files\x18\a \x01(\x04R\fspecialFiles\x12\x18\n" +
+	"\askipped\x18\b \x03(\fR\askipped\x12#\n" +
+	"\rskipped_count\x18\t \x01(\x04R\fskippedCount\"\xac\x01\n" +
 	"\x0fDownloadRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +

@@ -908,7 +908,9 @@ type UploadHeader struct {
 	// path is the directory's absolute path.
 	Path []byte `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// compression is the archive's compression.
-	Compression   v1.Compression `protobuf:"varint,2,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	Compression v1.Compression `protobuf:"varint,2,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	// keep_owners gives entries the archive's owners.
+	KeepOwners    bool `protobuf:"varint,3,opt,name=keep_owners,json=keepOwners,proto3" json:"keep_owners,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -955,6 +957,13 @@ func (x *UploadHeader) GetCompression() v1.Compression {
 		return x.Compression
 	}
 	return v1.Compression(0)
+}
+
+func (x *UploadHeader) GetKeepOwners() bool {
+	if x != nil {
+		return x.KeepOwners
+	}
+	return false
 }
 
 // UploadRequest is the header first, then archive chunks.
@@ -1290,10 +1299,12 @@ const file_berth_agent_v1_file_proto_rawDesc = "" +
 	"\tfrom_path\x18\x01 \x01(\fR\bfromPath\x12\x17\n" +
 	"\ato_path\x18\x02 \x01(\fR\x06toPath\x12\x1c\n" +
 	"\toverwrite\x18\x03 \x01(\bR\toverwrite\"\x10\n" +
-	"\x0eRenameResponse\"[\n" +
+	"\x0eRenameResponse\"|\n" +
 	"\fUploadHeader\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\fR\x04path\x127\n" +
-	"\vcompression\x18\x02 \x01(\x0e2\x15.berth.v1.CompressionR\vcompression\"g\n" +
+	"\vcompression\x18\x02 \x01(\x0e2\x15.berth.v1.CompressionR\vcompression\x12\x1f\n" +
+	"\vkeep_owners\x18\x03 \x01(\bR\n" +
+	"keepOwners\"g\n" +
 	"\rUploadRequest\x126\n" +
 	"\x06header\x18\x01 \x01(\v2\x1c.berth.agent.v1.UploadHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +

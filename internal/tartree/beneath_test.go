@@ -1,4 +1,4 @@
-package files
+package tartree
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 )
 
 // TestBeneath resolves names with openat2 and with the component-walk
-// fallback: symlinks that lead out fail with errEscape in both; the
+// fallback: symlinks that lead out fail with ErrEscape in both; the
 // fallback follows no symlink at all.
 func TestBeneath(t *testing.T) {
 	base := t.TempDir()
@@ -35,15 +35,15 @@ func TestBeneath(t *testing.T) {
 		b.fallback = fallback
 		for _, name := range []string{"abs/x", "up/x", "abs", "up"} {
 			fd, err := b.dir(name)
-			if !errors.Is(err, errEscape) {
-				t.Errorf("fallback %v: dir(%q) = %d, %v; want errEscape", fallback, name, fd, err)
+			if !errors.Is(err, ErrEscape) {
+				t.Errorf("fallback %v: dir(%q) = %d, %v; want ErrEscape", fallback, name, fd, err)
 			}
 			if err == nil {
 				unix.Close(fd)
 			}
 		}
 		fd, err := b.dir("alias/sub")
-		if fallback && !errors.Is(err, errEscape) || !fallback && err != nil {
+		if fallback && !errors.Is(err, ErrEscape) || !fallback && err != nil {
 			t.Errorf("fallback %v: dir(alias/sub) = %v", fallback, err)
 		}
 		if err == nil {
@@ -55,8 +55,8 @@ func TestBeneath(t *testing.T) {
 		} else {
 			unix.Close(fd)
 		}
-		if _, err := b.mkdirAll("up/new"); !errors.Is(err, errEscape) {
-			t.Errorf("fallback %v: mkdirAll(up/new) = %v, want errEscape", fallback, err)
+		if _, err := b.mkdirAll("up/new"); !errors.Is(err, ErrEscape) {
+			t.Errorf("fallback %v: mkdirAll(up/new) = %v, want ErrEscape", fallback, err)
 		}
 		b.close()
 		os.RemoveAll(filepath.Join(root, "in", "new"))

@@ -1,4 +1,4 @@
-package files
+package tartree
 
 import (
 	"errors"
@@ -8,14 +8,15 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// beneath resolves archive entry names beneath one directory, so that no
-// name and no symlink can lead a write outside it. Where the kernel has
-// openat2(2) (Linux 5.6) every name is resolved with RESOLVE_BENEATH and
+// beneath resolves names beneath one directory, so that no name and no
+// symlink can lead a write outside it. Where the kernel has openat2(2)
+// (Linux 5.6) every name is resolved with RESOLVE_BENEATH and
 // RESOLVE_NO_MAGICLINKS: ".." that would climb out, absolute symlinks and
 // symlinks that lead out fail with EXDEV, atomically with the lookup.
-// Without openat2 (ENOSYS, or EPERM from a seccomp profile that lacks it)
-// names are walked one component at a time with O_NOFOLLOW, so that no
-// symlink at all is followed: stricter, and as safe.
+// Without openat2 (ENOSYS, or EPERM from a seccomp profile that lacks it,
+// as under gVisor before 2026) names are walked one component at a time
+// with O_NOFOLLOW, so that no symlink at all is followed: stricter, and as
+// safe.
 type beneath struct {
 	fd       int    // O_PATH descriptor of the directory
 	path     string // the directory's path, for messages
@@ -48,9 +49,9 @@ func (b *beneath) close() { unix.Close(b.fd) }
 // full returns the path of rel for messages.
 func (b *beneath) full(rel string) string { return path.Join(b.path, rel) }
 
-// errEscape is returned (wrapped) when resolving a name would leave the
-// directory.
-var errEscape = errors.New("resolves outside the target directory")
+// ErrEscape is returned (wrapped) when resolving a name would leave the
+// directory an archive is extracted into.
+var ErrEscape = errors.New("resolves outside the target directory")
 
 // open opens rel beneath the directory with flags (O_CLOEXEC is added).
 // rel is a cleaned relative name ("." for the directory itself).
@@ -62,7 +63,7 @@ func (b *beneath) open(rel string, flags int, mode uint32) (int, error) {
 			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
 		})
 		if errors.Is(err, unix.EXDEV) {
-			return -1, errEscape
+			return -1, ErrEscape
 		}
 		return fd, err
 	}
@@ -85,7 +86,7 @@ func (b *beneath) open(rel string, flags int, mode uint32) (int, error) {
 		if err != nil {
 			var st unix.Stat_t
 			if unix.Fstatat(cur, part, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK && (i < len(parts)-1 || flags&unix.O_DIRECTORY != 0) {
-				err = errEscape
+				err = ErrEscape
 			}
 			unix.Close(cur)
 			return -1, err
@@ -119,55 +120,4 @@ func (b *beneath) mkdirAll(rel string) (int, error) {
 		return -1, err
 	}
 	return b.dir(rel)
-}
-
-// climbs reports whether n ".." steps up from the directory open at dir
-// stay within the directory b resolves beneath: whether b's directory is
-// reached in fewer than n steps (then the n-th step leaves it) is checked
-// by comparing device and inode numbers, step by step.
-func (b *beneath) climbs(dir, n int) (bool, error) {
-	var root unix.Stat_t
-	if err := unix.Fstat(b.fd, &root); err != nil {
-		return false, err
-	}
-	cur, err := unix.Dup(dir)
-	if err != nil {
-		return false, err
-	}
-	defer func() { unix.Close(cur) }()
-	for range n {
-		var st unix.Stat_t
-		if err := unix.Fstat(cur, &st); err != nil {
-			return false, err
-		}
-		if st.Dev == root.Dev && st.Ino == root.Ino {
-			return false, nil
-		}
-		up, err := unix.Openat(cur, "..", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return false, err
-		}
-		unix.Close(cur)
-		cur = up
-	}
-	return true, nil
-}
-
-// realDirs reports whether rel, resolved from the directory open at dir,
-// goes through directories only, no symlink, and stays beneath dir
-// (openat2(2) RESOLVE_NO_SYMLINKS|RESOLVE_BENEATH). Without openat2 it
-// reports false.
-func (b *beneath) realDirs(dir int, rel string) bool {
-	if b.fallback {
-		return false
-	}
-	fd, err := unix.Openat2(dir, rel, &unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_BENEATH | unix.RESOLVE_NO_MAGICLINKS,
-	})
-	if err != nil {
-		return false
-	}
-	unix.Close(fd)
-	return true
 }
