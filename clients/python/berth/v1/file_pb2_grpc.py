@@ -162,7 +162,11 @@ class FileServiceServicer(object):
         data is on disk (fsync(2) of the file, and of its directory after an
         atomic rename) and gives the bytes written and their SHA-256. A stream
         that ends with an error or is canceled stores nothing in REPLACE mode
-        (the temporary file is removed) and leaves no directory it created.
+        (the temporary file is removed) and leaves no directory it created:
+        with create_parents, missing parents are made in a staging directory
+        beside the first of them and appear together with the file. A path
+        component that is not a directory is FAILED_PRECONDITION
+        (NOT_A_DIRECTORY), with or without create_parents, as for MakeDir.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -217,36 +221,51 @@ class FileServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Upload(self, request_iterator, context):
-        """Upload extracts a tar archive (POSIX ustar, pax and GNU formats;
-        optionally gzip-compressed) into a directory, created with its parents
-        when missing. The first message is an UploadHeader, the others archive
-        bytes in order. Entries whose name is absolute or has a ".." component,
-        symlinks whose target is absolute or leads out of the directory (from
-        where the link really lands; a ".." after a name only through real
-        directories, never through a symlink), and
-        entries that would be written through a symlink out of the directory
-        (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
-        (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
-        ever written. Devices, FIFOs and other special entries are refused
-        with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
-        one stay extracted. Files are owned by the workload user whatever the
-        archive says; permission bits are kept except setuid and setgid;
-        modification times are kept. An archive of more entries than the
-        agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
-        the first entry past it.
+        """Upload extracts a tar archive (POSIX ustar, pax and GNU formats,
+        sparse files included; optionally gzip-compressed) into a directory,
+        created with its parents when missing. The first message is an
+        UploadHeader, the others archive bytes in order.
+
+        The upload is atomic: entries are extracted into a staging directory
+        (".berth-upload-<random>", inside the directory when it exists, else
+        beside its first missing component) and moved into place only once
+        the whole archive is extracted. A failed or canceled upload removes
+        the staging directory and leaves the directory as it was. Into an
+        existing directory, entries replace what is there as tar(1) does; a
+        file of the archive where the directory has a non-empty directory is
+        FAILED_PRECONDITION (IS_A_DIRECTORY), found before anything moves.
+
+        Entries whose name is absolute or has a ".." component, and entries
+        that would be written through a symlink out of the directory (every
+        name is resolved with openat2(2) RESOLVE_BENEATH), are refused with
+        INVALID_ARGUMENT (TAR_ENTRY_UNSAFE) naming the entry; nothing outside
+        the directory is ever written. Symlinks are created with their
+        targets verbatim, absolute ones too: a target is data. Hard links,
+        FIFOs, permission bits and modification times are kept; blocks of
+        zeros become holes. Device nodes are created when the workload user
+        may (it needs CAP_MKNOD, which sandbox processes do not have) and are
+        otherwise listed in UploadResponse.skipped. Other entry types are
+        refused with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Files belong to
+        the workload user, and setuid and setgid bits are dropped, unless
+        keep_owners is set. An archive of more entries than the agent's entry
+        cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Download(self, request, context):
-        """Download streams a directory as a tar archive (pax format; optionally
+        """Download streams a directory as a tar archive (POSIX pax; optionally
         gzip-compressed), entry names relative to the directory, or a single
-        file as an archive of one entry named by its base name. Symlinks are
-        archived as symlinks, hard links once as a file and then as links;
-        sockets cannot be archived and are listed in the final summary. A file
-        that changes size while it is archived ends the stream with ABORTED
-        (FILE_CHANGED).
+        file as an archive of one entry named by its base name. Owners are
+        numeric (no user or group names), mtimes to the nanosecond; symlinks
+        are archived as symlinks with their targets verbatim, hard links once
+        as a file and then as links, FIFOs and device nodes as such, files
+        with holes (SEEK_DATA/SEEK_HOLE) as pax 1.0 sparse entries, which GNU
+        tar and bsdtar read (busybox tar does not). A name that is not UTF-8
+        travels in a GNU header (mtime to the second). Sockets cannot be
+        archived and are listed in the final summary. A file that changes size
+        while it is archived ends the stream with ABORTED (FILE_CHANGED).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

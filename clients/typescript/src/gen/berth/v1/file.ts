@@ -572,6 +572,13 @@ export interface UploadHeader {
     | undefined;
   /** compression is the archive's compression. */
   compression: Compression;
+  /**
+   * keep_owners gives each entry the archive's numeric owner (and keeps
+   * setuid and setgid bits), as `tar --same-owner` as root and
+   * `docker cp --archive` do; otherwise everything belongs to the
+   * sandbox's workload user.
+   */
+  keepOwners: boolean;
 }
 
 /**
@@ -610,6 +617,16 @@ export interface UploadResponse {
    * when compressed).
    */
   archiveBytes: bigint;
+  /** special_files is the number of FIFOs and device nodes created. */
+  specialFiles: bigint;
+  /**
+   * skipped are the entries not extracted (device nodes the workload user
+   * may not create), raw names as archived; at most 1000 are listed,
+   * skipped_count counts them all.
+   */
+  skipped: Buffer[];
+  /** skipped_count is the number of entries not extracted. */
+  skippedCount: bigint;
 }
 
 /** DownloadRequest names what to archive. */
@@ -3039,7 +3056,7 @@ export const RenameResponse: MessageFns<RenameResponse> = {
 };
 
 function createBaseUploadHeader(): UploadHeader {
-  return { sandboxId: "", location: undefined, compression: 0 };
+  return { sandboxId: "", location: undefined, compression: 0, keepOwners: false };
 }
 
 export const UploadHeader: MessageFns<UploadHeader> = {
@@ -3057,6 +3074,9 @@ export const UploadHeader: MessageFns<UploadHeader> = {
     }
     if (message.compression !== 0) {
       writer.uint32(32).int32(message.compression);
+    }
+    if (message.keepOwners !== false) {
+      writer.uint32(40).bool(message.keepOwners);
     }
     return writer;
   },
@@ -3106,6 +3126,14 @@ export const UploadHeader: MessageFns<UploadHeader> = {
             message.compression = reader.int32() as any;
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.keepOwners = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3133,6 +3161,11 @@ export const UploadHeader: MessageFns<UploadHeader> = {
         ? { $case: "pathBytes", value: Buffer.from(bytesFromBase64(object.path_bytes)) }
         : undefined,
       compression: isSet(object.compression) ? compressionFromJSON(object.compression) : 0,
+      keepOwners: isSet(object.keepOwners)
+        ? globalThis.Boolean(object.keepOwners)
+        : isSet(object.keep_owners)
+        ? globalThis.Boolean(object.keep_owners)
+        : false,
     };
   },
 
@@ -3148,6 +3181,9 @@ export const UploadHeader: MessageFns<UploadHeader> = {
     }
     if (message.compression !== 0) {
       obj.compression = compressionToJSON(message.compression);
+    }
+    if (message.keepOwners !== false) {
+      obj.keepOwners = message.keepOwners;
     }
     return obj;
   },
@@ -3173,6 +3209,7 @@ export const UploadHeader: MessageFns<UploadHeader> = {
       }
     }
     message.compression = object.compression ?? 0;
+    message.keepOwners = object.keepOwners ?? false;
     return message;
   },
 };
@@ -3279,7 +3316,17 @@ export const UploadRequest: MessageFns<UploadRequest> = {
 };
 
 function createBaseUploadResponse(): UploadResponse {
-  return { files: 0n, directories: 0n, symlinks: 0n, hardLinks: 0n, contentBytes: 0n, archiveBytes: 0n };
+  return {
+    files: 0n,
+    directories: 0n,
+    symlinks: 0n,
+    hardLinks: 0n,
+    contentBytes: 0n,
+    archiveBytes: 0n,
+    specialFiles: 0n,
+    skipped: [],
+    skippedCount: 0n,
+  };
 }
 
 export const UploadResponse: MessageFns<UploadResponse> = {
@@ -3319,6 +3366,21 @@ export const UploadResponse: MessageFns<UploadResponse> = {
         throw new globalThis.Error("value provided for field message.archiveBytes of type uint64 too large");
       }
       writer.uint32(48).uint64(message.archiveBytes);
+    }
+    if (message.specialFiles !== 0n) {
+      if (BigInt.asUintN(64, message.specialFiles) !== message.specialFiles) {
+        throw new globalThis.Error("value provided for field message.specialFiles of type uint64 too large");
+      }
+      writer.uint32(56).uint64(message.specialFiles);
+    }
+    for (const v of message.skipped) {
+      writer.uint32(66).bytes(v!);
+    }
+    if (message.skippedCount !== 0n) {
+      if (BigInt.asUintN(64, message.skippedCount) !== message.skippedCount) {
+        throw new globalThis.Error("value provided for field message.skippedCount of type uint64 too large");
+      }
+      writer.uint32(72).uint64(message.skippedCount);
     }
     return writer;
   },
@@ -3384,6 +3446,30 @@ export const UploadResponse: MessageFns<UploadResponse> = {
             message.archiveBytes = reader.uint64() as bigint;
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.specialFiles = reader.uint64() as bigint;
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.skipped.push(Buffer.from(reader.bytes()));
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.skippedCount = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3416,6 +3502,19 @@ export const UploadResponse: MessageFns<UploadResponse> = {
         : isSet(object.archive_bytes)
         ? BigInt(object.archive_bytes)
         : 0n,
+      specialFiles: isSet(object.specialFiles)
+        ? BigInt(object.specialFiles)
+        : isSet(object.special_files)
+        ? BigInt(object.special_files)
+        : 0n,
+      skipped: globalThis.Array.isArray(object?.skipped)
+        ? object.skipped.map((e: any) => Buffer.from(bytesFromBase64(e)))
+        : [],
+      skippedCount: isSet(object.skippedCount)
+        ? BigInt(object.skippedCount)
+        : isSet(object.skipped_count)
+        ? BigInt(object.skipped_count)
+        : 0n,
     };
   },
 
@@ -3439,6 +3538,15 @@ export const UploadResponse: MessageFns<UploadResponse> = {
     if (message.archiveBytes !== 0n) {
       obj.archiveBytes = message.archiveBytes.toString();
     }
+    if (message.specialFiles !== 0n) {
+      obj.specialFiles = message.specialFiles.toString();
+    }
+    if (message.skipped?.length) {
+      obj.skipped = message.skipped.map((e) => base64FromBytes(e));
+    }
+    if (message.skippedCount !== 0n) {
+      obj.skippedCount = message.skippedCount.toString();
+    }
     return obj;
   },
 
@@ -3458,6 +3566,13 @@ export const UploadResponse: MessageFns<UploadResponse> = {
       : 0n;
     message.archiveBytes = (object.archiveBytes !== undefined && object.archiveBytes !== null)
       ? BigInt(object.archiveBytes)
+      : 0n;
+    message.specialFiles = (object.specialFiles !== undefined && object.specialFiles !== null)
+      ? BigInt(object.specialFiles)
+      : 0n;
+    message.skipped = object.skipped?.map((e) => e) || [];
+    message.skippedCount = (object.skippedCount !== undefined && object.skippedCount !== null)
+      ? BigInt(object.skippedCount)
       : 0n;
     return message;
   },
@@ -3913,7 +4028,11 @@ export const FileServiceService = {
    * data is on disk (fsync(2) of the file, and of its directory after an
    * atomic rename) and gives the bytes written and their SHA-256. A stream
    * that ends with an error or is canceled stores nothing in REPLACE mode
-   * (the temporary file is removed) and leaves no directory it created.
+   * (the temporary file is removed) and leaves no directory it created:
+   * with create_parents, missing parents are made in a staging directory
+   * beside the first of them and appear together with the file. A path
+   * component that is not a directory is FAILED_PRECONDITION
+   * (NOT_A_DIRECTORY), with or without create_parents, as for MakeDir.
    */
   writeFile: {
     path: "/berth.v1.FileService/WriteFile" as const,
@@ -3998,23 +4117,34 @@ export const FileServiceService = {
     responseDeserialize: (value: Buffer): RenameResponse => RenameResponse.decode(value),
   },
   /**
-   * Upload extracts a tar archive (POSIX ustar, pax and GNU formats;
-   * optionally gzip-compressed) into a directory, created with its parents
-   * when missing. The first message is an UploadHeader, the others archive
-   * bytes in order. Entries whose name is absolute or has a ".." component,
-   * symlinks whose target is absolute or leads out of the directory (from
-   * where the link really lands; a ".." after a name only through real
-   * directories, never through a symlink), and
-   * entries that would be written through a symlink out of the directory
-   * (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
-   * (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
-   * ever written. Devices, FIFOs and other special entries are refused
-   * with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
-   * one stay extracted. Files are owned by the workload user whatever the
-   * archive says; permission bits are kept except setuid and setgid;
-   * modification times are kept. An archive of more entries than the
-   * agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
-   * the first entry past it.
+   * Upload extracts a tar archive (POSIX ustar, pax and GNU formats,
+   * sparse files included; optionally gzip-compressed) into a directory,
+   * created with its parents when missing. The first message is an
+   * UploadHeader, the others archive bytes in order.
+   *
+   * The upload is atomic: entries are extracted into a staging directory
+   * (".berth-upload-<random>", inside the directory when it exists, else
+   * beside its first missing component) and moved into place only once
+   * the whole archive is extracted. A failed or canceled upload removes
+   * the staging directory and leaves the directory as it was. Into an
+   * existing directory, entries replace what is there as tar(1) does; a
+   * file of the archive where the directory has a non-empty directory is
+   * FAILED_PRECONDITION (IS_A_DIRECTORY), found before anything moves.
+   *
+   * Entries whose name is absolute or has a ".." component, and entries
+   * that would be written through a symlink out of the directory (every
+   * name is resolved with openat2(2) RESOLVE_BENEATH), are refused with
+   * INVALID_ARGUMENT (TAR_ENTRY_UNSAFE) naming the entry; nothing outside
+   * the directory is ever written. Symlinks are created with their
+   * targets verbatim, absolute ones too: a target is data. Hard links,
+   * FIFOs, permission bits and modification times are kept; blocks of
+   * zeros become holes. Device nodes are created when the workload user
+   * may (it needs CAP_MKNOD, which sandbox processes do not have) and are
+   * otherwise listed in UploadResponse.skipped. Other entry types are
+   * refused with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Files belong to
+   * the workload user, and setuid and setgid bits are dropped, unless
+   * keep_owners is set. An archive of more entries than the agent's entry
+   * cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE).
    */
   upload: {
     path: "/berth.v1.FileService/Upload" as const,
@@ -4026,13 +4156,17 @@ export const FileServiceService = {
     responseDeserialize: (value: Buffer): UploadResponse => UploadResponse.decode(value),
   },
   /**
-   * Download streams a directory as a tar archive (pax format; optionally
+   * Download streams a directory as a tar archive (POSIX pax; optionally
    * gzip-compressed), entry names relative to the directory, or a single
-   * file as an archive of one entry named by its base name. Symlinks are
-   * archived as symlinks, hard links once as a file and then as links;
-   * sockets cannot be archived and are listed in the final summary. A file
-   * that changes size while it is archived ends the stream with ABORTED
-   * (FILE_CHANGED).
+   * file as an archive of one entry named by its base name. Owners are
+   * numeric (no user or group names), mtimes to the nanosecond; symlinks
+   * are archived as symlinks with their targets verbatim, hard links once
+   * as a file and then as links, FIFOs and device nodes as such, files
+   * with holes (SEEK_DATA/SEEK_HOLE) as pax 1.0 sparse entries, which GNU
+   * tar and bsdtar read (busybox tar does not). A name that is not UTF-8
+   * travels in a GNU header (mtime to the second). Sockets cannot be
+   * archived and are listed in the final summary. A file that changes size
+   * while it is archived ends the stream with ABORTED (FILE_CHANGED).
    */
   download: {
     path: "/berth.v1.FileService/Download" as const,
@@ -4067,7 +4201,11 @@ export interface FileServiceServer extends UntypedServiceImplementation {
    * data is on disk (fsync(2) of the file, and of its directory after an
    * atomic rename) and gives the bytes written and their SHA-256. A stream
    * that ends with an error or is canceled stores nothing in REPLACE mode
-   * (the temporary file is removed) and leaves no directory it created.
+   * (the temporary file is removed) and leaves no directory it created:
+   * with create_parents, missing parents are made in a staging directory
+   * beside the first of them and appear together with the file. A path
+   * component that is not a directory is FAILED_PRECONDITION
+   * (NOT_A_DIRECTORY), with or without create_parents, as for MakeDir.
    */
   writeFile: handleClientStreamingCall<WriteFileRequest, WriteFileResponse>;
   /**
@@ -4104,33 +4242,48 @@ export interface FileServiceServer extends UntypedServiceImplementation {
    */
   rename: handleUnaryCall<RenameRequest, RenameResponse>;
   /**
-   * Upload extracts a tar archive (POSIX ustar, pax and GNU formats;
-   * optionally gzip-compressed) into a directory, created with its parents
-   * when missing. The first message is an UploadHeader, the others archive
-   * bytes in order. Entries whose name is absolute or has a ".." component,
-   * symlinks whose target is absolute or leads out of the directory (from
-   * where the link really lands; a ".." after a name only through real
-   * directories, never through a symlink), and
-   * entries that would be written through a symlink out of the directory
-   * (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
-   * (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
-   * ever written. Devices, FIFOs and other special entries are refused
-   * with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
-   * one stay extracted. Files are owned by the workload user whatever the
-   * archive says; permission bits are kept except setuid and setgid;
-   * modification times are kept. An archive of more entries than the
-   * agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
-   * the first entry past it.
+   * Upload extracts a tar archive (POSIX ustar, pax and GNU formats,
+   * sparse files included; optionally gzip-compressed) into a directory,
+   * created with its parents when missing. The first message is an
+   * UploadHeader, the others archive bytes in order.
+   *
+   * The upload is atomic: entries are extracted into a staging directory
+   * (".berth-upload-<random>", inside the directory when it exists, else
+   * beside its first missing component) and moved into place only once
+   * the whole archive is extracted. A failed or canceled upload removes
+   * the staging directory and leaves the directory as it was. Into an
+   * existing directory, entries replace what is there as tar(1) does; a
+   * file of the archive where the directory has a non-empty directory is
+   * FAILED_PRECONDITION (IS_A_DIRECTORY), found before anything moves.
+   *
+   * Entries whose name is absolute or has a ".." component, and entries
+   * that would be written through a symlink out of the directory (every
+   * name is resolved with openat2(2) RESOLVE_BENEATH), are refused with
+   * INVALID_ARGUMENT (TAR_ENTRY_UNSAFE) naming the entry; nothing outside
+   * the directory is ever written. Symlinks are created with their
+   * targets verbatim, absolute ones too: a target is data. Hard links,
+   * FIFOs, permission bits and modification times are kept; blocks of
+   * zeros become holes. Device nodes are created when the workload user
+   * may (it needs CAP_MKNOD, which sandbox processes do not have) and are
+   * otherwise listed in UploadResponse.skipped. Other entry types are
+   * refused with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Files belong to
+   * the workload user, and setuid and setgid bits are dropped, unless
+   * keep_owners is set. An archive of more entries than the agent's entry
+   * cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE).
    */
   upload: handleClientStreamingCall<UploadRequest, UploadResponse>;
   /**
-   * Download streams a directory as a tar archive (pax format; optionally
+   * Download streams a directory as a tar archive (POSIX pax; optionally
    * gzip-compressed), entry names relative to the directory, or a single
-   * file as an archive of one entry named by its base name. Symlinks are
-   * archived as symlinks, hard links once as a file and then as links;
-   * sockets cannot be archived and are listed in the final summary. A file
-   * that changes size while it is archived ends the stream with ABORTED
-   * (FILE_CHANGED).
+   * file as an archive of one entry named by its base name. Owners are
+   * numeric (no user or group names), mtimes to the nanosecond; symlinks
+   * are archived as symlinks with their targets verbatim, hard links once
+   * as a file and then as links, FIFOs and device nodes as such, files
+   * with holes (SEEK_DATA/SEEK_HOLE) as pax 1.0 sparse entries, which GNU
+   * tar and bsdtar read (busybox tar does not). A name that is not UTF-8
+   * travels in a GNU header (mtime to the second). Sockets cannot be
+   * archived and are listed in the final summary. A file that changes size
+   * while it is archived ends the stream with ABORTED (FILE_CHANGED).
    */
   download: handleServerStreamingCall<DownloadRequest, DownloadResponse>;
 }
@@ -4162,7 +4315,11 @@ export interface FileServiceClient extends Client {
    * data is on disk (fsync(2) of the file, and of its directory after an
    * atomic rename) and gives the bytes written and their SHA-256. A stream
    * that ends with an error or is canceled stores nothing in REPLACE mode
-   * (the temporary file is removed) and leaves no directory it created.
+   * (the temporary file is removed) and leaves no directory it created:
+   * with create_parents, missing parents are made in a staging directory
+   * beside the first of them and appear together with the file. A path
+   * component that is not a directory is FAILED_PRECONDITION
+   * (NOT_A_DIRECTORY), with or without create_parents, as for MakeDir.
    */
   writeFile(
     callback: (error: ServiceError | null, response: WriteFileResponse) => void,
@@ -4272,23 +4429,34 @@ export interface FileServiceClient extends Client {
     callback: (error: ServiceError | null, response: RenameResponse) => void,
   ): ClientUnaryCall;
   /**
-   * Upload extracts a tar archive (POSIX ustar, pax and GNU formats;
-   * optionally gzip-compressed) into a directory, created with its parents
-   * when missing. The first message is an UploadHeader, the others archive
-   * bytes in order. Entries whose name is absolute or has a ".." component,
-   * symlinks whose target is absolute or leads out of the directory (from
-   * where the link really lands; a ".." after a name only through real
-   * directories, never through a symlink), and
-   * entries that would be written through a symlink out of the directory
-   * (openat2(2) RESOLVE_BENEATH) are refused with INVALID_ARGUMENT
-   * (TAR_ENTRY_UNSAFE) naming the entry; nothing outside the directory is
-   * ever written. Devices, FIFOs and other special entries are refused
-   * with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Entries before a refused
-   * one stay extracted. Files are owned by the workload user whatever the
-   * archive says; permission bits are kept except setuid and setgid;
-   * modification times are kept. An archive of more entries than the
-   * agent's entry cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE) at
-   * the first entry past it.
+   * Upload extracts a tar archive (POSIX ustar, pax and GNU formats,
+   * sparse files included; optionally gzip-compressed) into a directory,
+   * created with its parents when missing. The first message is an
+   * UploadHeader, the others archive bytes in order.
+   *
+   * The upload is atomic: entries are extracted into a staging directory
+   * (".berth-upload-<random>", inside the directory when it exists, else
+   * beside its first missing component) and moved into place only once
+   * the whole archive is extracted. A failed or canceled upload removes
+   * the staging directory and leaves the directory as it was. Into an
+   * existing directory, entries replace what is there as tar(1) does; a
+   * file of the archive where the directory has a non-empty directory is
+   * FAILED_PRECONDITION (IS_A_DIRECTORY), found before anything moves.
+   *
+   * Entries whose name is absolute or has a ".." component, and entries
+   * that would be written through a symlink out of the directory (every
+   * name is resolved with openat2(2) RESOLVE_BENEATH), are refused with
+   * INVALID_ARGUMENT (TAR_ENTRY_UNSAFE) naming the entry; nothing outside
+   * the directory is ever written. Symlinks are created with their
+   * targets verbatim, absolute ones too: a target is data. Hard links,
+   * FIFOs, permission bits and modification times are kept; blocks of
+   * zeros become holes. Device nodes are created when the workload user
+   * may (it needs CAP_MKNOD, which sandbox processes do not have) and are
+   * otherwise listed in UploadResponse.skipped. Other entry types are
+   * refused with INVALID_ARGUMENT (TAR_ENTRY_UNSUPPORTED). Files belong to
+   * the workload user, and setuid and setgid bits are dropped, unless
+   * keep_owners is set. An archive of more entries than the agent's entry
+   * cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE).
    */
   upload(callback: (error: ServiceError | null, response: UploadResponse) => void): ClientWritableStream<UploadRequest>;
   upload(
@@ -4305,13 +4473,17 @@ export interface FileServiceClient extends Client {
     callback: (error: ServiceError | null, response: UploadResponse) => void,
   ): ClientWritableStream<UploadRequest>;
   /**
-   * Download streams a directory as a tar archive (pax format; optionally
+   * Download streams a directory as a tar archive (POSIX pax; optionally
    * gzip-compressed), entry names relative to the directory, or a single
-   * file as an archive of one entry named by its base name. Symlinks are
-   * archived as symlinks, hard links once as a file and then as links;
-   * sockets cannot be archived and are listed in the final summary. A file
-   * that changes size while it is archived ends the stream with ABORTED
-   * (FILE_CHANGED).
+   * file as an archive of one entry named by its base name. Owners are
+   * numeric (no user or group names), mtimes to the nanosecond; symlinks
+   * are archived as symlinks with their targets verbatim, hard links once
+   * as a file and then as links, FIFOs and device nodes as such, files
+   * with holes (SEEK_DATA/SEEK_HOLE) as pax 1.0 sparse entries, which GNU
+   * tar and bsdtar read (busybox tar does not). A name that is not UTF-8
+   * travels in a GNU header (mtime to the second). Sockets cannot be
+   * archived and are listed in the final summary. A file that changes size
+   * while it is archived ends the stream with ABORTED (FILE_CHANGED).
    */
   download(request: DownloadRequest, options?: Partial<CallOptions>): ClientReadableStream<DownloadResponse>;
   download(
