@@ -55,6 +55,14 @@ type Config struct {
 	// strings; a start's env is applied on top. Default: the agent's own
 	// environment (os.Environ at New), which is the container's.
 	Env []string
+	// Spans, when set, are the agent's finished trace spans, handed to
+	// berthd on the Telemetry stream (package internal/telemetry); nil:
+	// the stream ends at once.
+	Spans SpanSource
+	// ServerOptions are added to the agent's gRPC server (tracing's stats
+	// handler).
+	ServerOptions []grpc.ServerOption
+
 	// UID and GID are the workload user: processes run as it (setuid and
 	// setgid before execve, supplementary groups cleared) and files are
 	// created as it. Default 0 and 0: root, without capabilities.
@@ -305,7 +313,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	go func() { defer bg.Done(); s.janitor(bgCtx) }()
 
 	// berthd may ping idle connections to detect a dead sandbox early.
-	gs := grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
+	gs := grpc.NewServer(append(s.cfg.ServerOptions, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
 	agentv1.RegisterAgentServiceServer(gs, s)
 	agentv1.RegisterFileServiceServer(gs, s.fileService())
 	served := make(chan error, 1)

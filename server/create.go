@@ -20,6 +20,9 @@ import (
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -85,7 +88,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 			return resp, nil
 		}
 	}
-	c, err := s.joinCreation(spec, p)
+	c, err := s.joinCreation(trace.SpanContextFromContext(ctx), spec, p)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
@@ -277,8 +280,9 @@ func boundedDuration(field string, d *durationpb.Duration, def, max time.Duratio
 // joinCreation returns the creation in progress for spec.ID when its spec
 // is the same, or starts one for caller p. A creation in progress with
 // another spec is a conflict, and one for an owner p may not see is
-// takenError.
-func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*creation, error) {
+// takenError. A new creation is traced as a child of parent, the first
+// caller's span.
+func (s *Service) joinCreation(parent trace.SpanContext, spec runtime.SandboxSpec, p auth.Principal) (*creation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.creating[spec.ID]; ok {
@@ -298,7 +302,7 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*cre
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		c.resp, c.err = s.createOrGet(spec, p)
+		c.resp, c.err = s.createOrGet(parent, spec, p)
 		if c.err != nil && c.deleted.Load() {
 			// The delete pulled the container or the agent connection
 			// out from under the start; what failed next is its echo.
@@ -316,9 +320,20 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*cre
 // same and caller p may see it, or creates it. It runs under the Service's
 // background context, bounded by the agent-ready timeout plus a minute for
 // containerd.
-func (s *Service) createOrGet(spec runtime.SandboxSpec, p auth.Principal) (*berthv1.CreateSandboxResponse, error) {
+func (s *Service) createOrGet(parent trace.SpanContext, spec runtime.SandboxSpec, p auth.Principal) (resp *berthv1.CreateSandboxResponse, err error) {
 	ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.AgentReadyTimeout+time.Minute)
 	defer cancel()
+	// The creation outlives its callers: its span is its own, a child of
+	// the first caller's.
+	ctx, span := tracer.Start(trace.ContextWithSpanContext(ctx, parent), "sandbox.create",
+		trace.WithAttributes(attribute.String("berth.sandbox.id", spec.ID), attribute.String("berth.image", spec.Image)))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(otelcodes.Error, "create failed")
+		}
+		span.End()
+	}()
 	existing, err := s.rt.Get(ctx, spec.ID)
 	switch {
 	case errors.Is(err, runtime.ErrSandboxNotFound):

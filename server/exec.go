@@ -12,6 +12,8 @@ import (
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -76,6 +78,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
 		return err
 	}
+	annotate(ctx, sandboxID, execID)
 	_, isStart := first.GetEvent().(*berthv1.ExecRequest_Start)
 	guard, err := s.guardExec(ctx, sandboxID, execID, isStart)
 	if err != nil {
@@ -122,7 +125,8 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		if err := stream.Send(&resp.ExecResponse); err != nil {
 			return s.toStatus(ctx, err, meta)
 		}
-		if msg.GetExited() != nil {
+		if ex := msg.GetExited(); ex != nil {
+			trace.SpanFromContext(ctx).SetAttributes(attribute.Int("berth.exec.exit_code", int(ex.GetResult().GetExitCode())))
 			return nil
 		}
 	}
@@ -257,6 +261,7 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		return nil, err
 	}
 	meta := map[string]string{"sandbox_id": sandboxID, "exec_id": execID}
+	annotate(ctx, sandboxID, execID)
 	if req.GetProcess() == nil {
 		return nil, rpcstatus.InvalidArgument("process", "is missing")
 	}

@@ -35,6 +35,7 @@ func (f *fileServer) filesFor(ctx context.Context, sandboxID string) (agentv1.Fi
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
 		return nil, err
 	}
+	annotate(ctx, sandboxID, "")
 	if _, _, err := f.s.reach(ctx, sandboxID, ""); err != nil {
 		return nil, f.s.toStatus(ctx, err, map[string]string{"sandbox_id": sandboxID})
 	}

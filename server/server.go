@@ -22,12 +22,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/telemetry"
 	"github.com/berth-sandbox/berth/internal/version"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
 )
 
 // Version is berthd's release version: internal/version's (set at build
@@ -122,6 +124,10 @@ type Config struct {
 	// Observer receives counts and latencies for metrics (see
 	// server/metrics). Nil: nothing is counted.
 	Observer Observer
+	// Tracer, when set, traces berthd's calls to agents (their traceparent
+	// sent along) and relays the agents' spans to it; runtime.Config's
+	// TraceAgents must be set too, so that agents trace. Nil: no tracing.
+	Tracer *telemetry.Tracer
 }
 
 func (c *Config) setDefaults() {
@@ -229,8 +235,13 @@ var (
 // watchRuntimes); Close stops it.
 func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	cfg.setDefaults()
-	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(), log: log, obs: cfg.Observer,
+	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer,
 		creating: make(map[string]*creation), warned: make(map[string]bool)}
+	var poolOpts []agentconn.Option
+	if cfg.Tracer != nil {
+		poolOpts = append(poolOpts, agentconn.WithDialOptions(grpc.WithStatsHandler(telemetry.ClientHandler())), agentconn.WithOnConnect(s.relaySpans))
+	}
+	s.agents = agentconn.NewPool(poolOpts...)
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.reaper = fleet.NewReaper(cfg.Reaper, prober{s}, stopper{s}, log)
 	s.pool = fleet.NewPool(fleet.PoolConfig{Sizes: cfg.WarmPool}, maker{s}, log)

@@ -20,10 +20,12 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/logs"
+	"github.com/berth-sandbox/berth/internal/telemetry"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/metrics"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc"
 )
 
 func main() {
@@ -37,6 +39,7 @@ func main() {
 		version    bool
 		readyLimit time.Duration
 		metricsAt  string
+		otlpAt     string
 	)
 	flag.StringVar(&rtCfg.Address, "containerd-address", "/run/containerd/containerd.sock", "containerd socket path")
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
@@ -93,6 +96,7 @@ func main() {
 	flag.DurationVar(&rtCfg.ExecRetention, "exec-retention", 10*time.Minute, "how long a finished exec stays attachable and listed (given to new sandboxes' agents)")
 	flag.Uint64Var(&rtCfg.ExecRingBytes, "exec-ring-bytes", 8<<20, "output events retained per exec for re-attaching, in `bytes` (given to new sandboxes' agents)")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
+	flag.StringVar(&otlpAt, "otlp-endpoint", "", "export OpenTelemetry traces of berthd and its agents over OTLP/gRPC to this URL (http://host:4317 plaintext, https://... TLS); empty: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
 	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics and /debug/pprof/ over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
@@ -119,6 +123,19 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
 		os.Exit(2)
+	}
+	tracer, err := telemetry.Start(context.Background(), otlpAt, "berthd", server.Version)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "berthd: --otlp-endpoint:", err)
+		os.Exit(2)
+	}
+	if tracer != nil {
+		rtCfg.TraceAgents, svcCfg.Tracer = true, tracer
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			tracer.Shutdown(ctx)
+		}()
 	}
 	if err := run(log, rtCfg, svcCfg, listen, metricsAt, authn, socket); err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
@@ -177,7 +194,11 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, m
 	if err != nil {
 		return err
 	}
-	srv := server.NewGRPCServer(svc, log, server.WithAuthenticator(authn), server.WithServerOptions(m.ServerOptions()...))
+	srvOpts := m.ServerOptions()
+	if svcCfg.Tracer != nil {
+		srvOpts = append(srvOpts, grpc.StatsHandler(telemetry.ServerHandler()))
+	}
+	srv := server.NewGRPCServer(svc, log, server.WithAuthenticator(authn), server.WithServerOptions(srvOpts...))
 	if m != nil {
 		m.SetSource(svc)
 		m.InitializeGRPC(srv)

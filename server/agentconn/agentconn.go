@@ -18,13 +18,49 @@ import (
 // Pool holds agent connections keyed by socket path. The zero value is not
 // usable; call NewPool.
 type Pool struct {
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	mu        sync.Mutex
+	conns     map[string]*conn
+	dialOpts  []grpc.DialOption
+	onConnect func(ctx context.Context, socketPath string, agent agentv1.AgentServiceClient)
+}
+
+// conn is one agent connection and the onConnect goroutine that uses it.
+type conn struct {
+	cc   *grpc.ClientConn
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func (c *conn) close() {
+	c.stop()
+	<-c.done
+	c.cc.Close()
+}
+
+// Option configures NewPool.
+type Option func(*Pool)
+
+// WithDialOptions adds options to every agent connection (tracing's stats
+// handler).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(p *Pool) { p.dialOpts = append(p.dialOpts, opts...) }
+}
+
+// WithOnConnect runs f in a goroutine for each new connection, with a
+// context that ends when the connection is forgotten or the pool closed
+// (which wait for f to return): for a stream that lives as long as the
+// agent, like the Telemetry relay.
+func WithOnConnect(f func(ctx context.Context, socketPath string, agent agentv1.AgentServiceClient)) Option {
+	return func(p *Pool) { p.onConnect = f }
 }
 
 // NewPool returns an empty pool.
-func NewPool() *Pool {
-	return &Pool{conns: make(map[string]*grpc.ClientConn)}
+func NewPool(opts ...Option) *Pool {
+	p := &Pool{conns: make(map[string]*conn)}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
 }
 
 // Get returns a client for the agent listening on socketPath, creating the
@@ -33,10 +69,10 @@ func NewPool() *Pool {
 func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cc, ok := p.conns[socketPath]; ok {
-		return agentv1.NewAgentServiceClient(cc), nil
+	if c, ok := p.conns[socketPath]; ok {
+		return agentv1.NewAgentServiceClient(c.cc), nil
 	}
-	cc, err := grpc.NewClient("unix://"+socketPath,
+	cc, err := grpc.NewClient("unix://"+socketPath, append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Never through a symlink the sandbox put in place of its socket.
 		grpc.WithContextDialer(dialer),
@@ -46,23 +82,31 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
 			MinConnectTimeout: 2 * time.Second,
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
-	)
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16 << 20)),
+	}, p.dialOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)
 	}
-	p.conns[socketPath] = cc
-	return agentv1.NewAgentServiceClient(cc), nil
+	ctx, stop := context.WithCancel(context.Background())
+	c := &conn{cc: cc, stop: stop, done: make(chan struct{})}
+	p.conns[socketPath] = c
+	client := agentv1.NewAgentServiceClient(cc)
+	if p.onConnect != nil {
+		go func() { defer close(c.done); p.onConnect(ctx, socketPath, client) }()
+	} else {
+		close(c.done)
+	}
+	return client, nil
 }
 
 // Forget closes and drops the connection to socketPath, if any.
 func (p *Pool) Forget(socketPath string) {
 	p.mu.Lock()
-	cc, ok := p.conns[socketPath]
+	c, ok := p.conns[socketPath]
 	delete(p.conns, socketPath)
 	p.mu.Unlock()
 	if ok {
-		cc.Close()
+		c.close()
 	}
 }
 
@@ -70,10 +114,10 @@ func (p *Pool) Forget(socketPath string) {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	conns := p.conns
-	p.conns = make(map[string]*grpc.ClientConn)
+	p.conns = make(map[string]*conn)
 	p.mu.Unlock()
-	for _, cc := range conns {
-		cc.Close()
+	for _, c := range conns {
+		c.close()
 	}
 }
 

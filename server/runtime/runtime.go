@@ -90,6 +90,9 @@ type Config struct {
 	ExecHeartbeat time.Duration
 	ExecRetention time.Duration
 	ExecRingBytes uint64
+	// TraceAgents starts new sandboxes' agents with --trace: they trace
+	// their calls and hand the spans to berthd (internal/telemetry).
+	TraceAgents bool
 }
 
 func (c *Config) setDefaults() {
@@ -388,6 +391,9 @@ func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	}
 	if r.cfg.ExecRingBytes > 0 {
 		args = append(args, "--ring-bytes", strconv.FormatUint(r.cfg.ExecRingBytes, 10))
+	}
+	if r.cfg.TraceAgents {
+		args = append(args, "--trace")
 	}
 	return args
 }

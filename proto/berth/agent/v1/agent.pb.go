@@ -23,6 +23,91 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TelemetryRequest is empty.
+type TelemetryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TelemetryRequest) Reset() {
+	*x = TelemetryRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TelemetryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TelemetryRequest) ProtoMessage() {}
+
+func (x *TelemetryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TelemetryRequest.ProtoReflect.Descriptor instead.
+func (*TelemetryRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+// TelemetryResponse is one batch of spans.
+type TelemetryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// export_trace_service_request is a serialized
+	// opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest (OTLP),
+	// at most 1 MiB.
+	ExportTraceServiceRequest []byte `protobuf:"bytes,1,opt,name=export_trace_service_request,json=exportTraceServiceRequest,proto3" json:"export_trace_service_request,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
+}
+
+func (x *TelemetryResponse) Reset() {
+	*x = TelemetryResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TelemetryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TelemetryResponse) ProtoMessage() {}
+
+func (x *TelemetryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TelemetryResponse.ProtoReflect.Descriptor instead.
+func (*TelemetryResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TelemetryResponse) GetExportTraceServiceRequest() []byte {
+	if x != nil {
+		return x.ExportTraceServiceRequest
+	}
+	return nil
+}
+
 // InfoRequest is empty.
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -32,7 +117,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +129,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +142,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 // InfoResponse identifies the running agent.
@@ -83,7 +168,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -95,7 +180,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -108,7 +193,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InfoResponse) GetBootId() string {
@@ -170,7 +255,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -182,7 +267,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -195,7 +280,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecStart) GetExecId() string {
@@ -232,7 +317,7 @@ type ExecAttach struct {
 
 func (x *ExecAttach) Reset() {
 	*x = ExecAttach{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +329,7 @@ func (x *ExecAttach) String() string {
 func (*ExecAttach) ProtoMessage() {}
 
 func (x *ExecAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +342,7 @@ func (x *ExecAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAttach.ProtoReflect.Descriptor instead.
 func (*ExecAttach) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExecAttach) GetExecId() string {
@@ -295,7 +380,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +392,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +405,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecRequest) GetEvent() isExecRequest_Event {
@@ -449,7 +534,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -461,7 +546,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -474,7 +559,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -577,7 +662,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +674,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +687,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 // ListExecsResponse lists the agent's execs.
@@ -619,7 +704,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +716,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +729,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListExecsResponse) GetExecs() []*v1.ExecInfo {
@@ -674,7 +759,7 @@ type SignalExecRequest struct {
 
 func (x *SignalExecRequest) Reset() {
 	*x = SignalExecRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -686,7 +771,7 @@ func (x *SignalExecRequest) String() string {
 func (*SignalExecRequest) ProtoMessage() {}
 
 func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -699,7 +784,7 @@ func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalExecRequest.ProtoReflect.Descriptor instead.
 func (*SignalExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SignalExecRequest) GetExecId() string {
@@ -727,7 +812,7 @@ type SignalExecResponse struct {
 
 func (x *SignalExecResponse) Reset() {
 	*x = SignalExecResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -739,7 +824,7 @@ func (x *SignalExecResponse) String() string {
 func (*SignalExecResponse) ProtoMessage() {}
 
 func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -752,7 +837,7 @@ func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalExecResponse.ProtoReflect.Descriptor instead.
 func (*SignalExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SignalExecResponse) GetState() v1.ExecState {
@@ -766,7 +851,10 @@ var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
+	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x10TelemetryRequest\"T\n" +
+	"\x11TelemetryResponse\x12?\n" +
+	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"\r\n" +
 	"\vInfoRequest\"\xcf\x01\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
@@ -809,13 +897,14 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\"?\n" +
 	"\x12SignalExecResponse\x12)\n" +
-	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state2\xbf\x02\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state2\x93\x03\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\tListExecs\x12 .berth.agent.v1.ListExecsRequest\x1a!.berth.agent.v1.ListExecsResponse\x12S\n" +
 	"\n" +
-	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponseB=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
+	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12R\n" +
+	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_berth_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -829,58 +918,62 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
-	(*InfoRequest)(nil),           // 0: berth.agent.v1.InfoRequest
-	(*InfoResponse)(nil),          // 1: berth.agent.v1.InfoResponse
-	(*ExecStart)(nil),             // 2: berth.agent.v1.ExecStart
-	(*ExecAttach)(nil),            // 3: berth.agent.v1.ExecAttach
-	(*ExecRequest)(nil),           // 4: berth.agent.v1.ExecRequest
-	(*ExecResponse)(nil),          // 5: berth.agent.v1.ExecResponse
-	(*ListExecsRequest)(nil),      // 6: berth.agent.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),     // 7: berth.agent.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),     // 8: berth.agent.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),    // 9: berth.agent.v1.SignalExecResponse
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),        // 11: berth.v1.ProcessSpec
-	(*v1.ExecStdin)(nil),          // 12: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),     // 13: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),         // 14: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),         // 15: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),        // 16: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),         // 17: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),      // 18: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),        // 19: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),         // 20: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),           // 21: berth.v1.ExecInfo
-	(v1.ExecState)(0),             // 22: berth.v1.ExecState
+	(*TelemetryRequest)(nil),      // 0: berth.agent.v1.TelemetryRequest
+	(*TelemetryResponse)(nil),     // 1: berth.agent.v1.TelemetryResponse
+	(*InfoRequest)(nil),           // 2: berth.agent.v1.InfoRequest
+	(*InfoResponse)(nil),          // 3: berth.agent.v1.InfoResponse
+	(*ExecStart)(nil),             // 4: berth.agent.v1.ExecStart
+	(*ExecAttach)(nil),            // 5: berth.agent.v1.ExecAttach
+	(*ExecRequest)(nil),           // 6: berth.agent.v1.ExecRequest
+	(*ExecResponse)(nil),          // 7: berth.agent.v1.ExecResponse
+	(*ListExecsRequest)(nil),      // 8: berth.agent.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),     // 9: berth.agent.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),     // 10: berth.agent.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),    // 11: berth.agent.v1.SignalExecResponse
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),        // 13: berth.v1.ProcessSpec
+	(*v1.ExecStdin)(nil),          // 14: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),     // 15: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),         // 16: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),         // 17: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),        // 18: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),         // 19: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),      // 20: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),        // 21: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),         // 22: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),           // 23: berth.v1.ExecInfo
+	(v1.ExecState)(0),             // 24: berth.v1.ExecState
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	10, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	11, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	2,  // 2: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
-	3,  // 3: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	12, // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	13, // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	14, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	15, // 7: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	16, // 8: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	17, // 9: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	18, // 10: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	19, // 11: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	20, // 12: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	21, // 13: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	22, // 14: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	0,  // 15: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	4,  // 16: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	6,  // 17: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	8,  // 18: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	1,  // 19: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	5,  // 20: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	7,  // 21: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	9,  // 22: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	19, // [19:23] is the sub-list for method output_type
-	15, // [15:19] is the sub-list for method input_type
+	12, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	13, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	4,  // 2: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
+	5,  // 3: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
+	14, // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	15, // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	16, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	17, // 7: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	18, // 8: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	19, // 9: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	20, // 10: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	21, // 11: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	22, // 12: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	23, // 13: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	24, // 14: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	2,  // 15: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 16: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 17: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 18: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	0,  // 19: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	3,  // 20: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 21: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 22: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 23: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	1,  // 24: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	20, // [20:25] is the sub-list for method output_type
+	15, // [15:20] is the sub-list for method input_type
 	15, // [15:15] is the sub-list for extension type_name
 	15, // [15:15] is the sub-list for extension extendee
 	0,  // [0:15] is the sub-list for field type_name
@@ -891,7 +984,7 @@ func file_berth_agent_v1_agent_proto_init() {
 	if File_berth_agent_v1_agent_proto != nil {
 		return
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Attach)(nil),
 		(*ExecRequest_Stdin)(nil),
@@ -899,7 +992,7 @@ func file_berth_agent_v1_agent_proto_init() {
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Output)(nil),
 		(*ExecResponse_Heartbeat)(nil),
@@ -912,7 +1005,7 @@ func file_berth_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
