@@ -24,6 +24,14 @@
 # key, client CA and token file and pass --listen=:7443 --tls-cert ...
 # --tls-key ... [--tls-client-ca ...] [--token-file ...] (README "Security
 # model"). Extra arguments go to berthd (e.g. --metrics-listen=:9464).
+#
+# Disk quotas (README "Disk quotas") need containerd's btrfs snapshotter on a
+# btrfs with quotas (scripts/btrfs-quota.sh on the host), and berthd must
+# reach the snapshotter's root by the same path and set quota limits there:
+#
+#   docker run ... --cap-add SYS_ADMIN \
+#     -v /var/lib/berth-btrfs:/var/lib/berth-btrfs \
+#     berth --snapshotter btrfs
 
 ARG GO_VERSION=1.26
 

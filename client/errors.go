@@ -36,8 +36,12 @@ const (
 	ReasonCanceled          = "CANCELED"              // the caller canceled the request
 	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
 	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
-	ReasonUnauthenticated   = "UNAUTHENTICATED"       // the request carries no valid credentials (token, client certificate)
-	ReasonNotPermitted      = "NOT_PERMITTED"         // the principal may not call the method (image writes are for admins)
+	// ReasonDiskQuotaUnsupported: resources.disk_bytes was set on a server
+	// that cannot enforce disk quotas (FAILED_PRECONDITION); nothing was
+	// created. Create without disk_bytes, or on a server that has them.
+	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
+	ReasonUnauthenticated      = "UNAUTHENTICATED" // the request carries no valid credentials (token, client certificate)
+	ReasonNotPermitted         = "NOT_PERMITTED"   // the principal may not call the method (image writes are for admins)
 	// The sandbox's own limits (RESOURCE_EXHAUSTED): nothing was started;
 	// the same request may work once something in the sandbox ends.
 	// Error.Metadata["limit"] names the limit ("pids", "memory",

@@ -28,6 +28,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonCanceled, rpcstatus.ReasonCanceled},
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
+		{ReasonDiskQuotaUnsupported, rpcstatus.ReasonDiskQuotaUnsupported},
 		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
 		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},
 		{ReasonDescriptorLimit, rpcstatus.ReasonDescriptorLimit},

@@ -166,7 +166,7 @@ func BenchmarkSideBySide(b *testing.B) {
 			n++
 			start := time.Now()
 			out, err := exec.Command("ctr", "--address", env.containerd, "--namespace", env.namespace,
-				"run", "--rm", baseImage, fmt.Sprintf("ctr-bench-%d-%d", time.Now().UnixNano(), n), "/bin/echo", "hi").CombinedOutput()
+				"run", "--rm", "--snapshotter", env.snapshotter, baseImage, fmt.Sprintf("ctr-bench-%d-%d", time.Now().UnixNano(), n), "/bin/echo", "hi").CombinedOutput()
 			if err != nil || string(out) != "hi\n" {
 				b.Fatalf("ctr run: %v: %q", err, out)
 			}

@@ -287,7 +287,7 @@ func startTunedServer(t *testing.T, cfg runtime.Config) berthv1.SandboxServiceCl
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg.Address, cfg.Namespace, cfg.AgentBinary = env.containerd, env.namespace, env.agentBinary
+	cfg.Address, cfg.Namespace, cfg.AgentBinary, cfg.Snapshotter = env.containerd, env.namespace, env.agentBinary, env.snapshotter
 	cfg.StateDir = filepath.Join(env.dir, "st")
 	rt, err := runtime.New(ctx, cfg)
 	if err != nil {

@@ -41,7 +41,7 @@ func newNamespaceRuntime(t testing.TB, name string) (*runtime.Runtime, string, s
 	stateDir := filepath.Join(env.dir, name)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rt, err := runtime.New(ctx, runtime.Config{Address: env.containerd, Namespace: ns, StateDir: stateDir, AgentBinary: env.agentBinary})
+	rt, err := runtime.New(ctx, runtime.Config{Address: env.containerd, Namespace: ns, Snapshotter: env.snapshotter, StateDir: stateDir, AgentBinary: env.agentBinary})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,6 +81,14 @@ func (e *berthEnv) importBase(t testing.TB) {
 	if err := importImageAs(ctx, archivePath(), ""); err != nil {
 		t.Fatalf("import the base image into %s: %v", e.ns, err)
 	}
+}
+
+// newBinaryEnv returns an environment for the berthd binary (startBerthd)
+// on its own namespace and state directory.
+func newBinaryEnv(t testing.TB, name string) *berthEnv {
+	t.Helper()
+	rt, ns, stateDir := newNamespaceRuntime(t, name)
+	return &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: filepath.Join(env.dir, name+".sock")}
 }
 
 // newInProcessEnv runs berthd's handlers with cfg in-process, on their own
@@ -167,7 +175,7 @@ func startBerthd(t testing.TB, e *berthEnv, flags ...string) *berthdProc {
 	t.Helper()
 	args := append([]string{
 		"--containerd-address", env.containerd, "--namespace", e.ns, "--state-dir", e.stateDir,
-		"--agent-binary", env.agentBinary, "--listen", "unix://" + e.sock, "--log-level", "DEBUG",
+		"--agent-binary", env.agentBinary, "--snapshotter", env.snapshotter, "--listen", "unix://" + e.sock, "--log-level", "DEBUG",
 		"--reap-interval", "200ms",
 	}, flags...)
 	p := &berthdProc{cmd: exec.Command(berthdBinary(t), args...), log: &agentbin.Buffer{}, exited: make(chan struct{})}

@@ -255,6 +255,17 @@ func TestRuntimeReplacedWhenTaskKilled(t *testing.T) {
 	if after.GetTaskPid() == before.GetTaskPid() {
 		t.Errorf("new runtime %v has the old task pid", after)
 	}
+	// The new runtime started after the old task exited, and the old one
+	// before: started_at is the task's own start, not a second early.
+	exitedAt := d.GetTaskExitedAt().AsTime()
+	for what, started := range map[string]*berthv1.RuntimeIdentity{"detail after": d.GetAfter(), "GetSandbox runtime": after} {
+		if started.GetStartedAt() != nil && started.GetStartedAt().AsTime().Before(exitedAt) {
+			t.Errorf("%s started_at %v is before the old task's exit at %v", what, started.GetStartedAt().AsTime(), exitedAt)
+		}
+	}
+	if after.GetStartedAt() == nil || before.GetStartedAt() == nil || !before.GetStartedAt().AsTime().Before(exitedAt) {
+		t.Errorf("runtimes started at %v then %v, old task exited at %v: want both known, the old one before the exit", before.GetStartedAt(), after.GetStartedAt(), exitedAt)
+	}
 	res, err := c.Run(ctx, id, &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/f"}})
 	if err != nil || string(res.GetStdout()) != "kept\n" {
 		t.Errorf("after the restart, cat /workspace/f = %q, %v; want the file kept", res.GetStdout(), err)

@@ -4,6 +4,11 @@
 // from the offline base image, and berthd's handlers behind a real gRPC
 // server on a unix socket.
 //
+// Sandboxes use the snapshotter $BERTH_SNAPSHOTTER, by default btrfs on the
+// quota-enabled btrfs that containerd.sh mounts, as production with disk
+// quotas does; the main server gives every sandbox a disk quota of
+// testDiskBytes unless its request sets one.
+//
 // With BERTH_E2E=1 (as CI sets) a missing prerequisite fails the run;
 // without it the tests skip.
 package integration
@@ -36,6 +41,7 @@ var env struct {
 	dir         string // short temp dir: sockets live here
 	containerd  string // containerd socket
 	namespace   string
+	snapshotter string
 	agentBinary string
 	cliBinary   string
 	berthdAddr  string // unix:///... of the in-process server
@@ -47,6 +53,10 @@ var env struct {
 }
 
 const baseImage = "berth.dev/base:latest"
+
+// testDiskBytes is the main test server's default disk quota: every
+// sandbox of the suite runs with one, far above what any test writes.
+const testDiskBytes = 1 << 30
 
 func TestMain(m *testing.M) {
 	code, err := setup(m)
@@ -117,9 +127,14 @@ func setup(m *testing.M) (code int, err error) {
 	b := make([]byte, 4)
 	rand.Read(b)
 	env.namespace = "berth-test-" + hex.EncodeToString(b)
+	env.snapshotter = os.Getenv("BERTH_SNAPSHOTTER")
+	if env.snapshotter == "" {
+		env.snapshotter = "btrfs"
+	}
 	env.rt, err = runtime.New(ctx, runtime.Config{
 		Address:     env.containerd,
 		Namespace:   env.namespace,
+		Snapshotter: env.snapshotter,
 		StateDir:    filepath.Join(env.dir, "st"),
 		AgentBinary: env.agentBinary,
 	})
@@ -132,7 +147,12 @@ func setup(m *testing.M) (code int, err error) {
 	if os.Getenv("BERTH_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	svc := server.New(server.Config{JournalDir: journalDir()}, env.rt, log)
+	if env.snapshotter == "btrfs" {
+		if err := env.rt.DiskQuota(); err != nil {
+			return 0, fmt.Errorf("the btrfs snapshotter cannot enforce disk quotas: %w", err)
+		}
+	}
+	svc := server.New(server.Config{JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
 	defer svc.Close()
 	if err := svc.Start(ctx); err != nil {
 		return 0, err
@@ -163,6 +183,15 @@ func setup(m *testing.M) (code int, err error) {
 	code = m.Run()
 	printSideBySide(os.Stdout)
 	return code, nil
+}
+
+// testDiskQuota is the main server's default disk quota: testDiskBytes when
+// the runtime can enforce it.
+func testDiskQuota() uint64 {
+	if env.rt.DiskQuota() != nil {
+		return 0
+	}
+	return testDiskBytes
 }
 
 // importImage imports the test image through the public ImageService.

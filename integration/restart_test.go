@@ -27,8 +27,7 @@ import (
 // logged once; env values are never logged.
 func TestRestartReadoption(t *testing.T) {
 	need(t)
-	rt, ns, stateDir := newNamespaceRuntime(t, "rs")
-	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: filepath.Join(env.dir, "rs.sock")}
+	e := newBinaryEnv(t, "rs")
 	p1 := startBerthd(t, e)
 	e.importBase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -131,7 +130,7 @@ func TestRestartReadoption(t *testing.T) {
 	if err := p2.signal(t, syscall.SIGTERM); err != nil {
 		t.Errorf("berthd after SIGTERM: %v, want exit 0", err)
 	}
-	if rec, err := rt.Get(ctx, sb.GetId()); err != nil || !rec.Running {
+	if rec, err := e.rt.Get(ctx, sb.GetId()); err != nil || !rec.Running {
 		t.Fatalf("sandbox after berthd's SIGTERM: %+v, %v; want it running", rec, err)
 	}
 
@@ -139,7 +138,7 @@ func TestRestartReadoption(t *testing.T) {
 	p3 := startBerthd(t, e)
 	start := time.Now()
 	for {
-		if _, err := rt.Get(ctx, sb.GetId()); err != nil {
+		if _, err := e.rt.Get(ctx, sb.GetId()); err != nil {
 			break
 		}
 		if time.Since(start) > 20*time.Second {
@@ -164,14 +163,13 @@ func TestRestartReadoption(t *testing.T) {
 // both at start-up and logs each.
 func TestOrphansCleanedAtStart(t *testing.T) {
 	need(t)
-	rt, ns, stateDir := newNamespaceRuntime(t, "or")
-	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: filepath.Join(env.dir, "or.sock")}
+	e := newBinaryEnv(t, "or")
 	client, err := containerd.New(env.containerd)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	ctx := namespaces.WithNamespace(context.Background(), ns)
+	ctx := namespaces.WithNamespace(context.Background(), e.ns)
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if _, err := client.NewContainer(ctx, "no-task",
@@ -179,10 +177,10 @@ func TestOrphansCleanedAtStart(t *testing.T) {
 		containerd.WithNewSpec(oci.WithProcessArgs("/bin/true"))); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(stateDir, "s", "no-container"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(e.stateDir, "s", "no-container"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(filepath.Join(stateDir, "s", "no-task"), 0o700); err != nil {
+	if err := os.MkdirAll(filepath.Join(e.stateDir, "s", "no-task"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 
@@ -191,7 +189,7 @@ func TestOrphansCleanedAtStart(t *testing.T) {
 		t.Error("container without a task still exists after berthd started")
 	}
 	for _, dir := range []string{"no-task", "no-container"} {
-		if _, err := os.Stat(filepath.Join(stateDir, "s", dir)); !os.IsNotExist(err) {
+		if _, err := os.Stat(filepath.Join(e.stateDir, "s", dir)); !os.IsNotExist(err) {
 			t.Errorf("directory %s after berthd started: %v, want it removed", dir, err)
 		}
 	}

@@ -22,7 +22,13 @@
 #
 # Layout: DIR/config.toml, DIR/containerd.sock (+ .ttrpc), DIR/debug.sock,
 # DIR/root (content, snapshots, metadata), DIR/state, DIR/opt,
-# DIR/containerd.log, DIR/containerd.pid.
+# DIR/containerd.log, DIR/containerd.pid, and DIR/btrfs: the root of the
+# btrfs snapshotter, a loop-mounted btrfs with quotas (backed by the sparse
+# image DIR/btrfs.img of $BERTH_BTRFS_SIZE, default 20G) made by
+# scripts/btrfs-quota.sh at start and unmounted at stop, so that berthd's
+# disk quotas work with `--snapshotter btrfs` (the integration tests use
+# it). BERTH_BTRFS=0 leaves it out: the btrfs snapshotter then reports
+# "skip" and only overlayfs works.
 #
 # containerd 1.6 still puts two things outside DIR: shim sockets under
 # /run/containerd/s/ (named by a hash that includes this instance's address,
@@ -39,6 +45,8 @@ DIR=$(cd "$DIR" && pwd)
 SOCK=$DIR/containerd.sock
 PIDFILE=$DIR/containerd.pid
 LOG=$DIR/containerd.log
+BTRFS_ROOT=$DIR/btrfs
+BTRFS_QUOTA=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/btrfs-quota.sh
 START_TIMEOUT=${CONTAINERD_START_TIMEOUT:-30}
 STOP_TIMEOUT=${CONTAINERD_STOP_TIMEOUT:-15}
 
@@ -87,6 +95,13 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 [plugins."io.containerd.internal.v1.opt"]
   path = "$DIR/opt"
 EOF
+	if [[ ${BERTH_BTRFS:-1} != 0 ]]; then
+		cat >>"$DIR/config.toml.tmp" <<EOF
+
+[plugins."io.containerd.snapshotter.v1.btrfs"]
+  root_path = "$BTRFS_ROOT"
+EOF
+	fi
 	mv "$DIR/config.toml.tmp" "$DIR/config.toml"
 }
 
@@ -100,6 +115,9 @@ start() {
 		fi
 		log "pid $p does not answer on $SOCK: stopping it first"
 		stop
+	fi
+	if [[ ${BERTH_BTRFS:-1} != 0 ]]; then
+		"$BTRFS_QUOTA" up "$BTRFS_ROOT" "${BERTH_BTRFS_SIZE:-20G}" >/dev/null
 	fi
 	write_config
 	rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc" "$DIR/debug.sock"
@@ -179,6 +197,9 @@ stop() {
 		kill -KILL "$s" 2>/dev/null || true
 	done
 	rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc" "$DIR/debug.sock"
+	if [[ -d $BTRFS_ROOT ]]; then
+		"$BTRFS_QUOTA" down "$BTRFS_ROOT"
+	fi
 }
 
 status() {

@@ -3,9 +3,10 @@
 # Debian machine with Go: it installs containerd, runc, busybox-static and
 # bash-static (scripts/deps.sh), builds the binaries (make build) and the base
 # image (scripts/base-image.sh), starts a private containerd
-# (scripts/containerd.sh) and berthd, then imports the image, creates a
-# sandbox, runs a command in it and removes it. It can be run again and
-# again on the same machine.
+# (scripts/containerd.sh, with its loop-mounted btrfs for disk quotas) and
+# berthd on the btrfs snapshotter, then imports the image, creates a sandbox
+# with a 100 MiB disk quota, runs a command in it, fills its disk up to the
+# quota and removes it. It can be run again and again on the same machine.
 #
 # Environment:
 #   BERTH_DEMO_DIR  working directory for containerd, berthd and their logs
@@ -127,6 +128,7 @@ setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$BERTHD_PID" \
 	--containerd-address "$DIR/containerd.sock" \
 	--listen "$ADDR" \
 	--agent-binary "$REPO/bin/berth-agent" \
+	--snapshotter btrfs \
 	--state-dir "$DIR/state-berth" \
 	</dev/null >>"$BERTHD_LOG" 2>&1 &
 ready=0
@@ -153,14 +155,19 @@ phase "berth image import build/base.oci.tar"
 "${BERTH[@]}" image import build/base.oci.tar
 done_phase
 
-phase "berth sandbox create --image $IMAGE_REF --id demo"
+phase "berth sandbox create --image $IMAGE_REF --id demo --disk-bytes 104857600"
 "${BERTH[@]}" sandbox rm demo >/dev/null 2>&1 || true # left by an earlier run
-"${BERTH[@]}" sandbox create --image "$IMAGE_REF" --id demo
+"${BERTH[@]}" sandbox create --image "$IMAGE_REF" --id demo --disk-bytes 104857600
 done_phase
 
 phase "berth exec demo -- bash -c 'echo hello from \$(hostname); uname -a; ls /'"
 # shellcheck disable=SC2016 # expanded in the sandbox
 "${BERTH[@]}" exec demo -- bash -c 'echo hello from $(hostname); uname -a; ls /'
+done_phase
+
+phase "berth exec demo -- sh -c 'dd if=/dev/zero of=/workspace/fill bs=1M count=200; ls -l /workspace/fill'"
+# The 100 MiB disk quota stops dd (EDQUOT): the host's disk is out of reach.
+"${BERTH[@]}" exec demo -- sh -c 'dd if=/dev/zero of=/workspace/fill bs=1M count=200; ls -l /workspace/fill'
 done_phase
 
 phase "berth sandbox rm demo"

@@ -4,8 +4,9 @@
 #
 #   - containerd, runc (and ctr, which ships with containerd), busybox-static,
 #     libarchive-tools (bsdtar: the tar round-trip tests check berth's archives
-#     against GNU tar, bsdtar and busybox tar), plus make and git when
-#     missing: apt-get update + apt-get install.
+#     against GNU tar, bsdtar and busybox tar), plus make, git and
+#     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh) when missing:
+#     apt-get update + apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - the clients' tools (see the end): protoc, grpc_python_plugin,
@@ -61,17 +62,20 @@ command -v runc >/dev/null || missing+=(runc)
 command -v bsdtar >/dev/null || missing+=(libarchive-tools)
 command -v make >/dev/null || missing+=(make)
 command -v git >/dev/null || missing+=(git)
+# btrfs-progs formats and manages the quota-enabled btrfs that disk quotas
+# need (scripts/btrfs-quota.sh, run by scripts/containerd.sh).
+{ command -v mkfs.btrfs >/dev/null && command -v btrfs >/dev/null; } || missing+=(btrfs-progs)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git libarchive-tools; do
+	for p in make git libarchive-tools btrfs-progs; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, libarchive-tools, make, git: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then

@@ -39,10 +39,11 @@ const (
 // creation is one CreateSandbox in progress for an id. Requests for the
 // same id and spec wait for it instead of creating again.
 type creation struct {
-	spec runtime.SandboxSpec
-	done chan struct{} // closed when resp or err is set
-	resp *berthv1.CreateSandboxResponse
-	err  error
+	spec   runtime.SandboxSpec
+	cancel context.CancelFunc // ends the creation, as a delete of the id does
+	done   chan struct{}      // closed when resp or err is set
+	resp   *berthv1.CreateSandboxResponse
+	err    error
 	// deleted is set when a DeleteSandbox for the id ran during the
 	// creation: a failure is then reported as the sandbox being gone.
 	deleted atomic.Bool
@@ -150,6 +151,9 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	}
 
 	var err error
+	if spec.DiskBytes, err = s.diskBytes(res.GetDiskBytes()); err != nil {
+		return spec, err
+	}
 	if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
 		return spec, err
 	}
@@ -175,6 +179,32 @@ func validateRequestID(field, id string) error {
 		}
 	}
 	return nil
+}
+
+// minDiskBytes is the smallest disk quota accepted: btrfs copies a few
+// 16 KiB metadata blocks on a snapshot's first writes, and the agent
+// creates the working directory.
+const minDiskBytes = 1 << 20
+
+// diskBytes returns the disk quota for a request's resources.disk_bytes:
+// the server's default for zero. A quota on a server that cannot enforce
+// one is FAILED_PRECONDITION DISK_QUOTA_UNSUPPORTED, never ignored.
+func (s *Service) diskBytes(req uint64) (uint64, error) {
+	const field = "resources.disk_bytes"
+	if req == 0 {
+		return s.cfg.DefaultDiskBytes, nil
+	}
+	if err := s.rt.DiskQuota(); err != nil {
+		return 0, rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonDiskQuotaUnsupported,
+			fmt.Sprintf("%s: this server cannot enforce disk quotas: %v", field, err), map[string]string{"field": field})
+	}
+	if max := s.cfg.MaxDiskBytes; max > 0 && req > max {
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d exceeds the server's maximum of %d", req, max))
+	}
+	if req < minDiskBytes {
+		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d is below the minimum of %d (1 MiB)", req, minDiskBytes))
+	}
+	return req, nil
 }
 
 // requestSandboxID derives the sandbox id of owner's request id: "rq-" and
@@ -297,12 +327,17 @@ func (s *Service) joinCreation(parent trace.SpanContext, spec runtime.SandboxSpe
 	if err := s.bgCtx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: berthd is shutting down", errAgentUnreachable)
 	}
-	c := &creation{spec: spec, done: make(chan struct{})}
+	// It runs under the Service's background context, bounded by the
+	// agent-ready timeout plus a minute for containerd, and outlives its
+	// callers: its span is a child of the first caller's.
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(s.bgCtx, parent), s.cfg.AgentReadyTimeout+time.Minute)
+	c := &creation{spec: spec, cancel: cancel, done: make(chan struct{})}
 	s.creating[spec.ID] = c
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		c.resp, c.err = s.createOrGet(parent, spec, p)
+		defer cancel()
+		c.resp, c.err = s.createOrGet(ctx, spec, p)
 		if c.err != nil && c.deleted.Load() {
 			// The delete pulled the container or the agent connection
 			// out from under the start; what failed next is its echo.
@@ -317,15 +352,10 @@ func (s *Service) joinCreation(parent trace.SpanContext, spec runtime.SandboxSpe
 }
 
 // createOrGet returns the existing sandbox of spec.ID when its spec is the
-// same and caller p may see it, or creates it. It runs under the Service's
-// background context, bounded by the agent-ready timeout plus a minute for
-// containerd.
-func (s *Service) createOrGet(parent trace.SpanContext, spec runtime.SandboxSpec, p auth.Principal) (resp *berthv1.CreateSandboxResponse, err error) {
-	ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.AgentReadyTimeout+time.Minute)
-	defer cancel()
-	// The creation outlives its callers: its span is its own, a child of
-	// the first caller's.
-	ctx, span := tracer.Start(trace.ContextWithSpanContext(ctx, parent), "sandbox.create",
+// same and caller p may see it, or creates it, under the sandbox's
+// lifecycle lock. Its span (sandbox.create) is a child of ctx's.
+func (s *Service) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p auth.Principal) (resp *berthv1.CreateSandboxResponse, err error) {
+	ctx, span := tracer.Start(ctx, "sandbox.create",
 		trace.WithAttributes(attribute.String("berth.sandbox.id", spec.ID), attribute.String("berth.image", spec.Image)))
 	defer func() {
 		if err != nil {
@@ -334,6 +364,11 @@ func (s *Service) createOrGet(parent trace.SpanContext, spec runtime.SandboxSpec
 		}
 		span.End()
 	}()
+	unlock, err := s.lifecycle.Lock(ctx, spec.ID)
+	if err != nil {
+		return nil, fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", spec.ID, err)
+	}
+	defer unlock()
 	existing, err := s.rt.Get(ctx, spec.ID)
 	switch {
 	case errors.Is(err, runtime.ErrSandboxNotFound):
@@ -384,7 +419,8 @@ func (s *Service) create(ctx context.Context, spec runtime.SandboxSpec) (*berthv
 }
 
 // start creates the container and task of spec and waits for the agent. On
-// failure it removes what it created.
+// failure it removes what it created. The caller holds the sandbox's
+// lifecycle lock.
 func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.Sandbox, *agentv1.InfoResponse, error) {
 	admitted, err := s.capacity.admitSandbox(ctx, spec.ID, spec.MemoryBytes)
 	if err != nil {
@@ -405,7 +441,7 @@ func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.
 	}
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if derr := s.deleteSandbox(cleanup, spec.ID); derr != nil {
+	if derr := s.deleteLocked(cleanup, spec.ID); derr != nil {
 		s.log.Error("remove sandbox after failed start", slog.String("sandbox_id", spec.ID), slog.Any("error", derr))
 	}
 	return runtime.Sandbox{}, nil, err
@@ -440,6 +476,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.PidsLimit != want.PidsLimit, "resources.pids_limit")
 	add(have.CPUMillis != want.CPUMillis, "resources.cpu_millis")
 	add(have.MemoryBytes != want.MemoryBytes, "resources.memory_bytes")
+	add(have.DiskBytes != want.DiskBytes, "resources.disk_bytes")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
@@ -471,12 +508,13 @@ func takenError(id string) error {
 func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
-		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0
+		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0 &&
+		spec.DiskBytes == def.DiskBytes
 }
 
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, WorkDir: runtime.DefaultWorkDir,
+	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, DiskBytes: s.cfg.DefaultDiskBytes, WorkDir: runtime.DefaultWorkDir,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
 }
 
@@ -488,11 +526,16 @@ func (s *Service) fromPool(ctx context.Context, spec runtime.SandboxSpec) (*bert
 	if !ok {
 		return nil, false
 	}
+	unlock, err := s.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return nil, false
+	}
+	defer unlock()
 	drop := func(err error) (*berthv1.CreateSandboxResponse, bool) {
 		s.log.Warn("warm pool: member unusable; removing it and creating anew", slog.String("sandbox_id", id), slog.Any("error", err))
 		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
-		if err := s.deleteSandbox(cleanup, id); err != nil {
+		if err := s.deleteLocked(cleanup, id); err != nil {
 			s.log.Error("warm pool: remove member", slog.String("sandbox_id", id), slog.Any("error", err))
 		}
 		return nil, false
@@ -523,6 +566,11 @@ func (m maker) MakePooled(ctx context.Context, image string) (string, error) {
 	spec := m.s.pooledSpec(image, newID("sb-", 10))
 	ctx, cancel := context.WithTimeout(ctx, m.s.cfg.AgentReadyTimeout+time.Minute)
 	defer cancel()
+	unlock, err := m.s.lifecycle.Lock(ctx, spec.ID)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	_, info, err := m.s.start(ctx, spec)
 	if err != nil {
 		return "", err

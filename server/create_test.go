@@ -65,7 +65,8 @@ func TestSpecDiff(t *testing.T) {
 	other.Labels = nil
 	other.UID = 1
 	other.MaxLifetime = 2 * time.Hour
-	want := []string{"labels", "env", "user", "max_lifetime"}
+	other.DiskBytes = 1 << 30
+	want := []string{"labels", "env", "resources.disk_bytes", "user", "max_lifetime"}
 	if got := specDiff(base, runtime.EnvDigest(base.Env), other); !slices.Equal(got, want) {
 		t.Errorf("specDiff = %v, want %v", got, want)
 	}

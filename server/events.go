@@ -53,7 +53,8 @@ type taskWatch struct {
 	fired     chan struct{}
 
 	// Guarded by taskEvents.mu.
-	pid      uint32 // the task pid watched; 0 watches any
+	pid      uint32    // the task pid watched; 0 watches any
+	started  time.Time // when the watched task started; zero when unknown
 	done     bool
 	event    runtime.TaskEvent
 	decision exitDecision
@@ -85,15 +86,17 @@ func (t *taskEvents) watch(sandboxID string) *taskWatch {
 	return w
 }
 
-// expect narrows w to the task with host pid pid. It reports false when w
-// already fired for that task (or for an unknown one): the task is gone.
-// An exit of another task seen before, a runtime older than the one just
-// reached, is forgotten.
-func (t *taskEvents) expect(w *taskWatch, pid uint32) bool {
+// expect narrows w to the task with host pid pid that started at started
+// (zero when unknown): a task is known by its identity, never by its
+// sandbox id alone. It reports false when w already fired for that task
+// (or for an unknown one): the task is gone. An exit of another task seen
+// before — a runtime older than the one just reached, or an earlier
+// process that had the same pid — is forgotten.
+func (t *taskEvents) expect(w *taskWatch, pid uint32, started time.Time) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	w.pid = pid
-	if w.done && w.event.Pid != 0 && w.event.Pid != pid {
+	w.pid, w.started = pid, started
+	if w.done && w.event.Pid != 0 && !w.matches(w.event) {
 		// The exit was of an older task; re-arm.
 		w.done = false
 		w.event = runtime.TaskEvent{}
@@ -101,6 +104,18 @@ func (t *taskEvents) expect(w *taskWatch, pid uint32) bool {
 		return true
 	}
 	return !w.done
+}
+
+// matches reports whether ev can be the exit of w's task: the same pid,
+// and not before the task started. The caller holds taskEvents.mu.
+func (w *taskWatch) matches(ev runtime.TaskEvent) bool {
+	if w.pid == 0 || ev.Pid == 0 {
+		return true
+	}
+	if w.pid != ev.Pid {
+		return false
+	}
+	return w.started.IsZero() || ev.At.IsZero() || !ev.At.Before(w.started)
 }
 
 // firedChan returns the channel closed when w fires.
@@ -135,15 +150,18 @@ func (t *taskEvents) unwatch(w *taskWatch) {
 const oomWindow = time.Second
 
 // oomNear reports whether an OOM kill was seen in the sandbox within
-// oomWindow of exitAt.
-func (t *taskEvents) oomNear(sandboxID string, exitAt time.Time) bool {
+// oomWindow of exitAt, and not before the task that exited started at
+// started (zero when unknown): containerd's OOM event names only the
+// container, and an earlier sandbox of the same id is not this one.
+func (t *taskEvents) oomNear(sandboxID string, started, exitAt time.Time) bool {
 	if exitAt.IsZero() {
 		return false
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	at, ok := t.oom[sandboxID]
-	return ok && !at.Before(exitAt.Add(-oomWindow)) && !at.After(exitAt.Add(oomWindow))
+	return ok && !at.Before(exitAt.Add(-oomWindow)) && !at.After(exitAt.Add(oomWindow)) &&
+		(started.IsZero() || !at.Before(started))
 }
 
 // forget drops the OOM record of a deleted sandbox.
@@ -219,7 +237,7 @@ func (t *taskEvents) fire(ev runtime.TaskEvent, decision exitDecision) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for w := range t.watches[ev.SandboxID] {
-		if w.done || (w.pid != 0 && ev.Pid != 0 && w.pid != ev.Pid) {
+		if w.done || !w.matches(ev) {
 			continue
 		}
 		w.done = true

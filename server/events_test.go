@@ -25,7 +25,7 @@ func TestTaskWatches(t *testing.T) {
 	}
 	w := te.watch("sb")
 	other := te.watch("other")
-	if !te.expect(w, 100) {
+	if !te.expect(w, 100, time.Time{}) {
 		t.Fatal("expect on a fresh watch reported the task gone")
 	}
 	// An exit of another task of the sandbox (an older one) does not fire.
@@ -47,12 +47,17 @@ func TestTaskWatches(t *testing.T) {
 		t.Errorf("onExit saw %d exits, want 2", len(decided))
 	}
 	// The OOM at 50 is 10 s before the exit at 60: not the exit's cause.
-	if te.oomNear("sb", at) || !te.oomNear("sb", time.Unix(50, 500)) || te.oomNear("sb", time.Time{}) {
+	if te.oomNear("sb", time.Time{}, at) || !te.oomNear("sb", time.Time{}, time.Unix(50, 500)) || te.oomNear("sb", time.Time{}, time.Time{}) {
 		t.Error("oomNear does not match the OOM event at 50 only")
 	}
 	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskOOM, SandboxID: "sb", At: at.Add(-15 * time.Millisecond)})
-	if !te.oomNear("sb", at) {
+	if !te.oomNear("sb", time.Unix(55, 0), at) {
 		t.Error("oomNear misses an OOM 15 ms before the exit")
+	}
+	// An OOM seen before the task started was another task's: an earlier
+	// sandbox of the same id.
+	if te.oomNear("sb", at.Add(-time.Millisecond), at) {
+		t.Error("oomNear blames an exit on an OOM from before its task started")
 	}
 	// A later delete does not change how the watch fired, nor the OOM
 	// record, which a restarted task's RUNTIME_REPLACED may still read.
@@ -60,11 +65,11 @@ func TestTaskWatches(t *testing.T) {
 	if _, decision, _ := te.result(w); decision != exitRestarting {
 		t.Errorf("decision after delete = %v, want unchanged", decision)
 	}
-	if !te.oomNear("sb", at) {
+	if !te.oomNear("sb", time.Time{}, at) {
 		t.Error("OOM record dropped at the task's delete")
 	}
 	te.forget("sb")
-	if te.oomNear("sb", at) {
+	if te.oomNear("sb", time.Time{}, at) {
 		t.Error("OOM record kept after forget")
 	}
 	te.unwatch(w)
@@ -80,7 +85,7 @@ func TestTaskWatchExpectRearms(t *testing.T) {
 	// The old task exits between watch and expect: the new task is what
 	// the request reached, so the watch re-arms for it.
 	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 1})
-	if !te.expect(w, 2) || fired(w, te) {
+	if !te.expect(w, 2, time.Time{}) || fired(w, te) {
 		t.Fatal("expect(2) after the exit of task 1 did not re-arm")
 	}
 	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 2})
@@ -90,7 +95,34 @@ func TestTaskWatchExpectRearms(t *testing.T) {
 	// Fired for the task expected: expect reports it gone.
 	w2 := te.watch("sb")
 	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 3})
-	if te.expect(w2, 3) {
+	if te.expect(w2, 3, time.Time{}) {
 		t.Error("expect(3) after task 3 exited reported it alive")
+	}
+}
+
+// TestTaskWatchIdentity: an exit is a task's by its identity, pid and
+// start time. A deleted sandbox's task whose exit event arrives late, with
+// a pid that a new sandbox of the same id now has, is not the new task's.
+func TestTaskWatchIdentity(t *testing.T) {
+	te := newTaskEvents(nil, discard)
+	started := time.Unix(100, 0)
+	w := te.watch("sb")
+	if !te.expect(w, 7, started) {
+		t.Fatal("expect on a fresh watch reported the task gone")
+	}
+	// The old task with pid 7 exited before the new one started.
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 7, At: started.Add(-time.Second)})
+	if fired(w, te) {
+		t.Fatal("watch fired for an exit before its task started")
+	}
+	// Seen before expect: re-armed.
+	w2 := te.watch("sb")
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 7, At: started.Add(-time.Second)})
+	if !te.expect(w2, 7, started) || fired(w2, te) {
+		t.Fatal("expect did not re-arm after an exit of an earlier process with the same pid")
+	}
+	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 7, At: started.Add(time.Second)})
+	if !fired(w, te) || !fired(w2, te) {
+		t.Error("watches did not fire for their task's own exit")
 	}
 }

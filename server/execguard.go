@@ -86,7 +86,7 @@ func (s *Service) guardExec(ctx context.Context, sandboxID, execID string, start
 		s.events.unwatch(w)
 		return nil, err
 	}
-	s.events.expect(w, id.TaskPID)
+	s.events.expect(w, id.TaskPID, id.StartedAt)
 	g := &execGuard{s: s, sandboxID: sandboxID, execID: execID, start: start, began: began,
 		agent: agent, runtime: id, watch: w, fired: s.events.firedChan(w), answeredCh: make(chan struct{})}
 	prev, known := s.ids.execRuntime(sandboxID, execID)
@@ -319,7 +319,7 @@ func (g *execGuard) replaced(ctx context.Context, ev runtime.TaskEvent, decision
 	e.exitStatus = ev.ExitStatus
 	e.exitedAt = ev.At
 	// 137 is 128+SIGKILL, what the OOM killer sends.
-	e.oomKilled = ev.ExitStatus == 137 && g.s.events.oomNear(g.sandboxID, ev.At)
+	e.oomKilled = ev.ExitStatus == 137 && g.s.events.oomNear(g.sandboxID, g.runtime.StartedAt, ev.At)
 	if decision == exitRestarting {
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), afterWait)
 		e.after, e.restarting = g.s.ids.awaitReplacement(wctx, g.sandboxID, g.runtime.BootID)
@@ -369,7 +369,7 @@ func (s *Service) followDetached(sandboxID, execID string, rt identity, since ui
 		defer slot.release()
 		w := s.events.watch(sandboxID)
 		defer s.events.unwatch(w)
-		if !s.events.expect(w, rt.TaskPID) {
+		if !s.events.expect(w, rt.TaskPID, rt.StartedAt) {
 			return
 		}
 		ctx, cancel := context.WithCancel(s.bgCtx)

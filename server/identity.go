@@ -20,6 +20,7 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -525,27 +526,22 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 // every Linux architecture berth runs on (proc(5)).
 const clockTicks = 100
 
-// bootTime is the host's boot time from /proc/stat's btime (seconds).
+// bootTime is when the host booted, to the nanosecond: the wall clock less
+// CLOCK_BOOTTIME, the clock /proc/<pid>/stat's starttime counts on
+// (proc(5)), taken once so that a runtime's start time reads the same every
+// time. /proc/stat's btime has whole seconds only, which put start times up
+// to a second early — before events they followed.
 var bootTime = sync.OnceValues(func() (time.Time, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return time.Time{}, err
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return time.Time{}, fmt.Errorf("clock_gettime(CLOCK_BOOTTIME): %w", err)
 	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "btime "); ok {
-			sec, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			if err != nil {
-				return time.Time{}, fmt.Errorf("parse btime: %w", err)
-			}
-			return time.Unix(sec, 0), nil
-		}
-	}
-	return time.Time{}, errors.New("no btime in /proc/stat")
+	return time.Now().Add(-time.Duration(ts.Nano())), nil
 })
 
 // procStartTime returns when host process pid started: boot time plus
 // field 22 (starttime, in clock ticks) of /proc/<pid>/stat (proc(5)). Its
-// resolution is a second, that of btime.
+// resolution is a clock tick (10 ms), rounded down.
 func procStartTime(pid uint32) (time.Time, error) {
 	if pid == 0 {
 		return time.Time{}, errors.New("no pid")

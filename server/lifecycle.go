@@ -161,8 +161,13 @@ func (p prober) Probe(ctx context.Context, id string) (fleet.Activity, error) {
 type stopper struct{ s *Service }
 
 func (st stopper) Stop(ctx context.Context, id string, reason fleet.Reason) error {
+	unlock, err := st.s.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if err := st.s.rt.MarkExpired(ctx, id, reason.String()); err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
 		return err
 	}
-	return st.s.deleteSandbox(ctx, id)
+	return st.s.deleteLocked(ctx, id)
 }

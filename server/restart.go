@@ -32,10 +32,18 @@ type restarter struct {
 	window time.Duration
 
 	mu       sync.Mutex
-	held     map[string]int         // sandboxes being deleted or stopped by berthd
-	gone     map[string]time.Time   // sandboxes deleted recently, for late exit events
-	running  map[string]bool        // a restart is under way
-	restarts map[string][]time.Time // recent restart times per sandbox
+	held     map[string]int                // sandboxes being deleted or stopped by berthd
+	gone     map[string]tombstone          // sandboxes deleted recently, for late exit events
+	running  map[string]context.CancelFunc // a restart is under way; the func aborts it
+	restarts map[string][]time.Time        // recent restart times per sandbox
+}
+
+// tombstone is a deleted sandbox's last task: its late exit event is the
+// deletion's, and no other task's exit is (a new sandbox of the same id
+// has another task).
+type tombstone struct {
+	at  time.Time
+	pid uint32 // the task's host pid; 0 when it had none known
 }
 
 func newRestarter(s *Service) *restarter {
@@ -44,8 +52,8 @@ func newRestarter(s *Service) *restarter {
 		limit:    s.cfg.TaskRestartLimit,
 		window:   s.cfg.TaskRestartWindow,
 		held:     make(map[string]int),
-		gone:     make(map[string]time.Time),
-		running:  make(map[string]bool),
+		gone:     make(map[string]tombstone),
+		running:  make(map[string]context.CancelFunc),
 		restarts: make(map[string][]time.Time),
 	}
 }
@@ -72,18 +80,30 @@ func (r *restarter) hold(sandboxID string) (release func()) {
 // attributed to its deletion: containerd delivers events asynchronously.
 const tombstoneTTL = time.Minute
 
-// deleted notes that the sandbox was deleted.
-func (r *restarter) deleted(sandboxID string) {
+// deleted notes that the sandbox, whose task had host pid pid (0: none
+// known), was deleted.
+func (r *restarter) deleted(sandboxID string, pid uint32) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
-	for id, at := range r.gone {
-		if now.Sub(at) > tombstoneTTL {
+	for id, tomb := range r.gone {
+		if now.Sub(tomb.at) > tombstoneTTL {
 			delete(r.gone, id)
 		}
 	}
-	r.gone[sandboxID] = now
+	r.gone[sandboxID] = tombstone{at: now, pid: pid}
 	delete(r.restarts, sandboxID)
+}
+
+// abort cancels a restart of the sandbox under way, as its deletion does:
+// the restart holds the sandbox's lifecycle lock while it waits for the new
+// agent, and the delete need not wait for that.
+func (r *restarter) abort(sandboxID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cancel := r.running[sandboxID]; cancel != nil {
+		cancel()
+	}
 }
 
 // created notes that a sandbox of this id was (re)created: exits of its
@@ -101,11 +121,12 @@ func (r *restarter) created(sandboxID string) {
 func (r *restarter) onExit(ev runtime.TaskEvent) exitDecision {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if at, ok := r.gone[ev.SandboxID]; r.held[ev.SandboxID] > 0 || (ok && time.Since(at) < tombstoneTTL) {
+	if tomb, ok := r.gone[ev.SandboxID]; r.held[ev.SandboxID] > 0 ||
+		(ok && time.Since(tomb.at) < tombstoneTTL && (tomb.pid == 0 || ev.Pid == 0 || tomb.pid == ev.Pid)) {
 		return exitDeleting
 	}
-	if r.limit < 0 || r.running[ev.SandboxID] {
-		if r.running[ev.SandboxID] {
+	if _, restarting := r.running[ev.SandboxID]; r.limit < 0 || restarting {
+		if restarting {
 			return exitRestarting
 		}
 		return exitLeftStopped
@@ -129,20 +150,22 @@ func (r *restarter) onExit(ev runtime.TaskEvent) exitDecision {
 		return exitLeftStopped
 	}
 	r.restarts[ev.SandboxID] = append(recent, now)
-	r.running[ev.SandboxID] = true
-	r.s.ids.setRestarting(ev.SandboxID, true)
 	// Back off within a burst of exits: 0, 200 ms, 400 ms, ...
 	delay := time.Duration(len(recent)) * 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(r.s.bgCtx, r.s.cfg.AgentReadyTimeout+delay)
+	r.running[ev.SandboxID] = cancel
+	r.s.ids.setRestarting(ev.SandboxID, true)
 	r.s.bg.Add(1)
 	go func() {
 		defer r.s.bg.Done()
-		r.restart(ev, cur, delay)
+		defer cancel()
+		r.restart(ctx, ev, cur, delay)
 	}()
 	return exitRestarting
 }
 
 // restart starts the new task and waits for its agent to answer.
-func (r *restarter) restart(ev runtime.TaskEvent, old identity, delay time.Duration) {
+func (r *restarter) restart(ctx context.Context, ev runtime.TaskEvent, old identity, delay time.Duration) {
 	id := ev.SandboxID
 	defer func() {
 		r.mu.Lock()
@@ -150,13 +173,18 @@ func (r *restarter) restart(ev runtime.TaskEvent, old identity, delay time.Durat
 		r.mu.Unlock()
 		r.s.ids.setRestarting(id, false)
 	}()
-	ctx, cancel := context.WithTimeout(r.s.bgCtx, r.s.cfg.AgentReadyTimeout+delay)
-	defer cancel()
 	select {
 	case <-time.After(delay):
 	case <-ctx.Done():
 		return
 	}
+	// Deletes of the sandbox, and creations of a new one of its id, run
+	// under its lifecycle lock: never beside a restart.
+	unlock, err := r.s.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return
+	}
+	defer unlock()
 	r.mu.Lock()
 	held := r.held[id] > 0
 	r.mu.Unlock()
@@ -164,10 +192,10 @@ func (r *restarter) restart(ev runtime.TaskEvent, old identity, delay time.Durat
 		return
 	}
 	began := time.Now()
-	next, err := r.start(ctx, id)
+	next, err := r.start(ctx, id, ev.Pid, ev.At)
 	if err != nil {
-		if errors.Is(err, runtime.ErrSandboxNotFound) {
-			return // deleted meanwhile
+		if errors.Is(err, runtime.ErrSandboxNotFound) || errors.Is(err, runtime.ErrTaskReplaced) {
+			return // deleted, and maybe made anew, meanwhile
 		}
 		r.s.log.Error("restart sandbox task", slog.String("sandbox_id", id), slog.Any("error", err))
 		return
@@ -180,16 +208,18 @@ func (r *restarter) restart(ev runtime.TaskEvent, old identity, delay time.Durat
 		slog.Uint64("task_pid", uint64(next.TaskPID)), slog.Duration("took", time.Since(began)))
 }
 
-// start starts a new task for the sandbox and returns its runtime once the
-// agent answers.
-func (r *restarter) start(ctx context.Context, id string) (identity, error) {
+// start starts a new task for the sandbox in place of the one with host pid
+// dead, which exited at deadAt (zero when unknown), and returns its runtime
+// once the agent answers.
+func (r *restarter) start(ctx context.Context, id string, dead uint32, deadAt time.Time) (identity, error) {
 	exited := r.s.events.watch(id)
 	defer r.s.events.unwatch(exited)
-	pid, err := r.s.rt.RestartTask(ctx, id)
+	pid, err := r.s.rt.RestartTask(ctx, id, dead)
 	if err != nil {
 		return identity{}, err
 	}
-	r.s.events.expect(exited, pid)
+	started, _ := procStartTime(pid)
+	r.s.events.expect(exited, pid, started)
 	socket := r.s.rt.SocketPath(id)
 	// The old connection is in backoff after the old agent died; dial the
 	// new one now.
@@ -216,6 +246,11 @@ func (r *restarter) start(ctx context.Context, id string) (identity, error) {
 		}
 		next := identity{BootID: a.info.GetBootId(), TaskPID: pid, AgentVersion: a.info.GetVersion()}
 		next.StartedAt, _ = procStartTime(pid)
+		if !next.StartedAt.IsZero() && next.StartedAt.Before(deadAt) {
+			// It was made after the old task's exit was seen: the clock
+			// tick the kernel counts in rounded it down past that.
+			next.StartedAt = deadAt
+		}
 		r.s.ids.observe(id, next)
 		return next, nil
 	case <-r.s.events.firedChan(exited):

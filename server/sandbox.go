@@ -255,35 +255,63 @@ func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxR
 	s.mu.Lock()
 	c := s.creating[id]
 	if c != nil && p.Sees(c.spec.Owner) {
+		// The creation holds the sandbox's lifecycle lock: cancel it, so
+		// that the delete runs now instead of after it.
 		c.deleted.Store(true)
+		c.cancel()
 	}
 	s.mu.Unlock()
-	if c == nil {
-		// Nothing of the id is being created: containerd's record says
-		// whose it is. A missing sandbox leaves nothing to do — removing
-		// "whatever has the id" now could hit another principal's
-		// sandbox created in between.
-		sb, err := s.rt.Get(ctx, id)
-		switch {
-		case errors.Is(err, runtime.ErrSandboxNotFound):
-			return &berthv1.DeleteSandboxResponse{}, nil
-		case err != nil:
-			return nil, s.toStatus(ctx, err, meta)
-		case !p.Sees(sb.Owner):
-			return &berthv1.DeleteSandboxResponse{}, nil
-		}
-	} else if !p.Sees(c.spec.Owner) {
+	if c != nil && !p.Sees(c.spec.Owner) {
 		return &berthv1.DeleteSandboxResponse{}, nil
 	}
-	if err := s.deleteSandbox(ctx, id); err != nil {
+	if c == nil {
+		// A restart holds the lifecycle lock while its agent starts:
+		// cancel it too, if the sandbox is the caller's.
+		if sb, err := s.rt.Get(ctx, id); err == nil && p.Sees(sb.Owner) {
+			s.restarts.abort(id)
+		}
+	}
+	unlock, err := s.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, meta)
+	}
+	defer unlock()
+	// Whose the sandbox is, under the lock: no other principal's sandbox
+	// of the id can appear between this check and the removal. A missing
+	// sandbox (or one a canceled creation removed) leaves nothing to do.
+	sb, err := s.rt.Get(ctx, id)
+	switch {
+	case errors.Is(err, runtime.ErrSandboxNotFound):
+		return &berthv1.DeleteSandboxResponse{}, nil
+	case err != nil:
+		return nil, s.toStatus(ctx, err, meta)
+	case !p.Sees(sb.Owner):
+		return &berthv1.DeleteSandboxResponse{}, nil
+	}
+	if err := s.deleteLocked(ctx, id); err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
 	s.log.InfoContext(ctx, "sandbox deleted", slog.String("sandbox_id", id), slog.String("principal", p.String()))
 	return &berthv1.DeleteSandboxResponse{}, nil
 }
 
+// deleteSandbox removes the sandbox under its lifecycle lock.
 func (s *Service) deleteSandbox(ctx context.Context, id string) error {
-	done := s.deletingSandbox(id)
+	unlock, err := s.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", id, err)
+	}
+	defer unlock()
+	return s.deleteLocked(ctx, id)
+}
+
+// deleteLocked removes the sandbox; the caller holds its lifecycle lock.
+func (s *Service) deleteLocked(ctx context.Context, id string) error {
+	var pid uint32
+	if sb, err := s.rt.Get(ctx, id); err == nil {
+		pid = sb.TaskPID
+	}
+	done := s.deletingSandbox(id, pid)
 	defer done()
 	s.agents.Forget(s.rt.SocketPath(id))
 	if err := s.rt.Delete(ctx, id); err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
@@ -301,7 +329,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		Image:         sb.Image,
 		State:         berthv1.SandboxState_SANDBOX_STATE_STOPPED,
 		Labels:        sb.Labels,
-		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes},
+		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes},
 		EnvKeys:       sb.EnvKeys,
 		User:          fmt.Sprintf("%d:%d", sb.UID, sb.GID),
 		Workdir:       sb.WorkDir,
@@ -351,7 +379,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		out.State = berthv1.SandboxState_SANDBOX_STATE_STARTING
 	}
 	if usage != nil {
-		out.Usage = &berthv1.SandboxUsage{CpuTime: durationpb.New(usage.CPU), MemoryBytes: usage.MemoryBytes, MemoryPeakBytes: usage.MemoryPeakBytes, Pids: usage.Pids}
+		out.Usage = &berthv1.SandboxUsage{CpuTime: durationpb.New(usage.CPU), MemoryBytes: usage.MemoryBytes, MemoryPeakBytes: usage.MemoryPeakBytes, Pids: usage.Pids, DiskBytes: usage.DiskBytes}
 	}
 	return out
 }

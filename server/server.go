@@ -11,11 +11,15 @@
 //
 // Anything in berthd that stops a sandbox's task on purpose must hold its
 // restarts (restarter.hold, as deleteSandbox does through deletingSandbox),
-// or berthd starts a new task for it.
+// or berthd starts a new task for it. Creating, removing and restarting a
+// sandbox hold its lifecycle lock (Service.lifecycle, per sandbox id), so
+// that they happen one after another; events are matched to a task by its
+// identity (pid and start time), never by the sandbox id alone.
 package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math"
 	goruntime "runtime"
@@ -27,6 +31,7 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/fleet"
+	"github.com/berth-sandbox/berth/server/idlock"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -59,6 +64,13 @@ type Config struct {
 	// (sysinfo(2) totalram), which also keeps a cap far from the int64
 	// the OCI spec stores it in.
 	MaxMemoryBytes uint64
+	// DefaultDiskBytes is a sandbox's disk quota, in bytes, when the request
+	// sets none (resources.disk_bytes). Zero: no quota. Non-zero needs a
+	// runtime with disk quotas (runtime.Runtime.DiskQuota), or Start fails.
+	DefaultDiskBytes uint64
+	// MaxDiskBytes bounds requested disk quotas, in bytes; larger requests
+	// are INVALID_ARGUMENT. Zero: no bound beyond the file system.
+	MaxDiskBytes uint64
 	// AgentReadyTimeout bounds how long CreateSandbox waits for the agent
 	// to answer after the task starts. Default 30 s.
 	AgentReadyTimeout time.Duration
@@ -211,6 +223,11 @@ type Service struct {
 	reaper   *fleet.Reaper
 	pool     *fleet.Pool
 
+	// lifecycle serializes what creates, removes or restarts a sandbox,
+	// per sandbox id: a create and a delete of one id never interleave,
+	// so neither sees the other's half-made or half-removed sandbox.
+	lifecycle idlock.Locks
+
 	mu       sync.Mutex
 	creating map[string]*creation // CreateSandbox in progress, by sandbox id
 	warned   map[string]bool      // agent boot ids warned about version skew
@@ -251,8 +268,12 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 
 // Start re-adopts the sandboxes containerd holds (see Adopt), then starts
 // the idle/lifetime reaper and the warm-pool refill in the background until
-// Close.
+// Close. It fails without doing anything when Config asks for disk quotas
+// that the runtime cannot set.
 func (s *Service) Start(ctx context.Context) error {
+	if err := s.rt.DiskQuota(); err != nil && (s.cfg.DefaultDiskBytes > 0 || s.cfg.MaxDiskBytes > 0) {
+		return fmt.Errorf("a default or maximum disk quota is configured, but: %w", err)
+	}
 	if err := s.Adopt(ctx); err != nil {
 		return err
 	}

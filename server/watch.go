@@ -57,7 +57,10 @@ func (s *Service) sandboxCreated(id string, boot, version string) {
 // restarted from now on. Call done when the removal returned: when the
 // sandbox is gone, what berthd remembers of its runtimes is dropped, and
 // late exit events of its task are still known as the deletion's.
-func (s *Service) deletingSandbox(id string) (done func()) {
+//
+// pid is the host pid of the sandbox's task being removed (0: none known):
+// its exit is the deletion's, whenever containerd reports it.
+func (s *Service) deletingSandbox(id string, pid uint32) (done func()) {
 	release := s.restarts.hold(id)
 	return func() {
 		ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.ConnectBudget)
@@ -65,7 +68,7 @@ func (s *Service) deletingSandbox(id string) (done func()) {
 		if _, err := s.rt.Get(ctx, id); errors.Is(err, runtime.ErrSandboxNotFound) {
 			s.ids.forget(id)
 			s.events.forget(id)
-			s.restarts.deleted(id)
+			s.restarts.deleted(id, pid)
 		}
 		release()
 	}

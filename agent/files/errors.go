@@ -33,6 +33,18 @@ func (e *tooLargeError) Error() string {
 	return fmt.Sprintf("%s: %s exceeds the agent's cap of %d (berth-agent --%s)", display(e.path), e.what, e.limit, e.flag)
 }
 
+// quotaError says that a write would need more than the sandbox's disk
+// quota.
+type quotaError struct {
+	path  string
+	what  string // e.g. "a write of 5368709120 bytes"
+	limit uint64
+}
+
+func (e *quotaError) Error() string {
+	return fmt.Sprintf("%s: %s exceeds the sandbox's disk quota of %d bytes (resources.disk_bytes)", display(e.path), e.what, e.limit)
+}
+
 // userError says that the agent could not take on the workload user's
 // identity for a file operation; nothing was done.
 type userError struct {
@@ -93,6 +105,7 @@ func (s *Service) toStatus(err error) error {
 	var (
 		changed   *changedError
 		tooLarge  *tooLargeError
+		quota     *quotaError
 		entry     *tartree.EntryError
 		archive   *tartree.ArchiveError
 		user      *userError
@@ -108,6 +121,10 @@ func (s *Service) toStatus(err error) error {
 		m := meta(tooLarge.path)
 		m["limit"] = strconv.FormatUint(tooLarge.limit, 10)
 		return rpcstatus.Error(codes.FailedPrecondition, tooLarge.reason, err.Error(), m)
+	case errors.As(err, &quota):
+		m := meta(quota.path)
+		m["limit"] = strconv.FormatUint(quota.limit, 10)
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, err.Error(), m)
 	case errors.As(err, &entry):
 		reason := rpcstatus.ReasonTarEntryInvalid
 		if entry.Unsafe {

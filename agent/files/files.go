@@ -49,6 +49,15 @@ type Config struct {
 	// extracts or one Download archives; a Download over it is refused
 	// before any byte moves. Default 16 GiB.
 	MaxArchiveBytes uint64
+	// DiskBytes is the sandbox's disk quota, in bytes, which the kernel
+	// enforces on its writable layer. One WriteFile, or the regular files
+	// of one Upload, whose size exceeds it could never be stored: they are
+	// refused (RESOURCE_EXHAUSTED NO_SPACE) when a declared size or a tar
+	// header says so, before their bytes are written, or when the streamed
+	// bytes cross it. Sizes are apparent sizes, holes of sparse files
+	// included. Zero: no such check (the kernel's quota, if any, still
+	// applies).
+	DiskBytes uint64
 	// MaxListEntries caps the entries of one ListDir or Download, refused
 	// (LIST_TOO_LARGE) before any entry is sent (or at the entry past it
 	// when the tree grows while it is sent), and of one Upload, refused at

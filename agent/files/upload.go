@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -65,6 +67,13 @@ func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 			}
 			if content += uint64(max(hdr.Size, 0)); content > s.cfg.MaxArchiveBytes {
 				return &tooLargeError{path: dir, what: fmt.Sprintf("an archive of more than %d content bytes", s.cfg.MaxArchiveBytes), limit: s.cfg.MaxArchiveBytes, reason: rpcstatus.ReasonFileTooLarge, flag: "max-archive-bytes"}
+			}
+			// A header's size is what archive/tar yields for the entry, a
+			// sparse file's holes included: an archive that cannot fit the
+			// sandbox's disk quota stops at the header of the file that
+			// would cross it, before its bytes are written.
+			if d := s.cfg.DiskBytes; d > 0 && content > d {
+				return &quotaError{path: filepath.Join(dir, path.Clean("/"+hdr.Name)), what: fmt.Sprintf("an archive of more than %d content bytes", d), limit: d}
 			}
 			return nil
 		},

@@ -105,6 +105,9 @@ func (s *Service) newWrite(h *agentv1.WriteFileHeader) (*write, error) {
 	if h.SizeBytes != nil && h.GetSizeBytes() > s.cfg.MaxWriteBytes {
 		return nil, s.toStatus(&tooLargeError{path: path, what: fmt.Sprintf("a write of %d bytes", h.GetSizeBytes()), limit: s.cfg.MaxWriteBytes, reason: rpcstatus.ReasonFileTooLarge, flag: "max-write-bytes"})
 	}
+	if d := s.cfg.DiskBytes; d > 0 && h.SizeBytes != nil && h.GetSizeBytes() > d {
+		return nil, s.toStatus(&quotaError{path: path, what: fmt.Sprintf("a write of %d bytes", h.GetSizeBytes()), limit: d})
+	}
 	return w, nil
 }
 
@@ -305,6 +308,9 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 		}
 		if next > limit {
 			return nil, &tooLargeError{path: w.path, what: fmt.Sprintf("a write of more than %d bytes", limit), limit: limit, reason: rpcstatus.ReasonFileTooLarge, flag: "max-write-bytes"}
+		}
+		if d := w.s.cfg.DiskBytes; d > 0 && next > d {
+			return nil, &quotaError{path: w.path, what: fmt.Sprintf("a write of more than %d bytes", d), limit: d}
 		}
 		if err := writeAll(w.fd, data); err != nil {
 			return nil, pathError("write", w.path, err)

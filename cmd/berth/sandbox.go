@@ -27,6 +27,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		req                   berthv1.CreateSandboxRequest
 		labels, env           []string
 		pidsLimit, cpu, mem   uint64
+		disk                  uint64
 		idleTimeout, lifetime time.Duration
 	)
 	cmd := &cobra.Command{
@@ -46,8 +47,8 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			if req.Env, err = parseKV("env", env); err != nil {
 				return err
 			}
-			if pidsLimit > 0 || cpu > 0 || mem > 0 {
-				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit, CpuMillis: cpu, MemoryBytes: mem}
+			if pidsLimit > 0 || cpu > 0 || mem > 0 || disk > 0 {
+				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit, CpuMillis: cpu, MemoryBytes: mem, DiskBytes: disk}
 			}
 			if idleTimeout != 0 {
 				req.IdleTimeout = durationpb.New(idleTimeout)
@@ -71,6 +72,7 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().Uint64Var(&pidsLimit, "pids-limit", 0, "maximum processes and threads in the sandbox (default berthd's)")
 	cmd.Flags().Uint64Var(&cpu, "cpu-millis", 0, "CPU cap in thousandths of a CPU, e.g. 500 for half a core (default: none)")
 	cmd.Flags().Uint64Var(&mem, "memory-bytes", 0, "memory cap in bytes, no swap (default: none)")
+	cmd.Flags().Uint64Var(&disk, "disk-bytes", 0, "disk quota in bytes: what the sandbox may store beyond its image (default berthd's)")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable of every process, KEY=VALUE (repeatable)")
 	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid" or "uid:gid" (default 0:0)`)
 	cmd.Flags().StringVar(&req.Workdir, "workdir", "", "working directory, created for the workload user (default /workspace)")

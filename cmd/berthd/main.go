@@ -43,6 +43,7 @@ func main() {
 	)
 	flag.StringVar(&rtCfg.Address, "containerd-address", "/run/containerd/containerd.sock", "containerd socket path")
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
+	flag.StringVar(&rtCfg.Snapshotter, "snapshotter", "overlayfs", "containerd snapshotter for sandboxes' file systems; disk quotas need btrfs (see scripts/btrfs-quota.sh)")
 	flag.StringVar(&rtCfg.StateDir, "state-dir", "/run/berth", "host directory for per-sandbox agent sockets and logs (keep it short: socket paths max 107 bytes)")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
 	flag.StringVar(&listen, "listen", "unix:///run/berth/berthd.sock", "gRPC listen address: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp)")
@@ -75,6 +76,8 @@ func main() {
 	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
 	flag.Uint64Var(&svcCfg.MaxCPUMillis, "max-cpu-millis", 0, "largest CPU cap a request may set, in thousandths of a CPU (default: the host's CPUs x 1000)")
 	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: the host's physical memory)")
+	flag.Uint64Var(&svcCfg.DefaultDiskBytes, "default-disk-bytes", 0, "disk quota of a sandbox whose request sets none, in `bytes`; 0: none (default: 10 GiB when the snapshotter enforces disk quotas, else none)")
+	flag.Uint64Var(&svcCfg.MaxDiskBytes, "max-disk-bytes", 0, "largest disk quota a request may set, in `bytes` (default: no bound)")
 	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxIdleTimeout, "max-idle-timeout", 24*time.Hour, "largest idle timeout or KeepAlive hold a request may set")
 	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
@@ -105,6 +108,8 @@ func main() {
 		return
 	}
 	svcCfg.AgentReadyTimeout = readyLimit
+	diskDefaultSet := false
+	flag.Visit(func(f *flag.Flag) { diskDefaultSet = diskDefaultSet || f.Name == "default-disk-bytes" })
 	if err := checkLimits(svcCfg); err != nil {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
 		os.Exit(2)
@@ -137,7 +142,7 @@ func main() {
 			tracer.Shutdown(ctx)
 		}()
 	}
-	if err := run(log, rtCfg, svcCfg, listen, metricsAt, authn, socket); err != nil {
+	if err := run(log, rtCfg, svcCfg, listen, metricsAt, authn, socket, diskDefaultSet); err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -146,7 +151,13 @@ func main() {
 // run re-adopts the namespace's sandboxes, then serves until SIGTERM or
 // SIGINT and stops gracefully. Sandboxes keep running, to be re-adopted by
 // the next berthd. SIGHUP re-reads the token file and the TLS material.
-func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, metricsAt string, authn *auth.Authenticator, socket socketFlags) error {
+//
+// Disk quotas: with a snapshotter that enforces them and no
+// --default-disk-bytes, sandboxes get defaultDiskBytes. Without one, a
+// configured default or maximum makes berthd refuse to start (the operator
+// asked for a limit it cannot keep); with neither, it starts and warns that
+// the disk of sandboxes is unlimited, and requests naming a quota are refused.
+func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, metricsAt string, authn *auth.Authenticator, socket socketFlags, diskDefaultSet bool) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	hup := make(chan os.Signal, 1)
@@ -179,6 +190,16 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, m
 		return err
 	}
 	defer rt.Close()
+	if err := rt.DiskQuota(); err != nil {
+		if !diskDefaultSet && svcCfg.MaxDiskBytes == 0 {
+			log.Warn("sandboxes' disk use is NOT limited: any sandbox can fill the host's disk; requests with resources.disk_bytes are refused", slog.Any("reason", err))
+		}
+	} else if !diskDefaultSet {
+		svcCfg.DefaultDiskBytes = defaultDiskBytes
+		if max := svcCfg.MaxDiskBytes; max > 0 {
+			svcCfg.DefaultDiskBytes = min(defaultDiskBytes, max)
+		}
+	}
 	var m *metrics.Metrics
 	if metricsAt != "" {
 		m = metrics.New()
@@ -211,7 +232,8 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen, m
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	log.Info("berthd serving", slog.String("listen", listen), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version))
+	log.Info("berthd serving", slog.String("listen", listen), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
+		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes))
 	select {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
@@ -308,6 +330,11 @@ func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), e
 	return func() { hs.Close(); <-done }, nil
 }
 
+// defaultDiskBytes is the disk quota of sandboxes whose request sets none,
+// when the snapshotter enforces quotas and --default-disk-bytes is not
+// given: 10 GiB, as hosted sandboxes commonly get.
+const defaultDiskBytes = 10 << 30
+
 // checkLimits rejects capacity and timing flags that have no meaning, before
 // server.Config's defaults would quietly replace a zero.
 func checkLimits(c server.Config) error {
@@ -320,6 +347,9 @@ func checkLimits(c server.Config) error {
 		if n < 0 {
 			return fmt.Errorf("%s %d: must be 0 (no cap) or more", name, n)
 		}
+	}
+	if c.MaxDiskBytes > 0 && c.DefaultDiskBytes > c.MaxDiskBytes {
+		return fmt.Errorf("--default-disk-bytes %d exceeds --max-disk-bytes %d", c.DefaultDiskBytes, c.MaxDiskBytes)
 	}
 	if c.TaskRestartLimit < 0 {
 		return fmt.Errorf("--task-restart-limit %d: must be 0 (never restart) or more", c.TaskRestartLimit)

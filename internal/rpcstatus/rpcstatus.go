@@ -45,6 +45,9 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonDiskQuotaUnsupported: a disk quota was asked for on a server
+	// whose snapshotter cannot enforce one.
+	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
 	// ReasonUnauthenticated (UNAUTHENTICATED): the request carries no
 	// valid credentials. ReasonNotPermitted (PERMISSION_DENIED): the
 	// principal may not call the method (an admin-only one) or act on

@@ -279,3 +279,52 @@ func TestPool(t *testing.T) {
 	m.mu.Unlock()
 	waitFor(t, 2*time.Second, "pool refilled after failures", func() bool { return p.Ready("img") == 2 })
 }
+
+// TestReaperRequestBetweenVerdictAndRemoval starts a request after the
+// sandbox was found idle and marked stopping, before its removal began:
+// the sandbox is in use again, so it is not removed and no longer
+// stopping. A maximum lifetime, a hard stop, is not lifted that way.
+func TestReaperRequestBetweenVerdictAndRemoval(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits Limits
+		reason Reason
+		kept   bool
+	}{
+		{"idle", Limits{CreatedAt: time.Now(), IdleTimeout: time.Millisecond, MaxLifetime: time.Hour}, ReasonIdle, true},
+		{"lifetime", Limits{CreatedAt: time.Now().Add(-time.Hour), IdleTimeout: time.Hour, MaxLifetime: time.Minute}, ReasonLifetime, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeAgents()
+			r := NewReaper(ReaperConfig{}, f, f, discard)
+			now := time.Now()
+			r.now = func() time.Time { return now }
+			r.Track("sb", tc.limits)
+			now = now.Add(time.Second) // idle for a second, past its timeout
+			// The verdict: what sweep does before its removals.
+			r.mu.Lock()
+			e := r.sandboxes["sb"]
+			if tc.reason == ReasonLifetime {
+				r.expire("sb", e, ReasonLifetime, now)
+			}
+			r.mu.Unlock()
+			if tc.reason == ReasonIdle {
+				r.settle(context.Background(), "sb", Activity{}, nil)
+			}
+			if got := r.Stopping("sb"); got != tc.reason {
+				t.Fatalf("after the verdict Stopping = %v, want %v", got, tc.reason)
+			}
+			// A request arrives; then the removal step runs.
+			end := r.Begin("sb")
+			defer end()
+			r.remove(context.Background(), "sb")
+			_, stopped := f.stoppedReason("sb")
+			if stopped == tc.kept {
+				t.Errorf("removed = %v with a request in progress since the verdict, want %v", stopped, !tc.kept)
+			}
+			if st, ok := r.Status("sb"); tc.kept && (!ok || st.Stopping != ReasonNone) {
+				t.Errorf("Status = %+v, %v after the request kept it; want tracked and not stopping", st, ok)
+			}
+		})
+	}
+}

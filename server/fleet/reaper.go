@@ -402,12 +402,28 @@ func (r *Reaper) expire(id string, e *entry, reason Reason, now time.Time) {
 }
 
 // remove stops one expired sandbox and forgets it; a failure is logged and
-// retried next round.
+// retried next round. An idle verdict is checked again first: a request
+// that began since (Begin, Touch, Hold) makes the sandbox active again, and
+// it is kept. Once the check passed the removal is under way, and requests
+// arriving later find the sandbox going (NOT_FOUND, or RUNTIME_REPLACED for
+// a running exec).
 func (r *Reaper) remove(ctx context.Context, id string) {
-	reason := r.Stopping(id)
-	if reason == ReasonNone {
+	r.mu.Lock()
+	e, ok := r.sandboxes[id]
+	if !ok || e.stopping == ReasonNone {
+		r.mu.Unlock()
 		return
 	}
+	reason := e.stopping
+	if now := r.now(); reason == ReasonIdle && !e.idleAt(now) {
+		e.stopping = ReasonNone
+		requests, idleFor := e.inflight, now.Sub(e.lastActivity).Round(time.Millisecond)
+		r.mu.Unlock()
+		r.log.Info("expired sandbox in use again before its removal; keeping it", slog.String("sandbox_id", id),
+			slog.Int("requests", requests), slog.Duration("idle_for", idleFor))
+		return
+	}
+	r.mu.Unlock()
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.StopTimeout)
 	defer cancel()
 	if err := r.stop.Stop(sctx, id, reason); err != nil {

@@ -89,6 +89,11 @@ func (s SandboxSpec) Digest() string {
 	field("pids", strconv.FormatUint(s.PidsLimit, 10))
 	field("cpu", strconv.FormatUint(s.CPUMillis, 10))
 	field("memory", strconv.FormatUint(s.MemoryBytes, 10))
+	if s.DiskBytes > 0 {
+		// Only when set, so that digests of specs without a disk quota
+		// stay what they were before disk quotas existed.
+		field("disk", strconv.FormatUint(s.DiskBytes, 10))
+	}
 	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
@@ -108,6 +113,7 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	labels[labelPidsLimit] = strconv.FormatUint(s.PidsLimit, 10)
 	labels[labelCPUMillis] = strconv.FormatUint(s.CPUMillis, 10)
 	labels[labelMemory] = strconv.FormatUint(s.MemoryBytes, 10)
+	labels[labelDisk] = strconv.FormatUint(s.DiskBytes, 10)
 	labels[labelUser] = fmt.Sprintf("%d:%d", s.UID, s.GID)
 	labels[labelWorkDir] = s.workDir()
 	labels[labelIdleTimeout] = s.IdleTimeout.String()
@@ -155,7 +161,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 func (sb Sandbox) Spec() SandboxSpec {
 	return SandboxSpec{
 		ID: sb.ID, Image: sb.Image, Labels: sb.Labels,
-		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes,
+		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
 	}

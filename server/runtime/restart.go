@@ -10,17 +10,24 @@ import (
 	"github.com/containerd/errdefs"
 )
 
-// ErrTaskRunning means a sandbox's task is running when an operation needs
-// it stopped.
-var ErrTaskRunning = errors.New("task is running")
+var (
+	// ErrTaskRunning means a sandbox's task is running when an operation
+	// needs it stopped.
+	ErrTaskRunning = errors.New("task is running")
+	// ErrTaskReplaced means the sandbox's task is another one than the
+	// operation was about: the sandbox was deleted and made anew meanwhile.
+	ErrTaskReplaced = errors.New("task replaced")
+)
 
-// RestartTask starts a new task for the sandbox id whose task has exited:
-// it deletes the exited task and starts a new one from the same container,
-// so the sandbox keeps its filesystem (the container's snapshot) and gets a
-// fresh agent as PID 1, with a new pid namespace, network namespace and boot
-// id. It returns the new task's host pid. It fails with ErrSandboxNotFound
-// when the container is gone and ErrTaskRunning when its task runs.
-func (r *Runtime) RestartTask(ctx context.Context, id string) (uint32, error) {
+// RestartTask starts a new task for the sandbox id whose task, with host pid
+// exited, has exited: it deletes the exited task and starts a new one from
+// the same container, so the sandbox keeps its filesystem (the container's
+// snapshot) and gets a fresh agent as PID 1, with a new pid namespace,
+// network namespace and boot id. It returns the new task's host pid. It
+// fails with ErrSandboxNotFound when the container is gone, ErrTaskReplaced
+// when its task is not the one with pid exited, and ErrTaskRunning when its
+// task runs.
+func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (uint32, error) {
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return 0, r.containerError(id, err)
@@ -28,6 +35,9 @@ func (r *Runtime) RestartTask(ctx context.Context, id string) (uint32, error) {
 	task, err := container.Task(ctx, nil)
 	switch {
 	case err == nil:
+		if exited != 0 && task.Pid() != exited {
+			return 0, fmt.Errorf("%w: sandbox %s runs task pid %d, not %d", ErrTaskReplaced, id, task.Pid(), exited)
+		}
 		st, err := task.Status(ctx)
 		if err != nil && !errdefs.IsNotFound(err) {
 			return 0, fmt.Errorf("task status %s: %w", id, err)

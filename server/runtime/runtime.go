@@ -22,6 +22,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-sandbox/berth/server/runtime/qgroup"
 )
 
 // Label keys berthd stores on every sandbox container. Keys with the
@@ -34,6 +36,7 @@ const (
 	labelPidsLimit = LabelPrefix + "pids-limit"
 	labelCPUMillis = LabelPrefix + "cpu-millis"
 	labelMemory    = LabelPrefix + "memory-bytes"
+	labelDisk      = LabelPrefix + "disk-bytes"
 	// More of the record: labels.go.
 )
 
@@ -72,6 +75,9 @@ type Config struct {
 	// Namespace is berthd's containerd namespace. Default "berth".
 	Namespace string
 	// Snapshotter is the containerd snapshotter. Default "overlayfs".
+	// Sandboxes get disk quotas (SandboxSpec.DiskBytes) only with "btrfs",
+	// whose root containerd must have on a btrfs with quotas enabled
+	// (scripts/btrfs-quota.sh); see DiskQuota.
 	Snapshotter string
 	// StateDir is the host directory holding one directory per sandbox
 	// with the agent's socket and log. Sandbox socket paths must stay under
@@ -111,11 +117,16 @@ func (c *Config) setDefaults() {
 type Runtime struct {
 	cfg    Config
 	client *containerd.Client
+	// quota sets sandboxes' disk quotas; nil when quotaErr says why
+	// there are none.
+	quota    *qgroup.FS
+	quotaErr error
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
 // works in cfg.Namespace. It fails when containerd does not answer within
-// ctx or the agent binary is missing.
+// ctx or the agent binary is missing. Whether sandboxes can get disk quotas
+// is found out here too: see DiskQuota.
 func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	cfg.setDefaults()
 	if cfg.Address == "" {
@@ -137,11 +148,24 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		client.Close()
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
 	}
-	return &Runtime{cfg: cfg, client: client}, nil
+	r := &Runtime{cfg: cfg, client: client}
+	if r.quota, err = r.openDiskQuota(ctx); err != nil {
+		if !errors.Is(err, ErrDiskQuotaUnsupported) {
+			client.Close()
+			return nil, err
+		}
+		r.quotaErr = err
+	}
+	return r, nil
 }
 
 // Close closes the connection to containerd. Sandboxes keep running.
-func (r *Runtime) Close() error { return r.client.Close() }
+func (r *Runtime) Close() error {
+	if r.quota != nil {
+		r.quota.Close()
+	}
+	return r.client.Close()
+}
 
 // Namespace returns the containerd namespace the runtime works in.
 func (r *Runtime) Namespace() string { return r.cfg.Namespace }
@@ -161,6 +185,11 @@ type SandboxSpec struct {
 	CPUMillis uint64
 	// MemoryBytes caps memory in bytes, swap included; zero means no cap.
 	MemoryBytes uint64
+	// DiskBytes caps the bytes the sandbox's writable layer holds beyond
+	// its image (data and metadata, btrfs quota group "exclusive" bytes),
+	// and, in the agent, the file bytes one Upload or WriteFile may
+	// store; zero means no cap. Non-zero needs DiskQuota() == nil.
+	DiskBytes uint64
 	// Env is added to the process environment of the agent and so of every
 	// process in the sandbox. Values go into the OCI spec only: labels keep
 	// the keys and a hash.
@@ -188,11 +217,12 @@ type Sandbox struct {
 	Image     string
 	Labels    map[string]string
 	CreatedAt time.Time
-	// PidsLimit, CPUMillis and MemoryBytes are the limits the sandbox was
-	// created with, as in SandboxSpec.
+	// PidsLimit, CPUMillis, MemoryBytes and DiskBytes are the limits the
+	// sandbox was created with, as in SandboxSpec.
 	PidsLimit   uint64
 	CPUMillis   uint64
 	MemoryBytes uint64
+	DiskBytes   uint64
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
 	// in SandboxSpec.
 	UID, GID    uint32
@@ -236,9 +266,11 @@ func (r *Runtime) LogPath(id string) string {
 }
 
 // Create creates the sandbox container and starts its task with the agent
-// as PID 1. It does not wait for the agent to answer. It fails with
-// ErrImageNotFound when the image is not stored and ErrSandboxExists when
-// the id is taken; on any failure it removes what it created.
+// as PID 1, its writable snapshot capped at spec.DiskBytes. It does not
+// wait for the agent to answer. It fails with ErrImageNotFound when the
+// image is not stored, ErrSandboxExists when the id is taken and
+// ErrDiskQuotaUnsupported when a disk quota is asked for and cannot be set;
+// on any failure it removes what it created.
 func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	image, err := r.client.GetImage(ctx, spec.Image)
 	if err != nil {
@@ -293,6 +325,14 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 			}
 		}
 	}()
+
+	// The limit is in place before the task, and so anything in the
+	// sandbox, runs.
+	if spec.DiskBytes > 0 {
+		if err := r.limitDisk(ctx, spec.ID, spec.DiskBytes); err != nil {
+			return fmt.Errorf("disk quota of sandbox %s: %w", spec.ID, err)
+		}
+	}
 
 	task, err := container.NewTask(ctx, cio.LogFile(r.LogPath(spec.ID)))
 	if err != nil {
@@ -359,6 +399,7 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		oci.WithAmbientCapabilities(nil),
 		oci.WithNoNewPrivileges,
 		seccomp.WithDefaultProfile(),
+		withQuotaSafeIoctls,
 		oci.WithPidsLimit(int64(spec.PidsLimit + AgentPidsReserve)),
 	}
 	if len(spec.Env) > 0 {
@@ -394,6 +435,9 @@ func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	}
 	if r.cfg.TraceAgents {
 		args = append(args, "--trace")
+	}
+	if spec.DiskBytes > 0 {
+		args = append(args, "--disk-bytes", strconv.FormatUint(spec.DiskBytes, 10))
 	}
 	return args
 }
@@ -483,6 +527,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	sb.PidsLimit, _ = strconv.ParseUint(labels[labelPidsLimit], 10, 64)
 	sb.CPUMillis, _ = strconv.ParseUint(labels[labelCPUMillis], 10, 64)
 	sb.MemoryBytes, _ = strconv.ParseUint(labels[labelMemory], 10, 64)
+	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
 	sb.decodeLabels(labels)
 	if task, err := c.Task(ctx, nil); err == nil {
 		sb.TaskPID = task.Pid()

@@ -21,11 +21,23 @@ type Usage struct {
 	MemoryPeakBytes uint64
 	// Pids is the number of processes and threads.
 	Pids uint64
+	// DiskBytes is what the sandbox's disk quota counts: the bytes its
+	// writable layer holds beyond its image. Zero when disk quotas are
+	// not available (Runtime.DiskQuota) or could not be read.
+	DiskBytes uint64
 }
 
 // Usage reads the sandbox task's metrics from containerd (cgroup v1 or v2
-// stats, as the shim reports them).
+// stats, as the shim reports them) and, with disk quotas, its disk use.
 func (r *Runtime) Usage(ctx context.Context, id string) (Usage, error) {
+	u, err := r.taskUsage(ctx, id)
+	if err == nil && r.quota != nil {
+		u.DiskBytes, _ = r.diskUsed(ctx, id)
+	}
+	return u, err
+}
+
+func (r *Runtime) taskUsage(ctx context.Context, id string) (Usage, error) {
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return Usage{}, r.containerError(id, err)

@@ -155,7 +155,17 @@ type Resources struct {
 	// memory_bytes caps memory, in bytes, with no swap beyond it (memory
 	// cgroup limit and memsw limit); exceeding it invokes the OOM killer
 	// inside the sandbox.
-	MemoryBytes   uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	MemoryBytes uint64 `protobuf:"varint,3,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// disk_bytes caps, in bytes, what the sandbox may store beyond its image:
+	// files written by its processes, WriteFile and Upload, with their
+	// metadata (inodes, directories), in its writable layer. A write past it
+	// fails inside with EDQUOT ("Disk quota exceeded"); WriteFile and Upload
+	// answer RESOURCE_EXHAUSTED NO_SPACE naming the path, and refuse up front
+	// a file or archive whose size alone exceeds it (sparse files count with
+	// their apparent size). Needs a server with disk quotas (the btrfs
+	// snapshotter); on one without, a non-zero value is FAILED_PRECONDITION
+	// DISK_QUOTA_UNSUPPORTED.
+	DiskBytes     uint64 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -211,6 +221,13 @@ func (x *Resources) GetMemoryBytes() uint64 {
 	return 0
 }
 
+func (x *Resources) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
+}
+
 // SandboxUsage is what a running sandbox uses now, from its cgroup (containerd
 // task metrics).
 type SandboxUsage struct {
@@ -226,7 +243,11 @@ type SandboxUsage struct {
 	// included.
 	MemoryPeakBytes uint64 `protobuf:"varint,3,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3" json:"memory_peak_bytes,omitempty"`
 	// pids is the number of processes and threads now.
-	Pids          uint64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	Pids uint64 `protobuf:"varint,4,opt,name=pids,proto3" json:"pids,omitempty"`
+	// disk_bytes is what resources.disk_bytes counts now: the bytes the
+	// sandbox's writable layer holds beyond its image, metadata included.
+	// Zero on a server without disk quotas.
+	DiskBytes     uint64 `protobuf:"varint,5,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -285,6 +306,13 @@ func (x *SandboxUsage) GetMemoryPeakBytes() uint64 {
 func (x *SandboxUsage) GetPids() uint64 {
 	if x != nil {
 		return x.Pids
+	}
+	return 0
+}
+
+func (x *SandboxUsage) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
 	}
 	return 0
 }
@@ -1225,18 +1253,22 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"l\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
 	"\n" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\"\xa7\x01\n" +
+	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\"\xc6\x01\n" +
 	"\fSandboxUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +
 	"\x11memory_peak_bytes\x18\x03 \x01(\x04R\x0fmemoryPeakBytes\x12\x12\n" +
-	"\x04pids\x18\x04 \x01(\x04R\x04pids\"\x8b\x01\n" +
+	"\x04pids\x18\x04 \x01(\x04R\x04pids\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\x05 \x01(\x04R\tdiskBytes\"\x8b\x01\n" +
 	"\x0fRuntimeIdentity\x12\"\n" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +

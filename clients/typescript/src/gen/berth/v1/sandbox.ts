@@ -167,6 +167,18 @@ export interface Resources {
    * inside the sandbox.
    */
   memoryBytes: bigint;
+  /**
+   * disk_bytes caps, in bytes, what the sandbox may store beyond its image:
+   * files written by its processes, WriteFile and Upload, with their
+   * metadata (inodes, directories), in its writable layer. A write past it
+   * fails inside with EDQUOT ("Disk quota exceeded"); WriteFile and Upload
+   * answer RESOURCE_EXHAUSTED NO_SPACE naming the path, and refuse up front
+   * a file or archive whose size alone exceeds it (sparse files count with
+   * their apparent size). Needs a server with disk quotas (the btrfs
+   * snapshotter); on one without, a non-zero value is FAILED_PRECONDITION
+   * DISK_QUOTA_UNSUPPORTED.
+   */
+  diskBytes: bigint;
 }
 
 /**
@@ -194,6 +206,12 @@ export interface SandboxUsage {
   memoryPeakBytes: bigint;
   /** pids is the number of processes and threads now. */
   pids: bigint;
+  /**
+   * disk_bytes is what resources.disk_bytes counts now: the bytes the
+   * sandbox's writable layer holds beyond its image, metadata included.
+   * Zero on a server without disk quotas.
+   */
+  diskBytes: bigint;
 }
 
 /**
@@ -481,7 +499,7 @@ export interface KeepAliveResponse {
 }
 
 function createBaseResources(): Resources {
-  return { pidsLimit: 0n, cpuMillis: 0n, memoryBytes: 0n };
+  return { pidsLimit: 0n, cpuMillis: 0n, memoryBytes: 0n, diskBytes: 0n };
 }
 
 export const Resources: MessageFns<Resources> = {
@@ -503,6 +521,12 @@ export const Resources: MessageFns<Resources> = {
         throw new globalThis.Error("value provided for field message.memoryBytes of type uint64 too large");
       }
       writer.uint32(24).uint64(message.memoryBytes);
+    }
+    if (message.diskBytes !== 0n) {
+      if (BigInt.asUintN(64, message.diskBytes) !== message.diskBytes) {
+        throw new globalThis.Error("value provided for field message.diskBytes of type uint64 too large");
+      }
+      writer.uint32(32).uint64(message.diskBytes);
     }
     return writer;
   },
@@ -544,6 +568,14 @@ export const Resources: MessageFns<Resources> = {
             message.memoryBytes = reader.uint64() as bigint;
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.diskBytes = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -573,6 +605,11 @@ export const Resources: MessageFns<Resources> = {
         : isSet(object.memory_bytes)
         ? BigInt(object.memory_bytes)
         : 0n,
+      diskBytes: isSet(object.diskBytes)
+        ? BigInt(object.diskBytes)
+        : isSet(object.disk_bytes)
+        ? BigInt(object.disk_bytes)
+        : 0n,
     };
   },
 
@@ -587,6 +624,9 @@ export const Resources: MessageFns<Resources> = {
     if (message.memoryBytes !== 0n) {
       obj.memoryBytes = message.memoryBytes.toString();
     }
+    if (message.diskBytes !== 0n) {
+      obj.diskBytes = message.diskBytes.toString();
+    }
     return obj;
   },
 
@@ -600,12 +640,13 @@ export const Resources: MessageFns<Resources> = {
     message.memoryBytes = (object.memoryBytes !== undefined && object.memoryBytes !== null)
       ? BigInt(object.memoryBytes)
       : 0n;
+    message.diskBytes = (object.diskBytes !== undefined && object.diskBytes !== null) ? BigInt(object.diskBytes) : 0n;
     return message;
   },
 };
 
 function createBaseSandboxUsage(): SandboxUsage {
-  return { cpuTime: undefined, memoryBytes: 0n, memoryPeakBytes: 0n, pids: 0n };
+  return { cpuTime: undefined, memoryBytes: 0n, memoryPeakBytes: 0n, pids: 0n, diskBytes: 0n };
 }
 
 export const SandboxUsage: MessageFns<SandboxUsage> = {
@@ -630,6 +671,12 @@ export const SandboxUsage: MessageFns<SandboxUsage> = {
         throw new globalThis.Error("value provided for field message.pids of type uint64 too large");
       }
       writer.uint32(32).uint64(message.pids);
+    }
+    if (message.diskBytes !== 0n) {
+      if (BigInt.asUintN(64, message.diskBytes) !== message.diskBytes) {
+        throw new globalThis.Error("value provided for field message.diskBytes of type uint64 too large");
+      }
+      writer.uint32(40).uint64(message.diskBytes);
     }
     return writer;
   },
@@ -679,6 +726,14 @@ export const SandboxUsage: MessageFns<SandboxUsage> = {
             message.pids = reader.uint64() as bigint;
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.diskBytes = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -709,6 +764,11 @@ export const SandboxUsage: MessageFns<SandboxUsage> = {
         ? BigInt(object.memory_peak_bytes)
         : 0n,
       pids: isSet(object.pids) ? BigInt(object.pids) : 0n,
+      diskBytes: isSet(object.diskBytes)
+        ? BigInt(object.diskBytes)
+        : isSet(object.disk_bytes)
+        ? BigInt(object.disk_bytes)
+        : 0n,
     };
   },
 
@@ -725,6 +785,9 @@ export const SandboxUsage: MessageFns<SandboxUsage> = {
     }
     if (message.pids !== 0n) {
       obj.pids = message.pids.toString();
+    }
+    if (message.diskBytes !== 0n) {
+      obj.diskBytes = message.diskBytes.toString();
     }
     return obj;
   },
@@ -744,6 +807,7 @@ export const SandboxUsage: MessageFns<SandboxUsage> = {
       ? BigInt(object.memoryPeakBytes)
       : 0n;
     message.pids = (object.pids !== undefined && object.pids !== null) ? BigInt(object.pids) : 0n;
+    message.diskBytes = (object.diskBytes !== undefined && object.diskBytes !== null) ? BigInt(object.diskBytes) : 0n;
     return message;
   },
 };
