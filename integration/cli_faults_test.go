@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,4 +141,94 @@ func TestCLICompletion(t *testing.T) {
 			t.Errorf("berth %q = %q, %q, exit %d; want it to start with %q", args, out, errOut, code, want)
 		}
 	}
+}
+
+// TestCLIHangup: killing or hanging up `berth exec -t` left the remote
+// shell running until its timeout, keeping its sandbox from idling out
+// (issue 12). berthd now sends SIGHUP to the exec's process group when the
+// caller of a -t exec goes away, as sshd does; --detach-on-hangup keeps the
+// old behavior.
+func TestCLIHangup(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	script := `trap "echo hup >> /workspace/hup-$0; exit 0" HUP; sleep 600 & wait`
+
+	// startExec runs berth exec -t with the script (named name) and
+	// returns once the exec runs in the sandbox.
+	startExec := func(name string, flags ...string) *exec.Cmd {
+		args := append([]string{"--addr", env.berthdAddr, "exec", "-t"}, flags...)
+		cmd := exec.Command(env.cliBinary, append(args, id, "--", "sh", "-c", script, name)...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		for {
+			resp, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range resp.GetExecs() {
+				if x.GetState() == berthv1.ExecState_EXEC_STATE_RUNNING && strings.Contains(strings.Join(x.GetArgv(), " "), name) {
+					return cmd
+				}
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the exec of %s never ran", name)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	hungUp := func(name string) bool {
+		out := run(t, id, "sh", "-c", "cat /workspace/hup-"+name+" 2>/dev/null; true")
+		return string(out.GetStdout()) == "hup\n"
+	}
+	waitHungUp := func(name string) {
+		for !hungUp(name) {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s: the remote shell got no SIGHUP", name)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+
+	t.Run("berth killed", func(t *testing.T) {
+		cmd := startExec("killed")
+		cmd.Process.Kill()
+		waitHungUp("killed")
+	})
+	t.Run("terminal hangup", func(t *testing.T) {
+		cmd := startExec("hangup")
+		cmd.Process.Signal(syscall.SIGHUP)
+		if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 129 {
+			t.Errorf("berth exec -t after SIGHUP: %v, exit %d; want 129", err, cmd.ProcessState.ExitCode())
+		}
+		waitHungUp("hangup")
+	})
+	t.Run("detach on hangup", func(t *testing.T) {
+		cmd := startExec("detached", "--detach-on-hangup")
+		cmd.Process.Signal(syscall.SIGHUP)
+		cmd.Wait()
+		// A hangup would have come before berthd answered this round
+		// trip: the handler signals as it returns.
+		if hungUp("detached") {
+			t.Errorf("--detach-on-hangup: the remote shell got SIGHUP")
+		}
+		resp, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		running := 0
+		for _, x := range resp.GetExecs() {
+			if x.GetState() == berthv1.ExecState_EXEC_STATE_RUNNING && strings.Contains(strings.Join(x.GetArgv(), " "), "detached") {
+				running++
+			}
+		}
+		if running != 1 {
+			t.Errorf("--detach-on-hangup: %d execs of the detached shell run, want 1", running)
+		}
+	})
 }

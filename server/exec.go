@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -48,6 +49,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		execID     string
 		opening    *agentv1.ExecRequest
 		background bool
+		hangup     bool // SIGHUP to the exec when the caller goes away
 	)
 	switch ev := first.GetEvent().(type) {
 	case *berthv1.ExecRequest_Start:
@@ -63,6 +65,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			return err
 		}
 		background = ev.Start.GetBackground()
+		hangup = ev.Start.GetHangupOnDisconnect() && !background
 		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess(), Background: background}}}
 	case *berthv1.ExecRequest_Attach:
 		sandboxID = ev.Attach.GetSandboxId()
@@ -115,6 +118,9 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 				// The agent ends a background start after started.
 				return nil
 			}
+			if hangup && started && ctx.Err() != nil {
+				s.hangUp(ctx, guard, execID)
+			}
 			return s.toStatus(ctx, publicExecFields(guard.failed(ctx, err), isStart), meta)
 		}
 		guard.seen(msg)
@@ -129,6 +135,17 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			trace.SpanFromContext(ctx).SetAttributes(attribute.Int("berth.exec.exit_code", int(ex.GetResult().GetExitCode())))
 			return nil
 		}
+	}
+}
+
+// hangUp sends SIGHUP to the process group of execID, whose caller went
+// away (ctx ended) before it exited: its hangup_on_disconnect asked for
+// what a terminal hangup does. At best effort, within the connect budget.
+func (s *Service) hangUp(ctx context.Context, guard *execGuard, execID string) {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ConnectBudget)
+	defer cancel()
+	if _, err := guard.agent.SignalExec(hctx, &agentv1.SignalExecRequest{ExecId: execID, Signal: "HUP"}); err != nil {
+		s.log.WarnContext(ctx, "hang up exec whose caller went away", slog.String("sandbox_id", guard.sandboxID), slog.String("exec_id", execID), slog.Any("error", err))
 	}
 }
 

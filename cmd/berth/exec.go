@@ -68,7 +68,7 @@ and 125 when berth itself fails.`,
 				if f.detach {
 					return detach(ctx, g, c, sandboxID, spec, f.execID, cmd.OutOrStdout())
 				}
-				return execute(ctx, g, c, relay, sandboxID, spec, f.execID, stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
+				return execute(ctx, g, c, relay, sandboxID, spec, f.execID, f.execOptions(), stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 			})
 		},
 	}
@@ -96,9 +96,9 @@ func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string,
 // size changes forwarded. It returns the command's exit status as an
 // exitStatus, or why berth failed. Notices about the run (lost output, a
 // timeout, an OOM kill, truncation) go to stderr.
-func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, spec *berthv1.ProcessSpec, execID string, stdin io.Reader, stdout, stderr io.Writer, tty *terminal) error {
+func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, spec *berthv1.ProcessSpec, execID string, extra []client.ExecOption, stdin io.Reader, stdout, stderr io.Writer, tty *terminal) error {
 	start := func(ctx context.Context, opts ...client.ExecOption) (*client.Execution, error) {
-		return c.Exec(ctx, sandboxID, spec, append(opts, client.WithExecID(execID))...)
+		return c.Exec(ctx, sandboxID, spec, append(append(opts, extra...), client.WithExecID(execID))...)
 	}
 	return follow(ctx, g, c, relay, sandboxID, start, stdin, stdout, stderr, tty)
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/term"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -46,6 +47,8 @@ type processFlags struct {
 	noStdin bool
 	// outputLimit caps each output stream, in bytes; 0: berthd's default.
 	outputLimit uint64
+	// detachOnHangup leaves a -t command running when berth goes away.
+	detachOnHangup bool
 	// interactive forwards stdin even from a terminal; tty runs the command
 	// on a terminal; detach starts it in the background (berth exec only).
 	interactive, tty, detach bool
@@ -65,6 +68,7 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.BoolVar(&f.noStdin, "no-stdin", false, "do not forward standard input; the command reads /dev/null")
 	fs.Uint64Var(&f.outputLimit, "output-limit", 0, "keep at most this many `bytes` of stdout and of stderr each (default and maximum: berthd's, 16 MiB and 64 MiB); beyond it output is counted and discarded, and berth says so")
 	fs.BoolVarP(&f.interactive, "interactive", "i", false, "forward standard input also when it is a terminal")
+	fs.BoolVar(&f.detachOnHangup, "detach-on-hangup", false, "with -t, leave the command running when berth's terminal hangs up or berth dies (default: the command's process group gets SIGHUP, as over ssh)")
 	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
 	if withExecID {
 		fs.BoolVarP(&f.detach, "detach", "d", false, "start the command in the background, print its exec id and exit")
@@ -143,4 +147,14 @@ func (f *processFlags) setup(spec *berthv1.ProcessSpec, stdin, stdout *os.File) 
 		spec.Env["TERM"] = v
 	}
 	return in, t
+}
+
+// execOptions are the client options the flags ask for: with -t, berthd
+// hangs the command up (SIGHUP to its process group) when berth goes away,
+// unless --detach-on-hangup.
+func (f *processFlags) execOptions() []client.ExecOption {
+	if f.tty && !f.detachOnHangup {
+		return []client.ExecOption{client.WithHangupOnDisconnect()}
+	}
+	return nil
 }

@@ -408,9 +408,17 @@ type ExecStart struct {
 	// retained for ExecAttach, ListExecs lists it and SignalExec (or an attach
 	// stream) signals it. With process.stdin its standard input stays open
 	// until an attach stream closes it or the process exits.
-	Background    bool `protobuf:"varint,4,opt,name=background,proto3" json:"background,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Background bool `protobuf:"varint,4,opt,name=background,proto3" json:"background,omitempty"`
+	// hangup_on_disconnect, when true, sends SIGHUP to the exec's process
+	// group when this stream breaks (the caller went away: its process was
+	// killed, its terminal hung up, its connection dropped) while the exec
+	// runs, as a terminal hangup does for ssh. A stream that ends after
+	// ExecExited, or a background start, sends nothing. The berth CLI sets it
+	// for `exec -t` unless --detach-on-hangup. Default: the exec runs on,
+	// to be attached again.
+	HangupOnDisconnect bool `protobuf:"varint,5,opt,name=hangup_on_disconnect,json=hangupOnDisconnect,proto3" json:"hangup_on_disconnect,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -467,6 +475,13 @@ func (x *ExecStart) GetProcess() *ProcessSpec {
 func (x *ExecStart) GetBackground() bool {
 	if x != nil {
 		return x.Background
+	}
+	return false
+}
+
+func (x *ExecStart) GetHangupOnDisconnect() bool {
+	if x != nil {
+		return x.HangupOnDisconnect
 	}
 	return false
 }
@@ -1999,7 +2014,7 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
 	"\aTtySize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x94\x01\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xc6\x01\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -2007,7 +2022,8 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\aprocess\x18\x03 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +
 	"\n" +
 	"background\x18\x04 \x01(\bR\n" +
-	"background\"a\n" +
+	"background\x120\n" +
+	"\x14hangup_on_disconnect\x18\x05 \x01(\bR\x12hangupOnDisconnect\"a\n" +
 	"\n" +
 	"ExecAttach\x12\x1d\n" +
 	"\n" +

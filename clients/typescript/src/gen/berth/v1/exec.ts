@@ -251,6 +251,16 @@ export interface ExecStart {
    * until an attach stream closes it or the process exits.
    */
   background: boolean;
+  /**
+   * hangup_on_disconnect, when true, sends SIGHUP to the exec's process
+   * group when this stream breaks (the caller went away: its process was
+   * killed, its terminal hung up, its connection dropped) while the exec
+   * runs, as a terminal hangup does for ssh. A stream that ends after
+   * ExecExited, or a background start, sends nothing. The berth CLI sets it
+   * for `exec -t` unless --detach-on-hangup. Default: the exec runs on,
+   * to be attached again.
+   */
+  hangupOnDisconnect: boolean;
 }
 
 /**
@@ -1044,7 +1054,7 @@ export const TtySize: MessageFns<TtySize> = {
 };
 
 function createBaseExecStart(): ExecStart {
-  return { sandboxId: "", execId: "", process: undefined, background: false };
+  return { sandboxId: "", execId: "", process: undefined, background: false, hangupOnDisconnect: false };
 }
 
 export const ExecStart: MessageFns<ExecStart> = {
@@ -1060,6 +1070,9 @@ export const ExecStart: MessageFns<ExecStart> = {
     }
     if (message.background !== false) {
       writer.uint32(32).bool(message.background);
+    }
+    if (message.hangupOnDisconnect !== false) {
+      writer.uint32(40).bool(message.hangupOnDisconnect);
     }
     return writer;
   },
@@ -1109,6 +1122,14 @@ export const ExecStart: MessageFns<ExecStart> = {
             message.background = reader.bool();
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.hangupOnDisconnect = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1135,6 +1156,11 @@ export const ExecStart: MessageFns<ExecStart> = {
         : "",
       process: isSet(object.process) ? ProcessSpec.fromJSON(object.process) : undefined,
       background: isSet(object.background) ? globalThis.Boolean(object.background) : false,
+      hangupOnDisconnect: isSet(object.hangupOnDisconnect)
+        ? globalThis.Boolean(object.hangupOnDisconnect)
+        : isSet(object.hangup_on_disconnect)
+        ? globalThis.Boolean(object.hangup_on_disconnect)
+        : false,
     };
   },
 
@@ -1152,6 +1178,9 @@ export const ExecStart: MessageFns<ExecStart> = {
     if (message.background !== false) {
       obj.background = message.background;
     }
+    if (message.hangupOnDisconnect !== false) {
+      obj.hangupOnDisconnect = message.hangupOnDisconnect;
+    }
     return obj;
   },
 
@@ -1166,6 +1195,7 @@ export const ExecStart: MessageFns<ExecStart> = {
       ? ProcessSpec.fromPartial(object.process)
       : undefined;
     message.background = object.background ?? false;
+    message.hangupOnDisconnect = object.hangupOnDisconnect ?? false;
     return message;
   },
 };
