@@ -30,6 +30,7 @@ import (
 	"github.com/berth-sandbox/berth/agent/files"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/version"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -63,6 +64,18 @@ type Config struct {
 	// handler).
 	ServerOptions []grpc.ServerOption
 
+	// LoginEnv gives every process the workload user's login environment
+	// on top of Env: HOME, USER, LOGNAME and SHELL from the image's
+	// /etc/passwd, and PATH when Env has none (see loginEnv). berthd sets
+	// it; an agent run by hand leaves Env as it is.
+	LoginEnv bool
+	// KeepHome says that Env's HOME was set on purpose (by the image's
+	// config or the sandbox's env) and wins over /etc/passwd; otherwise it
+	// is runc's default for the agent's own user and LoginEnv replaces it.
+	KeepHome bool
+	// NameHost makes /etc/hosts resolve the sandbox's hostname at start
+	// (see nameHost). berthd sets it; never on a host.
+	NameHost bool
 	// UID and GID are the workload user: processes run as it (setuid and
 	// setgid before execve, supplementary groups cleared) and files are
 	// created as it. Default 0 and 0: root, without capabilities.
@@ -238,6 +251,10 @@ func New(cfg Config) (*Server, error) {
 		s.workDir = "/"
 	}
 	ownWorkDir(s.workDir, cfg.UID, cfg.GID, s.log)
+	if cfg.NameHost {
+		host, _ := os.Hostname()
+		nameHost(s.log, "/etc/hosts", host)
+	}
 	selfCgroup, _ := os.ReadFile("/proc/self/cgroup")
 	s.oom = findOOMCounter(cgroupRoot, selfCgroup)
 	return s, nil
@@ -313,7 +330,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	go func() { defer bg.Done(); s.janitor(bgCtx) }()
 
 	// berthd may ping idle connections to detect a dead sandbox early.
-	gs := grpc.NewServer(append(s.cfg.ServerOptions, grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
+	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
 	agentv1.RegisterAgentServiceServer(gs, s)
 	agentv1.RegisterFileServiceServer(gs, s.fileService())
 	served := make(chan error, 1)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/agent/ring"
@@ -390,7 +391,7 @@ wait:
 		p.fill(res)
 	}
 	e.finish(res)
-	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "exit_code", res.ExitCode,
+	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "exit_code", res.GetExitCode(),
 		"signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
 }
 
@@ -406,6 +407,7 @@ func (s *Server) logSignalErr(e *execution, err error) {
 // (getrusage(2)).
 func resultOf(st exitStatus, start time.Time) *berthv1.ExecResult {
 	res := &berthv1.ExecResult{
+		ExitCode:    proto.Int32(0),
 		Duration:    durationpb.New(st.at.Sub(start)),
 		UserCpu:     durationpb.New(time.Duration(st.ru.Utime.Nano())),
 		SystemCpu:   durationpb.New(time.Duration(st.ru.Stime.Nano())),
@@ -413,10 +415,10 @@ func resultOf(st exitStatus, start time.Time) *berthv1.ExecResult {
 	}
 	switch {
 	case st.ws.Exited():
-		res.ExitCode = int32(st.ws.ExitStatus())
+		res.ExitCode = proto.Int32(int32(st.ws.ExitStatus()))
 	case st.ws.Signaled():
 		sig := st.ws.Signal()
-		res.ExitCode = 128 + int32(sig)
+		res.ExitCode = proto.Int32(128 + int32(sig))
 		res.Signal = unix.SignalName(sig)
 		if res.Signal == "" {
 			res.Signal = fmt.Sprintf("SIG%d", int(sig))

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -41,7 +42,10 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		pumps, stderr = pumps[:1], stdout
 	}
 
-	path, err := lookPath(p.argv[0], envPath(p.env))
+	path, err := p.prog, error(nil)
+	if path == "" {
+		path, err = lookPath(p.argv[0], envPath(p.env))
+	}
 	if err != nil {
 		s.cannotRun(e, p, stderr, err)
 		return e, nil
@@ -186,7 +190,7 @@ func (s *Server) cannotRun(e *execution, p *plan, stderr *pump, err error) {
 	e.setStarted(0, p)
 	e.stdin, e.tty = nil, nil // nothing reads it; stdin messages are dropped
 	stderr.write([]byte(fmt.Sprintf("berth-agent: %s: %s\n", p.argv[0], msg)))
-	res := &berthv1.ExecResult{ExitCode: code, Duration: durationpb.New(0), UserCpu: durationpb.New(0), SystemCpu: durationpb.New(0)}
+	res := &berthv1.ExecResult{ExitCode: proto.Int32(code), Duration: durationpb.New(0), UserCpu: durationpb.New(0), SystemCpu: durationpb.New(0)}
 	stderr.fill(res)
 	e.finish(res)
 	s.log.Info("exec could not run", "exec_id", e.id, "program", p.argv[0], "exit_code", code, "err", err)

@@ -24,6 +24,7 @@ import (
 // defaults applied and bounds clamped.
 type plan struct {
 	argv        []string // argv[0] is not yet resolved in PATH
+	prog        string   // the program to run, when not argv[0] looked up in PATH
 	env         []string // KEY=value, the base environment plus the start's
 	dir         string   // absolute working directory, checked to exist
 	stdin       bool
@@ -88,7 +89,8 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec) (*plan, error) {
 		}
 		switch sh := spec.GetShell(); sh {
 		case berthv1.Shell_SHELL_UNSPECIFIED, berthv1.Shell_SHELL_SH:
-			p.argv = []string{"/bin/sh", "-c", cmd}
+			// argv[0] "sh", as `sh -c` gives it: its messages say "sh: ...".
+			p.argv, p.prog = []string{"sh", "-c", cmd}, "/bin/sh"
 		case berthv1.Shell_SHELL_BASH:
 			p.argv = []string{"bash", "-c", cmd}
 		default:
@@ -96,7 +98,11 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec) (*plan, error) {
 		}
 	}
 
-	env, err := mergeEnv(s.cfg.Env, spec.GetEnv())
+	base := s.cfg.Env
+	if s.cfg.LoginEnv {
+		base = s.loginEnv(base)
+	}
+	env, err := mergeEnv(base, spec.GetEnv())
 	if err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/local"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -162,7 +163,7 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		}
 		creds = credentials.NewTLS(tc)
 	}
-	dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithKeepaliveParams(cfg.keepalive)}
+	dialOpts := append(wire.DialOptions(), grpc.WithTransportCredentials(creds), grpc.WithKeepaliveParams(cfg.keepalive))
 	if cfg.token != "" {
 		dialOpts = append(dialOpts, grpc.WithPerRPCCredentials(bearerToken{token: cfg.token, secure: !cfg.insecure}))
 	}

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/berth-sandbox/berth/client"
@@ -649,7 +650,7 @@ func TestRun(t *testing.T) {
 	}
 	want := &berthv1.RunResponse{
 		ExecId: "run-7",
-		Result: &berthv1.ExecResult{StdoutBytes: 5, StderrBytes: 4},
+		Result: &berthv1.ExecResult{ExitCode: proto.Int32(0), StdoutBytes: 5, StderrBytes: 4},
 		Stdout: []byte("out\x00\xff"),
 		Stderr: []byte("err\n"),
 	}

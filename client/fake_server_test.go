@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -165,7 +166,7 @@ func (s *fakeSandboxes) Run(_ context.Context, req *berthv1.RunRequest) (*berthv
 	}
 	return &berthv1.RunResponse{
 		ExecId: cmpOr(req.GetExecId(), "exec-1"),
-		Result: &berthv1.ExecResult{ExitCode: 0, StdoutBytes: 5, StderrBytes: 4},
+		Result: &berthv1.ExecResult{ExitCode: proto.Int32(0), StdoutBytes: 5, StderrBytes: 4},
 		Stdout: []byte("out\x00\xff"),
 		Stderr: []byte("err\n"),
 	}, nil
@@ -220,7 +221,7 @@ const (
 
 // bytesResult is the result of the "bytes" process.
 var bytesResult = &berthv1.ExecResult{
-	ExitCode:    3,
+	ExitCode:    proto.Int32(3),
 	Duration:    durationpb.New(1500 * time.Millisecond),
 	StdoutBytes: 8,
 	StderrBytes: 15,
@@ -309,7 +310,7 @@ func (s *fakeSandboxes) start(stream execStream, start *berthv1.ExecStart) error
 	case "cat", "sleep":
 		return interact(x, argv[0])
 	}
-	return stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: 127}))
+	return stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: proto.Int32(127)}))
 }
 
 var signalNumbers = map[string]int32{"INT": 2, "TERM": 15, "USR1": 10}
@@ -374,7 +375,7 @@ func interact(x *session, name string) error {
 				if err := x.out(stderr, report); err != nil {
 					return err
 				}
-				return x.stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: 0}))
+				return x.stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: proto.Int32(0)}))
 			case *berthv1.ExecRequest_Signal:
 				n, ok := signalNumbers[strings.TrimPrefix(strings.ToUpper(ev.Signal.GetSignal()), "SIG")]
 				if !ok {
@@ -383,7 +384,7 @@ func interact(x *session, name string) error {
 				signals++
 				if name == "sleep" {
 					return x.stream.Send(exitedEvent(&berthv1.ExecResult{
-						ExitCode: 128 + n,
+						ExitCode: proto.Int32(128 + n),
 						Signal:   "SIG" + strings.TrimPrefix(strings.ToUpper(ev.Signal.GetSignal()), "SIG"),
 					}))
 				}
@@ -434,7 +435,7 @@ func (s *fakeSandboxes) attach(stream execStream, a *berthv1.ExecAttach) error {
 			return err
 		}
 	}
-	return stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: 0, StdoutBytes: 18, StderrBytes: 5}))
+	return stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: proto.Int32(0), StdoutBytes: 18, StderrBytes: 5}))
 }
 
 // fakeExecs are the execs ListExecs reports for "sb-1".

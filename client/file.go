@@ -10,9 +10,10 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
-// fileChunkBytes is the size of the chunks WriteFile and Upload send; the
-// API allows up to 2 MiB.
-const fileChunkBytes = 256 << 10
+// fileChunkBytes is the size of the chunks WriteFile and Upload send (the
+// API allows up to 2 MiB): just under 1 MiB, so that a chunk's message
+// fits grpc-go's 1 MiB buffer-pool tier (see agent/files.chunkBytes).
+const fileChunkBytes = 1<<20 - 16
 
 // Reason tokens of file operations; Error.Metadata["path"] names the path
 // (invalid UTF-8 bytes escaped as \xNN).
@@ -94,6 +95,12 @@ func WithAppend() FileOption {
 // when the reader yields more or fewer. WriteFile.
 func WithSize(n uint64) FileOption {
 	return func(c *fileConfig) { c.header.SizeBytes = &n }
+}
+
+// WithSHA256 asks berthd for the SHA-256 of the written content, in
+// WriteFileResponse.Sha256 (empty without it). WriteFile.
+func WithSHA256() FileOption {
+	return func(c *fileConfig) { c.header.WantSha256 = true }
 }
 
 // WithRange reads limit bytes from offset (limit 0: to the end). ReadFile.
@@ -179,8 +186,8 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 
 // WriteFile stores what r yields at path in the sandbox (by default an
 // atomic replace, owned by the workload user) and returns berthd's answer,
-// which comes once the data is on disk: the bytes written and their
-// SHA-256. When reading r fails the write is abandoned (nothing is stored)
+// which comes once the data is on disk: the bytes written, and their
+// SHA-256 with WithSHA256. When reading r fails the write is abandoned (nothing is stored)
 // and the read error is returned wrapped.
 func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Reader, opts ...FileOption) (*berthv1.WriteFileResponse, error) {
 	cfg := fileOptions(opts)

@@ -86,8 +86,9 @@ func wantFileError(t *testing.T, err error, code codes.Code, reason, path string
 }
 
 // TestFilesRoundTrip writes random binary files through the public API,
-// reads them back, and checks the SHA-256 three ways: the write response,
-// the bytes read back, and sha256sum inside the sandbox.
+// reads them back, and checks the SHA-256 three ways: the write response
+// (asked for with WithSHA256; a write that did not ask gets none), the
+// bytes read back, and sha256sum inside the sandbox.
 func TestFilesRoundTrip(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
@@ -97,6 +98,10 @@ func TestFilesRoundTrip(t *testing.T) {
 		want := hexSHA(data)
 		path := "/workspace/rt/data.bin"
 		resp, err := c.WriteFile(fileCtx(t), sb.GetId(), path, bytes.NewReader(data), client.WithCreateParents())
+		if err != nil || resp.GetWrittenBytes() != uint64(size) || resp.GetSha256() != "" {
+			t.Fatalf("WriteFile %d bytes without WithSHA256 = %v, %v; want %d bytes, no sha256", size, resp, err, size)
+		}
+		resp, err = c.WriteFile(fileCtx(t), sb.GetId(), path, bytes.NewReader(data), client.WithSHA256())
 		if err != nil {
 			t.Fatalf("WriteFile %d bytes: %v", size, err)
 		}

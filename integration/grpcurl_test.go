@@ -64,15 +64,16 @@ func TestGrpcurl(t *testing.T) {
 	var resp struct {
 		Stdout string `json:"stdout"`
 		Result struct {
-			ExitCode int `json:"exitCode"`
+			ExitCode *int `json:"exitCode"`
 		} `json:"result"`
 	}
 	if err := json.Unmarshal([]byte(out), &resp); err != nil {
 		t.Fatalf("grpcurl Run output %q: %v", out, err)
 	}
 	// bytes are base64 in protojson: "hi from grpcurl\n".
-	if resp.Stdout != "aGkgZnJvbSBncnBjdXJsCg==" || resp.Result.ExitCode != 0 {
-		t.Errorf("grpcurl Run = %q, want stdout base64 of %q and exit 0", out, "hi from grpcurl\n")
+	// exit_code has explicit presence: 0 is in the JSON too.
+	if resp.Stdout != "aGkgZnJvbSBncnBjdXJsCg==" || resp.Result.ExitCode == nil || *resp.Result.ExitCode != 0 {
+		t.Errorf("grpcurl Run = %q, want stdout base64 of %q and \"exitCode\": 0", out, "hi from grpcurl\n")
 	}
 
 	// grpcurl exits 64 + the gRPC code and prints the ErrorInfo detail.

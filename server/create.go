@@ -149,6 +149,13 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	if m := spec.MemoryBytes; m > 0 && m < minMemoryBytes {
 		return spec, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
 	}
+	spec.ShmBytes = (res.GetShmBytes() + 1023) / 1024 * 1024
+	if spec.ShmBytes == 0 {
+		spec.ShmBytes = runtime.DefaultShmBytes
+	}
+	if m := spec.MemoryBytes; m > 0 && spec.ShmBytes > m && res.GetShmBytes() != 0 {
+		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds memory_bytes %d: /dev/shm pages count against the memory limit", res.GetShmBytes(), m))
+	}
 
 	var err error
 	if spec.DiskBytes, err = s.diskBytes(res.GetDiskBytes()); err != nil {
@@ -477,6 +484,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.CPUMillis != want.CPUMillis, "resources.cpu_millis")
 	add(have.MemoryBytes != want.MemoryBytes, "resources.memory_bytes")
 	add(have.DiskBytes != want.DiskBytes, "resources.disk_bytes")
+	add(have.ShmBytes != want.ShmBytes, "resources.shm_bytes")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
@@ -509,12 +517,12 @@ func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
 		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0 &&
-		spec.DiskBytes == def.DiskBytes
+		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes
 }
 
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, DiskBytes: s.cfg.DefaultDiskBytes, WorkDir: runtime.DefaultWorkDir,
+	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, DiskBytes: s.cfg.DefaultDiskBytes, ShmBytes: runtime.DefaultShmBytes, WorkDir: runtime.DefaultWorkDir,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
 }
 

@@ -194,7 +194,7 @@ func (f *fileServer) WriteFile(stream berthv1.FileService_WriteFileServer) error
 	if err != nil {
 		return f.fail(ctx, h.GetSandboxId(), err)
 	}
-	header := &agentv1.WriteFileHeader{Path: path, Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, CreateParents: h.GetCreateParents(), WriteMode: h.GetWriteMode(), SizeBytes: h.SizeBytes}
+	header := &agentv1.WriteFileHeader{Path: path, Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, CreateParents: h.GetCreateParents(), WriteMode: h.GetWriteMode(), SizeBytes: h.SizeBytes, WantSha256: h.GetWantSha256()}
 	err = up.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Header{Header: header}})
 	if err == nil {
 		out := &agentv1.WriteFileRequest{}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
@@ -96,7 +97,7 @@ func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Ser
 	stream := []grpc.StreamServerInterceptor{logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...)}
 	stream = append(stream, cfg.auth.StreamInterceptors()...)
 	stream = append(stream, logPrincipalStream, svc.activityStream())
-	srv := grpc.NewServer(append(cfg.extra,
+	srv := grpc.NewServer(append(append(cfg.extra, wire.ServerOptions()...),
 		grpc.Creds(cfg.auth.TransportCredentials()),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),

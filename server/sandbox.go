@@ -329,7 +329,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		Image:         sb.Image,
 		State:         berthv1.SandboxState_SANDBOX_STATE_STOPPED,
 		Labels:        sb.Labels,
-		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes},
+		Resources:     &berthv1.Resources{PidsLimit: sb.PidsLimit, CpuMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes},
 		EnvKeys:       sb.EnvKeys,
 		User:          fmt.Sprintf("%d:%d", sb.UID, sb.GID),
 		Workdir:       sb.WorkDir,

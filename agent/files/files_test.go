@@ -37,17 +37,23 @@ func sha(b []byte) string {
 
 func TestWriteReadRoundTrip(t *testing.T) {
 	a := startAgent(t, "--user", "65534:65534")
-	for _, size := range []int{0, 1, 18433, 1<<20 + 1, 9 << 20} {
+	for i, size := range []int{0, 1, 18433, 1<<20 + 1, 9 << 20} {
 		t.Run("", func(t *testing.T) {
 			data := randomBytes(t, size)
 			path := filepath.Join(a.dir, "f", "data.bin")
-			resp, err := a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(path), CreateParents: true}, data)
+			// Every other write asks for the SHA-256; the others get none.
+			wantSum := i%2 == 0
+			resp, err := a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(path), CreateParents: true, WantSha256: wantSum}, data)
 			if err != nil {
 				t.Fatalf("WriteFile %d bytes: %v", size, err)
 			}
 			res := resp.GetResult()
-			if res.GetWrittenBytes() != uint64(size) || res.GetSha256() != sha(data) {
-				t.Errorf("WriteFile = %d bytes sha %s, want %d sha %s", res.GetWrittenBytes(), res.GetSha256(), size, sha(data))
+			want := ""
+			if wantSum {
+				want = sha(data)
+			}
+			if res.GetWrittenBytes() != uint64(size) || res.GetSha256() != want {
+				t.Errorf("WriteFile(want_sha256 %v) = %d bytes sha %q, want %d sha %q", wantSum, res.GetWrittenBytes(), res.GetSha256(), size, want)
 			}
 			onDisk, err := os.ReadFile(path)
 			if err != nil {

@@ -178,8 +178,8 @@ func (a *testAgent) readFile(t testing.TB, req *agentv1.ReadFileRequest) (*readR
 		if r.header == nil {
 			t.Fatal("chunk before the header")
 		}
-		if len(msg.GetChunk()) > 64<<10 {
-			t.Fatalf("chunk of %d bytes, want at most 64 KiB", len(msg.GetChunk()))
+		if len(msg.GetChunk()) > 1<<20 {
+			t.Fatalf("chunk of %d bytes, want at most 1 MiB", len(msg.GetChunk()))
 		}
 		r.data = append(r.data, msg.GetChunk()...)
 		r.chunks++

@@ -29,7 +29,8 @@ const defaultFileMode = 0o644
 // a staged copy of the missing directories beside the first of them
 // (".<name>.berth-<random>.tmp"), which one rename(2) puts in place at the
 // end: the new directories and the file appear together or not at all.
-// The response is sent only then. On any failure the temporary file and
+// The response is sent only then, with the content's SHA-256 when the
+// header asked for it. On any failure the temporary file and
 // the staged or created directories are removed.
 func (s *Service) WriteFile(stream agentv1.FileService_WriteFileServer) error {
 	first, err := stream.Recv()
@@ -76,7 +77,7 @@ type write struct {
 	staged  []string
 	top     string
 	dirFDs  []int
-	sum     hash.Hash
+	sum     hash.Hash // nil unless the header asked for the SHA-256
 	written uint64
 }
 
@@ -89,7 +90,10 @@ func (s *Service) newWrite(h *agentv1.WriteFileHeader) (*write, error) {
 	if path == "/" {
 		return nil, invalid("header.path", `"/" is a directory`)
 	}
-	w := &write{s: s, path: path, dir: filepath.Dir(path), h: h, mode: defaultFileMode, fd: -1, sum: sha256.New()}
+	w := &write{s: s, path: path, dir: filepath.Dir(path), h: h, mode: defaultFileMode, fd: -1}
+	if h.GetWantSha256() {
+		w.sum = sha256.New()
+	}
 	if h.Mode != nil {
 		if w.mode = h.GetMode(); w.mode > 0o7777 {
 			return nil, invalid("header.mode", "must be at most 07777 (permission bits, setuid, setgid, sticky)")
@@ -315,7 +319,9 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 		if err := writeAll(w.fd, data); err != nil {
 			return nil, pathError("write", w.path, err)
 		}
-		w.sum.Write(data)
+		if w.sum != nil {
+			w.sum.Write(data)
+		}
 		w.written = next
 	}
 	if h.SizeBytes != nil && w.written != h.GetSizeBytes() {
@@ -335,11 +341,11 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 	}
 	unix.Close(w.fd)
 	w.fd = -1
-	return &agentv1.WriteFileResponse{Result: &berthv1.WriteFileResponse{
-		WrittenBytes: w.written,
-		Sha256:       hex.EncodeToString(w.sum.Sum(nil)),
-		Info:         fileInfo(w.path, &st, ""),
-	}}, nil
+	resp := &berthv1.WriteFileResponse{WrittenBytes: w.written, Info: fileInfo(w.path, &st, "")}
+	if w.sum != nil {
+		resp.Sha256 = hex.EncodeToString(w.sum.Sum(nil))
+	}
+	return &agentv1.WriteFileResponse{Result: resp}, nil
 }
 
 // commit renames the temporary file over the target, or the staged

@@ -59,6 +59,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.RingBytes, "ring-bytes", d.RingBytes, fmt.Sprintf("retained event log per exec in `bytes` (each event costs its data + %d)", agent.EventOverhead))
 	fs.DurationVar(&cfg.Retention, "retention", d.Retention, "how long a finished exec stays attachable")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "silence on an exec stream before a heartbeat is sent")
+	fs.BoolVar(&cfg.LoginEnv, "login-env", false, "give processes the workload user's HOME, USER, LOGNAME and SHELL from /etc/passwd, and PATH when unset (berthd sets it)")
+	fs.BoolVar(&cfg.KeepHome, "keep-home", false, "with --login-env: the environment's HOME was set by the image or the sandbox and is kept")
+	fs.BoolVar(&cfg.NameHost, "name-host", false, "make /etc/hosts resolve the hostname at start (berthd sets it; never on a host)")
 	registerFileFlags(fs, &cfg.Files)
 	if err := fs.Parse(args); err != nil {
 		if err == flag.ErrHelp {

@@ -33,10 +33,10 @@ path, or "-" for standard input or output.
 
 As with cp(1), when the destination is an existing directory (or ends with
 "/") the source goes inside it under its own name; otherwise the source is
-copied to the destination path. Files travel as files (atomically replaced,
-SHA-256 reported by berthd; a file that changes while it is read fails the
-copy with FILE_CHANGED and leaves no local file; a download keeps the
-file's mtime). Directories travel as tar streams and arrive whole or not at
+copied to the destination path. Files travel as files (atomically replaced
+and on disk when berth cp returns; a file that changes while it is read
+fails the copy with FILE_CHANGED and leaves no local file; a download keeps
+the file's mtime). Directories travel as tar streams and arrive whole or not at
 all (a failed copy leaves the destination as it was): symlinks with their
 targets as they are, hard links, FIFOs, sparse files with their holes,
 modes and mtimes. Files belong to the sandbox's workload user on upload

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -148,15 +149,15 @@ func TestResultExit(t *testing.T) {
 		want    int
 		wantErr bool
 	}{
-		{res: &berthv1.ExecResult{ExitCode: 0}, want: 0},
-		{res: &berthv1.ExecResult{ExitCode: 1}, want: 1},
-		{res: &berthv1.ExecResult{ExitCode: 125}, want: 125},
-		{res: &berthv1.ExecResult{ExitCode: 130, Signal: "SIGINT"}, want: 130},
-		{res: &berthv1.ExecResult{ExitCode: 137, Signal: "SIGKILL", OomKilled: true}, want: 137},
-		{res: &berthv1.ExecResult{ExitCode: 143, Signal: "SIGTERM", TimedOut: true}, want: 143},
-		{res: &berthv1.ExecResult{ExitCode: 255}, want: 255},
-		{res: &berthv1.ExecResult{ExitCode: 256}, wantErr: true},
-		{res: &berthv1.ExecResult{ExitCode: -1}, wantErr: true},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(0)}, want: 0},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(1)}, want: 1},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(125)}, want: 125},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(130), Signal: "SIGINT"}, want: 130},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(137), Signal: "SIGKILL", OomKilled: true}, want: 137},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(143), Signal: "SIGTERM", TimedOut: true}, want: 143},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(255)}, want: 255},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(256)}, wantErr: true},
+		{res: &berthv1.ExecResult{ExitCode: proto.Int32(-1)}, wantErr: true},
 	}
 	for _, tt := range tests {
 		got, err := resultExit(tt.res)
@@ -294,8 +295,8 @@ func TestNotices(t *testing.T) {
 		want    []string
 	}{
 		{name: "clean", res: &berthv1.ExecResult{}},
-		{name: "timeout", res: &berthv1.ExecResult{ExitCode: 143, TimedOut: true}, want: []string{"the command timed out after 5s"}},
-		{name: "oom", res: &berthv1.ExecResult{ExitCode: 137, OomKilled: true}, want: []string{"the command was killed for lack of memory (OOM)"}},
+		{name: "timeout", res: &berthv1.ExecResult{ExitCode: proto.Int32(143), TimedOut: true}, want: []string{"the command timed out after 5s"}},
+		{name: "oom", res: &berthv1.ExecResult{ExitCode: proto.Int32(137), OomKilled: true}, want: []string{"the command was killed for lack of memory (OOM)"}},
 		{
 			name:    "truncated and dropped",
 			res:     &berthv1.ExecResult{StdoutTruncated: true, StdoutBytes: 1000, StderrTruncated: true, StderrBytes: 60},
@@ -381,9 +382,9 @@ func TestExecTable(t *testing.T) {
 		{ExecId: "web", State: berthv1.ExecState_EXEC_STATE_RUNNING, Pid: 12, StartedAt: timestamppb.New(now.Add(-5 * time.Minute)),
 			Argv: []string{"python3", "-m", "http.server"}, LastSeq: 7},
 		{ExecId: "hog", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 40, StartedAt: timestamppb.New(now.Add(-90 * time.Second)),
-			Argv: []string{"/bin/sh", "-c", "x"}, ArgvTruncated: true, Result: &berthv1.ExecResult{ExitCode: 137, Signal: "SIGKILL", OomKilled: true}},
+			Argv: []string{"/bin/sh", "-c", "x"}, ArgvTruncated: true, Result: &berthv1.ExecResult{ExitCode: proto.Int32(137), Signal: "SIGKILL", OomKilled: true}},
 		{ExecId: "slow", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 41, StartedAt: timestamppb.New(now.Add(-time.Minute)),
-			Argv: []string{"sleep", "99"}, Result: &berthv1.ExecResult{ExitCode: 143, Signal: "SIGTERM", TimedOut: true}},
+			Argv: []string{"sleep", "99"}, Result: &berthv1.ExecResult{ExitCode: proto.Int32(143), Signal: "SIGTERM", TimedOut: true}},
 	}
 	var b bytes.Buffer
 	if err := writeExecTable(&b, execs, now); err != nil {

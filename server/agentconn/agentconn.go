@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -72,7 +73,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	if c, ok := p.conns[socketPath]; ok {
 		return agentv1.NewAgentServiceClient(c.cc), nil
 	}
-	cc, err := grpc.NewClient("unix://"+socketPath, append([]grpc.DialOption{
+	cc, err := grpc.NewClient("unix://"+socketPath, append(append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Never through a symlink the sandbox put in place of its socket.
 		grpc.WithContextDialer(dialer),
@@ -82,8 +83,8 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
 			MinConnectTimeout: 2 * time.Second,
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16 << 20)),
-	}, p.dialOpts...)...)
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+	), p.dialOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)
 	}

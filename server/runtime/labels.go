@@ -25,6 +25,7 @@ const (
 	labelPool        = LabelPrefix + "pool"         // "true" on unclaimed warm-pool members
 	labelExpired     = LabelPrefix + "expired"      // reason, set just before removal
 	labelHoldUntil   = LabelPrefix + "hold-until"   // time
+	labelShm         = LabelPrefix + "shm-bytes"    // decimal bytes
 	// LabelOwner holds the principal that created the sandbox (package
 	// server/auth); absent on warm-pool members no one claimed and on
 	// sandboxes of a berthd that did not record owners.
@@ -94,6 +95,11 @@ func (s SandboxSpec) Digest() string {
 		// stay what they were before disk quotas existed.
 		field("disk", strconv.FormatUint(s.DiskBytes, 10))
 	}
+	if s.shmBytes() != DefaultShmBytes {
+		// Only when set: the digests of sandboxes recorded before
+		// shm_bytes existed stay what they were.
+		field("shm", strconv.FormatUint(s.shmBytes(), 10))
+	}
 	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
@@ -114,6 +120,7 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	labels[labelCPUMillis] = strconv.FormatUint(s.CPUMillis, 10)
 	labels[labelMemory] = strconv.FormatUint(s.MemoryBytes, 10)
 	labels[labelDisk] = strconv.FormatUint(s.DiskBytes, 10)
+	labels[labelShm] = strconv.FormatUint(s.shmBytes(), 10)
 	labels[labelUser] = fmt.Sprintf("%d:%d", s.UID, s.GID)
 	labels[labelWorkDir] = s.workDir()
 	labels[labelIdleTimeout] = s.IdleTimeout.String()
@@ -139,6 +146,10 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 		gid, _ := strconv.ParseUint(g, 10, 32)
 		sb.UID, sb.GID = uint32(uid), uint32(gid)
 	}
+	sb.ShmBytes, _ = strconv.ParseUint(labels[labelShm], 10, 64)
+	if sb.ShmBytes == 0 {
+		sb.ShmBytes = DefaultShmBytes // recorded before shm_bytes existed
+	}
 	sb.WorkDir = labels[labelWorkDir]
 	if sb.WorkDir == "" {
 		sb.WorkDir = DefaultWorkDir
@@ -161,7 +172,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 func (sb Sandbox) Spec() SandboxSpec {
 	return SandboxSpec{
 		ID: sb.ID, Image: sb.Image, Labels: sb.Labels,
-		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes,
+		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
 	}

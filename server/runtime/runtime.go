@@ -13,11 +13,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -190,6 +192,9 @@ type SandboxSpec struct {
 	// and, in the agent, the file bytes one Upload or WriteFile may
 	// store; zero means no cap. Non-zero needs DiskQuota() == nil.
 	DiskBytes uint64
+	// ShmBytes is the size of /dev/shm in bytes (rounded up to KiB); zero
+	// means DefaultShmBytes.
+	ShmBytes uint64
 	// Env is added to the process environment of the agent and so of every
 	// process in the sandbox. Values go into the OCI spec only: labels keep
 	// the keys and a hash.
@@ -223,6 +228,7 @@ type Sandbox struct {
 	CPUMillis   uint64
 	MemoryBytes uint64
 	DiskBytes   uint64
+	ShmBytes    uint64
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
 	// in SandboxSpec.
 	UID, GID    uint32
@@ -401,10 +407,19 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		seccomp.WithDefaultProfile(),
 		withQuotaSafeIoctls,
 		oci.WithPidsLimit(int64(spec.PidsLimit + AgentPidsReserve)),
+		oci.WithDevShmSize(int64((spec.shmBytes() + 1023) / 1024)),
+		// Unprivileged ICMP echo sockets for every group, as docker sets
+		// it in a container's network namespace: ping works without
+		// CAP_NET_RAW, which no sandbox process holds (for pings that use
+		// them, like iputils'; busybox's ping needs a raw socket).
+		withSysctl("net.ipv4.ping_group_range", "0 2147483647"),
 	}
 	if len(spec.Env) > 0 {
 		opts = append(opts, oci.WithEnv(envList(spec.Env)))
 	}
+	// Last: whether HOME is in the environment now (the image's config or
+	// the sandbox's env set it) decides whether the agent keeps it.
+	opts = append(opts, withKeepHome)
 	if spec.MemoryBytes > 0 {
 		opts = append(opts, oci.WithMemoryLimit(spec.MemoryBytes))
 		if swapAccounting() {
@@ -423,7 +438,8 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 // agentArgs is the agent's command line.
 func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	args := []string{AgentPath, "--socket", RunDir + "/" + socketName,
-		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir()}
+		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir(),
+		"--login-env", "--name-host"}
 	if r.cfg.ExecHeartbeat > 0 {
 		args = append(args, "--heartbeat-interval", r.cfg.ExecHeartbeat.String())
 	}
@@ -440,6 +456,48 @@ func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 		args = append(args, "--disk-bytes", strconv.FormatUint(spec.DiskBytes, 10))
 	}
 	return args
+}
+
+// DefaultShmBytes is the size of a sandbox's /dev/shm when its spec asks
+// for none: docker's default.
+const DefaultShmBytes = 64 << 20
+
+func (s SandboxSpec) shmBytes() uint64 {
+	if s.ShmBytes == 0 {
+		return DefaultShmBytes
+	}
+	return s.ShmBytes
+}
+
+// withSysctl sets a namespaced kernel parameter of the sandbox.
+func withSysctl(key, value string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Linux == nil {
+			s.Linux = &specs.Linux{}
+		}
+		if s.Linux.Sysctl == nil {
+			s.Linux.Sysctl = map[string]string{}
+		}
+		s.Linux.Sysctl[key] = value
+		return nil
+	}
+}
+
+// withKeepHome passes --keep-home to the agent when the process
+// environment sets HOME: the agent then keeps it instead of taking the
+// workload user's home from /etc/passwd (runc sets HOME only when it is
+// missing, for the agent's own user).
+func withKeepHome(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	if s.Process == nil {
+		return nil
+	}
+	for _, kv := range s.Process.Env {
+		if strings.HasPrefix(kv, "HOME=") {
+			s.Process.Args = append(s.Process.Args, "--keep-home")
+			return nil
+		}
+	}
+	return nil
 }
 
 // swapAccounting reports whether the kernel accounts swap per cgroup: runc

@@ -7,7 +7,7 @@ import (
 )
 
 func TestAgentArgs(t *testing.T) {
-	base := []string{AgentPath, "--socket", RunDir + "/agent.sock", "--user", "1000:1001", "--workdir", "/home/dev"}
+	base := []string{AgentPath, "--socket", RunDir + "/agent.sock", "--user", "1000:1001", "--workdir", "/home/dev", "--login-env", "--name-host"}
 	tests := []struct {
 		name string
 		cfg  Config
@@ -22,5 +22,22 @@ func TestAgentArgs(t *testing.T) {
 		if got := r.agentArgs(SandboxSpec{UID: 1000, GID: 1001, WorkDir: "/home/dev"}); !slices.Equal(got, tt.want) {
 			t.Errorf("%s: agentArgs() = %q, want %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestDigestShm keeps the digest of a spec with the default /dev/shm size
+// what it was before shm_bytes existed, so that a repeated create of a
+// sandbox recorded by an older berthd still matches.
+func TestDigestShm(t *testing.T) {
+	old := SandboxSpec{Image: "i", PidsLimit: 10}
+	def := old
+	def.ShmBytes = DefaultShmBytes
+	big := old
+	big.ShmBytes = 256 << 20
+	if old.Digest() != def.Digest() {
+		t.Errorf("the default shm size changes the digest")
+	}
+	if big.Digest() == def.Digest() {
+		t.Errorf("shm_bytes 256 MiB does not change the digest")
 	}
 }

@@ -27,9 +27,9 @@ const (
 type Shell int32
 
 const (
-	// SHELL_UNSPECIFIED runs /bin/sh.
+	// SHELL_UNSPECIFIED runs /bin/sh (argv[0] "sh").
 	Shell_SHELL_UNSPECIFIED Shell = 0
-	// SHELL_SH runs /bin/sh.
+	// SHELL_SH runs /bin/sh (argv[0] "sh").
 	Shell_SHELL_SH Shell = 1
 	// SHELL_BASH runs bash as found in PATH.
 	Shell_SHELL_BASH Shell = 2
@@ -1168,8 +1168,9 @@ func (x *ExecDropped) GetLostBytes() uint64 {
 type ExecResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// exit_code is the exit status; 128+N when the process was killed by
-	// signal N (shell convention, see bash(1) "EXIT STATUS").
-	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// signal N (shell convention, see bash(1) "EXIT STATUS"). It is always
+	// set (explicit presence), so JSON carries "exitCode": 0 too.
+	ExitCode *int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3,oneof" json:"exit_code,omitempty"`
 	// signal is the name of the signal that killed the process ("SIGKILL"),
 	// empty when it exited by itself.
 	Signal string `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
@@ -1241,8 +1242,8 @@ func (*ExecResult) Descriptor() ([]byte, []int) {
 }
 
 func (x *ExecResult) GetExitCode() int32 {
-	if x != nil {
-		return x.ExitCode
+	if x != nil && x.ExitCode != nil {
+		return *x.ExitCode
 	}
 	return 0
 }
@@ -1654,7 +1655,7 @@ type ExecInfo struct {
 	// state says whether the exec runs or ended.
 	State ExecState `protobuf:"varint,2,opt,name=state,proto3,enum=berth.v1.ExecState" json:"state,omitempty"`
 	// argv summarizes the command as run: a shell_command shows as
-	// ["/bin/sh", "-c", command] (or bash). At most the first 16 elements are
+	// ["sh", "-c", command] (/bin/sh; or bash). At most the first 16 elements are
 	// listed, each cut to at most 256 bytes at a character boundary.
 	Argv []string `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
 	// argv_truncated is true when argv was shortened.
@@ -2066,10 +2067,10 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1d\n" +
 	"\n" +
-	"lost_bytes\x18\x03 \x01(\x04R\tlostBytes\"\xe4\x03\n" +
+	"lost_bytes\x18\x03 \x01(\x04R\tlostBytes\"\xf7\x03\n" +
 	"\n" +
-	"ExecResult\x12\x1b\n" +
-	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"ExecResult\x12 \n" +
+	"\texit_code\x18\x01 \x01(\x05H\x00R\bexitCode\x88\x01\x01\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x1b\n" +
 	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\x12\x1d\n" +
 	"\n" +
@@ -2083,7 +2084,9 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\auserCpu\x128\n" +
 	"\n" +
 	"system_cpu\x18\v \x01(\v2\x19.google.protobuf.DurationR\tsystemCpu\x12\"\n" +
-	"\rmax_rss_bytes\x18\f \x01(\x04R\vmaxRssBytes\":\n" +
+	"\rmax_rss_bytes\x18\f \x01(\x04R\vmaxRssBytesB\f\n" +
+	"\n" +
+	"_exit_code\":\n" +
 	"\n" +
 	"ExecExited\x12,\n" +
 	"\x06result\x18\x01 \x01(\v2\x14.berth.v1.ExecResultR\x06result\"\x96\x02\n" +
@@ -2240,6 +2243,7 @@ func file_berth_v1_exec_proto_init() {
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
+	file_berth_v1_exec_proto_msgTypes[13].OneofWrappers = []any{}
 	file_berth_v1_exec_proto_msgTypes[15].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Output)(nil),

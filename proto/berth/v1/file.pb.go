@@ -640,7 +640,7 @@ type ReadFileResponse_Header struct {
 }
 
 type ReadFileResponse_Chunk struct {
-	// chunk is the next bytes of the file, at most 64 KiB.
+	// chunk is the next bytes of the file, at most 1 MiB.
 	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
 }
 
@@ -678,7 +678,11 @@ type WriteFileHeader struct {
 	// size_bytes, when set, is the exact number of content bytes that
 	// follow: more or fewer is INVALID_ARGUMENT and nothing is stored, and a
 	// size over the agent's write cap is refused before any byte moves.
-	SizeBytes     *uint64 `protobuf:"varint,9,opt,name=size_bytes,json=sizeBytes,proto3,oneof" json:"size_bytes,omitempty"`
+	SizeBytes *uint64 `protobuf:"varint,9,opt,name=size_bytes,json=sizeBytes,proto3,oneof" json:"size_bytes,omitempty"`
+	// want_sha256 asks for the SHA-256 of the content in the response
+	// (WriteFileResponse.sha256). Hashing takes more of the agent's CPU than
+	// the write(2)s of the content, so it is done only when asked.
+	WantSha256    bool `protobuf:"varint,10,opt,name=want_sha256,json=wantSha256,proto3" json:"want_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -785,6 +789,13 @@ func (x *WriteFileHeader) GetSizeBytes() uint64 {
 		return *x.SizeBytes
 	}
 	return 0
+}
+
+func (x *WriteFileHeader) GetWantSha256() bool {
+	if x != nil {
+		return x.WantSha256
+	}
+	return false
 }
 
 type isWriteFileHeader_Location interface {
@@ -900,7 +911,8 @@ type WriteFileResponse struct {
 	// written_bytes is how many content bytes were stored by this request.
 	WrittenBytes uint64 `protobuf:"varint,1,opt,name=written_bytes,json=writtenBytes,proto3" json:"written_bytes,omitempty"`
 	// sha256 is the SHA-256 of the bytes written by this request, lowercase
-	// hex (64 characters), as sha256sum(1) prints it.
+	// hex (64 characters), as sha256sum(1) prints it, when the header's
+	// want_sha256 asked for it; empty otherwise.
 	Sha256 string `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	// info is fstat(2) of the stored file.
 	Info          *FileInfo `protobuf:"bytes,3,opt,name=info,proto3" json:"info,omitempty"`
@@ -2421,7 +2433,7 @@ type isDownloadResponse_Part interface {
 }
 
 type DownloadResponse_Chunk struct {
-	// chunk is the next bytes of the archive, at most 64 KiB.
+	// chunk is the next bytes of the archive, at most 1 MiB.
 	Chunk []byte `protobuf:"bytes,1,opt,name=chunk,proto3,oneof"`
 }
 
@@ -2476,7 +2488,7 @@ const file_berth_v1_file_proto_rawDesc = "" +
 	"\x10ReadFileResponse\x122\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.berth.v1.ReadFileHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part\"\xe1\x02\n" +
+	"\x04part\"\x82\x03\n" +
 	"\x0fWriteFileHeader\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -2490,7 +2502,10 @@ const file_berth_v1_file_proto_rawDesc = "" +
 	"\n" +
 	"write_mode\x18\b \x01(\x0e2\x13.berth.v1.WriteModeR\twriteMode\x12\"\n" +
 	"\n" +
-	"size_bytes\x18\t \x01(\x04H\x04R\tsizeBytes\x88\x01\x01B\n" +
+	"size_bytes\x18\t \x01(\x04H\x04R\tsizeBytes\x88\x01\x01\x12\x1f\n" +
+	"\vwant_sha256\x18\n" +
+	" \x01(\bR\n" +
+	"wantSha256B\n" +
 	"\n" +
 	"\blocationB\a\n" +
 	"\x05_modeB\x06\n" +

@@ -74,7 +74,7 @@ const (
 type FileServiceClient interface {
 	// ReadFile streams a regular file: the first message is a ReadFileHeader
 	// with the file's metadata as fstat(2) reported it on the opened file and
-	// the number of bytes that follow, then chunks of at most 64 KiB. The
+	// the number of bytes that follow, then chunks of at most 1 MiB. The
 	// stream ends OK only after exactly header.length_bytes were sent; when
 	// the file ends early, grows or is modified while it is read, it ends
 	// with ABORTED (FILE_CHANGED) instead, never with a short file passed off
@@ -88,7 +88,8 @@ type FileServiceClient interface {
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the
 	// data is on disk (fsync(2) of the file, and of its directory after an
-	// atomic rename) and gives the bytes written and their SHA-256. A stream
+	// atomic rename) and gives the bytes written, and their SHA-256 when the
+	// header asks for it (want_sha256). A stream
 	// that ends with an error or is canceled stores nothing in REPLACE mode
 	// (the temporary file is removed) and leaves no directory it created:
 	// with create_parents, missing parents are made in a staging directory
@@ -337,7 +338,7 @@ type FileService_DownloadClient = grpc.ServerStreamingClient[DownloadResponse]
 type FileServiceServer interface {
 	// ReadFile streams a regular file: the first message is a ReadFileHeader
 	// with the file's metadata as fstat(2) reported it on the opened file and
-	// the number of bytes that follow, then chunks of at most 64 KiB. The
+	// the number of bytes that follow, then chunks of at most 1 MiB. The
 	// stream ends OK only after exactly header.length_bytes were sent; when
 	// the file ends early, grows or is modified while it is read, it ends
 	// with ABORTED (FILE_CHANGED) instead, never with a short file passed off
@@ -351,7 +352,8 @@ type FileServiceServer interface {
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the
 	// data is on disk (fsync(2) of the file, and of its directory after an
-	// atomic rename) and gives the bytes written and their SHA-256. A stream
+	// atomic rename) and gives the bytes written, and their SHA-256 when the
+	// header asks for it (want_sha256). A stream
 	// that ends with an error or is canceled stores nothing in REPLACE mode
 	// (the temporary file is removed) and leaves no directory it created:
 	// with create_parents, missing parents are made in a staging directory

@@ -165,7 +165,11 @@ type Resources struct {
 	// their apparent size). Needs a server with disk quotas (the btrfs
 	// snapshotter); on one without, a non-zero value is FAILED_PRECONDITION
 	// DISK_QUOTA_UNSUPPORTED.
-	DiskBytes     uint64 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	DiskBytes uint64 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
+	// shm_bytes is the size of /dev/shm (a tmpfs), in bytes, rounded up to
+	// KiB; 0 means 64 MiB, as docker's default. Its pages count against
+	// memory_bytes, which it may not exceed.
+	ShmBytes      uint64 `protobuf:"varint,5,opt,name=shm_bytes,json=shmBytes,proto3" json:"shm_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -224,6 +228,13 @@ func (x *Resources) GetMemoryBytes() uint64 {
 func (x *Resources) GetDiskBytes() uint64 {
 	if x != nil {
 		return x.DiskBytes
+	}
+	return 0
+}
+
+func (x *Resources) GetShmBytes() uint64 {
+	if x != nil {
+		return x.ShmBytes
 	}
 	return 0
 }
@@ -1253,7 +1264,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -1261,7 +1272,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"cpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n" +
 	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
-	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\"\xc6\x01\n" +
+	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12\x1b\n" +
+	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\"\xc6\x01\n" +
 	"\fSandboxUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +

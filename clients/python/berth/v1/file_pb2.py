@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x62\x65rth/v1/file.proto\x12\x08\x62\x65rth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x03\n\x08\x46ileInfo\x12\x12\n\x04name\x18\x01 \x01(\x0cR\x04name\x12!\n\x0c\x64isplay_name\x18\x02 \x01(\tR\x0b\x64isplayName\x12\x12\n\x04path\x18\x03 \x01(\x0cR\x04path\x12!\n\x0c\x64isplay_path\x18\x04 \x01(\tR\x0b\x64isplayPath\x12&\n\x04type\x18\x05 \x01(\x0e\x32\x12.berth.v1.FileTypeR\x04type\x12\x12\n\x04mode\x18\x06 \x01(\rR\x04mode\x12\x1d\n\nsize_bytes\x18\x07 \x01(\x04R\tsizeBytes\x12\x10\n\x03uid\x18\x08 \x01(\rR\x03uid\x12\x10\n\x03gid\x18\t \x01(\rR\x03gid\x12;\n\x0bmodified_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nmodifiedAt\x12%\n\x0esymlink_target\x18\x0b \x01(\x0cR\rsymlinkTarget\x12\x34\n\x16\x64isplay_symlink_target\x18\x0c \x01(\tR\x14\x64isplaySymlinkTarget\x12\x1d\n\nlink_count\x18\r \x01(\x04R\tlinkCount\x12\x14\n\x05\x64\x65pth\x18\x0e \x01(\rR\x05\x64\x65pth\"\xb7\x01\n\x0fReadFileRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12!\n\x0coffset_bytes\x18\x04 \x01(\x04R\x0boffsetBytes\x12\x1f\n\x0blimit_bytes\x18\x05 \x01(\x04R\nlimitBytesB\n\n\x08location\"~\n\x0eReadFileHeader\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\x12!\n\x0coffset_bytes\x18\x02 \x01(\x04R\x0boffsetBytes\x12!\n\x0clength_bytes\x18\x03 \x01(\x04R\x0blengthBytes\"f\n\x10ReadFileResponse\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32\x18.berth.v1.ReadFileHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\"\xe1\x02\n\x0fWriteFileHeader\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x17\n\x04mode\x18\x04 \x01(\rH\x01R\x04mode\x88\x01\x01\x12\x15\n\x03uid\x18\x05 \x01(\rH\x02R\x03uid\x88\x01\x01\x12\x15\n\x03gid\x18\x06 \x01(\rH\x03R\x03gid\x88\x01\x01\x12%\n\x0e\x63reate_parents\x18\x07 \x01(\x08R\rcreateParents\x12\x32\n\nwrite_mode\x18\x08 \x01(\x0e\x32\x13.berth.v1.WriteModeR\twriteMode\x12\"\n\nsize_bytes\x18\t \x01(\x04H\x04R\tsizeBytes\x88\x01\x01\x42\n\n\x08locationB\x07\n\x05_modeB\x06\n\x04_uidB\x06\n\x04_gidB\r\n\x0b_size_bytes\"g\n\x10WriteFileRequest\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32\x19.berth.v1.WriteFileHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\"x\n\x11WriteFileResponse\x12#\n\rwritten_bytes\x18\x01 \x01(\x04R\x0cwrittenBytes\x12\x16\n\x06sha256\x18\x02 \x01(\tR\x06sha256\x12&\n\x04info\x18\x03 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\"o\n\x0bStatRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytesB\n\n\x08location\"6\n\x0cStatResponse\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\"\x8f\x01\n\x0eListDirRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x1b\n\tmax_depth\x18\x04 \x01(\rR\x08maxDepthB\n\n\x08location\"w\n\x0cListDirError\x12\x12\n\x04path\x18\x01 \x01(\x0cR\x04path\x12!\n\x0c\x64isplay_path\x18\x02 \x01(\tR\x0b\x64isplayPath\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n\x07message\x18\x04 \x01(\tR\x07message\"o\n\x0fListDirResponse\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x12.berth.v1.FileInfoR\x07\x65ntries\x12.\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x16.berth.v1.ListDirErrorR\x06\x65rrors\"\xae\x01\n\x0eMakeDirRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x17\n\x04mode\x18\x04 \x01(\rH\x01R\x04mode\x88\x01\x01\x12\x18\n\x07parents\x18\x05 \x01(\x08R\x07parentsB\n\n\x08locationB\x07\n\x05_mode\"9\n\x0fMakeDirResponse\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\"\x8f\x01\n\rRemoveRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x1c\n\trecursive\x18\x04 \x01(\x08R\trecursiveB\n\n\x08location\"\x10\n\x0eRemoveResponse\"\xe4\x01\n\rRenameRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n\tfrom_path\x18\x02 \x01(\tH\x00R\x08\x66romPath\x12(\n\x0f\x66rom_path_bytes\x18\x03 \x01(\x0cH\x00R\rfromPathBytes\x12\x19\n\x07to_path\x18\x04 \x01(\tH\x01R\x06toPath\x12$\n\rto_path_bytes\x18\x05 \x01(\x0cH\x01R\x0btoPathBytes\x12\x1c\n\toverwrite\x18\x06 \x01(\x08R\toverwriteB\x06\n\x04\x66romB\x04\n\x02to\"\x10\n\x0eRenameResponse\"\xca\x01\n\x0cUploadHeader\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x37\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x15.berth.v1.CompressionR\x0b\x63ompression\x12\x1f\n\x0bkeep_owners\x18\x05 \x01(\x08R\nkeepOwnersB\n\n\x08location\"a\n\rUploadRequest\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32\x16.berth.v1.UploadHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\"\xb1\x02\n\x0eUploadResponse\x12\x14\n\x05\x66iles\x18\x01 \x01(\x04R\x05\x66iles\x12 \n\x0b\x64irectories\x18\x02 \x01(\x04R\x0b\x64irectories\x12\x1a\n\x08symlinks\x18\x03 \x01(\x04R\x08symlinks\x12\x1d\n\nhard_links\x18\x04 \x01(\x04R\thardLinks\x12#\n\rcontent_bytes\x18\x05 \x01(\x04R\x0c\x63ontentBytes\x12#\n\rarchive_bytes\x18\x06 \x01(\x04R\x0c\x61rchiveBytes\x12#\n\rspecial_files\x18\x07 \x01(\x04R\x0cspecialFiles\x12\x18\n\x07skipped\x18\x08 \x03(\x0cR\x07skipped\x12#\n\rskipped_count\x18\t \x01(\x04R\x0cskippedCount\"\xac\x01\n\x0f\x44ownloadRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x37\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x15.berth.v1.CompressionR\x0b\x63ompressionB\n\n\x08location\"\x8f\x01\n\x0f\x44ownloadSummary\x12\x18\n\x07\x65ntries\x18\x01 \x01(\x04R\x07\x65ntries\x12#\n\rcontent_bytes\x18\x02 \x01(\x04R\x0c\x63ontentBytes\x12#\n\rarchive_bytes\x18\x03 \x01(\x04R\x0c\x61rchiveBytes\x12\x18\n\x07skipped\x18\x04 \x03(\x0cR\x07skipped\"i\n\x10\x44ownloadResponse\x12\x16\n\x05\x63hunk\x18\x01 \x01(\x0cH\x00R\x05\x63hunk\x12\x35\n\x07summary\x18\x02 \x01(\x0b\x32\x19.berth.v1.DownloadSummaryH\x00R\x07summaryB\x06\n\x04part*\xcd\x01\n\x08\x46ileType\x12\x19\n\x15\x46ILE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46ILE_TYPE_REGULAR\x10\x01\x12\x17\n\x13\x46ILE_TYPE_DIRECTORY\x10\x02\x12\x15\n\x11\x46ILE_TYPE_SYMLINK\x10\x03\x12\x12\n\x0e\x46ILE_TYPE_FIFO\x10\x04\x12\x14\n\x10\x46ILE_TYPE_SOCKET\x10\x05\x12\x19\n\x15\x46ILE_TYPE_CHAR_DEVICE\x10\x06\x12\x1a\n\x16\x46ILE_TYPE_BLOCK_DEVICE\x10\x07*V\n\tWriteMode\x12\x1a\n\x16WRITE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12WRITE_MODE_REPLACE\x10\x01\x12\x15\n\x11WRITE_MODE_APPEND\x10\x02*V\n\x0b\x43ompression\x12\x1b\n\x17\x43OMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01\x12\x14\n\x10\x43OMPRESSION_GZIP\x10\x02\x32\xd1\x04\n\x0b\x46ileService\x12\x43\n\x08ReadFile\x12\x19.berth.v1.ReadFileRequest\x1a\x1a.berth.v1.ReadFileResponse0\x01\x12\x46\n\tWriteFile\x12\x1a.berth.v1.WriteFileRequest\x1a\x1b.berth.v1.WriteFileResponse(\x01\x12\x35\n\x04Stat\x12\x15.berth.v1.StatRequest\x1a\x16.berth.v1.StatResponse\x12@\n\x07ListDir\x12\x18.berth.v1.ListDirRequest\x1a\x19.berth.v1.ListDirResponse0\x01\x12>\n\x07MakeDir\x12\x18.berth.v1.MakeDirRequest\x1a\x19.berth.v1.MakeDirResponse\x12;\n\x06Remove\x12\x17.berth.v1.RemoveRequest\x1a\x18.berth.v1.RemoveResponse\x12;\n\x06Rename\x12\x17.berth.v1.RenameRequest\x1a\x18.berth.v1.RenameResponse\x12=\n\x06Upload\x12\x17.berth.v1.UploadRequest\x1a\x18.berth.v1.UploadResponse(\x01\x12\x43\n\x08\x44ownload\x12\x19.berth.v1.DownloadRequest\x1a\x1a.berth.v1.DownloadResponse0\x01\x42\x37Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x62\x65rth/v1/file.proto\x12\x08\x62\x65rth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc6\x03\n\x08\x46ileInfo\x12\x12\n\x04name\x18\x01 \x01(\x0cR\x04name\x12!\n\x0c\x64isplay_name\x18\x02 \x01(\tR\x0b\x64isplayName\x12\x12\n\x04path\x18\x03 \x01(\x0cR\x04path\x12!\n\x0c\x64isplay_path\x18\x04 \x01(\tR\x0b\x64isplayPath\x12&\n\x04type\x18\x05 \x01(\x0e\x32\x12.berth.v1.FileTypeR\x04type\x12\x12\n\x04mode\x18\x06 \x01(\rR\x04mode\x12\x1d\n\nsize_bytes\x18\x07 \x01(\x04R\tsizeBytes\x12\x10\n\x03uid\x18\x08 \x01(\rR\x03uid\x12\x10\n\x03gid\x18\t \x01(\rR\x03gid\x12;\n\x0bmodified_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.TimestampR\nmodifiedAt\x12%\n\x0esymlink_target\x18\x0b \x01(\x0cR\rsymlinkTarget\x12\x34\n\x16\x64isplay_symlink_target\x18\x0c \x01(\tR\x14\x64isplaySymlinkTarget\x12\x1d\n\nlink_count\x18\r \x01(\x04R\tlinkCount\x12\x14\n\x05\x64\x65pth\x18\x0e \x01(\rR\x05\x64\x65pth\"\xb7\x01\n\x0fReadFileRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12!\n\x0coffset_bytes\x18\x04 \x01(\x04R\x0boffsetBytes\x12\x1f\n\x0blimit_bytes\x18\x05 \x01(\x04R\nlimitBytesB\n\n\x08location\"~\n\x0eReadFileHeader\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\x12!\n\x0coffset_bytes\x18\x02 \x01(\x04R\x0boffsetBytes\x12!\n\x0clength_bytes\x18\x03 \x01(\x04R\x0blengthBytes\"f\n\x10ReadFileResponse\x12\x32\n\x06header\x18\x01 \x01(\x0b\x32\x18.berth.v1.ReadFileHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\"\x82\x03\n\x0fWriteFileHeader\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x17\n\x04mode\x18\x04 \x01(\rH\x01R\x04mode\x88\x01\x01\x12\x15\n\x03uid\x18\x05 \x01(\rH\x02R\x03uid\x88\x01\x01\x12\x15\n\x03gid\x18\x06 \x01(\rH\x03R\x03gid\x88\x01\x01\x12%\n\x0e\x63reate_parents\x18\x07 \x01(\x08R\rcreateParents\x12\x32\n\nwrite_mode\x18\x08 \x01(\x0e\x32\x13.berth.v1.WriteModeR\twriteMode\x12\"\n\nsize_bytes\x18\t \x01(\x04H\x04R\tsizeBytes\x88\x01\x01\x12\x1f\n\x0bwant_sha256\x18\n \x01(\x08R\nwantSha256B\n\n\x08locationB\x07\n\x05_modeB\x06\n\x04_uidB\x06\n\x04_gidB\r\n\x0b_size_bytes\"g\n\x10WriteFileRequest\x12\x33\n\x06header\x18\x01 \x01(\x0b\x32\x19.berth.v1.WriteFileHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\"x\n\x11WriteFileResponse\x12#\n\rwritten_bytes\x18\x01 \x01(\x04R\x0cwrittenBytes\x12\x16\n\x06sha256\x18\x02 \x01(\tR\x06sha256\x12&\n\x04info\x18\x03 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\"o\n\x0bStatRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytesB\n\n\x08location\"6\n\x0cStatResponse\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\"\x8f\x01\n\x0eListDirRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x1b\n\tmax_depth\x18\x04 \x01(\rR\x08maxDepthB\n\n\x08location\"w\n\x0cListDirError\x12\x12\n\x04path\x18\x01 \x01(\x0cR\x04path\x12!\n\x0c\x64isplay_path\x18\x02 \x01(\tR\x0b\x64isplayPath\x12\x16\n\x06reason\x18\x03 \x01(\tR\x06reason\x12\x18\n\x07message\x18\x04 \x01(\tR\x07message\"o\n\x0fListDirResponse\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x12.berth.v1.FileInfoR\x07\x65ntries\x12.\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x16.berth.v1.ListDirErrorR\x06\x65rrors\"\xae\x01\n\x0eMakeDirRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x17\n\x04mode\x18\x04 \x01(\rH\x01R\x04mode\x88\x01\x01\x12\x18\n\x07parents\x18\x05 \x01(\x08R\x07parentsB\n\n\x08locationB\x07\n\x05_mode\"9\n\x0fMakeDirResponse\x12&\n\x04info\x18\x01 \x01(\x0b\x32\x12.berth.v1.FileInfoR\x04info\"\x8f\x01\n\rRemoveRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x1c\n\trecursive\x18\x04 \x01(\x08R\trecursiveB\n\n\x08location\"\x10\n\x0eRemoveResponse\"\xe4\x01\n\rRenameRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n\tfrom_path\x18\x02 \x01(\tH\x00R\x08\x66romPath\x12(\n\x0f\x66rom_path_bytes\x18\x03 \x01(\x0cH\x00R\rfromPathBytes\x12\x19\n\x07to_path\x18\x04 \x01(\tH\x01R\x06toPath\x12$\n\rto_path_bytes\x18\x05 \x01(\x0cH\x01R\x0btoPathBytes\x12\x1c\n\toverwrite\x18\x06 \x01(\x08R\toverwriteB\x06\n\x04\x66romB\x04\n\x02to\"\x10\n\x0eRenameResponse\"\xca\x01\n\x0cUploadHeader\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x37\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x15.berth.v1.CompressionR\x0b\x63ompression\x12\x1f\n\x0bkeep_owners\x18\x05 \x01(\x08R\nkeepOwnersB\n\n\x08location\"a\n\rUploadRequest\x12\x30\n\x06header\x18\x01 \x01(\x0b\x32\x16.berth.v1.UploadHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\"\xb1\x02\n\x0eUploadResponse\x12\x14\n\x05\x66iles\x18\x01 \x01(\x04R\x05\x66iles\x12 \n\x0b\x64irectories\x18\x02 \x01(\x04R\x0b\x64irectories\x12\x1a\n\x08symlinks\x18\x03 \x01(\x04R\x08symlinks\x12\x1d\n\nhard_links\x18\x04 \x01(\x04R\thardLinks\x12#\n\rcontent_bytes\x18\x05 \x01(\x04R\x0c\x63ontentBytes\x12#\n\rarchive_bytes\x18\x06 \x01(\x04R\x0c\x61rchiveBytes\x12#\n\rspecial_files\x18\x07 \x01(\x04R\x0cspecialFiles\x12\x18\n\x07skipped\x18\x08 \x03(\x0cR\x07skipped\x12#\n\rskipped_count\x18\t \x01(\x04R\x0cskippedCount\"\xac\x01\n\x0f\x44ownloadRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n\npath_bytes\x18\x03 \x01(\x0cH\x00R\tpathBytes\x12\x37\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x15.berth.v1.CompressionR\x0b\x63ompressionB\n\n\x08location\"\x8f\x01\n\x0f\x44ownloadSummary\x12\x18\n\x07\x65ntries\x18\x01 \x01(\x04R\x07\x65ntries\x12#\n\rcontent_bytes\x18\x02 \x01(\x04R\x0c\x63ontentBytes\x12#\n\rarchive_bytes\x18\x03 \x01(\x04R\x0c\x61rchiveBytes\x12\x18\n\x07skipped\x18\x04 \x03(\x0cR\x07skipped\"i\n\x10\x44ownloadResponse\x12\x16\n\x05\x63hunk\x18\x01 \x01(\x0cH\x00R\x05\x63hunk\x12\x35\n\x07summary\x18\x02 \x01(\x0b\x32\x19.berth.v1.DownloadSummaryH\x00R\x07summaryB\x06\n\x04part*\xcd\x01\n\x08\x46ileType\x12\x19\n\x15\x46ILE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11\x46ILE_TYPE_REGULAR\x10\x01\x12\x17\n\x13\x46ILE_TYPE_DIRECTORY\x10\x02\x12\x15\n\x11\x46ILE_TYPE_SYMLINK\x10\x03\x12\x12\n\x0e\x46ILE_TYPE_FIFO\x10\x04\x12\x14\n\x10\x46ILE_TYPE_SOCKET\x10\x05\x12\x19\n\x15\x46ILE_TYPE_CHAR_DEVICE\x10\x06\x12\x1a\n\x16\x46ILE_TYPE_BLOCK_DEVICE\x10\x07*V\n\tWriteMode\x12\x1a\n\x16WRITE_MODE_UNSPECIFIED\x10\x00\x12\x16\n\x12WRITE_MODE_REPLACE\x10\x01\x12\x15\n\x11WRITE_MODE_APPEND\x10\x02*V\n\x0b\x43ompression\x12\x1b\n\x17\x43OMPRESSION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x01\x12\x14\n\x10\x43OMPRESSION_GZIP\x10\x02\x32\xd1\x04\n\x0b\x46ileService\x12\x43\n\x08ReadFile\x12\x19.berth.v1.ReadFileRequest\x1a\x1a.berth.v1.ReadFileResponse0\x01\x12\x46\n\tWriteFile\x12\x1a.berth.v1.WriteFileRequest\x1a\x1b.berth.v1.WriteFileResponse(\x01\x12\x35\n\x04Stat\x12\x15.berth.v1.StatRequest\x1a\x16.berth.v1.StatResponse\x12@\n\x07ListDir\x12\x18.berth.v1.ListDirRequest\x1a\x19.berth.v1.ListDirResponse0\x01\x12>\n\x07MakeDir\x12\x18.berth.v1.MakeDirRequest\x1a\x19.berth.v1.MakeDirResponse\x12;\n\x06Remove\x12\x17.berth.v1.RemoveRequest\x1a\x18.berth.v1.RemoveResponse\x12;\n\x06Rename\x12\x17.berth.v1.RenameRequest\x1a\x18.berth.v1.RenameResponse\x12=\n\x06Upload\x12\x17.berth.v1.UploadRequest\x1a\x18.berth.v1.UploadResponse(\x01\x12\x43\n\x08\x44ownload\x12\x19.berth.v1.DownloadRequest\x1a\x1a.berth.v1.DownloadResponse0\x01\x42\x37Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'berth.v1.file_pb2', globals())
@@ -22,12 +22,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1'
-  _FILETYPE._serialized_start=3763
-  _FILETYPE._serialized_end=3968
-  _WRITEMODE._serialized_start=3970
-  _WRITEMODE._serialized_end=4056
-  _COMPRESSION._serialized_start=4058
-  _COMPRESSION._serialized_end=4144
+  _FILETYPE._serialized_start=3796
+  _FILETYPE._serialized_end=4001
+  _WRITEMODE._serialized_start=4003
+  _WRITEMODE._serialized_end=4089
+  _COMPRESSION._serialized_start=4091
+  _COMPRESSION._serialized_end=4177
   _FILEINFO._serialized_start=67
   _FILEINFO._serialized_end=521
   _READFILEREQUEST._serialized_start=524
@@ -37,45 +37,45 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _READFILERESPONSE._serialized_start=837
   _READFILERESPONSE._serialized_end=939
   _WRITEFILEHEADER._serialized_start=942
-  _WRITEFILEHEADER._serialized_end=1295
-  _WRITEFILEREQUEST._serialized_start=1297
-  _WRITEFILEREQUEST._serialized_end=1400
-  _WRITEFILERESPONSE._serialized_start=1402
-  _WRITEFILERESPONSE._serialized_end=1522
-  _STATREQUEST._serialized_start=1524
-  _STATREQUEST._serialized_end=1635
-  _STATRESPONSE._serialized_start=1637
-  _STATRESPONSE._serialized_end=1691
-  _LISTDIRREQUEST._serialized_start=1694
-  _LISTDIRREQUEST._serialized_end=1837
-  _LISTDIRERROR._serialized_start=1839
-  _LISTDIRERROR._serialized_end=1958
-  _LISTDIRRESPONSE._serialized_start=1960
-  _LISTDIRRESPONSE._serialized_end=2071
-  _MAKEDIRREQUEST._serialized_start=2074
-  _MAKEDIRREQUEST._serialized_end=2248
-  _MAKEDIRRESPONSE._serialized_start=2250
-  _MAKEDIRRESPONSE._serialized_end=2307
-  _REMOVEREQUEST._serialized_start=2310
-  _REMOVEREQUEST._serialized_end=2453
-  _REMOVERESPONSE._serialized_start=2455
-  _REMOVERESPONSE._serialized_end=2471
-  _RENAMEREQUEST._serialized_start=2474
-  _RENAMEREQUEST._serialized_end=2702
-  _RENAMERESPONSE._serialized_start=2704
-  _RENAMERESPONSE._serialized_end=2720
-  _UPLOADHEADER._serialized_start=2723
-  _UPLOADHEADER._serialized_end=2925
-  _UPLOADREQUEST._serialized_start=2927
-  _UPLOADREQUEST._serialized_end=3024
-  _UPLOADRESPONSE._serialized_start=3027
-  _UPLOADRESPONSE._serialized_end=3332
-  _DOWNLOADREQUEST._serialized_start=3335
-  _DOWNLOADREQUEST._serialized_end=3507
-  _DOWNLOADSUMMARY._serialized_start=3510
-  _DOWNLOADSUMMARY._serialized_end=3653
-  _DOWNLOADRESPONSE._serialized_start=3655
-  _DOWNLOADRESPONSE._serialized_end=3760
-  _FILESERVICE._serialized_start=4147
-  _FILESERVICE._serialized_end=4740
+  _WRITEFILEHEADER._serialized_end=1328
+  _WRITEFILEREQUEST._serialized_start=1330
+  _WRITEFILEREQUEST._serialized_end=1433
+  _WRITEFILERESPONSE._serialized_start=1435
+  _WRITEFILERESPONSE._serialized_end=1555
+  _STATREQUEST._serialized_start=1557
+  _STATREQUEST._serialized_end=1668
+  _STATRESPONSE._serialized_start=1670
+  _STATRESPONSE._serialized_end=1724
+  _LISTDIRREQUEST._serialized_start=1727
+  _LISTDIRREQUEST._serialized_end=1870
+  _LISTDIRERROR._serialized_start=1872
+  _LISTDIRERROR._serialized_end=1991
+  _LISTDIRRESPONSE._serialized_start=1993
+  _LISTDIRRESPONSE._serialized_end=2104
+  _MAKEDIRREQUEST._serialized_start=2107
+  _MAKEDIRREQUEST._serialized_end=2281
+  _MAKEDIRRESPONSE._serialized_start=2283
+  _MAKEDIRRESPONSE._serialized_end=2340
+  _REMOVEREQUEST._serialized_start=2343
+  _REMOVEREQUEST._serialized_end=2486
+  _REMOVERESPONSE._serialized_start=2488
+  _REMOVERESPONSE._serialized_end=2504
+  _RENAMEREQUEST._serialized_start=2507
+  _RENAMEREQUEST._serialized_end=2735
+  _RENAMERESPONSE._serialized_start=2737
+  _RENAMERESPONSE._serialized_end=2753
+  _UPLOADHEADER._serialized_start=2756
+  _UPLOADHEADER._serialized_end=2958
+  _UPLOADREQUEST._serialized_start=2960
+  _UPLOADREQUEST._serialized_end=3057
+  _UPLOADRESPONSE._serialized_start=3060
+  _UPLOADRESPONSE._serialized_end=3365
+  _DOWNLOADREQUEST._serialized_start=3368
+  _DOWNLOADREQUEST._serialized_end=3540
+  _DOWNLOADSUMMARY._serialized_start=3543
+  _DOWNLOADSUMMARY._serialized_end=3686
+  _DOWNLOADRESPONSE._serialized_start=3688
+  _DOWNLOADRESPONSE._serialized_end=3793
+  _FILESERVICE._serialized_start=4180
+  _FILESERVICE._serialized_end=4773
 # @@protoc_insertion_point(module_scope)

@@ -86,7 +86,7 @@ func (x *ReadFileRequest) GetLimitBytes() uint64 {
 	return 0
 }
 
-// ReadFileResponse is the header first, then chunks of at most 64 KiB.
+// ReadFileResponse is the header first, then chunks of at most 1 MiB.
 type ReadFileResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// part is the header or a chunk.
@@ -189,7 +189,9 @@ type WriteFileHeader struct {
 	// write_mode is how the content is stored.
 	WriteMode v1.WriteMode `protobuf:"varint,6,opt,name=write_mode,json=writeMode,proto3,enum=berth.v1.WriteMode" json:"write_mode,omitempty"`
 	// size_bytes is the exact content size, when known.
-	SizeBytes     *uint64 `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3,oneof" json:"size_bytes,omitempty"`
+	SizeBytes *uint64 `protobuf:"varint,7,opt,name=size_bytes,json=sizeBytes,proto3,oneof" json:"size_bytes,omitempty"`
+	// want_sha256 asks for the content's SHA-256 in the response.
+	WantSha256    bool `protobuf:"varint,8,opt,name=want_sha256,json=wantSha256,proto3" json:"want_sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -271,6 +273,13 @@ func (x *WriteFileHeader) GetSizeBytes() uint64 {
 		return *x.SizeBytes
 	}
 	return 0
+}
+
+func (x *WriteFileHeader) GetWantSha256() bool {
+	if x != nil {
+		return x.WantSha256
+	}
+	return false
 }
 
 // WriteFileRequest is the header first, then chunks.
@@ -1254,7 +1263,7 @@ const file_berth_agent_v1_file_proto_rawDesc = "" +
 	"\x10ReadFileResponse\x122\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.berth.v1.ReadFileHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part\"\x93\x02\n" +
+	"\x04part\"\xb4\x02\n" +
 	"\x0fWriteFileHeader\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\fR\x04path\x12\x17\n" +
 	"\x04mode\x18\x02 \x01(\rH\x00R\x04mode\x88\x01\x01\x12\x15\n" +
@@ -1264,7 +1273,9 @@ const file_berth_agent_v1_file_proto_rawDesc = "" +
 	"\n" +
 	"write_mode\x18\x06 \x01(\x0e2\x13.berth.v1.WriteModeR\twriteMode\x12\"\n" +
 	"\n" +
-	"size_bytes\x18\a \x01(\x04H\x03R\tsizeBytes\x88\x01\x01B\a\n" +
+	"size_bytes\x18\a \x01(\x04H\x03R\tsizeBytes\x88\x01\x01\x12\x1f\n" +
+	"\vwant_sha256\x18\b \x01(\bR\n" +
+	"wantSha256B\a\n" +
 	"\x05_modeB\x06\n" +
 	"\x04_uidB\x06\n" +
 	"\x04_gidB\r\n" +

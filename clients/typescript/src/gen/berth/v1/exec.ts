@@ -11,9 +11,9 @@ import { Timestamp } from "../../google/protobuf/timestamp";
 
 /** Shell names the interpreter for ProcessSpec.shell_command. */
 export enum Shell {
-  /** SHELL_UNSPECIFIED - SHELL_UNSPECIFIED runs /bin/sh. */
+  /** SHELL_UNSPECIFIED - SHELL_UNSPECIFIED runs /bin/sh (argv[0] "sh"). */
   SHELL_UNSPECIFIED = 0,
-  /** SHELL_SH - SHELL_SH runs /bin/sh. */
+  /** SHELL_SH - SHELL_SH runs /bin/sh (argv[0] "sh"). */
   SHELL_SH = 1,
   /** SHELL_BASH - SHELL_BASH runs bash as found in PATH. */
   SHELL_BASH = 2,
@@ -413,9 +413,12 @@ export interface ExecDropped {
 export interface ExecResult {
   /**
    * exit_code is the exit status; 128+N when the process was killed by
-   * signal N (shell convention, see bash(1) "EXIT STATUS").
+   * signal N (shell convention, see bash(1) "EXIT STATUS"). It is always
+   * set (explicit presence), so JSON carries "exitCode": 0 too.
    */
-  exitCode: number;
+  exitCode?:
+    | number
+    | undefined;
   /**
    * signal is the name of the signal that killed the process ("SIGKILL"),
    * empty when it exited by itself.
@@ -541,7 +544,7 @@ export interface ExecInfo {
   state: ExecState;
   /**
    * argv summarizes the command as run: a shell_command shows as
-   * ["/bin/sh", "-c", command] (or bash). At most the first 16 elements are
+   * ["sh", "-c", command] (/bin/sh; or bash). At most the first 16 elements are
    * listed, each cut to at most 256 bytes at a character boundary.
    */
   argv: string[];
@@ -2230,7 +2233,7 @@ export const ExecDropped: MessageFns<ExecDropped> = {
 
 function createBaseExecResult(): ExecResult {
   return {
-    exitCode: 0,
+    exitCode: undefined,
     signal: "",
     timedOut: false,
     oomKilled: false,
@@ -2247,7 +2250,7 @@ function createBaseExecResult(): ExecResult {
 
 export const ExecResult: MessageFns<ExecResult> = {
   encode(message: ExecResult, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
-    if (message.exitCode !== 0) {
+    if (message.exitCode !== undefined) {
       writer.uint32(8).int32(message.exitCode);
     }
     if (message.signal !== "") {
@@ -2422,7 +2425,7 @@ export const ExecResult: MessageFns<ExecResult> = {
         ? globalThis.Number(object.exitCode)
         : isSet(object.exit_code)
         ? globalThis.Number(object.exit_code)
-        : 0,
+        : undefined,
       signal: isSet(object.signal) ? globalThis.String(object.signal) : "",
       timedOut: isSet(object.timedOut)
         ? globalThis.Boolean(object.timedOut)
@@ -2475,7 +2478,7 @@ export const ExecResult: MessageFns<ExecResult> = {
 
   toJSON(message: ExecResult): unknown {
     const obj: any = {};
-    if (message.exitCode !== 0) {
+    if (message.exitCode !== undefined) {
       obj.exitCode = Math.round(message.exitCode);
     }
     if (message.signal !== "") {
@@ -2519,7 +2522,7 @@ export const ExecResult: MessageFns<ExecResult> = {
   },
   fromPartial<I extends Exact<DeepPartial<ExecResult>, I>>(object: I): ExecResult {
     const message = createBaseExecResult();
-    message.exitCode = object.exitCode ?? 0;
+    message.exitCode = object.exitCode ?? undefined;
     message.signal = object.signal ?? "";
     message.timedOut = object.timedOut ?? false;
     message.oomKilled = object.oomKilled ?? false;

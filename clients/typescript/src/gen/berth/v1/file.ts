@@ -308,7 +308,7 @@ export interface ReadFileResponse {
     /** header describes the file and the range that follows. */
     { $case: "header"; value: ReadFileHeader }
     | //
-    /** chunk is the next bytes of the file, at most 64 KiB. */
+    /** chunk is the next bytes of the file, at most 1 MiB. */
     { $case: "chunk"; value: Buffer }
     | undefined;
 }
@@ -360,7 +360,15 @@ export interface WriteFileHeader {
    * follow: more or fewer is INVALID_ARGUMENT and nothing is stored, and a
    * size over the agent's write cap is refused before any byte moves.
    */
-  sizeBytes?: bigint | undefined;
+  sizeBytes?:
+    | bigint
+    | undefined;
+  /**
+   * want_sha256 asks for the SHA-256 of the content in the response
+   * (WriteFileResponse.sha256). Hashing takes more of the agent's CPU than
+   * the write(2)s of the content, so it is done only when asked.
+   */
+  wantSha256: boolean;
 }
 
 /**
@@ -388,7 +396,8 @@ export interface WriteFileResponse {
   writtenBytes: bigint;
   /**
    * sha256 is the SHA-256 of the bytes written by this request, lowercase
-   * hex (64 characters), as sha256sum(1) prints it.
+   * hex (64 characters), as sha256sum(1) prints it, when the header's
+   * want_sha256 asked for it; empty otherwise.
    */
   sha256: string;
   /** info is fstat(2) of the stored file. */
@@ -675,7 +684,7 @@ export interface DownloadResponse {
   /** part is a chunk or the summary. */
   part:
     | //
-    /** chunk is the next bytes of the archive, at most 64 KiB. */
+    /** chunk is the next bytes of the archive, at most 1 MiB. */
     { $case: "chunk"; value: Buffer }
     | //
     /** summary ends a complete archive. */
@@ -1412,6 +1421,7 @@ function createBaseWriteFileHeader(): WriteFileHeader {
     createParents: false,
     writeMode: 0,
     sizeBytes: undefined,
+    wantSha256: false,
   };
 }
 
@@ -1448,6 +1458,9 @@ export const WriteFileHeader: MessageFns<WriteFileHeader> = {
         throw new globalThis.Error("value provided for field message.sizeBytes of type uint64 too large");
       }
       writer.uint32(72).uint64(message.sizeBytes);
+    }
+    if (message.wantSha256 !== false) {
+      writer.uint32(80).bool(message.wantSha256);
     }
     return writer;
   },
@@ -1537,6 +1550,14 @@ export const WriteFileHeader: MessageFns<WriteFileHeader> = {
             message.sizeBytes = reader.uint64() as bigint;
             continue;
           }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.wantSha256 = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1581,6 +1602,11 @@ export const WriteFileHeader: MessageFns<WriteFileHeader> = {
         : isSet(object.size_bytes)
         ? BigInt(object.size_bytes)
         : undefined,
+      wantSha256: isSet(object.wantSha256)
+        ? globalThis.Boolean(object.wantSha256)
+        : isSet(object.want_sha256)
+        ? globalThis.Boolean(object.want_sha256)
+        : false,
     };
   },
 
@@ -1611,6 +1637,9 @@ export const WriteFileHeader: MessageFns<WriteFileHeader> = {
     }
     if (message.sizeBytes !== undefined) {
       obj.sizeBytes = message.sizeBytes.toString();
+    }
+    if (message.wantSha256 !== false) {
+      obj.wantSha256 = message.wantSha256;
     }
     return obj;
   },
@@ -1643,6 +1672,7 @@ export const WriteFileHeader: MessageFns<WriteFileHeader> = {
     message.sizeBytes = (object.sizeBytes !== undefined && object.sizeBytes !== null)
       ? BigInt(object.sizeBytes)
       : undefined;
+    message.wantSha256 = object.wantSha256 ?? false;
     return message;
   },
 };
@@ -4002,7 +4032,7 @@ export const FileServiceService = {
   /**
    * ReadFile streams a regular file: the first message is a ReadFileHeader
    * with the file's metadata as fstat(2) reported it on the opened file and
-   * the number of bytes that follow, then chunks of at most 64 KiB. The
+   * the number of bytes that follow, then chunks of at most 1 MiB. The
    * stream ends OK only after exactly header.length_bytes were sent; when
    * the file ends early, grows or is modified while it is read, it ends
    * with ABORTED (FILE_CHANGED) instead, never with a short file passed off
@@ -4026,7 +4056,8 @@ export const FileServiceService = {
    * WriteFile stores a file: the first message is a WriteFileHeader, the
    * others chunks of content in order. The response comes only after the
    * data is on disk (fsync(2) of the file, and of its directory after an
-   * atomic rename) and gives the bytes written and their SHA-256. A stream
+   * atomic rename) and gives the bytes written, and their SHA-256 when the
+   * header asks for it (want_sha256). A stream
    * that ends with an error or is canceled stores nothing in REPLACE mode
    * (the temporary file is removed) and leaves no directory it created:
    * with create_parents, missing parents are made in a staging directory
@@ -4183,7 +4214,7 @@ export interface FileServiceServer extends UntypedServiceImplementation {
   /**
    * ReadFile streams a regular file: the first message is a ReadFileHeader
    * with the file's metadata as fstat(2) reported it on the opened file and
-   * the number of bytes that follow, then chunks of at most 64 KiB. The
+   * the number of bytes that follow, then chunks of at most 1 MiB. The
    * stream ends OK only after exactly header.length_bytes were sent; when
    * the file ends early, grows or is modified while it is read, it ends
    * with ABORTED (FILE_CHANGED) instead, never with a short file passed off
@@ -4199,7 +4230,8 @@ export interface FileServiceServer extends UntypedServiceImplementation {
    * WriteFile stores a file: the first message is a WriteFileHeader, the
    * others chunks of content in order. The response comes only after the
    * data is on disk (fsync(2) of the file, and of its directory after an
-   * atomic rename) and gives the bytes written and their SHA-256. A stream
+   * atomic rename) and gives the bytes written, and their SHA-256 when the
+   * header asks for it (want_sha256). A stream
    * that ends with an error or is canceled stores nothing in REPLACE mode
    * (the temporary file is removed) and leaves no directory it created:
    * with create_parents, missing parents are made in a staging directory
@@ -4292,7 +4324,7 @@ export interface FileServiceClient extends Client {
   /**
    * ReadFile streams a regular file: the first message is a ReadFileHeader
    * with the file's metadata as fstat(2) reported it on the opened file and
-   * the number of bytes that follow, then chunks of at most 64 KiB. The
+   * the number of bytes that follow, then chunks of at most 1 MiB. The
    * stream ends OK only after exactly header.length_bytes were sent; when
    * the file ends early, grows or is modified while it is read, it ends
    * with ABORTED (FILE_CHANGED) instead, never with a short file passed off
@@ -4313,7 +4345,8 @@ export interface FileServiceClient extends Client {
    * WriteFile stores a file: the first message is a WriteFileHeader, the
    * others chunks of content in order. The response comes only after the
    * data is on disk (fsync(2) of the file, and of its directory after an
-   * atomic rename) and gives the bytes written and their SHA-256. A stream
+   * atomic rename) and gives the bytes written, and their SHA-256 when the
+   * header asks for it (want_sha256). A stream
    * that ends with an error or is canceled stores nothing in REPLACE mode
    * (the temporary file is removed) and leaves no directory it created:
    * with create_parents, missing parents are made in a staging directory

@@ -179,6 +179,12 @@ export interface Resources {
    * DISK_QUOTA_UNSUPPORTED.
    */
   diskBytes: bigint;
+  /**
+   * shm_bytes is the size of /dev/shm (a tmpfs), in bytes, rounded up to
+   * KiB; 0 means 64 MiB, as docker's default. Its pages count against
+   * memory_bytes, which it may not exceed.
+   */
+  shmBytes: bigint;
 }
 
 /**
@@ -499,7 +505,7 @@ export interface KeepAliveResponse {
 }
 
 function createBaseResources(): Resources {
-  return { pidsLimit: 0n, cpuMillis: 0n, memoryBytes: 0n, diskBytes: 0n };
+  return { pidsLimit: 0n, cpuMillis: 0n, memoryBytes: 0n, diskBytes: 0n, shmBytes: 0n };
 }
 
 export const Resources: MessageFns<Resources> = {
@@ -527,6 +533,12 @@ export const Resources: MessageFns<Resources> = {
         throw new globalThis.Error("value provided for field message.diskBytes of type uint64 too large");
       }
       writer.uint32(32).uint64(message.diskBytes);
+    }
+    if (message.shmBytes !== 0n) {
+      if (BigInt.asUintN(64, message.shmBytes) !== message.shmBytes) {
+        throw new globalThis.Error("value provided for field message.shmBytes of type uint64 too large");
+      }
+      writer.uint32(40).uint64(message.shmBytes);
     }
     return writer;
   },
@@ -576,6 +588,14 @@ export const Resources: MessageFns<Resources> = {
             message.diskBytes = reader.uint64() as bigint;
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.shmBytes = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -610,6 +630,11 @@ export const Resources: MessageFns<Resources> = {
         : isSet(object.disk_bytes)
         ? BigInt(object.disk_bytes)
         : 0n,
+      shmBytes: isSet(object.shmBytes)
+        ? BigInt(object.shmBytes)
+        : isSet(object.shm_bytes)
+        ? BigInt(object.shm_bytes)
+        : 0n,
     };
   },
 
@@ -627,6 +652,9 @@ export const Resources: MessageFns<Resources> = {
     if (message.diskBytes !== 0n) {
       obj.diskBytes = message.diskBytes.toString();
     }
+    if (message.shmBytes !== 0n) {
+      obj.shmBytes = message.shmBytes.toString();
+    }
     return obj;
   },
 
@@ -641,6 +669,7 @@ export const Resources: MessageFns<Resources> = {
       ? BigInt(object.memoryBytes)
       : 0n;
     message.diskBytes = (object.diskBytes !== undefined && object.diskBytes !== null) ? BigInt(object.diskBytes) : 0n;
+    message.shmBytes = (object.shmBytes !== undefined && object.shmBytes !== null) ? BigInt(object.shmBytes) : 0n;
     return message;
   },
 };

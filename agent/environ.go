@@ -1,0 +1,158 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// defaultPath is the PATH a process gets when the image and the sandbox
+// set none: the one Docker and containerd use for Linux containers.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// passwdFile is the image's user database.
+const passwdFile = "/etc/passwd"
+
+// maxPasswdBytes bounds how much of /etc/passwd is read.
+const maxPasswdBytes = 4 << 20
+
+// loginEnv returns base with the workload user's login environment, as
+// docker's runtime and login(1) give it: HOME from /etc/passwd (or "/"
+// when the user has no entry, as docker does) unless base's HOME was set
+// on purpose (Config.KeepHome); USER, LOGNAME and SHELL from its entry
+// unless base sets them; PATH the usual default unless base sets it.
+// /etc/passwd is read at every start, so a user added in the sandbox
+// counts at once.
+func (s *Server) loginEnv(base []string) []string {
+	env := make([]string, 0, len(base)+5)
+	has := make(map[string]bool, len(base))
+	for _, kv := range base {
+		k, _, _ := strings.Cut(kv, "=")
+		if k == "HOME" && !s.cfg.KeepHome {
+			continue // runc's default for the agent's own user
+		}
+		has[k] = true
+		env = append(env, kv)
+	}
+	add := func(k, v string) {
+		if !has[k] {
+			env = append(env, k+"="+v)
+			has[k] = true
+		}
+	}
+	u, err := lookupUID(passwdFile, s.cfg.UID)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		s.log.Warn("cannot read the workload user's entry", "file", passwdFile, "err", err)
+	}
+	if u == nil {
+		add("HOME", "/")
+	} else {
+		add("HOME", u.home)
+		add("USER", u.name)
+		add("LOGNAME", u.name)
+		add("SHELL", u.shell)
+	}
+	add("PATH", defaultPath)
+	return env
+}
+
+// passwdEntry is the part of a passwd(5) line a login environment needs.
+type passwdEntry struct {
+	name, home, shell string
+}
+
+// lookupUID returns the first entry of the passwd(5) file at path whose
+// uid is uid, or nil. A missing home is "/", a missing shell /bin/sh
+// (login(1)).
+func lookupUID(path string, uid uint32) (*passwdEntry, error) {
+	// O_NOFOLLOW: the file is the sandbox's, and the agent is root.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, errors.New(path + " is not a regular file")
+	}
+	want := strconv.FormatUint(uint64(uid), 10)
+	sc := bufio.NewScanner(io.LimitReader(f, maxPasswdBytes))
+	sc.Buffer(make([]byte, 0, 4096), 64<<10)
+	for sc.Scan() {
+		line := sc.Bytes()
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		fields := bytes.Split(line, []byte(":"))
+		if len(fields) < 7 || string(fields[2]) != want {
+			continue
+		}
+		e := &passwdEntry{name: string(fields[0]), home: string(fields[5]), shell: string(fields[6])}
+		if e.home == "" {
+			e.home = "/"
+		}
+		if e.shell == "" {
+			e.shell = "/bin/sh"
+		}
+		return e, nil
+	}
+	return nil, sc.Err()
+}
+
+// nameHost makes hostsFile (/etc/hosts) resolve host, the sandbox's
+// hostname, as docker
+// does for its containers: when no line names it, one is appended that
+// maps it to 127.0.1.1 (the address Debian gives a host name without a
+// permanent address; loopback, since a sandbox has no network of its own
+// by default). A missing file is created with the usual localhost lines.
+// A symlink is not followed (the file is the sandbox's; the agent is
+// root). Failures are logged: a read-only root file system cannot be
+// helped.
+func nameHost(log *slog.Logger, hostsFile, host string) {
+	if host == "" {
+		return
+	}
+	f, err := os.OpenFile(hostsFile, os.O_RDWR|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0o644)
+	if err != nil {
+		log.Warn("cannot name the hostname in "+hostsFile, "err", err)
+		return
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		log.Warn(hostsFile + " is not a regular file; the hostname is not added")
+		return
+	}
+	content, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err != nil {
+		log.Warn("cannot read "+hostsFile, "err", err)
+		return
+	}
+	var add string
+	if len(content) == 0 {
+		add = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	}
+	for line := range strings.Lines(string(content)) {
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		fields := strings.Fields(line)
+		for _, name := range fields[min(1, len(fields)):] {
+			if strings.EqualFold(name, host) {
+				return
+			}
+		}
+	}
+	if len(content) > 0 && content[len(content)-1] != '\n' {
+		add = "\n"
+	}
+	add += "127.0.1.1\t" + host + "\n"
+	if _, err := f.WriteString(add); err != nil {
+		log.Warn("cannot add the hostname to "+hostsFile, "err", err)
+	}
+}

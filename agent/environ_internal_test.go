@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
+
+func TestLookupUID(t *testing.T) {
+	passwd := filepath.Join(t.TempDir(), "passwd")
+	os.WriteFile(passwd, []byte("# comment\nroot:x:0:0:root:/root:/bin/bash\nbroken:line\ndev:x:1000:1000:Dev,,,:/home/dev:/bin/zsh\nbare:x:1001:1001::::\n"), 0o644)
+	for _, tt := range []struct {
+		uid  uint32
+		want *passwdEntry
+	}{
+		{0, &passwdEntry{"root", "/root", "/bin/bash"}},
+		{1000, &passwdEntry{"dev", "/home/dev", "/bin/zsh"}},
+		{1001, &passwdEntry{"bare", "/", "/bin/sh"}},
+		{4242, nil},
+	} {
+		got, err := lookupUID(passwd, tt.uid)
+		if err != nil || (got == nil) != (tt.want == nil) || got != nil && *got != *tt.want {
+			t.Errorf("lookupUID(%d) = %+v, %v; want %+v", tt.uid, got, err, tt.want)
+		}
+	}
+	if _, err := lookupUID(filepath.Join(t.TempDir(), "none"), 0); !os.IsNotExist(err) {
+		t.Errorf("lookupUID of a missing file: %v, want not-exist", err)
+	}
+}
+
+func TestNameHost(t *testing.T) {
+	dir := t.TempDir()
+	log := slog.New(slog.DiscardHandler)
+	for _, tt := range []struct{ before, want string }{
+		{"", "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\tsb-1\n"},
+		{"127.0.0.1 localhost", "127.0.0.1 localhost\n127.0.1.1\tsb-1\n"},
+		{"127.0.0.1 localhost\n10.0.0.2 SB-1 other # mine\n", "127.0.0.1 localhost\n10.0.0.2 SB-1 other # mine\n"},
+		{"127.0.0.1 localhost # sb-1\n", "127.0.0.1 localhost # sb-1\n127.0.1.1\tsb-1\n"},
+	} {
+		hosts := filepath.Join(dir, "hosts")
+		os.Remove(hosts)
+		if tt.before != "" {
+			os.WriteFile(hosts, []byte(tt.before), 0o644)
+		}
+		nameHost(log, hosts, "sb-1")
+		nameHost(log, hosts, "sb-1") // a restarted agent adds nothing more
+		if got, _ := os.ReadFile(hosts); string(got) != tt.want {
+			t.Errorf("hosts from %q = %q, want %q", tt.before, got, tt.want)
+		}
+	}
+	// A symlink is not followed.
+	target := filepath.Join(dir, "target")
+	os.WriteFile(target, []byte("x"), 0o644)
+	link := filepath.Join(dir, "link")
+	os.Symlink(target, link)
+	nameHost(log, link, "sb-1")
+	if got, _ := os.ReadFile(target); string(got) != "x" {
+		t.Errorf("nameHost wrote through a symlink: %q", got)
+	}
+}
+
+func TestLoginEnv(t *testing.T) {
+	s := &Server{cfg: Config{UID: 0}, log: slog.New(slog.DiscardHandler)}
+	got := s.loginEnv([]string{"HOME=/from-runc", "LANG=C.UTF-8", "USER=custom"})
+	// The host's /etc/passwd has root.
+	for _, want := range []string{"HOME=/root", "USER=custom", "LOGNAME=root", "LANG=C.UTF-8", "PATH=" + defaultPath} {
+		if !slices.Contains(got, want) {
+			t.Errorf("loginEnv = %q, want %s in it", got, want)
+		}
+	}
+	s.cfg.KeepHome = true
+	if got := s.loginEnv([]string{"HOME=/mine", "PATH=/bin"}); !slices.Contains(got, "HOME=/mine") || !slices.Contains(got, "PATH=/bin") || slices.Contains(got, "PATH="+defaultPath) {
+		t.Errorf("loginEnv with KeepHome = %q, want HOME and PATH kept", got)
+	}
+	s.cfg.UID, s.cfg.KeepHome = 4_000_000, false
+	if got := s.loginEnv(nil); !slices.Contains(got, "HOME=/") || slices.ContainsFunc(got, func(kv string) bool { return kv[:5] == "USER=" }) {
+		t.Errorf("loginEnv of a user without an entry = %q, want HOME=/ and no USER", got)
+	}
+}

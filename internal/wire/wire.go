@@ -1,0 +1,51 @@
+// Package wire holds the gRPC transport settings that berth's hops share —
+// the Go client to berthd, berthd to each sandbox's agent: HTTP/2
+// flow-control windows and the buffers between gRPC and the socket.
+//
+// The windows are fixed rather than grpc-go's default (64 KiB, grown by
+// BDP estimation up to 16 MiB per stream and connection): from the first
+// byte a stream may have four 1 MiB file chunks in flight instead of one
+// sixteenth of one, and what a receiver may hold is a stated bound.
+// A receiver buffers at most StreamWindow bytes of one stream and
+// ConnWindow bytes of one connection that its application has not taken;
+// a sender's Send blocks while more than 64 KiB of its earlier messages
+// wait to be written (grpc-go's write quota). So a slow reader stops the writer at the far end through every
+// hop, and memory per connection stays bounded.
+package wire
+
+import "google.golang.org/grpc"
+
+const (
+	// StreamWindow is the HTTP/2 flow-control window of one stream, in
+	// bytes: four 1 MiB file chunks in flight.
+	StreamWindow = 4 << 20
+	// ConnWindow is the HTTP/2 flow-control window of one connection, in
+	// bytes, shared by its streams.
+	ConnWindow = 8 << 20
+	// BufferBytes is the size of the read and write buffers between gRPC's
+	// framer and the socket, in bytes: one read(2) or write(2) per 256 KiB
+	// instead of per 32 KiB (grpc-go's default).
+	BufferBytes = 256 << 10
+)
+
+// ServerOptions returns the transport options of berthd's and the agent's
+// gRPC servers.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.InitialWindowSize(StreamWindow),
+		grpc.InitialConnWindowSize(ConnWindow),
+		grpc.ReadBufferSize(BufferBytes),
+		grpc.WriteBufferSize(BufferBytes),
+	}
+}
+
+// DialOptions returns the transport options of the client's connection to
+// berthd and of berthd's connections to agents.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithInitialWindowSize(StreamWindow),
+		grpc.WithInitialConnWindowSize(ConnWindow),
+		grpc.WithReadBufferSize(BufferBytes),
+		grpc.WithWriteBufferSize(BufferBytes),
+	}
+}
