@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -58,6 +60,21 @@ func (g *globals) hint(err error) error {
 		return fmt.Errorf("cannot reach berthd at %s (set --addr or $BERTH_ADDR): %w", g.addr, err)
 	}
 	return err
+}
+
+// withRelay is withClient for commands that follow a running command (exec,
+// attach, run): ctx is canceled by relay, which forwards SIGINT and SIGTERM
+// to the command once relay.setTarget names it (and cancels on SIGHUP),
+// and a closed stdout comes back as EPIPE instead of killing berth.
+func (g *globals) withRelay(cmd *cobra.Command, fn func(ctx context.Context, c *client.Client, relay *signalRelay) error) error {
+	return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		relay := startSignalRelay(cancel, cmd.ErrOrStderr())
+		defer relay.close()
+		signal.Ignore(syscall.SIGPIPE)
+		return fn(ctx, c, relay)
+	})
 }
 
 // call is withClient for commands made of one request: ctx ends after

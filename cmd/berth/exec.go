@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -57,13 +56,7 @@ and 125 when berth itself fails.`,
 			if err != nil {
 				return err
 			}
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				ctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-				defer relay.close()
-				// A closed stdout must come back as EPIPE, not kill berth.
-				signal.Ignore(syscall.SIGPIPE)
+			return g.withRelay(cmd, func(ctx context.Context, c *client.Client, relay *signalRelay) error {
 				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
 				if f.detach {
 					return detach(ctx, g, c, sandboxID, spec, f.execID, cmd.OutOrStdout())

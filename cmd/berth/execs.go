@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -110,12 +108,7 @@ been started with stdin). SIGINT and SIGTERM are forwarded to the command.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sandboxID, execID := args[0], args[1]
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				ctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-				defer relay.close()
-				signal.Ignore(syscall.SIGPIPE)
+			return g.withRelay(cmd, func(ctx context.Context, c *client.Client, relay *signalRelay) error {
 				var stdin io.Reader
 				if interactive {
 					stdin = os.Stdin

@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -51,12 +49,7 @@ ask for its defaults (no --pids-limit).`,
 			if err != nil {
 				return err
 			}
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				ctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-				defer relay.close()
-				signal.Ignore(syscall.SIGPIPE)
+			return g.withRelay(cmd, func(ctx context.Context, c *client.Client, relay *signalRelay) error {
 
 				// berthd mints the id, so that a warm-pool member can be
 				// handed out (a request naming an id never gets one). The
