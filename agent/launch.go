@@ -79,7 +79,7 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	var (
 		files      []*os.File // the child's fds 0, 1 and 2
 		childEnds  []*os.File // closed in the agent once the child holds them
-		sys        = &syscall.SysProcAttr{Credential: s.credential()}
+		sys        = &syscall.SysProcAttr{Credential: credential(p.uid, p.gid)}
 		outW, errW *os.File
 	)
 	if p.tty {
@@ -223,12 +223,12 @@ func lookPath(file, path string) (string, error) {
 	return "", err
 }
 
-// credential returns the workload user for a child, or nil when the agent
+// credential returns the user uid:gid for a child, or nil when the agent
 // runs as that user already (setting it would call setgroups(2), which
 // needs CAP_SETGID).
-func (s *Server) credential() *syscall.Credential {
-	if s.cfg.UID == uint32(os.Getuid()) && s.cfg.GID == uint32(os.Getgid()) {
+func credential(uid, gid uint32) *syscall.Credential {
+	if uid == uint32(os.Getuid()) && gid == uint32(os.Getgid()) {
 		return nil
 	}
-	return &syscall.Credential{Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: []uint32{}}
+	return &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}
 }

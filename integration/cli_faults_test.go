@@ -232,3 +232,28 @@ func TestCLIHangup(t *testing.T) {
 		}
 	})
 }
+
+// TestCLIExecUserEnvDir: berth exec had no -u (issue 12); -e and -w with it.
+func TestCLIExecUserEnvDir(t *testing.T) {
+	need(t)
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{User: "1000:1000"}).GetId()
+	script := []string{"--", "sh", "-c", "id -u; id -g; echo $K; pwd"}
+	for _, tt := range []struct {
+		flags []string
+		want  string
+	}{
+		{nil, "1000\n1000\n\n/workspace\n"},
+		{[]string{"-u", "0"}, "0\n0\n\n/workspace\n"},
+		{[]string{"-u", "root", "-e", "K=V", "-w", "/tmp"}, "0\n0\nV\n/tmp\n"},
+		{[]string{"--user", "2000:3000"}, "2000\n3000\n\n/workspace\n"},
+	} {
+		args := append(append(append([]string{"exec"}, tt.flags...), id), script...)
+		out, errOut, code := berthCLI(t, nil, args...)
+		if code != 0 || out != tt.want {
+			t.Errorf("berth %q = %q, %q, exit %d; want %q", args, out, errOut, code, tt.want)
+		}
+	}
+	if _, errOut, code := berthCLI(t, nil, "exec", "-u", "nosuchuser", id, "true"); code != 125 || !strings.Contains(errOut, "process.user") {
+		t.Errorf("berth exec -u nosuchuser: %q, exit %d; want 125 naming process.user", errOut, code)
+	}
+}

@@ -40,6 +40,7 @@ func parseKV(flag string, pairs []string) (map[string]string, error) {
 type processFlags struct {
 	env     []string
 	cwd     string
+	user    string
 	timeout time.Duration
 	execID  string
 	shell   string
@@ -58,6 +59,7 @@ type processFlags struct {
 // new.
 func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable of the command, KEY=VALUE (repeatable)")
+	fs.StringVarP(&f.user, "user", "u", "", `run as this user: "uid", "uid:gid" or a name from the sandbox's /etc/passwd (default: the sandbox's user)`)
 	fs.StringVarP(&f.cwd, "cwd", "w", "", "working directory inside the sandbox (default the sandbox's, /workspace)")
 	fs.DurationVar(&f.timeout, "timeout", 0, "kill the command's process group after this long (default and bounds: berthd's)")
 	if withExecID {
@@ -96,7 +98,7 @@ func (f *processFlags) spec(command []string) (*berthv1.ProcessSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec := &berthv1.ProcessSpec{Argv: command, ShellCommand: f.shell, Cwd: f.cwd, Env: env}
+	spec := &berthv1.ProcessSpec{Argv: command, ShellCommand: f.shell, Cwd: f.cwd, Env: env, User: f.user}
 	if f.bash {
 		spec.Shell = berthv1.Shell_SHELL_BASH
 	}

@@ -84,9 +84,9 @@ func TestProcessSpec(t *testing.T) {
 		{name: "argv", command: []string{"ls", "-l"}, want: &berthv1.ProcessSpec{Argv: []string{"ls", "-l"}}},
 		{
 			name:    "everything",
-			flags:   processFlags{env: []string{"A=1", "B=x=y"}, cwd: "/tmp", timeout: 90 * time.Second},
+			flags:   processFlags{env: []string{"A=1", "B=x=y"}, cwd: "/tmp", timeout: 90 * time.Second, user: "1000:100"},
 			command: []string{"env"},
-			want: &berthv1.ProcessSpec{Argv: []string{"env"}, Cwd: "/tmp", Env: map[string]string{"A": "1", "B": "x=y"},
+			want: &berthv1.ProcessSpec{Argv: []string{"env"}, Cwd: "/tmp", Env: map[string]string{"A": "1", "B": "x=y"}, User: "1000:100",
 				Timeout: durationpb.New(90 * time.Second)},
 		},
 		{name: "shell", flags: processFlags{shell: "echo $HOME"}, want: &berthv1.ProcessSpec{ShellCommand: "echo $HOME"}},

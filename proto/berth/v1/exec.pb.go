@@ -231,7 +231,16 @@ type ProcessSpec struct {
 	// (0x04, ^D), which a program reading a line in canonical mode sees as end
 	// of file; ExecResize changes the size. stdout_limit_bytes caps the
 	// terminal's output.
-	Tty           *TtySize `protobuf:"bytes,10,opt,name=tty,proto3" json:"tty,omitempty"`
+	Tty *TtySize `protobuf:"bytes,10,opt,name=tty,proto3" json:"tty,omitempty"`
+	// user runs the process as another user than the sandbox's workload
+	// user: "uid" or "uid:gid" (numbers; gid defaults to the uid's group in
+	// the sandbox's /etc/passwd, else to uid), or a user name from the
+	// sandbox's /etc/passwd, optionally ":gid". Supplementary groups are
+	// cleared; HOME, USER, LOGNAME and SHELL follow the user. Empty: the
+	// sandbox's workload user. The process still holds no capability, uid 0
+	// included. INVALID_ARGUMENT naming process.user when it is malformed or
+	// names no user.
+	User          string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -334,6 +343,13 @@ func (x *ProcessSpec) GetTty() *TtySize {
 		return x.Tty
 	}
 	return nil
+}
+
+func (x *ProcessSpec) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
 }
 
 // TtySize is the size of a terminal, in character cells.
@@ -1997,7 +2013,7 @@ var File_berth_v1_exec_proto protoreflect.FileDescriptor
 
 const file_berth_v1_exec_proto_rawDesc = "" +
 	"\n" +
-	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x03\n" +
+	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x03\n" +
 	"\vProcessSpec\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12#\n" +
 	"\rshell_command\x18\x02 \x01(\tR\fshellCommand\x12%\n" +
@@ -2009,7 +2025,8 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x12stdout_limit_bytes\x18\b \x01(\x04R\x10stdoutLimitBytes\x12,\n" +
 	"\x12stderr_limit_bytes\x18\t \x01(\x04R\x10stderrLimitBytes\x12#\n" +
 	"\x03tty\x18\n" +
-	" \x01(\v2\x11.berth.v1.TtySizeR\x03tty\x1a6\n" +
+	" \x01(\v2\x11.berth.v1.TtySizeR\x03tty\x12\x12\n" +
+	"\x04user\x18\v \x01(\tR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +

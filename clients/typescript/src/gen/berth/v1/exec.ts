@@ -212,7 +212,20 @@ export interface ProcessSpec {
    * of file; ExecResize changes the size. stdout_limit_bytes caps the
    * terminal's output.
    */
-  tty: TtySize | undefined;
+  tty:
+    | TtySize
+    | undefined;
+  /**
+   * user runs the process as another user than the sandbox's workload
+   * user: "uid" or "uid:gid" (numbers; gid defaults to the uid's group in
+   * the sandbox's /etc/passwd, else to uid), or a user name from the
+   * sandbox's /etc/passwd, optionally ":gid". Supplementary groups are
+   * cleared; HOME, USER, LOGNAME and SHELL follow the user. Empty: the
+   * sandbox's workload user. The process still holds no capability, uid 0
+   * included. INVALID_ARGUMENT naming process.user when it is malformed or
+   * names no user.
+   */
+  user: string;
 }
 
 export interface ProcessSpec_EnvEntry {
@@ -620,6 +633,7 @@ function createBaseProcessSpec(): ProcessSpec {
     stdoutLimitBytes: 0n,
     stderrLimitBytes: 0n,
     tty: undefined,
+    user: "",
   };
 }
 
@@ -660,6 +674,9 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
     }
     if (message.tty !== undefined) {
       TtySize.encode(message.tty, writer.uint32(82).fork()).join();
+    }
+    if (message.user !== "") {
+      writer.uint32(90).string(message.user);
     }
     return writer;
   },
@@ -760,6 +777,14 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
             message.tty = TtySize.decode(reader, reader.uint32());
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.user = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -809,6 +834,7 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
         ? BigInt(object.stderr_limit_bytes)
         : 0n,
       tty: isSet(object.tty) ? TtySize.fromJSON(object.tty) : undefined,
+      user: isSet(object.user) ? globalThis.String(object.user) : "",
     };
   },
 
@@ -850,6 +876,9 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
     if (message.tty !== undefined) {
       obj.tty = TtySize.toJSON(message.tty);
     }
+    if (message.user !== "") {
+      obj.user = message.user;
+    }
     return obj;
   },
 
@@ -882,6 +911,7 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
       ? BigInt(object.stderrLimitBytes)
       : 0n;
     message.tty = (object.tty !== undefined && object.tty !== null) ? TtySize.fromPartial(object.tty) : undefined;
+    message.user = object.user ?? "";
     return message;
   },
 };
