@@ -184,7 +184,7 @@ func benchFiles(b *testing.B, c *client.Client, id string) {
 	}
 	defer os.RemoveAll(dir)
 	report.mu.Lock()
-	report.host = fmt.Sprintf("%s (%s); the sandbox's /workspace is an overlayfs snapshot in containerd's root", dir, fsType(dir))
+	report.host = fmt.Sprintf("%s (%s); the sandbox's /workspace is on the %s snapshotter, disk quota %d bytes (0: none)", dir, fsType(dir), env.snapshotter, testDiskQuota())
 	report.mu.Unlock()
 	src, dst := filepath.Join(dir, "src.bin"), filepath.Join(dir, "dst.bin")
 	if err := os.WriteFile(src, randomData(fileBytes), 0o644); err != nil {

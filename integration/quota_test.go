@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -276,5 +277,47 @@ func TestBerthdDiskQuotaFlags(t *testing.T) {
 	p = startBerthd(t, e, "--snapshotter", "overlayfs")
 	if lines := p.logLines("WARN", "NOT limited"); len(lines) != 1 {
 		t.Errorf("berthd on overlayfs logged %d warnings about unlimited disk, want 1:\n%s", len(lines), p.log)
+	}
+}
+
+// knownHostDiskGaps are the host directories a sandbox's workload can
+// still write outside its disk quota. /.berth-run, the agent's socket
+// directory, is a host bind mount until issue 10 item 5 makes it a tiny
+// tmpfs or unwritable; this test then fails until it is taken off the list.
+var knownHostDiskGaps = []string{runtime.RunDir}
+
+// TestSandboxWritesNoHostDisk looks for host disk a sandbox's workload can
+// write besides its quota-limited root: every mount of a disk-backed file
+// system (not tmpfs, proc, sysfs, ...) that is read-write is probed with a
+// write as the workload user (root).
+func TestSandboxWritesNoHostDisk(t *testing.T) {
+	need(t)
+	id := newSandbox(t, nil).GetId()
+	memoryBacked := map[string]bool{"tmpfs": true, "proc": true, "sysfs": true, "devpts": true, "mqueue": true, "cgroup": true, "cgroup2": true}
+	var writable []string
+	for _, line := range strings.Split(strings.TrimSpace(string(run(t, id, "cat", "/proc/self/mountinfo").GetStdout())), "\n") {
+		// mountinfo(5): ID PARENT MAJ:MIN ROOT MOUNT-POINT OPTIONS [OPTIONAL...] - TYPE SOURCE SUPER-OPTIONS
+		pre, post, ok := strings.Cut(line, " - ")
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(f) < 6 || len(g) < 1 {
+			t.Fatalf("mountinfo line %q", line)
+		}
+		mountPoint, options, fsType := f[4], strings.Split(f[5], ","), g[0]
+		if mountPoint == "/" {
+			if fsType != env.snapshotter && env.snapshotter == "btrfs" {
+				t.Errorf("the sandbox's root is %s, want the quota-limited btrfs snapshot", fsType)
+			}
+			continue
+		}
+		if memoryBacked[fsType] || slices.Contains(options, "ro") {
+			continue
+		}
+		probe := mountPoint + "/.berth-disk-probe"
+		if r := run(t, id, "sh", "-c", "echo x >"+probe+" && rm "+probe); r.GetResult().GetExitCode() == 0 {
+			writable = append(writable, mountPoint)
+		}
+	}
+	if !slices.Equal(writable, knownHostDiskGaps) {
+		t.Errorf("host disk the workload can write: %q, want only the known gaps %q (a gap closed: take it off knownHostDiskGaps)", writable, knownHostDiskGaps)
 	}
 }
