@@ -229,6 +229,14 @@ func TestInfoLogBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// berthd's log arrives through a pipe: the create's own line may come
+	// after its answer. Start counting once it is there.
+	for deadline := time.Now().Add(30 * time.Second); len(p.logLines(`"msg":"sandbox created"`)) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("berthd logged no \"sandbox created\":\n%s", p.log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	before := len(p.log.String())
 	const n = 100
 	for i := range n {
