@@ -116,7 +116,9 @@ func WithInsecure() Option {
 
 // WithDialOptions appends gRPC dial options after the client's own, so they
 // take precedence: custom dialers (tests use bufconn), interceptors,
-// credentials.
+// credentials. File transfers hand their data chunks to gRPC already
+// encoded: a stream interceptor sees those messages as an internal type,
+// not as proto messages.
 func WithDialOptions(opts ...grpc.DialOption) Option {
 	return func(c *dialConfig) { c.extra = append(c.extra, opts...) }
 }

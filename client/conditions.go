@@ -60,6 +60,31 @@ type StaleHandleError struct {
 	Detail *berthv1.StaleHandle
 }
 
+// DependencyError means the call failed because something berthd depends
+// on failed, outside any sandbox: containerd did not answer
+// (codes.Unavailable, ReasonContainerdUnavailable), the disk of berthd's
+// own directories is full (codes.ResourceExhausted, ReasonServerDiskFull)
+// or berthd is out of file descriptors (ReasonServerDescriptors). When
+// Detail.Admitted is ADMITTED_NOT_STARTED nothing changed, and a Client
+// with WithRetry retries a containerd failure with jittered backoff; a
+// create or delete that may have taken effect in part (ADMITTED_UNKNOWN)
+// is safe to repeat with the same sandbox id.
+type DependencyError struct {
+	*baseError
+	// Detail names the dependency, how it failed, what berthd was doing
+	// and how long it waited; never nil.
+	Detail *berthv1.DependencyFailure
+}
+
+// Unwrap returns the *Error.
+func (e *DependencyError) Unwrap() error { return e.baseError }
+
+// NothingRan reports whether berthd says the failed call changed nothing
+// (Detail.Admitted is ADMITTED_NOT_STARTED).
+func (e *DependencyError) NothingRan() bool {
+	return e.Detail.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
+}
+
 // Unwrap returns the *Error.
 func (e *FleetBusyError) Unwrap() error { return e.baseError }
 
@@ -93,14 +118,20 @@ func (e *UnreachableError) NothingRan() bool {
 }
 
 // IsRetryable reports whether err is a condition that is safe to retry as
-// is: a *FleetBusyError (after its Delay), or an *UnreachableError whose
-// call ran nothing. RuntimeReplaced and StaleHandle are not: the command
-// may have run, or the exec it names is gone. It never looks at message
-// text.
+// is: a *FleetBusyError (after its Delay), an *UnreachableError whose call
+// ran nothing, or a *DependencyError for containerd not answering whose
+// call changed nothing. RuntimeReplaced and StaleHandle are not: the
+// command may have run, or the exec it names is gone; nor is a full disk
+// or a lack of descriptors on berthd's host, which a retry does not cure.
+// It never looks at message text.
 func IsRetryable(err error) bool {
 	var busy *FleetBusyError
 	if errors.As(err, &busy) {
 		return true
+	}
+	var dep *DependencyError
+	if errors.As(err, &dep) {
+		return dep.Reason == ReasonContainerdUnavailable && dep.NothingRan()
 	}
 	var unreachable *UnreachableError
 	return errors.As(err, &unreachable) && unreachable.NothingRan()

@@ -95,6 +95,32 @@ func TestConditionErrors(t *testing.T) {
 			return e.Detail, true
 		},
 	}, {
+		name: "containerd down, nothing changed", status: dependencyStatus(rpcstatus.ReasonContainerdUnavailable, codes.Unavailable, berthv1.Dependency_DEPENDENCY_CONTAINERD, berthv1.Admitted_ADMITTED_NOT_STARTED),
+		wantCode: codes.Unavailable, wantReason: client.ReasonContainerdUnavailable, wantRetryable: true,
+		detail: func(err error) (proto.Message, bool) {
+			var e *client.DependencyError
+			if !errors.As(err, &e) {
+				return nil, false
+			}
+			if !e.NothingRan() {
+				t.Errorf("NothingRan() = false for %v", e.Detail)
+			}
+			return e.Detail, true
+		},
+	}, {
+		name: "containerd down during a create", status: dependencyStatus(rpcstatus.ReasonContainerdUnavailable, codes.Unavailable, berthv1.Dependency_DEPENDENCY_CONTAINERD, berthv1.Admitted_ADMITTED_UNKNOWN),
+		wantCode: codes.Unavailable, wantReason: client.ReasonContainerdUnavailable, wantRetryable: false,
+	}, {
+		name: "server disk full", status: dependencyStatus(rpcstatus.ReasonServerDiskFull, codes.ResourceExhausted, berthv1.Dependency_DEPENDENCY_SERVER_DISK, berthv1.Admitted_ADMITTED_NOT_STARTED),
+		wantCode: codes.ResourceExhausted, wantReason: client.ReasonServerDiskFull, wantRetryable: false,
+		detail: func(err error) (proto.Message, bool) {
+			var e *client.DependencyError
+			if !errors.As(err, &e) {
+				return nil, false
+			}
+			return e.Detail, true
+		},
+	}, {
 		name: "not found", status: rpcstatus.Error(codes.NotFound, rpcstatus.ReasonSandboxNotFound, "sandbox sb not found", nil),
 		wantCode: codes.NotFound, wantReason: client.ReasonSandboxNotFound,
 	}, {
@@ -132,6 +158,12 @@ func TestConditionErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dependencyStatus is a status of a dependency failure as berthd sends it.
+func dependencyStatus(reason string, code codes.Code, dep berthv1.Dependency, admitted berthv1.Admitted) error {
+	return rpcstatus.Error(code, reason, "read sandbox sb: containerd refused the connection", map[string]string{"sandbox_id": "sb"},
+		&berthv1.DependencyFailure{SandboxId: "sb", Dependency: dep, Fault: berthv1.DependencyFault_DEPENDENCY_FAULT_UNREACHABLE, Operation: "read sandbox sb", Admitted: admitted})
 }
 
 // TestConditionWithoutDetail checks that a condition whose status lacks the

@@ -49,6 +49,11 @@ const (
 	ReasonPidsLimit       = "PIDS_LIMIT_REACHED"       // a fork failed: the sandbox's pids_limit is reached
 	ReasonMemoryLimit     = "MEMORY_LIMIT_REACHED"     // the agent could not allocate: the sandbox's memory limit
 	ReasonDescriptorLimit = "DESCRIPTOR_LIMIT_REACHED" // the agent is out of file descriptors
+	// Something berthd depends on failed, not the request or a sandbox;
+	// see *DependencyError.
+	ReasonContainerdUnavailable = "CONTAINERD_UNAVAILABLE"       // UNAVAILABLE: containerd refused or did not answer in time
+	ReasonServerDiskFull        = "SERVER_DISK_FULL"             // RESOURCE_EXHAUSTED: the disk of berthd's own directories is full
+	ReasonServerDescriptors     = "SERVER_DESCRIPTORS_EXHAUSTED" // RESOURCE_EXHAUSTED: berthd is out of file descriptors
 )
 
 // Error is an error returned by berthd (or by gRPC on the way to it, such as
@@ -124,7 +129,7 @@ func convertError(err error) error {
 		return nil
 	}
 	switch err.(type) {
-	case *Error, *FleetBusyError, *UnreachableError, *RuntimeReplacedError, *StaleHandleError:
+	case *Error, *FleetBusyError, *UnreachableError, *RuntimeReplacedError, *StaleHandleError, *DependencyError:
 		return err
 	}
 	st, ok := status.FromError(err)
@@ -137,6 +142,7 @@ func convertError(err error) error {
 		unreachable *berthv1.Unreachable
 		replaced    *berthv1.RuntimeReplaced
 		stale       *berthv1.StaleHandle
+		dependency  *berthv1.DependencyFailure
 	)
 	for _, d := range st.Details() {
 		switch d := d.(type) {
@@ -163,6 +169,8 @@ func convertError(err error) error {
 			replaced = d
 		case *berthv1.StaleHandle:
 			stale = d
+		case *berthv1.DependencyFailure:
+			dependency = d
 		}
 	}
 	if e.Message == "" {
@@ -179,6 +187,8 @@ func convertError(err error) error {
 		return &RuntimeReplacedError{baseError: e, Detail: orEmpty(replaced)}
 	case ReasonStaleHandle:
 		return &StaleHandleError{baseError: e, Detail: orEmpty(stale)}
+	case ReasonContainerdUnavailable, ReasonServerDiskFull, ReasonServerDescriptors:
+		return &DependencyError{baseError: e, Detail: orEmpty(dependency)}
 	}
 	return e
 }

@@ -7,6 +7,10 @@ import (
 	"io"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -149,14 +153,17 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := berthv1.NewFileServiceClient(c.conn).ReadFile(ctx, req)
+	stream, err := berthv1.NewFileServiceClient(c.conn).ReadFile(ctx, req, wire.CallOption())
 	if err != nil {
 		return nil, convertError(err)
 	}
+	in := wire.Receiver{Field: readChunk}
+	defer in.Free()
 	var header *berthv1.ReadFileHeader
 	var got uint64
 	for {
-		msg, err := stream.Recv()
+		msg := &berthv1.ReadFileResponse{}
+		data, chunk, err := in.Recv(stream.RecvMsg, msg)
 		if errors.Is(err, io.EOF) {
 			break
 		}
@@ -167,13 +174,16 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 			header = h
 			continue
 		}
+		if !chunk {
+			data = msg.GetChunk()
+		}
 		if header == nil {
 			return nil, errors.New("read file: berthd sent data before the header")
 		}
-		if _, err := w.Write(msg.GetChunk()); err != nil {
+		if _, err := w.Write(data); err != nil {
 			return header, fmt.Errorf("read file %s: write: %w", path, err)
 		}
-		got += uint64(len(msg.GetChunk()))
+		got += uint64(len(data))
 		if cfg.progress != nil {
 			cfg.progress(got)
 		}
@@ -200,15 +210,11 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Rea
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := berthv1.NewFileServiceClient(c.conn).WriteFile(ctx)
+	stream, err := berthv1.NewFileServiceClient(c.conn).WriteFile(ctx, wire.CallOption())
 	if err != nil {
 		return nil, convertError(err)
 	}
-	chunk := &berthv1.WriteFileRequest_Chunk{}
-	err = sendStream(stream, &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Header{Header: h}}, r, cfg.progress, func(b []byte) *berthv1.WriteFileRequest {
-		chunk.Chunk = b
-		return &berthv1.WriteFileRequest{Part: chunk}
-	})
+	err = sendStream(stream, &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Header{Header: h}}, r, cfg.progress, writeChunk)
 	if err != nil {
 		return nil, fmt.Errorf("write file %s: %w", path, err)
 	}
@@ -217,16 +223,28 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Rea
 
 func resp[T any](v T, err error) (T, error) { return v, convertError(err) }
 
-// sendStream sends first, then what r yields in chunks made by chunk, and
-// closes the sending side. When berthd ends the stream early its status is
-// returned; when reading r fails the stream is abandoned by the caller's
-// cancel.
-func sendStream[Req any, Resp any](stream interface {
-	Send(Req) error
+// The chunk fields of the file streams' data messages, which the client
+// sends and receives as wire.Frames: a chunk is read from the caller's
+// reader straight into the buffer gRPC sends it from, and written to the
+// caller's writer from the buffers gRPC received it in, without
+// protobuf's encode and decode copies.
+var (
+	readChunk     = wire.ChunkField(&berthv1.ReadFileResponse{})
+	writeChunk    = wire.ChunkField(&berthv1.WriteFileRequest{})
+	uploadChunk   = wire.ChunkField(&berthv1.UploadRequest{})
+	downloadChunk = wire.ChunkField(&berthv1.DownloadResponse{})
+)
+
+// sendStream sends first, then what r yields in chunk messages of the
+// field chunk, and closes the sending side. When berthd ends the stream
+// early its status is returned; when reading r fails the stream is
+// abandoned by the caller's cancel.
+func sendStream[Resp any](stream interface {
+	SendMsg(any) error
 	CloseAndRecv() (Resp, error)
-}, first Req, r io.Reader, progress func(uint64), chunk func([]byte) Req) error {
-	send := func(req Req) error {
-		err := stream.Send(req)
+}, first proto.Message, r io.Reader, progress func(uint64), chunk protoreflect.FieldNumber) error {
+	send := func(m any) error {
+		err := stream.SendMsg(m)
 		if errors.Is(err, io.EOF) {
 			// berthd ended the stream; its status says why.
 			if _, err = stream.CloseAndRecv(); err == nil {
@@ -238,13 +256,13 @@ func sendStream[Req any, Resp any](stream interface {
 	if err := send(first); err != nil {
 		return err
 	}
-	buf := make([]byte, fileChunkBytes)
+	var fr wire.Frame
+	defer fr.Free()
 	var sent uint64
 	for {
-		n, rerr := io.ReadFull(r, buf)
+		n, rerr := fr.Fill(chunk, fileChunkBytes, func(p []byte) (int, error) { return io.ReadFull(r, p) })
 		if n > 0 {
-			// Send marshals before it returns: buf can be reused.
-			if err := send(chunk(buf[:n])); err != nil {
+			if err := send(&fr); err != nil {
 				return err
 			}
 			sent += uint64(n)
@@ -374,15 +392,11 @@ func (c *Client) Upload(ctx context.Context, sandboxID, dir string, r io.Reader,
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := berthv1.NewFileServiceClient(c.conn).Upload(ctx)
+	stream, err := berthv1.NewFileServiceClient(c.conn).Upload(ctx, wire.CallOption())
 	if err != nil {
 		return nil, convertError(err)
 	}
-	chunk := &berthv1.UploadRequest_Chunk{}
-	err = sendStream(stream, &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Header{Header: h}}, r, cfg.progress, func(b []byte) *berthv1.UploadRequest {
-		chunk.Chunk = b
-		return &berthv1.UploadRequest{Part: chunk}
-	})
+	err = sendStream(stream, &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Header{Header: h}}, r, cfg.progress, uploadChunk)
 	if err != nil {
 		return nil, fmt.Errorf("upload to %s: %w", dir, err)
 	}
@@ -405,13 +419,16 @@ func (c *Client) Download(ctx context.Context, sandboxID, path string, w io.Writ
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := berthv1.NewFileServiceClient(c.conn).Download(ctx, req)
+	stream, err := berthv1.NewFileServiceClient(c.conn).Download(ctx, req, wire.CallOption())
 	if err != nil {
 		return nil, convertError(err)
 	}
+	in := wire.Receiver{Field: downloadChunk}
+	defer in.Free()
 	var got uint64
 	for {
-		msg, err := stream.Recv()
+		msg := &berthv1.DownloadResponse{}
+		data, chunk, err := in.Recv(stream.RecvMsg, msg)
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("download %s: the stream ended without a summary after %d bytes", path, got)
 		}
@@ -421,10 +438,13 @@ func (c *Client) Download(ctx context.Context, sandboxID, path string, w io.Writ
 		if s := msg.GetSummary(); s != nil {
 			return s, nil
 		}
-		if _, err := w.Write(msg.GetChunk()); err != nil {
+		if !chunk {
+			data = msg.GetChunk()
+		}
+		if _, err := w.Write(data); err != nil {
 			return nil, fmt.Errorf("download %s: write: %w", path, err)
 		}
-		got += uint64(len(msg.GetChunk()))
+		got += uint64(len(data))
 		if cfg.progress != nil {
 			cfg.progress(got)
 		}

@@ -32,6 +32,9 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
 		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},
 		{ReasonDescriptorLimit, rpcstatus.ReasonDescriptorLimit},
+		{ReasonContainerdUnavailable, rpcstatus.ReasonContainerdUnavailable},
+		{ReasonServerDiskFull, rpcstatus.ReasonServerDiskFull},
+		{ReasonServerDescriptors, rpcstatus.ReasonServerDescriptors},
 	}
 	for _, tt := range tests {
 		if tt.got != tt.want {

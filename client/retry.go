@@ -10,8 +10,9 @@ import (
 // RetryPolicy makes a Client retry the calls that failed with a condition
 // that is safe to retry: a *FleetBusyError after the delay berthd gives, and
 // an *UnreachableError whose call ran nothing, with jittered exponential
-// backoff. *RuntimeReplacedError and *StaleHandleError are never retried,
-// nor is anything else. Retries end when the call's context ends or
+// backoff, as is a *DependencyError for containerd not answering that
+// changed nothing. *RuntimeReplacedError and *StaleHandleError are never
+// retried, nor is anything else. Retries end when the call's context ends or
 // MaxAttempts is reached; the last error is returned.
 //
 // Retried calls: CreateSandbox, GetSandbox, DeleteSandbox, each page of
@@ -76,13 +77,15 @@ func (c *Client) retry(ctx context.Context, call func() error) error {
 		var wait time.Duration
 		var busy *FleetBusyError
 		var unreachable *UnreachableError
+		var dep *DependencyError
 		switch {
 		case errors.As(err, &busy):
 			// At least berthd's delay, plus up to a fifth more so that
 			// callers turned away together do not return together.
 			d := min(busy.Delay(), p.MaxBusyDelay)
 			wait = d + rand.N(d/5+1)
-		case errors.As(err, &unreachable) && unreachable.NothingRan():
+		case errors.As(err, &unreachable) && unreachable.NothingRan(),
+			errors.As(err, &dep) && dep.Reason == ReasonContainerdUnavailable && dep.NothingRan():
 			wait = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(2*backoff, p.MaxBackoff)
 		default:

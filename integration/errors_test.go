@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -131,6 +133,23 @@ func signalAgent(t *testing.T, pid uint32, sig syscall.Signal) {
 	if err := syscall.Kill(int(pid), sig); err != nil {
 		t.Fatalf("kill -%d %d: %v", sig, pid, err)
 	}
+}
+
+// processStopped reports whether every thread of host process pid is
+// stopped (state T in /proc/<pid>/task/*/stat).
+func processStopped(pid uint32) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		i := bytes.LastIndexByte(b, ')')
+		if err != nil || i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // waitRuntime polls GetSandbox, for at most 30 s, until the sandbox runs
@@ -369,6 +388,11 @@ func TestUnreachableWhenAgentStopped(t *testing.T) {
 	defer cancel()
 
 	signalAgent(t, rt.GetTaskPid(), syscall.SIGSTOP)
+	// kill(2) returns before every thread has stopped: a request sent
+	// meanwhile is answered, and the next one may start an exec.
+	if !poll(5*time.Second, func() bool { return processStopped(rt.GetTaskPid()) }) {
+		t.Fatal("the agent did not stop within 5 s of SIGSTOP")
+	}
 	continued := false
 	t.Cleanup(func() {
 		if !continued {

@@ -438,6 +438,11 @@ func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.
 		return runtime.Sandbox{}, nil, err
 	}
 	info, err := s.waitAgent(ctx, spec.ID)
+	if d, ok := dependencyOf(err, spec.ID); ok {
+		// The container exists, and its removal below may fail as well.
+		d.admitted = berthv1.Admitted_ADMITTED_UNKNOWN
+		err = d
+	}
 	if err == nil {
 		s.sandboxCreated(spec.ID, info.GetBootId(), info.GetVersion())
 		s.ids.setOwner(spec.ID, info.GetBootId(), spec.Owner)

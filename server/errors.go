@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -164,6 +165,98 @@ func (e *staleHandleError) detail() *berthv1.StaleHandle {
 	}
 }
 
+// dependencyError says a request failed because something berthd depends
+// on failed, outside any sandbox: containerd, the disk of berthd's own
+// directories, berthd's file descriptors (berthv1.DependencyFailure).
+type dependencyError struct {
+	sandboxID  string
+	dependency berthv1.Dependency
+	fault      berthv1.DependencyFault
+	op         string
+	waited     time.Duration
+	budget     time.Duration
+	admitted   berthv1.Admitted
+	err        error
+}
+
+func (e *dependencyError) Error() string { return e.err.Error() }
+
+func (e *dependencyError) Unwrap() error { return e.err }
+
+// dependencyOf classifies err as a dependency failure: containerd not
+// answering (runtime.UnavailableError), a host resource running out
+// (runtime.HostError, or any error carrying ENOSPC, EDQUOT, EMFILE or
+// ENFILE from berthd's own system calls: the agents' and containerd's
+// failures arrive as statuses, never as errnos), or a *dependencyError
+// built where the failure happened. sandboxID fills the detail when the
+// error does not name one.
+func dependencyOf(err error, sandboxID string) (*dependencyError, bool) {
+	var (
+		dep         *dependencyError
+		unavailable *runtime.UnavailableError
+		host        *runtime.HostError
+	)
+	switch {
+	case errors.As(err, &dep):
+		d := *dep
+		if d.sandboxID == "" {
+			d.sandboxID = sandboxID
+		}
+		return &d, true
+	case errors.As(err, &unavailable):
+		d := &dependencyError{sandboxID: sandboxID, dependency: berthv1.Dependency_DEPENDENCY_CONTAINERD, fault: berthv1.DependencyFault_DEPENDENCY_FAULT_UNREACHABLE,
+			op: unavailable.Op, waited: unavailable.Waited, admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, err: err}
+		if unavailable.Slow {
+			d.fault, d.budget = berthv1.DependencyFault_DEPENDENCY_FAULT_SLOW, unavailable.Budget
+		}
+		if unavailable.Changed {
+			d.admitted = berthv1.Admitted_ADMITTED_UNKNOWN
+		}
+		return d, true
+	}
+	errno, ok := runtime.HostErrno(err)
+	if !ok {
+		return nil, false
+	}
+	// Where berthd's own call failed is known only to a runtime
+	// operation: anything else may have taken effect in part.
+	d := &dependencyError{sandboxID: sandboxID, dependency: berthv1.Dependency_DEPENDENCY_SERVER_DISK, fault: berthv1.DependencyFault_DEPENDENCY_FAULT_FULL,
+		admitted: berthv1.Admitted_ADMITTED_UNKNOWN, err: err}
+	if errors.As(err, &host) {
+		d.op = host.Op
+		if !host.Changed {
+			d.admitted = berthv1.Admitted_ADMITTED_NOT_STARTED
+		}
+	}
+	if errno == syscall.EMFILE || errno == syscall.ENFILE {
+		d.dependency, d.fault = berthv1.Dependency_DEPENDENCY_SERVER_DESCRIPTORS, berthv1.DependencyFault_DEPENDENCY_FAULT_EXHAUSTED
+	}
+	return d, true
+}
+
+// status is the gRPC status of e: UNAVAILABLE CONTAINERD_UNAVAILABLE, or
+// RESOURCE_EXHAUSTED SERVER_DISK_FULL or SERVER_DESCRIPTORS_EXHAUSTED, with
+// the DependencyFailure detail.
+func (e *dependencyError) status(meta map[string]string) error {
+	code, reason := codes.Unavailable, rpcstatus.ReasonContainerdUnavailable
+	switch e.dependency {
+	case berthv1.Dependency_DEPENDENCY_SERVER_DISK:
+		code, reason = codes.ResourceExhausted, rpcstatus.ReasonServerDiskFull
+	case berthv1.Dependency_DEPENDENCY_SERVER_DESCRIPTORS:
+		code, reason = codes.ResourceExhausted, rpcstatus.ReasonServerDescriptors
+	}
+	msg := e.err.Error()
+	switch e.admitted {
+	case berthv1.Admitted_ADMITTED_NOT_STARTED:
+		msg += "; nothing was changed"
+	case berthv1.Admitted_ADMITTED_UNKNOWN:
+		msg += "; it may have taken effect in part: retry with the same sandbox_id, which is idempotent"
+	}
+	d := &berthv1.DependencyFailure{SandboxId: e.sandboxID, Dependency: e.dependency, Fault: e.fault, Operation: e.op,
+		Waited: durationProto(e.waited), Budget: durationProto(e.budget), ServerVersion: Version, Admitted: e.admitted}
+	return rpcstatus.Error(code, reason, msg, withMeta(meta, "dependency", e.dependency.String()), d)
+}
+
 // toStatus converts err to the gRPC status returned to the caller. It is the
 // one place where domain errors become codes: statuses that already carry a
 // berth ErrorInfo (built by a handler or by the agent) pass unchanged, and
@@ -201,6 +294,11 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		// detail says what is known.
 		d := &berthv1.Unreachable{SandboxId: meta["sandbox_id"], ConnectBudget: durationProto(s.cfg.ConnectBudget), ServerVersion: Version, Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED}
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, meta, d)
+	}
+	if d, ok := dependencyOf(err, meta["sandbox_id"]); ok {
+		return d.status(meta)
+	}
+	switch {
 	case errors.Is(err, runtime.ErrSandboxNotFound):
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonSandboxNotFound, msg, meta)
 	case errors.Is(err, runtime.ErrSandboxExists):

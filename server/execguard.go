@@ -71,6 +71,7 @@ type execGuard struct {
 	noAnswer bool // the agent sent nothing within the connect budget
 	lastSeq  uint64
 	timer    *time.Timer
+	busy     *agentWatch // set with timer: is a silent agent busy?
 }
 
 // guardExec reaches the sandbox's agent for a request about execID (a start
@@ -146,14 +147,21 @@ func (g *execGuard) streamContext(ctx context.Context) context.Context {
 }
 
 // opened notes that the opening message was sent and starts the budget for
-// the agent's first answer.
+// the agent's first answer. A budget that runs out while the agent works
+// (agentWatch) is renewed: a busy agent is not an unreachable one.
 func (g *execGuard) opened() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.sent = true
+	g.busy = g.s.newAgentWatch(g.sandboxID, g.runtime.TaskPID)
 	g.timer = time.AfterFunc(g.s.cfg.ConnectBudget, func() {
 		g.mu.Lock()
 		silent := !g.answered
+		if silent && g.busy.busy() {
+			g.timer.Reset(g.s.cfg.ConnectBudget)
+			g.mu.Unlock()
+			return
+		}
 		g.noAnswer = silent
 		g.mu.Unlock()
 		if silent && g.cancel != nil {
@@ -222,10 +230,14 @@ func (g *execGuard) failed(ctx context.Context, err error) error {
 	}
 	g.mu.Lock()
 	noAnswer := g.noAnswer
+	var cause berthv1.UnreachableCause
+	var what string
+	if noAnswer {
+		cause, what = g.busy.verdict("took the request but sent nothing")
+	}
 	g.mu.Unlock()
 	if noAnswer {
-		return g.unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
-			fmt.Sprintf("the agent took the request but sent nothing within the connect budget of %v", g.s.cfg.ConnectBudget))
+		return g.unreachable(cause, what)
 	}
 	if reason := rpcstatus.Reason(err); reason != "" {
 		if reason == rpcstatus.ReasonUnreachable {
@@ -262,7 +274,12 @@ func (g *execGuard) probe(ctx context.Context, cause error) error {
 	case errors.Is(err, runtime.ErrSandboxNotFound):
 		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskDeleted}, exitDeleting)
 	case err != nil:
-		return fmt.Errorf("check sandbox %s after its agent stream failed (%v): %w", g.sandboxID, cause, err)
+		err = fmt.Errorf("check sandbox %s after its agent stream failed (%v): %w", g.sandboxID, cause, err)
+		if d, ok := dependencyOf(err, g.sandboxID); ok {
+			d.admitted = g.admitted() // the exec may have started
+			return d
+		}
+		return err
 	case !sb.Running || sb.TaskPID != g.runtime.TaskPID:
 		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskExited}, exitLeftStopped)
 	}

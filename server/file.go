@@ -6,7 +6,12 @@ import (
 	"errors"
 	"io"
 
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -15,7 +20,8 @@ import (
 // the sandbox's agent, which does the file work in the sandbox's mount
 // namespace as the workload user. berthd validates the sandbox id and the
 // paths (naming the public fields), passes paths on as bytes, and relays
-// data chunks and statuses without copying or reinterpreting them.
+// data chunks as they are on the wire (relayDown, relayUp) and statuses
+// as they are.
 type fileServer struct {
 	berthv1.UnimplementedFileServiceServer
 	s *Service
@@ -82,61 +88,116 @@ func (f *fileServer) ReadFile(req *berthv1.ReadFileRequest, stream berthv1.FileS
 	if err != nil {
 		return err
 	}
-	up, err := files.ReadFile(ctx, &agentv1.ReadFileRequest{Path: path, OffsetBytes: req.GetOffsetBytes(), LimitBytes: req.GetLimitBytes()})
+	up, err := files.ReadFile(ctx, &agentv1.ReadFileRequest{Path: path, OffsetBytes: req.GetOffsetBytes(), LimitBytes: req.GetLimitBytes()}, wire.CallOption())
 	if err != nil {
 		return f.fail(ctx, req.GetSandboxId(), err)
 	}
-	out := &berthv1.ReadFileResponse{}
-	chunk := &berthv1.ReadFileResponse_Chunk{}
-	for {
-		msg, err := up.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return f.fail(ctx, req.GetSandboxId(), err)
+	err = relayDown(up, stream, readChunk, f.moved("out"), func(fr *wire.Frame) (proto.Message, error) {
+		var msg agentv1.ReadFileResponse
+		if err := fr.Decode(&msg); err != nil {
+			return nil, err
 		}
 		switch part := msg.GetPart().(type) {
 		case *agentv1.ReadFileResponse_Header:
-			out.Part = &berthv1.ReadFileResponse_Header{Header: part.Header}
+			return &berthv1.ReadFileResponse{Part: &berthv1.ReadFileResponse_Header{Header: part.Header}}, nil
 		case *agentv1.ReadFileResponse_Chunk:
-			chunk.Chunk = part.Chunk
-			out.Part = chunk
-			f.s.obs.FileBytes("out", len(part.Chunk))
-		default:
+			return &berthv1.ReadFileResponse{Part: &berthv1.ReadFileResponse_Chunk{Chunk: part.Chunk}}, nil
+		}
+		return nil, nil
+	})
+	if err != nil {
+		return f.fail(ctx, req.GetSandboxId(), err)
+	}
+	return nil
+}
+
+// The chunk fields of the file streams have the same number in berth.v1
+// and berth.agent.v1 (TestChunkFields): berthd relays a chunk message as
+// it is on the wire (a wire.Frame), without decoding and encoding it.
+var (
+	readChunk     = wire.ChunkField(&berthv1.ReadFileResponse{})
+	writeChunk    = wire.ChunkField(&berthv1.WriteFileRequest{})
+	uploadChunk   = wire.ChunkField(&berthv1.UploadRequest{})
+	downloadChunk = wire.ChunkField(&berthv1.DownloadResponse{})
+)
+
+// relayDown sends what the agent's stream up yields to the caller's stream
+// down until up ends: a chunk message (field chunk) as it came, any other
+// message through convert, which decodes it and returns the message to
+// send, or nil to send none. The agent's messages are untrusted input: a
+// frame is relayed undecoded only when it is exactly one bytes field, the
+// chunk, of the length the frame holds.
+// moved counts the bytes of each chunk relayed (metrics).
+func relayDown(up grpc.ClientStream, down grpc.ServerStream, chunk protoreflect.FieldNumber, moved func(int), convert func(*wire.Frame) (proto.Message, error)) error {
+	var fr wire.Frame
+	defer fr.Free()
+	for {
+		if err := up.RecvMsg(&fr); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if n, ok := fr.Chunk(chunk); ok {
+			moved(n)
+			if err := down.SendMsg(&fr); err != nil {
+				return err
+			}
 			continue
 		}
-		if err := stream.Send(out); err != nil {
-			return f.fail(ctx, req.GetSandboxId(), err)
+		msg, err := convert(&fr)
+		if err != nil {
+			return err
+		}
+		if msg != nil {
+			if err := down.SendMsg(msg); err != nil {
+				return err
+			}
 		}
 	}
 }
 
-// clientStream is what WriteFile and Upload forward: the caller's chunks
-// after the header, to the agent.
+// clientStream is the caller's side of WriteFile and Upload, whose header
+// recvHeader receives.
 type clientStream[Req any] interface {
 	Recv() (Req, error)
 }
 
-// forwardChunks sends each chunk the caller sends after its header to the
-// agent through send, until the caller closes its side. It returns
-// io.EOF-free errors: the caller's (its stream broke, or it sent a second
-// header) or errAgentEnded when the agent ended the stream first (its
-// status then says why).
-func forwardChunks[Req any](in clientStream[Req], chunk func(Req) ([]byte, bool), send func([]byte) error) error {
+// relayUp sends the chunks the caller sends after its header to the
+// agent's stream up, until the caller closes its side: a chunk message
+// (field chunk) as it came, any other message decoded by chunkOf, which
+// returns its chunk, or false for a header, and encoded again. It returns
+// io.EOF-free errors: the caller's (its stream broke, it sent a second
+// header or a malformed message) or errAgentEnded when the agent ended the
+// stream first (its status then says why).
+// moved counts the bytes of each chunk relayed (metrics).
+func relayUp(in grpc.ServerStream, up grpc.ClientStream, chunk protoreflect.FieldNumber, moved func(int), chunkOf func(*wire.Frame) ([]byte, bool, error)) error {
+	var fr wire.Frame
+	defer fr.Free()
 	for {
-		msg, err := in.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
+		if err := in.RecvMsg(&fr); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
 			return err
 		}
-		data, ok := chunk(msg)
+		n, ok := fr.Chunk(chunk)
 		if !ok {
-			return rpcstatus.InvalidArgument("header", "only chunks may follow the header")
+			data, ok, err := chunkOf(&fr)
+			if err != nil {
+				return rpcstatus.InvalidArgument("chunk", "is not a valid message: "+err.Error())
+			}
+			if !ok {
+				return rpcstatus.InvalidArgument("header", "only chunks may follow the header")
+			}
+			if len(data) == 0 {
+				continue
+			}
+			fr.Fill(chunk, len(data), func(p []byte) (int, error) { return copy(p, data), nil })
+			n = len(data)
 		}
-		if err := send(data); err != nil {
+		moved(n)
+		if err := up.SendMsg(&fr); err != nil {
 			if errors.Is(err, io.EOF) {
 				return errAgentEnded
 			}
@@ -176,6 +237,12 @@ func recvHeader[Req any, H fileHeader](f *fileServer, ctx context.Context, in cl
 	return h, path, files, err
 }
 
+// moved returns the counter of file content bytes moving in direction
+// ("in" to the sandbox, "out" of it) for relayUp and relayDown.
+func (f *fileServer) moved(direction string) func(int) {
+	return func(n int) { f.s.obs.FileBytes(direction, n) }
+}
+
 // errAgentEnded means the agent ended a client stream early.
 var errAgentEnded = errors.New("the agent ended the stream")
 
@@ -190,20 +257,17 @@ func (f *fileServer) WriteFile(stream berthv1.FileService_WriteFileServer) error
 	}
 	agentCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	up, err := files.WriteFile(agentCtx)
+	up, err := files.WriteFile(agentCtx, wire.CallOption())
 	if err != nil {
 		return f.fail(ctx, h.GetSandboxId(), err)
 	}
 	header := &agentv1.WriteFileHeader{Path: path, Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, CreateParents: h.GetCreateParents(), WriteMode: h.GetWriteMode(), SizeBytes: h.SizeBytes, WantSha256: h.GetWantSha256()}
 	err = up.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Header{Header: header}})
 	if err == nil {
-		out := &agentv1.WriteFileRequest{}
-		chunk := &agentv1.WriteFileRequest_Chunk{}
-		out.Part = chunk
-		err = forwardChunks(stream, func(m *berthv1.WriteFileRequest) ([]byte, bool) { return m.GetChunk(), m.GetHeader() == nil }, func(b []byte) error {
-			chunk.Chunk = b
-			f.s.obs.FileBytes("in", len(b))
-			return up.Send(out)
+		err = relayUp(stream, up, writeChunk, f.moved("in"), func(fr *wire.Frame) ([]byte, bool, error) {
+			var m berthv1.WriteFileRequest
+			err := fr.Decode(&m)
+			return m.GetChunk(), m.GetHeader() == nil, err
 		})
 	}
 	if err != nil && !errors.Is(err, errAgentEnded) && !errors.Is(err, io.EOF) {
@@ -328,19 +392,16 @@ func (f *fileServer) Upload(stream berthv1.FileService_UploadServer) error {
 	}
 	agentCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	up, err := files.Upload(agentCtx)
+	up, err := files.Upload(agentCtx, wire.CallOption())
 	if err != nil {
 		return f.fail(ctx, h.GetSandboxId(), err)
 	}
 	err = up.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Header{Header: &agentv1.UploadHeader{Path: path, Compression: h.GetCompression(), KeepOwners: h.GetKeepOwners()}}})
 	if err == nil {
-		out := &agentv1.UploadRequest{}
-		chunk := &agentv1.UploadRequest_Chunk{}
-		out.Part = chunk
-		err = forwardChunks(stream, func(m *berthv1.UploadRequest) ([]byte, bool) { return m.GetChunk(), m.GetHeader() == nil }, func(b []byte) error {
-			chunk.Chunk = b
-			f.s.obs.FileBytes("in", len(b))
-			return up.Send(out)
+		err = relayUp(stream, up, uploadChunk, f.moved("in"), func(fr *wire.Frame) ([]byte, bool, error) {
+			var m berthv1.UploadRequest
+			err := fr.Decode(&m)
+			return m.GetChunk(), m.GetHeader() == nil, err
 		})
 	}
 	if err != nil && !errors.Is(err, errAgentEnded) && !errors.Is(err, io.EOF) {
@@ -368,32 +429,25 @@ func (f *fileServer) Download(req *berthv1.DownloadRequest, stream berthv1.FileS
 	if err != nil {
 		return err
 	}
-	up, err := files.Download(ctx, &agentv1.DownloadRequest{Path: path, Compression: req.GetCompression()})
+	up, err := files.Download(ctx, &agentv1.DownloadRequest{Path: path, Compression: req.GetCompression()}, wire.CallOption())
 	if err != nil {
 		return f.fail(ctx, req.GetSandboxId(), err)
 	}
-	out := &berthv1.DownloadResponse{}
-	chunk := &berthv1.DownloadResponse_Chunk{}
-	for {
-		msg, err := up.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return f.fail(ctx, req.GetSandboxId(), err)
+	err = relayDown(up, stream, downloadChunk, f.moved("out"), func(fr *wire.Frame) (proto.Message, error) {
+		var msg agentv1.DownloadResponse
+		if err := fr.Decode(&msg); err != nil {
+			return nil, err
 		}
 		switch part := msg.GetPart().(type) {
 		case *agentv1.DownloadResponse_Chunk:
-			chunk.Chunk = part.Chunk
-			out.Part = chunk
-			f.s.obs.FileBytes("out", len(part.Chunk))
+			return &berthv1.DownloadResponse{Part: &berthv1.DownloadResponse_Chunk{Chunk: part.Chunk}}, nil
 		case *agentv1.DownloadResponse_Summary:
-			out.Part = &berthv1.DownloadResponse_Summary{Summary: part.Summary}
-		default:
-			continue
+			return &berthv1.DownloadResponse{Part: &berthv1.DownloadResponse_Summary{Summary: part.Summary}}, nil
 		}
-		if err := stream.Send(out); err != nil {
-			return f.fail(ctx, req.GetSandboxId(), err)
-		}
+		return nil, nil
+	})
+	if err != nil {
+		return f.fail(ctx, req.GetSandboxId(), err)
 	}
+	return nil
 }

@@ -543,31 +543,112 @@ var bootTime = sync.OnceValues(func() (time.Time, error) {
 // field 22 (starttime, in clock ticks) of /proc/<pid>/stat (proc(5)). Its
 // resolution is a clock tick (10 ms), rounded down.
 func procStartTime(pid uint32) (time.Time, error) {
-	if pid == 0 {
-		return time.Time{}, errors.New("no pid")
-	}
 	boot, err := bootTime()
 	if err != nil {
 		return time.Time{}, err
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	fields, err := procStat(pid)
 	if err != nil {
 		return time.Time{}, err
+	}
+	const startTime = 22
+	ticks, err := strconv.ParseUint(fields[startTime], 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
+	}
+	return boot.Add(time.Duration(ticks) * (time.Second / clockTicks)), nil
+}
+
+// procCPU returns the CPU time host process pid has used in its current
+// threads, to the nanosecond: the sum of the first field of
+// /proc/<pid>/task/<tid>/schedstat (run time, ns), falling back to fields
+// 14 and 15 (utime, stime: 10 ms ticks) of /proc/<pid>/stat (proc(5)). A
+// thread that exits takes its time with it, so only a change means work.
+func procCPU(pid uint32) (time.Duration, error) {
+	if pid == 0 {
+		return 0, errors.New("no pid")
+	}
+	if tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
+		var sum uint64
+		read := 0
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b)); len(f) > 0 {
+				if ns, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+					sum += ns
+					read++
+				}
+			}
+		}
+		if read > 0 {
+			return time.Duration(sum), nil
+		}
+	}
+	fields, err := procStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	const utime, stime = 14, 15
+	u, err1 := strconv.ParseUint(fields[utime], 10, 64)
+	s, err2 := strconv.ParseUint(fields[stime], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat utime, stime: %w", pid, err)
+	}
+	return time.Duration(u+s) * (time.Second / clockTicks), nil
+}
+
+// procRunnable reports whether a thread of host process pid is running or
+// waiting for a CPU (state R in /proc/<pid>/task/<tid>/stat, proc(5)).
+func procRunnable(pid uint32) bool {
+	if pid == 0 {
+		return false
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		// The state, field 3, follows the command name's last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'R' {
+			return true
+		}
+	}
+	return false
+}
+
+// procStopped reports whether host process pid is stopped by a signal
+// (state T, or t when traced, in /proc/<pid>/stat, proc(5)).
+func procStopped(pid uint32) bool {
+	fields, err := procStat(pid)
+	return err == nil && (fields[3] == "T" || fields[3] == "t")
+}
+
+// procStat returns the fields of /proc/<pid>/stat indexed as proc(5)
+// numbers them (fields[1] is the pid), through field 22 at least.
+func procStat(pid uint32) ([]string, error) {
+	if pid == 0 {
+		return nil, errors.New("no pid")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
 	}
 	// The command name, field 2, is in parentheses and may hold spaces and
 	// parentheses itself: fields are counted after its last ')'.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return time.Time{}, fmt.Errorf("/proc/%d/stat: no command name", pid)
+		return nil, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
-	fields := strings.Fields(string(b[i+1:]))
-	const startTimeField = 22 - 3 // fields after ')' begin with field 3
-	if len(fields) <= startTimeField {
-		return time.Time{}, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)+2)
+	fields := append([]string{"", strconv.FormatUint(uint64(pid), 10), ""}, strings.Fields(string(b[i+1:]))...)
+	if len(fields) <= 22 {
+		return nil, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)-1)
 	}
-	ticks, err := strconv.ParseUint(fields[startTimeField], 10, 64)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
-	}
-	return boot.Add(time.Duration(ticks) * (time.Second / clockTicks)), nil
+	return fields, nil
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // reach returns a client for the agent of a running sandbox and the runtime
@@ -81,21 +83,37 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 	if err != nil {
 		return nil, identity{}, err
 	}
-	infoCtx, cancel := context.WithTimeout(ctx, s.cfg.ConnectBudget)
-	info, err := agent.Info(infoCtx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
-	cancel()
+	pid := last.TaskPID
+	if checked {
+		pid = sb.TaskPID
+	}
+	watch := s.newAgentWatch(sandboxID, pid)
+	var info *agentv1.InfoResponse
+	for {
+		infoCtx, cancel := context.WithTimeout(ctx, s.cfg.ConnectBudget)
+		info, err = agent.Info(infoCtx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err == nil || ctx.Err() != nil || status.Code(err) != codes.DeadlineExceeded || !watch.busy() {
+			break
+		}
+		// Busy answering others: ask again.
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, identity{}, ctx.Err()
+		}
+		if err := s.dialFailure(sandboxID, time.Since(began)); err != nil {
+			return nil, identity{}, err
 		}
 		if !checked {
 			if err := check(); err != nil {
 				return nil, identity{}, err
 			}
 		}
-		return nil, identity{}, &unreachableError{sandboxID: sandboxID, execID: execID, cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
+		cause, what := watch.verdict("did not answer")
+		return nil, identity{}, &unreachableError{sandboxID: sandboxID, execID: execID, cause: cause,
 			taskRunning: sb.Running, runtime: last, waited: time.Since(began), admitted: berthv1.Admitted_ADMITTED_NOT_STARTED,
-			what: fmt.Sprintf("the agent did not answer within the connect budget of %v (%v)", s.cfg.ConnectBudget, grpcMessage(err))}
+			what: fmt.Sprintf("%s (%v)", what, grpcMessage(err))}
 	}
 	if known && info.GetBootId() == last.BootID {
 		if checked {
@@ -118,4 +136,93 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 	s.ids.observe(sandboxID, id)
 	s.ids.setOwner(sandboxID, id.BootID, sb.Owner)
 	return agent, id, nil
+}
+
+// dialFailure returns a *dependencyError (nothing sent) when the last
+// attempt to connect to the sandbox's agent failed for want of a resource
+// of berthd's own host — its file descriptors, above all — rather than
+// because of the agent; nil otherwise.
+func (s *Service) dialFailure(sandboxID string, waited time.Duration) error {
+	err := s.agents.DialError(s.rt.SocketPath(sandboxID))
+	if _, ok := runtime.HostErrno(err); !ok {
+		return nil
+	}
+	d, _ := dependencyOf(err, sandboxID)
+	d.op = "connect to the agent of sandbox " + sandboxID
+	d.waited = waited
+	d.admitted = berthv1.Admitted_ADMITTED_NOT_STARTED
+	return d
+}
+
+// agentWatch tells a busy agent from an unreachable one while a request
+// waits for its answer. An agent is working when, since the last check, its
+// process used CPU, one of its threads is running or waiting for a CPU, or
+// it sent berthd anything on its connection (other streams' events): it is
+// busy — with a burst of execs, or on a loaded host — and is waited for, up
+// to Config.AgentBusyLimit in all (then AGENT_BUSY). An agent whose process
+// is stopped (SIGSTOP), or that did none of these while bytes berthd wrote
+// to it lay unread in its socket, is unreachable after one budget. When
+// nothing waits unread, berthd itself may not have sent the request yet (a
+// loaded berthd): the wait goes on, and ends as unreachable (a hung agent)
+// at the limit without any work. A pid of 0 (the task is unknown) leaves
+// only what the connection shows.
+type agentWatch struct {
+	pid      uint32
+	budget   time.Duration
+	began    time.Time
+	received func() uint64
+	unread   func() (int, bool)
+
+	cpu     time.Duration // the agent's CPU time at the last check
+	frames  uint64        // what it had sent at the last check
+	worked  bool          // it worked at some time during the wait
+	stopped bool          // it was found stopped (SIGSTOP)
+	limit   time.Duration // Config.AgentBusyLimit
+}
+
+func (s *Service) newAgentWatch(sandboxID string, pid uint32) *agentWatch {
+	socket := s.rt.SocketPath(sandboxID)
+	w := &agentWatch{pid: pid, budget: s.cfg.ConnectBudget, limit: s.cfg.AgentBusyLimit, began: time.Now(),
+		received: func() uint64 { return s.agents.Received(socket) },
+		unread:   func() (int, bool) { return s.agents.Unread(socket) }}
+	w.cpu, _ = procCPU(pid)
+	w.frames = w.received()
+	return w
+}
+
+// busy is called when a wait ran out its budget: it reports whether the
+// wait goes on (see agentWatch).
+func (w *agentWatch) busy() bool {
+	if procStopped(w.pid) {
+		w.worked, w.stopped = false, true
+		return false
+	}
+	cpu, err := procCPU(w.pid)
+	frames := w.received()
+	worked := (err == nil && cpu != w.cpu) || frames > w.frames || procRunnable(w.pid)
+	w.cpu, w.frames = cpu, frames
+	w.worked = w.worked || worked
+	if time.Since(w.began) >= w.limit {
+		return false
+	}
+	if worked {
+		return true
+	}
+	unread, connected := w.unread()
+	return connected && unread == 0
+}
+
+// verdict returns the cause and the description of a wait that ended
+// without an answer; did says what the agent did not do.
+func (w *agentWatch) verdict(did string) (berthv1.UnreachableCause, string) {
+	if w.stopped {
+		return berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
+			fmt.Sprintf("the agent %s within %v: its process is stopped (SIGSTOP; connect budget %v)", did, time.Since(w.began).Round(time.Millisecond), w.budget)
+	}
+	if w.worked {
+		return berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY,
+			fmt.Sprintf("the agent %s within %v although it kept working: it is overloaded", did, time.Since(w.began).Round(time.Millisecond))
+	}
+	return berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
+		fmt.Sprintf("the agent %s within %v and did no work meanwhile (connect budget %v)", did, time.Since(w.began).Round(time.Millisecond), w.budget)
 }

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -40,21 +41,37 @@ func (s *Service) waitAgent(ctx context.Context, id string) (*agentv1.InfoRespon
 		err  error
 	}
 	answered := make(chan answer, 1)
+	infoCtx, cancelInfo := context.WithCancel(ctx)
+	defer cancelInfo()
 	go func() {
-		info, err := agentconn.WaitReady(ctx, agent)
+		info, err := agentconn.WaitReady(infoCtx, agent)
 		answered <- answer{info, err}
 	}()
-	select {
-	case a := <-answered:
-		if a.err != nil {
-			return nil, fmt.Errorf("%w: agent of sandbox %s did not answer within %v: %v%s", errAgentUnreachable, id, s.cfg.AgentReadyTimeout, a.err, s.logTail(id))
+	// WaitReady waits through failed connection attempts; one that failed
+	// for want of berthd's own descriptors will not heal while it waits.
+	began := time.Now()
+	dialCheck := time.NewTicker(100 * time.Millisecond)
+	defer dialCheck.Stop()
+	for {
+		select {
+		case <-dialCheck.C:
+			if err := s.dialFailure(id, time.Since(began)); err != nil {
+				cancelInfo()
+				<-answered
+				return nil, err
+			}
+			continue
+		case a := <-answered:
+			if a.err != nil {
+				return nil, fmt.Errorf("%w: agent of sandbox %s did not answer within %v: %v%s", errAgentUnreachable, id, s.cfg.AgentReadyTimeout, a.err, s.logTail(id))
+			}
+			s.checkSkew(id, a.info)
+			return a.info, nil
+		case st := <-exited:
+			cancel()
+			<-answered
+			return nil, fmt.Errorf("%w: the task of sandbox %s exited with status %d before the agent answered%s", errAgentUnreachable, id, st.ExitCode(), s.logTail(id))
 		}
-		s.checkSkew(id, a.info)
-		return a.info, nil
-	case st := <-exited:
-		cancel()
-		<-answered
-		return nil, fmt.Errorf("%w: the task of sandbox %s exited with status %d before the agent answered%s", errAgentUnreachable, id, st.ExitCode(), s.logTail(id))
 	}
 }
 
@@ -267,9 +284,16 @@ func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxR
 	if c == nil {
 		// A restart holds the lifecycle lock while its agent starts:
 		// cancel it too, if the sandbox is the caller's.
-		if sb, err := s.rt.Get(ctx, id); err == nil && p.Sees(sb.Owner) {
-			s.restarts.abort(id)
+		sb, err := s.rt.Get(ctx, id)
+		switch {
+		case errors.Is(err, runtime.ErrSandboxNotFound):
+			return &berthv1.DeleteSandboxResponse{}, nil
+		case err != nil:
+			return nil, s.toStatus(ctx, err, meta)
+		case !p.Sees(sb.Owner):
+			return &berthv1.DeleteSandboxResponse{}, nil
 		}
+		s.restarts.abort(id)
 	}
 	unlock, err := s.lifecycle.Lock(ctx, id)
 	if err != nil {

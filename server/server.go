@@ -79,6 +79,12 @@ type Config struct {
 	// to connect and answer, and for its first answer to an exec; past it
 	// the request fails with UNAVAILABLE SANDBOX_UNREACHABLE. Default 3 s.
 	ConnectBudget time.Duration
+	// AgentBusyLimit bounds how long a request waits for an agent that
+	// keeps working — using CPU, sending other streams' events — but has
+	// not answered it yet: a busy agent is not an unreachable one. Past it
+	// the request fails with SANDBOX_UNREACHABLE, cause AGENT_BUSY.
+	// Default 30 s, and never below ConnectBudget.
+	AgentBusyLimit time.Duration
 	// MaxSandboxes caps the sandboxes the server holds, running or
 	// stopped; CreateSandbox beyond it fails with RESOURCE_EXHAUSTED
 	// FLEET_BUSY. Zero: no cap.
@@ -161,6 +167,10 @@ func (c *Config) setDefaults() {
 	if c.ConnectBudget == 0 {
 		c.ConnectBudget = 3 * time.Second
 	}
+	if c.AgentBusyLimit == 0 {
+		c.AgentBusyLimit = 30 * time.Second
+	}
+	c.AgentBusyLimit = max(c.AgentBusyLimit, c.ConnectBudget)
 	if c.BusyRetryDelay == 0 {
 		c.BusyRetryDelay = time.Second
 	}

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -29,6 +30,15 @@ import (
 // 1 MiB buffer (30% of the client's and berthd's CPU in a ReadFile
 // profile).
 const chunkBytes = 1<<20 - 16
+
+// The chunk fields of the data messages, which the agent reads and writes
+// as wire.Frames: a chunk goes from the file into the buffer gRPC sends it
+// from, and from the buffers gRPC received it in to the file.
+var (
+	readChunk   = wire.ChunkField(&agentv1.ReadFileResponse{})
+	writeChunk  = wire.ChunkField(&agentv1.WriteFileRequest{})
+	uploadChunk = wire.ChunkField(&agentv1.UploadRequest{})
+)
 
 // listBatch is the most entries one ListDirResponse carries.
 const listBatch = 1000

@@ -7,12 +7,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // ReadFile streams a byte range of a regular file: a header from fstat(2)
-// on the opened descriptor, then chunks of at most 64 KiB read with
+// on the opened descriptor, then chunks of at most chunkBytes read with
 // pread(2). It ends with a *changedError when the file yields fewer bytes
 // than the header promised, more (when reading to the end), or a different
 // size or modification time by fstat(2) after the last chunk.
@@ -67,33 +68,35 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 		return err
 	}
 
-	buf := make([]byte, chunkBytes)
-	msg := &agentv1.ReadFileResponse{}
-	chunk := &agentv1.ReadFileResponse_Chunk{}
-	msg.Part = chunk
+	// Each chunk is read straight into the buffer gRPC sends it from.
+	var fr wire.Frame
+	defer fr.Free()
 	var done uint64
 	for done < length {
-		want := min(uint64(len(buf)), length-done)
-		n, err := unix.Pread(fd, buf[:want], int64(offset+done))
-		if err == unix.EINTR {
-			continue
-		}
+		want := min(uint64(chunkBytes), length-done)
+		n, err := fr.Fill(readChunk, int(want), func(p []byte) (int, error) {
+			for {
+				n, err := unix.Pread(fd, p, int64(offset+done))
+				if err != unix.EINTR {
+					return n, err
+				}
+			}
+		})
 		if err != nil {
 			return pathError("read", path, err)
 		}
 		if n == 0 {
 			return &changedError{Path: path, Why: fmt.Sprintf("it ended after %d of the %d bytes its size promised", done, length)}
 		}
-		// Send marshals before returning, so buf can be reused.
-		chunk.Chunk = buf[:n]
-		if err := stream.Send(msg); err != nil {
+		if err := stream.SendMsg(&fr); err != nil {
 			return err
 		}
 		done += uint64(n)
 	}
 	if limit == 0 {
 		// Reading to the end: a byte past it means the file grew.
-		n, err := unix.Pread(fd, buf[:1], int64(offset+length))
+		var one [1]byte
+		n, err := unix.Pread(fd, one[:], int64(offset+length))
 		if err == nil && n > 0 && offset <= size {
 			return &changedError{Path: path, Why: fmt.Sprintf("it grew past the %d bytes its size promised", size)}
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/tartree"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -47,10 +48,13 @@ func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 	default:
 		return invalid("header.compression", fmt.Sprintf("unknown compression %d", h.GetCompression()))
 	}
+	chunks := wire.Receiver{Field: uploadChunk}
+	defer chunks.Free()
 	in := &chunkReader{recv: func() ([]byte, error) {
-		msg, err := stream.Recv()
-		if err != nil {
-			return nil, err
+		var msg agentv1.UploadRequest
+		data, chunk, err := chunks.Recv(stream.RecvMsg, &msg)
+		if err != nil || chunk {
+			return data, err
 		}
 		if msg.GetHeader() != nil {
 			return nil, invalid("header", "only chunks may follow the header")

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -294,17 +295,22 @@ func (w *write) copy(stream agentv1.FileService_WriteFileServer) (*agentv1.Write
 		return nil, err
 	}
 	h, limit := w.h, w.s.cfg.MaxWriteBytes
+	in := wire.Receiver{Field: writeChunk}
+	defer in.Free()
 	for {
-		msg, err := stream.Recv()
+		var msg agentv1.WriteFileRequest
+		data, chunk, err := in.Recv(stream.RecvMsg, &msg)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			return nil, err
 		}
-		data := msg.GetChunk()
-		if msg.GetHeader() != nil {
-			return nil, invalid("header", "only chunks may follow the header")
+		if !chunk {
+			if msg.GetHeader() != nil {
+				return nil, invalid("header", "only chunks may follow the header")
+			}
+			data = msg.GetChunk()
 		}
 		next := w.written + uint64(len(data))
 		if h.SizeBytes != nil && next > h.GetSizeBytes() {

@@ -54,6 +54,13 @@ const (
 	// another's behalf.
 	ReasonUnauthenticated = "UNAUTHENTICATED"
 	ReasonNotPermitted    = "NOT_PERMITTED"
+	// Something berthd depends on failed (berth.v1.DependencyFailure):
+	// containerd did not answer (UNAVAILABLE), the disk of berthd's own
+	// directories is full or berthd is out of file descriptors
+	// (RESOURCE_EXHAUSTED).
+	ReasonContainerdUnavailable = "CONTAINERD_UNAVAILABLE"
+	ReasonServerDiskFull        = "SERVER_DISK_FULL"
+	ReasonServerDescriptors     = "SERVER_DESCRIPTORS_EXHAUSTED"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with

@@ -1,6 +1,7 @@
-// Package wire holds the gRPC transport settings that berth's hops share —
-// the Go client to berthd, berthd to each sandbox's agent: HTTP/2
-// flow-control windows and the buffers between gRPC and the socket.
+// Package wire holds how berth's messages travel between its hops — the Go
+// client to berthd, berthd to each sandbox's agent: HTTP/2 flow-control
+// windows, the buffers between gRPC and the socket, and a codec that moves
+// file data chunks without protobuf's decode and encode (Codec, Frame).
 //
 // The windows are fixed rather than grpc-go's default (64 KiB, grown by
 // BDP estimation up to 16 MiB per stream and connection): from the first
@@ -29,9 +30,10 @@ const (
 )
 
 // ServerOptions returns the transport options of berthd's and the agent's
-// gRPC servers.
+// gRPC servers, Codec among them.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(Codec{}),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(ConnWindow),
 		grpc.ReadBufferSize(BufferBytes),

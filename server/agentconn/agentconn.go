@@ -6,21 +6,35 @@ package agentconn
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
 )
 
 // Pool holds agent connections keyed by socket path. The zero value is not
 // usable; call NewPool.
 type Pool struct {
-	mu        sync.Mutex
-	conns     map[string]*conn
+	mu    sync.Mutex
+	conns map[string]*conn
+	// received counts, per socket path, the messages, headers and
+	// trailers received from the agent on its connection.
+	received map[string]*atomic.Uint64
+	// sockets holds, per socket path, the last connection dialed.
+	sockets map[string]net.Conn
+	// dialErrs holds, per socket path, the last failure to connect since
+	// the last connection made: gRPC reports a failing dial only as
+	// UNAVAILABLE, without its cause.
+	dialErrs  map[string]error
 	dialOpts  []grpc.DialOption
 	onConnect func(ctx context.Context, socketPath string, agent agentv1.AgentServiceClient)
 }
@@ -57,11 +71,83 @@ func WithOnConnect(f func(ctx context.Context, socketPath string, agent agentv1.
 
 // NewPool returns an empty pool.
 func NewPool(opts ...Option) *Pool {
-	p := &Pool{conns: make(map[string]*conn)}
+	p := &Pool{conns: make(map[string]*conn), dialErrs: make(map[string]error), received: make(map[string]*atomic.Uint64),
+		sockets: make(map[string]net.Conn)}
 	for _, o := range opts {
 		o(p)
 	}
 	return p
+}
+
+// Unread returns how many bytes berthd has written to the agent at
+// socketPath that the agent has not read yet (SIOCOUTQ on berthd's end of
+// the unix socket, unix(7)), and false when there is no connection.
+func (p *Pool) Unread(socketPath string) (int, bool) {
+	p.mu.Lock()
+	conn, ok := p.sockets[socketPath].(syscall.Conn)
+	p.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var n int
+	var ioctlErr error
+	if err := rc.Control(func(fd uintptr) { n, ioctlErr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || ioctlErr != nil {
+		return 0, false
+	}
+	return n, true
+}
+
+// Received returns how many messages, headers and trailers the agent at
+// socketPath has sent berthd on its connection, on every stream: a number
+// that grows while the agent works, whatever it works on.
+func (p *Pool) Received(socketPath string) uint64 {
+	p.mu.Lock()
+	n := p.received[socketPath]
+	p.mu.Unlock()
+	if n == nil {
+		return 0
+	}
+	return n.Load()
+}
+
+// counter is a gRPC stats handler that counts what arrives from the peer.
+type counter struct{ n *atomic.Uint64 }
+
+func (c counter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
+func (c counter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (c counter) HandleConn(context.Context, stats.ConnStats)                       {}
+func (c counter) HandleRPC(_ context.Context, s stats.RPCStats) {
+	switch s.(type) {
+	case *stats.InPayload, *stats.InHeader, *stats.InTrailer:
+		c.n.Add(1)
+	}
+}
+
+// DialError returns why the last attempt to connect to the agent at
+// socketPath failed, or nil when the last attempt connected (or none was
+// made).
+func (p *Pool) DialError(socketPath string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dialErrs[socketPath]
+}
+
+// dial connects to socketPath for gRPC and records the outcome.
+func (p *Pool) dial(ctx context.Context, socketPath string) (net.Conn, error) {
+	conn, err := dialSocket(ctx, socketPath)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil {
+		p.dialErrs[socketPath] = err
+	} else {
+		delete(p.dialErrs, socketPath)
+		p.sockets[socketPath] = conn
+	}
+	return conn, err
 }
 
 // Get returns a client for the agent listening on socketPath, creating the
@@ -73,10 +159,11 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	if c, ok := p.conns[socketPath]; ok {
 		return agentv1.NewAgentServiceClient(c.cc), nil
 	}
+	received := new(atomic.Uint64)
 	cc, err := grpc.NewClient("unix://"+socketPath, append(append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Never through a symlink the sandbox put in place of its socket.
-		grpc.WithContextDialer(dialer),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return p.dial(ctx, socketPath) }),
 		// An agent comes up within a few hundred milliseconds of its task
 		// starting; gRPC's default 1 s first backoff would double that.
 		grpc.WithConnectParams(grpc.ConnectParams{
@@ -84,6 +171,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 			MinConnectTimeout: 2 * time.Second,
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+		grpc.WithStatsHandler(counter{received}),
 	), p.dialOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)
@@ -91,6 +179,7 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	ctx, stop := context.WithCancel(context.Background())
 	c := &conn{cc: cc, stop: stop, done: make(chan struct{})}
 	p.conns[socketPath] = c
+	p.received[socketPath] = received
 	client := agentv1.NewAgentServiceClient(cc)
 	if p.onConnect != nil {
 		go func() { defer close(c.done); p.onConnect(ctx, socketPath, client) }()
@@ -105,6 +194,9 @@ func (p *Pool) Forget(socketPath string) {
 	p.mu.Lock()
 	c, ok := p.conns[socketPath]
 	delete(p.conns, socketPath)
+	delete(p.dialErrs, socketPath)
+	delete(p.received, socketPath)
+	delete(p.sockets, socketPath)
 	p.mu.Unlock()
 	if ok {
 		c.close()

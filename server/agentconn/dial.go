@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -68,10 +67,4 @@ func dialSocket(ctx context.Context, path string) (net.Conn, error) {
 		return nil, fmt.Errorf("connect to agent socket %s: %w", path, err)
 	}
 	return conn, nil
-}
-
-// dialer is the gRPC context dialer of the pool: addr is the socket path
-// of a "unix://" target.
-func dialer(ctx context.Context, addr string) (net.Conn, error) {
-	return dialSocket(ctx, strings.TrimPrefix(addr, "unix://"))
 }

@@ -35,7 +35,10 @@ type Image struct {
 // the snapshotter. name, when not empty, names the archive's index instead
 // of the names recorded in it. It fails with ErrImageArchive when the stream
 // is not a readable archive or names no image.
-func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name string) ([]Image, error) {
+func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name string) (_ []Image, err error) {
+	c := r.beginLong(ctx, "import an image archive")
+	defer c.end(&err)
+	c.changes()
 	stream, err := compression.DecompressStream(archive)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrImageArchive, err)
@@ -49,6 +52,9 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("import image archive: %w", ctx.Err())
+		}
+		if errdefs.IsUnavailable(err) {
+			return nil, fmt.Errorf("import image archive: %w", err)
 		}
 		return nil, fmt.Errorf("%w: %v", ErrImageArchive, err)
 	}
@@ -77,7 +83,11 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 }
 
 // ListImages returns every stored image, ordered by name.
-func (r *Runtime) ListImages(ctx context.Context) ([]Image, error) {
+func (r *Runtime) ListImages(ctx context.Context) (_ []Image, err error) {
+	c := r.begin(ctx, "list images")
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	imgs, err := r.client.ImageService().List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list images: %w", err)

@@ -9,7 +9,11 @@ import (
 // MemoryPromised returns every sandbox in the namespace with the memory cap, in
 // bytes, it was created with (zero: no cap), in one containerd call. Stopped
 // sandboxes are included: they keep their promise of memory.
-func (r *Runtime) MemoryPromised(ctx context.Context) (map[string]uint64, error) {
+func (r *Runtime) MemoryPromised(ctx context.Context) (_ map[string]uint64, err error) {
+	c := r.begin(ctx, "list sandboxes' memory caps")
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	records, err := r.client.ContainerService().List(ctx, fmt.Sprintf("labels.%q==true", labelSandbox))
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)

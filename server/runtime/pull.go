@@ -52,8 +52,11 @@ func NormalizeReference(ref string) (string, error) {
 // pull fails with ErrRegistryUnreachable; the download itself is bounded by
 // ctx only. progress, when not nil, is called about every interval with
 // every blob seen so far, from a goroutine PullImage waits for.
-func (r *Runtime) PullImage(ctx context.Context, ref string, resolveTimeout, interval time.Duration, progress func([]PullProgress)) (Image, error) {
-	ref, err := NormalizeReference(ref)
+func (r *Runtime) PullImage(ctx context.Context, ref string, resolveTimeout, interval time.Duration, progress func([]PullProgress)) (_ Image, err error) {
+	c := r.beginLong(ctx, "pull image "+ref)
+	defer c.end(&err)
+	c.changes()
+	ref, err = NormalizeReference(ref)
 	if err != nil {
 		return Image{}, err
 	}
@@ -136,7 +139,10 @@ func (r *Runtime) pullError(ctx context.Context, ref string, resolveTimeout time
 // DeleteImage removes the image record name and waits for its content to be
 // garbage collected. Content still used by other images or by sandboxes'
 // snapshots stays.
-func (r *Runtime) DeleteImage(ctx context.Context, name string) error {
+func (r *Runtime) DeleteImage(ctx context.Context, name string) (err error) {
+	c := r.begin(ctx, "delete image "+name)
+	defer c.end(&err)
+	c.changes()
 	if err := r.client.ImageService().Delete(ctx, name, images.SynchronousDelete()); err != nil {
 		if errdefs.IsNotFound(err) {
 			return fmt.Errorf("%w: %s", ErrImageNotFound, name)

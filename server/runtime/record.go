@@ -11,7 +11,12 @@ import (
 
 // setLabels updates the given labels of sandbox id's container; an empty
 // value deletes the label (containerd drops empty labels on update).
-func (r *Runtime) setLabels(ctx context.Context, id string, labels map[string]string) error {
+func (r *Runtime) setLabels(ctx context.Context, id string, labels map[string]string) (err error) {
+	c := r.begin(ctx, "update the record of sandbox "+id)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
+	c.changes()
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return r.containerError(id, err)

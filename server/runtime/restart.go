@@ -27,7 +27,11 @@ var (
 // fails with ErrSandboxNotFound when the container is gone, ErrTaskReplaced
 // when its task is not the one with pid exited, and ErrTaskRunning when its
 // task runs.
-func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (uint32, error) {
+func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ uint32, err error) {
+	c := r.begin(ctx, "restart the task of sandbox "+id)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return 0, r.containerError(id, err)
@@ -53,6 +57,7 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (ui
 	}
 	// The shim appends to the log file: the new agent's lines follow the
 	// old one's.
+	c.changes()
 	task, err = container.NewTask(ctx, cio.LogFile(r.LogPath(id)))
 	if err != nil {
 		if errdefs.IsNotFound(err) {

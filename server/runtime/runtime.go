@@ -24,6 +24,8 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/berth-sandbox/berth/server/runtime/qgroup"
 )
@@ -101,6 +103,12 @@ type Config struct {
 	// TraceAgents starts new sandboxes' agents with --trace: they trace
 	// their calls and hand the spans to berthd (internal/telemetry).
 	TraceAgents bool
+	// CallBudget bounds a request to containerd that should answer at
+	// once — reading or changing a record, creating, signalling or
+	// deleting a task; past it the request fails with an
+	// *UnavailableError (Slow). Moving data (import, unpack, pull) and
+	// waiting for a task's exit are not bounded by it. Default 10 s.
+	CallBudget time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -112,6 +120,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.StateDir == "" {
 		c.StateDir = "/run/berth"
+	}
+	if c.CallBudget <= 0 {
+		c.CallBudget = 10 * time.Second
 	}
 }
 
@@ -142,7 +153,13 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "s"), 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory: %w", err)
 	}
-	client, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace))
+	client, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace),
+		// Back within a second of containerd's return: gRPC's reconnect
+		// backoff otherwise grows to the client's 10 s.
+		containerd.WithExtraDialOpts([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: cfg.CallBudget,
+		})}))
 	if err != nil {
 		return nil, fmt.Errorf("connect to containerd at %s: %w", cfg.Address, err)
 	}
@@ -278,14 +295,18 @@ func (r *Runtime) LogPath(id string) string {
 // ErrDiskQuotaUnsupported when a disk quota is asked for and cannot be set;
 // on any failure it removes what it created.
 func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
-	image, err := r.client.GetImage(ctx, spec.Image)
+	c := r.begin(ctx, "create sandbox "+spec.ID)
+	defer c.end(&retErr)
+	step, cancel := c.step()
+	defer cancel()
+	image, err := r.client.GetImage(step, spec.Image)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
 			return fmt.Errorf("%w: %s", ErrImageNotFound, spec.Image)
 		}
 		return fmt.Errorf("get image %s: %w", spec.Image, err)
 	}
-	unpacked, err := image.IsUnpacked(ctx, r.cfg.Snapshotter)
+	unpacked, err := image.IsUnpacked(step, r.cfg.Snapshotter)
 	if err != nil {
 		return fmt.Errorf("check unpacked image %s: %w", spec.Image, err)
 	}
@@ -308,7 +329,10 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 
 	labels := spec.labels(time.Now())
 
-	container, err := r.client.NewContainer(ctx, spec.ID,
+	c.changes()
+	step, cancel = c.step()
+	defer cancel()
+	container, err := r.client.NewContainer(step, spec.ID,
 		containerd.WithImage(image),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),
 		containerd.WithNewSnapshot(spec.ID, image),
@@ -340,11 +364,13 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 	}
 
-	task, err := container.NewTask(ctx, cio.LogFile(r.LogPath(spec.ID)))
+	step, cancel = c.step()
+	defer cancel()
+	task, err := container.NewTask(step, cio.LogFile(r.LogPath(spec.ID)))
 	if err != nil {
 		return fmt.Errorf("create task %s: %w", spec.ID, err)
 	}
-	if err := task.Start(ctx); err != nil {
+	if err := task.Start(step); err != nil {
 		return fmt.Errorf("start task %s: %w", spec.ID, err)
 	}
 	return nil
@@ -513,20 +539,29 @@ func swapAccounting() bool {
 
 // WaitExit returns a channel that receives the task's exit once it exits,
 // so callers waiting for the agent can stop early when the task dies.
-func (r *Runtime) WaitExit(ctx context.Context, id string) (<-chan containerd.ExitStatus, error) {
-	container, err := r.client.LoadContainer(ctx, id)
+func (r *Runtime) WaitExit(ctx context.Context, id string) (_ <-chan containerd.ExitStatus, err error) {
+	c := r.begin(ctx, "watch the task of sandbox "+id)
+	defer c.end(&err)
+	step, cancel := c.step()
+	defer cancel()
+	container, err := r.client.LoadContainer(step, id)
 	if err != nil {
 		return nil, r.containerError(id, err)
 	}
-	task, err := container.Task(ctx, nil)
+	task, err := container.Task(step, nil)
 	if err != nil {
 		return nil, fmt.Errorf("load task %s: %w", id, err)
 	}
+	// The wait lasts until the exit: the caller's context bounds it.
 	return task.Wait(ctx)
 }
 
 // Get returns the sandbox with id, or ErrSandboxNotFound.
-func (r *Runtime) Get(ctx context.Context, id string) (Sandbox, error) {
+func (r *Runtime) Get(ctx context.Context, id string) (_ Sandbox, err error) {
+	c := r.begin(ctx, "read sandbox "+id)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return Sandbox{}, r.containerError(id, err)
@@ -538,12 +573,16 @@ func (r *Runtime) Get(ctx context.Context, id string) (Sandbox, error) {
 	if info.Labels[labelSandbox] != "true" {
 		return Sandbox{}, fmt.Errorf("%w: %s", ErrSandboxNotFound, id)
 	}
-	return r.sandbox(ctx, container, info.Labels), nil
+	return r.sandbox(ctx, container, info.Labels)
 }
 
 // List returns every sandbox whose labels include all of selector, ordered
 // by id.
-func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]Sandbox, error) {
+func (r *Runtime) List(ctx context.Context, selector map[string]string) (_ []Sandbox, err error) {
+	c := r.begin(ctx, "list sandboxes")
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	filter := fmt.Sprintf("labels.%q==true", labelSandbox)
 	for k, v := range selector {
 		filter += fmt.Sprintf(",labels.%q==%q", k, v)
@@ -561,15 +600,20 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]Sandb
 			}
 			return nil, fmt.Errorf("read labels of %s: %w", c.ID(), err)
 		}
-		out = append(out, r.sandbox(ctx, c, labels))
+		sb, err := r.sandbox(ctx, c, labels)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out, nil
 }
 
 // sandbox builds a Sandbox from a container and its labels, asking
-// containerd for the task's state.
-func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels map[string]string) Sandbox {
+// containerd for the task's state. A container without a task is a stopped
+// sandbox; containerd not answering about the task is an error.
+func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels map[string]string) (Sandbox, error) {
 	sb := Sandbox{
 		ID:         c.ID(),
 		Image:      labels[labelImage],
@@ -587,18 +631,31 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	sb.MemoryBytes, _ = strconv.ParseUint(labels[labelMemory], 10, 64)
 	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
 	sb.decodeLabels(labels)
-	if task, err := c.Task(ctx, nil); err == nil {
-		sb.TaskPID = task.Pid()
-		if st, err := task.Status(ctx); err == nil && st.Status == containerd.Running {
-			sb.Running = true
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return sb, nil
 		}
+		return Sandbox{}, fmt.Errorf("load task %s: %w", c.ID(), err)
 	}
-	return sb
+	sb.TaskPID = task.Pid()
+	st, err := task.Status(ctx)
+	switch {
+	case err == nil:
+		sb.Running = st.Status == containerd.Running
+	case !errdefs.IsNotFound(err):
+		return Sandbox{}, fmt.Errorf("task status %s: %w", c.ID(), err)
+	}
+	return sb, nil
 }
 
 // Delete kills the sandbox's task and removes the task, the container, its
 // snapshot and its host directory. Deleting a missing sandbox succeeds.
-func (r *Runtime) Delete(ctx context.Context, id string) error {
+func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
+	c := r.begin(ctx, "delete sandbox "+id)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		if errdefs.IsNotFound(err) {
@@ -606,6 +663,7 @@ func (r *Runtime) Delete(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("load container %s: %w", id, err)
 	}
+	c.changes()
 	// A Create of the same id may start the task between the task's
 	// deletion and the container's: containerd then refuses the container
 	// (FailedPrecondition, "cannot delete running task"), and the task is
@@ -637,7 +695,12 @@ func (r *Runtime) removeHostDir(id string) error {
 }
 
 // Kill sends signal to the sandbox's task (its PID 1, the agent).
-func (r *Runtime) Kill(ctx context.Context, id string, signal syscall.Signal) error {
+func (r *Runtime) Kill(ctx context.Context, id string, signal syscall.Signal) (err error) {
+	c := r.begin(ctx, "signal the task of sandbox "+id)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
+	c.changes()
 	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
 		return r.containerError(id, err)

@@ -29,7 +29,11 @@ type Usage struct {
 
 // Usage reads the sandbox task's metrics from containerd (cgroup v1 or v2
 // stats, as the shim reports them) and, with disk quotas, its disk use.
-func (r *Runtime) Usage(ctx context.Context, id string) (Usage, error) {
+func (r *Runtime) Usage(ctx context.Context, id string) (_ Usage, err error) {
+	c := r.begin(ctx, "read the usage of sandbox "+id)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
 	u, err := r.taskUsage(ctx, id)
 	if err == nil && r.quota != nil {
 		u.DiskBytes, _ = r.diskUsed(ctx, id)

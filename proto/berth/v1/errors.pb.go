@@ -163,8 +163,9 @@ const (
 	// listening.
 	UnreachableCause_UNREACHABLE_CAUSE_SOCKET_MISSING UnreachableCause = 2
 	// UNREACHABLE_CAUSE_CONNECT_TIMEOUT means the agent did not connect and
-	// answer within the connect budget (berthd --connect-budget): it is
-	// stopped (SIGSTOP), hung, or overloaded.
+	// answer within the connect budget (berthd --connect-budget) and did no
+	// work meanwhile (its process used no CPU): it is stopped (SIGSTOP) or
+	// hung.
 	UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT UnreachableCause = 3
 	// UNREACHABLE_CAUSE_CONNECTION_LOST means the connection to the agent
 	// broke during the request while the sandbox's runtime stayed the same.
@@ -172,6 +173,12 @@ const (
 	// UNREACHABLE_CAUSE_AGENT_STOPPING means the agent is shutting down and
 	// refuses new work.
 	UnreachableCause_UNREACHABLE_CAUSE_AGENT_STOPPING UnreachableCause = 5
+	// UNREACHABLE_CAUSE_AGENT_BUSY means the agent kept working (its process
+	// used CPU or sent other streams' events) but did not answer within
+	// berthd's busy limit (berthd --agent-busy-limit): it is overloaded. An
+	// agent that is busy but answers within that is not unreachable: berthd
+	// waits for it.
+	UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY UnreachableCause = 6
 )
 
 // Enum value maps for UnreachableCause.
@@ -183,6 +190,7 @@ var (
 		3: "UNREACHABLE_CAUSE_CONNECT_TIMEOUT",
 		4: "UNREACHABLE_CAUSE_CONNECTION_LOST",
 		5: "UNREACHABLE_CAUSE_AGENT_STOPPING",
+		6: "UNREACHABLE_CAUSE_AGENT_BUSY",
 	}
 	UnreachableCause_value = map[string]int32{
 		"UNREACHABLE_CAUSE_UNSPECIFIED":     0,
@@ -191,6 +199,7 @@ var (
 		"UNREACHABLE_CAUSE_CONNECT_TIMEOUT": 3,
 		"UNREACHABLE_CAUSE_CONNECTION_LOST": 4,
 		"UNREACHABLE_CAUSE_AGENT_STOPPING":  5,
+		"UNREACHABLE_CAUSE_AGENT_BUSY":      6,
 	}
 )
 
@@ -279,6 +288,130 @@ func (x ReplacedCause) Number() protoreflect.EnumNumber {
 // Deprecated: Use ReplacedCause.Descriptor instead.
 func (ReplacedCause) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_errors_proto_rawDescGZIP(), []int{3}
+}
+
+// Dependency names something berthd depends on, outside any sandbox.
+type Dependency int32
+
+const (
+	// DEPENDENCY_UNSPECIFIED is never sent.
+	Dependency_DEPENDENCY_UNSPECIFIED Dependency = 0
+	// DEPENDENCY_CONTAINERD is containerd (berthd --containerd-address),
+	// which holds every sandbox's container, task and image.
+	Dependency_DEPENDENCY_CONTAINERD Dependency = 1
+	// DEPENDENCY_SERVER_DISK is the file system of berthd's own directories
+	// (--state-dir, --journal-dir) on its host.
+	Dependency_DEPENDENCY_SERVER_DISK Dependency = 2
+	// DEPENDENCY_SERVER_DESCRIPTORS is berthd's open-file limit
+	// (RLIMIT_NOFILE) on its host.
+	Dependency_DEPENDENCY_SERVER_DESCRIPTORS Dependency = 3
+)
+
+// Enum value maps for Dependency.
+var (
+	Dependency_name = map[int32]string{
+		0: "DEPENDENCY_UNSPECIFIED",
+		1: "DEPENDENCY_CONTAINERD",
+		2: "DEPENDENCY_SERVER_DISK",
+		3: "DEPENDENCY_SERVER_DESCRIPTORS",
+	}
+	Dependency_value = map[string]int32{
+		"DEPENDENCY_UNSPECIFIED":        0,
+		"DEPENDENCY_CONTAINERD":         1,
+		"DEPENDENCY_SERVER_DISK":        2,
+		"DEPENDENCY_SERVER_DESCRIPTORS": 3,
+	}
+)
+
+func (x Dependency) Enum() *Dependency {
+	p := new(Dependency)
+	*p = x
+	return p
+}
+
+func (x Dependency) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Dependency) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_errors_proto_enumTypes[4].Descriptor()
+}
+
+func (Dependency) Type() protoreflect.EnumType {
+	return &file_berth_v1_errors_proto_enumTypes[4]
+}
+
+func (x Dependency) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Dependency.Descriptor instead.
+func (Dependency) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_errors_proto_rawDescGZIP(), []int{4}
+}
+
+// DependencyFault says how a dependency failed.
+type DependencyFault int32
+
+const (
+	// DEPENDENCY_FAULT_UNSPECIFIED is never sent.
+	DependencyFault_DEPENDENCY_FAULT_UNSPECIFIED DependencyFault = 0
+	// DEPENDENCY_FAULT_UNREACHABLE means it refused the connection or does
+	// not run.
+	DependencyFault_DEPENDENCY_FAULT_UNREACHABLE DependencyFault = 1
+	// DEPENDENCY_FAULT_SLOW means it did not answer within berthd's budget
+	// (berthd --containerd-budget): stopped, hung or overloaded.
+	DependencyFault_DEPENDENCY_FAULT_SLOW DependencyFault = 2
+	// DEPENDENCY_FAULT_FULL means no space was left on it (ENOSPC, EDQUOT).
+	DependencyFault_DEPENDENCY_FAULT_FULL DependencyFault = 3
+	// DEPENDENCY_FAULT_EXHAUSTED means its limit was reached (EMFILE,
+	// ENFILE).
+	DependencyFault_DEPENDENCY_FAULT_EXHAUSTED DependencyFault = 4
+)
+
+// Enum value maps for DependencyFault.
+var (
+	DependencyFault_name = map[int32]string{
+		0: "DEPENDENCY_FAULT_UNSPECIFIED",
+		1: "DEPENDENCY_FAULT_UNREACHABLE",
+		2: "DEPENDENCY_FAULT_SLOW",
+		3: "DEPENDENCY_FAULT_FULL",
+		4: "DEPENDENCY_FAULT_EXHAUSTED",
+	}
+	DependencyFault_value = map[string]int32{
+		"DEPENDENCY_FAULT_UNSPECIFIED": 0,
+		"DEPENDENCY_FAULT_UNREACHABLE": 1,
+		"DEPENDENCY_FAULT_SLOW":        2,
+		"DEPENDENCY_FAULT_FULL":        3,
+		"DEPENDENCY_FAULT_EXHAUSTED":   4,
+	}
+)
+
+func (x DependencyFault) Enum() *DependencyFault {
+	p := new(DependencyFault)
+	*p = x
+	return p
+}
+
+func (x DependencyFault) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DependencyFault) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_errors_proto_enumTypes[5].Descriptor()
+}
+
+func (DependencyFault) Type() protoreflect.EnumType {
+	return &file_berth_v1_errors_proto_enumTypes[5]
+}
+
+func (x DependencyFault) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DependencyFault.Descriptor instead.
+func (DependencyFault) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_errors_proto_rawDescGZIP(), []int{5}
 }
 
 // FleetBusy says the server has no capacity for a new sandbox or exec right
@@ -797,6 +930,126 @@ func (x *StaleHandle) GetAdmitted() Admitted {
 	return Admitted_ADMITTED_UNSPECIFIED
 }
 
+// DependencyFailure says a request failed because something berthd depends
+// on failed, not because of the request or a sandbox: containerd did not
+// answer (reason CONTAINERD_UNAVAILABLE, code UNAVAILABLE), berthd's disk is
+// full (SERVER_DISK_FULL, RESOURCE_EXHAUSTED) or berthd is out of file
+// descriptors (SERVER_DESCRIPTORS_EXHAUSTED, RESOURCE_EXHAUSTED). Requests
+// that need only a sandbox's agent (exec, files of a sandbox berthd has
+// reached before) keep working while containerd is away.
+type DependencyFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox the request was for; empty when none.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// dependency is what failed.
+	Dependency Dependency `protobuf:"varint,2,opt,name=dependency,proto3,enum=berth.v1.Dependency" json:"dependency,omitempty"`
+	// fault says how it failed.
+	Fault DependencyFault `protobuf:"varint,3,opt,name=fault,proto3,enum=berth.v1.DependencyFault" json:"fault,omitempty"`
+	// operation says what berthd was doing, e.g. "load container sb-1".
+	Operation string `protobuf:"bytes,4,opt,name=operation,proto3" json:"operation,omitempty"`
+	// waited is how long berthd waited for the dependency.
+	Waited *durationpb.Duration `protobuf:"bytes,5,opt,name=waited,proto3" json:"waited,omitempty"`
+	// budget is how long berthd waits for containerd to answer
+	// (DEPENDENCY_FAULT_SLOW); unset for the other faults.
+	Budget *durationpb.Duration `protobuf:"bytes,6,opt,name=budget,proto3" json:"budget,omitempty"`
+	// server_version is berthd's version.
+	ServerVersion string `protobuf:"bytes,7,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
+	// admitted says whether the request took effect: ADMITTED_NOT_STARTED
+	// when it failed before changing anything (a retry is safe),
+	// ADMITTED_UNKNOWN when containerd may have carried out part of it
+	// (a create or delete: retry with the same sandbox_id, which is
+	// idempotent).
+	Admitted      Admitted `protobuf:"varint,8,opt,name=admitted,proto3,enum=berth.v1.Admitted" json:"admitted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DependencyFailure) Reset() {
+	*x = DependencyFailure{}
+	mi := &file_berth_v1_errors_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DependencyFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DependencyFailure) ProtoMessage() {}
+
+func (x *DependencyFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_errors_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DependencyFailure.ProtoReflect.Descriptor instead.
+func (*DependencyFailure) Descriptor() ([]byte, []int) {
+	return file_berth_v1_errors_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DependencyFailure) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *DependencyFailure) GetDependency() Dependency {
+	if x != nil {
+		return x.Dependency
+	}
+	return Dependency_DEPENDENCY_UNSPECIFIED
+}
+
+func (x *DependencyFailure) GetFault() DependencyFault {
+	if x != nil {
+		return x.Fault
+	}
+	return DependencyFault_DEPENDENCY_FAULT_UNSPECIFIED
+}
+
+func (x *DependencyFailure) GetOperation() string {
+	if x != nil {
+		return x.Operation
+	}
+	return ""
+}
+
+func (x *DependencyFailure) GetWaited() *durationpb.Duration {
+	if x != nil {
+		return x.Waited
+	}
+	return nil
+}
+
+func (x *DependencyFailure) GetBudget() *durationpb.Duration {
+	if x != nil {
+		return x.Budget
+	}
+	return nil
+}
+
+func (x *DependencyFailure) GetServerVersion() string {
+	if x != nil {
+		return x.ServerVersion
+	}
+	return ""
+}
+
+func (x *DependencyFailure) GetAdmitted() Admitted {
+	if x != nil {
+		return x.Admitted
+	}
+	return Admitted_ADMITTED_UNSPECIFIED
+}
+
 var File_berth_v1_errors_proto protoreflect.FileDescriptor
 
 const file_berth_v1_errors_proto_rawDesc = "" +
@@ -853,7 +1106,19 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x0fcurrent_runtime\x18\x04 \x01(\v2\x19.berth.v1.RuntimeIdentityR\x0ecurrentRuntime\x12#\n" +
 	"\ragent_version\x18\x05 \x01(\tR\fagentVersion\x12%\n" +
 	"\x0eserver_version\x18\x06 \x01(\tR\rserverVersion\x12.\n" +
-	"\badmitted\x18\a \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted*j\n" +
+	"\badmitted\x18\a \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xf4\x02\n" +
+	"\x11DependencyFailure\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
+	"\n" +
+	"dependency\x18\x02 \x01(\x0e2\x14.berth.v1.DependencyR\n" +
+	"dependency\x12/\n" +
+	"\x05fault\x18\x03 \x01(\x0e2\x19.berth.v1.DependencyFaultR\x05fault\x12\x1c\n" +
+	"\toperation\x18\x04 \x01(\tR\toperation\x121\n" +
+	"\x06waited\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x06waited\x121\n" +
+	"\x06budget\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x06budget\x12%\n" +
+	"\x0eserver_version\x18\a \x01(\tR\rserverVersion\x12.\n" +
+	"\badmitted\x18\b \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted*j\n" +
 	"\bAdmitted\x12\x18\n" +
 	"\x14ADMITTED_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ADMITTED_NOT_STARTED\x10\x01\x12\x14\n" +
@@ -864,19 +1129,32 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x1bCAPACITY_RESOURCE_SANDBOXES\x10\x01\x12#\n" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
-	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04*\xf3\x01\n" +
+	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04*\x95\x02\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +
 	" UNREACHABLE_CAUSE_SOCKET_MISSING\x10\x02\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECT_TIMEOUT\x10\x03\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECTION_LOST\x10\x04\x12$\n" +
-	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05*\x97\x01\n" +
+	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05\x12 \n" +
+	"\x1cUNREACHABLE_CAUSE_AGENT_BUSY\x10\x06*\x97\x01\n" +
 	"\rReplacedCause\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_TASK_EXITED\x10\x01\x12\"\n" +
 	"\x1eREPLACED_CAUSE_AGENT_RESTARTED\x10\x02\x12\"\n" +
-	"\x1eREPLACED_CAUSE_SANDBOX_DELETED\x10\x03B7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\x1eREPLACED_CAUSE_SANDBOX_DELETED\x10\x03*\x82\x01\n" +
+	"\n" +
+	"Dependency\x12\x1a\n" +
+	"\x16DEPENDENCY_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15DEPENDENCY_CONTAINERD\x10\x01\x12\x1a\n" +
+	"\x16DEPENDENCY_SERVER_DISK\x10\x02\x12!\n" +
+	"\x1dDEPENDENCY_SERVER_DESCRIPTORS\x10\x03*\xab\x01\n" +
+	"\x0fDependencyFault\x12 \n" +
+	"\x1cDEPENDENCY_FAULT_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cDEPENDENCY_FAULT_UNREACHABLE\x10\x01\x12\x19\n" +
+	"\x15DEPENDENCY_FAULT_SLOW\x10\x02\x12\x19\n" +
+	"\x15DEPENDENCY_FAULT_FULL\x10\x03\x12\x1e\n" +
+	"\x1aDEPENDENCY_FAULT_EXHAUSTED\x10\x04B7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_errors_proto_rawDescOnce sync.Once
@@ -890,44 +1168,52 @@ func file_berth_v1_errors_proto_rawDescGZIP() []byte {
 	return file_berth_v1_errors_proto_rawDescData
 }
 
-var file_berth_v1_errors_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_berth_v1_errors_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_berth_v1_errors_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_berth_v1_errors_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_berth_v1_errors_proto_goTypes = []any{
 	(Admitted)(0),                 // 0: berth.v1.Admitted
 	(CapacityResource)(0),         // 1: berth.v1.CapacityResource
 	(UnreachableCause)(0),         // 2: berth.v1.UnreachableCause
 	(ReplacedCause)(0),            // 3: berth.v1.ReplacedCause
-	(*FleetBusy)(nil),             // 4: berth.v1.FleetBusy
-	(*Unreachable)(nil),           // 5: berth.v1.Unreachable
-	(*RuntimeReplaced)(nil),       // 6: berth.v1.RuntimeReplaced
-	(*StaleHandle)(nil),           // 7: berth.v1.StaleHandle
-	(*durationpb.Duration)(nil),   // 8: google.protobuf.Duration
-	(*RuntimeIdentity)(nil),       // 9: berth.v1.RuntimeIdentity
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(Dependency)(0),               // 4: berth.v1.Dependency
+	(DependencyFault)(0),          // 5: berth.v1.DependencyFault
+	(*FleetBusy)(nil),             // 6: berth.v1.FleetBusy
+	(*Unreachable)(nil),           // 7: berth.v1.Unreachable
+	(*RuntimeReplaced)(nil),       // 8: berth.v1.RuntimeReplaced
+	(*StaleHandle)(nil),           // 9: berth.v1.StaleHandle
+	(*DependencyFailure)(nil),     // 10: berth.v1.DependencyFailure
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*RuntimeIdentity)(nil),       // 12: berth.v1.RuntimeIdentity
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_berth_v1_errors_proto_depIdxs = []int32{
 	1,  // 0: berth.v1.FleetBusy.resource:type_name -> berth.v1.CapacityResource
-	8,  // 1: berth.v1.FleetBusy.retry_delay:type_name -> google.protobuf.Duration
+	11, // 1: berth.v1.FleetBusy.retry_delay:type_name -> google.protobuf.Duration
 	0,  // 2: berth.v1.FleetBusy.admitted:type_name -> berth.v1.Admitted
 	2,  // 3: berth.v1.Unreachable.cause:type_name -> berth.v1.UnreachableCause
-	9,  // 4: berth.v1.Unreachable.runtime:type_name -> berth.v1.RuntimeIdentity
-	8,  // 5: berth.v1.Unreachable.waited:type_name -> google.protobuf.Duration
-	8,  // 6: berth.v1.Unreachable.connect_budget:type_name -> google.protobuf.Duration
+	12, // 4: berth.v1.Unreachable.runtime:type_name -> berth.v1.RuntimeIdentity
+	11, // 5: berth.v1.Unreachable.waited:type_name -> google.protobuf.Duration
+	11, // 6: berth.v1.Unreachable.connect_budget:type_name -> google.protobuf.Duration
 	0,  // 7: berth.v1.Unreachable.admitted:type_name -> berth.v1.Admitted
 	3,  // 8: berth.v1.RuntimeReplaced.cause:type_name -> berth.v1.ReplacedCause
-	9,  // 9: berth.v1.RuntimeReplaced.before:type_name -> berth.v1.RuntimeIdentity
-	9,  // 10: berth.v1.RuntimeReplaced.after:type_name -> berth.v1.RuntimeIdentity
-	10, // 11: berth.v1.RuntimeReplaced.task_exited_at:type_name -> google.protobuf.Timestamp
-	8,  // 12: berth.v1.RuntimeReplaced.elapsed:type_name -> google.protobuf.Duration
+	12, // 9: berth.v1.RuntimeReplaced.before:type_name -> berth.v1.RuntimeIdentity
+	12, // 10: berth.v1.RuntimeReplaced.after:type_name -> berth.v1.RuntimeIdentity
+	13, // 11: berth.v1.RuntimeReplaced.task_exited_at:type_name -> google.protobuf.Timestamp
+	11, // 12: berth.v1.RuntimeReplaced.elapsed:type_name -> google.protobuf.Duration
 	0,  // 13: berth.v1.RuntimeReplaced.admitted:type_name -> berth.v1.Admitted
-	9,  // 14: berth.v1.StaleHandle.handle_runtime:type_name -> berth.v1.RuntimeIdentity
-	9,  // 15: berth.v1.StaleHandle.current_runtime:type_name -> berth.v1.RuntimeIdentity
+	12, // 14: berth.v1.StaleHandle.handle_runtime:type_name -> berth.v1.RuntimeIdentity
+	12, // 15: berth.v1.StaleHandle.current_runtime:type_name -> berth.v1.RuntimeIdentity
 	0,  // 16: berth.v1.StaleHandle.admitted:type_name -> berth.v1.Admitted
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	4,  // 17: berth.v1.DependencyFailure.dependency:type_name -> berth.v1.Dependency
+	5,  // 18: berth.v1.DependencyFailure.fault:type_name -> berth.v1.DependencyFault
+	11, // 19: berth.v1.DependencyFailure.waited:type_name -> google.protobuf.Duration
+	11, // 20: berth.v1.DependencyFailure.budget:type_name -> google.protobuf.Duration
+	0,  // 21: berth.v1.DependencyFailure.admitted:type_name -> berth.v1.Admitted
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_errors_proto_init() }
@@ -941,8 +1227,8 @@ func file_berth_v1_errors_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_errors_proto_rawDesc), len(file_berth_v1_errors_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   4,
+			NumEnums:      6,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -158,8 +158,9 @@ export enum UnreachableCause {
   UNREACHABLE_CAUSE_SOCKET_MISSING = 2,
   /**
    * UNREACHABLE_CAUSE_CONNECT_TIMEOUT - UNREACHABLE_CAUSE_CONNECT_TIMEOUT means the agent did not connect and
-   * answer within the connect budget (berthd --connect-budget): it is
-   * stopped (SIGSTOP), hung, or overloaded.
+   * answer within the connect budget (berthd --connect-budget) and did no
+   * work meanwhile (its process used no CPU): it is stopped (SIGSTOP) or
+   * hung.
    */
   UNREACHABLE_CAUSE_CONNECT_TIMEOUT = 3,
   /**
@@ -172,6 +173,14 @@ export enum UnreachableCause {
    * refuses new work.
    */
   UNREACHABLE_CAUSE_AGENT_STOPPING = 5,
+  /**
+   * UNREACHABLE_CAUSE_AGENT_BUSY - UNREACHABLE_CAUSE_AGENT_BUSY means the agent kept working (its process
+   * used CPU or sent other streams' events) but did not answer within
+   * berthd's busy limit (berthd --agent-busy-limit): it is overloaded. An
+   * agent that is busy but answers within that is not unreachable: berthd
+   * waits for it.
+   */
+  UNREACHABLE_CAUSE_AGENT_BUSY = 6,
   UNRECOGNIZED = -1,
 }
 
@@ -195,6 +204,9 @@ export function unreachableCauseFromJSON(object: any): UnreachableCause {
     case 5:
     case "UNREACHABLE_CAUSE_AGENT_STOPPING":
       return UnreachableCause.UNREACHABLE_CAUSE_AGENT_STOPPING;
+    case 6:
+    case "UNREACHABLE_CAUSE_AGENT_BUSY":
+      return UnreachableCause.UNREACHABLE_CAUSE_AGENT_BUSY;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -216,6 +228,8 @@ export function unreachableCauseToJSON(object: UnreachableCause): string {
       return "UNREACHABLE_CAUSE_CONNECTION_LOST";
     case UnreachableCause.UNREACHABLE_CAUSE_AGENT_STOPPING:
       return "UNREACHABLE_CAUSE_AGENT_STOPPING";
+    case UnreachableCause.UNREACHABLE_CAUSE_AGENT_BUSY:
+      return "UNREACHABLE_CAUSE_AGENT_BUSY";
     case UnreachableCause.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -274,6 +288,131 @@ export function replacedCauseToJSON(object: ReplacedCause): string {
     case ReplacedCause.REPLACED_CAUSE_SANDBOX_DELETED:
       return "REPLACED_CAUSE_SANDBOX_DELETED";
     case ReplacedCause.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** Dependency names something berthd depends on, outside any sandbox. */
+export enum Dependency {
+  /** DEPENDENCY_UNSPECIFIED - DEPENDENCY_UNSPECIFIED is never sent. */
+  DEPENDENCY_UNSPECIFIED = 0,
+  /**
+   * DEPENDENCY_CONTAINERD - DEPENDENCY_CONTAINERD is containerd (berthd --containerd-address),
+   * which holds every sandbox's container, task and image.
+   */
+  DEPENDENCY_CONTAINERD = 1,
+  /**
+   * DEPENDENCY_SERVER_DISK - DEPENDENCY_SERVER_DISK is the file system of berthd's own directories
+   * (--state-dir, --journal-dir) on its host.
+   */
+  DEPENDENCY_SERVER_DISK = 2,
+  /**
+   * DEPENDENCY_SERVER_DESCRIPTORS - DEPENDENCY_SERVER_DESCRIPTORS is berthd's open-file limit
+   * (RLIMIT_NOFILE) on its host.
+   */
+  DEPENDENCY_SERVER_DESCRIPTORS = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function dependencyFromJSON(object: any): Dependency {
+  switch (object) {
+    case 0:
+    case "DEPENDENCY_UNSPECIFIED":
+      return Dependency.DEPENDENCY_UNSPECIFIED;
+    case 1:
+    case "DEPENDENCY_CONTAINERD":
+      return Dependency.DEPENDENCY_CONTAINERD;
+    case 2:
+    case "DEPENDENCY_SERVER_DISK":
+      return Dependency.DEPENDENCY_SERVER_DISK;
+    case 3:
+    case "DEPENDENCY_SERVER_DESCRIPTORS":
+      return Dependency.DEPENDENCY_SERVER_DESCRIPTORS;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return Dependency.UNRECOGNIZED;
+  }
+}
+
+export function dependencyToJSON(object: Dependency): string {
+  switch (object) {
+    case Dependency.DEPENDENCY_UNSPECIFIED:
+      return "DEPENDENCY_UNSPECIFIED";
+    case Dependency.DEPENDENCY_CONTAINERD:
+      return "DEPENDENCY_CONTAINERD";
+    case Dependency.DEPENDENCY_SERVER_DISK:
+      return "DEPENDENCY_SERVER_DISK";
+    case Dependency.DEPENDENCY_SERVER_DESCRIPTORS:
+      return "DEPENDENCY_SERVER_DESCRIPTORS";
+    case Dependency.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** DependencyFault says how a dependency failed. */
+export enum DependencyFault {
+  /** DEPENDENCY_FAULT_UNSPECIFIED - DEPENDENCY_FAULT_UNSPECIFIED is never sent. */
+  DEPENDENCY_FAULT_UNSPECIFIED = 0,
+  /**
+   * DEPENDENCY_FAULT_UNREACHABLE - DEPENDENCY_FAULT_UNREACHABLE means it refused the connection or does
+   * not run.
+   */
+  DEPENDENCY_FAULT_UNREACHABLE = 1,
+  /**
+   * DEPENDENCY_FAULT_SLOW - DEPENDENCY_FAULT_SLOW means it did not answer within berthd's budget
+   * (berthd --containerd-budget): stopped, hung or overloaded.
+   */
+  DEPENDENCY_FAULT_SLOW = 2,
+  /** DEPENDENCY_FAULT_FULL - DEPENDENCY_FAULT_FULL means no space was left on it (ENOSPC, EDQUOT). */
+  DEPENDENCY_FAULT_FULL = 3,
+  /**
+   * DEPENDENCY_FAULT_EXHAUSTED - DEPENDENCY_FAULT_EXHAUSTED means its limit was reached (EMFILE,
+   * ENFILE).
+   */
+  DEPENDENCY_FAULT_EXHAUSTED = 4,
+  UNRECOGNIZED = -1,
+}
+
+export function dependencyFaultFromJSON(object: any): DependencyFault {
+  switch (object) {
+    case 0:
+    case "DEPENDENCY_FAULT_UNSPECIFIED":
+      return DependencyFault.DEPENDENCY_FAULT_UNSPECIFIED;
+    case 1:
+    case "DEPENDENCY_FAULT_UNREACHABLE":
+      return DependencyFault.DEPENDENCY_FAULT_UNREACHABLE;
+    case 2:
+    case "DEPENDENCY_FAULT_SLOW":
+      return DependencyFault.DEPENDENCY_FAULT_SLOW;
+    case 3:
+    case "DEPENDENCY_FAULT_FULL":
+      return DependencyFault.DEPENDENCY_FAULT_FULL;
+    case 4:
+    case "DEPENDENCY_FAULT_EXHAUSTED":
+      return DependencyFault.DEPENDENCY_FAULT_EXHAUSTED;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return DependencyFault.UNRECOGNIZED;
+  }
+}
+
+export function dependencyFaultToJSON(object: DependencyFault): string {
+  switch (object) {
+    case DependencyFault.DEPENDENCY_FAULT_UNSPECIFIED:
+      return "DEPENDENCY_FAULT_UNSPECIFIED";
+    case DependencyFault.DEPENDENCY_FAULT_UNREACHABLE:
+      return "DEPENDENCY_FAULT_UNREACHABLE";
+    case DependencyFault.DEPENDENCY_FAULT_SLOW:
+      return "DEPENDENCY_FAULT_SLOW";
+    case DependencyFault.DEPENDENCY_FAULT_FULL:
+      return "DEPENDENCY_FAULT_FULL";
+    case DependencyFault.DEPENDENCY_FAULT_EXHAUSTED:
+      return "DEPENDENCY_FAULT_EXHAUSTED";
+    case DependencyFault.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
   }
@@ -448,6 +587,47 @@ export interface StaleHandle {
   /** server_version is berthd's version. */
   serverVersion: string;
   /** admitted is ADMITTED_NOT_STARTED: the request did nothing. */
+  admitted: Admitted;
+}
+
+/**
+ * DependencyFailure says a request failed because something berthd depends
+ * on failed, not because of the request or a sandbox: containerd did not
+ * answer (reason CONTAINERD_UNAVAILABLE, code UNAVAILABLE), berthd's disk is
+ * full (SERVER_DISK_FULL, RESOURCE_EXHAUSTED) or berthd is out of file
+ * descriptors (SERVER_DESCRIPTORS_EXHAUSTED, RESOURCE_EXHAUSTED). Requests
+ * that need only a sandbox's agent (exec, files of a sandbox berthd has
+ * reached before) keep working while containerd is away.
+ */
+export interface DependencyFailure {
+  /** sandbox_id names the sandbox the request was for; empty when none. */
+  sandboxId: string;
+  /** dependency is what failed. */
+  dependency: Dependency;
+  /** fault says how it failed. */
+  fault: DependencyFault;
+  /** operation says what berthd was doing, e.g. "load container sb-1". */
+  operation: string;
+  /** waited is how long berthd waited for the dependency. */
+  waited:
+    | Duration
+    | undefined;
+  /**
+   * budget is how long berthd waits for containerd to answer
+   * (DEPENDENCY_FAULT_SLOW); unset for the other faults.
+   */
+  budget:
+    | Duration
+    | undefined;
+  /** server_version is berthd's version. */
+  serverVersion: string;
+  /**
+   * admitted says whether the request took effect: ADMITTED_NOT_STARTED
+   * when it failed before changing anything (a retry is safe),
+   * ADMITTED_UNKNOWN when containerd may have carried out part of it
+   * (a create or delete: retry with the same sandbox_id, which is
+   * idempotent).
+   */
   admitted: Admitted;
 }
 
@@ -1422,6 +1602,208 @@ export const StaleHandle: MessageFns<StaleHandle> = {
       ? RuntimeIdentity.fromPartial(object.currentRuntime)
       : undefined;
     message.agentVersion = object.agentVersion ?? "";
+    message.serverVersion = object.serverVersion ?? "";
+    message.admitted = object.admitted ?? 0;
+    return message;
+  },
+};
+
+function createBaseDependencyFailure(): DependencyFailure {
+  return {
+    sandboxId: "",
+    dependency: 0,
+    fault: 0,
+    operation: "",
+    waited: undefined,
+    budget: undefined,
+    serverVersion: "",
+    admitted: 0,
+  };
+}
+
+export const DependencyFailure: MessageFns<DependencyFailure> = {
+  encode(message: DependencyFailure, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    if (message.dependency !== 0) {
+      writer.uint32(16).int32(message.dependency);
+    }
+    if (message.fault !== 0) {
+      writer.uint32(24).int32(message.fault);
+    }
+    if (message.operation !== "") {
+      writer.uint32(34).string(message.operation);
+    }
+    if (message.waited !== undefined) {
+      Duration.encode(message.waited, writer.uint32(42).fork()).join();
+    }
+    if (message.budget !== undefined) {
+      Duration.encode(message.budget, writer.uint32(50).fork()).join();
+    }
+    if (message.serverVersion !== "") {
+      writer.uint32(58).string(message.serverVersion);
+    }
+    if (message.admitted !== 0) {
+      writer.uint32(64).int32(message.admitted);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DependencyFailure {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDependencyFailure();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.dependency = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.fault = reader.int32() as any;
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.operation = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.waited = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.budget = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.serverVersion = reader.string();
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.admitted = reader.int32() as any;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DependencyFailure {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      dependency: isSet(object.dependency) ? dependencyFromJSON(object.dependency) : 0,
+      fault: isSet(object.fault) ? dependencyFaultFromJSON(object.fault) : 0,
+      operation: isSet(object.operation) ? globalThis.String(object.operation) : "",
+      waited: isSet(object.waited) ? Duration.fromJSON(object.waited) : undefined,
+      budget: isSet(object.budget) ? Duration.fromJSON(object.budget) : undefined,
+      serverVersion: isSet(object.serverVersion)
+        ? globalThis.String(object.serverVersion)
+        : isSet(object.server_version)
+        ? globalThis.String(object.server_version)
+        : "",
+      admitted: isSet(object.admitted) ? admittedFromJSON(object.admitted) : 0,
+    };
+  },
+
+  toJSON(message: DependencyFailure): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.dependency !== 0) {
+      obj.dependency = dependencyToJSON(message.dependency);
+    }
+    if (message.fault !== 0) {
+      obj.fault = dependencyFaultToJSON(message.fault);
+    }
+    if (message.operation !== "") {
+      obj.operation = message.operation;
+    }
+    if (message.waited !== undefined) {
+      obj.waited = Duration.toJSON(message.waited);
+    }
+    if (message.budget !== undefined) {
+      obj.budget = Duration.toJSON(message.budget);
+    }
+    if (message.serverVersion !== "") {
+      obj.serverVersion = message.serverVersion;
+    }
+    if (message.admitted !== 0) {
+      obj.admitted = admittedToJSON(message.admitted);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DependencyFailure>, I>>(base?: I): DependencyFailure {
+    return DependencyFailure.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DependencyFailure>, I>>(object: I): DependencyFailure {
+    const message = createBaseDependencyFailure();
+    message.sandboxId = object.sandboxId ?? "";
+    message.dependency = object.dependency ?? 0;
+    message.fault = object.fault ?? 0;
+    message.operation = object.operation ?? "";
+    message.waited = (object.waited !== undefined && object.waited !== null)
+      ? Duration.fromPartial(object.waited)
+      : undefined;
+    message.budget = (object.budget !== undefined && object.budget !== null)
+      ? Duration.fromPartial(object.budget)
+      : undefined;
     message.serverVersion = object.serverVersion ?? "";
     message.admitted = object.admitted ?? 0;
     return message;

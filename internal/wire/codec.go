@@ -1,0 +1,194 @@
+package wire
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	protocodec "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// Codec is the gRPC codec of berth's hops: a *Frame goes to the wire and
+// comes from it as it is, every other message through gRPC's own proto
+// codec. Its name is "proto", so nothing changes on the wire: a peer that
+// uses the plain proto codec reads and writes the same bytes. Servers take
+// it through ServerOptions, calls through CallOption.
+type Codec struct{}
+
+var protoCodec = encoding.GetCodecV2(protocodec.Name)
+
+// Name returns "proto".
+func (Codec) Name() string { return protocodec.Name }
+
+// Marshal returns a *Frame's buffers, handing them to gRPC (the frame is
+// empty afterwards), or encodes any other message with protobuf.
+func (Codec) Marshal(v any) (mem.BufferSlice, error) {
+	if f, ok := v.(*Frame); ok {
+		data := f.data
+		*f = Frame{}
+		return data, nil
+	}
+	return protoCodec.Marshal(v)
+}
+
+// Unmarshal makes a *Frame hold the message's buffers (a reference to
+// them, until Frame.Free), or decodes into any other message with
+// protobuf.
+func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if f, ok := v.(*Frame); ok {
+		f.Free()
+		data.Ref()
+		f.data = data
+		return nil
+	}
+	return protoCodec.Unmarshal(data, v)
+}
+
+// CallOption makes a call use Codec, for calls that send or receive a
+// *Frame.
+func CallOption() grpc.CallOption { return grpc.ForceCodecV2(Codec{}) }
+
+// Frame is one message as it is on the wire, in gRPC's buffers. A file
+// stream's data message holds a single bytes field, the chunk, whose
+// number is the same in berth.v1 and berth.agent.v1 (TestChunkFields):
+// berthd relays such a frame from one stream to the other without
+// decoding it, and the client and the agent take its bytes straight from
+// gRPC's buffers or read them straight into one. Receiving into a Frame
+// holds the buffers until Free or the next receive into it; sending it
+// hands them to gRPC. The zero Frame is empty; a Frame is not safe for
+// concurrent use.
+type Frame struct {
+	data mem.BufferSlice
+	// off and n locate the chunk's bytes in data once Chunk found them.
+	off, n int
+}
+
+// Free releases the frame's buffers.
+func (f *Frame) Free() {
+	if f.data != nil {
+		f.data.Free()
+	}
+	*f = Frame{}
+}
+
+// Chunk reports whether the frame is a message of exactly one field, the
+// bytes field numbered field, and returns the length of its bytes. Any
+// other message (a header, a summary, an empty message, unknown or
+// repeated fields) is not a chunk: Decode it.
+func (f *Frame) Chunk(field protoreflect.FieldNumber) (int, bool) {
+	var head [16]byte // a tag (at most 5 bytes) and a length (at most 10)
+	got := 0
+	for _, b := range f.data {
+		got += copy(head[got:], b.ReadOnlyData())
+		if got == len(head) {
+			break
+		}
+	}
+	num, typ, tagLen := protowire.ConsumeTag(head[:got])
+	if tagLen < 0 || num != field || typ != protowire.BytesType {
+		return 0, false
+	}
+	n, lenLen := protowire.ConsumeVarint(head[tagLen:got])
+	if lenLen < 0 || n != uint64(f.data.Len()-tagLen-lenLen) {
+		return 0, false
+	}
+	f.off, f.n = tagLen+lenLen, int(n)
+	return f.n, true
+}
+
+// Data returns the chunk's bytes after Chunk reported one: a view of
+// gRPC's buffer when they lie in one, or else a copy in *buf (grown when
+// too small). The bytes are valid until the frame is freed, received into
+// or sent.
+func (f *Frame) Data(buf *[]byte) []byte {
+	skip := f.off
+	for i, b := range f.data {
+		d := b.ReadOnlyData()
+		if skip >= len(d) {
+			skip -= len(d)
+			continue
+		}
+		if len(d)-skip >= f.n {
+			return d[skip : skip+f.n]
+		}
+		if cap(*buf) < f.n {
+			*buf = make([]byte, f.n)
+		}
+		out := (*buf)[:f.n]
+		k := copy(out, d[skip:])
+		for _, b := range f.data[i+1:] {
+			k += copy(out[k:], b.ReadOnlyData())
+		}
+		return out
+	}
+	return nil
+}
+
+// Decode decodes the frame into m, for a message that is not a chunk.
+func (f *Frame) Decode(m proto.Message) error {
+	if err := proto.Unmarshal(f.data.Materialize(), m); err != nil {
+		return fmt.Errorf("decode %s: %w", m.ProtoReflect().Descriptor().FullName(), err)
+	}
+	return nil
+}
+
+// Fill makes the frame a chunk message of the bytes field numbered field,
+// its bytes read by fill straight into one of gRPC's pooled buffers of
+// size bytes. It returns what fill returned; with n == 0 the frame is
+// empty.
+func (f *Frame) Fill(field protoreflect.FieldNumber, size int, fill func([]byte) (int, error)) (int, error) {
+	f.Free()
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	n, err := fill(*buf)
+	if n <= 0 {
+		pool.Put(buf)
+		return 0, err
+	}
+	*buf = (*buf)[:n]
+	head := protowire.AppendVarint(protowire.AppendTag(nil, field, protowire.BytesType), uint64(n))
+	f.data = mem.BufferSlice{mem.SliceBuffer(head), mem.NewBuffer(buf, pool)}
+	f.off, f.n = len(head), n
+	return n, err
+}
+
+// ChunkField returns the number of m's bytes field named "chunk", the
+// data of berth's file streams. It panics when m has none.
+func ChunkField(m proto.Message) protoreflect.FieldNumber {
+	fd := m.ProtoReflect().Descriptor().Fields().ByName("chunk")
+	if fd == nil || fd.Kind() != protoreflect.BytesKind {
+		panic(fmt.Sprintf("wire: %s has no bytes field chunk", m.ProtoReflect().Descriptor().FullName()))
+	}
+	return fd.Number()
+}
+
+// Receiver receives the messages of a stream whose data messages carry
+// chunks in the bytes field Field: a plain chunk as it is on the wire, its
+// bytes taken from gRPC's buffers; anything else decoded.
+type Receiver struct {
+	Field protoreflect.FieldNumber
+	fr    Frame
+	buf   []byte
+}
+
+// Recv receives the next message with recvMsg (a stream's RecvMsg). For a
+// plain chunk it returns the chunk's bytes, valid until the next Recv or
+// Free, and chunk true, leaving m alone; any other message it decodes into
+// m and returns chunk false. Errors are recvMsg's (io.EOF at the end) or a
+// message that does not decode.
+func (r *Receiver) Recv(recvMsg func(any) error, m proto.Message) (data []byte, chunk bool, err error) {
+	if err := recvMsg(&r.fr); err != nil {
+		return nil, false, err
+	}
+	if _, ok := r.fr.Chunk(r.Field); ok {
+		return r.fr.Data(&r.buf), true, nil
+	}
+	return nil, false, r.fr.Decode(m)
+}
+
+// Free releases the last chunk's buffers.
+func (r *Receiver) Free() { r.fr.Free() }

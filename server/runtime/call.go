@@ -1,0 +1,141 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// UnavailableError says a call to containerd failed because containerd did
+// not answer: it refused the connection (not running, its socket gone), or
+// it took longer than Config.CallBudget (stopped, hung, overloaded). Every
+// method of Runtime returns one, wrapping containerd's error, in that case;
+// a caller's own cancellation or deadline is never reported as one.
+type UnavailableError struct {
+	// Op says what berthd asked containerd, e.g. "read sandbox sb-1".
+	Op string
+	// Slow is true when containerd did not answer within Budget; false
+	// when it refused the connection.
+	Slow bool
+	// Waited is how long the call took.
+	Waited time.Duration
+	// Budget is Config.CallBudget.
+	Budget time.Duration
+	// Changed is true when the call may have changed containerd's state
+	// before it failed: a container or task may exist, or be gone, in
+	// part.
+	Changed bool
+	// Err is containerd's error.
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	what := "containerd refused the connection"
+	if e.Slow {
+		what = fmt.Sprintf("containerd did not answer within %v", e.Budget)
+	}
+	return fmt.Sprintf("%s: %s (after %v): %v", e.Op, what, e.Waited.Round(time.Millisecond), e.Err)
+}
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// HostError says an operation failed for want of a resource of berthd's own
+// host: the disk of its state directory is full (ENOSPC, EDQUOT) or berthd
+// is out of file descriptors (EMFILE, ENFILE).
+type HostError struct {
+	// Op says what berthd was doing, e.g. "create sandbox sb-1".
+	Op string
+	// Changed is true when the operation may have changed containerd's
+	// state before it failed.
+	Changed bool
+	// Err is the failure; errors.As finds its syscall.Errno.
+	Err error
+}
+
+func (e *HostError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) }
+
+func (e *HostError) Unwrap() error { return e.Err }
+
+// HostErrno returns the errno of err when it is one of a host resource
+// running out (ENOSPC, EDQUOT, EMFILE, ENFILE).
+func HostErrno(err error) (syscall.Errno, bool) {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return 0, false
+	}
+	switch errno {
+	case syscall.ENOSPC, syscall.EDQUOT, syscall.EMFILE, syscall.ENFILE:
+		return errno, true
+	}
+	return 0, false
+}
+
+// call is one Runtime operation on containerd: it bounds each step with the
+// call budget and classifies what failed.
+type call struct {
+	r        *Runtime
+	parent   context.Context
+	op       string
+	began    time.Time
+	budgeted bool // its steps take step's contexts
+	changed  bool
+}
+
+// begin starts an operation op under ctx whose requests take step's
+// contexts; end it with end.
+func (r *Runtime) begin(ctx context.Context, op string) *call {
+	return &call{r: r, parent: ctx, op: op, began: time.Now(), budgeted: true}
+}
+
+// beginLong starts an operation that moves data (an import, a pull) under
+// ctx alone: only containerd refusing the connection is classified, since
+// a deadline inside it may be a registry's.
+func (r *Runtime) beginLong(ctx context.Context, op string) *call {
+	return &call{r: r, parent: ctx, op: op, began: time.Now()}
+}
+
+// step returns a context for one request to containerd that should answer
+// at once (reading or changing a record, creating or signalling a task):
+// the caller's, bounded by Config.CallBudget.
+func (c *call) step() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(c.parent, c.r.cfg.CallBudget)
+}
+
+// changes notes that the next request may change containerd's state.
+func (c *call) changes() { c.changed = true }
+
+// end classifies *err: containerd refusing the connection, or a step's
+// budget running out while the caller's context lives, becomes an
+// *UnavailableError; the host's disk or descriptors running out a
+// *HostError.
+func (c *call) end(err *error) {
+	if *err == nil || c.parent.Err() != nil {
+		return
+	}
+	var (
+		unavailable *UnavailableError
+		host        *HostError
+	)
+	if errors.As(*err, &unavailable) || errors.As(*err, &host) {
+		return
+	}
+	if _, ok := HostErrno(*err); ok {
+		*err = &HostError{Op: c.op, Changed: c.changed, Err: *err}
+		return
+	}
+	e := &UnavailableError{Op: c.op, Waited: time.Since(c.began), Budget: c.r.cfg.CallBudget, Changed: c.changed, Err: *err}
+	switch {
+	case errdefs.IsUnavailable(*err) || status.Code(*err) == codes.Unavailable:
+	case c.budgeted && (errors.Is(*err, context.DeadlineExceeded) || status.Code(*err) == codes.DeadlineExceeded):
+		e.Slow = true
+	default:
+		return
+	}
+	*err = e
+}
