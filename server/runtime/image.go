@@ -118,8 +118,12 @@ func (r *Runtime) imageOf(ctx context.Context, img images.Image) Image {
 // ("busybox" is "docker.io/library/busybox:latest", "berth.dev/base" is
 // "berth.dev/base:latest") when that is stored. It fails with
 // ErrImageNotFound naming ref otherwise.
-func (r *Runtime) ResolveImage(ctx context.Context, ref string) (string, error) {
-	_, err := r.client.ImageService().Get(ctx, ref)
+func (r *Runtime) ResolveImage(ctx context.Context, ref string) (_ string, err error) {
+	c := r.begin(ctx, "find image "+ref)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
+	_, err = r.client.ImageService().Get(ctx, ref)
 	if err == nil {
 		return ref, nil
 	}
