@@ -24,7 +24,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test generate clients lint breaking check-generated bench gobench clean container-image
+.PHONY: all build image demo test test-debian generate clients lint breaking check-generated bench gobench clean container-image
 
 all: build
 
@@ -44,6 +44,12 @@ demo:
 
 test:
 	scripts/test.sh
+
+# The Debian root is built once into the cache (scripts/debian-image.sh).
+test-debian:
+	scripts/deps.sh
+	BERTH_E2E=1 BERTH_DEBIAN_ROOT=$$(scripts/debian-image.sh) GO_TEST_PKGS=./integration/ \
+		GO_TEST_FLAGS='-tags debian -run TestDebianImage -v' scripts/test.sh
 
 # generate also makes the Python and TypeScript clients (buf.gen.clients.yaml),
 # whose tools scripts/deps.sh installs.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +17,8 @@ import (
 	"golang.org/x/term"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/rootfsimage"
+	"github.com/berth-sandbox/berth/internal/tartree"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -26,45 +29,65 @@ func newImageCmd(g *globals) *cobra.Command {
 }
 
 func newImageImportCmd(g *globals) *cobra.Command {
-	var name string
+	var (
+		name, cmdLine string
+		rootfs        bool
+	)
 	cmd := &cobra.Command{
-		Use:   "import FILE [--name REF]",
-		Short: "Import an OCI image archive",
-		Long: `Import an OCI image layout tar archive (optionally gzip-compressed) from
-FILE, or from standard input when FILE is "-", and print the name and digest
-of each image stored. Progress is shown on stderr when it is a terminal. The
-import is not bounded by --rpc-timeout.`,
+		Use:   "import SOURCE [--name REF]",
+		Short: "Import an image: an OCI or docker save archive, or a root filesystem",
+		Long: `Import an image into berthd from SOURCE, and print the name and digest of
+each image stored. SOURCE is a file, a directory, or "-" for standard input:
+
+  - an OCI image archive (an OCI layout as tar) or an OCI layout directory;
+  - what docker save writes (either format, with or without an OCI layout);
+  - a root filesystem: a directory, or a tar archive of one (debootstrap,
+    mkosi, docker export, tar -C ROOT -c .). It becomes an image of one layer
+    that holds the tree as it is — numeric owners, modes, mtimes, hard links,
+    symlinks, device nodes — with the usual PATH and --cmd; it needs --name.
+    Read a system tree as root, so that every file can be read.
+
+Archives may be gzip-compressed. Which kind an archive is, berth tells by
+its entries (--rootfs forces a root filesystem). Progress is shown on
+stderr when it is a terminal. The import is not bounded by --rpc-timeout.`,
+		Example: `  berth image import build/base.oci.tar
+  docker save app:1 | berth image import -
+  sudo debootstrap --variant=minbase bookworm /srv/deb http://deb.debian.org/debian
+  sudo berth image import --name debian:bookworm /srv/deb
+  tar -C /srv/deb --numeric-owner -cz . | berth image import --name debian:bookworm -`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var (
-				r     io.Reader
-				total int64 = -1
-				label       = args[0]
-			)
-			if args[0] == "-" {
-				if term.IsTerminal(int(os.Stdin.Fd())) {
-					return errors.New("refusing to read an image archive from a terminal; give FILE or pipe the archive in")
+			src, err := openImageSource(args[0], rootfs)
+			if err != nil {
+				return err
+			}
+			defer src.close()
+			archive := src.archive
+			if src.rootfs != nil {
+				if name == "" {
+					return fmt.Errorf("%s is a root filesystem, which names no image: give --name", args[0])
 				}
-				r, label = os.Stdin, "stdin"
-			} else {
-				f, err := os.Open(args[0])
+				opts := rootfsimage.Options{Cmd: strings.Fields(cmdLine), Skip: func(path, why string) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "berth: image import: skipped %s: %s\n", terminalSafe(tartree.Display(path)), why)
+				}}
+				img, err := src.rootfs(opts)
 				if err != nil {
-					return err
+					return fmt.Errorf("make an image of %s: %w", args[0], err)
 				}
-				defer f.Close()
-				if fi, err := f.Stat(); err == nil && fi.Mode().IsRegular() {
-					total = fi.Size()
-				}
-				r, label = f, filepath.Base(args[0])
+				defer img.Close()
+				pr, pw := io.Pipe()
+				go func() { pw.CloseWithError(rootfsimage.Write(pw, img)) }()
+				defer pr.Close()
+				archive, src.total = pr, -1
 			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 				var opts []client.ImportOption
-				p := &progress{verb: "importing", label: label, total: total}
+				p := &progress{verb: "importing", label: src.label, total: src.total}
 				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 					p.w = f
 					opts = append(opts, client.WithProgress(p.update))
 				}
-				images, err := c.ImportImage(ctx, r, name, opts...)
+				images, err := c.ImportImage(ctx, archive, name, opts...)
 				p.done() // end the progress line before the result or the error
 				if err != nil {
 					return err
@@ -76,8 +99,72 @@ import is not bounded by --rpc-timeout.`,
 			})
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", "", "image reference to store the image under, replacing the archive's (required when the archive names none)")
+	cmd.Flags().StringVar(&name, "name", "", "image reference to store the image under, replacing the archive's (required for a root filesystem and when the archive names none)")
+	cmd.Flags().BoolVar(&rootfs, "rootfs", false, "SOURCE is a root filesystem, whatever its entries look like")
+	cmd.Flags().StringVar(&cmdLine, "cmd", "/bin/sh", "default command of an image made from a root filesystem, space separated")
 	return cmd
+}
+
+// imageSource is what berth image import reads: an image archive, or a
+// root filesystem to make one of.
+type imageSource struct {
+	label   string
+	total   int64     // archive bytes, -1 when unknown
+	archive io.Reader // an image archive (nil for a root filesystem)
+	rootfs  func(rootfsimage.Options) (*rootfsimage.Image, error)
+	close   func()
+}
+
+// openImageSource opens arg ("-", a file or a directory) and tells what it
+// holds.
+func openImageSource(arg string, forceRootFS bool) (*imageSource, error) {
+	src := &imageSource{label: filepath.Base(arg), total: -1, close: func() {}}
+	var r io.Reader
+	if arg == "-" {
+		if term.IsTerminal(int(os.Stdin.Fd())) {
+			return nil, errors.New("refusing to read an image archive from a terminal; give SOURCE or pipe the archive in")
+		}
+		r, src.label = os.Stdin, "stdin"
+	} else {
+		fi, err := os.Stat(arg)
+		if err != nil {
+			return nil, err
+		}
+		if fi.IsDir() {
+			if !forceRootFS && rootfsimage.IsLayoutDir(arg) {
+				pr, pw := io.Pipe()
+				go func() { pw.CloseWithError(writeTree(pw, arg, func(string, string) {})) }()
+				src.archive, src.close = pr, func() { pr.Close() }
+				return src, nil
+			}
+			src.rootfs = func(o rootfsimage.Options) (*rootfsimage.Image, error) { return rootfsimage.FromDir(arg, o) }
+			return src, nil
+		}
+		f, err := os.Open(arg)
+		if err != nil {
+			return nil, err
+		}
+		src.close = func() { f.Close() }
+		if fi.Mode().IsRegular() {
+			src.total = fi.Size()
+		}
+		r = f
+	}
+	br := bufio.NewReaderSize(r, 1<<20)
+	kind := rootfsimage.KindRootFS
+	if !forceRootFS {
+		var err error
+		if kind, err = rootfsimage.Sniff(br); err != nil {
+			src.close()
+			return nil, fmt.Errorf("%s: %w", arg, err)
+		}
+	}
+	if kind == rootfsimage.KindImage {
+		src.archive = br
+		return src, nil
+	}
+	src.rootfs = func(o rootfsimage.Options) (*rootfsimage.Image, error) { return rootfsimage.FromTar(br, o) }
+	return src, nil
 }
 
 // progress draws one status line with a bar on a terminal, at most ten

@@ -44,6 +44,13 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 		return nil, fmt.Errorf("%w: %v", ErrImageArchive, err)
 	}
 	defer stream.Close()
+	// One lease over the import and the unpacking: content that no image
+	// record references (yet, or any more) is not collected meanwhile.
+	ctx, done, err := r.client.WithLease(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lease for the import: %w", err)
+	}
+	defer done(context.WithoutCancel(ctx))
 	var opts []containerd.ImportOpt
 	if name != "" {
 		opts = append(opts, containerd.WithIndexName(name), containerd.WithSkipDigestRef(func(string) bool { return true }))
@@ -59,15 +66,21 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 		return nil, fmt.Errorf("%w: %v", ErrImageArchive, err)
 	}
 	if name != "" {
-		// Keep only the requested name: names from the archive's own
-		// annotations were not asked for.
-		kept := imported[:0]
-		for _, img := range imported {
-			if img.Name == name {
-				kept = append(kept, img)
+		// The archive's index has the name: Import records it first.
+		// Names from the archive's own annotations were not asked for,
+		// and one equal to name (docker save's RepoTags) made Import
+		// point the record at a manifest instead: point it back.
+		img := imported[0]
+		stored, err := r.client.ImageService().Get(ctx, name)
+		if err != nil {
+			return nil, fmt.Errorf("read back image %s: %w", name, err)
+		}
+		if stored.Target.Digest != img.Target.Digest {
+			if img, err = r.client.ImageService().Update(ctx, img, "target"); err != nil {
+				return nil, fmt.Errorf("name image %s: %w", name, err)
 			}
 		}
-		imported = kept
+		imported = []images.Image{img}
 	}
 	if len(imported) == 0 {
 		return nil, fmt.Errorf("%w: the archive names no image; give a name", ErrImageArchive)

@@ -34,8 +34,11 @@ const (
 type ImageServiceClient interface {
 	// ImportImage reads an OCI image archive (an OCI image layout as a tar
 	// stream, optionally gzip-compressed; see the OCI image-spec
-	// "image-layout.md") and stores and unpacks every image it names. The
-	// first message is a header, the rest carry archive bytes in order.
+	// "image-layout.md") or what docker save writes (either format), and
+	// stores and unpacks every image it names; with a header name, only that
+	// name is recorded for the archive's index. The first message is a
+	// header, the rest carry archive bytes in order. (berth image import
+	// also turns a root filesystem into such an archive.)
 	// Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
 	// be read or names no image.
 	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse], error)
@@ -122,8 +125,11 @@ func (c *imageServiceClient) DeleteImage(ctx context.Context, in *DeleteImageReq
 type ImageServiceServer interface {
 	// ImportImage reads an OCI image archive (an OCI image layout as a tar
 	// stream, optionally gzip-compressed; see the OCI image-spec
-	// "image-layout.md") and stores and unpacks every image it names. The
-	// first message is a header, the rest carry archive bytes in order.
+	// "image-layout.md") or what docker save writes (either format), and
+	// stores and unpacks every image it names; with a header name, only that
+	// name is recorded for the archive's index. The first message is a
+	// header, the rest carry archive bytes in order. (berth image import
+	// also turns a root filesystem into such an archive.)
 	// Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
 	// be read or names no image.
 	ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error

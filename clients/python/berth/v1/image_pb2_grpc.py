@@ -46,8 +46,11 @@ class ImageServiceServicer(object):
     def ImportImage(self, request_iterator, context):
         """ImportImage reads an OCI image archive (an OCI image layout as a tar
         stream, optionally gzip-compressed; see the OCI image-spec
-        "image-layout.md") and stores and unpacks every image it names. The
-        first message is a header, the rest carry archive bytes in order.
+        "image-layout.md") or what docker save writes (either format), and
+        stores and unpacks every image it names; with a header name, only that
+        name is recorded for the archive's index. The first message is a
+        header, the rest carry archive bytes in order. (berth image import
+        also turns a root filesystem into such an archive.)
         Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
         be read or names no image.
         """
