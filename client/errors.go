@@ -36,6 +36,9 @@ const (
 	ReasonCanceled          = "CANCELED"              // the caller canceled the request
 	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
 	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
+	// ReasonRegistryNotAllowed (FAILED_PRECONDITION): berthd may not pull
+	// from the image's registry (berthd --pull-registry); nothing was sent.
+	ReasonRegistryNotAllowed = "REGISTRY_NOT_ALLOWED"
 	// ReasonDiskQuotaUnsupported: resources.disk_bytes was set on a server
 	// that cannot enforce disk quotas (FAILED_PRECONDITION); nothing was
 	// created. Create without disk_bytes, or on a server that has them.

@@ -28,6 +28,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonCanceled, rpcstatus.ReasonCanceled},
 		{ReasonDeadlineExceeded, rpcstatus.ReasonDeadlineExceeded},
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
+		{ReasonRegistryNotAllowed, rpcstatus.ReasonRegistryNotAllowed},
 		{ReasonDiskQuotaUnsupported, rpcstatus.ReasonDiskQuotaUnsupported},
 		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
 		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},

@@ -126,8 +126,8 @@ var comparisons = []comparison{
 var anchorText = map[string]string{
 	"stdout/containerd-FIFO":    "containerd task.Exec, FIFO",
 	"stdout/host-pipe":          "host pipe",
-	"files/host-cp":             "host cp",
-	"files/host-cp-sync":        "host cp && sync FILE",
+	"files/host-cp":             "host cp --reflink=never",
+	"files/host-cp-sync":        "host cp --reflink=never && sync FILE",
 	"files/host-tar-c":          "host tar -c",
 	"files/host-tar-x-sync":     "host tar -x && sync -f",
 	"roundtrip/containerd-Exec": "containerd task.Exec",

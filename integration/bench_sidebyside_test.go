@@ -49,16 +49,16 @@ const fileBytes = 128 << 20
 //     through a host pipe. The same busybox binary produces in all three
 //     (the base image's busybox is the host's).
 //   - files: a 128 MiB random file. ReadFile writes it to a host file, as
-//     `cp SRC DST` on the host does (neither side syncs); WriteFile reads
-//     a host file and answers after the agent wrote a temporary file,
-//     fsync(2)ed it, renamed it over the target and fsync(2)ed the
-//     directory, beside `cp SRC DST && sync DST` (write and fsync(2) of
-//     the file). `berth cp` in and out are the CLI doing the same. Download
+//     `cp --reflink=never SRC DST` on the host does (neither side syncs;
+//     without --reflink=never GNU cp clones the file's extents on btrfs
+//     and copies no data); WriteFile reads a host file and answers after
+//     the agent wrote a temporary file, fsync(2)ed it, renamed it over the
+//     target and fsync(2)ed the directory, beside `cp --reflink=never SRC
+//     DST && sync DST` (write and fsync(2) of the file). `berth cp` in and out are the CLI doing the same. Download
 //     writes the tar stream of the file to a host file, beside `tar -cf`;
 //     Upload extracts one into a sandbox directory and answers after
-//     syncfs(2), beside `tar -xf && sync -f`. Host files live in the
-//     integration tests' temporary directory, on the file system of the
-//     private containerd's root when the tests started it.
+//     syncfs(2), beside `tar -xf && sync -f`. Host files live on the file
+//     system of the sandbox's files (hostBenchDir).
 //   - roundtrip: `true` through berth's Exec until its exit status, through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
 //     and wait4 of busybox true on the host.
@@ -178,7 +178,7 @@ func BenchmarkSideBySide(b *testing.B) {
 // benchFiles is BenchmarkSideBySide's files group.
 func benchFiles(b *testing.B, c *client.Client, id string) {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp(env.dir, "bench-")
+	dir, err := os.MkdirTemp(hostBenchDir(), "bench-")
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -259,12 +259,12 @@ func benchFiles(b *testing.B, c *client.Client, id string) {
 		}
 		return err
 	}))
-	measure(b, "files/host-cp-sync", fileBytes, host(`cp "$1" "$2" && sync "$2"`, src, dst))
+	measure(b, "files/host-cp-sync", fileBytes, host(`cp --reflink=never "$1" "$2" && sync "$2"`, src, dst))
 	measure(b, "files/ReadFile", fileBytes, out(func(w io.Writer) (uint64, error) {
 		h, err := c.ReadFile(ctx, id, path, w)
 		return h.GetLengthBytes(), err
 	}))
-	measure(b, "files/host-cp", fileBytes, host(`cp "$1" "$2"`, src, dst))
+	measure(b, "files/host-cp", fileBytes, host(`cp --reflink=never "$1" "$2"`, src, dst))
 	measure(b, "files/berth-cp-in", fileBytes, cli("cp", src, id+":/workspace/cp.bin"))
 	measure(b, "files/berth-cp-out", fileBytes, cli("cp", id+":/workspace/cp.bin", dst))
 	measure(b, "files/Download", fileBytes, out(func(w io.Writer) (uint64, error) {
@@ -281,6 +281,22 @@ func benchFiles(b *testing.B, c *client.Client, id string) {
 		b.Fatal(err)
 	}
 	measure(b, "files/host-tar-x-sync", fileBytes, host(`tar -xf "$1" -C "$2" && sync -f "$2"`, archive, xdir))
+}
+
+// hostBenchDir returns where the host side's files go: on the file system
+// that holds the sandbox's files when the tests started containerd
+// themselves (the quota-enabled btrfs that scripts/containerd.sh mounts for
+// the btrfs snapshotter, or the file system of containerd's root), so that
+// cp and berth write to the same kind of disk. Else the tests' temporary
+// directory.
+func hostBenchDir() string {
+	switch {
+	case env.containerdDir == "":
+		return env.dir
+	case env.snapshotter == "btrfs":
+		return filepath.Join(env.containerdDir, "btrfs")
+	}
+	return env.containerdDir
 }
 
 // sample is one timed operation: its wall time and the payload bytes that

@@ -3,6 +3,8 @@ package integration
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
@@ -80,4 +83,56 @@ func TestCreateDeleteCreateRace(t *testing.T) {
 		}
 	}
 	t.Logf("delete then create: %d; create then delete: %d (of which the create reported the delete: %d)", kept, gone, notFound)
+}
+
+// TestAgentLogBounded grows a sandbox's agent log past the bound of a
+// berthd that checks it often: the log is cut back (its newest half kept as
+// agent.log.1), and containerd's shim goes on writing at its new start —
+// no hole of NUL bytes where the old end was — so later lines are read.
+func TestAgentLogBounded(t *testing.T) {
+	need(t)
+	const limit = 64 << 10
+	e := newInProcessEnv(t, "alog", server.Config{MaxAgentLogBytes: limit, AgentLogCheck: 50 * time.Millisecond, TaskRestartLimit: -1})
+	id := newSandboxOn(t, e.sandboxes, nil)
+	path := e.rt.LogPath(id)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := strings.Repeat("x", 99) + "\n"
+	_, err = f.WriteString(strings.Repeat(line, 3*limit/len(line)))
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := func(p string) int64 {
+		st, err := os.Stat(p)
+		if err != nil {
+			return -1
+		}
+		return st.Size()
+	}
+	if !poll(10*time.Second, func() bool { s := size(path); return s >= 0 && s < limit }) {
+		t.Fatalf("agent log is %d bytes 10 s after it grew past the %d-byte bound", size(path), limit)
+	}
+	if kept := size(path + ".1"); kept <= 0 || kept > limit/2 {
+		t.Errorf("agent.log.1 is %d bytes, want the newest half of the bound at most", kept)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for range 3 {
+		if _, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"true"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var b []byte
+	if !poll(10*time.Second, func() bool {
+		b, _ = os.ReadFile(path)
+		return strings.Contains(string(b), "exec finished")
+	}) {
+		t.Fatalf("the agent's lines after the cut do not reach agent.log: %.300q", b)
+	}
+	if i := strings.IndexByte(string(b), 0); i >= 0 {
+		t.Errorf("agent.log has a NUL byte at %d: the shim wrote at its old end, past a hole", i)
+	}
 }

@@ -36,20 +36,23 @@ import (
 
 // env is the shared test environment set up by TestMain.
 var env struct {
-	skip        string // why every test skips; empty when the env is up
-	repo        string
-	dir         string // short temp dir: sockets live here
-	containerd  string // containerd socket
-	namespace   string
-	snapshotter string
-	agentBinary string
-	cliBinary   string
-	berthdAddr  string // unix:///... of the in-process server
-	conn        *grpc.ClientConn
-	sandboxes   berthv1.SandboxServiceClient
-	images      berthv1.ImageServiceClient
-	rt          *runtime.Runtime
-	image       string
+	skip       string // why every test skips; empty when the env is up
+	repo       string
+	dir        string // short temp dir: sockets live here
+	containerd string // containerd socket
+	// containerdDir is the state directory of the tests' own containerd
+	// (scripts/containerd.sh), empty with BERTH_CONTAINERD_ADDRESS.
+	containerdDir string
+	namespace     string
+	snapshotter   string
+	agentBinary   string
+	cliBinary     string
+	berthdAddr    string // unix:///... of the in-process server
+	conn          *grpc.ClientConn
+	sandboxes     berthv1.SandboxServiceClient
+	images        berthv1.ImageServiceClient
+	rt            *runtime.Runtime
+	image         string
 }
 
 const baseImage = "berth.dev/base:latest"
@@ -102,6 +105,7 @@ func setup(m *testing.M) (code int, err error) {
 			}
 		}()
 		env.containerd = filepath.Join(dir, "containerd.sock")
+		env.containerdDir = dir
 	}
 
 	bin := filepath.Join(env.dir, "bin")
@@ -152,7 +156,7 @@ func setup(m *testing.M) (code int, err error) {
 			return 0, fmt.Errorf("the btrfs snapshotter cannot enforce disk quotas: %w", err)
 		}
 	}
-	svc := server.New(server.Config{JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
+	svc := server.New(server.Config{PullRegistries: []string{"*", "127.0.0.1:*"}, JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
 	defer svc.Close()
 	if err := svc.Start(ctx); err != nil {
 		return 0, err

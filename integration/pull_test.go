@@ -16,7 +16,10 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -126,7 +129,8 @@ func (reg *registry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Write(b)
 }
 
-// TestPullImage pulls the base image from a registry on localhost with
+// TestPullImage pulls the base image from a registry on localhost, which
+// berthd reaches only when its operator names it (--pull-registry), with
 // progress, creates a sandbox from it, and checks that pulls from an
 // unreachable registry fail fast with UNAVAILABLE and from a missing
 // repository with NOT_FOUND.
@@ -136,7 +140,14 @@ func TestPullImage(t *testing.T) {
 	defer cancel()
 	host, _ := serveRegistry(t, archivePath(), "berth/pulled", "v1")
 	ref := host + "/berth/pulled:v1"
-	stream, err := env.images.PullImage(ctx, &berthv1.PullImageRequest{Reference: ref})
+	conn, err := grpc.NewClient(startServer(t, server.Config{PullRegistries: []string{host, "127.0.0.1:1", "*"}, TaskRestartLimit: -1}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	images := berthv1.NewImageServiceClient(conn)
+	stream, err := images.PullImage(ctx, &berthv1.PullImageRequest{Reference: ref})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +189,7 @@ func TestPullImage(t *testing.T) {
 		{"not a reference", codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, time.Second, "reference"},
 	} {
 		start := time.Now()
-		stream, err := env.images.PullImage(ctx, &berthv1.PullImageRequest{Reference: tc.ref})
+		stream, err := images.PullImage(ctx, &berthv1.PullImageRequest{Reference: tc.ref})
 		if err == nil {
 			_, err = recvAll(stream.Recv)
 		}
@@ -186,5 +197,48 @@ func TestPullImage(t *testing.T) {
 		if status.Code(err) != tc.code || rpcstatus.Reason(err) != tc.reason || took > tc.within || !strings.Contains(status.Convert(err).Message(), tc.msgContain) {
 			t.Errorf("PullImage(%s) = %v (reason %s) after %v; want %v %s within %v, naming %q", tc.ref, err, rpcstatus.Reason(err), took, tc.code, tc.reason, tc.within, tc.msgContain)
 		}
+	}
+}
+
+// TestPullRegistryNotAllowed: by default berthd pulls from no registry on
+// its own host — a caller could otherwise make it send requests to any
+// local port — and one not on its list when it has one: FAILED_PRECONDITION
+// REGISTRY_NOT_ALLOWED naming the registry, with nothing sent to it.
+func TestPullRegistryNotAllowed(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	host, reg := serveRegistry(t, archivePath(), "berth/pulled", "v1")
+	_, port, _ := net.SplitHostPort(host)
+	listed, err := grpc.NewClient(startServer(t, server.Config{PullRegistries: []string{"registry.example.com"}, TaskRestartLimit: -1}),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listed.Close()
+	plain, err := grpc.NewClient(startServer(t, server.Config{TaskRestartLimit: -1}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	byDefault := berthv1.NewImageServiceClient(plain)
+	for _, tc := range []struct {
+		images berthv1.ImageServiceClient
+		ref    string
+	}{
+		{byDefault, host + "/berth/pulled:v1"},
+		{byDefault, "localhost:" + port + "/berth/pulled:v1"},
+		{byDefault, "[::1]:" + port + "/berth/pulled:v1"},
+		{berthv1.NewImageServiceClient(listed), host + "/berth/pulled:v1"},
+		{berthv1.NewImageServiceClient(listed), "docker.io/library/busybox:latest"},
+	} {
+		stream, err := tc.images.PullImage(ctx, &berthv1.PullImageRequest{Reference: tc.ref})
+		if err == nil {
+			_, err = recvAll(stream.Recv)
+		}
+		wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonRegistryNotAllowed, "", "not")
+	}
+	if reg.requests != 0 {
+		t.Errorf("the registry on localhost got %d requests from pulls berthd may not make", reg.requests)
 	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -18,7 +19,7 @@ import (
 // subscription breaks, run resubscribes and re-checks every watched
 // sandbox's task, so that an exit missed in between still fires.
 type taskEvents struct {
-	rt  *runtime.Runtime
+	rt  taskSource
 	log *slog.Logger
 	// onGone is called for every task exit and delete, first.
 	onGone func(runtime.TaskEvent)
@@ -60,7 +61,13 @@ type taskWatch struct {
 	decision exitDecision
 }
 
-func newTaskEvents(rt *runtime.Runtime, log *slog.Logger) *taskEvents {
+// taskSource is what taskEvents needs of containerd (runtime.Runtime).
+type taskSource interface {
+	TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <-chan error)
+	Get(ctx context.Context, id string) (runtime.Sandbox, error)
+}
+
+func newTaskEvents(rt taskSource, log *slog.Logger) *taskEvents {
 	return &taskEvents{
 		rt:      rt,
 		log:     log,
@@ -180,12 +187,9 @@ func (t *taskEvents) run(ctx context.Context) {
 	)
 	backoff := minBackoff
 	for first := true; ; first = false {
-		if !first {
-			// Exits may have been missed while unsubscribed.
-			t.resync(ctx)
-		}
 		began := time.Now()
-		err := t.follow(ctx)
+		// Exits may have been missed while unsubscribed.
+		err := t.follow(ctx, !first)
 		if ctx.Err() != nil {
 			return
 		}
@@ -202,16 +206,37 @@ func (t *taskEvents) run(ctx context.Context) {
 	}
 }
 
-// follow dispatches events from one subscription until it ends.
-func (t *taskEvents) follow(ctx context.Context) error {
+// follow dispatches events from one subscription until it ends. With
+// resync, it first checks every watched task once the subscription is made
+// (events from then on are queued, not lost), and again every resyncRetry
+// while containerd cannot answer that check.
+func (t *taskEvents) follow(ctx context.Context, resync bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	events, errs := t.rt.TaskEvents(ctx)
-	for ev := range events {
-		t.dispatch(ev)
+	var retry <-chan time.Time
+	if resync && !t.resync(ctx) {
+		retry = time.After(resyncRetry)
 	}
-	return <-errs
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				return <-errs
+			}
+			t.dispatch(ev)
+		case <-retry:
+			retry = nil
+			if !t.resync(ctx) {
+				retry = time.After(resyncRetry)
+			}
+		}
+	}
 }
+
+// resyncRetry is how soon a resync that containerd could not answer is
+// tried again.
+const resyncRetry = time.Second
 
 // dispatch acts on one event: records OOM kills, lets onExit decide about
 // exits, then fires the watches of the exited task.
@@ -248,8 +273,10 @@ func (t *taskEvents) fire(ev runtime.TaskEvent, decision exitDecision) {
 }
 
 // resync fires the watches whose task is no longer the sandbox's running
-// task, for exits missed while unsubscribed.
-func (t *taskEvents) resync(ctx context.Context) {
+// task, for exits missed while unsubscribed. Only containerd's word that a
+// task is gone fires a watch: when it cannot answer (it is down, or slow)
+// the sandbox is left for the next resync, and resync reports false.
+func (t *taskEvents) resync(ctx context.Context) (complete bool) {
 	t.mu.Lock()
 	pids := make(map[string][]uint32)
 	for id, ws := range t.watches {
@@ -258,10 +285,15 @@ func (t *taskEvents) resync(ctx context.Context) {
 		}
 	}
 	t.mu.Unlock()
+	complete = true
 	for id, watched := range pids {
 		sb, err := t.rt.Get(ctx, id)
 		if ctx.Err() != nil {
-			return
+			return false
+		}
+		if err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
+			complete = false
+			continue
 		}
 		for _, pid := range watched {
 			if err == nil && sb.Running && (pid == 0 || pid == sb.TaskPID) {
@@ -273,4 +305,5 @@ func (t *taskEvents) resync(ctx context.Context) {
 			t.fire(ev, exitLeftStopped)
 		}
 	}
+	return complete
 }

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -124,5 +126,52 @@ func TestTaskWatchIdentity(t *testing.T) {
 	te.dispatch(runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: "sb", Pid: 7, At: started.Add(time.Second)})
 	if !fired(w, te) || !fired(w2, te) {
 		t.Error("watches did not fire for their task's own exit")
+	}
+}
+
+// records answers Get from a table of sandboxes and errors.
+type records struct {
+	sandboxes map[string]runtime.Sandbox
+	err       error
+}
+
+func (r *records) TaskEvents(context.Context) (<-chan runtime.TaskEvent, <-chan error) {
+	return nil, nil
+}
+
+func (r *records) Get(_ context.Context, id string) (runtime.Sandbox, error) {
+	if r.err != nil {
+		return runtime.Sandbox{}, r.err
+	}
+	sb, ok := r.sandboxes[id]
+	if !ok {
+		return runtime.Sandbox{}, runtime.ErrSandboxNotFound
+	}
+	return sb, nil
+}
+
+// TestResyncOnlyOnContainerdsWord: after the event stream broke, watches
+// fire for tasks containerd says are gone, never for tasks it could not
+// answer about (it is down): their execs must keep running, as they do.
+func TestResyncOnlyOnContainerdsWord(t *testing.T) {
+	rec := &records{sandboxes: map[string]runtime.Sandbox{"up": {ID: "up", Running: true, TaskPID: 7}}}
+	te := newTaskEvents(rec, discard)
+	up, gone := te.watch("up"), te.watch("gone")
+	te.expect(up, 7, time.Time{})
+	te.expect(gone, 8, time.Time{})
+
+	rec.err = &runtime.UnavailableError{Op: "read sandbox", Err: errors.New("connection refused")}
+	if te.resync(context.Background()) {
+		t.Error("resync reported complete while containerd did not answer")
+	}
+	if fired(up, te) || fired(gone, te) {
+		t.Fatal("a watch fired while containerd could not say whether its task runs")
+	}
+	rec.err = nil
+	if !te.resync(context.Background()) {
+		t.Error("resync reported incomplete with containerd answering")
+	}
+	if fired(up, te) || !fired(gone, te) {
+		t.Errorf("after a resync: running task's watch fired %v, deleted task's %v; want only the deleted one", fired(up, te), fired(gone, te))
 	}
 }

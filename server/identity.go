@@ -432,7 +432,7 @@ func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line s
 	if r.dir == "" {
 		return
 	}
-	if sr.journalLines > 2*(len(sr.execs)+len(sr.past)+1)+1024 {
+	if sr.journalLines > maxJournalLines(len(sr.execs)+len(sr.past)) {
 		if err := r.compact(sandboxID, sr); err != nil {
 			r.log.Warn("compact runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
 		} else {
@@ -452,6 +452,12 @@ func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line s
 	}
 	sr.journalLines++
 }
+
+// maxJournalLines is how many lines a journal holding records records may
+// grow to before it is compacted: with at most maxExecRecords exec records
+// and maxPastRuntimes runtimes, a journal stays under about 1.1 MB (51
+// bytes a line), however many execs the sandbox ran.
+func maxJournalLines(records int) int { return 2*(records+1) + 1024 }
 
 // compact rewrites the sandbox's journal from memory, atomically.
 func (r *identities) compact(sandboxID string, sr *sandboxRuntimes) error {
@@ -490,7 +496,7 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 		return err
 	}
 	defer f.Close()
-	sc := bufio.NewScanner(io.LimitReader(f, maxJournalBytes))
+	sc := newLineScanner(io.LimitReader(f, maxJournalBytes), maxJournalLine)
 	for sc.Scan() {
 		sr.journalLines++
 		fields := strings.Fields(sc.Text())
@@ -521,6 +527,57 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 	}
 	return sc.Err()
 }
+
+// maxJournalLine is the longest journal line read: a record is under 250
+// bytes; a longer line is not a record and is skipped whole.
+const maxJournalLine = 4 << 10
+
+// lineScanner reads lines like bufio.Scanner, except that a line longer
+// than its buffer is skipped whole instead of ending the scan: a Scanner
+// stops at the first line over its 64 KiB and drops every line after it.
+type lineScanner struct {
+	r    *bufio.Reader
+	line []byte
+	err  error
+}
+
+func newLineScanner(r io.Reader, max int) *lineScanner {
+	return &lineScanner{r: bufio.NewReaderSize(r, max)}
+}
+
+// Scan advances to the next line of at most the buffer's size, without its
+// newline (a last line without one included); false at the end or on a
+// read error (Err).
+func (s *lineScanner) Scan() bool {
+	skipping := false
+	for {
+		line, err := s.r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			skipping = true
+			continue
+		}
+		if !skipping && len(line) > 0 {
+			s.line = bytes.TrimSuffix(line, []byte("\n"))
+			if err != nil && !errors.Is(err, io.EOF) {
+				s.err = err
+			}
+			return true
+		}
+		skipping = false // the end of a long line, dropped
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				s.err = err
+			}
+			return false
+		}
+	}
+}
+
+// Text returns the current line.
+func (s *lineScanner) Text() string { return string(s.line) }
+
+// Err returns the first read error other than io.EOF.
+func (s *lineScanner) Err() error { return s.err }
 
 // clockTicks is USER_HZ, the unit of /proc/<pid>/stat's starttime: 100 on
 // every Linux architecture berth runs on (proc(5)).

@@ -83,17 +83,22 @@ func TestJournalSkipsGarbage(t *testing.T) {
 		"e " + boot(1),              // short
 		strings.Repeat("z", 100000), // one long line
 		"e " + boot(1) + " ok-3",
+		"r " + boot(3) + " 30 0 v2", // the current runtime, after it
+		"e " + boot(3) + " ok-4",
+		"e " + boot(3) + " " + strings.Repeat("y", 70000), // a long line without its end
 	}
-	if err := os.WriteFile(filepath.Join(dir, "sb"+journalSuffix), []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+	// The last line has no newline: a write cut short.
+	if err := os.WriteFile(filepath.Join(dir, "sb"+journalSuffix), []byte(strings.Join(lines, "\n")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	r := newIdentities(dir, discard)
-	if got := r.current("sb"); got.BootID != boot(1) || got.TaskPID != 10 {
-		t.Errorf("current = %v, want boot 1 pid 10", got)
+	// Records after the long line count as much as those before it.
+	if got := r.current("sb"); got.BootID != boot(3) || got.TaskPID != 30 || got.AgentVersion != "v2" {
+		t.Errorf("current = %v, want boot 3 pid 30, the last runtime line", got)
 	}
-	for _, id := range []string{"ok-1"} {
-		if _, ok := r.execRuntime("sb", id); !ok {
-			t.Errorf("%s not loaded", id)
+	for _, tc := range []struct{ id, boot string }{{"ok-1", boot(1)}, {"ok-3", boot(1)}, {"ok-4", boot(3)}} {
+		if got, ok := r.execRuntime("sb", tc.id); !ok || got.BootID != tc.boot {
+			t.Errorf("execRuntime(%s) = %v, %v; want it loaded, in runtime %s", tc.id, got, ok, tc.boot[:8])
 		}
 	}
 	for _, id := range []string{"bad/id", "ok-2"} {
@@ -137,6 +142,38 @@ func TestExecRecordsBounded(t *testing.T) {
 	}
 	if _, ok := r.execRuntime("sb", fmt.Sprintf("ex-%d", maxExecRecords+9)); !ok {
 		t.Error("newest record dropped")
+	}
+}
+
+// TestJournalBounded records three times as many execs as are remembered:
+// the journal file stays within a bound (compaction), whatever the count,
+// and reloads the newest records.
+func TestJournalBounded(t *testing.T) {
+	dir := t.TempDir()
+	r := newIdentities(dir, discard)
+	r.observe("sb", identity{BootID: boot(1), TaskPID: 1})
+	path := filepath.Join(dir, "sb"+journalSuffix)
+	var largest int64
+	for i := range 3 * maxExecRecords {
+		r.recordExec("sb", fmt.Sprintf("ex-%d", i), boot(1))
+		if i%1000 == 999 {
+			st, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			largest = max(largest, st.Size())
+		}
+	}
+	const perRecord = 51 // "e " + 32 hex + " ex-NNNNN\n"
+	if bound := int64(maxJournalLines(maxExecRecords+maxPastRuntimes) * perRecord); largest > bound {
+		t.Errorf("journal reached %d bytes after %d execs, want at most %d", largest, 3*maxExecRecords, bound)
+	}
+	fresh := newIdentities(dir, discard)
+	if _, ok := fresh.execRuntime("sb", fmt.Sprintf("ex-%d", 3*maxExecRecords-1)); !ok {
+		t.Error("newest record not reloaded")
+	}
+	if _, ok := fresh.execRuntime("sb", "ex-0"); ok {
+		t.Error("a record beyond the bound was reloaded")
 	}
 }
 

@@ -28,12 +28,15 @@ func (s *Service) PullImage(req *berthv1.PullImageRequest, stream berthv1.ImageS
 		return rpcstatus.InvalidArgument("reference", err.Error())
 	}
 	var sendErr error
-	img, err := s.rt.PullImage(ctx, ref, s.cfg.PullResolveTimeout, pullProgressInterval, func(layers []runtime.PullProgress) {
+	opts := runtime.PullOptions{ResolveTimeout: s.cfg.PullResolveTimeout, Interval: pullProgressInterval, Registries: s.cfg.PullRegistries}
+	img, err := s.rt.PullImage(ctx, ref, opts, func(layers []runtime.PullProgress) {
 		if sendErr == nil {
 			sendErr = stream.Send(pullProgressProto(layers))
 		}
 	})
 	switch {
+	case errors.Is(err, runtime.ErrRegistryNotAllowed):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonRegistryNotAllowed, err.Error(), meta)
 	case errors.Is(err, runtime.ErrRegistryUnreachable):
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonRegistry, err.Error(), meta)
 	case err != nil:

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
 	"strings"
 	"time"
 
@@ -78,15 +77,35 @@ func (s *Service) waitAgent(ctx context.Context, id string) (*agentv1.InfoRespon
 // logTail returns the last lines of the agent's log as "; agent log: ...",
 // or "" when there is none. The agent logs no env values or file contents.
 func (s *Service) logTail(id string) string {
-	b, err := os.ReadFile(s.rt.LogPath(id))
-	if err != nil || len(b) == 0 {
+	b := s.rt.LogTail(id, 1024)
+	if len(b) == 0 {
 		return ""
 	}
-	const max = 1024
-	if len(b) > max {
-		b = b[len(b)-max:]
-	}
 	return "; agent log: " + strings.TrimSpace(string(b))
+}
+
+// trimAgentLogs bounds every sandbox's agent log to Config.MaxAgentLogBytes
+// (runtime.TrimLog), every Config.AgentLogCheck, until ctx ends.
+func (s *Service) trimAgentLogs(ctx context.Context) {
+	t := time.NewTicker(s.cfg.AgentLogCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids, err := s.rt.HostDirs()
+		if err != nil {
+			s.log.Warn("list sandbox directories to bound agent logs", slog.Any("error", err))
+			continue
+		}
+		for _, id := range ids {
+			if _, err := s.rt.TrimLog(id, s.cfg.MaxAgentLogBytes); err != nil {
+				s.log.Warn("bound agent log", slog.String("sandbox_id", id), slog.Any("error", err))
+			}
+		}
+	}
 }
 
 // sandboxNotFound is the error of a sandbox that does not exist, and of one

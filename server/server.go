@@ -135,6 +135,20 @@ type Config struct {
 	// requests without sandbox_id and request_id, with default resources,
 	// user, working directory and no env, are served from it.
 	WarmPool map[string]int
+	// MaxAgentLogBytes bounds each sandbox's agent log (about 170 bytes
+	// an exec): past it the newest half is kept as agent.log.1 and the log
+	// starts anew. Default 4 MiB.
+	MaxAgentLogBytes int64
+	// AgentLogCheck is how often agent logs are measured. Default 10 s.
+	AgentLogCheck time.Duration
+	// PullRegistries names the registries PullImage may reach, as
+	// references write them ("registry.example.com", "localhost:5000",
+	// "localhost:*" for any port);
+	// "*" stands for every registry not on berthd's host. Empty: "*". A
+	// registry on berthd's host is reached only when named (see
+	// runtime.PullOptions.Registries); others are FAILED_PRECONDITION
+	// REGISTRY_NOT_ALLOWED with nothing sent.
+	PullRegistries []string
 	// PullResolveTimeout bounds resolving an image reference at its
 	// registry in PullImage; an unreachable registry fails after it.
 	// Default 10 s.
@@ -196,6 +210,12 @@ func (c *Config) setDefaults() {
 	c.MaxLifetime = max(c.MaxLifetime, c.DefaultMaxLifetime)
 	if c.Observer == nil {
 		c.Observer = noObserver{}
+	}
+	if c.MaxAgentLogBytes <= 0 {
+		c.MaxAgentLogBytes = 4 << 20
+	}
+	if c.AgentLogCheck <= 0 {
+		c.AgentLogCheck = 10 * time.Second
 	}
 	if c.PullResolveTimeout == 0 {
 		c.PullResolveTimeout = 10 * time.Second
@@ -287,9 +307,10 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.Adopt(ctx); err != nil {
 		return err
 	}
-	s.bg.Add(2)
+	s.bg.Add(3)
 	go func() { defer s.bg.Done(); s.reaper.Run(s.bgCtx) }()
 	go func() { defer s.bg.Done(); s.pool.Run(s.bgCtx) }()
+	go func() { defer s.bg.Done(); s.trimAgentLogs(s.bgCtx) }()
 	return nil
 }
 

@@ -85,6 +85,11 @@ func main() {
 	flag.DurationVar(&svcCfg.DefaultMaxLifetime, "default-max-lifetime", 24*time.Hour, "maximum lifetime of a sandbox whose request sets none")
 	flag.DurationVar(&svcCfg.MaxLifetime, "max-lifetime", 7*24*time.Hour, "largest maximum lifetime a request may set")
 	flag.DurationVar(&svcCfg.Reaper.Interval, "reap-interval", time.Second, "how often idle timeouts and lifetimes are checked")
+	flag.Int64Var(&svcCfg.MaxAgentLogBytes, "max-agent-log-bytes", 4<<20, "largest a sandbox's agent log grows, in `bytes`; then its newest half is kept as agent.log.1 and it starts anew")
+	flag.Func("pull-registry", "`REGISTRY` PullImage may reach, as references write it (registry.example.com, localhost:5000; repeatable); \"*\" is every registry not on this host, the default; a registry on this host is reached only when named", func(v string) error {
+		svcCfg.PullRegistries = append(svcCfg.PullRegistries, v)
+		return nil
+	})
 	flag.DurationVar(&svcCfg.PullResolveTimeout, "pull-resolve-timeout", 10*time.Second, "how long PullImage may take to reach the registry before it fails with UNAVAILABLE")
 	flag.Func("warm-pool", "keep `IMAGE=N` sandboxes of IMAGE pre-created for fast creates (repeatable)", func(v string) error {
 		image, n, err := parseWarmPool(v)

@@ -45,6 +45,9 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonRegistryNotAllowed (FAILED_PRECONDITION): berthd's
+	// configuration does not let PullImage reach the image's registry.
+	ReasonRegistryNotAllowed = "REGISTRY_NOT_ALLOWED"
 	// ReasonDiskQuotaUnsupported: a disk quota was asked for on a server
 	// whose snapshotter cannot enforce one.
 	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"

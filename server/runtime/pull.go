@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
@@ -25,7 +27,95 @@ var (
 	ErrRegistryUnreachable = errors.New("registry unreachable")
 	// ErrInvalidReference means the image reference cannot be parsed.
 	ErrInvalidReference = errors.New("invalid image reference")
+	// ErrRegistryNotAllowed means berthd's configuration does not let it
+	// pull from the image's registry (PullOptions.Registries).
+	ErrRegistryNotAllowed = errors.New("registry not allowed")
 )
+
+// PullOptions configures PullImage.
+type PullOptions struct {
+	// ResolveTimeout bounds reaching the registry and resolving the
+	// reference; past it the pull fails with ErrRegistryUnreachable.
+	ResolveTimeout time.Duration
+	// Interval is how often progress is reported.
+	Interval time.Duration
+	// Registries names the registries a pull may reach, as references
+	// write them: "registry.example.com", "localhost:5000", or any port of
+	// a host: "localhost:*". "*" stands for every registry that is not on
+	// this host. Empty means "*". A registry
+	// on this host (localhost, a loopback address) is reached only when
+	// named; it is spoken to over plain HTTP. The check is made on the
+	// reference and again on every address dialed (a name that resolves to
+	// a loopback address, a redirect), so no pull reaches a local port that
+	// is not listed.
+	Registries []string
+}
+
+// loopbackHost reports whether host (a registry's host, without its port)
+// names this machine: localhost or a loopback or unspecified address.
+func loopbackHost(host string) bool {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(host, "[]"))
+	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+}
+
+// splitRegistry splits a registry "host[:port]" into its host and port;
+// the port is "" when none is given.
+func splitRegistry(registry string) (host, port string) {
+	if h, p, err := net.SplitHostPort(registry); err == nil {
+		return h, p
+	}
+	return registry, ""
+}
+
+// allowRegistry checks registry (a reference's domain) against allowed
+// (see PullOptions.Registries) and returns the local ports the pull may
+// dial: those of registry when it is on this host and named.
+func allowRegistry(registry string, allowed []string) (localPorts []string, err error) {
+	if len(allowed) == 0 {
+		allowed = []string{"*"}
+	}
+	host, port := splitRegistry(registry)
+	local := loopbackHost(host)
+	for _, a := range allowed {
+		aHost, aPort := splitRegistry(a)
+		switch {
+		case a == "*" && !local:
+			return nil, nil
+		case strings.EqualFold(a, registry), aPort == "*" && strings.EqualFold(aHost, host):
+			if local {
+				if port == "" {
+					port = "80"
+				}
+				return []string{port}, nil
+			}
+			return nil, nil
+		}
+	}
+	if local {
+		return nil, fmt.Errorf("%w: %s is on berthd's host; name it in --pull-registry to pull from it", ErrRegistryNotAllowed, registry)
+	}
+	return nil, fmt.Errorf("%w: %s is not among the registries berthd may pull from (--pull-registry %s)", ErrRegistryNotAllowed, registry, strings.Join(allowed, ", "))
+}
+
+// dialControl refuses a connection to this host other than to localPorts:
+// a registry name that resolves to a loopback address, or a redirect to
+// one, must not reach a local service.
+func dialControl(localPorts []string) func(network, address string, _ syscall.RawConn) error {
+	return func(network, address string, _ syscall.RawConn) error {
+		host, port, err := net.SplitHostPort(address)
+		if err != nil {
+			return fmt.Errorf("%w: dial %s: %v", ErrRegistryNotAllowed, address, err)
+		}
+		if !loopbackHost(host) || slices.Contains(localPorts, port) {
+			return nil
+		}
+		return fmt.Errorf("%w: the pull would connect to %s on berthd's host", ErrRegistryNotAllowed, address)
+	}
+}
 
 // PullProgress is the state of one blob during a pull.
 type PullProgress struct {
@@ -47,20 +137,28 @@ func NormalizeReference(ref string) (string, error) {
 }
 
 // PullImage fetches ref (normalized) from its registry, stores and unpacks
-// it, and returns it. Registries on localhost are spoken to over plain
-// HTTP. Resolving the reference must finish within resolveTimeout, or the
-// pull fails with ErrRegistryUnreachable; the download itself is bounded by
-// ctx only. progress, when not nil, is called about every interval with
-// every blob seen so far, from a goroutine PullImage waits for.
-func (r *Runtime) PullImage(ctx context.Context, ref string, resolveTimeout, interval time.Duration, progress func([]PullProgress)) (_ Image, err error) {
+// it, and returns it. It fails with ErrRegistryNotAllowed, having sent
+// nothing, when opts.Registries does not allow the registry. Registries on
+// localhost are spoken to over plain HTTP. Resolving the reference must
+// finish within opts.ResolveTimeout, or the pull fails with
+// ErrRegistryUnreachable; the download itself is bounded by ctx only.
+// progress, when not nil, is called about every opts.Interval with every
+// blob seen so far, from a goroutine PullImage waits for.
+func (r *Runtime) PullImage(ctx context.Context, ref string, opts PullOptions, progress func([]PullProgress)) (_ Image, err error) {
 	c := r.beginLong(ctx, "pull image "+ref)
 	defer c.end(&err)
 	c.changes()
-	ref, err = NormalizeReference(ref)
+	named, err := reference.ParseDockerRef(ref)
+	if err != nil {
+		return Image{}, fmt.Errorf("%w: %q: %v", ErrInvalidReference, ref, err)
+	}
+	localPorts, err := allowRegistry(reference.Domain(named), opts.Registries)
 	if err != nil {
 		return Image{}, err
 	}
-	dialer := &net.Dialer{Timeout: resolveTimeout, KeepAlive: 30 * time.Second}
+	ref = named.String()
+	resolveTimeout, interval := opts.ResolveTimeout, opts.Interval
+	dialer := &net.Dialer{Timeout: resolveTimeout, KeepAlive: 30 * time.Second, Control: dialControl(localPorts)}
 	transport := docker.DefaultHTTPTransport(nil)
 	transport.DialContext = dialer.DialContext
 	transport.TLSHandshakeTimeout = resolveTimeout
@@ -125,6 +223,8 @@ func (r *Runtime) pullError(ctx context.Context, ref string, resolveTimeout time
 	switch {
 	case ctx.Err() != nil:
 		return fmt.Errorf("pull %s: %w", ref, ctx.Err())
+	case errors.Is(err, ErrRegistryNotAllowed):
+		return fmt.Errorf("pull %s: %w", ref, err)
 	case errdefs.IsNotFound(err):
 		return fmt.Errorf("%w: %s: the registry has no such image (%v)", ErrImageNotFound, ref, err)
 	case errors.As(err, &dnsErr), errors.As(err, &opErr), errors.Is(err, context.DeadlineExceeded),
