@@ -63,9 +63,18 @@ func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 	}}
 	resp := &berthv1.UploadResponse{}
 	entries, content := 0, uint64(0)
+	var uids, gids idMap
+	if h.GetKeepOwners() {
+		uids, gids = readIDMap("uid_map"), readIDMap("gid_map")
+	}
 	opts := tartree.Options{
 		Sync: true,
 		Check: func(hdr *tar.Header) error {
+			// An owner the sandbox's user namespace does not map cannot
+			// be given: refused before anything moves into place.
+			if uids != nil && hdr.Typeflag != tar.TypeLink && (!uids.maps(hdr.Uid) || !gids.maps(hdr.Gid)) {
+				return &tartree.EntryError{Entry: hdr.Name, Why: fmt.Sprintf("has owner %d:%d, which the sandbox's user namespace does not map", hdr.Uid, hdr.Gid)}
+			}
 			if entries++; entries > s.cfg.MaxListEntries {
 				return &tooLargeError{path: dir, what: fmt.Sprintf("an archive of more than %d entries", s.cfg.MaxListEntries), limit: uint64(s.cfg.MaxListEntries), reason: rpcstatus.ReasonListTooLarge, flag: "max-list-entries"}
 			}

@@ -336,7 +336,7 @@ func (x *extraction) fixDir(b *beneath, d dirMeta) error {
 	// CAP_FOWNER.
 	if x.opts.Chown != nil {
 		if err := x.opts.Chown(fd, d.uid, d.gid, d.mode); err != nil {
-			return pathError("chown", full, err)
+			return x.chownError(d.raw, d.name, d.uid, d.gid, err)
 		}
 	}
 	return nil

@@ -192,7 +192,7 @@ func (x *extraction) stage() error {
 	// 0700 while staging: nobody sees the tree before it is complete.
 	if err := unix.Mkdir(x.staging, 0o700); err != nil {
 		x.staging = ""
-		return pathError("make staging directory in", filepath.Dir(x.dir), err)
+		return pathError("make staging directory in", filepath.Dir(x.staging), err)
 	}
 	if err := unix.Chmod(x.staging, 0o700); err != nil {
 		return x.failStage(pathError("chmod", x.staging, err))
@@ -414,12 +414,22 @@ func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error
 	}
 	if x.opts.Chown != nil {
 		if err := x.opts.Chown(fd, hdr.Uid, hdr.Gid, mode); err != nil {
-			return pathError("chown", x.b.full(name), err)
+			return x.chownError(hdr.Name, name, hdr.Uid, hdr.Gid, err)
 		}
 	}
 	x.counts.Files++
 	x.counts.ContentBytes += uint64(w.off)
 	return nil
+}
+
+// chownError describes a failed chown of the entry raw (name cleaned):
+// EINVAL means an owner that the user namespace of the extraction (a
+// sandbox's) does not map.
+func (x *extraction) chownError(raw, name string, uid, gid int, err error) error {
+	if errors.Is(err, unix.EINVAL) {
+		return &EntryError{raw, false, fmt.Sprintf("has owner %d:%d, which is not mapped here (user namespace)", uid, gid)}
+	}
+	return pathError("chown", x.b.full(name), err)
 }
 
 // chownAt is chown of base in parent, not following a symlink.
@@ -460,7 +470,7 @@ func (x *extraction) symlink(name string, hdr *tar.Header) error {
 		return err
 	}
 	if err := x.chownAt(parent, base, hdr); err != nil {
-		return pathError("chown", x.b.full(name), err)
+		return x.chownError(hdr.Name, name, hdr.Uid, hdr.Gid, err)
 	}
 	x.counts.Symlinks++
 	return nil
@@ -553,7 +563,7 @@ func (x *extraction) special(name string, hdr *tar.Header) error {
 		return err
 	}
 	if err := x.chownAt(parent, base, hdr); err != nil {
-		return pathError("chown", x.b.full(name), err)
+		return x.chownError(hdr.Name, name, hdr.Uid, hdr.Gid, err)
 	}
 	x.counts.Special++
 	return nil
