@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-sandbox/berth/agent"
 	"github.com/berth-sandbox/berth/internal/agentbin"
+	"github.com/berth-sandbox/berth/internal/e2e"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -33,11 +34,17 @@ func procCaps(t *testing.T, a *testAgent, id string) map[string]string {
 // capability and checks that a uid 0 child, and a child of another user,
 // hold none: the agent locked SECBIT_NOROOT and emptied its bounding set.
 func TestChildrenHoldNoCapabilities(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: an unprivileged agent has no capabilities to withhold")
-	}
+	e2e.NeedRoot(t, "an agent with capabilities to withhold")
+	bin := agentBin
 	if agentbin.RaceEnabled {
-		t.Skip("the race-enabled agent is a cgo build, which cannot change every thread's capabilities (syscall.AllThreadsSyscall)")
+		// The race-enabled agent is a cgo build, which cannot change every
+		// thread's capabilities (syscall.AllThreadsSyscall): test the
+		// static one that ships.
+		dir := t.TempDir()
+		var err error
+		if bin, err = agentbin.BuildStatic(dir, ""); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -47,7 +54,12 @@ func TestChildrenHoldNoCapabilities(t *testing.T) {
 		{"user 65534", []string{"--user", "65534:65534"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := startAgent(t, tc.flags...)
+			dir, err := os.MkdirTemp("", "ag")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			a := startAgentBinary(t, bin, dir, nil, tc.flags...)
 			caps := procCaps(t, a, "caps")
 			for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
 				if caps[k] != "0000000000000000" {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/internal/e2e"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -389,21 +390,30 @@ func children(t testing.TB, ppid int) map[int]string {
 }
 
 // TestNoZombies runs commands whose children orphan their own children and
-// checks that the agent, as their subreaper, reaps them all.
+// checks that the agent, as their subreaper, takes them — they become its
+// children while they run (without the subreaper they would go to the
+// host's init, and the agent would have nothing to reap) — and reaps them
+// all once they exit.
 func TestNoZombies(t *testing.T) {
 	a := startAgent(t)
-	r := a.run(t, execID(t), shell(`(sleep 0.2 &) ; (sleep 0.2 &) ; (sh -c 'sleep 0.2 & exit 0' &)`))
+	// The sleeps let go of the exec's output, so that it ends at once.
+	r := a.run(t, execID(t), shell(`exec >/dev/null 2>&1; (sleep 2 &) ; (sleep 2 &) ; (sh -c 'sleep 2 & exit 0' &)`))
 	if got := r.result.GetExitCode(); got != 0 {
 		t.Fatalf("exit code = %d, want 0", got)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	var kids map[int]string
+	adopted := 0
 	for {
 		kids = children(t, a.pid)
-		if len(kids) == 0 || time.Now().After(deadline) {
+		adopted = max(adopted, len(kids))
+		if adopted >= 3 && len(kids) == 0 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if adopted < 3 {
+		t.Errorf("the agent (pid %d) adopted %d of the 3 orphaned sleeps, want all: is it their subreaper?", a.pid, adopted)
 	}
 	if len(kids) != 0 {
 		t.Errorf("agent (pid %d) still has children 10s later (pid: state): %v; Z means unreaped", a.pid, kids)
@@ -993,12 +1003,10 @@ func TestCwd(t *testing.T) {
 // subreaper, and stops cleanly on SIGTERM although PID 1 has no default
 // signal actions.
 func TestAsPID1(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a pid namespace")
-	}
+	e2e.NeedRoot(t, "a pid namespace")
 	unshare, err := osexec.LookPath("unshare")
 	if err != nil {
-		t.Skip("needs unshare(1)")
+		e2e.Missing(t, "unshare(1) (util-linux) is not installed")
 	}
 	dir, err := os.MkdirTemp("", "ag")
 	if err != nil {

@@ -88,9 +88,15 @@ func startAgentAt(t testing.TB, dir string, flags ...string) *testAgent {
 // (e.g. unshare), when not nil.
 func startAgentCmd(t testing.TB, dir string, prefix []string, flags ...string) *testAgent {
 	t.Helper()
+	return startAgentBinary(t, agentBin, dir, prefix, flags...)
+}
+
+// startAgentBinary is startAgentCmd running the agent binary bin.
+func startAgentBinary(t testing.TB, bin, dir string, prefix []string, flags ...string) *testAgent {
+	t.Helper()
 	sock := filepath.Join(dir, "a.sock")
 	a := &testAgent{dir: dir, stderr: &agentbin.Buffer{}, exited: make(chan struct{})}
-	args := append(append(prefix, agentBin, "--socket", sock, "--workdir", filepath.Join(dir, "work")), flags...)
+	args := append(append(prefix, bin, "--socket", sock, "--workdir", filepath.Join(dir, "work")), flags...)
 	a.cmd = exec.Command(args[0], args[1:]...)
 	a.cmd.Stderr = a.stderr
 	a.cmd.Env = append(agentEnv(), "BERTH_TEST_BASE=from-agent")

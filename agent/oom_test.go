@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/e2e"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -27,21 +28,32 @@ func readOOMScore(t testing.TB, pid int) string {
 	return strings.TrimSpace(string(b))
 }
 
-// memoryCgroup makes a cgroup v1 memory cgroup limited to limit bytes,
-// without swap, and removes it at cleanup (once its processes are gone). It
-// skips the test where that is impossible.
+// memoryCgroup makes a memory cgroup limited to limit bytes, without swap —
+// cgroup v1 (memory.limit_in_bytes) or v2 (memory.max) — and removes it at
+// cleanup (once its processes are gone). Without root or a memory
+// controller the test cannot run (e2e.Missing).
 func memoryCgroup(t *testing.T, limit int) string {
 	t.Helper()
-	const mem = "/sys/fs/cgroup/memory"
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a memory cgroup")
-	}
-	if _, err := os.Stat(filepath.Join(mem, "memory.oom_control")); err != nil {
-		t.Skip("needs the cgroup v1 memory controller at " + mem)
-	}
+	e2e.NeedRoot(t, "a memory cgroup")
 	b := make([]byte, 4)
 	rand.Read(b)
-	dir := filepath.Join(mem, "berth-agent-test-"+hex.EncodeToString(b))
+	name := "berth-agent-test-" + hex.EncodeToString(b)
+	var dir string
+	var limits []string
+	switch {
+	case fileExists("/sys/fs/cgroup/memory/memory.oom_control"):
+		dir = filepath.Join("/sys/fs/cgroup/memory", name)
+		limits = []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"}
+	case fileExists("/sys/fs/cgroup/cgroup.controllers"):
+		// cgroup v2: the root must hand the memory controller down.
+		if err := os.WriteFile("/sys/fs/cgroup/cgroup.subtree_control", []byte("+memory"), 0); err != nil {
+			e2e.Missing(t, "enable the cgroup v2 memory controller: "+err.Error())
+		}
+		dir = filepath.Join("/sys/fs/cgroup", name)
+		limits = []string{"memory.max", "memory.swap.max"}
+	default:
+		e2e.Missing(t, "no cgroup v1 memory controller or cgroup v2 at /sys/fs/cgroup")
+	}
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatalf("create memory cgroup: %v", err)
 	}
@@ -61,19 +73,34 @@ func memoryCgroup(t *testing.T, limit int) string {
 			time.Sleep(20 * time.Millisecond)
 		}
 	})
-	for _, f := range []string{"memory.limit_in_bytes", "memory.memsw.limit_in_bytes"} {
-		err := os.WriteFile(filepath.Join(dir, f), []byte(strconv.Itoa(limit)), 0)
-		if err != nil && !(f == "memory.memsw.limit_in_bytes" && errors.Is(err, os.ErrNotExist)) {
+	for i, f := range limits {
+		v := strconv.Itoa(limit)
+		if f == "memory.swap.max" {
+			v = "0"
+		}
+		err := os.WriteFile(filepath.Join(dir, f), []byte(v), 0)
+		// The second limit, of swap, exists only where swap is accounted.
+		if err != nil && !(i == 1 && errors.Is(err, os.ErrNotExist)) {
 			t.Fatalf("set %s: %v", f, err)
 		}
 	}
 	return dir
 }
 
-// oomKills reads the oom_kill counter of a cgroup v1 memory cgroup.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// oomKills reads the oom_kill counter of a memory cgroup: in
+// memory.oom_control (v1) or memory.events (v2).
 func oomKills(t testing.TB, dir string) int {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "memory.oom_control"))
+	file := filepath.Join(dir, "memory.oom_control")
+	if !fileExists(file) {
+		file = filepath.Join(dir, "memory.events")
+	}
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +110,7 @@ func oomKills(t testing.TB, dir string) int {
 			return n
 		}
 	}
-	t.Fatalf("%s/memory.oom_control has no oom_kill line", dir)
+	t.Fatalf("%s has no oom_kill line", file)
 	return 0
 }
 

@@ -5,14 +5,14 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/berth-sandbox/berth/internal/e2e"
 )
 
 // TestWorkloadUser checks that --user makes processes run as that uid and
 // gid with no supplementary groups.
 func TestWorkloadUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("switching users needs root")
-	}
+	e2e.NeedRoot(t, "switching users")
 	a := startAgent(t, "--user", "65534:65533")
 	spec := shell("id -u; id -g; id -G")
 	spec.Cwd = "/" // the test's workdir is private to root
@@ -25,9 +25,7 @@ func TestWorkloadUser(t *testing.T) {
 // TestWorkDirOwnedByWorkloadUser checks that the agent gives the working
 // directory it creates to the workload user.
 func TestWorkDirOwnedByWorkloadUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("chown needs root")
-	}
+	e2e.NeedRoot(t, "chown")
 	a := startAgent(t, "--user", "65534:65533")
 	fi, err := os.Stat(filepath.Join(a.dir, "work"))
 	if err != nil {

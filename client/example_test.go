@@ -17,11 +17,9 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
-// The examples need a running berthd, so they are compiled but not run.
-
 func ExampleDial() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -36,11 +34,13 @@ func ExampleDial() {
 	}
 	defer c.DeleteSandbox(context.WithoutCancel(ctx), sb.GetId())
 	fmt.Println("created", sb.GetId())
+	// Output:
+	// created sb-1
 }
 
 func ExampleClient_Exec() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -63,11 +63,15 @@ func ExampleClient_Exec() {
 		log.Printf("lost output events %d..%d (%d bytes)", d.GetFirstSeq(), d.GetLastSeq(), d.GetLostBytes())
 	}
 	fmt.Println("exit code", res.GetExitCode(), "timed out", res.GetTimedOut())
+	// Output:
+	// total 4
+	// -rw-r--r-- 1 root root 6 Nov 29 13:00 notes.txt
+	// exit code 0 timed out false
 }
 
 func ExampleExecution_Stdin() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -91,11 +95,13 @@ func ExampleExecution_Stdin() {
 		log.Fatal(err)
 	}
 	fmt.Print(out.String())
+	// Output:
+	// HELLO
 }
 
 func ExampleExecution_Signal() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -115,11 +121,13 @@ func ExampleExecution_Signal() {
 		log.Fatal(err)
 	}
 	fmt.Println(res.GetExitCode(), res.GetSignal()) // 143 SIGTERM
+	// Output:
+	// 143 SIGTERM
 }
 
 func ExampleClient_Attach() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -146,11 +154,14 @@ func ExampleClient_Attach() {
 		log.Fatal(err)
 	}
 	fmt.Println("exit code", res.GetExitCode())
+	// Output:
+	// ok  	all tests passed
+	// exit code 0
 }
 
 func ExampleClient_ExecBackground() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -185,34 +196,46 @@ func ExampleClient_ExecBackground() {
 		log.Fatal(err)
 	}
 	fmt.Println("exit code", res.GetExitCode())
+	// Output:
+	// started pid 42
+	// web EXEC_STATE_RUNNING [sh -c python3 -m http.server 8000]
+	// Serving HTTP on 0.0.0.0 port 8000 ...
+	// exit code 143
 }
 
 func ExampleWithTTY() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer c.Close()
 
 	// A terminal of 24 rows and 80 columns: one output stream, "\r\n" line
-	// ends, and programs that check isatty(3) behave as at a terminal.
-	e, err := c.Exec(ctx, "my-sandbox", &berthv1.ProcessSpec{Argv: []string{"top", "-b", "-n", "1"}},
-		client.WithTTY(24, 80), client.WithStdout(os.Stdout))
+	// ends, typed input echoed, and programs that check isatty(3) behave as
+	// at a terminal. The window grows before the command asks its size.
+	var out strings.Builder
+	e, err := c.Exec(ctx, "my-sandbox", &berthv1.ProcessSpec{ShellCommand: "read line; stty size", Stdin: true},
+		client.WithTTY(24, 80), client.WithStdout(&out))
 	if err != nil {
 		log.Fatal(err)
 	}
 	if err := e.Resize(ctx, 50, 132); err != nil {
 		log.Fatal(err)
 	}
+	if _, err := io.WriteString(e.Stdin(), "\n"); err != nil {
+		log.Fatal(err)
+	}
 	if _, err := e.Wait(); err != nil {
 		log.Fatal(err)
 	}
+	fmt.Printf("%q\n", out.String())
+	// Output: "\r\n50 132\r\n"
 }
 
 func ExampleClient_Run() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -223,11 +246,13 @@ func ExampleClient_Run() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%d %s", resp.GetResult().GetExitCode(), resp.GetStdout())
+	// Output:
+	// 0 Linux my-sandbox 6.1.0 #1 SMP x86_64 GNU/Linux
 }
 
 func ExampleClient_ListSandboxes() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -239,17 +264,19 @@ func ExampleClient_ListSandboxes() {
 		}
 		fmt.Println(sb.GetId(), sb.GetState())
 	}
+	// Output:
+	// ci-7 SANDBOX_STATE_RUNNING
 }
 
 func ExampleClient_ImportImage() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer c.Close()
 
-	f, err := os.Open("base.oci.tar")
+	f, err := os.Open(archivePath) // e.g. build/base.oci.tar from scripts/base-image.sh
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -262,11 +289,13 @@ func ExampleClient_ImportImage() {
 	for _, img := range images {
 		fmt.Println(img.GetName(), img.GetDigest())
 	}
+	// Output:
+	// berth.dev/base:latest sha256:6b8c473e445d91a4632ddb39d2bd7649dbe52c62bee2928cd6e3b974a9c4d827
 }
 
 func ExampleError() {
 	ctx := context.Background()
-	c, err := client.Dial(ctx, "unix:///run/berth/berthd.sock")
+	c, err := client.Dial(ctx, berthdAddr)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -286,8 +315,12 @@ func ExampleError() {
 			fmt.Println(ce.Code, ce.Reason, ce.Message)
 		}
 	}
+	// Output:
+	// gone
 }
 
+// ExampleWithToken needs berthd's TLS material at the paths it names, so it
+// is compiled, not run.
 func ExampleWithToken() {
 	ctx := context.Background()
 	// berthd on TCP speaks TLS: trust its CA, and send a bearer token from
@@ -315,6 +348,8 @@ func ExampleWithToken() {
 	}
 }
 
+// ExampleWithTLS needs berthd's TLS material at the paths it names, so it is
+// compiled, not run.
 func ExampleWithTLS() {
 	ctx := context.Background()
 	// mTLS: the client certificate's common name is the principal.

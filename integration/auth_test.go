@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/e2e"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/testcerts"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -452,9 +453,7 @@ func isClientReason(err error, code codes.Code, reason string) bool {
 // nothing of root's sandboxes; root, an admin, sees its sandbox.
 func TestUnixPeerIsPrincipal(t *testing.T) {
 	need(t)
-	if os.Getuid() != 0 {
-		t.Skip("needs root to run a process as uid 1000")
-	}
+	e2e.NeedRoot(t, "running a process as uid 1000")
 	a := startAuthServer(t)
 	binDir, err := os.MkdirTemp("", "berth-cli-")
 	if err != nil {

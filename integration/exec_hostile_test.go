@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
 )
@@ -46,16 +47,50 @@ func TestCanceledStartKeepsItsPlace(t *testing.T) {
 		if err := stream.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: start}}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(i) * 700 * time.Microsecond)
+		time.Sleep(time.Duration(i) * 700 * time.Microsecond) // where the cancel falls, not a wait
 		cancel()
-		// Let berthd and the agent settle what the cancel left.
-		time.Sleep(150 * time.Millisecond)
+		settle(t, capped, id, fmt.Sprintf("c%d", i))
 		if n := running(); n > 1 {
 			t.Fatalf("after %d canceled starts %d execs run in the sandbox, at most 1 allowed", i+1, n)
 		}
 	}
 	if running() == 0 {
 		t.Fatalf("no canceled start ran at all: the test did not exercise a start the agent carried out")
+	}
+}
+
+// settle waits until the capped berthd (one exec per sandbox) has decided
+// what a canceled start of execID left: either the exec runs in the agent
+// and holds the sandbox's one place (a probe start is FLEET_BUSY), or the
+// place is free (the probe runs) and nothing runs. Until then the start may
+// still be on its way, and counting processes would prove nothing.
+func settle(t *testing.T, capped berthv1.SandboxServiceClient, sandboxID, execID string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var last string
+	if !poll(30*time.Second, func() bool {
+		execs := listExecs(t, env.sandboxes, sandboxID)
+		runs := 0
+		for _, x := range execs {
+			if x.GetState() == berthv1.ExecState_EXEC_STATE_RUNNING {
+				runs++
+			}
+		}
+		_, err := capped.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, Process: &berthv1.ProcessSpec{Argv: []string{"true"}}})
+		switch reason := rpcstatus.Reason(err); {
+		case reason == rpcstatus.ReasonFleetBusy:
+			last = fmt.Sprintf("the place is taken, %d execs run (%s listed: %v)", runs, execID, execs[execID] != nil)
+			return runs > 0
+		case err == nil:
+			last = fmt.Sprintf("the place is free, %d execs run", runs)
+			return runs == 0
+		default:
+			t.Fatalf("probe Run on the capped berthd: %v", err)
+			return false
+		}
+	}) {
+		t.Fatalf("the canceled start of %s did not settle within 30 s: %s", execID, last)
 	}
 }
 

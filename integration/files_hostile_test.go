@@ -128,10 +128,13 @@ func TestWriteFileProtocolMisuse(t *testing.T) {
 	}
 	stream.Send(header(nil))
 	stream.Send(chunk(strings.Repeat("x", 1<<20)))
-	deadline := time.Now().Add(10 * time.Second)
-	for workspaceEntries(t, id, "m") == "" && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond) // until the agent made its temporary file
+	// Until the agent made its temporary file: without one, the cleanup
+	// checked below would prove nothing.
+	if !poll(10*time.Second, func() bool { return workspaceEntries(t, id, "m") != "" }) {
+		cancel()
+		t.Fatal("the agent made no temporary file for a write in progress within 10 s")
 	}
+	deadline := time.Now().Add(10 * time.Second)
 	cancel()
 	for {
 		left := workspaceEntries(t, id, "m")

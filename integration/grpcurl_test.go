@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/berth-sandbox/berth/internal/e2e"
 )
 
 // grpcurl finds the grpcurl binary (scripts/deps.sh installs it with go
@@ -22,10 +24,7 @@ func grpcurl(t *testing.T) string {
 	if _, err := os.Stat(p); err == nil {
 		return p
 	}
-	if os.Getenv("BERTH_E2E") == "1" {
-		t.Fatal("grpcurl not found; scripts/deps.sh installs it")
-	}
-	t.Skip("grpcurl not found")
+	e2e.Missing(t, "grpcurl not found; scripts/deps.sh installs it")
 	return ""
 }
 

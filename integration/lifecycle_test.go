@@ -346,22 +346,42 @@ func TestMaxLifetime(t *testing.T) {
 	if want := sb.GetCreatedAt().AsTime().Add(2 * time.Second); !g.GetSandbox().GetExpiresAt().AsTime().Equal(want) || g.GetSandbox().GetRunningExecs() != 1 {
 		t.Errorf("GetSandbox: expires_at %v running_execs %d, want %v and 1", g.GetSandbox().GetExpiresAt().AsTime(), g.GetSandbox().GetRunningExecs(), want)
 	}
-	start := time.Now()
-	var sawStopping bool
-	for time.Since(start) < 15*time.Second {
+	// Until its lifetime ends the sandbox runs, busy or not; then it is
+	// STOPPING (MAX_LIFETIME) while berthd removes it, then gone.
+	expires := sb.GetCreatedAt().AsTime().Add(2 * time.Second)
+	var stoppingAt, goneAt time.Time
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		asked := time.Now()
 		g, err := env.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: sb.GetId()})
 		if status.Code(err) == codes.NotFound {
+			goneAt = asked
 			break
 		}
-		if g.GetSandbox().GetState() == berthv1.SandboxState_SANDBOX_STATE_STOPPING && g.GetSandbox().GetStopReason() == berthv1.StopReason_STOP_REASON_MAX_LIFETIME {
-			sawStopping = true
+		if err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		state := g.GetSandbox().GetState()
+		switch {
+		case state == berthv1.SandboxState_SANDBOX_STATE_STOPPING && g.GetSandbox().GetStopReason() == berthv1.StopReason_STOP_REASON_MAX_LIFETIME:
+			if stoppingAt.IsZero() {
+				stoppingAt = asked
+			}
+		case state != berthv1.SandboxState_SANDBOX_STATE_RUNNING || !stoppingAt.IsZero():
+			t.Fatalf("GetSandbox at %v after creation: state %v reason %v, want RUNNING, then STOPPING with MAX_LIFETIME, then gone",
+				asked.Sub(sb.GetCreatedAt().AsTime()), state, g.GetSandbox().GetStopReason())
+		}
+	}
+	if goneAt.IsZero() {
+		t.Fatalf("sandbox with max_lifetime 2s still exists 15 s later")
 	}
 	if _, err := env.rt.Get(ctx, sb.GetId()); err == nil {
-		t.Fatalf("sandbox with max_lifetime 2s still exists %v later", time.Since(start))
+		t.Fatal("GetSandbox says NOT_FOUND but containerd still has the sandbox")
 	}
-	t.Logf("removed %v after creation; STOPPING/MAX_LIFETIME seen while removing: %v", time.Since(sb.GetCreatedAt().AsTime()), sawStopping)
+	// The reaper checks every second (--reap-interval).
+	if stoppingAt.IsZero() || stoppingAt.Before(expires) || goneAt.After(expires.Add(5*time.Second)) {
+		t.Errorf("STOPPING seen at %v, gone at %v after creation; want STOPPING seen, not before the 2 s lifetime, and gone within 5 s of it",
+			stoppingAt.Sub(sb.GetCreatedAt().AsTime()), goneAt.Sub(sb.GetCreatedAt().AsTime()))
+	}
 }
 
 // TestImportCreateDeleteImage imports the base archive under a new name,

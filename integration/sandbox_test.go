@@ -2,12 +2,14 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/e2e"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	containerd "github.com/containerd/containerd/v2/client"
@@ -212,23 +214,42 @@ func TestErrors(t *testing.T) {
 
 // TestResourceLimits checks that CPU and memory caps reach the sandbox's
 // cgroup (read on the host: cgroup v1 paths /sys/fs/cgroup/<controller>/
-// <namespace>/<id>/, see RUNTIME-NOTES.md) and are reported back.
+// <namespace>/<id>/, see RUNTIME-NOTES.md; on cgroup v2 the task's own
+// cgroup, from /proc/<pid>/cgroup) and are reported back.
 func TestResourceLimits(t *testing.T) {
 	need(t)
-	if _, err := os.Stat("/sys/fs/cgroup/memory"); err != nil {
-		t.Skip("not cgroup v1: the host paths below do not apply")
-	}
 	const mem = 64 << 20
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{CpuMillis: 500, MemoryBytes: mem}})
 	if r := sb.GetResources(); r.GetCpuMillis() != 500 || r.GetMemoryBytes() != mem {
 		t.Errorf("CreateSandbox resources = %v, want cpu_millis 500, memory_bytes %d", r, mem)
 	}
-	for file, want := range map[string]string{
-		"memory/" + env.namespace + "/" + sb.GetId() + "/memory.limit_in_bytes":       "67108864",
-		"memory/" + env.namespace + "/" + sb.GetId() + "/memory.memsw.limit_in_bytes": "67108864",
-		"cpu/" + env.namespace + "/" + sb.GetId() + "/cpu.cfs_quota_us":               "50000",
-		"cpu/" + env.namespace + "/" + sb.GetId() + "/cpu.cfs_period_us":              "100000",
-	} {
+	var files map[string]string
+	switch {
+	case fileExists("/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+		files = map[string]string{
+			"memory/" + env.namespace + "/" + sb.GetId() + "/memory.limit_in_bytes":       "67108864",
+			"memory/" + env.namespace + "/" + sb.GetId() + "/memory.memsw.limit_in_bytes": "67108864",
+			"cpu/" + env.namespace + "/" + sb.GetId() + "/cpu.cfs_quota_us":               "50000",
+			"cpu/" + env.namespace + "/" + sb.GetId() + "/cpu.cfs_period_us":              "100000",
+		}
+	case fileExists("/sys/fs/cgroup/cgroup.controllers"):
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", sb.GetRuntime().GetTaskPid()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path, ok := strings.CutPrefix(strings.TrimSpace(string(b)), "0::")
+		if !ok {
+			t.Fatalf("/proc/%d/cgroup = %q, want one cgroup v2 line", sb.GetRuntime().GetTaskPid(), b)
+		}
+		files = map[string]string{
+			path + "/memory.max":      "67108864",
+			path + "/memory.swap.max": "0",
+			path + "/cpu.max":         "50000 100000",
+		}
+	default:
+		e2e.Missing(t, "neither cgroup v1 controllers nor cgroup v2 at /sys/fs/cgroup")
+	}
+	for file, want := range files {
 		b, err := os.ReadFile("/sys/fs/cgroup/" + file)
 		if err != nil {
 			t.Errorf("read %s: %v", file, err)
@@ -244,4 +265,9 @@ func TestResourceLimits(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("CreateSandbox(cpu_millis 2^40) = %v, want INVALID_ARGUMENT", err)
 	}
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }

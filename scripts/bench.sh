@@ -18,6 +18,9 @@
 #   BENCH_TIME   go test -benchtime per sub-benchmark (default 2s)
 #   BERTH_BENCH_STDOUT_BYTES  bytes the stdout benchmarks stream
 #                (default 67108864)
+#   BERTH_SNAPSHOTTER  the sandboxes' snapshotter, as for the integration
+#                tests (default btrfs with quotas; overlayfs puts sandbox
+#                and host files on containerd's root file system)
 #   GO_TEST_FLAGS  extra go test flags, e.g. -cpuprofile cpu.out
 #
 # The go test output comes first, then the table; the exit status is go

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/internal/agentbin"
+	"github.com/berth-sandbox/berth/internal/e2e"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -59,9 +60,7 @@ type testAgent struct {
 // CAP_SETUID/CAP_SETGID.
 func startAgent(t testing.TB, flags ...string) *testAgent {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the file service acts as another user, which needs root")
-	}
+	e2e.NeedRoot(t, "the file service acting as another user")
 	base, err := os.MkdirTemp("", "fa")
 	if err != nil {
 		t.Fatal(err)

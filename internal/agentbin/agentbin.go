@@ -18,13 +18,24 @@ import (
 // binary's race detector, so it then gets its own (which needs cgo).
 // ldflags, when not empty, is passed as -ldflags.
 func Build(dir, ldflags string) (string, error) {
+	return build(dir, ldflags, RaceEnabled)
+}
+
+// BuildStatic is Build without the race detector even under it: the
+// static binary that ships, for what a cgo build cannot do (change every
+// thread's capabilities with syscall.AllThreadsSyscall).
+func BuildStatic(dir, ldflags string) (string, error) {
+	return build(dir, ldflags, false)
+}
+
+func build(dir, ldflags string, race bool) (string, error) {
 	bin := filepath.Join(dir, "berth-agent")
 	args := []string{"build", "-o", bin}
 	if ldflags != "" {
 		args = append(args, "-ldflags", ldflags)
 	}
 	cgo := "CGO_ENABLED=0"
-	if RaceEnabled {
+	if race {
 		args = append(args, "-race")
 		cgo = "CGO_ENABLED=1"
 	}

@@ -2,13 +2,13 @@ package tartree_test
 
 import (
 	"bytes"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/internal/e2e"
 	"github.com/berth-sandbox/berth/internal/tartree"
 	"github.com/berth-sandbox/berth/internal/tartree/treetest"
 )
@@ -36,9 +36,7 @@ func archive(t *testing.T, src string) []byte {
 }
 
 func needRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the test tree has a device node and other Owners: needs root")
-	}
+	e2e.NeedRoot(t, "a test tree with a device node and other owners")
 }
 
 // TestToolsReadBerth archives the tree as berth does and extracts it with

@@ -87,6 +87,14 @@ func runReaper(t *testing.T, f *fakeAgents) *Reaper {
 	return r
 }
 
+// waitSweeps waits until the reaper has finished n more rounds: each of them
+// would have acted on what the test set up.
+func waitSweeps(t *testing.T, r *Reaper, n int64) {
+	t.Helper()
+	want := r.sweeps.Load() + n
+	waitFor(t, 5*time.Second, fmt.Sprintf("%d reaper rounds", n), func() bool { return r.sweeps.Load() >= want })
+}
+
 // waitFor polls cond every millisecond for at most d.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -149,7 +157,9 @@ func TestReaperRequestsKeepAlive(t *testing.T) {
 	r := runReaper(t, f)
 	r.Track("req", Limits{CreatedAt: time.Now(), IdleTimeout: 20 * time.Millisecond})
 	end := r.Begin("req")
-	time.Sleep(100 * time.Millisecond)
+	// Rounds well past the 20 ms idle timeout: each would have stopped it.
+	waitFor(t, 2*time.Second, "the idle timeout passed", func() bool { st, _ := r.Status("req"); return time.Now().After(st.IdleDeadline) })
+	waitSweeps(t, r, 5)
 	if _, ok := f.stoppedReason("req"); ok {
 		t.Fatal("stopped while a request was in progress")
 	}
@@ -221,7 +231,8 @@ func TestReaperStopRetried(t *testing.T) {
 	r := runReaper(t, f)
 	r.Track("x", Limits{CreatedAt: time.Now(), IdleTimeout: 10 * time.Millisecond})
 	waitFor(t, 2*time.Second, "x stopping", func() bool { return r.Stopping("x") == ReasonIdle })
-	time.Sleep(30 * time.Millisecond)
+	// Rounds that each tried the stop and failed.
+	waitSweeps(t, r, 3)
 	if _, ok := r.Status("x"); !ok {
 		t.Fatal("forgotten although its stop failed")
 	}
@@ -231,15 +242,17 @@ func TestReaperStopRetried(t *testing.T) {
 
 // fakeMaker makes members "image-N"; it fails while fail is set.
 type fakeMaker struct {
-	mu   sync.Mutex
-	n    int
-	fail bool
+	mu       sync.Mutex
+	n        int
+	fail     bool
+	failures int // calls that failed
 }
 
 func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.fail {
+		m.failures++
 		return "", errors.New("no image")
 	}
 	m.n++
@@ -270,7 +283,8 @@ func TestPool(t *testing.T) {
 	m.fail = true
 	m.mu.Unlock()
 	p.Take("img")
-	time.Sleep(50 * time.Millisecond)
+	// Two failed refills (RetryDelay apart): neither may count as ready.
+	waitFor(t, 2*time.Second, "two failed creations", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.failures >= 2 })
 	if p.Ready("img") != 1 {
 		t.Fatalf("ready = %d while creation fails, want 1", p.Ready("img"))
 	}

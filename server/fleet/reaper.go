@@ -11,6 +11,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -156,6 +157,9 @@ type Reaper struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*entry
+	// sweeps counts finished rounds: what a test waits for to know that
+	// the reaper looked and did nothing.
+	sweeps atomic.Int64
 }
 
 type entry struct {
@@ -348,6 +352,7 @@ func (r *Reaper) sweep(ctx context.Context) {
 		})
 	}
 	g.Wait()
+	r.sweeps.Add(1)
 }
 
 // settle applies a probe's answer and marks the sandbox idle-expired when
