@@ -52,6 +52,12 @@ const (
 	ReasonPidsLimit       = "PIDS_LIMIT_REACHED"       // a fork failed: the sandbox's pids_limit is reached
 	ReasonMemoryLimit     = "MEMORY_LIMIT_REACHED"     // the agent could not allocate: the sandbox's memory limit
 	ReasonDescriptorLimit = "DESCRIPTOR_LIMIT_REACHED" // the agent is out of file descriptors
+	// PortForward (Error.Metadata["port"] names the port in the sandbox).
+	ReasonPortClosed      = "PORT_CLOSED"      // FAILED_PRECONDITION: nothing accepts connections on the port in the sandbox
+	ReasonConnectionReset = "CONNECTION_RESET" // ABORTED: the forwarded connection failed after it opened
+	// ReasonNetworkUnavailable (FAILED_PRECONDITION): network mode EGRESS
+	// asked of a berthd without a working sandbox network.
+	ReasonNetworkUnavailable = "NETWORK_UNAVAILABLE"
 	// Something berthd depends on failed, not the request or a sandbox;
 	// see *DependencyError.
 	ReasonContainerdUnavailable = "CONTAINERD_UNAVAILABLE"       // UNAVAILABLE: containerd refused or did not answer in time

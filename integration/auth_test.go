@@ -180,6 +180,16 @@ var everyRPC = []rpcCase{
 		_, err := berthv1.NewSandboxServiceClient(conn).SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: id, ExecId: "owner-job", Signal: "KILL"})
 		return err
 	}},
+	{"PortForward", func(ctx context.Context, conn *grpc.ClientConn, id string) error {
+		stream, err := berthv1.NewSandboxServiceClient(conn).PortForward(ctx)
+		if err != nil {
+			return err
+		}
+		stream.Send(&berthv1.PortForwardRequest{Event: &berthv1.PortForwardRequest_Start{Start: &berthv1.PortForwardStart{SandboxId: id, Port: 8080}}})
+		stream.Send(&berthv1.PortForwardRequest{Event: &berthv1.PortForwardRequest_Data{Data: []byte("pwned")}})
+		stream.CloseSend()
+		return drain(stream, nil)
+	}},
 	{"ReadFile", func(ctx context.Context, conn *grpc.ClientConn, id string) error {
 		stream, err := berthv1.NewFileServiceClient(conn).ReadFile(ctx, &berthv1.ReadFileRequest{SandboxId: id, Location: &berthv1.ReadFileRequest_Path{Path: "/workspace/secret"}})
 		return drain(stream, err)
@@ -307,7 +317,7 @@ func TestOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	job := openExec(t, aliceSvc, &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
-		SandboxId: id, ExecId: "owner-job", Background: true, Process: sh("sleep 600")}}}, 0)
+		SandboxId: id, ExecId: "owner-job", Background: true, Process: sh("nc -l -p 8080 -e touch /workspace/pwned-port & sleep 600")}}}, 0)
 	job.wait0()
 
 	// Bob, on alice's sandbox.

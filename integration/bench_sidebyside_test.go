@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,6 +65,11 @@ const fileBytes = 128 << 20
 //   - roundtrip: `true` through berth's Exec until its exit status, through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
 //     and wait4 of busybox true on the host.
+//   - portforward: busybox httpd in the sandbox serves a 256 MiB file,
+//     fetched with one HTTP/1.0 GET through berth's PortForward (client ->
+//     berthd -> agent -> 127.0.0.1 in the sandbox), through `berth
+//     port-forward` (a local TCP hop more), and directly: a connection to
+//     127.0.0.1 made in the sandbox's network namespace (setns(2)).
 //   - create: CreateSandbox then Run of `echo hi` until its result, cold
 //     (a new container) and from a warm pool of one, beside `ctr run --rm`
 //     of the same image; deleting the sandbox is off the clock.
@@ -151,6 +159,10 @@ func BenchmarkSideBySide(b *testing.B) {
 			}
 			return sample{d: time.Since(start)}
 		})
+	})
+
+	b.Run("portforward", func(b *testing.B) {
+		benchPortForward(b, c, sb)
 	})
 
 	b.Run("create", func(b *testing.B) {
@@ -437,4 +449,75 @@ type counter struct{ n atomic.Int64 }
 func (c *counter) Write(p []byte) (int, error) {
 	c.n.Add(int64(len(p)))
 	return len(p), nil
+}
+
+// benchPortForward is BenchmarkSideBySide's portforward group.
+func benchPortForward(b *testing.B, c *client.Client, sb *berthv1.Sandbox) {
+	id := sb.GetId()
+	made, err := c.Run(context.Background(), id, &berthv1.ProcessSpec{ShellCommand: fmt.Sprintf("mkdir -p /srv && head -c %d /dev/urandom > /srv/big", portForwardBigBytes)})
+	if err != nil || made.GetResult().GetExitCode() != 0 {
+		b.Fatalf("make /srv/big: %v %q", err, made.GetStderr())
+	}
+	startInSandbox(b, c, id, 8080, "httpd", "-f", "-p", "8080", "-h", "/srv")
+	got, err := c.GetSandbox(context.Background(), id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid := got.GetRuntime().GetTaskPid()
+	fetch := func(b *testing.B, conn io.ReadWriteCloser) sample {
+		defer conn.Close()
+		n, err := httpGet(conn, "/big")
+		if err != nil {
+			b.Fatal(err)
+		}
+		return sample{lost: portForwardBigBytes - n}
+	}
+	measure(b, "portforward/berth-PortForward", portForwardBigBytes, func(b *testing.B) sample {
+		start := time.Now()
+		pc, err := c.PortForward(context.Background(), id, 8080)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := fetch(b, pc)
+		s.d = time.Since(start)
+		return s
+	})
+	addr := cliPortForward(b, id, 8080)
+	measure(b, "portforward/berth-cli", portForwardBigBytes, func(b *testing.B) sample {
+		start := time.Now()
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := fetch(b, conn)
+		s.d = time.Since(start)
+		return s
+	})
+	measure(b, "portforward/direct-netns", portForwardBigBytes, func(b *testing.B) sample {
+		start := time.Now()
+		conn, err := dialInSandbox(pid, 8080)
+		if err != nil {
+			b.Fatal(err)
+		}
+		s := fetch(b, conn)
+		s.d = time.Since(start)
+		return s
+	})
+}
+
+// httpGet sends an HTTP/1.0 GET of path on conn and returns the length of
+// the body it read to the end.
+func httpGet(conn io.ReadWriter, path string) (int64, error) {
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: sandbox\r\n\r\n", path); err != nil {
+		return 0, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 64<<10), nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return io.Copy(io.Discard, resp.Body)
 }

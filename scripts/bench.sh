@@ -4,15 +4,16 @@
 # throughput beside containerd's task.Exec with a FIFO and a host pipe;
 # ReadFile, WriteFile, `berth cp`, Download and Upload of 128 MiB beside
 # host cp, cp && sync, tar; exec round trip (p50, p99) beside containerd's
-# task.Exec and fork+exec on the host; create to first exec beside
-# `ctr run --rm`. It is integration.BenchmarkSideBySide: go test -bench
+# task.Exec and fork+exec on the host; a 256 MiB HTTP GET through
+# PortForward and `berth port-forward` beside a direct connection in the
+# sandbox's network namespace; create to first exec beside `ctr run --rm`. It is integration.BenchmarkSideBySide: go test -bench
 # with the integration tests' TestMain, which starts a private containerd
 # (or uses BERTH_CONTAINERD_ADDRESS) and builds the real agent and CLI.
 # `make bench` runs it. BENCHMARKS.md says what each side does.
 #
 # Environment:
 #   BENCH        sub-benchmarks to run, a go test -bench pattern
-#                (default SideBySide; e.g. SideBySide/stdout, SideBySide/files)
+#                (default SideBySide; e.g. SideBySide/stdout, SideBySide/portforward)
 #   BENCH_COUNT  runs of each sub-benchmark; the table shows the median
 #                (default 1)
 #   BENCH_TIME   go test -benchtime per sub-benchmark (default 2s)

@@ -5,7 +5,9 @@
 #   - containerd, runc (and ctr, which ships with containerd), busybox-static,
 #     libarchive-tools (bsdtar: the tar round-trip tests check berth's archives
 #     against GNU tar, bsdtar and busybox tar), plus make, git and
-#     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh) when missing:
+#     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh), and for the
+#     sandbox network containernetworking-plugins (CNI bridge, host-local,
+#     loopback under /usr/lib/cni), nftables and iproute2, when missing:
 #     apt-get update + apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
@@ -65,17 +67,22 @@ command -v git >/dev/null || missing+=(git)
 # btrfs-progs formats and manages the quota-enabled btrfs that disk quotas
 # need (scripts/btrfs-quota.sh, run by scripts/containerd.sh).
 { command -v mkfs.btrfs >/dev/null && command -v btrfs >/dev/null; } || missing+=(btrfs-progs)
+# The sandbox network (network mode EGRESS): the CNI plugins berth drives,
+# nft for its rules, ip for the network tests.
+[[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback && -x /usr/lib/cni/bandwidth ]] || missing+=(containernetworking-plugins)
+command -v nft >/dev/null || missing+=(nftables)
+command -v ip >/dev/null || missing+=(iproute2)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git libarchive-tools btrfs-progs; do
+	for p in make git libarchive-tools btrfs-progs containernetworking-plugins nftables iproute2; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, containernetworking-plugins, nftables, iproute2: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then

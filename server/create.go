@@ -19,6 +19,7 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/fleet"
+	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"go.opentelemetry.io/otel/attribute"
 	otelcodes "go.opentelemetry.io/otel/codes"
@@ -173,7 +174,84 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	if spec.MaxLifetime, err = boundedDuration("max_lifetime", req.GetMaxLifetime(), s.cfg.DefaultMaxLifetime, s.cfg.MaxLifetime); err != nil {
 		return spec, err
 	}
+	if spec.Network, err = s.networkSpec(req.GetNetwork()); err != nil {
+		return spec, err
+	}
 	return spec, nil
+}
+
+// networkSpec validates a request's network: NONE (the default) takes no
+// allow-list; EGRESS needs the server's network and a valid allow-list,
+// which comes back normalized (package network).
+func (s *Service) networkSpec(np *berthv1.NetworkPolicy) (runtime.NetworkSpec, error) {
+	switch np.GetMode() {
+	case berthv1.NetworkMode_NETWORK_MODE_UNSPECIFIED, berthv1.NetworkMode_NETWORK_MODE_NONE:
+		if len(np.GetAllow()) > 0 {
+			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.allow", "is only for network mode NETWORK_MODE_EGRESS; a sandbox of mode NONE reaches nothing")
+		}
+		if np.GetMaxConnections() > 0 {
+			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.max_connections", "is only for network mode NETWORK_MODE_EGRESS")
+		}
+		if np.GetEgressBytesPerSecond() > 0 || np.GetIngressBytesPerSecond() > 0 {
+			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.egress_bytes_per_second", "bandwidth caps are only for network mode NETWORK_MODE_EGRESS")
+		}
+		return runtime.NetworkSpec{}, nil
+	case berthv1.NetworkMode_NETWORK_MODE_EGRESS:
+	default:
+		return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.mode", fmt.Sprintf("%d is not a network mode (NONE or EGRESS)", np.GetMode()))
+	}
+	if s.cfg.Network == nil {
+		why := s.cfg.NetworkUnavailable
+		if why == "" {
+			why = "berthd runs without one"
+		}
+		return runtime.NetworkSpec{}, rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonNetworkUnavailable,
+			"network.mode: EGRESS needs berthd's sandbox network, which is unavailable: "+why, map[string]string{"field": "network.mode"})
+	}
+	p, err := network.ParsePolicy("network.allow", np.GetAllow(), np.GetMaxConnections(), s.cfg.Network.Subnet())
+	if err != nil {
+		var fe *network.FieldError
+		if errors.As(err, &fe) {
+			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument(fe.Field, fe.Err.Error())
+		}
+		return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.allow", err.Error())
+	}
+	for _, rate := range []struct {
+		field string
+		v     uint64
+	}{{"network.egress_bytes_per_second", np.GetEgressBytesPerSecond()}, {"network.ingress_bytes_per_second", np.GetIngressBytesPerSecond()}} {
+		if rate.v > network.MaxBytesPerSecond {
+			return runtime.NetworkSpec{}, rpcstatus.InvalidArgument(rate.field, fmt.Sprintf("%d exceeds the maximum of %d", rate.v, uint64(network.MaxBytesPerSecond)))
+		}
+	}
+	spec := runtime.NetworkSpec{Egress: true, Allow: p.Entries(), MaxConnections: p.MaxConnections,
+		EgressBytesPerSecond: np.GetEgressBytesPerSecond(), IngressBytesPerSecond: np.GetIngressBytesPerSecond()}
+	if n := len(runtime.AllowJSON(spec.Allow)); n > runtime.MaxNetworkAllowLabelBytes {
+		return runtime.NetworkSpec{}, rpcstatus.InvalidArgument("network.allow", fmt.Sprintf("takes %d bytes as JSON; the limit is %d", n, runtime.MaxNetworkAllowLabelBytes))
+	}
+	return spec, nil
+}
+
+// attachNetwork gives an EGRESS sandbox its network and points spec at
+// it (a no-op for NONE).
+func (s *Service) attachNetwork(ctx context.Context, spec *runtime.SandboxSpec) error {
+	if !spec.Network.Egress {
+		return nil
+	}
+	if s.cfg.Network == nil {
+		return fmt.Errorf("%w: the sandbox network stopped", network.ErrUnavailable)
+	}
+	p, err := network.ParsePolicy("network.allow", spec.Network.Allow, spec.Network.MaxConnections, s.cfg.Network.Subnet())
+	if err != nil {
+		return err
+	}
+	p.EgressBytesPerSecond, p.IngressBytesPerSecond = spec.Network.EgressBytesPerSecond, spec.Network.IngressBytesPerSecond
+	att, err := s.cfg.Network.Attach(ctx, spec.ID, p)
+	if err != nil {
+		return err
+	}
+	spec.Network.NetNS, spec.Network.ResolvConf = att.NetNS, att.ResolvConf
+	return nil
 }
 
 func validateRequestID(field, id string) error {
@@ -434,7 +512,11 @@ func (s *Service) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.
 		return runtime.Sandbox{}, nil, err
 	}
 	defer admitted()
+	if err := s.attachNetwork(ctx, &spec); err != nil {
+		return runtime.Sandbox{}, nil, err
+	}
 	if err := s.rt.Create(ctx, spec); err != nil {
+		s.detachNetwork(context.WithoutCancel(ctx), spec.ID)
 		return runtime.Sandbox{}, nil, err
 	}
 	info, err := s.waitAgent(ctx, spec.ID)
@@ -494,6 +576,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
 	add(have.MaxLifetime != want.MaxLifetime, "max_lifetime")
+	add(!have.Network.Equal(want.Network), "network")
 	return fields
 }
 
@@ -522,7 +605,7 @@ func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
 		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0 &&
-		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes
+		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes && !spec.Network.Egress
 }
 
 // pooledSpec is the spec of a warm-pool member of image.

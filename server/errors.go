@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -294,6 +295,8 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		// detail says what is known.
 		d := &berthv1.Unreachable{SandboxId: meta["sandbox_id"], ConnectBudget: durationProto(s.cfg.ConnectBudget), ServerVersion: Version, Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED}
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, meta, d)
+	case errors.Is(err, network.ErrUnavailable):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonNetworkUnavailable, msg, withMeta(meta, "field", "network.mode"))
 	}
 	if d, ok := dependencyOf(err, meta["sandbox_id"]); ok {
 		return d.status(meta)

@@ -360,8 +360,35 @@ func (s *Service) deleteLocked(ctx context.Context, id string) error {
 	if err := s.rt.Delete(ctx, id); err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
 		return err
 	}
+	s.detachNetwork(ctx, id)
 	s.reaper.Forget(id)
 	return nil
+}
+
+// detachNetwork removes sandbox id's network, if it has one. A failure is
+// logged: what is left is removed as an orphan at berthd's next start.
+func (s *Service) detachNetwork(ctx context.Context, id string) {
+	if s.cfg.Network == nil {
+		return
+	}
+	if err := s.cfg.Network.Detach(ctx, id); err != nil {
+		s.log.Error("remove the sandbox's network", slog.String("sandbox_id", id), slog.Any("error", err))
+	}
+}
+
+// networkProto describes sb's network.
+func (s *Service) networkProto(sb runtime.Sandbox, out *berthv1.Sandbox) {
+	if !sb.Network.Egress {
+		out.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_NONE}
+		return
+	}
+	out.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: sb.Network.Allow, MaxConnections: sb.Network.MaxConnections,
+		EgressBytesPerSecond: sb.Network.EgressBytesPerSecond, IngressBytesPerSecond: sb.Network.IngressBytesPerSecond}
+	if s.cfg.Network != nil {
+		if addr, ok := s.cfg.Network.Addr(sb.ID); ok {
+			out.NetworkAddress = addr.String()
+		}
+	}
 }
 
 // sandboxProto describes sb: its record, the reaper's view, and when given,
@@ -379,6 +406,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		ServerVersion: Version,
 		Owner:         sb.Owner,
 	}
+	s.networkProto(sb, out)
 	if sb.IdleTimeout > 0 {
 		out.IdleTimeout = durationpb.New(sb.IdleTimeout)
 	}

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net/netip"
 	goruntime "runtime"
 	"sync"
 	"time"
@@ -32,6 +33,7 @@ import (
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/idlock"
+	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -160,6 +162,25 @@ type Config struct {
 	// sent along) and relays the agents' spans to it; runtime.Config's
 	// TraceAgents must be set too, so that agents trace. Nil: no tracing.
 	Tracer *telemetry.Tracer
+	// Network gives sandboxes of network mode EGRESS their network
+	// (package server/network); Start starts it. Nil: EGRESS is refused
+	// with FAILED_PRECONDITION NETWORK_UNAVAILABLE, whose message gives
+	// NetworkUnavailable as the reason.
+	Network            Network
+	NetworkUnavailable string
+}
+
+// Network is what the handlers need of sandbox networking: attach a
+// sandbox's network before its container starts, detach it when the
+// sandbox goes, and at start re-adopt the sandboxes alive and clean the
+// rest (*network.Manager).
+type Network interface {
+	Start(ctx context.Context, live map[string]bool) error
+	Attach(ctx context.Context, id string, p network.Policy) (network.Attachment, error)
+	Detach(ctx context.Context, id string) error
+	Addr(id string) (netip.Addr, bool)
+	Subnet() netip.Prefix
+	Close()
 }
 
 func (c *Config) setDefaults() {
@@ -307,6 +328,9 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.Adopt(ctx); err != nil {
 		return err
 	}
+	if err := s.startNetwork(ctx); err != nil {
+		return err
+	}
 	s.bg.Add(3)
 	go func() { defer s.bg.Done(); s.reaper.Run(s.bgCtx) }()
 	go func() { defer s.bg.Done(); s.pool.Run(s.bgCtx) }()
@@ -322,6 +346,34 @@ func (s *Service) Close() {
 	s.bgStop()
 	s.bg.Wait()
 	s.agents.Close()
+	if s.cfg.Network != nil {
+		s.cfg.Network.Close()
+	}
+}
+
+// startNetwork starts the sandbox network with the sandboxes containerd
+// holds now (after Adopt removed the dead ones): theirs is re-adopted, the
+// rest removed. A network that cannot start leaves berthd serving without
+// EGRESS (NETWORK_UNAVAILABLE, with the cause).
+func (s *Service) startNetwork(ctx context.Context) error {
+	if s.cfg.Network == nil {
+		return nil
+	}
+	sbs, err := s.rt.List(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("start the network: %w", err)
+	}
+	live := make(map[string]bool, len(sbs))
+	for _, sb := range sbs {
+		live[sb.ID] = true
+	}
+	if err := s.cfg.Network.Start(ctx, live); err != nil {
+		s.log.Error("the sandbox network did not start: EGRESS sandboxes are refused", slog.Any("error", err))
+		s.cfg.Network.Close()
+		s.cfg.NetworkUnavailable = err.Error()
+		s.cfg.Network = nil
+	}
+	return nil
 }
 
 // WarmPoolReady returns the number of warm-pool sandboxes ready for image.

@@ -29,6 +29,8 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		pidsLimit, cpu, mem   uint64
 		disk                  uint64
 		idleTimeout, lifetime time.Duration
+		egress                []string
+		maxConns              uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image REF [flags]",
@@ -56,6 +58,10 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			if lifetime != 0 {
 				req.MaxLifetime = durationpb.New(lifetime)
 			}
+			if len(egress) > 0 || maxConns > 0 {
+				// berthd checks the entries and names a bad one.
+				req.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: egress, MaxConnections: maxConns}
+			}
 			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
 				sb, err := c.CreateSandbox(ctx, &req)
 				if err != nil {
@@ -79,6 +85,8 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 0, "remove the sandbox after this long without a running command or request (default berthd's)")
 	cmd.Flags().DurationVar(&lifetime, "max-lifetime", 0, "remove the sandbox this long after creation (default berthd's)")
 	cmd.Flags().StringVar(&req.RequestId, "request-id", "", "idempotency key: the same key names the same sandbox (ignored with --id)")
+	cmd.Flags().StringArrayVar(&egress, "egress", nil, "network mode EGRESS, allowing ENTRY: ADDR, CIDR or NAME, *.NAME, each with an optional :PORT (repeatable; without it the sandbox has no network)")
+	cmd.Flags().Uint32Var(&maxConns, "max-connections", 0, "with --egress: most connections open at once (default: no cap)")
 	return cmd
 }
 

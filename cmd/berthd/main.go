@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"os/user"
@@ -24,6 +25,7 @@ import (
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/metrics"
+	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc"
 )
@@ -108,6 +110,33 @@ func main() {
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
 	flag.StringVar(&otlpAt, "otlp-endpoint", "", "export OpenTelemetry traces of berthd and its agents over OTLP/gRPC to this URL (http://host:4317 plaintext, https://... TLS); empty: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
 	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics and /debug/pprof/ over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
+	var netCfg network.Config
+	var netSubnet, netDir string
+	var netOff bool
+	flag.BoolVar(&netOff, "no-network", false, "run without the sandbox network: sandboxes of network mode EGRESS are refused (NETWORK_UNAVAILABLE)")
+	flag.StringVar(&netCfg.Bridge, "network-bridge", network.DefaultBridge, "host bridge of EGRESS sandboxes; also names berth's nftables tables (berth-BRIDGE) and CNI network; 1-15 characters")
+	flag.StringVar(&netSubnet, "network-subnet", network.DefaultSubnet, "IPv4 network of EGRESS sandboxes; its first address is the bridge's (gateway and DNS resolver)")
+	flag.StringVar(&netDir, "network-state-dir", "", "directory of the network's state: records, network namespaces, address leases (default <state-dir>/net)")
+	flag.Func("network-dns", "upstream DNS resolver `HOST:PORT` that berth's resolver asks for allow-listed names (repeatable; default: the nameservers of /etc/resolv.conf)", func(v string) error {
+		if _, err := netip.ParseAddrPort(v); err != nil {
+			return fmt.Errorf("want IP:PORT: %w", err)
+		}
+		netCfg.DNSUpstreams = append(netCfg.DNSUpstreams, v)
+		return nil
+	})
+	flag.Func("network-deny", "IPv4 `CIDR` EGRESS sandboxes never reach unless an allow entry lies inside it, beyond link-local (cloud metadata), loopback, multicast and their own network (repeatable)", func(v string) error {
+		p, err := netip.ParsePrefix(v)
+		if err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("want an IPv4 CIDR like 10.0.0.0/8")
+		}
+		netCfg.Deny = append(netCfg.Deny, p.Masked())
+		return nil
+	})
+	flag.Func("cni-plugin-dir", "`directory` of the CNI plugins bridge, host-local and loopback (repeatable; default /usr/lib/cni, /opt/cni/bin)", func(v string) error {
+		netCfg.PluginDirs = append(netCfg.PluginDirs, v)
+		return nil
+	})
+	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
 	if version {
@@ -128,6 +157,25 @@ func main() {
 		svcCfg.JournalDir = filepath.Join(rtCfg.StateDir, "journal")
 	}
 	log := logs.New(os.Stderr, logLevel)
+	if p, err := netip.ParsePrefix(netSubnet); err != nil {
+		fmt.Fprintln(os.Stderr, "berthd: --network-subnet:", err)
+		os.Exit(2)
+	} else {
+		netCfg.Subnet = p
+	}
+	netCfg.StateDir = netDir
+	if netCfg.StateDir == "" {
+		netCfg.StateDir = filepath.Join(rtCfg.StateDir, "net")
+	}
+	switch mgr, err := network.New(netCfg, log); {
+	case netOff:
+		svcCfg.NetworkUnavailable = "berthd runs with --no-network"
+	case err != nil:
+		log.Error("no sandbox network: EGRESS sandboxes are refused", slog.Any("error", err))
+		svcCfg.NetworkUnavailable = err.Error()
+	default:
+		svcCfg.Network = mgr
+	}
 	authn, err := auth.New(authCfg, log)
 	if err == nil {
 		err = checkListen(authn, listen, socket)

@@ -143,3 +143,22 @@ func clip(s string) string {
 	}
 	return fmt.Sprintf("%s... (cut: %d bytes in all)", s[:n], len(s))
 }
+
+// Reason tokens of PortForward streams; ErrorInfo metadata "port" names the
+// port in the sandbox.
+const (
+	// ReasonPortClosed (FAILED_PRECONDITION): nothing accepts connections
+	// on the port inside the sandbox (connect(2) was refused or did not
+	// complete).
+	ReasonPortClosed = "PORT_CLOSED"
+	// ReasonConnectionReset (ABORTED): the forwarded connection failed
+	// after it opened (reset by the server in the sandbox, or a write to it
+	// failed); bytes sent before may or may not have been read.
+	ReasonConnectionReset = "CONNECTION_RESET"
+)
+
+// ReasonNetworkUnavailable (FAILED_PRECONDITION): a sandbox of network mode
+// EGRESS was asked of a berthd whose sandbox network is not available
+// (CNI plugins or nftables missing, or it failed to start); metadata
+// "field" is "network.mode".
+const ReasonNetworkUnavailable = "NETWORK_UNAVAILABLE"

@@ -104,6 +104,7 @@ func (s SandboxSpec) Digest() string {
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
 	field("lifetime", s.MaxLifetime.String())
+	s.Network.digestFields(field)
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -136,6 +137,7 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	if s.Owner != "" {
 		labels[LabelOwner] = s.Owner
 	}
+	s.Network.addLabels(labels)
 	return labels
 }
 
@@ -163,6 +165,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	sb.SpecHash = labels[labelSpecHash]
 	sb.Pooled = labels[labelPool] == "true"
 	sb.Owner = labels[LabelOwner]
+	sb.Network = decodeNetwork(labels)
 	sb.Expired = labels[labelExpired]
 	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
 }
@@ -175,5 +178,6 @@ func (sb Sandbox) Spec() SandboxSpec {
 		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
+		Network: sb.Network,
 	}
 }

@@ -231,6 +231,8 @@ type SandboxSpec struct {
 	// for warm-pool members until a caller claims one. It is not part of
 	// Digest: who asked is not what was asked for.
 	Owner string
+	// Network is the sandbox's network; the zero value is mode NONE.
+	Network NetworkSpec
 }
 
 // Sandbox is a sandbox as recorded in containerd.
@@ -254,6 +256,8 @@ type Sandbox struct {
 	MaxLifetime time.Duration
 	Pooled      bool
 	Owner       string
+	// Network is as in SandboxSpec, without NetNS and ResolvConf.
+	Network NetworkSpec
 	// EnvKeys are the sorted names of SandboxSpec.Env; EnvHash is
 	// EnvDigest of it.
 	EnvKeys []string
@@ -458,7 +462,7 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		const period = 100_000 // µs, the kernel's default CFS period
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
 	}
-	return opts
+	return append(opts, spec.Network.specOpts()...)
 }
 
 // agentArgs is the agent's command line.

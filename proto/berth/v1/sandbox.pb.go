@@ -141,6 +141,68 @@ func (StopReason) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
+// NetworkMode is what a sandbox's network reaches.
+type NetworkMode int32
+
+const (
+	// NETWORK_MODE_UNSPECIFIED is NETWORK_MODE_NONE.
+	NetworkMode_NETWORK_MODE_UNSPECIFIED NetworkMode = 0
+	// NETWORK_MODE_NONE gives the sandbox a network namespace of its own
+	// with only lo: it reaches nothing outside itself. Its ports are still
+	// reached through PortForward.
+	NetworkMode_NETWORK_MODE_NONE NetworkMode = 1
+	// NETWORK_MODE_EGRESS gives the sandbox an IPv4 interface on the
+	// server's bridge, and lets it open connections to what
+	// NetworkPolicy.allow names and nothing else: never the host's own
+	// addresses, cloud metadata (169.254.0.0/16) or the server's other
+	// protected ranges unless an entry lies inside them, never another
+	// sandbox. Nothing connects in. Its resolver (/etc/resolv.conf) is the
+	// server's, which answers only allow-listed names. Needs a server with
+	// a network (FAILED_PRECONDITION NETWORK_UNAVAILABLE otherwise).
+	NetworkMode_NETWORK_MODE_EGRESS NetworkMode = 2
+)
+
+// Enum value maps for NetworkMode.
+var (
+	NetworkMode_name = map[int32]string{
+		0: "NETWORK_MODE_UNSPECIFIED",
+		1: "NETWORK_MODE_NONE",
+		2: "NETWORK_MODE_EGRESS",
+	}
+	NetworkMode_value = map[string]int32{
+		"NETWORK_MODE_UNSPECIFIED": 0,
+		"NETWORK_MODE_NONE":        1,
+		"NETWORK_MODE_EGRESS":      2,
+	}
+)
+
+func (x NetworkMode) Enum() *NetworkMode {
+	p := new(NetworkMode)
+	*p = x
+	return p
+}
+
+func (x NetworkMode) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NetworkMode) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_sandbox_proto_enumTypes[2].Descriptor()
+}
+
+func (NetworkMode) Type() protoreflect.EnumType {
+	return &file_berth_v1_sandbox_proto_enumTypes[2]
+}
+
+func (x NetworkMode) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NetworkMode.Descriptor instead.
+func (NetworkMode) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
 // Resources limits what a sandbox may use. Zero fields take the server's
 // defaults; values above the server's maximums are INVALID_ARGUMENT.
 type Resources struct {
@@ -239,6 +301,101 @@ func (x *Resources) GetShmBytes() uint64 {
 	return 0
 }
 
+// NetworkPolicy is a sandbox's network.
+type NetworkPolicy struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// mode is NONE (the default) or EGRESS.
+	Mode NetworkMode `protobuf:"varint,1,opt,name=mode,proto3,enum=berth.v1.NetworkMode" json:"mode,omitempty"`
+	// allow lists what an EGRESS sandbox may connect to, at most 128
+	// entries, each one of: an IPv4 address ("192.0.2.7") or range
+	// ("10.0.0.0/8"), a DNS name ("pypi.org") or every name below one
+	// ("*.github.com", not github.com itself), each with an optional
+	// ":PORT" (TCP and UDP; without it every port and protocol). A name
+	// allows the addresses the server's resolver returns for it, from the
+	// answer on, for the answer's TTL (at least a minute). An entry inside
+	// the sandboxes' own network is INVALID_ARGUMENT; IPv6 entries too.
+	// Only with mode EGRESS. GetSandbox returns the list sorted and
+	// normalized.
+	Allow []string `protobuf:"bytes,2,rep,name=allow,proto3" json:"allow,omitempty"`
+	// max_connections caps the connections an EGRESS sandbox has open at
+	// once through the bridge; new ones beyond are refused. Zero: no cap.
+	MaxConnections uint32 `protobuf:"varint,3,opt,name=max_connections,json=maxConnections,proto3" json:"max_connections,omitempty"`
+	// egress_bytes_per_second caps what an EGRESS sandbox sends, in bytes
+	// per second (token bucket, bursts of a tenth of a second); zero: no
+	// cap. At most 2^40.
+	EgressBytesPerSecond uint64 `protobuf:"varint,4,opt,name=egress_bytes_per_second,json=egressBytesPerSecond,proto3" json:"egress_bytes_per_second,omitempty"`
+	// ingress_bytes_per_second caps what an EGRESS sandbox receives through
+	// its interface, in bytes per second, as egress_bytes_per_second.
+	IngressBytesPerSecond uint64 `protobuf:"varint,5,opt,name=ingress_bytes_per_second,json=ingressBytesPerSecond,proto3" json:"ingress_bytes_per_second,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *NetworkPolicy) Reset() {
+	*x = NetworkPolicy{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkPolicy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkPolicy) ProtoMessage() {}
+
+func (x *NetworkPolicy) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkPolicy.ProtoReflect.Descriptor instead.
+func (*NetworkPolicy) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *NetworkPolicy) GetMode() NetworkMode {
+	if x != nil {
+		return x.Mode
+	}
+	return NetworkMode_NETWORK_MODE_UNSPECIFIED
+}
+
+func (x *NetworkPolicy) GetAllow() []string {
+	if x != nil {
+		return x.Allow
+	}
+	return nil
+}
+
+func (x *NetworkPolicy) GetMaxConnections() uint32 {
+	if x != nil {
+		return x.MaxConnections
+	}
+	return 0
+}
+
+func (x *NetworkPolicy) GetEgressBytesPerSecond() uint64 {
+	if x != nil {
+		return x.EgressBytesPerSecond
+	}
+	return 0
+}
+
+func (x *NetworkPolicy) GetIngressBytesPerSecond() uint64 {
+	if x != nil {
+		return x.IngressBytesPerSecond
+	}
+	return 0
+}
+
 // SandboxUsage is what a running sandbox uses now, from its cgroup (containerd
 // task metrics).
 type SandboxUsage struct {
@@ -265,7 +422,7 @@ type SandboxUsage struct {
 
 func (x *SandboxUsage) Reset() {
 	*x = SandboxUsage{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -277,7 +434,7 @@ func (x *SandboxUsage) String() string {
 func (*SandboxUsage) ProtoMessage() {}
 
 func (x *SandboxUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[1]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -290,7 +447,7 @@ func (x *SandboxUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxUsage.ProtoReflect.Descriptor instead.
 func (*SandboxUsage) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *SandboxUsage) GetCpuTime() *durationpb.Duration {
@@ -345,7 +502,7 @@ type RuntimeIdentity struct {
 
 func (x *RuntimeIdentity) Reset() {
 	*x = RuntimeIdentity{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -357,7 +514,7 @@ func (x *RuntimeIdentity) String() string {
 func (*RuntimeIdentity) ProtoMessage() {}
 
 func (x *RuntimeIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[2]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -370,7 +527,7 @@ func (x *RuntimeIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuntimeIdentity.ProtoReflect.Descriptor instead.
 func (*RuntimeIdentity) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *RuntimeIdentity) GetAgentBootId() string {
@@ -455,14 +612,19 @@ type Sandbox struct {
 	// caller on berthd's unix socket, else the principal of its bearer token
 	// or client certificate. Only the owner and admins see the sandbox;
 	// empty for sandboxes made before berthd recorded owners (admins only).
-	Owner         string `protobuf:"bytes,23,opt,name=owner,proto3" json:"owner,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Owner string `protobuf:"bytes,23,opt,name=owner,proto3" json:"owner,omitempty"`
+	// network is the sandbox's network policy, its allow-list normalized.
+	Network *NetworkPolicy `protobuf:"bytes,27,opt,name=network,proto3" json:"network,omitempty"`
+	// network_address is an EGRESS sandbox's IPv4 address on the server's
+	// bridge; empty for NONE.
+	NetworkAddress string `protobuf:"bytes,28,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
 	*x = Sandbox{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +636,7 @@ func (x *Sandbox) String() string {
 func (*Sandbox) ProtoMessage() {}
 
 func (x *Sandbox) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[3]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +649,7 @@ func (x *Sandbox) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Sandbox.ProtoReflect.Descriptor instead.
 func (*Sandbox) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Sandbox) GetId() string {
@@ -651,6 +813,20 @@ func (x *Sandbox) GetOwner() string {
 	return ""
 }
 
+func (x *Sandbox) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *Sandbox) GetNetworkAddress() string {
+	if x != nil {
+		return x.NetworkAddress
+	}
+	return ""
+}
+
 // CreateSandboxRequest asks for a new sandbox.
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -690,14 +866,18 @@ type CreateSandboxRequest struct {
 	// is derived from it, so a retried request finds the sandbox the first
 	// one created. 1 to 128 printable ASCII characters. Ignored when
 	// sandbox_id is set.
-	RequestId     string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// network is the sandbox's network: none by default (only lo), or
+	// egress to an allow-list. INVALID_ARGUMENT names the field of a bad
+	// entry (network.allow[N]).
+	Network       *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateSandboxRequest) Reset() {
 	*x = CreateSandboxRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -709,7 +889,7 @@ func (x *CreateSandboxRequest) String() string {
 func (*CreateSandboxRequest) ProtoMessage() {}
 
 func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[4]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -722,7 +902,7 @@ func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
 func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateSandboxRequest) GetSandboxId() string {
@@ -795,6 +975,13 @@ func (x *CreateSandboxRequest) GetRequestId() string {
 	return ""
 }
 
+func (x *CreateSandboxRequest) GetNetwork() *NetworkPolicy {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
 // CreateSandboxResponse returns the created sandbox.
 type CreateSandboxResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -809,7 +996,7 @@ type CreateSandboxResponse struct {
 
 func (x *CreateSandboxResponse) Reset() {
 	*x = CreateSandboxResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +1008,7 @@ func (x *CreateSandboxResponse) String() string {
 func (*CreateSandboxResponse) ProtoMessage() {}
 
 func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[5]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1021,7 @@ func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
 func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
@@ -862,7 +1049,7 @@ type GetSandboxRequest struct {
 
 func (x *GetSandboxRequest) Reset() {
 	*x = GetSandboxRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1061,7 @@ func (x *GetSandboxRequest) String() string {
 func (*GetSandboxRequest) ProtoMessage() {}
 
 func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[6]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1074,7 @@ func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetSandboxRequest) GetSandboxId() string {
@@ -908,7 +1095,7 @@ type GetSandboxResponse struct {
 
 func (x *GetSandboxResponse) Reset() {
 	*x = GetSandboxResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -920,7 +1107,7 @@ func (x *GetSandboxResponse) String() string {
 func (*GetSandboxResponse) ProtoMessage() {}
 
 func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[7]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -933,7 +1120,7 @@ func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetSandboxResponse) GetSandbox() *Sandbox {
@@ -960,7 +1147,7 @@ type ListSandboxesRequest struct {
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1159,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[8]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1172,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListSandboxesRequest) GetLabelSelector() map[string]string {
@@ -1022,7 +1209,7 @@ type ListSandboxesResponse struct {
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1034,7 +1221,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[9]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1047,7 +1234,7 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
@@ -1075,7 +1262,7 @@ type DeleteSandboxRequest struct {
 
 func (x *DeleteSandboxRequest) Reset() {
 	*x = DeleteSandboxRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1087,7 +1274,7 @@ func (x *DeleteSandboxRequest) String() string {
 func (*DeleteSandboxRequest) ProtoMessage() {}
 
 func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[10]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1100,7 +1287,7 @@ func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteSandboxRequest) GetSandboxId() string {
@@ -1119,7 +1306,7 @@ type DeleteSandboxResponse struct {
 
 func (x *DeleteSandboxResponse) Reset() {
 	*x = DeleteSandboxResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[11]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1318,7 @@ func (x *DeleteSandboxResponse) String() string {
 func (*DeleteSandboxResponse) ProtoMessage() {}
 
 func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[11]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1331,7 @@ func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
 // KeepAliveRequest names the sandbox to keep.
@@ -1162,7 +1349,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[12]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1174,7 +1361,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[12]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1187,7 +1374,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *KeepAliveRequest) GetSandboxId() string {
@@ -1218,7 +1405,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1417,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1430,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
@@ -1264,7 +1451,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -1273,7 +1460,13 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12\x1b\n" +
-	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\"\xc6\x01\n" +
+	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\"\xe9\x01\n" +
+	"\rNetworkPolicy\x12)\n" +
+	"\x04mode\x18\x01 \x01(\x0e2\x15.berth.v1.NetworkModeR\x04mode\x12\x14\n" +
+	"\x05allow\x18\x02 \x03(\tR\x05allow\x12'\n" +
+	"\x0fmax_connections\x18\x03 \x01(\rR\x0emaxConnections\x125\n" +
+	"\x17egress_bytes_per_second\x18\x04 \x01(\x04R\x14egressBytesPerSecond\x127\n" +
+	"\x18ingress_bytes_per_second\x18\x05 \x01(\x04R\x15ingressBytesPerSecond\"\xc6\x01\n" +
 	"\fSandboxUsage\x124\n" +
 	"\bcpu_time\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\acpuTime\x12!\n" +
 	"\fmemory_bytes\x18\x02 \x01(\x04R\vmemoryBytes\x12*\n" +
@@ -1285,7 +1478,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xac\b\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x88\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1314,10 +1507,12 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"agentBuild\x12%\n" +
 	"\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n" +
 	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x12\x14\n" +
-	"\x05owner\x18\x17 \x01(\tR\x05owner\x1a9\n" +
+	"\x05owner\x18\x17 \x01(\tR\x05owner\x121\n" +
+	"\anetwork\x18\x1b \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x12'\n" +
+	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb9\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xec\x04\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -1331,7 +1526,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\n" +
-	" \x01(\tR\trequestId\x1a9\n" +
+	" \x01(\tR\trequestId\x121\n" +
+	"\anetwork\x18\r \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1379,7 +1575,11 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18STOP_REASON_IDLE_TIMEOUT\x10\x01\x12\x1c\n" +
-	"\x18STOP_REASON_MAX_LIFETIME\x10\x022\x93\x05\n" +
+	"\x18STOP_REASON_MAX_LIFETIME\x10\x02*[\n" +
+	"\vNetworkMode\x12\x1c\n" +
+	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
+	"\x13NETWORK_MODE_EGRESS\x10\x022\xe3\x05\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -1391,7 +1591,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponse\x12D\n" +
 	"\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n" +
 	"\n" +
-	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n" +
+	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01B7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1405,90 +1606,99 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_berth_v1_sandbox_proto_rawDescData
 }
 
-var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_berth_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: berth.v1.SandboxState
 	(StopReason)(0),               // 1: berth.v1.StopReason
-	(*Resources)(nil),             // 2: berth.v1.Resources
-	(*SandboxUsage)(nil),          // 3: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),       // 4: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),               // 5: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 6: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 7: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 8: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 9: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 10: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 11: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),  // 12: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil), // 13: berth.v1.DeleteSandboxResponse
-	(*KeepAliveRequest)(nil),      // 14: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 15: berth.v1.KeepAliveResponse
-	nil,                           // 16: berth.v1.Sandbox.LabelsEntry
-	nil,                           // 17: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                           // 18: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                           // 19: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	(*durationpb.Duration)(nil),   // 20: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(*ExecRequest)(nil),           // 22: berth.v1.ExecRequest
-	(*RunRequest)(nil),            // 23: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),      // 24: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),     // 25: berth.v1.SignalExecRequest
-	(*ExecResponse)(nil),          // 26: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 27: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),     // 28: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),    // 29: berth.v1.SignalExecResponse
+	(NetworkMode)(0),              // 2: berth.v1.NetworkMode
+	(*Resources)(nil),             // 3: berth.v1.Resources
+	(*NetworkPolicy)(nil),         // 4: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),          // 5: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),       // 6: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),               // 7: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),  // 8: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil), // 9: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),     // 10: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),    // 11: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),  // 12: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil), // 13: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),  // 14: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil), // 15: berth.v1.DeleteSandboxResponse
+	(*KeepAliveRequest)(nil),      // 16: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 17: berth.v1.KeepAliveResponse
+	nil,                           // 18: berth.v1.Sandbox.LabelsEntry
+	nil,                           // 19: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                           // 20: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                           // 21: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
+	(*ExecRequest)(nil),           // 24: berth.v1.ExecRequest
+	(*RunRequest)(nil),            // 25: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),      // 26: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),     // 27: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),    // 28: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),          // 29: berth.v1.ExecResponse
+	(*RunResponse)(nil),           // 30: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),     // 31: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),    // 32: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),   // 33: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
-	20, // 0: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	21, // 1: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
-	0,  // 2: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	16, // 3: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	21, // 4: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	4,  // 5: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
-	2,  // 6: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	20, // 7: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	20, // 8: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	21, // 9: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	21, // 10: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	21, // 11: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
-	1,  // 12: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
-	3,  // 13: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
-	17, // 14: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	2,  // 15: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	18, // 16: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	20, // 17: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	20, // 18: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
-	5,  // 19: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	5,  // 20: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	19, // 21: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	5,  // 22: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	20, // 23: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	21, // 24: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	21, // 25: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	6,  // 26: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	8,  // 27: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	10, // 28: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	12, // 29: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	14, // 30: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	22, // 31: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	23, // 32: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	24, // 33: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	25, // 34: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	7,  // 35: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	9,  // 36: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	11, // 37: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	13, // 38: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	15, // 39: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	26, // 40: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	27, // 41: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	28, // 42: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	29, // 43: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	35, // [35:44] is the sub-list for method output_type
-	26, // [26:35] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	2,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
+	22, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	23, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
+	18, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	23, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	6,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
+	3,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
+	22, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	22, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	23, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	23, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	23, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	1,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
+	5,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
+	4,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
+	19, // 16: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	3,  // 17: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	20, // 18: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	22, // 19: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	22, // 20: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	4,  // 21: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
+	7,  // 22: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	7,  // 23: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	21, // 24: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	7,  // 25: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	22, // 26: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	23, // 27: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	23, // 28: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	8,  // 29: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	10, // 30: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	12, // 31: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	14, // 32: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	16, // 33: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	24, // 34: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	25, // 35: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	26, // 36: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	27, // 37: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	28, // 38: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	9,  // 39: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	11, // 40: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	13, // 41: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	15, // 42: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	17, // 43: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	29, // 44: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	30, // 45: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	31, // 46: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	32, // 47: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	33, // 48: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	39, // [39:49] is the sub-list for method output_type
+	29, // [29:39] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -1497,13 +1707,14 @@ func file_berth_v1_sandbox_proto_init() {
 		return
 	}
 	file_berth_v1_exec_proto_init()
+	file_berth_v1_port_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   18,
+			NumEnums:      3,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

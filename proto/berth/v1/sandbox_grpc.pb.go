@@ -28,6 +28,7 @@ const (
 	SandboxService_Run_FullMethodName           = "/berth.v1.SandboxService/Run"
 	SandboxService_ListExecs_FullMethodName     = "/berth.v1.SandboxService/ListExecs"
 	SandboxService_SignalExec_FullMethodName    = "/berth.v1.SandboxService/SignalExec"
+	SandboxService_PortForward_FullMethodName   = "/berth.v1.SandboxService/PortForward"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -99,6 +100,22 @@ type SandboxServiceClient interface {
 	// EXEC_STATE_EXITED. Errors: INVALID_ARGUMENT for an unknown signal name,
 	// NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
 	SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error)
+	// PortForward carries one TCP connection to 127.0.0.1:port inside the
+	// sandbox's network namespace, like kubectl port-forward: the caller sends
+	// PortForwardStart, then bytes; the server sends PortForwardConnected,
+	// then the bytes the sandbox's server writes, then PortForwardEOF when it
+	// closes its writing side. The caller half-closes by closing its sending
+	// side. The stream ends OK when both sides have closed their writing
+	// sides. It is dialled by the sandbox's agent, so it works in every
+	// network mode; many streams may run at once on one gRPC connection, each
+	// with gRPC's flow control end to end (a slow reader slows the server in
+	// the sandbox, nothing buffers without bound). Errors: INVALID_ARGUMENT
+	// for a missing start or a port outside 1-65535, NOT_FOUND
+	// (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (PORT_CLOSED, metadata "port")
+	// when nothing listens on the port, ABORTED (CONNECTION_RESET, metadata
+	// "port") when the connection in the sandbox is reset or fails after it
+	// opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
+	PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error)
 }
 
 type sandboxServiceClient struct {
@@ -202,6 +219,19 @@ func (c *sandboxServiceClient) SignalExec(ctx context.Context, in *SignalExecReq
 	return out, nil
 }
 
+func (c *sandboxServiceClient) PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[1], SandboxService_PortForward_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PortForwardRequest, PortForwardResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_PortForwardClient = grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse]
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -271,6 +301,22 @@ type SandboxServiceServer interface {
 	// EXEC_STATE_EXITED. Errors: INVALID_ARGUMENT for an unknown signal name,
 	// NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
 	SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error)
+	// PortForward carries one TCP connection to 127.0.0.1:port inside the
+	// sandbox's network namespace, like kubectl port-forward: the caller sends
+	// PortForwardStart, then bytes; the server sends PortForwardConnected,
+	// then the bytes the sandbox's server writes, then PortForwardEOF when it
+	// closes its writing side. The caller half-closes by closing its sending
+	// side. The stream ends OK when both sides have closed their writing
+	// sides. It is dialled by the sandbox's agent, so it works in every
+	// network mode; many streams may run at once on one gRPC connection, each
+	// with gRPC's flow control end to end (a slow reader slows the server in
+	// the sandbox, nothing buffers without bound). Errors: INVALID_ARGUMENT
+	// for a missing start or a port outside 1-65535, NOT_FOUND
+	// (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (PORT_CLOSED, metadata "port")
+	// when nothing listens on the port, ABORTED (CONNECTION_RESET, metadata
+	// "port") when the connection in the sandbox is reset or fails after it
+	// opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
+	PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -307,6 +353,9 @@ func (UnimplementedSandboxServiceServer) ListExecs(context.Context, *ListExecsRe
 }
 func (UnimplementedSandboxServiceServer) SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SignalExec not implemented")
+}
+func (UnimplementedSandboxServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
+	return status.Error(codes.Unimplemented, "method PortForward not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -480,6 +529,13 @@ func _SandboxService_SignalExec_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_PortForward_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SandboxServiceServer).PortForward(&grpc.GenericServerStream[PortForwardRequest, PortForwardResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_PortForwardServer = grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -524,6 +580,12 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Exec",
 			Handler:       _SandboxService_Exec_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "PortForward",
+			Handler:       _SandboxService_PortForward_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},

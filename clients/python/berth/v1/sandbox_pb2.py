@@ -12,11 +12,12 @@ _sym_db = _symbol_database.Default()
 
 
 from berth.v1 import exec_pb2 as berth_dot_v1_dot_exec__pb2
+from berth.v1 import port_pb2 as berth_dot_v1_dot_port__pb2
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x65rth/v1/sandbox.proto\x12\x08\x62\x65rth.v1\x1a\x13\x62\x65rth/v1/exec.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n\tResources\x12\x1d\n\npids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n\ncpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n\x0cmemory_bytes\x18\x03 \x01(\x04R\x0bmemoryBytes\x12\x1d\n\ndisk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12\x1b\n\tshm_bytes\x18\x05 \x01(\x04R\x08shmBytes\"\xc6\x01\n\x0cSandboxUsage\x12\x34\n\x08\x63pu_time\x18\x01 \x01(\x0b\x32\x19.google.protobuf.DurationR\x07\x63puTime\x12!\n\x0cmemory_bytes\x18\x02 \x01(\x04R\x0bmemoryBytes\x12*\n\x11memory_peak_bytes\x18\x03 \x01(\x04R\x0fmemoryPeakBytes\x12\x12\n\x04pids\x18\x04 \x01(\x04R\x04pids\x12\x1d\n\ndisk_bytes\x18\x05 \x01(\x04R\tdiskBytes\"\x8b\x01\n\x0fRuntimeIdentity\x12\"\n\ragent_boot_id\x18\x01 \x01(\tR\x0b\x61gentBootId\x12\x19\n\x08task_pid\x18\x02 \x01(\rR\x07taskPid\x12\x39\n\nstarted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tstartedAt\"\xac\x08\n\x07Sandbox\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05image\x18\x02 \x01(\tR\x05image\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x16.berth.v1.SandboxStateR\x05state\x12\x35\n\x06labels\x18\x04 \x03(\x0b\x32\x1d.berth.v1.Sandbox.LabelsEntryR\x06labels\x12\x39\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x33\n\x07runtime\x18\x06 \x01(\x0b\x32\x19.berth.v1.RuntimeIdentityR\x07runtime\x12#\n\ragent_version\x18\x07 \x01(\tR\x0c\x61gentVersion\x12\x31\n\tresources\x18\x08 \x01(\x0b\x32\x13.berth.v1.ResourcesR\tresources\x12\x19\n\x08\x65nv_keys\x18\t \x03(\tR\x07\x65nvKeys\x12\x12\n\x04user\x18\n \x01(\tR\x04user\x12\x18\n\x07workdir\x18\x0b \x01(\tR\x07workdir\x12<\n\x0cidle_timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bidleTimeout\x12<\n\x0cmax_lifetime\x18\r \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bmaxLifetime\x12\x39\n\nexpires_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\x12\x44\n\x10last_activity_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0elastActivityAt\x12\x42\n\x0fidle_expires_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ridleExpiresAt\x12\x35\n\x0bstop_reason\x18\x11 \x01(\x0e\x32\x14.berth.v1.StopReasonR\nstopReason\x12#\n\rrunning_execs\x18\x12 \x01(\rR\x0crunningExecs\x12,\n\x05usage\x18\x13 \x01(\x0b\x32\x16.berth.v1.SandboxUsageR\x05usage\x12\x1f\n\x0b\x61gent_build\x18\x14 \x01(\tR\nagentBuild\x12%\n\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n\x0cversion_skew\x18\x16 \x01(\x08R\x0bversionSkew\x12\x14\n\x05owner\x18\x17 \x01(\tR\x05owner\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xb9\x04\n\x14\x43reateSandboxRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x05image\x18\x02 \x01(\tR\x05image\x12\x42\n\x06labels\x18\x03 \x03(\x0b\x32*.berth.v1.CreateSandboxRequest.LabelsEntryR\x06labels\x12\x31\n\tresources\x18\x04 \x01(\x0b\x32\x13.berth.v1.ResourcesR\tresources\x12\x39\n\x03\x65nv\x18\x05 \x03(\x0b\x32\'.berth.v1.CreateSandboxRequest.EnvEntryR\x03\x65nv\x12\x12\n\x04user\x18\x06 \x01(\tR\x04user\x12\x18\n\x07workdir\x18\x07 \x01(\tR\x07workdir\x12<\n\x0cidle_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bidleTimeout\x12<\n\x0cmax_lifetime\x18\t \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bmaxLifetime\x12\x1d\n\nrequest_id\x18\n \x01(\tR\trequestId\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\x1a\x36\n\x08\x45nvEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"j\n\x15\x43reateSandboxResponse\x12+\n\x07sandbox\x18\x01 \x01(\x0b\x32\x11.berth.v1.SandboxR\x07sandbox\x12$\n\x0e\x66rom_warm_pool\x18\x02 \x01(\x08R\x0c\x66romWarmPool\"2\n\x11GetSandboxRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\"A\n\x12GetSandboxResponse\x12+\n\x07sandbox\x18\x01 \x01(\x0b\x32\x11.berth.v1.SandboxR\x07sandbox\"\xee\x01\n\x14ListSandboxesRequest\x12X\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x31.berth.v1.ListSandboxesRequest.LabelSelectorEntryR\rlabelSelector\x12\x1b\n\tpage_size\x18\x02 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\x1a@\n\x12LabelSelectorEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"p\n\x15ListSandboxesResponse\x12/\n\tsandboxes\x18\x01 \x03(\x0b\x32\x11.berth.v1.SandboxR\tsandboxes\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"5\n\x14\x44\x65leteSandboxRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x17\n\x15\x44\x65leteSandboxResponse\"g\n\x10KeepAliveRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x34\n\x08hold_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x07holdFor\"\x92\x01\n\x11KeepAliveResponse\x12\x42\n\x0fidle_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ridleExpiresAt\x12\x39\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt*\x9b\x01\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x19\n\x15SANDBOX_STATE_STOPPED\x10\x02\x12\x1a\n\x16SANDBOX_STATE_STARTING\x10\x03\x12\x1a\n\x16SANDBOX_STATE_STOPPING\x10\x04*e\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18STOP_REASON_IDLE_TIMEOUT\x10\x01\x12\x1c\n\x18STOP_REASON_MAX_LIFETIME\x10\x02\x32\x93\x05\n\x0eSandboxService\x12P\n\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n\nGetSandbox\x12\x1b.berth.v1.GetSandboxRequest\x1a\x1c.berth.v1.GetSandboxResponse\x12P\n\rListSandboxes\x12\x1e.berth.v1.ListSandboxesRequest\x1a\x1f.berth.v1.ListSandboxesResponse\x12P\n\rDeleteSandbox\x12\x1e.berth.v1.DeleteSandboxRequest\x1a\x1f.berth.v1.DeleteSandboxResponse\x12\x44\n\tKeepAlive\x12\x1a.berth.v1.KeepAliveRequest\x1a\x1b.berth.v1.KeepAliveResponse\x12\x39\n\x04\x45xec\x12\x15.berth.v1.ExecRequest\x1a\x16.berth.v1.ExecResponse(\x01\x30\x01\x12\x32\n\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponse\x12\x44\n\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n\nSignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62\x65rth/v1/sandbox.proto\x12\x08\x62\x65rth.v1\x1a\x13\x62\x65rth/v1/exec.proto\x1a\x13\x62\x65rth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n\tResources\x12\x1d\n\npids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n\ncpu_millis\x18\x02 \x01(\x04R\tcpuMillis\x12!\n\x0cmemory_bytes\x18\x03 \x01(\x04R\x0bmemoryBytes\x12\x1d\n\ndisk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12\x1b\n\tshm_bytes\x18\x05 \x01(\x04R\x08shmBytes\"\xe9\x01\n\rNetworkPolicy\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x15.berth.v1.NetworkModeR\x04mode\x12\x14\n\x05\x61llow\x18\x02 \x03(\tR\x05\x61llow\x12\'\n\x0fmax_connections\x18\x03 \x01(\rR\x0emaxConnections\x12\x35\n\x17\x65gress_bytes_per_second\x18\x04 \x01(\x04R\x14\x65gressBytesPerSecond\x12\x37\n\x18ingress_bytes_per_second\x18\x05 \x01(\x04R\x15ingressBytesPerSecond\"\xc6\x01\n\x0cSandboxUsage\x12\x34\n\x08\x63pu_time\x18\x01 \x01(\x0b\x32\x19.google.protobuf.DurationR\x07\x63puTime\x12!\n\x0cmemory_bytes\x18\x02 \x01(\x04R\x0bmemoryBytes\x12*\n\x11memory_peak_bytes\x18\x03 \x01(\x04R\x0fmemoryPeakBytes\x12\x12\n\x04pids\x18\x04 \x01(\x04R\x04pids\x12\x1d\n\ndisk_bytes\x18\x05 \x01(\x04R\tdiskBytes\"\x8b\x01\n\x0fRuntimeIdentity\x12\"\n\ragent_boot_id\x18\x01 \x01(\tR\x0b\x61gentBootId\x12\x19\n\x08task_pid\x18\x02 \x01(\rR\x07taskPid\x12\x39\n\nstarted_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tstartedAt\"\x88\t\n\x07Sandbox\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n\x05image\x18\x02 \x01(\tR\x05image\x12,\n\x05state\x18\x03 \x01(\x0e\x32\x16.berth.v1.SandboxStateR\x05state\x12\x35\n\x06labels\x18\x04 \x03(\x0b\x32\x1d.berth.v1.Sandbox.LabelsEntryR\x06labels\x12\x39\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\x12\x33\n\x07runtime\x18\x06 \x01(\x0b\x32\x19.berth.v1.RuntimeIdentityR\x07runtime\x12#\n\ragent_version\x18\x07 \x01(\tR\x0c\x61gentVersion\x12\x31\n\tresources\x18\x08 \x01(\x0b\x32\x13.berth.v1.ResourcesR\tresources\x12\x19\n\x08\x65nv_keys\x18\t \x03(\tR\x07\x65nvKeys\x12\x12\n\x04user\x18\n \x01(\tR\x04user\x12\x18\n\x07workdir\x18\x0b \x01(\tR\x07workdir\x12<\n\x0cidle_timeout\x18\x0c \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bidleTimeout\x12<\n\x0cmax_lifetime\x18\r \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bmaxLifetime\x12\x39\n\nexpires_at\x18\x0e \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\x12\x44\n\x10last_activity_at\x18\x0f \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0elastActivityAt\x12\x42\n\x0fidle_expires_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ridleExpiresAt\x12\x35\n\x0bstop_reason\x18\x11 \x01(\x0e\x32\x14.berth.v1.StopReasonR\nstopReason\x12#\n\rrunning_execs\x18\x12 \x01(\rR\x0crunningExecs\x12,\n\x05usage\x18\x13 \x01(\x0b\x32\x16.berth.v1.SandboxUsageR\x05usage\x12\x1f\n\x0b\x61gent_build\x18\x14 \x01(\tR\nagentBuild\x12%\n\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n\x0cversion_skew\x18\x16 \x01(\x08R\x0bversionSkew\x12\x14\n\x05owner\x18\x17 \x01(\tR\x05owner\x12\x31\n\x07network\x18\x1b \x01(\x0b\x32\x17.berth.v1.NetworkPolicyR\x07network\x12\'\n\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\xec\x04\n\x14\x43reateSandboxRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n\x05image\x18\x02 \x01(\tR\x05image\x12\x42\n\x06labels\x18\x03 \x03(\x0b\x32*.berth.v1.CreateSandboxRequest.LabelsEntryR\x06labels\x12\x31\n\tresources\x18\x04 \x01(\x0b\x32\x13.berth.v1.ResourcesR\tresources\x12\x39\n\x03\x65nv\x18\x05 \x03(\x0b\x32\'.berth.v1.CreateSandboxRequest.EnvEntryR\x03\x65nv\x12\x12\n\x04user\x18\x06 \x01(\tR\x04user\x12\x18\n\x07workdir\x18\x07 \x01(\tR\x07workdir\x12<\n\x0cidle_timeout\x18\x08 \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bidleTimeout\x12<\n\x0cmax_lifetime\x18\t \x01(\x0b\x32\x19.google.protobuf.DurationR\x0bmaxLifetime\x12\x1d\n\nrequest_id\x18\n \x01(\tR\trequestId\x12\x31\n\x07network\x18\r \x01(\x0b\x32\x17.berth.v1.NetworkPolicyR\x07network\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\x1a\x36\n\x08\x45nvEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"j\n\x15\x43reateSandboxResponse\x12+\n\x07sandbox\x18\x01 \x01(\x0b\x32\x11.berth.v1.SandboxR\x07sandbox\x12$\n\x0e\x66rom_warm_pool\x18\x02 \x01(\x08R\x0c\x66romWarmPool\"2\n\x11GetSandboxRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\"A\n\x12GetSandboxResponse\x12+\n\x07sandbox\x18\x01 \x01(\x0b\x32\x11.berth.v1.SandboxR\x07sandbox\"\xee\x01\n\x14ListSandboxesRequest\x12X\n\x0elabel_selector\x18\x01 \x03(\x0b\x32\x31.berth.v1.ListSandboxesRequest.LabelSelectorEntryR\rlabelSelector\x12\x1b\n\tpage_size\x18\x02 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\x1a@\n\x12LabelSelectorEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"p\n\x15ListSandboxesResponse\x12/\n\tsandboxes\x18\x01 \x03(\x0b\x32\x11.berth.v1.SandboxR\tsandboxes\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"5\n\x14\x44\x65leteSandboxRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x17\n\x15\x44\x65leteSandboxResponse\"g\n\x10KeepAliveRequest\x12\x1d\n\nsandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x34\n\x08hold_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.DurationR\x07holdFor\"\x92\x01\n\x11KeepAliveResponse\x12\x42\n\x0fidle_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\ridleExpiresAt\x12\x39\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt*\x9b\x01\n\x0cSandboxState\x12\x1d\n\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x19\n\x15SANDBOX_STATE_STOPPED\x10\x02\x12\x1a\n\x16SANDBOX_STATE_STARTING\x10\x03\x12\x1a\n\x16SANDBOX_STATE_STOPPING\x10\x04*e\n\nStopReason\x12\x1b\n\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n\x18STOP_REASON_IDLE_TIMEOUT\x10\x01\x12\x1c\n\x18STOP_REASON_MAX_LIFETIME\x10\x02*[\n\x0bNetworkMode\x12\x1c\n\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n\x13NETWORK_MODE_EGRESS\x10\x02\x32\xe3\x05\n\x0eSandboxService\x12P\n\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n\nGetSandbox\x12\x1b.berth.v1.GetSandboxRequest\x1a\x1c.berth.v1.GetSandboxResponse\x12P\n\rListSandboxes\x12\x1e.berth.v1.ListSandboxesRequest\x1a\x1f.berth.v1.ListSandboxesResponse\x12P\n\rDeleteSandbox\x12\x1e.berth.v1.DeleteSandboxRequest\x1a\x1f.berth.v1.DeleteSandboxResponse\x12\x44\n\tKeepAlive\x12\x1a.berth.v1.KeepAliveRequest\x1a\x1b.berth.v1.KeepAliveResponse\x12\x39\n\x04\x45xec\x12\x15.berth.v1.ExecRequest\x1a\x16.berth.v1.ExecResponse(\x01\x30\x01\x12\x32\n\x03Run\x12\x14.berth.v1.RunRequest\x1a\x15.berth.v1.RunResponse\x12\x44\n\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n\nSignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n\x0bPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x01\x30\x01\x42\x37Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'berth.v1.sandbox_pb2', globals())
@@ -32,46 +33,50 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _CREATESANDBOXREQUEST_ENVENTRY._serialized_options = b'8\001'
   _LISTSANDBOXESREQUEST_LABELSELECTORENTRY._options = None
   _LISTSANDBOXESREQUEST_LABELSELECTORENTRY._serialized_options = b'8\001'
-  _SANDBOXSTATE._serialized_start=3196
-  _SANDBOXSTATE._serialized_end=3351
-  _STOPREASON._serialized_start=3353
-  _STOPREASON._serialized_end=3454
-  _RESOURCES._serialized_start=123
-  _RESOURCES._serialized_end=291
-  _SANDBOXUSAGE._serialized_start=294
-  _SANDBOXUSAGE._serialized_end=492
-  _RUNTIMEIDENTITY._serialized_start=495
-  _RUNTIMEIDENTITY._serialized_end=634
-  _SANDBOX._serialized_start=637
-  _SANDBOX._serialized_end=1705
-  _SANDBOX_LABELSENTRY._serialized_start=1648
-  _SANDBOX_LABELSENTRY._serialized_end=1705
-  _CREATESANDBOXREQUEST._serialized_start=1708
-  _CREATESANDBOXREQUEST._serialized_end=2277
-  _CREATESANDBOXREQUEST_LABELSENTRY._serialized_start=1648
-  _CREATESANDBOXREQUEST_LABELSENTRY._serialized_end=1705
-  _CREATESANDBOXREQUEST_ENVENTRY._serialized_start=2223
-  _CREATESANDBOXREQUEST_ENVENTRY._serialized_end=2277
-  _CREATESANDBOXRESPONSE._serialized_start=2279
-  _CREATESANDBOXRESPONSE._serialized_end=2385
-  _GETSANDBOXREQUEST._serialized_start=2387
-  _GETSANDBOXREQUEST._serialized_end=2437
-  _GETSANDBOXRESPONSE._serialized_start=2439
-  _GETSANDBOXRESPONSE._serialized_end=2504
-  _LISTSANDBOXESREQUEST._serialized_start=2507
-  _LISTSANDBOXESREQUEST._serialized_end=2745
-  _LISTSANDBOXESREQUEST_LABELSELECTORENTRY._serialized_start=2681
-  _LISTSANDBOXESREQUEST_LABELSELECTORENTRY._serialized_end=2745
-  _LISTSANDBOXESRESPONSE._serialized_start=2747
-  _LISTSANDBOXESRESPONSE._serialized_end=2859
-  _DELETESANDBOXREQUEST._serialized_start=2861
-  _DELETESANDBOXREQUEST._serialized_end=2914
-  _DELETESANDBOXRESPONSE._serialized_start=2916
-  _DELETESANDBOXRESPONSE._serialized_end=2939
-  _KEEPALIVEREQUEST._serialized_start=2941
-  _KEEPALIVEREQUEST._serialized_end=3044
-  _KEEPALIVERESPONSE._serialized_start=3047
-  _KEEPALIVERESPONSE._serialized_end=3193
-  _SANDBOXSERVICE._serialized_start=3457
-  _SANDBOXSERVICE._serialized_end=4116
+  _SANDBOXSTATE._serialized_start=3596
+  _SANDBOXSTATE._serialized_end=3751
+  _STOPREASON._serialized_start=3753
+  _STOPREASON._serialized_end=3854
+  _NETWORKMODE._serialized_start=3856
+  _NETWORKMODE._serialized_end=3947
+  _RESOURCES._serialized_start=144
+  _RESOURCES._serialized_end=312
+  _NETWORKPOLICY._serialized_start=315
+  _NETWORKPOLICY._serialized_end=548
+  _SANDBOXUSAGE._serialized_start=551
+  _SANDBOXUSAGE._serialized_end=749
+  _RUNTIMEIDENTITY._serialized_start=752
+  _RUNTIMEIDENTITY._serialized_end=891
+  _SANDBOX._serialized_start=894
+  _SANDBOX._serialized_end=2054
+  _SANDBOX_LABELSENTRY._serialized_start=1997
+  _SANDBOX_LABELSENTRY._serialized_end=2054
+  _CREATESANDBOXREQUEST._serialized_start=2057
+  _CREATESANDBOXREQUEST._serialized_end=2677
+  _CREATESANDBOXREQUEST_LABELSENTRY._serialized_start=1997
+  _CREATESANDBOXREQUEST_LABELSENTRY._serialized_end=2054
+  _CREATESANDBOXREQUEST_ENVENTRY._serialized_start=2623
+  _CREATESANDBOXREQUEST_ENVENTRY._serialized_end=2677
+  _CREATESANDBOXRESPONSE._serialized_start=2679
+  _CREATESANDBOXRESPONSE._serialized_end=2785
+  _GETSANDBOXREQUEST._serialized_start=2787
+  _GETSANDBOXREQUEST._serialized_end=2837
+  _GETSANDBOXRESPONSE._serialized_start=2839
+  _GETSANDBOXRESPONSE._serialized_end=2904
+  _LISTSANDBOXESREQUEST._serialized_start=2907
+  _LISTSANDBOXESREQUEST._serialized_end=3145
+  _LISTSANDBOXESREQUEST_LABELSELECTORENTRY._serialized_start=3081
+  _LISTSANDBOXESREQUEST_LABELSELECTORENTRY._serialized_end=3145
+  _LISTSANDBOXESRESPONSE._serialized_start=3147
+  _LISTSANDBOXESRESPONSE._serialized_end=3259
+  _DELETESANDBOXREQUEST._serialized_start=3261
+  _DELETESANDBOXREQUEST._serialized_end=3314
+  _DELETESANDBOXRESPONSE._serialized_start=3316
+  _DELETESANDBOXRESPONSE._serialized_end=3339
+  _KEEPALIVEREQUEST._serialized_start=3341
+  _KEEPALIVEREQUEST._serialized_end=3444
+  _KEEPALIVERESPONSE._serialized_start=3447
+  _KEEPALIVERESPONSE._serialized_end=3593
+  _SANDBOXSERVICE._serialized_start=3950
+  _SANDBOXSERVICE._serialized_end=4689
 # @@protoc_insertion_point(module_scope)

@@ -3,6 +3,7 @@
 import grpc
 
 from berth.v1 import exec_pb2 as berth_dot_v1_dot_exec__pb2
+from berth.v1 import port_pb2 as berth_dot_v1_dot_port__pb2
 from berth.v1 import sandbox_pb2 as berth_dot_v1_dot_sandbox__pb2
 
 
@@ -70,6 +71,11 @@ class SandboxServiceStub(object):
                 '/berth.v1.SandboxService/SignalExec',
                 request_serializer=berth_dot_v1_dot_exec__pb2.SignalExecRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_exec__pb2.SignalExecResponse.FromString,
+                )
+        self.PortForward = channel.stream_stream(
+                '/berth.v1.SandboxService/PortForward',
+                request_serializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_port__pb2.PortForwardResponse.FromString,
                 )
 
 
@@ -185,6 +191,27 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PortForward(self, request_iterator, context):
+        """PortForward carries one TCP connection to 127.0.0.1:port inside the
+        sandbox's network namespace, like kubectl port-forward: the caller sends
+        PortForwardStart, then bytes; the server sends PortForwardConnected,
+        then the bytes the sandbox's server writes, then PortForwardEOF when it
+        closes its writing side. The caller half-closes by closing its sending
+        side. The stream ends OK when both sides have closed their writing
+        sides. It is dialled by the sandbox's agent, so it works in every
+        network mode; many streams may run at once on one gRPC connection, each
+        with gRPC's flow control end to end (a slow reader slows the server in
+        the sandbox, nothing buffers without bound). Errors: INVALID_ARGUMENT
+        for a missing start or a port outside 1-65535, NOT_FOUND
+        (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (PORT_CLOSED, metadata "port")
+        when nothing listens on the port, ABORTED (CONNECTION_RESET, metadata
+        "port") when the connection in the sandbox is reset or fails after it
+        opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -232,6 +259,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.SignalExec,
                     request_deserializer=berth_dot_v1_dot_exec__pb2.SignalExecRequest.FromString,
                     response_serializer=berth_dot_v1_dot_exec__pb2.SignalExecResponse.SerializeToString,
+            ),
+            'PortForward': grpc.stream_stream_rpc_method_handler(
+                    servicer.PortForward,
+                    request_deserializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_port__pb2.PortForwardResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -404,5 +436,22 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/SignalExec',
             berth_dot_v1_dot_exec__pb2.SignalExecRequest.SerializeToString,
             berth_dot_v1_dot_exec__pb2.SignalExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PortForward(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(request_iterator, target, '/berth.v1.SandboxService/PortForward',
+            berth_dot_v1_dot_port__pb2.PortForwardRequest.SerializeToString,
+            berth_dot_v1_dot_port__pb2.PortForwardResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -847,11 +847,204 @@ func (x *SignalExecResponse) GetState() v1.ExecState {
 	return v1.ExecState(0)
 }
 
+// PortForwardRequest is one message from berthd on a PortForward stream:
+// the port first, then data.
+type PortForwardRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// event is what berthd says.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*PortForwardRequest_Port
+	//	*PortForwardRequest_Data
+	Event         isPortForwardRequest_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortForwardRequest) Reset() {
+	*x = PortForwardRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortForwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortForwardRequest) ProtoMessage() {}
+
+func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
+func (*PortForwardRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PortForwardRequest) GetEvent() isPortForwardRequest_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *PortForwardRequest) GetPort() uint32 {
+	if x != nil {
+		if x, ok := x.Event.(*PortForwardRequest_Port); ok {
+			return x.Port
+		}
+	}
+	return 0
+}
+
+func (x *PortForwardRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*PortForwardRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isPortForwardRequest_Event interface {
+	isPortForwardRequest_Event()
+}
+
+type PortForwardRequest_Port struct {
+	// port opens the connection to 127.0.0.1:port; only the first message.
+	Port uint32 `protobuf:"varint,1,opt,name=port,proto3,oneof"`
+}
+
+type PortForwardRequest_Data struct {
+	// data is the next bytes to write to the connection.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*PortForwardRequest_Port) isPortForwardRequest_Event() {}
+
+func (*PortForwardRequest_Data) isPortForwardRequest_Event() {}
+
+// PortForwardResponse is one event of a PortForward stream, as in
+// berth.v1.PortForwardResponse.
+type PortForwardResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// event is what happened.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*PortForwardResponse_Connected
+	//	*PortForwardResponse_Data
+	//	*PortForwardResponse_Eof
+	Event         isPortForwardResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PortForwardResponse) Reset() {
+	*x = PortForwardResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PortForwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PortForwardResponse) ProtoMessage() {}
+
+func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
+func (*PortForwardResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PortForwardResponse) GetEvent() isPortForwardResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *PortForwardResponse) GetConnected() *v1.PortForwardConnected {
+	if x != nil {
+		if x, ok := x.Event.(*PortForwardResponse_Connected); ok {
+			return x.Connected
+		}
+	}
+	return nil
+}
+
+func (x *PortForwardResponse) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Event.(*PortForwardResponse_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+func (x *PortForwardResponse) GetEof() *v1.PortForwardEOF {
+	if x != nil {
+		if x, ok := x.Event.(*PortForwardResponse_Eof); ok {
+			return x.Eof
+		}
+	}
+	return nil
+}
+
+type isPortForwardResponse_Event interface {
+	isPortForwardResponse_Event()
+}
+
+type PortForwardResponse_Connected struct {
+	// connected is the first message once the connection is open.
+	Connected *v1.PortForwardConnected `protobuf:"bytes,1,opt,name=connected,proto3,oneof"`
+}
+
+type PortForwardResponse_Data struct {
+	// data is the next bytes read from the connection, at most 32 KiB.
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+type PortForwardResponse_Eof struct {
+	// eof: the server in the sandbox closed its writing side.
+	Eof *v1.PortForwardEOF `protobuf:"bytes,3,opt,name=eof,proto3,oneof"`
+}
+
+func (*PortForwardResponse_Connected) isPortForwardResponse_Event() {}
+
+func (*PortForwardResponse_Data) isPortForwardResponse_Event() {}
+
+func (*PortForwardResponse_Eof) isPortForwardResponse_Event() {}
+
 var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
 	"\x10TelemetryRequest\"T\n" +
 	"\x11TelemetryResponse\x12?\n" +
 	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"\r\n" +
@@ -897,14 +1090,24 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x02 \x01(\tR\x06signal\"?\n" +
 	"\x12SignalExecResponse\x12)\n" +
-	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state2\x93\x03\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state\"I\n" +
+	"\x12PortForwardRequest\x12\x14\n" +
+	"\x04port\x18\x01 \x01(\rH\x00R\x04port\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\a\n" +
+	"\x05event\"\xa2\x01\n" +
+	"\x13PortForwardResponse\x12>\n" +
+	"\tconnected\x18\x01 \x01(\v2\x1e.berth.v1.PortForwardConnectedH\x00R\tconnected\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12,\n" +
+	"\x03eof\x18\x03 \x01(\v2\x18.berth.v1.PortForwardEOFH\x00R\x03eofB\a\n" +
+	"\x05event2\xef\x03\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\tListExecs\x12 .berth.agent.v1.ListExecsRequest\x1a!.berth.agent.v1.ListExecsResponse\x12S\n" +
 	"\n" +
 	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12R\n" +
-	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
+	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01\x12Z\n" +
+	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_berth_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -918,65 +1121,73 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
-	(*TelemetryRequest)(nil),      // 0: berth.agent.v1.TelemetryRequest
-	(*TelemetryResponse)(nil),     // 1: berth.agent.v1.TelemetryResponse
-	(*InfoRequest)(nil),           // 2: berth.agent.v1.InfoRequest
-	(*InfoResponse)(nil),          // 3: berth.agent.v1.InfoResponse
-	(*ExecStart)(nil),             // 4: berth.agent.v1.ExecStart
-	(*ExecAttach)(nil),            // 5: berth.agent.v1.ExecAttach
-	(*ExecRequest)(nil),           // 6: berth.agent.v1.ExecRequest
-	(*ExecResponse)(nil),          // 7: berth.agent.v1.ExecResponse
-	(*ListExecsRequest)(nil),      // 8: berth.agent.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),     // 9: berth.agent.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),     // 10: berth.agent.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),    // 11: berth.agent.v1.SignalExecResponse
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),        // 13: berth.v1.ProcessSpec
-	(*v1.ExecStdin)(nil),          // 14: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),     // 15: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),         // 16: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),         // 17: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),        // 18: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),         // 19: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),      // 20: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),        // 21: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),         // 22: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),           // 23: berth.v1.ExecInfo
-	(v1.ExecState)(0),             // 24: berth.v1.ExecState
+	(*TelemetryRequest)(nil),        // 0: berth.agent.v1.TelemetryRequest
+	(*TelemetryResponse)(nil),       // 1: berth.agent.v1.TelemetryResponse
+	(*InfoRequest)(nil),             // 2: berth.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 3: berth.agent.v1.InfoResponse
+	(*ExecStart)(nil),               // 4: berth.agent.v1.ExecStart
+	(*ExecAttach)(nil),              // 5: berth.agent.v1.ExecAttach
+	(*ExecRequest)(nil),             // 6: berth.agent.v1.ExecRequest
+	(*ExecResponse)(nil),            // 7: berth.agent.v1.ExecResponse
+	(*ListExecsRequest)(nil),        // 8: berth.agent.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),       // 9: berth.agent.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),       // 10: berth.agent.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),      // 11: berth.agent.v1.SignalExecResponse
+	(*PortForwardRequest)(nil),      // 12: berth.agent.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),     // 13: berth.agent.v1.PortForwardResponse
+	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),          // 15: berth.v1.ProcessSpec
+	(*v1.ExecStdin)(nil),            // 16: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),       // 17: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),           // 18: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),           // 19: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),          // 20: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),           // 21: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),        // 22: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),          // 23: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),           // 24: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),             // 25: berth.v1.ExecInfo
+	(v1.ExecState)(0),               // 26: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil), // 27: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),       // 28: berth.v1.PortForwardEOF
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	12, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	13, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	14, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	15, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
 	4,  // 2: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
 	5,  // 3: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	14, // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	15, // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	16, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	17, // 7: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	18, // 8: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	19, // 9: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	20, // 10: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	21, // 11: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	22, // 12: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	23, // 13: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	24, // 14: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	2,  // 15: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	6,  // 16: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	8,  // 17: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	10, // 18: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	0,  // 19: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
-	3,  // 20: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	7,  // 21: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	9,  // 22: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	11, // 23: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	1,  // 24: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
-	20, // [20:25] is the sub-list for method output_type
-	15, // [15:20] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	16, // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	17, // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	18, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	19, // 7: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	20, // 8: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	21, // 9: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	22, // 10: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	23, // 11: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	24, // 12: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	25, // 13: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	26, // 14: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	27, // 15: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	28, // 16: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	2,  // 17: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 18: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 19: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 20: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	0,  // 21: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	12, // 22: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	3,  // 23: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 24: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 25: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 26: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	1,  // 27: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	13, // 28: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	23, // [23:29] is the sub-list for method output_type
+	17, // [17:23] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }
@@ -999,13 +1210,22 @@ func file_berth_agent_v1_agent_proto_init() {
 		(*ExecResponse_Dropped)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
+	file_berth_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
+		(*PortForwardRequest_Port)(nil),
+		(*PortForwardRequest_Data)(nil),
+	}
+	file_berth_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+		(*PortForwardResponse_Connected)(nil),
+		(*PortForwardResponse_Data)(nil),
+		(*PortForwardResponse_Eof)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

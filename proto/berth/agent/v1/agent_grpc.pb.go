@@ -19,11 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AgentService_Info_FullMethodName       = "/berth.agent.v1.AgentService/Info"
-	AgentService_Exec_FullMethodName       = "/berth.agent.v1.AgentService/Exec"
-	AgentService_ListExecs_FullMethodName  = "/berth.agent.v1.AgentService/ListExecs"
-	AgentService_SignalExec_FullMethodName = "/berth.agent.v1.AgentService/SignalExec"
-	AgentService_Telemetry_FullMethodName  = "/berth.agent.v1.AgentService/Telemetry"
+	AgentService_Info_FullMethodName        = "/berth.agent.v1.AgentService/Info"
+	AgentService_Exec_FullMethodName        = "/berth.agent.v1.AgentService/Exec"
+	AgentService_ListExecs_FullMethodName   = "/berth.agent.v1.AgentService/ListExecs"
+	AgentService_SignalExec_FullMethodName  = "/berth.agent.v1.AgentService/SignalExec"
+	AgentService_Telemetry_FullMethodName   = "/berth.agent.v1.AgentService/Telemetry"
+	AgentService_PortForward_FullMethodName = "/berth.agent.v1.AgentService/PortForward"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -54,6 +55,12 @@ type AgentServiceClient interface {
 	// stream ends at once with OK. Spans the agent could not hand out in time
 	// are dropped, oldest first, never blocking the agent.
 	Telemetry(ctx context.Context, in *TelemetryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TelemetryResponse], error)
+	// PortForward dials 127.0.0.1:port in the sandbox's network namespace and
+	// carries the connection's bytes both ways, with the semantics of
+	// berth.v1.SandboxService.PortForward. Errors: INVALID_ARGUMENT for a
+	// missing start or a bad port, FAILED_PRECONDITION (PORT_CLOSED) when the
+	// connection is refused, ABORTED (CONNECTION_RESET) when it fails later.
+	PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error)
 }
 
 type agentServiceClient struct {
@@ -126,6 +133,19 @@ func (c *agentServiceClient) Telemetry(ctx context.Context, in *TelemetryRequest
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_TelemetryClient = grpc.ServerStreamingClient[TelemetryResponse]
 
+func (c *agentServiceClient) PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[2], AgentService_PortForward_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PortForwardRequest, PortForwardResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_PortForwardClient = grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse]
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -154,6 +174,12 @@ type AgentServiceServer interface {
 	// stream ends at once with OK. Spans the agent could not hand out in time
 	// are dropped, oldest first, never blocking the agent.
 	Telemetry(*TelemetryRequest, grpc.ServerStreamingServer[TelemetryResponse]) error
+	// PortForward dials 127.0.0.1:port in the sandbox's network namespace and
+	// carries the connection's bytes both ways, with the semantics of
+	// berth.v1.SandboxService.PortForward. Errors: INVALID_ARGUMENT for a
+	// missing start or a bad port, FAILED_PRECONDITION (PORT_CLOSED) when the
+	// connection is refused, ABORTED (CONNECTION_RESET) when it fails later.
+	PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -178,6 +204,9 @@ func (UnimplementedAgentServiceServer) SignalExec(context.Context, *SignalExecRe
 }
 func (UnimplementedAgentServiceServer) Telemetry(*TelemetryRequest, grpc.ServerStreamingServer[TelemetryResponse]) error {
 	return status.Error(codes.Unimplemented, "method Telemetry not implemented")
+}
+func (UnimplementedAgentServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
+	return status.Error(codes.Unimplemented, "method PortForward not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -272,6 +301,13 @@ func _AgentService_Telemetry_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_TelemetryServer = grpc.ServerStreamingServer[TelemetryResponse]
 
+func _AgentService_PortForward_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(AgentServiceServer).PortForward(&grpc.GenericServerStream[PortForwardRequest, PortForwardResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_PortForwardServer = grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -303,6 +339,12 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Telemetry",
 			Handler:       _AgentService_Telemetry_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "PortForward",
+			Handler:       _AgentService_PortForward_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "berth/agent/v1/agent.proto",

@@ -32,6 +32,7 @@ import {
   SignalExecRequest,
   SignalExecResponse,
 } from "./exec";
+import { PortForwardRequest, PortForwardResponse } from "./port";
 
 /** SandboxState is the lifecycle state of a sandbox. */
 export enum SandboxState {
@@ -145,6 +146,62 @@ export function stopReasonToJSON(object: StopReason): string {
   }
 }
 
+/** NetworkMode is what a sandbox's network reaches. */
+export enum NetworkMode {
+  /** NETWORK_MODE_UNSPECIFIED - NETWORK_MODE_UNSPECIFIED is NETWORK_MODE_NONE. */
+  NETWORK_MODE_UNSPECIFIED = 0,
+  /**
+   * NETWORK_MODE_NONE - NETWORK_MODE_NONE gives the sandbox a network namespace of its own
+   * with only lo: it reaches nothing outside itself. Its ports are still
+   * reached through PortForward.
+   */
+  NETWORK_MODE_NONE = 1,
+  /**
+   * NETWORK_MODE_EGRESS - NETWORK_MODE_EGRESS gives the sandbox an IPv4 interface on the
+   * server's bridge, and lets it open connections to what
+   * NetworkPolicy.allow names and nothing else: never the host's own
+   * addresses, cloud metadata (169.254.0.0/16) or the server's other
+   * protected ranges unless an entry lies inside them, never another
+   * sandbox. Nothing connects in. Its resolver (/etc/resolv.conf) is the
+   * server's, which answers only allow-listed names. Needs a server with
+   * a network (FAILED_PRECONDITION NETWORK_UNAVAILABLE otherwise).
+   */
+  NETWORK_MODE_EGRESS = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function networkModeFromJSON(object: any): NetworkMode {
+  switch (object) {
+    case 0:
+    case "NETWORK_MODE_UNSPECIFIED":
+      return NetworkMode.NETWORK_MODE_UNSPECIFIED;
+    case 1:
+    case "NETWORK_MODE_NONE":
+      return NetworkMode.NETWORK_MODE_NONE;
+    case 2:
+    case "NETWORK_MODE_EGRESS":
+      return NetworkMode.NETWORK_MODE_EGRESS;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return NetworkMode.UNRECOGNIZED;
+  }
+}
+
+export function networkModeToJSON(object: NetworkMode): string {
+  switch (object) {
+    case NetworkMode.NETWORK_MODE_UNSPECIFIED:
+      return "NETWORK_MODE_UNSPECIFIED";
+    case NetworkMode.NETWORK_MODE_NONE:
+      return "NETWORK_MODE_NONE";
+    case NetworkMode.NETWORK_MODE_EGRESS:
+      return "NETWORK_MODE_EGRESS";
+    case NetworkMode.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /**
  * Resources limits what a sandbox may use. Zero fields take the server's
  * defaults; values above the server's maximums are INVALID_ARGUMENT.
@@ -185,6 +242,41 @@ export interface Resources {
    * memory_bytes, which it may not exceed.
    */
   shmBytes: bigint;
+}
+
+/** NetworkPolicy is a sandbox's network. */
+export interface NetworkPolicy {
+  /** mode is NONE (the default) or EGRESS. */
+  mode: NetworkMode;
+  /**
+   * allow lists what an EGRESS sandbox may connect to, at most 128
+   * entries, each one of: an IPv4 address ("192.0.2.7") or range
+   * ("10.0.0.0/8"), a DNS name ("pypi.org") or every name below one
+   * ("*.github.com", not github.com itself), each with an optional
+   * ":PORT" (TCP and UDP; without it every port and protocol). A name
+   * allows the addresses the server's resolver returns for it, from the
+   * answer on, for the answer's TTL (at least a minute). An entry inside
+   * the sandboxes' own network is INVALID_ARGUMENT; IPv6 entries too.
+   * Only with mode EGRESS. GetSandbox returns the list sorted and
+   * normalized.
+   */
+  allow: string[];
+  /**
+   * max_connections caps the connections an EGRESS sandbox has open at
+   * once through the bridge; new ones beyond are refused. Zero: no cap.
+   */
+  maxConnections: number;
+  /**
+   * egress_bytes_per_second caps what an EGRESS sandbox sends, in bytes
+   * per second (token bucket, bursts of a tenth of a second); zero: no
+   * cap. At most 2^40.
+   */
+  egressBytesPerSecond: bigint;
+  /**
+   * ingress_bytes_per_second caps what an EGRESS sandbox receives through
+   * its interface, in bytes per second, as egress_bytes_per_second.
+   */
+  ingressBytesPerSecond: bigint;
 }
 
 /**
@@ -333,6 +425,15 @@ export interface Sandbox {
    * empty for sandboxes made before berthd recorded owners (admins only).
    */
   owner: string;
+  /** network is the sandbox's network policy, its allow-list normalized. */
+  network:
+    | NetworkPolicy
+    | undefined;
+  /**
+   * network_address is an EGRESS sandbox's IPv4 address on the server's
+   * bridge; empty for NONE.
+   */
+  networkAddress: string;
 }
 
 export interface Sandbox_LabelsEntry {
@@ -403,6 +504,12 @@ export interface CreateSandboxRequest {
    * sandbox_id is set.
    */
   requestId: string;
+  /**
+   * network is the sandbox's network: none by default (only lo), or
+   * egress to an allow-list. INVALID_ARGUMENT names the field of a bad
+   * entry (network.allow[N]).
+   */
+  network: NetworkPolicy | undefined;
 }
 
 export interface CreateSandboxRequest_LabelsEntry {
@@ -670,6 +777,162 @@ export const Resources: MessageFns<Resources> = {
       : 0n;
     message.diskBytes = (object.diskBytes !== undefined && object.diskBytes !== null) ? BigInt(object.diskBytes) : 0n;
     message.shmBytes = (object.shmBytes !== undefined && object.shmBytes !== null) ? BigInt(object.shmBytes) : 0n;
+    return message;
+  },
+};
+
+function createBaseNetworkPolicy(): NetworkPolicy {
+  return { mode: 0, allow: [], maxConnections: 0, egressBytesPerSecond: 0n, ingressBytesPerSecond: 0n };
+}
+
+export const NetworkPolicy: MessageFns<NetworkPolicy> = {
+  encode(message: NetworkPolicy, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.mode !== 0) {
+      writer.uint32(8).int32(message.mode);
+    }
+    for (const v of message.allow) {
+      writer.uint32(18).string(v!);
+    }
+    if (message.maxConnections !== 0) {
+      writer.uint32(24).uint32(message.maxConnections);
+    }
+    if (message.egressBytesPerSecond !== 0n) {
+      if (BigInt.asUintN(64, message.egressBytesPerSecond) !== message.egressBytesPerSecond) {
+        throw new globalThis.Error("value provided for field message.egressBytesPerSecond of type uint64 too large");
+      }
+      writer.uint32(32).uint64(message.egressBytesPerSecond);
+    }
+    if (message.ingressBytesPerSecond !== 0n) {
+      if (BigInt.asUintN(64, message.ingressBytesPerSecond) !== message.ingressBytesPerSecond) {
+        throw new globalThis.Error("value provided for field message.ingressBytesPerSecond of type uint64 too large");
+      }
+      writer.uint32(40).uint64(message.ingressBytesPerSecond);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): NetworkPolicy {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseNetworkPolicy();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.mode = reader.int32() as any;
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.allow.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.maxConnections = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.egressBytesPerSecond = reader.uint64() as bigint;
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.ingressBytesPerSecond = reader.uint64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): NetworkPolicy {
+    return {
+      mode: isSet(object.mode) ? networkModeFromJSON(object.mode) : 0,
+      allow: globalThis.Array.isArray(object?.allow) ? object.allow.map((e: any) => globalThis.String(e)) : [],
+      maxConnections: isSet(object.maxConnections)
+        ? globalThis.Number(object.maxConnections)
+        : isSet(object.max_connections)
+        ? globalThis.Number(object.max_connections)
+        : 0,
+      egressBytesPerSecond: isSet(object.egressBytesPerSecond)
+        ? BigInt(object.egressBytesPerSecond)
+        : isSet(object.egress_bytes_per_second)
+        ? BigInt(object.egress_bytes_per_second)
+        : 0n,
+      ingressBytesPerSecond: isSet(object.ingressBytesPerSecond)
+        ? BigInt(object.ingressBytesPerSecond)
+        : isSet(object.ingress_bytes_per_second)
+        ? BigInt(object.ingress_bytes_per_second)
+        : 0n,
+    };
+  },
+
+  toJSON(message: NetworkPolicy): unknown {
+    const obj: any = {};
+    if (message.mode !== 0) {
+      obj.mode = networkModeToJSON(message.mode);
+    }
+    if (message.allow?.length) {
+      obj.allow = message.allow;
+    }
+    if (message.maxConnections !== 0) {
+      obj.maxConnections = Math.round(message.maxConnections);
+    }
+    if (message.egressBytesPerSecond !== 0n) {
+      obj.egressBytesPerSecond = message.egressBytesPerSecond.toString();
+    }
+    if (message.ingressBytesPerSecond !== 0n) {
+      obj.ingressBytesPerSecond = message.ingressBytesPerSecond.toString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<NetworkPolicy>, I>>(base?: I): NetworkPolicy {
+    return NetworkPolicy.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<NetworkPolicy>, I>>(object: I): NetworkPolicy {
+    const message = createBaseNetworkPolicy();
+    message.mode = object.mode ?? 0;
+    message.allow = object.allow?.map((e) => e) || [];
+    message.maxConnections = object.maxConnections ?? 0;
+    message.egressBytesPerSecond = (object.egressBytesPerSecond !== undefined && object.egressBytesPerSecond !== null)
+      ? BigInt(object.egressBytesPerSecond)
+      : 0n;
+    message.ingressBytesPerSecond =
+      (object.ingressBytesPerSecond !== undefined && object.ingressBytesPerSecond !== null)
+        ? BigInt(object.ingressBytesPerSecond)
+        : 0n;
     return message;
   },
 };
@@ -979,6 +1242,8 @@ function createBaseSandbox(): Sandbox {
     serverVersion: "",
     versionSkew: false,
     owner: "",
+    network: undefined,
+    networkAddress: "",
   };
 }
 
@@ -1052,6 +1317,12 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.owner !== "") {
       writer.uint32(186).string(message.owner);
+    }
+    if (message.network !== undefined) {
+      NetworkPolicy.encode(message.network, writer.uint32(218).fork()).join();
+    }
+    if (message.networkAddress !== "") {
+      writer.uint32(226).string(message.networkAddress);
     }
     return writer;
   },
@@ -1256,6 +1527,22 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.owner = reader.string();
             continue;
           }
+          case 27: {
+            if (tag !== 218) {
+              break;
+            }
+
+            message.network = NetworkPolicy.decode(reader, reader.uint32());
+            continue;
+          }
+          case 28: {
+            if (tag !== 226) {
+              break;
+            }
+
+            message.networkAddress = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1358,6 +1645,12 @@ export const Sandbox: MessageFns<Sandbox> = {
         ? globalThis.Boolean(object.version_skew)
         : false,
       owner: isSet(object.owner) ? globalThis.String(object.owner) : "",
+      network: isSet(object.network) ? NetworkPolicy.fromJSON(object.network) : undefined,
+      networkAddress: isSet(object.networkAddress)
+        ? globalThis.String(object.networkAddress)
+        : isSet(object.network_address)
+        ? globalThis.String(object.network_address)
+        : "",
     };
   },
 
@@ -1438,6 +1731,12 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.owner !== "") {
       obj.owner = message.owner;
     }
+    if (message.network !== undefined) {
+      obj.network = NetworkPolicy.toJSON(message.network);
+    }
+    if (message.networkAddress !== "") {
+      obj.networkAddress = message.networkAddress;
+    }
     return obj;
   },
 
@@ -1487,6 +1786,10 @@ export const Sandbox: MessageFns<Sandbox> = {
     message.serverVersion = object.serverVersion ?? "";
     message.versionSkew = object.versionSkew ?? false;
     message.owner = object.owner ?? "";
+    message.network = (object.network !== undefined && object.network !== null)
+      ? NetworkPolicy.fromPartial(object.network)
+      : undefined;
+    message.networkAddress = object.networkAddress ?? "";
     return message;
   },
 };
@@ -1588,6 +1891,7 @@ function createBaseCreateSandboxRequest(): CreateSandboxRequest {
     idleTimeout: undefined,
     maxLifetime: undefined,
     requestId: "",
+    network: undefined,
   };
 }
 
@@ -1622,6 +1926,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     }
     if (message.requestId !== "") {
       writer.uint32(82).string(message.requestId);
+    }
+    if (message.network !== undefined) {
+      NetworkPolicy.encode(message.network, writer.uint32(106).fork()).join();
     }
     return writer;
   },
@@ -1725,6 +2032,14 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
             message.requestId = reader.string();
             continue;
           }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.network = NetworkPolicy.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1791,6 +2106,7 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
         : isSet(object.request_id)
         ? globalThis.String(object.request_id)
         : "",
+      network: isSet(object.network) ? NetworkPolicy.fromJSON(object.network) : undefined,
     };
   },
 
@@ -1838,6 +2154,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     if (message.requestId !== "") {
       obj.requestId = message.requestId;
     }
+    if (message.network !== undefined) {
+      obj.network = NetworkPolicy.toJSON(message.network);
+    }
     return obj;
   },
 
@@ -1878,6 +2197,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
       ? Duration.fromPartial(object.maxLifetime)
       : undefined;
     message.requestId = object.requestId ?? "";
+    message.network = (object.network !== undefined && object.network !== null)
+      ? NetworkPolicy.fromPartial(object.network)
+      : undefined;
     return message;
   },
 };
@@ -3095,6 +3417,32 @@ export const SandboxServiceService = {
     responseSerialize: (value: SignalExecResponse): Buffer => Buffer.from(SignalExecResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SignalExecResponse => SignalExecResponse.decode(value),
   },
+  /**
+   * PortForward carries one TCP connection to 127.0.0.1:port inside the
+   * sandbox's network namespace, like kubectl port-forward: the caller sends
+   * PortForwardStart, then bytes; the server sends PortForwardConnected,
+   * then the bytes the sandbox's server writes, then PortForwardEOF when it
+   * closes its writing side. The caller half-closes by closing its sending
+   * side. The stream ends OK when both sides have closed their writing
+   * sides. It is dialled by the sandbox's agent, so it works in every
+   * network mode; many streams may run at once on one gRPC connection, each
+   * with gRPC's flow control end to end (a slow reader slows the server in
+   * the sandbox, nothing buffers without bound). Errors: INVALID_ARGUMENT
+   * for a missing start or a port outside 1-65535, NOT_FOUND
+   * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (PORT_CLOSED, metadata "port")
+   * when nothing listens on the port, ABORTED (CONNECTION_RESET, metadata
+   * "port") when the connection in the sandbox is reset or fails after it
+   * opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
+   */
+  portForward: {
+    path: "/berth.v1.SandboxService/PortForward" as const,
+    requestStream: true as const,
+    responseStream: true as const,
+    requestSerialize: (value: PortForwardRequest): Buffer => Buffer.from(PortForwardRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): PortForwardRequest => PortForwardRequest.decode(value),
+    responseSerialize: (value: PortForwardResponse): Buffer => Buffer.from(PortForwardResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): PortForwardResponse => PortForwardResponse.decode(value),
+  },
 } as const;
 
 export interface SandboxServiceServer extends UntypedServiceImplementation {
@@ -3167,6 +3515,24 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
    */
   signalExec: handleUnaryCall<SignalExecRequest, SignalExecResponse>;
+  /**
+   * PortForward carries one TCP connection to 127.0.0.1:port inside the
+   * sandbox's network namespace, like kubectl port-forward: the caller sends
+   * PortForwardStart, then bytes; the server sends PortForwardConnected,
+   * then the bytes the sandbox's server writes, then PortForwardEOF when it
+   * closes its writing side. The caller half-closes by closing its sending
+   * side. The stream ends OK when both sides have closed their writing
+   * sides. It is dialled by the sandbox's agent, so it works in every
+   * network mode; many streams may run at once on one gRPC connection, each
+   * with gRPC's flow control end to end (a slow reader slows the server in
+   * the sandbox, nothing buffers without bound). Errors: INVALID_ARGUMENT
+   * for a missing start or a port outside 1-65535, NOT_FOUND
+   * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (PORT_CLOSED, metadata "port")
+   * when nothing listens on the port, ABORTED (CONNECTION_RESET, metadata
+   * "port") when the connection in the sandbox is reset or fails after it
+   * opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
+   */
+  portForward: handleBidiStreamingCall<PortForwardRequest, PortForwardResponse>;
 }
 
 export interface SandboxServiceClient extends Client {
@@ -3350,6 +3716,29 @@ export interface SandboxServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SignalExecResponse) => void,
   ): ClientUnaryCall;
+  /**
+   * PortForward carries one TCP connection to 127.0.0.1:port inside the
+   * sandbox's network namespace, like kubectl port-forward: the caller sends
+   * PortForwardStart, then bytes; the server sends PortForwardConnected,
+   * then the bytes the sandbox's server writes, then PortForwardEOF when it
+   * closes its writing side. The caller half-closes by closing its sending
+   * side. The stream ends OK when both sides have closed their writing
+   * sides. It is dialled by the sandbox's agent, so it works in every
+   * network mode; many streams may run at once on one gRPC connection, each
+   * with gRPC's flow control end to end (a slow reader slows the server in
+   * the sandbox, nothing buffers without bound). Errors: INVALID_ARGUMENT
+   * for a missing start or a port outside 1-65535, NOT_FOUND
+   * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (PORT_CLOSED, metadata "port")
+   * when nothing listens on the port, ABORTED (CONNECTION_RESET, metadata
+   * "port") when the connection in the sandbox is reset or fails after it
+   * opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
+   */
+  portForward(): ClientDuplexStream<PortForwardRequest, PortForwardResponse>;
+  portForward(options: Partial<CallOptions>): ClientDuplexStream<PortForwardRequest, PortForwardResponse>;
+  portForward(
+    metadata: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientDuplexStream<PortForwardRequest, PortForwardResponse>;
 }
 
 export const SandboxServiceClient = makeGenericClientConstructor(

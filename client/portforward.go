@@ -1,0 +1,144 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// portChunkBytes is the most one PortForwardRequest carries.
+const portChunkBytes = 256 << 10
+
+// PortConn is one TCP connection to a port inside a sandbox, carried by a
+// PortForward stream on the Client's connection. Read and Write may be
+// called from different goroutines; CloseWrite half-closes (the server in
+// the sandbox reads end of file) and Close abandons the connection. Every
+// error is an *Error (or io.EOF once the server closed its writing side).
+type PortConn struct {
+	stream grpc.BidiStreamingClient[berthv1.PortForwardRequest, berthv1.PortForwardResponse]
+	cancel context.CancelFunc
+	port   uint32
+
+	readMu  sync.Mutex
+	pending []byte // the unread rest of the last data message
+	readErr error  // sticky: io.EOF or the stream's error
+
+	writeMu     sync.Mutex
+	writeClosed bool
+}
+
+// PortForward connects to 127.0.0.1:port inside the sandbox through its
+// agent and returns once the connection is open, in any network mode. A
+// port nothing listens on is an *Error with Reason ReasonPortClosed; a
+// missing sandbox (or another principal's) ReasonSandboxNotFound. The
+// connection lives until Close, ctx's end, or both sides closing their
+// writing sides.
+func (c *Client) PortForward(ctx context.Context, sandboxID string, port uint16) (*PortConn, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	stream, err := c.sandboxes.PortForward(ctx)
+	if err != nil {
+		cancel()
+		return nil, convertError(err)
+	}
+	p := &PortConn{stream: stream, cancel: cancel, port: uint32(port)}
+	start := &berthv1.PortForwardRequest{Event: &berthv1.PortForwardRequest_Start{Start: &berthv1.PortForwardStart{SandboxId: sandboxID, Port: uint32(port)}}}
+	if err := stream.Send(start); err != nil && !errors.Is(err, io.EOF) {
+		cancel()
+		return nil, convertError(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		cancel()
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: the port-forward stream ended before connected", ErrProtocol)
+		}
+		return nil, convertError(err)
+	}
+	if first.GetConnected() == nil {
+		cancel()
+		return nil, fmt.Errorf("%w: the port-forward stream began without connected", ErrProtocol)
+	}
+	return p, nil
+}
+
+// Port returns the port in the sandbox.
+func (p *PortConn) Port() uint16 { return uint16(p.port) }
+
+// Read reads what the server in the sandbox wrote; io.EOF once it closed
+// its writing side.
+func (p *PortConn) Read(b []byte) (int, error) {
+	p.readMu.Lock()
+	defer p.readMu.Unlock()
+	for len(p.pending) == 0 {
+		if p.readErr != nil {
+			return 0, p.readErr
+		}
+		resp, err := p.stream.Recv()
+		switch {
+		case errors.Is(err, io.EOF):
+			p.readErr = io.EOF
+		case err != nil:
+			p.readErr = convertError(err)
+		default:
+			switch ev := resp.GetEvent().(type) {
+			case *berthv1.PortForwardResponse_Data:
+				p.pending = ev.Data
+			case *berthv1.PortForwardResponse_Eof:
+				p.readErr = io.EOF
+			}
+		}
+	}
+	n := copy(b, p.pending)
+	p.pending = p.pending[n:]
+	return n, nil
+}
+
+// Write sends b to the server in the sandbox, waiting while the stream's
+// flow control holds it back. Once the stream has ended it fails with
+// io.ErrClosedPipe; Read then returns the stream's error.
+func (p *PortConn) Write(b []byte) (int, error) {
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
+	if p.writeClosed {
+		return 0, io.ErrClosedPipe
+	}
+	n := 0
+	for len(b) > 0 {
+		chunk := b[:min(len(b), portChunkBytes)]
+		// Send marshals before it returns: the caller may reuse b.
+		if err := p.stream.Send(&berthv1.PortForwardRequest{Event: &berthv1.PortForwardRequest_Data{Data: chunk}}); err != nil {
+			if errors.Is(err, io.EOF) {
+				// The stream ended: Read reports why.
+				return n, io.ErrClosedPipe
+			}
+			return n, convertError(err)
+		}
+		n += len(chunk)
+		b = b[len(chunk):]
+	}
+	return n, nil
+}
+
+// CloseWrite shuts down the writing side: the server in the sandbox reads
+// end of file, and may still write.
+func (p *PortConn) CloseWrite() error {
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
+	if p.writeClosed {
+		return nil
+	}
+	p.writeClosed = true
+	return convertError(p.stream.CloseSend())
+}
+
+// Close ends the stream; the connection in the sandbox is closed.
+func (p *PortConn) Close() error {
+	p.cancel()
+	return nil
+}
