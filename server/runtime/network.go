@@ -12,9 +12,9 @@ import (
 // Label keys of a sandbox's network. A sandbox of network mode NONE has
 // none of them.
 const (
-	labelNetwork         = LabelPrefix + "network"           // "egress"
-	labelNetworkAllow    = LabelPrefix + "network-allow"     // JSON array of normalized entries
-	labelNetworkMaxConns = LabelPrefix + "network-max-conns" // decimal
+	labelNetwork         = LabelPrefix + "network"             // "egress"
+	labelNetworkAllow    = LabelPrefix + "network-allow"       // JSON array of normalized entries
+	labelNetworkMaxConns = LabelPrefix + "network-max-conns"   // decimal
 	labelNetworkEgress   = LabelPrefix + "network-egress-bps"  // bytes per second, decimal
 	labelNetworkIngress  = LabelPrefix + "network-ingress-bps" // bytes per second, decimal
 )
