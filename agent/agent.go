@@ -28,6 +28,8 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-sandbox/berth/agent/files"
+	"github.com/berth-sandbox/berth/agent/launcher"
+	"github.com/berth-sandbox/berth/agent/ring"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/version"
 	"github.com/berth-sandbox/berth/internal/wire"
@@ -96,17 +98,25 @@ type Config struct {
 	// without waiting further. Default 1s.
 	DrainGrace time.Duration
 
-	// DefaultOutputLimit is the per-stream cap, in bytes, of output retained
-	// and sent when a start asks for none. Default 16 MiB.
-	DefaultOutputLimit uint64
-	// MaxOutputLimit is the largest per-stream cap a start may ask for, in
-	// bytes; larger requests are clamped to it. Default 64 MiB.
-	MaxOutputLimit uint64
 	// RingBytes bounds each exec's retained event log, in bytes: every
-	// output event is charged its data size plus EventOverhead. The oldest
-	// events are shed beyond it (readers that had not read them get
-	// ExecDropped); the newest event is always kept. Default 8 MiB.
+	// output event is charged its data size plus EventOverhead. Beyond it
+	// the oldest events that every attached reader has read are shed
+	// (readers that attach later get ExecDropped); when an attached reader
+	// has not read them, the exec's output waits for it (flow control). The
+	// newest event is always kept. Default 8 MiB.
 	RingBytes uint64
+	// RetainedBytes bounds the output all execs retain together, in bytes
+	// (see RingBytes): beyond it the output of ended execs is shed first,
+	// then the oldest read output of running ones. Default: an eighth of
+	// the sandbox's memory limit (cgroup memory.limit_in_bytes or
+	// memory.max), at least 4 MiB and at most 256 MiB; 256 MiB without a
+	// limit.
+	RetainedBytes uint64
+	// WorkloadNofile is the soft RLIMIT_NOFILE every process the agent
+	// starts gets, capped by the hard limit (the agent itself raises its
+	// own soft limit to the hard one). Default 1024, the traditional
+	// value that select(2)-based programs need.
+	WorkloadNofile uint64
 	// Retention is how long a finished exec stays attachable. Default 10m.
 	Retention time.Duration
 	// HeartbeatInterval is how long an Exec stream may stay silent before
@@ -133,17 +143,16 @@ const EventOverhead = 160
 // DefaultConfig returns a Config with every default filled in.
 func DefaultConfig() Config {
 	return Config{
-		WorkDir:            "/workspace",
-		DefaultTimeout:     30 * time.Minute,
-		MinTimeout:         time.Second,
-		MaxTimeout:         24 * time.Hour,
-		KillGrace:          2 * time.Second,
-		DrainGrace:         time.Second,
-		DefaultOutputLimit: 16 << 20,
-		MaxOutputLimit:     64 << 20,
-		RingBytes:          8 << 20,
-		Retention:          10 * time.Minute,
-		HeartbeatInterval:  15 * time.Second,
+		WorkDir:           "/workspace",
+		DefaultTimeout:    30 * time.Minute,
+		MinTimeout:        time.Second,
+		MaxTimeout:        24 * time.Hour,
+		KillGrace:         2 * time.Second,
+		DrainGrace:        time.Second,
+		RingBytes:         8 << 20,
+		WorkloadNofile:    1024,
+		Retention:         10 * time.Minute,
+		HeartbeatInterval: 15 * time.Second,
 	}
 }
 
@@ -157,9 +166,8 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.MaxTimeout, d.MaxTimeout)
 	setDefault(&c.KillGrace, d.KillGrace)
 	setDefault(&c.DrainGrace, d.DrainGrace)
-	setDefault(&c.DefaultOutputLimit, d.DefaultOutputLimit)
-	setDefault(&c.MaxOutputLimit, d.MaxOutputLimit)
 	setDefault(&c.RingBytes, d.RingBytes)
+	setDefault(&c.WorkloadNofile, d.WorkloadNofile)
 	setDefault(&c.Retention, d.Retention)
 	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
 	if c.Env == nil {
@@ -173,8 +181,6 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("config: MinTimeout %v must be within 0..MaxTimeout %v", c.MinTimeout, c.MaxTimeout)
 	case c.DefaultTimeout < c.MinTimeout || c.DefaultTimeout > c.MaxTimeout:
 		return c, fmt.Errorf("config: DefaultTimeout %v must be within MinTimeout %v..MaxTimeout %v", c.DefaultTimeout, c.MinTimeout, c.MaxTimeout)
-	case c.DefaultOutputLimit > c.MaxOutputLimit:
-		return c, fmt.Errorf("config: DefaultOutputLimit %d exceeds MaxOutputLimit %d", c.DefaultOutputLimit, c.MaxOutputLimit)
 	case c.KillGrace < 0 || c.DrainGrace < 0 || c.Retention < 0 || c.HeartbeatInterval < 0:
 		return c, errors.New("config: KillGrace, DrainGrace, Retention and HeartbeatInterval must not be negative")
 	}
@@ -200,10 +206,18 @@ type Server struct {
 	sup     *supervisor
 	// activity feeds Info's last_activity (activity.go).
 	activity activity
-	// oom counts the OOM kills of the agent's memory cgroup; oomScore gives
-	// children the highest OOM score.
+	// oom counts the OOM kills of the agent's memory cgroup; oomScore is
+	// the agent's own OOM score, the lowest it may set.
 	oom      *oomCounter
-	oomScore *oomScore
+	oomScore string
+	// launcher starts the processes of execs that run as the workload
+	// user (package launcher); userLaunchers those of other users, by
+	// uid and gid (launcherFor). userLaunchers is guarded by starting.
+	launcher      *launcher.Launcher
+	userLaunchers map[[2]uint32]*launcher.Launcher
+	// output is the budget of the output all execs retain
+	// (Config.RetainedBytes).
+	output *ring.Pool
 
 	mu      sync.Mutex
 	execs   map[string]*execution
@@ -213,8 +227,10 @@ type Server struct {
 	// their process groups.
 	stopping chan struct{}
 
-	execWG   sync.WaitGroup // one per running exec's supervising goroutine
-	streamWG sync.WaitGroup // one per Exec stream's receiving goroutine
+	starting  sync.Mutex     // held by a start (launch) from its pipes to its fork
+	launching sync.WaitGroup // one per start in flight (see startExec)
+	execWG    sync.WaitGroup // one per running exec's supervising goroutine
+	streamWG  sync.WaitGroup // one per Exec stream's receiving goroutine
 }
 
 var _ agentv1.AgentServiceServer = (*Server)(nil)
@@ -242,7 +258,7 @@ func New(cfg Config) (*Server, error) {
 		bootID:   hex.EncodeToString(id),
 		devNull:  devNull,
 		sup:      newSupervisor(),
-		oomScore: newOOMScore(cfg.Logger),
+		oomScore: lowerOOMScore(cfg.Logger),
 		execs:    make(map[string]*execution),
 		stopping: make(chan struct{}),
 	}
@@ -257,6 +273,12 @@ func New(cfg Config) (*Server, error) {
 	}
 	selfCgroup, _ := os.ReadFile("/proc/self/cgroup")
 	s.oom = findOOMCounter(cgroupRoot, selfCgroup)
+	if s.cfg.RetainedBytes == 0 {
+		s.cfg.RetainedBytes = defaultRetainedBytes(memoryLimit(s.oom.path))
+	}
+	s.output = ring.NewPool(s.cfg.RetainedBytes)
+	s.launcher = launcher.New(launcher.Config{Credential: credential(cfg.UID, cfg.GID), Nofile: cfg.WorkloadNofile, Stderr: os.Stderr})
+	s.userLaunchers = make(map[[2]uint32]*launcher.Launcher)
 	return s, nil
 }
 
@@ -313,6 +335,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.serving = true
 	s.mu.Unlock()
 	defer s.devNull.Close()
+	defer s.closeLaunchers()
 
 	if os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -336,7 +359,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(l) }()
 	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,
-		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore.own)
+		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore, "retained_bytes", s.cfg.RetainedBytes)
 
 	var serveErr error
 	select {
@@ -362,6 +385,10 @@ func (s *Server) stop(gs *grpc.Server) {
 	s.closing = true
 	close(s.stopping)
 	s.mu.Unlock()
+	// No reader waits for what the stopping execs still write.
+	s.output.Release()
+	// Starts in flight finish first: each may add a supervising goroutine.
+	s.launching.Wait()
 
 	// Each exec needs at most KillGrace to be killed, DrainGrace twice
 	// (group gone, pipes drained) to finish; allow a second of slack.

@@ -50,95 +50,144 @@ func (s *Server) Exec(stream agentv1.AgentService_ExecServer) error {
 		return err
 	}
 	var (
-		e   *execution
-		cur ring.Cursor
+		e *execution
+		r *reader // nil for a background start and an exit_only attach
 	)
-	background := false
 	switch ev := req.GetEvent().(type) {
 	case *agentv1.ExecRequest_Start:
-		e, err = s.startExec(ev.Start)
-		background = ev.Start.GetBackground()
+		e, r, err = s.startExec(ev.Start)
 	case *agentv1.ExecRequest_Attach:
-		e, cur, err = s.attachExec(ev.Attach)
+		e, r, err = s.attachExec(ev.Attach)
 	default:
 		err = rpcstatus.InvalidArgument("event", fmt.Sprintf("the first message is %s; want start or attach", eventName(req)))
 	}
 	if err != nil {
 		return err
 	}
-	if background {
-		// The exec runs on; attach follows it later.
+	if r != nil {
+		defer r.Close()
+	} else if req.GetStart() != nil {
+		// A background start: the exec runs on; attach follows it later.
 		return stream.Send(e.started)
 	}
 
 	inputErr := make(chan error, 1)
 	s.streamWG.Add(1)
 	go s.receive(stream, e, inputErr)
-	return s.follow(stream, e, cur, inputErr)
+	return s.follow(stream, e, r, inputErr)
 }
+
+// reader is an Exec stream's position in an exec's output log.
+type reader = ring.Reader[*outputEvent]
 
 // startExec returns the exec named by start, starting it when the id is
-// new. Validation happens before anything runs.
-func (s *Server) startExec(start *agentv1.ExecStart) (*execution, error) {
+// new, and a reader attached to its output from the first event, unless
+// the start is a background one. A new exec's reader is attached before the
+// process starts, so that nothing it writes can be shed before the stream
+// reads it. Validation happens before anything runs. The new exec is
+// published before its process starts, so that a second start of the same
+// id waits for it instead of running again; the agent's lock is not held
+// while the process starts, so that attaches, lists and Info go on.
+func (s *Server) startExec(start *agentv1.ExecStart) (*execution, *reader, error) {
 	id := start.GetExecId()
 	if err := validateExecID(id); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	background := start.GetBackground()
 	if e := s.lookup(id); e != nil {
-		return e, nil
+		return s.follower(e, background)
 	}
-	p, err := s.planStart(start.GetProcess())
+	p, err := s.planStart(start.GetProcess(), start.GetDetachedOutput())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.serving || s.closing {
-		return nil, errUnavailable()
+	for {
+		s.mu.Lock()
+		if !s.serving || s.closing {
+			s.mu.Unlock()
+			return nil, nil, errUnavailable()
+		}
+		if s.execs[id] != nil {
+			// Another start of the id came first: follow it, or start
+			// anew if it failed.
+			s.mu.Unlock()
+			if e := s.lookup(id); e != nil {
+				return s.follower(e, background)
+			}
+			continue
+		}
+		e := newExecution(id, p, s.cfg.RingBytes, s.output)
+		s.execs[id] = e
+		// Before closing can be set: stop waits for launches in flight.
+		s.launching.Add(1)
+		s.mu.Unlock()
+		r, err := s.launch(e, p, !background)
+		s.launching.Done()
+		if err != nil {
+			s.mu.Lock()
+			delete(s.execs, id)
+			s.mu.Unlock()
+			e.setLaunched(false)
+			return nil, nil, err
+		}
+		e.setLaunched(true)
+		return e, r, nil
 	}
-	// Checked again under the lock that also covers the launch: two starts
-	// of one id race here, and only one runs.
-	if e := s.execs[id]; e != nil {
-		return e, nil
-	}
-	e, err := s.launch(id, p)
-	if err != nil {
-		return nil, err
-	}
-	s.execs[id] = e
-	return e, nil
 }
 
-// attachExec returns the exec named by attach and a cursor after its
-// since_seq.
-func (s *Server) attachExec(attach *agentv1.ExecAttach) (*execution, ring.Cursor, error) {
+// follower returns e with a reader from its first event, or without one for
+// a background start.
+func (s *Server) follower(e *execution, background bool) (*execution, *reader, error) {
+	if background {
+		return e, nil, nil
+	}
+	r, err := e.log.Follow(0)
+	return e, r, err
+}
+
+// attachExec returns the exec named by attach and a reader after its
+// since_seq, or no reader for exit_only.
+func (s *Server) attachExec(attach *agentv1.ExecAttach) (*execution, *reader, error) {
 	id := attach.GetExecId()
 	if id == "" {
-		return nil, ring.Cursor{}, rpcstatus.InvalidArgument("exec_id", "is empty")
+		return nil, nil, rpcstatus.InvalidArgument("exec_id", "is empty")
 	}
 	e := s.lookup(id)
 	if e == nil {
-		return nil, ring.Cursor{}, s.execNotFound(id)
+		return nil, nil, s.execNotFound(id)
 	}
-	cur, err := e.log.Seek(attach.GetSinceSeq())
+	if attach.GetExitOnly() {
+		return e, nil, nil
+	}
+	r, err := e.log.Follow(attach.GetSinceSeq())
 	if err != nil {
-		return nil, ring.Cursor{}, rpcstatus.InvalidArgument("since_seq", fmt.Sprintf("exec %q: %v", id, err))
+		return nil, nil, rpcstatus.InvalidArgument("since_seq", fmt.Sprintf("exec %q: %v", id, err))
 	}
-	return e, cur, nil
+	return e, r, nil
 }
 
+// lookup returns the exec id, once its start is done, or nil when there is
+// none or its start failed.
 func (s *Server) lookup(id string) *execution {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.execs[id]
+	e := s.execs[id]
+	s.mu.Unlock()
+	if e == nil || !e.awaitLaunched() {
+		return nil
+	}
+	return e
 }
 
-// follow sends e's events after cur until ExecExited, the client goes away,
-// or the receiving side reports an invalid message.
-func (s *Server) follow(stream agentv1.AgentService_ExecServer, e *execution, cur ring.Cursor, inputErr <-chan error) error {
+// follow sends e's events after r's position until ExecExited, the client
+// goes away, or the receiving side reports an invalid message. Without a
+// reader it sends only heartbeats and ExecExited (exit_only).
+func (s *Server) follow(stream agentv1.AgentService_ExecServer, e *execution, r *reader, inputErr <-chan error) error {
 	ctx := stream.Context()
 	if err := stream.Send(e.started); err != nil {
 		return err
+	}
+	if r == nil {
+		return s.followExit(stream, e, inputErr)
 	}
 	buf := make([]*outputEvent, 0, readBatch)
 	heartbeat := time.NewTimer(s.cfg.HeartbeatInterval)
@@ -149,7 +198,7 @@ func (s *Server) follow(stream agentv1.AgentService_ExecServer, e *execution, cu
 			return err
 		default:
 		}
-		events, gap, done, wake := e.log.Read(&cur, buf[:0])
+		events, gap, done, wake := r.Read(buf[:0])
 		if gap.Last != 0 {
 			dropped := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Dropped{Dropped: &berthv1.ExecDropped{
 				FirstSeq: gap.First, LastSeq: gap.Last, LostBytes: gap.Bytes,
@@ -174,11 +223,33 @@ func (s *Server) follow(stream agentv1.AgentService_ExecServer, e *execution, cu
 		select {
 		case <-wake:
 		case <-heartbeat.C:
-			hb := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Heartbeat{Heartbeat: &berthv1.ExecHeartbeat{LastSeq: cur.Seq}}}
+			hb := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Heartbeat{Heartbeat: &berthv1.ExecHeartbeat{LastSeq: r.Seq()}}}
 			if err := stream.Send(hb); err != nil {
 				return err
 			}
 			heartbeat.Reset(s.cfg.HeartbeatInterval)
+		case err := <-inputErr:
+			return err
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// followExit sends heartbeats until e finishes, then ExecExited.
+func (s *Server) followExit(stream agentv1.AgentService_ExecServer, e *execution, inputErr <-chan error) error {
+	ctx := stream.Context()
+	heartbeat := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer heartbeat.Stop()
+	for {
+		select {
+		case <-e.done:
+			return stream.Send(e.exitedEvent())
+		case <-heartbeat.C:
+			hb := &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Heartbeat{Heartbeat: &berthv1.ExecHeartbeat{LastSeq: e.log.LastSeq()}}}
+			if err := stream.Send(hb); err != nil {
+				return err
+			}
 		case err := <-inputErr:
 			return err
 		case <-ctx.Done():

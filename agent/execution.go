@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -18,9 +19,15 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
-// chunkSize is the largest read from an output pipe, and so the largest
-// ExecOutput data, in bytes.
-const chunkSize = 32 << 10
+// chunkSize is the most output one event carries, in bytes: a pump reads
+// what its pipe holds, up to this, into one event. Big events keep the
+// per-message cost of the stream low when a process writes fast; a lone
+// byte still goes out at once, since a read returns what is there.
+const chunkSize = 256 << 10
+
+// chunks holds the pumps' read buffers, so that an idle pump (most of them)
+// holds none.
+var chunks = sync.Pool{New: func() any { b := make([]byte, chunkSize); return &b }}
 
 // execution is one exec: its process group, its event log and, once it
 // ended, its result. It outlives its process for Config.Retention.
@@ -35,6 +42,13 @@ type execution struct {
 	started *agentv1.ExecResponse
 	// log holds the output events; it is closed after exited is set.
 	log *ring.Log[*outputEvent]
+	// done is closed when the exec finished (after exited is set).
+	done chan struct{}
+	// launchedC is closed once the start is done: launched says whether it
+	// succeeded (the fields above are set), or failed and the exec was
+	// removed. Only then may others use the exec.
+	launchedC chan struct{}
+	launched  bool
 
 	// stdin is where ExecStdin goes: the write end of the process's stdin
 	// pipe, or the terminal's master for a tty exec; nil without stdin.
@@ -82,14 +96,43 @@ type outputEvent struct {
 // lock, before any reader can see the event.
 func stampOutput(ev *outputEvent, seq uint64) { ev.out.Seq = seq }
 
-func newExecution(id string, p *plan, ringBytes uint64) *execution {
+// newExecution makes the record of a new exec whose output log has
+// ringBytes of the sandbox's retained-output pool.
+func newExecution(id string, p *plan, ringBytes uint64, pool *ring.Pool) *execution {
 	return &execution{
 		id:        id,
 		hasStdin:  p.stdin,
 		hasTTY:    p.tty,
 		argv:      p.argv,
 		startedAt: time.Now(),
-		log:       ring.New(ringBytes, EventOverhead, stampOutput),
+		done:      make(chan struct{}),
+		launchedC: make(chan struct{}),
+		log: ring.New(ring.Config[*outputEvent]{
+			Limit: ringBytes, Overhead: EventOverhead, Block: p.block, Pool: pool, Stamp: stampOutput,
+		}),
+	}
+}
+
+// setLaunched ends the start: ok when it succeeded.
+func (e *execution) setLaunched(ok bool) {
+	e.launched = ok
+	close(e.launchedC)
+}
+
+// awaitLaunched waits for the start to end and reports whether it
+// succeeded.
+func (e *execution) awaitLaunched() bool {
+	<-e.launchedC
+	return e.launched
+}
+
+// isLaunched reports, without waiting, whether the start succeeded.
+func (e *execution) isLaunched() bool {
+	select {
+	case <-e.launchedC:
+		return e.launched
+	default:
+		return false
 	}
 }
 
@@ -218,6 +261,7 @@ func (e *execution) finish(res *berthv1.ExecResult) {
 	e.exited = &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Exited{Exited: &berthv1.ExecExited{Result: res}}}
 	e.mu.Unlock()
 	e.log.Close()
+	close(e.done)
 }
 
 // exitedEvent returns the ExecExited event; call it after the log is done.
@@ -235,29 +279,40 @@ func (e *execution) finishedBefore(t time.Time) bool {
 }
 
 // pump reads one output pipe of an exec into its log, keeping the first
-// limit bytes and counting all of them.
+// limit bytes and counting all of them. It reads only while the log takes
+// more: when the slowest attached reader is the log's budget behind,
+// Append waits, the pipe fills up and the process's writes block.
 type pump struct {
 	log    *ring.Log[*outputEvent]
 	f      *os.File // the pipe's read end or a terminal's master
 	close  func()   // called instead of f.Close once run is done, when set
 	stream berthv1.Stream
-	limit  uint64 // bytes kept at most
+	limit  uint64 // bytes kept at most; 0: no cap
 	kept   uint64 // bytes appended to the log
 	total  uint64 // bytes read
+
+	// waitedNs is the time spent in Append so far, in nanoseconds, and
+	// appendStart when the Append in progress began (0: none), so that
+	// the drain after the process's exit does not count time spent waiting
+	// for readers (waited).
+	waitedNs    atomic.Int64
+	appendStart atomic.Int64
 }
 
 // run reads until EOF or an error (EIO from a terminal whose slave side is
 // closed everywhere; a read deadline set by the exec's supervising
-// goroutine), closes the file and signals done.
-func (p *pump) run(done chan<- struct{}) {
-	buf := make([]byte, chunkSize)
-	for {
-		n, err := p.f.Read(buf)
+// goroutine), closes the file and sends itself on done.
+func (p *pump) run(done chan<- *pump) {
+	rc, err := p.f.SyscallConn()
+	for err == nil {
+		var buf *[]byte
+		var n int
+		n, buf, err = readBurst(rc)
 		if n > 0 {
-			p.write(buf[:n])
+			p.write((*buf)[:n])
 		}
-		if err != nil {
-			break
+		if buf != nil {
+			chunks.Put(buf)
 		}
 	}
 	if p.close != nil {
@@ -265,45 +320,105 @@ func (p *pump) run(done chan<- struct{}) {
 	} else {
 		p.f.Close()
 	}
-	done <- struct{}{}
+	done <- p
+}
+
+// readBurst waits until the file is readable, then reads what it holds, up
+// to chunkSize bytes, into a buffer from chunks (nil when nothing was read).
+// It returns io.EOF at end of file, os.ErrDeadlineExceeded past the read
+// deadline, and read(2)'s error otherwise; n > 0 may come with an error.
+func readBurst(rc syscall.RawConn) (n int, buf *[]byte, err error) {
+	var readErr error
+	err = rc.Read(func(fd uintptr) bool {
+		if buf == nil {
+			buf = chunks.Get().(*[]byte)
+		}
+		b := *buf
+		for n < len(b) {
+			m, err := unix.Read(int(fd), b[n:])
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				if n == 0 {
+					// Nothing yet: wait for the poller without a buffer.
+					chunks.Put(buf)
+					buf = nil
+					return false
+				}
+				return true
+			case err != nil:
+				readErr = err
+				return true
+			case m == 0:
+				readErr = io.EOF
+				return true
+			}
+			n += m
+		}
+		return true
+	})
+	if err == nil {
+		err = readErr
+	}
+	return n, buf, err
 }
 
 // write accounts for b and appends the part within the cap, copied, as one
-// output event. Beyond the cap it only counts: no allocation.
+// output event, waiting while the log's readers are behind (see
+// ring.Log.Append). Beyond the cap it only counts: no allocation, no wait.
 func (p *pump) write(b []byte) {
 	p.total += uint64(len(b))
-	if p.kept >= p.limit {
-		return
+	n := uint64(len(b))
+	if p.limit > 0 {
+		if p.kept >= p.limit {
+			return
+		}
+		n = min(n, p.limit-p.kept)
 	}
-	n := min(uint64(len(b)), p.limit-p.kept)
 	p.kept += n
 	ev := new(outputEvent)
 	ev.out.Stream = p.stream
 	ev.out.Data = append([]byte(nil), b[:n]...)
 	ev.wrap.Output = &ev.out
 	ev.resp.Event = &ev.wrap
+	start := time.Now().UnixNano()
+	p.appendStart.Store(start)
 	p.log.Append(ev, int(n))
+	p.appendStart.Store(0)
+	p.waitedNs.Add(time.Now().UnixNano() - start)
+}
+
+// waited returns the time the pump has spent in Append, the one in
+// progress included.
+func (p *pump) waited() time.Duration {
+	w := p.waitedNs.Load()
+	if s := p.appendStart.Load(); s != 0 {
+		w += max(time.Now().UnixNano()-s, 0)
+	}
+	return time.Duration(w)
 }
 
 // fill sets the byte counts and truncation flag of p's stream in res.
 func (p *pump) fill(res *berthv1.ExecResult) {
+	truncated := p.limit > 0 && p.total > p.limit
 	switch p.stream {
 	case berthv1.Stream_STREAM_STDOUT:
-		res.StdoutBytes, res.StdoutTruncated = p.total, p.total > p.limit
+		res.StdoutBytes, res.StdoutTruncated = p.total, truncated
 	case berthv1.Stream_STREAM_STDERR:
-		res.StderrBytes, res.StderrTruncated = p.total, p.total > p.limit
+		res.StderrBytes, res.StderrTruncated = p.total, truncated
 	}
 }
 
 // supervise owns a started exec until it finishes: it enforces the timeout
 // and the agent's stop (SIGTERM to the group, SIGKILL after KillGrace),
 // waits for the reaper's exit status, drains the output (two pipes, or one
-// terminal) for at most DrainGrace (a background child may hold it open
-// forever), and records the result. It owns the pump goroutines and waits
-// for them.
+// terminal) for at most DrainGrace of reading (a background child may hold
+// it open forever; time spent waiting for slow readers does not count), and
+// records the result. It owns the pump goroutines and waits for them.
 func (s *Server) supervise(e *execution, exited <-chan exitStatus, start time.Time, timeout time.Duration, pumps []*pump) {
 	defer s.execWG.Done()
-	pumped := make(chan struct{}, len(pumps))
+	pumped := make(chan *pump, len(pumps))
 	for _, p := range pumps {
 		go p.run(pumped)
 	}
@@ -362,21 +477,7 @@ wait:
 		e.awaitGroupGone(s.cfg.DrainGrace)
 	}
 
-	drain := time.NewTimer(s.cfg.DrainGrace)
-	defer drain.Stop()
-	for n := 0; n < len(pumps); {
-		select {
-		case <-pumped:
-			n++
-		case <-drain.C:
-			// Completion is the process's exit, not pipe EOF: unblock the
-			// reads; each pump closes its file.
-			past := time.Unix(1, 0)
-			for _, p := range pumps {
-				_ = p.f.SetReadDeadline(past)
-			}
-		}
-	}
+	s.drain(pumps, pumped)
 
 	if e.tty != nil {
 		// The process is reaped: hanging up its terminal can only reach
@@ -393,6 +494,39 @@ wait:
 	e.finish(res)
 	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "exit_code", res.GetExitCode(),
 		"signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
+}
+
+// drain waits for the pumps to reach the end of their output after the
+// process exited. Completion is the process's exit, not pipe EOF: a pump
+// whose file stays open for DrainGrace of reading is cut (its reads get a
+// past deadline; it closes its file). Time a pump spends waiting for slow
+// readers is not reading time: what the process wrote before it exited
+// reaches every attached reader, however slow.
+func (s *Server) drain(pumps []*pump, pumped <-chan *pump) {
+	exitAt := time.Now()
+	waitedAt := make(map[*pump]time.Duration, len(pumps))
+	for _, p := range pumps {
+		waitedAt[p] = p.waited()
+	}
+	timer := time.NewTimer(s.cfg.DrainGrace)
+	defer timer.Stop()
+	for len(waitedAt) > 0 {
+		select {
+		case p := <-pumped:
+			delete(waitedAt, p)
+		case <-timer.C:
+			next := s.cfg.DrainGrace
+			for p, w := range waitedAt {
+				reading := time.Since(exitAt) - (p.waited() - w)
+				if reading >= s.cfg.DrainGrace {
+					_ = p.f.SetReadDeadline(time.Unix(1, 0))
+					continue
+				}
+				next = min(next, s.cfg.DrainGrace-reading)
+			}
+			timer.Reset(max(next, time.Millisecond))
+		}
+	}
 }
 
 func (s *Server) logSignalErr(e *execution, err error) {

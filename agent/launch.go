@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -25,15 +26,30 @@ const (
 	exitNotFound      = 127
 )
 
-// launch starts the exec id for p and returns it running, or finished with
-// exit code 127 or 126 and a message on stderr (on the terminal for a tty
-// exec) when the program cannot be found or executed, as a shell would.
-// Errors mean nothing ran and no exec was recorded: RESOURCE_EXHAUSTED with
-// the limit's reason when the process could not be forked or its pipes
-// made (PIDS_LIMIT_REACHED for EAGAIN, MEMORY_LIMIT_REACHED,
-// DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. The caller holds s.mu.
-func (s *Server) launch(id string, p *plan) (*execution, error) {
-	e := newExecution(id, p, s.cfg.RingBytes)
+// launch starts the process of the new exec e for p and leaves e running,
+// or finished with exit code 127 or 126 and a message on stderr (on the
+// terminal for a tty exec) when the program cannot be found or executed, as
+// a shell would. Errors mean nothing ran and the caller must forget e:
+// RESOURCE_EXHAUSTED with the limit's reason when the process could not be
+// forked or its pipes made (PIDS_LIMIT_REACHED for EAGAIN,
+// MEMORY_LIMIT_REACHED, DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. With
+// follow it also returns a reader attached to the exec's output from
+// before the process starts. The caller does not hold s.mu; starts take
+// s.starting, one at a time, so that a burst of starts holds the
+// descriptors of one start in flight, not of all.
+func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err error) {
+	s.starting.Lock()
+	defer s.starting.Unlock()
+	id := e.id
+	var r *reader
+	if follow {
+		r, _ = e.log.Follow(0) // cannot fail at 0
+	}
+	defer func() {
+		if err != nil {
+			e.log.Drop()
+		}
+	}()
 	stdout := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDOUT, limit: p.stdoutLimit}
 	stderr := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDERR, limit: p.stderrLimit}
 	pumps := []*pump{stdout, stderr}
@@ -48,13 +64,12 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	}
 	if err != nil {
 		s.cannotRun(e, p, stderr, err)
-		return e, nil
+		return r, nil
 	}
 
 	// The child gets the write ends of two pipes and the read end of a
-	// third (or /dev/null), or a terminal's slave side for all three.
-	// Passing *os.File keeps os from copying through goroutines; the agent
-	// reads the parent ends itself.
+	// third (or /dev/null), or a terminal's slave side for all three. The
+	// agent reads the parent ends itself.
 	var closeOnErr []*os.File
 	defer func() {
 		for _, f := range closeOnErr {
@@ -64,7 +79,7 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	internal := func(what string, err error) error {
 		meta := map[string]string{"exec_id": id}
 		if limit := rpcstatus.SandboxLimit(fmt.Sprintf("%s for exec %s", what, id), err, meta); limit != nil {
-			return limit // out of descriptors or memory: the sandbox's limits
+			return limit // out of descriptors, processes or memory: the sandbox's limits
 		}
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), meta)
 	}
@@ -76,12 +91,8 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		closeOnErr = append(closeOnErr, r, w)
 		return r, w, nil
 	}
-	var (
-		files      []*os.File // the child's fds 0, 1 and 2
-		childEnds  []*os.File // closed in the agent once the child holds them
-		sys        = &syscall.SysProcAttr{Credential: credential(p.uid, p.gid)}
-		outW, errW *os.File
-	)
+	req := &launcher.Request{Path: path, Argv: p.argv, Env: p.env, Dir: p.dir}
+	var childEnds []*os.File // closed in the agent once the child holds them
 	if p.tty {
 		master, slave, err := openPTY(p.ttyRows, p.ttyCols)
 		if err != nil {
@@ -97,12 +108,13 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 		if p.stdin {
 			e.stdin = master
 		}
-		files, childEnds = []*os.File{slave, slave, slave}, []*os.File{slave}
+		req.Stdio, childEnds = [3]*os.File{slave, slave, slave}, []*os.File{slave}
 		// A new session with the terminal as its controlling terminal
 		// (setsid(2), TIOCSCTTY): job control and ^C work, and the
 		// session leader's process group is the exec's group.
-		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+		req.Session = true
 	} else {
+		var outW, errW *os.File
 		if stdout.f, outW, err = pipe(); err != nil {
 			return nil, err
 		}
@@ -116,42 +128,25 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 			}
 			childEnds = append(childEnds, inR)
 		}
-		files, childEnds = []*os.File{inR, outW, errW}, append(childEnds, outW, errW)
-		// Its own process group, so that a signal or a timeout reaches
-		// the grandchildren too.
-		sys.Setpgid = true
+		// Its own process group (not a session), so that a signal or a
+		// timeout reaches the grandchildren too.
+		req.Stdio, childEnds = [3]*os.File{inR, outW, errW}, append(childEnds, outW, errW)
 	}
-	attr := &os.ProcAttr{Dir: p.dir, Env: p.env, Files: files, Sys: sys}
-	argv := p.argv
 	e.oomBefore, e.oomKnown = s.oom.count()
 	start := time.Now()
-	pid, exited, err := s.sup.start(func() (int, error) {
-		// Children are born with the highest OOM score (see oomScore).
-		defer s.oomScore.raise()()
-		proc, err := os.StartProcess(path, argv, attr)
-		if errors.Is(err, unix.ENOEXEC) {
-			// execvp(3): a file the kernel cannot execute is a script
-			// for the standard shell.
-			argv = append([]string{"/bin/sh", path}, argv[1:]...)
-			proc, err = os.StartProcess("/bin/sh", argv, attr)
-		}
-		if err != nil {
-			return 0, err
-		}
-		// The supervisor reaps by pid; drop the handle (and its pidfd)
-		// so that nothing ever waits on it.
-		pid := proc.Pid
-		proc.Release()
-		return pid, nil
-	})
-	if err != nil {
-		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.ENOMEM) || errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
-			// fork(2) itself failed: a capacity fact of the sandbox.
-			return nil, rpcstatus.SandboxLimit(fmt.Sprintf("start exec %s: fork", id), err, map[string]string{"exec_id": id})
-		}
-		// Everything else failed in the child, before or at execve(2).
-		s.cannotRun(e, p, stderr, err)
-		return e, nil
+	// The launcher forks the process as the agent's child, born with the
+	// workload's OOM score and descriptor limit and as p's user (package
+	// launcher).
+	l := s.launcherFor(p.uid, p.gid)
+	pid, exited, err := s.sup.start(func() (int, error) { return l.Start(req) })
+	var execErr *launcher.ExecError
+	switch {
+	case errors.As(err, &execErr):
+		// It failed in the child, at execve(2): nothing of it ran.
+		s.cannotRun(e, p, stderr, execErr.Errno)
+		return r, nil
+	case err != nil:
+		return nil, internal("start the process", err)
 	}
 	// The child holds its ends now; keep only the agent's.
 	closeOnErr = nil
@@ -160,10 +155,10 @@ func (s *Server) launch(id string, p *plan) (*execution, error) {
 	}
 
 	e.setStarted(pid, p)
-	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", argv[0], "tty", p.tty)
+	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", p.argv[0], "tty", p.tty)
 	s.execWG.Add(1)
 	go s.supervise(e, exited, start, p.timeout, pumps)
-	return e, nil
+	return r, nil
 }
 
 // cannotRun finishes e without a process: exit code 127 when the program
@@ -221,6 +216,48 @@ func lookPath(file, path string) (string, error) {
 		}
 	}
 	return "", err
+}
+
+// maxUserLaunchers bounds the launchers kept for users other than the
+// workload user (process.user): each is a process counted against the
+// sandbox's pids limit.
+const maxUserLaunchers = 4
+
+// launcherFor returns the launcher whose processes run as uid:gid: the
+// workload user's, or one started for another user at its first exec
+// (process.user), since a launcher holds no capability to change its
+// user. Past maxUserLaunchers one of the others is stopped first;
+// processes it started live on (they are the agent's children). The
+// caller holds s.starting, so no other launcher is in use meanwhile.
+func (s *Server) launcherFor(uid, gid uint32) *launcher.Launcher {
+	if uid == s.cfg.UID && gid == s.cfg.GID {
+		return s.launcher
+	}
+	key := [2]uint32{uid, gid}
+	if l := s.userLaunchers[key]; l != nil {
+		return l
+	}
+	if len(s.userLaunchers) >= maxUserLaunchers {
+		for k, l := range s.userLaunchers {
+			l.Close()
+			delete(s.userLaunchers, k)
+			break
+		}
+	}
+	l := launcher.New(launcher.Config{Credential: credential(uid, gid), Nofile: s.cfg.WorkloadNofile, Stderr: os.Stderr})
+	s.userLaunchers[key] = l
+	return l
+}
+
+// closeLaunchers stops every launcher.
+func (s *Server) closeLaunchers() {
+	s.starting.Lock()
+	defer s.starting.Unlock()
+	s.launcher.Close()
+	for k, l := range s.userLaunchers {
+		l.Close()
+		delete(s.userLaunchers, k)
+	}
 }
 
 // credential returns the user uid:gid for a child, or nil when the agent

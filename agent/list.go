@@ -36,6 +36,9 @@ func (s *Server) ListExecs(context.Context, *agentv1.ListExecsRequest) (*agentv1
 	s.mu.Lock()
 	execs := make([]*execution, 0, len(s.execs))
 	for _, e := range s.execs {
+		if !e.isLaunched() {
+			continue // its start is not done yet
+		}
 		execs = append(execs, e)
 	}
 	s.mu.Unlock()

@@ -13,69 +13,39 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// childOOMScoreAdj is the oom_score_adj (proc(5)) every process the agent
-// starts is born with: the highest, so that the kernel's OOM killer picks a
-// workload process before the agent whenever it can (its badness adds
-// oom_score_adj/1000 of the cgroup's memory to a process's RSS, so a child
-// at 1000 outranks the agent at its inherited score, normally 0). Raising a
-// score needs no privilege; lowering one below the process's
-// oom_score_adj_min needs CAP_SYS_RESOURCE, which the agent lacks, so the
-// agent cannot lower its own below what it inherited.
-const childOOMScoreAdj = 1000
-
-// oomScore gives the agent's children childOOMScoreAdj. A child inherits
-// its score at fork and there is no hook between fork and exec in
-// os.StartProcess, so the agent raises its own score around each start and
-// lowers it back right after (allowed down to its oom_score_adj_min, which a
-// process inherits unchanged unless a privileged writer set it). The
-// raised window lasts until the child has exec'd (a vfork), well under a
-// millisecond; the OOM killer would only pick the agent in it if the agent
-// were the largest process of the sandbox.
-type oomScore struct {
-	path    string // /proc/self/oom_score_adj
-	own     string // the agent's score, restored after each start
-	enabled bool
-	log     *slog.Logger
-}
-
-// newOOMScore reads the agent's own score. When it cannot be read or is
-// already the highest, starts leave it alone.
-func newOOMScore(log *slog.Logger) *oomScore {
-	o := &oomScore{path: "/proc/self/oom_score_adj", log: log}
-	b, err := os.ReadFile(o.path)
+// lowerOOMScore lowers the agent's own oom_score_adj (proc(5)) to the
+// lowest value it may set, and returns the value it has. Without
+// CAP_SYS_RESOURCE a process may go down to its oom_score_adj_min, which it
+// inherited (the last value a privileged writer set: containerd's shim, or
+// the OCI spec's oomScoreAdj through runc); the kernel refuses anything lower
+// with EACCES, so the floor is found by bisection. The agent never raises
+// its score: its children get the highest from the launcher (package
+// launcher).
+func lowerOOMScore(log *slog.Logger) string {
+	const path = "/proc/self/oom_score_adj"
+	b, err := os.ReadFile(path)
 	if err != nil {
-		log.Warn("oom_score_adj unavailable; children keep the agent's", "err", err)
-		return o
+		log.Warn("oom_score_adj unavailable", "err", err)
+		return "unknown"
 	}
-	o.own = strings.TrimSpace(string(b))
-	n, err := strconv.Atoi(o.own)
+	own, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil {
-		log.Warn("oom_score_adj unreadable; children keep the agent's", "value", o.own)
-		return o
+		log.Warn("oom_score_adj unreadable", "value", string(b))
+		return strings.TrimSpace(string(b))
 	}
-	o.enabled = n < childOOMScoreAdj
-	return o
-}
-
-// raise sets the agent's score to childOOMScoreAdj for the next fork and
-// returns the function that restores it. The caller holds the supervisor's
-// start lock, so raises never overlap.
-func (o *oomScore) raise() (restore func()) {
-	if !o.enabled {
-		return func() {}
-	}
-	if err := os.WriteFile(o.path, []byte(strconv.Itoa(childOOMScoreAdj)), 0); err != nil {
-		o.log.Warn("raise oom_score_adj for a child; it keeps the agent's", "err", err)
-		return func() {}
-	}
-	return func() {
-		if err := os.WriteFile(o.path, []byte(o.own), 0); err != nil {
-			// The agent keeps the children's score: say so loudly, and stop
-			// trying (a failing restore would repeat on every start).
-			o.log.Error("restore the agent's oom_score_adj; it stays at the children's", "want", o.own, "err", err)
-			o.enabled = false
+	set := func(v int) bool { return os.WriteFile(path, []byte(strconv.Itoa(v)), 0) == nil }
+	// The lowest accepted value is within lo..own; own is accepted.
+	lo := -1000
+	for lo < own {
+		mid := lo + (own-lo)/2
+		if set(mid) {
+			own = mid
+		} else {
+			lo = mid + 1
 		}
 	}
+	set(own)
+	return strconv.Itoa(own)
 }
 
 // oomCounter reads how many processes the kernel's OOM killer has killed in

@@ -30,6 +30,7 @@ func (s *Server) sweep(cutoff time.Time) {
 	for id, e := range s.execs {
 		if e.finishedBefore(cutoff) {
 			delete(s.execs, id)
+			e.log.Drop()
 		}
 	}
 }

@@ -29,8 +29,11 @@ type plan struct {
 	dir         string   // absolute working directory, checked to exist
 	stdin       bool
 	timeout     time.Duration
-	stdoutLimit uint64 // bytes
-	stderrLimit uint64 // bytes
+	stdoutLimit uint64 // bytes; 0: no cap
+	stderrLimit uint64 // bytes; 0: no cap
+	// block keeps output no reader has read: the writer waits instead of
+	// the ring shedding it (DETACHED_OUTPUT_BLOCK).
+	block bool
 	// tty is true when the process runs on a pseudo-terminal of ttyRows x
 	// ttyCols cells.
 	tty              bool
@@ -61,11 +64,13 @@ func validateExecID(id string) error {
 	return nil
 }
 
-// planStart validates spec and resolves defaults, before anything runs. Its
-// errors name the offending field: INVALID_ARGUMENT for a malformed spec,
+// planStart validates spec and what to do with output no reader reads
+// (detached), and resolves defaults, before anything runs. Its errors name
+// the offending field: INVALID_ARGUMENT for a malformed spec,
 // FAILED_PRECONDITION with reason CWD_INVALID for a working directory that
-// does not exist or is not a directory (stat(2)).
-func (s *Server) planStart(spec *berthv1.ProcessSpec) (*plan, error) {
+// does not exist or is not a directory (stat(2)). Output caps are taken as
+// given: zero means none (a streaming reader has no ceiling).
+func (s *Server) planStart(spec *berthv1.ProcessSpec, detached berthv1.DetachedOutput) (*plan, error) {
 	if spec == nil {
 		return nil, rpcstatus.InvalidArgument("process", "is missing")
 	}
@@ -131,8 +136,15 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec) (*plan, error) {
 			p.timeout = min(max(d, s.cfg.MinTimeout), s.cfg.MaxTimeout)
 		}
 	}
-	p.stdoutLimit = s.clampLimit(spec.GetStdoutLimitBytes())
-	p.stderrLimit = s.clampLimit(spec.GetStderrLimitBytes())
+	p.stdoutLimit = spec.GetStdoutLimitBytes()
+	p.stderrLimit = spec.GetStderrLimitBytes()
+	switch detached {
+	case berthv1.DetachedOutput_DETACHED_OUTPUT_UNSPECIFIED, berthv1.DetachedOutput_DETACHED_OUTPUT_DROP_OLDEST:
+	case berthv1.DetachedOutput_DETACHED_OUTPUT_BLOCK:
+		p.block = true
+	default:
+		return nil, rpcstatus.InvalidArgument("detached_output", fmt.Sprintf("%d is not a known DetachedOutput value", detached))
+	}
 	if tty := spec.GetTty(); tty != nil {
 		p.tty = true
 		if p.ttyRows, p.ttyCols, err = ttySize("process.tty", tty.GetRows(), tty.GetCols()); err != nil {
@@ -155,15 +167,6 @@ func ttySize(field string, rows, cols uint32) (uint16, uint16, error) {
 		}
 	}
 	return uint16(rows), uint16(cols), nil
-}
-
-// clampLimit maps a requested output cap to the effective one: zero means
-// the default, more than the maximum means the maximum.
-func (s *Server) clampLimit(n uint64) uint64 {
-	if n == 0 {
-		return s.cfg.DefaultOutputLimit
-	}
-	return min(n, s.cfg.MaxOutputLimit)
 }
 
 // checkCwd returns the working directory for cwd: the default one when cwd

@@ -67,7 +67,6 @@ func TestConfigDefaults(t *testing.T) {
 	bad := []Config{
 		{MinTimeout: time.Hour, MaxTimeout: time.Minute},
 		{DefaultTimeout: 48 * time.Hour},
-		{DefaultOutputLimit: 2, MaxOutputLimit: 1},
 		{KillGrace: -1},
 	}
 	for _, c := range bad {

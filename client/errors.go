@@ -45,6 +45,11 @@ const (
 	ReasonDiskQuotaUnsupported = "DISK_QUOTA_UNSUPPORTED"
 	ReasonUnauthenticated      = "UNAUTHENTICATED" // the request carries no valid credentials (token, client certificate)
 	ReasonNotPermitted         = "NOT_PERMITTED"   // the principal may not call the method (image writes are for admins)
+	// ReasonOutputLost (DATA_LOSS): a Run's command ran, but its output
+	// within the caps did not all arrive; Metadata["exec_id"] names the
+	// exec, which may be attached for what is retained. Not retryable
+	// blindly: the command ran.
+	ReasonOutputLost = "OUTPUT_LOST"
 	// The sandbox's own limits (RESOURCE_EXHAUSTED): nothing was started;
 	// the same request may work once something in the sandbox ends.
 	// Error.Metadata["limit"] names the limit ("pids", "memory",

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,6 +19,10 @@ import (
 const (
 	// stdinChunkBytes is the largest ExecStdin message the client sends.
 	stdinChunkBytes = 1 << 20
+	// runDefaultRecvBytes is gRPC's default receive limit, and
+	// runResponseOverhead a bound on a RunResponse beyond its output.
+	runDefaultRecvBytes = 4 << 20
+	runResponseOverhead = 64 << 10
 	// finalStatusWait bounds the wait for the stream's status after the
 	// exited event.
 	finalStatusWait = time.Second
@@ -45,12 +50,13 @@ var (
 type ExecOption func(*execConfig)
 
 type execConfig struct {
-	execID  string
-	hangup  bool
-	tty     *berthv1.TtySize
-	stdout  io.Writer
-	stderr  io.Writer
-	onEvent func(*berthv1.ExecResponse)
+	execID   string
+	detached berthv1.DetachedOutput
+	hangup   bool
+	tty      *berthv1.TtySize
+	stdout   io.Writer
+	stderr   io.Writer
+	onEvent  func(*berthv1.ExecResponse)
 }
 
 // WithHangupOnDisconnect makes berthd send SIGHUP to the exec's process
@@ -77,6 +83,16 @@ func newExecConfig(opts []ExecOption) execConfig {
 // ignores it.
 func WithExecID(id string) ExecOption {
 	return func(c *execConfig) { c.execID = id }
+}
+
+// WithDetachedOutput says what the exec does with output while no caller
+// is attached and reading (ExecStart.detached_output): by default the
+// server keeps the newest output within its ring and drops the oldest;
+// DETACHED_OUTPUT_BLOCK makes the process's writes wait for a reader
+// instead. While a caller reads, no output is ever dropped. Exec and
+// ExecBackground only.
+func WithDetachedOutput(mode berthv1.DetachedOutput) ExecOption {
+	return func(c *execConfig) { c.detached = mode }
 }
 
 // WithTTY runs the process on a pseudo-terminal of rows x cols character
@@ -157,6 +173,7 @@ func (c *Client) Exec(ctx context.Context, sandboxID string, spec *berthv1.Proce
 		SandboxId:          sandboxID,
 		ExecId:             cfg.execID,
 		Process:            cfg.spec(spec),
+		DetachedOutput:     cfg.detached,
 		HangupOnDisconnect: cfg.hangup,
 	}}}
 	return c.openExec(ctx, sandboxID, first, 0, spec.GetStdin(), cfg)
@@ -190,10 +207,11 @@ func (c *Client) ExecBackground(ctx context.Context, sandboxID string, spec *ber
 		return nil, convertError(err)
 	}
 	first := &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
-		SandboxId:  sandboxID,
-		ExecId:     cfg.execID,
-		Process:    cfg.spec(spec),
-		Background: true,
+		SandboxId:      sandboxID,
+		ExecId:         cfg.execID,
+		Process:        cfg.spec(spec),
+		Background:     true,
+		DetachedOutput: cfg.detached,
 	}}}
 	if err := stream.Send(first); err != nil {
 		if errors.Is(err, io.EOF) {
@@ -618,15 +636,25 @@ func streamName(s berthv1.Stream) string {
 }
 
 // Run runs spec in the sandbox sandboxID to completion and returns its
-// result with the retained stdout and stderr (at most the effective caps;
-// the result says whether they were truncated), without streaming. spec.Stdin
-// must be false. Of the ExecOptions only WithExecID applies. Errors as for
-// Exec.
+// result with the head of stdout and stderr, up to their caps (berthd's
+// defaults when unset: 2 MiB and 1 MiB; the result says whether each was
+// truncated), without streaming. Every byte within the caps is there: Run
+// fails with codes.DataLoss (ReasonOutputLost) rather than return less.
+// The client accepts a response as large as the caps, beyond gRPC's
+// default 4 MiB. spec.Stdin must be false. Of the ExecOptions only
+// WithExecID applies. Errors as for Exec, and codes.InvalidArgument naming
+// the cap when the caps exceed berthd's Run maximum.
 func (c *Client) Run(ctx context.Context, sandboxID string, spec *berthv1.ProcessSpec, opts ...ExecOption) (*berthv1.RunResponse, error) {
 	cfg := newExecConfig(opts)
 	var resp *berthv1.RunResponse
+	// A response holds at most the two caps and the result: accept that
+	// much when the caps exceed gRPC's default 4 MiB receive limit.
+	var callOpts []grpc.CallOption
+	if caps := spec.GetStdoutLimitBytes() + spec.GetStderrLimitBytes(); caps > runDefaultRecvBytes-runResponseOverhead {
+		callOpts = append(callOpts, grpc.MaxCallRecvMsgSize(int(min(caps+runResponseOverhead, math.MaxInt32))))
+	}
 	err := c.retry(ctx, func() (err error) {
-		resp, err = c.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, ExecId: cfg.execID, Process: spec})
+		resp, err = c.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, ExecId: cfg.execID, Process: spec}, callOpts...)
 		return convertError(err)
 	})
 	if err != nil {

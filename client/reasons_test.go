@@ -30,6 +30,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonRegistry, rpcstatus.ReasonRegistry},
 		{ReasonRegistryNotAllowed, rpcstatus.ReasonRegistryNotAllowed},
 		{ReasonDiskQuotaUnsupported, rpcstatus.ReasonDiskQuotaUnsupported},
+		{ReasonOutputLost, rpcstatus.ReasonOutputLost},
 		{ReasonPidsLimit, rpcstatus.ReasonPidsLimit},
 		{ReasonMemoryLimit, rpcstatus.ReasonMemoryLimit},
 		{ReasonDescriptorLimit, rpcstatus.ReasonDescriptorLimit},

@@ -75,7 +75,7 @@ func TestConformance(t *testing.T) {
 		{"2 events/ring sheds and says so", ringDrops},
 		{"3 caps/1 GiB through a 1 MiB cap", gibThroughCap},
 		{"3 caps/stderr keeps its head", stderrCap},
-		{"3 caps/clamped to the server's bounds", capClamp},
+		{"3 caps/taken as asked, zero is none", capsAsAsked},
 		{"4 completion/background child holding stdout", backgroundChild},
 		{"5 heartbeats while silent", heartbeats},
 		{"6 signals/by name and number to the group", signals},
@@ -301,12 +301,12 @@ func stderrCap(t *testing.T, c *conformance) {
 	}
 }
 
-func capClamp(t *testing.T, c *conformance) {
+func capsAsAsked(t *testing.T, c *conformance) {
 	spec := &berthv1.ProcessSpec{Argv: []string{"true"}, StdoutLimitBytes: 1 << 40}
 	ev := runExec(t, env.sandboxes, c.sb, "", spec)
-	// The agent's defaults: 64 MiB maximum, 16 MiB when unset.
-	if ev.started.GetStdoutLimitBytes() != 64<<20 || ev.started.GetStderrLimitBytes() != 16<<20 {
-		t.Errorf("started caps %d/%d, want %d (clamped) and %d (default)", ev.started.GetStdoutLimitBytes(), ev.started.GetStderrLimitBytes(), 64<<20, 16<<20)
+	// An Exec streams without a ceiling: no clamp, and no cap unless asked.
+	if ev.started.GetStdoutLimitBytes() != 1<<40 || ev.started.GetStderrLimitBytes() != 0 {
+		t.Errorf("started caps %d/%d, want %d (as asked) and 0 (none)", ev.started.GetStdoutLimitBytes(), ev.started.GetStderrLimitBytes(), uint64(1<<40))
 	}
 }
 

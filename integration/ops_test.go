@@ -177,6 +177,8 @@ func TestMetrics(t *testing.T) {
 		{"berth_agent_restarts_total", nil, 0},
 		{"berth_errors_total", map[string]string{"code": "NotFound", "reason": "SANDBOX_NOT_FOUND"}, 1},
 		{"berth_capacity_in_use", map[string]string{"resource": "server_execs"}, 0},
+		{"berth_capacity_in_use", map[string]string{"resource": "run_output_bytes"}, 0},
+		{"berth_capacity_limit", map[string]string{"resource": "run_output_bytes"}, 1 << 30},
 		{"grpc_server_handled_total", map[string]string{"grpc_method": "Run", "grpc_code": "OK"}, 1},
 		{"grpc_server_handled_total", map[string]string{"grpc_method": "GetSandbox", "grpc_code": "NotFound"}, 1},
 	}

@@ -79,6 +79,8 @@ func (e *fleetBusyError) Error() string {
 		what = fmt.Sprintf("the server runs %d of at most %d execs at once", e.inUse, e.limit)
 	case berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY:
 		what = fmt.Sprintf("sandboxes are promised %d bytes of memory; %d more would exceed the budget of %d bytes", e.inUse, e.requested, e.limit)
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT:
+		what = fmt.Sprintf("Runs in progress hold %d bytes for their output; this Run's caps of %d bytes would exceed the server's budget of %d bytes", e.inUse, e.requested, e.limit)
 	}
 	return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, retry after %v", e.sandboxID, what, e.retryDelay)
 }

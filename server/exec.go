@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,10 +12,12 @@ import (
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runout"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // agentInfoTimeout bounds a status query to an agent made while answering
@@ -66,7 +67,8 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		}
 		background = ev.Start.GetBackground()
 		hangup = ev.Start.GetHangupOnDisconnect() && !background
-		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess(), Background: background}}}
+		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess(),
+			Background: background, DetachedOutput: ev.Start.GetDetachedOutput()}}}
 	case *berthv1.ExecRequest_Attach:
 		sandboxID = ev.Attach.GetSandboxId()
 		execID = ev.Attach.GetExecId()
@@ -129,6 +131,10 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		}
 		started = started || msg.GetStarted() != nil
 		if err := stream.Send(&resp.ExecResponse); err != nil {
+			// The caller went away while output flowed.
+			if hangup && started && ctx.Err() != nil {
+				s.hangUp(ctx, guard, execID)
+			}
 			return s.toStatus(ctx, err, meta)
 		}
 		if ex := msg.GetExited(); ex != nil {
@@ -267,7 +273,16 @@ func (s *Service) execID(field, id string) (string, error) {
 }
 
 // Run runs a process to completion through the agent and returns its
-// collected output, which the agent has already capped per stream.
+// collected output: the head of each stream up to its cap (defaults
+// Config.RunStdoutBytes and RunStderrBytes), which berthd applies itself
+// whatever the agent sends. The agent stream is read from before the
+// process starts and flow control holds the process while berthd collects,
+// so no byte within the caps is lost; should any be missing (an agent that
+// drops output), Run fails with DATA_LOSS OUTPUT_LOST rather than answer
+// with a result that looks complete. Caps that together exceed
+// Config.RunMaxOutputBytes are INVALID_ARGUMENT naming the field; a Run
+// whose caps do not fit the server's Run buffer budget is FLEET_BUSY;
+// neither starts anything.
 func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {
 	sandboxID := req.GetSandboxId()
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
@@ -288,6 +303,17 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if err := validateExecCwd("process.cwd", req.GetProcess().GetCwd()); err != nil {
 		return nil, err
 	}
+	spec, err := s.runSpec(req.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	reserved := spec.GetStdoutLimitBytes() + spec.GetStderrLimitBytes()
+	release, used, ok := s.runBuffers.Reserve(reserved)
+	if !ok {
+		return nil, s.toStatus(ctx, &fleetBusyError{sandboxID: sandboxID, resource: berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT,
+			limit: s.runBuffers.Limit(), inUse: used, requested: reserved, retryDelay: s.cfg.BusyRetryDelay}, meta)
+	}
+	defer release()
 	guard, err := s.guardExec(ctx, sandboxID, execID, true)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, meta)
@@ -297,7 +323,7 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if err != nil {
 		return nil, s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
-	start := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: req.GetProcess()}}}
+	start := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: spec}}}
 	if err := upstream.Send(start); err != nil && !errors.Is(err, io.EOF) {
 		return nil, s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
@@ -305,8 +331,7 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if err := upstream.CloseSend(); err != nil {
 		return nil, s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
-	var stdout, stderr bytes.Buffer
-	resp := &berthv1.RunResponse{ExecId: execID}
+	out := runout.NewCollector(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
 	for {
 		msg, err := upstream.Recv()
 		if err != nil {
@@ -315,16 +340,50 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		guard.seen(msg)
 		switch ev := msg.GetEvent().(type) {
 		case *agentv1.ExecResponse_Output:
-			if ev.Output.GetStream() == berthv1.Stream_STREAM_STDERR {
-				stderr.Write(ev.Output.GetData())
-			} else {
-				stdout.Write(ev.Output.GetData())
-			}
+			out.Output(ev.Output)
+		case *agentv1.ExecResponse_Dropped:
+			out.Dropped(ev.Dropped)
 		case *agentv1.ExecResponse_Exited:
-			resp.Result = ev.Exited.GetResult()
-			resp.Stdout = stdout.Bytes()
-			resp.Stderr = stderr.Bytes()
+			resp, err := out.Response(execID, ev.Exited.GetResult())
+			if err != nil {
+				return nil, outputLost(sandboxID, execID, err)
+			}
 			return resp, nil
 		}
 	}
+}
+
+// runSpec returns a copy of a Run's process spec with its output caps
+// resolved: Config.RunStdoutBytes and RunStderrBytes when unset, and
+// INVALID_ARGUMENT naming the cap when they exceed Config.RunMaxOutputBytes
+// together.
+func (s *Service) runSpec(spec *berthv1.ProcessSpec) (*berthv1.ProcessSpec, error) {
+	out, errOut := spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes()
+	if out == 0 {
+		out = s.cfg.RunStdoutBytes
+	}
+	if errOut == 0 {
+		errOut = s.cfg.RunStderrBytes
+	}
+	maxBytes := s.cfg.RunMaxOutputBytes
+	switch {
+	case out > maxBytes:
+		return nil, rpcstatus.InvalidArgument("process.stdout_limit_bytes", fmt.Sprintf(
+			"%d bytes exceeds the server's Run maximum of %d bytes for both caps together; stream more with Exec", out, maxBytes))
+	case out+errOut > maxBytes:
+		return nil, rpcstatus.InvalidArgument("process.stderr_limit_bytes", fmt.Sprintf(
+			"%d bytes with process.stdout_limit_bytes %d exceeds the server's Run maximum of %d bytes for both caps together; stream more with Exec", errOut, out, maxBytes))
+	}
+	spec = proto.CloneOf(spec)
+	spec.StdoutLimitBytes, spec.StderrLimitBytes = out, errOut
+	return spec, nil
+}
+
+// outputLost is DATA_LOSS OUTPUT_LOST for a Run whose output arrived
+// incomplete: the command ran, but the Run cannot return all of its output
+// within the caps.
+func outputLost(sandboxID, execID string, err error) error {
+	return rpcstatus.Error(codes.DataLoss, rpcstatus.ReasonOutputLost,
+		fmt.Sprintf("exec %s in sandbox %s ran, but its output did not arrive complete: %v; attach to the exec for what is retained", execID, sandboxID, err),
+		map[string]string{"sandbox_id": sandboxID, "exec_id": execID})
 }

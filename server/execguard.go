@@ -434,7 +434,9 @@ func followToExit(ctx context.Context, agent agentv1.AgentServiceClient, execID 
 	if err != nil {
 		return nil, err
 	}
-	attach := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: execID, SinceSeq: *since}}}
+	// exit_only: the agent sends no output and the follower never holds
+	// the process back (agents before it send output, which is skipped).
+	attach := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: execID, SinceSeq: *since, ExitOnly: true}}}
 	if err := stream.Send(attach); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}

@@ -189,7 +189,9 @@ func TestAwaitReplacement(t *testing.T) {
 	// A restart that completes.
 	r.setRestarting("sb", true)
 	next := identity{BootID: boot(2), TaskPID: 2}
+	restarted := make(chan struct{})
 	go func() {
+		defer close(restarted)
 		time.Sleep(20 * time.Millisecond)
 		r.observe("sb", next)
 		r.setRestarting("sb", false)
@@ -199,6 +201,8 @@ func TestAwaitReplacement(t *testing.T) {
 	if got, _ := r.awaitReplacement(ctx, "sb", old.BootID); got != next {
 		t.Errorf("after a restart = %v, want %v", got, next)
 	}
+	// The restart's end must not land in the next case's restart.
+	<-restarted
 	// A restart that does not complete in time.
 	r.setRestarting("sb", true)
 	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)

@@ -75,7 +75,9 @@ func (s *Service) MetricsSnapshot(ctx context.Context) (metrics.Snapshot, error)
 		snap.WarmPoolReady[image] = s.pool.Ready(image)
 	}
 	_, execs := s.capacity.running("")
-	snap.Capacity = append(snap.Capacity, metrics.Capacity{Resource: "server_execs", InUse: uint64(execs), Limit: uint64(s.cfg.MaxExecs)})
+	snap.Capacity = append(snap.Capacity,
+		metrics.Capacity{Resource: "server_execs", InUse: uint64(execs), Limit: uint64(s.cfg.MaxExecs)},
+		metrics.Capacity{Resource: "run_output_bytes", InUse: s.runBuffers.Used(), Limit: s.runBuffers.Limit()})
 	sbs, err := s.rt.List(ctx, nil)
 	if err != nil {
 		return snap, fmt.Errorf("list sandboxes: %w", err)

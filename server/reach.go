@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -156,7 +159,7 @@ func (s *Service) dialFailure(sandboxID string, waited time.Duration) error {
 
 // agentWatch tells a busy agent from an unreachable one while a request
 // waits for its answer. An agent is working when, since the last check, its
-// process used CPU, one of its threads is running or waiting for a CPU, or
+// process (or its launcher, which forks the processes it starts) used CPU, one of its threads is running or waiting for a CPU, or
 // it sent berthd anything on its connection (other streams' events): it is
 // busy — with a burst of execs, or on a loaded host — and is waited for, up
 // to Config.AgentBusyLimit in all (then AGENT_BUSY). An agent whose process
@@ -185,9 +188,68 @@ func (s *Service) newAgentWatch(sandboxID string, pid uint32) *agentWatch {
 	w := &agentWatch{pid: pid, budget: s.cfg.ConnectBudget, limit: s.cfg.AgentBusyLimit, began: time.Now(),
 		received: func() uint64 { return s.agents.Received(socket) },
 		unread:   func() (int, bool) { return s.agents.Unread(socket) }}
-	w.cpu, _ = procCPU(pid)
+	w.cpu, _ = agentCPU(pid)
 	w.frames = w.received()
 	return w
+}
+
+// launcherComm is the command name of an agent's launcher, the process
+// that forks the agent's workload processes (agent/launcher.Comm).
+const launcherComm = "berth-launcher"
+
+// agentCPU is procCPU of the agent plus its launchers': an agent starting
+// processes waits for a launcher, which does the work meanwhile.
+func agentCPU(pid uint32) (time.Duration, error) {
+	cpu, err := procCPU(pid)
+	for _, l := range agentLaunchers(pid) {
+		if lcpu, lerr := procCPU(l); lerr == nil {
+			cpu += lcpu
+		}
+	}
+	return cpu, err
+}
+
+// launcherForking reports whether one of the launcher pids is running,
+// waiting for a CPU, or waiting for the child it just forked to exec
+// (vfork(2): state D), from /proc/<pid>/stat (proc(5)).
+func launcherForking(pids []uint32) bool {
+	for _, pid := range pids {
+		fields, err := procStat(pid)
+		if err == nil && (fields[3] == "R" || fields[3] == "D") {
+			return true
+		}
+	}
+	return false
+}
+
+// agentLaunchers returns the host pids of the agent's launchers (one for
+// the workload user, one per other user that ran an exec, see
+// agent.launcherFor): the children of its threads
+// (/proc/<pid>/task/<tid>/children, proc(5)) named launcherComm.
+func agentLaunchers(pid uint32) []uint32 {
+	if pid == 0 {
+		return nil
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil
+	}
+	var pids []uint32
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		for _, child := range strings.Fields(string(b)) {
+			comm, err := os.ReadFile("/proc/" + child + "/comm")
+			if err == nil && strings.TrimSpace(string(comm)) == launcherComm {
+				if n, err := strconv.ParseUint(child, 10, 32); err == nil {
+					pids = append(pids, uint32(n))
+				}
+			}
+		}
+	}
+	return pids
 }
 
 // busy is called when a wait ran out its budget: it reports whether the
@@ -197,9 +259,9 @@ func (w *agentWatch) busy() bool {
 		w.worked, w.stopped = false, true
 		return false
 	}
-	cpu, err := procCPU(w.pid)
+	cpu, err := agentCPU(w.pid)
 	frames := w.received()
-	worked := (err == nil && cpu != w.cpu) || frames > w.frames || procRunnable(w.pid)
+	worked := (err == nil && cpu != w.cpu) || frames > w.frames || procRunnable(w.pid) || launcherForking(agentLaunchers(w.pid))
 	w.cpu, w.frames = cpu, frames
 	w.worked = w.worked || worked
 	if time.Since(w.began) >= w.limit {

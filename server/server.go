@@ -34,6 +34,7 @@ import (
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/idlock"
 	"github.com/berth-sandbox/berth/server/network"
+	"github.com/berth-sandbox/berth/server/runout"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -162,6 +163,20 @@ type Config struct {
 	// sent along) and relays the agents' spans to it; runtime.Config's
 	// TraceAgents must be set too, so that agents trace. Nil: no tracing.
 	Tracer *telemetry.Tracer
+
+	// RunStdoutBytes and RunStderrBytes are the output caps of a Run that
+	// sets none, in bytes. Defaults 2 MiB and 1 MiB: a response then fits
+	// a default gRPC client's 4 MiB receive limit.
+	RunStdoutBytes uint64
+	RunStderrBytes uint64
+	// RunMaxOutputBytes bounds a Run's two caps together, in bytes; a Run
+	// asking for more is INVALID_ARGUMENT naming the cap. Default 64 MiB.
+	RunMaxOutputBytes uint64
+	// RunBufferBytes is what berthd may hold for all Runs in progress, in
+	// bytes: each reserves its two caps before it starts, and a Run that
+	// does not fit fails with FLEET_BUSY (nothing started). Default 1 GiB.
+	RunBufferBytes uint64
+
 	// Network gives sandboxes of network mode EGRESS their network
 	// (package server/network); Start starts it. Nil: EGRESS is refused
 	// with FAILED_PRECONDITION NETWORK_UNAVAILABLE, whose message gives
@@ -241,6 +256,20 @@ func (c *Config) setDefaults() {
 	if c.PullResolveTimeout == 0 {
 		c.PullResolveTimeout = 10 * time.Second
 	}
+	if c.RunStdoutBytes == 0 {
+		c.RunStdoutBytes = 2 << 20
+	}
+	if c.RunStderrBytes == 0 {
+		c.RunStderrBytes = 1 << 20
+	}
+	if c.RunMaxOutputBytes == 0 {
+		c.RunMaxOutputBytes = 64 << 20
+	}
+	c.RunMaxOutputBytes = max(c.RunMaxOutputBytes, c.RunStdoutBytes+c.RunStderrBytes)
+	if c.RunBufferBytes == 0 {
+		c.RunBufferBytes = 1 << 30
+	}
+	c.RunBufferBytes = max(c.RunBufferBytes, c.RunMaxOutputBytes)
 }
 
 // hostMemoryBytes returns the host's physical memory in bytes (sysinfo(2)),
@@ -273,6 +302,8 @@ type Service struct {
 	capacity *capacity
 	reaper   *fleet.Reaper
 	pool     *fleet.Pool
+	// runBuffers bounds the memory of Runs' collected output.
+	runBuffers *runout.Budget
 
 	// lifecycle serializes what creates, removes or restarts a sandbox,
 	// per sandbox id: a create and a delete of one id never interleave,
@@ -304,7 +335,8 @@ var (
 func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	cfg.setDefaults()
 	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer,
-		creating: make(map[string]*creation), warned: make(map[string]bool)}
+		creating: make(map[string]*creation), warned: make(map[string]bool),
+		runBuffers: runout.NewBudget(cfg.RunBufferBytes)}
 	var poolOpts []agentconn.Option
 	if cfg.Tracer != nil {
 		poolOpts = append(poolOpts, agentconn.WithDialOptions(grpc.WithStatsHandler(telemetry.ClientHandler())), agentconn.WithOnConnect(s.relaySpans))

@@ -54,9 +54,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", d.MaxTimeout, "largest exec timeout; larger requests are lowered to it")
 	fs.DurationVar(&cfg.KillGrace, "kill-grace", d.KillGrace, "time between SIGTERM and SIGKILL to an exec's process group on timeout or stop")
 	fs.DurationVar(&cfg.DrainGrace, "drain-grace", d.DrainGrace, "how long output pipes may stay open after an exec's process exited")
-	fs.Uint64Var(&cfg.DefaultOutputLimit, "default-output-limit", d.DefaultOutputLimit, "per-stream output cap in `bytes` when a start asks for none")
-	fs.Uint64Var(&cfg.MaxOutputLimit, "max-output-limit", d.MaxOutputLimit, "largest per-stream output cap in `bytes`")
-	fs.Uint64Var(&cfg.RingBytes, "ring-bytes", d.RingBytes, fmt.Sprintf("retained event log per exec in `bytes` (each event costs its data + %d)", agent.EventOverhead))
+	fs.Uint64Var(&cfg.RingBytes, "ring-bytes", d.RingBytes, fmt.Sprintf("retained event log per exec in `bytes` (each event costs its data + %d); an attached reader this far behind makes the exec's output wait", agent.EventOverhead))
+	fs.Uint64Var(&cfg.RetainedBytes, "retained-bytes", 0, "output all execs retain together, in `bytes` (default: an eighth of the sandbox's memory limit, 4 MiB to 256 MiB)")
+	fs.Uint64Var(&cfg.WorkloadNofile, "workload-nofile", d.WorkloadNofile, "soft RLIMIT_NOFILE of the processes the agent starts (at most the hard limit)")
 	fs.DurationVar(&cfg.Retention, "retention", d.Retention, "how long a finished exec stays attachable")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "silence on an exec stream before a heartbeat is sent")
 	fs.BoolVar(&cfg.LoginEnv, "login-env", false, "give processes the workload user's HOME, USER, LOGNAME and SHELL from /etc/passwd, and PATH when unset (berthd sets it)")
@@ -83,6 +83,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// Before any process starts: children must never hold a capability.
 	if err := agent.LockCapabilities(); err != nil {
 		log.Warn("capabilities not locked; processes keep what the agent has", "err", err)
+	}
+	if lim, err := agent.RaiseNofile(); err != nil {
+		log.Warn("descriptor limit not raised", "err", err)
+	} else {
+		log.Info("descriptor limit", "nofile", lim.Cur, "workload_nofile", min(cfg.WorkloadNofile, lim.Max))
 	}
 	// Threads made now survive a fork bomb that exhausts the pids limit.
 	agent.ReserveThreads(reservedThreads)

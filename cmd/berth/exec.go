@@ -59,9 +59,9 @@ and 125 when berth itself fails.`,
 			return g.withRelay(cmd, func(ctx context.Context, c *client.Client, relay *signalRelay) error {
 				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
 				if f.detach {
-					return detach(ctx, g, c, sandboxID, spec, f.execID, cmd.OutOrStdout())
+					return detach(ctx, g, c, sandboxID, spec, f.execOptions(), cmd.OutOrStdout())
 				}
-				return execute(ctx, g, c, relay, sandboxID, spec, f.execID, f.execOptions(), stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
+				return execute(ctx, g, c, relay, sandboxID, spec, f.execOptions(), stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 			})
 		},
 	}
@@ -72,10 +72,10 @@ and 125 when berth itself fails.`,
 }
 
 // detach starts spec in the background and prints its exec id.
-func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string, spec *berthv1.ProcessSpec, execID string, stdout io.Writer) error {
+func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string, spec *berthv1.ProcessSpec, opts []client.ExecOption, stdout io.Writer) error {
 	ctx, cancel := g.unary(ctx)
 	defer cancel()
-	started, err := c.ExecBackground(ctx, sandboxID, spec, client.WithExecID(execID))
+	started, err := c.ExecBackground(ctx, sandboxID, spec, opts...)
 	if err != nil {
 		return err
 	}
@@ -89,9 +89,9 @@ func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string,
 // size changes forwarded. It returns the command's exit status as an
 // exitStatus, or why berth failed. Notices about the run (lost output, a
 // timeout, an OOM kill, truncation) go to stderr.
-func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, spec *berthv1.ProcessSpec, execID string, extra []client.ExecOption, stdin io.Reader, stdout, stderr io.Writer, tty *terminal) error {
+func execute(ctx context.Context, g *globals, c *client.Client, relay *signalRelay, sandboxID string, spec *berthv1.ProcessSpec, execOpts []client.ExecOption, stdin io.Reader, stdout, stderr io.Writer, tty *terminal) error {
 	start := func(ctx context.Context, opts ...client.ExecOption) (*client.Execution, error) {
-		return c.Exec(ctx, sandboxID, spec, append(append(opts, extra...), client.WithExecID(execID))...)
+		return c.Exec(ctx, sandboxID, spec, append(opts, execOpts...)...)
 	}
 	return follow(ctx, g, c, relay, sandboxID, start, stdin, stdout, stderr, tty)
 }

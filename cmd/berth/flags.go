@@ -53,6 +53,9 @@ type processFlags struct {
 	// interactive forwards stdin even from a terminal; tty runs the command
 	// on a terminal; detach starts it in the background (berth exec only).
 	interactive, tty, detach bool
+	// keepOutput makes a detached command wait for a reader rather than
+	// lose output (DETACHED_OUTPUT_BLOCK).
+	keepOutput bool
 }
 
 // register adds the flags to fs; berth run has no --id, its sandbox being
@@ -74,7 +77,23 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
 	if withExecID {
 		fs.BoolVarP(&f.detach, "detach", "d", false, "start the command in the background, print its exec id and exit")
+		fs.BoolVar(&f.keepOutput, "keep-output", false, "while no one is attached, make the command's writes wait once its output buffer is full, instead of dropping the oldest output")
 	}
+}
+
+// execOptions are the client options of an exec from the flags: its id;
+// with --keep-output, writes wait for a reader; with -t, berthd hangs the
+// command up (SIGHUP to its process group) when berth goes away, unless
+// --detach-on-hangup.
+func (f *processFlags) execOptions() []client.ExecOption {
+	opts := []client.ExecOption{client.WithExecID(f.execID)}
+	if f.keepOutput {
+		opts = append(opts, client.WithDetachedOutput(berthv1.DetachedOutput_DETACHED_OUTPUT_BLOCK))
+	}
+	if f.tty && !f.detachOnHangup {
+		opts = append(opts, client.WithHangupOnDisconnect())
+	}
+	return opts
 }
 
 // spec builds the process to run from the flags and the command line after
@@ -149,14 +168,4 @@ func (f *processFlags) setup(spec *berthv1.ProcessSpec, stdin, stdout *os.File) 
 		spec.Env["TERM"] = v
 	}
 	return in, t
-}
-
-// execOptions are the client options the flags ask for: with -t, berthd
-// hangs the command up (SIGHUP to its process group) when berth goes away,
-// unless --detach-on-hangup.
-func (f *processFlags) execOptions() []client.ExecOption {
-	if f.tty && !f.detachOnHangup {
-		return []client.ExecOption{client.WithHangupOnDisconnect()}
-	}
-	return nil
 }

@@ -100,7 +100,7 @@ ask for its defaults (no --pids-limit).`,
 				}
 				id = sb.GetId()
 				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
-				return execute(ctx, g, c, relay, id, spec, "", f.execOptions(), stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
+				return execute(ctx, g, c, relay, id, spec, f.execOptions(), stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 			})
 		},
 	}

@@ -106,7 +106,11 @@ func main() {
 	})
 	flag.DurationVar(&rtCfg.ExecHeartbeat, "exec-heartbeat-interval", 15*time.Second, "silence on an exec stream before the agent sends a heartbeat (given to new sandboxes' agents)")
 	flag.DurationVar(&rtCfg.ExecRetention, "exec-retention", 10*time.Minute, "how long a finished exec stays attachable and listed (given to new sandboxes' agents)")
-	flag.Uint64Var(&rtCfg.ExecRingBytes, "exec-ring-bytes", 8<<20, "output events retained per exec for re-attaching, in `bytes` (given to new sandboxes' agents)")
+	flag.Uint64Var(&rtCfg.ExecRingBytes, "exec-ring-bytes", 8<<20, "output events retained per exec for re-attaching, in `bytes`; an attached reader this far behind makes the exec's output wait (given to new sandboxes' agents)")
+	flag.Uint64Var(&rtCfg.ExecRetainedBytes, "exec-retained-bytes", 0, "output all execs of a sandbox retain together, in `bytes` (0: an eighth of the sandbox's memory, 4 MiB to 256 MiB; given to new sandboxes' agents)")
+	flag.Uint64Var(&rtCfg.WorkloadNofile, "workload-nofile", 0, "soft RLIMIT_NOFILE of the processes run in sandboxes, at most the container's hard limit (0: the agent's default, 1024; given to new sandboxes' agents)")
+	flag.Uint64Var(&svcCfg.RunMaxOutputBytes, "run-max-output-bytes", 64<<20, "largest stdout_limit_bytes + stderr_limit_bytes of a Run, in `bytes` (Run's defaults are 2 MiB + 1 MiB)")
+	flag.Uint64Var(&svcCfg.RunBufferBytes, "run-buffer-bytes", 1<<30, "memory berthd may hold for the output of all Runs in progress, in `bytes`; beyond it a Run fails with FLEET_BUSY")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
 	flag.StringVar(&otlpAt, "otlp-endpoint", "", "export OpenTelemetry traces of berthd and its agents over OTLP/gRPC to this URL (http://host:4317 plaintext, https://... TLS); empty: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
 	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics and /debug/pprof/ over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
@@ -136,7 +140,6 @@ func main() {
 		netCfg.PluginDirs = append(netCfg.PluginDirs, v)
 		return nil
 	})
-	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
 	if version {

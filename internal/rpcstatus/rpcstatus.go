@@ -45,6 +45,9 @@ const (
 	ReasonCanceled         = "CANCELED"
 	ReasonDeadlineExceeded = "DEADLINE_EXCEEDED"
 	ReasonRegistry         = "REGISTRY_UNREACHABLE"
+	// ReasonOutputLost (DATA_LOSS) marks a Run whose command ran but whose
+	// output within the caps did not all arrive.
+	ReasonOutputLost = "OUTPUT_LOST"
 	// ReasonRegistryNotAllowed (FAILED_PRECONDITION): berthd's
 	// configuration does not let PullImage reach the image's registry.
 	ReasonRegistryNotAllowed = "REGISTRY_NOT_ALLOWED"

@@ -21,6 +21,11 @@ import (
 	"google.golang.org/grpc/stats"
 )
 
+// MaxRecvBytes is the largest message berthd accepts from an agent, in
+// bytes: output events are at most 256 KiB, file chunks and Telemetry
+// span batches 1 MiB, ListExecs answers at most 3 MiB.
+const MaxRecvBytes = 4 << 20
+
 // Pool holds agent connections keyed by socket path. The zero value is not
 // usable; call NewPool.
 type Pool struct {
@@ -170,7 +175,12 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 			Backoff:           backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
 			MinConnectTimeout: 2 * time.Second,
 		}),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+		// The workload can reach the agent's socket: what comes from it
+		// is untrusted. No message from it may exceed MaxRecvBytes, and
+		// the fixed flow-control windows (package wire) bound what berthd
+		// buffers per stream while its caller reads slowly: gRPC's flow
+		// control then holds the agent, and the agent holds the process.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
 		grpc.WithStatsHandler(counter{received}),
 	), p.dialOpts...)...)
 	if err != nil {

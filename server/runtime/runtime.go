@@ -91,15 +91,21 @@ type Config struct {
 	// AgentBinary is the host path of the static berth-agent binary,
 	// bind-mounted read-only into every sandbox. Required.
 	AgentBinary string
-	// ExecHeartbeat, ExecRetention and ExecRingBytes are given to the agent
-	// of every sandbox created from now on (berth-agent
-	// --heartbeat-interval, --retention, --ring-bytes); existing sandboxes
-	// keep theirs. Zero keeps the agent's defaults: a heartbeat after 15 s
-	// of silence, finished execs attachable for 10 minutes, 8 MiB of events
-	// retained per exec.
-	ExecHeartbeat time.Duration
-	ExecRetention time.Duration
-	ExecRingBytes uint64
+	// ExecHeartbeat, ExecRetention, ExecRingBytes and ExecRetainedBytes are
+	// given to the agent of every sandbox created from now on (berth-agent
+	// --heartbeat-interval, --retention, --ring-bytes, --retained-bytes);
+	// existing sandboxes keep theirs. Zero keeps the agent's defaults: a
+	// heartbeat after 15 s of silence, finished execs attachable for 10
+	// minutes, 8 MiB of events retained per exec, and an eighth of the
+	// sandbox's memory (4 MiB to 256 MiB) retained by all its execs.
+	ExecHeartbeat     time.Duration
+	ExecRetention     time.Duration
+	ExecRingBytes     uint64
+	ExecRetainedBytes uint64
+	// WorkloadNofile is the soft RLIMIT_NOFILE of every process the agent
+	// starts (berth-agent --workload-nofile), capped by the container's
+	// hard limit; zero keeps the agent's default of 1024.
+	WorkloadNofile uint64
 	// TraceAgents starts new sandboxes' agents with --trace: they trace
 	// their calls and hand the spans to berthd (internal/telemetry).
 	TraceAgents bool
@@ -478,6 +484,12 @@ func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	}
 	if r.cfg.ExecRingBytes > 0 {
 		args = append(args, "--ring-bytes", strconv.FormatUint(r.cfg.ExecRingBytes, 10))
+	}
+	if r.cfg.ExecRetainedBytes > 0 {
+		args = append(args, "--retained-bytes", strconv.FormatUint(r.cfg.ExecRetainedBytes, 10))
+	}
+	if r.cfg.WorkloadNofile > 0 {
+		args = append(args, "--workload-nofile", strconv.FormatUint(r.cfg.WorkloadNofile, 10))
 	}
 	if r.cfg.TraceAgents {
 		args = append(args, "--trace")

@@ -102,6 +102,10 @@ const (
 	// CAPACITY_RESOURCE_MEMORY is the memory promised to sandboxes: the sum of
 	// their resources.memory_bytes, in bytes (berthd --memory-budget-bytes).
 	CapacityResource_CAPACITY_RESOURCE_MEMORY CapacityResource = 4
+	// CAPACITY_RESOURCE_RUN_OUTPUT is the memory berthd holds for the output
+	// of Runs in progress, in bytes: each Run reserves its two output caps
+	// (berthd --run-buffer-bytes).
+	CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT CapacityResource = 5
 )
 
 // Enum value maps for CapacityResource.
@@ -112,6 +116,7 @@ var (
 		2: "CAPACITY_RESOURCE_SANDBOX_EXECS",
 		3: "CAPACITY_RESOURCE_SERVER_EXECS",
 		4: "CAPACITY_RESOURCE_MEMORY",
+		5: "CAPACITY_RESOURCE_RUN_OUTPUT",
 	}
 	CapacityResource_value = map[string]int32{
 		"CAPACITY_RESOURCE_UNSPECIFIED":   0,
@@ -119,6 +124,7 @@ var (
 		"CAPACITY_RESOURCE_SANDBOX_EXECS": 2,
 		"CAPACITY_RESOURCE_SERVER_EXECS":  3,
 		"CAPACITY_RESOURCE_MEMORY":        4,
+		"CAPACITY_RESOURCE_RUN_OUTPUT":    5,
 	}
 )
 
@@ -425,12 +431,13 @@ type FleetBusy struct {
 	// resource is the capacity that ran out.
 	Resource CapacityResource `protobuf:"varint,2,opt,name=resource,proto3,enum=berth.v1.CapacityResource" json:"resource,omitempty"`
 	// limit is the configured capacity: a count, or bytes for
-	// CAPACITY_RESOURCE_MEMORY.
+	// CAPACITY_RESOURCE_MEMORY and CAPACITY_RESOURCE_RUN_OUTPUT.
 	Limit uint64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// in_use is what was in use when the request came, in the unit of limit.
 	InUse uint64 `protobuf:"varint,4,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
 	// requested is what the request asked for, in the unit of limit: 1 for a
-	// sandbox or an exec, the memory_bytes of a new sandbox.
+	// sandbox or an exec, the memory_bytes of a new sandbox, a Run's two
+	// output caps.
 	Requested uint64 `protobuf:"varint,5,opt,name=requested,proto3" json:"requested,omitempty"`
 	// retry_delay is how long the server suggests to wait before retrying.
 	RetryDelay *durationpb.Duration `protobuf:"bytes,6,opt,name=retry_delay,json=retryDelay,proto3" json:"retry_delay,omitempty"`
@@ -1123,13 +1130,14 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x14ADMITTED_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ADMITTED_NOT_STARTED\x10\x01\x12\x14\n" +
 	"\x10ADMITTED_STARTED\x10\x02\x12\x14\n" +
-	"\x10ADMITTED_UNKNOWN\x10\x03*\xbd\x01\n" +
+	"\x10ADMITTED_UNKNOWN\x10\x03*\xdf\x01\n" +
 	"\x10CapacityResource\x12!\n" +
 	"\x1dCAPACITY_RESOURCE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bCAPACITY_RESOURCE_SANDBOXES\x10\x01\x12#\n" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
-	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04*\x95\x02\n" +
+	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04\x12 \n" +
+	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\x95\x02\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +

@@ -129,6 +129,64 @@ func (Stream) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_exec_proto_rawDescGZIP(), []int{1}
 }
 
+// DetachedOutput is what an exec does with output nobody reads.
+type DetachedOutput int32
+
+const (
+	// DETACHED_OUTPUT_UNSPECIFIED means DETACHED_OUTPUT_DROP_OLDEST.
+	DetachedOutput_DETACHED_OUTPUT_UNSPECIFIED DetachedOutput = 0
+	// DETACHED_OUTPUT_DROP_OLDEST never makes the process wait: the server
+	// retains the newest output within its ring (berthd --exec-ring-bytes per
+	// exec, and the sandbox's retained-output budget) and an attach reports
+	// what was shed with ExecDropped.
+	DetachedOutput_DETACHED_OUTPUT_DROP_OLDEST DetachedOutput = 1
+	// DETACHED_OUTPUT_BLOCK keeps every byte: once the exec's ring is full of
+	// output no caller has read, the process's writes wait (as on a full
+	// pipe) until a caller attaches and reads. Its timeout still applies.
+	DetachedOutput_DETACHED_OUTPUT_BLOCK DetachedOutput = 2
+)
+
+// Enum value maps for DetachedOutput.
+var (
+	DetachedOutput_name = map[int32]string{
+		0: "DETACHED_OUTPUT_UNSPECIFIED",
+		1: "DETACHED_OUTPUT_DROP_OLDEST",
+		2: "DETACHED_OUTPUT_BLOCK",
+	}
+	DetachedOutput_value = map[string]int32{
+		"DETACHED_OUTPUT_UNSPECIFIED": 0,
+		"DETACHED_OUTPUT_DROP_OLDEST": 1,
+		"DETACHED_OUTPUT_BLOCK":       2,
+	}
+)
+
+func (x DetachedOutput) Enum() *DetachedOutput {
+	p := new(DetachedOutput)
+	*p = x
+	return p
+}
+
+func (x DetachedOutput) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DetachedOutput) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_exec_proto_enumTypes[2].Descriptor()
+}
+
+func (DetachedOutput) Type() protoreflect.EnumType {
+	return &file_berth_v1_exec_proto_enumTypes[2]
+}
+
+func (x DetachedOutput) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DetachedOutput.Descriptor instead.
+func (DetachedOutput) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{2}
+}
+
 // ExecState is the lifecycle state of an exec.
 type ExecState int32
 
@@ -169,11 +227,11 @@ func (x ExecState) String() string {
 }
 
 func (ExecState) Descriptor() protoreflect.EnumDescriptor {
-	return file_berth_v1_exec_proto_enumTypes[2].Descriptor()
+	return file_berth_v1_exec_proto_enumTypes[3].Descriptor()
 }
 
 func (ExecState) Type() protoreflect.EnumType {
-	return &file_berth_v1_exec_proto_enumTypes[2]
+	return &file_berth_v1_exec_proto_enumTypes[3]
 }
 
 func (x ExecState) Number() protoreflect.EnumNumber {
@@ -182,7 +240,7 @@ func (x ExecState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExecState.Descriptor instead.
 func (ExecState) EnumDescriptor() ([]byte, []int) {
-	return file_berth_v1_exec_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{3}
 }
 
 // ProcessSpec describes one command to run inside a sandbox. Exactly one of
@@ -214,13 +272,16 @@ type ProcessSpec struct {
 	// value is reported in ExecStarted. On expiry the process group gets
 	// SIGTERM, then SIGKILL after the server's grace period.
 	Timeout *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	// stdout_limit_bytes caps the stdout bytes retained and sent, in bytes.
-	// Zero means the server's default; larger values are clamped to the
-	// server's maximum. Output beyond the cap is read and discarded, so the
-	// process never blocks on a full pipe.
+	// stdout_limit_bytes caps the stdout bytes kept, in bytes: the first
+	// stdout_limit_bytes of stdout are sent and retained, the rest is read,
+	// counted and discarded (so a cap never makes the process block) and the
+	// result says stdout_truncated. For Exec zero means no cap: an attached
+	// reader gets every byte. For Run zero means the server's Run default
+	// (2 MiB), and the two caps together may not exceed the server's Run
+	// maximum (INVALID_ARGUMENT naming the field).
 	StdoutLimitBytes uint64 `protobuf:"varint,8,opt,name=stdout_limit_bytes,json=stdoutLimitBytes,proto3" json:"stdout_limit_bytes,omitempty"`
-	// stderr_limit_bytes caps the stderr bytes retained and sent, in bytes,
-	// like stdout_limit_bytes.
+	// stderr_limit_bytes caps the stderr bytes kept, in bytes, like
+	// stdout_limit_bytes (Run's default: 1 MiB).
 	StderrLimitBytes uint64 `protobuf:"varint,9,opt,name=stderr_limit_bytes,json=stderrLimitBytes,proto3" json:"stderr_limit_bytes,omitempty"`
 	// tty, when set, runs the process on a new pseudo-terminal of this size,
 	// as the controlling terminal of a new session whose process group is the
@@ -425,6 +486,11 @@ type ExecStart struct {
 	// stream) signals it. With process.stdin its standard input stays open
 	// until an attach stream closes it or the process exits.
 	Background bool `protobuf:"varint,4,opt,name=background,proto3" json:"background,omitempty"`
+	// detached_output says what happens to output while no caller is attached
+	// and reading (a background exec, or after the caller left). While one
+	// is, no byte is ever dropped: the process's writes wait for the slowest
+	// attached reader.
+	DetachedOutput DetachedOutput `protobuf:"varint,5,opt,name=detached_output,json=detachedOutput,proto3,enum=berth.v1.DetachedOutput" json:"detached_output,omitempty"`
 	// hangup_on_disconnect, when true, sends SIGHUP to the exec's process
 	// group when this stream breaks (the caller went away: its process was
 	// killed, its terminal hung up, its connection dropped) while the exec
@@ -432,7 +498,7 @@ type ExecStart struct {
 	// ExecExited, or a background start, sends nothing. The berth CLI sets it
 	// for `exec -t` unless --detach-on-hangup. Default: the exec runs on,
 	// to be attached again.
-	HangupOnDisconnect bool `protobuf:"varint,5,opt,name=hangup_on_disconnect,json=hangupOnDisconnect,proto3" json:"hangup_on_disconnect,omitempty"`
+	HangupOnDisconnect bool `protobuf:"varint,6,opt,name=hangup_on_disconnect,json=hangupOnDisconnect,proto3" json:"hangup_on_disconnect,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -493,6 +559,13 @@ func (x *ExecStart) GetBackground() bool {
 		return x.Background
 	}
 	return false
+}
+
+func (x *ExecStart) GetDetachedOutput() DetachedOutput {
+	if x != nil {
+		return x.DetachedOutput
+	}
+	return DetachedOutput_DETACHED_OUTPUT_UNSPECIFIED
 }
 
 func (x *ExecStart) GetHangupOnDisconnect() bool {
@@ -929,9 +1002,11 @@ type ExecStarted struct {
 	Pid int64 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
 	// timeout is the effective timeout after clamping.
 	Timeout *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
-	// stdout_limit_bytes is the effective stdout cap in bytes.
+	// stdout_limit_bytes is the effective stdout cap in bytes; zero means
+	// none.
 	StdoutLimitBytes uint64 `protobuf:"varint,4,opt,name=stdout_limit_bytes,json=stdoutLimitBytes,proto3" json:"stdout_limit_bytes,omitempty"`
-	// stderr_limit_bytes is the effective stderr cap in bytes.
+	// stderr_limit_bytes is the effective stderr cap in bytes; zero means
+	// none.
 	StderrLimitBytes uint64 `protobuf:"varint,5,opt,name=stderr_limit_bytes,json=stderrLimitBytes,proto3" json:"stderr_limit_bytes,omitempty"`
 	unknownFields    protoimpl.UnknownFields
 	sizeCache        protoimpl.SizeCache
@@ -1116,7 +1191,9 @@ func (x *ExecHeartbeat) GetLastSeq() uint64 {
 }
 
 // ExecDropped says that the server's retention ring shed events before this
-// stream read them.
+// stream read them. It only happens to output produced while no caller was
+// attached and reading (see DetachedOutput), or for an attach whose
+// since_seq is older than what is retained.
 type ExecDropped struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// first_seq is the first lost sequence number.
@@ -1526,7 +1603,11 @@ func (*ExecResponse_Dropped) isExecResponse_Event() {}
 
 func (*ExecResponse_Exited) isExecResponse_Event() {}
 
-// RunRequest runs a command to completion and returns its collected output.
+// RunRequest runs a command to completion and returns its collected output:
+// the first stdout_limit_bytes of stdout and stderr_limit_bytes of stderr
+// (defaults 2 MiB and 1 MiB, so that a response fits a default gRPC
+// client's 4 MiB receive limit). Every byte within the caps is returned: the
+// process's writes wait while berthd collects, none is dropped.
 type RunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// sandbox_id names the sandbox to run in.
@@ -2032,7 +2113,7 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
 	"\aTtySize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xc6\x01\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x89\x02\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -2040,8 +2121,9 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\aprocess\x18\x03 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +
 	"\n" +
 	"background\x18\x04 \x01(\bR\n" +
-	"background\x120\n" +
-	"\x14hangup_on_disconnect\x18\x05 \x01(\bR\x12hangupOnDisconnect\"a\n" +
+	"background\x12A\n" +
+	"\x0fdetached_output\x18\x05 \x01(\x0e2\x18.berth.v1.DetachedOutputR\x0edetachedOutput\x120\n" +
+	"\x14hangup_on_disconnect\x18\x06 \x01(\bR\x12hangupOnDisconnect\"a\n" +
 	"\n" +
 	"ExecAttach\x12\x1d\n" +
 	"\n" +
@@ -2159,7 +2241,11 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x06Stream\x12\x16\n" +
 	"\x12STREAM_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTREAM_STDOUT\x10\x01\x12\x11\n" +
-	"\rSTREAM_STDERR\x10\x02*V\n" +
+	"\rSTREAM_STDERR\x10\x02*m\n" +
+	"\x0eDetachedOutput\x12\x1f\n" +
+	"\x1bDETACHED_OUTPUT_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bDETACHED_OUTPUT_DROP_OLDEST\x10\x01\x12\x19\n" +
+	"\x15DETACHED_OUTPUT_BLOCK\x10\x02*V\n" +
 	"\tExecState\x12\x1a\n" +
 	"\x16EXEC_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXEC_STATE_RUNNING\x10\x01\x12\x15\n" +
@@ -2177,74 +2263,76 @@ func file_berth_v1_exec_proto_rawDescGZIP() []byte {
 	return file_berth_v1_exec_proto_rawDescData
 }
 
-var file_berth_v1_exec_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_berth_v1_exec_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_berth_v1_exec_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_berth_v1_exec_proto_goTypes = []any{
 	(Shell)(0),                    // 0: berth.v1.Shell
 	(Stream)(0),                   // 1: berth.v1.Stream
-	(ExecState)(0),                // 2: berth.v1.ExecState
-	(*ProcessSpec)(nil),           // 3: berth.v1.ProcessSpec
-	(*TtySize)(nil),               // 4: berth.v1.TtySize
-	(*ExecStart)(nil),             // 5: berth.v1.ExecStart
-	(*ExecAttach)(nil),            // 6: berth.v1.ExecAttach
-	(*ExecStdin)(nil),             // 7: berth.v1.ExecStdin
-	(*ExecCloseStdin)(nil),        // 8: berth.v1.ExecCloseStdin
-	(*ExecSignal)(nil),            // 9: berth.v1.ExecSignal
-	(*ExecResize)(nil),            // 10: berth.v1.ExecResize
-	(*ExecRequest)(nil),           // 11: berth.v1.ExecRequest
-	(*ExecStarted)(nil),           // 12: berth.v1.ExecStarted
-	(*ExecOutput)(nil),            // 13: berth.v1.ExecOutput
-	(*ExecHeartbeat)(nil),         // 14: berth.v1.ExecHeartbeat
-	(*ExecDropped)(nil),           // 15: berth.v1.ExecDropped
-	(*ExecResult)(nil),            // 16: berth.v1.ExecResult
-	(*ExecExited)(nil),            // 17: berth.v1.ExecExited
-	(*ExecResponse)(nil),          // 18: berth.v1.ExecResponse
-	(*RunRequest)(nil),            // 19: berth.v1.RunRequest
-	(*RunResponse)(nil),           // 20: berth.v1.RunResponse
-	(*ExecInfo)(nil),              // 21: berth.v1.ExecInfo
-	(*ListExecsRequest)(nil),      // 22: berth.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),     // 23: berth.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),     // 24: berth.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),    // 25: berth.v1.SignalExecResponse
-	nil,                           // 26: berth.v1.ProcessSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
+	(DetachedOutput)(0),           // 2: berth.v1.DetachedOutput
+	(ExecState)(0),                // 3: berth.v1.ExecState
+	(*ProcessSpec)(nil),           // 4: berth.v1.ProcessSpec
+	(*TtySize)(nil),               // 5: berth.v1.TtySize
+	(*ExecStart)(nil),             // 6: berth.v1.ExecStart
+	(*ExecAttach)(nil),            // 7: berth.v1.ExecAttach
+	(*ExecStdin)(nil),             // 8: berth.v1.ExecStdin
+	(*ExecCloseStdin)(nil),        // 9: berth.v1.ExecCloseStdin
+	(*ExecSignal)(nil),            // 10: berth.v1.ExecSignal
+	(*ExecResize)(nil),            // 11: berth.v1.ExecResize
+	(*ExecRequest)(nil),           // 12: berth.v1.ExecRequest
+	(*ExecStarted)(nil),           // 13: berth.v1.ExecStarted
+	(*ExecOutput)(nil),            // 14: berth.v1.ExecOutput
+	(*ExecHeartbeat)(nil),         // 15: berth.v1.ExecHeartbeat
+	(*ExecDropped)(nil),           // 16: berth.v1.ExecDropped
+	(*ExecResult)(nil),            // 17: berth.v1.ExecResult
+	(*ExecExited)(nil),            // 18: berth.v1.ExecExited
+	(*ExecResponse)(nil),          // 19: berth.v1.ExecResponse
+	(*RunRequest)(nil),            // 20: berth.v1.RunRequest
+	(*RunResponse)(nil),           // 21: berth.v1.RunResponse
+	(*ExecInfo)(nil),              // 22: berth.v1.ExecInfo
+	(*ListExecsRequest)(nil),      // 23: berth.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),     // 24: berth.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),     // 25: berth.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),    // 26: berth.v1.SignalExecResponse
+	nil,                           // 27: berth.v1.ProcessSpec.EnvEntry
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
 }
 var file_berth_v1_exec_proto_depIdxs = []int32{
 	0,  // 0: berth.v1.ProcessSpec.shell:type_name -> berth.v1.Shell
-	26, // 1: berth.v1.ProcessSpec.env:type_name -> berth.v1.ProcessSpec.EnvEntry
-	27, // 2: berth.v1.ProcessSpec.timeout:type_name -> google.protobuf.Duration
-	4,  // 3: berth.v1.ProcessSpec.tty:type_name -> berth.v1.TtySize
-	3,  // 4: berth.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	5,  // 5: berth.v1.ExecRequest.start:type_name -> berth.v1.ExecStart
-	6,  // 6: berth.v1.ExecRequest.attach:type_name -> berth.v1.ExecAttach
-	7,  // 7: berth.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	8,  // 8: berth.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	9,  // 9: berth.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	10, // 10: berth.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	27, // 11: berth.v1.ExecStarted.timeout:type_name -> google.protobuf.Duration
-	1,  // 12: berth.v1.ExecOutput.stream:type_name -> berth.v1.Stream
-	27, // 13: berth.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	27, // 14: berth.v1.ExecResult.user_cpu:type_name -> google.protobuf.Duration
-	27, // 15: berth.v1.ExecResult.system_cpu:type_name -> google.protobuf.Duration
-	16, // 16: berth.v1.ExecExited.result:type_name -> berth.v1.ExecResult
-	12, // 17: berth.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	13, // 18: berth.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	14, // 19: berth.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	15, // 20: berth.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	17, // 21: berth.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	3,  // 22: berth.v1.RunRequest.process:type_name -> berth.v1.ProcessSpec
-	16, // 23: berth.v1.RunResponse.result:type_name -> berth.v1.ExecResult
-	2,  // 24: berth.v1.ExecInfo.state:type_name -> berth.v1.ExecState
-	28, // 25: berth.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
-	16, // 26: berth.v1.ExecInfo.result:type_name -> berth.v1.ExecResult
-	21, // 27: berth.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	2,  // 28: berth.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	27, // 1: berth.v1.ProcessSpec.env:type_name -> berth.v1.ProcessSpec.EnvEntry
+	28, // 2: berth.v1.ProcessSpec.timeout:type_name -> google.protobuf.Duration
+	5,  // 3: berth.v1.ProcessSpec.tty:type_name -> berth.v1.TtySize
+	4,  // 4: berth.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	2,  // 5: berth.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	6,  // 6: berth.v1.ExecRequest.start:type_name -> berth.v1.ExecStart
+	7,  // 7: berth.v1.ExecRequest.attach:type_name -> berth.v1.ExecAttach
+	8,  // 8: berth.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	9,  // 9: berth.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	10, // 10: berth.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	11, // 11: berth.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	28, // 12: berth.v1.ExecStarted.timeout:type_name -> google.protobuf.Duration
+	1,  // 13: berth.v1.ExecOutput.stream:type_name -> berth.v1.Stream
+	28, // 14: berth.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	28, // 15: berth.v1.ExecResult.user_cpu:type_name -> google.protobuf.Duration
+	28, // 16: berth.v1.ExecResult.system_cpu:type_name -> google.protobuf.Duration
+	17, // 17: berth.v1.ExecExited.result:type_name -> berth.v1.ExecResult
+	13, // 18: berth.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	14, // 19: berth.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	15, // 20: berth.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	16, // 21: berth.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	18, // 22: berth.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	4,  // 23: berth.v1.RunRequest.process:type_name -> berth.v1.ProcessSpec
+	17, // 24: berth.v1.RunResponse.result:type_name -> berth.v1.ExecResult
+	3,  // 25: berth.v1.ExecInfo.state:type_name -> berth.v1.ExecState
+	29, // 26: berth.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
+	17, // 27: berth.v1.ExecInfo.result:type_name -> berth.v1.ExecResult
+	22, // 28: berth.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	3,  // 29: berth.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	30, // [30:30] is the sub-list for method output_type
+	30, // [30:30] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_exec_proto_init() }
@@ -2273,7 +2361,7 @@ func file_berth_v1_exec_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_exec_proto_rawDesc), len(file_berth_v1_exec_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -248,9 +248,11 @@ type ExecStart struct {
 	Process *v1.ProcessSpec `protobuf:"bytes,2,opt,name=process,proto3" json:"process,omitempty"`
 	// background ends the stream with an OK status right after ExecStarted;
 	// the exec runs on.
-	Background    bool `protobuf:"varint,3,opt,name=background,proto3" json:"background,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Background bool `protobuf:"varint,3,opt,name=background,proto3" json:"background,omitempty"`
+	// detached_output is what the exec does with output no reader reads.
+	DetachedOutput v1.DetachedOutput `protobuf:"varint,4,opt,name=detached_output,json=detachedOutput,proto3,enum=berth.v1.DetachedOutput" json:"detached_output,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -304,13 +306,24 @@ func (x *ExecStart) GetBackground() bool {
 	return false
 }
 
+func (x *ExecStart) GetDetachedOutput() v1.DetachedOutput {
+	if x != nil {
+		return x.DetachedOutput
+	}
+	return v1.DetachedOutput(0)
+}
+
 // ExecAttach follows an existing exec.
 type ExecAttach struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// exec_id names the exec.
 	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
 	// since_seq replays only events with a greater sequence number.
-	SinceSeq      uint64 `protobuf:"varint,2,opt,name=since_seq,json=sinceSeq,proto3" json:"since_seq,omitempty"`
+	SinceSeq uint64 `protobuf:"varint,2,opt,name=since_seq,json=sinceSeq,proto3" json:"since_seq,omitempty"`
+	// exit_only sends ExecStarted, heartbeats and ExecExited but no output:
+	// for berthd following an exec whose caller left. Such a stream is not a
+	// reader: it never holds the process's writes back.
+	ExitOnly      bool `protobuf:"varint,3,opt,name=exit_only,json=exitOnly,proto3" json:"exit_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -357,6 +370,13 @@ func (x *ExecAttach) GetSinceSeq() uint64 {
 		return x.SinceSeq
 	}
 	return 0
+}
+
+func (x *ExecAttach) GetExitOnly() bool {
+	if x != nil {
+		return x.ExitOnly
+	}
+	return false
 }
 
 // ExecRequest is one message from berthd: start or attach first, then the
@@ -1055,17 +1075,19 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x14\n" +
 	"\x05build\x18\x04 \x01(\tR\x05build\x12#\n" +
 	"\rrunning_execs\x18\x05 \x01(\rR\frunningExecs\x12?\n" +
-	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"u\n" +
+	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"\xb8\x01\n" +
 	"\tExecStart\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12/\n" +
 	"\aprocess\x18\x02 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +
 	"\n" +
 	"background\x18\x03 \x01(\bR\n" +
-	"background\"B\n" +
+	"background\x12A\n" +
+	"\x0fdetached_output\x18\x04 \x01(\x0e2\x18.berth.v1.DetachedOutputR\x0edetachedOutput\"_\n" +
 	"\n" +
 	"ExecAttach\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x1b\n" +
-	"\tsince_seq\x18\x02 \x01(\x04R\bsinceSeq\"\xc9\x02\n" +
+	"\tsince_seq\x18\x02 \x01(\x04R\bsinceSeq\x12\x1b\n" +
+	"\texit_only\x18\x03 \x01(\bR\bexitOnly\"\xc9\x02\n" +
 	"\vExecRequest\x121\n" +
 	"\x05start\x18\x01 \x01(\v2\x19.berth.agent.v1.ExecStartH\x00R\x05start\x124\n" +
 	"\x06attach\x18\x02 \x01(\v2\x1a.berth.agent.v1.ExecAttachH\x00R\x06attach\x12+\n" +
@@ -1139,55 +1161,57 @@ var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*PortForwardResponse)(nil),     // 13: berth.agent.v1.PortForwardResponse
 	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
 	(*v1.ProcessSpec)(nil),          // 15: berth.v1.ProcessSpec
-	(*v1.ExecStdin)(nil),            // 16: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),       // 17: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),           // 18: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),           // 19: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),          // 20: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),           // 21: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),        // 22: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),          // 23: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),           // 24: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),             // 25: berth.v1.ExecInfo
-	(v1.ExecState)(0),               // 26: berth.v1.ExecState
-	(*v1.PortForwardConnected)(nil), // 27: berth.v1.PortForwardConnected
-	(*v1.PortForwardEOF)(nil),       // 28: berth.v1.PortForwardEOF
+	(v1.DetachedOutput)(0),          // 16: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),            // 17: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),       // 18: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),           // 19: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),           // 20: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),          // 21: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),           // 22: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),        // 23: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),          // 24: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),           // 25: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),             // 26: berth.v1.ExecInfo
+	(v1.ExecState)(0),               // 27: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil), // 28: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),       // 29: berth.v1.PortForwardEOF
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
 	14, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
 	15, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	4,  // 2: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
-	5,  // 3: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	16, // 4: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	17, // 5: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	18, // 6: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	19, // 7: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	20, // 8: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	21, // 9: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	22, // 10: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	23, // 11: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	24, // 12: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	25, // 13: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	26, // 14: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	27, // 15: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
-	28, // 16: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
-	2,  // 17: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	6,  // 18: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	8,  // 19: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	10, // 20: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	0,  // 21: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
-	12, // 22: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
-	3,  // 23: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	7,  // 24: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	9,  // 25: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	11, // 26: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	1,  // 27: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
-	13, // 28: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
-	23, // [23:29] is the sub-list for method output_type
-	17, // [17:23] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	16, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	4,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
+	5,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
+	17, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	18, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	19, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	20, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	21, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	22, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	23, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	24, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	25, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	26, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	27, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	28, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	29, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	2,  // 18: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 19: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 20: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 21: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	0,  // 22: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	12, // 23: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	3,  // 24: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 25: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 26: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 27: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	1,  // 28: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	13, // 29: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }

@@ -96,6 +96,12 @@ export enum CapacityResource {
    * their resources.memory_bytes, in bytes (berthd --memory-budget-bytes).
    */
   CAPACITY_RESOURCE_MEMORY = 4,
+  /**
+   * CAPACITY_RESOURCE_RUN_OUTPUT - CAPACITY_RESOURCE_RUN_OUTPUT is the memory berthd holds for the output
+   * of Runs in progress, in bytes: each Run reserves its two output caps
+   * (berthd --run-buffer-bytes).
+   */
+  CAPACITY_RESOURCE_RUN_OUTPUT = 5,
   UNRECOGNIZED = -1,
 }
 
@@ -116,6 +122,9 @@ export function capacityResourceFromJSON(object: any): CapacityResource {
     case 4:
     case "CAPACITY_RESOURCE_MEMORY":
       return CapacityResource.CAPACITY_RESOURCE_MEMORY;
+    case 5:
+    case "CAPACITY_RESOURCE_RUN_OUTPUT":
+      return CapacityResource.CAPACITY_RESOURCE_RUN_OUTPUT;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -135,6 +144,8 @@ export function capacityResourceToJSON(object: CapacityResource): string {
       return "CAPACITY_RESOURCE_SERVER_EXECS";
     case CapacityResource.CAPACITY_RESOURCE_MEMORY:
       return "CAPACITY_RESOURCE_MEMORY";
+    case CapacityResource.CAPACITY_RESOURCE_RUN_OUTPUT:
+      return "CAPACITY_RESOURCE_RUN_OUTPUT";
     case CapacityResource.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -431,14 +442,15 @@ export interface FleetBusy {
   resource: CapacityResource;
   /**
    * limit is the configured capacity: a count, or bytes for
-   * CAPACITY_RESOURCE_MEMORY.
+   * CAPACITY_RESOURCE_MEMORY and CAPACITY_RESOURCE_RUN_OUTPUT.
    */
   limit: bigint;
   /** in_use is what was in use when the request came, in the unit of limit. */
   inUse: bigint;
   /**
    * requested is what the request asked for, in the unit of limit: 1 for a
-   * sandbox or an exec, the memory_bytes of a new sandbox.
+   * sandbox or an exec, the memory_bytes of a new sandbox, a Run's two
+   * output caps.
    */
   requested: bigint;
   /** retry_delay is how long the server suggests to wait before retrying. */

@@ -95,6 +95,58 @@ export function streamToJSON(object: Stream): string {
   }
 }
 
+/** DetachedOutput is what an exec does with output nobody reads. */
+export enum DetachedOutput {
+  /** DETACHED_OUTPUT_UNSPECIFIED - DETACHED_OUTPUT_UNSPECIFIED means DETACHED_OUTPUT_DROP_OLDEST. */
+  DETACHED_OUTPUT_UNSPECIFIED = 0,
+  /**
+   * DETACHED_OUTPUT_DROP_OLDEST - DETACHED_OUTPUT_DROP_OLDEST never makes the process wait: the server
+   * retains the newest output within its ring (berthd --exec-ring-bytes per
+   * exec, and the sandbox's retained-output budget) and an attach reports
+   * what was shed with ExecDropped.
+   */
+  DETACHED_OUTPUT_DROP_OLDEST = 1,
+  /**
+   * DETACHED_OUTPUT_BLOCK - DETACHED_OUTPUT_BLOCK keeps every byte: once the exec's ring is full of
+   * output no caller has read, the process's writes wait (as on a full
+   * pipe) until a caller attaches and reads. Its timeout still applies.
+   */
+  DETACHED_OUTPUT_BLOCK = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function detachedOutputFromJSON(object: any): DetachedOutput {
+  switch (object) {
+    case 0:
+    case "DETACHED_OUTPUT_UNSPECIFIED":
+      return DetachedOutput.DETACHED_OUTPUT_UNSPECIFIED;
+    case 1:
+    case "DETACHED_OUTPUT_DROP_OLDEST":
+      return DetachedOutput.DETACHED_OUTPUT_DROP_OLDEST;
+    case 2:
+    case "DETACHED_OUTPUT_BLOCK":
+      return DetachedOutput.DETACHED_OUTPUT_BLOCK;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return DetachedOutput.UNRECOGNIZED;
+  }
+}
+
+export function detachedOutputToJSON(object: DetachedOutput): string {
+  switch (object) {
+    case DetachedOutput.DETACHED_OUTPUT_UNSPECIFIED:
+      return "DETACHED_OUTPUT_UNSPECIFIED";
+    case DetachedOutput.DETACHED_OUTPUT_DROP_OLDEST:
+      return "DETACHED_OUTPUT_DROP_OLDEST";
+    case DetachedOutput.DETACHED_OUTPUT_BLOCK:
+      return "DETACHED_OUTPUT_BLOCK";
+    case DetachedOutput.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /** ExecState is the lifecycle state of an exec. */
 export enum ExecState {
   /** EXEC_STATE_UNSPECIFIED - EXEC_STATE_UNSPECIFIED is never reported. */
@@ -190,15 +242,18 @@ export interface ProcessSpec {
     | Duration
     | undefined;
   /**
-   * stdout_limit_bytes caps the stdout bytes retained and sent, in bytes.
-   * Zero means the server's default; larger values are clamped to the
-   * server's maximum. Output beyond the cap is read and discarded, so the
-   * process never blocks on a full pipe.
+   * stdout_limit_bytes caps the stdout bytes kept, in bytes: the first
+   * stdout_limit_bytes of stdout are sent and retained, the rest is read,
+   * counted and discarded (so a cap never makes the process block) and the
+   * result says stdout_truncated. For Exec zero means no cap: an attached
+   * reader gets every byte. For Run zero means the server's Run default
+   * (2 MiB), and the two caps together may not exceed the server's Run
+   * maximum (INVALID_ARGUMENT naming the field).
    */
   stdoutLimitBytes: bigint;
   /**
-   * stderr_limit_bytes caps the stderr bytes retained and sent, in bytes,
-   * like stdout_limit_bytes.
+   * stderr_limit_bytes caps the stderr bytes kept, in bytes, like
+   * stdout_limit_bytes (Run's default: 1 MiB).
    */
   stderrLimitBytes: bigint;
   /**
@@ -264,6 +319,13 @@ export interface ExecStart {
    * until an attach stream closes it or the process exits.
    */
   background: boolean;
+  /**
+   * detached_output says what happens to output while no caller is attached
+   * and reading (a background exec, or after the caller left). While one
+   * is, no byte is ever dropped: the process's writes wait for the slowest
+   * attached reader.
+   */
+  detachedOutput: DetachedOutput;
   /**
    * hangup_on_disconnect, when true, sends SIGHUP to the exec's process
    * group when this stream breaks (the caller went away: its process was
@@ -378,9 +440,15 @@ export interface ExecStarted {
   timeout:
     | Duration
     | undefined;
-  /** stdout_limit_bytes is the effective stdout cap in bytes. */
+  /**
+   * stdout_limit_bytes is the effective stdout cap in bytes; zero means
+   * none.
+   */
   stdoutLimitBytes: bigint;
-  /** stderr_limit_bytes is the effective stderr cap in bytes. */
+  /**
+   * stderr_limit_bytes is the effective stderr cap in bytes; zero means
+   * none.
+   */
   stderrLimitBytes: bigint;
 }
 
@@ -411,7 +479,9 @@ export interface ExecHeartbeat {
 
 /**
  * ExecDropped says that the server's retention ring shed events before this
- * stream read them.
+ * stream read them. It only happens to output produced while no caller was
+ * attached and reading (see DetachedOutput), or for an attach whose
+ * since_seq is older than what is retained.
  */
 export interface ExecDropped {
   /** first_seq is the first lost sequence number. */
@@ -525,7 +595,13 @@ export interface ExecResponse {
     | undefined;
 }
 
-/** RunRequest runs a command to completion and returns its collected output. */
+/**
+ * RunRequest runs a command to completion and returns its collected output:
+ * the first stdout_limit_bytes of stdout and stderr_limit_bytes of stderr
+ * (defaults 2 MiB and 1 MiB, so that a response fits a default gRPC
+ * client's 4 MiB receive limit). Every byte within the caps is returned: the
+ * process's writes wait while berthd collects, none is dropped.
+ */
 export interface RunRequest {
   /** sandbox_id names the sandbox to run in. */
   sandboxId: string;
@@ -1087,7 +1163,14 @@ export const TtySize: MessageFns<TtySize> = {
 };
 
 function createBaseExecStart(): ExecStart {
-  return { sandboxId: "", execId: "", process: undefined, background: false, hangupOnDisconnect: false };
+  return {
+    sandboxId: "",
+    execId: "",
+    process: undefined,
+    background: false,
+    detachedOutput: 0,
+    hangupOnDisconnect: false,
+  };
 }
 
 export const ExecStart: MessageFns<ExecStart> = {
@@ -1104,8 +1187,11 @@ export const ExecStart: MessageFns<ExecStart> = {
     if (message.background !== false) {
       writer.uint32(32).bool(message.background);
     }
+    if (message.detachedOutput !== 0) {
+      writer.uint32(40).int32(message.detachedOutput);
+    }
     if (message.hangupOnDisconnect !== false) {
-      writer.uint32(40).bool(message.hangupOnDisconnect);
+      writer.uint32(48).bool(message.hangupOnDisconnect);
     }
     return writer;
   },
@@ -1160,6 +1246,14 @@ export const ExecStart: MessageFns<ExecStart> = {
               break;
             }
 
+            message.detachedOutput = reader.int32() as any;
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
             message.hangupOnDisconnect = reader.bool();
             continue;
           }
@@ -1189,6 +1283,11 @@ export const ExecStart: MessageFns<ExecStart> = {
         : "",
       process: isSet(object.process) ? ProcessSpec.fromJSON(object.process) : undefined,
       background: isSet(object.background) ? globalThis.Boolean(object.background) : false,
+      detachedOutput: isSet(object.detachedOutput)
+        ? detachedOutputFromJSON(object.detachedOutput)
+        : isSet(object.detached_output)
+        ? detachedOutputFromJSON(object.detached_output)
+        : 0,
       hangupOnDisconnect: isSet(object.hangupOnDisconnect)
         ? globalThis.Boolean(object.hangupOnDisconnect)
         : isSet(object.hangup_on_disconnect)
@@ -1211,6 +1310,9 @@ export const ExecStart: MessageFns<ExecStart> = {
     if (message.background !== false) {
       obj.background = message.background;
     }
+    if (message.detachedOutput !== 0) {
+      obj.detachedOutput = detachedOutputToJSON(message.detachedOutput);
+    }
     if (message.hangupOnDisconnect !== false) {
       obj.hangupOnDisconnect = message.hangupOnDisconnect;
     }
@@ -1228,6 +1330,7 @@ export const ExecStart: MessageFns<ExecStart> = {
       ? ProcessSpec.fromPartial(object.process)
       : undefined;
     message.background = object.background ?? false;
+    message.detachedOutput = object.detachedOutput ?? 0;
     message.hangupOnDisconnect = object.hangupOnDisconnect ?? false;
     return message;
   },

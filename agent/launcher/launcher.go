@@ -1,0 +1,311 @@
+// Package launcher starts berth-agent's workload processes from a small
+// helper process, the launcher, instead of from the agent itself.
+//
+// The launcher is the agent binary run again (/proc/self/exe) with argv[0]
+// set to Arg0; this package's init turns such a process into a launcher
+// before anything else in the binary starts. It runs as the workload user,
+// with the highest OOM score (oom_score_adj 1000) and the workload's soft
+// RLIMIT_NOFILE, and forks every process the agent asks for. A child
+// inherits both at fork, so it is born with them; the agent's own score
+// stays at the lowest it may set at all times, and the agent keeps its
+// descriptor limit raised to the hard one. The children are forked with
+// CLONE_PARENT: their parent is the agent, which reaps them with wait4(2)
+// as before. And because a child is forked from the launcher's small
+// address space rather than the agent's, its ru_maxrss (which Linux
+// carries over from the address space it exec'd from) is its own peak, or
+// the launcher's few MiB, never the agent's.
+//
+// The agent talks to the launcher over a unix socket pair: a request
+// carries the process's stdin, stdout and stderr as SCM_RIGHTS descriptors
+// with its path, argv, env, working directory and session mode; the answer
+// is the new process's pid or the errno that stopped it.
+package launcher
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The package imports only the standard library, and not net: its init must
+// run before the rest of the agent binary's packages initialize, so that a
+// launcher stays small (Go initializes a package after its dependencies).
+
+// Arg0 is the argv[0] that makes the agent binary a launcher.
+const Arg0 = "berth-agent-launcher"
+
+// Comm is the launcher's command name (/proc/<pid>/comm, prctl(2)
+// PR_SET_NAME): berthd counts the launcher's work as its agent's when it
+// tells a busy agent from a hung one.
+const Comm = "berth-launcher"
+
+// OOMScoreAdj is the oom_score_adj (proc(5)) of the launcher and so of every
+// process it starts: the highest, so that the kernel's OOM killer picks a
+// workload process before the agent whenever it can.
+const OOMScoreAdj = 1000
+
+// Config configures a Launcher.
+type Config struct {
+	// Binary is the agent binary to run as the launcher. Default
+	// /proc/self/exe.
+	Binary string
+	// Credential is the workload user the launcher, and every process it
+	// starts, runs as; nil keeps the agent's.
+	Credential *syscall.Credential
+	// Nofile is the soft RLIMIT_NOFILE of the processes started, capped by
+	// the hard limit; 0 keeps the launcher's.
+	Nofile uint64
+	// Stderr receives the launcher's own complaints; nil: discarded.
+	Stderr *os.File
+}
+
+// Request is one process to start.
+type Request struct {
+	// Path is the program, resolved already; Argv its argument vector.
+	Path string
+	Argv []string
+	// Env is its environment as KEY=value strings; Dir its working
+	// directory.
+	Env []string
+	Dir string
+	// Stdio are its descriptors 0, 1 and 2.
+	Stdio [3]*os.File
+	// Session makes it the leader of a new session with Stdio[0], a
+	// terminal, as its controlling terminal (setsid(2), TIOCSCTTY);
+	// otherwise it leads a new process group (setpgid(2)).
+	Session bool
+}
+
+// Launcher is the agent's end of a running launcher process. Its methods
+// are safe for concurrent use; requests are served one at a time.
+type Launcher struct {
+	cfg Config
+
+	mu   sync.Mutex
+	conn *os.File // the socket; nil until started, and after the launcher died
+	proc *os.Process
+}
+
+// New returns a Launcher for cfg; the process starts with the first Start.
+func New(cfg Config) *Launcher {
+	if cfg.Binary == "" {
+		cfg.Binary = "/proc/self/exe"
+	}
+	return &Launcher{cfg: cfg}
+}
+
+// ErrResources is wrapped by Start's error when the process could not be
+// started for lack of resources: fork(2) failed with EAGAIN (the pids
+// limit) or ENOMEM, or a descriptor could not be made (EMFILE, ENFILE).
+// Nothing ran. The errno is in the chain too.
+var ErrResources = errors.New("no resources to start a process")
+
+// ExecError is Start's error when the process was forked but could not run
+// its program: execve(2) failed with Errno (ENOENT, EACCES, ENOEXEC after
+// the /bin/sh fallback, ...). Nothing of the program ran.
+type ExecError struct{ Errno syscall.Errno }
+
+func (e *ExecError) Error() string { return "execve: " + e.Errno.Error() }
+
+// Unwrap returns the errno.
+func (e *ExecError) Unwrap() error { return e.Errno }
+
+// Start starts req's process from the launcher and returns its pid. The
+// process is a child of the agent (CLONE_PARENT): the caller reaps it. A
+// launcher that is not running, or died (the workload can kill it), is
+// started first, once. Errors: ErrResources (wrapped with the errno), an
+// *ExecError, or another error when the launcher cannot be run.
+func (l *Launcher) Start(req *Request) (int, error) {
+	msg, err := encode(req)
+	if err != nil {
+		return 0, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if l.conn == nil {
+			if err := l.startLocked(); err != nil {
+				return 0, err
+			}
+		}
+		pid, err := l.requestLocked(msg, req.Stdio)
+		var transport *transportError
+		if !errors.As(err, &transport) || attempt > 0 {
+			return pid, err
+		}
+		// The launcher went away: start another and ask again.
+		l.closeLocked()
+	}
+}
+
+// Close stops the launcher: it exits when its socket closes.
+func (l *Launcher) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closeLocked()
+}
+
+func (l *Launcher) closeLocked() {
+	if l.conn != nil {
+		l.conn.Close()
+		l.conn = nil
+	}
+	if l.proc != nil {
+		// It exits on EOF; a hung one is killed. Its status is reaped by
+		// whoever reaps the agent's children.
+		_ = l.proc.Kill()
+		_ = l.proc.Release()
+		l.proc = nil
+	}
+}
+
+// startLocked runs the launcher process with one end of a socket pair as
+// its descriptor 3.
+func (l *Launcher) startLocked() error {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return resourceErr("socketpair for the launcher", err)
+	}
+	// Ours is non-blocking, so that requests go through Go's poller and
+	// honor a deadline.
+	if err := syscall.SetNonblock(fds[0], true); err != nil {
+		syscall.Close(fds[0])
+		syscall.Close(fds[1])
+		return fmt.Errorf("launcher socket: %w", err)
+	}
+	ours := os.NewFile(uintptr(fds[0]), "launcher")
+	theirs := os.NewFile(uintptr(fds[1]), "launcher")
+	defer theirs.Close()
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		ours.Close()
+		return resourceErr("open "+os.DevNull+" for the launcher", err)
+	}
+	defer null.Close()
+	stderr := l.cfg.Stderr
+	if stderr == nil {
+		stderr = null
+	}
+	proc, err := os.StartProcess(l.cfg.Binary, []string{Arg0, strconv.FormatUint(l.cfg.Nofile, 10)}, &os.ProcAttr{
+		Dir: "/",
+		// One P is plenty to fork from; fewer threads count against the
+		// sandbox's pids limit.
+		Env:   []string{"GOMAXPROCS=1"},
+		Files: []*os.File{null, null, stderr, theirs},
+		Sys:   &syscall.SysProcAttr{Credential: l.cfg.Credential},
+	})
+	if err != nil {
+		ours.Close()
+		return resourceErr("start the launcher "+l.cfg.Binary, err)
+	}
+	l.conn, l.proc = ours, proc
+	return nil
+}
+
+// requestTimeout bounds one request: a launcher that does not answer within
+// it is replaced.
+const requestTimeout = 30 * time.Second
+
+// transportError means the launcher did not answer: it died or closed its
+// socket.
+type transportError struct{ err error }
+
+func (e *transportError) Error() string { return "launcher: " + e.err.Error() }
+func (e *transportError) Unwrap() error { return e.err }
+
+// requestLocked sends one request with its descriptors and reads the
+// answer: 4 bytes of pid, 4 bytes of errno, 1 byte of stage.
+func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
+	if err := l.conn.SetDeadline(time.Now().Add(requestTimeout)); err != nil {
+		return 0, &transportError{err}
+	}
+	rights := make([]int, len(stdio))
+	for i, f := range stdio {
+		rights[i] = int(f.Fd())
+	}
+	rc, err := l.conn.SyscallConn()
+	if err != nil {
+		return 0, &transportError{err}
+	}
+	// The descriptors ride with the first byte; the rest follows.
+	var sendErr error
+	if err := rc.Write(func(fd uintptr) bool {
+		sendErr = syscall.Sendmsg(int(fd), msg[:1], syscall.UnixRights(rights...), nil, 0)
+		return sendErr != syscall.EAGAIN
+	}); err != nil {
+		return 0, &transportError{err}
+	}
+	if sendErr != nil {
+		return 0, &transportError{sendErr}
+	}
+	if _, err := l.conn.Write(msg[1:]); err != nil {
+		return 0, &transportError{err}
+	}
+	var ans [9]byte
+	if _, err := io.ReadFull(l.conn, ans[:]); err != nil {
+		return 0, &transportError{err}
+	}
+	pid := int(int32(binary.LittleEndian.Uint32(ans[0:4])))
+	errno := syscall.Errno(binary.LittleEndian.Uint32(ans[4:8]))
+	switch {
+	case errno == 0 && pid > 1:
+		return pid, nil
+	case errno == 0:
+		return 0, &transportError{fmt.Errorf("answered pid %d", pid)}
+	case ans[8] == stageExec:
+		return 0, &ExecError{Errno: errno}
+	}
+	return 0, resourceErr("launcher", errno)
+}
+
+// resourceErr wraps err with ErrResources when its errno says the sandbox
+// ran out of processes, memory or descriptors.
+func resourceErr(what string, err error) error {
+	for _, e := range []syscall.Errno{syscall.EAGAIN, syscall.ENOMEM, syscall.EMFILE, syscall.ENFILE} {
+		if errors.Is(err, e) {
+			return fmt.Errorf("%s: %w (%w)", what, ErrResources, err)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// Stages of a failure, in an answer.
+const (
+	stageFork = 0 // before the child ran: descriptors, fork(2)
+	stageExec = 1 // in the child: execve(2) and what precedes it
+)
+
+// encode lays out req: a 4-byte length of the rest, then flags, and
+// NUL-terminated strings: path, dir, the argv count, argv, env.
+func encode(req *Request) ([]byte, error) {
+	var b []byte
+	b = append(b, 0, 0, 0, 0)
+	flags := byte(0)
+	if req.Session {
+		flags = 1
+	}
+	b = append(b, flags)
+	for _, s := range []string{req.Path, req.Dir, strconv.Itoa(len(req.Argv))} {
+		b = append(append(b, s...), 0)
+	}
+	for _, list := range [][]string{req.Argv, req.Env} {
+		for _, s := range list {
+			b = append(append(b, s...), 0)
+		}
+	}
+	if len(b)-4 > maxRequest {
+		return nil, fmt.Errorf("launch request of %d bytes exceeds %d", len(b)-4, maxRequest)
+	}
+	binary.LittleEndian.PutUint32(b, uint32(len(b)-4))
+	return b, nil
+}
+
+// maxRequest bounds a request: argv and env together are limited by the
+// kernel to far less (ARG_MAX).
+const maxRequest = 64 << 20

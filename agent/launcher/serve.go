@@ -1,0 +1,193 @@
+package launcher
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"syscall"
+	"unsafe"
+)
+
+// init turns the process into a launcher when argv[0] is Arg0, before the
+// binary's other packages initialize (this package sorts, and so runs,
+// before the gRPC and protobuf packages the agent also imports): the
+// launcher stays small.
+func init() {
+	if len(os.Args) == 2 && os.Args[0] == Arg0 {
+		os.Exit(serve(os.Args[1]))
+	}
+}
+
+// socketFD is the launcher's end of the socket pair.
+const socketFD = 3
+
+// serve is the launcher: it sets its OOM score and descriptor limit, which
+// its children inherit, then starts one process per request until the
+// agent closes the socket. It returns the exit code.
+func serve(nofile string) int {
+	// The processes started must not inherit the socket.
+	syscall.CloseOnExec(socketFD)
+	setComm(Comm)
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(OOMScoreAdj)), 0); err != nil {
+		fmt.Fprintf(os.Stderr, "berth-agent launcher: processes keep the agent's OOM score: %v\n", err)
+	}
+	if n, err := strconv.ParseUint(nofile, 10, 64); err == nil && n > 0 {
+		var lim syscall.Rlimit
+		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil {
+			lim.Cur = min(n, lim.Max)
+			// Setrlimit also stops ForkExec from restoring the limit the
+			// process started with.
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+				fmt.Fprintf(os.Stderr, "berth-agent launcher: RLIMIT_NOFILE %d: %v\n", n, err)
+			}
+		}
+	}
+	for {
+		req, fds, err := readRequest()
+		if errors.Is(err, io.EOF) {
+			return 0
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "berth-agent launcher: %v\n", err)
+			return 1
+		}
+		pid, errno, stage := spawn(req, fds)
+		for _, fd := range fds {
+			syscall.Close(fd)
+		}
+		var ans [9]byte
+		binary.LittleEndian.PutUint32(ans[0:4], uint32(pid))
+		binary.LittleEndian.PutUint32(ans[4:8], uint32(errno))
+		ans[8] = stage
+		if _, err := syscall.Write(socketFD, ans[:]); err != nil {
+			return 1
+		}
+	}
+}
+
+// readRequest reads one request and the descriptors that came with it. A
+// request whose descriptors could not be received (the launcher is out of
+// descriptors) comes back with fds nil.
+func readRequest() (*Request, []int, error) {
+	var head [4]byte
+	oob := make([]byte, syscall.CmsgSpace(3*4))
+	n, oobn, flags, _, err := syscall.Recvmsg(socketFD, head[:], oob, syscall.MSG_CMSG_CLOEXEC)
+	for errors.Is(err, syscall.EINTR) {
+		n, oobn, flags, _, err = syscall.Recvmsg(socketFD, head[:], oob, syscall.MSG_CMSG_CLOEXEC)
+	}
+	switch {
+	case err != nil:
+		return nil, nil, fmt.Errorf("receive a request: %w", err)
+	case n == 0:
+		return nil, nil, io.EOF
+	}
+	var fds []int
+	if flags&syscall.MSG_CTRUNC == 0 {
+		msgs, err := syscall.ParseSocketControlMessage(oob[:oobn])
+		if err != nil {
+			return nil, nil, fmt.Errorf("parse descriptors: %w", err)
+		}
+		for _, m := range msgs {
+			rights, err := syscall.ParseUnixRights(&m)
+			if err == nil {
+				fds = append(fds, rights...)
+			}
+		}
+	}
+	if err := readFull(head[n:]); err != nil {
+		return nil, nil, err
+	}
+	body := make([]byte, binary.LittleEndian.Uint32(head[:]))
+	if err := readFull(body); err != nil {
+		return nil, nil, err
+	}
+	req, err := decode(body)
+	return req, fds, err
+}
+
+func readFull(b []byte) error {
+	for len(b) > 0 {
+		n, err := syscall.Read(socketFD, b)
+		switch {
+		case errors.Is(err, syscall.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("receive a request: %w", err)
+		case n == 0:
+			return io.ErrUnexpectedEOF
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// decode parses what encode laid out (without the length).
+func decode(b []byte) (*Request, error) {
+	if len(b) < 1 {
+		return nil, errors.New("empty request")
+	}
+	req := &Request{Session: b[0] == 1}
+	fields := bytes.Split(b[1:], []byte{0})
+	if len(fields) < 4 { // path, dir, argc, and the empty tail
+		return nil, errors.New("short request")
+	}
+	req.Path, req.Dir = string(fields[0]), string(fields[1])
+	argc, err := strconv.Atoi(string(fields[2]))
+	rest := fields[3 : len(fields)-1] // the last NUL leaves an empty field
+	if err != nil || argc < 1 || argc > len(rest) {
+		return nil, fmt.Errorf("bad argv count %q", fields[2])
+	}
+	for i, f := range rest {
+		if i < argc {
+			req.Argv = append(req.Argv, string(f))
+		} else {
+			req.Env = append(req.Env, string(f))
+		}
+	}
+	return req, nil
+}
+
+// spawn forks req's process as a child of the launcher's parent. A file
+// the kernel cannot execute is run by /bin/sh, as execvp(3) does. It
+// returns the pid, or the errno and whether it struck before or in the
+// child.
+func spawn(req *Request, fds []int) (int, syscall.Errno, byte) {
+	if len(fds) != 3 {
+		return 0, syscall.EMFILE, stageFork
+	}
+	sys := &syscall.SysProcAttr{Cloneflags: syscall.CLONE_PARENT}
+	if req.Session {
+		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
+	} else {
+		sys.Setpgid = true
+	}
+	attr := &syscall.ProcAttr{Dir: req.Dir, Env: req.Env, Files: []uintptr{uintptr(fds[0]), uintptr(fds[1]), uintptr(fds[2])}, Sys: sys}
+	pid, err := syscall.ForkExec(req.Path, req.Argv, attr)
+	if errors.Is(err, syscall.ENOEXEC) {
+		pid, err = syscall.ForkExec("/bin/sh", append([]string{"/bin/sh", req.Path}, req.Argv[1:]...), attr)
+	}
+	if err == nil {
+		return pid, 0, 0
+	}
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		errno = syscall.EINVAL
+	}
+	switch errno {
+	case syscall.EAGAIN, syscall.ENOMEM, syscall.EMFILE, syscall.ENFILE:
+		return 0, errno, stageFork
+	}
+	return 0, errno, stageExec
+}
+
+// setComm sets the calling thread's command name, which is the process's
+// for its main thread (prctl(2) PR_SET_NAME; at most 15 bytes). Failure only
+// costs the name.
+func setComm(name string) {
+	b := append([]byte(name), 0)
+	syscall.RawSyscall(syscall.SYS_PRCTL, syscall.PR_SET_NAME, uintptr(unsafe.Pointer(&b[0])), 0)
+}
