@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os/exec"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -153,68 +154,93 @@ func TestCLIHangup(t *testing.T) {
 	id := newSandbox(t, nil).GetId()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	script := `trap "echo hup >> /workspace/hup-$0; exit 0" HUP; sleep 600 & wait`
+	// The script says it is ready once its trap is set: a SIGHUP before
+	// that would kill the shell without a trace.
+	script := `trap "echo hup >> /workspace/hup-$0; exit 0" HUP; : > /workspace/ready-$0; sleep 600 & wait`
+	catFile := func(t *testing.T, name string) string {
+		return string(run(t, id, "sh", "-c", "cat /workspace/"+name+" 2>/dev/null; true").GetStdout())
+	}
+	exists := func(t *testing.T, name string) bool {
+		return string(run(t, id, "sh", "-c", "test -e /workspace/"+name+" && echo yes; true").GetStdout()) == "yes\n"
+	}
+	waitFor := func(t *testing.T, what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s: not within 2 minutes", what)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
 
 	// startExec runs berth exec -t with the script (named name) and
-	// returns once the exec runs in the sandbox.
-	startExec := func(name string, flags ...string) *exec.Cmd {
+	// returns once the script's trap is set in the sandbox.
+	startExec := func(t *testing.T, name string, flags ...string) *exec.Cmd {
+		t.Helper()
 		args := append([]string{"--addr", env.berthdAddr, "exec", "-t"}, flags...)
 		cmd := exec.Command(env.cliBinary, append(args, id, "--", "sh", "-c", script, name)...)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		for {
-			resp, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, x := range resp.GetExecs() {
-				if x.GetState() == berthv1.ExecState_EXEC_STATE_RUNNING && strings.Contains(strings.Join(x.GetArgv(), " "), name) {
-					return cmd
-				}
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("the exec of %s never ran", name)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+		waitFor(t, name+": the script's trap set", func() bool { return exists(t, "ready-"+name) })
+		return cmd
 	}
-	hungUp := func(name string) bool {
-		out := run(t, id, "sh", "-c", "cat /workspace/hup-"+name+" 2>/dev/null; true")
-		return string(out.GetStdout()) == "hup\n"
-	}
-	waitHungUp := func(name string) {
-		for !hungUp(name) {
-			select {
-			case <-ctx.Done():
-				t.Fatalf("%s: the remote shell got no SIGHUP", name)
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
+	hungUp := func(t *testing.T, name string) bool { return catFile(t, "hup-"+name) == "hup\n" }
+	waitHungUp := func(t *testing.T, name string) {
+		t.Helper()
+		waitFor(t, name+": the remote shell's SIGHUP", func() bool { return hungUp(t, name) })
 	}
 
 	t.Run("berth killed", func(t *testing.T) {
-		cmd := startExec("killed")
+		cmd := startExec(t, "killed")
 		cmd.Process.Kill()
-		waitHungUp("killed")
+		waitHungUp(t, "killed")
+	})
+	t.Run("berth killed while output flows", func(t *testing.T) {
+		// berthd is then blocked sending output to the caller, not
+		// waiting for the agent: the hangup must come from there too.
+		name := "flowing"
+		args := []string{"--addr", env.berthdAddr, "exec", "-t", id, "--", "sh", "-c",
+			`trap "echo hup >> /workspace/hup-$0; exit 0" HUP; : > /workspace/ready-$0; while :; do echo flowing; done`, name}
+		cmd := exec.Command(env.cliBinary, args...)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		// Read nothing more once output flows: berth and berthd fill
+		// their windows and berthd's send waits.
+		if _, err := stdout.Read(make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, name+": the script's trap set", func() bool { return exists(t, "ready-"+name) })
+		// Kill berth only once berthd (in this process) is blocked in
+		// Send: killed any earlier, the hangup could come from the agent
+		// side of the handler instead, and this case would prove nothing.
+		waitFor(t, name+": berthd's Exec blocked sending to berth", execSendBlocked)
+		cmd.Process.Kill()
+		waitHungUp(t, name)
 	})
 	t.Run("terminal hangup", func(t *testing.T) {
-		cmd := startExec("hangup")
+		cmd := startExec(t, "hangup")
 		cmd.Process.Signal(syscall.SIGHUP)
 		if err := cmd.Wait(); err == nil || cmd.ProcessState.ExitCode() != 129 {
 			t.Errorf("berth exec -t after SIGHUP: %v, exit %d; want 129", err, cmd.ProcessState.ExitCode())
 		}
-		waitHungUp("hangup")
+		waitHungUp(t, "hangup")
 	})
 	t.Run("detach on hangup", func(t *testing.T) {
-		cmd := startExec("detached", "--detach-on-hangup")
+		cmd := startExec(t, "detached", "--detach-on-hangup")
 		cmd.Process.Signal(syscall.SIGHUP)
 		cmd.Wait()
 		// A hangup would have come before berthd answered this round
 		// trip: the handler signals as it returns.
-		if hungUp("detached") {
+		if hungUp(t, "detached") {
 			t.Errorf("--detach-on-hangup: the remote shell got SIGHUP")
 		}
 		resp, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
@@ -256,4 +282,20 @@ func TestCLIExecUserEnvDir(t *testing.T) {
 	if _, errOut, code := berthCLI(t, nil, "exec", "-u", "nosuchuser", id, "true"); code != 125 || !strings.Contains(errOut, "process.user") {
 		t.Errorf("berth exec -u nosuchuser: %q, exit %d; want 125 naming process.user", errOut, code)
 	}
+}
+
+// execSendBlocked reports whether a goroutine of this process serving
+// Exec (server.(*Service).Exec) waits in grpc's SendMsg: the caller
+// stopped reading and the stream's flow-control window is full.
+func execSendBlocked() bool {
+	buf := make([]byte, 8<<20)
+	buf = buf[:goruntime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(header, "[select") && strings.Contains(g, "server.(*Service).Exec(") &&
+			strings.Contains(g, "(*serverStream).SendMsg(") {
+			return true
+		}
+	}
+	return false
 }
