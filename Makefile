@@ -13,6 +13,7 @@
 #   make breaking         buf breaking against proto/BREAKING_BASELINE
 #   make bench            scripts/bench.sh: berth beside its anchors, one table
 #   make gobench          any Go benchmarks (BENCH=regexp, PKG=packages)
+#   make soak             100 000 execs in one sandbox: flat latency, memory, descriptors
 
 GO      ?= go
 # VERSION is what berthd, berth-agent and berth report (--version, the
@@ -24,7 +25,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test test-debian generate clients lint breaking check-generated bench gobench clean container-image
+.PHONY: all build image demo test test-debian generate clients lint breaking check-generated bench gobench soak clean container-image
 
 all: build
 
@@ -100,6 +101,12 @@ bench:
 
 # Benchmarks that need containers find the base image through
 # BERTH_TEST_IMAGE, as the tests do.
+# The soak (BENCHMARKS.md records its output): BERTH_SOAK_EXECS execs
+# (default 100000) of `true` in one sandbox of a berthd process; fails when
+# latency, memory or descriptors grow with the count. 10 to 20 minutes.
+soak: image
+	BERTH_E2E=1 BERTH_TEST_IMAGE=$(IMAGE) $(GO) test -count=1 -run '^$$' -bench '^BenchmarkSoak$$' -benchtime 1x -timeout 3h ./integration/
+
 gobench: image
 	BERTH_TEST_IMAGE=$(IMAGE) $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -count=1 -timeout 30m $(PKG)
 

@@ -119,6 +119,11 @@ type Config struct {
 	WorkloadNofile uint64
 	// Retention is how long a finished exec stays attachable. Default 10m.
 	Retention time.Duration
+	// MaxRetained bounds how many finished execs are kept for Retention:
+	// beyond it the oldest are forgotten at once (then NOT_FOUND), so
+	// that a sandbox running many short execs keeps constant memory and
+	// Info and ListExecs constant cost. Default 1000.
+	MaxRetained int
 	// HeartbeatInterval is how long an Exec stream may stay silent before
 	// the agent sends ExecHeartbeat. Default 15s.
 	HeartbeatInterval time.Duration
@@ -152,6 +157,7 @@ func DefaultConfig() Config {
 		RingBytes:         8 << 20,
 		WorkloadNofile:    1024,
 		Retention:         10 * time.Minute,
+		MaxRetained:       1000,
 		HeartbeatInterval: 15 * time.Second,
 	}
 }
@@ -169,6 +175,7 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.RingBytes, d.RingBytes)
 	setDefault(&c.WorkloadNofile, d.WorkloadNofile)
 	setDefault(&c.Retention, d.Retention)
+	setDefault(&c.MaxRetained, d.MaxRetained)
 	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
 	if c.Env == nil {
 		c.Env = os.Environ()
@@ -209,6 +216,7 @@ type Server struct {
 	// oom counts the OOM kills of the agent's memory cgroup; oomScore is
 	// the agent's own OOM score, the lowest it may set.
 	oom      *oomCounter
+	ooms     oomLedger // which exec took which OOM kill
 	oomScore string
 	// launcher starts the processes of execs that run as the workload
 	// user (package launcher); userLaunchers those of other users, by
@@ -221,8 +229,9 @@ type Server struct {
 
 	mu      sync.Mutex
 	execs   map[string]*execution
-	serving bool // Serve was called
-	closing bool // Serve is stopping: starts are refused
+	retired []*execution // finished execs, oldest first (retention.go)
+	serving bool         // Serve was called
+	closing bool         // Serve is stopping: starts are refused
 	// stopping is closed when Serve stops; running execs then terminate
 	// their process groups.
 	stopping chan struct{}

@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	osexec "os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -181,6 +183,23 @@ func TestTimeoutKillsGroup(t *testing.T) {
 	}
 	if elapsed := time.Since(start); elapsed > 30*time.Second {
 		t.Errorf("exec took %v", elapsed)
+	}
+}
+
+// TestTimeoutKillsWhatIgnoresTerm: a process that ignores SIGTERM outlives
+// its timeout only by the kill grace: then SIGKILL ends it, reported as a
+// timeout with exit 137.
+func TestTimeoutKillsWhatIgnoresTerm(t *testing.T) {
+	a := startAgent(t, "--kill-grace", "300ms")
+	spec := shell(`trap "" TERM; sleep 100`)
+	spec.Timeout = durationpb.New(time.Second)
+	r := a.run(t, execID(t), spec)
+	res := r.result
+	if !res.GetTimedOut() || res.GetExitCode() != 137 || res.GetSignal() != "SIGKILL" {
+		t.Errorf("result = %v, want timed out, exit 137, SIGKILL", res)
+	}
+	if d := res.GetDuration().AsDuration(); d < 1300*time.Millisecond || d > 10*time.Second {
+		t.Errorf("duration %v, want the 1 s timeout plus the 300 ms grace (well under 10 s)", d)
 	}
 }
 
@@ -915,6 +934,36 @@ func TestRetention(t *testing.T) {
 	}
 }
 
+// TestRetainedBounded runs three times more execs than the agent keeps:
+// only the newest are listed and attachable, the older are forgotten at
+// once (NOT_FOUND) rather than after the retention time, and a running
+// exec is never among those forgotten.
+func TestRetainedBounded(t *testing.T) {
+	const keep = 5
+	a := startAgent(t, "--max-retained", fmt.Sprint(keep))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	long := a.startExec(t, ctx, "long", argv("sleep", "30"))
+	defer long.CloseSend()
+	var ids []string
+	for i := range 3 * keep {
+		id := fmt.Sprintf("short-%d", i)
+		a.run(t, id, argv("true"))
+		ids = append(ids, id)
+	}
+	list := a.listExecs(t)
+	if _, ok := list["long"]; !ok || len(list) != keep+1 {
+		t.Errorf("ListExecs has %d execs %v, want the running one and the last %d ended", len(list), slices.Collect(maps.Keys(list)), keep)
+	}
+	for i, id := range ids {
+		err := recvErr(t, a.attachExec(t, ctx, id, 0))
+		forgotten := status.Code(err) == codes.NotFound
+		if want := i < len(ids)-keep; forgotten != want {
+			t.Errorf("attach %s (the %d. of %d): forgotten %v (%v), want %v", id, i+1, len(ids), forgotten, err, want)
+		}
+	}
+}
+
 // TestStopKillsExecs stops the agent with SIGTERM while execs run: each
 // ends (the one ignoring SIGTERM by SIGKILL), its stream gets the result,
 // and the agent exits 0.
@@ -1067,5 +1116,24 @@ func TestAsPID1(t *testing.T) {
 	}
 	if len(left) != 0 {
 		t.Errorf("PID 1 still has children 10s later (pid: state): %v", left)
+	}
+}
+
+// TestLogBoundsProgram runs a 100 KB program name with terminal escapes:
+// the agent's log line about it stays short and carries no raw control
+// character.
+func TestLogBoundsProgram(t *testing.T) {
+	a := startAgent(t)
+	r := a.run(t, execID(t), argv(strings.Repeat("x", 100<<10)+"\x1b]0;pwned\x07"))
+	if got := r.result.GetExitCode(); got != 127 {
+		t.Fatalf("exit code = %d, want 127", got)
+	}
+	for _, line := range strings.Split(a.stderr.String(), "\n") {
+		if len(line) > 2048 {
+			t.Errorf("agent log line of %d bytes: %.120q...", len(line), line)
+		}
+		if strings.ContainsAny(line, "\x1b\x07") {
+			t.Errorf("agent log line with a raw control character: %.200q", line)
+		}
 	}
 }

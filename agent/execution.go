@@ -77,6 +77,10 @@ type execution struct {
 	// killer's.
 	killSent atomic.Bool
 
+	// retired is set once the exec is among the server's finished ones
+	// (Server.retired); guarded by Server.mu.
+	retired bool
+
 	mu         sync.Mutex
 	finished   bool                  // the result is known; the pgid may be reused
 	finishedAt time.Time             // when finished became true
@@ -167,6 +171,33 @@ func (e *execution) signal(sig syscall.Signal) error {
 	return nil
 }
 
+// terminate sends sig, for a timeout or the agent's stop, to everything the
+// exec started: its process group, and for a tty exec every process group
+// of its terminal session — a shell with job control puts each job in a
+// group of its own, which a signal to the leader's group would miss. A
+// process that made a session of its own (setsid) is out of reach, as it
+// means to be.
+func (e *execution) terminate(sig syscall.Signal) error {
+	if !e.hasTTY {
+		return e.signal(sig)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished || e.pgid == 0 {
+		return nil
+	}
+	if sig == unix.SIGKILL {
+		e.killSent.Store(true)
+	}
+	var errs []error
+	for _, pgid := range sessionGroups(e.pgid) {
+		if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+			errs = append(errs, fmt.Errorf("kill process group %d of session %d with %v: %w", pgid, e.pgid, sig, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // running reports whether the exec's result is not known yet.
 func (e *execution) running() bool {
 	e.mu.Lock()
@@ -175,9 +206,15 @@ func (e *execution) running() bool {
 }
 
 // groupAlive reports whether any process, zombies included, is still in the
-// exec's process group.
+// exec's process group, or for a tty exec in its session (see terminate).
 func (e *execution) groupAlive() bool {
-	return e.pgid != 0 && unix.Kill(-e.pgid, 0) == nil
+	if e.pgid == 0 {
+		return false
+	}
+	if e.hasTTY {
+		return len(sessionGroups(e.pgid)) > 0
+	}
+	return unix.Kill(-e.pgid, 0) == nil
 }
 
 // awaitGroupGone polls until the process group is empty (its members were
@@ -436,7 +473,7 @@ func (s *Server) supervise(e *execution, exited <-chan exitStatus, start time.Ti
 			return
 		}
 		termSent = true
-		s.logSignalErr(e, e.signal(unix.SIGTERM))
+		s.logSignalErr(e, e.terminate(unix.SIGTERM))
 		killTimer = time.NewTimer(s.cfg.KillGrace)
 		killC = killTimer.C
 	}
@@ -454,7 +491,7 @@ wait:
 			stopping = nil
 			escalate()
 		case <-killC:
-			s.logSignalErr(e, e.signal(unix.SIGKILL))
+			s.logSignalErr(e, e.terminate(unix.SIGKILL))
 			killSent, killC = true, nil
 		}
 	}
@@ -465,7 +502,7 @@ wait:
 		// grandchild ignoring SIGTERM) still gets its grace, then SIGKILL.
 		if e.groupAlive() {
 			<-killC
-			s.logSignalErr(e, e.signal(unix.SIGKILL))
+			s.logSignalErr(e, e.terminate(unix.SIGKILL))
 			killSent = true
 		} else {
 			killTimer.Stop()
@@ -487,11 +524,12 @@ wait:
 
 	res := resultOf(st, start)
 	res.TimedOut = timedOut
-	res.OomKilled = oomVerdict(st.ws, e.oomBefore, oomAfter, e.oomKnown, e.killSent.Load())
+	res.OomKilled = oomVerdict(st.ws, e.oomBefore, oomAfter, e.oomKnown, e.killSent.Load(), &s.ooms)
 	for _, p := range pumps {
 		p.fill(res)
 	}
 	e.finish(res)
+	s.retire(e)
 	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "exit_code", res.GetExitCode(),
 		"signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/textsafe"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -155,7 +156,7 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 	}
 
 	e.setStarted(pid, p)
-	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", p.argv[0], "tty", p.tty)
+	s.log.Info("exec started", "exec_id", id, "pid", pid, "program", textsafe.Cut(p.argv[0], maxLoggedProgram), "tty", p.tty)
 	s.execWG.Add(1)
 	go s.supervise(e, exited, start, p.timeout, pumps)
 	return r, nil
@@ -188,8 +189,14 @@ func (s *Server) cannotRun(e *execution, p *plan, stderr *pump, err error) {
 	res := &berthv1.ExecResult{ExitCode: proto.Int32(code), Duration: durationpb.New(0), UserCpu: durationpb.New(0), SystemCpu: durationpb.New(0)}
 	stderr.fill(res)
 	e.finish(res)
-	s.log.Info("exec could not run", "exec_id", e.id, "program", p.argv[0], "exit_code", code, "err", err)
+	s.retire(e)
+	s.log.Info("exec could not run", "exec_id", e.id, "program", textsafe.Cut(p.argv[0], maxLoggedProgram), "exit_code", code, "err", textsafe.Cut(msg, maxLoggedProgram))
 }
+
+// maxLoggedProgram bounds the program name the agent logs, in bytes: it is
+// the caller's argv[0], of any length (the log handler escapes what is not
+// printable).
+const maxLoggedProgram = 256
 
 // lookPath resolves file like execvp(3): a name with a slash is used as is
 // (execve(2) decides), any other is searched in the absolute directories of

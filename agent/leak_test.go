@@ -111,6 +111,11 @@ func workload(t *testing.T, a *testAgent) {
 	blocked.Stdin = true
 	sctx, scancel := context.WithCancel(ctx)
 	stream := a.startExec(t, sctx, "blocked-stdin", blocked)
+	// Once it runs: canceled before the agent read the start, nothing
+	// would run, and the attach below would find nothing.
+	if resp, err := stream.Recv(); err != nil || resp.GetStarted() == nil {
+		t.Fatalf("blocked-stdin: %v, %v; want started", resp, err)
+	}
 	for range 8 {
 		_ = stream.Send(&agentv1.ExecRequest{Event: &agentv1.ExecRequest_Stdin{Stdin: &berthv1.ExecStdin{Data: make([]byte, 64<<10)}}})
 	}

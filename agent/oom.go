@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -141,8 +142,39 @@ func diedOfKill(ws unix.WaitStatus) bool {
 }
 
 // oomVerdict decides ExecResult.oom_killed: the exec died of SIGKILL (or
-// exit 137), the cgroup's OOM kill count rose while it ran, and the agent
-// had not sent SIGKILL itself (for a timeout, a stop or a client's signal).
-func oomVerdict(ws unix.WaitStatus, before, after uint64, known, agentKilled bool) bool {
-	return known && !agentKilled && after > before && diedOfKill(ws)
+// exit 137), the cgroup's OOM kill count rose while it ran, the agent had
+// not sent SIGKILL itself (for a timeout, a stop or a client's signal), and
+// one of the kills counted meanwhile is not another exec's already (see
+// oomLedger).
+func oomVerdict(ws unix.WaitStatus, before, after uint64, known, agentKilled bool, ledger *oomLedger) bool {
+	return known && !agentKilled && after > before && diedOfKill(ws) && ledger.claim(before, after)
+}
+
+// oomLedger hands each OOM kill the cgroup counts to one exec at most. The
+// counter is per cgroup, so a kill in one exec rises the count seen by
+// every exec running beside it; before, an exec that a kill -9 ended while
+// another was OOM-killed was reported OOM-killed too. The kills are
+// numbered by the count after them: an exec that started at count before
+// and ended killed at count after takes the lowest kill in (before, after]
+// no exec has taken. Execs are settled in the order they are reaped, which
+// is the order they died in: the victim, reaped first, takes its kill, and
+// a later kill -9 finds none left. (A shell whose child was the victim
+// exits 137 after the child; an exec killed in between takes the kill
+// first.)
+type oomLedger struct {
+	mu    sync.Mutex
+	taken uint64 // kills up to this count are taken
+}
+
+// claim takes a kill in (before, after] for an exec and reports whether
+// there was one.
+func (l *oomLedger) claim(before, after uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	next := max(l.taken, before) + 1
+	if next > after {
+		return false
+	}
+	l.taken = next
+	return true
 }

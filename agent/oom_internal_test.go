@@ -75,9 +75,31 @@ func TestOOMVerdict(t *testing.T) {
 		{"no counter", killed, 0, 1, false, false, false},
 	}
 	for _, tt := range tests {
-		if got := oomVerdict(tt.ws, tt.before, tt.after, tt.known, tt.agent); got != tt.want {
+		if got := oomVerdict(tt.ws, tt.before, tt.after, tt.known, tt.agent, &oomLedger{}); got != tt.want {
 			t.Errorf("%s: oomVerdict = %v, want %v", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestOOMLedger: one OOM kill counted by the cgroup is one exec's. Execs
+// A and B run at once; B is OOM-killed (count 0 -> 1) and settled first;
+// A, killed -9 afterwards with the count still 1, gets none. Two kills
+// while both ran go to both.
+func TestOOMLedger(t *testing.T) {
+	var l oomLedger
+	if !l.claim(0, 1) {
+		t.Error("B, the victim: no kill to take")
+	}
+	if l.claim(0, 1) {
+		t.Error("A, killed -9 after B's OOM kill: took B's kill")
+	}
+	// Count 1 -> 3 while C and D ran: one each, then none.
+	if !l.claim(1, 3) || !l.claim(1, 3) || l.claim(1, 3) {
+		t.Error("two kills while C, D and E ran: want one each for the first two, none for the third")
+	}
+	// A kill before an exec started is not its.
+	if l.claim(3, 3) || l.claim(4, 4) {
+		t.Error("an exec that started after every kill took one")
 	}
 }
 

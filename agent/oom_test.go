@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -160,5 +161,37 @@ func TestOOMKill(t *testing.T) {
 	}
 	if err := syscall.Kill(a.pid, 0); err != nil {
 		t.Fatalf("agent process after the OOM kills: %v", err)
+	}
+}
+
+// TestOOMKillAttributedToItsExec runs a bystander beside a memory hog in
+// one memory cgroup: the hog is OOM-killed and reported so; the bystander,
+// killed with kill -9 afterwards, is not — the cgroup's counter rose while
+// it ran, but that kill was the hog's.
+func TestOOMKillAttributedToItsExec(t *testing.T) {
+	dir := memoryCgroup(t, 96<<20)
+	sockDir, err := os.MkdirTemp("", "ag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	a := startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	bystander := a.startExec(t, ctx, "bystander", shell(`exec sleep 100`))
+	resp, err := bystander.Recv()
+	if err != nil || resp.GetStarted() == nil {
+		t.Fatalf("bystander: %v, %v; want started", resp, err)
+	}
+	pid := resp.GetStarted().GetPid()
+
+	hog := a.run(t, "hog", &berthv1.ProcessSpec{Argv: []string{"bash", "-c", `a=x; while :; do a=$a$a; done`}})
+	if !hog.result.GetOomKilled() {
+		t.Fatalf("hog result = %v, want oom_killed", hog.result)
+	}
+	a.run(t, "killer", shell(fmt.Sprintf("kill -KILL %d", pid)))
+	r := collect(t, bystander, &execRun{started: resp.GetStarted()})
+	if r.result.GetOomKilled() || r.result.GetSignal() != "SIGKILL" {
+		t.Errorf("bystander result = %v, want killed by SIGKILL and not oom_killed: the OOM kill was the hog's", r.result)
 	}
 }

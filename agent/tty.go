@@ -1,8 +1,12 @@
 package agent
 
 import (
+	"bytes"
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
@@ -50,6 +54,42 @@ func openPTY(rows, cols uint16) (master, slave *os.File, err error) {
 		return nil, nil, fmt.Errorf("set terminal size %dx%d: %w", rows, cols, err)
 	}
 	return master, slave, nil
+}
+
+// sessionGroups returns the process groups of the processes of session sid
+// (the fields pgrp and session of /proc/<pid>/stat, proc(5)), zombies
+// included.
+func sessionGroups(sid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return []int{sid} // the leader's group at least
+	}
+	var groups []int
+	for _, ent := range entries {
+		if ent.Name()[0] < '0' || ent.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + ent.Name() + "/stat")
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// pid (comm) state ppid pgrp session ...; comm may hold spaces
+		// and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 4 {
+			continue
+		}
+		pgrp, err1 := strconv.Atoi(f[2])
+		session, err2 := strconv.Atoi(f[3])
+		if err1 == nil && err2 == nil && session == sid && !slices.Contains(groups, pgrp) {
+			groups = append(groups, pgrp)
+		}
+	}
+	return groups
 }
 
 // resizeTTY sets the size of the terminal whose master is f (TIOCSWINSZ,

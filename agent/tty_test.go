@@ -2,11 +2,15 @@ package agent_test
 
 import (
 	"context"
+	"errors"
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -194,4 +198,27 @@ func TestTTYErrors(t *testing.T) {
 	wantInvalid(t, recvErr(t, stream), "resize.rows")
 	killExec(t, a, "no-tty")
 	killExec(t, a, "tty")
+}
+
+// TestTTYTimeoutKillsEveryGroup: a shell with job control on a terminal
+// puts a background job in a process group of its own; a timeout must end
+// it too — every process group of the terminal's session — not only the
+// shell's group.
+func TestTTYTimeoutKillsEveryGroup(t *testing.T) {
+	a := startAgent(t, "--kill-grace", "300ms")
+	spec := withTTY(shell(`set -m; sleep 100 & echo "job $!"; wait`), 24, 80)
+	spec.Timeout = durationpb.New(time.Second)
+	r := a.run(t, execID(t), spec)
+	if !r.result.GetTimedOut() {
+		t.Errorf("result = %v, want timed out", r.result)
+	}
+	m := regexp.MustCompile(`job ([0-9]+)`).FindStringSubmatch(string(r.stdout))
+	if m == nil {
+		t.Fatalf("stdout = %q, want the job's pid", r.stdout)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("kill(%d, 0) after the timed-out exec's result = %v, want ESRCH: the job in its own process group survived", pid, err)
+	}
 }

@@ -58,6 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.RetainedBytes, "retained-bytes", 0, "output all execs retain together, in `bytes` (default: an eighth of the sandbox's memory limit, 4 MiB to 256 MiB)")
 	fs.Uint64Var(&cfg.WorkloadNofile, "workload-nofile", d.WorkloadNofile, "soft RLIMIT_NOFILE of the processes the agent starts (at most the hard limit)")
 	fs.DurationVar(&cfg.Retention, "retention", d.Retention, "how long a finished exec stays attachable")
+	fs.IntVar(&cfg.MaxRetained, "max-retained", d.MaxRetained, "most finished execs kept attachable; beyond it the oldest are forgotten at once")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "silence on an exec stream before a heartbeat is sent")
 	fs.BoolVar(&cfg.LoginEnv, "login-env", false, "give processes the workload user's HOME, USER, LOGNAME and SHELL from /etc/passwd, and PATH when unset (berthd sets it)")
 	fs.BoolVar(&cfg.KeepHome, "keep-home", false, "with --login-env: the environment's HOME was set by the image or the sandbox and is kept")
