@@ -4,8 +4,9 @@
 #
 # Build:   docker build --build-arg VERSION=$(git describe --tags --always) -t berth .
 # or, without a Docker engine, with Debian's buildah: scripts/container-image.sh
-# (make container-image), which is how this file was verified; see the
-# README's "Deployment".
+# (make container-image), which is how this file was verified: it builds,
+# and the three binaries in the image run and report the version built in;
+# berthd serving from the image was not run here (README "Deployment").
 #
 # berthd does not run containerd: it dials the host's containerd socket,
 # mounted in. containerd (on the host) bind-mounts the agent binary and each

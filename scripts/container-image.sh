@@ -6,7 +6,8 @@
 # here, so they are made locally first under those names:
 #   debian:bookworm-slim  a debootstrap --variant=minbase bookworm root
 #   golang:1.26           that root plus this machine's Go toolchain
-#                         (go env GOROOT) in /usr/local/go
+#                         (go env GOROOT) in /usr/local/go and the host's
+#                         CA bundle
 # Then it builds the image and runs `berthd --version` and
 # `berth version` in it. Slow on a fresh machine (debootstrap, a cold Go
 # build inside the image): not part of `make test`.
@@ -52,13 +53,21 @@ if ! have "docker.io/library/golang:$GO_VERSION"; then
 	echo "container-image: making golang:$GO_VERSION (debian + $(go env GOVERSION))"
 	c=$(bh from docker.io/library/debian:bookworm-slim)
 	bh copy "$c" "$(go env GOROOT)" /usr/local/go >/dev/null
+	# The real golang image has ca-certificates; this one gets the host's
+	# bundle, which also holds any CA that the host's way to the module
+	# proxy needs (go mod download in the Dockerfile verifies TLS).
+	bh copy "$c" /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt >/dev/null
 	bh config --env PATH=/go/bin:/usr/local/go/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		--env GOPATH=/go --env GOTOOLCHAIN=local --env "GOPROXY=$(go env GOPROXY)" "$c"
 	bh commit -q --rm "$c" "docker.io/library/golang:$GO_VERSION" >/dev/null
 fi
 
 echo "container-image: building $IMAGE"
-bh bud --isolation chroot --layers=false --build-arg "VERSION=$VERSION" --build-arg "GO_VERSION=$GO_VERSION" -t "$IMAGE" .
+# Go's module and build caches live in $DIR between runs (mounted into the
+# build's RUN steps only; the image does not keep them).
+mkdir -p "$DIR/gomod" "$DIR/gocache"
+bh bud --isolation chroot --layers=false --build-arg "VERSION=$VERSION" --build-arg "GO_VERSION=$GO_VERSION" \
+	-v "$DIR/gomod:/go/pkg/mod" -v "$DIR/gocache:/root/.cache/go-build" -t "$IMAGE" .
 
 c=$(bh from "$IMAGE")
 trap 'bh rm "$c" >/dev/null' EXIT
