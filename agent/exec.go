@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sandbox/berth/agent/ring"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -208,7 +209,8 @@ func (s *Server) follow(stream agentv1.AgentService_ExecServer, e *execution, r 
 			}
 		}
 		for _, ev := range events {
-			if err := stream.Send(&ev.resp); err != nil {
+			// Encoded once for every stream: it goes as it is.
+			if err := stream.SendMsg(wire.FrameOf(ev.wire)); err != nil {
 				return err
 			}
 		}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -87,18 +89,57 @@ type execution struct {
 	exited     *agentv1.ExecResponse // the ExecExited event, set when finished
 }
 
-// outputEvent is one ExecOutput wrapped as the ExecResponse streams send, in
-// a single allocation. It is shared by every stream following the exec and
-// is never modified after the ring stamps its sequence number.
+// outputEvent is one ExecOutput as the ExecResponse streams send it, already
+// encoded: the data is copied once, from the pipe's buffer into buf, and
+// every stream following the exec sends wire (see ring stamping) as it is,
+// without encoding it again. It is never modified after the ring stamps
+// its sequence number.
 type outputEvent struct {
-	resp agentv1.ExecResponse
-	wrap agentv1.ExecResponse_Output
-	out  berthv1.ExecOutput
+	stream berthv1.Stream
+	// buf holds headRoom bytes for the headers, then the data.
+	buf  []byte
+	wire []byte // the encoded ExecResponse: a suffix of buf
 }
 
-// stampOutput sets an event's sequence number; the ring calls it under its
+// headRoom is the most bytes the headers of an encoded output event take:
+// ExecResponse.output's tag and length, ExecOutput's seq, stream and data
+// tags with their varints.
+const headRoom = 1 + binary.MaxVarintLen64 + 1 + binary.MaxVarintLen64 + 1 + 1 + 1 + binary.MaxVarintLen64
+
+// newOutputEvent returns an event of stream holding a copy of data.
+func newOutputEvent(stream berthv1.Stream, data []byte) *outputEvent {
+	buf := make([]byte, headRoom+len(data))
+	copy(buf[headRoom:], data)
+	return &outputEvent{stream: stream, buf: buf}
+}
+
+// Field numbers of an output event on the wire.
+var (
+	respOutputField = (&agentv1.ExecResponse{}).ProtoReflect().Descriptor().Fields().ByName("output").Number()
+	outSeqField     = (&berthv1.ExecOutput{}).ProtoReflect().Descriptor().Fields().ByName("seq").Number()
+	outStreamField  = (&berthv1.ExecOutput{}).ProtoReflect().Descriptor().Fields().ByName("stream").Number()
+	outDataField    = (&berthv1.ExecOutput{}).ProtoReflect().Descriptor().Fields().ByName("data").Number()
+)
+
+// stampOutput numbers an event and encodes its headers in front of its
+// data: ExecResponse{output: ExecOutput{seq, stream, data}}, fields in
+// number order as proto.Marshal writes them. The ring calls it under its
 // lock, before any reader can see the event.
-func stampOutput(ev *outputEvent, seq uint64) { ev.out.Seq = seq }
+func stampOutput(ev *outputEvent, seq uint64) {
+	data := ev.buf[headRoom:]
+	inner := protowire.AppendTag(nil, outSeqField, protowire.VarintType)
+	inner = protowire.AppendVarint(inner, seq)
+	inner = protowire.AppendTag(inner, outStreamField, protowire.VarintType)
+	inner = protowire.AppendVarint(inner, uint64(ev.stream))
+	inner = protowire.AppendTag(inner, outDataField, protowire.BytesType)
+	inner = protowire.AppendVarint(inner, uint64(len(data)))
+	head := protowire.AppendTag(nil, respOutputField, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(len(inner)+len(data)))
+	head = append(head, inner...)
+	start := headRoom - len(head)
+	copy(ev.buf[start:], head)
+	ev.wire = ev.buf[start:]
+}
 
 // newExecution makes the record of a new exec whose output log has
 // ringBytes of the sandbox's retained-output pool.
@@ -414,11 +455,7 @@ func (p *pump) write(b []byte) {
 		n = min(n, p.limit-p.kept)
 	}
 	p.kept += n
-	ev := new(outputEvent)
-	ev.out.Stream = p.stream
-	ev.out.Data = append([]byte(nil), b[:n]...)
-	ev.wrap.Output = &ev.out
-	ev.resp.Event = &ev.wrap
+	ev := newOutputEvent(p.stream, b[:n])
 	start := time.Now().UnixNano()
 	p.appendStart.Store(start)
 	p.log.Append(ev, int(n))

@@ -79,24 +79,80 @@ func (p *PortConn) Read(b []byte) (int, error) {
 		if p.readErr != nil {
 			return 0, p.readErr
 		}
-		resp, err := p.stream.Recv()
-		switch {
-		case errors.Is(err, io.EOF):
-			p.readErr = io.EOF
-		case err != nil:
-			p.readErr = convertError(err)
-		default:
-			switch ev := resp.GetEvent().(type) {
-			case *berthv1.PortForwardResponse_Data:
-				p.pending = ev.Data
-			case *berthv1.PortForwardResponse_Eof:
-				p.readErr = io.EOF
-			}
-		}
+		p.receive()
 	}
 	n := copy(b, p.pending)
 	p.pending = p.pending[n:]
 	return n, nil
+}
+
+// WriteTo writes what the server in the sandbox sends to w until it closes
+// its writing side, each message as it comes (io.Copy uses it: no
+// intermediate buffer).
+func (p *PortConn) WriteTo(w io.Writer) (int64, error) {
+	p.readMu.Lock()
+	defer p.readMu.Unlock()
+	var n int64
+	for {
+		if len(p.pending) > 0 {
+			k, err := w.Write(p.pending)
+			n += int64(k)
+			p.pending = p.pending[k:]
+			if err != nil {
+				return n, err
+			}
+			continue
+		}
+		if p.readErr != nil {
+			if p.readErr == io.EOF {
+				return n, nil
+			}
+			return n, p.readErr
+		}
+		p.receive()
+	}
+}
+
+// receive takes the next message into p.pending or p.readErr; the caller
+// holds p.readMu.
+func (p *PortConn) receive() {
+	resp, err := p.stream.Recv()
+	switch {
+	case errors.Is(err, io.EOF):
+		p.readErr = io.EOF
+	case err != nil:
+		p.readErr = convertError(err)
+	default:
+		switch ev := resp.GetEvent().(type) {
+		case *berthv1.PortForwardResponse_Data:
+			p.pending = ev.Data
+		case *berthv1.PortForwardResponse_Eof:
+			p.readErr = io.EOF
+		}
+	}
+}
+
+// ReadFrom sends what r reads to the server in the sandbox until r's end
+// of file, in messages of up to 256 KiB (io.Copy uses it). It does not
+// close the writing side.
+func (p *PortConn) ReadFrom(r io.Reader) (int64, error) {
+	buf := make([]byte, portChunkBytes)
+	var n int64
+	for {
+		k, rerr := r.Read(buf)
+		if k > 0 {
+			if _, err := p.Write(buf[:k]); err != nil {
+				return n, err
+			}
+			n += int64(k)
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
 }
 
 // Write sends b to the server in the sandbox, waiting while the stream's

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runout"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // agentInfoTimeout bounds a status query to an agent made while answering
@@ -95,7 +97,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	// and when the sandbox's runtime dies (the guard); the caller going away
 	// ends it through ctx.
 	agentCtx := guard.streamContext(ctx)
-	upstream, err := guard.agent.Exec(agentCtx)
+	upstream, err := guard.agent.Exec(agentCtx, wire.CallOption())
 	if err != nil {
 		return s.toStatus(ctx, guard.failed(ctx, err), meta)
 	}
@@ -108,10 +110,40 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	// context ends, which returning from this handler does.
 	go forwardCaller(stream, upstream, &protoErr, guard.cancel)
 
-	var resp eventWrapper
+	var (
+		resp eventWrapper
+		fr   wire.Frame
+	)
+	defer fr.Free()
+	msg := &agentv1.ExecResponse{}
 	started := false
+	var outputValues [2]uint64 // an output event's seq and stream
+	// sendFailed ends the handler when sending to the caller failed: the
+	// caller went away, maybe while output flowed.
+	sendFailed := func(err error) error {
+		if hangup && started && ctx.Err() != nil {
+			s.hangUp(ctx, guard, execID)
+		}
+		return s.toStatus(ctx, err, meta)
+	}
 	for {
-		msg, err := upstream.Recv()
+		err := upstream.RecvMsg(&fr)
+		if err == nil {
+			// An output event goes on as it is on the wire: its field
+			// numbers are the same in both APIs (TestExecEventFields),
+			// and Embedded passes only {seq, stream, data}, nothing a
+			// hostile agent could add.
+			if n, ok := fr.Embedded(execOutputField, outputFields, outputDataField, outputValues[:]); ok {
+				guard.seenOutput(outputValues[0], berthv1.Stream(outputValues[1]), n)
+				if err := stream.SendMsg(&fr); err != nil {
+					return sendFailed(err)
+				}
+				continue
+			}
+			msg.Reset()
+			err = fr.Decode(msg)
+			fr.Free()
+		}
 		if err != nil {
 			if perr := protoErr.get(); perr != nil {
 				return perr
@@ -131,11 +163,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		}
 		started = started || msg.GetStarted() != nil
 		if err := stream.Send(&resp.ExecResponse); err != nil {
-			// The caller went away while output flowed.
-			if hangup && started && ctx.Err() != nil {
-				s.hangUp(ctx, guard, execID)
-			}
-			return s.toStatus(ctx, err, meta)
+			return sendFailed(err)
 		}
 		if ex := msg.GetExited(); ex != nil {
 			trace.SpanFromContext(ctx).SetAttributes(attribute.Int("berth.exec.exit_code", int(ex.GetResult().GetExitCode())))
@@ -154,6 +182,16 @@ func (s *Service) hangUp(ctx context.Context, guard *execGuard, execID string) {
 		s.log.WarnContext(ctx, "hang up exec whose caller went away", slog.String("sandbox_id", guard.sandboxID), slog.String("exec_id", execID), slog.Any("error", err))
 	}
 }
+
+// Field numbers of an exec's output event: ExecResponse.output, the same
+// in berth.v1 and berth.agent.v1, and ExecOutput's seq and stream (in the
+// order proto.Marshal writes them) and data.
+var (
+	outputMsg       = (&berthv1.ExecOutput{}).ProtoReflect().Descriptor().Fields()
+	execOutputField = (&berthv1.ExecResponse{}).ProtoReflect().Descriptor().Fields().ByName("output").Number()
+	outputFields    = []protoreflect.FieldNumber{outputMsg.ByName("seq").Number(), outputMsg.ByName("stream").Number()}
+	outputDataField = outputMsg.ByName("data").Number()
+)
 
 // eventWrapper re-wraps agent events as public ones, sharing the payload.
 // Its oneof wrappers are reused from event to event: Send marshals before

@@ -170,10 +170,18 @@ func (g *execGuard) opened() {
 	})
 }
 
-// seen notes an agent event, which the handler passes on to its caller.
-func (g *execGuard) seen(msg *agentv1.ExecResponse) {
+// seenOutput notes an output event numbered seq of stream with n bytes of
+// data, relayed undecoded to the handler's caller.
+func (g *execGuard) seenOutput(seq uint64, stream berthv1.Stream, n int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.answer()
+	g.lastSeq = max(g.lastSeq, seq)
+	g.s.obs.OutputSent(streamName(stream), n)
+}
+
+// answer notes that the agent answered. The caller holds g.mu.
+func (g *execGuard) answer() {
 	if !g.answered {
 		g.answered = true
 		close(g.answeredCh)
@@ -181,6 +189,13 @@ func (g *execGuard) seen(msg *agentv1.ExecResponse) {
 			g.timer.Stop()
 		}
 	}
+}
+
+// seen notes an agent event.
+func (g *execGuard) seen(msg *agentv1.ExecResponse) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.answer()
 	switch ev := msg.GetEvent().(type) {
 	case *agentv1.ExecResponse_Started:
 		if !g.started {

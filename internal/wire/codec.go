@@ -192,3 +192,65 @@ func (r *Receiver) Recv(recvMsg func(any) error, m proto.Message) (data []byte, 
 
 // Free releases the last chunk's buffers.
 func (r *Receiver) Free() { r.fr.Free() }
+
+// Embedded reports whether the frame is a message of exactly one field,
+// the message field numbered field (an oneof case, say), whose own fields
+// are exactly, in this order, the varints numbered varints (each once)
+// and then the bytes field numbered data running to the frame's end: the
+// shape proto.Marshal gives an exec's output event {seq, stream, data}.
+// It stores the value of varints[i] in vals[i] (vals is at least as long
+// as varints) and returns the length of the data in bytes. A frame that
+// passes decodes to those fields and nothing else, whoever sent it, so it
+// may be relayed as it is; any other message (a field missing, repeated,
+// reordered or unknown, bytes that do not parse) is not: Decode it.
+func (f *Frame) Embedded(field protoreflect.FieldNumber, varints []protoreflect.FieldNumber, data protoreflect.FieldNumber, vals []uint64) (int, bool) {
+	// The headers: two tags with lengths and a tag with a value per
+	// varint, at most 11 bytes each for field numbers below 16. Longer
+	// headers do not pass.
+	var head [64]byte
+	got := 0
+	for _, b := range f.data {
+		got += copy(head[got:], b.ReadOnlyData())
+		if got == len(head) {
+			break
+		}
+	}
+	p := head[:got]
+	total := f.data.Len()
+	// consume reads a tag numbered num of type typ and its varint (a
+	// value or a length), advancing p.
+	consume := func(num protoreflect.FieldNumber, typ protowire.Type) (uint64, bool) {
+		n, t, tagLen := protowire.ConsumeTag(p)
+		if tagLen < 0 || n != num || t != typ {
+			return 0, false
+		}
+		v, vLen := protowire.ConsumeVarint(p[tagLen:])
+		if vLen < 0 {
+			return 0, false
+		}
+		p = p[tagLen+vLen:]
+		return v, true
+	}
+	n, ok := consume(field, protowire.BytesType)
+	if !ok || n != uint64(total-(got-len(p))) {
+		return 0, false
+	}
+	for i, num := range varints {
+		v, ok := consume(num, protowire.VarintType)
+		if !ok {
+			return 0, false
+		}
+		vals[i] = v
+	}
+	n, ok = consume(data, protowire.BytesType)
+	if !ok || n != uint64(total-(got-len(p))) {
+		return 0, false
+	}
+	return int(n), true
+}
+
+// FrameOf returns a frame holding b, an encoded message, to be sent as it
+// is. b must not change while gRPC may hold it; it is never pooled.
+func FrameOf(b []byte) *Frame {
+	return &Frame{data: mem.BufferSlice{mem.SliceBuffer(b)}}
+}

@@ -345,7 +345,7 @@ type PortForwardResponse_Connected struct {
 
 type PortForwardResponse_Data struct {
 	// data is the next bytes the server in the sandbox wrote, in order, at
-	// most 32 KiB per message.
+	// most 256 KiB per message.
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
 }
 

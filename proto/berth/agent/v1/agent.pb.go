@@ -1045,7 +1045,7 @@ type PortForwardResponse_Connected struct {
 }
 
 type PortForwardResponse_Data struct {
-	// data is the next bytes read from the connection, at most 32 KiB.
+	// data is the next bytes read from the connection, at most 256 KiB.
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
 }
 
