@@ -67,7 +67,7 @@ export interface PortForwardResponse {
     | //
     /**
      * data is the next bytes the server in the sandbox wrote, in order, at
-     * most 32 KiB per message.
+     * most 256 KiB per message.
      */
     { $case: "data"; value: Buffer }
     | //
