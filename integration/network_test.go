@@ -22,6 +22,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/vishvananda/netlink"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -660,15 +661,29 @@ func TestNetworkMaxConnections(t *testing.T) {
 
 // TestNetworkBandwidth: bandwidth caps become token buckets (tc tbf) on the
 // sandbox's host interface (what it receives) and on an ifb device fed
-// from it (what it sends); both go with the sandbox.
+// from it (what it sends); both go with the sandbox. The sandbox is made
+// by `berth sandbox create` with every network flag.
 func TestNetworkBandwidth(t *testing.T) {
 	need(t)
 	ne := newNetEnv(t, "netb-"+randHex(2))
-	p := egress("192.0.2.0/24")
-	p.EgressBytesPerSecond, p.IngressBytesPerSecond = 1_000_000, 2_000_000
-	sb := ne.create(t, p)
-	if got := sb.GetNetwork(); got.GetEgressBytesPerSecond() != 1_000_000 || got.GetIngressBytesPerSecond() != 2_000_000 {
-		t.Errorf("Sandbox.network = %v, want the rates asked for", got)
+	out, err := exec.Command(env.cliBinary, "--addr", "unix://"+ne.sock, "sandbox", "create", "--image", env.image,
+		"--egress", "192.0.2.0/24", "--egress", "pypi.example:443", "--max-connections", "7",
+		"--egress-bytes-per-second", "1000000", "--ingress-bytes-per-second", "2000000").CombinedOutput()
+	if err != nil {
+		t.Fatalf("berth sandbox create --egress ...: %v: %s", err, out)
+	}
+	got, err := ne.sandboxes.GetSandbox(context.Background(), &berthv1.GetSandboxRequest{SandboxId: strings.TrimSpace(string(out))})
+	if err != nil {
+		t.Fatalf("GetSandbox of what berth sandbox create printed (%q): %v", out, err)
+	}
+	sb := got.GetSandbox()
+	t.Cleanup(func() {
+		ne.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()})
+	})
+	want := &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: []string{"192.0.2.0/24", "pypi.example:443"},
+		MaxConnections: 7, EgressBytesPerSecond: 1_000_000, IngressBytesPerSecond: 2_000_000}
+	if !proto.Equal(sb.GetNetwork(), want) {
+		t.Errorf("Sandbox.network = %v, want %v (the CLI's flags)", sb.GetNetwork(), want)
 	}
 	ports := bridgePorts(t, ne.cfg.Bridge)
 	if len(ports) != 1 {

@@ -31,6 +31,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		idleTimeout, lifetime time.Duration
 		egress                []string
 		maxConns              uint32
+		egressRate, inRate    uint64
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image REF [flags]",
@@ -58,9 +59,10 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			if lifetime != 0 {
 				req.MaxLifetime = durationpb.New(lifetime)
 			}
-			if len(egress) > 0 || maxConns > 0 {
+			if len(egress) > 0 || maxConns > 0 || egressRate > 0 || inRate > 0 {
 				// berthd checks the entries and names a bad one.
-				req.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: egress, MaxConnections: maxConns}
+				req.Network = &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: egress, MaxConnections: maxConns,
+					EgressBytesPerSecond: egressRate, IngressBytesPerSecond: inRate}
 			}
 			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
 				sb, err := c.CreateSandbox(ctx, &req)
@@ -87,6 +89,8 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().StringVar(&req.RequestId, "request-id", "", "idempotency key: the same key names the same sandbox (ignored with --id)")
 	cmd.Flags().StringArrayVar(&egress, "egress", nil, "network mode EGRESS, allowing ENTRY: ADDR, CIDR or NAME, *.NAME, each with an optional :PORT (repeatable; without it the sandbox has no network)")
 	cmd.Flags().Uint32Var(&maxConns, "max-connections", 0, "with --egress: most connections open at once (default: no cap)")
+	cmd.Flags().Uint64Var(&egressRate, "egress-bytes-per-second", 0, "with --egress: cap on what the sandbox sends, bytes per second (default: no cap)")
+	cmd.Flags().Uint64Var(&inRate, "ingress-bytes-per-second", 0, "with --egress: cap on what the sandbox receives, bytes per second (default: no cap)")
 	return cmd
 }
 
