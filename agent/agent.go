@@ -30,6 +30,7 @@ import (
 	"github.com/berth-sandbox/berth/agent/files"
 	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/agent/ring"
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/version"
 	"github.com/berth-sandbox/berth/internal/wire"
@@ -135,6 +136,11 @@ type Config struct {
 	// Files caps the file service (package files); its UID, GID and
 	// Logger are set from this Config.
 	Files files.Config
+
+	// Secret is the per-sandbox secret berthd gave the agent: Info answers
+	// a challenge with agentproof.Prove under it. Empty: Info proves
+	// nothing.
+	Secret []byte
 }
 
 // cgroupRoot is where the cgroup filesystem is mounted; berthd mounts the
@@ -294,9 +300,10 @@ func New(cfg Config) (*Server, error) {
 // Info reports the agent's boot id, version, build and pid, and for
 // berthd's idle timeout the number of running execs and the last exec
 // activity.
-func (s *Server) Info(context.Context, *agentv1.InfoRequest) (*agentv1.InfoResponse, error) {
+func (s *Server) Info(_ context.Context, req *agentv1.InfoRequest) (*agentv1.InfoResponse, error) {
 	running, last := s.execActivity()
-	resp := &agentv1.InfoResponse{BootId: s.bootID, Version: Version, Build: Build(), Pid: int64(os.Getpid()), RunningExecs: running}
+	resp := &agentv1.InfoResponse{BootId: s.bootID, Version: Version, Build: Build(), Pid: int64(os.Getpid()), RunningExecs: running,
+		Proof: agentproof.Prove(s.cfg.Secret, req.GetChallenge())}
 	if !last.IsZero() {
 		resp.LastActivity = timestamppb.New(last)
 	}

@@ -121,6 +121,8 @@ var comparisons = []comparison{
 	{what: "PortForward: HTTP GET of 256 MiB", berth: "portforward/berth-PortForward", anchors: []string{"portforward/direct-netns"}},
 	{what: "berth port-forward: HTTP GET of 256 MiB", berth: "portforward/berth-cli", anchors: []string{"portforward/direct-netns"}},
 	{what: "create to first exec (echo)", berth: "create/berth-cold", anchors: []string{"create/ctr-run"}, latency: true},
+	{what: "create to first exec, host_users (no remapped snapshot)", berth: "create/berth-cold-host-users", anchors: []string{"create/ctr-run"}, latency: true},
+	{what: "create to first exec, runtime gvisor", berth: "create/berth-cold-gvisor", anchors: []string{"create/ctr-run"}, latency: true},
 	{what: "create to first exec, warm pool", berth: "create/berth-warm", anchors: []string{"create/ctr-run"}, latency: true},
 }
 

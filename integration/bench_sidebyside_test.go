@@ -17,6 +17,7 @@ import (
 
 	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -167,11 +168,19 @@ func BenchmarkSideBySide(b *testing.B) {
 
 	b.Run("create", func(b *testing.B) {
 		measure(b, "create/berth-cold", 0, func(b *testing.B) sample {
-			return createFirstExec(b, env.sandboxes, nil)
+			return createFirstExec(b, env.sandboxes, nil, nil)
+		})
+		// Without the user namespace's remapped snapshot (host_users).
+		hostUsers := newInProcessEnv(b, "bh", server.Config{AllowHostUsers: true})
+		measure(b, "create/berth-cold-host-users", 0, func(b *testing.B) sample {
+			return createFirstExec(b, hostUsers.sandboxes, nil, &berthv1.CreateSandboxRequest{HostUsers: true})
+		})
+		measure(b, "create/berth-cold-gvisor", 0, func(b *testing.B) sample {
+			return createFirstExec(b, env.sandboxes, nil, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
 		})
 		pool := newInProcessEnv(b, "bw", warmPoolConfig())
 		measure(b, "create/berth-warm", 0, func(b *testing.B) sample {
-			return createFirstExec(b, pool.sandboxes, pool)
+			return createFirstExec(b, pool.sandboxes, pool, nil)
 		})
 		var n int
 		measure(b, "create/ctr-run", 0, func(b *testing.B) sample {
@@ -346,7 +355,7 @@ func measure(b *testing.B, name string, bytes int64, op func(*testing.B) sample)
 // createFirstExec creates a sandbox through sandboxes and runs echo in it,
 // timed; pool, when not nil, is the warm pool that must serve the create.
 // The sandbox is deleted off the clock.
-func createFirstExec(b *testing.B, sandboxes berthv1.SandboxServiceClient, pool *berthEnv) sample {
+func createFirstExec(b *testing.B, sandboxes berthv1.SandboxServiceClient, pool *berthEnv, req *berthv1.CreateSandboxRequest) sample {
 	ctx := context.Background()
 	b.StopTimer()
 	if pool != nil {
@@ -354,7 +363,11 @@ func createFirstExec(b *testing.B, sandboxes berthv1.SandboxServiceClient, pool 
 	}
 	b.StartTimer()
 	start := time.Now()
-	resp, err := sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage})
+	if req == nil {
+		req = &berthv1.CreateSandboxRequest{}
+	}
+	req.Image = baseImage
+	resp, err := sandboxes.CreateSandbox(ctx, req)
 	if err != nil {
 		b.Fatal(err)
 	}

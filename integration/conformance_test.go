@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ const (
 // agent has short heartbeat, retention and ring settings (from a second
 // berthd), and a sandbox with a 64 MiB memory limit.
 type conformance struct {
+	runtime  string                       // runtime.RuntimeRunc or runtime.RuntimeGVisor
 	sb       string                       // on env.sandboxes
 	tuned    berthv1.SandboxServiceClient // the second berthd
 	tunedSB  string                       // on tuned
@@ -54,13 +56,27 @@ type conformance struct {
 // signals and stdin, 7 TTY, 8 result facts and OOM, 9 background execs, 10
 // validation, 11 byte exactness. Each asserts exact bytes, exit codes and
 // flags.
+//
+// It runs once per runtime (a test matrix): runc, and gvisor, whose
+// differences are the cases' own (see README "gVisor").
 func TestConformance(t *testing.T) {
 	need(t)
+	for _, rt := range []string{runtime.RuntimeRunc, runtime.RuntimeGVisor} {
+		t.Run(rt, func(t *testing.T) { conformanceOn(t, rt) })
+	}
+}
+
+func conformanceOn(t *testing.T, rt string) {
+	if rt == runtime.RuntimeGVisor {
+		needGVisor(t)
+	}
 	var c conformance
-	c.sb = newSandbox(t, nil).GetId()
-	c.tuned = startTunedServer(t, runtime.Config{ExecHeartbeat: tunedHeartbeat, ExecRetention: tunedRetention, ExecRingBytes: tunedRing})
-	c.tunedSB = newSandboxOn(t, c.tuned, nil)
-	c.memoryMB = newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{MemoryBytes: 64 << 20}}).GetId()
+	c.runtime = rt
+	c.sb = newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: rt}).GetId()
+	c.tuned = startTunedServer(t, runtime.Config{ExecHeartbeat: tunedHeartbeat, ExecRetention: tunedRetention, ExecRingBytes: tunedRing,
+		GVisorBinary: filepath.Join(env.repo, "scripts", "runsc-berth")})
+	c.tunedSB = newSandboxOn(t, c.tuned, &berthv1.CreateSandboxRequest{Runtime: rt})
+	c.memoryMB = newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: rt, Resources: &berthv1.Resources{MemoryBytes: 64 << 20}}).GetId()
 
 	cases := []struct {
 		name string
@@ -271,7 +287,13 @@ func (c *execConn) wait0() *berthv1.ExecStarted {
 }
 
 func gibThroughCap(t *testing.T, c *conformance) {
-	const gib, mib = 1 << 30, 1 << 20
+	const mib = 1 << 20
+	gib := 1 << 30
+	if c.runtime == runtime.RuntimeGVisor {
+		// gVisor's pipes drain about 13 MiB/s here (ptrace platform): 64
+		// MiB keeps the case's point in 5 s instead of 80.
+		gib = 64 << 20
+	}
 	spec := &berthv1.ProcessSpec{Argv: []string{"head", "-c", strconv.Itoa(gib), "/dev/zero"}, StdoutLimitBytes: mib}
 	start := time.Now()
 	ev := runExec(t, env.sandboxes, c.sb, "", spec)
@@ -283,7 +305,7 @@ func gibThroughCap(t *testing.T, c *conformance) {
 		t.Errorf("stdout = %d bytes, want the first %d bytes, all zero", len(ev.stdout), mib)
 	}
 	r := ev.result
-	if r.GetExitCode() != 0 || !r.GetStdoutTruncated() || r.GetStdoutBytes() != gib || r.GetStderrTruncated() || r.GetTimedOut() {
+	if r.GetExitCode() != 0 || !r.GetStdoutTruncated() || r.GetStdoutBytes() != uint64(gib) || r.GetStderrTruncated() || r.GetTimedOut() {
 		t.Errorf("result = %v, want exit 0, stdout_truncated, stdout_bytes %d", r, gib)
 	}
 }
@@ -471,13 +493,17 @@ func ttyResizeEOT(t *testing.T, c *conformance) {
 		t.Errorf("output %q, want the size, the echoed input, the new size", ev.stdout)
 	}
 
-	spec = tty(&berthv1.ProcessSpec{Argv: []string{"cat"}}, 24, 80)
-	spec.Stdin = true
-	conn = openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
-	conn.send(stdinMsg([]byte("abc\n")))
-	conn.send(closeStdinMsg) // EOT: cat reads end of file
-	if ev := conn.wait(); string(ev.stdout) != "abc\r\nabc\r\n" || ev.result.GetExitCode() != 0 {
-		t.Errorf("output %q exit %d, want the echo, cat's copy, and exit 0", ev.stdout, ev.result.GetExitCode())
+	if c.runtime != runtime.RuntimeGVisor {
+		// gVisor's 2022 terminal does not turn a typed EOT into end of
+		// file (README "gVisor").
+		spec = tty(&berthv1.ProcessSpec{Argv: []string{"cat"}}, 24, 80)
+		spec.Stdin = true
+		conn = openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
+		conn.send(stdinMsg([]byte("abc\n")))
+		conn.send(closeStdinMsg) // EOT: cat reads end of file
+		if ev := conn.wait(); string(ev.stdout) != "abc\r\nabc\r\n" || ev.result.GetExitCode() != 0 {
+			t.Errorf("output %q exit %d, want the echo, cat's copy, and exit 0", ev.stdout, ev.result.GetExitCode())
+		}
 	}
 
 	conn = openExec(t, env.sandboxes, startReq(c.sb, "", sh("sleep 30")), 0)
@@ -490,6 +516,9 @@ func ttyResizeEOT(t *testing.T, c *conformance) {
 // typed reach it through raw mode, a window size change reaches it as
 // SIGWINCH, berth exits with its status and restores the terminal.
 func cliInteractive(t *testing.T, c *conformance) {
+	if c.runtime == runtime.RuntimeGVisor {
+		t.Skip("gVisor's 2022 terminal changes its size on resize but sends no SIGWINCH (README \"gVisor\")")
+	}
 	master, slave, err := pty.Open()
 	if err != nil {
 		t.Fatalf("open a pty: %v", err)
@@ -579,6 +608,10 @@ func cliInteractive(t *testing.T, c *conformance) {
 const hog = `a=x; while :; do a=$a$a; done`
 
 func oomKill(t *testing.T, c *conformance) {
+	if c.runtime == runtime.RuntimeGVisor {
+		// TestGVisorOOM checks what happens instead.
+		t.Skip("under gVisor the memory cap is the whole sandbox's: an OOM kill ends the runtime (RUNTIME_REPLACED, oom_killed), not one process")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	runtimeOf := func() *berthv1.RuntimeIdentity {
@@ -684,8 +717,10 @@ func background(t *testing.T, c *conformance) {
 		t.Errorf("attach: stdout %q exit %d, want %q and 0", ev.stdout, ev.result.GetExitCode(), "one\ntwo y\n")
 	}
 	info = listExecs(t, env.sandboxes, c.sb)[id]
-	if info.GetState() != berthv1.ExecState_EXEC_STATE_EXITED || info.GetLastSeq() != 2 || !proto.Equal(info.GetResult(), ev.result) {
-		t.Errorf("ListExecs entry after the end = %v, want exited, last_seq 2, result %v", info, ev.result)
+	// The two lines are one output event or two, as the pipe was read
+	// (under gVisor often one): last_seq is the attach's last.
+	if info.GetState() != berthv1.ExecState_EXEC_STATE_EXITED || info.GetLastSeq() != ev.lastSeq || ev.lastSeq == 0 || !proto.Equal(info.GetResult(), ev.result) {
+		t.Errorf("ListExecs entry after the end = %v, want exited, last_seq %d, result %v", info, ev.lastSeq, ev.result)
 	}
 }
 

@@ -35,7 +35,7 @@ func BenchmarkAgentInfo(b *testing.B) {
 		b.Skip(env.skip)
 	}
 	sb := benchSandbox(b)
-	pool := agentconn.NewPool()
+	pool := agentconn.NewPool(nil)
 	defer pool.Close()
 	agent, err := pool.Get(env.rt.SocketPath(sb.GetId()))
 	if err != nil {

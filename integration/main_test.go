@@ -91,6 +91,11 @@ func setup(m *testing.M) (code int, err error) {
 		return 0, err
 	}
 	defer os.RemoveAll(env.dir)
+	// Sandboxes' roots are unprivileged host ids (user namespaces): they
+	// must pass through to the containerd state and the agent binary here.
+	if err := os.Chmod(env.dir, 0o711); err != nil {
+		return 0, err
+	}
 
 	env.containerd = os.Getenv("BERTH_CONTAINERD_ADDRESS")
 	if env.containerd == "" {
@@ -141,6 +146,8 @@ func setup(m *testing.M) (code int, err error) {
 		Snapshotter: env.snapshotter,
 		StateDir:    filepath.Join(env.dir, "st"),
 		AgentBinary: env.agentBinary,
+		// scripts/deps.sh installs runsc.
+		GVisorBinary: filepath.Join(repo, "scripts", "runsc-berth"),
 	})
 	if err != nil {
 		return 0, err
@@ -306,7 +313,10 @@ func run(t *testing.T, sandboxID string, argv ...string) *berthv1.RunResponse {
 	defer cancel()
 	resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sandboxID, Process: &berthv1.ProcessSpec{Argv: argv}})
 	if err != nil {
-		t.Fatalf("Run(%q): %v", argv, err)
+		// The agent's log says what it started and what it saw end: the
+		// first thing to read when a Run hangs or fails.
+		log, _ := os.ReadFile(env.rt.LogPath(sandboxID))
+		t.Fatalf("Run(%q): %v\nagent log of %s:\n%s", argv, err, sandboxID, log)
 	}
 	return resp
 }

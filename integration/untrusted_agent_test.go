@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"runtime"
@@ -10,15 +11,18 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/agentconn"
 )
 
 // fakeAgent is what a sandbox's root can put in place of its agent's
@@ -32,12 +36,31 @@ import (
 //	huge-      one 8 MiB message
 type fakeAgent struct {
 	agentv1.UnimplementedAgentServiceServer
-	sent atomic.Uint64 // output bytes sent, over all streams
+	secret []byte        // proven in Info, as a sandbox's agent proves its own
+	sent   atomic.Uint64 // output bytes sent, over all streams
 }
 
-func (f *fakeAgent) Info(context.Context, *agentv1.InfoRequest) (*agentv1.InfoResponse, error) {
-	return &agentv1.InfoResponse{BootId: "f00dfeedf00dfeedf00dfeedf00dfeed", Version: "fake", Pid: 1}, nil
+func (f *fakeAgent) Info(_ context.Context, req *agentv1.InfoRequest) (*agentv1.InfoResponse, error) {
+	return &agentv1.InfoResponse{BootId: "f00dfeedf00dfeedf00dfeedf00dfeed", Version: "fake", Pid: 1,
+		Proof: agentproof.Prove(f.secret, req.GetChallenge())}, nil
 }
+
+// Verifier stands the fake in for a verified agent (server.Config's
+// AgentVerifier): the listener must be this process and prove the fake's
+// secret. The fake plays an agent that passed berthd's checks and turned
+// hostile; berthd's caps must hold against it all the same.
+func (f *fakeAgent) Verifier() agentconn.Verifier { return fakeVerifier{f} }
+
+type fakeVerifier struct{ f *fakeAgent }
+
+func (v fakeVerifier) Peer(_ context.Context, path string, cred *unix.Ucred) error {
+	if int(cred.Pid) != os.Getpid() {
+		return fmt.Errorf("the listener on %s is pid %d, not the test's fake agent (pid %d)", path, cred.Pid, os.Getpid())
+	}
+	return nil
+}
+func (v fakeVerifier) Secret(context.Context, string) ([]byte, error) { return v.f.secret, nil }
+func (v fakeVerifier) Refused(string)                                 {}
 
 func (f *fakeAgent) Exec(stream agentv1.AgentService_ExecServer) error {
 	req, err := stream.Recv()
@@ -85,7 +108,7 @@ func serveFakeAgent(t *testing.T, sandboxID string) *fakeAgent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeAgent{}
+	f := &fakeAgent{secret: []byte(strings.Repeat("s", agentproof.SecretBytes))}
 	gs := grpc.NewServer()
 	agentv1.RegisterAgentServiceServer(gs, f)
 	go gs.Serve(l)
@@ -131,7 +154,7 @@ func TestUntrustedAgent(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil).GetId()
 	fake := serveFakeAgent(t, sb)
-	conn, err := grpc.NewClient(startServer(t, server.Config{TaskRestartLimit: -1}), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(startServer(t, server.Config{TaskRestartLimit: -1, AgentVerifier: fake.Verifier()}), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +192,10 @@ func TestUntrustedAgent(t *testing.T) {
 	})
 	t.Run("a message over berthd's limit", func(t *testing.T) {
 		resp, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, ExecId: "huge-" + xid(t), Process: capped()})
-		if err == nil {
-			t.Errorf("Run = %v, want an error: berthd accepts at most 4 MiB per agent message", resp)
+		// berthd drops the stream of a message over its limit: the
+		// connection is lost, not the fake refused.
+		if cause := unreachableCause(err); cause != berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECTION_LOST {
+			t.Errorf("Run = %v, %v (cause %v); want SANDBOX_UNREACHABLE CONNECTION_LOST: berthd accepts at most 4 MiB per agent message", resp, err, cause)
 		}
 	})
 	t.Run("an Exec whose caller does not read", func(t *testing.T) {
@@ -199,4 +224,15 @@ func TestUntrustedAgent(t *testing.T) {
 			t.Errorf("%d MiB went out before flow control held the fake agent; want windows' worth, below 32 MiB", (last-before)>>20)
 		}
 	})
+}
+
+// unreachableCause returns the cause in err's Unreachable detail, or
+// UNREACHABLE_CAUSE_UNSPECIFIED when it has none.
+func unreachableCause(err error) berthv1.UnreachableCause {
+	for _, d := range status.Convert(err).Details() {
+		if u, ok := d.(*berthv1.Unreachable); ok {
+			return u.GetCause()
+		}
+	}
+	return berthv1.UnreachableCause_UNREACHABLE_CAUSE_UNSPECIFIED
 }

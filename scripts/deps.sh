@@ -5,10 +5,11 @@
 #   - containerd, runc (and ctr, which ships with containerd), busybox-static,
 #     libarchive-tools (bsdtar: the tar round-trip tests check berth's archives
 #     against GNU tar, bsdtar and busybox tar), plus make, git and
-#     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh), and for the
-#     sandbox network containernetworking-plugins (CNI bridge, host-local,
-#     loopback under /usr/lib/cni), nftables and iproute2, when missing:
-#     apt-get update + apt-get install.
+#     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh), runsc (gVisor,
+#     run through scripts/runsc-berth), and for the sandbox network
+#     containernetworking-plugins (CNI bridge, host-local, loopback under
+#     /usr/lib/cni), nftables and iproute2, when missing: apt-get update +
+#     apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - the clients' tools (see the end): protoc, grpc_python_plugin,
@@ -64,6 +65,8 @@ command -v runc >/dev/null || missing+=(runc)
 command -v bsdtar >/dev/null || missing+=(libarchive-tools)
 command -v make >/dev/null || missing+=(make)
 command -v git >/dev/null || missing+=(git)
+# gVisor (runtime "gvisor"): Debian's runsc, run through scripts/runsc-berth.
+[[ -x /usr/bin/runsc ]] || missing+=(runsc)
 # btrfs-progs formats and manages the quota-enabled btrfs that disk quotas
 # need (scripts/btrfs-quota.sh, run by scripts/containerd.sh).
 { command -v mkfs.btrfs >/dev/null && command -v btrfs >/dev/null; } || missing+=(btrfs-progs)
@@ -76,13 +79,13 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git libarchive-tools btrfs-progs containernetworking-plugins nftables iproute2; do
+	for p in make git libarchive-tools btrfs-progs runsc containernetworking-plugins nftables iproute2; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, containernetworking-plugins, nftables, iproute2: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, runsc, containernetworking-plugins, nftables, iproute2: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then

@@ -134,21 +134,8 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	}
 
 	res := req.GetResources()
-	spec.PidsLimit, spec.CPUMillis, spec.MemoryBytes = res.GetPidsLimit(), res.GetCpuMillis(), res.GetMemoryBytes()
-	if spec.PidsLimit == 0 {
-		spec.PidsLimit = s.cfg.DefaultPidsLimit
-	}
-	if spec.PidsLimit > s.cfg.MaxPidsLimit {
-		return spec, rpcstatus.InvalidArgument("resources.pids_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.PidsLimit, s.cfg.MaxPidsLimit))
-	}
-	if spec.CPUMillis > s.cfg.MaxCPUMillis {
-		return spec, rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.CPUMillis, s.cfg.MaxCPUMillis))
-	}
-	if max := s.cfg.MaxMemoryBytes; max > 0 && spec.MemoryBytes > max {
-		return spec, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.MemoryBytes, max))
-	}
-	if m := spec.MemoryBytes; m > 0 && m < minMemoryBytes {
-		return spec, rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
+	if err := s.resources(&spec, res); err != nil {
+		return spec, err
 	}
 	spec.ShmBytes = (res.GetShmBytes() + 1023) / 1024 * 1024
 	if spec.ShmBytes == 0 {
@@ -165,6 +152,9 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
 		return spec, err
 	}
+	if err := s.isolation(&spec, req); err != nil {
+		return spec, err
+	}
 	if spec.WorkDir, err = validateWorkDir("workdir", req.GetWorkdir()); err != nil {
 		return spec, err
 	}
@@ -178,6 +168,91 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 		return spec, err
 	}
 	return spec, nil
+}
+
+// resources fills spec's limits from res, the server's defaults standing in
+// for zero fields, and checks them against the server's maximums.
+func (s *Service) resources(spec *runtime.SandboxSpec, res *berthv1.Resources) error {
+	spec.PidsLimit, spec.CPUMillis, spec.MemoryBytes = res.GetPidsLimit(), res.GetCpuMillis(), res.GetMemoryBytes()
+	spec.OpenFiles = res.GetOpenFilesLimit()
+	s.defaultResources(spec)
+	if spec.PidsLimit > s.cfg.MaxPidsLimit {
+		return rpcstatus.InvalidArgument("resources.pids_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.PidsLimit, s.cfg.MaxPidsLimit))
+	}
+	if spec.CPUMillis > s.cfg.MaxCPUMillis {
+		return rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.CPUMillis, s.cfg.MaxCPUMillis))
+	}
+	if max := s.cfg.MaxMemoryBytes; max > 0 && spec.MemoryBytes > max {
+		return rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.MemoryBytes, max))
+	}
+	if m := spec.MemoryBytes; m > 0 && m < minMemoryBytes {
+		return rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d is below the minimum of %d (4 MiB)", m, minMemoryBytes))
+	}
+	if spec.OpenFiles > s.cfg.MaxOpenFiles {
+		return rpcstatus.InvalidArgument("resources.open_files_limit", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.OpenFiles, s.cfg.MaxOpenFiles))
+	}
+	if spec.OpenFiles < minOpenFiles {
+		return rpcstatus.InvalidArgument("resources.open_files_limit", fmt.Sprintf("%d is below the minimum of %d", spec.OpenFiles, minOpenFiles))
+	}
+	// Every process may hold OpenFiles descriptors, each its own open file
+	// at worst: PidsLimit × OpenFiles bounds what the sandbox can take from
+	// the host's file table (fs.file-max).
+	if max := s.cfg.MaxSandboxOpenFiles; spec.PidsLimit > max || spec.OpenFiles > max/spec.PidsLimit {
+		worst := spec.PidsLimit * spec.OpenFiles // for the message
+		field := "resources.open_files_limit"
+		if res.GetOpenFilesLimit() == 0 {
+			field = "resources.pids_limit"
+		}
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("pids_limit %d × open_files_limit %d may hold %d open files; the server's maximum per sandbox is %d: lower either",
+			spec.PidsLimit, spec.OpenFiles, worst, s.cfg.MaxSandboxOpenFiles))
+	}
+	return nil
+}
+
+// isolation fills spec's runtime and user namespace from req and checks
+// them against what the server allows.
+func (s *Service) isolation(spec *runtime.SandboxSpec, req *berthv1.CreateSandboxRequest) error {
+	spec.HostUsers = req.GetHostUsers()
+	switch spec.Runtime = req.GetRuntime(); spec.Runtime {
+	case "", runtime.RuntimeRunc:
+		spec.Runtime = runtime.RuntimeRunc
+	case runtime.RuntimeGVisor:
+		if !s.rt.GVisorEnabled() {
+			return rpcstatus.InvalidArgument("runtime", `"gvisor" is not enabled on this server (berthd --gvisor-binary)`)
+		}
+		// gVisor's sentry runs as an unprivileged host user in a user
+		// namespace of its own: host_users changes nothing there.
+		spec.HostUsers = false
+	default:
+		return rpcstatus.InvalidArgument("runtime", fmt.Sprintf("%q must be %q or %q", spec.Runtime, runtime.RuntimeRunc, runtime.RuntimeGVisor))
+	}
+	if spec.HostUsers && !s.cfg.AllowHostUsers {
+		return rpcstatus.InvalidArgument("host_users", "this server runs every sandbox in a user namespace of its own (berthd --allow-host-users permits the host's)")
+	}
+	if !spec.HostUsers && spec.Runtime == runtime.RuntimeRunc && (spec.UID >= runtime.IDRangeSize || spec.GID >= runtime.IDRangeSize) {
+		return rpcstatus.InvalidArgument("user", fmt.Sprintf("%d:%d: ids in a sandbox's user namespace are 0 to %d", spec.UID, spec.GID, runtime.IDRangeSize-1))
+	}
+	return nil
+}
+
+// minOpenFiles is the smallest RLIMIT_NOFILE accepted: the agent needs
+// descriptors of its own for its socket, pipes and files.
+const minOpenFiles = 64
+
+// defaultResources puts the server's defaults in spec's zero limits.
+func (s *Service) defaultResources(spec *runtime.SandboxSpec) {
+	if spec.PidsLimit == 0 {
+		spec.PidsLimit = s.cfg.DefaultPidsLimit
+	}
+	if spec.CPUMillis == 0 && s.cfg.DefaultCPUMillis > 0 {
+		spec.CPUMillis = uint64(s.cfg.DefaultCPUMillis)
+	}
+	if spec.MemoryBytes == 0 && s.cfg.DefaultMemoryBytes > 0 {
+		spec.MemoryBytes = uint64(s.cfg.DefaultMemoryBytes)
+	}
+	if spec.OpenFiles == 0 {
+		spec.OpenFiles = s.cfg.DefaultOpenFiles
+	}
 }
 
 // networkSpec validates a request's network: NONE (the default) takes no
@@ -570,6 +645,9 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.PidsLimit != want.PidsLimit, "resources.pids_limit")
 	add(have.CPUMillis != want.CPUMillis, "resources.cpu_millis")
 	add(have.MemoryBytes != want.MemoryBytes, "resources.memory_bytes")
+	add(have.OpenFiles != want.OpenFiles, "resources.open_files_limit")
+	add(have.HostUsers != want.HostUsers, "host_users")
+	add(have.Runtime != want.Runtime, "runtime")
 	add(have.DiskBytes != want.DiskBytes, "resources.disk_bytes")
 	add(have.ShmBytes != want.ShmBytes, "resources.shm_bytes")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
@@ -604,14 +682,17 @@ func takenError(id string) error {
 func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 	def := s.pooledSpec(spec.Image, spec.ID)
 	return s.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
-		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == 0 && spec.MemoryBytes == 0 &&
+		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == def.CPUMillis &&
+		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles && spec.HostUsers == def.HostUsers && spec.Runtime == def.Runtime &&
 		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes && !spec.Network.Egress
 }
 
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	return runtime.SandboxSpec{ID: id, Image: image, PidsLimit: s.cfg.DefaultPidsLimit, DiskBytes: s.cfg.DefaultDiskBytes, ShmBytes: runtime.DefaultShmBytes, WorkDir: runtime.DefaultWorkDir,
+	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir, Runtime: runtime.RuntimeRunc, DiskBytes: s.cfg.DefaultDiskBytes, ShmBytes: runtime.DefaultShmBytes,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
+	s.defaultResources(&spec)
+	return spec
 }
 
 // fromPool claims a ready warm-pool member for spec. It reports false when

@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
+
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
@@ -99,5 +102,50 @@ func TestSandboxIDOf(t *testing.T) {
 	}
 	if got := sandboxIDOf((&berthv1.ListImagesRequest{}).ProtoReflect(), 1); got != "" {
 		t.Errorf("sandboxIDOf(list images) = %q, want none", got)
+	}
+}
+
+// TestResources checks the server's default limits and the bound on a
+// sandbox's worst case of open files (pids_limit × open_files_limit).
+func TestResources(t *testing.T) {
+	s := &Service{cfg: Config{MaxCPUMillis: 2000}}
+	s.cfg.setDefaults()
+	for _, tt := range []struct {
+		name      string
+		in        *berthv1.Resources
+		want      runtime.SandboxSpec // limits only
+		wantField string              // the field an INVALID_ARGUMENT names
+	}{
+		{"defaults", nil, runtime.SandboxSpec{PidsLimit: 512, CPUMillis: 1000, MemoryBytes: 1 << 30, OpenFiles: 1024}, ""},
+		{"asked", &berthv1.Resources{PidsLimit: 64, CpuMillis: 250, MemoryBytes: 64 << 20, OpenFilesLimit: 4096},
+			runtime.SandboxSpec{PidsLimit: 64, CPUMillis: 250, MemoryBytes: 64 << 20, OpenFiles: 4096}, ""},
+		{"many pids, few files", &berthv1.Resources{PidsLimit: 16384, OpenFilesLimit: 64},
+			runtime.SandboxSpec{PidsLimit: 16384, CPUMillis: 1000, MemoryBytes: 1 << 30, OpenFiles: 64}, ""},
+		{"many pids, default files", &berthv1.Resources{PidsLimit: 32768}, runtime.SandboxSpec{}, "resources.pids_limit"},
+		{"default pids, many files", &berthv1.Resources{OpenFilesLimit: 1 << 20}, runtime.SandboxSpec{}, "resources.open_files_limit"},
+		{"at the bound", &berthv1.Resources{PidsLimit: 1024, OpenFilesLimit: 1024},
+			runtime.SandboxSpec{PidsLimit: 1024, CPUMillis: 1000, MemoryBytes: 1 << 30, OpenFiles: 1024}, ""},
+		{"files above the maximum", &berthv1.Resources{PidsLimit: 1, OpenFilesLimit: 1<<20 + 1}, runtime.SandboxSpec{}, "resources.open_files_limit"},
+		{"too few files", &berthv1.Resources{OpenFilesLimit: 10}, runtime.SandboxSpec{}, "resources.open_files_limit"},
+		{"pids above the maximum", &berthv1.Resources{PidsLimit: 40000, OpenFilesLimit: 64}, runtime.SandboxSpec{}, "resources.pids_limit"},
+	} {
+		var spec runtime.SandboxSpec
+		err := s.resources(&spec, tt.in)
+		if tt.wantField != "" {
+			var field string
+			for _, d := range status.Convert(err).Details() {
+				if br, ok := d.(*errdetails.BadRequest); ok {
+					field = br.GetFieldViolations()[0].GetField()
+				}
+			}
+			if field != tt.wantField {
+				t.Errorf("%s: resources(%v) = %v, want INVALID_ARGUMENT naming %s", tt.name, tt.in, err, tt.wantField)
+			}
+			continue
+		}
+		got := [4]uint64{spec.PidsLimit, spec.CPUMillis, spec.MemoryBytes, spec.OpenFiles}
+		if err != nil || got != [4]uint64{tt.want.PidsLimit, tt.want.CPUMillis, tt.want.MemoryBytes, tt.want.OpenFiles} {
+			t.Errorf("%s: resources(%v) = %+v, %v; want %+v", tt.name, tt.in, spec, err, tt.want)
+		}
 	}
 }

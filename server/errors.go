@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"strings"
 	"syscall"
@@ -140,6 +141,28 @@ func (e *runtimeReplacedError) detail() *berthv1.RuntimeReplaced {
 	}
 	return d
 }
+
+// journalError says a start was refused because berthd could not record
+// the exec id in the sandbox's runtime journal: nothing was sent to the
+// agent, nothing ran.
+type journalError struct {
+	sandboxID string
+	execID    string
+	err       error
+}
+
+func (e *journalError) Error() string {
+	cause := e.err
+	// The path is berthd's host path: the caller gets the system error.
+	var pe *fs.PathError
+	if errors.As(e.err, &pe) {
+		cause = pe.Err
+	}
+	return fmt.Sprintf("exec %s not started in sandbox %s: berthd could not record it in its runtime journal (%v); nothing ran; retry once the server's journal directory can be written",
+		e.execID, e.sandboxID, cause)
+}
+
+func (e *journalError) Unwrap() error { return e.err }
 
 // staleHandleError says a request named an exec of an earlier runtime.
 type staleHandleError struct {
@@ -279,6 +302,7 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		unreachable *unreachableError
 		replaced    *runtimeReplacedError
 		stale       *staleHandleError
+		journal     *journalError
 	)
 	switch {
 	case errors.As(err, &busy):
@@ -288,6 +312,10 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonRuntimeReplaced, msg, withMeta(meta, "exec_id", replaced.execID), replaced.detail())
 	case errors.As(err, &stale):
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonStaleHandle, msg, withMeta(meta, "exec_id", stale.execID), stale.detail())
+	case errors.As(err, &journal):
+		s.log.ErrorContext(ctx, "exec refused: runtime journal write failed", slog.String("sandbox_id", journal.sandboxID), slog.String("exec_id", journal.execID), slog.Any("error", journal.err))
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonJournalUnavailable, msg,
+			withMeta(meta, "admitted", berthv1.Admitted_ADMITTED_NOT_STARTED.String()))
 	case errors.As(err, &unreachable):
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, withMeta(meta, "cause", unreachable.cause.String()), unreachable.detail(s.cfg.ConnectBudget))
 	case errors.Is(err, errAgentUnreachable):

@@ -13,6 +13,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/runout"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -286,6 +287,10 @@ func forwardCaller(stream berthv1.SandboxService_ExecServer, upstream agentv1.Ag
 func agentError(sandboxID string, err error) error {
 	if rpcstatus.Reason(err) != "" {
 		return err
+	}
+	if errors.Is(err, agentconn.ErrUnverified) {
+		return &unreachableError{sandboxID: sandboxID, cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED,
+			taskRunning: true, admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, what: err.Error() + "; nothing was sent to it"}
 	}
 	switch status.Code(err) {
 	case codes.Unavailable:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -57,6 +58,9 @@ type execGuard struct {
 	watch     *taskWatch
 	fired     <-chan struct{}
 	slot      *execSlot // nil unless the request starts a new exec
+	// recorded is true when this request wrote the exec's write-ahead
+	// journal record, to retract when the start did not happen.
+	recorded bool
 
 	cancel      context.CancelFunc
 	watcherDone chan struct{}
@@ -103,7 +107,14 @@ func (s *Service) guardExec(ctx context.Context, sandboxID, execID string, start
 			s.events.unwatch(w)
 			return nil, err
 		}
-		g.slot = slot
+		// Fail closed: an exec the journal cannot record is not started.
+		added, err := s.ids.recordExec(sandboxID, execID, id.BootID)
+		if err != nil {
+			slot.release()
+			s.events.unwatch(w)
+			return nil, &journalError{sandboxID: sandboxID, execID: execID, err: err}
+		}
+		g.slot, g.recorded = slot, added
 	}
 	return g, nil
 }
@@ -201,7 +212,9 @@ func (g *execGuard) seen(msg *agentv1.ExecResponse) {
 		if !g.started {
 			g.started = true
 			if g.start {
-				g.s.ids.recordExec(g.sandboxID, g.execID, g.runtime.BootID)
+				// Recorded before the start was sent; this only restores a
+				// record a refused concurrent start of the same id retracted.
+				g.s.recordRunning(g.sandboxID, g.execID, g.runtime.BootID)
 			}
 			if g.slot != nil {
 				g.slot.start()
@@ -320,7 +333,7 @@ func (g *execGuard) unreachable(cause berthv1.UnreachableCause, what string) err
 	admitted := g.admitted()
 	if admitted == berthv1.Admitted_ADMITTED_UNKNOWN && g.start {
 		// A retry with the same exec id must attach, not run it again.
-		g.s.ids.recordExec(g.sandboxID, g.execID, g.runtime.BootID)
+		g.s.recordRunning(g.sandboxID, g.execID, g.runtime.BootID)
 	}
 	return &unreachableError{sandboxID: g.sandboxID, execID: g.execID, cause: cause, taskRunning: true,
 		runtime: g.runtime, waited: time.Since(g.began), admitted: admitted, what: what}
@@ -330,7 +343,7 @@ func (g *execGuard) replacedError(cause berthv1.ReplacedCause) *runtimeReplacedE
 	admitted := g.admitted()
 	if admitted == berthv1.Admitted_ADMITTED_UNKNOWN && g.start {
 		// A retry with the same exec id gets STALE_HANDLE: it may have run.
-		g.s.ids.recordExec(g.sandboxID, g.execID, g.runtime.BootID)
+		g.s.recordRunning(g.sandboxID, g.execID, g.runtime.BootID)
 	}
 	return &runtimeReplacedError{sandboxID: g.sandboxID, execID: g.execID, cause: cause, before: g.runtime,
 		elapsed: time.Since(g.began), admitted: admitted}
@@ -377,7 +390,12 @@ func (g *execGuard) close() {
 	maybeRuns := g.start && g.sent && !g.answered && !g.refused
 	runsOn := (g.started || maybeRuns) && !g.exited
 	since := g.lastSeq
+	// Nothing ran when the start was never sent or the agent refused it.
+	notRun := g.recorded && !g.started && (!g.sent || g.refused)
 	g.mu.Unlock()
+	if notRun {
+		g.s.ids.retractExec(g.sandboxID, g.execID, g.runtime.BootID)
+	}
 	_, _, gone := g.s.events.result(g.watch)
 	g.s.events.unwatch(g.watch)
 	if g.slot == nil {
@@ -476,6 +494,16 @@ func followToExit(ctx context.Context, agent agentv1.AgentServiceClient, execID 
 		case *agentv1.ExecResponse_Exited:
 			return ev.Exited.GetResult(), nil
 		}
+	}
+}
+
+// recordRunning records an exec that runs, or may, in the runtime with
+// bootID. Its write-ahead record exists already unless a refused concurrent
+// start of the same id retracted it; if the journal cannot take it again,
+// the loss is logged: the exec runs already.
+func (s *Service) recordRunning(sandboxID, execID, bootID string) {
+	if _, err := s.ids.recordExec(sandboxID, execID, bootID); err != nil {
+		s.log.Error("journal an exec that runs", slog.String("sandbox_id", sandboxID), slog.String("exec_id", execID), slog.Any("error", err))
 	}
 }
 

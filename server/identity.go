@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,6 +132,10 @@ type sandboxRuntimes struct {
 	// journalLines counts lines in the journal file, to know when to
 	// compact it.
 	journalLines int
+	// journal is the journal file, open for appending once written: a
+	// start then needs no new descriptor (berthd out of descriptors still
+	// runs execs in sandboxes it knows).
+	journal *os.File
 	// owner is the sandbox's owner (principal) as containerd recorded it
 	// while the runtime with boot id ownerBoot ran: reach trusts it for
 	// that runtime only, so a sandbox deleted and created anew behind
@@ -209,7 +214,11 @@ func (r *identities) observe(sandboxID string, id identity) identity {
 	sr.current = id
 	sr.notify()
 	if prev.BootID != id.BootID || prev.TaskPID != id.TaskPID {
-		r.appendJournal(sandboxID, sr, runtimeLine(id))
+		// A runtime line that cannot be written is a lost hint only: exec
+		// records name their runtime's boot id themselves.
+		if err := r.appendJournal(sandboxID, sr, runtimeLine(id)); err != nil {
+			r.log.Warn("append runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
+		}
 	}
 	return prev
 }
@@ -282,16 +291,59 @@ func (r *identities) awaitReplacement(ctx context.Context, sandboxID, old string
 	}
 }
 
-// recordExec records that execID was started in the runtime with bootID.
-func (r *identities) recordExec(sandboxID, execID, bootID string) {
+// recordExec records that execID is started in the runtime with bootID,
+// and reports whether the record is new. It is called before the start is sent to the agent (a write-ahead
+// record): when the journal cannot take the record it returns the
+// journal's error and records nothing, and the start must not be sent —
+// an exec the journal does not know could run a second time after a
+// berthd restart, when its id no longer reads as stale.
+func (r *identities) recordExec(sandboxID, execID, bootID string) (added bool, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	sr := r.get(sandboxID)
 	if sr.execs[execID] == bootID {
+		return false, nil
+	}
+	prev, had := sr.execs[execID]
+	sr.record(execID, bootID)
+	if err := r.appendJournal(sandboxID, sr, "e "+bootID+" "+execID+"\n"); err != nil {
+		if had {
+			sr.execs[execID] = prev
+		} else {
+			sr.unrecord(execID)
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// retractExec forgets the write-ahead record of execID in the runtime with
+// bootID: the agent refused the start, or it was never sent, so nothing
+// ran. The retraction is journaled too; when that write fails the journal
+// keeps the record, which errs on the safe side (a later start of the id
+// in another runtime is STALE_HANDLE although nothing ran).
+func (r *identities) retractExec(sandboxID, execID, bootID string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sr := r.peek(sandboxID)
+	if sr == nil || sr.execs[execID] != bootID {
 		return
 	}
-	sr.record(execID, bootID)
-	r.appendJournal(sandboxID, sr, "e "+bootID+" "+execID+"\n")
+	sr.unrecord(execID)
+	if err := r.appendJournal(sandboxID, sr, "x "+bootID+" "+execID+"\n"); err != nil {
+		r.log.Warn("journal the retraction of an exec that did not start", slog.String("sandbox_id", sandboxID), slog.String("exec_id", execID), slog.Any("error", err))
+	}
+}
+
+// unrecord removes execID from sr's records.
+func (sr *sandboxRuntimes) unrecord(execID string) {
+	if _, ok := sr.execs[execID]; !ok {
+		return
+	}
+	delete(sr.execs, execID)
+	if i := slices.Index(sr.order, execID); i >= 0 {
+		sr.order = slices.Delete(sr.order, i, i+1)
+	}
 }
 
 func (sr *sandboxRuntimes) record(execID, bootID string) {
@@ -357,6 +409,7 @@ func (r *identities) forget(sandboxID string) {
 	defer r.mu.Unlock()
 	if sr, ok := r.sandboxes[sandboxID]; ok {
 		sr.notify()
+		sr.closeJournal()
 	}
 	delete(r.sandboxes, sandboxID)
 	if r.dir != "" {
@@ -397,9 +450,12 @@ func (r *identities) pruneJournals(keep map[string]uint64) {
 //
 //	r <boot id> <task pid> <task start, unix ns> <agent version>
 //	e <boot id> <exec id>
+//	x <boot id> <exec id>
 //
 // "r" records a runtime berthd observed (the last one is the current one),
-// "e" that an exec id was started in the runtime of that boot id. Lines that
+// "e" that an exec id was started in the runtime of that boot id (written
+// before the start reaches the agent), "x" that such a start was refused or
+// never sent, so the "e" before it no longer holds. Lines that
 // do not parse are skipped: the journal holds hints, never authority over
 // what runs.
 const journalSuffix = ".journal"
@@ -426,31 +482,49 @@ func runtimeLine(id identity) string {
 }
 
 // appendJournal appends line to the sandbox's journal, compacting the
-// journal first when it holds far more lines than records. The caller
-// holds r.mu. A failure is logged: the records stay in memory.
-func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line string) {
+// journal first when it holds far more lines than records (sr must hold
+// line's record already). The caller holds r.mu. It returns the write's
+// error; a partly written line (a full file system) is cut off again, so
+// the journal's lines stay whole.
+func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line string) error {
 	if r.dir == "" {
-		return
+		return nil
 	}
 	if sr.journalLines > maxJournalLines(len(sr.execs)+len(sr.past)) {
 		if err := r.compact(sandboxID, sr); err != nil {
 			r.log.Warn("compact runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
 		} else {
-			return // the compacted journal holds line's record already
+			return nil // the compacted journal holds line's record already
 		}
 	}
-	f, err := os.OpenFile(r.journalPath(sandboxID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if sr.journal == nil {
+		f, err := os.OpenFile(r.journalPath(sandboxID), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		if err != nil {
+			return fmt.Errorf("open runtime journal: %w", err)
+		}
+		sr.journal = f
+	}
+	st, err := sr.journal.Stat()
 	if err == nil {
-		_, err = f.WriteString(line)
-		if cerr := f.Close(); err == nil {
-			err = cerr
+		var n int
+		n, err = sr.journal.WriteString(line)
+		if err != nil && n > 0 {
+			sr.journal.Truncate(st.Size())
 		}
 	}
 	if err != nil {
-		r.log.Warn("append runtime journal", slog.String("sandbox_id", sandboxID), slog.Any("error", err))
-		return
+		return fmt.Errorf("append to runtime journal: %w", err)
 	}
 	sr.journalLines++
+	return nil
+}
+
+// closeJournal closes sr's journal file, if open.
+func (sr *sandboxRuntimes) closeJournal() {
+	if sr.journal != nil {
+		sr.journal.Close()
+		sr.journal = nil
+	}
 }
 
 // maxJournalLines is how many lines a journal holding records records may
@@ -482,6 +556,8 @@ func (r *identities) compact(sandboxID string, sr *sandboxRuntimes) error {
 		os.Remove(tmp)
 		return err
 	}
+	// The file open for appending is the replaced one now.
+	sr.closeJournal()
 	sr.journalLines = lines
 	return nil
 }
@@ -520,6 +596,8 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 			sr.current = id
 		case len(fields) == 3 && fields[0] == "e" && bootIDPattern.MatchString(fields[1]) && execIDPattern.MatchString(fields[2]):
 			sr.record(fields[2], fields[1])
+		case len(fields) == 3 && fields[0] == "x" && sr.execs[fields[2]] == fields[1]:
+			sr.unrecord(fields[2])
 		}
 	}
 	if len(sr.past) > maxPastRuntimes {

@@ -247,3 +247,57 @@ func TestLookupsLeaveNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalFailsClosed checks that an exec record the journal cannot
+// take is refused and not kept, that a retracted record reads back as
+// unknown, and that a failed write leaves the journal's lines whole.
+func TestJournalFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	r := newIdentities(dir, discard)
+	one := identity{BootID: boot(1), TaskPID: 10}
+	r.observe("sb", one)
+	if added, err := r.recordExec("sb", "spent", one.BootID); err != nil || !added {
+		t.Fatalf("recordExec(spent) = %v, %v; want added", added, err)
+	}
+	if added, err := r.recordExec("sb", "refused", one.BootID); err != nil || !added {
+		t.Fatalf("recordExec(refused) = %v, %v; want added", added, err)
+	}
+	r.retractExec("sb", "refused", one.BootID)
+	if got, ok := r.execRuntime("sb", "refused"); ok {
+		t.Errorf("execRuntime(refused) after retraction = %v, want unknown", got)
+	}
+
+	// The journal's descriptor on /dev/full: every write fails with
+	// ENOSPC, as on a full file system.
+	saved, err := os.ReadFile(filepath.Join(dir, "sb"+journalSuffix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr := r.sandboxes["sb"]
+	sr.closeJournal()
+	if sr.journal, err = os.OpenFile("/dev/full", os.O_WRONLY, 0); err != nil {
+		t.Fatal(err)
+	}
+	added, err := r.recordExec("sb", "blocked", one.BootID)
+	if err == nil || added {
+		t.Fatalf("recordExec(blocked) on a full journal = %v, %v; want an error", added, err)
+	}
+	if got, ok := r.execRuntime("sb", "blocked"); ok {
+		t.Errorf("execRuntime(blocked) after a failed record = %v, want unknown", got)
+	}
+	sr.closeJournal()
+	journal := filepath.Join(dir, "sb"+journalSuffix)
+
+	fresh := newIdentities(dir, discard)
+	if got, ok := fresh.execRuntime("sb", "spent"); !ok || got.BootID != one.BootID {
+		t.Errorf("reloaded execRuntime(spent) = %v, %v; want %v", got, ok, one)
+	}
+	for _, id := range []string{"refused", "blocked"} {
+		if got, ok := fresh.execRuntime("sb", id); ok {
+			t.Errorf("reloaded execRuntime(%s) = %v, want unknown", id, got)
+		}
+	}
+	if b, _ := os.ReadFile(journal); string(b) != string(saved) {
+		t.Errorf("journal after the failed write = %q, want %q", b, saved)
+	}
+}

@@ -105,6 +105,11 @@ func (s *Service) reach(ctx context.Context, sandboxID, execID string) (agentv1.
 		if ctx.Err() != nil {
 			return nil, identity{}, ctx.Err()
 		}
+		if refusal := s.agents.Refusal(s.rt.SocketPath(sandboxID)); refusal != nil {
+			return nil, identity{}, &unreachableError{sandboxID: sandboxID, execID: execID, cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED,
+				taskRunning: true, runtime: last, waited: time.Since(began), admitted: berthv1.Admitted_ADMITTED_NOT_STARTED,
+				what: fmt.Sprintf("berthd refused what answered on the agent's socket (%v); nothing was sent to it", refusal)}
+		}
 		if err := s.dialFailure(sandboxID, time.Since(began)); err != nil {
 			return nil, identity{}, err
 		}

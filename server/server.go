@@ -54,7 +54,7 @@ func init() {
 // Config configures the handlers. Zero fields take the defaults given.
 type Config struct {
 	// DefaultPidsLimit is a sandbox's pids limit (processes and threads)
-	// when the request gives none. Default 1024.
+	// when the request gives none. Default 512.
 	DefaultPidsLimit uint64
 	// MaxPidsLimit bounds requested pids limits; larger requests are
 	// INVALID_ARGUMENT. Default 32768.
@@ -67,6 +67,29 @@ type Config struct {
 	// (sysinfo(2) totalram), which also keeps a cap far from the int64
 	// the OCI spec stores it in.
 	MaxMemoryBytes uint64
+	// DefaultCPUMillis is a sandbox's CPU cap, in thousandths of a CPU,
+	// when the request gives none. Default 1000 (one CPU); negative: no
+	// cap.
+	DefaultCPUMillis int64
+	// DefaultMemoryBytes is a sandbox's memory cap, in bytes, when the
+	// request gives none. Default 1 GiB; negative: no cap.
+	DefaultMemoryBytes int64
+	// DefaultOpenFiles is a sandbox's RLIMIT_NOFILE (per process) when the
+	// request gives none. Default 1024, the limit containerd and Docker
+	// give.
+	DefaultOpenFiles uint64
+	// MaxOpenFiles bounds requested RLIMIT_NOFILE values. Default 1048576
+	// (the kernel's default fs.nr_open, above which setrlimit fails).
+	MaxOpenFiles uint64
+	// MaxSandboxOpenFiles bounds a sandbox's worst case of open files,
+	// pids_limit × open_files_limit; a request beyond it is
+	// INVALID_ARGUMENT. It keeps one sandbox from exhausting the host's
+	// file table (fs.file-max: about 2.4 million with 24 GiB of memory).
+	// Default 1048576 (2^20).
+	MaxSandboxOpenFiles uint64
+	// AllowHostUsers lets a request run its sandbox in the host's user
+	// namespace (CreateSandboxRequest.host_users); refused by default.
+	AllowHostUsers bool
 	// DefaultDiskBytes is a sandbox's disk quota, in bytes, when the request
 	// sets none (resources.disk_bytes). Zero: no quota. Non-zero needs a
 	// runtime with disk quotas (runtime.Runtime.DiskQuota), or Start fails.
@@ -183,6 +206,13 @@ type Config struct {
 	// NetworkUnavailable as the reason.
 	Network            Network
 	NetworkUnavailable string
+
+	// AgentVerifier decides whether what listens on a sandbox's agent
+	// socket is its agent (agentconn.Verifier). Nil: the runtime's
+	// (runtime.Runtime.AgentVerifier): the listener is the sandbox's init
+	// process and proves the secret berthd gave it at create. Tests that
+	// stand a hostile agent in for a verified one give their own.
+	AgentVerifier agentconn.Verifier
 }
 
 // Network is what the handlers need of sandbox networking: attach a
@@ -200,7 +230,22 @@ type Network interface {
 
 func (c *Config) setDefaults() {
 	if c.DefaultPidsLimit == 0 {
-		c.DefaultPidsLimit = 1024
+		c.DefaultPidsLimit = 512
+	}
+	if c.DefaultCPUMillis == 0 {
+		c.DefaultCPUMillis = 1000
+	}
+	if c.DefaultMemoryBytes == 0 {
+		c.DefaultMemoryBytes = 1 << 30
+	}
+	if c.DefaultOpenFiles == 0 {
+		c.DefaultOpenFiles = 1024
+	}
+	if c.MaxOpenFiles == 0 {
+		c.MaxOpenFiles = 1 << 20
+	}
+	if c.MaxSandboxOpenFiles == 0 {
+		c.MaxSandboxOpenFiles = 1 << 20
 	}
 	if c.MaxPidsLimit == 0 {
 		c.MaxPidsLimit = 32768
@@ -334,6 +379,10 @@ var (
 // watchRuntimes); Close stops it.
 func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	cfg.setDefaults()
+	verifier := cfg.AgentVerifier
+	if verifier == nil {
+		verifier = rt.AgentVerifier()
+	}
 	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer,
 		creating: make(map[string]*creation), warned: make(map[string]bool),
 		runBuffers: runout.NewBudget(cfg.RunBufferBytes)}
@@ -341,7 +390,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	if cfg.Tracer != nil {
 		poolOpts = append(poolOpts, agentconn.WithDialOptions(grpc.WithStatsHandler(telemetry.ClientHandler())), agentconn.WithOnConnect(s.relaySpans))
 	}
-	s.agents = agentconn.NewPool(poolOpts...)
+	s.agents = agentconn.NewPool(verifier, poolOpts...)
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.reaper = fleet.NewReaper(cfg.Reaper, prober{s}, stopper{s}, log)
 	s.pool = fleet.NewPool(fleet.PoolConfig{Sizes: cfg.WarmPool}, maker{s}, log)

@@ -15,6 +15,13 @@
 // carries over from the address space it exec'd from) is its own peak, or
 // the launcher's few MiB, never the agent's.
 //
+// A kernel may ignore CLONE_PARENT: gVisor's (runsc 0.0~20221219) does, and
+// the process is then the launcher's child, whose exit the agent would
+// never see. The launcher checks every process it starts (waitid(2) with
+// WNOWAIT) and, when it is its own, answers and exits: the process is
+// re-parented to the agent (init of the sandbox, or its subreaper), and the
+// next start runs a new launcher. There each start costs a launcher.
+//
 // The agent talks to the launcher over a unix socket pair: a request
 // carries the process's stdin, stdout and stderr as SCM_RIGHTS descriptors
 // with its path, argv, env, working directory and session mode; the answer
@@ -151,6 +158,15 @@ func (l *Launcher) Close() {
 	l.closeLocked()
 }
 
+// releaseLocked forgets a launcher that exits by itself: it is not
+// killed, for its pid is reaped, and may be reused, as soon as it is gone.
+func (l *Launcher) releaseLocked() {
+	l.conn.Close()
+	l.conn = nil
+	_ = l.proc.Release()
+	l.proc = nil
+}
+
 func (l *Launcher) closeLocked() {
 	if l.conn != nil {
 		l.conn.Close()
@@ -219,8 +235,14 @@ type transportError struct{ err error }
 func (e *transportError) Error() string { return "launcher: " + e.err.Error() }
 func (e *transportError) Unwrap() error { return e.err }
 
+// answerSize is the size of the launcher's answer to a request: 4 bytes of
+// pid, 4 bytes of errno, 1 byte of stage, and 1 byte that is 1 when the
+// launcher exits after this answer (see isChild).
+const answerSize = 10
+
 // requestLocked sends one request with its descriptors and reads the
-// answer: 4 bytes of pid, 4 bytes of errno, 1 byte of stage.
+// answer (answerSize). A launcher that leaves after answering is let go:
+// the next Start runs another.
 func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	if err := l.conn.SetDeadline(time.Now().Add(requestTimeout)); err != nil {
 		return 0, &transportError{err}
@@ -247,9 +269,12 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	if _, err := l.conn.Write(msg[1:]); err != nil {
 		return 0, &transportError{err}
 	}
-	var ans [9]byte
+	var ans [answerSize]byte
 	if _, err := io.ReadFull(l.conn, ans[:]); err != nil {
 		return 0, &transportError{err}
+	}
+	if ans[9] == 1 {
+		l.releaseLocked()
 	}
 	pid := int(int32(binary.LittleEndian.Uint32(ans[0:4])))
 	errno := syscall.Errno(binary.LittleEndian.Uint32(ans[4:8]))

@@ -59,15 +59,40 @@ func serve(nofile string) int {
 		for _, fd := range fds {
 			syscall.Close(fd)
 		}
-		var ans [9]byte
+		// A kernel that ignored CLONE_PARENT made the process ours, and
+		// only the agent reaps: the launcher leaves, so that the process is
+		// re-parented to init, the agent (PID 1 of the sandbox).
+		leaving := pid > 0 && isChild(pid)
+		var ans [answerSize]byte
 		binary.LittleEndian.PutUint32(ans[0:4], uint32(pid))
 		binary.LittleEndian.PutUint32(ans[4:8], uint32(errno))
 		ans[8] = stage
-		if _, err := syscall.Write(socketFD, ans[:]); err != nil {
-			return 1
+		if leaving {
+			ans[9] = 1
+		}
+		if _, err := syscall.Write(socketFD, ans[:]); err != nil || leaving {
+			return 0
 		}
 	}
 }
+
+// isChild reports whether pid is the launcher's own child, which it is
+// only when the kernel ignored CLONE_PARENT: gVisor's (runsc 2022) does.
+// It asks waitid(2) with WNOWAIT, which leaves a child's exit status for
+// its reaper; for a process that is not its child the answer is ECHILD.
+func isChild(pid int) bool {
+	var info [128]byte // siginfo_t
+	for {
+		_, _, e := syscall.Syscall6(syscall.SYS_WAITID, pPID, uintptr(pid), uintptr(unsafe.Pointer(&info[0])),
+			syscall.WEXITED|syscall.WNOHANG|syscall.WNOWAIT, 0, 0)
+		if e != syscall.EINTR {
+			return e != syscall.ECHILD
+		}
+	}
+}
+
+// pPID is waitid(2)'s P_PID idtype: wait for the process id given.
+const pPID = 1
 
 // readRequest reads one request and the descriptors that came with it. A
 // request whose descriptors could not be received (the launcher is out of

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/agent"
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/telemetry"
 )
 
@@ -43,6 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	socket := fs.String("socket", "/.berth-run/agent.sock", "`path` of the unix socket to serve on (a stale socket there is replaced)")
 	version := fs.Bool("version", false, "print the version and exit")
 	trace := fs.Bool("trace", false, "trace the agent's calls (W3C traceparent from berthd) and hand the spans to berthd on the Telemetry stream")
+	secretFile := fs.String("secret-file", "", "`path` of berthd's per-sandbox secret, which Info proves; read and removed at start")
 	fs.StringVar(&cfg.WorkDir, "workdir", d.WorkDir, "working `directory` for execs without a cwd (created when missing; / when it cannot be)")
 	fs.Func("user", "workload `uid:gid` (numeric) that processes run as and files are created as (default 0:0)", func(v string) error {
 		uid, gid, err := parseUser(v)
@@ -81,6 +83,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	cfg.Logger = log
+	if *secretFile != "" {
+		// Read and removed before anything runs: no process of the
+		// workload ever sees it.
+		secret, err := agentproof.ReadSecretFile(*secretFile)
+		if err != nil {
+			log.Error("berthd's secret is unusable: berthd will refuse this agent", "err", err)
+		}
+		cfg.Secret = secret
+	}
 	// Before any process starts: children must never hold a capability.
 	if err := agent.LockCapabilities(); err != nil {
 		log.Warn("capabilities not locked; processes keep what the agent has", "err", err)

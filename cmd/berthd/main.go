@@ -65,7 +65,7 @@ func main() {
 	})
 	flag.Func("socket-mode", "permission `bits` of the unix socket, octal (default 0600: root only; every uid that connects is its own principal)", socket.setMode)
 	flag.Func("socket-group", "`group` (name or gid) owning the unix socket", socket.setGroup)
-	flag.Uint64Var(&svcCfg.DefaultPidsLimit, "default-pids-limit", 1024, "pids limit of a sandbox whose request sets none")
+	flag.Uint64Var(&svcCfg.DefaultPidsLimit, "default-pids-limit", 512, "pids limit of a sandbox whose request sets none")
 	flag.Uint64Var(&svcCfg.MaxPidsLimit, "max-pids-limit", 32768, "largest pids limit a request may set")
 	flag.DurationVar(&readyLimit, "agent-ready-timeout", 30*time.Second, "how long CreateSandbox waits for the agent to answer")
 	flag.DurationVar(&svcCfg.ConnectBudget, "connect-budget", 3*time.Second, "how long a request waits for a sandbox's agent to answer before failing with SANDBOX_UNREACHABLE")
@@ -80,6 +80,23 @@ func main() {
 	flag.StringVar(&svcCfg.JournalDir, "journal-dir", "", "directory for the per-sandbox runtime journals that tell stale exec ids from unknown ones (default <state-dir>/journal)")
 	flag.Uint64Var(&svcCfg.MaxCPUMillis, "max-cpu-millis", 0, "largest CPU cap a request may set, in thousandths of a CPU (default: the host's CPUs x 1000)")
 	flag.Uint64Var(&svcCfg.MaxMemoryBytes, "max-memory-bytes", 0, "largest memory cap a request may set, in bytes (default: the host's physical memory)")
+	flag.Int64Var(&svcCfg.DefaultCPUMillis, "default-cpu-millis", 1000, "CPU cap of a sandbox whose request sets none, in thousandths of a CPU; -1: no cap")
+	flag.Int64Var(&svcCfg.DefaultMemoryBytes, "default-memory-bytes", 1<<30, "memory cap of a sandbox whose request sets none, in `bytes`; -1: no cap")
+	flag.Uint64Var(&svcCfg.DefaultOpenFiles, "default-open-files", 1024, "RLIMIT_NOFILE of a sandbox's processes when its request sets none")
+	flag.Uint64Var(&svcCfg.MaxOpenFiles, "max-open-files", 1<<20, "largest RLIMIT_NOFILE a request may set")
+	flag.BoolVar(&svcCfg.AllowHostUsers, "allow-host-users", false, "let a request run its sandbox in the host's user namespace (host_users); by default every sandbox gets a user namespace and id range of its own")
+	flag.Func("userns-first-id", "first host `id` of the ranges of 65536 ids given to sandboxes' user namespaces (default 1073741824)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		rtCfg.IDFirst = uint32(n)
+		return err
+	})
+	flag.Func("userns-ranges", "how many id ranges there are from --userns-first-id: sandboxes with a user namespace at once (default 16384)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		rtCfg.IDRanges = uint32(n)
+		return err
+	})
+	flag.StringVar(&rtCfg.GVisorBinary, "gvisor-binary", "", "runsc wrapper (scripts/runsc-berth) the runc shim runs for sandboxes with runtime \"gvisor\"; empty: such sandboxes are refused")
+	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
 	flag.Uint64Var(&svcCfg.DefaultDiskBytes, "default-disk-bytes", 0, "disk quota of a sandbox whose request sets none, in `bytes`; 0: none (default: 10 GiB when the snapshotter enforces disk quotas, else none)")
 	flag.Uint64Var(&svcCfg.MaxDiskBytes, "max-disk-bytes", 0, "largest disk quota a request may set, in `bytes` (default: no bound)")
 	flag.DurationVar(&svcCfg.DefaultIdleTimeout, "default-idle-timeout", 30*time.Minute, "idle timeout of a sandbox whose request sets none")
@@ -405,6 +422,33 @@ func checkLimits(c server.Config) error {
 		if n < 0 {
 			return fmt.Errorf("%s %d: must be 0 (no cap) or more", name, n)
 		}
+	}
+	for name, n := range map[string]int64{"--default-cpu-millis": c.DefaultCPUMillis, "--default-memory-bytes": c.DefaultMemoryBytes} {
+		if n == 0 || n < -1 {
+			return fmt.Errorf("%s %d: must be positive, or -1 for no cap", name, n)
+		}
+	}
+	for name, n := range map[string]uint64{"--default-pids-limit": c.DefaultPidsLimit, "--default-open-files": c.DefaultOpenFiles, "--max-open-files": c.MaxOpenFiles, "--max-sandbox-open-files": c.MaxSandboxOpenFiles} {
+		if n == 0 {
+			return fmt.Errorf("%s: must be positive", name)
+		}
+	}
+	if c.DefaultPidsLimit > c.MaxPidsLimit {
+		return fmt.Errorf("--default-pids-limit %d exceeds --max-pids-limit %d", c.DefaultPidsLimit, c.MaxPidsLimit)
+	}
+	if c.DefaultOpenFiles > c.MaxOpenFiles {
+		return fmt.Errorf("--default-open-files %d exceeds --max-open-files %d", c.DefaultOpenFiles, c.MaxOpenFiles)
+	}
+	if c.DefaultPidsLimit*c.DefaultOpenFiles > c.MaxSandboxOpenFiles {
+		return fmt.Errorf("--default-pids-limit %d x --default-open-files %d exceeds --max-sandbox-open-files %d: default sandboxes could not be created",
+			c.DefaultPidsLimit, c.DefaultOpenFiles, c.MaxSandboxOpenFiles)
+	}
+	if c.MaxMemoryBytes > 0 && c.DefaultMemoryBytes > 0 && uint64(c.DefaultMemoryBytes) > c.MaxMemoryBytes {
+		return fmt.Errorf("--default-memory-bytes %d exceeds --max-memory-bytes %d", c.DefaultMemoryBytes, c.MaxMemoryBytes)
+	}
+	if c.MaxCPUMillis > 0 && c.DefaultCPUMillis > 0 && uint64(c.DefaultCPUMillis) > c.MaxCPUMillis {
+		return fmt.Errorf("--default-cpu-millis %d exceeds --max-cpu-millis %d", c.DefaultCPUMillis, c.MaxCPUMillis)
+
 	}
 	if c.MaxDiskBytes > 0 && c.DefaultDiskBytes > c.MaxDiskBytes {
 		return fmt.Errorf("--default-disk-bytes %d exceeds --max-disk-bytes %d", c.DefaultDiskBytes, c.MaxDiskBytes)

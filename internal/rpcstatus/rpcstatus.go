@@ -67,6 +67,10 @@ const (
 	ReasonContainerdUnavailable = "CONTAINERD_UNAVAILABLE"
 	ReasonServerDiskFull        = "SERVER_DISK_FULL"
 	ReasonServerDescriptors     = "SERVER_DESCRIPTORS_EXHAUSTED"
+	// ReasonJournalUnavailable (UNAVAILABLE) refuses an exec start that
+	// berthd could not record in its runtime journal (a full or read-only
+	// journal directory): nothing ran, and a retry is safe.
+	ReasonJournalUnavailable = "JOURNAL_UNAVAILABLE"
 )
 
 // Error returns a status error with code, message msg and an ErrorInfo with

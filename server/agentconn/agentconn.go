@@ -29,6 +29,9 @@ const MaxRecvBytes = 4 << 20
 // Pool holds agent connections keyed by socket path. The zero value is not
 // usable; call NewPool.
 type Pool struct {
+	verifier Verifier
+	refused  refusals
+
 	mu    sync.Mutex
 	conns map[string]*conn
 	// received counts, per socket path, the messages, headers and
@@ -74,9 +77,12 @@ func WithOnConnect(f func(ctx context.Context, socketPath string, agent agentv1.
 	return func(p *Pool) { p.onConnect = f }
 }
 
-// NewPool returns an empty pool.
-func NewPool(opts ...Option) *Pool {
-	p := &Pool{conns: make(map[string]*conn), dialErrs: make(map[string]error), received: make(map[string]*atomic.Uint64),
+// NewPool returns an empty pool whose connections are checked with v: the
+// listener's credentials when connecting, the agent's proof of its secret
+// in every Info call. A nil v checks nothing.
+func NewPool(v Verifier, opts ...Option) *Pool {
+	p := &Pool{verifier: v, refused: refusals{last: make(map[string]error)},
+		conns: make(map[string]*conn), dialErrs: make(map[string]error), received: make(map[string]*atomic.Uint64),
 		sockets: make(map[string]net.Conn)}
 	for _, o := range opts {
 		o(p)
@@ -141,9 +147,16 @@ func (p *Pool) DialError(socketPath string) error {
 	return p.dialErrs[socketPath]
 }
 
-// dial connects to socketPath for gRPC and records the outcome.
+// dial connects to socketPath for gRPC, checks the listener with the
+// Verifier, and records the outcome.
 func (p *Pool) dial(ctx context.Context, socketPath string) (net.Conn, error) {
 	conn, err := dialSocket(ctx, socketPath)
+	if err == nil {
+		if err = p.verifyPeer(ctx, socketPath, conn); err != nil {
+			conn.Close()
+			conn = nil
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err != nil {
@@ -167,8 +180,10 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	received := new(atomic.Uint64)
 	cc, err := grpc.NewClient("unix://"+socketPath, append(append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		// Never through a symlink the sandbox put in place of its socket.
+		// Never through a symlink the sandbox put in place of its socket,
+		// and only to the sandbox's agent.
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return p.dial(ctx, socketPath) }),
+		grpc.WithUnaryInterceptor(p.proveInfo(socketPath)),
 		// An agent comes up within a few hundred milliseconds of its task
 		// starting; gRPC's default 1 s first backoff would double that.
 		grpc.WithConnectParams(grpc.ConnectParams{

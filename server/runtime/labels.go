@@ -39,6 +39,19 @@ const DefaultWorkDir = "/workspace"
 // (containerd limits a label to 4096 bytes with its key).
 const MaxEnvKeysLabelBytes = 4000
 
+// runtime returns the spec's runtime, RuntimeRunc for "".
+func (s SandboxSpec) runtime() string {
+	if s.Runtime == "" {
+		return RuntimeRunc
+	}
+	return s.Runtime
+}
+
+// userns reports whether the sandbox gets a user namespace of its own:
+// unless it asked for the host's, and not under gVisor, whose sentry runs
+// as an unprivileged host user in a user namespace of its own already.
+func (s SandboxSpec) userns() bool { return !s.HostUsers && s.runtime() == RuntimeRunc }
+
 func (s SandboxSpec) workDir() string {
 	if s.WorkDir == "" {
 		return DefaultWorkDir
@@ -90,6 +103,9 @@ func (s SandboxSpec) Digest() string {
 	field("pids", strconv.FormatUint(s.PidsLimit, 10))
 	field("cpu", strconv.FormatUint(s.CPUMillis, 10))
 	field("memory", strconv.FormatUint(s.MemoryBytes, 10))
+	field("nofile", strconv.FormatUint(s.OpenFiles, 10))
+	field("host-users", strconv.FormatBool(s.HostUsers))
+	field("runtime", s.runtime())
 	if s.DiskBytes > 0 {
 		// Only when set, so that digests of specs without a disk quota
 		// stay what they were before disk quotas existed.
@@ -120,6 +136,11 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	labels[labelPidsLimit] = strconv.FormatUint(s.PidsLimit, 10)
 	labels[labelCPUMillis] = strconv.FormatUint(s.CPUMillis, 10)
 	labels[labelMemory] = strconv.FormatUint(s.MemoryBytes, 10)
+	labels[labelOpenFiles] = strconv.FormatUint(s.OpenFiles, 10)
+	labels[labelRuntime] = s.runtime()
+	if s.HostUsers {
+		labels[labelHostUsers] = "true"
+	}
 	labels[labelDisk] = strconv.FormatUint(s.DiskBytes, 10)
 	labels[labelShm] = strconv.FormatUint(s.shmBytes(), 10)
 	labels[labelUser] = fmt.Sprintf("%d:%d", s.UID, s.GID)
@@ -175,7 +196,8 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 func (sb Sandbox) Spec() SandboxSpec {
 	return SandboxSpec{
 		ID: sb.ID, Image: sb.Image, Labels: sb.Labels,
-		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes,
+		PidsLimit: sb.PidsLimit, CPUMillis: sb.CPUMillis, MemoryBytes: sb.MemoryBytes, OpenFiles: sb.OpenFiles, DiskBytes: sb.DiskBytes, ShmBytes: sb.ShmBytes,
+		HostUsers: sb.HostUsers, Runtime: sb.Runtime,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
 		Network: sb.Network,

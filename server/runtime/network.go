@@ -1,10 +1,13 @@
 package runtime
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"strconv"
+	"strings"
 
+	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -112,4 +115,31 @@ func (n NetworkSpec) specOpts() []oci.SpecOpts {
 			Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}}}))
 	}
 	return opts
+}
+
+// withSysBind replaces the spec's sysfs mount at /sys with a read-only
+// bind of the host's /sys: a sandbox in a user namespace of its own that
+// joins a network namespace berthd made (owned by the host's user
+// namespace) may not mount sysfs (EPERM), as rootless runtimes find too.
+func withSysBind(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	for i, m := range s.Mounts {
+		if m.Destination == "/sys" {
+			s.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "ro", "nosuid", "noexec", "nodev"}}
+		}
+	}
+	return nil
+}
+
+// withoutNetSysctls drops the spec's net.* sysctls, which a sandbox in a
+// user namespace of its own cannot write in a network namespace berthd
+// made.
+func withoutNetSysctls(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	if s.Linux != nil {
+		for k := range s.Linux.Sysctl {
+			if strings.HasPrefix(k, "net.") {
+				delete(s.Linux.Sysctl, k)
+			}
+		}
+	}
+	return nil
 }

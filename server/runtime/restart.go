@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
@@ -54,6 +55,17 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 		}
 	case !errdefs.IsNotFound(err):
 		return 0, fmt.Errorf("load task %s: %w", id, err)
+	}
+	// The new agent reads the sandbox's secret from its run directory.
+	labels, err := container.Labels(ctx)
+	if err != nil {
+		return 0, r.containerError(id, err)
+	}
+	if h := labels[labelAgentSecret]; h != "" {
+		base, _ := strconv.ParseUint(labels[labelIDBase], 10, 32)
+		if err := r.writeSecret(id, h, uint32(base)); err != nil {
+			return 0, err
+		}
 	}
 	// The shim appends to the log file: the new agent's lines follow the
 	// old one's.

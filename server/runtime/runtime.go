@@ -9,14 +9,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -24,6 +27,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
@@ -40,6 +44,9 @@ const (
 	labelPidsLimit = LabelPrefix + "pids-limit"
 	labelCPUMillis = LabelPrefix + "cpu-millis"
 	labelMemory    = LabelPrefix + "memory-bytes"
+	labelOpenFiles = LabelPrefix + "open-files"
+	labelRuntime   = LabelPrefix + "runtime"
+	labelHostUsers = LabelPrefix + "host-users"
 	labelDisk      = LabelPrefix + "disk-bytes"
 	// More of the record: labels.go.
 )
@@ -50,6 +57,8 @@ const (
 	AgentPath = "/.berth-agent"
 	// RunDir is where the "run" subdirectory of the sandbox's host
 	// directory is bind-mounted; the agent listens on RunDir/agent.sock.
+	// That subdirectory is a tmpfs of its own of RunDirBytes (rundir.go):
+	// the workload can write there, but not the host's disk.
 	RunDir = "/.berth-run"
 	// socketName is the agent's socket file name in RunDir and in the host
 	// directory's "run".
@@ -58,6 +67,15 @@ const (
 	// outside "run": the sandbox can replace anything in "run" (a symlink
 	// there would have containerd's shim, host root, open any host file).
 	logName = "agent.log"
+)
+
+// Runtimes a sandbox can run under (SandboxSpec.Runtime).
+const (
+	// RuntimeRunc runs the sandbox as an ordinary container (runc).
+	RuntimeRunc = "runc"
+	// RuntimeGVisor runs it under gVisor's runsc: the workload's system
+	// calls go to gVisor's user-space kernel, not the host's.
+	RuntimeGVisor = "gvisor"
 )
 
 // Domain errors. The gRPC handlers map them to status codes.
@@ -109,6 +127,15 @@ type Config struct {
 	// TraceAgents starts new sandboxes' agents with --trace: they trace
 	// their calls and hand the spans to berthd (internal/telemetry).
 	TraceAgents bool
+	// IDFirst is the first host id of the user-namespace ranges given to
+	// sandboxes, IDRanges how many ranges of IDRangeSize ids there are.
+	// Defaults 1073741824 (2^30) and 16384: host ids 2^30 to 2^31-1, far
+	// from any host account. Two berthds on one host need disjoint ranges.
+	IDFirst  uint32
+	IDRanges uint32
+	// GVisorBinary is the runsc wrapper that the runc shim runs for gvisor
+	// sandboxes (scripts/runsc-berth). Empty: gvisor sandboxes are refused.
+	GVisorBinary string
 	// CallBudget bounds a request to containerd that should answer at
 	// once — reading or changing a record, creating, signalling or
 	// deleting a task; past it the request fails with an
@@ -127,6 +154,12 @@ func (c *Config) setDefaults() {
 	if c.StateDir == "" {
 		c.StateDir = "/run/berth"
 	}
+	if c.IDFirst == 0 {
+		c.IDFirst = 1 << 30
+	}
+	if c.IDRanges == 0 {
+		c.IDRanges = 16384
+	}
 	if c.CallBudget <= 0 {
 		c.CallBudget = 10 * time.Second
 	}
@@ -134,8 +167,12 @@ func (c *Config) setDefaults() {
 
 // Runtime creates and inspects sandboxes in containerd.
 type Runtime struct {
-	cfg    Config
-	client *containerd.Client
+	cfg     Config
+	client  *containerd.Client
+	secrets secrets
+
+	idMu       sync.Mutex
+	idReserved map[uint32]string // id ranges of creates in progress
 	// quota sets sandboxes' disk quotas; nil when quotaErr says why
 	// there are none.
 	quota    *qgroup.FS
@@ -156,8 +193,16 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	} else if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("agent binary %s is not a regular file", cfg.AgentBinary)
 	}
-	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "s"), 0o700); err != nil {
-		return nil, fmt.Errorf("create state directory: %w", err)
+	// 0711: a sandbox's root, an unprivileged host id, must be able to
+	// pass through to its run directory (runc bind-mounts it from inside
+	// the sandbox's user namespace); listing stays berthd's.
+	for _, d := range []string{cfg.StateDir, filepath.Join(cfg.StateDir, "s")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create state directory: %w", err)
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			return nil, fmt.Errorf("state directory: %w", err)
+		}
 	}
 	client, err := containerd.New(cfg.Address, containerd.WithDefaultNamespace(cfg.Namespace),
 		// Back within a second of containerd's return: gRPC's reconnect
@@ -173,7 +218,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		client.Close()
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
 	}
-	r := &Runtime{cfg: cfg, client: client}
+	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string)}
 	if r.quota, err = r.openDiskQuota(ctx); err != nil {
 		if !errors.Is(err, ErrDiskQuotaUnsupported) {
 			client.Close()
@@ -210,6 +255,15 @@ type SandboxSpec struct {
 	CPUMillis uint64
 	// MemoryBytes caps memory in bytes, swap included; zero means no cap.
 	MemoryBytes uint64
+	// OpenFiles is RLIMIT_NOFILE, soft and hard, of the agent and so of
+	// every process in the sandbox; zero keeps containerd's default (1024).
+	OpenFiles uint64
+	// HostUsers runs the sandbox in the host's user namespace. Otherwise
+	// it gets one of its own, ids 0-65535 mapped to a host range no other
+	// sandbox of the runtime uses (userns.go).
+	HostUsers bool
+	// Runtime is RuntimeRunc (also for "") or RuntimeGVisor.
+	Runtime string
 	// DiskBytes caps the bytes the sandbox's writable layer holds beyond
 	// its image (data and metadata, btrfs quota group "exclusive" bytes),
 	// and, in the agent, the file bytes one Upload or WriteFile may
@@ -247,13 +301,19 @@ type Sandbox struct {
 	Image     string
 	Labels    map[string]string
 	CreatedAt time.Time
-	// PidsLimit, CPUMillis, MemoryBytes and DiskBytes are the limits the
+	// PidsLimit, CPUMillis, MemoryBytes, OpenFiles and DiskBytes are the limits the
 	// sandbox was created with, as in SandboxSpec.
 	PidsLimit   uint64
 	CPUMillis   uint64
 	MemoryBytes uint64
-	DiskBytes   uint64
-	ShmBytes    uint64
+	OpenFiles   uint64
+	// HostUsers and Runtime are as in SandboxSpec; IDBase is the host id
+	// its root maps to (0 with HostUsers).
+	HostUsers bool
+	Runtime   string
+	IDBase    uint32
+	DiskBytes uint64
+	ShmBytes  uint64
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
 	// in SandboxSpec.
 	UID, GID    uint32
@@ -330,24 +390,42 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if len(r.SocketPath(spec.ID)) >= 108 {
 		return fmt.Errorf("agent socket path %s is longer than unix(7) allows (107 bytes)", r.SocketPath(spec.ID))
 	}
-	if err := os.MkdirAll(filepath.Join(dir, "run"), 0o700); err != nil {
+	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
 		return fmt.Errorf("create sandbox directory: %w", err)
 	}
-	// A stale socket from an earlier sandbox of the same id would make the
-	// readiness check talk to nothing.
-	_ = os.Remove(r.SocketPath(spec.ID))
+	if err := os.Mkdir(filepath.Join(dir, "run"), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("create sandbox directory: %w", err)
+	}
 
 	labels := spec.labels(time.Now())
+	secret := agentproof.NewSecret()
+	labels[labelAgentSecret] = secret
+	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
+	specOpts := r.specOpts(image, spec, dir)
+	snapshot := containerd.WithNewSnapshot(spec.ID, image)
+	var base uint32
+	if spec.userns() {
+		var release func()
+		if base, release, err = r.allocIDBase(ctx, spec.ID); err != nil {
+			return err
+		}
+		defer release()
+		labels[labelIDBase] = strconv.FormatUint(uint64(base), 10)
+		// The image's files chowned into the range (a copy per range).
+		snapshot = containerd.WithUserNSRemappedSnapshot(spec.ID, image, idMaps(base), idMaps(base))
+		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
+	}
 	c.changes()
 	step, cancel = c.step()
 	defer cancel()
 	container, err := r.client.NewContainer(step, spec.ID,
 		containerd.WithImage(image),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),
-		containerd.WithNewSnapshot(spec.ID, image),
+		snapshot,
 		containerd.WithContainerLabels(labels),
-		containerd.WithNewSpec(r.specOpts(image, spec, dir)...),
+		r.withRuntime(spec),
+		containerd.WithNewSpec(specOpts...),
 	)
 	if err != nil {
 		if errdefs.IsAlreadyExists(err) {
@@ -374,6 +452,15 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 	}
 
+	// Mounted once the id is known to be this create's: another
+	// sandbox's run directory must never be covered. A fresh tmpfs also
+	// holds no stale socket of an earlier sandbox of the same id.
+	if err := mountRunDir(filepath.Join(dir, "run"), base, base); err != nil {
+		return err
+	}
+	if err := r.writeSecret(spec.ID, secret, base); err != nil {
+		return err
+	}
 	step, cancel = c.step()
 	defer cancel()
 	task, err := container.NewTask(step, cio.LogFile(r.LogPath(spec.ID)))
@@ -448,7 +535,9 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		// it in a container's network namespace: ping works without
 		// CAP_NET_RAW, which no sandbox process holds (for pings that use
 		// them, like iputils'; busybox's ping needs a raw socket).
-		withSysctl("net.ipv4.ping_group_range", "0 2147483647"),
+		// In a user namespace the range may only hold its own ids (the
+		// kernel refuses unmapped ones with EINVAL).
+		withSysctl("net.ipv4.ping_group_range", pingGroups(spec)),
 	}
 	if len(spec.Env) > 0 {
 		opts = append(opts, oci.WithEnv(envList(spec.Env)))
@@ -464,16 +553,27 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 			opts = append(opts, oci.WithMemorySwap(int64(spec.MemoryBytes)))
 		}
 	}
+	if spec.OpenFiles > 0 {
+		// Soft and hard alike: the agent raises nothing above the hard
+		// limit, and no process in the sandbox can.
+		opts = append(opts, oci.WithRlimit(&specs.POSIXRlimit{Type: "RLIMIT_NOFILE", Soft: spec.OpenFiles, Hard: spec.OpenFiles}))
+	}
 	if spec.CPUMillis > 0 {
 		const period = 100_000 // µs, the kernel's default CFS period
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
+	}
+	if spec.userns() && spec.Network.NetNS != "" {
+		// The network namespace berthd made belongs to the host's user
+		// namespace: the sandbox may neither mount sysfs nor write its
+		// net sysctls.
+		opts = append(opts, withSysBind, withoutNetSysctls)
 	}
 	return append(opts, spec.Network.specOpts()...)
 }
 
 // agentArgs is the agent's command line.
 func (r *Runtime) agentArgs(spec SandboxSpec) []string {
-	args := []string{AgentPath, "--socket", RunDir + "/" + socketName,
+	args := []string{AgentPath, "--socket", RunDir + "/" + socketName, "--secret-file", RunDir + "/" + agentproof.SecretFile,
 		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir(),
 		"--login-env", "--name-host"}
 	if r.cfg.ExecHeartbeat > 0 {
@@ -645,6 +745,15 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	sb.PidsLimit, _ = strconv.ParseUint(labels[labelPidsLimit], 10, 64)
 	sb.CPUMillis, _ = strconv.ParseUint(labels[labelCPUMillis], 10, 64)
 	sb.MemoryBytes, _ = strconv.ParseUint(labels[labelMemory], 10, 64)
+	sb.OpenFiles, _ = strconv.ParseUint(labels[labelOpenFiles], 10, 64)
+	sb.HostUsers = labels[labelHostUsers] == "true"
+	sb.Runtime = labels[labelRuntime]
+	if sb.Runtime == "" {
+		sb.Runtime = RuntimeRunc
+	}
+	if b, err := strconv.ParseUint(labels[labelIDBase], 10, 32); err == nil {
+		sb.IDBase = uint32(b)
+	}
 	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
 	sb.decodeLabels(labels)
 	task, err := c.Task(ctx, nil)
@@ -680,31 +789,70 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("load container %s: %w", id, err)
 	}
 	c.changes()
-	// A Create of the same id may start the task between the task's
-	// deletion and the container's: containerd then refuses the container
-	// (FailedPrecondition, "cannot delete running task"), and the task is
-	// deleted again. Each round follows a task start, so a few suffice.
-	for attempt := 1; ; attempt++ {
-		if task, err := container.Task(ctx, nil); err == nil {
-			if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
-				return fmt.Errorf("delete task %s: %w", id, err)
-			}
-		} else if !errdefs.IsNotFound(err) {
-			return fmt.Errorf("load task %s: %w", id, err)
+	// A create of the container still under way may start its task
+	// between the two deletes (containerd then refuses the container's
+	// delete as FAILED_PRECONDITION): delete that task too.
+	for attempt := 0; ; attempt++ {
+		if err := r.deleteTask(ctx, container); err != nil {
+			return err
 		}
 		err := container.Delete(ctx, containerd.WithSnapshotCleanup)
 		if err == nil || errdefs.IsNotFound(err) {
 			break
 		}
-		if !errdefs.IsFailedPrecondition(err) || attempt == 5 {
+		if !errdefs.IsFailedPrecondition(err) || attempt == 3 {
 			return fmt.Errorf("delete container %s: %w", id, err)
 		}
 	}
 	return r.removeHostDir(id)
 }
 
+// deleteTask kills and deletes the container's task, if any. A task whose
+// start is under way when the delete comes can lose its shim during the
+// delete ("ttrpc: closed"): the delete is tried again, a few times, until
+// containerd no longer has the task.
+func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container) error {
+	var err error
+	for attempt := range 4 {
+		var task containerd.Task
+		task, err = container.Task(ctx, nil)
+		if errdefs.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			err = fmt.Errorf("load task %s: %w", container.ID(), err)
+		} else if _, err = task.Delete(ctx, containerd.WithProcessKill); err == nil || errdefs.IsNotFound(err) {
+			return nil
+		} else {
+			err = fmt.Errorf("delete task %s: %w", container.ID(), err)
+			if ferr := r.forceDeleteGVisor(ctx, container); ferr != nil {
+				err = fmt.Errorf("%w (%v)", err, ferr)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * 50 * time.Millisecond):
+		}
+	}
+	return err
+}
+
 func (r *Runtime) removeHostDir(id string) error {
-	if err := os.RemoveAll(r.hostDir(id)); err != nil {
+	r.secrets.drop(id)
+	run := filepath.Join(r.hostDir(id), "run")
+	// A create of the same id racing this delete may mount the run
+	// directory's tmpfs between the unmount and the removal: unmount again.
+	var err error
+	for range 3 {
+		if err = unmountRunDir(run); err != nil {
+			return err
+		}
+		if err = os.RemoveAll(r.hostDir(id)); !errors.Is(err, unix.EBUSY) {
+			break
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("remove sandbox directory: %w", err)
 	}
 	return nil

@@ -8,7 +8,7 @@ import (
 )
 
 func TestAgentArgs(t *testing.T) {
-	base := []string{AgentPath, "--socket", RunDir + "/agent.sock", "--user", "1000:1001", "--workdir", "/home/dev", "--login-env", "--name-host"}
+	base := []string{AgentPath, "--socket", RunDir + "/agent.sock", "--secret-file", RunDir + "/agent.secret", "--user", "1000:1001", "--workdir", "/home/dev", "--login-env", "--name-host"}
 	tests := []struct {
 		name string
 		cfg  Config

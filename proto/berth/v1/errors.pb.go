@@ -185,6 +185,12 @@ const (
 	// agent that is busy but answers within that is not unreachable: berthd
 	// waits for it.
 	UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY UnreachableCause = 6
+	// UNREACHABLE_CAUSE_AGENT_UNVERIFIED means something answered on the
+	// agent's socket that is not the sandbox's agent: the listener is not the
+	// sandbox's init process, or it could not prove the per-sandbox secret
+	// berthd gave the agent at create. A workload that replaced the agent's
+	// socket with its own listener gets this; nothing was sent to it.
+	UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED UnreachableCause = 7
 )
 
 // Enum value maps for UnreachableCause.
@@ -197,15 +203,17 @@ var (
 		4: "UNREACHABLE_CAUSE_CONNECTION_LOST",
 		5: "UNREACHABLE_CAUSE_AGENT_STOPPING",
 		6: "UNREACHABLE_CAUSE_AGENT_BUSY",
+		7: "UNREACHABLE_CAUSE_AGENT_UNVERIFIED",
 	}
 	UnreachableCause_value = map[string]int32{
-		"UNREACHABLE_CAUSE_UNSPECIFIED":     0,
-		"UNREACHABLE_CAUSE_TASK_STOPPED":    1,
-		"UNREACHABLE_CAUSE_SOCKET_MISSING":  2,
-		"UNREACHABLE_CAUSE_CONNECT_TIMEOUT": 3,
-		"UNREACHABLE_CAUSE_CONNECTION_LOST": 4,
-		"UNREACHABLE_CAUSE_AGENT_STOPPING":  5,
-		"UNREACHABLE_CAUSE_AGENT_BUSY":      6,
+		"UNREACHABLE_CAUSE_UNSPECIFIED":      0,
+		"UNREACHABLE_CAUSE_TASK_STOPPED":     1,
+		"UNREACHABLE_CAUSE_SOCKET_MISSING":   2,
+		"UNREACHABLE_CAUSE_CONNECT_TIMEOUT":  3,
+		"UNREACHABLE_CAUSE_CONNECTION_LOST":  4,
+		"UNREACHABLE_CAUSE_AGENT_STOPPING":   5,
+		"UNREACHABLE_CAUSE_AGENT_BUSY":       6,
+		"UNREACHABLE_CAUSE_AGENT_UNVERIFIED": 7,
 	}
 )
 
@@ -1137,7 +1145,7 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
 	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04\x12 \n" +
-	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\x95\x02\n" +
+	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\xbd\x02\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +
@@ -1145,7 +1153,8 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"!UNREACHABLE_CAUSE_CONNECT_TIMEOUT\x10\x03\x12%\n" +
 	"!UNREACHABLE_CAUSE_CONNECTION_LOST\x10\x04\x12$\n" +
 	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05\x12 \n" +
-	"\x1cUNREACHABLE_CAUSE_AGENT_BUSY\x10\x06*\x97\x01\n" +
+	"\x1cUNREACHABLE_CAUSE_AGENT_BUSY\x10\x06\x12&\n" +
+	"\"UNREACHABLE_CAUSE_AGENT_UNVERIFIED\x10\a*\x97\x01\n" +
 	"\rReplacedCause\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_TASK_EXITED\x10\x01\x12\"\n" +

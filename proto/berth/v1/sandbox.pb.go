@@ -231,9 +231,16 @@ type Resources struct {
 	// shm_bytes is the size of /dev/shm (a tmpfs), in bytes, rounded up to
 	// KiB; 0 means 64 MiB, as docker's default. Its pages count against
 	// memory_bytes, which it may not exceed.
-	ShmBytes      uint64 `protobuf:"varint,5,opt,name=shm_bytes,json=shmBytes,proto3" json:"shm_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ShmBytes uint64 `protobuf:"varint,5,opt,name=shm_bytes,json=shmBytes,proto3" json:"shm_bytes,omitempty"`
+	// open_files_limit is the RLIMIT_NOFILE (soft and hard) of every process
+	// in the sandbox: the most file descriptors one process may hold. Its
+	// product with pids_limit, the sandbox's worst case of open files, must
+	// stay within the server's per-sandbox bound (INVALID_ARGUMENT naming
+	// this field otherwise), so that one sandbox cannot exhaust the host's
+	// file table.
+	OpenFilesLimit uint64 `protobuf:"varint,6,opt,name=open_files_limit,json=openFilesLimit,proto3" json:"open_files_limit,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Resources) Reset() {
@@ -297,6 +304,13 @@ func (x *Resources) GetDiskBytes() uint64 {
 func (x *Resources) GetShmBytes() uint64 {
 	if x != nil {
 		return x.ShmBytes
+	}
+	return 0
+}
+
+func (x *Resources) GetOpenFilesLimit() uint64 {
+	if x != nil {
+		return x.OpenFilesLimit
 	}
 	return 0
 }
@@ -613,6 +627,15 @@ type Sandbox struct {
 	// or client certificate. Only the owner and admins see the sandbox;
 	// empty for sandboxes made before berthd recorded owners (admins only).
 	Owner string `protobuf:"bytes,23,opt,name=owner,proto3" json:"owner,omitempty"`
+	// host_users is true when the sandbox runs in the host's user namespace
+	// (CreateSandboxRequest.host_users).
+	HostUsers bool `protobuf:"varint,24,opt,name=host_users,json=hostUsers,proto3" json:"host_users,omitempty"`
+	// host_id_base is the host uid and gid that the sandbox's root (id 0)
+	// maps to; ids 0-65535 map to host_id_base onwards. 0 with host_users.
+	HostIdBase uint32 `protobuf:"varint,25,opt,name=host_id_base,json=hostIdBase,proto3" json:"host_id_base,omitempty"`
+	// runtime_name is what runs the sandbox, "runc" or "gvisor"
+	// (CreateSandboxRequest.runtime).
+	RuntimeName string `protobuf:"bytes,26,opt,name=runtime_name,json=runtimeName,proto3" json:"runtime_name,omitempty"`
 	// network is the sandbox's network policy, its allow-list normalized.
 	Network *NetworkPolicy `protobuf:"bytes,27,opt,name=network,proto3" json:"network,omitempty"`
 	// network_address is an EGRESS sandbox's IPv4 address on the server's
@@ -813,6 +836,27 @@ func (x *Sandbox) GetOwner() string {
 	return ""
 }
 
+func (x *Sandbox) GetHostUsers() bool {
+	if x != nil {
+		return x.HostUsers
+	}
+	return false
+}
+
+func (x *Sandbox) GetHostIdBase() uint32 {
+	if x != nil {
+		return x.HostIdBase
+	}
+	return 0
+}
+
+func (x *Sandbox) GetRuntimeName() string {
+	if x != nil {
+		return x.RuntimeName
+	}
+	return ""
+}
+
 func (x *Sandbox) GetNetwork() *NetworkPolicy {
 	if x != nil {
 		return x.Network
@@ -867,6 +911,20 @@ type CreateSandboxRequest struct {
 	// one created. 1 to 128 printable ASCII characters. Ignored when
 	// sandbox_id is set.
 	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// host_users runs the sandbox in the host's user namespace: its root is
+	// the host's root (without capabilities). By default (false) every
+	// sandbox gets a user namespace of its own whose ids 0-65535 map to a
+	// range of unprivileged host ids no other sandbox of the server uses, and
+	// user must then be below 65536. Allowed only when berthd runs with
+	// --allow-host-users (INVALID_ARGUMENT otherwise), for images that need
+	// host ids (e.g. a bind of host files); ignored by the gvisor runtime,
+	// whose processes never run on the host kernel.
+	HostUsers bool `protobuf:"varint,11,opt,name=host_users,json=hostUsers,proto3" json:"host_users,omitempty"`
+	// runtime is what runs the sandbox: "runc" (default), an ordinary
+	// container, or "gvisor", gVisor's runsc, whose user-space kernel takes
+	// the workload's system calls (stronger isolation, slower system calls;
+	// README lists the differences). Another value is INVALID_ARGUMENT.
+	Runtime string `protobuf:"bytes,12,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	// network is the sandbox's network: none by default (only lo), or
 	// egress to an allow-list. INVALID_ARGUMENT names the field of a bad
 	// entry (network.allow[N]).
@@ -971,6 +1029,20 @@ func (x *CreateSandboxRequest) GetMaxLifetime() *durationpb.Duration {
 func (x *CreateSandboxRequest) GetRequestId() string {
 	if x != nil {
 		return x.RequestId
+	}
+	return ""
+}
+
+func (x *CreateSandboxRequest) GetHostUsers() bool {
+	if x != nil {
+		return x.HostUsers
+	}
+	return false
+}
+
+func (x *CreateSandboxRequest) GetRuntime() string {
+	if x != nil {
+		return x.Runtime
 	}
 	return ""
 }
@@ -1451,7 +1523,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa8\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -1460,7 +1532,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fmemory_bytes\x18\x03 \x01(\x04R\vmemoryBytes\x12\x1d\n" +
 	"\n" +
 	"disk_bytes\x18\x04 \x01(\x04R\tdiskBytes\x12\x1b\n" +
-	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\"\xe9\x01\n" +
+	"\tshm_bytes\x18\x05 \x01(\x04R\bshmBytes\x12(\n" +
+	"\x10open_files_limit\x18\x06 \x01(\x04R\x0eopenFilesLimit\"\xe9\x01\n" +
 	"\rNetworkPolicy\x12)\n" +
 	"\x04mode\x18\x01 \x01(\x0e2\x15.berth.v1.NetworkModeR\x04mode\x12\x14\n" +
 	"\x05allow\x18\x02 \x03(\tR\x05allow\x12'\n" +
@@ -1478,7 +1551,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x88\t\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xec\t\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1507,12 +1580,17 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"agentBuild\x12%\n" +
 	"\x0eserver_version\x18\x15 \x01(\tR\rserverVersion\x12!\n" +
 	"\fversion_skew\x18\x16 \x01(\bR\vversionSkew\x12\x14\n" +
-	"\x05owner\x18\x17 \x01(\tR\x05owner\x121\n" +
+	"\x05owner\x18\x17 \x01(\tR\x05owner\x12\x1d\n" +
+	"\n" +
+	"host_users\x18\x18 \x01(\bR\thostUsers\x12 \n" +
+	"\fhost_id_base\x18\x19 \x01(\rR\n" +
+	"hostIdBase\x12!\n" +
+	"\fruntime_name\x18\x1a \x01(\tR\vruntimeName\x121\n" +
 	"\anetwork\x18\x1b \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x12'\n" +
 	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xec\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x05\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -1526,7 +1604,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fmax_lifetime\x18\t \x01(\v2\x19.google.protobuf.DurationR\vmaxLifetime\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\n" +
-	" \x01(\tR\trequestId\x121\n" +
+	" \x01(\tR\trequestId\x12\x1d\n" +
+	"\n" +
+	"host_users\x18\v \x01(\bR\thostUsers\x12\x18\n" +
+	"\aruntime\x18\f \x01(\tR\aruntime\x121\n" +
 	"\anetwork\x18\r \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

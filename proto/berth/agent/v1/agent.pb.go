@@ -108,9 +108,12 @@ func (x *TelemetryResponse) GetExportTraceServiceRequest() []byte {
 	return nil
 }
 
-// InfoRequest is empty.
+// InfoRequest asks the agent who it is.
 type InfoRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// challenge is random bytes (16 to 64) chosen by berthd; the agent
+	// answers with InfoResponse.proof. Empty asks for no proof.
+	Challenge     []byte `protobuf:"bytes,1,opt,name=challenge,proto3" json:"challenge,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -145,6 +148,13 @@ func (*InfoRequest) Descriptor() ([]byte, []int) {
 	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
+func (x *InfoRequest) GetChallenge() []byte {
+	if x != nil {
+		return x.Challenge
+	}
+	return nil
+}
+
 // InfoResponse identifies the running agent.
 type InfoResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -161,7 +171,13 @@ type InfoResponse struct {
 	RunningExecs uint32 `protobuf:"varint,5,opt,name=running_execs,json=runningExecs,proto3" json:"running_execs,omitempty"`
 	// last_activity is when an exec last started, ended, or had a stream
 	// opened to it; unset before the first.
-	LastActivity  *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_activity,json=lastActivity,proto3" json:"last_activity,omitempty"`
+	LastActivity *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=last_activity,json=lastActivity,proto3" json:"last_activity,omitempty"`
+	// proof is HMAC-SHA256, keyed with the per-sandbox secret berthd gave the
+	// agent at create (environment variable BERTH_AGENT_SECRET), of
+	// InfoRequest.challenge: it proves that the listener is the sandbox's
+	// agent. Empty when the request had no challenge or the agent has no
+	// secret.
+	Proof         []byte `protobuf:"bytes,7,opt,name=proof,proto3" json:"proof,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -234,6 +250,13 @@ func (x *InfoResponse) GetRunningExecs() uint32 {
 func (x *InfoResponse) GetLastActivity() *timestamppb.Timestamp {
 	if x != nil {
 		return x.LastActivity
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetProof() []byte {
+	if x != nil {
+		return x.Proof
 	}
 	return nil
 }
@@ -1067,15 +1090,17 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
 	"\x10TelemetryRequest\"T\n" +
 	"\x11TelemetryResponse\x12?\n" +
-	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"\r\n" +
-	"\vInfoRequest\"\xcf\x01\n" +
+	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"+\n" +
+	"\vInfoRequest\x12\x1c\n" +
+	"\tchallenge\x18\x01 \x01(\fR\tchallenge\"\xe5\x01\n" +
 	"\fInfoResponse\x12\x17\n" +
 	"\aboot_id\x18\x01 \x01(\tR\x06bootId\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x10\n" +
 	"\x03pid\x18\x03 \x01(\x03R\x03pid\x12\x14\n" +
 	"\x05build\x18\x04 \x01(\tR\x05build\x12#\n" +
 	"\rrunning_execs\x18\x05 \x01(\rR\frunningExecs\x12?\n" +
-	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\"\xb8\x01\n" +
+	"\rlast_activity\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\x12\x14\n" +
+	"\x05proof\x18\a \x01(\fR\x05proof\"\xb8\x01\n" +
 	"\tExecStart\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12/\n" +
 	"\aprocess\x18\x02 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +

@@ -192,6 +192,14 @@ export enum UnreachableCause {
    * waits for it.
    */
   UNREACHABLE_CAUSE_AGENT_BUSY = 6,
+  /**
+   * UNREACHABLE_CAUSE_AGENT_UNVERIFIED - UNREACHABLE_CAUSE_AGENT_UNVERIFIED means something answered on the
+   * agent's socket that is not the sandbox's agent: the listener is not the
+   * sandbox's init process, or it could not prove the per-sandbox secret
+   * berthd gave the agent at create. A workload that replaced the agent's
+   * socket with its own listener gets this; nothing was sent to it.
+   */
+  UNREACHABLE_CAUSE_AGENT_UNVERIFIED = 7,
   UNRECOGNIZED = -1,
 }
 
@@ -218,6 +226,9 @@ export function unreachableCauseFromJSON(object: any): UnreachableCause {
     case 6:
     case "UNREACHABLE_CAUSE_AGENT_BUSY":
       return UnreachableCause.UNREACHABLE_CAUSE_AGENT_BUSY;
+    case 7:
+    case "UNREACHABLE_CAUSE_AGENT_UNVERIFIED":
+      return UnreachableCause.UNREACHABLE_CAUSE_AGENT_UNVERIFIED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -241,6 +252,8 @@ export function unreachableCauseToJSON(object: UnreachableCause): string {
       return "UNREACHABLE_CAUSE_AGENT_STOPPING";
     case UnreachableCause.UNREACHABLE_CAUSE_AGENT_BUSY:
       return "UNREACHABLE_CAUSE_AGENT_BUSY";
+    case UnreachableCause.UNREACHABLE_CAUSE_AGENT_UNVERIFIED:
+      return "UNREACHABLE_CAUSE_AGENT_UNVERIFIED";
     case UnreachableCause.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

@@ -242,6 +242,15 @@ export interface Resources {
    * memory_bytes, which it may not exceed.
    */
   shmBytes: bigint;
+  /**
+   * open_files_limit is the RLIMIT_NOFILE (soft and hard) of every process
+   * in the sandbox: the most file descriptors one process may hold. Its
+   * product with pids_limit, the sandbox's worst case of open files, must
+   * stay within the server's per-sandbox bound (INVALID_ARGUMENT naming
+   * this field otherwise), so that one sandbox cannot exhaust the host's
+   * file table.
+   */
+  openFilesLimit: bigint;
 }
 
 /** NetworkPolicy is a sandbox's network. */
@@ -425,6 +434,21 @@ export interface Sandbox {
    * empty for sandboxes made before berthd recorded owners (admins only).
    */
   owner: string;
+  /**
+   * host_users is true when the sandbox runs in the host's user namespace
+   * (CreateSandboxRequest.host_users).
+   */
+  hostUsers: boolean;
+  /**
+   * host_id_base is the host uid and gid that the sandbox's root (id 0)
+   * maps to; ids 0-65535 map to host_id_base onwards. 0 with host_users.
+   */
+  hostIdBase: number;
+  /**
+   * runtime_name is what runs the sandbox, "runc" or "gvisor"
+   * (CreateSandboxRequest.runtime).
+   */
+  runtimeName: string;
   /** network is the sandbox's network policy, its allow-list normalized. */
   network:
     | NetworkPolicy
@@ -504,6 +528,24 @@ export interface CreateSandboxRequest {
    * sandbox_id is set.
    */
   requestId: string;
+  /**
+   * host_users runs the sandbox in the host's user namespace: its root is
+   * the host's root (without capabilities). By default (false) every
+   * sandbox gets a user namespace of its own whose ids 0-65535 map to a
+   * range of unprivileged host ids no other sandbox of the server uses, and
+   * user must then be below 65536. Allowed only when berthd runs with
+   * --allow-host-users (INVALID_ARGUMENT otherwise), for images that need
+   * host ids (e.g. a bind of host files); ignored by the gvisor runtime,
+   * whose processes never run on the host kernel.
+   */
+  hostUsers: boolean;
+  /**
+   * runtime is what runs the sandbox: "runc" (default), an ordinary
+   * container, or "gvisor", gVisor's runsc, whose user-space kernel takes
+   * the workload's system calls (stronger isolation, slower system calls;
+   * README lists the differences). Another value is INVALID_ARGUMENT.
+   */
+  runtime: string;
   /**
    * network is the sandbox's network: none by default (only lo), or
    * egress to an allow-list. INVALID_ARGUMENT names the field of a bad
@@ -612,7 +654,7 @@ export interface KeepAliveResponse {
 }
 
 function createBaseResources(): Resources {
-  return { pidsLimit: 0n, cpuMillis: 0n, memoryBytes: 0n, diskBytes: 0n, shmBytes: 0n };
+  return { pidsLimit: 0n, cpuMillis: 0n, memoryBytes: 0n, diskBytes: 0n, shmBytes: 0n, openFilesLimit: 0n };
 }
 
 export const Resources: MessageFns<Resources> = {
@@ -646,6 +688,12 @@ export const Resources: MessageFns<Resources> = {
         throw new globalThis.Error("value provided for field message.shmBytes of type uint64 too large");
       }
       writer.uint32(40).uint64(message.shmBytes);
+    }
+    if (message.openFilesLimit !== 0n) {
+      if (BigInt.asUintN(64, message.openFilesLimit) !== message.openFilesLimit) {
+        throw new globalThis.Error("value provided for field message.openFilesLimit of type uint64 too large");
+      }
+      writer.uint32(48).uint64(message.openFilesLimit);
     }
     return writer;
   },
@@ -703,6 +751,14 @@ export const Resources: MessageFns<Resources> = {
             message.shmBytes = reader.uint64() as bigint;
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.openFilesLimit = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -742,6 +798,11 @@ export const Resources: MessageFns<Resources> = {
         : isSet(object.shm_bytes)
         ? BigInt(object.shm_bytes)
         : 0n,
+      openFilesLimit: isSet(object.openFilesLimit)
+        ? BigInt(object.openFilesLimit)
+        : isSet(object.open_files_limit)
+        ? BigInt(object.open_files_limit)
+        : 0n,
     };
   },
 
@@ -762,6 +823,9 @@ export const Resources: MessageFns<Resources> = {
     if (message.shmBytes !== 0n) {
       obj.shmBytes = message.shmBytes.toString();
     }
+    if (message.openFilesLimit !== 0n) {
+      obj.openFilesLimit = message.openFilesLimit.toString();
+    }
     return obj;
   },
 
@@ -777,6 +841,9 @@ export const Resources: MessageFns<Resources> = {
       : 0n;
     message.diskBytes = (object.diskBytes !== undefined && object.diskBytes !== null) ? BigInt(object.diskBytes) : 0n;
     message.shmBytes = (object.shmBytes !== undefined && object.shmBytes !== null) ? BigInt(object.shmBytes) : 0n;
+    message.openFilesLimit = (object.openFilesLimit !== undefined && object.openFilesLimit !== null)
+      ? BigInt(object.openFilesLimit)
+      : 0n;
     return message;
   },
 };
@@ -1242,6 +1309,9 @@ function createBaseSandbox(): Sandbox {
     serverVersion: "",
     versionSkew: false,
     owner: "",
+    hostUsers: false,
+    hostIdBase: 0,
+    runtimeName: "",
     network: undefined,
     networkAddress: "",
   };
@@ -1317,6 +1387,15 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.owner !== "") {
       writer.uint32(186).string(message.owner);
+    }
+    if (message.hostUsers !== false) {
+      writer.uint32(192).bool(message.hostUsers);
+    }
+    if (message.hostIdBase !== 0) {
+      writer.uint32(200).uint32(message.hostIdBase);
+    }
+    if (message.runtimeName !== "") {
+      writer.uint32(210).string(message.runtimeName);
     }
     if (message.network !== undefined) {
       NetworkPolicy.encode(message.network, writer.uint32(218).fork()).join();
@@ -1527,6 +1606,30 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.owner = reader.string();
             continue;
           }
+          case 24: {
+            if (tag !== 192) {
+              break;
+            }
+
+            message.hostUsers = reader.bool();
+            continue;
+          }
+          case 25: {
+            if (tag !== 200) {
+              break;
+            }
+
+            message.hostIdBase = reader.uint32();
+            continue;
+          }
+          case 26: {
+            if (tag !== 210) {
+              break;
+            }
+
+            message.runtimeName = reader.string();
+            continue;
+          }
           case 27: {
             if (tag !== 218) {
               break;
@@ -1645,6 +1748,21 @@ export const Sandbox: MessageFns<Sandbox> = {
         ? globalThis.Boolean(object.version_skew)
         : false,
       owner: isSet(object.owner) ? globalThis.String(object.owner) : "",
+      hostUsers: isSet(object.hostUsers)
+        ? globalThis.Boolean(object.hostUsers)
+        : isSet(object.host_users)
+        ? globalThis.Boolean(object.host_users)
+        : false,
+      hostIdBase: isSet(object.hostIdBase)
+        ? globalThis.Number(object.hostIdBase)
+        : isSet(object.host_id_base)
+        ? globalThis.Number(object.host_id_base)
+        : 0,
+      runtimeName: isSet(object.runtimeName)
+        ? globalThis.String(object.runtimeName)
+        : isSet(object.runtime_name)
+        ? globalThis.String(object.runtime_name)
+        : "",
       network: isSet(object.network) ? NetworkPolicy.fromJSON(object.network) : undefined,
       networkAddress: isSet(object.networkAddress)
         ? globalThis.String(object.networkAddress)
@@ -1731,6 +1849,15 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.owner !== "") {
       obj.owner = message.owner;
     }
+    if (message.hostUsers !== false) {
+      obj.hostUsers = message.hostUsers;
+    }
+    if (message.hostIdBase !== 0) {
+      obj.hostIdBase = Math.round(message.hostIdBase);
+    }
+    if (message.runtimeName !== "") {
+      obj.runtimeName = message.runtimeName;
+    }
     if (message.network !== undefined) {
       obj.network = NetworkPolicy.toJSON(message.network);
     }
@@ -1786,6 +1913,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     message.serverVersion = object.serverVersion ?? "";
     message.versionSkew = object.versionSkew ?? false;
     message.owner = object.owner ?? "";
+    message.hostUsers = object.hostUsers ?? false;
+    message.hostIdBase = object.hostIdBase ?? 0;
+    message.runtimeName = object.runtimeName ?? "";
     message.network = (object.network !== undefined && object.network !== null)
       ? NetworkPolicy.fromPartial(object.network)
       : undefined;
@@ -1891,6 +2021,8 @@ function createBaseCreateSandboxRequest(): CreateSandboxRequest {
     idleTimeout: undefined,
     maxLifetime: undefined,
     requestId: "",
+    hostUsers: false,
+    runtime: "",
     network: undefined,
   };
 }
@@ -1926,6 +2058,12 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     }
     if (message.requestId !== "") {
       writer.uint32(82).string(message.requestId);
+    }
+    if (message.hostUsers !== false) {
+      writer.uint32(88).bool(message.hostUsers);
+    }
+    if (message.runtime !== "") {
+      writer.uint32(98).string(message.runtime);
     }
     if (message.network !== undefined) {
       NetworkPolicy.encode(message.network, writer.uint32(106).fork()).join();
@@ -2032,6 +2170,22 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
             message.requestId = reader.string();
             continue;
           }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.hostUsers = reader.bool();
+            continue;
+          }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.runtime = reader.string();
+            continue;
+          }
           case 13: {
             if (tag !== 106) {
               break;
@@ -2106,6 +2260,12 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
         : isSet(object.request_id)
         ? globalThis.String(object.request_id)
         : "",
+      hostUsers: isSet(object.hostUsers)
+        ? globalThis.Boolean(object.hostUsers)
+        : isSet(object.host_users)
+        ? globalThis.Boolean(object.host_users)
+        : false,
+      runtime: isSet(object.runtime) ? globalThis.String(object.runtime) : "",
       network: isSet(object.network) ? NetworkPolicy.fromJSON(object.network) : undefined,
     };
   },
@@ -2154,6 +2314,12 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     if (message.requestId !== "") {
       obj.requestId = message.requestId;
     }
+    if (message.hostUsers !== false) {
+      obj.hostUsers = message.hostUsers;
+    }
+    if (message.runtime !== "") {
+      obj.runtime = message.runtime;
+    }
     if (message.network !== undefined) {
       obj.network = NetworkPolicy.toJSON(message.network);
     }
@@ -2197,6 +2363,8 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
       ? Duration.fromPartial(object.maxLifetime)
       : undefined;
     message.requestId = object.requestId ?? "";
+    message.hostUsers = object.hostUsers ?? false;
+    message.runtime = object.runtime ?? "";
     message.network = (object.network !== undefined && object.network !== null)
       ? NetworkPolicy.fromPartial(object.network)
       : undefined;

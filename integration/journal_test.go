@@ -1,0 +1,150 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// TestJournalFullFailsClosed fills the file system under berthd's journal
+// directory (a 64 KiB tmpfs): a start berthd cannot record is refused with
+// UNAVAILABLE JOURNAL_UNAVAILABLE and runs nothing; after the sandbox's
+// runtime is replaced and berthd restarts, a start reusing an exec id spent
+// before the fill is STALE_HANDLE, and the refused one runs once the
+// journal has room again.
+func TestJournalFullFailsClosed(t *testing.T) {
+	need(t)
+	rt, ns, stateDir := newNamespaceRuntime(t, "jf")
+	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: filepath.Join(env.dir, "jf.sock")}
+	journal := filepath.Join(env.dir, "jf-journal")
+	if err := os.Mkdir(journal, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("berth-test-journal", journal, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=64k,mode=0700"); err != nil {
+		t.Fatalf("mount a 64 KiB tmpfs at %s: %v", journal, err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(journal, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", journal, err)
+		}
+	})
+	p1 := startBerthd(t, e, "--journal-dir", journal)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "jf", Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := created.GetSandbox().GetRuntime()
+	files := berthv1.NewFileServiceClient(e.conn)
+	runID := func(execID, cmd string) (*berthv1.RunResponse, error) {
+		return e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: "jf", ExecId: execID, Process: &berthv1.ProcessSpec{ShellCommand: cmd}})
+	}
+	if resp, err := runID("spent", "echo spent >>/workspace/ran"); err != nil || resp.GetResult().GetExitCode() != 0 {
+		t.Fatalf("Run(spent) = %v, %v", resp, err)
+	}
+
+	// Fill the journal's file system, and the last page of the sandbox's
+	// journal (tmpfs allocates 4 KiB pages) with a line the journal's
+	// reader skips: the next record needs a page there is no room for.
+	fill := filepath.Join(journal, "fill")
+	if err := os.WriteFile(fill, make([]byte, 1<<20), 0o600); !errorsIsENOSPC(err) {
+		t.Fatalf("filling %s: %v, want ENOSPC", journal, err)
+	}
+	padJournal(t, filepath.Join(journal, "jf.journal"))
+	_, err = runID("blocked", "echo blocked >>/workspace/ran")
+	wantStatus(t, err, codes.Unavailable, rpcstatus.ReasonJournalUnavailable, "", "exec blocked not started", "no space left on device", "nothing ran")
+	if got := listExecs(t, e.sandboxes, "jf"); got["blocked"] != nil || got["spent"] == nil {
+		t.Errorf("ListExecs after the refused start = %v, want spent and not blocked", got)
+	}
+	read, err := files.ReadFile(ctx, &berthv1.ReadFileRequest{SandboxId: "jf", Location: &berthv1.ReadFileRequest_Path{Path: "/workspace/ran"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(t, read); got != "spent\n" {
+		t.Errorf("/workspace/ran = %q, want only spent's line", got)
+	}
+
+	// A new runtime (berthd restarts the killed task), then a new berthd.
+	signalAgent(t, before.GetTaskPid(), syscall.SIGKILL)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := e.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: "jf"})
+		got := resp.GetSandbox()
+		if err == nil && got.GetState() == berthv1.SandboxState_SANDBOX_STATE_RUNNING && got.GetRuntime().GetAgentBootId() != "" &&
+			got.GetRuntime().GetAgentBootId() != before.GetAgentBootId() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no new runtime within 30 s: %v, %v", got, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := p1.signal(t, syscall.SIGTERM); err != nil {
+		t.Fatalf("berthd after SIGTERM: %v", err)
+	}
+	startBerthd(t, e, "--journal-dir", journal)
+	_, err = runID("spent", "echo spent again >>/workspace/ran")
+	wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonStaleHandle, "")
+	_, err = runID("blocked", "echo blocked >>/workspace/ran")
+	wantStatus(t, err, codes.Unavailable, rpcstatus.ReasonJournalUnavailable, "")
+
+	if err := os.Remove(fill); err != nil {
+		t.Fatal(err)
+	}
+	// The task restart kept the container's snapshot: spent's line is there.
+	if resp, err := runID("blocked", "echo blocked >>/workspace/ran; cat /workspace/ran"); err != nil || string(resp.GetStdout()) != "spent\nblocked\n" {
+		t.Errorf("Run(blocked) with room again = %q, %v; want spent's and blocked's line once each", resp.GetStdout(), err)
+	}
+}
+
+// padJournal appends a line of '#' that ends the file at a page boundary.
+func padJournal(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rest := 4096 - st.Size()%4096; rest != 4096 {
+		pad := []byte(strings.Repeat("#", int(rest)-1) + "\n")
+		if _, err := f.Write(pad); err != nil {
+			t.Fatalf("pad %s: %v", path, err)
+		}
+	}
+}
+
+func errorsIsENOSPC(err error) bool { return errors.Is(err, syscall.ENOSPC) }
+
+// readAll collects a ReadFile stream's chunks.
+func readAll(t *testing.T, stream berthv1.FileService_ReadFileClient) string {
+	t.Helper()
+	var b []byte
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return string(b)
+		}
+		if err != nil {
+			t.Fatalf("ReadFile: %v", err)
+		}
+		b = append(b, msg.GetChunk()...)
+	}
+}

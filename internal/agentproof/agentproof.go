@@ -1,0 +1,96 @@
+// Package agentproof lets berthd tell a sandbox's real agent from a
+// workload that put its own listener where the agent's socket was. berthd
+// gives every sandbox's agent a random secret at create, in a file of the
+// sandbox's run directory that the agent reads and removes before any
+// process of the workload runs (not in its environment: gVisor lets a
+// process of the same uid read /proc/1/environ, and its 2022 release can
+// write neither /proc/self/mem nor process_vm_writev to scrub it); berthd
+// then sends a fresh random challenge with every Info call and
+// accepts only an answer that is HMAC-SHA256 (crypto/hmac) of the challenge
+// under that secret.
+package agentproof
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// SecretFile is the name of the secret's file in the sandbox's run
+// directory: hex, written by berthd before each task start, removed by the
+// agent once read.
+const SecretFile = "agent.secret"
+
+// SecretBytes and ChallengeBytes are the sizes of a secret and of a
+// challenge.
+const (
+	SecretBytes    = 32
+	ChallengeBytes = 16
+	// MaxChallengeBytes bounds the challenge an agent answers.
+	MaxChallengeBytes = 64
+)
+
+// ErrMismatch is returned by Verify for a proof that does not match.
+var ErrMismatch = errors.New("the answer does not prove the sandbox's agent secret")
+
+// NewSecret returns a new secret, hex-encoded for EnvSecret.
+func NewSecret() string {
+	return hex.EncodeToString(random(SecretBytes))
+}
+
+// NewChallenge returns a new random challenge.
+func NewChallenge() []byte { return random(ChallengeBytes) }
+
+func random(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b) // never fails (crypto/rand)
+	return b
+}
+
+// ReadSecretFile reads the secret at path and removes the file.
+func ReadSecretFile(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if rerr := os.Remove(path); err == nil && rerr != nil {
+		return nil, fmt.Errorf("remove the secret file: %w", rerr)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return ParseSecret(strings.TrimSpace(string(b)))
+}
+
+// ParseSecret decodes a hex secret as NewSecret makes it.
+func ParseSecret(hexSecret string) ([]byte, error) {
+	b, err := hex.DecodeString(hexSecret)
+	if err != nil || len(b) != SecretBytes {
+		return nil, fmt.Errorf("agent secret: want %d hex-encoded bytes", SecretBytes)
+	}
+	return b, nil
+}
+
+// Prove returns the agent's answer to challenge: HMAC-SHA256(secret,
+// challenge). It returns nil without a secret or a challenge, or for a
+// challenge longer than MaxChallengeBytes.
+func Prove(secret, challenge []byte) []byte {
+	if len(secret) == 0 || len(challenge) == 0 || len(challenge) > MaxChallengeBytes {
+		return nil
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write(challenge)
+	return m.Sum(nil)
+}
+
+// Verify checks that proof answers challenge under secret, in constant
+// time; ErrMismatch otherwise.
+func Verify(secret, challenge, proof []byte) error {
+	want := Prove(secret, challenge)
+	if want == nil || !hmac.Equal(want, proof) {
+		return ErrMismatch
+	}
+	return nil
+}
