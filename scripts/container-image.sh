@@ -8,8 +8,10 @@
 #   golang:1.26           that root plus this machine's Go toolchain
 #                         (go env GOROOT) in /usr/local/go and the host's
 #                         CA bundle
-# Then it builds the image and runs `berthd --version` and
-# `berth version` in it. Slow on a fresh machine (debootstrap, a cold Go
+# Then it builds the image, runs `berthd --version`, `berth version` and
+# `berth-agent --version` in it, and finally runs berthd from the image
+# against a private containerd (scripts/containerd.sh) and a command in a
+# sandbox through it. Slow on a fresh machine (debootstrap, a cold Go
 # build inside the image): not part of `make test`.
 #
 # Environment:
@@ -70,9 +72,39 @@ bh bud --isolation chroot --layers=false --build-arg "VERSION=$VERSION" --build-
 	-v "$DIR/gomod:/go/pkg/mod" -v "$DIR/gocache:/root/.cache/go-build" -t "$IMAGE" .
 
 c=$(bh from "$IMAGE")
-trap 'bh rm "$c" >/dev/null' EXIT
+run=$(mktemp -d /tmp/berth-img.XXXXXX) # short: unix socket paths
+cleanup() {
+	local pid
+	for pid in $(pgrep -f -- "--state-dir $run/state " || true); do kill "$pid" 2>/dev/null || true; done
+	BERTH_BTRFS=0 scripts/containerd.sh stop "$run/c" >/dev/null 2>&1 || true
+	bh rm "$c" >/dev/null
+	rm -rf "$run"
+}
+trap cleanup EXIT
 got=$(bh run --isolation chroot "$c" -- /usr/local/bin/berthd --version)
 cli=$(bh run --isolation chroot "$c" -- /usr/local/bin/berth version)
 agent=$(bh run --isolation chroot "$c" -- /usr/local/lib/berth/berth-agent --version)
 echo "container-image: $IMAGE: berthd $got; $cli; berth-agent $agent"
 [[ $got == "$VERSION" ]] || { echo "container-image: berthd --version says $got, want $VERSION" >&2; exit 1; }
+
+# berthd from the image as the Dockerfile's header runs it, next to a
+# containerd outside it (a private one, scripts/containerd.sh) with the
+# state directory mounted at the same path; then the host's berth CLI
+# imports the base image and runs a command in a sandbox through it.
+echo "container-image: running berthd from $IMAGE against a private containerd"
+scripts/deps.sh 2>/dev/null
+scripts/base-image.sh >/dev/null
+go build -o "$run/berth" ./cmd/berth
+BERTH_BTRFS=0 scripts/containerd.sh start "$run/c" >/dev/null
+mkdir -p "$run/state"
+bh run --isolation chroot -v "$run:$run" -e "CONTAINERD_ADDRESS=$run/c/containerd.sock" -e "BERTH_STATE_DIR=$run/state" "$c" -- \
+	/usr/local/bin/berthd-entrypoint --namespace "berth-img-$$" --snapshotter overlayfs >"$run/berthd.log" 2>&1 &
+berth=("$run/berth" --addr "unix://$run/state/berthd.sock")
+for ((i = 0; i < 300; i++)); do
+	[[ -S $run/state/berthd.sock ]] && break
+	sleep 0.1
+done
+"${berth[@]}" image import build/base.oci.tar >/dev/null
+out=$("${berth[@]}" run --image berth.dev/base:latest -- sh -c 'echo sandbox ok')
+[[ $out == "sandbox ok" ]] || { echo "container-image: a command in a sandbox of the image's berthd printed \"$out\"; berthd's log:" >&2; cat "$run/berthd.log" >&2; exit 1; }
+echo "container-image: berthd from $IMAGE ran a command in a sandbox"
