@@ -5,8 +5,10 @@
 # Build:   docker build --build-arg VERSION=$(git describe --tags --always) -t berth .
 # or, without a Docker engine, with Debian's buildah: scripts/container-image.sh
 # (make container-image), which is how this file was verified: it builds,
-# and the three binaries in the image run and report the version built in;
-# berthd serving from the image was not run here (README "Deployment").
+# and berthd run from the image against a containerd outside it runs a
+# command in a sandbox. Not verified: EGRESS sandboxes (no CNI plugins or
+# nft in this image) and running under Docker or Kubernetes (README
+# "Deployment").
 #
 # berthd does not run containerd: it dials the host's containerd socket,
 # mounted in. containerd (on the host) bind-mounts the agent binary and each
