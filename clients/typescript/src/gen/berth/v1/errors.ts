@@ -200,6 +200,21 @@ export enum UnreachableCause {
    * socket with its own listener gets this; nothing was sent to it.
    */
   UNREACHABLE_CAUSE_AGENT_UNVERIFIED = 7,
+  /**
+   * UNREACHABLE_CAUSE_NODE_LOST - UNREACHABLE_CAUSE_NODE_LOST means the sandbox lives on another berthd
+   * of the fleet (Unreachable.node_id) whose lease in the cluster store
+   * expired: the node stopped, crashed or lost the cluster store. Its
+   * sandboxes answer again once it is back.
+   */
+  UNREACHABLE_CAUSE_NODE_LOST = 8,
+  /**
+   * UNREACHABLE_CAUSE_NODE_UNREACHABLE - UNREACHABLE_CAUSE_NODE_UNREACHABLE means the sandbox lives on another
+   * berthd of the fleet (Unreachable.node_id) that still holds its lease but
+   * did not answer the berthd that routed the request: it is stopping,
+   * overloaded or cut off from the other nodes. Its lease expires within
+   * the lease time if it is gone (then UNREACHABLE_CAUSE_NODE_LOST).
+   */
+  UNREACHABLE_CAUSE_NODE_UNREACHABLE = 9,
   UNRECOGNIZED = -1,
 }
 
@@ -229,6 +244,12 @@ export function unreachableCauseFromJSON(object: any): UnreachableCause {
     case 7:
     case "UNREACHABLE_CAUSE_AGENT_UNVERIFIED":
       return UnreachableCause.UNREACHABLE_CAUSE_AGENT_UNVERIFIED;
+    case 8:
+    case "UNREACHABLE_CAUSE_NODE_LOST":
+      return UnreachableCause.UNREACHABLE_CAUSE_NODE_LOST;
+    case 9:
+    case "UNREACHABLE_CAUSE_NODE_UNREACHABLE":
+      return UnreachableCause.UNREACHABLE_CAUSE_NODE_UNREACHABLE;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -254,6 +275,10 @@ export function unreachableCauseToJSON(object: UnreachableCause): string {
       return "UNREACHABLE_CAUSE_AGENT_BUSY";
     case UnreachableCause.UNREACHABLE_CAUSE_AGENT_UNVERIFIED:
       return "UNREACHABLE_CAUSE_AGENT_UNVERIFIED";
+    case UnreachableCause.UNREACHABLE_CAUSE_NODE_LOST:
+      return "UNREACHABLE_CAUSE_NODE_LOST";
+    case UnreachableCause.UNREACHABLE_CAUSE_NODE_UNREACHABLE:
+      return "UNREACHABLE_CAUSE_NODE_UNREACHABLE";
     case UnreachableCause.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -519,9 +544,16 @@ export interface Unreachable {
   serverVersion: string;
   /**
    * admitted says whether the request took effect: ADMITTED_NOT_STARTED
-   * unless the connection broke after the request reached the agent.
+   * unless the connection broke after the request reached the agent (or,
+   * for a routed request, the node that holds the sandbox).
    */
   admitted: Admitted;
+  /**
+   * node_id names the berthd node of the fleet that holds the sandbox, for
+   * the causes UNREACHABLE_CAUSE_NODE_LOST and
+   * UNREACHABLE_CAUSE_NODE_UNREACHABLE; empty otherwise.
+   */
+  nodeId: string;
 }
 
 /**
@@ -881,6 +913,7 @@ function createBaseUnreachable(): Unreachable {
     agentVersion: "",
     serverVersion: "",
     admitted: 0,
+    nodeId: "",
   };
 }
 
@@ -915,6 +948,9 @@ export const Unreachable: MessageFns<Unreachable> = {
     }
     if (message.admitted !== 0) {
       writer.uint32(80).int32(message.admitted);
+    }
+    if (message.nodeId !== "") {
+      writer.uint32(90).string(message.nodeId);
     }
     return writer;
   },
@@ -1012,6 +1048,14 @@ export const Unreachable: MessageFns<Unreachable> = {
             message.admitted = reader.int32() as any;
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1060,6 +1104,11 @@ export const Unreachable: MessageFns<Unreachable> = {
         ? globalThis.String(object.server_version)
         : "",
       admitted: isSet(object.admitted) ? admittedFromJSON(object.admitted) : 0,
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
     };
   },
 
@@ -1095,6 +1144,9 @@ export const Unreachable: MessageFns<Unreachable> = {
     if (message.admitted !== 0) {
       obj.admitted = admittedToJSON(message.admitted);
     }
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
     return obj;
   },
 
@@ -1119,6 +1171,7 @@ export const Unreachable: MessageFns<Unreachable> = {
     message.agentVersion = object.agentVersion ?? "";
     message.serverVersion = object.serverVersion ?? "";
     message.admitted = object.admitted ?? 0;
+    message.nodeId = object.nodeId ?? "";
     return message;
   },
 };

@@ -458,6 +458,11 @@ export interface Sandbox {
    * bridge; empty for NONE.
    */
   networkAddress: string;
+  /**
+   * node_id names the berthd node of the fleet that holds the sandbox (see
+   * NodeService); empty on a berthd that is not part of a fleet.
+   */
+  nodeId: string;
 }
 
 export interface Sandbox_LabelsEntry {
@@ -1314,6 +1319,7 @@ function createBaseSandbox(): Sandbox {
     runtimeName: "",
     network: undefined,
     networkAddress: "",
+    nodeId: "",
   };
 }
 
@@ -1402,6 +1408,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.networkAddress !== "") {
       writer.uint32(226).string(message.networkAddress);
+    }
+    if (message.nodeId !== "") {
+      writer.uint32(234).string(message.nodeId);
     }
     return writer;
   },
@@ -1646,6 +1655,14 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.networkAddress = reader.string();
             continue;
           }
+          case 29: {
+            if (tag !== 234) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1769,6 +1786,11 @@ export const Sandbox: MessageFns<Sandbox> = {
         : isSet(object.network_address)
         ? globalThis.String(object.network_address)
         : "",
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
     };
   },
 
@@ -1864,6 +1886,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.networkAddress !== "") {
       obj.networkAddress = message.networkAddress;
     }
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
     return obj;
   },
 
@@ -1920,6 +1945,7 @@ export const Sandbox: MessageFns<Sandbox> = {
       ? NetworkPolicy.fromPartial(object.network)
       : undefined;
     message.networkAddress = object.networkAddress ?? "";
+    message.nodeId = object.nodeId ?? "";
     return message;
   },
 };
