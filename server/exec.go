@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // agentInfoTimeout bounds a status query to an agent made while answering
@@ -118,7 +117,6 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	defer fr.Free()
 	msg := &agentv1.ExecResponse{}
 	started := false
-	var outputValues [2]uint64 // an output event's seq and stream
 	// sendFailed ends the handler when sending to the caller failed: the
 	// caller went away, maybe while output flowed.
 	sendFailed := func(err error) error {
@@ -132,10 +130,10 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		if err == nil {
 			// An output event goes on as it is on the wire: its field
 			// numbers are the same in both APIs (TestExecEventFields),
-			// and Embedded passes only {seq, stream, data}, nothing a
+			// and ExecOutput passes only {seq, stream, data}, nothing a
 			// hostile agent could add.
-			if n, ok := fr.Embedded(execOutputField, outputFields, outputDataField, outputValues[:]); ok {
-				guard.seenOutput(outputValues[0], berthv1.Stream(outputValues[1]), n)
+			if seq, outStream, ok := fr.ExecOutput(); ok {
+				guard.seenOutput(seq, outStream, fr.DataLen())
 				if err := stream.SendMsg(&fr); err != nil {
 					return sendFailed(err)
 				}
@@ -183,16 +181,6 @@ func (s *Service) hangUp(ctx context.Context, guard *execGuard, execID string) {
 		s.log.WarnContext(ctx, "hang up exec whose caller went away", slog.String("sandbox_id", guard.sandboxID), slog.String("exec_id", execID), slog.Any("error", err))
 	}
 }
-
-// Field numbers of an exec's output event: ExecResponse.output, the same
-// in berth.v1 and berth.agent.v1, and ExecOutput's seq and stream (in the
-// order proto.Marshal writes them) and data.
-var (
-	outputMsg       = (&berthv1.ExecOutput{}).ProtoReflect().Descriptor().Fields()
-	execOutputField = (&berthv1.ExecResponse{}).ProtoReflect().Descriptor().Fields().ByName("output").Number()
-	outputFields    = []protoreflect.FieldNumber{outputMsg.ByName("seq").Number(), outputMsg.ByName("stream").Number()}
-	outputDataField = outputMsg.ByName("data").Number()
-)
 
 // eventWrapper re-wraps agent events as public ones, sharing the payload.
 // Its oneof wrappers are reused from event to event: Send marshals before
