@@ -154,6 +154,11 @@ def steps(sid, boot_id):
             exec_stream(start(sid, argv=["true"]))
             time.sleep(0.05)  # the task has not exited yet
         except grpc.RpcError as e:
+            if berth_client.details(e).runtime_replaced is not None:
+                # This `true` started as the task went down (ABORTED,
+                # RUNTIME_REPLACED): harmless to run again.
+                continue
+
             def fail(e=e):
                 raise e
             unreachable = expect_error("exec in a stopped sandbox", fail, grpc.StatusCode.UNAVAILABLE, "SANDBOX_UNREACHABLE")
