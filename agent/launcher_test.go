@@ -1,11 +1,9 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,38 +14,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/berth-sandbox/berth/agent/launcher"
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
-
-// launcherPid returns the pid of the agent's launcher, the child of the
-// agent whose argv[0] is launcher.Arg0, or 0.
-func launcherPid(t *testing.T, agentPid int) int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if !bytes.HasPrefix(cmdline, []byte(launcher.Arg0+"\x00")) || len(stat) == 0 {
-			continue
-		}
-		var state string
-		var ppid int
-		rest := string(stat[bytes.LastIndexByte(stat, ')')+2:])
-		if _, err := fmt.Sscanf(rest, "%s %d", &state, &ppid); err == nil && ppid == agentPid {
-			return pid
-		}
-	}
-	return 0
-}
 
 // limitOf returns the soft and hard values of a limit in /proc/<pid>/limits.
 func limitOf(t *testing.T, pid int, name string) (soft, hard string) {
@@ -88,7 +58,7 @@ func TestLauncher(t *testing.T) {
 	if soft, hard := limitOf(t, a.pid, "Max open files"); soft != "4096" || hard != "4096" {
 		t.Errorf("agent's nofile = %s/%s, want 4096/4096: raised to the hard limit", soft, hard)
 	}
-	lp := launcherPid(t, a.pid)
+	lp := agentbin.LauncherPID(a.pid)
 	if lp == 0 {
 		t.Fatal("no launcher among the agent's children")
 	}
@@ -107,7 +77,7 @@ func TestLauncher(t *testing.T) {
 	if r := a.run(t, execID(t)+"-again", shell(`echo again`)); string(r.stdout) != "again\n" || r.result.GetExitCode() != 0 {
 		t.Errorf("after the launcher was killed: stdout %q, result %v; want %q, exit 0", r.stdout, r.result, "again\n")
 	}
-	if next := launcherPid(t, a.pid); next == 0 || next == lp {
+	if next := agentbin.LauncherPID(a.pid); next == 0 || next == lp {
 		t.Errorf("launcher pid after the kill = %d, want a new one (was %d)", next, lp)
 	}
 }

@@ -60,6 +60,12 @@ func serveService(t *testing.T, cfg server.Config, rt *runtime.Runtime) string {
 	if os.Getenv("BERTH_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("server", t.Name())
 	}
+	return serveServiceLog(t, cfg, rt, log)
+}
+
+// serveServiceLog is serveService with berthd's log going to log.
+func serveServiceLog(t *testing.T, cfg server.Config, rt *runtime.Runtime, log *slog.Logger) string {
+	t.Helper()
 	svc := server.New(cfg, rt, log)
 	addr := "unix://" + filepath.Join(env.dir, shortID("s")+".sock")
 	lis, err := server.Listen(addr)

@@ -3,7 +3,11 @@ package integration
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
@@ -25,13 +30,7 @@ import (
 // keeps its place until berthd knows the exec is not running.
 func TestCanceledStartKeepsItsPlace(t *testing.T) {
 	need(t)
-	addr := startServer(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1})
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	capped := berthv1.NewSandboxServiceClient(conn)
+	capped := sandboxClient(t, startServer(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}))
 	id := newSandbox(t, nil).GetId()
 	running := func() int {
 		out := string(run(t, id, "ps", "-o", "args").GetStdout())
@@ -57,6 +56,114 @@ func TestCanceledStartKeepsItsPlace(t *testing.T) {
 	if running() == 0 {
 		t.Fatalf("no canceled start ran at all: the test did not exercise a start the agent carried out")
 	}
+}
+
+// TestCanceledStartWhileLaunching holds a start where its outcome is
+// unknown to berthd: the agent has it, but its launcher (which forks every
+// workload process) is stopped, so no answer comes. The caller then cancels.
+// The start may still run — it does, once the launcher goes on — so berthd
+// must keep the exec's place on a berthd that allows one exec per sandbox.
+// TestCanceledStartKeepsItsPlace's cancels, at whatever moment, rarely
+// fall in this window.
+func TestCanceledStartWhileLaunching(t *testing.T) {
+	need(t)
+	var logs agentbin.Buffer
+	capped := sandboxClient(t, serveServiceLog(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}, env.rt, slog.New(slog.NewTextHandler(&logs, nil))))
+	id := newSandbox(t, nil).GetId()
+	run(t, id, "true") // the agent starts its launcher with the first exec
+	agent := agentPID(t, id)
+	launcher := agentbin.LauncherPID(agent)
+	if launcher == 0 {
+		t.Fatalf("no launcher among the children of agent %d", agent)
+	}
+	pipes := agentPipes(t, agent)
+
+	if err := syscall.Kill(launcher, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	continued := false
+	defer func() {
+		if !continued {
+			syscall.Kill(launcher, syscall.SIGCONT)
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := capped.Exec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := &berthv1.ExecStart{SandboxId: id, ExecId: "stalled", Process: &berthv1.ProcessSpec{Argv: []string{"sleep", "3600"}}}
+	if err := stream.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: start}}); err != nil {
+		t.Fatal(err)
+	}
+	// The agent makes the process's pipes, then hands them to the stopped
+	// launcher: a new pipe means the start reached the agent.
+	if !poll(10*time.Second, func() bool { return len(newPipes(agentPipes(t, agent), pipes)) > 0 }) {
+		t.Fatal("the agent made no pipes for the start within 10 s")
+	}
+	cancel()
+	// Until berthd's Exec handler has returned, having decided about the
+	// exec's place: a started event sent meanwhile would decide for it.
+	if !poll(10*time.Second, func() bool {
+		return strings.Contains(logs.String(), "grpc.method=Exec") && strings.Contains(logs.String(), "grpc.code=Canceled")
+	}) {
+		t.Fatalf("berthd logged no canceled Exec within 10 s:\n%s", logs.String())
+	}
+	if err := syscall.Kill(launcher, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	continued = true
+	settle(t, capped, id, "stalled")
+	out := string(run(t, id, "ps", "-o", "args").GetStdout())
+	if n := strings.Count(out, "sleep 3600"); n != 1 {
+		t.Errorf("%d execs of the canceled start run, want the one that was launched:\n%s", n, out)
+	}
+	// Its place is taken: another start is FLEET_BUSY, nothing runs beside.
+	_, err = capped.Run(context.Background(), &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"sleep", "3600"}}})
+	if reason := rpcstatus.Reason(err); reason != rpcstatus.ReasonFleetBusy {
+		t.Errorf("a second start beside the canceled one: %v, want FLEET_BUSY", err)
+	}
+}
+
+// sandboxClient dials berthd at addr and returns its SandboxService; the
+// connection closes at cleanup.
+func sandboxClient(t *testing.T, addr string) berthv1.SandboxServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return berthv1.NewSandboxServiceClient(conn)
+}
+
+// agentPipes returns the pipes host process pid holds open, by inode.
+func agentPipes(t *testing.T, pid int) map[string]bool {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pipes := make(map[string]bool)
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join(dir, fd.Name())); err == nil && strings.HasPrefix(target, "pipe:") {
+			pipes[target] = true
+		}
+	}
+	return pipes
+}
+
+// newPipes returns the pipes in now that were not in before.
+func newPipes(now, before map[string]bool) []string {
+	var added []string
+	for p := range now {
+		if !before[p] {
+			added = append(added, p)
+		}
+	}
+	return added
 }
 
 // settle waits until the capped berthd (one exec per sandbox) has decided

@@ -23,7 +23,9 @@ import (
 // gone). Either way the create succeeds or reports the delete (NOT_FOUND),
 // never SANDBOX_UNREACHABLE from the deleted task's exit; and whatever the
 // create answered, berthd's view is containerd's: no sandbox runs that
-// the caller was told failed.
+// the caller was told failed. Every other run sends the create only once
+// the delete is under way (its task stopped): that create comes after the
+// delete, so it must make a new sandbox, not answer with the dying one.
 func TestCreateDeleteCreateRace(t *testing.T) {
 	need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -32,7 +34,7 @@ func TestCreateDeleteCreateRace(t *testing.T) {
 		return &berthv1.CreateSandboxRequest{SandboxId: id, Image: env.image}
 	}
 	var kept, gone, notFound int
-	for i := range 10 {
+	for i := range 12 {
 		id := shortID("rc")
 		if _, err := env.sandboxes.CreateSandbox(ctx, req(id)); err != nil {
 			t.Fatalf("run %d: first CreateSandbox: %v", i, err)
@@ -42,6 +44,10 @@ func TestCreateDeleteCreateRace(t *testing.T) {
 			_, err := env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id})
 			deleted <- err
 		}()
+		afterDelete := i%2 == 1
+		if afterDelete {
+			waitDeleteUnderWay(t, ctx, id)
+		}
 		var sb *berthv1.Sandbox
 		go func() {
 			resp, err := env.sandboxes.CreateSandbox(ctx, req(id))
@@ -58,6 +64,8 @@ func TestCreateDeleteCreateRace(t *testing.T) {
 		got, gerr := env.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
 		_, rerr := env.rt.Get(ctx, id)
 		switch {
+		case afterDelete && status.Code(gerr) == codes.NotFound:
+			t.Errorf("run %d: a create sent once the delete was under way answered %v, yet no sandbox is left: it came after the delete and must make one", i, cerr)
 		case status.Code(gerr) == codes.NotFound:
 			gone++
 			if status.Code(cerr) == codes.NotFound {
@@ -83,6 +91,25 @@ func TestCreateDeleteCreateRace(t *testing.T) {
 		}
 	}
 	t.Logf("delete then create: %d; create then delete: %d (of which the create reported the delete: %d)", kept, gone, notFound)
+}
+
+// waitDeleteUnderWay waits, for at most 10 s, until containerd shows sandbox
+// id's task stopped or the sandbox gone: a delete sent before is under way
+// or done. It polls every millisecond, so that it sees the stopped task
+// before the delete removes the container.
+func waitDeleteUnderWay(t *testing.T, ctx context.Context, id string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		sb, err := env.rt.Get(ctx, id)
+		switch {
+		case errors.Is(err, runtime.ErrSandboxNotFound), err == nil && !sb.Running:
+			return
+		case err != nil:
+			t.Fatalf("containerd's record of %s during its delete: %v", id, err)
+		case time.Now().After(deadline):
+			t.Fatalf("the delete of %s did not stop its task within 10 s", id)
+		}
+	}
 }
 
 // TestAgentLogBounded grows a sandbox's agent log past the bound of a

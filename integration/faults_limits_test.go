@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,6 +38,16 @@ func TestReadFileOddProcFiles(t *testing.T) {
 		var ce *client.Error
 		if err != nil && (!errors.As(err, &ce) || ce.Code == codes.Internal || ce.Code == codes.Unknown || ce.Reason == client.ReasonInternal) {
 			t.Errorf("ReadFile %s at %d: %v, want a typed answer, not INTERNAL", tc.path, tc.offset, err)
+		}
+	}
+	// A refused read is the file's fact, not an incident: nothing at ERROR.
+	b, err := os.ReadFile(env.rt.LogPath(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, "level=ERROR") {
+			t.Errorf("the agent logged an error: %s", line)
 		}
 	}
 }

@@ -123,12 +123,17 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	if err := s.resources(&spec, res); err != nil {
 		return spec, err
 	}
-	spec.ShmBytes = (res.GetShmBytes() + 1023) / 1024 * 1024
-	if spec.ShmBytes == 0 {
+	// shm_bytes is bounded before it is rounded up to whole KiB, which
+	// would otherwise wrap a value near 2^64 to zero, the default.
+	switch shm := res.GetShmBytes(); {
+	case shm == 0:
 		spec.ShmBytes = runtime.DefaultShmBytes
-	}
-	if m := spec.MemoryBytes; m > 0 && spec.ShmBytes > m && res.GetShmBytes() != 0 {
-		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds memory_bytes %d: /dev/shm pages count against the memory limit", res.GetShmBytes(), m))
+	case spec.MemoryBytes > 0 && shm > spec.MemoryBytes:
+		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds memory_bytes %d: /dev/shm pages count against the memory limit", shm, spec.MemoryBytes))
+	case shm > min(s.cfg.MaxMemoryBytes, maxShmBytes):
+		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds the server's maximum memory cap of %d: /dev/shm pages are memory", shm, min(s.cfg.MaxMemoryBytes, maxShmBytes)))
+	default:
+		spec.ShmBytes = (shm + 1023) / 1024 * 1024
 	}
 
 	var err error

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -103,6 +104,56 @@ func TestSandboxIDOf(t *testing.T) {
 	if got := sandboxIDOf((&berthv1.ListImagesRequest{}).ProtoReflect(), 1); got != "" {
 		t.Errorf("sandboxIDOf(list images) = %q, want none", got)
 	}
+}
+
+// TestSandboxSpecBoundsNumbers: a resource number near 2^64 is refused by
+// name before it is rounded, summed or converted to the OCI spec's signed
+// fields; none wraps into a small value, or into "unset" and the default.
+func TestSandboxSpecBoundsNumbers(t *testing.T) {
+	cfg := Config{MaxMemoryBytes: 1 << 30}
+	cfg.setDefaults()
+	s := &Service{cfg: cfg}
+	huge := []uint64{1<<64 - 1, 1<<64 - 50, 1 << 63, 1<<63 - 1}
+	for _, tc := range []struct {
+		field string
+		res   func(n uint64) *berthv1.Resources
+	}{
+		{"resources.memory_bytes", func(n uint64) *berthv1.Resources { return &berthv1.Resources{MemoryBytes: n} }},
+		{"resources.pids_limit", func(n uint64) *berthv1.Resources { return &berthv1.Resources{PidsLimit: n} }},
+		{"resources.cpu_millis", func(n uint64) *berthv1.Resources { return &berthv1.Resources{CpuMillis: n} }},
+		{"resources.open_files_limit", func(n uint64) *berthv1.Resources { return &berthv1.Resources{OpenFilesLimit: n} }},
+		{"resources.shm_bytes", func(n uint64) *berthv1.Resources { return &berthv1.Resources{ShmBytes: n} }},
+		{"resources.shm_bytes", func(n uint64) *berthv1.Resources { return &berthv1.Resources{ShmBytes: n, MemoryBytes: 64 << 20} }},
+	} {
+		for _, n := range huge {
+			res := tc.res(n)
+			spec, err := s.sandboxSpec(&berthv1.CreateSandboxRequest{Image: "berth.dev/base:latest", Resources: res}, "")
+			if got := badRequestField(err); got != tc.field {
+				t.Errorf("sandboxSpec(%v) = shm %d memory %d pids %d cpu %d, %v; want INVALID_ARGUMENT naming %s",
+					res, spec.ShmBytes, spec.MemoryBytes, spec.PidsLimit, spec.CPUMillis, err, tc.field)
+			}
+		}
+	}
+	// Within the bounds, shm_bytes is rounded up to whole KiB.
+	spec, err := s.sandboxSpec(&berthv1.CreateSandboxRequest{Image: "berth.dev/base:latest", Resources: &berthv1.Resources{ShmBytes: 1<<20 + 1}}, "")
+	if err != nil || spec.ShmBytes != 1<<20+1024 {
+		t.Errorf("shm_bytes 1 MiB + 1 = %d, %v; want 1 MiB + 1 KiB", spec.ShmBytes, err)
+	}
+}
+
+// badRequestField returns the field of err's one BadRequest violation, or
+// "" when err is not INVALID_ARGUMENT with exactly one.
+func badRequestField(err error) string {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.InvalidArgument {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) == 1 {
+			return br.GetFieldViolations()[0].GetField()
+		}
+	}
+	return ""
 }
 
 // TestResources checks the server's default limits and the bound on a

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -214,14 +215,24 @@ func TestAwaitReplacement(t *testing.T) {
 	}
 }
 
+// TestProcStartTime starts a process between two readings of the clock:
+// its start time lies between them, less one clock tick (10 ms) of
+// rounding down — not a second early, as with /proc/stat's btime, which
+// put a new runtime's started_at before the old task's exit.
 func TestProcStartTime(t *testing.T) {
-	got, err := procStartTime(uint32(os.Getpid()))
+	before := time.Now()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	got, err := procStartTime(uint32(cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// btime has a resolution of a second.
-	if now := time.Now(); got.After(now.Add(time.Second)) || got.Before(now.Add(-10*time.Minute)) {
-		t.Errorf("start time of this test process = %v, now %v", got, now)
+	if got.Before(before.Add(-time.Second/clockTicks)) || got.After(after) {
+		t.Errorf("start time of a process started between %v and %v = %v", before, after, got)
 	}
 	if _, err := procStartTime(0); err == nil {
 		t.Error("procStartTime(0) succeeded")

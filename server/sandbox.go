@@ -215,6 +215,11 @@ func (s *Service) checkSkew(id string, info *agentv1.InfoResponse) {
 // agent itself cannot run.
 const minMemoryBytes = 4 << 20
 
+// maxShmBytes bounds resources.shm_bytes whatever --max-memory-bytes says:
+// far from the wrap of its rounding to whole KiB and from the int64 of the
+// OCI spec.
+const maxShmBytes = 1 << 62
+
 const (
 	defaultPageSize = 100
 	maxPageSize     = 1000

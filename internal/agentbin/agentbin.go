@@ -9,7 +9,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"sync"
+
+	"github.com/berth-sandbox/berth/agent/launcher"
 )
 
 // Build compiles cmd/berth-agent into dir/berth-agent and returns its path.
@@ -66,4 +69,32 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// LauncherPID returns the host pid of the launcher of the agent with host
+// pid agent: the agent's child whose argv[0] is launcher.Arg0 (the agent
+// starts it with its first exec), or 0 when there is none.
+func LauncherPID(agent int) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		i := bytes.LastIndexByte(stat, ')')
+		if !bytes.HasPrefix(cmdline, []byte(launcher.Arg0+"\x00")) || i < 0 || i+2 > len(stat) {
+			continue
+		}
+		var state string
+		var ppid int
+		if _, err := fmt.Sscanf(string(stat[i+2:]), "%s %d", &state, &ppid); err == nil && ppid == agent {
+			return pid
+		}
+	}
+	return 0
 }

@@ -3,11 +3,12 @@ package network
 import (
 	"context"
 	"net/netip"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-sandbox/berth/internal/e2e"
 )
 
 func testRuleset() *ruleset {
@@ -61,14 +62,9 @@ func TestRulesetOrder(t *testing.T) {
 // detach into nft in a network namespace of its own (unshare -n), so the
 // host's rules are never touched.
 func TestRulesetApplies(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace")
-	}
+	e2e.NeedRoot(t, "a network namespace")
 	if _, err := exec.LookPath("nft"); err != nil {
-		if os.Getenv("BERTH_E2E") == "1" {
-			t.Fatal("nft not installed (scripts/deps.sh installs nftables)")
-		}
-		t.Skip("nft not installed")
+		e2e.Missing(t, "nft not installed (scripts/deps.sh installs nftables)")
 	}
 	r := testRuleset()
 	a := testAttachment(t, "sb-1", "10.89.0.2", "veth01", 10, "0.0.0.0/0", "pypi.org:443", "192.0.2.2")
