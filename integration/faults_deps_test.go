@@ -182,6 +182,25 @@ func TestContainerdDown(t *testing.T) {
 		cd.kill(t)
 		check(t, berthv1.DependencyFault_DEPENDENCY_FAULT_UNREACHABLE)
 		works(t)
+		// A berthd that has not reached the sandbox yet (one started while
+		// containerd is down) needs containerd's record first: its file
+		// operations and execs are the same typed failure, not INTERNAL.
+		fresh := dialClient(t, serveService(t, server.Config{TaskRestartLimit: -1, JournalDir: t.TempDir()}, rt))
+		for _, tc := range []struct {
+			name string
+			call func() error
+		}{
+			{"Stat on a fresh berthd", func() error { _, err := fresh.Stat(ctx, id, "/workspace"); return err }},
+			{"Run on a fresh berthd", func() error {
+				_, err := fresh.Run(ctx, id, &berthv1.ProcessSpec{Argv: []string{"true"}})
+				return err
+			}},
+		} {
+			began := time.Now()
+			err := tc.call()
+			wantDependency(t, tc.name, err, time.Since(began), codes.Unavailable, berthv1.Dependency_DEPENDENCY_CONTAINERD,
+				berthv1.DependencyFault_DEPENDENCY_FAULT_UNREACHABLE, budget)
+		}
 		cd.script(t, "start")
 		if !poll(15*time.Second, func() bool { _, err := c.GetSandbox(ctx, id); return err == nil }) {
 			t.Fatal("GetSandbox still fails 15 s after containerd came back")
