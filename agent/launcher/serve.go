@@ -34,7 +34,7 @@ func serve(nofile string) int {
 	setComm(Comm)
 	score, err := newOOMScore()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "berth-agent launcher: processes keep the agent's OOM score: %v\n", err)
+		fmt.Fprintf(os.Stderr, "berth-agent launcher: %v\n", err)
 	}
 	if n, err := strconv.ParseUint(nofile, 10, 64); err == nil && n > 0 {
 		var lim syscall.Rlimit
@@ -192,16 +192,16 @@ type oomScore struct {
 // to the oom_score_adj_min it inherited without CAP_SYS_RESOURCE).
 func newOOMScore() (oomScore, error) {
 	b, err := os.ReadFile(oomScorePath)
+	if err == nil {
+		err = setOOMScore(strconv.Itoa(OOMScoreAdj))
+	}
 	if err != nil {
-		return oomScore{}, err
+		return oomScore{}, fmt.Errorf("processes keep the agent's OOM score: %w", err)
 	}
 	own := string(bytes.TrimSpace(b))
-	if err := setOOMScore(strconv.Itoa(OOMScoreAdj)); err != nil {
-		return oomScore{}, err
-	}
 	if err := setOOMScore(own); err != nil {
 		// Stuck at the highest: children still get it, the launcher too.
-		return oomScore{}, fmt.Errorf("the launcher keeps score %d: %w", OOMScoreAdj, err)
+		return oomScore{}, fmt.Errorf("the launcher keeps OOM score %d: %w", OOMScoreAdj, err)
 	}
 	return oomScore{own: own}, nil
 }
