@@ -37,6 +37,7 @@ type Client struct {
 	conn      *grpc.ClientConn
 	sandboxes berthv1.SandboxServiceClient
 	images    berthv1.ImageServiceClient
+	nodes     berthv1.NodeServiceClient
 	// retryPolicy is nil unless WithRetry was given.
 	retryPolicy *RetryPolicy
 }
@@ -179,6 +180,7 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		conn:        conn,
 		sandboxes:   berthv1.NewSandboxServiceClient(conn),
 		images:      berthv1.NewImageServiceClient(conn),
+		nodes:       berthv1.NewNodeServiceClient(conn),
 		retryPolicy: cfg.retry,
 	}, nil
 }

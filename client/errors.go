@@ -50,6 +50,15 @@ const (
 	// exec, which may be attached for what is retained. Not retryable
 	// blindly: the command ran.
 	ReasonOutputLost = "OUTPUT_LOST"
+	// A fleet of berthd nodes. A sandbox whose node is lost or does not
+	// answer is an *UnreachableError (ReasonUnreachable) whose
+	// Detail.Cause is UNREACHABLE_CAUSE_NODE_LOST or
+	// UNREACHABLE_CAUSE_NODE_UNREACHABLE and Detail.NodeId names the node.
+	ReasonClusterUnavailable = "CLUSTER_UNAVAILABLE" // the cluster store (etcd) does not answer, or no node holds a lease
+	ReasonNotClustered       = "NOT_CLUSTERED"       // a NodeService call to a berthd outside a fleet
+	ReasonNodeNotFound       = "NODE_NOT_FOUND"      // no node of that id in the fleet
+	ReasonNoMatchingNode     = "NO_MATCHING_NODE"    // no node has the labels the sandbox's node.berth.dev/ labels ask for
+	ReasonNotANode           = "NOT_A_NODE"          // an image call to a gateway berthd, which holds no images
 	// The sandbox's own limits (RESOURCE_EXHAUSTED): nothing was started;
 	// the same request may work once something in the sandbox ends.
 	// Error.Metadata["limit"] names the limit ("pids", "memory",

@@ -118,6 +118,7 @@ var comparisons = []comparison{
 	{what: "Upload (tar) of a 128 MiB file", berth: "files/Upload", anchors: []string{"files/host-tar-x-sync"}},
 	{what: "exec round trip of `true`", berth: "roundtrip/berth-Exec", anchors: []string{"roundtrip/containerd-Exec", "roundtrip/host-fork-exec"}, latency: true,
 		target: "p50 <= 1/30", met: func(r float64) bool { return r <= 1.0/30 }},
+	{what: "exec round trip of `true` through a fleet node that routes it", berth: "fleet/routed-Exec", anchors: []string{"fleet/owner-Exec"}, latency: true},
 	{what: "PortForward: HTTP GET of 256 MiB", berth: "portforward/berth-PortForward", anchors: []string{"portforward/direct-netns"}},
 	{what: "berth port-forward: HTTP GET of 256 MiB", berth: "portforward/berth-cli", anchors: []string{"portforward/direct-netns"}},
 	{what: "create to first exec (echo)", berth: "create/berth-cold", anchors: []string{"create/ctr-run"}, latency: true},
@@ -137,6 +138,7 @@ var anchorText = map[string]string{
 	"roundtrip/containerd-Exec": "containerd task.Exec",
 	"roundtrip/host-fork-exec":  "host fork+exec+wait",
 	"create/ctr-run":            "ctr run --rm",
+	"fleet/owner-Exec":          "the same through the node that holds it",
 	"portforward/direct-netns":  "direct connection in the sandbox's netns",
 }
 

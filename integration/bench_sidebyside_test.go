@@ -66,6 +66,11 @@ const fileBytes = 128 << 20
 //   - roundtrip: `true` through berth's Exec until its exit status, through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
 //     and wait4 of busybox true on the host.
+//   - fleet: the round trip of `true` through a fleet of two berthd
+//     processes (one etcd, TLS between nodes, the caller over TLS with a
+//     token): through the node that holds the sandbox, and through the
+//     other, which routes it there (one more gRPC hop and an etcd read of
+//     the sandbox's record).
 //   - portforward: busybox httpd in the sandbox serves a 256 MiB file,
 //     fetched with one HTTP/1.0 GET through berth's PortForward (client ->
 //     berthd -> agent -> 127.0.0.1 in the sandbox), through `berth
@@ -158,6 +163,25 @@ func BenchmarkSideBySide(b *testing.B) {
 			if err := exec.Command(busybox, "true").Run(); err != nil {
 				b.Fatal(err)
 			}
+			return sample{d: time.Since(start)}
+		})
+	})
+
+	b.Run("fleet", func(b *testing.B) {
+		f := startFleet(b, []int{0, 0}, true)
+		sb, err := f.alice[0].CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Labels: map[string]string{"node.berth.dev/id": "n1"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		spec := &berthv1.ProcessSpec{Argv: []string{"true"}}
+		measure(b, "fleet/owner-Exec", 0, func(b *testing.B) sample {
+			start := time.Now()
+			berthExec(b, f.alice[0], sb.GetId(), spec, io.Discard)
+			return sample{d: time.Since(start)}
+		})
+		measure(b, "fleet/routed-Exec", 0, func(b *testing.B) sample {
+			start := time.Now()
+			berthExec(b, f.alice[1], sb.GetId(), spec, io.Discard)
 			return sample{d: time.Since(start)}
 		})
 	})

@@ -53,6 +53,7 @@ var env struct {
 	images        berthv1.ImageServiceClient
 	rt            *runtime.Runtime
 	image         string
+	archive       string // the base image's OCI archive
 }
 
 const baseImage = "berth.dev/base:latest"
@@ -127,6 +128,7 @@ func setup(m *testing.M) (code int, err error) {
 	if archive == "" {
 		archive = filepath.Join(repo, "build", "base.oci.tar")
 	}
+	env.archive = archive
 	if _, err := os.Stat(archive); err != nil {
 		return 0, fmt.Errorf("test image archive (build it with `make image`): %w", err)
 	}

@@ -548,19 +548,74 @@ func bridgePorts(t testing.TB, bridge string) []string {
 }
 
 // TestNetworkRestart: berthd killed and started again keeps an EGRESS
-// sandbox's connectivity — an address its resolver opened before is still
-// open without a new lookup, new lookups work — and removes the network
-// of a sandbox that went while it was down.
+// sandbox's connectivity — a connection open across the restart carries
+// bytes both ways, an address its resolver opened before is still open
+// without a new lookup, new lookups work — and removes the network of a
+// sandbox that went while it was down.
 func TestNetworkRestart(t *testing.T) {
 	need(t)
 	ne := newNetEnv(t, "netk-"+randHex(2))
 	o := newOutside(t)
 	ne.dns.set("named.test", o.denied)
-	sb := ne.create(t, egress("named.test:80", o.allowed.String()+":80"))
+	sb := ne.create(t, egress("named.test:80", o.allowed.String()+":80", o.allowed.String()+":82"))
 	if !ne.reaches(t, sb.GetId(), "named.test", 80, o.denied.String()) {
 		t.Fatal("named.test does not answer before the restart")
 	}
 	gone := ne.create(t, egress("192.0.2.1"))
+
+	// A connection from the sandbox to allowed:82, open across the
+	// restart: nc reads its stdin from a FIFO that later execs write to
+	// and writes what it receives to /tmp/across.
+	lis, err := listenIn("/run/netns/"+o.name, netip.AddrPortFrom(o.allowed, 82).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := lis.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	if out, code := ne.sh(t, sb.GetId(), fmt.Sprintf(
+		"mkfifo /tmp/in && setsid sh -c 'sleep 600 >/tmp/in & nc %s 82 </tmp/in >/tmp/across' >/dev/null 2>&1 &", o.allowed)); code != 0 {
+		t.Fatalf("start nc in the sandbox: exit %d: %s", code, out)
+	}
+	var conn net.Conn
+	select {
+	case conn = <-accepted:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sandbox's connection to allowed:82 did not arrive")
+	}
+	defer conn.Close()
+	// across checks, bounded, that each direction carries a line.
+	across := func(when, line, want string) {
+		t.Helper()
+		if _, err := fmt.Fprintln(conn, line); err != nil {
+			t.Fatalf("%s: write to the sandbox's connection: %v", when, err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			out, _ := ne.sh(t, sb.GetId(), "cat /tmp/across")
+			if out == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the sandbox received %q over its open connection, want %q", when, out, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if _, code := ne.sh(t, sb.GetId(), "echo up-"+line+" >/tmp/in"); code != 0 {
+			t.Fatalf("%s: write to nc's FIFO failed", when)
+		}
+		conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+		buf := make([]byte, 64)
+		n, err := io.ReadAtLeast(conn, buf, len("up-"+line+"\n"))
+		if got := string(buf[:n]); err != nil || got != "up-"+line+"\n" {
+			t.Fatalf("%s: read %q (%v) from the sandbox over its open connection, want %q", when, got, err, "up-"+line+"\n")
+		}
+	}
+	across("before the restart", "before", "before\n")
 
 	ne.proc.cmd.Process.Kill()
 	<-ne.proc.exited
@@ -571,6 +626,7 @@ func TestNetworkRestart(t *testing.T) {
 	}
 	ne.proc = startBerthd(t, ne.berthEnv, ne.flags...)
 
+	across("after the restart", "after", "before\nafter\n")
 	if !ne.reaches(t, sb.GetId(), o.denied.String(), 80, o.denied.String()) {
 		t.Error("after the restart, the address named.test opened is closed")
 	}

@@ -4,10 +4,10 @@ import (
 	"context"
 	"sync"
 
+	"github.com/berth-sandbox/berth/internal/sandboxid"
 	"github.com/berth-sandbox/berth/server/auth"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // Every request that names a sandbox is activity in it for as long as it
@@ -22,7 +22,7 @@ import (
 func (s *Service) activityUnary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		if m, ok := req.(proto.Message); ok {
-			if id := sandboxIDOf(m.ProtoReflect(), 1); id != "" {
+			if id := sandboxid.Of(m.ProtoReflect(), 1); id != "" {
 				defer s.beginActivity(ctx, id)()
 			}
 		}
@@ -58,7 +58,7 @@ func (w *activityStream) RecvMsg(m any) error {
 	defer w.mu.Unlock()
 	if w.ended == nil {
 		if pm, ok := m.(proto.Message); ok {
-			if id := sandboxIDOf(pm.ProtoReflect(), 1); id != "" {
+			if id := sandboxid.Of(pm.ProtoReflect(), 1); id != "" {
 				w.ended = w.s.beginActivity(w.ServerStream.Context(), id)
 			}
 		}
@@ -87,25 +87,4 @@ func (s *Service) beginActivity(ctx context.Context, id string) (end func()) {
 		}
 	}
 	return s.reaper.Begin(id)
-}
-
-// sandboxIDOf returns the first non-empty string field named sandbox_id in
-// m, or in its set message fields down to depth levels.
-func sandboxIDOf(m protoreflect.Message, depth int) string {
-	if fd := m.Descriptor().Fields().ByName("sandbox_id"); fd != nil && fd.Kind() == protoreflect.StringKind && fd.Cardinality() != protoreflect.Repeated {
-		if id := m.Get(fd).String(); id != "" {
-			return id
-		}
-	}
-	if depth == 0 {
-		return ""
-	}
-	var id string
-	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if fd.Kind() == protoreflect.MessageKind && fd.Cardinality() != protoreflect.Repeated && !fd.IsMap() {
-			id = sandboxIDOf(v.Message(), depth-1)
-		}
-		return id == ""
-	})
-	return id
 }

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/sandboxid"
 	"github.com/berth-sandbox/berth/internal/textsafe"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -105,7 +105,7 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 		if err := validateRequestID("request_id", req.GetRequestId()); err != nil {
 			return spec, err
 		}
-		spec.ID = requestSandboxID(owner, req.GetRequestId())
+		spec.ID = sandboxid.FromRequest(owner, req.GetRequestId())
 	default:
 		spec.ID = newID("sb-", 10)
 	}
@@ -358,19 +358,6 @@ func (s *Service) diskBytes(req uint64) (uint64, error) {
 	return req, nil
 }
 
-// requestSandboxID derives the sandbox id of owner's request id: "rq-" and
-// 12 characters of the SHA-256 of both (60 bits), so a retried request
-// names the same sandbox, and the same request id of another principal
-// another one.
-func requestSandboxID(owner, requestID string) string {
-	sum := sha256.Sum256([]byte(owner + "\x00" + requestID))
-	b := make([]byte, 12)
-	for i := range b {
-		b[i] = idAlphabet[int(sum[i])%len(idAlphabet)]
-	}
-	return "rq-" + string(b)
-}
-
 func validateEnv(field string, env map[string]string) error {
 	if len(env) > maxEnvEntries {
 		return rpcstatus.InvalidArgument(field, fmt.Sprintf("has %d entries; the limit is %d", len(env), maxEnvEntries))
@@ -512,7 +499,18 @@ func (s *Service) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p a
 	existing, err := s.rt.Get(ctx, spec.ID)
 	switch {
 	case errors.Is(err, runtime.ErrSandboxNotFound):
-		return s.create(ctx, spec)
+		// In a fleet the id must be this node's before anything is
+		// made: a concurrent create of it elsewhere wins or loses here.
+		if err := s.claim(ctx, spec.ID, spec.Owner); err != nil {
+			return nil, err
+		}
+		resp, err := s.create(ctx, spec)
+		if err != nil {
+			// Nothing of the sandbox is left (start removes what it
+			// made): neither is its record.
+			s.release(context.WithoutCancel(ctx), spec.ID)
+		}
+		return resp, err
 	case err != nil:
 		return nil, err
 	case !p.Sees(existing.Owner):
@@ -648,11 +646,7 @@ func conflictError(id string, fields []string) error {
 // see holds: ids are one namespace, so the create cannot go ahead, but the
 // answer says nothing of that sandbox (no spec, no differing fields, not
 // even whether it is running).
-func takenError(id string) error {
-	return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists,
-		fmt.Sprintf("sandbox id %s is taken; choose another id, or let berthd choose one (leave sandbox_id empty)", id),
-		map[string]string{"sandbox_id": id})
-}
+func takenError(id string) error { return rpcstatus.SandboxTaken(id) }
 
 // poolable reports whether a request's spec is what warm-pool members are
 // made with: no env, user 0:0, the default working directory and limits.
@@ -694,6 +688,9 @@ func (s *Service) fromPool(ctx context.Context, spec runtime.SandboxSpec) (*bert
 			s.log.Error("warm pool: remove member", slog.String("sandbox_id", id), slog.Any("error", err))
 		}
 		return nil, false
+	}
+	if err := s.claim(ctx, id, spec.Owner); err != nil {
+		return drop(err)
 	}
 	s.ids.setOwner(id, "", "") // it changes now
 	if err := s.rt.Claim(ctx, id, spec); err != nil {

@@ -79,33 +79,6 @@ func TestSpecDiff(t *testing.T) {
 	}
 }
 
-func TestRequestSandboxID(t *testing.T) {
-	a, b := requestSandboxID("alice", "job-1"), requestSandboxID("alice", "job-2")
-	if a != requestSandboxID("alice", "job-1") || a == b || validateSandboxID("id", a) != nil {
-		t.Errorf("requestSandboxID: job-1 %q, job-2 %q; want stable, distinct, valid ids", a, b)
-	}
-	// Another principal's key names another sandbox.
-	if c := requestSandboxID("bob", "job-1"); c == a {
-		t.Errorf("requestSandboxID(bob, job-1) = %q, the same as alice's", c)
-	}
-}
-
-func TestSandboxIDOf(t *testing.T) {
-	exec := &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{SandboxId: "sb-1"}}}
-	if got := sandboxIDOf(exec.ProtoReflect(), 1); got != "sb-1" {
-		t.Errorf("sandboxIDOf(exec start) = %q, want sb-1", got)
-	}
-	if got := sandboxIDOf((&berthv1.GetSandboxRequest{SandboxId: "sb-2"}).ProtoReflect(), 1); got != "sb-2" {
-		t.Errorf("sandboxIDOf(get) = %q, want sb-2", got)
-	}
-	if got := sandboxIDOf((&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Stdin{Stdin: &berthv1.ExecStdin{}}}).ProtoReflect(), 1); got != "" {
-		t.Errorf("sandboxIDOf(stdin) = %q, want none", got)
-	}
-	if got := sandboxIDOf((&berthv1.ListImagesRequest{}).ProtoReflect(), 1); got != "" {
-		t.Errorf("sandboxIDOf(list images) = %q, want none", got)
-	}
-}
-
 // TestSandboxSpecBoundsNumbers: a resource number near 2^64 is refused by
 // name before it is rounded, summed or converted to the OCI spec's signed
 // fields; none wraps into a small value, or into "unset" and the default.

@@ -13,6 +13,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/cluster"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -27,7 +28,17 @@ import (
 type GRPCOption func(*grpcConfig)
 
 type grpcConfig struct {
-	auth *auth.Authenticator
+	auth   *auth.Authenticator
+	router *cluster.Router
+	nodes  berthv1.NodeServiceServer
+}
+
+// WithCluster makes the server one entry point of a fleet: router sends
+// each call naming a sandbox to the node that holds it (after
+// authentication, before the handlers), and nodes serves
+// berth.v1.NodeService. Without it NodeService answers NOT_CLUSTERED.
+func WithCluster(router *cluster.Router, nodes berthv1.NodeServiceServer) GRPCOption {
+	return func(c *grpcConfig) { c.router, c.nodes = router, nodes }
 }
 
 // WithAuthenticator makes the server authenticate callers with a: its
@@ -47,6 +58,19 @@ func WithAuthenticator(a *auth.Authenticator) GRPCOption {
 // package auth); handlers see the caller's auth.Principal and no incoming
 // metadata.
 func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Server {
+	return newGRPCServer(svc, log, opts)
+}
+
+// NewGatewayServer returns the gRPC server of a gateway: a berthd without
+// containerd that serves the whole berth.v1 API of a fleet by routing every
+// call naming a sandbox to its node (WithCluster is required). It holds no
+// images: ImageService calls are FAILED_PRECONDITION; import and pull on
+// the nodes.
+func NewGatewayServer(log *slog.Logger, opts ...GRPCOption) *grpc.Server {
+	return newGRPCServer(nil, log, opts)
+}
+
+func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Server {
 	var cfg grpcConfig
 	for _, o := range opts {
 		o(&cfg)
@@ -70,10 +94,22 @@ func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Ser
 	})}
 	unary := []grpc.UnaryServerInterceptor{logging.UnaryServerInterceptor(logger, logOpts...), recovery.UnaryServerInterceptor(recoverOpts...)}
 	unary = append(unary, cfg.auth.UnaryInterceptors()...)
-	unary = append(unary, logPrincipalUnary, svc.activityUnary())
+	unary = append(unary, logPrincipalUnary)
+	if cfg.router != nil {
+		unary = append(unary, cfg.router.UnaryInterceptor())
+	}
+	if svc != nil {
+		unary = append(unary, svc.activityUnary())
+	}
 	stream := []grpc.StreamServerInterceptor{logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...)}
 	stream = append(stream, cfg.auth.StreamInterceptors()...)
-	stream = append(stream, logPrincipalStream, svc.activityStream())
+	stream = append(stream, logPrincipalStream)
+	if cfg.router != nil {
+		stream = append(stream, cfg.router.StreamInterceptor())
+	}
+	if svc != nil {
+		stream = append(stream, svc.activityStream())
+	}
 	srv := grpc.NewServer(append(wire.ServerOptions(),
 		grpc.Creds(cfg.auth.TransportCredentials()),
 		grpc.ChainUnaryInterceptor(unary...),
@@ -83,13 +119,27 @@ func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Ser
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)...)
-	berthv1.RegisterSandboxServiceServer(srv, svc)
-	berthv1.RegisterImageServiceServer(srv, svc)
-	berthv1.RegisterFileServiceServer(srv, svc.FileService())
+	if svc != nil {
+		berthv1.RegisterSandboxServiceServer(srv, svc)
+		berthv1.RegisterImageServiceServer(srv, svc)
+		berthv1.RegisterFileServiceServer(srv, svc.FileService())
+	} else {
+		// The router sends every call of these services to a node; what
+		// reaches them has no node to go to.
+		berthv1.RegisterSandboxServiceServer(srv, gatewayService{})
+		berthv1.RegisterImageServiceServer(srv, gatewayImages{})
+		berthv1.RegisterFileServiceServer(srv, gatewayFiles{})
+	}
+	if cfg.nodes == nil {
+		cfg.nodes = cluster.NotClustered{}
+	}
+	berthv1.RegisterNodeServiceServer(srv, cfg.nodes)
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(berthv1.SandboxService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(berthv1.ImageService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(berthv1.FileService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(berthv1.NodeService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
 	return srv

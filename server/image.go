@@ -53,6 +53,7 @@ func (s *Service) ImportImage(stream berthv1.ImageService_ImportImageServer) err
 		}
 	}()
 	imported, err := s.rt.ImportImage(ctx, pr, header.GetName())
+	s.imagesChanged()
 	pr.CloseWithError(errors.New("import ended"))
 	if perr := protoErr.get(); perr != nil {
 		return perr

@@ -44,6 +44,7 @@ func (s *Service) PullImage(req *berthv1.PullImageRequest, stream berthv1.ImageS
 	case sendErr != nil:
 		return s.toStatus(ctx, sendErr, meta)
 	}
+	s.imagesChanged()
 	s.log.InfoContext(ctx, "image pulled", slog.String("image", img.Name), slog.String("digest", img.Digest))
 	return stream.Send(&berthv1.PullImageResponse{Image: imageProto(img)})
 }
@@ -68,6 +69,7 @@ func (s *Service) DeleteImage(ctx context.Context, req *berthv1.DeleteImageReque
 	if err := s.rt.DeleteImage(ctx, name); err != nil {
 		return nil, s.toStatus(ctx, err, map[string]string{"name": name})
 	}
+	s.imagesChanged()
 	s.log.InfoContext(ctx, "image deleted", slog.String("image", name))
 	return &berthv1.DeleteImageResponse{}, nil
 }

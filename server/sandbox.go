@@ -367,6 +367,7 @@ func (s *Service) deleteLocked(ctx context.Context, id string) error {
 	}
 	s.detachNetwork(ctx, id)
 	s.reaper.Forget(id)
+	s.release(ctx, id)
 	return nil
 }
 
@@ -413,6 +414,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		Workdir:       sb.WorkDir,
 		ServerVersion: Version,
 		Owner:         sb.Owner,
+		NodeId:        s.cfg.NodeID,
 	}
 	s.networkProto(sb, out)
 	if sb.IdleTimeout > 0 {

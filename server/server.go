@@ -151,6 +151,12 @@ type Config struct {
 	// requests without sandbox_id and request_id, with default resources,
 	// user, working directory and no env, are served from it.
 	WarmPool map[string]int
+	// NodeID names this berthd in its fleet (Sandbox.node_id); empty
+	// outside a fleet.
+	NodeID string
+	// Placements records which node holds each sandbox when this berthd
+	// is a node of a fleet (a *cluster.Member); nil outside a fleet.
+	Placements placements
 	// MaxAgentLogBytes bounds each sandbox's agent log (about 170 bytes
 	// an exec): past it the newest half is kept as agent.log.1 and the log
 	// starts anew. Default 4 MiB.

@@ -10,15 +10,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/sandboxid"
 	"github.com/berth-sandbox/berth/internal/textsafe"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 var (
-	// sandboxIDPattern keeps ids usable as hostnames (RFC 1123 labels),
-	// container ids and short socket paths.
-	sandboxIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-	execIDPattern    = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+	execIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 )
 
 // maxLabelBytes bounds a label's key plus value, as containerd does
@@ -35,7 +33,7 @@ func validateSandboxID(field, id string) error {
 	if id == "" {
 		return rpcstatus.InvalidArgument(field, "is empty")
 	}
-	if !sandboxIDPattern.MatchString(id) {
+	if !sandboxid.Valid(id) {
 		return rpcstatus.InvalidArgument(field, fmt.Sprintf("%s must be 1 to 63 characters from [a-z0-9-] starting with a letter or digit", textsafe.Quote(id)))
 	}
 	return nil
@@ -156,16 +154,13 @@ func validateExecCwd(field, cwd string) error {
 	return nil
 }
 
-// idAlphabet is lowercase letters and digits without look-alikes (0/o, 1/l).
-const idAlphabet = "abcdefghijkmnpqrstuvwxyz23456789"
-
-// newID returns prefix followed by n random characters from idAlphabet:
+// newID returns prefix followed by n random characters from sandboxid.Alphabet:
 // 32^n possibilities (n=10 gives 50 bits).
 func newID(prefix string, n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	for i := range b {
-		b[i] = idAlphabet[int(b[i])%len(idAlphabet)]
+		b[i] = sandboxid.Alphabet[int(b[i])%len(sandboxid.Alphabet)]
 	}
 	return prefix + string(b)
 }

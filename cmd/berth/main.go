@@ -78,7 +78,7 @@ before the command started; 141 when its output is a closed pipe.`,
 	g.creds.register(root.PersistentFlags(), os.Getenv)
 	root.PersistentFlags().DurationVar(&g.rpcTimeout, "rpc-timeout", time.Minute, "deadline of each request to berthd, and of starting a command; 0 for none (\"berth exec --timeout\" bounds the command itself)")
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
-	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newVersionCmd())
+	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newNodeCmd(g), newVersionCmd())
 	root.AddCommand(newCpCmd(g), newLsCmd(g), newCatCmd(g), newPortForwardCmd(g))
 	return root
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -167,13 +168,23 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 // writeSandboxTable writes sbs as a table; now dates CREATED.
 func writeSandboxTable(w io.Writer, sbs []*berthv1.Sandbox, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "ID\tIMAGE\tSTATE\tCREATED\tAGENT BOOT ID")
+	// In a fleet each sandbox names its node: a NODE column then.
+	fleet := slices.ContainsFunc(sbs, func(sb *berthv1.Sandbox) bool { return sb.GetNodeId() != "" })
+	header := "ID\tIMAGE\tSTATE\tCREATED\tAGENT BOOT ID"
+	if fleet {
+		header += "\tNODE"
+	}
+	fmt.Fprintln(tw, header)
 	for _, sb := range sbs {
 		boot := sb.GetRuntime().GetAgentBootId()
 		if boot == "" {
 			boot = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", sb.GetId(), sb.GetImage(), stateName(sb.GetState()), ago(sb.GetCreatedAt().AsTime(), now), shorten(boot, 12))
+		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", sb.GetId(), sb.GetImage(), stateName(sb.GetState()), ago(sb.GetCreatedAt().AsTime(), now), shorten(boot, 12))
+		if fleet {
+			row += "\t" + terminalSafe(sb.GetNodeId())
+		}
+		fmt.Fprintln(tw, row)
 	}
 	return tw.Flush()
 }

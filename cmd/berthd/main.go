@@ -19,15 +19,18 @@ import (
 
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/cluster"
 	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/grpc"
 )
 
 func main() {
 	var (
 		rtCfg      runtime.Config
 		svcCfg     server.Config
-		listen     string
+		listens    []string
+		fleetFlags clusterFlags
 		authCfg    auth.Config
 		socket     socketFlags
 		logLevel   slog.Level
@@ -40,7 +43,10 @@ func main() {
 	flag.StringVar(&rtCfg.StateDir, "state-dir", "/run/berth", "host directory for per-sandbox agent sockets and logs (keep it short: socket paths max 107 bytes)")
 	flag.DurationVar(&rtCfg.CallBudget, "containerd-budget", 10*time.Second, "how long a containerd request that should answer at once (records, tasks) may take before it fails with UNAVAILABLE CONTAINERD_UNAVAILABLE")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
-	flag.StringVar(&listen, "listen", "unix:///run/berth/berthd.sock", "gRPC listen address: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp)")
+	flag.Func("listen", "gRPC listen `address`: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp); repeatable, e.g. a unix socket for local callers and TCP for the fleet (default unix:///run/berth/berthd.sock)", func(v string) error {
+		listens = append(listens, v)
+		return nil
+	})
 	flag.StringVar(&authCfg.TokenFile, "token-file", "", "bearer token file: lines \"sha256:<hex of SHA-256(token)> PRINCIPAL\"; re-read on SIGHUP")
 	flag.StringVar(&authCfg.TLSCertFile, "tls-cert", "", "PEM certificate (chain) to serve TCP with; re-read on SIGHUP")
 	flag.StringVar(&authCfg.TLSKeyFile, "tls-key", "", "PEM private key of --tls-cert; re-read on SIGHUP")
@@ -119,6 +125,7 @@ func main() {
 	flag.Uint64Var(&rtCfg.WorkloadNofile, "workload-nofile", 0, "soft RLIMIT_NOFILE of the processes run in sandboxes, at most the container's hard limit (0: the agent's default, 1024; given to new sandboxes' agents)")
 	flag.Uint64Var(&svcCfg.RunMaxOutputBytes, "run-max-output-bytes", 64<<20, "largest stdout_limit_bytes + stderr_limit_bytes of a Run, in `bytes` (Run's defaults are 2 MiB + 1 MiB)")
 	flag.Uint64Var(&svcCfg.RunBufferBytes, "run-buffer-bytes", 1<<30, "memory berthd may hold for the output of all Runs in progress, in `bytes`; beyond it a Run fails with FLEET_BUSY")
+	fleetFlags.register()
 	var netCfg network.Config
 	var netSubnet, netDir string
 	var netOff bool
@@ -165,6 +172,9 @@ func main() {
 	if svcCfg.JournalDir == "" {
 		svcCfg.JournalDir = filepath.Join(rtCfg.StateDir, "journal")
 	}
+	if len(listens) == 0 {
+		listens = []string{"unix:///run/berth/berthd.sock"}
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
 	if p, err := netip.ParsePrefix(netSubnet); err != nil {
 		fmt.Fprintln(os.Stderr, "berthd: --network-subnet:", err)
@@ -176,24 +186,45 @@ func main() {
 	if netCfg.StateDir == "" {
 		netCfg.StateDir = filepath.Join(rtCfg.StateDir, "net")
 	}
-	switch mgr, err := network.New(netCfg, log); {
-	case netOff:
-		svcCfg.NetworkUnavailable = "berthd runs with --no-network"
-	case err != nil:
-		log.Error("no sandbox network: EGRESS sandboxes are refused", slog.Any("error", err))
-		svcCfg.NetworkUnavailable = err.Error()
-	default:
-		svcCfg.Network = mgr
+	if !fleetFlags.gateway { // a gateway runs no sandboxes
+		switch mgr, err := network.New(netCfg, log); {
+		case netOff:
+			svcCfg.NetworkUnavailable = "berthd runs with --no-network"
+		case err != nil:
+			log.Error("no sandbox network: EGRESS sandboxes are refused", slog.Any("error", err))
+			svcCfg.NetworkUnavailable = err.Error()
+		default:
+			svcCfg.Network = mgr
+		}
 	}
-	authn, err := auth.New(authCfg, log)
+	err := fleetFlags.check(listens)
+	if fleetFlags.enabled() {
+		authCfg.UnixHost = fleetFlags.nodeID
+	}
+	var authn *auth.Authenticator
 	if err == nil {
-		err = checkListen(authn, listen, socket)
+		authn, err = auth.New(authCfg, log)
+	}
+	anyUnix, anyTCP := false, false
+	for _, l := range listens {
+		_, unix := server.UnixPath(l)
+		anyUnix, anyTCP = anyUnix || unix, anyTCP || !unix
+	}
+	for _, l := range listens {
+		if err == nil {
+			err = checkListen(authn, l, socket, anyUnix, anyTCP)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
 		os.Exit(2)
 	}
-	if err := run(log, rtCfg, svcCfg, listen, authn, socket, diskDefaultSet); err != nil {
+	if fleetFlags.gateway {
+		err = runGateway(log, &fleetFlags, rtCfg.StateDir, svcCfg.ConnectBudget, svcCfg.BusyRetryDelay, listens, authn, socket)
+	} else {
+		err = run(log, rtCfg, svcCfg, &fleetFlags, listens, authn, socket, diskDefaultSet)
+	}
+	if err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
 		os.Exit(1)
 	}
@@ -202,37 +233,18 @@ func main() {
 // run re-adopts the namespace's sandboxes, then serves until SIGTERM or
 // SIGINT and stops gracefully. Sandboxes keep running, to be re-adopted by
 // the next berthd. SIGHUP re-reads the token file and the TLS material.
+// With cluster flags the berthd is a node of a fleet: it registers under a
+// lease after the re-adoption, routes calls for other nodes' sandboxes,
+// and revokes its lease when it stops.
 //
 // Disk quotas: with a snapshotter that enforces them and no
 // --default-disk-bytes, sandboxes get defaultDiskBytes. Without one, a
 // configured default or maximum makes berthd refuse to start (the operator
 // asked for a limit it cannot keep); with neither, it starts and warns that
 // the disk of sandboxes is unlimited, and requests naming a quota are refused.
-func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen string, authn *auth.Authenticator, socket socketFlags, diskDefaultSet bool) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clusterFlags, listens []string, authn *auth.Authenticator, socket socketFlags, diskDefaultSet bool) error {
+	ctx, stop := signals(log, authn)
 	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	reloads := make(chan struct{})
-	hupCtx, hupStop := context.WithCancel(ctx)
-	defer func() {
-		hupStop()
-		<-reloads
-		signal.Stop(hup)
-	}()
-	go func() {
-		defer close(reloads)
-		for {
-			select {
-			case <-hup:
-				if err := authn.Reload(); err != nil {
-					log.Error("reload on SIGHUP failed; keeping the tokens and TLS material loaded before", slog.Any("error", err))
-				}
-			case <-hupCtx.Done():
-				return
-			}
-		}
-	}()
 
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	rt, err := runtime.New(connectCtx, rtCfg)
@@ -251,23 +263,102 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 			svcCfg.DefaultDiskBytes = min(defaultDiskBytes, max)
 		}
 	}
+	var (
+		fl     *fleet
+		member *cluster.Member
+	)
+	if cf.enabled() {
+		if fl, err = cf.open(ctx, log, rtCfg.StateDir, svcCfg.ConnectBudget); err != nil {
+			return err
+		}
+		defer fl.Close()
+		if member, err = cf.member(fl, log); err != nil {
+			return err
+		}
+		svcCfg.NodeID, svcCfg.Placements = cf.nodeID, member
+	}
 	svc := server.New(svcCfg, rt, log)
 	defer svc.Close()
 	// Re-adopt what an earlier berthd left running before serving.
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
-	lis, err := server.Listen(listen, socket.options()...)
+	opts := []server.GRPCOption{server.WithAuthenticator(authn)}
+	if member != nil {
+		if err := member.Start(ctx, svc.ClusterLocal()); err != nil {
+			return err
+		}
+		defer member.Close()
+		router := cluster.NewRouter(cluster.RouterConfig{Member: member, Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: svcCfg.BusyRetryDelay, Log: log})
+		opts = append(opts, server.WithCluster(router, fl.nodes))
+	}
+	srv := server.NewGRPCServer(svc, log, opts...)
+	return serve(ctx, log, srv, listens, socket, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
+		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes),
+		slog.String("node_id", svcCfg.NodeID))
+}
+
+// runGateway serves a fleet's API without containerd: every call goes to
+// the node that holds its sandbox.
+func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudget, busyRetryDelay time.Duration, listens []string, authn *auth.Authenticator, socket socketFlags) error {
+	ctx, stop := signals(log, authn)
+	defer stop()
+	fl, err := cf.open(ctx, log, stateDir, connectBudget)
 	if err != nil {
 		return err
 	}
-	srv := server.NewGRPCServer(svc, log, server.WithAuthenticator(authn))
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	log.Info("berthd serving", slog.String("listen", listen), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
-		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes))
+	defer fl.Close()
+	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, Log: log})
+	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes))
+	return serve(ctx, log, srv, listens, socket, slog.String("version", server.Version), slog.Bool("gateway", true))
+}
+
+// signals returns a context that ends at SIGTERM or SIGINT, and re-reads
+// authn's files at each SIGHUP until stop.
+func signals(log *slog.Logger, authn *auth.Authenticator) (context.Context, func()) {
+	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	reloads := make(chan struct{})
+	hupCtx, hupStop := context.WithCancel(ctx)
+	go func() {
+		defer close(reloads)
+		for {
+			select {
+			case <-hup:
+				if err := authn.Reload(); err != nil {
+					log.Error("reload on SIGHUP failed; keeping the tokens and TLS material loaded before", slog.Any("error", err))
+				}
+			case <-hupCtx.Done():
+				return
+			}
+		}
+	}()
+	return ctx, func() {
+		hupStop()
+		<-reloads
+		signal.Stop(hup)
+		stopSignals()
+	}
+}
+
+// serve serves srv on every listen address until ctx ends, then stops
+// gracefully (at most 10 s: exec streams can be long; sandboxes and execs
+// live on).
+func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []string, socket socketFlags, attrs ...any) error {
+	served := make(chan error, len(listens))
+	for _, addr := range listens {
+		lis, err := server.Listen(addr, socket.options()...)
+		if err != nil {
+			srv.Stop()
+			return err
+		}
+		go func() { served <- srv.Serve(lis) }()
+	}
+	log.Info("berthd serving", append([]any{slog.Any("listen", listens)}, attrs...)...)
 	select {
 	case err := <-served:
+		srv.Stop()
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}
@@ -277,10 +368,15 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, listen st
 	select {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
-		srv.Stop() // exec streams can be long; sandboxes and execs live on
+		srv.Stop()
 	}
 	// Serve returns nil once stopped.
-	return <-served
+	for range listens {
+		if err := <-served; err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // socketFlags are --socket-mode and --socket-group.
@@ -327,16 +423,17 @@ func (f socketFlags) options() []server.ListenOption {
 	return opts
 }
 
-// checkListen refuses flags that do not fit the listen address: TCP
-// without TLS or --insecure-tcp, socket flags on TCP, TLS on a unix socket.
-func checkListen(authn *auth.Authenticator, listen string, socket socketFlags) error {
+// checkListen refuses flags that do not fit the listen addresses: TCP
+// without TLS or --insecure-tcp, socket flags without a unix socket, TLS
+// without TCP.
+func checkListen(authn *auth.Authenticator, listen string, socket socketFlags, anyUnix, anyTCP bool) error {
 	if _, unix := server.UnixPath(listen); unix {
-		if authn.ServesTLS() {
+		if authn.ServesTLS() && !anyTCP {
 			return fmt.Errorf("--tls-cert: --listen %s is a unix socket, which callers reach without TLS (their uid is their principal)", listen)
 		}
 		return authn.CheckListen("unix", listen)
 	}
-	if socket.modeSet || socket.gidSet {
+	if (socket.modeSet || socket.gidSet) && !anyUnix {
 		return fmt.Errorf("--socket-mode and --socket-group apply to a unix socket; --listen %s is TCP", listen)
 	}
 	return authn.CheckListen("tcp", listen)

@@ -67,6 +67,27 @@ const (
 	ReasonContainerdUnavailable = "CONTAINERD_UNAVAILABLE"
 	ReasonServerDiskFull        = "SERVER_DISK_FULL"
 	ReasonServerDescriptors     = "SERVER_DESCRIPTORS_EXHAUSTED"
+	// A fleet of berthd nodes (server/cluster). ReasonClusterUnavailable
+	// (UNAVAILABLE): the cluster store (etcd) does not answer, or no node
+	// holds a lease. ReasonNotClustered (FAILED_PRECONDITION): a NodeService
+	// call to a berthd that is not part of a fleet. ReasonNodeNotFound
+	// (NOT_FOUND): no such node. ReasonNoMatchingNode (FAILED_PRECONDITION):
+	// no node has the labels a sandbox's placement constraints ask for.
+	ReasonClusterUnavailable = "CLUSTER_UNAVAILABLE"
+	ReasonNotClustered       = "NOT_CLUSTERED"
+	ReasonNodeNotFound       = "NODE_NOT_FOUND"
+	ReasonNoMatchingNode     = "NO_MATCHING_NODE"
+	// ReasonNotANode (FAILED_PRECONDITION): an image call to a gateway
+	// berthd, which holds no image store.
+	ReasonNotANode = "NOT_A_NODE"
+	// Between nodes only: a node answers a routed CreateSandbox with
+	// ReasonPlacedElsewhere (ABORTED; metadata "node_id" names the holder)
+	// when the cluster store records the id on another node, and with
+	// ReasonNodeNotAccepting (UNAVAILABLE) when it takes no new sandboxes
+	// (draining, or without a lease). The routing node acts on them; callers
+	// do not see them.
+	ReasonPlacedElsewhere  = "SANDBOX_PLACED_ELSEWHERE"
+	ReasonNodeNotAccepting = "NODE_NOT_ACCEPTING"
 	// ReasonJournalUnavailable (UNAVAILABLE) refuses an exec start that
 	// berthd could not record in its runtime journal (a full or read-only
 	// journal directory): nothing ran, and a retry is safe.
@@ -99,6 +120,17 @@ func Error(code codes.Code, reason, msg string, meta map[string]string, extra ..
 		return st.Err()
 	}
 	return withDetails.Err()
+}
+
+// SandboxTaken is ALREADY_EXISTS SANDBOX_EXISTS for a sandbox id that a
+// sandbox the caller may not see holds: ids are one namespace, so the
+// create cannot go ahead, but the answer says nothing of that sandbox (no
+// spec, no differing fields, not even whether it runs or where). berthd's
+// handlers and its fleet router give it word for word alike.
+func SandboxTaken(id string) error {
+	return Error(codes.AlreadyExists, ReasonSandboxExists,
+		fmt.Sprintf("sandbox id %s is taken; choose another id, or let berthd choose one (leave sandbox_id empty)", id),
+		map[string]string{"sandbox_id": id})
 }
 
 // InvalidArgument returns an INVALID_ARGUMENT status naming field, with

@@ -38,6 +38,10 @@ var AdminOnly = map[string]bool{
 	berthv1.ImageService_ImportImage_FullMethodName: true,
 	berthv1.ImageService_PullImage_FullMethodName:   true,
 	berthv1.ImageService_DeleteImage_FullMethodName: true,
+	// The fleet's nodes: their addresses, capacity and drain marks.
+	berthv1.NodeService_ListNodes_FullMethodName:   true,
+	berthv1.NodeService_DrainNode_FullMethodName:   true,
+	berthv1.NodeService_UndrainNode_FullMethodName: true,
 }
 
 // Config configures an Authenticator. The zero Config authenticates unix
@@ -65,6 +69,14 @@ type Config struct {
 	// Nodes are principals (other berthd nodes) that may act on behalf of
 	// another principal by naming it in ForwardedHeader.
 	Nodes []string
+	// UnixHost, when set (a node of a fleet sets its node id), qualifies
+	// the principals of unix socket peers other than root with it:
+	// "unix:uid:1000@node-a". A uid names a user of one host only, so the
+	// sandboxes uid 1000 creates through node-a are not those of uid 1000
+	// on node-b. Root stays RootPrincipal, an admin on every node: root on
+	// any node holds that node's credentials, with which it can act as
+	// anyone in the fleet.
+	UnixHost string
 }
 
 // Authenticator authenticates berthd's callers; see the package comment.
@@ -280,7 +292,11 @@ func (a *Authenticator) identify(ctx context.Context) (Principal, error) {
 	}
 	switch info := pr.AuthInfo.(type) {
 	case PeerCred:
-		return Principal{Name: UnixPrincipal(info.UID), Method: "unix"}, nil
+		name := UnixPrincipal(info.UID)
+		if a.cfg.UnixHost != "" && name != RootPrincipal {
+			name += "@" + a.cfg.UnixHost
+		}
+		return Principal{Name: name, Method: "unix"}, nil
 	case credentials.TLSInfo:
 		if len(info.State.VerifiedChains) == 0 {
 			break

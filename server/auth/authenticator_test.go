@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -400,4 +402,88 @@ func TestCheckListen(t *testing.T) {
 			t.Errorf("auth.New(%+v) = nil error, want a refusal", cfg)
 		}
 	}
+}
+
+// TestUnixHostQualifiesUnixPeers checks the principals of unix socket
+// peers on a node of a fleet (Config.UnixHost): uid 1000 is
+// unix:uid:1000@HOST, root stays RootPrincipal. A copy of the test binary
+// runs as uid 1000 and reports what the server saw (helperWhoAmI).
+func TestUnixHostQualifiesUnixPeers(t *testing.T) {
+	if os.Getenv(whoAmIAddr) != "" {
+		helperWhoAmI()
+		return
+	}
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a process as uid 1000")
+	}
+	dir, err := os.MkdirTemp("", "berth-auth-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	authn, err := auth.New(auth.Config{UnixHost: "n1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(authn.TransportCredentials()),
+		grpc.ChainUnaryInterceptor(authn.UnaryInterceptors()...), grpc.ChainStreamInterceptor(authn.StreamInterceptors()...))
+	berthv1.RegisterImageServiceServer(srv, whoami{})
+	sock := filepath.Join(dir, "b.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sock, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+
+	if img, err := whoIs(t, "unix://"+sock); err != nil || img.GetName() != auth.RootPrincipal {
+		t.Errorf("root on a node of a fleet = %v, %v; want %s", img.GetName(), err, auth.RootPrincipal)
+	}
+	self, err := os.ReadFile("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "auth.test")
+	if err := os.WriteFile(bin, self, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run", "^TestUnixHostQualifiesUnixPeers$")
+	cmd.Env = []string{whoAmIAddr + "=unix://" + sock}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000}}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper as uid 1000: %v: %s", err, out)
+	}
+	if got, want := strings.TrimSpace(strings.Split(string(out), "\n")[0]), "unix:uid:1000@n1"; got != want {
+		t.Errorf("uid 1000 on node n1 is principal %q, want %q", got, want)
+	}
+}
+
+// whoAmIAddr names the server a helper process asks for its principal.
+const whoAmIAddr = "BERTH_AUTH_WHOAMI_ADDR"
+
+// helperWhoAmI prints the principal the server at $BERTH_AUTH_WHOAMI_ADDR
+// sees for this process, and exits.
+func helperWhoAmI() {
+	c, err := client.Dial(context.Background(), os.Getenv(whoAmIAddr))
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	images, err := c.ListImages(ctx)
+	if err != nil || len(images) != 1 {
+		fmt.Println("ListImages:", err)
+		os.Exit(1)
+	}
+	fmt.Println(images[0].GetName())
+	os.Exit(0)
 }

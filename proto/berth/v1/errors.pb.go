@@ -191,6 +191,17 @@ const (
 	// berthd gave the agent at create. A workload that replaced the agent's
 	// socket with its own listener gets this; nothing was sent to it.
 	UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED UnreachableCause = 7
+	// UNREACHABLE_CAUSE_NODE_LOST means the sandbox lives on another berthd
+	// of the fleet (Unreachable.node_id) whose lease in the cluster store
+	// expired: the node stopped, crashed or lost the cluster store. Its
+	// sandboxes answer again once it is back.
+	UnreachableCause_UNREACHABLE_CAUSE_NODE_LOST UnreachableCause = 8
+	// UNREACHABLE_CAUSE_NODE_UNREACHABLE means the sandbox lives on another
+	// berthd of the fleet (Unreachable.node_id) that still holds its lease but
+	// did not answer the berthd that routed the request: it is stopping,
+	// overloaded or cut off from the other nodes. Its lease expires within
+	// the lease time if it is gone (then UNREACHABLE_CAUSE_NODE_LOST).
+	UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE UnreachableCause = 9
 )
 
 // Enum value maps for UnreachableCause.
@@ -204,6 +215,8 @@ var (
 		5: "UNREACHABLE_CAUSE_AGENT_STOPPING",
 		6: "UNREACHABLE_CAUSE_AGENT_BUSY",
 		7: "UNREACHABLE_CAUSE_AGENT_UNVERIFIED",
+		8: "UNREACHABLE_CAUSE_NODE_LOST",
+		9: "UNREACHABLE_CAUSE_NODE_UNREACHABLE",
 	}
 	UnreachableCause_value = map[string]int32{
 		"UNREACHABLE_CAUSE_UNSPECIFIED":      0,
@@ -214,6 +227,8 @@ var (
 		"UNREACHABLE_CAUSE_AGENT_STOPPING":   5,
 		"UNREACHABLE_CAUSE_AGENT_BUSY":       6,
 		"UNREACHABLE_CAUSE_AGENT_UNVERIFIED": 7,
+		"UNREACHABLE_CAUSE_NODE_LOST":        8,
+		"UNREACHABLE_CAUSE_NODE_UNREACHABLE": 9,
 	}
 )
 
@@ -570,8 +585,13 @@ type Unreachable struct {
 	// server_version is berthd's version.
 	ServerVersion string `protobuf:"bytes,9,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
 	// admitted says whether the request took effect: ADMITTED_NOT_STARTED
-	// unless the connection broke after the request reached the agent.
-	Admitted      Admitted `protobuf:"varint,10,opt,name=admitted,proto3,enum=berth.v1.Admitted" json:"admitted,omitempty"`
+	// unless the connection broke after the request reached the agent (or,
+	// for a routed request, the node that holds the sandbox).
+	Admitted Admitted `protobuf:"varint,10,opt,name=admitted,proto3,enum=berth.v1.Admitted" json:"admitted,omitempty"`
+	// node_id names the berthd node of the fleet that holds the sandbox, for
+	// the causes UNREACHABLE_CAUSE_NODE_LOST and
+	// UNREACHABLE_CAUSE_NODE_UNREACHABLE; empty otherwise.
+	NodeId        string `protobuf:"bytes,11,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -674,6 +694,13 @@ func (x *Unreachable) GetAdmitted() Admitted {
 		return x.Admitted
 	}
 	return Admitted_ADMITTED_UNSPECIFIED
+}
+
+func (x *Unreachable) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
 }
 
 // RuntimeReplaced says the sandbox's runtime (its containerd task and the
@@ -1080,7 +1107,7 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\vretry_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryDelay\x12%\n" +
 	"\x0eserver_version\x18\a \x01(\tR\rserverVersion\x12.\n" +
-	"\badmitted\x18\b \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xc0\x03\n" +
+	"\badmitted\x18\b \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xd9\x03\n" +
 	"\vUnreachable\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -1093,7 +1120,8 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\ragent_version\x18\b \x01(\tR\fagentVersion\x12%\n" +
 	"\x0eserver_version\x18\t \x01(\tR\rserverVersion\x12.\n" +
 	"\badmitted\x18\n" +
-	" \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xb8\x04\n" +
+	" \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\x12\x17\n" +
+	"\anode_id\x18\v \x01(\tR\x06nodeId\"\xb8\x04\n" +
 	"\x0fRuntimeReplaced\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -1145,7 +1173,7 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
 	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04\x12 \n" +
-	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\xbd\x02\n" +
+	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\x86\x03\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +
@@ -1154,7 +1182,9 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"!UNREACHABLE_CAUSE_CONNECTION_LOST\x10\x04\x12$\n" +
 	" UNREACHABLE_CAUSE_AGENT_STOPPING\x10\x05\x12 \n" +
 	"\x1cUNREACHABLE_CAUSE_AGENT_BUSY\x10\x06\x12&\n" +
-	"\"UNREACHABLE_CAUSE_AGENT_UNVERIFIED\x10\a*\x97\x01\n" +
+	"\"UNREACHABLE_CAUSE_AGENT_UNVERIFIED\x10\a\x12\x1f\n" +
+	"\x1bUNREACHABLE_CAUSE_NODE_LOST\x10\b\x12&\n" +
+	"\"UNREACHABLE_CAUSE_NODE_UNREACHABLE\x10\t*\x97\x01\n" +
 	"\rReplacedCause\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aREPLACED_CAUSE_TASK_EXITED\x10\x01\x12\"\n" +

@@ -641,8 +641,11 @@ type Sandbox struct {
 	// network_address is an EGRESS sandbox's IPv4 address on the server's
 	// bridge; empty for NONE.
 	NetworkAddress string `protobuf:"bytes,28,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// node_id names the berthd node of the fleet that holds the sandbox (see
+	// NodeService); empty on a berthd that is not part of a fleet.
+	NodeId        string `protobuf:"bytes,29,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sandbox) Reset() {
@@ -867,6 +870,13 @@ func (x *Sandbox) GetNetwork() *NetworkPolicy {
 func (x *Sandbox) GetNetworkAddress() string {
 	if x != nil {
 		return x.NetworkAddress
+	}
+	return ""
+}
+
+func (x *Sandbox) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
 	}
 	return ""
 }
@@ -1551,7 +1561,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xec\t\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x85\n" +
+	"\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1587,7 +1598,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"hostIdBase\x12!\n" +
 	"\fruntime_name\x18\x1a \x01(\tR\vruntimeName\x121\n" +
 	"\anetwork\x18\x1b \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x12'\n" +
-	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x1a9\n" +
+	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x12\x17\n" +
+	"\anode_id\x18\x1d \x01(\tR\x06nodeId\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x05\n" +

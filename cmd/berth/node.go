@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+func newNodeCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "List, drain and undrain the nodes of berthd's fleet (admins)",
+	}
+	cmd.AddCommand(newNodeListCmd(g), newNodeDrainCmd(g, true), newNodeDrainCmd(g, false))
+	return cmd
+}
+
+func newNodeListCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List the fleet's nodes: state, capacity in use and free, leases",
+		Long: `List the berthd nodes of the fleet that berthd belongs to: live ones with
+their capacity (sandboxes, memory promised, execs: in use/limit, "-" for no
+cap) and the time left on their lease; lost ones (lease expired) with the
+number of sandboxes waiting for them.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				nodes, err := c.ListNodes(ctx)
+				if err != nil {
+					return err
+				}
+				return writeNodeTable(cmd.OutOrStdout(), nodes, time.Now())
+			})
+		},
+	}
+}
+
+func newNodeDrainCmd(g *globals, drain bool) *cobra.Command {
+	use, short := "drain NODE", "Place no new sandboxes on NODE; its sandboxes live out their lifetime"
+	if !drain {
+		use, short = "undrain NODE", "Place new sandboxes on NODE again"
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				var n *berthv1.Node
+				var err error
+				if drain {
+					n, err = c.DrainNode(ctx, args[0])
+				} else {
+					n, err = c.UndrainNode(ctx, args[0])
+				}
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", terminalSafe(n.GetId()), nodeState(n.GetState()))
+				return nil
+			})
+		},
+	}
+}
+
+func nodeState(s berthv1.NodeState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "NODE_STATE_"))
+}
+
+// capacityCell shows in use/limit, "-" for no cap.
+func capacityCell(c *berthv1.NodeCapacity, bytes bool) string {
+	show := func(v uint64) string {
+		if bytes {
+			return byteSize(v)
+		}
+		return fmt.Sprint(v)
+	}
+	if c.GetLimit() == 0 {
+		return show(c.GetInUse()) + "/-"
+	}
+	return show(c.GetInUse()) + "/" + show(c.GetLimit())
+}
+
+func writeNodeTable(w io.Writer, nodes []*berthv1.Node, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tADDRESS\tSANDBOXES\tMEMORY\tEXECS\tPLACED\tLEASE\tUP\tLABELS")
+	for _, n := range nodes {
+		lease, up := "-", "-"
+		if n.GetLeaseId() != "" {
+			lease = fmt.Sprintf("%s (%v/%v left)", n.GetLeaseId(), n.GetLeaseRemaining().AsDuration(), n.GetLeaseTtl().AsDuration())
+			up = ago(n.GetStartedAt().AsTime(), now)
+		}
+		var labels []string
+		for _, k := range slices.Sorted(maps.Keys(n.GetLabels())) {
+			labels = append(labels, k+"="+n.GetLabels()[k])
+		}
+		sb, mem, ex := "-", "-", "-"
+		if n.GetState() != berthv1.NodeState_NODE_STATE_LOST {
+			sb, mem, ex = capacityCell(n.GetSandboxes(), false), capacityCell(n.GetMemoryBytes(), true), capacityCell(n.GetExecs(), false)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", terminalSafe(n.GetId()), nodeState(n.GetState()), terminalSafe(n.GetAddress()),
+			sb, mem, ex, n.GetPlacedSandboxes(), lease, up, terminalSafe(strings.Join(labels, ",")))
+	}
+	return tw.Flush()
+}

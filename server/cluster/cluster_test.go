@@ -1,0 +1,345 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The tests run a real etcd: one embedded member per test binary.
+var store struct {
+	once sync.Once
+	cli  *clientv3.Client
+	err  error
+}
+
+func testLog() *slog.Logger {
+	if os.Getenv("BERTH_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func freeURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "http://" + l.Addr().String()
+}
+
+// etcd returns a client of the test binary's embedded etcd and a key
+// prefix of the test's own.
+func etcd(t *testing.T) (*clientv3.Client, string) {
+	t.Helper()
+	store.once.Do(func() {
+		dir, err := os.MkdirTemp("", "berth-etcd")
+		if err != nil {
+			store.err = err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		e, err := StartEmbedded(ctx, EmbedConfig{Dir: dir, ClientURL: freeURL(t), PeerURL: freeURL(t)}, testLog())
+		if err != nil {
+			store.err = err
+			return
+		}
+		store.cli, store.err = Connect(ctx, StoreConfig{Endpoints: e.Endpoints()}, testLog())
+	})
+	if store.err != nil {
+		t.Fatalf("embedded etcd: %v", store.err)
+	}
+	return store.cli, "/" + t.Name() + "/"
+}
+
+// fakeLocal is a node's berthd as the Member sees it.
+type fakeLocal struct {
+	mu      sync.Mutex
+	usage   Usage
+	images  []string
+	holds   map[string]string
+	removed []string
+}
+
+func (f *fakeLocal) Usage(context.Context) (Usage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.usage, nil
+}
+
+func (f *fakeLocal) Images(context.Context) ([]string, error) { return f.images, nil }
+
+func (f *fakeLocal) Holds(context.Context) (map[string]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]string)
+	for k, v := range f.holds {
+		out[k] = v
+	}
+	return out, nil
+}
+
+func (f *fakeLocal) Remove(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.removed = append(f.removed, id)
+	delete(f.holds, id)
+	return nil
+}
+
+func startMember(t *testing.T, cli *clientv3.Client, prefix, id string, local *fakeLocal) *Member {
+	t.Helper()
+	m, err := NewMember(Config{NodeID: id, Address: id + ":1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond}, cli, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := m.Start(ctx, local); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+func TestClaimOneHolder(t *testing.T) {
+	cli, prefix := etcd(t)
+	ctx := context.Background()
+	a := startMember(t, cli, prefix, "a", &fakeLocal{holds: map[string]string{}})
+	b := startMember(t, cli, prefix, "b", &fakeLocal{holds: map[string]string{}})
+	// Concurrent claims of one id by two nodes: exactly one wins, the
+	// other learns the winner.
+	var wg sync.WaitGroup
+	errs := make([]error, 20)
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := a
+			if i%2 == 1 {
+				m = b
+			}
+			errs[i] = m.Claim(ctx, "sb-1", "alice")
+		}()
+	}
+	wg.Wait()
+	won := map[bool]int{}
+	for i, err := range errs {
+		switch rpcstatus.Reason(err) {
+		case "":
+			won[i%2 == 0]++
+		case rpcstatus.ReasonPlacedElsewhere:
+		default:
+			t.Fatalf("claim %d: %v", i, err)
+		}
+	}
+	if len(won) != 1 {
+		t.Fatalf("claims of sb-1 succeeded on both nodes (%v): two holders", won)
+	}
+	winner, loser := a, b
+	if won[false] > 0 {
+		winner, loser = b, a
+	}
+	if err := loser.Claim(ctx, "sb-1", "alice"); rpcstatus.Reason(err) != rpcstatus.ReasonPlacedElsewhere || errorMeta(err)["node_id"] != winner.NodeID() {
+		t.Errorf("loser's claim = %v, want SANDBOX_PLACED_ELSEWHERE naming %s", err, winner.NodeID())
+	}
+	if !winner.Holds("sb-1") || loser.Holds("sb-1") {
+		t.Errorf("Holds: winner %v, loser %v", winner.Holds("sb-1"), loser.Holds("sb-1"))
+	}
+	// Released, the id is free for the other node.
+	winner.Release(ctx, "sb-1")
+	if err := loser.Claim(ctx, "sb-1", "alice"); err != nil {
+		t.Errorf("claim after release: %v", err)
+	}
+}
+
+func TestDrainRefusesNewClaims(t *testing.T) {
+	cli, prefix := etcd(t)
+	ctx := context.Background()
+	m := startMember(t, cli, prefix, "a", &fakeLocal{holds: map[string]string{}})
+	if err := m.Claim(ctx, "old", "alice"); err != nil {
+		t.Fatal(err)
+	}
+	nodes := NewNodeService(cli, prefix)
+	if _, err := nodes.DrainNode(ctx, &berthv1.DrainNodeRequest{NodeId: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Claim(ctx, "new", "alice"); rpcstatus.Reason(err) != rpcstatus.ReasonNodeNotAccepting {
+		t.Errorf("claim on a draining node = %v, want NODE_NOT_ACCEPTING", err)
+	}
+	if err := m.Claim(ctx, "old", "alice"); err != nil {
+		t.Errorf("claim of a sandbox the draining node holds = %v, want nil (idempotent create)", err)
+	}
+	if _, err := nodes.DrainNode(ctx, &berthv1.DrainNodeRequest{NodeId: "nope"}); rpcstatus.Reason(err) != rpcstatus.ReasonNodeNotFound {
+		t.Errorf("drain of an unknown node = %v, want NODE_NOT_FOUND", err)
+	}
+	if _, err := nodes.UndrainNode(ctx, &berthv1.UndrainNodeRequest{NodeId: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Claim(ctx, "new", "alice"); err != nil {
+		t.Errorf("claim after undrain: %v", err)
+	}
+}
+
+// TestLeaseLost checks that a node whose lease is gone takes no new
+// sandboxes, registers again, and that its records outlive the lease.
+func TestLeaseLost(t *testing.T) {
+	cli, prefix := etcd(t)
+	ctx := context.Background()
+	local := &fakeLocal{holds: map[string]string{"kept": "alice"}}
+	m := startMember(t, cli, prefix, "a", local)
+	if !m.Holds("kept") {
+		t.Fatal("a sandbox the node held at start was not recorded")
+	}
+	m.mu.Lock()
+	lease := m.lease
+	m.mu.Unlock()
+	revoked := time.Now()
+	if _, err := cli.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := NewDirectory(cli, prefix, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dir.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	// The record of its sandbox stays while the node is away.
+	if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" {
+		t.Errorf("record of kept after the lease = %v, %v, %v", rec, ok, err)
+	}
+	for {
+		if _, live, err := dir.LiveNode(ctx, "a"); err != nil {
+			t.Fatal(err)
+		} else if live {
+			break
+		}
+		if time.Since(revoked) > 30*time.Second {
+			t.Fatal("the node did not register again within 30s of losing its lease")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := m.Claim(ctx, "new", "alice"); err != nil {
+		t.Errorf("claim after registering again: %v", err)
+	}
+}
+
+// TestReconcile checks what a node does with the records at registration:
+// re-adopts its sandboxes, releases records of sandboxes it no longer has,
+// and removes a local sandbox that the fleet records elsewhere.
+func TestReconcile(t *testing.T) {
+	cli, prefix := etcd(t)
+	ctx := context.Background()
+	k := keys{prefix}
+	put := func(id, node string) {
+		if _, err := cli.Put(ctx, k.sandbox(id), fmt.Sprintf(`{"node":%q,"owner":"alice"}`, node)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("gone", "a")      // a's sandbox that expired while it was away
+	put("elsewhere", "b") // the id is b's
+	local := &fakeLocal{holds: map[string]string{"here": "alice", "elsewhere": "bob"}}
+	m := startMember(t, cli, prefix, "a", local)
+	dir, _ := NewDirectory(cli, prefix, testLog())
+	if _, ok, _ := dir.Sandbox(ctx, "gone"); ok {
+		t.Error("the record of a sandbox the node no longer holds stayed")
+	}
+	if rec, ok, _ := dir.Sandbox(ctx, "here"); !ok || rec.Node != "a" || rec.Owner != "alice" {
+		t.Errorf("record of here = %v, %v; want on a, owned by alice", rec, ok)
+	}
+	if rec, _, _ := dir.Sandbox(ctx, "elsewhere"); rec.Node != "b" {
+		t.Errorf("record of elsewhere moved to %s", rec.Node)
+	}
+	if len(local.removed) != 1 || local.removed[0] != "elsewhere" || m.Holds("elsewhere") {
+		t.Errorf("removed %v; want the local copy of elsewhere", local.removed)
+	}
+}
+
+func TestPlace(t *testing.T) {
+	img := "berth.dev/base:latest"
+	node := func(id string, n, max uint64, mem, budget uint64) NodeRecord {
+		return NodeRecord{ID: id, Images: []string{img}, Usage: Usage{Sandboxes: n, MaxSandboxes: max, MemoryBytes: mem, MemoryBudget: budget}}
+	}
+	ids := func(pl placement) (out []string) {
+		for _, n := range pl.candidates {
+			out = append(out, n.ID)
+		}
+		return out
+	}
+	tests := []struct {
+		name  string
+		nodes []NodeRecord
+		req   placementRequest
+		want  []string
+	}{
+		{"share of capacity", []NodeRecord{node("a", 10, 20, 0, 0), node("b", 5, 12, 0, 0), node("c", 2, 8, 0, 0)}, placementRequest{image: img}, []string{"c", "b", "a"}},
+		{"memory binds", []NodeRecord{node("a", 1, 20, 900, 1000), node("b", 10, 20, 0, 1000)}, placementRequest{image: img, memBytes: 50}, []string{"b", "a"}},
+		{"full nodes are out", []NodeRecord{node("a", 20, 20, 0, 0), node("b", 0, 0, 990, 1000)}, placementRequest{image: img, memBytes: 50}, nil},
+		{"no caps: fewer sandboxes first", []NodeRecord{node("a", 3, 0, 0, 0), node("b", 1, 0, 0, 0)}, placementRequest{image: img}, []string{"b", "a"}},
+		{"image", []NodeRecord{{ID: "a", Images: []string{"other"}}, node("b", 9, 10, 0, 0)}, placementRequest{image: img}, []string{"b"}},
+		{"selector", []NodeRecord{node("a", 0, 0, 0, 0), {ID: "b", Images: []string{img}, Labels: map[string]string{"zone": "x"}}}, placementRequest{image: img, selector: map[string]string{"zone": "x"}}, []string{"b"}},
+		{"selector by id", []NodeRecord{node("a", 0, 0, 0, 0), node("b", 5, 0, 0, 0)}, placementRequest{image: img, selector: map[string]string{"id": "b"}}, []string{"b"}},
+		{"draining", []NodeRecord{{ID: "a", Images: []string{img}, Draining: true}, node("b", 5, 0, 0, 0)}, placementRequest{image: img}, []string{"b"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := ids(place(tt.nodes, tt.req))
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Errorf("place = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMemberLeaseExpiry checks that a node that stops refreshing (killed)
+// is lost to the others once its lease time passed: the bound on how soon
+// its sandboxes answer NODE_LOST.
+func TestMemberLeaseExpiry(t *testing.T) {
+	cli, prefix := etcd(t)
+	ctx := context.Background()
+	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 3 * time.Second, PublishInterval: 2 * time.Second}, cli, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx, &fakeLocal{holds: map[string]string{}}); err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := NewDirectory(cli, prefix, testLog())
+	if err := dir.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	time.Sleep(2 * time.Second) // a few refreshes
+	m.stop()
+	<-m.done
+	start := time.Now()
+	for {
+		_, live, err := dir.LiveNode(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !live {
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			t.Fatal("a node that stopped refreshing its 3s lease was still live 30s later")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the member's 3s lease expired %v after it stopped refreshing", time.Since(start).Round(10*time.Millisecond))
+}

@@ -1,0 +1,327 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Directory reads the fleet from etcd for routing and placement: which
+// nodes hold a lease (kept current by a watch), and which node holds a
+// sandbox (read from etcd at each call, linearizably). Its methods are safe
+// for concurrent use.
+type Directory struct {
+	cli  *clientv3.Client
+	keys keys
+	log  *slog.Logger
+
+	mu    sync.Mutex
+	nodes map[string]NodeRecord // live nodes, from the watch
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// NewDirectory returns the directory of the fleet under prefix ("" for
+// DefaultPrefix) in the etcd cli reaches. Start fills it.
+func NewDirectory(cli *clientv3.Client, prefix string, log *slog.Logger) (*Directory, error) {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	if err := validPrefix(prefix); err != nil {
+		return nil, err
+	}
+	return &Directory{cli: cli, keys: keys{prefix}, log: log, nodes: make(map[string]NodeRecord)}, nil
+}
+
+// Start reads the live nodes and follows their changes in the background
+// until Close.
+func (d *Directory) Start(ctx context.Context) error {
+	rev, err := d.load(ctx)
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	d.stop, d.done = stop, make(chan struct{})
+	go func() {
+		defer close(d.done)
+		d.follow(runCtx, rev)
+	}()
+	return nil
+}
+
+// Close stops following.
+func (d *Directory) Close() {
+	if d.stop != nil {
+		d.stop()
+		<-d.done
+	}
+}
+
+// load replaces the live nodes with etcd's and returns the revision read.
+func (d *Directory) load(ctx context.Context) (int64, error) {
+	resp, err := d.cli.Get(ctx, d.keys.nodes(), clientv3.WithPrefix())
+	if err != nil {
+		return 0, storeError("read the fleet's nodes", err)
+	}
+	nodes := make(map[string]NodeRecord, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		if rec, ok := parseNode(kv.Value, kv.Lease); ok {
+			nodes[rec.ID] = rec
+		}
+	}
+	d.mu.Lock()
+	d.nodes = nodes
+	d.mu.Unlock()
+	return resp.Header.Revision, nil
+}
+
+// follow applies the node keys' changes after rev, reloading when the
+// watch fails (etcd unreachable, or rev compacted away), until ctx ends.
+func (d *Directory) follow(ctx context.Context, rev int64) {
+	for ctx.Err() == nil {
+		wch := d.cli.Watch(clientv3.WithRequireLeader(ctx), d.keys.nodes(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		for wr := range wch {
+			if err := wr.Err(); err != nil {
+				d.log.Warn("cluster: watch of the fleet's nodes failed; reading them again", slog.Any("error", err))
+				break
+			}
+			d.mu.Lock()
+			for _, ev := range wr.Events {
+				id := d.keys.idOf(d.keys.nodes(), string(ev.Kv.Key))
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(d.nodes, id)
+				} else if rec, ok := parseNode(ev.Kv.Value, ev.Kv.Lease); ok {
+					d.nodes[id] = rec
+				}
+			}
+			d.mu.Unlock()
+			rev = wr.Header.Revision
+		}
+		for ctx.Err() == nil {
+			r, err := d.load(ctx)
+			if err == nil {
+				rev = r
+				break
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func parseNode(b []byte, lease int64) (NodeRecord, bool) {
+	var rec NodeRecord
+	if json.Unmarshal(b, &rec) != nil || rec.ID == "" {
+		return NodeRecord{}, false
+	}
+	rec.Lease = lease
+	return rec, true
+}
+
+// LiveNode returns node id when it holds a lease. A node missing from the
+// watched view is looked up in etcd, so that a node that registered a
+// moment ago is not taken for lost.
+func (d *Directory) LiveNode(ctx context.Context, id string) (NodeRecord, bool, error) {
+	d.mu.Lock()
+	rec, ok := d.nodes[id]
+	d.mu.Unlock()
+	if ok {
+		return rec, true, nil
+	}
+	resp, err := d.cli.Get(ctx, d.keys.node(id))
+	if err != nil {
+		return NodeRecord{}, false, storeError("read node "+id, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return NodeRecord{}, false, nil
+	}
+	rec, ok = parseNode(resp.Kvs[0].Value, resp.Kvs[0].Lease)
+	return rec, ok, nil
+}
+
+// LiveNodes returns the nodes holding a lease, from the watched view,
+// ordered by id.
+func (d *Directory) LiveNodes() []NodeRecord {
+	d.mu.Lock()
+	out := make([]NodeRecord, 0, len(d.nodes))
+	for _, n := range d.nodes {
+		out = append(out, n)
+	}
+	d.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Nodes reads the nodes holding a lease, with their drain marks, from etcd
+// (linearizably, in one transaction), ordered by id: what placement
+// decides on.
+func (d *Directory) Nodes(ctx context.Context) ([]NodeRecord, error) {
+	resp, err := d.cli.Txn(ctx).Then(clientv3.OpGet(d.keys.nodes(), clientv3.WithPrefix()), clientv3.OpGet(d.keys.drains(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	if err != nil {
+		return nil, storeError("read the fleet's nodes", err)
+	}
+	draining := make(map[string]bool)
+	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
+		draining[d.keys.idOf(d.keys.drains(), string(kv.Key))] = true
+	}
+	var out []NodeRecord
+	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
+		if rec, ok := parseNode(kv.Value, kv.Lease); ok {
+			rec.Draining = draining[rec.ID]
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}
+
+// Sandbox returns the record of sandbox id, read from etcd; false when no
+// node holds the id.
+func (d *Directory) Sandbox(ctx context.Context, id string) (SandboxRecord, bool, error) {
+	resp, err := d.cli.Get(ctx, d.keys.sandbox(id))
+	if err != nil {
+		return SandboxRecord{}, false, storeError("read the record of sandbox "+id, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return SandboxRecord{}, false, nil
+	}
+	var rec SandboxRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return SandboxRecord{}, false, fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
+	}
+	return rec, true, nil
+}
+
+// NodeSelectorPrefix starts the sandbox labels that constrain placement:
+// a sandbox labelled "node.berth.dev/zone=a" is placed only on a node
+// labelled zone=a; "node.berth.dev/id=n2" names the node itself.
+const NodeSelectorPrefix = "node.berth.dev/"
+
+// placementRequest is what placement needs of a CreateSandbox.
+type placementRequest struct {
+	image    string
+	memBytes uint64
+	selector map[string]string // node label -> value
+}
+
+func selectorOf(labels map[string]string) map[string]string {
+	var sel map[string]string
+	for k, v := range labels {
+		if key, ok := strings.CutPrefix(k, NodeSelectorPrefix); ok {
+			if sel == nil {
+				sel = make(map[string]string)
+			}
+			sel[key] = v
+		}
+	}
+	return sel
+}
+
+// matches reports whether node n has every label sel asks for ("id" is
+// the node's id unless the node has a label of that name).
+func (n NodeRecord) matches(sel map[string]string) bool {
+	for k, v := range sel {
+		have, ok := n.Labels[k]
+		if !ok && k == "id" {
+			have, ok = n.ID, true
+		}
+		if !ok || have != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (n NodeRecord) hasImage(image string) bool {
+	for _, im := range n.Images {
+		if im == image {
+			return true
+		}
+	}
+	return false
+}
+
+// load returns the share of node n's binding budget that would be in use
+// with one more sandbox of memBytes: the largest of sandboxes/max and
+// memory/budget over the capped ones (0 when n has no cap), and whether it
+// fits at all.
+func (n NodeRecord) load(memBytes uint64) (share float64, fits bool) {
+	fits = true
+	if n.MaxSandboxes > 0 {
+		share = float64(n.Sandboxes+1) / float64(n.MaxSandboxes)
+		fits = n.Sandboxes+1 <= n.MaxSandboxes
+	}
+	if n.MemoryBudget > 0 {
+		share = max(share, float64(n.MemoryBytes+memBytes)/float64(n.MemoryBudget))
+		fits = fits && n.MemoryBytes+memBytes <= n.MemoryBudget
+	}
+	return share, fits
+}
+
+// placement is the outcome of place: the nodes to try in order, and what
+// kept the others out.
+type placement struct {
+	candidates []NodeRecord
+	nodes      int // nodes holding a lease
+	matching   int // of those, matching the selector
+	withImage  int // of those, holding the image
+	// full are the matching nodes with the image that had no room (or
+	// drain), and memoryBound says whether memory was what they lacked.
+	full        []NodeRecord
+	memoryBound bool
+}
+
+// place orders the nodes that can take the sandbox req describes: live,
+// not draining, matching its node selector, holding its image, with room
+// for one more sandbox and its memory; the least loaded by its binding
+// budget first (see load), then the one with fewer sandboxes, then by id.
+func place(nodes []NodeRecord, req placementRequest) placement {
+	pl := placement{nodes: len(nodes), memoryBound: true}
+	type scored struct {
+		n     NodeRecord
+		share float64
+	}
+	var ok []scored
+	for _, n := range nodes {
+		if !n.matches(req.selector) {
+			continue
+		}
+		pl.matching++
+		if !n.hasImage(req.image) {
+			continue
+		}
+		pl.withImage++
+		share, fits := n.load(req.memBytes)
+		if n.Draining || !fits {
+			pl.full = append(pl.full, n)
+			if n.Draining || n.MaxSandboxes > 0 && n.Sandboxes+1 > n.MaxSandboxes {
+				pl.memoryBound = false
+			}
+			continue
+		}
+		ok = append(ok, scored{n, share})
+	}
+	sort.SliceStable(ok, func(i, j int) bool {
+		a, b := ok[i], ok[j]
+		if a.share != b.share {
+			return a.share < b.share
+		}
+		if a.n.Sandboxes != b.n.Sandboxes {
+			return a.n.Sandboxes < b.n.Sandboxes
+		}
+		return a.n.ID < b.n.ID
+	})
+	for _, s := range ok {
+		pl.candidates = append(pl.candidates, s.n)
+	}
+	return pl
+}

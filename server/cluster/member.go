@@ -1,0 +1,443 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+)
+
+// Local is the node's own berthd, as its membership needs it.
+type Local interface {
+	// Usage returns the node's capacity in use and its limits.
+	Usage(ctx context.Context) (Usage, error)
+	// Images returns the image references in the node's store.
+	Images(ctx context.Context) ([]string, error)
+	// Holds returns the sandboxes the node holds — containers and
+	// creations in progress, but no unclaimed warm-pool members — by id,
+	// with their owners.
+	Holds(ctx context.Context) (map[string]string, error)
+	// Remove deletes a local sandbox whose id the fleet records on another
+	// node.
+	Remove(ctx context.Context, id string) error
+}
+
+// Member is a node's membership in the fleet: its lease, its published
+// record and the records of the sandboxes it holds. Its methods are safe
+// for concurrent use.
+type Member struct {
+	cfg  Config
+	keys keys
+	cli  *clientv3.Client
+	log  *slog.Logger
+
+	local Local
+	kick  chan struct{} // publish now
+	// pubMu orders what publishes the node's usage (claims and publish),
+	// so that an older reading never overwrites a newer one.
+	pubMu sync.Mutex
+
+	mu        sync.Mutex
+	lease     clientv3.LeaseID // 0 while the node holds none
+	startedAt time.Time
+	last      NodeRecord      // last published
+	held      map[string]bool // sandbox ids recorded on this node
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// NewMember returns the membership of the node cfg describes in the fleet
+// whose etcd cli reaches. Start registers it.
+func NewMember(cfg Config, cli *clientv3.Client, log *slog.Logger) (*Member, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.setDefaults()
+	return &Member{cfg: cfg, keys: keys{cfg.Prefix}, cli: cli, log: log, kick: make(chan struct{}, 1), held: make(map[string]bool)}, nil
+}
+
+// NodeID returns the node's id.
+func (m *Member) NodeID() string { return m.cfg.NodeID }
+
+// Start registers the node under a new lease — waiting, within ctx, while
+// another registration of the node id still holds one — and adopts the
+// records of the sandboxes local holds (see reconcile). Then it keeps the
+// lease and the published record fresh in the background, and registers
+// again when the lease is lost, until Close.
+func (m *Member) Start(ctx context.Context, local Local) error {
+	m.local = local
+	if err := m.register(ctx); err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	m.stop, m.done = stop, make(chan struct{})
+	go func() {
+		defer close(m.done)
+		m.run(runCtx)
+	}()
+	return nil
+}
+
+// Close stops refreshing and revokes the lease: the node is lost for the
+// fleet at once (its sandboxes stay recorded as its own, and keep running
+// for the next berthd to adopt).
+func (m *Member) Close() {
+	if m.stop == nil {
+		return
+	}
+	m.stop()
+	<-m.done
+	m.mu.Lock()
+	lease := m.lease
+	m.lease = 0
+	m.mu.Unlock()
+	if lease != 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := m.cli.Revoke(ctx, lease); err != nil {
+			m.log.Warn("cluster: revoke the node's lease", slog.Any("error", err))
+		}
+	}
+}
+
+// register takes a lease and puts the node's record under it, if no other
+// registration of the node id holds one, then reconciles the sandbox
+// records.
+func (m *Member) register(ctx context.Context) error {
+	ttl := int64(math.Ceil(m.cfg.LeaseTTL.Seconds()))
+	for waited := false; ; waited = true {
+		g, err := m.cli.Grant(ctx, ttl)
+		if err != nil {
+			return fmt.Errorf("cluster: take a lease of %ds: %w", ttl, err)
+		}
+		now := time.Now().UTC()
+		rec, err := m.record(ctx, now)
+		if err != nil {
+			m.revoke(g.ID)
+			return err
+		}
+		rec.StartedAt = now
+		body, _ := json.Marshal(rec)
+		seen, _ := json.Marshal(seenRecord{Address: m.cfg.Address, FirstSeen: now})
+		nodeKey := m.keys.node(m.cfg.NodeID)
+		resp, err := m.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).
+			Then(clientv3.OpPut(nodeKey, string(body), clientv3.WithLease(g.ID)), clientv3.OpPut(m.keys.seen(m.cfg.NodeID), string(seen))).
+			Commit()
+		if err != nil {
+			m.revoke(g.ID)
+			return fmt.Errorf("cluster: register node %s: %w", m.cfg.NodeID, err)
+		}
+		if resp.Succeeded {
+			m.mu.Lock()
+			m.lease, m.startedAt, m.last = g.ID, now, rec
+			m.mu.Unlock()
+			m.log.Info("cluster: node registered", slog.String("node_id", m.cfg.NodeID), slog.String("address", m.cfg.Address),
+				slog.String("lease", fmt.Sprintf("%x", int64(g.ID))), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
+			return m.reconcile(ctx)
+		}
+		m.revoke(g.ID)
+		if !waited {
+			m.log.Warn("cluster: the node id is registered under a live lease (an earlier berthd of this node, or another node with the same id); waiting for it to expire",
+				slog.String("node_id", m.cfg.NodeID), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: node id %s stays registered by another lease: %w", m.cfg.NodeID, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (m *Member) revoke(lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m.cli.Revoke(ctx, lease)
+}
+
+// reconcile makes the sandbox records agree with what the node holds, after
+// a (re-)registration: a sandbox the node holds without a record is
+// recorded again (re-adopted); a record naming the node without a sandbox
+// (it expired or was removed while the node was away) is released; a
+// sandbox whose id the fleet now records on another node is removed here.
+// Records are read before the local sandboxes: a creation that claims its
+// id after the read is listed by Holds, so its record is never taken for a
+// leftover.
+func (m *Member) reconcile(ctx context.Context) error {
+	resp, err := m.cli.Get(ctx, m.keys.sandboxes(), clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("cluster: read sandbox records: %w", err)
+	}
+	holds, err := m.local.Holds(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: list the node's sandboxes: %w", err)
+	}
+	recorded := make(map[string]bool)
+	var adopted, released, removed int
+	for _, kv := range resp.Kvs {
+		id := m.keys.idOf(m.keys.sandboxes(), string(kv.Key))
+		var rec SandboxRecord
+		if json.Unmarshal(kv.Value, &rec) != nil {
+			continue
+		}
+		recorded[id] = true
+		_, here := holds[id]
+		switch {
+		case rec.Node == m.cfg.NodeID && here:
+			m.setHeld(id, true)
+		case rec.Node == m.cfg.NodeID:
+			if _, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
+				Then(clientv3.OpDelete(string(kv.Key))).Commit(); err != nil {
+				return fmt.Errorf("cluster: release the record of sandbox %s: %w", id, err)
+			}
+			released++
+		case here:
+			m.log.Warn("cluster: removing a local sandbox whose id the fleet records on another node", slog.String("sandbox_id", id), slog.String("holder", rec.Node))
+			if err := m.local.Remove(ctx, id); err != nil {
+				m.log.Error("cluster: remove sandbox held elsewhere", slog.String("sandbox_id", id), slog.Any("error", err))
+			}
+			removed++
+		}
+	}
+	for id, owner := range holds {
+		if recorded[id] {
+			continue
+		}
+		if err := m.claim(ctx, id, owner, true); err != nil {
+			m.log.Error("cluster: record a sandbox the node holds", slog.String("sandbox_id", id), slog.Any("error", err))
+			continue
+		}
+		adopted++
+	}
+	m.log.Info("cluster: sandbox records reconciled", slog.Int("held", len(holds)), slog.Int("recorded_again", adopted),
+		slog.Int("released", released), slog.Int("removed_held_elsewhere", removed))
+	m.Kick()
+	return nil
+}
+
+func (m *Member) setHeld(id string, held bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if held {
+		m.held[id] = true
+	} else {
+		delete(m.held, id)
+	}
+}
+
+// Holds reports whether the fleet records sandbox id on this node, as far
+// as the node itself claimed or adopted it: records of a node's sandboxes
+// change only through the node.
+func (m *Member) Holds(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held[id]
+}
+
+// Claim records sandbox id, created by owner, on this node: in one
+// transaction, only if no node holds the id, while the node holds its
+// lease and is not draining; the same transaction publishes the node's
+// usage, which counts the creation in progress (Local.Usage), so that the
+// next placement sees it. An id the node holds already is claimed again
+// without change.
+//
+// Errors are statuses: ABORTED SANDBOX_PLACED_ELSEWHERE (metadata node_id)
+// when another node holds the id, UNAVAILABLE NODE_NOT_ACCEPTING when the
+// node drains or holds no lease, UNAVAILABLE CLUSTER_UNAVAILABLE when etcd
+// does not answer.
+func (m *Member) Claim(ctx context.Context, id, owner string) error {
+	return m.claim(ctx, id, owner, false)
+}
+
+// claim is Claim; adopting records a sandbox the node holds already, which
+// a draining node does too.
+func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) error {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	lease, rec := m.lease, m.last
+	m.mu.Unlock()
+	meta := map[string]string{"sandbox_id": id, "node_id": m.cfg.NodeID}
+	if lease == 0 {
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting,
+			fmt.Sprintf("node %s holds no lease in the cluster store and takes no new sandboxes until it registered again", m.cfg.NodeID), meta)
+	}
+	if u, err := m.local.Usage(ctx); err == nil {
+		rec.Usage = u
+	}
+	rec.UpdatedAt = time.Now().UTC()
+	nodeBody, _ := json.Marshal(rec)
+	body, _ := json.Marshal(SandboxRecord{Node: m.cfg.NodeID, Owner: owner, CreatedAt: time.Now().UTC()})
+	key, nodeKey, drainKey := m.keys.sandbox(id), m.keys.node(m.cfg.NodeID), m.keys.drain(m.cfg.NodeID)
+	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0), clientv3.Compare(clientv3.LeaseValue(nodeKey), "=", int64(lease))}
+	if !adopting {
+		conds = append(conds, clientv3.Compare(clientv3.CreateRevision(drainKey), "=", 0))
+	}
+	resp, err := m.cli.Txn(ctx).If(conds...).
+		Then(clientv3.OpPut(key, string(body)), clientv3.OpPut(nodeKey, string(nodeBody), clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(key), clientv3.OpGet(drainKey)).
+		Commit()
+	if err != nil {
+		return storeError(fmt.Sprintf("record sandbox %s on node %s", id, m.cfg.NodeID), err)
+	}
+	if resp.Succeeded {
+		m.setHeld(id, true)
+		return nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		var have SandboxRecord
+		if err := json.Unmarshal(kvs[0].Value, &have); err != nil {
+			return fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
+		}
+		if have.Node == m.cfg.NodeID {
+			m.setHeld(id, true)
+			return nil
+		}
+		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonPlacedElsewhere,
+			fmt.Sprintf("sandbox %s is recorded on node %s, not on %s", id, have.Node, m.cfg.NodeID), map[string]string{"sandbox_id": id, "node_id": have.Node})
+	}
+	if len(resp.Responses[1].GetResponseRange().GetKvs()) > 0 {
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting, fmt.Sprintf("node %s is draining: it takes no new sandboxes", m.cfg.NodeID), meta)
+	}
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting,
+		fmt.Sprintf("node %s lost its lease in the cluster store and takes no new sandboxes until it registered again", m.cfg.NodeID), meta)
+}
+
+// Release removes the record of sandbox id if it names this node, after
+// the sandbox was removed (deleted, expired, or its creation failed).
+// Failures are logged: the next registration's reconcile releases what
+// is left.
+func (m *Member) Release(ctx context.Context, id string) {
+	m.setHeld(id, false)
+	defer m.Kick()
+	key := m.keys.sandbox(id)
+	resp, err := m.cli.Get(ctx, key)
+	if err == nil && len(resp.Kvs) == 1 {
+		var rec SandboxRecord
+		if json.Unmarshal(resp.Kvs[0].Value, &rec) != nil || rec.Node != m.cfg.NodeID {
+			return
+		}
+		_, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).Then(clientv3.OpDelete(key)).Commit()
+	}
+	if err != nil {
+		m.log.Warn("cluster: release the record of a removed sandbox", slog.String("sandbox_id", id), slog.Any("error", err))
+	}
+}
+
+// Kick publishes the node's record soon.
+func (m *Member) Kick() {
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+// record returns the node's record as it is now, without StartedAt.
+func (m *Member) record(ctx context.Context, now time.Time) (NodeRecord, error) {
+	u, err := m.local.Usage(ctx)
+	if err != nil {
+		return NodeRecord{}, fmt.Errorf("cluster: the node's usage: %w", err)
+	}
+	images, err := m.local.Images(ctx)
+	if err != nil {
+		return NodeRecord{}, fmt.Errorf("cluster: the node's images: %w", err)
+	}
+	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images}, nil
+}
+
+// publish puts the node's record under its lease.
+func (m *Member) publish(ctx context.Context) {
+	m.pubMu.Lock()
+	defer m.pubMu.Unlock()
+	m.mu.Lock()
+	lease, started := m.lease, m.startedAt
+	m.mu.Unlock()
+	if lease == 0 {
+		return
+	}
+	rec, err := m.record(ctx, time.Now().UTC())
+	if err != nil {
+		m.log.Warn("cluster: publish the node's record", slog.Any("error", err))
+		return
+	}
+	rec.StartedAt = started
+	body, _ := json.Marshal(rec)
+	if _, err := m.cli.Put(ctx, m.keys.node(m.cfg.NodeID), string(body), clientv3.WithLease(lease)); err != nil {
+		m.log.Warn("cluster: publish the node's record", slog.Any("error", err))
+		return
+	}
+	m.mu.Lock()
+	if m.lease == lease {
+		m.last = rec
+	}
+	m.mu.Unlock()
+}
+
+// run keeps the lease alive and publishes the record until ctx ends; when
+// the lease is lost (etcd unreachable for the lease time, or the lease
+// revoked) the node takes no new sandboxes and registers again.
+func (m *Member) run(ctx context.Context) {
+	tick := time.NewTicker(m.cfg.PublishInterval)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		m.mu.Lock()
+		lease := m.lease
+		m.mu.Unlock()
+		alive, err := m.cli.KeepAlive(ctx, lease)
+		if err == nil {
+		refresh:
+			for {
+				select {
+				case _, ok := <-alive:
+					if !ok {
+						break refresh
+					}
+				case <-tick.C:
+					m.publish(ctx)
+				case <-m.kick:
+					m.publish(ctx)
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		m.mu.Lock()
+		m.lease = 0
+		m.mu.Unlock()
+		m.log.Warn("cluster: the node lost its lease; it takes no new sandboxes until it registered again", slog.String("node_id", m.cfg.NodeID), slog.Any("error", err))
+		for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, m.cfg.LeaseTTL) {
+			regCtx, cancel := context.WithTimeout(ctx, 2*m.cfg.LeaseTTL)
+			err := m.register(regCtx)
+			cancel()
+			if err == nil {
+				break
+			}
+			m.log.Warn("cluster: register the node again", slog.Any("error", err), slog.Duration("retry_in", backoff))
+			select {
+			case <-ctx.Done():
+			case <-time.After(backoff):
+			}
+		}
+	}
+}
+
+// storeError is UNAVAILABLE CLUSTER_UNAVAILABLE for a failed etcd call;
+// the caller's cancellation passes as it is.
+func storeError(what string, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, fmt.Sprintf("cluster store: %s: %v", what, err), nil)
+}
