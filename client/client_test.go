@@ -381,6 +381,53 @@ func TestExecSameWriterInterleaves(t *testing.T) {
 	}
 }
 
+// TestExecBigEvents checks that output events larger than gRPC's data
+// frames, which the client reads from gRPC's buffers without decoding, reach
+// the writers whole and in order, with and without an event handler (which
+// takes decoded events).
+func TestExecBigEvents(t *testing.T) {
+	env := newTestEnv(t)
+	var wantOut, wantErr []byte
+	for i, size := range bigSizes {
+		if i%2 == 0 {
+			wantOut = append(wantOut, bigData(i, size)...)
+		} else {
+			wantErr = append(wantErr, bigData(i, size)...)
+		}
+	}
+	for _, handler := range []bool{false, true} {
+		t.Run(fmt.Sprintf("handler %v", handler), func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			var outputs int
+			opts := []client.ExecOption{client.WithStdout(&out), client.WithStderr(&errOut)}
+			if handler {
+				opts = append(opts, client.WithEventHandler(func(ev *berthv1.ExecResponse) {
+					if ev.GetOutput() != nil {
+						outputs++
+					}
+				}))
+			}
+			e, err := env.c.Exec(t.Context(), "sb-1", argv("big"), opts...)
+			if err != nil {
+				t.Fatalf("Exec: %v", err)
+			}
+			if _, err := e.Wait(); err != nil {
+				t.Fatalf("Wait: %v", err)
+			}
+			if !bytes.Equal(out.Bytes(), wantOut) || !bytes.Equal(errOut.Bytes(), wantErr) {
+				t.Errorf("stdout %d bytes (equal %v), stderr %d bytes (equal %v); want %d and %d bytes",
+					out.Len(), bytes.Equal(out.Bytes(), wantOut), errOut.Len(), bytes.Equal(errOut.Bytes(), wantErr), len(wantOut), len(wantErr))
+			}
+			if got := e.LastSeq(); got != uint64(len(bigSizes)) {
+				t.Errorf("LastSeq = %d, want %d", got, len(bigSizes))
+			}
+			if handler && outputs != len(bigSizes) {
+				t.Errorf("the handler saw %d outputs, want %d", outputs, len(bigSizes))
+			}
+		})
+	}
+}
+
 func TestExecStdin(t *testing.T) {
 	env := newTestEnv(t)
 	var out, errOut bytes.Buffer
@@ -574,7 +621,7 @@ func TestExecWriterError(t *testing.T) {
 
 func TestExecProtocolViolations(t *testing.T) {
 	env := newTestEnv(t)
-	for _, name := range []string{"gap", "noexit", "badfirst"} {
+	for _, name := range []string{"gap", "noexit", "badfirst", "badstream"} {
 		t.Run(name, func(t *testing.T) {
 			e, err := env.c.Exec(t.Context(), "sb-1", argv(name))
 			var res *berthv1.ExecResult

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -283,7 +284,7 @@ func (c *Client) openExec(ctx context.Context, sandboxID string, first *berthv1.
 
 func (c *Client) openExecOnce(ctx context.Context, sandboxID string, first *berthv1.ExecRequest, sinceSeq uint64, stdin bool, cfg execConfig) (*Execution, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	stream, err := c.sandboxes.Exec(ctx)
+	stream, err := c.sandboxes.Exec(ctx, wire.CallOption())
 	if err != nil {
 		cancel()
 		return nil, convertError(err)
@@ -512,10 +513,37 @@ func (e *Execution) receive() {
 }
 
 func (e *Execution) follow() (*berthv1.ExecResult, error) {
+	// Output events are read as they are on the wire: their bytes go to
+	// the writers from gRPC's buffers, without protobuf's decode (an
+	// allocation and two copies of every byte). Other events, and outputs
+	// when an event handler wants them, are decoded.
+	var (
+		fr  wire.Frame
+		buf []byte
+	)
+	defer fr.Free()
 	for {
-		resp, err := e.stream.Recv()
+		err := e.stream.RecvMsg(&fr)
+		var resp *berthv1.ExecResponse
+		if err == nil {
+			if seq, stream, ok := fr.ExecOutput(); ok && e.cfg.onEvent == nil {
+				e.lastEvent.Store(time.Now().UnixNano())
+				if _, err := e.output(seq, stream, fr.Data(&buf)); err != nil {
+					return nil, err
+				}
+				continue
+			}
+			resp = new(berthv1.ExecResponse)
+			if err = fr.Decode(resp); err != nil {
+				err = fmt.Errorf("%w: %w", ErrProtocol, err)
+			}
+			fr.Free()
+		}
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%w: stream ended without exited", ErrProtocol)
+		}
+		if errors.Is(err, ErrProtocol) {
+			return nil, err
 		}
 		if err != nil {
 			return nil, convertError(err)
@@ -523,7 +551,7 @@ func (e *Execution) follow() (*berthv1.ExecResult, error) {
 		e.lastEvent.Store(time.Now().UnixNano())
 		switch ev := resp.GetEvent().(type) {
 		case *berthv1.ExecResponse_Output:
-			fresh, err := e.output(ev.Output)
+			fresh, err := e.output(ev.Output.GetSeq(), ev.Output.GetStream(), ev.Output.GetData())
 			if err != nil {
 				return nil, err
 			}
@@ -562,11 +590,10 @@ func (e *Execution) follow() (*berthv1.ExecResult, error) {
 	}
 }
 
-// output delivers out. It reports false for a replayed event already
-// delivered, which is skipped.
-func (e *Execution) output(out *berthv1.ExecOutput) (bool, error) {
+// output delivers the output event numbered seq of stream, data. It
+// reports false for a replayed event already delivered, which is skipped.
+func (e *Execution) output(seq uint64, stream berthv1.Stream, data []byte) (bool, error) {
 	last := e.lastSeq.Load()
-	seq := out.GetSeq()
 	if seq <= last {
 		return false, nil
 	}
@@ -574,17 +601,17 @@ func (e *Execution) output(out *berthv1.ExecOutput) (bool, error) {
 		return false, fmt.Errorf("%w: output seq %d follows %d without a dropped event", ErrProtocol, seq, last)
 	}
 	var w io.Writer
-	switch out.GetStream() {
+	switch stream {
 	case berthv1.Stream_STREAM_STDOUT:
 		w = e.cfg.stdout
 	case berthv1.Stream_STREAM_STDERR:
 		w = e.cfg.stderr
 	default:
-		return false, fmt.Errorf("%w: output seq %d on stream %v", ErrProtocol, seq, out.GetStream())
+		return false, fmt.Errorf("%w: output seq %d on stream %v", ErrProtocol, seq, stream)
 	}
 	if w != nil {
-		if _, err := w.Write(out.GetData()); err != nil {
-			return false, fmt.Errorf("write %s of exec %s: %w", streamName(out.GetStream()), e.ID(), err)
+		if _, err := w.Write(data); err != nil {
+			return false, fmt.Errorf("write %s of exec %s: %w", streamName(stream), e.ID(), err)
 		}
 	}
 	e.lastSeq.Store(seq)

@@ -307,10 +307,38 @@ func (s *fakeSandboxes) start(stream execStream, start *berthv1.ExecStart) error
 		return nil
 	case "noexit":
 		return x.out(stdout, "a")
+	case "badstream":
+		return x.out(berthv1.Stream(7), "a")
+	case "big":
+		for i, size := range bigSizes {
+			st := stdout
+			if i%2 == 1 {
+				st = stderr
+			}
+			if err := x.out(st, string(bigData(i, size))); err != nil {
+				return err
+			}
+		}
+		return stream.Send(exitedEvent(&berthv1.ExecResult{}))
 	case "cat", "sleep":
 		return interact(x, argv[0])
 	}
 	return stream.Send(exitedEvent(&berthv1.ExecResult{ExitCode: proto.Int32(127)}))
+}
+
+// bigSizes are the sizes of the "big" process's output events, stdout and
+// stderr in turn: larger than gRPC's 16 KiB data frames, so that an event
+// arrives in several buffers, and small ones between.
+var bigSizes = []int{1, 300 << 10, 70000, 5, 256<<10 + 3, 16 << 10}
+
+// bigData is the content of the "big" process's event i: no two offsets
+// of an event alike within 251 bytes, and events unlike each other.
+func bigData(i, size int) []byte {
+	b := make([]byte, size)
+	for k := range b {
+		b[k] = byte((k + i*7) % 251)
+	}
+	return b
 }
 
 var signalNumbers = map[string]int32{"INT": 2, "TERM": 15, "USR1": 10}

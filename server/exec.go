@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // agentInfoTimeout bounds a status query to an agent made while answering
@@ -117,9 +116,9 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		if err == nil {
 			// An output event goes on as it is on the wire: its field
 			// numbers are the same in both APIs (TestExecEventFields),
-			// and Embedded passes only {seq, stream, data}, nothing a
+			// and ExecOutput passes only {seq, stream, data}, nothing a
 			// hostile agent could add.
-			if seq, ok := fr.Embedded(execOutputField, outputFields, outputDataField); ok {
+			if seq, _, ok := fr.ExecOutput(); ok {
 				guard.seenOutput(seq)
 				if err := stream.SendMsg(&fr); err != nil {
 					return s.toStatus(ctx, err, meta)
@@ -153,16 +152,6 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		}
 	}
 }
-
-// Field numbers of an exec's output event: ExecResponse.output, the same
-// in berth.v1 and berth.agent.v1, and ExecOutput's seq and stream (in the
-// order proto.Marshal writes them) and data.
-var (
-	outputMsg       = (&berthv1.ExecOutput{}).ProtoReflect().Descriptor().Fields()
-	execOutputField = (&berthv1.ExecResponse{}).ProtoReflect().Descriptor().Fields().ByName("output").Number()
-	outputFields    = []protoreflect.FieldNumber{outputMsg.ByName("seq").Number(), outputMsg.ByName("stream").Number()}
-	outputDataField = outputMsg.ByName("data").Number()
-)
 
 // eventWrapper re-wraps agent events as public ones, sharing the payload.
 // Its oneof wrappers are reused from event to event: Send marshals before

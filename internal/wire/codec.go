@@ -100,7 +100,7 @@ func (f *Frame) Chunk(field protoreflect.FieldNumber) (int, bool) {
 	return f.n, true
 }
 
-// Data returns the chunk's bytes after Chunk reported one: a view of
+// Data returns the chunk's bytes after Chunk or Embedded reported one: a view of
 // gRPC's buffer when they lie in one, or else a copy in *buf (grown when
 // too small). The bytes are valid until the frame is freed, received into
 // or sent.
@@ -198,11 +198,12 @@ func (r *Receiver) Free() { r.fr.Free() }
 // are exactly, in this order, the varints numbered varints (each once)
 // and then the bytes field numbered data running to the frame's end: the
 // shape proto.Marshal gives an exec's output event {seq, stream, data}.
-// It returns the first varint's value. A frame that passes decodes to
-// those fields and nothing else, whoever sent it, so it may be relayed as
-// it is; any other message (a field missing, repeated, reordered or
-// unknown, bytes that do not parse) is not: Decode it.
-func (f *Frame) Embedded(field protoreflect.FieldNumber, varints []protoreflect.FieldNumber, data protoreflect.FieldNumber) (uint64, bool) {
+// It stores the varints' values in vals (len(varints) of them) and makes
+// the data field's bytes the frame's chunk (see Data). A frame that
+// passes decodes to those fields and nothing else, whoever sent it, so it
+// may be relayed as it is; any other message (a field missing, repeated,
+// reordered or unknown, bytes that do not parse) is not: Decode it.
+func (f *Frame) Embedded(field protoreflect.FieldNumber, varints []protoreflect.FieldNumber, data protoreflect.FieldNumber, vals []uint64) bool {
 	// The headers: two tags with lengths and a tag with a value per
 	// varint, at most 11 bytes each for field numbers below 16. Longer
 	// headers do not pass.
@@ -232,23 +233,19 @@ func (f *Frame) Embedded(field protoreflect.FieldNumber, varints []protoreflect.
 	}
 	n, ok := consume(field, protowire.BytesType)
 	if !ok || n != uint64(total-(got-len(p))) {
-		return 0, false
+		return false
 	}
-	var first uint64
 	for i, num := range varints {
-		v, ok := consume(num, protowire.VarintType)
-		if !ok {
-			return 0, false
-		}
-		if i == 0 {
-			first = v
+		if vals[i], ok = consume(num, protowire.VarintType); !ok {
+			return false
 		}
 	}
 	n, ok = consume(data, protowire.BytesType)
 	if !ok || n != uint64(total-(got-len(p))) {
-		return 0, false
+		return false
 	}
-	return first, true
+	f.off, f.n = got-len(p), int(n)
+	return true
 }
 
 // FrameOf returns a frame holding b, an encoded message, to be sent as it
