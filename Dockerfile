@@ -1,29 +1,32 @@
-# syntax=docker/dockerfile:1
-#
 # berthd, berth-agent and the berth CLI in one image, for running berthd next
-# to a node's containerd (for example as a Kubernetes DaemonSet).
+# to a node's containerd: deploy/kubernetes/berthd-daemonset.yaml runs it as
+# a Kubernetes DaemonSet (what it mounts and why is written there).
 #
-# NOTE: this file has not been built: the machine it was written on has no
-# Docker engine and no registry access. It is written to be correct; build it
-# with BuildKit (docker build . / docker buildx build .).
+# Build:   docker build --build-arg VERSION=$(git describe --tags --always) -t berth .
+# or, without a Docker engine, with Debian's buildah: scripts/container-image.sh
+# (make container-image), which is how this file was verified: it builds,
+# and berthd run from the image against a containerd outside it runs a
+# command in a sandbox. Not verified: EGRESS sandboxes (no CNI plugins or
+# nft in this image) and running under Docker or Kubernetes (README
+# "Deployment").
 #
 # berthd does not run containerd: it dials the host's containerd socket,
 # mounted in. containerd (on the host) bind-mounts the agent binary and each
 # sandbox's socket directory into sandboxes BY HOST PATH, so those paths must
-# be the same on the host and in this container. The entrypoint therefore
-# copies the agent into the shared state directory, which must be a bind
-# mount of the same host path:
+# be the same on the host and in this container: the entrypoint copies the
+# agent into the state directory, which must be a bind mount of the same
+# host path:
 #
-#   docker run -d --name berthd \
+#   docker run -d --name berthd --pid host \
 #     -v /run/containerd/containerd.sock:/run/containerd/containerd.sock \
 #     -v /run/berth:/run/berth \
 #     berth
 #
-# and clients use unix:///run/berth/berthd.sock on the host. To publish a
+# Clients use unix:///run/berth/berthd.sock on the host. To publish a
 # port, berthd needs TLS (it refuses plaintext TCP): mount the certificate,
 # key, client CA and token file and pass --listen=:7443 --tls-cert ...
 # --tls-key ... [--tls-client-ca ...] [--token-file ...] (README "Security
-# model"). Extra arguments go to berthd.
+# model"). Extra arguments go to berthd (e.g. --metrics-listen=:9464).
 #
 # Disk quotas (README "Disk quotas") need containerd's btrfs snapshotter on a
 # btrfs with quotas (scripts/btrfs-quota.sh on the host), and berthd must
@@ -36,17 +39,18 @@
 ARG GO_VERSION=1.26
 
 FROM golang:${GO_VERSION} AS build
+ARG VERSION=dev
 WORKDIR /src
 COPY go.mod go.sum ./
-RUN --mount=type=cache,target=/go/pkg/mod \
-    go mod download
+RUN go mod download
 COPY . .
 # CGO_ENABLED=0 for all three: berth-agent runs as PID 1 in images that may
 # have no libc, and static berthd/berth do not depend on the builder's glibc
-# being no newer than the runtime image's.
-RUN --mount=type=cache,target=/go/pkg/mod \
-    --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/berthd ./cmd/berth ./cmd/berth-agent
+# being no newer than the runtime image's. -buildvcs=false: the build
+# context has no .git (VERSION names the version instead).
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
+      -ldflags "-X github.com/berth-sandbox/berth/internal/version.Version=${VERSION}" \
+      -o /out/ ./cmd/berthd ./cmd/berth ./cmd/berth-agent
 
 FROM debian:bookworm-slim
 # ca-certificates: image pulls are fetched by berthd itself (the containerd
@@ -56,20 +60,6 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/berthd /out/berth /usr/local/bin/
 COPY --from=build /out/berth-agent /usr/local/lib/berth/berth-agent
-COPY --chmod=0755 <<'EOF' /usr/local/bin/berthd-entrypoint
-#!/bin/sh
-# Put the agent where the host's containerd can find it (same path on host
-# and here, see the Dockerfile), then run berthd with any extra arguments.
-set -eu
-state=${BERTH_STATE_DIR:-/run/berth}
-mkdir -p "$state/bin"
-install -m 0755 /usr/local/lib/berth/berth-agent "$state/bin/berth-agent"
-exec /usr/local/bin/berthd \
-  --containerd-address "${CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}" \
-  --state-dir "$state" \
-  --agent-binary "$state/bin/berth-agent" \
-  --listen "${BERTH_LISTEN:-unix://$state/berthd.sock}" \
-  "$@"
-EOF
+COPY deploy/berthd-entrypoint.sh /usr/local/bin/berthd-entrypoint
 VOLUME ["/run/berth"]
 ENTRYPOINT ["/usr/local/bin/berthd-entrypoint"]

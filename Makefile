@@ -5,7 +5,9 @@
 #   make image            install dependencies, build build/base.oci.tar
 #   make demo             scripts/demo.sh: a command in a real sandbox
 #   make test             scripts/test.sh: everything CI runs
-#   make generate         regenerate proto/ with buf
+#   make generate         regenerate proto/ and clients/ with buf
+#   make clients          build the TypeScript client (clients/typescript/dist)
+#   make container-image  build the Dockerfile with buildah (slow; not in test)
 #   make lint             buf lint, gofmt, go vet
 #   make check-generated  fail when proto/ differs from what buf generates
 #   make breaking         buf breaking against proto/BREAKING_BASELINE
@@ -14,12 +16,16 @@
 #   make soak             100 000 execs in one sandbox: flat latency, memory, descriptors
 
 GO      ?= go
+# VERSION is what berthd, berth-agent and berth report (--version, the
+# agent's Info, version skew); the same for all three.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/berth-sandbox/berth/internal/version.Version=$(VERSION)
 BUF     := $(GO) tool -modfile=tools.go.mod buf
 BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test generate lint breaking check-generated bench gobench soak clean
+.PHONY: all build image demo test test-debian generate clients lint breaking check-generated bench gobench soak clean container-image
 
 all: build
 
@@ -27,8 +33,8 @@ all: build
 # must be static: CGO_ENABLED=0.
 build:
 	@mkdir -p bin
-	$(GO) build -o bin/ ./cmd/berthd ./cmd/berth
-	CGO_ENABLED=0 $(GO) build -o bin/berth-agent ./cmd/berth-agent
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/berthd ./cmd/berth
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/berth-agent ./cmd/berth-agent
 
 image:
 	scripts/deps.sh
@@ -46,8 +52,18 @@ test-debian:
 	BERTH_E2E=1 BERTH_DEBIAN_ROOT=$$(scripts/debian-image.sh) GO_TEST_PKGS=./integration/ \
 		GO_TEST_FLAGS='-tags debian -run TestDebianImage -v' scripts/test.sh
 
+# generate also makes the Python and TypeScript clients (buf.gen.clients.yaml),
+# whose tools scripts/deps.sh installs.
 generate:
 	$(BUF) generate
+	$(BUF) generate --template buf.gen.clients.yaml
+
+# tsc only when the TypeScript sources changed (about a minute on 2 busy cores).
+clients: clients/typescript/dist/index.js
+
+clients/typescript/dist/index.js: $(shell find clients/typescript/src -name '*.ts') clients/typescript/tsconfig.json clients/typescript/package-lock.json
+	cd clients/typescript && npm run --silent build
+	@touch $@
 
 lint:
 	$(BUF) lint
@@ -69,8 +85,14 @@ check-generated:
 	if ! diff -r -q -x '*.proto' -x BREAKING_BASELINE "$$tmp/proto" proto; then \
 		echo "check-generated: the generated code in proto/ is stale: run 'make generate' and commit the result."; \
 		exit 1; \
+	fi; \
+	$(BUF) generate --template buf.gen.clients.yaml -o "$$tmp" || exit 1; \
+	if ! diff -r -q -x berth_client.py -x __pycache__ "$$tmp/clients/python" clients/python || \
+		! diff -r -q "$$tmp/clients/typescript/src/gen" clients/typescript/src/gen; then \
+		echo "check-generated: the generated clients are stale: run 'make generate' and commit the result."; \
+		exit 1; \
 	fi
-	@echo "check-generated: proto/ is up to date"
+	@echo "check-generated: proto/ and clients/ are up to date"
 
 # The side-by-side benchmark (BENCHMARKS.md records its output); it installs
 # what it needs and builds the image itself.
@@ -90,3 +112,6 @@ gobench: image
 
 clean:
 	rm -rf bin build
+
+container-image:
+	scripts/container-image.sh

@@ -32,13 +32,21 @@ import (
 	"github.com/berth-sandbox/berth/agent/ring"
 	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/version"
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
-// Version is the agent's release version, reported by Info and --version.
-// Release builds set it with -ldflags "-X github.com/berth-sandbox/berth/agent.Version=v0.1.0".
+// Version is the agent's release version, reported by Info and --version:
+// internal/version's (set at build time, see there), unless set with
+// -ldflags "-X github.com/berth-sandbox/berth/agent.Version=v0.1.0".
 var Version = "dev"
+
+func init() {
+	if Version == "dev" {
+		Version = version.Get()
+	}
+}
 
 // Config configures a Server. A zero field takes the default named in its
 // comment; DefaultConfig returns all defaults.
@@ -51,6 +59,14 @@ type Config struct {
 	// strings; a start's env is applied on top. Default: the agent's own
 	// environment (os.Environ at New), which is the container's.
 	Env []string
+	// Spans, when set, are the agent's finished trace spans, handed to
+	// berthd on the Telemetry stream (package internal/telemetry); nil:
+	// the stream ends at once.
+	Spans SpanSource
+	// ServerOptions are added to the agent's gRPC server (tracing's stats
+	// handler).
+	ServerOptions []grpc.ServerOption
+
 	// LoginEnv gives every process the workload user's login environment
 	// on top of Env: HOME, USER, LOGNAME and SHELL from the image's
 	// /etc/passwd, and PATH when Env has none (see loginEnv). berthd sets
@@ -208,8 +224,11 @@ type Server struct {
 	oom      *oomCounter
 	ooms     oomLedger // which exec took which OOM kill
 	oomScore string
-	// launcher starts the processes of execs (package launcher).
-	launcher *launcher.Launcher
+	// launcher starts the processes of execs that run as the workload
+	// user (package launcher); userLaunchers those of other users, by
+	// uid and gid (launcherFor). userLaunchers is guarded by starting.
+	launcher      *launcher.Launcher
+	userLaunchers map[[2]uint32]*launcher.Launcher
 	// output is the budget of the output all execs retain
 	// (Config.RetainedBytes).
 	output *ring.Pool
@@ -273,7 +292,8 @@ func New(cfg Config) (*Server, error) {
 		s.cfg.RetainedBytes = defaultRetainedBytes(memoryLimit(s.oom.path))
 	}
 	s.output = ring.NewPool(s.cfg.RetainedBytes)
-	s.launcher = launcher.New(launcher.Config{Credential: s.credential(), Nofile: cfg.WorkloadNofile, Stderr: os.Stderr})
+	s.launcher = launcher.New(launcher.Config{Credential: credential(cfg.UID, cfg.GID), Nofile: cfg.WorkloadNofile, Stderr: os.Stderr})
+	s.userLaunchers = make(map[[2]uint32]*launcher.Launcher)
 	return s, nil
 }
 
@@ -331,7 +351,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	s.serving = true
 	s.mu.Unlock()
 	defer s.devNull.Close()
-	defer s.launcher.Close()
+	defer s.closeLaunchers()
 
 	if os.Getpid() != 1 {
 		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
@@ -349,7 +369,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	go func() { defer bg.Done(); s.janitor(bgCtx) }()
 
 	// berthd may ping idle connections to detect a dead sandbox early.
-	gs := grpc.NewServer(append(wire.ServerOptions(), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
+	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
 	agentv1.RegisterAgentServiceServer(gs, s)
 	agentv1.RegisterFileServiceServer(gs, s.fileService())
 	served := make(chan error, 1)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -11,6 +12,9 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/textsafe"
 )
 
 // defaultPath is the PATH a process gets when the image and the sandbox
@@ -30,7 +34,7 @@ const maxPasswdBytes = 4 << 20
 // unless base sets them; PATH the usual default unless base sets it.
 // /etc/passwd is read at every start, so a user added in the sandbox
 // counts at once.
-func (s *Server) loginEnv(base []string) []string {
+func (s *Server) loginEnv(base []string, uid uint32) []string {
 	env := make([]string, 0, len(base)+5)
 	has := make(map[string]bool, len(base))
 	for _, kv := range base {
@@ -47,7 +51,7 @@ func (s *Server) loginEnv(base []string) []string {
 			has[k] = true
 		}
 	}
-	u, err := lookupUID(passwdFile, s.cfg.UID)
+	u, err := lookupUID(passwdFile, uid)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		s.log.Warn("cannot read the workload user's entry", "file", passwdFile, "err", err)
 	}
@@ -66,12 +70,25 @@ func (s *Server) loginEnv(base []string) []string {
 // passwdEntry is the part of a passwd(5) line a login environment needs.
 type passwdEntry struct {
 	name, home, shell string
+	uid, gid          uint32
 }
 
 // lookupUID returns the first entry of the passwd(5) file at path whose
 // uid is uid, or nil. A missing home is "/", a missing shell /bin/sh
 // (login(1)).
 func lookupUID(path string, uid uint32) (*passwdEntry, error) {
+	want := strconv.FormatUint(uint64(uid), 10)
+	return lookupPasswd(path, func(fields [][]byte) bool { return string(fields[2]) == want })
+}
+
+// lookupName is lookupUID for the entry named name.
+func lookupName(path, name string) (*passwdEntry, error) {
+	return lookupPasswd(path, func(fields [][]byte) bool { return string(fields[0]) == name })
+}
+
+// lookupPasswd returns the first entry of the passwd(5) file at path that
+// match accepts, or nil.
+func lookupPasswd(path string, match func(fields [][]byte) bool) (*passwdEntry, error) {
 	// O_NOFOLLOW: the file is the sandbox's, and the agent is root.
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
@@ -81,7 +98,6 @@ func lookupUID(path string, uid uint32) (*passwdEntry, error) {
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		return nil, errors.New(path + " is not a regular file")
 	}
-	want := strconv.FormatUint(uint64(uid), 10)
 	sc := bufio.NewScanner(io.LimitReader(f, maxPasswdBytes))
 	sc.Buffer(make([]byte, 0, 4096), 64<<10)
 	for sc.Scan() {
@@ -90,10 +106,15 @@ func lookupUID(path string, uid uint32) (*passwdEntry, error) {
 			continue
 		}
 		fields := bytes.Split(line, []byte(":"))
-		if len(fields) < 7 || string(fields[2]) != want {
+		if len(fields) < 7 || !match(fields) {
 			continue
 		}
-		e := &passwdEntry{name: string(fields[0]), home: string(fields[5]), shell: string(fields[6])}
+		uid, err1 := strconv.ParseUint(string(fields[2]), 10, 32)
+		gid, err2 := strconv.ParseUint(string(fields[3]), 10, 32)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		e := &passwdEntry{name: string(fields[0]), home: string(fields[5]), shell: string(fields[6]), uid: uint32(uid), gid: uint32(gid)}
 		if e.home == "" {
 			e.home = "/"
 		}
@@ -155,4 +176,50 @@ func nameHost(log *slog.Logger, hostsFile, host string) {
 	if _, err := f.WriteString(add); err != nil {
 		log.Warn("cannot add the hostname to "+hostsFile, "err", err)
 	}
+}
+
+// resolveUser resolves process.user: "uid" or "uid:gid" (numbers; the gid
+// defaults to the uid's group in the passwd(5) file at path, else to the
+// uid), or "name" or "name:gid" with name from that file. 4294967295 is
+// (uid_t)-1, which setuid(2) cannot take.
+func resolveUser(path, v string) (uid, gid uint32, err error) {
+	bad := func(why string) error {
+		return rpcstatus.InvalidArgument("process.user", fmt.Sprintf("%s: %s", textsafe.Quote(v), why))
+	}
+	name, group, hasGroup := strings.Cut(v, ":")
+	num := func(s string) (uint32, bool) {
+		n, err := strconv.ParseUint(s, 10, 32)
+		return uint32(n), err == nil && n != 1<<32-1
+	}
+	if hasGroup {
+		g, ok := num(group)
+		if !ok {
+			return 0, 0, bad("the group must be a number from 0 to 4294967294")
+		}
+		gid = g
+	}
+	if n, ok := num(name); ok {
+		uid = n
+		if !hasGroup {
+			gid = n
+			if e, _ := lookupUID(path, n); e != nil {
+				gid = e.gid
+			}
+		}
+		return uid, gid, nil
+	}
+	if name == "" || strings.ContainsAny(name, "\x00/") {
+		return 0, 0, bad(`want "uid", "uid:gid" or a user name of the sandbox's /etc/passwd`)
+	}
+	e, err := lookupName(path, name)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, 0, bad("cannot read the sandbox's /etc/passwd: " + err.Error())
+	}
+	if e == nil {
+		return 0, 0, bad("no such user in the sandbox's /etc/passwd")
+	}
+	if !hasGroup {
+		gid = e.gid
+	}
+	return e.uid, gid, nil
 }

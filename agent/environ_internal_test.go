@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -15,9 +16,9 @@ func TestLookupUID(t *testing.T) {
 		uid  uint32
 		want *passwdEntry
 	}{
-		{0, &passwdEntry{"root", "/root", "/bin/bash"}},
-		{1000, &passwdEntry{"dev", "/home/dev", "/bin/zsh"}},
-		{1001, &passwdEntry{"bare", "/", "/bin/sh"}},
+		{0, &passwdEntry{"root", "/root", "/bin/bash", 0, 0}},
+		{1000, &passwdEntry{"dev", "/home/dev", "/bin/zsh", 1000, 1000}},
+		{1001, &passwdEntry{"bare", "/", "/bin/sh", 1001, 1001}},
 		{4242, nil},
 	} {
 		got, err := lookupUID(passwd, tt.uid)
@@ -63,7 +64,7 @@ func TestNameHost(t *testing.T) {
 
 func TestLoginEnv(t *testing.T) {
 	s := &Server{cfg: Config{UID: 0}, log: slog.New(slog.DiscardHandler)}
-	got := s.loginEnv([]string{"HOME=/from-runc", "LANG=C.UTF-8", "USER=custom"})
+	got := s.loginEnv([]string{"HOME=/from-runc", "LANG=C.UTF-8", "USER=custom"}, 0)
 	// The host's /etc/passwd has root.
 	for _, want := range []string{"HOME=/root", "USER=custom", "LOGNAME=root", "LANG=C.UTF-8", "PATH=" + defaultPath} {
 		if !slices.Contains(got, want) {
@@ -71,11 +72,46 @@ func TestLoginEnv(t *testing.T) {
 		}
 	}
 	s.cfg.KeepHome = true
-	if got := s.loginEnv([]string{"HOME=/mine", "PATH=/bin"}); !slices.Contains(got, "HOME=/mine") || !slices.Contains(got, "PATH=/bin") || slices.Contains(got, "PATH="+defaultPath) {
+	if got := s.loginEnv([]string{"HOME=/mine", "PATH=/bin"}, 0); !slices.Contains(got, "HOME=/mine") || !slices.Contains(got, "PATH=/bin") || slices.Contains(got, "PATH="+defaultPath) {
 		t.Errorf("loginEnv with KeepHome = %q, want HOME and PATH kept", got)
 	}
-	s.cfg.UID, s.cfg.KeepHome = 4_000_000, false
-	if got := s.loginEnv(nil); !slices.Contains(got, "HOME=/") || slices.ContainsFunc(got, func(kv string) bool { return kv[:5] == "USER=" }) {
+	s.cfg.KeepHome = false
+	if got := s.loginEnv(nil, 4_000_000); !slices.Contains(got, "HOME=/") || slices.ContainsFunc(got, func(kv string) bool { return kv[:5] == "USER=" }) {
 		t.Errorf("loginEnv of a user without an entry = %q, want HOME=/ and no USER", got)
+	}
+}
+
+// TestResolveUser: process.user ("berth exec -u") by number or by name in
+// the sandbox's /etc/passwd, with the group defaulting to the user's.
+func TestResolveUser(t *testing.T) {
+	passwd := filepath.Join(t.TempDir(), "passwd")
+	os.WriteFile(passwd, []byte("root:x:0:0:root:/root:/bin/bash\ndev:x:1000:100:Dev:/home/dev:/bin/sh\n"), 0o644)
+	for _, tt := range []struct {
+		in       string
+		uid, gid uint32
+		wantErr  string
+	}{
+		{in: "0", uid: 0, gid: 0},
+		{in: "1000", uid: 1000, gid: 100},
+		{in: "1000:7", uid: 1000, gid: 7},
+		{in: "4242", uid: 4242, gid: 4242},
+		{in: "dev", uid: 1000, gid: 100},
+		{in: "dev:0", uid: 1000, gid: 0},
+		{in: "root", uid: 0, gid: 0},
+		{in: "nobody", wantErr: "no such user"},
+		{in: "dev:staff", wantErr: "the group must be a number"},
+		{in: "4294967295", wantErr: "no such user"},
+		{in: ":5", wantErr: "want"},
+	} {
+		uid, gid, err := resolveUser(passwd, tt.in)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), "process.user") {
+				t.Errorf("resolveUser(%q) = %d, %d, %v; want an error naming process.user: %s", tt.in, uid, gid, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || uid != tt.uid || gid != tt.gid {
+			t.Errorf("resolveUser(%q) = %d, %d, %v; want %d, %d", tt.in, uid, gid, err, tt.uid, tt.gid)
+		}
 	}
 }

@@ -136,8 +136,10 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 	e.oomBefore, e.oomKnown = s.oom.count()
 	start := time.Now()
 	// The launcher forks the process as the agent's child, born with the
-	// workload's OOM score and descriptor limit (package launcher).
-	pid, exited, err := s.sup.start(func() (int, error) { return s.launcher.Start(req) })
+	// workload's OOM score and descriptor limit and as p's user (package
+	// launcher).
+	l := s.launcherFor(p.uid, p.gid)
+	pid, exited, err := s.sup.start(func() (int, error) { return l.Start(req) })
 	var execErr *launcher.ExecError
 	switch {
 	case errors.As(err, &execErr):
@@ -223,12 +225,54 @@ func lookPath(file, path string) (string, error) {
 	return "", err
 }
 
-// credential returns the workload user for a child, or nil when the agent
+// maxUserLaunchers bounds the launchers kept for users other than the
+// workload user (process.user): each is a process counted against the
+// sandbox's pids limit.
+const maxUserLaunchers = 4
+
+// launcherFor returns the launcher whose processes run as uid:gid: the
+// workload user's, or one started for another user at its first exec
+// (process.user), since a launcher holds no capability to change its
+// user. Past maxUserLaunchers one of the others is stopped first;
+// processes it started live on (they are the agent's children). The
+// caller holds s.starting, so no other launcher is in use meanwhile.
+func (s *Server) launcherFor(uid, gid uint32) *launcher.Launcher {
+	if uid == s.cfg.UID && gid == s.cfg.GID {
+		return s.launcher
+	}
+	key := [2]uint32{uid, gid}
+	if l := s.userLaunchers[key]; l != nil {
+		return l
+	}
+	if len(s.userLaunchers) >= maxUserLaunchers {
+		for k, l := range s.userLaunchers {
+			l.Close()
+			delete(s.userLaunchers, k)
+			break
+		}
+	}
+	l := launcher.New(launcher.Config{Credential: credential(uid, gid), Nofile: s.cfg.WorkloadNofile, Stderr: os.Stderr})
+	s.userLaunchers[key] = l
+	return l
+}
+
+// closeLaunchers stops every launcher.
+func (s *Server) closeLaunchers() {
+	s.starting.Lock()
+	defer s.starting.Unlock()
+	s.launcher.Close()
+	for k, l := range s.userLaunchers {
+		l.Close()
+		delete(s.userLaunchers, k)
+	}
+}
+
+// credential returns the user uid:gid for a child, or nil when the agent
 // runs as that user already (setting it would call setgroups(2), which
 // needs CAP_SETGID).
-func (s *Server) credential() *syscall.Credential {
-	if s.cfg.UID == uint32(os.Getuid()) && s.cfg.GID == uint32(os.Getgid()) {
+func credential(uid, gid uint32) *syscall.Credential {
+	if uid == uint32(os.Getuid()) && gid == uint32(os.Getgid()) {
 		return nil
 	}
-	return &syscall.Credential{Uid: s.cfg.UID, Gid: s.cfg.GID, Groups: []uint32{}}
+	return &syscall.Credential{Uid: uid, Gid: gid, Groups: []uint32{}}
 }

@@ -156,25 +156,54 @@ func oomVerdict(ws unix.WaitStatus, before, after uint64, known, agentKilled boo
 // another was OOM-killed was reported OOM-killed too. The kills are
 // numbered by the count after them: an exec that started at count before
 // and ended killed at count after takes the lowest kill in (before, after]
-// no exec has taken. Execs are settled in the order they are reaped, which
-// is the order they died in: the victim, reaped first, takes its kill, and
-// a later kill -9 finds none left. (A shell whose child was the victim
-// exits 137 after the child; an exec killed in between takes the kill
-// first.)
+// no exec has taken. Execs are settled as their supervisors finish (after
+// draining output), not strictly in the order they died, so a kill an exec
+// did not take stays free for another: an exec that started after kill 1
+// and died of kill 2 takes 2 even when settled first, and leaves 1 to the
+// exec that died of it. A kill -9 that ended an exec after every kill was
+// taken finds none. (A shell whose child was the victim exits 137 after
+// the child; an exec killed in between takes the kill first.)
 type oomLedger struct {
 	mu    sync.Mutex
-	taken uint64 // kills up to this count are taken
+	floor uint64              // kills up to this count count as taken (forgotten)
+	taken map[uint64]struct{} // kills above floor that an exec took
 }
+
+// maxOOMLedger bounds the kills the ledger remembers; past it the oldest
+// are forgotten, as taken (an exec that ran through that many OOM kills may
+// not find its own).
+const maxOOMLedger = 4096
 
 // claim takes a kill in (before, after] for an exec and reports whether
 // there was one.
 func (l *oomLedger) claim(before, after uint64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	next := max(l.taken, before) + 1
-	if next > after {
-		return false
+	// At most len(l.taken) numbers are skipped: the loop is bounded.
+	for n := max(before, l.floor) + 1; n <= after; n++ {
+		if _, ok := l.taken[n]; ok {
+			continue
+		}
+		if l.taken == nil {
+			l.taken = make(map[uint64]struct{})
+		}
+		l.taken[n] = struct{}{}
+		if len(l.taken) > maxOOMLedger {
+			l.forgetOldest()
+		}
+		return true
 	}
-	l.taken = next
-	return true
+	return false
+}
+
+// forgetOldest drops the lowest kill taken and raises floor to it.
+func (l *oomLedger) forgetOldest() {
+	oldest := uint64(0)
+	for n := range l.taken {
+		if oldest == 0 || n < oldest {
+			oldest = n
+		}
+	}
+	delete(l.taken, oldest)
+	l.floor = max(l.floor, oldest)
 }

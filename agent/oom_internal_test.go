@@ -101,6 +101,37 @@ func TestOOMLedger(t *testing.T) {
 	if l.claim(3, 3) || l.claim(4, 4) {
 		t.Error("an exec that started after every kill took one")
 	}
+	// Settled out of order: F started after kill 4 and died of kill 5, G
+	// died of kill 4; F's supervisor finishes first. Each takes its own.
+	if !l.claim(4, 5) {
+		t.Error("F, settled first: no kill to take")
+	}
+	if !l.claim(3, 5) {
+		t.Error("G, settled after F: kill 4 was left to nobody")
+	}
+	if l.claim(3, 5) {
+		t.Error("a third exec took a kill with both taken")
+	}
+}
+
+// TestOOMLedgerForgets: the ledger keeps at most maxOOMLedger kills; the
+// oldest count as taken once forgotten, and the newest stay free.
+func TestOOMLedgerForgets(t *testing.T) {
+	var l oomLedger
+	for n := uint64(0); n < maxOOMLedger+10; n++ {
+		if !l.claim(n, n+1) {
+			t.Fatalf("claim(%d, %d) = false, want kill %d", n, n+1, n+1)
+		}
+	}
+	if len(l.taken) != maxOOMLedger || l.floor != 10 {
+		t.Errorf("ledger keeps %d kills above floor %d, want %d above 10", len(l.taken), l.floor, maxOOMLedger)
+	}
+	if l.claim(0, 10) {
+		t.Error("a forgotten kill was taken again")
+	}
+	if !l.claim(0, maxOOMLedger+11) {
+		t.Error("kill maxOOMLedger+11, never taken, was refused")
+	}
 }
 
 func TestSummarizeArgv(t *testing.T) {

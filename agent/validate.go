@@ -38,6 +38,9 @@ type plan struct {
 	// ttyCols cells.
 	tty              bool
 	ttyRows, ttyCols uint16
+	// uid and gid are the user the process runs as (process.user, else
+	// the workload user).
+	uid, gid uint32
 }
 
 // maxExecIDLen is the longest exec id, as in berth.v1.ExecStart.exec_id.
@@ -103,9 +106,16 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec, detached berthv1.DetachedO
 		}
 	}
 
+	p.uid, p.gid = s.cfg.UID, s.cfg.GID
+	if u := spec.GetUser(); u != "" {
+		var err error
+		if p.uid, p.gid, err = resolveUser(passwdFile, u); err != nil {
+			return nil, err
+		}
+	}
 	base := s.cfg.Env
 	if s.cfg.LoginEnv {
-		base = s.loginEnv(base)
+		base = s.loginEnv(base, p.uid)
 	}
 	env, err := mergeEnv(base, spec.GetEnv())
 	if err != nil {

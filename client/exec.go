@@ -53,10 +53,20 @@ type ExecOption func(*execConfig)
 type execConfig struct {
 	execID   string
 	detached berthv1.DetachedOutput
+	hangup   bool
 	tty      *berthv1.TtySize
 	stdout   io.Writer
 	stderr   io.Writer
 	onEvent  func(*berthv1.ExecResponse)
+}
+
+// WithHangupOnDisconnect makes berthd send SIGHUP to the exec's process
+// group when the stream breaks while the exec runs (this process dies, its
+// connection drops), as a terminal hangup does for ssh
+// (ExecStart.hangup_on_disconnect). Exec only; the default leaves the exec
+// running, to be attached again.
+func WithHangupOnDisconnect() ExecOption {
+	return func(c *execConfig) { c.hangup = true }
 }
 
 func newExecConfig(opts []ExecOption) execConfig {
@@ -161,10 +171,11 @@ type Execution struct {
 func (c *Client) Exec(ctx context.Context, sandboxID string, spec *berthv1.ProcessSpec, opts ...ExecOption) (*Execution, error) {
 	cfg := newExecConfig(opts)
 	first := &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
-		SandboxId:      sandboxID,
-		ExecId:         cfg.execID,
-		Process:        cfg.spec(spec),
-		DetachedOutput: cfg.detached,
+		SandboxId:          sandboxID,
+		ExecId:             cfg.execID,
+		Process:            cfg.spec(spec),
+		DetachedOutput:     cfg.detached,
+		HangupOnDisconnect: cfg.hangup,
 	}}}
 	return c.openExec(ctx, sandboxID, first, 0, spec.GetStdin(), cfg)
 }

@@ -165,6 +165,14 @@ func BenchmarkSideBySide(b *testing.B) {
 			}
 			return sample{d: time.Since(start)}
 		})
+		// Under gVisor each start also runs a new launcher (its kernel
+		// ignores CLONE_PARENT; see agent/launcher).
+		gvisor := benchSandboxOf(b, &berthv1.CreateSandboxRequest{Image: env.image, Runtime: "gvisor"}).GetId()
+		measure(b, "roundtrip/berth-Exec-gvisor", 0, func(b *testing.B) sample {
+			start := time.Now()
+			berthExec(b, c, gvisor, spec, io.Discard)
+			return sample{d: time.Since(start)}
+		})
 	})
 
 	b.Run("fleet", func(b *testing.B) {

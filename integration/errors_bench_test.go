@@ -66,7 +66,14 @@ func BenchmarkTaskState(b *testing.B) {
 
 func benchSandbox(b *testing.B) *berthv1.Sandbox {
 	b.Helper()
-	resp, err := env.sandboxes.CreateSandbox(context.Background(), &berthv1.CreateSandboxRequest{Image: env.image})
+	return benchSandboxOf(b, &berthv1.CreateSandboxRequest{Image: env.image})
+}
+
+// benchSandboxOf creates the sandbox req asks for and deletes it when the
+// benchmark ends.
+func benchSandboxOf(b *testing.B, req *berthv1.CreateSandboxRequest) *berthv1.Sandbox {
+	b.Helper()
+	resp, err := env.sandboxes.CreateSandbox(context.Background(), req)
 	if err != nil {
 		b.Fatal(err)
 	}

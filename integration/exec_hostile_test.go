@@ -68,7 +68,9 @@ func TestCanceledStartKeepsItsPlace(t *testing.T) {
 func TestCanceledStartWhileLaunching(t *testing.T) {
 	need(t)
 	var logs agentbin.Buffer
-	capped := sandboxClient(t, serveServiceLog(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}, env.rt, slog.New(slog.NewTextHandler(&logs, nil))))
+	// A canceled call is the caller's doing: its line is at DEBUG.
+	debug := &slog.HandlerOptions{Level: slog.LevelDebug}
+	capped := sandboxClient(t, serveServiceLog(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}, env.rt, slog.New(slog.NewTextHandler(&logs, debug))))
 	id := newSandbox(t, nil).GetId()
 	run(t, id, "true") // the agent starts its launcher with the first exec
 	agent := agentPID(t, id)

@@ -5,6 +5,9 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
@@ -299,4 +303,82 @@ func TestDetachedOutput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStalledReaderHoldsWriter starts a command that writes 1 GiB on an
+// Exec stream and then reads nothing more: with its caller attached, the
+// command's writes wait, as on a FIFO, once what lies between them (the
+// agent's 8 MiB ring, the HTTP/2 windows of berthd's two streams, socket
+// and pipe buffers) is full — it never runs ahead into memory of the agent
+// or of berthd. The writer must come to rest, blocked in write(2) on its
+// pipe, having written at most maxInFlight.
+func TestStalledReaderHoldsWriter(t *testing.T) {
+	need(t)
+	const (
+		size        = 1 << 30
+		maxInFlight = 64 << 20
+	)
+	id := newSandbox(t, nil).GetId()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := env.sandboxes.Exec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := []string{"head", "-c", fmt.Sprint(size), "/dev/zero"}
+	if err := stream.Send(startReq(id, "", &berthv1.ProcessSpec{Argv: argv})); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetStarted() != nil {
+			break // the last read
+		}
+	}
+	agent := agentPID(t, id)
+	var writer int
+	if !poll(10*time.Second, func() bool { writer = agentbin.ChildPID(agent, strings.Join(argv, "\x00")+"\x00"); return writer != 0 }) {
+		t.Fatalf("no %q among the children of agent %d", argv, agent)
+	}
+	// At rest: blocked writing its pipe, and no byte more over three looks.
+	var last []uint64
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		wchan, err1 := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", writer))
+		written, err2 := procWritten(writer)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("the writer is gone (%v, %v): it wrote its %d bytes with nobody reading", err1, err2, size)
+		}
+		if written > maxInFlight {
+			t.Fatalf("the writer wrote %d bytes with nobody reading, want at most %d in flight", written, maxInFlight)
+		}
+		if !bytes.HasSuffix(wchan, []byte("pipe_write")) {
+			last = last[:0]
+		} else if last = append(last, written); len(last) == 3 && last[0] == last[2] {
+			t.Logf("the writer rests after %d bytes, blocked in %s", written, wchan)
+			return
+		} else if len(last) == 3 {
+			last = last[1:]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the writer did not come to rest within a minute: %d bytes written, in %s", written, wchan)
+		}
+	}
+}
+
+// procWritten returns the bytes host process pid has written (wchar of
+// /proc/<pid>/io).
+func procWritten(pid int) (uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "wchar: "); ok {
+			return strconv.ParseUint(v, 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/io: no wchar", pid)
 }

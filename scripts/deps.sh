@@ -12,6 +12,8 @@
 #     apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
+#   - the clients' tools (see the end): protoc, grpc_python_plugin,
+#     python3-grpcio, node, npm and clients/typescript's npm packages.
 #   - bash-static: the .deb is fetched with `apt-get download` and unpacked
 #     with `dpkg-deb -x` into $BERTH_CACHE/bash-static (not installed), for
 #     the offline base image (scripts/base-image.sh).
@@ -136,4 +138,33 @@ if [[ -x $gobin/grpcurl ]]; then
 else
 	log "go install grpcurl@$GRPCURL_VERSION (a few minutes on a cold cache)"
 	GOFLAGS=-buildvcs=false go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+fi
+
+# The Python and Node clients (clients/, examples/, buf.gen.clients.yaml):
+# protoc with its Python generator and grpc_python_plugin, grpcio and
+# protobuf for Debian's system python3 (/usr/bin/python3: PyPI is not
+# reachable here, so a python of its own would have neither; Debian's
+# python3-grpc-tools is NOT used, its libprotoc 3.5 rejects `optional`),
+# Node with npm, and the npm packages of clients/typescript (ts-proto,
+# TypeScript, @grpc/grpc-js, google-proto-files for google/rpc/*.proto).
+client_pkgs=()
+command -v protoc >/dev/null || client_pkgs+=(protobuf-compiler)
+command -v grpc_python_plugin >/dev/null || client_pkgs+=(protobuf-compiler-grpc)
+/usr/bin/python3 -c 'import grpc, google.protobuf' 2>/dev/null || client_pkgs+=(python3 python3-grpcio python3-protobuf)
+command -v node >/dev/null || client_pkgs+=(nodejs)
+command -v npm >/dev/null || client_pkgs+=(npm)
+if [[ ${#client_pkgs[@]} -gt 0 ]]; then
+	apt_update
+	log "apt-get install ${client_pkgs[*]}"
+	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${client_pkgs[@]}" >/dev/null
+else
+	log "protoc, grpc_python_plugin, python3-grpcio, node, npm: present"
+fi
+TS=$REPO/clients/typescript
+# node_modules/.berth-lock is the package-lock.json it was installed from.
+if cmp -s "$TS/package-lock.json" "$TS/node_modules/.berth-lock" 2>/dev/null; then
+	log "clients/typescript: node_modules current"
+else
+	log "npm ci in clients/typescript"
+	(cd "$TS" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && cp package-lock.json node_modules/.berth-lock)
 fi

@@ -38,6 +38,9 @@ step "buf lint" go tool -modfile=tools.go.mod buf lint
 # deliberate, reviewed act.
 step "buf breaking" go tool -modfile=tools.go.mod buf breaking --against ".git#ref=$(cat proto/BREAKING_BASELINE)"
 
+# The TypeScript client the Node example runs (integration/polyglot_test.go).
+step "clients (tsc)" make --no-print-directory clients
+
 export BERTH_TEST_IMAGE=$REPO/build/base.oci.tar
 if [[ -n ${BERTH_E2E:-} ]]; then
 	export BERTH_E2E

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/metrics"
 )
 
 // capacity admits new sandboxes and execs within the configured limits, and
@@ -26,6 +27,7 @@ type capacity struct {
 	maxExecs           int
 	memoryBudget       uint64
 	retryDelay         time.Duration
+	obs                Observer
 	// usage lists the sandboxes that exist with their memory caps.
 	usage func(context.Context) (map[string]uint64, error)
 
@@ -40,12 +42,16 @@ type capacity struct {
 }
 
 func newCapacity(cfg Config, usage func(context.Context) (map[string]uint64, error)) *capacity {
+	if cfg.Observer == nil {
+		cfg.Observer = noObserver{}
+	}
 	return &capacity{
 		maxSandboxes:       cfg.MaxSandboxes,
 		maxExecsPerSandbox: cfg.MaxExecsPerSandbox,
 		maxExecs:           cfg.MaxExecs,
 		memoryBudget:       cfg.MemoryBudgetBytes,
 		retryDelay:         cfg.BusyRetryDelay,
+		obs:                cfg.Observer,
 		usage:              usage,
 		pending:            make(map[string]uint64),
 		execs:              make(map[string]int),
@@ -154,10 +160,39 @@ func addSaturating(a, b uint64) uint64 {
 }
 
 // execSlot is one admitted exec's place; release it once the exec ended.
+// It also reports the exec's start and end to the observer, once each,
+// whoever sees them: the caller's stream or the follower that holds the
+// slot after the caller left.
 type execSlot struct {
 	c         *capacity
 	sandboxID string
 	once      sync.Once
+
+	mu      sync.Mutex
+	started bool
+	ended   bool
+}
+
+// start reports that the exec started.
+func (sl *execSlot) start() {
+	sl.mu.Lock()
+	first := !sl.started
+	sl.started = true
+	sl.mu.Unlock()
+	if first {
+		sl.c.obs.ExecStarted()
+	}
+}
+
+// end reports that the started exec ended with outcome (metrics.Outcome*).
+func (sl *execSlot) end(outcome string) {
+	sl.mu.Lock()
+	report := sl.started && !sl.ended
+	sl.ended = true
+	sl.mu.Unlock()
+	if report {
+		sl.c.obs.ExecEnded(outcome)
+	}
 }
 
 // admitExec admits a new exec in the sandbox or refuses it with a
@@ -183,6 +218,7 @@ func (sl *execSlot) release() {
 	if sl == nil {
 		return
 	}
+	sl.end(metrics.OutcomeLost) // no-op once end reported the real outcome
 	sl.once.Do(func() {
 		c := sl.c
 		c.mu.Lock()

@@ -21,6 +21,9 @@ import (
 	"github.com/berth-sandbox/berth/server/fleet"
 	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -71,12 +74,23 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 		return nil, err
 	}
 	meta := map[string]string{"sandbox_id": spec.ID}
+	// "berth.dev/base" means "berth.dev/base:latest", as for docker. An
+	// image not stored keeps its name: an existing sandbox of the same
+	// spec is still returned, a new one fails with IMAGE_NOT_FOUND.
+	switch name, err := s.rt.ResolveImage(ctx, spec.Image); {
+	case err == nil:
+		spec.Image = name
+	case !errors.Is(err, runtime.ErrImageNotFound):
+		return nil, s.toStatus(ctx, err, meta)
+	}
 	if req.GetSandboxId() == "" && req.GetRequestId() == "" && s.poolable(spec) {
+		began := time.Now()
 		if resp, ok := s.fromPool(ctx, spec); ok {
+			s.obs.SandboxCreated(true, time.Since(began))
 			return resp, nil
 		}
 	}
-	c, err := s.joinCreation(spec, p)
+	c, err := s.joinCreation(trace.SpanContextFromContext(ctx), spec, p)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, meta)
 	}
@@ -448,8 +462,9 @@ func boundedDuration(field string, d *durationpb.Duration, def, max time.Duratio
 // joinCreation returns the creation in progress for spec.ID when its spec
 // is the same, or starts one for caller p. A creation in progress with
 // another spec is a conflict, and one for an owner p may not see is
-// takenError.
-func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*creation, error) {
+// takenError. A new creation is traced as a child of parent, the first
+// caller's span.
+func (s *Service) joinCreation(parent trace.SpanContext, spec runtime.SandboxSpec, p auth.Principal) (*creation, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if c, ok := s.creating[spec.ID]; ok {
@@ -465,8 +480,9 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*cre
 		return nil, fmt.Errorf("%w: berthd is shutting down", errAgentUnreachable)
 	}
 	// It runs under the Service's background context, bounded by the
-	// agent-ready timeout plus a minute for containerd.
-	ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.AgentReadyTimeout+time.Minute)
+	// agent-ready timeout plus a minute for containerd, and outlives its
+	// callers: its span is a child of the first caller's.
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(s.bgCtx, parent), s.cfg.AgentReadyTimeout+time.Minute)
 	c := &creation{spec: spec, cancel: cancel, done: make(chan struct{})}
 	s.creating[spec.ID] = c
 	s.bg.Add(1)
@@ -489,8 +505,17 @@ func (s *Service) joinCreation(spec runtime.SandboxSpec, p auth.Principal) (*cre
 
 // createOrGet returns the existing sandbox of spec.ID when its spec is the
 // same and caller p may see it, or creates it, under the sandbox's
-// lifecycle lock.
-func (s *Service) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p auth.Principal) (*berthv1.CreateSandboxResponse, error) {
+// lifecycle lock. Its span (sandbox.create) is a child of ctx's.
+func (s *Service) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p auth.Principal) (resp *berthv1.CreateSandboxResponse, err error) {
+	ctx, span := tracer.Start(ctx, "sandbox.create",
+		trace.WithAttributes(attribute.String("berth.sandbox.id", spec.ID), attribute.String("berth.image", spec.Image)))
+	defer func() {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(otelcodes.Error, "create failed")
+		}
+		span.End()
+	}()
 	unlock, err := s.lifecycle.Lock(ctx, spec.ID)
 	if err != nil {
 		return nil, fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", spec.ID, err)
@@ -543,11 +568,13 @@ func (s *Service) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p a
 
 // create makes a new sandbox of spec and starts tracking it.
 func (s *Service) create(ctx context.Context, spec runtime.SandboxSpec) (*berthv1.CreateSandboxResponse, error) {
+	began := time.Now()
 	sb, info, err := s.start(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
 	s.track(sb)
+	s.obs.SandboxCreated(false, time.Since(began))
 	s.log.Info("sandbox created", slog.String("sandbox_id", spec.ID), slog.String("image", spec.Image),
 		slog.String("agent_boot_id", info.GetBootId()), slog.String("user", fmt.Sprintf("%d:%d", spec.UID, spec.GID)),
 		slog.Any("env_keys", sb.EnvKeys), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/runout"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -49,6 +52,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		execID     string
 		opening    *agentv1.ExecRequest
 		background bool
+		hangup     bool // SIGHUP to the exec when the caller goes away
 	)
 	switch ev := first.GetEvent().(type) {
 	case *berthv1.ExecRequest_Start:
@@ -64,6 +68,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			return err
 		}
 		background = ev.Start.GetBackground()
+		hangup = ev.Start.GetHangupOnDisconnect() && !background
 		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess(),
 			Background: background, DetachedOutput: ev.Start.GetDetachedOutput()}}}
 	case *berthv1.ExecRequest_Attach:
@@ -80,6 +85,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
 		return err
 	}
+	annotate(ctx, sandboxID, execID)
 	_, isStart := first.GetEvent().(*berthv1.ExecRequest_Start)
 	guard, err := s.guardExec(ctx, sandboxID, execID, isStart)
 	if err != nil {
@@ -111,6 +117,14 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	defer fr.Free()
 	msg := &agentv1.ExecResponse{}
 	started := false
+	// sendFailed ends the handler when sending to the caller failed: the
+	// caller went away, maybe while output flowed.
+	sendFailed := func(err error) error {
+		if hangup && started && ctx.Err() != nil {
+			s.hangUp(ctx, guard, execID)
+		}
+		return s.toStatus(ctx, err, meta)
+	}
 	for {
 		err := upstream.RecvMsg(&fr)
 		if err == nil {
@@ -118,10 +132,10 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			// numbers are the same in both APIs (TestExecEventFields),
 			// and ExecOutput passes only {seq, stream, data}, nothing a
 			// hostile agent could add.
-			if seq, _, ok := fr.ExecOutput(); ok {
-				guard.seenOutput(seq)
+			if seq, outStream, ok := fr.ExecOutput(); ok {
+				guard.seenOutput(seq, outStream, fr.DataLen())
 				if err := stream.SendMsg(&fr); err != nil {
-					return s.toStatus(ctx, err, meta)
+					return sendFailed(err)
 				}
 				continue
 			}
@@ -137,6 +151,9 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 				// The agent ends a background start after started.
 				return nil
 			}
+			if hangup && started && ctx.Err() != nil {
+				s.hangUp(ctx, guard, execID)
+			}
 			return s.toStatus(ctx, publicExecFields(guard.failed(ctx, err), isStart), meta)
 		}
 		guard.seen(msg)
@@ -145,11 +162,23 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		}
 		started = started || msg.GetStarted() != nil
 		if err := stream.Send(&resp.ExecResponse); err != nil {
-			return s.toStatus(ctx, err, meta)
+			return sendFailed(err)
 		}
-		if msg.GetExited() != nil {
+		if ex := msg.GetExited(); ex != nil {
+			trace.SpanFromContext(ctx).SetAttributes(attribute.Int("berth.exec.exit_code", int(ex.GetResult().GetExitCode())))
 			return nil
 		}
+	}
+}
+
+// hangUp sends SIGHUP to the process group of execID, whose caller went
+// away (ctx ended) before it exited: its hangup_on_disconnect asked for
+// what a terminal hangup does. At best effort, within the connect budget.
+func (s *Service) hangUp(ctx context.Context, guard *execGuard, execID string) {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ConnectBudget)
+	defer cancel()
+	if _, err := guard.agent.SignalExec(hctx, &agentv1.SignalExecRequest{ExecId: execID, Signal: "HUP"}); err != nil {
+		s.log.WarnContext(ctx, "hang up exec whose caller went away", slog.String("sandbox_id", guard.sandboxID), slog.String("exec_id", execID), slog.Any("error", err))
 	}
 }
 
@@ -295,6 +324,7 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		return nil, err
 	}
 	meta := map[string]string{"sandbox_id": sandboxID, "exec_id": execID}
+	annotate(ctx, sandboxID, execID)
 	if req.GetProcess() == nil {
 		return nil, rpcstatus.InvalidArgument("process", "is missing")
 	}

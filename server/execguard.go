@@ -12,6 +12,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/metrics"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -180,12 +181,14 @@ func (g *execGuard) opened() {
 	})
 }
 
-// seenOutput notes an output event numbered seq, relayed undecoded.
-func (g *execGuard) seenOutput(seq uint64) {
+// seenOutput notes an output event numbered seq of stream with n bytes of
+// data, relayed undecoded to the handler's caller.
+func (g *execGuard) seenOutput(seq uint64, stream berthv1.Stream, n int) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.answer()
 	g.lastSeq = max(g.lastSeq, seq)
+	g.s.obs.OutputSent(streamName(stream), n)
 }
 
 // answer notes that the agent answered. The caller holds g.mu.
@@ -213,13 +216,21 @@ func (g *execGuard) seen(msg *agentv1.ExecResponse) {
 				// record a refused concurrent start of the same id retracted.
 				g.s.recordRunning(g.sandboxID, g.execID, g.runtime.BootID)
 			}
+			if g.slot != nil {
+				g.slot.start()
+			}
 		}
 	case *agentv1.ExecResponse_Output:
 		g.lastSeq = max(g.lastSeq, ev.Output.GetSeq())
+		g.s.obs.OutputSent(streamName(ev.Output.GetStream()), len(ev.Output.GetData()))
 	case *agentv1.ExecResponse_Dropped:
 		g.lastSeq = max(g.lastSeq, ev.Dropped.GetLastSeq())
+		g.s.obs.OutputDropped(ev.Dropped.GetLostBytes())
 	case *agentv1.ExecResponse_Exited:
 		g.exited = true
+		if g.slot != nil {
+			g.slot.end(outcome(ev.Exited.GetResult()))
+		}
 	}
 }
 
@@ -347,6 +358,9 @@ func (g *execGuard) replaced(ctx context.Context, ev runtime.TaskEvent, decision
 		cause = berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_DELETED
 	}
 	e := g.replacedError(cause)
+	if g.slot != nil {
+		g.slot.end(metrics.OutcomeRuntimeReplaced)
+	}
 	e.exitStatus = ev.ExitStatus
 	e.exitedAt = ev.At
 	// 137 is 128+SIGKILL, what the OOM killer sends.
@@ -422,11 +436,16 @@ func (s *Service) followDetached(sandboxID, execID string, rt identity, since ui
 		defer func() { cancel(); <-watcherDone }()
 		backoff := 100 * time.Millisecond
 		for {
-			err := followToExit(ctx, agent, execID, &since)
-			if err == nil || ctx.Err() != nil || rpcstatus.Reason(err) != "" || status.Code(err) == codes.NotFound {
+			res, err := followToExit(ctx, agent, execID, &since)
+			if err == nil {
+				slot.end(outcome(res))
 				return
 			}
-			if s.ids.current(sandboxID).BootID != rt.BootID {
+			if _, _, gone := s.events.result(w); gone || s.ids.current(sandboxID).BootID != rt.BootID {
+				slot.end(metrics.OutcomeRuntimeReplaced)
+				return
+			}
+			if ctx.Err() != nil || rpcstatus.Reason(err) != "" || status.Code(err) == codes.NotFound {
 				return
 			}
 			select {
@@ -440,32 +459,32 @@ func (s *Service) followDetached(sandboxID, execID string, rt identity, since ui
 }
 
 // followToExit attaches to execID after *since and reads until ExecExited,
-// advancing *since.
-func followToExit(ctx context.Context, agent agentv1.AgentServiceClient, execID string, since *uint64) error {
+// advancing *since, and returns the exec's result.
+func followToExit(ctx context.Context, agent agentv1.AgentServiceClient, execID string, since *uint64) (*berthv1.ExecResult, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := agent.Exec(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// exit_only: the agent sends no output and the follower never holds
 	// the process back (agents before it send output, which is skipped).
 	attach := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: execID, SinceSeq: *since, ExitOnly: true}}}
 	if err := stream.Send(attach); err != nil && !errors.Is(err, io.EOF) {
-		return err
+		return nil, err
 	}
 	// Closing the send side does not close the process's stdin: the agent
 	// keeps following.
 	if err := stream.CloseSend(); err != nil {
-		return err
+		return nil, err
 	}
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return errors.New("agent ended the stream without a result")
+			return nil, errors.New("agent ended the stream without a result")
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		switch ev := msg.GetEvent().(type) {
 		case *agentv1.ExecResponse_Output:
@@ -473,7 +492,7 @@ func followToExit(ctx context.Context, agent agentv1.AgentServiceClient, execID 
 		case *agentv1.ExecResponse_Dropped:
 			*since = max(*since, ev.Dropped.GetLastSeq())
 		case *agentv1.ExecResponse_Exited:
-			return nil
+			return ev.Exited.GetResult(), nil
 		}
 	}
 }

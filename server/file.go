@@ -41,6 +41,7 @@ func (f *fileServer) filesFor(ctx context.Context, sandboxID string) (agentv1.Fi
 	if err := validateSandboxID("sandbox_id", sandboxID); err != nil {
 		return nil, err
 	}
+	annotate(ctx, sandboxID, "")
 	if _, _, err := f.s.reach(ctx, sandboxID, ""); err != nil {
 		return nil, f.s.toStatus(ctx, err, map[string]string{"sandbox_id": sandboxID})
 	}
@@ -91,7 +92,7 @@ func (f *fileServer) ReadFile(req *berthv1.ReadFileRequest, stream berthv1.FileS
 	if err != nil {
 		return f.fail(ctx, req.GetSandboxId(), err)
 	}
-	err = relayDown(up, stream, readChunk, func(fr *wire.Frame) (proto.Message, error) {
+	err = relayDown(up, stream, readChunk, f.moved("out"), func(fr *wire.Frame) (proto.Message, error) {
 		var msg agentv1.ReadFileResponse
 		if err := fr.Decode(&msg); err != nil {
 			return nil, err
@@ -126,7 +127,8 @@ var (
 // send, or nil to send none. The agent's messages are untrusted input: a
 // frame is relayed undecoded only when it is exactly one bytes field, the
 // chunk, of the length the frame holds.
-func relayDown(up grpc.ClientStream, down grpc.ServerStream, chunk protoreflect.FieldNumber, convert func(*wire.Frame) (proto.Message, error)) error {
+// moved counts the bytes of each chunk relayed (metrics).
+func relayDown(up grpc.ClientStream, down grpc.ServerStream, chunk protoreflect.FieldNumber, moved func(int), convert func(*wire.Frame) (proto.Message, error)) error {
 	var fr wire.Frame
 	defer fr.Free()
 	for {
@@ -136,7 +138,8 @@ func relayDown(up grpc.ClientStream, down grpc.ServerStream, chunk protoreflect.
 			}
 			return err
 		}
-		if _, ok := fr.Chunk(chunk); ok {
+		if n, ok := fr.Chunk(chunk); ok {
+			moved(n)
 			if err := down.SendMsg(&fr); err != nil {
 				return err
 			}
@@ -167,7 +170,8 @@ type clientStream[Req any] interface {
 // io.EOF-free errors: the caller's (its stream broke, it sent a second
 // header or a malformed message) or errAgentEnded when the agent ended the
 // stream first (its status then says why).
-func relayUp(in grpc.ServerStream, up grpc.ClientStream, chunk protoreflect.FieldNumber, chunkOf func(*wire.Frame) ([]byte, bool, error)) error {
+// moved counts the bytes of each chunk relayed (metrics).
+func relayUp(in grpc.ServerStream, up grpc.ClientStream, chunk protoreflect.FieldNumber, moved func(int), chunkOf func(*wire.Frame) ([]byte, bool, error)) error {
 	var fr wire.Frame
 	defer fr.Free()
 	for {
@@ -177,7 +181,8 @@ func relayUp(in grpc.ServerStream, up grpc.ClientStream, chunk protoreflect.Fiel
 			}
 			return err
 		}
-		if _, ok := fr.Chunk(chunk); !ok {
+		n, ok := fr.Chunk(chunk)
+		if !ok {
 			data, ok, err := chunkOf(&fr)
 			if err != nil {
 				return rpcstatus.InvalidArgument("chunk", "is not a valid message: "+err.Error())
@@ -189,7 +194,9 @@ func relayUp(in grpc.ServerStream, up grpc.ClientStream, chunk protoreflect.Fiel
 				continue
 			}
 			fr.Fill(chunk, len(data), func(p []byte) (int, error) { return copy(p, data), nil })
+			n = len(data)
 		}
+		moved(n)
 		if err := up.SendMsg(&fr); err != nil {
 			if errors.Is(err, io.EOF) {
 				return errAgentEnded
@@ -230,6 +237,12 @@ func recvHeader[Req any, H fileHeader](f *fileServer, ctx context.Context, in cl
 	return h, path, files, err
 }
 
+// moved returns the counter of file content bytes moving in direction
+// ("in" to the sandbox, "out" of it) for relayUp and relayDown.
+func (f *fileServer) moved(direction string) func(int) {
+	return func(n int) { f.s.obs.FileBytes(direction, n) }
+}
+
 // errAgentEnded means the agent ended a client stream early.
 var errAgentEnded = errors.New("the agent ended the stream")
 
@@ -251,7 +264,7 @@ func (f *fileServer) WriteFile(stream berthv1.FileService_WriteFileServer) error
 	header := &agentv1.WriteFileHeader{Path: path, Mode: h.Mode, Uid: h.Uid, Gid: h.Gid, CreateParents: h.GetCreateParents(), WriteMode: h.GetWriteMode(), SizeBytes: h.SizeBytes, WantSha256: h.GetWantSha256()}
 	err = up.Send(&agentv1.WriteFileRequest{Part: &agentv1.WriteFileRequest_Header{Header: header}})
 	if err == nil {
-		err = relayUp(stream, up, writeChunk, func(fr *wire.Frame) ([]byte, bool, error) {
+		err = relayUp(stream, up, writeChunk, f.moved("in"), func(fr *wire.Frame) ([]byte, bool, error) {
 			var m berthv1.WriteFileRequest
 			err := fr.Decode(&m)
 			return m.GetChunk(), m.GetHeader() == nil, err
@@ -385,7 +398,7 @@ func (f *fileServer) Upload(stream berthv1.FileService_UploadServer) error {
 	}
 	err = up.Send(&agentv1.UploadRequest{Part: &agentv1.UploadRequest_Header{Header: &agentv1.UploadHeader{Path: path, Compression: h.GetCompression(), KeepOwners: h.GetKeepOwners()}}})
 	if err == nil {
-		err = relayUp(stream, up, uploadChunk, func(fr *wire.Frame) ([]byte, bool, error) {
+		err = relayUp(stream, up, uploadChunk, f.moved("in"), func(fr *wire.Frame) ([]byte, bool, error) {
 			var m berthv1.UploadRequest
 			err := fr.Decode(&m)
 			return m.GetChunk(), m.GetHeader() == nil, err
@@ -420,7 +433,7 @@ func (f *fileServer) Download(req *berthv1.DownloadRequest, stream berthv1.FileS
 	if err != nil {
 		return f.fail(ctx, req.GetSandboxId(), err)
 	}
-	err = relayDown(up, stream, downloadChunk, func(fr *wire.Frame) (proto.Message, error) {
+	err = relayDown(up, stream, downloadChunk, f.moved("out"), func(fr *wire.Frame) (proto.Message, error) {
 		var msg agentv1.DownloadResponse
 		if err := fr.Decode(&msg); err != nil {
 			return nil, err

@@ -31,6 +31,15 @@ type grpcConfig struct {
 	auth   *auth.Authenticator
 	router *cluster.Router
 	nodes  berthv1.NodeServiceServer
+	extra  []grpc.ServerOption
+}
+
+// WithServerOptions adds gRPC server options before berthd's own, so that
+// their interceptors run outside berthd's (metrics see every call, panics
+// and refused credentials included); a stats handler among them
+// (OpenTelemetry) sees every call too.
+func WithServerOptions(opts ...grpc.ServerOption) GRPCOption {
+	return func(c *grpcConfig) { c.extra = append(c.extra, opts...) }
 }
 
 // WithCluster makes the server one entry point of a fleet: router sends
@@ -57,6 +66,14 @@ func WithAuthenticator(a *auth.Authenticator) GRPCOption {
 // never a crash). Every request but health checks is authenticated (see
 // package auth); handlers see the caller's auth.Principal and no incoming
 // metadata.
+//
+// Every call is logged when it ends, with its code and its duration in
+// seconds (grpc.duration_seconds): at DEBUG when it succeeded or the
+// caller's request was at fault, at INFO for the runtime conditions
+// (RESOURCE_EXHAUSTED, UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED) and refused
+// credentials (UNAUTHENTICATED, PERMISSION_DENIED), at ERROR for
+// berthd's own failures (INTERNAL, UNKNOWN, DATA_LOSS), so that a busy
+// server's INFO log holds lifecycle events and failures, not traffic.
 func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Server {
 	return newGRPCServer(svc, log, opts)
 }
@@ -86,7 +103,13 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
 		log.Log(ctx, slog.Level(lvl), msg, fields...)
 	})
-	logOpts := []logging.Option{logging.WithLogOnEvents(logging.FinishCall)}
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(rpcLogLevel),
+		logging.WithDurationField(func(d time.Duration) logging.Fields {
+			return logging.Fields{"grpc.duration_seconds", d.Seconds()}
+		}),
+	}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		incident := newID("", 10)
 		log.ErrorContext(ctx, "handler panic", slog.String("incident", incident), slog.Any("panic", p))
@@ -110,7 +133,7 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	if svc != nil {
 		stream = append(stream, svc.activityStream())
 	}
-	srv := grpc.NewServer(append(wire.ServerOptions(),
+	srv := grpc.NewServer(append(append(cfg.extra, wire.ServerOptions()...),
 		grpc.Creds(cfg.auth.TransportCredentials()),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
@@ -143,6 +166,20 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
 	return srv
+}
+
+// rpcLogLevel is the level of a finished call's log line by its code: see
+// NewGRPCServer.
+func rpcLogLevel(code codes.Code) logging.Level {
+	switch code {
+	case codes.ResourceExhausted, codes.Unavailable, codes.Aborted, codes.DeadlineExceeded, codes.Unauthenticated, codes.PermissionDenied:
+		return logging.LevelInfo
+	case codes.Internal, codes.Unknown, codes.DataLoss:
+		return logging.LevelError
+	case codes.Unimplemented:
+		return logging.LevelWarn
+	}
+	return logging.LevelDebug
 }
 
 // logPrincipalUnary and logPrincipalStream add the caller's principal to

@@ -83,5 +83,5 @@ func (s *Service) ListImages(ctx context.Context, _ *berthv1.ListImagesRequest) 
 }
 
 func imageProto(img runtime.Image) *berthv1.Image {
-	return &berthv1.Image{Name: img.Name, Digest: img.Digest, SizeBytes: img.SizeBytes, CreatedAt: timestamppb.New(img.CreatedAt)}
+	return &berthv1.Image{Name: img.Name, Digest: img.Digest, SizeBytes: img.SizeBytes, ContentSizeBytes: img.ContentSizeBytes, CreatedAt: timestamppb.New(img.CreatedAt)}
 }

@@ -202,11 +202,11 @@ func (s *Service) newAgentWatch(sandboxID string, pid uint32) *agentWatch {
 // that forks the agent's workload processes (agent/launcher.Comm).
 const launcherComm = "berth-launcher"
 
-// agentCPU is procCPU of the agent plus its launcher's: an agent starting
-// processes waits for its launcher, which does the work meanwhile.
+// agentCPU is procCPU of the agent plus its launchers': an agent starting
+// processes waits for a launcher, which does the work meanwhile.
 func agentCPU(pid uint32) (time.Duration, error) {
 	cpu, err := procCPU(pid)
-	if l := agentLauncher(pid); l != 0 {
+	for _, l := range agentLaunchers(pid) {
 		if lcpu, lerr := procCPU(l); lerr == nil {
 			cpu += lcpu
 		}
@@ -214,25 +214,32 @@ func agentCPU(pid uint32) (time.Duration, error) {
 	return cpu, err
 }
 
-// launcherForking reports whether the launcher pid is running, waiting for
-// a CPU, or waiting for the child it just forked to exec (vfork(2): state D),
-// from /proc/<pid>/stat (proc(5)).
-func launcherForking(pid uint32) bool {
-	fields, err := procStat(pid)
-	return err == nil && (fields[3] == "R" || fields[3] == "D")
+// launcherForking reports whether one of the launcher pids is running,
+// waiting for a CPU, or waiting for the child it just forked to exec
+// (vfork(2): state D), from /proc/<pid>/stat (proc(5)).
+func launcherForking(pids []uint32) bool {
+	for _, pid := range pids {
+		fields, err := procStat(pid)
+		if err == nil && (fields[3] == "R" || fields[3] == "D") {
+			return true
+		}
+	}
+	return false
 }
 
-// agentLauncher returns the host pid of the agent's launcher: the child of
-// one of its threads (/proc/<pid>/task/<tid>/children, proc(5)) named
-// launcherComm; 0 when there is none.
-func agentLauncher(pid uint32) uint32 {
+// agentLaunchers returns the host pids of the agent's launchers (one for
+// the workload user, one per other user that ran an exec, see
+// agent.launcherFor): the children of its threads
+// (/proc/<pid>/task/<tid>/children, proc(5)) named launcherComm.
+func agentLaunchers(pid uint32) []uint32 {
 	if pid == 0 {
-		return 0
+		return nil
 	}
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
-		return 0
+		return nil
 	}
+	var pids []uint32
 	for _, task := range tasks {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
 		if err != nil {
@@ -241,12 +248,13 @@ func agentLauncher(pid uint32) uint32 {
 		for _, child := range strings.Fields(string(b)) {
 			comm, err := os.ReadFile("/proc/" + child + "/comm")
 			if err == nil && strings.TrimSpace(string(comm)) == launcherComm {
-				n, _ := strconv.ParseUint(child, 10, 32)
-				return uint32(n)
+				if n, err := strconv.ParseUint(child, 10, 32); err == nil {
+					pids = append(pids, uint32(n))
+				}
 			}
 		}
 	}
-	return 0
+	return pids
 }
 
 // busy is called when a wait ran out its budget: it reports whether the
@@ -258,7 +266,7 @@ func (w *agentWatch) busy() bool {
 	}
 	cpu, err := agentCPU(w.pid)
 	frames := w.received()
-	worked := (err == nil && cpu != w.cpu) || frames > w.frames || procRunnable(w.pid) || launcherForking(agentLauncher(w.pid))
+	worked := (err == nil && cpu != w.cpu) || frames > w.frames || procRunnable(w.pid) || launcherForking(agentLaunchers(w.pid))
 	w.cpu, w.frames = cpu, frames
 	w.worked = w.worked || worked
 	if time.Since(w.began) >= w.limit {

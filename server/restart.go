@@ -200,6 +200,7 @@ func (r *restarter) restart(ctx context.Context, ev runtime.TaskEvent, old ident
 		r.s.log.Error("restart sandbox task", slog.String("sandbox_id", id), slog.Any("error", err))
 		return
 	}
+	r.s.obs.AgentRestarted()
 	r.s.log.Info("sandbox task restarted",
 		slog.String("sandbox_id", id),
 		slog.Uint64("exit_status", uint64(ev.ExitStatus)),

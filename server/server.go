@@ -27,6 +27,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/telemetry"
+	"github.com/berth-sandbox/berth/internal/version"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/fleet"
@@ -35,11 +37,19 @@ import (
 	"github.com/berth-sandbox/berth/server/runout"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
 )
 
-// Version is berthd's release version, set at build time with
-// -ldflags "-X github.com/berth-sandbox/berth/server.Version=v0.1.0".
+// Version is berthd's release version: internal/version's (set at build
+// time, see there), unless set with -ldflags "-X
+// github.com/berth-sandbox/berth/server.Version=v0.1.0".
 var Version = "dev"
+
+func init() {
+	if Version == "dev" {
+		Version = version.Get()
+	}
+}
 
 // Config configures the handlers. Zero fields take the defaults given.
 type Config struct {
@@ -175,6 +185,13 @@ type Config struct {
 	// registry in PullImage; an unreachable registry fails after it.
 	// Default 10 s.
 	PullResolveTimeout time.Duration
+	// Observer receives counts and latencies for metrics (see
+	// server/metrics). Nil: nothing is counted.
+	Observer Observer
+	// Tracer, when set, traces berthd's calls to agents (their traceparent
+	// sent along) and relays the agents' spans to it; runtime.Config's
+	// TraceAgents must be set too, so that agents trace. Nil: no tracing.
+	Tracer *telemetry.Tracer
 
 	// RunStdoutBytes and RunStderrBytes are the output caps of a Run that
 	// sets none, in bytes. Defaults 2 MiB and 1 MiB: a response then fits
@@ -278,6 +295,9 @@ func (c *Config) setDefaults() {
 	}
 	c.MaxIdleTimeout = max(c.MaxIdleTimeout, c.DefaultIdleTimeout)
 	c.MaxLifetime = max(c.MaxLifetime, c.DefaultMaxLifetime)
+	if c.Observer == nil {
+		c.Observer = noObserver{}
+	}
 	if c.MaxAgentLogBytes <= 0 {
 		c.MaxAgentLogBytes = 4 << 20
 	}
@@ -323,6 +343,7 @@ type Service struct {
 	rt     *runtime.Runtime
 	agents *agentconn.Pool
 	log    *slog.Logger
+	obs    Observer
 
 	// Runtime conditions (errors.go): task events, runtime identities,
 	// task restarts and capacity.
@@ -368,9 +389,14 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	if verifier == nil {
 		verifier = rt.AgentVerifier()
 	}
-	s := &Service{cfg: cfg, rt: rt, agents: agentconn.NewPool(verifier), log: log,
+	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer,
 		creating: make(map[string]*creation), warned: make(map[string]bool),
 		runBuffers: runout.NewBudget(cfg.RunBufferBytes)}
+	var poolOpts []agentconn.Option
+	if cfg.Tracer != nil {
+		poolOpts = append(poolOpts, agentconn.WithDialOptions(grpc.WithStatsHandler(telemetry.ClientHandler())), agentconn.WithOnConnect(s.relaySpans))
+	}
+	s.agents = agentconn.NewPool(verifier, poolOpts...)
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.reaper = fleet.NewReaper(cfg.Reaper, prober{s}, stopper{s}, log)
 	s.pool = fleet.NewPool(fleet.PoolConfig{Sizes: cfg.WarmPool}, maker{s}, log)

@@ -4,11 +4,12 @@
 // The launcher is the agent binary run again (/proc/self/exe) with argv[0]
 // set to Arg0; this package's init turns such a process into a launcher
 // before anything else in the binary starts. It runs as the workload user,
-// with the highest OOM score (oom_score_adj 1000) and the workload's soft
-// RLIMIT_NOFILE, and forks every process the agent asks for. A child
-// inherits both at fork, so it is born with them; the agent's own score
-// stays at the lowest it may set at all times, and the agent keeps its
-// descriptor limit raised to the hard one. The children are forked with
+// with the workload's soft RLIMIT_NOFILE, and forks every process the agent
+// asks for, raising its OOM score to the highest (oom_score_adj 1000) for
+// the fork and lowering it back to the agent's after. A child inherits both
+// at fork, so it is born with them; the agent's own score stays at the
+// lowest it may set at all times, the launcher's too but while it forks,
+// and the agent keeps its descriptor limit raised to the hard one. The children are forked with
 // CLONE_PARENT: their parent is the agent, which reaps them with wait4(2)
 // as before. And because a child is forked from the launcher's small
 // address space rather than the agent's, its ru_maxrss (which Linux
@@ -52,9 +53,9 @@ const Arg0 = "berth-agent-launcher"
 // tells a busy agent from a hung one.
 const Comm = "berth-launcher"
 
-// OOMScoreAdj is the oom_score_adj (proc(5)) of the launcher and so of every
-// process it starts: the highest, so that the kernel's OOM killer picks a
-// workload process before the agent whenever it can.
+// OOMScoreAdj is the oom_score_adj (proc(5)) of every process the launcher
+// starts: the highest, so that the kernel's OOM killer picks a workload
+// process before the agent, and before the launcher, whenever it can.
 const OOMScoreAdj = 1000
 
 // Config configures a Launcher.

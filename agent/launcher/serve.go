@@ -25,15 +25,16 @@ func init() {
 // socketFD is the launcher's end of the socket pair.
 const socketFD = 3
 
-// serve is the launcher: it sets its OOM score and descriptor limit, which
-// its children inherit, then starts one process per request until the
-// agent closes the socket. It returns the exit code.
+// serve is the launcher: it sets its descriptor limit, which its children
+// inherit, then starts one process per request until the agent closes the
+// socket. It returns the exit code.
 func serve(nofile string) int {
 	// The processes started must not inherit the socket.
 	syscall.CloseOnExec(socketFD)
 	setComm(Comm)
-	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(OOMScoreAdj)), 0); err != nil {
-		fmt.Fprintf(os.Stderr, "berth-agent launcher: processes keep the agent's OOM score: %v\n", err)
+	score, err := newOOMScore()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berth-agent launcher: %v\n", err)
 	}
 	if n, err := strconv.ParseUint(nofile, 10, 64); err == nil && n > 0 {
 		var lim syscall.Rlimit
@@ -55,7 +56,7 @@ func serve(nofile string) int {
 			fmt.Fprintf(os.Stderr, "berth-agent launcher: %v\n", err)
 			return 1
 		}
-		pid, errno, stage := spawn(req, fds)
+		pid, errno, stage := spawn(req, fds, score)
 		for _, fd := range fds {
 			syscall.Close(fd)
 		}
@@ -176,14 +177,63 @@ func decode(b []byte) (*Request, error) {
 	return req, nil
 }
 
-// spawn forks req's process as a child of the launcher's parent. A file
-// the kernel cannot execute is run by /bin/sh, as execvp(3) does. It
-// returns the pid, or the errno and whether it struck before or in the
-// child.
-func spawn(req *Request, fds []int) (int, syscall.Errno, byte) {
+// oomScore is the launcher's oom_score_adj (proc(5)): the agent's, which
+// it inherited, except around a fork, when it is OOMScoreAdj so that the
+// child is born with it (the score is copied at fork). The launcher itself
+// — a Go process of a few MiB, more than a program that has just started —
+// is then never the OOM killer's pick when memory runs out as processes
+// start (it was, at 1000: starts failed with "launcher: EOF").
+type oomScore struct {
+	own string // the agent's score; empty when it cannot be raised
+}
+
+// newOOMScore reads the launcher's score and checks that it can be raised
+// to OOMScoreAdj and lowered back (a process may lower its own score down
+// to the oom_score_adj_min it inherited without CAP_SYS_RESOURCE).
+func newOOMScore() (oomScore, error) {
+	b, err := os.ReadFile(oomScorePath)
+	if err == nil {
+		err = setOOMScore(strconv.Itoa(OOMScoreAdj))
+	}
+	if err != nil {
+		return oomScore{}, fmt.Errorf("processes keep the agent's OOM score: %w", err)
+	}
+	own := string(bytes.TrimSpace(b))
+	if err := setOOMScore(own); err != nil {
+		// Stuck at the highest: children still get it, the launcher too.
+		return oomScore{}, fmt.Errorf("the launcher keeps OOM score %d: %w", OOMScoreAdj, err)
+	}
+	return oomScore{own: own}, nil
+}
+
+// raise sets the score children are born with; lower restores the
+// launcher's own.
+func (s oomScore) raise() {
+	if s.own != "" {
+		_ = setOOMScore(strconv.Itoa(OOMScoreAdj))
+	}
+}
+
+func (s oomScore) lower() {
+	if s.own != "" {
+		_ = setOOMScore(s.own)
+	}
+}
+
+const oomScorePath = "/proc/self/oom_score_adj"
+
+func setOOMScore(v string) error { return os.WriteFile(oomScorePath, []byte(v), 0) }
+
+// spawn forks req's process as a child of the launcher's parent, born with
+// score's OOMScoreAdj. A file the kernel cannot execute is run by /bin/sh,
+// as execvp(3) does. It returns the pid, or the errno and whether it
+// struck before or in the child.
+func spawn(req *Request, fds []int, score oomScore) (int, syscall.Errno, byte) {
 	if len(fds) != 3 {
 		return 0, syscall.EMFILE, stageFork
 	}
+	score.raise()
+	defer score.lower()
 	sys := &syscall.SysProcAttr{Cloneflags: syscall.CLONE_PARENT}
 	if req.Session {
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0

@@ -21,11 +21,13 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/agent"
 	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/berth-sandbox/berth/internal/telemetry"
 )
 
 func main() {
@@ -41,6 +43,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	socket := fs.String("socket", "/.berth-run/agent.sock", "`path` of the unix socket to serve on (a stale socket there is replaced)")
 	version := fs.Bool("version", false, "print the version and exit")
+	trace := fs.Bool("trace", false, "trace the agent's calls (W3C traceparent from berthd) and hand the spans to berthd on the Telemetry stream")
 	secretFile := fs.String("secret-file", "", "`path` of berthd's per-sandbox secret, which Info proves; read and removed at start")
 	fs.StringVar(&cfg.WorkDir, "workdir", d.WorkDir, "working `directory` for execs without a cwd (created when missing; / when it cannot be)")
 	fs.Func("user", "workload `uid:gid` (numeric) that processes run as and files are created as (default 0:0)", func(v string) error {
@@ -100,6 +103,20 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	// Threads made now survive a fork bomb that exhausts the pids limit.
 	agent.ReserveThreads(reservedThreads)
+	if *trace {
+		// At most 4 MiB of spans wait for berthd; older ones go first.
+		at, err := telemetry.StartAgent(context.Background(), agent.Version, 4<<20)
+		if err != nil {
+			log.Error("tracing", "err", err)
+			return 1
+		}
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			at.Shutdown(ctx)
+		}()
+		cfg.Spans, cfg.ServerOptions = at.Queue, at.ServerOptions()
+	}
 	srv, err := agent.New(cfg)
 	if err != nil {
 		log.Error("start", "err", err)

@@ -2,10 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os/signal"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/client"
 )
@@ -43,7 +48,33 @@ func (g *globals) withClient(cmd *cobra.Command, fn func(ctx context.Context, c 
 		return err
 	}
 	defer c.Close()
-	return fn(cmd.Context(), c)
+	return g.hint(fn(cmd.Context(), c))
+}
+
+// hint adds where berth looked for berthd to a failure to reach it: an
+// UNAVAILABLE without a berth reason comes from the transport (no socket,
+// connection refused), not from berthd.
+func (g *globals) hint(err error) error {
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Code == codes.Unavailable && ce.Reason == "" {
+		return fmt.Errorf("cannot reach berthd at %s (set --addr or $BERTH_ADDR): %w", g.addr, err)
+	}
+	return err
+}
+
+// withRelay is withClient for commands that follow a running command (exec,
+// attach, run): ctx is canceled by relay, which forwards SIGINT and SIGTERM
+// to the command once relay.setTarget names it (and cancels on SIGHUP),
+// and a closed stdout comes back as EPIPE instead of killing berth.
+func (g *globals) withRelay(cmd *cobra.Command, fn func(ctx context.Context, c *client.Client, relay *signalRelay) error) error {
+	return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		relay := startSignalRelay(cancel, cmd.ErrOrStderr())
+		defer relay.close()
+		signal.Ignore(syscall.SIGPIPE)
+		return fn(ctx, c, relay)
+	})
 }
 
 // call is withClient for commands made of one request: ctx ends after
@@ -63,4 +94,68 @@ func (g *globals) unary(ctx context.Context) (context.Context, context.CancelFun
 		return context.WithCancel(ctx)
 	}
 	return context.WithTimeout(ctx, g.rpcTimeout)
+}
+
+// completeSandboxIDs is the shell completion of a SANDBOX argument: the ids
+// berthd lists that start with toComplete. suffix is appended to each (":"
+// for SANDBOX:PATH arguments, which then continue without a space). It
+// completes nothing, quietly, when berthd cannot be reached within a few
+// seconds: a completion must never hang the shell.
+func (g *globals) completeSandboxIDs(cmd *cobra.Command, toComplete, suffix string) ([]string, cobra.ShellCompDirective) {
+	directive := cobra.ShellCompDirectiveNoFileComp
+	if suffix != "" {
+		directive |= cobra.ShellCompDirectiveNoSpace
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 3*time.Second)
+	defer cancel()
+	opts, err := g.creds.options()
+	if err != nil {
+		return nil, directive
+	}
+	c, err := client.Dial(ctx, g.addr, opts...)
+	if err != nil {
+		return nil, directive
+	}
+	defer c.Close()
+	var ids []string
+	for sb, err := range c.ListSandboxes(ctx, nil) {
+		if err != nil {
+			return nil, directive | cobra.ShellCompDirectiveError
+		}
+		if strings.HasPrefix(sb.GetId(), toComplete) {
+			ids = append(ids, sb.GetId()+suffix)
+		}
+	}
+	return ids, directive
+}
+
+// sandboxArg returns a cobra ValidArgsFunction completing sandbox ids for
+// the first argument only.
+func (g *globals) sandboxArg() cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveDefault
+		}
+		return g.completeSandboxIDs(cmd, toComplete, "")
+	}
+}
+
+// sandboxArgs completes sandbox ids for every argument (sandbox rm).
+func (g *globals) sandboxArgs() cobra.CompletionFunc {
+	return func(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		return g.completeSandboxIDs(cmd, toComplete, "")
+	}
+}
+
+// remoteArg completes SANDBOX: for arguments that are SANDBOX:PATH or a
+// local path (cp, cat, ls): until a ":" is typed, sandbox ids with a ":"
+// and local files.
+func (g *globals) remoteArg() cobra.CompletionFunc {
+	return func(cmd *cobra.Command, _ []string, toComplete string) ([]string, cobra.ShellCompDirective) {
+		if strings.Contains(toComplete, ":") || strings.HasPrefix(toComplete, "/") || strings.HasPrefix(toComplete, ".") {
+			return nil, cobra.ShellCompDirectiveDefault
+		}
+		ids, _ := g.completeSandboxIDs(cmd, toComplete, ":")
+		return ids, cobra.ShellCompDirectiveNoSpace
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -57,13 +56,7 @@ and 125 when berth itself fails.`,
 			if err != nil {
 				return err
 			}
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				ctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-				defer relay.close()
-				// A closed stdout must come back as EPIPE, not kill berth.
-				signal.Ignore(syscall.SIGPIPE)
+			return g.withRelay(cmd, func(ctx context.Context, c *client.Client, relay *signalRelay) error {
 				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
 				if f.detach {
 					return detach(ctx, g, c, sandboxID, spec, f.execOptions(), cmd.OutOrStdout())
@@ -168,6 +161,12 @@ func follow(ctx context.Context, g *globals, c *client.Client, relay *signalRela
 		}
 		if startTimedOut.Load() {
 			return fmt.Errorf("no answer from berthd within %v (--rpc-timeout)", g.rpcTimeout)
+		}
+		var replaced *client.RuntimeReplacedError
+		if e.Started() != nil && !errors.As(err, &replaced) {
+			// The stream broke, not the command: say how to pick it up
+			// where berth left it.
+			fmt.Fprintf(stderr, "berth: the command may still run; follow it with: berth attach --since %d %s %s\n", e.LastSeq(), sandboxID, e.ID())
 		}
 		return fmt.Errorf("exec %s: %w", e.ID(), err)
 	}

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -18,14 +16,18 @@ import (
 )
 
 func newPsCmd(g *globals) *cobra.Command {
-	var quiet bool
+	var (
+		quiet  bool
+		output outputFormat
+	)
 	cmd := &cobra.Command{
 		Use:   "ps SANDBOX",
 		Short: "List a sandbox's running and recently ended commands",
 		Long: `List the execs of SANDBOX that run, or that ended within the agent's
-retention time (10 minutes by default), oldest first. EXIT shows the exit
-status of an ended exec, with the signal and "timeout" or "oom" when they
-apply.`,
+retention time (10 minutes by default), oldest first. LAST SEQ is the
+sequence number of the exec's last output event ("berth attach --since N"
+replays what came after N). EXIT shows the exit status of an ended exec,
+with the signal and "timeout" or "oom" when they apply.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
@@ -37,24 +39,28 @@ apply.`,
 					// Never a silent cut: say that the oldest are missing.
 					fmt.Fprintf(cmd.ErrOrStderr(), "berth: %d older execs not shown (the listing is limited in size)\n", n)
 				}
-				if quiet {
+				switch {
+				case quiet:
 					for _, x := range resp.GetExecs() {
 						fmt.Fprintln(cmd.OutOrStdout(), x.GetExecId())
 					}
 					return nil
+				case output == "json":
+					return writeJSONList(cmd.OutOrStdout(), resp.GetExecs())
 				}
 				return writeExecTable(cmd.OutOrStdout(), resp.GetExecs(), time.Now())
 			})
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print exec ids only")
+	addOutputFlag(cmd, &output, "table")
 	return cmd
 }
 
 // writeExecTable prints execs as a table.
 func writeExecTable(w io.Writer, execs []*berthv1.ExecInfo, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EXEC ID\tSTATE\tPID\tSTARTED\tEXIT\tCOMMAND")
+	fmt.Fprintln(tw, "EXEC ID\tSTATE\tPID\tSTARTED\tLAST SEQ\tEXIT\tCOMMAND")
 	for _, x := range execs {
 		state, exit := "running", ""
 		if x.GetState() == berthv1.ExecState_EXEC_STATE_EXITED {
@@ -64,7 +70,7 @@ func writeExecTable(w io.Writer, execs []*berthv1.ExecInfo, now time.Time) error
 		if x.GetArgvTruncated() {
 			command += " ..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", x.GetExecId(), state, x.GetPid(), ago(x.GetStartedAt().AsTime(), now), exit, shorten(command, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", x.GetExecId(), state, x.GetPid(), ago(x.GetStartedAt().AsTime(), now), x.GetLastSeq(), exit, shorten(command, 60))
 	}
 	return tw.Flush()
 }
@@ -102,12 +108,7 @@ been started with stdin). SIGINT and SIGTERM are forwarded to the command.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			sandboxID, execID := args[0], args[1]
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				ctx, cancel := context.WithCancel(ctx)
-				defer cancel()
-				relay := startSignalRelay(cancel, cmd.ErrOrStderr())
-				defer relay.close()
-				signal.Ignore(syscall.SIGPIPE)
+			return g.withRelay(cmd, func(ctx context.Context, c *client.Client, relay *signalRelay) error {
 				var stdin io.Reader
 				if interactive {
 					stdin = os.Stdin

@@ -40,11 +40,16 @@ func parseKV(flag string, pairs []string) (map[string]string, error) {
 type processFlags struct {
 	env     []string
 	cwd     string
+	user    string
 	timeout time.Duration
 	execID  string
 	shell   string
 	bash    bool
 	noStdin bool
+	// outputLimit caps each output stream, in bytes; 0: berthd's default.
+	outputLimit uint64
+	// detachOnHangup leaves a -t command running when berth goes away.
+	detachOnHangup bool
 	// interactive forwards stdin even from a terminal; tty runs the command
 	// on a terminal; detach starts it in the background (berth exec only).
 	interactive, tty, detach bool
@@ -57,6 +62,7 @@ type processFlags struct {
 // new.
 func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "set an environment variable of the command, KEY=VALUE (repeatable)")
+	fs.StringVarP(&f.user, "user", "u", "", `run as this user: "uid", "uid:gid" or a name from the sandbox's /etc/passwd (default: the sandbox's user)`)
 	fs.StringVarP(&f.cwd, "cwd", "w", "", "working directory inside the sandbox (default the sandbox's, /workspace)")
 	fs.DurationVar(&f.timeout, "timeout", 0, "kill the command's process group after this long (default and bounds: berthd's)")
 	if withExecID {
@@ -65,7 +71,9 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.StringVar(&f.shell, "shell", "", "run this command string with /bin/sh -c instead of COMMAND ARG...")
 	fs.BoolVar(&f.bash, "bash", false, "run --shell's command string with bash instead of /bin/sh")
 	fs.BoolVar(&f.noStdin, "no-stdin", false, "do not forward standard input; the command reads /dev/null")
+	fs.Uint64Var(&f.outputLimit, "output-limit", 0, "keep at most this many `bytes` of stdout and of stderr each (default and maximum: berthd's, 16 MiB and 64 MiB); beyond it output is counted and discarded, and berth says so")
 	fs.BoolVarP(&f.interactive, "interactive", "i", false, "forward standard input also when it is a terminal")
+	fs.BoolVar(&f.detachOnHangup, "detach-on-hangup", false, "with -t, leave the command running when berth's terminal hangs up or berth dies (default: the command's process group gets SIGHUP, as over ssh)")
 	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
 	if withExecID {
 		fs.BoolVarP(&f.detach, "detach", "d", false, "start the command in the background, print its exec id and exit")
@@ -73,11 +81,17 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	}
 }
 
-// execOptions are the client options of an exec from the flags.
+// execOptions are the client options of an exec from the flags: its id;
+// with --keep-output, writes wait for a reader; with -t, berthd hangs the
+// command up (SIGHUP to its process group) when berth goes away, unless
+// --detach-on-hangup.
 func (f *processFlags) execOptions() []client.ExecOption {
 	opts := []client.ExecOption{client.WithExecID(f.execID)}
 	if f.keepOutput {
 		opts = append(opts, client.WithDetachedOutput(berthv1.DetachedOutput_DETACHED_OUTPUT_BLOCK))
+	}
+	if f.tty && !f.detachOnHangup {
+		opts = append(opts, client.WithHangupOnDisconnect())
 	}
 	return opts
 }
@@ -103,13 +117,14 @@ func (f *processFlags) spec(command []string) (*berthv1.ProcessSpec, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec := &berthv1.ProcessSpec{Argv: command, ShellCommand: f.shell, Cwd: f.cwd, Env: env}
+	spec := &berthv1.ProcessSpec{Argv: command, ShellCommand: f.shell, Cwd: f.cwd, Env: env, User: f.user}
 	if f.bash {
 		spec.Shell = berthv1.Shell_SHELL_BASH
 	}
 	if f.timeout > 0 {
 		spec.Timeout = durationpb.New(f.timeout)
 	}
+	spec.StdoutLimitBytes, spec.StderrLimitBytes = f.outputLimit, f.outputLimit
 	return spec, nil
 }
 

@@ -23,10 +23,7 @@ import (
 )
 
 func newImageCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "image",
-		Short: "Import, pull, list and delete images",
-	}
+	cmd := newGroupCmd("image", "Import, pull, list and delete images")
 	cmd.AddCommand(newImageImportCmd(g), newImagePullCmd(g), newImageListCmd(g), newImageRemoveCmd(g))
 	return cmd
 }
@@ -196,6 +193,28 @@ func (p *progress) update(sent uint64) {
 	p.draw()
 }
 
+// pulled draws a PullImage progress message. Once every blob is
+// downloaded the line says "unpacking" without a bar: berthd answers when
+// the layers are unpacked too, which takes a while for a large image, and a
+// bar at 100% would look stuck.
+func (p *progress) pulled(m *berthv1.PullImageResponse) {
+	done := 0
+	for _, l := range m.GetLayers() {
+		if l.GetDone() {
+			done++
+		}
+	}
+	blobs := fmt.Sprintf("%d/%d blobs", done, len(m.GetLayers()))
+	if total := m.GetTotalBytes(); total > 0 && m.GetDownloadedBytes() >= total && done == len(m.GetLayers()) {
+		p.mu.Lock()
+		p.verb = "unpacking"
+		p.mu.Unlock()
+		p.updateTotal(m.GetDownloadedBytes(), -1, blobs+" downloaded")
+		return
+	}
+	p.updateTotal(m.GetDownloadedBytes(), int64(m.GetTotalBytes()), blobs)
+}
+
 // updateTotal is update for a total that grows as it becomes known.
 func (p *progress) updateTotal(sent uint64, total int64, extra string) {
 	p.mu.Lock()
@@ -277,15 +296,7 @@ within berthd's --pull-resolve-timeout. The pull is not bounded by
 				p := &progress{verb: "pulling", label: args[0], total: -1}
 				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 					p.w = f
-					opts = append(opts, client.WithPullProgress(func(m *berthv1.PullImageResponse) {
-						done := 0
-						for _, l := range m.GetLayers() {
-							if l.GetDone() {
-								done++
-							}
-						}
-						p.updateTotal(m.GetDownloadedBytes(), int64(m.GetTotalBytes()), fmt.Sprintf("%d/%d blobs", done, len(m.GetLayers())))
-					}))
+					opts = append(opts, client.WithPullProgress(p.pulled))
 				}
 				img, err := c.PullImage(ctx, args[0], opts...)
 				p.done() // end the progress line before the result or the error
@@ -313,7 +324,8 @@ func newImageRemoveCmd(g *globals) *cobra.Command {
 }
 
 func newImageListCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var output outputFormat
+	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
 		Short:   "List images",
@@ -324,17 +336,22 @@ func newImageListCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if output == "json" {
+					return writeJSONList(cmd.OutOrStdout(), images)
+				}
 				return writeImageTable(cmd.OutOrStdout(), images, time.Now())
 			})
 		},
 	}
+	addOutputFlag(cmd, &output, "table")
+	return cmd
 }
 
 func writeImageTable(w io.Writer, images []*berthv1.Image, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tCREATED")
 	for _, img := range images {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", img.GetName(), shorten(img.GetDigest(), len("sha256:")+12), byteSize(img.GetSizeBytes()), ago(img.GetCreatedAt().AsTime(), now))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", img.GetName(), shorten(img.GetDigest(), len("sha256:")+12), byteSize(img.GetContentSizeBytes()), ago(img.GetCreatedAt().AsTime(), now))
 	}
 	return tw.Flush()
 }

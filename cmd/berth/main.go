@@ -80,6 +80,17 @@ before the command started; 141 when its output is a closed pipe.`,
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
 	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newNodeCmd(g), newVersionCmd())
 	root.AddCommand(newCpCmd(g), newLsCmd(g), newCatCmd(g), newPortForwardCmd(g))
+	// Shell completion (berth completion bash|zsh|fish|powershell) of
+	// sandbox ids, asked of berthd.
+	for path, complete := range map[string]cobra.CompletionFunc{
+		"exec": g.sandboxArg(), "ps": g.sandboxArg(), "attach": g.sandboxArg(), "kill": g.sandboxArg(),
+		"sandbox get": g.sandboxArg(), "sandbox keepalive": g.sandboxArg(), "sandbox rm": g.sandboxArgs(),
+		"cp": g.remoteArg(), "cat": g.remoteArg(), "ls": g.remoteArg(),
+	} {
+		if c, _, err := root.Find(strings.Fields(path)); err == nil {
+			c.ValidArgsFunction = complete
+		}
+	}
 	return root
 }
 
@@ -114,11 +125,13 @@ func exitCode(err error, stderr io.Writer) int {
 // describe renders err for people: a berthd error as "<message> (<REASON>)",
 // with its field violations. Text from berthd may carry names from a
 // sandbox, so every piece goes through terminalSafe; the line breaks
-// between violations are berth's own.
+// between violations are berth's own. berth's own errors keep their line
+// breaks and tabs (cobra's suggestions), with every other control character
+// escaped.
 func describe(err error) string {
 	var ce *client.Error
 	if !errors.As(err, &ce) {
-		return terminalSafe(err.Error())
+		return strings.TrimRight(terminalSafeLines(err.Error()), "\n")
 	}
 	tag := ce.Reason
 	if tag == "" {
@@ -135,4 +148,28 @@ func describe(err error) string {
 		msg = terminalSafe(prefix) + msg
 	}
 	return msg
+}
+
+// newGroupCmd returns a command that only groups subcommands. Alone it
+// prints its help; with an unknown subcommand it fails (exit 125) naming it,
+// with cobra's suggestions, as the root command does. (cobra itself prints
+// the help and exits 0 for an unknown subcommand of a group.)
+func newGroupCmd(use, short string, aliases ...string) *cobra.Command {
+	return &cobra.Command{
+		Use:                        use,
+		Aliases:                    aliases,
+		Short:                      short,
+		Args:                       cobra.ArbitraryArgs,
+		SuggestionsMinimumDistance: 2, // cobra's default for the root
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return cmd.Help()
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t") + "\n"
+			}
+			return errors.New(msg)
+		},
+	}
 }

@@ -84,12 +84,14 @@ func TestProcessSpec(t *testing.T) {
 		{name: "argv", command: []string{"ls", "-l"}, want: &berthv1.ProcessSpec{Argv: []string{"ls", "-l"}}},
 		{
 			name:    "everything",
-			flags:   processFlags{env: []string{"A=1", "B=x=y"}, cwd: "/tmp", timeout: 90 * time.Second},
+			flags:   processFlags{env: []string{"A=1", "B=x=y"}, cwd: "/tmp", timeout: 90 * time.Second, user: "1000:100"},
 			command: []string{"env"},
-			want: &berthv1.ProcessSpec{Argv: []string{"env"}, Cwd: "/tmp", Env: map[string]string{"A": "1", "B": "x=y"},
+			want: &berthv1.ProcessSpec{Argv: []string{"env"}, Cwd: "/tmp", Env: map[string]string{"A": "1", "B": "x=y"}, User: "1000:100",
 				Timeout: durationpb.New(90 * time.Second)},
 		},
 		{name: "shell", flags: processFlags{shell: "echo $HOME"}, want: &berthv1.ProcessSpec{ShellCommand: "echo $HOME"}},
+		{name: "output limit", flags: processFlags{outputLimit: 64 << 20}, command: []string{"make"},
+			want: &berthv1.ProcessSpec{Argv: []string{"make"}, StdoutLimitBytes: 64 << 20, StderrLimitBytes: 64 << 20}},
 		{name: "bash", flags: processFlags{shell: "echo $HOME", bash: true}, want: &berthv1.ProcessSpec{ShellCommand: "echo $HOME", Shell: berthv1.Shell_SHELL_BASH}},
 		{name: "no command", wantErr: "no command"},
 		{name: "shell and command", flags: processFlags{shell: "x"}, command: []string{"y"}, wantErr: "either --shell or COMMAND"},
@@ -229,6 +231,13 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"sandbox", "ls", "extra"}, wantStderr: "unknown command"},
 		{args: []string{"image", "import"}, wantStderr: "accepts 1 arg"},
 		{args: []string{"nosuch"}, wantStderr: "unknown command"},
+		// Issue 12: an unknown subcommand of a group printed help and
+		// exited 0.
+		{args: []string{"sandbox", "stop", "x"}, wantStderr: `unknown command "stop" for "berth sandbox"`},
+		{args: []string{"image", "inspect", "x"}, wantStderr: `unknown command "inspect" for "berth image"`},
+		// Issue 12: cobra's suggestion was printed as "\x0a\x0aDid you mean".
+		{args: []string{"sandbox", "lss"}, wantStderr: "\n\nDid you mean this?\n\tls\n"},
+		{args: []string{"exce"}, wantStderr: "\n\nDid you mean this?\n\texec\n"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -371,7 +380,7 @@ func TestExecTable(t *testing.T) {
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	execs := []*berthv1.ExecInfo{
 		{ExecId: "web", State: berthv1.ExecState_EXEC_STATE_RUNNING, Pid: 12, StartedAt: timestamppb.New(now.Add(-5 * time.Minute)),
-			Argv: []string{"python3", "-m", "http.server"}},
+			Argv: []string{"python3", "-m", "http.server"}, LastSeq: 7},
 		{ExecId: "hog", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 40, StartedAt: timestamppb.New(now.Add(-90 * time.Second)),
 			Argv: []string{"/bin/sh", "-c", "x"}, ArgvTruncated: true, Result: &berthv1.ExecResult{ExitCode: proto.Int32(137), Signal: "SIGKILL", OomKilled: true}},
 		{ExecId: "slow", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 41, StartedAt: timestamppb.New(now.Add(-time.Minute)),
@@ -382,11 +391,25 @@ func TestExecTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "" +
-		"EXEC ID  STATE    PID  STARTED  EXIT                 COMMAND\n" +
-		"web      running  12   5m ago                        python3 -m http.server\n" +
-		"hog      exited   40   1m ago   137 SIGKILL oom      /bin/sh -c x ...\n" +
-		"slow     exited   41   1m ago   143 SIGTERM timeout  sleep 99\n"
+		"EXEC ID  STATE    PID  STARTED  LAST SEQ  EXIT                 COMMAND\n" +
+		"web      running  12   5m ago   7                              python3 -m http.server\n" +
+		"hog      exited   40   1m ago   0         137 SIGKILL oom      /bin/sh -c x ...\n" +
+		"slow     exited   41   1m ago   0         143 SIGTERM timeout  sleep 99\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
+	}
+}
+
+// TestUnreachableBerthdHint: a wrong socket gave a raw gRPC error with no
+// hint of --addr or $BERTH_ADDR (issue 12).
+func TestUnreachableBerthdHint(t *testing.T) {
+	addr := "unix://" + t.TempDir() + "/nosuch.sock"
+	for _, args := range [][]string{{"sandbox", "ls"}, {"ps", "sb"}, {"exec", "sb", "true"}} {
+		var stdout, stderr bytes.Buffer
+		got := run(context.Background(), append([]string{"--addr", addr, "--rpc-timeout", "5s"}, args...), &stdout, &stderr)
+		want := "cannot reach berthd at " + addr + " (set --addr or $BERTH_ADDR)"
+		if got != exitBerth || !strings.Contains(stderr.String(), want) {
+			t.Errorf("berth %q = %d, stderr %q, want %d and %q", args, got, stderr.String(), exitBerth, want)
+		}
 	}
 }

@@ -1,6 +1,10 @@
 package main
 
-import "github.com/berth-sandbox/berth/internal/textsafe"
+import (
+	"strings"
+
+	"github.com/berth-sandbox/berth/internal/textsafe"
+)
 
 // terminalSafe returns s with the characters that can steer a terminal or
 // disguise text written as \xNN escapes of their UTF-8 bytes
@@ -11,3 +15,18 @@ import "github.com/berth-sandbox/berth/internal/textsafe"
 // from a sandbox pass through it before berth prints them for people; file
 // contents and command output are printed byte for byte, as cat(1) would.
 func terminalSafe(s string) string { return textsafe.Escape(s) }
+
+// terminalSafeLines is terminalSafe keeping line breaks and tabs, which
+// cannot steer a terminal: for berth's own messages that span lines, like
+// cobra's "Did you mean this?" suggestions.
+func terminalSafeLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		fields := strings.Split(l, "\t")
+		for j, f := range fields {
+			fields[j] = terminalSafe(f)
+		}
+		lines[i] = strings.Join(fields, "\t")
+	}
+	return strings.Join(lines, "\n")
+}

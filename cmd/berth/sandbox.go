@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +11,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/client"
@@ -21,11 +18,7 @@ import (
 )
 
 func newSandboxCmd(g *globals) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:     "sandbox",
-		Aliases: []string{"sb"},
-		Short:   "Create, list, inspect and delete sandboxes",
-	}
+	cmd := newGroupCmd("sandbox", "Create, list, inspect and delete sandboxes", "sb")
 	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g), newSandboxKeepAliveCmd(g))
 	return cmd
 }
@@ -131,6 +124,7 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 	var (
 		labels []string
 		quiet  bool
+		output outputFormat
 	)
 	cmd := &cobra.Command{
 		Use:     "ls [--label KEY=VALUE ...]",
@@ -150,11 +144,14 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 					}
 					sbs = append(sbs, sb)
 				}
-				if quiet {
+				switch {
+				case quiet:
 					for _, sb := range sbs {
 						fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
 					}
 					return nil
+				case output == "json":
+					return writeJSONList(cmd.OutOrStdout(), sbs)
 				}
 				return writeSandboxTable(cmd.OutOrStdout(), sbs, time.Now())
 			})
@@ -162,6 +159,7 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with this label, KEY=VALUE (repeatable: all must match)")
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the ids")
+	addOutputFlag(cmd, &output, "table")
 	return cmd
 }
 
@@ -222,7 +220,8 @@ func ago(t, now time.Time) string {
 }
 
 func newSandboxGetCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var output outputFormat
+	cmd := &cobra.Command{
 		Use:   "get SANDBOX",
 		Short: "Print a sandbox as JSON",
 		Args:  cobra.ExactArgs(1),
@@ -232,22 +231,15 @@ func newSandboxGetCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				b, err := protojson.Marshal(sb)
-				if err != nil {
-					return err
+				if output == "table" {
+					return writeSandboxTable(cmd.OutOrStdout(), []*berthv1.Sandbox{sb}, time.Now())
 				}
-				// protojson varies its spacing on purpose; re-indent for a stable
-				// look.
-				var out bytes.Buffer
-				if err := json.Indent(&out, b, "", "  "); err != nil {
-					return err
-				}
-				out.WriteByte('\n')
-				_, err = out.WriteTo(cmd.OutOrStdout())
-				return err
+				return writeJSON(cmd.OutOrStdout(), sb)
 			})
 		},
 	}
+	addOutputFlag(cmd, &output, "json")
+	return cmd
 }
 
 func newSandboxRemoveCmd(g *globals) *cobra.Command {
@@ -255,12 +247,25 @@ func newSandboxRemoveCmd(g *globals) *cobra.Command {
 		Use:     "rm SANDBOX...",
 		Aliases: []string{"delete"},
 		Short:   "Delete sandboxes",
-		Long:    "Delete each sandbox and print its id. Deleting a sandbox that does not exist succeeds.",
-		Args:    cobra.MinimumNArgs(1),
+		Long: `Delete each sandbox and print its id. A sandbox that does not exist is an
+error (SANDBOX_NOT_FOUND, exit 125), as for docker rm; the others are still
+deleted.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return deleteEach(cmd, g, "", args, (*client.Client).DeleteSandbox)
+			return deleteEach(cmd, g, "", args, deleteExisting)
 		},
 	}
+}
+
+// deleteExisting deletes sandbox id, failing with SANDBOX_NOT_FOUND when
+// there is none: berthd's DeleteSandbox succeeds for an unknown id (it is
+// idempotent), which would tell a person who mistyped the id that it was
+// deleted.
+func deleteExisting(c *client.Client, ctx context.Context, id string) error {
+	if _, err := c.GetSandbox(ctx, id); err != nil {
+		return err
+	}
+	return c.DeleteSandbox(ctx, id)
 }
 
 // deleteEach deletes every name in args with del, printing each name once

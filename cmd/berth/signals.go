@@ -20,9 +20,10 @@ const giveUpAfterSignals = 2
 // signalTimeout bounds forwarding one signal.
 const signalTimeout = 5 * time.Second
 
-// signalRelay owns berth's handling of SIGINT and SIGTERM: while a command
-// runs they are forwarded to it; at other times (while starting it, or once
-// berth gave up on it) they cancel the current step through cancel.
+// signalRelay owns berth's handling of SIGINT, SIGTERM and SIGHUP: while a
+// command runs SIGINT and SIGTERM are forwarded to it; at other times (while
+// starting it, or once berth gave up on it) they cancel the current step
+// through cancel. SIGHUP always cancels: berth's terminal is gone.
 type signalRelay struct {
 	cancel context.CancelFunc
 	stderr io.Writer
@@ -38,7 +39,7 @@ type signalRelay struct {
 
 func startSignalRelay(cancel context.CancelFunc, stderr io.Writer) *signalRelay {
 	r := &signalRelay{cancel: cancel, stderr: stderr, sigs: make(chan os.Signal, 4), stop: make(chan struct{})}
-	signal.Notify(r.sigs, syscall.SIGINT, syscall.SIGTERM)
+	signal.Notify(r.sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	r.wg.Go(r.loop)
 	return r
 }
@@ -76,6 +77,16 @@ func (r *signalRelay) loop() {
 }
 
 func (r *signalRelay) handle(s os.Signal) {
+	if s == syscall.SIGHUP {
+		// berth's terminal is gone: stop following (the stream ends; a -t
+		// command is hung up by berthd unless --detach-on-hangup), and let
+		// berth clean up (berth run deletes its sandbox) and exit 129.
+		r.mu.Lock()
+		r.last, r.target = s, nil
+		r.mu.Unlock()
+		r.cancel()
+		return
+	}
 	r.mu.Lock()
 	e := r.target
 	giveUp := e != nil && r.forwarded >= giveUpAfterSignals

@@ -3,14 +3,11 @@ package main
 import (
 	"fmt"
 	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
-)
 
-// version is set at build time with -ldflags "-X main.version=v1.2.3";
-// otherwise the module version Go recorded is used.
-var version = ""
+	"github.com/berth-sandbox/berth/internal/version"
+)
 
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
@@ -23,12 +20,5 @@ func newVersionCmd() *cobra.Command {
 	}
 }
 
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		return bi.Main.Version
-	}
-	return "(devel)"
-}
+// buildVersion is berth's version (internal/version).
+func buildVersion() string { return version.Get() }

@@ -4,9 +4,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -17,9 +20,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/logs"
+	"github.com/berth-sandbox/berth/internal/telemetry"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/cluster"
+	"github.com/berth-sandbox/berth/server/metrics"
 	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc"
@@ -36,6 +42,8 @@ func main() {
 		logLevel   slog.Level
 		version    bool
 		readyLimit time.Duration
+		metricsAt  string
+		otlpAt     string
 	)
 	flag.StringVar(&rtCfg.Address, "containerd-address", "/run/containerd/containerd.sock", "containerd socket path")
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
@@ -125,6 +133,9 @@ func main() {
 	flag.Uint64Var(&rtCfg.WorkloadNofile, "workload-nofile", 0, "soft RLIMIT_NOFILE of the processes run in sandboxes, at most the container's hard limit (0: the agent's default, 1024; given to new sandboxes' agents)")
 	flag.Uint64Var(&svcCfg.RunMaxOutputBytes, "run-max-output-bytes", 64<<20, "largest stdout_limit_bytes + stderr_limit_bytes of a Run, in `bytes` (Run's defaults are 2 MiB + 1 MiB)")
 	flag.Uint64Var(&svcCfg.RunBufferBytes, "run-buffer-bytes", 1<<30, "memory berthd may hold for the output of all Runs in progress, in `bytes`; beyond it a Run fails with FLEET_BUSY")
+	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
+	flag.StringVar(&otlpAt, "otlp-endpoint", "", "export OpenTelemetry traces of berthd and its agents over OTLP/gRPC to this URL (http://host:4317 plaintext, https://... TLS); empty: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
+	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics and /debug/pprof/ over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
 	fleetFlags.register()
 	var netCfg network.Config
 	var netSubnet, netDir string
@@ -152,7 +163,6 @@ func main() {
 		netCfg.PluginDirs = append(netCfg.PluginDirs, v)
 		return nil
 	})
-	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 	flag.BoolVar(&version, "version", false, "print the version and exit")
 	flag.Parse()
 	if version {
@@ -175,7 +185,7 @@ func main() {
 	if len(listens) == 0 {
 		listens = []string{"unix:///run/berth/berthd.sock"}
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: logLevel}))
+	log := logs.New(os.Stderr, logLevel)
 	if p, err := netip.ParsePrefix(netSubnet); err != nil {
 		fmt.Fprintln(os.Stderr, "berthd: --network-subnet:", err)
 		os.Exit(2)
@@ -219,10 +229,23 @@ func main() {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
 		os.Exit(2)
 	}
+	tracer, err := telemetry.Start(context.Background(), otlpAt, "berthd", server.Version)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "berthd: --otlp-endpoint:", err)
+		os.Exit(2)
+	}
+	if tracer != nil {
+		rtCfg.TraceAgents, svcCfg.Tracer = true, tracer
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			tracer.Shutdown(ctx)
+		}()
+	}
 	if fleetFlags.gateway {
 		err = runGateway(log, &fleetFlags, rtCfg.StateDir, svcCfg.ConnectBudget, svcCfg.BusyRetryDelay, listens, authn, socket)
 	} else {
-		err = run(log, rtCfg, svcCfg, &fleetFlags, listens, authn, socket, diskDefaultSet)
+		err = run(log, rtCfg, svcCfg, &fleetFlags, listens, metricsAt, authn, socket, diskDefaultSet)
 	}
 	if err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
@@ -242,7 +265,7 @@ func main() {
 // configured default or maximum makes berthd refuse to start (the operator
 // asked for a limit it cannot keep); with neither, it starts and warns that
 // the disk of sandboxes is unlimited, and requests naming a quota are refused.
-func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clusterFlags, listens []string, authn *auth.Authenticator, socket socketFlags, diskDefaultSet bool) error {
+func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clusterFlags, listens []string, metricsAt string, authn *auth.Authenticator, socket socketFlags, diskDefaultSet bool) error {
 	ctx, stop := signals(log, authn)
 	defer stop()
 
@@ -262,6 +285,11 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		if max := svcCfg.MaxDiskBytes; max > 0 {
 			svcCfg.DefaultDiskBytes = min(defaultDiskBytes, max)
 		}
+	}
+	var m *metrics.Metrics
+	if metricsAt != "" {
+		m = metrics.New()
+		svcCfg.Observer = m
 	}
 	var (
 		fl     *fleet
@@ -292,7 +320,21 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		router := cluster.NewRouter(cluster.RouterConfig{Member: member, Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: svcCfg.BusyRetryDelay, Log: log})
 		opts = append(opts, server.WithCluster(router, fl.nodes))
 	}
+	srvOpts := m.ServerOptions()
+	if svcCfg.Tracer != nil {
+		srvOpts = append(srvOpts, grpc.StatsHandler(telemetry.ServerHandler()))
+	}
+	opts = append(opts, server.WithServerOptions(srvOpts...))
 	srv := server.NewGRPCServer(svc, log, opts...)
+	if m != nil {
+		m.SetSource(svc)
+		m.InitializeGRPC(srv)
+		stopMetrics, err := serveMetrics(metricsAt, m.Handler(), log)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
+	}
 	return serve(ctx, log, srv, listens, socket, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
 		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes),
 		slog.String("node_id", svcCfg.NodeID))
@@ -437,6 +479,26 @@ func checkListen(authn *auth.Authenticator, listen string, socket socketFlags, a
 		return fmt.Errorf("--socket-mode and --socket-group apply to a unix socket; --listen %s is TCP", listen)
 	}
 	return authn.CheckListen("tcp", listen)
+}
+
+// serveMetrics serves h over HTTP on addr in the background until the
+// returned stop is called. A failure to serve after the start is logged:
+// metrics are not worth stopping berthd for.
+func serveMetrics(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--metrics-listen: %w", err)
+	}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics listener failed", slog.String("listen", addr), slog.Any("error", err))
+		}
+	}()
+	log.Info("metrics serving", slog.String("listen", lis.Addr().String()))
+	return func() { hs.Close(); <-done }, nil
 }
 
 // defaultDiskBytes is the disk quota of sandboxes whose request sets none,

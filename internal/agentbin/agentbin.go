@@ -75,6 +75,13 @@ func (b *Buffer) String() string {
 // pid agent: the agent's child whose argv[0] is launcher.Arg0 (the agent
 // starts it with its first exec), or 0 when there is none.
 func LauncherPID(agent int) int {
+	return ChildPID(agent, launcher.Arg0+"\x00")
+}
+
+// ChildPID returns the host pid of a child of host process parent whose
+// command line (/proc/<pid>/cmdline: NUL-terminated arguments) begins with
+// prefix, or 0 when there is none.
+func ChildPID(parent int, prefix string) int {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0
@@ -87,12 +94,12 @@ func LauncherPID(agent int) int {
 		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
 		i := bytes.LastIndexByte(stat, ')')
-		if !bytes.HasPrefix(cmdline, []byte(launcher.Arg0+"\x00")) || i < 0 || i+2 > len(stat) {
+		if !bytes.HasPrefix(cmdline, []byte(prefix)) || i < 0 || i+2 > len(stat) {
 			continue
 		}
 		var state string
 		var ppid int
-		if _, err := fmt.Sscanf(string(stat[i+2:]), "%s %d", &state, &ppid); err == nil && ppid == agent {
+		if _, err := fmt.Sscanf(string(stat[i+2:]), "%s %d", &state, &ppid); err == nil && ppid == parent {
 			return pid
 		}
 	}

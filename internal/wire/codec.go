@@ -128,6 +128,10 @@ func (f *Frame) Data(buf *[]byte) []byte {
 	return nil
 }
 
+// DataLen returns the length in bytes of the chunk's data after Chunk or
+// Embedded reported one, without copying it (for accounting).
+func (f *Frame) DataLen() int { return f.n }
+
 // Decode decodes the frame into m, for a message that is not a chunk.
 func (f *Frame) Decode(m proto.Message) error {
 	if err := proto.Unmarshal(f.data.Materialize(), m); err != nil {

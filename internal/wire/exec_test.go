@@ -55,6 +55,9 @@ func TestFrameExecOutput(t *testing.T) {
 				t.Errorf("output seq %d %v of %d bytes in pieces of %d: ExecOutput = %d, %v, %v, bytes equal %v; want %d, %v, true, true",
 					tt.seq, tt.stream, tt.size, piece, seq, stream, ok, bytes.Equal(fr.Data(&buf), data), tt.seq, tt.stream)
 			}
+			if got := fr.DataLen(); got != tt.size {
+				t.Errorf("output of %d bytes in pieces of %d: DataLen = %d, want %d", tt.size, piece, got, tt.size)
+			}
 		}
 	}
 

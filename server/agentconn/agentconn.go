@@ -22,8 +22,8 @@ import (
 )
 
 // MaxRecvBytes is the largest message berthd accepts from an agent, in
-// bytes: output events are at most 256 KiB, file chunks 1 MiB, ListExecs
-// answers at most 3 MiB.
+// bytes: output events are at most 256 KiB, file chunks and Telemetry
+// span batches 1 MiB, ListExecs answers at most 3 MiB.
 const MaxRecvBytes = 4 << 20
 
 // Pool holds agent connections keyed by socket path. The zero value is not
@@ -33,7 +33,7 @@ type Pool struct {
 	refused  refusals
 
 	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	conns map[string]*conn
 	// received counts, per socket path, the messages, headers and
 	// trailers received from the agent on its connection.
 	received map[string]*atomic.Uint64
@@ -42,16 +42,52 @@ type Pool struct {
 	// dialErrs holds, per socket path, the last failure to connect since
 	// the last connection made: gRPC reports a failing dial only as
 	// UNAVAILABLE, without its cause.
-	dialErrs map[string]error
+	dialErrs  map[string]error
+	dialOpts  []grpc.DialOption
+	onConnect func(ctx context.Context, socketPath string, agent agentv1.AgentServiceClient)
+}
+
+// conn is one agent connection and the onConnect goroutine that uses it.
+type conn struct {
+	cc   *grpc.ClientConn
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+func (c *conn) close() {
+	c.stop()
+	<-c.done
+	c.cc.Close()
+}
+
+// Option configures NewPool.
+type Option func(*Pool)
+
+// WithDialOptions adds options to every agent connection (tracing's stats
+// handler).
+func WithDialOptions(opts ...grpc.DialOption) Option {
+	return func(p *Pool) { p.dialOpts = append(p.dialOpts, opts...) }
+}
+
+// WithOnConnect runs f in a goroutine for each new connection, with a
+// context that ends when the connection is forgotten or the pool closed
+// (which wait for f to return): for a stream that lives as long as the
+// agent, like the Telemetry relay.
+func WithOnConnect(f func(ctx context.Context, socketPath string, agent agentv1.AgentServiceClient)) Option {
+	return func(p *Pool) { p.onConnect = f }
 }
 
 // NewPool returns an empty pool whose connections are checked with v: the
 // listener's credentials when connecting, the agent's proof of its secret
 // in every Info call. A nil v checks nothing.
-func NewPool(v Verifier) *Pool {
-	return &Pool{verifier: v, refused: refusals{last: make(map[string]error)},
-		conns: make(map[string]*grpc.ClientConn), dialErrs: make(map[string]error), received: make(map[string]*atomic.Uint64),
+func NewPool(v Verifier, opts ...Option) *Pool {
+	p := &Pool{verifier: v, refused: refusals{last: make(map[string]error)},
+		conns: make(map[string]*conn), dialErrs: make(map[string]error), received: make(map[string]*atomic.Uint64),
 		sockets: make(map[string]net.Conn)}
+	for _, o := range opts {
+		o(p)
+	}
+	return p
 }
 
 // Unread returns how many bytes berthd has written to the agent at
@@ -138,11 +174,11 @@ func (p *Pool) dial(ctx context.Context, socketPath string) (net.Conn, error) {
 func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if cc, ok := p.conns[socketPath]; ok {
-		return agentv1.NewAgentServiceClient(cc), nil
+	if c, ok := p.conns[socketPath]; ok {
+		return agentv1.NewAgentServiceClient(c.cc), nil
 	}
 	received := new(atomic.Uint64)
-	cc, err := grpc.NewClient("unix://"+socketPath, append(wire.DialOptions(),
+	cc, err := grpc.NewClient("unix://"+socketPath, append(append(wire.DialOptions(),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Never through a symlink the sandbox put in place of its socket,
 		// and only to the sandbox's agent.
@@ -161,26 +197,34 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 		// control then holds the agent, and the agent holds the process.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxRecvBytes)),
 		grpc.WithStatsHandler(counter{received}),
-	)...)
+	), p.dialOpts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("dial agent %s: %w", socketPath, err)
 	}
-	p.conns[socketPath] = cc
+	ctx, stop := context.WithCancel(context.Background())
+	c := &conn{cc: cc, stop: stop, done: make(chan struct{})}
+	p.conns[socketPath] = c
 	p.received[socketPath] = received
-	return agentv1.NewAgentServiceClient(cc), nil
+	client := agentv1.NewAgentServiceClient(cc)
+	if p.onConnect != nil {
+		go func() { defer close(c.done); p.onConnect(ctx, socketPath, client) }()
+	} else {
+		close(c.done)
+	}
+	return client, nil
 }
 
 // Forget closes and drops the connection to socketPath, if any.
 func (p *Pool) Forget(socketPath string) {
 	p.mu.Lock()
-	cc, ok := p.conns[socketPath]
+	c, ok := p.conns[socketPath]
 	delete(p.conns, socketPath)
 	delete(p.dialErrs, socketPath)
 	delete(p.received, socketPath)
 	delete(p.sockets, socketPath)
 	p.mu.Unlock()
 	if ok {
-		cc.Close()
+		c.close()
 	}
 }
 
@@ -188,10 +232,10 @@ func (p *Pool) Forget(socketPath string) {
 func (p *Pool) Close() {
 	p.mu.Lock()
 	conns := p.conns
-	p.conns = make(map[string]*grpc.ClientConn)
+	p.conns = make(map[string]*conn)
 	p.mu.Unlock()
-	for _, cc := range conns {
-		cc.Close()
+	for _, c := range conns {
+		c.close()
 	}
 }
 

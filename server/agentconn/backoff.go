@@ -8,6 +8,6 @@ func (p *Pool) ResetBackoff(socketPath string) {
 	cc, ok := p.conns[socketPath]
 	p.mu.Unlock()
 	if ok {
-		cc.ResetConnectBackoff()
+		cc.cc.ResetConnectBackoff()
 	}
 }

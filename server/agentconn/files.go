@@ -1,6 +1,10 @@
 package agentconn
 
-import agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+import (
+	"fmt"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+)
 
 // Files returns a FileService client for the agent listening on
 // socketPath, on the same connection as Get's.
@@ -10,5 +14,10 @@ func (p *Pool) Files(socketPath string) (agentv1.FileServiceClient, error) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return agentv1.NewFileServiceClient(p.conns[socketPath]), nil
+	c, ok := p.conns[socketPath]
+	if !ok {
+		// Forgotten between the two locks: the sandbox is being deleted.
+		return nil, fmt.Errorf("connection to agent %s closed", socketPath)
+	}
+	return agentv1.NewFileServiceClient(c.cc), nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/pkg/archive/compression"
 	"github.com/containerd/errdefs"
+	"github.com/distribution/reference"
 )
 
 // Image is an image in the store.
@@ -21,6 +22,10 @@ type Image struct {
 	Digest string
 	// SizeBytes is the target descriptor's size in bytes.
 	SizeBytes uint64
+	// ContentSizeBytes is the size of the image's content for the host's
+	// platform (index, manifest, config, compressed layers), in bytes; 0
+	// when it could not be read.
+	ContentSizeBytes uint64
 	// CreatedAt is when the record was created.
 	CreatedAt time.Time
 }
@@ -85,7 +90,7 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 		if err := containerd.NewImage(r.client, img).Unpack(ctx, r.cfg.Snapshotter); err != nil {
 			return nil, fmt.Errorf("unpack image %s: %w", img.Name, err)
 		}
-		out = append(out, imageOf(img))
+		out = append(out, r.imageOf(ctx, img))
 	}
 	return out, nil
 }
@@ -102,17 +107,46 @@ func (r *Runtime) ListImages(ctx context.Context) (_ []Image, err error) {
 	}
 	out := make([]Image, 0, len(imgs))
 	for _, img := range imgs {
-		out = append(out, imageOf(img))
+		out = append(out, r.imageOf(ctx, img))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
-func imageOf(img images.Image) Image {
-	return Image{
+func (r *Runtime) imageOf(ctx context.Context, img images.Image) Image {
+	out := Image{
 		Name:      img.Name,
 		Digest:    img.Target.Digest.String(),
 		SizeBytes: uint64(img.Target.Size),
 		CreatedAt: img.CreatedAt,
 	}
+	if n, err := containerd.NewImage(r.client, img).Size(ctx); err == nil && n > 0 {
+		out.ContentSizeBytes = uint64(n)
+	}
+	return out
+}
+
+// ResolveImage returns the stored name of the image ref names: ref itself
+// when it is stored, else its normalized form as docker would read it
+// ("busybox" is "docker.io/library/busybox:latest", "berth.dev/base" is
+// "berth.dev/base:latest") when that is stored. It fails with
+// ErrImageNotFound naming ref otherwise.
+func (r *Runtime) ResolveImage(ctx context.Context, ref string) (_ string, err error) {
+	c := r.begin(ctx, "find image "+ref)
+	defer c.end(&err)
+	ctx, cancel := c.step()
+	defer cancel()
+	_, err = r.client.ImageService().Get(ctx, ref)
+	if err == nil {
+		return ref, nil
+	}
+	if !errdefs.IsNotFound(err) {
+		return "", fmt.Errorf("get image %s: %w", ref, err)
+	}
+	if named, perr := reference.ParseDockerRef(ref); perr == nil && named.String() != ref {
+		if _, err := r.client.ImageService().Get(ctx, named.String()); err == nil {
+			return named.String(), nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s", ErrImageNotFound, ref)
 }

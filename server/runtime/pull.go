@@ -211,7 +211,7 @@ func (r *Runtime) PullImage(ctx context.Context, ref string, opts PullOptions, p
 	if progress != nil {
 		progress(tracker.snapshot(ctx, r))
 	}
-	return imageOf(img.Metadata()), nil
+	return r.imageOf(ctx, img.Metadata()), nil
 }
 
 // pullError classifies a resolve or fetch failure.

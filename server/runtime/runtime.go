@@ -124,6 +124,9 @@ type Config struct {
 	// starts (berth-agent --workload-nofile), capped by the container's
 	// hard limit; zero keeps the agent's default of 1024.
 	WorkloadNofile uint64
+	// TraceAgents starts new sandboxes' agents with --trace: they trace
+	// their calls and hand the spans to berthd (internal/telemetry).
+	TraceAgents bool
 	// IDFirst is the first host id of the user-namespace ranges given to
 	// sandboxes, IDRanges how many ranges of IDRangeSize ids there are.
 	// Defaults 1073741824 (2^30) and 16384: host ids 2^30 to 2^31-1, far
@@ -587,6 +590,9 @@ func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	}
 	if r.cfg.WorkloadNofile > 0 {
 		args = append(args, "--workload-nofile", strconv.FormatUint(r.cfg.WorkloadNofile, 10))
+	}
+	if r.cfg.TraceAgents {
+		args = append(args, "--trace")
 	}
 	if spec.DiskBytes > 0 {
 		args = append(args, "--disk-bytes", strconv.FormatUint(spec.DiskBytes, 10))

@@ -292,7 +292,16 @@ type ProcessSpec struct {
 	// (0x04, ^D), which a program reading a line in canonical mode sees as end
 	// of file; ExecResize changes the size. stdout_limit_bytes caps the
 	// terminal's output.
-	Tty           *TtySize `protobuf:"bytes,10,opt,name=tty,proto3" json:"tty,omitempty"`
+	Tty *TtySize `protobuf:"bytes,10,opt,name=tty,proto3" json:"tty,omitempty"`
+	// user runs the process as another user than the sandbox's workload
+	// user: "uid" or "uid:gid" (numbers; gid defaults to the uid's group in
+	// the sandbox's /etc/passwd, else to uid), or a user name from the
+	// sandbox's /etc/passwd, optionally ":gid". Supplementary groups are
+	// cleared; HOME, USER, LOGNAME and SHELL follow the user. Empty: the
+	// sandbox's workload user. The process still holds no capability, uid 0
+	// included. INVALID_ARGUMENT naming process.user when it is malformed or
+	// names no user.
+	User          string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -397,6 +406,13 @@ func (x *ProcessSpec) GetTty() *TtySize {
 	return nil
 }
 
+func (x *ProcessSpec) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
 // TtySize is the size of a terminal, in character cells.
 type TtySize struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -475,8 +491,16 @@ type ExecStart struct {
 	// is, no byte is ever dropped: the process's writes wait for the slowest
 	// attached reader.
 	DetachedOutput DetachedOutput `protobuf:"varint,5,opt,name=detached_output,json=detachedOutput,proto3,enum=berth.v1.DetachedOutput" json:"detached_output,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// hangup_on_disconnect, when true, sends SIGHUP to the exec's process
+	// group when this stream breaks (the caller went away: its process was
+	// killed, its terminal hung up, its connection dropped) while the exec
+	// runs, as a terminal hangup does for ssh. A stream that ends after
+	// ExecExited, or a background start, sends nothing. The berth CLI sets it
+	// for `exec -t` unless --detach-on-hangup. Default: the exec runs on,
+	// to be attached again.
+	HangupOnDisconnect bool `protobuf:"varint,6,opt,name=hangup_on_disconnect,json=hangupOnDisconnect,proto3" json:"hangup_on_disconnect,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *ExecStart) Reset() {
@@ -542,6 +566,13 @@ func (x *ExecStart) GetDetachedOutput() DetachedOutput {
 		return x.DetachedOutput
 	}
 	return DetachedOutput_DETACHED_OUTPUT_UNSPECIFIED
+}
+
+func (x *ExecStart) GetHangupOnDisconnect() bool {
+	if x != nil {
+		return x.HangupOnDisconnect
+	}
+	return false
 }
 
 // ExecAttach follows an existing exec. It is the first message of an Exec
@@ -2063,7 +2094,7 @@ var File_berth_v1_exec_proto protoreflect.FileDescriptor
 
 const file_berth_v1_exec_proto_rawDesc = "" +
 	"\n" +
-	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb5\x03\n" +
+	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x03\n" +
 	"\vProcessSpec\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12#\n" +
 	"\rshell_command\x18\x02 \x01(\tR\fshellCommand\x12%\n" +
@@ -2075,13 +2106,14 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x12stdout_limit_bytes\x18\b \x01(\x04R\x10stdoutLimitBytes\x12,\n" +
 	"\x12stderr_limit_bytes\x18\t \x01(\x04R\x10stderrLimitBytes\x12#\n" +
 	"\x03tty\x18\n" +
-	" \x01(\v2\x11.berth.v1.TtySizeR\x03tty\x1a6\n" +
+	" \x01(\v2\x11.berth.v1.TtySizeR\x03tty\x12\x12\n" +
+	"\x04user\x18\v \x01(\tR\x04user\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +
 	"\aTtySize\x12\x12\n" +
 	"\x04rows\x18\x01 \x01(\rR\x04rows\x12\x12\n" +
-	"\x04cols\x18\x02 \x01(\rR\x04cols\"\xd7\x01\n" +
+	"\x04cols\x18\x02 \x01(\rR\x04cols\"\x89\x02\n" +
 	"\tExecStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -2090,7 +2122,8 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\n" +
 	"background\x18\x04 \x01(\bR\n" +
 	"background\x12A\n" +
-	"\x0fdetached_output\x18\x05 \x01(\x0e2\x18.berth.v1.DetachedOutputR\x0edetachedOutput\"a\n" +
+	"\x0fdetached_output\x18\x05 \x01(\x0e2\x18.berth.v1.DetachedOutputR\x0edetachedOutput\x120\n" +
+	"\x14hangup_on_disconnect\x18\x06 \x01(\bR\x12hangupOnDisconnect\"a\n" +
 	"\n" +
 	"ExecAttach\x12\x1d\n" +
 	"\n" +

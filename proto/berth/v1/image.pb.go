@@ -29,12 +29,17 @@ type Image struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// digest is the digest of the image's manifest or index, "sha256:<hex>".
 	Digest string `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
-	// size_bytes is the size of the image's target content, in bytes.
+	// size_bytes is the size of the image's target content (its manifest or
+	// index alone), in bytes; content_size_bytes is the image's size.
 	SizeBytes uint64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	// created_at is when the image record was created in the store.
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CreatedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// content_size_bytes is the size of everything the image is made of for
+	// the server's platform: index, manifest, config and (compressed) layers,
+	// in bytes, as containerd's `ctr images ls` shows it.
+	ContentSizeBytes uint64 `protobuf:"varint,5,opt,name=content_size_bytes,json=contentSizeBytes,proto3" json:"content_size_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Image) Reset() {
@@ -93,6 +98,13 @@ func (x *Image) GetCreatedAt() *timestamppb.Timestamp {
 		return x.CreatedAt
 	}
 	return nil
+}
+
+func (x *Image) GetContentSizeBytes() uint64 {
+	if x != nil {
+		return x.ContentSizeBytes
+	}
+	return 0
 }
 
 // ImportImageHeader starts an import.
@@ -653,14 +665,15 @@ var File_berth_v1_image_proto protoreflect.FileDescriptor
 
 const file_berth_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x14berth/v1/image.proto\x12\bberth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8d\x01\n" +
+	"\x14berth/v1/image.proto\x12\bberth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
 	"\n" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x129\n" +
 	"\n" +
-	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"'\n" +
+	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12,\n" +
+	"\x12content_size_bytes\x18\x05 \x01(\x04R\x10contentSizeBytes\"'\n" +
 	"\x11ImportImageHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"k\n" +
 	"\x12ImportImageRequest\x125\n" +

@@ -23,6 +23,91 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// TelemetryRequest is empty.
+type TelemetryRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TelemetryRequest) Reset() {
+	*x = TelemetryRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TelemetryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TelemetryRequest) ProtoMessage() {}
+
+func (x *TelemetryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TelemetryRequest.ProtoReflect.Descriptor instead.
+func (*TelemetryRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+// TelemetryResponse is one batch of spans.
+type TelemetryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// export_trace_service_request is a serialized
+	// opentelemetry.proto.collector.trace.v1.ExportTraceServiceRequest (OTLP),
+	// at most 1 MiB.
+	ExportTraceServiceRequest []byte `protobuf:"bytes,1,opt,name=export_trace_service_request,json=exportTraceServiceRequest,proto3" json:"export_trace_service_request,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
+}
+
+func (x *TelemetryResponse) Reset() {
+	*x = TelemetryResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TelemetryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TelemetryResponse) ProtoMessage() {}
+
+func (x *TelemetryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TelemetryResponse.ProtoReflect.Descriptor instead.
+func (*TelemetryResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TelemetryResponse) GetExportTraceServiceRequest() []byte {
+	if x != nil {
+		return x.ExportTraceServiceRequest
+	}
+	return nil
+}
+
 // InfoRequest asks the agent who it is.
 type InfoRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -35,7 +120,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -47,7 +132,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -60,7 +145,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *InfoRequest) GetChallenge() []byte {
@@ -99,7 +184,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -111,7 +196,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -124,7 +209,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InfoResponse) GetBootId() string {
@@ -195,7 +280,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -207,7 +292,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -220,7 +305,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ExecStart) GetExecId() string {
@@ -268,7 +353,7 @@ type ExecAttach struct {
 
 func (x *ExecAttach) Reset() {
 	*x = ExecAttach{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -280,7 +365,7 @@ func (x *ExecAttach) String() string {
 func (*ExecAttach) ProtoMessage() {}
 
 func (x *ExecAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -293,7 +378,7 @@ func (x *ExecAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAttach.ProtoReflect.Descriptor instead.
 func (*ExecAttach) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ExecAttach) GetExecId() string {
@@ -338,7 +423,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +435,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +448,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecRequest) GetEvent() isExecRequest_Event {
@@ -492,7 +577,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +589,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +602,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -620,7 +705,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +717,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +730,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 // ListExecsResponse lists the agent's execs.
@@ -662,7 +747,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +759,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +772,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListExecsResponse) GetExecs() []*v1.ExecInfo {
@@ -717,7 +802,7 @@ type SignalExecRequest struct {
 
 func (x *SignalExecRequest) Reset() {
 	*x = SignalExecRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +814,7 @@ func (x *SignalExecRequest) String() string {
 func (*SignalExecRequest) ProtoMessage() {}
 
 func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +827,7 @@ func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalExecRequest.ProtoReflect.Descriptor instead.
 func (*SignalExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SignalExecRequest) GetExecId() string {
@@ -770,7 +855,7 @@ type SignalExecResponse struct {
 
 func (x *SignalExecResponse) Reset() {
 	*x = SignalExecResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +867,7 @@ func (x *SignalExecResponse) String() string {
 func (*SignalExecResponse) ProtoMessage() {}
 
 func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +880,7 @@ func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalExecResponse.ProtoReflect.Descriptor instead.
 func (*SignalExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SignalExecResponse) GetState() v1.ExecState {
@@ -822,7 +907,7 @@ type PortForwardRequest struct {
 
 func (x *PortForwardRequest) Reset() {
 	*x = PortForwardRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +919,7 @@ func (x *PortForwardRequest) String() string {
 func (*PortForwardRequest) ProtoMessage() {}
 
 func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +932,7 @@ func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
 func (*PortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PortForwardRequest) GetEvent() isPortForwardRequest_Event {
@@ -911,7 +996,7 @@ type PortForwardResponse struct {
 
 func (x *PortForwardResponse) Reset() {
 	*x = PortForwardResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -923,7 +1008,7 @@ func (x *PortForwardResponse) String() string {
 func (*PortForwardResponse) ProtoMessage() {}
 
 func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -936,7 +1021,7 @@ func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
 func (*PortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PortForwardResponse) GetEvent() isPortForwardResponse_Event {
@@ -1002,7 +1087,10 @@ var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"+\n" +
+	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x10TelemetryRequest\"T\n" +
+	"\x11TelemetryResponse\x12?\n" +
+	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"+\n" +
 	"\vInfoRequest\x12\x1c\n" +
 	"\tchallenge\x18\x01 \x01(\fR\tchallenge\"\xe5\x01\n" +
 	"\fInfoResponse\x12\x17\n" +
@@ -1058,13 +1146,14 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\tconnected\x18\x01 \x01(\v2\x1e.berth.v1.PortForwardConnectedH\x00R\tconnected\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12,\n" +
 	"\x03eof\x18\x03 \x01(\v2\x18.berth.v1.PortForwardEOFH\x00R\x03eofB\a\n" +
-	"\x05event2\x9b\x03\n" +
+	"\x05event2\xef\x03\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\tListExecs\x12 .berth.agent.v1.ListExecsRequest\x1a!.berth.agent.v1.ListExecsResponse\x12S\n" +
 	"\n" +
-	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12Z\n" +
+	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12R\n" +
+	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01\x12Z\n" +
 	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
 var (
@@ -1079,68 +1168,72 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
-	(*InfoRequest)(nil),             // 0: berth.agent.v1.InfoRequest
-	(*InfoResponse)(nil),            // 1: berth.agent.v1.InfoResponse
-	(*ExecStart)(nil),               // 2: berth.agent.v1.ExecStart
-	(*ExecAttach)(nil),              // 3: berth.agent.v1.ExecAttach
-	(*ExecRequest)(nil),             // 4: berth.agent.v1.ExecRequest
-	(*ExecResponse)(nil),            // 5: berth.agent.v1.ExecResponse
-	(*ListExecsRequest)(nil),        // 6: berth.agent.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),       // 7: berth.agent.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),       // 8: berth.agent.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),      // 9: berth.agent.v1.SignalExecResponse
-	(*PortForwardRequest)(nil),      // 10: berth.agent.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),     // 11: berth.agent.v1.PortForwardResponse
-	(*timestamppb.Timestamp)(nil),   // 12: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),          // 13: berth.v1.ProcessSpec
-	(v1.DetachedOutput)(0),          // 14: berth.v1.DetachedOutput
-	(*v1.ExecStdin)(nil),            // 15: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),       // 16: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),           // 17: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),           // 18: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),          // 19: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),           // 20: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),        // 21: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),          // 22: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),           // 23: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),             // 24: berth.v1.ExecInfo
-	(v1.ExecState)(0),               // 25: berth.v1.ExecState
-	(*v1.PortForwardConnected)(nil), // 26: berth.v1.PortForwardConnected
-	(*v1.PortForwardEOF)(nil),       // 27: berth.v1.PortForwardEOF
+	(*TelemetryRequest)(nil),        // 0: berth.agent.v1.TelemetryRequest
+	(*TelemetryResponse)(nil),       // 1: berth.agent.v1.TelemetryResponse
+	(*InfoRequest)(nil),             // 2: berth.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 3: berth.agent.v1.InfoResponse
+	(*ExecStart)(nil),               // 4: berth.agent.v1.ExecStart
+	(*ExecAttach)(nil),              // 5: berth.agent.v1.ExecAttach
+	(*ExecRequest)(nil),             // 6: berth.agent.v1.ExecRequest
+	(*ExecResponse)(nil),            // 7: berth.agent.v1.ExecResponse
+	(*ListExecsRequest)(nil),        // 8: berth.agent.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),       // 9: berth.agent.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),       // 10: berth.agent.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),      // 11: berth.agent.v1.SignalExecResponse
+	(*PortForwardRequest)(nil),      // 12: berth.agent.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),     // 13: berth.agent.v1.PortForwardResponse
+	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),          // 15: berth.v1.ProcessSpec
+	(v1.DetachedOutput)(0),          // 16: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),            // 17: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),       // 18: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),           // 19: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),           // 20: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),          // 21: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),           // 22: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),        // 23: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),          // 24: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),           // 25: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),             // 26: berth.v1.ExecInfo
+	(v1.ExecState)(0),               // 27: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil), // 28: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),       // 29: berth.v1.PortForwardEOF
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	12, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	13, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	14, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
-	2,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
-	3,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	15, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	16, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	17, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	18, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	19, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	20, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	21, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	22, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	23, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	24, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	25, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	26, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
-	27, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
-	0,  // 18: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	4,  // 19: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	6,  // 20: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	8,  // 21: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	10, // 22: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
-	1,  // 23: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	5,  // 24: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	7,  // 25: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	9,  // 26: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	11, // 27: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
+	14, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	15, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	16, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	4,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
+	5,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
+	17, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	18, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	19, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	20, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	21, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	22, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	23, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	24, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	25, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	26, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	27, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	28, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	29, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	2,  // 18: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 19: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 20: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 21: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	0,  // 22: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	12, // 23: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	3,  // 24: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 25: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 26: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 27: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	1,  // 28: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	13, // 29: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	24, // [24:30] is the sub-list for method output_type
+	18, // [18:24] is the sub-list for method input_type
 	18, // [18:18] is the sub-list for extension type_name
 	18, // [18:18] is the sub-list for extension extendee
 	0,  // [0:18] is the sub-list for field type_name
@@ -1151,7 +1244,7 @@ func file_berth_agent_v1_agent_proto_init() {
 	if File_berth_agent_v1_agent_proto != nil {
 		return
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[4].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Attach)(nil),
 		(*ExecRequest_Stdin)(nil),
@@ -1159,18 +1252,18 @@ func file_berth_agent_v1_agent_proto_init() {
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[5].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Output)(nil),
 		(*ExecResponse_Heartbeat)(nil),
 		(*ExecResponse_Dropped)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*PortForwardRequest_Port)(nil),
 		(*PortForwardRequest_Data)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[11].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
 		(*PortForwardResponse_Connected)(nil),
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Eof)(nil),
@@ -1181,7 +1274,7 @@ func file_berth_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const (
 	AgentService_Exec_FullMethodName        = "/berth.agent.v1.AgentService/Exec"
 	AgentService_ListExecs_FullMethodName   = "/berth.agent.v1.AgentService/ListExecs"
 	AgentService_SignalExec_FullMethodName  = "/berth.agent.v1.AgentService/SignalExec"
+	AgentService_Telemetry_FullMethodName   = "/berth.agent.v1.AgentService/Telemetry"
 	AgentService_PortForward_FullMethodName = "/berth.agent.v1.AgentService/PortForward"
 )
 
@@ -48,6 +49,12 @@ type AgentServiceClient interface {
 	// semantics of berth.v1.SandboxService.SignalExec. Errors:
 	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
 	SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error)
+	// Telemetry streams the agent's finished trace spans, in batches, while
+	// the agent runs with tracing on (berthd passes --trace when it exports
+	// traces); berthd relays them to its OTLP endpoint. Without tracing the
+	// stream ends at once with OK. Spans the agent could not hand out in time
+	// are dropped, oldest first, never blocking the agent.
+	Telemetry(ctx context.Context, in *TelemetryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TelemetryResponse], error)
 	// PortForward dials 127.0.0.1:port in the sandbox's network namespace and
 	// carries the connection's bytes both ways, with the semantics of
 	// berth.v1.SandboxService.PortForward. Errors: INVALID_ARGUMENT for a
@@ -107,9 +114,28 @@ func (c *agentServiceClient) SignalExec(ctx context.Context, in *SignalExecReque
 	return out, nil
 }
 
+func (c *agentServiceClient) Telemetry(ctx context.Context, in *TelemetryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TelemetryResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_Telemetry_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TelemetryRequest, TelemetryResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_TelemetryClient = grpc.ServerStreamingClient[TelemetryResponse]
+
 func (c *agentServiceClient) PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_PortForward_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[2], AgentService_PortForward_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +168,12 @@ type AgentServiceServer interface {
 	// semantics of berth.v1.SandboxService.SignalExec. Errors:
 	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
 	SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error)
+	// Telemetry streams the agent's finished trace spans, in batches, while
+	// the agent runs with tracing on (berthd passes --trace when it exports
+	// traces); berthd relays them to its OTLP endpoint. Without tracing the
+	// stream ends at once with OK. Spans the agent could not hand out in time
+	// are dropped, oldest first, never blocking the agent.
+	Telemetry(*TelemetryRequest, grpc.ServerStreamingServer[TelemetryResponse]) error
 	// PortForward dials 127.0.0.1:port in the sandbox's network namespace and
 	// carries the connection's bytes both ways, with the semantics of
 	// berth.v1.SandboxService.PortForward. Errors: INVALID_ARGUMENT for a
@@ -169,6 +201,9 @@ func (UnimplementedAgentServiceServer) ListExecs(context.Context, *ListExecsRequ
 }
 func (UnimplementedAgentServiceServer) SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SignalExec not implemented")
+}
+func (UnimplementedAgentServiceServer) Telemetry(*TelemetryRequest, grpc.ServerStreamingServer[TelemetryResponse]) error {
+	return status.Error(codes.Unimplemented, "method Telemetry not implemented")
 }
 func (UnimplementedAgentServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
 	return status.Error(codes.Unimplemented, "method PortForward not implemented")
@@ -255,6 +290,17 @@ func _AgentService_SignalExec_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_Telemetry_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TelemetryRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServiceServer).Telemetry(m, &grpc.GenericServerStream[TelemetryRequest, TelemetryResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_TelemetryServer = grpc.ServerStreamingServer[TelemetryResponse]
+
 func _AgentService_PortForward_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(AgentServiceServer).PortForward(&grpc.GenericServerStream[PortForwardRequest, PortForwardResponse]{ServerStream: stream})
 }
@@ -288,6 +334,11 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _AgentService_Exec_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "Telemetry",
+			Handler:       _AgentService_Telemetry_Handler,
+			ServerStreams: true,
 		},
 		{
 			StreamName:    "PortForward",
