@@ -44,10 +44,10 @@ and to you on download; -a keeps the numeric owners (and setuid and setgid
 bits; on download only when you may chown, i.e. as root). No archive entry
 is ever written outside the destination, nor through a symlink out of it.
 
-What cannot be copied is named on stderr, and berth then exits 1 unless
---skip-special is given: unix sockets (tar cannot carry them) and device
-nodes where they cannot be created (sandbox processes never can: mknod
-needs CAP_MKNOD).
+What cannot be copied is named on stderr and left out, everything else is
+copied, and berth then exits 1 unless --skip-special is given: unix sockets
+(tar cannot carry them) and device nodes where they cannot be created
+(sandbox processes never can: mknod needs CAP_MKNOD).
 
 "-" reads a file from standard input, or writes a file (or a directory as
 a POSIX pax tar stream) to standard output. Progress is shown on stderr
@@ -109,10 +109,14 @@ func (cp *copier) skip(name, why string) {
 }
 
 // exit is the copy's exit status once the data moved: 1 when entries were
-// skipped without --skip-special.
+// skipped without --skip-special (everything else was copied).
 func (cp *copier) exit() error {
 	if cp.skipped > 0 && !cp.opts.skipSpecial {
-		fmt.Fprintf(cp.stderr, "berth: cp: %d entries were not copied (--skip-special accepts that)\n", cp.skipped)
+		entries := fmt.Sprintf("%d entries were", cp.skipped)
+		if cp.skipped == 1 {
+			entries = "1 entry was"
+		}
+		fmt.Fprintf(cp.stderr, "berth: cp: %s not copied, the rest was (--skip-special accepts that)\n", entries)
 		return exitStatus(1)
 	}
 	return nil

@@ -68,3 +68,25 @@ func TestCopierExit(t *testing.T) {
 		}
 	}
 }
+
+// TestCopierExitSummary counts the entries left out in proper English and
+// says that the rest was copied: exit 1 after a skip is not a failed copy.
+func TestCopierExitSummary(t *testing.T) {
+	for n, want := range map[int]string{
+		1: "berth: cp: 1 entry was not copied, the rest was (--skip-special accepts that)\n",
+		2: "berth: cp: 2 entries were not copied, the rest was (--skip-special accepts that)\n",
+	} {
+		var stderr bytes.Buffer
+		cp := &copier{stderr: &stderr}
+		for i := range n {
+			cp.skip("s"+string(rune('0'+i)), "a unix socket cannot be archived")
+		}
+		var status exitStatus
+		if err := cp.exit(); !errors.As(err, &status) || status != 1 {
+			t.Errorf("%d skipped: exit = %v, want exit status 1", n, err)
+		}
+		if !strings.HasSuffix(stderr.String(), want) {
+			t.Errorf("%d skipped: stderr %q, want it to end with %q", n, stderr.String(), want)
+		}
+	}
+}

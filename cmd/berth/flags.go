@@ -46,7 +46,8 @@ type processFlags struct {
 	shell   string
 	bash    bool
 	noStdin bool
-	// outputLimit caps each output stream, in bytes; 0: berthd's default.
+	// outputLimit caps each output stream, in bytes; 0: no cap (Exec's
+	// stdout_limit_bytes and stderr_limit_bytes).
 	outputLimit uint64
 	// detachOnHangup leaves a -t command running when berth goes away.
 	detachOnHangup bool
@@ -71,7 +72,7 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.StringVar(&f.shell, "shell", "", "run this command string with /bin/sh -c instead of COMMAND ARG...")
 	fs.BoolVar(&f.bash, "bash", false, "run --shell's command string with bash instead of /bin/sh")
 	fs.BoolVar(&f.noStdin, "no-stdin", false, "do not forward standard input; the command reads /dev/null")
-	fs.Uint64Var(&f.outputLimit, "output-limit", 0, "keep at most this many `bytes` of stdout and of stderr each (default and maximum: berthd's, 16 MiB and 64 MiB); beyond it output is counted and discarded, and berth says so")
+	fs.Uint64Var(&f.outputLimit, "output-limit", 0, "keep at most this many `bytes` of stdout and of stderr each; beyond it output is counted and discarded, and berth says so (default 0: no cap, every byte is shown; berth streams, so no berthd maximum applies)")
 	fs.BoolVarP(&f.interactive, "interactive", "i", false, "forward standard input also when it is a terminal")
 	fs.BoolVar(&f.detachOnHangup, "detach-on-hangup", false, "with -t, leave the command running when berth's terminal hangs up or berth dies (default: the command's process group gets SIGHUP, as over ssh)")
 	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
