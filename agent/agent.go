@@ -103,8 +103,10 @@ type Config struct {
 	// output event is charged its data size plus EventOverhead. Beyond it
 	// the oldest events that every attached reader has read are shed
 	// (readers that attach later get ExecDropped); when an attached reader
-	// has not read them, the exec's output waits for it (flow control). The
-	// newest event is always kept. Default 8 MiB.
+	// has not read them, the exec's output waits for it (flow control).
+	// An event holds at most RingBytes-EventOverhead bytes, so a ring no
+	// one reads never holds more than RingBytes. More than EventOverhead;
+	// default 8 MiB.
 	RingBytes uint64
 	// RetainedBytes bounds the output all execs retain together, in bytes
 	// (see RingBytes): beyond it the output of ended execs is shed first,
@@ -196,6 +198,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("config: DefaultTimeout %v must be within MinTimeout %v..MaxTimeout %v", c.DefaultTimeout, c.MinTimeout, c.MaxTimeout)
 	case c.KillGrace < 0 || c.DrainGrace < 0 || c.Retention < 0 || c.HeartbeatInterval < 0:
 		return c, errors.New("config: KillGrace, DrainGrace, Retention and HeartbeatInterval must not be negative")
+	case c.RingBytes <= EventOverhead:
+		return c, fmt.Errorf("config: RingBytes %d must be more than EventOverhead %d: an output event costs its data plus the overhead", c.RingBytes, EventOverhead)
 	}
 	return c, nil
 }

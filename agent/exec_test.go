@@ -833,6 +833,73 @@ func TestRingShedding(t *testing.T) {
 	})
 }
 
+// TestDetachedOutputWithinRing checks that a ring no one reads holds at
+// most its bytes, whatever the size of the process's writes: head writes
+// 8 KiB at a time, twice the ring, and the pump reads what the pipe holds.
+// An attach after the end gets a dropped event for everything else, with
+// the exact byte count. For stdout, stderr and a terminal.
+func TestDetachedOutputWithinRing(t *testing.T) {
+	const (
+		ringBytes = 4096
+		overhead  = 160 // agent.EventOverhead
+		total     = 1 << 20
+	)
+	a := startAgent(t, "--ring-bytes", fmt.Sprint(ringBytes))
+	head := fmt.Sprintf("head -c %d /dev/zero", total)
+	for _, tt := range []struct {
+		name   string
+		spec   *berthv1.ProcessSpec
+		stream berthv1.Stream
+	}{
+		{"stdout", shell(head), berthv1.Stream_STREAM_STDOUT},
+		{"stderr", shell(head + " >&2"), berthv1.Stream_STREAM_STDERR},
+		{"tty", &berthv1.ProcessSpec{ShellCommand: head, Tty: &berthv1.TtySize{Rows: 24, Cols: 80}}, berthv1.Stream_STREAM_STDOUT},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			id := execID(t)
+			start, err := a.client.Exec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := start.Send(&agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: id, Process: tt.spec, Background: true}}}); err != nil {
+				t.Fatal(err)
+			}
+			if resp, err := start.Recv(); err != nil || resp.GetStarted() == nil {
+				t.Fatalf("background start: %v, %v; want started", resp, err)
+			}
+			// Wait for its end without reading its output.
+			wait, err := a.client.Exec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := wait.Send(&agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: id, ExitOnly: true}}}); err != nil {
+				t.Fatal(err)
+			}
+			if r := collect(t, wait, nil); r.result.GetStdoutBytes()+r.result.GetStderrBytes() != total {
+				t.Fatalf("result %v, want %d bytes written", r.result, total)
+			}
+
+			r := collect(t, a.attachExec(t, ctx, id, 0), &execRun{})
+			got := r.stdout
+			if tt.stream == berthv1.Stream_STREAM_STDERR {
+				got = r.stderr
+			}
+			if len(r.dropped) != 1 || r.dropped[0].GetFirstSeq() != 1 {
+				t.Fatalf("dropped = %v, want one range from seq 1", r.dropped)
+			}
+			if lost := r.droppedBytes(); lost+uint64(len(got)) != total || r.result.GetExitCode() != 0 {
+				t.Errorf("lost %d + received %d bytes, exit %d; want %d bytes, exit 0", lost, len(got), r.result.GetExitCode(), total)
+			}
+			charged := uint64(len(got)) + uint64(len(r.outputs))*overhead
+			if len(got) == 0 || charged > ringBytes || !bytes.Equal(got, make([]byte, len(got))) {
+				t.Errorf("received %d bytes in %d events (charged %d), want 1 to %d zero bytes charged", len(got), len(r.outputs), charged, ringBytes)
+			}
+		})
+	}
+}
+
 // TestSlowReaderLosesNothing checks flow control: a reader that falls far
 // behind a fast producer (reading nothing until the producer has written
 // many rings' worth) still gets every byte, without a dropped event; the

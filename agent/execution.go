@@ -23,9 +23,10 @@ import (
 )
 
 // chunkSize is the most output one event carries, in bytes: a pump reads
-// what its pipe holds, up to this, into one event. Big events keep the
-// per-message cost of the stream low when a process writes fast; a lone
-// byte still goes out at once, since a read returns what is there.
+// what its pipe holds, up to this or its log's MaxEventBytes when that is
+// smaller, into one event. Big events keep the per-message cost of the
+// stream low when a process writes fast; a lone byte still goes out at
+// once, since a read returns what is there.
 const chunkSize = 256 << 10
 
 // chunks holds the pumps' read buffers, so that an idle pump (most of them)
@@ -362,8 +363,11 @@ type pump struct {
 	close  func()   // called instead of f.Close once run is done, when set
 	stream berthv1.Stream
 	limit  uint64 // bytes kept at most; 0: no cap
-	kept   uint64 // bytes appended to the log
-	total  uint64 // bytes read
+	// event is the most bytes read into one event: chunkSize, or less so
+	// that one event fits the log's limit (newPump).
+	event int
+	kept  uint64 // bytes appended to the log
+	total uint64 // bytes read
 
 	// waitedNs is the time spent in Append so far, in nanoseconds, and
 	// appendStart when the Append in progress began (0: none), so that
@@ -371,6 +375,14 @@ type pump struct {
 	// for readers (waited).
 	waitedNs    atomic.Int64
 	appendStart atomic.Int64
+}
+
+// newPump returns a pump of stream's output into log, keeping the
+// first limit bytes (0: all). Its events hold at most chunkSize bytes, and
+// no more than the log retains within its limit: a ring smaller than a
+// pipe's burst still holds at most its bytes, and sheds the rest.
+func newPump(log *ring.Log[*outputEvent], stream berthv1.Stream, limit uint64) *pump {
+	return &pump{log: log, stream: stream, limit: limit, event: int(min(chunkSize, log.MaxEventBytes()))}
 }
 
 // run reads until EOF or an error (EIO from a terminal whose slave side is
@@ -381,7 +393,7 @@ func (p *pump) run(done chan<- *pump) {
 	for err == nil {
 		var buf *[]byte
 		var n int
-		n, buf, err = readBurst(rc)
+		n, buf, err = readBurst(rc, p.event)
 		if n > 0 {
 			p.write((*buf)[:n])
 		}
@@ -398,16 +410,17 @@ func (p *pump) run(done chan<- *pump) {
 }
 
 // readBurst waits until the file is readable, then reads what it holds, up
-// to chunkSize bytes, into a buffer from chunks (nil when nothing was read).
-// It returns io.EOF at end of file, os.ErrDeadlineExceeded past the read
-// deadline, and read(2)'s error otherwise; n > 0 may come with an error.
-func readBurst(rc syscall.RawConn) (n int, buf *[]byte, err error) {
+// to size bytes (at most chunkSize), into a buffer from chunks (nil when
+// nothing was read). It returns io.EOF at end of file,
+// os.ErrDeadlineExceeded past the read deadline, and read(2)'s error
+// otherwise; n > 0 may come with an error.
+func readBurst(rc syscall.RawConn, size int) (n int, buf *[]byte, err error) {
 	var readErr error
 	err = rc.Read(func(fd uintptr) bool {
 		if buf == nil {
 			buf = chunks.Get().(*[]byte)
 		}
-		b := *buf
+		b := (*buf)[:size]
 		for n < len(b) {
 			m, err := unix.Read(int(fd), b[n:])
 			switch {

@@ -51,8 +51,8 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 			e.log.Drop()
 		}
 	}()
-	stdout := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDOUT, limit: p.stdoutLimit}
-	stderr := &pump{log: e.log, stream: berthv1.Stream_STREAM_STDERR, limit: p.stderrLimit}
+	stdout := newPump(e.log, berthv1.Stream_STREAM_STDOUT, p.stdoutLimit)
+	stderr := newPump(e.log, berthv1.Stream_STREAM_STDERR, p.stderrLimit)
 	pumps := []*pump{stdout, stderr}
 	if p.tty {
 		// One stream: the terminal's output.

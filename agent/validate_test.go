@@ -68,6 +68,7 @@ func TestConfigDefaults(t *testing.T) {
 		{MinTimeout: time.Hour, MaxTimeout: time.Minute},
 		{DefaultTimeout: 48 * time.Hour},
 		{KillGrace: -1},
+		{RingBytes: EventOverhead}, // no event would fit the ring
 	}
 	for _, c := range bad {
 		if _, err := c.withDefaults(); err == nil {

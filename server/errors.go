@@ -336,6 +336,10 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists, msg, meta)
 	case errors.Is(err, runtime.ErrImageNotFound):
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonImageNotFound, msg, meta)
+	case errors.Is(err, runtime.ErrDiskQuotaUnsupported):
+		// Create could not put the quota in force (the kernel's quota
+		// accounting stayed inconsistent); nothing was created.
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonDiskQuotaUnsupported, msg, withMeta(meta, "field", "resources.disk_bytes"))
 	case errors.Is(err, runtime.ErrImageArchive):
 		return rpcstatus.Error(codes.InvalidArgument, rpcstatus.ReasonImageArchive, msg, meta)
 	case errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled:

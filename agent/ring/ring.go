@@ -124,7 +124,9 @@ func (p *Pool) remove(m poolMember) {
 type Config[T any] struct {
 	// Limit is the most bytes the Log retains; an event of n data bytes is
 	// charged n+Overhead. The newest event is always kept, even when it
-	// alone exceeds Limit. Zero means no limit.
+	// alone exceeds Limit: a writer whose events may be larger than
+	// MaxEventBytes cuts them to it, or the Log holds more than Limit.
+	// Zero means no limit.
 	Limit    uint64
 	Overhead uint64
 	// Block makes Append wait, while no reader is attached, once the events
@@ -394,6 +396,20 @@ func (l *Log[T]) LastSeq() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.next - 1
+}
+
+// MaxEventBytes returns the most data bytes an event may hold for the Log
+// to retain it within Limit: Limit minus Overhead, at least 1 (with a Limit
+// of Overhead or less no event fits, and each is retained alone), and
+// math.MaxUint64 without a limit.
+func (l *Log[T]) MaxEventBytes() uint64 {
+	switch {
+	case l.limit == math.MaxUint64:
+		return math.MaxUint64
+	case l.limit <= l.overhead:
+		return 1
+	}
+	return l.limit - l.overhead
 }
 
 // RetainedBytes returns the bytes the Log's retained events are charged.

@@ -1,6 +1,7 @@
 package ring_test
 
 import (
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -162,6 +163,34 @@ func TestShedding(t *testing.T) {
 				t.Errorf("reader seq = %d, want %d", r.Seq(), len(tt.sizes))
 			}
 		})
+	}
+}
+
+// TestMaxEventBytes checks the event size that fits a Log's limit, and
+// that events of that size keep a Log with no reader within its limit.
+func TestMaxEventBytes(t *testing.T) {
+	tests := []struct {
+		limit, overhead, want uint64
+	}{
+		{4096, 160, 3936},
+		{100, 0, 100},
+		{161, 160, 1},
+		{160, 160, 1}, // no event fits: at least a byte
+		{10, 160, 1},
+		{0, 160, math.MaxUint64}, // no limit
+	}
+	for _, tt := range tests {
+		l := newLog(tt.limit, tt.overhead)
+		if got := l.MaxEventBytes(); got != tt.want {
+			t.Errorf("limit %d, overhead %d: MaxEventBytes = %d, want %d", tt.limit, tt.overhead, got, tt.want)
+		}
+	}
+	l := newLog(4096, 160)
+	for _, n := range []int{3936, 1, 3936, 2000, 3936, 3936} {
+		add(l, n)
+		if got := l.RetainedBytes(); got > 4096 {
+			t.Fatalf("after an event of %d bytes: retained %d, over the limit of 4096", n, got)
+		}
 	}
 }
 

@@ -56,7 +56,9 @@ func (r *Runtime) openDiskQuota(ctx context.Context) (*qgroup.FS, error) {
 // can, else an error wrapping ErrDiskQuotaUnsupported that says why.
 func (r *Runtime) DiskQuota() error { return r.quotaErr }
 
-// limitDisk caps the exclusive bytes of sandbox id's writable snapshot.
+// limitDisk caps the exclusive bytes of sandbox id's writable snapshot and
+// returns once the cap is in force (qgroup.FS.Limit); an accounting the
+// kernel cannot repair in time is ErrDiskQuotaUnsupported.
 func (r *Runtime) limitDisk(ctx context.Context, id string, bytes uint64) error {
 	if r.quota == nil {
 		return r.quotaErr
@@ -65,7 +67,13 @@ func (r *Runtime) limitDisk(ctx context.Context, id string, bytes uint64) error 
 	if err != nil {
 		return err
 	}
-	return r.quota.Limit(subvol, bytes)
+	if err := r.quota.Limit(ctx, subvol, bytes); err != nil {
+		if errors.Is(err, qgroup.ErrInconsistent) {
+			return fmt.Errorf("%w: %v", ErrDiskQuotaUnsupported, err)
+		}
+		return err
+	}
+	return nil
 }
 
 // diskUsed returns the bytes sandbox id's writable snapshot holds beyond

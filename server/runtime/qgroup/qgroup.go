@@ -14,6 +14,7 @@
 package qgroup
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -33,6 +34,12 @@ var (
 	// ErrQuotaDisabled means the btrfs file system has quotas off
 	// (`btrfs quota enable DIR` turns them on).
 	ErrQuotaDisabled = errors.New("btrfs quotas are not enabled")
+	// ErrInconsistent means the kernel's quota accounting is marked
+	// inconsistent and a rescan did not repair it in time. While it is,
+	// the kernel accounts nothing (Linux 6.x skips accounting until a
+	// rescan), so limits are accepted but not enforced: a subvolume's
+	// exclusive bytes stay 0 whatever is written.
+	ErrInconsistent = errors.New("btrfs quota accounting is inconsistent: limits are not enforced")
 )
 
 // ioctl numbers and flags from linux/btrfs.h.
@@ -40,6 +47,11 @@ const (
 	// iocQgroupLimit is _IOR(0x94, 43, struct btrfs_ioctl_qgroup_limit_args)
 	// (48 bytes).
 	iocQgroupLimit = 0x8030942b
+	// iocQuotaRescan is _IOW(0x94, 44, struct
+	// btrfs_ioctl_quota_rescan_args) (64 bytes).
+	iocQuotaRescan = 0x4040942c
+	// iocQuotaRescanWait is _IO(0x94, 46).
+	iocQuotaRescanWait = 0x942e
 	// iocFSInfo is _IOR(0x94, 31, struct btrfs_ioctl_fs_info_args) (1024
 	// bytes).
 	iocFSInfo = 0x8400941f
@@ -121,13 +133,86 @@ func Open(dir string) (*FS, error) {
 func (fs *FS) Close() error { return fs.dir.Close() }
 
 // Limit caps the exclusive bytes of subvolume subvolID's quota group at
-// maxBytes: writes that would take it further fail with EDQUOT. It fails
-// with ENOENT when no such subvolume exists.
-func (fs *FS) Limit(subvolID, maxBytes uint64) error {
+// maxBytes: writes that would take it further fail with EDQUOT. It returns
+// only once the limit is in force: it reads the limit back from sysfs
+// (qgroups/0_ID/max_exclusive) and, when the file system's accounting is
+// marked inconsistent (after a snapshot whose quota inheritance needs a
+// rescan, a subvolume drop above qgroups/drop_subtree_threshold, ...), in
+// which state the kernel accepts limits but enforces none, it runs a quota
+// rescan and waits for it (see Rescan). It fails with ENOENT when no such
+// subvolume exists, and with ErrInconsistent when ctx ends before the
+// rescan repaired the accounting.
+func (fs *FS) Limit(ctx context.Context, subvolID, maxBytes uint64) error {
 	if err := fs.limit(subvolID, maxBytes); err != nil {
 		return fmt.Errorf("limit btrfs quota group 0/%d to %d bytes: %w", subvolID, maxBytes, err)
 	}
+	got, err := fs.readQgroup(subvolID, "max_exclusive")
+	if err != nil {
+		return fmt.Errorf("read back the limit of btrfs quota group 0/%d: %w", subvolID, err)
+	}
+	if got != maxBytes {
+		return fmt.Errorf("btrfs quota group 0/%d: limit read back is %d bytes, want %d", subvolID, got, maxBytes)
+	}
+	if err := fs.ensureConsistent(ctx); err != nil {
+		return fmt.Errorf("limit btrfs quota group 0/%d to %d bytes: %w", subvolID, maxBytes, err)
+	}
 	return nil
+}
+
+// Inconsistent reports whether the kernel marks the file system's quota
+// accounting inconsistent (sysfs qgroups/inconsistent, Linux 6.1+; false
+// on kernels without it).
+func (fs *FS) Inconsistent() (bool, error) {
+	b, err := os.ReadFile(filepath.Join(fs.sysfs, "qgroups", "inconsistent"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return strings.TrimSpace(string(b)) != "0", nil
+}
+
+// ensureConsistent rescans when the accounting is inconsistent, and fails
+// with ErrInconsistent when it still is afterwards.
+func (fs *FS) ensureConsistent(ctx context.Context) error {
+	bad, err := fs.Inconsistent()
+	if err != nil || !bad {
+		return err
+	}
+	if err := fs.Rescan(ctx); err != nil {
+		return fmt.Errorf("%w (rescan: %v)", ErrInconsistent, err)
+	}
+	if bad, err = fs.Inconsistent(); err != nil {
+		return err
+	}
+	if bad {
+		return fmt.Errorf("%w (still marked so after a rescan)", ErrInconsistent)
+	}
+	return nil
+}
+
+// Rescan recounts every quota group from the extents on disk, which clears
+// the inconsistent mark (BTRFS_IOC_QUOTA_RESCAN, or joins the rescan that
+// runs), and waits until it finishes (BTRFS_IOC_QUOTA_RESCAN_WAIT) or ctx
+// ends. Its time grows with the data on the file system. When ctx ends
+// first the rescan goes on in the kernel.
+func (fs *FS) Rescan(ctx context.Context) error {
+	var args [8]uint64 // struct btrfs_ioctl_quota_rescan_args: flags, progress, reserved[6]
+	if err := ioctl(fs.dir, iocQuotaRescan, unsafe.Pointer(&args)); err != nil && !errors.Is(err, unix.EINPROGRESS) {
+		return fmt.Errorf("start btrfs quota rescan: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ioctl(fs.dir, iocQuotaRescanWait, nil) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("wait for btrfs quota rescan: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for btrfs quota rescan: %w", ctx.Err())
+	}
 }
 
 func (fs *FS) limit(qgroupID, maxExcl uint64) error {
@@ -138,7 +223,13 @@ func (fs *FS) limit(qgroupID, maxExcl uint64) error {
 // Exclusive returns the bytes subvolume subvolID holds that no other
 // subvolume shares, as the kernel accounts them now.
 func (fs *FS) Exclusive(subvolID uint64) (uint64, error) {
-	p := filepath.Join(fs.sysfs, "qgroups", "0_"+strconv.FormatUint(subvolID, 10), "exclusive")
+	return fs.readQgroup(subvolID, "exclusive")
+}
+
+// readQgroup reads the number in file name of subvolume subvolID's quota
+// group in sysfs.
+func (fs *FS) readQgroup(subvolID uint64, name string) (uint64, error) {
+	p := filepath.Join(fs.sysfs, "qgroups", "0_"+strconv.FormatUint(subvolID, 10), name)
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return 0, err
