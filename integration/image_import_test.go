@@ -58,8 +58,17 @@ func TestImageImportKinds(t *testing.T) {
 	os.WriteFile(filepath.Join(root, "etc/secret"), []byte("s"), 0o640)
 	os.Chown(filepath.Join(root, "etc/secret"), 0, 42)
 	os.Chmod(filepath.Join(root, "home/berth"), 0o700)
-	const show = "stat -c '%u:%g %a %n' /home/berth /etc/secret"
-	const want = "1000:1000 700 /home/berth\n0:42 640 /etc/secret\n"
+	// A second hard link of a file (Debian has many: perl, git): in the
+	// sandbox's user namespace the image is chowned into its id range, each
+	// inode once, and a setgid bit survives the chown.
+	if err := os.Link(filepath.Join(root, "etc/secret"), filepath.Join(root, "etc/secret-link")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "bin/setgid"), []byte("#!/bin/sh\n"), 0o755)
+	os.Chown(filepath.Join(root, "bin/setgid"), 0, 42)
+	os.Chmod(filepath.Join(root, "bin/setgid"), os.ModeSetgid|0o755)
+	const show = "stat -c '%u:%g %a %n' /home/berth /etc/secret /etc/secret-link /bin/setgid; [ /etc/secret -ef /etc/secret-link ] && echo one inode"
+	const want = "1000:1000 700 /home/berth\n0:42 640 /etc/secret\n0:42 640 /etc/secret-link\n0:42 2755 /bin/setgid\none inode\n"
 
 	// A root filesystem directory, with one command.
 	if got := importAndRun(t, nil, "test.berth.dev/rootfs-dir:1", show, "--name", "test.berth.dev/rootfs-dir:1", root); got != want {

@@ -413,7 +413,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		defer release()
 		labels[labelIDBase] = strconv.FormatUint(uint64(base), 10)
 		// The image's files chowned into the range (a copy per range).
-		snapshot = containerd.WithUserNSRemappedSnapshot(spec.ID, image, idMaps(base), idMaps(base))
+		snapshot = withRemappedSnapshot(spec.ID, image, base)
 		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
 	}
 	c.changes()

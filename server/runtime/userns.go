@@ -5,15 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/image-spec/identity"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/containerd/containerd/api/types/runc/options"
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/plugins"
 )
 
@@ -23,8 +29,8 @@ import (
 // of the runtime holds. A range per sandbox, not one shared by all: a
 // process that escapes one sandbox holds ids that own nothing of another
 // sandbox's files and cannot signal or ptrace its processes. The cost is a
-// remapped copy of the image's snapshot per sandbox (containerd chowns it
-// on create; runc 1.1 has no idmapped mounts), measured in BENCHMARKS.md.
+// remapped copy of the image's snapshot per sandbox (withRemappedSnapshot
+// chowns it on create; runc 1.1 has no idmapped mounts), measured in BENCHMARKS.md.
 const IDRangeSize = 65536
 
 // labelIDBase records the host id a sandbox's root maps to.
@@ -63,10 +69,10 @@ func (r *Runtime) allocIDBase(ctx context.Context, id string) (base uint32, rele
 	for b := range r.idReserved {
 		used[b] = true
 	}
-	// A random free range, not the lowest: containerd's remapped-snapshot
-	// option leaves its work snapshot behind when a create fails midway
-	// (it removes the wrong key) until its garbage collector runs, and the
-	// next create of the same range would collide with it.
+	// A random free range, not the lowest: a remapped copy's work
+	// snapshot left by a berthd that died midway stays until containerd's
+	// garbage collector runs, and the next create of the same range would
+	// collide with it.
 	first := rand.Uint32N(r.cfg.IDRanges)
 	for i := uint32(0); i < r.cfg.IDRanges; i++ {
 		b := r.cfg.IDFirst + ((first+i)%r.cfg.IDRanges)*IDRangeSize
@@ -121,4 +127,85 @@ func pingGroups(spec SandboxSpec) string {
 		return fmt.Sprintf("0 %d", IDRangeSize-1)
 	}
 	return "0 2147483647"
+}
+
+// withRemappedSnapshot prepares the container's snapshot (key id) from a
+// copy of image's root filesystem whose files are chowned into the range
+// at host id base: container id n becomes host id base+n. The copy is
+// committed as <chain id>-<base>-<base> and shared by containers of the
+// same range.
+//
+// It does what containerd's WithUserNSRemappedSnapshot does, except that
+// a file with several hard links is chowned once: containerd's walk
+// chowns by path, so a second link of an inode it already moved reads the
+// host id and fails ("container ID … cannot be mapped to a host ID"),
+// which made every image with hard links (Debian's perl, git, python)
+// impossible to run in a user namespace. A failed remap removes its work
+// snapshot.
+func withRemappedSnapshot(id string, image containerd.Image, base uint32) containerd.NewContainerOpts {
+	return func(ctx context.Context, client *containerd.Client, c *containers.Container) error {
+		diffIDs, err := image.RootFS(ctx)
+		if err != nil {
+			return fmt.Errorf("remap snapshot: image root filesystem: %w", err)
+		}
+		parent := identity.ChainID(diffIDs).String()
+		remapped := fmt.Sprintf("%s-%d-%d", parent, base, base)
+		sn := client.SnapshotService(c.Snapshotter)
+		if _, err := sn.Stat(ctx, remapped); err != nil {
+			if !errdefs.IsNotFound(err) {
+				return fmt.Errorf("remap snapshot: %w", err)
+			}
+			work := remapped + "-remap"
+			mounts, err := sn.Prepare(ctx, work, parent)
+			if err != nil {
+				return fmt.Errorf("remap snapshot: prepare: %w", err)
+			}
+			err = mount.WithTempMount(ctx, mounts, func(root string) error { return chownInto(root, base) })
+			if err == nil {
+				err = sn.Commit(ctx, remapped, work)
+			}
+			if err != nil {
+				sn.Remove(context.WithoutCancel(ctx), work)
+				return fmt.Errorf("remap snapshot of image %s into host ids from %d: %w", image.Name(), base, err)
+			}
+		}
+		if _, err := sn.Prepare(ctx, id, remapped); err != nil {
+			return fmt.Errorf("remap snapshot: prepare %s: %w", id, err)
+		}
+		c.SnapshotKey = id
+		c.Image = image.Name()
+		return nil
+	}
+}
+
+// chownInto moves every file under root from container id n to host id
+// base+n (lchown(2): a symlink itself, never its target), each inode once,
+// and keeps the setuid, setgid and sticky bits that chown(2) clears. An id
+// outside the range is an error naming the file.
+func chownInto(root string, base uint32) error {
+	type inode struct{ dev, ino uint64 }
+	done := make(map[inode]bool)
+	return filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		st := info.Sys().(*syscall.Stat_t)
+		if st.Nlink > 1 && !info.IsDir() {
+			key := inode{uint64(st.Dev), st.Ino}
+			if done[key] {
+				return nil
+			}
+			done[key] = true
+		}
+		if st.Uid >= IDRangeSize || st.Gid >= IDRangeSize {
+			return fmt.Errorf("%s is owned by %d:%d, outside the sandbox's ids 0-%d", strings.TrimPrefix(path, root), st.Uid, st.Gid, IDRangeSize-1)
+		}
+		if err := os.Lchown(path, int(base+st.Uid), int(base+st.Gid)); err != nil {
+			return err
+		}
+		if mode := info.Mode(); mode&os.ModeSymlink == 0 && mode&(os.ModeSetuid|os.ModeSetgid|os.ModeSticky) != 0 {
+			return os.Chmod(path, mode)
+		}
+		return nil
+	})
 }
