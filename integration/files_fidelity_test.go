@@ -169,6 +169,10 @@ func TestFilesUploadCanceled(t *testing.T) {
 			}
 		}
 		cancel()
+		// Upload may be blocked reading the stalled pipe (everything it
+		// had was sent): a read it is in cannot see the cancel, so the
+		// writer gives up too, as a caller's source would be closed.
+		pw.CloseWithError(context.Canceled)
 		if err := <-done; err == nil {
 			t.Fatalf("the canceled upload to %s succeeded", into)
 		}
