@@ -190,10 +190,22 @@ func (e *execution) setStarted(pid int, p *plan) {
 	}}}
 }
 
-// signal sends sig to the exec's process group (kill(2) with -pgid). After
-// the exec finished it does nothing: the group id may belong to another
-// process by then. A group that is already gone (ESRCH) is not an error.
-func (e *execution) signal(sig syscall.Signal) error {
+// signal sends sig to the exec's process group (kill(2) with -pgid).
+func (e *execution) signal(sig syscall.Signal) error { return e.kill(sig, false) }
+
+// terminate sends sig, for a timeout or the agent's stop, to everything the
+// exec started: its process group, and for a tty exec every process group
+// of its terminal session — a shell with job control puts each job in a
+// group of its own, which a signal to the leader's group would miss. A
+// process that made a session of its own (setsid) is out of reach, as it
+// means to be.
+func (e *execution) terminate(sig syscall.Signal) error { return e.kill(sig, e.hasTTY) }
+
+// kill sends sig to the exec's process group, or with session to every
+// group of its terminal session. After the exec finished it does nothing:
+// a group id may belong to another process by then. A group that is
+// already gone (ESRCH) is not an error.
+func (e *execution) kill(sig syscall.Signal, session bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.finished || e.pgid == 0 {
@@ -203,34 +215,14 @@ func (e *execution) signal(sig syscall.Signal) error {
 		// Before the kill: the reaper may hand over the status at once.
 		e.killSent.Store(true)
 	}
-	if err := unix.Kill(-e.pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("kill process group %d with %v: %w", e.pgid, sig, err)
-	}
-	return nil
-}
-
-// terminate sends sig, for a timeout or the agent's stop, to everything the
-// exec started: its process group, and for a tty exec every process group
-// of its terminal session — a shell with job control puts each job in a
-// group of its own, which a signal to the leader's group would miss. A
-// process that made a session of its own (setsid) is out of reach, as it
-// means to be.
-func (e *execution) terminate(sig syscall.Signal) error {
-	if !e.hasTTY {
-		return e.signal(sig)
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.finished || e.pgid == 0 {
-		return nil
-	}
-	if sig == unix.SIGKILL {
-		e.killSent.Store(true)
+	groups := []int{e.pgid}
+	if session {
+		groups = sessionGroups(e.pgid)
 	}
 	var errs []error
-	for _, pgid := range sessionGroups(e.pgid) {
+	for _, pgid := range groups {
 		if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
-			errs = append(errs, fmt.Errorf("kill process group %d of session %d with %v: %w", pgid, e.pgid, sig, err))
+			errs = append(errs, fmt.Errorf("kill process group %d (exec's group %d) with %v: %w", pgid, e.pgid, sig, err))
 		}
 	}
 	return errors.Join(errs...)
