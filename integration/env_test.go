@@ -37,11 +37,22 @@ type berthEnv struct {
 // directory; at cleanup it deletes every sandbox left there.
 func newNamespaceRuntime(t testing.TB, name string) (*runtime.Runtime, string, string) {
 	t.Helper()
+	return newNamespaceRuntimeWith(t, name, nil)
+}
+
+// newNamespaceRuntimeWith is newNamespaceRuntime with the runtime's
+// config changed by change, when not nil.
+func newNamespaceRuntimeWith(t testing.TB, name string, change func(*runtime.Config)) (*runtime.Runtime, string, string) {
+	t.Helper()
 	ns := env.namespace + "-" + name
 	stateDir := filepath.Join(env.dir, name)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	rt, err := runtime.New(ctx, runtime.Config{Address: env.containerd, Namespace: ns, Snapshotter: env.snapshotter, StateDir: stateDir, AgentBinary: env.agentBinary})
+	cfg := runtime.Config{Address: env.containerd, Namespace: ns, Snapshotter: env.snapshotter, StateDir: stateDir, AgentBinary: env.agentBinary}
+	if change != nil {
+		change(&cfg)
+	}
+	rt, err := runtime.New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +106,14 @@ func newBinaryEnv(t testing.TB, name string) *berthEnv {
 // namespace, with the base image imported.
 func newInProcessEnv(t testing.TB, name string, cfg server.Config) *berthEnv {
 	t.Helper()
-	rt, ns, stateDir := newNamespaceRuntime(t, name)
+	return newInProcessEnvWith(t, name, cfg, nil)
+}
+
+// newInProcessEnvWith is newInProcessEnv on a runtime whose config change
+// changes, when not nil.
+func newInProcessEnvWith(t testing.TB, name string, cfg server.Config, change func(*runtime.Config)) *berthEnv {
+	t.Helper()
+	rt, ns, stateDir := newNamespaceRuntimeWith(t, name, change)
 	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: filepath.Join(env.dir, name+".sock")}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("BERTH_TEST_LOG") != "" {

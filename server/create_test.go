@@ -2,6 +2,7 @@ package server
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,5 +172,25 @@ func TestResources(t *testing.T) {
 		if err != nil || got != [4]uint64{tt.want.PidsLimit, tt.want.CPUMillis, tt.want.MemoryBytes, tt.want.OpenFiles} {
 			t.Errorf("%s: resources(%v) = %+v, %v; want %+v", tt.name, tt.in, spec, err, tt.want)
 		}
+	}
+}
+
+// TestValidateLabelsReserved: berth's own label prefix and containerd's
+// (whose garbage collector follows containerd.io/gc.ref.* labels from a
+// container: a caller's could keep or free another sandbox's snapshot)
+// are refused with the key named.
+func TestValidateLabelsReserved(t *testing.T) {
+	for _, key := range []string{
+		runtime.LabelPrefix + "owner",
+		"containerd.io/gc.ref.snapshot.overlayfs",
+		"containerd.io/gc.root",
+	} {
+		err := validateLabels("labels", map[string]string{key: "sb-other"})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), key) {
+			t.Errorf("validateLabels(%q) = %v, want INVALID_ARGUMENT naming the key", key, err)
+		}
+	}
+	if err := validateLabels("labels", map[string]string{"app.kubernetes.io/name": "x", "containerd.iox": "y"}); err != nil {
+		t.Errorf("validateLabels of ordinary keys = %v, want nil", err)
 	}
 }

@@ -415,6 +415,7 @@ func (s *Service) sandboxProto(sb runtime.Sandbox, info *agentv1.InfoResponse, u
 		ServerVersion: Version,
 		Owner:         sb.Owner,
 		NodeId:        s.cfg.NodeID,
+		RootIdMapping: rootIDMapping(sb.RootFS),
 	}
 	s.networkProto(sb, out)
 	if sb.IdleTimeout > 0 {
@@ -473,4 +474,15 @@ func stopReasonProto(r fleet.Reason) berthv1.StopReason {
 		return berthv1.StopReason_STOP_REASON_MAX_LIFETIME
 	}
 	return berthv1.StopReason_STOP_REASON_UNSPECIFIED
+}
+
+// rootIDMapping is the API's name for a sandbox's runtime.Sandbox.RootFS.
+func rootIDMapping(rootFS string) berthv1.RootIDMapping {
+	switch rootFS {
+	case runtime.RootFSIDMapped:
+		return berthv1.RootIDMapping_ROOT_ID_MAPPING_IDMAPPED
+	case runtime.RootFSChowned:
+		return berthv1.RootIDMapping_ROOT_ID_MAPPING_CHOWNED_COPY
+	}
+	return berthv1.RootIDMapping_ROOT_ID_MAPPING_HOST
 }

@@ -65,6 +65,11 @@ func validateLabels(field string, labels map[string]string) error {
 			return rpcstatus.InvalidArgument(field, fmt.Sprintf("label key %s must be printable ASCII without spaces", textsafe.Quote(k)))
 		case strings.HasPrefix(k, runtime.LabelPrefix):
 			return rpcstatus.InvalidArgument(field, fmt.Sprintf("label key %s uses the reserved prefix %q", textsafe.Quote(k), runtime.LabelPrefix))
+		case strings.HasPrefix(k, runtime.ContainerdLabelPrefix):
+			// containerd acts on its own labels (garbage-collection
+			// references and roots): a caller's must not keep or free
+			// another sandbox's snapshot.
+			return rpcstatus.InvalidArgument(field, fmt.Sprintf("label key %s uses containerd's reserved prefix %q", textsafe.Quote(k), runtime.ContainerdLabelPrefix))
 		case len(k)+len(v) > maxLabelBytes:
 			return rpcstatus.InvalidArgument(field, fmt.Sprintf("label %s is %d bytes with its value; the limit is %d", textsafe.Quote(k), len(k)+len(v), maxLabelBytes))
 		case !printableText(v):

@@ -100,6 +100,17 @@ func main() {
 		rtCfg.IDRanges = uint32(n)
 		return err
 	})
+	flag.Func("root-id-mapping", "how sandboxes with user namespaces get their image's files under their ids: \"auto\" (an idmapped mount where the kernel and snapshotter can, a chowned copy elsewhere), \"idmapped\" (refuse to start without) or \"chowned\" (a copy per sandbox; time and disk grow with the image) (default auto)", func(v string) error {
+		switch v {
+		case "auto":
+			rtCfg.RootIDMapping = runtime.RootIDMappingAuto
+		case runtime.RootFSIDMapped, runtime.RootFSChowned:
+			rtCfg.RootIDMapping = v
+		default:
+			return fmt.Errorf("want auto, %s or %s", runtime.RootFSIDMapped, runtime.RootFSChowned)
+		}
+		return nil
+	})
 	flag.StringVar(&rtCfg.GVisorBinary, "gvisor-binary", "", "runsc wrapper (scripts/runsc-berth) the runc shim runs for sandboxes with runtime \"gvisor\"; empty: such sandboxes are refused")
 	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
 	flag.Uint64Var(&svcCfg.DefaultDiskBytes, "default-disk-bytes", 0, "disk quota of a sandbox whose request sets none, in `bytes`; 0: none (default: 10 GiB when the snapshotter enforces disk quotas, else none)")
@@ -276,6 +287,11 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		return err
 	}
 	defer rt.Close()
+	if err := rt.IDMapped(); err != nil {
+		log.Warn("sandboxes' roots are chowned copies of their image, not idmapped mounts: creating one takes time and disk in proportion to the image", slog.Any("reason", err))
+	} else {
+		log.Info("sandboxes' roots are idmapped mounts of their snapshot: no copy of the image")
+	}
 	if err := rt.DiskQuota(); err != nil {
 		if !diskDefaultSet && svcCfg.MaxDiskBytes == 0 {
 			log.Warn("sandboxes' disk use is NOT limited: any sandbox can fill the host's disk; requests with resources.disk_bytes are refused", slog.Any("reason", err))

@@ -61,9 +61,15 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 	if err != nil {
 		return 0, r.containerError(id, err)
 	}
+	base, _ := strconv.ParseUint(labels[labelIDBase], 10, 32)
 	if h := labels[labelAgentSecret]; h != "" {
-		base, _ := strconv.ParseUint(labels[labelIDBase], 10, 32)
 		if err := r.writeSecret(id, h, uint32(base)); err != nil {
+			return 0, err
+		}
+	}
+	// The root stays mounted across tasks; a host's reboot unmounts it.
+	if labels[labelRootFS] == RootFSIDMapped {
+		if err := r.mountRoot(ctx, id, uint32(base)); err != nil {
 			return 0, err
 		}
 	}

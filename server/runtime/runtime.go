@@ -23,6 +23,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -50,6 +51,12 @@ const (
 	labelDisk      = LabelPrefix + "disk-bytes"
 	// More of the record: labels.go.
 )
+
+// ContainerdLabelPrefix starts the labels containerd itself acts on
+// (garbage-collection references and roots, containerd's
+// docs/garbage-collection.md): callers' labels may not use it, and they
+// are never shown as a sandbox's labels.
+const ContainerdLabelPrefix = "containerd.io/"
 
 // Paths inside every sandbox.
 const (
@@ -136,6 +143,10 @@ type Config struct {
 	// GVisorBinary is the runsc wrapper that the runc shim runs for gvisor
 	// sandboxes (scripts/runsc-berth). Empty: gvisor sandboxes are refused.
 	GVisorBinary string
+	// RootIDMapping chooses how sandboxes in user namespaces of their own
+	// get their image's files under their ids: RootIDMappingAuto (""),
+	// RootFSIDMapped or RootFSChowned; see IDMapped.
+	RootIDMapping string
 	// CallBudget bounds a request to containerd that should answer at
 	// once — reading or changing a record, creating, signalling or
 	// deleting a task; past it the request fails with an
@@ -177,6 +188,9 @@ type Runtime struct {
 	// there are none.
 	quota    *qgroup.FS
 	quotaErr error
+	// idmapErr says why sandboxes get chowned copies of their image
+	// (RootFSChowned) instead of idmapped roots; nil when they do not.
+	idmapErr error
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -219,6 +233,25 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
 	}
 	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string)}
+	if err := mount.SetTempMountLocation(filepath.Join(cfg.StateDir, "tmp")); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("temporary mount directory: %w", err)
+	}
+	switch cfg.RootIDMapping {
+	case RootIDMappingAuto, RootFSIDMapped:
+		if err := r.probeIDMap(ctx); err != nil {
+			r.idmapErr = fmt.Errorf("%w: snapshotter %s: %w", ErrNoIDMap, cfg.Snapshotter, err)
+			if cfg.RootIDMapping == RootFSIDMapped {
+				client.Close()
+				return nil, r.idmapErr
+			}
+		}
+	case RootFSChowned:
+		r.idmapErr = fmt.Errorf("%w: chowned copies were asked for", ErrNoIDMap)
+	default:
+		client.Close()
+		return nil, fmt.Errorf("root id mapping %q: want %q, %q or %q", cfg.RootIDMapping, "auto", RootFSIDMapped, RootFSChowned)
+	}
 	if r.quota, err = r.openDiskQuota(ctx); err != nil {
 		if !errors.Is(err, ErrDiskQuotaUnsupported) {
 			client.Close()
@@ -312,6 +345,10 @@ type Sandbox struct {
 	HostUsers bool
 	Runtime   string
 	IDBase    uint32
+	// RootFS is how a sandbox with a user namespace of its own sees its
+	// image's files as its own: RootFSIDMapped or RootFSChowned; "" for
+	// a sandbox in the host's user namespace (HostUsers, gVisor).
+	RootFS    string
 	DiskBytes uint64
 	ShmBytes  uint64
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
@@ -412,8 +449,18 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 		defer release()
 		labels[labelIDBase] = strconv.FormatUint(uint64(base), 10)
-		// The image's files chowned into the range (a copy per range).
-		snapshot = withRemappedSnapshot(spec.ID, image, base)
+		if r.idmapErr == nil {
+			// The sandbox's own snapshot, mounted with its ids mapped
+			// (mountRoot): no copy of the image.
+			labels[labelRootFS] = RootFSIDMapped
+			labels[labelGCRefSnapshot+r.cfg.Snapshotter] = spec.ID
+			snapshot = r.withIDMappedRoot(spec.ID, image, base)
+			specOpts = append([]oci.SpecOpts{oci.WithRootFSPath(r.rootDir(spec.ID))}, specOpts...)
+		} else {
+			// The image's files chowned into the range (a copy per range).
+			labels[labelRootFS] = RootFSChowned
+			snapshot = withRemappedSnapshot(spec.ID, image, base)
+		}
 		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
 	}
 	c.changes()
@@ -430,6 +477,10 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err != nil {
 		if errdefs.IsAlreadyExists(err) {
 			return fmt.Errorf("%w: %s", ErrSandboxExists, spec.ID)
+		}
+		// The root's snapshot stays for a retry of the same id.
+		if uerr := unmountRoot(r.rootDir(spec.ID)); uerr != nil {
+			return fmt.Errorf("create container %s: %w (%v)", spec.ID, err, uerr)
 		}
 		os.RemoveAll(dir)
 		return fmt.Errorf("create container %s: %w", spec.ID, err)
@@ -737,7 +788,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 		SocketPath: r.SocketPath(c.ID()),
 	}
 	for k, v := range labels {
-		if len(k) < len(LabelPrefix) || k[:len(LabelPrefix)] != LabelPrefix {
+		if !strings.HasPrefix(k, LabelPrefix) && !strings.HasPrefix(k, ContainerdLabelPrefix) {
 			sb.Labels[k] = v
 		}
 	}
@@ -753,6 +804,10 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	}
 	if b, err := strconv.ParseUint(labels[labelIDBase], 10, 32); err == nil {
 		sb.IDBase = uint32(b)
+		sb.RootFS = labels[labelRootFS]
+		if sb.RootFS == "" {
+			sb.RootFS = RootFSChowned // made before berthd recorded it
+		}
 	}
 	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
 	sb.decodeLabels(labels)
@@ -796,6 +851,11 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 		if err := r.deleteTask(ctx, container); err != nil {
 			return err
 		}
+		// An idmapped root is unmounted before its snapshot goes: btrfs
+		// refuses to delete a mounted subvolume (EBUSY).
+		if err := unmountRoot(r.rootDir(id)); err != nil {
+			return err
+		}
 		err := container.Delete(ctx, containerd.WithSnapshotCleanup)
 		if err == nil || errdefs.IsNotFound(err) {
 			break
@@ -803,6 +863,10 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 		if !errdefs.IsFailedPrecondition(err) || attempt == 3 {
 			return fmt.Errorf("delete container %s: %w", id, err)
 		}
+	}
+	// An idmapped root's snapshot has no container to clean it up.
+	if err := r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove snapshot %s: %w", id, err)
 	}
 	return r.removeHostDir(id)
 }
@@ -846,6 +910,9 @@ func (r *Runtime) removeHostDir(id string) error {
 	var err error
 	for range 3 {
 		if err = unmountRunDir(run); err != nil {
+			return err
+		}
+		if err = unmountRoot(r.rootDir(id)); err != nil {
 			return err
 		}
 		if err = os.RemoveAll(r.hostDir(id)); !errors.Is(err, unix.EBUSY) {

@@ -28,9 +28,11 @@ import (
 // Config.IDFirst + k × IDRangeSize for a random slot k no other sandbox
 // of the runtime holds. A range per sandbox, not one shared by all: a
 // process that escapes one sandbox holds ids that own nothing of another
-// sandbox's files and cannot signal or ptrace its processes. The cost is a
-// remapped copy of the image's snapshot per sandbox (withRemappedSnapshot
-// chowns it on create; runc 1.1 has no idmapped mounts), measured in BENCHMARKS.md.
+// sandbox's files and cannot signal or ptrace its processes. The image's
+// files are mapped into the range at mount time (RootFSIDMapped, rootfs.go:
+// runc 1.1 cannot, so berthd mounts the root itself); where the kernel or
+// file system cannot, each range gets a chowned copy (RootFSChowned,
+// withRemappedSnapshot), whose cost grows with the image.
 const IDRangeSize = 65536
 
 // labelIDBase records the host id a sandbox's root maps to.

@@ -203,6 +203,71 @@ func (NetworkMode) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
+// RootIDMapping is how a sandbox's root file system gets the sandbox's ids.
+type RootIDMapping int32
+
+const (
+	RootIDMapping_ROOT_ID_MAPPING_UNSPECIFIED RootIDMapping = 0
+	// ROOT_ID_MAPPING_HOST: the sandbox runs in the host's user namespace
+	// (host_users, or the gvisor runtime): files keep the image's ids.
+	RootIDMapping_ROOT_ID_MAPPING_HOST RootIDMapping = 1
+	// ROOT_ID_MAPPING_IDMAPPED: the sandbox's copy-on-write snapshot of the
+	// image is mounted with ids mapped at mount time (mount_setattr(2)
+	// MOUNT_ATTR_IDMAP): nothing is copied, creation costs the same for any
+	// image. What the workload writes is stored on disk under the image's
+	// own ids with the btrfs snapshotter, under host ids host_id_base + n
+	// with overlayfs (in the sandbox's upper layer).
+	RootIDMapping_ROOT_ID_MAPPING_IDMAPPED RootIDMapping = 2
+	// ROOT_ID_MAPPING_CHOWNED_COPY: a copy of the image chowned into the
+	// sandbox's host ids, made at create: its time and disk grow with the
+	// image. berthd falls back to it where the kernel or the snapshotter's
+	// file system cannot idmap, and says why in its start log.
+	RootIDMapping_ROOT_ID_MAPPING_CHOWNED_COPY RootIDMapping = 3
+)
+
+// Enum value maps for RootIDMapping.
+var (
+	RootIDMapping_name = map[int32]string{
+		0: "ROOT_ID_MAPPING_UNSPECIFIED",
+		1: "ROOT_ID_MAPPING_HOST",
+		2: "ROOT_ID_MAPPING_IDMAPPED",
+		3: "ROOT_ID_MAPPING_CHOWNED_COPY",
+	}
+	RootIDMapping_value = map[string]int32{
+		"ROOT_ID_MAPPING_UNSPECIFIED":  0,
+		"ROOT_ID_MAPPING_HOST":         1,
+		"ROOT_ID_MAPPING_IDMAPPED":     2,
+		"ROOT_ID_MAPPING_CHOWNED_COPY": 3,
+	}
+)
+
+func (x RootIDMapping) Enum() *RootIDMapping {
+	p := new(RootIDMapping)
+	*p = x
+	return p
+}
+
+func (x RootIDMapping) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RootIDMapping) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_sandbox_proto_enumTypes[3].Descriptor()
+}
+
+func (RootIDMapping) Type() protoreflect.EnumType {
+	return &file_berth_v1_sandbox_proto_enumTypes[3]
+}
+
+func (x RootIDMapping) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RootIDMapping.Descriptor instead.
+func (RootIDMapping) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{3}
+}
+
 // Resources limits what a sandbox may use. Zero fields take the server's
 // defaults; values above the server's maximums are INVALID_ARGUMENT.
 type Resources struct {
@@ -643,7 +708,10 @@ type Sandbox struct {
 	NetworkAddress string `protobuf:"bytes,28,opt,name=network_address,json=networkAddress,proto3" json:"network_address,omitempty"`
 	// node_id names the berthd node of the fleet that holds the sandbox (see
 	// NodeService); empty on a berthd that is not part of a fleet.
-	NodeId        string `protobuf:"bytes,29,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,29,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// root_id_mapping says how a sandbox in a user namespace of its own sees
+	// its image's files as owned by its own ids.
+	RootIdMapping RootIDMapping `protobuf:"varint,30,opt,name=root_id_mapping,json=rootIdMapping,proto3,enum=berth.v1.RootIDMapping" json:"root_id_mapping,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -879,6 +947,13 @@ func (x *Sandbox) GetNodeId() string {
 		return x.NodeId
 	}
 	return ""
+}
+
+func (x *Sandbox) GetRootIdMapping() RootIDMapping {
+	if x != nil {
+		return x.RootIdMapping
+	}
+	return RootIDMapping_ROOT_ID_MAPPING_UNSPECIFIED
 }
 
 // CreateSandboxRequest asks for a new sandbox.
@@ -1561,7 +1636,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x85\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xc6\n" +
 	"\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -1599,7 +1674,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\fruntime_name\x18\x1a \x01(\tR\vruntimeName\x121\n" +
 	"\anetwork\x18\x1b \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x12'\n" +
 	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x12\x17\n" +
-	"\anode_id\x18\x1d \x01(\tR\x06nodeId\x1a9\n" +
+	"\anode_id\x18\x1d \x01(\tR\x06nodeId\x12?\n" +
+	"\x0froot_id_mapping\x18\x1e \x01(\x0e2\x17.berth.v1.RootIDMappingR\rrootIdMapping\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x05\n" +
@@ -1672,7 +1748,12 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vNetworkMode\x12\x1c\n" +
 	"\x18NETWORK_MODE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NETWORK_MODE_NONE\x10\x01\x12\x17\n" +
-	"\x13NETWORK_MODE_EGRESS\x10\x022\xe3\x05\n" +
+	"\x13NETWORK_MODE_EGRESS\x10\x02*\x8a\x01\n" +
+	"\rRootIDMapping\x12\x1f\n" +
+	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
+	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\xe3\x05\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -1699,99 +1780,101 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_berth_v1_sandbox_proto_rawDescData
 }
 
-var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_berth_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: berth.v1.SandboxState
 	(StopReason)(0),               // 1: berth.v1.StopReason
 	(NetworkMode)(0),              // 2: berth.v1.NetworkMode
-	(*Resources)(nil),             // 3: berth.v1.Resources
-	(*NetworkPolicy)(nil),         // 4: berth.v1.NetworkPolicy
-	(*SandboxUsage)(nil),          // 5: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),       // 6: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),               // 7: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 8: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 9: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 10: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 11: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 12: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 13: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),  // 14: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil), // 15: berth.v1.DeleteSandboxResponse
-	(*KeepAliveRequest)(nil),      // 16: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 17: berth.v1.KeepAliveResponse
-	nil,                           // 18: berth.v1.Sandbox.LabelsEntry
-	nil,                           // 19: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                           // 20: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                           // 21: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	(*durationpb.Duration)(nil),   // 22: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 23: google.protobuf.Timestamp
-	(*ExecRequest)(nil),           // 24: berth.v1.ExecRequest
-	(*RunRequest)(nil),            // 25: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),      // 26: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),     // 27: berth.v1.SignalExecRequest
-	(*PortForwardRequest)(nil),    // 28: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),          // 29: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 30: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),     // 31: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),    // 32: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),   // 33: berth.v1.PortForwardResponse
+	(RootIDMapping)(0),            // 3: berth.v1.RootIDMapping
+	(*Resources)(nil),             // 4: berth.v1.Resources
+	(*NetworkPolicy)(nil),         // 5: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),          // 6: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),       // 7: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),               // 8: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),  // 9: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil), // 10: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),     // 11: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),    // 12: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),  // 13: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil), // 14: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),  // 15: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil), // 16: berth.v1.DeleteSandboxResponse
+	(*KeepAliveRequest)(nil),      // 17: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 18: berth.v1.KeepAliveResponse
+	nil,                           // 19: berth.v1.Sandbox.LabelsEntry
+	nil,                           // 20: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                           // 21: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                           // 22: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
+	(*ExecRequest)(nil),           // 25: berth.v1.ExecRequest
+	(*RunRequest)(nil),            // 26: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),      // 27: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),     // 28: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),    // 29: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),          // 30: berth.v1.ExecResponse
+	(*RunResponse)(nil),           // 31: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),     // 32: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),    // 33: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),   // 34: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	2,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
-	22, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	23, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	23, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	24, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	18, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	23, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	6,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
-	3,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	22, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	22, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	23, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	23, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	23, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	19, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	24, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
+	4,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
+	23, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	23, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	24, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	24, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	24, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
 	1,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
-	5,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
-	4,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
-	19, // 16: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	3,  // 17: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	20, // 18: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	22, // 19: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	22, // 20: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
-	4,  // 21: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
-	7,  // 22: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	7,  // 23: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	21, // 24: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	7,  // 25: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	22, // 26: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	23, // 27: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	23, // 28: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	8,  // 29: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	10, // 30: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	12, // 31: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	14, // 32: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	16, // 33: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	24, // 34: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	25, // 35: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	26, // 36: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	27, // 37: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	28, // 38: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	9,  // 39: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	11, // 40: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	13, // 41: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	15, // 42: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	17, // 43: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	29, // 44: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	30, // 45: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	31, // 46: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	32, // 47: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	33, // 48: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	39, // [39:49] is the sub-list for method output_type
-	29, // [29:39] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	6,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
+	5,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
+	3,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
+	20, // 17: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	4,  // 18: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	21, // 19: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	23, // 20: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	23, // 21: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	5,  // 22: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
+	8,  // 23: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	8,  // 24: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	22, // 25: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	8,  // 26: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	23, // 27: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	24, // 28: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	24, // 29: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	9,  // 30: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	11, // 31: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	13, // 32: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	15, // 33: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	17, // 34: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	25, // 35: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	26, // 36: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	27, // 37: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	28, // 38: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	29, // 39: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	10, // 40: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	12, // 41: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	14, // 42: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	16, // 43: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	18, // 44: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	30, // 45: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	31, // 46: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	32, // 47: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	33, // 48: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	34, // 49: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	40, // [40:50] is the sub-list for method output_type
+	30, // [30:40] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -1806,7 +1889,7 @@ func file_berth_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -202,6 +202,70 @@ export function networkModeToJSON(object: NetworkMode): string {
   }
 }
 
+/** RootIDMapping is how a sandbox's root file system gets the sandbox's ids. */
+export enum RootIDMapping {
+  ROOT_ID_MAPPING_UNSPECIFIED = 0,
+  /**
+   * ROOT_ID_MAPPING_HOST - ROOT_ID_MAPPING_HOST: the sandbox runs in the host's user namespace
+   * (host_users, or the gvisor runtime): files keep the image's ids.
+   */
+  ROOT_ID_MAPPING_HOST = 1,
+  /**
+   * ROOT_ID_MAPPING_IDMAPPED - ROOT_ID_MAPPING_IDMAPPED: the sandbox's copy-on-write snapshot of the
+   * image is mounted with ids mapped at mount time (mount_setattr(2)
+   * MOUNT_ATTR_IDMAP): nothing is copied, creation costs the same for any
+   * image. What the workload writes is stored on disk under the image's
+   * own ids with the btrfs snapshotter, under host ids host_id_base + n
+   * with overlayfs (in the sandbox's upper layer).
+   */
+  ROOT_ID_MAPPING_IDMAPPED = 2,
+  /**
+   * ROOT_ID_MAPPING_CHOWNED_COPY - ROOT_ID_MAPPING_CHOWNED_COPY: a copy of the image chowned into the
+   * sandbox's host ids, made at create: its time and disk grow with the
+   * image. berthd falls back to it where the kernel or the snapshotter's
+   * file system cannot idmap, and says why in its start log.
+   */
+  ROOT_ID_MAPPING_CHOWNED_COPY = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function rootIDMappingFromJSON(object: any): RootIDMapping {
+  switch (object) {
+    case 0:
+    case "ROOT_ID_MAPPING_UNSPECIFIED":
+      return RootIDMapping.ROOT_ID_MAPPING_UNSPECIFIED;
+    case 1:
+    case "ROOT_ID_MAPPING_HOST":
+      return RootIDMapping.ROOT_ID_MAPPING_HOST;
+    case 2:
+    case "ROOT_ID_MAPPING_IDMAPPED":
+      return RootIDMapping.ROOT_ID_MAPPING_IDMAPPED;
+    case 3:
+    case "ROOT_ID_MAPPING_CHOWNED_COPY":
+      return RootIDMapping.ROOT_ID_MAPPING_CHOWNED_COPY;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return RootIDMapping.UNRECOGNIZED;
+  }
+}
+
+export function rootIDMappingToJSON(object: RootIDMapping): string {
+  switch (object) {
+    case RootIDMapping.ROOT_ID_MAPPING_UNSPECIFIED:
+      return "ROOT_ID_MAPPING_UNSPECIFIED";
+    case RootIDMapping.ROOT_ID_MAPPING_HOST:
+      return "ROOT_ID_MAPPING_HOST";
+    case RootIDMapping.ROOT_ID_MAPPING_IDMAPPED:
+      return "ROOT_ID_MAPPING_IDMAPPED";
+    case RootIDMapping.ROOT_ID_MAPPING_CHOWNED_COPY:
+      return "ROOT_ID_MAPPING_CHOWNED_COPY";
+    case RootIDMapping.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /**
  * Resources limits what a sandbox may use. Zero fields take the server's
  * defaults; values above the server's maximums are INVALID_ARGUMENT.
@@ -463,6 +527,11 @@ export interface Sandbox {
    * NodeService); empty on a berthd that is not part of a fleet.
    */
   nodeId: string;
+  /**
+   * root_id_mapping says how a sandbox in a user namespace of its own sees
+   * its image's files as owned by its own ids.
+   */
+  rootIdMapping: RootIDMapping;
 }
 
 export interface Sandbox_LabelsEntry {
@@ -1320,6 +1389,7 @@ function createBaseSandbox(): Sandbox {
     network: undefined,
     networkAddress: "",
     nodeId: "",
+    rootIdMapping: 0,
   };
 }
 
@@ -1411,6 +1481,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.nodeId !== "") {
       writer.uint32(234).string(message.nodeId);
+    }
+    if (message.rootIdMapping !== 0) {
+      writer.uint32(240).int32(message.rootIdMapping);
     }
     return writer;
   },
@@ -1663,6 +1736,14 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.nodeId = reader.string();
             continue;
           }
+          case 30: {
+            if (tag !== 240) {
+              break;
+            }
+
+            message.rootIdMapping = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1791,6 +1872,11 @@ export const Sandbox: MessageFns<Sandbox> = {
         : isSet(object.node_id)
         ? globalThis.String(object.node_id)
         : "",
+      rootIdMapping: isSet(object.rootIdMapping)
+        ? rootIDMappingFromJSON(object.rootIdMapping)
+        : isSet(object.root_id_mapping)
+        ? rootIDMappingFromJSON(object.root_id_mapping)
+        : 0,
     };
   },
 
@@ -1889,6 +1975,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.nodeId !== "") {
       obj.nodeId = message.nodeId;
     }
+    if (message.rootIdMapping !== 0) {
+      obj.rootIdMapping = rootIDMappingToJSON(message.rootIdMapping);
+    }
     return obj;
   },
 
@@ -1946,6 +2035,7 @@ export const Sandbox: MessageFns<Sandbox> = {
       : undefined;
     message.networkAddress = object.networkAddress ?? "";
     message.nodeId = object.nodeId ?? "";
+    message.rootIdMapping = object.rootIdMapping ?? 0;
     return message;
   },
 };
