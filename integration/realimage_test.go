@@ -18,8 +18,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/internal/rootfsimage"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -191,6 +193,24 @@ func testRealImageCreate(t *testing.T, snapshotter string) {
 		t.Errorf("%s: create to first exec of the real-image tree takes %v (median), more than twice the base image's %v", snapshotter, big[rounds/2], base[rounds/2])
 	}
 
+	// 20 concurrent creates under the default flags all succeed.
+	const concurrent = 20
+	errs := make(chan error, concurrent)
+	for range concurrent {
+		go func() {
+			resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: ref})
+			if err == nil {
+				_, err = e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: resp.GetSandbox().GetId()})
+			}
+			errs <- err
+		}()
+	}
+	for range concurrent {
+		if err := <-errs; err != nil {
+			t.Errorf("%s: one of %d concurrent creates of the real-image tree: %v", snapshotter, concurrent, err)
+		}
+	}
+
 	// New disk per sandbox, before the workload writes.
 	fsRoot := snapshotterRoot(t, snapshotter)
 	const n = 3
@@ -283,6 +303,50 @@ func TestChownedRootFallback(t *testing.T) {
 		t.Errorf("root_id_mapping = %v, want CHOWNED_COPY", got)
 	}
 	checkImageOwners(t, e.sandboxes, sb.GetId())
+}
+
+// TestChownedCopyResumes: a chowned copy that takes longer than
+// --create-work-limit fails the create UNAVAILABLE (CONTAINERD_UNAVAILABLE,
+// naming the limit) and keeps what it did: a retry with the same
+// sandbox_id takes the same id range and goes on from there, so that
+// retries under a limit that no single create could meet finish.
+func TestChownedCopyResumes(t *testing.T) {
+	need(t)
+	const limit = 300 * time.Millisecond
+	e := newInProcessEnvWith(t, "resume", server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) {
+		c.RootIDMapping = runtime.RootFSChowned
+		c.CreateWorkLimit = limit
+	})
+	const ref = "test.berth.dev/real-image:1"
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := e.rt.ImportImage(ctx, bytes.NewReader(bigImageArchive(t, ref)), ""); err != nil {
+		t.Fatalf("import the real-image tree: %v", err)
+	}
+	id := shortID("resume")
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id})
+	})
+	for attempt := 1; ; attempt++ {
+		resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: id, Image: ref})
+		if err == nil {
+			if attempt == 1 {
+				t.Fatalf("the first create finished its chowned copy within %v: the test needs a larger image or a smaller limit", limit)
+			}
+			t.Logf("created after %d attempts of %v each", attempt, limit)
+			if got := resp.GetSandbox().GetRootIdMapping(); got != berthv1.RootIDMapping_ROOT_ID_MAPPING_CHOWNED_COPY {
+				t.Errorf("root_id_mapping = %v, want CHOWNED_COPY", got)
+			}
+			checkImageOwners(t, e.sandboxes, id)
+			return
+		}
+		wantStatus(t, err, codes.Unavailable, rpcstatus.ReasonContainerdUnavailable, "", limit.String())
+		if attempt == 60 {
+			t.Fatalf("still failing after %d attempts: each retry starts the copy over", attempt)
+		}
+	}
 }
 
 // snapshotterRoot returns the host directory of containerd's snapshotter.

@@ -480,9 +480,10 @@ func (s *Service) joinCreation(parent trace.SpanContext, spec runtime.SandboxSpe
 		return nil, fmt.Errorf("%w: berthd is shutting down", errAgentUnreachable)
 	}
 	// It runs under the Service's background context, bounded by the
-	// agent-ready timeout plus a minute for containerd, and outlives its
-	// callers: its span is a child of the first caller's.
-	ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(s.bgCtx, parent), s.cfg.AgentReadyTimeout+time.Minute)
+	// agent-ready timeout plus a minute for containerd and the runtime's
+	// limit for a create's long work, and outlives its callers (a retry
+	// joins it): its span is a child of the first caller's.
+	ctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(s.bgCtx, parent), s.createTimeout())
 	c := &creation{spec: spec, cancel: cancel, done: make(chan struct{})}
 	s.creating[spec.ID] = c
 	s.bg.Add(1)
@@ -738,12 +739,19 @@ func (s *Service) fromPool(ctx context.Context, spec runtime.SandboxSpec) (*bert
 	return &berthv1.CreateSandboxResponse{Sandbox: s.sandboxProto(sb, info, nil), FromWarmPool: true}, true
 }
 
+// createTimeout bounds a sandbox's creation: the runtime's long work
+// (runtime.Config.CreateWorkLimit), a minute for containerd's quick calls
+// and the agent-ready timeout.
+func (s *Service) createTimeout() time.Duration {
+	return s.rt.CreateWorkLimit() + time.Minute + s.cfg.AgentReadyTimeout
+}
+
 // maker creates warm-pool members for fleet.Pool.
 type maker struct{ s *Service }
 
 func (m maker) MakePooled(ctx context.Context, image string) (string, error) {
 	spec := m.s.pooledSpec(image, newID("sb-", 10))
-	ctx, cancel := context.WithTimeout(ctx, m.s.cfg.AgentReadyTimeout+time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, m.s.createTimeout())
 	defer cancel()
 	unlock, err := m.s.lifecycle.Lock(ctx, spec.ID)
 	if err != nil {

@@ -25,7 +25,8 @@ type UnavailableError struct {
 	Slow bool
 	// Waited is how long the call took.
 	Waited time.Duration
-	// Budget is Config.CallBudget.
+	// Budget is Config.CallBudget, or Config.CreateWorkLimit for the long
+	// work of a create.
 	Budget time.Duration
 	// Changed is true when the call may have changed containerd's state
 	// before it failed: a container or task may exist, or be gone, in
@@ -105,6 +106,16 @@ func (r *Runtime) beginLong(ctx context.Context, op string) *call {
 // the caller's, bounded by Config.CallBudget.
 func (c *call) step() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.parent, c.r.cfg.CallBudget)
+}
+
+// longWork classifies err, which ended work bounded by
+// Config.CreateWorkLimit under work: running past the limit while the
+// caller still waits is an *UnavailableError whose Budget is the limit.
+func (c *call) longWork(work context.Context, err error) error {
+	if errors.Is(work.Err(), context.DeadlineExceeded) && c.parent.Err() == nil {
+		return &UnavailableError{Op: c.op, Slow: true, Waited: time.Since(c.began), Budget: c.r.cfg.CreateWorkLimit, Changed: c.changed, Err: err}
+	}
+	return err
 }
 
 // changes notes that the next request may change containerd's state.

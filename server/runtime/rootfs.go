@@ -244,3 +244,17 @@ func (r *Runtime) probeIDMap(ctx context.Context) error {
 	}
 	return nil
 }
+
+// CreateWorkLimit returns Config.CreateWorkLimit with its default.
+func (r *Runtime) CreateWorkLimit() time.Duration { return r.cfg.CreateWorkLimit }
+
+// createLeaseExpiry is how long what a create made under its lease (an
+// unpacked layer, a chowned copy) outlives a create that was cut off, for
+// its retry.
+const createLeaseExpiry = time.Hour
+
+// leaseID returns the id of the lease ctx carries.
+func leaseID(ctx context.Context) string {
+	id, _ := leases.FromContext(ctx)
+	return id
+}

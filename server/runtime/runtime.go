@@ -23,6 +23,7 @@ import (
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -147,6 +148,10 @@ type Config struct {
 	// get their image's files under their ids: RootIDMappingAuto (""),
 	// RootFSIDMapped or RootFSChowned; see IDMapped.
 	RootIDMapping string
+	// CreateWorkLimit bounds the long work of a create, within the
+	// caller's deadline: unpacking an image, and the chowned copy of
+	// RootFSChowned. Default 10 minutes.
+	CreateWorkLimit time.Duration
 	// CallBudget bounds a request to containerd that should answer at
 	// once — reading or changing a record, creating, signalling or
 	// deleting a task; past it the request fails with an
@@ -174,6 +179,9 @@ func (c *Config) setDefaults() {
 	if c.CallBudget <= 0 {
 		c.CallBudget = 10 * time.Second
 	}
+	if c.CreateWorkLimit <= 0 {
+		c.CreateWorkLimit = 10 * time.Minute
+	}
 }
 
 // Runtime creates and inspects sandboxes in containerd.
@@ -184,6 +192,7 @@ type Runtime struct {
 
 	idMu       sync.Mutex
 	idReserved map[uint32]string // id ranges of creates in progress
+	idRetry    map[string]uint32 // id ranges of failed creates, by sandbox id
 	// quota sets sandboxes' disk quotas; nil when quotaErr says why
 	// there are none.
 	quota    *qgroup.FS
@@ -232,7 +241,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		client.Close()
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
 	}
-	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string)}
+	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string), idRetry: make(map[string]uint32)}
 	if err := mount.SetTempMountLocation(filepath.Join(cfg.StateDir, "tmp")); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("temporary mount directory: %w", err)
@@ -417,9 +426,24 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err != nil {
 		return fmt.Errorf("check unpacked image %s: %w", spec.Image, err)
 	}
+	// Moving data (an unpack, a chowned copy) is bounded by the caller's
+	// deadline and CreateWorkLimit, not by the call budget; what it makes
+	// lives under a lease, which a create that is cut off leaves to expire
+	// so that its retry finds the work done.
+	work, cancelWork := context.WithTimeout(ctx, r.cfg.CreateWorkLimit)
+	defer cancelWork()
+	work, doneLease, err := r.client.WithLease(work, leases.WithRandomID(), leases.WithExpiration(createLeaseExpiry))
+	if err != nil {
+		return fmt.Errorf("lease for the create of %s: %w", spec.ID, err)
+	}
+	defer func() {
+		if work.Err() == nil {
+			doneLease(context.WithoutCancel(ctx))
+		}
+	}()
 	if !unpacked {
-		if err := image.Unpack(ctx, r.cfg.Snapshotter); err != nil {
-			return fmt.Errorf("unpack image %s: %w", spec.Image, err)
+		if err := image.Unpack(work, r.cfg.Snapshotter); err != nil {
+			return c.longWork(work, fmt.Errorf("unpack image %s: %w", spec.Image, err))
 		}
 	}
 
@@ -448,6 +472,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 			return err
 		}
 		defer release()
+		defer func() { r.rememberIDBase(spec.ID, base, retErr == nil) }()
 		labels[labelIDBase] = strconv.FormatUint(uint64(base), 10)
 		if r.idmapErr == nil {
 			// The sandbox's own snapshot, mounted with its ids mapped
@@ -459,13 +484,20 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		} else {
 			// The image's files chowned into the range (a copy per range).
 			labels[labelRootFS] = RootFSChowned
-			snapshot = withRemappedSnapshot(spec.ID, image, base)
+			remapped, err := r.remappedImage(work, image, base)
+			if err != nil {
+				return c.longWork(work, err)
+			}
+			snapshot = withSnapshotOf(spec.ID, image, remapped)
 		}
 		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
 	}
 	c.changes()
 	step, cancel = c.step()
 	defer cancel()
+	// Under the create's lease: the remapped parent must not be collected
+	// before the container holds it.
+	step = leases.WithLease(step, leaseID(work))
 	container, err := r.client.NewContainer(step, spec.ID,
 		containerd.WithImage(image),
 		containerd.WithSnapshotter(r.cfg.Snapshotter),

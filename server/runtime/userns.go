@@ -71,6 +71,12 @@ func (r *Runtime) allocIDBase(ctx context.Context, id string) (base uint32, rele
 	for b := range r.idReserved {
 		used[b] = true
 	}
+	// A retry of a create that failed takes its range again, if free:
+	// what the failed one remapped into it is reused (remappedImage).
+	if b, ok := r.idRetry[id]; ok && !used[b] {
+		r.idReserved[b] = id
+		return b, r.releaseIDBase(b), nil
+	}
 	// A random free range, not the lowest: a remapped copy's work
 	// snapshot left by a berthd that died midway stays until containerd's
 	// garbage collector runs, and the next create of the same range would
@@ -80,14 +86,42 @@ func (r *Runtime) allocIDBase(ctx context.Context, id string) (base uint32, rele
 		b := r.cfg.IDFirst + ((first+i)%r.cfg.IDRanges)*IDRangeSize
 		if !used[b] {
 			r.idReserved[b] = id
-			return b, func() {
-				r.idMu.Lock()
-				defer r.idMu.Unlock()
-				delete(r.idReserved, b)
-			}, nil
+			return b, r.releaseIDBase(b), nil
 		}
 	}
 	return 0, nil, fmt.Errorf("%w: all %d ranges from host id %d are held", ErrNoIDRange, r.cfg.IDRanges, r.cfg.IDFirst)
+}
+
+// releaseIDBase returns the release of allocIDBase's reservation of b.
+func (r *Runtime) releaseIDBase(b uint32) func() {
+	return func() {
+		r.idMu.Lock()
+		defer r.idMu.Unlock()
+		delete(r.idReserved, b)
+	}
+}
+
+// maxIDRetries bounds how many failed creates' ranges are remembered for
+// their retries.
+const maxIDRetries = 1024
+
+// rememberIDBase notes that the create of sandbox id with range base
+// failed (ok false) or succeeded (ok true): a retry of a failed one takes
+// the same range.
+func (r *Runtime) rememberIDBase(id string, base uint32, ok bool) {
+	r.idMu.Lock()
+	defer r.idMu.Unlock()
+	if ok {
+		delete(r.idRetry, id)
+		return
+	}
+	if len(r.idRetry) >= maxIDRetries {
+		for k := range r.idRetry {
+			delete(r.idRetry, k)
+			break
+		}
+	}
+	r.idRetry[id] = base
 }
 
 // withRuntime sets the container's runtime options: for RuntimeGVisor the
@@ -131,48 +165,61 @@ func pingGroups(spec SandboxSpec) string {
 	return "0 2147483647"
 }
 
-// withRemappedSnapshot prepares the container's snapshot (key id) from a
-// copy of image's root filesystem whose files are chowned into the range
-// at host id base: container id n becomes host id base+n. The copy is
-// committed as <chain id>-<base>-<base> and shared by containers of the
-// same range.
+// remappedImage returns the snapshot of image's root filesystem whose
+// files are chowned into the range at host id base (container id n is
+// host id base+n), committed as <chain id>-<base>-<base> and shared by
+// the sandboxes of the range; it makes it when missing. It is long work:
+// ctx bounds it, not the call budget, and the snapshots live under ctx's
+// lease. Work cut off by ctx stays in its work snapshot (<name>-remap),
+// and the next call with the same range goes on from where it stopped;
+// a failure of another kind removes it.
 //
 // It does what containerd's WithUserNSRemappedSnapshot does, except that
 // a file with several hard links is chowned once: containerd's walk
 // chowns by path, so a second link of an inode it already moved reads the
 // host id and fails ("container ID … cannot be mapped to a host ID"),
 // which made every image with hard links (Debian's perl, git, python)
-// impossible to run in a user namespace. A failed remap removes its work
-// snapshot.
-func withRemappedSnapshot(id string, image containerd.Image, base uint32) containerd.NewContainerOpts {
+// impossible to run in a user namespace.
+func (r *Runtime) remappedImage(ctx context.Context, image containerd.Image, base uint32) (string, error) {
+	diffIDs, err := image.RootFS(ctx)
+	if err != nil {
+		return "", fmt.Errorf("remap snapshot: image root filesystem: %w", err)
+	}
+	parent := identity.ChainID(diffIDs).String()
+	remapped := fmt.Sprintf("%s-%d-%d", parent, base, base)
+	sn := r.client.SnapshotService(r.cfg.Snapshotter)
+	if _, err := sn.Stat(ctx, remapped); err == nil {
+		return remapped, nil
+	} else if !errdefs.IsNotFound(err) {
+		return "", fmt.Errorf("remap snapshot: %w", err)
+	}
+	work := remapped + "-remap"
+	mounts, err := sn.Prepare(ctx, work, parent)
+	if errdefs.IsAlreadyExists(err) {
+		mounts, err = sn.Mounts(ctx, work)
+	}
+	if err != nil {
+		return "", fmt.Errorf("remap snapshot: prepare: %w", err)
+	}
+	err = mount.WithTempMount(ctx, mounts, func(root string) error { return chownInto(ctx, root, base) })
+	if err == nil {
+		err = sn.Commit(ctx, remapped, work)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			sn.Remove(context.WithoutCancel(ctx), work)
+		}
+		return "", fmt.Errorf("remap snapshot of image %s into host ids from %d: %w", image.Name(), base, err)
+	}
+	return remapped, nil
+}
+
+// withSnapshotOf prepares the container's snapshot (key id) from the
+// committed snapshot parent, for image.
+func withSnapshotOf(id string, image containerd.Image, parent string) containerd.NewContainerOpts {
 	return func(ctx context.Context, client *containerd.Client, c *containers.Container) error {
-		diffIDs, err := image.RootFS(ctx)
-		if err != nil {
-			return fmt.Errorf("remap snapshot: image root filesystem: %w", err)
-		}
-		parent := identity.ChainID(diffIDs).String()
-		remapped := fmt.Sprintf("%s-%d-%d", parent, base, base)
-		sn := client.SnapshotService(c.Snapshotter)
-		if _, err := sn.Stat(ctx, remapped); err != nil {
-			if !errdefs.IsNotFound(err) {
-				return fmt.Errorf("remap snapshot: %w", err)
-			}
-			work := remapped + "-remap"
-			mounts, err := sn.Prepare(ctx, work, parent)
-			if err != nil {
-				return fmt.Errorf("remap snapshot: prepare: %w", err)
-			}
-			err = mount.WithTempMount(ctx, mounts, func(root string) error { return chownInto(root, base) })
-			if err == nil {
-				err = sn.Commit(ctx, remapped, work)
-			}
-			if err != nil {
-				sn.Remove(context.WithoutCancel(ctx), work)
-				return fmt.Errorf("remap snapshot of image %s into host ids from %d: %w", image.Name(), base, err)
-			}
-		}
-		if _, err := sn.Prepare(ctx, id, remapped); err != nil {
-			return fmt.Errorf("remap snapshot: prepare %s: %w", id, err)
+		if _, err := client.SnapshotService(c.Snapshotter).Prepare(ctx, id, parent); err != nil {
+			return fmt.Errorf("prepare snapshot %s: %w", id, err)
 		}
 		c.SnapshotKey = id
 		c.Image = image.Name()
@@ -182,16 +229,23 @@ func withRemappedSnapshot(id string, image containerd.Image, base uint32) contai
 
 // chownInto moves every file under root from container id n to host id
 // base+n (lchown(2): a symlink itself, never its target), each inode once,
-// and keeps the setuid, setgid and sticky bits that chown(2) clears. An id
+// and keeps the setuid, setgid and sticky bits that chown(2) clears; a file
+// in the range already (a walk cut off by ctx moved it) stays. An id
 // outside the range is an error naming the file.
-func chownInto(root string, base uint32) error {
+func chownInto(ctx context.Context, root string, base uint32) error {
 	type inode struct{ dev, ino uint64 }
 	done := make(map[inode]bool)
 	return filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
 		if err != nil {
 			return err
 		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		st := info.Sys().(*syscall.Stat_t)
+		if st.Uid-base < IDRangeSize && st.Gid-base < IDRangeSize {
+			return nil // chowned by a walk that was cut off
+		}
 		if st.Nlink > 1 && !info.IsDir() {
 			key := inode{uint64(st.Dev), st.Ino}
 			if done[key] {
