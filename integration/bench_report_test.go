@@ -59,6 +59,14 @@ var report struct {
 	results  map[string][]measurement // by sub-benchmark name under BenchmarkSideBySide
 	host     string                   // where the host side's files live, and their file system
 	loadFrom string                   // load average when the first result came in
+	notes    []string                 // lines printed after the table
+}
+
+// note adds a line to print after the table.
+func note(line string) {
+	report.mu.Lock()
+	defer report.mu.Unlock()
+	report.notes = append(report.notes, line)
 }
 
 // record keeps m as one run of the sub-benchmark name.
@@ -123,9 +131,13 @@ var comparisons = []comparison{
 	{what: "PortForward: HTTP GET of 256 MiB", berth: "portforward/berth-PortForward", anchors: []string{"portforward/direct-netns"}},
 	{what: "berth port-forward: HTTP GET of 256 MiB", berth: "portforward/berth-cli", anchors: []string{"portforward/direct-netns"}},
 	{what: "create to first exec (echo)", berth: "create/berth-cold", anchors: []string{"create/ctr-run"}, latency: true},
-	{what: "create to first exec, host_users (no remapped snapshot)", berth: "create/berth-cold-host-users", anchors: []string{"create/ctr-run"}, latency: true},
+	{what: "create to first exec, host_users (no id mapping)", berth: "create/berth-cold-host-users", anchors: []string{"create/ctr-run"}, latency: true},
 	{what: "create to first exec, runtime gvisor", berth: "create/berth-cold-gvisor", anchors: []string{"create/ctr-run"}, latency: true},
 	{what: "create to first exec, warm pool", berth: "create/berth-warm", anchors: []string{"create/ctr-run"}, latency: true},
+	{what: "create to first exec, Debian image (python3, git)", berth: "create/berth-cold-debian", anchors: []string{"create/ctr-run-debian", "create/berth-cold"}, latency: true,
+		target: "<= 1.2x", met: func(r float64) bool { return r <= 1.2 }},
+	{what: "create to first exec, Debian image, warm pool", berth: "create/berth-warm-debian", anchors: []string{"create/ctr-run-debian"}, latency: true,
+		target: "<= 0.2x", met: func(r float64) bool { return r <= 0.2 }},
 }
 
 // anchorText says, for people, what each anchor does.
@@ -140,6 +152,8 @@ var anchorText = map[string]string{
 	"roundtrip/containerd-Exec": "containerd task.Exec",
 	"roundtrip/host-fork-exec":  "host fork+exec+wait",
 	"create/ctr-run":            "ctr run --rm",
+	"create/ctr-run-debian":     "ctr run --rm of the same image",
+	"create/berth-cold":         "berth, the 2 MiB base image",
 	"fleet/owner-Exec":          "the same through the node that holds it",
 	"portforward/direct-netns":  "direct connection in the sandbox's netns",
 }
@@ -206,6 +220,12 @@ func printSideBySide(w io.Writer) {
 		}
 	}
 	tw.Flush()
+	if len(report.notes) > 0 {
+		fmt.Fprintln(w)
+		for _, n := range report.notes {
+			fmt.Fprintln(w, n)
+		}
+	}
 	fmt.Fprintln(w, "\nMB/s: 10^6 payload bytes delivered per second of wall time. p50, p99: of n operations.")
 	fmt.Fprintln(w, "berth/anchor: of MB/s (higher is better for berth), of p50 (lower is better for berth).")
 }

@@ -16,10 +16,14 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/rootfsimage"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/runtime"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -214,18 +218,91 @@ func BenchmarkSideBySide(b *testing.B) {
 		measure(b, "create/berth-warm", 0, func(b *testing.B) sample {
 			return createFirstExec(b, pool.sandboxes, pool, nil)
 		})
-		var n int
-		measure(b, "create/ctr-run", 0, func(b *testing.B) sample {
-			n++
-			start := time.Now()
-			out, err := exec.Command("ctr", "--address", env.containerd, "--namespace", env.namespace,
-				"run", "--rm", "--snapshotter", env.snapshotter, baseImage, fmt.Sprintf("ctr-bench-%d-%d", time.Now().UnixNano(), n), "/bin/echo", "hi").CombinedOutput()
-			if err != nil || string(out) != "hi\n" {
-				b.Fatalf("ctr run: %v: %q", err, out)
-			}
-			return sample{d: time.Since(start)}
+		measure(b, "create/ctr-run", 0, func(b *testing.B) sample { return ctrRun(b, env.namespace, baseImage) })
+
+		// A real Debian image (scripts/debian-image.sh), each sandbox in
+		// a user namespace of its own, beside ctr run --rm of the same
+		// image (in the host's user namespace: no id mapping at all).
+		debian := benchDebianImage(b, env.rt)
+		measure(b, "create/berth-cold-debian", 0, func(b *testing.B) sample {
+			return createFirstExec(b, env.sandboxes, nil, &berthv1.CreateSandboxRequest{Image: debian})
 		})
+		debianPool := newInProcessEnvWith(b, "bd", server.Config{WarmPool: map[string]int{debian: 1}}, nil, func(rt *runtime.Runtime) { benchDebianImage(b, rt) })
+		measure(b, "create/berth-warm-debian", 0, func(b *testing.B) sample {
+			return createFirstExec(b, debianPool.sandboxes, debianPool, &berthv1.CreateSandboxRequest{Image: debian})
+		})
+		measure(b, "create/ctr-run-debian", 0, func(b *testing.B) sample { return ctrRun(b, env.namespace, debian) })
+		noteDiskPerSandbox(b, debian)
 	})
+}
+
+// ctrRun runs `ctr run --rm IMAGE ... /bin/echo hi` in ns and times it.
+func ctrRun(b *testing.B, ns, image string) sample {
+	ctrRuns++
+	start := time.Now()
+	out, err := exec.Command("ctr", "--address", env.containerd, "--namespace", ns,
+		"run", "--rm", "--snapshotter", env.snapshotter, image, fmt.Sprintf("ctr-bench-%d-%d", time.Now().UnixNano(), ctrRuns), "/bin/echo", "hi").CombinedOutput()
+	if err != nil || string(out) != "hi\n" {
+		b.Fatalf("ctr run %s: %v: %q", image, err, out)
+	}
+	return sample{d: time.Since(start)}
+}
+
+var ctrRuns int
+
+// benchDebianRef names the Debian image of the create benchmarks.
+const benchDebianRef = "bench.berth.dev/debian:bookworm"
+
+// benchDebianImage imports the Debian root file system at
+// $BERTH_DEBIAN_ROOT (scripts/debian-image.sh; scripts/bench.sh sets it)
+// into rt's namespace as benchDebianRef, once per namespace, and returns
+// the reference.
+func benchDebianImage(b *testing.B, rt *runtime.Runtime) string {
+	b.Helper()
+	root := os.Getenv("BERTH_DEBIAN_ROOT")
+	if root == "" {
+		b.Fatal("BERTH_DEBIAN_ROOT is not set: make bench builds it with scripts/debian-image.sh")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if _, err := rt.ResolveImage(ctx, benchDebianRef); err == nil {
+		return benchDebianRef
+	}
+	img, err := rootfsimage.FromDir(root, rootfsimage.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer img.Close()
+	tag, err := name.NewTag(benchDebianRef)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(tarball.Write(tag, img, pw)) }()
+	if _, err := rt.ImportImage(ctx, pr, ""); err != nil {
+		b.Fatalf("import %s: %v", root, err)
+	}
+	return benchDebianRef
+}
+
+// noteDiskPerSandbox records, for the report, the disk that sandboxes of
+// image take before their workload writes: what the snapshotter's file
+// system lost over three creates (after a sync), divided by three.
+func noteDiskPerSandbox(b *testing.B, image string) {
+	b.Helper()
+	ctx := context.Background()
+	fsRoot := snapshotterRoot(b, env.snapshotter)
+	const n = 3
+	before := diskUsed(b, fsRoot)
+	for range n {
+		resp, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: image})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: resp.GetSandbox().GetId()})
+	}
+	grown := (int64(diskUsed(b, fsRoot)) - int64(before)) / n
+	note(fmt.Sprintf("disk per sandbox of the Debian image before its workload writes (%s): %d KiB", env.snapshotter, grown/1024))
 }
 
 // benchFiles is BenchmarkSideBySide's files group.
@@ -389,16 +466,18 @@ func measure(b *testing.B, name string, bytes int64, op func(*testing.B) sample)
 // The sandbox is deleted off the clock.
 func createFirstExec(b *testing.B, sandboxes berthv1.SandboxServiceClient, pool *berthEnv, req *berthv1.CreateSandboxRequest) sample {
 	ctx := context.Background()
-	b.StopTimer()
-	if pool != nil {
-		waitPool(b, pool, 1)
-	}
-	b.StartTimer()
-	start := time.Now()
 	if req == nil {
 		req = &berthv1.CreateSandboxRequest{}
 	}
-	req.Image = baseImage
+	if req.Image == "" {
+		req.Image = baseImage
+	}
+	b.StopTimer()
+	if pool != nil {
+		waitPoolOf(b, pool, req.Image, 1)
+	}
+	b.StartTimer()
+	start := time.Now()
 	resp, err := sandboxes.CreateSandbox(ctx, req)
 	if err != nil {
 		b.Fatal(err)

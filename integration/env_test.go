@@ -106,12 +106,13 @@ func newBinaryEnv(t testing.TB, name string) *berthEnv {
 // namespace, with the base image imported.
 func newInProcessEnv(t testing.TB, name string, cfg server.Config) *berthEnv {
 	t.Helper()
-	return newInProcessEnvWith(t, name, cfg, nil)
+	return newInProcessEnvWith(t, name, cfg, nil, nil)
 }
 
 // newInProcessEnvWith is newInProcessEnv on a runtime whose config change
-// changes, when not nil.
-func newInProcessEnvWith(t testing.TB, name string, cfg server.Config, change func(*runtime.Config)) *berthEnv {
+// changes, when not nil; prepare, when not nil, runs on the runtime before
+// the service starts (to import an image a warm pool fills with).
+func newInProcessEnvWith(t testing.TB, name string, cfg server.Config, change func(*runtime.Config), prepare func(*runtime.Runtime)) *berthEnv {
 	t.Helper()
 	rt, ns, stateDir := newNamespaceRuntimeWith(t, name, change)
 	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: filepath.Join(env.dir, name+".sock")}
@@ -129,6 +130,9 @@ func newInProcessEnvWith(t testing.TB, name string, cfg server.Config, change fu
 	defer f.Close()
 	if _, err := rt.ImportImage(ctx, f, ""); err != nil {
 		t.Fatal(err)
+	}
+	if prepare != nil {
+		prepare(rt)
 	}
 	e.svc = server.New(cfg, rt, log)
 	if err := e.svc.Start(ctx); err != nil {

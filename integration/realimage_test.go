@@ -15,6 +15,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
@@ -140,7 +141,7 @@ func TestRealImageCreate(t *testing.T) {
 }
 
 func testRealImageCreate(t *testing.T, snapshotter string) {
-	e := newInProcessEnvWith(t, "real-"+snapshotter[:2], server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) { c.Snapshotter = snapshotter })
+	e := newInProcessEnvWith(t, "real-"+snapshotter[:2], server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) { c.Snapshotter = snapshotter }, nil)
 	const ref = "test.berth.dev/real-image:1"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -231,6 +232,9 @@ func testRealImageCreate(t *testing.T, snapshotter string) {
 	// What the host sees of what the workload wrote: under the image's own
 	// ids on btrfs (the snapshot is idmapped), under the range's on
 	// overlayfs (the upper layer is not).
+	// containerd's garbage collector, run now, keeps the snapshot, which
+	// no snapshot key of the container names (a label refers to it).
+	collectGarbage(t, e.ns)
 	upper := snapshotDir(t, e.ns, snapshotter, sb.GetId())
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(upper, "root-file"), &st); err != nil {
@@ -277,7 +281,7 @@ func checkImageOwners(t *testing.T, sandboxes berthv1.SandboxServiceClient, id s
 // modes and links as through an idmapped root.
 func TestChownedRootFallback(t *testing.T) {
 	need(t)
-	e := newInProcessEnvWith(t, "chowned", server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) { c.RootIDMapping = runtime.RootFSChowned })
+	e := newInProcessEnvWith(t, "chowned", server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) { c.RootIDMapping = runtime.RootFSChowned }, nil)
 	if err := e.rt.IDMapped(); !errors.Is(err, runtime.ErrNoIDMap) {
 		t.Errorf("IDMapped() = %v, want ErrNoIDMap", err)
 	}
@@ -316,7 +320,7 @@ func TestChownedCopyResumes(t *testing.T) {
 	e := newInProcessEnvWith(t, "resume", server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) {
 		c.RootIDMapping = runtime.RootFSChowned
 		c.CreateWorkLimit = limit
-	})
+	}, nil)
 	const ref = "test.berth.dev/real-image:1"
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -349,8 +353,27 @@ func TestChownedCopyResumes(t *testing.T) {
 	}
 }
 
+// collectGarbage runs containerd's garbage collector in ns and waits for
+// it: the delete of a lease with SynchronousDelete does.
+func collectGarbage(t testing.TB, ns string) {
+	t.Helper()
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx := context.Background()
+	l, err := cc.LeasesService().Create(ctx, leases.WithRandomID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.LeasesService().Delete(ctx, l, leases.SynchronousDelete); err != nil {
+		t.Fatalf("delete a lease synchronously (containerd's garbage collection): %v", err)
+	}
+}
+
 // snapshotterRoot returns the host directory of containerd's snapshotter.
-func snapshotterRoot(t *testing.T, snapshotter string) string {
+func snapshotterRoot(t testing.TB, snapshotter string) string {
 	t.Helper()
 	cc, err := containerd.New(env.containerd)
 	if err != nil {
@@ -406,14 +429,44 @@ func snapshotDir(t *testing.T, ns, snapshotter, id string) string {
 	return ""
 }
 
-// diskUsed returns the bytes used on the file system holding dir, after a
-// sync (btrfs counts its copy-on-write data at the commit).
-func diskUsed(t *testing.T, dir string) uint64 {
+// diskUsed returns the bytes the snapshots under a snapshotter's root dir
+// take. On btrfs, whose copy-on-write snapshots share extents that du
+// cannot see, that is the file system's used bytes after a sync (the
+// snapshotter's btrfs holds nothing else); elsewhere, the blocks of every
+// inode under dir, each once, so that other writers to the same file
+// system do not count.
+func diskUsed(t testing.TB, dir string) uint64 {
 	t.Helper()
 	unix.Sync()
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
 		t.Fatal(err)
 	}
-	return (st.Blocks - st.Bfree) * uint64(st.Bsize)
+	if st.Type == unix.BTRFS_SUPER_MAGIC {
+		return (st.Blocks - st.Bfree) * uint64(st.Bsize)
+	}
+	type inode struct{ dev, ino uint64 }
+	seen := make(map[inode]bool)
+	var used uint64
+	err := filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				return nil // removed meanwhile
+			}
+			return err
+		}
+		var s unix.Stat_t
+		if err := unix.Lstat(path, &s); err != nil {
+			return nil
+		}
+		if k := (inode{s.Dev, s.Ino}); !seen[k] {
+			seen[k] = true
+			used += uint64(s.Blocks) * 512
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("disk used under %s: %v", dir, err)
+	}
+	return used
 }

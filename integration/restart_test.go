@@ -256,10 +256,16 @@ func warmPoolConfig() server.Config {
 // waitPool waits until e's pool holds n ready sandboxes of the base image.
 func waitPool(t testing.TB, e *berthEnv, n int) {
 	t.Helper()
+	waitPoolOf(t, e, baseImage, n)
+}
+
+// waitPoolOf waits until e's pool holds n ready sandboxes of image.
+func waitPoolOf(t testing.TB, e *berthEnv, image string, n int) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
-	for e.svc.WarmPoolReady(baseImage) < n {
+	for e.svc.WarmPoolReady(image) < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("warm pool has %d ready after 30s, want %d", e.svc.WarmPoolReady(baseImage), n)
+			t.Fatalf("warm pool of %s has %d ready after 30s, want %d", image, e.svc.WarmPoolReady(image), n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

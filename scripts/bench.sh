@@ -6,7 +6,10 @@
 # host cp, cp && sync, tar; exec round trip (p50, p99) beside containerd's
 # task.Exec and fork+exec on the host; a 256 MiB HTTP GET through
 # PortForward and `berth port-forward` beside a direct connection in the
-# sandbox's network namespace; create to first exec beside `ctr run --rm`. It is integration.BenchmarkSideBySide: go test -bench
+# sandbox's network namespace; create to first exec beside `ctr run --rm`,
+# for the base image and for a real Debian image (scripts/debian-image.sh,
+# built once into the cache), cold and from a warm pool, with the disk each
+# Debian sandbox takes. It is integration.BenchmarkSideBySide: go test -bench
 # with the integration tests' TestMain, which starts a private containerd
 # (or uses BERTH_CONTAINERD_ADDRESS) and builds the real agent and CLI.
 # `make bench` runs it. BENCHMARKS.md says what each side does.
@@ -34,6 +37,8 @@ cd "$REPO"
 scripts/deps.sh >/dev/null
 scripts/base-image.sh >/dev/null
 export BERTH_TEST_IMAGE=$REPO/build/base.oci.tar
+BERTH_DEBIAN_ROOT=$(scripts/debian-image.sh)
+export BERTH_DEBIAN_ROOT
 # A benchmark that cannot run fails instead of skipping.
 export BERTH_E2E=1
 # shellcheck disable=SC2086 # GO_TEST_FLAGS is a word list

@@ -79,7 +79,7 @@ func idMapOptions(base uint32) []string {
 // through it. The container records neither snapshotter nor snapshot key
 // (containerd would hand the shim the snapshot without the mapping); its
 // spec's root is rootDir. A snapshot of the key left by a create that did
-// not finish is reused when it has the image's parent.
+// not finish is made anew.
 func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, base uint32) containerd.NewContainerOpts {
 	return func(ctx context.Context, client *containerd.Client, c *containers.Container) error {
 		c.Snapshotter = ""
@@ -96,23 +96,24 @@ func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, base uint3
 			if _, err := client.ContainerService().Get(ctx, id); err == nil {
 				return fmt.Errorf("%w: %s", errdefs.ErrAlreadyExists, id)
 			}
-			info, err := sn.Stat(ctx, id)
-			if err != nil {
-				return fmt.Errorf("snapshot %s: %w", id, err)
+			// Left by a create that did not finish, perhaps of another
+			// image or id range: a new one costs nothing.
+			if err := unmountRoot(r.rootDir(id)); err != nil {
+				return err
 			}
-			if info.Parent != parent {
-				if err := unmountRoot(r.rootDir(id)); err != nil {
-					return err
-				}
-				if err := sn.Remove(ctx, id); err != nil {
-					return fmt.Errorf("remove stale snapshot %s: %w", id, err)
-				}
-				if _, err := sn.Prepare(ctx, id, parent); err != nil {
-					return fmt.Errorf("prepare snapshot %s of image %s: %w", id, image.Name(), err)
-				}
+			if err := sn.Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+				return fmt.Errorf("remove stale snapshot %s: %w", id, err)
+			}
+			if _, err := sn.Prepare(ctx, id, parent); err != nil {
+				return fmt.Errorf("prepare snapshot %s of image %s: %w", id, image.Name(), err)
 			}
 		}
 		c.Image = image.Name()
+		// Never a mount of an earlier sandbox of the id whose delete
+		// failed midway.
+		if err := unmountRoot(r.rootDir(id)); err != nil {
+			return err
+		}
 		return r.mountRoot(ctx, id, base)
 	}
 }

@@ -24,7 +24,6 @@ import (
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
-	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
@@ -242,10 +241,6 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
 	}
 	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string), idRetry: make(map[string]uint32)}
-	if err := mount.SetTempMountLocation(filepath.Join(cfg.StateDir, "tmp")); err != nil {
-		client.Close()
-		return nil, fmt.Errorf("temporary mount directory: %w", err)
-	}
 	switch cfg.RootIDMapping {
 	case RootIDMappingAuto, RootFSIDMapped:
 		if err := r.probeIDMap(ctx); err != nil {
