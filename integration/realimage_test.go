@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,10 +41,11 @@ const (
 // size of a real image: the base image's, plus bigTreeDirs directories of
 // bigTreeFiles files each where every tenth file is a hard link of the
 // one before, every tenth a symlink, and a setuid file, a setgid file, a
-// group-readable /etc/shadow and a home owned by uid 1000, as a Debian
-// image has them. It returns the tree and a docker-save archive of it.
+// group-readable /etc/shadow, a device node and a home owned by uid 1000,
+// as a Debian image has them. It returns the tree's path, under the
+// tests' temporary directory.
 var bigImageTree = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "berth-bigimage-")
+	dir, err := os.MkdirTemp(env.dir, "bigimage-")
 	if err != nil {
 		return "", err
 	}
@@ -92,6 +94,10 @@ var bigImageTree = sync.OnceValues(func() (string, error) {
 		if err := os.Chmod(p, f.mode); err != nil {
 			return "", err
 		}
+	}
+	// A device node, as images ship /dev entries.
+	if err := unix.Mknod(filepath.Join(root, "usr/share/big/null"), unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))); err != nil {
+		return "", err
 	}
 	if err := os.Chown(filepath.Join(root, "home/berth"), 1000, 1000); err != nil {
 		return "", err
@@ -263,13 +269,13 @@ func checkImageOwners(t *testing.T, sandboxes berthv1.SandboxServiceClient, id s
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	r, err := sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"sh", "-c",
-		"stat -c '%u:%g %a %h %n' /etc/shadow /usr/bin/passwd-like /usr/bin/chage-like /usr/share/big/d007/f000 && stat -c '%u:%g %a %n' /home/berth && readlink /usr/share/big/d007/f002 && " +
+		"stat -c '%u:%g %a %h %n' /etc/shadow /usr/bin/passwd-like /usr/bin/chage-like /usr/share/big/d007/f000 && stat -c '%u:%g %a %n' /home/berth && stat -c '%F %t,%T' /usr/share/big/null && readlink /usr/share/big/d007/f002 && " +
 			"[ /usr/share/big/d007/f000 -ef /usr/share/big/d007/f001 ] && echo one inode && " +
 			"echo w >/root-file && echo w >/usr/share/big/d007/f005"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "0:42 640 1 /etc/shadow\n0:0 4755 1 /usr/bin/passwd-like\n0:42 2755 1 /usr/bin/chage-like\n0:0 644 2 /usr/share/big/d007/f000\n1000:1000 755 /home/berth\nf000\none inode\n"
+	want := "0:42 640 1 /etc/shadow\n0:0 4755 1 /usr/bin/passwd-like\n0:42 2755 1 /usr/bin/chage-like\n0:0 644 2 /usr/share/big/d007/f000\n1000:1000 755 /home/berth\ncharacter special file 1,3\nf000\none inode\n"
 	if got := string(r.GetStdout()); got != want || r.GetResult().GetExitCode() != 0 {
 		t.Errorf("in sandbox %s: %q (stderr %q, exit %d), want %q", id, got, r.GetStderr(), r.GetResult().GetExitCode(), want)
 	}
@@ -350,6 +356,65 @@ func TestChownedCopyResumes(t *testing.T) {
 		if attempt == 60 {
 			t.Fatalf("still failing after %d attempts: each retry starts the copy over", attempt)
 		}
+	}
+}
+
+// TestIDMappedRootRemount: an idmapped root that is no longer mounted
+// when a sandbox's task restarts (the host rebooted, or someone unmounted
+// it) is mounted again, and the sandbox keeps its files.
+func TestIDMappedRootRemount(t *testing.T) {
+	need(t)
+	e := newInProcessEnvWith(t, "remount", server.Config{TaskRestartLimit: -1}, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetSandbox().GetId()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+			t.Errorf("DeleteSandbox(%s): %v", id, err)
+		}
+	})
+	if got := resp.GetSandbox().GetRootIdMapping(); got != berthv1.RootIDMapping_ROOT_ID_MAPPING_IDMAPPED {
+		t.Fatalf("root_id_mapping = %v, want IDMAPPED", got)
+	}
+	if r, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: "echo kept >/kept"}}); err != nil || r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("write /kept: %v %v", err, r.GetResult())
+	}
+	pid := resp.GetSandbox().GetRuntime().GetTaskPid()
+	if err := e.rt.Kill(ctx, id, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		sb, err := e.rt.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sb.Running {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the killed task still runs")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	root := filepath.Join(e.stateDir, "s", id, "root")
+	if err := unix.Unmount(root, unix.MNT_DETACH); err != nil {
+		t.Fatalf("unmount %s: %v", root, err)
+	}
+	if _, err := e.rt.RestartTask(ctx, id, pid); err != nil {
+		t.Fatalf("RestartTask after the root was unmounted: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "kept")); err != nil || string(b) != "kept\n" {
+		t.Errorf("the remounted root holds /kept = %q, %v; want the file the workload wrote", b, err)
+	}
+	if sb, err := e.rt.Get(ctx, id); err != nil || !sb.Running {
+		t.Errorf("after RestartTask: running %v, %v", sb.Running, err)
 	}
 }
 
