@@ -309,11 +309,21 @@ func newSandboxOn(t *testing.T, svc berthv1.SandboxServiceClient, req *berthv1.C
 		req = &berthv1.CreateSandboxRequest{}
 	}
 	req.Image = env.image
+	return createSandboxOn(t, svc, req).GetId()
+}
+
+// createSandboxOn creates the sandbox req asks for through svc, of the
+// base image unless req names one, deletes it at cleanup, and returns it.
+func createSandboxOn(t *testing.T, svc berthv1.SandboxServiceClient, req *berthv1.CreateSandboxRequest) *berthv1.Sandbox {
+	t.Helper()
+	if req.Image == "" {
+		req.Image = env.image
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	resp, err := svc.CreateSandbox(ctx, req)
 	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
+		t.Fatalf("CreateSandbox(%s): %v", req.Image, err)
 	}
 	id := resp.GetSandbox().GetId()
 	t.Cleanup(func() {
@@ -323,5 +333,5 @@ func newSandboxOn(t *testing.T, svc berthv1.SandboxServiceClient, req *berthv1.C
 			t.Errorf("DeleteSandbox(%s): %v", id, err)
 		}
 	})
-	return id
+	return resp.GetSandbox()
 }

@@ -160,18 +160,7 @@ func testRealImageCreate(t *testing.T, snapshotter string) {
 	create := func(image string) (*berthv1.Sandbox, time.Duration) {
 		t.Helper()
 		start := time.Now()
-		resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: image})
-		if err != nil {
-			t.Fatalf("CreateSandbox(%s) with %s: %v", image, snapshotter, err)
-		}
-		sb := resp.GetSandbox()
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
-				t.Errorf("DeleteSandbox(%s): %v", sb.GetId(), err)
-			}
-		})
+		sb := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{Image: image})
 		r, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sb.GetId(), Process: &berthv1.ProcessSpec{Argv: []string{"true"}}})
 		if err != nil || r.GetResult().GetExitCode() != 0 {
 			t.Fatalf("Run(true) in a sandbox of %s: %v, exit %d", image, err, r.GetResult().GetExitCode())
@@ -297,18 +286,7 @@ func TestChownedRootFallback(t *testing.T) {
 	if _, err := e.rt.ImportImage(ctx, bytes.NewReader(bigImageArchive(t, ref)), ""); err != nil {
 		t.Fatalf("import the real-image tree: %v", err)
 	}
-	resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: ref})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	sb := resp.GetSandbox()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
-			t.Errorf("DeleteSandbox(%s): %v", sb.GetId(), err)
-		}
-	})
+	sb := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{Image: ref})
 	if got := sb.GetRootIdMapping(); got != berthv1.RootIDMapping_ROOT_ID_MAPPING_CHOWNED_COPY {
 		t.Errorf("root_id_mapping = %v, want CHOWNED_COPY", got)
 	}
@@ -367,25 +345,15 @@ func TestIDMappedRootRemount(t *testing.T) {
 	e := newInProcessEnvWith(t, "remount", server.Config{TaskRestartLimit: -1}, nil, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := resp.GetSandbox().GetId()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
-			t.Errorf("DeleteSandbox(%s): %v", id, err)
-		}
-	})
-	if got := resp.GetSandbox().GetRootIdMapping(); got != berthv1.RootIDMapping_ROOT_ID_MAPPING_IDMAPPED {
+	sb := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{Image: baseImage})
+	id := sb.GetId()
+	if got := sb.GetRootIdMapping(); got != berthv1.RootIDMapping_ROOT_ID_MAPPING_IDMAPPED {
 		t.Fatalf("root_id_mapping = %v, want IDMAPPED", got)
 	}
 	if r, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: "echo kept >/kept"}}); err != nil || r.GetResult().GetExitCode() != 0 {
 		t.Fatalf("write /kept: %v %v", err, r.GetResult())
 	}
-	pid := resp.GetSandbox().GetRuntime().GetTaskPid()
+	pid := sb.GetRuntime().GetTaskPid()
 	if err := e.rt.Kill(ctx, id, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
