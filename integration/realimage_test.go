@@ -291,6 +291,25 @@ func TestChownedRootFallback(t *testing.T) {
 		t.Errorf("root_id_mapping = %v, want CHOWNED_COPY", got)
 	}
 	checkImageOwners(t, e.sandboxes, sb.GetId())
+
+	// berth sandbox create says so on stderr, and only then.
+	for _, tc := range []struct {
+		addr, image string
+		warns       bool
+	}{{"unix://" + e.sock, ref, true}, {env.berthdAddr, env.image, false}} {
+		cmd := exec.Command(env.cliBinary, "--addr", tc.addr, "sandbox", "create", "--image", tc.image)
+		out, errOut, code := runCLI(t, cmd, cmd.Args)
+		if code != 0 {
+			t.Fatalf("berth sandbox create at %s: exit %d: %s", tc.addr, code, errOut)
+		}
+		id := strings.TrimSpace(out)
+		if err := dialClient(t, tc.addr).DeleteSandbox(ctx, id); err != nil {
+			t.Errorf("DeleteSandbox(%s): %v", id, err)
+		}
+		if warns := strings.Contains(errOut, "chowned copy"); warns != tc.warns {
+			t.Errorf("berth sandbox create at %s: stderr %q, want a chowned-copy warning: %v", tc.addr, errOut, tc.warns)
+		}
+	}
 }
 
 // TestChownedCopyResumes: a chowned copy that takes longer than

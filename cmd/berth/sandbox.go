@@ -71,6 +71,9 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 					return err
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), sb.GetId())
+				if sb.GetRootIdMapping() == berthv1.RootIDMapping_ROOT_ID_MAPPING_CHOWNED_COPY {
+					fmt.Fprintf(cmd.ErrOrStderr(), "berth: sandbox %s's root is a chowned copy of its image, not an idmapped mount (berthd's start log says why): creates take time and disk in proportion to the image\n", sb.GetId())
+				}
 				return nil
 			})
 		},
