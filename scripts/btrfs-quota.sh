@@ -31,7 +31,7 @@
 #
 # and start berthd with --snapshotter btrfs. A loop mount does not survive a
 # reboot: run `up` again before containerd starts (or add
-# "DIR.img DIR btrfs loop 0 0" to /etc/fstab). Quotas, once enabled, are
+# "DIR.img DIR btrfs loop,nosuid,nodev 0 0" to /etc/fstab). Quotas, once enabled, are
 # kept by the file system. Needs root and btrfs-progs (scripts/deps.sh
 # installs it).
 set -euo pipefail
@@ -70,7 +70,11 @@ up() {
 			mkfs.btrfs -q "$IMAGE.tmp" >/dev/null
 			mv "$IMAGE.tmp" "$IMAGE"
 		fi
-		mount -o loop "$IMAGE" "$DIR"
+		# nosuid,nodev: on an idmapped btrfs root a sandbox's files are
+		# stored under its own ids (its root's setuid copy of bash is a
+		# setuid-root file here). Sandboxes mount their subvolumes anew,
+		# with flags of their own; this mount of the whole is the host's.
+		mount -o loop,nosuid,nodev "$IMAGE" "$DIR"
 		log "mounted $IMAGE at $DIR ($(findmnt -n -o SOURCE --mountpoint "$DIR" | tail -1))"
 		t=$(fstype)
 	fi

@@ -340,6 +340,8 @@ func (s *Service) toStatus(ctx context.Context, err error, meta map[string]strin
 		// Create could not put the quota in force (the kernel's quota
 		// accounting stayed inconsistent); nothing was created.
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonDiskQuotaUnsupported, msg, withMeta(meta, "field", "resources.disk_bytes"))
+	case errors.Is(err, runtime.ErrImageUnusable):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonImageUnusable, msg, withMeta(meta, "field", "image"))
 	case errors.Is(err, runtime.ErrImageArchive):
 		return rpcstatus.Error(codes.InvalidArgument, rpcstatus.ReasonImageArchive, msg, meta)
 	case errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled:

@@ -29,6 +29,9 @@ const (
 	ReasonSandboxExists     = "SANDBOX_EXISTS"
 	ReasonImageNotFound     = "IMAGE_NOT_FOUND"
 	ReasonImageArchive      = "IMAGE_ARCHIVE_INVALID"
+	// ReasonImageUnusable (FAILED_PRECONDITION): what the image holds
+	// cannot start a sandbox (its /etc/passwd is a named pipe, say).
+	ReasonImageUnusable = "IMAGE_UNUSABLE"
 	ReasonExecNotFound      = "EXEC_NOT_FOUND"
 	ReasonExecExists        = "EXEC_EXISTS"
 	ReasonCwdInvalid        = "CWD_INVALID"

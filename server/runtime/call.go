@@ -108,6 +108,16 @@ func (c *call) step() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(c.parent, c.r.cfg.CallBudget)
 }
 
+// mutation returns a context for one request to containerd that changes
+// its state, bounded by Config.CallBudget but not ended when the caller
+// gives up: containerd goes on with a request its client abandoned (a
+// snapshot is prepared, a shim starts and creates the task's log file),
+// so an abandoned request would leave what the caller's clean-up cannot
+// see yet. The caller checks its own context after it.
+func (c *call) mutation() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(c.parent), c.r.cfg.CallBudget)
+}
+
 // longWork classifies err, which ended work bounded by
 // Config.CreateWorkLimit under work: running past the limit while the
 // caller still waits is an *UnavailableError whose Budget is the limit.

@@ -62,6 +62,10 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 		return 0, r.containerError(id, err)
 	}
 	base, _ := strconv.ParseUint(labels[labelIDBase], 10, 32)
+	// Sandboxes of berthds before 0710 sandbox directories get theirs.
+	if err := lockHostDir(r.hostDir(id), labels[labelIDBase] != "", uint32(base)); err != nil {
+		return 0, err
+	}
 	if h := labels[labelAgentSecret]; h != "" {
 		if err := r.writeSecret(id, h, uint32(base)); err != nil {
 			return 0, err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/containerd/v2/core/mount"
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 	"github.com/moby/sys/mountinfo"
 	"github.com/opencontainers/image-spec/identity"
@@ -96,6 +98,12 @@ func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, base uint3
 			if _, err := client.ContainerService().Get(ctx, id); err == nil {
 				return fmt.Errorf("%w: %s", errdefs.ErrAlreadyExists, id)
 			}
+			// A create of the id by another berthd on this namespace is
+			// under way: its snapshot is younger than a create's call
+			// to containerd lasts.
+			if info, err := sn.Stat(ctx, id); err == nil && time.Since(info.Created) < r.cfg.CallBudget {
+				return fmt.Errorf("%w: %s: another create of the id is under way (its snapshot is %v old)", errdefs.ErrAlreadyExists, id, time.Since(info.Created).Round(time.Millisecond))
+			}
 			// Left by a create that did not finish, perhaps of another
 			// image or id range: a new one costs nothing.
 			if err := unmountRoot(r.rootDir(id)); err != nil {
@@ -127,10 +135,17 @@ func (r *Runtime) mountRoot(ctx context.Context, id string, base uint32) error {
 	if err := os.Mkdir(target, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create root mount point: %w", err)
 	}
-	if mounted, err := mountinfo.Mounted(target); err != nil {
-		return fmt.Errorf("root mount point %s: %w", target, err)
-	} else if mounted {
+	switch mapped, err := idmappedAt(target); {
+	case err != nil:
+		return err
+	case mapped:
 		return nil
+	}
+	// Nothing, or what a partial unmount left: on btrfs the idmapped
+	// mount is a clone stacked on a plain mount of the subvolume, and
+	// umount(8) takes off only the clone.
+	if err := unmountRoot(target); err != nil {
+		return err
 	}
 	mounts, err := r.client.SnapshotService(r.cfg.Snapshotter).Mounts(ctx, id)
 	if err != nil {
@@ -177,6 +192,24 @@ func chownRootInto(dir string, base uint32) error {
 		return fmt.Errorf("chown upper layer %s into the sandbox's ids: %w", dir, err)
 	}
 	return nil
+}
+
+// idmappedAt reports whether the mount on top at target is idmapped
+// (proc_pid_mountinfo(5) lists "idmapped" among its per-mount options);
+// false when nothing is mounted there.
+func idmappedAt(target string) (bool, error) {
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return m.Mountpoint != target, false
+	})
+	if err != nil {
+		return false, fmt.Errorf("mounts at the sandbox's root %s: %w", target, err)
+	}
+	if len(mounts) == 0 {
+		return false, nil
+	}
+	// Mounts at one point are listed in the order they were made.
+	top := mounts[len(mounts)-1]
+	return slices.Contains(strings.Split(top.Options, ","), "idmapped"), nil
 }
 
 // unmountRoot unmounts everything at a sandbox's root mount point, if
@@ -258,4 +291,59 @@ const createLeaseExpiry = time.Hour
 func leaseID(ctx context.Context) string {
 	id, _ := leases.FromContext(ctx)
 	return id
+}
+
+// userDB are the files of an image's root that containerd's
+// oci.WithImageConfig opens to find the user's ids and groups.
+var userDB = []string{"etc/passwd", "etc/group"}
+
+// withUserDBCheck fails with ErrImageUnusable when the root's /etc/passwd
+// or /etc/group (symbolic links followed within the root) is there but is
+// not a regular file: containerd's open(2) of a named pipe would wait for
+// a writer forever, and no context ends it. The root is the idmapped
+// mount the spec names, or else a read-only mount of the container's
+// snapshot.
+func withUserDBCheck(image string) oci.SpecOpts {
+	return func(ctx context.Context, client oci.Client, c *containers.Container, s *oci.Spec) error {
+		check := func(dir string) error {
+			root, err := os.OpenRoot(dir)
+			if err != nil {
+				return fmt.Errorf("root of image %s: %w", image, err)
+			}
+			defer root.Close()
+			for _, name := range userDB {
+				// Missing or unresolvable: containerd's own lookup says so.
+				if st, err := root.Stat(name); err == nil && !st.Mode().IsRegular() {
+					return fmt.Errorf("%w: image %s: /%s is a %s, not a regular file", ErrImageUnusable, image, name, fileKind(st.Mode()))
+				}
+			}
+			return nil
+		}
+		if s.Root != nil && filepath.IsAbs(s.Root.Path) {
+			return check(s.Root.Path)
+		}
+		if c.Snapshotter == "" || c.SnapshotKey == "" {
+			return nil
+		}
+		mounts, err := client.SnapshotService(c.Snapshotter).Mounts(ctx, c.SnapshotKey)
+		if err != nil {
+			return fmt.Errorf("mounts of snapshot %s: %w", c.SnapshotKey, err)
+		}
+		return mount.WithReadonlyTempMount(ctx, mounts, check)
+	}
+}
+
+// fileKind names the type of a file of mode m for an error message.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	case m.IsDir():
+		return "directory"
+	}
+	return "special file"
 }

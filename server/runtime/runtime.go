@@ -95,6 +95,8 @@ var (
 	ErrImageNotFound = errors.New("image not found")
 	// ErrImageArchive means an image archive could not be imported.
 	ErrImageArchive = errors.New("invalid image archive")
+	// ErrImageUnusable means what the image holds cannot start a sandbox.
+	ErrImageUnusable = errors.New("image cannot start a sandbox")
 )
 
 // Config configures the runtime. Zero fields take the defaults given.
@@ -239,6 +241,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if _, err := client.Version(ctx); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("containerd at %s does not answer: %w", cfg.Address, err)
+	}
+	if err := checkMountsShared(cfg.Address, cfg.StateDir); err != nil {
+		client.Close()
+		return nil, err
 	}
 	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string), idRetry: make(map[string]uint32)}
 	switch cfg.RootIDMapping {
@@ -446,7 +452,20 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if len(r.SocketPath(spec.ID)) >= 108 {
 		return fmt.Errorf("agent socket path %s is longer than unix(7) allows (107 bytes)", r.SocketPath(spec.ID))
 	}
-	if err := os.Mkdir(dir, 0o711); err != nil && !errors.Is(err, fs.ErrExist) {
+	switch err := os.Mkdir(dir, 0o700); {
+	case err == nil:
+		// Removed if the create fails before its container exists (after
+		// that, Delete removes it).
+		defer func() {
+			if retErr != nil && !errors.Is(retErr, ErrSandboxExists) {
+				check, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CallBudget)
+				defer cancel()
+				if _, err := r.client.LoadContainer(check, spec.ID); errdefs.IsNotFound(err) {
+					r.removeHostDir(spec.ID)
+				}
+			}
+		}()
+	case !errors.Is(err, fs.ErrExist):
 		return fmt.Errorf("create sandbox directory: %w", err)
 	}
 	if err := os.Mkdir(filepath.Join(dir, "run"), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
@@ -488,7 +507,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
 	}
 	c.changes()
-	step, cancel = c.step()
+	step, cancel = c.mutation()
 	defer cancel()
 	// Under the create's lease: the remapped parent must not be collected
 	// before the container holds it.
@@ -505,11 +524,15 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		if errdefs.IsAlreadyExists(err) {
 			return fmt.Errorf("%w: %s", ErrSandboxExists, spec.ID)
 		}
-		// The root's snapshot stays for a retry of the same id.
 		if uerr := unmountRoot(r.rootDir(spec.ID)); uerr != nil {
 			return fmt.Errorf("create container %s: %w (%v)", spec.ID, err, uerr)
 		}
-		os.RemoveAll(dir)
+		// Its own snapshot costs a retry nothing to make again (the
+		// costly parts, an unpacked image and a chowned copy, are its
+		// parents).
+		if rerr := r.removeSnapshot(context.WithoutCancel(ctx), spec.ID); rerr != nil {
+			err = fmt.Errorf("%w (%v)", err, rerr)
+		}
 		return fmt.Errorf("create container %s: %w", spec.ID, err)
 	}
 	defer func() {
@@ -521,7 +544,13 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 			}
 		}
 	}()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
 
+	if err := lockHostDir(dir, spec.userns(), base); err != nil {
+		return err
+	}
 	// The limit is in place before the task, and so anything in the
 	// sandbox, runs.
 	if spec.DiskBytes > 0 {
@@ -539,16 +568,19 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err := r.writeSecret(spec.ID, secret, base); err != nil {
 		return err
 	}
-	step, cancel = c.step()
+	step, cancel = c.mutation()
 	defer cancel()
 	task, err := container.NewTask(step, cio.LogFile(r.LogPath(spec.ID)))
 	if err != nil {
 		return fmt.Errorf("create task %s: %w", spec.ID, err)
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
 	if err := task.Start(step); err != nil {
 		return fmt.Errorf("start task %s: %w", spec.ID, err)
 	}
-	return nil
+	return ctx.Err()
 }
 
 // AgentPidsReserve is added to a sandbox's pids limit in its cgroup for the
@@ -584,6 +616,7 @@ var AgentCapabilities = []string{
 // that capability.
 func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string) []oci.SpecOpts {
 	opts := []oci.SpecOpts{
+		withUserDBCheck(image.Name()),
 		oci.WithImageConfig(image),
 		oci.WithProcessArgs(r.agentArgs(spec)...),
 		oci.WithProcessCwd("/"),
@@ -892,8 +925,8 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 		}
 	}
 	// An idmapped root's snapshot has no container to clean it up.
-	if err := r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-		return fmt.Errorf("remove snapshot %s: %w", id, err)
+	if err := r.removeSnapshot(ctx, id); err != nil {
+		return err
 	}
 	return r.removeHostDir(id)
 }
@@ -927,6 +960,37 @@ func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container
 		}
 	}
 	return err
+}
+
+// lockHostDir gives sandbox directory dir the owner and mode that let
+// only root and the sandbox's own root pass (when it has a user namespace
+// of its own, at host id base: runc resolves the root and the run
+// directory as that id): 0710 root:base, as containerd's bundle
+// directories are. No other host id, another sandbox's included, reaches
+// the sandbox's root, run directory or log. It is done once the id is
+// known to be this create's (another sandbox of the id keeps its own).
+func lockHostDir(dir string, userns bool, base uint32) error {
+	gid, mode := 0, os.FileMode(0o700)
+	if userns {
+		gid, mode = int(base), 0o710
+	}
+	if err := os.Chown(dir, 0, gid); err != nil {
+		return fmt.Errorf("sandbox directory %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, mode); err != nil {
+		return fmt.Errorf("sandbox directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// removeSnapshot removes the snapshot of key id, if there is one.
+func (r *Runtime) removeSnapshot(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.CallBudget)
+	defer cancel()
+	if err := r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove snapshot %s: %w", id, err)
+	}
+	return nil
 }
 
 func (r *Runtime) removeHostDir(id string) error {

@@ -228,13 +228,14 @@ func withSnapshotOf(id string, image containerd.Image, parent string) containerd
 }
 
 // chownInto moves every file under root from container id n to host id
-// base+n (lchown(2): a symlink itself, never its target), each inode once,
-// and keeps the setuid, setgid and sticky bits that chown(2) clears; a file
-// in the range already (a walk cut off by ctx moved it) stays. An id
-// outside the range is an error naming the file.
+// base+n (lchown(2): a symlink itself, never its target) and keeps the
+// setuid, setgid and sticky bits that chown(2) clears. A file in the
+// range already stays: a walk cut off by ctx moved it, or it is a hard
+// link of a file moved before. Links are never judged by inode number:
+// through overlayfs, the copy-up of one name is a new file, and the other
+// names keep the lower file's st_ino and owner. An id outside the range
+// is an error naming the file.
 func chownInto(ctx context.Context, root string, base uint32) error {
-	type inode struct{ dev, ino uint64 }
-	done := make(map[inode]bool)
 	return filepath.Walk(root, func(path string, info os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -245,13 +246,6 @@ func chownInto(ctx context.Context, root string, base uint32) error {
 		st := info.Sys().(*syscall.Stat_t)
 		if st.Uid-base < IDRangeSize && st.Gid-base < IDRangeSize {
 			return nil // chowned by a walk that was cut off
-		}
-		if st.Nlink > 1 && !info.IsDir() {
-			key := inode{uint64(st.Dev), st.Ino}
-			if done[key] {
-				return nil
-			}
-			done[key] = true
 		}
 		if st.Uid >= IDRangeSize || st.Gid >= IDRangeSize {
 			return fmt.Errorf("%s is owned by %d:%d, outside the sandbox's ids 0-%d", strings.TrimPrefix(path, root), st.Uid, st.Gid, IDRangeSize-1)
