@@ -4,22 +4,38 @@
 #
 # Build:   docker build --build-arg VERSION=$(git describe --tags --always) -t berth .
 # or, without a Docker engine, with Debian's buildah: scripts/container-image.sh
-# (make container-image), which is how this file was verified: it builds,
-# and berthd run from the image against a containerd outside it runs a
-# command in a sandbox. Not verified: EGRESS sandboxes (no CNI plugins or
-# nft in this image) and running under Docker or Kubernetes (README
-# "Deployment").
+# (make container-image), which is how this file is verified: it builds the
+# image, then runs berthd from it (the entrypoint, the settings of the
+# `docker run` line below, through containerd and runc: ctr run) against
+# that same containerd, and runs a command in a sandbox through it. Not
+# verified: EGRESS sandboxes (no CNI plugins or nft in this image) and
+# running under Docker or Kubernetes themselves (README "Deployment").
 #
 # berthd does not run containerd: it dials the host's containerd socket,
-# mounted in. containerd (on the host) bind-mounts the agent binary and each
-# sandbox's socket directory into sandboxes BY HOST PATH, so those paths must
-# be the same on the host and in this container: the entrypoint copies the
-# agent into the state directory, which must be a bind mount of the same
-# host path:
+# mounted in. It mounts each sandbox's root file system (an idmapped mount
+# of the sandbox's snapshot) and a tmpfs for its run directory itself, and
+# containerd (on the host) hands those paths, the agent binary and each
+# sandbox's socket directory to runc BY HOST PATH, in the host's mount
+# namespace. So:
+#   - the state directory (/run/berth) is a bind mount of the same host path
+#     with rshared propagation, so that berthd's mounts reach the host
+#     (Docker refuses it unless the host's /run/berth is on a shared mount,
+#     as it is where systemd runs the host); the entrypoint copies the agent
+#     into it;
+#   - containerd's root (/var/lib/containerd) is mounted at the same path:
+#     the mounts containerd returns for a snapshot name its directories;
+#   - --privileged: mounting needs CAP_SYS_ADMIN, and Docker's default
+#     seccomp and AppArmor profiles refuse mount_setattr(2), open_tree(2)
+#     and the user namespace an idmapped mount takes its mapping from; the
+#     capabilities berthd uses are listed in deploy/berthd.service
+#     (overlayfs writes of sandboxes run with berthd's credentials, so
+#     those matter to sandboxes too);
+#   - --pid host: berthd reads /proc/<pid> of sandbox tasks (host pids).
 #
-#   docker run -d --name berthd --pid host \
-#     -v /run/containerd/containerd.sock:/run/containerd/containerd.sock \
-#     -v /run/berth:/run/berth \
+#   docker run -d --name berthd --privileged --pid host \
+#     -v /run/containerd:/run/containerd \
+#     -v /var/lib/containerd:/var/lib/containerd \
+#     -v /run/berth:/run/berth:rshared \
 #     berth
 #
 # Clients use unix:///run/berth/berthd.sock on the host. To publish a
@@ -30,10 +46,10 @@
 #
 # Disk quotas (README "Disk quotas") need containerd's btrfs snapshotter on a
 # btrfs with quotas (scripts/btrfs-quota.sh on the host), and berthd must
-# reach the snapshotter's root by the same path and set quota limits there:
+# reach the snapshotter's root by the same path (its mounts name the btrfs
+# device, which --privileged shows in /dev):
 #
-#   docker run ... --cap-add SYS_ADMIN \
-#     -v /var/lib/berth-btrfs:/var/lib/berth-btrfs \
+#   docker run ... -v /var/lib/berth-btrfs:/var/lib/berth-btrfs \
 #     berth --snapshotter btrfs
 
 ARG GO_VERSION=1.26
