@@ -9,9 +9,13 @@
 set -eu
 state=${BERTH_STATE_DIR:-/run/berth}
 mkdir -p "$state/bin"
-# A new file (install unlinks the old one): running sandboxes keep the
-# agent they started with.
-install -m 0755 /usr/local/lib/berth/berth-agent "$state/bin/berth-agent"
+# A new file renamed over the old one: running sandboxes keep the agent
+# they started with. cp, chmod and mv rather than install(1), so that the
+# script also runs with busybox (the artefact test's root file system,
+# integration/deploy_test.go).
+cp /usr/local/lib/berth/berth-agent "$state/bin/berth-agent.new"
+chmod 0755 "$state/bin/berth-agent.new"
+mv -f "$state/bin/berth-agent.new" "$state/bin/berth-agent"
 exec /usr/local/bin/berthd \
 	--containerd-address "${CONTAINERD_ADDRESS:-/run/containerd/containerd.sock}" \
 	--state-dir "$state" \

@@ -195,12 +195,20 @@ type berthdProc struct {
 // killed at cleanup if still running.
 func startBerthd(t testing.TB, e *berthEnv, flags ...string) *berthdProc {
 	t.Helper()
+	return startBerthdUnder(t, e, nil, flags...)
+}
+
+// startBerthdUnder is startBerthd with berthd run by the command wrapper
+// (e.g. setpriv with its options), which must exec berthd in its place.
+func startBerthdUnder(t testing.TB, e *berthEnv, wrapper []string, flags ...string) *berthdProc {
+	t.Helper()
 	args := append([]string{
-		"--containerd-address", env.containerd, "--namespace", e.ns, "--state-dir", e.stateDir,
+		berthdBinary(t), "--containerd-address", env.containerd, "--namespace", e.ns, "--state-dir", e.stateDir,
 		"--agent-binary", env.agentBinary, "--snapshotter", env.snapshotter, "--listen", "unix://" + e.sock, "--log-level", "DEBUG",
 		"--reap-interval", "200ms",
 	}, flags...)
-	p := &berthdProc{cmd: exec.Command(berthdBinary(t), args...), log: &agentbin.Buffer{}, exited: make(chan struct{})}
+	args = append(append([]string(nil), wrapper...), args...)
+	p := &berthdProc{cmd: exec.Command(args[0], args[1:]...), log: &agentbin.Buffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

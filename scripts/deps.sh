@@ -8,8 +8,8 @@
 #     btrfs-progs (for disk quotas, scripts/btrfs-quota.sh), runsc (gVisor,
 #     run through scripts/runsc-berth), and for the sandbox network
 #     containernetworking-plugins (CNI bridge, host-local, loopback under
-#     /usr/lib/cni), nftables and iproute2, when missing: apt-get update +
-#     apt-get install.
+#     /usr/lib/cni), nftables and iproute2, util-linux (setpriv, unshare)
+#     and libc-bin (ldd), when missing: apt-get update + apt-get install.
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - the clients' tools (see the end): protoc, grpc_python_plugin,
@@ -75,17 +75,22 @@ command -v git >/dev/null || missing+=(git)
 [[ -x /usr/lib/cni/bridge && -x /usr/lib/cni/host-local && -x /usr/lib/cni/loopback && -x /usr/lib/cni/bandwidth ]] || missing+=(containernetworking-plugins)
 command -v nft >/dev/null || missing+=(nftables)
 command -v ip >/dev/null || missing+=(iproute2)
+# The deployment artefact tests (integration/deploy_test.go) run berthd
+# under setpriv and unshare (util-linux, essential in Debian, but a trimmed
+# image may lack them) and list ldd's libraries (libc-bin).
+{ command -v setpriv >/dev/null && command -v unshare >/dev/null; } || missing+=(util-linux)
+command -v ldd >/dev/null || missing+=(libc-bin)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git libarchive-tools btrfs-progs runsc containernetworking-plugins nftables iproute2; do
+	for p in make git libarchive-tools btrfs-progs runsc containernetworking-plugins nftables iproute2 util-linux libc-bin; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, runsc, containernetworking-plugins, nftables, iproute2: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, runsc, containernetworking-plugins, nftables, iproute2, util-linux, libc-bin: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then
