@@ -10,9 +10,13 @@
 #                         CA bundle
 # Then it builds the image, runs `berthd --version`, `berth version` and
 # `berth-agent --version` in it, and finally runs berthd from the image
-# against a private containerd (scripts/containerd.sh) and a command in a
-# sandbox through it. Slow on a fresh machine (debootstrap, a cold Go
-# build inside the image): not part of `make test`.
+# (its entrypoint, with the settings of the Dockerfile's `docker run` line,
+# through ctr and runc) against a private containerd (scripts/containerd.sh)
+# and a command in a sandbox through it; the command's output is printed
+# last, and berthd's log when a step fails. Slow on a fresh machine
+# (debootstrap, a cold Go build inside the image): not part of `make test`,
+# where integration/deploy_test.go runs berthd with the DaemonSet's
+# settings on a root laid out like the image, from the tests' binaries.
 #
 # Environment:
 #   BERTH_BUILDAH_DIR  storage, run and cache directory (default /tmp/berth-buildah)
@@ -73,12 +77,29 @@ bh bud --isolation chroot --layers=false --build-arg "VERSION=$VERSION" --build-
 
 c=$(bh from "$IMAGE")
 run=$(mktemp -d /tmp/berth-img.XXXXXX) # short: unix socket paths
+pod=berthd-img-$$
+ctrns=berth-img-pod
+ctr_() { ctr --address "$run/c/containerd.sock" --namespace "$ctrns" "$@"; }
+# On failure berthd's log is printed first, then everything is undone.
 cleanup() {
-	local pid
-	for pid in $(pgrep -f -- "--state-dir $run/state " || true); do kill "$pid" 2>/dev/null || true; done
+	local rc=$?
+	if ((rc != 0)) && [[ -s $run/berthd.log ]]; then
+		echo "container-image: failed (exit $rc); berthd's log:" >&2
+		cat "$run/berthd.log" >&2
+	fi
+	if [[ -S $run/c/containerd.sock ]]; then
+		ctr_ task kill --signal SIGKILL "$pod" >/dev/null 2>&1 || true
+		for _ in 1 2 3 4 5 6 7 8 9 10; do
+			ctr_ task delete --force "$pod" >/dev/null 2>&1 && break
+			sleep 0.2
+		done
+		ctr_ container delete "$pod" >/dev/null 2>&1 || true
+	fi
 	BERTH_BTRFS=0 scripts/containerd.sh stop "$run/c" >/dev/null 2>&1 || true
+	umount -l "$run/state" 2>/dev/null || true
 	bh rm "$c" >/dev/null
 	rm -rf "$run"
+	return "$rc"
 }
 trap cleanup EXIT
 got=$(bh run --isolation chroot "$c" -- /usr/local/bin/berthd --version)
@@ -87,24 +108,54 @@ agent=$(bh run --isolation chroot "$c" -- /usr/local/lib/berth/berth-agent --ver
 echo "container-image: $IMAGE: berthd $got; $cli; berth-agent $agent"
 [[ $got == "$VERSION" ]] || { echo "container-image: berthd --version says $got, want $VERSION" >&2; exit 1; }
 
-# berthd from the image as the Dockerfile's header runs it, next to a
-# containerd outside it (a private one, scripts/containerd.sh) with the
-# state directory mounted at the same path; then the host's berth CLI
-# imports the base image and runs a command in a sandbox through it.
-echo "container-image: running berthd from $IMAGE against a private containerd"
+# berthd from the image, run as the Dockerfile's `docker run` line runs it,
+# next to a containerd outside it (a private one, scripts/containerd.sh),
+# which also runs berthd's container: ctr run with the image's root file
+# system (buildah mount) and what Docker makes of that line:
+#   --privileged            all capabilities, no seccomp or AppArmor
+#                           profile, the host's devices, no no_new_privs
+#   --pid host              the host's pid namespace
+#   -v SRC:DST[:rshared]    rbind mounts; rshared also makes the root's
+#                           propagation rshared, and Docker wants SRC on a
+#                           shared mount, as it is where systemd runs the
+#                           host (here: made so)
+# and a network namespace of its own. The host paths are this run's:
+# containerd's directory (socket and root) for /run/containerd and
+# /var/lib/containerd, a state directory for /run/berth (at the same path
+# inside, as the real ones; the entrypoint learns them from
+# CONTAINERD_ADDRESS and BERTH_STATE_DIR). Not covered: Docker itself
+# (its cgroup, its network, its overlay root), a host where / is not shared.
+# Then the host's berth CLI imports the base image and runs a command in
+# a sandbox through it.
+echo "container-image: running berthd from $IMAGE (ctr run, the docker run line's settings) against a private containerd"
 scripts/deps.sh 2>/dev/null
 scripts/base-image.sh >/dev/null
 go build -o "$run/berth" ./cmd/berth
 BERTH_BTRFS=0 scripts/containerd.sh start "$run/c" >/dev/null
+# Sandboxes run as unprivileged host ids: they must pass through to the
+# agent binary in the state directory.
+chmod 0711 "$run"
 mkdir -p "$run/state"
-bh run --isolation chroot -v "$run:$run" -e "CONTAINERD_ADDRESS=$run/c/containerd.sock" -e "BERTH_STATE_DIR=$run/state" "$c" -- \
-	/usr/local/bin/berthd-entrypoint --namespace "berth-img-$$" --snapshotter overlayfs >"$run/berthd.log" 2>&1 &
+chmod 0711 "$run/state"
+mount --bind "$run/state" "$run/state"
+mount --make-shared "$run/state"
+rootfs=$(bh mount "$c")
+ctr_ run -d --rootfs --log-uri "file://$run/berthd.log" \
+	--privileged --allow-new-privs \
+	--with-ns "pid:/proc/$$/ns/pid" \
+	--mount "type=bind,src=$run/c,dst=$run/c,options=rbind:rprivate" \
+	--mount "type=bind,src=$run/c/root,dst=$run/c/root,options=rbind:rprivate" \
+	--mount "type=bind,src=$run/state,dst=$run/state,options=rbind:rshared" \
+	--rootfs-propagation rshared \
+	--env "CONTAINERD_ADDRESS=$run/c/containerd.sock" --env "BERTH_STATE_DIR=$run/state" \
+	"$rootfs" "$pod" /usr/local/bin/berthd-entrypoint --namespace "berth-img-$$" --snapshotter overlayfs
 berth=("$run/berth" --addr "unix://$run/state/berthd.sock")
 for ((i = 0; i < 300; i++)); do
-	[[ -S $run/state/berthd.sock ]] && break
+	"${berth[@]}" --rpc-timeout 2s image ls >/dev/null 2>&1 && break
 	sleep 0.1
 done
 "${berth[@]}" image import build/base.oci.tar >/dev/null
-out=$("${berth[@]}" run --image berth.dev/base:latest -- sh -c 'echo sandbox ok')
-[[ $out == "sandbox ok" ]] || { echo "container-image: a command in a sandbox of the image's berthd printed \"$out\"; berthd's log:" >&2; cat "$run/berthd.log" >&2; exit 1; }
-echo "container-image: berthd from $IMAGE ran a command in a sandbox"
+out=$("${berth[@]}" run --image berth.dev/base:latest -- sh -c 'echo changed >> /etc/passwd && echo "sandbox ok: $(id -u):$(id -g) in $(uname -n)"')
+[[ $out == "sandbox ok: 0:0 in "* ]] || { echo "container-image: a command in a sandbox of the image's berthd printed \"$out\"" >&2; exit 1; }
+echo "container-image: berthd from $IMAGE ran a command in a sandbox; it printed:"
+echo "$out"
