@@ -312,20 +312,32 @@ func TestDeployDaemonSet(t *testing.T) {
 		args = append(args, "--net-host")
 	}
 	rootShared := false
+	type bind struct{ src, dst, opts string }
+	var binds []bind
 	for _, m := range c.VolumeMounts {
 		i := slices.IndexFunc(pod.Volumes, func(v k8sVolume) bool { return v.Name == m.Name })
-		if i < 0 || pod.Volumes[i].HostPath == nil {
-			t.Fatalf("volume %s: the test knows only hostPath volumes", m.Name)
+		if i < 0 {
+			t.Fatalf("volumeMount %s: no such volume", m.Name)
 		}
-		hp := pod.Volumes[i].HostPath
-		src, ok := paths[hp.Path]
-		if !ok {
-			t.Fatalf("hostPath %s: the test has no path of its own for it; add one", hp.Path)
-		}
-		if hp.Type == "DirectoryOrCreate" {
-			if err := os.MkdirAll(src, 0o755); err != nil {
+		var src string
+		switch v := pod.Volumes[i]; {
+		case v.HostPath != nil:
+			var ok bool
+			if src, ok = paths[v.HostPath.Path]; !ok {
+				t.Fatalf("hostPath %s: the test has no path of its own for it; add one", v.HostPath.Path)
+			}
+			if v.HostPath.Type == "DirectoryOrCreate" {
+				if err := os.MkdirAll(src, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case v.EmptyDir != nil:
+			src = filepath.Join(env.dir, "pod-empty-"+m.Name)
+			if err := os.Mkdir(src, 0o777); err != nil {
 				t.Fatal(err)
 			}
+		default:
+			t.Fatalf("volume %s: the test knows hostPath and emptyDir volumes", m.Name)
 		}
 		opts := []string{"rbind"}
 		switch m.MountPropagation {
@@ -341,7 +353,15 @@ func TestDeployDaemonSet(t *testing.T) {
 		if m.ReadOnly {
 			opts = append(opts, "ro")
 		}
-		args = append(args, "--mount", fmt.Sprintf("type=bind,src=%s,dst=%s,options=%s", src, mapPath(m.MountPath), strings.Join(opts, ":")))
+		binds = append(binds, bind{src, mapPath(m.MountPath), strings.Join(opts, ":")})
+	}
+	// Parents before children, as containerd's CRI plugin orders them:
+	// the tests' paths all lie under the pod's /tmp.
+	sort.SliceStable(binds, func(i, j int) bool {
+		return strings.Count(filepath.Clean(binds[i].dst), "/") < strings.Count(filepath.Clean(binds[j].dst), "/")
+	})
+	for _, b := range binds {
+		args = append(args, "--mount", fmt.Sprintf("type=bind,src=%s,dst=%s,options=%s", b.src, b.dst, b.opts))
 	}
 	if rootShared {
 		args = append(args, "--rootfs-propagation", "rshared")
@@ -458,6 +478,7 @@ type k8sContainer struct {
 type k8sVolume struct {
 	Name     string
 	HostPath *struct{ Path, Type string }
+	EmptyDir *struct{ Medium string }
 }
 
 // readDaemonSet returns the DaemonSet of deploy/kubernetes/berthd-daemonset.yaml.
@@ -569,23 +590,14 @@ func deployRootFS(t *testing.T, dir string) string {
 }
 
 // deploySandbox imports deployFilesImage through e, creates a sandbox of
-// it, runs deployWorkload in it and deletes it.
+// it (deleted at cleanup) and runs deployWorkload in it.
 func deploySandbox(t *testing.T, e *berthEnv) {
 	t.Helper()
 	importDeployFilesImage(t, e)
+	sb := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{Image: deployFilesImage})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: deployFilesImage})
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	id := resp.GetSandbox().GetId()
-	defer func() {
-		if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
-			t.Errorf("DeleteSandbox(%s): %v", id, err)
-		}
-	}()
-	run, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"sh", "-c", deployWorkload}}})
+	run, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sb.GetId(), Process: &berthv1.ProcessSpec{Argv: []string{"sh", "-c", deployWorkload}}})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
