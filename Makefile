@@ -4,7 +4,10 @@
 #   make build            bin/berthd, bin/berth, bin/berth-agent (static)
 #   make image            install dependencies, build build/base.oci.tar
 #   make demo             scripts/demo.sh: a command in a real sandbox
-#   make test             scripts/test.sh: everything CI runs
+#   make test             unit tests: no root, no containerd (well under a minute)
+#   make integration      root: a private containerd, real containers (BERTH_E2E=1)
+#   make check            lint, gofmt, vet, generated code, breaking changes
+#   make ci               check, test and integration: what .ci/run runs
 #   make generate         regenerate proto/ and clients/ with buf
 #   make clients          build the TypeScript client (clients/typescript/dist)
 #   make container-image  build the Dockerfile with buildah (slow; not in test)
@@ -25,7 +28,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test test-debian generate clients lint breaking check-generated bench gobench soak clean container-image
+.PHONY: all build image demo test integration check ci test-debian generate clients lint breaking check-generated bench gobench soak clean container-image
 
 all: build
 
@@ -43,8 +46,19 @@ image:
 demo:
 	scripts/demo.sh
 
+# Packages whose tests need root, a containerd or real containers; they run
+# under `make integration`, every other package under `make test`.
+INTEGRATION_PKGS := ./integration/ ./server/runtime/qgroup/ ./server/auth/
+
 test:
-	scripts/test.sh
+	$(GO) test -count=1 -timeout 5m $$($(GO) list ./... | grep -v -e '/integration$$' -e '/server/runtime/qgroup$$' -e '/server/auth$$')
+
+integration:
+	GO_TEST_PKGS='$(INTEGRATION_PKGS)' scripts/test.sh
+
+check: lint breaking check-generated
+
+ci: check test integration
 
 # The Debian root is built once into the cache (scripts/debian-image.sh).
 test-debian:
@@ -54,9 +68,15 @@ test-debian:
 
 # generate also makes the Python and TypeScript clients (buf.gen.clients.yaml),
 # whose tools scripts/deps.sh installs.
+# PROTO_SUM is the digest of the .proto files that clients/PROTO_SUM records
+# for the generated clients: make check regenerates the clients only when it
+# differs (the clients' generators need protoc and npm packages).
+PROTO_SUM = cat $$(find proto -name '*.proto' | LC_ALL=C sort) | sha256sum | cut -d' ' -f1
+
 generate:
 	$(BUF) generate
 	$(BUF) generate --template buf.gen.clients.yaml
+	$(PROTO_SUM) > clients/PROTO_SUM
 
 # tsc only when the TypeScript sources changed (about a minute on 2 busy cores).
 clients: clients/typescript/dist/index.js
@@ -78,7 +98,8 @@ breaking:
 
 # Generates into a temporary directory and compares with the working tree, so
 # it checks that the .go files match the .proto files next to them, committed
-# or not.
+# or not; the clients only when the .proto files changed since they were
+# generated (clients/PROTO_SUM).
 check-generated:
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(BUF) generate -o "$$tmp" || exit 1; \
@@ -86,13 +107,19 @@ check-generated:
 		echo "check-generated: the generated code in proto/ is stale: run 'make generate' and commit the result."; \
 		exit 1; \
 	fi; \
+	if [ "$$($(PROTO_SUM))" = "$$(cat clients/PROTO_SUM 2>/dev/null)" ]; then \
+		echo "check-generated: proto/ is up to date; clients/ were generated from these .proto files (clients/PROTO_SUM)"; \
+		exit 0; \
+	fi; \
+	scripts/deps.sh || exit 1; \
 	$(BUF) generate --template buf.gen.clients.yaml -o "$$tmp" || exit 1; \
 	if ! diff -r -q -x berth_client.py -x __pycache__ "$$tmp/clients/python" clients/python || \
 		! diff -r -q "$$tmp/clients/typescript/src/gen" clients/typescript/src/gen; then \
 		echo "check-generated: the generated clients are stale: run 'make generate' and commit the result."; \
 		exit 1; \
-	fi
-	@echo "check-generated: proto/ and clients/ are up to date"
+	fi; \
+	echo "check-generated: the clients match proto/ but clients/PROTO_SUM is old: run 'make generate' and commit it."; \
+	exit 1
 
 # The side-by-side benchmark (BENCHMARKS.md records its output); it installs
 # what it needs and builds the image itself.

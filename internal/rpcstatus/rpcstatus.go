@@ -24,14 +24,14 @@ const Domain = "berth.dev"
 // Reason tokens carried in ErrorInfo.reason. They are stable: clients switch
 // on them.
 const (
-	ReasonInvalidArgument   = "INVALID_ARGUMENT"
-	ReasonSandboxNotFound   = "SANDBOX_NOT_FOUND"
-	ReasonSandboxExists     = "SANDBOX_EXISTS"
-	ReasonImageNotFound     = "IMAGE_NOT_FOUND"
-	ReasonImageArchive      = "IMAGE_ARCHIVE_INVALID"
+	ReasonInvalidArgument = "INVALID_ARGUMENT"
+	ReasonSandboxNotFound = "SANDBOX_NOT_FOUND"
+	ReasonSandboxExists   = "SANDBOX_EXISTS"
+	ReasonImageNotFound   = "IMAGE_NOT_FOUND"
+	ReasonImageArchive    = "IMAGE_ARCHIVE_INVALID"
 	// ReasonImageUnusable (FAILED_PRECONDITION): what the image holds
 	// cannot start a sandbox (its /etc/passwd is a named pipe, say).
-	ReasonImageUnusable = "IMAGE_UNUSABLE"
+	ReasonImageUnusable     = "IMAGE_UNUSABLE"
 	ReasonExecNotFound      = "EXEC_NOT_FOUND"
 	ReasonExecExists        = "EXEC_EXISTS"
 	ReasonCwdInvalid        = "CWD_INVALID"
