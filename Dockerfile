@@ -9,7 +9,7 @@
 # `docker run` line below, through containerd and runc: ctr run) against
 # that same containerd, and runs a command in a sandbox through it. Not
 # verified: EGRESS sandboxes (no CNI plugins or nft in this image) and
-# running under Docker or Kubernetes themselves (README "Deployment").
+# running under Docker or Kubernetes themselves (docs/operating.md "Deployment").
 #
 # berthd does not run containerd: it dials the host's containerd socket,
 # mounted in. It mounts each sandbox's root file system (an idmapped mount
@@ -41,10 +41,10 @@
 # Clients use unix:///run/berth/berthd.sock on the host. To publish a
 # port, berthd needs TLS (it refuses plaintext TCP): mount the certificate,
 # key, client CA and token file and pass --listen=:7443 --tls-cert ...
-# --tls-key ... [--tls-client-ca ...] [--token-file ...] (README "Security
-# model"). Extra arguments go to berthd (e.g. --metrics-listen=:9464).
+# --tls-key ... [--tls-client-ca ...] [--token-file ...] (docs/security.md,
+# "Security model"). Extra arguments go to berthd (e.g. --metrics-listen=:9464).
 #
-# Disk quotas (README "Disk quotas") need containerd's btrfs snapshotter on a
+# Disk quotas (docs/disk-quotas.md) need containerd's btrfs snapshotter on a
 # btrfs with quotas (scripts/btrfs-quota.sh on the host), and berthd must
 # reach the snapshotter's root by the same path (its mounts name the btrfs
 # device, which --privileged shows in /dev):

@@ -59,7 +59,7 @@ type conformance struct {
 // flags.
 //
 // It runs once per runtime (a test matrix): runc, and gvisor, whose
-// differences are the cases' own (see README "gVisor").
+// differences are the cases' own (see docs/gvisor.md).
 func TestConformance(t *testing.T) {
 	need(t)
 	for _, rt := range []string{runtime.RuntimeRunc, runtime.RuntimeGVisor} {
@@ -499,7 +499,7 @@ func ttyResizeEOT(t *testing.T, c *conformance) {
 
 	if c.runtime != runtime.RuntimeGVisor {
 		// gVisor's 2022 terminal does not turn a typed EOT into end of
-		// file (README "gVisor").
+		// file (docs/gvisor.md).
 		spec = tty(&berthv1.ProcessSpec{Argv: []string{"cat"}}, 24, 80)
 		spec.Stdin = true
 		conn = openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
@@ -520,7 +520,7 @@ func ttyResizeEOT(t *testing.T, c *conformance) {
 // typed reach it through raw mode, a window size change reaches it as
 // SIGWINCH, berth exits with its status and restores the terminal. Under
 // gVisor, whose 2022 terminal takes the new size but sends no SIGWINCH
-// (README "gVisor"), the command watches its size instead.
+// (docs/gvisor.md), the command watches its size instead.
 func cliInteractive(t *testing.T, c *conformance) {
 	master, slave, err := pty.Open()
 	if err != nil {

@@ -47,7 +47,7 @@ func TestDeleteDuringCreate(t *testing.T) {
 }
 
 // TestWorkloadKillsPID1 pins what happens when the workload, running as
-// the agent's uid, sends SIGTERM to PID 1 (README "Killing only the agent
+// the agent's uid, sends SIGTERM to PID 1 (docs/errors.md "Killing only the agent
 // ends the task"): the agent stops as at berthd's stop, so a running exec
 // ends with SIGTERM in its result, and berthd restarts the task: a new
 // boot id, files kept.

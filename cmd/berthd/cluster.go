@@ -20,8 +20,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// clusterFlags are the flags of a fleet of berthd nodes (see README,
-// "A fleet of hosts").
+// clusterFlags are the flags of a fleet of berthd nodes (see docs/fleet.md).
 type clusterFlags struct {
 	endpoints      string
 	embed          bool

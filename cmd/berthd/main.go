@@ -1,5 +1,5 @@
 // Command berthd is the berth control service: it serves the berth.v1 gRPC
-// API and runs sandboxes in containerd. See README.md for its flags.
+// API and runs sandboxes in containerd. docs/configuration.md lists its flags.
 package main
 
 import (

@@ -10,7 +10,7 @@
 // berthd must run with --max-execs-per-sandbox 1 --task-restart-limit 1
 // (for FleetBusy and Unreachable) and have berth.dev/base:latest (or
 // $BERTH_IMAGE). On the unix socket the caller is the principal of its uid;
-// set BERTH_TOKEN to call with a bearer token instead (README "Tokens").
+// set BERTH_TOKEN to call with a bearer token instead (docs/security.md "Tokens").
 "use strict";
 
 const path = require("node:path");

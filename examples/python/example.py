@@ -11,7 +11,7 @@ Debian's system python3 with python3-grpcio and python3-protobuf. berthd
 must run with --max-execs-per-sandbox 1 --task-restart-limit 1 (for
 FleetBusy and Unreachable) and have berth.dev/base:latest (or
 $BERTH_IMAGE). On the unix socket the caller is the principal of its uid;
-set BERTH_TOKEN to call with a bearer token instead (README "Tokens").
+set BERTH_TOKEN to call with a bearer token instead (docs/security.md "Tokens").
 """
 
 import os

@@ -276,7 +276,7 @@ func (a *Authenticator) identify(ctx context.Context) (Principal, error) {
 			return Principal{}, unauthenticated(`the authorization metadata must be "Bearer <token>"`)
 		}
 		if len(token) < MinTokenBytes {
-			return Principal{}, unauthenticated(fmt.Sprintf("the bearer token is %d bytes; berthd's tokens have at least %d (generate them, see README)", len(token), MinTokenBytes))
+			return Principal{}, unauthenticated(fmt.Sprintf("the bearer token is %d bytes; berthd's tokens have at least %d (generate them: docs/security.md, Tokens)", len(token), MinTokenBytes))
 		}
 		name, ok := (*a.tokens.Load()).lookup(token)
 		if !ok {
