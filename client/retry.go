@@ -74,22 +74,18 @@ func (c *Client) retry(ctx context.Context, call func() error) error {
 	}
 	backoff := p.InitialBackoff
 	for attempt := 1; err != nil && attempt < p.MaxAttempts; attempt++ {
+		if !IsRetryable(err) {
+			return err
+		}
 		var wait time.Duration
-		var busy *FleetBusyError
-		var unreachable *UnreachableError
-		var dep *DependencyError
-		switch {
-		case errors.As(err, &busy):
+		if busy := (*FleetBusyError)(nil); errors.As(err, &busy) {
 			// At least berthd's delay, plus up to a fifth more so that
 			// callers turned away together do not return together.
 			d := min(busy.Delay(), p.MaxBusyDelay)
 			wait = d + rand.N(d/5+1)
-		case errors.As(err, &unreachable) && unreachable.NothingRan(),
-			errors.As(err, &dep) && dep.Reason == ReasonContainerdUnavailable && dep.NothingRan():
+		} else {
 			wait = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(2*backoff, p.MaxBackoff)
-		default:
-			return err
 		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 			return err // the wait would outlast the call
