@@ -3,14 +3,20 @@ package integration
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/leases"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
@@ -57,14 +63,14 @@ func TestJournalFullFailsClosed(t *testing.T) {
 		t.Fatalf("Run(spent) = %v, %v", resp, err)
 	}
 
-	// Fill the journal's file system, and the last page of the sandbox's
-	// journal (tmpfs allocates 4 KiB pages) with a line the journal's
-	// reader skips: the next record needs a page there is no room for.
+	// Fill the last page of the sandbox's journal (tmpfs allocates 4 KiB
+	// pages) with records that change nothing, then the journal's file
+	// system: the next record needs a page there is no room for.
+	padJournal(t, filepath.Join(journal, "jf.journal"))
 	fill := filepath.Join(journal, "fill")
 	if err := os.WriteFile(fill, make([]byte, 1<<20), 0o600); !errorsIsENOSPC(err) {
 		t.Fatalf("filling %s: %v, want ENOSPC", journal, err)
 	}
-	padJournal(t, filepath.Join(journal, "jf.journal"))
 	_, err = runID("blocked", "echo blocked >>/workspace/ran")
 	wantStatus(t, err, codes.Unavailable, rpcstatus.ReasonJournalUnavailable, "", "exec blocked not started", "no space left on device", "nothing ran")
 	if got := listExecs(t, e.sandboxes, "jf"); got["blocked"] != nil || got["spent"] == nil {
@@ -111,7 +117,10 @@ func TestJournalFullFailsClosed(t *testing.T) {
 	}
 }
 
-// padJournal appends a line of '#' that ends the file at a page boundary.
+// padJournal appends retractions of exec ids never started (records the
+// journal's reader accepts and that change nothing), sealed as berthd
+// seals them ("<record> <CRC-32C, 8 hex digits>"), until the file ends at
+// a page boundary.
 func padJournal(t *testing.T, path string) {
 	t.Helper()
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
@@ -123,11 +132,31 @@ func padJournal(t *testing.T, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rest := 4096 - st.Size()%4096; rest != 4096 {
-		pad := []byte(strings.Repeat("#", int(rest)-1) + "\n")
-		if _, err := f.Write(pad); err != nil {
-			t.Fatalf("pad %s: %v", path, err)
-		}
+	rest := int(4096 - st.Size()%4096)
+	if rest == 4096 {
+		return
+	}
+	// A line is 45 bytes and its exec id (1-128 bytes).
+	line := func(n int) string {
+		rec := "x " + strings.Repeat("0", 32) + " " + strings.Repeat("p", n-45)
+		return fmt.Sprintf("%s %08x\n", rec, crc32.Checksum([]byte(rec), crc32.MakeTable(crc32.Castagnoli)))
+	}
+	if rest < 92 {
+		rest += 4096
+	}
+	var pad strings.Builder
+	for rest > 346 {
+		pad.WriteString(line(145))
+		rest -= 145
+	}
+	if rest <= 173 {
+		pad.WriteString(line(rest))
+	} else {
+		pad.WriteString(line(rest / 2))
+		pad.WriteString(line(rest - rest/2))
+	}
+	if _, err := f.WriteString(pad.String()); err != nil {
+		t.Fatalf("pad %s: %v", path, err)
 	}
 }
 
@@ -146,5 +175,54 @@ func readAll(t *testing.T, stream berthv1.FileService_ReadFileClient) string {
 			t.Fatalf("ReadFile: %v", err)
 		}
 		b = append(b, msg.GetChunk()...)
+	}
+}
+
+// TestOrphanLeasesDropped: leases of a berthd that died (its pid runs no
+// berthd now) are deleted when the next berthd starts on the namespace, so
+// that what they held for work cut off (an unpack, a chowned copy, an
+// import) is collected at once, not after the lease expires. Leases of a
+// berthd that still runs, and leases berthd did not take, stay.
+func TestOrphanLeasesDropped(t *testing.T) {
+	need(t)
+	_, ns, _ := newNamespaceRuntime(t, "orphan")
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	const holder = "berth.dev/lease-holder"
+	ls := cc.LeasesService()
+	for id, labels := range map[string]map[string]string{
+		"of-a-dead-berthd": {holder: fmt.Sprint(dead.Process.Pid)},
+		"of-a-live-berthd": {holder: fmt.Sprint(os.Getpid())}, // the test runs berthd in process
+		"not-berthd-s":     nil,
+		"of-a-garbled-pid": {holder: "x"},
+	} {
+		if _, err := ls.Create(ctx, leases.WithID(id), leases.WithLabels(labels), leases.WithExpiration(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rt, _, _ := newNamespaceRuntimeWith(t, "orphan", nil)
+	if got := rt.OrphanLeases(); got != 2 {
+		t.Errorf("OrphanLeases() = %d, want 2 (the dead berthd's and the garbled one)", got)
+	}
+	left, err := ls.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, l := range left {
+		ids = append(ids, l.ID)
+	}
+	sort.Strings(ids)
+	if strings.Join(ids, " ") != "not-berthd-s of-a-live-berthd" {
+		t.Errorf("leases after the start: %q, want the live berthd's and the one berthd did not take", ids)
 	}
 }

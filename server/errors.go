@@ -173,6 +173,10 @@ type staleHandleError struct {
 }
 
 func (e *staleHandleError) Error() string {
+	if e.handle.BootID == "" {
+		return fmt.Sprintf("exec %s of sandbox %s is not in berthd's runtime journal of the sandbox, which was found damaged: it may belong to an earlier runtime (now %s), so it is not started again; start a new exec with a new exec id",
+			e.execID, e.sandboxID, e.current)
+	}
 	return fmt.Sprintf("exec %s belongs to an earlier runtime of sandbox %s (%s; now %s): its processes are gone; start a new exec with a new exec id",
 		e.execID, e.sandboxID, e.handle, e.current)
 }

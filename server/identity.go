@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"io/fs"
 	"log/slog"
@@ -132,6 +133,11 @@ type sandboxRuntimes struct {
 	// journalLines counts lines in the journal file, to know when to
 	// compact it.
 	journalLines int
+	// damaged is true once a line of the journal failed its checksum or
+	// did not parse (a "d" record keeps it so): berthd no longer knows
+	// every exec id it started, so an id it does not know is taken for
+	// one of an earlier runtime (execRuntime), never started anew.
+	damaged bool
 	// journal is the journal file, open for appending once written: a
 	// start then needs no new descriptor (berthd out of descriptors still
 	// runs execs in sandboxes it knows).
@@ -174,6 +180,13 @@ func (r *identities) peek(sandboxID string) *sandboxRuntimes {
 	}
 	if sr.journalLines == 0 {
 		return nil
+	}
+	if sr.damaged {
+		// Written anew, sealed, with the mark of the damage: later
+		// loads fail closed too, and read no damaged line again.
+		err := r.compact(sandboxID, sr)
+		r.log.Error("runtime journal damaged: exec ids berthd does not know in this sandbox are refused as STALE_HANDLE from now on",
+			slog.String("sandbox_id", sandboxID), slog.String("journal", r.journalPath(sandboxID)), slog.Any("rewrite_error", err))
 	}
 	// Whether the journal's last runtime still runs is unknown until its
 	// agent answers: its task may have died while berthd was down, unseen.
@@ -358,7 +371,8 @@ func (sr *sandboxRuntimes) record(execID, bootID string) {
 }
 
 // execRuntime returns the runtime execID was started in, and false when
-// no start of it was recorded. A runtime no longer remembered in full is
+// no start of it was recorded; the zero identity and true when none was
+// recorded but the sandbox's journal was found damaged. A runtime no longer remembered in full is
 // returned with its boot id only.
 func (r *identities) execRuntime(sandboxID, execID string) (identity, bool) {
 	r.mu.Lock()
@@ -369,7 +383,9 @@ func (r *identities) execRuntime(sandboxID, execID string) (identity, bool) {
 	}
 	boot, ok := sr.execs[execID]
 	if !ok {
-		return identity{}, false
+		// A damaged journal may have lost the id's record: taken for one
+		// of an unknown earlier runtime, it is never started again.
+		return identity{}, sr.damaged
 	}
 	if sr.current.BootID == boot {
 		return sr.current, true
@@ -507,7 +523,7 @@ func (r *identities) appendJournal(sandboxID string, sr *sandboxRuntimes, line s
 	st, err := sr.journal.Stat()
 	if err == nil {
 		var n int
-		n, err = sr.journal.WriteString(line)
+		n, err = sr.journal.WriteString(sealLine(line))
 		if err != nil && n > 0 {
 			sr.journal.Truncate(st.Size())
 		}
@@ -536,17 +552,22 @@ func maxJournalLines(records int) int { return 2*(records+1) + 1024 }
 // compact rewrites the sandbox's journal from memory, atomically.
 func (r *identities) compact(sandboxID string, sr *sandboxRuntimes) error {
 	var b bytes.Buffer
-	for _, id := range sr.past {
-		b.WriteString(runtimeLine(id))
-	}
-	lines := len(sr.past)
-	if sr.current.BootID != "" {
-		b.WriteString(runtimeLine(sr.current))
+	lines := 0
+	add := func(line string) {
+		b.WriteString(sealLine(line))
 		lines++
+	}
+	if sr.damaged {
+		add("d\n")
+	}
+	for _, id := range sr.past {
+		add(runtimeLine(id))
+	}
+	if sr.current.BootID != "" {
+		add(runtimeLine(sr.current))
 	}
 	for _, execID := range sr.order {
-		fmt.Fprintf(&b, "e %s %s\n", sr.execs[execID], execID)
-		lines++
+		add(fmt.Sprintf("e %s %s\n", sr.execs[execID], execID))
 	}
 	tmp := r.journalPath(sandboxID) + ".tmp"
 	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
@@ -573,10 +594,23 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 	}
 	defer f.Close()
 	sc := newLineScanner(io.LimitReader(f, maxJournalBytes), maxJournalLine)
+	sealed := false // a sealed line was read: unsealed ones are damage
 	for sc.Scan() {
 		sr.journalLines++
-		fields := strings.Fields(sc.Text())
+		line, ok := openLine(sc.Text())
 		switch {
+		case ok:
+			sealed = true
+		case !sc.Whole():
+			continue // a write cut short: it recorded nothing
+		case sealed || !legacyRecord(line):
+			sr.damaged = true
+			continue
+		}
+		fields := strings.Fields(line)
+		switch {
+		case len(fields) == 1 && fields[0] == "d":
+			sr.damaged = true
 		case len(fields) == 5 && fields[0] == "r" && bootIDPattern.MatchString(fields[1]):
 			pid, err1 := strconv.ParseUint(fields[2], 10, 32)
 			started, err2 := strconv.ParseInt(fields[3], 10, 64)
@@ -596,9 +630,16 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 			sr.current = id
 		case len(fields) == 3 && fields[0] == "e" && bootIDPattern.MatchString(fields[1]) && execIDPattern.MatchString(fields[2]):
 			sr.record(fields[2], fields[1])
-		case len(fields) == 3 && fields[0] == "x" && sr.execs[fields[2]] == fields[1]:
-			sr.unrecord(fields[2])
+		case len(fields) == 3 && fields[0] == "x" && bootIDPattern.MatchString(fields[1]) && execIDPattern.MatchString(fields[2]):
+			if sr.execs[fields[2]] == fields[1] {
+				sr.unrecord(fields[2])
+			}
+		default:
+			sr.damaged = true
 		}
+	}
+	if sc.skipped > 0 {
+		sr.damaged = true // no record is that long
 	}
 	if len(sr.past) > maxPastRuntimes {
 		sr.past = sr.past[len(sr.past)-maxPastRuntimes:]
@@ -610,13 +651,54 @@ func (r *identities) load(sandboxID string, sr *sandboxRuntimes) error {
 // bytes; a longer line is not a record and is skipped whole.
 const maxJournalLine = 4 << 10
 
+// journalTable is the CRC-32C table of the journal's line checksums.
+var journalTable = crc32.MakeTable(crc32.Castagnoli)
+
+// sealLine returns line (one record and its newline) with the CRC-32C of
+// the record appended as 8 hex digits: "e <boot> <exec> 1a2b3c4d\n".
+func sealLine(line string) string {
+	rec := strings.TrimSuffix(line, "\n")
+	return fmt.Sprintf("%s %08x\n", rec, crc32.Checksum([]byte(rec), journalTable))
+}
+
+// openLine returns the record of a sealed line and whether its checksum
+// holds; for any other line, the line itself and false.
+func openLine(line string) (string, bool) {
+	i := strings.LastIndexByte(line, ' ')
+	if i < 0 || len(line)-i-1 != 8 {
+		return line, false
+	}
+	sum, err := strconv.ParseUint(line[i+1:], 16, 32)
+	if err != nil || uint32(sum) != crc32.Checksum([]byte(line[:i]), journalTable) {
+		return line, false
+	}
+	return line[:i], true
+}
+
+// legacyRecord reports whether line is a whole record as berthds before
+// sealed lines wrote them (accepted only in a journal with no sealed line).
+func legacyRecord(line string) bool {
+	f := strings.Fields(line)
+	switch {
+	case len(f) == 5 && f[0] == "r" && bootIDPattern.MatchString(f[1]):
+		_, err1 := strconv.ParseUint(f[2], 10, 32)
+		_, err2 := strconv.ParseInt(f[3], 10, 64)
+		return err1 == nil && err2 == nil
+	case len(f) == 3 && (f[0] == "e" || f[0] == "x"):
+		return bootIDPattern.MatchString(f[1]) && execIDPattern.MatchString(f[2])
+	}
+	return false
+}
+
 // lineScanner reads lines like bufio.Scanner, except that a line longer
 // than its buffer is skipped whole instead of ending the scan: a Scanner
 // stops at the first line over its 64 KiB and drops every line after it.
 type lineScanner struct {
-	r    *bufio.Reader
-	line []byte
-	err  error
+	r       *bufio.Reader
+	line    []byte
+	whole   bool
+	skipped int // lines over the buffer's size, skipped
+	err     error
 }
 
 func newLineScanner(r io.Reader, max int) *lineScanner {
@@ -635,13 +717,17 @@ func (s *lineScanner) Scan() bool {
 			continue
 		}
 		if !skipping && len(line) > 0 {
+			s.whole = bytes.HasSuffix(line, []byte("\n"))
 			s.line = bytes.TrimSuffix(line, []byte("\n"))
 			if err != nil && !errors.Is(err, io.EOF) {
 				s.err = err
 			}
 			return true
 		}
-		skipping = false // the end of a long line, dropped
+		if skipping {
+			s.skipped++ // the end of a long line, dropped
+		}
+		skipping = false
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				s.err = err
@@ -650,6 +736,10 @@ func (s *lineScanner) Scan() bool {
 		}
 	}
 }
+
+// Whole reports whether the current line ended with a newline (the last
+// line of a file may not: a write cut short).
+func (s *lineScanner) Whole() bool { return s.whole }
 
 // Text returns the current line.
 func (s *lineScanner) Text() string { return string(s.line) }

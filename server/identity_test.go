@@ -72,40 +72,58 @@ func TestIdentitiesRecordsRuntimes(t *testing.T) {
 	}
 }
 
-func TestJournalSkipsGarbage(t *testing.T) {
-	dir := t.TempDir()
-	lines := []string{
-		"r " + boot(1) + " 10 0 v1",
-		"e " + boot(1) + " ok-1",
-		"e " + boot(1) + " bad/id",  // not an exec id
-		"e NOTHEX ok-2",             // not a boot id
-		"r " + boot(2) + " x 0 v1",  // pid not a number
-		"x what is this",            // unknown record
-		"e " + boot(1),              // short
-		strings.Repeat("z", 100000), // one long line
-		"e " + boot(1) + " ok-3",
-		"r " + boot(3) + " 30 0 v2", // the current runtime, after it
-		"e " + boot(3) + " ok-4",
-		"e " + boot(3) + " " + strings.Repeat("y", 70000), // a long line without its end
-	}
-	// The last line has no newline: a write cut short.
-	if err := os.WriteFile(filepath.Join(dir, "sb"+journalSuffix), []byte(strings.Join(lines, "\n")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	r := newIdentities(dir, discard)
-	// Records after the long line count as much as those before it.
-	if got := r.current("sb"); got.BootID != boot(3) || got.TaskPID != 30 || got.AgentVersion != "v2" {
-		t.Errorf("current = %v, want boot 3 pid 30, the last runtime line", got)
-	}
-	for _, tc := range []struct{ id, boot string }{{"ok-1", boot(1)}, {"ok-3", boot(1)}, {"ok-4", boot(3)}} {
-		if got, ok := r.execRuntime("sb", tc.id); !ok || got.BootID != tc.boot {
-			t.Errorf("execRuntime(%s) = %v, %v; want it loaded, in runtime %s", tc.id, got, ok, tc.boot[:8])
-		}
-	}
-	for _, id := range []string{"bad/id", "ok-2"} {
-		if _, ok := r.execRuntime("sb", id); ok {
-			t.Errorf("%s loaded from a malformed line", id)
-		}
+// TestJournalDamageFailsClosed: a journal with a line that fails its
+// checksum or does not parse (random bytes written over it, a legacy line
+// after sealed ones) keeps every record that holds, and from then on an
+// exec id berthd does not know in that sandbox is taken for one of an
+// earlier runtime (STALE_HANDLE), never started again; the mark survives a
+// reload. A last line cut short by a crash is no damage.
+func TestJournalDamageFailsClosed(t *testing.T) {
+	seal := func(l string) string { return strings.TrimSuffix(sealLine(l+"\n"), "\n") }
+	for _, tc := range []struct {
+		name    string
+		lines   []string
+		damaged bool
+	}{
+		{"sealed", []string{seal("r " + boot(1) + " 10 0 v1"), seal("e " + boot(1) + " ok-1")}, false},
+		{"legacy", []string{"r " + boot(1) + " 10 0 v1", "e " + boot(1) + " ok-1"}, false},
+		{"cut short", []string{seal("r " + boot(1) + " 10 0 v1"), seal("e " + boot(1) + " ok-1"), "e " + boot(1) + " ha"}, false},
+		{"random bytes", []string{seal("r " + boot(1) + " 10 0 v1"), seal("e " + boot(1) + " ok-1"), "\x8f\x01 zz\xff q", seal("e " + boot(1) + " ok-3")}, true},
+		{"checksum", []string{seal("r " + boot(1) + " 10 0 v1"), seal("e " + boot(1) + " ok-1"), strings.Replace(seal("e "+boot(1)+" ok-2"), "ok-2", "ok-9", 1)}, true},
+		{"legacy after sealed", []string{seal("r " + boot(1) + " 10 0 v1"), seal("e " + boot(1) + " ok-1"), "e " + boot(1) + " ok-2"}, true},
+		{"malformed legacy", []string{"r " + boot(1) + " 10 0 v1", "e " + boot(1) + " ok-1", "e " + boot(1) + " bad/id"}, true},
+		{"long line", []string{seal("r " + boot(1) + " 10 0 v1"), seal("e " + boot(1) + " ok-1"), strings.Repeat("z", 100000)}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			text := strings.Join(tc.lines, "\n")
+			if tc.name != "cut short" {
+				text += "\n"
+			}
+			if err := os.WriteFile(filepath.Join(dir, "sb"+journalSuffix), []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for round, r := range []*identities{newIdentities(dir, discard), nil} {
+				if r == nil {
+					r = newIdentities(dir, discard) // after the rewrite
+				}
+				if got := r.current("sb"); got.BootID != boot(1) || got.TaskPID != 10 {
+					t.Errorf("round %d: current = %v, want boot 1 pid 10", round, got)
+				}
+				if got, ok := r.execRuntime("sb", "ok-1"); !ok || got.BootID != boot(1) {
+					t.Errorf("round %d: execRuntime(ok-1) = %v, %v; want runtime 1", round, got, ok)
+				}
+				got, known := r.execRuntime("sb", "never-started")
+				if known != tc.damaged || got.BootID != "" {
+					t.Errorf("round %d: execRuntime(never-started) = %v, %v; want known=%v (damaged journal: fail closed) with no runtime", round, got, known, tc.damaged)
+				}
+				if tc.damaged {
+					if _, ok := r.execRuntime("sb", "ok-9"); !ok {
+						t.Errorf("round %d: ok-9 of a line that fails its checksum is startable", round)
+					}
+				}
+			}
+		})
 	}
 }
 
