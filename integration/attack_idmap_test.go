@@ -1189,6 +1189,15 @@ func TestAttackEscapedIDReadsOtherSandbox(t *testing.T) {
 			if err == nil && got == "api-key-of-b" {
 				t.Errorf("mapping %q: sandbox A's host id reads sandbox B's files through %s", mapping, rootB)
 			}
+			logB := filepath.Join(e.stateDir, "s", b.GetId(), "agent.log")
+			if st, err := os.Stat(logB); err != nil {
+				t.Errorf("B's agent log: %v", err)
+			} else if st.Mode().Perm() != 0o600 {
+				t.Errorf("B's agent log has mode %v, want 0600", st.Mode().Perm())
+			}
+			if got, err := hostRunAs(uidA, "cat", logB); err == nil {
+				t.Errorf("sandbox A's host id reads B's agent log (%d bytes)", len(got))
+			}
 			got, err = hostRunAs(uidA, filepath.Join(rootB, "tmp", "rb"), "-p", "-c", "echo $EUID")
 			t.Logf("mapping %q: host uid %d runs B's setuid file: %q %v", mapping, uidA, got, err)
 			if err == nil && got == fmt.Sprint(b.GetHostIdBase()) {

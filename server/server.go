@@ -412,6 +412,9 @@ func (s *Service) Start(ctx context.Context) error {
 	if err := s.rt.DiskQuota(); err != nil && (s.cfg.DefaultDiskBytes > 0 || s.cfg.MaxDiskBytes > 0) {
 		return fmt.Errorf("a default or maximum disk quota is configured, but: %w", err)
 	}
+	if n := s.rt.OrphanLeases(); n > 0 {
+		s.log.Info("dropped the containerd leases of berthds that no longer run; what they held for work cut off goes at containerd's next garbage collection", slog.Int("leases", n))
+	}
 	if err := s.Adopt(ctx); err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 	defer stream.Close()
 	// One lease over the import and the unpacking: content that no image
 	// record references (yet, or any more) is not collected meanwhile.
-	ctx, done, err := r.client.WithLease(ctx)
+	ctx, done, err := r.withLease(ctx, importLeaseExpiry)
 	if err != nil {
 		return nil, fmt.Errorf("lease for the import: %w", err)
 	}

@@ -76,3 +76,19 @@ func tailOf(path string, n int64) []byte {
 	read, _ := f.ReadAt(b, off)
 	return b[:read]
 }
+
+// createLog makes the agent log of sandbox id readable by root alone
+// (0600): the shim creates it 0644 otherwise, and it holds exec ids,
+// commands' first arguments and pids. The shim appends to the file as it
+// finds it.
+func (r *Runtime) createLog(id string) error {
+	f, err := os.OpenFile(r.LogPath(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("agent log of sandbox %s: %w", id, err)
+	}
+	defer f.Close()
+	if err := f.Chmod(0o600); err != nil {
+		return fmt.Errorf("agent log of sandbox %s: %w", id, err)
+	}
+	return nil
+}

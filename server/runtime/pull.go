@@ -178,6 +178,14 @@ func (r *Runtime) PullImage(ctx context.Context, ref string, opts PullOptions, p
 		return Image{}, r.pullError(ctx, ref, resolveTimeout, err)
 	}
 
+	// Under a lease of berthd's own: one a crash leaves is dropped at the
+	// next start (containerd's Pull would take a 24 h one).
+	ctx, doneLease, err := r.withLease(ctx, importLeaseExpiry)
+	if err != nil {
+		return Image{}, fmt.Errorf("lease for the pull of %s: %w", ref, err)
+	}
+	defer doneLease(context.WithoutCancel(ctx))
+
 	tracker := &pullTracker{}
 	done := make(chan struct{})
 	var wg sync.WaitGroup

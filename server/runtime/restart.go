@@ -79,6 +79,9 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 	}
 	// The shim appends to the log file: the new agent's lines follow the
 	// old one's.
+	if err := r.createLog(id); err != nil {
+		return 0, err
+	}
 	c.changes()
 	task, err = container.NewTask(ctx, cio.LogFile(r.LogPath(id)))
 	if err != nil {

@@ -233,7 +233,7 @@ func (r *Runtime) IDMapped() error { return r.idmapErr }
 // as owned by the range's first host id. The snapshots live under a lease
 // that expires, so a berthd that dies midway leaves nothing for long.
 func (r *Runtime) probeIDMap(ctx context.Context) error {
-	ctx, done, err := r.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(10*time.Minute))
+	ctx, done, err := r.withLease(ctx, 10*time.Minute)
 	if err != nil {
 		return fmt.Errorf("lease for the probe: %w", err)
 	}

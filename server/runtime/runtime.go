@@ -201,6 +201,8 @@ type Runtime struct {
 	// idmapErr says why sandboxes get chowned copies of their image
 	// (RootFSChowned) instead of idmapped roots; nil when they do not.
 	idmapErr error
+	// orphanLeases counts the leases of dead berthds deleted at start.
+	orphanLeases int
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -247,6 +249,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string), idRetry: make(map[string]uint32)}
+	if r.orphanLeases, err = r.dropOrphanLeases(ctx); err != nil {
+		client.Close()
+		return nil, err
+	}
 	switch cfg.RootIDMapping {
 	case RootIDMappingAuto, RootFSIDMapped:
 		if err := r.probeIDMap(ctx); err != nil {
@@ -433,7 +439,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	// so that its retry finds the work done.
 	work, cancelWork := context.WithTimeout(ctx, r.cfg.CreateWorkLimit)
 	defer cancelWork()
-	work, doneLease, err := r.client.WithLease(work, leases.WithRandomID(), leases.WithExpiration(createLeaseExpiry))
+	work, doneLease, err := r.withLease(work, createLeaseExpiry)
 	if err != nil {
 		return fmt.Errorf("lease for the create of %s: %w", spec.ID, err)
 	}
@@ -566,6 +572,9 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		return err
 	}
 	if err := r.writeSecret(spec.ID, secret, base); err != nil {
+		return err
+	}
+	if err := r.createLog(spec.ID); err != nil {
 		return err
 	}
 	step, cancel = c.mutation()
