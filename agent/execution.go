@@ -69,8 +69,10 @@ type execution struct {
 	ttyMu     sync.Mutex
 	ttyClosed bool
 	// eotSent is set, under stdinMu, once close_stdin typed EOT into the
-	// terminal; later stdin is dropped.
+	// terminal; later stdin is dropped. midLine is true while the last
+	// byte typed was not a line's end.
 	eotSent bool
+	midLine bool
 
 	// oomBefore is the sandbox's OOM kill count when the exec started;
 	// oomKnown is false when the agent has no counter.
@@ -267,13 +269,19 @@ func (e *execution) writeStdin(data []byte) {
 	if e.eotSent {
 		return
 	}
+	if e.tty != nil && len(data) > 0 {
+		last := data[len(data)-1]
+		e.midLine = last != '\n' && last != '\r'
+	}
 	_, _ = e.stdin.Write(data)
 }
 
 // closeStdin carries out close_stdin. A pipe is closed, delivering EOF;
 // that is idempotent and safe while a write is blocked (that write then
-// fails). A terminal gets EOT typed once, after the stdin written before
-// it, and stays open: closing the master would hang it up.
+// fails). A terminal gets EOT typed, after the stdin written before it,
+// and stays open: closing the master would hang it up. Mid-line, one EOT
+// only hands the reader the line so far (termios(3), VEOF), so a second
+// one follows: the reader then reads zero bytes, end of file.
 func (e *execution) closeStdin() {
 	switch {
 	case e.stdin == nil:
@@ -282,7 +290,11 @@ func (e *execution) closeStdin() {
 		defer e.stdinMu.Unlock()
 		if !e.eotSent {
 			e.eotSent = true
-			_, _ = e.stdin.Write([]byte{eot})
+			if e.midLine {
+				_, _ = e.stdin.Write([]byte{eot, eot})
+			} else {
+				_, _ = e.stdin.Write([]byte{eot})
+			}
 		}
 	default:
 		e.stdinOnce.Do(func() { e.stdin.Close() })

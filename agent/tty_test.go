@@ -134,6 +134,25 @@ func TestTTYResizeAndStdin(t *testing.T) {
 			t.Errorf("exit code = %d, want 0", r.result.GetExitCode())
 		}
 	})
+	t.Run("close_stdin ends input mid-line", func(t *testing.T) {
+		// `printf 'abc' | berth exec -t -i SB -- cat`: one EOT after
+		// "abc" only hands cat the partial line; the exec must still end.
+		for i, input := range []string{"abc", "abc\nde"} {
+			spec := withTTY(argv("cat"), 24, 80)
+			spec.Stdin = true
+			stream := a.startExec(t, ctx, execID(t)+strconv.Itoa(i), spec)
+			send(t, stream, stdinReq(input))
+			send(t, stream, closeStdinReq)
+			r := collect(t, stream, nil)
+			last := input[strings.LastIndexByte(input, 'c')+1:] // "" or "\nde"
+			if got := string(r.stdout); strings.Count(got, "abc") != 2 || (last != "" && strings.Count(got, "de") != 2) {
+				t.Errorf("input %q: stdout = %q, want the terminal's echo and cat's copy of every byte", input, got)
+			}
+			if r.result.GetExitCode() != 0 {
+				t.Errorf("input %q: exit code = %d, want 0", input, r.result.GetExitCode())
+			}
+		}
+	})
 	t.Run("SIGWINCH reaches the foreground group", func(t *testing.T) {
 		spec := withTTY(shell(`trap 'stty size; exit 0' WINCH; echo ready; while :; do sleep 0.01; done`), 24, 80)
 		stream := a.startExec(t, ctx, execID(t), spec)
