@@ -26,6 +26,9 @@ func (s *Service) Download(req *agentv1.DownloadRequest, stream agentv1.FileServ
 	if err != nil {
 		return err
 	}
+	if err := s.agentOwn("path", path, true); err != nil {
+		return err
+	}
 	c := req.GetCompression()
 	switch c {
 	case berthv1.Compression_COMPRESSION_UNSPECIFIED, berthv1.Compression_COMPRESSION_NONE, berthv1.Compression_COMPRESSION_GZIP:

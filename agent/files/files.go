@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -53,6 +54,11 @@ type Config struct {
 	// run with and who owns what they create. Default 0 and 0.
 	UID uint32
 	GID uint32
+	// AgentDir is the agent's own directory (its run directory, holding
+	// its socket and berthd's secret): no call reads, writes, renames or
+	// removes anything in it (PERMISSION_DENIED), whatever path or
+	// symbolic link names it. Empty: none.
+	AgentDir string
 	// MaxReadBytes caps the bytes one ReadFile may send, in bytes; a larger
 	// read is refused (FILE_TOO_LARGE) before any byte moves. Default 4 GiB.
 	MaxReadBytes uint64
@@ -124,6 +130,11 @@ func New(cfg Config) *Service {
 	}
 	if cfg.MaxListEntries <= 0 {
 		cfg.MaxListEntries = d.MaxListEntries
+	}
+	if cfg.AgentDir != "" {
+		if dir, err := filepath.EvalSymlinks(cfg.AgentDir); err == nil {
+			cfg.AgentDir = dir
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -419,3 +419,54 @@ func TestWriteCreateParentsWithOwner(t *testing.T) {
 		wantStatus(t, err, codes.FailedPrecondition, "NOT_A_DIRECTORY", "")
 	}
 }
+
+// TestAgentOwnDirectoryRefused: no file call reads, writes, renames or
+// removes anything in the directory of the agent's socket (/.berth-run in
+// a sandbox), by its path or through a symbolic link; the socket stays.
+// Removing it made the sandbox unreachable to the next berthd.
+func TestAgentOwnDirectoryRefused(t *testing.T) {
+	a := startAgent(t)
+	ctx := testCtx(t)
+	sock := filepath.Join(a.run, "a.sock")
+	link := filepath.Join(a.dir, "run-link")
+	if err := os.Symlink(a.run, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(a.dir, "f"), []byte("x"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{sock, filepath.Join(link, "a.sock"), a.run, link} {
+		if p != link { // removing the link removes only the link
+			_, err := a.files.Remove(ctx, &agentv1.RemoveRequest{Path: []byte(p), Recursive: true})
+			wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", p)
+		}
+		read, err := a.files.ReadFile(ctx, &agentv1.ReadFileRequest{Path: []byte(filepath.Join(p, "secret"))})
+		if err == nil {
+			_, err = read.Recv()
+		}
+		wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", filepath.Join(p, "secret"))
+	}
+	parent := filepath.Dir(a.run)
+	_, err := a.files.Remove(ctx, &agentv1.RemoveRequest{Path: []byte(parent), Recursive: true})
+	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", parent)
+	_, err = a.files.Rename(ctx, &agentv1.RenameRequest{FromPath: []byte(parent), ToPath: []byte(parent + "-moved")})
+	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", parent)
+	_, err = a.files.Rename(ctx, &agentv1.RenameRequest{FromPath: []byte(sock), ToPath: []byte(filepath.Join(a.dir, "stolen"))})
+	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", sock)
+	_, err = a.files.Rename(ctx, &agentv1.RenameRequest{FromPath: []byte(filepath.Join(a.dir, "f")), ToPath: []byte(filepath.Join(link, "a.sock")), Overwrite: true})
+	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", filepath.Join(link, "a.sock"))
+	_, err = a.files.MakeDir(ctx, &agentv1.MakeDirRequest{Path: []byte(filepath.Join(link, "d"))})
+	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", filepath.Join(link, "d"))
+	_, err = a.writeFile(t, &agentv1.WriteFileHeader{Path: []byte(filepath.Join(a.run, "x"))}, []byte("x"))
+	wantStatus(t, err, codes.PermissionDenied, "PERMISSION_DENIED", filepath.Join(a.run, "x"))
+	if st, err := os.Lstat(sock); err != nil || st.Mode().Type() != os.ModeSocket {
+		t.Errorf("the agent's socket after the calls: %v, %v", st, err)
+	}
+	// The link itself is the workload's.
+	if _, err := a.files.Remove(ctx, &agentv1.RemoveRequest{Path: []byte(link)}); err != nil {
+		t.Errorf("remove a link to the agent's directory: %v", err)
+	}
+	if _, err := os.Lstat(a.run); err != nil {
+		t.Errorf("the agent's directory after its link was removed: %v", err)
+	}
+}

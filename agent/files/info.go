@@ -6,8 +6,10 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -109,6 +111,35 @@ func cleanPath(field string, raw []byte) (string, error) {
 		return "", invalid(field, fmt.Sprintf("has a component of %d bytes (%s...); Linux names are at most 255 bytes (NAME_MAX)", len(long), quote(long[:16])))
 	}
 	return filepath.Clean(p), nil
+}
+
+// agentOwn refuses path (of request field field) when it names the
+// agent's own directory or anything in it (Config.AgentDir), directly or
+// through symbolic links in its parent or, when follow, in its last
+// component (calls that act on a link itself, Remove and Rename, do not
+// follow it): removing the agent's socket would make the sandbox
+// unreachable to the next berthd, and its secret is berthd's.
+func (s *Service) agentOwn(field, path string, follow bool) error {
+	if s.cfg.AgentDir == "" {
+		return nil
+	}
+	in := func(p string) bool { return p == s.cfg.AgentDir || strings.HasPrefix(p, s.cfg.AgentDir+"/") }
+	candidates := []string{path}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		candidates = append(candidates, filepath.Join(dir, filepath.Base(path)))
+	}
+	if full, err := filepath.EvalSymlinks(path); err == nil && follow {
+		candidates = append(candidates, full)
+	}
+	for _, p := range candidates {
+		// Removing or renaming a directory above it takes it along.
+		if in(p) || (!follow && strings.HasPrefix(s.cfg.AgentDir, strings.TrimSuffix(p, "/")+"/")) {
+			return rpcstatus.Error(codes.PermissionDenied, rpcstatus.ReasonPermissionDenied,
+				fmt.Sprintf("%s: %s is in %s, the berth agent's own directory (its socket and berthd's secret): file calls do not touch it", field, quote(path), s.cfg.AgentDir),
+				map[string]string{"path": path})
+		}
+	}
+	return nil
 }
 
 // nameMax is NAME_MAX, the longest file name Linux file systems take, in

@@ -49,6 +49,8 @@ func runTests(m *testing.M) int {
 // testAgent is a running berth-agent and its FileService client.
 type testAgent struct {
 	files agentv1.FileServiceClient
+	// run is the directory of the agent's socket.
+	run string
 	// dir is a scratch directory, mode 0777 below a 0755 parent, so that
 	// any workload user may work in it.
 	dir string
@@ -76,7 +78,13 @@ func startAgent(t testing.TB, flags ...string) *testAgent {
 	if err := os.Chmod(work, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(base, "a.sock")
+	// The socket in a directory of its own, as /.berth-run in a sandbox:
+	// file calls do not touch that directory.
+	run := filepath.Join(base, "run")
+	if err := os.Mkdir(run, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(run, "a.sock")
 	cmd := exec.Command(agentBin, append([]string{"--socket", sock, "--workdir", "/"}, flags...)...)
 	logs := &agentbin.Buffer{}
 	cmd.Stderr = logs
@@ -112,7 +120,7 @@ func startAgent(t testing.TB, flags ...string) *testAgent {
 	if _, err := agentv1.NewAgentServiceClient(conn).Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("agent did not answer: %v\nagent log:\n%s", err, logs)
 	}
-	return &testAgent{files: agentv1.NewFileServiceClient(conn), dir: work}
+	return &testAgent{files: agentv1.NewFileServiceClient(conn), dir: work, run: run}
 }
 
 func testCtx(t testing.TB) context.Context {

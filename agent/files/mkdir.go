@@ -19,6 +19,9 @@ func (s *Service) MakeDir(_ context.Context, req *agentv1.MakeDirRequest) (*agen
 	if err != nil {
 		return nil, err
 	}
+	if err := s.agentOwn("path", path, true); err != nil {
+		return nil, err
+	}
 	mode := uint32(defaultDirMode)
 	if req.Mode != nil {
 		if mode = req.GetMode(); mode > 0o7777 {

@@ -22,6 +22,9 @@ func (s *Service) ReadFile(req *agentv1.ReadFileRequest, stream agentv1.FileServ
 	if err != nil {
 		return err
 	}
+	if err := s.agentOwn("path", path, true); err != nil {
+		return err
+	}
 	var fd int
 	err = s.asUser(func() error {
 		// O_NONBLOCK: opening a FIFO must not hang; it is refused below.

@@ -17,6 +17,9 @@ func (s *Service) Remove(_ context.Context, req *agentv1.RemoveRequest) (*agentv
 	if err != nil {
 		return nil, err
 	}
+	if err := s.agentOwn("path", path, false); err != nil {
+		return nil, err
+	}
 	if path == "/" {
 		return nil, invalid("path", `"/" cannot be removed`)
 	}

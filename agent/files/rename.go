@@ -24,6 +24,12 @@ func (s *Service) Rename(_ context.Context, req *agentv1.RenameRequest) (*agentv
 	if from == "/" || to == "/" {
 		return nil, invalid("path", `"/" cannot be renamed or replaced`)
 	}
+	if err := s.agentOwn("from_path", from, false); err != nil {
+		return nil, err
+	}
+	if err := s.agentOwn("to_path", to, false); err != nil {
+		return nil, err
+	}
 	err = s.asUser(func() error {
 		var err error
 		if req.GetOverwrite() {

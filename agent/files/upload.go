@@ -43,6 +43,9 @@ func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 	if err != nil {
 		return err
 	}
+	if err := s.agentOwn("header.path", dir, true); err != nil {
+		return err
+	}
 	switch h.GetCompression() {
 	case berthv1.Compression_COMPRESSION_UNSPECIFIED, berthv1.Compression_COMPRESSION_NONE, berthv1.Compression_COMPRESSION_GZIP:
 	default:

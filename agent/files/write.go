@@ -88,6 +88,9 @@ func (s *Service) newWrite(h *agentv1.WriteFileHeader) (*write, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.agentOwn("header.path", path, true); err != nil {
+		return nil, err
+	}
 	if path == "/" {
 		return nil, invalid("header.path", `"/" is a directory`)
 	}
