@@ -879,7 +879,9 @@ type StaleHandle struct {
 	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// exec_id is the stale exec id.
 	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
-	// handle_runtime is the runtime the exec belonged to.
+	// handle_runtime is the runtime the exec belonged to; unset when berthd
+	// cannot tell because its runtime journal of the sandbox was found
+	// damaged (it then refuses every exec id it does not know).
 	HandleRuntime *RuntimeIdentity `protobuf:"bytes,3,opt,name=handle_runtime,json=handleRuntime,proto3" json:"handle_runtime,omitempty"`
 	// current_runtime is the sandbox's runtime now.
 	CurrentRuntime *RuntimeIdentity `protobuf:"bytes,4,opt,name=current_runtime,json=currentRuntime,proto3" json:"current_runtime,omitempty"`

@@ -58,7 +58,9 @@ type SandboxServiceClient interface {
 	// sandbox with another spec (the message and the ErrorInfo metadata
 	// "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
 	// when the agent does not answer in time or the id's sandbox is being
-	// removed after it expired.
+	// removed after it expired, FAILED_PRECONDITION (IMAGE_UNUSABLE) when
+	// what the image holds cannot start a sandbox (its /etc/passwd or
+	// /etc/group is not a regular file).
 	CreateSandbox(ctx context.Context, in *CreateSandboxRequest, opts ...grpc.CallOption) (*CreateSandboxResponse, error)
 	// GetSandbox returns one sandbox. Errors: NOT_FOUND (SANDBOX_NOT_FOUND).
 	GetSandbox(ctx context.Context, in *GetSandboxRequest, opts ...grpc.CallOption) (*GetSandboxResponse, error)
@@ -259,7 +261,9 @@ type SandboxServiceServer interface {
 	// sandbox with another spec (the message and the ErrorInfo metadata
 	// "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
 	// when the agent does not answer in time or the id's sandbox is being
-	// removed after it expired.
+	// removed after it expired, FAILED_PRECONDITION (IMAGE_UNUSABLE) when
+	// what the image holds cannot start a sandbox (its /etc/passwd or
+	// /etc/group is not a regular file).
 	CreateSandbox(context.Context, *CreateSandboxRequest) (*CreateSandboxResponse, error)
 	// GetSandbox returns one sandbox. Errors: NOT_FOUND (SANDBOX_NOT_FOUND).
 	GetSandbox(context.Context, *GetSandboxRequest) (*GetSandboxResponse, error)

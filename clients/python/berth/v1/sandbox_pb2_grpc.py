@@ -105,7 +105,9 @@ class SandboxServiceServicer(object):
         sandbox with another spec (the message and the ErrorInfo metadata
         "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
         when the agent does not answer in time or the id's sandbox is being
-        removed after it expired.
+        removed after it expired, FAILED_PRECONDITION (IMAGE_UNUSABLE) when
+        what the image holds cannot start a sandbox (its /etc/passwd or
+        /etc/group is not a regular file).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

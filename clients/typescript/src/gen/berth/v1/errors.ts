@@ -631,7 +631,11 @@ export interface StaleHandle {
   sandboxId: string;
   /** exec_id is the stale exec id. */
   execId: string;
-  /** handle_runtime is the runtime the exec belonged to. */
+  /**
+   * handle_runtime is the runtime the exec belonged to; unset when berthd
+   * cannot tell because its runtime journal of the sandbox was found
+   * damaged (it then refuses every exec id it does not know).
+   */
   handleRuntime:
     | RuntimeIdentity
     | undefined;

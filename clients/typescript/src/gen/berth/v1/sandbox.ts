@@ -3569,7 +3569,9 @@ export const SandboxServiceService = {
    * sandbox with another spec (the message and the ErrorInfo metadata
    * "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
    * when the agent does not answer in time or the id's sandbox is being
-   * removed after it expired.
+   * removed after it expired, FAILED_PRECONDITION (IMAGE_UNUSABLE) when
+   * what the image holds cannot start a sandbox (its /etc/passwd or
+   * /etc/group is not a regular file).
    */
   createSandbox: {
     path: "/berth.v1.SandboxService/CreateSandbox" as const,
@@ -3742,7 +3744,9 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * sandbox with another spec (the message and the ErrorInfo metadata
    * "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
    * when the agent does not answer in time or the id's sandbox is being
-   * removed after it expired.
+   * removed after it expired, FAILED_PRECONDITION (IMAGE_UNUSABLE) when
+   * what the image holds cannot start a sandbox (its /etc/passwd or
+   * /etc/group is not a regular file).
    */
   createSandbox: handleUnaryCall<CreateSandboxRequest, CreateSandboxResponse>;
   /** GetSandbox returns one sandbox. Errors: NOT_FOUND (SANDBOX_NOT_FOUND). */
@@ -3832,7 +3836,9 @@ export interface SandboxServiceClient extends Client {
    * sandbox with another spec (the message and the ErrorInfo metadata
    * "fields" name the differing fields), UNAVAILABLE (SANDBOX_UNREACHABLE)
    * when the agent does not answer in time or the id's sandbox is being
-   * removed after it expired.
+   * removed after it expired, FAILED_PRECONDITION (IMAGE_UNUSABLE) when
+   * what the image holds cannot start a sandbox (its /etc/passwd or
+   * /etc/group is not a regular file).
    */
   createSandbox(
     request: CreateSandboxRequest,
