@@ -122,10 +122,30 @@ func (c *call) mutation() (context.Context, context.CancelFunc) {
 // Config.CreateWorkLimit under work: running past the limit while the
 // caller still waits is an *UnavailableError whose Budget is the limit.
 func (c *call) longWork(work context.Context, err error) error {
-	if errors.Is(work.Err(), context.DeadlineExceeded) && c.parent.Err() == nil {
+	if c.parent.Err() == nil && (errors.Is(work.Err(), context.DeadlineExceeded) || c.workDeadline(work, err)) {
 		return &UnavailableError{Op: c.op, Slow: true, Waited: time.Since(c.began), Budget: c.r.cfg.CreateWorkLimit, Changed: c.changed, Err: err}
 	}
 	return err
+}
+
+// deadlineSlack is how much sooner than the client containerd may end a
+// request at the deadline the client sent it: the server counts from
+// when the request reached it.
+const deadlineSlack = 100 * time.Millisecond
+
+// workDeadline reports whether err is containerd ending a request at
+// work's own deadline (CreateWorkLimit, not the caller's) a moment before
+// work's timer fired on this side.
+func (c *call) workDeadline(work context.Context, err error) bool {
+	if !errors.Is(err, context.DeadlineExceeded) && status.Code(err) != codes.DeadlineExceeded {
+		return false
+	}
+	wd, ok := work.Deadline()
+	if !ok || time.Until(wd) > deadlineSlack {
+		return false
+	}
+	pd, ok := c.parent.Deadline()
+	return !ok || pd.After(wd)
 }
 
 // changes notes that the next request may change containerd's state.
