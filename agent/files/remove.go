@@ -17,11 +17,11 @@ func (s *Service) Remove(_ context.Context, req *agentv1.RemoveRequest) (*agentv
 	if err != nil {
 		return nil, err
 	}
-	if err := s.agentOwn("path", path, false); err != nil {
-		return nil, err
-	}
 	if path == "/" {
 		return nil, invalid("path", `"/" cannot be removed`)
+	}
+	if err := s.agentOwn("path", path, false); err != nil {
+		return nil, err
 	}
 	err = s.asUser(func() error {
 		var st unix.Stat_t
