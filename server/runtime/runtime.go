@@ -10,8 +10,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -20,6 +22,8 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/agentproof"
+	tasks "github.com/containerd/containerd/api/services/tasks/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	"github.com/containerd/containerd/v2/core/containers"
@@ -203,6 +207,8 @@ type Runtime struct {
 	idmapErr error
 	// orphanLeases counts the leases of dead berthds deleted at start.
 	orphanLeases int
+	// lists coalesces concurrent List calls (coalescer).
+	lists coalescer[[]Sandbox]
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -814,31 +820,45 @@ func (r *Runtime) Get(ctx context.Context, id string) (_ Sandbox, err error) {
 
 // List returns every sandbox whose labels include all of selector, ordered
 // by id.
-func (r *Runtime) List(ctx context.Context, selector map[string]string) (_ []Sandbox, err error) {
+// Concurrent listings with one selector share containerd's answers
+// (coalescer): each still sees the sandboxes of a moment after it asked.
+// The result is shared: callers must not change it.
+func (r *Runtime) List(ctx context.Context, selector map[string]string) ([]Sandbox, error) {
+	keys := slices.Sorted(maps.Keys(selector))
+	filter := fmt.Sprintf("labels.%q==true", labelSandbox)
+	for _, k := range keys {
+		filter += fmt.Sprintf(",labels.%q==%q", k, selector[k])
+	}
+	return r.lists.do(ctx, filter, func(ctx context.Context) ([]Sandbox, error) { return r.list(ctx, filter) })
+}
+
+// list reads the sandboxes whose containers match containerd filter.
+func (r *Runtime) list(ctx context.Context, filter string) (_ []Sandbox, err error) {
 	c := r.begin(ctx, "list sandboxes")
 	defer c.end(&err)
 	ctx, cancel := c.step()
 	defer cancel()
-	filter := fmt.Sprintf("labels.%q==true", labelSandbox)
-	for k, v := range selector {
-		filter += fmt.Sprintf(",labels.%q==%q", k, v)
-	}
-	containers, err := r.client.Containers(ctx, filter)
+	// Two requests, whatever the count: the containers with their labels,
+	// and every task of the namespace (one request per sandbox made a
+	// thousand concurrent listings of 18 sandboxes 55,000 requests).
+	containers, err := r.client.ContainerService().List(ctx, filter)
 	if err != nil {
 		return nil, fmt.Errorf("list containers: %w", err)
 	}
+	ts, err := r.client.TaskService().List(ctx, &tasks.ListTasksRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", err)
+	}
+	byID := make(map[string]*tasktypes.Process, len(ts.GetTasks()))
+	for _, t := range ts.GetTasks() {
+		byID[t.GetID()] = t // a task's id is its container's
+	}
 	out := make([]Sandbox, 0, len(containers))
 	for _, c := range containers {
-		labels, err := c.Labels(ctx)
-		if err != nil {
-			if errdefs.IsNotFound(err) {
-				continue // deleted meanwhile
-			}
-			return nil, fmt.Errorf("read labels of %s: %w", c.ID(), err)
-		}
-		sb, err := r.sandbox(ctx, c, labels)
-		if err != nil {
-			return nil, err
+		sb := r.sandboxOf(c.ID, c.Labels)
+		if t := byID[c.ID]; t != nil {
+			sb.TaskPID = t.GetPid()
+			sb.Running = t.GetStatus() == tasktypes.Status_RUNNING
 		}
 		out = append(out, sb)
 	}
@@ -850,11 +870,33 @@ func (r *Runtime) List(ctx context.Context, selector map[string]string) (_ []San
 // containerd for the task's state. A container without a task is a stopped
 // sandbox; containerd not answering about the task is an error.
 func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels map[string]string) (Sandbox, error) {
+	sb := r.sandboxOf(c.ID(), labels)
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		if errdefs.IsNotFound(err) {
+			return sb, nil
+		}
+		return Sandbox{}, fmt.Errorf("load task %s: %w", c.ID(), err)
+	}
+	sb.TaskPID = task.Pid()
+	st, err := task.Status(ctx)
+	switch {
+	case err == nil:
+		sb.Running = st.Status == containerd.Running
+	case !errdefs.IsNotFound(err):
+		return Sandbox{}, fmt.Errorf("task status %s: %w", c.ID(), err)
+	}
+	return sb, nil
+}
+
+// sandboxOf builds the Sandbox of container id from its labels, without
+// its task's state.
+func (r *Runtime) sandboxOf(id string, labels map[string]string) Sandbox {
 	sb := Sandbox{
-		ID:         c.ID(),
+		ID:         id,
 		Image:      labels[labelImage],
 		Labels:     make(map[string]string),
-		SocketPath: r.SocketPath(c.ID()),
+		SocketPath: r.SocketPath(id),
 	}
 	for k, v := range labels {
 		if !strings.HasPrefix(k, LabelPrefix) && !strings.HasPrefix(k, ContainerdLabelPrefix) {
@@ -880,22 +922,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	}
 	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
 	sb.decodeLabels(labels)
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return sb, nil
-		}
-		return Sandbox{}, fmt.Errorf("load task %s: %w", c.ID(), err)
-	}
-	sb.TaskPID = task.Pid()
-	st, err := task.Status(ctx)
-	switch {
-	case err == nil:
-		sb.Running = st.Status == containerd.Running
-	case !errdefs.IsNotFound(err):
-		return Sandbox{}, fmt.Errorf("task status %s: %w", c.ID(), err)
-	}
-	return sb, nil
+	return sb
 }
 
 // Delete kills the sandbox's task and removes the task, the container, its
