@@ -1055,49 +1055,90 @@ func TestAttackTwoLayerImage(t *testing.T) {
 	}
 }
 
+// TestImageFileOutsideIDRange: an image holding a file owned by an id a
+// sandbox's user namespace cannot map (70000 >= 65536). A chowned copy
+// cannot place it: the create fails FAILED_PRECONDITION IMAGE_UNUSABLE
+// naming the image and the file (it was INTERNAL). An idmapped root shows
+// it as the overflow id and the create succeeds.
+func TestImageFileOutsideIDRange(t *testing.T) {
+	for _, mapping := range []string{runtime.RootFSChowned, ""} {
+		t.Run("mapping="+mapping, func(t *testing.T) {
+			e := attackEnv(t, "bigid-"+fmt.Sprint(len(mapping)), env.snapshotter, mapping)
+			const ref = "test.berth.dev/big-uid:1"
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			archive := imageWithLayers(t, ref, []*tar.Header{
+				{Name: "opt/", Typeflag: tar.TypeDir, Mode: 0o755},
+				{Name: "opt/big-uid", Typeflag: tar.TypeReg, Mode: 0o644, Uid: 70000, Gid: 70000},
+			})
+			if _, err := e.rt.ImportImage(ctx, bytes.NewReader(archive), ""); err != nil {
+				t.Fatalf("import: %v", err)
+			}
+			resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "bigid", Image: ref})
+			if mapping == runtime.RootFSChowned {
+				wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonImageUnusable, "", ref, "/opt/big-uid is owned by 70000:70000")
+				return
+			}
+			if err != nil {
+				t.Fatalf("create with an idmapped root: %v", err)
+			}
+			defer e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: "bigid"})
+			if got := resp.GetSandbox().GetRootIdMapping(); got != berthv1.RootIDMapping_ROOT_ID_MAPPING_IDMAPPED {
+				t.Fatalf("root_id_mapping %v", got)
+			}
+			if out, _, code := attackRun(t, e, "bigid", "stat -c %u /opt/big-uid"); code != 0 || strings.TrimSpace(out) != "65534" {
+				t.Errorf("the unmappable file inside: %q exit %d, want the overflow id 65534", out, code)
+			}
+		})
+	}
+}
+
 // fifoGroupImage is the base image with /etc/group replaced by a FIFO.
 func fifoGroupImage(t *testing.T, ref string) []byte {
+	t.Helper()
+	return imageWithLayers(t, ref, []*tar.Header{
+		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "etc/.wh.group", Typeflag: tar.TypeReg, Mode: 0o644},
+	}, []*tar.Header{
+		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "etc/group", Typeflag: tar.TypeFifo, Mode: 0o644},
+	})
+}
+
+// imageWithLayers is the base image with a layer of each list of (empty)
+// entries on top, as an archive named ref.
+func imageWithLayers(t *testing.T, ref string, entries ...[]*tar.Header) []byte {
 	t.Helper()
 	img, err := rootfsimage.FromDir(filepath.Join(filepath.Dir(archivePath()), "rootfs"), rootfsimage.Options{TempDir: env.dir})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer img.Close()
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, h := range []*tar.Header{
-		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
-		{Name: "etc/.wh.group", Typeflag: tar.TypeReg, Mode: 0o644},
-	} {
-		h.ModTime = time.Unix(1700000000, 0)
-		tw.WriteHeader(h)
-	}
-	tw.Close()
-	var buf2 bytes.Buffer
-	tw2 := tar.NewWriter(&buf2)
-	for _, h := range []*tar.Header{
-		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
-		{Name: "etc/group", Typeflag: tar.TypeFifo, Mode: 0o644},
-	} {
-		h.ModTime = time.Unix(1700000000, 0)
-		tw2.WriteHeader(h)
-	}
-	tw2.Close()
 	var layers []v1.Layer
-	for _, b := range [][]byte{buf.Bytes(), buf2.Bytes()} {
+	for _, hs := range entries {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range hs {
+			h.ModTime = time.Unix(1700000000, 0)
+			if err := tw.WriteHeader(h); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tw.Close()
+		b := buf.Bytes()
 		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
 		if err != nil {
 			t.Fatal(err)
 		}
 		layers = append(layers, l)
 	}
-	withFifo, err := mutate.AppendLayers(img, layers...)
+	layered, err := mutate.AppendLayers(img, layers...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tag, _ := name.NewTag(ref)
 	var out bytes.Buffer
-	if err := tarball.Write(tag, withFifo, &out); err != nil {
+	if err := tarball.Write(tag, layered, &out); err != nil {
 		t.Fatal(err)
 	}
 	return out.Bytes()

@@ -248,7 +248,7 @@ func chownInto(ctx context.Context, root string, base uint32) error {
 			return nil // chowned by a walk that was cut off
 		}
 		if st.Uid >= IDRangeSize || st.Gid >= IDRangeSize {
-			return fmt.Errorf("%s is owned by %d:%d, outside the sandbox's ids 0-%d", strings.TrimPrefix(path, root), st.Uid, st.Gid, IDRangeSize-1)
+			return fmt.Errorf("%w: %s is owned by %d:%d, outside the sandbox's ids 0-%d", ErrImageUnusable, strings.TrimPrefix(path, root), st.Uid, st.Gid, IDRangeSize-1)
 		}
 		if err := os.Lchown(path, int(base+st.Uid), int(base+st.Gid)); err != nil {
 			return err
