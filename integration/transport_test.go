@@ -1,0 +1,530 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/testcerts"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
+)
+
+// transportRSSBound is the most resident memory berthd may hold during and
+// after the pre-authentication attacks of issue 21 (the red team saw 1.37
+// GB after a metadata flood).
+const transportRSSBound = 200 << 20
+
+// transportServer is a berthd binary serving a unix socket that every uid
+// may reach (mode 0666 in a directory anyone may search) and TLS on TCP
+// with a token for alice.
+type transportServer struct {
+	e       *berthEnv
+	p       *berthdProc
+	tcpAddr string
+	trust   *tls.Config // trusts the server's certificate; no client certificate
+}
+
+func startTransportServer(t *testing.T, name string, flags ...string) *transportServer {
+	t.Helper()
+	e := newBinaryEnv(t, name)
+	sockDir, err := os.MkdirTemp("/tmp", "btr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	if err := os.Chmod(sockDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.sock = filepath.Join(sockDir, "b.sock")
+	dir := t.TempDir()
+	certs, err := testcerts.NewSet(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(auth.TokenHash(aliceToken)+" alice\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := &transportServer{e: e, tcpAddr: fmt.Sprintf("127.0.0.1:%d", freePort(t))}
+	s.p = startBerthd(t, e, append([]string{"--listen", "unix://" + e.sock, "--listen", s.tcpAddr, "--socket-mode", "0666",
+		"--tls-cert", certs.CertFile, "--tls-key", certs.KeyFile, "--token-file", tokens, "--log-level", "INFO"}, flags...)...)
+	if s.trust, err = client.TLSConfigFromFiles(certs.CAFile, "", ""); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// rss returns berthd's resident memory in bytes (VmRSS, proc(5)).
+func (s *transportServer) rss(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("VmRSS %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", s.p.cmd.Process.Pid)
+	return 0
+}
+
+// served checks that a well-behaved caller is served on both listeners:
+// root on the unix socket, alice by token over TLS.
+func (s *transportServer) served(t *testing.T, when string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		name string
+		addr string
+		opts []client.Option
+	}{
+		{"unix socket", "unix://" + s.e.sock, nil},
+		{"TLS", s.tcpAddr, []client.Option{client.WithTLS(s.trust), client.WithToken(aliceToken)}},
+	} {
+		start := time.Now()
+		cl, err := client.Dial(ctx, c.addr, c.opts...)
+		if err != nil {
+			t.Errorf("%s: dial %s: %v", when, c.name, err)
+			continue
+		}
+		_, err = cl.ListImages(ctx)
+		cl.Close()
+		if err != nil {
+			t.Errorf("%s: ListImages on the %s = %v, want served", when, c.name, err)
+		} else {
+			t.Logf("%s: ListImages on the %s served in %v", when, c.name, time.Since(start).Round(time.Millisecond))
+		}
+	}
+}
+
+// rawDial opens a connection that speaks HTTP/2 itself: to the unix
+// socket, or TLS (ALPN h2) to addr from the local address from (nil: any).
+func (s *transportServer) rawDial(unixSock bool, from net.Addr) (net.Conn, error) {
+	d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: from}
+	if unixSock {
+		return d.Dial("unix", s.e.sock)
+	}
+	cfg := s.trust.Clone()
+	cfg.NextProtos = []string{"h2"}
+	cfg.ServerName = "localhost"
+	c, err := tls.DialWithDialer(&d, "tcp", s.tcpAddr, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// writeHeaders writes the client preface, a SETTINGS frame and, on stream
+// 1, a ListImages request whose header block carries extra; with partial it
+// writes only the first half of the HEADERS frame and never the rest.
+func writeHeaders(c net.Conn, extra []hpack.HeaderField, partial bool) error {
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	enc.SetMaxDynamicTableSizeLimit(0)
+	for _, f := range append([]hpack.HeaderField{
+		{Name: ":method", Value: "POST"}, {Name: ":scheme", Value: "http"}, {Name: ":authority", Value: "localhost"},
+		{Name: ":path", Value: "/" + berthv1.ImageService_ServiceDesc.ServiceName + "/ListImages"},
+		{Name: "content-type", Value: "application/grpc"}, {Name: "te", Value: "trailers"},
+	}, extra...) {
+		if err := enc.WriteField(f); err != nil {
+			return err
+		}
+	}
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	fr := http2.NewFramer(&out, nil)
+	if err := fr.WriteSettings(); err != nil {
+		return err
+	}
+	if partial {
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block.Bytes(), EndHeaders: true}); err != nil {
+			return err
+		}
+		_, err := c.Write(out.Bytes()[:out.Len()-block.Len()/2])
+		return err
+	}
+	const chunk = 16 << 10 // the smallest SETTINGS_MAX_FRAME_SIZE
+	frag := block.Bytes()
+	first := frag[:min(chunk, len(frag))]
+	frag = frag[len(first):]
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: first, EndHeaders: len(frag) == 0}); err != nil {
+		return err
+	}
+	if _, err := c.Write(out.Bytes()); err != nil {
+		return err
+	}
+	for len(frag) > 0 {
+		out.Reset()
+		n := min(chunk, len(frag))
+		if err := fr.WriteContinuation(1, n == len(frag), frag[:n]); err != nil {
+			return err
+		}
+		frag = frag[n:]
+		if _, err := c.Write(out.Bytes()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// answer reads the server's frames after writeHeaders until the stream's
+// trailers (the request was served: its grpc-status), a RST_STREAM or
+// GOAWAY, or the end of the connection (refused: "").
+func answer(c net.Conn) (grpcStatus string, refused string) {
+	fr := http2.NewFramer(io.Discard, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	for {
+		f, err := fr.ReadFrame()
+		if isTimeout(err) {
+			return "", "timeout: " + err.Error()
+		}
+		if err != nil {
+			return "", "connection ended: " + err.Error()
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			if v := f.PseudoValue("status"); v != "" && v != "200" {
+				return "", "HTTP status " + v
+			}
+			for _, h := range f.RegularFields() {
+				if h.Name == "grpc-status" {
+					return h.Value, ""
+				}
+			}
+		case *http2.RSTStreamFrame:
+			return "", "RST_STREAM " + f.ErrCode.String()
+		case *http2.GoAwayFrame:
+			return "", "GOAWAY " + f.ErrCode.String()
+		}
+	}
+}
+
+// TestMetadataFlood is issue 21's metadata flood: 60 requests that each
+// carry one 8 MB metadata value, on the unix socket (as root, a principal)
+// and over TLS without credentials, written frame by frame so that no
+// client-side check stops them. berthd must refuse each one before serving
+// it, stay under transportRSSBound, and serve a normal caller right after.
+// A gRPC client sending the same gets an error, not a hang.
+func TestMetadataFlood(t *testing.T) {
+	need(t)
+	s := startTransportServer(t, "flood")
+	before := s.rss(t)
+	value := strings.Repeat("x", 8<<20)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		answered []string
+		refusals = map[string]int{}
+	)
+	sem := make(chan struct{}, 10)
+	for i := range 60 {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			unixSock := i%2 == 0
+			c, err := s.rawDial(unixSock, nil)
+			if err != nil {
+				t.Errorf("dial for request %d: %v", i, err)
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			var code, why string
+			if err := writeHeaders(c, []hpack.HeaderField{{Name: "x-flood", Value: value}}, false); err != nil {
+				why = "write failed: " + err.Error()
+				if isTimeout(err) {
+					why = "timeout: " + why
+				}
+			} else {
+				code, why = answer(c)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if why != "" {
+				// A write or read cut by the server is a refusal; the
+				// deadline is a hang.
+				key := why
+				if len(key) > 60 {
+					key = key[:60]
+				}
+				refusals[key]++
+				return
+			}
+			answered = append(answered, fmt.Sprintf("request %d (unix %v): grpc-status %s", i, unixSock, code))
+		}()
+	}
+	wg.Wait()
+	t.Logf("refusals: %v", refusals)
+	for _, a := range answered {
+		t.Errorf("8 MB metadata value answered: %s, want refused before it is served", a)
+	}
+	for k := range refusals {
+		if strings.Contains(k, "timeout") {
+			t.Errorf("a flood request hung until the client's deadline (%d): %s", refusals[k], k)
+		}
+	}
+
+	// The same through a gRPC client: an error (whichever side refuses
+	// it), never a hang and never an answer of the handler or of auth.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		name string
+		addr string
+		cred grpc.DialOption
+	}{
+		{"unix socket", "unix://" + s.e.sock, grpc.WithTransportCredentials(insecure.NewCredentials())},
+		{"TLS", s.tcpAddr, grpc.WithTransportCredentials(credentials.NewTLS(s.trust))},
+	} {
+		conn, err := grpc.NewClient(c.addr, c.cred)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = berthv1.NewImageServiceClient(conn).ListImages(metadata.AppendToOutgoingContext(ctx, "x-flood", value), &berthv1.ListImagesRequest{})
+		conn.Close()
+		switch status.Code(err) {
+		case codes.OK, codes.Unauthenticated, codes.DeadlineExceeded:
+			t.Errorf("gRPC ListImages with an 8 MB metadata value on the %s = %v, want refused at once", c.name, err)
+		default:
+			t.Logf("gRPC ListImages with an 8 MB metadata value on the %s: %v", c.name, err)
+		}
+	}
+
+	after := s.rss(t)
+	t.Logf("berthd RSS: %d MiB before the flood, %d MiB after (bound %d MiB)", before>>20, after>>20, transportRSSBound>>20)
+	if after > transportRSSBound {
+		t.Errorf("berthd RSS after the flood = %d MiB, want under %d MiB", after>>20, transportRSSBound>>20)
+	}
+	s.served(t, "after the flood")
+}
+
+// halfConn is a connection of halfOpen and when berthd closed it.
+type halfConn struct {
+	net.Conn
+	opened time.Time
+	done   chan struct{} // closed when a read ends: berthd closed it
+	closed time.Time     // set before done is closed
+}
+
+// halfOpen opens n connections that send the HTTP/2 preface, SETTINGS and
+// half a HEADERS frame, then hold, reading what berthd sends until it
+// closes them.
+func (s *transportServer) halfOpen(t *testing.T, n int, unixSock bool, from net.Addr) []*halfConn {
+	t.Helper()
+	var (
+		mu    sync.Mutex
+		conns []*halfConn
+		fails atomic.Int64
+		wg    sync.WaitGroup
+	)
+	sem := make(chan struct{}, 64)
+	for range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c, err := s.rawDial(unixSock, from)
+			if err != nil {
+				fails.Add(1)
+				return
+			}
+			h := &halfConn{Conn: c, opened: time.Now(), done: make(chan struct{})}
+			if err := writeHeaders(c, nil, true); err != nil {
+				h.closed = time.Now()
+				close(h.done)
+			} else {
+				go func() {
+					io.Copy(io.Discard, c)
+					h.closed = time.Now()
+					close(h.done)
+				}()
+			}
+			mu.Lock()
+			conns = append(conns, h)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, h := range conns {
+			h.Close()
+		}
+	})
+	t.Logf("%d half-open connections (unix socket %v): %d failed to open (refused in the handshake)", n, unixSock, fails.Load())
+	return conns
+}
+
+// stillOpen counts the connections berthd has not closed.
+func stillOpen(conns []*halfConn) int {
+	n := 0
+	for _, h := range conns {
+		select {
+		case <-h.done:
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+// TestHalfOpenConnections is issue 21's half-open flood: 3,000 connections
+// on the unix socket (by another uid) and 3,000 over TLS (from another
+// address) that send the HTTP/2 preface, SETTINGS and half a HEADERS frame,
+// then hold. While they are held a normal caller connects and is served;
+// berthd stays under transportRSSBound and closes every connection within
+// its idle limit (--max-connection-idle 20s here) and the 5 s GOAWAY grace
+// of grpc-go that follows.
+func TestHalfOpenConnections(t *testing.T) {
+	need(t)
+	const idle = 20 * time.Second
+	s := startTransportServer(t, "halfopen", "--max-connection-idle", idle.String())
+	before := s.rss(t)
+
+	// The unix socket's attacker is nobody: seteuid(2) around the dials
+	// (Go applies it to every thread), so that SO_PEERCRED names 65534.
+	if err := syscall.Setegid(65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Seteuid(65534); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	unixConns := s.halfOpen(t, 3000, true, nil)
+	if err := syscall.Seteuid(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Setegid(0); err != nil {
+		t.Fatal(err)
+	}
+	tcpConns := s.halfOpen(t, 3000, false, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)})
+	opened := time.Since(start)
+	conns := append(unixConns, tcpConns...)
+	t.Logf("opening took %v; berthd holds %d (unix socket %d, TLS %d)", opened.Round(time.Millisecond), stillOpen(conns), stillOpen(unixConns), stillOpen(tcpConns))
+
+	s.served(t, "while half-open connections are held")
+	during := s.rss(t)
+	t.Logf("berthd RSS: %d MiB before, %d MiB holding %d half-open connections (bound %d MiB)", before>>20, during>>20, stillOpen(conns), transportRSSBound>>20)
+	if during > transportRSSBound {
+		t.Errorf("berthd RSS holding half-open connections = %d MiB, want under %d MiB", during>>20, transportRSSBound>>20)
+	}
+
+	// Every connection ends within the idle limit after it opened, plus
+	// the 5 s grace of grpc-go's GOAWAY, plus slack for a loaded host.
+	deadline := time.After(time.Until(start.Add(opened + idle + 5*time.Second + 15*time.Second)))
+	for _, h := range conns {
+		select {
+		case <-h.done:
+		case <-deadline:
+		}
+	}
+	var atOnce, held int
+	var longest time.Duration
+	for _, h := range conns {
+		select {
+		case <-h.done:
+		default:
+			continue
+		}
+		d := h.closed.Sub(h.opened)
+		if d < idle/2 {
+			atOnce++
+		} else {
+			held++
+		}
+		longest = max(longest, d)
+	}
+	t.Logf("of %d connections berthd closed %d at once (past a connection cap) and %d after holding them, the longest for %v; %d still open",
+		len(conns), atOnce, held, longest.Round(time.Millisecond), stillOpen(conns))
+	if n := stillOpen(conns); n > 0 {
+		t.Errorf("%d half-open connections still open %v after the first opened, want all closed within --max-connection-idle %v and the GOAWAY grace", n, time.Since(start).Round(time.Second), idle)
+	}
+	if longest > idle+5*time.Second+10*time.Second {
+		t.Errorf("berthd held a half-open connection for %v, want at most --max-connection-idle %v + 5 s (+10 s slack)", longest, idle)
+	}
+	if after := s.rss(t); after > transportRSSBound {
+		t.Errorf("berthd RSS after the half-open connections = %d MiB, want under %d MiB", after>>20, transportRSSBound>>20)
+	}
+	s.served(t, "after the half-open connections")
+}
+
+// TestPprofFlag checks that /debug/pprof, which shows berthd's command line
+// (its token file and key paths) and profiles, is served only with --pprof,
+// and that --pprof needs --metrics-listen.
+func TestPprofFlag(t *testing.T) {
+	need(t)
+	get := func(url string) int {
+		t.Helper()
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	off := startBerthd(t, newBinaryEnv(t, "pprofoff"), "--metrics-listen", "127.0.0.1:0")
+	url := metricsURL(t, off)
+	if got := get(url + "/metrics"); got != http.StatusOK {
+		t.Errorf("GET /metrics without --pprof = %d, want 200", got)
+	}
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/cmdline", "/debug/pprof/profile?seconds=1", "/debug/pprof/goroutine?debug=1"} {
+		if got := get(url + path); got != http.StatusNotFound {
+			t.Errorf("GET %s without --pprof = %d, want 404", path, got)
+		}
+	}
+	on := startBerthd(t, newBinaryEnv(t, "pprofon"), "--metrics-listen", "127.0.0.1:0", "--pprof")
+	url = metricsURL(t, on)
+	for _, path := range []string{"/metrics", "/debug/pprof/cmdline", "/debug/pprof/goroutine?debug=1"} {
+		if got := get(url + path); got != http.StatusOK {
+			t.Errorf("GET %s with --pprof = %d, want 200", path, got)
+		}
+	}
+
+	out, err := exec.Command(berthdBinary(t), "--pprof").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "--metrics-listen") {
+		t.Errorf("berthd --pprof without --metrics-listen = %v, %q; want exit 2 naming --metrics-listen", err, out)
+	}
+}
+
+// isTimeout reports whether err is a deadline that passed.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
