@@ -14,6 +14,7 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/cluster"
+	"github.com/berth-sandbox/berth/server/connlimit"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -28,10 +29,70 @@ import (
 type GRPCOption func(*grpcConfig)
 
 type grpcConfig struct {
-	auth   *auth.Authenticator
-	router *cluster.Router
-	nodes  berthv1.NodeServiceServer
-	extra  []grpc.ServerOption
+	auth      *auth.Authenticator
+	router    *cluster.Router
+	nodes     berthv1.NodeServiceServer
+	extra     []grpc.ServerOption
+	transport TransportConfig
+}
+
+// TransportConfig bounds what a caller can make berthd hold on its HTTP/2
+// transport before it is authenticated (issue 21: one caller's 8 MB
+// metadata values took berthd to 1.37 GB; half-open connections were held
+// forever). Zero fields take the defaults named.
+type TransportConfig struct {
+	// MaxHeaderListBytes is the largest header list (metadata, uncompressed,
+	// as HTTP/2 counts it: name + value + 32 a field) of a request.
+	// berthd announces it in its SETTINGS; a caller that sends more gets
+	// its stream reset or, for a header block far past it, its connection
+	// closed, without berthd buffering it. Default 16 KiB: twice the 8 KiB
+	// that gRPC's C core and Java (and grpc-go from v1.82 on) accept by
+	// default, so that no caller working against them is refused, and a
+	// thousandth of grpc-go's old 16 MiB.
+	MaxHeaderListBytes uint32
+	// MaxConcurrentStreams is the most streams (calls) one connection has
+	// open at once; a gRPC client queues its calls past it. Default 1024.
+	MaxConcurrentStreams uint32
+	// HandshakeTimeout bounds a new connection's TLS handshake and its
+	// HTTP/2 preface and first SETTINGS (grpc.ConnectionTimeout). Default
+	// 10 s.
+	HandshakeTimeout time.Duration
+	// MaxConnectionIdle closes, with a GOAWAY and 5 s of grace, a
+	// connection that has had no call open for this long
+	// (keepalive.MaxConnectionIdle); that includes one that sent half a
+	// request's headers and no more. gRPC clients reconnect when they next
+	// call. Default 2 min.
+	MaxConnectionIdle time.Duration
+}
+
+// Default TransportConfig values.
+const (
+	DefaultMaxHeaderListBytes   = 16 << 10
+	DefaultMaxConcurrentStreams = 1024
+	DefaultHandshakeTimeout     = 10 * time.Second
+	DefaultMaxConnectionIdle    = 2 * time.Minute
+)
+
+func (c TransportConfig) withDefaults() TransportConfig {
+	if c.MaxHeaderListBytes == 0 {
+		c.MaxHeaderListBytes = DefaultMaxHeaderListBytes
+	}
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if c.HandshakeTimeout == 0 {
+		c.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if c.MaxConnectionIdle == 0 {
+		c.MaxConnectionIdle = DefaultMaxConnectionIdle
+	}
+	return c
+}
+
+// WithTransport sets the transport's bounds (without it: the defaults of
+// TransportConfig).
+func WithTransport(c TransportConfig) GRPCOption {
+	return func(g *grpcConfig) { g.transport = c }
 }
 
 // WithServerOptions adds gRPC server options before berthd's own, so that
@@ -61,7 +122,8 @@ func WithAuthenticator(a *auth.Authenticator) GRPCOption {
 
 // NewGRPCServer returns a gRPC server serving svc as SandboxService,
 // ImageService and FileService, with grpc.health.v1 (reporting SERVING),
-// server reflection, keepalive, request logging to log (with the caller's
+// server reflection, keepalive, the transport's bounds (TransportConfig),
+// request logging to log (with the caller's
 // principal) and panic recovery (a panic becomes INTERNAL and is logged,
 // never a crash). Every request but health checks is authenticated (see
 // package auth); handlers see the caller's auth.Principal and no incoming
@@ -133,13 +195,19 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	if svc != nil {
 		stream = append(stream, svc.activityStream())
 	}
+	tc := cfg.transport.withDefaults()
 	srv := grpc.NewServer(append(append(cfg.extra, wire.ServerOptions()...),
 		grpc.Creds(cfg.auth.TransportCredentials()),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
+		grpc.MaxHeaderListSize(tc.MaxHeaderListBytes),
+		grpc.MaxConcurrentStreams(tc.MaxConcurrentStreams),
+		grpc.ConnectionTimeout(tc.HandshakeTimeout),
 		// Keepalive pings find dead callers of long silent execs; callers may
-		// ping every 10 s or more, also without an active stream.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// ping every 10 s or more, also without an active stream (a caller
+		// pinging faster gets a GOAWAY, too_many_pings). A connection with
+		// no call open for MaxConnectionIdle is closed.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second, MaxConnectionIdle: tc.MaxConnectionIdle}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 	)...)
 	if svc != nil {
@@ -206,6 +274,15 @@ type ListenOption func(*listenConfig)
 type listenConfig struct {
 	mode os.FileMode
 	gid  int
+	lim  *connlimit.Limiter
+}
+
+// WithConnectionLimits counts the listener's connections in lim, with
+// those of every other listener given it: past its total cap Accept waits
+// for a connection to close, past its per-peer cap (a TCP caller's IP
+// address, a unix socket caller's uid) a new connection is closed at once.
+func WithConnectionLimits(lim *connlimit.Limiter) ListenOption {
+	return func(c *listenConfig) { c.lim = lim }
 }
 
 // WithSocketMode sets the unix socket's permission bits (default 0600: root
@@ -237,7 +314,7 @@ func Listen(addr string, opts ...ListenOption) (net.Listener, error) {
 		if err != nil {
 			return nil, fmt.Errorf("listen on %s: %w", addr, err)
 		}
-		return l, nil
+		return cfg.limit(l), nil
 	}
 	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
@@ -256,7 +333,14 @@ func Listen(addr string, opts ...ListenOption) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("restrict socket %s: %w", path, err)
 	}
-	return l, nil
+	return cfg.limit(l), nil
+}
+
+func (c listenConfig) limit(l net.Listener) net.Listener {
+	if c.lim == nil {
+		return l
+	}
+	return c.lim.Listener(l)
 }
 
 // UnixPath returns the socket path of a "unix:///path" or "unix:/path"
