@@ -90,7 +90,7 @@ func TestMetrics(t *testing.T) {
 	need(t)
 	rt, ns, stateDir := newNamespaceRuntime(t, "metrics")
 	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: env.dir + "/metrics.sock"}
-	p := startBerthd(t, e, "--metrics-listen", "127.0.0.1:0", "--warm-pool", baseImage+"=1")
+	p := startBerthd(t, e, "--metrics-listen", "127.0.0.1:0", "--pprof", "--warm-pool", baseImage+"=1")
 	e.importBase(t)
 	url := metricsURL(t, p)
 

@@ -43,7 +43,9 @@ func main() {
 		version    bool
 		readyLimit time.Duration
 		metricsAt  string
+		pprofOn    bool
 		otlpAt     string
+		transport  transportFlags
 	)
 	flag.StringVar(&rtCfg.Address, "containerd-address", "/run/containerd/containerd.sock", "containerd socket path")
 	flag.StringVar(&rtCfg.Namespace, "namespace", "berth", "containerd namespace for berth's containers and images")
@@ -147,7 +149,9 @@ func main() {
 	flag.Uint64Var(&svcCfg.RunBufferBytes, "run-buffer-bytes", 1<<30, "memory berthd may hold for the output of all Runs in progress, in `bytes`; beyond it a Run fails with FLEET_BUSY")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
 	flag.StringVar(&otlpAt, "otlp-endpoint", "", "export OpenTelemetry traces of berthd and its agents over OTLP/gRPC to this URL (http://host:4317 plaintext, https://... TLS); empty: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
-	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics and /debug/pprof/ over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
+	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics (and with --pprof /debug/pprof/) over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
+	flag.BoolVar(&pprofOn, "pprof", false, "also serve Go's profiles under /debug/pprof/ on --metrics-listen, without credentials: whoever reaches it sees berthd's command line (its token file and TLS key paths), stacks, heap and CPU profiles")
+	transport.register()
 	fleetFlags.register()
 	var netCfg network.Config
 	var netSubnet, netDir string
@@ -186,6 +190,14 @@ func main() {
 	flag.Visit(func(f *flag.Flag) { diskDefaultSet = diskDefaultSet || f.Name == "default-disk-bytes" })
 	if err := checkLimits(svcCfg); err != nil {
 		fmt.Fprintln(os.Stderr, "berthd:", err)
+		os.Exit(2)
+	}
+	if err := transport.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "berthd:", err)
+		os.Exit(2)
+	}
+	if pprofOn && metricsAt == "" {
+		fmt.Fprintln(os.Stderr, "berthd: --pprof serves on --metrics-listen, which is not set")
 		os.Exit(2)
 	}
 	if svcCfg.TaskRestartLimit == 0 {
@@ -254,10 +266,11 @@ func main() {
 			tracer.Shutdown(ctx)
 		}()
 	}
+	transport.checkFiles(log, len(listens))
 	if fleetFlags.gateway {
-		err = runGateway(log, &fleetFlags, rtCfg.StateDir, svcCfg.ConnectBudget, svcCfg.BusyRetryDelay, listens, authn, socket)
+		err = runGateway(log, &fleetFlags, rtCfg.StateDir, svcCfg.ConnectBudget, svcCfg.BusyRetryDelay, listens, authn, socket, transport)
 	} else {
-		err = run(log, rtCfg, svcCfg, &fleetFlags, listens, metricsAt, authn, socket, diskDefaultSet)
+		err = run(log, rtCfg, svcCfg, &fleetFlags, listens, metricsAt, pprofOn, authn, socket, transport, diskDefaultSet)
 	}
 	if err != nil {
 		log.Error("berthd failed", slog.Any("error", err))
@@ -277,7 +290,7 @@ func main() {
 // configured default or maximum makes berthd refuse to start (the operator
 // asked for a limit it cannot keep); with neither, it starts and warns that
 // the disk of sandboxes is unlimited, and requests naming a quota are refused.
-func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clusterFlags, listens []string, metricsAt string, authn *auth.Authenticator, socket socketFlags, diskDefaultSet bool) error {
+func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clusterFlags, listens []string, metricsAt string, pprofOn bool, authn *auth.Authenticator, socket socketFlags, transport transportFlags, diskDefaultSet bool) error {
 	ctx, stop := signals(log, authn)
 	defer stop()
 
@@ -328,7 +341,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 	if err := svc.Start(ctx); err != nil {
 		return err
 	}
-	opts := []server.GRPCOption{server.WithAuthenticator(authn)}
+	opts := []server.GRPCOption{server.WithAuthenticator(authn), server.WithTransport(transport.cfg)}
 	if member != nil {
 		if err := member.Start(ctx, svc.ClusterLocal()); err != nil {
 			return err
@@ -346,20 +359,20 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 	if m != nil {
 		m.SetSource(svc)
 		m.InitializeGRPC(srv)
-		stopMetrics, err := serveMetrics(metricsAt, m.Handler(), log)
+		stopMetrics, err := serveMetrics(metricsAt, m.Handler(pprofOn), log)
 		if err != nil {
 			return err
 		}
 		defer stopMetrics()
 	}
-	return serve(ctx, log, srv, listens, socket, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
+	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
 		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes),
 		slog.String("node_id", svcCfg.NodeID))
 }
 
 // runGateway serves a fleet's API without containerd: every call goes to
 // the node that holds its sandbox.
-func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudget, busyRetryDelay time.Duration, listens []string, authn *auth.Authenticator, socket socketFlags) error {
+func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudget, busyRetryDelay time.Duration, listens []string, authn *auth.Authenticator, socket socketFlags, transport transportFlags) error {
 	ctx, stop := signals(log, authn)
 	defer stop()
 	fl, err := cf.open(ctx, log, stateDir, connectBudget)
@@ -368,8 +381,8 @@ func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudg
 	}
 	defer fl.Close()
 	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, Log: log})
-	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes))
-	return serve(ctx, log, srv, listens, socket, slog.String("version", server.Version), slog.Bool("gateway", true))
+	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes), server.WithTransport(transport.cfg))
+	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), slog.String("version", server.Version), slog.Bool("gateway", true))
 }
 
 // signals returns a context that ends at SIGTERM or SIGINT, and re-reads
@@ -404,10 +417,10 @@ func signals(log *slog.Logger, authn *auth.Authenticator) (context.Context, func
 // serve serves srv on every listen address until ctx ends, then stops
 // gracefully (at most 10 s: exec streams can be long; sandboxes and execs
 // live on).
-func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []string, socket socketFlags, attrs ...any) error {
+func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []string, listenOpts []server.ListenOption, attrs ...any) error {
 	served := make(chan error, len(listens))
 	for _, addr := range listens {
-		lis, err := server.Listen(addr, socket.options()...)
+		lis, err := server.Listen(addr, listenOpts...)
 		if err != nil {
 			srv.Stop()
 			return err

@@ -1,8 +1,8 @@
 // Package metrics is berthd's Prometheus instrumentation: the gRPC server's
 // per-RPC metrics (go-grpc-middleware's prometheus provider), berth's own
 // counters and histograms, gauges read from the service when scraped, and
-// the HTTP handler that serves them beside pprof on a listener of their own
-// (berthd --metrics-listen).
+// the HTTP handler that serves them, and pprof when asked, on a listener of
+// their own (berthd --metrics-listen, --pprof).
 //
 // Handlers report through the methods of *Metrics (server.Observer is the
 // interface they see); a nil *Metrics records nothing, so that a berthd
@@ -184,11 +184,18 @@ func (m *Metrics) InitializeGRPC(srv *grpc.Server) {
 	}
 }
 
-// Handler serves /metrics (Prometheus text or OpenMetrics) and Go's
-// profiles under /debug/pprof/ (net/http/pprof).
-func (m *Metrics) Handler() http.Handler {
+// Handler serves /metrics (Prometheus text or OpenMetrics) and, with
+// profiles, Go's profiles under /debug/pprof/ (net/http/pprof); without,
+// /debug/pprof/ is 404. The profiles need no credentials and show the
+// process's command line (/debug/pprof/cmdline: file paths of its token
+// file and TLS key), its stacks and heap: whoever reaches the listener
+// sees them.
+func (m *Metrics) Handler(profiles bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{EnableOpenMetrics: true, Timeout: 10 * time.Second}))
+	if !profiles {
+		return mux
+	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/connlimit"
+)
+
+// transportFlags are the bounds of what a caller can make berthd hold
+// before it is authenticated (issue 21): header size, streams, handshake
+// and idle time, connections in all and per peer.
+type transportFlags struct {
+	cfg         server.TransportConfig
+	headerBytes uint
+	streams     uint
+	maxConns    int
+	maxPerPeer  int
+}
+
+// Defaults of --max-connections and --max-connections-per-peer. A held
+// connection costs berthd about 30 KiB and one descriptor (measured:
+// TestHalfOpenConnections), so 4096 is some 120 MiB and leaves the
+// descriptors of a soft RLIMIT_NOFILE of 8192 or more to sandboxes; 256
+// for one peer is far more than a gRPC client, which multiplexes its calls
+// on one connection, opens.
+const (
+	defaultMaxConnections        = 4096
+	defaultMaxConnectionsPerPeer = 256
+)
+
+func (f *transportFlags) register() {
+	flag.UintVar(&f.headerBytes, "max-header-list-bytes", server.DefaultMaxHeaderListBytes, "largest header list (gRPC metadata, uncompressed) of a request, in `bytes`; larger requests are refused before they are read whole or authenticated")
+	flag.UintVar(&f.streams, "max-concurrent-streams", server.DefaultMaxConcurrentStreams, "most calls one connection has open at once; a gRPC client queues calls past it")
+	flag.DurationVar(&f.cfg.HandshakeTimeout, "handshake-timeout", server.DefaultHandshakeTimeout, "longest a new connection may take for its TLS handshake and HTTP/2 preface")
+	flag.DurationVar(&f.cfg.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call open this long (one that sent half a request too) gets a GOAWAY and is closed 5 s later; clients reconnect when they next call")
+	flag.IntVar(&f.maxConns, "max-connections", defaultMaxConnections, "most connections open at once over all --listen addresses; past it new connections wait in the kernel's backlog; 0: no cap")
+	flag.IntVar(&f.maxPerPeer, "max-connections-per-peer", defaultMaxConnectionsPerPeer, "most connections one peer (TCP: an IP address, an IPv6 /64; unix socket: a uid) has open at once; past it a new one is closed at once; 0: no cap")
+}
+
+// check rejects values with no meaning and fills cfg.
+func (f *transportFlags) check() error {
+	if f.headerBytes < 1024 || f.headerBytes > 16<<20 {
+		return fmt.Errorf("--max-header-list-bytes %d: must be from 1024 to 16777216", f.headerBytes)
+	}
+	if f.streams == 0 || f.streams > 1<<20 {
+		return fmt.Errorf("--max-concurrent-streams %d: must be from 1 to 1048576", f.streams)
+	}
+	for name, d := range map[string]time.Duration{"--handshake-timeout": f.cfg.HandshakeTimeout, "--max-connection-idle": f.cfg.MaxConnectionIdle} {
+		if d <= 0 {
+			return fmt.Errorf("%s %v: must be positive", name, d)
+		}
+	}
+	for name, n := range map[string]int{"--max-connections": f.maxConns, "--max-connections-per-peer": f.maxPerPeer} {
+		if n < 0 {
+			return fmt.Errorf("%s %d: must be 0 (no cap) or more", name, n)
+		}
+	}
+	f.cfg.MaxHeaderListBytes, f.cfg.MaxConcurrentStreams = uint32(f.headerBytes), uint32(f.streams)
+	return nil
+}
+
+// filesHeadroom is the descriptors berthd keeps for other than callers'
+// connections: containerd, sandboxes' agents and logs, files in transit.
+const filesHeadroom = 1024
+
+// checkFiles warns when RLIMIT_NOFILE (whose soft limit the Go runtime
+// raised to the hard one at start) cannot hold --max-connections and
+// filesHeadroom: past it accept fails with EMFILE, for callers and
+// sandboxes alike.
+func (f *transportFlags) checkFiles(log *slog.Logger, listens int) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		log.Warn("cannot read RLIMIT_NOFILE", slog.Any("error", err))
+		return
+	}
+	if f.maxConns == 0 || uint64(f.maxConns)+filesHeadroom > rl.Cur {
+		log.Warn("RLIMIT_NOFILE is too low for --max-connections: callers can exhaust berthd's descriptors; raise LimitNOFILE or lower --max-connections",
+			slog.Uint64("rlimit_nofile", rl.Cur), slog.Int("max_connections", f.maxConns), slog.Int("headroom", filesHeadroom))
+	}
+}
+
+// listenOptions returns the options of every listener: the socket flags
+// and one connection limiter shared by all, which logs refused
+// connections at most every 10 s.
+func (f *transportFlags) listenOptions(log *slog.Logger, socket socketFlags) []server.ListenOption {
+	var (
+		mu      sync.Mutex
+		last    time.Time
+		refused int
+	)
+	lim := connlimit.New(connlimit.Limits{Total: f.maxConns, PerPeer: f.maxPerPeer, OnRefuse: func(peer string) {
+		mu.Lock()
+		defer mu.Unlock()
+		refused++
+		if time.Since(last) < 10*time.Second {
+			return
+		}
+		log.Warn("connections refused past --max-connections-per-peer", slog.String("peer", peer), slog.Int("refused", refused), slog.Int("max_connections_per_peer", f.maxPerPeer))
+		last, refused = time.Now(), 0
+	}})
+	return append(socket.options(), server.WithConnectionLimits(lim))
+}
