@@ -471,7 +471,9 @@ func TestHalfOpenConnections(t *testing.T) {
 	if longest > idle+5*time.Second+10*time.Second {
 		t.Errorf("berthd held a half-open connection for %v, want at most --max-connection-idle %v + 5 s (+10 s slack)", longest, idle)
 	}
-	if after := s.rss(t); after > transportRSSBound {
+	after := s.rss(t)
+	t.Logf("berthd RSS after the half-open connections: %d MiB", after>>20)
+	if after > transportRSSBound {
 		t.Errorf("berthd RSS after the half-open connections = %d MiB, want under %d MiB", after>>20, transportRSSBound>>20)
 	}
 	s.served(t, "after the half-open connections")

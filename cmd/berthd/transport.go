@@ -25,13 +25,14 @@ type transportFlags struct {
 }
 
 // Defaults of --max-connections and --max-connections-per-peer. A held
-// connection costs berthd about 30 KiB and one descriptor (measured:
-// TestHalfOpenConnections), so 4096 is some 120 MiB and leaves the
-// descriptors of a soft RLIMIT_NOFILE of 8192 or more to sandboxes; 256
-// for one peer is far more than a gRPC client, which multiplexes its calls
-// on one connection, opens.
+// connection costs berthd about 56 KiB (measured by TestHalfOpenConnections:
+// 3,800 half-open connections, half of them TLS, took its RSS from 32 to
+// 239 MiB) and a descriptor, so 2048 is some 110 MiB and 2048 descriptors
+// of a soft RLIMIT_NOFILE that should be 8192 or more; 256 for one peer is
+// far more than a gRPC client, which multiplexes its calls on one
+// connection, opens, and takes 8 peers to reach the total.
 const (
-	defaultMaxConnections        = 4096
+	defaultMaxConnections        = 2048
 	defaultMaxConnectionsPerPeer = 256
 )
 
