@@ -81,7 +81,10 @@ func (f *transportFlags) checkFiles(log *slog.Logger, listens int) {
 		log.Warn("cannot read RLIMIT_NOFILE", slog.Any("error", err))
 		return
 	}
-	if f.maxConns == 0 || uint64(f.maxConns)+filesHeadroom > rl.Cur {
+	switch {
+	case f.maxConns == 0:
+		log.Warn("--max-connections 0: callers' connections are not capped and can exhaust berthd's descriptors", slog.Uint64("rlimit_nofile", rl.Cur))
+	case uint64(f.maxConns)+filesHeadroom > rl.Cur:
 		log.Warn("RLIMIT_NOFILE is too low for --max-connections: callers can exhaust berthd's descriptors; raise LimitNOFILE or lower --max-connections",
 			slog.Uint64("rlimit_nofile", rl.Cur), slog.Int("max_connections", f.maxConns), slog.Int("headroom", filesHeadroom))
 	}
