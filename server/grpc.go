@@ -123,9 +123,8 @@ func WithAuthenticator(a *auth.Authenticator) GRPCOption {
 // NewGRPCServer returns a gRPC server serving svc as SandboxService,
 // ImageService and FileService, with grpc.health.v1 (reporting SERVING),
 // server reflection, keepalive, the transport's bounds (TransportConfig),
-// request logging to log (with the caller's
-// principal) and panic recovery (a panic becomes INTERNAL and is logged,
-// never a crash). Every request but health checks is authenticated (see
+// request logging to log (with the caller's principal) and panic recovery
+// (a panic becomes INTERNAL and is logged, never a crash). Every request but health checks is authenticated (see
 // package auth); handlers see the caller's auth.Principal and no incoming
 // metadata.
 //
