@@ -119,6 +119,20 @@ func TestWriteFileProtocolMisuse(t *testing.T) {
 	fileErrorShape(t, "more than declared", write(header(&three), chunk("abcde")), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header.size_bytes")
 	fileErrorShape(t, "fewer than declared", write(header(&three), chunk("a")), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header.size_bytes")
 	fileErrorShape(t, "over the cap", write(header(&huge), chunk("a")), codes.FailedPrecondition, rpcstatus.ReasonFileTooLarge, "")
+	// An owner the sandbox's user namespace does not map (it maps 65,536
+	// ids): refused up front, naming the field (it was INTERNAL, from
+	// chown(2)'s EINVAL after the bytes were written).
+	unmapped := uint32(70000)
+	owned := func(uid, gid *uint32) *berthv1.WriteFileRequest {
+		h := header(nil)
+		h.GetHeader().Uid, h.GetHeader().Gid = uid, gid
+		return h
+	}
+	fileErrorShape(t, "unmapped uid", write(owned(&unmapped, nil), chunk("abc")), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header.uid")
+	fileErrorShape(t, "unmapped gid", write(owned(nil, &unmapped), chunk("abc")), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header.gid")
+	if got := workspaceEntries(t, id, "m"); got != "" {
+		t.Errorf("left by the refused writes: %q", got)
+	}
 
 	// A caller that gives up mid-stream.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -94,6 +94,14 @@ func (s *Service) newWrite(h *agentv1.WriteFileHeader) (*write, error) {
 	if path == "/" {
 		return nil, invalid("header.path", `"/" is a directory`)
 	}
+	// An owner the sandbox's user namespace does not map cannot be given
+	// (chown(2) fails EINVAL): refused before any byte moves.
+	if h.Uid != nil && !readIDMap("uid_map").maps(int(h.GetUid())) {
+		return nil, invalid("header.uid", fmt.Sprintf("%d is not mapped in the sandbox's user namespace (/proc/self/uid_map), so no file can be owned by it", h.GetUid()))
+	}
+	if h.Gid != nil && !readIDMap("gid_map").maps(int(h.GetGid())) {
+		return nil, invalid("header.gid", fmt.Sprintf("%d is not mapped in the sandbox's user namespace (/proc/self/gid_map), so no file can be owned by it", h.GetGid()))
+	}
 	w := &write{s: s, path: path, dir: filepath.Dir(path), h: h, mode: defaultFileMode, fd: -1}
 	if h.GetWantSha256() {
 		w.sum = sha256.New()
