@@ -129,18 +129,24 @@ func (m *Member) register(ctx context.Context) error {
 		body, _ := json.Marshal(rec)
 		seen, _ := json.Marshal(seenRecord{Address: m.cfg.Address, FirstSeen: now})
 		nodeKey := m.keys.node(m.cfg.NodeID)
+		// Under pubMu until the lease is stored: a claim by a caller who
+		// saw the new node record waits for it instead of finding no lease.
+		m.pubMu.Lock()
 		resp, err := m.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).
 			Then(clientv3.OpPut(nodeKey, string(body), clientv3.WithLease(g.ID)), clientv3.OpPut(m.keys.seen(m.cfg.NodeID), string(seen))).
 			Commit()
+		if err == nil && resp.Succeeded {
+			m.mu.Lock()
+			m.lease, m.startedAt, m.last = g.ID, now, rec
+			m.mu.Unlock()
+		}
+		m.pubMu.Unlock()
 		if err != nil {
 			m.revoke(g.ID)
 			return fmt.Errorf("cluster: register node %s: %w", m.cfg.NodeID, err)
 		}
 		if resp.Succeeded {
-			m.mu.Lock()
-			m.lease, m.startedAt, m.last = g.ID, now, rec
-			m.mu.Unlock()
 			m.log.Info("cluster: node registered", slog.String("node_id", m.cfg.NodeID), slog.String("address", m.cfg.Address),
 				slog.String("lease", fmt.Sprintf("%x", int64(g.ID))), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
 			return m.reconcile(ctx)
