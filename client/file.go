@@ -7,6 +7,7 @@ import (
 	"io"
 	"unicode/utf8"
 
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -197,8 +198,10 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 // WriteFile stores what r yields at path in the sandbox (by default an
 // atomic replace, owned by the workload user) and returns berthd's answer,
 // which comes once the data is on disk: the bytes written, and their
-// SHA-256 with WithSHA256. When reading r fails the write is abandoned (nothing is stored)
-// and the read error is returned wrapped.
+// SHA-256 with WithSHA256. When reading r fails the write is abandoned
+// (nothing is stored) and the read error is returned wrapped. When ctx
+// ends it returns at once (codes.Canceled or DeadlineExceeded), even while
+// a Read of r blocks; that Read is left to return in the background.
 func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Reader, opts ...FileOption) (*berthv1.WriteFileResponse, error) {
 	cfg := fileOptions(opts)
 	h := &cfg.header
@@ -214,7 +217,7 @@ func (c *Client) WriteFile(ctx context.Context, sandboxID, path string, r io.Rea
 	if err != nil {
 		return nil, convertError(err)
 	}
-	err = sendStream(stream, &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Header{Header: h}}, r, cfg.progress, writeChunk)
+	err = sendStreamCtx(ctx, stream, &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Header{Header: h}}, r, cfg.progress, writeChunk)
 	if err != nil {
 		return nil, fmt.Errorf("write file %s: %w", path, err)
 	}
@@ -234,6 +237,25 @@ var (
 	uploadChunk   = wire.ChunkField(&berthv1.UploadRequest{})
 	downloadChunk = wire.ChunkField(&berthv1.DownloadResponse{})
 )
+
+// sendStreamCtx is sendStream, returning as soon as ctx ends even while a
+// Read of r blocks (a pipe, a network body that stalls): the read goes on
+// in the background until r returns, and what it yields is dropped; the
+// stream is canceled. The caller's reader must not be read by anyone else
+// after a canceled call.
+func sendStreamCtx[Resp any](ctx context.Context, stream interface {
+	SendMsg(any) error
+	CloseAndRecv() (Resp, error)
+}, first proto.Message, r io.Reader, progress func(uint64), chunk protoreflect.FieldNumber) error {
+	done := make(chan error, 1)
+	go func() { done <- sendStream(stream, first, r, progress, chunk) }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return convertError(status.FromContextError(ctx.Err()).Err())
+	}
+}
 
 // sendStream sends first, then what r yields in chunk messages of the
 // field chunk, and closes the sending side. When berthd ends the stream
@@ -378,7 +400,8 @@ func (c *Client) Rename(ctx context.Context, sandboxID, from, to string, overwri
 // the directory dir in the sandbox, created when missing, atomically: a
 // failed or canceled upload leaves dir as it was. Unsafe entries fail with
 // ReasonTarEntryUnsafe naming the entry; entries the sandbox cannot create
-// (device nodes) are listed in the response's skipped.
+// (device nodes) are listed in the response's skipped. When ctx ends it
+// returns at once, even while a Read of r blocks, as WriteFile does.
 func (c *Client) Upload(ctx context.Context, sandboxID, dir string, r io.Reader, opts ...FileOption) (*berthv1.UploadResponse, error) {
 	cfg := fileOptions(opts)
 	h := &berthv1.UploadHeader{SandboxId: sandboxID, KeepOwners: cfg.owners}
@@ -396,7 +419,7 @@ func (c *Client) Upload(ctx context.Context, sandboxID, dir string, r io.Reader,
 	if err != nil {
 		return nil, convertError(err)
 	}
-	err = sendStream(stream, &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Header{Header: h}}, r, cfg.progress, uploadChunk)
+	err = sendStreamCtx(ctx, stream, &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Header{Header: h}}, r, cfg.progress, uploadChunk)
 	if err != nil {
 		return nil, fmt.Errorf("upload to %s: %w", dir, err)
 	}
