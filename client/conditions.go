@@ -97,16 +97,21 @@ func (e *RuntimeReplacedError) Unwrap() error { return e.baseError }
 // Unwrap returns the *Error.
 func (e *StaleHandleError) Unwrap() error { return e.baseError }
 
+// DefaultBusyDelay is FleetBusyError.Delay when the status carries no
+// delay (berthd always sends one; a proxy may drop the details).
+const DefaultBusyDelay = time.Second
+
 // Delay returns how long to wait before retrying: the status's RetryInfo
-// delay, else the detail's.
+// delay, else the detail's, else DefaultBusyDelay. It is never zero: a
+// retry at once would meet the same full capacity.
 func (e *FleetBusyError) Delay() time.Duration {
 	if e.RetryDelay > 0 {
 		return e.RetryDelay
 	}
-	if d := e.Detail.GetRetryDelay(); d.IsValid() {
-		return max(d.AsDuration(), 0)
+	if d := e.Detail.GetRetryDelay(); d.IsValid() && d.AsDuration() > 0 {
+		return d.AsDuration()
 	}
-	return 0
+	return DefaultBusyDelay
 }
 
 // NothingRan reports whether berthd says the failed call ran nothing

@@ -115,6 +115,15 @@ func busyStatus(sandboxID string, delay time.Duration) error {
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 }
 
+// busyStatusNoDelay is FLEET_BUSY as a proxy that drops RetryInfo and a
+// detail without retry_delay would leave it.
+func busyStatusNoDelay(sandboxID string) error {
+	return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, "no capacity for sandbox "+sandboxID,
+		map[string]string{"sandbox_id": sandboxID},
+		&berthv1.FleetBusy{SandboxId: sandboxID, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOX_EXECS, Limit: 4, InUse: 4, Requested: 1,
+			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED})
+}
+
 func unreachableStatus(sandboxID string, admitted berthv1.Admitted) error {
 	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable,
 		"sandbox "+sandboxID+": the agent did not answer within the connect budget of 3s; nothing ran",
