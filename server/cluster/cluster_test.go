@@ -7,13 +7,17 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // The tests run a real etcd: one embedded member per test binary.
@@ -342,4 +346,46 @@ func TestMemberLeaseExpiry(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("the member's 3s lease expired %v after it stopped refreshing", time.Since(start).Round(10*time.Millisecond))
+}
+
+// TestRouterNodeLostOwner: a sandbox whose node is lost answers NODE_LOST
+// to its owner and to admins, and to everyone else as an unknown id (the
+// call is answered locally: NOT_FOUND), so that no one learns of another
+// principal's sandbox from the fleet's records.
+func TestRouterNodeLostOwner(t *testing.T) {
+	cli, prefix := etcd(t)
+	ctx := context.Background()
+	k := keys{prefix}
+	if _, err := cli.Put(ctx, k.sandbox("lost-sb"), `{"node":"gone","owner":"alice"}`); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := NewDirectory(cli, prefix, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dir.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	r := NewRouter(RouterConfig{Directory: dir})
+	for _, tc := range []struct {
+		p         auth.Principal
+		wantLocal bool
+	}{
+		{auth.Principal{Name: "alice"}, false},
+		{auth.Principal{Name: "root", Admin: true}, false},
+		{auth.Principal{Name: "bob"}, true},
+		{auth.Principal{}, true},
+	} {
+		_, local, err := r.holder(ctx, tc.p, "lost-sb")
+		if local != tc.wantLocal {
+			t.Errorf("%v: answered locally = %v, want %v (err %v)", tc.p, local, tc.wantLocal, err)
+		}
+		if tc.wantLocal && err != nil {
+			t.Errorf("%v: %v, want the call answered here as for an unknown id", tc.p, err)
+		}
+		if !tc.wantLocal && (status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "is lost")) {
+			t.Errorf("%v: %v, want UNAVAILABLE NODE_LOST", tc.p, err)
+		}
+	}
 }
