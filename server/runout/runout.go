@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/berth-sandbox/berth/internal/bounds"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -32,12 +33,13 @@ type Budget struct {
 func NewBudget(limit uint64) *Budget { return &Budget{limit: limit} }
 
 // Reserve takes n bytes of the budget and returns the function that gives
-// them back (idempotent). When they do not fit, ok is false and used is what
-// other Runs hold.
+// them back (idempotent). When they do not fit, or their sum with what is
+// held would not fit in 64 bits, ok is false and used is what other Runs
+// hold.
 func (b *Budget) Reserve(n uint64) (release func(), used uint64, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.limit > 0 && b.used+n > b.limit {
+	if sum, ok := bounds.Add(b.used, n); !ok || b.limit > 0 && sum > b.limit {
 		return nil, b.used, false
 	}
 	b.used += n

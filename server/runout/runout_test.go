@@ -3,6 +3,7 @@ package runout_test
 import (
 	"bytes"
 	"errors"
+	"math"
 	"testing"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -127,5 +128,22 @@ func TestBudget(t *testing.T) {
 	}
 	if _, _, ok := b.Reserve(100); !ok {
 		t.Errorf("Reserve(100) of 100 free: refused")
+	}
+}
+
+// TestBudgetNoWrap: a reservation whose sum with what is held wraps past
+// 2^64 is refused, with or without a limit.
+func TestBudgetNoWrap(t *testing.T) {
+	for _, limit := range []uint64{0, 1 << 30} {
+		b := runout.NewBudget(limit)
+		if _, _, ok := b.Reserve(1 << 20); !ok {
+			t.Fatalf("limit %d: Reserve(1 MiB) refused", limit)
+		}
+		if _, used, ok := b.Reserve(math.MaxUint64); ok || used != 1<<20 {
+			t.Errorf("limit %d: Reserve(2^64-1) with 1 MiB held = ok %v used %d, want refused with 1 MiB", limit, ok, used)
+		}
+		if got := b.Used(); got != 1<<20 {
+			t.Errorf("limit %d: used = %d, want 1 MiB", limit, got)
+		}
 	}
 }
