@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -64,7 +65,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		if ev.Start.GetProcess() == nil {
 			return rpcstatus.InvalidArgument("start.process", "is missing")
 		}
-		if err := validateExecCwd("start.process.cwd", ev.Start.GetProcess().GetCwd()); err != nil {
+		if err := validateProcess("start.process", ev.Start.GetProcess()); err != nil {
 			return err
 		}
 		background = ev.Start.GetBackground()
@@ -331,7 +332,7 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if req.GetProcess().GetStdin() {
 		return nil, rpcstatus.InvalidArgument("process.stdin", "Run has no stdin; use Exec")
 	}
-	if err := validateExecCwd("process.cwd", req.GetProcess().GetCwd()); err != nil {
+	if err := validateProcess("process", req.GetProcess()); err != nil {
 		return nil, err
 	}
 	spec, err := s.runSpec(req.GetProcess())
@@ -397,11 +398,12 @@ func (s *Service) runSpec(spec *berthv1.ProcessSpec) (*berthv1.ProcessSpec, erro
 		errOut = s.cfg.RunStderrBytes
 	}
 	maxBytes := s.cfg.RunMaxOutputBytes
-	switch {
+	// The sum is checked: caps near 2^64 would wrap it below the maximum.
+	switch sum, ok := bounds.Add(out, errOut); {
 	case out > maxBytes:
 		return nil, rpcstatus.InvalidArgument("process.stdout_limit_bytes", fmt.Sprintf(
 			"%d bytes exceeds the server's Run maximum of %d bytes for both caps together; stream more with Exec", out, maxBytes))
-	case out+errOut > maxBytes:
+	case !ok || sum > maxBytes:
 		return nil, rpcstatus.InvalidArgument("process.stderr_limit_bytes", fmt.Sprintf(
 			"%d bytes with process.stdout_limit_bytes %d exceeds the server's Run maximum of %d bytes for both caps together; stream more with Exec", errOut, out, maxBytes))
 	}

@@ -6,12 +6,15 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/sandboxid"
 	"github.com/berth-sandbox/berth/internal/textsafe"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
@@ -144,6 +147,85 @@ func reservedDir(dir string, kernel bool) string {
 		}
 	}
 	return ""
+}
+
+// Bounds of a process's strings. execve(2) takes each argument and
+// environment string up to MAX_ARG_STRLEN (128 KiB with its NUL) and all
+// of them up to a quarter of the stack limit (2 MiB with the usual 8 MiB);
+// a path is at most PATH_MAX (4096) bytes.
+const (
+	maxArgBytes     = 128<<10 - 1
+	maxArgvEntries  = 4096
+	maxProcessBytes = 1 << 20 // argv, shell_command and env, keys and values
+	maxUserBytes    = 256     // "uid:gid" or a user name from /etc/passwd
+	// minExecTimeout and maxExecTimeout bound process.timeout: the
+	// agent's bounds (agent.Config MinTimeout, MaxTimeout), which berthd
+	// leaves at their defaults.
+	minExecTimeout = time.Second
+	maxExecTimeout = 24 * time.Hour
+)
+
+var (
+	argText  = bounds.Text{MaxBytes: maxArgBytes, NoNUL: true}
+	envText  = bounds.Text{MaxBytes: maxArgBytes, NoNUL: true}
+	pathText = bounds.Text{MaxBytes: maxPathBytes, NoNUL: true}
+	userText = bounds.Text{MaxBytes: maxUserBytes, NoNUL: true}
+)
+
+// validateProcess checks the sizes, strings and timeout of a process spec
+// before anything reserves or starts: each argument, the shell command,
+// env keys and values at most maxArgBytes of UTF-8 without NUL, at most
+// maxArgvEntries arguments and maxProcessBytes in all, cwd a path outside
+// the agent's mounts, user at most maxUserBytes, timeout from 1 s to 24 h
+// (zero: the default). field names the spec ("process" or
+// "start.process"). The agent checks what needs the sandbox: that cwd
+// exists, that user names a user.
+func validateProcess(field string, p *berthv1.ProcessSpec) error {
+	argv := p.GetArgv()
+	if len(argv) > maxArgvEntries {
+		return rpcstatus.InvalidArgument(field+".argv", fmt.Sprintf("has %d elements; the limit is %d", len(argv), maxArgvEntries))
+	}
+	total := len(p.GetShellCommand())
+	for i, a := range argv {
+		if err := argText.String(fmt.Sprintf("%s.argv[%d]", field, i), a); err != nil {
+			return err
+		}
+		total += len(a) + 1
+	}
+	if err := argText.String(field+".shell_command", p.GetShellCommand()); err != nil {
+		return err
+	}
+	for k, v := range p.GetEnv() {
+		// The field is the map's, never its key: a key that is not
+		// text would not make a readable field name.
+		if err := envText.String(field+".env", k); err != nil {
+			return err
+		}
+		if err := envText.String(field+".env", v); err != nil {
+			return err
+		}
+		total += len(k) + len(v) + 2
+	}
+	if total > maxProcessBytes {
+		f := field + ".env"
+		if len(p.GetEnv()) == 0 {
+			f = field + ".argv"
+		}
+		return rpcstatus.InvalidArgument(f, fmt.Sprintf("argv, shell_command and env take %d bytes together; the limit is %d", total, maxProcessBytes))
+	}
+	if err := pathText.String(field+".cwd", p.GetCwd()); err != nil {
+		return err
+	}
+	if err := validateExecCwd(field+".cwd", p.GetCwd()); err != nil {
+		return err
+	}
+	if err := userText.String(field+".user", p.GetUser()); err != nil {
+		return err
+	}
+	if _, err := bounds.Duration(field+".timeout", p.GetTimeout(), minExecTimeout, maxExecTimeout); err != nil {
+		return err
+	}
+	return nil
 }
 
 // validateExecCwd refuses a process's working directory inside the agent's
