@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/sandboxid"
 	"github.com/berth-sandbox/berth/internal/textsafe"
@@ -110,15 +112,17 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 // caller's, derived from owner and request_id, or minted.
 func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (runtime.SandboxSpec, error) {
 	spec := runtime.SandboxSpec{ID: req.GetSandboxId(), Image: req.GetImage(), Labels: req.GetLabels(), Env: req.GetEnv(), Owner: owner}
+	// request_id is checked even beside a sandbox_id, which makes it
+	// unused: what is refused does not depend on what else is set.
+	if err := validateRequestID("request_id", req.GetRequestId()); err != nil {
+		return spec, err
+	}
 	switch {
 	case spec.ID != "":
 		if err := validateSandboxID("sandbox_id", spec.ID); err != nil {
 			return spec, err
 		}
 	case req.GetRequestId() != "":
-		if err := validateRequestID("request_id", req.GetRequestId()); err != nil {
-			return spec, err
-		}
 		spec.ID = sandboxid.FromRequest(owner, req.GetRequestId())
 	default:
 		spec.ID = newID("sb-", 10)
@@ -146,6 +150,8 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds memory_bytes %d: /dev/shm pages count against the memory limit", shm, spec.MemoryBytes))
 	case shm > min(s.cfg.MaxMemoryBytes, maxShmBytes):
 		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds the server's maximum memory cap of %d: /dev/shm pages are memory", shm, min(s.cfg.MaxMemoryBytes, maxShmBytes)))
+	case shm < minShmBytes:
+		return spec, bounds.Uint("resources.shm_bytes", shm, minShmBytes, 0, "bytes", minShmWhy)
 	default:
 		spec.ShmBytes = (shm + 1023) / 1024 * 1024
 	}
@@ -186,6 +192,16 @@ func (s *Service) resources(spec *runtime.SandboxSpec, res *berthv1.Resources) e
 	}
 	if spec.CPUMillis > s.cfg.MaxCPUMillis {
 		return rpcstatus.InvalidArgument("resources.cpu_millis", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.CPUMillis, s.cfg.MaxCPUMillis))
+	}
+	if spec.PidsLimit > 0 {
+		if err := bounds.Uint("resources.pids_limit", spec.PidsLimit, minPidsLimit, 0, "pids", minPidsWhy); err != nil {
+			return err
+		}
+	}
+	if spec.CPUMillis > 0 {
+		if err := bounds.Uint("resources.cpu_millis", spec.CPUMillis, minCPUMillis, 0, "millicpus", minCPUWhy); err != nil {
+			return err
+		}
 	}
 	if max := s.cfg.MaxMemoryBytes; max > 0 && spec.MemoryBytes > max {
 		return rpcstatus.InvalidArgument("resources.memory_bytes", fmt.Sprintf("%d exceeds the server's maximum of %d", spec.MemoryBytes, max))
@@ -338,8 +354,8 @@ func validateRequestID(field, id string) error {
 	if len(id) > maxRequestIDLen {
 		return rpcstatus.InvalidArgument(field, fmt.Sprintf("is %d bytes; the limit is %d", len(id), maxRequestIDLen))
 	}
-	for _, r := range id {
-		if r < 0x21 || r > 0x7e {
+	for i := 0; i < len(id); i++ {
+		if r := id[i]; r < 0x21 || r > 0x7e {
 			return rpcstatus.InvalidArgument(field, "must be printable ASCII without spaces")
 		}
 	}
@@ -351,6 +367,29 @@ func validateRequestID(field, id string) error {
 // creates the working directory.
 const minDiskBytes = 1 << 20
 
+// maxDiskBytes bounds any disk quota: the largest file offset (loff_t,
+// 2^63-1 bytes), so no file system holds more and btrfs's quota limits,
+// which read back (u64)-1 as "none", never see it.
+const maxDiskBytes = math.MaxInt64
+
+// Floors of a sandbox's limits below which it exists but cannot run a
+// shell pipeline (measured with berth.dev/base: TestSandboxFloorsUsable).
+const (
+	// minPidsLimit is the smallest pids_limit: the workload's share of
+	// the pids cgroup (the agent's reserve comes on top); a shell, a
+	// pipeline of two and the agent's exec helper need 4 at once.
+	minPidsLimit = 8
+	minPidsWhy   = "a shell running a pipeline needs that many processes at once"
+	// minCPUMillis is the smallest cpu_millis: 1 ms of CPU per 100 ms
+	// CFS period, the kernel's floor for a quota (cpu.max, sched(7)).
+	minCPUMillis = 10
+	minCPUWhy    = "the kernel's smallest CFS quota is 1 ms per 100 ms period"
+	// minShmBytes is the smallest /dev/shm: one POSIX semaphore or a
+	// small shared buffer must fit.
+	minShmBytes = 64 << 10
+	minShmWhy   = "/dev/shm must hold a few pages for semaphores and shared buffers"
+)
+
 // diskBytes returns the disk quota for a request's resources.disk_bytes:
 // the server's default for zero. A quota on a server that cannot enforce
 // one is FAILED_PRECONDITION DISK_QUOTA_UNSUPPORTED, never ignored.
@@ -359,15 +398,17 @@ func (s *Service) diskBytes(req uint64) (uint64, error) {
 	if req == 0 {
 		return s.cfg.DefaultDiskBytes, nil
 	}
+	// The bounds come first: a value no server could take is refused the
+	// same way on every server.
+	if err := bounds.Uint(field, req, minDiskBytes, maxDiskBytes, "bytes", "btrfs copies metadata blocks on a snapshot's first writes"); err != nil {
+		return 0, err
+	}
 	if err := s.rt.DiskQuota(); err != nil {
 		return 0, rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonDiskQuotaUnsupported,
 			fmt.Sprintf("%s: this server cannot enforce disk quotas: %v", field, err), map[string]string{"field": field})
 	}
 	if max := s.cfg.MaxDiskBytes; max > 0 && req > max {
 		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d exceeds the server's maximum of %d", req, max))
-	}
-	if req < minDiskBytes {
-		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%d is below the minimum of %d (1 MiB)", req, minDiskBytes))
 	}
 	return req, nil
 }
@@ -378,6 +419,12 @@ func validateEnv(field string, env map[string]string) error {
 	}
 	total := 0
 	for k, v := range env {
+		if err := envText.String(field, k); err != nil {
+			return err
+		}
+		if err := envText.String(field, v); err != nil {
+			return err
+		}
 		switch {
 		case k == "":
 			return rpcstatus.InvalidArgument(field, "a key is empty")
@@ -423,11 +470,10 @@ func validateWorkDir(field, dir string) (string, error) {
 	if dir == "" {
 		return runtime.DefaultWorkDir, nil
 	}
+	if err := pathText.String(field, dir); err != nil {
+		return "", err
+	}
 	switch {
-	case len(dir) > maxPathBytes:
-		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("is %d bytes; the limit is %d", len(dir), maxPathBytes))
-	case strings.ContainsRune(dir, 0):
-		return "", rpcstatus.InvalidArgument(field, "contains NUL")
 	case !filepath.IsAbs(dir) || filepath.Clean(dir) != dir:
 		return "", rpcstatus.InvalidArgument(field, fmt.Sprintf("%s must be an absolute, clean path (like %s)", textsafe.Quote(dir), textsafe.Quote(filepath.Clean("/"+dir))))
 	}
@@ -441,20 +487,12 @@ func validateWorkDir(field, dir string) (string, error) {
 // INVALID_ARGUMENT naming field when d is invalid, negative, below a second
 // or above max.
 func boundedDuration(field string, d *durationpb.Duration, def, max time.Duration) (time.Duration, error) {
-	if d == nil {
-		return def, nil
-	}
-	if err := d.CheckValid(); err != nil {
-		return 0, rpcstatus.InvalidArgument(field, err.Error())
-	}
-	v := d.AsDuration()
+	v, err := bounds.Duration(field, d, minTimeout, max)
 	switch {
+	case err != nil:
+		return 0, err
 	case v == 0:
 		return def, nil
-	case v < minTimeout:
-		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%v is below the minimum of %v", v, minTimeout))
-	case v > max:
-		return 0, rpcstatus.InvalidArgument(field, fmt.Sprintf("%v exceeds the server's maximum of %v", v, max))
 	}
 	return v, nil
 }

@@ -150,7 +150,7 @@ func TestResources(t *testing.T) {
 		{"default pids, many files", &berthv1.Resources{OpenFilesLimit: 1 << 20}, runtime.SandboxSpec{}, "resources.open_files_limit"},
 		{"at the bound", &berthv1.Resources{PidsLimit: 1024, OpenFilesLimit: 1024},
 			runtime.SandboxSpec{PidsLimit: 1024, CPUMillis: 1000, MemoryBytes: 1 << 30, OpenFiles: 1024}, ""},
-		{"files above the maximum", &berthv1.Resources{PidsLimit: 1, OpenFilesLimit: 1<<20 + 1}, runtime.SandboxSpec{}, "resources.open_files_limit"},
+		{"files above the maximum", &berthv1.Resources{PidsLimit: minPidsLimit, OpenFilesLimit: 1<<20 + 1}, runtime.SandboxSpec{}, "resources.open_files_limit"},
 		{"too few files", &berthv1.Resources{OpenFilesLimit: 10}, runtime.SandboxSpec{}, "resources.open_files_limit"},
 		{"pids above the maximum", &berthv1.Resources{PidsLimit: 40000, OpenFilesLimit: 64}, runtime.SandboxSpec{}, "resources.pids_limit"},
 	} {
