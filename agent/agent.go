@@ -88,7 +88,8 @@ type Config struct {
 	// DefaultTimeout applies to a start with no timeout. Default 30m.
 	DefaultTimeout time.Duration
 	// MinTimeout and MaxTimeout bound a requested timeout; a request outside
-	// them is clamped, not refused. Defaults 1s and 24h.
+	// them is INVALID_ARGUMENT naming process.timeout and the bound, never
+	// clamped. Defaults 1s and 24h.
 	MinTimeout time.Duration
 	MaxTimeout time.Duration
 	// KillGrace is how long a process group has between SIGTERM and

@@ -203,7 +203,10 @@ func TestTimeoutKillsWhatIgnoresTerm(t *testing.T) {
 	}
 }
 
-func TestTimeoutClamp(t *testing.T) {
+// TestTimeoutBounds: a timeout outside the agent's bounds is refused
+// naming process.timeout and the bound, never clamped (issue 21: -1s
+// silently became 1 s); caps are taken as asked.
+func TestTimeoutBounds(t *testing.T) {
 	a := startAgent(t, "--min-timeout", "2s", "--max-timeout", "1h", "--default-timeout", "5m")
 	// Caps are never clamped: zero is no cap, and any size may be asked
 	// for (the stream has no ceiling; what is retained has its own budget).
@@ -213,13 +216,16 @@ func TestTimeoutClamp(t *testing.T) {
 		limit       uint64
 		wantTimeout time.Duration
 		wantLimit   uint64
+		wantErr     string
 	}{
-		{"defaults", nil, 0, 5 * time.Minute, 0},
-		{"zero timeout", durationpb.New(0), 0, 5 * time.Minute, 0},
-		{"below min", durationpb.New(time.Millisecond), 10, 2 * time.Second, 10},
-		{"negative", durationpb.New(-time.Second), 5000, 2 * time.Second, 5000},
-		{"above max", durationpb.New(48 * time.Hour), 1 << 40, time.Hour, 1 << 40},
-		{"within", durationpb.New(3 * time.Minute), 4000, 3 * time.Minute, 4000},
+		{"defaults", nil, 0, 5 * time.Minute, 0, ""},
+		{"zero timeout", durationpb.New(0), 0, 5 * time.Minute, 0, ""},
+		{"at min", durationpb.New(2 * time.Second), 10, 2 * time.Second, 10, ""},
+		{"at max", durationpb.New(time.Hour), 1 << 40, time.Hour, 1 << 40, ""},
+		{"within", durationpb.New(3 * time.Minute), 4000, 3 * time.Minute, 4000, ""},
+		{"below min", durationpb.New(time.Millisecond), 0, 0, 0, "below the minimum of 2s"},
+		{"negative", durationpb.New(-time.Second), 0, 0, 0, "negative"},
+		{"above max", durationpb.New(48 * time.Hour), 0, 0, 0, "exceeds the maximum of 1h0m0s"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -227,6 +233,13 @@ func TestTimeoutClamp(t *testing.T) {
 			spec.Timeout = tt.timeout
 			spec.StdoutLimitBytes = tt.limit
 			spec.StderrLimitBytes = tt.limit
+			if tt.wantErr != "" {
+				err := a.startErr(t, execID(t), spec)
+				if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "process.timeout: ") || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Errorf("start with timeout %v = %v; want INVALID_ARGUMENT process.timeout saying %q", tt.timeout.AsDuration(), err, tt.wantErr)
+				}
+				return
+			}
 			r := a.run(t, execID(t), spec)
 			if got := r.started.GetTimeout().AsDuration(); got != tt.wantTimeout {
 				t.Errorf("started timeout = %v, want %v", got, tt.wantTimeout)

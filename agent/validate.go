@@ -15,13 +15,14 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/textsafe"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // plan is a validated start: everything needed to run the process, with
-// defaults applied and bounds clamped.
+// defaults applied.
 type plan struct {
 	argv        []string // argv[0] is not yet resolved in PATH
 	prog        string   // the program to run, when not argv[0] looked up in PATH
@@ -128,13 +129,11 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec, detached berthv1.DetachedO
 	}
 
 	p.timeout = s.cfg.DefaultTimeout
-	if t := spec.GetTimeout(); t != nil {
-		if err := t.CheckValid(); err != nil {
-			return nil, rpcstatus.InvalidArgument("process.timeout", err.Error())
-		}
-		if d := t.AsDuration(); d != 0 {
-			p.timeout = min(max(d, s.cfg.MinTimeout), s.cfg.MaxTimeout)
-		}
+	switch d, err := bounds.Duration("process.timeout", spec.GetTimeout(), s.cfg.MinTimeout, s.cfg.MaxTimeout); {
+	case err != nil:
+		return nil, err
+	case d != 0:
+		p.timeout = d
 	}
 	p.stdoutLimit = spec.GetStdoutLimitBytes()
 	p.stderrLimit = spec.GetStderrLimitBytes()

@@ -97,7 +97,9 @@ func TestLimitsRequestBounds(t *testing.T) {
 		{&berthv1.Resources{DiskBytes: math.MaxUint64}, "resources.disk_bytes", "maximum of 9223372036854775807"},
 	} {
 		_, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: tc.res})
-		t.Run(tc.field, func(t *testing.T) { wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, tc.field, tc.contains) })
+		t.Run(tc.field, func(t *testing.T) {
+			wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, tc.field, tc.contains)
+		})
 	}
 	_, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, SandboxId: "limits-rid", RequestId: strings.Repeat("r", 1<<20)})
 	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "request_id", "the limit is 128")

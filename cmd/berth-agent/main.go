@@ -52,8 +52,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return err
 	})
 	fs.DurationVar(&cfg.DefaultTimeout, "default-timeout", d.DefaultTimeout, "exec timeout when a start asks for none")
-	fs.DurationVar(&cfg.MinTimeout, "min-timeout", d.MinTimeout, "smallest exec timeout; smaller requests are raised to it")
-	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", d.MaxTimeout, "largest exec timeout; larger requests are lowered to it")
+	fs.DurationVar(&cfg.MinTimeout, "min-timeout", d.MinTimeout, "smallest exec timeout; smaller requests are refused")
+	fs.DurationVar(&cfg.MaxTimeout, "max-timeout", d.MaxTimeout, "largest exec timeout; larger requests are refused")
 	fs.DurationVar(&cfg.KillGrace, "kill-grace", d.KillGrace, "time between SIGTERM and SIGKILL to an exec's process group on timeout or stop")
 	fs.DurationVar(&cfg.DrainGrace, "drain-grace", d.DrainGrace, "how long output pipes may stay open after an exec's process exited")
 	fs.Uint64Var(&cfg.RingBytes, "ring-bytes", d.RingBytes, fmt.Sprintf("retained event log per exec in `bytes` (each event costs its data + %d); an attached reader this far behind makes the exec's output wait", agent.EventOverhead))
