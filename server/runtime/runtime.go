@@ -220,6 +220,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if cfg.Address == "" {
 		return nil, errors.New("containerd address is empty")
 	}
+	if err := cfg.checkAgentFlags(); err != nil {
+		return nil, err
+	}
 	if st, err := os.Stat(cfg.AgentBinary); err != nil {
 		return nil, fmt.Errorf("agent binary: %w", err)
 	} else if !st.Mode().IsRegular() {
