@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -137,5 +139,65 @@ func TestLimitsSandboxAtFloorsRuns(t *testing.T) {
 	}
 	if got, want := string(resp.GetStdout()), fmt.Sprintf("1\n%d\n", 32768); resp.GetResult().GetExitCode() != 0 || got != want {
 		t.Errorf("pipeline at the floors = exit %d, stdout %q, stderr %q; want 0, %q", resp.GetResult().GetExitCode(), got, resp.GetStderr(), want)
+	}
+}
+
+// rawCodec sends a request's bytes as they are, so that a test can put
+// what proto.Marshal refuses (invalid UTF-8) on the wire.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.([]byte), nil }
+
+func (rawCodec) Unmarshal(b []byte, v any) error { return proto.Unmarshal(b, v.(proto.Message)) }
+
+// TestLimitsInvalidUTF8 sends string fields that are not UTF-8 (issue 21:
+// grpc-go's decode turned them into INTERNAL before any handler ran): each
+// is INVALID_ARGUMENT naming the field, and berthd serves on.
+func TestLimitsInvalidUTF8(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil).GetId()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const bad = "\xff\xfe"
+	swap := func(m proto.Message) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bytes.Replace(b, []byte("@@"), []byte(bad), 1)
+	}
+	for _, tc := range []struct {
+		method string
+		req    []byte
+		field  string
+	}{
+		{"CreateSandbox", swap(&berthv1.CreateSandboxRequest{Image: env.image, Labels: map[string]string{"k": "@@"}}), "labels"},
+		{"CreateSandbox", swap(&berthv1.CreateSandboxRequest{Image: env.image, Env: map[string]string{"@@": "v"}}), "env"},
+		{"CreateSandbox", swap(&berthv1.CreateSandboxRequest{Image: env.image, RequestId: "@@"}), "request_id"},
+		{"CreateSandbox", swap(&berthv1.CreateSandboxRequest{Image: env.image, Workdir: "/@@"}), "workdir"},
+		{"Run", swap(&berthv1.RunRequest{SandboxId: sb, Process: &berthv1.ProcessSpec{Argv: []string{"echo", "@@"}}}), "process.argv[1]"},
+		{"Run", swap(&berthv1.RunRequest{SandboxId: sb, Process: &berthv1.ProcessSpec{Argv: []string{"env"}, Env: map[string]string{"K": "@@"}}}), "process.env"},
+	} {
+		var out berthv1.CreateSandboxResponse
+		err := env.conn.Invoke(ctx, "/berth.v1.SandboxService/"+tc.method, tc.req, &out, grpc.ForceCodec(rawCodec{}))
+		t.Run(tc.method+"/"+tc.field, func(t *testing.T) {
+			wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, tc.field, "not valid UTF-8")
+		})
+	}
+	// The stream's first message too, as start.process.*.
+	stream, err := env.sandboxes.Exec(ctx, grpc.ForceCodec(rawCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := swap(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{SandboxId: sb, Process: &berthv1.ProcessSpec{ShellCommand: "echo @@"}}}})
+	if err := stream.SendMsg(raw); err != nil {
+		t.Fatalf("send the start: %v", err)
+	}
+	_, err = stream.Recv()
+	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.shell_command", "not valid UTF-8")
+	if n := len(listExecs(t, env.sandboxes, sb)); n != 0 {
+		t.Errorf("the refused requests started %d execs", n)
 	}
 }

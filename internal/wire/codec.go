@@ -48,6 +48,24 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	return protoCodec.Unmarshal(data, v)
 }
 
+// serverCodec is Codec for servers: a request with a string field that is
+// not valid UTF-8 decodes as an empty message marked with the field's
+// path, which the interceptors of ServerOptions refuse (see utf8.go).
+type serverCodec struct{ Codec }
+
+func (c serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.Codec.Unmarshal(data, v)
+	m, ok := v.(proto.Message)
+	if err == nil || !ok {
+		return err
+	}
+	if field, bad := invalidUTF8(data.Materialize(), m.ProtoReflect().Descriptor(), ""); bad {
+		markInvalidUTF8(m, field)
+		return nil
+	}
+	return err
+}
+
 // CallOption makes a call use Codec, for calls that send or receive a
 // *Frame.
 func CallOption() grpc.CallOption { return grpc.ForceCodecV2(Codec{}) }

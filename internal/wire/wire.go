@@ -30,10 +30,14 @@ const (
 )
 
 // ServerOptions returns the transport options of berthd's and the agent's
-// gRPC servers, Codec among them.
+// gRPC servers: Codec, with interceptors that refuse a request whose
+// string fields are not UTF-8 as INVALID_ARGUMENT naming the field (grpc-go
+// would answer INTERNAL), and the windows and buffers.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ForceServerCodecV2(Codec{}),
+		grpc.ForceServerCodecV2(serverCodec{}),
+		grpc.ChainUnaryInterceptor(checkUnary),
+		grpc.ChainStreamInterceptor(checkStream),
 		grpc.InitialWindowSize(StreamWindow),
 		grpc.InitialConnWindowSize(ConnWindow),
 		grpc.ReadBufferSize(BufferBytes),
