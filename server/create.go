@@ -373,19 +373,24 @@ const minDiskBytes = 1 << 20
 const maxDiskBytes = math.MaxInt64
 
 // Floors of a sandbox's limits below which it exists but cannot run a
-// shell pipeline (measured with berth.dev/base: TestSandboxFloorsUsable).
+// shell pipeline, or the kernel refuses it (measured with berth.dev/base,
+// docs/default-limits.md; TestLimitsSandboxAtFloorsRuns runs at all of
+// them).
 const (
-	// minPidsLimit is the smallest pids_limit: the workload's share of
-	// the pids cgroup (the agent's reserve comes on top); a shell, a
-	// pipeline of two and the agent's exec helper need 4 at once.
+	// minPidsLimit is the smallest pids_limit, the workload's share of
+	// the pids cgroup: `sh -c 'ls / | grep -c . | wc -l'` runs 4
+	// processes at once. Below it a workload lives on what the agent's
+	// thread reserve (runtime.AgentPidsReserve) leaves unused, which is
+	// not its to count on.
 	minPidsLimit = 8
 	minPidsWhy   = "a shell running a pipeline needs that many processes at once"
 	// minCPUMillis is the smallest cpu_millis: 1 ms of CPU per 100 ms
-	// CFS period, the kernel's floor for a quota (cpu.max, sched(7)).
+	// CFS period, the kernel's smallest quota (cpu.max); below it the
+	// task does not start. At 10 that pipeline takes about 5 s.
 	minCPUMillis = 10
 	minCPUWhy    = "the kernel's smallest CFS quota is 1 ms per 100 ms period"
-	// minShmBytes is the smallest /dev/shm: one POSIX semaphore or a
-	// small shared buffer must fit.
+	// minShmBytes is the smallest /dev/shm: a semaphore or a small
+	// shared buffer (32 KiB) must fit.
 	minShmBytes = 64 << 10
 	minShmWhy   = "/dev/shm must hold a few pages for semaphores and shared buffers"
 )
