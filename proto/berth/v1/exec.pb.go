@@ -267,10 +267,11 @@ type ProcessSpec struct {
 	// the client feeds with ExecStdin and closes with ExecCloseStdin. When false
 	// the process reads /dev/null.
 	Stdin bool `protobuf:"varint,6,opt,name=stdin,proto3" json:"stdin,omitempty"`
-	// timeout bounds the process's run time. Zero means the server's default.
-	// Values outside the server's bounds are clamped to them; the effective
-	// value is reported in ExecStarted. On expiry the process group gets
-	// SIGTERM, then SIGKILL after the server's grace period.
+	// timeout bounds the process's run time. Zero means the server's default
+	// (30 min). A negative value, or one outside the server's bounds (1 s to
+	// 24 h), is INVALID_ARGUMENT naming process.timeout and the bound; the
+	// effective value is reported in ExecStarted. On expiry the process group
+	// gets SIGTERM, then SIGKILL after the server's grace period.
 	Timeout *durationpb.Duration `protobuf:"bytes,7,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// stdout_limit_bytes caps the stdout bytes kept, in bytes: the first
 	// stdout_limit_bytes of stdout are sent and retained, the rest is read,
@@ -1000,7 +1001,8 @@ type ExecStarted struct {
 	// program could not be started (it was not found or not executable, and
 	// the exec ends with exit code 127 or 126 like a shell's).
 	Pid int64 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
-	// timeout is the effective timeout after clamping.
+	// timeout is the effective timeout: the requested one, or the server's
+	// default when none was requested.
 	Timeout *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// stdout_limit_bytes is the effective stdout cap in bytes; zero means
 	// none.

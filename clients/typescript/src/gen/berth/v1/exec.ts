@@ -233,10 +233,11 @@ export interface ProcessSpec {
    */
   stdin: boolean;
   /**
-   * timeout bounds the process's run time. Zero means the server's default.
-   * Values outside the server's bounds are clamped to them; the effective
-   * value is reported in ExecStarted. On expiry the process group gets
-   * SIGTERM, then SIGKILL after the server's grace period.
+   * timeout bounds the process's run time. Zero means the server's default
+   * (30 min). A negative value, or one outside the server's bounds (1 s to
+   * 24 h), is INVALID_ARGUMENT naming process.timeout and the bound; the
+   * effective value is reported in ExecStarted. On expiry the process group
+   * gets SIGTERM, then SIGKILL after the server's grace period.
    */
   timeout:
     | Duration
@@ -436,7 +437,10 @@ export interface ExecStarted {
    * the exec ends with exit code 127 or 126 like a shell's).
    */
   pid: bigint;
-  /** timeout is the effective timeout after clamping. */
+  /**
+   * timeout is the effective timeout: the requested one, or the server's
+   * default when none was requested.
+   */
   timeout:
     | Duration
     | undefined;
