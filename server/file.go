@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 
 	"google.golang.org/grpc"
@@ -73,6 +74,8 @@ func location(prefix, text string, raw []byte) ([]byte, error) {
 		return nil, rpcstatus.InvalidArgument(field, "must be an absolute path inside the sandbox (starting with /)")
 	case bytes.IndexByte(p, 0) >= 0:
 		return nil, rpcstatus.InvalidArgument(field, "contains a NUL byte; Linux paths cannot")
+	case len(p) > maxPathBytes:
+		return nil, rpcstatus.InvalidArgument(field, fmt.Sprintf("is %d bytes; the limit is %d (PATH_MAX)", len(p), maxPathBytes))
 	}
 	return p, nil
 }

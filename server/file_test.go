@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -23,6 +24,9 @@ func TestLocation(t *testing.T) {
 		{raw: []byte("/a\x00b"), wantField: "path_bytes"},
 		{prefix: "header.", text: "x", wantField: "header.path"},
 		{prefix: "to_", raw: []byte("x"), wantField: "to_path_bytes"},
+		{text: "/" + strings.Repeat("p", maxPathBytes-1), want: "/" + strings.Repeat("p", maxPathBytes-1)},
+		{text: "/" + strings.Repeat("p", maxPathBytes), wantField: "path"},
+		{raw: []byte("/" + strings.Repeat("p", 1<<20)), wantField: "path_bytes"},
 	}
 	for _, tt := range tests {
 		got, err := location(tt.prefix, tt.text, tt.raw)
