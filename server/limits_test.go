@@ -56,16 +56,16 @@ func TestValidateProcess(t *testing.T) {
 		{"timeout above the cap", &berthv1.ProcessSpec{Argv: []string{"true"}, Timeout: durationpb.New(25 * time.Hour)}, "process.timeout"},
 		{"invalid timeout", &berthv1.ProcessSpec{Argv: []string{"true"}, Timeout: &durationpb.Duration{Seconds: math.MaxInt64}}, "process.timeout"},
 		{"long argument", &berthv1.ProcessSpec{Argv: []string{"echo", long}}, "process.argv[1]"},
-		{"NUL in argument", &berthv1.ProcessSpec{Argv: []string{"echo", "a\x00b"}}, "process.argv[1]"},
+		{"NUL in argument is the agent's to refuse", &berthv1.ProcessSpec{Argv: []string{"echo", "a\x00b"}}, ""},
 		{"bad UTF-8 in argument", &berthv1.ProcessSpec{Argv: []string{"echo", "a\xffb"}}, "process.argv[1]"},
 		{"too many arguments", &berthv1.ProcessSpec{Argv: make([]string, maxArgvEntries+1)}, "process.argv"},
 		{"long shell command", &berthv1.ProcessSpec{ShellCommand: long}, "process.shell_command"},
 		{"bad UTF-8 in shell command", &berthv1.ProcessSpec{ShellCommand: "echo \xc3"}, "process.shell_command"},
 		{"long cwd", &berthv1.ProcessSpec{Argv: []string{"true"}, Cwd: "/" + strings.Repeat("d", maxPathBytes)}, "process.cwd"},
 		{"bad UTF-8 in cwd", &berthv1.ProcessSpec{Argv: []string{"true"}, Cwd: "/\xff"}, "process.cwd"},
-		{"long env value", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A": long}}, "process.env"},
+		{"long env value", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A": long}}, "process.env[A]"},
 		{"bad UTF-8 env key", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"\xff": "v"}}, "process.env"},
-		{"NUL in env value", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A": "\x00"}}, "process.env"},
+		{"bad UTF-8 in env value", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: map[string]string{"A": "\xc3("}}, "process.env[A]"},
 		{"all strings together too long", &berthv1.ProcessSpec{Argv: []string{"true"}, Env: func() map[string]string {
 			m := map[string]string{}
 			for i := range 10 {

@@ -166,7 +166,12 @@ const (
 )
 
 var (
-	argText  = bounds.Text{MaxBytes: maxArgBytes, NoNUL: true}
+	// A process's NUL bytes are left to the agent, whose refusals quote
+	// the argument or key and name process.env[KEY] for a value (the exec
+	// contract's validation cases).
+	procText = bounds.Text{MaxBytes: maxArgBytes}
+	procPath = bounds.Text{MaxBytes: maxPathBytes}
+	// A sandbox's env and paths are refused here, NUL included.
 	envText  = bounds.Text{MaxBytes: maxArgBytes, NoNUL: true}
 	pathText = bounds.Text{MaxBytes: maxPathBytes, NoNUL: true}
 	userText = bounds.Text{MaxBytes: maxUserBytes, NoNUL: true}
@@ -174,7 +179,7 @@ var (
 
 // validateProcess checks the sizes, strings and timeout of a process spec
 // before anything reserves or starts: each argument, the shell command,
-// env keys and values at most maxArgBytes of UTF-8 without NUL, at most
+// env keys and values at most maxArgBytes of UTF-8, at most
 // maxArgvEntries arguments and maxProcessBytes in all, cwd a path outside
 // the agent's mounts, user at most maxUserBytes, timeout from 1 s to 24 h
 // (zero: the default). field names the spec ("process" or
@@ -187,21 +192,21 @@ func validateProcess(field string, p *berthv1.ProcessSpec) error {
 	}
 	total := len(p.GetShellCommand())
 	for i, a := range argv {
-		if err := argText.String(fmt.Sprintf("%s.argv[%d]", field, i), a); err != nil {
+		if err := procText.String(fmt.Sprintf("%s.argv[%d]", field, i), a); err != nil {
 			return err
 		}
 		total += len(a) + 1
 	}
-	if err := argText.String(field+".shell_command", p.GetShellCommand()); err != nil {
+	if err := procText.String(field+".shell_command", p.GetShellCommand()); err != nil {
 		return err
 	}
 	for k, v := range p.GetEnv() {
-		// The field is the map's, never its key: a key that is not
-		// text would not make a readable field name.
-		if err := envText.String(field+".env", k); err != nil {
+		// A key's refusal names the map (a key that is not text makes
+		// no field name); a value's names its entry, as the agent's do.
+		if err := procText.String(field+".env", k); err != nil {
 			return err
 		}
-		if err := envText.String(field+".env", v); err != nil {
+		if err := procText.String(field+".env["+k+"]", v); err != nil {
 			return err
 		}
 		total += len(k) + len(v) + 2
@@ -213,7 +218,7 @@ func validateProcess(field string, p *berthv1.ProcessSpec) error {
 		}
 		return rpcstatus.InvalidArgument(f, fmt.Sprintf("argv, shell_command and env take %d bytes together; the limit is %d", total, maxProcessBytes))
 	}
-	if err := pathText.String(field+".cwd", p.GetCwd()); err != nil {
+	if err := procPath.String(field+".cwd", p.GetCwd()); err != nil {
 		return err
 	}
 	if err := validateExecCwd(field+".cwd", p.GetCwd()); err != nil {
