@@ -357,8 +357,8 @@ func (e *Execution) ID() string { return e.started.GetExecId() }
 // SandboxID returns the id of the sandbox the exec runs in.
 func (e *Execution) SandboxID() string { return e.sandboxID }
 
-// Started returns berthd's started event: pid, and the effective timeout and
-// output caps after clamping.
+// Started returns berthd's started event: pid, and the effective timeout
+// (the server's default when none was asked) and output caps.
 func (e *Execution) Started() *berthv1.ExecStarted { return e.started }
 
 // LastSeq returns the sequence number of the last output event delivered (or

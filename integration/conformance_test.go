@@ -108,7 +108,7 @@ func conformanceOn(t *testing.T, rt string) {
 		{"9 background/start, list, attach", background},
 		{"9 background/SignalExec", signalExec},
 		{"10 validation/refused before anything runs", validation},
-		{"10 validation/timeouts clamped and reported", timeoutClamp},
+		{"10 validation/timeouts bounded and reported", timeoutBounds},
 		{"11 bytes/NUL, 0xFF, no final newline", binaryBytes},
 		{"11 bytes/UTF-8 split across events", splitUTF8},
 		{"11 bytes/8 concurrent execs keep their own output", concurrentExecs},
@@ -799,18 +799,31 @@ func validation(t *testing.T, c *conformance) {
 	})
 }
 
-func timeoutClamp(t *testing.T, c *conformance) {
+// timeoutBounds: a timeout within 1 s..24 h is reported as asked, none as
+// the default; one outside is refused naming the field and the bound,
+// never clamped (issue 21).
+func timeoutBounds(t *testing.T, c *conformance) {
 	tests := []struct {
 		timeout *durationpb.Duration
 		want    time.Duration
+		refused string
 	}{
-		{nil, 30 * time.Minute},                              // the default
-		{durationpb.New(time.Millisecond), time.Second},      // raised to the minimum
-		{durationpb.New(90 * time.Second), 90 * time.Second}, // within the bounds
-		{durationpb.New(1000 * time.Hour), 24 * time.Hour},   // lowered to the maximum
+		{nil, 30 * time.Minute, ""},                              // the default
+		{durationpb.New(time.Second), time.Second, ""},           // the minimum
+		{durationpb.New(90 * time.Second), 90 * time.Second, ""}, // within the bounds
+		{durationpb.New(24 * time.Hour), 24 * time.Hour, ""},     // the maximum
+		{durationpb.New(time.Millisecond), 0, "below the minimum of 1s"},
+		{durationpb.New(1000 * time.Hour), 0, "exceeds the maximum of 24h0m0s"},
+		{durationpb.New(-time.Second), 0, "negative"},
 	}
 	for _, tt := range tests {
-		ev := runExec(t, env.sandboxes, c.sb, "", &berthv1.ProcessSpec{Argv: []string{"true"}, Timeout: tt.timeout})
+		spec := &berthv1.ProcessSpec{Argv: []string{"true"}, Timeout: tt.timeout}
+		if tt.refused != "" {
+			conn := openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
+			wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.timeout", tt.refused)
+			continue
+		}
+		ev := runExec(t, env.sandboxes, c.sb, "", spec)
 		if got := ev.started.GetTimeout().AsDuration(); got != tt.want {
 			t.Errorf("timeout %v: started timeout %v, want %v", tt.timeout.AsDuration(), got, tt.want)
 		}
