@@ -98,7 +98,7 @@ func (s *Server) startExec(start *agentv1.ExecStart) (*execution, *reader, error
 	if e := s.lookup(id); e != nil {
 		return s.follower(e, background)
 	}
-	p, err := s.planStart(start.GetProcess(), start.GetDetachedOutput())
+	p, err := s.planStart(start.GetProcess(), start.GetDetachedOutput(), background)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -183,13 +183,16 @@ func (e *execution) isLaunched() bool {
 // setStarted records the ExecStarted event for pid (0 when nothing ran).
 func (e *execution) setStarted(pid int, p *plan) {
 	e.pgid = pid
-	e.started = &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Started{Started: &berthv1.ExecStarted{
+	started := &berthv1.ExecStarted{
 		ExecId:           e.id,
 		Pid:              int64(pid),
-		Timeout:          durationpb.New(p.timeout),
 		StdoutLimitBytes: p.stdoutLimit,
 		StderrLimitBytes: p.stderrLimit,
-	}}}
+	}
+	if p.timeout > 0 { // unset: none
+		started.Timeout = durationpb.New(p.timeout)
+	}
+	e.started = &agentv1.ExecResponse{Event: &agentv1.ExecResponse_Started{Started: started}}
 }
 
 // signal sends sig to the exec's process group (kill(2) with -pgid).
@@ -510,8 +513,12 @@ func (s *Server) supervise(e *execution, exited <-chan exitStatus, start time.Ti
 		go p.run(pumped)
 	}
 
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
+	var deadlineC <-chan time.Time // none without a timeout
+	if timeout > 0 {
+		deadline := time.NewTimer(timeout)
+		defer deadline.Stop()
+		deadlineC = deadline.C
+	}
 	var (
 		killTimer          *time.Timer
 		killC              <-chan time.Time
@@ -534,7 +541,7 @@ wait:
 		select {
 		case st = <-exited:
 			break wait
-		case <-deadline.C:
+		case <-deadlineC:
 			timedOut = true
 			escalate()
 		case <-stopping:

@@ -119,6 +119,7 @@ func (e *execution) info() *berthv1.ExecInfo {
 	e.mu.Lock()
 	// started is set before the exec is published, so it is there already.
 	in.Pid = e.started.GetStarted().GetPid()
+	in.Timeout = e.started.GetStarted().GetTimeout()
 	if e.finished {
 		in.State = berthv1.ExecState_EXEC_STATE_EXITED
 		in.Result = e.exited.GetExited().GetResult()

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -91,6 +92,21 @@ func TestBackgroundListSignal(t *testing.T) {
 		read.GetResult() != nil || strings.Join(read.GetArgv(), " ") != `sh -c echo one; read x; echo "two $x"` || read.GetArgvTruncated() {
 		t.Errorf("bg-read = %v, want running with pid %d, stdin, the shell's argv and no result", read, started.GetPid())
 	}
+	// A background exec without a timeout has none (it served for 30
+	// minutes and died); one asked for keeps it; a foreground exec gets
+	// the default.
+	if started.GetTimeout() != nil || read.GetTimeout() != nil {
+		t.Errorf("bg-read timeout: started %v, listed %v; want none", started.GetTimeout(), read.GetTimeout())
+	}
+	if got := list["done"].GetTimeout().AsDuration(); got != 30*time.Minute {
+		t.Errorf("a foreground exec's timeout = %v, want the default 30m", got)
+	}
+	timed := shell("exec sleep 30")
+	timed.Timeout = durationpb.New(time.Hour)
+	if got := a.startBackground(t, "bg-timed", timed).GetTimeout().AsDuration(); got != time.Hour {
+		t.Errorf("a background exec that asked for 1h has timeout %v", got)
+	}
+	a.signalExec(t, "bg-timed", "KILL")
 	if age := time.Since(read.GetStartedAt().AsTime()); age < 0 || age > time.Minute {
 		t.Errorf("bg-read started_at = %v, want just now", read.GetStartedAt().AsTime())
 	}

@@ -70,8 +70,11 @@ func validateExecID(id string) error {
 // the offending field: INVALID_ARGUMENT for a malformed spec,
 // FAILED_PRECONDITION with reason CWD_INVALID for a working directory that
 // does not exist or is not a directory (stat(2)). Output caps are taken as
-// given: zero means none (a streaming reader has no ceiling).
-func (s *Server) planStart(spec *berthv1.ProcessSpec, detached berthv1.DetachedOutput) (*plan, error) {
+// given: zero means none (a streaming reader has no ceiling). A
+// background start without a timeout gets none (Config.DefaultTimeout is
+// for a caller waiting on the result): it runs until it exits, is
+// signalled, or the sandbox ends.
+func (s *Server) planStart(spec *berthv1.ProcessSpec, detached berthv1.DetachedOutput, background bool) (*plan, error) {
 	if spec == nil {
 		return nil, rpcstatus.InvalidArgument("process", "is missing")
 	}
@@ -128,7 +131,9 @@ func (s *Server) planStart(spec *berthv1.ProcessSpec, detached berthv1.DetachedO
 		return nil, err
 	}
 
-	p.timeout = s.cfg.DefaultTimeout
+	if !background {
+		p.timeout = s.cfg.DefaultTimeout
+	}
 	switch d, err := bounds.Duration("process.timeout", spec.GetTimeout(), s.cfg.MinTimeout, s.cfg.MaxTimeout); {
 	case err != nil:
 		return nil, err

@@ -59,7 +59,7 @@ and 125 when berth itself fails.`,
 			return g.withRelay(cmd, func(ctx context.Context, c *client.Client, relay *signalRelay) error {
 				stdin, tty := f.setup(spec, os.Stdin, os.Stdout)
 				if f.detach {
-					return detach(ctx, g, c, sandboxID, spec, f.execOptions(), cmd.OutOrStdout())
+					return detach(ctx, g, c, sandboxID, spec, f.execOptions(), cmd.OutOrStdout(), cmd.ErrOrStderr())
 				}
 				return execute(ctx, g, c, relay, sandboxID, spec, f.execOptions(), stdin, cmd.OutOrStdout(), cmd.ErrOrStderr(), tty)
 			})
@@ -71,8 +71,10 @@ and 125 when berth itself fails.`,
 	return cmd
 }
 
-// detach starts spec in the background and prints its exec id.
-func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string, spec *berthv1.ProcessSpec, opts []client.ExecOption, stdout io.Writer) error {
+// detach starts spec in the background and prints its exec id, and on
+// stderr its timeout when it has one (a background exec without one has
+// none).
+func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string, spec *berthv1.ProcessSpec, opts []client.ExecOption, stdout, stderr io.Writer) error {
 	ctx, cancel := g.unary(ctx)
 	defer cancel()
 	started, err := c.ExecBackground(ctx, sandboxID, spec, opts...)
@@ -80,6 +82,9 @@ func detach(ctx context.Context, g *globals, c *client.Client, sandboxID string,
 		return err
 	}
 	fmt.Fprintln(stdout, started.GetExecId())
+	if t := started.GetTimeout(); t != nil {
+		fmt.Fprintf(stderr, "berth: exec %s runs in the background; its timeout (%v) ends it\n", started.GetExecId(), t.AsDuration())
+	}
 	return nil
 }
 

@@ -60,7 +60,7 @@ with the signal and "timeout" or "oom" when they apply.`,
 // writeExecTable prints execs as a table.
 func writeExecTable(w io.Writer, execs []*berthv1.ExecInfo, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EXEC ID\tSTATE\tPID\tSTARTED\tLAST SEQ\tEXIT\tCOMMAND")
+	fmt.Fprintln(tw, "EXEC ID\tSTATE\tPID\tSTARTED\tTIMEOUT\tLAST SEQ\tEXIT\tCOMMAND")
 	for _, x := range execs {
 		state, exit := "running", ""
 		if x.GetState() == berthv1.ExecState_EXEC_STATE_EXITED {
@@ -70,9 +70,34 @@ func writeExecTable(w io.Writer, execs []*berthv1.ExecInfo, now time.Time) error
 		if x.GetArgvTruncated() {
 			command += " ..."
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%s\t%s\n", x.GetExecId(), state, x.GetPid(), ago(x.GetStartedAt().AsTime(), now), x.GetLastSeq(), exit, shorten(command, 60))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%d\t%s\t%s\n", x.GetExecId(), state, x.GetPid(), ago(x.GetStartedAt().AsTime(), now), timeoutLeft(x, now), x.GetLastSeq(), exit, shorten(command, 60))
 	}
 	return tw.Flush()
+}
+
+// timeoutLeft renders how long a running exec has before its timeout ends
+// it ("29m left"), "none" when it has no timeout, and the timeout itself
+// for an ended exec.
+func timeoutLeft(x *berthv1.ExecInfo, now time.Time) string {
+	if x.GetTimeout() == nil {
+		return "none"
+	}
+	d := x.GetTimeout().AsDuration()
+	if x.GetState() == berthv1.ExecState_EXEC_STATE_EXITED {
+		return d.String()
+	}
+	return shortDuration(x.GetStartedAt().AsTime().Add(d).Sub(now)) + " left"
+}
+
+// shortDuration renders d in its largest whole unit: 45s, 29m, 23h.
+func shortDuration(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", max(int(d.Seconds()), 0))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	}
+	return fmt.Sprintf("%dh", int(d.Hours()))
 }
 
 // exitSummary renders a result as "137 SIGKILL oom".

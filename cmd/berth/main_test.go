@@ -381,20 +381,23 @@ func TestExecTable(t *testing.T) {
 	execs := []*berthv1.ExecInfo{
 		{ExecId: "web", State: berthv1.ExecState_EXEC_STATE_RUNNING, Pid: 12, StartedAt: timestamppb.New(now.Add(-5 * time.Minute)),
 			Argv: []string{"python3", "-m", "http.server"}, LastSeq: 7},
+		{ExecId: "build", State: berthv1.ExecState_EXEC_STATE_RUNNING, Pid: 13, StartedAt: timestamppb.New(now.Add(-5 * time.Minute)),
+			Argv: []string{"make"}, Timeout: durationpb.New(30 * time.Minute)},
 		{ExecId: "hog", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 40, StartedAt: timestamppb.New(now.Add(-90 * time.Second)),
 			Argv: []string{"/bin/sh", "-c", "x"}, ArgvTruncated: true, Result: &berthv1.ExecResult{ExitCode: proto.Int32(137), Signal: "SIGKILL", OomKilled: true}},
 		{ExecId: "slow", State: berthv1.ExecState_EXEC_STATE_EXITED, Pid: 41, StartedAt: timestamppb.New(now.Add(-time.Minute)),
-			Argv: []string{"sleep", "99"}, Result: &berthv1.ExecResult{ExitCode: proto.Int32(143), Signal: "SIGTERM", TimedOut: true}},
+			Argv: []string{"sleep", "99"}, Timeout: durationpb.New(time.Second), Result: &berthv1.ExecResult{ExitCode: proto.Int32(143), Signal: "SIGTERM", TimedOut: true}},
 	}
 	var b bytes.Buffer
 	if err := writeExecTable(&b, execs, now); err != nil {
 		t.Fatal(err)
 	}
 	want := "" +
-		"EXEC ID  STATE    PID  STARTED  LAST SEQ  EXIT                 COMMAND\n" +
-		"web      running  12   5m ago   7                              python3 -m http.server\n" +
-		"hog      exited   40   1m ago   0         137 SIGKILL oom      /bin/sh -c x ...\n" +
-		"slow     exited   41   1m ago   0         143 SIGTERM timeout  sleep 99\n"
+		"EXEC ID  STATE    PID  STARTED  TIMEOUT   LAST SEQ  EXIT                 COMMAND\n" +
+		"web      running  12   5m ago   none      7                              python3 -m http.server\n" +
+		"build    running  13   5m ago   25m left  0                              make\n" +
+		"hog      exited   40   1m ago   none      0         137 SIGKILL oom      /bin/sh -c x ...\n" +
+		"slow     exited   41   1m ago   1s        0         143 SIGTERM timeout  sleep 99\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
 	}

@@ -268,7 +268,9 @@ type ProcessSpec struct {
 	// the process reads /dev/null.
 	Stdin bool `protobuf:"varint,6,opt,name=stdin,proto3" json:"stdin,omitempty"`
 	// timeout bounds the process's run time. Zero means the server's default
-	// (30 min). A negative value, or one outside the server's bounds (1 s to
+	// (30 min), except for a background start (ExecStart.background), which
+	// then has no timeout: it runs until it exits, is signalled or the
+	// sandbox ends. A negative value, or one outside the server's bounds (1 s to
 	// 24 h), is INVALID_ARGUMENT naming process.timeout and the bound; the
 	// effective value is reported in ExecStarted. On expiry the process group
 	// gets SIGTERM, then SIGKILL after the server's grace period.
@@ -1002,7 +1004,8 @@ type ExecStarted struct {
 	// the exec ends with exit code 127 or 126 like a shell's).
 	Pid int64 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
 	// timeout is the effective timeout: the requested one, or the server's
-	// default when none was requested.
+	// default when none was requested; unset for a background start without
+	// one, which has none.
 	Timeout *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	// stdout_limit_bytes is the effective stdout cap in bytes; zero means
 	// none.
@@ -1770,7 +1773,10 @@ type ExecInfo struct {
 	// last_seq is the sequence number of the exec's last output event so far.
 	LastSeq uint64 `protobuf:"varint,9,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
 	// result says how the exec ended; set when state is EXEC_STATE_EXITED.
-	Result        *ExecResult `protobuf:"bytes,10,opt,name=result,proto3" json:"result,omitempty"`
+	Result *ExecResult `protobuf:"bytes,10,opt,name=result,proto3" json:"result,omitempty"`
+	// timeout is the exec's effective timeout, counted from started_at;
+	// unset when it has none (a background exec started without one).
+	Timeout       *durationpb.Duration `protobuf:"bytes,11,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1871,6 +1877,13 @@ func (x *ExecInfo) GetLastSeq() uint64 {
 func (x *ExecInfo) GetResult() *ExecResult {
 	if x != nil {
 		return x.Result
+	}
+	return nil
+}
+
+func (x *ExecInfo) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
 	}
 	return nil
 }
@@ -2208,7 +2221,7 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12,\n" +
 	"\x06result\x18\x02 \x01(\v2\x14.berth.v1.ExecResultR\x06result\x12\x16\n" +
 	"\x06stdout\x18\x03 \x01(\fR\x06stdout\x12\x16\n" +
-	"\x06stderr\x18\x04 \x01(\fR\x06stderr\"\xc7\x02\n" +
+	"\x06stderr\x18\x04 \x01(\fR\x06stderr\"\xfc\x02\n" +
 	"\bExecInfo\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12)\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state\x12\x12\n" +
@@ -2221,7 +2234,8 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x05stdin\x18\b \x01(\bR\x05stdin\x12\x19\n" +
 	"\blast_seq\x18\t \x01(\x04R\alastSeq\x12,\n" +
 	"\x06result\x18\n" +
-	" \x01(\v2\x14.berth.v1.ExecResultR\x06result\"1\n" +
+	" \x01(\v2\x14.berth.v1.ExecResultR\x06result\x123\n" +
+	"\atimeout\x18\v \x01(\v2\x19.google.protobuf.DurationR\atimeout\"1\n" +
 	"\x10ListExecsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"W\n" +
@@ -2328,13 +2342,14 @@ var file_berth_v1_exec_proto_depIdxs = []int32{
 	3,  // 25: berth.v1.ExecInfo.state:type_name -> berth.v1.ExecState
 	29, // 26: berth.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
 	17, // 27: berth.v1.ExecInfo.result:type_name -> berth.v1.ExecResult
-	22, // 28: berth.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	3,  // 29: berth.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	30, // [30:30] is the sub-list for method output_type
-	30, // [30:30] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	28, // 28: berth.v1.ExecInfo.timeout:type_name -> google.protobuf.Duration
+	22, // 29: berth.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	3,  // 30: berth.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_exec_proto_init() }

@@ -234,7 +234,9 @@ export interface ProcessSpec {
   stdin: boolean;
   /**
    * timeout bounds the process's run time. Zero means the server's default
-   * (30 min). A negative value, or one outside the server's bounds (1 s to
+   * (30 min), except for a background start (ExecStart.background), which
+   * then has no timeout: it runs until it exits, is signalled or the
+   * sandbox ends. A negative value, or one outside the server's bounds (1 s to
    * 24 h), is INVALID_ARGUMENT naming process.timeout and the bound; the
    * effective value is reported in ExecStarted. On expiry the process group
    * gets SIGTERM, then SIGKILL after the server's grace period.
@@ -439,7 +441,8 @@ export interface ExecStarted {
   pid: bigint;
   /**
    * timeout is the effective timeout: the requested one, or the server's
-   * default when none was requested.
+   * default when none was requested; unset for a background start without
+   * one, which has none.
    */
   timeout:
     | Duration
@@ -656,7 +659,14 @@ export interface ExecInfo {
   /** last_seq is the sequence number of the exec's last output event so far. */
   lastSeq: bigint;
   /** result says how the exec ended; set when state is EXEC_STATE_EXITED. */
-  result: ExecResult | undefined;
+  result:
+    | ExecResult
+    | undefined;
+  /**
+   * timeout is the exec's effective timeout, counted from started_at;
+   * unset when it has none (a background exec started without one).
+   */
+  timeout: Duration | undefined;
 }
 
 /** ListExecsRequest names the sandbox whose execs to list. */
@@ -3166,6 +3176,7 @@ function createBaseExecInfo(): ExecInfo {
     stdin: false,
     lastSeq: 0n,
     result: undefined,
+    timeout: undefined,
   };
 }
 
@@ -3206,6 +3217,9 @@ export const ExecInfo: MessageFns<ExecInfo> = {
     }
     if (message.result !== undefined) {
       ExecResult.encode(message.result, writer.uint32(82).fork()).join();
+    }
+    if (message.timeout !== undefined) {
+      Duration.encode(message.timeout, writer.uint32(90).fork()).join();
     }
     return writer;
   },
@@ -3303,6 +3317,14 @@ export const ExecInfo: MessageFns<ExecInfo> = {
             message.result = ExecResult.decode(reader, reader.uint32());
             continue;
           }
+          case 11: {
+            if (tag !== 90) {
+              break;
+            }
+
+            message.timeout = Duration.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3339,6 +3361,7 @@ export const ExecInfo: MessageFns<ExecInfo> = {
       stdin: isSet(object.stdin) ? globalThis.Boolean(object.stdin) : false,
       lastSeq: isSet(object.lastSeq) ? BigInt(object.lastSeq) : isSet(object.last_seq) ? BigInt(object.last_seq) : 0n,
       result: isSet(object.result) ? ExecResult.fromJSON(object.result) : undefined,
+      timeout: isSet(object.timeout) ? Duration.fromJSON(object.timeout) : undefined,
     };
   },
 
@@ -3374,6 +3397,9 @@ export const ExecInfo: MessageFns<ExecInfo> = {
     if (message.result !== undefined) {
       obj.result = ExecResult.toJSON(message.result);
     }
+    if (message.timeout !== undefined) {
+      obj.timeout = Duration.toJSON(message.timeout);
+    }
     return obj;
   },
 
@@ -3393,6 +3419,9 @@ export const ExecInfo: MessageFns<ExecInfo> = {
     message.lastSeq = (object.lastSeq !== undefined && object.lastSeq !== null) ? BigInt(object.lastSeq) : 0n;
     message.result = (object.result !== undefined && object.result !== null)
       ? ExecResult.fromPartial(object.result)
+      : undefined;
+    message.timeout = (object.timeout !== undefined && object.timeout !== null)
+      ? Duration.fromPartial(object.timeout)
       : undefined;
     return message;
   },
