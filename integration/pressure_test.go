@@ -89,16 +89,17 @@ func TestDetachedWritersKeepTheAgent(t *testing.T) {
 }
 
 // TestMemoryPressureSparesTheAgent is the case that used to kill the agent:
-// a 64 MiB sandbox with /dev/shm holding 48 MiB, and 4 clients each running
+// a 64 MiB sandbox with /dev/shm holding 28 MiB (of at most 32: /dev/shm
+// leaves 32 MiB of the limit to processes), and 4 clients each running
 // 10 execs of `dd bs=8M count=1` at once, so that the kernel's OOM killer
 // runs while execs start. The OOM killer takes workload processes only: the
 // agent keeps its boot id, every exec ends with a result, and the next exec
 // works.
 func TestMemoryPressureSparesTheAgent(t *testing.T) {
 	need(t)
-	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{MemoryBytes: 64 << 20}}).GetId()
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{MemoryBytes: 64 << 20, ShmBytes: 32 << 20}}).GetId()
 	before := bootID(t, sb)
-	if ev := runExec(t, env.sandboxes, sb, "", sh("dd if=/dev/zero of=/dev/shm/fill bs=1M count=48 2>&1")); ev.result.GetExitCode() != 0 {
+	if ev := runExec(t, env.sandboxes, sb, "", sh("dd if=/dev/zero of=/dev/shm/fill bs=1M count=28 2>&1")); ev.result.GetExitCode() != 0 {
 		t.Fatalf("fill /dev/shm: %s, result %v", ev.stdout, ev.result)
 	}
 	var (

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -67,8 +68,9 @@ func TestWorkloadEnvironment(t *testing.T) {
 	}
 }
 
-// TestShmBytes sizes /dev/shm: 64 MiB by default (docker's), shm_bytes
-// otherwise, and 256 MiB hold 200 MiB.
+// TestShmBytes sizes /dev/shm: 64 MiB by default (docker's) or a quarter
+// of a smaller memory limit, shm_bytes otherwise, and 256 MiB hold 200 MiB;
+// /dev/shm always leaves 32 MiB of the memory limit to processes.
 func TestShmBytes(t *testing.T) {
 	need(t)
 	sb := newSandbox(t, nil)
@@ -93,8 +95,26 @@ func TestShmBytes(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	_, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{MemoryBytes: 64 << 20, ShmBytes: 128 << 20}})
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "resources.shm_bytes") {
-		t.Errorf("shm_bytes above memory_bytes: %v, want INVALID_ARGUMENT naming resources.shm_bytes", err)
+	for _, shm := range []uint64{128 << 20, 48 << 20} {
+		_, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{MemoryBytes: 64 << 20, ShmBytes: shm}})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "resources.shm_bytes") {
+			t.Errorf("shm_bytes %d MiB with memory_bytes 64 MiB: %v, want INVALID_ARGUMENT naming resources.shm_bytes (32 MiB stay outside /dev/shm)", shm>>20, err)
+		}
+	}
+
+	// A small sandbox's default /dev/shm is a quarter of its memory: filled
+	// to the brim, it leaves the agent and the next command room.
+	small := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{MemoryBytes: 64 << 20}})
+	if got := small.GetResources().GetShmBytes(); got != 16<<20 {
+		t.Errorf("default shm_bytes with memory_bytes 64 MiB = %d, want 16 MiB", got)
+	}
+	boot := small.GetRuntime().GetAgentBootId()
+	runSh(t, small.GetId(), "dd if=/dev/zero of=/dev/shm/fill bs=1M count=64 2>/dev/null; true")
+	r = runSh(t, small.GetId(), "ls -l /dev/shm/fill | awk '{print $5}'; echo alive")
+	if got := string(r.GetStdout()); got != fmt.Sprintf("%d\nalive\n", 16<<20) {
+		t.Errorf("after filling /dev/shm: %q, want the 16 MiB file and the next command running", got)
+	}
+	if got := bootID(t, small.GetId()); got != boot {
+		t.Errorf("the agent was replaced (boot %s, now %s) after /dev/shm was filled", boot, got)
 	}
 }

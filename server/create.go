@@ -145,9 +145,9 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	// would otherwise wrap a value near 2^64 to zero, the default.
 	switch shm := res.GetShmBytes(); {
 	case shm == 0:
-		spec.ShmBytes = runtime.DefaultShmBytes
-	case spec.MemoryBytes > 0 && shm > spec.MemoryBytes:
-		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds memory_bytes %d: /dev/shm pages count against the memory limit", shm, spec.MemoryBytes))
+		spec.ShmBytes = defaultShm(spec.MemoryBytes)
+	case spec.MemoryBytes > 0 && (spec.MemoryBytes < shmMemoryReserve || shm > spec.MemoryBytes-shmMemoryReserve):
+		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d leaves less than %d of memory_bytes %d outside /dev/shm: its pages count against the memory limit, and a full /dev/shm would leave the OOM killer only the agent and the workload's processes to take", shm, shmMemoryReserve, spec.MemoryBytes))
 	case shm > min(s.cfg.MaxMemoryBytes, maxShmBytes):
 		return spec, rpcstatus.InvalidArgument("resources.shm_bytes", fmt.Sprintf("%d exceeds the server's maximum memory cap of %d: /dev/shm pages are memory", shm, min(s.cfg.MaxMemoryBytes, maxShmBytes)))
 	case shm < minShmBytes:
@@ -392,6 +392,11 @@ const (
 	// minShmBytes is the smallest /dev/shm: a semaphore or a small
 	// shared buffer (32 KiB) must fit.
 	minShmBytes = 64 << 10
+	// shmMemoryReserve is how much of a sandbox's memory limit /dev/shm
+	// always leaves to processes: tmpfs pages are charged to the sandbox
+	// and cannot be reclaimed by killing, so a full /dev/shm as large as
+	// the limit left the agent the only thing the OOM killer could take.
+	shmMemoryReserve = 32 << 20
 	minShmWhy   = "/dev/shm must hold a few pages for semaphores and shared buffers"
 )
 
@@ -730,11 +735,23 @@ func (s *Service) poolable(spec runtime.SandboxSpec) bool {
 		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes && !spec.Network.Egress
 }
 
+// defaultShm is the size of /dev/shm for a sandbox that asks for none:
+// runtime.DefaultShmBytes (docker's 64 MiB), but at most a quarter of a
+// memory limit (memory bytes; zero: none), rounded down to KiB, and never
+// under minShmBytes.
+func defaultShm(memory uint64) uint64 {
+	if memory == 0 {
+		return runtime.DefaultShmBytes
+	}
+	return max(min(runtime.DefaultShmBytes, memory/4/1024*1024), minShmBytes)
+}
+
 // pooledSpec is the spec of a warm-pool member of image.
 func (s *Service) pooledSpec(image, id string) runtime.SandboxSpec {
-	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir, Runtime: runtime.RuntimeRunc, DiskBytes: s.cfg.DefaultDiskBytes, ShmBytes: runtime.DefaultShmBytes,
+	spec := runtime.SandboxSpec{ID: id, Image: image, WorkDir: runtime.DefaultWorkDir, Runtime: runtime.RuntimeRunc, DiskBytes: s.cfg.DefaultDiskBytes,
 		IdleTimeout: s.cfg.DefaultIdleTimeout, MaxLifetime: s.cfg.DefaultMaxLifetime, Pooled: true}
 	s.defaultResources(&spec)
+	spec.ShmBytes = defaultShm(spec.MemoryBytes)
 	return spec
 }
 

@@ -294,8 +294,10 @@ type Resources struct {
 	// DISK_QUOTA_UNSUPPORTED.
 	DiskBytes uint64 `protobuf:"varint,4,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	// shm_bytes is the size of /dev/shm (a tmpfs), in bytes, rounded up to
-	// KiB; 0 means 64 MiB, as docker's default. Its pages count against
-	// memory_bytes, which it may not exceed.
+	// KiB; 0 means 64 MiB, as docker's default, or a quarter of a smaller
+	// memory_bytes. Its pages count against memory_bytes and cannot be
+	// reclaimed by killing: it must leave 32 MiB of memory_bytes to
+	// processes (INVALID_ARGUMENT otherwise).
 	ShmBytes uint64 `protobuf:"varint,5,opt,name=shm_bytes,json=shmBytes,proto3" json:"shm_bytes,omitempty"`
 	// open_files_limit is the RLIMIT_NOFILE (soft and hard) of every process
 	// in the sandbox: the most file descriptors one process may hold. Its

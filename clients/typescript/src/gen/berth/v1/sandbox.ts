@@ -302,8 +302,10 @@ export interface Resources {
   diskBytes: bigint;
   /**
    * shm_bytes is the size of /dev/shm (a tmpfs), in bytes, rounded up to
-   * KiB; 0 means 64 MiB, as docker's default. Its pages count against
-   * memory_bytes, which it may not exceed.
+   * KiB; 0 means 64 MiB, as docker's default, or a quarter of a smaller
+   * memory_bytes. Its pages count against memory_bytes and cannot be
+   * reclaimed by killing: it must leave 32 MiB of memory_bytes to
+   * processes (INVALID_ARGUMENT otherwise).
    */
   shmBytes: bigint;
   /**
