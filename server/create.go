@@ -392,12 +392,12 @@ const (
 	// minShmBytes is the smallest /dev/shm: a semaphore or a small
 	// shared buffer (32 KiB) must fit.
 	minShmBytes = 64 << 10
+	minShmWhy   = "/dev/shm must hold a few pages for semaphores and shared buffers"
 	// shmMemoryReserve is how much of a sandbox's memory limit /dev/shm
 	// always leaves to processes: tmpfs pages are charged to the sandbox
 	// and cannot be reclaimed by killing, so a full /dev/shm as large as
 	// the limit left the agent the only thing the OOM killer could take.
 	shmMemoryReserve = 32 << 20
-	minShmWhy   = "/dev/shm must hold a few pages for semaphores and shared buffers"
 )
 
 // diskBytes returns the disk quota for a request's resources.disk_bytes:
