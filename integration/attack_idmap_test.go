@@ -29,7 +29,6 @@ import (
 	"github.com/containerd/containerd/v2/core/mount"
 	"github.com/containerd/containerd/v2/core/snapshots"
 	"golang.org/x/sys/unix"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -38,7 +37,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/berth-sandbox/berth/internal/agentbin"
 	"github.com/berth-sandbox/berth/internal/rootfsimage"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -57,30 +55,14 @@ func attackEnv(t *testing.T, name, snapshotter, mapping string) *berthEnv {
 	}, nil)
 }
 
-// attackCreate creates a sandbox on e, deleted at cleanup.
+// attackCreate creates a sandbox on e (of the base image unless req
+// names one), deleted at cleanup.
 func attackCreate(t *testing.T, e *berthEnv, req *berthv1.CreateSandboxRequest) *berthv1.Sandbox {
 	t.Helper()
 	if req == nil {
 		req = &berthv1.CreateSandboxRequest{}
 	}
-	if req.Image == "" {
-		req.Image = baseImage
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	resp, err := e.sandboxes.CreateSandbox(ctx, req)
-	if err != nil {
-		t.Fatalf("CreateSandbox: %v", err)
-	}
-	sb := resp.GetSandbox()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
-			t.Errorf("DeleteSandbox(%s): %v", sb.GetId(), err)
-		}
-	})
-	return sb
+	return createSandboxOn(t, e.sandboxes, req)
 }
 
 // attackRun runs a shell command in sandbox id on e.
@@ -727,39 +709,6 @@ func TestAttackChownedOverlayHardLinks(t *testing.T) {
 	}
 }
 
-// startBerthdWrapped is startBerthd with berthd run by wrapper (argv
-// before berthd's path), on snapshotter.
-func startBerthdWrapped(t *testing.T, e *berthEnv, wrapper []string, snapshotter string, flags ...string) *berthdProc {
-	t.Helper()
-	args := append([]string{
-		"--containerd-address", env.containerd, "--namespace", e.ns, "--state-dir", e.stateDir,
-		"--agent-binary", env.agentBinary, "--snapshotter", snapshotter, "--listen", "unix://" + e.sock, "--log-level", "DEBUG",
-	}, flags...)
-	argv := append(append(append([]string(nil), wrapper...), berthdBinary(t)), args...)
-	p := &berthdProc{cmd: exec.Command(argv[0], argv[1:]...), log: &agentbin.Buffer{}, exited: make(chan struct{})}
-	p.cmd.Stderr = p.log
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
-	t.Cleanup(func() {
-		p.cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() && os.Getenv("BERTH_TEST_LOG") != "" {
-			t.Logf("berthd log:\n%s", p.log)
-		}
-	})
-	if e.conn == nil {
-		e.dial(t)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := e.images.ListImages(ctx, &berthv1.ListImagesRequest{}, grpc.WaitForReady(true)); err != nil {
-		t.Fatalf("berthd did not serve: %v\nlog:\n%s", err, p.log)
-	}
-	return p
-}
-
 // TestAttackRestartAdoptDelete: berthd (the binary) is SIGKILLed with an
 // idmapped sandbox running; the next berthd re-adopts it, runs in it,
 // reports ROOT_ID_MAPPING_IDMAPPED, restarts its killed task (the root is
@@ -769,7 +718,7 @@ func TestAttackRestartAdoptDelete(t *testing.T) {
 	for _, snapshotter := range []string{"btrfs", "overlayfs"} {
 		t.Run(snapshotter, func(t *testing.T) {
 			e := newBinaryEnv(t, "rad-"+snapshotter[:2])
-			p1 := startBerthdWrapped(t, e, nil, snapshotter)
+			p1 := startBerthd(t, e, "--snapshotter", snapshotter)
 			e.importBase(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
@@ -782,7 +731,7 @@ func TestAttackRestartAdoptDelete(t *testing.T) {
 				t.Fatal("write /one")
 			}
 			p1.signal(t, syscall.SIGKILL)
-			p2 := startBerthdWrapped(t, e, nil, snapshotter)
+			p2 := startBerthd(t, e, "--snapshotter", snapshotter)
 			g, err := e.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: "adopt"})
 			if err != nil || g.GetSandbox().GetRootIdMapping() != berthv1.RootIDMapping_ROOT_ID_MAPPING_IDMAPPED {
 				t.Errorf("GetSandbox after the restart: %v %v", g.GetSandbox().GetRootIdMapping(), err)
@@ -817,7 +766,7 @@ func TestAttackRestartAdoptDelete(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitStopped(t, e, "adopt")
-			p3 := startBerthdWrapped(t, e, nil, snapshotter)
+			p3 := startBerthd(t, e, "--snapshotter", snapshotter)
 			if l := p3.logLines("removed sandbox at start-up", "adopt"); len(l) != 1 {
 				t.Errorf("orphan removal log lines: %q", l)
 			}
