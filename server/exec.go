@@ -70,7 +70,11 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		}
 		background = ev.Start.GetBackground()
 		hangup = ev.Start.GetHangupOnDisconnect() && !background
-		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: ev.Start.GetProcess(),
+		process := ev.Start.GetProcess()
+		if !background { // a background start asked to outlive the call
+			process = withCallerDeadline(ctx, process)
+		}
+		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: process,
 			Background: background, DetachedOutput: ev.Start.GetDetachedOutput()}}}
 	case *berthv1.ExecRequest_Attach:
 		sandboxID = ev.Attach.GetSandboxId()
@@ -339,6 +343,7 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if err != nil {
 		return nil, err
 	}
+	spec = withCallerDeadline(ctx, spec)
 	reserved := spec.GetStdoutLimitBytes() + spec.GetStderrLimitBytes()
 	release, used, ok := s.runBuffers.Reserve(reserved)
 	if !ok {

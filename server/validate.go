@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"path/filepath"
@@ -9,6 +10,9 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -163,7 +167,36 @@ const (
 	// leaves at their defaults.
 	minExecTimeout = time.Second
 	maxExecTimeout = 24 * time.Hour
+	// defaultExecTimeout is the agent's default timeout (agent.Config
+	// DefaultTimeout) of a start that asks for none.
+	defaultExecTimeout = 30 * time.Minute
 )
+
+// withCallerDeadline returns spec with its timeout cut to the time left
+// before ctx's deadline (the caller's gRPC deadline, grpc-timeout), when
+// that is sooner than the timeout the command would have: a caller that
+// uses its deadline as the command's timeout gets the command ended as its
+// own timeout ends it (SIGTERM, then SIGKILL; result timed_out), instead of
+// a process that outlives the call. Never under minExecTimeout. A caller
+// without a deadline, and a lost connection, change nothing: the command
+// runs on to be attached again.
+func withCallerDeadline(ctx context.Context, spec *berthv1.ProcessSpec) *berthv1.ProcessSpec {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return spec
+	}
+	current := defaultExecTimeout
+	if spec.GetTimeout() != nil {
+		current = spec.GetTimeout().AsDuration()
+	}
+	left := max(time.Until(deadline), minExecTimeout)
+	if left >= current {
+		return spec
+	}
+	spec = proto.CloneOf(spec)
+	spec.Timeout = durationpb.New(left)
+	return spec
+}
 
 var (
 	// A process's NUL bytes are left to the agent, whose refusals quote

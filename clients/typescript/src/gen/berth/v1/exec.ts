@@ -236,7 +236,8 @@ export interface ProcessSpec {
    * timeout bounds the process's run time. Zero means the server's default
    * (30 min), except for a background start (ExecStart.background), which
    * then has no timeout: it runs until it exits, is signalled or the
-   * sandbox ends. A negative value, or one outside the server's bounds (1 s to
+   * sandbox ends. A caller's gRPC deadline on Run or a foreground Exec
+   * start that comes sooner becomes the timeout (at least 1 s). A negative value, or one outside the server's bounds (1 s to
    * 24 h), is INVALID_ARGUMENT naming process.timeout and the bound; the
    * effective value is reported in ExecStarted. On expiry the process group
    * gets SIGTERM, then SIGKILL after the server's grace period.
