@@ -107,8 +107,11 @@ type execConn struct {
 // since_seq).
 func openExec(t testing.TB, svc berthv1.SandboxServiceClient, first *berthv1.ExecRequest, since uint64) *execConn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
+	// A guard against a hang that cancels (a lost caller), not a gRPC
+	// deadline: a deadline would become the command's timeout.
+	ctx, cancel := context.WithCancel(context.Background())
+	guard := time.AfterFunc(3*time.Minute, cancel)
+	t.Cleanup(func() { guard.Stop(); cancel() })
 	stream, err := svc.Exec(ctx)
 	if err != nil {
 		t.Fatalf("Exec: %v", err)
