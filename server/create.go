@@ -701,7 +701,10 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.HostUsers != want.HostUsers, "host_users")
 	add(have.Runtime != want.Runtime, "runtime")
 	add(have.DiskBytes != want.DiskBytes, "resources.disk_bytes")
-	add(have.ShmBytes != want.ShmBytes, "resources.shm_bytes")
+	// Both the default of their memory limits: a difference that follows
+	// from memory_bytes's, which is named already.
+	shmDefaults := have.ShmBytes == defaultShm(have.MemoryBytes) && want.ShmBytes == defaultShm(want.MemoryBytes)
+	add(have.ShmBytes != want.ShmBytes && !shmDefaults, "resources.shm_bytes")
 	add(have.UID != want.UID || have.GID != want.GID, "user")
 	add(have.WorkDir != want.WorkDir, "workdir")
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
