@@ -215,14 +215,7 @@ func TestLeaseLost(t *testing.T) {
 	if _, err := cli.Revoke(ctx, lease); err != nil {
 		t.Fatal(err)
 	}
-	dir, err := NewDirectory(cli, prefix, testLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dir.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := startDirectory(t, cli, prefix)
 	// The record of its sandbox stays while the node is away.
 	if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" {
 		t.Errorf("record of kept after the lease = %v, %v, %v", rec, ok, err)
@@ -323,11 +316,7 @@ func TestMemberLeaseExpiry(t *testing.T) {
 	if err := m.Start(ctx, &fakeLocal{holds: map[string]string{}}); err != nil {
 		t.Fatal(err)
 	}
-	dir, _ := NewDirectory(cli, prefix, testLog())
-	if err := dir.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := startDirectory(t, cli, prefix)
 	time.Sleep(2 * time.Second) // a few refreshes
 	m.stop()
 	<-m.done
@@ -359,14 +348,7 @@ func TestRouterNodeLostOwner(t *testing.T) {
 	if _, err := cli.Put(ctx, k.sandbox("lost-sb"), `{"node":"gone","owner":"alice"}`); err != nil {
 		t.Fatal(err)
 	}
-	dir, err := NewDirectory(cli, prefix, testLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dir.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer dir.Close()
+	dir := startDirectory(t, cli, prefix)
 	r := NewRouter(RouterConfig{Directory: dir})
 	for _, tc := range []struct {
 		p         auth.Principal
@@ -388,4 +370,19 @@ func TestRouterNodeLostOwner(t *testing.T) {
 			t.Errorf("%v: %v, want UNAVAILABLE NODE_LOST", tc.p, err)
 		}
 	}
+}
+
+// startDirectory starts a Directory of the fleet under prefix, closed at
+// cleanup.
+func startDirectory(t *testing.T, cli *clientv3.Client, prefix string) *Directory {
+	t.Helper()
+	dir, err := NewDirectory(cli, prefix, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dir.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(dir.Close)
+	return dir
 }

@@ -45,11 +45,15 @@ type Member struct {
 	// so that an older reading never overwrites a newer one.
 	pubMu sync.Mutex
 
-	mu        sync.Mutex
-	lease     clientv3.LeaseID // 0 while the node holds none
-	startedAt time.Time
-	last      NodeRecord      // last published
-	held      map[string]bool // sandbox ids recorded on this node
+	mu    sync.Mutex
+	lease clientv3.LeaseID // 0 while the node holds none
+	// registering is closed when the registration under way (if any)
+	// has stored its lease or failed: its record may be visible a moment
+	// before lease is set.
+	registering chan struct{}
+	startedAt   time.Time
+	last        NodeRecord      // last published
+	held        map[string]bool // sandbox ids recorded on this node
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -109,6 +113,12 @@ func (m *Member) Close() {
 	}
 }
 
+// registerWait bounds how long a claim waits for a registration under way
+// to store its lease: long enough for a store that answers, short enough
+// that a claim while etcd is down is still refused (NODE_NOT_ACCEPTING)
+// at once, for the caller to try another node.
+const registerWait = time.Second
+
 // register takes a lease and puts the node's record under it, if no other
 // registration of the node id holds one, then reconciles the sandbox
 // records.
@@ -129,19 +139,21 @@ func (m *Member) register(ctx context.Context) error {
 		body, _ := json.Marshal(rec)
 		seen, _ := json.Marshal(seenRecord{Address: m.cfg.Address, FirstSeen: now})
 		nodeKey := m.keys.node(m.cfg.NodeID)
-		// Under pubMu until the lease is stored: a claim by a caller who
-		// saw the new node record waits for it instead of finding no lease.
-		m.pubMu.Lock()
+		registered := make(chan struct{})
+		m.mu.Lock()
+		m.registering = registered
+		m.mu.Unlock()
 		resp, err := m.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).
 			Then(clientv3.OpPut(nodeKey, string(body), clientv3.WithLease(g.ID)), clientv3.OpPut(m.keys.seen(m.cfg.NodeID), string(seen))).
 			Commit()
+		m.mu.Lock()
 		if err == nil && resp.Succeeded {
-			m.mu.Lock()
 			m.lease, m.startedAt, m.last = g.ID, now, rec
-			m.mu.Unlock()
 		}
-		m.pubMu.Unlock()
+		m.registering = nil
+		m.mu.Unlock()
+		close(registered)
 		if err != nil {
 			m.revoke(g.ID)
 			return fmt.Errorf("cluster: register node %s: %w", m.cfg.NodeID, err)
@@ -270,8 +282,20 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 	m.pubMu.Lock()
 	defer m.pubMu.Unlock()
 	m.mu.Lock()
-	lease, rec := m.lease, m.last
+	lease, rec, registering := m.lease, m.last, m.registering
 	m.mu.Unlock()
+	if lease == 0 && registering != nil {
+		// A caller may have seen the new record already: wait a moment
+		// for its lease, but not for a store that does not answer.
+		select {
+		case <-registering:
+		case <-time.After(registerWait):
+		case <-ctx.Done():
+		}
+		m.mu.Lock()
+		lease, rec = m.lease, m.last
+		m.mu.Unlock()
+	}
 	meta := map[string]string{"sandbox_id": id, "node_id": m.cfg.NodeID}
 	if lease == 0 {
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting,
