@@ -149,12 +149,7 @@ func TestConfigurationDocumentsEveryFlag(t *testing.T) {
 			t.Fatalf("definedFlags(cmd/berthd) = %v, want it to hold %q", defined, want)
 		}
 	}
-	documented := map[string]bool{}
-	for _, cell := range firstCells(t, configurationDoc) {
-		for _, m := range flagInDoc.FindAllStringSubmatch(cell, -1) {
-			documented[m[1]] = true
-		}
-	}
+	documented := namedInFirstCells(t, configurationDoc, flagInDoc)
 	for _, name := range defined {
 		if !documented[name] {
 			t.Errorf("berthd defines --%s, but no table row of docs/configuration.md names it in its first cell", name)
@@ -260,12 +255,7 @@ var reasonInDoc = regexp.MustCompile("`([A-Z][A-Z0-9_]+)`")
 
 func TestErrorsDocumentEveryReason(t *testing.T) {
 	fromProto, fromCode := protoReasons(t), rpcstatusReasons(t)
-	documented := map[string]bool{}
-	for _, cell := range firstCells(t, errorsDoc) {
-		for _, m := range reasonInDoc.FindAllStringSubmatch(cell, -1) {
-			documented[m[1]] = true
-		}
-	}
+	documented := namedInFirstCells(t, errorsDoc, reasonInDoc)
 	for _, r := range fromProto {
 		if !documented[r] {
 			t.Errorf("proto/berth/v1/errors.proto names reason %s, but no table row of docs/errors.md names it in its first cell", r)
@@ -291,4 +281,17 @@ func TestREADMEIsShort(t *testing.T) {
 	if st.Size() > readmeMaxBytes {
 		t.Errorf("README.md is %d bytes, want at most %d: move reference text to docs/", st.Size(), readmeMaxBytes)
 	}
+}
+
+// namedInFirstCells returns the first submatch of re in every first cell
+// of a table row of the markdown file doc.
+func namedInFirstCells(t *testing.T, doc string, re *regexp.Regexp) map[string]bool {
+	t.Helper()
+	named := map[string]bool{}
+	for _, cell := range firstCells(t, doc) {
+		for _, m := range re.FindAllStringSubmatch(cell, -1) {
+			named[m[1]] = true
+		}
+	}
+	return named
 }
