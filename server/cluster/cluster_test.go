@@ -386,3 +386,39 @@ func startDirectory(t *testing.T, cli *clientv3.Client, prefix string) *Director
 	t.Cleanup(dir.Close)
 	return dir
 }
+
+// TestClaimDuringRegistration: a claim while the node registers again
+// waits for the registration's lease when the store answers, and is
+// refused NODE_NOT_ACCEPTING within registerWait when it does not (etcd
+// down), so that the caller tries another node instead of hanging.
+func TestClaimDuringRegistration(t *testing.T) {
+	cli, prefix := etcd(t)
+	m := startMember(t, cli, prefix, "a", &fakeLocal{holds: map[string]string{}})
+	m.mu.Lock()
+	lease := m.lease
+	m.lease = 0 // lost; a registration is under way and does not return
+	stuck := make(chan struct{})
+	m.registering = stuck
+	m.mu.Unlock()
+	start := time.Now()
+	err := m.Claim(context.Background(), "during", "alice")
+	if rpcstatus.Reason(err) != rpcstatus.ReasonNodeNotAccepting || time.Since(start) > registerWait+time.Second {
+		t.Errorf("claim while the registration hangs: %v after %v, want NODE_NOT_ACCEPTING within %v", err, time.Since(start), registerWait)
+	}
+	// A registration that stores its lease a moment later (its record
+	// was visible already): the claim waits for it.
+	storing := make(chan struct{})
+	m.mu.Lock()
+	m.registering = storing
+	m.mu.Unlock()
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		m.mu.Lock()
+		m.lease, m.registering = lease, nil
+		m.mu.Unlock()
+		close(storing)
+	}()
+	if err := m.Claim(context.Background(), "after", "alice"); err != nil {
+		t.Errorf("claim while the registration stores its lease: %v, want it to wait and succeed", err)
+	}
+}
