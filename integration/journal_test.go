@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -178,11 +179,12 @@ func readAll(t *testing.T, stream berthv1.FileService_ReadFileClient) string {
 	}
 }
 
-// TestOrphanLeasesDropped: leases of a berthd that died (its pid runs no
-// berthd now) are deleted when the next berthd starts on the namespace, so
-// that what they held for work cut off (an unpack, a chowned copy, an
-// import) is collected at once, not after the lease expires. Leases of a
-// berthd that still runs, and leases berthd did not take, stay.
+// TestOrphanLeasesDropped: leases of a berthd that died (its pid is gone,
+// or is a process started later) are deleted when the next berthd starts
+// on the namespace, so that what they held for work cut off (an unpack, a
+// chowned copy, an import) is collected at once, not after the lease
+// expires. Leases of a berthd that still runs, and leases berthd did not
+// take, stay.
 func TestOrphanLeasesDropped(t *testing.T) {
 	need(t)
 	_, ns, _ := newNamespaceRuntime(t, "orphan")
@@ -197,11 +199,18 @@ func TestOrphanLeasesDropped(t *testing.T) {
 	if err := dead.Run(); err != nil {
 		t.Fatal(err)
 	}
+	// The holder label is "<pid>:<start time in clock ticks>" (proc(5)).
 	const holder = "berth.dev/lease-holder"
+	self, err := procfs.Stat(uint32(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := self[procfs.StartTimeField]
 	ls := cc.LeasesService()
 	for id, labels := range map[string]map[string]string{
-		"of-a-dead-berthd": {holder: fmt.Sprint(dead.Process.Pid)},
-		"of-a-live-berthd": {holder: fmt.Sprint(os.Getpid())}, // the test runs berthd in process
+		"of-a-dead-berthd": {holder: fmt.Sprintf("%d:%s", dead.Process.Pid, start)},
+		"of-a-live-berthd": {holder: fmt.Sprintf("%d:%s", os.Getpid(), start)}, // the test runs berthd in process
+		"of-a-reused-pid":  {holder: fmt.Sprintf("%d:1", os.Getpid())},         // this pid, another start
 		"not-berthd-s":     nil,
 		"of-a-garbled-pid": {holder: "x"},
 	} {
@@ -210,8 +219,8 @@ func TestOrphanLeasesDropped(t *testing.T) {
 		}
 	}
 	rt, _, _ := newNamespaceRuntimeWith(t, "orphan", nil)
-	if got := rt.OrphanLeases(); got != 2 {
-		t.Errorf("OrphanLeases() = %d, want 2 (the dead berthd's and the garbled one)", got)
+	if got := rt.OrphanLeases(); got != 3 {
+		t.Errorf("OrphanLeases() = %d, want 3 (the dead berthd's, the reused pid's and the garbled one)", got)
 	}
 	left, err := ls.List(ctx)
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -772,12 +773,11 @@ func procStartTime(pid uint32) (time.Time, error) {
 	if err != nil {
 		return time.Time{}, err
 	}
-	fields, err := procStat(pid)
+	fields, err := procfs.Stat(pid)
 	if err != nil {
 		return time.Time{}, err
 	}
-	const startTime = 22
-	ticks, err := strconv.ParseUint(fields[startTime], 10, 64)
+	ticks, err := strconv.ParseUint(fields[procfs.StartTimeField], 10, 64)
 	if err != nil {
 		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
 	}
@@ -812,7 +812,7 @@ func procCPU(pid uint32) (time.Duration, error) {
 			return time.Duration(sum), nil
 		}
 	}
-	fields, err := procStat(pid)
+	fields, err := procfs.Stat(pid)
 	if err != nil {
 		return 0, err
 	}
@@ -851,29 +851,6 @@ func procRunnable(pid uint32) bool {
 // procStopped reports whether host process pid is stopped by a signal
 // (state T, or t when traced, in /proc/<pid>/stat, proc(5)).
 func procStopped(pid uint32) bool {
-	fields, err := procStat(pid)
+	fields, err := procfs.Stat(pid)
 	return err == nil && (fields[3] == "T" || fields[3] == "t")
-}
-
-// procStat returns the fields of /proc/<pid>/stat indexed as proc(5)
-// numbers them (fields[1] is the pid), through field 22 at least.
-func procStat(pid uint32) ([]string, error) {
-	if pid == 0 {
-		return nil, errors.New("no pid")
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return nil, err
-	}
-	// The command name, field 2, is in parentheses and may hold spaces and
-	// parentheses itself: fields are counted after its last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return nil, fmt.Errorf("/proc/%d/stat: no command name", pid)
-	}
-	fields := append([]string{"", strconv.FormatUint(uint64(pid), 10), ""}, strings.Fields(string(b[i+1:]))...)
-	if len(fields) <= 22 {
-		return nil, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)-1)
-	}
-	return fields, nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/agentconn"
@@ -219,7 +220,7 @@ func agentCPU(pid uint32) (time.Duration, error) {
 // (vfork(2): state D), from /proc/<pid>/stat (proc(5)).
 func launcherForking(pids []uint32) bool {
 	for _, pid := range pids {
-		fields, err := procStat(pid)
+		fields, err := procfs.Stat(pid)
 		if err == nil && (fields[3] == "R" || fields[3] == "D") {
 			return true
 		}

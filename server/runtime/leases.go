@@ -10,13 +10,28 @@ import (
 
 	"github.com/containerd/containerd/v2/core/leases"
 	"github.com/containerd/errdefs"
+
+	"github.com/berth-sandbox/berth/internal/procfs"
 )
 
-// labelLeaseHolder records on each containerd lease berthd takes the pid of
-// the berthd process that holds it, so that a berthd starting after a crash
-// can tell leases of work cut off (an unpack, an import, a chowned copy)
-// from those of a berthd still running on the namespace.
+// labelLeaseHolder records on each containerd lease berthd takes the
+// berthd process that holds it, as "<pid>:<start time>" (the start time in
+// clock ticks since boot, procfs.StartTimeField), so that a berthd starting
+// after a crash can tell leases of work cut off (an unpack, an import, a
+// chowned copy) from those of a berthd still running on the namespace,
+// whatever its binary is called, and a pid reused by another process
+// holds nothing.
 const labelLeaseHolder = LabelPrefix + "lease-holder"
+
+// processID returns pid as labelLeaseHolder records it, or "" when the
+// process is gone.
+func processID(pid int) string {
+	fields, err := procfs.Stat(uint32(pid))
+	if err != nil {
+		return ""
+	}
+	return strconv.Itoa(pid) + ":" + fields[procfs.StartTimeField]
+}
 
 // importLeaseExpiry bounds the lease of an import or a pull whose berthd
 // died: containerd's own default (24 h) kept a large image's layers that
@@ -27,11 +42,11 @@ const importLeaseExpiry = time.Hour
 // labelled with this process as its holder, and the function that ends it.
 func (r *Runtime) withLease(ctx context.Context, expiry time.Duration) (context.Context, func(context.Context) error, error) {
 	return r.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(expiry),
-		leases.WithLabel(labelLeaseHolder, strconv.Itoa(os.Getpid())))
+		leases.WithLabel(labelLeaseHolder, processID(os.Getpid())))
 }
 
 // dropOrphanLeases deletes the leases of berthd processes that no longer
-// run (their pid is gone, or is another program now): what they held for
+// run (their pid is gone, or is another process now): what they held for
 // work a crash cut off is then collected by containerd's next garbage
 // collection instead of when the lease expires. It returns how many it
 // deleted.
@@ -40,15 +55,12 @@ func (r *Runtime) dropOrphanLeases(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("list leases: %w", err)
 	}
-	self, _ := os.ReadFile("/proc/self/comm")
 	n := 0
 	for _, l := range ls {
-		pid, err := strconv.Atoi(l.Labels[labelLeaseHolder])
-		if err == nil && pid > 0 {
-			comm, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
-			if err == nil && strings.TrimSpace(string(comm)) == strings.TrimSpace(string(self)) {
-				continue // a berthd (this one, or another on the namespace) holds it
-			}
+		holder := l.Labels[labelLeaseHolder]
+		pid, _, _ := strings.Cut(holder, ":")
+		if p, err := strconv.Atoi(pid); err == nil && p > 0 && processID(p) == holder {
+			continue // a berthd (this one, or another on the namespace) holds it
 		}
 		if err := r.client.LeasesService().Delete(ctx, l); err != nil && !errdefs.IsNotFound(err) {
 			return n, fmt.Errorf("delete lease %s: %w", l.ID, err)

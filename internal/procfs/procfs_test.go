@@ -1,0 +1,43 @@
+package procfs
+
+import (
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+)
+
+// TestStat reads this process (whose command name a parser splitting on
+// spaces would miscount when it holds some) and refuses what is no process.
+func TestStat(t *testing.T) {
+	fields, err := Stat(uint32(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fields[1] != strconv.Itoa(os.Getpid()) {
+		t.Errorf("fields[1] = %q, want the pid", fields[1])
+	}
+	if _, err := strconv.ParseUint(fields[StartTimeField], 10, 64); err != nil {
+		t.Errorf("start time %q: %v", fields[StartTimeField], err)
+	}
+	// A command name with spaces and a parenthesis.
+	link := t.TempDir() + "/a b) c"
+	if err := os.Symlink("/bin/sleep", link); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(link, "5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if f, err := Stat(uint32(cmd.Process.Pid)); err != nil || f[1] != strconv.Itoa(cmd.Process.Pid) {
+		t.Errorf("Stat of a command named %q = %v, %v", "a b) c", f, err)
+	} else if _, err := strconv.ParseUint(f[StartTimeField], 10, 64); err != nil {
+		t.Errorf("start time of %q: %q", "a b) c", f[StartTimeField])
+	}
+	for _, pid := range []uint32{0, 1 << 30} {
+		if _, err := Stat(pid); err == nil {
+			t.Errorf("Stat(%d) succeeded", pid)
+		}
+	}
+}
