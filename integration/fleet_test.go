@@ -474,9 +474,16 @@ func TestFleet(t *testing.T) {
 			t.Logf("%v after the kill: %v", time.Since(killed).Round(10*time.Millisecond), u.Detail.GetCause())
 		}
 		cause = u.Detail.GetCause()
-		if u.Detail.GetNodeId() != "n3" || u.Detail.GetAdmitted() != berthv1.Admitted_ADMITTED_NOT_STARTED ||
+		// A call sent on the entry node's connection to n3 before that
+		// connection saw n3 die may have reached it: ADMITTED_UNKNOWN,
+		// honestly, for NODE_UNREACHABLE; once the node is known lost,
+		// nothing ran.
+		admitted := u.Detail.GetAdmitted()
+		okAdmitted := admitted == berthv1.Admitted_ADMITTED_NOT_STARTED ||
+			(admitted == berthv1.Admitted_ADMITTED_UNKNOWN && cause == berthv1.UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE)
+		if u.Detail.GetNodeId() != "n3" || !okAdmitted ||
 			(cause != berthv1.UnreachableCause_UNREACHABLE_CAUSE_NODE_LOST && cause != berthv1.UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE) {
-			t.Fatalf("Run on a sandbox of the killed n3: detail %v, want cause NODE_LOST or NODE_UNREACHABLE on n3, nothing ran", u.Detail)
+			t.Fatalf("Run on a sandbox of the killed n3: detail %v, want cause NODE_LOST (nothing ran) or NODE_UNREACHABLE on n3", u.Detail)
 		}
 		// The lease was refreshed before the kill, so it expires within
 		// the lease time of it; the slack covers etcd's expiry check
