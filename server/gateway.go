@@ -3,9 +3,12 @@ package server
 import (
 	"context"
 
+	"github.com/berth-sandbox/berth/server/apierr"
+
+	"google.golang.org/grpc/codes"
+
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
-	"google.golang.org/grpc/codes"
 )
 
 // A gateway berthd (NewGatewayServer) registers these in place of a
@@ -25,7 +28,7 @@ type (
 )
 
 func noImages() error {
-	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonNotANode,
+	return apierr.New(codes.FailedPrecondition, rpcstatus.ReasonNotANode,
 		"this berthd is a gateway and holds no images: import, pull, list and delete images on each node of the fleet", nil)
 }
 

@@ -9,12 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/berth-sandbox/berth/internal/rpcstatus"
-	"github.com/berth-sandbox/berth/internal/wire"
-	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
-	"github.com/berth-sandbox/berth/server/auth"
-	"github.com/berth-sandbox/berth/server/cluster"
-	"github.com/berth-sandbox/berth/server/connlimit"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"google.golang.org/grpc"
@@ -23,6 +17,15 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/sandboxid"
+	"github.com/berth-sandbox/berth/internal/wire"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/cluster"
+	"github.com/berth-sandbox/berth/server/connlimit"
+	"github.com/berth-sandbox/berth/server/status"
 )
 
 // GRPCOption configures NewGRPCServer.
@@ -172,7 +175,7 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 		}),
 	}
 	recoverOpts := []recovery.Option{recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-		incident := newID("", 10)
+		incident := sandboxid.New("", 10)
 		log.ErrorContext(ctx, "handler panic", slog.String("incident", incident), slog.Any("panic", p))
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "internal error "+incident+"; the server log has the cause", map[string]string{"incident": incident})
 	})}
@@ -182,9 +185,12 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	if cfg.router != nil {
 		unary = append(unary, cfg.router.UnaryInterceptor())
 	}
+	boundary := &status.Boundary{Log: log, ServerVersion: Version}
 	if svc != nil {
-		unary = append(unary, svc.activityUnary())
+		unary = append(unary, svc.life.ActivityUnary())
+		boundary.ConnectBudget = svc.cfg.ConnectBudget
 	}
+	unary = append(unary, boundary.UnaryInterceptor())
 	stream := []grpc.StreamServerInterceptor{logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...)}
 	stream = append(stream, cfg.auth.StreamInterceptors()...)
 	stream = append(stream, logPrincipalStream)
@@ -192,8 +198,9 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 		stream = append(stream, cfg.router.StreamInterceptor())
 	}
 	if svc != nil {
-		stream = append(stream, svc.activityStream())
+		stream = append(stream, svc.life.ActivityStream())
 	}
+	stream = append(stream, boundary.StreamInterceptor())
 	tc := cfg.transport.withDefaults()
 	srv := grpc.NewServer(append(append(cfg.extra, wire.ServerOptions()...),
 		grpc.Creds(cfg.auth.TransportCredentials()),
@@ -211,8 +218,8 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	)...)
 	if svc != nil {
 		berthv1.RegisterSandboxServiceServer(srv, svc)
-		berthv1.RegisterImageServiceServer(srv, svc)
-		berthv1.RegisterFileServiceServer(srv, svc.FileService())
+		berthv1.RegisterImageServiceServer(srv, svc.images)
+		berthv1.RegisterFileServiceServer(srv, svc.files)
 	} else {
 		// The router sends every call of these services to a node; what
 		// reaches them has no node to go to.

@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/berth-sandbox/berth/internal/telemetry"
@@ -17,18 +15,6 @@ import (
 // tracer makes berthd's own spans, beside the per-RPC ones of the stats
 // handler; it is OpenTelemetry's no-op tracer unless berthd exports traces.
 var tracer = otel.Tracer("github.com/berth-sandbox/berth/server")
-
-// annotate adds the sandbox (and exec) a request is about to its RPC span.
-func annotate(ctx context.Context, sandboxID, execID string) {
-	span := trace.SpanFromContext(ctx)
-	if !span.IsRecording() {
-		return
-	}
-	span.SetAttributes(attribute.String("berth.sandbox.id", sandboxID))
-	if execID != "" {
-		span.SetAttributes(attribute.String("berth.exec.id", execID))
-	}
-}
 
 // relaySpans relays the spans of the agent at socketPath until ctx ends
 // (the connection is forgotten). An agent that ends its Telemetry stream

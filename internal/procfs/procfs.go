@@ -9,6 +9,10 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // StartTimeField is the field of Stat holding the process's start time, in
@@ -38,4 +42,111 @@ func Stat(pid uint32) ([]string, error) {
 		return nil, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(fields)-1)
 	}
 	return fields, nil
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's starttime: 100 on
+// every Linux architecture berth runs on (proc(5)).
+const clockTicks = 100
+
+// bootTime is when the host booted, to the nanosecond: the wall clock less
+// CLOCK_BOOTTIME, the clock /proc/<pid>/stat's starttime counts on
+// (proc(5)), taken once so that a runtime's start time reads the same every
+// time. /proc/stat's btime has whole seconds only, which put start times up
+// to a second early — before events they followed.
+var bootTime = sync.OnceValues(func() (time.Time, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return time.Time{}, fmt.Errorf("clock_gettime(CLOCK_BOOTTIME): %w", err)
+	}
+	return time.Now().Add(-time.Duration(ts.Nano())), nil
+})
+
+// StartTime returns when host process pid started: boot time plus
+// field 22 (starttime, in clock ticks) of /proc/<pid>/stat (proc(5)). Its
+// resolution is a clock tick (10 ms), rounded down.
+func StartTime(pid uint32) (time.Time, error) {
+	boot, err := bootTime()
+	if err != nil {
+		return time.Time{}, err
+	}
+	fields, err := Stat(pid)
+	if err != nil {
+		return time.Time{}, err
+	}
+	ticks, err := strconv.ParseUint(fields[StartTimeField], 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
+	}
+	return boot.Add(time.Duration(ticks) * (time.Second / clockTicks)), nil
+}
+
+// CPU returns the CPU time host process pid has used in its current
+// threads, to the nanosecond: the sum of the first field of
+// /proc/<pid>/task/<tid>/schedstat (run time, ns), falling back to fields
+// 14 and 15 (utime, stime: 10 ms ticks) of /proc/<pid>/stat (proc(5)). A
+// thread that exits takes its time with it, so only a change means work.
+func CPU(pid uint32) (time.Duration, error) {
+	if pid == 0 {
+		return 0, errors.New("no pid")
+	}
+	if tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid)); err == nil {
+		var sum uint64
+		read := 0
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+			if err != nil {
+				continue
+			}
+			if f := strings.Fields(string(b)); len(f) > 0 {
+				if ns, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+					sum += ns
+					read++
+				}
+			}
+		}
+		if read > 0 {
+			return time.Duration(sum), nil
+		}
+	}
+	fields, err := Stat(pid)
+	if err != nil {
+		return 0, err
+	}
+	const utime, stime = 14, 15
+	u, err1 := strconv.ParseUint(fields[utime], 10, 64)
+	s, err2 := strconv.ParseUint(fields[stime], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat utime, stime: %w", pid, err)
+	}
+	return time.Duration(u+s) * (time.Second / clockTicks), nil
+}
+
+// Runnable reports whether a thread of host process pid is running or
+// waiting for a CPU (state R in /proc/<pid>/task/<tid>/stat, proc(5)).
+func Runnable(pid uint32) bool {
+	if pid == 0 {
+		return false
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		// The state, field 3, follows the command name's last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'R' {
+			return true
+		}
+	}
+	return false
+}
+
+// Stopped reports whether host process pid is stopped by a signal
+// (state T, or t when traced, in /proc/<pid>/stat, proc(5)).
+func Stopped(pid uint32) bool {
+	fields, err := Stat(pid)
+	return err == nil && (fields[3] == "T" || fields[3] == "t")
 }

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // TestStat reads this process (whose command name a parser splitting on
@@ -39,5 +40,32 @@ func TestStat(t *testing.T) {
 		if _, err := Stat(pid); err == nil {
 			t.Errorf("Stat(%d) succeeded", pid)
 		}
+	}
+}
+
+// TestStartTime starts a process between two readings of the clock:
+// its start time lies between them, less one clock tick (10 ms) of
+// rounding down — not a second early, as with /proc/stat's btime, which
+// put a new runtime's started_at before the old task's exit.
+func TestStartTime(t *testing.T) {
+	before := time.Now()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	got, err := StartTime(uint32(cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Before(before.Add(-time.Second/clockTicks)) || got.After(after) {
+		t.Errorf("start time of a process started between %v and %v = %v", before, after, got)
+	}
+	if _, err := StartTime(0); err == nil {
+		t.Error("StartTime(0) succeeded")
+	}
+	if _, err := StartTime(1 << 30); err == nil {
+		t.Error("StartTime(no such pid) succeeded")
 	}
 }

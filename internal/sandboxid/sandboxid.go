@@ -5,6 +5,7 @@
 package sandboxid
 
 import (
+	"crypto/rand"
 	"crypto/sha256"
 	"regexp"
 
@@ -22,6 +23,24 @@ func Valid(id string) bool { return pattern.MatchString(id) }
 // Alphabet is lowercase letters and digits without look-alikes (0/o, 1/l):
 // the characters of minted and derived ids.
 const Alphabet = "abcdefghijkmnpqrstuvwxyz23456789"
+
+// execIDPattern is the pattern of exec ids (ExecStart.exec_id).
+var execIDPattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// ValidExec reports whether id is a valid exec id: 1 to 128 characters
+// from [A-Za-z0-9._-].
+func ValidExec(id string) bool { return execIDPattern.MatchString(id) }
+
+// New returns prefix followed by n random characters of Alphabet: a
+// minted sandbox id ("sb-"), exec id ("ex-") or incident id ("").
+func New(prefix string, n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	for i := range b {
+		b[i] = Alphabet[int(b[i])%len(Alphabet)]
+	}
+	return prefix + string(b)
+}
 
 // FromRequest derives the sandbox id of owner's request id: "rq-" and 12
 // characters of the SHA-256 of both (60 bits), so a retried request names

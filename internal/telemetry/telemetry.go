@@ -28,6 +28,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
+	"go.opentelemetry.io/otel/trace"
 	collectortracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -288,3 +289,15 @@ func envEndpointSet() bool {
 }
 
 var lookupEnv = os.LookupEnv
+
+// Annotate adds the sandbox (and exec) a request is about to its RPC span.
+func Annotate(ctx context.Context, sandboxID, execID string) {
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(attribute.String("berth.sandbox.id", sandboxID))
+	if execID != "" {
+		span.SetAttributes(attribute.String("berth.exec.id", execID))
+	}
+}

@@ -203,3 +203,10 @@ func (sb Sandbox) Spec() SandboxSpec {
 		Network: sb.Network,
 	}
 }
+
+// RecordOf returns the record Get reads back of a sandbox created from
+// spec at createdAt: what its labels keep, without the task (not running).
+// Tests of the layers above stand it in for containerd's answer.
+func RecordOf(spec SandboxSpec, createdAt time.Time) Sandbox {
+	return recordFromLabels(spec.ID, spec.labels(createdAt))
+}

@@ -895,11 +895,17 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 // sandboxOf builds the Sandbox of container id from its labels, without
 // its task's state.
 func (r *Runtime) sandboxOf(id string, labels map[string]string) Sandbox {
+	sb := recordFromLabels(id, labels)
+	sb.SocketPath = r.SocketPath(id)
+	return sb
+}
+
+// recordFromLabels builds the Sandbox of container id from its labels.
+func recordFromLabels(id string, labels map[string]string) Sandbox {
 	sb := Sandbox{
-		ID:         id,
-		Image:      labels[labelImage],
-		Labels:     make(map[string]string),
-		SocketPath: r.SocketPath(id),
+		ID:     id,
+		Image:  labels[labelImage],
+		Labels: make(map[string]string),
 	}
 	for k, v := range labels {
 		if !strings.HasPrefix(k, LabelPrefix) && !strings.HasPrefix(k, ContainerdLabelPrefix) {

@@ -1,0 +1,430 @@
+// Package agentreach reaches a sandbox's agent before anything is sent to
+// it, and tells a busy agent from an unreachable one: a stopped task, a
+// missing socket, a stopped, hung or overloaded agent, or a listener that
+// is not the sandbox's agent are *apierr.Unreachable with nothing sent,
+// within the connect budget (server.Config.ConnectBudget, AgentBusyLimit).
+package agentreach
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+
+	"github.com/berth-sandbox/berth/internal/procfs"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/server/agentconn"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"github.com/berth-sandbox/berth/server/runtimes"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Config configures a Reacher.
+type Config struct {
+	// ConnectBudget bounds how long a request waits for an agent to
+	// connect and answer.
+	ConnectBudget time.Duration
+	// BusyLimit bounds how long a request waits for an agent that keeps
+	// working without answering it (AGENT_BUSY past it).
+	BusyLimit time.Duration
+	// ServerVersion is berthd's version, compared with agents' (skew).
+	ServerVersion string
+}
+
+// store is what a Reacher needs of containerd (*runtime.Runtime).
+type store interface {
+	Get(ctx context.Context, id string) (runtime.Sandbox, error)
+	SocketPath(id string) string
+}
+
+// Reacher reaches agents; see Reach.
+type Reacher struct {
+	cfg    Config
+	rt     store
+	ids    *runtimes.Registry
+	agents *agentconn.Pool
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	warned map[string]bool // agent boot ids warned about version skew
+}
+
+// New returns a Reacher of the agents of rt's sandboxes through agents,
+// that records the runtimes it meets in ids.
+func New(cfg Config, rt store, ids *runtimes.Registry, agents *agentconn.Pool, log *slog.Logger) *Reacher {
+	return &Reacher{cfg: cfg, rt: rt, ids: ids, agents: agents, log: log, warned: make(map[string]bool)}
+}
+
+// infoTimeout bounds a status query to an agent made while answering
+// GetSandbox or ListSandboxes (Info).
+const infoTimeout = 2 * time.Second
+
+// sandboxNotFound is the error of a sandbox that does not exist, and of one
+// the caller may not see: the same words, so that no answer tells the two
+// apart.
+func sandboxNotFound(id string) error {
+	return fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
+}
+
+// Reach returns a client for the agent of a running sandbox and the runtime
+// it belongs to, once the agent has answered an Info call. Before anything
+// is sent to the agent it makes sure someone answers: it fails with
+// ErrSandboxNotFound, or with an *apierr.Unreachable (nothing ran) when the
+// sandbox's task is not running (TASK_STOPPED), the agent's socket is
+// missing (SOCKET_MISSING), or the agent did not connect and answer within
+// Config.ConnectBudget (CONNECT_TIMEOUT: stopped, hung or overloaded).
+// execID, which may be empty, only goes into the error. A sandbox the
+// caller of ctx may not see (auth.Sees) is ErrSandboxNotFound, worded as
+// for a missing one, decided before anything reaches its agent.
+//
+// When berthd knows the sandbox's runtime and containerd has not reported
+// its task gone, the agent answering with that runtime's boot id proves the
+// task runs (the agent is its PID 1), and containerd is not asked: that
+// saves a third of an exec's latency (BenchmarkTaskState). Otherwise, and
+// whenever the agent does not answer, containerd's record decides.
+func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.AgentServiceClient, apierr.Runtime, error) {
+	began := time.Now()
+	last, known := r.ids.Live(sandboxID)
+	var (
+		sb      runtime.Sandbox
+		checked bool // sb holds containerd's record
+	)
+	check := func() error {
+		var err error
+		sb, err = r.rt.Get(ctx, sandboxID)
+		if err != nil {
+			return err
+		}
+		if !auth.Sees(ctx, sb.Owner) {
+			return sandboxNotFound(sandboxID)
+		}
+		checked = true
+		unreachable := func(cause berthv1.UnreachableCause, what string) error {
+			return &apierr.Unreachable{SandboxID: sandboxID, ExecID: execID, Cause: cause, TaskRunning: sb.Running,
+				Runtime: last, Waited: time.Since(began), Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: what}
+		}
+		if !sb.Running {
+			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED, "the sandbox's task is not running")
+		}
+		switch err := agentconn.CheckSocket(sb.SocketPath); {
+		case errors.Is(err, fs.ErrNotExist):
+			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_SOCKET_MISSING,
+				"the agent's socket does not exist: the agent has not started listening")
+		case errors.Is(err, agentconn.ErrNotSocket):
+			// Something in the sandbox replaced it: berthd never follows it.
+			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_SOCKET_MISSING,
+				"the agent's socket was replaced by something that is not a socket (berthd does not follow symlinks there)")
+		}
+		return nil
+	}
+	// The owner berthd verified for the live runtime spares containerd;
+	// without one, containerd's record decides before the agent is asked.
+	owner, ownerKnown := r.ids.OwnerOf(sandboxID, last.BootID)
+	if known && ownerKnown && !auth.Sees(ctx, owner) {
+		return nil, apierr.Runtime{}, sandboxNotFound(sandboxID)
+	}
+	if !known || !ownerKnown {
+		if err := check(); err != nil {
+			return nil, apierr.Runtime{}, err
+		}
+	}
+	agent, err := r.agents.Get(r.rt.SocketPath(sandboxID))
+	if err != nil {
+		return nil, apierr.Runtime{}, err
+	}
+	pid := last.TaskPID
+	if checked {
+		pid = sb.TaskPID
+	}
+	watch := r.NewWatch(sandboxID, pid)
+	var info *agentv1.InfoResponse
+	for {
+		infoCtx, cancel := context.WithTimeout(ctx, r.cfg.ConnectBudget)
+		info, err = agent.Info(infoCtx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err == nil || ctx.Err() != nil || status.Code(err) != codes.DeadlineExceeded || !watch.Busy() {
+			break
+		}
+		// Busy answering others: ask again.
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, apierr.Runtime{}, ctx.Err()
+		}
+		if refusal := r.agents.Refusal(r.rt.SocketPath(sandboxID)); refusal != nil {
+			return nil, apierr.Runtime{}, &apierr.Unreachable{SandboxID: sandboxID, ExecID: execID, Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED,
+				TaskRunning: true, Runtime: last, Waited: time.Since(began), Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED,
+				What: fmt.Sprintf("berthd refused what answered on the agent's socket (%v); nothing was sent to it", refusal)}
+		}
+		if err := r.DialFailure(sandboxID, time.Since(began)); err != nil {
+			return nil, apierr.Runtime{}, err
+		}
+		if !checked {
+			if err := check(); err != nil {
+				return nil, apierr.Runtime{}, err
+			}
+		}
+		cause, what := watch.Verdict("did not answer")
+		return nil, apierr.Runtime{}, &apierr.Unreachable{SandboxID: sandboxID, ExecID: execID, Cause: cause,
+			TaskRunning: sb.Running, Runtime: last, Waited: time.Since(began), Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED,
+			What: fmt.Sprintf("%s (%v)", what, GRPCMessage(err))}
+	}
+	if known && info.GetBootId() == last.BootID {
+		if checked {
+			r.ids.SetOwner(sandboxID, last.BootID, sb.Owner)
+		}
+		return agent, last, nil
+	}
+	if !checked {
+		// A runtime berthd has not seen: containerd names its task.
+		if err := check(); err != nil {
+			return nil, apierr.Runtime{}, err
+		}
+	}
+	id := apierr.Runtime{BootID: info.GetBootId(), TaskPID: sb.TaskPID, AgentVersion: info.GetVersion()}
+	if last.TaskPID == id.TaskPID && last.BootID == id.BootID && !last.StartedAt.IsZero() {
+		id.StartedAt = last.StartedAt
+	} else {
+		id.StartedAt, _ = procfs.StartTime(id.TaskPID)
+	}
+	r.ids.Observe(sandboxID, id)
+	r.ids.SetOwner(sandboxID, id.BootID, sb.Owner)
+	return agent, id, nil
+}
+
+// DialFailure returns a *apierr.Dependency (nothing sent) when the last
+// attempt to connect to the sandbox's agent failed for want of a resource
+// of berthd's own host — its file descriptors, above all — rather than
+// because of the agent; nil otherwise.
+func (r *Reacher) DialFailure(sandboxID string, waited time.Duration) error {
+	err := r.agents.DialError(r.rt.SocketPath(sandboxID))
+	if _, ok := runtime.HostErrno(err); !ok {
+		return nil
+	}
+	return apierr.WithMeta(&apierr.Attempt{Err: err, Op: "connect to the agent of sandbox " + sandboxID, Waited: waited,
+		Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED}, map[string]string{"sandbox_id": sandboxID})
+}
+
+// Watch tells a busy agent from an unreachable one while a request
+// waits for its answer. An agent is working when, since the last check, its
+// process (or its launcher, which forks the processes it starts) used CPU, one of its threads is running or waiting for a CPU, or
+// it sent berthd anything on its connection (other streams' events): it is
+// busy — with a burst of execs, or on a loaded host — and is waited for, up
+// to Config.AgentBusyLimit in all (then AGENT_BUSY). An agent whose process
+// is stopped (SIGSTOP), or that did none of these while bytes berthd wrote
+// to it lay unread in its socket, is unreachable after one budget. When
+// nothing waits unread, berthd itself may not have sent the request yet (a
+// loaded berthd): the wait goes on, and ends as unreachable (a hung agent)
+// at the limit without any work. A pid of 0 (the task is unknown) leaves
+// only what the connection shows.
+type Watch struct {
+	pid      uint32
+	budget   time.Duration
+	began    time.Time
+	received func() uint64
+	unread   func() (int, bool)
+
+	cpu     time.Duration // the agent's CPU time at the last check
+	frames  uint64        // what it had sent at the last check
+	worked  bool          // it worked at some time during the wait
+	stopped bool          // it was found stopped (SIGSTOP)
+	limit   time.Duration // Config.AgentBusyLimit
+}
+
+func (r *Reacher) NewWatch(sandboxID string, pid uint32) *Watch {
+	socket := r.rt.SocketPath(sandboxID)
+	w := &Watch{pid: pid, budget: r.cfg.ConnectBudget, limit: r.cfg.BusyLimit, began: time.Now(),
+		received: func() uint64 { return r.agents.Received(socket) },
+		unread:   func() (int, bool) { return r.agents.Unread(socket) }}
+	w.cpu, _ = agentCPU(pid)
+	w.frames = w.received()
+	return w
+}
+
+// launcherComm is the command name of an agent's launcher, the process
+// that forks the agent's workload processes (agent/launcher.Comm).
+const launcherComm = "berth-launcher"
+
+// agentCPU is procfs.CPU of the agent plus its launchers': an agent starting
+// processes waits for a launcher, which does the work meanwhile.
+func agentCPU(pid uint32) (time.Duration, error) {
+	cpu, err := procfs.CPU(pid)
+	for _, l := range agentLaunchers(pid) {
+		if lcpu, lerr := procfs.CPU(l); lerr == nil {
+			cpu += lcpu
+		}
+	}
+	return cpu, err
+}
+
+// launcherForking reports whether one of the launcher pids is running,
+// waiting for a CPU, or waiting for the child it just forked to exec
+// (vfork(2): state D), from /proc/<pid>/stat (proc(5)).
+func launcherForking(pids []uint32) bool {
+	for _, pid := range pids {
+		fields, err := procfs.Stat(pid)
+		if err == nil && (fields[3] == "R" || fields[3] == "D") {
+			return true
+		}
+	}
+	return false
+}
+
+// agentLaunchers returns the host pids of the agent's launchers (one for
+// the workload user, one per other user that ran an exec, see
+// agent.launcherFor): the children of its threads
+// (/proc/<pid>/task/<tid>/children, proc(5)) named launcherComm.
+func agentLaunchers(pid uint32) []uint32 {
+	if pid == 0 {
+		return nil
+	}
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil
+	}
+	var pids []uint32
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		for _, child := range strings.Fields(string(b)) {
+			comm, err := os.ReadFile("/proc/" + child + "/comm")
+			if err == nil && strings.TrimSpace(string(comm)) == launcherComm {
+				if n, err := strconv.ParseUint(child, 10, 32); err == nil {
+					pids = append(pids, uint32(n))
+				}
+			}
+		}
+	}
+	return pids
+}
+
+// Busy is called when a wait ran out its budget: it reports whether the
+// wait goes on (see Watch).
+func (w *Watch) Busy() bool {
+	if procfs.Stopped(w.pid) {
+		w.worked, w.stopped = false, true
+		return false
+	}
+	cpu, err := agentCPU(w.pid)
+	frames := w.received()
+	worked := (err == nil && cpu != w.cpu) || frames > w.frames || procfs.Runnable(w.pid) || launcherForking(agentLaunchers(w.pid))
+	w.cpu, w.frames = cpu, frames
+	w.worked = w.worked || worked
+	if time.Since(w.began) >= w.limit {
+		return false
+	}
+	if worked {
+		return true
+	}
+	unread, connected := w.unread()
+	return connected && unread == 0
+}
+
+// Verdict returns the cause and the description of a wait that ended
+// without an answer; did says what the agent did not do.
+func (w *Watch) Verdict(did string) (berthv1.UnreachableCause, string) {
+	if w.stopped {
+		return berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
+			fmt.Sprintf("the agent %s within %v: its process is stopped (SIGSTOP; connect budget %v)", did, time.Since(w.began).Round(time.Millisecond), w.budget)
+	}
+	if w.worked {
+		return berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY,
+			fmt.Sprintf("the agent %s within %v although it kept working: it is overloaded", did, time.Since(w.began).Round(time.Millisecond))
+	}
+	return berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT,
+		fmt.Sprintf("the agent %s within %v and did no work meanwhile (connect budget %v)", did, time.Since(w.began).Round(time.Millisecond), w.budget)
+}
+
+// Agent returns a client for the agent of a running sandbox once it
+// answered within the connect budget. It fails with ErrSandboxNotFound or an
+// *apierr.Unreachable (see reach).
+func (r *Reacher) Agent(ctx context.Context, sandboxID string) (agentv1.AgentServiceClient, error) {
+	agent, _, err := r.Reach(ctx, sandboxID, "")
+	return agent, err
+}
+
+// Info asks the sandbox's agent for Info within infoTimeout
+// and checks its version against berthd's.
+func (r *Reacher) Info(ctx context.Context, sb runtime.Sandbox) (*agentv1.InfoResponse, error) {
+	agent, err := r.agents.Get(sb.SocketPath)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, infoTimeout)
+	defer cancel()
+	info, err := agent.Info(ctx, &agentv1.InfoRequest{})
+	if err != nil {
+		return nil, AgentError(sb.ID, err)
+	}
+	r.CheckSkew(sb.ID, info)
+	return info, nil
+}
+
+// CheckSkew logs a warning, once per agent boot, when the agent's version
+// differs from berthd's.
+func (r *Reacher) CheckSkew(id string, info *agentv1.InfoResponse) {
+	if info == nil || info.GetVersion() == r.cfg.ServerVersion {
+		return
+	}
+	r.mu.Lock()
+	warned := r.warned[info.GetBootId()]
+	r.warned[info.GetBootId()] = true
+	r.mu.Unlock()
+	if !warned {
+		r.log.Warn("agent version differs from berthd's", slog.String("sandbox_id", id), slog.String("agent_version", info.GetVersion()),
+			slog.String("agent_build", info.GetBuild()), slog.String("server_version", r.cfg.ServerVersion), slog.String("agent_boot_id", info.GetBootId()))
+	}
+}
+
+// AgentError classifies an error from an agent RPC made outside an exec
+// (see execGuard.failed for those). Statuses the agent built (with a berth
+// ErrorInfo) pass unchanged; transport failures mean the agent is
+// unreachable.
+func AgentError(sandboxID string, err error) error {
+	if rpcstatus.Reason(err) != "" {
+		return err
+	}
+	if errors.Is(err, agentconn.ErrUnverified) {
+		return &apierr.Unreachable{SandboxID: sandboxID, Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_UNVERIFIED,
+			TaskRunning: true, Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: err.Error() + "; nothing was sent to it"}
+	}
+	switch status.Code(err) {
+	case codes.Unavailable:
+		return &apierr.Unreachable{SandboxID: sandboxID, Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECTION_LOST,
+			TaskRunning: true, Admitted: berthv1.Admitted_ADMITTED_UNKNOWN, What: "the connection to the agent broke: " + GRPCMessage(err)}
+	case codes.Canceled:
+		return context.Canceled
+	case codes.DeadlineExceeded:
+		return context.DeadlineExceeded
+	}
+	return fmt.Errorf("agent of sandbox %s: %w", sandboxID, err)
+}
+
+// GRPCMessage returns the message of a status error, or err's text.
+func GRPCMessage(err error) string {
+	if st, ok := status.FromError(err); ok {
+		return st.Message()
+	}
+	return err.Error()
+}
+
+// Files returns the FileService client of sandbox id's agent, on the
+// connection Reach verified.
+func (r *Reacher) Files(sandboxID string) (agentv1.FileServiceClient, error) {
+	return r.agents.Files(r.rt.SocketPath(sandboxID))
+}

@@ -1,0 +1,149 @@
+package execsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/berth-sandbox/berth/server/agentreach"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/validate"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// PortForward proxies one forwarded connection between the caller and the
+// sandbox's agent, which dials 127.0.0.1:port in the sandbox. It is a plain
+// bidirectional stream through the normal handler path: authenticated,
+// counted as activity in the sandbox while it lasts, and another
+// principal's sandbox is NOT_FOUND exactly as a missing one (reach).
+// Bytes pass through without copying; each direction holds one message at
+// a time, so gRPC's flow control on both streams is the back-pressure end
+// to end.
+func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) error {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return apierr.InvalidArgument("start", "the stream ended before the start message")
+		}
+		return err
+	}
+	start := first.GetStart()
+	if start == nil {
+		return apierr.InvalidArgument("start", "the first message must be start")
+	}
+	id, port := start.GetSandboxId(), start.GetPort()
+	if err := validate.SandboxID("start.sandbox_id", id); err != nil {
+		return err
+	}
+	if port == 0 || port > 65535 {
+		return apierr.InvalidArgument("start.port", fmt.Sprintf("%d is outside 1 to 65535", port))
+	}
+	meta := map[string]string{"sandbox_id": id, "port": strconv.FormatUint(uint64(port), 10)}
+	agent, _, err := s.reach.Reach(ctx, id, "")
+	if err != nil {
+		return apierr.WithMeta(err, meta)
+	}
+	agentCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	upstream, err := agent.PortForward(agentCtx)
+	if err != nil {
+		return apierr.WithMeta(agentreach.AgentError(id, err), meta)
+	}
+	if err := upstream.Send(&agentv1.PortForwardRequest{Event: &agentv1.PortForwardRequest_Port{Port: port}}); err != nil && !errors.Is(err, io.EOF) {
+		return apierr.WithMeta(agentreach.AgentError(id, err), meta)
+	}
+	var protoErr validate.ProtocolError
+	var resp portWrapper
+	connected := false
+	for {
+		msg, err := upstream.Recv()
+		if errors.Is(err, io.EOF) {
+			if !connected {
+				return apierr.WithMeta(fmt.Errorf("agent of sandbox %s ended the port forward without connecting or refusing", id), meta)
+			}
+			return nil
+		}
+		if err != nil {
+			if perr := protoErr.Get(); perr != nil {
+				return perr
+			}
+			return apierr.WithMeta(agentreach.AgentError(id, err), meta)
+		}
+		if !resp.set(msg) {
+			continue
+		}
+		if err := stream.Send(&resp.PortForwardResponse); err != nil {
+			return apierr.WithMeta(err, meta)
+		}
+		if !connected {
+			// The caller's bytes follow the agent's connect: a refused
+			// port ends the stream before anything is forwarded.
+			connected = true
+			go forwardPortData(stream, upstream, &protoErr, cancel)
+		}
+	}
+}
+
+// portWrapper re-wraps agent events as public ones, sharing the payload;
+// its oneof wrappers are reused from message to message.
+type portWrapper struct {
+	berthv1.PortForwardResponse
+	connected berthv1.PortForwardResponse_Connected
+	data      berthv1.PortForwardResponse_Data
+	eof       berthv1.PortForwardResponse_Eof
+}
+
+// set points w at msg's event; false for an event it does not know.
+func (w *portWrapper) set(msg *agentv1.PortForwardResponse) bool {
+	switch ev := msg.GetEvent().(type) {
+	case *agentv1.PortForwardResponse_Connected:
+		w.connected.Connected, w.Event = ev.Connected, &w.connected
+	case *agentv1.PortForwardResponse_Data:
+		w.data.Data, w.Event = ev.Data, &w.data
+	case *agentv1.PortForwardResponse_Eof:
+		w.eof.Eof, w.Event = ev.Eof, &w.eof
+	default:
+		return false
+	}
+	return true
+}
+
+// forwardPortData forwards the caller's data to the agent in order until
+// the caller closes its side, which becomes a half-close towards the
+// agent. It ends when the handler returns (the stream's end ends Recv). A
+// broken caller stream or a second start cancels the agent stream, which
+// closes the connection in the sandbox.
+func forwardPortData(stream berthv1.SandboxService_PortForwardServer, upstream agentv1.AgentService_PortForwardClient, protoErr *validate.ProtocolError, cancel context.CancelFunc) {
+	data := &agentv1.PortForwardRequest_Data{}
+	out := &agentv1.PortForwardRequest{Event: data}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			upstream.CloseSend()
+			return
+		}
+		if err != nil {
+			cancel()
+			return
+		}
+		ev, ok := msg.GetEvent().(*berthv1.PortForwardRequest_Data)
+		if !ok {
+			protoErr.Set(apierr.InvalidArgument("data", "only data may follow the start message"))
+			cancel()
+			return
+		}
+		if len(ev.Data) == 0 {
+			continue
+		}
+		data.Data = ev.Data
+		if err := upstream.Send(out); err != nil {
+			// The agent side ended; its Recv reports why.
+			return
+		}
+	}
+}

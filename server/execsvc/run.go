@@ -1,0 +1,137 @@
+package execsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/berth-sandbox/berth/internal/bounds"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/telemetry"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/runout"
+	"github.com/berth-sandbox/berth/server/validate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+)
+
+// Run runs a process to completion through the agent and returns its
+// collected output: the head of each stream up to its cap (defaults
+// Config.RunStdoutBytes and RunStderrBytes), which berthd applies itself
+// whatever the agent sends. The agent stream is read from before the
+// process starts and flow control holds the process while berthd collects,
+// so no byte within the caps is lost; should any be missing (an agent that
+// drops output), Run fails with DATA_LOSS OUTPUT_LOST rather than answer
+// with a result that looks complete. Caps that together exceed
+// Config.RunMaxOutputBytes are INVALID_ARGUMENT naming the field; a Run
+// whose caps do not fit the server's Run buffer budget is FLEET_BUSY;
+// neither starts anything.
+func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {
+	sandboxID := req.GetSandboxId()
+	if err := validate.SandboxID("sandbox_id", sandboxID); err != nil {
+		return nil, err
+	}
+	execID, err := s.execID("exec_id", req.GetExecId())
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{"sandbox_id": sandboxID, "exec_id": execID}
+	telemetry.Annotate(ctx, sandboxID, execID)
+	if req.GetProcess() == nil {
+		return nil, apierr.InvalidArgument("process", "is missing")
+	}
+	if req.GetProcess().GetStdin() {
+		return nil, apierr.InvalidArgument("process.stdin", "Run has no stdin; use Exec")
+	}
+	if err := validate.Process("process", req.GetProcess()); err != nil {
+		return nil, err
+	}
+	spec, err := s.runSpec(req.GetProcess())
+	if err != nil {
+		return nil, err
+	}
+	spec = validate.WithCallerDeadline(ctx, spec)
+	reserved := spec.GetStdoutLimitBytes() + spec.GetStderrLimitBytes()
+	release, used, ok := s.runBuffers.Reserve(reserved)
+	if !ok {
+		return nil, apierr.WithMeta(&apierr.FleetBusy{SandboxID: sandboxID, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT,
+			Limit: s.runBuffers.Limit(), InUse: used, Requested: reserved, RetryDelay: s.cfg.BusyRetryDelay}, meta)
+	}
+	defer release()
+	guard, err := s.guardExec(ctx, sandboxID, execID, true)
+	if err != nil {
+		return nil, apierr.WithMeta(err, meta)
+	}
+	defer guard.close()
+	upstream, err := guard.agent.Exec(guard.streamContext(ctx))
+	if err != nil {
+		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
+	}
+	start := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: spec}}}
+	if err := upstream.Send(start); err != nil && !errors.Is(err, io.EOF) {
+		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
+	}
+	guard.opened()
+	if err := upstream.CloseSend(); err != nil {
+		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
+	}
+	out := runout.NewCollector(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
+	for {
+		msg, err := upstream.Recv()
+		if err != nil {
+			return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
+		}
+		guard.seen(msg)
+		switch ev := msg.GetEvent().(type) {
+		case *agentv1.ExecResponse_Output:
+			out.Output(ev.Output)
+		case *agentv1.ExecResponse_Dropped:
+			out.Dropped(ev.Dropped)
+		case *agentv1.ExecResponse_Exited:
+			resp, err := out.Response(execID, ev.Exited.GetResult())
+			if err != nil {
+				return nil, outputLost(sandboxID, execID, err)
+			}
+			return resp, nil
+		}
+	}
+}
+
+// runSpec returns a copy of a Run's process spec with its output caps
+// resolved: Config.RunStdoutBytes and RunStderrBytes when unset, and
+// INVALID_ARGUMENT naming the cap when they exceed Config.RunMaxOutputBytes
+// together.
+func (s *Service) runSpec(spec *berthv1.ProcessSpec) (*berthv1.ProcessSpec, error) {
+	out, errOut := spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes()
+	if out == 0 {
+		out = s.cfg.RunStdoutBytes
+	}
+	if errOut == 0 {
+		errOut = s.cfg.RunStderrBytes
+	}
+	maxBytes := s.cfg.RunMaxOutputBytes
+	// The sum is checked: caps near 2^64 would wrap it below the maximum.
+	switch sum, ok := bounds.Add(out, errOut); {
+	case out > maxBytes:
+		return nil, apierr.InvalidArgument("process.stdout_limit_bytes", fmt.Sprintf(
+			"%d bytes exceeds the server's Run maximum of %d bytes for both caps together; stream more with Exec", out, maxBytes))
+	case !ok || sum > maxBytes:
+		return nil, apierr.InvalidArgument("process.stderr_limit_bytes", fmt.Sprintf(
+			"%d bytes with process.stdout_limit_bytes %d exceeds the server's Run maximum of %d bytes for both caps together; stream more with Exec", errOut, out, maxBytes))
+	}
+	spec = proto.CloneOf(spec)
+	spec.StdoutLimitBytes, spec.StderrLimitBytes = out, errOut
+	return spec, nil
+}
+
+// outputLost is DATA_LOSS OUTPUT_LOST for a Run whose output arrived
+// incomplete: the command ran, but the Run cannot return all of its output
+// within the caps.
+func outputLost(sandboxID, execID string, err error) error {
+	return apierr.New(codes.DataLoss, rpcstatus.ReasonOutputLost,
+		fmt.Sprintf("exec %s in sandbox %s ran, but its output did not arrive complete: %v; attach to the exec for what is retained", execID, sandboxID, err),
+		map[string]string{"sandbox_id": sandboxID, "exec_id": execID})
+}

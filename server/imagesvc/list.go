@@ -1,0 +1,26 @@
+package imagesvc
+
+import (
+	"context"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// ListImages lists the images in berthd's containerd namespace.
+func (s *Service) ListImages(ctx context.Context, _ *berthv1.ListImagesRequest) (*berthv1.ListImagesResponse, error) {
+	imgs, err := s.rt.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &berthv1.ListImagesResponse{}
+	for _, img := range imgs {
+		resp.Images = append(resp.Images, imageProto(img))
+	}
+	return resp, nil
+}
+
+func imageProto(img runtime.Image) *berthv1.Image {
+	return &berthv1.Image{Name: img.Name, Digest: img.Digest, SizeBytes: img.SizeBytes, ContentSizeBytes: img.ContentSizeBytes, CreatedAt: timestamppb.New(img.CreatedAt)}
+}

@@ -1,0 +1,126 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+	"github.com/berth-sandbox/berth/server/agentreach"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// Adopt takes over the sandboxes in berthd's containerd namespace, as after
+// a restart: every sandbox whose task runs is tracked again from its labels
+// (idle timeout, maximum lifetime from its creation time, KeepAlive hold;
+// its idle clock restarts now), unclaimed warm-pool members go back to the
+// pool, and its agent connection is made on first use — the agent kept its
+// exec records, so clients re-attach to execs that ran on meanwhile. It
+// removes, and logs, what no sandbox owns any more: containers without a
+// running task, sandboxes that had expired, pool members beyond the pool's
+// size, and host directories without a container.
+func (m *Manager) Adopt(ctx context.Context) error {
+	sbs, err := m.rt.List(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("re-adopt sandboxes: %w", err)
+	}
+	known := make(map[string]bool, len(sbs))
+	adopted := 0
+	for _, sb := range sbs {
+		known[sb.ID] = true
+		log := m.log.With(slog.String("sandbox_id", sb.ID))
+		var why string
+		switch {
+		case sb.Expired != "":
+			why = "it expired (" + sb.Expired + ") before berthd stopped"
+		case !sb.Running:
+			why = "orphan: container without a running task"
+		case sb.Pooled && !m.pool.Adopt(sb.Image, sb.ID):
+			why = "warm-pool member beyond the pool's size for its image"
+		case sb.Pooled:
+			log.Info("warm-pool member re-adopted", slog.String("image", sb.Image))
+			continue
+		default:
+			m.track(sb)
+			adopted++
+			info, err := m.reach.Info(ctx, sb)
+			if err != nil {
+				log.Warn("sandbox re-adopted; its agent does not answer yet", slog.Any("error", err))
+				continue
+			}
+			log.Info("sandbox re-adopted", slog.String("agent_boot_id", info.GetBootId()), slog.Uint64("running_execs", uint64(info.GetRunningExecs())))
+			continue
+		}
+		if err := m.deleteSandbox(ctx, sb.ID); err != nil {
+			log.Error("remove sandbox at start-up", slog.String("why", why), slog.Any("error", err))
+			continue
+		}
+		log.Warn("removed sandbox at start-up", slog.String("why", why))
+	}
+	dirs, err := m.rt.HostDirs()
+	if err != nil {
+		return fmt.Errorf("re-adopt sandboxes: %w", err)
+	}
+	for _, id := range dirs {
+		if known[id] {
+			continue
+		}
+		// Re-check: a sandbox created since the listing has a directory
+		// before its container.
+		if _, err := m.rt.Get(ctx, id); !errors.Is(err, runtime.ErrSandboxNotFound) {
+			continue
+		}
+		if err := m.rt.RemoveHostDir(id); err != nil {
+			m.log.Error("remove orphaned sandbox directory", slog.String("sandbox_id", id), slog.Any("error", err))
+			continue
+		}
+		m.log.Warn("removed sandbox directory at start-up", slog.String("sandbox_id", id), slog.String("why", "orphan: host directory without a container"))
+	}
+	m.log.Info("sandboxes re-adopted", slog.Int("sandboxes", adopted), slog.Int("warm_pool", len(m.pool.Members())))
+	return nil
+}
+
+// prober answers the reaper's activity questions from the agents.
+type prober struct{ m *Manager }
+
+func (p prober) Probe(ctx context.Context, id string) (Activity, error) {
+	sb, err := p.m.rt.Get(ctx, id)
+	switch {
+	case errors.Is(err, runtime.ErrSandboxNotFound):
+		return Activity{}, ErrGone
+	case err != nil:
+		return Activity{}, err
+	case !sb.Running:
+		return Activity{}, ErrNotRunning
+	}
+	agent, err := p.m.agents.Get(sb.SocketPath)
+	if err != nil {
+		return Activity{}, err
+	}
+	info, err := agent.Info(ctx, &agentv1.InfoRequest{})
+	if err != nil {
+		return Activity{}, agentreach.AgentError(id, err)
+	}
+	act := Activity{Running: info.GetRunningExecs()}
+	if info.GetLastActivity() != nil {
+		act.Last = info.GetLastActivity().AsTime()
+	}
+	return act, nil
+}
+
+// stopper removes expired sandboxes for the reaper, recording the reason
+// on the container first so that a berthd restarted meanwhile finishes.
+type stopper struct{ m *Manager }
+
+func (st stopper) Stop(ctx context.Context, id string, reason Reason) error {
+	unlock, err := st.m.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := st.m.rt.MarkExpired(ctx, id, reason.String()); err != nil && !errors.Is(err, runtime.ErrSandboxNotFound) {
+		return err
+	}
+	return st.m.deleteLocked(ctx, id)
+}

@@ -1,0 +1,110 @@
+package lifecycle
+
+import (
+	"context"
+	"slices"
+
+	"github.com/berth-sandbox/berth/server/cluster"
+)
+
+// Placements records which node of a fleet holds each sandbox
+// (cluster.Member); nil on a berthd outside a  The handlers claim an
+// id before they create its sandbox (or hand out a warm-pool member under
+// it), and release it once the sandbox is removed.
+type Placements interface {
+	// Claim records sandbox id, of owner, on this node, or fails with a status: another node holds it
+	// (SANDBOX_PLACED_ELSEWHERE), the node takes no new sandboxes
+	// (NODE_NOT_ACCEPTING), or the cluster store does not answer.
+	Claim(ctx context.Context, id, owner string) error
+	// Release removes the record of a removed sandbox.
+	Release(ctx context.Context, id string)
+	// Kick publishes the node's record soon: its images changed.
+	Kick()
+}
+
+func (m *Manager) claim(ctx context.Context, id, owner string) error {
+	if m.cfg.Placements == nil {
+		return nil
+	}
+	return m.cfg.Placements.Claim(ctx, id, owner)
+}
+
+func (m *Manager) release(ctx context.Context, id string) {
+	if m.cfg.Placements != nil {
+		m.cfg.Placements.Release(ctx, id)
+	}
+}
+
+// ImagesChanged tells the fleet that the node's images changed, so that
+// placement sees them soon.
+func (m *Manager) ImagesChanged() {
+	if m.cfg.Placements != nil {
+		m.cfg.Placements.Kick()
+	}
+}
+
+// ClusterLocal returns the node's side of its fleet membership
+// (cluster.Local): its usage, images and sandboxes.
+func (m *Manager) ClusterLocal() cluster.Local { return clusterLocal{m} }
+
+type clusterLocal struct{ m *Manager }
+
+var _ cluster.Local = clusterLocal{}
+
+// Usage counts the sandboxes (running or stopped, warm-pool members and
+// creations in progress included) and the memory promised to them as
+// capacity admission does, and the execs running.
+func (l clusterLocal) Usage(ctx context.Context) (cluster.Usage, error) {
+	creating := make(map[string]uint64)
+	l.m.mu.Lock()
+	for id, cr := range l.m.creating {
+		creating[id] = cr.spec.MemoryBytes
+	}
+	l.m.mu.Unlock()
+	u, err := l.m.capacity.Usage(ctx, creating)
+	if err != nil {
+		return cluster.Usage{}, err
+	}
+	return cluster.Usage{Sandboxes: u.Sandboxes, MemoryBytes: u.MemoryBytes, Execs: u.Execs,
+		MaxSandboxes: u.MaxSandboxes, MemoryBudget: u.MemoryBudget, MaxExecs: u.MaxExecs}, nil
+}
+
+// Images returns the names of the images in the node's store.
+func (l clusterLocal) Images(ctx context.Context) ([]string, error) {
+	images, err := l.m.rt.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(images))
+	for _, im := range images {
+		names = append(names, im.Name)
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Holds returns the node's sandboxes but unclaimed warm-pool members, and
+// the creations in progress, with their owners.
+func (l clusterLocal) Holds(ctx context.Context) (map[string]string, error) {
+	out := make(map[string]string)
+	l.m.mu.Lock()
+	for id, c := range l.m.creating {
+		out[id] = c.spec.Owner
+	}
+	l.m.mu.Unlock()
+	all, err := l.m.rt.List(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, sb := range all {
+		if !sb.Pooled {
+			out[sb.ID] = sb.Owner
+		}
+	}
+	return out, nil
+}
+
+// Remove deletes a sandbox under its lifecycle lock.
+func (l clusterLocal) Remove(ctx context.Context, id string) error {
+	return l.m.deleteSandbox(ctx, id)
+}

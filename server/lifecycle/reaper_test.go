@@ -1,0 +1,344 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+)
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fakeAgents answers probes from a table and records stops; a stop blocks
+// while block is not nil.
+type fakeAgents struct {
+	mu       sync.Mutex
+	activity map[string]Activity
+	errs     map[string]error
+	probes   map[string]int
+	stopped  map[string]Reason
+	stopErr  error
+	block    chan struct{}
+}
+
+func newFakeAgents() *fakeAgents {
+	return &fakeAgents{activity: map[string]Activity{}, errs: map[string]error{}, probes: map[string]int{}, stopped: map[string]Reason{}}
+}
+
+func (f *fakeAgents) Probe(_ context.Context, id string) (Activity, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probes[id]++
+	return f.activity[id], f.errs[id]
+}
+
+func (f *fakeAgents) Stop(ctx context.Context, id string, reason Reason) error {
+	f.mu.Lock()
+	block, err := f.block, f.stopErr
+	f.mu.Unlock()
+	if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.stopped[id] = reason
+	return nil
+}
+
+func (f *fakeAgents) set(fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn()
+}
+
+func (f *fakeAgents) stoppedReason(id string) (Reason, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.stopped[id]
+	return r, ok
+}
+
+// runReaper runs a reaper checking every 5ms until the test ends.
+func runReaper(t *testing.T, f *fakeAgents) *Reaper {
+	t.Helper()
+	r := NewReaper(ReaperConfig{Interval: 5 * time.Millisecond, ProbeTimeout: time.Second}, f, f, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return within 5s of its context's end")
+		}
+	})
+	return r
+}
+
+// waitSweeps waits until the reaper has finished n more rounds: each of them
+// would have acted on what the test set up.
+func waitSweeps(t *testing.T, r *Reaper, n int64) {
+	t.Helper()
+	want := r.sweeps.Load() + n
+	waitFor(t, 5*time.Second, fmt.Sprintf("%d reaper rounds", n), func() bool { return r.sweeps.Load() >= want })
+}
+
+// waitFor polls cond every millisecond for at most d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestReaperIdle(t *testing.T) {
+	f := newFakeAgents()
+	f.block = make(chan struct{})
+	r := runReaper(t, f)
+	start := time.Now()
+	r.Track("a", Limits{CreatedAt: start, IdleTimeout: 50 * time.Millisecond, MaxLifetime: time.Hour})
+
+	// Expired and being removed: visible as stopping until the stop ends.
+	waitFor(t, 2*time.Second, "sandbox a stopping", func() bool { return r.Stopping("a") == ReasonIdle })
+	if took := time.Since(start); took < 50*time.Millisecond {
+		t.Errorf("stopped after %v, before its 50ms idle timeout", took)
+	}
+	st, ok := r.Status("a")
+	if !ok || st.Stopping != ReasonIdle || st.IdleDeadline.After(time.Now()) {
+		t.Errorf("Status while stopping = %+v, %v; want stopping for idle-timeout with a past deadline", st, ok)
+	}
+	close(f.block)
+	waitFor(t, 2*time.Second, "sandbox a forgotten", func() bool { _, ok := r.Status("a"); return !ok })
+	if reason, ok := f.stoppedReason("a"); !ok || reason != ReasonIdle {
+		t.Errorf("stop reason = %v, %v; want idle-timeout", reason, ok)
+	}
+}
+
+func TestReaperRunningExecKeepsAlive(t *testing.T) {
+	f := newFakeAgents()
+	f.activity["busy"] = Activity{Running: 1}
+	r := runReaper(t, f)
+	r.Track("busy", Limits{CreatedAt: time.Now(), IdleTimeout: 20 * time.Millisecond})
+	waitFor(t, 2*time.Second, "several probes", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.probes["busy"] >= 3
+	})
+	if _, ok := f.stoppedReason("busy"); ok || r.Stopping("busy") != ReasonNone {
+		t.Fatal("a sandbox with a running exec was stopped")
+	}
+	// The exec ends: idle from its end on.
+	end := time.Now()
+	f.set(func() { f.activity["busy"] = Activity{Last: end} })
+	waitFor(t, 2*time.Second, "busy stopped once idle", func() bool { _, ok := f.stoppedReason("busy"); return ok })
+	if took := time.Since(end); took < 20*time.Millisecond {
+		t.Errorf("stopped %v after the exec ended, before the 20ms idle timeout", took)
+	}
+}
+
+func TestReaperRequestsKeepAlive(t *testing.T) {
+	f := newFakeAgents()
+	r := runReaper(t, f)
+	r.Track("req", Limits{CreatedAt: time.Now(), IdleTimeout: 20 * time.Millisecond})
+	end := r.Begin("req")
+	// Rounds well past the 20 ms idle timeout: each would have stopped it.
+	waitFor(t, 2*time.Second, "the idle timeout passed", func() bool { st, _ := r.Status("req"); return time.Now().After(st.IdleDeadline) })
+	waitSweeps(t, r, 5)
+	if _, ok := f.stoppedReason("req"); ok {
+		t.Fatal("stopped while a request was in progress")
+	}
+	f.mu.Lock()
+	probes := f.probes["req"]
+	f.mu.Unlock()
+	if probes != 0 {
+		t.Errorf("probed %d times while a request was in progress, want 0", probes)
+	}
+	end()
+	end() // idempotent
+	waitFor(t, 2*time.Second, "stopped after the request", func() bool { _, ok := f.stoppedReason("req"); return ok })
+}
+
+func TestReaperHold(t *testing.T) {
+	f := newFakeAgents()
+	r := runReaper(t, f)
+	start := time.Now()
+	r.Track("held", Limits{CreatedAt: start, IdleTimeout: 10 * time.Millisecond})
+	r.Hold("held", start.Add(150*time.Millisecond))
+	waitFor(t, 2*time.Second, "held stopped", func() bool { _, ok := f.stoppedReason("held"); return ok })
+	if took := time.Since(start); took < 150*time.Millisecond {
+		t.Errorf("stopped after %v, before its 150ms hold ended", took)
+	}
+	if r.Hold("unknown", time.Now()) {
+		t.Error("Hold of an untracked id reported true")
+	}
+}
+
+func TestReaperLifetime(t *testing.T) {
+	f := newFakeAgents()
+	f.activity["old"] = Activity{Running: 3}
+	r := runReaper(t, f)
+	created := time.Now()
+	r.Track("old", Limits{CreatedAt: created, IdleTimeout: time.Hour, MaxLifetime: 40 * time.Millisecond})
+	end := r.Begin("old") // busy does not matter
+	defer end()
+	waitFor(t, 2*time.Second, "old stopped", func() bool { _, ok := f.stoppedReason("old"); return ok })
+	if reason, _ := f.stoppedReason("old"); reason != ReasonLifetime || time.Since(created) < 40*time.Millisecond {
+		t.Errorf("stopped for %v after %v, want max-lifetime after 40ms", reason, time.Since(created))
+	}
+}
+
+func TestReaperProbeErrors(t *testing.T) {
+	f := newFakeAgents()
+	f.errs["mute"] = errors.New("agent does not answer")
+	f.errs["dead"] = ErrNotRunning
+	f.errs["gone"] = ErrGone
+	r := runReaper(t, f)
+	for _, id := range []string{"mute", "dead", "gone"} {
+		r.Track(id, Limits{CreatedAt: time.Now(), IdleTimeout: 10 * time.Millisecond})
+	}
+	waitFor(t, 2*time.Second, "gone forgotten", func() bool { _, ok := r.Status("gone"); return !ok })
+	waitFor(t, 2*time.Second, "dead stopped", func() bool { _, ok := f.stoppedReason("dead"); return ok })
+	waitFor(t, 2*time.Second, "mute stopped", func() bool { _, ok := f.stoppedReason("mute"); return ok })
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.probes["mute"] < 3 {
+		t.Errorf("mute stopped after %d failed probes, want at least 3", f.probes["mute"])
+	}
+	if _, ok := f.stopped["gone"]; ok {
+		t.Error("a sandbox that is gone was stopped")
+	}
+}
+
+func TestReaperStopRetried(t *testing.T) {
+	f := newFakeAgents()
+	f.stopErr = errors.New("containerd busy")
+	r := runReaper(t, f)
+	r.Track("x", Limits{CreatedAt: time.Now(), IdleTimeout: 10 * time.Millisecond})
+	waitFor(t, 2*time.Second, "x stopping", func() bool { return r.Stopping("x") == ReasonIdle })
+	// Rounds that each tried the stop and failed.
+	waitSweeps(t, r, 3)
+	if _, ok := r.Status("x"); !ok {
+		t.Fatal("forgotten although its stop failed")
+	}
+	f.set(func() { f.stopErr = nil })
+	waitFor(t, 2*time.Second, "x stopped on retry", func() bool { _, ok := f.stoppedReason("x"); return ok })
+}
+
+// fakeMaker makes members "image-N"; it fails while fail is set.
+type fakeMaker struct {
+	mu       sync.Mutex
+	n        int
+	fail     bool
+	failures int // calls that failed
+}
+
+func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.fail {
+		m.failures++
+		return "", errors.New("no image")
+	}
+	m.n++
+	return fmt.Sprintf("%s-%d", image, m.n), nil
+}
+
+func TestPool(t *testing.T) {
+	m := &fakeMaker{}
+	p := NewPool(PoolConfig{Sizes: map[string]int{"img": 2}, RetryDelay: 20 * time.Millisecond}, m, discard)
+	if !p.Adopt("img", "img-old") || p.Adopt("other", "x") {
+		t.Fatal("Adopt: want room for img, none for an image without a pool")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	waitFor(t, 2*time.Second, "pool filled", func() bool { return p.Ready("img") == 2 })
+	if id, ok := p.Take("img"); !ok || id != "img-old" {
+		t.Errorf("Take = %q, %v; want the oldest member img-old", id, ok)
+	}
+	if _, ok := p.Take("other"); ok {
+		t.Error("Take from an image without a pool succeeded")
+	}
+	waitFor(t, 2*time.Second, "pool refilled", func() bool { return p.Ready("img") == 2 })
+
+	m.mu.Lock()
+	m.fail = true
+	m.mu.Unlock()
+	p.Take("img")
+	// Two failed refills (RetryDelay apart): neither may count as ready.
+	waitFor(t, 2*time.Second, "two failed creations", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.failures >= 2 })
+	if p.Ready("img") != 1 {
+		t.Fatalf("ready = %d while creation fails, want 1", p.Ready("img"))
+	}
+	m.mu.Lock()
+	m.fail = false
+	m.mu.Unlock()
+	waitFor(t, 2*time.Second, "pool refilled after failures", func() bool { return p.Ready("img") == 2 })
+}
+
+// TestReaperRequestBetweenVerdictAndRemoval starts a request after the
+// sandbox was found idle and marked stopping, before its removal began:
+// the sandbox is in use again, so it is not removed and no longer
+// stopping. A maximum lifetime, a hard stop, is not lifted that way.
+func TestReaperRequestBetweenVerdictAndRemoval(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits Limits
+		reason Reason
+		kept   bool
+	}{
+		{"idle", Limits{CreatedAt: time.Now(), IdleTimeout: time.Millisecond, MaxLifetime: time.Hour}, ReasonIdle, true},
+		{"lifetime", Limits{CreatedAt: time.Now().Add(-time.Hour), IdleTimeout: time.Hour, MaxLifetime: time.Minute}, ReasonLifetime, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeAgents()
+			r := NewReaper(ReaperConfig{}, f, f, discard)
+			now := time.Now()
+			r.now = func() time.Time { return now }
+			r.Track("sb", tc.limits)
+			now = now.Add(time.Second) // idle for a second, past its timeout
+			// The verdict: what sweep does before its removals.
+			r.mu.Lock()
+			e := r.sandboxes["sb"]
+			if tc.reason == ReasonLifetime {
+				r.expire("sb", e, ReasonLifetime, now)
+			}
+			r.mu.Unlock()
+			if tc.reason == ReasonIdle {
+				r.settle(context.Background(), "sb", Activity{}, nil)
+			}
+			if got := r.Stopping("sb"); got != tc.reason {
+				t.Fatalf("after the verdict Stopping = %v, want %v", got, tc.reason)
+			}
+			// A request arrives; then the removal step runs.
+			end := r.Begin("sb")
+			defer end()
+			r.remove(context.Background(), "sb")
+			_, stopped := f.stoppedReason("sb")
+			if stopped == tc.kept {
+				t.Errorf("removed = %v with a request in progress since the verdict, want %v", stopped, !tc.kept)
+			}
+			if st, ok := r.Status("sb"); tc.kept && (!ok || st.Stopping != ReasonNone) {
+				t.Errorf("Status = %+v, %v after the request kept it; want tracked and not stopping", st, ok)
+			}
+		})
+	}
+}

@@ -1,0 +1,595 @@
+package sandboxsvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	containerd "github.com/containerd/containerd/v2/client"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/sandboxid"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/admit"
+	"github.com/berth-sandbox/berth/server/agentconn"
+	"github.com/berth-sandbox/berth/server/agentreach"
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/lifecycle"
+	"github.com/berth-sandbox/berth/server/network"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"github.com/berth-sandbox/berth/server/runtimes"
+	"github.com/berth-sandbox/berth/server/status"
+)
+
+// The handlers of this package run here on the real engines — the
+// lifecycle Manager, the reacher, the registry, admission — over a fake
+// containerd (fakeStore): no root, no containerd, no agent. What a
+// handler decides about ownership and idempotency is decided for real.
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// fakeStore stands in for *runtime.Runtime: sandbox records in a map, as
+// runtime.RecordOf makes them from a spec; no task runs.
+type fakeStore struct {
+	dir string
+
+	mu        sync.Mutex
+	sandboxes map[string]runtime.Sandbox
+	images    map[string]bool
+	holds     map[string]time.Time
+	deleted   []string
+}
+
+func newFakeStore(t *testing.T) *fakeStore {
+	return &fakeStore{dir: t.TempDir(), sandboxes: map[string]runtime.Sandbox{}, images: map[string]bool{"berth.dev/base:latest": true}, holds: map[string]time.Time{}}
+}
+
+// put records a sandbox created from spec.
+func (f *fakeStore) put(spec runtime.SandboxSpec) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.sandboxes[spec.ID] = runtime.RecordOf(spec, time.Now())
+}
+
+func (f *fakeStore) has(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.sandboxes[id]
+	return ok
+}
+
+func (f *fakeStore) Get(_ context.Context, id string) (runtime.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	sb, ok := f.sandboxes[id]
+	if !ok {
+		return runtime.Sandbox{}, fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
+	}
+	return sb, nil
+}
+
+// List filters by label as containerd's label filter does: the owner
+// label among them.
+func (f *fakeStore) List(_ context.Context, selector map[string]string) ([]runtime.Sandbox, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []runtime.Sandbox
+	for _, sb := range f.sandboxes {
+		ok := true
+		for k, v := range selector {
+			if k == runtime.LabelOwner {
+				ok = ok && sb.Owner == v
+			} else {
+				ok = ok && sb.Labels[k] == v
+			}
+		}
+		if ok {
+			out = append(out, sb)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+func (f *fakeStore) ResolveImage(_ context.Context, ref string) (string, error) {
+	if !strings.Contains(ref, ":") {
+		ref += ":latest"
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.images[ref] {
+		return "", fmt.Errorf("%w: %s", runtime.ErrImageNotFound, ref)
+	}
+	return ref, nil
+}
+
+func (f *fakeStore) Delete(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.sandboxes, id)
+	f.deleted = append(f.deleted, id)
+	return nil
+}
+
+func (f *fakeStore) SetHoldUntil(_ context.Context, id string, until time.Time) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.holds[id] = until
+	return nil
+}
+
+func (f *fakeStore) MemoryPromised(context.Context) (map[string]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]uint64{}
+	for id, sb := range f.sandboxes {
+		out[id] = sb.MemoryBytes
+	}
+	return out, nil
+}
+
+var errNoContainers = errors.New("the fake store makes no containers")
+
+func (f *fakeStore) Create(context.Context, runtime.SandboxSpec) error { return errNoContainers }
+func (f *fakeStore) Claim(context.Context, string, runtime.SandboxSpec) error {
+	return errNoContainers
+}
+func (f *fakeStore) RestartTask(context.Context, string, uint32) (uint32, error) {
+	return 0, errNoContainers
+}
+func (f *fakeStore) WaitExit(context.Context, string) (<-chan containerd.ExitStatus, error) {
+	return nil, errNoContainers
+}
+func (f *fakeStore) MarkExpired(context.Context, string, string) error   { return nil }
+func (f *fakeStore) ListImages(context.Context) ([]runtime.Image, error) { return nil, nil }
+
+// TaskEvents keeps runtime.TaskEvents' contract with no events: when ctx
+// ends, the error channel receives nil and both channels close.
+func (f *fakeStore) TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <-chan error) {
+	events, errs := make(chan runtime.TaskEvent), make(chan error, 1)
+	go func() {
+		<-ctx.Done()
+		errs <- nil
+		close(errs)
+		close(events)
+	}()
+	return events, errs
+}
+func (f *fakeStore) HostDirs() ([]string, error)         { return nil, nil }
+func (f *fakeStore) RemoveHostDir(string) error          { return nil }
+func (f *fakeStore) SocketPath(id string) string         { return f.dir + "/" + id + ".sock" }
+func (f *fakeStore) LogTail(string, int64) []byte        { return nil }
+func (f *fakeStore) TrimLog(string, int64) (bool, error) { return false, nil }
+func (f *fakeStore) CreateWorkLimit() time.Duration      { return time.Minute }
+func (f *fakeStore) Usage(context.Context, string) (runtime.Usage, error) {
+	return runtime.Usage{}, errNoContainers
+}
+func (f *fakeStore) GVisorEnabled() bool { return true }
+func (f *fakeStore) DiskQuota() error    { return nil }
+
+// fakeNetwork is a sandbox network that exists: EGRESS requests validate.
+type fakeNetwork struct{}
+
+func (fakeNetwork) Start(context.Context, map[string]bool) error { return nil }
+func (fakeNetwork) Attach(context.Context, string, network.Policy) (network.Attachment, error) {
+	return network.Attachment{}, errNoContainers
+}
+func (fakeNetwork) Detach(context.Context, string) error { return nil }
+func (fakeNetwork) Addr(string) (netip.Addr, bool)       { return netip.Addr{}, false }
+func (fakeNetwork) Subnet() netip.Prefix                 { return netip.MustParsePrefix("10.88.0.0/24") }
+func (fakeNetwork) Close()                               {}
+
+type noObserver struct{}
+
+func (noObserver) SandboxCreated(bool, time.Duration) {}
+func (noObserver) AgentRestarted()                    {}
+
+// newHandlers returns the handlers over real engines and a fake store.
+func newHandlers(t *testing.T) (*Service, *fakeStore) {
+	t.Helper()
+	st := newFakeStore(t)
+	ids := runtimes.NewRegistry("", discard)
+	events := runtimes.NewTaskEvents(st, discard)
+	agents := agentconn.NewPool(nil)
+	t.Cleanup(agents.Close)
+	reach := agentreach.New(agentreach.Config{ConnectBudget: time.Second, BusyLimit: time.Second, ServerVersion: "test"}, st, ids, agents, discard)
+	cfg := withDefaults(Config{AllowHostUsers: true, ServerVersion: "test", NodeID: "node-1"})
+	defaults := runtime.SandboxSpec{PidsLimit: cfg.DefaultPidsLimit, CPUMillis: uint64(cfg.DefaultCPUMillis), MemoryBytes: uint64(cfg.DefaultMemoryBytes),
+		OpenFiles: cfg.DefaultOpenFiles, IdleTimeout: cfg.DefaultIdleTimeout, MaxLifetime: cfg.DefaultMaxLifetime}
+	life := lifecycle.New(lifecycle.Config{AgentReadyTimeout: time.Second, ConnectBudget: time.Second, Defaults: defaults,
+		Network: fakeNetwork{}, Observer: noObserver{}}, st, agents, reach, ids, events, admit.New(admit.Limits{}, nil, st.MemoryPromised), discard)
+	t.Cleanup(life.Close)
+	return New(cfg, st, life, reach, discard), st
+}
+
+var (
+	alice = auth.Principal{Name: "alice"}
+	bob   = auth.Principal{Name: "bob"}
+	admin = auth.Principal{Name: "root", Admin: true}
+)
+
+func as(p auth.Principal) context.Context { return auth.NewContext(context.Background(), p) }
+
+// answer is what a caller gets for err: its code, reason and ErrorInfo
+// metadata, after the error boundary (server/status).
+type answer struct {
+	code   codes.Code
+	reason string
+	meta   map[string]string
+}
+
+func answerOf(err error) answer {
+	if err == nil {
+		return answer{code: codes.OK}
+	}
+	st := grpcstatus.Convert(status.Of(err))
+	a := answer{code: st.Code()}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			a.reason, a.meta = info.GetReason(), info.GetMetadata()
+		}
+	}
+	return a
+}
+
+// baseRequest sets every field of a CreateSandboxRequest to a value other
+// than its default, so that a change of any one of them is a change.
+func baseRequest(id string) *berthv1.CreateSandboxRequest {
+	return &berthv1.CreateSandboxRequest{
+		SandboxId: id,
+		Image:     "berth.dev/base:latest",
+		Labels:    map[string]string{"team": "a"},
+		Env:       map[string]string{"A": "1"},
+		Resources: &berthv1.Resources{PidsLimit: 100, CpuMillis: 500, MemoryBytes: 512 << 20, OpenFilesLimit: 256,
+			DiskBytes: 64 << 20, ShmBytes: 8 << 20},
+		User:        "1000:1000",
+		Workdir:     "/work",
+		IdleTimeout: durationpb.New(10 * time.Minute),
+		MaxLifetime: durationpb.New(2 * time.Hour),
+		Network:     &berthv1.NetworkPolicy{Mode: berthv1.NetworkMode_NETWORK_MODE_EGRESS, Allow: []string{"10.1.0.0/16:443"}, MaxConnections: 10, EgressBytesPerSecond: 1 << 20, IngressBytesPerSecond: 1 << 20},
+		Runtime:     runtime.RuntimeRunc,
+	}
+}
+
+// existing records the sandbox that req makes for p, as a create that
+// finished would have left it.
+func existing(t *testing.T, s *Service, st *fakeStore, req *berthv1.CreateSandboxRequest, p auth.Principal) runtime.SandboxSpec {
+	t.Helper()
+	spec, err := s.sandboxSpec(req, p.Name)
+	if err != nil {
+		t.Fatalf("sandboxSpec(%v) = %v", req, err)
+	}
+	st.put(spec)
+	return spec
+}
+
+// TestCreateSandboxIdempotent: a CreateSandbox of an existing sandbox's
+// id returns it when every field is the same, and is ALREADY_EXISTS naming
+// the one field that differs for a change of any field of the request —
+// each field of CreateSandboxRequest, Resources and NetworkPolicy is
+// listed, or the test fails. Another principal's id is taken, with nothing
+// said about the sandbox.
+func TestCreateSandboxIdempotent(t *testing.T) {
+	s, st := newHandlers(t)
+	const id = "sb-idem"
+	existing(t, s, st, baseRequest(id), alice)
+
+	resp, err := s.CreateSandbox(as(alice), baseRequest(id))
+	if err != nil || resp.GetSandbox().GetId() != id || resp.GetSandbox().GetOwner() != "alice" || resp.GetFromWarmPool() {
+		t.Fatalf("the same request again = %v, %v; want the existing sandbox", resp, err)
+	}
+	if got := answerOf(func() error { _, err := s.CreateSandbox(as(bob), baseRequest(id)); return err }()); got.code != codes.AlreadyExists ||
+		got.reason != rpcstatus.ReasonSandboxExists || got.meta["fields"] != "" {
+		t.Errorf("another principal's id: %+v, want ALREADY_EXISTS without the differing fields", got)
+	}
+
+	// Each case changes one request field (by its path); want is the field
+	// the conflict names (specDiff's words).
+	cases := []struct {
+		path   string
+		change func(*berthv1.CreateSandboxRequest)
+		want   string
+	}{
+		{"image", func(r *berthv1.CreateSandboxRequest) { r.Image = "berth.dev/other:v2" }, "image"},
+		{"labels", func(r *berthv1.CreateSandboxRequest) { r.Labels = map[string]string{"team": "b"} }, "labels"},
+		{"env", func(r *berthv1.CreateSandboxRequest) { r.Env = map[string]string{"A": "2"} }, "env"},
+		{"resources.pids_limit", func(r *berthv1.CreateSandboxRequest) { r.Resources.PidsLimit = 200 }, "resources.pids_limit"},
+		{"resources.cpu_millis", func(r *berthv1.CreateSandboxRequest) { r.Resources.CpuMillis = 700 }, "resources.cpu_millis"},
+		{"resources.memory_bytes", func(r *berthv1.CreateSandboxRequest) { r.Resources.MemoryBytes = 256 << 20 }, "resources.memory_bytes"},
+		{"resources.open_files_limit", func(r *berthv1.CreateSandboxRequest) { r.Resources.OpenFilesLimit = 512 }, "resources.open_files_limit"},
+		{"resources.disk_bytes", func(r *berthv1.CreateSandboxRequest) { r.Resources.DiskBytes = 128 << 20 }, "resources.disk_bytes"},
+		{"resources.shm_bytes", func(r *berthv1.CreateSandboxRequest) { r.Resources.ShmBytes = 16 << 20 }, "resources.shm_bytes"},
+		{"user", func(r *berthv1.CreateSandboxRequest) { r.User = "1001:1000" }, "user"},
+		{"workdir", func(r *berthv1.CreateSandboxRequest) { r.Workdir = "/other" }, "workdir"},
+		{"idle_timeout", func(r *berthv1.CreateSandboxRequest) { r.IdleTimeout = durationpb.New(20 * time.Minute) }, "idle_timeout"},
+		{"max_lifetime", func(r *berthv1.CreateSandboxRequest) { r.MaxLifetime = durationpb.New(3 * time.Hour) }, "max_lifetime"},
+		{"network.mode", func(r *berthv1.CreateSandboxRequest) { r.Network = nil }, "network"},
+		{"network.allow", func(r *berthv1.CreateSandboxRequest) { r.Network.Allow = []string{"10.2.0.0/16:443"} }, "network"},
+		{"network.max_connections", func(r *berthv1.CreateSandboxRequest) { r.Network.MaxConnections = 20 }, "network"},
+		{"network.egress_bytes_per_second", func(r *berthv1.CreateSandboxRequest) { r.Network.EgressBytesPerSecond = 2 << 20 }, "network"},
+		{"network.ingress_bytes_per_second", func(r *berthv1.CreateSandboxRequest) { r.Network.IngressBytesPerSecond = 2 << 20 }, "network"},
+		{"runtime", func(r *berthv1.CreateSandboxRequest) { r.Runtime = runtime.RuntimeGVisor }, "runtime"},
+		{"host_users", func(r *berthv1.CreateSandboxRequest) { r.HostUsers = true }, "host_users"},
+	}
+	// Fields that are not part of a sandbox's spec, and why.
+	notSpec := map[string]string{
+		"sandbox_id": "the id itself: another id is another sandbox",
+		"request_id": "ignored beside sandbox_id; without it, it derives the id (TestCreateSandboxRequestID)",
+	}
+	covered := map[string]bool{}
+	for _, c := range cases {
+		covered[c.path] = true
+		t.Run(c.path, func(t *testing.T) {
+			req := baseRequest(id)
+			c.change(req)
+			_, err := s.CreateSandbox(as(alice), req)
+			if got := answerOf(err); got.code != codes.AlreadyExists || got.reason != rpcstatus.ReasonSandboxExists || got.meta["fields"] != c.want {
+				t.Errorf("a request differing in %s: %+v (%v), want ALREADY_EXISTS naming %q", c.path, got, err, c.want)
+			}
+		})
+	}
+	var walk func(prefix string, md protoreflect.MessageDescriptor)
+	walk = func(prefix string, md protoreflect.MessageDescriptor) {
+		for i := range md.Fields().Len() {
+			f := md.Fields().Get(i)
+			path := prefix + string(f.Name())
+			if f.Kind() == protoreflect.MessageKind && !f.IsMap() && f.Message().FullName() != "google.protobuf.Duration" {
+				walk(path+".", f.Message())
+				continue
+			}
+			if !covered[path] && notSpec[path] == "" {
+				t.Errorf("CreateSandboxRequest field %s has no idempotency case: add one (or say in notSpec why it is not part of the spec)", path)
+			}
+		}
+	}
+	walk("", (&berthv1.CreateSandboxRequest{}).ProtoReflect().Descriptor())
+	if st.has("sb-other") || len(st.deleted) != 0 {
+		t.Errorf("conflicts changed the store: deleted %v", st.deleted)
+	}
+}
+
+// TestCreateSandboxRequestID: request_id derives the sandbox id from the
+// caller and the key, so a retry finds the sandbox and another principal's
+// same key is another sandbox.
+func TestCreateSandboxRequestID(t *testing.T) {
+	s, st := newHandlers(t)
+	req := baseRequest("")
+	req.RequestId = "retry-key-1"
+	spec := existing(t, s, st, req, alice)
+	if want := sandboxid.FromRequest("alice", "retry-key-1"); spec.ID != want {
+		t.Fatalf("derived id %q, want %q", spec.ID, want)
+	}
+	resp, err := s.CreateSandbox(as(alice), req)
+	if err != nil || resp.GetSandbox().GetId() != spec.ID {
+		t.Fatalf("a retry with the same request_id = %v, %v; want sandbox %s", resp, err, spec.ID)
+	}
+	bobSpec, err := s.sandboxSpec(req, "bob")
+	if err != nil || bobSpec.ID == spec.ID {
+		t.Errorf("bob's spec for the same key: id %q, %v; want another id than alice's %q", bobSpec.ID, err, spec.ID)
+	}
+}
+
+// TestCreateSandboxRefuses: bad requests are INVALID_ARGUMENT naming the
+// field, and a request without a principal is UNAUTHENTICATED; nothing is
+// created.
+func TestCreateSandboxRefuses(t *testing.T) {
+	s, st := newHandlers(t)
+	for _, c := range []struct {
+		name  string
+		ctx   context.Context
+		req   *berthv1.CreateSandboxRequest
+		code  codes.Code
+		field string
+	}{
+		{"no principal", context.Background(), baseRequest("sb-x"), codes.Unauthenticated, ""},
+		{"bad id", as(alice), baseRequest("Not_An_Id"), codes.InvalidArgument, "sandbox_id"},
+		{"no image", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.Image = ""; return r }(), codes.InvalidArgument, "image"},
+		{"reserved label", as(alice), func() *berthv1.CreateSandboxRequest {
+			r := baseRequest("sb-x")
+			r.Labels = map[string]string{runtime.LabelOwner: "bob"}
+			return r
+		}(), codes.InvalidArgument, "labels"},
+		{"user name", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.User = "dev"; return r }(), codes.InvalidArgument, "user"},
+		{"relative workdir", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.Workdir = "work"; return r }(), codes.InvalidArgument, "workdir"},
+		{"idle timeout too long", as(alice), func() *berthv1.CreateSandboxRequest {
+			r := baseRequest("sb-x")
+			r.IdleTimeout = durationpb.New(25 * time.Hour)
+			return r
+		}(), codes.InvalidArgument, "idle_timeout"},
+		{"allow-list without EGRESS", as(alice), func() *berthv1.CreateSandboxRequest {
+			r := baseRequest("sb-x")
+			r.Network.Mode = berthv1.NetworkMode_NETWORK_MODE_NONE
+			return r
+		}(), codes.InvalidArgument, "network.allow"},
+		{"unknown runtime", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.Runtime = "kata"; return r }(), codes.InvalidArgument, "runtime"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := s.CreateSandbox(c.ctx, c.req)
+			got := answerOf(err)
+			if got.code != c.code || (c.field != "" && got.meta["field"] != c.field) {
+				t.Errorf("CreateSandbox = %+v (%v), want %v naming %q", got, err, c.code, c.field)
+			}
+		})
+	}
+	if st.has("sb-x") {
+		t.Error("a refused request left a sandbox")
+	}
+}
+
+// TestGetSandbox: a caller sees its own sandboxes, an admin every one;
+// another principal's sandbox and an unclaimed warm-pool member are
+// NOT_FOUND in the same words as a missing one.
+func TestGetSandbox(t *testing.T) {
+	s, st := newHandlers(t)
+	spec := existing(t, s, st, baseRequest("sb-get"), alice)
+	st.put(runtime.SandboxSpec{ID: "sb-pooled", Image: "berth.dev/base:latest", Pooled: true})
+	missing := answerOf(func() error {
+		_, err := s.GetSandbox(as(alice), &berthv1.GetSandboxRequest{SandboxId: "sb-missing"})
+		return err
+	}())
+	for _, c := range []struct {
+		p    auth.Principal
+		id   string
+		code codes.Code
+	}{
+		{alice, "sb-get", codes.OK},
+		{admin, "sb-get", codes.OK},
+		{bob, "sb-get", codes.NotFound},
+		{alice, "sb-pooled", codes.NotFound},
+		{alice, "sb-missing", codes.NotFound},
+		{alice, "SB GET", codes.InvalidArgument},
+	} {
+		resp, err := s.GetSandbox(as(c.p), &berthv1.GetSandboxRequest{SandboxId: c.id})
+		got := answerOf(err)
+		if got.code != c.code {
+			t.Errorf("GetSandbox(%s) as %s = %+v, want %v", c.id, c.p.Name, got, c.code)
+			continue
+		}
+		if c.code == codes.NotFound && (got.reason != missing.reason || got.meta["sandbox_id"] != c.id) {
+			t.Errorf("GetSandbox(%s) as %s = %+v, want the answer for a missing sandbox (%+v)", c.id, c.p.Name, got, missing)
+		}
+		if c.code == codes.OK {
+			sb := resp.GetSandbox()
+			if sb.GetId() != spec.ID || sb.GetOwner() != "alice" || sb.GetImage() != spec.Image || sb.GetNodeId() != "node-1" ||
+				sb.GetState() != berthv1.SandboxState_SANDBOX_STATE_STOPPED || sb.GetResources().GetMemoryBytes() != spec.MemoryBytes ||
+				sb.GetNetwork().GetMode() != berthv1.NetworkMode_NETWORK_MODE_EGRESS || !slices.Equal(sb.GetEnvKeys(), []string{"A"}) {
+				t.Errorf("GetSandbox(%s) = %v, want the record of %+v", c.id, sb, spec)
+			}
+		}
+	}
+}
+
+// TestListSandboxes: a caller lists its own sandboxes in id order, an
+// admin all; warm-pool members are never listed; pages follow the token.
+func TestListSandboxes(t *testing.T) {
+	s, st := newHandlers(t)
+	for _, sb := range []struct {
+		id string
+		p  auth.Principal
+	}{{"sb-a2", alice}, {"sb-a1", alice}, {"sb-b1", bob}} {
+		existing(t, s, st, baseRequest(sb.id), sb.p)
+	}
+	st.put(runtime.SandboxSpec{ID: "sb-pool", Image: "berth.dev/base:latest", Pooled: true})
+	ids := func(resp *berthv1.ListSandboxesResponse) []string {
+		var out []string
+		for _, sb := range resp.GetSandboxes() {
+			out = append(out, sb.GetId())
+		}
+		return out
+	}
+	for _, c := range []struct {
+		p    auth.Principal
+		req  *berthv1.ListSandboxesRequest
+		want []string
+		next bool
+		code codes.Code
+	}{
+		{alice, &berthv1.ListSandboxesRequest{}, []string{"sb-a1", "sb-a2"}, false, codes.OK},
+		{bob, &berthv1.ListSandboxesRequest{}, []string{"sb-b1"}, false, codes.OK},
+		{admin, &berthv1.ListSandboxesRequest{}, []string{"sb-a1", "sb-a2", "sb-b1"}, false, codes.OK},
+		{admin, &berthv1.ListSandboxesRequest{LabelSelector: map[string]string{"team": "b"}}, nil, false, codes.OK},
+		{alice, &berthv1.ListSandboxesRequest{PageSize: 1}, []string{"sb-a1"}, true, codes.OK},
+		{alice, &berthv1.ListSandboxesRequest{PageSize: 1001}, nil, false, codes.InvalidArgument},
+		{alice, &berthv1.ListSandboxesRequest{PageToken: "%%%"}, nil, false, codes.InvalidArgument},
+	} {
+		resp, err := s.ListSandboxes(as(c.p), c.req)
+		if got := answerOf(err); got.code != c.code {
+			t.Errorf("ListSandboxes(%v) as %s = %+v, want %v", c.req, c.p.Name, got, c.code)
+			continue
+		}
+		if got := ids(resp); !slices.Equal(got, c.want) || (resp.GetNextPageToken() != "") != c.next {
+			t.Errorf("ListSandboxes(%v) as %s = %v next %q, want %v (next page: %v)", c.req, c.p.Name, got, resp.GetNextPageToken(), c.want, c.next)
+		}
+		if c.next {
+			page2, err := s.ListSandboxes(as(c.p), &berthv1.ListSandboxesRequest{PageSize: 1, PageToken: resp.GetNextPageToken()})
+			if got := ids(page2); err != nil || !slices.Equal(got, []string{"sb-a2"}) {
+				t.Errorf("the next page = %v, %v; want [sb-a2]", got, err)
+			}
+		}
+	}
+}
+
+// TestDeleteSandbox: the owner and an admin remove a sandbox; another
+// principal's delete answers as for a missing sandbox and leaves it
+// untouched; a missing sandbox is no error.
+func TestDeleteSandbox(t *testing.T) {
+	for _, c := range []struct {
+		p       auth.Principal
+		id      string
+		code    codes.Code
+		removed bool
+	}{
+		{alice, "sb-del", codes.OK, true},
+		{admin, "sb-del", codes.OK, true},
+		{bob, "sb-del", codes.OK, false},
+		{alice, "sb-missing", codes.OK, false},
+		{alice, "Bad_Id", codes.InvalidArgument, false},
+	} {
+		t.Run(c.p.Name+"/"+c.id, func(t *testing.T) {
+			s, st := newHandlers(t)
+			existing(t, s, st, baseRequest("sb-del"), alice)
+			_, err := s.DeleteSandbox(as(c.p), &berthv1.DeleteSandboxRequest{SandboxId: c.id})
+			if got := answerOf(err); got.code != c.code {
+				t.Errorf("DeleteSandbox = %+v, want %v", got, c.code)
+			}
+			if st.has("sb-del") == c.removed {
+				t.Errorf("after %s's delete of %s the sandbox exists: %v, want %v", c.p.Name, c.id, st.has("sb-del"), !c.removed)
+			}
+			if !c.removed && len(st.deleted) != 0 {
+				t.Errorf("containerd was asked to delete %v", st.deleted)
+			}
+		})
+	}
+	s, _ := newHandlers(t)
+	if _, err := s.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: "sb-del"}); answerOf(err).code != codes.Unauthenticated {
+		t.Errorf("DeleteSandbox without a principal = %v, want UNAUTHENTICATED", err)
+	}
+}
+
+// TestKeepAlive: hold_for is bounded by the server's maximum idle timeout
+// and stored on the sandbox's record; another principal's sandbox is
+// NOT_FOUND and keeps no hold.
+func TestKeepAlive(t *testing.T) {
+	s, st := newHandlers(t)
+	existing(t, s, st, baseRequest("sb-keep"), alice)
+	for _, c := range []struct {
+		p     auth.Principal
+		hold  *durationpb.Duration
+		code  codes.Code
+		field string
+		held  bool
+	}{
+		{alice, nil, codes.OK, "", false},
+		{alice, durationpb.New(-time.Second), codes.InvalidArgument, "hold_for", false},
+		{alice, durationpb.New(25 * time.Hour), codes.InvalidArgument, "hold_for", false},
+		{bob, durationpb.New(time.Hour), codes.NotFound, "", false},
+		{alice, durationpb.New(time.Hour), codes.OK, "", true},
+	} {
+		before := time.Now()
+		_, err := s.KeepAlive(as(c.p), &berthv1.KeepAliveRequest{SandboxId: "sb-keep", HoldFor: c.hold})
+		got := answerOf(err)
+		if got.code != c.code || got.meta["field"] != c.field {
+			t.Errorf("KeepAlive(%v) as %s = %+v, want %v naming %q", c.hold, c.p.Name, got, c.code, c.field)
+		}
+		st.mu.Lock()
+		until, held := st.holds["sb-keep"]
+		st.mu.Unlock()
+		if held != c.held || (held && (until.Before(before.Add(time.Hour)) || until.After(time.Now().Add(time.Hour)))) {
+			t.Errorf("KeepAlive(%v) as %s: hold %v (%v), want held %v for an hour", c.hold, c.p.Name, until, held, c.held)
+		}
+	}
+}

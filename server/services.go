@@ -1,0 +1,48 @@
+package server
+
+import (
+	"context"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+// The RPCs of berth.v1.SandboxService, each served by the package that
+// owns it: sandboxsvc (sandboxes) and execsvc (execs, port forwarding).
+
+func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.CreateSandboxResponse, error) {
+	return s.sandboxes.CreateSandbox(ctx, req)
+}
+
+func (s *Service) GetSandbox(ctx context.Context, req *berthv1.GetSandboxRequest) (*berthv1.GetSandboxResponse, error) {
+	return s.sandboxes.GetSandbox(ctx, req)
+}
+
+func (s *Service) ListSandboxes(ctx context.Context, req *berthv1.ListSandboxesRequest) (*berthv1.ListSandboxesResponse, error) {
+	return s.sandboxes.ListSandboxes(ctx, req)
+}
+
+func (s *Service) DeleteSandbox(ctx context.Context, req *berthv1.DeleteSandboxRequest) (*berthv1.DeleteSandboxResponse, error) {
+	return s.sandboxes.DeleteSandbox(ctx, req)
+}
+
+func (s *Service) KeepAlive(ctx context.Context, req *berthv1.KeepAliveRequest) (*berthv1.KeepAliveResponse, error) {
+	return s.sandboxes.KeepAlive(ctx, req)
+}
+
+func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error { return s.execs.Exec(stream) }
+
+func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {
+	return s.execs.Run(ctx, req)
+}
+
+func (s *Service) ListExecs(ctx context.Context, req *berthv1.ListExecsRequest) (*berthv1.ListExecsResponse, error) {
+	return s.execs.ListExecs(ctx, req)
+}
+
+func (s *Service) SignalExec(ctx context.Context, req *berthv1.SignalExecRequest) (*berthv1.SignalExecResponse, error) {
+	return s.execs.SignalExec(ctx, req)
+}
+
+func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) error {
+	return s.execs.PortForward(stream)
+}
