@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -254,7 +255,12 @@ func (a *testAgent) upload(t testing.TB, dir string, archive []byte) (*agentv1.U
 
 func (a *testAgent) download(t testing.TB, path string, c berthv1.Compression) ([]byte, *berthv1.DownloadSummary, error) {
 	t.Helper()
-	stream, err := a.files.Download(testCtx(t), &agentv1.DownloadRequest{Path: []byte(path), Compression: c})
+	return a.downloadRequest(t, &agentv1.DownloadRequest{Path: []byte(path), Compression: c})
+}
+
+func (a *testAgent) downloadRequest(t testing.TB, req *agentv1.DownloadRequest) ([]byte, *berthv1.DownloadSummary, error) {
+	t.Helper()
+	stream, err := a.files.Download(testCtx(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -356,6 +362,59 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	h, err := tar.NewReader(bytes.NewReader(out)).Next()
 	if err != nil || h.Name != "suid" || h.Size != 1 {
 		t.Errorf("single-file download header %v, %v", h, err)
+	}
+}
+
+// TestDownloadIncludeRoot archives a directory itself first, as "./" with
+// its mode and mtime, when the request asks for it (berth cp does, so
+// that a downloaded directory's top level keeps them), and only its
+// contents otherwise.
+func TestDownloadIncludeRoot(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	dir := filepath.Join(a.dir, "d")
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("f"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mtime := time.Date(2003, 4, 5, 6, 7, 8, 123456789, time.UTC)
+	if err := os.Chtimes(dir, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		includeRoot bool
+		want        string
+	}{
+		{false, "f"},
+		{true, "./ 750 " + mtime.String() + "|f"},
+	} {
+		out, sum, err := a.downloadRequest(t, &agentv1.DownloadRequest{Path: []byte(dir), IncludeRoot: tc.includeRoot})
+		if err != nil {
+			t.Fatalf("Download(include_root %v): %v", tc.includeRoot, err)
+		}
+		var got []string
+		tr := tar.NewReader(bytes.NewReader(out))
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Typeflag == tar.TypeDir {
+				got = append(got, fmt.Sprintf("%s %o %v", h.Name, h.Mode, h.ModTime.UTC()))
+			} else {
+				got = append(got, h.Name)
+			}
+		}
+		if strings.Join(got, "|") != tc.want || sum.GetEntries() != uint64(len(got)) {
+			t.Errorf("Download(include_root %v) = %q (summary %v), want %q", tc.includeRoot, got, sum, tc.want)
+		}
 	}
 }
 
