@@ -32,16 +32,17 @@ path, or "-" for standard input or output.
 
 As with cp(1), when the destination is an existing directory (or ends with
 "/") the source goes inside it under its own name; otherwise the source is
-copied to the destination path. Files travel as files (atomically replaced
-and on disk when berth cp returns; a file that changes while it is read
-fails the copy with FILE_CHANGED and leaves no local file; a download keeps
-the file's mtime). Directories travel as tar streams and arrive whole or not at
-all (a failed copy leaves the destination as it was): symlinks with their
-targets as they are, hard links, FIFOs, sparse files with their holes,
-modes and mtimes. Files belong to the sandbox's workload user on upload
-and to you on download; -a keeps the numeric owners (and setuid and setgid
-bits; on download only when you may chown, i.e. as root). No archive entry
-is ever written outside the destination, nor through a symlink out of it.
+copied to the destination path. Files and directories travel as tar
+streams and arrive whole or not at all (a failed copy leaves the
+destination as it was; a file that changes while it is read fails the
+copy with FILE_CHANGED; an upload is on the sandbox's disk when berth cp
+returns): symlinks with their targets as they are, hard links, FIFOs,
+sparse files with their holes (only their data travels), modes and
+mtimes, a directory's own included. Files belong to the sandbox's
+workload user on upload and to you on download; -a keeps the numeric
+owners (and setuid and setgid bits; on download only when you may chown,
+i.e. as root). No archive entry is ever written outside the destination,
+nor through a symlink out of it.
 
 What cannot be copied is named on stderr and left out, everything else is
 copied, and berth then exits 1 unless --skip-special is given: unix sockets
