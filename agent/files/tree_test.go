@@ -325,19 +325,11 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := tar.NewReader(zr)
 	got := map[string]string{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(tr)
-		got[h.Name] = string(h.Typeflag) + ":" + h.Linkname + ":" + string(body)
-	}
+	readTar(t, zr, func(h *tar.Header, body io.Reader) {
+		b, _ := io.ReadAll(body)
+		got[h.Name] = string(h.Typeflag) + ":" + h.Linkname + ":" + string(b)
+	})
 	want := map[string]string{
 		"caf\xe9": "0::latin1", "dir/": "5::", "dir/big.bin": "0::" + big, "dir/link": "2:big.bin:",
 		"hard": "1:dir/big.bin:", "implicit/": "5::", "implicit/parent/": "5::", "implicit/parent/f": "0::p",
@@ -397,24 +389,32 @@ func TestDownloadIncludeRoot(t *testing.T) {
 			t.Fatalf("Download(include_root %v): %v", tc.includeRoot, err)
 		}
 		var got []string
-		tr := tar.NewReader(bytes.NewReader(out))
-		for {
-			h, err := tr.Next()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
+		readTar(t, bytes.NewReader(out), func(h *tar.Header, _ io.Reader) {
 			if h.Typeflag == tar.TypeDir {
 				got = append(got, fmt.Sprintf("%s %o %v", h.Name, h.Mode, h.ModTime.UTC()))
 			} else {
 				got = append(got, h.Name)
 			}
-		}
+		})
 		if strings.Join(got, "|") != tc.want || sum.GetEntries() != uint64(len(got)) {
 			t.Errorf("Download(include_root %v) = %q (summary %v), want %q", tc.includeRoot, got, sum, tc.want)
 		}
+	}
+}
+
+// readTar calls visit with each entry of the tar stream r, in order.
+func readTar(t testing.TB, r io.Reader, visit func(h *tar.Header, body io.Reader)) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		visit(h, tr)
 	}
 }
 
