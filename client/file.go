@@ -62,6 +62,7 @@ type fileConfig struct {
 	limit    uint64
 	gzip     bool
 	owners   bool
+	root     bool
 }
 
 // WithTransferProgress has a transfer call fn after each chunk, with the
@@ -124,6 +125,14 @@ func WithGzip() FileOption {
 // docker cp --archive does. Upload.
 func WithKeepOwners() FileOption {
 	return func(c *fileConfig) { c.owners = true }
+}
+
+// WithRoot archives a downloaded directory itself first, as the entry
+// "./", so that its mode, owner and mtime travel with its contents, as in
+// an archive made by tar -C DIR -c . (DownloadRequest.include_root).
+// Download; ignored for a file.
+func WithRoot() FileOption {
+	return func(c *fileConfig) { c.root = true }
 }
 
 func fileOptions(opts []FileOption) *fileConfig {
@@ -427,11 +436,12 @@ func (c *Client) Upload(ctx context.Context, sandboxID, dir string, r io.Reader,
 }
 
 // Download writes a tar archive of path in the sandbox to w: a directory's
-// contents with names relative to it, or a single file. It returns the
+// contents with names relative to it (and the directory itself as "./"
+// with WithRoot), or a single file. It returns the
 // summary, which comes only after a complete archive.
 func (c *Client) Download(ctx context.Context, sandboxID, path string, w io.Writer, opts ...FileOption) (*berthv1.DownloadSummary, error) {
 	cfg := fileOptions(opts)
-	req := &berthv1.DownloadRequest{SandboxId: sandboxID}
+	req := &berthv1.DownloadRequest{SandboxId: sandboxID, IncludeRoot: cfg.root}
 	if cfg.gzip {
 		req.Compression = berthv1.Compression_COMPRESSION_GZIP
 	}

@@ -13,8 +13,9 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
-// Download archives a directory's contents (or one file) as a pax tar
-// stream, as the workload user, with tartree. The tree is walked twice, not
+// Download archives a directory's contents (with include_root, the
+// directory itself first, as "./"), or one file, as a pax tar stream, as
+// the workload user, with tartree. The tree is walked twice, not
 // following symlinks: first counting entries and content bytes, so that the
 // caps are checked before any byte is sent, then writing each entry as it
 // is reached, so that the agent holds one entry at a time, not the tree.
@@ -43,11 +44,12 @@ func (s *Service) Download(req *agentv1.DownloadRequest, stream agentv1.FileServ
 		if t := st.Mode & unix.S_IFMT; t != unix.S_IFDIR && t != unix.S_IFREG {
 			return &notRegularError{path, typeName(st.Mode)}
 		}
-		count := &download{s: s, root: path, seen: make(map[devIno]bool)}
-		if err := tartree.Walk(path, tartree.WalkOptions{}, count.count); err != nil {
+		walk := tartree.WalkOptions{IncludeRoot: req.GetIncludeRoot()}
+		count := &download{s: s, root: path, walk: walk, seen: make(map[devIno]bool)}
+		if err := tartree.Walk(path, walk, count.count); err != nil {
 			return err
 		}
-		d := &download{s: s, root: path, seen: make(map[devIno]bool)}
+		d := &download{s: s, root: path, walk: walk, seen: make(map[devIno]bool)}
 		return d.send(stream, c == berthv1.Compression_COMPRESSION_GZIP)
 	}))
 }
@@ -58,6 +60,7 @@ type devIno struct{ dev, ino uint64 }
 type download struct {
 	s     *Service
 	root  string
+	walk  tartree.WalkOptions
 	n     int             // entries walked
 	total uint64          // content bytes walked, each multiply-linked file once
 	seen  map[devIno]bool // multiply-linked files walked
@@ -99,7 +102,9 @@ func (d *download) send(stream agentv1.FileService_DownloadServer, compress bool
 	tw := tartree.NewWriter(w)
 	summary := &berthv1.DownloadSummary{}
 	skip := func(e *tartree.Entry, _ string) { summary.Skipped = append(summary.Skipped, []byte(e.Name)) }
-	err := tartree.Walk(d.root, tartree.WalkOptions{Skip: skip}, func(e *tartree.Entry) error {
+	walk := d.walk
+	walk.Skip = skip
+	err := tartree.Walk(d.root, walk, func(e *tartree.Entry) error {
 		if err := d.count(e); err != nil {
 			return err
 		}

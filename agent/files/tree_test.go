@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -254,7 +255,12 @@ func (a *testAgent) upload(t testing.TB, dir string, archive []byte) (*agentv1.U
 
 func (a *testAgent) download(t testing.TB, path string, c berthv1.Compression) ([]byte, *berthv1.DownloadSummary, error) {
 	t.Helper()
-	stream, err := a.files.Download(testCtx(t), &agentv1.DownloadRequest{Path: []byte(path), Compression: c})
+	return a.downloadRequest(t, &agentv1.DownloadRequest{Path: []byte(path), Compression: c})
+}
+
+func (a *testAgent) downloadRequest(t testing.TB, req *agentv1.DownloadRequest) ([]byte, *berthv1.DownloadSummary, error) {
+	t.Helper()
+	stream, err := a.files.Download(testCtx(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,19 +325,11 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := tar.NewReader(zr)
 	got := map[string]string{}
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(tr)
-		got[h.Name] = string(h.Typeflag) + ":" + h.Linkname + ":" + string(body)
-	}
+	readTar(t, zr, func(h *tar.Header, body io.Reader) {
+		b, _ := io.ReadAll(body)
+		got[h.Name] = string(h.Typeflag) + ":" + h.Linkname + ":" + string(b)
+	})
 	want := map[string]string{
 		"caf\xe9": "0::latin1", "dir/": "5::", "dir/big.bin": "0::" + big, "dir/link": "2:big.bin:",
 		"hard": "1:dir/big.bin:", "implicit/": "5::", "implicit/parent/": "5::", "implicit/parent/f": "0::p",
@@ -356,6 +354,67 @@ func TestUploadDownloadRoundTrip(t *testing.T) {
 	h, err := tar.NewReader(bytes.NewReader(out)).Next()
 	if err != nil || h.Name != "suid" || h.Size != 1 {
 		t.Errorf("single-file download header %v, %v", h, err)
+	}
+}
+
+// TestDownloadIncludeRoot archives a directory itself first, as "./" with
+// its mode and mtime, when the request asks for it (berth cp does, so
+// that a downloaded directory's top level keeps them), and only its
+// contents otherwise.
+func TestDownloadIncludeRoot(t *testing.T) {
+	a := startAgent(t, "--user", "1000:1000")
+	dir := filepath.Join(a.dir, "d")
+	if err := os.Mkdir(dir, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(dir, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("f"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mtime := time.Date(2003, 4, 5, 6, 7, 8, 123456789, time.UTC)
+	if err := os.Chtimes(dir, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		includeRoot bool
+		want        string
+	}{
+		{false, "f"},
+		{true, "./ 750 " + mtime.String() + "|f"},
+	} {
+		out, sum, err := a.downloadRequest(t, &agentv1.DownloadRequest{Path: []byte(dir), IncludeRoot: tc.includeRoot})
+		if err != nil {
+			t.Fatalf("Download(include_root %v): %v", tc.includeRoot, err)
+		}
+		var got []string
+		readTar(t, bytes.NewReader(out), func(h *tar.Header, _ io.Reader) {
+			if h.Typeflag == tar.TypeDir {
+				got = append(got, fmt.Sprintf("%s %o %v", h.Name, h.Mode, h.ModTime.UTC()))
+			} else {
+				got = append(got, h.Name)
+			}
+		})
+		if strings.Join(got, "|") != tc.want || sum.GetEntries() != uint64(len(got)) {
+			t.Errorf("Download(include_root %v) = %q (summary %v), want %q", tc.includeRoot, got, sum, tc.want)
+		}
+	}
+}
+
+// readTar calls visit with each entry of the tar stream r, in order.
+func readTar(t testing.TB, r io.Reader, visit func(h *tar.Header, body io.Reader)) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		visit(h, tr)
 	}
 }
 

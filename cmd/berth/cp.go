@@ -9,7 +9,6 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -33,16 +32,17 @@ path, or "-" for standard input or output.
 
 As with cp(1), when the destination is an existing directory (or ends with
 "/") the source goes inside it under its own name; otherwise the source is
-copied to the destination path. Files travel as files (atomically replaced
-and on disk when berth cp returns; a file that changes while it is read
-fails the copy with FILE_CHANGED and leaves no local file; a download keeps
-the file's mtime). Directories travel as tar streams and arrive whole or not at
-all (a failed copy leaves the destination as it was): symlinks with their
-targets as they are, hard links, FIFOs, sparse files with their holes,
-modes and mtimes. Files belong to the sandbox's workload user on upload
-and to you on download; -a keeps the numeric owners (and setuid and setgid
-bits; on download only when you may chown, i.e. as root). No archive entry
-is ever written outside the destination, nor through a symlink out of it.
+copied to the destination path. Files and directories travel as tar
+streams and arrive whole or not at all (a failed copy leaves the
+destination as it was; a file that changes while it is read fails the
+copy with FILE_CHANGED; an upload is on the sandbox's disk when berth cp
+returns): symlinks with their targets as they are, hard links, FIFOs,
+sparse files with their holes (only their data travels), modes and
+mtimes, a directory's own included. Files belong to the sandbox's
+workload user on upload and to you on download; -a keeps the numeric
+owners (and setuid and setgid bits; on download only when you may chown,
+i.e. as root). No archive entry is ever written outside the destination,
+nor through a symlink out of it.
 
 What cannot be copied is named on stderr and left out, everything else is
 copied, and berth then exits 1 unless --skip-special is given: unix sockets
@@ -143,33 +143,17 @@ func (cp *copier) upload(ctx context.Context, local string, dst remote, intoDir 
 	if err != nil {
 		return err
 	}
+	// A directory is extracted into dst, a file into dst's directory as
+	// an archive of one entry named for dst.
+	dir, name := dst.path, ""
 	if !fi.IsDir() {
 		if !fi.Mode().IsRegular() {
 			return fmt.Errorf("cp %s: a %v cannot be copied as a file; copy its directory", local, fi.Mode().Type())
 		}
-		f, err := os.Open(local)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		p := newTransferProgress(cp.stderr, filepath.Base(local), fi.Size())
-		defer p.done()
-		opts := append(p.option(), client.WithCreateParents(), client.WithMode(uint32(fi.Mode().Perm())), client.WithSize(uint64(fi.Size())))
-		if cp.opts.archive {
-			st := fi.Sys().(*syscall.Stat_t)
-			opts = append(opts, client.WithOwner(st.Uid, st.Gid), client.WithMode(uint32(st.Mode&0o7777)))
-		}
-		resp, err := c.WriteFile(ctx, dst.sandboxID, dst.path, f, opts...)
-		if err != nil {
-			return err
-		}
-		if resp.GetWrittenBytes() != uint64(fi.Size()) {
-			return fmt.Errorf("cp %s: berthd stored %d bytes, the file has %d", local, resp.GetWrittenBytes(), fi.Size())
-		}
-		return nil
+		dir, name = path.Dir(dst.path), path.Base(dst.path)
 	}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTree(pw, local, cp.skip)) }()
+	go func() { pw.CloseWithError(writeTree(pw, local, name, cp.skip)) }()
 	defer pr.Close()
 	p := newTransferProgress(cp.stderr, filepath.Base(local), -1)
 	defer p.done()
@@ -177,7 +161,7 @@ func (cp *copier) upload(ctx context.Context, local string, dst remote, intoDir 
 	if cp.opts.archive {
 		opts = append(opts, client.WithKeepOwners())
 	}
-	resp, err := c.Upload(ctx, dst.sandboxID, dst.path, pr, opts...)
+	resp, err := c.Upload(ctx, dst.sandboxID, dir, pr, opts...)
 	if err != nil {
 		return err
 	}
@@ -191,13 +175,14 @@ func (cp *copier) upload(ctx context.Context, local string, dst remote, intoDir 
 	return nil
 }
 
-// writeTree writes the tree under dir as a tar stream (internal/tartree),
-// the directory itself first as "./" so that its mode and mtime travel
-// too; sockets are passed to skip.
-func writeTree(w io.Writer, dir string, skip func(name, why string)) error {
+// writeTree writes local as a tar stream (internal/tartree): a directory
+// with itself first as "./", so that its mode and mtime travel too, and
+// then its contents, sockets passed to skip; a regular file as one entry
+// named name, its holes as a sparse entry's.
+func writeTree(w io.Writer, local, name string, skip func(name, why string)) error {
 	tw := tartree.NewWriter(w)
-	opts := tartree.WalkOptions{IncludeRoot: true, Skip: func(e *tartree.Entry, why string) { skip(e.Path, why) }}
-	err := tartree.Walk(dir, opts, func(e *tartree.Entry) error {
+	opts := tartree.WalkOptions{IncludeRoot: true, Name: name, Skip: func(e *tartree.Entry, why string) { skip(e.Path, why) }}
+	err := tartree.Walk(local, opts, func(e *tartree.Entry) error {
 		_, err := tw.Add(e)
 		return err
 	})
@@ -219,7 +204,7 @@ func (cp *copier) download(ctx context.Context, src remote, local string, stdout
 		quietPipe()
 		if isDir {
 			var sum *berthv1.DownloadSummary
-			sum, err = c.Download(ctx, src.sandboxID, src.path, stdout)
+			sum, err = c.Download(ctx, src.sandboxID, src.path, stdout, client.WithRoot())
 			for _, name := range sum.GetSkipped() {
 				cp.skip(path.Join(src.path, string(name)), "a unix socket cannot be archived")
 			}
@@ -233,66 +218,39 @@ func (cp *copier) download(ctx context.Context, src remote, local string, stdout
 		target = filepath.Join(local, path.Base(src.path))
 	}
 	if isDir {
-		return cp.downloadDir(ctx, src, target)
+		return cp.extract(ctx, src, target)
 	}
 	return cp.downloadFile(ctx, src, target)
 }
 
-// downloadFile reads src into a temporary file next to target and renames
-// it into place only when the read was complete, with the file's mode and
-// mtime (and owner with -a).
+// downloadFile downloads src, a file, as an archive of one entry into a
+// temporary directory next to target and renames the file into place
+// only when the archive was complete: with its mode, mtime and holes (and
+// owner with -a), as a directory's files.
 func (cp *copier) downloadFile(ctx context.Context, src remote, target string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".berth-*")
+	tmp, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".berth-*")
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp.Name()) // after the rename: nothing
-	p := newTransferProgress(cp.stderr, path.Base(src.path), -1)
-	defer p.done()
-	header, err := cp.c.ReadFile(ctx, src.sandboxID, src.path, tmp, p.option()...)
-	info := header.GetInfo()
-	mode := info.GetMode() & 0o777
-	if err == nil && cp.opts.archive {
-		if err = tmp.Chown(int(info.GetUid()), int(info.GetGid())); err == nil {
-			mode = info.GetMode() & 0o7777
-		}
+	defer os.RemoveAll(tmp) // after the rename: empty
+	if err := cp.extract(ctx, src, tmp); err != nil {
+		return err
 	}
-	if err == nil {
-		err = tmp.Chmod(fileMode(mode))
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil && info.GetModifiedAt() != nil {
-		mtime := info.GetModifiedAt().AsTime()
-		err = os.Chtimes(tmp.Name(), mtime, mtime)
-	}
+	entries, err := os.ReadDir(tmp)
 	if err != nil {
-		return fmt.Errorf("cp %s: %w", src, err)
+		return err
 	}
-	return os.Rename(tmp.Name(), target)
+	if len(entries) != 1 || !entries[0].Type().IsRegular() {
+		return fmt.Errorf("cp %s: the archive of a file holds %d entries", src, len(entries))
+	}
+	return os.Rename(filepath.Join(tmp, entries[0].Name()), target)
 }
 
-// fileMode converts permission bits with setuid, setgid and sticky to an
-// os.FileMode.
-func fileMode(m uint32) os.FileMode {
-	mode := os.FileMode(m & 0o777)
-	if m&0o4000 != 0 {
-		mode |= os.ModeSetuid
-	}
-	if m&0o2000 != 0 {
-		mode |= os.ModeSetgid
-	}
-	if m&0o1000 != 0 {
-		mode |= os.ModeSticky
-	}
-	return mode
-}
-
-// downloadDir streams src as tar and extracts it into target
+// extract downloads src as tar and extracts it into target
 // (internal/tartree: whole or not at all, nothing written outside target,
-// modes and mtimes kept, owners with -a).
-func (cp *copier) downloadDir(ctx context.Context, src remote, target string) error {
+// modes, mtimes and holes kept, owners with -a); a directory's own mode
+// and mtime come with it (client.WithRoot).
+func (cp *copier) extract(ctx context.Context, src remote, target string) error {
 	pr, pw := io.Pipe()
 	opts := tartree.Options{Skip: func(name, why string) { cp.skip(filepath.Join(target, name), why) }}
 	if cp.opts.archive {
@@ -308,7 +266,7 @@ func (cp *copier) downloadDir(ctx context.Context, src remote, target string) er
 		extracted <- err
 	}()
 	p := newTransferProgress(cp.stderr, path.Base(src.path), -1)
-	sum, err := cp.c.Download(ctx, src.sandboxID, src.path, pw, p.option()...)
+	sum, err := cp.c.Download(ctx, src.sandboxID, src.path, pw, append(p.option(), client.WithRoot())...)
 	p.done()
 	pw.CloseWithError(err)
 	if xerr := <-extracted; xerr != nil && err == nil {

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestWriteTree archives a directory as berth cp uploads it: the
@@ -28,7 +29,7 @@ func TestWriteTree(t *testing.T) {
 	defer l.Close()
 	var skipped []string
 	var buf bytes.Buffer
-	if err := writeTree(&buf, dir, func(name, why string) { skipped = append(skipped, name+": "+why) }); err != nil {
+	if err := writeTree(&buf, dir, "", func(name, why string) { skipped = append(skipped, name+": "+why) }); err != nil {
 		t.Fatal(err)
 	}
 	var got []string
@@ -48,6 +49,48 @@ func TestWriteTree(t *testing.T) {
 	}
 	if len(skipped) != 1 || !strings.HasPrefix(skipped[0], sock+": ") {
 		t.Errorf("skipped %q, want the socket", skipped)
+	}
+}
+
+// TestWriteTreeFile archives a single file as berth cp uploads it: one
+// entry named for its destination, with its mtime to the nanosecond, and
+// a 1 GiB file of two data blocks as a sparse entry that carries the data
+// alone, not the zeros.
+func TestWriteTreeFile(t *testing.T) {
+	const size = 1 << 30
+	src := filepath.Join(t.TempDir(), "sparse.img")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := bytes.Repeat([]byte{0xa5}, 4096)
+	for _, off := range []int64{0, size - 4096} {
+		if _, err := f.WriteAt(block, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	mtime := time.Date(2001, 2, 3, 4, 5, 6, 123456789, time.UTC)
+	if err := os.Chtimes(src, mtime, mtime); err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := writeTree(&buf, src, "renamed.img", func(name, why string) { t.Errorf("skipped %s: %s", name, why) }); err != nil {
+		t.Fatal(err)
+	}
+	if buf.Len() > 64<<10 {
+		t.Errorf("the archive of a file of 8 KiB of data is %d bytes long", buf.Len())
+	}
+	tr := tar.NewReader(&buf)
+	h, err := tr.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Name != "renamed.img" || h.Size != size || !h.ModTime.Equal(mtime) {
+		t.Errorf("entry %q of %d bytes, mtime %v; want renamed.img of %d bytes, mtime %v", h.Name, h.Size, h.ModTime, size, mtime)
+	}
+	if _, err := tr.Next(); !errors.Is(err, io.EOF) {
+		t.Errorf("a second entry: %v", err)
 	}
 }
 

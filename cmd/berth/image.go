@@ -133,7 +133,7 @@ func openImageSource(arg string, forceRootFS bool) (*imageSource, error) {
 		if fi.IsDir() {
 			if !forceRootFS && rootfsimage.IsLayoutDir(arg) {
 				pr, pw := io.Pipe()
-				go func() { pw.CloseWithError(writeTree(pw, arg, func(string, string) {})) }()
+				go func() { pw.CloseWithError(writeTree(pw, arg, "", func(string, string) {})) }()
 				src.archive, src.close = pr, func() { pr.Close() }
 				return src, nil
 			}

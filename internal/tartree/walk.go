@@ -36,6 +36,9 @@ type WalkOptions struct {
 	// IncludeRoot visits a walked directory itself first, as the entry
 	// ".", so that its mode, owner and time travel too.
 	IncludeRoot bool
+	// Name names a walked root that is not a directory in the archive.
+	// Empty: its base name.
+	Name string
 	// Skip is called for each file a tar archive cannot hold (a unix
 	// socket) instead of visit, with why. Nil: such files are passed over
 	// silently.
@@ -47,16 +50,19 @@ type WalkOptions struct {
 // named relative to root, without following symlinks (each directory is
 // opened O_NOFOLLOW from its parent's descriptor, so a directory swapped
 // for a symlink meanwhile fails instead of being followed). A root that is
-// not a directory is visited alone, named by its base name. Files removed
-// while the walk runs are passed over; any other failure stops the walk
-// with a *fs.PathError.
+// not a directory is visited alone, named opts.Name or by its base name.
+// Files removed while the walk runs are passed over; any other failure
+// stops the walk with a *fs.PathError.
 func Walk(root string, opts WalkOptions, visit func(*Entry) error) error {
 	e := &Entry{Path: root, root: true}
 	if err := unix.Stat(root, &e.Stat); err != nil {
 		return pathError("stat", root, err)
 	}
 	if !e.IsDir() {
-		e.Name = filepath.Base(root)
+		e.Name = opts.Name
+		if e.Name == "" {
+			e.Name = filepath.Base(root)
+		}
 		return visit(e)
 	}
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)

@@ -460,7 +460,7 @@ func (f *Service) Download(req *berthv1.DownloadRequest, stream berthv1.FileServ
 	if err != nil {
 		return err
 	}
-	up, err := files.Download(ctx, &agentv1.DownloadRequest{Path: path, Compression: req.GetCompression()}, wire.CallOption())
+	up, err := files.Download(ctx, &agentv1.DownloadRequest{Path: path, Compression: req.GetCompression(), IncludeRoot: req.GetIncludeRoot()}, wire.CallOption())
 	if err != nil {
 		return f.fail(ctx, req.GetSandboxId(), err)
 	}

@@ -2191,7 +2191,12 @@ type DownloadRequest struct {
 	//	*DownloadRequest_PathBytes
 	Location isDownloadRequest_Location `protobuf_oneof:"location"`
 	// compression is the archive's compression; unspecified means none.
-	Compression   Compression `protobuf:"varint,4,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	Compression Compression `protobuf:"varint,4,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	// include_root archives a directory itself first, as the entry "./",
+	// so that its mode, owner and mtime travel too (as `tar -C DIR -c .`
+	// does); `berth cp` asks for it. Unset: the directory's contents only.
+	// Ignored for a file.
+	IncludeRoot   bool `protobuf:"varint,5,opt,name=include_root,json=includeRoot,proto3" json:"include_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2263,6 +2268,13 @@ func (x *DownloadRequest) GetCompression() Compression {
 		return x.Compression
 	}
 	return Compression_COMPRESSION_UNSPECIFIED
+}
+
+func (x *DownloadRequest) GetIncludeRoot() bool {
+	if x != nil {
+		return x.IncludeRoot
+	}
+	return false
 }
 
 type isDownloadRequest_Location interface {
@@ -2606,14 +2618,15 @@ const file_berth_v1_file_proto_rawDesc = "" +
 	"\rarchive_bytes\x18\x06 \x01(\x04R\farchiveBytes\x12#\n" +
 	"\rspecial_files\x18\a \x01(\x04R\fspecialFiles\x12\x18\n" +
 	"\askipped\x18\b \x03(\fR\askipped\x12#\n" +
-	"\rskipped_count\x18\t \x01(\x04R\fskippedCount\"\xac\x01\n" +
+	"\rskipped_count\x18\t \x01(\x04R\fskippedCount\"\xcf\x01\n" +
 	"\x0fDownloadRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x04path\x18\x02 \x01(\tH\x00R\x04path\x12\x1f\n" +
 	"\n" +
 	"path_bytes\x18\x03 \x01(\fH\x00R\tpathBytes\x127\n" +
-	"\vcompression\x18\x04 \x01(\x0e2\x15.berth.v1.CompressionR\vcompressionB\n" +
+	"\vcompression\x18\x04 \x01(\x0e2\x15.berth.v1.CompressionR\vcompression\x12!\n" +
+	"\finclude_root\x18\x05 \x01(\bR\vincludeRootB\n" +
 	"\n" +
 	"\blocation\"\x8f\x01\n" +
 	"\x0fDownloadSummary\x12\x18\n" +

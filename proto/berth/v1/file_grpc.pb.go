@@ -150,7 +150,8 @@ type FileServiceClient interface {
 	// cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE).
 	Upload(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadRequest, UploadResponse], error)
 	// Download streams a directory as a tar archive (POSIX pax; optionally
-	// gzip-compressed), entry names relative to the directory, or a single
+	// gzip-compressed), entry names relative to the directory (the
+	// directory itself first as "./" with include_root), or a single
 	// file as an archive of one entry named by its base name. Owners are
 	// numeric (no user or group names), mtimes to the nanosecond; symlinks
 	// are archived as symlinks with their targets verbatim, hard links once
@@ -414,7 +415,8 @@ type FileServiceServer interface {
 	// cap fails with FAILED_PRECONDITION (LIST_TOO_LARGE).
 	Upload(grpc.ClientStreamingServer[UploadRequest, UploadResponse]) error
 	// Download streams a directory as a tar archive (POSIX pax; optionally
-	// gzip-compressed), entry names relative to the directory, or a single
+	// gzip-compressed), entry names relative to the directory (the
+	// directory itself first as "./" with include_root), or a single
 	// file as an archive of one entry named by its base name. Owners are
 	// numeric (no user or group names), mtimes to the nanosecond; symlinks
 	// are archived as symlinks with their targets verbatim, hard links once

@@ -257,7 +257,8 @@ class FileServiceServicer(object):
 
     def Download(self, request, context):
         """Download streams a directory as a tar archive (POSIX pax; optionally
-        gzip-compressed), entry names relative to the directory, or a single
+        gzip-compressed), entry names relative to the directory (the
+        directory itself first as "./" with include_root), or a single
         file as an archive of one entry named by its base name. Owners are
         numeric (no user or group names), mtimes to the nanosecond; symlinks
         are archived as symlinks with their targets verbatim, hard links once

@@ -1114,7 +1114,10 @@ type DownloadRequest struct {
 	// path is the absolute path of a directory or file.
 	Path []byte `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	// compression is the archive's compression.
-	Compression   v1.Compression `protobuf:"varint,2,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	Compression v1.Compression `protobuf:"varint,2,opt,name=compression,proto3,enum=berth.v1.Compression" json:"compression,omitempty"`
+	// include_root archives a directory itself first, as "./"
+	// (berth.v1.DownloadRequest.include_root).
+	IncludeRoot   bool `protobuf:"varint,3,opt,name=include_root,json=includeRoot,proto3" json:"include_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1161,6 +1164,13 @@ func (x *DownloadRequest) GetCompression() v1.Compression {
 		return x.Compression
 	}
 	return v1.Compression(0)
+}
+
+func (x *DownloadRequest) GetIncludeRoot() bool {
+	if x != nil {
+		return x.IncludeRoot
+	}
+	return false
 }
 
 // DownloadResponse is chunks, then the summary.
@@ -1321,10 +1331,11 @@ const file_berth_agent_v1_file_proto_rawDesc = "" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
 	"\x04part\"B\n" +
 	"\x0eUploadResponse\x120\n" +
-	"\x06result\x18\x01 \x01(\v2\x18.berth.v1.UploadResponseR\x06result\"^\n" +
+	"\x06result\x18\x01 \x01(\v2\x18.berth.v1.UploadResponseR\x06result\"\x81\x01\n" +
 	"\x0fDownloadRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\fR\x04path\x127\n" +
-	"\vcompression\x18\x02 \x01(\x0e2\x15.berth.v1.CompressionR\vcompression\"i\n" +
+	"\vcompression\x18\x02 \x01(\x0e2\x15.berth.v1.CompressionR\vcompression\x12!\n" +
+	"\finclude_root\x18\x03 \x01(\bR\vincludeRoot\"i\n" +
 	"\x10DownloadResponse\x12\x16\n" +
 	"\x05chunk\x18\x01 \x01(\fH\x00R\x05chunk\x125\n" +
 	"\asummary\x18\x02 \x01(\v2\x19.berth.v1.DownloadSummaryH\x00R\asummaryB\x06\n" +

@@ -656,6 +656,13 @@ export interface DownloadRequest {
     | undefined;
   /** compression is the archive's compression; unspecified means none. */
   compression: Compression;
+  /**
+   * include_root archives a directory itself first, as the entry "./",
+   * so that its mode, owner and mtime travel too (as `tar -C DIR -c .`
+   * does); `berth cp` asks for it. Unset: the directory's contents only.
+   * Ignored for a file.
+   */
+  includeRoot: boolean;
 }
 
 /** DownloadSummary is the last message of a Download stream. */
@@ -3609,7 +3616,7 @@ export const UploadResponse: MessageFns<UploadResponse> = {
 };
 
 function createBaseDownloadRequest(): DownloadRequest {
-  return { sandboxId: "", location: undefined, compression: 0 };
+  return { sandboxId: "", location: undefined, compression: 0, includeRoot: false };
 }
 
 export const DownloadRequest: MessageFns<DownloadRequest> = {
@@ -3627,6 +3634,9 @@ export const DownloadRequest: MessageFns<DownloadRequest> = {
     }
     if (message.compression !== 0) {
       writer.uint32(32).int32(message.compression);
+    }
+    if (message.includeRoot !== false) {
+      writer.uint32(40).bool(message.includeRoot);
     }
     return writer;
   },
@@ -3676,6 +3686,14 @@ export const DownloadRequest: MessageFns<DownloadRequest> = {
             message.compression = reader.int32() as any;
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.includeRoot = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3703,6 +3721,11 @@ export const DownloadRequest: MessageFns<DownloadRequest> = {
         ? { $case: "pathBytes", value: Buffer.from(bytesFromBase64(object.path_bytes)) }
         : undefined,
       compression: isSet(object.compression) ? compressionFromJSON(object.compression) : 0,
+      includeRoot: isSet(object.includeRoot)
+        ? globalThis.Boolean(object.includeRoot)
+        : isSet(object.include_root)
+        ? globalThis.Boolean(object.include_root)
+        : false,
     };
   },
 
@@ -3718,6 +3741,9 @@ export const DownloadRequest: MessageFns<DownloadRequest> = {
     }
     if (message.compression !== 0) {
       obj.compression = compressionToJSON(message.compression);
+    }
+    if (message.includeRoot !== false) {
+      obj.includeRoot = message.includeRoot;
     }
     return obj;
   },
@@ -3743,6 +3769,7 @@ export const DownloadRequest: MessageFns<DownloadRequest> = {
       }
     }
     message.compression = object.compression ?? 0;
+    message.includeRoot = object.includeRoot ?? false;
     return message;
   },
 };
@@ -4188,7 +4215,8 @@ export const FileServiceService = {
   },
   /**
    * Download streams a directory as a tar archive (POSIX pax; optionally
-   * gzip-compressed), entry names relative to the directory, or a single
+   * gzip-compressed), entry names relative to the directory (the
+   * directory itself first as "./" with include_root), or a single
    * file as an archive of one entry named by its base name. Owners are
    * numeric (no user or group names), mtimes to the nanosecond; symlinks
    * are archived as symlinks with their targets verbatim, hard links once
@@ -4306,7 +4334,8 @@ export interface FileServiceServer extends UntypedServiceImplementation {
   upload: handleClientStreamingCall<UploadRequest, UploadResponse>;
   /**
    * Download streams a directory as a tar archive (POSIX pax; optionally
-   * gzip-compressed), entry names relative to the directory, or a single
+   * gzip-compressed), entry names relative to the directory (the
+   * directory itself first as "./" with include_root), or a single
    * file as an archive of one entry named by its base name. Owners are
    * numeric (no user or group names), mtimes to the nanosecond; symlinks
    * are archived as symlinks with their targets verbatim, hard links once
@@ -4507,7 +4536,8 @@ export interface FileServiceClient extends Client {
   ): ClientWritableStream<UploadRequest>;
   /**
    * Download streams a directory as a tar archive (POSIX pax; optionally
-   * gzip-compressed), entry names relative to the directory, or a single
+   * gzip-compressed), entry names relative to the directory (the
+   * directory itself first as "./" with include_root), or a single
    * file as an archive of one entry named by its base name. Owners are
    * numeric (no user or group names), mtimes to the nanosecond; symlinks
    * are archived as symlinks with their targets verbatim, hard links once
