@@ -425,9 +425,14 @@ func TestImportCreateDeleteImage(t *testing.T) {
 	}
 }
 
-// importImageAs imports archive under name through ImageService.
+// importImageAs imports archive under name through the suite's berthd.
 func importImageAs(ctx context.Context, archive, name string) error {
-	stream, err := env.images.ImportImage(ctx)
+	return importImageTo(ctx, env.images, archive, name)
+}
+
+// importImageTo imports archive under name through images.
+func importImageTo(ctx context.Context, images berthv1.ImageServiceClient, archive, name string) error {
+	stream, err := images.ImportImage(ctx)
 	if err != nil {
 		return err
 	}

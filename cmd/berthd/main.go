@@ -114,6 +114,7 @@ func main() {
 		}
 		return nil
 	})
+	flag.Uint64Var(&rtCfg.MaxImageStoreBytes, "max-image-store-bytes", 0, "most `bytes` containerd's content store may hold for berthd's namespace (every image's blobs); an import or pull past it fails RESOURCE_EXHAUSTED NO_SPACE; 0: no bound")
 	flag.StringVar(&rtCfg.GVisorBinary, "gvisor-binary", "", "runsc wrapper (scripts/runsc-berth) the runc shim runs for sandboxes with runtime \"gvisor\"; empty: such sandboxes are refused")
 	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
 	flag.Uint64Var(&svcCfg.DefaultDiskBytes, "default-disk-bytes", 0, "disk quota of a sandbox whose request sets none, in `bytes`; 0: none (default: 10 GiB when the snapshotter enforces disk quotas, else none)")

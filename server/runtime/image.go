@@ -34,7 +34,9 @@ type Image struct {
 // gzip-compressed or not, stores every image it names and unpacks each into
 // the snapshotter. name, when not empty, names the archive's index instead
 // of the names recorded in it. It fails with ErrImageArchive when the stream
-// is not a readable archive or names no image.
+// is not a readable archive or names no image, and with an *ImageStoreFull
+// as soon as the archive's bytes (decompressed, counted in full) would take
+// the content store past Config.MaxImageStoreBytes.
 func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name string) (_ []Image, err error) {
 	c := r.beginLong(ctx, "import an image archive")
 	defer c.end(&err)
@@ -44,6 +46,10 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 		return nil, fmt.Errorf("%w: %v", ErrImageArchive, err)
 	}
 	defer stream.Close()
+	budget, err := r.newImageBudget(ctx)
+	if err != nil {
+		return nil, err
+	}
 	// One lease over the import and the unpacking: content that no image
 	// record references (yet, or any more) is not collected meanwhile.
 	ctx, done, err := r.withLease(ctx, importLeaseExpiry)
@@ -55,8 +61,11 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 	if name != "" {
 		opts = append(opts, containerd.WithIndexName(name), containerd.WithSkipDigestRef(func(string) bool { return true }))
 	}
-	imported, err := r.client.Import(ctx, stream, opts...)
+	imported, err := r.client.Import(ctx, budget.reader(stream), opts...)
 	if err != nil {
+		if full := budget.exceeded(); full != nil {
+			return nil, full
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("import image archive: %w", ctx.Err())
 		}

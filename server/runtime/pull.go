@@ -13,6 +13,7 @@ import (
 	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/content"
 	"github.com/containerd/containerd/v2/core/images"
 	"github.com/containerd/containerd/v2/core/remotes/docker"
 	"github.com/containerd/errdefs"
@@ -141,7 +142,9 @@ func NormalizeReference(ref string) (string, error) {
 // nothing, when opts.Registries does not allow the registry. Registries on
 // localhost are spoken to over plain HTTP. Resolving the reference must
 // finish within opts.ResolveTimeout, or the pull fails with
-// ErrRegistryUnreachable; the download itself is bounded by ctx only.
+// ErrRegistryUnreachable; the download itself is bounded by ctx only. It
+// fails with an *ImageStoreFull as soon as a manifest names blobs the
+// content store lacks that would take it past Config.MaxImageStoreBytes.
 // progress, when not nil, is called about every opts.Interval with every
 // blob seen so far, from a goroutine PullImage waits for.
 func (r *Runtime) PullImage(ctx context.Context, ref string, opts PullOptions, progress func([]PullProgress)) (_ Image, err error) {
@@ -186,7 +189,11 @@ func (r *Runtime) PullImage(ctx context.Context, ref string, opts PullOptions, p
 	}
 	defer doneLease(context.WithoutCancel(ctx))
 
-	tracker := &pullTracker{}
+	budget, err := r.newImageBudget(ctx)
+	if err != nil {
+		return Image{}, err
+	}
+	tracker := &pullTracker{budget: budget, store: r.client.ContentStore()}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	if progress != nil {
@@ -213,6 +220,9 @@ func (r *Runtime) PullImage(ctx context.Context, ref string, opts PullOptions, p
 	)
 	close(done)
 	wg.Wait()
+	if full := budget.exceeded(); full != nil {
+		return Image{}, full
+	}
 	if err != nil {
 		return Image{}, r.pullError(ctx, ref, resolveTimeout, err)
 	}
@@ -265,6 +275,9 @@ type pullTracker struct {
 	mu    sync.Mutex
 	descs []ocispec.Descriptor
 	seen  map[string]bool
+
+	budget *imageBudget  // nil: no bound
+	store  content.Store // where budget looks for blobs already stored
 }
 
 // wrap records every descriptor the pull's handlers visit and the children
@@ -274,6 +287,10 @@ func (t *pullTracker) wrap(h images.Handler) images.Handler {
 	return images.HandlerFunc(func(ctx context.Context, desc ocispec.Descriptor) ([]ocispec.Descriptor, error) {
 		children, err := h.Handle(ctx, desc)
 		t.record(append([]ocispec.Descriptor{desc}, children...)...)
+		if err == nil {
+			// The children are fetched next: refuse before, not after.
+			err = t.budget.blobs(ctx, t.store, children)
+		}
 		return children, err
 	})
 }

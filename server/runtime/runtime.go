@@ -157,6 +157,11 @@ type Config struct {
 	// caller's deadline: unpacking an image, and the chowned copy of
 	// RootFSChowned. Default 10 minutes.
 	CreateWorkLimit time.Duration
+	// MaxImageStoreBytes bounds containerd's content store (the blobs of
+	// every image in the runtime's namespace), in bytes: an import or pull
+	// that would take it past the bound fails with an *ImageStoreFull.
+	// Zero: no bound.
+	MaxImageStoreBytes uint64
 	// CallBudget bounds a request to containerd that should answer at
 	// once — reading or changing a record, creating, signalling or
 	// deleting a task; past it the request fails with an

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -91,6 +92,7 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		replaced    *apierr.RuntimeReplaced
 		stale       *apierr.StaleHandle
 		journal     *apierr.Journal
+		storeFull   *runtime.ImageStoreFull
 	)
 	switch {
 	case errors.As(err, &invalid):
@@ -134,6 +136,9 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonDiskQuotaUnsupported, msg, with(meta, "field", "resources.disk_bytes"))
 	case errors.Is(err, runtime.ErrImageUnusable):
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonImageUnusable, msg, with(meta, "field", "image"))
+	case errors.As(err, &storeFull):
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, msg, merge(meta, map[string]string{"resource": "image_store",
+			"limit_bytes": strconv.FormatUint(storeFull.LimitBytes, 10), "used_bytes": strconv.FormatUint(storeFull.UsedBytes, 10)}))
 	case errors.Is(err, runtime.ErrImageArchive):
 		return rpcstatus.Error(codes.InvalidArgument, rpcstatus.ReasonImageArchive, msg, meta)
 	case errors.Is(err, context.Canceled) || grpcstatus.Code(err) == codes.Canceled:
