@@ -358,6 +358,9 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 	srv := server.NewGRPCServer(svc, log, opts...)
 	if m != nil {
 		m.SetSource(svc)
+		if member != nil {
+			m.SetFleetConflicts(func() int { return len(member.Conflicts()) })
+		}
 		m.InitializeGRPC(srv)
 		stopMetrics, err := serveMetrics(metricsAt, m.Handler(pprofOn), log)
 		if err != nil {

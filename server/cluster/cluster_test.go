@@ -71,11 +71,10 @@ func etcd(t *testing.T) (*clientv3.Client, string) {
 
 // fakeLocal is a node's berthd as the Member sees it.
 type fakeLocal struct {
-	mu      sync.Mutex
-	usage   Usage
-	images  []string
-	holds   map[string]string
-	removed []string
+	mu     sync.Mutex
+	usage  Usage
+	images []string
+	holds  map[string]string
 }
 
 func (f *fakeLocal) Usage(context.Context) (Usage, error) {
@@ -94,14 +93,6 @@ func (f *fakeLocal) Holds(context.Context) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
-}
-
-func (f *fakeLocal) Remove(_ context.Context, id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.removed = append(f.removed, id)
-	delete(f.holds, id)
-	return nil
 }
 
 func startMember(t *testing.T, cli *clientv3.Client, prefix, id string, local *fakeLocal) *Member {
@@ -238,7 +229,8 @@ func TestLeaseLost(t *testing.T) {
 
 // TestReconcile checks what a node does with the records at registration:
 // re-adopts its sandboxes, releases records of sandboxes it no longer has,
-// and removes a local sandbox that the fleet records elsewhere.
+// and keeps a local sandbox that the fleet records elsewhere, reporting the
+// conflict instead of deleting what runs.
 func TestReconcile(t *testing.T) {
 	cli, prefix := etcd(t)
 	ctx := context.Background()
@@ -262,8 +254,23 @@ func TestReconcile(t *testing.T) {
 	if rec, _, _ := dir.Sandbox(ctx, "elsewhere"); rec.Node != "b" {
 		t.Errorf("record of elsewhere moved to %s", rec.Node)
 	}
-	if len(local.removed) != 1 || local.removed[0] != "elsewhere" || m.Holds("elsewhere") {
-		t.Errorf("removed %v; want the local copy of elsewhere", local.removed)
+	if got, _ := local.Holds(ctx); len(got) != 2 {
+		t.Errorf("local sandboxes after reconcile = %v, want here and elsewhere kept", got)
+	}
+	if m.Holds("elsewhere") {
+		t.Error("the node claims elsewhere, which the fleet records on b")
+	}
+	if got, want := fmt.Sprint(m.Conflicts()), "map[elsewhere:b]"; got != want {
+		t.Errorf("Conflicts() = %s, want %s", got, want)
+	}
+	// Once the local copy is gone, the conflict is too, and b's record stays.
+	delete(local.holds, "elsewhere")
+	m.Release(ctx, "elsewhere")
+	if got := m.Conflicts(); len(got) != 0 {
+		t.Errorf("Conflicts() after the local copy was removed = %v, want none", got)
+	}
+	if rec, _, _ := dir.Sandbox(ctx, "elsewhere"); rec.Node != "b" {
+		t.Errorf("record of elsewhere after the local release = %v, want on b", rec)
 	}
 }
 
