@@ -326,6 +326,11 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		member *cluster.Member
 	)
 	if cf.enabled() {
+		// Before anything reads the fleet's records: under another id the
+		// node's sandboxes would look like another node's.
+		if err := cluster.BindNodeID(rtCfg.StateDir, cf.nodeID); err != nil {
+			return err
+		}
 		if fl, err = cf.open(ctx, log, rtCfg.StateDir, svcCfg.ConnectBudget); err != nil {
 			return err
 		}
