@@ -206,8 +206,8 @@ func (fl *fleet) Close() {
 }
 
 // member returns the membership of this node.
-func (f *clusterFlags) member(fl *fleet, log *slog.Logger) (*cluster.Member, error) {
-	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version}, fl.cli, log)
+func (f *clusterFlags) member(fl *fleet, stateDir string, log *slog.Logger) (*cluster.Member, error) {
+	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir}, fl.cli, log)
 }
 
 // tlsConfig loads a client TLS configuration: the CA bundle to verify

@@ -335,7 +335,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 			return err
 		}
 		defer fl.Close()
-		if member, err = cf.member(fl, log); err != nil {
+		if member, err = cf.member(fl, rtCfg.StateDir, log); err != nil {
 			return err
 		}
 		svcCfg.NodeID, svcCfg.Placements = cf.nodeID, member

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
@@ -427,5 +429,86 @@ func TestClaimDuringRegistration(t *testing.T) {
 	}()
 	if err := m.Claim(context.Background(), "after", "alice"); err != nil {
 		t.Errorf("claim while the registration stores its lease: %v, want it to wait and succeed", err)
+	}
+}
+
+// TestRegisterAnotherHolder checks what a berthd does when its node id is
+// registered under a live lease: it refuses to start, touching no record,
+// when another berthd holds it — on another host, with another state
+// directory, or a live process — and waits only for an earlier process of
+// the same node that no longer runs.
+func TestRegisterAnotherHolder(t *testing.T) {
+	self := ThisHolder("/state/a")
+	const gone = "4194305:1" // above any pid_max (2^22): runs nowhere
+	tests := []struct {
+		name    string
+		holder  Holder
+		refused bool
+	}{
+		{"another host", Holder{Host: "another-machine", HostName: "h2", StateDir: self.StateDir, Process: self.Process}, true},
+		{"another state directory", Holder{Host: self.Host, StateDir: "/state/b", Process: gone}, true},
+		{"another live process", Holder{Host: self.Host, StateDir: self.StateDir, Process: procfs.ProcessID(os.Getppid())}, true},
+		{"an earlier process that died", Holder{Host: self.Host, StateDir: self.StateDir, Process: gone}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cli, prefix := etcd(t)
+			ctx := context.Background()
+			first, err := NewMember(Config{NodeID: "a", Address: "first:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: tt.holder}, cli, testLog())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Start(ctx, &fakeLocal{holds: map[string]string{"kept": "alice"}}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(first.Close)
+			dir := startDirectory(t, cli, prefix)
+
+			second, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, cli, testLog())
+			if err != nil {
+				t.Fatal(err)
+			}
+			startCtx, cancel := context.WithTimeout(ctx, time.Second)
+			err = second.Start(startCtx, &fakeLocal{holds: map[string]string{}})
+			cancel()
+			t.Cleanup(second.Close)
+			var inUse *NodeIDInUseError
+			if got := errors.As(err, &inUse); got != tt.refused {
+				t.Fatalf("second Start = %v; refused as NodeIDInUseError: %v, want %v", err, got, tt.refused)
+			}
+			if tt.refused {
+				if inUse.Holder != tt.holder || inUse.Address != "first:1" || inUse.NodeID != "a" {
+					t.Errorf("refusal = %+v, want node a held by %+v at first:1", *inUse, tt.holder)
+				}
+				for _, want := range []string{tt.holder.Process, tt.holder.StateDir, "first:1", "--node-id"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("refusal %q does not name %q", err, want)
+					}
+				}
+			} else if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("second Start within 1s = %v, want it waiting for the lease (deadline exceeded)", err)
+			}
+			// The first node's registration and records are untouched.
+			if n, live, err := dir.LiveNode(ctx, "a"); err != nil || !live || n.Address != "first:1" {
+				t.Errorf("node a = %+v, live %v, %v; want the first berthd's record", n, live, err)
+			}
+			if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" {
+				t.Errorf("record of kept = %+v, %v, %v; want on a", rec, ok, err)
+			}
+			if tt.refused {
+				return
+			}
+			// Once the dead process's lease ends, the node registers.
+			first.stop()
+			<-first.done
+			startCtx, cancel = context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if err := second.Start(startCtx, &fakeLocal{holds: map[string]string{"kept": "alice"}}); err != nil {
+				t.Fatalf("Start after the earlier lease ended = %v", err)
+			}
+			if !second.Holds("kept") {
+				t.Error("the node did not re-adopt kept")
+			}
+		})
 	}
 }

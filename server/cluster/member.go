@@ -73,7 +73,10 @@ func NewMember(cfg Config, cli *clientv3.Client, log *slog.Logger) (*Member, err
 func (m *Member) NodeID() string { return m.cfg.NodeID }
 
 // Start registers the node under a new lease — waiting, within ctx, while
-// another registration of the node id still holds one — and adopts the
+// an earlier berthd of this node that no longer runs still holds one, and
+// failing with a *NodeIDInUseError, before it touched any record, when
+// another berthd (of another host, another state directory, or a live
+// process) does — and adopts the
 // records of the sandboxes local holds (see reconcile). Then it keeps the
 // lease and the published record fresh in the background, and registers
 // again when the lease is lost, until Close.
@@ -121,7 +124,8 @@ const registerWait = time.Second
 
 // register takes a lease and puts the node's record under it, if no other
 // registration of the node id holds one, then reconciles the sandbox
-// records.
+// records. It waits for a registration of an earlier process of this node
+// (Holder.earlierSelf) to end, and refuses one of another berthd.
 func (m *Member) register(ctx context.Context) error {
 	ttl := int64(math.Ceil(m.cfg.LeaseTTL.Seconds()))
 	for waited := false; ; waited = true {
@@ -146,6 +150,7 @@ func (m *Member) register(ctx context.Context) error {
 		resp, err := m.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).
 			Then(clientv3.OpPut(nodeKey, string(body), clientv3.WithLease(g.ID)), clientv3.OpPut(m.keys.seen(m.cfg.NodeID), string(seen))).
+			Else(clientv3.OpGet(nodeKey)).
 			Commit()
 		m.mu.Lock()
 		if err == nil && resp.Succeeded {
@@ -164,8 +169,19 @@ func (m *Member) register(ctx context.Context) error {
 			return m.reconcile(ctx)
 		}
 		m.revoke(g.ID)
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			var other NodeRecord
+			if err := json.Unmarshal(kvs[0].Value, &other); err != nil {
+				return fmt.Errorf("cluster: the record of node %s does not parse: %w", m.cfg.NodeID, err)
+			}
+			if !m.cfg.Holder.earlierSelf(other.Holder) {
+				err := &NodeIDInUseError{NodeID: m.cfg.NodeID, Address: other.Address, Holder: other.Holder}
+				m.log.Error("cluster: "+err.Error(), slog.String("node_id", m.cfg.NodeID), slog.String("holder", other.Holder.String()))
+				return err
+			}
+		}
 		if !waited {
-			m.log.Warn("cluster: the node id is registered under a live lease (an earlier berthd of this node, or another node with the same id); waiting for it to expire",
+			m.log.Warn("cluster: the node id is registered under a live lease of an earlier berthd of this node that no longer runs; waiting for it to expire",
 				slog.String("node_id", m.cfg.NodeID), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
 		}
 		select {
@@ -403,7 +419,7 @@ func (m *Member) record(ctx context.Context, now time.Time) (NodeRecord, error) 
 	if err != nil {
 		return NodeRecord{}, fmt.Errorf("cluster: the node's images: %w", err)
 	}
-	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images}, nil
+	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Holder: m.cfg.Holder}, nil
 }
 
 // publish puts the node's record under its lease.
