@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -20,10 +21,13 @@ import (
 // another (issue 22): a node restarted under another id on its own state
 // directory refuses to start, and so does a second berthd started under a
 // live node's id; neither deletes or releases anything, and the node's
-// sandboxes keep answering through the fleet under their node's id.
+// sandboxes keep answering through the fleet under their node's id. With
+// the state directory's node-id file removed by hand, the node comes up
+// under the other id and keeps its sandboxes, reporting them as ownership
+// conflicts (log and metric).
 //
-// Cost: two nodes on the suite's containerd, two sandboxes, three berthd
-// starts that fail within a second or two.
+// Cost: two nodes on the suite's containerd, two sandboxes, two berthd
+// starts that are refused within a second or two, three restarts.
 func TestFleetNodeIdentity(t *testing.T) {
 	need(t)
 	f := startFleet(t, []int{4, 4}, true)
@@ -85,6 +89,35 @@ func TestFleetNodeIdentity(t *testing.T) {
 		`this state directory belongs to node \"n2\"`, `node id \"n9\" was given`, "--node-id n2", filepath.Join(n2.dir, "node-id"))
 	n2.start(t)
 	intact("after n2 was restarted under n9, refused, and under n2 again")
+
+	// With the file removed by hand, n2 comes up as n9: the fleet records
+	// its sandboxes on n2, so they are ownership conflicts — kept running,
+	// logged and counted, never deleted.
+	n2.proc.cmd.Process.Signal(syscall.SIGTERM)
+	<-n2.proc.exited
+	idFile := filepath.Join(n2.dir, "node-id")
+	if err := os.Remove(idFile); err != nil {
+		t.Fatal(err)
+	}
+	n9 := *n2
+	n9.id = "n9"
+	n9.args = append(replaceArgs(n2.args, map[string]string{"--node-id": "n9"}), "--metrics-listen", "127.0.0.1:0")
+	n9.start(t)
+	for _, id := range ids {
+		if lines := n9.proc.logLines(`"level":"ERROR"`, "ownership conflict", `"sandbox_id":"`+id+`"`, `"recorded_node_id":"n2"`); len(lines) != 1 {
+			t.Errorf("n9 logged %d ownership conflicts for %s recorded on n2, want 1:\n%s", len(lines), id, tail(n9.proc.log.String(), 8<<10))
+		}
+	}
+	if got, ok := metricValue(scrape(t, metricsURL(t, n9.proc)), "berth_fleet_sandbox_conflicts", nil); !ok || got != float64(len(ids)) {
+		t.Errorf("n9's berth_fleet_sandbox_conflicts = %v (present %v), want %d", got, ok, len(ids))
+	}
+	n9.proc.cmd.Process.Signal(syscall.SIGTERM)
+	<-n9.proc.exited
+	if err := os.Remove(idFile); err != nil {
+		t.Fatal(err)
+	}
+	n2.start(t)
+	intact("after n2 ran as n9 with its sandboxes in conflict, and as n2 again")
 }
 
 // replaceArgs returns a berthd's args with the values of the flags in set
