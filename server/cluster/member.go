@@ -76,10 +76,10 @@ func (m *Member) NodeID() string { return m.cfg.NodeID }
 // an earlier berthd of this node that no longer runs still holds one, and
 // failing with a *NodeIDInUseError, before it touched any record, when
 // another berthd (of another host, another state directory, or a live
-// process) does — and adopts the
-// records of the sandboxes local holds (see reconcile). Then it keeps the
-// lease and the published record fresh in the background, and registers
-// again when the lease is lost, until Close.
+// process) does — and adopts the records of the sandboxes local holds
+// (see reconcile). Then it keeps the lease and the published record fresh
+// in the background, and registers again when the lease is lost, until
+// Close.
 func (m *Member) Start(ctx context.Context, local Local) error {
 	m.local = local
 	if err := m.register(ctx); err != nil {
@@ -175,9 +175,7 @@ func (m *Member) register(ctx context.Context) error {
 				return fmt.Errorf("cluster: the record of node %s does not parse: %w", m.cfg.NodeID, err)
 			}
 			if !m.cfg.Holder.earlierSelf(other.Holder) {
-				err := &NodeIDInUseError{NodeID: m.cfg.NodeID, Address: other.Address, Holder: other.Holder}
-				m.log.Error("cluster: "+err.Error(), slog.String("node_id", m.cfg.NodeID), slog.String("holder", other.Holder.String()))
-				return err
+				return &NodeIDInUseError{NodeID: m.cfg.NodeID, Address: other.Address, Holder: other.Holder}
 			}
 		}
 		if !waited {
@@ -492,7 +490,11 @@ func (m *Member) run(ctx context.Context) {
 			if err == nil {
 				break
 			}
-			m.log.Warn("cluster: register the node again", slog.Any("error", err), slog.Duration("retry_in", backoff))
+			level := slog.LevelWarn
+			if errors.As(err, new(*NodeIDInUseError)) {
+				level = slog.LevelError // another berthd took the id while this one was away
+			}
+			m.log.Log(ctx, level, "cluster: register the node again", slog.Any("error", err), slog.Duration("retry_in", backoff))
 			select {
 			case <-ctx.Done():
 			case <-time.After(backoff):
