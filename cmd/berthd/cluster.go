@@ -55,7 +55,7 @@ func (f *clusterFlags) register() {
 	flag.StringVar(&f.etcdCert, "etcd-cert", "", "PEM client certificate for etcd (with --etcd-key)")
 	flag.StringVar(&f.etcdKey, "etcd-key", "", "PEM key of --etcd-cert")
 	flag.StringVar(&f.prefix, "cluster-prefix", cluster.DefaultPrefix, "prefix of the fleet's keys in etcd (several fleets may share one etcd)")
-	flag.StringVar(&f.nodeID, "node-id", strings.ToLower(host), "this node's id in the fleet, [a-z0-9-] (default: the host name)")
+	flag.StringVar(&f.nodeID, "node-id", strings.ToLower(host), "this node's id in the fleet, [a-z0-9-] (default: the host name); the first start records it in <state-dir>/node-id and a start with another id there is refused")
 	flag.StringVar(&f.advertise, "advertise-address", "", "host:port at which the fleet's other berthds reach this one (default: the TCP --listen address, when it names a host)")
 	flag.Func("node-label", "`KEY=VALUE` label of this node; sandboxes labelled node.berth.dev/KEY=VALUE are placed only on nodes with it (repeatable)", func(v string) error {
 		k, val, ok := strings.Cut(v, "=")
@@ -206,8 +206,8 @@ func (fl *fleet) Close() {
 }
 
 // member returns the membership of this node.
-func (f *clusterFlags) member(fl *fleet, log *slog.Logger) (*cluster.Member, error) {
-	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version}, fl.cli, log)
+func (f *clusterFlags) member(fl *fleet, stateDir string, log *slog.Logger) (*cluster.Member, error) {
+	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir}, fl.cli, log)
 }
 
 // tlsConfig loads a client TLS configuration: the CA bundle to verify

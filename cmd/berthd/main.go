@@ -327,11 +327,16 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		member *cluster.Member
 	)
 	if cf.enabled() {
+		// Before anything reads the fleet's records: under another id the
+		// node's sandboxes would look like another node's.
+		if err := cluster.BindNodeID(rtCfg.StateDir, cf.nodeID); err != nil {
+			return err
+		}
 		if fl, err = cf.open(ctx, log, rtCfg.StateDir, svcCfg.ConnectBudget); err != nil {
 			return err
 		}
 		defer fl.Close()
-		if member, err = cf.member(fl, log); err != nil {
+		if member, err = cf.member(fl, rtCfg.StateDir, log); err != nil {
 			return err
 		}
 		svcCfg.NodeID, svcCfg.Placements = cf.nodeID, member
@@ -359,6 +364,9 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 	srv := server.NewGRPCServer(svc, log, opts...)
 	if m != nil {
 		m.SetSource(svc)
+		if member != nil {
+			m.SetFleetConflicts(func() int { return len(member.Conflicts()) })
+		}
 		m.InitializeGRPC(srv)
 		stopMetrics, err := serveMetrics(metricsAt, m.Handler(pprofOn), log)
 		if err != nil {

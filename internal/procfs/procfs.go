@@ -150,3 +150,26 @@ func Stopped(pid uint32) bool {
 	fields, err := Stat(pid)
 	return err == nil && (fields[3] == "T" || fields[3] == "t")
 }
+
+// ProcessID returns host process pid as "<pid>:<start time>" (the start
+// time in clock ticks since boot, field StartTimeField of Stat): a name
+// that a pid reused by a later process does not share. It returns "" when
+// the process is gone.
+func ProcessID(pid int) string {
+	if pid <= 0 {
+		return ""
+	}
+	fields, err := Stat(uint32(pid))
+	if err != nil {
+		return ""
+	}
+	return strconv.Itoa(pid) + ":" + fields[StartTimeField]
+}
+
+// Running reports whether the process a ProcessID names still runs on this
+// host: its pid names a process that started at the same time.
+func Running(id string) bool {
+	pid, _, _ := strings.Cut(id, ":")
+	p, err := strconv.Atoi(pid)
+	return err == nil && p > 0 && ProcessID(p) == id
+}

@@ -69,3 +69,33 @@ func TestStartTime(t *testing.T) {
 		t.Error("StartTime(no such pid) succeeded")
 	}
 }
+
+// TestProcessID checks that a process's id names it while it runs, and no
+// longer once it exited (its pid may be another process's then).
+func TestProcessID(t *testing.T) {
+	cmd := exec.Command("/bin/sleep", "5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	id := ProcessID(cmd.Process.Pid)
+	fields, err := Stat(uint32(cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := strconv.Itoa(cmd.Process.Pid) + ":" + fields[StartTimeField]; id != want {
+		t.Errorf("ProcessID(%d) = %q, want %q", cmd.Process.Pid, id, want)
+	}
+	if !Running(id) {
+		t.Errorf("Running(%q) = false for a running process", id)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if Running(id) {
+		t.Errorf("Running(%q) = true after the process exited", id)
+	}
+	for _, id := range []string{"", "x", "0:1", strconv.Itoa(os.Getpid()) + ":1"} {
+		if Running(id) {
+			t.Errorf("Running(%q) = true", id)
+		}
+	}
+}

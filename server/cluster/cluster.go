@@ -64,6 +64,12 @@ type Config struct {
 	PublishInterval time.Duration
 	// Version is berthd's version, published with the node.
 	Version string
+	// StateDir is the node's state directory (berthd's --state-dir),
+	// recorded in its registration's Holder.
+	StateDir string
+	// Holder says which process registers the node; the zero value is
+	// this process (ThisHolder(StateDir)).
+	Holder Holder
 }
 
 func (c *Config) setDefaults() {
@@ -75,6 +81,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PublishInterval == 0 {
 		c.PublishInterval = 2 * time.Second
+	}
+	if c.Holder == (Holder{}) {
+		c.Holder = ThisHolder(c.StateDir)
 	}
 }
 
@@ -131,6 +140,9 @@ type NodeRecord struct {
 	Usage
 	// Images are the image references in the node's store.
 	Images []string `json:"images,omitempty"`
+	// Holder is the berthd process that registered the node; empty in
+	// records of berthds before it was recorded.
+	Holder Holder `json:"holder"`
 
 	// Lease is the lease the record lives under (from etcd, not stored).
 	Lease int64 `json:"-"`

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
@@ -71,11 +73,10 @@ func etcd(t *testing.T) (*clientv3.Client, string) {
 
 // fakeLocal is a node's berthd as the Member sees it.
 type fakeLocal struct {
-	mu      sync.Mutex
-	usage   Usage
-	images  []string
-	holds   map[string]string
-	removed []string
+	mu     sync.Mutex
+	usage  Usage
+	images []string
+	holds  map[string]string
 }
 
 func (f *fakeLocal) Usage(context.Context) (Usage, error) {
@@ -94,14 +95,6 @@ func (f *fakeLocal) Holds(context.Context) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
-}
-
-func (f *fakeLocal) Remove(_ context.Context, id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.removed = append(f.removed, id)
-	delete(f.holds, id)
-	return nil
 }
 
 func startMember(t *testing.T, cli *clientv3.Client, prefix, id string, local *fakeLocal) *Member {
@@ -238,7 +231,8 @@ func TestLeaseLost(t *testing.T) {
 
 // TestReconcile checks what a node does with the records at registration:
 // re-adopts its sandboxes, releases records of sandboxes it no longer has,
-// and removes a local sandbox that the fleet records elsewhere.
+// and keeps a local sandbox that the fleet records elsewhere, reporting the
+// conflict instead of deleting what runs.
 func TestReconcile(t *testing.T) {
 	cli, prefix := etcd(t)
 	ctx := context.Background()
@@ -262,8 +256,23 @@ func TestReconcile(t *testing.T) {
 	if rec, _, _ := dir.Sandbox(ctx, "elsewhere"); rec.Node != "b" {
 		t.Errorf("record of elsewhere moved to %s", rec.Node)
 	}
-	if len(local.removed) != 1 || local.removed[0] != "elsewhere" || m.Holds("elsewhere") {
-		t.Errorf("removed %v; want the local copy of elsewhere", local.removed)
+	if got, _ := local.Holds(ctx); len(got) != 2 {
+		t.Errorf("local sandboxes after reconcile = %v, want here and elsewhere kept", got)
+	}
+	if m.Holds("elsewhere") {
+		t.Error("the node claims elsewhere, which the fleet records on b")
+	}
+	if got, want := fmt.Sprint(m.Conflicts()), "map[elsewhere:b]"; got != want {
+		t.Errorf("Conflicts() = %s, want %s", got, want)
+	}
+	// Once the local copy is gone, the conflict is too, and b's record stays.
+	delete(local.holds, "elsewhere")
+	m.Release(ctx, "elsewhere")
+	if got := m.Conflicts(); len(got) != 0 {
+		t.Errorf("Conflicts() after the local copy was removed = %v, want none", got)
+	}
+	if rec, _, _ := dir.Sandbox(ctx, "elsewhere"); rec.Node != "b" {
+		t.Errorf("record of elsewhere after the local release = %v, want on b", rec)
 	}
 }
 
@@ -420,5 +429,86 @@ func TestClaimDuringRegistration(t *testing.T) {
 	}()
 	if err := m.Claim(context.Background(), "after", "alice"); err != nil {
 		t.Errorf("claim while the registration stores its lease: %v, want it to wait and succeed", err)
+	}
+}
+
+// TestRegisterAnotherHolder checks what a berthd does when its node id is
+// registered under a live lease: it refuses to start, touching no record,
+// when another berthd holds it — on another host, with another state
+// directory, or a live process — and waits only for an earlier process of
+// the same node that no longer runs.
+func TestRegisterAnotherHolder(t *testing.T) {
+	self := ThisHolder("/state/a")
+	const gone = "4194305:1" // above any pid_max (2^22): runs nowhere
+	tests := []struct {
+		name    string
+		holder  Holder
+		refused bool
+	}{
+		{"another host", Holder{Host: "another-machine", HostName: "h2", StateDir: self.StateDir, Process: self.Process}, true},
+		{"another state directory", Holder{Host: self.Host, StateDir: "/state/b", Process: gone}, true},
+		{"another live process", Holder{Host: self.Host, StateDir: self.StateDir, Process: procfs.ProcessID(os.Getppid())}, true},
+		{"an earlier process that died", Holder{Host: self.Host, StateDir: self.StateDir, Process: gone}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cli, prefix := etcd(t)
+			ctx := context.Background()
+			first, err := NewMember(Config{NodeID: "a", Address: "first:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: tt.holder}, cli, testLog())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := first.Start(ctx, &fakeLocal{holds: map[string]string{"kept": "alice"}}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(first.Close)
+			dir := startDirectory(t, cli, prefix)
+
+			second, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, cli, testLog())
+			if err != nil {
+				t.Fatal(err)
+			}
+			startCtx, cancel := context.WithTimeout(ctx, time.Second)
+			err = second.Start(startCtx, &fakeLocal{holds: map[string]string{}})
+			cancel()
+			t.Cleanup(second.Close)
+			var inUse *NodeIDInUseError
+			if got := errors.As(err, &inUse); got != tt.refused {
+				t.Fatalf("second Start = %v; refused as NodeIDInUseError: %v, want %v", err, got, tt.refused)
+			}
+			if tt.refused {
+				if inUse.Holder != tt.holder || inUse.Address != "first:1" || inUse.NodeID != "a" {
+					t.Errorf("refusal = %+v, want node a held by %+v at first:1", *inUse, tt.holder)
+				}
+				for _, want := range []string{tt.holder.Process, tt.holder.StateDir, "first:1", "--node-id"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("refusal %q does not name %q", err, want)
+					}
+				}
+			} else if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("second Start within 1s = %v, want it waiting for the lease (deadline exceeded)", err)
+			}
+			// The first node's registration and records are untouched.
+			if n, live, err := dir.LiveNode(ctx, "a"); err != nil || !live || n.Address != "first:1" {
+				t.Errorf("node a = %+v, live %v, %v; want the first berthd's record", n, live, err)
+			}
+			if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" {
+				t.Errorf("record of kept = %+v, %v, %v; want on a", rec, ok, err)
+			}
+			if tt.refused {
+				return
+			}
+			// Once the dead process's lease ends, the node registers.
+			first.stop()
+			<-first.done
+			startCtx, cancel = context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if err := second.Start(startCtx, &fakeLocal{holds: map[string]string{"kept": "alice"}}); err != nil {
+				t.Fatalf("Start after the earlier lease ended = %v", err)
+			}
+			if !second.Holds("kept") {
+				t.Error("the node did not re-adopt kept")
+			}
+		})
 	}
 }

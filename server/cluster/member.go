@@ -25,9 +25,6 @@ type Local interface {
 	// creations in progress, but no unclaimed warm-pool members — by id,
 	// with their owners.
 	Holds(ctx context.Context) (map[string]string, error)
-	// Remove deletes a local sandbox whose id the fleet records on another
-	// node.
-	Remove(ctx context.Context, id string) error
 }
 
 // Member is a node's membership in the fleet: its lease, its published
@@ -54,6 +51,9 @@ type Member struct {
 	startedAt   time.Time
 	last        NodeRecord      // last published
 	held        map[string]bool // sandbox ids recorded on this node
+	// conflicts are the local sandboxes whose ids the fleet records on
+	// another node, by id, with that node's id (see reconcile).
+	conflicts map[string]string
 
 	stop context.CancelFunc
 	done chan struct{}
@@ -66,17 +66,20 @@ func NewMember(cfg Config, cli *clientv3.Client, log *slog.Logger) (*Member, err
 		return nil, err
 	}
 	cfg.setDefaults()
-	return &Member{cfg: cfg, keys: keys{cfg.Prefix}, cli: cli, log: log, kick: make(chan struct{}, 1), held: make(map[string]bool)}, nil
+	return &Member{cfg: cfg, keys: keys{cfg.Prefix}, cli: cli, log: log, kick: make(chan struct{}, 1), held: make(map[string]bool), conflicts: make(map[string]string)}, nil
 }
 
 // NodeID returns the node's id.
 func (m *Member) NodeID() string { return m.cfg.NodeID }
 
 // Start registers the node under a new lease — waiting, within ctx, while
-// another registration of the node id still holds one — and adopts the
-// records of the sandboxes local holds (see reconcile). Then it keeps the
-// lease and the published record fresh in the background, and registers
-// again when the lease is lost, until Close.
+// an earlier berthd of this node that no longer runs still holds one, and
+// failing with a *NodeIDInUseError, before it touched any record, when
+// another berthd (of another host, another state directory, or a live
+// process) does — and adopts the records of the sandboxes local holds
+// (see reconcile). Then it keeps the lease and the published record fresh
+// in the background, and registers again when the lease is lost, until
+// Close.
 func (m *Member) Start(ctx context.Context, local Local) error {
 	m.local = local
 	if err := m.register(ctx); err != nil {
@@ -121,7 +124,8 @@ const registerWait = time.Second
 
 // register takes a lease and puts the node's record under it, if no other
 // registration of the node id holds one, then reconciles the sandbox
-// records.
+// records. It waits for a registration of an earlier process of this node
+// (Holder.earlierSelf) to end, and refuses one of another berthd.
 func (m *Member) register(ctx context.Context) error {
 	ttl := int64(math.Ceil(m.cfg.LeaseTTL.Seconds()))
 	for waited := false; ; waited = true {
@@ -146,6 +150,7 @@ func (m *Member) register(ctx context.Context) error {
 		resp, err := m.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).
 			Then(clientv3.OpPut(nodeKey, string(body), clientv3.WithLease(g.ID)), clientv3.OpPut(m.keys.seen(m.cfg.NodeID), string(seen))).
+			Else(clientv3.OpGet(nodeKey)).
 			Commit()
 		m.mu.Lock()
 		if err == nil && resp.Succeeded {
@@ -164,8 +169,17 @@ func (m *Member) register(ctx context.Context) error {
 			return m.reconcile(ctx)
 		}
 		m.revoke(g.ID)
+		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+			var other NodeRecord
+			if err := json.Unmarshal(kvs[0].Value, &other); err != nil {
+				return fmt.Errorf("cluster: the record of node %s does not parse: %w", m.cfg.NodeID, err)
+			}
+			if !m.cfg.Holder.earlierSelf(other.Holder) {
+				return &NodeIDInUseError{NodeID: m.cfg.NodeID, Address: other.Address, Holder: other.Holder}
+			}
+		}
 		if !waited {
-			m.log.Warn("cluster: the node id is registered under a live lease (an earlier berthd of this node, or another node with the same id); waiting for it to expire",
+			m.log.Warn("cluster: the node id is registered under a live lease of an earlier berthd of this node that no longer runs; waiting for it to expire",
 				slog.String("node_id", m.cfg.NodeID), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
 		}
 		select {
@@ -185,11 +199,13 @@ func (m *Member) revoke(lease clientv3.LeaseID) {
 // reconcile makes the sandbox records agree with what the node holds, after
 // a (re-)registration: a sandbox the node holds without a record is
 // recorded again (re-adopted); a record naming the node without a sandbox
-// (it expired or was removed while the node was away) is released; a
-// sandbox whose id the fleet now records on another node is removed here.
-// Records are read before the local sandboxes: a creation that claims its
-// id after the read is listed by Holds, so its record is never taken for a
-// leftover.
+// (it expired or was removed while the node was away) is released. A
+// sandbox whose id the fleet records on another node is a conflict: it is
+// kept running, logged at ERROR and counted (Conflicts), never deleted —
+// the record may be the wrong one (a node restarted under another id, a
+// second berthd with this id), and only an operator can tell. Records are
+// read before the local sandboxes: a creation that claims its id after the
+// read is listed by Holds, so its record is never taken for a leftover.
 func (m *Member) reconcile(ctx context.Context) error {
 	resp, err := m.cli.Get(ctx, m.keys.sandboxes(), clientv3.WithPrefix())
 	if err != nil {
@@ -200,7 +216,8 @@ func (m *Member) reconcile(ctx context.Context) error {
 		return fmt.Errorf("cluster: list the node's sandboxes: %w", err)
 	}
 	recorded := make(map[string]bool)
-	var adopted, released, removed int
+	conflicts := make(map[string]string)
+	var adopted, released int
 	for _, kv := range resp.Kvs {
 		id := m.keys.idOf(m.keys.sandboxes(), string(kv.Key))
 		var rec SandboxRecord
@@ -219,11 +236,10 @@ func (m *Member) reconcile(ctx context.Context) error {
 			}
 			released++
 		case here:
-			m.log.Warn("cluster: removing a local sandbox whose id the fleet records on another node", slog.String("sandbox_id", id), slog.String("holder", rec.Node))
-			if err := m.local.Remove(ctx, id); err != nil {
-				m.log.Error("cluster: remove sandbox held elsewhere", slog.String("sandbox_id", id), slog.Any("error", err))
-			}
-			removed++
+			conflicts[id] = rec.Node
+			m.setHeld(id, false)
+			m.log.Error("cluster: ownership conflict: this node runs a sandbox whose id the fleet records on another node; it keeps running here, calls for the id go to the recorded node, and an operator must delete one of the two",
+				slog.String("sandbox_id", id), slog.String("node_id", m.cfg.NodeID), slog.String("recorded_node_id", rec.Node))
 		}
 	}
 	for id, owner := range holds {
@@ -236,10 +252,27 @@ func (m *Member) reconcile(ctx context.Context) error {
 		}
 		adopted++
 	}
+	m.mu.Lock()
+	m.conflicts = conflicts
+	m.mu.Unlock()
 	m.log.Info("cluster: sandbox records reconciled", slog.Int("held", len(holds)), slog.Int("recorded_again", adopted),
-		slog.Int("released", released), slog.Int("removed_held_elsewhere", removed))
+		slog.Int("released", released), slog.Int("conflicts", len(conflicts)))
 	m.Kick()
 	return nil
+}
+
+// Conflicts returns the local sandboxes whose ids the fleet records on
+// another node, by sandbox id, with the recorded node's id, as the last
+// registration found them (less those removed since). Such a sandbox keeps
+// running; calls for its id go to the recorded node.
+func (m *Member) Conflicts() map[string]string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]string, len(m.conflicts))
+	for id, node := range m.conflicts {
+		out[id] = node
+	}
+	return out
 }
 
 func (m *Member) setHeld(id string, held bool) {
@@ -348,6 +381,9 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 // is left.
 func (m *Member) Release(ctx context.Context, id string) {
 	m.setHeld(id, false)
+	m.mu.Lock()
+	delete(m.conflicts, id)
+	m.mu.Unlock()
 	defer m.Kick()
 	key := m.keys.sandbox(id)
 	resp, err := m.cli.Get(ctx, key)
@@ -381,7 +417,7 @@ func (m *Member) record(ctx context.Context, now time.Time) (NodeRecord, error) 
 	if err != nil {
 		return NodeRecord{}, fmt.Errorf("cluster: the node's images: %w", err)
 	}
-	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images}, nil
+	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Holder: m.cfg.Holder}, nil
 }
 
 // publish puts the node's record under its lease.
@@ -454,7 +490,11 @@ func (m *Member) run(ctx context.Context) {
 			if err == nil {
 				break
 			}
-			m.log.Warn("cluster: register the node again", slog.Any("error", err), slog.Duration("retry_in", backoff))
+			level := slog.LevelWarn
+			if errors.As(err, new(*NodeIDInUseError)) {
+				level = slog.LevelError // another berthd took the id while this one was away
+			}
+			m.log.Log(ctx, level, "cluster: register the node again", slog.Any("error", err), slog.Duration("retry_in", backoff))
 			select {
 			case <-ctx.Done():
 			case <-time.After(backoff):

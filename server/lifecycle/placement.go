@@ -103,8 +103,3 @@ func (l clusterLocal) Holds(ctx context.Context) (map[string]string, error) {
 	}
 	return out, nil
 }
-
-// Remove deletes a sandbox under its lifecycle lock.
-func (l clusterLocal) Remove(ctx context.Context, id string) error {
-	return l.m.deleteSandbox(ctx, id)
-}

@@ -143,6 +143,20 @@ func (m *Metrics) SetSource(src Source) {
 	m.reg.MustRegister(&stateCollector{src: src})
 }
 
+// SetFleetConflicts registers berth_fleet_sandbox_conflicts, a gauge that
+// reads n at each scrape: the number of local sandboxes whose id the
+// fleet's records place on another node (cluster.Member.Conflicts). Such a
+// sandbox keeps running; an operator resolves the conflict.
+func (m *Metrics) SetFleetConflicts(n func() int) {
+	if m == nil {
+		return
+	}
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: namespace, Name: "fleet_sandbox_conflicts",
+		Help: "Local sandboxes whose id the fleet's records place on another node, as the node's last registration found them; they keep running until an operator deletes one of the two.",
+	}, func() float64 { return float64(n()) }))
+}
+
 // Registry returns the registry, for tests and extra collectors.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 

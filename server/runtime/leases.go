@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/containerd/containerd/v2/core/leases"
@@ -16,22 +14,12 @@ import (
 
 // labelLeaseHolder records on each containerd lease berthd takes the
 // berthd process that holds it, as "<pid>:<start time>" (the start time in
-// clock ticks since boot, procfs.StartTimeField), so that a berthd starting
+// clock ticks since boot, procfs.ProcessID), so that a berthd starting
 // after a crash can tell leases of work cut off (an unpack, an import, a
 // chowned copy) from those of a berthd still running on the namespace,
 // whatever its binary is called, and a pid reused by another process
 // holds nothing.
 const labelLeaseHolder = LabelPrefix + "lease-holder"
-
-// processID returns pid as labelLeaseHolder records it, or "" when the
-// process is gone.
-func processID(pid int) string {
-	fields, err := procfs.Stat(uint32(pid))
-	if err != nil {
-		return ""
-	}
-	return strconv.Itoa(pid) + ":" + fields[procfs.StartTimeField]
-}
 
 // importLeaseExpiry bounds the lease of an import or a pull whose berthd
 // died: containerd's own default (24 h) kept a large image's layers that
@@ -42,7 +30,7 @@ const importLeaseExpiry = time.Hour
 // labelled with this process as its holder, and the function that ends it.
 func (r *Runtime) withLease(ctx context.Context, expiry time.Duration) (context.Context, func(context.Context) error, error) {
 	return r.client.WithLease(ctx, leases.WithRandomID(), leases.WithExpiration(expiry),
-		leases.WithLabel(labelLeaseHolder, processID(os.Getpid())))
+		leases.WithLabel(labelLeaseHolder, procfs.ProcessID(os.Getpid())))
 }
 
 // dropOrphanLeases deletes the leases of berthd processes that no longer
@@ -57,9 +45,7 @@ func (r *Runtime) dropOrphanLeases(ctx context.Context) (int, error) {
 	}
 	n := 0
 	for _, l := range ls {
-		holder := l.Labels[labelLeaseHolder]
-		pid, _, _ := strings.Cut(holder, ":")
-		if p, err := strconv.Atoi(pid); err == nil && p > 0 && processID(p) == holder {
+		if procfs.Running(l.Labels[labelLeaseHolder]) {
 			continue // a berthd (this one, or another on the namespace) holds it
 		}
 		if err := r.client.LeasesService().Delete(ctx, l); err != nil && !errdefs.IsNotFound(err) {
