@@ -98,7 +98,7 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 	case errors.As(err, &refused):
 		return rpcstatus.Error(refused.Code, refused.Reason, refused.Message, merge(meta, refused.Meta))
 	case errors.As(err, &busy):
-		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, msg, with(meta, "resource", busy.Resource.String()),
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, msg, merge(meta, map[string]string{"resource": busy.Resource.String(), "principal": busy.Principal}),
 			b.fleetBusy(busy), &errdetails.RetryInfo{RetryDelay: durationProto(busy.RetryDelay)})
 	case errors.As(err, &replaced):
 		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonRuntimeReplaced, msg, with(meta, "exec_id", replaced.ExecID), b.runtimeReplaced(replaced))
@@ -305,6 +305,7 @@ func (b *Boundary) fleetBusy(e *apierr.FleetBusy) *berthv1.FleetBusy {
 		RetryDelay:    durationProto(e.RetryDelay),
 		ServerVersion: b.ServerVersion,
 		Admitted:      berthv1.Admitted_ADMITTED_NOT_STARTED,
+		Principal:     e.Principal,
 	}
 }
 
