@@ -91,6 +91,7 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		replaced    *apierr.RuntimeReplaced
 		stale       *apierr.StaleHandle
 		journal     *apierr.Journal
+		poolFull    *runtime.PoolFullError
 	)
 	switch {
 	case errors.As(err, &invalid):
@@ -108,6 +109,10 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		b.Log.ErrorContext(ctx, "exec refused: runtime journal write failed", slog.String("sandbox_id", journal.SandboxID), slog.String("exec_id", journal.ExecID), slog.Any("error", journal.Err))
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonJournalUnavailable, msg,
 			with(meta, "admitted", berthv1.Admitted_ADMITTED_NOT_STARTED.String()))
+	case errors.As(err, &poolFull):
+		// Before the dependencies: the errno it carries is the pool's,
+		// not berthd's own directories'.
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, msg, with(meta, "pool", poolFull.Pool))
 	case errors.As(err, &unreachable):
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, with(meta, "cause", unreachable.Cause.String()), b.unreachable(unreachable))
 	case errors.Is(err, apierr.ErrUnreachable):
