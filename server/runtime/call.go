@@ -96,8 +96,10 @@ func (e *PoolFullError) Unwrap() error { return e.Err }
 
 // errnoTexts are the texts of the errnos of a full file system as
 // containerd's errors carry them: its gRPC boundary keeps only the text of
-// an errno (errdefs has no class for ENOSPC), and Go formats an errno with
-// syscall.Errno.Error, so the text is the errno's own.
+// an errno (errdefs has no class for ENOSPC; the client turns the status
+// into an errdefs error of code Unknown), and Go formats an errno with
+// syscall.Errno.Error, so the text is the errno's own. runc's "open
+// .../root/.berth-agent: no space left on device" reaches berthd so.
 var errnoTexts = []string{syscall.ENOSPC.Error(), syscall.EDQUOT.Error()}
 
 // poolFull reports whether err says the pool (see PoolFullError) is full,
@@ -120,11 +122,9 @@ func (r *Runtime) poolFull(err error) (string, bool) {
 		}
 		return pool, true
 	}
-	if st, ok := status.FromError(err); ok && st.Code() != codes.OK {
-		for _, t := range errnoTexts {
-			if strings.Contains(st.Message(), t) {
-				return pool, true
-			}
+	for _, t := range errnoTexts {
+		if strings.Contains(err.Error(), t) {
+			return pool, true
 		}
 	}
 	return "", false

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -21,6 +22,9 @@ func TestEndPoolFull(t *testing.T) {
 	const state = "/var/lib/berth"
 	containerdFull := status.Error(codes.Unknown, "failed to prepare extraction snapshot: write /pool/snapshots/9/x: no space left on device")
 	containerdQuota := status.Error(codes.Unknown, "failed to create shim task: OCI runtime create failed: mkdir /run/x: disk quota exceeded")
+	// As containerd's client returns it: an errdefs error, no status.
+	runcFull := fmt.Errorf("create task sb-1: %w", errgrpc.ToNative(status.Error(codes.Unknown,
+		`failed to create shim task: OCI runtime create failed: error mounting "/bin/berth-agent" to rootfs at "/.berth-agent": open /var/lib/berth/s/sb-1/root/.berth-agent: no space left on device: unknown`)))
 	inRoot := &fs.PathError{Op: "mkdir", Path: state + "/s/sb-1/root/workspace", Err: syscall.ENOSPC}
 	inState := &fs.PathError{Op: "open", Path: state + "/s/sb-1/agent.log", Err: syscall.ENOSPC}
 	bare := fmt.Errorf("limit quota group: %w", syscall.ENOSPC)
@@ -34,6 +38,7 @@ func TestEndPoolFull(t *testing.T) {
 	}{
 		{"containerd ENOSPC", "/pool", containerdFull, "pool", "the btrfs pool /pool"},
 		{"runc EDQUOT", "/pool", containerdQuota, "pool", "the btrfs pool /pool"},
+		{"runc ENOSPC through containerd's client", "/pool", runcFull, "pool", "the btrfs pool /pool"},
 		{"containerd ENOSPC without quotas", "", containerdFull, "pool", "containerd's overlayfs snapshotter"},
 		{"berthd in a sandbox's root", "/pool", inRoot, "pool", "the btrfs pool /pool"},
 		{"berthd in the pool, no path", "/pool", bare, "pool", "the btrfs pool /pool"},
