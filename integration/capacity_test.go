@@ -165,7 +165,7 @@ mkdir /workspace/m; j=0; while [ $j -lt 3000000 ] && printf '%2000s' x >/workspa
 	if !errors.As(err, &ce) || ce.Code != codes.ResourceExhausted || ce.Reason != rpcstatus.ReasonNoSpace {
 		t.Fatalf("CreateSandbox on a full pool = %v, want RESOURCE_EXHAUSTED NO_SPACE", err)
 	}
-	if !strings.Contains(ce.Message, root) || !strings.Contains(ce.Metadata["pool"], root) {
+	if !strings.Contains(ce.Message, root) || !strings.Contains(ce.Metadata["pool"], root) || ce.Metadata["resource"] != "sandbox_pool" {
 		t.Errorf("NO_SPACE %q (metadata %v) does not name the pool %s", ce.Message, ce.Metadata, root)
 	}
 	after, err := env.rt.Promised(ctx)

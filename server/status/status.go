@@ -112,7 +112,7 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 	case errors.As(err, &poolFull):
 		// Before the dependencies: the errno it carries is the pool's,
 		// not berthd's own directories'.
-		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, msg, with(meta, "pool", poolFull.Pool))
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, msg, merge(meta, map[string]string{"resource": "sandbox_pool", "pool": poolFull.Pool}))
 	case errors.As(err, &unreachable):
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, with(meta, "cause", unreachable.Cause.String()), b.unreachable(unreachable))
 	case errors.Is(err, apierr.ErrUnreachable):
