@@ -55,6 +55,12 @@ type authServer struct {
 
 func startAuthServer(t *testing.T) *authServer {
 	t.Helper()
+	return startAuthServerWith(t, server.Config{TaskRestartLimit: -1})
+}
+
+// startAuthServerWith is startAuthServer with berthd's configuration cfg.
+func startAuthServerWith(t *testing.T, cfg server.Config) *authServer {
+	t.Helper()
 	a := &authServer{dir: t.TempDir()}
 	var err error
 	if a.certs, err = testcerts.NewSet(a.dir); err != nil {
@@ -73,7 +79,7 @@ func startAuthServer(t *testing.T) *authServer {
 	if os.Getenv("BERTH_TEST_LOG") != "" {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("server", t.Name())
 	}
-	svc := server.New(server.Config{TaskRestartLimit: -1}, env.rt, log)
+	svc := server.New(cfg, env.rt, log)
 	srv := server.NewGRPCServer(svc, log, server.WithAuthenticator(authn))
 	// A socket others can reach: a directory anyone may search, mode 0666.
 	sockDir, err := os.MkdirTemp("/tmp", "bas")

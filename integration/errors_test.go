@@ -601,13 +601,13 @@ func TestFleetBusySandboxes(t *testing.T) {
 	need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	existing, err := env.rt.MemoryPromised(ctx)
+	existing, err := env.rt.Promised(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var mem uint64
-	for _, m := range existing {
-		mem += m
+	for _, p := range existing {
+		mem += p.MemoryBytes
 	}
 	const delay = 100 * time.Millisecond
 

@@ -98,6 +98,32 @@ type Config struct {
 	// cap count zero). A CreateSandbox beyond it fails with FLEET_BUSY.
 	// Zero: no cap.
 	MemoryBudgetBytes uint64
+	// DiskOvercommit is how many times the size of the btrfs pool that
+	// holds the sandboxes' disk quotas (the btrfs snapshotter's file
+	// system, read with statfs(2) at New) the quotas may sum to: the disk
+	// budget. A CreateSandbox whose resources.disk_bytes would take the
+	// sum of the quotas (sandboxes without one count zero) past it fails
+	// with FLEET_BUSY, resource CAPACITY_RESOURCE_DISK. Default 1: the
+	// quotas fit in the pool, so no sandbox can fill it for the others
+	// (issue 21); above 1 the pool is overcommitted, and a full pool
+	// answers NO_SPACE; negative: no disk budget. Without disk quotas
+	// there is no pool and no budget.
+	DiskOvercommit float64
+	// MaxSandboxesPerPrincipal caps the sandboxes one principal (the
+	// owner a sandbox records) holds, running or stopped; warm-pool
+	// members count for the principal that claims them, from the claim.
+	// Beyond it CreateSandbox fails with FLEET_BUSY, resource
+	// CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES, naming the principal. Zero:
+	// no cap.
+	MaxSandboxesPerPrincipal int
+	// MaxMemoryBytesPerPrincipal caps the sum of the memory caps, in
+	// bytes, of one principal's sandboxes (FLEET_BUSY,
+	// CAPACITY_RESOURCE_PRINCIPAL_MEMORY). Zero: no cap.
+	MaxMemoryBytesPerPrincipal uint64
+	// MaxDiskBytesPerPrincipal caps the sum of the disk quotas, in bytes,
+	// of one principal's sandboxes (FLEET_BUSY,
+	// CAPACITY_RESOURCE_PRINCIPAL_DISK). Zero: no cap.
+	MaxDiskBytesPerPrincipal uint64
 	// BusyRetryDelay is the retry delay a FLEET_BUSY error suggests
 	// (google.rpc.RetryInfo). Default 1 s.
 	BusyRetryDelay time.Duration
@@ -194,6 +220,9 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() {
+	if c.DiskOvercommit == 0 {
+		c.DiskOvercommit = 1
+	}
 	if c.DefaultPidsLimit == 0 {
 		c.DefaultPidsLimit = 512
 	}

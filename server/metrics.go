@@ -24,9 +24,10 @@ func (s *Service) MetricsSnapshot(ctx context.Context) (metrics.Snapshot, error)
 	if err != nil {
 		return snap, fmt.Errorf("list sandboxes: %w", err)
 	}
-	var mem uint64
+	var mem, disk uint64
 	for _, sb := range sbs {
 		mem += sb.MemoryBytes
+		disk += sb.DiskBytes
 		if sb.Pooled {
 			snap.Sandboxes["pooled"]++
 			continue
@@ -35,7 +36,8 @@ func (s *Service) MetricsSnapshot(ctx context.Context) (metrics.Snapshot, error)
 	}
 	snap.Capacity = append(snap.Capacity,
 		metrics.Capacity{Resource: "sandboxes", InUse: uint64(len(sbs)), Limit: uint64(s.cfg.MaxSandboxes)},
-		metrics.Capacity{Resource: "memory_bytes", InUse: mem, Limit: s.cfg.MemoryBudgetBytes})
+		metrics.Capacity{Resource: "memory_bytes", InUse: mem, Limit: s.cfg.MemoryBudgetBytes},
+		metrics.Capacity{Resource: "disk_bytes", InUse: disk, Limit: s.capacity.Limits().DiskBudget})
 	return snap, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 
 	"google.golang.org/grpc"
@@ -93,7 +94,9 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	s.reach = agentreach.New(agentreach.Config{ConnectBudget: cfg.ConnectBudget, BusyLimit: cfg.AgentBusyLimit, ServerVersion: Version},
 		rt, s.ids, s.agents, log)
 	s.capacity = admit.New(admit.Limits{MaxSandboxes: cfg.MaxSandboxes, MaxExecsPerSandbox: cfg.MaxExecsPerSandbox, MaxExecs: cfg.MaxExecs,
-		MemoryBudget: cfg.MemoryBudgetBytes, RetryDelay: cfg.BusyRetryDelay}, cfg.Observer, rt.MemoryPromised)
+		MemoryBudget: cfg.MemoryBudgetBytes, DiskBudget: diskBudget(cfg.DiskOvercommit, rt, log), RetryDelay: cfg.BusyRetryDelay,
+		PerPrincipal: admit.PrincipalLimits{MaxSandboxes: cfg.MaxSandboxesPerPrincipal, MemoryBytes: cfg.MaxMemoryBytesPerPrincipal,
+			DiskBytes: cfg.MaxDiskBytesPerPrincipal}}, cfg.Observer, held(rt))
 	defaults := runtime.SandboxSpec{PidsLimit: cfg.DefaultPidsLimit, OpenFiles: cfg.DefaultOpenFiles, DiskBytes: cfg.DefaultDiskBytes,
 		IdleTimeout: cfg.DefaultIdleTimeout, MaxLifetime: cfg.DefaultMaxLifetime}
 	if cfg.DefaultCPUMillis > 0 {
@@ -151,3 +154,41 @@ func (s *Service) WarmPoolReady(image string) int { return s.life.WarmPoolReady(
 // ClusterLocal returns the node's side of its fleet membership
 // (cluster.Local): its usage, images and sandboxes.
 func (s *Service) ClusterLocal() cluster.Local { return s.life.ClusterLocal() }
+
+// diskBudget is the disk admission may promise to sandboxes, in bytes: the
+// size of rt's btrfs pool times overcommit (Config.DiskOvercommit),
+// saturating at the largest uint64; zero (no budget) without disk quotas
+// or with a negative overcommit.
+func diskBudget(overcommit float64, rt *runtime.Runtime, log *slog.Logger) uint64 {
+	if overcommit < 0 || rt.DiskQuota() != nil {
+		return 0
+	}
+	root, size, err := rt.DiskPool()
+	if err != nil {
+		// The quotas hold; only their sum goes unchecked.
+		log.Error("disk budget unavailable: the sum of disk quotas is not checked", slog.Any("error", err))
+		return 0
+	}
+	budget := uint64(math.MaxUint64)
+	if b := float64(size) * overcommit; b < math.MaxUint64 {
+		budget = max(uint64(b), 1)
+	}
+	log.Info("disk budget", slog.String("pool", root), slog.Uint64("pool_bytes", size), slog.Float64("overcommit", overcommit),
+		slog.Uint64("budget_bytes", budget))
+	return budget
+}
+
+// held lists what rt's sandboxes hold for admission.
+func held(rt *runtime.Runtime) func(context.Context) (map[string]admit.Held, error) {
+	return func(ctx context.Context) (map[string]admit.Held, error) {
+		promised, err := rt.Promised(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]admit.Held, len(promised))
+		for id, p := range promised {
+			out[id] = admit.Held(p)
+		}
+		return out, nil
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -82,6 +83,10 @@ func main() {
 	flag.IntVar(&svcCfg.MaxExecsPerSandbox, "max-execs-per-sandbox", 0, "most execs running at once in one sandbox; 0: no cap")
 	flag.IntVar(&svcCfg.MaxExecs, "max-execs", 0, "most execs running at once in all sandboxes; 0: no cap")
 	flag.Uint64Var(&svcCfg.MemoryBudgetBytes, "memory-budget-bytes", 0, "most memory in `bytes` promised to sandboxes (sum of their memory_bytes); 0: no cap")
+	flag.Float64Var(&svcCfg.DiskOvercommit, "disk-overcommit", 1, "how many times the btrfs pool's size the sandboxes' disk quotas may sum to (beyond it: FLEET_BUSY); 1: quotas fit in the pool; -1: no check")
+	flag.IntVar(&svcCfg.MaxSandboxesPerPrincipal, "max-sandboxes-per-principal", 0, "most sandboxes one principal holds, running or stopped; 0: no cap")
+	flag.Uint64Var(&svcCfg.MaxMemoryBytesPerPrincipal, "max-memory-bytes-per-principal", 0, "most memory in `bytes` promised to one principal's sandboxes; 0: no cap")
+	flag.Uint64Var(&svcCfg.MaxDiskBytesPerPrincipal, "max-disk-bytes-per-principal", 0, "most disk quota in `bytes` promised to one principal's sandboxes; 0: no cap")
 	flag.DurationVar(&svcCfg.BusyRetryDelay, "busy-retry-delay", time.Second, "retry delay a FLEET_BUSY error suggests")
 	flag.IntVar(&svcCfg.TaskRestartLimit, "task-restart-limit", 5, "restarts of a sandbox's dead task within --task-restart-window; 0: never restart")
 	flag.DurationVar(&svcCfg.TaskRestartWindow, "task-restart-window", 10*time.Minute, "window of --task-restart-limit")
@@ -553,7 +558,11 @@ func checkLimits(c server.Config) error {
 			return fmt.Errorf("%s %v: must be positive", name, d)
 		}
 	}
-	for name, n := range map[string]int{"--max-sandboxes": c.MaxSandboxes, "--max-execs-per-sandbox": c.MaxExecsPerSandbox, "--max-execs": c.MaxExecs} {
+	if c.DiskOvercommit == 0 || math.IsNaN(c.DiskOvercommit) || (c.DiskOvercommit < 0 && c.DiskOvercommit != -1) {
+		return fmt.Errorf("--disk-overcommit %v: must be positive, or -1 for no check", c.DiskOvercommit)
+	}
+	for name, n := range map[string]int{"--max-sandboxes": c.MaxSandboxes, "--max-execs-per-sandbox": c.MaxExecsPerSandbox, "--max-execs": c.MaxExecs,
+		"--max-sandboxes-per-principal": c.MaxSandboxesPerPrincipal} {
 		if n < 0 {
 			return fmt.Errorf("%s %d: must be 0 (no cap) or more", name, n)
 		}

@@ -1,16 +1,19 @@
 // Package admit admits new sandboxes and execs within berthd's limits
-// (server.Config: MaxSandboxes, MemoryBudgetBytes, MaxExecs,
-// MaxExecsPerSandbox) and refuses the rest with *apierr.FleetBusy
-// (RESOURCE_EXHAUSTED FLEET_BUSY) before anything starts.
+// (server.Config: MaxSandboxes, MemoryBudgetBytes, DiskOvercommit,
+// MaxExecs, MaxExecsPerSandbox and the per-principal caps) and refuses the
+// rest with *apierr.FleetBusy (RESOURCE_EXHAUSTED FLEET_BUSY) before
+// anything starts.
 package admit
 
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/server/apierr"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -28,8 +31,45 @@ type Limits struct {
 	// MemoryBudget caps the memory promised to sandboxes, in bytes: the
 	// sum of their memory caps (sandboxes without one count zero).
 	MemoryBudget uint64
+	// DiskBudget caps the disk promised to sandboxes, in bytes: the sum of
+	// their disk quotas (sandboxes without one count zero). berthd sets it
+	// to the size of the btrfs pool that holds the quotas times
+	// --disk-overcommit, so that quotas that are each kept cannot together
+	// fill the pool (issue 21).
+	DiskBudget uint64
+	// PerPrincipal caps what one principal's sandboxes hold.
+	PerPrincipal PrincipalLimits
 	// RetryDelay is the retry delay a refusal suggests.
 	RetryDelay time.Duration
+}
+
+// PrincipalLimits cap what the sandboxes one principal holds (Held.Owner)
+// may together be promised; zero fields impose none. Warm-pool members
+// count for no principal until one claims them.
+type PrincipalLimits struct {
+	// MaxSandboxes caps the principal's sandboxes, running or stopped.
+	MaxSandboxes int
+	// MemoryBytes caps the sum of their memory caps, in bytes.
+	MemoryBytes uint64
+	// DiskBytes caps the sum of their disk quotas, in bytes.
+	DiskBytes uint64
+}
+
+func (l PrincipalLimits) any() bool {
+	return l.MaxSandboxes > 0 || l.MemoryBytes > 0 || l.DiskBytes > 0
+}
+
+// Held is what one sandbox holds against the limits.
+type Held struct {
+	// Owner is the principal that holds it (auth.Principal.Name).
+	Owner string
+	// Pooled is true for an unclaimed warm-pool member, which no
+	// principal holds yet.
+	Pooled bool
+	// MemoryBytes is its memory cap in bytes (zero: none, counted zero).
+	MemoryBytes uint64
+	// DiskBytes is its disk quota in bytes (zero: none, counted zero).
+	DiskBytes uint64
 }
 
 // Observer is told when admitted execs start and end (server/metrics).
@@ -50,13 +90,13 @@ type Observer interface {
 type Capacity struct {
 	limits Limits
 	obs    Observer
-	// usage lists the sandboxes that exist with their memory caps.
-	usage func(context.Context) (map[string]uint64, error)
+	// usage lists the sandboxes that exist with what they hold.
+	usage func(context.Context) (map[string]Held, error)
 
 	// createMu serializes sandbox admission, so that two creations cannot
 	// both take the last place.
 	createMu sync.Mutex
-	pending  map[string]uint64 // admitted creations: sandbox id -> memory bytes
+	pending  map[string]Held // admitted creations and claims by sandbox id
 
 	mu    sync.Mutex
 	execs map[string]int // running execs per sandbox
@@ -64,14 +104,17 @@ type Capacity struct {
 }
 
 // New returns a Capacity with limits that counts the sandboxes usage
-// lists (sandbox id -> memory cap in bytes, as runtime.Runtime's
-// MemoryPromised) and reports execs to obs (nil: to no one).
-func New(limits Limits, obs Observer, usage func(context.Context) (map[string]uint64, error)) *Capacity {
+// lists (sandbox id -> what it holds, from runtime.Runtime's Promised) and
+// reports execs to obs (nil: to no one).
+func New(limits Limits, obs Observer, usage func(context.Context) (map[string]Held, error)) *Capacity {
 	if obs == nil {
 		obs = noObserver{}
 	}
-	return &Capacity{limits: limits, obs: obs, usage: usage, pending: make(map[string]uint64), execs: make(map[string]int)}
+	return &Capacity{limits: limits, obs: obs, usage: usage, pending: make(map[string]Held), execs: make(map[string]int)}
 }
+
+// Limits returns the limits c admits within.
+func (c *Capacity) Limits() Limits { return c.limits }
 
 type noObserver struct{}
 
@@ -82,53 +125,72 @@ func (noObserver) ExecEnded(string) {}
 type Usage struct {
 	Sandboxes    uint64
 	MemoryBytes  uint64
+	DiskBytes    uint64
 	Execs        uint64
 	MaxSandboxes uint64
 	MemoryBudget uint64
+	DiskBudget   uint64
 	MaxExecs     uint64
 }
 
 // Usage counts the sandboxes (running or stopped, creations admitted and
-// those in creating included) and the memory promised to them as
+// those in creating included) and the memory and disk promised to them as
 // AdmitSandbox does, and the execs running. creating maps sandbox ids of
-// creations in progress to their memory caps.
-func (c *Capacity) Usage(ctx context.Context, creating map[string]uint64) (Usage, error) {
+// creations in progress to what they will hold.
+func (c *Capacity) Usage(ctx context.Context, creating map[string]Held) (Usage, error) {
 	existing, err := c.usage(ctx)
 	if err != nil {
 		return Usage{}, err
 	}
-	u := Usage{MaxSandboxes: uint64(max(c.limits.MaxSandboxes, 0)), MemoryBudget: c.limits.MemoryBudget, MaxExecs: uint64(max(c.limits.MaxExecs, 0))}
-	for _, m := range existing {
-		u.Sandboxes++
-		u.MemoryBytes = addSaturating(u.MemoryBytes, m)
-	}
-	counted := func(id string, m uint64) {
-		if _, ok := existing[id]; !ok {
-			existing[id] = m
-			u.Sandboxes++
-			u.MemoryBytes = addSaturating(u.MemoryBytes, m)
+	c.createMu.Lock()
+	all := c.held(existing)
+	c.createMu.Unlock()
+	for id, h := range creating {
+		if _, ok := all[id]; !ok {
+			all[id] = h
 		}
 	}
-	c.createMu.Lock()
-	for id, m := range c.pending {
-		counted(id, m)
-	}
-	c.createMu.Unlock()
-	for id, m := range creating {
-		counted(id, m)
+	var t tally
+	for _, h := range all {
+		t.add(h)
 	}
 	_, execs := c.Running("")
-	u.Execs = uint64(max(execs, 0))
-	return u, nil
+	return Usage{Sandboxes: t.sandboxes, MemoryBytes: t.memory, DiskBytes: t.disk, Execs: uint64(max(execs, 0)),
+		MaxSandboxes: uint64(max(c.limits.MaxSandboxes, 0)), MemoryBudget: c.limits.MemoryBudget,
+		DiskBudget: c.limits.DiskBudget, MaxExecs: uint64(max(c.limits.MaxExecs, 0))}, nil
 }
 
-// AdmitSandbox admits the creation of sandbox id with memBytes of memory
-// (zero: no cap, which the memory budget does not count). release must be
-// called once the creation finished, failed or not. A sandbox id that
+// held returns existing with the pending admissions laid over it: a
+// pending claim of a pool member counts for its new owner. The caller
+// holds createMu.
+func (c *Capacity) held(existing map[string]Held) map[string]Held {
+	all := make(map[string]Held, len(existing)+len(c.pending))
+	maps.Copy(all, existing)
+	maps.Copy(all, c.pending)
+	return all
+}
+
+// tally sums what sandboxes hold. The sums saturate at the largest uint64
+// instead of wrapping (bounds.Add): caps come from callers and from
+// labels, and a wrapped sum would admit what the limit cannot hold.
+type tally struct{ sandboxes, memory, disk uint64 }
+
+func (t *tally) add(h Held) {
+	t.sandboxes++
+	t.memory = addSaturating(t.memory, h.MemoryBytes)
+	t.disk = addSaturating(t.disk, h.DiskBytes)
+}
+
+// AdmitSandbox admits the creation of sandbox id, which will hold want
+// (want.Pooled for a warm-pool member), or refuses it with a
+// *apierr.FleetBusy naming the limit: the server's sandboxes, memory
+// budget or disk budget, or want.Owner's per-principal caps. release must
+// be called once the creation finished, failed or not. A sandbox id that
 // exists already is admitted without counting: the creation returns it or
 // fails with SANDBOX_EXISTS.
-func (c *Capacity) AdmitSandbox(ctx context.Context, id string, memBytes uint64) (release func(), err error) {
-	if c.limits.MaxSandboxes <= 0 && c.limits.MemoryBudget == 0 {
+func (c *Capacity) AdmitSandbox(ctx context.Context, id string, want Held) (release func(), err error) {
+	l := c.limits
+	if l.MaxSandboxes <= 0 && l.MemoryBudget == 0 && l.DiskBudget == 0 && !l.PerPrincipal.any() {
 		return func() {}, nil
 	}
 	c.createMu.Lock()
@@ -137,32 +199,88 @@ func (c *Capacity) AdmitSandbox(ctx context.Context, id string, memBytes uint64)
 	if err != nil {
 		return nil, fmt.Errorf("count sandboxes: %w", err)
 	}
-	if _, ok := existing[id]; ok {
+	all := c.held(existing)
+	if _, ok := all[id]; ok {
 		return func() {}, nil
 	}
-	if _, ok := c.pending[id]; ok {
+	var server tally
+	for _, h := range all {
+		server.add(h)
+	}
+	busy := func(r berthv1.CapacityResource, limit, inUse, requested uint64) error {
+		return &apierr.FleetBusy{SandboxID: id, Resource: r, Limit: limit, InUse: inUse, Requested: requested, RetryDelay: l.RetryDelay}
+	}
+	switch {
+	case l.MaxSandboxes > 0 && server.sandboxes+1 > uint64(l.MaxSandboxes):
+		return nil, busy(berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES, uint64(l.MaxSandboxes), server.sandboxes, 1)
+	case l.MemoryBudget > 0 && addSaturating(server.memory, want.MemoryBytes) > l.MemoryBudget:
+		return nil, busy(berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY, l.MemoryBudget, server.memory, want.MemoryBytes)
+	case l.DiskBudget > 0 && addSaturating(server.disk, want.DiskBytes) > l.DiskBudget:
+		return nil, busy(berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, l.DiskBudget, server.disk, want.DiskBytes)
+	}
+	if err := c.checkPrincipal(id, all, want); err != nil {
+		return nil, err
+	}
+	return c.hold(id, want), nil
+}
+
+// AdmitClaim admits principal owner's claim of warm-pool member id, which
+// holds pooled, within owner's per-principal caps; the server's limits
+// counted the member when it was made. It refuses with a
+// *apierr.FleetBusy like AdmitSandbox; release must be called once the
+// claim finished, failed or not.
+func (c *Capacity) AdmitClaim(ctx context.Context, id, owner string, pooled Held) (release func(), err error) {
+	if !c.limits.PerPrincipal.any() {
 		return func() {}, nil
 	}
-	count := uint64(len(existing))
-	var mem uint64
-	for _, m := range existing {
-		mem = addSaturating(mem, m)
+	c.createMu.Lock()
+	defer c.createMu.Unlock()
+	existing, err := c.usage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
 	}
-	for pid, m := range c.pending {
-		if _, ok := existing[pid]; !ok {
-			count++
-			mem = addSaturating(mem, m)
+	want := Held{Owner: owner, MemoryBytes: pooled.MemoryBytes, DiskBytes: pooled.DiskBytes}
+	if err := c.checkPrincipal(id, c.held(existing), want); err != nil {
+		return nil, err
+	}
+	return c.hold(id, want), nil
+}
+
+// checkPrincipal refuses sandbox id, which will hold want, when it would
+// take want.Owner past a per-principal cap, counting what all holds but id
+// (a pool member being claimed). Unowned warm-pool members are checked
+// against nothing. The caller holds createMu.
+func (c *Capacity) checkPrincipal(id string, all map[string]Held, want Held) error {
+	pl := c.limits.PerPrincipal
+	if want.Pooled || !pl.any() {
+		return nil
+	}
+	var owner tally
+	for hid, h := range all {
+		if hid != id && !h.Pooled && h.Owner == want.Owner {
+			owner.add(h)
 		}
 	}
-	if c.limits.MaxSandboxes > 0 && count+1 > uint64(c.limits.MaxSandboxes) {
-		return nil, &apierr.FleetBusy{SandboxID: id, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES,
-			Limit: uint64(c.limits.MaxSandboxes), InUse: count, Requested: 1, RetryDelay: c.limits.RetryDelay}
+	busy := func(r berthv1.CapacityResource, limit, inUse, requested uint64) error {
+		return &apierr.FleetBusy{SandboxID: id, Resource: r, Limit: limit, InUse: inUse, Requested: requested,
+			RetryDelay: c.limits.RetryDelay, Principal: want.Owner}
 	}
-	if c.limits.MemoryBudget > 0 && addSaturating(mem, memBytes) > c.limits.MemoryBudget {
-		return nil, &apierr.FleetBusy{SandboxID: id, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY,
-			Limit: c.limits.MemoryBudget, InUse: mem, Requested: memBytes, RetryDelay: c.limits.RetryDelay}
+	switch {
+	case pl.MaxSandboxes > 0 && owner.sandboxes+1 > uint64(pl.MaxSandboxes):
+		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES, uint64(pl.MaxSandboxes), owner.sandboxes, 1)
+	case pl.MemoryBytes > 0 && addSaturating(owner.memory, want.MemoryBytes) > pl.MemoryBytes:
+		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY, pl.MemoryBytes, owner.memory, want.MemoryBytes)
+	case pl.DiskBytes > 0 && addSaturating(owner.disk, want.DiskBytes) > pl.DiskBytes:
+		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK, pl.DiskBytes, owner.disk, want.DiskBytes)
 	}
-	c.pending[id] = memBytes
+	return nil
+}
+
+// hold records the admission of sandbox id holding h until the returned
+// release is called (once; later calls do nothing). The caller holds
+// createMu.
+func (c *Capacity) hold(id string, h Held) (release func()) {
+	c.pending[id] = h
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -170,17 +288,18 @@ func (c *Capacity) AdmitSandbox(ctx context.Context, id string, memBytes uint64)
 			delete(c.pending, id)
 			c.createMu.Unlock()
 		})
-	}, nil
+	}
 }
 
-// addSaturating returns a+b, or the largest uint64 when the sum would wrap:
-// memory caps come from callers and from labels, and a wrapped sum would
-// admit what the budget cannot hold.
+// addSaturating returns a+b, or the largest uint64 when the sum would wrap
+// (bounds.Add): a saturated sum exceeds every limit, so what overflows is
+// refused.
 func addSaturating(a, b uint64) uint64 {
-	if a > math.MaxUint64-b {
+	sum, ok := bounds.Add(a, b)
+	if !ok {
 		return math.MaxUint64
 	}
-	return a + b
+	return sum
 }
 
 // ExecSlot is one admitted exec's place; release it once the exec ended.

@@ -3,6 +3,7 @@ package admit
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,25 +69,25 @@ func TestAdmitExecUnlimited(t *testing.T) {
 }
 
 func TestAdmitSandbox(t *testing.T) {
-	existing := map[string]uint64{"a": 100, "b": 0}
-	usage := func(context.Context) (map[string]uint64, error) { return existing, nil }
+	existing := map[string]Held{"a": {MemoryBytes: 100}, "b": {}}
+	usage := func(context.Context) (map[string]Held, error) { return existing, nil }
 	ctx := context.Background()
 
 	t.Run("count", func(t *testing.T) {
 		c := New(Limits{MaxSandboxes: 3}, nil, usage)
-		release, err := c.AdmitSandbox(ctx, "c", 0)
+		release, err := c.AdmitSandbox(ctx, "c", Held{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		// c is pending: the server is full until it is released.
 		var b *apierr.FleetBusy
-		if _, err := c.AdmitSandbox(ctx, "d", 0); !errors.As(err, &b) || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES || b.InUse != 3 || b.Limit != 3 || b.SandboxID != "d" {
+		if _, err := c.AdmitSandbox(ctx, "d", Held{}); !errors.As(err, &b) || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES || b.InUse != 3 || b.Limit != 3 || b.SandboxID != "d" {
 			t.Errorf("d while c pending = %v, want SANDBOXES in use 3 of 3", err)
 		}
 		// An existing or pending id is admitted: its creation returns it or
 		// fails with SANDBOX_EXISTS.
 		for _, id := range []string{"a", "c"} {
-			if r, err := c.AdmitSandbox(ctx, id, 0); err != nil {
+			if r, err := c.AdmitSandbox(ctx, id, Held{}); err != nil {
 				t.Errorf("existing %s: %v", id, err)
 			} else {
 				r()
@@ -94,7 +95,7 @@ func TestAdmitSandbox(t *testing.T) {
 		}
 		release()
 		release()
-		if r, err := c.AdmitSandbox(ctx, "d", 0); err != nil {
+		if r, err := c.AdmitSandbox(ctx, "d", Held{}); err != nil {
 			t.Errorf("d after c released: %v", err)
 		} else {
 			r()
@@ -102,37 +103,37 @@ func TestAdmitSandbox(t *testing.T) {
 	})
 	t.Run("memory", func(t *testing.T) {
 		c := New(Limits{MemoryBudget: 300}, nil, usage)
-		release, err := c.AdmitSandbox(ctx, "c", 150)
+		release, err := c.AdmitSandbox(ctx, "c", Held{MemoryBytes: 150})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer release()
 		var b *apierr.FleetBusy
-		if _, err := c.AdmitSandbox(ctx, "d", 51); !errors.As(err, &b) || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY || b.InUse != 250 || b.Requested != 51 || b.Limit != 300 {
+		if _, err := c.AdmitSandbox(ctx, "d", Held{MemoryBytes: 51}); !errors.As(err, &b) || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY || b.InUse != 250 || b.Requested != 51 || b.Limit != 300 {
 			t.Errorf("d = %v, want MEMORY in use 250 requested 51 of 300", err)
 		}
-		if r, err := c.AdmitSandbox(ctx, "d", 50); err != nil {
+		if r, err := c.AdmitSandbox(ctx, "d", Held{MemoryBytes: 50}); err != nil {
 			t.Errorf("d with what fits: %v", err)
 		} else {
 			r()
 		}
 		// No memory cap: not counted against the budget.
-		if r, err := c.AdmitSandbox(ctx, "e", 0); err != nil {
+		if r, err := c.AdmitSandbox(ctx, "e", Held{}); err != nil {
 			t.Errorf("e without a cap: %v", err)
 		} else {
 			r()
 		}
 	})
 	t.Run("usage fails", func(t *testing.T) {
-		c := New(Limits{MaxSandboxes: 1}, nil, func(context.Context) (map[string]uint64, error) { return nil, errors.New("containerd down") })
+		c := New(Limits{MaxSandboxes: 1}, nil, func(context.Context) (map[string]Held, error) { return nil, errors.New("containerd down") })
 		var b *apierr.FleetBusy
-		if _, err := c.AdmitSandbox(ctx, "x", 0); err == nil || errors.As(err, &b) {
+		if _, err := c.AdmitSandbox(ctx, "x", Held{}); err == nil || errors.As(err, &b) {
 			t.Errorf("admit with usage failing = %v, want a plain error", err)
 		}
 	})
 	t.Run("no limits asks nothing", func(t *testing.T) {
 		c := New(Limits{}, nil, nil) // a nil usage would panic if called
-		if r, err := c.AdmitSandbox(ctx, "x", 1<<40); err != nil {
+		if r, err := c.AdmitSandbox(ctx, "x", Held{MemoryBytes: 1 << 40, DiskBytes: 1 << 40}); err != nil {
 			t.Error(err)
 		} else {
 			r()
@@ -140,24 +141,171 @@ func TestAdmitSandbox(t *testing.T) {
 	})
 }
 
-// TestAdmitSandboxMemoryNoWrap: memory caps near 2^64, from a request or
-// from sandboxes' records, must not wrap the budget's sum and be admitted.
-func TestAdmitSandboxMemoryNoWrap(t *testing.T) {
+// TestAdmitSandboxNoWrap: caps near 2^64, from a request or from
+// sandboxes' records, must not wrap a sum and be admitted: not the
+// server's memory or disk budget, nor a principal's caps.
+func TestAdmitSandboxNoWrap(t *testing.T) {
 	ctx := context.Background()
+	const budget = 300
+	mem := func(b uint64) Held { return Held{Owner: "p", MemoryBytes: b} }
+	disk := func(b uint64) Held { return Held{Owner: "p", DiskBytes: b} }
+	limits := map[berthv1.CapacityResource]Limits{
+		berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY:           {MemoryBudget: budget},
+		berthv1.CapacityResource_CAPACITY_RESOURCE_DISK:             {DiskBudget: budget},
+		berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY: {PerPrincipal: PrincipalLimits{MemoryBytes: budget}},
+		berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK:   {PerPrincipal: PrincipalLimits{DiskBytes: budget}},
+	}
 	for _, tc := range []struct {
 		name     string
-		existing map[string]uint64
-		request  uint64
+		of       func(uint64) Held
+		resource []berthv1.CapacityResource
 	}{
-		{"request", map[string]uint64{"a": 100}, 1<<64 - 50},
-		{"records", map[string]uint64{"a": 1<<64 - 10, "b": 20}, 1},
-		{"both", map[string]uint64{"a": 1 << 63}, 1 << 63},
+		{"memory", mem, []berthv1.CapacityResource{berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY}},
+		{"disk", disk, []berthv1.CapacityResource{berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK}},
 	} {
-		usage := func(context.Context) (map[string]uint64, error) { return tc.existing, nil }
-		c := New(Limits{MemoryBudget: 300}, nil, usage)
-		var b *apierr.FleetBusy
-		if _, err := c.AdmitSandbox(ctx, "new", tc.request); !errors.As(err, &b) || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY {
-			t.Errorf("%s: admitSandbox(%d) with %v promised = %v, want FLEET_BUSY for memory", tc.name, tc.request, tc.existing, err)
+		for _, r := range tc.resource {
+			for _, sums := range []struct {
+				name     string
+				existing map[string]uint64
+				request  uint64
+			}{
+				{"request", map[string]uint64{"a": 100}, 1<<64 - 50},
+				{"records", map[string]uint64{"a": 1<<64 - 10, "b": 20}, 1},
+				{"both", map[string]uint64{"a": 1 << 63}, 1 << 63},
+			} {
+				existing := map[string]Held{}
+				for id, b := range sums.existing {
+					existing[id] = tc.of(b)
+				}
+				c := New(limits[r], nil, func(context.Context) (map[string]Held, error) { return existing, nil })
+				var b *apierr.FleetBusy
+				if _, err := c.AdmitSandbox(ctx, "new", tc.of(sums.request)); !errors.As(err, &b) || b.Resource != r {
+					t.Errorf("%s %s: AdmitSandbox(%d) with %v held = %v, want FLEET_BUSY for %v", tc.name, sums.name, sums.request, sums.existing, err, r)
+				}
+			}
 		}
 	}
+}
+
+// TestAdmitSandboxDisk sums disk quotas against the disk budget (the btrfs
+// pool's size): two quotas that fill the pool leave no room for a third,
+// and one larger than the pool is refused on an empty server.
+func TestAdmitSandboxDisk(t *testing.T) {
+	ctx := context.Background()
+	const gib = 1 << 30
+	existing := map[string]Held{"a": {Owner: "p", DiskBytes: 10 * gib}, "pooled": {Pooled: true, DiskBytes: 5 * gib}, "none": {Owner: "q"}}
+	c := New(Limits{DiskBudget: 20 * gib}, nil, func(context.Context) (map[string]Held, error) { return existing, nil })
+	var b *apierr.FleetBusy
+	if _, err := c.AdmitSandbox(ctx, "big", Held{Owner: "q", DiskBytes: 30 * gib}); !errors.As(err, &b) ||
+		b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_DISK || b.Limit != 20*gib || b.InUse != 15*gib || b.Requested != 30*gib || b.Principal != "" {
+		t.Errorf("30 GiB on a 20 GiB pool = %v (%+v), want DISK limit 20 GiB in use 15 GiB requested 30 GiB", err, b)
+	}
+	release, err := c.AdmitSandbox(ctx, "fits", Held{Owner: "q", DiskBytes: 5 * gib})
+	if err != nil {
+		t.Fatalf("5 GiB with 15 GiB of 20 promised: %v", err)
+	}
+	// "fits" is pending: the pool is promised in full until it is released.
+	if _, err := c.AdmitSandbox(ctx, "one-more", Held{Owner: "q", DiskBytes: 1}); !errors.As(err, &b) || b.InUse != 20*gib {
+		t.Errorf("a byte more while fits is pending = %v, want DISK in use 20 GiB", err)
+	}
+	// No quota is not counted against the budget.
+	if r, err := c.AdmitSandbox(ctx, "no-quota", Held{Owner: "q"}); err != nil {
+		t.Errorf("a sandbox without a disk quota: %v", err)
+	} else {
+		r()
+	}
+	release()
+	if r, err := c.AdmitSandbox(ctx, "one-more", Held{Owner: "q", DiskBytes: 5 * gib}); err != nil {
+		t.Errorf("5 GiB after fits released: %v", err)
+	} else {
+		r()
+	}
+	u, err := c.Usage(ctx, map[string]Held{"creating": {DiskBytes: gib}, "a": {DiskBytes: 99 * gib}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.DiskBytes != 16*gib || u.DiskBudget != 20*gib || u.Sandboxes != 4 {
+		t.Errorf("Usage = %+v, want 4 sandboxes holding 16 GiB of a 20 GiB disk budget", u)
+	}
+}
+
+// TestAdmitSandboxPerPrincipal caps each principal's sandboxes, memory and
+// disk on its own: one principal at its cap is refused, naming itself,
+// while another still creates; unclaimed warm-pool members count for no
+// one, and a claim counts for the claimant.
+func TestAdmitSandboxPerPrincipal(t *testing.T) {
+	ctx := context.Background()
+	existing := map[string]Held{
+		"a1":     {Owner: "alice", MemoryBytes: 100, DiskBytes: 1000},
+		"a2":     {Owner: "alice", MemoryBytes: 100, DiskBytes: 1000},
+		"b1":     {Owner: "bob", MemoryBytes: 100, DiskBytes: 1000},
+		"pool-1": {Pooled: true, MemoryBytes: 100, DiskBytes: 1000},
+		"pool-2": {Pooled: true, MemoryBytes: 100, DiskBytes: 1000},
+	}
+	usage := func(context.Context) (map[string]Held, error) { return existing, nil }
+	for _, tc := range []struct {
+		name   string
+		limits PrincipalLimits
+		want   Held // alice's next sandbox, refused
+		// resource, limit, in use and requested of the refusal
+		resource                berthv1.CapacityResource
+		limit, inUse, requested uint64
+	}{
+		{"sandboxes", PrincipalLimits{MaxSandboxes: 2}, Held{}, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES, 2, 2, 1},
+		{"memory", PrincipalLimits{MemoryBytes: 250}, Held{MemoryBytes: 51}, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY, 250, 200, 51},
+		{"disk", PrincipalLimits{DiskBytes: 2500}, Held{DiskBytes: 501}, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK, 2500, 2000, 501},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(Limits{PerPrincipal: tc.limits}, nil, usage)
+			alice := tc.want
+			alice.Owner = "alice"
+			var b *apierr.FleetBusy
+			if _, err := c.AdmitSandbox(ctx, "a3", alice); !errors.As(err, &b) || b.Resource != tc.resource || b.Principal != "alice" ||
+				b.Limit != tc.limit || b.InUse != tc.inUse || b.Requested != tc.requested || b.SandboxID != "a3" {
+				t.Errorf("alice's a3 = %v (%+v), want %v of alice limit %d in use %d requested %d", err, b, tc.resource, tc.limit, tc.inUse, tc.requested)
+			}
+			if b != nil && !strings.Contains(b.Error(), `"alice"`) {
+				t.Errorf("refusal %q does not name the principal", b.Error())
+			}
+			bob := tc.want
+			bob.Owner = "bob"
+			rb, err := c.AdmitSandbox(ctx, "b2", bob)
+			if err != nil {
+				t.Fatalf("bob's b2 beside alice at her cap: %v", err)
+			}
+			defer rb()
+			// The warm pool makes members for no one.
+			if r, err := c.AdmitSandbox(ctx, "pool-3", Held{Pooled: true, MemoryBytes: 100, DiskBytes: 1000}); err != nil {
+				t.Errorf("a warm-pool member: %v", err)
+			} else {
+				r()
+			}
+			// Claiming a member counts it for the claimant: alice may not,
+			// carol may, and while carol's claim is pending the member is
+			// hers.
+			if _, err := c.AdmitClaim(ctx, "pool-1", "alice", existing["pool-1"]); !errors.As(err, &b) || b.Principal != "alice" {
+				t.Errorf("alice claims pool-1 = %v, want FLEET_BUSY for alice", err)
+			}
+			rc, err := c.AdmitClaim(ctx, "pool-1", "carol", existing["pool-1"])
+			if err != nil {
+				t.Fatalf("carol claims pool-1: %v", err)
+			}
+			defer rc()
+			u, err := c.Usage(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if u.Sandboxes != 6 || u.MemoryBytes != 500+bob.MemoryBytes || u.DiskBytes != 5000+bob.DiskBytes {
+				t.Errorf("Usage = %+v, want the claim counted once among 6 sandboxes", u)
+			}
+		})
+	}
+	t.Run("no caps asks nothing of a claim", func(t *testing.T) {
+		c := New(Limits{MaxSandboxes: 1}, nil, nil) // a nil usage would panic if called
+		if r, err := c.AdmitClaim(ctx, "pool-1", "alice", Held{}); err != nil {
+			t.Error(err)
+		} else {
+			r()
+		}
+	})
 }

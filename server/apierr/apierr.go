@@ -232,6 +232,9 @@ type FleetBusy struct {
 	InUse      uint64
 	Requested  uint64
 	RetryDelay time.Duration
+	// Principal names the principal whose cap ran out (the
+	// CAPACITY_RESOURCE_PRINCIPAL_* resources); empty for the others.
+	Principal string
 }
 
 func (e *FleetBusy) Error() string {
@@ -247,6 +250,14 @@ func (e *FleetBusy) Error() string {
 		what = fmt.Sprintf("sandboxes are promised %d bytes of memory; %d more would exceed the budget of %d bytes", e.InUse, e.Requested, e.Limit)
 	case berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT:
 		what = fmt.Sprintf("Runs in progress hold %d bytes for their output; this Run's caps of %d bytes would exceed the server's budget of %d bytes", e.InUse, e.Requested, e.Limit)
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_DISK:
+		what = fmt.Sprintf("sandboxes are promised %d bytes of disk; a quota of %d bytes more would exceed the disk budget of %d bytes (the btrfs pool's size times --disk-overcommit)", e.InUse, e.Requested, e.Limit)
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES:
+		what = fmt.Sprintf("principal %q holds %d of at most %d sandboxes", e.Principal, e.InUse, e.Limit)
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY:
+		what = fmt.Sprintf("principal %q's sandboxes are promised %d bytes of memory; %d more would exceed its cap of %d bytes", e.Principal, e.InUse, e.Requested, e.Limit)
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK:
+		what = fmt.Sprintf("principal %q's sandboxes are promised %d bytes of disk; %d more would exceed its cap of %d bytes", e.Principal, e.InUse, e.Requested, e.Limit)
 	}
 	return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, retry after %v", e.SandboxID, what, e.RetryDelay)
 }

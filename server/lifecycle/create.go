@@ -16,6 +16,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/sandboxid"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/admit"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/network"
@@ -207,7 +208,7 @@ func (m *Manager) create(ctx context.Context, spec runtime.SandboxSpec) (Created
 // failure it removes what it created. The caller holds the sandbox's
 // lifecycle lock.
 func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.Sandbox, *agentv1.InfoResponse, error) {
-	admitted, err := m.capacity.AdmitSandbox(ctx, spec.ID, spec.MemoryBytes)
+	admitted, err := m.capacity.AdmitSandbox(ctx, spec.ID, held(spec))
 	if err != nil {
 		return runtime.Sandbox{}, nil, err
 	}
@@ -358,6 +359,18 @@ func (m *Manager) fromPool(ctx context.Context, spec runtime.SandboxSpec) (Creat
 		}
 		return Created{}, false
 	}
+	// The member counts against the server's limits since it was made;
+	// from the claim on it counts for its owner too.
+	admitted, err := m.capacity.AdmitClaim(ctx, id, spec.Owner, held(m.pooledSpec(spec.Image, id)))
+	if err != nil {
+		// The member goes back (or, when a refill took its place, away);
+		// the usual creation is refused the same way.
+		if !m.pool.Adopt(spec.Image, id) {
+			return drop(err)
+		}
+		return Created{}, false
+	}
+	defer admitted()
 	if err := m.claim(ctx, id, spec.Owner); err != nil {
 		return drop(err)
 	}
@@ -378,6 +391,11 @@ func (m *Manager) fromPool(ctx context.Context, spec runtime.SandboxSpec) (Creat
 	m.log.Info("sandbox created from the warm pool", slog.String("sandbox_id", id), slog.String("image", spec.Image),
 		slog.String("agent_boot_id", info.GetBootId()), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))
 	return Created{Sandbox: sb, Info: info, FromPool: true}, true
+}
+
+// held is what a sandbox of spec holds against admission's limits.
+func held(spec runtime.SandboxSpec) admit.Held {
+	return admit.Held{Owner: spec.Owner, Pooled: spec.Pooled, MemoryBytes: spec.MemoryBytes, DiskBytes: spec.DiskBytes}
 }
 
 // createTimeout bounds a sandbox's creation: the runtime's long work

@@ -81,7 +81,7 @@ type store interface {
 	WaitExit(ctx context.Context, id string) (<-chan containerd.ExitStatus, error)
 	MarkExpired(ctx context.Context, id, reason string) error
 	SetHoldUntil(ctx context.Context, id string, until time.Time) error
-	MemoryPromised(ctx context.Context) (map[string]uint64, error)
+	Promised(ctx context.Context) (map[string]runtime.Promise, error)
 	ListImages(ctx context.Context) ([]runtime.Image, error)
 	TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <-chan error)
 	HostDirs() ([]string, error)
@@ -149,8 +149,8 @@ func New(cfg Config, rt store, agents *agentconn.Pool, reach *agentreach.Reacher
 	go func() {
 		defer m.bg.Done()
 		// Journals of sandboxes deleted while berthd was down.
-		if live, err := rt.MemoryPromised(m.bgCtx); err == nil {
-			ids.PruneJournals(live)
+		if live, err := rt.Promised(m.bgCtx); err == nil {
+			ids.PruneJournals(func(id string) bool { _, ok := live[id]; return ok })
 		}
 	}()
 	return m

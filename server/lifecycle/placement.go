@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/berth-sandbox/berth/server/admit"
 	"github.com/berth-sandbox/berth/server/cluster"
 )
 
@@ -55,10 +56,10 @@ var _ cluster.Local = clusterLocal{}
 // creations in progress included) and the memory promised to them as
 // capacity admission does, and the execs running.
 func (l clusterLocal) Usage(ctx context.Context) (cluster.Usage, error) {
-	creating := make(map[string]uint64)
+	creating := make(map[string]admit.Held)
 	l.m.mu.Lock()
 	for id, cr := range l.m.creating {
-		creating[id] = cr.spec.MemoryBytes
+		creating[id] = held(cr.spec)
 	}
 	l.m.mu.Unlock()
 	u, err := l.m.capacity.Usage(ctx, creating)

@@ -49,7 +49,7 @@ type Snapshot struct {
 	// WarmPoolReady is the number of ready warm-pool sandboxes by image.
 	WarmPoolReady map[string]int
 	// Capacity is what is in use of each admission limit (resource:
-	// "sandboxes", "server_execs", "memory_bytes") and the limit (0: none).
+	// "sandboxes", "server_execs", "memory_bytes", "disk_bytes") and the limit (0: none).
 	Capacity []Capacity
 }
 

@@ -10,7 +10,7 @@ import (
 var (
 	sandboxesDesc = prometheus.NewDesc(namespace+"_sandboxes", "Sandboxes by state (starting, running, stopping, stopped; warm-pool members as pooled).", []string{"state"}, nil)
 	warmPoolDesc  = prometheus.NewDesc(namespace+"_warm_pool_ready", "Ready warm-pool sandboxes by image.", []string{"image"}, nil)
-	inUseDesc     = prometheus.NewDesc(namespace+"_capacity_in_use", "What is in use of each admission limit: sandboxes, server_execs (execs running), memory_bytes (memory promised), run_output_bytes (output buffers reserved by Runs in progress).", []string{"resource"}, nil)
+	inUseDesc     = prometheus.NewDesc(namespace+"_capacity_in_use", "What is in use of each admission limit: sandboxes, server_execs (execs running), memory_bytes (memory promised), disk_bytes (disk quotas promised), run_output_bytes (output buffers reserved by Runs in progress).", []string{"resource"}, nil)
 	limitDesc     = prometheus.NewDesc(namespace+"_capacity_limit", "Each admission limit; 0 is none.", []string{"resource"}, nil)
 	scrapeErrDesc = prometheus.NewDesc(namespace+"_state_scrape_error", "1 when the state gauges could not be read at this scrape (see berthd's log), else 0.", nil, nil)
 )

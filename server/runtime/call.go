@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,6 +65,81 @@ type HostError struct {
 func (e *HostError) Error() string { return fmt.Sprintf("%s: %v", e.Op, e.Err) }
 
 func (e *HostError) Unwrap() error { return e.Err }
+
+// PoolFullError says an operation failed because the file system that
+// holds the sandboxes' writable snapshots is full: containerd's snapshotter
+// (preparing or unpacking a snapshot, runc writing into the root)
+// reported ENOSPC or EDQUOT, or berthd's own call did inside the pool (in
+// a sandbox's mounted root, a snapshot it mounted to chown, a quota
+// group). It is the pool's condition, not berthd's state directory's, nor
+// a caller's mistake: server/status answers RESOURCE_EXHAUSTED NO_SPACE
+// naming the pool (issue 21).
+type PoolFullError struct {
+	// Pool names the file system: "the btrfs pool DIR" (the btrfs
+	// snapshotter's root) when disk quotas are on, else "containerd's NAME
+	// snapshotter".
+	Pool string
+	// Op says what berthd was doing, e.g. "create sandbox sb-1".
+	Op string
+	// Changed is true when the operation may have changed containerd's
+	// state before it failed.
+	Changed bool
+	// Err is the failure.
+	Err error
+}
+
+func (e *PoolFullError) Error() string {
+	return fmt.Sprintf("%s: no space left in %s, which holds the sandboxes' file systems: %v", e.Op, e.Pool, e.Err)
+}
+
+func (e *PoolFullError) Unwrap() error { return e.Err }
+
+// errnoTexts are the texts of the errnos of a full file system as
+// containerd's errors carry them: its gRPC boundary keeps only the text of
+// an errno (errdefs has no class for ENOSPC; the client turns the status
+// into an errdefs error of code Unknown), and Go formats an errno with
+// syscall.Errno.Error, so the text is the errno's own. runc's "open
+// .../root/.berth-agent: no space left on device" reaches berthd so.
+var errnoTexts = []string{syscall.ENOSPC.Error(), syscall.EDQUOT.Error()}
+
+// poolFull reports whether err says the pool (see PoolFullError) is full,
+// and names it. An errno of berthd's own call counts when the call was
+// not in berthd's state directory (SERVER_DISK_FULL) or was in a
+// sandbox's root, which is mounted from the pool; without disk quotas
+// berthd touches no pool and only containerd's report counts.
+func (r *Runtime) poolFull(err error) (string, bool) {
+	pool := "containerd's " + r.cfg.Snapshotter + " snapshotter"
+	if r.pool != "" {
+		pool = "the btrfs pool " + r.pool
+	}
+	if errno, ok := HostErrno(err); ok {
+		if r.pool == "" || (errno != syscall.ENOSPC && errno != syscall.EDQUOT) {
+			return "", false
+		}
+		var pe *fs.PathError
+		if errors.As(err, &pe) && r.inStateDir(pe.Path) {
+			return "", false
+		}
+		return pool, true
+	}
+	for _, t := range errnoTexts {
+		if strings.Contains(err.Error(), t) {
+			return pool, true
+		}
+	}
+	return "", false
+}
+
+// inStateDir reports whether path is in berthd's state directory but not
+// in a sandbox's root, which is a mount of its snapshot.
+func (r *Runtime) inStateDir(path string) bool {
+	rel, err := filepath.Rel(r.cfg.StateDir, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") {
+		return false
+	}
+	parts := strings.Split(rel, string(filepath.Separator))
+	return !(len(parts) > 3 && parts[0] == "s" && parts[2] == "root")
+}
 
 // HostErrno returns the errno of err when it is one of a host resource
 // running out (ENOSPC, EDQUOT, EMFILE, ENFILE).
@@ -153,7 +231,8 @@ func (c *call) changes() { c.changed = true }
 
 // end classifies *err: containerd refusing the connection, or a step's
 // budget running out while the caller's context lives, becomes an
-// *UnavailableError; the host's disk or descriptors running out a
+// *UnavailableError; the sandboxes' pool running out of space a
+// *PoolFullError; the host's disk or descriptors running out a
 // *HostError.
 func (c *call) end(err *error) {
 	if *err == nil || c.parent.Err() != nil {
@@ -162,8 +241,13 @@ func (c *call) end(err *error) {
 	var (
 		unavailable *UnavailableError
 		host        *HostError
+		full        *PoolFullError
 	)
-	if errors.As(*err, &unavailable) || errors.As(*err, &host) {
+	if errors.As(*err, &unavailable) || errors.As(*err, &host) || errors.As(*err, &full) {
+		return
+	}
+	if pool, ok := c.r.poolFull(*err); ok {
+		*err = &PoolFullError{Pool: pool, Op: c.op, Changed: c.changed, Err: *err}
 		return
 	}
 	if _, ok := HostErrno(*err); ok {

@@ -56,6 +56,21 @@ func (r *Runtime) openDiskQuota(ctx context.Context) (*qgroup.FS, error) {
 // can, else an error wrapping ErrDiskQuotaUnsupported that says why.
 func (r *Runtime) DiskQuota() error { return r.quotaErr }
 
+// DiskPool returns the btrfs snapshotter's root, whose file system holds
+// every sandbox's writable snapshot and so all disk quotas, and that file
+// system's size in bytes (statfs(2)). It fails with the error of DiskQuota
+// when sandboxes get no disk quotas.
+func (r *Runtime) DiskPool() (root string, sizeBytes uint64, err error) {
+	if r.quota == nil {
+		return "", 0, r.quotaErr
+	}
+	size, err := r.quota.Size()
+	if err != nil {
+		return "", 0, err
+	}
+	return r.quota.Dir(), size, nil
+}
+
 // limitDisk caps the exclusive bytes of sandbox id's writable snapshot and
 // returns once the cap is in force (qgroup.FS.Limit); an accounting the
 // kernel cannot repair in time is ErrDiskQuotaUnsupported.

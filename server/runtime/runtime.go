@@ -207,6 +207,9 @@ type Runtime struct {
 	// there are none.
 	quota    *qgroup.FS
 	quotaErr error
+	// pool is the btrfs snapshotter's root when quota is set: the file
+	// system of every sandbox's writable snapshot (PoolFullError).
+	pool string
 	// idmapErr says why sandboxes get chowned copies of their image
 	// (RootFSChowned) instead of idmapped roots; nil when they do not.
 	idmapErr error
@@ -288,6 +291,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			return nil, err
 		}
 		r.quotaErr = err
+	} else {
+		r.pool = r.quota.Dir()
 	}
 	return r, nil
 }

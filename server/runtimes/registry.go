@@ -366,9 +366,9 @@ func (r *Registry) Forget(sandboxID string) {
 	}
 }
 
-// PruneJournals removes the journals of sandboxes not in keep: sandboxes
-// deleted while berthd was not running.
-func (r *Registry) PruneJournals(keep map[string]uint64) {
+// PruneJournals removes the journals of sandboxes for which live is false:
+// sandboxes deleted while berthd was not running.
+func (r *Registry) PruneJournals(live func(id string) bool) {
 	if r.dir == "" {
 		return
 	}
@@ -383,7 +383,7 @@ func (r *Registry) PruneJournals(keep map[string]uint64) {
 		if !ok || !e.Type().IsRegular() {
 			continue
 		}
-		if _, live := keep[id]; live {
+		if live(id) {
 			continue
 		}
 		if _, seen := r.sandboxes[id]; seen {

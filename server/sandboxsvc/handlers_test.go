@@ -132,12 +132,22 @@ func (f *fakeStore) SetHoldUntil(_ context.Context, id string, until time.Time) 
 	return nil
 }
 
-func (f *fakeStore) MemoryPromised(context.Context) (map[string]uint64, error) {
+func (f *fakeStore) Promised(context.Context) (map[string]runtime.Promise, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := map[string]uint64{}
+	out := map[string]runtime.Promise{}
 	for id, sb := range f.sandboxes {
-		out[id] = sb.MemoryBytes
+		out[id] = runtime.Promise{Owner: sb.Owner, Pooled: sb.Pooled, MemoryBytes: sb.MemoryBytes, DiskBytes: sb.DiskBytes}
+	}
+	return out, nil
+}
+
+// held is what the fake store's sandboxes hold, for admission.
+func (f *fakeStore) held(ctx context.Context) (map[string]admit.Held, error) {
+	promised, _ := f.Promised(ctx)
+	out := map[string]admit.Held{}
+	for id, p := range promised {
+		out[id] = admit.Held(p)
 	}
 	return out, nil
 }
@@ -211,7 +221,7 @@ func newHandlers(t *testing.T) (*Service, *fakeStore) {
 	defaults := runtime.SandboxSpec{PidsLimit: cfg.DefaultPidsLimit, CPUMillis: uint64(cfg.DefaultCPUMillis), MemoryBytes: uint64(cfg.DefaultMemoryBytes),
 		OpenFiles: cfg.DefaultOpenFiles, IdleTimeout: cfg.DefaultIdleTimeout, MaxLifetime: cfg.DefaultMaxLifetime}
 	life := lifecycle.New(lifecycle.Config{AgentReadyTimeout: time.Second, ConnectBudget: time.Second, Defaults: defaults,
-		Network: fakeNetwork{}, Observer: noObserver{}}, st, agents, reach, ids, events, admit.New(admit.Limits{}, nil, st.MemoryPromised), discard)
+		Network: fakeNetwork{}, Observer: noObserver{}}, st, agents, reach, ids, events, admit.New(admit.Limits{}, nil, st.held), discard)
 	t.Cleanup(life.Close)
 	return New(cfg, st, life, reach, discard), st
 }

@@ -93,6 +93,7 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		stale       *apierr.StaleHandle
 		journal     *apierr.Journal
 		storeFull   *runtime.ImageStoreFull
+		poolFull    *runtime.PoolFullError
 	)
 	switch {
 	case errors.As(err, &invalid):
@@ -100,7 +101,7 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 	case errors.As(err, &refused):
 		return rpcstatus.Error(refused.Code, refused.Reason, refused.Message, merge(meta, refused.Meta))
 	case errors.As(err, &busy):
-		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, msg, with(meta, "resource", busy.Resource.String()),
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, msg, merge(meta, map[string]string{"resource": busy.Resource.String(), "principal": busy.Principal}),
 			b.fleetBusy(busy), &errdetails.RetryInfo{RetryDelay: durationProto(busy.RetryDelay)})
 	case errors.As(err, &replaced):
 		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonRuntimeReplaced, msg, with(meta, "exec_id", replaced.ExecID), b.runtimeReplaced(replaced))
@@ -110,6 +111,10 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		b.Log.ErrorContext(ctx, "exec refused: runtime journal write failed", slog.String("sandbox_id", journal.SandboxID), slog.String("exec_id", journal.ExecID), slog.Any("error", journal.Err))
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonJournalUnavailable, msg,
 			with(meta, "admitted", berthv1.Admitted_ADMITTED_NOT_STARTED.String()))
+	case errors.As(err, &poolFull):
+		// Before the dependencies: the errno it carries is the pool's,
+		// not berthd's own directories'.
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonNoSpace, msg, merge(meta, map[string]string{"resource": "sandbox_pool", "pool": poolFull.Pool}))
 	case errors.As(err, &unreachable):
 		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg, with(meta, "cause", unreachable.Cause.String()), b.unreachable(unreachable))
 	case errors.Is(err, apierr.ErrUnreachable):
@@ -310,6 +315,7 @@ func (b *Boundary) fleetBusy(e *apierr.FleetBusy) *berthv1.FleetBusy {
 		RetryDelay:    durationProto(e.RetryDelay),
 		ServerVersion: b.ServerVersion,
 		Admitted:      berthv1.Admitted_ADMITTED_NOT_STARTED,
+		Principal:     e.Principal,
 	}
 }
 

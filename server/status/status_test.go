@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -52,6 +53,11 @@ func TestToStatus(t *testing.T) {
 		{"agent verdict passes", rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonCwdInvalid, "cwd /x: no such directory", nil),
 			codes.FailedPrecondition, rpcstatus.ReasonCwdInvalid, nil, 0},
 		{"unclassified", errors.New("containerd: secret internals"), codes.Internal, rpcstatus.ReasonInternal, nil, 0},
+		// A full pool is the sandboxes' disk, not berthd's (issue 21).
+		{"pool full", &runtime.PoolFullError{Pool: "the btrfs pool /pool", Op: "create sandbox sb", Err: fmt.Errorf("write: %w", syscall.ENOSPC)},
+			codes.ResourceExhausted, rpcstatus.ReasonNoSpace, nil, 0},
+		{"server disk full", &runtime.HostError{Op: "create sandbox sb", Err: fmt.Errorf("write: %w", syscall.ENOSPC)},
+			codes.ResourceExhausted, rpcstatus.ReasonServerDiskFull, &berthv1.DependencyFailure{}, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

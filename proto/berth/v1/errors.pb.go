@@ -106,6 +106,22 @@ const (
 	// of Runs in progress, in bytes: each Run reserves its two output caps
 	// (berthd --run-buffer-bytes).
 	CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT CapacityResource = 5
+	// CAPACITY_RESOURCE_DISK is the disk promised to sandboxes: the sum of
+	// their resources.disk_bytes, in bytes, against the size of the btrfs
+	// pool that holds their quotas times berthd --disk-overcommit.
+	CapacityResource_CAPACITY_RESOURCE_DISK CapacityResource = 6
+	// CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES is the number of sandboxes one
+	// principal holds (berthd --max-sandboxes-per-principal); principal
+	// names it.
+	CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES CapacityResource = 7
+	// CAPACITY_RESOURCE_PRINCIPAL_MEMORY is the memory promised to one
+	// principal's sandboxes, in bytes (berthd
+	// --max-memory-bytes-per-principal); principal names it.
+	CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY CapacityResource = 8
+	// CAPACITY_RESOURCE_PRINCIPAL_DISK is the disk promised to one
+	// principal's sandboxes, in bytes (berthd --max-disk-bytes-per-principal);
+	// principal names it.
+	CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK CapacityResource = 9
 )
 
 // Enum value maps for CapacityResource.
@@ -117,14 +133,22 @@ var (
 		3: "CAPACITY_RESOURCE_SERVER_EXECS",
 		4: "CAPACITY_RESOURCE_MEMORY",
 		5: "CAPACITY_RESOURCE_RUN_OUTPUT",
+		6: "CAPACITY_RESOURCE_DISK",
+		7: "CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES",
+		8: "CAPACITY_RESOURCE_PRINCIPAL_MEMORY",
+		9: "CAPACITY_RESOURCE_PRINCIPAL_DISK",
 	}
 	CapacityResource_value = map[string]int32{
-		"CAPACITY_RESOURCE_UNSPECIFIED":   0,
-		"CAPACITY_RESOURCE_SANDBOXES":     1,
-		"CAPACITY_RESOURCE_SANDBOX_EXECS": 2,
-		"CAPACITY_RESOURCE_SERVER_EXECS":  3,
-		"CAPACITY_RESOURCE_MEMORY":        4,
-		"CAPACITY_RESOURCE_RUN_OUTPUT":    5,
+		"CAPACITY_RESOURCE_UNSPECIFIED":         0,
+		"CAPACITY_RESOURCE_SANDBOXES":           1,
+		"CAPACITY_RESOURCE_SANDBOX_EXECS":       2,
+		"CAPACITY_RESOURCE_SERVER_EXECS":        3,
+		"CAPACITY_RESOURCE_MEMORY":              4,
+		"CAPACITY_RESOURCE_RUN_OUTPUT":          5,
+		"CAPACITY_RESOURCE_DISK":                6,
+		"CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES": 7,
+		"CAPACITY_RESOURCE_PRINCIPAL_MEMORY":    8,
+		"CAPACITY_RESOURCE_PRINCIPAL_DISK":      9,
 	}
 )
 
@@ -453,8 +477,8 @@ type FleetBusy struct {
 	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// resource is the capacity that ran out.
 	Resource CapacityResource `protobuf:"varint,2,opt,name=resource,proto3,enum=berth.v1.CapacityResource" json:"resource,omitempty"`
-	// limit is the configured capacity: a count, or bytes for
-	// CAPACITY_RESOURCE_MEMORY and CAPACITY_RESOURCE_RUN_OUTPUT.
+	// limit is the configured capacity: a count, or bytes for the memory,
+	// disk and run output resources.
 	Limit uint64 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// in_use is what was in use when the request came, in the unit of limit.
 	InUse uint64 `protobuf:"varint,4,opt,name=in_use,json=inUse,proto3" json:"in_use,omitempty"`
@@ -467,7 +491,10 @@ type FleetBusy struct {
 	// server_version is berthd's version.
 	ServerVersion string `protobuf:"bytes,7,opt,name=server_version,json=serverVersion,proto3" json:"server_version,omitempty"`
 	// admitted is ADMITTED_NOT_STARTED.
-	Admitted      Admitted `protobuf:"varint,8,opt,name=admitted,proto3,enum=berth.v1.Admitted" json:"admitted,omitempty"`
+	Admitted Admitted `protobuf:"varint,8,opt,name=admitted,proto3,enum=berth.v1.Admitted" json:"admitted,omitempty"`
+	// principal names the principal whose cap ran out, for the
+	// CAPACITY_RESOURCE_PRINCIPAL_* resources; empty for the others.
+	Principal     string `protobuf:"bytes,9,opt,name=principal,proto3" json:"principal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -556,6 +583,13 @@ func (x *FleetBusy) GetAdmitted() Admitted {
 		return x.Admitted
 	}
 	return Admitted_ADMITTED_UNSPECIFIED
+}
+
+func (x *FleetBusy) GetPrincipal() string {
+	if x != nil {
+		return x.Principal
+	}
+	return ""
 }
 
 // Unreachable says the sandbox's agent did not answer. Unless admitted says
@@ -1098,7 +1132,7 @@ var File_berth_v1_errors_proto protoreflect.FileDescriptor
 
 const file_berth_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x15berth/v1/errors.proto\x12\bberth.v1\x1a\x16berth/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x02\n" +
+	"\x15berth/v1/errors.proto\x12\bberth.v1\x1a\x16berth/v1/sandbox.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xde\x02\n" +
 	"\tFleetBusy\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x126\n" +
@@ -1109,7 +1143,8 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\vretry_delay\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryDelay\x12%\n" +
 	"\x0eserver_version\x18\a \x01(\tR\rserverVersion\x12.\n" +
-	"\badmitted\x18\b \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\"\xd9\x03\n" +
+	"\badmitted\x18\b \x01(\x0e2\x12.berth.v1.AdmittedR\badmitted\x12\x1c\n" +
+	"\tprincipal\x18\t \x01(\tR\tprincipal\"\xd9\x03\n" +
 	"\vUnreachable\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
@@ -1168,14 +1203,18 @@ const file_berth_v1_errors_proto_rawDesc = "" +
 	"\x14ADMITTED_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ADMITTED_NOT_STARTED\x10\x01\x12\x14\n" +
 	"\x10ADMITTED_STARTED\x10\x02\x12\x14\n" +
-	"\x10ADMITTED_UNKNOWN\x10\x03*\xdf\x01\n" +
+	"\x10ADMITTED_UNKNOWN\x10\x03*\xf4\x02\n" +
 	"\x10CapacityResource\x12!\n" +
 	"\x1dCAPACITY_RESOURCE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bCAPACITY_RESOURCE_SANDBOXES\x10\x01\x12#\n" +
 	"\x1fCAPACITY_RESOURCE_SANDBOX_EXECS\x10\x02\x12\"\n" +
 	"\x1eCAPACITY_RESOURCE_SERVER_EXECS\x10\x03\x12\x1c\n" +
 	"\x18CAPACITY_RESOURCE_MEMORY\x10\x04\x12 \n" +
-	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05*\x86\x03\n" +
+	"\x1cCAPACITY_RESOURCE_RUN_OUTPUT\x10\x05\x12\x1a\n" +
+	"\x16CAPACITY_RESOURCE_DISK\x10\x06\x12)\n" +
+	"%CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES\x10\a\x12&\n" +
+	"\"CAPACITY_RESOURCE_PRINCIPAL_MEMORY\x10\b\x12$\n" +
+	" CAPACITY_RESOURCE_PRINCIPAL_DISK\x10\t*\x86\x03\n" +
 	"\x10UnreachableCause\x12!\n" +
 	"\x1dUNREACHABLE_CAUSE_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eUNREACHABLE_CAUSE_TASK_STOPPED\x10\x01\x12$\n" +

@@ -25,6 +25,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/bounds"
 )
 
 // Errors of Open.
@@ -219,6 +221,23 @@ func (fs *FS) limit(qgroupID, maxExcl uint64) error {
 	args := qgroupLimitArgs{qgroupID: qgroupID, flags: limitMaxExcl, maxExcl: maxExcl}
 	return ioctl(fs.dir, iocQgroupLimit, unsafe.Pointer(&args))
 }
+
+// Size returns the size of the file system in bytes as statfs(2) reports
+// it (f_blocks × f_bsize): for btrfs, the bytes of its devices.
+func (fs *FS) Size() (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(fs.dir.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", fs.dir.Name(), err)
+	}
+	size, ok := bounds.Mul(st.Blocks, uint64(st.Bsize))
+	if !ok {
+		return 0, fmt.Errorf("statfs %s: %d blocks of %d bytes do not fit in 64 bits", fs.dir.Name(), st.Blocks, st.Bsize)
+	}
+	return size, nil
+}
+
+// Dir returns the directory FS was opened through.
+func (fs *FS) Dir() string { return fs.dir.Name() }
 
 // Exclusive returns the bytes subvolume subvolID holds that no other
 // subvolume shares, as the kernel accounts them now.

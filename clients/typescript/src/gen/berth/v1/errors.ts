@@ -102,6 +102,30 @@ export enum CapacityResource {
    * (berthd --run-buffer-bytes).
    */
   CAPACITY_RESOURCE_RUN_OUTPUT = 5,
+  /**
+   * CAPACITY_RESOURCE_DISK - CAPACITY_RESOURCE_DISK is the disk promised to sandboxes: the sum of
+   * their resources.disk_bytes, in bytes, against the size of the btrfs
+   * pool that holds their quotas times berthd --disk-overcommit.
+   */
+  CAPACITY_RESOURCE_DISK = 6,
+  /**
+   * CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES - CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES is the number of sandboxes one
+   * principal holds (berthd --max-sandboxes-per-principal); principal
+   * names it.
+   */
+  CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES = 7,
+  /**
+   * CAPACITY_RESOURCE_PRINCIPAL_MEMORY - CAPACITY_RESOURCE_PRINCIPAL_MEMORY is the memory promised to one
+   * principal's sandboxes, in bytes (berthd
+   * --max-memory-bytes-per-principal); principal names it.
+   */
+  CAPACITY_RESOURCE_PRINCIPAL_MEMORY = 8,
+  /**
+   * CAPACITY_RESOURCE_PRINCIPAL_DISK - CAPACITY_RESOURCE_PRINCIPAL_DISK is the disk promised to one
+   * principal's sandboxes, in bytes (berthd --max-disk-bytes-per-principal);
+   * principal names it.
+   */
+  CAPACITY_RESOURCE_PRINCIPAL_DISK = 9,
   UNRECOGNIZED = -1,
 }
 
@@ -125,6 +149,18 @@ export function capacityResourceFromJSON(object: any): CapacityResource {
     case 5:
     case "CAPACITY_RESOURCE_RUN_OUTPUT":
       return CapacityResource.CAPACITY_RESOURCE_RUN_OUTPUT;
+    case 6:
+    case "CAPACITY_RESOURCE_DISK":
+      return CapacityResource.CAPACITY_RESOURCE_DISK;
+    case 7:
+    case "CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES":
+      return CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES;
+    case 8:
+    case "CAPACITY_RESOURCE_PRINCIPAL_MEMORY":
+      return CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_MEMORY;
+    case 9:
+    case "CAPACITY_RESOURCE_PRINCIPAL_DISK":
+      return CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_DISK;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -146,6 +182,14 @@ export function capacityResourceToJSON(object: CapacityResource): string {
       return "CAPACITY_RESOURCE_MEMORY";
     case CapacityResource.CAPACITY_RESOURCE_RUN_OUTPUT:
       return "CAPACITY_RESOURCE_RUN_OUTPUT";
+    case CapacityResource.CAPACITY_RESOURCE_DISK:
+      return "CAPACITY_RESOURCE_DISK";
+    case CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES:
+      return "CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES";
+    case CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_MEMORY:
+      return "CAPACITY_RESOURCE_PRINCIPAL_MEMORY";
+    case CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_DISK:
+      return "CAPACITY_RESOURCE_PRINCIPAL_DISK";
     case CapacityResource.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -479,8 +523,8 @@ export interface FleetBusy {
   /** resource is the capacity that ran out. */
   resource: CapacityResource;
   /**
-   * limit is the configured capacity: a count, or bytes for
-   * CAPACITY_RESOURCE_MEMORY and CAPACITY_RESOURCE_RUN_OUTPUT.
+   * limit is the configured capacity: a count, or bytes for the memory,
+   * disk and run output resources.
    */
   limit: bigint;
   /** in_use is what was in use when the request came, in the unit of limit. */
@@ -499,6 +543,11 @@ export interface FleetBusy {
   serverVersion: string;
   /** admitted is ADMITTED_NOT_STARTED. */
   admitted: Admitted;
+  /**
+   * principal names the principal whose cap ran out, for the
+   * CAPACITY_RESOURCE_PRINCIPAL_* resources; empty for the others.
+   */
+  principal: string;
 }
 
 /**
@@ -702,6 +751,7 @@ function createBaseFleetBusy(): FleetBusy {
     retryDelay: undefined,
     serverVersion: "",
     admitted: 0,
+    principal: "",
   };
 }
 
@@ -739,6 +789,9 @@ export const FleetBusy: MessageFns<FleetBusy> = {
     }
     if (message.admitted !== 0) {
       writer.uint32(64).int32(message.admitted);
+    }
+    if (message.principal !== "") {
+      writer.uint32(74).string(message.principal);
     }
     return writer;
   },
@@ -820,6 +873,14 @@ export const FleetBusy: MessageFns<FleetBusy> = {
             message.admitted = reader.int32() as any;
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.principal = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -854,6 +915,7 @@ export const FleetBusy: MessageFns<FleetBusy> = {
         ? globalThis.String(object.server_version)
         : "",
       admitted: isSet(object.admitted) ? admittedFromJSON(object.admitted) : 0,
+      principal: isSet(object.principal) ? globalThis.String(object.principal) : "",
     };
   },
 
@@ -883,6 +945,9 @@ export const FleetBusy: MessageFns<FleetBusy> = {
     if (message.admitted !== 0) {
       obj.admitted = admittedToJSON(message.admitted);
     }
+    if (message.principal !== "") {
+      obj.principal = message.principal;
+    }
     return obj;
   },
 
@@ -901,6 +966,7 @@ export const FleetBusy: MessageFns<FleetBusy> = {
       : undefined;
     message.serverVersion = object.serverVersion ?? "";
     message.admitted = object.admitted ?? 0;
+    message.principal = object.principal ?? "";
     return message;
   },
 };
