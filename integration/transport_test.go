@@ -91,51 +91,25 @@ func startTransportServer(t *testing.T, name string, flags ...string) *transport
 // rss returns berthd's resident memory in bytes (VmRSS, proc(5)).
 func (s *transportServer) rss(t *testing.T) int64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.p.cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
+	n := s.rssOf()
+	if n == 0 {
+		t.Fatalf("no VmRSS in /proc/%d/status", s.p.cmd.Process.Pid)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatalf("VmRSS %q: %v", v, err)
-			}
-			return kb << 10
-		}
-	}
-	t.Fatalf("no VmRSS in /proc/%d/status", s.p.cmd.Process.Pid)
-	return 0
+	return n
 }
 
-// served checks that a well-behaved caller is served on both listeners:
-// root on the unix socket, alice by token over TLS.
+// served checks that a well-behaved caller is served on both listeners
+// (serveOnce).
 func (s *transportServer) served(t *testing.T, when string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	for _, c := range []struct {
-		name string
-		addr string
-		opts []client.Option
-	}{
-		{"unix socket", "unix://" + s.e.sock, nil},
-		{"TLS", s.tcpAddr, []client.Option{client.WithTLS(s.trust), client.WithToken(aliceToken)}},
-	} {
-		start := time.Now()
-		cl, err := client.Dial(ctx, c.addr, c.opts...)
-		if err != nil {
-			t.Errorf("%s: dial %s: %v", when, c.name, err)
-			continue
-		}
-		_, err = cl.ListImages(ctx)
-		cl.Close()
-		if err != nil {
-			t.Errorf("%s: ListImages on the %s = %v, want served", when, c.name, err)
-		} else {
-			t.Logf("%s: ListImages on the %s served in %v", when, c.name, time.Since(start).Round(time.Millisecond))
-		}
+	d, err := s.serveOnce(ctx)
+	if err != nil {
+		t.Errorf("%s: %v, want served", when, err)
+		return
 	}
+	t.Logf("%s: ListImages served on the unix socket and over TLS, the slower in %v", when, d.Round(time.Millisecond))
 }
 
 // serveOnce makes one well-behaved call on each listener (root on the unix
@@ -232,7 +206,7 @@ func (w *attackWatch) wait(t *testing.T, during string) {
 	}
 }
 
-// rssOf is rss without a test: 0 when berthd's status cannot be read.
+// rssOf is berthd's VmRSS in bytes, 0 when its status cannot be read.
 func (s *transportServer) rssOf() int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.p.cmd.Process.Pid))
 	if err != nil {
