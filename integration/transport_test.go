@@ -31,6 +31,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/testcerts"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
@@ -41,11 +42,18 @@ import (
 // never given back), stated in the README and docs/security.md:
 // transportRSSBound at any time during an attack (5,000 half-open
 // connections held are the most), and transportRSSIdle within
-// transportSettle of the attack's end.
+// transportSettle of the attack's end. Runs in progress hold their output
+// beyond that: up to runBufferFactor times --run-buffer-bytes (TestRunOverflow).
 const (
 	transportRSSBound = 400 << 20
 	transportRSSIdle  = 96 << 20
 	transportSettle   = 5 * time.Second
+	// runBufferFactor: a Run's output buffer grows by doubling (the
+	// copies it leaves are garbage until a collection) and is copied
+	// again when its response is marshalled: 3 times its caps (measured
+	// 384 MiB over the baseline for --run-buffer-bytes 128 MiB), and one
+	// more for slack.
+	runBufferFactor = 4
 )
 
 // transportServer is a berthd binary serving a unix socket that every uid
@@ -143,7 +151,8 @@ func (s *transportServer) serveOnce(ctx context.Context) (time.Duration, error) 
 // attackWatch is what a normal caller and berthd's RSS did during an
 // attack: watch starts it, wait reads it.
 type attackWatch struct {
-	done chan struct{}
+	done  chan struct{}
+	bound int64 // the most RSS allowed during the attack: transportRSSBound unless set before wait
 
 	// Set by the watching goroutine; read after done is closed.
 	served  int           // rounds of serveOnce that succeeded
@@ -157,7 +166,7 @@ type attackWatch struct {
 // (serveOnce, each call bounded by 10 s), round after round, starting each
 // round only while the attack goes on (until attackEnded is closed).
 func (s *transportServer) watch(attackEnded <-chan struct{}) *attackWatch {
-	w := &attackWatch{done: make(chan struct{})}
+	w := &attackWatch{done: make(chan struct{}), bound: transportRSSBound}
 	go func() {
 		defer close(w.done)
 		defer func() { w.peak = max(w.peak, s.rssOf()) }()
@@ -194,15 +203,15 @@ func (w *attackWatch) wait(t *testing.T, during string) {
 	t.Helper()
 	<-w.done
 	t.Logf("during %s: a normal caller served %d times (slowest %v), %d failed; berthd's peak RSS %d MiB over %d samples (bound %d MiB)",
-		during, w.served, w.slowest.Round(time.Millisecond), len(w.failed), w.peak>>20, w.samples, transportRSSBound>>20)
+		during, w.served, w.slowest.Round(time.Millisecond), len(w.failed), w.peak>>20, w.samples, w.bound>>20)
 	if w.served == 0 {
 		t.Errorf("during %s: a normal caller was never served, want served throughout", during)
 	}
 	for _, f := range w.failed {
 		t.Errorf("during %s: a normal caller's round failed: %s", during, f)
 	}
-	if w.peak > transportRSSBound {
-		t.Errorf("during %s: berthd's RSS reached %d MiB, want under %d MiB", during, w.peak>>20, transportRSSBound>>20)
+	if w.peak > w.bound {
+		t.Errorf("during %s: berthd's RSS reached %d MiB, want under %d MiB", during, w.peak>>20, w.bound>>20)
 	}
 }
 
@@ -620,6 +629,70 @@ func TestHalfOpenConnections(t *testing.T) {
 	}
 	s.settles(t, "the half-open connections", w.peak)
 	s.served(t, "after the half-open connections")
+}
+
+// TestRunOverflow is issue 21's Run overflow attempt against the berthd
+// binary: 12 Runs at once, each asking for 63 MiB of stdout and 1 MiB of
+// stderr and writing 63 MiB, with --run-buffer-bytes 128 MiB. Two fit the
+// budget at a time, the others fail FLEET_BUSY at once; a normal caller is
+// served throughout, berthd's RSS stays under what it was before plus
+// runBufferFactor times the budget and is back under transportRSSIdle
+// within transportSettle.
+func TestRunOverflow(t *testing.T) {
+	need(t)
+	const (
+		runs  = 12
+		out   = 63 << 20
+		caps  = out + 1<<20
+		share = 2 // Runs the budget holds at once
+	)
+	s := startTransportServer(t, "runover", "--run-buffer-bytes", strconv.Itoa(share*caps))
+	s.e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sb, err := s.e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := s.rss(t)
+
+	var (
+		wg          sync.WaitGroup
+		mu          sync.Mutex
+		full, busy  int
+		other       []string
+		attackEnded = make(chan struct{})
+	)
+	wg.Add(runs)
+	go func() { wg.Wait(); close(attackEnded) }()
+	w := s.watch(attackEnded)
+	w.bound = before + runBufferFactor*share*caps
+	for range runs {
+		go func() {
+			defer wg.Done()
+			spec := &berthv1.ProcessSpec{Argv: []string{"head", "-c", strconv.Itoa(out), "/dev/zero"}, StdoutLimitBytes: out, StderrLimitBytes: 1 << 20}
+			resp, err := s.e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sb.GetSandbox().GetId(), Process: spec}, grpc.MaxCallRecvMsgSize(caps+1<<20))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && len(resp.GetStdout()) == out:
+				full++
+			case rpcstatus.Reason(err) == rpcstatus.ReasonFleetBusy:
+				busy++
+			default:
+				other = append(other, fmt.Sprintf("%d bytes of stdout, %v", len(resp.GetStdout()), err))
+			}
+		}()
+	}
+	w.wait(t, "the Run overflow attempt")
+	t.Logf("%d Runs: %d answered with all %d MiB, %d FLEET_BUSY; berthd RSS %d MiB before", runs, full, out>>20, busy, before>>20)
+	for _, o := range other {
+		t.Errorf("a Run ended otherwise: %s, want its whole output or FLEET_BUSY", o)
+	}
+	if full < share {
+		t.Errorf("%d Runs answered whole, want at least the %d the budget holds", full, share)
+	}
+	s.settles(t, "the Run overflow attempt", w.peak)
 }
 
 // TestPprofFlag checks that /debug/pprof, which shows berthd's command line
