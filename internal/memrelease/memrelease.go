@@ -10,8 +10,9 @@
 // not help there: it bounds what the runtime keeps only near the limit.
 // Run watches berthd's resident memory and, while it is above a
 // threshold, collects and returns every free page (debug.FreeOSMemory)
-// when goroutines ended — the end of connections and requests, which is
-// how spikes in a server end — and otherwise with a backoff.
+// every few seconds, and at once when goroutines end — the end of
+// connections and requests, which is how spikes in a server end — never
+// spending more than a tenth of one CPU on it.
 package memrelease
 
 import (
@@ -27,23 +28,30 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultAbove      = 64 << 20
-	DefaultInterval   = time.Second
-	DefaultMaxBackoff = 30 * time.Second
+	DefaultAbove    = 64 << 20
+	DefaultInterval = time.Second
+	DefaultPause    = 2 * time.Second
 )
+
+// cpuShare bounds the time releases take: after one that took d, the next
+// waits at least d/cpuShare (a full collection of a large live heap can
+// take half a second on a busy host): a tenth of one CPU at most.
+const cpuShare = 0.1
 
 // Config configures Run. Zero fields take the defaults named.
 type Config struct {
 	// Above is the resident memory (RSS), in bytes, above which Run
 	// returns what is free (see Usage). Default DefaultAbove.
 	Above uint64
-	// Interval is how often Run reads the runtime's metrics. Default
-	// DefaultInterval.
+	// Interval is how often Run reads RSS and the goroutine count, and
+	// the least time between two releases. Default DefaultInterval.
 	Interval time.Duration
-	// MaxBackoff is the longest Run waits between two releases while RSS
-	// stays above Above and no goroutines end (it is live:
-	// each release costs a full collection). Default DefaultMaxBackoff.
-	MaxBackoff time.Duration
+	// Pause is the time after a release that returned less than an
+	// eighth of RSS (what is held is live: a spike still going on, or a
+	// large working set) before the next, unless goroutines end. It is
+	// how long, at most, memory freed without goroutines ending (a Run's
+	// output buffer) stays with berthd. Default DefaultPause.
+	Pause time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -53,8 +61,8 @@ func (c Config) withDefaults() Config {
 	if c.Interval <= 0 {
 		c.Interval = DefaultInterval
 	}
-	if c.MaxBackoff <= 0 {
-		c.MaxBackoff = DefaultMaxBackoff
+	if c.Pause <= 0 {
+		c.Pause = DefaultPause
 	}
 	return c
 }
@@ -84,18 +92,21 @@ func Usage() (rss uint64, goroutines uint64) {
 	return s[1].Value.Uint64() - s[2].Value.Uint64(), goroutines
 }
 
-// Run releases memory as the package comment says until ctx ends. Each
-// tick in which RSS is above Above it releases when a
-// quarter or more of the goroutines counted at the last release have
-// ended, or when the backoff has passed: Interval after a release that got
-// under Above, doubling up to MaxBackoff after one that did not.
+// Run releases memory as the package comment says until ctx ends. At each
+// Interval while RSS is above Above it releases when a quarter or more of
+// the goroutines counted at the last release have ended, or when the wait
+// after the last release has passed: Interval after one that returned an
+// eighth of RSS or more, Pause after one that returned less, and never
+// less than the last release took divided by cpuShare.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) {
 	cfg = cfg.withDefaults()
 	tick := time.NewTicker(cfg.Interval)
 	defer tick.Stop()
-	backoff := cfg.Interval
-	var last time.Time
-	_, lastG := Usage()
+	var (
+		last     time.Time
+		wait     time.Duration
+		_, lastG = Usage()
+	)
 	for {
 		select {
 		case <-ctx.Done():
@@ -104,22 +115,25 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) {
 		}
 		rss, g := Usage()
 		if rss <= cfg.Above {
-			backoff, lastG = cfg.Interval, g
+			lastG = g
 			continue
 		}
-		if g > lastG*3/4 && time.Since(last) < backoff {
+		since := time.Since(last)
+		ended := g <= lastG*3/4
+		if since < wait && !(ended && since >= cfg.Interval) {
 			continue
 		}
 		start := time.Now()
 		debug.FreeOSMemory()
+		took := time.Since(start)
 		after, _ := Usage()
 		last, lastG = time.Now(), g
-		if after > cfg.Above {
-			backoff = min(2*backoff, cfg.MaxBackoff)
-		} else {
-			backoff = cfg.Interval
+		wait = cfg.Interval
+		if after > rss-rss/8 {
+			wait = cfg.Pause
 		}
+		wait = max(wait, time.Duration(float64(took)/cpuShare))
 		log.Debug("returned free memory to the kernel", slog.Uint64("rss_bytes", rss), slog.Uint64("after_bytes", after),
-			slog.Uint64("goroutines", g), slog.Duration("took", time.Since(start)), slog.Duration("next_within", backoff))
+			slog.Uint64("goroutines", g), slog.Duration("took", took), slog.Duration("next_within", wait))
 	}
 }
