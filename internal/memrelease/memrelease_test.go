@@ -74,3 +74,41 @@ func TestRunReturnsSpike(t *testing.T) {
 		debug.FreeOSMemory()
 	}
 }
+
+// TestRunReturnsBufferWithoutGoroutinesEnding: memory freed while the
+// goroutine count stays the same (a Run's output buffer) goes back within
+// Pause of the release that found it still live.
+func TestRunReturnsBufferWithoutGoroutinesEnding(t *testing.T) {
+	debug.FreeOSMemory()
+	base, _ := Usage()
+	above := base + 48<<20
+	bufs := make([][]byte, 128)
+	for i := range bufs {
+		bufs[i] = make([]byte, 1<<20)
+		for j := range bufs[i] {
+			bufs[i][j] = byte(j)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Run(ctx, Config{Above: above, Interval: 10 * time.Millisecond, Pause: 100 * time.Millisecond}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}()
+	defer func() { cancel(); <-done }()
+	// Let Run find the buffers live at least once: a release that
+	// returns little, after which it waits Pause.
+	time.Sleep(100 * time.Millisecond)
+	runtime.KeepAlive(bufs)
+	bufs = nil
+	start := time.Now()
+	rss, _ := Usage()
+	for rss > above && time.Since(start) < time.Second {
+		time.Sleep(10 * time.Millisecond)
+		rss, _ = Usage()
+	}
+	t.Logf("RSS %d MiB %v after the buffers were let go (base %d MiB)", rss>>20, time.Since(start).Round(time.Millisecond), base>>20)
+	if rss > above {
+		t.Errorf("RSS %d MiB a second after the buffers were let go, want under %d MiB", rss>>20, above>>20)
+	}
+}
