@@ -299,6 +299,7 @@ func main() {
 func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clusterFlags, listens []string, metricsAt string, pprofOn bool, authn *auth.Authenticator, socket socketFlags, transport transportFlags, diskDefaultSet bool) error {
 	ctx, stop := signals(log, authn)
 	defer stop()
+	defer transport.releaseMemory(ctx, log)()
 
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	rt, err := runtime.New(connectCtx, rtCfg)
@@ -389,6 +390,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudget, busyRetryDelay time.Duration, listens []string, authn *auth.Authenticator, socket socketFlags, transport transportFlags) error {
 	ctx, stop := signals(log, authn)
 	defer stop()
+	defer transport.releaseMemory(ctx, log)()
 	fl, err := cf.open(ctx, log, stateDir, connectBudget)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/internal/memrelease"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/connlimit"
 )
@@ -22,6 +24,7 @@ type transportFlags struct {
 	streams     uint
 	maxConns    int
 	maxPerPeer  int
+	memory      memrelease.Config
 }
 
 // Defaults of --max-connections and --max-connections-per-peer. A held
@@ -42,6 +45,7 @@ func (f *transportFlags) register() {
 	flag.DurationVar(&f.cfg.HandshakeTimeout, "handshake-timeout", server.DefaultHandshakeTimeout, "longest a new connection may take for its TLS handshake and HTTP/2 preface")
 	flag.DurationVar(&f.cfg.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call open this long (one that sent half a request too) gets a GOAWAY and is closed 5 s later; clients reconnect when they next call")
 	flag.IntVar(&f.maxConns, "max-connections", defaultMaxConnections, "most connections open at once over all --listen addresses; past it new connections wait in the kernel's backlog; 0: no cap")
+	flag.Uint64Var(&f.memory.Above, "memory-release-above-bytes", memrelease.DefaultAbove, "resident memory (RSS) in `bytes` above which berthd returns its free memory to the kernel within seconds of a spike's end (connections and calls ending); 0: leave it to the Go runtime, which can keep a spike's memory for minutes")
 	flag.IntVar(&f.maxPerPeer, "max-connections-per-peer", defaultMaxConnectionsPerPeer, "most connections one peer (TCP: an IP address, an IPv6 /64; unix socket: a uid) has open at once; past it a new one is closed at once; 0: no cap")
 }
 
@@ -65,6 +69,22 @@ func (f *transportFlags) check() error {
 	}
 	f.cfg.MaxHeaderListBytes, f.cfg.MaxConcurrentStreams = uint32(f.headerBytes), uint32(f.streams)
 	return nil
+}
+
+// releaseMemory returns the memory of spikes to the kernel
+// (internal/memrelease) until ctx ends, unless
+// --memory-release-above-bytes is 0; stop waits for it.
+func (f *transportFlags) releaseMemory(ctx context.Context, log *slog.Logger) (stop func()) {
+	if f.memory.Above == 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		memrelease.Run(ctx, f.memory, log)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // filesHeadroom is the descriptors berthd keeps for other than callers'
