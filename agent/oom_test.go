@@ -95,6 +95,18 @@ func memoryCgroup(t *testing.T, limit int) string {
 	return dir
 }
 
+// startAgentInCgroup starts the agent inside the memory cgroup dir, as in a
+// sandbox with a memory limit: it finds its OOM counter there at start.
+func startAgentInCgroup(t *testing.T, dir string) *testAgent {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "ag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	return startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+}
+
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
@@ -127,13 +139,7 @@ func oomKills(t testing.TB, dir string) int {
 // plain SIGKILL is not, and the agent lives on and runs the next exec.
 func TestOOMKill(t *testing.T) {
 	dir := memoryCgroup(t, 96<<20)
-	sockDir, err := os.MkdirTemp("", "ag")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	// The agent starts inside the cgroup: it finds its counter at start.
-	a := startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+	a := startAgentInCgroup(t, dir)
 	hog := `a=x; while :; do a=$a$a; done`
 	tests := []struct {
 		name       string
@@ -177,12 +183,7 @@ func TestOOMKill(t *testing.T) {
 // it ran, but that kill was the hog's.
 func TestOOMKillAttributedToItsExec(t *testing.T) {
 	dir := memoryCgroup(t, 96<<20)
-	sockDir, err := os.MkdirTemp("", "ag")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	a := startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+	a := startAgentInCgroup(t, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bystander := a.startExec(t, ctx, "bystander", shell(`exec sleep 100`))
@@ -219,12 +220,7 @@ func TestOOMKillAttributedToItsExec(t *testing.T) {
 // both kills in its cgroup.
 func TestStartWhoseLauncherIsOOMKilled(t *testing.T) {
 	dir := memoryCgroup(t, 96<<20)
-	sockDir, err := os.MkdirTemp("", "ag")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	a := startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+	a := startAgentInCgroup(t, dir)
 	if r := a.run(t, execID(t)+"-first", shell(`echo first`)); string(r.stdout) != "first\n" {
 		t.Fatalf("first exec: stdout %q, result %v; want %q", r.stdout, r.result, "first\n")
 	}
@@ -245,7 +241,7 @@ func TestStartWhoseLauncherIsOOMKilled(t *testing.T) {
 	}
 	kills := oomKills(t, dir)
 	hog := exec.Command("sh", "-c", `echo 0 > /proc/self/oom_score_adj && echo $$ > "$0/cgroup.procs" && exec bash -c 'a=x; while :; do a=$a$a; done'`, dir)
-	err = hog.Run()
+	err := hog.Run()
 	var exitErr *exec.ExitError
 	if !errors.As(err, &exitErr) || exitErr.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("memory hog: %v, want killed by SIGKILL (the OOM killer)", err)

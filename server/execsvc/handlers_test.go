@@ -1102,164 +1102,107 @@ func TestListExecs(t *testing.T) {
 // TestExecHangupCallerLostBeforeStarted: a start with
 // hangup_on_disconnect whose caller goes away before the agent's Started
 // still hangs the process up once it runs: the agent gets SignalExec HUP
-// for it. (TestCLIHangup's flake: a berth killed that early left the
-// remote shell running.) The fake agent sends Started only after berthd
-// closed its side of the agent stream, which berthd does when it sees the
-// caller's stream end.
+// for it. The fake agent sends Started only after berthd closed its side of
+// the agent stream, which berthd does when it sees the caller's stream end;
+// in "slow start" it takes three connect budgets more, busy meanwhile (a
+// process spinning stands in for it: agentreach's watch sees it work).
+// berthd used to give up one budget after the caller left, even while the
+// agent worked: the process then started with no one to hang it up or
+// count it.
 func TestExecHangupCallerLostBeforeStarted(t *testing.T) {
-	h := newHarness(t, 0)
-	opened, callerGone, hungUp := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	h.agent.exec = func(stream agentv1.AgentService_ExecServer) error {
-		first, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if first.GetAttach() != nil {
-			// berthd follows the exec its caller left to its end, to keep
-			// counting it: it ends with the hangup.
-			select {
-			case <-hungUp:
-				return stream.Send(exited(&berthv1.ExecResult{Signal: "SIGHUP"}))
-			case <-stream.Context().Done():
-				return nil
-			}
-		}
-		close(opened)
-		if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
-			return fmt.Errorf("test agent: after the start got %v, want berthd's close (io.EOF)", err)
-		}
-		close(callerGone)
-		if err := stream.Send(started(first.GetStart().GetExecId(), 77)); err != nil {
-			return err
-		}
-		<-stream.Context().Done() // the exec runs on; berthd ends the stream
-		return nil
-	}
-	signals := make(chan *agentv1.SignalExecRequest, 2)
-	h.agent.signalExec = func(req *agentv1.SignalExecRequest) (*agentv1.SignalExecResponse, error) {
-		signals <- req
-		if req.GetSignal() == "HUP" {
-			close(hungUp)
-		}
-		return &agentv1.SignalExecResponse{State: berthv1.ExecState_EXEC_STATE_RUNNING}, nil
-	}
-	ctx, cancel := context.WithCancel(callContext(t))
-	stream, err := h.client.Exec(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := startMsg(testSandbox, "ex-hangup", echo)
-	start.GetStart().HangupOnDisconnect = true
-	if err := stream.Send(start); err != nil {
-		t.Fatal(err)
-	}
-	// The caller goes away once the agent has the start, before any
-	// answer.
-	select {
-	case <-opened:
-	case <-time.After(callTimeout):
-		t.Fatal("the start never reached the agent")
-	}
-	cancel()
-	select {
-	case <-callerGone:
-	case <-time.After(callTimeout):
-		t.Fatal("berthd never closed the agent stream after the caller left")
-	}
-	select {
-	case req := <-signals:
-		if req.GetExecId() != "ex-hangup" || req.GetSignal() != "HUP" {
-			t.Errorf("agent got SignalExec %v, want HUP to ex-hangup", req)
-		}
-	case <-time.After(callTimeout):
-		t.Fatal("no SignalExec HUP reached the agent after the exec started")
-	}
-}
-
-// TestExecHangupCallerLostDuringSlowStart: as
-// TestExecHangupCallerLostBeforeStarted, with an agent that takes three
-// connect budgets to start the process and is busy meanwhile (a process
-// spinning stands in for it: agentreach's watch sees it work). berthd keeps
-// the agent stream until Started, as long as the agent is busy, and hangs
-// the process up: before, it gave up one budget after the caller left,
-// and the process started with no one to hang it up or count it.
-func TestExecHangupCallerLostDuringSlowStart(t *testing.T) {
 	const budget = 100 * time.Millisecond
-	spinner := exec.Command("sh", "-c", "while :; do :; done")
-	if err := spinner.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { spinner.Process.Kill(); spinner.Wait() })
-	h := newHarnessWith(t, 0, func(h *harness) {
-		h.cfg.ConnectBudget = budget
-		h.reach.watches = agentreach.New(agentreach.Config{ConnectBudget: budget, BusyLimit: callTimeout}, fakeStore{}, h.ids, agentconn.NewPool(nil), slog.New(slog.DiscardHandler))
-		h.reach.watchPID = uint32(spinner.Process.Pid)
-	})
-	opened, cut, hungUp := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	h.agent.exec = func(stream agentv1.AgentService_ExecServer) error {
-		first, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if first.GetAttach() != nil {
-			select {
-			case <-hungUp:
-				return stream.Send(exited(&berthv1.ExecResult{Signal: "SIGHUP"}))
-			case <-stream.Context().Done():
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration // the start's time after the caller left
+	}{
+		{"prompt start", 0},
+		{"slow start", 3 * budget},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessWith(t, 0, func(h *harness) {
+				if tc.delay == 0 {
+					return
+				}
+				spinner := exec.Command("sh", "-c", "while :; do :; done")
+				if err := spinner.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { spinner.Process.Kill(); spinner.Wait() })
+				h.cfg.ConnectBudget = budget
+				h.reach.watches = agentreach.New(agentreach.Config{ConnectBudget: budget, BusyLimit: callTimeout}, fakeStore{}, h.ids, agentconn.NewPool(nil), slog.New(slog.DiscardHandler))
+				h.reach.watchPID = uint32(spinner.Process.Pid)
+			})
+			opened, cut, hungUp := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			h.agent.exec = func(stream agentv1.AgentService_ExecServer) error {
+				first, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				if first.GetAttach() != nil {
+					// berthd follows the exec its caller left to its end,
+					// to keep counting it: it ends with the hangup.
+					select {
+					case <-hungUp:
+						return stream.Send(exited(&berthv1.ExecResult{Signal: "SIGHUP"}))
+					case <-stream.Context().Done():
+						return nil
+					}
+				}
+				close(opened)
+				if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+					return fmt.Errorf("test agent: after the start got %v, want berthd's close (io.EOF)", err)
+				}
+				// The process starts in any case; whether berthd still
+				// listens is the question.
+				select {
+				case <-time.After(tc.delay):
+				case <-stream.Context().Done():
+					close(cut)
+					return nil
+				}
+				if err := stream.Send(started(first.GetStart().GetExecId(), 77)); err != nil {
+					return err
+				}
+				<-stream.Context().Done() // the exec runs on; berthd ends the stream
 				return nil
 			}
-		}
-		close(opened)
-		if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
-			return fmt.Errorf("test agent: after the start got %v, want berthd's close (io.EOF)", err)
-		}
-		// The start takes three budgets (the process starts in any case;
-		// whether berthd still listens is the question).
-		select {
-		case <-time.After(3 * budget):
-		case <-stream.Context().Done():
-			close(cut)
-			return nil
-		}
-		if err := stream.Send(started(first.GetStart().GetExecId(), 77)); err != nil {
-			return err
-		}
-		<-stream.Context().Done()
-		return nil
-	}
-	signals := make(chan *agentv1.SignalExecRequest, 2)
-	h.agent.signalExec = func(req *agentv1.SignalExecRequest) (*agentv1.SignalExecResponse, error) {
-		signals <- req
-		if req.GetSignal() == "HUP" {
-			close(hungUp)
-		}
-		return &agentv1.SignalExecResponse{State: berthv1.ExecState_EXEC_STATE_RUNNING}, nil
-	}
-	ctx, cancel := context.WithCancel(callContext(t))
-	stream, err := h.client.Exec(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	start := startMsg(testSandbox, "ex-slow", echo)
-	start.GetStart().HangupOnDisconnect = true
-	if err := stream.Send(start); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-opened:
-	case <-time.After(callTimeout):
-		t.Fatal("the start never reached the agent")
-	}
-	cancel()
-	select {
-	case req := <-signals:
-		if req.GetExecId() != "ex-slow" || req.GetSignal() != "HUP" {
-			t.Errorf("agent got SignalExec %v, want HUP to ex-slow", req)
-		}
-	case <-cut:
-		t.Fatal("berthd ended the agent stream of a busy agent's start before Started: the process would run on, not hung up")
-	case <-time.After(callTimeout):
-		t.Fatal("no SignalExec HUP reached the agent after the exec started")
+			signals := make(chan *agentv1.SignalExecRequest, 2)
+			h.agent.signalExec = func(req *agentv1.SignalExecRequest) (*agentv1.SignalExecResponse, error) {
+				signals <- req
+				if req.GetSignal() == "HUP" {
+					close(hungUp)
+				}
+				return &agentv1.SignalExecResponse{State: berthv1.ExecState_EXEC_STATE_RUNNING}, nil
+			}
+			ctx, cancel := context.WithCancel(callContext(t))
+			stream, err := h.client.Exec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := startMsg(testSandbox, "ex-hangup", echo)
+			start.GetStart().HangupOnDisconnect = true
+			if err := stream.Send(start); err != nil {
+				t.Fatal(err)
+			}
+			// The caller goes away once the agent has the start, before
+			// any answer.
+			select {
+			case <-opened:
+			case <-time.After(callTimeout):
+				t.Fatal("the start never reached the agent")
+			}
+			cancel()
+			select {
+			case req := <-signals:
+				if req.GetExecId() != "ex-hangup" || req.GetSignal() != "HUP" {
+					t.Errorf("agent got SignalExec %v, want HUP to ex-hangup", req)
+				}
+			case <-cut:
+				t.Fatal("berthd ended the agent stream before Started while the agent worked: the process would run on, not hung up")
+			case <-time.After(callTimeout):
+				t.Fatal("no SignalExec HUP reached the agent after the exec started")
+			}
+		})
 	}
 }
 
