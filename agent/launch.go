@@ -176,10 +176,10 @@ var errLauncherOOMKilled = errors.New("the kernel's OOM killer killed the launch
 // (launcher.ErrNoAnswer: the workload may kill it) is replaced and asked
 // once more, unless it died (launcher.ErrDied, not hung) while the cgroup
 // counted an OOM kill that no exec has taken (oomLedger): the launcher is
-// then taken for its victim, and the error wraps errLauncherOOMKilled. No second launcher is started
-// into a sandbox that has just run out of memory: in a 64 MiB sandbox it
-// died too (issue 21), and starting it would have the OOM killer kill a
-// workload process to make room for it.
+// then taken for its victim, and the error wraps errLauncherOOMKilled. No
+// second launcher is started into a sandbox that has just run out of
+// memory: in a 64 MiB sandbox it died too (issue 21), and starting it
+// would have the OOM killer kill a workload process to make room for it.
 func (s *Server) startProcess(l *launcher.Launcher, req *launcher.Request) (int, error) {
 	for attempt := 0; ; attempt++ {
 		before, known := s.oom.count()
