@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -187,5 +188,52 @@ func TestFilesUploadCanceled(t *testing.T) {
 		if got != want {
 			t.Errorf("after the canceled upload to %s: %q, want %q", into, got, want)
 		}
+	}
+}
+
+// TestFilesStagingAfterAgentCrash kills the sandbox's agent (SIGKILL) in
+// the middle of an upload: its staging directory stays in the sandbox's
+// disk. The agent of the new task removes it before it serves (it recorded
+// it in /.berth-run), and leaves the workload's own directory of the same
+// name pattern.
+func TestFilesStagingAfterAgentCrash(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	id := sb.GetId()
+	c := dialClient(t, env.berthdAddr)
+	if r := run(t, id, "sh", "-c", "mkdir -p /workspace/up/.berth-upload-0123456789ab && echo keep > /workspace/up/old"); r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("setup: %s", r.GetStderr())
+	}
+	src := filepath.Join(t.TempDir(), "tree")
+	treetest.Make(t, src, treetest.Options{NoDevice: true})
+	archive := treetest.Run(t, src, nil, "tar", "-cf", "-", ".")
+	ctx, cancel := context.WithCancel(fileCtx(t))
+	defer cancel()
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go func() {
+		pw.Write(archive[:len(archive)/2]) // then the writer stalls
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Upload(ctx, id, "/workspace/up", pr)
+		done <- err
+	}()
+	var staging string
+	for deadline := time.Now().Add(20 * time.Second); staging == ""; time.Sleep(20 * time.Millisecond) {
+		r := run(t, id, "sh", "-c", "ls -d /workspace/up/.berth-upload-*/venv 2>/dev/null")
+		staging = strings.TrimSuffix(strings.TrimSpace(string(r.GetStdout())), "/venv")
+		if staging == "" && time.Now().After(deadline) {
+			t.Fatal("no staging directory appeared for the upload")
+		}
+	}
+	signalAgent(t, sb.GetRuntime().GetTaskPid(), syscall.SIGKILL)
+	if err := <-done; err == nil {
+		t.Fatal("the upload whose agent was killed succeeded")
+	}
+	waitRuntime(t, c, id, sb.GetRuntime().GetAgentBootId())
+	want := ".berth-upload-0123456789ab\nold\n"
+	if got := string(run(t, id, "ls", "-A", "/workspace/up").GetStdout()); got != want {
+		t.Errorf("after the agent's restart: %q, want %q (staging directory %s removed, the workload's own kept)", got, want, staging)
 	}
 }
