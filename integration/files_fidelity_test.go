@@ -145,20 +145,10 @@ func TestFilesUploadCanceled(t *testing.T) {
 	if r := run(t, id, "sh", "-c", "mkdir -p /workspace/up && echo keep > /workspace/up/old"); r.GetResult().GetExitCode() != 0 {
 		t.Fatalf("setup: %s", r.GetStderr())
 	}
-	src := filepath.Join(t.TempDir(), "tree")
-	treetest.Make(t, src, treetest.Options{NoDevice: true})
-	archive := treetest.Run(t, src, nil, "tar", "-cf", "-", ".")
+	archive := treeArchive(t)
 	for _, into := range []string{"/workspace/up", "/workspace/new/deeper"} {
 		ctx, cancel := context.WithCancel(fileCtx(t))
-		pr, pw := io.Pipe()
-		go func() {
-			pw.Write(archive[:len(archive)/2]) // then the writer stalls
-		}()
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.Upload(ctx, id, into, pr)
-			done <- err
-		}()
+		done, pw := stalledUpload(ctx, c, id, into, archive)
 		// Wait until the sandbox holds a staging directory with content.
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			r := run(t, id, "sh", "-c", "ls -d /workspace/up/.berth-upload-*/venv /workspace/.berth-upload-*/deeper/venv 2>/dev/null")
@@ -204,21 +194,10 @@ func TestFilesStagingAfterAgentCrash(t *testing.T) {
 	if r := run(t, id, "sh", "-c", "mkdir -p /workspace/up/.berth-upload-0123456789ab && echo keep > /workspace/up/old"); r.GetResult().GetExitCode() != 0 {
 		t.Fatalf("setup: %s", r.GetStderr())
 	}
-	src := filepath.Join(t.TempDir(), "tree")
-	treetest.Make(t, src, treetest.Options{NoDevice: true})
-	archive := treetest.Run(t, src, nil, "tar", "-cf", "-", ".")
 	ctx, cancel := context.WithCancel(fileCtx(t))
 	defer cancel()
-	pr, pw := io.Pipe()
+	done, pw := stalledUpload(ctx, c, id, "/workspace/up", treeArchive(t))
 	defer pw.Close()
-	go func() {
-		pw.Write(archive[:len(archive)/2]) // then the writer stalls
-	}()
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.Upload(ctx, id, "/workspace/up", pr)
-		done <- err
-	}()
 	var staging string
 	for deadline := time.Now().Add(20 * time.Second); staging == ""; time.Sleep(20 * time.Millisecond) {
 		r := run(t, id, "sh", "-c", "ls -d /workspace/up/.berth-upload-*/venv 2>/dev/null")
@@ -236,4 +215,29 @@ func TestFilesStagingAfterAgentCrash(t *testing.T) {
 	if got := string(run(t, id, "ls", "-A", "/workspace/up").GetStdout()); got != want {
 		t.Errorf("after the agent's restart: %q, want %q (staging directory %s removed, the workload's own kept)", got, want, staging)
 	}
+}
+
+// treeArchive returns a tar archive of a test tree (treetest, no device
+// nodes), large enough that half of it leaves an upload mid-extraction.
+func treeArchive(t *testing.T) []byte {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "tree")
+	treetest.Make(t, src, treetest.Options{NoDevice: true})
+	return treetest.Run(t, src, nil, "tar", "-cf", "-", ".")
+}
+
+// stalledUpload uploads the first half of archive into dir of sandbox id
+// and then stalls: the agent waits for the rest, its staging directory
+// made. The upload's error arrives on the channel; pw ends the stall.
+func stalledUpload(ctx context.Context, c *client.Client, id, dir string, archive []byte) (<-chan error, *io.PipeWriter) {
+	pr, pw := io.Pipe()
+	go func() {
+		pw.Write(archive[:len(archive)/2]) // then the writer stalls
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Upload(ctx, id, dir, pr)
+		done <- err
+	}()
+	return done, pw
 }
