@@ -376,7 +376,10 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	// berthd may ping idle connections to detect a dead sandbox early.
 	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
 	agentv1.RegisterAgentServiceServer(gs, s)
-	agentv1.RegisterFileServiceServer(gs, s.fileService(l.Addr()))
+	fileSvc := s.fileService(l.Addr())
+	// Before the first upload: what a crashed agent left is not in use.
+	fileSvc.RemoveStaleStaging()
+	agentv1.RegisterFileServiceServer(gs, fileSvc)
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(l) }()
 	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,

@@ -33,7 +33,9 @@ const (
 // a shell would. Errors mean nothing ran and the caller must forget e:
 // RESOURCE_EXHAUSTED with the limit's reason when the process could not be
 // forked or its pipes made (PIDS_LIMIT_REACHED for EAGAIN,
-// MEMORY_LIMIT_REACHED, DESCRIPTOR_LIMIT_REACHED), INTERNAL otherwise. With
+// MEMORY_LIMIT_REACHED, DESCRIPTOR_LIMIT_REACHED) or its launcher was
+// OOM-killed (MEMORY_LIMIT_REACHED, see startProcess), INTERNAL otherwise
+// (a launcher that died twice is named in the message). With
 // follow it also returns a reader attached to the exec's output from
 // before the process starts. The caller does not hold s.mu; starts take
 // s.starting, one at a time, so that a burst of starts holds the
@@ -139,13 +141,17 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 	// workload's OOM score and descriptor limit and as p's user (package
 	// launcher).
 	l := s.launcherFor(p.uid, p.gid)
-	pid, exited, err := s.sup.start(func() (int, error) { return l.Start(req) })
+	pid, exited, err := s.sup.start(func() (int, error) { return s.startProcess(l, req) })
 	var execErr *launcher.ExecError
 	switch {
 	case errors.As(err, &execErr):
 		// It failed in the child, at execve(2): nothing of it ran.
 		s.cannotRun(e, p, stderr, execErr.Errno)
 		return r, nil
+	case errors.Is(err, errLauncherOOMKilled):
+		return nil, rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonMemoryLimit,
+			fmt.Sprintf("exec %s: the process could not be started: the sandbox is out of memory (%v)", id, err),
+			map[string]string{"exec_id": id, "limit": "memory"})
 	case err != nil:
 		return nil, internal("start the process", err)
 	}
@@ -160,6 +166,34 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 	s.execWG.Add(1)
 	go s.supervise(e, exited, start, p.timeout, pumps)
 	return r, nil
+}
+
+// errLauncherOOMKilled is wrapped by startProcess's error when the
+// launcher died while the sandbox's OOM killer struck.
+var errLauncherOOMKilled = errors.New("the kernel's OOM killer killed the launcher starting it")
+
+// startProcess starts req from l. A launcher that gave no answer
+// (launcher.ErrNoAnswer: the workload may kill it) is replaced and asked
+// once more, unless it died (launcher.ErrDied, not hung) while the cgroup
+// counted an OOM kill that no exec has taken (oomLedger): the launcher is
+// then taken for its victim, and the error wraps errLauncherOOMKilled. No
+// second launcher is started into a sandbox that has just run out of
+// memory: in a 64 MiB sandbox it died too (issue 21), and starting it
+// would have the OOM killer kill a workload process to make room for it.
+func (s *Server) startProcess(l *launcher.Launcher, req *launcher.Request) (int, error) {
+	for attempt := 0; ; attempt++ {
+		before, known := s.oom.count()
+		pid, err := l.Start(req)
+		if !errors.Is(err, launcher.ErrNoAnswer) {
+			return pid, err
+		}
+		if after, ok := s.oom.count(); errors.Is(err, launcher.ErrDied) && known && ok && after > before && s.ooms.claim(before, after) {
+			return 0, fmt.Errorf("%w: %w", errLauncherOOMKilled, err)
+		}
+		if attempt > 0 {
+			return 0, err
+		}
+	}
 }
 
 // cannotRun finishes e without a process: exit code 127 when the program

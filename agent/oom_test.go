@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,7 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/internal/agentbin"
 	"github.com/berth-sandbox/berth/internal/e2e"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -88,6 +95,18 @@ func memoryCgroup(t *testing.T, limit int) string {
 	return dir
 }
 
+// startAgentInCgroup starts the agent inside the memory cgroup dir, as in a
+// sandbox with a memory limit: it finds its OOM counter there at start.
+func startAgentInCgroup(t *testing.T, dir string) *testAgent {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "ag")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	return startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+}
+
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
@@ -120,13 +139,7 @@ func oomKills(t testing.TB, dir string) int {
 // plain SIGKILL is not, and the agent lives on and runs the next exec.
 func TestOOMKill(t *testing.T) {
 	dir := memoryCgroup(t, 96<<20)
-	sockDir, err := os.MkdirTemp("", "ag")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	// The agent starts inside the cgroup: it finds its counter at start.
-	a := startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+	a := startAgentInCgroup(t, dir)
 	hog := `a=x; while :; do a=$a$a; done`
 	tests := []struct {
 		name       string
@@ -170,12 +183,7 @@ func TestOOMKill(t *testing.T) {
 // it ran, but that kill was the hog's.
 func TestOOMKillAttributedToItsExec(t *testing.T) {
 	dir := memoryCgroup(t, 96<<20)
-	sockDir, err := os.MkdirTemp("", "ag")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(sockDir) })
-	a := startAgentCmd(t, sockDir, []string{"sh", "-c", `echo $$ > "$0/cgroup.procs" && exec "$@"`, dir})
+	a := startAgentInCgroup(t, dir)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	bystander := a.startExec(t, ctx, "bystander", shell(`exec sleep 100`))
@@ -193,5 +201,97 @@ func TestOOMKillAttributedToItsExec(t *testing.T) {
 	r := collect(t, bystander, &execRun{started: resp.GetStarted()})
 	if r.result.GetOomKilled() || r.result.GetSignal() != "SIGKILL" {
 		t.Errorf("bystander result = %v, want killed by SIGKILL and not oom_killed: the OOM kill was the hog's", r.result)
+	}
+}
+
+// TestStartWhoseLauncherIsOOMKilled has the kernel's OOM killer kill the
+// launcher while it holds a start: the start fails with RESOURCE_EXHAUSTED
+// MEMORY_LIMIT_REACHED saying the sandbox is out of memory, not INTERNAL
+// "launcher: EOF" (issue 21, seen in a 64 MiB sandbox), and the next start
+// runs from a new launcher.
+//
+// The kill is real and certain to strike the launcher mid-request: the
+// launcher is stopped (SIGSTOP) before the start reaches it; once the
+// request waits in its socket its oom_score_adj is set to 1000 (as while it
+// forks) and a memory hog at 0 fills the agent's 96 MiB cgroup. The OOM
+// killer picks the launcher first (at 1000 its badness exceeds the
+// cgroup's limit in pages, more than any process at 0 can hold), then the
+// hog (at the agent's score, with many times its memory); the agent reads
+// both kills in its cgroup.
+func TestStartWhoseLauncherIsOOMKilled(t *testing.T) {
+	dir := memoryCgroup(t, 96<<20)
+	a := startAgentInCgroup(t, dir)
+	if r := a.run(t, execID(t)+"-first", shell(`echo first`)); string(r.stdout) != "first\n" {
+		t.Fatalf("first exec: stdout %q, result %v; want %q", r.stdout, r.result, "first\n")
+	}
+	lp := agentbin.LauncherPID(a.pid)
+	if lp == 0 {
+		t.Fatal("no launcher among the agent's children")
+	}
+	if err := syscall.Kill(lp, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stream := a.startExec(t, ctx, execID(t), shell(`echo started`))
+	waitForRequest(t, lp)
+
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", lp), []byte("1000"), 0); err != nil {
+		t.Fatal(err)
+	}
+	kills := oomKills(t, dir)
+	hog := exec.Command("sh", "-c", `echo 0 > /proc/self/oom_score_adj && echo $$ > "$0/cgroup.procs" && exec bash -c 'a=x; while :; do a=$a$a; done'`, dir)
+	err := hog.Run()
+	var exitErr *exec.ExitError
+	if !errors.As(err, &exitErr) || exitErr.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("memory hog: %v, want killed by SIGKILL (the OOM killer)", err)
+	}
+	resp, err := stream.Recv()
+	if err == nil {
+		t.Fatalf("start whose launcher was OOM-killed: got %v, want RESOURCE_EXHAUSTED %s", resp, rpcstatus.ReasonMemoryLimit)
+	}
+	if status.Code(err) != codes.ResourceExhausted || rpcstatus.Reason(err) != rpcstatus.ReasonMemoryLimit ||
+		!strings.Contains(status.Convert(err).Message(), "sandbox is out of memory") {
+		t.Errorf("start whose launcher was OOM-killed: %v, want RESOURCE_EXHAUSTED %s saying the sandbox is out of memory", err, rpcstatus.ReasonMemoryLimit)
+	}
+	if got := oomKills(t, dir); got != kills+2 {
+		t.Errorf("OOM kills in the agent's cgroup = %d, want %d: the launcher and the hog", got, kills+2)
+	}
+	if r := a.run(t, execID(t)+"-after", shell(`echo after`)); string(r.stdout) != "after\n" {
+		t.Errorf("exec after the launcher's OOM kill: stdout %q, result %v; want %q", r.stdout, r.result, "after\n")
+	}
+	if next := agentbin.LauncherPID(a.pid); next == 0 || next == lp {
+		t.Errorf("launcher pid after the OOM kill = %d, want a new one (was %d)", next, lp)
+	}
+}
+
+// waitForRequest waits until a request waits unread in the socket of the
+// (stopped) launcher lp: it takes a copy of the launcher's descriptor 3
+// (pidfd_getfd(2)) and asks how many bytes are queued (SIOCINQ). The copy
+// is closed at once: held, it would keep the socket open after the
+// launcher died.
+func waitForRequest(t *testing.T, lp int) {
+	t.Helper()
+	pidfd, err := unix.PidfdOpen(lp, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open(%d): %v", lp, err)
+	}
+	defer unix.Close(pidfd)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		fd, err := unix.PidfdGetfd(pidfd, 3, 0)
+		if err != nil {
+			t.Fatalf("pidfd_getfd(launcher %d, 3): %v", lp, err)
+		}
+		n, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
+		unix.Close(fd)
+		switch {
+		case err != nil:
+			t.Fatalf("SIOCINQ on the launcher's socket: %v", err)
+		case n > 0:
+			return
+		case time.Now().After(deadline):
+			t.Fatal("the start's request did not reach the launcher's socket within 10s")
+		}
+		time.Sleep(time.Millisecond) // polls a condition, bounded by deadline
 	}
 }

@@ -198,6 +198,34 @@ func TestCLIHangup(t *testing.T) {
 		cmd.Process.Kill()
 		waitHungUp(t, "killed")
 	})
+	t.Run("berth killed as the exec starts", func(t *testing.T) {
+		// berth is killed as soon as the agent has the exec, before or
+		// about when berthd gets its Started: berthd must still hang it
+		// up once it runs. The SIGHUP may then come before the trap is
+		// set, so no mark is asked for: the shell must end, where it
+		// would otherwise wait for its sleep of 600 s.
+		name := "early"
+		cmd := exec.Command(env.cliBinary, "--addr", env.berthdAddr, "exec", "-t", id, "--", "sh", "-c", script, name)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		state := func() berthv1.ExecState {
+			resp, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range resp.GetExecs() {
+				if strings.Contains(strings.Join(x.GetArgv(), " "), "; sleep 600 & wait "+name) {
+					return x.GetState()
+				}
+			}
+			return berthv1.ExecState_EXEC_STATE_UNSPECIFIED
+		}
+		waitFor(t, name+": the exec in the agent", func() bool { return state() != berthv1.ExecState_EXEC_STATE_UNSPECIFIED })
+		cmd.Process.Kill()
+		waitFor(t, name+": the remote shell's end", func() bool { return state() == berthv1.ExecState_EXEC_STATE_EXITED })
+	})
 	t.Run("berth killed while output flows", func(t *testing.T) {
 		// berthd is then blocked sending output to the caller, not
 		// waiting for the agent: the hangup must come from there too.

@@ -70,7 +70,11 @@ func TestCanceledStartWhileLaunching(t *testing.T) {
 	var logs agentbin.Buffer
 	// A canceled call is the caller's doing: its line is at DEBUG.
 	debug := &slog.HandlerOptions{Level: slog.LevelDebug}
-	capped := sandboxClient(t, serveServiceLog(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1}, env.rt, slog.New(slog.NewTextHandler(&logs, debug))))
+	// berthd waits for the answer to a start whose caller left as long as
+	// the agent works on it, up to AgentBusyLimit: at the connect budget
+	// here, so that it gives up (the window this test is about) in 3 s.
+	capped := sandboxClient(t, serveServiceLog(t, server.Config{MaxExecsPerSandbox: 1, TaskRestartLimit: -1, ConnectBudget: 3 * time.Second, AgentBusyLimit: 3 * time.Second},
+		env.rt, slog.New(slog.NewTextHandler(&logs, debug))))
 	id := newSandbox(t, nil).GetId()
 	run(t, id, "true") // the agent starts its launcher with the first exec
 	agent := agentPID(t, id)

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,20 +145,10 @@ func TestFilesUploadCanceled(t *testing.T) {
 	if r := run(t, id, "sh", "-c", "mkdir -p /workspace/up && echo keep > /workspace/up/old"); r.GetResult().GetExitCode() != 0 {
 		t.Fatalf("setup: %s", r.GetStderr())
 	}
-	src := filepath.Join(t.TempDir(), "tree")
-	treetest.Make(t, src, treetest.Options{NoDevice: true})
-	archive := treetest.Run(t, src, nil, "tar", "-cf", "-", ".")
+	archive := treeArchive(t)
 	for _, into := range []string{"/workspace/up", "/workspace/new/deeper"} {
 		ctx, cancel := context.WithCancel(fileCtx(t))
-		pr, pw := io.Pipe()
-		go func() {
-			pw.Write(archive[:len(archive)/2]) // then the writer stalls
-		}()
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.Upload(ctx, id, into, pr)
-			done <- err
-		}()
+		done, pw := stalledUpload(ctx, c, id, into, archive)
 		// Wait until the sandbox holds a staging directory with content.
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			r := run(t, id, "sh", "-c", "ls -d /workspace/up/.berth-upload-*/venv /workspace/.berth-upload-*/deeper/venv 2>/dev/null")
@@ -188,4 +179,65 @@ func TestFilesUploadCanceled(t *testing.T) {
 			t.Errorf("after the canceled upload to %s: %q, want %q", into, got, want)
 		}
 	}
+}
+
+// TestFilesStagingAfterAgentCrash kills the sandbox's agent (SIGKILL) in
+// the middle of an upload: its staging directory stays in the sandbox's
+// disk. The agent of the new task removes it before it serves (it recorded
+// it in /.berth-run), and leaves the workload's own directory of the same
+// name pattern.
+func TestFilesStagingAfterAgentCrash(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, nil)
+	id := sb.GetId()
+	c := dialClient(t, env.berthdAddr)
+	if r := run(t, id, "sh", "-c", "mkdir -p /workspace/up/.berth-upload-0123456789ab && echo keep > /workspace/up/old"); r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("setup: %s", r.GetStderr())
+	}
+	ctx, cancel := context.WithCancel(fileCtx(t))
+	defer cancel()
+	done, pw := stalledUpload(ctx, c, id, "/workspace/up", treeArchive(t))
+	defer pw.Close()
+	var staging string
+	for deadline := time.Now().Add(20 * time.Second); staging == ""; time.Sleep(20 * time.Millisecond) {
+		r := run(t, id, "sh", "-c", "ls -d /workspace/up/.berth-upload-*/venv 2>/dev/null")
+		staging = strings.TrimSuffix(strings.TrimSpace(string(r.GetStdout())), "/venv")
+		if staging == "" && time.Now().After(deadline) {
+			t.Fatal("no staging directory appeared for the upload")
+		}
+	}
+	signalAgent(t, sb.GetRuntime().GetTaskPid(), syscall.SIGKILL)
+	if err := <-done; err == nil {
+		t.Fatal("the upload whose agent was killed succeeded")
+	}
+	waitRuntime(t, c, id, sb.GetRuntime().GetAgentBootId())
+	want := ".berth-upload-0123456789ab\nold\n"
+	if got := string(run(t, id, "ls", "-A", "/workspace/up").GetStdout()); got != want {
+		t.Errorf("after the agent's restart: %q, want %q (staging directory %s removed, the workload's own kept)", got, want, staging)
+	}
+}
+
+// treeArchive returns a tar archive of a test tree (treetest, no device
+// nodes), large enough that half of it leaves an upload mid-extraction.
+func treeArchive(t *testing.T) []byte {
+	t.Helper()
+	src := filepath.Join(t.TempDir(), "tree")
+	treetest.Make(t, src, treetest.Options{NoDevice: true})
+	return treetest.Run(t, src, nil, "tar", "-cf", "-", ".")
+}
+
+// stalledUpload uploads the first half of archive into dir of sandbox id
+// and then stalls: the agent waits for the rest, its staging directory
+// made. The upload's error arrives on the channel; pw ends the stall.
+func stalledUpload(ctx context.Context, c *client.Client, id, dir string, archive []byte) (<-chan error, *io.PipeWriter) {
+	pr, pw := io.Pipe()
+	go func() {
+		pw.Write(archive[:len(archive)/2]) // then the writer stalls
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Upload(ctx, id, dir, pr)
+		done <- err
+	}()
+	return done, pw
 }

@@ -54,6 +54,15 @@ type testAgent struct {
 	// dir is a scratch directory, mode 0777 below a 0755 parent, so that
 	// any workload user may work in it.
 	dir string
+	// base holds run and dir: startAgentIn starts another agent there.
+	base string
+	cmd  *exec.Cmd
+	// exited is closed when cmd.Wait returned, with its error in waitErr.
+	exited  chan struct{}
+	waitErr error
+	// crashed says that the test killed the agent (crash): cleanup does
+	// not expect it to stop cleanly.
+	crashed bool
 }
 
 // startAgent runs the agent binary with flags and returns a client of its
@@ -80,33 +89,45 @@ func startAgent(t testing.TB, flags ...string) *testAgent {
 	}
 	// The socket in a directory of its own, as /.berth-run in a sandbox:
 	// file calls do not touch that directory.
-	run := filepath.Join(base, "run")
-	if err := os.Mkdir(run, 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(base, "run"), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(run, "a.sock")
-	cmd := exec.Command(agentBin, append([]string{"--socket", sock, "--workdir", "/"}, flags...)...)
+	return startAgentIn(t, base, flags...)
+}
+
+// startAgentIn is startAgent in the directories startAgent made in base:
+// an agent started again, as after a crash.
+func startAgentIn(t testing.TB, base string, flags ...string) *testAgent {
+	t.Helper()
+	a := &testAgent{base: base, dir: filepath.Join(base, "w"), run: filepath.Join(base, "run")}
+	sock := filepath.Join(a.run, "a.sock")
+	a.cmd = exec.Command(agentBin, append([]string{"--socket", sock, "--workdir", "/"}, flags...)...)
 	logs := &agentbin.Buffer{}
-	cmd.Stderr = logs
-	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
-	if err := cmd.Start(); err != nil {
+	a.cmd.Stderr = logs
+	a.cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	if err := a.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	a.exited = make(chan struct{})
+	go func() { a.waitErr = a.cmd.Wait(); close(a.exited) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
+		if !a.crashed {
+			_ = a.cmd.Process.Signal(syscall.SIGTERM)
+		}
 		select {
-		case err := <-exited:
-			if err != nil {
-				t.Errorf("agent exit: %v, want 0\nagent log:\n%s", err, logs)
+		case <-a.exited:
+			if a.waitErr != nil && !a.crashed {
+				t.Errorf("agent exit: %v, want 0\nagent log:\n%s", a.waitErr, logs)
 			}
 		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
+			_ = a.cmd.Process.Kill()
 			t.Errorf("agent did not stop within 10s of SIGTERM\nagent log:\n%s", logs)
 		}
 		if strings.Contains(logs.String(), "DATA RACE") {
 			t.Errorf("agent reported a data race:\n%s", logs)
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs)
 		}
 	})
 	fast := grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.5, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}
@@ -120,7 +141,23 @@ func startAgent(t testing.TB, flags ...string) *testAgent {
 	if _, err := agentv1.NewAgentServiceClient(conn).Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("agent did not answer: %v\nagent log:\n%s", err, logs)
 	}
-	return &testAgent{files: agentv1.NewFileServiceClient(conn), dir: work, run: run}
+	a.files = agentv1.NewFileServiceClient(conn)
+	return a
+}
+
+// crash kills the agent with SIGKILL, as the kernel's OOM killer would,
+// and waits until it is gone.
+func (a *testAgent) crash(t testing.TB) {
+	t.Helper()
+	a.crashed = true
+	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent still there 10s after SIGKILL")
+	}
 }
 
 func testCtx(t testing.TB) context.Context {

@@ -26,7 +26,9 @@ const maxSkippedListed = 1000
 // Upload extracts a tar stream into a directory, as the workload user,
 // with tartree.Extract: atomically, through a staging directory, every
 // entry resolved beneath the directory. It answers after syncfs(2) of the
-// directory's file system.
+// directory's file system. The staging directory is recorded while it
+// exists, so that an agent that dies mid-upload removes it when it starts
+// again (staging.go).
 func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 	first, err := stream.Recv()
 	if err != nil {
@@ -102,6 +104,11 @@ func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 	if h.GetKeepOwners() {
 		opts.Chown = s.chownAsAgent
 	}
+	forget := func() {}
+	opts.Staging = func(path string) error {
+		forget = s.recordStaging(path)
+		return nil
+	}
 	var counts tartree.Counts
 	err = s.asUser(func() error {
 		r, closeGzip, err := decompress(in, h.GetCompression())
@@ -112,6 +119,7 @@ func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 		counts, err = tartree.Extract(dir, r, opts)
 		return err
 	})
+	forget()
 	if err != nil {
 		if in.err != nil && !errors.Is(in.err, io.EOF) {
 			return s.toStatus(in.err) // the stream broke, or a protocol error

@@ -124,11 +124,27 @@ func (e *ExecError) Error() string { return "execve: " + e.Errno.Error() }
 // Unwrap returns the errno.
 func (e *ExecError) Unwrap() error { return e.Errno }
 
+// ErrNoAnswer is wrapped by Start's error when the launcher gave no answer:
+// it died (ErrDied), or hung for requestTimeout and was killed. The next
+// Start runs a new launcher. The process was most likely not started; a
+// launcher killed between its fork and its answer leaves the process
+// running, a child of the agent like any other orphan.
+var ErrNoAnswer = errors.New("launcher gave no answer")
+
+// ErrDied is wrapped, beside ErrNoAnswer, when the launcher died (the
+// workload or the kernel's OOM killer killed it) or closed its socket
+// before answering: the socket said EOF, EPIPE or ECONNRESET.
+var ErrDied = errors.New("launcher died")
+
 // Start starts req's process from the launcher and returns its pid. The
 // process is a child of the agent (CLONE_PARENT): the caller reaps it. A
-// launcher that is not running, or died (the workload can kill it), is
-// started first, once. Errors: ErrResources (wrapped with the errno), an
-// *ExecError, or another error when the launcher cannot be run.
+// launcher that is not running is started first. Errors: ErrResources
+// (wrapped with the errno), an *ExecError, ErrNoAnswer (wrapped, naming
+// the launcher and how it failed; ErrDied too when it died), or another
+// error when the launcher cannot be run. Start does not ask again after
+// ErrNoAnswer: the caller knows whether another launcher is worth starting
+// (package agent does not start one in a sandbox whose OOM killer just
+// struck).
 func (l *Launcher) Start(req *Request) (int, error) {
 	msg, err := encode(req)
 	if err != nil {
@@ -136,20 +152,16 @@ func (l *Launcher) Start(req *Request) (int, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for attempt := 0; ; attempt++ {
-		if l.conn == nil {
-			if err := l.startLocked(); err != nil {
-				return 0, err
-			}
+	if l.conn == nil {
+		if err := l.startLocked(); err != nil {
+			return 0, err
 		}
-		pid, err := l.requestLocked(msg, req.Stdio)
-		var transport *transportError
-		if !errors.As(err, &transport) || attempt > 0 {
-			return pid, err
-		}
-		// The launcher went away: start another and ask again.
+	}
+	pid, err := l.requestLocked(msg, req.Stdio)
+	if errors.Is(err, ErrNoAnswer) {
 		l.closeLocked()
 	}
+	return pid, err
 }
 
 // Close stops the launcher: it exits when its socket closes.
@@ -229,12 +241,37 @@ func (l *Launcher) startLocked() error {
 // it is replaced.
 const requestTimeout = 30 * time.Second
 
-// transportError means the launcher did not answer: it died or closed its
-// socket.
-type transportError struct{ err error }
+// transportError means the launcher did not answer: it died, closed its
+// socket or hung. It wraps ErrNoAnswer, ErrDied when it died, and the
+// cause.
+type transportError struct {
+	pid int // the launcher's
+	err error
+}
 
-func (e *transportError) Error() string { return "launcher: " + e.err.Error() }
-func (e *transportError) Unwrap() error { return e.err }
+// died reports whether the socket says that the launcher is gone.
+func (e *transportError) died() bool {
+	return errors.Is(e.err, io.EOF) || errors.Is(e.err, io.ErrUnexpectedEOF) || errors.Is(e.err, syscall.EPIPE) || errors.Is(e.err, syscall.ECONNRESET)
+}
+
+func (e *transportError) Error() string {
+	if e.died() {
+		return fmt.Sprintf("launcher pid %d died before answering (%v)", e.pid, e.err)
+	}
+	return fmt.Sprintf("launcher pid %d gave no usable answer: %v", e.pid, e.err)
+}
+
+func (e *transportError) Unwrap() []error {
+	if e.died() {
+		return []error{ErrNoAnswer, ErrDied, e.err}
+	}
+	return []error{ErrNoAnswer, e.err}
+}
+
+// transportErr returns a *transportError for the running launcher.
+func (l *Launcher) transportErr(err error) error {
+	return &transportError{pid: l.proc.Pid, err: err}
+}
 
 // answerSize is the size of the launcher's answer to a request: 4 bytes of
 // pid, 4 bytes of errno, 1 byte of stage, and 1 byte that is 1 when the
@@ -246,7 +283,7 @@ const answerSize = 10
 // the next Start runs another.
 func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	if err := l.conn.SetDeadline(time.Now().Add(requestTimeout)); err != nil {
-		return 0, &transportError{err}
+		return 0, l.transportErr(err)
 	}
 	rights := make([]int, len(stdio))
 	for i, f := range stdio {
@@ -254,7 +291,7 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	}
 	rc, err := l.conn.SyscallConn()
 	if err != nil {
-		return 0, &transportError{err}
+		return 0, l.transportErr(err)
 	}
 	// The descriptors ride with the first byte; the rest follows.
 	var sendErr error
@@ -262,20 +299,20 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 		sendErr = syscall.Sendmsg(int(fd), msg[:1], syscall.UnixRights(rights...), nil, 0)
 		return sendErr != syscall.EAGAIN
 	}); err != nil {
-		return 0, &transportError{err}
+		return 0, l.transportErr(err)
 	}
 	if sendErr != nil {
-		return 0, &transportError{sendErr}
+		return 0, l.transportErr(sendErr)
 	}
 	if _, err := l.conn.Write(msg[1:]); err != nil {
-		return 0, &transportError{err}
+		return 0, l.transportErr(err)
 	}
 	var ans [answerSize]byte
 	if _, err := io.ReadFull(l.conn, ans[:]); err != nil {
-		return 0, &transportError{err}
+		return 0, l.transportErr(err)
 	}
 	if ans[9] == 1 {
-		l.releaseLocked()
+		defer l.releaseLocked() // after the answer is read: an error still names it
 	}
 	pid := int(int32(binary.LittleEndian.Uint32(ans[0:4])))
 	errno := syscall.Errno(binary.LittleEndian.Uint32(ans[4:8]))
@@ -283,7 +320,7 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	case errno == 0 && pid > 1:
 		return pid, nil
 	case errno == 0:
-		return 0, &transportError{fmt.Errorf("answered pid %d", pid)}
+		return 0, l.transportErr(fmt.Errorf("answered pid %d", pid))
 	case ans[8] == stageExec:
 		return 0, &ExecError{Errno: errno}
 	}

@@ -3,6 +3,7 @@ package launcher_test
 import (
 	"errors"
 	"os"
+	"regexp"
 	"syscall"
 	"testing"
 
@@ -66,6 +67,24 @@ func TestStart(t *testing.T) {
 	}
 	if ws := wait(t, pid); ws.ExitStatus() != 3 {
 		t.Errorf("script without a shebang: exit status %d, want 3", ws.ExitStatus())
+	}
+}
+
+// TestStartLauncherDies runs a "launcher" that exits at once (/bin/true):
+// each Start fails with ErrNoAnswer and ErrDied, naming the launcher's
+// pid and its death rather than a bare "EOF", and runs a new launcher.
+func TestStartLauncherDies(t *testing.T) {
+	l := launcher.New(launcher.Config{Binary: "/bin/true"})
+	defer l.Close()
+	stdio := devNulls(t)
+	for i := range 2 {
+		_, err := l.Start(&launcher.Request{Path: "/bin/true", Argv: []string{"true"}, Dir: "/", Stdio: stdio})
+		if !errors.Is(err, launcher.ErrNoAnswer) || !errors.Is(err, launcher.ErrDied) {
+			t.Fatalf("start %d from a launcher that exits: %v, want ErrNoAnswer and ErrDied", i, err)
+		}
+		if msg := err.Error(); !regexp.MustCompile(`^launcher pid [0-9]+ died before answering \(.+\)$`).MatchString(msg) {
+			t.Errorf("start %d: error %q, want \"launcher pid N died before answering (cause)\"", i, msg)
+		}
 	}
 }
 

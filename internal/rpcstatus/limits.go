@@ -11,14 +11,16 @@ import (
 // Reason tokens of a sandbox's own limits: RESOURCE_EXHAUSTED, a capacity
 // fact of the sandbox rather than a fault of berth. Nothing was started or
 // done; the same request may work once something in the sandbox ends. Each
-// error carrying one names the limit in ErrorInfo metadata "limit" and the
-// errno in "errno".
+// error carrying one names the limit in ErrorInfo metadata "limit" and,
+// when a call failed, its errno in "errno".
 const (
 	// ReasonPidsLimit: a fork failed with EAGAIN: the sandbox's pids limit
 	// (resources.pids_limit) is reached.
 	ReasonPidsLimit = "PIDS_LIMIT_REACHED"
-	// ReasonMemoryLimit: the agent could not allocate (ENOMEM): the
-	// sandbox's memory limit is reached.
+	// ReasonMemoryLimit: the agent could not allocate (ENOMEM), or the
+	// kernel's OOM killer killed the launcher starting a process (no
+	// errno; package agent's startProcess): the sandbox's memory limit is
+	// reached.
 	ReasonMemoryLimit = "MEMORY_LIMIT_REACHED"
 	// ReasonDescriptorLimit: the agent could not open a file descriptor
 	// (EMFILE, ENFILE): its open-file limit is reached, as by many execs

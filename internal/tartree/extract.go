@@ -38,6 +38,11 @@ type Options struct {
 	// Sync makes Extract flush the file system it wrote to (syncfs(2))
 	// before it returns.
 	Sync bool
+	// Staging, when set, is called with the path of the staging directory
+	// (see Extract) before the directory is made, so that the caller can
+	// record it and remove it after a crash that left it (IsStagingName);
+	// its error stops the extraction before anything is made.
+	Staging func(path string) error
 }
 
 // Counts says what Extract made.
@@ -150,12 +155,33 @@ type dirMeta struct {
 	atime, mtime unix.Timespec
 }
 
-// stagingPrefix starts the name of every staging directory.
-const stagingPrefix = ".berth-upload-"
+// stagingPrefix starts the name of every staging directory; stagingHex
+// random hex digits follow.
+const (
+	stagingPrefix = ".berth-upload-"
+	stagingHex    = 12
+)
+
+// IsStagingName reports whether name, a base name, is one Extract gives
+// its staging directories: ".berth-upload-" and 12 lowercase hex digits. A
+// user's file may be named so too: only a name the caller recorded
+// (Options.Staging) is known to be a staging directory.
+func IsStagingName(name string) bool {
+	suffix, ok := strings.CutPrefix(name, stagingPrefix)
+	if !ok || len(suffix) != stagingHex {
+		return false
+	}
+	for _, c := range suffix {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // stage makes the staging directory.
 func (x *extraction) stage() error {
-	var rnd [6]byte
+	var rnd [stagingHex / 2]byte
 	rand.Read(rnd[:])
 	name := stagingPrefix + hex.EncodeToString(rnd[:])
 	var st unix.Stat_t
@@ -189,10 +215,17 @@ func (x *extraction) stage() error {
 	default:
 		return pathError("stat", x.dir, err)
 	}
+	if x.opts.Staging != nil {
+		if err := x.opts.Staging(x.staging); err != nil {
+			x.staging = ""
+			return err
+		}
+	}
 	// 0700 while staging: nobody sees the tree before it is complete.
 	if err := unix.Mkdir(x.staging, 0o700); err != nil {
+		parent := filepath.Dir(x.staging)
 		x.staging = ""
-		return pathError("make staging directory in", filepath.Dir(x.staging), err)
+		return pathError("make staging directory in", parent, err)
 	}
 	if err := unix.Chmod(x.staging, 0o700); err != nil {
 		return x.failStage(pathError("chmod", x.staging, err))

@@ -272,3 +272,64 @@ func TestExtractRootEntry(t *testing.T) {
 		t.Errorf("existing directory got mode %v, want it kept (0755)", fi.Mode())
 	}
 }
+
+// TestExtractStagingHook checks Options.Staging: it is called once, with
+// the staging directory's path before it exists (merge mode: inside dir;
+// otherwise beside the first missing component), a name IsStagingName
+// accepts; the path is gone when Extract returns; its error stops the
+// extraction with nothing made.
+func TestExtractStagingHook(t *testing.T) {
+	archive := makeTar(t, []entry{{name: "f", typ: tar.TypeReg, body: "x"}})
+	for _, tt := range []struct {
+		name, dir, wantParent string
+	}{
+		{"merge", "d", "d"},
+		{"new", "new/sub", "."},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			os.Mkdir(filepath.Join(root, "d"), 0o755)
+			var got []string
+			opts := tartree.Options{Staging: func(p string) error {
+				if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("staging %s exists at the call: %v", p, err)
+				}
+				got = append(got, p)
+				return nil
+			}}
+			if _, err := tartree.Extract(filepath.Join(root, tt.dir), bytes.NewReader(archive), opts); err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || filepath.Dir(got[0]) != filepath.Join(root, tt.wantParent) || !tartree.IsStagingName(filepath.Base(got[0])) {
+				t.Fatalf("Staging called with %q, want one staging name in %s", got, filepath.Join(root, tt.wantParent))
+			}
+			if _, err := os.Lstat(got[0]); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("staging %s after Extract: %v, want it gone", got[0], err)
+			}
+		})
+	}
+	root := t.TempDir()
+	refused := errors.New("no record")
+	_, err := tartree.Extract(filepath.Join(root, "x"), bytes.NewReader(archive), tartree.Options{Staging: func(string) error { return refused }})
+	if !errors.Is(err, refused) {
+		t.Errorf("Extract with a failing Staging = %v, want its error", err)
+	}
+	if entries, _ := os.ReadDir(root); len(entries) != 0 {
+		t.Errorf("%s holds %v after a refused staging, want nothing", root, entries)
+	}
+}
+
+func TestIsStagingName(t *testing.T) {
+	for name, want := range map[string]bool{
+		".berth-upload-0123456789ab":  true,
+		".berth-upload-0123456789AB":  false,
+		".berth-upload-0123456789a":   false,
+		".berth-upload-0123456789abc": false,
+		".berth-upload-0123456789ag":  false,
+		"berth-upload-0123456789ab":   false,
+	} {
+		if got := tartree.IsStagingName(name); got != want {
+			t.Errorf("IsStagingName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

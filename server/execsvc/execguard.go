@@ -127,13 +127,18 @@ func (s *Service) guardExec(ctx context.Context, sandboxID, execID string, start
 
 // streamContext returns the context for the agent stream. It ends when the
 // sandbox's task exits, when the agent does not answer the opening message
-// within the connect budget, on g.cancel, and when ctx ends, with one
-// exception: a start whose caller leaves before the agent's first answer
-// keeps its stream until that answer (at most the connect budget), so that
-// berthd learns whether the exec runs and keeps counting it if it does.
-// Ending the stream at once would leave a process running that no one
-// counts: a caller could then start any number of execs past the capacity
-// limits by canceling each start early.
+// within the connect budget unless it is busy (opened), on g.cancel, and
+// when ctx ends, with one exception: a start whose caller leaves before
+// the agent's first answer keeps its stream until that answer, bounded as
+// the answer is (opened: the connect budget, renewed while the agent works,
+// up to AgentBusyLimit), so that berthd learns whether the exec runs,
+// keeps counting it if it does, and hangs it up for a caller that asked
+// (hangup_on_disconnect). Ending the stream at once would leave a process
+// running that no one counts, or hangs up: a caller could then start any
+// number of execs past the capacity limits by canceling each start early.
+// (It ended one connect budget after the caller left, even while the agent
+// was busy starting the process: a slow start then ran on unhung, issue
+// 21.)
 func (g *execGuard) streamContext(ctx context.Context) context.Context {
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	g.cancel = cancel
@@ -149,14 +154,11 @@ func (g *execGuard) streamContext(ctx context.Context) context.Context {
 		case <-ctx.Done():
 		}
 		if g.start {
-			t := time.NewTimer(g.s.cfg.ConnectBudget)
 			select {
 			case <-g.answeredCh:
 			case <-g.fired:
-			case <-actx.Done():
-			case <-t.C:
+			case <-actx.Done(): // opened's budget, or the handler returned
 			}
-			t.Stop()
 		}
 		cancel()
 	}()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -26,6 +27,7 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/admit"
+	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/runout"
@@ -127,6 +129,9 @@ type fakeReacher struct {
 	runtime apierr.Runtime
 	err     error
 	reached []string // "sandbox/exec" of each Reach and Agent
+
+	watches  *agentreach.Reacher // nil: NewWatch returns nil
+	watchPID uint32              // the process watches watch
 }
 
 func (r *fakeReacher) Reach(_ context.Context, sandboxID, execID string) (agentv1.AgentServiceClient, apierr.Runtime, error) {
@@ -144,9 +149,16 @@ func (r *fakeReacher) Agent(ctx context.Context, sandboxID string) (agentv1.Agen
 	return agent, err
 }
 
-// NewWatch returns nil: the watch is read only when the agent stays silent
-// for the whole connect budget, which the tests' budget never lets happen.
-func (r *fakeReacher) NewWatch(string, uint32) *agentreach.Watch { return nil }
+// NewWatch returns the watch of watchPID through the real engine watches,
+// when set: the test's stand-in for a busy agent. Otherwise it returns nil:
+// the watch is read only when the agent stays silent for the whole connect
+// budget, which the tests' budget never lets happen.
+func (r *fakeReacher) NewWatch(sandboxID string, _ uint32) *agentreach.Watch {
+	if r.watches == nil {
+		return nil
+	}
+	return r.watches.NewWatch(sandboxID, r.watchPID)
+}
 
 func (r *fakeReacher) fail(err error) {
 	r.mu.Lock()
@@ -167,6 +179,9 @@ type fakeStore struct{}
 func (fakeStore) Get(_ context.Context, id string) (runtime.Sandbox, error) {
 	return runtime.Sandbox{ID: id, Running: true, TaskPID: testRuntime.TaskPID}, nil
 }
+
+// SocketPath names no socket: a watch (agentreach) then sees no frames.
+func (fakeStore) SocketPath(string) string { return "" }
 
 // fakeAdmitter is a real admit.Capacity without limits, or refuses with err.
 type fakeAdmitter struct {
@@ -285,6 +300,13 @@ type harness struct {
 // Run buffer budget in bytes (0: none).
 func newHarness(t *testing.T, runBudget uint64) *harness {
 	t.Helper()
+	return newHarnessWith(t, runBudget, nil)
+}
+
+// newHarnessWith is newHarness with setup applied to the harness before the
+// Service is made (its config, its reacher's watches).
+func newHarnessWith(t *testing.T, runBudget uint64, setup func(*harness)) *harness {
+	t.Helper()
 	log := slog.New(slog.DiscardHandler)
 	h := &harness{
 		cfg: Config{ConnectBudget: time.Minute, BusyRetryDelay: 3 * time.Second,
@@ -301,6 +323,9 @@ func newHarness(t *testing.T, runBudget uint64) *harness {
 	agentv1.RegisterAgentServiceServer(agentSrv, h.agent)
 	agentConn := serveBufconn(t, agentSrv)
 	h.reach = &fakeReacher{client: agentv1.NewAgentServiceClient(agentConn), runtime: testRuntime}
+	if setup != nil {
+		setup(h)
+	}
 
 	bgCtx, bgCancel := context.WithCancel(context.Background())
 	h.life = &fakeBackground{ctx: bgCtx}
@@ -1069,6 +1094,113 @@ func TestListExecs(t *testing.T) {
 			}
 			if got := h.reach.Reached(); tc.reached != (len(got) == 1 && got[0] == testSandbox+"/") || !tc.reached && len(got) != 0 {
 				t.Errorf("reached %v; want reached %v", got, tc.reached)
+			}
+		})
+	}
+}
+
+// TestExecHangupCallerLostBeforeStarted: a start with
+// hangup_on_disconnect whose caller goes away before the agent's Started
+// still hangs the process up once it runs: the agent gets SignalExec HUP
+// for it. The fake agent sends Started only after berthd closed its side of
+// the agent stream, which berthd does when it sees the caller's stream end;
+// in "slow start" it takes three connect budgets more, busy meanwhile (a
+// process spinning stands in for it: agentreach's watch sees it work).
+// berthd used to give up one budget after the caller left, even while the
+// agent worked: the process then started with no one to hang it up or
+// count it.
+func TestExecHangupCallerLostBeforeStarted(t *testing.T) {
+	const budget = 100 * time.Millisecond
+	for _, tc := range []struct {
+		name  string
+		delay time.Duration // the start's time after the caller left
+	}{
+		{"prompt start", 0},
+		{"slow start", 3 * budget},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarnessWith(t, 0, func(h *harness) {
+				if tc.delay == 0 {
+					return
+				}
+				spinner := exec.Command("sh", "-c", "while :; do :; done")
+				if err := spinner.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { spinner.Process.Kill(); spinner.Wait() })
+				h.cfg.ConnectBudget = budget
+				h.reach.watches = agentreach.New(agentreach.Config{ConnectBudget: budget, BusyLimit: callTimeout}, fakeStore{}, h.ids, agentconn.NewPool(nil), slog.New(slog.DiscardHandler))
+				h.reach.watchPID = uint32(spinner.Process.Pid)
+			})
+			opened, cut, hungUp := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			h.agent.exec = func(stream agentv1.AgentService_ExecServer) error {
+				first, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				if first.GetAttach() != nil {
+					// berthd follows the exec its caller left to its end,
+					// to keep counting it: it ends with the hangup.
+					select {
+					case <-hungUp:
+						return stream.Send(exited(&berthv1.ExecResult{Signal: "SIGHUP"}))
+					case <-stream.Context().Done():
+						return nil
+					}
+				}
+				close(opened)
+				if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+					return fmt.Errorf("test agent: after the start got %v, want berthd's close (io.EOF)", err)
+				}
+				// The process starts in any case; whether berthd still
+				// listens is the question.
+				select {
+				case <-time.After(tc.delay):
+				case <-stream.Context().Done():
+					close(cut)
+					return nil
+				}
+				if err := stream.Send(started(first.GetStart().GetExecId(), 77)); err != nil {
+					return err
+				}
+				<-stream.Context().Done() // the exec runs on; berthd ends the stream
+				return nil
+			}
+			signals := make(chan *agentv1.SignalExecRequest, 2)
+			h.agent.signalExec = func(req *agentv1.SignalExecRequest) (*agentv1.SignalExecResponse, error) {
+				signals <- req
+				if req.GetSignal() == "HUP" {
+					close(hungUp)
+				}
+				return &agentv1.SignalExecResponse{State: berthv1.ExecState_EXEC_STATE_RUNNING}, nil
+			}
+			ctx, cancel := context.WithCancel(callContext(t))
+			stream, err := h.client.Exec(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := startMsg(testSandbox, "ex-hangup", echo)
+			start.GetStart().HangupOnDisconnect = true
+			if err := stream.Send(start); err != nil {
+				t.Fatal(err)
+			}
+			// The caller goes away once the agent has the start, before
+			// any answer.
+			select {
+			case <-opened:
+			case <-time.After(callTimeout):
+				t.Fatal("the start never reached the agent")
+			}
+			cancel()
+			select {
+			case req := <-signals:
+				if req.GetExecId() != "ex-hangup" || req.GetSignal() != "HUP" {
+					t.Errorf("agent got SignalExec %v, want HUP to ex-hangup", req)
+				}
+			case <-cut:
+				t.Fatal("berthd ended the agent stream before Started while the agent worked: the process would run on, not hung up")
+			case <-time.After(callTimeout):
+				t.Fatal("no SignalExec HUP reached the agent after the exec started")
 			}
 		})
 	}
