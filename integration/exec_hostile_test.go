@@ -136,12 +136,19 @@ func TestCanceledStartWhileLaunching(t *testing.T) {
 // connection closes at cleanup.
 func sandboxClient(t *testing.T, addr string) berthv1.SandboxServiceClient {
 	t.Helper()
+	return berthv1.NewSandboxServiceClient(plainConn(t, addr))
+}
+
+// plainConn is a plaintext gRPC connection to berthd at addr, closed at
+// cleanup.
+func plainConn(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return berthv1.NewSandboxServiceClient(conn)
+	return conn
 }
 
 // agentPipes returns the pipes host process pid holds open, by inode.

@@ -8,9 +8,7 @@ import (
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -94,10 +92,5 @@ func checkStoreFull(t *testing.T, call string, err error, limit uint64) {
 // cleanup.
 func imageClient(t *testing.T, addr string) berthv1.ImageServiceClient {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return berthv1.NewImageServiceClient(conn)
+	return berthv1.NewImageServiceClient(plainConn(t, addr))
 }
