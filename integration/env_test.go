@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -207,6 +208,11 @@ func startBerthdUnder(t testing.TB, e *berthEnv, wrapper []string, flags ...stri
 		"--agent-binary", env.agentBinary, "--snapshotter", env.snapshotter, "--listen", "unix://" + e.sock, "--log-level", "DEBUG",
 		"--reap-interval", "200ms",
 	}, flags...)
+	if !slices.ContainsFunc(flags, func(f string) bool { return strings.HasPrefix(f, "--disk-overcommit") }) {
+		// Tests' sandboxes write little; at berthd's default quota
+		// (10 GiB) the suite's 20 GiB pool would admit two.
+		args = append(args, "--disk-overcommit", "100")
+	}
 	args = append(append([]string(nil), wrapper...), args...)
 	p := &berthdProc{cmd: exec.Command(args[0], args[1:]...), log: &agentbin.Buffer{}, exited: make(chan struct{})}
 	p.cmd.Stderr = p.log

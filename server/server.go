@@ -94,7 +94,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	s.reach = agentreach.New(agentreach.Config{ConnectBudget: cfg.ConnectBudget, BusyLimit: cfg.AgentBusyLimit, ServerVersion: Version},
 		rt, s.ids, s.agents, log)
 	s.capacity = admit.New(admit.Limits{MaxSandboxes: cfg.MaxSandboxes, MaxExecsPerSandbox: cfg.MaxExecsPerSandbox, MaxExecs: cfg.MaxExecs,
-		MemoryBudget: cfg.MemoryBudgetBytes, DiskBudget: diskBudget(cfg.DiskOvercommit, rt, log), RetryDelay: cfg.BusyRetryDelay,
+		MemoryBudget: cfg.MemoryBudgetBytes, DiskBudget: diskBudget(cfg.DiskOvercommit, cfg.DefaultDiskBytes, rt, log), RetryDelay: cfg.BusyRetryDelay,
 		PerPrincipal: admit.PrincipalLimits{MaxSandboxes: cfg.MaxSandboxesPerPrincipal, MemoryBytes: cfg.MaxMemoryBytesPerPrincipal,
 			DiskBytes: cfg.MaxDiskBytesPerPrincipal}}, cfg.Observer, held(rt))
 	defaults := runtime.SandboxSpec{PidsLimit: cfg.DefaultPidsLimit, OpenFiles: cfg.DefaultOpenFiles, DiskBytes: cfg.DefaultDiskBytes,
@@ -158,8 +158,9 @@ func (s *Service) ClusterLocal() cluster.Local { return s.life.ClusterLocal() }
 // diskBudget is the disk admission may promise to sandboxes, in bytes: the
 // size of rt's btrfs pool times overcommit (Config.DiskOvercommit),
 // saturating at the largest uint64; zero (no budget) without disk quotas
-// or with a negative overcommit.
-func diskBudget(overcommit float64, rt *runtime.Runtime, log *slog.Logger) uint64 {
+// or with a negative overcommit. A budget that holds fewer than
+// fewDefaultQuotas sandboxes of the default quota is logged at WARN.
+func diskBudget(overcommit float64, defaultQuota uint64, rt *runtime.Runtime, log *slog.Logger) uint64 {
 	if overcommit < 0 || rt.DiskQuota() != nil {
 		return 0
 	}
@@ -175,8 +176,16 @@ func diskBudget(overcommit float64, rt *runtime.Runtime, log *slog.Logger) uint6
 	}
 	log.Info("disk budget", slog.String("pool", root), slog.Uint64("pool_bytes", size), slog.Float64("overcommit", overcommit),
 		slog.Uint64("budget_bytes", budget))
+	if defaultQuota > 0 && budget/defaultQuota < fewDefaultQuotas {
+		log.Warn("the disk budget holds few sandboxes of the default disk quota: lower --default-disk-bytes or raise --disk-overcommit",
+			slog.Uint64("sandboxes", budget/defaultQuota), slog.Uint64("default_disk_bytes", defaultQuota), slog.Uint64("budget_bytes", budget))
+	}
 	return budget
 }
+
+// fewDefaultQuotas is how many sandboxes of the default disk quota a disk
+// budget should hold before berthd warns that it holds few.
+const fewDefaultQuotas = 10
 
 // held lists what rt's sandboxes hold for admission.
 func held(rt *runtime.Runtime) func(context.Context) (map[string]admit.Held, error) {
