@@ -1,6 +1,7 @@
 package runtimes
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -102,7 +103,9 @@ func TestJournalDamageFailsClosed(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, "sb"+journalSuffix), []byte(text), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			for round, r := range []*Registry{NewRegistry(dir, discard), nil} {
+			var logged bytes.Buffer
+			first := NewRegistry(dir, slog.New(slog.NewJSONHandler(&logged, nil)))
+			for round, r := range []*Registry{first, nil} {
 				if r == nil {
 					r = NewRegistry(dir, discard) // after the rewrite
 				}
@@ -121,6 +124,20 @@ func TestJournalDamageFailsClosed(t *testing.T) {
 						t.Errorf("round %d: ok-9 of a line that fails its checksum is startable", round)
 					}
 				}
+			}
+			// The damage is said once, at ERROR, naming the sandbox and
+			// the journal; an intact journal logs no error.
+			errs := 0
+			for line := range strings.Lines(logged.String()) {
+				if strings.Contains(line, `"level":"ERROR"`) {
+					errs++
+					if !strings.Contains(line, "runtime journal damaged") || !strings.Contains(line, `"sandbox_id":"sb"`) || !strings.Contains(line, journalSuffix) {
+						t.Errorf("ERROR line %s does not name the damage, the sandbox and the journal", line)
+					}
+				}
+			}
+			if want := map[bool]int{true: 1, false: 0}[tc.damaged]; errs != want {
+				t.Errorf("%d ERROR lines loading the journal; want %d:\n%s", errs, want, logged.String())
 			}
 		})
 	}
