@@ -124,8 +124,10 @@ func (e *UnreachableError) NothingRan() bool {
 
 // IsRetryable reports whether err is a condition that is safe to retry as
 // is: a *FleetBusyError (after its Delay), an *UnreachableError whose call
-// ran nothing, or a *DependencyError for containerd not answering whose
-// call changed nothing. RuntimeReplaced and StaleHandle are not: the
+// ran nothing, a *DependencyError for containerd not answering whose
+// call changed nothing, or an *Error with ReasonClusterUnavailable (a
+// fleet's etcd did not answer, or no node holds a lease: berthd sent the
+// call to no node and recorded nothing). RuntimeReplaced and StaleHandle are not: the
 // command may have run, or the exec it names is gone; nor is a full disk
 // or a lack of descriptors on berthd's host, which a retry does not cure.
 // It never looks at message text.
@@ -139,5 +141,9 @@ func IsRetryable(err error) bool {
 		return dep.Reason == ReasonContainerdUnavailable && dep.NothingRan()
 	}
 	var unreachable *UnreachableError
-	return errors.As(err, &unreachable) && unreachable.NothingRan()
+	if errors.As(err, &unreachable) {
+		return unreachable.NothingRan()
+	}
+	var e *Error
+	return errors.As(err, &e) && e.Reason == ReasonClusterUnavailable
 }

@@ -121,6 +121,9 @@ func TestConditionErrors(t *testing.T) {
 			return e.Detail, true
 		},
 	}, {
+		name: "fleet store unavailable", status: clusterStatus(250 * time.Millisecond),
+		wantCode: codes.Unavailable, wantReason: client.ReasonClusterUnavailable, wantRetryable: true,
+	}, {
 		name: "not found", status: rpcstatus.Error(codes.NotFound, rpcstatus.ReasonSandboxNotFound, "sandbox sb not found", nil),
 		wantCode: codes.NotFound, wantReason: client.ReasonSandboxNotFound,
 	}, {
@@ -230,6 +233,8 @@ func TestRetryPolicy(t *testing.T) {
 			wantCalls: 3, wantRetries: 2, minWait: delay},
 		{name: "unreachable then fine", errs: []error{unreachableStatus("sb", berthv1.Admitted_ADMITTED_NOT_STARTED)},
 			policy: client.RetryPolicy{InitialBackoff: 40 * time.Millisecond}, wantCalls: 2, wantRetries: 1, minWait: 20 * time.Millisecond},
+		{name: "fleet store unavailable then fine, after its RetryInfo delay", errs: []error{clusterStatus(300 * time.Millisecond)},
+			wantCalls: 2, wantRetries: 1, minWait: 300 * time.Millisecond},
 		{name: "unreachable that may have run is not retried", errs: []error{unreachableStatus("sb", berthv1.Admitted_ADMITTED_UNSPECIFIED)},
 			wantErr: client.ReasonUnreachable, wantCalls: 1},
 		{name: "busy without a delay still waits", errs: []error{busyStatusNoDelay("sb")},

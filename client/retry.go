@@ -11,7 +11,8 @@ import (
 // that is safe to retry: a *FleetBusyError after the delay berthd gives, and
 // an *UnreachableError whose call ran nothing, with jittered exponential
 // backoff, as is a *DependencyError for containerd not answering that
-// changed nothing. *RuntimeReplacedError and *StaleHandleError are never
+// changed nothing and a fleet's CLUSTER_UNAVAILABLE (its etcd did not
+// answer), waiting at least the delay berthd gives. *RuntimeReplacedError and *StaleHandleError are never
 // retried, nor is anything else. Retries end when the call's context ends or
 // MaxAttempts is reached; the last error is returned.
 //
@@ -30,8 +31,8 @@ type RetryPolicy struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps the backoff. Default 5 s.
 	MaxBackoff time.Duration
-	// MaxBusyDelay caps the wait after a *FleetBusyError, whatever delay
-	// berthd suggests. Default 30 s.
+	// MaxBusyDelay caps the wait after a *FleetBusyError (and the delay
+	// of a CLUSTER_UNAVAILABLE), whatever delay berthd suggests. Default 30 s.
 	MaxBusyDelay time.Duration
 	// OnRetry, when set, is called before each wait with the attempt that
 	// failed (1 for the first), its error and the wait, on the calling
@@ -86,6 +87,11 @@ func (c *Client) retry(ctx context.Context, call func() error) error {
 		} else {
 			wait = backoff/2 + rand.N(backoff/2+1)
 			backoff = min(2*backoff, p.MaxBackoff)
+			// A fleet whose etcd does not answer says when to come back
+			// (RetryInfo): no sooner, as for FLEET_BUSY.
+			if e := (*Error)(nil); errors.As(err, &e) && e.Reason == ReasonClusterUnavailable {
+				wait = max(wait, min(e.RetryDelay, p.MaxBusyDelay))
+			}
 		}
 		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
 			return err // the wait would outlast the call

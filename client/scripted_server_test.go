@@ -124,6 +124,14 @@ func busyStatusNoDelay(sandboxID string) error {
 			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED})
 }
 
+// clusterStatus is CLUSTER_UNAVAILABLE as a routing berthd answers when
+// the fleet's etcd did not answer within its budget.
+func clusterStatus(delay time.Duration) error {
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable,
+		fmt.Sprintf("the fleet's store (etcd) did not answer within 2s: nothing was sent to any node; retry after %v", delay), nil,
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+}
+
 func unreachableStatus(sandboxID string, admitted berthv1.Admitted) error {
 	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable,
 		"sandbox "+sandboxID+": the agent did not answer within the connect budget of 3s; nothing ran",

@@ -39,8 +39,16 @@ type RouterConfig struct {
 	// BusyRetryDelay is the retry delay of the fleet's FLEET_BUSY.
 	// Default 1 s.
 	BusyRetryDelay time.Duration
-	Log            *slog.Logger
+	// EtcdBudget bounds how long a routed call or a create waits for the
+	// fleet's etcd to answer the lookups that find its node (whatever
+	// the caller's deadline, or without one); past it the call fails
+	// UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo. Default 2 s.
+	EtcdBudget time.Duration
+	Log        *slog.Logger
 }
+
+// clusterRetryDelay is the retry delay a CLUSTER_UNAVAILABLE suggests.
+const clusterRetryDelay = time.Second
 
 // Router routes berth.v1 calls to the node that holds their sandbox: it is
 // a pair of gRPC interceptors that run after authentication (they need the
@@ -56,6 +64,9 @@ type Router struct {
 func NewRouter(cfg RouterConfig) *Router {
 	if cfg.BusyRetryDelay <= 0 {
 		cfg.BusyRetryDelay = time.Second
+	}
+	if cfg.EtcdBudget <= 0 {
+		cfg.EtcdBudget = 2 * time.Second
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -194,23 +205,51 @@ func (r *Router) holder(ctx context.Context, p auth.Principal, id string) (node 
 	if m := r.cfg.Member; m != nil && m.Holds(id) {
 		return NodeRecord{}, true, nil
 	}
-	rec, ok, err := r.cfg.Directory.Sandbox(ctx, id)
+	sctx, cancel := r.storeContext(ctx)
+	defer cancel()
+	rec, ok, err := r.cfg.Directory.Sandbox(sctx, id)
 	if err != nil || !ok {
-		return NodeRecord{}, err == nil, err
+		return NodeRecord{}, err == nil, r.storeFailed(ctx, err)
 	}
 	if m := r.cfg.Member; m != nil && rec.Node == m.NodeID() {
 		return NodeRecord{}, true, nil
 	}
-	node, live, err := r.cfg.Directory.LiveNode(ctx, rec.Node)
+	node, live, err := r.cfg.Directory.LiveNode(sctx, rec.Node)
 	switch {
 	case err != nil:
-		return NodeRecord{}, false, err
+		return NodeRecord{}, false, r.storeFailed(ctx, err)
 	case live:
 		return node, false, nil
 	case !p.Sees(rec.Owner):
 		return NodeRecord{}, true, nil
 	}
 	return NodeRecord{}, false, r.nodeUnreachable(id, rec.Node, true, berthv1.Admitted_ADMITTED_NOT_STARTED)
+}
+
+// storeContext returns the context of a call's etcd lookups: ctx bounded
+// by the etcd budget. Only lookups use it, never the forwarded call.
+func (r *Router) storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, r.cfg.EtcdBudget)
+}
+
+// storeFailed returns the error of a call whose etcd lookup under
+// storeContext(ctx) failed with err: the caller's own cancellation or
+// deadline as is, etcd not answering within the budget (or answering with
+// an error) UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo. Nothing was
+// sent to any node, so the call is safe to repeat.
+func (r *Router) storeFailed(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && rpcstatus.Reason(err) != rpcstatus.ReasonClusterUnavailable {
+		return err
+	}
+	msg := fmt.Sprintf("the fleet's store (etcd) did not answer within %v: nothing was sent to any node; retry after %v", r.cfg.EtcdBudget, clusterRetryDelay)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		msg = fmt.Sprintf("%s; nothing was sent to any node, retry after %v", status.Convert(err).Message(), clusterRetryDelay)
+	}
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, msg, nil,
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
 }
 
 // nodeUnreachable is UNAVAILABLE SANDBOX_UNREACHABLE for a sandbox whose
@@ -417,19 +456,22 @@ func (r *Router) create(ctx context.Context, p auth.Principal, req *berthv1.Crea
 	if id != "" && !sandboxid.Valid(id) {
 		return r.here(ctx, berthv1.SandboxService_CreateSandbox_FullMethodName, req, handler)
 	}
+	sctx, cancel := r.storeContext(ctx)
+	defer cancel()
 	if id != "" {
-		rec, ok, err := r.cfg.Directory.Sandbox(ctx, id)
+		rec, ok, err := r.cfg.Directory.Sandbox(sctx, id)
 		if err != nil {
-			return nil, err
+			return nil, r.storeFailed(ctx, err)
 		}
 		if ok {
 			return r.createAt(ctx, p, rec.Node, rec.Owner, id, req, handler)
 		}
 	}
-	nodes, err := r.cfg.Directory.Nodes(ctx)
+	nodes, err := r.cfg.Directory.Nodes(sctx)
 	if err != nil {
-		return nil, err
+		return nil, r.storeFailed(ctx, err)
 	}
+	cancel()
 	pl := place(nodes, placementRequest{image: req.GetImage(), memBytes: req.GetResources().GetMemoryBytes(), selector: selectorOf(req.GetLabels())})
 	var last error
 	for _, n := range pl.candidates {
@@ -455,10 +497,12 @@ func (r *Router) createAt(ctx context.Context, p auth.Principal, node, owner, id
 	if m := r.cfg.Member; m != nil && node == m.NodeID() {
 		return handler(ctx, req)
 	}
-	n, live, err := r.cfg.Directory.LiveNode(ctx, node)
+	sctx, cancel := r.storeContext(ctx)
+	n, live, err := r.cfg.Directory.LiveNode(sctx, node)
+	cancel()
 	switch {
 	case err != nil:
-		return nil, err
+		return nil, r.storeFailed(ctx, err)
 	case live:
 		return r.createOn(ctx, p, n, id, req, handler)
 	case !p.Sees(owner):
