@@ -132,12 +132,23 @@ func (c *Collector) Output(o *berthv1.ExecOutput) {
 	c.kept[s] = appendCapped(c.kept[s], data, c.caps[s])
 }
 
+// growDoubling is the capacity up to which a kept buffer grows by
+// doubling; past it, it grows once to its cap.
+const growDoubling = 64 << 10
+
 // appendCapped appends data to b, growing it at most to limit bytes of
-// capacity, so that a buffer never takes more memory than its cap.
+// capacity, so that a buffer never takes more memory than its cap. It
+// doubles small buffers and grows one past growDoubling to limit at once:
+// doubling to the cap would leave as much again in garbage (the old
+// arrays) until a collection, memory the budget does not count, while the
+// cap is what the budget reserved for the stream anyway.
 func appendCapped(b, data []byte, limit uint64) []byte {
 	need := len(b) + len(data)
 	if need > cap(b) {
 		n := uint64(max(2*cap(b), need, 4096))
+		if n > growDoubling {
+			n = limit
+		}
 		grown := make([]byte, len(b), min(n, limit))
 		copy(grown, b)
 		b = grown
