@@ -117,12 +117,14 @@ func NewCollector(stdoutCap, stderrCap uint64) *Collector {
 
 // Output takes one output event. Bytes beyond a stream's cap are counted
 // and discarded; an event of an unknown stream is ignored.
-func (c *Collector) Output(o *berthv1.ExecOutput) {
-	s := o.GetStream()
+func (c *Collector) Output(o *berthv1.ExecOutput) { c.Write(o.GetStream(), o.GetData()) }
+
+// Write takes the bytes of one output event of stream s, as Output does;
+// it keeps a copy of them, so data may be reused when it returns.
+func (c *Collector) Write(s berthv1.Stream, data []byte) {
 	if s != berthv1.Stream_STREAM_STDOUT && s != berthv1.Stream_STREAM_STDERR {
 		return
 	}
-	data := o.GetData()
 	c.received[s] += uint64(len(data))
 	room := c.caps[s] - uint64(len(c.kept[s]))
 	if room == 0 {
