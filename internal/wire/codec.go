@@ -17,8 +17,9 @@ import (
 
 // Codec is the gRPC codec of berth's hops: a *Frame goes to the wire and
 // comes from it as it is, a RunResponse goes with its output taken from
-// its own buffers, every other message through gRPC's own proto codec. Its name is "proto", so nothing changes on the wire: a peer that
-// uses the plain proto codec reads and writes the same bytes. Servers take
+// its own buffers, every other message through gRPC's own proto codec.
+// Its name is "proto", so nothing changes on the wire: a peer that uses
+// the plain proto codec reads and writes the same bytes. Servers take
 // it through ServerOptions, calls through CallOption.
 type Codec struct{}
 
