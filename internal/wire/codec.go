@@ -2,6 +2,7 @@ package wire
 
 import (
 	"fmt"
+	"slices"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -10,12 +11,15 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // Codec is the gRPC codec of berth's hops: a *Frame goes to the wire and
-// comes from it as it is, every other message through gRPC's own proto
-// codec. Its name is "proto", so nothing changes on the wire: a peer that
-// uses the plain proto codec reads and writes the same bytes. Servers take
+// comes from it as it is, a RunResponse goes with its output taken from
+// its own buffers, every other message through gRPC's own proto codec.
+// Its name is "proto", so nothing changes on the wire: a peer that uses
+// the plain proto codec reads and writes the same bytes. Servers take
 // it through ServerOptions, calls through CallOption.
 type Codec struct{}
 
@@ -25,14 +29,64 @@ var protoCodec = encoding.GetCodecV2(protocodec.Name)
 func (Codec) Name() string { return protocodec.Name }
 
 // Marshal returns a *Frame's buffers, handing them to gRPC (the frame is
-// empty afterwards), or encodes any other message with protobuf.
+// empty afterwards), encodes a RunResponse with its output by reference
+// (marshalByReference), and any other message with protobuf.
 func (Codec) Marshal(v any) (mem.BufferSlice, error) {
-	if f, ok := v.(*Frame); ok {
-		data := f.data
-		*f = Frame{}
+	switch m := v.(type) {
+	case *Frame:
+		data := m.data
+		*m = Frame{}
 		return data, nil
+	case *berthv1.RunResponse:
+		// A unary response: built once, never changed after the
+		// handler returns it.
+		return marshalByReference(m)
 	}
 	return protoCodec.Marshal(v)
+}
+
+// referenceBytes is the size from which marshalByReference sends a bytes
+// field from the message's own buffer.
+const referenceBytes = 64 << 10
+
+// marshalByReference encodes m with its bytes fields of referenceBytes or
+// more as references to m's own buffers: gRPC's proto codec would copy
+// them into a buffer of its own, so that a Run's output (up to 64 MiB)
+// took twice its size while it was sent (issue 21). The large fields
+// follow the others on the wire, which protobuf allows (fields may come
+// in any order). m must not change until gRPC has written it, so this is
+// only for messages built once and sent once.
+func marshalByReference(m proto.Message) (mem.BufferSlice, error) {
+	r := m.ProtoReflect()
+	var large []protoreflect.FieldDescriptor
+	r.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Kind() == protoreflect.BytesKind && !fd.IsList() && len(v.Bytes()) >= referenceBytes {
+			large = append(large, fd)
+		}
+		return true
+	})
+	if len(large) == 0 {
+		return protoCodec.Marshal(m)
+	}
+	rest := r.New()
+	r.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if !slices.Contains(large, fd) {
+			rest.Set(fd, v)
+		}
+		return true
+	})
+	rest.SetUnknown(r.GetUnknown())
+	head, err := proto.Marshal(rest.Interface())
+	if err != nil {
+		return nil, err
+	}
+	data := mem.BufferSlice{mem.SliceBuffer(head)}
+	for _, fd := range large {
+		b := r.Get(fd).Bytes()
+		tag := protowire.AppendVarint(protowire.AppendTag(nil, fd.Number(), protowire.BytesType), uint64(len(b)))
+		data = append(data, mem.SliceBuffer(tag), mem.SliceBuffer(b))
+	}
+	return data, nil
 }
 
 // Unmarshal makes a *Frame hold the message's buffers (a reference to

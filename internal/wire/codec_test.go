@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"crypto/rand"
+	"runtime"
 	"testing"
 
 	"google.golang.org/grpc/mem"
@@ -144,5 +145,59 @@ func TestCodecOtherMessages(t *testing.T) {
 	}
 	if _, err := (Codec{}).Marshal("not a message"); err == nil {
 		t.Error("Marshal(string) = nil error, want one")
+	}
+}
+
+// TestCodecRunResponse: a RunResponse's large output goes to the wire
+// from the response's own buffers, not a copy of them (issue 21: the copy
+// doubled what a Run's output holds while it is sent), and decodes to the
+// same response, small or large, whoever decodes it.
+func TestCodecRunResponse(t *testing.T) {
+	res := &berthv1.ExecResult{ExitCode: proto.Int32(3), StdoutBytes: 99 << 20, StdoutTruncated: true}
+	for _, tt := range []struct {
+		name           string
+		stdout, stderr int
+	}{
+		{"large stdout", 63 << 20, 1 << 20},
+		{"large stderr", 10, 2 << 20},
+		{"small", 100, 5},
+		{"empty", 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			in := &berthv1.RunResponse{ExecId: "ex", Result: res, Stdout: random(tt.stdout), Stderr: random(tt.stderr)}
+			// Two collections empty gRPC's buffer pools (sync.Pool), which
+			// would otherwise lend an earlier subtest's buffer unseen.
+			runtime.GC()
+			runtime.GC()
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			out, err := (Codec{}).Marshal(in)
+			runtime.ReadMemStats(&after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+				t.Errorf("Marshal of %d + %d bytes of output allocated %d bytes, want at most 64 KiB", tt.stdout, tt.stderr, got)
+			}
+			for _, decode := range []struct {
+				name string
+				fn   func(m proto.Message) error
+			}{
+				{"Codec", func(m proto.Message) error { return (Codec{}).Unmarshal(split(out.Materialize(), 16<<10), m) }},
+				{"proto", func(m proto.Message) error { return proto.Unmarshal(out.Materialize(), m) }},
+			} {
+				var got berthv1.RunResponse
+				if err := decode.fn(&got); err != nil {
+					t.Fatalf("%s: %v", decode.name, err)
+				}
+				if !proto.Equal(&got, in) {
+					t.Errorf("%s: decoded %d + %d bytes of output, exec %q, result %v; want the response sent", decode.name,
+						len(got.GetStdout()), len(got.GetStderr()), got.GetExecId(), got.GetResult())
+				}
+			}
+			if want := proto.Size(in); out.Len() != want {
+				t.Errorf("encoded %d bytes, want %d (proto.Size)", out.Len(), want)
+			}
+		})
 	}
 }

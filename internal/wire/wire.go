@@ -1,7 +1,8 @@
 // Package wire holds how berth's messages travel between its hops — the Go
 // client to berthd, berthd to each sandbox's agent: HTTP/2 flow-control
 // windows, the buffers between gRPC and the socket, and a codec that moves
-// file data chunks without protobuf's decode and encode (Codec, Frame).
+// file data chunks without protobuf's decode and encode (Codec, Frame) and
+// sends a Run's output without copying it.
 //
 // The windows are fixed rather than grpc-go's default (64 KiB, grown by
 // BDP estimation up to 16 MiB per stream and connection): from the first

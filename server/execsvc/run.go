@@ -9,6 +9,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/telemetry"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
@@ -66,7 +67,7 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		return nil, apierr.WithMeta(err, meta)
 	}
 	defer guard.close()
-	upstream, err := guard.agent.Exec(guard.streamContext(ctx))
+	upstream, err := guard.agent.Exec(guard.streamContext(ctx), wire.CallOption())
 	if err != nil {
 		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
 	}
@@ -79,8 +80,27 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
 	}
 	out := runout.NewCollector(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
+	var (
+		fr  wire.Frame
+		buf []byte
+	)
+	defer fr.Free()
 	for {
-		msg, err := upstream.Recv()
+		err := upstream.RecvMsg(&fr)
+		msg := &agentv1.ExecResponse{}
+		if err == nil {
+			// An output event's bytes go from gRPC's buffers into the
+			// collector: decoding each event would copy them first, as
+			// much garbage again as the Run's output (issue 21).
+			if seq, stream, ok := fr.ExecOutput(); ok {
+				guard.seenOutput(seq, stream, fr.DataLen())
+				out.Write(stream, fr.Data(&buf))
+				fr.Free()
+				continue
+			}
+			err = fr.Decode(msg)
+			fr.Free()
+		}
 		if err != nil {
 			return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
 		}

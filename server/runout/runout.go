@@ -117,12 +117,14 @@ func NewCollector(stdoutCap, stderrCap uint64) *Collector {
 
 // Output takes one output event. Bytes beyond a stream's cap are counted
 // and discarded; an event of an unknown stream is ignored.
-func (c *Collector) Output(o *berthv1.ExecOutput) {
-	s := o.GetStream()
+func (c *Collector) Output(o *berthv1.ExecOutput) { c.Write(o.GetStream(), o.GetData()) }
+
+// Write takes the bytes of one output event of stream s, as Output does;
+// it keeps a copy of them, so data may be reused when it returns.
+func (c *Collector) Write(s berthv1.Stream, data []byte) {
 	if s != berthv1.Stream_STREAM_STDOUT && s != berthv1.Stream_STREAM_STDERR {
 		return
 	}
-	data := o.GetData()
 	c.received[s] += uint64(len(data))
 	room := c.caps[s] - uint64(len(c.kept[s]))
 	if room == 0 {
@@ -132,12 +134,23 @@ func (c *Collector) Output(o *berthv1.ExecOutput) {
 	c.kept[s] = appendCapped(c.kept[s], data, c.caps[s])
 }
 
+// growDoubling is the capacity up to which a kept buffer grows by
+// doubling; past it, it grows once to its cap.
+const growDoubling = 64 << 10
+
 // appendCapped appends data to b, growing it at most to limit bytes of
-// capacity, so that a buffer never takes more memory than its cap.
+// capacity, so that a buffer never takes more memory than its cap. It
+// doubles small buffers and grows one past growDoubling to limit at once:
+// doubling to the cap would leave as much again in garbage (the old
+// arrays) until a collection, memory the budget does not count, while the
+// cap is what the budget reserved for the stream anyway.
 func appendCapped(b, data []byte, limit uint64) []byte {
 	need := len(b) + len(data)
 	if need > cap(b) {
 		n := uint64(max(2*cap(b), need, 4096))
+		if n > growDoubling {
+			n = limit
+		}
 		grown := make([]byte, len(b), min(n, limit))
 		copy(grown, b)
 		b = grown

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"runtime"
 	"testing"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -109,6 +110,55 @@ func TestCollectorBoundsMemory(t *testing.T) {
 	}
 	if !resp.GetResult().GetStdoutTruncated() || !resp.GetResult().GetStderrTruncated() {
 		t.Errorf("truncated = %v/%v, want true/true", resp.GetResult().GetStdoutTruncated(), resp.GetResult().GetStderrTruncated())
+	}
+}
+
+// TestCollectorAllocates collects streams of various sizes in the agent's
+// 32 KiB events: what a Collector allocates for them, Response included,
+// is at most its caps plus collectorSlack, so the budget, which reserves
+// the caps, counts what a Run's buffers cost (issue 21: buffers grown by
+// doubling left as much again in garbage).
+func TestCollectorAllocates(t *testing.T) {
+	const collectorSlack = 256 << 10
+	chunk := bytes.Repeat([]byte{'z'}, 32<<10)
+	for _, tt := range []struct {
+		name      string
+		caps      [2]uint64
+		out, errs int // bytes written to stdout and stderr
+	}{
+		{"full caps", [2]uint64{63 << 20, 1 << 20}, 63 << 20, 1 << 20},
+		{"the defaults, half used", [2]uint64{2 << 20, 1 << 20}, 1 << 20, 512 << 10},
+		{"beyond the caps", [2]uint64{8 << 20, 1 << 20}, 32 << 20, 4 << 20},
+		{"small", [2]uint64{2 << 20, 1 << 20}, 64 << 10, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			c := runout.NewCollector(tt.caps[0], tt.caps[1])
+			for _, s := range []struct {
+				stream berthv1.Stream
+				n      int
+			}{{stdout, tt.out}, {stderr, tt.errs}} {
+				ev := &berthv1.ExecOutput{Stream: s.stream, Data: chunk}
+				for n := 0; n < s.n; n += len(chunk) {
+					c.Output(ev)
+				}
+			}
+			resp, err := c.Response("ex", &berthv1.ExecResult{})
+			runtime.ReadMemStats(&after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := len(resp.GetStdout()), min(tt.out, int(tt.caps[0])); got != want {
+				t.Fatalf("stdout = %d bytes, want %d", got, want)
+			}
+			got := after.TotalAlloc - before.TotalAlloc
+			if want := tt.caps[0] + tt.caps[1] + collectorSlack; got > want {
+				t.Errorf("collecting %d + %d bytes with caps %d + %d allocated %d bytes, want at most the caps + %d (%d)",
+					tt.out, tt.errs, tt.caps[0], tt.caps[1], got, collectorSlack, want)
+			}
+			t.Logf("%d + %d bytes collected with caps %d + %d: %d bytes allocated", tt.out, tt.errs, tt.caps[0], tt.caps[1], got)
+		})
 	}
 }
 
