@@ -83,11 +83,11 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	var (
 		fr  wire.Frame
 		buf []byte
+		msg agentv1.ExecResponse // reused for the events that are not output, as Exec does
 	)
 	defer fr.Free()
 	for {
 		err := upstream.RecvMsg(&fr)
-		msg := &agentv1.ExecResponse{}
 		if err == nil {
 			// An output event's bytes go from gRPC's buffers into the
 			// collector: decoding each event would copy them first, as
@@ -98,13 +98,14 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 				fr.Free()
 				continue
 			}
-			err = fr.Decode(msg)
+			msg.Reset()
+			err = fr.Decode(&msg)
 			fr.Free()
 		}
 		if err != nil {
 			return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
 		}
-		guard.seen(msg)
+		guard.seen(&msg)
 		switch ev := msg.GetEvent().(type) {
 		case *agentv1.ExecResponse_Output:
 			out.Output(ev.Output)
