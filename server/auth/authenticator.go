@@ -42,6 +42,7 @@ var AdminOnly = map[string]bool{
 	berthv1.NodeService_ListNodes_FullMethodName:   true,
 	berthv1.NodeService_DrainNode_FullMethodName:   true,
 	berthv1.NodeService_UndrainNode_FullMethodName: true,
+	berthv1.NodeService_RemoveNode_FullMethodName:  true,
 }
 
 // Config configures an Authenticator. The zero Config authenticates unix
