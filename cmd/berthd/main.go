@@ -68,7 +68,7 @@ func main() {
 		authCfg.Admins = append(authCfg.Admins, v)
 		return nil
 	})
-	flag.Func("node-principal", "`PRINCIPAL` of another berthd node, which may act on behalf of a caller by naming it in the berth-forwarded-principal metadata (repeatable)", func(v string) error {
+	flag.Func("node-principal", "`PRINCIPAL` of another berthd node, which may forward sandbox and file calls on behalf of a caller named in the berth-forwarded-principal metadata, and nothing else; the caller is an admin only with its own token in berth-forwarded-token (repeatable)", func(v string) error {
 		authCfg.Nodes = append(authCfg.Nodes, v)
 		return nil
 	})

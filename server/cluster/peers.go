@@ -145,9 +145,10 @@ func (p *Peers) conn(node NodeRecord) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
-// forwarded returns the outgoing context of a call made for principal p.
+// forwarded returns the outgoing context of a call made for principal p
+// (auth.Principal.ForwardingMD).
 func forwarded(ctx context.Context, p auth.Principal) context.Context {
-	return metadata.NewOutgoingContext(ctx, metadata.Pairs(auth.ForwardedHeader, p.Name))
+	return metadata.NewOutgoingContext(ctx, p.ForwardingMD())
 }
 
 // bearer sends a node's bearer token.

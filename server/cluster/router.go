@@ -78,10 +78,7 @@ func NewRouter(cfg RouterConfig) *Router {
 // routedServices are the services whose calls name a sandbox and go to its
 // node. Every other service (images, nodes, health, reflection) is served
 // by the berthd called.
-var routedServices = map[string]bool{
-	berthv1.SandboxService_ServiceDesc.ServiceName: true,
-	berthv1.FileService_ServiceDesc.ServiceName:    true,
-}
+var routedServices = auth.ForwardedServices
 
 // readOnly are the routed methods that change nothing: when their node
 // breaks off, nothing took effect (ADMITTED_NOT_STARTED). A broken call of
