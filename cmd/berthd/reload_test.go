@@ -131,8 +131,6 @@ func TestClientTLSReload(t *testing.T) {
 	}
 }
 
-
-
 // TestPeerTokenReload checks that the peer token file is re-read at
 // Reload, and that an unreadable or empty file keeps the token.
 func TestPeerTokenReload(t *testing.T) {

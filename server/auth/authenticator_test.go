@@ -349,7 +349,10 @@ func TestNodePrincipal(t *testing.T) {
 			defer c.Close()
 			return c.DeleteImage(t.Context(), "x")
 		}, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
-		{"an image call forwarding root", func() error { _, err := whoIs(t, f.unixAddr, append(node(auth.RootPrincipal)[1:], client.WithInsecure())...); return err }, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
+		{"an image call forwarding root", func() error {
+			_, err := whoIs(t, f.unixAddr, append(node(auth.RootPrincipal)[1:], client.WithInsecure())...)
+			return err
+		}, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if code, reason := reasonOf(tc.call()); code != tc.wantCode || reason != tc.wantReason {
