@@ -57,6 +57,8 @@ const (
 	ReasonClusterUnavailable = "CLUSTER_UNAVAILABLE" // the cluster store (etcd) does not answer, or no node holds a lease
 	ReasonNotClustered       = "NOT_CLUSTERED"       // a NodeService call to a berthd outside a fleet
 	ReasonNodeNotFound       = "NODE_NOT_FOUND"      // no node of that id in the fleet
+	ReasonNodeLive           = "NODE_LIVE"           // RemoveNode of a node that holds a lease: stop its berthd first
+	ReasonNodeChanged        = "NODE_CHANGED"        // RemoveNode raced the node registering or its records changing: list and try again
 	ReasonNoMatchingNode     = "NO_MATCHING_NODE"    // no node has the labels the sandbox's node.berth.dev/ labels ask for
 	ReasonNotANode           = "NOT_A_NODE"          // an image call to a gateway berthd, which holds no images
 	// The sandbox's own limits (RESOURCE_EXHAUSTED): nothing was started;

@@ -49,3 +49,23 @@ func (c *Client) UndrainNode(ctx context.Context, id string) (*berthv1.Node, err
 	}
 	return resp.GetNode(), nil
 }
+
+// RemoveNode forgets the lost node id and the records of its sandboxes,
+// returning the ids of those sandboxes, ordered; with dryRun it removes
+// nothing and returns what it would remove. It touches no sandbox. It is
+// for admins. Errors: codes.FailedPrecondition (ReasonNodeLive) for a node
+// that holds a lease, codes.NotFound (ReasonNodeNotFound), codes.Aborted
+// (ReasonNodeChanged) when the node registered or its records changed
+// meanwhile, as for ListNodes otherwise. A retry after a lost answer may
+// find the node removed already (ReasonNodeNotFound).
+func (c *Client) RemoveNode(ctx context.Context, id string, dryRun bool) ([]string, error) {
+	var resp *berthv1.RemoveNodeResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.nodes.RemoveNode(ctx, &berthv1.RemoveNodeRequest{NodeId: id, DryRun: dryRun})
+		return convertError(err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSandboxIds(), nil
+}

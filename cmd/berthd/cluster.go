@@ -18,6 +18,7 @@ import (
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/cluster"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/credentials"
 )
 
 // clusterFlags are the flags of a fleet of berthd nodes (see docs/fleet.md).
@@ -52,8 +53,8 @@ func (f *clusterFlags) register() {
 	flag.StringVar(&f.embedDir, "etcd-embed-dir", "", "data directory of the embedded etcd (default <state-dir>/etcd)")
 	flag.StringVar(&f.embedClientURL, "etcd-embed-client-url", "http://127.0.0.1:2379", "client URL the embedded etcd serves (no authentication: keep it on loopback or a trusted network)")
 	flag.StringVar(&f.embedPeerURL, "etcd-embed-peer-url", "http://127.0.0.1:2380", "peer URL of the embedded etcd")
-	flag.StringVar(&f.etcdCA, "etcd-ca", "", "PEM CA bundle that signed the etcd servers' certificates (https endpoints)")
-	flag.StringVar(&f.etcdCert, "etcd-cert", "", "PEM client certificate for etcd (with --etcd-key)")
+	flag.StringVar(&f.etcdCA, "etcd-ca", "", "PEM CA bundle that signed the etcd servers' certificates (https endpoints); re-read on SIGHUP")
+	flag.StringVar(&f.etcdCert, "etcd-cert", "", "PEM client certificate for etcd (with --etcd-key); re-read on SIGHUP")
 	flag.StringVar(&f.etcdKey, "etcd-key", "", "PEM key of --etcd-cert")
 	flag.StringVar(&f.prefix, "cluster-prefix", cluster.DefaultPrefix, "prefix of the fleet's keys in etcd (several fleets may share one etcd)")
 	flag.StringVar(&f.nodeID, "node-id", strings.ToLower(host), "this node's id in the fleet, [a-z0-9-] (default: the host name); the first start records it in <state-dir>/node-id and a start with another id there is refused")
@@ -72,9 +73,9 @@ func (f *clusterFlags) register() {
 	flag.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "lease time of this node in the fleet: after it stops refreshing, other nodes report its sandboxes as lost (NODE_LOST) within this long")
 	flag.DurationVar(&f.etcdBudget, "etcd-budget", 2*time.Second, "how long a routed call or a create waits for etcd to say which node serves it; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline")
 	flag.BoolVar(&f.gateway, "gateway", false, "route the fleet's calls without running sandboxes: no containerd, no images (needs --etcd-endpoints)")
-	flag.StringVar(&f.peerTokenFile, "peer-token-file", "", "file holding the bearer token this berthd sends to the fleet's other nodes (a token of a --node-principal there)")
-	flag.StringVar(&f.peerCA, "peer-tls-ca", "", "PEM CA bundle that signed the other nodes' server certificates (default: the system's roots)")
-	flag.StringVar(&f.peerCert, "peer-tls-cert", "", "PEM client certificate this berthd presents to the other nodes (its common name a --node-principal there)")
+	flag.StringVar(&f.peerTokenFile, "peer-token-file", "", "file holding the bearer token this berthd sends to the fleet's other nodes (a token of a --node-principal there); re-read on SIGHUP")
+	flag.StringVar(&f.peerCA, "peer-tls-ca", "", "PEM CA bundle that signed the other nodes' server certificates (default: the system's roots); re-read on SIGHUP")
+	flag.StringVar(&f.peerCert, "peer-tls-cert", "", "PEM client certificate this berthd presents to the other nodes (its common name a --node-principal there); re-read on SIGHUP")
 	flag.StringVar(&f.peerKey, "peer-tls-key", "", "PEM key of --peer-tls-cert")
 	flag.StringVar(&f.peerServerName, "peer-tls-server-name", "", "name to verify the other nodes' certificates against instead of their address's host")
 	flag.BoolVar(&f.peerInsecure, "peer-insecure", false, "reach the other nodes in plaintext (nodes serving --insecure-tcp only)")
@@ -135,6 +136,8 @@ type fleet struct {
 	directory *cluster.Directory
 	peers     *cluster.Peers
 	nodes     *cluster.NodeService
+	// reloads re-read the files of the fleet's TLS and token at SIGHUP.
+	reloads []reloader
 }
 
 // open starts the embedded etcd when asked, connects to the store and
@@ -155,12 +158,17 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		endpoints = e.Endpoints()
 		log.Info("embedded etcd serving", slog.Any("endpoints", endpoints), slog.String("dir", dir))
 	}
-	etcdTLS, err := tlsConfig(f.etcdCA, f.etcdCert, f.etcdKey, "")
+	etcdTLS, err := newClientTLS(f.etcdCA, f.etcdCert, f.etcdKey, "")
 	if err != nil {
 		fl.Close()
 		return nil, fmt.Errorf("etcd TLS: %w", err)
 	}
-	if fl.cli, err = cluster.Connect(ctx, cluster.StoreConfig{Endpoints: endpoints, TLS: etcdTLS}, log); err != nil {
+	store := cluster.StoreConfig{Endpoints: endpoints}
+	if etcdTLS != nil {
+		store.TLS, store.Credentials = etcdTLS.Config(), etcdTLS
+		fl.reloads = append(fl.reloads, reloader{"etcd TLS", etcdTLS.Reload})
+	}
+	if fl.cli, err = cluster.Connect(ctx, store, log); err != nil {
 		fl.Close()
 		return nil, err
 	}
@@ -173,21 +181,26 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 	}
 	creds := cluster.PeerCredentials{}
 	if !f.peerInsecure {
-		if creds.TLS, err = tlsConfig(f.peerCA, f.peerCert, f.peerKey, f.peerServerName); err != nil {
+		peerTLS, err := newClientTLS(f.peerCA, f.peerCert, f.peerKey, f.peerServerName)
+		if err != nil {
 			fl.Close()
 			return nil, fmt.Errorf("peer TLS: %w", err)
 		}
-		if creds.TLS == nil {
-			creds.TLS = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: f.peerServerName}
+		if peerTLS != nil {
+			creds.TLS = peerTLS
+			fl.reloads = append(fl.reloads, reloader{"peer TLS", peerTLS.Reload})
+		} else {
+			creds.TLS = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12}) // the system's roots
 		}
 	}
 	if f.peerTokenFile != "" {
-		b, err := os.ReadFile(f.peerTokenFile)
+		tok, err := newFileToken(f.peerTokenFile)
 		if err != nil {
 			fl.Close()
 			return nil, fmt.Errorf("--peer-token-file: %w", err)
 		}
-		creds.Token = strings.TrimSpace(string(b))
+		creds.Token = tok.Token
+		fl.reloads = append(fl.reloads, reloader{"peer token", tok.Reload})
 	}
 	fl.peers = cluster.NewPeers(creds, connectBudget)
 	fl.nodes = cluster.NewNodeService(fl.cli, f.prefix)

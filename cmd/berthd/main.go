@@ -68,7 +68,7 @@ func main() {
 		authCfg.Admins = append(authCfg.Admins, v)
 		return nil
 	})
-	flag.Func("node-principal", "`PRINCIPAL` of another berthd node, which may act on behalf of a caller by naming it in the berth-forwarded-principal metadata (repeatable)", func(v string) error {
+	flag.Func("node-principal", "`PRINCIPAL` of another berthd node, which may forward sandbox and file calls on behalf of a caller named in the berth-forwarded-principal metadata, and nothing else; the caller is an admin only with its own token in berth-forwarded-token (repeatable)", func(v string) error {
 		authCfg.Nodes = append(authCfg.Nodes, v)
 		return nil
 	})
@@ -286,7 +286,8 @@ func main() {
 
 // run re-adopts the namespace's sandboxes, then serves until SIGTERM or
 // SIGINT and stops gracefully. Sandboxes keep running, to be re-adopted by
-// the next berthd. SIGHUP re-reads the token file and the TLS material.
+// the next berthd. SIGHUP re-reads the token file and the TLS material,
+// and in a fleet the peer and etcd TLS files and the peer token file.
 // With cluster flags the berthd is a node of a fleet: it registers under a
 // lease after the re-adoption, routes calls for other nodes' sandboxes,
 // and revokes its lease when it stops.
@@ -297,7 +298,8 @@ func main() {
 // asked for a limit it cannot keep); with neither, it starts and warns that
 // the disk of sandboxes is unlimited, and requests naming a quota are refused.
 func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clusterFlags, listens []string, metricsAt string, pprofOn bool, authn *auth.Authenticator, socket socketFlags, transport transportFlags, diskDefaultSet bool) error {
-	ctx, stop := signals(log, authn)
+	hup := &reloads{list: []reloader{{"tokens and TLS", authn.Reload}}}
+	ctx, stop := signals(log, hup)
 	defer stop()
 	defer transport.releaseMemory(ctx, log)()
 
@@ -342,6 +344,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 			return err
 		}
 		defer fl.Close()
+		hup.add(fl.reloads...)
 		if member, err = cf.member(fl, rtCfg.StateDir, log); err != nil {
 			return err
 		}
@@ -388,7 +391,8 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 // runGateway serves a fleet's API without containerd: every call goes to
 // the node that holds its sandbox.
 func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudget, busyRetryDelay time.Duration, listens []string, authn *auth.Authenticator, socket socketFlags, transport transportFlags) error {
-	ctx, stop := signals(log, authn)
+	hup := &reloads{list: []reloader{{"tokens and TLS", authn.Reload}}}
+	ctx, stop := signals(log, hup)
 	defer stop()
 	defer transport.releaseMemory(ctx, log)()
 	fl, err := cf.open(ctx, log, stateDir, connectBudget)
@@ -396,27 +400,26 @@ func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudg
 		return err
 	}
 	defer fl.Close()
+	hup.add(fl.reloads...)
 	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, EtcdBudget: cf.etcdBudget, Log: log})
 	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes), server.WithTransport(transport.cfg))
 	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), slog.String("version", server.Version), slog.Bool("gateway", true))
 }
 
-// signals returns a context that ends at SIGTERM or SIGINT, and re-reads
-// authn's files at each SIGHUP until stop.
-func signals(log *slog.Logger, authn *auth.Authenticator) (context.Context, func()) {
+// signals returns a context that ends at SIGTERM or SIGINT, and runs
+// hup's reloads at each SIGHUP until stop.
+func signals(log *slog.Logger, hup *reloads) (context.Context, func()) {
 	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	reloads := make(chan struct{})
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	reloaded := make(chan struct{})
 	hupCtx, hupStop := context.WithCancel(ctx)
 	go func() {
-		defer close(reloads)
+		defer close(reloaded)
 		for {
 			select {
-			case <-hup:
-				if err := authn.Reload(); err != nil {
-					log.Error("reload on SIGHUP failed; keeping the tokens and TLS material loaded before", slog.Any("error", err))
-				}
+			case <-hups:
+				hup.run(log)
 			case <-hupCtx.Done():
 				return
 			}
@@ -424,8 +427,8 @@ func signals(log *slog.Logger, authn *auth.Authenticator) (context.Context, func
 	}()
 	return ctx, func() {
 		hupStop()
-		<-reloads
-		signal.Stop(hup)
+		<-reloaded
+		signal.Stop(hups)
 		stopSignals()
 	}
 }

@@ -80,6 +80,11 @@ const (
 	ReasonNotClustered       = "NOT_CLUSTERED"
 	ReasonNodeNotFound       = "NODE_NOT_FOUND"
 	ReasonNoMatchingNode     = "NO_MATCHING_NODE"
+	// ReasonNodeLive (FAILED_PRECONDITION): RemoveNode of a node that
+	// holds a lease. ReasonNodeChanged (ABORTED): the node registered, or
+	// one of its sandbox records changed, while RemoveNode removed them.
+	ReasonNodeLive    = "NODE_LIVE"
+	ReasonNodeChanged = "NODE_CHANGED"
 	// ReasonNotANode (FAILED_PRECONDITION): an image call to a gateway
 	// berthd, which holds no image store.
 	ReasonNotANode = "NOT_A_NODE"

@@ -17,7 +17,11 @@
 // pull, delete) are for admins only (AdminOnly). Node principals
 // (Config.Nodes) may act on behalf of another principal by naming it in
 // ForwardedHeader, for berthd nodes routing a caller's request to the node
-// that holds its sandbox.
+// that holds its sandbox — and nothing else: only the services of
+// ForwardedServices, never as themselves, and the principal they name is
+// an admin only when they also pass on its own bearer token
+// (ForwardedTokenHeader), so that the node credential that every node
+// holds cannot act as an admin.
 //
 // The interceptors (Authenticator.UnaryInterceptors, StreamInterceptors)
 // authenticate every request but the health service, then hand the
@@ -32,6 +36,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"google.golang.org/grpc/metadata"
 )
 
 // Principal is who makes a request.
@@ -50,6 +56,22 @@ type Principal struct {
 	// Method says how the principal was authenticated: "unix", "token" or
 	// "tls".
 	Method string
+	// token is the bearer token the principal authenticated with, if
+	// any: passed on when a node forwards an admin's call (ForwardingMD).
+	token string
+}
+
+// ForwardingMD returns the metadata with which a node forwards a call made
+// by p to another node: ForwardedHeader naming p and, when p is an admin
+// who authenticated with a bearer token, that token in
+// ForwardedTokenHeader, by which the receiving node checks that an admin
+// made the call. Without it the receiver treats p as a non-admin.
+func (p Principal) ForwardingMD() metadata.MD {
+	md := metadata.Pairs(ForwardedHeader, p.Name)
+	if p.Admin && p.token != "" {
+		md.Set(ForwardedTokenHeader, p.token)
+	}
+	return md
 }
 
 // RootPrincipal is the principal of uid 0 on berthd's unix socket. It is an

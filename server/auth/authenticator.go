@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync/atomic"
 
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
@@ -29,6 +30,24 @@ import (
 // refuses it (PERMISSION_DENIED) from anyone else.
 const ForwardedHeader = "berth-forwarded-principal"
 
+// ForwardedTokenHeader is the metadata key in which a node forwarding an
+// admin's call passes on the bearer token the admin authenticated with
+// (Principal.ForwardingMD). A forwarded principal is an admin on the
+// receiving berthd only when this token is in the receiver's own token file
+// under that principal's name, and the principal is an admin there: the
+// node credential alone, which every node holds, cannot act as an admin.
+const ForwardedTokenHeader = "berth-forwarded-token"
+
+// ForwardedServices are the services whose calls a node principal may
+// forward (and the only ones it may call): those naming a sandbox, which
+// a node routes to the node holding it (server/cluster's Router). A node
+// principal calling any other service, or calling without naming the
+// principal it acts for, is refused PERMISSION_DENIED.
+var ForwardedServices = map[string]bool{
+	berthv1.SandboxService_ServiceDesc.ServiceName: true,
+	berthv1.FileService_ServiceDesc.ServiceName:    true,
+}
+
 // AdminOnly are the methods only admins may call (PERMISSION_DENIED for
 // others). Images are one store that every principal's sandboxes are
 // created from: an import under an existing name replaces what everyone's
@@ -42,6 +61,7 @@ var AdminOnly = map[string]bool{
 	berthv1.NodeService_ListNodes_FullMethodName:   true,
 	berthv1.NodeService_DrainNode_FullMethodName:   true,
 	berthv1.NodeService_UndrainNode_FullMethodName: true,
+	berthv1.NodeService_RemoveNode_FullMethodName:  true,
 }
 
 // Config configures an Authenticator. The zero Config authenticates unix
@@ -67,15 +87,16 @@ type Config struct {
 	// change the image store, beyond RootPrincipal.
 	Admins []string
 	// Nodes are principals (other berthd nodes) that may act on behalf of
-	// another principal by naming it in ForwardedHeader.
+	// another principal by naming it in ForwardedHeader, for the services
+	// of ForwardedServices only, and never as themselves.
 	Nodes []string
 	// UnixHost, when set (a node of a fleet sets its node id), qualifies
 	// the principals of unix socket peers other than root with it:
 	// "unix:uid:1000@node-a". A uid names a user of one host only, so the
 	// sandboxes uid 1000 creates through node-a are not those of uid 1000
-	// on node-b. Root stays RootPrincipal, an admin on every node: root on
-	// any node holds that node's credentials, with which it can act as
-	// anyone in the fleet.
+	// on node-b. Root stays RootPrincipal, an admin on its own node; its
+	// calls forwarded to other nodes are not an admin's there (see
+	// ForwardedTokenHeader).
 	UnixHost string
 }
 
@@ -246,7 +267,14 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 	if err != nil {
 		return nil, err
 	}
-	if fwd := metadata.ValueFromIncomingContext(ctx, ForwardedHeader); len(fwd) > 0 {
+	method, _ := grpc.Method(ctx)
+	fwd := metadata.ValueFromIncomingContext(ctx, ForwardedHeader)
+	switch {
+	case a.nodes[p.Name] && len(fwd) == 0:
+		return nil, permissionDenied(fmt.Sprintf("principal %s is a node principal: it may only forward calls for the principal it names in %s, never call as itself", p.Name, ForwardedHeader))
+	case a.nodes[p.Name] && !ForwardedServices[serviceOf(method)]:
+		return nil, permissionDenied(fmt.Sprintf("node principal %s may forward only the sandbox and file calls that nodes route; %s is not one", p.Name, method))
+	case len(fwd) > 0:
 		if !a.nodes[p.Name] {
 			return nil, permissionDenied(fmt.Sprintf("principal %s may not act on behalf of another (%s is honored from node principals only)", p.Name, ForwardedHeader))
 		}
@@ -256,13 +284,46 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 		if err := ValidName(fwd[0], true); err != nil {
 			return nil, unauthenticated(ForwardedHeader + ": " + err.Error())
 		}
-		p = Principal{Name: fwd[0], Via: p.Name, Method: p.Method}
+		admin, err := a.forwardedAdmin(ctx, fwd[0])
+		if err != nil {
+			return nil, err
+		}
+		p = Principal{Name: fwd[0], Admin: admin, Via: p.Name, Method: p.Method}
+	default:
+		p.Admin = p.Name == RootPrincipal || a.admins[p.Name]
 	}
-	p.Admin = p.Name == RootPrincipal || a.admins[p.Name]
-	if method, _ := grpc.Method(ctx); AdminOnly[method] && !p.Admin {
+	if AdminOnly[method] && !p.Admin {
 		return nil, permissionDenied(fmt.Sprintf("%s is for admins; principal %s is not one", method, p.Name))
 	}
 	return NewContext(ctx, p), nil
+}
+
+// forwardedAdmin reports whether name, forwarded by a node principal, acts
+// as an admin: only when the node passed on a bearer token
+// (ForwardedTokenHeader) that this berthd's token file holds under name,
+// and name is one of Config.Admins. Without a token the principal acts
+// with its own sandboxes only (root, and admins authenticated by a
+// certificate, included: the node could not prove that they called); a
+// token of another principal is refused UNAUTHENTICATED.
+func (a *Authenticator) forwardedAdmin(ctx context.Context, name string) (bool, error) {
+	toks := metadata.ValueFromIncomingContext(ctx, ForwardedTokenHeader)
+	switch {
+	case len(toks) == 0:
+		return false, nil
+	case len(toks) > 1:
+		return false, unauthenticated(fmt.Sprintf("%s is given %d times", ForwardedTokenHeader, len(toks)))
+	}
+	owner, ok := (*a.tokens.Load()).lookup(toks[0])
+	if len(toks[0]) < MinTokenBytes || !ok || owner != name {
+		return false, unauthenticated(fmt.Sprintf("the token in %s is not a token of %s, the forwarded principal, in berthd's token file", ForwardedTokenHeader, name))
+	}
+	return a.admins[name], nil
+}
+
+// serviceOf returns the service of a full method name, "/pkg.Service/Method".
+func serviceOf(method string) string {
+	s, _, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	return s
 }
 
 // identify returns the principal of the request's bearer token when it has
@@ -282,7 +343,7 @@ func (a *Authenticator) identify(ctx context.Context) (Principal, error) {
 		if !ok {
 			return Principal{}, unauthenticated("the bearer token is not in berthd's token file")
 		}
-		return Principal{Name: name, Method: "token"}, nil
+		return Principal{Name: name, Method: "token", token: token}, nil
 	default:
 		return Principal{}, unauthenticated(fmt.Sprintf("the authorization metadata is given %d times", len(vals)))
 	}

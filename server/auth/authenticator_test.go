@@ -103,6 +103,7 @@ func newFixture(t *testing.T) *fixture {
 	srv := grpc.NewServer(grpc.Creds(f.authn.TransportCredentials()),
 		grpc.ChainUnaryInterceptor(f.authn.UnaryInterceptors()...), grpc.ChainStreamInterceptor(f.authn.StreamInterceptors()...))
 	berthv1.RegisterImageServiceServer(srv, whoami{})
+	berthv1.RegisterSandboxServiceServer(srv, sandboxWhoami{})
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	sock := filepath.Join(f.dir, "b.sock")
@@ -206,10 +207,6 @@ func TestPrincipals(t *testing.T) {
 		{"mTLS", f.tcpAddr, []client.Option{client.WithTLS(f.clientCert(t, f.ca, "carol"))}, "carol", "admin=false via= method=tls metadata=0"},
 		{"mTLS admin", f.tcpAddr, []client.Option{client.WithTLS(f.clientCert(t, f.ca, "ops"))}, "ops", "admin=true via= method=tls metadata=0"},
 		{"token over certificate", f.tcpAddr, []client.Option{client.WithTLS(f.clientCert(t, f.ca, "carol")), client.WithToken(adminToken)}, "ops", "admin=true via= method=token metadata=0"},
-		{"node forwarding", f.tcpAddr, []client.Option{client.WithTLS(f.trustOnly(t)), client.WithToken(nodeToken),
-			client.WithDialOptions(grpc.WithUnaryInterceptor(forwardAs("unix:uid:1000")))}, "unix:uid:1000", "admin=false via=node-2 method=token metadata=0"},
-		{"node forwarding root", f.unixAddr, []client.Option{client.WithToken(nodeToken),
-			client.WithDialOptions(grpc.WithUnaryInterceptor(forwardAs(auth.RootPrincipal)))}, auth.RootPrincipal, "admin=true via=node-2 method=token metadata=0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			img, err := whoIs(t, tc.addr, tc.opts...)
@@ -267,10 +264,101 @@ func forceCert(t *testing.T, cfg *tls.Config, ca *testcerts.CA, cn string) *tls.
 	return cfg
 }
 
-// forwardAs adds the forwarding header a node sends.
-func forwardAs(name string) grpc.UnaryClientInterceptor {
+// forwardAs adds the forwarding header a node sends, and with kv more
+// metadata.
+func forwardAs(name string, kv ...string) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		return invoker(metadata.AppendToOutgoingContext(ctx, auth.ForwardedHeader, name), method, req, reply, cc, opts...)
+		return invoker(metadata.AppendToOutgoingContext(ctx, append([]string{auth.ForwardedHeader, name}, kv...)...), method, req, reply, cc, opts...)
+	}
+}
+
+// sandboxWhoami is a SandboxService whose GetSandbox answers with what the
+// handler sees: the principal's name as the sandbox's id, the rest
+// described in its label "who".
+type sandboxWhoami struct {
+	berthv1.UnimplementedSandboxServiceServer
+}
+
+func (sandboxWhoami) GetSandbox(ctx context.Context, _ *berthv1.GetSandboxRequest) (*berthv1.GetSandboxResponse, error) {
+	img, err := describe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &berthv1.GetSandboxResponse{Sandbox: &berthv1.Sandbox{Id: img.GetName(), Labels: map[string]string{"who": img.GetDigest()}}}, nil
+}
+
+// TestNodePrincipal checks the least privilege of the node credential
+// (issue 22: it could act as any principal, admins included): a node
+// principal may only forward routed (sandbox and file) calls, never call
+// as itself; the principal it names is an admin only when the node passes
+// on that principal's own bearer token, which the receiver checks against
+// its token file; root and admins forwarded without a token act as
+// non-admins.
+func TestNodePrincipal(t *testing.T) {
+	f := newFixture(t)
+	node := func(kv ...string) []client.Option {
+		opts := []client.Option{client.WithTLS(f.trustOnly(t)), client.WithToken(nodeToken)}
+		if len(kv) > 0 {
+			opts = append(opts, client.WithDialOptions(grpc.WithUnaryInterceptor(forwardAs(kv[0], kv[1:]...))))
+		}
+		return opts
+	}
+	getSandbox := func(opts []client.Option) (*berthv1.Sandbox, error) {
+		c, err := client.Dial(t.Context(), f.tcpAddr, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		return c.GetSandbox(ctx, "sb-1")
+	}
+	tok := auth.ForwardedTokenHeader
+	for _, tc := range []struct {
+		name, wantName, wantWho string
+		opts                    []client.Option
+	}{
+		{"forwarding a user", "unix:uid:1000", "admin=false via=node-2 method=token metadata=0", node("unix:uid:1000")},
+		{"forwarding root", auth.RootPrincipal, "admin=false via=node-2 method=token metadata=0", node(auth.RootPrincipal)},
+		{"forwarding an admin without its token", "ops", "admin=false via=node-2 method=token metadata=0", node("ops")},
+		{"forwarding an admin with its token", "ops", "admin=true via=node-2 method=token metadata=0", node("ops", tok, adminToken)},
+		{"forwarding alice with her token", "alice", "admin=false via=node-2 method=token metadata=0", node("alice", tok, aliceToken)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sb, err := getSandbox(tc.opts)
+			if err != nil || sb.GetId() != tc.wantName || sb.GetLabels()["who"] != tc.wantWho {
+				t.Errorf("GetSandbox = %v (%s), %v; want %s (%s)", sb.GetId(), sb.GetLabels()["who"], err, tc.wantName, tc.wantWho)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name       string
+		call       func() error
+		wantCode   codes.Code
+		wantReason string
+	}{
+		{"a sandbox call as itself", func() error { _, err := getSandbox(node()); return err }, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
+		{"an admin's token for another principal", func() error { _, err := getSandbox(node("ops", tok, aliceToken)); return err }, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated},
+		{"an unknown token", func() error { _, err := getSandbox(node("ops", tok, strings.Repeat("x", 64))); return err }, codes.Unauthenticated, rpcstatus.ReasonUnauthenticated},
+		{"an image call as itself", func() error { _, err := whoIs(t, f.tcpAddr, node()...); return err }, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
+		{"an admin call forwarding an admin", func() error {
+			c, err := client.Dial(t.Context(), f.tcpAddr, node("ops", tok, adminToken)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			return c.DeleteImage(t.Context(), "x")
+		}, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
+		{"an image call forwarding root", func() error {
+			_, err := whoIs(t, f.unixAddr, append(node(auth.RootPrincipal)[1:], client.WithInsecure())...)
+			return err
+		}, codes.PermissionDenied, rpcstatus.ReasonNotPermitted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if code, reason := reasonOf(tc.call()); code != tc.wantCode || reason != tc.wantReason {
+				t.Errorf("node credential: %s = %v %q, want %v %q", tc.name, code, reason, tc.wantCode, tc.wantReason)
+			}
+		})
 	}
 }
 
@@ -431,6 +519,7 @@ func TestUnixHostQualifiesUnixPeers(t *testing.T) {
 	srv := grpc.NewServer(grpc.Creds(authn.TransportCredentials()),
 		grpc.ChainUnaryInterceptor(authn.UnaryInterceptors()...), grpc.ChainStreamInterceptor(authn.StreamInterceptors()...))
 	berthv1.RegisterImageServiceServer(srv, whoami{})
+	berthv1.RegisterSandboxServiceServer(srv, sandboxWhoami{})
 	sock := filepath.Join(dir, "b.sock")
 	l, err := net.Listen("unix", sock)
 	if err != nil {

@@ -62,3 +62,32 @@ func TestValidName(t *testing.T) {
 		t.Errorf("ValidName(unix:uid:1000, true) = %v, want ok", err)
 	}
 }
+
+// TestForwardingMD checks what a node passes on when it forwards a call:
+// the principal's name always, its bearer token only for an admin who
+// authenticated with one (the receiver needs it to accept an admin;
+// nobody else's token leaves the node it was sent to).
+func TestForwardingMD(t *testing.T) {
+	tok := strings.Repeat("t", 64)
+	for _, tc := range []struct {
+		p         Principal
+		wantToken string
+	}{
+		{Principal{Name: "ops", Admin: true, Method: "token", token: tok}, tok},
+		{Principal{Name: "alice", Method: "token", token: tok}, ""},
+		{Principal{Name: "ops", Admin: true, Method: "tls"}, ""},
+		{Principal{Name: RootPrincipal, Admin: true, Method: "unix"}, ""},
+	} {
+		md := tc.p.ForwardingMD()
+		if got := md.Get(ForwardedHeader); len(got) != 1 || got[0] != tc.p.Name {
+			t.Errorf("%v: %s = %v, want [%s]", tc.p, ForwardedHeader, got, tc.p.Name)
+		}
+		var got string
+		if v := md.Get(ForwardedTokenHeader); len(v) > 0 {
+			got = v[0]
+		}
+		if got != tc.wantToken || md.Len() != 1+len(md.Get(ForwardedTokenHeader)) {
+			t.Errorf("%v (%s): %s = %q (metadata %d keys), want %q", tc.p, tc.p.Method, ForwardedTokenHeader, got, md.Len(), tc.wantToken)
+		}
+	}
+}

@@ -140,6 +140,9 @@ type NodeRecord struct {
 	Usage
 	// Images are the image references in the node's store.
 	Images []string `json:"images,omitempty"`
+	// Conflicts are the sandboxes the node runs whose ids the fleet
+	// records on another node (Member.Conflicts), ordered.
+	Conflicts []string `json:"conflicts,omitempty"`
 	// Holder is the berthd process that registered the node; empty in
 	// records of berthds before it was recorded.
 	Holder Holder `json:"holder"`

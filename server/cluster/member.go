@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -417,7 +419,8 @@ func (m *Member) record(ctx context.Context, now time.Time) (NodeRecord, error) 
 	if err != nil {
 		return NodeRecord{}, fmt.Errorf("cluster: the node's images: %w", err)
 	}
-	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Holder: m.cfg.Holder}, nil
+	conflicts := slices.Sorted(maps.Keys(m.Conflicts()))
+	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Conflicts: conflicts, Holder: m.cfg.Holder}, nil
 }
 
 // publish puts the node's record under its lease.

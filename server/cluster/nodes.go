@@ -92,6 +92,93 @@ func (s *NodeService) setDrain(ctx context.Context, id string, drain bool) (*ber
 	return nodes[id], nil
 }
 
+// removeBatch bounds the sandbox records one RemoveNode transaction
+// deletes: etcd refuses transactions of more than --max-txn-ops (128 by
+// default) operations.
+const removeBatch = 100
+
+// RemoveNode forgets a lost node and the records of its sandboxes (see
+// berth.v1.NodeService.RemoveNode). Each transaction deletes only while
+// the node holds no lease (its record is absent) and only records that
+// are unchanged since they were read; a node registering meanwhile makes
+// the call fail NODE_LIVE with nothing more removed. Records are deleted
+// in batches of removeBatch, the node's own keys with the last one: a call
+// that fails midway leaves the node listed, and is repeated.
+func (s *NodeService) RemoveNode(ctx context.Context, req *berthv1.RemoveNodeRequest) (*berthv1.RemoveNodeResponse, error) {
+	id := req.GetNodeId()
+	if id == "" {
+		return nil, rpcstatus.InvalidArgument("node_id", "is empty")
+	}
+	nodeKey, seenKey, drainKey := s.keys.node(id), s.keys.seen(id), s.keys.drain(id)
+	resp, err := s.cli.Txn(ctx).Then(
+		clientv3.OpGet(nodeKey),
+		clientv3.OpGet(seenKey, clientv3.WithKeysOnly()),
+		clientv3.OpGet(drainKey, clientv3.WithKeysOnly()),
+		clientv3.OpGet(s.keys.sandboxes(), clientv3.WithPrefix()),
+	).Commit()
+	if err != nil {
+		return nil, storeError("read node "+id+" and its sandboxes", err)
+	}
+	if len(resp.Responses[0].GetResponseRange().GetKvs()) > 0 {
+		return nil, nodeLive(id)
+	}
+	type record struct {
+		id  string
+		rev int64
+	}
+	var recs []record
+	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+		var rec SandboxRecord
+		if json.Unmarshal(kv.Value, &rec) == nil && rec.Node == id {
+			recs = append(recs, record{s.keys.idOf(s.keys.sandboxes(), string(kv.Key)), kv.ModRevision})
+		}
+	}
+	known := len(resp.Responses[1].GetResponseRange().GetKvs()) > 0 || len(resp.Responses[2].GetResponseRange().GetKvs()) > 0 || len(recs) > 0
+	if !known {
+		return nil, rpcstatus.Error(codes.NotFound, rpcstatus.ReasonNodeNotFound, fmt.Sprintf("node %s: the fleet knows no node of that id", id), map[string]string{"node_id": id})
+	}
+	out := &berthv1.RemoveNodeResponse{NodeId: id, DryRun: req.GetDryRun()}
+	for _, r := range recs {
+		out.SandboxIds = append(out.SandboxIds, r.id)
+	}
+	sort.Strings(out.SandboxIds)
+	if req.GetDryRun() {
+		return out, nil
+	}
+	for start := 0; start == 0 || start < len(recs); start += removeBatch {
+		batch := recs[start:min(start+removeBatch, len(recs))]
+		conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)}
+		var ops []clientv3.Op
+		for _, r := range batch {
+			key := s.keys.sandbox(r.id)
+			conds = append(conds, clientv3.Compare(clientv3.ModRevision(key), "=", r.rev))
+			ops = append(ops, clientv3.OpDelete(key))
+		}
+		if start+removeBatch >= len(recs) {
+			ops = append(ops, clientv3.OpDelete(seenKey), clientv3.OpDelete(drainKey))
+		}
+		resp, err := s.cli.Txn(ctx).If(conds...).Then(ops...).Commit()
+		if err != nil {
+			return nil, storeError("remove the records of node "+id, err)
+		}
+		if !resp.Succeeded {
+			// The node registered, or one of its records changed (only
+			// the node itself, or a delete of the sandbox, changes one).
+			return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
+				fmt.Sprintf("node %s registered or its sandbox records changed while it was being removed; %d of its %d records were removed; list the nodes and try again", id, start, len(recs)),
+				map[string]string{"node_id": id})
+		}
+	}
+	return out, nil
+}
+
+// nodeLive is RemoveNode's refusal of a node that holds a lease.
+func nodeLive(id string) error {
+	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonNodeLive,
+		fmt.Sprintf("node %s holds a lease: it is running (or stopped less than its lease time ago); stop its berthd first (SIGTERM revokes its lease), then remove it", id),
+		map[string]string{"node_id": id})
+}
+
 // nodes reads every node the fleet knows, by id.
 func (s *NodeService) nodes(ctx context.Context) (map[string]*berthv1.Node, error) {
 	resp, err := s.cli.Txn(ctx).Then(
@@ -129,6 +216,7 @@ func (s *NodeService) nodes(ctx context.Context) (map[string]*berthv1.Node, erro
 		n.MemoryBytes = capacity(rec.MemoryBytes, rec.MemoryBudget)
 		n.Execs = capacity(rec.Execs, rec.MaxExecs)
 		n.Images = rec.Images
+		n.ConflictingSandboxIds = rec.Conflicts
 		n.StartedAt, n.UpdatedAt = timestamppb.New(rec.StartedAt), timestamppb.New(rec.UpdatedAt)
 		n.LeaseId = fmt.Sprintf("%x", rec.Lease)
 		if ttl, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(rec.Lease)); err == nil && ttl.TTL > 0 {
@@ -182,5 +270,10 @@ func (NotClustered) DrainNode(context.Context, *berthv1.DrainNodeRequest) (*bert
 
 // UndrainNode implements berth.v1.NodeService.
 func (NotClustered) UndrainNode(context.Context, *berthv1.UndrainNodeRequest) (*berthv1.UndrainNodeResponse, error) {
+	return nil, notClustered()
+}
+
+// RemoveNode implements berth.v1.NodeService.
+func (NotClustered) RemoveNode(context.Context, *berthv1.RemoveNodeRequest) (*berthv1.RemoveNodeResponse, error) {
 	return nil, notClustered()
 }

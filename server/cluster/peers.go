@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"sync"
 	"time"
@@ -21,12 +20,15 @@ import (
 // node principal (berthd --node-principal on the receiving node) by a
 // client certificate in TLS (TLS.Certificates) or a bearer token, or both.
 type PeerCredentials struct {
-	// TLS verifies the nodes' server certificates and may carry this
-	// node's client certificate; nil dials in plaintext (nodes serving
-	// --insecure-tcp only).
-	TLS *tls.Config
-	// Token is the bearer token this node sends; empty for none.
-	Token string
+	// TLS are the transport credentials (credentials.NewTLS, or ones that
+	// change what later handshakes use: berthd re-reads its files at
+	// SIGHUP) that verify the nodes' server certificates and may carry
+	// this node's client certificate; nil dials in plaintext (nodes
+	// serving --insecure-tcp only).
+	TLS credentials.TransportCredentials
+	// Token returns the bearer token this node sends, asked at each call;
+	// nil for none.
+	Token func() string
 }
 
 // Peers holds one gRPC connection per node address, made on first use.
@@ -125,7 +127,7 @@ func (p *Peers) conn(node NodeRecord) (*grpc.ClientConn, error) {
 	addr := node.Address
 	tc := insecure.NewCredentials()
 	if p.creds.TLS != nil {
-		tc = credentials.NewTLS(p.creds.TLS)
+		tc = p.creds.TLS
 	}
 	opts := append(wire.DialOptions(),
 		grpc.WithTransportCredentials(tc),
@@ -134,7 +136,7 @@ func (p *Peers) conn(node NodeRecord) (*grpc.ClientConn, error) {
 		// Retries would resend what may have run; routing decides itself.
 		grpc.WithDisableRetry(),
 	)
-	if p.creds.Token != "" {
+	if p.creds.Token != nil {
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: p.creds.Token, secure: p.creds.TLS != nil}))
 	}
 	c, err := grpc.NewClient(addr, opts...)
@@ -145,19 +147,20 @@ func (p *Peers) conn(node NodeRecord) (*grpc.ClientConn, error) {
 	return c, nil
 }
 
-// forwarded returns the outgoing context of a call made for principal p.
+// forwarded returns the outgoing context of a call made for principal p
+// (auth.Principal.ForwardingMD).
 func forwarded(ctx context.Context, p auth.Principal) context.Context {
-	return metadata.NewOutgoingContext(ctx, metadata.Pairs(auth.ForwardedHeader, p.Name))
+	return metadata.NewOutgoingContext(ctx, p.ForwardingMD())
 }
 
-// bearer sends a node's bearer token.
+// bearer sends a node's bearer token, as token returns it at each call.
 type bearer struct {
-	token  string
+	token  func() string
 	secure bool
 }
 
 func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + b.token}, nil
+	return map[string]string{"authorization": "Bearer " + b.token()}, nil
 }
 
 func (b bearer) RequireTransportSecurity() bool { return b.secure }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -77,10 +78,7 @@ func NewRouter(cfg RouterConfig) *Router {
 // routedServices are the services whose calls name a sandbox and go to its
 // node. Every other service (images, nodes, health, reflection) is served
 // by the berthd called.
-var routedServices = map[string]bool{
-	berthv1.SandboxService_ServiceDesc.ServiceName: true,
-	berthv1.FileService_ServiceDesc.ServiceName:    true,
-}
+var routedServices = auth.ForwardedServices
 
 // readOnly are the routed methods that change nothing: when their node
 // breaks off, nothing took effect (ADMITTED_NOT_STARTED). A broken call of
@@ -118,6 +116,9 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		id := sandboxid.Of(m.ProtoReflect(), 1)
 		node, local, err := r.holder(ctx, p, id)
+		if lost := lostNode(err); lost != "" && info.FullMethod == berthv1.SandboxService_DeleteSandbox_FullMethodName {
+			return r.deleteLost(ctx, p, id, lost, handler, info, m)
+		}
 		if err != nil || local {
 			if err != nil {
 				return nil, err
@@ -126,6 +127,33 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		return r.forwardUnary(ctx, p, node, info.FullMethod, m, id)
 	}
+}
+
+// deleteLost deletes sandbox id, whose node is lost, for p, who may see
+// it (holder answers NODE_LOST to no one else): its record is removed, so
+// the id is free again. The sandbox is not reached — it is gone with its
+// node, or the node records it again when it comes back (see
+// Member.reconcile). When the record or the node changed meanwhile the
+// delete is routed again, once.
+func (r *Router) deleteLost(ctx context.Context, p auth.Principal, id, node string, handler grpc.UnaryHandler, info *grpc.UnaryServerInfo, req proto.Message) (any, error) {
+	sctx, cancel := r.storeContext(ctx)
+	defer cancel()
+	removed, err := r.cfg.Directory.forgetLost(sctx, id, node)
+	if err != nil {
+		return nil, r.storeFailed(ctx, err)
+	}
+	if removed {
+		r.log.InfoContext(ctx, "cluster: deleted the record of a sandbox whose node is lost", slog.String("sandbox_id", id), slog.String("node_id", node), slog.String("principal", p.String()))
+		return &berthv1.DeleteSandboxResponse{}, nil
+	}
+	again, local, err := r.holder(ctx, p, id)
+	switch {
+	case err != nil:
+		return nil, err
+	case local:
+		return r.here(ctx, info.FullMethod, req, handler)
+	}
+	return r.forwardUnary(ctx, p, again, info.FullMethod, req, id)
 }
 
 // StreamInterceptor routes streaming calls by the sandbox their first
@@ -253,7 +281,9 @@ func (r *Router) storeFailed(ctx context.Context, err error) error {
 }
 
 // nodeUnreachable is UNAVAILABLE SANDBOX_UNREACHABLE for a sandbox whose
-// node is lost (its lease expired) or did not answer.
+// node is lost (its lease expired) or did not answer, with a RetryInfo of
+// clusterRetryDelay when nothing ran (admitted NOT_STARTED): a retry is
+// safe and helps once the node answers or registers again.
 func (r *Router) nodeUnreachable(id, node string, lost bool, admitted berthv1.Admitted) error {
 	cause, what := berthv1.UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE, fmt.Sprintf("node %s, which holds it, did not answer", node)
 	if lost {
@@ -268,9 +298,13 @@ func (r *Router) nodeUnreachable(id, node string, lost bool, admitted berthv1.Ad
 	default:
 		msg += "; nothing ran"
 	}
+	details := []protoadapt.MessageV1{&berthv1.Unreachable{SandboxId: id, Cause: cause, NodeId: node, ServerVersion: r.cfg.Version, Admitted: admitted}}
+	if admitted == berthv1.Admitted_ADMITTED_NOT_STARTED {
+		// Nothing ran, and the node may answer (or register again) soon.
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
+	}
 	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonUnreachable, msg,
-		map[string]string{"sandbox_id": id, "node_id": node, "cause": cause.String()},
-		&berthv1.Unreachable{SandboxId: id, Cause: cause, NodeId: node, ServerVersion: r.cfg.Version, Admitted: admitted})
+		map[string]string{"sandbox_id": id, "node_id": node, "cause": cause.String()}, details...)
 }
 
 // peerError is the status of a forwarded call that failed: the node's own

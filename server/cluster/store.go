@@ -14,6 +14,8 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // StoreConfig says how to reach the fleet's etcd.
@@ -23,6 +25,11 @@ type StoreConfig struct {
 	// TLS, when set, is used for https endpoints: the CA that signed
 	// etcd's certificate and this node's client certificate.
 	TLS *tls.Config
+	// Credentials, when set with TLS, are the transport credentials the
+	// client dials with instead of TLS's own: ones that change what later
+	// handshakes use (berthd re-reads its etcd TLS files at SIGHUP), for
+	// reconnections too.
+	Credentials credentials.TransportCredentials
 	// Username and Password authenticate to an etcd with auth enabled.
 	Username, Password string
 	// DialTimeout bounds the first connection. Default 10 s.
@@ -37,11 +44,18 @@ func Connect(ctx context.Context, cfg StoreConfig, log *slog.Logger) (*clientv3.
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
+	var dialOpts []grpc.DialOption
+	if cfg.TLS != nil && cfg.Credentials != nil {
+		// clientv3 appends Config.DialOptions after its own transport
+		// credentials (from Config.TLS): these take their place.
+		dialOpts = append(dialOpts, grpc.WithTransportCredentials(cfg.Credentials))
+	}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: cfg.Endpoints, TLS: cfg.TLS, Username: cfg.Username, Password: cfg.Password,
 		DialTimeout: cfg.DialTimeout, Context: context.Background(),
 		DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: 5 * time.Second,
-		Logger: zap.New(slogCore{log: log, level: zapcore.WarnLevel}),
+		DialOptions: dialOpts,
+		Logger:      zap.New(slogCore{log: log, level: zapcore.WarnLevel}),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: etcd client for %v: %w", cfg.Endpoints, err)

@@ -189,9 +189,15 @@ type Node struct {
 	PlacedSandboxes uint64 `protobuf:"varint,14,opt,name=placed_sandboxes,json=placedSandboxes,proto3" json:"placed_sandboxes,omitempty"`
 	// images lists the image references in the node's store; sandboxes are
 	// placed only on nodes that hold their image.
-	Images        []string `protobuf:"bytes,15,rep,name=images,proto3" json:"images,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Images []string `protobuf:"bytes,15,rep,name=images,proto3" json:"images,omitempty"`
+	// conflicting_sandbox_ids are the sandboxes the node runs whose ids the
+	// cluster store records on another node (found when it last
+	// registered), ordered: they keep running, calls for their ids go to
+	// the recorded node, and an operator deletes one of the two copies
+	// (docs/fleet.md, Node identity). Empty for a lost node.
+	ConflictingSandboxIds []string `protobuf:"bytes,16,rep,name=conflicting_sandbox_ids,json=conflictingSandboxIds,proto3" json:"conflicting_sandbox_ids,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -325,6 +331,13 @@ func (x *Node) GetPlacedSandboxes() uint64 {
 func (x *Node) GetImages() []string {
 	if x != nil {
 		return x.Images
+	}
+	return nil
+}
+
+func (x *Node) GetConflictingSandboxIds() []string {
+	if x != nil {
+		return x.ConflictingSandboxIds
 	}
 	return nil
 }
@@ -596,6 +609,125 @@ func (x *UndrainNodeResponse) GetNode() *Node {
 	return nil
 }
 
+// RemoveNodeRequest names the lost node to forget.
+type RemoveNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id names the node.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// dry_run removes nothing: the response says what would be removed.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeRequest) Reset() {
+	*x = RemoveNodeRequest{}
+	mi := &file_berth_v1_node_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeRequest) ProtoMessage() {}
+
+func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_node_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RemoveNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RemoveNodeRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// RemoveNodeResponse says what was (with dry_run: would be) removed.
+type RemoveNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id names the node.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// sandbox_ids are the sandboxes whose records named the node, ordered.
+	SandboxIds []string `protobuf:"bytes,2,rep,name=sandbox_ids,json=sandboxIds,proto3" json:"sandbox_ids,omitempty"`
+	// dry_run is the request's: true when nothing was removed.
+	DryRun        bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeResponse) Reset() {
+	*x = RemoveNodeResponse{}
+	mi := &file_berth_v1_node_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeResponse) ProtoMessage() {}
+
+func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_node_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
+func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RemoveNodeResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RemoveNodeResponse) GetSandboxIds() []string {
+	if x != nil {
+		return x.SandboxIds
+	}
+	return nil
+}
+
+func (x *RemoveNodeResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 var File_berth_v1_node_proto protoreflect.FileDescriptor
 
 const file_berth_v1_node_proto_rawDesc = "" +
@@ -604,7 +736,7 @@ const file_berth_v1_node_proto_rawDesc = "" +
 	"\fNodeCapacity\x12\x15\n" +
 	"\x06in_use\x18\x01 \x01(\x04R\x05inUse\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x04R\x05limit\x12\x12\n" +
-	"\x04free\x18\x03 \x01(\x04R\x04free\"\xd3\x05\n" +
+	"\x04free\x18\x03 \x01(\x04R\x04free\"\x8b\x06\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x122\n" +
@@ -623,7 +755,8 @@ const file_berth_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12)\n" +
 	"\x10placed_sandboxes\x18\x0e \x01(\x04R\x0fplacedSandboxes\x12\x16\n" +
-	"\x06images\x18\x0f \x03(\tR\x06images\x1a9\n" +
+	"\x06images\x18\x0f \x03(\tR\x06images\x126\n" +
+	"\x17conflicting_sandbox_ids\x18\x10 \x03(\tR\x15conflictingSandboxIds\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x12\n" +
@@ -637,16 +770,26 @@ const file_berth_v1_node_proto_rawDesc = "" +
 	"\x12UndrainNodeRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"9\n" +
 	"\x13UndrainNodeResponse\x12\"\n" +
-	"\x04node\x18\x01 \x01(\v2\x0e.berth.v1.NodeR\x04node*k\n" +
+	"\x04node\x18\x01 \x01(\v2\x0e.berth.v1.NodeR\x04node\"E\n" +
+	"\x11RemoveNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"g\n" +
+	"\x12RemoveNodeResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n" +
+	"\vsandbox_ids\x18\x02 \x03(\tR\n" +
+	"sandboxIds\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun*k\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10NODE_STATE_READY\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_LOST\x10\x032\xe5\x01\n" +
+	"\x0fNODE_STATE_LOST\x10\x032\xae\x02\n" +
 	"\vNodeService\x12D\n" +
 	"\tListNodes\x12\x1a.berth.v1.ListNodesRequest\x1a\x1b.berth.v1.ListNodesResponse\x12D\n" +
 	"\tDrainNode\x12\x1a.berth.v1.DrainNodeRequest\x1a\x1b.berth.v1.DrainNodeResponse\x12J\n" +
-	"\vUndrainNode\x12\x1c.berth.v1.UndrainNodeRequest\x1a\x1d.berth.v1.UndrainNodeResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\vUndrainNode\x12\x1c.berth.v1.UndrainNodeRequest\x1a\x1d.berth.v1.UndrainNodeResponse\x12G\n" +
+	"\n" +
+	"RemoveNode\x12\x1b.berth.v1.RemoveNodeRequest\x1a\x1c.berth.v1.RemoveNodeResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_node_proto_rawDescOnce sync.Once
@@ -661,7 +804,7 @@ func file_berth_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_berth_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_berth_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_berth_v1_node_proto_goTypes = []any{
 	(NodeState)(0),                // 0: berth.v1.NodeState
 	(*NodeCapacity)(nil),          // 1: berth.v1.NodeCapacity
@@ -672,31 +815,35 @@ var file_berth_v1_node_proto_goTypes = []any{
 	(*DrainNodeResponse)(nil),     // 6: berth.v1.DrainNodeResponse
 	(*UndrainNodeRequest)(nil),    // 7: berth.v1.UndrainNodeRequest
 	(*UndrainNodeResponse)(nil),   // 8: berth.v1.UndrainNodeResponse
-	nil,                           // 9: berth.v1.Node.LabelsEntry
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*RemoveNodeRequest)(nil),     // 9: berth.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 10: berth.v1.RemoveNodeResponse
+	nil,                           // 11: berth.v1.Node.LabelsEntry
+	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
 }
 var file_berth_v1_node_proto_depIdxs = []int32{
-	9,  // 0: berth.v1.Node.labels:type_name -> berth.v1.Node.LabelsEntry
+	11, // 0: berth.v1.Node.labels:type_name -> berth.v1.Node.LabelsEntry
 	0,  // 1: berth.v1.Node.state:type_name -> berth.v1.NodeState
 	1,  // 2: berth.v1.Node.sandboxes:type_name -> berth.v1.NodeCapacity
 	1,  // 3: berth.v1.Node.memory_bytes:type_name -> berth.v1.NodeCapacity
 	1,  // 4: berth.v1.Node.execs:type_name -> berth.v1.NodeCapacity
-	10, // 5: berth.v1.Node.lease_ttl:type_name -> google.protobuf.Duration
-	10, // 6: berth.v1.Node.lease_remaining:type_name -> google.protobuf.Duration
-	11, // 7: berth.v1.Node.started_at:type_name -> google.protobuf.Timestamp
-	11, // 8: berth.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	12, // 5: berth.v1.Node.lease_ttl:type_name -> google.protobuf.Duration
+	12, // 6: berth.v1.Node.lease_remaining:type_name -> google.protobuf.Duration
+	13, // 7: berth.v1.Node.started_at:type_name -> google.protobuf.Timestamp
+	13, // 8: berth.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
 	2,  // 9: berth.v1.ListNodesResponse.nodes:type_name -> berth.v1.Node
 	2,  // 10: berth.v1.DrainNodeResponse.node:type_name -> berth.v1.Node
 	2,  // 11: berth.v1.UndrainNodeResponse.node:type_name -> berth.v1.Node
 	3,  // 12: berth.v1.NodeService.ListNodes:input_type -> berth.v1.ListNodesRequest
 	5,  // 13: berth.v1.NodeService.DrainNode:input_type -> berth.v1.DrainNodeRequest
 	7,  // 14: berth.v1.NodeService.UndrainNode:input_type -> berth.v1.UndrainNodeRequest
-	4,  // 15: berth.v1.NodeService.ListNodes:output_type -> berth.v1.ListNodesResponse
-	6,  // 16: berth.v1.NodeService.DrainNode:output_type -> berth.v1.DrainNodeResponse
-	8,  // 17: berth.v1.NodeService.UndrainNode:output_type -> berth.v1.UndrainNodeResponse
-	15, // [15:18] is the sub-list for method output_type
-	12, // [12:15] is the sub-list for method input_type
+	9,  // 15: berth.v1.NodeService.RemoveNode:input_type -> berth.v1.RemoveNodeRequest
+	4,  // 16: berth.v1.NodeService.ListNodes:output_type -> berth.v1.ListNodesResponse
+	6,  // 17: berth.v1.NodeService.DrainNode:output_type -> berth.v1.DrainNodeResponse
+	8,  // 18: berth.v1.NodeService.UndrainNode:output_type -> berth.v1.UndrainNodeResponse
+	10, // 19: berth.v1.NodeService.RemoveNode:output_type -> berth.v1.RemoveNodeResponse
+	16, // [16:20] is the sub-list for method output_type
+	12, // [12:16] is the sub-list for method input_type
 	12, // [12:12] is the sub-list for extension type_name
 	12, // [12:12] is the sub-list for extension extendee
 	0,  // [0:12] is the sub-list for field type_name
@@ -713,7 +860,7 @@ func file_berth_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_node_proto_rawDesc), len(file_berth_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -22,6 +22,7 @@ const (
 	NodeService_ListNodes_FullMethodName   = "/berth.v1.NodeService/ListNodes"
 	NodeService_DrainNode_FullMethodName   = "/berth.v1.NodeService/DrainNode"
 	NodeService_UndrainNode_FullMethodName = "/berth.v1.NodeService/UndrainNode"
+	NodeService_RemoveNode_FullMethodName  = "/berth.v1.NodeService/RemoveNode"
 )
 
 // NodeServiceClient is the client API for NodeService service.
@@ -48,6 +49,17 @@ type NodeServiceClient interface {
 	// UndrainNode lets new sandboxes be placed on a drained node again.
 	// Errors: NOT_FOUND (NODE_NOT_FOUND).
 	UndrainNode(ctx context.Context, in *UndrainNodeRequest, opts ...grpc.CallOption) (*UndrainNodeResponse, error)
+	// RemoveNode forgets a lost node: its records in the cluster store (its
+	// address, its drain mark) and the records of the sandboxes it held, so
+	// that `berth node ls` no longer shows it and their ids are free again.
+	// It touches no sandbox: those the node ran are gone with its host, or,
+	// if the node comes back, it records them again as its own (or reports
+	// an ownership conflict for an id a new sandbox took meanwhile). With
+	// dry_run it removes nothing and says what it would remove. Errors:
+	// FAILED_PRECONDITION (NODE_LIVE) for a node holding a lease — stop its
+	// berthd first (SIGTERM revokes the lease); NOT_FOUND (NODE_NOT_FOUND)
+	// for a node the fleet does not know.
+	RemoveNode(ctx context.Context, in *RemoveNodeRequest, opts ...grpc.CallOption) (*RemoveNodeResponse, error)
 }
 
 type nodeServiceClient struct {
@@ -88,6 +100,16 @@ func (c *nodeServiceClient) UndrainNode(ctx context.Context, in *UndrainNodeRequ
 	return out, nil
 }
 
+func (c *nodeServiceClient) RemoveNode(ctx context.Context, in *RemoveNodeRequest, opts ...grpc.CallOption) (*RemoveNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveNodeResponse)
+	err := c.cc.Invoke(ctx, NodeService_RemoveNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeServiceServer is the server API for NodeService service.
 // All implementations must embed UnimplementedNodeServiceServer
 // for forward compatibility.
@@ -112,6 +134,17 @@ type NodeServiceServer interface {
 	// UndrainNode lets new sandboxes be placed on a drained node again.
 	// Errors: NOT_FOUND (NODE_NOT_FOUND).
 	UndrainNode(context.Context, *UndrainNodeRequest) (*UndrainNodeResponse, error)
+	// RemoveNode forgets a lost node: its records in the cluster store (its
+	// address, its drain mark) and the records of the sandboxes it held, so
+	// that `berth node ls` no longer shows it and their ids are free again.
+	// It touches no sandbox: those the node ran are gone with its host, or,
+	// if the node comes back, it records them again as its own (or reports
+	// an ownership conflict for an id a new sandbox took meanwhile). With
+	// dry_run it removes nothing and says what it would remove. Errors:
+	// FAILED_PRECONDITION (NODE_LIVE) for a node holding a lease — stop its
+	// berthd first (SIGTERM revokes the lease); NOT_FOUND (NODE_NOT_FOUND)
+	// for a node the fleet does not know.
+	RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error)
 	mustEmbedUnimplementedNodeServiceServer()
 }
 
@@ -130,6 +163,9 @@ func (UnimplementedNodeServiceServer) DrainNode(context.Context, *DrainNodeReque
 }
 func (UnimplementedNodeServiceServer) UndrainNode(context.Context, *UndrainNodeRequest) (*UndrainNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method UndrainNode not implemented")
+}
+func (UnimplementedNodeServiceServer) RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveNode not implemented")
 }
 func (UnimplementedNodeServiceServer) mustEmbedUnimplementedNodeServiceServer() {}
 func (UnimplementedNodeServiceServer) testEmbeddedByValue()                     {}
@@ -206,6 +242,24 @@ func _NodeService_UndrainNode_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeService_RemoveNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeServiceServer).RemoveNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeService_RemoveNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeServiceServer).RemoveNode(ctx, req.(*RemoveNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeService_ServiceDesc is the grpc.ServiceDesc for NodeService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -224,6 +278,10 @@ var NodeService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "UndrainNode",
 			Handler:    _NodeService_UndrainNode_Handler,
+		},
+		{
+			MethodName: "RemoveNode",
+			Handler:    _NodeService_RemoveNode_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -34,6 +34,11 @@ class NodeServiceStub(object):
                 request_serializer=berth_dot_v1_dot_node__pb2.UndrainNodeRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_node__pb2.UndrainNodeResponse.FromString,
                 )
+        self.RemoveNode = channel.unary_unary(
+                '/berth.v1.NodeService/RemoveNode',
+                request_serializer=berth_dot_v1_dot_node__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_node__pb2.RemoveNodeResponse.FromString,
+                )
 
 
 class NodeServiceServicer(object):
@@ -73,6 +78,22 @@ class NodeServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemoveNode(self, request, context):
+        """RemoveNode forgets a lost node: its records in the cluster store (its
+        address, its drain mark) and the records of the sandboxes it held, so
+        that `berth node ls` no longer shows it and their ids are free again.
+        It touches no sandbox: those the node ran are gone with its host, or,
+        if the node comes back, it records them again as its own (or reports
+        an ownership conflict for an id a new sandbox took meanwhile). With
+        dry_run it removes nothing and says what it would remove. Errors:
+        FAILED_PRECONDITION (NODE_LIVE) for a node holding a lease — stop its
+        berthd first (SIGTERM revokes the lease); NOT_FOUND (NODE_NOT_FOUND)
+        for a node the fleet does not know.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +111,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.UndrainNode,
                     request_deserializer=berth_dot_v1_dot_node__pb2.UndrainNodeRequest.FromString,
                     response_serializer=berth_dot_v1_dot_node__pb2.UndrainNodeResponse.SerializeToString,
+            ),
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=berth_dot_v1_dot_node__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_node__pb2.RemoveNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -154,5 +180,22 @@ class NodeService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.NodeService/UndrainNode',
             berth_dot_v1_dot_node__pb2.UndrainNodeRequest.SerializeToString,
             berth_dot_v1_dot_node__pb2.UndrainNodeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.NodeService/RemoveNode',
+            berth_dot_v1_dot_node__pb2.RemoveNodeRequest.SerializeToString,
+            berth_dot_v1_dot_node__pb2.RemoveNodeResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -164,6 +164,14 @@ export interface Node {
    * placed only on nodes that hold their image.
    */
   images: string[];
+  /**
+   * conflicting_sandbox_ids are the sandboxes the node runs whose ids the
+   * cluster store records on another node (found when it last
+   * registered), ordered: they keep running, calls for their ids go to
+   * the recorded node, and an operator deletes one of the two copies
+   * (docs/fleet.md, Node identity). Empty for a lost node.
+   */
+  conflictingSandboxIds: string[];
 }
 
 export interface Node_LabelsEntry {
@@ -203,6 +211,24 @@ export interface UndrainNodeRequest {
 export interface UndrainNodeResponse {
   /** node is the node, as the cluster store holds it now. */
   node: Node | undefined;
+}
+
+/** RemoveNodeRequest names the lost node to forget. */
+export interface RemoveNodeRequest {
+  /** node_id names the node. */
+  nodeId: string;
+  /** dry_run removes nothing: the response says what would be removed. */
+  dryRun: boolean;
+}
+
+/** RemoveNodeResponse says what was (with dry_run: would be) removed. */
+export interface RemoveNodeResponse {
+  /** node_id names the node. */
+  nodeId: string;
+  /** sandbox_ids are the sandboxes whose records named the node, ordered. */
+  sandboxIds: string[];
+  /** dry_run is the request's: true when nothing was removed. */
+  dryRun: boolean;
 }
 
 function createBaseNodeCapacity(): NodeCapacity {
@@ -332,6 +358,7 @@ function createBaseNode(): Node {
     updatedAt: undefined,
     placedSandboxes: 0n,
     images: [],
+    conflictingSandboxIds: [],
   };
 }
 
@@ -384,6 +411,9 @@ export const Node: MessageFns<Node> = {
     }
     for (const v of message.images) {
       writer.uint32(122).string(v!);
+    }
+    for (const v of message.conflictingSandboxIds) {
+      writer.uint32(130).string(v!);
     }
     return writer;
   },
@@ -524,6 +554,14 @@ export const Node: MessageFns<Node> = {
             message.images.push(reader.string());
             continue;
           }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.conflictingSandboxIds.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -596,6 +634,11 @@ export const Node: MessageFns<Node> = {
       images: globalThis.Array.isArray(object?.images)
         ? object.images.map((e: any) => globalThis.String(e))
         : [],
+      conflictingSandboxIds: globalThis.Array.isArray(object?.conflictingSandboxIds)
+        ? object.conflictingSandboxIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.conflicting_sandbox_ids)
+        ? object.conflicting_sandbox_ids.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -652,6 +695,9 @@ export const Node: MessageFns<Node> = {
     if (message.images?.length) {
       obj.images = message.images;
     }
+    if (message.conflictingSandboxIds?.length) {
+      obj.conflictingSandboxIds = message.conflictingSandboxIds;
+    }
     return obj;
   },
 
@@ -695,6 +741,7 @@ export const Node: MessageFns<Node> = {
       ? BigInt(object.placedSandboxes)
       : 0n;
     message.images = object.images?.map((e) => e) || [];
+    message.conflictingSandboxIds = object.conflictingSandboxIds?.map((e) => e) || [];
     return message;
   },
 };
@@ -1183,6 +1230,212 @@ export const UndrainNodeResponse: MessageFns<UndrainNodeResponse> = {
   },
 };
 
+function createBaseRemoveNodeRequest(): RemoveNodeRequest {
+  return { nodeId: "", dryRun: false };
+}
+
+export const RemoveNodeRequest: MessageFns<RemoveNodeRequest> = {
+  encode(message: RemoveNodeRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.nodeId !== "") {
+      writer.uint32(10).string(message.nodeId);
+    }
+    if (message.dryRun !== false) {
+      writer.uint32(16).bool(message.dryRun);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RemoveNodeRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRemoveNodeRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.dryRun = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RemoveNodeRequest {
+    return {
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
+      dryRun: isSet(object.dryRun)
+        ? globalThis.Boolean(object.dryRun)
+        : isSet(object.dry_run)
+        ? globalThis.Boolean(object.dry_run)
+        : false,
+    };
+  },
+
+  toJSON(message: RemoveNodeRequest): unknown {
+    const obj: any = {};
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
+    if (message.dryRun !== false) {
+      obj.dryRun = message.dryRun;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RemoveNodeRequest>, I>>(base?: I): RemoveNodeRequest {
+    return RemoveNodeRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RemoveNodeRequest>, I>>(object: I): RemoveNodeRequest {
+    const message = createBaseRemoveNodeRequest();
+    message.nodeId = object.nodeId ?? "";
+    message.dryRun = object.dryRun ?? false;
+    return message;
+  },
+};
+
+function createBaseRemoveNodeResponse(): RemoveNodeResponse {
+  return { nodeId: "", sandboxIds: [], dryRun: false };
+}
+
+export const RemoveNodeResponse: MessageFns<RemoveNodeResponse> = {
+  encode(message: RemoveNodeResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.nodeId !== "") {
+      writer.uint32(10).string(message.nodeId);
+    }
+    for (const v of message.sandboxIds) {
+      writer.uint32(18).string(v!);
+    }
+    if (message.dryRun !== false) {
+      writer.uint32(24).bool(message.dryRun);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): RemoveNodeResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseRemoveNodeResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.sandboxIds.push(reader.string());
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.dryRun = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): RemoveNodeResponse {
+    return {
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
+      sandboxIds: globalThis.Array.isArray(object?.sandboxIds)
+        ? object.sandboxIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.sandbox_ids)
+        ? object.sandbox_ids.map((e: any) => globalThis.String(e))
+        : [],
+      dryRun: isSet(object.dryRun)
+        ? globalThis.Boolean(object.dryRun)
+        : isSet(object.dry_run)
+        ? globalThis.Boolean(object.dry_run)
+        : false,
+    };
+  },
+
+  toJSON(message: RemoveNodeResponse): unknown {
+    const obj: any = {};
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
+    if (message.sandboxIds?.length) {
+      obj.sandboxIds = message.sandboxIds;
+    }
+    if (message.dryRun !== false) {
+      obj.dryRun = message.dryRun;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<RemoveNodeResponse>, I>>(base?: I): RemoveNodeResponse {
+    return RemoveNodeResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<RemoveNodeResponse>, I>>(object: I): RemoveNodeResponse {
+    const message = createBaseRemoveNodeResponse();
+    message.nodeId = object.nodeId ?? "";
+    message.sandboxIds = object.sandboxIds?.map((e) => e) || [];
+    message.dryRun = object.dryRun ?? false;
+    return message;
+  },
+};
+
 /**
  * NodeService shows and steers the berthd nodes of a fleet: berthd
  * processes, one per host, that share a cluster store (etcd). Any node (or a
@@ -1236,6 +1489,27 @@ export const NodeServiceService = {
     responseSerialize: (value: UndrainNodeResponse): Buffer => Buffer.from(UndrainNodeResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): UndrainNodeResponse => UndrainNodeResponse.decode(value),
   },
+  /**
+   * RemoveNode forgets a lost node: its records in the cluster store (its
+   * address, its drain mark) and the records of the sandboxes it held, so
+   * that `berth node ls` no longer shows it and their ids are free again.
+   * It touches no sandbox: those the node ran are gone with its host, or,
+   * if the node comes back, it records them again as its own (or reports
+   * an ownership conflict for an id a new sandbox took meanwhile). With
+   * dry_run it removes nothing and says what it would remove. Errors:
+   * FAILED_PRECONDITION (NODE_LIVE) for a node holding a lease — stop its
+   * berthd first (SIGTERM revokes the lease); NOT_FOUND (NODE_NOT_FOUND)
+   * for a node the fleet does not know.
+   */
+  removeNode: {
+    path: "/berth.v1.NodeService/RemoveNode" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RemoveNodeRequest): Buffer => Buffer.from(RemoveNodeRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RemoveNodeRequest => RemoveNodeRequest.decode(value),
+    responseSerialize: (value: RemoveNodeResponse): Buffer => Buffer.from(RemoveNodeResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RemoveNodeResponse => RemoveNodeResponse.decode(value),
+  },
 } as const;
 
 export interface NodeServiceServer extends UntypedServiceImplementation {
@@ -1259,6 +1533,19 @@ export interface NodeServiceServer extends UntypedServiceImplementation {
    * Errors: NOT_FOUND (NODE_NOT_FOUND).
    */
   undrainNode: handleUnaryCall<UndrainNodeRequest, UndrainNodeResponse>;
+  /**
+   * RemoveNode forgets a lost node: its records in the cluster store (its
+   * address, its drain mark) and the records of the sandboxes it held, so
+   * that `berth node ls` no longer shows it and their ids are free again.
+   * It touches no sandbox: those the node ran are gone with its host, or,
+   * if the node comes back, it records them again as its own (or reports
+   * an ownership conflict for an id a new sandbox took meanwhile). With
+   * dry_run it removes nothing and says what it would remove. Errors:
+   * FAILED_PRECONDITION (NODE_LIVE) for a node holding a lease — stop its
+   * berthd first (SIGTERM revokes the lease); NOT_FOUND (NODE_NOT_FOUND)
+   * for a node the fleet does not know.
+   */
+  removeNode: handleUnaryCall<RemoveNodeRequest, RemoveNodeResponse>;
 }
 
 export interface NodeServiceClient extends Client {
@@ -1323,6 +1610,33 @@ export interface NodeServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: UndrainNodeResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * RemoveNode forgets a lost node: its records in the cluster store (its
+   * address, its drain mark) and the records of the sandboxes it held, so
+   * that `berth node ls` no longer shows it and their ids are free again.
+   * It touches no sandbox: those the node ran are gone with its host, or,
+   * if the node comes back, it records them again as its own (or reports
+   * an ownership conflict for an id a new sandbox took meanwhile). With
+   * dry_run it removes nothing and says what it would remove. Errors:
+   * FAILED_PRECONDITION (NODE_LIVE) for a node holding a lease — stop its
+   * berthd first (SIGTERM revokes the lease); NOT_FOUND (NODE_NOT_FOUND)
+   * for a node the fleet does not know.
+   */
+  removeNode(
+    request: RemoveNodeRequest,
+    callback: (error: ServiceError | null, response: RemoveNodeResponse) => void,
+  ): ClientUnaryCall;
+  removeNode(
+    request: RemoveNodeRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RemoveNodeResponse) => void,
+  ): ClientUnaryCall;
+  removeNode(
+    request: RemoveNodeRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RemoveNodeResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -1,0 +1,56 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/status"
+)
+
+// lostNode returns the node named by err when err is a SANDBOX_UNREACHABLE
+// whose cause is NODE_LOST (the node holding the sandbox has no lease);
+// "" otherwise.
+func lostNode(err error) string {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if u, ok := d.(*berthv1.Unreachable); ok && u.GetCause() == berthv1.UnreachableCause_UNREACHABLE_CAUSE_NODE_LOST {
+			return u.GetNodeId()
+		}
+	}
+	return ""
+}
+
+// forgetLost removes the record of sandbox id when it still names node
+// and node still holds no lease, in one transaction: the DeleteSandbox of
+// a sandbox whose node is lost. It reports false when the record or the
+// node changed since (the node registered again, or another call removed
+// or replaced the record): the caller routes the delete again. A record
+// that is gone already counts as removed.
+func (d *Directory) forgetLost(ctx context.Context, id, node string) (bool, error) {
+	key := d.keys.sandbox(id)
+	resp, err := d.cli.Get(ctx, key)
+	if err != nil {
+		return false, storeError("read the record of sandbox "+id, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return true, nil
+	}
+	var rec SandboxRecord
+	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+		return false, fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
+	}
+	if rec.Node != node {
+		return false, nil
+	}
+	txn, err := d.cli.Txn(ctx).If(
+		clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision),
+		clientv3.Compare(clientv3.CreateRevision(d.keys.node(node)), "=", 0),
+	).Then(clientv3.OpDelete(key)).Commit()
+	if err != nil {
+		return false, storeError("remove the record of sandbox "+id, err)
+	}
+	return txn.Succeeded, nil
+}
