@@ -282,8 +282,10 @@ type placement struct {
 
 // place orders the nodes that can take the sandbox req describes: live,
 // not draining, matching its node selector, holding its image, with room
-// for one more sandbox and its memory; the least loaded by its binding
-// budget first (see load), then the one with fewer sandboxes, then by id.
+// for one more sandbox and its memory; healthy ones first (an unhealthy
+// node, see Health, is a last resort: its record may be a moment behind
+// its recovery), then the least loaded by its binding budget (see load),
+// then the one with fewer sandboxes, then by id.
 func place(nodes []NodeRecord, req placementRequest) placement {
 	pl := placement{nodes: len(nodes), memoryBound: true}
 	type scored struct {
@@ -312,6 +314,9 @@ func place(nodes []NodeRecord, req placementRequest) placement {
 	}
 	sort.SliceStable(ok, func(i, j int) bool {
 		a, b := ok[i], ok[j]
+		if ah, bh := a.n.Health.Healthy(), b.n.Health.Healthy(); ah != bh {
+			return ah
+		}
 		if a.share != b.share {
 			return a.share < b.share
 		}

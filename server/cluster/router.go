@@ -445,8 +445,10 @@ func messageTypes(fullMethod string) (in, out protoreflect.MessageType, err erro
 // the caller names it or a request_id derives it; a create without either
 // gets a new random id (or a warm-pool member) from the node it lands on,
 // which records it. A node that refuses — full, draining, or without a
-// lease, or gone before it took the call — is skipped for the next
-// candidate; one that finds the id recorded on another node (a concurrent
+// lease, gone before it took the call, or failing it for a fault of its
+// own with nothing started (see notStartedOnNode) — is skipped for the
+// next candidate, and when every candidate failed so the last one's error
+// is the answer; one that finds the id recorded on another node (a concurrent
 // create of the same id placed it there) hands the call to that node.
 func (r *Router) create(ctx context.Context, p auth.Principal, req *berthv1.CreateSandboxRequest, handler grpc.UnaryHandler) (any, error) {
 	id := req.GetSandboxId()
@@ -518,13 +520,28 @@ func (r *Router) createOn(ctx context.Context, p auth.Principal, n NodeRecord, i
 	return r.forwardUnary(ctx, p, n, berthv1.SandboxService_CreateSandbox_FullMethodName, req, id)
 }
 
-// notStartedOnNode reports whether err says a node could not be reached
-// and nothing was sent to it.
+// notStartedOnNode reports whether err says a create failed for a fault
+// of the node it was sent to, with nothing started there, so that another
+// node may take it: the node could not be reached and nothing was sent to
+// it (Unreachable naming the node, ADMITTED_NOT_STARTED); its containerd
+// did not answer, or its state disk or descriptors ran out, before
+// anything changed (DependencyFailure, ADMITTED_NOT_STARTED); or the pool
+// that holds its sandboxes' file systems is full (NO_SPACE, resource
+// sandbox_pool: the node removed what the create made, and its claim).
+// Capacity refusals (FLEET_BUSY, NODE_NOT_ACCEPTING) are the caller's
+// other case. A failure that may have left something (ADMITTED_UNKNOWN,
+// an agent that did not start) or that is the request's own is not one.
 func notStartedOnNode(err error) bool {
 	st, _ := status.FromError(err)
+	if rpcstatus.Reason(err) == rpcstatus.ReasonNoSpace {
+		return errorMeta(err)["resource"] == "sandbox_pool"
+	}
 	for _, d := range st.Details() {
-		if u, ok := d.(*berthv1.Unreachable); ok {
-			return u.GetNodeId() != "" && u.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
+		switch d := d.(type) {
+		case *berthv1.Unreachable:
+			return d.GetNodeId() != "" && d.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
+		case *berthv1.DependencyFailure:
+			return d.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
 		}
 	}
 	return false
@@ -558,7 +575,7 @@ func (r *Router) placementRefused(req *berthv1.CreateSandboxRequest, id string, 
 	case len(pl.full) == 0 && last != nil:
 		// Every candidate refused on its own (a race with other creates,
 		// or nodes that broke off): its last answer says why.
-		if rpcstatus.Reason(last) == rpcstatus.ReasonFleetBusy || rpcstatus.Reason(last) == rpcstatus.ReasonUnreachable {
+		if rpcstatus.Reason(last) == rpcstatus.ReasonFleetBusy || rpcstatus.Reason(last) == rpcstatus.ReasonUnreachable || notStartedOnNode(last) {
 			return last
 		}
 	}

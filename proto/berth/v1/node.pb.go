@@ -189,7 +189,11 @@ type Node struct {
 	PlacedSandboxes uint64 `protobuf:"varint,14,opt,name=placed_sandboxes,json=placedSandboxes,proto3" json:"placed_sandboxes,omitempty"`
 	// images lists the image references in the node's store; sandboxes are
 	// placed only on nodes that hold their image.
-	Images        []string `protobuf:"bytes,15,rep,name=images,proto3" json:"images,omitempty"`
+	Images []string `protobuf:"bytes,15,rep,name=images,proto3" json:"images,omitempty"`
+	// health is whether the node can create sandboxes, as it last published;
+	// unset for a lost node and for nodes of berthd versions before it.
+	// Placement tries an unhealthy node only after every healthy one.
+	Health        *NodeHealth `protobuf:"bytes,20,opt,name=health,proto3" json:"health,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -329,6 +333,93 @@ func (x *Node) GetImages() []string {
 	return nil
 }
 
+func (x *Node) GetHealth() *NodeHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+// NodeHealth is a node's own account of whether it can create sandboxes.
+// A node checks itself every second and publishes a change at once, so a
+// fault shows here within a few seconds.
+type NodeHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// healthy is true while the node's containerd answers, its sandbox pool
+	// has room and its agents start.
+	Healthy bool `protobuf:"varint,1,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// reason says why the node is unhealthy, empty while healthy:
+	// CONTAINERD_UNAVAILABLE (containerd does not answer), NO_SPACE (the
+	// pool that holds the sandboxes' file systems is full) or
+	// AGENT_LAUNCH_FAILING (the last creates' agents did not start).
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// message says what the node saw, for people.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// since is when the node last changed between healthy and unhealthy, or
+	// between reasons.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeHealth) Reset() {
+	*x = NodeHealth{}
+	mi := &file_berth_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeHealth) ProtoMessage() {}
+
+func (x *NodeHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
+func (*NodeHealth) Descriptor() ([]byte, []int) {
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeHealth) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *NodeHealth) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *NodeHealth) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *NodeHealth) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
 // ListNodesRequest is empty.
 type ListNodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -338,7 +429,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_berth_v1_node_proto_msgTypes[2]
+	mi := &file_berth_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +441,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[2]
+	mi := &file_berth_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +454,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 // ListNodesResponse lists the nodes.
@@ -377,7 +468,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_berth_v1_node_proto_msgTypes[3]
+	mi := &file_berth_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -389,7 +480,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[3]
+	mi := &file_berth_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -402,7 +493,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -423,7 +514,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_berth_v1_node_proto_msgTypes[4]
+	mi := &file_berth_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +526,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[4]
+	mi := &file_berth_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +539,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -469,7 +560,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_berth_v1_node_proto_msgTypes[5]
+	mi := &file_berth_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +572,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[5]
+	mi := &file_berth_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +585,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -515,7 +606,7 @@ type UndrainNodeRequest struct {
 
 func (x *UndrainNodeRequest) Reset() {
 	*x = UndrainNodeRequest{}
-	mi := &file_berth_v1_node_proto_msgTypes[6]
+	mi := &file_berth_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +618,7 @@ func (x *UndrainNodeRequest) String() string {
 func (*UndrainNodeRequest) ProtoMessage() {}
 
 func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[6]
+	mi := &file_berth_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +631,7 @@ func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*UndrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UndrainNodeRequest) GetNodeId() string {
@@ -561,7 +652,7 @@ type UndrainNodeResponse struct {
 
 func (x *UndrainNodeResponse) Reset() {
 	*x = UndrainNodeResponse{}
-	mi := &file_berth_v1_node_proto_msgTypes[7]
+	mi := &file_berth_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +664,7 @@ func (x *UndrainNodeResponse) String() string {
 func (*UndrainNodeResponse) ProtoMessage() {}
 
 func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[7]
+	mi := &file_berth_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +677,7 @@ func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*UndrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UndrainNodeResponse) GetNode() *Node {
@@ -604,7 +695,7 @@ const file_berth_v1_node_proto_rawDesc = "" +
 	"\fNodeCapacity\x12\x15\n" +
 	"\x06in_use\x18\x01 \x01(\x04R\x05inUse\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x04R\x05limit\x12\x12\n" +
-	"\x04free\x18\x03 \x01(\x04R\x04free\"\xd3\x05\n" +
+	"\x04free\x18\x03 \x01(\x04R\x04free\"\x81\x06\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x122\n" +
@@ -623,10 +714,17 @@ const file_berth_v1_node_proto_rawDesc = "" +
 	"\n" +
 	"updated_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12)\n" +
 	"\x10placed_sandboxes\x18\x0e \x01(\x04R\x0fplacedSandboxes\x12\x16\n" +
-	"\x06images\x18\x0f \x03(\tR\x06images\x1a9\n" +
+	"\x06images\x18\x0f \x03(\tR\x06images\x12,\n" +
+	"\x06health\x18\x14 \x01(\v2\x14.berth.v1.NodeHealthR\x06health\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x12\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x01\n" +
+	"\n" +
+	"NodeHealth\x12\x18\n" +
+	"\ahealthy\x18\x01 \x01(\bR\ahealthy\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x12\n" +
 	"\x10ListNodesRequest\"9\n" +
 	"\x11ListNodesResponse\x12$\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0e.berth.v1.NodeR\x05nodes\"+\n" +
@@ -661,45 +759,48 @@ func file_berth_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_berth_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_berth_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_berth_v1_node_proto_goTypes = []any{
 	(NodeState)(0),                // 0: berth.v1.NodeState
 	(*NodeCapacity)(nil),          // 1: berth.v1.NodeCapacity
 	(*Node)(nil),                  // 2: berth.v1.Node
-	(*ListNodesRequest)(nil),      // 3: berth.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 4: berth.v1.ListNodesResponse
-	(*DrainNodeRequest)(nil),      // 5: berth.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),     // 6: berth.v1.DrainNodeResponse
-	(*UndrainNodeRequest)(nil),    // 7: berth.v1.UndrainNodeRequest
-	(*UndrainNodeResponse)(nil),   // 8: berth.v1.UndrainNodeResponse
-	nil,                           // 9: berth.v1.Node.LabelsEntry
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*NodeHealth)(nil),            // 3: berth.v1.NodeHealth
+	(*ListNodesRequest)(nil),      // 4: berth.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 5: berth.v1.ListNodesResponse
+	(*DrainNodeRequest)(nil),      // 6: berth.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),     // 7: berth.v1.DrainNodeResponse
+	(*UndrainNodeRequest)(nil),    // 8: berth.v1.UndrainNodeRequest
+	(*UndrainNodeResponse)(nil),   // 9: berth.v1.UndrainNodeResponse
+	nil,                           // 10: berth.v1.Node.LabelsEntry
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_berth_v1_node_proto_depIdxs = []int32{
-	9,  // 0: berth.v1.Node.labels:type_name -> berth.v1.Node.LabelsEntry
+	10, // 0: berth.v1.Node.labels:type_name -> berth.v1.Node.LabelsEntry
 	0,  // 1: berth.v1.Node.state:type_name -> berth.v1.NodeState
 	1,  // 2: berth.v1.Node.sandboxes:type_name -> berth.v1.NodeCapacity
 	1,  // 3: berth.v1.Node.memory_bytes:type_name -> berth.v1.NodeCapacity
 	1,  // 4: berth.v1.Node.execs:type_name -> berth.v1.NodeCapacity
-	10, // 5: berth.v1.Node.lease_ttl:type_name -> google.protobuf.Duration
-	10, // 6: berth.v1.Node.lease_remaining:type_name -> google.protobuf.Duration
-	11, // 7: berth.v1.Node.started_at:type_name -> google.protobuf.Timestamp
-	11, // 8: berth.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 9: berth.v1.ListNodesResponse.nodes:type_name -> berth.v1.Node
-	2,  // 10: berth.v1.DrainNodeResponse.node:type_name -> berth.v1.Node
-	2,  // 11: berth.v1.UndrainNodeResponse.node:type_name -> berth.v1.Node
-	3,  // 12: berth.v1.NodeService.ListNodes:input_type -> berth.v1.ListNodesRequest
-	5,  // 13: berth.v1.NodeService.DrainNode:input_type -> berth.v1.DrainNodeRequest
-	7,  // 14: berth.v1.NodeService.UndrainNode:input_type -> berth.v1.UndrainNodeRequest
-	4,  // 15: berth.v1.NodeService.ListNodes:output_type -> berth.v1.ListNodesResponse
-	6,  // 16: berth.v1.NodeService.DrainNode:output_type -> berth.v1.DrainNodeResponse
-	8,  // 17: berth.v1.NodeService.UndrainNode:output_type -> berth.v1.UndrainNodeResponse
-	15, // [15:18] is the sub-list for method output_type
-	12, // [12:15] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	11, // 5: berth.v1.Node.lease_ttl:type_name -> google.protobuf.Duration
+	11, // 6: berth.v1.Node.lease_remaining:type_name -> google.protobuf.Duration
+	12, // 7: berth.v1.Node.started_at:type_name -> google.protobuf.Timestamp
+	12, // 8: berth.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	3,  // 9: berth.v1.Node.health:type_name -> berth.v1.NodeHealth
+	12, // 10: berth.v1.NodeHealth.since:type_name -> google.protobuf.Timestamp
+	2,  // 11: berth.v1.ListNodesResponse.nodes:type_name -> berth.v1.Node
+	2,  // 12: berth.v1.DrainNodeResponse.node:type_name -> berth.v1.Node
+	2,  // 13: berth.v1.UndrainNodeResponse.node:type_name -> berth.v1.Node
+	4,  // 14: berth.v1.NodeService.ListNodes:input_type -> berth.v1.ListNodesRequest
+	6,  // 15: berth.v1.NodeService.DrainNode:input_type -> berth.v1.DrainNodeRequest
+	8,  // 16: berth.v1.NodeService.UndrainNode:input_type -> berth.v1.UndrainNodeRequest
+	5,  // 17: berth.v1.NodeService.ListNodes:output_type -> berth.v1.ListNodesResponse
+	7,  // 18: berth.v1.NodeService.DrainNode:output_type -> berth.v1.DrainNodeResponse
+	9,  // 19: berth.v1.NodeService.UndrainNode:output_type -> berth.v1.UndrainNodeResponse
+	17, // [17:20] is the sub-list for method output_type
+	14, // [14:17] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_node_proto_init() }
@@ -713,7 +814,7 @@ func file_berth_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_node_proto_rawDesc), len(file_berth_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
