@@ -359,7 +359,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 			return err
 		}
 		defer member.Close()
-		router := cluster.NewRouter(cluster.RouterConfig{Member: member, Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: svcCfg.BusyRetryDelay, EtcdBudget: cf.etcdBudget, Log: log})
+		router := cluster.NewRouter(cluster.RouterConfig{Member: member, Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: svcCfg.BusyRetryDelay, EtcdBudget: cf.etcdBudget, ListBudget: cf.listBudget, Log: log})
 		opts = append(opts, server.WithCluster(router, fl.nodes))
 	}
 	srvOpts := m.ServerOptions()
@@ -396,7 +396,7 @@ func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudg
 		return err
 	}
 	defer fl.Close()
-	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, EtcdBudget: cf.etcdBudget, Log: log})
+	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, EtcdBudget: cf.etcdBudget, ListBudget: cf.listBudget, Log: log})
 	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes), server.WithTransport(transport.cfg))
 	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), slog.String("version", server.Version), slog.Bool("gateway", true))
 }

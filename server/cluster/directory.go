@@ -201,6 +201,23 @@ func (d *Directory) Sandbox(ctx context.Context, id string) (SandboxRecord, bool
 	return rec, true, nil
 }
 
+// Sandboxes reads every sandbox record from etcd, by sandbox id; records
+// that do not parse are left out.
+func (d *Directory) Sandboxes(ctx context.Context) (map[string]SandboxRecord, error) {
+	resp, err := d.cli.Get(ctx, d.keys.sandboxes(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, storeError("read the sandbox records", err)
+	}
+	out := make(map[string]SandboxRecord, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var rec SandboxRecord
+		if json.Unmarshal(kv.Value, &rec) == nil {
+			out[d.keys.idOf(d.keys.sandboxes(), string(kv.Key))] = rec
+		}
+	}
+	return out, nil
+}
+
 // NodeSelectorPrefix starts the sandbox labels that constrain placement:
 // a sandbox labelled "node.berth.dev/zone=a" is placed only on a node
 // labelled zone=a; "node.berth.dev/id=n2" names the node itself.

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -209,4 +210,59 @@ func TestPublishHealth(t *testing.T) {
 	local.mu.Unlock()
 	m.Kick()
 	waitRecord("healthy again", func(n NodeRecord) bool { return n.Health.Healthy() })
+}
+
+// TestListBudget: ListSandboxes through an entry point answers within its
+// list budget when a node does not answer (a frozen berthd: issue 22, the
+// listing hung for everyone until the node's lease ran out), with the
+// sandboxes of the nodes that answered and the others named in
+// unreachable_nodes, as are lost nodes that hold the caller's sandboxes;
+// never a silent partial list.
+func TestListBudget(t *testing.T) {
+	cli, prefix := etcd(t)
+	frozen := startPeerNode(t)
+	frozen.list = func(ctx context.Context) (*berthv1.ListSandboxesResponse, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	fine := startPeerNode(t)
+	fine.list = func(context.Context) (*berthv1.ListSandboxesResponse, error) {
+		return &berthv1.ListSandboxesResponse{Sandboxes: []*berthv1.Sandbox{{Id: "sb-fine", NodeId: "fine"}}}, nil
+	}
+	startMemberAt(t, cli, prefix, "frozen", frozen.addr, &fakeLocal{holds: map[string]string{}})
+	startMemberAt(t, cli, prefix, "fine", fine.addr, &fakeLocal{holds: map[string]string{}})
+	ctx := context.Background()
+	// A lost node holding one of alice's sandboxes and one of bob's, and
+	// one holding only bob's.
+	for id, rec := range map[string]string{"sb-lost": `{"node":"gone","owner":"alice"}`, "sb-bob": `{"node":"gone","owner":"bob"}`, "sb-bob2": `{"node":"gone-bob","owner":"bob"}`} {
+		if _, err := cli.Put(ctx, keys{prefix}.sandbox(id), rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	directory := startDirectory(t, cli, prefix)
+	waitNodes(t, directory, 2)
+	peers := NewPeers(PeerCredentials{}, time.Second)
+	t.Cleanup(peers.Close)
+	const budget = time.Second
+	gateway := NewRouter(RouterConfig{Directory: directory, Peers: peers, ListBudget: budget, Log: testLog()})
+	callCtx, cancel := context.WithTimeout(auth.NewContext(ctx, auth.Principal{Name: "alice"}), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	resp, err := gateway.UnaryInterceptor()(callCtx, &berthv1.ListSandboxesRequest{},
+		&grpc.UnaryServerInfo{FullMethod: berthv1.SandboxService_ListSandboxes_FullMethodName},
+		func(context.Context, any) (any, error) { t.Error("a gateway listed locally"); return nil, nil })
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("ListSandboxes = %v, want the answering node's sandboxes", err)
+	}
+	if max := budget + time.Second; took > max {
+		t.Errorf("ListSandboxes answered after %v, want within the %v budget (%v with margin)", took, budget, max)
+	}
+	list := resp.(*berthv1.ListSandboxesResponse)
+	if len(list.GetSandboxes()) != 1 || list.GetSandboxes()[0].GetId() != "sb-fine" {
+		t.Errorf("sandboxes %v, want sb-fine", list.GetSandboxes())
+	}
+	if got := list.GetUnreachableNodes(); fmt.Sprint(got) != "[frozen gone]" {
+		t.Errorf("unreachable_nodes %v, want [frozen gone]", got)
+	}
 }
