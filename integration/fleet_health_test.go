@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
 )
 
 // nodeByID returns the node id of nodes, or nil.
@@ -152,6 +153,18 @@ func TestFleetFrozenNodeList(t *testing.T) {
 		}
 		want[node] = append(want[node], id)
 	}
+	// A fleet node's memory budget defaults to its host's memory, so that
+	// placement weighs the memory it promised (issue 22: 30 GiB promised
+	// on a 23 GiB host, no budget, no warning).
+	host := server.HostMemoryBytes()
+	f.waitNodes(t, "memory budgets", func(nodes []*berthv1.Node) bool {
+		for _, n := range nodes {
+			if got := n.GetMemoryBytes().GetLimit(); got != host {
+				t.Errorf("node %s: memory budget %d, want the host's %d", n.GetId(), got, host)
+			}
+		}
+		return true
+	})
 	frozen := f.nodes[1].proc.cmd.Process
 	if err := frozen.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
