@@ -108,17 +108,7 @@ func (f *fakeLocal) Holds(context.Context) (map[string]string, error) {
 
 func startMember(t *testing.T, cli *clientv3.Client, prefix, id string, local *fakeLocal) *Member {
 	t.Helper()
-	m, err := NewMember(Config{NodeID: id, Address: id + ":1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond}, cli, testLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := m.Start(ctx, local); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	return m
+	return startMemberAt(t, cli, prefix, id, id+":1", local)
 }
 
 func TestClaimOneHolder(t *testing.T) {

@@ -58,7 +58,13 @@ func (n *peerNode) ListSandboxes(ctx context.Context, _ *berthv1.ListSandboxesRe
 // local's usage, images and health.
 func startMemberAt(t *testing.T, cli *clientv3.Client, prefix, id, addr string, local *fakeLocal) *Member {
 	t.Helper()
-	m, err := NewMember(Config{NodeID: id, Address: addr, Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond}, cli, testLog())
+	return startMemberCfg(t, cli, Config{NodeID: id, Address: addr, Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond}, local)
+}
+
+// startMemberCfg starts the membership cfg describes, closed at cleanup.
+func startMemberCfg(t *testing.T, cli *clientv3.Client, cfg Config, local *fakeLocal) *Member {
+	t.Helper()
+	m, err := NewMember(cfg, cli, testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,16 +162,10 @@ func TestCreateRetriesNothingStarted(t *testing.T) {
 func TestPublishHealth(t *testing.T) {
 	cli, prefix := etcd(t)
 	local := &fakeLocal{holds: map[string]string{}, usage: Usage{Sandboxes: 3, MaxSandboxes: 10}}
-	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: time.Hour}, cli, testLog())
-	if err != nil {
-		t.Fatal(err)
-	}
+	// No periodic publish within the test: only a kick publishes.
+	m := startMemberCfg(t, cli, Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: time.Hour}, local)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := m.Start(ctx, local); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
 	directory := startDirectory(t, cli, prefix)
 	waitRecord := func(what string, ok func(NodeRecord) bool) NodeRecord {
 		t.Helper()
