@@ -155,9 +155,9 @@ func (m *Manager) checkHealth(ctx context.Context) {
 // the fleet at once.
 func (m *Manager) healthChanged(h cluster.Health) {
 	if h.Healthy() {
-		m.log.Info("node healthy again: it takes new sandboxes")
+		m.log.Info("healthy again: this berthd can create sandboxes")
 	} else {
-		m.log.Warn("node unhealthy: the fleet places sandboxes elsewhere while it lasts", slog.String("reason", h.Reason), slog.String("message", h.Message))
+		m.log.Warn("unhealthy: this berthd cannot create sandboxes now; a fleet places them on other nodes while it lasts", slog.String("reason", h.Reason), slog.String("message", h.Message))
 	}
 	if m.cfg.Placements != nil {
 		m.cfg.Placements.Kick()
