@@ -27,6 +27,10 @@ const (
 	// succeeds meanwhile; then the node is healthy again, for the next
 	// create to find out.
 	healthFaultHold = 30 * time.Second
+	// poolMinFree is the least free space of the sandboxes' pool, in
+	// bytes, or 1% of the pool when that is more, below which the node
+	// counts as full (NO_SPACE) before a create fails there.
+	poolMinFree = 64 << 20
 	// launchFailuresUnhealthy is the number of creates in a row whose
 	// agent did not start that make the node unhealthy.
 	launchFailuresUnhealthy = 3
@@ -57,6 +61,9 @@ func (h *health) set(now time.Time, reason, message string) {
 	prev := h.cur
 	if reason != prev.Reason {
 		h.cur = cluster.Health{Reason: reason, Message: message, Since: now}
+		if reason == "" {
+			h.until = time.Time{} // a hold ends with the fault
+		}
 	} else {
 		h.cur.Message = message
 	}
@@ -114,13 +121,30 @@ func (h *health) created(now time.Time, launched bool, err error) {
 	}
 }
 
+// poolSpace takes the pool's space as a probe read it at now: less than
+// poolMinFree (or 1%) left makes the node unhealthy (NO_SPACE) until a
+// probe finds room again.
+func (h *health) poolSpace(now time.Time, ps runtime.PoolSpace) {
+	if floor := max(poolMinFree, ps.SizeBytes/100); ps.FreeBytes < floor {
+		// Until a probe or two later, however long the probes take.
+		h.holdFor(now, 2*healthProbeInterval+healthProbeBudget, cluster.HealthNoSpace,
+			fmt.Sprintf("%s has %d bytes free of %d, below the %d it must keep", ps.Pool, ps.FreeBytes, ps.SizeBytes, floor))
+	}
+}
+
 // hold makes the node unhealthy for reason until healthFaultHold from now,
 // unless containerd's own fault is what it is.
 func (h *health) hold(now time.Time, reason, message string) {
+	h.holdFor(now, healthFaultHold, reason, message)
+}
+
+// holdFor makes the node unhealthy for reason for d from now at least,
+// unless containerd's own fault is what it is.
+func (h *health) holdFor(now time.Time, d time.Duration, reason, message string) {
 	h.mu.Lock()
 	containerd := h.cur.Reason == cluster.HealthContainerd
 	if !containerd {
-		h.until = now.Add(healthFaultHold)
+		h.until = maxTime(h.until, now.Add(d))
 	}
 	h.mu.Unlock()
 	if !containerd {
@@ -128,7 +152,15 @@ func (h *health) hold(now time.Time, reason, message string) {
 	}
 }
 
-// checkHealth probes containerd every healthProbeInterval until ctx ends.
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// checkHealth probes containerd, and the pool's space when berthd knows
+// the pool, every healthProbeInterval until ctx ends.
 func (m *Manager) checkHealth(ctx context.Context) {
 	tick := time.NewTicker(healthProbeInterval)
 	defer tick.Stop()
@@ -147,7 +179,13 @@ func (m *Manager) checkHealth(ctx context.Context) {
 		if errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("no answer within %v", healthProbeBudget)
 		}
-		m.health.probed(time.Now(), err)
+		now := time.Now()
+		m.health.probed(now, err)
+		if ps, ok, err := m.rt.PoolSpace(); ok {
+			m.health.poolSpace(now, ps)
+		} else if err != nil {
+			m.log.Warn("read the space of the sandboxes' pool", slog.Any("error", err))
+		}
 	}
 }
 

@@ -65,3 +65,35 @@ func TestHealth(t *testing.T) {
 		t.Errorf("changes reported %q, want one per change", changes)
 	}
 }
+
+// TestHealthPoolSpace: a pool with less than poolMinFree left (at least
+// 1% of it) makes the node unhealthy (NO_SPACE) at the probe, before a
+// create fails there, and healthy again soon after space came back; a
+// fault a create saw is not cut short by a probe that finds room.
+func TestHealthPoolSpace(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	h := &health{}
+	const gib = 1 << 30
+	h.poolSpace(t0, runtime.PoolSpace{Pool: "the btrfs pool /p", FreeBytes: 10 * gib, SizeBytes: 20 * gib})
+	if r := h.get().Reason; r != "" {
+		t.Fatalf("10 GiB free: reason %q, want healthy", r)
+	}
+	h.poolSpace(t0.Add(time.Second), runtime.PoolSpace{Pool: "the btrfs pool /p", FreeBytes: 100 << 20, SizeBytes: 20 * gib})
+	if r := h.get().Reason; r != cluster.HealthNoSpace {
+		t.Fatalf("100 MiB free of 20 GiB: reason %q, want %s", r, cluster.HealthNoSpace)
+	}
+	// Space back: healthy within a few probes.
+	h.probed(t0.Add(2*time.Second), nil)
+	h.poolSpace(t0.Add(2*time.Second), runtime.PoolSpace{FreeBytes: 10 * gib, SizeBytes: 20 * gib})
+	h.probed(t0.Add(6*time.Second), nil)
+	if r := h.get().Reason; r != "" {
+		t.Errorf("space back for 4s: reason %q, want healthy", r)
+	}
+	// A create's NO_SPACE (a quota group's, say) holds its full time.
+	h.created(t0.Add(10*time.Second), false, &runtime.PoolFullError{Pool: "the btrfs pool /p", Err: errors.New("no space left on device")})
+	h.poolSpace(t0.Add(11*time.Second), runtime.PoolSpace{FreeBytes: 10 * gib, SizeBytes: 20 * gib})
+	h.probed(t0.Add(15*time.Second), nil)
+	if r := h.get().Reason; r != cluster.HealthNoSpace {
+		t.Errorf("5s after a create's NO_SPACE: reason %q, want %s", r, cluster.HealthNoSpace)
+	}
+}

@@ -91,6 +91,7 @@ type store interface {
 	TrimLog(id string, max int64) (bool, error)
 	CreateWorkLimit() time.Duration
 	Ping(ctx context.Context) error
+	PoolSpace() (runtime.PoolSpace, bool, error)
 }
 
 // Observer is told of creations and task restarts (server/metrics).
