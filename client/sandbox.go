@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"iter"
+	"maps"
+	"slices"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -50,18 +52,46 @@ func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
 	})
 }
 
+// ListOption configures ListSandboxes.
+type ListOption func(*listOptions)
+
+type listOptions struct {
+	unreachable *[]string
+}
+
+// UnreachableNodes makes ListSandboxes store in *nodes the nodes of a fleet
+// whose sandboxes are missing from the listing, over all its pages, sorted:
+// nodes that did not answer within the entry point's list budget, failed,
+// or are lost while holding the caller's sandboxes
+// (ListSandboxesResponse.unreachable_nodes). Empty when the listing is
+// complete, and always outside a fleet. *nodes is set when the iteration
+// ends.
+func UnreachableNodes(nodes *[]string) ListOption {
+	return func(o *listOptions) { o.unreachable = nodes }
+}
+
 // ListSandboxes returns an iterator over every sandbox that has all the
 // labels in labelSelector (nil selects all), in id order. It fetches pages as
 // the loop advances; an error ends the iteration with (nil, err) as its last
-// pair. Each range over the iterator lists afresh.
+// pair. Each range over the iterator lists afresh. In a fleet a listing
+// may miss the sandboxes of nodes that did not answer: UnreachableNodes
+// names them.
 //
 //	for sb, err := range c.ListSandboxes(ctx, nil) {
 //		if err != nil { return err }
 //		...
 //	}
-func (c *Client) ListSandboxes(ctx context.Context, labelSelector map[string]string) iter.Seq2[*berthv1.Sandbox, error] {
+func (c *Client) ListSandboxes(ctx context.Context, labelSelector map[string]string, opts ...ListOption) iter.Seq2[*berthv1.Sandbox, error] {
+	var o listOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	return func(yield func(*berthv1.Sandbox, error) bool) {
 		token := ""
+		unreachable := map[string]bool{}
+		if o.unreachable != nil {
+			defer func() { *o.unreachable = slices.Sorted(maps.Keys(unreachable)) }()
+		}
 		for {
 			var resp *berthv1.ListSandboxesResponse
 			err := c.retry(ctx, func() (err error) {
@@ -74,6 +104,9 @@ func (c *Client) ListSandboxes(ctx context.Context, labelSelector map[string]str
 			if err != nil {
 				yield(nil, err)
 				return
+			}
+			for _, n := range resp.GetUnreachableNodes() {
+				unreachable[n] = true
 			}
 			for _, sb := range resp.GetSandboxes() {
 				if !yield(sb, nil) {

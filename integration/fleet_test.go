@@ -415,7 +415,7 @@ func TestFleet(t *testing.T) {
 	if err != nil {
 		t.Fatalf("berth node ls: %v: %s", err, out)
 	}
-	for _, want := range []string{`n1\s+ready\s+127\.0\.0\.1:\d+\s+15/20\s`, `n2\s+ready\s+\S+\s+9/12\s`, `n3\s+ready\s+\S+\s+6/8\s`} {
+	for _, want := range []string{`n1\s+ready\s+ok\s+127\.0\.0\.1:\d+\s+15/20\s`, `n2\s+ready\s+ok\s+\S+\s+9/12\s`, `n3\s+ready\s+ok\s+\S+\s+6/8\s`} {
 		if !regexp.MustCompile(want).Match(out) {
 			t.Errorf("berth node ls does not match %s:\n%s", want, out)
 		}

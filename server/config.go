@@ -96,7 +96,8 @@ type Config struct {
 	// MemoryBudgetBytes caps the memory, in bytes, promised to sandboxes:
 	// the sum of their resources.memory_bytes (sandboxes without a memory
 	// cap count zero). A CreateSandbox beyond it fails with FLEET_BUSY.
-	// Zero: no cap.
+	// Zero: no cap (berthd's default, but on a node of a fleet, where
+	// it is HostMemoryBytes).
 	MemoryBudgetBytes uint64
 	// DiskOvercommit is how many times the size of the btrfs pool that
 	// holds the sandboxes' disk quotas (the btrfs snapshotter's file
@@ -248,7 +249,7 @@ func (c *Config) setDefaults() {
 		c.MaxCPUMillis = uint64(goruntime.NumCPU()) * 1000
 	}
 	if c.MaxMemoryBytes == 0 {
-		c.MaxMemoryBytes = hostMemoryBytes()
+		c.MaxMemoryBytes = HostMemoryBytes()
 	}
 	if c.AgentReadyTimeout == 0 {
 		c.AgentReadyTimeout = 30 * time.Second
@@ -311,9 +312,9 @@ func (c *Config) setDefaults() {
 	c.RunBufferBytes = max(c.RunBufferBytes, c.RunMaxOutputBytes)
 }
 
-// hostMemoryBytes returns the host's physical memory in bytes (sysinfo(2)),
+// HostMemoryBytes returns the host's physical memory in bytes (sysinfo(2)),
 // or 1 TiB when it cannot be read.
-func hostMemoryBytes() uint64 {
+func HostMemoryBytes() uint64 {
 	var si unix.Sysinfo_t
 	if err := unix.Sysinfo(&si); err != nil || si.Totalram == 0 {
 		return 1 << 40

@@ -33,10 +33,13 @@ func newNodeListCmd(g *globals) *cobra.Command {
 		Short:   "List the fleet's nodes: state, capacity in use and free, leases",
 		Long: `List the berthd nodes of the fleet that berthd belongs to: live ones with
 their capacity (sandboxes, memory promised, execs: in use/limit, "-" for no
-cap) and the time left on their lease; lost ones (lease expired) with the
-number of sandboxes waiting for them. CONFLICTS counts the sandboxes a node
-runs whose ids the fleet records on another node (docs/fleet.md, Node
-identity); -o json lists their ids (conflicting_sandbox_ids).`,
+cap), their health ("ok", or why the node cannot create sandboxes now and
+since when: CONTAINERD_UNAVAILABLE, NO_SPACE, AGENT_LAUNCH_FAILING; the
+fleet places sandboxes on healthy nodes first) and the time left on their
+lease; lost ones (lease expired) with the number of sandboxes waiting for
+them. CONFLICTS counts the sandboxes a node runs whose ids the fleet records
+on another node (docs/fleet.md, Node identity); -o json lists their ids
+(conflicting_sandbox_ids).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
@@ -138,9 +141,24 @@ func capacityCell(c *berthv1.NodeCapacity, bytes bool) string {
 	return show(c.GetInUse()) + "/" + show(c.GetLimit())
 }
 
+// healthCell shows a node's health: "ok", or the reason and for how long
+// ("CONTAINERD_UNAVAILABLE (since 12s ago)"); "-" when unknown (a lost node, an older
+// berthd).
+func healthCell(h *berthv1.NodeHealth, now time.Time) string {
+	switch {
+	case h == nil:
+		return "-"
+	case h.GetHealthy():
+		return "ok"
+	case h.GetSince() != nil:
+		return terminalSafe(h.GetReason()) + " (since " + ago(h.GetSince().AsTime(), now) + ")"
+	}
+	return terminalSafe(h.GetReason())
+}
+
 func writeNodeTable(w io.Writer, nodes []*berthv1.Node, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tSTATE\tADDRESS\tSANDBOXES\tMEMORY\tEXECS\tPLACED\tCONFLICTS\tLEASE\tUP\tLABELS")
+	fmt.Fprintln(tw, "NODE\tSTATE\tHEALTH\tADDRESS\tSANDBOXES\tMEMORY\tEXECS\tPLACED\tCONFLICTS\tLEASE\tUP\tLABELS")
 	for _, n := range nodes {
 		lease, up := "-", "-"
 		if n.GetLeaseId() != "" {
@@ -155,7 +173,7 @@ func writeNodeTable(w io.Writer, nodes []*berthv1.Node, now time.Time) error {
 		if n.GetState() != berthv1.NodeState_NODE_STATE_LOST {
 			sb, mem, ex = capacityCell(n.GetSandboxes(), false), capacityCell(n.GetMemoryBytes(), true), capacityCell(n.GetExecs(), false)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", terminalSafe(n.GetId()), nodeState(n.GetState()), terminalSafe(n.GetAddress()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\n", terminalSafe(n.GetId()), nodeState(n.GetState()), healthCell(n.GetHealth(), now), terminalSafe(n.GetAddress()),
 			sb, mem, ex, n.GetPlacedSandboxes(), len(n.GetConflictingSandboxIds()), lease, up, terminalSafe(strings.Join(labels, ",")))
 	}
 	return tw.Flush()

@@ -140,12 +140,18 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 				return err
 			}
 			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
-				var sbs []*berthv1.Sandbox
-				for sb, err := range c.ListSandboxes(ctx, sel) {
+				var (
+					sbs         []*berthv1.Sandbox
+					unreachable []string
+				)
+				for sb, err := range c.ListSandboxes(ctx, sel, client.UnreachableNodes(&unreachable)) {
 					if err != nil {
 						return err
 					}
 					sbs = append(sbs, sb)
+				}
+				if len(unreachable) > 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: nodes %s did not answer (or are lost): their sandboxes are missing from this list\n", terminalSafe(strings.Join(unreachable, ", ")))
 				}
 				switch {
 				case quiet:

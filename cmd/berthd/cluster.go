@@ -37,6 +37,7 @@ type clusterFlags struct {
 	labels         map[string]string
 	leaseTTL       time.Duration
 	etcdBudget     time.Duration
+	listBudget     time.Duration
 	gateway        bool
 	peerTokenFile  string
 	peerCA         string
@@ -72,6 +73,7 @@ func (f *clusterFlags) register() {
 	})
 	flag.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "lease time of this node in the fleet: after it stops refreshing, other nodes report its sandboxes as lost (NODE_LOST) within this long")
 	flag.DurationVar(&f.etcdBudget, "etcd-budget", 2*time.Second, "how long a routed call or a create waits for etcd to say which node serves it; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline")
+	flag.DurationVar(&f.listBudget, "list-budget", 3*time.Second, "how long ListSandboxes waits for the fleet's nodes; it answers with what came in time and names the nodes that did not in unreachable_nodes (keep it below your clients' deadlines)")
 	flag.BoolVar(&f.gateway, "gateway", false, "route the fleet's calls without running sandboxes: no containerd, no images (needs --etcd-endpoints)")
 	flag.StringVar(&f.peerTokenFile, "peer-token-file", "", "file holding the bearer token this berthd sends to the fleet's other nodes (a token of a --node-principal there); re-read on SIGHUP")
 	flag.StringVar(&f.peerCA, "peer-tls-ca", "", "PEM CA bundle that signed the other nodes' server certificates (default: the system's roots); re-read on SIGHUP")
@@ -119,6 +121,9 @@ func (f *clusterFlags) check(listens []string) error {
 	}
 	if f.etcdBudget <= 0 {
 		return fmt.Errorf("--etcd-budget %v: must be positive", f.etcdBudget)
+	}
+	if f.listBudget <= 0 {
+		return fmt.Errorf("--list-budget %v: must be positive", f.listBudget)
 	}
 	if f.peerInsecure && (f.peerCA != "" || f.peerCert != "") {
 		return errors.New("--peer-insecure dials in plaintext: it takes no --peer-tls-* files")

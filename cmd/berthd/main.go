@@ -82,7 +82,7 @@ func main() {
 	flag.IntVar(&svcCfg.MaxSandboxes, "max-sandboxes", 0, "most sandboxes the server holds, running or stopped; 0: no cap (beyond it: FLEET_BUSY)")
 	flag.IntVar(&svcCfg.MaxExecsPerSandbox, "max-execs-per-sandbox", 0, "most execs running at once in one sandbox; 0: no cap")
 	flag.IntVar(&svcCfg.MaxExecs, "max-execs", 0, "most execs running at once in all sandboxes; 0: no cap")
-	flag.Uint64Var(&svcCfg.MemoryBudgetBytes, "memory-budget-bytes", 0, "most memory in `bytes` promised to sandboxes (sum of their memory_bytes); 0: no cap")
+	flag.Uint64Var(&svcCfg.MemoryBudgetBytes, "memory-budget-bytes", 0, "most memory in `bytes` promised to sandboxes (sum of their memory_bytes); 0: no cap (the default, but on a node of a fleet, where it is the host's memory)")
 	flag.Float64Var(&svcCfg.DiskOvercommit, "disk-overcommit", 1, "how many times the btrfs pool's size the sandboxes' disk quotas may sum to (beyond it: FLEET_BUSY); 1: quotas fit in the pool; -1: no check")
 	flag.IntVar(&svcCfg.MaxSandboxesPerPrincipal, "max-sandboxes-per-principal", 0, "most sandboxes one principal holds, running or stopped; 0: no cap")
 	flag.Uint64Var(&svcCfg.MaxMemoryBytesPerPrincipal, "max-memory-bytes-per-principal", 0, "most memory in `bytes` promised to one principal's sandboxes; 0: no cap")
@@ -241,6 +241,15 @@ func main() {
 	if fleetFlags.enabled() {
 		authCfg.UnixHost = fleetFlags.nodeID
 	}
+	memoryBudgetSet := false
+	flag.Visit(func(f *flag.Flag) { memoryBudgetSet = memoryBudgetSet || f.Name == "memory-budget-bytes" })
+	if fleetFlags.enabled() && !fleetFlags.gateway && !memoryBudgetSet {
+		// Placement weighs memory promised against the budget: without
+		// one a node promised more than its host has stays "least
+		// loaded" (issue 22: 30 GiB promised on a 23 GiB host).
+		svcCfg.MemoryBudgetBytes = server.HostMemoryBytes()
+		log.Info("memory budget of this fleet node: the host's memory (--memory-budget-bytes sets another; 0 for no cap)", slog.Uint64("memory_budget_bytes", svcCfg.MemoryBudgetBytes))
+	}
 	var authn *auth.Authenticator
 	if err == nil {
 		authn, err = auth.New(authCfg, log)
@@ -362,7 +371,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 			return err
 		}
 		defer member.Close()
-		router := cluster.NewRouter(cluster.RouterConfig{Member: member, Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: svcCfg.BusyRetryDelay, EtcdBudget: cf.etcdBudget, Log: log})
+		router := cluster.NewRouter(cluster.RouterConfig{Member: member, Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: svcCfg.BusyRetryDelay, EtcdBudget: cf.etcdBudget, ListBudget: cf.listBudget, Log: log})
 		opts = append(opts, server.WithCluster(router, fl.nodes))
 	}
 	srvOpts := m.ServerOptions()
@@ -401,7 +410,7 @@ func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudg
 	}
 	defer fl.Close()
 	hup.add(fl.reloads...)
-	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, EtcdBudget: cf.etcdBudget, Log: log})
+	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, EtcdBudget: cf.etcdBudget, ListBudget: cf.listBudget, Log: log})
 	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes), server.WithTransport(transport.cfg))
 	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), slog.String("version", server.Version), slog.Bool("gateway", true))
 }

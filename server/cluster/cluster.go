@@ -146,6 +146,9 @@ type NodeRecord struct {
 	// Holder is the berthd process that registered the node; empty in
 	// records of berthds before it was recorded.
 	Holder Holder `json:"holder"`
+	// Health is the node's own account of whether it can create
+	// sandboxes; the zero value (records of berthds before it) is healthy.
+	Health Health `json:"health"`
 
 	// Lease is the lease the record lives under (from etcd, not stored).
 	Lease int64 `json:"-"`
@@ -165,6 +168,35 @@ type Usage struct {
 	Execs        uint64 `json:"execs"`
 	MaxExecs     uint64 `json:"max_execs,omitempty"`
 }
+
+// Health is a node's own account of whether it can create sandboxes
+// (Local.Health): placement tries an unhealthy node only after every
+// healthy one.
+type Health struct {
+	// Reason is empty while the node is healthy, else why it is not:
+	// HealthContainerd, HealthNoSpace or HealthAgentLaunch.
+	Reason string `json:"reason,omitempty"`
+	// Message says what the node saw, for people.
+	Message string `json:"message,omitempty"`
+	// Since is when Reason last changed; zero for a node that was never
+	// unhealthy.
+	Since time.Time `json:"since,omitzero"`
+}
+
+// Healthy reports whether h names no fault.
+func (h Health) Healthy() bool { return h.Reason == "" }
+
+// The reasons of an unhealthy node (Health.Reason).
+const (
+	// HealthContainerd: the node's containerd does not answer.
+	HealthContainerd = "CONTAINERD_UNAVAILABLE"
+	// HealthNoSpace: the file system that holds the node's sandboxes is
+	// full.
+	HealthNoSpace = "NO_SPACE"
+	// HealthAgentLaunch: the agents of the node's last creates did not
+	// start.
+	HealthAgentLaunch = "AGENT_LAUNCH_FAILING"
+)
 
 // seenRecord is what the fleet keeps of a node after its lease ends.
 type seenRecord struct {

@@ -77,15 +77,24 @@ type fakeLocal struct {
 	usage  Usage
 	images []string
 	holds  map[string]string
+	health Health
+	// usageErr fails Usage (containerd not answering).
+	usageErr error
 }
 
 func (f *fakeLocal) Usage(context.Context) (Usage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.usage, nil
+	return f.usage, f.usageErr
 }
 
 func (f *fakeLocal) Images(context.Context) ([]string, error) { return f.images, nil }
+
+func (f *fakeLocal) Health() Health {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.health
+}
 
 func (f *fakeLocal) Holds(context.Context) (map[string]string, error) {
 	f.mu.Lock()
@@ -99,17 +108,7 @@ func (f *fakeLocal) Holds(context.Context) (map[string]string, error) {
 
 func startMember(t *testing.T, cli *clientv3.Client, prefix, id string, local *fakeLocal) *Member {
 	t.Helper()
-	m, err := NewMember(Config{NodeID: id, Address: id + ":1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond}, cli, testLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := m.Start(ctx, local); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	return m
+	return startMemberAt(t, cli, prefix, id, id+":1", local)
 }
 
 func TestClaimOneHolder(t *testing.T) {
@@ -281,6 +280,10 @@ func TestPlace(t *testing.T) {
 	node := func(id string, n, max uint64, mem, budget uint64) NodeRecord {
 		return NodeRecord{ID: id, Images: []string{img}, Usage: Usage{Sandboxes: n, MaxSandboxes: max, MemoryBytes: mem, MemoryBudget: budget}}
 	}
+	unhealthy := func(n NodeRecord) NodeRecord {
+		n.Health = Health{Reason: HealthContainerd}
+		return n
+	}
 	ids := func(pl placement) (out []string) {
 		for _, n := range pl.candidates {
 			out = append(out, n.ID)
@@ -301,6 +304,12 @@ func TestPlace(t *testing.T) {
 		{"selector", []NodeRecord{node("a", 0, 0, 0, 0), {ID: "b", Images: []string{img}, Labels: map[string]string{"zone": "x"}}}, placementRequest{image: img, selector: map[string]string{"zone": "x"}}, []string{"b"}},
 		{"selector by id", []NodeRecord{node("a", 0, 0, 0, 0), node("b", 5, 0, 0, 0)}, placementRequest{image: img, selector: map[string]string{"id": "b"}}, []string{"b"}},
 		{"draining", []NodeRecord{{ID: "a", Images: []string{img}, Draining: true}, node("b", 5, 0, 0, 0)}, placementRequest{image: img}, []string{"b"}},
+		// Issue 22: a node whose containerd is dead stayed least loaded and
+		// took every create; an unhealthy node is tried only after every
+		// healthy one, least loaded first among them too.
+		{"unhealthy last", []NodeRecord{unhealthy(node("a", 0, 10, 0, 0)), node("b", 8, 10, 0, 0), unhealthy(node("c", 5, 10, 0, 0)), node("d", 9, 10, 0, 0)},
+			placementRequest{image: img}, []string{"b", "d", "a", "c"}},
+		{"unhealthy and full is out", []NodeRecord{unhealthy(node("a", 10, 10, 0, 0)), node("b", 8, 10, 0, 0)}, placementRequest{image: img}, []string{"b"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

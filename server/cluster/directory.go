@@ -201,6 +201,23 @@ func (d *Directory) Sandbox(ctx context.Context, id string) (SandboxRecord, bool
 	return rec, true, nil
 }
 
+// Sandboxes reads every sandbox record from etcd, by sandbox id; records
+// that do not parse are left out.
+func (d *Directory) Sandboxes(ctx context.Context) (map[string]SandboxRecord, error) {
+	resp, err := d.cli.Get(ctx, d.keys.sandboxes(), clientv3.WithPrefix())
+	if err != nil {
+		return nil, storeError("read the sandbox records", err)
+	}
+	out := make(map[string]SandboxRecord, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var rec SandboxRecord
+		if json.Unmarshal(kv.Value, &rec) == nil {
+			out[d.keys.idOf(d.keys.sandboxes(), string(kv.Key))] = rec
+		}
+	}
+	return out, nil
+}
+
 // NodeSelectorPrefix starts the sandbox labels that constrain placement:
 // a sandbox labelled "node.berth.dev/zone=a" is placed only on a node
 // labelled zone=a; "node.berth.dev/id=n2" names the node itself.
@@ -282,8 +299,10 @@ type placement struct {
 
 // place orders the nodes that can take the sandbox req describes: live,
 // not draining, matching its node selector, holding its image, with room
-// for one more sandbox and its memory; the least loaded by its binding
-// budget first (see load), then the one with fewer sandboxes, then by id.
+// for one more sandbox and its memory; healthy ones first (an unhealthy
+// node, see Health, is a last resort: its record may be a moment behind
+// its recovery), then the least loaded by its binding budget (see load),
+// then the one with fewer sandboxes, then by id.
 func place(nodes []NodeRecord, req placementRequest) placement {
 	pl := placement{nodes: len(nodes), memoryBound: true}
 	type scored struct {
@@ -312,6 +331,9 @@ func place(nodes []NodeRecord, req placementRequest) placement {
 	}
 	sort.SliceStable(ok, func(i, j int) bool {
 		a, b := ok[i], ok[j]
+		if ah, bh := a.n.Health.Healthy(), b.n.Health.Healthy(); ah != bh {
+			return ah
+		}
 		if a.share != b.share {
 			return a.share < b.share
 		}

@@ -27,6 +27,10 @@ type Local interface {
 	// creations in progress, but no unclaimed warm-pool members — by id,
 	// with their owners.
 	Holds(ctx context.Context) (map[string]string, error)
+	// Health returns whether the node can create sandboxes now, as the
+	// node last found (no I/O). The node calls Member.Kick when it
+	// changes, so that the fleet sees it at once.
+	Health() Health
 }
 
 // Member is a node's membership in the fleet: its lease, its published
@@ -409,18 +413,35 @@ func (m *Member) Kick() {
 	}
 }
 
-// record returns the node's record as it is now, without StartedAt.
+// record returns the node's record as it is now, without StartedAt. An
+// unhealthy node whose usage or images cannot be read (its containerd
+// does not answer) still publishes its health, with the usage and images
+// it published last.
 func (m *Member) record(ctx context.Context, now time.Time) (NodeRecord, error) {
-	u, err := m.local.Usage(ctx)
-	if err != nil {
-		return NodeRecord{}, fmt.Errorf("cluster: the node's usage: %w", err)
+	health := m.local.Health()
+	u, uerr := m.local.Usage(ctx)
+	images, ierr := m.local.Images(ctx)
+	if health.Healthy() {
+		if uerr != nil {
+			return NodeRecord{}, fmt.Errorf("cluster: the node's usage: %w", uerr)
+		}
+		if ierr != nil {
+			return NodeRecord{}, fmt.Errorf("cluster: the node's images: %w", ierr)
+		}
 	}
-	images, err := m.local.Images(ctx)
-	if err != nil {
-		return NodeRecord{}, fmt.Errorf("cluster: the node's images: %w", err)
+	if uerr != nil || ierr != nil {
+		m.mu.Lock()
+		last := m.last
+		m.mu.Unlock()
+		if uerr != nil {
+			u = last.Usage
+		}
+		if ierr != nil {
+			images = last.Images
+		}
 	}
 	conflicts := slices.Sorted(maps.Keys(m.Conflicts()))
-	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Conflicts: conflicts, Holder: m.cfg.Holder}, nil
+	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Conflicts: conflicts, Holder: m.cfg.Holder, Health: health}, nil
 }
 
 // publish puts the node's record under its lease.

@@ -34,8 +34,8 @@ func NewNodeService(cli *clientv3.Client, prefix string) *NodeService {
 	return &NodeService{cli: cli, keys: keys{prefix}}
 }
 
-// ListNodes lists live nodes with their leases' remaining time, and lost
-// nodes that were seen or still hold sandbox records.
+// ListNodes lists live nodes with their leases' remaining time and health,
+// and lost nodes that were seen or still hold sandbox records.
 func (s *NodeService) ListNodes(ctx context.Context, _ *berthv1.ListNodesRequest) (*berthv1.ListNodesResponse, error) {
 	nodes, err := s.nodes(ctx)
 	if err != nil {
@@ -217,6 +217,10 @@ func (s *NodeService) nodes(ctx context.Context) (map[string]*berthv1.Node, erro
 		n.Execs = capacity(rec.Execs, rec.MaxExecs)
 		n.Images = rec.Images
 		n.ConflictingSandboxIds = rec.Conflicts
+		n.Health = &berthv1.NodeHealth{Healthy: rec.Health.Healthy(), Reason: rec.Health.Reason, Message: rec.Health.Message}
+		if !rec.Health.Since.IsZero() {
+			n.Health.Since = timestamppb.New(rec.Health.Since)
+		}
 		n.StartedAt, n.UpdatedAt = timestamppb.New(rec.StartedAt), timestamppb.New(rec.UpdatedAt)
 		n.LeaseId = fmt.Sprintf("%x", rec.Lease)
 		if ttl, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(rec.Lease)); err == nil && ttl.TTL > 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -45,6 +46,11 @@ type RouterConfig struct {
 	// the caller's deadline, or without one); past it the call fails
 	// UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo. Default 2 s.
 	EtcdBudget time.Duration
+	// ListBudget bounds how long ListSandboxes waits for the nodes it
+	// asks: it answers with what came in time and names the nodes that
+	// did not (ListSandboxesResponse.unreachable_nodes). Default 3 s,
+	// below typical client deadlines.
+	ListBudget time.Duration
 	Log        *slog.Logger
 }
 
@@ -68,6 +74,9 @@ func NewRouter(cfg RouterConfig) *Router {
 	}
 	if cfg.EtcdBudget <= 0 {
 		cfg.EtcdBudget = 2 * time.Second
+	}
+	if cfg.ListBudget <= 0 {
+		cfg.ListBudget = 3 * time.Second
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -479,8 +488,10 @@ func messageTypes(fullMethod string) (in, out protoreflect.MessageType, err erro
 // the caller names it or a request_id derives it; a create without either
 // gets a new random id (or a warm-pool member) from the node it lands on,
 // which records it. A node that refuses — full, draining, or without a
-// lease, or gone before it took the call — is skipped for the next
-// candidate; one that finds the id recorded on another node (a concurrent
+// lease, gone before it took the call, or failing it for a fault of its
+// own with nothing started (see notStartedOnNode) — is skipped for the
+// next candidate, and when every candidate failed so the last one's error
+// is the answer; one that finds the id recorded on another node (a concurrent
 // create of the same id placed it there) hands the call to that node.
 func (r *Router) create(ctx context.Context, p auth.Principal, req *berthv1.CreateSandboxRequest, handler grpc.UnaryHandler) (any, error) {
 	id := req.GetSandboxId()
@@ -552,13 +563,28 @@ func (r *Router) createOn(ctx context.Context, p auth.Principal, n NodeRecord, i
 	return r.forwardUnary(ctx, p, n, berthv1.SandboxService_CreateSandbox_FullMethodName, req, id)
 }
 
-// notStartedOnNode reports whether err says a node could not be reached
-// and nothing was sent to it.
+// notStartedOnNode reports whether err says a create failed for a fault
+// of the node it was sent to, with nothing started there, so that another
+// node may take it: the node could not be reached and nothing was sent to
+// it (Unreachable naming the node, ADMITTED_NOT_STARTED); its containerd
+// did not answer, or its state disk or descriptors ran out, before
+// anything changed (DependencyFailure, ADMITTED_NOT_STARTED); or the pool
+// that holds its sandboxes' file systems is full (NO_SPACE, resource
+// sandbox_pool: the node removed what the create made, and its claim).
+// Capacity refusals (FLEET_BUSY, NODE_NOT_ACCEPTING) are the caller's
+// other case. A failure that may have left something (ADMITTED_UNKNOWN,
+// an agent that did not start) or that is the request's own is not one.
 func notStartedOnNode(err error) bool {
 	st, _ := status.FromError(err)
+	if rpcstatus.Reason(err) == rpcstatus.ReasonNoSpace {
+		return errorMeta(err)["resource"] == "sandbox_pool"
+	}
 	for _, d := range st.Details() {
-		if u, ok := d.(*berthv1.Unreachable); ok {
-			return u.GetNodeId() != "" && u.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
+		switch d := d.(type) {
+		case *berthv1.Unreachable:
+			return d.GetNodeId() != "" && d.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
+		case *berthv1.DependencyFailure:
+			return d.GetAdmitted() == berthv1.Admitted_ADMITTED_NOT_STARTED
 		}
 	}
 	return false
@@ -592,7 +618,7 @@ func (r *Router) placementRefused(req *berthv1.CreateSandboxRequest, id string, 
 	case len(pl.full) == 0 && last != nil:
 		// Every candidate refused on its own (a race with other creates,
 		// or nodes that broke off): its last answer says why.
-		if rpcstatus.Reason(last) == rpcstatus.ReasonFleetBusy || rpcstatus.Reason(last) == rpcstatus.ReasonUnreachable {
+		if rpcstatus.Reason(last) == rpcstatus.ReasonFleetBusy || rpcstatus.Reason(last) == rpcstatus.ReasonUnreachable || notStartedOnNode(last) {
 			return last
 		}
 	}
@@ -631,10 +657,13 @@ func withResource(meta map[string]string, resource string) map[string]string {
 	return meta
 }
 
-// list asks every live node for the caller's sandboxes and merges the
-// pages by id. A node that does not answer is left out (and logged): its
-// sandboxes are missing from the listing until it is back, as those of a
-// lost node are.
+// list asks every live node for the caller's sandboxes, in parallel, and
+// merges the pages by id. It waits at most the list budget: a node that
+// did not answer by then (a frozen berthd), or failed for a reason of its
+// own, is named in unreachable_nodes, and so is a lost node (no lease)
+// that the fleet records sandboxes of the caller on; their sandboxes are
+// missing from the page. An error of the request itself (a bad page
+// token) fails the call, as does no node answering at all.
 func (r *Router) list(ctx context.Context, p auth.Principal, req *berthv1.ListSandboxesRequest, handler grpc.UnaryHandler) (any, error) {
 	nodes := r.cfg.Directory.LiveNodes()
 	type answer struct {
@@ -642,60 +671,88 @@ func (r *Router) list(ctx context.Context, p auth.Principal, req *berthv1.ListSa
 		err  error
 		node string
 	}
-	answers := make([]answer, len(nodes))
-	var wg sync.WaitGroup
-	self := false
-	for i, n := range nodes {
-		if m := r.cfg.Member; m != nil && n.ID == m.NodeID() {
-			self = true
+	// Every call runs under lctx, which ends when list returns: a node
+	// that did not answer in time is abandoned, its call canceled.
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.ListBudget)
+	defer cancel()
+	ask := func(n NodeRecord, local bool, out chan<- answer) {
+		var resp any
+		var err error
+		if local {
+			resp, err = handler(lctx, req)
+		} else {
+			resp, err = r.forwardUnary(lctx, p, n, berthv1.SandboxService_ListSandboxes_FullMethodName, req, "")
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var resp any
-			var err error
-			if m := r.cfg.Member; m != nil && n.ID == m.NodeID() {
-				resp, err = handler(ctx, req)
-			} else {
-				resp, err = r.forwardUnary(ctx, p, n, berthv1.SandboxService_ListSandboxes_FullMethodName, req, "")
-			}
-			a := answer{err: err, node: n.ID}
-			a.resp, _ = resp.(*berthv1.ListSandboxesResponse)
-			answers[i] = a
-		}()
-	}
-	wg.Wait()
-	if !self && r.cfg.Member != nil {
-		// This node lost its lease: it still lists its own.
-		resp, err := handler(ctx, req)
-		a := answer{err: err, node: r.cfg.Member.NodeID()}
+		a := answer{err: err, node: n.ID}
 		a.resp, _ = resp.(*berthv1.ListSandboxesResponse)
-		answers = append(answers, a)
+		out <- a
 	}
+	answers := make(chan answer, len(nodes)+1)
+	asked := make(map[string]bool, len(nodes)+1)
+	for _, n := range nodes {
+		asked[n.ID] = true
+		go ask(n, r.cfg.Member != nil && n.ID == r.cfg.Member.NodeID(), answers)
+	}
+	if m := r.cfg.Member; m != nil && !asked[m.NodeID()] {
+		// This node lost its lease: it still lists its own.
+		asked[m.NodeID()] = true
+		go ask(NodeRecord{ID: m.NodeID()}, true, answers)
+	}
+	lost := make(chan []string, 1)
+	go func() { lost <- r.lostHolders(lctx, p, asked) }()
+	var (
+		all         []*berthv1.Sandbox
+		more        bool
+		unreachable []string
+	)
+	answered := make(map[string]bool, len(asked))
+	budget := time.NewTimer(r.cfg.ListBudget)
+	defer budget.Stop()
+collect:
+	for len(answered) < len(asked) {
+		select {
+		case a := <-answers:
+			answered[a.node] = true
+			switch {
+			case ctx.Err() != nil:
+				return nil, listEnded(ctx)
+			case a.err != nil && requestError(a.err):
+				return nil, a.err
+			case a.err != nil:
+				r.log.WarnContext(ctx, "cluster: a node did not answer ListSandboxes; it is named in unreachable_nodes", slog.String("node_id", a.node), slog.Any("error", a.err))
+				unreachable = append(unreachable, a.node)
+			default:
+				all = append(all, a.resp.GetSandboxes()...)
+				more = more || a.resp.GetNextPageToken() != ""
+			}
+		case <-budget.C:
+			break collect
+		case <-ctx.Done():
+			return nil, listEnded(ctx)
+		}
+	}
+	for id := range asked {
+		if !answered[id] {
+			r.log.WarnContext(ctx, "cluster: a node did not answer ListSandboxes within the list budget; it is named in unreachable_nodes", slog.String("node_id", id), slog.Duration("list_budget", r.cfg.ListBudget))
+			unreachable = append(unreachable, id)
+		}
+	}
+	if len(unreachable) == len(asked) && len(asked) > 0 {
+		sort.Strings(unreachable)
+		return nil, rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable,
+			fmt.Sprintf("no node of the fleet answered ListSandboxes within %v (asked: %s)", r.cfg.ListBudget, strings.Join(unreachable, ", ")), nil,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
+	}
+	// Within the budget too: the lookup runs under lctx.
+	unreachable = append(unreachable, <-lost...)
+	sort.Strings(unreachable)
+	unreachable = slices.Compact(unreachable)
 	size := int(req.GetPageSize())
 	if size <= 0 {
 		size = 100
 	}
-	var all []*berthv1.Sandbox
-	more := false
-	answered := 0
-	for _, a := range answers {
-		if a.err != nil {
-			if rpcstatus.Reason(a.err) == rpcstatus.ReasonUnreachable {
-				r.log.WarnContext(ctx, "cluster: a node did not answer ListSandboxes; its sandboxes are left out", slog.String("node_id", a.node), slog.Any("error", a.err))
-				continue
-			}
-			return nil, a.err
-		}
-		answered++
-		all = append(all, a.resp.GetSandboxes()...)
-		more = more || a.resp.GetNextPageToken() != ""
-	}
-	if answered == 0 && len(answers) > 0 {
-		return nil, rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, "no node of the fleet answered ListSandboxes", nil)
-	}
 	sort.Slice(all, func(i, j int) bool { return all[i].GetId() < all[j].GetId() })
-	out := &berthv1.ListSandboxesResponse{Sandboxes: all}
+	out := &berthv1.ListSandboxesResponse{Sandboxes: all, UnreachableNodes: unreachable}
 	if len(all) > size {
 		out.Sandboxes, more = all[:size], true
 	}
@@ -703,4 +760,43 @@ func (r *Router) list(ctx context.Context, p auth.Principal, req *berthv1.ListSa
 		out.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte(out.Sandboxes[len(out.Sandboxes)-1].GetId()))
 	}
 	return out, nil
+}
+
+// listEnded is the status of a ListSandboxes whose caller went away
+// (ctx ended) before the nodes answered.
+func listEnded(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return rpcstatus.Error(codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded, "deadline exceeded while the fleet's nodes listed sandboxes", nil)
+	}
+	return rpcstatus.Error(codes.Canceled, rpcstatus.ReasonCanceled, "request canceled while the fleet's nodes listed sandboxes", nil)
+}
+
+// requestError reports whether a node's err is about the request rather
+// than the node: every node would answer it alike.
+func requestError(err error) bool {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.PermissionDenied, codes.Unauthenticated:
+		return true
+	}
+	return false
+}
+
+// lostHolders returns the nodes outside asked (lost: they hold no lease)
+// on which the fleet records sandboxes that p may see, within ctx and the
+// etcd budget; none when etcd does not answer in time (logged).
+func (r *Router) lostHolders(ctx context.Context, p auth.Principal, asked map[string]bool) []string {
+	sctx, cancel := r.storeContext(ctx)
+	defer cancel()
+	recs, err := r.cfg.Directory.Sandboxes(sctx)
+	if err != nil {
+		r.log.WarnContext(ctx, "cluster: ListSandboxes could not read which lost nodes hold sandboxes", slog.Any("error", err))
+		return nil
+	}
+	var out []string
+	for _, rec := range recs {
+		if !asked[rec.Node] && p.Sees(rec.Owner) {
+			out = append(out, rec.Node)
+		}
+	}
+	return out
 }

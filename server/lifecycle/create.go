@@ -160,6 +160,7 @@ func (m *Manager) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p a
 		}
 		return created, err
 	case err != nil:
+		m.health.created(time.Now(), false, err)
 		return Created{}, err
 	case !p.Sees(existing.Owner):
 		// Before anything else about it: its state, its spec.
@@ -217,10 +218,14 @@ func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.
 		return runtime.Sandbox{}, nil, err
 	}
 	if err := m.rt.Create(ctx, spec); err != nil {
+		m.health.created(time.Now(), false, err)
 		m.detachNetwork(context.WithoutCancel(ctx), spec.ID)
 		return runtime.Sandbox{}, nil, err
 	}
 	info, err := m.waitAgent(ctx, spec.ID)
+	if ctx.Err() == nil {
+		m.health.created(time.Now(), true, err)
+	}
 	if err != nil {
 		// The container exists, and its removal below may fail as well:
 		// a dependency failure (see server/status) may have left a part.

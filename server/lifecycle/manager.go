@@ -90,6 +90,8 @@ type store interface {
 	LogTail(id string, max int64) []byte
 	TrimLog(id string, max int64) (bool, error)
 	CreateWorkLimit() time.Duration
+	Ping(ctx context.Context) error
+	PoolSpace() (runtime.PoolSpace, bool, error)
 }
 
 // Observer is told of creations and task restarts (server/metrics).
@@ -121,6 +123,10 @@ type Manager struct {
 	mu       sync.Mutex
 	creating map[string]*creation // creations in progress, by sandbox id
 
+	// health is whether the node can create sandboxes (a fleet places
+	// them elsewhere while it cannot).
+	health *health
+
 	// bgCtx ends at Close; bg counts the goroutines that use it.
 	bgCtx  context.Context
 	bgStop context.CancelFunc
@@ -136,6 +142,7 @@ func New(cfg Config, rt store, agents *agentconn.Pool, reach *agentreach.Reacher
 	m := &Manager{cfg: cfg, rt: rt, agents: agents, reach: reach, ids: ids, events: events, capacity: capacity,
 		log: log, obs: cfg.Observer, creating: make(map[string]*creation)}
 	m.bgCtx, m.bgStop = context.WithCancel(context.Background())
+	m.health = &health{onChange: m.healthChanged}
 	m.reaper = NewReaper(cfg.Reaper, prober{m}, stopper{m}, log)
 	m.pool = NewPool(PoolConfig{Sizes: cfg.WarmPool}, maker{m}, log)
 	m.restarts = newRestarter(m)
@@ -157,8 +164,8 @@ func New(cfg Config, rt store, agents *agentconn.Pool, reach *agentreach.Reacher
 }
 
 // Start re-adopts the sandboxes containerd holds (see Adopt), starts the
-// network, then the idle/lifetime reaper, the warm-pool refill and the
-// agent-log bound in the background until Close.
+// network, then the node's health checks, the idle/lifetime reaper, the
+// warm-pool refill and the agent-log bound in the background until Close.
 func (m *Manager) Start(ctx context.Context) error {
 	if err := m.Adopt(ctx); err != nil {
 		return err
@@ -166,7 +173,8 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.startNetwork(ctx); err != nil {
 		return err
 	}
-	m.bg.Add(3)
+	m.bg.Add(4)
+	go func() { defer m.bg.Done(); m.checkHealth(m.bgCtx) }()
 	go func() { defer m.bg.Done(); m.reaper.Run(m.bgCtx) }()
 	go func() { defer m.bg.Done(); m.pool.Run(m.bgCtx) }()
 	go func() { defer m.bg.Done(); m.trimAgentLogs(m.bgCtx) }()

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"slices"
 
 	"github.com/berth-sandbox/berth/server/admit"
@@ -56,6 +57,9 @@ var _ cluster.Local = clusterLocal{}
 // creations in progress included) and the memory promised to them as
 // capacity admission does, and the execs running.
 func (l clusterLocal) Usage(ctx context.Context) (cluster.Usage, error) {
+	if err := l.containerdDown(); err != nil {
+		return cluster.Usage{}, err
+	}
 	creating := make(map[string]admit.Held)
 	l.m.mu.Lock()
 	for id, cr := range l.m.creating {
@@ -72,6 +76,9 @@ func (l clusterLocal) Usage(ctx context.Context) (cluster.Usage, error) {
 
 // Images returns the names of the images in the node's store.
 func (l clusterLocal) Images(ctx context.Context) ([]string, error) {
+	if err := l.containerdDown(); err != nil {
+		return nil, err
+	}
 	images, err := l.m.rt.ListImages(ctx)
 	if err != nil {
 		return nil, err
@@ -82,6 +89,20 @@ func (l clusterLocal) Images(ctx context.Context) ([]string, error) {
 	}
 	slices.Sort(names)
 	return names, nil
+}
+
+// Health returns whether the node can create sandboxes, as its last
+// containerd probe and creates found (see health).
+func (l clusterLocal) Health() cluster.Health { return l.m.health.get() }
+
+// containerdDown fails at once while the health checks find containerd
+// not answering: a publish of the node's health does not wait for a
+// containerd call's budget.
+func (l clusterLocal) containerdDown() error {
+	if h := l.m.health.get(); h.Reason == cluster.HealthContainerd {
+		return errors.New(h.Message)
+	}
+	return nil
 }
 
 // Holds returns the node's sandboxes but unclaimed warm-pool members, and

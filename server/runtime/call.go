@@ -102,16 +102,22 @@ func (e *PoolFullError) Unwrap() error { return e.Err }
 // .../root/.berth-agent: no space left on device" reaches berthd so.
 var errnoTexts = []string{syscall.ENOSPC.Error(), syscall.EDQUOT.Error()}
 
+// poolName names the file system that holds the sandboxes' writable
+// layers, for messages.
+func (r *Runtime) poolName() string {
+	if r.pool != "" {
+		return "the btrfs pool " + r.pool
+	}
+	return "containerd's " + r.cfg.Snapshotter + " snapshotter"
+}
+
 // poolFull reports whether err says the pool (see PoolFullError) is full,
 // and names it. An errno of berthd's own call counts when the call was
 // not in berthd's state directory (SERVER_DISK_FULL) or was in a
 // sandbox's root, which is mounted from the pool; without disk quotas
 // berthd touches no pool and only containerd's report counts.
 func (r *Runtime) poolFull(err error) (string, bool) {
-	pool := "containerd's " + r.cfg.Snapshotter + " snapshotter"
-	if r.pool != "" {
-		pool = "the btrfs pool " + r.pool
-	}
+	pool := r.poolName()
 	if errno, ok := HostErrno(err); ok {
 		if r.pool == "" || (errno != syscall.ENOSPC && errno != syscall.EDQUOT) {
 			return "", false

@@ -185,6 +185,10 @@ func (f *fakeStore) SocketPath(id string) string         { return f.dir + "/" + 
 func (f *fakeStore) LogTail(string, int64) []byte        { return nil }
 func (f *fakeStore) TrimLog(string, int64) (bool, error) { return false, nil }
 func (f *fakeStore) CreateWorkLimit() time.Duration      { return time.Minute }
+func (f *fakeStore) Ping(context.Context) error          { return nil }
+func (f *fakeStore) PoolSpace() (runtime.PoolSpace, bool, error) {
+	return runtime.PoolSpace{}, false, nil
+}
 func (f *fakeStore) Usage(context.Context, string) (runtime.Usage, error) {
 	return runtime.Usage{}, errNoContainers
 }

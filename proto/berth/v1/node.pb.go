@@ -196,8 +196,12 @@ type Node struct {
 	// the recorded node, and an operator deletes one of the two copies
 	// (docs/fleet.md, Node identity). Empty for a lost node.
 	ConflictingSandboxIds []string `protobuf:"bytes,16,rep,name=conflicting_sandbox_ids,json=conflictingSandboxIds,proto3" json:"conflicting_sandbox_ids,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// health is whether the node can create sandboxes, as it last published;
+	// unset for a lost node and for nodes of berthd versions before it.
+	// Placement tries an unhealthy node only after every healthy one.
+	Health        *NodeHealth `protobuf:"bytes,20,opt,name=health,proto3" json:"health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -342,6 +346,93 @@ func (x *Node) GetConflictingSandboxIds() []string {
 	return nil
 }
 
+func (x *Node) GetHealth() *NodeHealth {
+	if x != nil {
+		return x.Health
+	}
+	return nil
+}
+
+// NodeHealth is a node's own account of whether it can create sandboxes.
+// A node checks itself every second and publishes a change at once, so a
+// fault shows here within a few seconds.
+type NodeHealth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// healthy is true while the node's containerd answers, its sandbox pool
+	// has room and its agents start.
+	Healthy bool `protobuf:"varint,1,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// reason says why the node is unhealthy, empty while healthy:
+	// CONTAINERD_UNAVAILABLE (containerd does not answer), NO_SPACE (the
+	// pool that holds the sandboxes' file systems is full) or
+	// AGENT_LAUNCH_FAILING (the last creates' agents did not start).
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// message says what the node saw, for people.
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// since is when the node last changed between healthy and unhealthy, or
+	// between reasons.
+	Since         *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeHealth) Reset() {
+	*x = NodeHealth{}
+	mi := &file_berth_v1_node_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeHealth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeHealth) ProtoMessage() {}
+
+func (x *NodeHealth) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_node_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeHealth.ProtoReflect.Descriptor instead.
+func (*NodeHealth) Descriptor() ([]byte, []int) {
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *NodeHealth) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *NodeHealth) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *NodeHealth) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *NodeHealth) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
 // ListNodesRequest is empty.
 type ListNodesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -351,7 +442,7 @@ type ListNodesRequest struct {
 
 func (x *ListNodesRequest) Reset() {
 	*x = ListNodesRequest{}
-	mi := &file_berth_v1_node_proto_msgTypes[2]
+	mi := &file_berth_v1_node_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +454,7 @@ func (x *ListNodesRequest) String() string {
 func (*ListNodesRequest) ProtoMessage() {}
 
 func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[2]
+	mi := &file_berth_v1_node_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +467,7 @@ func (x *ListNodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesRequest.ProtoReflect.Descriptor instead.
 func (*ListNodesRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{3}
 }
 
 // ListNodesResponse lists the nodes.
@@ -390,7 +481,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_berth_v1_node_proto_msgTypes[3]
+	mi := &file_berth_v1_node_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +493,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[3]
+	mi := &file_berth_v1_node_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +506,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListNodesResponse) GetNodes() []*Node {
@@ -436,7 +527,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_berth_v1_node_proto_msgTypes[4]
+	mi := &file_berth_v1_node_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -448,7 +539,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[4]
+	mi := &file_berth_v1_node_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -461,7 +552,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{4}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DrainNodeRequest) GetNodeId() string {
@@ -482,7 +573,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_berth_v1_node_proto_msgTypes[5]
+	mi := &file_berth_v1_node_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -494,7 +585,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[5]
+	mi := &file_berth_v1_node_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -507,7 +598,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{5}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DrainNodeResponse) GetNode() *Node {
@@ -528,7 +619,7 @@ type UndrainNodeRequest struct {
 
 func (x *UndrainNodeRequest) Reset() {
 	*x = UndrainNodeRequest{}
-	mi := &file_berth_v1_node_proto_msgTypes[6]
+	mi := &file_berth_v1_node_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -540,7 +631,7 @@ func (x *UndrainNodeRequest) String() string {
 func (*UndrainNodeRequest) ProtoMessage() {}
 
 func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[6]
+	mi := &file_berth_v1_node_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -553,7 +644,7 @@ func (x *UndrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*UndrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{6}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *UndrainNodeRequest) GetNodeId() string {
@@ -574,7 +665,7 @@ type UndrainNodeResponse struct {
 
 func (x *UndrainNodeResponse) Reset() {
 	*x = UndrainNodeResponse{}
-	mi := &file_berth_v1_node_proto_msgTypes[7]
+	mi := &file_berth_v1_node_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +677,7 @@ func (x *UndrainNodeResponse) String() string {
 func (*UndrainNodeResponse) ProtoMessage() {}
 
 func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[7]
+	mi := &file_berth_v1_node_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +690,7 @@ func (x *UndrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*UndrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{7}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *UndrainNodeResponse) GetNode() *Node {
@@ -622,7 +713,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_berth_v1_node_proto_msgTypes[8]
+	mi := &file_berth_v1_node_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -634,7 +725,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[8]
+	mi := &file_berth_v1_node_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -647,7 +738,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{8}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() string {
@@ -679,7 +770,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_berth_v1_node_proto_msgTypes[9]
+	mi := &file_berth_v1_node_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -691,7 +782,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_node_proto_msgTypes[9]
+	mi := &file_berth_v1_node_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -704,7 +795,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_node_proto_rawDescGZIP(), []int{9}
+	return file_berth_v1_node_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RemoveNodeResponse) GetNodeId() string {
@@ -736,7 +827,7 @@ const file_berth_v1_node_proto_rawDesc = "" +
 	"\fNodeCapacity\x12\x15\n" +
 	"\x06in_use\x18\x01 \x01(\x04R\x05inUse\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x04R\x05limit\x12\x12\n" +
-	"\x04free\x18\x03 \x01(\x04R\x04free\"\x8b\x06\n" +
+	"\x04free\x18\x03 \x01(\x04R\x04free\"\xb9\x06\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x122\n" +
@@ -756,10 +847,17 @@ const file_berth_v1_node_proto_rawDesc = "" +
 	"updated_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tupdatedAt\x12)\n" +
 	"\x10placed_sandboxes\x18\x0e \x01(\x04R\x0fplacedSandboxes\x12\x16\n" +
 	"\x06images\x18\x0f \x03(\tR\x06images\x126\n" +
-	"\x17conflicting_sandbox_ids\x18\x10 \x03(\tR\x15conflictingSandboxIds\x1a9\n" +
+	"\x17conflicting_sandbox_ids\x18\x10 \x03(\tR\x15conflictingSandboxIds\x12,\n" +
+	"\x06health\x18\x14 \x01(\v2\x14.berth.v1.NodeHealthR\x06health\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x12\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x01\n" +
+	"\n" +
+	"NodeHealth\x12\x18\n" +
+	"\ahealthy\x18\x01 \x01(\bR\ahealthy\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\"\x12\n" +
 	"\x10ListNodesRequest\"9\n" +
 	"\x11ListNodesResponse\x12$\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x0e.berth.v1.NodeR\x05nodes\"+\n" +
@@ -804,49 +902,52 @@ func file_berth_v1_node_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_node_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_berth_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_berth_v1_node_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_berth_v1_node_proto_goTypes = []any{
 	(NodeState)(0),                // 0: berth.v1.NodeState
 	(*NodeCapacity)(nil),          // 1: berth.v1.NodeCapacity
 	(*Node)(nil),                  // 2: berth.v1.Node
-	(*ListNodesRequest)(nil),      // 3: berth.v1.ListNodesRequest
-	(*ListNodesResponse)(nil),     // 4: berth.v1.ListNodesResponse
-	(*DrainNodeRequest)(nil),      // 5: berth.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),     // 6: berth.v1.DrainNodeResponse
-	(*UndrainNodeRequest)(nil),    // 7: berth.v1.UndrainNodeRequest
-	(*UndrainNodeResponse)(nil),   // 8: berth.v1.UndrainNodeResponse
-	(*RemoveNodeRequest)(nil),     // 9: berth.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 10: berth.v1.RemoveNodeResponse
-	nil,                           // 11: berth.v1.Node.LabelsEntry
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*NodeHealth)(nil),            // 3: berth.v1.NodeHealth
+	(*ListNodesRequest)(nil),      // 4: berth.v1.ListNodesRequest
+	(*ListNodesResponse)(nil),     // 5: berth.v1.ListNodesResponse
+	(*DrainNodeRequest)(nil),      // 6: berth.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),     // 7: berth.v1.DrainNodeResponse
+	(*UndrainNodeRequest)(nil),    // 8: berth.v1.UndrainNodeRequest
+	(*UndrainNodeResponse)(nil),   // 9: berth.v1.UndrainNodeResponse
+	(*RemoveNodeRequest)(nil),     // 10: berth.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 11: berth.v1.RemoveNodeResponse
+	nil,                           // 12: berth.v1.Node.LabelsEntry
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_berth_v1_node_proto_depIdxs = []int32{
-	11, // 0: berth.v1.Node.labels:type_name -> berth.v1.Node.LabelsEntry
+	12, // 0: berth.v1.Node.labels:type_name -> berth.v1.Node.LabelsEntry
 	0,  // 1: berth.v1.Node.state:type_name -> berth.v1.NodeState
 	1,  // 2: berth.v1.Node.sandboxes:type_name -> berth.v1.NodeCapacity
 	1,  // 3: berth.v1.Node.memory_bytes:type_name -> berth.v1.NodeCapacity
 	1,  // 4: berth.v1.Node.execs:type_name -> berth.v1.NodeCapacity
-	12, // 5: berth.v1.Node.lease_ttl:type_name -> google.protobuf.Duration
-	12, // 6: berth.v1.Node.lease_remaining:type_name -> google.protobuf.Duration
-	13, // 7: berth.v1.Node.started_at:type_name -> google.protobuf.Timestamp
-	13, // 8: berth.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
-	2,  // 9: berth.v1.ListNodesResponse.nodes:type_name -> berth.v1.Node
-	2,  // 10: berth.v1.DrainNodeResponse.node:type_name -> berth.v1.Node
-	2,  // 11: berth.v1.UndrainNodeResponse.node:type_name -> berth.v1.Node
-	3,  // 12: berth.v1.NodeService.ListNodes:input_type -> berth.v1.ListNodesRequest
-	5,  // 13: berth.v1.NodeService.DrainNode:input_type -> berth.v1.DrainNodeRequest
-	7,  // 14: berth.v1.NodeService.UndrainNode:input_type -> berth.v1.UndrainNodeRequest
-	9,  // 15: berth.v1.NodeService.RemoveNode:input_type -> berth.v1.RemoveNodeRequest
-	4,  // 16: berth.v1.NodeService.ListNodes:output_type -> berth.v1.ListNodesResponse
-	6,  // 17: berth.v1.NodeService.DrainNode:output_type -> berth.v1.DrainNodeResponse
-	8,  // 18: berth.v1.NodeService.UndrainNode:output_type -> berth.v1.UndrainNodeResponse
-	10, // 19: berth.v1.NodeService.RemoveNode:output_type -> berth.v1.RemoveNodeResponse
-	16, // [16:20] is the sub-list for method output_type
-	12, // [12:16] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	13, // 5: berth.v1.Node.lease_ttl:type_name -> google.protobuf.Duration
+	13, // 6: berth.v1.Node.lease_remaining:type_name -> google.protobuf.Duration
+	14, // 7: berth.v1.Node.started_at:type_name -> google.protobuf.Timestamp
+	14, // 8: berth.v1.Node.updated_at:type_name -> google.protobuf.Timestamp
+	3,  // 9: berth.v1.Node.health:type_name -> berth.v1.NodeHealth
+	14, // 10: berth.v1.NodeHealth.since:type_name -> google.protobuf.Timestamp
+	2,  // 11: berth.v1.ListNodesResponse.nodes:type_name -> berth.v1.Node
+	2,  // 12: berth.v1.DrainNodeResponse.node:type_name -> berth.v1.Node
+	2,  // 13: berth.v1.UndrainNodeResponse.node:type_name -> berth.v1.Node
+	4,  // 14: berth.v1.NodeService.ListNodes:input_type -> berth.v1.ListNodesRequest
+	6,  // 15: berth.v1.NodeService.DrainNode:input_type -> berth.v1.DrainNodeRequest
+	8,  // 16: berth.v1.NodeService.UndrainNode:input_type -> berth.v1.UndrainNodeRequest
+	10, // 17: berth.v1.NodeService.RemoveNode:input_type -> berth.v1.RemoveNodeRequest
+	5,  // 18: berth.v1.NodeService.ListNodes:output_type -> berth.v1.ListNodesResponse
+	7,  // 19: berth.v1.NodeService.DrainNode:output_type -> berth.v1.DrainNodeResponse
+	9,  // 20: berth.v1.NodeService.UndrainNode:output_type -> berth.v1.UndrainNodeResponse
+	11, // 21: berth.v1.NodeService.RemoveNode:output_type -> berth.v1.RemoveNodeResponse
+	18, // [18:22] is the sub-list for method output_type
+	14, // [14:18] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_node_proto_init() }
@@ -860,7 +961,7 @@ func file_berth_v1_node_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_node_proto_rawDesc), len(file_berth_v1_node_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

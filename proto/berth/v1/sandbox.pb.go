@@ -1362,8 +1362,17 @@ type ListSandboxesResponse struct {
 	Sandboxes []*Sandbox `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
 	// next_page_token fetches the next page; empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// unreachable_nodes names, in a fleet, the nodes whose sandboxes are
+	// missing from this page because the node did not answer within the
+	// entry point's list budget (berthd --list-budget, default 3 s), failed,
+	// or is lost (its lease expired) while the cluster store records
+	// sandboxes of the caller on it. Empty when the listing is complete,
+	// and always outside a fleet. A page with nodes here is a partial
+	// listing: the sandboxes of those nodes still exist, and calls for them
+	// answer UNAVAILABLE (SANDBOX_UNREACHABLE) until the node is back.
+	UnreachableNodes []string `protobuf:"bytes,3,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListSandboxesResponse) Reset() {
@@ -1408,6 +1417,13 @@ func (x *ListSandboxesResponse) GetNextPageToken() string {
 		return x.NextPageToken
 	}
 	return ""
+}
+
+func (x *ListSandboxesResponse) GetUnreachableNodes() []string {
+	if x != nil {
+		return x.UnreachableNodes
+	}
+	return nil
 }
 
 // DeleteSandboxRequest names the sandbox to delete.
@@ -1720,10 +1736,11 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\x1a@\n" +
 	"\x12LabelSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"p\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x01\n" +
 	"\x15ListSandboxesResponse\x12/\n" +
 	"\tsandboxes\x18\x01 \x03(\v2\x11.berth.v1.SandboxR\tsandboxes\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"5\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12+\n" +
+	"\x11unreachable_nodes\x18\x03 \x03(\tR\x10unreachableNodes\"5\n" +
 	"\x14DeleteSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x17\n" +

@@ -65,7 +65,11 @@ type SandboxServiceClient interface {
 	// GetSandbox returns one sandbox. Errors: NOT_FOUND (SANDBOX_NOT_FOUND).
 	GetSandbox(ctx context.Context, in *GetSandboxRequest, opts ...grpc.CallOption) (*GetSandboxResponse, error)
 	// ListSandboxes lists sandboxes, filtered by labels, in pages ordered by
-	// id.
+	// id. In a fleet, every live node is asked in parallel and the answer
+	// comes within the entry point's list budget: nodes that did not answer
+	// in time (a frozen berthd), failed or are lost are named in
+	// unreachable_nodes, never left out in silence. Errors: UNAVAILABLE
+	// (CLUSTER_UNAVAILABLE) when no node answered.
 	ListSandboxes(ctx context.Context, in *ListSandboxesRequest, opts ...grpc.CallOption) (*ListSandboxesResponse, error)
 	// DeleteSandbox stops the sandbox and removes its task, container,
 	// snapshot and host directory. Deleting a missing sandbox succeeds.
@@ -268,7 +272,11 @@ type SandboxServiceServer interface {
 	// GetSandbox returns one sandbox. Errors: NOT_FOUND (SANDBOX_NOT_FOUND).
 	GetSandbox(context.Context, *GetSandboxRequest) (*GetSandboxResponse, error)
 	// ListSandboxes lists sandboxes, filtered by labels, in pages ordered by
-	// id.
+	// id. In a fleet, every live node is asked in parallel and the answer
+	// comes within the entry point's list budget: nodes that did not answer
+	// in time (a frozen berthd), failed or are lost are named in
+	// unreachable_nodes, never left out in silence. Errors: UNAVAILABLE
+	// (CLUSTER_UNAVAILABLE) when no node answered.
 	ListSandboxes(context.Context, *ListSandboxesRequest) (*ListSandboxesResponse, error)
 	// DeleteSandbox stops the sandbox and removes its task, container,
 	// snapshot and host directory. Deleting a missing sandbox succeeds.

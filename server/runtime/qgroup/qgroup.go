@@ -225,15 +225,24 @@ func (fs *FS) limit(qgroupID, maxExcl uint64) error {
 // Size returns the size of the file system in bytes as statfs(2) reports
 // it (f_blocks × f_bsize): for btrfs, the bytes of its devices.
 func (fs *FS) Size() (uint64, error) {
+	_, size, err := fs.Space()
+	return size, err
+}
+
+// Space returns the bytes of the file system still free for unprivileged
+// writers (f_bavail × f_bsize) and its size (f_blocks × f_bsize), as
+// statfs(2) reports them now.
+func (fs *FS) Space() (free, size uint64, err error) {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(fs.dir.Fd()), &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", fs.dir.Name(), err)
+		return 0, 0, fmt.Errorf("statfs %s: %w", fs.dir.Name(), err)
 	}
 	size, ok := bounds.Mul(st.Blocks, uint64(st.Bsize))
 	if !ok {
-		return 0, fmt.Errorf("statfs %s: %d blocks of %d bytes do not fit in 64 bits", fs.dir.Name(), st.Blocks, st.Bsize)
+		return 0, 0, fmt.Errorf("statfs %s: %d blocks of %d bytes do not fit in 64 bits", fs.dir.Name(), st.Blocks, st.Bsize)
 	}
-	return size, nil
+	free, _ = bounds.Mul(st.Bavail, uint64(st.Bsize)) // at most size
+	return free, size, nil
 }
 
 // Dir returns the directory FS was opened through.

@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x62\x65rth/v1/node.proto\x12\x08\x62\x65rth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n\x0cNodeCapacity\x12\x15\n\x06in_use\x18\x01 \x01(\x04R\x05inUse\x12\x14\n\x05limit\x18\x02 \x01(\x04R\x05limit\x12\x12\n\x04\x66ree\x18\x03 \x01(\x04R\x04\x66ree\"\x8b\x06\n\x04Node\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n\x07\x61\x64\x64ress\x18\x02 \x01(\tR\x07\x61\x64\x64ress\x12\x32\n\x06labels\x18\x03 \x03(\x0b\x32\x1a.berth.v1.Node.LabelsEntryR\x06labels\x12)\n\x05state\x18\x04 \x01(\x0e\x32\x13.berth.v1.NodeStateR\x05state\x12\x34\n\tsandboxes\x18\x05 \x01(\x0b\x32\x16.berth.v1.NodeCapacityR\tsandboxes\x12\x39\n\x0cmemory_bytes\x18\x06 \x01(\x0b\x32\x16.berth.v1.NodeCapacityR\x0bmemoryBytes\x12,\n\x05\x65xecs\x18\x07 \x01(\x0b\x32\x16.berth.v1.NodeCapacityR\x05\x65xecs\x12\x19\n\x08lease_id\x18\x08 \x01(\tR\x07leaseId\x12\x36\n\tlease_ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.DurationR\x08leaseTtl\x12\x42\n\x0flease_remaining\x18\n \x01(\x0b\x32\x19.google.protobuf.DurationR\x0eleaseRemaining\x12\x18\n\x07version\x18\x0b \x01(\tR\x07version\x12\x39\n\nstarted_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tstartedAt\x12\x39\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tupdatedAt\x12)\n\x10placed_sandboxes\x18\x0e \x01(\x04R\x0fplacedSandboxes\x12\x16\n\x06images\x18\x0f \x03(\tR\x06images\x12\x36\n\x17\x63onflicting_sandbox_ids\x18\x10 \x03(\tR\x15\x63onflictingSandboxIds\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\x12\n\x10ListNodesRequest\"9\n\x11ListNodesResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x0e.berth.v1.NodeR\x05nodes\"+\n\x10\x44rainNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\"7\n\x11\x44rainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x0e.berth.v1.NodeR\x04node\"-\n\x12UndrainNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\"9\n\x13UndrainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x0e.berth.v1.NodeR\x04node\"E\n\x11RemoveNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n\x07\x64ry_run\x18\x02 \x01(\x08R\x06\x64ryRun\"g\n\x12RemoveNodeResponse\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n\x0bsandbox_ids\x18\x02 \x03(\tR\nsandboxIds\x12\x17\n\x07\x64ry_run\x18\x03 \x01(\x08R\x06\x64ryRun*k\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x17\n\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n\x0fNODE_STATE_LOST\x10\x03\x32\xae\x02\n\x0bNodeService\x12\x44\n\tListNodes\x12\x1a.berth.v1.ListNodesRequest\x1a\x1b.berth.v1.ListNodesResponse\x12\x44\n\tDrainNode\x12\x1a.berth.v1.DrainNodeRequest\x1a\x1b.berth.v1.DrainNodeResponse\x12J\n\x0bUndrainNode\x12\x1c.berth.v1.UndrainNodeRequest\x1a\x1d.berth.v1.UndrainNodeResponse\x12G\n\nRemoveNode\x12\x1b.berth.v1.RemoveNodeRequest\x1a\x1c.berth.v1.RemoveNodeResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x62\x65rth/v1/node.proto\x12\x08\x62\x65rth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"O\n\x0cNodeCapacity\x12\x15\n\x06in_use\x18\x01 \x01(\x04R\x05inUse\x12\x14\n\x05limit\x18\x02 \x01(\x04R\x05limit\x12\x12\n\x04\x66ree\x18\x03 \x01(\x04R\x04\x66ree\"\xb9\x06\n\x04Node\x12\x0e\n\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n\x07\x61\x64\x64ress\x18\x02 \x01(\tR\x07\x61\x64\x64ress\x12\x32\n\x06labels\x18\x03 \x03(\x0b\x32\x1a.berth.v1.Node.LabelsEntryR\x06labels\x12)\n\x05state\x18\x04 \x01(\x0e\x32\x13.berth.v1.NodeStateR\x05state\x12\x34\n\tsandboxes\x18\x05 \x01(\x0b\x32\x16.berth.v1.NodeCapacityR\tsandboxes\x12\x39\n\x0cmemory_bytes\x18\x06 \x01(\x0b\x32\x16.berth.v1.NodeCapacityR\x0bmemoryBytes\x12,\n\x05\x65xecs\x18\x07 \x01(\x0b\x32\x16.berth.v1.NodeCapacityR\x05\x65xecs\x12\x19\n\x08lease_id\x18\x08 \x01(\tR\x07leaseId\x12\x36\n\tlease_ttl\x18\t \x01(\x0b\x32\x19.google.protobuf.DurationR\x08leaseTtl\x12\x42\n\x0flease_remaining\x18\n \x01(\x0b\x32\x19.google.protobuf.DurationR\x0eleaseRemaining\x12\x18\n\x07version\x18\x0b \x01(\tR\x07version\x12\x39\n\nstarted_at\x18\x0c \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tstartedAt\x12\x39\n\nupdated_at\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tupdatedAt\x12)\n\x10placed_sandboxes\x18\x0e \x01(\x04R\x0fplacedSandboxes\x12\x16\n\x06images\x18\x0f \x03(\tR\x06images\x12\x36\n\x17\x63onflicting_sandbox_ids\x18\x10 \x03(\tR\x15\x63onflictingSandboxIds\x12,\n\x06health\x18\x14 \x01(\x0b\x32\x14.berth.v1.NodeHealthR\x06health\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"\x8a\x01\n\nNodeHealth\x12\x18\n\x07healthy\x18\x01 \x01(\x08R\x07healthy\x12\x16\n\x06reason\x18\x02 \x01(\tR\x06reason\x12\x18\n\x07message\x18\x03 \x01(\tR\x07message\x12\x30\n\x05since\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x05since\"\x12\n\x10ListNodesRequest\"9\n\x11ListNodesResponse\x12$\n\x05nodes\x18\x01 \x03(\x0b\x32\x0e.berth.v1.NodeR\x05nodes\"+\n\x10\x44rainNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\"7\n\x11\x44rainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x0e.berth.v1.NodeR\x04node\"-\n\x12UndrainNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\"9\n\x13UndrainNodeResponse\x12\"\n\x04node\x18\x01 \x01(\x0b\x32\x0e.berth.v1.NodeR\x04node\"E\n\x11RemoveNodeRequest\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\x12\x17\n\x07\x64ry_run\x18\x02 \x01(\x08R\x06\x64ryRun\"g\n\x12RemoveNodeResponse\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\x12\x1f\n\x0bsandbox_ids\x18\x02 \x03(\tR\nsandboxIds\x12\x17\n\x07\x64ry_run\x18\x03 \x01(\x08R\x06\x64ryRun*k\n\tNodeState\x12\x1a\n\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x14\n\x10NODE_STATE_READY\x10\x01\x12\x17\n\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n\x0fNODE_STATE_LOST\x10\x03\x32\xae\x02\n\x0bNodeService\x12\x44\n\tListNodes\x12\x1a.berth.v1.ListNodesRequest\x1a\x1b.berth.v1.ListNodesResponse\x12\x44\n\tDrainNode\x12\x1a.berth.v1.DrainNodeRequest\x1a\x1b.berth.v1.DrainNodeResponse\x12J\n\x0bUndrainNode\x12\x1c.berth.v1.UndrainNodeRequest\x1a\x1d.berth.v1.UndrainNodeResponse\x12G\n\nRemoveNode\x12\x1b.berth.v1.RemoveNodeRequest\x1a\x1c.berth.v1.RemoveNodeResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'berth.v1.node_pb2', globals())
@@ -25,30 +25,32 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._serialized_options = b'Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1'
   _NODE_LABELSENTRY._options = None
   _NODE_LABELSENTRY._serialized_options = b'8\001'
-  _NODESTATE._serialized_start=1424
-  _NODESTATE._serialized_end=1531
+  _NODESTATE._serialized_start=1611
+  _NODESTATE._serialized_end=1718
   _NODECAPACITY._serialized_start=98
   _NODECAPACITY._serialized_end=177
   _NODE._serialized_start=180
-  _NODE._serialized_end=959
-  _NODE_LABELSENTRY._serialized_start=902
-  _NODE_LABELSENTRY._serialized_end=959
-  _LISTNODESREQUEST._serialized_start=961
-  _LISTNODESREQUEST._serialized_end=979
-  _LISTNODESRESPONSE._serialized_start=981
-  _LISTNODESRESPONSE._serialized_end=1038
-  _DRAINNODEREQUEST._serialized_start=1040
-  _DRAINNODEREQUEST._serialized_end=1083
-  _DRAINNODERESPONSE._serialized_start=1085
-  _DRAINNODERESPONSE._serialized_end=1140
-  _UNDRAINNODEREQUEST._serialized_start=1142
-  _UNDRAINNODEREQUEST._serialized_end=1187
-  _UNDRAINNODERESPONSE._serialized_start=1189
-  _UNDRAINNODERESPONSE._serialized_end=1246
-  _REMOVENODEREQUEST._serialized_start=1248
-  _REMOVENODEREQUEST._serialized_end=1317
-  _REMOVENODERESPONSE._serialized_start=1319
-  _REMOVENODERESPONSE._serialized_end=1422
-  _NODESERVICE._serialized_start=1534
-  _NODESERVICE._serialized_end=1836
+  _NODE._serialized_end=1005
+  _NODE_LABELSENTRY._serialized_start=948
+  _NODE_LABELSENTRY._serialized_end=1005
+  _NODEHEALTH._serialized_start=1008
+  _NODEHEALTH._serialized_end=1146
+  _LISTNODESREQUEST._serialized_start=1148
+  _LISTNODESREQUEST._serialized_end=1166
+  _LISTNODESRESPONSE._serialized_start=1168
+  _LISTNODESRESPONSE._serialized_end=1225
+  _DRAINNODEREQUEST._serialized_start=1227
+  _DRAINNODEREQUEST._serialized_end=1270
+  _DRAINNODERESPONSE._serialized_start=1272
+  _DRAINNODERESPONSE._serialized_end=1327
+  _UNDRAINNODEREQUEST._serialized_start=1329
+  _UNDRAINNODEREQUEST._serialized_end=1374
+  _UNDRAINNODERESPONSE._serialized_start=1376
+  _UNDRAINNODERESPONSE._serialized_end=1433
+  _REMOVENODEREQUEST._serialized_start=1435
+  _REMOVENODEREQUEST._serialized_end=1504
+  _REMOVENODERESPONSE._serialized_start=1506
+  _REMOVENODERESPONSE._serialized_end=1609
+  _NODESERVICE._serialized_start=1721
+  _NODESERVICE._serialized_end=2023
 # @@protoc_insertion_point(module_scope)

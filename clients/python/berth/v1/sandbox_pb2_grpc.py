@@ -122,7 +122,11 @@ class SandboxServiceServicer(object):
 
     def ListSandboxes(self, request, context):
         """ListSandboxes lists sandboxes, filtered by labels, in pages ordered by
-        id.
+        id. In a fleet, every live node is asked in parallel and the answer
+        comes within the entry point's list budget: nodes that did not answer
+        in time (a frozen berthd), failed or are lost are named in
+        unreachable_nodes, never left out in silence. Errors: UNAVAILABLE
+        (CLUSTER_UNAVAILABLE) when no node answered.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -172,11 +172,44 @@ export interface Node {
    * (docs/fleet.md, Node identity). Empty for a lost node.
    */
   conflictingSandboxIds: string[];
+  /**
+   * health is whether the node can create sandboxes, as it last published;
+   * unset for a lost node and for nodes of berthd versions before it.
+   * Placement tries an unhealthy node only after every healthy one.
+   */
+  health: NodeHealth | undefined;
 }
 
 export interface Node_LabelsEntry {
   key: string;
   value: string;
+}
+
+/**
+ * NodeHealth is a node's own account of whether it can create sandboxes.
+ * A node checks itself every second and publishes a change at once, so a
+ * fault shows here within a few seconds.
+ */
+export interface NodeHealth {
+  /**
+   * healthy is true while the node's containerd answers, its sandbox pool
+   * has room and its agents start.
+   */
+  healthy: boolean;
+  /**
+   * reason says why the node is unhealthy, empty while healthy:
+   * CONTAINERD_UNAVAILABLE (containerd does not answer), NO_SPACE (the
+   * pool that holds the sandboxes' file systems is full) or
+   * AGENT_LAUNCH_FAILING (the last creates' agents did not start).
+   */
+  reason: string;
+  /** message says what the node saw, for people. */
+  message: string;
+  /**
+   * since is when the node last changed between healthy and unhealthy, or
+   * between reasons.
+   */
+  since: Date | undefined;
 }
 
 /** ListNodesRequest is empty. */
@@ -359,6 +392,7 @@ function createBaseNode(): Node {
     placedSandboxes: 0n,
     images: [],
     conflictingSandboxIds: [],
+    health: undefined,
   };
 }
 
@@ -414,6 +448,9 @@ export const Node: MessageFns<Node> = {
     }
     for (const v of message.conflictingSandboxIds) {
       writer.uint32(130).string(v!);
+    }
+    if (message.health !== undefined) {
+      NodeHealth.encode(message.health, writer.uint32(162).fork()).join();
     }
     return writer;
   },
@@ -562,6 +599,14 @@ export const Node: MessageFns<Node> = {
             message.conflictingSandboxIds.push(reader.string());
             continue;
           }
+          case 20: {
+            if (tag !== 162) {
+              break;
+            }
+
+            message.health = NodeHealth.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -639,6 +684,7 @@ export const Node: MessageFns<Node> = {
         : globalThis.Array.isArray(object?.conflicting_sandbox_ids)
         ? object.conflicting_sandbox_ids.map((e: any) => globalThis.String(e))
         : [],
+      health: isSet(object.health) ? NodeHealth.fromJSON(object.health) : undefined,
     };
   },
 
@@ -698,6 +744,9 @@ export const Node: MessageFns<Node> = {
     if (message.conflictingSandboxIds?.length) {
       obj.conflictingSandboxIds = message.conflictingSandboxIds;
     }
+    if (message.health !== undefined) {
+      obj.health = NodeHealth.toJSON(message.health);
+    }
     return obj;
   },
 
@@ -742,6 +791,9 @@ export const Node: MessageFns<Node> = {
       : 0n;
     message.images = object.images?.map((e) => e) || [];
     message.conflictingSandboxIds = object.conflictingSandboxIds?.map((e) => e) || [];
+    message.health = (object.health !== undefined && object.health !== null)
+      ? NodeHealth.fromPartial(object.health)
+      : undefined;
     return message;
   },
 };
@@ -827,6 +879,123 @@ export const Node_LabelsEntry: MessageFns<Node_LabelsEntry> = {
     const message = createBaseNode_LabelsEntry();
     message.key = object.key ?? "";
     message.value = object.value ?? "";
+    return message;
+  },
+};
+
+function createBaseNodeHealth(): NodeHealth {
+  return { healthy: false, reason: "", message: "", since: undefined };
+}
+
+export const NodeHealth: MessageFns<NodeHealth> = {
+  encode(message: NodeHealth, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.healthy !== false) {
+      writer.uint32(8).bool(message.healthy);
+    }
+    if (message.reason !== "") {
+      writer.uint32(18).string(message.reason);
+    }
+    if (message.message !== "") {
+      writer.uint32(26).string(message.message);
+    }
+    if (message.since !== undefined) {
+      Timestamp.encode(toTimestamp(message.since), writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): NodeHealth {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseNodeHealth();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.healthy = reader.bool();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.message = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.since = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): NodeHealth {
+    return {
+      healthy: isSet(object.healthy) ? globalThis.Boolean(object.healthy) : false,
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+      message: isSet(object.message) ? globalThis.String(object.message) : "",
+      since: isSet(object.since) ? fromJsonTimestamp(object.since) : undefined,
+    };
+  },
+
+  toJSON(message: NodeHealth): unknown {
+    const obj: any = {};
+    if (message.healthy !== false) {
+      obj.healthy = message.healthy;
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    if (message.message !== "") {
+      obj.message = message.message;
+    }
+    if (message.since !== undefined) {
+      obj.since = message.since.toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<NodeHealth>, I>>(base?: I): NodeHealth {
+    return NodeHealth.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<NodeHealth>, I>>(object: I): NodeHealth {
+    const message = createBaseNodeHealth();
+    message.healthy = object.healthy ?? false;
+    message.reason = object.reason ?? "";
+    message.message = object.message ?? "";
+    message.since = object.since ?? undefined;
     return message;
   },
 };

@@ -692,6 +692,17 @@ export interface ListSandboxesResponse {
   sandboxes: Sandbox[];
   /** next_page_token fetches the next page; empty on the last page. */
   nextPageToken: string;
+  /**
+   * unreachable_nodes names, in a fleet, the nodes whose sandboxes are
+   * missing from this page because the node did not answer within the
+   * entry point's list budget (berthd --list-budget, default 3 s), failed,
+   * or is lost (its lease expired) while the cluster store records
+   * sandboxes of the caller on it. Empty when the listing is complete,
+   * and always outside a fleet. A page with nodes here is a partial
+   * listing: the sandboxes of those nodes still exist, and calls for them
+   * answer UNAVAILABLE (SANDBOX_UNREACHABLE) until the node is back.
+   */
+  unreachableNodes: string[];
 }
 
 /** DeleteSandboxRequest names the sandbox to delete. */
@@ -3141,7 +3152,7 @@ export const ListSandboxesRequest_LabelSelectorEntry: MessageFns<ListSandboxesRe
 };
 
 function createBaseListSandboxesResponse(): ListSandboxesResponse {
-  return { sandboxes: [], nextPageToken: "" };
+  return { sandboxes: [], nextPageToken: "", unreachableNodes: [] };
 }
 
 export const ListSandboxesResponse: MessageFns<ListSandboxesResponse> = {
@@ -3151,6 +3162,9 @@ export const ListSandboxesResponse: MessageFns<ListSandboxesResponse> = {
     }
     if (message.nextPageToken !== "") {
       writer.uint32(18).string(message.nextPageToken);
+    }
+    for (const v of message.unreachableNodes) {
+      writer.uint32(26).string(v!);
     }
     return writer;
   },
@@ -3184,6 +3198,14 @@ export const ListSandboxesResponse: MessageFns<ListSandboxesResponse> = {
             message.nextPageToken = reader.string();
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.unreachableNodes.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3206,6 +3228,11 @@ export const ListSandboxesResponse: MessageFns<ListSandboxesResponse> = {
         : isSet(object.next_page_token)
         ? globalThis.String(object.next_page_token)
         : "",
+      unreachableNodes: globalThis.Array.isArray(object?.unreachableNodes)
+        ? object.unreachableNodes.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.unreachable_nodes)
+        ? object.unreachable_nodes.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -3217,6 +3244,9 @@ export const ListSandboxesResponse: MessageFns<ListSandboxesResponse> = {
     if (message.nextPageToken !== "") {
       obj.nextPageToken = message.nextPageToken;
     }
+    if (message.unreachableNodes?.length) {
+      obj.unreachableNodes = message.unreachableNodes;
+    }
     return obj;
   },
 
@@ -3227,6 +3257,7 @@ export const ListSandboxesResponse: MessageFns<ListSandboxesResponse> = {
     const message = createBaseListSandboxesResponse();
     message.sandboxes = object.sandboxes?.map((e) => Sandbox.fromPartial(e)) || [];
     message.nextPageToken = object.nextPageToken ?? "";
+    message.unreachableNodes = object.unreachableNodes?.map((e) => e) || [];
     return message;
   },
 };
@@ -3597,7 +3628,11 @@ export const SandboxServiceService = {
   },
   /**
    * ListSandboxes lists sandboxes, filtered by labels, in pages ordered by
-   * id.
+   * id. In a fleet, every live node is asked in parallel and the answer
+   * comes within the entry point's list budget: nodes that did not answer
+   * in time (a frozen berthd), failed or are lost are named in
+   * unreachable_nodes, never left out in silence. Errors: UNAVAILABLE
+   * (CLUSTER_UNAVAILABLE) when no node answered.
    */
   listSandboxes: {
     path: "/berth.v1.SandboxService/ListSandboxes" as const,
@@ -3755,7 +3790,11 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
   getSandbox: handleUnaryCall<GetSandboxRequest, GetSandboxResponse>;
   /**
    * ListSandboxes lists sandboxes, filtered by labels, in pages ordered by
-   * id.
+   * id. In a fleet, every live node is asked in parallel and the answer
+   * comes within the entry point's list budget: nodes that did not answer
+   * in time (a frozen berthd), failed or are lost are named in
+   * unreachable_nodes, never left out in silence. Errors: UNAVAILABLE
+   * (CLUSTER_UNAVAILABLE) when no node answered.
    */
   listSandboxes: handleUnaryCall<ListSandboxesRequest, ListSandboxesResponse>;
   /**
@@ -3875,7 +3914,11 @@ export interface SandboxServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * ListSandboxes lists sandboxes, filtered by labels, in pages ordered by
-   * id.
+   * id. In a fleet, every live node is asked in parallel and the answer
+   * comes within the entry point's list budget: nodes that did not answer
+   * in time (a frozen berthd), failed or are lost are named in
+   * unreachable_nodes, never left out in silence. Errors: UNAVAILABLE
+   * (CLUSTER_UNAVAILABLE) when no node answered.
    */
   listSandboxes(
     request: ListSandboxesRequest,
