@@ -138,7 +138,9 @@ type fleet struct {
 }
 
 // open starts the embedded etcd when asked, connects to the store and
-// reads the fleet's nodes. Close undoes it.
+// reads the fleet's nodes; an etcd that does not answer within the etcd
+// budget is waited for in the background (logged), not an error. Close
+// undoes it.
 func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir string, connectBudget time.Duration) (*fleet, error) {
 	fl := &fleet{}
 	endpoints := splitList(f.endpoints)
@@ -160,12 +162,12 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		fl.Close()
 		return nil, fmt.Errorf("etcd TLS: %w", err)
 	}
-	if fl.cli, err = cluster.Connect(ctx, cluster.StoreConfig{Endpoints: endpoints, TLS: etcdTLS}, log); err != nil {
+	if fl.cli, err = cluster.Connect(ctx, cluster.StoreConfig{Endpoints: endpoints, TLS: etcdTLS, DialTimeout: f.etcdBudget}, log); err != nil {
 		fl.Close()
 		return nil, err
 	}
 	if fl.directory, err = cluster.NewDirectory(fl.cli, f.prefix, log); err == nil {
-		err = fl.directory.Start(ctx)
+		err = fl.directory.Start(ctx, f.etcdBudget)
 	}
 	if err != nil {
 		fl.Close()
@@ -190,7 +192,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		creds.Token = strings.TrimSpace(string(b))
 	}
 	fl.peers = cluster.NewPeers(creds, connectBudget)
-	fl.nodes = cluster.NewNodeService(fl.cli, f.prefix)
+	fl.nodes = cluster.NewNodeService(fl.cli, f.prefix).WithEtcdBudget(f.etcdBudget)
 	return fl, nil
 }
 
@@ -212,7 +214,7 @@ func (fl *fleet) Close() {
 
 // member returns the membership of this node.
 func (f *clusterFlags) member(fl *fleet, stateDir string, log *slog.Logger) (*cluster.Member, error) {
-	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir}, fl.cli, log)
+	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir, EtcdBudget: f.etcdBudget}, fl.cli, log)
 }
 
 // tlsConfig loads a client TLS configuration: the CA bundle to verify

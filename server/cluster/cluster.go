@@ -70,6 +70,11 @@ type Config struct {
 	// Holder says which process registers the node; the zero value is
 	// this process (ThisHolder(StateDir)).
 	Holder Holder
+	// EtcdBudget bounds how long a claim, a release or a publication
+	// waits for etcd, and how long Start waits for it before the node
+	// serves without it; past it a claim fails UNAVAILABLE
+	// CLUSTER_UNAVAILABLE with a RetryInfo. Default 2 s.
+	EtcdBudget time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -81,6 +86,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PublishInterval == 0 {
 		c.PublishInterval = 2 * time.Second
+	}
+	if c.EtcdBudget <= 0 {
+		c.EtcdBudget = 2 * time.Second
 	}
 	if c.Holder == (Holder{}) {
 		c.Holder = ThisHolder(c.StateDir)
