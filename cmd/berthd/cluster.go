@@ -70,7 +70,7 @@ func (f *clusterFlags) register() {
 		return nil
 	})
 	flag.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "lease time of this node in the fleet: after it stops refreshing, other nodes report its sandboxes as lost (NODE_LOST) within this long")
-	flag.DurationVar(&f.etcdBudget, "etcd-budget", 2*time.Second, "how long a routed call or a create waits for etcd to say which node serves it; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline")
+	flag.DurationVar(&f.etcdBudget, "etcd-budget", 2*time.Second, "how long a routed call, a create, a claim or a node command waits for etcd; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline; also how long berthd waits for etcd at start before it serves without it")
 	flag.BoolVar(&f.gateway, "gateway", false, "route the fleet's calls without running sandboxes: no containerd, no images (needs --etcd-endpoints)")
 	flag.StringVar(&f.peerTokenFile, "peer-token-file", "", "file holding the bearer token this berthd sends to the fleet's other nodes (a token of a --node-principal there)")
 	flag.StringVar(&f.peerCA, "peer-tls-ca", "", "PEM CA bundle that signed the other nodes' server certificates (default: the system's roots)")

@@ -24,6 +24,11 @@
 // node lost its lease is UNAVAILABLE SANDBOX_UNREACHABLE with cause
 // UNREACHABLE_CAUSE_NODE_LOST.
 //
+// When etcd does not answer, every call that needs it waits at most the
+// etcd budget and fails UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo;
+// a node serves the sandboxes it holds without it, starts without it, and
+// joins (or keeps its lease, when etcd still has it) once it answers.
+//
 // Keys, under Config.Prefix (default "/berth/"):
 //
 //	nodes/<id>      NodeRecord (JSON), under the node's lease
