@@ -501,16 +501,7 @@ func TestRegisterAnotherHolder(t *testing.T) {
 			// Once the dead process's lease ends, the node registers.
 			first.stop()
 			<-first.done
-			deadline := time.Now().Add(30 * time.Second)
-			for {
-				if n, live, err := dir.LiveNode(ctx, "a"); err == nil && live && n.Address == "second:1" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the node did not register within 30s of the earlier lease's end")
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			waitLive(t, dir, "a", "second:1", 30*time.Second, "after the earlier lease ended")
 			if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" || !second.Holds("kept") {
 				t.Errorf("record of kept after the node registered = %+v, %v, %v, held %v; want re-adopted on a", rec, ok, err, second.Holds("kept"))
 			}

@@ -158,16 +158,7 @@ func TestMemberStartsWithoutEtcd(t *testing.T) {
 	}
 
 	s.start()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		if n, live, err := dir.LiveNode(ctx, "a"); err == nil && live && n.Address == "a:1" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the node did not join within 15s of etcd answering")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitLive(t, dir, "a", "a:1", 15*time.Second, "after etcd answered")
 	for id, owner := range local.holds {
 		rec, ok, err := dir.Sandbox(ctx, id)
 		if err != nil || !ok || rec.Node != "a" || rec.Owner != owner {
@@ -179,6 +170,21 @@ func TestMemberStartsWithoutEtcd(t *testing.T) {
 	}
 	if err := m.Claim(ctx, "new", "alice"); err != nil {
 		t.Errorf("Claim after joining = %v", err)
+	}
+}
+
+// waitLive waits, at most within, until node id is live at address.
+func waitLive(t *testing.T, dir *Directory, id, address string, within time.Duration, when string) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		if n, live, err := dir.LiveNode(context.Background(), id); err == nil && live && n.Address == address {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s was not live at %s within %v %s", id, address, within, when)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -371,12 +371,10 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 	caller := ctx
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
 	defer cancel()
-	select {
-	case m.pub <- struct{}{}:
-		defer func() { <-m.pub }()
-	case <-ctx.Done():
+	if !m.takePub(ctx) {
 		return storeFailed(caller, m.cfg.EtcdBudget, ctx.Err())
 	}
+	defer func() { <-m.pub }()
 	m.mu.Lock()
 	lease, rec, registering := m.lease, m.last, m.registering
 	m.mu.Unlock()
@@ -497,16 +495,25 @@ func (m *Member) record(ctx context.Context, now time.Time) (NodeRecord, error) 
 	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Holder: m.cfg.Holder}, nil
 }
 
+// takePub takes the publication slot within ctx (false when ctx ended
+// first); the caller gives it back with <-m.pub.
+func (m *Member) takePub(ctx context.Context) bool {
+	select {
+	case m.pub <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // publish puts the node's record under its lease.
 func (m *Member) publish(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
 	defer cancel()
-	select {
-	case m.pub <- struct{}{}:
-		defer func() { <-m.pub }()
-	case <-ctx.Done():
+	if !m.takePub(ctx) {
 		return
 	}
+	defer func() { <-m.pub }()
 	m.mu.Lock()
 	lease, started := m.lease, m.startedAt
 	m.mu.Unlock()
