@@ -135,7 +135,32 @@ func TestFleetEtcdOutage(t *testing.T) {
 	go func() { _, err := run(retrying, "eo-2", 40*time.Second); retried <- err }()
 	time.Sleep(time.Until(stopped.Add(10 * time.Second)))
 	etcd.signal(t, syscall.SIGCONT)
-	recovered(time.Now(), "after outage 1")
+	resumed := time.Now()
+	// A create at once: while the leases that lapsed in etcd are taken
+	// again it may fail, but only retryably (never FLEET_BUSY with no
+	// capacity counted), and it succeeds within 10 s.
+	var refusals []string
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := through.CreateSandbox(cctx, &berthv1.CreateSandboxRequest{SandboxId: "eo-3", Image: env.image})
+		cancel()
+		if err == nil {
+			break
+		}
+		refusals = append(refusals, fleetReason(err))
+		if busy := (*client.FleetBusyError)(nil); !client.IsRetryable(err) || errors.As(err, &busy) || fleetReason(err) == client.ReasonFleetBusy {
+			t.Errorf("create at once after outage 1 = %v, want success or a retryable refusal other than FLEET_BUSY", err)
+		}
+		if time.Since(resumed) > 10*time.Second {
+			t.Fatalf("create after outage 1 still fails 10s after etcd was resumed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("after outage 1: a create succeeded %v after etcd was resumed (refused before: %v)", time.Since(resumed).Round(10*time.Millisecond), refusals)
+	if err := through.DeleteSandbox(ctx, "eo-3"); err != nil {
+		t.Fatal(err)
+	}
+	recovered(resumed, "after outage 1")
 	if err := <-retried; err != nil {
 		t.Errorf("Run with the Go client's retry policy started during the outage = %v, want it to succeed once etcd is back", err)
 	}
