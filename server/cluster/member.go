@@ -61,6 +61,8 @@ type Member struct {
 	held        map[string]bool // sandbox ids recorded on this node
 	// joined is set once the node registered in this process.
 	joined bool
+	// pubFailing is set while publications fail (logged once).
+	pubFailing bool
 	// conflicts are the local sandboxes whose ids the fleet records on
 	// another node, by id, with that node's id (see reconcile).
 	conflicts map[string]string
@@ -527,15 +529,22 @@ func (m *Member) publish(ctx context.Context) {
 	}
 	rec.StartedAt = started
 	body, _ := json.Marshal(rec)
-	if _, err := m.cli.Put(ctx, m.keys.node(m.cfg.NodeID), string(body), clientv3.WithLease(lease)); err != nil {
-		m.log.Warn("cluster: publish the node's record", slog.Any("error", err))
-		return
-	}
+	_, err = m.cli.Put(ctx, m.keys.node(m.cfg.NodeID), string(body), clientv3.WithLease(lease))
 	m.mu.Lock()
-	if m.lease == lease {
+	failing := m.pubFailing
+	m.pubFailing = err != nil
+	if err == nil && m.lease == lease {
 		m.last = rec
 	}
 	m.mu.Unlock()
+	switch {
+	case err != nil && !failing:
+		m.log.Warn("cluster: publish the node's record; retrying every publish interval, logged again once it succeeds", slog.Any("error", err), slog.Duration("interval", m.cfg.PublishInterval))
+	case err != nil:
+		m.log.Debug("cluster: publish the node's record", slog.Any("error", err))
+	case failing:
+		m.log.Info("cluster: the node's record is published again")
+	}
 }
 
 // run keeps the lease alive and publishes the record until ctx ends; it
