@@ -85,10 +85,29 @@ func TestFleetEtcdOutage(t *testing.T) {
 			t.Errorf("Run in eo-2 straight to n2 %s = %v after %v; want it served at once", when, err, took)
 		}
 	}
-	// recovered polls a routed call each way until both work, and
-	// returns how long that took after etcd was resumed.
-	recovered := func(resumed time.Time, what string) time.Duration {
+	// leases waits until both nodes are ready, and until ok holds, and
+	// returns their leases by node id.
+	leases := func(what string, ok func(map[string]string) bool) map[string]string {
 		t.Helper()
+		out := map[string]string{}
+		f.waitNodes(t, what, func(nodes []*berthv1.Node) bool {
+			clear(out)
+			for _, n := range nodes {
+				if n.GetState() == berthv1.NodeState_NODE_STATE_READY {
+					out[n.GetId()] = n.GetLeaseId()
+				}
+			}
+			return len(out) == 2 && (ok == nil || ok(out))
+		})
+		return out
+	}
+	// recovered waits until both nodes are ready — renewed, when named,
+	// under another lease than it had in old (a berthd restarted during
+	// the outage registered) — and a routed call each way works, and
+	// returns how long that took after etcd was resumed.
+	recovered := func(resumed time.Time, what string, old map[string]string, renewed string) time.Duration {
+		t.Helper()
+		leases(what+": both nodes ready", func(now map[string]string) bool { return renewed == "" || now[renewed] != old[renewed] })
 		for _, p := range []struct {
 			c  *client.Client
 			id string
@@ -110,6 +129,16 @@ func TestFleetEtcdOutage(t *testing.T) {
 			t.Errorf("%s: routing came back %v after etcd was resumed, want within 10s", what, took)
 		}
 		return took
+	}
+
+	// A blip shorter than the lease time: no lease lapses.
+	before := leases("both nodes ready", nil)
+	etcd.signal(t, syscall.SIGSTOP)
+	time.Sleep(time.Second)
+	etcd.signal(t, syscall.SIGCONT)
+	time.Sleep(fleetLeaseTTL) // past any lease that would have lapsed
+	if after := leases("both nodes ready after a blip", nil); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("leases after a 1s blip = %v, want those before it kept: %v", after, before)
 	}
 
 	// Outage 1: a routed exec stream runs across it.
@@ -160,7 +189,7 @@ func TestFleetEtcdOutage(t *testing.T) {
 	if err := through.DeleteSandbox(ctx, "eo-3"); err != nil {
 		t.Fatal(err)
 	}
-	recovered(resumed, "after outage 1")
+	recovered(resumed, "after outage 1", nil, "")
 	if err := <-retried; err != nil {
 		t.Errorf("Run with the Go client's retry policy started during the outage = %v, want it to succeed once etcd is back", err)
 	}
@@ -174,6 +203,7 @@ func TestFleetEtcdOutage(t *testing.T) {
 	}
 
 	// Outage 2: n2 restarted while etcd is stopped.
+	before = leases("both nodes ready before outage 2", nil)
 	etcd.signal(t, syscall.SIGSTOP)
 	stopped = time.Now()
 	n2.proc.cmd.Process.Signal(syscall.SIGTERM)
@@ -193,7 +223,7 @@ func TestFleetEtcdOutage(t *testing.T) {
 	unavailable("while etcd is stopped and n2 restarted")
 	time.Sleep(time.Until(stopped.Add(10 * time.Second)))
 	etcd.signal(t, syscall.SIGCONT)
-	recovered(time.Now(), "after outage 2 with n2 restarted")
+	recovered(time.Now(), "after outage 2 with n2 restarted", before, "n2")
 
 	// Nothing deleted or moved.
 	for id, node := range map[string]*fleetNode{"eo-1": n1, "eo-2": n2} {
