@@ -142,7 +142,8 @@ func (m *Member) Refused() <-chan error { return m.refused }
 
 // Close stops refreshing and revokes the lease: the node is lost for the
 // fleet at once (its sandboxes stay recorded as its own, and keep running
-// for the next berthd to adopt).
+// for the next berthd to adopt). It waits at most the etcd budget for
+// etcd; a lease it could not revoke ends after the lease time.
 func (m *Member) Close() {
 	if m.stop == nil {
 		return
@@ -154,10 +155,10 @@ func (m *Member) Close() {
 	m.lease = 0
 	m.mu.Unlock()
 	if lease != 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.EtcdBudget)
 		defer cancel()
 		if _, err := m.cli.Revoke(ctx, lease); err != nil {
-			m.log.Warn("cluster: revoke the node's lease", slog.Any("error", err))
+			m.log.Warn("cluster: revoke the node's lease; it ends after the lease time", slog.Any("error", err), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
 		}
 	}
 }
