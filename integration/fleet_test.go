@@ -98,7 +98,15 @@ func startContainerd(t testing.TB, dir string) string {
 // startFleet brings up a node per --max-sandboxes cap: the first on the
 // suite's containerd, each other on a containerd of its own unless
 // shared, when they all use the suite's (in namespaces of their own).
+// The first node runs the fleet's etcd (embedded).
 func startFleet(t testing.TB, caps []int, shared bool) *fleetEnv {
+	t.Helper()
+	return startFleetOn(t, caps, shared, "")
+}
+
+// startFleetOn is startFleet with the fleet's etcd at etcdURL, outside the
+// nodes, or embedded in the first node when etcdURL is empty.
+func startFleetOn(t testing.TB, caps []int, shared bool, etcdURL string) *fleetEnv {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "bf")
 	if err != nil {
@@ -127,7 +135,10 @@ func startFleet(t testing.TB, caps []int, shared bool) *fleetEnv {
 	rand.Read(b)
 	suffix := hex.EncodeToString(b)
 	f.prefix = "/berth-test-" + suffix + "/"
-	f.etcd = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	f.etcd = etcdURL
+	if etcdURL == "" {
+		f.etcd = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+	}
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
 	for i, c := range caps {
 		n := &fleetNode{id: fmt.Sprintf("n%d", i+1), ns: "berth-fleet-" + suffix, dir: filepath.Join(dir, fmt.Sprintf("s%d", i+1))}
@@ -149,7 +160,7 @@ func startFleet(t testing.TB, caps []int, shared bool) *fleetEnv {
 			"--node-id", n.id, "--cluster-prefix", f.prefix, "--lease-ttl", fleetLeaseTTL.String(),
 			"--max-sandboxes", fmt.Sprint(c), "--log-level", "DEBUG",
 		}
-		if i == 0 {
+		if i == 0 && etcdURL == "" {
 			n.args = append(n.args, "--etcd-embed", "--etcd-embed-dir", filepath.Join(dir, "etcd"),
 				"--etcd-embed-client-url", f.etcd, "--etcd-embed-peer-url", peerURL)
 		} else {

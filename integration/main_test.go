@@ -63,6 +63,9 @@ const baseImage = "berth.dev/base:latest"
 const testDiskBytes = 1 << 30
 
 func TestMain(m *testing.M) {
+	if os.Getenv(testEtcdEnv) != "" {
+		os.Exit(runTestEtcd())
+	}
 	code, err := setup(m)
 	if err != nil {
 		if os.Getenv("BERTH_E2E") == "1" {

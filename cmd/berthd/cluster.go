@@ -72,7 +72,7 @@ func (f *clusterFlags) register() {
 		return nil
 	})
 	flag.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "lease time of this node in the fleet: after it stops refreshing, other nodes report its sandboxes as lost (NODE_LOST) within this long")
-	flag.DurationVar(&f.etcdBudget, "etcd-budget", 2*time.Second, "how long a routed call or a create waits for etcd to say which node serves it; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline")
+	flag.DurationVar(&f.etcdBudget, "etcd-budget", 2*time.Second, "how long a routed call, a create, a claim or a node command waits for etcd; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline; also how long berthd waits for etcd at start before it serves without it")
 	flag.DurationVar(&f.listBudget, "list-budget", 3*time.Second, "how long ListSandboxes waits for the fleet's nodes; it answers with what came in time and names the nodes that did not in unreachable_nodes (keep it below your clients' deadlines)")
 	flag.BoolVar(&f.gateway, "gateway", false, "route the fleet's calls without running sandboxes: no containerd, no images (needs --etcd-endpoints)")
 	flag.StringVar(&f.peerTokenFile, "peer-token-file", "", "file holding the bearer token this berthd sends to the fleet's other nodes (a token of a --node-principal there); re-read on SIGHUP")
@@ -146,7 +146,9 @@ type fleet struct {
 }
 
 // open starts the embedded etcd when asked, connects to the store and
-// reads the fleet's nodes. Close undoes it.
+// reads the fleet's nodes; an etcd that does not answer within the etcd
+// budget is waited for in the background (logged), not an error. Close
+// undoes it.
 func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir string, connectBudget time.Duration) (*fleet, error) {
 	fl := &fleet{}
 	endpoints := splitList(f.endpoints)
@@ -168,7 +170,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		fl.Close()
 		return nil, fmt.Errorf("etcd TLS: %w", err)
 	}
-	store := cluster.StoreConfig{Endpoints: endpoints}
+	store := cluster.StoreConfig{Endpoints: endpoints, DialTimeout: f.etcdBudget}
 	if etcdTLS != nil {
 		store.TLS, store.Credentials = etcdTLS.Config(), etcdTLS
 		fl.reloads = append(fl.reloads, reloader{"etcd TLS", etcdTLS.Reload})
@@ -178,7 +180,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		return nil, err
 	}
 	if fl.directory, err = cluster.NewDirectory(fl.cli, f.prefix, log); err == nil {
-		err = fl.directory.Start(ctx)
+		err = fl.directory.Start(ctx, f.etcdBudget)
 	}
 	if err != nil {
 		fl.Close()
@@ -208,7 +210,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		fl.reloads = append(fl.reloads, reloader{"peer token", tok.Reload})
 	}
 	fl.peers = cluster.NewPeers(creds, connectBudget)
-	fl.nodes = cluster.NewNodeService(fl.cli, f.prefix)
+	fl.nodes = cluster.NewNodeService(fl.cli, f.prefix).WithEtcdBudget(f.etcdBudget)
 	return fl, nil
 }
 
@@ -230,7 +232,7 @@ func (fl *fleet) Close() {
 
 // member returns the membership of this node.
 func (f *clusterFlags) member(fl *fleet, stateDir string, log *slog.Logger) (*cluster.Member, error) {
-	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir}, fl.cli, log)
+	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir, EtcdBudget: f.etcdBudget}, fl.cli, log)
 }
 
 // tlsConfig loads a client TLS configuration: the CA bundle to verify

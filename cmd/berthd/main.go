@@ -298,8 +298,10 @@ func main() {
 // the next berthd. SIGHUP re-reads the token file and the TLS material,
 // and in a fleet the peer and etcd TLS files and the peer token file.
 // With cluster flags the berthd is a node of a fleet: it registers under a
-// lease after the re-adoption, routes calls for other nodes' sandboxes,
-// and revokes its lease when it stops.
+// lease once it serves (so that no node routes to it before it accepts),
+// routes calls for other nodes' sandboxes, and revokes its lease when it
+// stops. Without an answer from etcd it serves the sandboxes it holds and
+// registers when etcd answers.
 //
 // Disk quotas: with a snapshotter that enforces them and no
 // --default-disk-bytes, sandboxes get defaultDiskBytes. Without one, a
@@ -366,11 +368,20 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		return err
 	}
 	opts := []server.GRPCOption{server.WithAuthenticator(authn), server.WithTransport(transport.cfg)}
+	var join func(context.Context) error
 	if member != nil {
-		if err := member.Start(ctx, svc.ClusterLocal()); err != nil {
-			return err
-		}
 		defer member.Close()
+		join = func(ctx context.Context) error {
+			if err := member.Start(ctx, svc.ClusterLocal()); err != nil {
+				return err
+			}
+			select {
+			case err := <-member.Refused():
+				return err
+			case <-ctx.Done():
+				return nil
+			}
+		}
 		router := cluster.NewRouter(cluster.RouterConfig{Member: member, Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: svcCfg.BusyRetryDelay, EtcdBudget: cf.etcdBudget, ListBudget: cf.listBudget, Log: log})
 		opts = append(opts, server.WithCluster(router, fl.nodes))
 	}
@@ -392,7 +403,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		}
 		defer stopMetrics()
 	}
-	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
+	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), join, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
 		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes),
 		slog.String("node_id", svcCfg.NodeID))
 }
@@ -412,7 +423,7 @@ func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudg
 	hup.add(fl.reloads...)
 	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, EtcdBudget: cf.etcdBudget, ListBudget: cf.listBudget, Log: log})
 	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes), server.WithTransport(transport.cfg))
-	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), slog.String("version", server.Version), slog.Bool("gateway", true))
+	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), nil, slog.String("version", server.Version), slog.Bool("gateway", true))
 }
 
 // signals returns a context that ends at SIGTERM or SIGINT, and runs
@@ -444,8 +455,10 @@ func signals(log *slog.Logger, hup *reloads) (context.Context, func()) {
 
 // serve serves srv on every listen address until ctx ends, then stops
 // gracefully (at most 10 s: exec streams can be long; sandboxes and execs
-// live on).
-func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []string, listenOpts []server.ListenOption, attrs ...any) error {
+// live on). Once every address is served it runs join (when not nil) on
+// a goroutine until ctx ends: an error from it (the fleet refused the
+// node's registration) stops the server and is returned.
+func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []string, listenOpts []server.ListenOption, join func(context.Context) error, attrs ...any) error {
 	served := make(chan error, len(listens))
 	for _, addr := range listens {
 		lis, err := server.Listen(addr, listenOpts...)
@@ -456,11 +469,33 @@ func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []st
 		go func() { served <- srv.Serve(lis) }()
 	}
 	log.Info("berthd serving", append([]any{slog.Any("listen", listens)}, attrs...)...)
-	select {
-	case err := <-served:
-		srv.Stop()
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
+	joined := make(chan error, 1)
+	if join != nil {
+		joinCtx, stopJoin := context.WithCancel(ctx)
+		go func() { joined <- join(joinCtx) }()
+		// join has returned when serve does: what it started is the
+		// caller's to stop.
+		defer func() {
+			stopJoin()
+			if joined != nil {
+				<-joined
+			}
+		}()
+	}
+	for done := false; !done; {
+		select {
+		case err := <-served:
+			srv.Stop()
+			return fmt.Errorf("serve: %w", err)
+		case err := <-joined:
+			joined = nil
+			if err != nil {
+				srv.Stop()
+				return err
+			}
+		case <-ctx.Done():
+			done = true
+		}
 	}
 	log.Info("berthd stopping")
 	stopped := make(chan struct{})

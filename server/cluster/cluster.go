@@ -24,6 +24,11 @@
 // node lost its lease is UNAVAILABLE SANDBOX_UNREACHABLE with cause
 // UNREACHABLE_CAUSE_NODE_LOST.
 //
+// When etcd does not answer, every call that needs it waits at most the
+// etcd budget and fails UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo;
+// a node serves the sandboxes it holds without it, starts without it, and
+// joins (or keeps its lease, when etcd still has it) once it answers.
+//
 // Keys, under Config.Prefix (default "/berth/"):
 //
 //	nodes/<id>      NodeRecord (JSON), under the node's lease
@@ -70,6 +75,11 @@ type Config struct {
 	// Holder says which process registers the node; the zero value is
 	// this process (ThisHolder(StateDir)).
 	Holder Holder
+	// EtcdBudget bounds how long a claim, a release or a publication
+	// waits for etcd, and how long Start waits for it before the node
+	// serves without it; past it a claim fails UNAVAILABLE
+	// CLUSTER_UNAVAILABLE with a RetryInfo. Default 2 s.
+	EtcdBudget time.Duration
 }
 
 func (c *Config) setDefaults() {
@@ -81,6 +91,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.PublishInterval == 0 {
 		c.PublishInterval = 2 * time.Second
+	}
+	if c.EtcdBudget <= 0 {
+		c.EtcdBudget = 2 * time.Second
 	}
 	if c.Holder == (Holder{}) {
 		c.Holder = ThisHolder(c.StateDir)

@@ -42,11 +42,21 @@ func NewDirectory(cli *clientv3.Client, prefix string, log *slog.Logger) (*Direc
 }
 
 // Start reads the live nodes and follows their changes in the background
-// until Close.
-func (d *Directory) Start(ctx context.Context) error {
-	rev, err := d.load(ctx)
+// until Close. When etcd does not answer within budget (default 2 s), it
+// logs so and returns nil: the view stays empty until etcd answers, and
+// fills then.
+func (d *Directory) Start(ctx context.Context, budget time.Duration) error {
+	if budget <= 0 {
+		budget = 2 * time.Second
+	}
+	lctx, cancel := context.WithTimeout(ctx, budget)
+	rev, err := d.load(lctx)
+	cancel()
 	if err != nil {
-		return err
+		if ctx.Err() != nil {
+			return err
+		}
+		d.log.Warn("cluster: waiting for etcd: the fleet's nodes are read once it answers", slog.Any("error", err))
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	d.stop, d.done = stop, make(chan struct{})
@@ -87,6 +97,10 @@ func (d *Directory) load(ctx context.Context) (int64, error) {
 // watch fails (etcd unreachable, or rev compacted away), until ctx ends.
 func (d *Directory) follow(ctx context.Context, rev int64) {
 	for ctx.Err() == nil {
+		if rev == 0 {
+			rev = d.reload(ctx)
+			continue
+		}
 		wch := d.cli.Watch(clientv3.WithRequireLeader(ctx), d.keys.nodes(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		for wr := range wch {
 			if err := wr.Err(); err != nil {
@@ -105,18 +119,20 @@ func (d *Directory) follow(ctx context.Context, rev int64) {
 			d.mu.Unlock()
 			rev = wr.Header.Revision
 		}
-		for ctx.Err() == nil {
-			r, err := d.load(ctx)
-			if err == nil {
-				rev = r
-				break
-			}
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-		}
+		rev = d.reload(ctx)
 	}
+}
+
+// reload reads the live nodes again, every half second until etcd answers,
+// and returns the revision read (0 when ctx ended).
+func (d *Directory) reload(ctx context.Context) int64 {
+	for ctx.Err() == nil {
+		if r, err := d.load(ctx); err == nil {
+			return r
+		}
+		sleep(ctx, 500*time.Millisecond)
+	}
+	return 0
 }
 
 func parseNode(b []byte, lease int64) (NodeRecord, bool) {

@@ -8,13 +8,17 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Local is the node's own berthd, as its membership needs it.
@@ -44,9 +48,13 @@ type Member struct {
 
 	local Local
 	kick  chan struct{} // publish now
-	// pubMu orders what publishes the node's usage (claims and publish),
-	// so that an older reading never overwrites a newer one.
-	pubMu sync.Mutex
+	// pub orders what publishes the node's usage (claims and publish),
+	// so that an older reading never overwrites a newer one: a one-slot
+	// semaphore, taken within a caller's context.
+	pub chan struct{}
+	// refused receives the refusal (*NodeIDInUseError) of the node's
+	// first registration when it happened in the background.
+	refused chan error
 
 	mu    sync.Mutex
 	lease clientv3.LeaseID // 0 while the node holds none
@@ -57,6 +65,10 @@ type Member struct {
 	startedAt   time.Time
 	last        NodeRecord      // last published
 	held        map[string]bool // sandbox ids recorded on this node
+	// joined is set once the node registered in this process.
+	joined bool
+	// pubFailing is set while publications fail (logged once).
+	pubFailing bool
 	// conflicts are the local sandboxes whose ids the fleet records on
 	// another node, by id, with that node's id (see reconcile).
 	conflicts map[string]string
@@ -72,24 +84,53 @@ func NewMember(cfg Config, cli *clientv3.Client, log *slog.Logger) (*Member, err
 		return nil, err
 	}
 	cfg.setDefaults()
-	return &Member{cfg: cfg, keys: keys{cfg.Prefix}, cli: cli, log: log, kick: make(chan struct{}, 1), held: make(map[string]bool), conflicts: make(map[string]string)}, nil
+	return &Member{cfg: cfg, keys: keys{cfg.Prefix}, cli: cli, log: log, kick: make(chan struct{}, 1), pub: make(chan struct{}, 1), refused: make(chan error, 1),
+		held: make(map[string]bool), conflicts: make(map[string]string)}, nil
 }
 
 // NodeID returns the node's id.
 func (m *Member) NodeID() string { return m.cfg.NodeID }
 
-// Start registers the node under a new lease — waiting, within ctx, while
-// an earlier berthd of this node that no longer runs still holds one, and
-// failing with a *NodeIDInUseError, before it touched any record, when
-// another berthd (of another host, another state directory, or a live
-// process) does — and adopts the records of the sandboxes local holds
-// (see reconcile). Then it keeps the lease and the published record fresh
-// in the background, and registers again when the lease is lost, until
-// Close.
+// Start takes the sandboxes local holds for the node's own — they were
+// recorded on it when it last ran, and records of a node's sandboxes
+// change only through the node — and registers the node under a new
+// lease: waiting, within ctx, while an earlier berthd of this node that no
+// longer runs still holds one, and failing with a *NodeIDInUseError, before
+// it touched any record, when another berthd (of another host, another
+// state directory, or a live process) does. It adopts the records of the
+// sandboxes local holds (see reconcile). Then it keeps the lease and the
+// published record fresh in the background, and registers again when the
+// lease is lost, until Close.
+//
+// When etcd does not answer within the etcd budget, Start logs that the
+// node waits for it and returns nil: the node serves the sandboxes it
+// holds, takes no new ones (NODE_NOT_ACCEPTING), and registers in the
+// background as soon as etcd answers; a refusal of that registration is
+// sent on Refused.
 func (m *Member) Start(ctx context.Context, local Local) error {
 	m.local = local
-	if err := m.register(ctx); err != nil {
-		return err
+	holds, err := local.Holds(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: list the node's sandboxes: %w", err)
+	}
+	m.mu.Lock()
+	for id := range holds {
+		m.held[id] = true
+	}
+	m.mu.Unlock()
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
+	_, err = m.cli.Get(pctx, m.keys.node(m.cfg.NodeID))
+	cancel()
+	if err == nil {
+		err = m.register(ctx)
+		var inUse *NodeIDInUseError
+		if errors.As(err, &inUse) {
+			return err
+		}
+	}
+	if err != nil {
+		m.log.Warn("cluster: waiting for etcd: the node serves the sandboxes it holds and takes no new ones until it registered",
+			slog.String("node_id", m.cfg.NodeID), slog.Int("sandboxes", len(holds)), slog.Any("error", err))
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	m.stop, m.done = stop, make(chan struct{})
@@ -100,9 +141,15 @@ func (m *Member) Start(ctx context.Context, local Local) error {
 	return nil
 }
 
+// Refused receives the *NodeIDInUseError of a first registration that
+// Start left to the background (etcd did not answer then): another
+// berthd holds the node id, and this one must not serve under it.
+func (m *Member) Refused() <-chan error { return m.refused }
+
 // Close stops refreshing and revokes the lease: the node is lost for the
 // fleet at once (its sandboxes stay recorded as its own, and keep running
-// for the next berthd to adopt).
+// for the next berthd to adopt). It waits at most the etcd budget for
+// etcd; a lease it could not revoke ends after the lease time.
 func (m *Member) Close() {
 	if m.stop == nil {
 		return
@@ -114,10 +161,10 @@ func (m *Member) Close() {
 	m.lease = 0
 	m.mu.Unlock()
 	if lease != 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.EtcdBudget)
 		defer cancel()
 		if _, err := m.cli.Revoke(ctx, lease); err != nil {
-			m.log.Warn("cluster: revoke the node's lease", slog.Any("error", err))
+			m.log.Warn("cluster: revoke the node's lease; it ends after the lease time", slog.Any("error", err), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
 		}
 	}
 }
@@ -172,7 +219,19 @@ func (m *Member) register(ctx context.Context) error {
 		if resp.Succeeded {
 			m.log.Info("cluster: node registered", slog.String("node_id", m.cfg.NodeID), slog.String("address", m.cfg.Address),
 				slog.String("lease", fmt.Sprintf("%x", int64(g.ID))), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
-			return m.reconcile(ctx)
+			if err := m.reconcile(ctx); err != nil {
+				// Registered but not reconciled: undone, for the next
+				// attempt to start from a clean state.
+				m.mu.Lock()
+				m.lease = 0
+				m.mu.Unlock()
+				m.revoke(g.ID)
+				return err
+			}
+			m.mu.Lock()
+			m.joined = true
+			m.mu.Unlock()
+			return nil
 		}
 		m.revoke(g.ID)
 		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
@@ -318,8 +377,13 @@ func (m *Member) Claim(ctx context.Context, id, owner string) error {
 // claim is Claim; adopting records a sandbox the node holds already, which
 // a draining node does too.
 func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) error {
-	m.pubMu.Lock()
-	defer m.pubMu.Unlock()
+	caller := ctx
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
+	defer cancel()
+	if !m.takePub(ctx) {
+		return storeFailed(caller, m.cfg.EtcdBudget, ctx.Err())
+	}
+	defer func() { <-m.pub }()
 	m.mu.Lock()
 	lease, rec, registering := m.lease, m.last, m.registering
 	m.mu.Unlock()
@@ -335,10 +399,8 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 		lease, rec = m.lease, m.last
 		m.mu.Unlock()
 	}
-	meta := map[string]string{"sandbox_id": id, "node_id": m.cfg.NodeID}
 	if lease == 0 {
-		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting,
-			fmt.Sprintf("node %s holds no lease in the cluster store and takes no new sandboxes until it registered again", m.cfg.NodeID), meta)
+		return notAccepting(m.cfg.NodeID, id, false)
 	}
 	if u, err := m.local.Usage(ctx); err == nil {
 		rec.Usage = u
@@ -356,7 +418,7 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 		Else(clientv3.OpGet(key), clientv3.OpGet(drainKey)).
 		Commit()
 	if err != nil {
-		return storeError(fmt.Sprintf("record sandbox %s on node %s", id, m.cfg.NodeID), err)
+		return storeFailed(caller, m.cfg.EtcdBudget, storeError(fmt.Sprintf("record sandbox %s on node %s", id, m.cfg.NodeID), err))
 	}
 	if resp.Succeeded {
 		m.setHeld(id, true)
@@ -374,12 +436,26 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonPlacedElsewhere,
 			fmt.Sprintf("sandbox %s is recorded on node %s, not on %s", id, have.Node, m.cfg.NodeID), map[string]string{"sandbox_id": id, "node_id": have.Node})
 	}
-	if len(resp.Responses[1].GetResponseRange().GetKvs()) > 0 {
-		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting, fmt.Sprintf("node %s is draining: it takes no new sandboxes", m.cfg.NodeID), meta)
-	}
-	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting,
-		fmt.Sprintf("node %s lost its lease in the cluster store and takes no new sandboxes until it registered again", m.cfg.NodeID), meta)
+	return notAccepting(m.cfg.NodeID, id, len(resp.Responses[1].GetResponseRange().GetKvs()) > 0)
 }
+
+// notAccepting is UNAVAILABLE NODE_NOT_ACCEPTING of node for sandbox id:
+// it drains, or it holds no lease (metadata cause "draining" or
+// "no_lease").
+func notAccepting(node, id string, draining bool) error {
+	meta := map[string]string{"sandbox_id": id, "node_id": node, "cause": causeNoLease}
+	msg := fmt.Sprintf("node %s holds no lease in the cluster store and takes no new sandboxes until it registered again", node)
+	if draining {
+		meta["cause"], msg = causeDraining, fmt.Sprintf("node %s is draining: it takes no new sandboxes", node)
+	}
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonNodeNotAccepting, msg, meta)
+}
+
+// The causes of a NODE_NOT_ACCEPTING, in its metadata.
+const (
+	causeNoLease  = "no_lease"
+	causeDraining = "draining"
+)
 
 // Release removes the record of sandbox id if it names this node, after
 // the sandbox was removed (deleted, expired, or its creation failed).
@@ -391,6 +467,8 @@ func (m *Member) Release(ctx context.Context, id string) {
 	delete(m.conflicts, id)
 	m.mu.Unlock()
 	defer m.Kick()
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
+	defer cancel()
 	key := m.keys.sandbox(id)
 	resp, err := m.cli.Get(ctx, key)
 	if err == nil && len(resp.Kvs) == 1 {
@@ -444,10 +522,25 @@ func (m *Member) record(ctx context.Context, now time.Time) (NodeRecord, error) 
 	return NodeRecord{ID: m.cfg.NodeID, Address: m.cfg.Address, Labels: m.cfg.Labels, Version: m.cfg.Version, UpdatedAt: now, Usage: u, Images: images, Conflicts: conflicts, Holder: m.cfg.Holder, Health: health}, nil
 }
 
+// takePub takes the publication slot within ctx (false when ctx ended
+// first); the caller gives it back with <-m.pub.
+func (m *Member) takePub(ctx context.Context) bool {
+	select {
+	case m.pub <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // publish puts the node's record under its lease.
 func (m *Member) publish(ctx context.Context) {
-	m.pubMu.Lock()
-	defer m.pubMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
+	defer cancel()
+	if !m.takePub(ctx) {
+		return
+	}
+	defer func() { <-m.pub }()
 	m.mu.Lock()
 	lease, started := m.lease, m.startedAt
 	m.mu.Unlock()
@@ -461,20 +554,31 @@ func (m *Member) publish(ctx context.Context) {
 	}
 	rec.StartedAt = started
 	body, _ := json.Marshal(rec)
-	if _, err := m.cli.Put(ctx, m.keys.node(m.cfg.NodeID), string(body), clientv3.WithLease(lease)); err != nil {
-		m.log.Warn("cluster: publish the node's record", slog.Any("error", err))
-		return
-	}
+	_, err = m.cli.Put(ctx, m.keys.node(m.cfg.NodeID), string(body), clientv3.WithLease(lease))
 	m.mu.Lock()
-	if m.lease == lease {
+	failing := m.pubFailing
+	m.pubFailing = err != nil
+	if err == nil && m.lease == lease {
 		m.last = rec
 	}
 	m.mu.Unlock()
+	switch {
+	case err != nil && !failing:
+		m.log.Warn("cluster: publish the node's record; retrying every publish interval, logged again once it succeeds", slog.Any("error", err), slog.Duration("interval", m.cfg.PublishInterval))
+	case err != nil:
+		m.log.Debug("cluster: publish the node's record", slog.Any("error", err))
+	case failing:
+		m.log.Info("cluster: the node's record is published again")
+	}
 }
 
-// run keeps the lease alive and publishes the record until ctx ends; when
-// the lease is lost (etcd unreachable for the lease time, or the lease
-// revoked) the node takes no new sandboxes and registers again.
+// run keeps the lease alive and publishes the record until ctx ends; it
+// registers the node when it holds no lease (etcd did not answer at Start,
+// or the lease was lost). When the keep-alive breaks off (etcd did not
+// answer for the lease time), the lease is kept if etcd, once it answers,
+// says it still lives (an etcd restarted renews the leases it had);
+// otherwise the node takes no new sandboxes and registers again under a
+// fresh lease, retrying about every second while etcd does not answer.
 func (m *Member) run(ctx context.Context) {
 	tick := time.NewTicker(m.cfg.PublishInterval)
 	defer tick.Stop()
@@ -482,6 +586,10 @@ func (m *Member) run(ctx context.Context) {
 		m.mu.Lock()
 		lease := m.lease
 		m.mu.Unlock()
+		if lease == 0 {
+			m.registerUntilDone(ctx)
+			continue
+		}
 		alive, err := m.cli.KeepAlive(ctx, lease)
 		if err == nil {
 		refresh:
@@ -500,38 +608,111 @@ func (m *Member) run(ctx context.Context) {
 				}
 			}
 		}
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() != nil || m.leaseLives(ctx, lease) {
+			continue
 		}
 		m.mu.Lock()
-		m.lease = 0
+		if m.lease == lease {
+			m.lease = 0
+		}
 		m.mu.Unlock()
 		m.log.Warn("cluster: the node lost its lease; it takes no new sandboxes until it registered again", slog.String("node_id", m.cfg.NodeID), slog.Any("error", err))
-		for backoff := time.Second; ctx.Err() == nil; backoff = min(2*backoff, m.cfg.LeaseTTL) {
-			regCtx, cancel := context.WithTimeout(ctx, 2*m.cfg.LeaseTTL)
-			err := m.register(regCtx)
-			cancel()
-			if err == nil {
-				break
-			}
-			level := slog.LevelWarn
-			if errors.As(err, new(*NodeIDInUseError)) {
-				level = slog.LevelError // another berthd took the id while this one was away
-			}
-			m.log.Log(ctx, level, "cluster: register the node again", slog.Any("error", err), slog.Duration("retry_in", backoff))
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
-		}
 	}
 }
 
-// storeError is UNAVAILABLE CLUSTER_UNAVAILABLE for a failed etcd call;
-// the caller's cancellation passes as it is.
+// leaseLives waits for etcd to answer whether lease still lives, asking
+// about every half second, and reports its answer (false when ctx ended).
+func (m *Member) leaseLives(ctx context.Context, lease clientv3.LeaseID) bool {
+	for waited := false; ctx.Err() == nil; waited = true {
+		tctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
+		resp, err := m.cli.TimeToLive(tctx, lease)
+		cancel()
+		if err == nil {
+			if resp.TTL > 0 && waited {
+				m.log.Info("cluster: etcd answers again and the node's lease held", slog.String("node_id", m.cfg.NodeID), slog.Int64("lease_remaining_s", resp.TTL))
+			}
+			return resp.TTL > 0
+		}
+		if !waited {
+			m.log.Warn("cluster: etcd does not answer the node's keep-alive; waiting for it", slog.String("node_id", m.cfg.NodeID), slog.Any("error", err))
+		}
+		sleep(ctx, jitter(500*time.Millisecond))
+	}
+	return false
+}
+
+// registerUntilDone registers the node, retrying about every second (with
+// jitter, so that the nodes of a fleet whose leases lapsed together do not
+// come back together) until it succeeds or ctx ends. A refusal of the
+// node's first registration in this process goes to Refused.
+func (m *Member) registerUntilDone(ctx context.Context) {
+	for ctx.Err() == nil {
+		regCtx, cancel := context.WithTimeout(ctx, 2*m.cfg.LeaseTTL)
+		err := m.register(regCtx)
+		cancel()
+		if err == nil {
+			return
+		}
+		level := slog.LevelWarn
+		if inUse := (*NodeIDInUseError)(nil); errors.As(err, &inUse) {
+			level = slog.LevelError // another berthd took the id while this one was away
+			m.mu.Lock()
+			joined := m.joined
+			m.mu.Unlock()
+			if !joined {
+				select {
+				case m.refused <- err:
+				default:
+				}
+			}
+		}
+		wait := jitter(time.Second)
+		m.log.Log(ctx, level, "cluster: register the node", slog.String("node_id", m.cfg.NodeID), slog.Any("error", err), slog.Duration("retry_in", wait))
+		sleep(ctx, wait)
+	}
+}
+
+// jitter returns d less up to a half of it, at random.
+func jitter(d time.Duration) time.Duration {
+	return d - rand.N(d/2+1)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// storeError is UNAVAILABLE CLUSTER_UNAVAILABLE, with a RetryInfo, for a
+// failed etcd call; a context's end passes as it is (see storeFailed).
 func storeError(what string, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
-	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, fmt.Sprintf("cluster store: %s: %v", what, err), nil)
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, fmt.Sprintf("cluster store: %s: %v", what, err), nil,
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
+}
+
+// storeFailed returns the error of a call whose etcd calls, under ctx
+// bounded by the etcd budget, failed with err: the caller's own
+// cancellation or deadline (ctx ended) as is; etcd not answering within
+// the budget, or answering with an error, UNAVAILABLE CLUSTER_UNAVAILABLE
+// with a RetryInfo. Nothing was recorded, so the call is safe to repeat.
+func storeFailed(ctx context.Context, budget time.Duration, err error) error {
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && rpcstatus.Reason(err) != rpcstatus.ReasonClusterUnavailable {
+		return err
+	}
+	msg := fmt.Sprintf("the fleet's store (etcd) did not answer within %v: nothing was sent to any node; retry after %v", budget, clusterRetryDelay)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		msg = fmt.Sprintf("%s; nothing was sent to any node, retry after %v", status.Convert(err).Message(), clusterRetryDelay)
+	}
+	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, msg, nil,
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
 }

@@ -21,6 +21,8 @@ type NodeService struct {
 	berthv1.UnimplementedNodeServiceServer
 	cli  *clientv3.Client
 	keys keys
+	// budget bounds each call's etcd calls (WithEtcdBudget).
+	budget time.Duration
 }
 
 var _ berthv1.NodeServiceServer = (*NodeService)(nil)
@@ -31,15 +33,27 @@ func NewNodeService(cli *clientv3.Client, prefix string) *NodeService {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return &NodeService{cli: cli, keys: keys{prefix}}
+	return &NodeService{cli: cli, keys: keys{prefix}, budget: 2 * time.Second}
+}
+
+// WithEtcdBudget bounds how long each call waits for etcd (default 2 s):
+// past it the call fails UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo,
+// whatever the caller's deadline. It returns s.
+func (s *NodeService) WithEtcdBudget(d time.Duration) *NodeService {
+	if d > 0 {
+		s.budget = d
+	}
+	return s
 }
 
 // ListNodes lists live nodes with their leases' remaining time and health,
 // and lost nodes that were seen or still hold sandbox records.
 func (s *NodeService) ListNodes(ctx context.Context, _ *berthv1.ListNodesRequest) (*berthv1.ListNodesResponse, error) {
-	nodes, err := s.nodes(ctx)
+	sctx, cancel := context.WithTimeout(ctx, s.budget)
+	defer cancel()
+	nodes, err := s.nodes(sctx)
 	if err != nil {
-		return nil, err
+		return nil, storeFailed(ctx, s.budget, err)
 	}
 	out := &berthv1.ListNodesResponse{}
 	for _, n := range nodes {
@@ -53,7 +67,7 @@ func (s *NodeService) ListNodes(ctx context.Context, _ *berthv1.ListNodesRequest
 func (s *NodeService) DrainNode(ctx context.Context, req *berthv1.DrainNodeRequest) (*berthv1.DrainNodeResponse, error) {
 	n, err := s.setDrain(ctx, req.GetNodeId(), true)
 	if err != nil {
-		return nil, err
+		return nil, storeFailed(ctx, s.budget, err)
 	}
 	return &berthv1.DrainNodeResponse{Node: n}, nil
 }
@@ -62,7 +76,7 @@ func (s *NodeService) DrainNode(ctx context.Context, req *berthv1.DrainNodeReque
 func (s *NodeService) UndrainNode(ctx context.Context, req *berthv1.UndrainNodeRequest) (*berthv1.UndrainNodeResponse, error) {
 	n, err := s.setDrain(ctx, req.GetNodeId(), false)
 	if err != nil {
-		return nil, err
+		return nil, storeFailed(ctx, s.budget, err)
 	}
 	return &berthv1.UndrainNodeResponse{Node: n}, nil
 }
@@ -71,6 +85,8 @@ func (s *NodeService) setDrain(ctx context.Context, id string, drain bool) (*ber
 	if id == "" {
 		return nil, rpcstatus.InvalidArgument("node_id", "is empty")
 	}
+	ctx, cancel := context.WithTimeout(ctx, s.budget)
+	defer cancel()
 	seen := s.keys.seen(id)
 	op := clientv3.OpDelete(s.keys.drain(id))
 	if drain {
@@ -103,8 +119,20 @@ const removeBatch = 100
 // are unchanged since they were read; a node registering meanwhile makes
 // the call fail NODE_LIVE with nothing more removed. Records are deleted
 // in batches of removeBatch, the node's own keys with the last one: a call
-// that fails midway leaves the node listed, and is repeated.
+// that fails midway leaves the node listed, and is repeated. The whole
+// call waits at most the etcd budget (WithEtcdBudget); past it it fails
+// CLUSTER_UNAVAILABLE with RetryInfo.
 func (s *NodeService) RemoveNode(ctx context.Context, req *berthv1.RemoveNodeRequest) (*berthv1.RemoveNodeResponse, error) {
+	sctx, cancel := context.WithTimeout(ctx, s.budget)
+	defer cancel()
+	out, err := s.removeNode(sctx, req)
+	if err != nil {
+		return nil, storeFailed(ctx, s.budget, err)
+	}
+	return out, nil
+}
+
+func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeRequest) (*berthv1.RemoveNodeResponse, error) {
 	id := req.GetNodeId()
 	if id == "" {
 		return nil, rpcstatus.InvalidArgument("node_id", "is empty")

@@ -43,13 +43,15 @@ type Peers struct {
 	conns map[string]peerConn // by node id
 }
 
-// peerConn is a connection to one registration of a node: a node that
-// registered again (restarted) gets a new connection, without the backoff
-// that the failures of the old one built up.
+// peerConn is a connection to a node at an address. A node that registered
+// again at the same address (after a restart, or after etcd was away)
+// keeps it, so that the calls and streams on it go on; the backoff that
+// the failures of a restart built up is reset for the new registration.
+// A node at a new address gets a new connection.
 type peerConn struct {
 	conn    *grpc.ClientConn
 	address string
-	lease   int64
+	lease   int64 // of the registration last seen
 }
 
 // NewPeers returns Peers that dial with creds and wait at most
@@ -77,16 +79,21 @@ func (p *Peers) Close() {
 // nothing was sent. A refused connection tries again at the next call
 // rather than after gRPC's backoff.
 func (p *Peers) ready(ctx context.Context, node NodeRecord) (*grpc.ClientConn, bool, error) {
-	c, err := p.conn(node)
+	c, renewed, err := p.connOf(node)
 	if err != nil {
 		return nil, false, err
+	}
+	if renewed {
+		// A new registration: try it at once, whatever the old one's
+		// failures built up.
+		c.ResetConnectBackoff()
 	}
 	if c.GetState() == connectivity.Ready {
 		return c, true, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.budget)
 	defer cancel()
-	if c.GetState() == connectivity.TransientFailure {
+	if c.GetState() == connectivity.TransientFailure && !renewed {
 		c.ResetConnectBackoff()
 		return c, false, nil
 	}
@@ -114,12 +121,17 @@ func (p *Peers) ready(ctx context.Context, node NodeRecord) (*grpc.ClientConn, b
 	}
 }
 
-func (p *Peers) conn(node NodeRecord) (*grpc.ClientConn, error) {
+// connOf returns the connection to node, and whether node registered again
+// since the connection's last use (a new lease at the same address).
+func (p *Peers) connOf(node NodeRecord) (*grpc.ClientConn, bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if c, ok := p.conns[node.ID]; ok {
-		if c.address == node.Address && c.lease == node.Lease {
-			return c.conn, nil
+		if c.address == node.Address {
+			renewed := c.lease != node.Lease
+			c.lease = node.Lease
+			p.conns[node.ID] = c
+			return c.conn, renewed, nil
 		}
 		c.conn.Close()
 		delete(p.conns, node.ID)
@@ -141,10 +153,10 @@ func (p *Peers) conn(node NodeRecord) (*grpc.ClientConn, error) {
 	}
 	c, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: connection to node at %s: %w", addr, err)
+		return nil, false, fmt.Errorf("cluster: connection to node at %s: %w", addr, err)
 	}
 	p.conns[node.ID] = peerConn{conn: c, address: addr, lease: node.Lease}
-	return c, nil
+	return c, false, nil
 }
 
 // forwarded returns the outgoing context of a call made for principal p

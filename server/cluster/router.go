@@ -224,7 +224,9 @@ func (r *Router) here(ctx context.Context, method string, req any, handler grpc.
 func (r *Router) anyNode(ctx context.Context) (NodeRecord, error) {
 	nodes := r.cfg.Directory.LiveNodes()
 	if len(nodes) == 0 {
-		return NodeRecord{}, rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, "no node of the fleet holds a lease: none can answer", nil)
+		return NodeRecord{}, rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable,
+			fmt.Sprintf("no node of the fleet holds a lease: none can answer; nothing was sent, retry after %v", clusterRetryDelay), nil,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
 	}
 	return nodes[0], nil
 }
@@ -270,23 +272,9 @@ func (r *Router) storeContext(ctx context.Context) (context.Context, context.Can
 }
 
 // storeFailed returns the error of a call whose etcd lookup under
-// storeContext(ctx) failed with err: the caller's own cancellation or
-// deadline as is, etcd not answering within the budget (or answering with
-// an error) UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo. Nothing was
-// sent to any node, so the call is safe to repeat.
+// storeContext(ctx) failed with err (see the package's storeFailed).
 func (r *Router) storeFailed(ctx context.Context, err error) error {
-	if err == nil || ctx.Err() != nil {
-		return err
-	}
-	if !errors.Is(err, context.DeadlineExceeded) && rpcstatus.Reason(err) != rpcstatus.ReasonClusterUnavailable {
-		return err
-	}
-	msg := fmt.Sprintf("the fleet's store (etcd) did not answer within %v: nothing was sent to any node; retry after %v", r.cfg.EtcdBudget, clusterRetryDelay)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		msg = fmt.Sprintf("%s; nothing was sent to any node, retry after %v", status.Convert(err).Message(), clusterRetryDelay)
-	}
-	return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, msg, nil,
-		&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
+	return storeFailed(ctx, r.cfg.EtcdBudget, err)
 }
 
 // nodeUnreachable is UNAVAILABLE SANDBOX_UNREACHABLE for a sandbox whose
@@ -328,7 +316,10 @@ func (r *Router) peerError(ctx context.Context, err error, id, node string, admi
 		return rpcstatus.Error(codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded, fmt.Sprintf("deadline exceeded while node %s served sandbox %s", node, id), map[string]string{"sandbox_id": id, "node_id": node})
 	case ctx.Err() != nil:
 		return rpcstatus.Error(codes.Canceled, rpcstatus.ReasonCanceled, fmt.Sprintf("request canceled while node %s served sandbox %s", node, id), map[string]string{"sandbox_id": id, "node_id": node})
-	case status.Code(err) == codes.Unavailable:
+	case status.Code(err) == codes.Unavailable, status.Code(err) == codes.Canceled:
+		// Canceled with the caller's context alive: the connection to the
+		// node was closed under the call (Peers closed it: the node moved
+		// to another address, or this berthd stops).
 		return r.nodeUnreachable(id, node, false, admitted)
 	}
 	// A status gRPC made on the way (message too large, an older node
@@ -519,6 +510,7 @@ func (r *Router) create(ctx context.Context, p auth.Principal, req *berthv1.Crea
 	cancel()
 	pl := place(nodes, placementRequest{image: req.GetImage(), memBytes: req.GetResources().GetMemoryBytes(), selector: selectorOf(req.GetLabels())})
 	var last error
+	noLease := 0 // candidates that refused for holding no lease
 	for _, n := range pl.candidates {
 		resp, err := r.createOn(ctx, p, n, id, req, handler)
 		switch reason := rpcstatus.Reason(err); {
@@ -530,11 +522,14 @@ func (r *Router) create(ctx context.Context, p auth.Principal, req *berthv1.Crea
 		case reason == rpcstatus.ReasonNodeNotAccepting || reason == rpcstatus.ReasonFleetBusy || notStartedOnNode(err):
 			r.log.DebugContext(ctx, "cluster: node refused a placement; trying the next", slog.String("node_id", n.ID), slog.String("sandbox_id", id), slog.Any("error", err))
 			last = err
+			if reason == rpcstatus.ReasonNodeNotAccepting && errorMeta(err)["cause"] == causeNoLease {
+				noLease++
+			}
 		default:
 			return nil, err
 		}
 	}
-	return nil, r.placementRefused(req, id, pl, last)
+	return nil, r.placementRefused(req, id, pl, last, noLease)
 }
 
 // createAt sends a create to node, which holds id (created by owner).
@@ -603,12 +598,22 @@ func errorMeta(err error) map[string]string {
 // placementRefused says why no node took a new sandbox: no node at all,
 // none matching its node selector, none holding its image, or no room
 // (FLEET_BUSY for the fleet: the limits and use of the nodes that could
-// have taken it, summed).
-func (r *Router) placementRefused(req *berthv1.CreateSandboxRequest, id string, pl placement, last error) error {
+// have taken it, summed). No node holding a lease — none registered, or
+// every candidate refused, noLease of them for holding none at that
+// instant (leases that lapsed together while etcd was away) — is
+// UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo: the nodes register
+// again within about a second of etcd answering.
+func (r *Router) placementRefused(req *berthv1.CreateSandboxRequest, id string, pl placement, last error, noLease int) error {
 	meta := map[string]string{"sandbox_id": id}
+	retry := &errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)}
 	switch {
 	case pl.nodes == 0:
-		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable, "no node of the fleet holds a lease: none can take a sandbox", meta)
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable,
+			fmt.Sprintf("no node of the fleet holds a lease: none can take a sandbox; nothing was started, retry after %v", clusterRetryDelay), meta, retry)
+	case len(pl.full) == 0 && len(pl.candidates) > 0 && noLease == len(pl.candidates):
+		return rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable,
+			fmt.Sprintf("none of the fleet's %d nodes that may take sandbox %s holds a lease at this moment (they register again after the cluster store was away); nothing was started, retry after %v",
+				len(pl.candidates), id, clusterRetryDelay), meta, retry)
 	case pl.matching == 0:
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonNoMatchingNode,
 			fmt.Sprintf("none of the fleet's %d nodes has the labels that the sandbox's %s labels ask for", pl.nodes, NodeSelectorPrefix), meta)

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 )
 
@@ -32,11 +33,16 @@ type StoreConfig struct {
 	Credentials credentials.TransportCredentials
 	// Username and Password authenticate to an etcd with auth enabled.
 	Username, Password string
-	// DialTimeout bounds the first connection. Default 10 s.
+	// DialTimeout bounds how long Connect waits for etcd to answer before
+	// it returns a client that waits for it. Default 10 s.
 	DialTimeout time.Duration
 }
 
-// Connect returns an etcd client for cfg once etcd answered a status call.
+// Connect returns an etcd client for cfg. When etcd does not answer a
+// status call within DialTimeout it logs so and returns the client all the
+// same: a berthd starts without its fleet's etcd (a node serves the
+// sandboxes it holds, routed calls fail CLUSTER_UNAVAILABLE), and the
+// client connects when etcd answers.
 func Connect(ctx context.Context, cfg StoreConfig, log *slog.Logger) (*clientv3.Client, error) {
 	if len(cfg.Endpoints) == 0 {
 		return nil, errors.New("cluster: no etcd endpoint")
@@ -44,7 +50,13 @@ func Connect(ctx context.Context, cfg StoreConfig, log *slog.Logger) (*clientv3.
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
 	}
-	var dialOpts []grpc.DialOption
+	// Reconnect within a second of etcd answering again, not after
+	// gRPC's backoff of up to 2 minutes: the node's lease, its
+	// registration and routing depend on it.
+	dialOpts := []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: 5 * time.Second,
+	})}
 	if cfg.TLS != nil && cfg.Credentials != nil {
 		// clientv3 appends Config.DialOptions after its own transport
 		// credentials (from Config.TLS): these take their place.
@@ -63,8 +75,7 @@ func Connect(ctx context.Context, cfg StoreConfig, log *slog.Logger) (*clientv3.
 	sctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
 	if _, err := cli.Status(sctx, cfg.Endpoints[0]); err != nil {
-		cli.Close()
-		return nil, fmt.Errorf("cluster: etcd at %s does not answer: %w", cfg.Endpoints[0], err)
+		log.Warn("cluster: etcd does not answer; waiting for it", slog.Any("endpoints", cfg.Endpoints), slog.Duration("waited", cfg.DialTimeout), slog.Any("error", err))
 	}
 	return cli, nil
 }
