@@ -453,6 +453,114 @@ func TestMetadataFlood(t *testing.T) {
 	s.served(t, "after the flood")
 }
 
+// TestHeaderEntryFlood is issue 21's other header attack: requests whose
+// header block holds 20,000 metadata entries (a few bytes each, 44 bytes
+// a field as HTTP/2 counts the list: some 900 KB, each sent in
+// CONTINUATION frames of at most 16 KiB), on the unix socket (as root, a
+// principal) and over TLS without credentials, 40 of them 10 at a time.
+// Neither frame nor entry is large, so only the count of the list's size
+// (--max-header-list-bytes, 16 KiB) stops them: berthd must refuse each
+// one before serving it (a reset stream or a closed connection, never an
+// answer of the handler or of auth), never hang, serve a normal caller
+// during the flood and after it, stay under transportRSSBound throughout
+// and be back under transportRSSIdle within transportSettle. A gRPC client
+// sending the same gets an error, not a hang.
+func TestHeaderEntryFlood(t *testing.T) {
+	need(t)
+	const (
+		entries  = 20000
+		requests = 40
+	)
+	s := startTransportServer(t, "entries")
+	before := s.rss(t)
+	fields := make([]hpack.HeaderField, entries)
+	md := make([]string, 0, 2*entries)
+	for i := range fields {
+		fields[i] = hpack.HeaderField{Name: fmt.Sprintf("x-e%05d", i), Value: "v"}
+		md = append(md, fields[i].Name, fields[i].Value)
+	}
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		answered []string
+		refusals = map[string]int{}
+	)
+	sem := make(chan struct{}, 10)
+	flooded := make(chan struct{})
+	wg.Add(requests)
+	go func() {
+		wg.Wait()
+		close(flooded)
+	}()
+	w := s.watch(flooded)
+	for i := range requests {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			unixSock := i%2 == 0
+			c, err := s.rawDial(unixSock, nil)
+			if err != nil {
+				t.Errorf("dial for request %d: %v", i, err)
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			var code, why string
+			if err := writeHeaders(c, fields, false); err != nil {
+				why = "write failed: " + err.Error()
+				if isTimeout(err) {
+					why = "timeout: " + why
+				}
+			} else {
+				code, why = answer(c)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if why != "" {
+				refusals[refusalKind(why)]++
+				return
+			}
+			answered = append(answered, fmt.Sprintf("request %d (unix %v): grpc-status %s", i, unixSock, code))
+		}()
+	}
+	w.wait(t, "the header entry flood")
+	t.Logf("refusals: %v", refusals)
+	for _, a := range answered {
+		t.Errorf("%d metadata entries answered: %s, want refused before it is served", entries, a)
+	}
+	if n := refusals["hang"]; n > 0 {
+		t.Errorf("%d flood requests hung until the client's 30 s deadline, want refused at once", n)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, c := range []struct {
+		name string
+		addr string
+		cred grpc.DialOption
+	}{
+		{"unix socket", "unix://" + s.e.sock, grpc.WithTransportCredentials(insecure.NewCredentials())},
+		{"TLS", s.tcpAddr, grpc.WithTransportCredentials(credentials.NewTLS(s.trust))},
+	} {
+		conn, err := grpc.NewClient(c.addr, c.cred)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = berthv1.NewImageServiceClient(conn).ListImages(metadata.AppendToOutgoingContext(ctx, md...), &berthv1.ListImagesRequest{})
+		conn.Close()
+		switch status.Code(err) {
+		case codes.OK, codes.Unauthenticated, codes.DeadlineExceeded:
+			t.Errorf("gRPC ListImages with %d metadata entries on the %s = %v, want refused at once", entries, c.name, err)
+		default:
+			t.Logf("gRPC ListImages with %d metadata entries on the %s: %v", entries, c.name, err)
+		}
+	}
+
+	t.Logf("berthd RSS before the flood: %d MiB", before>>20)
+	s.settles(t, "the header entry flood", w.peak)
+	s.served(t, "after the flood")
+}
+
 // halfConn is a connection of halfOpen and when berthd closed it.
 type halfConn struct {
 	net.Conn
