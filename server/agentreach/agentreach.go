@@ -61,6 +61,8 @@ type Reacher struct {
 
 	mu     sync.Mutex
 	warned map[string]bool // agent boot ids warned about version skew
+
+	procs procSampler // what Watches read of agents' processes, shared
 }
 
 // New returns a Reacher of the agents of rt's sandboxes through agents,
@@ -285,7 +287,7 @@ type probe interface {
 // process pid (0 when unknown).
 func (r *Reacher) NewWatch(sandboxID string, pid uint32) *Watch {
 	socket := r.rt.SocketPath(sandboxID)
-	return newWatch(agentProbe{pid: pid, socket: socket, agents: r.agents}, r.cfg.ConnectBudget, r.cfg.BusyLimit, time.Now())
+	return newWatch(agentProbe{pid: pid, socket: socket, agents: r.agents, procs: &r.procs}, r.cfg.ConnectBudget, r.cfg.BusyLimit, time.Now())
 }
 
 func newWatch(p probe, budget, limit time.Duration, now time.Time) *Watch {
@@ -300,27 +302,73 @@ type agentProbe struct {
 	pid    uint32
 	socket string
 	agents *agentconn.Pool
+	procs  *procSampler
 }
 
 func (p agentProbe) stopped() bool { return procfs.Stopped(p.pid) }
 
 func (p agentProbe) progress() progress {
-	pr := progress{agentCPU: -1, cgroupCPU: -1, frames: p.agents.Received(p.socket)}
-	if cpu, err := agentCPU(p.pid); err == nil {
-		pr.agentCPU = cpu
-	}
-	if cpu, err := procfs.CgroupCPU(p.pid); err == nil {
-		pr.cgroupCPU = cpu
-	}
+	pr := p.procs.sample(p.pid).progress
+	pr.frames = p.agents.Received(p.socket)
 	return pr
 }
 
-func (p agentProbe) states() []byte {
-	states := procfs.ThreadStates(p.pid)
-	for _, l := range agentLaunchers(p.pid) {
-		states = append(states, procfs.ThreadStates(l)...)
+func (p agentProbe) states() []byte { return p.procs.sample(p.pid).states }
+
+// procSampler reads an agent's processes and cgroup for Watches (some
+// hundred /proc and cgroup files) at most once per sampleTTL per agent:
+// the hundreds of requests a burst leaves waiting on one agent check it
+// every connect budget each, and reading for each of them took berthd a
+// core on a loaded host, slowing the very agent they wait for.
+type procSampler struct {
+	mu   sync.Mutex
+	last map[uint32]procSample
+}
+
+// sampleTTL is how long a procSample serves: far below any connect
+// budget, so that a Watch's consecutive checks see distinct samples.
+const sampleTTL = 10 * time.Millisecond
+
+// procSample is what procSampler read of an agent at one time.
+type procSample struct {
+	at       time.Time
+	progress progress // without frames
+	states   []byte   // of the agent's and its launchers' threads
+}
+
+func (ps *procSampler) sample(pid uint32) procSample {
+	now := time.Now()
+	ps.mu.Lock()
+	s, ok := ps.last[pid]
+	ps.mu.Unlock()
+	if ok && now.Sub(s.at) < sampleTTL {
+		return s
 	}
-	return states
+	// Read without the lock: other agents' Watches need not wait (two
+	// Watches of one agent may read it at once, rarely).
+	s = procSample{at: now, progress: progress{agentCPU: -1, cgroupCPU: -1}}
+	if cpu, err := agentCPU(pid); err == nil {
+		s.progress.agentCPU = cpu
+	}
+	if cpu, err := procfs.CgroupCPU(pid); err == nil {
+		s.progress.cgroupCPU = cpu
+	}
+	s.states = procfs.ThreadStates(pid)
+	for _, l := range agentLaunchers(pid) {
+		s.states = append(s.states, procfs.ThreadStates(l)...)
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.last == nil {
+		ps.last = make(map[uint32]procSample)
+	}
+	for p, old := range ps.last {
+		if now.Sub(old.at) > time.Second {
+			delete(ps.last, p)
+		}
+	}
+	ps.last[pid] = s
+	return s
 }
 
 func (p agentProbe) unread() (int, bool) { return p.agents.Unread(p.socket) }

@@ -3,6 +3,7 @@ package agentreach
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +144,27 @@ func TestWatchBusy(t *testing.T) {
 	}
 	if cause, _ := w.Verdict("did not answer"); cause != berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY {
 		t.Errorf("Verdict past the limit = %v, want AGENT_BUSY", cause)
+	}
+}
+
+// TestProcSamplerShares: Watches of one agent share what is read of its
+// processes within sampleTTL (hundreds wait on one agent in a burst, and
+// each reading is some hundred /proc files), and read afresh after it.
+func TestProcSamplerShares(t *testing.T) {
+	var ps procSampler
+	pid := uint32(os.Getpid())
+	first := ps.sample(pid)
+	if first.progress.agentCPU <= 0 || first.progress.cgroupCPU <= 0 || len(first.states) == 0 {
+		t.Fatalf("sample of this process = %+v, want its CPU, its cgroup's and its threads' states", first)
+	}
+	if again := ps.sample(pid); !again.at.Equal(first.at) {
+		t.Errorf("a second sample at once was read again (at %v, first at %v), want the first shared", again.at, first.at)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for ps.sample(pid).at.Equal(first.at) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sample of %v was still served 5 s later, want a fresh one after %v", first.at, sampleTTL)
+		}
+		time.Sleep(sampleTTL)
 	}
 }
