@@ -357,16 +357,42 @@ func answer(c net.Conn) (grpcStatus string, refused string) {
 // TestMetadataFlood is issue 21's metadata flood: 60 requests that each
 // carry one 8 MB metadata value, on the unix socket (as root, a principal)
 // and over TLS without credentials, written frame by frame so that no
-// client-side check stops them. berthd must refuse each one before serving
-// it, serve a normal caller during the flood and after it, stay under
-// transportRSSBound throughout and be back under transportRSSIdle within
-// transportSettle.
-// A gRPC client sending the same gets an error, not a hang.
+// client-side check stops them (headerFlood).
 func TestMetadataFlood(t *testing.T) {
 	need(t)
-	s := startTransportServer(t, "flood")
-	before := s.rss(t)
 	value := strings.Repeat("x", 8<<20)
+	startTransportServer(t, "flood").headerFlood(t, "the metadata flood", "an 8 MB metadata value", 60,
+		[]hpack.HeaderField{{Name: "x-flood", Value: value}})
+}
+
+// TestHeaderEntryFlood is issue 21's other header attack: 40 requests
+// whose header block holds 20,000 metadata entries (a few bytes each, 44
+// bytes a field as HTTP/2 counts the list: some 900 KB, sent in
+// CONTINUATION frames of at most 16 KiB), on the unix socket and over TLS
+// (headerFlood). Neither frame nor entry is large, so only the count of
+// the list's size (--max-header-list-bytes, 16 KiB) stops them.
+func TestHeaderEntryFlood(t *testing.T) {
+	need(t)
+	const entries = 20000
+	fields := make([]hpack.HeaderField, entries)
+	for i := range fields {
+		fields[i] = hpack.HeaderField{Name: fmt.Sprintf("x-e%05d", i), Value: "v"}
+	}
+	startTransportServer(t, "entries").headerFlood(t, "the header entry flood", "20,000 metadata entries", 40, fields)
+}
+
+// headerFlood sends requests requests whose headers carry extra (what
+// describes them), 10 at a time, alternately on the unix socket (as root,
+// a principal) and over TLS without credentials, written frame by frame
+// so that no client-side check stops them. berthd must refuse each one
+// before serving it (a reset stream or a closed connection, never an
+// answer of the handler or of auth) and never hang, serve a normal caller
+// during the flood and after it, stay under transportRSSBound throughout
+// and be back under transportRSSIdle within transportSettle. A gRPC
+// client sending the same gets an error, not a hang.
+func (s *transportServer) headerFlood(t *testing.T, during, what string, requests int, extra []hpack.HeaderField) {
+	t.Helper()
+	before := s.rss(t)
 	var (
 		wg       sync.WaitGroup
 		mu       sync.Mutex
@@ -375,13 +401,13 @@ func TestMetadataFlood(t *testing.T) {
 	)
 	sem := make(chan struct{}, 10)
 	flooded := make(chan struct{})
-	wg.Add(60)
+	wg.Add(requests)
 	go func() {
 		wg.Wait()
 		close(flooded)
 	}()
 	w := s.watch(flooded)
-	for i := range 60 {
+	for i := range requests {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
@@ -394,7 +420,7 @@ func TestMetadataFlood(t *testing.T) {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(30 * time.Second))
 			var code, why string
-			if err := writeHeaders(c, []hpack.HeaderField{{Name: "x-flood", Value: value}}, false); err != nil {
+			if err := writeHeaders(c, extra, false); err != nil {
 				why = "write failed: " + err.Error()
 				if isTimeout(err) {
 					why = "timeout: " + why
@@ -413,10 +439,10 @@ func TestMetadataFlood(t *testing.T) {
 			answered = append(answered, fmt.Sprintf("request %d (unix %v): grpc-status %s", i, unixSock, code))
 		}()
 	}
-	w.wait(t, "the metadata flood")
+	w.wait(t, during)
 	t.Logf("refusals: %v", refusals)
 	for _, a := range answered {
-		t.Errorf("8 MB metadata value answered: %s, want refused before it is served", a)
+		t.Errorf("%s answered: %s, want refused before it is served", what, a)
 	}
 	if n := refusals["hang"]; n > 0 {
 		t.Errorf("%d flood requests hung until the client's 30 s deadline, want refused at once", n)
@@ -424,6 +450,10 @@ func TestMetadataFlood(t *testing.T) {
 
 	// The same through a gRPC client: an error (whichever side refuses
 	// it), never a hang and never an answer of the handler or of auth.
+	md := make([]string, 0, 2*len(extra))
+	for _, f := range extra {
+		md = append(md, f.Name, f.Value)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, c := range []struct {
@@ -438,18 +468,18 @@ func TestMetadataFlood(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = berthv1.NewImageServiceClient(conn).ListImages(metadata.AppendToOutgoingContext(ctx, "x-flood", value), &berthv1.ListImagesRequest{})
+		_, err = berthv1.NewImageServiceClient(conn).ListImages(metadata.AppendToOutgoingContext(ctx, md...), &berthv1.ListImagesRequest{})
 		conn.Close()
 		switch status.Code(err) {
 		case codes.OK, codes.Unauthenticated, codes.DeadlineExceeded:
-			t.Errorf("gRPC ListImages with an 8 MB metadata value on the %s = %v, want refused at once", c.name, err)
+			t.Errorf("gRPC ListImages with %s on the %s = %v, want refused at once", what, c.name, err)
 		default:
-			t.Logf("gRPC ListImages with an 8 MB metadata value on the %s: %v", c.name, err)
+			t.Logf("gRPC ListImages with %s on the %s: %v", what, c.name, err)
 		}
 	}
 
 	t.Logf("berthd RSS before the flood: %d MiB", before>>20)
-	s.settles(t, "the metadata flood", w.peak)
+	s.settles(t, during, w.peak)
 	s.served(t, "after the flood")
 }
 

@@ -93,8 +93,9 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	s.events = runtimes.NewTaskEvents(rt, log)
 	s.reach = agentreach.New(agentreach.Config{ConnectBudget: cfg.ConnectBudget, BusyLimit: cfg.AgentBusyLimit, ServerVersion: Version},
 		rt, s.ids, s.agents, log)
-	s.capacity = admit.New(admit.Limits{MaxSandboxes: cfg.MaxSandboxes, MaxExecsPerSandbox: cfg.MaxExecsPerSandbox, MaxExecs: cfg.MaxExecs,
-		MemoryBudget: cfg.MemoryBudgetBytes, DiskBudget: diskBudget(cfg.DiskOvercommit, cfg.DefaultDiskBytes, rt, log), RetryDelay: cfg.BusyRetryDelay,
+	budget, budgetNow := diskBudget(cfg.DiskOvercommit, cfg.DefaultDiskBytes, rt, log)
+	s.capacity = admit.New(admit.Limits{DiskBudget: budget, DiskBudgetNow: budgetNow, MaxSandboxes: cfg.MaxSandboxes, MaxExecsPerSandbox: cfg.MaxExecsPerSandbox, MaxExecs: cfg.MaxExecs,
+		MemoryBudget: cfg.MemoryBudgetBytes, RetryDelay: cfg.BusyRetryDelay,
 		PerPrincipal: admit.PrincipalLimits{MaxSandboxes: cfg.MaxSandboxesPerPrincipal, MemoryBytes: cfg.MaxMemoryBytesPerPrincipal,
 			DiskBytes: cfg.MaxDiskBytesPerPrincipal}}, cfg.Observer, held(rt))
 	defaults := runtime.SandboxSpec{PidsLimit: cfg.DefaultPidsLimit, OpenFiles: cfg.DefaultOpenFiles, DiskBytes: cfg.DefaultDiskBytes,
@@ -157,30 +158,46 @@ func (s *Service) ClusterLocal() cluster.Local { return s.life.ClusterLocal() }
 
 // diskBudget is the disk admission may promise to sandboxes, in bytes: the
 // size of rt's btrfs pool times overcommit (Config.DiskOvercommit),
-// saturating at the largest uint64; zero (no budget) without disk quotas
-// or with a negative overcommit. A budget that holds fewer than
-// fewDefaultQuotas sandboxes of the default quota is logged at WARN.
-func diskBudget(overcommit float64, defaultQuota uint64, rt *runtime.Runtime, log *slog.Logger) uint64 {
+// saturating at the largest uint64, as read at start, and a function that
+// reads it again (statfs(2) of the pool, admit.Limits.DiskBudgetNow) for
+// each admission: a pool grown or shrunk while berthd runs counts as it
+// is. Zero and nil (no budget) without disk quotas or with a negative
+// overcommit. A budget that holds fewer than fewDefaultQuotas sandboxes of
+// the default quota is logged at WARN.
+func diskBudget(overcommit float64, defaultQuota uint64, rt *runtime.Runtime, log *slog.Logger) (uint64, func() (uint64, error)) {
 	if overcommit < 0 || rt.DiskQuota() != nil {
-		return 0
+		return 0, nil
+	}
+	now := func() (uint64, error) {
+		_, size, err := rt.DiskPool()
+		if err != nil {
+			return 0, err
+		}
+		return scaledBudget(size, overcommit), nil
 	}
 	root, size, err := rt.DiskPool()
 	if err != nil {
 		// The quotas hold; only their sum goes unchecked.
 		log.Error("disk budget unavailable: the sum of disk quotas is not checked", slog.Any("error", err))
-		return 0
+		return 0, nil
 	}
-	budget := uint64(math.MaxUint64)
-	if b := float64(size) * overcommit; b < math.MaxUint64 {
-		budget = max(uint64(b), 1)
-	}
+	budget := scaledBudget(size, overcommit)
 	log.Info("disk budget", slog.String("pool", root), slog.Uint64("pool_bytes", size), slog.Float64("overcommit", overcommit),
 		slog.Uint64("budget_bytes", budget))
 	if defaultQuota > 0 && budget/defaultQuota < fewDefaultQuotas {
 		log.Warn("the disk budget holds few sandboxes of the default disk quota: lower --default-disk-bytes or raise --disk-overcommit",
 			slog.Uint64("sandboxes", budget/defaultQuota), slog.Uint64("default_disk_bytes", defaultQuota), slog.Uint64("budget_bytes", budget))
 	}
-	return budget
+	return budget, now
+}
+
+// scaledBudget is a pool of size bytes times overcommit, saturating at the
+// largest uint64, at least 1 (0 would mean no budget).
+func scaledBudget(size uint64, overcommit float64) uint64 {
+	if b := float64(size) * overcommit; b < math.MaxUint64 {
+		return max(uint64(b), 1)
+	}
+	return math.MaxUint64
 }
 
 // fewDefaultQuotas is how many sandboxes of the default disk quota a disk

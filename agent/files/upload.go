@@ -25,10 +25,11 @@ const maxSkippedListed = 1000
 
 // Upload extracts a tar stream into a directory, as the workload user,
 // with tartree.Extract: atomically, through a staging directory, every
-// entry resolved beneath the directory. It answers after syncfs(2) of the
-// directory's file system. The staging directory is recorded while it
-// exists, so that an agent that dies mid-upload removes it when it starts
-// again (staging.go).
+// entry resolved beneath the directory. It answers once the tree is
+// durable (tartree.Options.Sync: fsync(2) of each file and directory of a
+// small archive, syncfs(2) of the file system for a large one). The
+// staging directory is recorded while it exists, so that an agent that
+// dies mid-upload removes it when it starts again (staging.go).
 func (s *Service) Upload(stream agentv1.FileService_UploadServer) error {
 	first, err := stream.Recv()
 	if err != nil {

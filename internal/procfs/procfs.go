@@ -121,27 +121,115 @@ func CPU(pid uint32) (time.Duration, error) {
 	return time.Duration(u+s) * (time.Second / clockTicks), nil
 }
 
-// Runnable reports whether a thread of host process pid is running or
-// waiting for a CPU (state R in /proc/<pid>/task/<tid>/stat, proc(5)).
-func Runnable(pid uint32) bool {
+// ThreadStates returns the state (field 3 of /proc/<pid>/task/<tid>/stat,
+// proc(5): R, S, D, T, ...) of each thread of host process pid; none for
+// pid 0 and a process that is gone.
+func ThreadStates(pid uint32) []byte {
 	if pid == 0 {
-		return false
+		return nil
 	}
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
-		return false
+		return nil
 	}
+	states := make([]byte, 0, len(tasks))
 	for _, task := range tasks {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
 		if err != nil {
 			continue
 		}
 		// The state, field 3, follows the command name's last ')'.
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == 'R' {
-			return true
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+			states = append(states, b[i+2])
 		}
 	}
-	return false
+	return states
+}
+
+// WorkingState reports whether a thread in state (field 3 of
+// /proc/<pid>/stat, proc(5)) makes progress or waits only for the host:
+// R (running or runnable) and D (uninterruptible sleep).
+func WorkingState(state byte) bool {
+	return state == 'R' || state == 'D'
+}
+
+// CgroupCPU returns the CPU time the processes of host process pid's cgroup
+// have used, plus the time the cgroup's CPU limit held them back
+// (throttled): a sum that grows while any process of the cgroup runs or
+// wants to. It reads cgroup v2's cpu.stat (usage_usec, throttled_usec) or,
+// on cgroup v1, cpuacct.usage (ns) and the cpu controller's cpu.stat
+// (throttled_time, ns), under /sys/fs/cgroup, at the path
+// /proc/<pid>/cgroup names (cgroups(7)). The throttled time is left out
+// where the cpu controller has none. It fails for pid 0, a process that is
+// gone, and a cgroup whose files cannot be read.
+func CgroupCPU(pid uint32) (time.Duration, error) {
+	if pid == 0 {
+		return 0, errors.New("no pid")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return 0, err
+	}
+	paths := make(map[string]string) // controller -> hierarchy line's path and mount directory
+	var unified string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		// hierarchy-ID:controller-list:cgroup-path
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			unified = parts[2]
+			continue
+		}
+		for _, c := range strings.Split(parts[1], ",") {
+			paths[c] = "/sys/fs/cgroup/" + parts[1] + parts[2]
+		}
+	}
+	if dir, ok := paths["cpuacct"]; ok {
+		usage, err := os.ReadFile(dir + "/cpuacct.usage")
+		if err != nil {
+			return 0, err
+		}
+		ns, err := strconv.ParseUint(strings.TrimSpace(string(usage)), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s/cpuacct.usage: %w", dir, err)
+		}
+		var throttled uint64
+		if dir, ok := paths["cpu"]; ok {
+			throttled, _ = statField(dir+"/cpu.stat", "throttled_time")
+		}
+		return time.Duration(ns + throttled), nil
+	}
+	if unified == "" {
+		return 0, fmt.Errorf("/proc/%d/cgroup names neither a cpuacct nor a cgroup v2 hierarchy", pid)
+	}
+	file := "/sys/fs/cgroup" + unified + "/cpu.stat"
+	usage, err := statField(file, "usage_usec")
+	if err != nil {
+		return 0, err
+	}
+	throttled, _ := statField(file, "throttled_usec")
+	return time.Duration(usage+throttled) * time.Microsecond, nil
+}
+
+// statField returns the value of key in a cgroup file of "key value" lines
+// (cpu.stat).
+func statField(file, key string) (uint64, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok && k == key {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("%s %s: %w", file, key, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("%s has no %s", file, key)
 }
 
 // Stopped reports whether host process pid is stopped by a signal

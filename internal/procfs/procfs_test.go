@@ -1,9 +1,11 @@
 package procfs
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -96,6 +98,70 @@ func TestProcessID(t *testing.T) {
 	for _, id := range []string{"", "x", "0:1", strconv.Itoa(os.Getpid()) + ":1"} {
 		if Running(id) {
 			t.Errorf("Running(%q) = true", id)
+		}
+	}
+}
+
+// TestCgroupCPU reads this process's cgroup (v1 cpuacct or v2 cpu.stat):
+// the time grows while this process burns CPU, and pid 0 or a gone
+// process fail.
+func TestCgroupCPU(t *testing.T) {
+	pid := uint32(os.Getpid())
+	before, err := CgroupCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		for i := 0; i < 1e6; i++ {
+			_ = i * i
+		}
+		after, err := CgroupCPU(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after > before {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cgroup's CPU time stayed %v through 5 s of burning CPU", before)
+		}
+	}
+	for _, pid := range []uint32{0, 1 << 30} {
+		if _, err := CgroupCPU(pid); err == nil {
+			t.Errorf("CgroupCPU(%d) succeeded", pid)
+		}
+	}
+}
+
+// TestThreadStates: a process sleeping in a signal-stopped state shows T,
+// this one (running the test) shows R among its threads, and a gone
+// process has none; WorkingState counts R and D only.
+func TestThreadStates(t *testing.T) {
+	if states := ThreadStates(uint32(os.Getpid())); !bytes.ContainsRune(states, 'R') {
+		t.Errorf("states of this running process = %q, want an R", states)
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for string(ThreadStates(uint32(cmd.Process.Pid))) != "T" {
+		if time.Now().After(deadline) {
+			t.Fatalf("states of a stopped sleep = %q, want T", ThreadStates(uint32(cmd.Process.Pid)))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if states := ThreadStates(0); len(states) != 0 {
+		t.Errorf("ThreadStates(0) = %q", states)
+	}
+	for state, want := range map[byte]bool{'R': true, 'D': true, 'S': false, 'T': false, 't': false, 'Z': false, 'I': false} {
+		if WorkingState(state) != want {
+			t.Errorf("WorkingState(%c) = %v, want %v", state, !want, want)
 		}
 	}
 }

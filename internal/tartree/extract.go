@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -35,8 +36,13 @@ type Options struct {
 	// device node that the caller may not create (mknod(2) fails with
 	// EPERM without CAP_MKNOD). Nil: such entries fail the extraction.
 	Skip func(name, why string)
-	// Sync makes Extract flush the file system it wrote to (syncfs(2))
-	// before it returns.
+	// Sync makes what Extract wrote durable before it returns: each
+	// regular file and each directory whose entries changed is fsync(2)ed
+	// (the directories after the tree moved into place, up to the
+	// existing ancestor it was made in) when they number at most
+	// syncEachMax; a larger archive, or one whose directory cannot be
+	// opened, flushes the whole file system instead (syncfs(2)), which
+	// costs as much as all the data anyone left unwritten on it.
 	Sync bool
 	// Staging, when set, is called with the path of the staging directory
 	// (see Extract) before the directory is made, so that the caller can
@@ -108,18 +114,88 @@ func Extract(dir string, r io.Reader, opts Options) (Counts, error) {
 		return Counts{}, err
 	}
 	if opts.Sync {
-		fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			unix.Sync()
-		} else {
-			err = unix.Syncfs(fd)
-			unix.Close(fd)
-			if err != nil {
-				return Counts{}, pathError("syncfs", dir, err)
-			}
+		if err := x.sync(); err != nil {
+			return Counts{}, err
 		}
 	}
 	return x.counts, nil
+}
+
+// syncfs is syncfs(2); tests count its calls.
+var syncfs = unix.Syncfs
+
+// syncEachMax bounds the files and directories an extraction fsync(2)s
+// one by one (Options.Sync); past it, syncfs(2) is cheaper.
+const syncEachMax = 64
+
+// synced notes, for Options.Sync, that the entry name (cleaned, relative to
+// the extraction directory) was made: its directory's entries changed, and
+// a directory entry's own metadata too. It reports whether the files and
+// directories are still few enough to fsync one by one.
+func (x *extraction) synced(name string, isDir bool) bool {
+	if !x.opts.Sync || x.syncAll {
+		return false
+	}
+	if x.syncDirs == nil {
+		x.syncDirs = map[string]bool{".": true}
+	}
+	x.syncDirs[path.Dir(name)] = true
+	if isDir {
+		x.syncDirs[name] = true
+	}
+	if x.fsynced+len(x.syncDirs) > syncEachMax {
+		x.syncAll = true
+	}
+	return !x.syncAll
+}
+
+// sync makes the extracted tree durable (Options.Sync): its files were
+// fsync(2)ed as they were written; their directories are now, in place,
+// with the directories the tree was made in (from the existing ancestor
+// down), or the whole file system when they were too many.
+func (x *extraction) sync() error {
+	if !x.syncAll {
+		var dirs []string
+		for rel := range x.syncDirs {
+			dirs = append(dirs, filepath.Join(x.dir, rel))
+		}
+		if x.ancestor != "" {
+			for d := filepath.Dir(x.dir); ; d = filepath.Dir(d) {
+				dirs = append(dirs, d)
+				if d == x.ancestor || d == filepath.Dir(d) {
+					break
+				}
+			}
+		}
+		slices.Sort(dirs)
+		for _, d := range dirs {
+			// A directory the workload user may not read (mode 0333)
+			// cannot be opened to fsync it: syncfs(2) then.
+			fd, err := unix.Open(d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				x.syncAll = true
+				break
+			}
+			err = unix.Fsync(fd)
+			unix.Close(fd)
+			if err != nil {
+				return pathError("fsync", d, err)
+			}
+		}
+		if !x.syncAll {
+			return nil
+		}
+	}
+	fd, err := unix.Open(x.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Sync()
+		return nil
+	}
+	defer unix.Close(fd)
+	if err := syncfs(fd); err != nil {
+		return pathError("syncfs", x.dir, err)
+	}
+	return nil
 }
 
 // extraction is one Extract in progress.
@@ -142,6 +218,13 @@ type extraction struct {
 
 	dirs  []dirMeta      // directory entries, fixed up last
 	dirAt map[string]int // index in dirs by name
+
+	// Options.Sync: the directories to fsync once in place (names
+	// relative to dir), the files fsynced so far, and whether they became
+	// too many (then syncfs).
+	syncDirs map[string]bool
+	fsynced  int
+	syncAll  bool
 }
 
 // dirMeta is a directory entry's owner, mode and times, applied after its
@@ -330,6 +413,9 @@ func (x *extraction) entry(hdr *tar.Header, content io.Reader) error {
 	if err := x.apply(name, hdr, content); err != nil {
 		return x.entryErr(hdr.Name, name, err)
 	}
+	if hdr.Typeflag != tar.TypeReg && hdr.Typeflag != tar.TypeRegA && hdr.Typeflag != tar.TypeGNUSparse && hdr.Typeflag != tar.TypeCont {
+		x.synced(name, hdr.Typeflag == tar.TypeDir) // file notes its own
+	}
 	return nil
 }
 
@@ -448,6 +534,12 @@ func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error
 	if x.opts.Chown != nil {
 		if err := x.opts.Chown(fd, hdr.Uid, hdr.Gid, mode); err != nil {
 			return x.chownError(hdr.Name, name, hdr.Uid, hdr.Gid, err)
+		}
+	}
+	x.fsynced++
+	if x.synced(name, false) {
+		if err := unix.Fsync(fd); err != nil {
+			return pathError("fsync", x.b.full(name), err)
 		}
 	}
 	x.counts.Files++

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/bounds"
@@ -37,6 +38,11 @@ type Limits struct {
 	// --disk-overcommit, so that quotas that are each kept cannot together
 	// fill the pool (issue 21).
 	DiskBudget uint64
+	// DiskBudgetNow, when set, reads the disk budget again at each check
+	// (berthd: statfs(2) of the btrfs pool times --disk-overcommit), so
+	// that a pool grown or shrunk since start is counted as it is; a
+	// failed read keeps the budget last read (DiskBudget at first).
+	DiskBudgetNow func() (uint64, error)
 	// PerPrincipal caps what one principal's sandboxes hold.
 	PerPrincipal PrincipalLimits
 	// RetryDelay is the retry delay a refusal suggests.
@@ -101,6 +107,8 @@ type Capacity struct {
 	mu    sync.Mutex
 	execs map[string]int // running execs per sandbox
 	total int
+
+	disk atomic.Uint64 // the disk budget last read (Limits.DiskBudgetNow)
 }
 
 // New returns a Capacity with limits that counts the sandboxes usage
@@ -110,11 +118,29 @@ func New(limits Limits, obs Observer, usage func(context.Context) (map[string]He
 	if obs == nil {
 		obs = noObserver{}
 	}
-	return &Capacity{limits: limits, obs: obs, usage: usage, pending: make(map[string]Held), execs: make(map[string]int)}
+	c := &Capacity{limits: limits, obs: obs, usage: usage, pending: make(map[string]Held), execs: make(map[string]int)}
+	c.disk.Store(limits.DiskBudget)
+	return c
 }
 
-// Limits returns the limits c admits within.
-func (c *Capacity) Limits() Limits { return c.limits }
+// Limits returns the limits c admits within, DiskBudget as last read.
+func (c *Capacity) Limits() Limits {
+	l := c.limits
+	l.DiskBudget = c.disk.Load()
+	return l
+}
+
+// diskBudget reads the disk budget (Limits.DiskBudgetNow) and returns it,
+// or the one last read when it cannot be read.
+func (c *Capacity) diskBudget() uint64 {
+	if c.limits.DiskBudgetNow != nil {
+		if b, err := c.limits.DiskBudgetNow(); err == nil {
+			c.disk.Store(b)
+			return b
+		}
+	}
+	return c.disk.Load()
+}
 
 type noObserver struct{}
 
@@ -157,7 +183,7 @@ func (c *Capacity) Usage(ctx context.Context, creating map[string]Held) (Usage, 
 	_, execs := c.Running("")
 	return Usage{Sandboxes: t.sandboxes, MemoryBytes: t.memory, DiskBytes: t.disk, Execs: uint64(max(execs, 0)),
 		MaxSandboxes: uint64(max(c.limits.MaxSandboxes, 0)), MemoryBudget: c.limits.MemoryBudget,
-		DiskBudget: c.limits.DiskBudget, MaxExecs: uint64(max(c.limits.MaxExecs, 0))}, nil
+		DiskBudget: c.diskBudget(), MaxExecs: uint64(max(c.limits.MaxExecs, 0))}, nil
 }
 
 // held returns existing with the pending admissions laid over it: a
@@ -190,11 +216,12 @@ func (t *tally) add(h Held) {
 // fails with SANDBOX_EXISTS.
 func (c *Capacity) AdmitSandbox(ctx context.Context, id string, want Held) (release func(), err error) {
 	l := c.limits
-	if l.MaxSandboxes <= 0 && l.MemoryBudget == 0 && l.DiskBudget == 0 && !l.PerPrincipal.any() {
+	if l.MaxSandboxes <= 0 && l.MemoryBudget == 0 && l.DiskBudget == 0 && l.DiskBudgetNow == nil && !l.PerPrincipal.any() {
 		return func() {}, nil
 	}
 	c.createMu.Lock()
 	defer c.createMu.Unlock()
+	l.DiskBudget = c.diskBudget()
 	existing, err := c.usage(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("count sandboxes: %w", err)

@@ -309,3 +309,46 @@ func TestAdmitSandboxPerPrincipal(t *testing.T) {
 		}
 	})
 }
+
+// TestAdmitSandboxDiskPoolResized: the disk budget is read again at each
+// admission (Limits.DiskBudgetNow: berthd's statfs of the pool), not only
+// at start: a pool shrunk since refuses what the old size would have
+// admitted, one grown admits what it refused, and a failed read keeps the
+// budget last read.
+func TestAdmitSandboxDiskPoolResized(t *testing.T) {
+	ctx := context.Background()
+	const gib = 1 << 30
+	existing := map[string]Held{"a": {Owner: "p", DiskBytes: 10 * gib}}
+	pool, poolErr := uint64(20*gib), error(nil)
+	c := New(Limits{DiskBudget: 20 * gib, DiskBudgetNow: func() (uint64, error) { return pool, poolErr }}, nil,
+		func(context.Context) (map[string]Held, error) { return existing, nil })
+	admit := func(disk uint64) error {
+		r, err := c.AdmitSandbox(ctx, "new", Held{Owner: "q", DiskBytes: disk})
+		if err == nil {
+			r()
+		}
+		return err
+	}
+	if err := admit(8 * gib); err != nil {
+		t.Fatalf("8 GiB beside 10 GiB on a 20 GiB pool: %v", err)
+	}
+	pool = 15 * gib // shrunk
+	var b *apierr.FleetBusy
+	if err := admit(8 * gib); !errors.As(err, &b) || b.Limit != 15*gib || b.InUse != 10*gib {
+		t.Errorf("8 GiB beside 10 GiB after the pool shrank to 15 GiB = %v (%+v), want DISK limit 15 GiB in use 10 GiB", err, b)
+	}
+	if l := c.Limits().DiskBudget; l != 15*gib {
+		t.Errorf("Limits().DiskBudget = %d, want the 15 GiB last read", l)
+	}
+	pool = 40 * gib // grown
+	if err := admit(25 * gib); err != nil {
+		t.Errorf("25 GiB beside 10 GiB after the pool grew to 40 GiB: %v", err)
+	}
+	pool, poolErr = 1, errors.New("statfs: EIO")
+	if u, err := c.Usage(ctx, nil); err != nil || u.DiskBudget != 40*gib {
+		t.Errorf("Usage when the pool cannot be read = %+v, %v; want the 40 GiB budget last read", u, err)
+	}
+	if err := admit(25 * gib); err != nil {
+		t.Errorf("25 GiB when the pool cannot be read (40 GiB last read): %v", err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -60,6 +61,8 @@ type Reacher struct {
 
 	mu     sync.Mutex
 	warned map[string]bool // agent boot ids warned about version skew
+
+	procs procSampler // what Watches read of agents' processes, shared
 }
 
 // New returns a Reacher of the agents of rt's sandboxes through agents,
@@ -219,40 +222,156 @@ func (r *Reacher) DialFailure(sandboxID string, waited time.Duration) error {
 }
 
 // Watch tells a busy agent from an unreachable one while a request
-// waits for its answer. An agent is working when, since the last check, its
-// process (or its launcher, which forks the processes it starts) used CPU, one of its threads is running or waiting for a CPU, or
-// it sent berthd anything on its connection (other streams' events): it is
-// busy — with a burst of execs, or on a loaded host — and is waited for, up
-// to Config.AgentBusyLimit in all (then AGENT_BUSY). An agent whose process
-// is stopped (SIGSTOP), or that did none of these while bytes berthd wrote
-// to it lay unread in its socket, is unreachable after one budget. When
-// nothing waits unread, berthd itself may not have sent the request yet (a
-// loaded berthd): the wait goes on, and ends as unreachable (a hung agent)
-// at the limit without any work. A pid of 0 (the task is unknown) leaves
-// only what the connection shows.
+// waits for its answer. A sandbox is working when, since the last check,
+// its agent (or a launcher of the agent, which forks the processes it
+// starts) used CPU, any process of its cgroup used CPU or was held back by
+// its CPU limit, a thread of the agent or of a launcher is running,
+// waiting for a CPU or waiting in the kernel (state D: a disk, a page
+// fault, a vfork), or the agent sent berthd anything on its connection
+// (other streams' events): it is busy — with a burst of execs, or on a
+// loaded host — and is waited for, up to Config.AgentBusyLimit in all
+// (then AGENT_BUSY). An agent whose process is stopped (SIGSTOP) is
+// unreachable after one budget; so is one that did none of these while
+// bytes berthd wrote to it lay unread in its socket from one check to the
+// next (two budgets at most, one when they lay there when the wait began).
+// Bytes found unread at one check alone prove nothing: berthd may just
+// have written them to an agent that was idle only because a loaded
+// berthd sent it nothing (issue 21: 1 of 300 execs failed so on a loaded
+// host). When nothing waits unread the wait goes on, and ends as
+// unreachable (a hung agent) at the limit without any work. A pid of 0
+// (the task is unknown) leaves only what the connection shows.
 type Watch struct {
-	pid      uint32
-	budget   time.Duration
-	began    time.Time
-	received func() uint64
-	unread   func() (int, bool)
+	probe  probe
+	budget time.Duration
+	limit  time.Duration // Config.AgentBusyLimit
+	began  time.Time
 
-	cpu     time.Duration // the agent's CPU time at the last check
-	frames  uint64        // what it had sent at the last check
-	worked  bool          // it worked at some time during the wait
-	stopped bool          // it was found stopped (SIGSTOP)
-	limit   time.Duration // Config.AgentBusyLimit
+	last    progress // the counters at the last check
+	unread  int      // bytes unread in the agent's socket at the last check
+	worked  bool     // it worked at some time during the wait
+	stopped bool     // it was found stopped (SIGSTOP)
 }
 
+// progress holds counters that grow while a sandbox works; only a change
+// counts (a thread that exits takes its CPU time with it).
+type progress struct {
+	agentCPU  time.Duration // the agent's and its launchers' CPU time; -1 unknown
+	cgroupCPU time.Duration // procfs.CgroupCPU of the agent's cgroup; -1 unknown
+	frames    uint64        // what the agent had sent berthd
+}
+
+// changed reports whether p differs from an earlier reading in a counter
+// known at both.
+func (p progress) changed(earlier progress) bool {
+	return (p.agentCPU >= 0 && earlier.agentCPU >= 0 && p.agentCPU != earlier.agentCPU) ||
+		(p.cgroupCPU >= 0 && earlier.cgroupCPU >= 0 && p.cgroupCPU != earlier.cgroupCPU) ||
+		p.frames > earlier.frames
+}
+
+// probe is what a Watch reads of a sandbox: /proc and the cgroup files of
+// its agent, and berthd's connection to it (agentProbe); tests replace it.
+type probe interface {
+	// stopped reports whether the agent's process is stopped by a signal.
+	stopped() bool
+	// progress reads the counters.
+	progress() progress
+	// states returns the states (proc(5) field 3) of the threads of the
+	// agent and of its launchers.
+	states() []byte
+	// unread returns how many bytes berthd wrote to the agent lie unread
+	// in its socket, and false when berthd holds no connection to it.
+	unread() (int, bool)
+}
+
+// NewWatch starts watching the agent of sandboxID, whose task is host
+// process pid (0 when unknown).
 func (r *Reacher) NewWatch(sandboxID string, pid uint32) *Watch {
 	socket := r.rt.SocketPath(sandboxID)
-	w := &Watch{pid: pid, budget: r.cfg.ConnectBudget, limit: r.cfg.BusyLimit, began: time.Now(),
-		received: func() uint64 { return r.agents.Received(socket) },
-		unread:   func() (int, bool) { return r.agents.Unread(socket) }}
-	w.cpu, _ = agentCPU(pid)
-	w.frames = w.received()
+	return newWatch(agentProbe{pid: pid, socket: socket, agents: r.agents, procs: &r.procs}, r.cfg.ConnectBudget, r.cfg.BusyLimit, time.Now())
+}
+
+func newWatch(p probe, budget, limit time.Duration, now time.Time) *Watch {
+	w := &Watch{probe: p, budget: budget, limit: limit, began: now}
+	w.last = p.progress()
+	w.unread, _ = p.unread()
 	return w
 }
+
+// agentProbe is the probe of a running agent.
+type agentProbe struct {
+	pid    uint32
+	socket string
+	agents *agentconn.Pool
+	procs  *procSampler
+}
+
+func (p agentProbe) stopped() bool { return procfs.Stopped(p.pid) }
+
+func (p agentProbe) progress() progress {
+	pr := p.procs.sample(p.pid).progress
+	pr.frames = p.agents.Received(p.socket)
+	return pr
+}
+
+func (p agentProbe) states() []byte { return p.procs.sample(p.pid).states }
+
+// procSampler reads an agent's processes and cgroup for Watches (some
+// hundred /proc and cgroup files) at most once per sampleTTL per agent:
+// the hundreds of requests a burst leaves waiting on one agent check it
+// every connect budget each, and reading for each of them took berthd a
+// core on a loaded host, slowing the very agent they wait for.
+type procSampler struct {
+	mu   sync.Mutex
+	last map[uint32]procSample
+}
+
+// sampleTTL is how long a procSample serves: far below any connect
+// budget, so that a Watch's consecutive checks see distinct samples.
+const sampleTTL = 10 * time.Millisecond
+
+// procSample is what procSampler read of an agent at one time.
+type procSample struct {
+	at       time.Time
+	progress progress // without frames
+	states   []byte   // of the agent's and its launchers' threads
+}
+
+func (ps *procSampler) sample(pid uint32) procSample {
+	now := time.Now()
+	ps.mu.Lock()
+	s, ok := ps.last[pid]
+	ps.mu.Unlock()
+	if ok && now.Sub(s.at) < sampleTTL {
+		return s
+	}
+	// Read without the lock: other agents' Watches need not wait (two
+	// Watches of one agent may read it at once, rarely).
+	s = procSample{at: now, progress: progress{agentCPU: -1, cgroupCPU: -1}}
+	if cpu, err := agentCPU(pid); err == nil {
+		s.progress.agentCPU = cpu
+	}
+	if cpu, err := procfs.CgroupCPU(pid); err == nil {
+		s.progress.cgroupCPU = cpu
+	}
+	s.states = procfs.ThreadStates(pid)
+	for _, l := range agentLaunchers(pid) {
+		s.states = append(s.states, procfs.ThreadStates(l)...)
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.last == nil {
+		ps.last = make(map[uint32]procSample)
+	}
+	for p, old := range ps.last {
+		if now.Sub(old.at) > time.Second {
+			delete(ps.last, p)
+		}
+	}
+	ps.last[pid] = s
+	return s
+}
+
+func (p agentProbe) unread() (int, bool) { return p.agents.Unread(p.socket) }
 
 // launcherComm is the command name of an agent's launcher, the process
 // that forks the agent's workload processes (agent/launcher.Comm).
@@ -268,19 +387,6 @@ func agentCPU(pid uint32) (time.Duration, error) {
 		}
 	}
 	return cpu, err
-}
-
-// launcherForking reports whether one of the launcher pids is running,
-// waiting for a CPU, or waiting for the child it just forked to exec
-// (vfork(2): state D), from /proc/<pid>/stat (proc(5)).
-func launcherForking(pids []uint32) bool {
-	for _, pid := range pids {
-		fields, err := procfs.Stat(pid)
-		if err == nil && (fields[3] == "R" || fields[3] == "D") {
-			return true
-		}
-	}
-	return false
 }
 
 // agentLaunchers returns the host pids of the agent's launchers (one for
@@ -316,23 +422,34 @@ func agentLaunchers(pid uint32) []uint32 {
 // Busy is called when a wait ran out its budget: it reports whether the
 // wait goes on (see Watch).
 func (w *Watch) Busy() bool {
-	if procfs.Stopped(w.pid) {
+	return w.check(time.Now())
+}
+
+// check is Busy at now.
+func (w *Watch) check(now time.Time) bool {
+	if w.probe.stopped() {
 		w.worked, w.stopped = false, true
 		return false
 	}
-	cpu, err := agentCPU(w.pid)
-	frames := w.received()
-	worked := (err == nil && cpu != w.cpu) || frames > w.frames || procfs.Runnable(w.pid) || launcherForking(agentLaunchers(w.pid))
-	w.cpu, w.frames = cpu, frames
+	pr := w.probe.progress()
+	worked := pr.changed(w.last) || slices.ContainsFunc(w.probe.states(), procfs.WorkingState)
+	w.last = pr
 	w.worked = w.worked || worked
-	if time.Since(w.began) >= w.limit {
+	if now.Sub(w.began) >= w.limit {
 		return false
 	}
-	if worked {
+	unread, connected := w.probe.unread()
+	before := w.unread
+	w.unread = unread
+	switch {
+	case worked:
 		return true
+	case !connected:
+		return false
 	}
-	unread, connected := w.unread()
-	return connected && unread == 0
+	// Unread bytes prove a neglect only when they were there at the last
+	// check too: the agent, which did no work since, cannot have read them.
+	return unread == 0 || before == 0
 }
 
 // Verdict returns the cause and the description of a wait that ended

@@ -3,10 +3,13 @@ package agentreach
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -35,5 +38,133 @@ func TestAgentError(t *testing.T) {
 	}
 	if got := AgentError("sb", status.Error(codes.Internal, "raw")); rpcstatus.Reason(got) != "" || !strings.Contains(got.Error(), "agent of sandbox sb") {
 		t.Errorf("AgentError(INTERNAL without reason) = %v, want it wrapped for the boundary to treat as internal", got)
+	}
+}
+
+// fakeProbe serves a Watch scripted readings: each check takes the next.
+type fakeProbe struct {
+	readings []reading
+	at       int // the reading served; 0 at newWatch
+}
+
+type reading struct {
+	stopped   bool
+	agentCPU  time.Duration
+	cgroupCPU time.Duration
+	frames    uint64
+	states    string // of the agent's and its launchers' threads
+	unread    int
+	gone      bool // berthd holds no connection to the agent
+}
+
+func (f *fakeProbe) r() reading          { return f.readings[f.at] }
+func (f *fakeProbe) stopped() bool       { return f.r().stopped }
+func (f *fakeProbe) states() []byte      { return []byte(f.r().states) }
+func (f *fakeProbe) unread() (int, bool) { return f.r().unread, !f.r().gone }
+func (f *fakeProbe) progress() progress {
+	r := f.r()
+	return progress{agentCPU: r.agentCPU, cgroupCPU: r.cgroupCPU, frames: r.frames}
+}
+
+// TestWatchBusy: the busy-or-unreachable decision over scripted readings
+// of the agent, its launchers, its cgroup and its connection, one per
+// connect budget. A sandbox that makes any progress — CPU time in its
+// cgroup, a thread running, runnable or in D state, frames sent — is busy;
+// bytes found unread once, by an agent idle because a loaded berthd sent
+// it nothing until just then, are no neglect (the flake of
+// TestBusyAgentIsNotUnreachable, issue 21): only bytes that lay unread
+// from one check to the next with no work between are.
+func TestWatchBusy(t *testing.T) {
+	const budget, limit = 150 * time.Millisecond, time.Second
+	idle := reading{agentCPU: time.Second, cgroupCPU: 2 * time.Second, states: "SSSS"}
+	with := func(r reading, change func(*reading)) reading { change(&r); return r }
+	for _, tc := range []struct {
+		name     string
+		readings []reading // [0] when the wait begins, then one per check
+		want     []bool    // Busy at each check
+		cause    berthv1.UnreachableCause
+		says     string
+	}{
+		{"idle agent leaves bytes unread for a budget", []reading{with(idle, func(r *reading) { r.unread = 100 }), with(idle, func(r *reading) { r.unread = 100 })},
+			[]bool{false}, berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT, "did no work meanwhile"},
+		{"bytes written just before a check to an idle agent", []reading{idle, with(idle, func(r *reading) { r.unread = 100 }), with(idle, func(r *reading) { r.unread = 200 })},
+			[]bool{true, false}, berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT, "did no work meanwhile"},
+		{"nothing unread: berthd has not sent yet", []reading{idle, idle, idle},
+			[]bool{true, true}, 0, ""},
+		{"only the cgroup's processes used CPU", []reading{with(idle, func(r *reading) { r.unread = 100 }), with(idle, func(r *reading) { r.unread = 100; r.cgroupCPU += time.Millisecond }),
+			with(idle, func(r *reading) { r.unread = 100; r.cgroupCPU += time.Millisecond })},
+			[]bool{true, false}, berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY, "kept working"},
+		{"an agent thread waits in D state", []reading{with(idle, func(r *reading) { r.unread = 100 }), with(idle, func(r *reading) { r.unread = 100; r.states = "SSDS" })},
+			[]bool{true}, 0, ""},
+		{"an agent thread waits for a CPU", []reading{with(idle, func(r *reading) { r.unread = 100 }), with(idle, func(r *reading) { r.unread = 100; r.states = "SRSS" })},
+			[]bool{true}, 0, ""},
+		{"the agent used CPU", []reading{with(idle, func(r *reading) { r.unread = 100 }), with(idle, func(r *reading) { r.unread = 100; r.agentCPU++ })},
+			[]bool{true}, 0, ""},
+		{"the agent sent frames", []reading{with(idle, func(r *reading) { r.unread = 100 }), with(idle, func(r *reading) { r.unread = 100; r.frames++ })},
+			[]bool{true}, 0, ""},
+		{"a counter that could not be read is no progress", []reading{with(idle, func(r *reading) { r.unread = 100; r.cgroupCPU = -1 }), with(idle, func(r *reading) { r.unread = 100 })},
+			[]bool{false}, berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT, "did no work meanwhile"},
+		{"stopped agent", []reading{idle, with(idle, func(r *reading) { r.stopped = true; r.states = "TTTT"; r.cgroupCPU++ })},
+			[]bool{false}, berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT, "its process is stopped"},
+		{"connection gone", []reading{idle, with(idle, func(r *reading) { r.gone = true })},
+			[]bool{false}, berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT, "did no work meanwhile"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fakeProbe{readings: tc.readings}
+			began := time.Unix(1000, 0)
+			w := newWatch(p, budget, limit, began)
+			for i, want := range tc.want {
+				p.at = i + 1
+				if got := w.check(began.Add(time.Duration(i+1) * budget)); got != want {
+					t.Fatalf("check %d: Busy = %v, want %v", i+1, got, want)
+				}
+			}
+			if tc.says == "" {
+				return
+			}
+			if cause, what := w.Verdict("did not answer"); cause != tc.cause || !strings.Contains(what, tc.says) {
+				t.Errorf("Verdict = %v %q, want %v saying %q", cause, what, tc.cause, tc.says)
+			}
+		})
+	}
+	// A sandbox that works is waited for up to the limit, then AGENT_BUSY.
+	working := []reading{idle}
+	for i := 1; i <= 8; i++ {
+		working = append(working, with(idle, func(r *reading) { r.unread = 100; r.cgroupCPU += time.Duration(i) }))
+	}
+	p := &fakeProbe{readings: working}
+	began := time.Unix(1000, 0)
+	w := newWatch(p, budget, limit, began)
+	for i := 1; i < len(working); i++ {
+		p.at = i
+		now := began.Add(time.Duration(i) * budget)
+		if got, want := w.check(now), now.Sub(began) < limit; got != want {
+			t.Fatalf("check at %v of a working sandbox: Busy = %v, want %v (limit %v)", now.Sub(began), got, want, limit)
+		}
+	}
+	if cause, _ := w.Verdict("did not answer"); cause != berthv1.UnreachableCause_UNREACHABLE_CAUSE_AGENT_BUSY {
+		t.Errorf("Verdict past the limit = %v, want AGENT_BUSY", cause)
+	}
+}
+
+// TestProcSamplerShares: Watches of one agent share what is read of its
+// processes within sampleTTL (hundreds wait on one agent in a burst, and
+// each reading is some hundred /proc files), and read afresh after it.
+func TestProcSamplerShares(t *testing.T) {
+	var ps procSampler
+	pid := uint32(os.Getpid())
+	first := ps.sample(pid)
+	if first.progress.agentCPU <= 0 || first.progress.cgroupCPU <= 0 || len(first.states) == 0 {
+		t.Fatalf("sample of this process = %+v, want its CPU, its cgroup's and its threads' states", first)
+	}
+	if again := ps.sample(pid); !again.at.Equal(first.at) {
+		t.Errorf("a second sample at once was read again (at %v, first at %v), want the first shared", again.at, first.at)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for ps.sample(pid).at.Equal(first.at) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sample of %v was still served 5 s later, want a fresh one after %v", first.at, sampleTTL)
+		}
+		time.Sleep(sampleTTL)
 	}
 }

@@ -1,0 +1,11 @@
+package tartree
+
+import "testing"
+
+// CountSyncfs counts the syncfs(2) calls Extract makes until the test ends.
+func CountSyncfs(t testing.TB) *int {
+	n, old := new(int), syncfs
+	syncfs = func(fd int) error { *n++; return old(fd) }
+	t.Cleanup(func() { syncfs = old })
+	return n
+}
