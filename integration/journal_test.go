@@ -235,3 +235,103 @@ func TestOrphanLeasesDropped(t *testing.T) {
 		t.Errorf("leases after the start: %q, want the live berthd's and the one berthd did not take", ids)
 	}
 }
+
+// TestBerthdKilledMidCreate kills the berthd binary (SIGKILL) while a
+// CreateSandbox holds its containerd lease — with --root-id-mapping
+// chowned, the lease keeps the image's chowned copy in progress — and
+// checks that the berthd started next drops the dead berthd's lease (before,
+// it kept what the create made for its whole expiry, multi-GB for a large
+// image; issue 21), logs so, and that the same create then succeeds and
+// runs.
+func TestBerthdKilledMidCreate(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "kmc")
+	p := startBerthd(t, e, "--root-id-mapping", "chowned")
+	e.importBase(t)
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(e.ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const holderLabel = "berth.dev/lease-holder"
+	held := func(pid int) []leases.Lease {
+		ls, err := cc.LeasesService().List(ctx, fmt.Sprintf("labels.%q", holderLabel))
+		if err != nil {
+			t.Fatalf("list leases: %v", err)
+		}
+		var out []leases.Lease
+		for _, l := range ls {
+			if strings.HasPrefix(l.Labels[holderLabel], fmt.Sprintf("%d:", pid)) {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	// A create is a few hundred milliseconds on the test image: watch for
+	// its lease and kill berthd the moment it is there. A create that
+	// finished first is deleted and tried again.
+	pid := p.cmd.Process.Pid
+	var id string
+	var caught []leases.Lease
+	for attempt := 0; attempt < 10 && caught == nil; attempt++ {
+		id = shortID("kmc")
+		done := make(chan error, 1)
+		go func() {
+			_, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: id, Image: baseImage})
+			done <- err
+		}()
+	watch:
+		for {
+			if ls := held(pid); len(ls) > 0 {
+				caught = ls
+				if err := p.cmd.Process.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				<-p.exited
+				<-done
+				break watch
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("create %s: %v", id, err)
+				}
+				if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+					t.Fatalf("delete %s: %v", id, err)
+				}
+				break watch
+			default:
+			}
+		}
+	}
+	if caught == nil {
+		t.Fatal("no create's lease was seen in 10 creates")
+	}
+	if left := held(pid); len(left) == 0 {
+		t.Fatalf("the lease of the killed berthd (%s) went with it: the test caught nothing to clean", caught[0].ID)
+	}
+	p2 := startBerthd(t, e, "--root-id-mapping", "chowned")
+	if left := held(pid); len(left) != 0 {
+		t.Errorf("leases of the killed berthd after the next start: %v, want none", left)
+	}
+	if lines := p2.logLines("dropped the containerd leases of berthds that no longer run"); len(lines) != 1 {
+		t.Errorf("log lines for the dropped leases: %q, want one", lines)
+	}
+	// The cut-off create left either nothing or a sandbox whose task never
+	// started (removed at start-up): the same id can be created and run.
+	if _, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: id, Image: baseImage}); err != nil {
+		t.Fatalf("create %s again after the restart: %v", id, err)
+	}
+	res, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"echo", "ok"}}})
+	if err != nil {
+		t.Fatalf("run in %s: %v", id, err)
+	}
+	if string(res.GetStdout()) != "ok\n" {
+		t.Errorf("run in %s: stdout %q, want \"ok\\n\"", id, res.GetStdout())
+	}
+	if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Errorf("delete %s: %v", id, err)
+	}
+}
