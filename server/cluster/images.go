@@ -147,13 +147,26 @@ func (r *Router) importImage(p auth.Principal, srv any, ss grpc.ServerStream, ha
 		}
 		return rpcstatus.Error(codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "header: the first message must be the header", map[string]string{"field": "header"})
 	}
+	if self, others := r.imageTargets(); self != nil && len(others) == 0 {
+		// No other node: nothing to spool for.
+		st := &importAlone{replayStream: replayStream{ServerStream: ss, first: first}}
+		if err := handler(srv, st); err != nil {
+			return err
+		}
+		if st.resp == nil {
+			return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, "the node's ImportImage ended without a response", nil)
+		}
+		st.resp.Nodes = []*berthv1.ImageNodeResult{{NodeId: self.ID, Ok: true}}
+		r.awaitPublished(ctx, imageNames(st.resp), st.resp.Nodes)
+		return ss.SendMsg(st.resp)
+	}
 	spool, err := spoolArchive(ss)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(spool)
 	header := first.GetHeader()
-	send := func(ctx context.Context, n NodeRecord) (proto.Message, error) {
+	send := func(ctx context.Context, n NodeRecord, _ bool) (proto.Message, error) {
 		return r.importOn(ctx, p, n, header, spool)
 	}
 	local := func() (proto.Message, error) {
@@ -173,13 +186,30 @@ func (r *Router) importImage(p auth.Principal, srv any, ss grpc.ServerStream, ha
 		return err
 	}
 	out := resp.(*berthv1.ImportImageResponse)
-	var names []string
-	for _, img := range out.GetImages() {
-		names = append(names, img.GetName())
-	}
-	r.awaitPublished(ctx, names, results)
+	r.awaitPublished(ctx, imageNames(out), results)
 	out.Nodes = results
 	return ss.SendMsg(out)
+}
+
+// importAlone is the caller's stream of an import on a node that is the
+// fleet's only live one: the node's handler reads it as it is, and its
+// response is kept.
+type importAlone struct {
+	replayStream
+	resp *berthv1.ImportImageResponse
+}
+
+func (s *importAlone) SendMsg(m any) error {
+	s.resp, _ = m.(*berthv1.ImportImageResponse)
+	return nil
+}
+
+func imageNames(resp *berthv1.ImportImageResponse) []string {
+	var names []string
+	for _, img := range resp.GetImages() {
+		names = append(names, img.GetName())
+	}
+	return names
 }
 
 func firstOrNil(m proto.Message, err error) proto.Message {
@@ -335,12 +365,11 @@ func (r *Router) pullImage(p auth.Principal, srv any, ss grpc.ServerStream, hand
 		}
 		return st.last, nil
 	}
-	firstRemote := true
-	send := func(ctx context.Context, n NodeRecord) (proto.Message, error) {
+	send := func(ctx context.Context, n NodeRecord, first bool) (proto.Message, error) {
 		var relay grpc.ServerStream
-		if r.cfg.Member == nil && firstRemote {
-			// A gateway relays the progress of the node it asks first.
-			relay, firstRemote = ss, false
+		if first {
+			// A gateway relays the progress of its first target.
+			relay = ss
 		}
 		return r.pullOn(ctx, p, n, req, relay)
 	}
@@ -413,7 +442,9 @@ func (r *Router) pullOn(ctx context.Context, p auth.Principal, n NodeRecord, req
 // when it succeeds, on every other live node with send, imageFanout at a
 // time. It returns the first target's response and every node's result,
 // ordered by node id.
-func (r *Router) fanOut(ctx context.Context, local func() (proto.Message, error), send func(context.Context, NodeRecord) (proto.Message, error)) (proto.Message, []*berthv1.ImageNodeResult, error) {
+//
+// send's first is true for the calls made to find the first target.
+func (r *Router) fanOut(ctx context.Context, local func() (proto.Message, error), send func(ctx context.Context, n NodeRecord, first bool) (proto.Message, error)) (proto.Message, []*berthv1.ImageNodeResult, error) {
 	self, others := r.imageTargets()
 	var results []*berthv1.ImageNodeResult
 	var resp proto.Message
@@ -427,7 +458,7 @@ func (r *Router) fanOut(ctx context.Context, local func() (proto.Message, error)
 		for len(others) > 0 && resp == nil {
 			n := others[0]
 			others = others[1:]
-			resp, err = send(ctx, n)
+			resp, err = send(ctx, n, true)
 			switch {
 			case err == nil:
 				results = append(results, &berthv1.ImageNodeResult{NodeId: n.ID, Ok: true})
@@ -450,7 +481,7 @@ func (r *Router) fanOut(ctx context.Context, local func() (proto.Message, error)
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			_, err := send(ctx, n)
+			_, err := send(ctx, n, false)
 			res := &berthv1.ImageNodeResult{NodeId: n.ID, Ok: true}
 			if err != nil {
 				res = nodeResult(n.ID, err)

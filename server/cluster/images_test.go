@@ -289,3 +289,35 @@ func TestImportThroughNode(t *testing.T) {
 		t.Errorf("node b got %d archives, want 1: a bad archive must reach no other node", got)
 	}
 }
+
+// TestImportAlone imports through the fleet's only live node: its handler
+// reads the caller's stream as it is (nothing spooled), and the answer
+// names it and comes once it published the image.
+func TestImportAlone(t *testing.T) {
+	cli, prefix := etcd(t)
+	solo := &imageNode{id: "solo"}
+	startImageNode(t, cli, prefix, solo, false)
+	directory := startDirectory(t, cli, prefix)
+	r := NewRouter(RouterConfig{Member: solo.member, Directory: directory, Peers: NewPeers(PeerCredentials{}, time.Second), Log: testLog()})
+	ctx := auth.NewContext(context.Background(), auth.Principal{Name: "ops", Admin: true})
+	header := &berthv1.ImportImageRequest{Part: &berthv1.ImportImageRequest_Header{Header: &berthv1.ImportImageHeader{Name: "img:4"}}}
+	ss := &callerStream{ctx: ctx, in: []any{header, &berthv1.ImportImageRequest{Part: &berthv1.ImportImageRequest_Chunk{Chunk: []byte("archive")}}}}
+	local := func(_ any, ss grpc.ServerStream) error {
+		return solo.ImportImage(&grpc.GenericServerStream[berthv1.ImportImageRequest, berthv1.ImportImageResponse]{ServerStream: ss})
+	}
+	err := r.ImageStreamInterceptor()(nil, ss, &grpc.StreamServerInfo{FullMethod: berthv1.ImageService_ImportImage_FullMethodName, IsClientStream: true}, local)
+	if err != nil || len(ss.sent) != 1 {
+		t.Fatalf("ImportImage through the only node = %v, sent %v", err, ss.sent)
+	}
+	resp := ss.sent[0].(*berthv1.ImportImageResponse)
+	if nodes := resp.GetNodes(); len(nodes) != 1 || nodes[0].GetNodeId() != "solo" || !nodes[0].GetOk() || len(resp.GetImages()) != 1 {
+		t.Errorf("ImportImage through the only node answered %v; want img:4 and solo ok", resp)
+	}
+	if live := directory.LiveNodes(); len(live) != 1 || !live[0].hasImage("img:4") {
+		t.Errorf("when the call returned the fleet's records were %v; want solo listing img:4", live)
+	}
+	want := sha256.Sum256([]byte("archive"))
+	if len(solo.archives) != 1 || solo.archives[0] != want {
+		t.Errorf("solo got %d archives; want the caller's once", len(solo.archives))
+	}
+}
