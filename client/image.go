@@ -18,6 +18,14 @@ type ImportOption func(*importConfig)
 
 type importConfig struct {
 	progress func(sentBytes uint64)
+	nodes    func([]*berthv1.ImageNodeResult)
+}
+
+// WithImportNodes has ImportImage call fn, in a fleet, with what each node
+// made of the import (ImportImageResponse.nodes, ordered by node id): a
+// node whose result is not ok does not hold the image.
+func WithImportNodes(fn func([]*berthv1.ImageNodeResult)) ImportOption {
+	return func(c *importConfig) { c.nodes = fn }
 }
 
 // WithProgress has ImportImage call fn after each chunk it sends, with the
@@ -88,6 +96,9 @@ func (c *Client) ImportImage(ctx context.Context, r io.Reader, name string, opts
 	resp, err := stream.CloseAndRecv()
 	if err != nil {
 		return nil, convertError(err)
+	}
+	if cfg.nodes != nil {
+		cfg.nodes(resp.GetNodes())
 	}
 	return resp.GetImages(), nil
 }

@@ -34,6 +34,14 @@ type PullOption func(*pullConfig)
 
 type pullConfig struct {
 	progress func(*berthv1.PullImageResponse)
+	nodes    func([]*berthv1.ImageNodeResult)
+}
+
+// WithPullNodes has PullImage call fn, in a fleet, with what each node
+// made of the pull (PullImageResponse.nodes, ordered by node id): a node
+// whose result is not ok does not hold the image.
+func WithPullNodes(fn func([]*berthv1.ImageNodeResult)) PullOption {
+	return func(c *pullConfig) { c.nodes = fn }
 }
 
 // WithPullProgress has PullImage call fn with every progress message berthd
@@ -66,6 +74,9 @@ func (c *Client) PullImage(ctx context.Context, ref string, opts ...PullOption) 
 			return nil, convertError(err)
 		}
 		if msg.GetImage() != nil {
+			if cfg.nodes != nil {
+				cfg.nodes(msg.GetNodes())
+			}
 			return msg.GetImage(), nil
 		}
 		if cfg.progress != nil {

@@ -4,8 +4,10 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,12 +18,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/internal/e2e"
+	"github.com/berth-sandbox/berth/internal/testcerts"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
 	containerd "github.com/containerd/containerd/v2/client"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	"go.etcd.io/etcd/server/v3/embed"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -199,19 +208,27 @@ func readUnit(t *testing.T, path string) map[string][]string {
 }
 
 // TestDeployDaemonSet runs berthd as deploy/kubernetes/berthd-daemonset.yaml
-// does: a container made by containerd and runc (ctr run) with the pod's
-// security context (privileged, read-only root file system), hostPID, the
-// host paths at their mount paths with their mount propagation (as
-// containerd's CRI plugin turns Bidirectional and HostToContainer into
-// rshared and rslave bind mounts and an rshared root), its env and args,
-// and the entrypoint of the Dockerfile, on a root file system laid out as
-// the image is. The host paths of production are mapped to the tests'
-// (containerd's root and socket directory, a state directory of the test
-// made a shared mount as on a systemd node). What the emulation leaves
-// out: the kubelet, the pod's sandbox (pause) container, cgroups and
-// resource limits; the root file system holds the tests' binaries and
-// busybox rather than the image's Debian (berthd linked dynamically, with
-// its libraries copied, where the image's is static).
+// does, as a fleet of two nodes (issue 22 part 7): each "pod" a container
+// made by containerd and runc (ctr run) with the pod's security context
+// (privileged, read-only root file system), hostPID and hostNetwork, the
+// host paths and Secrets at their mount paths with their mount
+// propagation (as containerd's CRI plugin turns Bidirectional and
+// HostToContainer into rshared and rslave bind mounts and an rshared
+// root), its env (the downward API's node name and host IP, the
+// ConfigMap's keys) and args, and the entrypoint of the Dockerfile, on a
+// root file system laid out as the image is. Each pod stands for another
+// Kubernetes node: its own node name, state directory, journal,
+// machine-id and ports (the manifest's, mapped to free ones: both share
+// this host's network); both use the tests' containerd, each in a
+// namespace of its own. The fleet's etcd is one embedded etcd serving TLS
+// with client certificates; the Secrets hold certificates of the tests'
+// CA with the names the manifest gives. The pods' grpc probes must answer
+// SERVING, and a sandbox created through one pod must run a command
+// through the other. What the emulation leaves out: the kubelet, the
+// pod's sandbox (pause) container, cgroups and resource limits, pod
+// networking across hosts; the root file system holds the tests' binaries
+// and busybox rather than the image's Debian (berthd linked dynamically,
+// with its libraries copied, where the image's is static).
 func TestDeployDaemonSet(t *testing.T) {
 	need(t)
 	for _, tool := range []string{"ctr", "ldd"} {
@@ -222,24 +239,162 @@ func TestDeployDaemonSet(t *testing.T) {
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		e2e.Missing(t, "/bin/busybox (busybox-static; scripts/deps.sh installs it): "+err.Error())
 	}
-	ds := readDaemonSet(t)
+	ds, configMaps := readDaemonSet(t)
 	pod := ds.Spec.Template.Spec
 	if len(pod.Containers) != 1 {
 		t.Fatalf("the DaemonSet has %d containers; the test knows one", len(pod.Containers))
 	}
 	c := pod.Containers[0]
 
+	// The Secrets: certificates of one test CA, a server certificate for
+	// the name nodes verify each other by, a token of the admin ops.
+	dir := filepath.Join(env.dir, "ds-secrets")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	certs, err := testcerts.NewSet(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peerName := configMaps["berthd-fleet"]["peer-server-name"]
+	if peerName == "" {
+		t.Fatal("the ConfigMap berthd-fleet has no peer-server-name")
+	}
+	serverCert, serverKey, err := certs.CA.Server(peerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientPair := func(cn string) [2][]byte {
+		crt, key, err := certs.CA.Client(cn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return [2][]byte{crt, key}
+	}
+	tlsSecret := func(kp [2][]byte) map[string][]byte {
+		return map[string][]byte{"tls.crt": kp[0], "tls.key": kp[1], "ca.crt": certs.CA.PEM}
+	}
+	secrets := map[string]map[string][]byte{
+		"berthd-tls":         tlsSecret([2][]byte{serverCert, serverKey}),
+		"berthd-peer":        tlsSecret(clientPair("berth-node")),
+		"berthd-etcd-client": tlsSecret(clientPair("berthd")),
+		"berthd-tokens":      {"tokens": []byte(auth.TokenHash(opsToken) + " ops\n")},
+	}
+	etcdURL := startTLSEtcd(t, certs)
+	configMaps["berthd-fleet"]["etcd-endpoints"] = etcdURL
+
+	pods := []*deployPod{
+		runDaemonSetPod(t, pod, c, configMaps, secrets, "dsa", "node-a"),
+		runDaemonSetPod(t, pod, c, configMaps, secrets, "dsb", "node-b"),
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	for _, p := range pods {
+		// The kubelet's grpc probes: grpc.health.v1 Check in plaintext.
+		for what, probe := range map[string]*k8sProbe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+			if probe == nil || probe.Grpc == nil {
+				t.Errorf("the DaemonSet has no grpc %s probe", what)
+				continue
+			}
+			if err := grpcProbe(ctx, "127.0.0.1:"+p.port(t, probe.Grpc.Port), probe.Grpc.Service); err != nil {
+				t.Errorf("%s: %s probe: %v", p.node, what, err)
+			}
+		}
+	}
+	// Both nodes registered under their Kubernetes node names.
+	tlsCfg, err := client.TLSConfigFromFiles(certs.CAFile, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops []*client.Client
+	for _, p := range pods {
+		oc, err := client.Dial(ctx, "127.0.0.1:"+p.port(t, 7443), client.WithTLS(tlsCfg), client.WithToken(opsToken))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { oc.Close() })
+		ops = append(ops, oc)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		nodes, err := ops[0].ListNodes(ctx)
+		var ids []string
+		for _, n := range nodes {
+			if n.GetState() == berthv1.NodeState_NODE_STATE_READY {
+				ids = append(ids, n.GetId())
+			}
+		}
+		if slices.Equal(ids, []string{"node-a", "node-b"}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the fleet's ready nodes are %v (%v), want node-a and node-b", ids, err)
+		}
+	}
+	// The image through node-a (an admin with a token: every node), a
+	// sandbox on node-a through node-a, the workload through node-b.
+	archive := filepath.Join(env.dir, "deploy-files.tar")
+	if _, err := os.Stat(archive); err != nil {
+		writeDeployFilesImage(t, archive)
+	}
+	tokenFile := filepath.Join(dir, "ops.token")
+	if err := os.WriteFile(tokenFile, []byte(opsToken), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(ctx, env.cliBinary, "--addr", "127.0.0.1:"+pods[0].port(t, 7443), "--tls-ca", certs.CAFile, "--token-file", tokenFile,
+		"image", "import", "--rootfs", "--name", deployFilesImage, archive).CombinedOutput()
+	if err != nil || strings.Contains(string(out), "does not hold the image") {
+		t.Fatalf("berth image import through node-a: %v\n%s", err, out)
+	}
+	sb, err := ops[0].CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: deployFilesImage, Labels: map[string]string{"node.berth.dev/id": "node-a"}})
+	if err != nil || sb.GetNodeId() != "node-a" {
+		t.Fatalf("create on node-a through node-a = %v, %v", sb, err)
+	}
+	t.Cleanup(func() { ops[0].DeleteSandbox(context.Background(), sb.GetId()) })
+	run, err := ops[1].Run(ctx, sb.GetId(), &berthv1.ProcessSpec{Argv: []string{"sh", "-c", deployWorkload}})
+	if err != nil {
+		t.Fatalf("Run through node-b: %v", err)
+	}
+	if got := string(run.GetStdout()); got != deployWant || run.GetResult().GetExitCode() != 0 {
+		t.Errorf("the workload (through node-b) exited %d with stdout\n%s\nstderr\n%s\nwant exit 0 and stdout\n%s", run.GetResult().GetExitCode(), got, run.GetStderr(), deployWant)
+	}
+}
+
+// deployPod is one pod of the DaemonSet that TestDeployDaemonSet runs.
+type deployPod struct {
+	node  string
+	ports map[int]int // the manifest's port -> the test's
+}
+
+func (p *deployPod) port(t *testing.T, manifest int) string {
+	t.Helper()
+	got, ok := p.ports[manifest]
+	if !ok {
+		t.Fatalf("port %d is not one of the container's ports %v", manifest, p.ports)
+	}
+	return fmt.Sprint(got)
+}
+
+// runDaemonSetPod runs container c of pod as the pod on Kubernetes node
+// nodeName, with configMaps and secrets (name -> key -> value), its host
+// paths and ports its own (name tells them apart), and returns once its
+// berthd serves on its unix socket; the container is deleted at cleanup.
+func runDaemonSetPod(t *testing.T, pod k8sPodSpec, c k8sContainer, configMaps map[string]map[string]string, secrets map[string]map[string][]byte, name, nodeName string) *deployPod {
+	t.Helper()
 	// The production paths of the DaemonSet and the tests' paths for them.
 	// No path here may be a prefix of the root file system's (pod-root):
 	// runc 1.1 takes the mount at such a prefix for the root's parent
 	// mount, and pivot_root(2) then fails with EINVAL.
-	name := "ds"
 	state := filepath.Join(env.dir, name)
+	machineID := filepath.Join(env.dir, name+"-machine-id")
+	if err := os.WriteFile(machineID, []byte(fmt.Sprintf("%x\n", sha256.Sum256([]byte(name)))[32:]), 0o444); err != nil {
+		t.Fatal(err)
+	}
 	paths := map[string]string{
 		"/run/berth":             state,
 		"/run/containerd":        filepath.Dir(env.containerd),
 		"/var/lib/containerd":    containerdRoot(t),
-		"/var/lib/berth/journal": filepath.Join(env.dir, "ds-journal"),
+		"/var/lib/berth/journal": filepath.Join(env.dir, name+"-journal"),
+		"/etc/machine-id":        machineID,
 	}
 	prefixes := make([]string, 0, len(paths))
 	for p := range paths {
@@ -260,6 +415,18 @@ func TestDeployDaemonSet(t *testing.T) {
 		}
 		return s
 	}
+	// The container's ports, each a free one of this host (hostNetwork:
+	// the pods share it).
+	dp := &deployPod{node: nodeName, ports: map[int]int{}}
+	for _, cp := range c.Ports {
+		dp.ports[cp.ContainerPort] = freePort(t)
+	}
+	mapPorts := func(s string) string {
+		for from, to := range dp.ports {
+			s = regexp.MustCompile(fmt.Sprintf(`:%d\b`, from)).ReplaceAllString(s, fmt.Sprintf(":%d", to))
+		}
+		return s
+	}
 
 	// The state directory is a shared mount on the node: containerd's CRI
 	// plugin refuses a Bidirectional mount of anything else. Made here
@@ -276,11 +443,11 @@ func TestDeployDaemonSet(t *testing.T) {
 	}
 	e := newOverlayBinaryEnv(t, name)
 	e.sock = filepath.Join(state, "berthd.sock")
-	root := deployRootFS(t, filepath.Join(env.dir, "pod-root"))
+	root := deployRootFS(t, filepath.Join(env.dir, "pod-root-"+name))
 
 	id := "berthd-" + strings.TrimPrefix(shortID("x"), "x-")
 	ctrNS := e.ns + "-pod"
-	logPath := filepath.Join(env.dir, "pod.log")
+	logPath := filepath.Join(env.dir, name+".log")
 	args := []string{"run", "-d", "--rootfs", "--log-uri", "file://" + logPath}
 	sc := c.SecurityContext
 	if sc.RunAsUser != nil && *sc.RunAsUser != 0 {
@@ -332,12 +499,27 @@ func TestDeployDaemonSet(t *testing.T) {
 				}
 			}
 		case v.EmptyDir != nil:
-			src = filepath.Join(env.dir, "pod-empty-"+m.Name)
+			src = filepath.Join(env.dir, name+"-empty-"+m.Name)
 			if err := os.Mkdir(src, 0o777); err != nil {
 				t.Fatal(err)
 			}
+		case v.Secret != nil:
+			// The kubelet writes a Secret's keys as files of its volume.
+			files, ok := secrets[v.Secret.SecretName]
+			if !ok {
+				t.Fatalf("secret %s: the test has no content for it; add some", v.Secret.SecretName)
+			}
+			src = filepath.Join(env.dir, name+"-secret-"+m.Name)
+			if err := os.Mkdir(src, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			for k, b := range files {
+				if err := os.WriteFile(filepath.Join(src, k), b, 0o400); err != nil {
+					t.Fatal(err)
+				}
+			}
 		default:
-			t.Fatalf("volume %s: the test knows hostPath and emptyDir volumes", m.Name)
+			t.Fatalf("volume %s: the test knows hostPath, emptyDir and secret volumes", m.Name)
 		}
 		opts := []string{"rbind"}
 		switch m.MountPropagation {
@@ -369,11 +551,19 @@ func TestDeployDaemonSet(t *testing.T) {
 	envs := map[string]string{}
 	for _, v := range c.Env {
 		val := v.Value
-		if v.ValueFrom != nil {
-			if v.ValueFrom.FieldRef == nil || v.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
-				t.Fatalf("env %s: the test knows only values and spec.nodeName", v.Name)
+		switch from := v.ValueFrom; {
+		case from == nil:
+		case from.FieldRef != nil && from.FieldRef.FieldPath == "spec.nodeName":
+			val = nodeName
+		case from.FieldRef != nil && from.FieldRef.FieldPath == "status.hostIP":
+			val = "127.0.0.1"
+		case from.ConfigMapKeyRef != nil:
+			var ok bool
+			if val, ok = configMaps[from.ConfigMapKeyRef.Name][from.ConfigMapKeyRef.Key]; !ok {
+				t.Fatalf("env %s: the manifest has no ConfigMap %s with key %s", v.Name, from.ConfigMapKeyRef.Name, from.ConfigMapKeyRef.Key)
 			}
-			val = "test-node"
+		default:
+			t.Fatalf("env %s: the test knows only values, spec.nodeName, status.hostIP and ConfigMap keys", v.Name)
 		}
 		envs[v.Name] = mapValue(val)
 		args = append(args, "--env", v.Name+"="+envs[v.Name])
@@ -382,7 +572,7 @@ func TestDeployDaemonSet(t *testing.T) {
 	for _, a := range c.Args {
 		// Kubernetes expands $(VAR) in args from the container's env.
 		a = k8sVarRef.ReplaceAllStringFunc(a, func(m string) string { return envs[m[2:len(m)-1]] })
-		args = append(args, mapValue(a))
+		args = append(args, mapPorts(mapValue(a)))
 	}
 	// The tests' own containerd namespace and the workload's isolation.
 	args = append(args, "--namespace="+e.ns, "--agent-ready-timeout=10s")
@@ -401,7 +591,7 @@ func TestDeployDaemonSet(t *testing.T) {
 		defer cancel()
 		if t.Failed() {
 			log, _ := os.ReadFile(logPath)
-			t.Logf("berthd's log (the container's output):\n%s", log)
+			t.Logf("berthd's log on %s (the container's output):\n%s", nodeName, log)
 		}
 		ctr(ctx, "task", "kill", "--signal", "SIGKILL", id)
 		for i := 0; i < 50; i++ {
@@ -419,18 +609,59 @@ func TestDeployDaemonSet(t *testing.T) {
 	e.dial(t)
 	if _, err := e.images.ListImages(ctx, &berthv1.ListImagesRequest{}, grpc.WaitForReady(true)); err != nil {
 		log, _ := os.ReadFile(logPath)
-		t.Fatalf("berthd in the DaemonSet's container did not serve: %v\nlog:\n%s", err, log)
+		t.Fatalf("berthd in the DaemonSet's container on %s did not serve: %v\nlog:\n%s", nodeName, err, log)
 	}
-	if probe := c.ReadinessProbe; probe != nil && probe.Exec != nil {
-		cmd := []string{"task", "exec", "--exec-id", "readiness", id}
-		for _, a := range probe.Exec.Command {
-			cmd = append(cmd, mapValue(a))
-		}
-		if out, err := ctr(ctx, cmd...); err != nil {
-			t.Errorf("readiness probe %q: %v\n%s", probe.Exec.Command, err, out)
-		}
+	return dp
+}
+
+// grpcProbe checks addr's grpc.health.v1 for service in plaintext, as the
+// kubelet's grpc probe does.
+func grpcProbe(ctx context.Context, addr, service string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
 	}
-	deploySandbox(t, e)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(true))
+	if err != nil {
+		return err
+	}
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("%s answers %v", addr, resp.GetStatus())
+	}
+	return nil
+}
+
+// startTLSEtcd starts an embedded etcd that serves its clients TLS with a
+// certificate of certs and takes only client certificates of its CA, and
+// returns its client URL; it stops at cleanup.
+func startTLSEtcd(t *testing.T, certs *testcerts.Set) string {
+	t.Helper()
+	cu, _ := url.Parse(fmt.Sprintf("https://127.0.0.1:%d", freePort(t)))
+	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
+	cfg := embed.NewConfig()
+	cfg.Name, cfg.Dir = "ds", filepath.Join(env.dir, "ds-etcd")
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	cfg.ClientTLSInfo = transport.TLSInfo{CertFile: certs.CertFile, KeyFile: certs.KeyFile, TrustedCAFile: certs.CAFile, ClientCertAuth: true}
+	// Its listeners log errors when they close.
+	cfg.LogLevel = "fatal"
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		t.Fatalf("start etcd: %v", err)
+	}
+	t.Cleanup(e.Close)
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		t.Fatalf("etcd: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("etcd not ready within a minute")
+	}
+	return cu.String()
 }
 
 // k8sVarRef is a reference to an environment variable in a container's
@@ -440,16 +671,29 @@ var k8sVarRef = regexp.MustCompile(`\$\([A-Za-z_][A-Za-z0-9_]*\)`)
 // k8sDaemonSet is what TestDeployDaemonSet reads of a DaemonSet (field
 // names match the YAML's case-insensitively).
 type k8sDaemonSet struct {
-	Kind string
+	Kind     string
+	Metadata struct{ Name string }
+	// Data is a ConfigMap's.
+	Data map[string]string
 	Spec struct {
 		Template struct {
-			Spec struct {
-				HostPID     bool `json:"hostPID"`
-				HostNetwork bool
-				Containers  []k8sContainer
-				Volumes     []k8sVolume
-			}
+			Spec k8sPodSpec
 		}
+	}
+}
+
+type k8sPodSpec struct {
+	HostPID     bool `json:"hostPID"`
+	HostNetwork bool
+	Containers  []k8sContainer
+	Volumes     []k8sVolume
+}
+
+// k8sProbe is a probe of the kubelet's own: grpc.health.v1 on a port.
+type k8sProbe struct {
+	Grpc *struct {
+		Port    int
+		Service string
 	}
 }
 
@@ -457,9 +701,15 @@ type k8sContainer struct {
 	Args []string
 	Env  []struct {
 		Name, Value string
-		ValueFrom   *struct{ FieldRef *struct{ FieldPath string } }
+		ValueFrom   *struct {
+			FieldRef        *struct{ FieldPath string }
+			ConfigMapKeyRef *struct{ Name, Key string }
+		}
 	}
-	ReadinessProbe *struct{ Exec *struct{ Command []string } }
+	Ports []struct {
+		ContainerPort int
+	}
+	ReadinessProbe, LivenessProbe *k8sProbe
 	// SecurityContext holds what the test applies; anything else fails
 	// the test only when it breaks berthd.
 	SecurityContext struct {
@@ -479,26 +729,35 @@ type k8sVolume struct {
 	Name     string
 	HostPath *struct{ Path, Type string }
 	EmptyDir *struct{ Medium string }
+	Secret   *struct{ SecretName string }
 }
 
-// readDaemonSet returns the DaemonSet of deploy/kubernetes/berthd-daemonset.yaml.
-func readDaemonSet(t *testing.T) k8sDaemonSet {
+// readDaemonSet returns the DaemonSet of deploy/kubernetes/berthd-daemonset.yaml
+// and its ConfigMaps' data by name.
+func readDaemonSet(t *testing.T) (k8sDaemonSet, map[string]map[string]string) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(env.repo, "deploy", "kubernetes", "berthd-daemonset.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	configMaps := map[string]map[string]string{}
+	var out *k8sDaemonSet
 	for _, doc := range strings.Split(string(b), "\n---\n") {
 		var ds k8sDaemonSet
 		if err := yaml.Unmarshal([]byte(doc), &ds); err != nil {
 			t.Fatalf("berthd-daemonset.yaml: %v", err)
 		}
-		if ds.Kind == "DaemonSet" {
-			return ds
+		switch ds.Kind {
+		case "DaemonSet":
+			out = &ds
+		case "ConfigMap":
+			configMaps[ds.Metadata.Name] = ds.Data
 		}
 	}
-	t.Fatal("berthd-daemonset.yaml holds no DaemonSet")
-	return k8sDaemonSet{}
+	if out == nil {
+		t.Fatal("berthd-daemonset.yaml holds no DaemonSet")
+	}
+	return *out, configMaps
 }
 
 // dockerfileEntrypoint returns the image's entrypoint, as the Dockerfile's

@@ -14,7 +14,9 @@ import (
 // A gateway berthd (NewGatewayServer) registers these in place of a
 // Service: its router sends every call naming a sandbox to a node, so
 // only a call that names none — an Exec stream closed before its first
-// message — reaches them, and images are the nodes'.
+// message — reaches them, and images are the nodes': the router sends an
+// import or pull to every node and answers ListImages from the nodes'
+// records, so only DeleteImage reaches gatewayImages.
 type (
 	gatewayService struct {
 		berthv1.UnimplementedSandboxServiceServer
@@ -29,7 +31,7 @@ type (
 
 func noImages() error {
 	return apierr.New(codes.FailedPrecondition, rpcstatus.ReasonNotANode,
-		"this berthd is a gateway and holds no images: import, pull, list and delete images on each node of the fleet", nil)
+		"this berthd is a gateway and holds no images: delete an image on each node of the fleet that holds it (ListImages names them)", nil)
 }
 
 // ImportImage implements berth.v1.ImageService.

@@ -183,7 +183,7 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	unary = append(unary, cfg.auth.UnaryInterceptors()...)
 	unary = append(unary, logPrincipalUnary)
 	if cfg.router != nil {
-		unary = append(unary, cfg.router.UnaryInterceptor())
+		unary = append(unary, cfg.router.UnaryInterceptor(), cfg.router.ImageUnaryInterceptor())
 	}
 	boundary := &status.Boundary{Log: log, ServerVersion: Version}
 	if svc != nil {
@@ -195,7 +195,7 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	stream = append(stream, cfg.auth.StreamInterceptors()...)
 	stream = append(stream, logPrincipalStream)
 	if cfg.router != nil {
-		stream = append(stream, cfg.router.StreamInterceptor())
+		stream = append(stream, cfg.router.StreamInterceptor(), cfg.router.ImageStreamInterceptor())
 	}
 	if svc != nil {
 		stream = append(stream, svc.life.ActivityStream())

@@ -81,7 +81,8 @@ stderr when it is a terminal. The import is not bounded by --rpc-timeout.`,
 				archive, src.total = pr, -1
 			}
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				var opts []client.ImportOption
+				var nodes []*berthv1.ImageNodeResult
+				opts := []client.ImportOption{client.WithImportNodes(func(r []*berthv1.ImageNodeResult) { nodes = r })}
 				p := &progress{verb: "importing", label: src.label, total: src.total}
 				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 					p.w = f
@@ -95,6 +96,7 @@ stderr when it is a terminal. The import is not bounded by --rpc-timeout.`,
 				for _, img := range images {
 					fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
 				}
+				warnNodes(cmd.ErrOrStderr(), "import", nodes)
 				return nil
 			})
 		},
@@ -292,7 +294,8 @@ within berthd's --pull-resolve-timeout. The pull is not bounded by
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				var opts []client.PullOption
+				var nodes []*berthv1.ImageNodeResult
+				opts := []client.PullOption{client.WithPullNodes(func(r []*berthv1.ImageNodeResult) { nodes = r })}
 				p := &progress{verb: "pulling", label: args[0], total: -1}
 				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 					p.w = f
@@ -304,9 +307,21 @@ within berthd's --pull-resolve-timeout. The pull is not bounded by
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", img.GetName(), img.GetDigest())
+				warnNodes(cmd.ErrOrStderr(), "pull", nodes)
 				return nil
 			})
 		},
+	}
+}
+
+// warnNodes writes a line to w for each node of a fleet that did not get
+// the image of an import or pull (verb): placement skips it for the
+// image's sandboxes.
+func warnNodes(w io.Writer, verb string, nodes []*berthv1.ImageNodeResult) {
+	for _, n := range nodes {
+		if !n.GetOk() {
+			fmt.Fprintf(w, "berth: image %s: node %s does not hold the image: %s %s: %s\n", verb, n.GetNodeId(), n.GetErrorCode(), n.GetErrorReason(), terminalSafe(n.GetErrorMessage()))
+		}
 	}
 }
 

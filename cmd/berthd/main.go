@@ -156,6 +156,7 @@ func main() {
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
 	flag.StringVar(&otlpAt, "otlp-endpoint", "", "export OpenTelemetry traces of berthd and its agents over OTLP/gRPC to this URL (http://host:4317 plaintext, https://... TLS); empty: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
 	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics (and with --pprof /debug/pprof/) over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
+	flag.StringVar(&healthAt, "health-listen", "", "also serve only the gRPC health service (grpc.health.v1) in plaintext on this host:port, for probes that speak no TLS (Kubernetes' grpc probes): SERVING from when berthd serves its API until it stops; empty: off")
 	flag.BoolVar(&pprofOn, "pprof", false, "also serve Go's profiles under /debug/pprof/ on --metrics-listen, without credentials: whoever reaches it sees berthd's command line (its token file and TLS key paths), stacks, heap and CPU profiles")
 	transport.register()
 	fleetFlags.register()
@@ -468,6 +469,12 @@ func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []st
 		}
 		go func() { served <- srv.Serve(lis) }()
 	}
+	stopHealth, err := serveHealth(healthAt, log)
+	if err != nil {
+		srv.Stop()
+		return err
+	}
+	defer stopHealth()
 	log.Info("berthd serving", append([]any{slog.Any("listen", listens)}, attrs...)...)
 	joined := make(chan error, 1)
 	if join != nil {
@@ -498,6 +505,7 @@ func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []st
 		}
 	}
 	log.Info("berthd stopping")
+	stopHealth()
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
 	select {

@@ -48,11 +48,11 @@ func NewCA(name string) (*CA, error) {
 	return &CA{cert: cert, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
-// Server returns a server certificate for 127.0.0.1, ::1 and localhost and
-// its key, PEM-encoded.
-func (ca *CA) Server() (certPEM, keyPEM []byte, err error) {
+// Server returns a server certificate for 127.0.0.1, ::1 and localhost,
+// and the DNS names names, and its key, PEM-encoded.
+func (ca *CA) Server(names ...string) (certPEM, keyPEM []byte, err error) {
 	tmpl := template("localhost")
-	tmpl.DNSNames = []string{"localhost"}
+	tmpl.DNSNames = append([]string{"localhost"}, names...)
 	tmpl.IPAddresses = []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback}
 	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 	return ca.issue(tmpl)

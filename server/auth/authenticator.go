@@ -48,6 +48,16 @@ var ForwardedServices = map[string]bool{
 	berthv1.FileService_ServiceDesc.ServiceName:    true,
 }
 
+// ForwardedImageMethods are the image calls a node principal may forward
+// too: a fleet's import or pull goes to every node (server/cluster's
+// Router). They are AdminOnly, so the node credential alone still cannot
+// change an image store: the principal it names must be an admin with
+// its own token (ForwardedTokenHeader).
+var ForwardedImageMethods = map[string]bool{
+	berthv1.ImageService_ImportImage_FullMethodName: true,
+	berthv1.ImageService_PullImage_FullMethodName:   true,
+}
+
 // AdminOnly are the methods only admins may call (PERMISSION_DENIED for
 // others). Images are one store that every principal's sandboxes are
 // created from: an import under an existing name replaces what everyone's
@@ -272,8 +282,8 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 	switch {
 	case a.nodes[p.Name] && len(fwd) == 0:
 		return nil, permissionDenied(fmt.Sprintf("principal %s is a node principal: it may only forward calls for the principal it names in %s, never call as itself", p.Name, ForwardedHeader))
-	case a.nodes[p.Name] && !ForwardedServices[serviceOf(method)]:
-		return nil, permissionDenied(fmt.Sprintf("node principal %s may forward only the sandbox and file calls that nodes route; %s is not one", p.Name, method))
+	case a.nodes[p.Name] && !ForwardedServices[serviceOf(method)] && !ForwardedImageMethods[method]:
+		return nil, permissionDenied(fmt.Sprintf("node principal %s may forward only the sandbox and file calls that nodes route and image imports and pulls; %s is not one", p.Name, method))
 	case len(fwd) > 0:
 		if !a.nodes[p.Name] {
 			return nil, permissionDenied(fmt.Sprintf("principal %s may not act on behalf of another (%s is honored from node principals only)", p.Name, ForwardedHeader))

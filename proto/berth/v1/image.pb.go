@@ -38,8 +38,12 @@ type Image struct {
 	// the server's platform: index, manifest, config and (compressed) layers,
 	// in bytes, as containerd's `ctr images ls` shows it.
 	ContentSizeBytes uint64 `protobuf:"varint,5,opt,name=content_size_bytes,json=contentSizeBytes,proto3" json:"content_size_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// node_ids are, in a fleet, the live nodes whose published image list
+	// holds this name, ordered; empty outside a fleet. An image that only
+	// other nodes hold has only name and node_ids set.
+	NodeIds       []string `protobuf:"bytes,6,rep,name=node_ids,json=nodeIds,proto3" json:"node_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Image) Reset() {
@@ -107,6 +111,98 @@ func (x *Image) GetContentSizeBytes() uint64 {
 	return 0
 }
 
+func (x *Image) GetNodeIds() []string {
+	if x != nil {
+		return x.NodeIds
+	}
+	return nil
+}
+
+// ImageNodeResult is what one node of a fleet made of an import or pull
+// that went through the fleet.
+type ImageNodeResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id names the node.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// ok is true when the node stored the image.
+	Ok bool `protobuf:"varint,2,opt,name=ok,proto3" json:"ok,omitempty"`
+	// error_code is the gRPC code of the node's failure by name (e.g.
+	// "PERMISSION_DENIED", "UNAVAILABLE"); empty when ok.
+	ErrorCode string `protobuf:"bytes,3,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	// error_reason is the failure's berth reason (ErrorInfo.reason, e.g.
+	// "SANDBOX_UNREACHABLE" for a node that did not answer); may be empty.
+	ErrorReason string `protobuf:"bytes,4,opt,name=error_reason,json=errorReason,proto3" json:"error_reason,omitempty"`
+	// error_message says what failed and why.
+	ErrorMessage  string `protobuf:"bytes,5,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageNodeResult) Reset() {
+	*x = ImageNodeResult{}
+	mi := &file_berth_v1_image_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageNodeResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageNodeResult) ProtoMessage() {}
+
+func (x *ImageNodeResult) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_image_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageNodeResult.ProtoReflect.Descriptor instead.
+func (*ImageNodeResult) Descriptor() ([]byte, []int) {
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ImageNodeResult) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ImageNodeResult) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+func (x *ImageNodeResult) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *ImageNodeResult) GetErrorReason() string {
+	if x != nil {
+		return x.ErrorReason
+	}
+	return ""
+}
+
+func (x *ImageNodeResult) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
 // ImportImageHeader starts an import.
 type ImportImageHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -120,7 +216,7 @@ type ImportImageHeader struct {
 
 func (x *ImportImageHeader) Reset() {
 	*x = ImportImageHeader{}
-	mi := &file_berth_v1_image_proto_msgTypes[1]
+	mi := &file_berth_v1_image_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +228,7 @@ func (x *ImportImageHeader) String() string {
 func (*ImportImageHeader) ProtoMessage() {}
 
 func (x *ImportImageHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[1]
+	mi := &file_berth_v1_image_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +241,7 @@ func (x *ImportImageHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageHeader.ProtoReflect.Descriptor instead.
 func (*ImportImageHeader) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{1}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ImportImageHeader) GetName() string {
@@ -172,7 +268,7 @@ type ImportImageRequest struct {
 
 func (x *ImportImageRequest) Reset() {
 	*x = ImportImageRequest{}
-	mi := &file_berth_v1_image_proto_msgTypes[2]
+	mi := &file_berth_v1_image_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -184,7 +280,7 @@ func (x *ImportImageRequest) String() string {
 func (*ImportImageRequest) ProtoMessage() {}
 
 func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[2]
+	mi := &file_berth_v1_image_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -197,7 +293,7 @@ func (x *ImportImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageRequest.ProtoReflect.Descriptor instead.
 func (*ImportImageRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ImportImageRequest) GetPart() isImportImageRequest_Part {
@@ -248,14 +344,19 @@ func (*ImportImageRequest_Chunk) isImportImageRequest_Part() {}
 type ImportImageResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// images are the imported images.
-	Images        []*Image `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	Images []*Image `protobuf:"bytes,1,rep,name=images,proto3" json:"images,omitempty"`
+	// nodes are, in a fleet, every live node the import went to, ordered by
+	// id, with what each made of it; empty outside a fleet. A node that
+	// failed (or joins later) does not hold the image, and placement skips
+	// it for sandboxes of the image.
+	Nodes         []*ImageNodeResult `protobuf:"bytes,2,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ImportImageResponse) Reset() {
 	*x = ImportImageResponse{}
-	mi := &file_berth_v1_image_proto_msgTypes[3]
+	mi := &file_berth_v1_image_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -267,7 +368,7 @@ func (x *ImportImageResponse) String() string {
 func (*ImportImageResponse) ProtoMessage() {}
 
 func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[3]
+	mi := &file_berth_v1_image_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -280,12 +381,19 @@ func (x *ImportImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImportImageResponse.ProtoReflect.Descriptor instead.
 func (*ImportImageResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ImportImageResponse) GetImages() []*Image {
 	if x != nil {
 		return x.Images
+	}
+	return nil
+}
+
+func (x *ImportImageResponse) GetNodes() []*ImageNodeResult {
+	if x != nil {
+		return x.Nodes
 	}
 	return nil
 }
@@ -299,7 +407,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_berth_v1_image_proto_msgTypes[4]
+	mi := &file_berth_v1_image_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -311,7 +419,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[4]
+	mi := &file_berth_v1_image_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -324,7 +432,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{4}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{5}
 }
 
 // ListImagesResponse lists images.
@@ -338,7 +446,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_berth_v1_image_proto_msgTypes[5]
+	mi := &file_berth_v1_image_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -350,7 +458,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[5]
+	mi := &file_berth_v1_image_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -363,7 +471,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{5}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -387,7 +495,7 @@ type PullImageRequest struct {
 
 func (x *PullImageRequest) Reset() {
 	*x = PullImageRequest{}
-	mi := &file_berth_v1_image_proto_msgTypes[6]
+	mi := &file_berth_v1_image_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +507,7 @@ func (x *PullImageRequest) String() string {
 func (*PullImageRequest) ProtoMessage() {}
 
 func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[6]
+	mi := &file_berth_v1_image_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +520,7 @@ func (x *PullImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageRequest.ProtoReflect.Descriptor instead.
 func (*PullImageRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{6}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PullImageRequest) GetReference() string {
@@ -441,7 +549,7 @@ type PullLayerProgress struct {
 
 func (x *PullLayerProgress) Reset() {
 	*x = PullLayerProgress{}
-	mi := &file_berth_v1_image_proto_msgTypes[7]
+	mi := &file_berth_v1_image_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +561,7 @@ func (x *PullLayerProgress) String() string {
 func (*PullLayerProgress) ProtoMessage() {}
 
 func (x *PullLayerProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[7]
+	mi := &file_berth_v1_image_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +574,7 @@ func (x *PullLayerProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullLayerProgress.ProtoReflect.Descriptor instead.
 func (*PullLayerProgress) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{7}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PullLayerProgress) GetDigest() string {
@@ -515,14 +623,17 @@ type PullImageResponse struct {
 	TotalBytes uint64 `protobuf:"varint,3,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
 	// image is set in the last message, once the image is stored and
 	// unpacked.
-	Image         *Image `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
+	Image *Image `protobuf:"bytes,4,opt,name=image,proto3" json:"image,omitempty"`
+	// nodes are, in a fleet, set in the last message (with image): every
+	// live node the pull went to, ordered by id, with what each made of it.
+	Nodes         []*ImageNodeResult `protobuf:"bytes,5,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PullImageResponse) Reset() {
 	*x = PullImageResponse{}
-	mi := &file_berth_v1_image_proto_msgTypes[8]
+	mi := &file_berth_v1_image_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -534,7 +645,7 @@ func (x *PullImageResponse) String() string {
 func (*PullImageResponse) ProtoMessage() {}
 
 func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[8]
+	mi := &file_berth_v1_image_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -547,7 +658,7 @@ func (x *PullImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullImageResponse.ProtoReflect.Descriptor instead.
 func (*PullImageResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{8}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PullImageResponse) GetLayers() []*PullLayerProgress {
@@ -578,6 +689,13 @@ func (x *PullImageResponse) GetImage() *Image {
 	return nil
 }
 
+func (x *PullImageResponse) GetNodes() []*ImageNodeResult {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 // DeleteImageRequest names the image to delete.
 type DeleteImageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -589,7 +707,7 @@ type DeleteImageRequest struct {
 
 func (x *DeleteImageRequest) Reset() {
 	*x = DeleteImageRequest{}
-	mi := &file_berth_v1_image_proto_msgTypes[9]
+	mi := &file_berth_v1_image_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +719,7 @@ func (x *DeleteImageRequest) String() string {
 func (*DeleteImageRequest) ProtoMessage() {}
 
 func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[9]
+	mi := &file_berth_v1_image_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +732,7 @@ func (x *DeleteImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageRequest.ProtoReflect.Descriptor instead.
 func (*DeleteImageRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{9}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *DeleteImageRequest) GetName() string {
@@ -633,7 +751,7 @@ type DeleteImageResponse struct {
 
 func (x *DeleteImageResponse) Reset() {
 	*x = DeleteImageResponse{}
-	mi := &file_berth_v1_image_proto_msgTypes[10]
+	mi := &file_berth_v1_image_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +763,7 @@ func (x *DeleteImageResponse) String() string {
 func (*DeleteImageResponse) ProtoMessage() {}
 
 func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_image_proto_msgTypes[10]
+	mi := &file_berth_v1_image_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,14 +776,14 @@ func (x *DeleteImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteImageResponse.ProtoReflect.Descriptor instead.
 func (*DeleteImageResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_image_proto_rawDescGZIP(), []int{10}
+	return file_berth_v1_image_proto_rawDescGZIP(), []int{11}
 }
 
 var File_berth_v1_image_proto protoreflect.FileDescriptor
 
 const file_berth_v1_image_proto_rawDesc = "" +
 	"\n" +
-	"\x14berth/v1/image.proto\x12\bberth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\x01\n" +
+	"\x14berth/v1/image.proto\x12\bberth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\x01\n" +
 	"\x05Image\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12\x1d\n" +
@@ -673,15 +791,24 @@ const file_berth_v1_image_proto_rawDesc = "" +
 	"size_bytes\x18\x03 \x01(\x04R\tsizeBytes\x129\n" +
 	"\n" +
 	"created_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12,\n" +
-	"\x12content_size_bytes\x18\x05 \x01(\x04R\x10contentSizeBytes\"'\n" +
+	"\x12content_size_bytes\x18\x05 \x01(\x04R\x10contentSizeBytes\x12\x19\n" +
+	"\bnode_ids\x18\x06 \x03(\tR\anodeIds\"\xa1\x01\n" +
+	"\x0fImageNodeResult\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x0e\n" +
+	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x03 \x01(\tR\terrorCode\x12!\n" +
+	"\ferror_reason\x18\x04 \x01(\tR\verrorReason\x12#\n" +
+	"\rerror_message\x18\x05 \x01(\tR\ferrorMessage\"'\n" +
 	"\x11ImportImageHeader\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"k\n" +
 	"\x12ImportImageRequest\x125\n" +
 	"\x06header\x18\x01 \x01(\v2\x1b.berth.v1.ImportImageHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part\">\n" +
+	"\x04part\"o\n" +
 	"\x13ImportImageResponse\x12'\n" +
-	"\x06images\x18\x01 \x03(\v2\x0f.berth.v1.ImageR\x06images\"\x13\n" +
+	"\x06images\x18\x01 \x03(\v2\x0f.berth.v1.ImageR\x06images\x12/\n" +
+	"\x05nodes\x18\x02 \x03(\v2\x19.berth.v1.ImageNodeResultR\x05nodes\"\x13\n" +
 	"\x11ListImagesRequest\"=\n" +
 	"\x12ListImagesResponse\x12'\n" +
 	"\x06images\x18\x01 \x03(\v2\x0f.berth.v1.ImageR\x06images\"0\n" +
@@ -694,13 +821,14 @@ const file_berth_v1_image_proto_rawDesc = "" +
 	"\x10downloaded_bytes\x18\x03 \x01(\x04R\x0fdownloadedBytes\x12\x1f\n" +
 	"\vtotal_bytes\x18\x04 \x01(\x04R\n" +
 	"totalBytes\x12\x12\n" +
-	"\x04done\x18\x05 \x01(\bR\x04done\"\xbb\x01\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\"\xec\x01\n" +
 	"\x11PullImageResponse\x123\n" +
 	"\x06layers\x18\x01 \x03(\v2\x1b.berth.v1.PullLayerProgressR\x06layers\x12)\n" +
 	"\x10downloaded_bytes\x18\x02 \x01(\x04R\x0fdownloadedBytes\x12\x1f\n" +
 	"\vtotal_bytes\x18\x03 \x01(\x04R\n" +
 	"totalBytes\x12%\n" +
-	"\x05image\x18\x04 \x01(\v2\x0f.berth.v1.ImageR\x05image\"(\n" +
+	"\x05image\x18\x04 \x01(\v2\x0f.berth.v1.ImageR\x05image\x12/\n" +
+	"\x05nodes\x18\x05 \x03(\v2\x19.berth.v1.ImageNodeResultR\x05nodes\"(\n" +
 	"\x12DeleteImageRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
 	"\x13DeleteImageResponse2\xb9\x02\n" +
@@ -723,41 +851,44 @@ func file_berth_v1_image_proto_rawDescGZIP() []byte {
 	return file_berth_v1_image_proto_rawDescData
 }
 
-var file_berth_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_berth_v1_image_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_berth_v1_image_proto_goTypes = []any{
 	(*Image)(nil),                 // 0: berth.v1.Image
-	(*ImportImageHeader)(nil),     // 1: berth.v1.ImportImageHeader
-	(*ImportImageRequest)(nil),    // 2: berth.v1.ImportImageRequest
-	(*ImportImageResponse)(nil),   // 3: berth.v1.ImportImageResponse
-	(*ListImagesRequest)(nil),     // 4: berth.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),    // 5: berth.v1.ListImagesResponse
-	(*PullImageRequest)(nil),      // 6: berth.v1.PullImageRequest
-	(*PullLayerProgress)(nil),     // 7: berth.v1.PullLayerProgress
-	(*PullImageResponse)(nil),     // 8: berth.v1.PullImageResponse
-	(*DeleteImageRequest)(nil),    // 9: berth.v1.DeleteImageRequest
-	(*DeleteImageResponse)(nil),   // 10: berth.v1.DeleteImageResponse
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*ImageNodeResult)(nil),       // 1: berth.v1.ImageNodeResult
+	(*ImportImageHeader)(nil),     // 2: berth.v1.ImportImageHeader
+	(*ImportImageRequest)(nil),    // 3: berth.v1.ImportImageRequest
+	(*ImportImageResponse)(nil),   // 4: berth.v1.ImportImageResponse
+	(*ListImagesRequest)(nil),     // 5: berth.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),    // 6: berth.v1.ListImagesResponse
+	(*PullImageRequest)(nil),      // 7: berth.v1.PullImageRequest
+	(*PullLayerProgress)(nil),     // 8: berth.v1.PullLayerProgress
+	(*PullImageResponse)(nil),     // 9: berth.v1.PullImageResponse
+	(*DeleteImageRequest)(nil),    // 10: berth.v1.DeleteImageRequest
+	(*DeleteImageResponse)(nil),   // 11: berth.v1.DeleteImageResponse
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_berth_v1_image_proto_depIdxs = []int32{
-	11, // 0: berth.v1.Image.created_at:type_name -> google.protobuf.Timestamp
-	1,  // 1: berth.v1.ImportImageRequest.header:type_name -> berth.v1.ImportImageHeader
+	12, // 0: berth.v1.Image.created_at:type_name -> google.protobuf.Timestamp
+	2,  // 1: berth.v1.ImportImageRequest.header:type_name -> berth.v1.ImportImageHeader
 	0,  // 2: berth.v1.ImportImageResponse.images:type_name -> berth.v1.Image
-	0,  // 3: berth.v1.ListImagesResponse.images:type_name -> berth.v1.Image
-	7,  // 4: berth.v1.PullImageResponse.layers:type_name -> berth.v1.PullLayerProgress
-	0,  // 5: berth.v1.PullImageResponse.image:type_name -> berth.v1.Image
-	2,  // 6: berth.v1.ImageService.ImportImage:input_type -> berth.v1.ImportImageRequest
-	4,  // 7: berth.v1.ImageService.ListImages:input_type -> berth.v1.ListImagesRequest
-	6,  // 8: berth.v1.ImageService.PullImage:input_type -> berth.v1.PullImageRequest
-	9,  // 9: berth.v1.ImageService.DeleteImage:input_type -> berth.v1.DeleteImageRequest
-	3,  // 10: berth.v1.ImageService.ImportImage:output_type -> berth.v1.ImportImageResponse
-	5,  // 11: berth.v1.ImageService.ListImages:output_type -> berth.v1.ListImagesResponse
-	8,  // 12: berth.v1.ImageService.PullImage:output_type -> berth.v1.PullImageResponse
-	10, // 13: berth.v1.ImageService.DeleteImage:output_type -> berth.v1.DeleteImageResponse
-	10, // [10:14] is the sub-list for method output_type
-	6,  // [6:10] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	1,  // 3: berth.v1.ImportImageResponse.nodes:type_name -> berth.v1.ImageNodeResult
+	0,  // 4: berth.v1.ListImagesResponse.images:type_name -> berth.v1.Image
+	8,  // 5: berth.v1.PullImageResponse.layers:type_name -> berth.v1.PullLayerProgress
+	0,  // 6: berth.v1.PullImageResponse.image:type_name -> berth.v1.Image
+	1,  // 7: berth.v1.PullImageResponse.nodes:type_name -> berth.v1.ImageNodeResult
+	3,  // 8: berth.v1.ImageService.ImportImage:input_type -> berth.v1.ImportImageRequest
+	5,  // 9: berth.v1.ImageService.ListImages:input_type -> berth.v1.ListImagesRequest
+	7,  // 10: berth.v1.ImageService.PullImage:input_type -> berth.v1.PullImageRequest
+	10, // 11: berth.v1.ImageService.DeleteImage:input_type -> berth.v1.DeleteImageRequest
+	4,  // 12: berth.v1.ImageService.ImportImage:output_type -> berth.v1.ImportImageResponse
+	6,  // 13: berth.v1.ImageService.ListImages:output_type -> berth.v1.ListImagesResponse
+	9,  // 14: berth.v1.ImageService.PullImage:output_type -> berth.v1.PullImageResponse
+	11, // 15: berth.v1.ImageService.DeleteImage:output_type -> berth.v1.DeleteImageResponse
+	12, // [12:16] is the sub-list for method output_type
+	8,  // [8:12] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_image_proto_init() }
@@ -765,7 +896,7 @@ func file_berth_v1_image_proto_init() {
 	if File_berth_v1_image_proto != nil {
 		return
 	}
-	file_berth_v1_image_proto_msgTypes[2].OneofWrappers = []any{
+	file_berth_v1_image_proto_msgTypes[3].OneofWrappers = []any{
 		(*ImportImageRequest_Header)(nil),
 		(*ImportImageRequest_Chunk)(nil),
 	}
@@ -775,7 +906,7 @@ func file_berth_v1_image_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_image_proto_rawDesc), len(file_berth_v1_image_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -39,17 +39,26 @@ type ImageServiceClient interface {
 	// name is recorded for the archive's index. The first message is a
 	// header, the rest carry archive bytes in order. (berth image import
 	// also turns a root filesystem into such an archive.)
-	// Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
-	// be read or names no image.
+	// In a fleet, an import through any node or gateway goes to every live
+	// node: the archive is imported on the node called (a gateway: one live
+	// node) first, then sent to the other nodes; the response says which
+	// did not get it (nodes). Errors: INVALID_ARGUMENT
+	// (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
+	// image.
 	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse], error)
-	// ListImages lists stored images ordered by name.
+	// ListImages lists stored images ordered by name. In a fleet each image
+	// names the live nodes that hold it (node_ids), and images that only
+	// other nodes hold are listed by name with their nodes.
 	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
 	// PullImage fetches an image from its registry, stores and unpacks it, and
 	// streams progress while it does: PullImageProgress messages, then one
 	// with the image set last. Errors: INVALID_ARGUMENT for a malformed
 	// reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
 	// image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
-	// reached within the server's resolve timeout.
+	// reached within the server's resolve timeout. In a fleet the node
+	// called (a gateway: one live node) pulls first, streaming its progress,
+	// then every other live node pulls from the registry itself; the last
+	// message says which nodes did not get the image (nodes).
 	PullImage(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullImageResponse], error)
 	// DeleteImage removes an image record from the store; sandboxes created
 	// from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
@@ -130,17 +139,26 @@ type ImageServiceServer interface {
 	// name is recorded for the archive's index. The first message is a
 	// header, the rest carry archive bytes in order. (berth image import
 	// also turns a root filesystem into such an archive.)
-	// Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
-	// be read or names no image.
+	// In a fleet, an import through any node or gateway goes to every live
+	// node: the archive is imported on the node called (a gateway: one live
+	// node) first, then sent to the other nodes; the response says which
+	// did not get it (nodes). Errors: INVALID_ARGUMENT
+	// (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
+	// image.
 	ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error
-	// ListImages lists stored images ordered by name.
+	// ListImages lists stored images ordered by name. In a fleet each image
+	// names the live nodes that hold it (node_ids), and images that only
+	// other nodes hold are listed by name with their nodes.
 	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
 	// PullImage fetches an image from its registry, stores and unpacks it, and
 	// streams progress while it does: PullImageProgress messages, then one
 	// with the image set last. Errors: INVALID_ARGUMENT for a malformed
 	// reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
 	// image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
-	// reached within the server's resolve timeout.
+	// reached within the server's resolve timeout. In a fleet the node
+	// called (a gateway: one live node) pulls first, streaming its progress,
+	// then every other live node pulls from the registry itself; the last
+	// message says which nodes did not get the image (nodes).
 	PullImage(*PullImageRequest, grpc.ServerStreamingServer[PullImageResponse]) error
 	// DeleteImage removes an image record from the store; sandboxes created
 	// from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).

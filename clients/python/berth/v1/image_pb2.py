@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x65rth/v1/image.proto\x12\x08\x62\x65rth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\x01\n\x05Image\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n\x06\x64igest\x18\x02 \x01(\tR\x06\x64igest\x12\x1d\n\nsize_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x39\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\x12,\n\x12\x63ontent_size_bytes\x18\x05 \x01(\x04R\x10\x63ontentSizeBytes\"\'\n\x11ImportImageHeader\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\"k\n\x12ImportImageRequest\x12\x35\n\x06header\x18\x01 \x01(\x0b\x32\x1b.berth.v1.ImportImageHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\">\n\x13ImportImageResponse\x12\'\n\x06images\x18\x01 \x03(\x0b\x32\x0f.berth.v1.ImageR\x06images\"\x13\n\x11ListImagesRequest\"=\n\x12ListImagesResponse\x12\'\n\x06images\x18\x01 \x03(\x0b\x32\x0f.berth.v1.ImageR\x06images\"0\n\x10PullImageRequest\x12\x1c\n\treference\x18\x01 \x01(\tR\treference\"\xaa\x01\n\x11PullLayerProgress\x12\x16\n\x06\x64igest\x18\x01 \x01(\tR\x06\x64igest\x12\x1d\n\nmedia_type\x18\x02 \x01(\tR\tmediaType\x12)\n\x10\x64ownloaded_bytes\x18\x03 \x01(\x04R\x0f\x64ownloadedBytes\x12\x1f\n\x0btotal_bytes\x18\x04 \x01(\x04R\ntotalBytes\x12\x12\n\x04\x64one\x18\x05 \x01(\x08R\x04\x64one\"\xbb\x01\n\x11PullImageResponse\x12\x33\n\x06layers\x18\x01 \x03(\x0b\x32\x1b.berth.v1.PullLayerProgressR\x06layers\x12)\n\x10\x64ownloaded_bytes\x18\x02 \x01(\x04R\x0f\x64ownloadedBytes\x12\x1f\n\x0btotal_bytes\x18\x03 \x01(\x04R\ntotalBytes\x12%\n\x05image\x18\x04 \x01(\x0b\x32\x0f.berth.v1.ImageR\x05image\"(\n\x12\x44\x65leteImageRequest\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\"\x15\n\x13\x44\x65leteImageResponse2\xb9\x02\n\x0cImageService\x12L\n\x0bImportImage\x12\x1c.berth.v1.ImportImageRequest\x1a\x1d.berth.v1.ImportImageResponse(\x01\x12G\n\nListImages\x12\x1b.berth.v1.ListImagesRequest\x1a\x1c.berth.v1.ListImagesResponse\x12\x46\n\tPullImage\x12\x1a.berth.v1.PullImageRequest\x1a\x1b.berth.v1.PullImageResponse0\x01\x12J\n\x0b\x44\x65leteImage\x12\x1c.berth.v1.DeleteImageRequest\x1a\x1d.berth.v1.DeleteImageResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x62\x65rth/v1/image.proto\x12\x08\x62\x65rth.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd6\x01\n\x05Image\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n\x06\x64igest\x18\x02 \x01(\tR\x06\x64igest\x12\x1d\n\nsize_bytes\x18\x03 \x01(\x04R\tsizeBytes\x12\x39\n\ncreated_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\tcreatedAt\x12,\n\x12\x63ontent_size_bytes\x18\x05 \x01(\x04R\x10\x63ontentSizeBytes\x12\x19\n\x08node_ids\x18\x06 \x03(\tR\x07nodeIds\"\xa1\x01\n\x0fImageNodeResult\x12\x17\n\x07node_id\x18\x01 \x01(\tR\x06nodeId\x12\x0e\n\x02ok\x18\x02 \x01(\x08R\x02ok\x12\x1d\n\nerror_code\x18\x03 \x01(\tR\terrorCode\x12!\n\x0c\x65rror_reason\x18\x04 \x01(\tR\x0b\x65rrorReason\x12#\n\rerror_message\x18\x05 \x01(\tR\x0c\x65rrorMessage\"\'\n\x11ImportImageHeader\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\"k\n\x12ImportImageRequest\x12\x35\n\x06header\x18\x01 \x01(\x0b\x32\x1b.berth.v1.ImportImageHeaderH\x00R\x06header\x12\x16\n\x05\x63hunk\x18\x02 \x01(\x0cH\x00R\x05\x63hunkB\x06\n\x04part\"o\n\x13ImportImageResponse\x12\'\n\x06images\x18\x01 \x03(\x0b\x32\x0f.berth.v1.ImageR\x06images\x12/\n\x05nodes\x18\x02 \x03(\x0b\x32\x19.berth.v1.ImageNodeResultR\x05nodes\"\x13\n\x11ListImagesRequest\"=\n\x12ListImagesResponse\x12\'\n\x06images\x18\x01 \x03(\x0b\x32\x0f.berth.v1.ImageR\x06images\"0\n\x10PullImageRequest\x12\x1c\n\treference\x18\x01 \x01(\tR\treference\"\xaa\x01\n\x11PullLayerProgress\x12\x16\n\x06\x64igest\x18\x01 \x01(\tR\x06\x64igest\x12\x1d\n\nmedia_type\x18\x02 \x01(\tR\tmediaType\x12)\n\x10\x64ownloaded_bytes\x18\x03 \x01(\x04R\x0f\x64ownloadedBytes\x12\x1f\n\x0btotal_bytes\x18\x04 \x01(\x04R\ntotalBytes\x12\x12\n\x04\x64one\x18\x05 \x01(\x08R\x04\x64one\"\xec\x01\n\x11PullImageResponse\x12\x33\n\x06layers\x18\x01 \x03(\x0b\x32\x1b.berth.v1.PullLayerProgressR\x06layers\x12)\n\x10\x64ownloaded_bytes\x18\x02 \x01(\x04R\x0f\x64ownloadedBytes\x12\x1f\n\x0btotal_bytes\x18\x03 \x01(\x04R\ntotalBytes\x12%\n\x05image\x18\x04 \x01(\x0b\x32\x0f.berth.v1.ImageR\x05image\x12/\n\x05nodes\x18\x05 \x03(\x0b\x32\x19.berth.v1.ImageNodeResultR\x05nodes\"(\n\x12\x44\x65leteImageRequest\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\"\x15\n\x13\x44\x65leteImageResponse2\xb9\x02\n\x0cImageService\x12L\n\x0bImportImage\x12\x1c.berth.v1.ImportImageRequest\x1a\x1d.berth.v1.ImportImageResponse(\x01\x12G\n\nListImages\x12\x1b.berth.v1.ListImagesRequest\x1a\x1c.berth.v1.ListImagesResponse\x12\x46\n\tPullImage\x12\x1a.berth.v1.PullImageRequest\x1a\x1b.berth.v1.PullImageResponse0\x01\x12J\n\x0b\x44\x65leteImage\x12\x1c.berth.v1.DeleteImageRequest\x1a\x1d.berth.v1.DeleteImageResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'berth.v1.image_pb2', globals())
@@ -23,27 +23,29 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1'
   _IMAGE._serialized_start=68
-  _IMAGE._serialized_end=255
-  _IMPORTIMAGEHEADER._serialized_start=257
-  _IMPORTIMAGEHEADER._serialized_end=296
-  _IMPORTIMAGEREQUEST._serialized_start=298
-  _IMPORTIMAGEREQUEST._serialized_end=405
-  _IMPORTIMAGERESPONSE._serialized_start=407
-  _IMPORTIMAGERESPONSE._serialized_end=469
-  _LISTIMAGESREQUEST._serialized_start=471
-  _LISTIMAGESREQUEST._serialized_end=490
-  _LISTIMAGESRESPONSE._serialized_start=492
-  _LISTIMAGESRESPONSE._serialized_end=553
-  _PULLIMAGEREQUEST._serialized_start=555
-  _PULLIMAGEREQUEST._serialized_end=603
-  _PULLLAYERPROGRESS._serialized_start=606
-  _PULLLAYERPROGRESS._serialized_end=776
-  _PULLIMAGERESPONSE._serialized_start=779
-  _PULLIMAGERESPONSE._serialized_end=966
-  _DELETEIMAGEREQUEST._serialized_start=968
-  _DELETEIMAGEREQUEST._serialized_end=1008
-  _DELETEIMAGERESPONSE._serialized_start=1010
-  _DELETEIMAGERESPONSE._serialized_end=1031
-  _IMAGESERVICE._serialized_start=1034
-  _IMAGESERVICE._serialized_end=1347
+  _IMAGE._serialized_end=282
+  _IMAGENODERESULT._serialized_start=285
+  _IMAGENODERESULT._serialized_end=446
+  _IMPORTIMAGEHEADER._serialized_start=448
+  _IMPORTIMAGEHEADER._serialized_end=487
+  _IMPORTIMAGEREQUEST._serialized_start=489
+  _IMPORTIMAGEREQUEST._serialized_end=596
+  _IMPORTIMAGERESPONSE._serialized_start=598
+  _IMPORTIMAGERESPONSE._serialized_end=709
+  _LISTIMAGESREQUEST._serialized_start=711
+  _LISTIMAGESREQUEST._serialized_end=730
+  _LISTIMAGESRESPONSE._serialized_start=732
+  _LISTIMAGESRESPONSE._serialized_end=793
+  _PULLIMAGEREQUEST._serialized_start=795
+  _PULLIMAGEREQUEST._serialized_end=843
+  _PULLLAYERPROGRESS._serialized_start=846
+  _PULLLAYERPROGRESS._serialized_end=1016
+  _PULLIMAGERESPONSE._serialized_start=1019
+  _PULLIMAGERESPONSE._serialized_end=1255
+  _DELETEIMAGEREQUEST._serialized_start=1257
+  _DELETEIMAGEREQUEST._serialized_end=1297
+  _DELETEIMAGERESPONSE._serialized_start=1299
+  _DELETEIMAGERESPONSE._serialized_end=1320
+  _IMAGESERVICE._serialized_start=1323
+  _IMAGESERVICE._serialized_end=1636
 # @@protoc_insertion_point(module_scope)

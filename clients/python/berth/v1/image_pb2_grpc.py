@@ -51,15 +51,21 @@ class ImageServiceServicer(object):
         name is recorded for the archive's index. The first message is a
         header, the rest carry archive bytes in order. (berth image import
         also turns a root filesystem into such an archive.)
-        Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
-        be read or names no image.
+        In a fleet, an import through any node or gateway goes to every live
+        node: the archive is imported on the node called (a gateway: one live
+        node) first, then sent to the other nodes; the response says which
+        did not get it (nodes). Errors: INVALID_ARGUMENT
+        (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
+        image.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListImages(self, request, context):
-        """ListImages lists stored images ordered by name.
+        """ListImages lists stored images ordered by name. In a fleet each image
+        names the live nodes that hold it (node_ids), and images that only
+        other nodes hold are listed by name with their nodes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -71,7 +77,10 @@ class ImageServiceServicer(object):
         with the image set last. Errors: INVALID_ARGUMENT for a malformed
         reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
         image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
-        reached within the server's resolve timeout.
+        reached within the server's resolve timeout. In a fleet the node
+        called (a gateway: one live node) pulls first, streaming its progress,
+        then every other live node pulls from the registry itself; the last
+        message says which nodes did not get the image (nodes).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,6 +45,35 @@ export interface Image {
    * in bytes, as containerd's `ctr images ls` shows it.
    */
   contentSizeBytes: bigint;
+  /**
+   * node_ids are, in a fleet, the live nodes whose published image list
+   * holds this name, ordered; empty outside a fleet. An image that only
+   * other nodes hold has only name and node_ids set.
+   */
+  nodeIds: string[];
+}
+
+/**
+ * ImageNodeResult is what one node of a fleet made of an import or pull
+ * that went through the fleet.
+ */
+export interface ImageNodeResult {
+  /** node_id names the node. */
+  nodeId: string;
+  /** ok is true when the node stored the image. */
+  ok: boolean;
+  /**
+   * error_code is the gRPC code of the node's failure by name (e.g.
+   * "PERMISSION_DENIED", "UNAVAILABLE"); empty when ok.
+   */
+  errorCode: string;
+  /**
+   * error_reason is the failure's berth reason (ErrorInfo.reason, e.g.
+   * "SANDBOX_UNREACHABLE" for a node that did not answer); may be empty.
+   */
+  errorReason: string;
+  /** error_message says what failed and why. */
+  errorMessage: string;
 }
 
 /** ImportImageHeader starts an import. */
@@ -80,6 +109,13 @@ export interface ImportImageRequest {
 export interface ImportImageResponse {
   /** images are the imported images. */
   images: Image[];
+  /**
+   * nodes are, in a fleet, every live node the import went to, ordered by
+   * id, with what each made of it; empty outside a fleet. A node that
+   * failed (or joins later) does not hold the image, and placement skips
+   * it for sandboxes of the image.
+   */
+  nodes: ImageNodeResult[];
 }
 
 /** ListImagesRequest asks for the image list. */
@@ -129,7 +165,14 @@ export interface PullImageResponse {
    * image is set in the last message, once the image is stored and
    * unpacked.
    */
-  image: Image | undefined;
+  image:
+    | Image
+    | undefined;
+  /**
+   * nodes are, in a fleet, set in the last message (with image): every
+   * live node the pull went to, ordered by id, with what each made of it.
+   */
+  nodes: ImageNodeResult[];
 }
 
 /** DeleteImageRequest names the image to delete. */
@@ -143,7 +186,7 @@ export interface DeleteImageResponse {
 }
 
 function createBaseImage(): Image {
-  return { name: "", digest: "", sizeBytes: 0n, createdAt: undefined, contentSizeBytes: 0n };
+  return { name: "", digest: "", sizeBytes: 0n, createdAt: undefined, contentSizeBytes: 0n, nodeIds: [] };
 }
 
 export const Image: MessageFns<Image> = {
@@ -168,6 +211,9 @@ export const Image: MessageFns<Image> = {
         throw new globalThis.Error("value provided for field message.contentSizeBytes of type uint64 too large");
       }
       writer.uint32(40).uint64(message.contentSizeBytes);
+    }
+    for (const v of message.nodeIds) {
+      writer.uint32(50).string(v!);
     }
     return writer;
   },
@@ -225,6 +271,14 @@ export const Image: MessageFns<Image> = {
             message.contentSizeBytes = reader.uint64() as bigint;
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.nodeIds.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -256,6 +310,11 @@ export const Image: MessageFns<Image> = {
         : isSet(object.content_size_bytes)
         ? BigInt(object.content_size_bytes)
         : 0n,
+      nodeIds: globalThis.Array.isArray(object?.nodeIds)
+        ? object.nodeIds.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.node_ids)
+        ? object.node_ids.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -276,6 +335,9 @@ export const Image: MessageFns<Image> = {
     if (message.contentSizeBytes !== 0n) {
       obj.contentSizeBytes = message.contentSizeBytes.toString();
     }
+    if (message.nodeIds?.length) {
+      obj.nodeIds = message.nodeIds;
+    }
     return obj;
   },
 
@@ -291,6 +353,156 @@ export const Image: MessageFns<Image> = {
     message.contentSizeBytes = (object.contentSizeBytes !== undefined && object.contentSizeBytes !== null)
       ? BigInt(object.contentSizeBytes)
       : 0n;
+    message.nodeIds = object.nodeIds?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseImageNodeResult(): ImageNodeResult {
+  return { nodeId: "", ok: false, errorCode: "", errorReason: "", errorMessage: "" };
+}
+
+export const ImageNodeResult: MessageFns<ImageNodeResult> = {
+  encode(message: ImageNodeResult, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.nodeId !== "") {
+      writer.uint32(10).string(message.nodeId);
+    }
+    if (message.ok !== false) {
+      writer.uint32(16).bool(message.ok);
+    }
+    if (message.errorCode !== "") {
+      writer.uint32(26).string(message.errorCode);
+    }
+    if (message.errorReason !== "") {
+      writer.uint32(34).string(message.errorReason);
+    }
+    if (message.errorMessage !== "") {
+      writer.uint32(42).string(message.errorMessage);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImageNodeResult {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImageNodeResult();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.nodeId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.ok = reader.bool();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.errorCode = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.errorReason = reader.string();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.errorMessage = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImageNodeResult {
+    return {
+      nodeId: isSet(object.nodeId)
+        ? globalThis.String(object.nodeId)
+        : isSet(object.node_id)
+        ? globalThis.String(object.node_id)
+        : "",
+      ok: isSet(object.ok) ? globalThis.Boolean(object.ok) : false,
+      errorCode: isSet(object.errorCode)
+        ? globalThis.String(object.errorCode)
+        : isSet(object.error_code)
+        ? globalThis.String(object.error_code)
+        : "",
+      errorReason: isSet(object.errorReason)
+        ? globalThis.String(object.errorReason)
+        : isSet(object.error_reason)
+        ? globalThis.String(object.error_reason)
+        : "",
+      errorMessage: isSet(object.errorMessage)
+        ? globalThis.String(object.errorMessage)
+        : isSet(object.error_message)
+        ? globalThis.String(object.error_message)
+        : "",
+    };
+  },
+
+  toJSON(message: ImageNodeResult): unknown {
+    const obj: any = {};
+    if (message.nodeId !== "") {
+      obj.nodeId = message.nodeId;
+    }
+    if (message.ok !== false) {
+      obj.ok = message.ok;
+    }
+    if (message.errorCode !== "") {
+      obj.errorCode = message.errorCode;
+    }
+    if (message.errorReason !== "") {
+      obj.errorReason = message.errorReason;
+    }
+    if (message.errorMessage !== "") {
+      obj.errorMessage = message.errorMessage;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImageNodeResult>, I>>(base?: I): ImageNodeResult {
+    return ImageNodeResult.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImageNodeResult>, I>>(object: I): ImageNodeResult {
+    const message = createBaseImageNodeResult();
+    message.nodeId = object.nodeId ?? "";
+    message.ok = object.ok ?? false;
+    message.errorCode = object.errorCode ?? "";
+    message.errorReason = object.errorReason ?? "";
+    message.errorMessage = object.errorMessage ?? "";
     return message;
   },
 };
@@ -464,13 +676,16 @@ export const ImportImageRequest: MessageFns<ImportImageRequest> = {
 };
 
 function createBaseImportImageResponse(): ImportImageResponse {
-  return { images: [] };
+  return { images: [], nodes: [] };
 }
 
 export const ImportImageResponse: MessageFns<ImportImageResponse> = {
   encode(message: ImportImageResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.images) {
       Image.encode(v!, writer.uint32(10).fork()).join();
+    }
+    for (const v of message.nodes) {
+      ImageNodeResult.encode(v!, writer.uint32(18).fork()).join();
     }
     return writer;
   },
@@ -496,6 +711,14 @@ export const ImportImageResponse: MessageFns<ImportImageResponse> = {
             message.images.push(Image.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.nodes.push(ImageNodeResult.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -509,13 +732,19 @@ export const ImportImageResponse: MessageFns<ImportImageResponse> = {
   },
 
   fromJSON(object: any): ImportImageResponse {
-    return { images: globalThis.Array.isArray(object?.images) ? object.images.map((e: any) => Image.fromJSON(e)) : [] };
+    return {
+      images: globalThis.Array.isArray(object?.images) ? object.images.map((e: any) => Image.fromJSON(e)) : [],
+      nodes: globalThis.Array.isArray(object?.nodes) ? object.nodes.map((e: any) => ImageNodeResult.fromJSON(e)) : [],
+    };
   },
 
   toJSON(message: ImportImageResponse): unknown {
     const obj: any = {};
     if (message.images?.length) {
       obj.images = message.images.map((e) => Image.toJSON(e));
+    }
+    if (message.nodes?.length) {
+      obj.nodes = message.nodes.map((e) => ImageNodeResult.toJSON(e));
     }
     return obj;
   },
@@ -526,6 +755,7 @@ export const ImportImageResponse: MessageFns<ImportImageResponse> = {
   fromPartial<I extends Exact<DeepPartial<ImportImageResponse>, I>>(object: I): ImportImageResponse {
     const message = createBaseImportImageResponse();
     message.images = object.images?.map((e) => Image.fromPartial(e)) || [];
+    message.nodes = object.nodes?.map((e) => ImageNodeResult.fromPartial(e)) || [];
     return message;
   },
 };
@@ -872,7 +1102,7 @@ export const PullLayerProgress: MessageFns<PullLayerProgress> = {
 };
 
 function createBasePullImageResponse(): PullImageResponse {
-  return { layers: [], downloadedBytes: 0n, totalBytes: 0n, image: undefined };
+  return { layers: [], downloadedBytes: 0n, totalBytes: 0n, image: undefined, nodes: [] };
 }
 
 export const PullImageResponse: MessageFns<PullImageResponse> = {
@@ -894,6 +1124,9 @@ export const PullImageResponse: MessageFns<PullImageResponse> = {
     }
     if (message.image !== undefined) {
       Image.encode(message.image, writer.uint32(34).fork()).join();
+    }
+    for (const v of message.nodes) {
+      ImageNodeResult.encode(v!, writer.uint32(42).fork()).join();
     }
     return writer;
   },
@@ -943,6 +1176,14 @@ export const PullImageResponse: MessageFns<PullImageResponse> = {
             message.image = Image.decode(reader, reader.uint32());
             continue;
           }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.nodes.push(ImageNodeResult.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -971,6 +1212,7 @@ export const PullImageResponse: MessageFns<PullImageResponse> = {
         ? BigInt(object.total_bytes)
         : 0n,
       image: isSet(object.image) ? Image.fromJSON(object.image) : undefined,
+      nodes: globalThis.Array.isArray(object?.nodes) ? object.nodes.map((e: any) => ImageNodeResult.fromJSON(e)) : [],
     };
   },
 
@@ -988,6 +1230,9 @@ export const PullImageResponse: MessageFns<PullImageResponse> = {
     if (message.image !== undefined) {
       obj.image = Image.toJSON(message.image);
     }
+    if (message.nodes?.length) {
+      obj.nodes = message.nodes.map((e) => ImageNodeResult.toJSON(e));
+    }
     return obj;
   },
 
@@ -1004,6 +1249,7 @@ export const PullImageResponse: MessageFns<PullImageResponse> = {
       ? BigInt(object.totalBytes)
       : 0n;
     message.image = (object.image !== undefined && object.image !== null) ? Image.fromPartial(object.image) : undefined;
+    message.nodes = object.nodes?.map((e) => ImageNodeResult.fromPartial(e)) || [];
     return message;
   },
 };
@@ -1141,8 +1387,12 @@ export const ImageServiceService = {
    * name is recorded for the archive's index. The first message is a
    * header, the rest carry archive bytes in order. (berth image import
    * also turns a root filesystem into such an archive.)
-   * Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
-   * be read or names no image.
+   * In a fleet, an import through any node or gateway goes to every live
+   * node: the archive is imported on the node called (a gateway: one live
+   * node) first, then sent to the other nodes; the response says which
+   * did not get it (nodes). Errors: INVALID_ARGUMENT
+   * (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
+   * image.
    */
   importImage: {
     path: "/berth.v1.ImageService/ImportImage" as const,
@@ -1153,7 +1403,11 @@ export const ImageServiceService = {
     responseSerialize: (value: ImportImageResponse): Buffer => Buffer.from(ImportImageResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ImportImageResponse => ImportImageResponse.decode(value),
   },
-  /** ListImages lists stored images ordered by name. */
+  /**
+   * ListImages lists stored images ordered by name. In a fleet each image
+   * names the live nodes that hold it (node_ids), and images that only
+   * other nodes hold are listed by name with their nodes.
+   */
   listImages: {
     path: "/berth.v1.ImageService/ListImages" as const,
     requestStream: false as const,
@@ -1169,7 +1423,10 @@ export const ImageServiceService = {
    * with the image set last. Errors: INVALID_ARGUMENT for a malformed
    * reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
    * image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
-   * reached within the server's resolve timeout.
+   * reached within the server's resolve timeout. In a fleet the node
+   * called (a gateway: one live node) pulls first, streaming its progress,
+   * then every other live node pulls from the registry itself; the last
+   * message says which nodes did not get the image (nodes).
    */
   pullImage: {
     path: "/berth.v1.ImageService/PullImage" as const,
@@ -1204,11 +1461,19 @@ export interface ImageServiceServer extends UntypedServiceImplementation {
    * name is recorded for the archive's index. The first message is a
    * header, the rest carry archive bytes in order. (berth image import
    * also turns a root filesystem into such an archive.)
-   * Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
-   * be read or names no image.
+   * In a fleet, an import through any node or gateway goes to every live
+   * node: the archive is imported on the node called (a gateway: one live
+   * node) first, then sent to the other nodes; the response says which
+   * did not get it (nodes). Errors: INVALID_ARGUMENT
+   * (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
+   * image.
    */
   importImage: handleClientStreamingCall<ImportImageRequest, ImportImageResponse>;
-  /** ListImages lists stored images ordered by name. */
+  /**
+   * ListImages lists stored images ordered by name. In a fleet each image
+   * names the live nodes that hold it (node_ids), and images that only
+   * other nodes hold are listed by name with their nodes.
+   */
   listImages: handleUnaryCall<ListImagesRequest, ListImagesResponse>;
   /**
    * PullImage fetches an image from its registry, stores and unpacks it, and
@@ -1216,7 +1481,10 @@ export interface ImageServiceServer extends UntypedServiceImplementation {
    * with the image set last. Errors: INVALID_ARGUMENT for a malformed
    * reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
    * image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
-   * reached within the server's resolve timeout.
+   * reached within the server's resolve timeout. In a fleet the node
+   * called (a gateway: one live node) pulls first, streaming its progress,
+   * then every other live node pulls from the registry itself; the last
+   * message says which nodes did not get the image (nodes).
    */
   pullImage: handleServerStreamingCall<PullImageRequest, PullImageResponse>;
   /**
@@ -1235,8 +1503,12 @@ export interface ImageServiceClient extends Client {
    * name is recorded for the archive's index. The first message is a
    * header, the rest carry archive bytes in order. (berth image import
    * also turns a root filesystem into such an archive.)
-   * Errors: INVALID_ARGUMENT (IMAGE_ARCHIVE_INVALID) when the archive cannot
-   * be read or names no image.
+   * In a fleet, an import through any node or gateway goes to every live
+   * node: the archive is imported on the node called (a gateway: one live
+   * node) first, then sent to the other nodes; the response says which
+   * did not get it (nodes). Errors: INVALID_ARGUMENT
+   * (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
+   * image.
    */
   importImage(
     callback: (error: ServiceError | null, response: ImportImageResponse) => void,
@@ -1254,7 +1526,11 @@ export interface ImageServiceClient extends Client {
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ImportImageResponse) => void,
   ): ClientWritableStream<ImportImageRequest>;
-  /** ListImages lists stored images ordered by name. */
+  /**
+   * ListImages lists stored images ordered by name. In a fleet each image
+   * names the live nodes that hold it (node_ids), and images that only
+   * other nodes hold are listed by name with their nodes.
+   */
   listImages(
     request: ListImagesRequest,
     callback: (error: ServiceError | null, response: ListImagesResponse) => void,
@@ -1276,7 +1552,10 @@ export interface ImageServiceClient extends Client {
    * with the image set last. Errors: INVALID_ARGUMENT for a malformed
    * reference, NOT_FOUND (IMAGE_NOT_FOUND) when the registry has no such
    * image, UNAVAILABLE (REGISTRY_UNREACHABLE) when the registry cannot be
-   * reached within the server's resolve timeout.
+   * reached within the server's resolve timeout. In a fleet the node
+   * called (a gateway: one live node) pulls first, streaming its progress,
+   * then every other live node pulls from the registry itself; the last
+   * message says which nodes did not get the image (nodes).
    */
   pullImage(request: PullImageRequest, options?: Partial<CallOptions>): ClientReadableStream<PullImageResponse>;
   pullImage(
