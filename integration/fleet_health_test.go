@@ -99,13 +99,19 @@ func TestFleetContainerdDown(t *testing.T) {
 		}
 	}
 
+	var since time.Time
 	f.waitNodes(t, "n2 unhealthy", func(nodes []*berthv1.Node) bool {
 		h := nodeByID(nodes, "n2").GetHealth()
+		since = h.GetSince().AsTime()
 		return h != nil && !h.GetHealthy() && h.GetReason() == "CONTAINERD_UNAVAILABLE"
 	})
-	t.Logf("n2 unhealthy in ListNodes %v after its containerd was killed (6 creates included)", time.Since(killed).Round(time.Millisecond))
-	if took := time.Since(killed); took > 8*time.Second {
-		t.Errorf("n2 showed unhealthy %v after its containerd was killed, want within 8s (creates included)", took)
+	// The node's own detection, from its health's since (same host clock):
+	// the creates above take a second each on a loaded machine and do not
+	// count. The probe asks containerd every second and waits 2 s for it.
+	detected := since.Sub(killed)
+	t.Logf("n2 unhealthy %v after its containerd was killed (by its health's since); seen in ListNodes after %v, 6 creates included", detected.Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+	if detected > 6*time.Second {
+		t.Errorf("n2 marked itself unhealthy %v after its containerd was killed, want within 6s (1 s probe, 2 s limit)", detected)
 	}
 	out, err := exec.CommandContext(ctx, env.cliBinary, "--addr", "unix://"+f.nodes[0].sock, "node", "ls").CombinedOutput()
 	if err != nil {
