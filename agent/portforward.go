@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -112,11 +113,20 @@ func resetError(what string, err error, meta map[string]string) error {
 		fmt.Sprintf("the connection to port %s in the sandbox failed: %s: %v", meta["port"], what, err), meta)
 }
 
+// portData is the number of the data field of the port-forward messages,
+// the same in the request and the response (and in berth.v1's, which
+// berthd relays as they are).
+var portData = wire.BytesField(&agentv1.PortForwardRequest{}, "data")
+
 // copyToConn writes the caller's data to conn until the caller closes its
-// side, then shuts down conn's writing side.
+// side, then shuts down conn's writing side. Each data message is written
+// from gRPC's own buffer, without decoding it.
 func copyToConn(stream agentv1.AgentService_PortForwardServer, conn *net.TCPConn, meta map[string]string) error {
+	in := wire.Receiver{Field: portData}
+	defer in.Free()
 	for {
-		msg, err := stream.Recv()
+		var msg agentv1.PortForwardRequest
+		data, chunk, err := in.Recv(stream.RecvMsg, &msg)
 		if errors.Is(err, io.EOF) {
 			if err := conn.CloseWrite(); err != nil {
 				return resetError("shut down writing", err, meta)
@@ -126,26 +136,25 @@ func copyToConn(stream agentv1.AgentService_PortForwardServer, conn *net.TCPConn
 		if err != nil {
 			return err
 		}
-		data, ok := msg.GetEvent().(*agentv1.PortForwardRequest_Data)
-		if !ok {
+		if !chunk {
 			return rpcstatus.InvalidArgument("data", "only data may follow the port")
 		}
-		if _, err := conn.Write(data.Data); err != nil {
+		if _, err := conn.Write(data); err != nil {
 			return resetError("write", err, meta)
 		}
 	}
 }
 
 // copyFromConn sends what conn reads, then eof when the server closed its
-// writing side.
+// writing side. Each read goes straight into the pooled buffer gRPC sends
+// the message from: no allocation, no copy in encoding.
 func copyFromConn(conn *net.TCPConn, stream agentv1.AgentService_PortForwardServer, meta map[string]string) error {
+	var fr wire.Frame
+	defer fr.Free()
 	for {
-		// A fresh buffer per message: gRPC may hold a sent message after
-		// Send returns (stats handlers).
-		buf := make([]byte, portChunkBytes)
-		n, err := conn.Read(buf)
+		n, err := fr.Fill(portData, portChunkBytes, conn.Read)
 		if n > 0 {
-			if err := stream.Send(&agentv1.PortForwardResponse{Event: &agentv1.PortForwardResponse_Data{Data: buf[:n]}}); err != nil {
+			if err := stream.SendMsg(&fr); err != nil {
 				return err
 			}
 		}

@@ -9,11 +9,16 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // portChunkBytes is the most one PortForwardRequest carries.
 const portChunkBytes = 256 << 10
+
+// portDataField is the number of the data field of PortForwardRequest and
+// PortForwardResponse.
+var portDataField = wire.BytesField(&berthv1.PortForwardResponse{}, "data")
 
 // PortConn is one TCP connection to a port inside a sandbox, carried by a
 // PortForward stream on the Client's connection. Read and Write may be
@@ -26,8 +31,9 @@ type PortConn struct {
 	port   uint32
 
 	readMu  sync.Mutex
-	pending []byte // the unread rest of the last data message
-	readErr error  // sticky: io.EOF or the stream's error
+	in      wire.Receiver // holds the last data message in gRPC's buffers
+	pending []byte        // the unread rest of the last data message
+	readErr error         // sticky: io.EOF or the stream's error
 
 	writeMu     sync.Mutex
 	writeClosed bool
@@ -41,12 +47,12 @@ type PortConn struct {
 // writing sides.
 func (c *Client) PortForward(ctx context.Context, sandboxID string, port uint16) (*PortConn, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	stream, err := c.sandboxes.PortForward(ctx)
+	stream, err := c.sandboxes.PortForward(ctx, wire.CallOption())
 	if err != nil {
 		cancel()
 		return nil, convertError(err)
 	}
-	p := &PortConn{stream: stream, cancel: cancel, port: uint32(port)}
+	p := &PortConn{stream: stream, cancel: cancel, port: uint32(port), in: wire.Receiver{Field: portDataField}}
 	start := &berthv1.PortForwardRequest{Event: &berthv1.PortForwardRequest_Start{Start: &berthv1.PortForwardStart{SandboxId: sandboxID, Port: uint32(port)}}}
 	if err := stream.Send(start); err != nil && !errors.Is(err, io.EOF) {
 		cancel()
@@ -114,14 +120,18 @@ func (p *PortConn) WriteTo(w io.Writer) (int64, error) {
 }
 
 // receive takes the next message into p.pending or p.readErr; the caller
-// holds p.readMu.
+// holds p.readMu. A data message's bytes stay in gRPC's buffers (no
+// decoding, no copy) until the next receive.
 func (p *PortConn) receive() {
-	resp, err := p.stream.Recv()
+	var resp berthv1.PortForwardResponse
+	data, chunk, err := p.in.Recv(p.stream.RecvMsg, &resp)
 	switch {
 	case errors.Is(err, io.EOF):
 		p.readErr = io.EOF
 	case err != nil:
 		p.readErr = convertError(err)
+	case chunk:
+		p.pending = data
 	default:
 		switch ev := resp.GetEvent().(type) {
 		case *berthv1.PortForwardResponse_Data:
@@ -130,18 +140,23 @@ func (p *PortConn) receive() {
 			p.readErr = io.EOF
 		}
 	}
+	if p.readErr != nil {
+		p.in.Free()
+	}
 }
 
 // ReadFrom sends what r reads to the server in the sandbox until r's end
-// of file, in messages of up to 256 KiB (io.Copy uses it). It does not
-// close the writing side.
+// of file, in messages of up to 256 KiB, each read straight into the
+// buffer gRPC sends it from (io.Copy uses it). It does not close the
+// writing side.
 func (p *PortConn) ReadFrom(r io.Reader) (int64, error) {
-	buf := make([]byte, portChunkBytes)
+	var fr wire.Frame
+	defer fr.Free()
 	var n int64
 	for {
-		k, rerr := r.Read(buf)
+		k, rerr := fr.Fill(portDataField, portChunkBytes, r.Read)
 		if k > 0 {
-			if _, err := p.Write(buf[:k]); err != nil {
+			if err := p.send(&fr); err != nil {
 				return n, err
 			}
 			n += int64(k)
@@ -164,21 +179,43 @@ func (p *PortConn) Write(b []byte) (int, error) {
 	if p.writeClosed {
 		return 0, io.ErrClosedPipe
 	}
+	var fr wire.Frame
+	defer fr.Free()
 	n := 0
 	for len(b) > 0 {
-		chunk := b[:min(len(b), portChunkBytes)]
-		// Send marshals before it returns: the caller may reuse b.
-		if err := p.stream.Send(&berthv1.PortForwardRequest{Event: &berthv1.PortForwardRequest_Data{Data: chunk}}); err != nil {
-			if errors.Is(err, io.EOF) {
-				// The stream ended: Read reports why.
-				return n, io.ErrClosedPipe
-			}
-			return n, convertError(err)
+		// A copy in a pooled buffer: gRPC may hold a sent frame after
+		// SendMsg returns, and the caller may reuse b.
+		k, _ := fr.Fill(portDataField, min(len(b), portChunkBytes), func(q []byte) (int, error) { return copy(q, b), nil })
+		if err := p.sendLocked(&fr); err != nil {
+			return n, err
 		}
-		n += len(chunk)
-		b = b[len(chunk):]
+		n += k
+		b = b[k:]
 	}
 	return n, nil
+}
+
+// send sends one data frame, as Write does.
+func (p *PortConn) send(fr *wire.Frame) error {
+	p.writeMu.Lock()
+	defer p.writeMu.Unlock()
+	if p.writeClosed {
+		return io.ErrClosedPipe
+	}
+	return p.sendLocked(fr)
+}
+
+// sendLocked sends fr (handing its buffers to gRPC); the caller holds
+// p.writeMu. Once the stream has ended it fails with io.ErrClosedPipe.
+func (p *PortConn) sendLocked(fr *wire.Frame) error {
+	if err := p.stream.SendMsg(fr); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The stream ended: Read reports why.
+			return io.ErrClosedPipe
+		}
+		return convertError(err)
+	}
+	return nil
 }
 
 // CloseWrite shuts down the writing side: the server in the sandbox reads

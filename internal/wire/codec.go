@@ -234,10 +234,14 @@ func (f *Frame) Fill(field protoreflect.FieldNumber, size int, fill func([]byte)
 
 // ChunkField returns the number of m's bytes field named "chunk", the
 // data of berth's file streams. It panics when m has none.
-func ChunkField(m proto.Message) protoreflect.FieldNumber {
-	fd := m.ProtoReflect().Descriptor().Fields().ByName("chunk")
+func ChunkField(m proto.Message) protoreflect.FieldNumber { return BytesField(m, "chunk") }
+
+// BytesField returns the number of m's bytes field named name (the data
+// field of a port-forward message, say). It panics when m has none.
+func BytesField(m proto.Message, name protoreflect.Name) protoreflect.FieldNumber {
+	fd := m.ProtoReflect().Descriptor().Fields().ByName(name)
 	if fd == nil || fd.Kind() != protoreflect.BytesKind {
-		panic(fmt.Sprintf("wire: %s has no bytes field chunk", m.ProtoReflect().Descriptor().FullName()))
+		panic(fmt.Sprintf("wire: %s has no bytes field %s", m.ProtoReflect().Descriptor().FullName(), name))
 	}
 	return fd.Number()
 }

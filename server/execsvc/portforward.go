@@ -7,6 +7,7 @@ import (
 	"io"
 	"strconv"
 
+	"github.com/berth-sandbox/berth/internal/wire"
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/validate"
@@ -20,8 +21,9 @@ import (
 // bidirectional stream through the normal handler path: authenticated,
 // counted as activity in the sandbox while it lasts, and another
 // principal's sandbox is NOT_FOUND exactly as a missing one (reach).
-// Bytes pass through without copying; each direction holds one message at
-// a time, so gRPC's flow control on both streams is the back-pressure end
+// Data messages pass through as they are on the wire, in gRPC's buffers
+// (wire.Frame): not decoded, not encoded, not copied; each direction holds
+// one message at a time, so gRPC's flow control on both streams is the back-pressure end
 // to end.
 func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) error {
 	ctx := stream.Context()
@@ -50,7 +52,7 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 	}
 	agentCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	upstream, err := agent.PortForward(agentCtx)
+	upstream, err := agent.PortForward(agentCtx, wire.CallOption())
 	if err != nil {
 		return apierr.WithMeta(agentreach.AgentError(id, err), meta)
 	}
@@ -59,9 +61,11 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 	}
 	var protoErr validate.ProtocolError
 	var resp portWrapper
+	var fr wire.Frame
+	defer fr.Free()
 	connected := false
 	for {
-		msg, err := upstream.Recv()
+		err := upstream.RecvMsg(&fr)
 		if errors.Is(err, io.EOF) {
 			if !connected {
 				return apierr.WithMeta(fmt.Errorf("agent of sandbox %s ended the port forward without connecting or refusing", id), meta)
@@ -74,10 +78,24 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 			}
 			return apierr.WithMeta(agentreach.AgentError(id, err), meta)
 		}
-		if !resp.set(msg) {
-			continue
+		// A data message goes on as it came (the field is data in both
+		// packages, TestPortDataFields); the agent's frames are untrusted
+		// input, so only exactly that one field of the length the frame
+		// holds is relayed undecoded. Anything else is decoded and
+		// re-wrapped.
+		if _, ok := fr.Chunk(portDataField); ok {
+			err = stream.SendMsg(&fr)
+		} else {
+			var msg agentv1.PortForwardResponse
+			if err := fr.Decode(&msg); err != nil {
+				return apierr.WithMeta(fmt.Errorf("agent of sandbox %s sent a port-forward message that does not decode: %w", id, err), meta)
+			}
+			if !resp.set(&msg) {
+				continue
+			}
+			err = stream.Send(&resp.PortForwardResponse)
 		}
-		if err := stream.Send(&resp.PortForwardResponse); err != nil {
+		if err != nil {
 			return apierr.WithMeta(err, meta)
 		}
 		if !connected {
@@ -88,6 +106,10 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 		}
 	}
 }
+
+// portDataField is the number of the data field of the port-forward messages:
+// the same in berth.v1 and berth.agent.v1, requests and responses.
+var portDataField = wire.BytesField(&berthv1.PortForwardResponse{}, "data")
 
 // portWrapper re-wraps agent events as public ones, sharing the payload;
 // its oneof wrappers are reused from message to message.
@@ -115,14 +137,15 @@ func (w *portWrapper) set(msg *agentv1.PortForwardResponse) bool {
 
 // forwardPortData forwards the caller's data to the agent in order until
 // the caller closes its side, which becomes a half-close towards the
-// agent. It ends when the handler returns (the stream's end ends Recv). A
-// broken caller stream or a second start cancels the agent stream, which
-// closes the connection in the sandbox.
+// agent; each data message goes on as it came, in gRPC's buffers. It ends
+// when the handler returns (the stream's end ends Recv). A broken caller
+// stream or a second start cancels the agent stream, which closes the
+// connection in the sandbox.
 func forwardPortData(stream berthv1.SandboxService_PortForwardServer, upstream agentv1.AgentService_PortForwardClient, protoErr *validate.ProtocolError, cancel context.CancelFunc) {
-	data := &agentv1.PortForwardRequest_Data{}
-	out := &agentv1.PortForwardRequest{Event: data}
+	var fr wire.Frame
+	defer fr.Free()
 	for {
-		msg, err := stream.Recv()
+		err := stream.RecvMsg(&fr)
 		if errors.Is(err, io.EOF) {
 			upstream.CloseSend()
 			return
@@ -131,17 +154,28 @@ func forwardPortData(stream berthv1.SandboxService_PortForwardServer, upstream a
 			cancel()
 			return
 		}
-		ev, ok := msg.GetEvent().(*berthv1.PortForwardRequest_Data)
+		n, ok := fr.Chunk(portDataField)
 		if !ok {
-			protoErr.Set(apierr.InvalidArgument("data", "only data may follow the start message"))
-			cancel()
-			return
+			// Not a plain data message: a start, or data encoded
+			// another way (protobuf allows it), sent on re-encoded.
+			var msg berthv1.PortForwardRequest
+			if err := fr.Decode(&msg); err != nil {
+				protoErr.Set(apierr.InvalidArgument("data", "is not a valid message: "+err.Error()))
+				cancel()
+				return
+			}
+			ev, ok := msg.GetEvent().(*berthv1.PortForwardRequest_Data)
+			if !ok {
+				protoErr.Set(apierr.InvalidArgument("data", "only data may follow the start message"))
+				cancel()
+				return
+			}
+			n, _ = fr.Fill(portDataField, len(ev.Data), func(p []byte) (int, error) { return copy(p, ev.Data), nil })
 		}
-		if len(ev.Data) == 0 {
+		if n == 0 {
 			continue
 		}
-		data.Data = ev.Data
-		if err := upstream.Send(out); err != nil {
+		if err := upstream.SendMsg(&fr); err != nil {
 			// The agent side ended; its Recv reports why.
 			return
 		}
