@@ -61,7 +61,7 @@ func (f *fakeProbe) r() reading          { return f.readings[f.at] }
 func (f *fakeProbe) stopped() bool       { return f.r().stopped }
 func (f *fakeProbe) states() []byte      { return []byte(f.r().states) }
 func (f *fakeProbe) unread() (int, bool) { return f.r().unread, !f.r().gone }
-func (f *fakeProbe) baseline() progress { return f.progress() }
+func (f *fakeProbe) baseline() progress  { return f.progress() }
 func (f *fakeProbe) progress() progress {
 	r := f.r()
 	return progress{agentCPU: r.agentCPU, cgroupCPU: r.cgroupCPU, frames: r.frames}
