@@ -141,7 +141,7 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 	// workload's OOM score and descriptor limit and as p's user (package
 	// launcher).
 	l := s.launcherFor(p.uid, p.gid)
-	pid, exited, err := s.sup.start(func() (int, error) { return s.startProcess(l, req) })
+	pid, exited, err := s.sup.start(func() (int, error) { return s.startProcess(l, req, e.oomBefore, e.oomKnown) })
 	var execErr *launcher.ExecError
 	switch {
 	case errors.As(err, &execErr):
@@ -180,9 +180,13 @@ var errLauncherOOMKilled = errors.New("the kernel's OOM killer killed the launch
 // second launcher is started into a sandbox that has just run out of
 // memory: in a 64 MiB sandbox it died too (issue 21), and starting it
 // would have the OOM killer kill a workload process to make room for it.
-func (s *Server) startProcess(l *launcher.Launcher, req *launcher.Request) (int, error) {
+// before and known are the cgroup's OOM kill count read just now (the
+// exec's own; reading it again cost every start a file, issue 23).
+func (s *Server) startProcess(l *launcher.Launcher, req *launcher.Request, before uint64, known bool) (int, error) {
 	for attempt := 0; ; attempt++ {
-		before, known := s.oom.count()
+		if attempt > 0 {
+			before, known = s.oom.count()
+		}
 		pid, err := l.Start(req)
 		if !errors.Is(err, launcher.ErrNoAnswer) {
 			return pid, err

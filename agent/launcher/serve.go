@@ -183,46 +183,60 @@ func decode(b []byte) (*Request, error) {
 // — a Go process of a few MiB, more than a program that has just started —
 // is then never the OOM killer's pick when memory runs out as processes
 // start (it was, at 1000: starts failed with "launcher: EOF").
+//
+// The file stays open: opening it twice for every start cost the launcher
+// as much as its fork (issue 23).
 type oomScore struct {
-	own string // the agent's score; empty when it cannot be raised
+	f        *os.File // /proc/self/oom_score_adj; nil when it cannot be raised
+	own, top []byte   // the agent's score and OOMScoreAdj, as written
 }
 
 // newOOMScore reads the launcher's score and checks that it can be raised
 // to OOMScoreAdj and lowered back (a process may lower its own score down
 // to the oom_score_adj_min it inherited without CAP_SYS_RESOURCE).
 func newOOMScore() (oomScore, error) {
-	b, err := os.ReadFile(oomScorePath)
-	if err == nil {
-		err = setOOMScore(strconv.Itoa(OOMScoreAdj))
-	}
+	f, err := os.OpenFile(oomScorePath, os.O_RDWR, 0)
 	if err != nil {
 		return oomScore{}, fmt.Errorf("processes keep the agent's OOM score: %w", err)
 	}
-	own := string(bytes.TrimSpace(b))
-	if err := setOOMScore(own); err != nil {
+	b, err := io.ReadAll(f)
+	s := oomScore{f: f, own: bytes.TrimSpace(b), top: []byte(strconv.Itoa(OOMScoreAdj))}
+	if err == nil {
+		err = s.set(s.top)
+	}
+	if err != nil {
+		f.Close()
+		return oomScore{}, fmt.Errorf("processes keep the agent's OOM score: %w", err)
+	}
+	if err := s.set(s.own); err != nil {
 		// Stuck at the highest: children still get it, the launcher too.
+		f.Close()
 		return oomScore{}, fmt.Errorf("the launcher keeps OOM score %d: %w", OOMScoreAdj, err)
 	}
-	return oomScore{own: own}, nil
+	return s, nil
 }
 
 // raise sets the score children are born with; lower restores the
 // launcher's own.
 func (s oomScore) raise() {
-	if s.own != "" {
-		_ = setOOMScore(strconv.Itoa(OOMScoreAdj))
+	if s.f != nil {
+		_ = s.set(s.top)
 	}
 }
 
 func (s oomScore) lower() {
-	if s.own != "" {
-		_ = setOOMScore(s.own)
+	if s.f != nil {
+		_ = s.set(s.own)
 	}
 }
 
-const oomScorePath = "/proc/self/oom_score_adj"
+// set writes v as the launcher's score, from the file's start.
+func (s oomScore) set(v []byte) error {
+	_, err := s.f.WriteAt(v, 0)
+	return err
+}
 
-func setOOMScore(v string) error { return os.WriteFile(oomScorePath, []byte(v), 0) }
+const oomScorePath = "/proc/self/oom_score_adj"
 
 // spawn forks req's process as a child of the launcher's parent, born with
 // score's OOMScoreAdj. A file the kernel cannot execute is run by /bin/sh,

@@ -275,6 +275,10 @@ type probe interface {
 	stopped() bool
 	// progress reads the counters.
 	progress() progress
+	// baseline reads the counters a Watch starts from, as cheaply as they
+	// can be compared with progress's: every exec starts a Watch, few
+	// ever check one.
+	baseline() progress
 	// states returns the states (proc(5) field 3) of the threads of the
 	// agent and of its launchers.
 	states() []byte
@@ -292,7 +296,7 @@ func (r *Reacher) NewWatch(sandboxID string, pid uint32) *Watch {
 
 func newWatch(p probe, budget, limit time.Duration, now time.Time) *Watch {
 	w := &Watch{probe: p, budget: budget, limit: limit, began: now}
-	w.last = p.progress()
+	w.last = p.baseline()
 	w.unread, _ = p.unread()
 	return w
 }
@@ -309,6 +313,12 @@ func (p agentProbe) stopped() bool { return procfs.Stopped(p.pid) }
 
 func (p agentProbe) progress() progress {
 	pr := p.procs.sample(p.pid).progress
+	pr.frames = p.agents.Received(p.socket)
+	return pr
+}
+
+func (p agentProbe) baseline() progress {
+	pr := p.procs.baseline(p.pid)
 	pr.frames = p.agents.Received(p.socket)
 	return pr
 }
@@ -334,19 +344,48 @@ type procSample struct {
 	at       time.Time
 	progress progress // without frames
 	states   []byte   // of the agent's and its launchers' threads
+	full     bool     // all of the above was read, not only a baseline
+}
+
+// cached returns the sample of pid read within sampleTTL of now, a full one
+// when full.
+func (ps *procSampler) cached(pid uint32, now time.Time, full bool) (procSample, bool) {
+	ps.mu.Lock()
+	s, ok := ps.last[pid]
+	ps.mu.Unlock()
+	return s, ok && now.Sub(s.at) < sampleTTL && (s.full || !full)
+}
+
+// baseline returns the counters a Watch starts from: a sample's within
+// sampleTTL, or the agent cgroup's CPU alone (three small files; it counts
+// the agent's and its launchers' CPU as well), or, where the cgroup cannot
+// be read, the agent's and its launchers' CPU. A later full sample compares
+// with it in the counter both know. The states of threads, which a check
+// reads afresh anyway, are not read: a full sample was some hundred /proc
+// files for every exec, half of berthd's CPU in a round trip (issue 23).
+func (ps *procSampler) baseline(pid uint32) progress {
+	now := time.Now()
+	if s, ok := ps.cached(pid, now, false); ok {
+		return s.progress
+	}
+	s := procSample{at: now, progress: progress{agentCPU: -1, cgroupCPU: -1}}
+	if cpu, err := procfs.CgroupCPU(pid); err == nil {
+		s.progress.cgroupCPU = cpu
+	} else if cpu, err := agentCPU(pid); err == nil {
+		s.progress.agentCPU = cpu
+	}
+	ps.store(pid, s)
+	return s.progress
 }
 
 func (ps *procSampler) sample(pid uint32) procSample {
 	now := time.Now()
-	ps.mu.Lock()
-	s, ok := ps.last[pid]
-	ps.mu.Unlock()
-	if ok && now.Sub(s.at) < sampleTTL {
+	if s, ok := ps.cached(pid, now, true); ok {
 		return s
 	}
 	// Read without the lock: other agents' Watches need not wait (two
 	// Watches of one agent may read it at once, rarely).
-	s = procSample{at: now, progress: progress{agentCPU: -1, cgroupCPU: -1}}
+	s := procSample{at: now, progress: progress{agentCPU: -1, cgroupCPU: -1}, full: true}
 	if cpu, err := agentCPU(pid); err == nil {
 		s.progress.agentCPU = cpu
 	}
@@ -357,18 +396,23 @@ func (ps *procSampler) sample(pid uint32) procSample {
 	for _, l := range agentLaunchers(pid) {
 		s.states = append(s.states, procfs.ThreadStates(l)...)
 	}
+	ps.store(pid, s)
+	return s
+}
+
+// store keeps s as pid's sample and forgets those older than a second.
+func (ps *procSampler) store(pid uint32, s procSample) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.last == nil {
 		ps.last = make(map[uint32]procSample)
 	}
 	for p, old := range ps.last {
-		if now.Sub(old.at) > time.Second {
+		if s.at.Sub(old.at) > time.Second {
 			delete(ps.last, p)
 		}
 	}
 	ps.last[pid] = s
-	return s
 }
 
 func (p agentProbe) unread() (int, bool) { return p.agents.Unread(p.socket) }

@@ -61,6 +61,7 @@ func (f *fakeProbe) r() reading          { return f.readings[f.at] }
 func (f *fakeProbe) stopped() bool       { return f.r().stopped }
 func (f *fakeProbe) states() []byte      { return []byte(f.r().states) }
 func (f *fakeProbe) unread() (int, bool) { return f.r().unread, !f.r().gone }
+func (f *fakeProbe) baseline() progress  { return f.progress() }
 func (f *fakeProbe) progress() progress {
 	r := f.r()
 	return progress{agentCPU: r.agentCPU, cgroupCPU: r.cgroupCPU, frames: r.frames}
@@ -166,5 +167,39 @@ func TestProcSamplerShares(t *testing.T) {
 			t.Fatalf("the sample of %v was still served 5 s later, want a fresh one after %v", first.at, sampleTTL)
 		}
 		time.Sleep(sampleTTL)
+	}
+}
+
+// TestBaselineReadsCgroupAlone: the reading a Watch starts from, which
+// every exec takes (twice) and almost never uses, is the agent cgroup's CPU
+// alone — it counts the agent's and its launchers' CPU too — not the some
+// hundred /proc files of a full sample (issue 23: they were half of
+// berthd's CPU in an exec round trip). A full sample within sampleTTL
+// serves it, and it does not stand in for a full sample.
+func TestBaselineReadsCgroupAlone(t *testing.T) {
+	var ps procSampler
+	pid := uint32(os.Getpid())
+	b := ps.baseline(pid)
+	if b.cgroupCPU <= 0 || b.agentCPU != -1 {
+		t.Fatalf("baseline of this process = %+v, want its cgroup's CPU alone (agentCPU -1, unread)", b)
+	}
+	if full := ps.sample(pid); full.progress.agentCPU <= 0 || len(full.states) == 0 {
+		t.Fatalf("sample after a baseline = %+v, want a full one (agent CPU and thread states)", full)
+	}
+	if again := ps.baseline(pid); again.agentCPU <= 0 {
+		t.Errorf("baseline right after a full sample = %+v, want the full sample's", again)
+	}
+	var none procSampler
+	if b := none.baseline(0); b.cgroupCPU != -1 || b.agentCPU != -1 {
+		t.Errorf("baseline of pid 0 = %+v, want both counters unknown", b)
+	}
+}
+
+// BenchmarkWatchBaseline is what starting a Watch costs berthd (per exec).
+func BenchmarkWatchBaseline(b *testing.B) {
+	pid := uint32(os.Getpid())
+	for b.Loop() {
+		var ps procSampler // no sharing: every exec more than sampleTTL apart
+		ps.baseline(pid)
 	}
 }
