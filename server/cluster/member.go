@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -94,8 +95,8 @@ func (m *Member) NodeID() string { return m.cfg.NodeID }
 // Start takes the sandboxes local holds for the node's own — they were
 // recorded on it when it last ran, and records of a node's sandboxes
 // change only through the node — and registers the node under a new
-// lease: waiting, within ctx, while an earlier berthd of this node that no
-// longer runs still holds one, and failing with a *NodeIDInUseError, before
+// lease: revoking the lease of an earlier berthd of this node that no
+// longer runs (a crash and restart), and failing with a *NodeIDInUseError, before
 // it touched any record, when another berthd (of another host, another
 // state directory, or a live process) does. It adopts the records of the
 // sandboxes local holds (see reconcile). Then it keeps the lease and the
@@ -177,8 +178,9 @@ const registerWait = time.Second
 
 // register takes a lease and puts the node's record under it, if no other
 // registration of the node id holds one, then reconciles the sandbox
-// records. It waits for a registration of an earlier process of this node
-// (Holder.earlierSelf) to end, and refuses one of another berthd.
+// records. It revokes the lease of a registration of an earlier process of
+// this node that no longer runs (Holder.deadSelf), waits for one that
+// recorded no holder to end, and refuses one of another berthd.
 func (m *Member) register(ctx context.Context) error {
 	ttl := int64(math.Ceil(m.cfg.LeaseTTL.Seconds()))
 	for waited := false; ; waited = true {
@@ -241,6 +243,19 @@ func (m *Member) register(ctx context.Context) error {
 			}
 			if !m.cfg.Holder.earlierSelf(other.Holder) {
 				return &NodeIDInUseError{NodeID: m.cfg.NodeID, Address: other.Address, Holder: other.Holder}
+			}
+			if m.cfg.Holder.deadSelf(other.Holder) {
+				// This node's own registration, held by a process that no
+				// longer runs (berthd crashed and was restarted): its lease
+				// serves no one, so it ends now rather than after the
+				// lease time, and the node registers at once.
+				dead := clientv3.LeaseID(kvs[0].Lease)
+				if _, err := m.cli.Revoke(ctx, dead); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+					return fmt.Errorf("cluster: revoke lease %x of node %s's earlier berthd (%s), which no longer runs: %w", int64(dead), m.cfg.NodeID, other.Holder, err)
+				}
+				m.log.Info("cluster: revoked the lease of an earlier berthd of this node that no longer runs", slog.String("node_id", m.cfg.NodeID),
+					slog.String("lease", fmt.Sprintf("%x", int64(dead))), slog.String("holder", other.Holder.String()))
+				continue
 			}
 		}
 		if !waited {
