@@ -60,13 +60,13 @@ func (h Holder) earlierSelf(other Holder) bool {
 }
 
 // deadSelf reports whether other, the holder of a live registration of
-// this node's id, is this node's own: an earlier process of it (same host,
-// same state directory) that no longer runs, or h itself (a registration
-// of this process whose lease it gave up). Its lease then serves no one and
-// is revoked rather than waited for. A record without a holder is not: the
-// berthd that wrote it may still run.
+// this node's id, is an earlier process of this node (same host, same
+// state directory) that no longer runs: its lease serves no one and is
+// revoked rather than waited for. A record without a holder is not (the
+// berthd that wrote it may still run), nor one of this process (its
+// lease ends on its own).
 func (h Holder) deadSelf(other Holder) bool {
-	return other != (Holder{}) && h.earlierSelf(other)
+	return other != (Holder{}) && other.Process != h.Process && h.earlierSelf(other)
 }
 
 // NodeIDInUseError is a berthd's refusal to register: another berthd, Holder,
