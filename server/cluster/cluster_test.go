@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -81,6 +82,26 @@ type fakeLocal struct {
 	health Health
 	// usageErr fails Usage (containerd not answering).
 	usageErr error
+	// removed are the ids Remove deleted; removeErr fails Remove.
+	removed   []string
+	removeErr error
+}
+
+func (f *fakeLocal) Remove(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.removeErr != nil {
+		return f.removeErr
+	}
+	delete(f.holds, id)
+	f.removed = append(f.removed, id)
+	return nil
+}
+
+func (f *fakeLocal) removedIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.removed)
 }
 
 func (f *fakeLocal) Usage(context.Context) (Usage, error) {
