@@ -20,11 +20,12 @@ import (
 // real containerd and etcd: the node credential cannot act as an admin
 // while an admin's routed call still is one; RemoveNode refuses a live
 // node; a lost node's sandbox is deleted by its owner; `berth node rm
-// --dry-run` and `berth node rm` forget the node and its records; and the
-// node, started again with its sandboxes still running, records them
-// again.
+// --dry-run` and `berth node rm` forget the node and its records; the
+// node, started again with its sandboxes still running, deletes the one
+// deleted while it was lost and records the other again, and so it does
+// after its removal.
 //
-// Cost: two nodes on the suite's containerd, two sandboxes, one restart.
+// Cost: two nodes on the suite's containerd, two sandboxes, two restarts.
 func TestFleetNodeOps(t *testing.T) {
 	need(t)
 	f := startFleet(t, []int{4, 4}, true)
@@ -100,6 +101,58 @@ func TestFleetNodeOps(t *testing.T) {
 		t.Errorf("GetSandbox of the deleted no-1 = %v, want SANDBOX_NOT_FOUND", err)
 	}
 
+	// n2 comes back with both sandboxes still running: the delete of no-1
+	// made while it was lost is honoured (it deletes no-1 in its
+	// containerd), no-2 is recorded again.
+	n2.start(t)
+	waitOnN2 := func(when string, ids ...string) {
+		t.Helper()
+		for _, id := range ids {
+			deadline := time.Now().Add(time.Minute)
+			for {
+				sb, err := f.alice[0].GetSandbox(ctx, id)
+				if err == nil && sb.GetNodeId() == "n2" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("GetSandbox of %s %s = %v, %v; want it on n2", id, when, sb, err)
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	}
+	waitOnN2("after n2 came back", "no-2")
+	if _, err := f.alice[0].GetSandbox(ctx, "no-1"); fleetReason(err) != client.ReasonSandboxNotFound {
+		t.Errorf("GetSandbox of no-1, deleted while n2 was lost, after n2 came back = %v, want SANDBOX_NOT_FOUND", err)
+	}
+	// no-2's record named n2 all along, so it is served as soon as n2
+	// holds a lease; n2 deletes no-1 when it reconciles, a moment later.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		sbs, err := n2.rt.List(ctx, nil)
+		var ids []string
+		for _, sb := range sbs {
+			ids = append(ids, sb.ID)
+		}
+		logged := n2.proc.logLines("deleted a sandbox deleted through the fleet while this node was lost", `"no-1"`)
+		if err == nil && strings.Join(ids, ",") == "no-2" && len(logged) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n2's containerd 30s after it came back holds %v (%v), want no-2 alone: no-1 was deleted while n2 was lost; its delete logged %d times, want once", ids, err, len(logged))
+		}
+	}
+
+	// Stopped again, n2 is forgotten by `berth node rm`.
+	n2.proc.cmd.Process.Signal(syscall.SIGTERM)
+	<-n2.proc.exited
+	f.waitNodes(t, "n2 lost again", func(nodes []*berthv1.Node) bool {
+		for _, n := range nodes {
+			if n.GetId() == "n2" {
+				return n.GetState() == berthv1.NodeState_NODE_STATE_LOST
+			}
+		}
+		return false
+	})
 	cli := func(args ...string) string {
 		t.Helper()
 		out, err := exec.CommandContext(ctx, env.cliBinary, append([]string{"--addr", "unix://" + n1.sock, "node"}, args...)...).CombinedOutput()
@@ -121,20 +174,8 @@ func TestFleetNodeOps(t *testing.T) {
 		t.Errorf("GetSandbox of no-2 after n2 was removed = %v, want SANDBOX_NOT_FOUND", err)
 	}
 
-	// n2 comes back: the sandboxes its containerd still runs are recorded
-	// again, the deleted one included (its host was not gone).
+	// n2 comes back after the removal: the sandbox its containerd still
+	// runs is recorded again.
 	n2.start(t)
-	for _, id := range []string{"no-1", "no-2"} {
-		deadline := time.Now().Add(time.Minute)
-		for {
-			sb, err := f.alice[0].GetSandbox(ctx, id)
-			if err == nil && sb.GetNodeId() == "n2" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("GetSandbox of %s after n2 came back = %v, %v; want it on n2", id, sb, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	waitOnN2("after n2 came back from its removal", "no-2")
 }

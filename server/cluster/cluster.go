@@ -35,6 +35,9 @@
 //	seen/<id>       seenRecord (JSON): the node's address, kept after its lease
 //	drain/<id>      present while the node drains (NodeService.DrainNode)
 //	sandboxes/<id>  SandboxRecord (JSON): the holder and owner of a sandbox
+//	tombstones/<node>/<id>  tombstoneRecord (JSON): sandbox id's record was
+//	                removed by a delete while node was lost; node deletes
+//	                the sandbox when it registers again
 package cluster
 
 import (
@@ -130,15 +133,17 @@ func validPrefix(p string) error {
 // keys names the fleet's keys in etcd.
 type keys struct{ prefix string }
 
-func (k keys) nodes() string                  { return k.prefix + "nodes/" }
-func (k keys) node(id string) string          { return k.nodes() + id }
-func (k keys) seenAll() string                { return k.prefix + "seen/" }
-func (k keys) seen(id string) string          { return k.seenAll() + id }
-func (k keys) drains() string                 { return k.prefix + "drain/" }
-func (k keys) drain(id string) string         { return k.drains() + id }
-func (k keys) sandboxes() string              { return k.prefix + "sandboxes/" }
-func (k keys) sandbox(id string) string       { return k.sandboxes() + id }
-func (k keys) idOf(prefix, key string) string { return strings.TrimPrefix(key, prefix) }
+func (k keys) nodes() string                    { return k.prefix + "nodes/" }
+func (k keys) node(id string) string            { return k.nodes() + id }
+func (k keys) seenAll() string                  { return k.prefix + "seen/" }
+func (k keys) seen(id string) string            { return k.seenAll() + id }
+func (k keys) drains() string                   { return k.prefix + "drain/" }
+func (k keys) drain(id string) string           { return k.drains() + id }
+func (k keys) sandboxes() string                { return k.prefix + "sandboxes/" }
+func (k keys) sandbox(id string) string         { return k.sandboxes() + id }
+func (k keys) tombstones(node string) string    { return k.prefix + "tombstones/" + node + "/" }
+func (k keys) tombstone(node, id string) string { return k.tombstones(node) + id }
+func (k keys) idOf(prefix, key string) string   { return strings.TrimPrefix(key, prefix) }
 
 // NodeRecord is what a node publishes about itself under its lease.
 type NodeRecord struct {

@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -80,6 +82,26 @@ type fakeLocal struct {
 	health Health
 	// usageErr fails Usage (containerd not answering).
 	usageErr error
+	// removed are the ids Remove deleted; removeErr fails Remove.
+	removed   []string
+	removeErr error
+}
+
+func (f *fakeLocal) Remove(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.removeErr != nil {
+		return f.removeErr
+	}
+	delete(f.holds, id)
+	f.removed = append(f.removed, id)
+	return nil
+}
+
+func (f *fakeLocal) removedIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.removed)
 }
 
 func (f *fakeLocal) Usage(context.Context) (Usage, error) {
@@ -445,7 +467,7 @@ func TestClaimDuringRegistration(t *testing.T) {
 // registered under a live lease: it refuses to start, touching no record,
 // when another berthd holds it — on another host, with another state
 // directory, or a live process — and waits only for an earlier process of
-// the same node that no longer runs.
+// the same node that no longer runs (TestRegisterAfterDeadSelf).
 func TestRegisterAnotherHolder(t *testing.T) {
 	self := ThisHolder("/state/a")
 	const gone = "4194305:1" // above any pid_max (2^22): runs nowhere
@@ -457,7 +479,6 @@ func TestRegisterAnotherHolder(t *testing.T) {
 		{"another host", Holder{Host: "another-machine", HostName: "h2", StateDir: self.StateDir, Process: self.Process}, true},
 		{"another state directory", Holder{Host: self.Host, StateDir: "/state/b", Process: gone}, true},
 		{"another live process", Holder{Host: self.Host, StateDir: self.StateDir, Process: procfs.ProcessID(os.Getppid())}, true},
-		{"an earlier process that died", Holder{Host: self.Host, StateDir: self.StateDir, Process: gone}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -504,15 +525,75 @@ func TestRegisterAnotherHolder(t *testing.T) {
 			if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" {
 				t.Errorf("record of kept = %+v, %v, %v; want on a", rec, ok, err)
 			}
-			if tt.refused {
+		})
+	}
+}
+
+// TestRegisterAfterDeadSelf checks that a berthd restarted after a crash
+// — same host, same state directory, the earlier process gone — revokes
+// its dead predecessor's lease and registers at once, instead of waiting
+// up to the lease time for it to end (issue 22); a registration without a
+// holder (a berthd from before holders were recorded, which may still
+// run) is still waited for.
+func TestRegisterAfterDeadSelf(t *testing.T) {
+	self := ThisHolder("/state/a")
+	const gone = "4194305:1" // above any pid_max (2^22): runs nowhere
+	for _, tt := range []struct {
+		name   string
+		holder Holder
+		waits  bool
+	}{
+		{"an earlier process that died", Holder{Host: self.Host, StateDir: self.StateDir, Process: gone}, false},
+		{"a berthd that recorded no holder", Holder{}, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cli, prefix := etcd(t)
+			ctx := context.Background()
+			k := keys{prefix}
+			// The predecessor's record under a 10 s lease that nobody
+			// keeps alive: it died a moment ago.
+			lease, err := cli.Grant(ctx, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := json.Marshal(NodeRecord{ID: "a", Address: "first:1", Holder: tt.holder})
+			if _, err := cli.Put(ctx, k.node("a"), string(body), clientv3.WithLease(lease.ID)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := cli.Put(ctx, k.sandbox("kept"), `{"node":"a","owner":"alice"}`); err != nil {
+				t.Fatal(err)
+			}
+			dir := startDirectory(t, cli, prefix)
+			m, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, cli, testLog())
+			if err != nil {
+				t.Fatal(err)
+			}
+			startCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			start := time.Now()
+			err = m.Start(startCtx, &fakeLocal{holds: map[string]string{"kept": "alice"}})
+			cancel()
+			t.Cleanup(m.Close)
+			if err != nil {
+				t.Fatalf("Start = %v, want nil", err)
+			}
+			n, live, err := dir.LiveNode(ctx, "a")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.waits {
+				if n.Address != "first:1" {
+					t.Errorf("node a after Start = %+v, want the earlier record kept until its lease ends", n)
+				}
 				return
 			}
-			// Once the dead process's lease ends, the node registers.
-			first.stop()
-			<-first.done
-			waitLive(t, dir, "a", "second:1", 30*time.Second, "after the earlier lease ended")
-			if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" || !second.Holds("kept") {
-				t.Errorf("record of kept after the node registered = %+v, %v, %v, held %v; want re-adopted on a", rec, ok, err, second.Holds("kept"))
+			if !live || n.Address != "second:1" || time.Since(start) > 2*time.Second {
+				t.Fatalf("node a %v after Start = %+v (live %v); want registered by the restarted berthd at once", time.Since(start), n, live)
+			}
+			if ttl, err := cli.TimeToLive(ctx, lease.ID); err != nil || ttl.TTL > 0 {
+				t.Errorf("the dead predecessor's lease = %v, %v; want it revoked", ttl, err)
+			}
+			if rec, ok, err := dir.Sandbox(ctx, "kept"); err != nil || !ok || rec.Node != "a" || !m.Holds("kept") {
+				t.Errorf("record of kept after the node registered = %+v, %v, %v, held %v; want re-adopted on a", rec, ok, err, m.Holds("kept"))
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -23,13 +24,27 @@ func lostNode(err error) string {
 	return ""
 }
 
+// tombstoneRecord is the value of tombstones/<node>/<id>: the sandbox's
+// record was removed while its node was lost, by a delete of its owner or
+// an admin, and the node deletes the sandbox when it registers again
+// (Member.reconcile).
+type tombstoneRecord struct {
+	// Revision is the etcd revision of the removed record's last change.
+	Revision int64 `json:"revision"`
+	// DeletedAt is when the record was removed.
+	DeletedAt time.Time `json:"deleted_at"`
+	// Principal asked for the delete.
+	Principal string `json:"principal,omitempty"`
+}
+
 // forgetLost removes the record of sandbox id when it still names node
-// and node still holds no lease, in one transaction: the DeleteSandbox of
-// a sandbox whose node is lost. It reports false when the record or the
-// node changed since (the node registered again, or another call removed
-// or replaced the record): the caller routes the delete again. A record
-// that is gone already counts as removed.
-func (d *Directory) forgetLost(ctx context.Context, id, node string) (bool, error) {
+// and node still holds no lease, in one transaction that also leaves a
+// tombstone for node (tombstoneRecord): the DeleteSandbox of a sandbox
+// whose node is lost, asked for by principal. It reports false when the
+// record or the node changed since (the node registered again, or another
+// call removed or replaced the record): the caller routes the delete
+// again. A record that is gone already counts as removed.
+func (d *Directory) forgetLost(ctx context.Context, id, node, principal string) (bool, error) {
 	key := d.keys.sandbox(id)
 	resp, err := d.cli.Get(ctx, key)
 	if err != nil {
@@ -45,10 +60,11 @@ func (d *Directory) forgetLost(ctx context.Context, id, node string) (bool, erro
 	if rec.Node != node {
 		return false, nil
 	}
+	tomb, _ := json.Marshal(tombstoneRecord{Revision: resp.Kvs[0].ModRevision, DeletedAt: time.Now().UTC(), Principal: principal})
 	txn, err := d.cli.Txn(ctx).If(
 		clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision),
 		clientv3.Compare(clientv3.CreateRevision(d.keys.node(node)), "=", 0),
-	).Then(clientv3.OpDelete(key)).Commit()
+	).Then(clientv3.OpDelete(key), clientv3.OpPut(d.keys.tombstone(node, id), string(tomb))).Commit()
 	if err != nil {
 		return false, storeError("remove the record of sandbox "+id, err)
 	}

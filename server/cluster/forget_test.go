@@ -76,7 +76,7 @@ func TestRouterDeleteLost(t *testing.T) {
 	if _, err := cli.Put(ctx, k.node("back"), `{"id":"back","address":"back:1"}`); err != nil {
 		t.Fatal(err)
 	}
-	if removed, err := dir.forgetLost(ctx, "back-sb", "back"); err != nil || removed || !recorded("back-sb") {
+	if removed, err := dir.forgetLost(ctx, "back-sb", "back", "alice"); err != nil || removed || !recorded("back-sb") {
 		t.Errorf("forgetLost of a sandbox whose node is back = %v, %v (recorded %v), want false and the record kept", removed, err, recorded("back-sb"))
 	}
 }

@@ -11,7 +11,7 @@ import (
 // Holder names the berthd process that holds a node's registration, so
 // that a berthd finding its node id registered under a live lease can
 // tell an earlier process of the same node that died (its lease lives on
-// for the lease time: wait for it) from another berthd that runs under
+// for the lease time: revoke it) from another berthd that runs under
 // the same id (refuse to start: NodeIDInUseError).
 type Holder struct {
 	// Host identifies the host: its machine id (/etc/machine-id, else
@@ -49,7 +49,7 @@ func (h Holder) String() string {
 // earlierSelf reports whether other — the holder of a live registration of
 // this node's id — is an earlier process of the node h is (same host, same
 // state directory) that no longer runs, or h itself: then its lease is
-// left to end. Anything else is another berthd under the same id. A record
+// revoked (deadSelf). Anything else is another berthd under the same id. A record
 // without a holder (a berthd before it was recorded) counts as an earlier
 // self, as it did before.
 func (h Holder) earlierSelf(other Holder) bool {
@@ -57,6 +57,16 @@ func (h Holder) earlierSelf(other Holder) bool {
 		return true
 	}
 	return other.Host == h.Host && other.StateDir == h.StateDir && !procfs.Running(other.Process)
+}
+
+// deadSelf reports whether other, the holder of a live registration of
+// this node's id, is an earlier process of this node (same host, same
+// state directory) that no longer runs: its lease serves no one and is
+// revoked rather than waited for. A record without a holder is not (the
+// berthd that wrote it may still run), nor one of this process (its
+// lease ends on its own).
+func (h Holder) deadSelf(other Holder) bool {
+	return other != (Holder{}) && other.Process != h.Process && h.earlierSelf(other)
 }
 
 // NodeIDInUseError is a berthd's refusal to register: another berthd, Holder,

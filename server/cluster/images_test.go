@@ -38,6 +38,7 @@ type imageNode struct {
 }
 
 func (n *imageNode) Usage(context.Context) (Usage, error)             { return Usage{}, nil }
+func (n *imageNode) Remove(context.Context, string) error             { return nil }
 func (n *imageNode) Holds(context.Context) (map[string]string, error) { return nil, nil }
 func (n *imageNode) Health() Health                                   { return Health{} }
 func (n *imageNode) Images(context.Context) ([]string, error) {

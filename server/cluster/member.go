@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -31,6 +33,11 @@ type Local interface {
 	// creations in progress, but no unclaimed warm-pool members — by id,
 	// with their owners.
 	Holds(ctx context.Context) (map[string]string, error)
+	// Remove deletes sandbox id, which the node holds, whoever owns it:
+	// its owner or an admin deleted it through the fleet while the node
+	// was lost (a tombstone, see Member.reconcile). A missing sandbox is
+	// not an error.
+	Remove(ctx context.Context, id string) error
 	// Health returns whether the node can create sandboxes now, as the
 	// node last found (no I/O). The node calls Member.Kick when it
 	// changes, so that the fleet sees it at once.
@@ -94,8 +101,8 @@ func (m *Member) NodeID() string { return m.cfg.NodeID }
 // Start takes the sandboxes local holds for the node's own — they were
 // recorded on it when it last ran, and records of a node's sandboxes
 // change only through the node — and registers the node under a new
-// lease: waiting, within ctx, while an earlier berthd of this node that no
-// longer runs still holds one, and failing with a *NodeIDInUseError, before
+// lease: revoking the lease of an earlier berthd of this node that no
+// longer runs (a crash and restart), and failing with a *NodeIDInUseError, before
 // it touched any record, when another berthd (of another host, another
 // state directory, or a live process) does. It adopts the records of the
 // sandboxes local holds (see reconcile). Then it keeps the lease and the
@@ -177,8 +184,9 @@ const registerWait = time.Second
 
 // register takes a lease and puts the node's record under it, if no other
 // registration of the node id holds one, then reconciles the sandbox
-// records. It waits for a registration of an earlier process of this node
-// (Holder.earlierSelf) to end, and refuses one of another berthd.
+// records. It revokes the lease of a registration of an earlier process of
+// this node that no longer runs (Holder.deadSelf), waits for one that
+// recorded no holder to end, and refuses one of another berthd.
 func (m *Member) register(ctx context.Context) error {
 	ttl := int64(math.Ceil(m.cfg.LeaseTTL.Seconds()))
 	for waited := false; ; waited = true {
@@ -242,6 +250,19 @@ func (m *Member) register(ctx context.Context) error {
 			if !m.cfg.Holder.earlierSelf(other.Holder) {
 				return &NodeIDInUseError{NodeID: m.cfg.NodeID, Address: other.Address, Holder: other.Holder}
 			}
+			if m.cfg.Holder.deadSelf(other.Holder) {
+				// This node's own registration, held by a process that no
+				// longer runs (berthd crashed and was restarted): its lease
+				// serves no one, so it ends now rather than after the
+				// lease time, and the node registers at once.
+				dead := clientv3.LeaseID(kvs[0].Lease)
+				if _, err := m.cli.Revoke(ctx, dead); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+					return fmt.Errorf("cluster: revoke lease %x of node %s's earlier berthd (%s), which no longer runs: %w", int64(dead), m.cfg.NodeID, other.Holder, err)
+				}
+				m.log.Info("cluster: revoked the lease of an earlier berthd of this node that no longer runs", slog.String("node_id", m.cfg.NodeID),
+					slog.String("lease", fmt.Sprintf("%x", int64(dead))), slog.String("holder", other.Holder.String()))
+				continue
+			}
 		}
 		if !waited {
 			m.log.Warn("cluster: the node id is registered under a live lease of an earlier berthd of this node that no longer runs; waiting for it to expire",
@@ -262,17 +283,26 @@ func (m *Member) revoke(lease clientv3.LeaseID) {
 }
 
 // reconcile makes the sandbox records agree with what the node holds, after
-// a (re-)registration: a sandbox the node holds without a record is
-// recorded again (re-adopted); a record naming the node without a sandbox
-// (it expired or was removed while the node was away) is released. A
-// sandbox whose id the fleet records on another node is a conflict: it is
-// kept running, logged at ERROR and counted (Conflicts), never deleted —
-// the record may be the wrong one (a node restarted under another id, a
-// second berthd with this id), and only an operator can tell. Records are
-// read before the local sandboxes: a creation that claims its id after the
-// read is listed by Holds, so its record is never taken for a leftover.
+// a (re-)registration: a sandbox whose delete was asked for while the node
+// was lost (a tombstone for this node, see Directory.forgetLost) is
+// deleted here — the one case where the node deletes a sandbox on etcd's
+// word: its owner or an admin asked for it — and its tombstone removed
+// (kept, for the next registration, when the delete fails; the sandbox is
+// not recorded again meanwhile); a sandbox the node holds without a record
+// is recorded again (re-adopted); a record naming the node without a
+// sandbox (it expired or was removed while the node was away) is
+// released. A sandbox whose id the fleet records on another node is a
+// conflict: it is kept running, logged at ERROR and counted (Conflicts),
+// never deleted — the record may be the wrong one (a node restarted under
+// another id, a second berthd with this id), and only an operator can
+// tell. Records and tombstones are read, in one transaction, before the
+// local sandboxes: a creation that claims its id after the read is listed
+// by Holds, so its record is never taken for a leftover.
 func (m *Member) reconcile(ctx context.Context) error {
-	resp, err := m.cli.Get(ctx, m.keys.sandboxes(), clientv3.WithPrefix())
+	resp, err := m.cli.Txn(ctx).Then(
+		clientv3.OpGet(m.keys.sandboxes(), clientv3.WithPrefix()),
+		clientv3.OpGet(m.keys.tombstones(m.cfg.NodeID), clientv3.WithPrefix()),
+	).Commit()
 	if err != nil {
 		return fmt.Errorf("cluster: read sandbox records: %w", err)
 	}
@@ -280,10 +310,14 @@ func (m *Member) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: list the node's sandboxes: %w", err)
 	}
+	deleted, err := m.buryDeleted(ctx, resp.Responses[1].GetResponseRange().GetKvs(), holds)
+	if err != nil {
+		return err
+	}
 	recorded := make(map[string]bool)
 	conflicts := make(map[string]string)
 	var adopted, released int
-	for _, kv := range resp.Kvs {
+	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
 		id := m.keys.idOf(m.keys.sandboxes(), string(kv.Key))
 		var rec SandboxRecord
 		if json.Unmarshal(kv.Value, &rec) != nil {
@@ -321,9 +355,41 @@ func (m *Member) reconcile(ctx context.Context) error {
 	m.conflicts = conflicts
 	m.mu.Unlock()
 	m.log.Info("cluster: sandbox records reconciled", slog.Int("held", len(holds)), slog.Int("recorded_again", adopted),
-		slog.Int("released", released), slog.Int("conflicts", len(conflicts)))
+		slog.Int("released", released), slog.Int("conflicts", len(conflicts)), slog.Int("deleted", deleted))
 	m.Kick()
 	return nil
+}
+
+// buryDeleted deletes the sandboxes of holds that tombstones (this node's,
+// read at the same revision as the records) name, and takes them out of
+// holds; it removes each tombstone whose sandbox is gone, and reports how
+// many sandboxes it deleted. A sandbox it fails to delete stays out of
+// holds (not recorded again) and its tombstone stays, for the next
+// registration.
+func (m *Member) buryDeleted(ctx context.Context, tombstones []*mvccpb.KeyValue, holds map[string]string) (int, error) {
+	deleted := 0
+	for _, kv := range tombstones {
+		id := m.keys.idOf(m.keys.tombstones(m.cfg.NodeID), string(kv.Key))
+		if _, here := holds[id]; here {
+			delete(holds, id)
+			m.setHeld(id, false)
+			var tomb tombstoneRecord
+			_ = json.Unmarshal(kv.Value, &tomb)
+			if err := m.local.Remove(ctx, id); err != nil {
+				m.log.Error("cluster: delete a sandbox deleted through the fleet while this node was lost; it is not recorded again, and the delete is tried again when the node next registers",
+					slog.String("sandbox_id", id), slog.String("principal", tomb.Principal), slog.Any("error", err))
+				continue
+			}
+			deleted++
+			m.log.Info("cluster: deleted a sandbox deleted through the fleet while this node was lost", slog.String("sandbox_id", id),
+				slog.String("principal", tomb.Principal), slog.Time("deleted_at", tomb.DeletedAt), slog.Int64("record_revision", tomb.Revision))
+		}
+		if _, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
+			Then(clientv3.OpDelete(string(kv.Key))).Commit(); err != nil {
+			return deleted, fmt.Errorf("cluster: remove the tombstone of sandbox %s: %w", id, err)
+		}
+	}
+	return deleted, nil
 }
 
 // Conflicts returns the local sandboxes whose ids the fleet records on

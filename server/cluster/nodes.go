@@ -116,7 +116,10 @@ const removeBatch = 100
 // RemoveNode forgets a lost node and the records of its sandboxes (see
 // berth.v1.NodeService.RemoveNode). Each transaction deletes only while
 // the node holds no lease (its record is absent) and only records that
-// are unchanged since they were read; a node registering meanwhile makes
+// are unchanged since they were read; the node's tombstones (deletes of
+// its sandboxes asked for while it was lost) go with the last one, so a
+// node removed and then started again records every sandbox it still runs;
+// a node registering meanwhile makes
 // the call fail NODE_LIVE with nothing more removed. Records are deleted
 // in batches of removeBatch, the node's own keys with the last one: a call
 // that fails midway leaves the node listed, and is repeated. The whole
@@ -183,7 +186,7 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 			ops = append(ops, clientv3.OpDelete(key))
 		}
 		if start+removeBatch >= len(recs) {
-			ops = append(ops, clientv3.OpDelete(seenKey), clientv3.OpDelete(drainKey))
+			ops = append(ops, clientv3.OpDelete(seenKey), clientv3.OpDelete(drainKey), clientv3.OpDelete(s.keys.tombstones(id), clientv3.WithPrefix()))
 		}
 		resp, err := s.cli.Txn(ctx).If(conds...).Then(ops...).Commit()
 		if err != nil {

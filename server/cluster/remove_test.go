@@ -34,6 +34,10 @@ func TestRemoveNode(t *testing.T) {
 		}
 	}
 	a.Close()
+	// A pending delete of one of a's sandboxes (a tombstone) goes with a.
+	if _, err := cli.Put(ctx, keys{prefix}.tombstone("a", "s0"), `{"revision":1}`); err != nil {
+		t.Fatal(err)
+	}
 	// c never registered: only its 150 records (more than one
 	// transaction's worth) make it known.
 	var cIDs []string

@@ -140,14 +140,14 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 
 // deleteLost deletes sandbox id, whose node is lost, for p, who may see
 // it (holder answers NODE_LOST to no one else): its record is removed, so
-// the id is free again. The sandbox is not reached — it is gone with its
-// node, or the node records it again when it comes back (see
-// Member.reconcile). When the record or the node changed meanwhile the
+// the id is free again, and a tombstone left for the node. The sandbox is
+// not reached — it is gone with its node, or the node deletes it when it
+// comes back (see Member.reconcile). When the record or the node changed meanwhile the
 // delete is routed again, once.
 func (r *Router) deleteLost(ctx context.Context, p auth.Principal, id, node string, handler grpc.UnaryHandler, info *grpc.UnaryServerInfo, req proto.Message) (any, error) {
 	sctx, cancel := r.storeContext(ctx)
 	defer cancel()
-	removed, err := r.cfg.Directory.forgetLost(sctx, id, node)
+	removed, err := r.cfg.Directory.forgetLost(sctx, id, node, p.String())
 	if err != nil {
 		return nil, r.storeFailed(ctx, err)
 	}

@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 
 	"github.com/berth-sandbox/berth/server/admit"
@@ -102,6 +103,16 @@ func (l clusterLocal) containerdDown() error {
 	if h := l.m.health.get(); h.Reason == cluster.HealthContainerd {
 		return errors.New(h.Message)
 	}
+	return nil
+}
+
+// Remove deletes sandbox id whoever owns it (cluster.Local.Remove): it was
+// deleted through the fleet while the node was lost.
+func (l clusterLocal) Remove(ctx context.Context, id string) error {
+	if err := l.m.deleteSandbox(ctx, id); err != nil {
+		return err
+	}
+	l.m.log.InfoContext(ctx, "sandbox deleted: it was deleted through the fleet while this node was lost", slog.String("sandbox_id", id))
 	return nil
 }
 
