@@ -72,7 +72,7 @@ func (f *clusterFlags) register() {
 		return nil
 	})
 	flag.DurationVar(&f.leaseTTL, "lease-ttl", 10*time.Second, "lease time of this node in the fleet: after it stops refreshing, other nodes report its sandboxes as lost (NODE_LOST) within this long")
-	flag.DurationVar(&f.etcdBudget, "etcd-budget", 2*time.Second, "how long a routed call, a create, a claim or a node command waits for etcd; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline; also how long berthd waits for etcd at start before it serves without it")
+	flag.DurationVar(&f.etcdBudget, "etcd-budget", cluster.DefaultEtcdBudget, "how long a routed call, a create, a claim or a node command waits for etcd; past it the call fails CLUSTER_UNAVAILABLE (retryable) instead of waiting for the caller's deadline; also how long berthd waits for etcd at start before it serves without it")
 	flag.DurationVar(&f.listBudget, "list-budget", 3*time.Second, "how long ListSandboxes waits for the fleet's nodes; it answers with what came in time and names the nodes that did not in unreachable_nodes (keep it below your clients' deadlines)")
 	flag.BoolVar(&f.gateway, "gateway", false, "route the fleet's calls without running sandboxes: no containerd, no images (needs --etcd-endpoints)")
 	flag.StringVar(&f.peerTokenFile, "peer-token-file", "", "file holding the bearer token this berthd sends to the fleet's other nodes (a token of a --node-principal there); re-read on SIGHUP")

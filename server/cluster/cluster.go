@@ -48,6 +48,14 @@ import (
 	"github.com/berth-sandbox/berth/internal/sandboxid"
 )
 
+// DefaultEtcdBudget is how long a call waits for etcd unless configured
+// otherwise (berthd --etcd-budget): past it a routed call, a create, a
+// claim or a NodeService call fails CLUSTER_UNAVAILABLE with RetryInfo.
+// It keeps such answers under 2 s (issue 22: a fleet whose etcd is away
+// answers within 2 s, whatever the caller's deadline); etcd answers a
+// healthy cluster's reads in milliseconds.
+const DefaultEtcdBudget = 1500 * time.Millisecond
+
 // Config configures a node's membership. Zero fields take the defaults
 // given.
 type Config struct {
@@ -81,7 +89,7 @@ type Config struct {
 	// EtcdBudget bounds how long a claim, a release or a publication
 	// waits for etcd, and how long Start waits for it before the node
 	// serves without it; past it a claim fails UNAVAILABLE
-	// CLUSTER_UNAVAILABLE with a RetryInfo. Default 2 s.
+	// CLUSTER_UNAVAILABLE with a RetryInfo. Default DefaultEtcdBudget.
 	EtcdBudget time.Duration
 }
 
@@ -96,7 +104,7 @@ func (c *Config) setDefaults() {
 		c.PublishInterval = 2 * time.Second
 	}
 	if c.EtcdBudget <= 0 {
-		c.EtcdBudget = 2 * time.Second
+		c.EtcdBudget = DefaultEtcdBudget
 	}
 	if c.Holder == (Holder{}) {
 		c.Holder = ThisHolder(c.StateDir)

@@ -42,12 +42,12 @@ func NewDirectory(cli *clientv3.Client, prefix string, log *slog.Logger) (*Direc
 }
 
 // Start reads the live nodes and follows their changes in the background
-// until Close. When etcd does not answer within budget (default 2 s), it
+// until Close. When etcd does not answer within budget (default DefaultEtcdBudget), it
 // logs so and returns nil: the view stays empty until etcd answers, and
 // fills then.
 func (d *Directory) Start(ctx context.Context, budget time.Duration) error {
 	if budget <= 0 {
-		budget = 2 * time.Second
+		budget = DefaultEtcdBudget
 	}
 	lctx, cancel := context.WithTimeout(ctx, budget)
 	rev, err := d.load(lctx)

@@ -33,10 +33,10 @@ func NewNodeService(cli *clientv3.Client, prefix string) *NodeService {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return &NodeService{cli: cli, keys: keys{prefix}, budget: 2 * time.Second}
+	return &NodeService{cli: cli, keys: keys{prefix}, budget: DefaultEtcdBudget}
 }
 
-// WithEtcdBudget bounds how long each call waits for etcd (default 2 s):
+// WithEtcdBudget bounds how long each call waits for etcd (default DefaultEtcdBudget):
 // past it the call fails UNAVAILABLE CLUSTER_UNAVAILABLE with a RetryInfo,
 // whatever the caller's deadline. It returns s.
 func (s *NodeService) WithEtcdBudget(d time.Duration) *NodeService {

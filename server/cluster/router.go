@@ -73,7 +73,7 @@ func NewRouter(cfg RouterConfig) *Router {
 		cfg.BusyRetryDelay = time.Second
 	}
 	if cfg.EtcdBudget <= 0 {
-		cfg.EtcdBudget = 2 * time.Second
+		cfg.EtcdBudget = DefaultEtcdBudget
 	}
 	if cfg.ListBudget <= 0 {
 		cfg.ListBudget = 3 * time.Second
