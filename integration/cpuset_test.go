@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -92,5 +93,30 @@ func TestCPUSetOff(t *testing.T) {
 	want := fmt.Sprint(runtime.NumCPU())
 	if v := createCPUSandbox(t, e, "cpu-off", 500); v.nproc != want {
 		t.Errorf("nproc with --cpuset off = %s on CPUs %s, want %s", v.nproc, v.allowed, want)
+	}
+}
+
+// TestCPUSetGVisor: a gVisor sandbox of 500 millis is pinned like a runc
+// one, and its workload sees one CPU in gVisor's kernel too. The first
+// pinned sandbox of a namespace is a gVisor one: on cgroup v1, runsc made
+// the namespace's cpuset cgroup empty and failed to start it ("write
+// .../cpuset.cpus: permission denied") until berthd prepared that cgroup.
+func TestCPUSetGVisor(t *testing.T) {
+	needGVisor(t)
+	e := newBinaryEnv(t, "cpugv")
+	startBerthd(t, e, "--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"))
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "cpu-gv", Image: baseImage, Runtime: "gvisor",
+		Resources: &berthv1.Resources{CpuMillis: 500}}); err != nil {
+		t.Fatalf("CreateSandbox(gvisor, cpu_millis 500): %v", err)
+	}
+	resp, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: "cpu-gv", Process: &berthv1.ProcessSpec{ShellCommand: "nproc; grep -c ^processor /proc/cpuinfo"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(resp.GetStdout()); got != "1\n1\n" {
+		t.Errorf("nproc and /proc/cpuinfo's processors under gVisor = %q (stderr %q), want 1 and 1", got, resp.GetStderr())
 	}
 }

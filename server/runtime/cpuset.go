@@ -140,6 +140,9 @@ func (r *Runtime) allocCPUs(ctx context.Context, spec SandboxSpec) (_ cpuset.CPU
 	}
 	r.cpuMu.Lock()
 	defer r.cpuMu.Unlock()
+	if err := prepareCPUSetParent(r.cfg.Namespace); err != nil {
+		return cpuset.New(), nil, err
+	}
 	records, err := r.client.ContainerService().List(ctx, fmt.Sprintf("labels.%q", labelCPUSet))
 	if err != nil {
 		return cpuset.New(), nil, fmt.Errorf("list the sandboxes' cpusets: %w", err)
@@ -167,6 +170,43 @@ func (r *Runtime) allocCPUs(ctx context.Context, spec SandboxSpec) (_ cpuset.CPU
 		defer r.cpuMu.Unlock()
 		delete(r.cpuReserved, spec.ID)
 	}, nil
+}
+
+// prepareCPUSetParent gives the sandboxes' parent cpuset cgroup on
+// cgroup v1 (containerd's default, /<namespace>) the CPUs and memory nodes
+// of the root when it has none, as runc does when it makes it. runsc
+// (Debian's 20221219) makes it empty and then cannot write a sandbox's
+// cpuset.cpus below it ("permission denied"): without this, the first
+// pinned sandbox of a namespace under gVisor failed to start. cgroup v2
+// needs nothing: an empty cpuset.cpus there means the parent's.
+func prepareCPUSetParent(namespace string) error {
+	if cgroups.Mode() == cgroups.Unified {
+		return nil
+	}
+	// containerd's cgroup1 package does this (cpusetController.Create)
+	// but brings D-Bus along; this is its copy for one level.
+	const root = "/sys/fs/cgroup/cpuset"
+	dir := filepath.Join(root, namespace)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create the sandboxes' parent cpuset cgroup %s: %w", dir, err)
+	}
+	for _, name := range []string{"cpuset.cpus", "cpuset.mems"} {
+		have, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return fmt.Errorf("read %s of the sandboxes' parent cgroup: %w", name, err)
+		}
+		if len(strings.TrimSpace(string(have))) > 0 {
+			continue
+		}
+		want, err := os.ReadFile(filepath.Join(root, name))
+		if err != nil {
+			return fmt.Errorf("read %s of the root cpuset cgroup: %w", name, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), want, 0o644); err != nil {
+			return fmt.Errorf("give the sandboxes' parent cgroup %s the root's %s: %w", dir, name, err)
+		}
+	}
+	return nil
 }
 
 // CPUSet describes how sandboxes are pinned, for berthd's log: "off", or
