@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,12 +23,28 @@ type cpuView struct{ nproc, allowed string }
 // returns what its workload sees of its CPUs.
 func createCPUSandbox(t *testing.T, e *berthEnv, id string, millis uint64) cpuView {
 	t.Helper()
+	if err := createWithCPU(e, id, millis); err != nil {
+		t.Fatal(err)
+	}
+	return cpusSeen(t, e, id)
+}
+
+// createWithCPU creates sandbox id with cpu_millis millis through e.
+func createWithCPU(e *berthEnv, id string, millis uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: id, Image: baseImage,
 		Resources: &berthv1.Resources{CpuMillis: millis}}); err != nil {
-		t.Fatalf("CreateSandbox(%s, cpu_millis %d): %v", id, millis, err)
+		return fmt.Errorf("CreateSandbox(%s, cpu_millis %d): %w", id, millis, err)
 	}
+	return nil
+}
+
+// cpusSeen returns what the workload of sandbox id sees of its CPUs.
+func cpusSeen(t *testing.T, e *berthEnv, id string) cpuView {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	resp, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{
 		ShellCommand: "nproc && sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status"}})
 	if err != nil || resp.GetResult().GetExitCode() != 0 {
@@ -118,5 +136,29 @@ func TestCPUSetGVisor(t *testing.T) {
 	}
 	if got := string(resp.GetStdout()); got != "1\n1\n" {
 		t.Errorf("nproc and /proc/cpuinfo's processors under gVisor = %q (stderr %q), want 1 and 1", got, resp.GetStderr())
+	}
+}
+
+// TestCPUSetConcurrentCreates: two one-CPU sandboxes created at once get
+// different CPUs: each create counts the other's reservation while
+// neither container is recorded yet.
+func TestCPUSetConcurrentCreates(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "cpupar")
+	startBerthd(t, e)
+	e.importBase(t)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = createWithCPU(e, fmt.Sprintf("cpu-par-%d", i), 1000) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := []string{cpusSeen(t, e, "cpu-par-0").allowed, cpusSeen(t, e, "cpu-par-1").allowed}; !slices.Contains(got, "0") || !slices.Contains(got, "1") {
+		t.Errorf("CPUs of two one-CPU sandboxes created at once = %v, want 0 and 1", got)
 	}
 }
