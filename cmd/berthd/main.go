@@ -119,6 +119,13 @@ func main() {
 		}
 		return nil
 	})
+	flag.Func("cpuset", "\"auto\": pin each sandbox whose CPU cap is below the host's CPUs to ceil(cpu_millis/1000) CPUs, the least loaded, so nproc shows its share; \"off\": every sandbox may run on every CPU, its CPU cap alone limiting it (default auto; docs/default-limits.md)", func(v string) error {
+		if v != runtime.CPUSetAuto && v != runtime.CPUSetOff {
+			return fmt.Errorf("want %s or %s", runtime.CPUSetAuto, runtime.CPUSetOff)
+		}
+		rtCfg.CPUSet = v
+		return nil
+	})
 	flag.Uint64Var(&rtCfg.MaxImageStoreBytes, "max-image-store-bytes", 0, "most `bytes` containerd's content store may hold for berthd's namespace (every image's blobs); an import or pull past it fails RESOURCE_EXHAUSTED NO_SPACE; 0: no bound")
 	flag.StringVar(&rtCfg.GVisorBinary, "gvisor-binary", "", "runsc wrapper (scripts/runsc-berth) the runc shim runs for sandboxes with runtime \"gvisor\"; empty: such sandboxes are refused")
 	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
@@ -406,7 +413,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 	}
 	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), join, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
 		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes),
-		slog.String("node_id", svcCfg.NodeID))
+		slog.String("node_id", svcCfg.NodeID), slog.String("cpuset", rt.CPUSet()))
 }
 
 // runGateway serves a fleet's API without containerd: every call goes to

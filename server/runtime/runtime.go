@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"k8s.io/utils/cpuset"
 
 	"github.com/berth-sandbox/berth/server/runtime/qgroup"
 )
@@ -168,6 +169,10 @@ type Config struct {
 	// *UnavailableError (Slow). Moving data (import, unpack, pull) and
 	// waiting for a task's exit are not bounded by it. Default 10 s.
 	CallBudget time.Duration
+	// CPUSet is CPUSetAuto ("" too) or CPUSetOff: whether a sandbox whose
+	// CPU cap is below the host's CPUs is pinned to a cpuset of its size,
+	// so that nproc shows its share (cpuset.go).
+	CPUSet string
 }
 
 func (c *Config) setDefaults() {
@@ -192,6 +197,9 @@ func (c *Config) setDefaults() {
 	if c.CreateWorkLimit <= 0 {
 		c.CreateWorkLimit = 10 * time.Minute
 	}
+	if c.CPUSet == "" {
+		c.CPUSet = CPUSetAuto
+	}
 }
 
 // Runtime creates and inspects sandboxes in containerd.
@@ -203,6 +211,13 @@ type Runtime struct {
 	idMu       sync.Mutex
 	idReserved map[uint32]string // id ranges of creates in progress
 	idRetry    map[string]uint32 // id ranges of failed creates, by sandbox id
+
+	// cpus are the CPUs sandboxes may be pinned to, read at start
+	// (allowedCPUs); cpuReserved the pinnings of creates in progress, by
+	// sandbox id.
+	cpus        cpuset.CPUSet
+	cpuMu       sync.Mutex
+	cpuReserved map[string]pinning
 	// quota sets sandboxes' disk quotas; nil when quotaErr says why
 	// there are none.
 	quota    *qgroup.FS
@@ -265,7 +280,18 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		client.Close()
 		return nil, err
 	}
-	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string), idRetry: make(map[string]uint32)}
+	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string), idRetry: make(map[string]uint32), cpuReserved: make(map[string]pinning)}
+	switch cfg.CPUSet {
+	case CPUSetAuto:
+		if r.cpus, err = allowedCPUs(cfg.Namespace); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("cpuset %s: %w", CPUSetAuto, err)
+		}
+	case CPUSetOff:
+	default:
+		client.Close()
+		return nil, fmt.Errorf("cpuset %q: want %q or %q", cfg.CPUSet, CPUSetAuto, CPUSetOff)
+	}
 	if r.orphanLeases, err = r.dropOrphanLeases(ctx); err != nil {
 		client.Close()
 		return nil, err
@@ -503,6 +529,15 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
 	specOpts := r.specOpts(image, spec, dir)
+	cpus, releaseCPUs, err := r.allocCPUs(ctx, spec)
+	if err != nil {
+		return err
+	}
+	defer releaseCPUs()
+	if cpus.Size() > 0 {
+		labels[labelCPUSet] = cpus.String()
+		specOpts = append(specOpts, oci.WithCPUs(cpus.String()))
+	}
 	snapshot := containerd.WithNewSnapshot(spec.ID, image)
 	var base uint32
 	if spec.userns() {
