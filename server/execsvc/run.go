@@ -70,7 +70,13 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		return nil, apierr.WithMeta(&apierr.FleetBusy{SandboxID: sandboxID, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT,
 			Limit: s.runBuffers.Limit(), InUse: used, Requested: reserved, RetryDelay: s.cfg.BusyRetryDelay}, meta)
 	}
-	defer lease.Release()
+	out := runout.NewCollector(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
+	// A buffer that must grow waits for budget while berthd stops reading
+	// this Run's output, so the agent's flow control holds the process.
+	// The budget of a grown buffer comes back once it is freed, after
+	// the response was sent from it.
+	out.HoldIn(lease)
+	defer out.Release()
 	guard, err := s.guardExec(ctx, sandboxID, execID, true)
 	if err != nil {
 		return nil, apierr.WithMeta(err, meta)
@@ -88,10 +94,6 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if err := upstream.CloseSend(); err != nil {
 		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
 	}
-	out := runout.NewCollector(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
-	// A buffer that must grow waits for budget while berthd stops reading
-	// this Run's output, so the agent's flow control holds the process.
-	out.HoldIn(lease)
 	var (
 		fr  wire.Frame
 		buf []byte

@@ -13,7 +13,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -42,6 +44,12 @@ type Budget struct {
 	waiting int
 	gen     uint64
 	wake    chan struct{}
+	// collecting is what ended Runs' large buffers hold until the garbage
+	// collector frees them (Lease.ReleaseLater); collector is true while
+	// a goroutine runs collections for the leases waiting.
+	collecting uint64
+	collector  bool
+	admitting  int // Lease calls waiting for collecting bytes
 }
 
 // NewBudget returns a Budget of limit bytes (zero: no limit) whose Grow
@@ -66,16 +74,55 @@ func (b *Budget) Reserve(n uint64) (release func(), used uint64, ok bool) {
 }
 
 // Lease takes n bytes of the budget at once, as Reserve does, and returns
-// them as a Lease that may grow.
+// them as a Lease that may grow. When they fit only once ended Runs'
+// buffers are freed (Lease.ReleaseLater), it runs a collection and waits
+// for them, at most admitWait; it never waits for Runs in progress.
 func (b *Budget) Lease(n uint64) (l *Lease, used uint64, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.fits(n) {
-		return nil, b.used, false
+	var timeout <-chan time.Time
+	for !b.fits(n) {
+		if b.collecting == 0 || !b.fitsWithout(b.collecting, n) {
+			return nil, b.used, false
+		}
+		if timeout == nil {
+			t := time.NewTimer(admitWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		b.admitting++
+		if !b.collector {
+			b.collector = true
+			go b.collect()
+		}
+		wake := b.wake
+		b.mu.Unlock()
+		expired := false
+		select {
+		case <-wake:
+		case <-timeout:
+			expired = true
+		}
+		b.mu.Lock()
+		b.admitting--
+		if expired && !b.fits(n) {
+			return nil, b.used, false
+		}
 	}
 	b.used += n
 	b.leases++
 	return &Lease{b: b, held: n}, b.used, true
+}
+
+// admitWait bounds how long Lease waits for ended Runs' buffers to be
+// freed.
+const admitWait = 2 * time.Second
+
+// fitsWithout reports whether n more bytes would fit were freed bytes
+// not held; the caller holds mu.
+func (b *Budget) fitsWithout(freed, n uint64) bool {
+	sum, ok := bounds.Add(b.used-freed, n)
+	return ok && (b.limit == 0 || sum <= b.limit)
 }
 
 // fits reports whether n more bytes fit; the caller holds mu.
@@ -175,8 +222,12 @@ func (l *Lease) Grow(ctx context.Context, n uint64) error {
 			b.mu.Unlock()
 			return nil
 		}
-		if b.waiting+1 >= b.leases {
+		if b.waiting+1 >= b.leases && b.collecting == 0 {
 			return fail(true, nil)
+		}
+		if b.collecting > 0 && !b.collector {
+			b.collector = true
+			go b.collect()
 		}
 		if timer == nil {
 			timer = time.NewTimer(b.wait)
@@ -212,22 +263,67 @@ func (l *Lease) Held() uint64 {
 
 // Release gives the lease's bytes back and wakes the leases waiting for
 // budget; it is idempotent.
-func (l *Lease) Release() {
+func (l *Lease) Release() { l.ReleaseLater(0) }
+
+// ReleaseLater ends the lease as Release does but keeps later of its bytes
+// (at most what it holds) counted until the returned function gives them
+// back: for buffers still in memory until the garbage collector frees
+// them. While later bytes are pending and leases wait for budget, the
+// Budget runs collections (runtime.GC) so that they come back. The
+// returned function is idempotent.
+func (l *Lease) ReleaseLater(later uint64) (giveBack func()) {
 	b := l.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if l.released {
-		return
+		return func() {}
 	}
+	later = min(later, l.held)
 	l.released = true
-	b.used -= l.held
+	b.used -= l.held - later
+	b.collecting += later
 	l.held = 0
 	b.leases--
+	b.wakeAll()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			b.used -= later
+			b.collecting -= later
+			b.wakeAll()
+		})
+	}
+}
+
+// wakeAll wakes every lease waiting in Grow; the caller holds mu.
+func (b *Budget) wakeAll() {
 	b.waiting = 0
 	b.gen++
 	close(b.wake)
 	b.wake = make(chan struct{})
 }
+
+// collect runs garbage collections while bytes of ended leases are pending
+// (ReleaseLater) and leases wait for budget, so that their buffers are
+// freed and the bytes come back; after a collection that took d it waits
+// at least d before the next, half of one CPU at most.
+func (b *Budget) collect() {
+	for {
+		b.mu.Lock()
+		if b.collecting == 0 || b.waiting == 0 && b.admitting == 0 {
+			b.collector = false
+			b.mu.Unlock()
+			return
+		}
+		b.mu.Unlock()
+		start := time.Now()
+		runtime.GC()
+		time.Sleep(max(time.Since(start), 10*time.Millisecond))
+	}
+}
+
 
 // ErrOutputLost is wrapped by Collector.Result's error when the output that
 // arrived is less than the result says was written within the caps.
@@ -302,6 +398,51 @@ func (c *Collector) HoldIn(l *Lease) {
 	c.lease = l
 	for _, s := range []berthv1.Stream{berthv1.Stream_STREAM_STDOUT, berthv1.Stream_STREAM_STDERR} {
 		c.reserved[s] = min(c.caps[s], SlabBytes)
+	}
+}
+
+// Release ends the collector's lease (HoldIn): the first slabs come back
+// at once, the bytes of a buffer grown past its first slab only once the
+// garbage collector has freed it (Lease.ReleaseLater, runtime.AddCleanup),
+// so that the Budget never counts as free memory that is still taken: a
+// Run's response is sent from its buffers after its handler returned, and
+// an ended Run's buffer stays in the heap until a collection. Without a
+// lease it does nothing.
+func (c *Collector) Release() {
+	if c.lease == nil {
+		return
+	}
+	var later uint64
+	for _, s := range []berthv1.Stream{berthv1.Stream_STREAM_STDOUT, berthv1.Stream_STREAM_STDERR} {
+		if c.reserved[s] > SlabBytes && cap(c.kept[s]) > 0 {
+			later += c.reserved[s]
+		}
+	}
+	giveBack := c.lease.ReleaseLater(later)
+	if later == 0 {
+		return
+	}
+	// Each grown buffer counts itself off when it is freed; the bytes
+	// come back once all are.
+	p := &pendingBuffers{giveBack: giveBack}
+	for _, s := range []berthv1.Stream{berthv1.Stream_STREAM_STDOUT, berthv1.Stream_STREAM_STDERR} {
+		if b := c.kept[s]; c.reserved[s] > SlabBytes && cap(b) > 0 {
+			p.left.Add(1)
+			runtime.AddCleanup(&b[:cap(b)][0], (*pendingBuffers).freed, p)
+		}
+	}
+}
+
+// pendingBuffers gives an ended Run's budget back once its grown buffers
+// are freed.
+type pendingBuffers struct {
+	left     atomic.Int32
+	giveBack func()
+}
+
+func (p *pendingBuffers) freed() {
+	if p.left.Add(-1) == 0 {
+		p.giveBack()
 	}
 }
 

@@ -354,3 +354,59 @@ func TestLeaseWaitBounded(t *testing.T) {
 		t.Errorf("used = %d, want 100 (nothing taken by the failed grows)", got)
 	}
 }
+
+// TestCollectorReleaseAfterFree: a grown buffer's budget stays counted
+// after its Run ended until the garbage collector freed it (the response
+// is sent from it, and until a collection it is in the heap all the same),
+// and a lease waiting for budget gets it once it is freed: the Budget runs
+// the collection. The first slabs come back at once.
+func TestCollectorReleaseAfterFree(t *testing.T) {
+	b := runout.NewBudget(2<<20+64<<10, time.Minute)
+	func() {
+		l, _, _ := b.Lease(runout.Slabs(2<<20, 1<<10))
+		c := runout.NewCollector(2<<20, 1<<10)
+		c.HoldIn(l)
+		if err := c.Write(context.Background(), stdout, make([]byte, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+	}()
+	if got := b.Used(); got != 2<<20 {
+		t.Errorf("used right after the Run = %d, want its grown 2 MiB buffer still counted (the stderr slab back)", got)
+	}
+	l2, _, ok := b.Lease(64 << 10)
+	if !ok {
+		t.Fatal("a first slab refused with the budget's rest free")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l2.Grow(ctx, 1<<20); err != nil {
+		t.Fatalf("Grow waiting for the freed buffer's budget: %v", err)
+	}
+	l2.Release()
+	if got := b.Used(); got != 0 {
+		t.Errorf("used at the end = %d, want 0", got)
+	}
+}
+
+// TestLeaseWaitsForFreedBuffers: a Run admitted while an ended Run's grown
+// buffer is still counted (not freed yet) is not refused: admission runs
+// the collection and takes the bytes it frees.
+func TestLeaseWaitsForFreedBuffers(t *testing.T) {
+	b := runout.NewBudget(2<<20, time.Minute)
+	func() {
+		l, _, _ := b.Lease(runout.Slabs(2<<20, 0))
+		c := runout.NewCollector(2<<20, 0)
+		c.HoldIn(l)
+		if err := c.Write(context.Background(), stdout, make([]byte, 1<<20)); err != nil {
+			t.Fatal(err)
+		}
+		c.Release()
+	}()
+	if _, used, ok := b.Lease(64 << 10); !ok {
+		t.Fatalf("a first slab refused with %d bytes used, all by an ended Run's buffer", used)
+	}
+	if _, _, ok := b.Lease(4 << 20); ok {
+		t.Error("4 MiB admitted into 2 MiB")
+	}
+}
