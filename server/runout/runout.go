@@ -324,7 +324,6 @@ func (b *Budget) collect() {
 	}
 }
 
-
 // ErrOutputLost is wrapped by Collector.Result's error when the output that
 // arrived is less than the result says was written within the caps.
 var ErrOutputLost = errors.New("run output lost")
