@@ -603,7 +603,7 @@ const defaultDiskBytes = 10 << 30
 // checkLimits rejects capacity and timing flags that have no meaning, before
 // server.Config's defaults would quietly replace a zero.
 func checkLimits(c server.Config) error {
-	for name, d := range map[string]time.Duration{"--connect-budget": c.ConnectBudget, "--busy-retry-delay": c.BusyRetryDelay, "--task-restart-window": c.TaskRestartWindow} {
+	for name, d := range map[string]time.Duration{"--connect-budget": c.ConnectBudget, "--busy-retry-delay": c.BusyRetryDelay, "--task-restart-window": c.TaskRestartWindow, "--run-buffer-wait": c.RunBufferWait} {
 		if d <= 0 {
 			return fmt.Errorf("%s %v: must be positive", name, d)
 		}
