@@ -1042,18 +1042,26 @@ func TestRunOutputLost(t *testing.T) {
 	}
 }
 
+// runBigOutput runs a Run whose agent writes 100 KiB of stdout, more than
+// its first slab, on a harness with a Run buffer budget of budget bytes.
+func runBigOutput(t *testing.T, budget uint64) (h *harness, big string, resp *berthv1.RunResponse, err error) {
+	h = newHarness(t, budget)
+	opened := make(chan *agentv1.ExecRequest, 1)
+	big = strings.Repeat("x", 100<<10)
+	h.agent.exec = agentSends(opened, started("run-1", 5), output(1, berthv1.Stream_STREAM_STDOUT, big),
+		exited(&berthv1.ExecResult{ExitCode: proto.Int32(0), StdoutBytes: uint64(len(big))}))
+	resp, err = h.client.Run(callContext(t), &berthv1.RunRequest{SandboxId: testSandbox, ExecId: "run-1", Process: echo})
+	<-opened
+	return h, big, resp, err
+}
+
 // TestRunOutputBudget: a Run is admitted holding its first slabs and
 // grows as its output does; output that needs budget no one can give back
 // (here the Run holds all of it and waits itself) fails the Run with
 // DATA_LOSS OUTPUT_LOST naming the budget, never a cut result, and gives
 // the budget back (issue 23).
 func TestRunOutputBudget(t *testing.T) {
-	h := newHarness(t, 128<<10)
-	opened := make(chan *agentv1.ExecRequest, 1)
-	big := strings.Repeat("x", 100<<10)
-	h.agent.exec = agentSends(opened, started("run-1", 5), output(1, berthv1.Stream_STREAM_STDOUT, big),
-		exited(&berthv1.ExecResult{ExitCode: proto.Int32(0), StdoutBytes: uint64(len(big))}))
-	resp, err := h.client.Run(callContext(t), &berthv1.RunRequest{SandboxId: testSandbox, ExecId: "run-1", Process: echo})
+	h, _, resp, err := runBigOutput(t, 128<<10)
 	if resp != nil {
 		t.Errorf("response of %d bytes with the error", len(resp.GetStdout()))
 	}
@@ -1062,7 +1070,6 @@ func TestRunOutputBudget(t *testing.T) {
 	if msg := grpcstatus.Convert(err).Message(); !strings.Contains(msg, "every Run holding it was waiting") || !strings.Contains(msg, "--run-buffer-bytes") {
 		t.Errorf("message %q; want it to say every Run holding the budget was waiting and name --run-buffer-bytes", msg)
 	}
-	<-opened
 	if got := h.budget.Used(); got != 0 {
 		t.Errorf("run buffers in use %d after the Run; want 0", got)
 	}
@@ -1071,16 +1078,10 @@ func TestRunOutputBudget(t *testing.T) {
 // TestRunOutputGrows: with room, output past the first slab is collected
 // whole, the Run's lease grown.
 func TestRunOutputGrows(t *testing.T) {
-	h := newHarness(t, 4<<20)
-	opened := make(chan *agentv1.ExecRequest, 1)
-	big := strings.Repeat("x", 100<<10)
-	h.agent.exec = agentSends(opened, started("run-1", 5), output(1, berthv1.Stream_STREAM_STDOUT, big),
-		exited(&berthv1.ExecResult{ExitCode: proto.Int32(0), StdoutBytes: uint64(len(big))}))
-	resp, err := h.client.Run(callContext(t), &berthv1.RunRequest{SandboxId: testSandbox, ExecId: "run-1", Process: echo})
+	_, big, resp, err := runBigOutput(t, 4<<20)
 	if err != nil || string(resp.GetStdout()) != big {
 		t.Fatalf("Run with room = %d bytes, %v; want all %d", len(resp.GetStdout()), err, len(big))
 	}
-	<-opened
 }
 
 func TestListExecs(t *testing.T) {

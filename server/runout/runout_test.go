@@ -269,20 +269,9 @@ func TestCollectorBackpressure(t *testing.T) {
 	c.HoldIn(l)
 	done := make(chan error, 1)
 	go func() { done <- c.Write(context.Background(), stdout, bytes.Repeat([]byte("x"), 100<<10)) }()
-	select {
-	case err := <-done:
-		t.Fatalf("Write past the first slab with the budget held elsewhere returned %v, want it to wait", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	waitingFor(t, b, done, "Write past the first slab with the budget held elsewhere")
 	other.Release()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("Write after the budget was given back: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Write still waiting 10 s after the budget was given back")
-	}
+	ended(t, done, "Write after the budget was given back")
 	resp, err := c.Response("r", &berthv1.ExecResult{StdoutBytes: 100 << 10})
 	if err != nil || len(resp.GetStdout()) != 100<<10 {
 		t.Fatalf("Response = %d bytes, %v; want all 100 KiB", len(resp.GetStdout()), err)
@@ -298,11 +287,7 @@ func TestLeaseAllWaiting(t *testing.T) {
 	l2, _, _ := b.Lease(50)
 	done := make(chan error, 1)
 	go func() { done <- l1.Grow(context.Background(), 20) }()
-	for deadline := time.Now().Add(10 * time.Second); b.Waiting() != 1; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("l1 not waiting after 10 s: %v", <-done)
-		}
-	}
+	waitingFor(t, b, done, "l1.Grow past the budget")
 	start := time.Now()
 	err := l2.Grow(context.Background(), 20)
 	var ex *runout.ExhaustedError
@@ -316,14 +301,7 @@ func TestLeaseAllWaiting(t *testing.T) {
 		t.Errorf("error = %+v, want ErrBudgetExhausted with limit 100, used 100, held 50, requested 20", ex)
 	}
 	l2.Release()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("l1.Grow after l2 released: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("l1 still waiting 10 s after l2 released")
-	}
+	ended(t, done, "l1.Grow after l2 released")
 	if got := b.Used(); got != 70 {
 		t.Errorf("used = %d, want 70", got)
 	}
@@ -408,5 +386,34 @@ func TestLeaseWaitsForFreedBuffers(t *testing.T) {
 	}
 	if _, _, ok := b.Lease(4 << 20); ok {
 		t.Error("4 MiB admitted into 2 MiB")
+	}
+}
+
+// waitingFor waits until one lease of b waits for budget, failing if done
+// (the waiter's end) comes first or 10 s pass.
+func waitingFor(t *testing.T, b *runout.Budget, done <-chan error, what string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.Waiting() != 1; time.Sleep(time.Millisecond) {
+		select {
+		case err := <-done:
+			t.Fatalf("%s returned %v, want it to wait for budget", what, err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not waiting for budget after 10 s", what)
+		}
+	}
+}
+
+// ended waits up to 10 s for done and fails unless it is nil.
+func ended(t *testing.T, done <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s still waiting after 10 s", what)
 	}
 }
