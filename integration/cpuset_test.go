@@ -71,7 +71,7 @@ func TestCPUSetSizedToLimit(t *testing.T) {
 		t.Fatalf("this test is written for a 2-CPU host (RUNTIME-NOTES.md), this one has %d", runtime.NumCPU())
 	}
 	e := newBinaryEnv(t, "cpus")
-	p := startBerthd(t, e, "--max-cpu-millis", "4000")
+	p := startBerthd(t, e, "--cpuset", "auto", "--max-cpu-millis", "4000")
 	e.importBase(t)
 
 	a := createCPUSandbox(t, e, "cpu-a", 1000)
@@ -93,7 +93,7 @@ func TestCPUSetSizedToLimit(t *testing.T) {
 	if err := p.signal(t, syscall.SIGTERM); err != nil {
 		t.Logf("berthd's exit after SIGTERM: %v", err)
 	}
-	startBerthd(t, e, "--max-cpu-millis", "4000")
+	startBerthd(t, e, "--cpuset", "auto", "--max-cpu-millis", "4000")
 	// CPU 0 holds 1000 millis, CPU 1 500: a berthd that forgot them
 	// would take CPU 0, the lowest of two idle ones.
 	if c := createCPUSandbox(t, e, "cpu-c", 500); c.nproc != "1" || c.allowed != "1" {
@@ -122,7 +122,7 @@ func TestCPUSetOff(t *testing.T) {
 func TestCPUSetGVisor(t *testing.T) {
 	needGVisor(t)
 	e := newBinaryEnv(t, "cpugv")
-	startBerthd(t, e, "--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"))
+	startBerthd(t, e, "--cpuset", "auto", "--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"))
 	e.importBase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -145,7 +145,7 @@ func TestCPUSetGVisor(t *testing.T) {
 func TestCPUSetConcurrentCreates(t *testing.T) {
 	need(t)
 	e := newBinaryEnv(t, "cpupar")
-	startBerthd(t, e)
+	startBerthd(t, e, "--cpuset", "auto")
 	e.importBase(t)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup

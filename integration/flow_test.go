@@ -281,12 +281,18 @@ func TestRunOutput(t *testing.T) {
 			busy.GetRequested() != 128<<10 || busy.GetAdmitted() != berthv1.Admitted_ADMITTED_NOT_STARTED || retry == nil {
 			t.Errorf("FleetBusy %v, RetryInfo %v; want RUN_OUTPUT, limit and in use 2 MiB, requested 128 KiB, not started, with RetryInfo", busy, retry)
 		}
-		// Once they end, a Run goes through.
+		// Once they end, a Run goes through. The callers' Runs return when
+		// they cancel, a moment before berthd's handlers have ended and
+		// given their slabs back: poll for that moment.
 		stop()
 		for range ids {
 			<-held
 		}
-		if resp, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: sh("echo fits")}); err != nil || string(resp.GetStdout()) != "fits\n" {
+		var resp *berthv1.RunResponse
+		if !poll(10*time.Second, func() bool {
+			resp, err = svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: sh("echo fits")})
+			return rpcstatus.Reason(err) != rpcstatus.ReasonFleetBusy
+		}) || err != nil || string(resp.GetStdout()) != "fits\n" {
 			t.Errorf("Run after the budget was given back: %v, %v", resp, err)
 		}
 	})

@@ -119,7 +119,7 @@ func main() {
 		}
 		return nil
 	})
-	flag.Func("cpuset", "\"auto\": pin each sandbox whose CPU cap is below the host's CPUs to ceil(cpu_millis/1000) CPUs, the least loaded, so nproc shows its share; \"off\": every sandbox may run on every CPU, its CPU cap alone limiting it (default auto; docs/default-limits.md)", func(v string) error {
+	flag.Func("cpuset", "\"auto\": pin each sandbox whose CPU cap is below the host's CPUs to ceil(cpu_millis/1000) CPUs, the least loaded, so nproc shows its share; \"off\": every sandbox may run on every CPU, its CPU cap alone limiting it (default off; docs/default-limits.md)", func(v string) error {
 		if v != runtime.CPUSetAuto && v != runtime.CPUSetOff {
 			return fmt.Errorf("want %s or %s", runtime.CPUSetAuto, runtime.CPUSetOff)
 		}

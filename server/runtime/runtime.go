@@ -169,7 +169,7 @@ type Config struct {
 	// *UnavailableError (Slow). Moving data (import, unpack, pull) and
 	// waiting for a task's exit are not bounded by it. Default 10 s.
 	CallBudget time.Duration
-	// CPUSet is CPUSetAuto ("" too) or CPUSetOff: whether a sandbox whose
+	// CPUSet is CPUSetAuto or CPUSetOff ("" too): whether a sandbox whose
 	// CPU cap is below the host's CPUs is pinned to a cpuset of its size,
 	// so that nproc shows its share (cpuset.go).
 	CPUSet string
@@ -198,7 +198,7 @@ func (c *Config) setDefaults() {
 		c.CreateWorkLimit = 10 * time.Minute
 	}
 	if c.CPUSet == "" {
-		c.CPUSet = CPUSetAuto
+		c.CPUSet = CPUSetOff
 	}
 }
 
