@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -94,10 +95,42 @@ func startEtcdProc(t *testing.T, dir string) *etcdProc {
 	return p
 }
 
-// signal sends sig to the etcd process.
+// signal sends sig to the etcd process. For SIGSTOP it returns once
+// every thread of etcd is stopped (state T in /proc/<pid>/task/*/stat):
+// kill(2) only queues the signal, and a thread busy on another CPU
+// answered a request 29 ms after it in one CI run.
 func (p *etcdProc) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
 	if err := p.cmd.Process.Signal(sig); err != nil {
 		t.Fatalf("signal %v to the test etcd: %v", sig, err)
 	}
+	if sig != syscall.SIGSTOP {
+		return
+	}
+	pid := p.cmd.Process.Pid
+	if !poll(5*time.Second, func() bool { return allThreadsStopped(pid) }) {
+		t.Fatalf("etcd (pid %d) not stopped 5s after SIGSTOP", pid)
+	}
+}
+
+// allThreadsStopped reports whether every thread of process pid is in
+// the stopped state (proc(5): field 3 of stat, "T").
+func allThreadsStopped(pid int) bool {
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil || len(stats) == 0 {
+		return false
+	}
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return false
+		}
+		// The command name, in parentheses, may hold spaces: the state
+		// follows the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) || b[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
