@@ -414,6 +414,9 @@ type Sandbox struct {
 	RootFS    string
 	DiskBytes uint64
 	ShmBytes  uint64
+	// CPUSet is the CPUs the sandbox is pinned to, in the kernel's list
+	// format ("1", "0-3"); "" when it is not pinned (cpuset.go).
+	CPUSet string
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
 	// in SandboxSpec.
 	UID, GID    uint32
@@ -981,6 +984,11 @@ func recordFromLabels(id string, labels map[string]string) Sandbox {
 		}
 	}
 	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
+	// A label that is not berthd's writing counts as no pinning, as in
+	// allocCPUs.
+	if cpus, err := cpuset.Parse(labels[labelCPUSet]); err == nil {
+		sb.CPUSet = cpus.String()
+	}
 	sb.decodeLabels(labels)
 	return sb
 }
