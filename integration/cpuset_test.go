@@ -71,11 +71,17 @@ func TestCPUSetSizedToLimit(t *testing.T) {
 		t.Fatalf("this test is written for a 2-CPU host (RUNTIME-NOTES.md), this one has %d", runtime.NumCPU())
 	}
 	e := newBinaryEnv(t, "cpus")
-	p := startBerthd(t, e, "--cpuset", "auto", "--max-cpu-millis", "4000")
+	p := startBerthd(t, e, "--max-cpu-millis", "4000")
 	e.importBase(t)
 
 	a := createCPUSandbox(t, e, "cpu-a", 1000)
 	b := createCPUSandbox(t, e, "cpu-b", 500)
+	// GetSandbox (berth sandbox get) shows the CPUs it chose.
+	for id, want := range map[string]string{"cpu-a": a.allowed, "cpu-b": b.allowed} {
+		if sb, err := e.sandboxes.GetSandbox(context.Background(), &berthv1.GetSandboxRequest{SandboxId: id}); err != nil || sb.GetSandbox().GetCpuset() != want {
+			t.Errorf("GetSandbox(%s).cpuset = %q, %v; want %q, the CPUs its workload sees", id, sb.GetSandbox().GetCpuset(), err, want)
+		}
+	}
 	for name, v := range map[string]cpuView{"cpu-a (1000)": a, "cpu-b (500)": b} {
 		if v.nproc != "1" {
 			t.Errorf("nproc in %s = %s, want 1", name, v.nproc)
@@ -85,15 +91,19 @@ func TestCPUSetSizedToLimit(t *testing.T) {
 		t.Errorf("CPUs of cpu-a, cpu-b = %s, %s; want 0 and 1 (the least loaded, lowest first)", a.allowed, b.allowed)
 	}
 	for _, millis := range []uint64{2000, 3000} {
-		if v := createCPUSandbox(t, e, fmt.Sprintf("cpu-all-%d", millis), millis); v.nproc != "2" || v.allowed != "0-1" {
+		id := fmt.Sprintf("cpu-all-%d", millis)
+		if v := createCPUSandbox(t, e, id, millis); v.nproc != "2" || v.allowed != "0-1" {
 			t.Errorf("cpu_millis %d: nproc %s on CPUs %s, want 2 on 0-1 (no cpuset)", millis, v.nproc, v.allowed)
+		}
+		if sb, err := e.sandboxes.GetSandbox(context.Background(), &berthv1.GetSandboxRequest{SandboxId: id}); err != nil || sb.GetSandbox().GetCpuset() != "" {
+			t.Errorf("GetSandbox(%s).cpuset = %q, %v; want empty (not pinned)", id, sb.GetSandbox().GetCpuset(), err)
 		}
 	}
 
 	if err := p.signal(t, syscall.SIGTERM); err != nil {
 		t.Logf("berthd's exit after SIGTERM: %v", err)
 	}
-	startBerthd(t, e, "--cpuset", "auto", "--max-cpu-millis", "4000")
+	startBerthd(t, e, "--max-cpu-millis", "4000")
 	// CPU 0 holds 1000 millis, CPU 1 500: a berthd that forgot them
 	// would take CPU 0, the lowest of two idle ones.
 	if c := createCPUSandbox(t, e, "cpu-c", 500); c.nproc != "1" || c.allowed != "1" {
@@ -145,7 +155,7 @@ func TestCPUSetGVisor(t *testing.T) {
 func TestCPUSetConcurrentCreates(t *testing.T) {
 	need(t)
 	e := newBinaryEnv(t, "cpupar")
-	startBerthd(t, e, "--cpuset", "auto")
+	startBerthd(t, e)
 	e.importBase(t)
 	errs := make([]error, 2)
 	var wg sync.WaitGroup

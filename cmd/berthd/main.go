@@ -119,7 +119,7 @@ func main() {
 		}
 		return nil
 	})
-	flag.Func("cpuset", "\"auto\": pin each sandbox whose CPU cap is below the host's CPUs to ceil(cpu_millis/1000) CPUs, the least loaded, so nproc shows its share; \"off\": every sandbox may run on every CPU, its CPU cap alone limiting it (default off; docs/default-limits.md)", func(v string) error {
+	flag.Func("cpuset", "\"auto\": pin each sandbox whose CPU cap is below the host's CPUs to ceil(cpu_millis/1000) CPUs, the least loaded, so nproc shows its share; \"off\": every sandbox may run on every CPU, its CPU cap alone limiting it (default auto; where berthd cannot pin — in a container, without a writable cpuset cgroup — it warns once and runs as off; docs/default-limits.md)", func(v string) error {
 		if v != runtime.CPUSetAuto && v != runtime.CPUSetOff {
 			return fmt.Errorf("want %s or %s", runtime.CPUSetAuto, runtime.CPUSetOff)
 		}
@@ -333,6 +333,9 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		log.Warn("sandboxes' roots are chowned copies of their image, not idmapped mounts: creating one takes time and disk in proportion to the image", slog.Any("reason", err))
 	} else {
 		log.Info("sandboxes' roots are idmapped mounts of their snapshot: no copy of the image")
+	}
+	if err := rt.CPUSetUnavailable(); err != nil {
+		log.Warn("sandboxes are NOT pinned to CPUs (--cpuset auto): nproc in a sandbox shows every CPU berthd may use, not its CPU cap; the cap itself holds", slog.Any("reason", err))
 	}
 	if err := rt.DiskQuota(); err != nil {
 		if !diskDefaultSet && svcCfg.MaxDiskBytes == 0 {

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/containerd/cgroups/v3"
 	"golang.org/x/sys/unix"
 	"k8s.io/utils/cpuset"
 )
@@ -82,12 +81,25 @@ type pinning struct {
 	millis uint64
 }
 
-// allowedCPUs returns the CPUs sandboxes may be pinned to: those berthd
-// itself may run on (sched_getaffinity) that the cpuset cgroup sandboxes
-// are created under allows too — containerd's default parent,
-// /<namespace> in the cpuset hierarchy, or its root while that does not
-// exist yet. runc refuses a cpuset outside its parent's.
-func allowedCPUs(namespace string) (cpuset.CPUSet, error) {
+// cgroupRoot is where the cgroup hierarchies are mounted; probeCPUSet
+// takes it as a parameter so tests can give it a tree of their own.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// probeCPUSet finds out, once at start, whether sandboxes can be pinned,
+// and returns the CPUs they may be pinned to: those berthd itself may run
+// on (sched_getaffinity) that the cpuset cgroup sandboxes are created
+// under allows too — containerd's default parent, /<namespace> in the
+// cpuset hierarchy. runc refuses a cpuset outside its parent's. On cgroup
+// v1 it also prepares that parent (prepareCPUSetParent). root is the
+// cgroup mount point (cgroupRoot), unified whether it is cgroup v2.
+//
+// It fails, saying why, when pinning cannot work from where berthd runs:
+// no cpuset hierarchy (v1) or controller (v2); a hierarchy berthd sees
+// from below its root — in a container, whose /sys/fs/cgroup is its own
+// cgroup, the parent containerd makes at the host's root is out of its
+// sight; a read-only one; or a parent it cannot create or fill. The
+// caller then pins nothing (Runtime.CPUSetUnavailable).
+func probeCPUSet(root string, unified bool, namespace string) (cpuset.CPUSet, error) {
 	var mask unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &mask); err != nil {
 		return cpuset.New(), fmt.Errorf("read berthd's CPU affinity: %w", err)
@@ -98,22 +110,52 @@ func allowedCPUs(namespace string) (cpuset.CPUSet, error) {
 			own = append(own, c)
 		}
 	}
-	allowed := cpuset.New(own...)
-	root, file := "/sys/fs/cgroup/cpuset", "cpuset.effective_cpus"
-	if cgroups.Mode() == cgroups.Unified {
-		root, file = "/sys/fs/cgroup", "cpuset.cpus.effective"
+	// A file only the hierarchy's root has: cpuset.memory_pressure_enabled
+	// on v1 (cgroup-v1/cpusets.rst), the absence of cgroup.type on v2
+	// (cgroup-v2.rst: "exists on non-root cgroups").
+	dir, file := filepath.Join(root, "cpuset"), "cpuset.effective_cpus"
+	if unified {
+		dir, file = root, "cpuset.cpus.effective"
+		b, err := os.ReadFile(filepath.Join(root, "cgroup.controllers"))
+		if err != nil {
+			return cpuset.New(), fmt.Errorf("no cgroup v2 hierarchy at %s: %w", root, err)
+		}
+		if !slices.Contains(strings.Fields(string(b)), "cpuset") {
+			return cpuset.New(), fmt.Errorf("the cgroup v2 hierarchy at %s has no cpuset controller (cgroup.controllers: %q)", root, strings.TrimSpace(string(b)))
+		}
+		if _, err := os.Stat(filepath.Join(root, "cgroup.type")); err == nil {
+			return cpuset.New(), fmt.Errorf("%s is a cgroup below the hierarchy's root (berthd runs in a container or cgroup namespace): the sandboxes' parent cgroup /%s, which containerd makes at the root, is out of its sight", root, namespace)
+		}
+	} else {
+		if _, err := os.Stat(filepath.Join(dir, "cpuset.cpus")); err != nil {
+			return cpuset.New(), fmt.Errorf("no cgroup v1 cpuset hierarchy at %s: %w", dir, err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "cpuset.memory_pressure_enabled")); err != nil {
+			return cpuset.New(), fmt.Errorf("%s is a cpuset cgroup below the hierarchy's root (berthd runs in a container, which sees its own cgroup there): the sandboxes' parent cgroup /%s, which containerd makes at the root, is out of its sight", dir, namespace)
+		}
 	}
-	for _, dir := range []string{filepath.Join(root, namespace), root} {
-		b, err := os.ReadFile(filepath.Join(dir, file))
+	if err := unix.Access(dir, unix.W_OK); err != nil {
+		return cpuset.New(), fmt.Errorf("the cpuset hierarchy at %s is not writable: %w", dir, err)
+	}
+	if !unified {
+		if err := prepareCPUSetParent(dir, namespace); err != nil {
+			return cpuset.New(), err
+		}
+	}
+	allowed := cpuset.New(own...)
+	// The parent on v2 exists once containerd made a sandbox there; until
+	// then it gets the root's CPUs.
+	for _, d := range []string{filepath.Join(dir, namespace), dir} {
+		b, err := os.ReadFile(filepath.Join(d, file))
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return cpuset.New(), fmt.Errorf("read the CPUs of cgroup %s: %w", dir, err)
+			return cpuset.New(), fmt.Errorf("read the CPUs of cgroup %s: %w", d, err)
 		}
 		parent, err := cpuset.Parse(strings.TrimSpace(string(b)))
 		if err != nil {
-			return cpuset.New(), fmt.Errorf("CPUs of cgroup %s (%q): %w", dir, b, err)
+			return cpuset.New(), fmt.Errorf("CPUs of cgroup %s (%q): %w", d, b, err)
 		}
 		if parent.Size() > 0 {
 			allowed = allowed.Intersection(parent)
@@ -135,14 +177,11 @@ func allowedCPUs(namespace string) (cpuset.CPUSet, error) {
 // container records it (or the create failed).
 func (r *Runtime) allocCPUs(ctx context.Context, spec SandboxSpec) (_ cpuset.CPUSet, release func(), err error) {
 	n := cpusFor(spec.CPUMillis, r.cpus.Size())
-	if r.cfg.CPUSet == CPUSetOff || n == 0 {
+	if r.cfg.CPUSet == CPUSetOff || r.cpusetErr != nil || n == 0 {
 		return cpuset.New(), func() {}, nil
 	}
 	r.cpuMu.Lock()
 	defer r.cpuMu.Unlock()
-	if err := prepareCPUSetParent(r.cfg.Namespace); err != nil {
-		return cpuset.New(), nil, err
-	}
 	records, err := r.client.ContainerService().List(ctx, fmt.Sprintf("labels.%q", labelCPUSet))
 	if err != nil {
 		return cpuset.New(), nil, fmt.Errorf("list the sandboxes' cpusets: %w", err)
@@ -178,14 +217,12 @@ func (r *Runtime) allocCPUs(ctx context.Context, spec SandboxSpec) (_ cpuset.CPU
 // (Debian's 20221219) makes it empty and then cannot write a sandbox's
 // cpuset.cpus below it ("permission denied"): without this, the first
 // pinned sandbox of a namespace under gVisor failed to start. cgroup v2
-// needs nothing: an empty cpuset.cpus there means the parent's.
-func prepareCPUSetParent(namespace string) error {
-	if cgroups.Mode() == cgroups.Unified {
-		return nil
-	}
+// needs nothing: an empty cpuset.cpus there means the parent's. root is
+// the v1 cpuset hierarchy's mount point. It runs once, at start
+// (probeCPUSet): runc and runsc do not remove the parent.
+func prepareCPUSetParent(root, namespace string) error {
 	// containerd's cgroup1 package does this (cpusetController.Create)
 	// but brings D-Bus along; this is its copy for one level.
-	const root = "/sys/fs/cgroup/cpuset"
 	dir := filepath.Join(root, namespace)
 	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
 		return fmt.Errorf("create the sandboxes' parent cpuset cgroup %s: %w", dir, err)
@@ -210,10 +247,19 @@ func prepareCPUSetParent(namespace string) error {
 }
 
 // CPUSet describes how sandboxes are pinned, for berthd's log: "off", or
-// "auto on CPUs 0-63" with the CPUs sandboxes may be pinned to.
+// "auto on CPUs 0-63" with the CPUs sandboxes may be pinned to, or
+// "off (auto unavailable)" when CPUSetUnavailable says why not.
 func (r *Runtime) CPUSet() string {
-	if r.cfg.CPUSet == CPUSetOff {
+	switch {
+	case r.cfg.CPUSet == CPUSetOff:
 		return CPUSetOff
+	case r.cpusetErr != nil:
+		return CPUSetOff + " (" + CPUSetAuto + " unavailable)"
 	}
 	return CPUSetAuto + " on CPUs " + r.cpus.String()
 }
+
+// CPUSetUnavailable says why sandboxes are not pinned although
+// Config.CPUSet asked for CPUSetAuto (probeCPUSet found out at start);
+// nil when they are, or when CPUSetOff was asked for.
+func (r *Runtime) CPUSetUnavailable() error { return r.cpusetErr }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/containerd/cgroups/v3"
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	containerd "github.com/containerd/containerd/v2/client"
@@ -169,9 +170,11 @@ type Config struct {
 	// *UnavailableError (Slow). Moving data (import, unpack, pull) and
 	// waiting for a task's exit are not bounded by it. Default 10 s.
 	CallBudget time.Duration
-	// CPUSet is CPUSetAuto or CPUSetOff ("" too): whether a sandbox whose
+	// CPUSet is CPUSetAuto ("" too) or CPUSetOff: whether a sandbox whose
 	// CPU cap is below the host's CPUs is pinned to a cpuset of its size,
-	// so that nproc shows its share (cpuset.go).
+	// so that nproc shows its share (cpuset.go). With CPUSetAuto where
+	// pinning cannot work (probeCPUSet), none is pinned and
+	// Runtime.CPUSetUnavailable says why.
 	CPUSet string
 }
 
@@ -198,7 +201,7 @@ func (c *Config) setDefaults() {
 		c.CreateWorkLimit = 10 * time.Minute
 	}
 	if c.CPUSet == "" {
-		c.CPUSet = CPUSetOff
+		c.CPUSet = CPUSetAuto
 	}
 }
 
@@ -213,9 +216,10 @@ type Runtime struct {
 	idRetry    map[string]uint32 // id ranges of failed creates, by sandbox id
 
 	// cpus are the CPUs sandboxes may be pinned to, read at start
-	// (allowedCPUs); cpuReserved the pinnings of creates in progress, by
-	// sandbox id.
+	// (probeCPUSet), or cpusetErr why none are; cpuReserved the pinnings
+	// of creates in progress, by sandbox id.
 	cpus        cpuset.CPUSet
+	cpusetErr   error
 	cpuMu       sync.Mutex
 	cpuReserved map[string]pinning
 	// quota sets sandboxes' disk quotas; nil when quotaErr says why
@@ -283,10 +287,8 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	r := &Runtime{cfg: cfg, client: client, idReserved: make(map[uint32]string), idRetry: make(map[string]uint32), cpuReserved: make(map[string]pinning)}
 	switch cfg.CPUSet {
 	case CPUSetAuto:
-		if r.cpus, err = allowedCPUs(cfg.Namespace); err != nil {
-			client.Close()
-			return nil, fmt.Errorf("cpuset %s: %w", CPUSetAuto, err)
-		}
+		// Never fatal: a berthd that cannot pin runs as with CPUSetOff.
+		r.cpus, r.cpusetErr = probeCPUSet(cgroupRoot, cgroups.Mode() == cgroups.Unified, cfg.Namespace)
 	case CPUSetOff:
 	default:
 		client.Close()
@@ -412,6 +414,9 @@ type Sandbox struct {
 	RootFS    string
 	DiskBytes uint64
 	ShmBytes  uint64
+	// CPUSet is the CPUs the sandbox is pinned to, in the kernel's list
+	// format ("1", "0-3"); "" when it is not pinned (cpuset.go).
+	CPUSet string
 	// UID, GID, WorkDir, IdleTimeout, MaxLifetime, Pooled and Owner are as
 	// in SandboxSpec.
 	UID, GID    uint32
@@ -529,7 +534,11 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
 	specOpts := r.specOpts(image, spec, dir)
-	cpus, releaseCPUs, err := r.allocCPUs(ctx, spec)
+	// One containerd read, no file of berthd's own (the cgroups were
+	// probed at start): its failure is containerd's, classified by end.
+	pinStep, cancelPin := c.step()
+	cpus, releaseCPUs, err := r.allocCPUs(pinStep, spec)
+	cancelPin()
 	if err != nil {
 		return err
 	}
@@ -975,6 +984,11 @@ func recordFromLabels(id string, labels map[string]string) Sandbox {
 		}
 	}
 	sb.DiskBytes, _ = strconv.ParseUint(labels[labelDisk], 10, 64)
+	// A label that is not berthd's writing counts as no pinning, as in
+	// allocCPUs.
+	if cpus, err := cpuset.Parse(labels[labelCPUSet]); err == nil {
+		sb.CPUSet = cpus.String()
+	}
 	sb.decodeLabels(labels)
 	return sb
 }

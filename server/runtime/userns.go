@@ -169,8 +169,8 @@ func pingGroups(spec SandboxSpec) string {
 // files are chowned into the range at host id base (container id n is
 // host id base+n), committed as <chain id>-<base>-<base> and shared by
 // the sandboxes of the range; it makes it when missing. It is long work:
-// ctx bounds it, not the call budget, and the snapshots live under ctx's
-// lease. Work cut off by ctx stays in its work snapshot (<name>-remap),
+// ctx bounds the chown walk, not the call budget (which bounds the final
+// commit alone), and the snapshots live under ctx's lease. Work cut off by ctx stays in its work snapshot (<name>-remap),
 // and the next call with the same range goes on from where it stopped;
 // a failure of another kind removes it.
 //
@@ -203,7 +203,14 @@ func (r *Runtime) remappedImage(ctx context.Context, image containerd.Image, bas
 	}
 	err = mount.WithTempMount(ctx, mounts, func(root string) error { return chownInto(ctx, root, base) })
 	if err == nil {
-		err = sn.Commit(ctx, remapped, work)
+		// The walk is done: the commit (which computes the snapshot's
+		// usage, a walk of its own) is one request that must not be cut
+		// off by ctx's limit — btrfs's, cut off, lost the work snapshot
+		// and the next create started the copy over — so the call budget
+		// bounds it, under ctx's lease.
+		commit, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CallBudget)
+		err = sn.Commit(commit, remapped, work)
+		cancel()
 	}
 	if err != nil {
 		if ctx.Err() == nil {

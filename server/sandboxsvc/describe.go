@@ -66,6 +66,7 @@ func (s *Service) Describe(sb runtime.Sandbox, info *agentv1.InfoResponse, usage
 		Owner:         sb.Owner,
 		NodeId:        s.cfg.NodeID,
 		RootIdMapping: rootIDMapping(sb.RootFS),
+		Cpuset:        sb.CPUSet,
 	}
 	s.networkProto(sb, out)
 	if sb.IdleTimeout > 0 {

@@ -714,6 +714,13 @@ type Sandbox struct {
 	// root_id_mapping says how a sandbox in a user namespace of its own sees
 	// its image's files as owned by its own ids.
 	RootIdMapping RootIDMapping `protobuf:"varint,30,opt,name=root_id_mapping,json=rootIdMapping,proto3,enum=berth.v1.RootIDMapping" json:"root_id_mapping,omitempty"`
+	// cpuset is the host CPUs the sandbox is pinned to, in the kernel's list
+	// format ("1", "0-3,8"): berthd --cpuset auto pins a sandbox whose
+	// resources.cpu_millis is below the host's CPUs to ceil(cpu_millis /
+	// 1000) of them, so nproc inside shows that many. Empty when it is not
+	// pinned (its cap covers every CPU, --cpuset off, or berthd cannot pin
+	// where it runs).
+	Cpuset        string `protobuf:"bytes,31,opt,name=cpuset,proto3" json:"cpuset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -956,6 +963,13 @@ func (x *Sandbox) GetRootIdMapping() RootIDMapping {
 		return x.RootIdMapping
 	}
 	return RootIDMapping_ROOT_ID_MAPPING_UNSPECIFIED
+}
+
+func (x *Sandbox) GetCpuset() string {
+	if x != nil {
+		return x.Cpuset
+	}
+	return ""
 }
 
 // CreateSandboxRequest asks for a new sandbox.
@@ -1654,7 +1668,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xc6\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xde\n" +
 	"\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
@@ -1693,7 +1707,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\anetwork\x18\x1b \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x12'\n" +
 	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x12\x17\n" +
 	"\anode_id\x18\x1d \x01(\tR\x06nodeId\x12?\n" +
-	"\x0froot_id_mapping\x18\x1e \x01(\x0e2\x17.berth.v1.RootIDMappingR\rrootIdMapping\x1a9\n" +
+	"\x0froot_id_mapping\x18\x1e \x01(\x0e2\x17.berth.v1.RootIDMappingR\rrootIdMapping\x12\x16\n" +
+	"\x06cpuset\x18\x1f \x01(\tR\x06cpuset\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x05\n" +

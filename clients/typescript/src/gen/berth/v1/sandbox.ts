@@ -534,6 +534,15 @@ export interface Sandbox {
    * its image's files as owned by its own ids.
    */
   rootIdMapping: RootIDMapping;
+  /**
+   * cpuset is the host CPUs the sandbox is pinned to, in the kernel's list
+   * format ("1", "0-3,8"): berthd --cpuset auto pins a sandbox whose
+   * resources.cpu_millis is below the host's CPUs to ceil(cpu_millis /
+   * 1000) of them, so nproc inside shows that many. Empty when it is not
+   * pinned (its cap covers every CPU, --cpuset off, or berthd cannot pin
+   * where it runs).
+   */
+  cpuset: string;
 }
 
 export interface Sandbox_LabelsEntry {
@@ -1403,6 +1412,7 @@ function createBaseSandbox(): Sandbox {
     networkAddress: "",
     nodeId: "",
     rootIdMapping: 0,
+    cpuset: "",
   };
 }
 
@@ -1497,6 +1507,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.rootIdMapping !== 0) {
       writer.uint32(240).int32(message.rootIdMapping);
+    }
+    if (message.cpuset !== "") {
+      writer.uint32(250).string(message.cpuset);
     }
     return writer;
   },
@@ -1757,6 +1770,14 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.rootIdMapping = reader.int32() as any;
             continue;
           }
+          case 31: {
+            if (tag !== 250) {
+              break;
+            }
+
+            message.cpuset = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1890,6 +1911,7 @@ export const Sandbox: MessageFns<Sandbox> = {
         : isSet(object.root_id_mapping)
         ? rootIDMappingFromJSON(object.root_id_mapping)
         : 0,
+      cpuset: isSet(object.cpuset) ? globalThis.String(object.cpuset) : "",
     };
   },
 
@@ -1991,6 +2013,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.rootIdMapping !== 0) {
       obj.rootIdMapping = rootIDMappingToJSON(message.rootIdMapping);
     }
+    if (message.cpuset !== "") {
+      obj.cpuset = message.cpuset;
+    }
     return obj;
   },
 
@@ -2049,6 +2074,7 @@ export const Sandbox: MessageFns<Sandbox> = {
     message.networkAddress = object.networkAddress ?? "";
     message.nodeId = object.nodeId ?? "";
     message.rootIdMapping = object.rootIdMapping ?? 0;
+    message.cpuset = object.cpuset ?? "";
     return message;
   },
 };
