@@ -293,6 +293,7 @@ type harness struct {
 	budget   *runout.Budget
 	life     *fakeBackground
 	obs      *fakeObserver
+	ports    portDialer // nil: the agent dials every forwarded port
 	client   berthv1.SandboxServiceClient
 }
 
@@ -330,7 +331,7 @@ func newHarnessWith(t *testing.T, runBudget uint64, setup func(*harness)) *harne
 	bgCtx, bgCancel := context.WithCancel(context.Background())
 	h.life = &fakeBackground{ctx: bgCtx}
 	svc := New(h.cfg, Deps{Store: fakeStore{}, Reach: h.reach, Events: h.events, Registry: h.ids, Capacity: h.capacity,
-		RunBuffers: h.budget, Background: h.life, Observer: h.obs}, log)
+		RunBuffers: h.budget, Background: h.life, Observer: h.obs, Ports: h.ports}, log)
 	boundary := &berthstatus.Boundary{Log: log, ConnectBudget: h.cfg.ConnectBudget, ServerVersion: "test"}
 	srv := grpc.NewServer(append(wire.ServerOptions(),
 		grpc.ChainUnaryInterceptor(boundary.UnaryInterceptor()),
