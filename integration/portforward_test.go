@@ -376,20 +376,7 @@ func TestPortForwardPath(t *testing.T) {
 					}
 					return n
 				}
-				fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-				if err != nil {
-					t.Fatal(err)
-				}
-				n := 0
-				for _, fd := range fds {
-					if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
-						n++
-					}
-				}
-				if n == 0 {
-					t.Fatalf("the agent (pid %d) holds no socket", pid)
-				}
-				return n
+				return hostSockets(t, pid)
 			}
 			before := agentSockets()
 			pc, err := c.PortForward(ctx, id, 9002)
@@ -400,15 +387,7 @@ func TestPortForwardPath(t *testing.T) {
 			if during := agentSockets(); during != before+tc.agentHolds {
 				t.Errorf("the agent holds %d sockets with a forwarded connection open, %d without; want %d more (%s)", during, before, tc.agentHolds, tc.description)
 			}
-			payload := strings.Repeat("berth;", 200000)
-			go func() {
-				pc.Write([]byte(payload))
-				pc.CloseWrite()
-			}()
-			got, err := io.ReadAll(pc)
-			if err != nil || string(got) != payload {
-				t.Errorf("echo through %s: %d bytes (%v), want the %d sent then end of file", tc.runtime, len(got), err, len(payload))
-			}
+			echoThrough(t, pc)
 			_, err = c.PortForward(ctx, id, 9)
 			var ce *client.Error
 			if !errors.As(err, &ce) || ce.Code != codes.FailedPrecondition || ce.Reason != client.ReasonPortClosed || ce.Metadata["port"] != "9" ||
@@ -417,4 +396,77 @@ func TestPortForwardPath(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hostSockets counts the sockets host process pid holds (it must hold
+// one).
+func hostSockets(t *testing.T, pid uint32) int {
+	t.Helper()
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("process %d holds no socket", pid)
+	}
+	return n
+}
+
+// echoThrough sends 1.2 MB on pc to a cat in the sandbox, half-closes, and
+// wants them back, then end of file.
+func echoThrough(t *testing.T, pc *client.PortConn) {
+	t.Helper()
+	payload := strings.Repeat("berth;", 200000)
+	go func() {
+		pc.Write([]byte(payload))
+		pc.CloseWrite()
+	}()
+	got, err := io.ReadAll(pc)
+	if err != nil || string(got) != payload {
+		t.Errorf("echo: %d bytes (%v), want the %d sent then end of file", len(got), err, len(payload))
+	}
+}
+
+// TestPortForwardAfterRestart: a berthd killed and started again finds
+// the sandbox's network namespace anew (from the task it reaches) and
+// dials there itself, as before the kill.
+func TestPortForwardAfterRestart(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "pfr")
+	p1 := startBerthd(t, e)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "pfr", Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, pid := created.GetSandbox().GetId(), created.GetSandbox().GetRuntime().GetTaskPid()
+	forward := func(c *client.Client) {
+		t.Helper()
+		before := hostSockets(t, pid)
+		pc, err := c.PortForward(ctx, id, 9004)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		if during := hostSockets(t, pid); during != before {
+			t.Errorf("the agent holds %d sockets with a forwarded connection open, %d without; want berthd to hold it", during, before)
+		}
+		echoThrough(t, pc)
+	}
+	c1 := dialClient(t, "unix://"+e.sock)
+	startInSandbox(t, c1, id, 9004, "nc", "-ll", "-p", "9004", "-e", "cat")
+	forward(c1)
+	if err := p1.signal(t, syscall.SIGKILL); err == nil {
+		t.Fatal("berthd exited cleanly after SIGKILL?")
+	}
+	startBerthd(t, e)
+	forward(dialClient(t, "unix://"+e.sock))
 }
