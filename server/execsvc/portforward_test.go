@@ -20,9 +20,9 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/wire"
-	"github.com/berth-sandbox/berth/server/runtime"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // TestPortDataFields: berthd relays a port-forward data message between
@@ -190,25 +190,7 @@ func TestPortForwardDirectRefused(t *testing.T) {
 
 	addr := echoServer(t)
 	d.dial = func(uint32) (*net.TCPConn, error) { return dialLocal(addr) }
-	stream, err = h.client.PortForward(callContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(portStart(testSandbox, 22)); err != nil {
-		t.Fatal(err)
-	}
-	if msg, err := stream.Recv(); err != nil || msg.GetConnected().GetPort() != 22 {
-		t.Fatalf("first message %v, %v; want connected to 22", msg, err)
-	}
-	if err := stream.Send(portStart(testSandbox, 23)); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err = stream.Recv(); err != nil {
-			break
-		}
-	}
-	checkStatus(t, err, want{code: codes.InvalidArgument, reason: rpcstatus.ReasonInvalidArgument, field: "data"})
+	checkSecondStart(t, h)
 }
 
 // TestPortForwardAgentDials: where berthd cannot dial in the sandbox
