@@ -2,7 +2,6 @@ package execsvc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -108,37 +107,11 @@ func TestPortForwardDirect(t *testing.T) {
 	addr := echoServer(t)
 	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(addr) }}
 	h := newHarnessWith(t, 0, func(h *harness) { h.ports = d })
-	stream, err := h.client.PortForward(callContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
-		t.Fatal(err)
-	}
-	first, err := stream.Recv()
-	if err != nil || first.GetConnected().GetPort() != 8080 {
-		t.Fatalf("first message %v, %v; want connected to 8080", first, err)
-	}
 	unknown := portData("pong\x00")
 	unknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
-	for _, m := range []*berthv1.PortForwardRequest{portData("ping "), portData(""), unknown} {
-		if err := stream.Send(m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := stream.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
 	var got []byte
 	eof := false
-	for {
-		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("PortForward: %v", err)
-		}
+	for _, msg := range exchange(t, h, portData("ping "), portData(""), unknown) {
 		if eof {
 			t.Errorf("message %v after eof", msg)
 		}
