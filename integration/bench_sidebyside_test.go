@@ -77,7 +77,8 @@ const fileBytes = 128 << 20
 //     the sandbox's record).
 //   - portforward: busybox httpd in the sandbox serves a 256 MiB file,
 //     fetched with one HTTP/1.0 GET through berth's PortForward (client ->
-//     berthd -> agent -> 127.0.0.1 in the sandbox), through `berth
+//     berthd, which dials 127.0.0.1 in the sandbox's network namespace),
+//     through `berth
 //     port-forward` (a local TCP hop more), and directly: a connection to
 //     127.0.0.1 made in the sandbox's network namespace (setns(2)).
 //   - create: CreateSandbox then Run of `echo hi` until its result, cold

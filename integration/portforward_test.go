@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"regexp"
 	"runtime"
@@ -330,4 +331,142 @@ func inNetNS(nsPath string, fn func() error) error {
 		done <- fn()
 	}()
 	return <-done
+}
+
+// TestPortForwardPath: berthd dials a forwarded port of a runc sandbox
+// itself, in the sandbox's network namespace, so no process in the
+// sandbox holds the connection's client side; under gVisor, whose network
+// is its own stack, the agent (PID 1 there) dials and holds it. Each
+// connection works either way, to 127.0.0.1 in the sandbox, with its
+// half-close (cat echoes until the caller's end of file), and a closed
+// port is PORT_CLOSED alike.
+func TestPortForwardPath(t *testing.T) {
+	need(t)
+	for _, tc := range []struct {
+		runtime     string
+		agentHolds  int // sockets the agent holds more while the connection is open
+		description string
+	}{
+		{"runc", 0, "berthd dials in the sandbox's network namespace"},
+		{"gvisor", 1, "the agent dials"},
+	} {
+		t.Run(tc.runtime, func(t *testing.T) {
+			if tc.runtime == "gvisor" {
+				needGVisor(t)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			c := dialClient(t, env.berthdAddr)
+			id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: tc.runtime}).GetId()
+			startInSandbox(t, c, id, 9002, "nc", "-ll", "-p", "9002", "-e", "cat")
+			// The agent's sockets: from the host for runc (the agent is not
+			// dumpable, so the sandbox cannot read its fds); inside for
+			// gVisor, whose sockets the host does not see.
+			sb, err := c.GetSandbox(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid := sb.GetRuntime().GetTaskPid()
+			agentSockets := func() int {
+				if tc.runtime == "gvisor" {
+					out := run(t, id, "sh", "-c", "ls -l /proc/1/fd | grep -c socket:")
+					n, err := strconv.Atoi(strings.TrimSpace(string(out.GetStdout())))
+					if err != nil || n == 0 || len(out.GetStderr()) > 0 {
+						t.Fatalf("sockets of the agent: %q %q", out.GetStdout(), out.GetStderr())
+					}
+					return n
+				}
+				return hostSockets(t, pid)
+			}
+			before := agentSockets()
+			pc, err := c.PortForward(ctx, id, 9002)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pc.Close()
+			if during := agentSockets(); during != before+tc.agentHolds {
+				t.Errorf("the agent holds %d sockets with a forwarded connection open, %d without; want %d more (%s)", during, before, tc.agentHolds, tc.description)
+			}
+			echoThrough(t, pc)
+			_, err = c.PortForward(ctx, id, 9)
+			var ce *client.Error
+			if !errors.As(err, &ce) || ce.Code != codes.FailedPrecondition || ce.Reason != client.ReasonPortClosed || ce.Metadata["port"] != "9" ||
+				ce.Message != "port 9 in the sandbox is closed: nothing listens on it" {
+				t.Errorf("PortForward to a closed port: %v, want FAILED_PRECONDITION PORT_CLOSED \"port 9 in the sandbox is closed: nothing listens on it\"", err)
+			}
+		})
+	}
+}
+
+// hostSockets counts the sockets host process pid holds (it must hold
+// one).
+func hostSockets(t *testing.T, pid uint32) int {
+	t.Helper()
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, fd := range fds {
+		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("process %d holds no socket", pid)
+	}
+	return n
+}
+
+// echoThrough sends 1.2 MB on pc to a cat in the sandbox, half-closes, and
+// wants them back, then end of file.
+func echoThrough(t *testing.T, pc *client.PortConn) {
+	t.Helper()
+	payload := strings.Repeat("berth;", 200000)
+	go func() {
+		pc.Write([]byte(payload))
+		pc.CloseWrite()
+	}()
+	got, err := io.ReadAll(pc)
+	if err != nil || string(got) != payload {
+		t.Errorf("echo: %d bytes (%v), want the %d sent then end of file", len(got), err, len(payload))
+	}
+}
+
+// TestPortForwardAfterRestart: a berthd killed and started again finds
+// the sandbox's network namespace anew (from the task it reaches) and
+// dials there itself, as before the kill.
+func TestPortForwardAfterRestart(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "pfr")
+	p1 := startBerthd(t, e)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "pfr", Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, pid := created.GetSandbox().GetId(), created.GetSandbox().GetRuntime().GetTaskPid()
+	forward := func(c *client.Client) {
+		t.Helper()
+		before := hostSockets(t, pid)
+		pc, err := c.PortForward(ctx, id, 9004)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		if during := hostSockets(t, pid); during != before {
+			t.Errorf("the agent holds %d sockets with a forwarded connection open, %d without; want berthd to hold it", during, before)
+		}
+		echoThrough(t, pc)
+	}
+	c1 := dialClient(t, "unix://"+e.sock)
+	startInSandbox(t, c1, id, 9004, "nc", "-ll", "-p", "9004", "-e", "cat")
+	forward(c1)
+	if err := p1.signal(t, syscall.SIGKILL); err == nil {
+		t.Fatal("berthd exited cleanly after SIGKILL?")
+	}
+	startBerthd(t, e)
+	forward(dialClient(t, "unix://"+e.sock))
 }

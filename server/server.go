@@ -120,7 +120,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	s.execs = execsvc.New(execsvc.Config{ConnectBudget: cfg.ConnectBudget, BusyRetryDelay: cfg.BusyRetryDelay,
 		RunStdoutBytes: cfg.RunStdoutBytes, RunStderrBytes: cfg.RunStderrBytes, RunMaxOutputBytes: cfg.RunMaxOutputBytes},
 		execsvc.Deps{Store: rt, Reach: s.reach, Events: s.events, Registry: s.ids, Capacity: s.capacity, RunBuffers: s.runBuffers,
-			Background: s.life, Observer: cfg.Observer}, log)
+			Background: s.life, Observer: cfg.Observer, Ports: rt}, log)
 	s.files = filesvc.New(s.reach, s.reach, cfg.Observer)
 	s.images = imagesvc.New(imagesvc.Config{PullRegistries: cfg.PullRegistries, PullResolveTimeout: cfg.PullResolveTimeout}, rt, s.life, log)
 	return s

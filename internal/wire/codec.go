@@ -2,7 +2,9 @@ package wire
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
+	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
@@ -213,12 +215,14 @@ func (f *Frame) Decode(m proto.Message) error {
 }
 
 // Fill makes the frame a chunk message of the bytes field numbered field,
-// its bytes read by fill straight into one of gRPC's pooled buffers of
-// size bytes. It returns what fill returned; with n == 0 the frame is
-// empty.
+// its bytes read by fill straight into a pooled buffer of size bytes,
+// which gRPC returns to the pool once it has written it. It returns what
+// fill returned; with n == 0 the frame is empty. The buffer is not zeroed:
+// fill must have written the n bytes it reports (as io.Reader does), and
+// only those are sent.
 func (f *Frame) Fill(field protoreflect.FieldNumber, size int, fill func([]byte) (int, error)) (int, error) {
 	f.Free()
-	pool := mem.DefaultBufferPool()
+	pool := fillPool
 	buf := pool.Get(size)
 	n, err := fill(*buf)
 	if n <= 0 {
@@ -332,4 +336,55 @@ func (f *Frame) Embedded(field protoreflect.FieldNumber, varints []protoreflect.
 // is. b must not change while gRPC may hold it; it is never pooled.
 func FrameOf(b []byte) *Frame {
 	return &Frame{data: mem.BufferSlice{mem.SliceBuffer(b)}}
+}
+
+// fillPool holds Fill's buffers. grpc-go's pools zero each buffer they
+// hand out: for PortForward's reads that was a tenth of berthd's CPU
+// (docs/performance.md). Fill's buffer is written by fill before anything
+// is sent, and only the bytes it wrote are, so nothing of an earlier use
+// leaves through it.
+var fillPool mem.BufferPool = &unzeroedPool{}
+
+// Size classes of unzeroedPool: powers of two from 4 KiB to 4 MiB.
+const (
+	unzeroedMinShift = 12
+	unzeroedClasses  = 11
+)
+
+// unzeroedPool is a mem.BufferPool whose Get returns a buffer as its last
+// user left it; larger buffers than its largest class are not pooled.
+type unzeroedPool struct {
+	classes [unzeroedClasses]sync.Pool
+}
+
+// unzeroedClass returns the smallest class holding size bytes, or -1.
+func unzeroedClass(size int) int {
+	if size <= 1<<unzeroedMinShift {
+		return 0
+	}
+	c := bits.Len(uint(size-1)) - unzeroedMinShift
+	if c >= unzeroedClasses {
+		return -1
+	}
+	return c
+}
+
+func (p *unzeroedPool) Get(size int) *[]byte {
+	c := unzeroedClass(size)
+	if c < 0 {
+		b := make([]byte, size)
+		return &b
+	}
+	if b, ok := p.classes[c].Get().(*[]byte); ok {
+		*b = (*b)[:size]
+		return b
+	}
+	b := make([]byte, size, 1<<(c+unzeroedMinShift))
+	return &b
+}
+
+func (p *unzeroedPool) Put(b *[]byte) {
+	if c := unzeroedClass(cap(*b)); c >= 0 && cap(*b) == 1<<(c+unzeroedMinShift) {
+		p.classes[c].Put(b)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"runtime"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc/mem"
@@ -199,5 +200,37 @@ func TestCodecRunResponse(t *testing.T) {
 				t.Errorf("encoded %d bytes, want %d (proto.Size)", out.Len(), want)
 			}
 		})
+	}
+}
+
+// TestUnzeroedPool: a buffer comes back at the size asked, from the
+// smallest class that holds it, and is reused as it was left; sizes past
+// the largest class are not pooled. Fill's frame holds only what fill
+// wrote, whatever the buffer held before.
+func TestUnzeroedPool(t *testing.T) {
+	for size, class := range map[int]int{1: 0, 4096: 0, 4097: 1, 256 << 10: 6, 1 << 20: 8, 4 << 20: 10, 4<<20 + 1: -1} {
+		if got := unzeroedClass(size); got != class {
+			t.Errorf("class of %d bytes: %d, want %d", size, got, class)
+		}
+	}
+	var p unzeroedPool
+	b := p.Get(5000)
+	if len(*b) != 5000 || cap(*b) != 8192 {
+		t.Fatalf("Get(5000): len %d cap %d; want 5000, 8192", len(*b), cap(*b))
+	}
+	big := p.Get(5 << 20)
+	if len(*big) != 5<<20 {
+		t.Errorf("Get(5 MiB): len %d", len(*big))
+	}
+	p.Put(big) // dropped, not pooled
+
+	var f Frame
+	defer f.Free()
+	for _, s := range []string{strings.Repeat("x", 1000), "ab"} {
+		n, err := f.Fill(1, 4096, func(p []byte) (int, error) { return copy(p, s), nil })
+		var buf []byte
+		if got, ok := f.Chunk(1); err != nil || n != len(s) || !ok || got != len(s) || string(f.Data(&buf)) != s {
+			t.Errorf("Fill of %d bytes into a used buffer: n %d, chunk %d %v, %q", len(s), n, got, ok, f.Data(&buf))
+		}
 	}
 }

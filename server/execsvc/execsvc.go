@@ -10,6 +10,7 @@ package execsvc
 import (
 	"context"
 	"log/slog"
+	"net"
 	"time"
 
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -42,6 +43,13 @@ type reacher interface {
 // store reads a sandbox's record from containerd (*runtime.Runtime).
 type store interface {
 	Get(ctx context.Context, id string) (runtime.Sandbox, error)
+}
+
+// portDialer connects to a port in a sandbox's network namespace from
+// berthd itself, or fails with runtime.ErrNoDirectPath when only its agent
+// can (*runtime.Runtime).
+type portDialer interface {
+	DialPort(ctx context.Context, id string, pid uint32, port uint32) (*net.TCPConn, error)
 }
 
 // taskEvents tells when a sandbox's task exits (*runtimes.TaskEvents).
@@ -92,6 +100,9 @@ type Deps struct {
 	RunBuffers *runout.Budget
 	Background background
 	Observer   Observer
+	// Ports dials forwarded ports for PortForward; nil: the agent always
+	// does.
+	Ports portDialer
 }
 
 // Service implements the process RPCs of berth.v1.SandboxService.
@@ -105,11 +116,12 @@ type Service struct {
 	runBuffers *runout.Budget
 	life       background
 	obs        Observer
+	ports      portDialer
 	log        *slog.Logger
 }
 
 // New returns the process RPCs over d.
 func New(cfg Config, d Deps, log *slog.Logger) *Service {
 	return &Service{cfg: cfg, rt: d.Store, reach: d.Reach, events: d.Events, ids: d.Registry, capacity: d.Capacity,
-		runBuffers: d.RunBuffers, life: d.Background, obs: d.Observer, log: log}
+		runBuffers: d.RunBuffers, life: d.Background, obs: d.Observer, ports: d.Ports, log: log}
 }

@@ -293,6 +293,7 @@ type harness struct {
 	budget   *runout.Budget
 	life     *fakeBackground
 	obs      *fakeObserver
+	ports    portDialer // nil: the agent dials every forwarded port
 	client   berthv1.SandboxServiceClient
 }
 
@@ -330,7 +331,7 @@ func newHarnessWith(t *testing.T, runBudget uint64, setup func(*harness)) *harne
 	bgCtx, bgCancel := context.WithCancel(context.Background())
 	h.life = &fakeBackground{ctx: bgCtx}
 	svc := New(h.cfg, Deps{Store: fakeStore{}, Reach: h.reach, Events: h.events, Registry: h.ids, Capacity: h.capacity,
-		RunBuffers: h.budget, Background: h.life, Observer: h.obs}, log)
+		RunBuffers: h.budget, Background: h.life, Observer: h.obs, Ports: h.ports}, log)
 	boundary := &berthstatus.Boundary{Log: log, ConnectBudget: h.cfg.ConnectBudget, ServerVersion: "test"}
 	srv := grpc.NewServer(append(wire.ServerOptions(),
 		grpc.ChainUnaryInterceptor(boundary.UnaryInterceptor()),
@@ -1418,36 +1419,7 @@ func testPortForward(t *testing.T, before []*agentv1.PortForwardResponse) {
 		}
 		return stream.Send(&agentv1.PortForwardResponse{Event: &agentv1.PortForwardResponse_Eof{Eof: &berthv1.PortForwardEOF{}}})
 	}
-	stream, err := h.client.PortForward(callContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
-		t.Fatal(err)
-	}
-	first, err := stream.Recv()
-	if err != nil || first.GetConnected().GetPort() != 8080 {
-		t.Fatalf("first message %v, %v; want connected to 8080", first, err)
-	}
-	for _, m := range []*berthv1.PortForwardRequest{portData("ping "), portData(""), portData("pong\x00")} {
-		if err := stream.Send(m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := stream.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
-	var rest []*berthv1.PortForwardResponse
-	for {
-		msg, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("PortForward: %v", err)
-		}
-		rest = append(rest, msg)
-	}
+	rest := exchange(t, h, portData("ping "), portData(""), portData("pong\x00"))
 	if len(rest) != 2 || string(rest[0].GetData()) != "echo:ping pong\x00" || rest[1].GetEof() == nil {
 		t.Errorf("after connected: %v; want data %q, then eof", rest, "echo:ping pong\x00")
 	}
@@ -1496,6 +1468,50 @@ func TestPortForwardSecondStart(t *testing.T) {
 			}
 		}
 	}
+	checkSecondStart(t, h)
+}
+
+// exchange opens a forward to port 8080, which must connect, sends msgs,
+// half-closes, and returns what follows the connect up to the stream's
+// OK end.
+func exchange(t *testing.T, h *harness, msgs ...*berthv1.PortForwardRequest) []*berthv1.PortForwardResponse {
+	t.Helper()
+	stream, err := h.client.PortForward(callContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil || first.GetConnected().GetPort() != 8080 {
+		t.Fatalf("first message %v, %v; want connected to 8080", first, err)
+	}
+	for _, m := range msgs {
+		if err := stream.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	var rest []*berthv1.PortForwardResponse
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return rest
+		}
+		if err != nil {
+			t.Fatalf("PortForward: %v", err)
+		}
+		rest = append(rest, msg)
+	}
+}
+
+// checkSecondStart opens a forward to port 22, which must connect, sends a
+// second start and wants INVALID_ARGUMENT naming "data".
+func checkSecondStart(t *testing.T, h *harness) {
+	t.Helper()
 	stream, err := h.client.PortForward(callContext(t))
 	if err != nil {
 		t.Fatal(err)
@@ -1509,6 +1525,8 @@ func TestPortForwardSecondStart(t *testing.T) {
 	if err := stream.Send(portStart(testSandbox, 23)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = stream.Recv()
+	for err == nil {
+		_, err = stream.Recv()
+	}
 	checkStatus(t, err, want{code: codes.InvalidArgument, reason: rpcstatus.ReasonInvalidArgument, field: "data"})
 }

@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net"
 	"strconv"
 
+	"github.com/berth-sandbox/berth/internal/portconn"
 	"github.com/berth-sandbox/berth/internal/wire"
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/apierr"
@@ -16,15 +19,24 @@ import (
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
-// PortForward proxies one forwarded connection between the caller and the
-// sandbox's agent, which dials 127.0.0.1:port in the sandbox. It is a plain
-// bidirectional stream through the normal handler path: authenticated,
-// counted as activity in the sandbox while it lasts, and another
-// principal's sandbox is NOT_FOUND exactly as a missing one (reach).
-// Data messages pass through as they are on the wire, in gRPC's buffers
-// (wire.Frame): not decoded, not encoded, not copied; each direction holds
-// one message at a time, so gRPC's flow control on both streams is the back-pressure end
-// to end.
+// PortForward carries one connection to 127.0.0.1:port in the sandbox. It
+// is a plain bidirectional stream through the normal handler path:
+// authenticated, counted as activity in the sandbox while it lasts, and
+// another principal's sandbox is NOT_FOUND exactly as a missing one
+// (reach), whose agent has answered before anything is dialed.
+//
+// For a runc sandbox berthd dials the port itself in the sandbox's network
+// namespace (Deps.Ports, runtime.DialPort) and relays between the socket
+// and the stream as the agent would (portconn): one process less on the
+// path. Otherwise (gVisor, whose network is its own stack; a task berthd
+// cannot prove is the sandbox's; a dial that fails for want of a resource
+// of berthd's own) the agent dials, and berthd relays between the two
+// streams: data messages pass through as they are on the wire, in gRPC's
+// buffers (wire.Frame), not decoded, not encoded, not copied; each
+// direction holds one message at a time, so gRPC's flow control on both
+// streams is the back-pressure end to end. Either way a closed port is
+// FAILED_PRECONDITION PORT_CLOSED and a connection that fails later
+// ABORTED CONNECTION_RESET, both naming the port.
 func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) error {
 	ctx := stream.Context()
 	first, err := stream.Recv()
@@ -46,9 +58,22 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 		return apierr.InvalidArgument("start.port", fmt.Sprintf("%d is outside 1 to 65535", port))
 	}
 	meta := map[string]string{"sandbox_id": id, "port": strconv.FormatUint(uint64(port), 10)}
-	agent, _, err := s.reach.Reach(ctx, id, "")
+	agent, task, err := s.reach.Reach(ctx, id, "")
 	if err != nil {
 		return apierr.WithMeta(err, meta)
+	}
+	if s.ports != nil {
+		conn, err := s.ports.DialPort(ctx, id, task.TaskPID, port)
+		switch {
+		case err == nil:
+			return apierr.WithMeta(forwardDirect(stream, conn, port), meta)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case portconn.Refused(err):
+			return apierr.WithMeta(portconn.ClosedError(port, err, portconn.Meta(port)), meta)
+		}
+		// The agent dials instead.
+		s.log.Debug("port forward through the agent", slog.String("sandbox_id", id), slog.Any("why", err))
 	}
 	agentCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -109,7 +134,32 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 
 // portDataField is the number of the data field of the port-forward messages:
 // the same in berth.v1 and berth.agent.v1, requests and responses.
-var portDataField = wire.BytesField(&berthv1.PortForwardResponse{}, "data")
+var portDataField = portconn.DataField
+
+// forwardDirect carries the caller's connection on conn, which berthd
+// dialed in the sandbox, and closes it: connected, then the bytes both
+// ways (portconn.Relay). Each plain data message is written from gRPC's
+// buffer; one encoded another way is decoded; anything else after the
+// start ends the stream INVALID_ARGUMENT naming "data".
+func forwardDirect(stream berthv1.SandboxService_PortForwardServer, conn *net.TCPConn, port uint32) error {
+	defer conn.Close()
+	if err := stream.Send(&berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: port}}}); err != nil {
+		return err
+	}
+	data := func(fr *wire.Frame) ([]byte, error) {
+		var msg berthv1.PortForwardRequest
+		if err := fr.Decode(&msg); err != nil {
+			return nil, apierr.InvalidArgument("data", "is not a valid message: "+err.Error())
+		}
+		ev, ok := msg.GetEvent().(*berthv1.PortForwardRequest_Data)
+		if !ok {
+			return nil, apierr.InvalidArgument("data", "only data may follow the start message")
+		}
+		return ev.Data, nil
+	}
+	return portconn.Relay(conn, portconn.Stream{RecvMsg: stream.RecvMsg, Data: data, SendMsg: stream.SendMsg,
+		EOF: &berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Eof{Eof: &berthv1.PortForwardEOF{}}}}, portconn.Meta(port))
+}
 
 // portWrapper re-wraps agent events as public ones, sharing the payload;
 // its oneof wrappers are reused from message to message.

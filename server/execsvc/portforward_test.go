@@ -1,13 +1,27 @@
 package execsvc
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // TestPortDataFields: berthd relays a port-forward data message between
@@ -27,5 +41,169 @@ func TestPortDataFields(t *testing.T) {
 		if m.ProtoReflect().Descriptor().Fields().ByNumber(n).ContainingOneof() == nil {
 			t.Errorf("%s data is not in a oneof: a data message could carry other fields", name)
 		}
+	}
+}
+
+// fakeDialer is berthd's own dial in a sandbox's network namespace: it
+// records what it was asked and answers with dial.
+type fakeDialer struct {
+	mu    sync.Mutex
+	asked []string // "sandbox pid port"
+	dial  func(port uint32) (*net.TCPConn, error)
+}
+
+func (d *fakeDialer) DialPort(_ context.Context, id string, pid uint32, port uint32) (*net.TCPConn, error) {
+	d.mu.Lock()
+	d.asked = append(d.asked, fmt.Sprintf("%s %d %d", id, pid, port))
+	d.mu.Unlock()
+	return d.dial(port)
+}
+
+func (d *fakeDialer) Asked() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.asked)
+}
+
+// dialLocal connects to addr as berthd's dial in the sandbox would.
+func dialLocal(addr string) (*net.TCPConn, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
+
+// echoServer accepts one connection, reads it to end of file (the
+// caller's half-close), answers "echo:" and what it read, and closes.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	go func() {
+		c, err := lis.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		got, err := io.ReadAll(c)
+		if err != nil {
+			return
+		}
+		c.Write(append([]byte("echo:"), got...))
+	}()
+	return lis.Addr().String()
+}
+
+// TestPortForwardDirect: where berthd can dial in the sandbox's network
+// namespace itself, it does, for the task Reach found, and the agent is
+// not asked: connected, the caller's data (plain chunks, an empty one,
+// and one with an unknown field, which is decoded), its half-close, the
+// server's answer and end of file, then OK.
+func TestPortForwardDirect(t *testing.T) {
+	addr := echoServer(t)
+	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(addr) }}
+	h := newHarnessWith(t, 0, func(h *harness) { h.ports = d })
+	unknown := portData("pong\x00")
+	unknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
+	var got []byte
+	eof := false
+	for _, msg := range exchange(t, h, portData("ping "), portData(""), unknown) {
+		if eof {
+			t.Errorf("message %v after eof", msg)
+		}
+		got = append(got, msg.GetData()...)
+		eof = msg.GetEof() != nil
+	}
+	if string(got) != "echo:ping pong\x00" || !eof {
+		t.Errorf("after connected: %q, eof %v; want %q, then eof", got, eof, "echo:ping pong\x00")
+	}
+	if asked := d.Asked(); !slices.Equal(asked, []string{fmt.Sprintf("%s %d 8080", testSandbox, testRuntime.TaskPID)}) {
+		t.Errorf("dialer asked %q; want the port of the task Reach found", asked)
+	}
+	if n := h.agent.Calls(); n != 0 {
+		t.Errorf("agent called %d times; want 0 (berthd dialed)", n)
+	}
+	if got := h.reach.Reached(); len(got) != 1 {
+		t.Errorf("reached %v; want once (ownership and the agent's answer first)", got)
+	}
+}
+
+// TestPortForwardDirectRefused: a closed port dialed by berthd is the
+// agent's answer, FAILED_PRECONDITION PORT_CLOSED naming it; the agent is
+// not asked. A second start on a direct connection is INVALID_ARGUMENT
+// naming "data", as through the agent.
+func TestPortForwardDirectRefused(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := lis.Addr().String()
+	lis.Close()
+	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(closed) }}
+	h := newHarnessWith(t, 0, func(h *harness) { h.ports = d })
+	stream, err := h.client.PortForward(callContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(portStart(testSandbox, 9)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = stream.Recv()
+	checkStatus(t, err, want{code: codes.FailedPrecondition, reason: rpcstatus.ReasonPortClosed, meta: map[string]string{"port": "9"}})
+	if !strings.Contains(grpcstatus.Convert(err).Message(), "port 9 in the sandbox is closed: nothing listens on it") {
+		t.Errorf("message %q; want the agent's words", grpcstatus.Convert(err).Message())
+	}
+	if n := h.agent.Calls(); n != 0 {
+		t.Errorf("agent called %d times; want 0", n)
+	}
+
+	addr := echoServer(t)
+	d.dial = func(uint32) (*net.TCPConn, error) { return dialLocal(addr) }
+	checkSecondStart(t, h)
+}
+
+// TestPortForwardAgentDials: where berthd cannot dial in the sandbox
+// itself (runtime.ErrNoDirectPath: gVisor, a task not proven the
+// sandbox's) or its dial fails for want of its own resources (EMFILE), the
+// agent dials.
+func TestPortForwardAgentDials(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"no direct path", fmt.Errorf("%w: sandbox runs under gVisor", runtime.ErrNoDirectPath)},
+		{"berthd out of descriptors", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("socket", syscall.EMFILE)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return nil, tc.err }}
+			h := newHarnessWith(t, 0, func(h *harness) { h.ports = d })
+			h.agent.portForward = func(stream agentv1.AgentService_PortForwardServer) error {
+				first, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				return stream.Send(&agentv1.PortForwardResponse{Event: &agentv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: first.GetPort()}}})
+			}
+			stream, err := h.client.PortForward(callContext(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
+				t.Fatal(err)
+			}
+			if msg, err := stream.Recv(); err != nil || msg.GetConnected().GetPort() != 8080 {
+				t.Fatalf("first message %v, %v; want connected to 8080 through the agent", msg, err)
+			}
+			if n := h.agent.Calls(); n != 1 {
+				t.Errorf("agent called %d times; want 1", n)
+			}
+			if len(d.Asked()) != 1 {
+				t.Errorf("dialer asked %q; want once", d.Asked())
+			}
+		})
 	}
 }

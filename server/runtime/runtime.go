@@ -236,6 +236,8 @@ type Runtime struct {
 	orphanLeases int
 	// lists coalesces concurrent List calls (coalescer).
 	lists coalescer[[]Sandbox]
+	// kinds remembers which tasks run under gVisor (DialPort).
+	kinds taskKinds
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
