@@ -183,6 +183,9 @@ func (fakeStore) Get(_ context.Context, id string) (runtime.Sandbox, error) {
 // SocketPath names no socket: a watch (agentreach) then sees no frames.
 func (fakeStore) SocketPath(string) string { return "" }
 
+func (fakeStore) Pause(context.Context, string) error  { return nil }
+func (fakeStore) Resume(context.Context, string) error { return nil }
+
 // fakeAdmitter is a real admit.Capacity without limits, or refuses with err.
 type fakeAdmitter struct {
 	*admit.Capacity
