@@ -16,9 +16,27 @@ import (
 // Header is the metadata key of the choice.
 const Header = "berth-no-resume"
 
-// Refused reports whether the incoming call of ctx asked that a paused
-// sandbox not be resumed.
+// refusedKey marks a context whose call asked not to resume (Keep).
+type refusedKey struct{}
+
+// Keep returns ctx remembering whether its incoming metadata asked that a
+// paused sandbox not be resumed, for the handlers after berthd drops the
+// caller's metadata (server/auth seals it).
+func Keep(ctx context.Context) context.Context {
+	for _, v := range metadata.ValueFromIncomingContext(ctx, Header) {
+		if v == "true" {
+			return context.WithValue(ctx, refusedKey{}, true)
+		}
+	}
+	return ctx
+}
+
+// Refused reports whether the call of ctx asked that a paused sandbox not
+// be resumed: its incoming metadata says so, or said so when Keep saw it.
 func Refused(ctx context.Context) bool {
+	if v, _ := ctx.Value(refusedKey{}).(bool); v {
+		return true
+	}
 	for _, v := range metadata.ValueFromIncomingContext(ctx, Header) {
 		if v == "true" {
 			return true

@@ -3,10 +3,10 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"github.com/berth-sandbox/berth/internal/resume"
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/wire"
 	"github.com/berth-sandbox/berth/server/auth"
 	"google.golang.org/grpc"
