@@ -28,6 +28,9 @@ type lineStream struct {
 	result *berthv1.ExecResult
 	err    error
 	done   chan struct{}
+	// pausedBeats and resumedBeats count heartbeats with sandbox_paused
+	// set, and unset after one that had it.
+	pausedBeats, resumedBeats int
 }
 
 // startLines starts shell in sandbox id on an Exec stream and reads it in
@@ -64,6 +67,15 @@ func startLines(t *testing.T, ctx context.Context, id, shell string) *lineStream
 				ls.out.Write(msg.GetOutput().GetData())
 			case msg.GetDropped() != nil:
 				ls.err = fmt.Errorf("events dropped: %v", msg.GetDropped())
+			case msg.GetHeartbeat() != nil:
+				if msg.GetHeartbeat().GetLastSeq() > lastSeq {
+					ls.err = fmt.Errorf("heartbeat last_seq %d ahead of output %d", msg.GetHeartbeat().GetLastSeq(), lastSeq)
+				}
+				if msg.GetHeartbeat().GetSandboxPaused() {
+					ls.pausedBeats++
+				} else if ls.pausedBeats > 0 {
+					ls.resumedBeats++
+				}
 			case msg.GetExited() != nil:
 				ls.result = msg.GetExited().GetResult()
 				ls.mu.Unlock()
@@ -171,6 +183,11 @@ func testPauseResume(t *testing.T, rtName string) {
 	if n := ls.lines(); n != linesAtPause {
 		t.Errorf("lines while paused: %d then %d, want none arriving", linesAtPause, n)
 	}
+	ls.mu.Lock()
+	if ls.pausedBeats != 1 {
+		t.Errorf("heartbeats saying paused on the attached stream: %d, want one", ls.pausedBeats)
+	}
+	ls.mu.Unlock()
 	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Errorf("GetSandbox state %v, want PAUSED", got)
 	}
@@ -214,6 +231,9 @@ func testPauseResume(t *testing.T, rtName string) {
 	var want strings.Builder
 	for i := 1; i <= lines; i++ {
 		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	if ls.resumedBeats < 1 {
+		t.Errorf("no heartbeat said the sandbox runs again after the resume (%d saying paused)", ls.pausedBeats)
 	}
 	if ls.err != nil || ls.out.String() != want.String() || ls.result.GetExitCode() != 0 {
 		t.Errorf("attached stream across pause and resume: err %v, exit %d, %d bytes; want the %d lines once each, exit 0\n%s",
