@@ -263,7 +263,8 @@ func lineOf(out, s string) string {
 }
 
 // TestPauseFilesAutoResume: a file call on a paused sandbox resumes it;
-// with berth-no-resume it fails SANDBOX_PAUSED.
+// with berth-no-resume it fails SANDBOX_PAUSED. The CLI's sandbox pause,
+// sandbox resume and --no-resume do the same.
 func TestPauseFilesAutoResume(t *testing.T) {
 	need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -282,6 +283,22 @@ func TestPauseFilesAutoResume(t *testing.T) {
 	}
 	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Errorf("state after Stat: %v, want RUNNING", got)
+	}
+
+	if out, stderr, code := berthCLI(t, nil, "sandbox", "pause", id); code != 0 || out != id+"\n" {
+		t.Fatalf("berth sandbox pause: %q, exit %d, %s", out, code, stderr)
+	}
+	if _, stderr, code := berthCLI(t, nil, "--no-resume", "exec", id, "--", "true"); code == 0 || !strings.Contains(stderr, "SANDBOX_PAUSED") {
+		t.Errorf("berth --no-resume exec in a paused sandbox: exit %d, stderr %q; want a failure naming SANDBOX_PAUSED", code, stderr)
+	}
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("state after berth sandbox pause and a refused exec: %v, want PAUSED", got)
+	}
+	if out, stderr, code := berthCLI(t, nil, "sandbox", "resume", id); code != 0 || out != id+"\n" {
+		t.Fatalf("berth sandbox resume: %q, exit %d, %s", out, code, stderr)
+	}
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("state after berth sandbox resume: %v, want RUNNING", got)
 	}
 }
 
@@ -394,14 +411,10 @@ func TestPauseSurvivesRestart(t *testing.T) {
 	p2.signal(t, syscall.SIGTERM)
 }
 
-// waitFor polls cond every 50ms until it holds, failing the test after d.
+// waitFor polls cond (poll) until it holds, failing the test after d.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, d)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !poll(d, cond) {
+		t.Fatalf("%s: not within %v", what, d)
 	}
 }

@@ -126,28 +126,14 @@ stopped. Resuming a running sandbox succeeds.`
 		Long:  long,
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
-				failed := false
-				for _, id := range args {
-					rctx, cancel := g.unary(ctx)
-					var err error
-					if pause {
-						_, err = c.PauseSandbox(rctx, id)
-					} else {
-						_, err = c.ResumeSandbox(rctx, id)
-					}
-					cancel()
-					if err != nil {
-						fmt.Fprintf(cmd.ErrOrStderr(), "berth: %s %s: %s\n", strings.Fields(use)[0], id, describe(err))
-						failed = true
-						continue
-					}
-					fmt.Fprintln(cmd.OutOrStdout(), id)
+			return doEach(cmd, g, strings.Fields(use)[0]+" ", args, func(c *client.Client, ctx context.Context, id string) error {
+				var err error
+				if pause {
+					_, err = c.PauseSandbox(ctx, id)
+				} else {
+					_, err = c.ResumeSandbox(ctx, id)
 				}
-				if failed {
-					return exitStatus(exitBerth)
-				}
-				return nil
+				return err
 			})
 		},
 	}
@@ -336,14 +322,21 @@ func deleteExisting(c *client.Client, ctx context.Context, id string) error {
 // deleted and an error line (prefixed with what, e.g. "image ") for each
 // that failed; it fails with exit code 125 when any did.
 func deleteEach(cmd *cobra.Command, g *globals, what string, args []string, del func(*client.Client, context.Context, string) error) error {
+	return doEach(cmd, g, "delete "+what, args, del)
+}
+
+// doEach calls do for every name in args, each call a request of its own,
+// printing each name once done and an error line "berth: VERB NAME: ..."
+// for each that failed; it fails with exit code 125 when any did.
+func doEach(cmd *cobra.Command, g *globals, verb string, args []string, do func(*client.Client, context.Context, string) error) error {
 	return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 		failed := false
 		for _, name := range args {
 			rctx, cancel := g.unary(ctx)
-			err := del(c, rctx, name)
+			err := do(c, rctx, name)
 			cancel()
 			if err != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete %s%s: %s\n", what, name, describe(err))
+				fmt.Fprintf(cmd.ErrOrStderr(), "berth: %s%s: %s\n", verb, name, describe(err))
 				failed = true
 				continue
 			}
