@@ -418,3 +418,62 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		t.Fatalf("%s: not within %v", what, d)
 	}
 }
+
+// TestPauseRaces pauses, resumes and runs commands in one sandbox at once:
+// every pause and resume succeeds (both idempotent), every Run gives its
+// output once the sandbox runs (a Run that meets a paused sandbox resumes
+// it, or waits for the resume when it was already under way), and the
+// sandbox ends running and usable.
+func TestPauseRaces(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := newSandbox(t, nil).GetId()
+	const rounds = 15
+	var freezers, runners sync.WaitGroup
+	errs := make(chan error, 4*rounds)
+	for _, pause := range []bool{true, false} {
+		freezers.Add(1)
+		go func() {
+			defer freezers.Done()
+			for range rounds {
+				var err error
+				if pause {
+					_, err = env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id})
+				} else {
+					_, err = env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id})
+				}
+				if err != nil {
+					errs <- fmt.Errorf("pause %v: %w", pause, err)
+				}
+			}
+		}()
+	}
+	runners.Add(1)
+	go func() {
+		defer runners.Done()
+		for i := range rounds {
+			want := fmt.Sprintf("run %d\n", i)
+			resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"echo", "run", strconv.Itoa(i)}}})
+			if err != nil || string(resp.GetStdout()) != want {
+				errs <- fmt.Errorf("Run %d: %q, %v; want %q", i, resp.GetStdout(), err, want)
+			}
+		}
+	}()
+	freezers.Wait()
+	// A Run that was under way when the last pause came waits for this.
+	if _, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	runners.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := run(t, id, "echo", "end"); string(got.GetStdout()) != "end\n" {
+		t.Errorf("Run after the races: %q, want end", got.GetStdout())
+	}
+	if st := sandboxState(t, ctx, id); st != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("state after the races: %v, want RUNNING", st)
+	}
+}
