@@ -731,7 +731,8 @@ type Sandbox struct {
 	LastActivityAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_activity_at,json=lastActivityAt,proto3" json:"last_activity_at,omitempty"`
 	// idle_expires_at is when the idle timeout stops the sandbox unless
 	// something happens first: last_activity_at + idle_timeout, or the end of
-	// a KeepAlive hold when later. A running exec moves it on.
+	// a KeepAlive hold when later. A running exec moves it on. Unset while
+	// the sandbox is paused: its idle timeout does not run then.
 	IdleExpiresAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=idle_expires_at,json=idleExpiresAt,proto3" json:"idle_expires_at,omitempty"`
 	// stop_reason says why the sandbox is being stopped; set with state
 	// SANDBOX_STATE_STOPPING.

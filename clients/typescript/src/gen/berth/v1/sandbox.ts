@@ -519,7 +519,8 @@ export interface Sandbox {
   /**
    * idle_expires_at is when the idle timeout stops the sandbox unless
    * something happens first: last_activity_at + idle_timeout, or the end of
-   * a KeepAlive hold when later. A running exec moves it on.
+   * a KeepAlive hold when later. A running exec moves it on. Unset while
+   * the sandbox is paused: its idle timeout does not run then.
    */
   idleExpiresAt:
     | Date
