@@ -262,7 +262,8 @@ func lineOf(out, s string) string {
 	return ""
 }
 
-// TestPauseFilesAutoResume: a file call on a paused sandbox resumes it;
+// TestPauseFilesAutoResume: a file call and a PortForward on a paused
+// sandbox resume it;
 // with berth-no-resume it fails SANDBOX_PAUSED. The CLI's sandbox pause,
 // sandbox resume and --no-resume do the same.
 func TestPauseFilesAutoResume(t *testing.T) {
@@ -283,6 +284,29 @@ func TestPauseFilesAutoResume(t *testing.T) {
 	}
 	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Errorf("state after Stat: %v, want RUNNING", got)
+	}
+
+	// PortForward: refused paused with the opt-out, resumed without it
+	// (nothing listens on port 9: PORT_CLOSED from the resumed agent).
+	forward := func(ctx context.Context) error {
+		pf, err := env.sandboxes.PortForward(ctx)
+		if err != nil {
+			return err
+		}
+		if err := pf.Send(&berthv1.PortForwardRequest{Event: &berthv1.PortForwardRequest_Start{Start: &berthv1.PortForwardStart{SandboxId: id, Port: 9}}}); err != nil {
+			return err
+		}
+		_, err = pf.Recv()
+		return err
+	}
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if err := forward(client.NoResume(ctx)); rpcstatus.Reason(err) != rpcstatus.ReasonSandboxPaused {
+		t.Errorf("PortForward with berth-no-resume into a paused sandbox: %v, want SANDBOX_PAUSED", err)
+	}
+	if err := forward(ctx); rpcstatus.Reason(err) != rpcstatus.ReasonPortClosed {
+		t.Errorf("PortForward into a paused sandbox, port 9: %v, want it resumed and PORT_CLOSED", err)
 	}
 
 	if out, stderr, code := berthCLI(t, nil, "sandbox", "pause", id); code != 0 || out != id+"\n" {
