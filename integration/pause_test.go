@@ -263,9 +263,8 @@ func lineOf(out, s string) string {
 }
 
 // TestPauseFilesAutoResume: a file call and a PortForward on a paused
-// sandbox resume it;
-// with berth-no-resume it fails SANDBOX_PAUSED. The CLI's sandbox pause,
-// sandbox resume and --no-resume do the same.
+// sandbox resume it; with berth-no-resume they fail SANDBOX_PAUSED. The
+// CLI's sandbox pause, sandbox resume and --no-resume do the same.
 func TestPauseFilesAutoResume(t *testing.T) {
 	need(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
