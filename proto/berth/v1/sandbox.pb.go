@@ -777,7 +777,7 @@ type Sandbox struct {
 	RootIdMapping RootIDMapping `protobuf:"varint,30,opt,name=root_id_mapping,json=rootIdMapping,proto3,enum=berth.v1.RootIDMapping" json:"root_id_mapping,omitempty"`
 	// idle_action is what the idle timeout does to the sandbox
 	// (CreateSandboxRequest.idle_action), never UNSPECIFIED.
-	IdleAction    IdleAction `protobuf:"varint,31,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
+	IdleAction    IdleAction `protobuf:"varint,32,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1961,7 +1961,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x12\x17\n" +
 	"\anode_id\x18\x1d \x01(\tR\x06nodeId\x12?\n" +
 	"\x0froot_id_mapping\x18\x1e \x01(\x0e2\x17.berth.v1.RootIDMappingR\rrootIdMapping\x125\n" +
-	"\vidle_action\x18\x1f \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
+	"\vidle_action\x18  \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
 	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +

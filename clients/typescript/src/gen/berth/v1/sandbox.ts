@@ -1596,7 +1596,7 @@ export const Sandbox: MessageFns<Sandbox> = {
       writer.uint32(240).int32(message.rootIdMapping);
     }
     if (message.idleAction !== 0) {
-      writer.uint32(248).int32(message.idleAction);
+      writer.uint32(256).int32(message.idleAction);
     }
     return writer;
   },
@@ -1857,8 +1857,8 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.rootIdMapping = reader.int32() as any;
             continue;
           }
-          case 31: {
-            if (tag !== 248) {
+          case 32: {
+            if (tag !== 256) {
               break;
             }
 
