@@ -28,6 +28,7 @@ const (
 	ReasonExecExists        = "EXEC_EXISTS"           // the exec id is taken
 	ReasonCwdInvalid        = "CWD_INVALID"           // the working directory is missing or not a directory
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
+	ReasonSandboxPaused     = "SANDBOX_PAUSED"        // FAILED_PRECONDITION: the sandbox is paused and the call asked not to resume it (NoResume)
 	ReasonUnreachable       = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; see *UnreachableError
 	ReasonInternal          = "INTERNAL"              // a berthd bug or an unclassified failure
 	ReasonFleetBusy         = "FLEET_BUSY"            // no capacity right now; nothing started; see *FleetBusyError

@@ -20,6 +20,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonExecExists, rpcstatus.ReasonExecExists},
 		{ReasonCwdInvalid, rpcstatus.ReasonCwdInvalid},
 		{ReasonSandboxNotRunning, rpcstatus.ReasonSandboxNotRunning},
+		{ReasonSandboxPaused, rpcstatus.ReasonSandboxPaused},
 		{ReasonUnreachable, rpcstatus.ReasonUnreachable},
 		{ReasonInternal, rpcstatus.ReasonInternal},
 		{ReasonFleetBusy, rpcstatus.ReasonFleetBusy},

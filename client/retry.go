@@ -16,7 +16,8 @@ import (
 // retried, nor is anything else. Retries end when the call's context ends or
 // MaxAttempts is reached; the last error is returned.
 //
-// Retried calls: CreateSandbox, GetSandbox, DeleteSandbox, each page of
+// Retried calls: CreateSandbox, GetSandbox, DeleteSandbox, PauseSandbox,
+// ResumeSandbox (both idempotent), each page of
 // ListSandboxes, Run, ListImages, and the opening of Exec and Attach (until
 // berthd says the process runs; an Execution is never re-opened). Not
 // ImportImage, whose reader cannot be read again.

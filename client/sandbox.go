@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/berth-sandbox/berth/internal/resume"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -51,6 +52,47 @@ func (c *Client) DeleteSandbox(ctx context.Context, id string) error {
 		return convertError(err)
 	})
 }
+
+// PauseSandbox freezes every process of the sandbox named id and returns
+// it, paused (state SANDBOX_STATE_PAUSED): it uses no CPU and keeps its
+// memory, files, open connections and attached Exec streams. Any later
+// call that needs the sandbox (Exec, Run, file calls, PortForward, ...)
+// resumes it first, unless its context comes from NoResume. Pausing a
+// paused sandbox succeeds. Errors: codes.NotFound (ReasonSandboxNotFound),
+// codes.FailedPrecondition (ReasonSandboxNotRunning) when its task does
+// not run.
+func (c *Client) PauseSandbox(ctx context.Context, id string) (*berthv1.Sandbox, error) {
+	var resp *berthv1.PauseSandboxResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id})
+		return convertError(err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSandbox(), nil
+}
+
+// ResumeSandbox thaws the paused sandbox named id and returns it, running;
+// resuming a running sandbox succeeds. Errors as for PauseSandbox.
+func (c *Client) ResumeSandbox(ctx context.Context, id string) (*berthv1.Sandbox, error) {
+	var resp *berthv1.ResumeSandboxResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id})
+		return convertError(err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSandbox(), nil
+}
+
+// NoResume returns ctx for calls that must not resume a paused sandbox:
+// such a call naming a paused sandbox fails with
+// codes.FailedPrecondition (ReasonSandboxPaused) and leaves it paused. It
+// sets the gRPC metadata "berth-no-resume: true", which any client can
+// send.
+func NoResume(ctx context.Context) context.Context { return resume.Forbid(ctx) }
 
 // ListOption configures ListSandboxes.
 type ListOption func(*listOptions)

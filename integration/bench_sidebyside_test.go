@@ -81,6 +81,10 @@ const fileBytes = 128 << 20
 //     through `berth
 //     port-forward` (a local TCP hop more), and directly: a connection to
 //     127.0.0.1 made in the sandbox's network namespace (setns(2)).
+//   - pause: PauseSandbox and ResumeSandbox of a sandbox running a CPU
+//     hog, each until its answer (the other off the clock), beside
+//     containerd's task.Pause and task.Resume on the same task; and an
+//     Exec of `true` that resumes the paused sandbox, until its exit status.
 //   - create: CreateSandbox then Run of `echo hi` until its result, cold
 //     (a new container) and from a warm pool of one, beside `ctr run --rm`
 //     of the same image; deleting the sandbox is off the clock.
@@ -201,6 +205,10 @@ func BenchmarkSideBySide(b *testing.B) {
 
 	b.Run("portforward", func(b *testing.B) {
 		benchPortForward(b, c, sb)
+	})
+
+	b.Run("pause", func(b *testing.B) {
+		benchPause(b, c, id, ctr)
 	})
 
 	b.Run("create", func(b *testing.B) {
@@ -645,4 +653,53 @@ func httpGet(conn io.ReadWriter, path string) (int64, error) {
 		return 0, fmt.Errorf("GET %s: %s", path, resp.Status)
 	}
 	return io.Copy(io.Discard, resp.Body)
+}
+
+// benchPause is BenchmarkSideBySide's pause group (see there).
+func benchPause(b *testing.B, c *client.Client, id string, ctr *ctrExec) {
+	ctx := context.Background()
+	hog, err := c.ExecBackground(ctx, id, &berthv1.ProcessSpec{Argv: []string{"sh", "-c", "while :; do :; done"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.SignalExec(ctx, id, hog.GetExecId(), "KILL")
+	timed := func(f func() error) sample {
+		start := time.Now()
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+		return sample{d: time.Since(start)}
+	}
+	must := func(f func() error) {
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pause := func() error { _, err := c.PauseSandbox(ctx, id); return err }
+	resume := func() error { _, err := c.ResumeSandbox(ctx, id); return err }
+	measure(b, "pause/berth-Pause", 0, func(b *testing.B) sample {
+		s := timed(pause)
+		must(resume)
+		return s
+	})
+	measure(b, "pause/berth-Resume", 0, func(b *testing.B) sample {
+		must(pause)
+		return timed(resume)
+	})
+	spec := &berthv1.ProcessSpec{Argv: []string{"true"}}
+	measure(b, "pause/berth-Exec-resuming", 0, func(b *testing.B) sample {
+		must(pause)
+		start := time.Now()
+		berthExec(b, c, id, spec, io.Discard)
+		return sample{d: time.Since(start)}
+	})
+	measure(b, "pause/containerd-Pause", 0, func(b *testing.B) sample {
+		s := timed(func() error { return ctr.task.Pause(ctx) })
+		must(func() error { return ctr.task.Resume(ctx) })
+		return s
+	})
+	measure(b, "pause/containerd-Resume", 0, func(b *testing.B) sample {
+		must(func() error { return ctr.task.Pause(ctx) })
+		return timed(func() error { return ctr.task.Resume(ctx) })
+	})
 }

@@ -29,6 +29,14 @@ func (s *Service) KeepAlive(ctx context.Context, req *berthv1.KeepAliveRequest) 
 	return s.sandboxes.KeepAlive(ctx, req)
 }
 
+func (s *Service) PauseSandbox(ctx context.Context, req *berthv1.PauseSandboxRequest) (*berthv1.PauseSandboxResponse, error) {
+	return s.sandboxes.PauseSandbox(ctx, req)
+}
+
+func (s *Service) ResumeSandbox(ctx context.Context, req *berthv1.ResumeSandboxRequest) (*berthv1.ResumeSandboxResponse, error) {
+	return s.sandboxes.ResumeSandbox(ctx, req)
+}
+
 func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error { return s.execs.Exec(stream) }
 
 func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {

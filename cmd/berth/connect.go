@@ -48,7 +48,11 @@ func (g *globals) withClient(cmd *cobra.Command, fn func(ctx context.Context, c 
 		return err
 	}
 	defer c.Close()
-	return g.hint(fn(cmd.Context(), c))
+	ctx := cmd.Context()
+	if g.noResume {
+		ctx = client.NoResume(ctx)
+	}
+	return g.hint(fn(ctx, c))
 }
 
 // hint adds where berth looked for berthd to a failure to reach it: an

@@ -19,7 +19,8 @@ import (
 
 func newSandboxCmd(g *globals) *cobra.Command {
 	cmd := newGroupCmd("sandbox", "Create, list, inspect and delete sandboxes", "sb")
-	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g), newSandboxKeepAliveCmd(g))
+	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g), newSandboxKeepAliveCmd(g),
+		newSandboxFreezeCmd(g, true), newSandboxFreezeCmd(g, false))
 	return cmd
 }
 
@@ -33,6 +34,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		egress                []string
 		maxConns              uint32
 		egressRate, inRate    uint64
+		idleAction            string
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image REF [flags]",
@@ -59,6 +61,13 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			}
 			if lifetime != 0 {
 				req.MaxLifetime = durationpb.New(lifetime)
+			}
+			switch idleAction {
+			case "", "delete":
+			case "pause":
+				req.IdleAction = berthv1.IdleAction_IDLE_ACTION_PAUSE
+			default:
+				return fmt.Errorf("--idle-action %q: want delete or pause", idleAction)
 			}
 			if len(egress) > 0 || maxConns > 0 || egressRate > 0 || inRate > 0 {
 				// berthd checks the entries and names a bad one.
@@ -89,6 +98,7 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid" or "uid:gid" (default 0:0)`)
 	cmd.Flags().StringVar(&req.Workdir, "workdir", "", "working directory, created for the workload user (default /workspace)")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 0, "remove the sandbox after this long without a running command or request (default berthd's)")
+	cmd.Flags().StringVar(&idleAction, "idle-action", "delete", "what the idle timeout does: delete the sandbox, or pause it (the next command resumes it)")
 	cmd.Flags().DurationVar(&lifetime, "max-lifetime", 0, "remove the sandbox this long after creation (default berthd's)")
 	cmd.Flags().StringVar(&req.RequestId, "request-id", "", "idempotency key: the same key names the same sandbox (ignored with --id)")
 	cmd.Flags().StringArrayVar(&egress, "egress", nil, "network mode EGRESS, allowing ENTRY: ADDR, CIDR or NAME, *.NAME, each with an optional :PORT (repeatable; without it the sandbox has no network)")
@@ -96,6 +106,37 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().Uint64Var(&egressRate, "egress-bytes-per-second", 0, "with --egress: cap on what the sandbox sends, bytes per second (default: no cap)")
 	cmd.Flags().Uint64Var(&inRate, "ingress-bytes-per-second", 0, "with --egress: cap on what the sandbox receives, bytes per second (default: no cap)")
 	return cmd
+}
+
+// newSandboxFreezeCmd is "sandbox pause" (pause) or "sandbox resume".
+func newSandboxFreezeCmd(g *globals, pause bool) *cobra.Command {
+	use, short, long := "pause SANDBOX...", "Pause sandboxes: freeze their processes, keep their memory",
+		`Freeze every process of each sandbox and print its id. A paused sandbox
+uses no CPU and keeps its memory, files, connections and attached commands;
+the next command naming it resumes it (unless run with --no-resume).
+Pausing a paused sandbox succeeds.`
+	if !pause {
+		use, short, long = "resume SANDBOX...", "Resume paused sandboxes",
+			`Thaw each paused sandbox and print its id: its processes go on where they
+stopped. Resuming a running sandbox succeeds.`
+	}
+	return &cobra.Command{
+		Use:   use,
+		Short: short,
+		Long:  long,
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return doEach(cmd, g, strings.Fields(use)[0]+" ", args, func(c *client.Client, ctx context.Context, id string) error {
+				var err error
+				if pause {
+					_, err = c.PauseSandbox(ctx, id)
+				} else {
+					_, err = c.ResumeSandbox(ctx, id)
+				}
+				return err
+			})
+		},
+	}
 }
 
 func newSandboxKeepAliveCmd(g *globals) *cobra.Command {
@@ -281,14 +322,21 @@ func deleteExisting(c *client.Client, ctx context.Context, id string) error {
 // deleted and an error line (prefixed with what, e.g. "image ") for each
 // that failed; it fails with exit code 125 when any did.
 func deleteEach(cmd *cobra.Command, g *globals, what string, args []string, del func(*client.Client, context.Context, string) error) error {
+	return doEach(cmd, g, "delete "+what, args, del)
+}
+
+// doEach calls do for every name in args, each call a request of its own,
+// printing each name once done and an error line "berth: VERB NAME: ..."
+// for each that failed; it fails with exit code 125 when any did.
+func doEach(cmd *cobra.Command, g *globals, verb string, args []string, do func(*client.Client, context.Context, string) error) error {
 	return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 		failed := false
 		for _, name := range args {
 			rctx, cancel := g.unary(ctx)
-			err := del(c, rctx, name)
+			err := do(c, rctx, name)
 			cancel()
 			if err != nil {
-				fmt.Fprintf(cmd.ErrOrStderr(), "berth: delete %s%s: %s\n", what, name, describe(err))
+				fmt.Fprintf(cmd.ErrOrStderr(), "berth: %s%s: %s\n", verb, name, describe(err))
 				failed = true
 				continue
 			}

@@ -36,8 +36,11 @@ const (
 	ReasonExecExists        = "EXEC_EXISTS"
 	ReasonCwdInvalid        = "CWD_INVALID"
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
-	ReasonUnreachable       = "SANDBOX_UNREACHABLE"
-	ReasonInternal          = "INTERNAL"
+	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
+	// sandbox and asked not to resume it (NoResumeHeader).
+	ReasonSandboxPaused = "SANDBOX_PAUSED"
+	ReasonUnreachable   = "SANDBOX_UNREACHABLE"
+	ReasonInternal      = "INTERNAL"
 	// The runtime conditions of berth.v1's errors.proto: each status with
 	// one of these reasons also carries the typed detail of that name.
 	ReasonFleetBusy       = "FLEET_BUSY"

@@ -49,6 +49,7 @@ type Config struct {
 type store interface {
 	Get(ctx context.Context, id string) (runtime.Sandbox, error)
 	SocketPath(id string) string
+	freezer
 }
 
 // Reacher reaches agents; see Reach.
@@ -63,12 +64,18 @@ type Reacher struct {
 	warned map[string]bool // agent boot ids warned about version skew
 
 	procs procSampler // what Watches read of agents' processes, shared
+
+	freezer freezer
+	pauses  pauses // the paused sandboxes (pause.go)
+	// OnPause, when set before use, is told of each pause and resume
+	// berthd made (the idle reaper stops counting a paused sandbox).
+	OnPause func(id string, paused bool)
 }
 
 // New returns a Reacher of the agents of rt's sandboxes through agents,
 // that records the runtimes it meets in ids.
 func New(cfg Config, rt store, ids *runtimes.Registry, agents *agentconn.Pool, log *slog.Logger) *Reacher {
-	return &Reacher{cfg: cfg, rt: rt, ids: ids, agents: agents, log: log, warned: make(map[string]bool)}
+	return &Reacher{cfg: cfg, rt: rt, freezer: rt, ids: ids, agents: agents, log: log, warned: make(map[string]bool)}
 }
 
 // infoTimeout bounds a status query to an agent made while answering
@@ -119,7 +126,7 @@ func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.
 			return &apierr.Unreachable{SandboxID: sandboxID, ExecID: execID, Cause: cause, TaskRunning: sb.Running,
 				Runtime: last, Waited: time.Since(began), Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: what}
 		}
-		if !sb.Running {
+		if !sb.Running && !sb.Paused {
 			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED, "the sandbox's task is not running")
 		}
 		switch err := agentconn.CheckSocket(sb.SocketPath); {
@@ -144,6 +151,10 @@ func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.
 			return nil, apierr.Runtime{}, err
 		}
 	}
+	// A paused sandbox is resumed before its agent is asked (pause.go).
+	if err := r.wake(ctx, sandboxID, execID, checked && sb.Paused); err != nil {
+		return nil, apierr.Runtime{}, err
+	}
 	agent, err := r.agents.Get(r.rt.SocketPath(sandboxID))
 	if err != nil {
 		return nil, apierr.Runtime{}, err
@@ -158,7 +169,17 @@ func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.
 		infoCtx, cancel := context.WithTimeout(ctx, r.cfg.ConnectBudget)
 		info, err = agent.Info(infoCtx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
 		cancel()
-		if err == nil || ctx.Err() != nil || status.Code(err) != codes.DeadlineExceeded || !watch.Busy() {
+		if err == nil || ctx.Err() != nil || status.Code(err) != codes.DeadlineExceeded {
+			break
+		}
+		if r.pauses.get(sandboxID) {
+			// Paused while this call waited: it resumes it, as any call.
+			if err := r.wake(ctx, sandboxID, execID, false); err != nil {
+				return nil, apierr.Runtime{}, err
+			}
+			continue
+		}
+		if !watch.Busy() {
 			break
 		}
 		// Busy answering others: ask again.
@@ -250,6 +271,9 @@ type Watch struct {
 	unread  int      // bytes unread in the agent's socket at the last check
 	worked  bool     // it worked at some time during the wait
 	stopped bool     // it was found stopped (SIGSTOP)
+	// paused reports whether the sandbox is paused (PauseSandbox): its
+	// agent is waited for as long as it is, however long; nil: never.
+	paused func() bool
 }
 
 // progress holds counters that grow while a sandbox works; only a change
@@ -291,7 +315,9 @@ type probe interface {
 // process pid (0 when unknown).
 func (r *Reacher) NewWatch(sandboxID string, pid uint32) *Watch {
 	socket := r.rt.SocketPath(sandboxID)
-	return newWatch(agentProbe{pid: pid, socket: socket, agents: r.agents, procs: &r.procs}, r.cfg.ConnectBudget, r.cfg.BusyLimit, time.Now())
+	w := newWatch(agentProbe{pid: pid, socket: socket, agents: r.agents, procs: &r.procs}, r.cfg.ConnectBudget, r.cfg.BusyLimit, time.Now())
+	w.paused = func() bool { return r.pauses.get(sandboxID) }
+	return w
 }
 
 func newWatch(p probe, budget, limit time.Duration, now time.Time) *Watch {
@@ -471,6 +497,12 @@ func (w *Watch) Busy() bool {
 
 // check is Busy at now.
 func (w *Watch) check(now time.Time) bool {
+	if w.paused != nil && w.paused() {
+		// Frozen on purpose: not unreachable, and the wait goes on
+		// until a resume.
+		w.began = now
+		return true
+	}
 	if w.probe.stopped() {
 		w.worked, w.stopped = false, true
 		return false

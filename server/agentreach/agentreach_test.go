@@ -3,15 +3,18 @@ package agentreach
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -203,3 +206,58 @@ func BenchmarkWatchBaseline(b *testing.B) {
 		ps.baseline(pid)
 	}
 }
+
+// TestWatchPaused: a paused sandbox's agent, frozen with bytes unread and
+// no work done (it looks stopped or hung), is waited for past the busy
+// limit for as long as it is paused; once resumed, the usual rules apply.
+func TestWatchPaused(t *testing.T) {
+	const budget, limit = 150 * time.Millisecond, time.Second
+	frozen := reading{agentCPU: time.Second, cgroupCPU: 2 * time.Second, states: "DDDD", unread: 100}
+	readings := []reading{frozen}
+	for range 20 {
+		readings = append(readings, frozen)
+	}
+	readings = append(readings, reading{agentCPU: time.Second, cgroupCPU: 2 * time.Second, states: "SSSS", unread: 100})
+	p := &fakeProbe{readings: readings}
+	began := time.Unix(1000, 0)
+	w := newWatch(p, budget, limit, began)
+	paused := true
+	w.paused = func() bool { return paused }
+	for i := 1; i <= 20; i++ { // 3 s: three times the busy limit
+		p.at = i
+		if !w.check(began.Add(time.Duration(i) * budget)) {
+			t.Fatalf("check %d of a paused sandbox: Busy = false, want it waited for", i)
+		}
+	}
+	paused = false
+	p.at = 21
+	if w.check(began.Add(21 * budget)) {
+		t.Errorf("resumed agent idle with bytes unread since the last check: Busy = true, want false")
+	}
+}
+
+// TestWakeRefused: a call that asked not to resume a paused sandbox gets
+// FAILED_PRECONDITION SANDBOX_PAUSED, and nothing is resumed; one that did
+// not ask resumes it.
+func TestWakeRefused(t *testing.T) {
+	f := &fakeFreezer{}
+	r := &Reacher{freezer: f, log: slog.New(slog.DiscardHandler)}
+	r.SetPaused("sb", true)
+	in := metadata.NewIncomingContext(context.Background(), metadata.Pairs(resume.Header, "true"))
+	err := r.wake(metadata.NewIncomingContext(resume.Keep(in), metadata.MD{}), "sb", "e1", false)
+	var refused *apierr.Refused
+	if !errors.As(err, &refused) || refused.Code != codes.FailedPrecondition || refused.Reason != rpcstatus.ReasonSandboxPaused || f.resumes != 0 || !r.Paused("sb") {
+		t.Fatalf("wake with berth-no-resume (kept past the auth seal): %v, %d resumes, paused %v; want SANDBOX_PAUSED, none, paused", err, f.resumes, r.Paused("sb"))
+	}
+	if err := r.wake(context.Background(), "sb", "e1", false); err != nil || f.resumes != 1 || r.Paused("sb") {
+		t.Fatalf("wake: %v, %d resumes, paused %v; want resumed once", err, f.resumes, r.Paused("sb"))
+	}
+	if err := r.wake(context.Background(), "sb", "e1", false); err != nil || f.resumes != 1 {
+		t.Errorf("wake of a running sandbox: %v, %d resumes; want nothing done", err, f.resumes)
+	}
+}
+
+type fakeFreezer struct{ pauses, resumes int }
+
+func (f *fakeFreezer) Pause(context.Context, string) error  { f.pauses++; return nil }
+func (f *fakeFreezer) Resume(context.Context, string) error { f.resumes++; return nil }

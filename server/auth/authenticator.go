@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 
+	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -257,8 +258,11 @@ func needsAuth(_ context.Context, c interceptors.CallMeta) bool {
 // containerd and agent clients they call with ctx, never see what the
 // caller sent as metadata (the containerd client would take a
 // "containerd-namespace" header as its namespace).
+//
+// The one header meant for the handlers, berth-no-resume, is kept as a
+// context value (internal/resume).
 func sealed(ctx context.Context) context.Context {
-	return metadata.NewIncomingContext(ctx, metadata.MD{})
+	return metadata.NewIncomingContext(resume.Keep(ctx), metadata.MD{})
 }
 
 type sealedStream struct {

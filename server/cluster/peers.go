@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/wire"
 	"github.com/berth-sandbox/berth/server/auth"
 	"google.golang.org/grpc"
@@ -162,7 +163,12 @@ func (p *Peers) connOf(node NodeRecord) (*grpc.ClientConn, bool, error) {
 // forwarded returns the outgoing context of a call made for principal p
 // (auth.Principal.ForwardingMD).
 func forwarded(ctx context.Context, p auth.Principal) context.Context {
-	return metadata.NewOutgoingContext(ctx, p.ForwardingMD())
+	md := p.ForwardingMD()
+	// The caller's choice about a paused sandbox goes with its call.
+	if kv := resume.Forward(ctx); kv != nil {
+		md = metadata.Join(md, metadata.Pairs(kv...))
+	}
+	return metadata.NewOutgoingContext(ctx, md)
 }
 
 // bearer sends a node's bearer token, as token returns it at each call.

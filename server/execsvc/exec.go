@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync"
+	"time"
 
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/validate"
@@ -98,6 +100,18 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	// The forwarder ends when the caller closes its side or the stream's
 	// context ends, which returning from this handler does.
 	go forwardCaller(stream, upstream, &protoErr, guard.cancel)
+	// sendMu orders this loop's sends with the paused heartbeats'; sentSeq
+	// is the last sequence number the caller was sent, which they carry.
+	var (
+		sendMu  sync.Mutex
+		sentSeq uint64
+	)
+	stopBeats := s.pausedHeartbeats(ctx, sandboxID, func(paused bool) error {
+		sendMu.Lock()
+		defer sendMu.Unlock()
+		return stream.Send(&berthv1.ExecResponse{Event: &berthv1.ExecResponse_Heartbeat{Heartbeat: &berthv1.ExecHeartbeat{LastSeq: sentSeq, SandboxPaused: paused}}})
+	})
+	defer stopBeats()
 
 	var (
 		resp eventWrapper
@@ -123,7 +137,11 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			// hostile agent could add.
 			if seq, outStream, ok := fr.ExecOutput(); ok {
 				guard.seenOutput(seq, outStream, fr.DataLen())
-				if err := stream.SendMsg(&fr); err != nil {
+				sendMu.Lock()
+				err := stream.SendMsg(&fr)
+				sentSeq = max(sentSeq, seq)
+				sendMu.Unlock()
+				if err != nil {
 					return sendFailed(err)
 				}
 				continue
@@ -150,7 +168,11 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			continue
 		}
 		started = started || msg.GetStarted() != nil
-		if err := stream.Send(&resp.ExecResponse); err != nil {
+		sendMu.Lock()
+		err = stream.Send(&resp.ExecResponse)
+		sentSeq = max(sentSeq, msg.GetDropped().GetLastSeq(), msg.GetHeartbeat().GetLastSeq())
+		sendMu.Unlock()
+		if err != nil {
 			return sendFailed(err)
 		}
 		if ex := msg.GetExited(); ex != nil {
@@ -158,6 +180,45 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			return nil
 		}
 	}
+}
+
+// pausedPoll is how often an attached Exec stream looks whether its
+// sandbox is paused (a map lookup); pausedBeat how often it says so while
+// it is, as the agent's heartbeats do while a process is silent.
+const (
+	pausedPoll = 250 * time.Millisecond
+	pausedBeat = 15 * time.Second
+)
+
+// pausedHeartbeats sends, through send, the heartbeats of a paused sandbox
+// (ExecHeartbeat.sandbox_paused, with the last sequence number sent): its agent is frozen and sends nothing,
+// so berthd tells the caller why the stream is quiet, and when the sandbox
+// runs again. It stops when ctx ends or the returned function is called.
+func (s *Service) pausedHeartbeats(ctx context.Context, sandboxID string, send func(paused bool) error) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(pausedPoll)
+		defer t.Stop()
+		paused, last := false, time.Time{}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-t.C:
+				p := s.reach.Paused(sandboxID)
+				if p == paused && (!p || now.Sub(last) < pausedBeat) {
+					continue
+				}
+				paused, last = p, now
+				if send(p) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // hangUp sends SIGHUP to the process group of execID, whose caller went

@@ -153,6 +153,8 @@ func (r *fakeReacher) Agent(ctx context.Context, sandboxID string) (agentv1.Agen
 // when set: the test's stand-in for a busy agent. Otherwise it returns nil:
 // the watch is read only when the agent stays silent for the whole connect
 // budget, which the tests' budget never lets happen.
+func (r *fakeReacher) Paused(string) bool { return false }
+
 func (r *fakeReacher) NewWatch(sandboxID string, _ uint32) *agentreach.Watch {
 	if r.watches == nil {
 		return nil
@@ -182,6 +184,9 @@ func (fakeStore) Get(_ context.Context, id string) (runtime.Sandbox, error) {
 
 // SocketPath names no socket: a watch (agentreach) then sees no frames.
 func (fakeStore) SocketPath(string) string { return "" }
+
+func (fakeStore) Pause(context.Context, string) error  { return nil }
+func (fakeStore) Resume(context.Context, string) error { return nil }
 
 // fakeAdmitter is a real admit.Capacity without limits, or refuses with err.
 type fakeAdmitter struct {

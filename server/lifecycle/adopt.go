@@ -34,12 +34,20 @@ func (m *Manager) Adopt(ctx context.Context) error {
 		switch {
 		case sb.Expired != "":
 			why = "it expired (" + sb.Expired + ") before berthd stopped"
-		case !sb.Running:
+		case !sb.Running && !sb.Paused:
 			why = "orphan: container without a running task"
 		case sb.Pooled && !m.pool.Adopt(sb.Image, sb.ID):
 			why = "warm-pool member beyond the pool's size for its image"
 		case sb.Pooled:
 			log.Info("warm-pool member re-adopted", slog.String("image", sb.Image))
+			continue
+		case sb.Paused:
+			// containerd kept the task paused: it stays paused, and its
+			// agent is not asked anything until a call resumes it.
+			m.reach.SetPaused(sb.ID, true)
+			m.track(sb)
+			adopted++
+			log.Info("sandbox re-adopted paused")
 			continue
 		default:
 			m.track(sb)
@@ -91,6 +99,8 @@ func (p prober) Probe(ctx context.Context, id string) (Activity, error) {
 		return Activity{}, ErrGone
 	case err != nil:
 		return Activity{}, err
+	case sb.Paused:
+		return Activity{}, ErrPaused
 	case !sb.Running:
 		return Activity{}, ErrNotRunning
 	}
@@ -123,4 +133,14 @@ func (st stopper) Stop(ctx context.Context, id string, reason Reason) error {
 		return err
 	}
 	return st.m.deleteLocked(ctx, id)
+}
+
+// Pause pauses an idle sandbox whose idle action is to pause it.
+func (st stopper) Pause(ctx context.Context, id string) error {
+	unlock, err := st.m.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return st.m.pause(ctx, id, true)
 }

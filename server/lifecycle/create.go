@@ -257,7 +257,11 @@ func (m *Manager) track(sb runtime.Sandbox) {
 	if life == 0 {
 		life = m.cfg.Defaults.MaxLifetime
 	}
-	m.reaper.Track(sb.ID, Limits{CreatedAt: sb.CreatedAt, IdleTimeout: idle, MaxLifetime: life, HoldUntil: sb.HoldUntil})
+	m.reaper.Track(sb.ID, Limits{CreatedAt: sb.CreatedAt, IdleTimeout: idle, MaxLifetime: life, HoldUntil: sb.HoldUntil,
+		PauseOnIdle: sb.IdleAction == runtime.IdlePause})
+	if sb.Paused {
+		m.reaper.SetPaused(sb.ID, true)
+	}
 }
 
 // specDiff names the request fields in which the spec of an existing or
@@ -289,7 +293,16 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.IdleTimeout != want.IdleTimeout, "idle_timeout")
 	add(have.MaxLifetime != want.MaxLifetime, "max_lifetime")
 	add(!have.Network.Equal(want.Network), "network")
+	add(idleAction(have.IdleAction) != idleAction(want.IdleAction), "idle_action")
 	return fields
+}
+
+// idleAction is a spec's idle action, runtime.IdleDelete for "".
+func idleAction(a string) string {
+	if a == "" {
+		return runtime.IdleDelete
+	}
+	return a
 }
 
 // conflictError is ALREADY_EXISTS naming the differing fields, in the

@@ -34,6 +34,7 @@ func (m *Manager) deleteLocked(ctx context.Context, id string) error {
 	}
 	m.detachNetwork(ctx, id)
 	m.reaper.Forget(id)
+	m.reach.SetPaused(id, false)
 	m.release(ctx, id)
 	return nil
 }

@@ -148,6 +148,7 @@ func New(cfg Config, rt store, agents *agentconn.Pool, reach *agentreach.Reacher
 	m.restarts = newRestarter(m)
 	events.OnGone = func(ev runtime.TaskEvent) { ids.TaskGone(ev.SandboxID, ev.Pid) }
 	events.OnExit = m.restarts.onExit
+	reach.OnPause = m.reaper.SetPaused
 	m.bg.Add(2)
 	go func() {
 		defer m.bg.Done()

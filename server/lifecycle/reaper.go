@@ -75,9 +75,15 @@ type Prober interface {
 	Probe(ctx context.Context, id string) (Activity, error)
 }
 
-// Stopper stops and removes an expired sandbox.
+// ErrPaused from Prober.Probe means the sandbox is paused: its agent
+// cannot answer, and the idle timeout does not run while it is.
+var ErrPaused = errors.New("sandbox paused")
+
+// Stopper stops and removes an expired sandbox, or pauses an idle one
+// whose idle action is to pause.
 type Stopper interface {
 	Stop(ctx context.Context, id string, reason Reason) error
+	Pause(ctx context.Context, id string) error
 }
 
 // Limits are a sandbox's timeouts.
@@ -90,6 +96,9 @@ type Limits struct {
 	MaxLifetime time.Duration
 	// HoldUntil keeps the idle timeout off until then.
 	HoldUntil time.Time
+	// PauseOnIdle makes the idle timeout pause the sandbox instead of
+	// removing it (IDLE_ACTION_PAUSE).
+	PauseOnIdle bool
 }
 
 // Status is what the Reaper knows of a sandbox now.
@@ -107,6 +116,9 @@ type Status struct {
 	Stopping Reason
 	// Busy is true while a request naming the sandbox is in progress.
 	Busy bool
+	// Paused is true while the sandbox is paused: its idle timeout does
+	// not run.
+	Paused bool
 }
 
 // ReaperConfig configures a Reaper. Zero fields take the defaults given.
@@ -168,6 +180,7 @@ type entry struct {
 	inflight     int
 	failures     int // probes failed in a row
 	stopping     Reason
+	paused       bool
 }
 
 // NewReaper returns a Reaper that asks probe about activity and stop to
@@ -194,6 +207,18 @@ func (r *Reaper) Forget(id string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.sandboxes, id)
+}
+
+// SetPaused records that sandbox id was paused or resumed: a paused
+// sandbox does not idle out, and a resume counts as activity.
+func (r *Reaper) SetPaused(id string, paused bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.sandboxes[id]; ok {
+		e.paused = paused
+		e.lastActivity = r.now()
+		e.failures = 0
+	}
 }
 
 // Touch records activity in sandbox id now.
@@ -253,7 +278,13 @@ func (r *Reaper) Status(id string) (Status, bool) {
 	if !ok {
 		return Status{}, false
 	}
-	st := Status{LastActivity: e.lastActivity, IdleDeadline: e.idleDeadline(), Stopping: e.stopping, Busy: e.inflight > 0}
+	st := Status{LastActivity: e.lastActivity, Stopping: e.stopping, Busy: e.inflight > 0, Paused: e.paused}
+	if !e.paused {
+		st.IdleDeadline = e.idleDeadline()
+	}
+	if e.stopping == ReasonIdle && e.limits.PauseOnIdle {
+		st.Stopping = ReasonNone // being paused, not stopped
+	}
 	if e.limits.MaxLifetime > 0 {
 		st.ExpiresAt = e.limits.CreatedAt.Add(e.limits.MaxLifetime)
 	}
@@ -265,7 +296,7 @@ func (r *Reaper) Status(id string) (Status, bool) {
 func (r *Reaper) Stopping(id string) Reason {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e, ok := r.sandboxes[id]; ok {
+	if e, ok := r.sandboxes[id]; ok && !(e.stopping == ReasonIdle && e.limits.PauseOnIdle) {
 		return e.stopping
 	}
 	return ReasonNone
@@ -286,7 +317,7 @@ func (e *entry) idleDeadline() time.Time {
 // r.mu.
 func (e *entry) idleAt(now time.Time) bool {
 	d := e.idleDeadline()
-	return !d.IsZero() && e.inflight == 0 && !now.Before(d)
+	return !d.IsZero() && !e.paused && e.inflight == 0 && !now.Before(d)
 }
 
 // Run checks deadlines every Interval until ctx ends. Each round is bounded:
@@ -369,6 +400,9 @@ func (r *Reaper) settle(ctx context.Context, id string, act Activity, err error)
 	case errors.Is(err, ErrGone):
 		delete(r.sandboxes, id)
 		return
+	case errors.Is(err, ErrPaused):
+		e.failures, e.paused = 0, true
+		return
 	case errors.Is(err, ErrNotRunning):
 		e.failures = 0
 	case err != nil:
@@ -403,6 +437,10 @@ func (r *Reaper) expire(id string, e *entry, reason Reason, now time.Time) {
 	case ReasonLifetime:
 		attrs = append(attrs, slog.Duration("max_lifetime", e.limits.MaxLifetime), slog.Duration("age", now.Sub(e.limits.CreatedAt).Round(time.Millisecond)))
 	}
+	if reason == ReasonIdle && e.limits.PauseOnIdle {
+		r.log.Info("sandbox idle; pausing it", attrs...)
+		return
+	}
 	r.log.Info("sandbox expired; stopping it", attrs...)
 }
 
@@ -428,9 +466,14 @@ func (r *Reaper) remove(ctx context.Context, id string) {
 			slog.Int("requests", requests), slog.Duration("idle_for", idleFor))
 		return
 	}
+	pause := reason == ReasonIdle && e.limits.PauseOnIdle
 	r.mu.Unlock()
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.StopTimeout)
 	defer cancel()
+	if pause {
+		r.pauseIdle(sctx, id)
+		return
+	}
 	if err := r.stop.Stop(sctx, id, reason); err != nil {
 		if ctx.Err() == nil {
 			r.log.Error("stop expired sandbox; retrying", slog.String("sandbox_id", id), slog.String("reason", reason.String()), slog.Any("error", err))
@@ -439,4 +482,24 @@ func (r *Reaper) remove(ctx context.Context, id string) {
 	}
 	r.Forget(id)
 	r.log.Info("expired sandbox removed", slog.String("sandbox_id", id), slog.String("reason", reason.String()))
+}
+
+// pauseIdle pauses an idle sandbox whose idle action is to pause it; a
+// failure is logged and retried next round.
+func (r *Reaper) pauseIdle(ctx context.Context, id string) {
+	err := r.stop.Pause(ctx, id)
+	r.mu.Lock()
+	e, ok := r.sandboxes[id]
+	if ok {
+		e.stopping = ReasonNone
+		if err == nil {
+			e.paused = true
+		}
+	}
+	r.mu.Unlock()
+	if err != nil {
+		r.log.Error("pause idle sandbox; retrying", slog.String("sandbox_id", id), slog.Any("error", err))
+		return
+	}
+	r.log.Info("idle sandbox paused", slog.String("sandbox_id", id))
 }

@@ -23,10 +23,11 @@ type fakeAgents struct {
 	stopped  map[string]Reason
 	stopErr  error
 	block    chan struct{}
+	paused   map[string]int // pauses asked, by sandbox
 }
 
 func newFakeAgents() *fakeAgents {
-	return &fakeAgents{activity: map[string]Activity{}, errs: map[string]error{}, probes: map[string]int{}, stopped: map[string]Reason{}}
+	return &fakeAgents{activity: map[string]Activity{}, errs: map[string]error{}, probes: map[string]int{}, stopped: map[string]Reason{}, paused: map[string]int{}}
 }
 
 func (f *fakeAgents) Probe(_ context.Context, id string) (Activity, error) {
@@ -53,6 +54,13 @@ func (f *fakeAgents) Stop(ctx context.Context, id string, reason Reason) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.stopped[id] = reason
+	return nil
+}
+
+func (f *fakeAgents) Pause(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.paused[id]++
 	return nil
 }
 
@@ -128,6 +136,46 @@ func TestReaperIdle(t *testing.T) {
 	if reason, ok := f.stoppedReason("a"); !ok || reason != ReasonIdle {
 		t.Errorf("stop reason = %v, %v; want idle-timeout", reason, ok)
 	}
+}
+
+// TestReaperPauseOnIdle: a sandbox whose idle action is to pause is
+// paused once at its idle timeout, never removed, and does not idle out
+// while paused; a resume restarts its idle clock, and a paused sandbox
+// still ends at its maximum lifetime.
+func TestReaperPauseOnIdle(t *testing.T) {
+	f := newFakeAgents()
+	r := runReaper(t, f)
+	start := time.Now()
+	r.Track("p", Limits{CreatedAt: start, IdleTimeout: 30 * time.Millisecond, MaxLifetime: time.Hour, PauseOnIdle: true})
+	waitFor(t, 2*time.Second, "sandbox p paused", func() bool { st, _ := r.Status("p"); return st.Paused })
+	if took := time.Since(start); took < 30*time.Millisecond {
+		t.Errorf("paused after %v, before its 30ms idle timeout", took)
+	}
+	waitSweeps(t, r, 10)
+	f.mu.Lock()
+	pauses := f.paused["p"]
+	f.mu.Unlock()
+	if _, stopped := f.stoppedReason("p"); stopped || pauses != 1 {
+		t.Errorf("after 10 rounds paused: stopped %v, pauses %d; want not stopped, one pause", stopped, pauses)
+	}
+	st, ok := r.Status("p")
+	if !ok || st.Stopping != ReasonNone || !st.IdleDeadline.IsZero() {
+		t.Errorf("Status of a paused sandbox = %+v, %v; want tracked, not stopping, no idle deadline", st, ok)
+	}
+	// A resume: idle again from now, and paused again at its timeout.
+	resumed := time.Now()
+	r.SetPaused("p", false)
+	waitFor(t, 2*time.Second, "sandbox p paused again", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.paused["p"] == 2
+	})
+	if took := time.Since(resumed); took < 30*time.Millisecond {
+		t.Errorf("paused again %v after the resume, before its 30ms idle timeout", took)
+	}
+	// The maximum lifetime ends a paused sandbox.
+	r.Track("p", Limits{CreatedAt: start, IdleTimeout: 30 * time.Millisecond, MaxLifetime: time.Millisecond, PauseOnIdle: true})
+	waitFor(t, 2*time.Second, "paused sandbox p removed at its lifetime", func() bool { r, ok := f.stoppedReason("p"); return ok && r == ReasonLifetime })
 }
 
 func TestReaperRunningExecKeepsAlive(t *testing.T) {

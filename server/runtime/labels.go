@@ -26,6 +26,7 @@ const (
 	labelExpired     = LabelPrefix + "expired"      // reason, set just before removal
 	labelHoldUntil   = LabelPrefix + "hold-until"   // time
 	labelShm         = LabelPrefix + "shm-bytes"    // decimal bytes
+	labelIdleAction  = LabelPrefix + "idle-action"  // IdlePause; absent for IdleDelete
 	// LabelOwner holds the principal that created the sandbox (package
 	// server/auth); absent on warm-pool members no one claimed and on
 	// sandboxes of a berthd that did not record owners.
@@ -121,6 +122,11 @@ func (s SandboxSpec) Digest() string {
 	field("idle", s.IdleTimeout.String())
 	field("lifetime", s.MaxLifetime.String())
 	s.Network.digestFields(field)
+	if s.idleAction() != IdleDelete {
+		// Only when set: digests of sandboxes recorded before idle
+		// actions existed stay what they were.
+		field("idle-action", s.idleAction())
+	}
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -147,6 +153,9 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	labels[labelWorkDir] = s.workDir()
 	labels[labelIdleTimeout] = s.IdleTimeout.String()
 	labels[labelMaxLifetime] = s.MaxLifetime.String()
+	if s.idleAction() != IdleDelete {
+		labels[labelIdleAction] = s.idleAction()
+	}
 	if len(s.Env) > 0 {
 		labels[labelEnvKeys] = EnvKeysJSON(s.Env)
 		labels[labelEnvHash] = EnvDigest(s.Env)
@@ -189,6 +198,18 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	sb.Network = decodeNetwork(labels)
 	sb.Expired = labels[labelExpired]
 	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
+	sb.IdleAction = IdleDelete
+	if labels[labelIdleAction] == IdlePause {
+		sb.IdleAction = IdlePause
+	}
+}
+
+// idleAction returns the spec's idle action, IdleDelete for "".
+func (s SandboxSpec) idleAction() string {
+	if s.IdleAction == "" {
+		return IdleDelete
+	}
+	return s.IdleAction
 }
 
 // Spec returns the spec the record describes, without env values (EnvHash
@@ -200,7 +221,7 @@ func (sb Sandbox) Spec() SandboxSpec {
 		HostUsers: sb.HostUsers, Runtime: sb.Runtime,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
-		Network: sb.Network,
+		Network: sb.Network, IdleAction: sb.IdleAction,
 	}
 }
 

@@ -391,7 +391,16 @@ type SandboxSpec struct {
 	Owner string
 	// Network is the sandbox's network; the zero value is mode NONE.
 	Network NetworkSpec
+	// IdleAction is what the idle timeout does: IdleDelete (also for "")
+	// or IdlePause. The runtime only records it.
+	IdleAction string
 }
+
+// Idle actions of SandboxSpec.IdleAction.
+const (
+	IdleDelete = "delete"
+	IdlePause  = "pause"
+)
 
 // Sandbox is a sandbox as recorded in containerd.
 type Sandbox struct {
@@ -442,6 +451,11 @@ type Sandbox struct {
 	HoldUntil time.Time
 	// Running is true when the container's task is running.
 	Running bool
+	// Paused is true when the container's task is paused or pausing
+	// (Pause): alive, its processes frozen. Running is false then.
+	Paused bool
+	// IdleAction is as in SandboxSpec, IdleDelete when none was recorded.
+	IdleAction string
 	// TaskPID is the task's host pid; zero when there is no task.
 	TaskPID uint32
 	// SocketPath is the host path of the agent's socket.
@@ -918,6 +932,7 @@ func (r *Runtime) list(ctx context.Context, filter string) (_ []Sandbox, err err
 		if t := byID[c.ID]; t != nil {
 			sb.TaskPID = t.GetPid()
 			sb.Running = t.GetStatus() == tasktypes.Status_RUNNING
+			sb.Paused = t.GetStatus() == tasktypes.Status_PAUSED || t.GetStatus() == tasktypes.Status_PAUSING
 		}
 		out = append(out, sb)
 	}
@@ -942,6 +957,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	switch {
 	case err == nil:
 		sb.Running = st.Status == containerd.Running
+		sb.Paused = st.Status == containerd.Paused || st.Status == containerd.Pausing
 	case !errdefs.IsNotFound(err):
 		return Sandbox{}, fmt.Errorf("task status %s: %w", c.ID(), err)
 	}
@@ -1048,6 +1064,9 @@ func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container
 		task, err = container.Task(ctx, nil)
 		if errdefs.IsNotFound(err) {
 			return nil
+		}
+		if err == nil {
+			thawForDelete(ctx, task)
 		}
 		if err != nil {
 			err = fmt.Errorf("load task %s: %w", container.ID(), err)

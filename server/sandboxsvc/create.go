@@ -145,6 +145,14 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	if spec.Network, err = s.networkSpec(req.GetNetwork()); err != nil {
 		return spec, err
 	}
+	switch req.GetIdleAction() {
+	case berthv1.IdleAction_IDLE_ACTION_UNSPECIFIED, berthv1.IdleAction_IDLE_ACTION_DELETE:
+		spec.IdleAction = runtime.IdleDelete
+	case berthv1.IdleAction_IDLE_ACTION_PAUSE:
+		spec.IdleAction = runtime.IdlePause
+	default:
+		return spec, apierr.InvalidArgument("idle_action", fmt.Sprintf("%d is not an IdleAction", req.GetIdleAction()))
+	}
 	return spec, nil
 }
 

@@ -20,7 +20,7 @@ type identity = apierr.Runtime
 // GetSandbox and ListSandboxes: the running task's pid and start time and
 // the agent's boot id when it answered; nil when the task does not run.
 func runtimeIdentity(sb runtime.Sandbox, info *agentv1.InfoResponse) *berthv1.RuntimeIdentity {
-	if !sb.Running {
+	if !sb.Running && !sb.Paused {
 		return nil
 	}
 	id := identity{TaskPID: sb.TaskPID, BootID: info.GetBootId()}
@@ -67,6 +67,10 @@ func (s *Service) Describe(sb runtime.Sandbox, info *agentv1.InfoResponse, usage
 		NodeId:        s.cfg.NodeID,
 		RootIdMapping: rootIDMapping(sb.RootFS),
 		Cpuset:        sb.CPUSet,
+		IdleAction:    berthv1.IdleAction_IDLE_ACTION_DELETE,
+	}
+	if sb.IdleAction == runtime.IdlePause {
+		out.IdleAction = berthv1.IdleAction_IDLE_ACTION_PAUSE
 	}
 	s.networkProto(sb, out)
 	if sb.IdleTimeout > 0 {
@@ -90,6 +94,11 @@ func (s *Service) Describe(sb runtime.Sandbox, info *agentv1.InfoResponse, usage
 			out.RunningExecs = info.GetRunningExecs()
 			out.VersionSkew = info.GetVersion() != s.cfg.ServerVersion
 		}
+	}
+	if sb.Paused {
+		// Its agent is frozen: nothing was asked of it.
+		out.State = berthv1.SandboxState_SANDBOX_STATE_PAUSED
+		out.Runtime = runtimeIdentity(sb, nil)
 	}
 	if st, ok := s.life.Status(sb.ID); ok {
 		out.LastActivityAt = timestamppb.New(st.LastActivity)

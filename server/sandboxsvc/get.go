@@ -12,7 +12,7 @@ import (
 )
 
 // GetSandbox returns the sandbox's record from containerd with its state
-// (starting, running, stopping with the reason, stopped), its agent's
+// (starting, running, paused, stopping with the reason, stopped), its agent's
 // identity and exec count, its deadlines and its live usage (containerd
 // task metrics). Warm-pool members that no caller claimed, and sandboxes of
 // other principals, are NOT_FOUND.
@@ -27,7 +27,7 @@ func (s *Service) GetSandbox(ctx context.Context, req *berthv1.GetSandboxRequest
 		return nil, apierr.WithMeta(err, meta)
 	}
 	var usage *runtime.Usage
-	if sb.Running {
+	if sb.Running || sb.Paused {
 		if u, err := s.rt.Usage(ctx, id); err == nil {
 			usage = &u
 		} else {

@@ -179,13 +179,15 @@ func (f *fakeStore) TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <
 	}()
 	return events, errs
 }
-func (f *fakeStore) HostDirs() ([]string, error)         { return nil, nil }
-func (f *fakeStore) RemoveHostDir(string) error          { return nil }
-func (f *fakeStore) SocketPath(id string) string         { return f.dir + "/" + id + ".sock" }
-func (f *fakeStore) LogTail(string, int64) []byte        { return nil }
-func (f *fakeStore) TrimLog(string, int64) (bool, error) { return false, nil }
-func (f *fakeStore) CreateWorkLimit() time.Duration      { return time.Minute }
-func (f *fakeStore) Ping(context.Context) error          { return nil }
+func (f *fakeStore) HostDirs() ([]string, error)          { return nil, nil }
+func (f *fakeStore) RemoveHostDir(string) error           { return nil }
+func (f *fakeStore) SocketPath(id string) string          { return f.dir + "/" + id + ".sock" }
+func (f *fakeStore) Pause(context.Context, string) error  { return nil }
+func (f *fakeStore) Resume(context.Context, string) error { return nil }
+func (f *fakeStore) LogTail(string, int64) []byte         { return nil }
+func (f *fakeStore) TrimLog(string, int64) (bool, error)  { return false, nil }
+func (f *fakeStore) CreateWorkLimit() time.Duration       { return time.Minute }
+func (f *fakeStore) Ping(context.Context) error           { return nil }
 func (f *fakeStore) PoolSpace() (runtime.PoolSpace, bool, error) {
 	return runtime.PoolSpace{}, false, nil
 }
@@ -336,6 +338,7 @@ func TestCreateSandboxIdempotent(t *testing.T) {
 		{"network.max_connections", func(r *berthv1.CreateSandboxRequest) { r.Network.MaxConnections = 20 }, "network"},
 		{"network.egress_bytes_per_second", func(r *berthv1.CreateSandboxRequest) { r.Network.EgressBytesPerSecond = 2 << 20 }, "network"},
 		{"network.ingress_bytes_per_second", func(r *berthv1.CreateSandboxRequest) { r.Network.IngressBytesPerSecond = 2 << 20 }, "network"},
+		{"idle_action", func(r *berthv1.CreateSandboxRequest) { r.IdleAction = berthv1.IdleAction_IDLE_ACTION_PAUSE }, "idle_action"},
 		{"runtime", func(r *berthv1.CreateSandboxRequest) { r.Runtime = runtime.RuntimeGVisor }, "runtime"},
 		{"host_users", func(r *berthv1.CreateSandboxRequest) { r.HostUsers = true }, "host_users"},
 	}

@@ -1,5 +1,6 @@
 // Package sandboxsvc is berth.v1.SandboxService's sandbox RPCs —
-// CreateSandbox, GetSandbox, ListSandboxes, DeleteSandbox, KeepAlive — one
+// CreateSandbox, GetSandbox, ListSandboxes, DeleteSandbox, KeepAlive,
+// PauseSandbox, ResumeSandbox — one
 // file each: they validate the request, name the caller, and hand the
 // sandbox's lifecycle to the lifecycle engine through small interfaces
 // (store, sandboxes, agents), which tests fake without containerd.
@@ -62,6 +63,8 @@ type store interface {
 type sandboxes interface {
 	Create(ctx context.Context, spec runtime.SandboxSpec, p auth.Principal, fromPool bool) (lifecycle.Created, error)
 	Delete(ctx context.Context, id string, p auth.Principal) error
+	Pause(ctx context.Context, id string, p auth.Principal) error
+	Resume(ctx context.Context, id string, p auth.Principal) error
 	Status(id string) (lifecycle.Status, bool)
 	Starting(id string) bool
 	Touch(id string)

@@ -131,6 +131,8 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 	switch {
 	case errors.Is(err, runtime.ErrSandboxNotFound):
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonSandboxNotFound, msg, meta)
+	case errors.Is(err, runtime.ErrTaskNotRunning):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSandboxNotRunning, msg, meta)
 	case errors.Is(err, runtime.ErrSandboxExists):
 		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists, msg, meta)
 	case errors.Is(err, runtime.ErrImageNotFound):

@@ -1150,11 +1150,16 @@ func (x *ExecOutput) GetData() []byte {
 }
 
 // ExecHeartbeat is sent while the process is silent, so that proxies keep an
-// idle stream open.
+// idle stream open. While the sandbox is paused (PauseSandbox) berthd sends
+// them itself, with sandbox_paused set: one when the pause is seen, then
+// every 15 seconds, and one with it unset when the sandbox resumes.
 type ExecHeartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// last_seq is the sequence number of the last output event so far.
-	LastSeq       uint64 `protobuf:"varint,1,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	LastSeq uint64 `protobuf:"varint,1,opt,name=last_seq,json=lastSeq,proto3" json:"last_seq,omitempty"`
+	// sandbox_paused is true while the sandbox is paused: the process is
+	// frozen, the stream stays open, and output goes on after the resume.
+	SandboxPaused bool `protobuf:"varint,2,opt,name=sandbox_paused,json=sandboxPaused,proto3" json:"sandbox_paused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1194,6 +1199,13 @@ func (x *ExecHeartbeat) GetLastSeq() uint64 {
 		return x.LastSeq
 	}
 	return 0
+}
+
+func (x *ExecHeartbeat) GetSandboxPaused() bool {
+	if x != nil {
+		return x.SandboxPaused
+	}
+	return false
 }
 
 // ExecDropped says that the server's retention ring shed events before this
@@ -2175,9 +2187,10 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"ExecOutput\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12(\n" +
 	"\x06stream\x18\x02 \x01(\x0e2\x10.berth.v1.StreamR\x06stream\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data\"*\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"Q\n" +
 	"\rExecHeartbeat\x12\x19\n" +
-	"\blast_seq\x18\x01 \x01(\x04R\alastSeq\"d\n" +
+	"\blast_seq\x18\x01 \x01(\x04R\alastSeq\x12%\n" +
+	"\x0esandbox_paused\x18\x02 \x01(\bR\rsandboxPaused\"d\n" +
 	"\vExecDropped\x12\x1b\n" +
 	"\tfirst_seq\x18\x01 \x01(\x04R\bfirstSeq\x12\x19\n" +
 	"\blast_seq\x18\x02 \x01(\x04R\alastSeq\x12\x1d\n" +

@@ -40,6 +40,10 @@ const (
 	// SANDBOX_STATE_STOPPING means the sandbox expired (see Sandbox.stop_reason)
 	// and is being removed.
 	SandboxState_SANDBOX_STATE_STOPPING SandboxState = 4
+	// SANDBOX_STATE_PAUSED means the sandbox's processes are frozen
+	// (PauseSandbox, or the idle timeout with IDLE_ACTION_PAUSE): it keeps its
+	// memory and uses no CPU.
+	SandboxState_SANDBOX_STATE_PAUSED SandboxState = 5
 )
 
 // Enum value maps for SandboxState.
@@ -50,6 +54,7 @@ var (
 		2: "SANDBOX_STATE_STOPPED",
 		3: "SANDBOX_STATE_STARTING",
 		4: "SANDBOX_STATE_STOPPING",
+		5: "SANDBOX_STATE_PAUSED",
 	}
 	SandboxState_value = map[string]int32{
 		"SANDBOX_STATE_UNSPECIFIED": 0,
@@ -57,6 +62,7 @@ var (
 		"SANDBOX_STATE_STOPPED":     2,
 		"SANDBOX_STATE_STARTING":    3,
 		"SANDBOX_STATE_STOPPING":    4,
+		"SANDBOX_STATE_PAUSED":      5,
 	}
 )
 
@@ -85,6 +91,60 @@ func (x SandboxState) Number() protoreflect.EnumNumber {
 // Deprecated: Use SandboxState.Descriptor instead.
 func (SandboxState) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+// IdleAction is what the idle timeout does to a sandbox.
+type IdleAction int32
+
+const (
+	// IDLE_ACTION_UNSPECIFIED is IDLE_ACTION_DELETE.
+	IdleAction_IDLE_ACTION_UNSPECIFIED IdleAction = 0
+	// IDLE_ACTION_DELETE stops and removes the sandbox with everything in it.
+	IdleAction_IDLE_ACTION_DELETE IdleAction = 1
+	// IDLE_ACTION_PAUSE pauses the sandbox (see PauseSandbox): its memory and
+	// files are kept, it uses no CPU, and the next call naming it resumes it.
+	IdleAction_IDLE_ACTION_PAUSE IdleAction = 2
+)
+
+// Enum value maps for IdleAction.
+var (
+	IdleAction_name = map[int32]string{
+		0: "IDLE_ACTION_UNSPECIFIED",
+		1: "IDLE_ACTION_DELETE",
+		2: "IDLE_ACTION_PAUSE",
+	}
+	IdleAction_value = map[string]int32{
+		"IDLE_ACTION_UNSPECIFIED": 0,
+		"IDLE_ACTION_DELETE":      1,
+		"IDLE_ACTION_PAUSE":       2,
+	}
+)
+
+func (x IdleAction) Enum() *IdleAction {
+	p := new(IdleAction)
+	*p = x
+	return p
+}
+
+func (x IdleAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (IdleAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_sandbox_proto_enumTypes[1].Descriptor()
+}
+
+func (IdleAction) Type() protoreflect.EnumType {
+	return &file_berth_v1_sandbox_proto_enumTypes[1]
+}
+
+func (x IdleAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use IdleAction.Descriptor instead.
+func (IdleAction) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
 // StopReason says why the server stops a sandbox by itself.
@@ -125,11 +185,11 @@ func (x StopReason) String() string {
 }
 
 func (StopReason) Descriptor() protoreflect.EnumDescriptor {
-	return file_berth_v1_sandbox_proto_enumTypes[1].Descriptor()
+	return file_berth_v1_sandbox_proto_enumTypes[2].Descriptor()
 }
 
 func (StopReason) Type() protoreflect.EnumType {
-	return &file_berth_v1_sandbox_proto_enumTypes[1]
+	return &file_berth_v1_sandbox_proto_enumTypes[2]
 }
 
 func (x StopReason) Number() protoreflect.EnumNumber {
@@ -138,7 +198,7 @@ func (x StopReason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StopReason.Descriptor instead.
 func (StopReason) EnumDescriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 // NetworkMode is what a sandbox's network reaches.
@@ -187,11 +247,11 @@ func (x NetworkMode) String() string {
 }
 
 func (NetworkMode) Descriptor() protoreflect.EnumDescriptor {
-	return file_berth_v1_sandbox_proto_enumTypes[2].Descriptor()
+	return file_berth_v1_sandbox_proto_enumTypes[3].Descriptor()
 }
 
 func (NetworkMode) Type() protoreflect.EnumType {
-	return &file_berth_v1_sandbox_proto_enumTypes[2]
+	return &file_berth_v1_sandbox_proto_enumTypes[3]
 }
 
 func (x NetworkMode) Number() protoreflect.EnumNumber {
@@ -200,7 +260,7 @@ func (x NetworkMode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use NetworkMode.Descriptor instead.
 func (NetworkMode) EnumDescriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 // RootIDMapping is how a sandbox's root file system gets the sandbox's ids.
@@ -252,11 +312,11 @@ func (x RootIDMapping) String() string {
 }
 
 func (RootIDMapping) Descriptor() protoreflect.EnumDescriptor {
-	return file_berth_v1_sandbox_proto_enumTypes[3].Descriptor()
+	return file_berth_v1_sandbox_proto_enumTypes[4].Descriptor()
 }
 
 func (RootIDMapping) Type() protoreflect.EnumType {
-	return &file_berth_v1_sandbox_proto_enumTypes[3]
+	return &file_berth_v1_sandbox_proto_enumTypes[4]
 }
 
 func (x RootIDMapping) Number() protoreflect.EnumNumber {
@@ -265,7 +325,7 @@ func (x RootIDMapping) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RootIDMapping.Descriptor instead.
 func (RootIDMapping) EnumDescriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 // Resources limits what a sandbox may use. Zero fields take the server's
@@ -671,7 +731,8 @@ type Sandbox struct {
 	LastActivityAt *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=last_activity_at,json=lastActivityAt,proto3" json:"last_activity_at,omitempty"`
 	// idle_expires_at is when the idle timeout stops the sandbox unless
 	// something happens first: last_activity_at + idle_timeout, or the end of
-	// a KeepAlive hold when later. A running exec moves it on.
+	// a KeepAlive hold when later. A running exec moves it on. Unset while
+	// the sandbox is paused: its idle timeout does not run then.
 	IdleExpiresAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=idle_expires_at,json=idleExpiresAt,proto3" json:"idle_expires_at,omitempty"`
 	// stop_reason says why the sandbox is being stopped; set with state
 	// SANDBOX_STATE_STOPPING.
@@ -720,7 +781,10 @@ type Sandbox struct {
 	// 1000) of them, so nproc inside shows that many. Empty when it is not
 	// pinned (its cap covers every CPU, --cpuset off, or berthd cannot pin
 	// where it runs).
-	Cpuset        string `protobuf:"bytes,31,opt,name=cpuset,proto3" json:"cpuset,omitempty"`
+	Cpuset string `protobuf:"bytes,31,opt,name=cpuset,proto3" json:"cpuset,omitempty"`
+	// idle_action is what the idle timeout does to the sandbox
+	// (CreateSandboxRequest.idle_action), never UNSPECIFIED.
+	IdleAction    IdleAction `protobuf:"varint,32,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -972,6 +1036,13 @@ func (x *Sandbox) GetCpuset() string {
 	return ""
 }
 
+func (x *Sandbox) GetIdleAction() IdleAction {
+	if x != nil {
+		return x.IdleAction
+	}
+	return IdleAction_IDLE_ACTION_UNSPECIFIED
+}
+
 // CreateSandboxRequest asks for a new sandbox.
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1029,7 +1100,12 @@ type CreateSandboxRequest struct {
 	// network is the sandbox's network: none by default (only lo), or
 	// egress to an allow-list. INVALID_ARGUMENT names the field of a bad
 	// entry (network.allow[N]).
-	Network       *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	Network *NetworkPolicy `protobuf:"bytes,13,opt,name=network,proto3" json:"network,omitempty"`
+	// idle_action is what the idle timeout does: delete the sandbox (the
+	// default) or pause it. Activity that keeps the timeout off: a request
+	// naming the sandbox, a running exec (background ones included), an
+	// attached Exec stream, an open PortForward stream.
+	IdleAction    IdleAction `protobuf:"varint,14,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1153,6 +1229,13 @@ func (x *CreateSandboxRequest) GetNetwork() *NetworkPolicy {
 		return x.Network
 	}
 	return nil
+}
+
+func (x *CreateSandboxRequest) GetIdleAction() IdleAction {
+	if x != nil {
+		return x.IdleAction
+	}
+	return IdleAction_IDLE_ACTION_UNSPECIFIED
 }
 
 // CreateSandboxResponse returns the created sandbox.
@@ -1523,6 +1606,190 @@ func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{12}
 }
 
+// PauseSandboxRequest names the sandbox to pause.
+type PauseSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId     string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxRequest) Reset() {
+	*x = PauseSandboxRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxRequest) ProtoMessage() {}
+
+func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
+func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *PauseSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// PauseSandboxResponse returns the paused sandbox.
+type PauseSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox is the sandbox, in state SANDBOX_STATE_PAUSED.
+	Sandbox       *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxResponse) Reset() {
+	*x = PauseSandboxResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxResponse) ProtoMessage() {}
+
+func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
+func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+// ResumeSandboxRequest names the sandbox to resume.
+type ResumeSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId     string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxRequest) Reset() {
+	*x = ResumeSandboxRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxRequest) ProtoMessage() {}
+
+func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ResumeSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// ResumeSandboxResponse returns the resumed sandbox.
+type ResumeSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox is the sandbox, in state SANDBOX_STATE_RUNNING.
+	Sandbox       *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxResponse) Reset() {
+	*x = ResumeSandboxResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxResponse) ProtoMessage() {}
+
+func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 // KeepAliveRequest names the sandbox to keep.
 type KeepAliveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1538,7 +1805,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1550,7 +1817,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[13]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1563,7 +1830,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{13}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *KeepAliveRequest) GetSandboxId() string {
@@ -1594,7 +1861,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[14]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1606,7 +1873,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[14]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1619,7 +1886,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{14}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
@@ -1668,8 +1935,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xde\n" +
-	"\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x95\v\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -1708,10 +1974,12 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x0fnetwork_address\x18\x1c \x01(\tR\x0enetworkAddress\x12\x17\n" +
 	"\anode_id\x18\x1d \x01(\tR\x06nodeId\x12?\n" +
 	"\x0froot_id_mapping\x18\x1e \x01(\x0e2\x17.berth.v1.RootIDMappingR\rrootIdMapping\x12\x16\n" +
-	"\x06cpuset\x18\x1f \x01(\tR\x06cpuset\x1a9\n" +
+	"\x06cpuset\x18\x1f \x01(\tR\x06cpuset\x125\n" +
+	"\vidle_action\x18  \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
+	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x05\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -1729,7 +1997,9 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"host_users\x18\v \x01(\bR\thostUsers\x12\x18\n" +
 	"\aruntime\x18\f \x01(\tR\aruntime\x121\n" +
-	"\anetwork\x18\r \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x1a9\n" +
+	"\anetwork\x18\r \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x125\n" +
+	"\vidle_action\x18\x0e \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
+	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -1759,7 +2029,17 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x14DeleteSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x17\n" +
-	"\x15DeleteSandboxResponse\"g\n" +
+	"\x15DeleteSandboxResponse\"4\n" +
+	"\x13PauseSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"C\n" +
+	"\x14PauseSandboxResponse\x12+\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"5\n" +
+	"\x14ResumeSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"D\n" +
+	"\x15ResumeSandboxResponse\x12+\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"g\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
@@ -1767,13 +2047,19 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x11KeepAliveResponse\x12B\n" +
 	"\x0fidle_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ridleExpiresAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*\x9b\x01\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*\xb5\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x02\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STARTING\x10\x03\x12\x1a\n" +
-	"\x16SANDBOX_STATE_STOPPING\x10\x04*e\n" +
+	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x18\n" +
+	"\x14SANDBOX_STATE_PAUSED\x10\x05*X\n" +
+	"\n" +
+	"IdleAction\x12\x1b\n" +
+	"\x17IDLE_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12IDLE_ACTION_DELETE\x10\x01\x12\x15\n" +
+	"\x11IDLE_ACTION_PAUSE\x10\x02*e\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
@@ -1787,7 +2073,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
 	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
-	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\xe3\x05\n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\x84\a\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -1800,7 +2086,9 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n" +
 	"\n" +
 	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n" +
-	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01B7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12M\n" +
+	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
+	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -1814,101 +2102,114 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_berth_v1_sandbox_proto_rawDescData
 }
 
-var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_berth_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),             // 0: berth.v1.SandboxState
-	(StopReason)(0),               // 1: berth.v1.StopReason
-	(NetworkMode)(0),              // 2: berth.v1.NetworkMode
-	(RootIDMapping)(0),            // 3: berth.v1.RootIDMapping
-	(*Resources)(nil),             // 4: berth.v1.Resources
-	(*NetworkPolicy)(nil),         // 5: berth.v1.NetworkPolicy
-	(*SandboxUsage)(nil),          // 6: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),       // 7: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),               // 8: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 9: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 10: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 11: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 12: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 13: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 14: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),  // 15: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil), // 16: berth.v1.DeleteSandboxResponse
-	(*KeepAliveRequest)(nil),      // 17: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 18: berth.v1.KeepAliveResponse
-	nil,                           // 19: berth.v1.Sandbox.LabelsEntry
-	nil,                           // 20: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                           // 21: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                           // 22: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	(*durationpb.Duration)(nil),   // 23: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 24: google.protobuf.Timestamp
-	(*ExecRequest)(nil),           // 25: berth.v1.ExecRequest
-	(*RunRequest)(nil),            // 26: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),      // 27: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),     // 28: berth.v1.SignalExecRequest
-	(*PortForwardRequest)(nil),    // 29: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),          // 30: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 31: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),     // 32: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),    // 33: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),   // 34: berth.v1.PortForwardResponse
+	(IdleAction)(0),               // 1: berth.v1.IdleAction
+	(StopReason)(0),               // 2: berth.v1.StopReason
+	(NetworkMode)(0),              // 3: berth.v1.NetworkMode
+	(RootIDMapping)(0),            // 4: berth.v1.RootIDMapping
+	(*Resources)(nil),             // 5: berth.v1.Resources
+	(*NetworkPolicy)(nil),         // 6: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),          // 7: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),       // 8: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),               // 9: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),  // 10: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil), // 11: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),     // 12: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),    // 13: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),  // 14: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil), // 15: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),  // 16: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil), // 17: berth.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),   // 18: berth.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),  // 19: berth.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),  // 20: berth.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil), // 21: berth.v1.ResumeSandboxResponse
+	(*KeepAliveRequest)(nil),      // 22: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),     // 23: berth.v1.KeepAliveResponse
+	nil,                           // 24: berth.v1.Sandbox.LabelsEntry
+	nil,                           // 25: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                           // 26: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                           // 27: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*ExecRequest)(nil),           // 30: berth.v1.ExecRequest
+	(*RunRequest)(nil),            // 31: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),      // 32: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),     // 33: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),    // 34: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),          // 35: berth.v1.ExecResponse
+	(*RunResponse)(nil),           // 36: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),     // 37: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),    // 38: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),   // 39: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
-	2,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
-	23, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	24, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
+	28, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	29, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	19, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	24, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	7,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
-	4,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	23, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	23, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	24, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	24, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	24, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
-	1,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
-	6,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
-	5,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
-	3,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
-	20, // 17: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	4,  // 18: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	21, // 19: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	23, // 20: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	23, // 21: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
-	5,  // 22: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
-	8,  // 23: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	8,  // 24: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	22, // 25: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	8,  // 26: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	23, // 27: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	24, // 28: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	24, // 29: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	9,  // 30: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	11, // 31: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	13, // 32: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	15, // 33: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	17, // 34: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	25, // 35: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	26, // 36: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	27, // 37: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	28, // 38: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	29, // 39: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	10, // 40: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	12, // 41: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	14, // 42: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	16, // 43: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	18, // 44: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	30, // 45: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	31, // 46: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	32, // 47: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	33, // 48: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	34, // 49: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	40, // [40:50] is the sub-list for method output_type
-	30, // [30:40] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	24, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	29, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	8,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
+	5,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
+	28, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	28, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	29, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	29, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	29, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	2,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
+	7,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
+	6,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
+	4,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
+	1,  // 17: berth.v1.Sandbox.idle_action:type_name -> berth.v1.IdleAction
+	25, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	5,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	26, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	28, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	28, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	6,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
+	1,  // 24: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
+	9,  // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	9,  // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	27, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	9,  // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	9,  // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	9,  // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	28, // 31: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	29, // 32: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	29, // 33: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 34: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	12, // 35: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	14, // 36: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	16, // 37: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	22, // 38: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	30, // 39: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	31, // 40: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	32, // 41: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	33, // 42: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	34, // 43: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	18, // 44: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	20, // 45: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	11, // 46: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	13, // 47: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	15, // 48: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	17, // 49: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	23, // 50: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	35, // 51: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	36, // 52: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	37, // 53: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	38, // 54: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	39, // 55: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	19, // 56: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	21, // 57: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	46, // [46:58] is the sub-list for method output_type
+	34, // [34:46] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -1923,8 +2224,8 @@ func file_berth_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   19,
+			NumEnums:      5,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

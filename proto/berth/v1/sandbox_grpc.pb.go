@@ -29,6 +29,8 @@ const (
 	SandboxService_ListExecs_FullMethodName     = "/berth.v1.SandboxService/ListExecs"
 	SandboxService_SignalExec_FullMethodName    = "/berth.v1.SandboxService/SignalExec"
 	SandboxService_PortForward_FullMethodName   = "/berth.v1.SandboxService/PortForward"
+	SandboxService_PauseSandbox_FullMethodName  = "/berth.v1.SandboxService/PauseSandbox"
+	SandboxService_ResumeSandbox_FullMethodName = "/berth.v1.SandboxService/ResumeSandbox"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -122,6 +124,25 @@ type SandboxServiceClient interface {
 	// "port") when the connection in the sandbox is reset or fails after it
 	// opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
 	PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error)
+	// PauseSandbox freezes every process of the sandbox (runc: the cgroup
+	// freezer; gvisor: runsc pause) and returns once they are frozen: a
+	// paused sandbox uses no CPU, keeps its memory, its files and its open
+	// connections, and attached Exec streams stay open (their output goes on
+	// after the resume, nothing lost). Its state is SANDBOX_STATE_PAUSED, and
+	// stays so across a berthd restart. Any later call that needs the
+	// sandbox's agent (Exec, Run, ListExecs, SignalExec, PortForward, the
+	// FileService) resumes it first, unless the call carries the metadata
+	// "berth-no-resume: true" (then FAILED_PRECONDITION SANDBOX_PAUSED).
+	// Pausing a paused sandbox succeeds and changes nothing. The idle timeout
+	// does not run while the sandbox is paused; the maximum lifetime does.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+	// (SANDBOX_NOT_RUNNING) when its task is not running.
+	PauseSandbox(ctx context.Context, in *PauseSandboxRequest, opts ...grpc.CallOption) (*PauseSandboxResponse, error)
+	// ResumeSandbox thaws a paused sandbox; its processes go on where they
+	// stopped. Resuming a running sandbox succeeds and changes nothing.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+	// (SANDBOX_NOT_RUNNING) when its task is not running.
+	ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*ResumeSandboxResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -238,6 +259,26 @@ func (c *sandboxServiceClient) PortForward(ctx context.Context, opts ...grpc.Cal
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_PortForwardClient = grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse]
 
+func (c *sandboxServiceClient) PauseSandbox(ctx context.Context, in *PauseSandboxRequest, opts ...grpc.CallOption) (*PauseSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseSandboxResponse)
+	err := c.cc.Invoke(ctx, SandboxService_PauseSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*ResumeSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeSandboxResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ResumeSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -329,6 +370,25 @@ type SandboxServiceServer interface {
 	// "port") when the connection in the sandbox is reset or fails after it
 	// opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
 	PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error
+	// PauseSandbox freezes every process of the sandbox (runc: the cgroup
+	// freezer; gvisor: runsc pause) and returns once they are frozen: a
+	// paused sandbox uses no CPU, keeps its memory, its files and its open
+	// connections, and attached Exec streams stay open (their output goes on
+	// after the resume, nothing lost). Its state is SANDBOX_STATE_PAUSED, and
+	// stays so across a berthd restart. Any later call that needs the
+	// sandbox's agent (Exec, Run, ListExecs, SignalExec, PortForward, the
+	// FileService) resumes it first, unless the call carries the metadata
+	// "berth-no-resume: true" (then FAILED_PRECONDITION SANDBOX_PAUSED).
+	// Pausing a paused sandbox succeeds and changes nothing. The idle timeout
+	// does not run while the sandbox is paused; the maximum lifetime does.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+	// (SANDBOX_NOT_RUNNING) when its task is not running.
+	PauseSandbox(context.Context, *PauseSandboxRequest) (*PauseSandboxResponse, error)
+	// ResumeSandbox thaws a paused sandbox; its processes go on where they
+	// stopped. Resuming a running sandbox succeeds and changes nothing.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+	// (SANDBOX_NOT_RUNNING) when its task is not running.
+	ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -368,6 +428,12 @@ func (UnimplementedSandboxServiceServer) SignalExec(context.Context, *SignalExec
 }
 func (UnimplementedSandboxServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
 	return status.Error(codes.Unimplemented, "method PortForward not implemented")
+}
+func (UnimplementedSandboxServiceServer) PauseSandbox(context.Context, *PauseSandboxRequest) (*PauseSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeSandbox not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -548,6 +614,42 @@ func _SandboxService_PortForward_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_PortForwardServer = grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]
 
+func _SandboxService_PauseSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).PauseSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_PauseSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).PauseSandbox(ctx, req.(*PauseSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ResumeSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ResumeSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ResumeSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ResumeSandbox(ctx, req.(*ResumeSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -586,6 +688,14 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SignalExec",
 			Handler:    _SandboxService_SignalExec_Handler,
+		},
+		{
+			MethodName: "PauseSandbox",
+			Handler:    _SandboxService_PauseSandbox_Handler,
+		},
+		{
+			MethodName: "ResumeSandbox",
+			Handler:    _SandboxService_ResumeSandbox_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

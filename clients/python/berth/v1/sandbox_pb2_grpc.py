@@ -77,6 +77,16 @@ class SandboxServiceStub(object):
                 request_serializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_port__pb2.PortForwardResponse.FromString,
                 )
+        self.PauseSandbox = channel.unary_unary(
+                '/berth.v1.SandboxService/PauseSandbox',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.FromString,
+                )
+        self.ResumeSandbox = channel.unary_unary(
+                '/berth.v1.SandboxService/ResumeSandbox',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -218,6 +228,35 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseSandbox(self, request, context):
+        """PauseSandbox freezes every process of the sandbox (runc: the cgroup
+        freezer; gvisor: runsc pause) and returns once they are frozen: a
+        paused sandbox uses no CPU, keeps its memory, its files and its open
+        connections, and attached Exec streams stay open (their output goes on
+        after the resume, nothing lost). Its state is SANDBOX_STATE_PAUSED, and
+        stays so across a berthd restart. Any later call that needs the
+        sandbox's agent (Exec, Run, ListExecs, SignalExec, PortForward, the
+        FileService) resumes it first, unless the call carries the metadata
+        "berth-no-resume: true" (then FAILED_PRECONDITION SANDBOX_PAUSED).
+        Pausing a paused sandbox succeeds and changes nothing. The idle timeout
+        does not run while the sandbox is paused; the maximum lifetime does.
+        Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+        (SANDBOX_NOT_RUNNING) when its task is not running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeSandbox(self, request, context):
+        """ResumeSandbox thaws a paused sandbox; its processes go on where they
+        stopped. Resuming a running sandbox succeeds and changes nothing.
+        Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+        (SANDBOX_NOT_RUNNING) when its task is not running.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -270,6 +309,16 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.PortForward,
                     request_deserializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.FromString,
                     response_serializer=berth_dot_v1_dot_port__pb2.PortForwardResponse.SerializeToString,
+            ),
+            'PauseSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseSandbox,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.SerializeToString,
+            ),
+            'ResumeSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeSandbox,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -459,5 +508,39 @@ class SandboxService(object):
         return grpc.experimental.stream_stream(request_iterator, target, '/berth.v1.SandboxService/PortForward',
             berth_dot_v1_dot_port__pb2.PortForwardRequest.SerializeToString,
             berth_dot_v1_dot_port__pb2.PortForwardResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def PauseSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/PauseSandbox',
+            berth_dot_v1_dot_sandbox__pb2.PauseSandboxRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.PauseSandboxResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ResumeSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ResumeSandbox',
+            berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -478,11 +478,18 @@ export interface ExecOutput {
 
 /**
  * ExecHeartbeat is sent while the process is silent, so that proxies keep an
- * idle stream open.
+ * idle stream open. While the sandbox is paused (PauseSandbox) berthd sends
+ * them itself, with sandbox_paused set: one when the pause is seen, then
+ * every 15 seconds, and one with it unset when the sandbox resumes.
  */
 export interface ExecHeartbeat {
   /** last_seq is the sequence number of the last output event so far. */
   lastSeq: bigint;
+  /**
+   * sandbox_paused is true while the sandbox is paused: the process is
+   * frozen, the stream stays open, and output goes on after the resume.
+   */
+  sandboxPaused: boolean;
 }
 
 /**
@@ -2190,7 +2197,7 @@ export const ExecOutput: MessageFns<ExecOutput> = {
 };
 
 function createBaseExecHeartbeat(): ExecHeartbeat {
-  return { lastSeq: 0n };
+  return { lastSeq: 0n, sandboxPaused: false };
 }
 
 export const ExecHeartbeat: MessageFns<ExecHeartbeat> = {
@@ -2200,6 +2207,9 @@ export const ExecHeartbeat: MessageFns<ExecHeartbeat> = {
         throw new globalThis.Error("value provided for field message.lastSeq of type uint64 too large");
       }
       writer.uint32(8).uint64(message.lastSeq);
+    }
+    if (message.sandboxPaused !== false) {
+      writer.uint32(16).bool(message.sandboxPaused);
     }
     return writer;
   },
@@ -2225,6 +2235,14 @@ export const ExecHeartbeat: MessageFns<ExecHeartbeat> = {
             message.lastSeq = reader.uint64() as bigint;
             continue;
           }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.sandboxPaused = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2240,6 +2258,11 @@ export const ExecHeartbeat: MessageFns<ExecHeartbeat> = {
   fromJSON(object: any): ExecHeartbeat {
     return {
       lastSeq: isSet(object.lastSeq) ? BigInt(object.lastSeq) : isSet(object.last_seq) ? BigInt(object.last_seq) : 0n,
+      sandboxPaused: isSet(object.sandboxPaused)
+        ? globalThis.Boolean(object.sandboxPaused)
+        : isSet(object.sandbox_paused)
+        ? globalThis.Boolean(object.sandbox_paused)
+        : false,
     };
   },
 
@@ -2247,6 +2270,9 @@ export const ExecHeartbeat: MessageFns<ExecHeartbeat> = {
     const obj: any = {};
     if (message.lastSeq !== 0n) {
       obj.lastSeq = message.lastSeq.toString();
+    }
+    if (message.sandboxPaused !== false) {
+      obj.sandboxPaused = message.sandboxPaused;
     }
     return obj;
   },
@@ -2257,6 +2283,7 @@ export const ExecHeartbeat: MessageFns<ExecHeartbeat> = {
   fromPartial<I extends Exact<DeepPartial<ExecHeartbeat>, I>>(object: I): ExecHeartbeat {
     const message = createBaseExecHeartbeat();
     message.lastSeq = (object.lastSeq !== undefined && object.lastSeq !== null) ? BigInt(object.lastSeq) : 0n;
+    message.sandboxPaused = object.sandboxPaused ?? false;
     return message;
   },
 };

@@ -55,6 +55,12 @@ export enum SandboxState {
    * and is being removed.
    */
   SANDBOX_STATE_STOPPING = 4,
+  /**
+   * SANDBOX_STATE_PAUSED - SANDBOX_STATE_PAUSED means the sandbox's processes are frozen
+   * (PauseSandbox, or the idle timeout with IDLE_ACTION_PAUSE): it keeps its
+   * memory and uses no CPU.
+   */
+  SANDBOX_STATE_PAUSED = 5,
   UNRECOGNIZED = -1,
 }
 
@@ -75,6 +81,9 @@ export function sandboxStateFromJSON(object: any): SandboxState {
     case 4:
     case "SANDBOX_STATE_STOPPING":
       return SandboxState.SANDBOX_STATE_STOPPING;
+    case 5:
+    case "SANDBOX_STATE_PAUSED":
+      return SandboxState.SANDBOX_STATE_PAUSED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -94,7 +103,55 @@ export function sandboxStateToJSON(object: SandboxState): string {
       return "SANDBOX_STATE_STARTING";
     case SandboxState.SANDBOX_STATE_STOPPING:
       return "SANDBOX_STATE_STOPPING";
+    case SandboxState.SANDBOX_STATE_PAUSED:
+      return "SANDBOX_STATE_PAUSED";
     case SandboxState.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** IdleAction is what the idle timeout does to a sandbox. */
+export enum IdleAction {
+  /** IDLE_ACTION_UNSPECIFIED - IDLE_ACTION_UNSPECIFIED is IDLE_ACTION_DELETE. */
+  IDLE_ACTION_UNSPECIFIED = 0,
+  /** IDLE_ACTION_DELETE - IDLE_ACTION_DELETE stops and removes the sandbox with everything in it. */
+  IDLE_ACTION_DELETE = 1,
+  /**
+   * IDLE_ACTION_PAUSE - IDLE_ACTION_PAUSE pauses the sandbox (see PauseSandbox): its memory and
+   * files are kept, it uses no CPU, and the next call naming it resumes it.
+   */
+  IDLE_ACTION_PAUSE = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function idleActionFromJSON(object: any): IdleAction {
+  switch (object) {
+    case 0:
+    case "IDLE_ACTION_UNSPECIFIED":
+      return IdleAction.IDLE_ACTION_UNSPECIFIED;
+    case 1:
+    case "IDLE_ACTION_DELETE":
+      return IdleAction.IDLE_ACTION_DELETE;
+    case 2:
+    case "IDLE_ACTION_PAUSE":
+      return IdleAction.IDLE_ACTION_PAUSE;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return IdleAction.UNRECOGNIZED;
+  }
+}
+
+export function idleActionToJSON(object: IdleAction): string {
+  switch (object) {
+    case IdleAction.IDLE_ACTION_UNSPECIFIED:
+      return "IDLE_ACTION_UNSPECIFIED";
+    case IdleAction.IDLE_ACTION_DELETE:
+      return "IDLE_ACTION_DELETE";
+    case IdleAction.IDLE_ACTION_PAUSE:
+      return "IDLE_ACTION_PAUSE";
+    case IdleAction.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
   }
@@ -462,7 +519,8 @@ export interface Sandbox {
   /**
    * idle_expires_at is when the idle timeout stops the sandbox unless
    * something happens first: last_activity_at + idle_timeout, or the end of
-   * a KeepAlive hold when later. A running exec moves it on.
+   * a KeepAlive hold when later. A running exec moves it on. Unset while
+   * the sandbox is paused: its idle timeout does not run then.
    */
   idleExpiresAt:
     | Date
@@ -543,6 +601,11 @@ export interface Sandbox {
    * where it runs).
    */
   cpuset: string;
+  /**
+   * idle_action is what the idle timeout does to the sandbox
+   * (CreateSandboxRequest.idle_action), never UNSPECIFIED.
+   */
+  idleAction: IdleAction;
 }
 
 export interface Sandbox_LabelsEntry {
@@ -636,7 +699,16 @@ export interface CreateSandboxRequest {
    * egress to an allow-list. INVALID_ARGUMENT names the field of a bad
    * entry (network.allow[N]).
    */
-  network: NetworkPolicy | undefined;
+  network:
+    | NetworkPolicy
+    | undefined;
+  /**
+   * idle_action is what the idle timeout does: delete the sandbox (the
+   * default) or pause it. Activity that keeps the timeout off: a request
+   * naming the sandbox, a running exec (background ones included), an
+   * attached Exec stream, an open PortForward stream.
+   */
+  idleAction: IdleAction;
 }
 
 export interface CreateSandboxRequest_LabelsEntry {
@@ -722,6 +794,30 @@ export interface DeleteSandboxRequest {
 
 /** DeleteSandboxResponse is empty. */
 export interface DeleteSandboxResponse {
+}
+
+/** PauseSandboxRequest names the sandbox to pause. */
+export interface PauseSandboxRequest {
+  /** sandbox_id names the sandbox. */
+  sandboxId: string;
+}
+
+/** PauseSandboxResponse returns the paused sandbox. */
+export interface PauseSandboxResponse {
+  /** sandbox is the sandbox, in state SANDBOX_STATE_PAUSED. */
+  sandbox: Sandbox | undefined;
+}
+
+/** ResumeSandboxRequest names the sandbox to resume. */
+export interface ResumeSandboxRequest {
+  /** sandbox_id names the sandbox. */
+  sandboxId: string;
+}
+
+/** ResumeSandboxResponse returns the resumed sandbox. */
+export interface ResumeSandboxResponse {
+  /** sandbox is the sandbox, in state SANDBOX_STATE_RUNNING. */
+  sandbox: Sandbox | undefined;
 }
 
 /** KeepAliveRequest names the sandbox to keep. */
@@ -1413,6 +1509,7 @@ function createBaseSandbox(): Sandbox {
     nodeId: "",
     rootIdMapping: 0,
     cpuset: "",
+    idleAction: 0,
   };
 }
 
@@ -1510,6 +1607,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.cpuset !== "") {
       writer.uint32(250).string(message.cpuset);
+    }
+    if (message.idleAction !== 0) {
+      writer.uint32(256).int32(message.idleAction);
     }
     return writer;
   },
@@ -1778,6 +1878,14 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.cpuset = reader.string();
             continue;
           }
+          case 32: {
+            if (tag !== 256) {
+              break;
+            }
+
+            message.idleAction = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1912,6 +2020,11 @@ export const Sandbox: MessageFns<Sandbox> = {
         ? rootIDMappingFromJSON(object.root_id_mapping)
         : 0,
       cpuset: isSet(object.cpuset) ? globalThis.String(object.cpuset) : "",
+      idleAction: isSet(object.idleAction)
+        ? idleActionFromJSON(object.idleAction)
+        : isSet(object.idle_action)
+        ? idleActionFromJSON(object.idle_action)
+        : 0,
     };
   },
 
@@ -2016,6 +2129,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.cpuset !== "") {
       obj.cpuset = message.cpuset;
     }
+    if (message.idleAction !== 0) {
+      obj.idleAction = idleActionToJSON(message.idleAction);
+    }
     return obj;
   },
 
@@ -2075,6 +2191,7 @@ export const Sandbox: MessageFns<Sandbox> = {
     message.nodeId = object.nodeId ?? "";
     message.rootIdMapping = object.rootIdMapping ?? 0;
     message.cpuset = object.cpuset ?? "";
+    message.idleAction = object.idleAction ?? 0;
     return message;
   },
 };
@@ -2179,6 +2296,7 @@ function createBaseCreateSandboxRequest(): CreateSandboxRequest {
     hostUsers: false,
     runtime: "",
     network: undefined,
+    idleAction: 0,
   };
 }
 
@@ -2222,6 +2340,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     }
     if (message.network !== undefined) {
       NetworkPolicy.encode(message.network, writer.uint32(106).fork()).join();
+    }
+    if (message.idleAction !== 0) {
+      writer.uint32(112).int32(message.idleAction);
     }
     return writer;
   },
@@ -2349,6 +2470,14 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
             message.network = NetworkPolicy.decode(reader, reader.uint32());
             continue;
           }
+          case 14: {
+            if (tag !== 112) {
+              break;
+            }
+
+            message.idleAction = reader.int32() as any;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2422,6 +2551,11 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
         : false,
       runtime: isSet(object.runtime) ? globalThis.String(object.runtime) : "",
       network: isSet(object.network) ? NetworkPolicy.fromJSON(object.network) : undefined,
+      idleAction: isSet(object.idleAction)
+        ? idleActionFromJSON(object.idleAction)
+        : isSet(object.idle_action)
+        ? idleActionFromJSON(object.idle_action)
+        : 0,
     };
   },
 
@@ -2478,6 +2612,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     if (message.network !== undefined) {
       obj.network = NetworkPolicy.toJSON(message.network);
     }
+    if (message.idleAction !== 0) {
+      obj.idleAction = idleActionToJSON(message.idleAction);
+    }
     return obj;
   },
 
@@ -2523,6 +2660,7 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     message.network = (object.network !== undefined && object.network !== null)
       ? NetworkPolicy.fromPartial(object.network)
       : undefined;
+    message.idleAction = object.idleAction ?? 0;
     return message;
   },
 };
@@ -3413,6 +3551,290 @@ export const DeleteSandboxResponse: MessageFns<DeleteSandboxResponse> = {
   },
 };
 
+function createBasePauseSandboxRequest(): PauseSandboxRequest {
+  return { sandboxId: "" };
+}
+
+export const PauseSandboxRequest: MessageFns<PauseSandboxRequest> = {
+  encode(message: PauseSandboxRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PauseSandboxRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePauseSandboxRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): PauseSandboxRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+    };
+  },
+
+  toJSON(message: PauseSandboxRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<PauseSandboxRequest>, I>>(base?: I): PauseSandboxRequest {
+    return PauseSandboxRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<PauseSandboxRequest>, I>>(object: I): PauseSandboxRequest {
+    const message = createBasePauseSandboxRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    return message;
+  },
+};
+
+function createBasePauseSandboxResponse(): PauseSandboxResponse {
+  return { sandbox: undefined };
+}
+
+export const PauseSandboxResponse: MessageFns<PauseSandboxResponse> = {
+  encode(message: PauseSandboxResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandbox !== undefined) {
+      Sandbox.encode(message.sandbox, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): PauseSandboxResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBasePauseSandboxResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandbox = Sandbox.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): PauseSandboxResponse {
+    return { sandbox: isSet(object.sandbox) ? Sandbox.fromJSON(object.sandbox) : undefined };
+  },
+
+  toJSON(message: PauseSandboxResponse): unknown {
+    const obj: any = {};
+    if (message.sandbox !== undefined) {
+      obj.sandbox = Sandbox.toJSON(message.sandbox);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<PauseSandboxResponse>, I>>(base?: I): PauseSandboxResponse {
+    return PauseSandboxResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<PauseSandboxResponse>, I>>(object: I): PauseSandboxResponse {
+    const message = createBasePauseSandboxResponse();
+    message.sandbox = (object.sandbox !== undefined && object.sandbox !== null)
+      ? Sandbox.fromPartial(object.sandbox)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseResumeSandboxRequest(): ResumeSandboxRequest {
+  return { sandboxId: "" };
+}
+
+export const ResumeSandboxRequest: MessageFns<ResumeSandboxRequest> = {
+  encode(message: ResumeSandboxRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResumeSandboxRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResumeSandboxRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResumeSandboxRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+    };
+  },
+
+  toJSON(message: ResumeSandboxRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResumeSandboxRequest>, I>>(base?: I): ResumeSandboxRequest {
+    return ResumeSandboxRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResumeSandboxRequest>, I>>(object: I): ResumeSandboxRequest {
+    const message = createBaseResumeSandboxRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    return message;
+  },
+};
+
+function createBaseResumeSandboxResponse(): ResumeSandboxResponse {
+  return { sandbox: undefined };
+}
+
+export const ResumeSandboxResponse: MessageFns<ResumeSandboxResponse> = {
+  encode(message: ResumeSandboxResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandbox !== undefined) {
+      Sandbox.encode(message.sandbox, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResumeSandboxResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResumeSandboxResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandbox = Sandbox.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResumeSandboxResponse {
+    return { sandbox: isSet(object.sandbox) ? Sandbox.fromJSON(object.sandbox) : undefined };
+  },
+
+  toJSON(message: ResumeSandboxResponse): unknown {
+    const obj: any = {};
+    if (message.sandbox !== undefined) {
+      obj.sandbox = Sandbox.toJSON(message.sandbox);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResumeSandboxResponse>, I>>(base?: I): ResumeSandboxResponse {
+    return ResumeSandboxResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResumeSandboxResponse>, I>>(object: I): ResumeSandboxResponse {
+    const message = createBaseResumeSandboxResponse();
+    message.sandbox = (object.sandbox !== undefined && object.sandbox !== null)
+      ? Sandbox.fromPartial(object.sandbox)
+      : undefined;
+    return message;
+  },
+};
+
 function createBaseKeepAliveRequest(): KeepAliveRequest {
   return { sandboxId: "", holdFor: undefined };
 }
@@ -3792,6 +4214,47 @@ export const SandboxServiceService = {
     responseSerialize: (value: PortForwardResponse): Buffer => Buffer.from(PortForwardResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): PortForwardResponse => PortForwardResponse.decode(value),
   },
+  /**
+   * PauseSandbox freezes every process of the sandbox (runc: the cgroup
+   * freezer; gvisor: runsc pause) and returns once they are frozen: a
+   * paused sandbox uses no CPU, keeps its memory, its files and its open
+   * connections, and attached Exec streams stay open (their output goes on
+   * after the resume, nothing lost). Its state is SANDBOX_STATE_PAUSED, and
+   * stays so across a berthd restart. Any later call that needs the
+   * sandbox's agent (Exec, Run, ListExecs, SignalExec, PortForward, the
+   * FileService) resumes it first, unless the call carries the metadata
+   * "berth-no-resume: true" (then FAILED_PRECONDITION SANDBOX_PAUSED).
+   * Pausing a paused sandbox succeeds and changes nothing. The idle timeout
+   * does not run while the sandbox is paused; the maximum lifetime does.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (SANDBOX_NOT_RUNNING) when its task is not running.
+   */
+  pauseSandbox: {
+    path: "/berth.v1.SandboxService/PauseSandbox" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: PauseSandboxRequest): Buffer => Buffer.from(PauseSandboxRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): PauseSandboxRequest => PauseSandboxRequest.decode(value),
+    responseSerialize: (value: PauseSandboxResponse): Buffer =>
+      Buffer.from(PauseSandboxResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): PauseSandboxResponse => PauseSandboxResponse.decode(value),
+  },
+  /**
+   * ResumeSandbox thaws a paused sandbox; its processes go on where they
+   * stopped. Resuming a running sandbox succeeds and changes nothing.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (SANDBOX_NOT_RUNNING) when its task is not running.
+   */
+  resumeSandbox: {
+    path: "/berth.v1.SandboxService/ResumeSandbox" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ResumeSandboxRequest): Buffer => Buffer.from(ResumeSandboxRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ResumeSandboxRequest => ResumeSandboxRequest.decode(value),
+    responseSerialize: (value: ResumeSandboxResponse): Buffer =>
+      Buffer.from(ResumeSandboxResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ResumeSandboxResponse => ResumeSandboxResponse.decode(value),
+  },
 } as const;
 
 export interface SandboxServiceServer extends UntypedServiceImplementation {
@@ -3888,6 +4351,29 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
    */
   portForward: handleBidiStreamingCall<PortForwardRequest, PortForwardResponse>;
+  /**
+   * PauseSandbox freezes every process of the sandbox (runc: the cgroup
+   * freezer; gvisor: runsc pause) and returns once they are frozen: a
+   * paused sandbox uses no CPU, keeps its memory, its files and its open
+   * connections, and attached Exec streams stay open (their output goes on
+   * after the resume, nothing lost). Its state is SANDBOX_STATE_PAUSED, and
+   * stays so across a berthd restart. Any later call that needs the
+   * sandbox's agent (Exec, Run, ListExecs, SignalExec, PortForward, the
+   * FileService) resumes it first, unless the call carries the metadata
+   * "berth-no-resume: true" (then FAILED_PRECONDITION SANDBOX_PAUSED).
+   * Pausing a paused sandbox succeeds and changes nothing. The idle timeout
+   * does not run while the sandbox is paused; the maximum lifetime does.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (SANDBOX_NOT_RUNNING) when its task is not running.
+   */
+  pauseSandbox: handleUnaryCall<PauseSandboxRequest, PauseSandboxResponse>;
+  /**
+   * ResumeSandbox thaws a paused sandbox; its processes go on where they
+   * stopped. Resuming a running sandbox succeeds and changes nothing.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (SANDBOX_NOT_RUNNING) when its task is not running.
+   */
+  resumeSandbox: handleUnaryCall<ResumeSandboxRequest, ResumeSandboxResponse>;
 }
 
 export interface SandboxServiceClient extends Client {
@@ -4100,6 +4586,57 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options?: Partial<CallOptions>,
   ): ClientDuplexStream<PortForwardRequest, PortForwardResponse>;
+  /**
+   * PauseSandbox freezes every process of the sandbox (runc: the cgroup
+   * freezer; gvisor: runsc pause) and returns once they are frozen: a
+   * paused sandbox uses no CPU, keeps its memory, its files and its open
+   * connections, and attached Exec streams stay open (their output goes on
+   * after the resume, nothing lost). Its state is SANDBOX_STATE_PAUSED, and
+   * stays so across a berthd restart. Any later call that needs the
+   * sandbox's agent (Exec, Run, ListExecs, SignalExec, PortForward, the
+   * FileService) resumes it first, unless the call carries the metadata
+   * "berth-no-resume: true" (then FAILED_PRECONDITION SANDBOX_PAUSED).
+   * Pausing a paused sandbox succeeds and changes nothing. The idle timeout
+   * does not run while the sandbox is paused; the maximum lifetime does.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (SANDBOX_NOT_RUNNING) when its task is not running.
+   */
+  pauseSandbox(
+    request: PauseSandboxRequest,
+    callback: (error: ServiceError | null, response: PauseSandboxResponse) => void,
+  ): ClientUnaryCall;
+  pauseSandbox(
+    request: PauseSandboxRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: PauseSandboxResponse) => void,
+  ): ClientUnaryCall;
+  pauseSandbox(
+    request: PauseSandboxRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: PauseSandboxResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ResumeSandbox thaws a paused sandbox; its processes go on where they
+   * stopped. Resuming a running sandbox succeeds and changes nothing.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (SANDBOX_NOT_RUNNING) when its task is not running.
+   */
+  resumeSandbox(
+    request: ResumeSandboxRequest,
+    callback: (error: ServiceError | null, response: ResumeSandboxResponse) => void,
+  ): ClientUnaryCall;
+  resumeSandbox(
+    request: ResumeSandboxRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ResumeSandboxResponse) => void,
+  ): ClientUnaryCall;
+  resumeSandbox(
+    request: ResumeSandboxRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ResumeSandboxResponse) => void,
+  ): ClientUnaryCall;
 }
 
 export const SandboxServiceClient = makeGenericClientConstructor(

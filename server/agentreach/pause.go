@@ -1,0 +1,168 @@
+package agentreach
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-sandbox/berth/internal/resume"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// A paused sandbox's processes are frozen (containerd's task.Pause: the
+// cgroup freezer under runc, runsc pause under gVisor): its agent cannot
+// answer, yet it is neither unreachable nor busy. The Reacher keeps which
+// sandboxes are paused, so that Reach resumes one before it asks its agent
+// anything (or refuses with SANDBOX_PAUSED when the caller asked not to,
+// resume.Header), and Watches wait for a paused agent rather than call it
+// unreachable. containerd keeps a task paused across a berthd restart: the
+// lifecycle engine tells the Reacher what it found at adoption (SetPaused).
+
+// freezer is what pausing needs of containerd (*runtime.Runtime).
+type freezer interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// pauses holds the paused sandboxes and serializes pauses and resumes of
+// one sandbox.
+type pauses struct {
+	mu     sync.Mutex
+	paused map[string]bool
+	locks  map[string]*idLock
+}
+
+type idLock struct {
+	mu   sync.Mutex
+	refs int
+}
+
+// lock takes sandbox id's pause lock; call the returned function to
+// release it.
+func (p *pauses) lock(id string) func() {
+	p.mu.Lock()
+	if p.locks == nil {
+		p.locks = make(map[string]*idLock)
+	}
+	l := p.locks[id]
+	if l == nil {
+		l = &idLock{}
+		p.locks[id] = l
+	}
+	l.refs++
+	p.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		p.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(p.locks, id)
+		}
+		p.mu.Unlock()
+	}
+}
+
+func (p *pauses) set(id string, paused bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused == nil {
+		p.paused = make(map[string]bool)
+	}
+	if paused {
+		p.paused[id] = true
+	} else {
+		delete(p.paused, id)
+	}
+}
+
+func (p *pauses) get(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.paused[id]
+}
+
+// Pause freezes every process of sandbox id and returns once they are
+// frozen; a paused sandbox stays paused (no error). The caller decided
+// that its caller may see the sandbox. Errors: runtime.ErrSandboxNotFound,
+// runtime.ErrTaskNotRunning, containerd's.
+func (r *Reacher) Pause(ctx context.Context, id string) error {
+	return r.freeze(ctx, id, true)
+}
+
+// Resume thaws sandbox id; a running sandbox stays running (no error).
+// Errors as for Pause.
+func (r *Reacher) Resume(ctx context.Context, id string) error {
+	return r.freeze(ctx, id, false)
+}
+
+func (r *Reacher) freeze(ctx context.Context, id string, pause bool) error {
+	unlock := r.pauses.lock(id)
+	defer unlock()
+	began := time.Now()
+	var err error
+	if pause {
+		err = r.freezer.Pause(ctx, id)
+	} else {
+		err = r.freezer.Resume(ctx, id)
+	}
+	if err != nil {
+		if errors.Is(err, runtime.ErrSandboxNotFound) || errors.Is(err, runtime.ErrTaskNotRunning) {
+			r.pauses.set(id, false)
+		}
+		return err
+	}
+	was := r.pauses.get(id)
+	r.pauses.set(id, pause)
+	if r.OnPause != nil {
+		r.OnPause(id, pause)
+	}
+	if was != pause {
+		what := "sandbox resumed"
+		if pause {
+			what = "sandbox paused"
+		}
+		r.log.InfoContext(ctx, what, slog.String("sandbox_id", id), slog.Duration("took", time.Since(began)))
+	}
+	return nil
+}
+
+// Paused reports whether sandbox id is paused, as berthd paused it or
+// found it at adoption.
+func (r *Reacher) Paused(id string) bool { return r.pauses.get(id) }
+
+// SetPaused records what containerd says of sandbox id's task: paused or
+// not (adoption, removal).
+func (r *Reacher) SetPaused(id string, paused bool) { r.pauses.set(id, paused) }
+
+// wake resumes sandbox id before a call that needs its agent, when it is
+// paused (as berthd knows, or as containerd's record says: recorded). A
+// caller that asked not to (resume.Header) gets FAILED_PRECONDITION
+// SANDBOX_PAUSED, and the sandbox stays paused. The caller of Reach may
+// see the sandbox: that was decided before.
+func (r *Reacher) wake(ctx context.Context, id, execID string, recorded bool) error {
+	if !recorded && !r.pauses.get(id) {
+		return nil
+	}
+	if resume.Refused(ctx) {
+		meta := map[string]string{"sandbox_id": id}
+		if execID != "" {
+			meta["exec_id"] = execID
+		}
+		return apierr.New(codes.FailedPrecondition, rpcstatus.ReasonSandboxPaused,
+			fmt.Sprintf("sandbox %s is paused and the call asked not to resume it (metadata %s: true); ResumeSandbox resumes it", id, resume.Header), meta)
+	}
+	err := r.Resume(ctx, id)
+	if errors.Is(err, runtime.ErrTaskNotRunning) {
+		return &apierr.Unreachable{SandboxID: id, ExecID: execID, Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED,
+			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: "the sandbox was paused and its task is no longer running: " + err.Error()}
+	}
+	return err
+}

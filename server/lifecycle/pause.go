@@ -1,0 +1,45 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// Pause freezes every process of sandbox id for caller p (PauseSandbox);
+// see agentreach.Reacher.Pause. It runs under the sandbox's lifecycle
+// lock: a pause never freezes a sandbox whose creation, restart or removal
+// is under way. A sandbox p may not see is runtime.ErrSandboxNotFound.
+func (m *Manager) Pause(ctx context.Context, id string, p auth.Principal) error {
+	return m.freeze(ctx, id, p, true)
+}
+
+// Resume thaws sandbox id for caller p (ResumeSandbox), as Pause.
+func (m *Manager) Resume(ctx context.Context, id string, p auth.Principal) error {
+	return m.freeze(ctx, id, p, false)
+}
+
+func (m *Manager) freeze(ctx context.Context, id string, p auth.Principal, pause bool) error {
+	unlock, err := m.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", id, err)
+	}
+	defer unlock()
+	if seen, err := m.sees(ctx, id, p); !seen {
+		if err == nil {
+			err = fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
+		}
+		return err
+	}
+	return m.pause(ctx, id, pause)
+}
+
+// pause pauses or resumes sandbox id; the caller holds its lifecycle lock.
+func (m *Manager) pause(ctx context.Context, id string, pause bool) error {
+	if pause {
+		return m.reach.Pause(ctx, id)
+	}
+	return m.reach.Resume(ctx, id)
+}

@@ -1,0 +1,60 @@
+package sandboxsvc
+
+import (
+	"context"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/validate"
+)
+
+// PauseSandbox freezes every process of the sandbox and returns it,
+// paused (see the proto). Pausing a paused sandbox succeeds. Errors:
+// NOT_FOUND for a missing sandbox or another principal's,
+// FAILED_PRECONDITION SANDBOX_NOT_RUNNING when its task does not run.
+func (s *Service) PauseSandbox(ctx context.Context, req *berthv1.PauseSandboxRequest) (*berthv1.PauseSandboxResponse, error) {
+	sb, err := s.freeze(ctx, req.GetSandboxId(), true)
+	if err != nil {
+		return nil, err
+	}
+	return &berthv1.PauseSandboxResponse{Sandbox: sb}, nil
+}
+
+// ResumeSandbox thaws a paused sandbox and returns it, running; resuming
+// a running one succeeds. Errors as for PauseSandbox.
+func (s *Service) ResumeSandbox(ctx context.Context, req *berthv1.ResumeSandboxRequest) (*berthv1.ResumeSandboxResponse, error) {
+	sb, err := s.freeze(ctx, req.GetSandboxId(), false)
+	if err != nil {
+		return nil, err
+	}
+	return &berthv1.ResumeSandboxResponse{Sandbox: sb}, nil
+}
+
+// freeze pauses or resumes sandbox id for the caller of ctx and describes
+// it afterwards (without asking a paused agent anything).
+func (s *Service) freeze(ctx context.Context, id string, pause bool) (*berthv1.Sandbox, error) {
+	meta := map[string]string{"sandbox_id": id}
+	if err := validate.SandboxID("sandbox_id", id); err != nil {
+		return nil, err
+	}
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.visibleSandbox(ctx, id); err != nil {
+		return nil, apierr.WithMeta(err, meta)
+	}
+	if pause {
+		err = s.life.Pause(ctx, id, p)
+	} else {
+		err = s.life.Resume(ctx, id, p)
+	}
+	if err != nil {
+		return nil, apierr.WithMeta(err, meta)
+	}
+	sb, err := s.visibleSandbox(ctx, id)
+	if err != nil {
+		return nil, apierr.WithMeta(err, meta)
+	}
+	return s.Describe(sb, s.agentInfo(ctx, sb), nil), nil
+}
