@@ -424,13 +424,17 @@ const bigFileBytes = 1 << 30
 // benchBigRead times ReadFile of a 1 GiB random file into a host file
 // beside `cp --reflink=never` of the same file on the host, both from the
 // page cache, neither syncing (each starts with the previous copy removed
-// and written out, off the clock). The file lives in a sandbox of its own with
-// a disk quota that holds it (the main one's is 1 GiB).
+// and written out, off the clock). The file lives in a sandbox of its own
+// with a disk quota and a memory cap that hold it (the main one's are
+// 1 GiB).
 func benchBigRead(b *testing.B, c *client.Client, dir string) {
 	ctx := context.Background()
-	req := &berthv1.CreateSandboxRequest{Image: env.image}
+	// Memory for the file's pages: with the default 1 GiB cap the
+	// sandbox's memory cgroup, which its page cache is charged to, could
+	// not keep the file cached, and the agent read it from disk.
+	req := &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{MemoryBytes: 3 * bigFileBytes}}
 	if testDiskQuota() > 0 {
-		req.Resources = &berthv1.Resources{DiskBytes: 2 * bigFileBytes}
+		req.Resources.DiskBytes = 2 * bigFileBytes
 	}
 	id := benchSandboxOf(b, req).GetId()
 	src, dst := filepath.Join(dir, "big.bin"), filepath.Join(dir, "big-dst.bin")
