@@ -64,9 +64,11 @@ const fileBytes = 128 << 20
 //     target and fsync(2)ed the directory, beside `cp --reflink=never SRC
 //     DST && sync DST` (write and fsync(2) of the file). `berth cp` in and out are the CLI doing the same. Download
 //     writes the tar stream of the file to a host file, beside `tar -cf`;
-//     Upload extracts one into a sandbox directory and answers after
-//     syncfs(2), beside `tar -xf && sync -f`. Host files live on the file
-//     system of the sandbox's files (hostBenchDir).
+//     Upload extracts one into a sandbox directory and answers once it is
+//     durable, beside `tar -xf && sync -f`. Then ReadFile of a 1 GiB file
+//     beside cp of it (benchBigRead), and Upload of 5,000 4 KiB files
+//     beside `tar -xf && sync -f` (benchSmallFiles). Host files live on
+//     the file system of the sandbox's files (hostBenchDir).
 //   - roundtrip: `true` through berth's Exec until its exit status, through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
 //     and wait4 of busybox true on the host.
@@ -420,6 +422,160 @@ func benchFiles(b *testing.B, c *client.Client, id string) {
 		b.Fatal(err)
 	}
 	measure(b, "files/host-tar-x-sync", fileBytes, host(`tar -xf "$1" -C "$2" && sync -f "$2"`, archive, xdir))
+
+	benchBigRead(b, c, dir)
+	benchSmallFiles(b, c, id, dir)
+}
+
+// bigFileBytes is the size of the file of the 1 GiB ReadFile benchmark.
+const bigFileBytes = 1 << 30
+
+// benchBigRead times ReadFile of a 1 GiB random file into a host file
+// beside `cp --reflink=never` of the same file on the host, both from the
+// page cache, neither syncing (each starts with the previous copy removed
+// and written out, off the clock). The file lives in a sandbox of its own
+// with a disk quota and a memory cap that hold it (the main one's are
+// 1 GiB).
+func benchBigRead(b *testing.B, c *client.Client, dir string) {
+	ctx := context.Background()
+	// Memory for the file's pages: with the default 1 GiB cap the
+	// sandbox's memory cgroup, which its page cache is charged to, could
+	// not keep the file cached, and the agent read it from disk.
+	req := &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{MemoryBytes: 3 * bigFileBytes}}
+	if testDiskQuota() > 0 {
+		req.Resources.DiskBytes = 2 * bigFileBytes
+	}
+	id := benchSandboxOf(b, req).GetId()
+	src, dst := filepath.Join(dir, "big.bin"), filepath.Join(dir, "big-dst.bin")
+	f, err := os.Create(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := randomData(16 << 20)
+	for range bigFileBytes / len(chunk) {
+		if _, err := f.Write(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		b.Fatal(err)
+	}
+	const path = "/workspace/big.bin"
+	_, err = c.WriteFile(ctx, id, path, f, client.WithSize(bigFileBytes))
+	f.Close()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.Remove(src)
+	defer os.Remove(dst)
+	measure(b, "files/ReadFile-1GiB", bigFileBytes, func(b *testing.B) sample {
+		writeOut(b, dir, dst)
+		start := time.Now()
+		out, err := os.Create(dst)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h, err := c.ReadFile(ctx, id, path, out)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil || h.GetLengthBytes() != bigFileBytes {
+			b.Fatalf("ReadFile: %v, %d bytes", err, h.GetLengthBytes())
+		}
+		return sample{d: time.Since(start)}
+	})
+	measure(b, "files/host-cp-1GiB", bigFileBytes, func(b *testing.B) sample {
+		writeOut(b, dir, dst)
+		start := time.Now()
+		if out, err := exec.Command("cp", "--reflink=never", src, dst).CombinedOutput(); err != nil {
+			b.Fatalf("cp: %v: %s", err, out)
+		}
+		return sample{d: time.Since(start)}
+	})
+}
+
+// writeOut removes the file rm (when not "") and writes out what is
+// unwritten on the file system of dir (sync -f), off the clock: each timed
+// operation starts without the previous one's writes still going to disk.
+func writeOut(b *testing.B, dir, rm string) {
+	if rm != "" {
+		if err := os.Remove(rm); err != nil && !os.IsNotExist(err) {
+			b.Fatal(err)
+		}
+	}
+	if out, err := exec.Command("sync", "-f", dir).CombinedOutput(); err != nil {
+		b.Fatalf("sync -f %s: %v: %s", dir, err, out)
+	}
+}
+
+// Small files: smallDirs directories of smallPerDir files of smallBytes.
+const (
+	smallDirs   = 50
+	smallPerDir = 100
+	smallBytes  = 4 << 10
+)
+
+// benchSmallFiles times Upload of a tar of 5,000 random 4 KiB files (50
+// directories of 100) into a new directory of the sandbox, which answers
+// once the tree is durable, beside `tar -xf` of the same archive into a
+// new directory on the host, on the file system of the sandbox's files,
+// and `sync -f` of that directory's file system. Each iteration extracts
+// into a directory of its own; it is removed, and the removal written
+// out, off the clock.
+func benchSmallFiles(b *testing.B, c *client.Client, id, dir string) {
+	ctx := context.Background()
+	tree := filepath.Join(dir, "small")
+	for d := range smallDirs {
+		sub := filepath.Join(tree, fmt.Sprintf("d%02d", d))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for i := range smallPerDir {
+			if err := os.WriteFile(filepath.Join(sub, fmt.Sprintf("f%03d.txt", i)), randomData(smallBytes), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	archive := filepath.Join(dir, "small.tar")
+	if out, err := exec.Command("tar", "-cf", archive, "-C", tree, ".").CombinedOutput(); err != nil {
+		b.Fatalf("tar: %v: %s", err, out)
+	}
+	const total = smallDirs * smallPerDir * smallBytes
+	n := 0
+	measure(b, "files/Upload-5000", 0, func(b *testing.B) sample {
+		n++
+		target := fmt.Sprintf("/workspace/small-%d", n)
+		f, err := os.Open(archive)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		start := time.Now()
+		resp, err := c.Upload(ctx, id, target, f)
+		d := time.Since(start)
+		if err != nil || resp.GetFiles() != smallDirs*smallPerDir || resp.GetContentBytes() != total {
+			b.Fatalf("Upload: %v, %d files, %d bytes", err, resp.GetFiles(), resp.GetContentBytes())
+		}
+		if err := c.Remove(ctx, id, target, true); err != nil {
+			b.Fatal(err)
+		}
+		writeOut(b, dir, "")
+		return sample{d: d}
+	})
+	measure(b, "files/host-tar-x-sync-5000", 0, func(b *testing.B) sample {
+		n++
+		target := filepath.Join(dir, fmt.Sprintf("small-%d", n))
+		start := time.Now()
+		if out, err := exec.Command("sh", "-c", `mkdir "$2" && tar -xf "$1" -C "$2" && sync -f "$2"`, "sh", archive, target).CombinedOutput(); err != nil {
+			b.Fatalf("tar: %v: %s", err, out)
+		}
+		d := time.Since(start)
+		if err := os.RemoveAll(target); err != nil {
+			b.Fatal(err)
+		}
+		writeOut(b, dir, "")
+		return sample{d: d}
+	})
 }
 
 // hostBenchDir returns where the host side's files go: on the file system

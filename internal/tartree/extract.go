@@ -38,11 +38,12 @@ type Options struct {
 	Skip func(name, why string)
 	// Sync makes what Extract wrote durable before it returns: each
 	// regular file and each directory whose entries changed is fsync(2)ed
-	// (the directories after the tree moved into place, up to the
-	// existing ancestor it was made in) when they number at most
-	// syncEachMax; a larger archive, or one whose directory cannot be
-	// opened, flushes the whole file system instead (syncfs(2)), which
-	// costs as much as all the data anyone left unwritten on it.
+	// (the files once all are written, before the tree moves into place;
+	// the directories after, up to the existing ancestor it was made in)
+	// when they number at most syncEachMax; a larger archive, or one whose
+	// directory cannot be opened, flushes the whole file system instead
+	// (syncfs(2)), which costs as much as all the data anyone left
+	// unwritten on it, and no file is fsync(2)ed one by one.
 	Sync bool
 	// Staging, when set, is called with the path of the staging directory
 	// (see Extract) before the directory is made, so that the caller can
@@ -90,11 +91,17 @@ type Counts struct {
 // *ArchiveError; file system failures are *fs.PathError values naming the
 // final path.
 func Extract(dir string, r io.Reader, opts Options) (Counts, error) {
-	x := &extraction{opts: opts, dir: dir, dirAt: make(map[string]int)}
+	x := &extraction{opts: opts, dir: dir, dirAt: make(map[string]int), parentFd: -1}
 	if err := x.stage(); err != nil {
 		return Counts{}, err
 	}
 	err := x.extract(r)
+	if err == nil {
+		// The files are durable before the tree moves into place.
+		err = x.syncFiles()
+	}
+	x.dropFiles()
+	x.dropParent()
 	if err == nil {
 		err = x.commit()
 	}
@@ -121,8 +128,12 @@ func Extract(dir string, r io.Reader, opts Options) (Counts, error) {
 	return x.counts, nil
 }
 
-// syncfs is syncfs(2); tests count its calls.
-var syncfs = unix.Syncfs
+// syncfs is syncfs(2) and fsync fsync(2) of a file; tests count their
+// calls.
+var (
+	syncfs = unix.Syncfs
+	fsync  = unix.Fsync
+)
 
 // syncEachMax bounds the files and directories an extraction fsync(2)s
 // one by one (Options.Sync); past it, syncfs(2) is cheaper.
@@ -131,7 +142,8 @@ const syncEachMax = 64
 // synced notes, for Options.Sync, that the entry name (cleaned, relative to
 // the extraction directory) was made: its directory's entries changed, and
 // a directory entry's own metadata too. It reports whether the files and
-// directories are still few enough to fsync one by one.
+// directories are still few enough to fsync one by one; once they are
+// not, the files kept for it are closed (syncfs(2) at the end instead).
 func (x *extraction) synced(name string, isDir bool) bool {
 	if !x.opts.Sync || x.syncAll {
 		return false
@@ -145,8 +157,29 @@ func (x *extraction) synced(name string, isDir bool) bool {
 	}
 	if x.fsynced+len(x.syncDirs) > syncEachMax {
 		x.syncAll = true
+		x.dropFiles()
 	}
 	return !x.syncAll
+}
+
+// syncFiles fsync(2)s the files kept open for it (see file), once the
+// whole archive is extracted: a file is fsync(2)ed only when the archive
+// turned out small enough, never before the extraction knows.
+func (x *extraction) syncFiles() error {
+	for _, f := range x.syncFds {
+		if err := fsync(f.fd); err != nil {
+			return pathError("fsync", x.b.full(f.name), err)
+		}
+	}
+	return nil
+}
+
+// dropFiles closes the files kept for syncFiles.
+func (x *extraction) dropFiles() {
+	for _, f := range x.syncFds {
+		unix.Close(f.fd)
+	}
+	x.syncFds = nil
 }
 
 // sync makes the extracted tree durable (Options.Sync): its files were
@@ -220,11 +253,24 @@ type extraction struct {
 	dirAt map[string]int // index in dirs by name
 
 	// Options.Sync: the directories to fsync once in place (names
-	// relative to dir), the files fsynced so far, and whether they became
-	// too many (then syncfs).
+	// relative to dir), the files written so far and those kept open to
+	// fsync at the end, and whether they became too many (then syncfs).
 	syncDirs map[string]bool
 	fsynced  int
+	syncFds  []openFile
 	syncAll  bool
+
+	// The directory of the last entry (parentOf), kept open while
+	// entries go there, and the buffer file contents are copied through.
+	parentName string
+	parentFd   int
+	copyBuf    []byte
+}
+
+// openFile is a regular file extracted and kept open to fsync(2) it.
+type openFile struct {
+	fd   int
+	name string
 }
 
 // dirMeta is a directory entry's owner, mode and times, applied after its
@@ -480,22 +526,49 @@ func (x *extraction) mask() uint32 {
 }
 
 // parentOf returns an O_PATH descriptor of name's directory, made when
-// missing, after removing whatever non-directory is at name (a later entry
-// replaces an earlier one, as in tar(1)).
+// missing, and name's base name. The descriptor stays open for the
+// entries that follow in the same directory (archives list a directory's
+// entries together); the caller does not close it. It was resolved
+// beneath the directory, and extraction never removes a directory, so
+// it stays the directory it named.
 func (x *extraction) parentOf(name string) (int, string, error) {
 	if name == "." {
 		return -1, "", pathError("extract", x.b.path, unix.EISDIR)
 	}
-	parent, err := x.b.mkdirAll(path.Dir(name))
-	if err != nil {
-		return -1, "", err
+	dir := path.Dir(name)
+	if x.parentName != dir || x.parentFd < 0 {
+		x.dropParent()
+		fd, err := x.b.mkdirAll(dir)
+		if err != nil {
+			return -1, "", err
+		}
+		x.parentName, x.parentFd = dir, fd
 	}
-	base := path.Base(name)
+	return x.parentFd, path.Base(name), nil
+}
+
+// dropParent closes the directory parentOf kept.
+func (x *extraction) dropParent() {
+	if x.parentName != "" {
+		unix.Close(x.parentFd)
+	}
+	x.parentName, x.parentFd = "", -1
+}
+
+// replacing runs make, which creates the entry base in parent; when it
+// fails with EEXIST, whatever non-directory is there is removed and make
+// runs once more: a later entry replaces an earlier one, as in tar(1).
+// The staging directory is new, so a name is rarely there already: the
+// removal is not tried first.
+func (x *extraction) replacing(parent int, base, name string, make func() error) error {
+	err := make()
+	if !errors.Is(err, unix.EEXIST) {
+		return err
+	}
 	if err := unix.Unlinkat(parent, base, 0); err != nil && !errors.Is(err, unix.ENOENT) {
-		unix.Close(parent)
-		return -1, "", pathError("replace", x.b.full(name), err)
+		return pathError("replace", x.b.full(name), err)
 	}
-	return parent, base, nil
+	return make()
 }
 
 func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error {
@@ -503,14 +576,25 @@ func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error
 	if err != nil {
 		return err
 	}
-	defer unix.Close(parent)
-	fd, err := unix.Openat(parent, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	fd := -1
+	err = x.replacing(parent, base, name, func() (err error) {
+		fd, err = unix.Openat(parent, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		return err
+	})
 	if err != nil {
-		return pathError("create", x.b.full(name), err)
+		return pathErrorOf("create", x.b.full(name), err)
 	}
-	defer unix.Close(fd)
+	keep := false
+	defer func() {
+		if !keep {
+			unix.Close(fd)
+		}
+	}()
 	w := &holeWriter{fd: fd}
-	if _, err := io.Copy(w, content); err != nil {
+	if x.copyBuf == nil {
+		x.copyBuf = make([]byte, 128<<10)
+	}
+	if _, err := io.CopyBuffer(w, content, x.copyBuf); err != nil {
 		if _, isErrno := err.(unix.Errno); isErrno {
 			return pathError("write", x.b.full(name), err)
 		}
@@ -538,9 +622,8 @@ func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error
 	}
 	x.fsynced++
 	if x.synced(name, false) {
-		if err := unix.Fsync(fd); err != nil {
-			return pathError("fsync", x.b.full(name), err)
-		}
+		x.syncFds = append(x.syncFds, openFile{fd, name})
+		keep = true
 	}
 	x.counts.Files++
 	x.counts.ContentBytes += uint64(w.off)
@@ -587,9 +670,8 @@ func (x *extraction) symlink(name string, hdr *tar.Header) error {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(parent)
-	if err := unix.Symlinkat(t, parent, base); err != nil {
-		return pathError("symlink", x.b.full(name), err)
+	if err := x.replacing(parent, base, name, func() error { return unix.Symlinkat(t, parent, base) }); err != nil {
+		return pathErrorOf("symlink", x.b.full(name), err)
 	}
 	if err := x.times(parent, base, name, hdr); err != nil {
 		return err
@@ -623,9 +705,8 @@ func (x *extraction) link(name string, hdr *tar.Header) error {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(parent)
-	if err := unix.Linkat(src, path.Base(t), parent, base, 0); err != nil {
-		return pathError("link to "+Display(x.b.full(t))+" from", x.b.full(name), err)
+	if err := x.replacing(parent, base, name, func() error { return unix.Linkat(src, path.Base(t), parent, base, 0) }); err != nil {
+		return pathErrorOf("link to "+Display(x.b.full(t))+" from", x.b.full(name), err)
 	}
 	x.counts.HardLinks++
 	return nil
@@ -671,8 +752,11 @@ func (x *extraction) special(name string, hdr *tar.Header) error {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(parent)
-	if err := unix.Mknodat(parent, base, mode, dev); err != nil {
+	if err := x.replacing(parent, base, name, func() error { return unix.Mknodat(parent, base, mode, dev) }); err != nil {
+		var pathErr *fs.PathError
+		if errors.As(err, &pathErr) {
+			return err
+		}
 		if errors.Is(err, unix.EPERM) && hdr.Typeflag != tar.TypeFifo && x.opts.Skip != nil {
 			x.opts.Skip(hdr.Name, fmt.Sprintf("a %s device node may not be created here (mknod needs CAP_MKNOD)", map[byte]string{tar.TypeChar: "character", tar.TypeBlock: "block"}[hdr.Typeflag]))
 			x.counts.Skipped++
@@ -731,8 +815,9 @@ func (x *extraction) times(parent int, base, name string, hdr *tar.Header) error
 // holeWriter writes a file's content at increasing offsets, leaving a hole
 // (seeking over it) wherever a whole aligned block is zeros.
 type holeWriter struct {
-	fd  int
-	off int64 // bytes of content so far
+	fd   int
+	off  int64 // bytes of content so far
+	hole bool  // the content so far ends in a hole: the file is shorter
 }
 
 // holeBlock is the granularity of holes: the page size of the file
@@ -745,9 +830,11 @@ func (w *holeWriter) Write(p []byte) (int, error) {
 		k := min(len(p), holeBlock-int(w.off%holeBlock))
 		if k == holeBlock && allZero(p[:k]) {
 			w.off += holeBlock
+			w.hole = true
 			p = p[k:]
 			continue
 		}
+		w.hole = false
 		// Gather up to the next all-zero block into one write.
 		for k < len(p) {
 			next := min(len(p)-k, holeBlock)
@@ -774,11 +861,7 @@ func (w *holeWriter) Write(p []byte) (int, error) {
 
 // finish gives the file its size when it ends in a hole.
 func (w *holeWriter) finish() error {
-	var st unix.Stat_t
-	if err := unix.Fstat(w.fd, &st); err != nil {
-		return err
-	}
-	if st.Size != w.off {
+	if w.hole {
 		return unix.Ftruncate(w.fd, w.off)
 	}
 	return nil

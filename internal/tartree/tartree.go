@@ -17,6 +17,7 @@
 package tartree
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -88,6 +89,16 @@ func pathError(op, path string, err error) error {
 		return nil
 	}
 	return &fs.PathError{Op: op, Path: path, Err: err}
+}
+
+// pathErrorOf is pathError, or err itself when it is a *fs.PathError
+// already (one that names another operation, such as a replace).
+func pathErrorOf(op, path string, err error) error {
+	var pathErr *fs.PathError
+	if errors.As(err, &pathErr) {
+		return err
+	}
+	return pathError(op, path, err)
 }
 
 // readDirNames returns the names in the directory open at fd, without "."
