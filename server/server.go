@@ -83,7 +83,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 			cfg.JournalDir = ""
 		}
 	}
-	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer, runBuffers: runout.NewBudget(cfg.RunBufferBytes)}
+	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer, runBuffers: runout.NewBudget(cfg.RunBufferBytes, cfg.RunBufferWait)}
 	var poolOpts []agentconn.Option
 	if cfg.Tracer != nil {
 		poolOpts = append(poolOpts, agentconn.WithDialOptions(grpc.WithStatsHandler(telemetry.ClientHandler())), agentconn.WithOnConnect(s.relaySpans))
