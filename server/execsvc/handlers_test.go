@@ -315,7 +315,7 @@ func newHarnessWith(t *testing.T, runBudget uint64, setup func(*harness)) *harne
 		ids:      runtimes.NewRegistry("", log),
 		events:   runtimes.NewTaskEvents(nil, log),
 		capacity: &fakeAdmitter{Capacity: admit.New(admit.Limits{}, nil, nil)},
-		budget:   runout.NewBudget(runBudget, 0),
+		budget:   runout.NewBudget(runBudget, 0, 0),
 		obs:      &fakeObserver{sent: map[string]int{}},
 	}
 

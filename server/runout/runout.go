@@ -34,6 +34,9 @@ import (
 type Budget struct {
 	limit uint64
 	wait  time.Duration
+	// window is what a lease is charged from its first Grow on: the
+	// bytes its transport may hold of its Run's output (NewBudget).
+	window uint64
 
 	mu     sync.Mutex
 	used   uint64
@@ -53,12 +56,21 @@ type Budget struct {
 }
 
 // NewBudget returns a Budget of limit bytes (zero: no limit) whose Grow
-// waits at most wait for budget (zero: 30 s).
-func NewBudget(limit uint64, wait time.Duration) *Budget {
+// waits at most wait for budget (zero: 30 s). window is the bytes a
+// lease is charged besides from its first Grow until its release, whether
+// or not they fit: what the transport may buffer of a Run's output that
+// berthd has not read (a stream's HTTP/2 window, wire.StreamWindow, which
+// grpc-go lets the agent fill whatever the connection's window), full
+// while the Run waits for budget. A Run whose output fits its first slabs
+// reads it as it comes and is not charged; one that outgrows them is, so
+// that the buffers the others may take leave room for what its transport
+// holds (issue 23: twelve Runs of 63 MiB, ten of them waiting with 4 MiB
+// each in gRPC's buffers, took 40 MiB more than the budget).
+func NewBudget(limit uint64, wait time.Duration, window uint64) *Budget {
 	if wait <= 0 {
 		wait = 30 * time.Second
 	}
-	return &Budget{limit: limit, wait: wait, wake: make(chan struct{})}
+	return &Budget{limit: limit, wait: wait, window: window, wake: make(chan struct{})}
 }
 
 // Reserve takes n bytes of the budget and returns the function that gives
@@ -152,6 +164,7 @@ func (b *Budget) Waiting() int {
 type Lease struct {
 	b        *Budget
 	held     uint64 // guarded by b.mu
+	window   uint64 // the Budget's window once charged (Grow); guarded by b.mu
 	released bool   // guarded by b.mu
 }
 
@@ -194,9 +207,12 @@ func (e *ExhaustedError) Unwrap() []error {
 }
 
 // Grow takes n more bytes for the lease, waiting while they do not fit
-// until other leases give budget back. It fails with an *ExhaustedError
-// when they do not fit within the Budget's wait, when ctx ends, or at once
-// when every lease holding budget is waiting (none would give any back).
+// until other leases give budget back. The first Grow charges the lease
+// the Budget's window besides, at once and until its release (NewBudget):
+// those bytes are held whether or not they fit. It fails with an
+// *ExhaustedError when they do not fit within the Budget's wait, when ctx
+// ends, or at once when every lease holding budget is waiting (none would
+// give any back).
 func (l *Lease) Grow(ctx context.Context, n uint64) error {
 	b := l.b
 	start := time.Now()
@@ -215,6 +231,12 @@ func (l *Lease) Grow(ctx context.Context, n uint64) error {
 		}
 		if l.released {
 			return fail(false, errors.New("lease released"))
+		}
+		if l.window == 0 && b.window > 0 {
+			// Not taken with bounds: the window is far below 2^64
+			// minus any limit.
+			l.window = b.window
+			b.used += b.window
 		}
 		if b.fits(n) {
 			b.used += n
@@ -280,7 +302,8 @@ func (l *Lease) ReleaseLater(later uint64) (giveBack func()) {
 	}
 	later = min(later, l.held)
 	l.released = true
-	b.used -= l.held - later
+	b.used -= l.held - later + l.window
+	l.window = 0
 	b.collecting += later
 	l.held = 0
 	b.leases--

@@ -165,7 +165,7 @@ func TestCollectorAllocates(t *testing.T) {
 }
 
 func TestBudget(t *testing.T) {
-	b := runout.NewBudget(100, 0)
+	b := runout.NewBudget(100, 0, 0)
 	r1, _, ok := b.Reserve(60)
 	if !ok {
 		t.Fatal("Reserve(60) of 100: not ok")
@@ -187,7 +187,7 @@ func TestBudget(t *testing.T) {
 // 2^64 is refused, with or without a limit.
 func TestBudgetNoWrap(t *testing.T) {
 	for _, limit := range []uint64{0, 1 << 30} {
-		b := runout.NewBudget(limit, 0)
+		b := runout.NewBudget(limit, 0, 0)
 		if _, _, ok := b.Reserve(1 << 20); !ok {
 			t.Fatalf("limit %d: Reserve(1 MiB) refused", limit)
 		}
@@ -204,7 +204,7 @@ func TestBudgetNoWrap(t *testing.T) {
 // caps (issue 23): 1,000 Runs with the default caps (2 MiB + 1 MiB) fit a
 // 1 GiB budget at once, where reserving the caps admitted 341.
 func TestSlabAdmission(t *testing.T) {
-	b := runout.NewBudget(1<<30, 0)
+	b := runout.NewBudget(1<<30, 0, 0)
 	slabs := runout.Slabs(2<<20, 1<<20)
 	if slabs != 128<<10 {
 		t.Errorf("Slabs(2 MiB, 1 MiB) = %d, want 128 KiB", slabs)
@@ -228,7 +228,7 @@ func TestSlabAdmission(t *testing.T) {
 // its lease to what the buffer holds, here at once to the cap, and no
 // more; the lease gives it all back.
 func TestCollectorGrowsLease(t *testing.T) {
-	b := runout.NewBudget(4<<20, 0)
+	b := runout.NewBudget(4<<20, 0, 0)
 	l, _, ok := b.Lease(runout.Slabs(1<<20, 1<<10))
 	if !ok {
 		t.Fatal("lease refused")
@@ -259,7 +259,7 @@ func TestCollectorGrowsLease(t *testing.T) {
 // TestCollectorBackpressure: a Write whose buffer needs budget others hold
 // waits until they give it back, then keeps every byte.
 func TestCollectorBackpressure(t *testing.T) {
-	b := runout.NewBudget(1<<20+128<<10, time.Minute)
+	b := runout.NewBudget(1<<20+128<<10, time.Minute, 0)
 	other, _, _ := b.Lease(1 << 20)
 	l, _, ok := b.Lease(runout.Slabs(1<<20, 0))
 	if !ok {
@@ -282,7 +282,7 @@ func TestCollectorBackpressure(t *testing.T) {
 // none can give any back: the last to wait fails at once, typed, and its
 // release lets the other on.
 func TestLeaseAllWaiting(t *testing.T) {
-	b := runout.NewBudget(100, time.Minute)
+	b := runout.NewBudget(100, time.Minute, 0)
 	l1, _, _ := b.Lease(50)
 	l2, _, _ := b.Lease(50)
 	done := make(chan error, 1)
@@ -307,10 +307,43 @@ func TestLeaseAllWaiting(t *testing.T) {
 	}
 }
 
+// TestLeaseWindow: a lease's first Grow charges it the Budget's window
+// besides, whether or not that fits (its Run's output its transport may
+// hold), until its release; others cannot take those bytes.
+func TestLeaseWindow(t *testing.T) {
+	b := runout.NewBudget(100, time.Minute, 30)
+	held, _, _ := b.Lease(60)
+	l, _, _ := b.Lease(10)
+	done := make(chan error, 1)
+	go func() { done <- l.Grow(context.Background(), 40) }()
+	waitingFor(t, b, done, "Grow past the budget")
+	if got := b.Used(); got != 100 {
+		t.Errorf("used while a lease waits = %d, want 100 (60 + 10 + a window of 30)", got)
+	}
+	if _, used, ok := b.Lease(10); ok || used != 100 {
+		t.Errorf("Lease(10) with 70 held and a window of 30 = ok %v used %d, want refused with 100", ok, used)
+	}
+	held.Release()
+	ended(t, done, "Grow after the budget was given back")
+	if got := b.Used(); got != 80 {
+		t.Errorf("used after the grow = %d, want 80 (10 + 40 + the window's 30)", got)
+	}
+	if err := l.Grow(context.Background(), 10); err != nil {
+		t.Fatalf("second Grow(10) with 20 free: %v", err)
+	}
+	if got := b.Used(); got != 90 {
+		t.Errorf("used after a second grow = %d, want 90 (the window charged once)", got)
+	}
+	l.Release()
+	if got := b.Used(); got != 0 {
+		t.Errorf("used after release = %d, want 0", got)
+	}
+}
+
 // TestLeaseWaitBounded: a lease that does not get its slab within the
 // budget's wait, or before its caller's context ends, fails typed.
 func TestLeaseWaitBounded(t *testing.T) {
-	b := runout.NewBudget(100, 100*time.Millisecond)
+	b := runout.NewBudget(100, 100*time.Millisecond, 0)
 	idle, _, _ := b.Lease(90) // holds, never waits, never releases in time
 	defer idle.Release()
 	l, _, _ := b.Lease(10)
@@ -339,7 +372,7 @@ func TestLeaseWaitBounded(t *testing.T) {
 // and a lease waiting for budget gets it once it is freed: the Budget runs
 // the collection. The first slabs come back at once.
 func TestCollectorReleaseAfterFree(t *testing.T) {
-	b := runout.NewBudget(2<<20+64<<10, time.Minute)
+	b := runout.NewBudget(2<<20+64<<10, time.Minute, 0)
 	func() {
 		l, _, _ := b.Lease(runout.Slabs(2<<20, 1<<10))
 		c := runout.NewCollector(2<<20, 1<<10)
@@ -371,7 +404,7 @@ func TestCollectorReleaseAfterFree(t *testing.T) {
 // buffer is still counted (not freed yet) is not refused: admission runs
 // the collection and takes the bytes it frees.
 func TestLeaseWaitsForFreedBuffers(t *testing.T) {
-	b := runout.NewBudget(2<<20, time.Minute)
+	b := runout.NewBudget(2<<20, time.Minute, 0)
 	func() {
 		l, _, _ := b.Lease(runout.Slabs(2<<20, 0))
 		c := runout.NewCollector(2<<20, 0)
