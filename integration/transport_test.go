@@ -692,7 +692,10 @@ func TestRunOverflow(t *testing.T) {
 		caps  = out + 1<<20
 		share = 2 // Runs the budget holds at once
 	)
-	s := startTransportServer(t, "runover", "--run-buffer-bytes", strconv.Itoa(share*caps))
+	// The Runs take turns one at a time, each seconds long under load:
+	// the last waits for eleven, longer than the default --run-buffer-wait
+	// (30 s) would let it.
+	s := startTransportServer(t, "runover", "--run-buffer-bytes", strconv.Itoa(share*caps), "--run-buffer-wait", "2m")
 	s.e.importBase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
