@@ -217,17 +217,23 @@ func TestRunOutput(t *testing.T) {
 		defer conn.Close()
 		svc := berthv1.NewSandboxServiceClient(conn)
 
-		// Two Runs each writing 1 MiB do not fit at once (2 × (1 MiB
-		// + 64 KiB)): the one that cannot grow waits, its process held,
-		// until the other ends, and both return all of their output.
+		// Two Runs each writing 768 KiB (caps 768 + 64 KiB) do not fit
+		// at once: each holds its first slabs (128 KiB), then the rest
+		// of its stdout cap (704 KiB) and what its stream's window may
+		// hold past the slabs (704 KiB), 1.5 MiB in all. The one that
+		// cannot grow waits, its process held, until the other ends,
+		// and both return all of their output.
+		const out = 768 << 10
 		var wg sync.WaitGroup
 		errs := make(chan error, 2)
 		for range 2 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				resp, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: sh("head -c 1048576 /dev/zero")})
-				if err == nil && (len(resp.GetStdout()) != 1<<20 || resp.GetResult().GetStdoutTruncated()) {
+				spec := sh(fmt.Sprintf("head -c %d /dev/zero", out))
+				spec.StdoutLimitBytes, spec.StderrLimitBytes = out, 64<<10
+				resp, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: spec})
+				if err == nil && (len(resp.GetStdout()) != out || resp.GetResult().GetStdoutTruncated()) {
 					err = fmt.Errorf("stdout %d bytes, truncated %v", len(resp.GetStdout()), resp.GetResult().GetStdoutTruncated())
 				}
 				errs <- err
@@ -237,7 +243,7 @@ func TestRunOutput(t *testing.T) {
 		close(errs)
 		for err := range errs {
 			if err != nil {
-				t.Errorf("one of two 1 MiB Runs in a 2 MiB budget: %v, want all of its output", err)
+				t.Errorf("one of two 768 KiB Runs in a 2 MiB budget: %v, want all of its output", err)
 			}
 		}
 

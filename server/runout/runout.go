@@ -124,7 +124,7 @@ func (b *Budget) Lease(n uint64) (l *Lease, used uint64, ok bool) {
 	}
 	b.used += n
 	b.leases++
-	return &Lease{b: b, held: n}, b.used, true
+	return &Lease{b: b, held: n, windowMax: b.window}, b.used, true
 }
 
 // admitWait bounds how long Lease waits for ended Runs' buffers to be
@@ -165,7 +165,10 @@ func (b *Budget) Waiting() int {
 type Lease struct {
 	b        *Budget
 	held     uint64 // guarded by b.mu
-	window   uint64 // the Budget's window once charged (Grow); guarded by b.mu
+	window   uint64 // the window once charged (Grow); guarded by b.mu
+	// windowMax is the most a window charge of this lease is
+	// (LimitWindow); guarded by b.mu.
+	windowMax uint64
 	released bool   // guarded by b.mu
 }
 
@@ -233,11 +236,11 @@ func (l *Lease) Grow(ctx context.Context, n uint64) error {
 		if l.released {
 			return fail(false, errors.New("lease released"))
 		}
-		if l.window == 0 && b.window > 0 {
+		if l.window == 0 {
 			// Not taken with bounds: the window is far below 2^64
 			// minus any limit.
-			l.window = b.window
-			b.used += b.window
+			l.window = min(b.window, l.windowMax)
+			b.used += l.window
 		}
 		if b.fits(n) {
 			b.used += n
@@ -275,6 +278,17 @@ func (l *Lease) Grow(ctx context.Context, n uint64) error {
 			return fail(false, err)
 		}
 	}
+}
+
+// LimitWindow makes the window charge of the lease's first Grow at most n
+// bytes (NewBudget): for a Run that can be sent no more than n bytes it
+// keeps. Past its caps a Run's output is discarded as it comes, and the
+// agent sends nothing past them, so its stream holds no more than that
+// (an agent the workload took over may still fill the Budget's window).
+func (l *Lease) LimitWindow(n uint64) {
+	l.b.mu.Lock()
+	defer l.b.mu.Unlock()
+	l.windowMax = min(l.windowMax, n)
 }
 
 // Held returns the bytes the lease holds.
@@ -427,6 +441,11 @@ func (c *Collector) HoldIn(l *Lease) {
 	for _, s := range []berthv1.Stream{berthv1.Stream_STREAM_STDOUT, berthv1.Stream_STREAM_STDERR} {
 		c.reserved[s] = min(c.caps[s], SlabBytes)
 	}
+	// Once a stream outgrew its first slab, what the Run's transport may
+	// hold is at most what it keeps past the first slabs. Not taken with
+	// bounds: caps are checked against Config.RunMaxOutputBytes first.
+	c.lease.LimitWindow(c.caps[berthv1.Stream_STREAM_STDOUT] + c.caps[berthv1.Stream_STREAM_STDERR] -
+		c.reserved[berthv1.Stream_STREAM_STDOUT] - c.reserved[berthv1.Stream_STREAM_STDERR])
 }
 
 // Release ends the collector's lease (HoldIn): the first slabs come back
