@@ -163,13 +163,13 @@ func (b *Budget) Waiting() int {
 
 // Lease is one Run's share of a Budget.
 type Lease struct {
-	b        *Budget
-	held     uint64 // guarded by b.mu
-	window   uint64 // the window once charged (Grow); guarded by b.mu
+	b      *Budget
+	held   uint64 // guarded by b.mu
+	window uint64 // the window once charged (Grow); guarded by b.mu
 	// windowMax is the most a window charge of this lease is
 	// (LimitWindow); guarded by b.mu.
 	windowMax uint64
-	released bool   // guarded by b.mu
+	released  bool // guarded by b.mu
 }
 
 // ErrBudgetExhausted is wrapped by Lease.Grow's error when the budget had
