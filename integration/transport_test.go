@@ -54,7 +54,7 @@ const (
 	// --run-buffer-bytes over the baseline with two Runs (135-140 MiB for
 	// 128 MiB; 3 times before); with twelve taking turns in the budget
 	// (issue 23) the high-water mark (VmHWM) rose 0.85-0.91 times it
-	// (109-116 MiB, nine runs at load 9-15): a buffer's budget
+	// (109-116 MiB, eleven runs at load 9-15): a buffer's budget
 	// comes back once the collector freed it (2.7 times before), and a Run
 	// that outgrew its first slabs is charged the 4 MiB its stream's
 	// window holds while it waits (1.31-1.35 times before, over 1.5 in
