@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -228,6 +229,7 @@ func TestRetryPolicy(t *testing.T) {
 		wantCalls   int
 		wantRetries int
 		minWait     time.Duration
+		minTook     time.Duration // the call's own time: the waits were waited
 	}{
 		{name: "busy twice then fine", errs: []error{busyStatus("sb", delay), busyStatus("sb", delay)},
 			wantCalls: 3, wantRetries: 2, minWait: delay},
@@ -251,6 +253,16 @@ func TestRetryPolicy(t *testing.T) {
 			policy: client.RetryPolicy{MaxAttempts: 2}, wantErr: client.ReasonFleetBusy, wantCalls: 2, wantRetries: 1},
 		{name: "no wait past the deadline", errs: []error{busyStatus("sb", time.Hour)},
 			timeout: 10 * time.Second, wantErr: client.ReasonFleetBusy, wantCalls: 1},
+		// Issue 23: the default policy waits FLEET_BUSY's RetryInfo
+		// delay for real (not zero) before each retry, and gives up
+		// after its attempts with the last FLEET_BUSY.
+		{name: "busy waits its RetryInfo delay", errs: []error{busyStatus("sb", 250*time.Millisecond), busyStatus("sb", 250*time.Millisecond)},
+			wantCalls: 3, wantRetries: 2, minWait: 250 * time.Millisecond, minTook: 500 * time.Millisecond},
+		{name: "busy gives up after the default 10 attempts", errs: slices.Repeat([]error{busyStatus("sb", 20*time.Millisecond)}, 12),
+			wantErr: client.ReasonFleetBusy, wantCalls: 10, wantRetries: 9, minWait: 20 * time.Millisecond, minTook: 9 * 20 * time.Millisecond},
+		{name: "run output budget exhausted after the start is not retried",
+			errs:    []error{rpcstatus.Error(codes.DataLoss, rpcstatus.ReasonOutputLost, "exec started, but berthd could not hold its output", nil)},
+			wantErr: client.ReasonOutputLost, wantCalls: 1},
 		{name: "busy delay capped", errs: []error{busyStatus("sb", time.Hour)},
 			policy: client.RetryPolicy{MaxBusyDelay: delay}, wantCalls: 2, wantRetries: 1, minWait: delay},
 	}
@@ -293,6 +305,9 @@ func TestRetryPolicy(t *testing.T) {
 				if r.attempt != i+1 || r.wait < tt.minWait {
 					t.Errorf("retry %d = attempt %d wait %v, want attempt %d and at least %v", i, r.attempt, r.wait, i+1, tt.minWait)
 				}
+			}
+			if took < tt.minTook {
+				t.Errorf("took %v, want at least %v of waits", took, tt.minTook)
 			}
 			if tt.wantRetries == 0 && took > 5*time.Second {
 				t.Errorf("took %v without retrying", took)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,30 +205,73 @@ func TestRunOutput(t *testing.T) {
 		}
 	})
 	t.Run("budget", func(t *testing.T) {
-		addr := startServer(t, server.Config{TaskRestartLimit: -1, RunMaxOutputBytes: 8 << 20, RunBufferBytes: 10 << 20})
+		// A 2 MiB budget: each Run holds its first slabs (64 KiB a
+		// stream) from its start and more as its output grows (issue 23).
+		const budget = 2 << 20
+		addr := startServer(t, server.Config{TaskRestartLimit: -1, RunStdoutBytes: 1 << 20, RunStderrBytes: 1 << 20,
+			RunMaxOutputBytes: 2 << 20, RunBufferBytes: budget})
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer conn.Close()
 		svc := berthv1.NewSandboxServiceClient(conn)
-		// One Run holds 6 MiB of the 10 MiB budget until it ends.
-		held := sh("sleep 60")
-		held.StdoutLimitBytes = 6 << 20
-		id := xid(t)
-		first := make(chan error, 1)
+
+		// Two Runs each writing 768 KiB (caps 768 + 64 KiB) do not fit
+		// at once: each holds its first slabs (128 KiB), then the rest
+		// of its stdout cap (704 KiB) and what its stream's window may
+		// hold past the slabs (704 KiB), 1.5 MiB in all. The one that
+		// cannot grow waits, its process held, until the other ends,
+		// and both return all of their output.
+		const out = 768 << 10
+		var wg sync.WaitGroup
+		errs := make(chan error, 2)
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				spec := sh(fmt.Sprintf("head -c %d /dev/zero", out))
+				spec.StdoutLimitBytes, spec.StderrLimitBytes = out, 64<<10
+				resp, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: spec})
+				if err == nil && (len(resp.GetStdout()) != out || resp.GetResult().GetStdoutTruncated()) {
+					err = fmt.Errorf("stdout %d bytes, truncated %v", len(resp.GetStdout()), resp.GetResult().GetStdoutTruncated())
+				}
+				errs <- err
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Errorf("one of two 768 KiB Runs in a 2 MiB budget: %v, want all of its output", err)
+			}
+		}
+
+		// 16 silent Runs hold the whole budget (16 × 128 KiB); the 17th
+		// is FLEET_BUSY before it starts.
 		runCtx, stop := context.WithCancel(ctx)
 		defer stop()
-		go func() {
-			_, err := svc.Run(runCtx, &berthv1.RunRequest{SandboxId: sb, ExecId: id, Process: held})
-			first <- err
-		}()
-		if !poll(30*time.Second, func() bool { return listExecs(t, svc, sb)[id] != nil }) {
-			t.Fatal("the first Run did not start")
+		held := make(chan error, 16)
+		ids := make([]string, 16)
+		for i := range ids {
+			ids[i] = xid(t)
+			go func() {
+				_, err := svc.Run(runCtx, &berthv1.RunRequest{SandboxId: sb, ExecId: ids[i], Process: sh("sleep 60")})
+				held <- err
+			}()
 		}
-		spec := sh("echo never")
-		spec.StdoutLimitBytes = 6 << 20
-		_, err = svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: spec})
+		if !poll(30*time.Second, func() bool {
+			execs := listExecs(t, svc, sb)
+			for _, id := range ids {
+				if execs[id] == nil {
+					return false
+				}
+			}
+			return true
+		}) {
+			t.Fatal("the 16 Runs did not all start")
+		}
+		_, err = svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: sh("echo never")})
 		wantStatus(t, err, codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, "")
 		var busy *berthv1.FleetBusy
 		var retry *errdetails.RetryInfo
@@ -239,18 +283,24 @@ func TestRunOutput(t *testing.T) {
 				retry = d
 			}
 		}
-		if busy.GetResource() != berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT || busy.GetLimit() != 10<<20 ||
-			busy.GetRequested() != 6<<20+1<<20 || busy.GetAdmitted() != berthv1.Admitted_ADMITTED_NOT_STARTED || retry == nil {
-			t.Errorf("FleetBusy %v, RetryInfo %v; want RUN_OUTPUT, limit 10 MiB, requested 7 MiB, not started, with RetryInfo", busy, retry)
+		if busy.GetResource() != berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT || busy.GetLimit() != budget || busy.GetInUse() != budget ||
+			busy.GetRequested() != 128<<10 || busy.GetAdmitted() != berthv1.Admitted_ADMITTED_NOT_STARTED || retry == nil {
+			t.Errorf("FleetBusy %v, RetryInfo %v; want RUN_OUTPUT, limit and in use 2 MiB, requested 128 KiB, not started, with RetryInfo", busy, retry)
 		}
-		// Within what is left, a Run goes through.
-		small := sh("echo fits")
-		small.StdoutLimitBytes, small.StderrLimitBytes = 1<<20, 1<<20
-		if resp, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: small}); err != nil || string(resp.GetStdout()) != "fits\n" {
-			t.Errorf("Run within the budget: %v, %v", resp, err)
-		}
+		// Once they end, a Run goes through. The callers' Runs return when
+		// they cancel, a moment before berthd's handlers have ended and
+		// given their slabs back: poll for that moment.
 		stop()
-		<-first
+		for range ids {
+			<-held
+		}
+		var resp *berthv1.RunResponse
+		if !poll(10*time.Second, func() bool {
+			resp, err = svc.Run(ctx, &berthv1.RunRequest{SandboxId: sb, Process: sh("echo fits")})
+			return rpcstatus.Reason(err) != rpcstatus.ReasonFleetBusy
+		}) || err != nil || string(resp.GetStdout()) != "fits\n" {
+			t.Errorf("Run after the budget was given back: %v, %v", resp, err)
+		}
 	})
 }
 

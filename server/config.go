@@ -201,9 +201,14 @@ type Config struct {
 	// asking for more is INVALID_ARGUMENT naming the cap. Default 64 MiB.
 	RunMaxOutputBytes uint64
 	// RunBufferBytes is what berthd may hold for all Runs in progress, in
-	// bytes: each reserves its two caps before it starts, and a Run that
-	// does not fit fails with FLEET_BUSY (nothing started). Default 1 GiB.
+	// bytes: each holds the first 64 KiB of each stream's buffer from its
+	// start (runout.Slabs) and more as its output grows; a Run whose first
+	// slabs do not fit fails with FLEET_BUSY (nothing started). Default
+	// 1 GiB.
 	RunBufferBytes uint64
+	// RunBufferWait is how long a Run's output may wait for room in the
+	// Run buffer budget before the Run fails (issue 23). Default 30 s.
+	RunBufferWait time.Duration
 
 	// Network gives sandboxes of network mode EGRESS their network
 	// (package server/network); Start starts it. Nil: EGRESS is refused
@@ -310,6 +315,9 @@ func (c *Config) setDefaults() {
 		c.RunBufferBytes = 1 << 30
 	}
 	c.RunBufferBytes = max(c.RunBufferBytes, c.RunMaxOutputBytes)
+	if c.RunBufferWait <= 0 {
+		c.RunBufferWait = 30 * time.Second
+	}
 }
 
 // HostMemoryBytes returns the host's physical memory in bytes (sysinfo(2)),

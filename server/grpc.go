@@ -138,6 +138,8 @@ func WithAuthenticator(a *auth.Authenticator) GRPCOption {
 // credentials (UNAUTHENTICATED, PERMISSION_DENIED), at ERROR for
 // berthd's own failures (INTERNAL, UNKNOWN, DATA_LOSS), so that a busy
 // server's INFO log holds lifecycle events and failures, not traffic.
+// RESOURCE_EXHAUSTED lines are written at most once per method per second,
+// the next one counting those left out ("suppressed").
 func NewGRPCServer(svc *Service, log *slog.Logger, opts ...GRPCOption) *grpc.Server {
 	return newGRPCServer(svc, log, opts)
 }
@@ -164,9 +166,7 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 		}
 		cfg.auth = a
 	}
-	logger := logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
-		log.Log(ctx, slog.Level(lvl), msg, fields...)
-	})
+	logger := rpcLogger(log, newRefusalSampler(time.Second))
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
 		logging.WithLevels(rpcLogLevel),
@@ -254,6 +254,33 @@ func rpcLogLevel(code codes.Code) logging.Level {
 		return logging.LevelWarn
 	}
 	return logging.LevelDebug
+}
+
+// rpcLogger writes the calls' log lines to log, those of refused calls
+// (RESOURCE_EXHAUSTED) at most once per method per second through
+// sampler, with "suppressed" counting the ones left out since (issue 23).
+func rpcLogger(log *slog.Logger, sampler *refusalSampler) logging.LoggerFunc {
+	return func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		var code, method string
+		for i := 0; i+1 < len(fields); i += 2 {
+			switch fields[i] {
+			case logging.MethodFieldKey:
+				method, _ = fields[i+1].(string)
+			case "grpc.code":
+				code, _ = fields[i+1].(string)
+			}
+		}
+		if code == codes.ResourceExhausted.String() {
+			ok, n := sampler.allow(method)
+			if !ok {
+				return
+			}
+			if n > 0 {
+				fields = append(fields, "suppressed", n)
+			}
+		}
+		log.Log(ctx, slog.Level(lvl), msg, fields...)
+	}
 }
 
 // logPrincipalUnary and logPrincipalStream add the caller's principal to

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/berth-sandbox/berth/internal/telemetry"
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/admit"
 	"github.com/berth-sandbox/berth/server/agentconn"
@@ -83,7 +84,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 			cfg.JournalDir = ""
 		}
 	}
-	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer, runBuffers: runout.NewBudget(cfg.RunBufferBytes)}
+	s := &Service{cfg: cfg, rt: rt, log: log, obs: cfg.Observer, runBuffers: runout.NewBudget(cfg.RunBufferBytes, cfg.RunBufferWait, wire.StreamWindow)}
 	var poolOpts []agentconn.Option
 	if cfg.Tracer != nil {
 		poolOpts = append(poolOpts, agentconn.WithDialOptions(grpc.WithStatsHandler(telemetry.ClientHandler())), agentconn.WithOnConnect(s.relaySpans))

@@ -159,7 +159,8 @@ func main() {
 	flag.Uint64Var(&rtCfg.ExecRetainedBytes, "exec-retained-bytes", 0, "output all execs of a sandbox retain together, in `bytes` (0: an eighth of the sandbox's memory, 4 MiB to 256 MiB; given to new sandboxes' agents)")
 	flag.Uint64Var(&rtCfg.WorkloadNofile, "workload-nofile", 0, "soft RLIMIT_NOFILE of the processes run in sandboxes, at most the container's hard limit (0: the agent's default, 1024; given to new sandboxes' agents)")
 	flag.Uint64Var(&svcCfg.RunMaxOutputBytes, "run-max-output-bytes", 64<<20, "largest stdout_limit_bytes + stderr_limit_bytes of a Run, in `bytes` (Run's defaults are 2 MiB + 1 MiB)")
-	flag.Uint64Var(&svcCfg.RunBufferBytes, "run-buffer-bytes", 1<<30, "memory berthd may hold for the output of all Runs in progress, in `bytes`; beyond it a Run fails with FLEET_BUSY")
+	flag.Uint64Var(&svcCfg.RunBufferBytes, "run-buffer-bytes", 1<<30, "memory berthd may hold for the output of all Runs in progress, in `bytes`: each holds 64 KiB a stream from its start and more as its output grows; a Run that does not get its first 64 KiB fails with FLEET_BUSY")
+	flag.DurationVar(&svcCfg.RunBufferWait, "run-buffer-wait", 30*time.Second, "how long a Run's output may wait for room in --run-buffer-bytes (its process held meanwhile) before the Run fails with OUTPUT_LOST")
 	flag.TextVar(&logLevel, "log-level", slog.LevelInfo, "log level: DEBUG (adds a line per RPC), INFO, WARN or ERROR")
 	flag.StringVar(&otlpAt, "otlp-endpoint", "", "export OpenTelemetry traces of berthd and its agents over OTLP/gRPC to this URL (http://host:4317 plaintext, https://... TLS); empty: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or $OTEL_EXPORTER_OTLP_ENDPOINT, else no tracing")
 	flag.StringVar(&metricsAt, "metrics-listen", "", "serve Prometheus /metrics (and with --pprof /debug/pprof/) over HTTP on this host:port (e.g. 127.0.0.1:9464); empty: off")
@@ -620,7 +621,7 @@ const defaultDiskBytes = 10 << 30
 // checkLimits rejects capacity and timing flags that have no meaning, before
 // server.Config's defaults would quietly replace a zero.
 func checkLimits(c server.Config) error {
-	for name, d := range map[string]time.Duration{"--connect-budget": c.ConnectBudget, "--busy-retry-delay": c.BusyRetryDelay, "--task-restart-window": c.TaskRestartWindow} {
+	for name, d := range map[string]time.Duration{"--connect-budget": c.ConnectBudget, "--busy-retry-delay": c.BusyRetryDelay, "--task-restart-window": c.TaskRestartWindow, "--run-buffer-wait": c.RunBufferWait} {
 		if d <= 0 {
 			return fmt.Errorf("%s %v: must be positive", name, d)
 		}

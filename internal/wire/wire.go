@@ -8,11 +8,15 @@
 // BDP estimation up to 16 MiB per stream and connection): from the first
 // byte a stream may have four 1 MiB file chunks in flight instead of one
 // sixteenth of one, and what a receiver may hold is a stated bound.
-// A receiver buffers at most StreamWindow bytes of one stream and
-// ConnWindow bytes of one connection that its application has not taken;
-// a sender's Send blocks while more than 64 KiB of its earlier messages
-// wait to be written (grpc-go's write quota). So a slow reader stops the writer at the far end through every
-// hop, and memory per connection stays bounded.
+// A receiver buffers at most StreamWindow bytes of one stream that its
+// application has not taken. ConnWindow does not bound what a connection
+// buffers: grpc-go acknowledges a connection's window as data arrives,
+// not as the application reads it, so each of a connection's streams may
+// hold StreamWindow (Run's output budget charges it, issue 23). A
+// sender's Send blocks while more than 64 KiB of its earlier messages
+// wait to be written (grpc-go's write quota). So a slow reader stops the
+// writer at the far end through every hop, and memory per stream stays
+// bounded.
 package wire
 
 import "google.golang.org/grpc"
@@ -22,7 +26,8 @@ const (
 	// bytes: four 1 MiB file chunks in flight.
 	StreamWindow = 4 << 20
 	// ConnWindow is the HTTP/2 flow-control window of one connection, in
-	// bytes, shared by its streams.
+	// bytes, shared by its streams: what may be in flight, acknowledged
+	// as it arrives.
 	ConnWindow = 8 << 20
 	// BufferBytes is the size of the read and write buffers between gRPC's
 	// framer and the socket, in bytes: one read(2) or write(2) per 256 KiB

@@ -321,7 +321,7 @@ func newHarnessWith(t *testing.T, runBudget uint64, setup func(*harness)) *harne
 		ids:      runtimes.NewRegistry("", log),
 		events:   runtimes.NewTaskEvents(nil, log),
 		capacity: &fakeAdmitter{Capacity: admit.New(admit.Limits{}, nil, nil)},
-		budget:   runout.NewBudget(runBudget),
+		budget:   runout.NewBudget(runBudget, 0, 0),
 		obs:      &fakeObserver{sent: map[string]int{}},
 	}
 
@@ -907,19 +907,19 @@ func TestRunRefused(t *testing.T) {
 			want: want{code: codes.InvalidArgument, reason: rpcstatus.ReasonInvalidArgument, field: "process.stderr_limit_bytes"}},
 		{name: "default stderr cap above what the stdout cap leaves", req: &berthv1.RunRequest{SandboxId: testSandbox, Process: &berthv1.ProcessSpec{Argv: []string{"true"}, StdoutLimitBytes: 4 << 20}},
 			want: want{code: codes.InvalidArgument, reason: rpcstatus.ReasonInvalidArgument, field: "process.stderr_limit_bytes"}},
-		{name: "run buffers smaller than the caps", budget: 1 << 20, req: &berthv1.RunRequest{SandboxId: testSandbox, ExecId: "run-1", Process: echo},
+		{name: "run buffers smaller than the first slabs", budget: 64 << 10, req: &berthv1.RunRequest{SandboxId: testSandbox, ExecId: "run-1", Process: echo},
 			want: want{code: codes.ResourceExhausted, reason: rpcstatus.ReasonFleetBusy, meta: map[string]string{"sandbox_id": testSandbox, "exec_id": "run-1", "resource": "CAPACITY_RESOURCE_RUN_OUTPUT"}},
 			check: func(t *testing.T, st *grpcstatus.Status) {
 				d := detail[*berthv1.FleetBusy](t, st)
-				if d.GetLimit() != 1<<20 || d.GetInUse() != 0 || d.GetRequested() != 2<<20 || d.GetRetryDelay().AsDuration() != 3*time.Second {
-					t.Errorf("FleetBusy detail %v; want limit 1 MiB, in use 0, requested 2 MiB, retry 3s", d)
+				if d.GetLimit() != 64<<10 || d.GetInUse() != 0 || d.GetRequested() != 128<<10 || d.GetRetryDelay().AsDuration() != 3*time.Second {
+					t.Errorf("FleetBusy detail %v; want limit 64 KiB, in use 0, requested the first slabs 128 KiB, retry 3s", d)
 				}
 			}},
 		{name: "run buffers held by other Runs", budget: 3 << 20,
 			setup: func(t *testing.T, h *harness) {
-				release, _, ok := h.budget.Reserve(2 << 20)
+				release, _, ok := h.budget.Reserve(3<<20 - 64<<10)
 				if !ok {
-					t.Fatal("reserve 2 MiB of 3")
+					t.Fatal("reserve 3 MiB - 64 KiB of 3 MiB")
 				}
 				t.Cleanup(release)
 			},
@@ -927,8 +927,8 @@ func TestRunRefused(t *testing.T) {
 			want: want{code: codes.ResourceExhausted, reason: rpcstatus.ReasonFleetBusy, meta: map[string]string{"resource": "CAPACITY_RESOURCE_RUN_OUTPUT"}},
 			check: func(t *testing.T, st *grpcstatus.Status) {
 				d := detail[*berthv1.FleetBusy](t, st)
-				if d.GetLimit() != 3<<20 || d.GetInUse() != 2<<20 || d.GetRequested() != 1<<20+1 {
-					t.Errorf("FleetBusy detail %v; want limit 3 MiB, in use 2 MiB, requested 1 MiB + 1", d)
+				if d.GetLimit() != 3<<20 || d.GetInUse() != 3<<20-64<<10 || d.GetRequested() != 64<<10+1 {
+					t.Errorf("FleetBusy detail %v; want limit 3 MiB, in use 3 MiB - 64 KiB, requested 64 KiB + 1", d)
 				}
 			}},
 		{name: "missing sandbox", setup: func(t *testing.T, h *harness) { h.reach.fail(notFound) },
@@ -1045,6 +1045,48 @@ func TestRunOutputLost(t *testing.T) {
 	<-opened
 	if got := h.obs.Dropped(); got != 5 {
 		t.Errorf("observer counted %d dropped bytes; want 5", got)
+	}
+}
+
+// runBigOutput runs a Run whose agent writes 100 KiB of stdout, more than
+// its first slab, on a harness with a Run buffer budget of budget bytes.
+func runBigOutput(t *testing.T, budget uint64) (h *harness, big string, resp *berthv1.RunResponse, err error) {
+	h = newHarness(t, budget)
+	opened := make(chan *agentv1.ExecRequest, 1)
+	big = strings.Repeat("x", 100<<10)
+	h.agent.exec = agentSends(opened, started("run-1", 5), output(1, berthv1.Stream_STREAM_STDOUT, big),
+		exited(&berthv1.ExecResult{ExitCode: proto.Int32(0), StdoutBytes: uint64(len(big))}))
+	resp, err = h.client.Run(callContext(t), &berthv1.RunRequest{SandboxId: testSandbox, ExecId: "run-1", Process: echo})
+	<-opened
+	return h, big, resp, err
+}
+
+// TestRunOutputBudget: a Run is admitted holding its first slabs and
+// grows as its output does; output that needs budget no one can give back
+// (here the Run holds all of it and waits itself) fails the Run with
+// DATA_LOSS OUTPUT_LOST naming the budget, never a cut result, and gives
+// the budget back (issue 23).
+func TestRunOutputBudget(t *testing.T) {
+	h, _, resp, err := runBigOutput(t, 128<<10)
+	if resp != nil {
+		t.Errorf("response of %d bytes with the error", len(resp.GetStdout()))
+	}
+	checkStatus(t, err, want{code: codes.DataLoss, reason: rpcstatus.ReasonOutputLost,
+		meta: map[string]string{"sandbox_id": testSandbox, "exec_id": "run-1", "resource": "CAPACITY_RESOURCE_RUN_OUTPUT"}})
+	if msg := grpcstatus.Convert(err).Message(); !strings.Contains(msg, "every Run holding it was waiting") || !strings.Contains(msg, "--run-buffer-bytes") {
+		t.Errorf("message %q; want it to say every Run holding the budget was waiting and name --run-buffer-bytes", msg)
+	}
+	if got := h.budget.Used(); got != 0 {
+		t.Errorf("run buffers in use %d after the Run; want 0", got)
+	}
+}
+
+// TestRunOutputGrows: with room, output past the first slab is collected
+// whole, the Run's lease grown.
+func TestRunOutputGrows(t *testing.T) {
+	_, big, resp, err := runBigOutput(t, 4<<20)
+	if err != nil || string(resp.GetStdout()) != big {
+		t.Fatalf("Run with room = %d bytes, %v; want all %d", len(resp.GetStdout()), err, len(big))
 	}
 }
 

@@ -29,7 +29,13 @@ import (
 // with a result that looks complete. Caps that together exceed
 // Config.RunMaxOutputBytes are INVALID_ARGUMENT naming the field; a Run
 // whose caps do not fit the server's Run buffer budget is FLEET_BUSY;
-// neither starts anything.
+// neither starts anything. A Run holds the first 64 KiB of each stream's
+// buffer of that budget from its start and more only as its output grows
+// (runout.Slabs); while the budget has no room for more, berthd stops
+// reading its output and the process waits, as for a slow reader. A Run
+// that gets no room within Config.RunBufferWait, or while every Run
+// holding budget waits for more, fails with DATA_LOSS OUTPUT_LOST naming
+// the budget; its exec runs on.
 func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {
 	sandboxID := req.GetSandboxId()
 	if err := validate.SandboxID("sandbox_id", sandboxID); err != nil {
@@ -55,13 +61,22 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		return nil, err
 	}
 	spec = validate.WithCallerDeadline(ctx, spec)
-	reserved := spec.GetStdoutLimitBytes() + spec.GetStderrLimitBytes()
-	release, used, ok := s.runBuffers.Reserve(reserved)
+	// A Run holds the first slab of each stream's buffer from here and
+	// more only as its output fills them (issue 23: reserving the caps
+	// admitted 341 Runs into the default 1 GiB whatever they printed).
+	reserved := runout.Slabs(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
+	lease, used, ok := s.runBuffers.Lease(reserved)
 	if !ok {
 		return nil, apierr.WithMeta(&apierr.FleetBusy{SandboxID: sandboxID, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_RUN_OUTPUT,
 			Limit: s.runBuffers.Limit(), InUse: used, Requested: reserved, RetryDelay: s.cfg.BusyRetryDelay}, meta)
 	}
-	defer release()
+	out := runout.NewCollector(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
+	// A buffer that must grow waits for budget while berthd stops reading
+	// this Run's output, so the agent's flow control holds the process.
+	// The budget of a grown buffer comes back once it is freed, after
+	// the response was sent from it.
+	out.HoldIn(lease)
+	defer out.Release()
 	guard, err := s.guardExec(ctx, sandboxID, execID, true)
 	if err != nil {
 		return nil, apierr.WithMeta(err, meta)
@@ -79,7 +94,6 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	if err := upstream.CloseSend(); err != nil {
 		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
 	}
-	out := runout.NewCollector(spec.GetStdoutLimitBytes(), spec.GetStderrLimitBytes())
 	var (
 		fr  wire.Frame
 		buf []byte
@@ -94,8 +108,11 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 			// much garbage again as the Run's output (issue 21).
 			if seq, stream, ok := fr.ExecOutput(); ok {
 				guard.seenOutput(seq, stream, fr.DataLen())
-				out.Write(stream, fr.Data(&buf))
+				err := out.Write(ctx, stream, fr.Data(&buf))
 				fr.Free()
+				if err != nil {
+					return nil, outputBudget(sandboxID, execID, err)
+				}
 				continue
 			}
 			msg.Reset()
@@ -108,7 +125,9 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 		guard.seen(&msg)
 		switch ev := msg.GetEvent().(type) {
 		case *agentv1.ExecResponse_Output:
-			out.Output(ev.Output)
+			if err := out.Output(ctx, ev.Output); err != nil {
+				return nil, outputBudget(sandboxID, execID, err)
+			}
 		case *agentv1.ExecResponse_Dropped:
 			out.Dropped(ev.Dropped)
 		case *agentv1.ExecResponse_Exited:
@@ -146,6 +165,17 @@ func (s *Service) runSpec(spec *berthv1.ProcessSpec) (*berthv1.ProcessSpec, erro
 	spec = proto.CloneOf(spec)
 	spec.StdoutLimitBytes, spec.StderrLimitBytes = out, errOut
 	return spec, nil
+}
+
+// outputBudget is DATA_LOSS OUTPUT_LOST for a Run whose output outgrew
+// what the Run output budget could give it (runout.ExhaustedError): the
+// command was started and runs on, but the Run cannot return its output.
+// It is not FLEET_BUSY, which says nothing started and is retried.
+func outputBudget(sandboxID, execID string, err error) error {
+	return apierr.New(codes.DataLoss, rpcstatus.ReasonOutputLost,
+		fmt.Sprintf("exec %s in sandbox %s started, but berthd could not hold its output: %v (--run-buffer-bytes, --run-buffer-wait); attach to the exec for what is retained, or lower the Run's caps",
+			execID, sandboxID, err),
+		map[string]string{"sandbox_id": sandboxID, "exec_id": execID, "resource": "CAPACITY_RESOURCE_RUN_OUTPUT"})
 }
 
 // outputLost is DATA_LOSS OUTPUT_LOST for a Run whose output arrived
