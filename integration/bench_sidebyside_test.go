@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -71,7 +73,9 @@ const fileBytes = 128 << 20
 //     the file system of the sandbox's files (hostBenchDir).
 //   - roundtrip: `true` through berth's Exec until its exit status, through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
-//     and wait4 of busybox true on the host.
+//     and wait4 of busybox true on the host; and through berth's Exec in a
+//     gvisor sandbox, beside fork, exec and wait4 of true timed inside
+//     that sandbox (testdata/forkexec).
 //   - fleet: the round trip of `true` through a fleet of two berthd
 //     processes (one etcd, TLS between nodes, the caller over TLS with a
 //     token): through the node that holds the sandbox, and through the
@@ -184,6 +188,7 @@ func BenchmarkSideBySide(b *testing.B) {
 			berthExec(b, c, gvisor, spec, io.Discard)
 			return sample{d: time.Since(start)}
 		})
+		measureInside(b, "roundtrip/gvisor-fork-exec", c, gvisor, "true")
 	})
 
 	b.Run("fleet", func(b *testing.B) {
@@ -622,6 +627,40 @@ func measure(b *testing.B, name string, bytes int64, op func(*testing.B) sample)
 		if m.lost > 0 {
 			b.ReportMetric(float64(m.lost)/float64(len(m.samples)), "lost-B/op")
 		}
+		record(name, m)
+	})
+}
+
+// insideStarts is how many fork+exec+wait of its program one run of
+// testdata/forkexec times inside a sandbox.
+const insideStarts = 20
+
+// measureInside records the anchor name: fork, exec and wait4 of prog timed
+// inside sandbox id by testdata/forkexec (copied in first), with nothing of
+// berth or the runtime's shim on the clock. Each benchmark iteration runs
+// forkexec once through Exec and keeps its insideStarts times.
+func measureInside(b *testing.B, name string, c *client.Client, id, prog string) {
+	const inside = "/tmp/berth-bench-forkexec"
+	installProgram(b, c, id, "forkexec", inside)
+	spec := &berthv1.ProcessSpec{Argv: []string{inside, strconv.Itoa(insideStarts), prog}}
+	b.Run(filepath.Base(name), func(b *testing.B) {
+		var m measurement
+		for b.Loop() {
+			var out bytes.Buffer
+			berthExec(b, c, id, spec, &out)
+			for line := range strings.Lines(out.String()) {
+				ns, err := strconv.ParseInt(strings.TrimSpace(line), 10, 64)
+				if err != nil {
+					b.Fatalf("forkexec printed %q: %v", out.String(), err)
+				}
+				m.samples = append(m.samples, time.Duration(ns))
+			}
+		}
+		if len(m.samples) == 0 {
+			b.Fatal("forkexec printed no times")
+		}
+		b.ReportMetric(float64(m.quantile(0.5))/1e6, "p50-ms")
+		b.ReportMetric(float64(m.quantile(0.99))/1e6, "p99-ms")
 		record(name, m)
 	})
 }

@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -275,6 +276,24 @@ func goBuild(out, pkg string, extraEnv ...string) error {
 		return fmt.Errorf("go build %s: %v: %s", pkg, err, b)
 	}
 	return nil
+}
+
+// installProgram builds the static program ./integration/testdata/name
+// and writes it into sandbox id at dest, executable.
+func installProgram(tb testing.TB, c *client.Client, id, name, dest string) {
+	tb.Helper()
+	bin := filepath.Join(env.dir, "bin", name)
+	if err := goBuild(bin, "./integration/testdata/"+name, "CGO_ENABLED=0"); err != nil {
+		tb.Fatal(err)
+	}
+	f, err := os.Open(bin)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := c.WriteFile(fileCtx(tb), id, dest, f, client.WithMode(0o755)); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // need skips the test when the environment is not up.

@@ -6,7 +6,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -18,7 +17,6 @@ import (
 
 	"google.golang.org/grpc/codes"
 
-	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/tarbomb"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -173,19 +171,7 @@ func TestDiskQuotaNoSubvolumes(t *testing.T) {
 	}
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{DiskBytes: 10 * mib}})
 	id := sb.GetId()
-	bin := filepath.Join(env.dir, "bin", "btrfsioctl")
-	if err := goBuild(bin, "./integration/testdata/btrfsioctl", "CGO_ENABLED=0"); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	c := dialClient(t, env.berthdAddr)
-	if _, err := c.WriteFile(fileCtx(t), id, "/workspace/btrfsioctl", f, client.WithMode(0o755)); err != nil {
-		t.Fatal(err)
-	}
+	installProgram(t, dialClient(t, env.berthdAddr), id, "btrfsioctl", "/workspace/btrfsioctl")
 	for _, tt := range []struct {
 		argv []string
 		want string

@@ -4,7 +4,8 @@
 # throughput beside containerd's task.Exec with a FIFO and a host pipe;
 # ReadFile, WriteFile, `berth cp`, Download and Upload of 128 MiB beside
 # host cp, cp && sync, tar; exec round trip (p50, p99) beside containerd's
-# task.Exec and fork+exec on the host; a 256 MiB HTTP GET through
+# task.Exec and fork+exec on the host, and under gVisor beside fork+exec
+# timed inside the gVisor sandbox; a 256 MiB HTTP GET through
 # PortForward and `berth port-forward` beside a direct connection in the
 # sandbox's network namespace; create to first exec beside `ctr run --rm`,
 # for the base image and for a real Debian image (scripts/debian-image.sh,
