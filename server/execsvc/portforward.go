@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/portconn"
 	"github.com/berth-sandbox/berth/internal/wire"
@@ -62,17 +65,26 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 	if err != nil {
 		return apierr.WithMeta(err, meta)
 	}
+	var release func()
+	direct := false
 	if s.ports != nil {
+		release, direct = s.direct.take(id)
+	}
+	if direct {
 		conn, err := s.ports.DialPort(ctx, id, task.TaskPID, port)
+		if err != nil {
+			release()
+		}
 		switch {
 		case err == nil:
+			defer release()
 			return apierr.WithMeta(forwardDirect(stream, conn, port), meta)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case portconn.Refused(err):
 			return apierr.WithMeta(portconn.ClosedError(port, err, portconn.Meta(port)), meta)
 		}
-		// The agent dials instead.
+		// The agent dials instead (as past the bounds of directSlots).
 		s.log.Debug("port forward through the agent", slog.String("sandbox_id", id), slog.Any("why", err))
 	}
 	agentCtx, cancel := context.WithCancel(ctx)
@@ -130,6 +142,64 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 			go forwardPortData(stream, upstream, &protoErr, cancel)
 		}
 	}
+}
+
+// DefaultDirectForwardsPerSandbox is Config.DirectForwardsPerSandbox when
+// unset: the connections of one sandbox berthd dials itself at once.
+const DefaultDirectForwardsPerSandbox = 256
+
+// directSlots counts the PortForward connections berthd dialed itself,
+// in all and by sandbox. Each holds a descriptor of berthd's, where
+// through the agent it held one of the sandbox's (under the sandbox's
+// RLIMIT_NOFILE): past the bounds the agent dials, so a tenant cannot
+// spend berthd's descriptors, which every other call needs.
+type directSlots struct {
+	mu         sync.Mutex
+	total      int
+	perSandbox int
+	n          int
+	bySandbox  map[string]int
+}
+
+// newDirectSlots bounds direct connections to total (0: a quarter of
+// berthd's RLIMIT_NOFILE, at least 64) and perSandbox of one sandbox (0:
+// DefaultDirectForwardsPerSandbox).
+func newDirectSlots(total, perSandbox int) *directSlots {
+	if total <= 0 {
+		total = 64
+		var lim unix.Rlimit
+		if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Cur/4 > uint64(total) {
+			total = int(min(lim.Cur/4, 1<<30))
+		}
+	}
+	if perSandbox <= 0 {
+		perSandbox = DefaultDirectForwardsPerSandbox
+	}
+	return &directSlots{total: total, perSandbox: perSandbox, bySandbox: make(map[string]int)}
+}
+
+// take reserves a direct connection of sandbox id: false when berthd
+// holds as many as it may (the agent dials then); call release when the
+// connection is closed or was never made.
+func (d *directSlots) take(id string) (release func(), ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.n >= d.total || d.bySandbox[id] >= d.perSandbox {
+		return nil, false
+	}
+	d.n++
+	d.bySandbox[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			d.n--
+			if d.bySandbox[id]--; d.bySandbox[id] == 0 {
+				delete(d.bySandbox, id)
+			}
+		})
+	}, true
 }
 
 // portDataField is the number of the data field of the port-forward messages:

@@ -2,6 +2,7 @@ package execsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -205,5 +206,88 @@ func TestPortForwardAgentDials(t *testing.T) {
 				t.Errorf("dialer asked %q; want once", d.Asked())
 			}
 		})
+	}
+}
+
+// TestPortForwardDirectBounded: each connection berthd dials itself holds
+// one of berthd's own descriptors (through the agent it held one of the
+// sandbox's, under the sandbox's RLIMIT_NOFILE), so a tenant must not be
+// able to hold berthd's descriptors without bound: past
+// Config.DirectForwardsPerSandbox open direct connections of one sandbox
+// (or Config.DirectForwards in all) the agent dials, and a connection that
+// ends gives its place back.
+func TestPortForwardDirectBounded(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }() // held until the caller's half-close
+		}
+	}()
+	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(lis.Addr().String()) }}
+	h := newHarnessWith(t, 0, func(h *harness) {
+		h.ports = d
+		h.cfg.DirectForwardsPerSandbox = 2
+	})
+	h.agent.portForward = func(stream agentv1.AgentService_PortForwardServer) error {
+		first, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(&agentv1.PortForwardResponse{Event: &agentv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: first.GetPort()}}}); err != nil {
+			return err
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return nil
+			}
+		}
+	}
+	open := func() berthv1.SandboxService_PortForwardClient {
+		t.Helper()
+		stream, err := h.client.PortForward(callContext(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
+			t.Fatal(err)
+		}
+		if msg, err := stream.Recv(); err != nil || msg.GetConnected().GetPort() != 8080 {
+			t.Fatalf("first message %v, %v; want connected to 8080", msg, err)
+		}
+		return stream
+	}
+	end := func(stream berthv1.SandboxService_PortForwardClient) {
+		t.Helper()
+		if err := stream.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("PortForward ended %v; want OK", err)
+				}
+				return
+			}
+		}
+	}
+	first, second, third := open(), open(), open()
+	if asked, calls := len(d.Asked()), h.agent.Calls(); asked != 2 || calls != 1 {
+		t.Errorf("three connections of one sandbox, two allowed direct: berthd dialed %d, the agent %d; want 2 and 1", asked, calls)
+	}
+	end(first)
+	fourth := open()
+	if asked, calls := len(d.Asked()), h.agent.Calls(); asked != 3 || calls != 1 {
+		t.Errorf("after one direct connection ended: berthd dialed %d, the agent %d; want 3 and 1", asked, calls)
+	}
+	for _, s := range []berthv1.SandboxService_PortForwardClient{second, third, fourth} {
+		end(s)
 	}
 }
