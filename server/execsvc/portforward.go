@@ -11,8 +11,10 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/internal/portconn"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/wire"
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/apierr"
@@ -61,10 +63,14 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 		return apierr.InvalidArgument("start.port", fmt.Sprintf("%d is outside 1 to 65535", port))
 	}
 	meta := map[string]string{"sandbox_id": id, "port": strconv.FormatUint(uint64(port), 10)}
+	// Watch before reaching: an exit between the two must not go unseen.
+	w := s.events.Watch(id)
+	defer s.events.Unwatch(w)
 	agent, task, err := s.reach.Reach(ctx, id, "")
 	if err != nil {
 		return apierr.WithMeta(err, meta)
 	}
+	s.events.Expect(w, task.TaskPID, task.StartedAt)
 	var release func()
 	direct := false
 	if s.ports != nil {
@@ -78,7 +84,7 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 		switch {
 		case err == nil:
 			defer release()
-			return apierr.WithMeta(forwardDirect(stream, conn, port), meta)
+			return apierr.WithMeta(forwardDirect(stream, conn, port, s.events.Fired(w)), meta)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case portconn.Refused(err):
@@ -210,8 +216,13 @@ var portDataField = portconn.DataField
 // dialed in the sandbox, and closes it: connected, then the bytes both
 // ways (portconn.Relay). Each plain data message is written from gRPC's
 // buffer; one encoded another way is decoded; anything else after the
-// start ends the stream INVALID_ARGUMENT naming "data".
-func forwardDirect(stream berthv1.SandboxService_PortForwardServer, conn *net.TCPConn, port uint32) error {
+// start ends the stream INVALID_ARGUMENT naming "data". When exited is
+// closed (the sandbox's task exited or was deleted) the connection ends
+// ABORTED CONNECTION_RESET, as one through the agent ends with the agent,
+// whatever the caller's side does: berthd's socket would otherwise keep
+// the task's network namespace alive as long as the caller kept its
+// stream open.
+func forwardDirect(stream berthv1.SandboxService_PortForwardServer, conn *net.TCPConn, port uint32, exited <-chan struct{}) error {
 	defer conn.Close()
 	if err := stream.Send(&berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: port}}}); err != nil {
 		return err
@@ -227,8 +238,21 @@ func forwardDirect(stream berthv1.SandboxService_PortForwardServer, conn *net.TC
 		}
 		return ev.Data, nil
 	}
-	return portconn.Relay(conn, portconn.Stream{RecvMsg: stream.RecvMsg, Data: data, SendMsg: stream.SendMsg,
-		EOF: &berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Eof{Eof: &berthv1.PortForwardEOF{}}}}, portconn.Meta(port))
+	relayed := make(chan error, 1)
+	go func() {
+		relayed <- portconn.Relay(conn, portconn.Stream{RecvMsg: stream.RecvMsg, Data: data, SendMsg: stream.SendMsg,
+			EOF: &berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Eof{Eof: &berthv1.PortForwardEOF{}}}}, portconn.Meta(port))
+	}()
+	select {
+	case err := <-relayed:
+		return err
+	case <-exited:
+		// Closing conn ends the copy from it; the end of the handler ends
+		// the caller's Recv in the copy to it.
+		conn.Close()
+		return apierr.New(codes.Aborted, rpcstatus.ReasonConnectionReset,
+			fmt.Sprintf("the connection to port %d in the sandbox failed: the sandbox's task exited", port), portconn.Meta(port))
+	}
 }
 
 // portWrapper re-wraps agent events as public ones, sharing the payload;

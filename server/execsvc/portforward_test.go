@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -23,6 +25,7 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"github.com/berth-sandbox/berth/server/runtimes"
 )
 
 // TestPortDataFields: berthd relays a port-forward data message between
@@ -289,5 +292,65 @@ func TestPortForwardDirectBounded(t *testing.T) {
 	}
 	for _, s := range []berthv1.SandboxService_PortForwardClient{second, third, fourth} {
 		end(s)
+	}
+}
+
+// exitSource is containerd's task events as a test sends them.
+type exitSource struct{ events chan runtime.TaskEvent }
+
+func (s exitSource) TaskEvents(context.Context) (<-chan runtime.TaskEvent, <-chan error) {
+	return s.events, make(chan error)
+}
+
+func (exitSource) Get(_ context.Context, id string) (runtime.Sandbox, error) {
+	return runtime.Sandbox{ID: id, Running: true, TaskPID: testRuntime.TaskPID}, nil
+}
+
+// TestPortForwardDirectTaskExits: a connection berthd dialed itself ends
+// when the sandbox's task exits (deleted, crashed, restarted), as one
+// through the agent ends with the agent. Here the server closed its side
+// and the caller keeps its own open: before, the stream (berthd's socket,
+// and with it the old network namespace) lasted as long as the caller
+// kept it, past the sandbox's removal.
+func TestPortForwardDirectTaskExits(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			c.Close() // end of file for the caller at once
+		}
+	}()
+	src := exitSource{events: make(chan runtime.TaskEvent, 1)}
+	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(lis.Addr().String()) }}
+	h := newHarnessWith(t, 0, func(h *harness) {
+		h.ports = d
+		h.events = runtimes.NewTaskEvents(src, slog.New(slog.DiscardHandler))
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go h.events.Run(ctx)
+
+	stream, err := h.client.PortForward(callContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"connected", "eof"} {
+		msg, err := stream.Recv()
+		if err != nil || (want == "connected") != (msg.GetConnected() != nil) || (want == "eof") != (msg.GetEof() != nil) {
+			t.Fatalf("message %v, %v; want %s", msg, err, want)
+		}
+	}
+	src.events <- runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: testSandbox, Pid: testRuntime.TaskPID, ExitStatus: 137, At: time.Now()}
+	msg, err := stream.Recv()
+	checkStatus(t, err, want{code: codes.Aborted, reason: rpcstatus.ReasonConnectionReset, meta: map[string]string{"port": "8080", "sandbox_id": testSandbox}})
+	if msg != nil || !strings.Contains(grpcstatus.Convert(err).Message(), "the sandbox's task exited") {
+		t.Errorf("after the task's exit: %v, %v; want the stream ended saying the task exited", msg, err)
 	}
 }
