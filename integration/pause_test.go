@@ -500,3 +500,28 @@ func TestPauseRaces(t *testing.T) {
 		t.Errorf("state after the races: %v, want RUNNING", st)
 	}
 }
+
+// TestPauseMaxLifetime: the maximum lifetime removes a paused sandbox
+// (docs/state.md): its frozen processes are killed, its task and record
+// gone, and nothing of it is left running in containerd.
+func TestPauseMaxLifetime(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{MaxLifetime: durationpb.New(4 * time.Second)})
+	id := sb.GetId()
+	startDetached(t, id, "sleep", "600")
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the paused sandbox removed at its maximum lifetime", func() bool {
+		_, err := env.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+		if err != nil && status.Code(err) != codes.NotFound {
+			t.Fatalf("GetSandbox: %v", err)
+		}
+		return status.Code(err) == codes.NotFound
+	})
+	if rec, err := env.rt.Get(ctx, id); err == nil {
+		t.Errorf("containerd still holds the sandbox past its lifetime: %+v", rec)
+	}
+}
