@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strconv"
@@ -523,5 +524,32 @@ func TestPauseMaxLifetime(t *testing.T) {
 	})
 	if rec, err := env.rt.Get(ctx, id); err == nil {
 		t.Errorf("containerd still holds the sandbox past its lifetime: %+v", rec)
+	}
+}
+
+// TestPauseUploadNoResume: an Upload with berth-no-resume into a paused
+// sandbox fails SANDBOX_PAUSED, writes nothing and leaves the sandbox
+// paused; the same Upload without it resumes the sandbox and writes.
+func TestPauseUploadNoResume(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{}).GetId()
+	c := dialClient(t, env.berthdAddr)
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Upload(client.NoResume(ctx), id, "/workspace", bytes.NewReader(oneFileTar("up", "paused")))
+	if rpcstatus.Reason(err) != rpcstatus.ReasonSandboxPaused {
+		t.Errorf("Upload with berth-no-resume into a paused sandbox: %v, want SANDBOX_PAUSED", err)
+	}
+	if rec, err := env.rt.Get(ctx, id); err != nil || !rec.Paused {
+		t.Errorf("after the refused Upload: paused %v, %v; want still paused", rec.Paused, err)
+	}
+	if _, err := c.Upload(ctx, id, "/workspace", bytes.NewReader(oneFileTar("up", "resumed"))); err != nil {
+		t.Fatalf("Upload without berth-no-resume: %v", err)
+	}
+	if got := run(t, id, "cat", "/workspace/up"); string(got.GetStdout()) != "resumed" {
+		t.Errorf("/workspace/up after the Uploads: %q, want only the second's %q", got.GetStdout(), "resumed")
 	}
 }
