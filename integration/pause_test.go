@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -551,5 +552,52 @@ func TestPauseUploadNoResume(t *testing.T) {
 	}
 	if got := run(t, id, "cat", "/workspace/up"); string(got.GetStdout()) != "resumed" {
 		t.Errorf("/workspace/up after the Uploads: %q, want only the second's %q", got.GetStdout(), "resumed")
+	}
+}
+
+// TestPauseRunMidOutput: a Run printing lines when its sandbox is paused
+// waits out the pause and returns every line once, in order, exit 0; the
+// pause holds it (no line while paused).
+func TestPauseRunMidOutput(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{}).GetId()
+	type result struct {
+		resp *berthv1.RunResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{
+			Argv: []string{"sh", "-c", "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i; echo $i > /tmp/at; sleep 0.05; done"}}})
+		done <- result{resp, err}
+	}()
+	waitFor(t, 20*time.Second, "the Run under way", func() bool {
+		rec, err := env.rt.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = os.Stat(fmt.Sprintf("/proc/%d/root/tmp/at", rec.TaskPID))
+		return err == nil
+	})
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("Run ended while its sandbox was paused: %v, %v", r.resp, r.err)
+	case <-time.After(2 * time.Second):
+	}
+	if _, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	var want strings.Builder
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	if r.err != nil || string(r.resp.GetStdout()) != want.String() || r.resp.GetResult().GetExitCode() != 0 {
+		t.Errorf("Run across a pause: %v, stdout %q, result %v; want lines 1 to 40 once, exit 0", r.err, r.resp.GetStdout(), r.resp.GetResult())
 	}
 }
