@@ -601,3 +601,93 @@ func TestPauseRunMidOutput(t *testing.T) {
 		t.Errorf("Run across a pause: %v, stdout %q, result %v; want lines 1 to 40 once, exit 0", r.err, r.resp.GetStdout(), r.resp.GetResult())
 	}
 }
+
+// TestPauseExecAcrossRestart: an Exec attached to a paused sandbox when
+// berthd is killed ends UNAVAILABLE with every line it had; after the
+// restart the sandbox is still PAUSED, an attach with berth-no-resume is
+// SANDBOX_PAUSED (the sandbox stays paused), and one without resumes it
+// and delivers the rest: every line once, in order, exit 0.
+func TestPauseExecAcrossRestart(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "pex")
+	p1 := startBerthd(t, e)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "paused-ex", Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	var out strings.Builder
+	var lastSeq uint64
+	// follow reads stream until it ends, keeping the output in order;
+	// stop, when set, ends the reading early once it holds.
+	follow := func(stream berthv1.SandboxService_ExecClient, stop func() bool) (*berthv1.ExecResult, error) {
+		for stop == nil || !stop() {
+			msg, err := stream.Recv()
+			if err != nil {
+				return nil, err
+			}
+			switch {
+			case msg.GetOutput() != nil:
+				if seq := msg.GetOutput().GetSeq(); seq != lastSeq+1 {
+					t.Errorf("output seq %d after %d", seq, lastSeq)
+				}
+				lastSeq = msg.GetOutput().GetSeq()
+				out.Write(msg.GetOutput().GetData())
+			case msg.GetExited() != nil:
+				return msg.GetExited().GetResult(), nil
+			}
+		}
+		return nil, nil
+	}
+	stream, err := e.sandboxes.Exec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
+		SandboxId: id, ExecId: "lines", Process: &berthv1.ProcessSpec{ShellCommand: "for i in $(seq 1 60); do echo line $i; sleep 0.05; done"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := follow(stream, func() bool { return lastSeq >= 5 }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	p1.signal(t, syscall.SIGKILL)
+	if res, err := follow(stream, nil); status.Code(err) != codes.Unavailable {
+		t.Errorf("the attached stream when berthd was killed: %v, %v; want UNAVAILABLE", res, err)
+	}
+	p2 := startBerthd(t, e)
+	attach := func(c context.Context) berthv1.SandboxService_ExecClient {
+		t.Helper()
+		s, err := e.sandboxes.Exec(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Attach{Attach: &berthv1.ExecAttach{SandboxId: id, ExecId: "lines", SinceSeq: lastSeq}}}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if res, err := follow(attach(client.NoResume(ctx)), nil); rpcstatus.Reason(err) != rpcstatus.ReasonSandboxPaused {
+		t.Errorf("attach with berth-no-resume after the restart: %v, %v; want SANDBOX_PAUSED", res, err)
+	}
+	if rec, err := e.rt.Get(ctx, id); err != nil || !rec.Paused {
+		t.Errorf("after the refused attach: paused %v, %v; want still paused", rec.Paused, err)
+	}
+	res, err := follow(attach(ctx), nil)
+	var want strings.Builder
+	for i := 1; i <= 60; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	if err != nil || res.GetExitCode() != 0 || out.String() != want.String() {
+		t.Errorf("attach after the restart: %v, %v, output %q; want lines 1 to 60 once, exit 0", res, err, out.String())
+	}
+	if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Error(err)
+	}
+	p2.signal(t, syscall.SIGTERM)
+}
