@@ -691,3 +691,58 @@ func TestPauseExecAcrossRestart(t *testing.T) {
 	}
 	p2.signal(t, syscall.SIGTERM)
 }
+
+// TestPauseDeleteRaces: DeleteSandbox of a paused sandbox meeting a
+// PauseSandbox, a ResumeSandbox and a Run (which resumes) at once always
+// removes it: the delete succeeds, the others succeed or fail NOT_FOUND,
+// SANDBOX_NOT_RUNNING or SANDBOX_UNREACHABLE (the Run also ABORTED, the
+// sandbox deleted while it ran), and containerd holds
+// nothing of it afterwards.
+func TestPauseDeleteRaces(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for round := range 3 {
+		id := newSandbox(t, &berthv1.CreateSandboxRequest{}).GetId()
+		startDetached(t, id, "sleep", "600")
+		if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		others := map[string]func() error{
+			"PauseSandbox": func() error {
+				_, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id})
+				return err
+			},
+			"ResumeSandbox": func() error {
+				_, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id})
+				return err
+			},
+			"Run": func() error {
+				_, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"true"}}})
+				return err
+			},
+		}
+		for name, call := range others {
+			wg.Go(func() {
+				err := call()
+				switch {
+				case err == nil, status.Code(err) == codes.NotFound,
+					rpcstatus.Reason(err) == rpcstatus.ReasonSandboxNotRunning, rpcstatus.Reason(err) == rpcstatus.ReasonUnreachable,
+					name == "Run" && status.Code(err) == codes.Aborted: // deleted while it ran
+				default:
+					t.Errorf("round %d: %s meeting DeleteSandbox: %v", round, name, err)
+				}
+			})
+		}
+		wg.Go(func() {
+			if _, err := env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+				t.Errorf("round %d: DeleteSandbox of a paused sandbox meeting pause, resume and Run: %v", round, err)
+			}
+		})
+		wg.Wait()
+		if rec, err := env.rt.Get(ctx, id); err == nil {
+			t.Errorf("round %d: containerd still holds the deleted sandbox: %+v", round, rec)
+		}
+	}
+}
