@@ -239,34 +239,8 @@ func TestPortForwardDirectBounded(t *testing.T) {
 		h.ports = d
 		h.cfg.DirectForwardsPerSandbox = 2
 	})
-	h.agent.portForward = func(stream agentv1.AgentService_PortForwardServer) error {
-		first, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if err := stream.Send(&agentv1.PortForwardResponse{Event: &agentv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: first.GetPort()}}}); err != nil {
-			return err
-		}
-		for {
-			if _, err := stream.Recv(); err != nil {
-				return nil
-			}
-		}
-	}
-	open := func() berthv1.SandboxService_PortForwardClient {
-		t.Helper()
-		stream, err := h.client.PortForward(callContext(t))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
-			t.Fatal(err)
-		}
-		if msg, err := stream.Recv(); err != nil || msg.GetConnected().GetPort() != 8080 {
-			t.Fatalf("first message %v, %v; want connected to 8080", msg, err)
-		}
-		return stream
-	}
+	h.agent.portForward = agentConnects
+	open := func() berthv1.SandboxService_PortForwardClient { return openForward(t, h) }
 	end := func(stream berthv1.SandboxService_PortForwardClient) {
 		t.Helper()
 		if err := stream.CloseSend(); err != nil {
@@ -334,18 +308,9 @@ func TestPortForwardDirectTaskExits(t *testing.T) {
 	defer cancel()
 	go h.events.Run(ctx)
 
-	stream, err := h.client.PortForward(callContext(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"connected", "eof"} {
-		msg, err := stream.Recv()
-		if err != nil || (want == "connected") != (msg.GetConnected() != nil) || (want == "eof") != (msg.GetEof() != nil) {
-			t.Fatalf("message %v, %v; want %s", msg, err, want)
-		}
+	stream := openForward(t, h)
+	if msg, err := stream.Recv(); err != nil || msg.GetEof() == nil {
+		t.Fatalf("message %v, %v; want eof", msg, err)
 	}
 	src.events <- runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: testSandbox, Pid: testRuntime.TaskPID, ExitStatus: 137, At: time.Now()}
 	msg, err := stream.Recv()
