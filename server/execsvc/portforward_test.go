@@ -78,15 +78,22 @@ func dialLocal(addr string) (*net.TCPConn, error) {
 	return c.(*net.TCPConn), nil
 }
 
-// echoServer accepts one connection, reads it to end of file (the
-// caller's half-close), answers "echo:" and what it read, and closes.
-func echoServer(t *testing.T) string {
+// localListener listens on a port of 127.0.0.1 until the test ends.
+func localListener(t *testing.T) net.Listener {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lis.Close() })
+	return lis
+}
+
+// echoServer accepts one connection, reads it to end of file (the
+// caller's half-close), answers "echo:" and what it read, and closes.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	lis := localListener(t)
 	go func() {
 		c, err := lis.Accept()
 		if err != nil {
@@ -220,11 +227,7 @@ func TestPortForwardAgentDials(t *testing.T) {
 // (or Config.DirectForwards in all) the agent dials, and a connection that
 // ends gives its place back.
 func TestPortForwardDirectBounded(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
+	lis := localListener(t)
 	go func() {
 		for {
 			c, err := lis.Accept()
@@ -287,11 +290,7 @@ func (exitSource) Get(_ context.Context, id string) (runtime.Sandbox, error) {
 // and with it the old network namespace) lasted as long as the caller
 // kept it, past the sandbox's removal.
 func TestPortForwardDirectTaskExits(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
+	lis := localListener(t)
 	go func() {
 		c, err := lis.Accept()
 		if err == nil {
