@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -498,5 +500,249 @@ func TestPauseRaces(t *testing.T) {
 	}
 	if st := sandboxState(t, ctx, id); st != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Errorf("state after the races: %v, want RUNNING", st)
+	}
+}
+
+// TestPauseMaxLifetime: the maximum lifetime removes a paused sandbox
+// (docs/state.md): its frozen processes are killed, its task and record
+// gone, and nothing of it is left running in containerd.
+func TestPauseMaxLifetime(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{MaxLifetime: durationpb.New(4 * time.Second)})
+	id := sb.GetId()
+	startDetached(t, id, "sleep", "600")
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the paused sandbox removed at its maximum lifetime", func() bool {
+		_, err := env.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+		if err != nil && status.Code(err) != codes.NotFound {
+			t.Fatalf("GetSandbox: %v", err)
+		}
+		return status.Code(err) == codes.NotFound
+	})
+	if rec, err := env.rt.Get(ctx, id); err == nil {
+		t.Errorf("containerd still holds the sandbox past its lifetime: %+v", rec)
+	}
+}
+
+// TestPauseUploadNoResume: an Upload with berth-no-resume into a paused
+// sandbox fails SANDBOX_PAUSED, writes nothing and leaves the sandbox
+// paused; the same Upload without it resumes the sandbox and writes.
+func TestPauseUploadNoResume(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{}).GetId()
+	c := dialClient(t, env.berthdAddr)
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := c.Upload(client.NoResume(ctx), id, "/workspace", bytes.NewReader(oneFileTar("up", "paused")))
+	if rpcstatus.Reason(err) != rpcstatus.ReasonSandboxPaused {
+		t.Errorf("Upload with berth-no-resume into a paused sandbox: %v, want SANDBOX_PAUSED", err)
+	}
+	if rec, err := env.rt.Get(ctx, id); err != nil || !rec.Paused {
+		t.Errorf("after the refused Upload: paused %v, %v; want still paused", rec.Paused, err)
+	}
+	if _, err := c.Upload(ctx, id, "/workspace", bytes.NewReader(oneFileTar("up", "resumed"))); err != nil {
+		t.Fatalf("Upload without berth-no-resume: %v", err)
+	}
+	if got := run(t, id, "cat", "/workspace/up"); string(got.GetStdout()) != "resumed" {
+		t.Errorf("/workspace/up after the Uploads: %q, want only the second's %q", got.GetStdout(), "resumed")
+	}
+}
+
+// TestPauseRunMidOutput: a Run printing lines when its sandbox is paused
+// waits out the pause and returns every line once, in order, exit 0; the
+// pause holds it (no line while paused).
+func TestPauseRunMidOutput(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{}).GetId()
+	type result struct {
+		resp *berthv1.RunResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{
+			Argv: []string{"sh", "-c", "i=0; while [ $i -lt 40 ]; do i=$((i+1)); echo $i; echo $i > /tmp/at; sleep 0.05; done"}}})
+		done <- result{resp, err}
+	}()
+	waitFor(t, 20*time.Second, "the Run under way", func() bool {
+		rec, err := env.rt.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = os.Stat(fmt.Sprintf("/proc/%d/root/tmp/at", rec.TaskPID))
+		return err == nil
+	})
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("Run ended while its sandbox was paused: %v, %v", r.resp, r.err)
+	case <-time.After(2 * time.Second):
+	}
+	if _, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	var want strings.Builder
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&want, "%d\n", i)
+	}
+	if r.err != nil || string(r.resp.GetStdout()) != want.String() || r.resp.GetResult().GetExitCode() != 0 {
+		t.Errorf("Run across a pause: %v, stdout %q, result %v; want lines 1 to 40 once, exit 0", r.err, r.resp.GetStdout(), r.resp.GetResult())
+	}
+}
+
+// TestPauseExecAcrossRestart: an Exec attached to a paused sandbox when
+// berthd is killed ends UNAVAILABLE with every line it had; after the
+// restart the sandbox is still PAUSED, an attach with berth-no-resume is
+// SANDBOX_PAUSED (the sandbox stays paused), and one without resumes it
+// and delivers the rest: every line once, in order, exit 0.
+func TestPauseExecAcrossRestart(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "pex")
+	p1 := startBerthd(t, e)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "paused-ex", Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	var out strings.Builder
+	var lastSeq uint64
+	// follow reads stream until it ends, keeping the output in order;
+	// stop, when set, ends the reading early once it holds.
+	follow := func(stream berthv1.SandboxService_ExecClient, stop func() bool) (*berthv1.ExecResult, error) {
+		for stop == nil || !stop() {
+			msg, err := stream.Recv()
+			if err != nil {
+				return nil, err
+			}
+			switch {
+			case msg.GetOutput() != nil:
+				if seq := msg.GetOutput().GetSeq(); seq != lastSeq+1 {
+					t.Errorf("output seq %d after %d", seq, lastSeq)
+				}
+				lastSeq = msg.GetOutput().GetSeq()
+				out.Write(msg.GetOutput().GetData())
+			case msg.GetExited() != nil:
+				return msg.GetExited().GetResult(), nil
+			}
+		}
+		return nil, nil
+	}
+	stream, err := e.sandboxes.Exec(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
+		SandboxId: id, ExecId: "lines", Process: &berthv1.ProcessSpec{ShellCommand: "for i in $(seq 1 60); do echo line $i; sleep 0.05; done"}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := follow(stream, func() bool { return lastSeq >= 5 }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	p1.signal(t, syscall.SIGKILL)
+	if res, err := follow(stream, nil); status.Code(err) != codes.Unavailable {
+		t.Errorf("the attached stream when berthd was killed: %v, %v; want UNAVAILABLE", res, err)
+	}
+	p2 := startBerthd(t, e)
+	attach := func(c context.Context) berthv1.SandboxService_ExecClient {
+		t.Helper()
+		s, err := e.sandboxes.Exec(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Send(&berthv1.ExecRequest{Event: &berthv1.ExecRequest_Attach{Attach: &berthv1.ExecAttach{SandboxId: id, ExecId: "lines", SinceSeq: lastSeq}}}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if res, err := follow(attach(client.NoResume(ctx)), nil); rpcstatus.Reason(err) != rpcstatus.ReasonSandboxPaused {
+		t.Errorf("attach with berth-no-resume after the restart: %v, %v; want SANDBOX_PAUSED", res, err)
+	}
+	if rec, err := e.rt.Get(ctx, id); err != nil || !rec.Paused {
+		t.Errorf("after the refused attach: paused %v, %v; want still paused", rec.Paused, err)
+	}
+	res, err := follow(attach(ctx), nil)
+	var want strings.Builder
+	for i := 1; i <= 60; i++ {
+		fmt.Fprintf(&want, "line %d\n", i)
+	}
+	if err != nil || res.GetExitCode() != 0 || out.String() != want.String() {
+		t.Errorf("attach after the restart: %v, %v, output %q; want lines 1 to 60 once, exit 0", res, err, out.String())
+	}
+	if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Error(err)
+	}
+	p2.signal(t, syscall.SIGTERM)
+}
+
+// TestPauseDeleteRaces: DeleteSandbox of a paused sandbox meeting a
+// PauseSandbox, a ResumeSandbox and a Run (which resumes) at once always
+// removes it: the delete succeeds, the others succeed or fail NOT_FOUND,
+// SANDBOX_NOT_RUNNING or SANDBOX_UNREACHABLE (the Run also ABORTED, the
+// sandbox deleted while it ran), and containerd holds
+// nothing of it afterwards.
+func TestPauseDeleteRaces(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for round := range 3 {
+		id := newSandbox(t, &berthv1.CreateSandboxRequest{}).GetId()
+		startDetached(t, id, "sleep", "600")
+		if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		others := map[string]func() error{
+			"PauseSandbox": func() error {
+				_, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id})
+				return err
+			},
+			"ResumeSandbox": func() error {
+				_, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id})
+				return err
+			},
+			"Run": func() error {
+				_, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"true"}}})
+				return err
+			},
+		}
+		for name, call := range others {
+			wg.Go(func() {
+				err := call()
+				switch {
+				case err == nil, status.Code(err) == codes.NotFound,
+					rpcstatus.Reason(err) == rpcstatus.ReasonSandboxNotRunning, rpcstatus.Reason(err) == rpcstatus.ReasonUnreachable,
+					name == "Run" && status.Code(err) == codes.Aborted: // deleted while it ran
+				default:
+					t.Errorf("round %d: %s meeting DeleteSandbox: %v", round, name, err)
+				}
+			})
+		}
+		wg.Go(func() {
+			if _, err := env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+				t.Errorf("round %d: DeleteSandbox of a paused sandbox meeting pause, resume and Run: %v", round, err)
+			}
+		})
+		wg.Wait()
+		if rec, err := env.rt.Get(ctx, id); err == nil {
+			t.Errorf("round %d: containerd still holds the deleted sandbox: %+v", round, rec)
+		}
 	}
 }

@@ -470,3 +470,69 @@ func TestPortForwardAfterRestart(t *testing.T) {
 	startBerthd(t, e)
 	forward(dialClient(t, "unix://"+e.sock))
 }
+
+// TestPortForwardEndsWithSandbox: a connection berthd dialed in a runc
+// sandbox's network namespace is closed when the sandbox is deleted, even
+// while the caller keeps its side open and sends nothing: before, berthd
+// held the socket (and with it the deleted sandbox's network namespace)
+// as long as the caller held the stream.
+func TestPortForwardEndsWithSandbox(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "pfd")
+	p := startBerthd(t, e)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "pfd", Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	c := dialClient(t, "unix://"+e.sock)
+	startInSandbox(t, c, id, 9005, "nc", "-ll", "-p", "9005", "-e", "cat")
+	berthd := p.cmd.Process.Pid
+	sockets := func() map[string]bool {
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", berthd))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]bool{}
+		for _, fd := range fds {
+			if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", berthd, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
+				m[l] = true
+			}
+		}
+		return m
+	}
+	before := sockets()
+	pc, err := c.PortForward(ctx, id, 9005)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	var opened []string
+	for s := range sockets() {
+		if !before[s] {
+			opened = append(opened, s)
+		}
+	}
+	if len(opened) == 0 {
+		t.Fatal("berthd holds no new socket with a forwarded connection open; want it to hold the connection it dialed")
+	}
+	if err := c.DeleteSandbox(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	held := func() []string {
+		now := sockets()
+		var still []string
+		for _, s := range opened {
+			if now[s] {
+				still = append(still, s)
+			}
+		}
+		return still
+	}
+	if !poll(30*time.Second, func() bool { return len(held()) == 0 }) {
+		t.Errorf("30 s after the sandbox was deleted berthd still holds %v of the sockets it opened for the forwarded connection (%v)", held(), opened)
+	}
+}

@@ -30,6 +30,13 @@ type Config struct {
 	RunStdoutBytes    uint64
 	RunStderrBytes    uint64
 	RunMaxOutputBytes uint64
+	// DirectForwards bounds the PortForward connections berthd holds
+	// dialed itself (each one of berthd's descriptors), and
+	// DirectForwardsPerSandbox those of one sandbox; past either the
+	// sandbox's agent dials, under the sandbox's own limits. 0: a quarter
+	// of berthd's RLIMIT_NOFILE, and DefaultDirectForwardsPerSandbox.
+	DirectForwards           int
+	DirectForwardsPerSandbox int
 }
 
 // reacher reaches a sandbox's agent before anything is sent to it
@@ -118,11 +125,13 @@ type Service struct {
 	life       background
 	obs        Observer
 	ports      portDialer
+	direct     *directSlots
 	log        *slog.Logger
 }
 
 // New returns the process RPCs over d.
 func New(cfg Config, d Deps, log *slog.Logger) *Service {
 	return &Service{cfg: cfg, rt: d.Store, reach: d.Reach, events: d.Events, ids: d.Registry, capacity: d.Capacity,
-		runBuffers: d.RunBuffers, life: d.Background, obs: d.Observer, ports: d.Ports, log: log}
+		runBuffers: d.RunBuffers, life: d.Background, obs: d.Observer, ports: d.Ports,
+		direct: newDirectSlots(cfg.DirectForwards, cfg.DirectForwardsPerSandbox), log: log}
 }

@@ -1501,27 +1501,29 @@ func TestPortForwardAgentEndsEarly(t *testing.T) {
 // start ends the stream INVALID_ARGUMENT naming "data".
 func TestPortForwardSecondStart(t *testing.T) {
 	h := newHarness(t, 0)
-	h.agent.portForward = func(stream agentv1.AgentService_PortForwardServer) error {
-		first, err := stream.Recv()
-		if err != nil {
-			return err
-		}
-		if err := stream.Send(&agentv1.PortForwardResponse{Event: &agentv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: first.GetPort()}}}); err != nil {
-			return err
-		}
-		for {
-			if _, err := stream.Recv(); err != nil {
-				return nil
-			}
-		}
-	}
+	h.agent.portForward = agentConnects
 	checkSecondStart(t, h)
 }
 
-// exchange opens a forward to port 8080, which must connect, sends msgs,
-// half-closes, and returns what follows the connect up to the stream's
-// OK end.
-func exchange(t *testing.T, h *harness, msgs ...*berthv1.PortForwardRequest) []*berthv1.PortForwardResponse {
+// agentConnects is an agent's PortForward that connects to the port asked
+// and reads what follows until the stream ends.
+func agentConnects(stream agentv1.AgentService_PortForwardServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&agentv1.PortForwardResponse{Event: &agentv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: first.GetPort()}}}); err != nil {
+		return err
+	}
+	for {
+		if _, err := stream.Recv(); err != nil {
+			return nil
+		}
+	}
+}
+
+// openForward opens a forward to port 8080, which must connect.
+func openForward(t *testing.T, h *harness) berthv1.SandboxService_PortForwardClient {
 	t.Helper()
 	stream, err := h.client.PortForward(callContext(t))
 	if err != nil {
@@ -1530,10 +1532,18 @@ func exchange(t *testing.T, h *harness, msgs ...*berthv1.PortForwardRequest) []*
 	if err := stream.Send(portStart(testSandbox, 8080)); err != nil {
 		t.Fatal(err)
 	}
-	first, err := stream.Recv()
-	if err != nil || first.GetConnected().GetPort() != 8080 {
-		t.Fatalf("first message %v, %v; want connected to 8080", first, err)
+	if msg, err := stream.Recv(); err != nil || msg.GetConnected().GetPort() != 8080 {
+		t.Fatalf("first message %v, %v; want connected to 8080", msg, err)
 	}
+	return stream
+}
+
+// exchange opens a forward to port 8080, which must connect, sends msgs,
+// half-closes, and returns what follows the connect up to the stream's
+// OK end.
+func exchange(t *testing.T, h *harness, msgs ...*berthv1.PortForwardRequest) []*berthv1.PortForwardResponse {
+	t.Helper()
+	stream := openForward(t, h)
 	for _, m := range msgs {
 		if err := stream.Send(m); err != nil {
 			t.Fatal(err)

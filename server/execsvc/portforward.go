@@ -8,8 +8,13 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/internal/portconn"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/wire"
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/apierr"
@@ -58,21 +63,34 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 		return apierr.InvalidArgument("start.port", fmt.Sprintf("%d is outside 1 to 65535", port))
 	}
 	meta := map[string]string{"sandbox_id": id, "port": strconv.FormatUint(uint64(port), 10)}
+	// Watch before reaching: an exit between the two must not go unseen.
+	w := s.events.Watch(id)
+	defer s.events.Unwatch(w)
 	agent, task, err := s.reach.Reach(ctx, id, "")
 	if err != nil {
 		return apierr.WithMeta(err, meta)
 	}
+	s.events.Expect(w, task.TaskPID, task.StartedAt)
+	var release func()
+	direct := false
 	if s.ports != nil {
+		release, direct = s.direct.take(id)
+	}
+	if direct {
 		conn, err := s.ports.DialPort(ctx, id, task.TaskPID, port)
+		if err != nil {
+			release()
+		}
 		switch {
 		case err == nil:
-			return apierr.WithMeta(forwardDirect(stream, conn, port), meta)
+			defer release()
+			return apierr.WithMeta(forwardDirect(stream, conn, port, s.events.Fired(w)), meta)
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case portconn.Refused(err):
 			return apierr.WithMeta(portconn.ClosedError(port, err, portconn.Meta(port)), meta)
 		}
-		// The agent dials instead.
+		// The agent dials instead (as past the bounds of directSlots).
 		s.log.Debug("port forward through the agent", slog.String("sandbox_id", id), slog.Any("why", err))
 	}
 	agentCtx, cancel := context.WithCancel(ctx)
@@ -132,6 +150,64 @@ func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) e
 	}
 }
 
+// DefaultDirectForwardsPerSandbox is Config.DirectForwardsPerSandbox when
+// unset: the connections of one sandbox berthd dials itself at once.
+const DefaultDirectForwardsPerSandbox = 256
+
+// directSlots counts the PortForward connections berthd dialed itself,
+// in all and by sandbox. Each holds a descriptor of berthd's, where
+// through the agent it held one of the sandbox's (under the sandbox's
+// RLIMIT_NOFILE): past the bounds the agent dials, so a tenant cannot
+// spend berthd's descriptors, which every other call needs.
+type directSlots struct {
+	mu         sync.Mutex
+	total      int
+	perSandbox int
+	n          int
+	bySandbox  map[string]int
+}
+
+// newDirectSlots bounds direct connections to total (0: a quarter of
+// berthd's RLIMIT_NOFILE, at least 64) and perSandbox of one sandbox (0:
+// DefaultDirectForwardsPerSandbox).
+func newDirectSlots(total, perSandbox int) *directSlots {
+	if total <= 0 {
+		total = 64
+		var lim unix.Rlimit
+		if unix.Getrlimit(unix.RLIMIT_NOFILE, &lim) == nil && lim.Cur/4 > uint64(total) {
+			total = int(min(lim.Cur/4, 1<<30))
+		}
+	}
+	if perSandbox <= 0 {
+		perSandbox = DefaultDirectForwardsPerSandbox
+	}
+	return &directSlots{total: total, perSandbox: perSandbox, bySandbox: make(map[string]int)}
+}
+
+// take reserves a direct connection of sandbox id: false when berthd
+// holds as many as it may (the agent dials then); call release when the
+// connection is closed or was never made.
+func (d *directSlots) take(id string) (release func(), ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.n >= d.total || d.bySandbox[id] >= d.perSandbox {
+		return nil, false
+	}
+	d.n++
+	d.bySandbox[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			d.n--
+			if d.bySandbox[id]--; d.bySandbox[id] == 0 {
+				delete(d.bySandbox, id)
+			}
+		})
+	}, true
+}
+
 // portDataField is the number of the data field of the port-forward messages:
 // the same in berth.v1 and berth.agent.v1, requests and responses.
 var portDataField = portconn.DataField
@@ -140,8 +216,13 @@ var portDataField = portconn.DataField
 // dialed in the sandbox, and closes it: connected, then the bytes both
 // ways (portconn.Relay). Each plain data message is written from gRPC's
 // buffer; one encoded another way is decoded; anything else after the
-// start ends the stream INVALID_ARGUMENT naming "data".
-func forwardDirect(stream berthv1.SandboxService_PortForwardServer, conn *net.TCPConn, port uint32) error {
+// start ends the stream INVALID_ARGUMENT naming "data". When exited is
+// closed (the sandbox's task exited or was deleted) the connection ends
+// ABORTED CONNECTION_RESET, as one through the agent ends with the agent,
+// whatever the caller's side does: berthd's socket would otherwise keep
+// the task's network namespace alive as long as the caller kept its
+// stream open.
+func forwardDirect(stream berthv1.SandboxService_PortForwardServer, conn *net.TCPConn, port uint32, exited <-chan struct{}) error {
 	defer conn.Close()
 	if err := stream.Send(&berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Connected{Connected: &berthv1.PortForwardConnected{Port: port}}}); err != nil {
 		return err
@@ -157,8 +238,21 @@ func forwardDirect(stream berthv1.SandboxService_PortForwardServer, conn *net.TC
 		}
 		return ev.Data, nil
 	}
-	return portconn.Relay(conn, portconn.Stream{RecvMsg: stream.RecvMsg, Data: data, SendMsg: stream.SendMsg,
-		EOF: &berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Eof{Eof: &berthv1.PortForwardEOF{}}}}, portconn.Meta(port))
+	relayed := make(chan error, 1)
+	go func() {
+		relayed <- portconn.Relay(conn, portconn.Stream{RecvMsg: stream.RecvMsg, Data: data, SendMsg: stream.SendMsg,
+			EOF: &berthv1.PortForwardResponse{Event: &berthv1.PortForwardResponse_Eof{Eof: &berthv1.PortForwardEOF{}}}}, portconn.Meta(port))
+	}()
+	select {
+	case err := <-relayed:
+		return err
+	case <-exited:
+		// Closing conn ends the copy from it; the end of the handler ends
+		// the caller's Recv in the copy to it.
+		conn.Close()
+		return apierr.New(codes.Aborted, rpcstatus.ReasonConnectionReset,
+			fmt.Sprintf("the connection to port %d in the sandbox failed: the sandbox's task exited", port), portconn.Meta(port))
+	}
 }
 
 // portWrapper re-wraps agent events as public ones, sharing the payload;

@@ -2,8 +2,10 @@ package execsvc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -11,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -22,6 +25,7 @@ import (
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/runtime"
+	"github.com/berth-sandbox/berth/server/runtimes"
 )
 
 // TestPortDataFields: berthd relays a port-forward data message between
@@ -74,15 +78,22 @@ func dialLocal(addr string) (*net.TCPConn, error) {
 	return c.(*net.TCPConn), nil
 }
 
-// echoServer accepts one connection, reads it to end of file (the
-// caller's half-close), answers "echo:" and what it read, and closes.
-func echoServer(t *testing.T) string {
+// localListener listens on a port of 127.0.0.1 until the test ends.
+func localListener(t *testing.T) net.Listener {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lis.Close() })
+	return lis
+}
+
+// echoServer accepts one connection, reads it to end of file (the
+// caller's half-close), answers "echo:" and what it read, and closes.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	lis := localListener(t)
 	go func() {
 		c, err := lis.Accept()
 		if err != nil {
@@ -205,5 +216,105 @@ func TestPortForwardAgentDials(t *testing.T) {
 				t.Errorf("dialer asked %q; want once", d.Asked())
 			}
 		})
+	}
+}
+
+// TestPortForwardDirectBounded: each connection berthd dials itself holds
+// one of berthd's own descriptors (through the agent it held one of the
+// sandbox's, under the sandbox's RLIMIT_NOFILE), so a tenant must not be
+// able to hold berthd's descriptors without bound: past
+// Config.DirectForwardsPerSandbox open direct connections of one sandbox
+// (or Config.DirectForwards in all) the agent dials, and a connection that
+// ends gives its place back.
+func TestPortForwardDirectBounded(t *testing.T) {
+	lis := localListener(t)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }() // held until the caller's half-close
+		}
+	}()
+	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(lis.Addr().String()) }}
+	h := newHarnessWith(t, 0, func(h *harness) {
+		h.ports = d
+		h.cfg.DirectForwardsPerSandbox = 2
+	})
+	h.agent.portForward = agentConnects
+	open := func() berthv1.SandboxService_PortForwardClient { return openForward(t, h) }
+	end := func(stream berthv1.SandboxService_PortForwardClient) {
+		t.Helper()
+		if err := stream.CloseSend(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := stream.Recv(); err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("PortForward ended %v; want OK", err)
+				}
+				return
+			}
+		}
+	}
+	first, second, third := open(), open(), open()
+	if asked, calls := len(d.Asked()), h.agent.Calls(); asked != 2 || calls != 1 {
+		t.Errorf("three connections of one sandbox, two allowed direct: berthd dialed %d, the agent %d; want 2 and 1", asked, calls)
+	}
+	end(first)
+	fourth := open()
+	if asked, calls := len(d.Asked()), h.agent.Calls(); asked != 3 || calls != 1 {
+		t.Errorf("after one direct connection ended: berthd dialed %d, the agent %d; want 3 and 1", asked, calls)
+	}
+	for _, s := range []berthv1.SandboxService_PortForwardClient{second, third, fourth} {
+		end(s)
+	}
+}
+
+// exitSource is containerd's task events as a test sends them.
+type exitSource struct{ events chan runtime.TaskEvent }
+
+func (s exitSource) TaskEvents(context.Context) (<-chan runtime.TaskEvent, <-chan error) {
+	return s.events, make(chan error)
+}
+
+func (exitSource) Get(_ context.Context, id string) (runtime.Sandbox, error) {
+	return runtime.Sandbox{ID: id, Running: true, TaskPID: testRuntime.TaskPID}, nil
+}
+
+// TestPortForwardDirectTaskExits: a connection berthd dialed itself ends
+// when the sandbox's task exits (deleted, crashed, restarted), as one
+// through the agent ends with the agent. Here the server closed its side
+// and the caller keeps its own open: before, the stream (berthd's socket,
+// and with it the old network namespace) lasted as long as the caller
+// kept it, past the sandbox's removal.
+func TestPortForwardDirectTaskExits(t *testing.T) {
+	lis := localListener(t)
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			c.Close() // end of file for the caller at once
+		}
+	}()
+	src := exitSource{events: make(chan runtime.TaskEvent, 1)}
+	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(lis.Addr().String()) }}
+	h := newHarnessWith(t, 0, func(h *harness) {
+		h.ports = d
+		h.events = runtimes.NewTaskEvents(src, slog.New(slog.DiscardHandler))
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	go h.events.Run(ctx)
+
+	stream := openForward(t, h)
+	if msg, err := stream.Recv(); err != nil || msg.GetEof() == nil {
+		t.Fatalf("message %v, %v; want eof", msg, err)
+	}
+	src.events <- runtime.TaskEvent{Kind: runtime.TaskExited, SandboxID: testSandbox, Pid: testRuntime.TaskPID, ExitStatus: 137, At: time.Now()}
+	msg, err := stream.Recv()
+	checkStatus(t, err, want{code: codes.Aborted, reason: rpcstatus.ReasonConnectionReset, meta: map[string]string{"port": "8080", "sandbox_id": testSandbox}})
+	if msg != nil || !strings.Contains(grpcstatus.Convert(err).Message(), "the sandbox's task exited") {
+		t.Errorf("after the task's exit: %v, %v; want the stream ended saying the task exited", msg, err)
 	}
 }

@@ -87,8 +87,16 @@ func (r *Runtime) sandboxProcess(id string, pid uint32) (int, error) {
 // inNetNS runs fn on a locked thread moved into the network namespace ns
 // (setns(2) of a namespace file or a pidfd); sockets fn makes stay there.
 // The thread moves back afterwards; one that cannot is never unlocked, so
-// that Go ends it with the goroutine rather than run others there.
+// that Go ends it with the goroutine rather than run others there. At most
+// maxNetNSDials run at once: past that it fails with ErrNoDirectPath
+// without running fn.
 func inNetNS(ns netns.NsHandle, fn func() error) error {
+	select {
+	case netnsDials <- struct{}{}:
+		defer func() { <-netnsDials }()
+	default:
+		return fmt.Errorf("%w: %d connections are being opened in sandboxes' network namespaces already, each on a thread of berthd's own", ErrNoDirectPath, maxNetNSDials)
+	}
 	done := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
@@ -112,6 +120,15 @@ func inNetNS(ns netns.NsHandle, fn func() error) error {
 	}()
 	return <-done
 }
+
+// maxNetNSDials bounds the threads locked in sandboxes' network
+// namespaces at once (inNetNS): each holds one of berthd's threads until
+// its connect(2) ends, up to portconn.DialTimeout for a port whose listen
+// backlog is full, and past 10,000 threads Go ends the process.
+const maxNetNSDials = 32
+
+// netnsDials holds a place for each inNetNS under way.
+var netnsDials = make(chan struct{}, maxNetNSDials)
 
 // taskKinds remembers whether each sandbox's task runs under gVisor, by
 // sandbox id and task pid, so that containerd is asked once per task.
