@@ -281,6 +281,9 @@ func (a *Authenticator) authenticate(ctx context.Context) (context.Context, erro
 	if err != nil {
 		return nil, err
 	}
+	if err := resume.Check(ctx); err != nil {
+		return nil, rpcstatus.InvalidArgument(resume.Header, err.Error())
+	}
 	method, _ := grpc.Method(ctx)
 	fwd := metadata.ValueFromIncomingContext(ctx, ForwardedHeader)
 	switch {
