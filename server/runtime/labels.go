@@ -117,6 +117,9 @@ func (s SandboxSpec) Digest() string {
 		// shm_bytes existed stay what they were.
 		field("shm", strconv.FormatUint(s.shmBytes(), 10))
 	}
+	if s.FromSnapshot != "" {
+		field("from-snapshot", s.FromSnapshot)
+	}
 	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
