@@ -294,6 +294,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.MaxLifetime != want.MaxLifetime, "max_lifetime")
 	add(!have.Network.Equal(want.Network), "network")
 	add(idleAction(have.IdleAction) != idleAction(want.IdleAction), "idle_action")
+	add(have.FromSnapshot != want.FromSnapshot, "from_snapshot")
 	return fields
 }
 

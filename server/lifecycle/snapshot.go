@@ -38,17 +38,11 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 	if err != nil {
 		return runtime.Snapshot{}, err
 	}
-	unlock, err := m.lifecycle.Lock(ctx, id)
+	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
-		return runtime.Snapshot{}, fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", id, err)
-	}
-	defer unlock()
-	if seen, err := m.sees(ctx, id, p); !seen {
-		if err == nil {
-			err = fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
-		}
 		return runtime.Snapshot{}, err
 	}
+	defer unlock()
 	freeze := func(ctx context.Context) (func(), error) {
 		if m.reach.Paused(id) {
 			return func() {}, nil

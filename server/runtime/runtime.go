@@ -460,6 +460,8 @@ type Sandbox struct {
 	Paused bool
 	// IdleAction is as in SandboxSpec, IdleDelete when none was recorded.
 	IdleAction string
+	// FromSnapshot is as in SandboxSpec.
+	FromSnapshot string
 	// TaskPID is the task's host pid; zero when there is no task.
 	TaskPID uint32
 	// SocketPath is the host path of the agent's socket.
@@ -579,7 +581,6 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		if parent, err = r.snapshotParent(step, spec.FromSnapshot); err != nil {
 			return err
 		}
-		labels[labelFromSnapshot] = spec.FromSnapshot
 	}
 	var base uint32
 	if spec.userns() {

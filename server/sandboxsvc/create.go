@@ -54,7 +54,7 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 	if err != nil {
 		return nil, err
 	}
-	if snapID := req.GetFromSnapshot(); snapID != "" && req.GetImage() == "" {
+	if snapID := req.GetFromSnapshot(); runtime.ValidSnapshotID(snapID) && req.GetImage() == "" {
 		// The snapshot's image, when the caller names none.
 		snap, err := s.life.GetSnapshot(ctx, snapID, p)
 		if err != nil {

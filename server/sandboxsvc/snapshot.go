@@ -20,18 +20,12 @@ import (
 func (s *Service) CreateSnapshot(ctx context.Context, req *berthv1.CreateSnapshotRequest) (*berthv1.CreateSnapshotResponse, error) {
 	id := req.GetSandboxId()
 	meta := map[string]string{"sandbox_id": id}
-	if err := validate.SandboxID("sandbox_id", id); err != nil {
-		return nil, err
-	}
 	if err := validate.Labels("labels", req.GetLabels()); err != nil {
 		return nil, err
 	}
-	p, err := caller(ctx)
+	p, err := s.callerSeeing(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if _, err := s.visibleSandbox(ctx, id); err != nil {
-		return nil, apierr.WithMeta(err, meta)
 	}
 	snap, err := s.life.CreateSnapshot(ctx, id, p, req.GetLabels())
 	if err != nil {
