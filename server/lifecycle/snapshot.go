@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -50,7 +51,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 		if err := m.reach.Pause(ctx, id); err != nil {
 			return nil, fmt.Errorf("pause sandbox %s for its snapshot: %w", id, err)
 		}
+		paused := time.Now()
 		return func() {
+			m.log.InfoContext(ctx, "sandbox paused for its snapshot", slog.String("sandbox_id", id), slog.Duration("frozen", time.Since(paused)))
 			if err := m.reach.Resume(context.WithoutCancel(ctx), id); err != nil {
 				m.log.Error("resume after a snapshot failed; the sandbox stays paused (ResumeSandbox or any call resumes it)", slog.String("sandbox_id", id), slog.Any("error", err))
 			}

@@ -148,6 +148,11 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	if err := btrfs(ctx, "subvolume", "delete", dst); err != nil {
 		return Snapshot{}, err
 	}
+	// Most dirty data goes out while the sandbox still runs; the syncfs
+	// under the freeze writes only what came after.
+	if err := syncfs(src); err != nil {
+		return Snapshot{}, err
+	}
 	thaw, err := freeze(ctx)
 	if err != nil {
 		return Snapshot{}, err
