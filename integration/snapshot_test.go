@@ -110,7 +110,12 @@ func TestSnapshotPointInTime(t *testing.T) {
 		t.Errorf("ListSnapshots %v lacks %s", list.GetSnapshots(), snap.GetId())
 	}
 
+	began = time.Now()
 	child := fromSnapshotOn(t, svc, snap.GetId())
+	fromSnap := time.Since(began)
+	began = time.Now()
+	newSandbox(t, nil)
+	t.Logf("CreateSandbox from the snapshot %v, a cold create of the base image %v (one run each)", fromSnap, time.Since(began))
 	if got := shellOut(t, svc, child, "sha256sum /workspace/data"); got != want {
 		t.Errorf("data in the sandbox from the snapshot: %q, want %q (what dd wrote before the call)", got, want)
 	}
