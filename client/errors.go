@@ -19,24 +19,27 @@ const ErrorDomain = "berth.dev"
 // Reason tokens berthd puts in Error.Reason. They are stable; switch on them
 // instead of on messages.
 const (
-	ReasonInvalidArgument   = "INVALID_ARGUMENT"      // a request field is invalid; see FieldViolations
-	ReasonSandboxNotFound   = "SANDBOX_NOT_FOUND"     // no such sandbox (or not the caller's)
-	ReasonSandboxExists     = "SANDBOX_EXISTS"        // the sandbox id is taken: by another spec, or by a sandbox of another principal
-	ReasonImageNotFound     = "IMAGE_NOT_FOUND"       // the image is not in berthd's store
-	ReasonImageArchive      = "IMAGE_ARCHIVE_INVALID" // an imported archive cannot be read or names no image
-	ReasonExecNotFound      = "EXEC_NOT_FOUND"        // no such exec in the sandbox
-	ReasonExecExists        = "EXEC_EXISTS"           // the exec id is taken
-	ReasonCwdInvalid        = "CWD_INVALID"           // the working directory is missing or not a directory
-	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
-	ReasonSandboxPaused     = "SANDBOX_PAUSED"        // FAILED_PRECONDITION: the sandbox is paused and the call asked not to resume it (NoResume)
-	ReasonUnreachable       = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; see *UnreachableError
-	ReasonInternal          = "INTERNAL"              // a berthd bug or an unclassified failure
-	ReasonFleetBusy         = "FLEET_BUSY"            // no capacity right now; nothing started; see *FleetBusyError
-	ReasonRuntimeReplaced   = "RUNTIME_REPLACED"      // the sandbox's runtime died under the exec; see *RuntimeReplacedError
-	ReasonStaleHandle       = "STALE_HANDLE"          // the exec id is from an earlier runtime; see *StaleHandleError
-	ReasonCanceled          = "CANCELED"              // the caller canceled the request
-	ReasonDeadlineExceeded  = "DEADLINE_EXCEEDED"     // the request's deadline passed
-	ReasonRegistry          = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
+	ReasonInvalidArgument     = "INVALID_ARGUMENT"      // a request field is invalid; see FieldViolations
+	ReasonSandboxNotFound     = "SANDBOX_NOT_FOUND"     // no such sandbox (or not the caller's)
+	ReasonSandboxExists       = "SANDBOX_EXISTS"        // the sandbox id is taken: by another spec, or by a sandbox of another principal
+	ReasonImageNotFound       = "IMAGE_NOT_FOUND"       // the image is not in berthd's store
+	ReasonImageArchive        = "IMAGE_ARCHIVE_INVALID" // an imported archive cannot be read or names no image
+	ReasonExecNotFound        = "EXEC_NOT_FOUND"        // no such exec in the sandbox
+	ReasonExecExists          = "EXEC_EXISTS"           // the exec id is taken
+	ReasonCwdInvalid          = "CWD_INVALID"           // the working directory is missing or not a directory
+	ReasonSandboxNotRunning   = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
+	ReasonSandboxPaused       = "SANDBOX_PAUSED"        // FAILED_PRECONDITION: the sandbox is paused and the call asked not to resume it (NoResume)
+	ReasonSnapshotNotFound    = "SNAPSHOT_NOT_FOUND"    // no such snapshot (or not the caller's)
+	ReasonSnapshotUnsupported = "SNAPSHOT_UNSUPPORTED"  // FAILED_PRECONDITION: snapshots need the btrfs snapshotter and an idmapped root
+	ReasonSnapshotInUse       = "SNAPSHOT_IN_USE"       // FAILED_PRECONDITION: a sandbox created from the snapshot exists
+	ReasonUnreachable         = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; see *UnreachableError
+	ReasonInternal            = "INTERNAL"              // a berthd bug or an unclassified failure
+	ReasonFleetBusy           = "FLEET_BUSY"            // no capacity right now; nothing started; see *FleetBusyError
+	ReasonRuntimeReplaced     = "RUNTIME_REPLACED"      // the sandbox's runtime died under the exec; see *RuntimeReplacedError
+	ReasonStaleHandle         = "STALE_HANDLE"          // the exec id is from an earlier runtime; see *StaleHandleError
+	ReasonCanceled            = "CANCELED"              // the caller canceled the request
+	ReasonDeadlineExceeded    = "DEADLINE_EXCEEDED"     // the request's deadline passed
+	ReasonRegistry            = "REGISTRY_UNREACHABLE"  // PullImage could not reach the image's registry
 	// ReasonRegistryNotAllowed (FAILED_PRECONDITION): berthd may not pull
 	// from the image's registry (berthd --pull-registry); nothing was sent.
 	ReasonRegistryNotAllowed = "REGISTRY_NOT_ALLOWED"

@@ -37,6 +37,18 @@ func (s *Service) ResumeSandbox(ctx context.Context, req *berthv1.ResumeSandboxR
 	return s.sandboxes.ResumeSandbox(ctx, req)
 }
 
+func (s *Service) CreateSnapshot(ctx context.Context, req *berthv1.CreateSnapshotRequest) (*berthv1.CreateSnapshotResponse, error) {
+	return s.sandboxes.CreateSnapshot(ctx, req)
+}
+
+func (s *Service) ListSnapshots(ctx context.Context, req *berthv1.ListSnapshotsRequest) (*berthv1.ListSnapshotsResponse, error) {
+	return s.sandboxes.ListSnapshots(ctx, req)
+}
+
+func (s *Service) DeleteSnapshot(ctx context.Context, req *berthv1.DeleteSnapshotRequest) (*berthv1.DeleteSnapshotResponse, error) {
+	return s.sandboxes.DeleteSnapshot(ctx, req)
+}
+
 func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error { return s.execs.Exec(stream) }
 
 func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {

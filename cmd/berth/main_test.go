@@ -224,7 +224,7 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"run", "--", "ls"}, wantStderr: "--image is required"},
 		{args: []string{"run", "--image", "x"}, wantStderr: "no command"},
 		{args: []string{"run", "--image", "x", "--label", "nokv", "ls"}, wantStderr: "--label \"nokv\": want KEY=VALUE"},
-		{args: []string{"sandbox", "create"}, wantStderr: "--image is required"},
+		{args: []string{"sandbox", "create"}, wantStderr: "--image or --from-snapshot is required"},
 		{args: []string{"sandbox", "create", "--image", "x", "--label", "=v"}, wantStderr: "want KEY=VALUE"},
 		{args: []string{"sandbox", "get"}, wantStderr: "accepts 1 arg"},
 		{args: []string{"sandbox", "rm"}, wantStderr: "requires at least 1 arg"},

@@ -43,8 +43,8 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 agent answers. Creating an id that exists with the same spec prints it again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if req.Image == "" {
-				return errors.New("--image is required")
+			if req.Image == "" && req.FromSnapshot == "" {
+				return errors.New("--image or --from-snapshot is required")
 			}
 			var err error
 			if req.Labels, err = parseKV("label", labels); err != nil {
@@ -88,6 +88,7 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 		},
 	}
 	cmd.Flags().StringVar(&req.Image, "image", "", "image reference, e.g. berth.dev/base:latest (required)")
+	cmd.Flags().StringVar(&req.FromSnapshot, "from-snapshot", "", "start from snapshot ID's files (berth snapshot create) and its image, copy-on-write")
 	cmd.Flags().StringVar(&req.SandboxId, "id", "", "sandbox id, 1 to 63 characters from [a-z0-9-] (default: minted by berthd)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label the sandbox, KEY=VALUE (repeatable)")
 	cmd.Flags().Uint64Var(&pidsLimit, "pids-limit", 0, "maximum processes and threads in the sandbox (default berthd's)")

@@ -39,6 +39,15 @@ const (
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).
 	ReasonSandboxPaused = "SANDBOX_PAUSED"
+	// ReasonSnapshotNotFound (NOT_FOUND): no such snapshot, or another
+	// principal's.
+	ReasonSnapshotNotFound = "SNAPSHOT_NOT_FOUND"
+	// ReasonSnapshotUnsupported (FAILED_PRECONDITION): snapshots need the
+	// btrfs snapshotter and a sandbox with an idmapped root.
+	ReasonSnapshotUnsupported = "SNAPSHOT_UNSUPPORTED"
+	// ReasonSnapshotInUse (FAILED_PRECONDITION): a sandbox created from
+	// the snapshot still exists.
+	ReasonSnapshotInUse = "SNAPSHOT_IN_USE"
 	ReasonUnreachable   = "SANDBOX_UNREACHABLE"
 	ReasonInternal      = "INTERNAL"
 	// The runtime conditions of berth.v1's errors.proto: each status with

@@ -115,7 +115,13 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		switch info.FullMethod {
 		case berthv1.SandboxService_CreateSandbox_FullMethodName:
+			if req.(*berthv1.CreateSandboxRequest).GetFromSnapshot() != "" {
+				return nil, snapshotsNotInFleet()
+			}
 			return r.create(ctx, p, req.(*berthv1.CreateSandboxRequest), handler)
+		case berthv1.SandboxService_CreateSnapshot_FullMethodName, berthv1.SandboxService_ListSnapshots_FullMethodName,
+			berthv1.SandboxService_DeleteSnapshot_FullMethodName:
+			return nil, snapshotsNotInFleet()
 		case berthv1.SandboxService_ListSandboxes_FullMethodName:
 			return r.list(ctx, p, req.(*berthv1.ListSandboxesRequest), handler)
 		}
@@ -136,6 +142,15 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		return r.forwardUnary(ctx, p, node, info.FullMethod, m, id)
 	}
+}
+
+// snapshotsNotInFleet refuses the snapshot calls in a fleet: a snapshot
+// lives on the node of its source sandbox, and the directory records no
+// snapshots to route by, so a list, delete or create from one could land
+// on a node that does not hold it.
+func snapshotsNotInFleet() error {
+	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotUnsupported,
+		"snapshots are not available in a fleet yet: a snapshot is kept on one node and the fleet's directory does not route by snapshot id; use a single berthd", nil)
 }
 
 // deleteLost deletes sandbox id, whose node is lost, for p, who may see

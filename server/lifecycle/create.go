@@ -294,6 +294,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(have.MaxLifetime != want.MaxLifetime, "max_lifetime")
 	add(!have.Network.Equal(want.Network), "network")
 	add(idleAction(have.IdleAction) != idleAction(want.IdleAction), "idle_action")
+	add(have.FromSnapshot != want.FromSnapshot, "from_snapshot")
 	return fields
 }
 
@@ -327,7 +328,7 @@ func (m *Manager) poolable(spec runtime.SandboxSpec) bool {
 	return m.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
 		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == def.CPUMillis &&
 		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles && spec.HostUsers == def.HostUsers && spec.Runtime == def.Runtime &&
-		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes && !spec.Network.Egress
+		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes && !spec.Network.Egress && spec.FromSnapshot == ""
 }
 
 // MinShmBytes is the smallest /dev/shm, in bytes: a semaphore or a small

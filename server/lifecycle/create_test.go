@@ -43,7 +43,7 @@ func TestSpecDiffEveryField(t *testing.T) {
 		"Labels": "labels", "Env": "env", "WorkDir": "workdir", "IdleTimeout": "idle_timeout", "MaxLifetime": "max_lifetime",
 		"HostUsers": "host_users", "PidsLimit": "resources.pids_limit", "CPUMillis": "resources.cpu_millis",
 		"MemoryBytes": "resources.memory_bytes", "OpenFiles": "resources.open_files_limit", "DiskBytes": "resources.disk_bytes",
-		"ShmBytes": "resources.shm_bytes", "IdleAction": "idle_action"}
+		"ShmBytes": "resources.shm_bytes", "IdleAction": "idle_action", "FromSnapshot": "from_snapshot"}
 	typ := reflect.TypeOf(base)
 	for i := range typ.NumField() {
 		f := typ.Field(i)

@@ -22,18 +22,30 @@ func (m *Manager) Resume(ctx context.Context, id string, p auth.Principal) error
 }
 
 func (m *Manager) freeze(ctx context.Context, id string, p auth.Principal, pause bool) error {
-	unlock, err := m.lifecycle.Lock(ctx, id)
+	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
-		return fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", id, err)
+		return err
 	}
 	defer unlock()
+	return m.pause(ctx, id, pause)
+}
+
+// lockSeen takes sandbox id's lifecycle lock for caller p and returns the
+// function that releases it; a sandbox p may not see is
+// runtime.ErrSandboxNotFound (the lock released).
+func (m *Manager) lockSeen(ctx context.Context, id string, p auth.Principal) (func(), error) {
+	unlock, err := m.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", id, err)
+	}
 	if seen, err := m.sees(ctx, id, p); !seen {
+		unlock()
 		if err == nil {
 			err = fmt.Errorf("%w: %s", runtime.ErrSandboxNotFound, id)
 		}
-		return err
+		return nil, err
 	}
-	return m.pause(ctx, id, pause)
+	return unlock, nil
 }
 
 // pause pauses or resumes sandbox id; the caller holds its lifecycle lock.

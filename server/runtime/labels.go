@@ -117,6 +117,9 @@ func (s SandboxSpec) Digest() string {
 		// shm_bytes existed stay what they were.
 		field("shm", strconv.FormatUint(s.shmBytes(), 10))
 	}
+	if s.FromSnapshot != "" {
+		field("from-snapshot", s.FromSnapshot)
+	}
 	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
@@ -155,6 +158,9 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	labels[labelMaxLifetime] = s.MaxLifetime.String()
 	if s.idleAction() != IdleDelete {
 		labels[labelIdleAction] = s.idleAction()
+	}
+	if s.FromSnapshot != "" {
+		labels[labelFromSnapshot] = s.FromSnapshot
 	}
 	if len(s.Env) > 0 {
 		labels[labelEnvKeys] = EnvKeysJSON(s.Env)
@@ -198,6 +204,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	sb.Network = decodeNetwork(labels)
 	sb.Expired = labels[labelExpired]
 	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
+	sb.FromSnapshot = labels[labelFromSnapshot]
 	sb.IdleAction = IdleDelete
 	if labels[labelIdleAction] == IdlePause {
 		sb.IdleAction = IdlePause
@@ -221,7 +228,7 @@ func (sb Sandbox) Spec() SandboxSpec {
 		HostUsers: sb.HostUsers, Runtime: sb.Runtime,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
-		Network: sb.Network, IdleAction: sb.IdleAction,
+		Network: sb.Network, IdleAction: sb.IdleAction, FromSnapshot: sb.FromSnapshot,
 	}
 }
 

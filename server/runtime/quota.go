@@ -30,26 +30,45 @@ func (r *Runtime) openDiskQuota(ctx context.Context) (*qgroup.FS, error) {
 	if r.cfg.Snapshotter != quotaSnapshotter {
 		return nil, fmt.Errorf("%w: snapshotter %s has no per-sandbox quota; berth enforces disk_bytes with the btrfs snapshotter (scripts/btrfs-quota.sh, berthd --snapshotter btrfs)", ErrDiskQuotaUnsupported, r.cfg.Snapshotter)
 	}
-	resp, err := r.client.IntrospectionService().Plugins(ctx, "type==io.containerd.snapshotter.v1,id=="+quotaSnapshotter)
+	root, err := r.btrfsRoot(ctx)
+	if errors.Is(err, errNoBtrfs) {
+		return nil, fmt.Errorf("%w: %w", ErrDiskQuotaUnsupported, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("ask containerd for its btrfs snapshotter: %w", err)
-	}
-	if len(resp.GetPlugins()) == 0 {
-		return nil, fmt.Errorf("%w: containerd has no btrfs snapshotter", ErrDiskQuotaUnsupported)
-	}
-	p := resp.GetPlugins()[0]
-	if e := p.GetInitErr(); e != nil {
-		return nil, fmt.Errorf("%w: containerd's btrfs snapshotter did not start: %s (its root_path must be a btrfs: scripts/btrfs-quota.sh)", ErrDiskQuotaUnsupported, e.GetMessage())
-	}
-	root := p.GetExports()["root"]
-	if root == "" {
-		return nil, fmt.Errorf("%w: containerd's btrfs snapshotter does not say where its root is", ErrDiskQuotaUnsupported)
+		return nil, err
 	}
 	fs, err := qgroup.Open(root)
 	if err != nil {
 		return nil, fmt.Errorf("%w: btrfs snapshotter root %s: %v", ErrDiskQuotaUnsupported, root, err)
 	}
 	return fs, nil
+}
+
+// errNoBtrfs means containerd's btrfs snapshotter is missing or did not
+// start (btrfsRoot).
+var errNoBtrfs = errors.New("no btrfs snapshotter")
+
+// btrfsRoot asks containerd's introspection service where its btrfs
+// snapshotter keeps its subvolumes (active/ID, snapshots/ID). It fails
+// with errNoBtrfs (wrapped, saying why and what fixes it) or containerd's
+// error.
+func (r *Runtime) btrfsRoot(ctx context.Context) (string, error) {
+	resp, err := r.client.IntrospectionService().Plugins(ctx, "type==io.containerd.snapshotter.v1,id=="+quotaSnapshotter)
+	if err != nil {
+		return "", fmt.Errorf("ask containerd for its btrfs snapshotter: %w", err)
+	}
+	if len(resp.GetPlugins()) == 0 {
+		return "", fmt.Errorf("%w: containerd has no btrfs snapshotter", errNoBtrfs)
+	}
+	p := resp.GetPlugins()[0]
+	if e := p.GetInitErr(); e != nil {
+		return "", fmt.Errorf("%w: containerd's btrfs snapshotter did not start: %s (its root_path must be a btrfs: scripts/btrfs-quota.sh)", errNoBtrfs, e.GetMessage())
+	}
+	root := p.GetExports()["root"]
+	if root == "" {
+		return "", fmt.Errorf("%w: containerd's btrfs snapshotter does not say where its root is", errNoBtrfs)
+	}
+	return root, nil
 }
 
 // DiskQuota reports whether sandboxes can get a disk quota: nil when they

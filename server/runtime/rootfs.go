@@ -76,20 +76,23 @@ func idMapOptions(base uint32) []string {
 }
 
 // withIDMappedRoot prepares sandbox id's own snapshot (key id) of image
+// (of snapshotter key parent instead when it is not "": a stored snapshot)
 // and mounts it at rootDir with ids mapped into the range at host id base
 // (mountRoot), before the spec is made: the image's /etc/passwd is read
 // through it. The container records neither snapshotter nor snapshot key
 // (containerd would hand the shim the snapshot without the mapping); its
 // spec's root is rootDir. A snapshot of the key left by a create that did
 // not finish is made anew.
-func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, base uint32) containerd.NewContainerOpts {
+func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, parent string, base uint32) containerd.NewContainerOpts {
 	return func(ctx context.Context, client *containerd.Client, c *containers.Container) error {
 		c.Snapshotter = ""
-		diffIDs, err := image.RootFS(ctx)
-		if err != nil {
-			return fmt.Errorf("image %s root file system: %w", image.Name(), err)
+		if parent == "" {
+			diffIDs, err := image.RootFS(ctx)
+			if err != nil {
+				return fmt.Errorf("image %s root file system: %w", image.Name(), err)
+			}
+			parent = identity.ChainID(diffIDs).String()
 		}
-		parent := identity.ChainID(diffIDs).String()
 		sn := client.SnapshotService(r.cfg.Snapshotter)
 		if _, err := sn.Prepare(ctx, id, parent); err != nil {
 			if !errdefs.IsAlreadyExists(err) {

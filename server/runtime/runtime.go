@@ -344,6 +344,10 @@ type SandboxSpec struct {
 	ID string
 	// Image is an image reference present in the image store.
 	Image string
+	// FromSnapshot names a stored snapshot (CreateSnapshot) whose files
+	// the sandbox's root starts with, in place of Image's (which must be
+	// the snapshot's image); "" for none.
+	FromSnapshot string
 	// Labels are the caller's labels, without reserved keys.
 	Labels map[string]string
 	// PidsLimit caps processes and threads of the workload; the cgroup
@@ -456,6 +460,8 @@ type Sandbox struct {
 	Paused bool
 	// IdleAction is as in SandboxSpec, IdleDelete when none was recorded.
 	IdleAction string
+	// FromSnapshot is as in SandboxSpec.
+	FromSnapshot string
 	// TaskPID is the task's host pid; zero when there is no task.
 	TaskPID uint32
 	// SocketPath is the host path of the agent's socket.
@@ -564,6 +570,18 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		specOpts = append(specOpts, oci.WithCPUs(cpus.String()))
 	}
 	snapshot := containerd.WithNewSnapshot(spec.ID, image)
+	parent := ""
+	if spec.FromSnapshot != "" {
+		if err := r.snapshotsSupported(); err != nil {
+			return err
+		}
+		if !spec.userns() || r.idmapErr != nil {
+			return fmt.Errorf("%w: a sandbox created from a snapshot needs an idmapped root (not host_users, not gVisor, and a kernel that can idmap: %v)", ErrSnapshotUnsupported, r.idmapErr)
+		}
+		if parent, err = r.snapshotParent(step, spec.FromSnapshot); err != nil {
+			return err
+		}
+	}
 	var base uint32
 	if spec.userns() {
 		var release func()
@@ -578,7 +596,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 			// (mountRoot): no copy of the image.
 			labels[labelRootFS] = RootFSIDMapped
 			labels[labelGCRefSnapshot+r.cfg.Snapshotter] = spec.ID
-			snapshot = r.withIDMappedRoot(spec.ID, image, base)
+			snapshot = r.withIDMappedRoot(spec.ID, image, parent, base)
 			specOpts = append([]oci.SpecOpts{oci.WithRootFSPath(r.rootDir(spec.ID))}, specOpts...)
 		} else {
 			// The image's files chowned into the range (a copy per range).

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-sandbox/berth/server/validate"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/internal/bounds"
@@ -53,11 +54,30 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 	if err != nil {
 		return nil, err
 	}
+	if snapID := req.GetFromSnapshot(); runtime.ValidSnapshotID(snapID) && req.GetImage() == "" {
+		// The snapshot's image, when the caller names none.
+		snap, err := s.life.GetSnapshot(ctx, snapID, p)
+		if err != nil {
+			return nil, apierr.WithMeta(err, map[string]string{"snapshot_id": snapID})
+		}
+		req = proto.CloneOf(req)
+		req.Image = snap.Image
+	}
 	spec, err := s.sandboxSpec(req, p.Name)
 	if err != nil {
 		return nil, err
 	}
 	meta := map[string]string{"sandbox_id": spec.ID}
+	if spec.FromSnapshot != "" {
+		meta["snapshot_id"] = spec.FromSnapshot
+		snap, err := s.life.GetSnapshot(ctx, spec.FromSnapshot, p)
+		if err != nil {
+			return nil, apierr.WithMeta(err, meta)
+		}
+		if name, err := s.rt.ResolveImage(ctx, spec.Image); err != nil || name != snap.Image {
+			return nil, apierr.InvalidArgument("image", fmt.Sprintf("%s is not snapshot %s's image %s: a sandbox created from a snapshot runs the snapshot's image (leave image empty)", spec.Image, snap.ID, snap.Image))
+		}
+	}
 	// "berth.dev/base" means "berth.dev/base:latest", as for docker. An
 	// image not stored keeps its name: an existing sandbox of the same
 	// spec is still returned, a new one fails with IMAGE_NOT_FOUND.
@@ -96,6 +116,12 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	}
 	if err := validate.ImageRef("image", spec.Image); err != nil {
 		return spec, err
+	}
+	if snapID := req.GetFromSnapshot(); snapID != "" {
+		if !runtime.ValidSnapshotID(snapID) {
+			return spec, apierr.InvalidArgument("from_snapshot", fmt.Sprintf("%s is not a snapshot id (snap- and 20 lowercase hex digits)", textsafe.Quote(snapID)))
+		}
+		spec.FromSnapshot = snapID
 	}
 	if err := validate.Labels("labels", spec.Labels); err != nil {
 		return spec, err

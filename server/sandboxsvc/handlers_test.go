@@ -105,6 +105,29 @@ func (f *fakeStore) List(_ context.Context, selector map[string]string) ([]runti
 	return out, nil
 }
 
+// testSnapshotID is the one snapshot fakeStore holds: alice's, of the base
+// image.
+const testSnapshotID = "snap-0123456789abcdef0123"
+
+func (f *fakeStore) GetSnapshot(_ context.Context, id string) (runtime.Snapshot, error) {
+	if id != testSnapshotID {
+		return runtime.Snapshot{}, fmt.Errorf("%w: %s", runtime.ErrSnapshotNotFound, id)
+	}
+	return runtime.Snapshot{ID: id, Owner: "alice", Image: "berth.dev/base:latest"}, nil
+}
+
+func (f *fakeStore) CreateSnapshot(context.Context, string, string, map[string]string, func(context.Context) (func(), error)) (runtime.Snapshot, error) {
+	return runtime.Snapshot{}, runtime.ErrSnapshotUnsupported
+}
+
+func (f *fakeStore) ListSnapshots(context.Context, func(string) bool) ([]runtime.Snapshot, error) {
+	return nil, nil
+}
+
+func (f *fakeStore) DeleteSnapshot(context.Context, string) error {
+	return runtime.ErrSnapshotUnsupported
+}
+
 func (f *fakeStore) ResolveImage(_ context.Context, ref string) (string, error) {
 	if !strings.Contains(ref, ":") {
 		ref += ":latest"
@@ -341,6 +364,7 @@ func TestCreateSandboxIdempotent(t *testing.T) {
 		{"idle_action", func(r *berthv1.CreateSandboxRequest) { r.IdleAction = berthv1.IdleAction_IDLE_ACTION_PAUSE }, "idle_action"},
 		{"runtime", func(r *berthv1.CreateSandboxRequest) { r.Runtime = runtime.RuntimeGVisor }, "runtime"},
 		{"host_users", func(r *berthv1.CreateSandboxRequest) { r.HostUsers = true }, "host_users"},
+		{"from_snapshot", func(r *berthv1.CreateSandboxRequest) { r.FromSnapshot = testSnapshotID }, "from_snapshot"},
 	}
 	// Fields that are not part of a sandbox's spec, and why.
 	notSpec := map[string]string{
@@ -607,6 +631,29 @@ func TestKeepAlive(t *testing.T) {
 		st.mu.Unlock()
 		if held != c.held || (held && (until.Before(before.Add(time.Hour)) || until.After(time.Now().Add(time.Hour)))) {
 			t.Errorf("KeepAlive(%v) as %s: hold %v (%v), want held %v for an hour", c.hold, c.p.Name, until, held, c.held)
+		}
+	}
+}
+
+// TestCreateSandboxFromSnapshotChecks: from_snapshot must be a snapshot id,
+// the caller's, and image (when set) the snapshot's.
+func TestCreateSandboxFromSnapshotChecks(t *testing.T) {
+	s, _ := newHandlers(t)
+	for _, c := range []struct {
+		name   string
+		who    auth.Principal
+		req    *berthv1.CreateSandboxRequest
+		code   codes.Code
+		reason string
+	}{
+		{"not an id", alice, &berthv1.CreateSandboxRequest{FromSnapshot: "nope"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument},
+		{"another principal's", bob, &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID}, codes.NotFound, rpcstatus.ReasonSnapshotNotFound},
+		{"missing", alice, &berthv1.CreateSandboxRequest{FromSnapshot: "snap-ffffffffffffffffffff"}, codes.NotFound, rpcstatus.ReasonSnapshotNotFound},
+		{"another image", alice, &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID, Image: "berth.dev/other:v2"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument},
+	} {
+		_, err := s.CreateSandbox(as(c.who), c.req)
+		if got := answerOf(err); got.code != c.code || got.reason != c.reason {
+			t.Errorf("%s: %+v (%v), want %v %s", c.name, got, err, c.code, c.reason)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/validate"
 )
 
@@ -30,19 +31,30 @@ func (s *Service) ResumeSandbox(ctx context.Context, req *berthv1.ResumeSandboxR
 	return &berthv1.ResumeSandboxResponse{Sandbox: sb}, nil
 }
 
+// callerSeeing validates sandbox_id id and returns the caller of ctx once
+// it may see that sandbox. Errors: INVALID_ARGUMENT (sandbox_id),
+// UNAUTHENTICATED, NOT_FOUND (with metadata sandbox_id).
+func (s *Service) callerSeeing(ctx context.Context, id string) (auth.Principal, error) {
+	if err := validate.SandboxID("sandbox_id", id); err != nil {
+		return auth.Principal{}, err
+	}
+	p, err := caller(ctx)
+	if err != nil {
+		return auth.Principal{}, err
+	}
+	if _, err := s.visibleSandbox(ctx, id); err != nil {
+		return auth.Principal{}, apierr.WithMeta(err, map[string]string{"sandbox_id": id})
+	}
+	return p, nil
+}
+
 // freeze pauses or resumes sandbox id for the caller of ctx and describes
 // it afterwards (without asking a paused agent anything).
 func (s *Service) freeze(ctx context.Context, id string, pause bool) (*berthv1.Sandbox, error) {
 	meta := map[string]string{"sandbox_id": id}
-	if err := validate.SandboxID("sandbox_id", id); err != nil {
-		return nil, err
-	}
-	p, err := caller(ctx)
+	p, err := s.callerSeeing(ctx, id)
 	if err != nil {
 		return nil, err
-	}
-	if _, err := s.visibleSandbox(ctx, id); err != nil {
-		return nil, apierr.WithMeta(err, meta)
 	}
 	if pause {
 		err = s.life.Pause(ctx, id, p)

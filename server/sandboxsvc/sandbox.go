@@ -65,6 +65,10 @@ type sandboxes interface {
 	Delete(ctx context.Context, id string, p auth.Principal) error
 	Pause(ctx context.Context, id string, p auth.Principal) error
 	Resume(ctx context.Context, id string, p auth.Principal) error
+	CreateSnapshot(ctx context.Context, id string, p auth.Principal, labels map[string]string) (runtime.Snapshot, error)
+	GetSnapshot(ctx context.Context, snapID string, p auth.Principal) (runtime.Snapshot, error)
+	ListSnapshots(ctx context.Context, p auth.Principal) ([]runtime.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, snapID string, p auth.Principal) error
 	Status(id string) (lifecycle.Status, bool)
 	Starting(id string) bool
 	Touch(id string)

@@ -133,6 +133,12 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonSandboxNotFound, msg, meta)
 	case errors.Is(err, runtime.ErrTaskNotRunning):
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSandboxNotRunning, msg, meta)
+	case errors.Is(err, runtime.ErrSnapshotNotFound):
+		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonSnapshotNotFound, msg, meta)
+	case errors.Is(err, runtime.ErrSnapshotUnsupported):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotUnsupported, msg, meta)
+	case errors.Is(err, runtime.ErrSnapshotInUse):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotInUse, msg, meta)
 	case errors.Is(err, runtime.ErrSandboxExists):
 		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists, msg, meta)
 	case errors.Is(err, runtime.ErrImageNotFound):

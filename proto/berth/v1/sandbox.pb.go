@@ -1105,7 +1105,15 @@ type CreateSandboxRequest struct {
 	// default) or pause it. Activity that keeps the timeout off: a request
 	// naming the sandbox, a running exec (background ones included), an
 	// attached Exec stream, an open PortForward stream.
-	IdleAction    IdleAction `protobuf:"varint,14,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
+	IdleAction IdleAction `protobuf:"varint,14,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
+	// from_snapshot names a snapshot (CreateSnapshot) of the caller's: the
+	// sandbox's root file system is a writable copy-on-write btrfs snapshot
+	// of it (instant whatever its size), and image, when set, must be the
+	// snapshot's image. Its writes do not change the snapshot. Errors:
+	// NOT_FOUND (SNAPSHOT_NOT_FOUND), FAILED_PRECONDITION
+	// (SNAPSHOT_UNSUPPORTED) for a sandbox without an idmapped root
+	// (host_users, gVisor).
+	FromSnapshot  string `protobuf:"bytes,15,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1236,6 +1244,13 @@ func (x *CreateSandboxRequest) GetIdleAction() IdleAction {
 		return x.IdleAction
 	}
 	return IdleAction_IDLE_ACTION_UNSPECIFIED
+}
+
+func (x *CreateSandboxRequest) GetFromSnapshot() string {
+	if x != nil {
+		return x.FromSnapshot
+	}
+	return ""
 }
 
 // CreateSandboxResponse returns the created sandbox.
@@ -1790,6 +1805,376 @@ func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+// Snapshot is a stored copy of a sandbox's root file system
+// (CreateSnapshot).
+type Snapshot struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// id names the snapshot: "snap-" and 20 lowercase hex digits.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// sandbox_id is the sandbox it was taken of (which may be gone since).
+	SandboxId string `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// owner is the principal that took it.
+	Owner string `protobuf:"bytes,3,opt,name=owner,proto3" json:"owner,omitempty"`
+	// created is when it was taken.
+	Created *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=created,proto3" json:"created,omitempty"`
+	// size_bytes is what the snapshot holds beyond its image: the bytes of
+	// the files the sandbox added or changed (containerd's snapshot usage).
+	SizeBytes int64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// labels are the caller's (CreateSnapshotRequest.labels).
+	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// image is the image the source sandbox was created from; a sandbox
+	// created from the snapshot runs it.
+	Image         string `protobuf:"bytes,7,opt,name=image,proto3" json:"image,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Snapshot) Reset() {
+	*x = Snapshot{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Snapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Snapshot) ProtoMessage() {}
+
+func (x *Snapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
+func (*Snapshot) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Snapshot) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Snapshot) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Snapshot) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+func (x *Snapshot) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *Snapshot) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Snapshot) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Snapshot) GetImage() string {
+	if x != nil {
+		return x.Image
+	}
+	return ""
+}
+
+// CreateSnapshotRequest names the sandbox to snapshot.
+type CreateSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// labels are kept with the snapshot (keys and values as a sandbox's).
+	Labels        map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSnapshotRequest) Reset() {
+	*x = CreateSnapshotRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSnapshotRequest) ProtoMessage() {}
+
+func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CreateSnapshotRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *CreateSnapshotRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+// CreateSnapshotResponse returns the new snapshot.
+type CreateSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshot is the snapshot taken.
+	Snapshot      *Snapshot `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSnapshotResponse) Reset() {
+	*x = CreateSnapshotResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSnapshotResponse) ProtoMessage() {}
+
+func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+// ListSnapshotsRequest lists the caller's snapshots.
+type ListSnapshotsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsRequest) Reset() {
+	*x = ListSnapshotsRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{20}
+}
+
+// ListSnapshotsResponse holds the snapshots, oldest first.
+type ListSnapshotsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshots are the caller's snapshots.
+	Snapshots     []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsResponse) Reset() {
+	*x = ListSnapshotsResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsResponse) ProtoMessage() {}
+
+func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+// DeleteSnapshotRequest names the snapshot to delete.
+type DeleteSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshot_id names the snapshot.
+	SnapshotId    string `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotRequest) Reset() {
+	*x = DeleteSnapshotRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DeleteSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+// DeleteSnapshotResponse is empty.
+type DeleteSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotResponse) Reset() {
+	*x = DeleteSnapshotResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotResponse) ProtoMessage() {}
+
+func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{23}
+}
+
 // KeepAliveRequest names the sandbox to keep.
 type KeepAliveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1805,7 +2190,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1817,7 +2202,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1830,7 +2215,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *KeepAliveRequest) GetSandboxId() string {
@@ -1861,7 +2246,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2258,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2271,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
@@ -1979,7 +2364,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"idleAction\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x05\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x06\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -1999,7 +2384,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\aruntime\x18\f \x01(\tR\aruntime\x121\n" +
 	"\anetwork\x18\r \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x125\n" +
 	"\vidle_action\x18\x0e \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
-	"idleAction\x1a9\n" +
+	"idleAction\x12#\n" +
+	"\rfrom_snapshot\x18\x0f \x01(\tR\ffromSnapshot\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -2039,7 +2425,36 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"D\n" +
 	"\x15ResumeSandboxResponse\x12+\n" +
-	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"g\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"\xad\x02\n" +
+	"\bSnapshot\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05owner\x18\x03 \x01(\tR\x05owner\x124\n" +
+	"\acreated\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x05 \x01(\x03R\tsizeBytes\x126\n" +
+	"\x06labels\x18\x06 \x03(\v2\x1e.berth.v1.Snapshot.LabelsEntryR\x06labels\x12\x14\n" +
+	"\x05image\x18\a \x01(\tR\x05image\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb6\x01\n" +
+	"\x15CreateSnapshotRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12C\n" +
+	"\x06labels\x18\x02 \x03(\v2+.berth.v1.CreateSnapshotRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"H\n" +
+	"\x16CreateSnapshotResponse\x12.\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x12.berth.v1.SnapshotR\bsnapshot\"\x16\n" +
+	"\x14ListSnapshotsRequest\"I\n" +
+	"\x15ListSnapshotsResponse\x120\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x12.berth.v1.SnapshotR\tsnapshots\"8\n" +
+	"\x15DeleteSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\x18\n" +
+	"\x16DeleteSnapshotResponse\"g\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
@@ -2073,7 +2488,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
 	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
-	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\x84\a\n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\x80\t\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -2088,7 +2503,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n" +
 	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12M\n" +
 	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
-	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12S\n" +
+	"\x0eCreateSnapshot\x12\x1f.berth.v1.CreateSnapshotRequest\x1a .berth.v1.CreateSnapshotResponse\x12P\n" +
+	"\rListSnapshots\x12\x1e.berth.v1.ListSnapshotsRequest\x1a\x1f.berth.v1.ListSnapshotsResponse\x12S\n" +
+	"\x0eDeleteSnapshot\x12\x1f.berth.v1.DeleteSnapshotRequest\x1a .berth.v1.DeleteSnapshotResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2103,113 +2521,133 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_berth_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),             // 0: berth.v1.SandboxState
-	(IdleAction)(0),               // 1: berth.v1.IdleAction
-	(StopReason)(0),               // 2: berth.v1.StopReason
-	(NetworkMode)(0),              // 3: berth.v1.NetworkMode
-	(RootIDMapping)(0),            // 4: berth.v1.RootIDMapping
-	(*Resources)(nil),             // 5: berth.v1.Resources
-	(*NetworkPolicy)(nil),         // 6: berth.v1.NetworkPolicy
-	(*SandboxUsage)(nil),          // 7: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),       // 8: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),               // 9: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),  // 10: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil), // 11: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),     // 12: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),    // 13: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),  // 14: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil), // 15: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),  // 16: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil), // 17: berth.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),   // 18: berth.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),  // 19: berth.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),  // 20: berth.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil), // 21: berth.v1.ResumeSandboxResponse
-	(*KeepAliveRequest)(nil),      // 22: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),     // 23: berth.v1.KeepAliveResponse
-	nil,                           // 24: berth.v1.Sandbox.LabelsEntry
-	nil,                           // 25: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                           // 26: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                           // 27: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*ExecRequest)(nil),           // 30: berth.v1.ExecRequest
-	(*RunRequest)(nil),            // 31: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),      // 32: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),     // 33: berth.v1.SignalExecRequest
-	(*PortForwardRequest)(nil),    // 34: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),          // 35: berth.v1.ExecResponse
-	(*RunResponse)(nil),           // 36: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),     // 37: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),    // 38: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),   // 39: berth.v1.PortForwardResponse
+	(SandboxState)(0),              // 0: berth.v1.SandboxState
+	(IdleAction)(0),                // 1: berth.v1.IdleAction
+	(StopReason)(0),                // 2: berth.v1.StopReason
+	(NetworkMode)(0),               // 3: berth.v1.NetworkMode
+	(RootIDMapping)(0),             // 4: berth.v1.RootIDMapping
+	(*Resources)(nil),              // 5: berth.v1.Resources
+	(*NetworkPolicy)(nil),          // 6: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),           // 7: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),        // 8: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),                // 9: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),   // 10: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),  // 11: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),      // 12: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),     // 13: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),   // 14: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),  // 15: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),   // 16: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),  // 17: berth.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),    // 18: berth.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),   // 19: berth.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),   // 20: berth.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),  // 21: berth.v1.ResumeSandboxResponse
+	(*Snapshot)(nil),               // 22: berth.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),  // 23: berth.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil), // 24: berth.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),   // 25: berth.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 26: berth.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),  // 27: berth.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 28: berth.v1.DeleteSnapshotResponse
+	(*KeepAliveRequest)(nil),       // 29: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),      // 30: berth.v1.KeepAliveResponse
+	nil,                            // 31: berth.v1.Sandbox.LabelsEntry
+	nil,                            // 32: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                            // 33: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                            // 34: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	nil,                            // 35: berth.v1.Snapshot.LabelsEntry
+	nil,                            // 36: berth.v1.CreateSnapshotRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 37: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
+	(*ExecRequest)(nil),            // 39: berth.v1.ExecRequest
+	(*RunRequest)(nil),             // 40: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),       // 41: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),      // 42: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),     // 43: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),           // 44: berth.v1.ExecResponse
+	(*RunResponse)(nil),            // 45: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),      // 46: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),     // 47: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),    // 48: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
-	28, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	29, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	37, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	38, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	24, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	29, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	31, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	38, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
 	5,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	28, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	28, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	29, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	29, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	29, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	37, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	37, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	38, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	38, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
 	7,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
 	6,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
 	4,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
 	1,  // 17: berth.v1.Sandbox.idle_action:type_name -> berth.v1.IdleAction
-	25, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	32, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
 	5,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	26, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	28, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	28, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	33, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	37, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	37, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
 	6,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
 	1,  // 24: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
 	9,  // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
 	9,  // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	27, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	34, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
 	9,  // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
 	9,  // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
 	9,  // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	28, // 31: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	29, // 32: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	29, // 33: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 34: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	12, // 35: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	14, // 36: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	16, // 37: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	22, // 38: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	30, // 39: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	31, // 40: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	32, // 41: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	33, // 42: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	34, // 43: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	18, // 44: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	20, // 45: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	11, // 46: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	13, // 47: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	15, // 48: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	17, // 49: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	23, // 50: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	35, // 51: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	36, // 52: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	37, // 53: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	38, // 54: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	39, // 55: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	19, // 56: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	21, // 57: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	46, // [46:58] is the sub-list for method output_type
-	34, // [34:46] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	38, // 31: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	35, // 32: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
+	36, // 33: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
+	22, // 34: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
+	22, // 35: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
+	37, // 36: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	38, // 37: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	38, // 38: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 39: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	12, // 40: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	14, // 41: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	16, // 42: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	29, // 43: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	39, // 44: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	40, // 45: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	41, // 46: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	42, // 47: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	43, // 48: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	18, // 49: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	20, // 50: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 51: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	25, // 52: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	27, // 53: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	11, // 54: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	13, // 55: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	15, // 56: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	17, // 57: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	30, // 58: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	44, // 59: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	45, // 60: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	46, // 61: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	47, // 62: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	48, // 63: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	19, // 64: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	21, // 65: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 66: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	26, // 67: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	28, // 68: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	54, // [54:69] is the sub-list for method output_type
+	39, // [39:54] is the sub-list for method input_type
+	39, // [39:39] is the sub-list for extension type_name
+	39, // [39:39] is the sub-list for extension extendee
+	0,  // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -2225,7 +2663,7 @@ func file_berth_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   23,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

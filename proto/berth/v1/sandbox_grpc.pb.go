@@ -19,18 +19,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_CreateSandbox_FullMethodName = "/berth.v1.SandboxService/CreateSandbox"
-	SandboxService_GetSandbox_FullMethodName    = "/berth.v1.SandboxService/GetSandbox"
-	SandboxService_ListSandboxes_FullMethodName = "/berth.v1.SandboxService/ListSandboxes"
-	SandboxService_DeleteSandbox_FullMethodName = "/berth.v1.SandboxService/DeleteSandbox"
-	SandboxService_KeepAlive_FullMethodName     = "/berth.v1.SandboxService/KeepAlive"
-	SandboxService_Exec_FullMethodName          = "/berth.v1.SandboxService/Exec"
-	SandboxService_Run_FullMethodName           = "/berth.v1.SandboxService/Run"
-	SandboxService_ListExecs_FullMethodName     = "/berth.v1.SandboxService/ListExecs"
-	SandboxService_SignalExec_FullMethodName    = "/berth.v1.SandboxService/SignalExec"
-	SandboxService_PortForward_FullMethodName   = "/berth.v1.SandboxService/PortForward"
-	SandboxService_PauseSandbox_FullMethodName  = "/berth.v1.SandboxService/PauseSandbox"
-	SandboxService_ResumeSandbox_FullMethodName = "/berth.v1.SandboxService/ResumeSandbox"
+	SandboxService_CreateSandbox_FullMethodName  = "/berth.v1.SandboxService/CreateSandbox"
+	SandboxService_GetSandbox_FullMethodName     = "/berth.v1.SandboxService/GetSandbox"
+	SandboxService_ListSandboxes_FullMethodName  = "/berth.v1.SandboxService/ListSandboxes"
+	SandboxService_DeleteSandbox_FullMethodName  = "/berth.v1.SandboxService/DeleteSandbox"
+	SandboxService_KeepAlive_FullMethodName      = "/berth.v1.SandboxService/KeepAlive"
+	SandboxService_Exec_FullMethodName           = "/berth.v1.SandboxService/Exec"
+	SandboxService_Run_FullMethodName            = "/berth.v1.SandboxService/Run"
+	SandboxService_ListExecs_FullMethodName      = "/berth.v1.SandboxService/ListExecs"
+	SandboxService_SignalExec_FullMethodName     = "/berth.v1.SandboxService/SignalExec"
+	SandboxService_PortForward_FullMethodName    = "/berth.v1.SandboxService/PortForward"
+	SandboxService_PauseSandbox_FullMethodName   = "/berth.v1.SandboxService/PauseSandbox"
+	SandboxService_ResumeSandbox_FullMethodName  = "/berth.v1.SandboxService/ResumeSandbox"
+	SandboxService_CreateSnapshot_FullMethodName = "/berth.v1.SandboxService/CreateSnapshot"
+	SandboxService_ListSnapshots_FullMethodName  = "/berth.v1.SandboxService/ListSnapshots"
+	SandboxService_DeleteSnapshot_FullMethodName = "/berth.v1.SandboxService/DeleteSnapshot"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -143,6 +146,26 @@ type SandboxServiceClient interface {
 	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
 	// (SANDBOX_NOT_RUNNING) when its task is not running.
 	ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*ResumeSandboxResponse, error)
+	// CreateSnapshot stores a point-in-time, crash-consistent copy of a
+	// sandbox's root file system: the sandbox is paused (a paused one stays
+	// paused), its file system synced (syncfs(2)) and its writable layer
+	// snapshotted (a read-only btrfs subvolume snapshot, copy-on-write: it
+	// takes no time or space for what is unchanged), then resumed. Every
+	// write the workload saw complete before the call began is in it. The
+	// snapshot belongs to the caller's principal, keeps the source sandbox's
+	// image, survives the sandbox's deletion and berthd restarts until
+	// DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
+	// SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
+	// sandbox's root is not an idmapped one, the message naming which).
+	CreateSnapshot(ctx context.Context, in *CreateSnapshotRequest, opts ...grpc.CallOption) (*CreateSnapshotResponse, error)
+	// ListSnapshots lists the caller's snapshots (an admin's: all), oldest
+	// first.
+	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
+	// DeleteSnapshot removes a snapshot. Errors: NOT_FOUND
+	// (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
+	// (SNAPSHOT_IN_USE) while a sandbox created from it exists.
+	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -279,6 +302,36 @@ func (c *sandboxServiceClient) ResumeSandbox(ctx context.Context, in *ResumeSand
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CreateSnapshot(ctx context.Context, in *CreateSnapshotRequest, opts ...grpc.CallOption) (*CreateSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateSnapshotResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CreateSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSnapshotsResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ListSnapshots_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteSnapshotResponse)
+	err := c.cc.Invoke(ctx, SandboxService_DeleteSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -389,6 +442,26 @@ type SandboxServiceServer interface {
 	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
 	// (SANDBOX_NOT_RUNNING) when its task is not running.
 	ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error)
+	// CreateSnapshot stores a point-in-time, crash-consistent copy of a
+	// sandbox's root file system: the sandbox is paused (a paused one stays
+	// paused), its file system synced (syncfs(2)) and its writable layer
+	// snapshotted (a read-only btrfs subvolume snapshot, copy-on-write: it
+	// takes no time or space for what is unchanged), then resumed. Every
+	// write the workload saw complete before the call began is in it. The
+	// snapshot belongs to the caller's principal, keeps the source sandbox's
+	// image, survives the sandbox's deletion and berthd restarts until
+	// DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
+	// SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
+	// sandbox's root is not an idmapped one, the message naming which).
+	CreateSnapshot(context.Context, *CreateSnapshotRequest) (*CreateSnapshotResponse, error)
+	// ListSnapshots lists the caller's snapshots (an admin's: all), oldest
+	// first.
+	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
+	// DeleteSnapshot removes a snapshot. Errors: NOT_FOUND
+	// (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
+	// (SNAPSHOT_IN_USE) while a sandbox created from it exists.
+	DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -434,6 +507,15 @@ func (UnimplementedSandboxServiceServer) PauseSandbox(context.Context, *PauseSan
 }
 func (UnimplementedSandboxServiceServer) ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) CreateSnapshot(context.Context, *CreateSnapshotRequest) (*CreateSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateSnapshot not implemented")
+}
+func (UnimplementedSandboxServiceServer) ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSnapshots not implemented")
+}
+func (UnimplementedSandboxServiceServer) DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteSnapshot not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -650,6 +732,60 @@ func _SandboxService_ResumeSandbox_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CreateSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CreateSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CreateSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CreateSnapshot(ctx, req.(*CreateSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ListSnapshots_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSnapshotsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ListSnapshots(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ListSnapshots_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ListSnapshots(ctx, req.(*ListSnapshotsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_DeleteSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).DeleteSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_DeleteSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).DeleteSnapshot(ctx, req.(*DeleteSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -696,6 +832,18 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSandbox",
 			Handler:    _SandboxService_ResumeSandbox_Handler,
+		},
+		{
+			MethodName: "CreateSnapshot",
+			Handler:    _SandboxService_CreateSnapshot_Handler,
+		},
+		{
+			MethodName: "ListSnapshots",
+			Handler:    _SandboxService_ListSnapshots_Handler,
+		},
+		{
+			MethodName: "DeleteSnapshot",
+			Handler:    _SandboxService_DeleteSnapshot_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

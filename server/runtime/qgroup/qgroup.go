@@ -297,3 +297,31 @@ func ioctl(f *os.File, req uintptr, arg unsafe.Pointer) error {
 	}
 	return nil
 }
+
+// iocInoLookup is _IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)
+// (4096 bytes).
+const iocInoLookup = 0xd0009412
+
+// inoLookupArgs is struct btrfs_ioctl_ino_lookup_args.
+type inoLookupArgs struct {
+	treeID   uint64
+	objectID uint64
+	name     [4080]byte
+}
+
+// SubvolIDAt returns the id of the btrfs subvolume that holds path
+// (BTRFS_IOC_INO_LOOKUP with tree id 0, as btrfs-progs' `btrfs
+// inspect-internal rootid`). It fails with the ioctl's errno (ENOTTY off
+// btrfs).
+func SubvolIDAt(path string) (uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	args := inoLookupArgs{objectID: 256} // BTRFS_FIRST_FREE_OBJECTID
+	if err := ioctl(f, iocInoLookup, unsafe.Pointer(&args)); err != nil {
+		return 0, fmt.Errorf("btrfs subvolume id of %s: %w", path, err)
+	}
+	return args.treeID, nil
+}

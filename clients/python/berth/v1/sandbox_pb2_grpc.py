@@ -87,6 +87,21 @@ class SandboxServiceStub(object):
                 request_serializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
                 )
+        self.CreateSnapshot = channel.unary_unary(
+                '/berth.v1.SandboxService/CreateSnapshot',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.CreateSnapshotRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.CreateSnapshotResponse.FromString,
+                )
+        self.ListSnapshots = channel.unary_unary(
+                '/berth.v1.SandboxService/ListSnapshots',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.FromString,
+                )
+        self.DeleteSnapshot = channel.unary_unary(
+                '/berth.v1.SandboxService/DeleteSnapshot',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -257,6 +272,41 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSnapshot(self, request, context):
+        """CreateSnapshot stores a point-in-time, crash-consistent copy of a
+        sandbox's root file system: the sandbox is paused (a paused one stays
+        paused), its file system synced (syncfs(2)) and its writable layer
+        snapshotted (a read-only btrfs subvolume snapshot, copy-on-write: it
+        takes no time or space for what is unchanged), then resumed. Every
+        write the workload saw complete before the call began is in it. The
+        snapshot belongs to the caller's principal, keeps the source sandbox's
+        image, survives the sandbox's deletion and berthd restarts until
+        DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
+        (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
+        SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
+        sandbox's root is not an idmapped one, the message naming which).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSnapshots(self, request, context):
+        """ListSnapshots lists the caller's snapshots (an admin's: all), oldest
+        first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSnapshot(self, request, context):
+        """DeleteSnapshot removes a snapshot. Errors: NOT_FOUND
+        (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
+        (SNAPSHOT_IN_USE) while a sandbox created from it exists.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -319,6 +369,21 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ResumeSandbox,
                     request_deserializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
                     response_serializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.SerializeToString,
+            ),
+            'CreateSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSnapshot,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.CreateSnapshotRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.CreateSnapshotResponse.SerializeToString,
+            ),
+            'ListSnapshots': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSnapshots,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.SerializeToString,
+            ),
+            'DeleteSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSnapshot,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -542,5 +607,56 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ResumeSandbox',
             berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
             berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/CreateSnapshot',
+            berth_dot_v1_dot_sandbox__pb2.CreateSnapshotRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.CreateSnapshotResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListSnapshots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ListSnapshots',
+            berth_dot_v1_dot_sandbox__pb2.ListSnapshotsRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.ListSnapshotsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeleteSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/DeleteSnapshot',
+            berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -709,6 +709,16 @@ export interface CreateSandboxRequest {
    * attached Exec stream, an open PortForward stream.
    */
   idleAction: IdleAction;
+  /**
+   * from_snapshot names a snapshot (CreateSnapshot) of the caller's: the
+   * sandbox's root file system is a writable copy-on-write btrfs snapshot
+   * of it (instant whatever its size), and image, when set, must be the
+   * snapshot's image. Its writes do not change the snapshot. Errors:
+   * NOT_FOUND (SNAPSHOT_NOT_FOUND), FAILED_PRECONDITION
+   * (SNAPSHOT_UNSUPPORTED) for a sandbox without an idmapped root
+   * (host_users, gVisor).
+   */
+  fromSnapshot: string;
 }
 
 export interface CreateSandboxRequest_LabelsEntry {
@@ -818,6 +828,79 @@ export interface ResumeSandboxRequest {
 export interface ResumeSandboxResponse {
   /** sandbox is the sandbox, in state SANDBOX_STATE_RUNNING. */
   sandbox: Sandbox | undefined;
+}
+
+/**
+ * Snapshot is a stored copy of a sandbox's root file system
+ * (CreateSnapshot).
+ */
+export interface Snapshot {
+  /** id names the snapshot: "snap-" and 20 lowercase hex digits. */
+  id: string;
+  /** sandbox_id is the sandbox it was taken of (which may be gone since). */
+  sandboxId: string;
+  /** owner is the principal that took it. */
+  owner: string;
+  /** created is when it was taken. */
+  created:
+    | Date
+    | undefined;
+  /**
+   * size_bytes is what the snapshot holds beyond its image: the bytes of
+   * the files the sandbox added or changed (containerd's snapshot usage).
+   */
+  sizeBytes: bigint;
+  /** labels are the caller's (CreateSnapshotRequest.labels). */
+  labels: { [key: string]: string };
+  /**
+   * image is the image the source sandbox was created from; a sandbox
+   * created from the snapshot runs it.
+   */
+  image: string;
+}
+
+export interface Snapshot_LabelsEntry {
+  key: string;
+  value: string;
+}
+
+/** CreateSnapshotRequest names the sandbox to snapshot. */
+export interface CreateSnapshotRequest {
+  /** sandbox_id names the sandbox. */
+  sandboxId: string;
+  /** labels are kept with the snapshot (keys and values as a sandbox's). */
+  labels: { [key: string]: string };
+}
+
+export interface CreateSnapshotRequest_LabelsEntry {
+  key: string;
+  value: string;
+}
+
+/** CreateSnapshotResponse returns the new snapshot. */
+export interface CreateSnapshotResponse {
+  /** snapshot is the snapshot taken. */
+  snapshot: Snapshot | undefined;
+}
+
+/** ListSnapshotsRequest lists the caller's snapshots. */
+export interface ListSnapshotsRequest {
+}
+
+/** ListSnapshotsResponse holds the snapshots, oldest first. */
+export interface ListSnapshotsResponse {
+  /** snapshots are the caller's snapshots. */
+  snapshots: Snapshot[];
+}
+
+/** DeleteSnapshotRequest names the snapshot to delete. */
+export interface DeleteSnapshotRequest {
+  /** snapshot_id names the snapshot. */
+  snapshotId: string;
+}
+
+/** DeleteSnapshotResponse is empty. */
+export interface DeleteSnapshotResponse {
 }
 
 /** KeepAliveRequest names the sandbox to keep. */
@@ -2297,6 +2380,7 @@ function createBaseCreateSandboxRequest(): CreateSandboxRequest {
     runtime: "",
     network: undefined,
     idleAction: 0,
+    fromSnapshot: "",
   };
 }
 
@@ -2343,6 +2427,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     }
     if (message.idleAction !== 0) {
       writer.uint32(112).int32(message.idleAction);
+    }
+    if (message.fromSnapshot !== "") {
+      writer.uint32(122).string(message.fromSnapshot);
     }
     return writer;
   },
@@ -2478,6 +2565,14 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
             message.idleAction = reader.int32() as any;
             continue;
           }
+          case 15: {
+            if (tag !== 122) {
+              break;
+            }
+
+            message.fromSnapshot = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2556,6 +2651,11 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
         : isSet(object.idle_action)
         ? idleActionFromJSON(object.idle_action)
         : 0,
+      fromSnapshot: isSet(object.fromSnapshot)
+        ? globalThis.String(object.fromSnapshot)
+        : isSet(object.from_snapshot)
+        ? globalThis.String(object.from_snapshot)
+        : "",
     };
   },
 
@@ -2615,6 +2715,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     if (message.idleAction !== 0) {
       obj.idleAction = idleActionToJSON(message.idleAction);
     }
+    if (message.fromSnapshot !== "") {
+      obj.fromSnapshot = message.fromSnapshot;
+    }
     return obj;
   },
 
@@ -2661,6 +2764,7 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
       ? NetworkPolicy.fromPartial(object.network)
       : undefined;
     message.idleAction = object.idleAction ?? 0;
+    message.fromSnapshot = object.fromSnapshot ?? "";
     return message;
   },
 };
@@ -3835,6 +3939,822 @@ export const ResumeSandboxResponse: MessageFns<ResumeSandboxResponse> = {
   },
 };
 
+function createBaseSnapshot(): Snapshot {
+  return { id: "", sandboxId: "", owner: "", created: undefined, sizeBytes: 0n, labels: {}, image: "" };
+}
+
+export const Snapshot: MessageFns<Snapshot> = {
+  encode(message: Snapshot, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.id !== "") {
+      writer.uint32(10).string(message.id);
+    }
+    if (message.sandboxId !== "") {
+      writer.uint32(18).string(message.sandboxId);
+    }
+    if (message.owner !== "") {
+      writer.uint32(26).string(message.owner);
+    }
+    if (message.created !== undefined) {
+      Timestamp.encode(toTimestamp(message.created), writer.uint32(34).fork()).join();
+    }
+    if (message.sizeBytes !== 0n) {
+      if (BigInt.asIntN(64, message.sizeBytes) !== message.sizeBytes) {
+        throw new globalThis.Error("value provided for field message.sizeBytes of type int64 too large");
+      }
+      writer.uint32(40).int64(message.sizeBytes);
+    }
+    globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
+      Snapshot_LabelsEntry.encode({ key: key as any, value }, writer.uint32(50).fork()).join();
+    });
+    if (message.image !== "") {
+      writer.uint32(58).string(message.image);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Snapshot {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSnapshot();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.id = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.owner = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.created = fromTimestamp(Timestamp.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.sizeBytes = reader.int64() as bigint;
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            const entry6 = Snapshot_LabelsEntry.decode(reader, reader.uint32());
+            if (entry6.value !== undefined) {
+              message.labels[entry6.key] = entry6.value;
+            }
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.image = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Snapshot {
+    return {
+      id: isSet(object.id) ? globalThis.String(object.id) : "",
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      owner: isSet(object.owner) ? globalThis.String(object.owner) : "",
+      created: isSet(object.created) ? fromJsonTimestamp(object.created) : undefined,
+      sizeBytes: isSet(object.sizeBytes)
+        ? BigInt(object.sizeBytes)
+        : isSet(object.size_bytes)
+        ? BigInt(object.size_bytes)
+        : 0n,
+      labels: isObject(object.labels)
+        ? (globalThis.Object.entries(object.labels) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+      image: isSet(object.image) ? globalThis.String(object.image) : "",
+    };
+  },
+
+  toJSON(message: Snapshot): unknown {
+    const obj: any = {};
+    if (message.id !== "") {
+      obj.id = message.id;
+    }
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.owner !== "") {
+      obj.owner = message.owner;
+    }
+    if (message.created !== undefined) {
+      obj.created = message.created.toISOString();
+    }
+    if (message.sizeBytes !== 0n) {
+      obj.sizeBytes = message.sizeBytes.toString();
+    }
+    if (message.labels) {
+      const entries = globalThis.Object.entries(message.labels) as [string, string][];
+      if (entries.length > 0) {
+        obj.labels = {};
+        entries.forEach(([k, v]) => {
+          obj.labels[k] = v;
+        });
+      }
+    }
+    if (message.image !== "") {
+      obj.image = message.image;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Snapshot>, I>>(base?: I): Snapshot {
+    return Snapshot.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Snapshot>, I>>(object: I): Snapshot {
+    const message = createBaseSnapshot();
+    message.id = object.id ?? "";
+    message.sandboxId = object.sandboxId ?? "";
+    message.owner = object.owner ?? "";
+    message.created = object.created ?? undefined;
+    message.sizeBytes = (object.sizeBytes !== undefined && object.sizeBytes !== null) ? BigInt(object.sizeBytes) : 0n;
+    message.labels = (globalThis.Object.entries(object.labels ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    message.image = object.image ?? "";
+    return message;
+  },
+};
+
+function createBaseSnapshot_LabelsEntry(): Snapshot_LabelsEntry {
+  return { key: "", value: "" };
+}
+
+export const Snapshot_LabelsEntry: MessageFns<Snapshot_LabelsEntry> = {
+  encode(message: Snapshot_LabelsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Snapshot_LabelsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSnapshot_LabelsEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Snapshot_LabelsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: Snapshot_LabelsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Snapshot_LabelsEntry>, I>>(base?: I): Snapshot_LabelsEntry {
+    return Snapshot_LabelsEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Snapshot_LabelsEntry>, I>>(object: I): Snapshot_LabelsEntry {
+    const message = createBaseSnapshot_LabelsEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
+function createBaseCreateSnapshotRequest(): CreateSnapshotRequest {
+  return { sandboxId: "", labels: {} };
+}
+
+export const CreateSnapshotRequest: MessageFns<CreateSnapshotRequest> = {
+  encode(message: CreateSnapshotRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
+      CreateSnapshotRequest_LabelsEntry.encode({ key: key as any, value }, writer.uint32(18).fork()).join();
+    });
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CreateSnapshotRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCreateSnapshotRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            const entry2 = CreateSnapshotRequest_LabelsEntry.decode(reader, reader.uint32());
+            if (entry2.value !== undefined) {
+              message.labels[entry2.key] = entry2.value;
+            }
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CreateSnapshotRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      labels: isObject(object.labels)
+        ? (globalThis.Object.entries(object.labels) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+    };
+  },
+
+  toJSON(message: CreateSnapshotRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.labels) {
+      const entries = globalThis.Object.entries(message.labels) as [string, string][];
+      if (entries.length > 0) {
+        obj.labels = {};
+        entries.forEach(([k, v]) => {
+          obj.labels[k] = v;
+        });
+      }
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CreateSnapshotRequest>, I>>(base?: I): CreateSnapshotRequest {
+    return CreateSnapshotRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CreateSnapshotRequest>, I>>(object: I): CreateSnapshotRequest {
+    const message = createBaseCreateSnapshotRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    message.labels = (globalThis.Object.entries(object.labels ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    return message;
+  },
+};
+
+function createBaseCreateSnapshotRequest_LabelsEntry(): CreateSnapshotRequest_LabelsEntry {
+  return { key: "", value: "" };
+}
+
+export const CreateSnapshotRequest_LabelsEntry: MessageFns<CreateSnapshotRequest_LabelsEntry> = {
+  encode(message: CreateSnapshotRequest_LabelsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CreateSnapshotRequest_LabelsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCreateSnapshotRequest_LabelsEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CreateSnapshotRequest_LabelsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: CreateSnapshotRequest_LabelsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CreateSnapshotRequest_LabelsEntry>, I>>(
+    base?: I,
+  ): CreateSnapshotRequest_LabelsEntry {
+    return CreateSnapshotRequest_LabelsEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CreateSnapshotRequest_LabelsEntry>, I>>(
+    object: I,
+  ): CreateSnapshotRequest_LabelsEntry {
+    const message = createBaseCreateSnapshotRequest_LabelsEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
+function createBaseCreateSnapshotResponse(): CreateSnapshotResponse {
+  return { snapshot: undefined };
+}
+
+export const CreateSnapshotResponse: MessageFns<CreateSnapshotResponse> = {
+  encode(message: CreateSnapshotResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.snapshot !== undefined) {
+      Snapshot.encode(message.snapshot, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CreateSnapshotResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCreateSnapshotResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.snapshot = Snapshot.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CreateSnapshotResponse {
+    return { snapshot: isSet(object.snapshot) ? Snapshot.fromJSON(object.snapshot) : undefined };
+  },
+
+  toJSON(message: CreateSnapshotResponse): unknown {
+    const obj: any = {};
+    if (message.snapshot !== undefined) {
+      obj.snapshot = Snapshot.toJSON(message.snapshot);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CreateSnapshotResponse>, I>>(base?: I): CreateSnapshotResponse {
+    return CreateSnapshotResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CreateSnapshotResponse>, I>>(object: I): CreateSnapshotResponse {
+    const message = createBaseCreateSnapshotResponse();
+    message.snapshot = (object.snapshot !== undefined && object.snapshot !== null)
+      ? Snapshot.fromPartial(object.snapshot)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseListSnapshotsRequest(): ListSnapshotsRequest {
+  return {};
+}
+
+export const ListSnapshotsRequest: MessageFns<ListSnapshotsRequest> = {
+  encode(_: ListSnapshotsRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListSnapshotsRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListSnapshotsRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): ListSnapshotsRequest {
+    return {};
+  },
+
+  toJSON(_: ListSnapshotsRequest): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListSnapshotsRequest>, I>>(base?: I): ListSnapshotsRequest {
+    return ListSnapshotsRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListSnapshotsRequest>, I>>(_: I): ListSnapshotsRequest {
+    const message = createBaseListSnapshotsRequest();
+    return message;
+  },
+};
+
+function createBaseListSnapshotsResponse(): ListSnapshotsResponse {
+  return { snapshots: [] };
+}
+
+export const ListSnapshotsResponse: MessageFns<ListSnapshotsResponse> = {
+  encode(message: ListSnapshotsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.snapshots) {
+      Snapshot.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ListSnapshotsResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseListSnapshotsResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.snapshots.push(Snapshot.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ListSnapshotsResponse {
+    return {
+      snapshots: globalThis.Array.isArray(object?.snapshots)
+        ? object.snapshots.map((e: any) => Snapshot.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ListSnapshotsResponse): unknown {
+    const obj: any = {};
+    if (message.snapshots?.length) {
+      obj.snapshots = message.snapshots.map((e) => Snapshot.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ListSnapshotsResponse>, I>>(base?: I): ListSnapshotsResponse {
+    return ListSnapshotsResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ListSnapshotsResponse>, I>>(object: I): ListSnapshotsResponse {
+    const message = createBaseListSnapshotsResponse();
+    message.snapshots = object.snapshots?.map((e) => Snapshot.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseDeleteSnapshotRequest(): DeleteSnapshotRequest {
+  return { snapshotId: "" };
+}
+
+export const DeleteSnapshotRequest: MessageFns<DeleteSnapshotRequest> = {
+  encode(message: DeleteSnapshotRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.snapshotId !== "") {
+      writer.uint32(10).string(message.snapshotId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteSnapshotRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteSnapshotRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.snapshotId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeleteSnapshotRequest {
+    return {
+      snapshotId: isSet(object.snapshotId)
+        ? globalThis.String(object.snapshotId)
+        : isSet(object.snapshot_id)
+        ? globalThis.String(object.snapshot_id)
+        : "",
+    };
+  },
+
+  toJSON(message: DeleteSnapshotRequest): unknown {
+    const obj: any = {};
+    if (message.snapshotId !== "") {
+      obj.snapshotId = message.snapshotId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteSnapshotRequest>, I>>(base?: I): DeleteSnapshotRequest {
+    return DeleteSnapshotRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteSnapshotRequest>, I>>(object: I): DeleteSnapshotRequest {
+    const message = createBaseDeleteSnapshotRequest();
+    message.snapshotId = object.snapshotId ?? "";
+    return message;
+  },
+};
+
+function createBaseDeleteSnapshotResponse(): DeleteSnapshotResponse {
+  return {};
+}
+
+export const DeleteSnapshotResponse: MessageFns<DeleteSnapshotResponse> = {
+  encode(_: DeleteSnapshotResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeleteSnapshotResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeleteSnapshotResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): DeleteSnapshotResponse {
+    return {};
+  },
+
+  toJSON(_: DeleteSnapshotResponse): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeleteSnapshotResponse>, I>>(base?: I): DeleteSnapshotResponse {
+    return DeleteSnapshotResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeleteSnapshotResponse>, I>>(_: I): DeleteSnapshotResponse {
+    const message = createBaseDeleteSnapshotResponse();
+    return message;
+  },
+};
+
 function createBaseKeepAliveRequest(): KeepAliveRequest {
   return { sandboxId: "", holdFor: undefined };
 }
@@ -4255,6 +5175,61 @@ export const SandboxServiceService = {
       Buffer.from(ResumeSandboxResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ResumeSandboxResponse => ResumeSandboxResponse.decode(value),
   },
+  /**
+   * CreateSnapshot stores a point-in-time, crash-consistent copy of a
+   * sandbox's root file system: the sandbox is paused (a paused one stays
+   * paused), its file system synced (syncfs(2)) and its writable layer
+   * snapshotted (a read-only btrfs subvolume snapshot, copy-on-write: it
+   * takes no time or space for what is unchanged), then resumed. Every
+   * write the workload saw complete before the call began is in it. The
+   * snapshot belongs to the caller's principal, keeps the source sandbox's
+   * image, survives the sandbox's deletion and berthd restarts until
+   * DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
+   * SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
+   * sandbox's root is not an idmapped one, the message naming which).
+   */
+  createSnapshot: {
+    path: "/berth.v1.SandboxService/CreateSnapshot" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CreateSnapshotRequest): Buffer =>
+      Buffer.from(CreateSnapshotRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CreateSnapshotRequest => CreateSnapshotRequest.decode(value),
+    responseSerialize: (value: CreateSnapshotResponse): Buffer =>
+      Buffer.from(CreateSnapshotResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CreateSnapshotResponse => CreateSnapshotResponse.decode(value),
+  },
+  /**
+   * ListSnapshots lists the caller's snapshots (an admin's: all), oldest
+   * first.
+   */
+  listSnapshots: {
+    path: "/berth.v1.SandboxService/ListSnapshots" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListSnapshotsRequest): Buffer => Buffer.from(ListSnapshotsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListSnapshotsRequest => ListSnapshotsRequest.decode(value),
+    responseSerialize: (value: ListSnapshotsResponse): Buffer =>
+      Buffer.from(ListSnapshotsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListSnapshotsResponse => ListSnapshotsResponse.decode(value),
+  },
+  /**
+   * DeleteSnapshot removes a snapshot. Errors: NOT_FOUND
+   * (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
+   * (SNAPSHOT_IN_USE) while a sandbox created from it exists.
+   */
+  deleteSnapshot: {
+    path: "/berth.v1.SandboxService/DeleteSnapshot" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteSnapshotRequest): Buffer =>
+      Buffer.from(DeleteSnapshotRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteSnapshotRequest => DeleteSnapshotRequest.decode(value),
+    responseSerialize: (value: DeleteSnapshotResponse): Buffer =>
+      Buffer.from(DeleteSnapshotResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteSnapshotResponse => DeleteSnapshotResponse.decode(value),
+  },
 } as const;
 
 export interface SandboxServiceServer extends UntypedServiceImplementation {
@@ -4374,6 +5349,32 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * (SANDBOX_NOT_RUNNING) when its task is not running.
    */
   resumeSandbox: handleUnaryCall<ResumeSandboxRequest, ResumeSandboxResponse>;
+  /**
+   * CreateSnapshot stores a point-in-time, crash-consistent copy of a
+   * sandbox's root file system: the sandbox is paused (a paused one stays
+   * paused), its file system synced (syncfs(2)) and its writable layer
+   * snapshotted (a read-only btrfs subvolume snapshot, copy-on-write: it
+   * takes no time or space for what is unchanged), then resumed. Every
+   * write the workload saw complete before the call began is in it. The
+   * snapshot belongs to the caller's principal, keeps the source sandbox's
+   * image, survives the sandbox's deletion and berthd restarts until
+   * DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
+   * SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
+   * sandbox's root is not an idmapped one, the message naming which).
+   */
+  createSnapshot: handleUnaryCall<CreateSnapshotRequest, CreateSnapshotResponse>;
+  /**
+   * ListSnapshots lists the caller's snapshots (an admin's: all), oldest
+   * first.
+   */
+  listSnapshots: handleUnaryCall<ListSnapshotsRequest, ListSnapshotsResponse>;
+  /**
+   * DeleteSnapshot removes a snapshot. Errors: NOT_FOUND
+   * (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
+   * (SNAPSHOT_IN_USE) while a sandbox created from it exists.
+   */
+  deleteSnapshot: handleUnaryCall<DeleteSnapshotRequest, DeleteSnapshotResponse>;
 }
 
 export interface SandboxServiceClient extends Client {
@@ -4636,6 +5637,74 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ResumeSandboxResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * CreateSnapshot stores a point-in-time, crash-consistent copy of a
+   * sandbox's root file system: the sandbox is paused (a paused one stays
+   * paused), its file system synced (syncfs(2)) and its writable layer
+   * snapshotted (a read-only btrfs subvolume snapshot, copy-on-write: it
+   * takes no time or space for what is unchanged), then resumed. Every
+   * write the workload saw complete before the call began is in it. The
+   * snapshot belongs to the caller's principal, keeps the source sandbox's
+   * image, survives the sandbox's deletion and berthd restarts until
+   * DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
+   * SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
+   * sandbox's root is not an idmapped one, the message naming which).
+   */
+  createSnapshot(
+    request: CreateSnapshotRequest,
+    callback: (error: ServiceError | null, response: CreateSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  createSnapshot(
+    request: CreateSnapshotRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CreateSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  createSnapshot(
+    request: CreateSnapshotRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CreateSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ListSnapshots lists the caller's snapshots (an admin's: all), oldest
+   * first.
+   */
+  listSnapshots(
+    request: ListSnapshotsRequest,
+    callback: (error: ServiceError | null, response: ListSnapshotsResponse) => void,
+  ): ClientUnaryCall;
+  listSnapshots(
+    request: ListSnapshotsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListSnapshotsResponse) => void,
+  ): ClientUnaryCall;
+  listSnapshots(
+    request: ListSnapshotsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListSnapshotsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * DeleteSnapshot removes a snapshot. Errors: NOT_FOUND
+   * (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
+   * (SNAPSHOT_IN_USE) while a sandbox created from it exists.
+   */
+  deleteSnapshot(
+    request: DeleteSnapshotRequest,
+    callback: (error: ServiceError | null, response: DeleteSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  deleteSnapshot(
+    request: DeleteSnapshotRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  deleteSnapshot(
+    request: DeleteSnapshotRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteSnapshotResponse) => void,
   ): ClientUnaryCall;
 }
 

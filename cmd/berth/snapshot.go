@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+)
+
+func newSnapshotCmd(g *globals) *cobra.Command {
+	cmd := newGroupCmd("snapshot", "Take, list and remove snapshots of sandboxes' files", "snap")
+	cmd.AddCommand(newSnapshotCreateCmd(g), newSnapshotListCmd(g), newSnapshotRemoveCmd(g))
+	return cmd
+}
+
+func newSnapshotCreateCmd(g *globals) *cobra.Command {
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "create SANDBOX [--label KEY=VALUE]...",
+		Short: "Snapshot a sandbox's files and print the snapshot's id",
+		Long: `Store a point-in-time, crash-consistent copy of the sandbox's root file
+system (paused for the moment of a btrfs snapshot, then resumed; a paused
+sandbox stays paused) and print its id. Every write the sandbox saw complete
+before the command is in it. It outlives the sandbox; "berth sandbox create
+--from-snapshot ID" starts a sandbox from it. Needs berthd's btrfs
+snapshotter. Memory is not kept.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			l, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				snap, err := c.CreateSnapshot(ctx, args[0], l)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), snap.GetId())
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label the snapshot, KEY=VALUE (repeatable)")
+	return cmd
+}
+
+func newSnapshotListCmd(g *globals) *cobra.Command {
+	var output outputFormat
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List your snapshots",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				snaps, err := c.ListSnapshots(ctx)
+				if err != nil {
+					return err
+				}
+				if output == "json" {
+					return writeJSONList(cmd.OutOrStdout(), snaps)
+				}
+				return writeSnapshotTable(cmd.OutOrStdout(), snaps, time.Now())
+			})
+		},
+	}
+	addOutputFlag(cmd, &output, "table")
+	return cmd
+}
+
+func writeSnapshotTable(w io.Writer, snaps []*berthv1.Snapshot, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSANDBOX\tIMAGE\tSIZE\tCREATED")
+	for _, s := range snaps {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.GetId(), s.GetSandboxId(), s.GetImage(), byteSize(uint64(s.GetSizeBytes())), ago(s.GetCreated().AsTime(), now))
+	}
+	return tw.Flush()
+}
+
+func newSnapshotRemoveCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm SNAPSHOT...",
+		Aliases: []string{"remove", "delete"},
+		Short:   "Remove snapshots",
+		Long:    `Remove each snapshot and print its id. A snapshot that a sandbox was created from cannot be removed while that sandbox exists.`,
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return doEach(cmd, g, "remove snapshot ", args, func(c *client.Client, ctx context.Context, id string) error {
+				return c.DeleteSnapshot(ctx, id)
+			})
+		},
+	}
+}

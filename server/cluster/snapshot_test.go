@@ -1,0 +1,35 @@
+package cluster
+
+import (
+	"context"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/auth"
+)
+
+// TestRouterRefusesSnapshots: in a fleet the snapshot calls, and a create
+// from a snapshot, are FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED, never run
+// on whichever node the call reached.
+func TestRouterRefusesSnapshots(t *testing.T) {
+	r := NewRouter(RouterConfig{Log: testLog()})
+	ctx := auth.NewContext(context.Background(), auth.Principal{Name: "alice"})
+	for method, req := range map[string]any{
+		berthv1.SandboxService_CreateSnapshot_FullMethodName: &berthv1.CreateSnapshotRequest{SandboxId: "sb-1"},
+		berthv1.SandboxService_ListSnapshots_FullMethodName:  &berthv1.ListSnapshotsRequest{},
+		berthv1.SandboxService_DeleteSnapshot_FullMethodName: &berthv1.DeleteSnapshotRequest{SnapshotId: "snap-0123456789abcdef0123"},
+		berthv1.SandboxService_CreateSandbox_FullMethodName:  &berthv1.CreateSandboxRequest{FromSnapshot: "snap-0123456789abcdef0123"},
+	} {
+		ran := false
+		_, err := r.UnaryInterceptor()(ctx, req, &grpc.UnaryServerInfo{FullMethod: method},
+			func(context.Context, any) (any, error) { ran = true; return nil, nil })
+		if ran || status.Code(err) != codes.FailedPrecondition || rpcstatus.Reason(err) != rpcstatus.ReasonSnapshotUnsupported {
+			t.Errorf("%s in a fleet: ran %v, %v; want FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED without running", method, ran, err)
+		}
+	}
+}

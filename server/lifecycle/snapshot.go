@@ -1,0 +1,102 @@
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// snapshots is what the Manager needs of containerd for stored snapshots
+// (*runtime.Runtime).
+type snapshots interface {
+	CreateSnapshot(ctx context.Context, id, owner string, labels map[string]string, freeze func(context.Context) (func(), error)) (runtime.Snapshot, error)
+	GetSnapshot(ctx context.Context, snapID string) (runtime.Snapshot, error)
+	ListSnapshots(ctx context.Context, sees func(owner string) bool) ([]runtime.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, snapID string) error
+}
+
+// snapshotStore returns the Manager's store as a snapshots, or an error
+// wrapping runtime.ErrSnapshotUnsupported.
+func (m *Manager) snapshotStore() (snapshots, error) {
+	s, ok := m.rt.(snapshots)
+	if !ok {
+		return nil, fmt.Errorf("%w: this store keeps no snapshots", runtime.ErrSnapshotUnsupported)
+	}
+	return s, nil
+}
+
+// CreateSnapshot stores a crash-consistent copy of sandbox id's root file
+// system for caller p (runtime.Runtime.CreateSnapshot), under the
+// sandbox's lifecycle lock: the sandbox is paused only around the sync
+// and the btrfs snapshot, and one that was paused already stays paused.
+// A sandbox p may not see is runtime.ErrSandboxNotFound.
+func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principal, labels map[string]string) (runtime.Snapshot, error) {
+	st, err := m.snapshotStore()
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	unlock, err := m.lockSeen(ctx, id, p)
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	defer unlock()
+	freeze := func(ctx context.Context) (func(), error) {
+		if m.reach.Paused(id) {
+			return func() {}, nil
+		}
+		if err := m.reach.Pause(ctx, id); err != nil {
+			return nil, fmt.Errorf("pause sandbox %s for its snapshot: %w", id, err)
+		}
+		paused := time.Now()
+		return func() {
+			m.log.InfoContext(ctx, "sandbox paused for its snapshot", slog.String("sandbox_id", id), slog.Duration("frozen", time.Since(paused)))
+			if err := m.reach.Resume(context.WithoutCancel(ctx), id); err != nil {
+				m.log.Error("resume after a snapshot failed; the sandbox stays paused (ResumeSandbox or any call resumes it)", slog.String("sandbox_id", id), slog.Any("error", err))
+			}
+		}, nil
+	}
+	return st.CreateSnapshot(ctx, id, p.Name, labels, freeze)
+}
+
+// GetSnapshot returns snapshot snapID when p may see it, else
+// runtime.ErrSnapshotNotFound.
+func (m *Manager) GetSnapshot(ctx context.Context, snapID string, p auth.Principal) (runtime.Snapshot, error) {
+	st, err := m.snapshotStore()
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	s, err := st.GetSnapshot(ctx, snapID)
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	if !p.Sees(s.Owner) {
+		return runtime.Snapshot{}, fmt.Errorf("%w: %s", runtime.ErrSnapshotNotFound, snapID)
+	}
+	return s, nil
+}
+
+// ListSnapshots returns the snapshots p may see, oldest first.
+func (m *Manager) ListSnapshots(ctx context.Context, p auth.Principal) ([]runtime.Snapshot, error) {
+	st, err := m.snapshotStore()
+	if err != nil {
+		return nil, err
+	}
+	return st.ListSnapshots(ctx, p.Sees)
+}
+
+// DeleteSnapshot removes snapshot snapID for p; another principal's is
+// runtime.ErrSnapshotNotFound.
+func (m *Manager) DeleteSnapshot(ctx context.Context, snapID string, p auth.Principal) error {
+	st, err := m.snapshotStore()
+	if err != nil {
+		return err
+	}
+	if _, err := m.GetSnapshot(ctx, snapID, p); err != nil {
+		return err
+	}
+	return st.DeleteSnapshot(ctx, snapID)
+}

@@ -1,0 +1,348 @@
+package runtime
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/containerd/v2/core/snapshots"
+	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/server/runtime/qgroup"
+)
+
+// Stored snapshots (CreateSnapshot) are committed snapshots of
+// containerd's btrfs snapshotter, key snapshotKeyPrefix+ID, whose parent is
+// the source sandbox's image: containerd keeps them in its metadata across
+// restarts, its garbage collector leaves them (containerd.io/gc.root) and
+// their image's layers (a parent of a kept snapshot), and a sandbox made
+// from one is a containerd Prepare on it — a writable btrfs snapshot.
+// Their files are stored under the image's own ids (sandboxes with
+// idmapped roots on btrfs write so), and a sandbox made from one mounts
+// it idmapped into its own id range like an image's snapshot.
+
+// Errors of the snapshot calls.
+var (
+	// ErrSnapshotNotFound means no such snapshot, or one the caller may
+	// not see.
+	ErrSnapshotNotFound = errors.New("snapshot not found")
+	// ErrSnapshotUnsupported means snapshots cannot be taken or used
+	// here; the error wrapping it says why (the snapshotter, the
+	// sandbox's root).
+	ErrSnapshotUnsupported = errors.New("snapshots are not available")
+	// ErrSnapshotInUse means a sandbox created from the snapshot exists.
+	ErrSnapshotInUse = errors.New("snapshot in use")
+)
+
+// snapshotKeyPrefix starts the snapshotter key of a stored snapshot.
+const snapshotKeyPrefix = "berth-snapshot/"
+
+// Labels of a stored snapshot in containerd's snapshot metadata.
+const (
+	labelSnapshotOwner   = LabelPrefix + "snapshot.owner"   // principal
+	labelSnapshotSource  = LabelPrefix + "snapshot.source"  // sandbox id
+	labelSnapshotImage   = LabelPrefix + "snapshot.image"   // image name
+	labelSnapshotCreated = LabelPrefix + "snapshot.created" // RFC 3339 nano
+	labelSnapshotLabels  = LabelPrefix + "snapshot.labels"  // JSON object
+	labelSnapshotRootFS  = LabelPrefix + "snapshot.rootfs"  // RootFSIDMapped
+	labelGCRoot          = "containerd.io/gc.root"
+	// labelFromSnapshot on a sandbox names the stored snapshot it was
+	// created from.
+	labelFromSnapshot = LabelPrefix + "from-snapshot"
+)
+
+// snapshotIDPattern is a snapshot id: "snap-" and 20 lowercase hex digits.
+var snapshotIDPattern = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
+
+// ValidSnapshotID reports whether id has the form of a snapshot id.
+func ValidSnapshotID(id string) bool { return snapshotIDPattern.MatchString(id) }
+
+// Snapshot is a stored snapshot of a sandbox's root file system.
+type Snapshot struct {
+	ID        string
+	SandboxID string // the source sandbox
+	Owner     string // principal
+	Image     string // the source sandbox's image
+	Created   time.Time
+	SizeBytes int64 // what it holds beyond its image
+	Labels    map[string]string
+}
+
+// snapshotsSupported fails with ErrSnapshotUnsupported unless berthd runs
+// containerd's btrfs snapshotter.
+func (r *Runtime) snapshotsSupported() error {
+	if r.cfg.Snapshotter != quotaSnapshotter {
+		return fmt.Errorf("%w: snapshotter %s: snapshots need berthd --snapshotter btrfs (a btrfs subvolume snapshot per copy; berth does not copy files instead)", ErrSnapshotUnsupported, r.cfg.Snapshotter)
+	}
+	return nil
+}
+
+// CreateSnapshot stores a crash-consistent copy of sandbox id's root file
+// system owned by owner with labels. freeze is called once everything is
+// ready: it pauses the sandbox's processes and returns the function that
+// undoes that; between the two, the file system is synced (syncfs(2)) and
+// the sandbox's writable subvolume snapshotted (btrfs subvolume snapshot),
+// nothing else. Errors: ErrSandboxNotFound, ErrSnapshotUnsupported (not
+// btrfs, or a sandbox without an idmapped root), freeze's, containerd's
+// and btrfs's.
+func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels map[string]string, freeze func(context.Context) (func(), error)) (_ Snapshot, err error) {
+	c := r.begin(ctx, "snapshot sandbox "+id)
+	defer c.end(&err)
+	if err := r.snapshotsSupported(); err != nil {
+		return Snapshot{}, err
+	}
+	sb, err := r.Get(ctx, id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if sb.RootFS != RootFSIDMapped {
+		return Snapshot{}, fmt.Errorf("%w: sandbox %s's root is not idmapped (%s): its files are stored under host ids, which another sandbox could not share", ErrSnapshotUnsupported, id, rootFSName(sb.RootFS))
+	}
+	root, err := r.btrfsRoot(ctx)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	sn := r.client.SnapshotService(r.cfg.Snapshotter)
+	info, err := sn.Stat(ctx, id)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
+	}
+	c.changes()
+	ctx, done, err := r.withLease(ctx, time.Hour)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("lease for the snapshot: %w", err)
+	}
+	defer done(context.WithoutCancel(ctx))
+
+	snapID := newSnapshotID()
+	key := snapshotKeyPrefix + snapID
+	tmp := key + "/preparing"
+	if _, err := sn.Prepare(ctx, tmp, info.Parent); err != nil {
+		return Snapshot{}, fmt.Errorf("prepare snapshot %s: %w", tmp, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = sn.Remove(context.WithoutCancel(ctx), tmp)
+		}
+	}()
+	src, err := r.activeSubvolume(ctx, root, id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	dst, err := r.activeSubvolume(ctx, root, tmp)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	if err := btrfs(ctx, "subvolume", "delete", dst); err != nil {
+		return Snapshot{}, err
+	}
+	// Most dirty data goes out while the sandbox still runs; the syncfs
+	// under the freeze writes only what came after.
+	if err := syncfs(src); err != nil {
+		return Snapshot{}, err
+	}
+	thaw, err := freeze(ctx)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	err = syncfs(src)
+	if err == nil {
+		err = btrfs(ctx, "subvolume", "snapshot", src, dst)
+	}
+	thaw()
+	if err != nil {
+		return Snapshot{}, err
+	}
+	userLabels, _ := json.Marshal(labels)
+	created := time.Now().UTC()
+	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(map[string]string{
+		labelGCRoot:          created.Format(time.RFC3339Nano),
+		labelSnapshotOwner:   owner,
+		labelSnapshotSource:  id,
+		labelSnapshotImage:   sb.Image,
+		labelSnapshotCreated: created.Format(time.RFC3339Nano),
+		labelSnapshotLabels:  string(userLabels),
+		labelSnapshotRootFS:  RootFSIDMapped,
+	})); err != nil {
+		return Snapshot{}, fmt.Errorf("commit snapshot %s: %w", key, err)
+	}
+	committed = true
+	return r.getSnapshot(context.WithoutCancel(ctx), snapID)
+}
+
+// rootFSName names a sandbox's RootFS for messages.
+func rootFSName(rootFS string) string {
+	if rootFS == "" {
+		return "the host's user namespace"
+	}
+	return rootFS
+}
+
+// GetSnapshot returns stored snapshot snapID. Errors: ErrSnapshotNotFound,
+// ErrSnapshotUnsupported, containerd's.
+func (r *Runtime) GetSnapshot(ctx context.Context, snapID string) (_ Snapshot, err error) {
+	c := r.begin(ctx, "read snapshot "+snapID)
+	defer c.end(&err)
+	if err := r.snapshotsSupported(); err != nil {
+		return Snapshot{}, err
+	}
+	return r.getSnapshot(ctx, snapID)
+}
+
+func (r *Runtime) getSnapshot(ctx context.Context, snapID string) (Snapshot, error) {
+	if !ValidSnapshotID(snapID) {
+		return Snapshot{}, fmt.Errorf("%w: %s", ErrSnapshotNotFound, snapID)
+	}
+	sn := r.client.SnapshotService(r.cfg.Snapshotter)
+	info, err := sn.Stat(ctx, snapshotKeyPrefix+snapID)
+	if errdefs.IsNotFound(err) {
+		return Snapshot{}, fmt.Errorf("%w: %s", ErrSnapshotNotFound, snapID)
+	}
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("stat snapshot %s: %w", snapID, err)
+	}
+	return r.describeSnapshot(ctx, info), nil
+}
+
+// describeSnapshot reads a stored snapshot from its containerd record.
+func (r *Runtime) describeSnapshot(ctx context.Context, info snapshots.Info) Snapshot {
+	s := Snapshot{
+		ID:        strings.TrimPrefix(info.Name, snapshotKeyPrefix),
+		SandboxID: info.Labels[labelSnapshotSource],
+		Owner:     info.Labels[labelSnapshotOwner],
+		Image:     info.Labels[labelSnapshotImage],
+	}
+	s.Created, _ = time.Parse(time.RFC3339Nano, info.Labels[labelSnapshotCreated])
+	_ = json.Unmarshal([]byte(info.Labels[labelSnapshotLabels]), &s.Labels)
+	if u, err := r.client.SnapshotService(r.cfg.Snapshotter).Usage(ctx, info.Name); err == nil {
+		s.SizeBytes = u.Size
+	}
+	return s
+}
+
+// ListSnapshots returns the stored snapshots that sees accepts the owner
+// of, oldest first. Errors: ErrSnapshotUnsupported, containerd's.
+func (r *Runtime) ListSnapshots(ctx context.Context, sees func(owner string) bool) (_ []Snapshot, err error) {
+	c := r.begin(ctx, "list snapshots")
+	defer c.end(&err)
+	if err := r.snapshotsSupported(); err != nil {
+		return nil, err
+	}
+	var out []Snapshot
+	err = r.client.SnapshotService(r.cfg.Snapshotter).Walk(ctx, func(ctx context.Context, info snapshots.Info) error {
+		if !ValidSnapshotID(strings.TrimPrefix(info.Name, snapshotKeyPrefix)) || !sees(info.Labels[labelSnapshotOwner]) {
+			return nil
+		}
+		out = append(out, r.describeSnapshot(ctx, info))
+		return nil
+	}, fmt.Sprintf("labels.%q", labelSnapshotOwner))
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	slices.SortFunc(out, func(a, b Snapshot) int { return a.Created.Compare(b.Created) })
+	return out, nil
+}
+
+// DeleteSnapshot removes stored snapshot snapID. Errors:
+// ErrSnapshotNotFound, ErrSnapshotInUse while a sandbox made from it
+// exists, ErrSnapshotUnsupported, containerd's.
+func (r *Runtime) DeleteSnapshot(ctx context.Context, snapID string) (err error) {
+	c := r.begin(ctx, "delete snapshot "+snapID)
+	defer c.end(&err)
+	if _, err := r.GetSnapshot(ctx, snapID); err != nil {
+		return err
+	}
+	c.changes()
+	err = r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, snapshotKeyPrefix+snapID)
+	switch {
+	case errdefs.IsNotFound(err):
+		return fmt.Errorf("%w: %s", ErrSnapshotNotFound, snapID)
+	case errdefs.IsFailedPrecondition(err):
+		return fmt.Errorf("%w: snapshot %s: a sandbox created from it still exists (delete it first): %v", ErrSnapshotInUse, snapID, err)
+	case err != nil:
+		return fmt.Errorf("remove snapshot %s: %w", snapID, err)
+	}
+	return nil
+}
+
+// snapshotParent returns the snapshotter key a sandbox made from stored
+// snapshot snapID prepares its own snapshot from, and the snapshot's image.
+func (r *Runtime) snapshotParent(ctx context.Context, snapID string) (string, error) {
+	if _, err := r.getSnapshot(ctx, snapID); err != nil {
+		return "", err
+	}
+	return snapshotKeyPrefix + snapID, nil
+}
+
+// activeSubvolume returns the path of the btrfs subvolume of active
+// snapshot key under the btrfs snapshotter's root: the snapshotter's
+// mounts name it by subvolume id only, and its layout is root/active/N.
+func (r *Runtime) activeSubvolume(ctx context.Context, root, key string) (string, error) {
+	mounts, err := r.client.SnapshotService(r.cfg.Snapshotter).Mounts(ctx, key)
+	if err != nil {
+		return "", fmt.Errorf("mounts of snapshot %s: %w", key, err)
+	}
+	var want uint64
+	for _, m := range mounts {
+		if id, ok := qgroup.SubvolID(m.Options); ok && m.Type == "btrfs" {
+			want = id
+		}
+	}
+	if want == 0 {
+		return "", fmt.Errorf("snapshot %s is not a btrfs subvolume (mounts %v)", key, mounts)
+	}
+	dir := filepath.Join(root, "active")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("btrfs snapshotter's active subvolumes: %w", err)
+	}
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if id, err := qgroup.SubvolIDAt(p); err == nil && id == want {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("snapshot %s: no subvolume %d under %s", key, want, dir)
+}
+
+// syncfs writes out the dirty data of the file system holding dir
+// (syncfs(2)).
+func syncfs(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open %s to sync it: %w", dir, err)
+	}
+	defer f.Close()
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
+	}
+	return nil
+}
+
+// btrfs runs btrfs-progs' btrfs(8) with args.
+func btrfs(ctx context.Context, args ...string) error {
+	out, err := exec.CommandContext(ctx, "btrfs", args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("btrfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// newSnapshotID returns a new random snapshot id.
+func newSnapshotID() string {
+	b := make([]byte, 10)
+	rand.Read(b) // never fails (crypto/rand)
+	return "snap-" + hex.EncodeToString(b)
+}
