@@ -32,6 +32,7 @@ const (
 	ReasonSnapshotNotFound    = "SNAPSHOT_NOT_FOUND"    // no such snapshot (or not the caller's)
 	ReasonSnapshotUnsupported = "SNAPSHOT_UNSUPPORTED"  // FAILED_PRECONDITION: snapshots need the btrfs snapshotter and an idmapped root
 	ReasonSnapshotInUse       = "SNAPSHOT_IN_USE"       // FAILED_PRECONDITION: a sandbox created from the snapshot exists
+	ReasonSnapshotLimit       = "SNAPSHOT_LIMIT"        // RESOURCE_EXHAUSTED: the caller holds as many snapshots as berthd allows one principal
 	ReasonUnreachable         = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; see *UnreachableError
 	ReasonInternal            = "INTERNAL"              // a berthd bug or an unclassified failure
 	ReasonFleetBusy           = "FLEET_BUSY"            // no capacity right now; nothing started; see *FleetBusyError

@@ -24,6 +24,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonSnapshotNotFound, rpcstatus.ReasonSnapshotNotFound},
 		{ReasonSnapshotUnsupported, rpcstatus.ReasonSnapshotUnsupported},
 		{ReasonSnapshotInUse, rpcstatus.ReasonSnapshotInUse},
+		{ReasonSnapshotLimit, rpcstatus.ReasonSnapshotLimit},
 		{ReasonUnreachable, rpcstatus.ReasonUnreachable},
 		{ReasonInternal, rpcstatus.ReasonInternal},
 		{ReasonFleetBusy, rpcstatus.ReasonFleetBusy},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
 )
 
 // createSnapshotOn snapshots sandbox id on svc; the snapshot is deleted at
@@ -295,4 +296,29 @@ func TestSnapshotRefusedOnOverlayfs(t *testing.T) {
 			t.Errorf("%s on overlayfs: %v, want FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED naming overlayfs", what, err)
 		}
 	}
+}
+
+// TestSnapshotLimit: a principal holding --max-snapshots-per-principal
+// snapshots is refused RESOURCE_EXHAUSTED SNAPSHOT_LIMIT, nothing stored,
+// and may take one again after deleting one.
+func TestSnapshotLimit(t *testing.T) {
+	need(t)
+	e := newInProcessEnvWith(t, "snaplimit", server.Config{TaskRestartLimit: -1, MaxSnapshotsPerPrincipal: 2}, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{}).GetId()
+	first := createSnapshotOn(t, e.sandboxes, src, nil)
+	createSnapshotOn(t, e.sandboxes, src, nil)
+	_, err := e.sandboxes.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: src})
+	if status.Code(err) != codes.ResourceExhausted || rpcstatus.Reason(err) != rpcstatus.ReasonSnapshotLimit {
+		t.Fatalf("third CreateSnapshot with a cap of 2: %v, want RESOURCE_EXHAUSTED SNAPSHOT_LIMIT", err)
+	}
+	list, err := e.sandboxes.ListSnapshots(ctx, &berthv1.ListSnapshotsRequest{})
+	if err != nil || len(list.GetSnapshots()) != 2 {
+		t.Fatalf("ListSnapshots after the refusal: %d snapshots, %v; want 2", len(list.GetSnapshots()), err)
+	}
+	if _, err := e.sandboxes.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: first.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	createSnapshotOn(t, e.sandboxes, src, nil)
 }

@@ -125,6 +125,9 @@ type Config struct {
 	// of one principal's sandboxes (FLEET_BUSY,
 	// CAPACITY_RESOURCE_PRINCIPAL_DISK). Zero: no cap.
 	MaxDiskBytesPerPrincipal uint64
+	// MaxSnapshotsPerPrincipal caps the stored snapshots of one principal
+	// (RESOURCE_EXHAUSTED SNAPSHOT_LIMIT). Zero: no cap.
+	MaxSnapshotsPerPrincipal int
 	// BusyRetryDelay is the retry delay a FLEET_BUSY error suggests
 	// (google.rpc.RetryInfo). Default 1 s.
 	BusyRetryDelay time.Duration

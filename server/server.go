@@ -109,7 +109,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	}
 	s.life = lifecycle.New(lifecycle.Config{AgentReadyTimeout: cfg.AgentReadyTimeout, ConnectBudget: cfg.ConnectBudget,
 		TaskRestartLimit: cfg.TaskRestartLimit, TaskRestartWindow: cfg.TaskRestartWindow, Reaper: cfg.Reaper, WarmPool: cfg.WarmPool,
-		MaxAgentLogBytes: cfg.MaxAgentLogBytes, AgentLogCheck: cfg.AgentLogCheck, Defaults: defaults,
+		MaxAgentLogBytes: cfg.MaxAgentLogBytes, AgentLogCheck: cfg.AgentLogCheck, MaxSnapshotsPerPrincipal: cfg.MaxSnapshotsPerPrincipal, Defaults: defaults,
 		Network: cfg.Network, NetworkUnavailable: cfg.NetworkUnavailable, Placements: cfg.Placements, Observer: cfg.Observer},
 		rt, s.agents, s.reach, s.ids, s.events, s.capacity, log)
 	s.sandboxes = sandboxsvc.New(sandboxsvc.Config{DefaultPidsLimit: cfg.DefaultPidsLimit, MaxPidsLimit: cfg.MaxPidsLimit, MaxCPUMillis: cfg.MaxCPUMillis,

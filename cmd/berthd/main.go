@@ -87,6 +87,7 @@ func main() {
 	flag.IntVar(&svcCfg.MaxSandboxesPerPrincipal, "max-sandboxes-per-principal", 0, "most sandboxes one principal holds, running or stopped; 0: no cap")
 	flag.Uint64Var(&svcCfg.MaxMemoryBytesPerPrincipal, "max-memory-bytes-per-principal", 0, "most memory in `bytes` promised to one principal's sandboxes; 0: no cap")
 	flag.Uint64Var(&svcCfg.MaxDiskBytesPerPrincipal, "max-disk-bytes-per-principal", 0, "most disk quota in `bytes` promised to one principal's sandboxes; 0: no cap")
+	flag.IntVar(&svcCfg.MaxSnapshotsPerPrincipal, "max-snapshots-per-principal", 16, "most stored snapshots one principal may hold (each keeps disk no sandbox quota counts); 0: no cap")
 	flag.DurationVar(&svcCfg.BusyRetryDelay, "busy-retry-delay", time.Second, "retry delay a FLEET_BUSY error suggests")
 	flag.IntVar(&svcCfg.TaskRestartLimit, "task-restart-limit", 5, "restarts of a sandbox's dead task within --task-restart-window; 0: never restart")
 	flag.DurationVar(&svcCfg.TaskRestartWindow, "task-restart-window", 10*time.Minute, "window of --task-restart-limit")

@@ -48,6 +48,9 @@ const (
 	// ReasonSnapshotInUse (FAILED_PRECONDITION): a sandbox created from
 	// the snapshot still exists.
 	ReasonSnapshotInUse = "SNAPSHOT_IN_USE"
+	// ReasonSnapshotLimit (RESOURCE_EXHAUSTED): the caller holds as many
+	// snapshots as berthd allows one principal; deleting one frees room.
+	ReasonSnapshotLimit = "SNAPSHOT_LIMIT"
 	ReasonUnreachable   = "SANDBOX_UNREACHABLE"
 	ReasonInternal      = "INTERNAL"
 	// The runtime conditions of berth.v1's errors.proto: each status with

@@ -44,6 +44,10 @@ type Config struct {
 	WarmPool          map[string]int
 	MaxAgentLogBytes  int64
 	AgentLogCheck     time.Duration
+	// MaxSnapshotsPerPrincipal caps how many stored snapshots one
+	// principal may hold (RESOURCE_EXHAUSTED SNAPSHOT_LIMIT); zero: no
+	// cap. Snapshots keep disk that no sandbox quota counts.
+	MaxSnapshotsPerPrincipal int
 	// Defaults is the spec of a request that sets nothing: the limits,
 	// idle timeout and maximum lifetime warm-pool members are made with,
 	// and that a recorded sandbox without them gets.
@@ -114,6 +118,9 @@ type Manager struct {
 	pool     *Pool
 	log      *slog.Logger
 	obs      Observer
+	// snapMu makes the count of a principal's snapshots and the new one's
+	// creation one step, so concurrent creates cannot pass the cap.
+	snapMu sync.Mutex
 
 	// lifecycle serializes what creates, removes or restarts a sandbox,
 	// per sandbox id: a create and a delete of one id never interleave,

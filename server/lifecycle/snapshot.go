@@ -33,7 +33,8 @@ func (m *Manager) snapshotStore() (snapshots, error) {
 // system for caller p (runtime.Runtime.CreateSnapshot), under the
 // sandbox's lifecycle lock: the sandbox is paused only around the sync
 // and the btrfs snapshot, and one that was paused already stays paused.
-// A sandbox p may not see is runtime.ErrSandboxNotFound.
+// A sandbox p may not see is runtime.ErrSandboxNotFound; past
+// Config.MaxSnapshotsPerPrincipal, runtime.ErrSnapshotLimit.
 func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principal, labels map[string]string) (runtime.Snapshot, error) {
 	st, err := m.snapshotStore()
 	if err != nil {
@@ -44,6 +45,17 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 		return runtime.Snapshot{}, err
 	}
 	defer unlock()
+	if limit := m.cfg.MaxSnapshotsPerPrincipal; limit > 0 {
+		m.snapMu.Lock()
+		defer m.snapMu.Unlock()
+		held, err := st.ListSnapshots(ctx, func(owner string) bool { return owner == p.Name })
+		if err != nil {
+			return runtime.Snapshot{}, fmt.Errorf("count the snapshots of %s: %w", p.Name, err)
+		}
+		if len(held) >= limit {
+			return runtime.Snapshot{}, fmt.Errorf("%w: principal %s holds %d snapshots, at most %d (--max-snapshots-per-principal); delete one first", runtime.ErrSnapshotLimit, p.Name, len(held), limit)
+		}
+	}
 	freeze := func(ctx context.Context) (func(), error) {
 		if m.reach.Paused(id) {
 			return func() {}, nil

@@ -43,6 +43,9 @@ var (
 	ErrSnapshotUnsupported = errors.New("snapshots are not available")
 	// ErrSnapshotInUse means a sandbox created from the snapshot exists.
 	ErrSnapshotInUse = errors.New("snapshot in use")
+	// ErrSnapshotLimit means the caller holds as many snapshots as berthd
+	// allows one principal (--max-snapshots-per-principal).
+	ErrSnapshotLimit = errors.New("snapshot limit reached")
 )
 
 // snapshotKeyPrefix starts the snapshotter key of a stored snapshot.

@@ -139,6 +139,8 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotUnsupported, msg, meta)
 	case errors.Is(err, runtime.ErrSnapshotInUse):
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotInUse, msg, meta)
+	case errors.Is(err, runtime.ErrSnapshotLimit):
+		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonSnapshotLimit, msg, meta)
 	case errors.Is(err, runtime.ErrSandboxExists):
 		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists, msg, meta)
 	case errors.Is(err, runtime.ErrImageNotFound):
