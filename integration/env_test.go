@@ -194,6 +194,23 @@ type berthdProc struct {
 
 // startBerthd runs the berthd binary for e and waits until it serves. It is
 // killed at cleanup if still running.
+// startBerthdWithSandbox starts berthd (the real binary, default flags) in
+// a new namespace called name, imports the base image and creates sandbox
+// id in it.
+func startBerthdWithSandbox(t *testing.T, name, id string) (*berthEnv, *berthdProc, string) {
+	t.Helper()
+	e := newBinaryEnv(t, name)
+	p := startBerthd(t, e)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: id, Image: baseImage})
+	if err != nil {
+		t.Fatalf("create sandbox %s: %v", id, err)
+	}
+	return e, p, created.GetSandbox().GetId()
+}
+
 func startBerthd(t testing.TB, e *berthEnv, flags ...string) *berthdProc {
 	t.Helper()
 	return startBerthdUnder(t, e, nil, flags...)

@@ -401,16 +401,9 @@ func TestIdleActionPause(t *testing.T) {
 // the next Run resumes it.
 func TestPauseSurvivesRestart(t *testing.T) {
 	need(t)
-	e := newBinaryEnv(t, "pz")
-	p1 := startBerthd(t, e)
-	e.importBase(t)
+	e, p1, id := startBerthdWithSandbox(t, "pz", "paused-rs")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "paused-rs", Image: baseImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.GetSandbox().GetId()
 	if _, err := e.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
@@ -609,16 +602,9 @@ func TestPauseRunMidOutput(t *testing.T) {
 // and delivers the rest: every line once, in order, exit 0.
 func TestPauseExecAcrossRestart(t *testing.T) {
 	need(t)
-	e := newBinaryEnv(t, "pex")
-	p1 := startBerthd(t, e)
-	e.importBase(t)
+	e, p1, id := startBerthdWithSandbox(t, "pex", "paused-ex")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "paused-ex", Image: baseImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.GetSandbox().GetId()
 	var out strings.Builder
 	var lastSeq uint64
 	// follow reads stream until it ends, keeping the output in order;

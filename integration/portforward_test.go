@@ -478,16 +478,9 @@ func TestPortForwardAfterRestart(t *testing.T) {
 // as long as the caller held the stream.
 func TestPortForwardEndsWithSandbox(t *testing.T) {
 	need(t)
-	e := newBinaryEnv(t, "pfd")
-	p := startBerthd(t, e)
-	e.importBase(t)
+	e, p, id := startBerthdWithSandbox(t, "pfd", "pfd")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "pfd", Image: baseImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.GetSandbox().GetId()
 	c := dialClient(t, "unix://"+e.sock)
 	startInSandbox(t, c, id, 9005, "nc", "-ll", "-p", "9005", "-e", "cat")
 	berthd := p.cmd.Process.Pid

@@ -239,16 +239,9 @@ func TestSnapshotOwnership(t *testing.T) {
 // garbage collection included).
 func TestSnapshotSurvivesRestart(t *testing.T) {
 	need(t)
-	e := newBinaryEnv(t, "snr")
-	p1 := startBerthd(t, e)
-	e.importBase(t)
+	e, p1, src := startBerthdWithSandbox(t, "snr", "snap-rs")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "snap-rs", Image: baseImage})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src := created.GetSandbox().GetId()
 	shellOut(t, e.sandboxes, src, "echo survived >/workspace/f")
 	snap := createSnapshotOn(t, e.sandboxes, src, nil)
 	p1.signal(t, syscall.SIGKILL)
