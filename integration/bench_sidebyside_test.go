@@ -91,6 +91,11 @@ const fileBytes = 128 << 20
 //     hog, each until its answer (the other off the clock), beside
 //     containerd's task.Pause and task.Resume on the same task; and an
 //     Exec of `true` that resumes the paused sandbox, until its exit status.
+//   - snapshot: CreateSnapshot of a sandbox with 256 MiB written in
+//     /workspace, beside `btrfs subvolume snapshot -r` of a host subvolume
+//     holding the same 256 MiB on the same btrfs and `cp -a
+//     --reflink=never` of it; and create to first exec from that snapshot
+//     beside a cold create to first exec of the base image (benchSnapshot).
 //   - create: CreateSandbox then Run of `echo hi` until its result, cold
 //     (a new container) and from a warm pool of one, beside `ctr run --rm`
 //     of the same image; deleting the sandbox is off the clock.
@@ -216,6 +221,10 @@ func BenchmarkSideBySide(b *testing.B) {
 
 	b.Run("pause", func(b *testing.B) {
 		benchPause(b, c, id, ctr)
+	})
+
+	b.Run("snapshot", func(b *testing.B) {
+		benchSnapshot(b)
 	})
 
 	b.Run("create", func(b *testing.B) {
@@ -673,7 +682,7 @@ func createFirstExec(b *testing.B, sandboxes berthv1.SandboxServiceClient, pool 
 	if req == nil {
 		req = &berthv1.CreateSandboxRequest{}
 	}
-	if req.Image == "" {
+	if req.Image == "" && req.FromSnapshot == "" {
 		req.Image = baseImage
 	}
 	b.StopTimer()
@@ -896,5 +905,95 @@ func benchPause(b *testing.B, c *client.Client, id string, ctr *ctrExec) {
 	measure(b, "pause/containerd-Resume", 0, func(b *testing.B) sample {
 		must(func() error { return ctr.task.Pause(ctx) })
 		return timed(func() error { return ctr.task.Resume(ctx) })
+	})
+}
+
+// snapshotBytes is what the snapshot group's sandbox has written in
+// /workspace before it is snapshotted.
+const snapshotBytes = 256 << 20
+
+// benchSnapshot is BenchmarkSideBySide's snapshot group: CreateSnapshot of
+// a sandbox with 256 MiB of random data in /workspace (written out before
+// the clock starts; the snapshot's deletion is off the clock), beside
+// `btrfs subvolume snapshot -r` of a host subvolume holding the same data
+// on the same btrfs (what berth's snapshot is, without the sync, freeze and
+// thaw around it) and `cp -a --reflink=never` of the data (a full copy,
+// what a snapshot costs without copy-on-write; the copy is removed and the
+// removal written out off the clock). Then create to first exec from that
+// snapshot, beside a cold create to first exec of the base image in the
+// same run.
+func benchSnapshot(b *testing.B) {
+	if env.snapshotter != "btrfs" {
+		b.Fatalf("snapshots need the btrfs snapshotter, have %q", env.snapshotter)
+	}
+	ctx := context.Background()
+	req := &berthv1.CreateSandboxRequest{Image: env.image}
+	if testDiskQuota() > 0 {
+		req.Resources = &berthv1.Resources{DiskBytes: 4 * snapshotBytes}
+	}
+	id := benchSandboxOf(b, req).GetId()
+	r, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{
+		ShellCommand: fmt.Sprintf("head -c %d /dev/urandom > /workspace/data.bin && sync", snapshotBytes)}})
+	if err != nil || r.GetResult().GetExitCode() != 0 {
+		b.Fatalf("write /workspace/data.bin: %v %q", err, r.GetStderr())
+	}
+
+	dir, err := os.MkdirTemp(hostBenchDir(), "bench-snap-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	sh := func(script string, args ...string) {
+		if out, err := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...).CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v: %s", script, err, out)
+		}
+	}
+	sub, snap, cp := filepath.Join(dir, "sub"), filepath.Join(dir, "snap"), filepath.Join(dir, "copy")
+	sh(`btrfs -q subvolume create "$1" && head -c "$2" /dev/urandom > "$1/data.bin" && sync -f "$1"`, sub, strconv.Itoa(snapshotBytes))
+	defer exec.Command("btrfs", "-q", "subvolume", "delete", sub).Run()
+
+	measure(b, "snapshot/berth-CreateSnapshot", 0, func(b *testing.B) sample {
+		start := time.Now()
+		resp, err := env.sandboxes.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: id})
+		d := time.Since(start)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := env.sandboxes.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: resp.GetSnapshot().GetId()}); err != nil {
+			b.Fatal(err)
+		}
+		writeOut(b, dir, "")
+		return sample{d: d}
+	})
+	measure(b, "snapshot/host-btrfs-snapshot", 0, func(b *testing.B) sample {
+		start := time.Now()
+		sh(`btrfs -q subvolume snapshot -r "$1" "$2"`, sub, snap)
+		d := time.Since(start)
+		sh(`btrfs -q subvolume delete "$1"`, snap)
+		writeOut(b, dir, "")
+		return sample{d: d}
+	})
+	measure(b, "snapshot/host-cp", 0, func(b *testing.B) sample {
+		start := time.Now()
+		sh(`cp -a --reflink=never "$1" "$2"`, sub, cp)
+		d := time.Since(start)
+		if err := os.RemoveAll(cp); err != nil {
+			b.Fatal(err)
+		}
+		writeOut(b, dir, "")
+		return sample{d: d}
+	})
+
+	resp, err := env.sandboxes.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: id})
+	if err != nil {
+		b.Fatal(err)
+	}
+	snapID := resp.GetSnapshot().GetId()
+	defer env.sandboxes.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: snapID})
+	measure(b, "snapshot/berth-from-snapshot", 0, func(b *testing.B) sample {
+		return createFirstExec(b, env.sandboxes, nil, &berthv1.CreateSandboxRequest{FromSnapshot: snapID})
+	})
+	measure(b, "snapshot/berth-cold", 0, func(b *testing.B) sample {
+		return createFirstExec(b, env.sandboxes, nil, nil)
 	})
 }
