@@ -657,3 +657,21 @@ func TestCreateSandboxFromSnapshotChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateSandboxFromSnapshotImageGone: a snapshot whose image was
+// deleted from the store is NOT_FOUND IMAGE_NOT_FOUND on a create from it
+// (docs/state.md "Kept"), with image empty or named: it was INVALID_ARGUMENT
+// "image is not the snapshot's image", which told the caller to change a
+// request that was right.
+func TestCreateSandboxFromSnapshotImageGone(t *testing.T) {
+	s, st := newHandlers(t)
+	st.mu.Lock()
+	delete(st.images, "berth.dev/base:latest")
+	st.mu.Unlock()
+	for _, image := range []string{"", "berth.dev/base", "berth.dev/base:latest"} {
+		_, err := s.CreateSandbox(as(alice), &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID, Image: image})
+		if got := answerOf(err); got.code != codes.NotFound || got.reason != rpcstatus.ReasonImageNotFound {
+			t.Errorf("image %q: %+v (%v), want NOT_FOUND %s", image, got, err, rpcstatus.ReasonImageNotFound)
+		}
+	}
+}
