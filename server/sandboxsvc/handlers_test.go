@@ -675,3 +675,30 @@ func TestCreateSandboxFromSnapshotImageGone(t *testing.T) {
 		}
 	}
 }
+
+// TestCreateSnapshotLabelsFit: labels a sandbox may carry but a snapshot
+// cannot store (one containerd label of at most 4096 bytes holds them all
+// as JSON) are INVALID_ARGUMENT naming labels before anything is done:
+// they failed containerd's Commit after the sandbox had been paused and
+// snapshotted. Characters JSON could escape (<, >, &) count once.
+func TestCreateSnapshotLabelsFit(t *testing.T) {
+	s, st := newHandlers(t)
+	ctx := as(alice)
+	id := "sb-labelled"
+	st.put(runtime.SandboxSpec{ID: id, Image: "berth.dev/base:latest", Owner: "alice"})
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		bad    bool
+	}{
+		{"one long value", map[string]string{"k": strings.Repeat("v", 4090)}, true},
+		{"three values that fit a sandbox", map[string]string{"a": strings.Repeat("v", 2000), "b": strings.Repeat("v", 2000), "c": strings.Repeat("v", 2000)}, true},
+		{"angle brackets", map[string]string{"k": strings.Repeat("<", 3000)}, false},
+	} {
+		_, err := s.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: id, Labels: c.labels})
+		got := answerOf(err)
+		if isBad := got.code == codes.InvalidArgument && got.meta["field"] == "labels"; isBad != c.bad {
+			t.Errorf("%s: %+v (%v), want INVALID_ARGUMENT labels: %v", c.name, got, err, c.bad)
+		}
+	}
+}
