@@ -52,10 +52,17 @@ type fakeStore struct {
 	images    map[string]bool
 	holds     map[string]time.Time
 	deleted   []string
+	// frozen: what Pause and Resume left; onPause runs inside Pause, whose
+	// freeze takes effect even when it then returns ctx's error (a reply
+	// lost to the caller's cancel); snapFreeze makes CreateSnapshot call
+	// its freeze.
+	frozen     map[string]bool
+	onPause    func()
+	snapFreeze bool
 }
 
 func newFakeStore(t *testing.T) *fakeStore {
-	return &fakeStore{dir: t.TempDir(), sandboxes: map[string]runtime.Sandbox{}, images: map[string]bool{"berth.dev/base:latest": true}, holds: map[string]time.Time{}}
+	return &fakeStore{dir: t.TempDir(), sandboxes: map[string]runtime.Sandbox{}, images: map[string]bool{"berth.dev/base:latest": true}, holds: map[string]time.Time{}, frozen: map[string]bool{}}
 }
 
 // put records a sandbox created from spec.
@@ -116,8 +123,16 @@ func (f *fakeStore) GetSnapshot(_ context.Context, id string) (runtime.Snapshot,
 	return runtime.Snapshot{ID: id, Owner: "alice", Image: "berth.dev/base:latest"}, nil
 }
 
-func (f *fakeStore) CreateSnapshot(context.Context, string, string, map[string]string, func(context.Context) (func(), error)) (runtime.Snapshot, error) {
-	return runtime.Snapshot{}, runtime.ErrSnapshotUnsupported
+func (f *fakeStore) CreateSnapshot(ctx context.Context, _, _ string, _ map[string]string, freeze func(context.Context) (func(), error)) (runtime.Snapshot, error) {
+	if !f.snapFreeze {
+		return runtime.Snapshot{}, runtime.ErrSnapshotUnsupported
+	}
+	thaw, err := freeze(ctx)
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	thaw()
+	return runtime.Snapshot{ID: testSnapshotID}, nil
 }
 
 func (f *fakeStore) ListSnapshots(context.Context, func(string) bool) ([]runtime.Snapshot, error) {
@@ -202,15 +217,31 @@ func (f *fakeStore) TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <
 	}()
 	return events, errs
 }
-func (f *fakeStore) HostDirs() ([]string, error)          { return nil, nil }
-func (f *fakeStore) RemoveHostDir(string) error           { return nil }
-func (f *fakeStore) SocketPath(id string) string          { return f.dir + "/" + id + ".sock" }
-func (f *fakeStore) Pause(context.Context, string) error  { return nil }
-func (f *fakeStore) Resume(context.Context, string) error { return nil }
-func (f *fakeStore) LogTail(string, int64) []byte         { return nil }
-func (f *fakeStore) TrimLog(string, int64) (bool, error)  { return false, nil }
-func (f *fakeStore) CreateWorkLimit() time.Duration       { return time.Minute }
-func (f *fakeStore) Ping(context.Context) error           { return nil }
+func (f *fakeStore) HostDirs() ([]string, error) { return nil, nil }
+func (f *fakeStore) RemoveHostDir(string) error  { return nil }
+func (f *fakeStore) SocketPath(id string) string { return f.dir + "/" + id + ".sock" }
+func (f *fakeStore) Pause(ctx context.Context, id string) error {
+	f.mu.Lock()
+	f.frozen[id] = true
+	hook := f.onPause
+	f.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return ctx.Err()
+}
+
+func (f *fakeStore) Resume(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.frozen[id] = false
+	return nil
+}
+
+func (f *fakeStore) LogTail(string, int64) []byte        { return nil }
+func (f *fakeStore) TrimLog(string, int64) (bool, error) { return false, nil }
+func (f *fakeStore) CreateWorkLimit() time.Duration      { return time.Minute }
+func (f *fakeStore) Ping(context.Context) error          { return nil }
 func (f *fakeStore) PoolSpace() (runtime.PoolSpace, bool, error) {
 	return runtime.PoolSpace{}, false, nil
 }
@@ -700,5 +731,29 @@ func TestCreateSnapshotLabelsFit(t *testing.T) {
 		if isBad := got.code == codes.InvalidArgument && got.meta["field"] == "labels"; isBad != c.bad {
 			t.Errorf("%s: %+v (%v), want INVALID_ARGUMENT labels: %v", c.name, got, err, c.bad)
 		}
+	}
+}
+
+// TestCreateSnapshotCancelDuringPause: a caller that goes away while
+// CreateSnapshot pauses its sandbox leaves the sandbox running: the pause
+// may have frozen the task before its reply was lost to the cancel, and
+// nothing resumed it (berthd did not know it paused).
+func TestCreateSnapshotCancelDuringPause(t *testing.T) {
+	s, st := newHandlers(t)
+	id := "sb-snapped"
+	st.put(runtime.SandboxSpec{ID: id, Image: "berth.dev/base:latest", Owner: "alice"})
+	ctx, cancel := context.WithCancel(as(alice))
+	defer cancel()
+	st.mu.Lock()
+	st.snapFreeze, st.onPause = true, cancel
+	st.mu.Unlock()
+	_, err := s.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: id})
+	if got := answerOf(err); got.code != codes.Canceled {
+		t.Errorf("CreateSnapshot cancelled during its pause: %v, want CANCELED", err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.frozen[id] {
+		t.Errorf("sandbox %s left frozen by a CreateSnapshot cancelled during its pause", id)
 	}
 }
