@@ -315,3 +315,33 @@ func TestSnapshotLimit(t *testing.T) {
 	}
 	createSnapshotOn(t, e.sandboxes, src, nil)
 }
+
+// TestSnapshotLabels: labels a sandbox may carry but one containerd label
+// cannot hold as JSON (4096 bytes) are INVALID_ARGUMENT before the source
+// is touched, which stays running; labels up to that size, "<" and quotes
+// included, come back as given.
+func TestSnapshotLabels(t *testing.T) {
+	need(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src := newSandbox(t, nil).GetId()
+	big := map[string]string{"a": strings.Repeat("v", 2100), "b": strings.Repeat("v", 2100)}
+	if _, err := svc.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: src, Labels: big}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("CreateSnapshot with 4 KB of labels: %v, want INVALID_ARGUMENT", err)
+	}
+	if rec, err := env.rt.Get(ctx, src); err != nil || rec.Paused {
+		t.Errorf("source after the refused CreateSnapshot: paused %v, %v; want running", rec.Paused, err)
+	}
+	odd := map[string]string{"lt": strings.Repeat("<", 3000), "q": `"é\`}
+	snap := createSnapshotOn(t, svc, src, odd)
+	list, err := svc.ListSnapshots(ctx, &berthv1.ListSnapshotsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list.GetSnapshots() {
+		if s.GetId() == snap.GetId() && (s.GetLabels()["lt"] != odd["lt"] || s.GetLabels()["q"] != odd["q"] || len(s.GetLabels()) != 2) {
+			t.Errorf("listed labels %q, want %q", s.GetLabels(), odd)
+		}
+	}
+}

@@ -61,6 +61,14 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 			return func() {}, nil
 		}
 		if err := m.reach.Pause(ctx, id); err != nil {
+			// A pause cut off by the caller's cancel or deadline may have
+			// frozen the task all the same: thaw it (a running sandbox
+			// stays running), as nobody asked for it paused.
+			if ctx.Err() != nil {
+				if rerr := m.reach.Resume(context.WithoutCancel(ctx), id); rerr != nil {
+					m.log.Error("resume after a cancelled pause for a snapshot failed; the sandbox may stay frozen (ResumeSandbox thaws it)", slog.String("sandbox_id", id), slog.Any("error", rerr))
+				}
+			}
 			return nil, fmt.Errorf("pause sandbox %s for its snapshot: %w", id, err)
 		}
 		paused := time.Now()

@@ -65,6 +65,34 @@ const (
 	labelFromSnapshot = LabelPrefix + "from-snapshot"
 )
 
+// maxContainerdLabelBytes is what containerd takes of one label's key and
+// value together (labels.Validate).
+const maxContainerdLabelBytes = 4096
+
+// SnapshotLabelsError says why labels do not fit a snapshot, or is nil:
+// they are stored as one JSON object in one containerd label, which holds
+// at most 4096 bytes of key and value (less than a sandbox's labels may
+// take, 16 KiB).
+func SnapshotLabelsError(labels map[string]string) error {
+	_, err := encodeSnapshotLabels(labels)
+	return err
+}
+
+// encodeSnapshotLabels returns labels as the value of labelSnapshotLabels.
+func encodeSnapshotLabels(labels map[string]string) (string, error) {
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false) // "<" is 1 byte, not 6
+	if err := enc.Encode(labels); err != nil {
+		return "", fmt.Errorf("encode snapshot labels: %w", err)
+	}
+	v := strings.TrimSuffix(b.String(), "\n")
+	if n := len(labelSnapshotLabels) + len(v); n > maxContainerdLabelBytes {
+		return "", fmt.Errorf("a snapshot's labels are stored as one JSON object of at most %d bytes; these take %d", maxContainerdLabelBytes-len(labelSnapshotLabels), len(v))
+	}
+	return v, nil
+}
+
 // snapshotIDPattern is a snapshot id: "snap-" and 20 lowercase hex digits.
 var snapshotIDPattern = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
 
@@ -103,6 +131,10 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	c := r.begin(ctx, "snapshot sandbox "+id)
 	defer c.end(&err)
 	if err := r.snapshotsSupported(); err != nil {
+		return Snapshot{}, err
+	}
+	userLabels, err := encodeSnapshotLabels(labels)
+	if err != nil {
 		return Snapshot{}, err
 	}
 	sb, err := r.Get(ctx, id)
@@ -168,7 +200,6 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	if err != nil {
 		return Snapshot{}, err
 	}
-	userLabels, _ := json.Marshal(labels)
 	created := time.Now().UTC()
 	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(map[string]string{
 		labelGCRoot:          created.Format(time.RFC3339Nano),
@@ -176,7 +207,7 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 		labelSnapshotSource:  id,
 		labelSnapshotImage:   sb.Image,
 		labelSnapshotCreated: created.Format(time.RFC3339Nano),
-		labelSnapshotLabels:  string(userLabels),
+		labelSnapshotLabels:  userLabels,
 		labelSnapshotRootFS:  RootFSIDMapped,
 	})); err != nil {
 		return Snapshot{}, fmt.Errorf("commit snapshot %s: %w", key, err)

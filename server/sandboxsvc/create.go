@@ -74,6 +74,11 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 		if err != nil {
 			return nil, apierr.WithMeta(err, meta)
 		}
+		// The snapshot's image may have been deleted since: IMAGE_NOT_FOUND
+		// (pull it again), not a wrong request.
+		if _, err := s.rt.ResolveImage(ctx, snap.Image); err != nil {
+			return nil, apierr.WithMeta(fmt.Errorf("snapshot %s's image: %w", snap.ID, err), meta)
+		}
 		if name, err := s.rt.ResolveImage(ctx, spec.Image); err != nil || name != snap.Image {
 			return nil, apierr.InvalidArgument("image", fmt.Sprintf("%s is not snapshot %s's image %s: a sandbox created from a snapshot runs the snapshot's image (leave image empty)", spec.Image, snap.ID, snap.Image))
 		}

@@ -52,10 +52,17 @@ type fakeStore struct {
 	images    map[string]bool
 	holds     map[string]time.Time
 	deleted   []string
+	// frozen: what Pause and Resume left; onPause runs inside Pause, whose
+	// freeze takes effect even when it then returns ctx's error (a reply
+	// lost to the caller's cancel); snapFreeze makes CreateSnapshot call
+	// its freeze.
+	frozen     map[string]bool
+	onPause    func()
+	snapFreeze bool
 }
 
 func newFakeStore(t *testing.T) *fakeStore {
-	return &fakeStore{dir: t.TempDir(), sandboxes: map[string]runtime.Sandbox{}, images: map[string]bool{"berth.dev/base:latest": true}, holds: map[string]time.Time{}}
+	return &fakeStore{dir: t.TempDir(), sandboxes: map[string]runtime.Sandbox{}, images: map[string]bool{"berth.dev/base:latest": true}, holds: map[string]time.Time{}, frozen: map[string]bool{}}
 }
 
 // put records a sandbox created from spec.
@@ -116,8 +123,16 @@ func (f *fakeStore) GetSnapshot(_ context.Context, id string) (runtime.Snapshot,
 	return runtime.Snapshot{ID: id, Owner: "alice", Image: "berth.dev/base:latest"}, nil
 }
 
-func (f *fakeStore) CreateSnapshot(context.Context, string, string, map[string]string, func(context.Context) (func(), error)) (runtime.Snapshot, error) {
-	return runtime.Snapshot{}, runtime.ErrSnapshotUnsupported
+func (f *fakeStore) CreateSnapshot(ctx context.Context, _, _ string, _ map[string]string, freeze func(context.Context) (func(), error)) (runtime.Snapshot, error) {
+	if !f.snapFreeze {
+		return runtime.Snapshot{}, runtime.ErrSnapshotUnsupported
+	}
+	thaw, err := freeze(ctx)
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	thaw()
+	return runtime.Snapshot{ID: testSnapshotID}, nil
 }
 
 func (f *fakeStore) ListSnapshots(context.Context, func(string) bool) ([]runtime.Snapshot, error) {
@@ -202,15 +217,31 @@ func (f *fakeStore) TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <
 	}()
 	return events, errs
 }
-func (f *fakeStore) HostDirs() ([]string, error)          { return nil, nil }
-func (f *fakeStore) RemoveHostDir(string) error           { return nil }
-func (f *fakeStore) SocketPath(id string) string          { return f.dir + "/" + id + ".sock" }
-func (f *fakeStore) Pause(context.Context, string) error  { return nil }
-func (f *fakeStore) Resume(context.Context, string) error { return nil }
-func (f *fakeStore) LogTail(string, int64) []byte         { return nil }
-func (f *fakeStore) TrimLog(string, int64) (bool, error)  { return false, nil }
-func (f *fakeStore) CreateWorkLimit() time.Duration       { return time.Minute }
-func (f *fakeStore) Ping(context.Context) error           { return nil }
+func (f *fakeStore) HostDirs() ([]string, error) { return nil, nil }
+func (f *fakeStore) RemoveHostDir(string) error  { return nil }
+func (f *fakeStore) SocketPath(id string) string { return f.dir + "/" + id + ".sock" }
+func (f *fakeStore) Pause(ctx context.Context, id string) error {
+	f.mu.Lock()
+	f.frozen[id] = true
+	hook := f.onPause
+	f.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
+	return ctx.Err()
+}
+
+func (f *fakeStore) Resume(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.frozen[id] = false
+	return nil
+}
+
+func (f *fakeStore) LogTail(string, int64) []byte        { return nil }
+func (f *fakeStore) TrimLog(string, int64) (bool, error) { return false, nil }
+func (f *fakeStore) CreateWorkLimit() time.Duration      { return time.Minute }
+func (f *fakeStore) Ping(context.Context) error          { return nil }
 func (f *fakeStore) PoolSpace() (runtime.PoolSpace, bool, error) {
 	return runtime.PoolSpace{}, false, nil
 }
@@ -655,5 +686,74 @@ func TestCreateSandboxFromSnapshotChecks(t *testing.T) {
 		if got := answerOf(err); got.code != c.code || got.reason != c.reason {
 			t.Errorf("%s: %+v (%v), want %v %s", c.name, got, err, c.code, c.reason)
 		}
+	}
+}
+
+// TestCreateSandboxFromSnapshotImageGone: a snapshot whose image was
+// deleted from the store is NOT_FOUND IMAGE_NOT_FOUND on a create from it
+// (docs/state.md "Kept"), with image empty or named: it was INVALID_ARGUMENT
+// "image is not the snapshot's image", which told the caller to change a
+// request that was right.
+func TestCreateSandboxFromSnapshotImageGone(t *testing.T) {
+	s, st := newHandlers(t)
+	st.mu.Lock()
+	delete(st.images, "berth.dev/base:latest")
+	st.mu.Unlock()
+	for _, image := range []string{"", "berth.dev/base", "berth.dev/base:latest"} {
+		_, err := s.CreateSandbox(as(alice), &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID, Image: image})
+		if got := answerOf(err); got.code != codes.NotFound || got.reason != rpcstatus.ReasonImageNotFound {
+			t.Errorf("image %q: %+v (%v), want NOT_FOUND %s", image, got, err, rpcstatus.ReasonImageNotFound)
+		}
+	}
+}
+
+// TestCreateSnapshotLabelsFit: labels a sandbox may carry but a snapshot
+// cannot store (one containerd label of at most 4096 bytes holds them all
+// as JSON) are INVALID_ARGUMENT naming labels before anything is done:
+// they failed containerd's Commit after the sandbox had been paused and
+// snapshotted. Characters JSON could escape (<, >, &) count once.
+func TestCreateSnapshotLabelsFit(t *testing.T) {
+	s, st := newHandlers(t)
+	ctx := as(alice)
+	id := "sb-labelled"
+	st.put(runtime.SandboxSpec{ID: id, Image: "berth.dev/base:latest", Owner: "alice"})
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		bad    bool
+	}{
+		{"one long value", map[string]string{"k": strings.Repeat("v", 4090)}, true},
+		{"three values that fit a sandbox", map[string]string{"a": strings.Repeat("v", 2000), "b": strings.Repeat("v", 2000), "c": strings.Repeat("v", 2000)}, true},
+		{"angle brackets", map[string]string{"k": strings.Repeat("<", 3000)}, false},
+	} {
+		_, err := s.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: id, Labels: c.labels})
+		got := answerOf(err)
+		if isBad := got.code == codes.InvalidArgument && got.meta["field"] == "labels"; isBad != c.bad {
+			t.Errorf("%s: %+v (%v), want INVALID_ARGUMENT labels: %v", c.name, got, err, c.bad)
+		}
+	}
+}
+
+// TestCreateSnapshotCancelDuringPause: a caller that goes away while
+// CreateSnapshot pauses its sandbox leaves the sandbox running: the pause
+// may have frozen the task before its reply was lost to the cancel, and
+// nothing resumed it (berthd did not know it paused).
+func TestCreateSnapshotCancelDuringPause(t *testing.T) {
+	s, st := newHandlers(t)
+	id := "sb-snapped"
+	st.put(runtime.SandboxSpec{ID: id, Image: "berth.dev/base:latest", Owner: "alice"})
+	ctx, cancel := context.WithCancel(as(alice))
+	defer cancel()
+	st.mu.Lock()
+	st.snapFreeze, st.onPause = true, cancel
+	st.mu.Unlock()
+	_, err := s.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: id})
+	if got := answerOf(err); got.code != codes.Canceled {
+		t.Errorf("CreateSnapshot cancelled during its pause: %v, want CANCELED", err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.frozen[id] {
+		t.Errorf("sandbox %s left frozen by a CreateSnapshot cancelled during its pause", id)
 	}
 }

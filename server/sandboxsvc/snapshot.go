@@ -13,7 +13,8 @@ import (
 
 // CreateSnapshot stores a crash-consistent copy of the sandbox's root file
 // system, owned by the caller (see the proto). Errors: INVALID_ARGUMENT
-// (sandbox_id, labels), NOT_FOUND for a missing sandbox or another
+// (sandbox_id, labels: a sandbox's limits, and at most about 4 KiB of
+// them as JSON), NOT_FOUND for a missing sandbox or another
 // principal's, FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED (not the btrfs
 // snapshotter, or a sandbox without an idmapped root) or
 // SANDBOX_NOT_RUNNING.
@@ -22,6 +23,9 @@ func (s *Service) CreateSnapshot(ctx context.Context, req *berthv1.CreateSnapsho
 	meta := map[string]string{"sandbox_id": id}
 	if err := validate.Labels("labels", req.GetLabels()); err != nil {
 		return nil, err
+	}
+	if err := runtime.SnapshotLabelsError(req.GetLabels()); err != nil {
+		return nil, apierr.InvalidArgument("labels", err.Error())
 	}
 	p, err := s.callerSeeing(ctx, id)
 	if err != nil {
