@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -342,6 +343,29 @@ func TestSnapshotLabels(t *testing.T) {
 	for _, s := range list.GetSnapshots() {
 		if s.GetId() == snap.GetId() && (s.GetLabels()["lt"] != odd["lt"] || s.GetLabels()["q"] != odd["q"] || len(s.GetLabels()) != 2) {
 			t.Errorf("listed labels %q, want %q", s.GetLabels(), odd)
+		}
+	}
+}
+
+// TestSnapshotFailureLeavesNothing: a CreateSnapshot that fails once the
+// copy is under way (here the freeze) leaves no snapshot record behind.
+// Before, the temporary snapshot's subvolume was deleted before the
+// freeze, so containerd's btrfs snapshotter could not remove the record
+// (its Remove snapshots the subvolume first) and kept it for ever.
+func TestSnapshotFailureLeavesNothing(t *testing.T) {
+	need(t)
+	e := newInProcessEnvWith(t, "snapfail", server.Config{TaskRestartLimit: -1}, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	src := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{}).GetId()
+	failed := errors.New("the freeze failed on purpose")
+	_, err := e.rt.CreateSnapshot(ctx, src, "root", nil, func(context.Context) (func(), error) { return nil, failed })
+	if !errors.Is(err, failed) {
+		t.Fatalf("CreateSnapshot with a failing freeze: %v, want %v", err, failed)
+	}
+	for _, name := range captureHostState(t, e, env.snapshotter).snapshots {
+		if strings.HasPrefix(name, "berth-snapshot/") {
+			t.Errorf("snapshot record %s is left after a failed CreateSnapshot", name)
 		}
 	}
 }

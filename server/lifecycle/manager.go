@@ -118,9 +118,12 @@ type Manager struct {
 	pool     *Pool
 	log      *slog.Logger
 	obs      Observer
-	// snapMu makes the count of a principal's snapshots and the new one's
-	// creation one step, so concurrent creates cannot pass the cap.
-	snapMu sync.Mutex
+	// snapMu guards snapLocks: one lock a principal, held from the count
+	// of its snapshots through the new one's creation, so that its
+	// concurrent creates cannot pass the cap while other principals'
+	// snapshots go on.
+	snapMu    sync.Mutex
+	snapLocks map[string]*sync.Mutex
 
 	// lifecycle serializes what creates, removes or restarts a sandbox,
 	// per sandbox id: a create and a delete of one id never interleave,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/server/auth"
@@ -46,8 +47,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 	}
 	defer unlock()
 	if limit := m.cfg.MaxSnapshotsPerPrincipal; limit > 0 {
-		m.snapMu.Lock()
-		defer m.snapMu.Unlock()
+		l := m.snapshotLock(p.Name)
+		l.Lock()
+		defer l.Unlock()
 		held, err := st.ListSnapshots(ctx, func(owner string) bool { return owner == p.Name })
 		if err != nil {
 			return runtime.Snapshot{}, fmt.Errorf("count the snapshots of %s: %w", p.Name, err)
@@ -80,6 +82,21 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 		}, nil
 	}
 	return st.CreateSnapshot(ctx, id, p.Name, labels, freeze)
+}
+
+// snapshotLock returns the lock of principal's snapshot count.
+func (m *Manager) snapshotLock(principal string) *sync.Mutex {
+	m.snapMu.Lock()
+	defer m.snapMu.Unlock()
+	if m.snapLocks == nil {
+		m.snapLocks = map[string]*sync.Mutex{}
+	}
+	l, ok := m.snapLocks[principal]
+	if !ok {
+		l = &sync.Mutex{}
+		m.snapLocks[principal] = l
+	}
+	return l
 }
 
 // GetSnapshot returns snapshot snapID when p may see it, else

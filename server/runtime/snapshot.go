@@ -180,9 +180,12 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	if err != nil {
 		return Snapshot{}, err
 	}
-	if err := btrfs(ctx, "subvolume", "delete", dst); err != nil {
-		return Snapshot{}, err
-	}
+	// The copy is taken beside dst and put in its place only once it
+	// exists: deleting dst first would leave, on any failure after (the
+	// freeze, the sync, a full disk, a caller gone), a containerd record
+	// of tmp without its subvolume, which the snapshotter's own Remove
+	// then fails on at every garbage collection.
+	next := dst + ".berth-next"
 	// Most dirty data goes out while the sandbox still runs; the syncfs
 	// under the freeze writes only what came after.
 	if err := syncfs(src); err != nil {
@@ -192,13 +195,28 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	if err != nil {
 		return Snapshot{}, err
 	}
+	// Once the sandbox is frozen the caller's cancel no longer cuts the
+	// copy short (that would only lengthen the freeze and leave a
+	// half-made subvolume); a wedged file system still ends it.
+	frozen, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	err = syncfs(src)
 	if err == nil {
-		err = btrfs(ctx, "subvolume", "snapshot", src, dst)
+		err = btrfs(frozen, "subvolume", "snapshot", src, next)
 	}
+	cancel()
 	thaw()
 	if err != nil {
+		if _, serr := os.Stat(next); serr == nil {
+			_ = btrfs(context.WithoutCancel(ctx), "subvolume", "delete", next)
+		}
 		return Snapshot{}, err
+	}
+	if err := btrfs(ctx, "subvolume", "delete", dst); err != nil {
+		_ = btrfs(context.WithoutCancel(ctx), "subvolume", "delete", next)
+		return Snapshot{}, err
+	}
+	if err := os.Rename(next, dst); err != nil {
+		return Snapshot{}, fmt.Errorf("put the snapshot of sandbox %s in place: %w", id, err)
 	}
 	created := time.Now().UTC()
 	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(map[string]string{
