@@ -349,9 +349,10 @@ func TestSnapshotLabels(t *testing.T) {
 
 // TestSnapshotFailureLeavesNothing: a CreateSnapshot that fails once the
 // copy is under way (here the freeze) leaves no snapshot record behind.
-// Before, the temporary snapshot's subvolume was deleted before the
-// freeze, so containerd's btrfs snapshotter could not remove the record
-// (its Remove snapshots the subvolume first) and kept it for ever.
+// containerd 1.6's btrfs snapshotter removes a record whose subvolume is
+// gone; newer ones (v2's Remove snapshots the subvolume first) would keep
+// it, which is why the copy is made beside the temporary subvolume and
+// only then put in its place.
 func TestSnapshotFailureLeavesNothing(t *testing.T) {
 	need(t)
 	e := newInProcessEnvWith(t, "snapfail", server.Config{TaskRestartLimit: -1}, nil, nil)
