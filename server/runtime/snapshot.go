@@ -322,7 +322,7 @@ func (r *Runtime) DeleteSnapshot(ctx context.Context, snapID string) (err error)
 	case errdefs.IsNotFound(err):
 		return fmt.Errorf("%w: %s", ErrSnapshotNotFound, snapID)
 	case errdefs.IsFailedPrecondition(err):
-		return fmt.Errorf("%w: snapshot %s: a sandbox created from it still exists (delete it first): %v", ErrSnapshotInUse, snapID, err)
+		return fmt.Errorf("%w: snapshot %s: a sandbox created from it, or a snapshot of such a sandbox, still exists (delete those first): %v", ErrSnapshotInUse, snapID, err)
 	case err != nil:
 		return fmt.Errorf("remove snapshot %s: %w", snapID, err)
 	}
