@@ -38,6 +38,9 @@ type pauses struct {
 	mu     sync.Mutex
 	paused map[string]bool
 	locks  map[string]*idLock
+	// changed holds, for a sandbox someone watches (watch), the channel
+	// closed at the next set of its state.
+	changed map[string]chan struct{}
 }
 
 type idLock struct {
@@ -81,6 +84,28 @@ func (p *pauses) set(id string, paused bool) {
 	} else {
 		delete(p.paused, id)
 	}
+	// Every set wakes the watchers, who read the state again; a removed
+	// sandbox's set (not paused) so leaves no channel behind.
+	if ch, ok := p.changed[id]; ok {
+		close(ch)
+		delete(p.changed, id)
+	}
+}
+
+// watch returns whether sandbox id is paused and a channel closed when
+// its state is next set.
+func (p *pauses) watch(id string) (bool, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.changed == nil {
+		p.changed = make(map[string]chan struct{})
+	}
+	ch, ok := p.changed[id]
+	if !ok {
+		ch = make(chan struct{})
+		p.changed[id] = ch
+	}
+	return p.paused[id], ch
 }
 
 func (p *pauses) get(id string) bool {
@@ -137,6 +162,13 @@ func (r *Reacher) freeze(ctx context.Context, id string, pause bool) error {
 // Paused reports whether sandbox id is paused, as berthd paused it or
 // found it at adoption.
 func (r *Reacher) Paused(id string) bool { return r.pauses.get(id) }
+
+// PauseWatch returns whether sandbox id is paused and a channel closed
+// when berthd next pauses, resumes or forgets it, so that a waiter learns
+// of a change without polling.
+func (r *Reacher) PauseWatch(id string) (paused bool, changed <-chan struct{}) {
+	return r.pauses.watch(id)
+}
 
 // SetPaused records what containerd says of sandbox id's task: paused or
 // not (adoption, removal).

@@ -182,13 +182,10 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	}
 }
 
-// pausedPoll is how often an attached Exec stream looks whether its
-// sandbox is paused (a map lookup); pausedBeat how often it says so while
-// it is, as the agent's heartbeats do while a process is silent.
-const (
-	pausedPoll = 250 * time.Millisecond
-	pausedBeat = 15 * time.Second
-)
+// pausedBeat is how often an attached Exec stream says its sandbox is
+// paused while it is, as the agent's heartbeats do while a process is
+// silent.
+const pausedBeat = 15 * time.Second
 
 // pausedHeartbeats sends, through send, the heartbeats of a paused sandbox
 // (ExecHeartbeat.sandbox_paused, with the last sequence number sent): its agent is frozen and sends nothing,
@@ -199,22 +196,36 @@ func (s *Service) pausedHeartbeats(ctx context.Context, sandboxID string, send f
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(pausedPoll)
-		defer t.Stop()
-		paused, last := false, time.Time{}
+		told := false // what the caller was last told
 		for {
-			select {
-			case <-ctx.Done():
-				return
-			case now := <-t.C:
-				p := s.reach.Paused(sandboxID)
-				if p == paused && (!p || now.Sub(last) < pausedBeat) {
-					continue
-				}
-				paused, last = p, now
-				if send(p) != nil {
+			// Woken by a pause or resume (PauseWatch), not by polling: a
+			// stream of a running sandbox costs nothing here.
+			paused, changed := s.reach.PauseWatch(sandboxID)
+			if paused != told {
+				if send(paused) != nil {
 					return
 				}
+				told = paused
+			}
+			var beat *time.Timer
+			var beats <-chan time.Time
+			if paused {
+				beat = time.NewTimer(pausedBeat)
+				beats = beat.C
+			}
+			var err error
+			select {
+			case <-ctx.Done():
+				err = ctx.Err()
+			case <-changed:
+			case <-beats:
+				err = send(true)
+			}
+			if beat != nil {
+				beat.Stop()
+			}
+			if err != nil {
+				return
 			}
 		}
 	}()

@@ -45,7 +45,7 @@ type reacher interface {
 	Reach(ctx context.Context, sandboxID, execID string) (agentv1.AgentServiceClient, apierr.Runtime, error)
 	Agent(ctx context.Context, sandboxID string) (agentv1.AgentServiceClient, error)
 	NewWatch(sandboxID string, pid uint32) *agentreach.Watch
-	Paused(sandboxID string) bool
+	PauseWatch(sandboxID string) (paused bool, changed <-chan struct{})
 }
 
 // store reads a sandbox's record from containerd (*runtime.Runtime).

@@ -153,7 +153,7 @@ func (r *fakeReacher) Agent(ctx context.Context, sandboxID string) (agentv1.Agen
 // when set: the test's stand-in for a busy agent. Otherwise it returns nil:
 // the watch is read only when the agent stays silent for the whole connect
 // budget, which the tests' budget never lets happen.
-func (r *fakeReacher) Paused(string) bool { return false }
+func (r *fakeReacher) PauseWatch(string) (bool, <-chan struct{}) { return false, nil }
 
 func (r *fakeReacher) NewWatch(sandboxID string, _ uint32) *agentreach.Watch {
 	if r.watches == nil {
