@@ -73,10 +73,10 @@ class SDKTest(unittest.TestCase):
         self.assertEqual(up.files, 2)
         self.assertEqual(sb.files.stat("/workspace/project/calc.sh").uid, 1000)
 
-        streamed = []
-        r = sb.commands.run("./test.sh", cwd="/workspace/project", on_stdout=streamed.append, on_stderr=streamed.append, timeout=60)
+        out, err = [], []  # two pipes: their order relative to each other is not kept
+        r = sb.commands.run("./test.sh", cwd="/workspace/project", on_stdout=out.append, on_stderr=err.append, timeout=60)
         self.assertEqual((r.exit_code, r.stdout, r.stderr), (1, b"calc says 5\n", b"FAIL: want 4\n"))
-        self.assertEqual(b"".join(streamed), b"calc says 5\nFAIL: want 4\n")
+        self.assertEqual((b"".join(out), b"".join(err)), (r.stdout, r.stderr))
         self.assertEqual(sb.files.read_text("/workspace/project/calc.sh"), "echo $((2 + 3))\n")
         sb.files.write("/workspace/project/calc.sh", "echo $((2 + 2))\n")
         r = sb.commands.run(["sh", "-c", "./test.sh && id -u && echo $PROJECT"], cwd="/workspace/project")
