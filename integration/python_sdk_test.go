@@ -19,12 +19,7 @@ import (
 // from scripts/deps.sh; under BERTH_E2E a missing part fails the test, and
 // so do the Python tests themselves (BERTH_E2E reaches them).
 func TestPythonSDK(t *testing.T) {
-	need(t)
-	rt, ns, stateDir := newNamespaceRuntime(t, "pysdk")
-	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: env.dir + "/pysdk.sock"}
-	startBerthd(t, e, "--log-level", "INFO")
-	e.importBase(t)
-
+	e := startClientBerthd(t, "pysdk")
 	const python = "/usr/bin/python3"
 	if _, err := os.Stat(python); err != nil {
 		missing(t, "%s (scripts/deps.sh installs it): %v", python, err)

@@ -6,14 +6,12 @@ import dataclasses
 import io
 import queue
 import threading
-
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import grpc
-from google.protobuf import duration_pb2
 
 from berth._connection import Connection
-from berth._errors import BerthError, ProtocolError, from_rpc_error, seconds
+from berth._errors import BerthError, ProtocolError, duration, from_rpc_error, seconds
 from berth.v1 import exec_pb2
 
 #: The largest stdin chunk sent in one message (the Go client's).
@@ -21,7 +19,6 @@ STDIN_CHUNK = 1 << 20
 
 OutputCallback = Callable[[bytes], None]
 Stdin = Union[None, bytes, str, io.IOBase, Iterable[bytes]]
-
 
 @dataclasses.dataclass
 class CommandResult:
@@ -58,13 +55,6 @@ class CommandResult:
         """stdout decoded as UTF-8 (invalid bytes replaced)."""
         return self.stdout.decode("utf-8", "replace")
 
-
-def _duration(value: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(value * 1e9))
-    return d
-
-
 def process_spec(cmd: Union[str, Sequence[str]], cwd: Optional[str], env: Optional[Dict[str, str]], user: Union[None, int, str],
                  timeout: Optional[float], stdin: bool, shell: str = "sh") -> exec_pb2.ProcessSpec:
     """The ProcessSpec of a command: a str runs under the shell (/bin/sh -c,
@@ -78,9 +68,8 @@ def process_spec(cmd: Union[str, Sequence[str]], cwd: Optional[str], env: Option
     if user is not None:
         spec.user = str(user)
     if timeout is not None:
-        spec.timeout.CopyFrom(_duration(timeout))
+        spec.timeout.CopyFrom(duration(timeout))
     return spec
-
 
 class CommandHandle:
     """A running command: its output is received by a thread of the handle
@@ -236,7 +225,6 @@ class CommandHandle:
         self._call.cancel()
         self._done.wait()
 
-
 def feed_stdin(handle: CommandHandle, stdin: Stdin) -> None:
     """Sends stdin (bytes, str, a binary file object or an iterable of
     bytes) to handle and closes it, from a thread for files and iterables."""
@@ -260,7 +248,6 @@ def feed_stdin(handle: CommandHandle, stdin: Stdin) -> None:
         except BerthError:
             pass  # the stream ended; wait() says why
     threading.Thread(target=pump, name=f"berth-stdin-{handle.exec_id}", daemon=True).start()
-
 
 class Commands:
     """The commands of one sandbox (sandbox.commands)."""
@@ -367,5 +354,4 @@ class Commands:
         resp = self._conn.call(self._conn.sandboxes.SignalExec,
                                exec_pb2.SignalExecRequest(sandbox_id=self._sandbox_id, exec_id=exec_id, signal=signal))
         return resp.state == exec_pb2.EXEC_STATE_RUNNING
-
 

@@ -247,6 +247,14 @@ def is_retryable(err: BaseException) -> bool:
     return isinstance(err, BerthError) and err.reason == "CLUSTER_UNAVAILABLE"
 
 
+def duration(sec: float) -> Any:
+    """float seconds as a google.protobuf.Duration."""
+    from google.protobuf import duration_pb2
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(sec * 1e9))
+    return d
+
+
 def seconds(d: Any) -> float:
     """A google.protobuf.Duration as float seconds."""
     return d.seconds + d.nanos / 1e9

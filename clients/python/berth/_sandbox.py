@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Optional, Tuple, Union
 
-from google.protobuf import duration_pb2
-
 from berth._commands import Commands
-from berth._connection import Connection, RetryPolicy
+from berth._connection import Connection
+from berth._errors import SandboxNotFound, duration
 from berth._files import Files
 from berth._ports import Ports
 from berth.v1 import sandbox_pb2
 
 #: The image Sandbox.create uses when none is given and $BERTH_IMAGE is unset.
 DEFAULT_IMAGE = "berth.dev/base:latest"
-
-_DEFAULT_RETRY = RetryPolicy()
-
-
-def _dur(sec: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(int(sec * 1e9))
-    return d
-
 
 def _user(user: Union[None, int, str, Tuple[int, int]]) -> str:
     if user is None:
@@ -85,7 +76,6 @@ class Sandbox:
         made from addr, token and conn_kw (see Connection; defaults from
         $BERTH_ADDR, $BERTH_TOKEN, $BERTH_TLS_*). Raises FleetBusy (after
         the retries), ImageNotFound, InvalidArgument, ..."""
-        import os
         conn, owns = cls._connection(connection, addr, token, conn_kw)
         req = sandbox_pb2.CreateSandboxRequest(sandbox_id=sandbox_id or "", image=image or os.environ.get("BERTH_IMAGE") or DEFAULT_IMAGE,
                                                labels=labels or {}, env=env or {}, user=_user(user), workdir=workdir or "",
@@ -97,9 +87,9 @@ class Sandbox:
         if disk_bytes is not None:
             req.resources.disk_bytes = disk_bytes
         if idle_timeout is not None:
-            req.idle_timeout.CopyFrom(_dur(idle_timeout))
+            req.idle_timeout.CopyFrom(duration(idle_timeout))
         if max_lifetime is not None:
-            req.max_lifetime.CopyFrom(_dur(max_lifetime))
+            req.max_lifetime.CopyFrom(duration(max_lifetime))
         if network is not None:
             req.network.mode = sandbox_pb2.NetworkMode.Value("NETWORK_MODE_" + network.upper())
         try:
@@ -132,7 +122,6 @@ class Sandbox:
     def kill(self) -> None:
         """Deletes the sandbox (its processes and files); idempotent towards
         a sandbox already gone."""
-        from berth._errors import SandboxNotFound
         try:
             self._conn.unary(self._conn.sandboxes.DeleteSandbox, sandbox_pb2.DeleteSandboxRequest(sandbox_id=self.id))
         except SandboxNotFound:
