@@ -76,7 +76,6 @@ class Sandbox:
         made from addr, token and conn_kw (see Connection; defaults from
         $BERTH_ADDR, $BERTH_TOKEN, $BERTH_TLS_*). Raises FleetBusy (after
         the retries), ImageNotFound, InvalidArgument, ..."""
-        conn, owns = cls._connection(connection, addr, token, conn_kw)
         req = sandbox_pb2.CreateSandboxRequest(sandbox_id=sandbox_id or "", image=image or os.environ.get("BERTH_IMAGE") or DEFAULT_IMAGE,
                                                labels=labels or {}, env=env or {}, user=_user(user), workdir=workdir or "",
                                                runtime=runtime or "", from_snapshot=from_snapshot or "")
@@ -91,7 +90,10 @@ class Sandbox:
         if max_lifetime is not None:
             req.max_lifetime.CopyFrom(duration(max_lifetime))
         if network is not None:
+            if network.lower() not in ("none", "egress"):
+                raise ValueError(f"Sandbox.create: network {network!r} is neither 'none' nor 'egress'")
             req.network.mode = sandbox_pb2.NetworkMode.Value("NETWORK_MODE_" + network.upper())
+        conn, owns = cls._connection(connection, addr, token, conn_kw)
         try:
             info = conn.unary(conn.sandboxes.CreateSandbox, req, timeout).sandbox
         except BaseException:
