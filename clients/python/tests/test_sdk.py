@@ -199,6 +199,12 @@ class SDKTest(unittest.TestCase):
         tail = sb.commands.connect(h.exec_id, since_seq=1).wait(60)
         self.assertEqual(tail.stdout + tail.stderr, b"got hello\nerr\n")
 
+        # A background command's timeout stops it too, with no stream attached.
+        bounded = sb.commands.start("sleep 30", timeout=1)
+        bounded.disconnect()
+        r = sb.commands.connect(bounded.exec_id).wait(30)
+        self.assertTrue(r.timed_out, r)
+
         long = sb.commands.start(["sleep", "300"])
         long.disconnect()  # it runs on without a stream
         self.assertTrue(sb.commands.kill(long.exec_id, "KILL"))
