@@ -10,6 +10,7 @@
 #   make ci               check, test and integration: what .ci/run runs
 #   make generate         regenerate proto/ and clients/ with buf
 #   make clients          build the TypeScript client (clients/typescript/dist)
+#   make python-sdk       build the Python SDK's wheel and sdist (build/python)
 #   make container-image  build the Dockerfile with buildah (slow; not in test)
 #   make lint             buf lint, gofmt, go vet
 #   make check-generated  fail when proto/ differs from what buf generates
@@ -28,7 +29,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test integration check ci test-debian generate clients lint breaking check-generated bench gobench soak clean container-image
+.PHONY: all build image demo test integration check ci test-debian generate clients python-sdk lint breaking check-generated bench gobench soak clean container-image
 
 all: build
 
@@ -85,6 +86,11 @@ clients/typescript/dist/index.js: $(shell find clients/typescript/src -name '*.t
 	cd clients/typescript && npm run --silent build
 	@touch $@
 
+# The Python SDK (clients/python, import berth) as a wheel and an sdist,
+# built with Debian's setuptools (scripts/python-sdk.sh), version $(VERSION).
+python-sdk:
+	VERSION=$(VERSION) scripts/python-sdk.sh build/python
+
 lint:
 	$(BUF) lint
 	@unformatted=$$(gofmt -l .); \
@@ -99,7 +105,9 @@ breaking:
 # Generates into a temporary directory and compares with the working tree, so
 # it checks that the .go files match the .proto files next to them, committed
 # or not; the clients only when the .proto files changed since they were
-# generated (clients/PROTO_SUM).
+# generated (clients/PROTO_SUM). Of clients/python only the generated
+# directories (berth/v1, google) are compared: the SDK's own modules
+# (berth/*.py, pyproject.toml, tests/) live beside them.
 check-generated:
 	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	$(BUF) generate -o "$$tmp" || exit 1; \
@@ -113,7 +121,8 @@ check-generated:
 	fi; \
 	scripts/deps.sh || exit 1; \
 	$(BUF) generate --template buf.gen.clients.yaml -o "$$tmp" || exit 1; \
-	if ! diff -r -q -x berth_client.py -x __pycache__ "$$tmp/clients/python" clients/python || \
+	if ! diff -r -q -x __pycache__ "$$tmp/clients/python/berth/v1" clients/python/berth/v1 || \
+		! diff -r -q -x __pycache__ "$$tmp/clients/python/google" clients/python/google || \
 		! diff -r -q "$$tmp/clients/typescript/src/gen" clients/typescript/src/gen; then \
 		echo "check-generated: the generated clients are stale: run 'make generate' and commit the result."; \
 		exit 1; \

@@ -18,11 +18,7 @@ import (
 // from scripts/deps.sh and the Node client from `make clients`; under
 // BERTH_E2E a missing one fails the test.
 func TestPolyglotExamples(t *testing.T) {
-	need(t)
-	rt, ns, stateDir := newNamespaceRuntime(t, "polyglot")
-	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: env.dir + "/polyglot.sock"}
-	startBerthd(t, e, "--max-execs-per-sandbox", "1", "--task-restart-limit", "1", "--log-level", "INFO")
-	e.importBase(t)
+	e := startClientBerthd(t, "polyglot", "--max-execs-per-sandbox", "1", "--task-restart-limit", "1")
 
 	for _, tc := range []struct {
 		name   string
@@ -57,6 +53,19 @@ func TestPolyglotExamples(t *testing.T) {
 			t.Logf("%s example:\n%s", tc.name, out.String())
 		})
 	}
+}
+
+// startClientBerthd starts a berthd binary with flags on a namespace of its
+// own, listening on env.dir/<name>.sock, with the base image imported: what
+// the tests of the other languages' clients call.
+func startClientBerthd(t *testing.T, name string, flags ...string) *berthEnv {
+	t.Helper()
+	need(t)
+	rt, ns, stateDir := newNamespaceRuntime(t, name)
+	e := &berthEnv{ns: ns, stateDir: stateDir, rt: rt, sock: env.dir + "/" + name + ".sock"}
+	startBerthd(t, e, append(flags, "--log-level", "INFO")...)
+	e.importBase(t)
+	return e
 }
 
 // missing fails t under BERTH_E2E (CI) and skips it otherwise.

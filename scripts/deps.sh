@@ -13,7 +13,8 @@
 #     The containerd package's systemd unit is not enabled or started; berth's
 #     scripts run a private containerd instead (scripts/containerd.sh).
 #   - the clients' tools (see the end): protoc, grpc_python_plugin,
-#     python3-grpcio, node, npm and clients/typescript's npm packages.
+#     python3-grpcio, the Python SDK's build and test tools (setuptools,
+#     wheel, pip, venv), node, npm and clients/typescript's npm packages.
 #   - bash-static: the .deb is fetched with `apt-get download` and unpacked
 #     with `dpkg-deb -x` into $BERTH_CACHE/bash-static (not installed), for
 #     the offline base image (scripts/base-image.sh).
@@ -156,6 +157,11 @@ client_pkgs=()
 command -v protoc >/dev/null || client_pkgs+=(protobuf-compiler)
 command -v grpc_python_plugin >/dev/null || client_pkgs+=(protobuf-compiler-grpc)
 /usr/bin/python3 -c 'import grpc, google.protobuf' 2>/dev/null || client_pkgs+=(python3 python3-grpcio python3-protobuf)
+# The Python SDK's wheel and sdist (scripts/python-sdk.sh: setuptools and
+# wheel, no network) and its test that installs the wheel into a venv
+# (venv, pip; ensurepip needs python3-venv).
+/usr/bin/python3 -c 'import setuptools, wheel, pip, ensurepip, venv' 2>/dev/null ||
+	client_pkgs+=(python3-setuptools python3-wheel python3-pip python3-venv)
 command -v node >/dev/null || client_pkgs+=(nodejs)
 command -v npm >/dev/null || client_pkgs+=(npm)
 if [[ ${#client_pkgs[@]} -gt 0 ]]; then
@@ -163,7 +169,7 @@ if [[ ${#client_pkgs[@]} -gt 0 ]]; then
 	log "apt-get install ${client_pkgs[*]}"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${client_pkgs[@]}" >/dev/null
 else
-	log "protoc, grpc_python_plugin, python3-grpcio, node, npm: present"
+	log "protoc, grpc_python_plugin, python3-grpcio, python3-setuptools/-wheel/-pip/-venv, node, npm: present"
 fi
 TS=$REPO/clients/typescript
 # node_modules/.berth-lock is the package-lock.json it was installed from.
