@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/internal/rangeread"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -77,46 +78,8 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 	}
 
 	// Each chunk is read straight into the buffer gRPC sends it from.
-	var fr wire.Frame
-	defer fr.Free()
-	var done uint64
-	for done < length {
-		want := min(uint64(chunkBytes), length-done)
-		n, err := fr.Fill(readChunk, int(want), func(p []byte) (int, error) {
-			for {
-				n, err := unix.Pread(fd, p, int64(offset+done))
-				if err != unix.EINTR {
-					return n, err
-				}
-			}
-		})
-		if err != nil {
-			return pathError("read", path, err)
-		}
-		if n == 0 {
-			return &changedError{Path: path, Why: fmt.Sprintf("it ended after %d of the %d bytes its size promised", done, length)}
-		}
-		if err := stream.SendMsg(&fr); err != nil {
-			return err
-		}
-		done += uint64(n)
-	}
-	if limit == 0 {
-		// Reading to the end: a byte past it means the file grew.
-		var one [1]byte
-		n, err := unix.Pread(fd, one[:], int64(offset+length))
-		if err == nil && n > 0 && offset <= size {
-			return &changedError{Path: path, Why: fmt.Sprintf("it grew past the %d bytes its size promised", size)}
-		}
-	}
-	var last unix.Stat_t
-	if err := unix.Fstat(fd, &last); err != nil {
-		return pathError("fstat", path, err)
-	}
-	if last.Size != first.Size || last.Mtim != first.Mtim {
-		return &changedError{Path: path, Why: fmt.Sprintf("its size or modification time changed (size %d then %d)", first.Size, last.Size)}
-	}
-	return nil
+	return rangeread.Send(stream.Context(), func(fr *wire.Frame) error { return stream.SendMsg(fr) }, readChunk, chunkBytes,
+		rangeread.Range{FD: fd, Path: path, First: &first, Offset: offset, Length: length, ToEnd: limit == 0}, func(int) {})
 }
 
 // handTimeout is how long handFD keeps a descriptor open for berthd.

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/berth-sandbox/berth/internal/rangeread"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/tartree"
 	"github.com/berth-sandbox/berth/internal/wire"
@@ -194,74 +195,39 @@ func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, o
 }
 
 // sendRange sends length bytes of the regular file open at fd from offset
-// to down as chunk messages read with pread(2) straight into the buffers
-// gRPC sends, as the agent does: it fails with ABORTED FILE_CHANGED when
-// the file yields fewer bytes, more (toEnd: reading to the end), or
-// another size or modification time than first by fstat(2) after the
-// last chunk, and with the agent's FILE_REFUSED for a failing read. It
-// stops when ctx ends. moved counts the bytes sent.
+// to down as the agent does (rangeread.Send), with the agent's statuses:
+// ABORTED FILE_CHANGED when the file yields fewer bytes, more (toEnd:
+// reading to the end), or another size or modification time than first
+// after the last chunk, FAILED_PRECONDITION FILE_REFUSED for a failing
+// read. It stops when ctx ends. moved counts the bytes sent.
 func sendRange(ctx context.Context, down grpc.ServerStream, fd int, first *unix.Stat_t, path string, offset, length uint64, toEnd bool, moved func(int)) error {
-	var fr wire.Frame
-	defer fr.Free()
-	var done uint64
-	for done < length {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		want := min(uint64(directChunkBytes), length-done)
-		n, err := fr.Fill(readChunk, int(want), func(p []byte) (int, error) {
-			for {
-				n, err := unix.Pread(fd, p, int64(offset+done))
-				if err != unix.EINTR {
-					return n, err
-				}
-			}
-		})
-		if err != nil {
-			return readFailed(path, err)
-		}
-		if n == 0 {
-			return changed(path, fmt.Sprintf("it ended after %d of the %d bytes its size promised", done, length))
-		}
-		moved(n)
-		if err := down.SendMsg(&fr); err != nil {
-			return err
-		}
-		done += uint64(n)
+	r := rangeread.Range{FD: fd, Path: path, First: first, Offset: offset, Length: length, ToEnd: toEnd}
+	err := rangeread.Send(ctx, func(fr *wire.Frame) error { return down.SendMsg(fr) }, readChunk, directChunkBytes, r, moved)
+	var changedErr *tartree.ChangedError
+	var pathErr *fs.PathError
+	switch {
+	case errors.As(err, &changedErr):
+		return changed(changedErr)
+	case errors.As(err, &pathErr):
+		return readFailed(pathErr)
 	}
-	size := uint64(first.Size)
-	if toEnd {
-		var one [1]byte
-		n, err := unix.Pread(fd, one[:], int64(offset+length))
-		if err == nil && n > 0 && offset <= size {
-			return changed(path, fmt.Sprintf("it grew past the %d bytes its size promised", size))
-		}
-	}
-	var last unix.Stat_t
-	if err := unix.Fstat(fd, &last); err != nil {
-		return readFailed(path, err)
-	}
-	if last.Size != first.Size || last.Mtim != first.Mtim {
-		return changed(path, fmt.Sprintf("its size or modification time changed (size %d then %d)", first.Size, last.Size))
-	}
-	return nil
+	return err
 }
 
-// changed is the agent's ABORTED FILE_CHANGED for path.
-func changed(path, why string) error {
-	err := &tartree.ChangedError{Path: path, Why: why}
-	return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonFileChanged, err.Error(), map[string]string{"path": tartree.Display(path)})
+// changed is the agent's ABORTED FILE_CHANGED for err.
+func changed(err *tartree.ChangedError) error {
+	return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonFileChanged, err.Error(), map[string]string{"path": tartree.Display(err.Path)})
 }
 
-// readFailed is the agent's answer to a failing read(2) or fstat(2) of a
+// readFailed is the agent's answer to a failing pread(2) or fstat(2) of a
 // regular file: FAILED_PRECONDITION FILE_REFUSED naming the errno (EIO
-// above all).
-func readFailed(path string, err error) error {
-	err = &fs.PathError{Op: "read", Path: path, Err: err}
+// above all; the agent maps a few rarer ones otherwise, see
+// agent/files/errors.go).
+func readFailed(err *fs.PathError) error {
 	var errno unix.Errno
 	if !errors.As(err, &errno) {
 		return err
 	}
 	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonFileRefused, tartree.Display(err.Error()),
-		map[string]string{"path": tartree.Display(path), "errno": unix.ErrnoName(errno)})
+		map[string]string{"path": tartree.Display(err.Path), "errno": unix.ErrnoName(errno)})
 }
