@@ -18,17 +18,22 @@ import (
 )
 
 // directReads is a server.Observer that counts the ReadFiles berthd
-// served from the descriptor the agent opened.
-type directReads struct{ n atomic.Int64 }
+// served from the descriptor the agent opened (n) and the file bytes it
+// sent out of sandboxes (out).
+type directReads struct{ n, out atomic.Int64 }
 
 func (*directReads) SandboxCreated(bool, time.Duration) {}
 func (*directReads) ExecStarted()                       {}
 func (*directReads) ExecEnded(string)                   {}
 func (*directReads) OutputSent(string, int)             {}
 func (*directReads) OutputDropped(uint64)               {}
-func (*directReads) FileBytes(string, int)              {}
-func (*directReads) AgentRestarted()                    {}
-func (d *directReads) FileReadDirect()                  { d.n.Add(1) }
+func (d *directReads) FileBytes(direction string, n int) {
+	if direction == "out" {
+		d.out.Add(int64(n))
+	}
+}
+func (*directReads) AgentRestarted()   {}
+func (d *directReads) FileReadDirect() { d.n.Add(1) }
 
 // directServer starts a berthd that counts its direct reads.
 func directServer(t *testing.T) (*client.Client, *directReads) {
