@@ -88,6 +88,24 @@ func checkTaken(fd int, open *agentv1.OpenFile, info *berthv1.FileInfo) (unix.St
 	return st, nil
 }
 
+// checkRange checks that the header's range is the one the request asks
+// of a file of size bytes (from offset_bytes, at most limit_bytes, 0 to
+// the end): berthd reads what the caller asked, not what the agent says.
+func checkRange(header *berthv1.ReadFileHeader, req *agentv1.ReadFileRequest, size uint64) error {
+	var length uint64
+	if req.GetOffsetBytes() < size {
+		length = size - req.GetOffsetBytes()
+	}
+	if limit := req.GetLimitBytes(); limit > 0 && limit < length {
+		length = limit
+	}
+	if header.GetOffsetBytes() != req.GetOffsetBytes() || header.GetLengthBytes() != length {
+		return fmt.Errorf("the header's range %d+%d is not the %d+%d asked of a file of %d bytes",
+			header.GetOffsetBytes(), header.GetLengthBytes(), req.GetOffsetBytes(), length, size)
+	}
+	return nil
+}
+
 // readDirect serves a ReadFile of a runc sandbox's file from a descriptor
 // the agent opened, with every check of its own (the path resolved in the
 // sandbox's root as the workload user, the agent's directory refused),
@@ -159,7 +177,7 @@ func (f *Service) readDirect(ctx context.Context, files agentv1.FileServiceClien
 			if header == nil {
 				return false, nil
 			}
-			return f.sendTaken(ctx, sandboxID, pid, part.OpenFile, header, req.GetLimitBytes() == 0, down, cancel)
+			return f.sendTaken(ctx, sandboxID, pid, part.OpenFile, header, req, down, cancel)
 		default:
 			return false, nil
 		}
@@ -167,10 +185,11 @@ func (f *Service) readDirect(ctx context.Context, files agentv1.FileServiceClien
 }
 
 // sendTaken takes the descriptor open names from the agent, checks it
-// (checkTaken), ends the agent's stream, and sends the header and the
-// header's range from it. It reports false, having sent nothing, when the
-// descriptor cannot be taken or fails a check.
-func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, open *agentv1.OpenFile, header *berthv1.ReadFileHeader, toEnd bool, down grpc.ServerStream, endAgent func()) (bool, error) {
+// (checkTaken) and the header's range against the request's, ends the
+// agent's stream, and sends the header and the range from it. It reports
+// false, having sent nothing, when the descriptor cannot be taken or
+// fails a check.
+func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, open *agentv1.OpenFile, header *berthv1.ReadFileHeader, req *agentv1.ReadFileRequest, down grpc.ServerStream, endAgent func()) (bool, error) {
 	fd, err := f.direct.fds.TakeFD(ctx, sandboxID, pid, open.GetFd())
 	if err != nil {
 		f.direct.log.Debug("ReadFile goes through the agent: berthd could not take its descriptor", "sandbox_id", sandboxID, "err", err)
@@ -179,6 +198,9 @@ func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, o
 	defer unix.Close(fd)
 	endAgent()
 	first, err := checkTaken(fd, open, header.GetInfo())
+	if err == nil {
+		err = checkRange(header, req, uint64(first.Size))
+	}
 	if err != nil {
 		f.direct.log.Debug("ReadFile goes through the agent: berthd refused the descriptor it took", "sandbox_id", sandboxID, "err", err)
 		return false, nil
@@ -188,7 +210,7 @@ func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, o
 		return true, f.fail(ctx, sandboxID, err)
 	}
 	path := string(header.GetInfo().GetPath())
-	if err := sendRange(ctx, down, fd, &first, path, header.GetOffsetBytes(), header.GetLengthBytes(), toEnd, f.moved("out")); err != nil {
+	if err := sendRange(ctx, down, fd, &first, path, req.GetOffsetBytes(), header.GetLengthBytes(), req.GetLimitBytes() == 0, f.moved("out")); err != nil {
 		return true, f.fail(ctx, sandboxID, err)
 	}
 	return true, nil

@@ -342,3 +342,28 @@ func TestReadDirectHostileDescriptors(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRange: berthd reads the range the caller asked of the file as
+// it found it, whatever range the agent's header claims.
+func TestCheckRange(t *testing.T) {
+	for _, tt := range []struct {
+		offset, limit, size uint64
+		hOffset, hLength    uint64
+		ok                  bool
+	}{
+		{0, 0, 10, 0, 10, true},
+		{3, 0, 10, 3, 7, true},
+		{3, 4, 10, 3, 4, true},
+		{12, 0, 10, 12, 0, true},
+		{0, 0, 10, 0, 1 << 40, false}, // more than the file holds
+		{0, 5, 10, 0, 10, false},      // more than the caller asked
+		{0, 0, 10, 2, 8, false},       // another offset
+		{3, 0, 10, 3, 10, false},
+	} {
+		h := &berthv1.ReadFileHeader{OffsetBytes: tt.hOffset, LengthBytes: tt.hLength}
+		req := &agentv1.ReadFileRequest{OffsetBytes: tt.offset, LimitBytes: tt.limit}
+		if err := checkRange(h, req, tt.size); (err == nil) != tt.ok {
+			t.Errorf("checkRange(header %d+%d, asked %d limit %d of %d bytes) = %v, want ok %v", tt.hOffset, tt.hLength, tt.offset, tt.limit, tt.size, err, tt.ok)
+		}
+	}
+}
