@@ -10,9 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/wire"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
 )
@@ -207,5 +210,60 @@ func TestReadFileDirectGVisor(t *testing.T) {
 	got, h, err := readRange(t, c, sb.GetId(), "/workspace/g.bin", client.WithRange(1, 0))
 	if err != nil || !bytes.Equal(got, data[1:]) || h.GetLengthBytes() != uint64(len(data)-1) || direct.n.Load() != 0 {
 		t.Errorf("ReadFile in gVisor = %d bytes (equal %v), %v, direct reads %d; want %d bytes through the agent", len(got), bytes.Equal(got, data[1:]), err, direct.n.Load(), len(data)-1)
+	}
+}
+
+// TestReadFileDirectDeleteDuring deletes a sandbox while berthd holds the
+// descriptor of a file it is sending and the caller does not read: the
+// delete succeeds (berthd's copy does not hold the sandbox's mounts), and
+// the read then ends, with the file's bytes or an error, not hanging.
+func TestReadFileDirectDeleteDuring(t *testing.T) {
+	need(t)
+	ctx := fileCtx(t)
+	resp, err := env.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetSandbox().GetId()
+	deleted := false
+	t.Cleanup(func() {
+		if !deleted {
+			env.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id})
+		}
+	})
+	if r := run(t, id, "dd", "if=/dev/zero", "of=/workspace/big", "bs=1048576", "count=64"); r.GetResult().GetExitCode() != 0 {
+		t.Fatalf("dd: %s", r.GetStderr())
+	}
+	obs := &directReads{}
+	conn, err := grpc.NewClient(startServer(t, server.Config{TaskRestartLimit: -1, Observer: obs}), append(wire.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := berthv1.NewFileServiceClient(conn)
+	stream, err := c.ReadFile(ctx, &berthv1.ReadFileRequest{SandboxId: id, Location: &berthv1.ReadFileRequest_Path{Path: "/workspace/big"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if obs.n.Load() != 1 {
+		t.Fatalf("the read is not direct (%d)", obs.n.Load())
+	}
+	delCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := env.sandboxes.DeleteSandbox(delCtx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatalf("DeleteSandbox while berthd holds a descriptor of its file: %v", err)
+	}
+	deleted = true
+	var got int
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			t.Logf("after the delete the read ended at %d bytes: %v", got, err)
+			break
+		}
+		got += len(msg.GetChunk())
 	}
 }
