@@ -1,6 +1,7 @@
 // Package filesvc is berth.v1.FileService: each request goes to the
 // sandbox's agent, which does the file work in the sandbox's mount
-// namespace as the workload user (see Service).
+// namespace as the workload user (see Service); for ReadFile of a runc
+// sandbox berthd reads the file the agent opened itself (direct.go).
 package filesvc
 
 import (
