@@ -22,6 +22,9 @@ type Observer interface {
 	OutputDropped(n uint64)
 	// FileBytes: n bytes of file content moved "in" or "out" of a sandbox.
 	FileBytes(direction string, n int)
+	// FileReadDirect: a ReadFile was served from the descriptor the
+	// sandbox's agent opened (a runc sandbox), not through its stream.
+	FileReadDirect()
 	// AgentRestarted: berthd started a new task for a sandbox whose agent
 	// died.
 	AgentRestarted()
@@ -36,4 +39,5 @@ func (noObserver) ExecEnded(string)                   {}
 func (noObserver) OutputSent(string, int)             {}
 func (noObserver) OutputDropped(uint64)               {}
 func (noObserver) FileBytes(string, int)              {}
+func (noObserver) FileReadDirect()                    {}
 func (noObserver) AgentRestarted()                    {}

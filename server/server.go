@@ -122,7 +122,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 		RunStdoutBytes: cfg.RunStdoutBytes, RunStderrBytes: cfg.RunStderrBytes, RunMaxOutputBytes: cfg.RunMaxOutputBytes},
 		execsvc.Deps{Store: rt, Reach: s.reach, Events: s.events, Registry: s.ids, Capacity: s.capacity, RunBuffers: s.runBuffers,
 			Background: s.life, Observer: cfg.Observer, Ports: rt}, log)
-	s.files = filesvc.New(s.reach, s.reach, cfg.Observer)
+	s.files = filesvc.New(s.reach, s.reach, cfg.Observer, filesvc.WithDirectReads(rt, log))
 	s.images = imagesvc.New(imagesvc.Config{PullRegistries: cfg.PullRegistries, PullResolveTimeout: cfg.PullResolveTimeout}, rt, s.life, log)
 	return s
 }

@@ -3,9 +3,11 @@ package files
 import (
 	"fmt"
 	"math"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/internal/rangeread"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -16,7 +18,8 @@ import (
 // on the opened descriptor, then chunks of at most chunkBytes read with
 // pread(2). It ends with a *changedError when the file yields fewer bytes
 // than the header promised, more (when reading to the end), or a different
-// size or modification time by fstat(2) after the last chunk.
+// size or modification time by fstat(2) after the last chunk. When berthd
+// asks (hand_fd) it sends the descriptor instead of the chunks (handFD).
 func (s *Service) ReadFile(req *agentv1.ReadFileRequest, stream agentv1.FileService_ReadFileServer) error {
 	path, err := cleanPath("path", req.GetPath())
 	if err != nil {
@@ -35,10 +38,10 @@ func (s *Service) ReadFile(req *agentv1.ReadFileRequest, stream agentv1.FileServ
 		return s.toStatus(err)
 	}
 	defer unix.Close(fd)
-	return s.toStatus(s.readFile(stream, fd, path, req.GetOffsetBytes(), req.GetLimitBytes()))
+	return s.toStatus(s.readFile(stream, fd, path, req.GetOffsetBytes(), req.GetLimitBytes(), req.GetHandFd()))
 }
 
-func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, path string, offset, limit uint64) error {
+func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, path string, offset, limit uint64, hand bool) error {
 	var first unix.Stat_t
 	if err := unix.Fstat(fd, &first); err != nil {
 		return pathError("fstat", path, err)
@@ -70,46 +73,35 @@ func (s *Service) readFile(stream agentv1.FileService_ReadFileServer, fd int, pa
 	if err := stream.Send(&agentv1.ReadFileResponse{Part: &agentv1.ReadFileResponse_Header{Header: header}}); err != nil {
 		return err
 	}
+	if hand && length > 0 {
+		return handFD(stream, fd, &first)
+	}
 
 	// Each chunk is read straight into the buffer gRPC sends it from.
-	var fr wire.Frame
-	defer fr.Free()
-	var done uint64
-	for done < length {
-		want := min(uint64(chunkBytes), length-done)
-		n, err := fr.Fill(readChunk, int(want), func(p []byte) (int, error) {
-			for {
-				n, err := unix.Pread(fd, p, int64(offset+done))
-				if err != unix.EINTR {
-					return n, err
-				}
-			}
-		})
-		if err != nil {
-			return pathError("read", path, err)
-		}
-		if n == 0 {
-			return &changedError{Path: path, Why: fmt.Sprintf("it ended after %d of the %d bytes its size promised", done, length)}
-		}
-		if err := stream.SendMsg(&fr); err != nil {
-			return err
-		}
-		done += uint64(n)
+	return rangeread.Send(stream.Context(), func(fr *wire.Frame) error { return stream.SendMsg(fr) }, readChunk, chunkBytes,
+		rangeread.Range{FD: fd, Path: path, First: &first, Offset: offset, Length: length, ToEnd: limit == 0}, func(int) {})
+}
+
+// handTimeout is how long handFD keeps a descriptor open for berthd.
+const handTimeout = 30 * time.Second
+
+// handFD sends berthd the number of the descriptor open at fd, with the
+// device and inode of the file (st, its fstat(2)), instead of the file's
+// bytes, and keeps it open until berthd ends the stream (it has taken a
+// copy of its own with pidfd_getfd(2) and reads the header's range from
+// it, with the checks readFile makes) or handTimeout passes. The
+// descriptor is the one opened as the workload user after every check of
+// ReadFile; berthd checks what it took against dev and ino.
+func handFD(stream agentv1.FileService_ReadFileServer, fd int, st *unix.Stat_t) error {
+	open := &agentv1.OpenFile{Fd: int32(fd), Dev: st.Dev, Ino: st.Ino}
+	if err := stream.Send(&agentv1.ReadFileResponse{Part: &agentv1.ReadFileResponse_OpenFile{OpenFile: open}}); err != nil {
+		return err
 	}
-	if limit == 0 {
-		// Reading to the end: a byte past it means the file grew.
-		var one [1]byte
-		n, err := unix.Pread(fd, one[:], int64(offset+length))
-		if err == nil && n > 0 && offset <= size {
-			return &changedError{Path: path, Why: fmt.Sprintf("it grew past the %d bytes its size promised", size)}
-		}
-	}
-	var last unix.Stat_t
-	if err := unix.Fstat(fd, &last); err != nil {
-		return pathError("fstat", path, err)
-	}
-	if last.Size != first.Size || last.Mtim != first.Mtim {
-		return &changedError{Path: path, Why: fmt.Sprintf("its size or modification time changed (size %d then %d)", first.Size, last.Size)}
+	timer := time.NewTimer(handTimeout)
+	defer timer.Stop()
+	select {
+	case <-stream.Context().Done():
+	case <-timer.C:
 	}
 	return nil
 }

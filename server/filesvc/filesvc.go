@@ -1,6 +1,7 @@
 // Package filesvc is berth.v1.FileService: each request goes to the
 // sandbox's agent, which does the file work in the sandbox's mount
-// namespace as the workload user (see Service).
+// namespace as the workload user (see Service); for ReadFile of a runc
+// sandbox berthd reads the file the agent opened itself (direct.go).
 package filesvc
 
 import (
@@ -9,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/apierr"
@@ -30,12 +32,37 @@ import (
 // namespace as the workload user. berthd validates the sandbox id and the
 // paths (naming the public fields), passes paths on as bytes, and relays
 // data chunks as they are on the wire (relayDown, relayUp) and statuses
-// as they are.
+// as they are. With WithDirectReads, berthd reads a runc sandbox's file
+// for ReadFile itself from the descriptor its agent opened (readDirect).
 type Service struct {
 	berthv1.UnimplementedFileServiceServer
 	reach  reacher
 	agents agentFiles
 	obs    observer
+	direct directReads
+}
+
+// directReads is what readDirect needs: fds takes an agent's descriptor
+// (nil: every read goes through the agent), log says why one was
+// refused, slots holds a place for each direct read under way
+// (maxDirectReads).
+type directReads struct {
+	fds   descriptors
+	log   *slog.Logger
+	slots chan struct{}
+}
+
+// Option configures New.
+type Option func(*Service)
+
+// WithDirectReads lets ReadFile read a runc sandbox's file from the
+// descriptor its agent opened, taken with fds (*runtime.Runtime), instead
+// of through the agent's stream; log receives why a descriptor was
+// refused.
+func WithDirectReads(fds descriptors, log *slog.Logger) Option {
+	return func(f *Service) {
+		f.direct = directReads{fds: fds, log: log, slots: make(chan struct{}, maxDirectReads)}
+	}
 }
 
 var _ berthv1.FileServiceServer = (*Service)(nil)
@@ -55,11 +82,16 @@ type agentFiles interface {
 // observer counts the bytes moved for metrics (server/metrics).
 type observer interface {
 	FileBytes(direction string, n int)
+	FileReadDirect()
 }
 
 // New returns the FileService over reach and agents.
-func New(reach reacher, agents agentFiles, obs observer) *Service {
-	return &Service{reach: reach, agents: agents, obs: obs}
+func New(reach reacher, agents agentFiles, obs observer, opts ...Option) *Service {
+	f := &Service{reach: reach, agents: agents, obs: obs}
+	for _, o := range opts {
+		o(f)
+	}
+	return f
 }
 
 // filesFor returns the FileService client of a running sandbox's agent,
@@ -67,18 +99,26 @@ func New(reach reacher, agents agentFiles, obs observer) *Service {
 // reach): a stopped or hung agent is SANDBOX_UNREACHABLE with nothing sent,
 // not a request that hangs until the caller's deadline.
 func (f *Service) filesFor(ctx context.Context, sandboxID string) (agentv1.FileServiceClient, error) {
+	files, _, err := f.reachFiles(ctx, sandboxID)
+	return files, err
+}
+
+// reachFiles is filesFor, which also returns the runtime Reach found (its
+// task's host pid).
+func (f *Service) reachFiles(ctx context.Context, sandboxID string) (agentv1.FileServiceClient, apierr.Runtime, error) {
 	if err := validate.SandboxID("sandbox_id", sandboxID); err != nil {
-		return nil, err
+		return nil, apierr.Runtime{}, err
 	}
 	telemetry.Annotate(ctx, sandboxID, "")
-	if _, _, err := f.reach.Reach(ctx, sandboxID, ""); err != nil {
-		return nil, apierr.WithMeta(err, map[string]string{"sandbox_id": sandboxID})
+	_, rt, err := f.reach.Reach(ctx, sandboxID, "")
+	if err != nil {
+		return nil, apierr.Runtime{}, apierr.WithMeta(err, map[string]string{"sandbox_id": sandboxID})
 	}
 	files, err := f.agents.Files(sandboxID)
 	if err != nil {
-		return nil, apierr.WithMeta(err, map[string]string{"sandbox_id": sandboxID})
+		return nil, apierr.Runtime{}, apierr.WithMeta(err, map[string]string{"sandbox_id": sandboxID})
 	}
-	return files, nil
+	return files, rt, nil
 }
 
 // fail converts an error from the agent (or the caller's stream) to the
@@ -108,38 +148,54 @@ func location(prefix, text string, raw []byte) ([]byte, error) {
 	return p, nil
 }
 
-// ReadFile forwards a read and its chunks.
+// ReadFile forwards a read and its chunks; for a runc sandbox it reads
+// the file from the descriptor the agent opened when it can (readDirect),
+// with the same answer.
 func (f *Service) ReadFile(req *berthv1.ReadFileRequest, stream berthv1.FileService_ReadFileServer) error {
 	ctx := stream.Context()
 	path, err := location("", req.GetPath(), req.GetPathBytes())
 	if err != nil {
 		return err
 	}
-	files, err := f.filesFor(ctx, req.GetSandboxId())
+	files, rt, err := f.reachFiles(ctx, req.GetSandboxId())
 	if err != nil {
 		return err
 	}
-	up, err := files.ReadFile(ctx, &agentv1.ReadFileRequest{Path: path, OffsetBytes: req.GetOffsetBytes(), LimitBytes: req.GetLimitBytes()}, wire.CallOption())
+	areq := &agentv1.ReadFileRequest{Path: path, OffsetBytes: req.GetOffsetBytes(), LimitBytes: req.GetLimitBytes()}
+	if f.direct.fds != nil && f.direct.fds.TakesFDs(ctx, req.GetSandboxId(), rt.TaskPID) {
+		select {
+		case f.direct.slots <- struct{}{}:
+			done, err := f.readDirect(ctx, files, req.GetSandboxId(), rt.TaskPID, areq, stream)
+			<-f.direct.slots
+			if done {
+				return err
+			}
+		default:
+		}
+	}
+	up, err := files.ReadFile(ctx, areq, wire.CallOption())
 	if err != nil {
 		return f.fail(ctx, req.GetSandboxId(), err)
 	}
-	err = relayDown(up, stream, readChunk, f.moved("out"), func(fr *wire.Frame) (proto.Message, error) {
-		var msg agentv1.ReadFileResponse
-		if err := fr.Decode(&msg); err != nil {
-			return nil, err
-		}
-		switch part := msg.GetPart().(type) {
-		case *agentv1.ReadFileResponse_Header:
-			return &berthv1.ReadFileResponse{Part: &berthv1.ReadFileResponse_Header{Header: part.Header}}, nil
-		case *agentv1.ReadFileResponse_Chunk:
-			return &berthv1.ReadFileResponse{Part: &berthv1.ReadFileResponse_Chunk{Chunk: part.Chunk}}, nil
-		}
-		return nil, nil
-	})
-	if err != nil {
+	if err := relayDown(up, stream, readChunk, f.moved("out"), readPart); err != nil {
 		return f.fail(ctx, req.GetSandboxId(), err)
 	}
 	return nil
+}
+
+// readPart converts the agent's ReadFile messages other than chunks.
+func readPart(fr *wire.Frame) (proto.Message, error) {
+	var msg agentv1.ReadFileResponse
+	if err := fr.Decode(&msg); err != nil {
+		return nil, err
+	}
+	switch part := msg.GetPart().(type) {
+	case *agentv1.ReadFileResponse_Header:
+		return &berthv1.ReadFileResponse{Part: &berthv1.ReadFileResponse_Header{Header: part.Header}}, nil
+	case *agentv1.ReadFileResponse_Chunk:
+		return &berthv1.ReadFileResponse{Part: &berthv1.ReadFileResponse_Chunk{Chunk: part.Chunk}}, nil
+	}
+	return nil, nil
 }
 
 // The chunk fields of the file streams have the same number in berth.v1

@@ -78,6 +78,7 @@ type Metrics struct {
 	outputBytes   *prometheus.CounterVec
 	droppedBytes  prometheus.Counter
 	fileBytes     *prometheus.CounterVec
+	directReads   prometheus.Counter
 	agentRestarts prometheus.Counter
 	errors        *prometheus.CounterVec
 }
@@ -114,6 +115,10 @@ func New() *Metrics {
 			Namespace: namespace, Name: "file_bytes_total",
 			Help: "File content bytes through FileService, by direction: in (WriteFile, Upload) or out (ReadFile, Download).",
 		}, []string{"direction"}),
+		directReads: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "file_reads_direct_total",
+			Help: "ReadFile calls berthd served from the descriptor the sandbox's agent opened (runc sandboxes), not through the agent's stream.",
+		}),
 		agentRestarts: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "agent_restarts_total",
 			Help: "Sandbox tasks berthd started anew after their agent died.",
@@ -124,7 +129,7 @@ func New() *Metrics {
 		}, []string{"code", "reason"}),
 	}
 	m.reg.MustRegister(m.grpc, m.createSeconds, m.execsStarted, m.execsEnded, m.outputBytes, m.droppedBytes,
-		m.fileBytes, m.agentRestarts, m.errors,
+		m.fileBytes, m.directReads, m.agentRestarts, m.errors,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	for _, o := range []string{OutcomeSuccess, OutcomeFailure, OutcomeSignaled, OutcomeTimedOut, OutcomeOOMKilled, OutcomeRuntimeReplaced, OutcomeLost} {
 		m.execsEnded.WithLabelValues(o)
@@ -266,6 +271,13 @@ func (m *Metrics) OutputDropped(n uint64) {
 func (m *Metrics) FileBytes(direction string, n int) {
 	if m != nil && n > 0 {
 		m.fileBytes.WithLabelValues(direction).Add(float64(n))
+	}
+}
+
+// FileReadDirect records a ReadFile served from the agent's descriptor.
+func (m *Metrics) FileReadDirect() {
+	if m != nil {
+		m.directReads.Inc()
 	}
 }
 

@@ -30,7 +30,13 @@ type ReadFileRequest struct {
 	// offset_bytes is where to start, in bytes.
 	OffsetBytes uint64 `protobuf:"varint,2,opt,name=offset_bytes,json=offsetBytes,proto3" json:"offset_bytes,omitempty"`
 	// limit_bytes is the most bytes to read; 0 reads to the end.
-	LimitBytes    uint64 `protobuf:"varint,3,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	LimitBytes uint64 `protobuf:"varint,3,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	// hand_fd asks the agent to send, after the header, the descriptor it
+	// opened (open_file) instead of chunks, when the range is not empty and
+	// the file is a regular file whose size is its length (not of procfs,
+	// sysfs and the like). berthd asks only of a runc sandbox's agent, whose
+	// descriptors it can take from the host (pidfd_getfd(2)).
+	HandFd        bool `protobuf:"varint,4,opt,name=hand_fd,json=handFd,proto3" json:"hand_fd,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -86,15 +92,24 @@ func (x *ReadFileRequest) GetLimitBytes() uint64 {
 	return 0
 }
 
-// ReadFileResponse is the header first, then chunks of at most 1 MiB.
+func (x *ReadFileRequest) GetHandFd() bool {
+	if x != nil {
+		return x.HandFd
+	}
+	return false
+}
+
+// ReadFileResponse is the header first, then chunks of at most 1 MiB, or
+// (hand_fd) the open file.
 type ReadFileResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// part is the header or a chunk.
+	// part is the header, a chunk or the open file.
 	//
 	// Types that are valid to be assigned to Part:
 	//
 	//	*ReadFileResponse_Header
 	//	*ReadFileResponse_Chunk
+	//	*ReadFileResponse_OpenFile
 	Part          isReadFileResponse_Part `protobuf_oneof:"part"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -155,6 +170,15 @@ func (x *ReadFileResponse) GetChunk() []byte {
 	return nil
 }
 
+func (x *ReadFileResponse) GetOpenFile() *OpenFile {
+	if x != nil {
+		if x, ok := x.Part.(*ReadFileResponse_OpenFile); ok {
+			return x.OpenFile
+		}
+	}
+	return nil
+}
+
 type isReadFileResponse_Part interface {
 	isReadFileResponse_Part()
 }
@@ -169,9 +193,85 @@ type ReadFileResponse_Chunk struct {
 	Chunk []byte `protobuf:"bytes,2,opt,name=chunk,proto3,oneof"`
 }
 
+type ReadFileResponse_OpenFile struct {
+	// open_file names the agent's descriptor of the file, which berthd
+	// takes and reads the header's range from; it is the stream's last
+	// message. The agent keeps the descriptor open until berthd ends the
+	// stream, at most 30 seconds.
+	OpenFile *OpenFile `protobuf:"bytes,3,opt,name=open_file,json=openFile,proto3,oneof"`
+}
+
 func (*ReadFileResponse_Header) isReadFileResponse_Part() {}
 
 func (*ReadFileResponse_Chunk) isReadFileResponse_Part() {}
+
+func (*ReadFileResponse_OpenFile) isReadFileResponse_Part() {}
+
+// OpenFile is a descriptor of the agent process, opened read-only as
+// ReadFile opens a file (as the workload user, every check made), and the
+// file it refers to by fstat(2).
+type OpenFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fd is the descriptor's number in the agent process.
+	Fd int32 `protobuf:"varint,1,opt,name=fd,proto3" json:"fd,omitempty"`
+	// dev is the file's st_dev.
+	Dev uint64 `protobuf:"varint,2,opt,name=dev,proto3" json:"dev,omitempty"`
+	// ino is the file's st_ino.
+	Ino           uint64 `protobuf:"varint,3,opt,name=ino,proto3" json:"ino,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenFile) Reset() {
+	*x = OpenFile{}
+	mi := &file_berth_agent_v1_file_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenFile) ProtoMessage() {}
+
+func (x *OpenFile) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_file_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenFile.ProtoReflect.Descriptor instead.
+func (*OpenFile) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *OpenFile) GetFd() int32 {
+	if x != nil {
+		return x.Fd
+	}
+	return 0
+}
+
+func (x *OpenFile) GetDev() uint64 {
+	if x != nil {
+		return x.Dev
+	}
+	return 0
+}
+
+func (x *OpenFile) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
 
 // WriteFileHeader is berth.v1.WriteFileHeader with a raw path.
 type WriteFileHeader struct {
@@ -198,7 +298,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +310,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +323,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{2}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *WriteFileHeader) GetPath() []byte {
@@ -298,7 +398,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +410,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +423,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{3}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -380,7 +480,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -392,7 +492,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -405,7 +505,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{4}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WriteFileResponse) GetResult() *v1.WriteFileResponse {
@@ -426,7 +526,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +538,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +551,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{5}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StatRequest) GetPath() []byte {
@@ -472,7 +572,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +584,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +597,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{6}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatResponse) GetInfo() *v1.FileInfo {
@@ -520,7 +620,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +632,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +645,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{7}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListDirRequest) GetPath() []byte {
@@ -573,7 +673,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +685,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +698,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{8}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListDirResponse) GetBatch() *v1.ListDirResponse {
@@ -623,7 +723,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +735,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +748,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{9}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MakeDirRequest) GetPath() []byte {
@@ -683,7 +783,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[10]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -695,7 +795,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[10]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -708,7 +808,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{10}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *MakeDirResponse) GetInfo() *v1.FileInfo {
@@ -731,7 +831,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[11]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +843,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[11]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +856,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{11}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RemoveRequest) GetPath() []byte {
@@ -782,7 +882,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[12]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -794,7 +894,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[12]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -807,7 +907,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{12}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{13}
 }
 
 // RenameRequest names a path and its new path.
@@ -825,7 +925,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[13]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -837,7 +937,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[13]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -850,7 +950,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{13}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RenameRequest) GetFromPath() []byte {
@@ -883,7 +983,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[14]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +995,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[14]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1008,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{14}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{15}
 }
 
 // UploadHeader says where to extract.
@@ -926,7 +1026,7 @@ type UploadHeader struct {
 
 func (x *UploadHeader) Reset() {
 	*x = UploadHeader{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[15]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1038,7 @@ func (x *UploadHeader) String() string {
 func (*UploadHeader) ProtoMessage() {}
 
 func (x *UploadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[15]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1051,7 @@ func (x *UploadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadHeader.ProtoReflect.Descriptor instead.
 func (*UploadHeader) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{15}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UploadHeader) GetPath() []byte {
@@ -991,7 +1091,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[16]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1003,7 +1103,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[16]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1016,7 +1116,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{16}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UploadRequest) GetPart() isUploadRequest_Part {
@@ -1073,7 +1173,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[17]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1185,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[17]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1198,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{17}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UploadResponse) GetResult() *v1.UploadResponse {
@@ -1124,7 +1224,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[18]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1136,7 +1236,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[18]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1149,7 +1249,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{18}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *DownloadRequest) GetPath() []byte {
@@ -1189,7 +1289,7 @@ type DownloadResponse struct {
 
 func (x *DownloadResponse) Reset() {
 	*x = DownloadResponse{}
-	mi := &file_berth_agent_v1_file_proto_msgTypes[19]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1301,7 @@ func (x *DownloadResponse) String() string {
 func (*DownloadResponse) ProtoMessage() {}
 
 func (x *DownloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_file_proto_msgTypes[19]
+	mi := &file_berth_agent_v1_file_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1314,7 @@ func (x *DownloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadResponse.ProtoReflect.Descriptor instead.
 func (*DownloadResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{19}
+	return file_berth_agent_v1_file_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DownloadResponse) GetPart() isDownloadResponse_Part {
@@ -1264,16 +1364,22 @@ var File_berth_agent_v1_file_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_file_proto_rawDesc = "" +
 	"\n" +
-	"\x19berth/agent/v1/file.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/file.proto\"i\n" +
+	"\x19berth/agent/v1/file.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/file.proto\"\x82\x01\n" +
 	"\x0fReadFileRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\fR\x04path\x12!\n" +
 	"\foffset_bytes\x18\x02 \x01(\x04R\voffsetBytes\x12\x1f\n" +
 	"\vlimit_bytes\x18\x03 \x01(\x04R\n" +
-	"limitBytes\"f\n" +
+	"limitBytes\x12\x17\n" +
+	"\ahand_fd\x18\x04 \x01(\bR\x06handFd\"\x9f\x01\n" +
 	"\x10ReadFileResponse\x122\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.berth.v1.ReadFileHeaderH\x00R\x06header\x12\x16\n" +
-	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
-	"\x04part\"\xb4\x02\n" +
+	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunk\x127\n" +
+	"\topen_file\x18\x03 \x01(\v2\x18.berth.agent.v1.OpenFileH\x00R\bopenFileB\x06\n" +
+	"\x04part\">\n" +
+	"\bOpenFile\x12\x0e\n" +
+	"\x02fd\x18\x01 \x01(\x05R\x02fd\x12\x10\n" +
+	"\x03dev\x18\x02 \x01(\x04R\x03dev\x12\x10\n" +
+	"\x03ino\x18\x03 \x01(\x04R\x03ino\"\xb4\x02\n" +
 	"\x0fWriteFileHeader\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\fR\x04path\x12\x17\n" +
 	"\x04mode\x18\x02 \x01(\rH\x00R\x04mode\x88\x01\x01\x12\x15\n" +
@@ -1363,73 +1469,75 @@ func file_berth_agent_v1_file_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_file_proto_rawDescData
 }
 
-var file_berth_agent_v1_file_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_berth_agent_v1_file_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_berth_agent_v1_file_proto_goTypes = []any{
 	(*ReadFileRequest)(nil),      // 0: berth.agent.v1.ReadFileRequest
 	(*ReadFileResponse)(nil),     // 1: berth.agent.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),      // 2: berth.agent.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),     // 3: berth.agent.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),    // 4: berth.agent.v1.WriteFileResponse
-	(*StatRequest)(nil),          // 5: berth.agent.v1.StatRequest
-	(*StatResponse)(nil),         // 6: berth.agent.v1.StatResponse
-	(*ListDirRequest)(nil),       // 7: berth.agent.v1.ListDirRequest
-	(*ListDirResponse)(nil),      // 8: berth.agent.v1.ListDirResponse
-	(*MakeDirRequest)(nil),       // 9: berth.agent.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),      // 10: berth.agent.v1.MakeDirResponse
-	(*RemoveRequest)(nil),        // 11: berth.agent.v1.RemoveRequest
-	(*RemoveResponse)(nil),       // 12: berth.agent.v1.RemoveResponse
-	(*RenameRequest)(nil),        // 13: berth.agent.v1.RenameRequest
-	(*RenameResponse)(nil),       // 14: berth.agent.v1.RenameResponse
-	(*UploadHeader)(nil),         // 15: berth.agent.v1.UploadHeader
-	(*UploadRequest)(nil),        // 16: berth.agent.v1.UploadRequest
-	(*UploadResponse)(nil),       // 17: berth.agent.v1.UploadResponse
-	(*DownloadRequest)(nil),      // 18: berth.agent.v1.DownloadRequest
-	(*DownloadResponse)(nil),     // 19: berth.agent.v1.DownloadResponse
-	(*v1.ReadFileHeader)(nil),    // 20: berth.v1.ReadFileHeader
-	(v1.WriteMode)(0),            // 21: berth.v1.WriteMode
-	(*v1.WriteFileResponse)(nil), // 22: berth.v1.WriteFileResponse
-	(*v1.FileInfo)(nil),          // 23: berth.v1.FileInfo
-	(*v1.ListDirResponse)(nil),   // 24: berth.v1.ListDirResponse
-	(v1.Compression)(0),          // 25: berth.v1.Compression
-	(*v1.UploadResponse)(nil),    // 26: berth.v1.UploadResponse
-	(*v1.DownloadSummary)(nil),   // 27: berth.v1.DownloadSummary
+	(*OpenFile)(nil),             // 2: berth.agent.v1.OpenFile
+	(*WriteFileHeader)(nil),      // 3: berth.agent.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),     // 4: berth.agent.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),    // 5: berth.agent.v1.WriteFileResponse
+	(*StatRequest)(nil),          // 6: berth.agent.v1.StatRequest
+	(*StatResponse)(nil),         // 7: berth.agent.v1.StatResponse
+	(*ListDirRequest)(nil),       // 8: berth.agent.v1.ListDirRequest
+	(*ListDirResponse)(nil),      // 9: berth.agent.v1.ListDirResponse
+	(*MakeDirRequest)(nil),       // 10: berth.agent.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),      // 11: berth.agent.v1.MakeDirResponse
+	(*RemoveRequest)(nil),        // 12: berth.agent.v1.RemoveRequest
+	(*RemoveResponse)(nil),       // 13: berth.agent.v1.RemoveResponse
+	(*RenameRequest)(nil),        // 14: berth.agent.v1.RenameRequest
+	(*RenameResponse)(nil),       // 15: berth.agent.v1.RenameResponse
+	(*UploadHeader)(nil),         // 16: berth.agent.v1.UploadHeader
+	(*UploadRequest)(nil),        // 17: berth.agent.v1.UploadRequest
+	(*UploadResponse)(nil),       // 18: berth.agent.v1.UploadResponse
+	(*DownloadRequest)(nil),      // 19: berth.agent.v1.DownloadRequest
+	(*DownloadResponse)(nil),     // 20: berth.agent.v1.DownloadResponse
+	(*v1.ReadFileHeader)(nil),    // 21: berth.v1.ReadFileHeader
+	(v1.WriteMode)(0),            // 22: berth.v1.WriteMode
+	(*v1.WriteFileResponse)(nil), // 23: berth.v1.WriteFileResponse
+	(*v1.FileInfo)(nil),          // 24: berth.v1.FileInfo
+	(*v1.ListDirResponse)(nil),   // 25: berth.v1.ListDirResponse
+	(v1.Compression)(0),          // 26: berth.v1.Compression
+	(*v1.UploadResponse)(nil),    // 27: berth.v1.UploadResponse
+	(*v1.DownloadSummary)(nil),   // 28: berth.v1.DownloadSummary
 }
 var file_berth_agent_v1_file_proto_depIdxs = []int32{
-	20, // 0: berth.agent.v1.ReadFileResponse.header:type_name -> berth.v1.ReadFileHeader
-	21, // 1: berth.agent.v1.WriteFileHeader.write_mode:type_name -> berth.v1.WriteMode
-	2,  // 2: berth.agent.v1.WriteFileRequest.header:type_name -> berth.agent.v1.WriteFileHeader
-	22, // 3: berth.agent.v1.WriteFileResponse.result:type_name -> berth.v1.WriteFileResponse
-	23, // 4: berth.agent.v1.StatResponse.info:type_name -> berth.v1.FileInfo
-	24, // 5: berth.agent.v1.ListDirResponse.batch:type_name -> berth.v1.ListDirResponse
-	23, // 6: berth.agent.v1.MakeDirResponse.info:type_name -> berth.v1.FileInfo
-	25, // 7: berth.agent.v1.UploadHeader.compression:type_name -> berth.v1.Compression
-	15, // 8: berth.agent.v1.UploadRequest.header:type_name -> berth.agent.v1.UploadHeader
-	26, // 9: berth.agent.v1.UploadResponse.result:type_name -> berth.v1.UploadResponse
-	25, // 10: berth.agent.v1.DownloadRequest.compression:type_name -> berth.v1.Compression
-	27, // 11: berth.agent.v1.DownloadResponse.summary:type_name -> berth.v1.DownloadSummary
-	0,  // 12: berth.agent.v1.FileService.ReadFile:input_type -> berth.agent.v1.ReadFileRequest
-	3,  // 13: berth.agent.v1.FileService.WriteFile:input_type -> berth.agent.v1.WriteFileRequest
-	5,  // 14: berth.agent.v1.FileService.Stat:input_type -> berth.agent.v1.StatRequest
-	7,  // 15: berth.agent.v1.FileService.ListDir:input_type -> berth.agent.v1.ListDirRequest
-	9,  // 16: berth.agent.v1.FileService.MakeDir:input_type -> berth.agent.v1.MakeDirRequest
-	11, // 17: berth.agent.v1.FileService.Remove:input_type -> berth.agent.v1.RemoveRequest
-	13, // 18: berth.agent.v1.FileService.Rename:input_type -> berth.agent.v1.RenameRequest
-	16, // 19: berth.agent.v1.FileService.Upload:input_type -> berth.agent.v1.UploadRequest
-	18, // 20: berth.agent.v1.FileService.Download:input_type -> berth.agent.v1.DownloadRequest
-	1,  // 21: berth.agent.v1.FileService.ReadFile:output_type -> berth.agent.v1.ReadFileResponse
-	4,  // 22: berth.agent.v1.FileService.WriteFile:output_type -> berth.agent.v1.WriteFileResponse
-	6,  // 23: berth.agent.v1.FileService.Stat:output_type -> berth.agent.v1.StatResponse
-	8,  // 24: berth.agent.v1.FileService.ListDir:output_type -> berth.agent.v1.ListDirResponse
-	10, // 25: berth.agent.v1.FileService.MakeDir:output_type -> berth.agent.v1.MakeDirResponse
-	12, // 26: berth.agent.v1.FileService.Remove:output_type -> berth.agent.v1.RemoveResponse
-	14, // 27: berth.agent.v1.FileService.Rename:output_type -> berth.agent.v1.RenameResponse
-	17, // 28: berth.agent.v1.FileService.Upload:output_type -> berth.agent.v1.UploadResponse
-	19, // 29: berth.agent.v1.FileService.Download:output_type -> berth.agent.v1.DownloadResponse
-	21, // [21:30] is the sub-list for method output_type
-	12, // [12:21] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	21, // 0: berth.agent.v1.ReadFileResponse.header:type_name -> berth.v1.ReadFileHeader
+	2,  // 1: berth.agent.v1.ReadFileResponse.open_file:type_name -> berth.agent.v1.OpenFile
+	22, // 2: berth.agent.v1.WriteFileHeader.write_mode:type_name -> berth.v1.WriteMode
+	3,  // 3: berth.agent.v1.WriteFileRequest.header:type_name -> berth.agent.v1.WriteFileHeader
+	23, // 4: berth.agent.v1.WriteFileResponse.result:type_name -> berth.v1.WriteFileResponse
+	24, // 5: berth.agent.v1.StatResponse.info:type_name -> berth.v1.FileInfo
+	25, // 6: berth.agent.v1.ListDirResponse.batch:type_name -> berth.v1.ListDirResponse
+	24, // 7: berth.agent.v1.MakeDirResponse.info:type_name -> berth.v1.FileInfo
+	26, // 8: berth.agent.v1.UploadHeader.compression:type_name -> berth.v1.Compression
+	16, // 9: berth.agent.v1.UploadRequest.header:type_name -> berth.agent.v1.UploadHeader
+	27, // 10: berth.agent.v1.UploadResponse.result:type_name -> berth.v1.UploadResponse
+	26, // 11: berth.agent.v1.DownloadRequest.compression:type_name -> berth.v1.Compression
+	28, // 12: berth.agent.v1.DownloadResponse.summary:type_name -> berth.v1.DownloadSummary
+	0,  // 13: berth.agent.v1.FileService.ReadFile:input_type -> berth.agent.v1.ReadFileRequest
+	4,  // 14: berth.agent.v1.FileService.WriteFile:input_type -> berth.agent.v1.WriteFileRequest
+	6,  // 15: berth.agent.v1.FileService.Stat:input_type -> berth.agent.v1.StatRequest
+	8,  // 16: berth.agent.v1.FileService.ListDir:input_type -> berth.agent.v1.ListDirRequest
+	10, // 17: berth.agent.v1.FileService.MakeDir:input_type -> berth.agent.v1.MakeDirRequest
+	12, // 18: berth.agent.v1.FileService.Remove:input_type -> berth.agent.v1.RemoveRequest
+	14, // 19: berth.agent.v1.FileService.Rename:input_type -> berth.agent.v1.RenameRequest
+	17, // 20: berth.agent.v1.FileService.Upload:input_type -> berth.agent.v1.UploadRequest
+	19, // 21: berth.agent.v1.FileService.Download:input_type -> berth.agent.v1.DownloadRequest
+	1,  // 22: berth.agent.v1.FileService.ReadFile:output_type -> berth.agent.v1.ReadFileResponse
+	5,  // 23: berth.agent.v1.FileService.WriteFile:output_type -> berth.agent.v1.WriteFileResponse
+	7,  // 24: berth.agent.v1.FileService.Stat:output_type -> berth.agent.v1.StatResponse
+	9,  // 25: berth.agent.v1.FileService.ListDir:output_type -> berth.agent.v1.ListDirResponse
+	11, // 26: berth.agent.v1.FileService.MakeDir:output_type -> berth.agent.v1.MakeDirResponse
+	13, // 27: berth.agent.v1.FileService.Remove:output_type -> berth.agent.v1.RemoveResponse
+	15, // 28: berth.agent.v1.FileService.Rename:output_type -> berth.agent.v1.RenameResponse
+	18, // 29: berth.agent.v1.FileService.Upload:output_type -> berth.agent.v1.UploadResponse
+	20, // 30: berth.agent.v1.FileService.Download:output_type -> berth.agent.v1.DownloadResponse
+	22, // [22:31] is the sub-list for method output_type
+	13, // [13:22] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_file_proto_init() }
@@ -1440,18 +1548,19 @@ func file_berth_agent_v1_file_proto_init() {
 	file_berth_agent_v1_file_proto_msgTypes[1].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
+		(*ReadFileResponse_OpenFile)(nil),
 	}
-	file_berth_agent_v1_file_proto_msgTypes[2].OneofWrappers = []any{}
-	file_berth_agent_v1_file_proto_msgTypes[3].OneofWrappers = []any{
+	file_berth_agent_v1_file_proto_msgTypes[3].OneofWrappers = []any{}
+	file_berth_agent_v1_file_proto_msgTypes[4].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
-	file_berth_agent_v1_file_proto_msgTypes[9].OneofWrappers = []any{}
-	file_berth_agent_v1_file_proto_msgTypes[16].OneofWrappers = []any{
+	file_berth_agent_v1_file_proto_msgTypes[10].OneofWrappers = []any{}
+	file_berth_agent_v1_file_proto_msgTypes[17].OneofWrappers = []any{
 		(*UploadRequest_Header)(nil),
 		(*UploadRequest_Chunk)(nil),
 	}
-	file_berth_agent_v1_file_proto_msgTypes[19].OneofWrappers = []any{
+	file_berth_agent_v1_file_proto_msgTypes[20].OneofWrappers = []any{
 		(*DownloadResponse_Chunk)(nil),
 		(*DownloadResponse_Summary)(nil),
 	}
@@ -1461,7 +1570,7 @@ func file_berth_agent_v1_file_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_file_proto_rawDesc), len(file_berth_agent_v1_file_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
