@@ -227,6 +227,10 @@ func BenchmarkSideBySide(b *testing.B) {
 		benchSnapshot(b)
 	})
 
+	b.Run("fork", func(b *testing.B) {
+		benchFork(b)
+	})
+
 	b.Run("create", func(b *testing.B) {
 		measure(b, "create/berth-cold", 0, func(b *testing.B) sample {
 			return createFirstExec(b, env.sandboxes, nil, nil)
