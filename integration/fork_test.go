@@ -94,6 +94,9 @@ func TestForkSandbox(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	count, mib := forkEnvInt(t, "BERTH_FORK_COUNT", 3), forkEnvInt(t, "BERTH_FORK_MIB", 32)
+	if count < 2 {
+		t.Fatalf("BERTH_FORK_COUNT=%d: the test compares two children, want at least 2", count)
+	}
 	req := &berthv1.CreateSandboxRequest{Env: map[string]string{"FORK_ENV": "from the parent"}, Labels: map[string]string{"team": "a"}}
 	if testDiskQuota() > 0 {
 		req.Resources = &berthv1.Resources{DiskBytes: max(testDiskQuota(), uint64(2*mib)<<20)}
@@ -237,28 +240,6 @@ func TestForkAllOrNothing(t *testing.T) {
 	}
 	if copies := forkCopies(t, e.ns); len(copies) != 0 {
 		t.Errorf("fork copies %v left after the failed fork", copies)
-	}
-}
-
-// TestForkOwnership: another principal cannot fork a sandbox: NOT_FOUND,
-// nothing made.
-func TestForkOwnership(t *testing.T) {
-	need(t)
-	a := startAuthServer(t)
-	alice, bob := berthv1.NewSandboxServiceClient(a.conn(t, aliceToken)), berthv1.NewSandboxServiceClient(a.conn(t, bobToken))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	created, err := alice.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.GetSandbox().GetId()
-	t.Cleanup(func() { alice.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id}) })
-	if _, err := bob.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1}); status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonSandboxNotFound {
-		t.Errorf("bob's ForkSandbox of alice's sandbox: %v, want NOT_FOUND SANDBOX_NOT_FOUND", err)
-	}
-	if list, err := bob.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{}); err != nil || len(list.GetSandboxes()) != 0 {
-		t.Errorf("bob's sandboxes after the refused fork: %v, %v; want none", list.GetSandboxes(), err)
 	}
 }
 
