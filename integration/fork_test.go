@@ -219,6 +219,40 @@ func TestForkSandbox(t *testing.T) {
 	}
 }
 
+// TestForkOfForkReclaims: a fork of a forked sandbox rests on both copies;
+// each copy goes only with the last sandbox resting on it, the first
+// one's included once the grandchild, its last holder, is deleted.
+func TestForkOfForkReclaims(t *testing.T) {
+	need(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	before := forkCopies(t, env.namespace)
+	pid := newSandbox(t, nil).GetId()
+	shellOut(t, svc, pid, "echo one >/workspace/f")
+	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
+	shellOut(t, svc, child, "echo two >>/workspace/f")
+	grandchild := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: child, Count: 1})[0].GetId()
+	if got := shellOut(t, svc, grandchild, "cat /workspace/f"); got != "one\ntwo\n" {
+		t.Errorf("grandchild's file %q, want one and two", got)
+	}
+	if n := len(forkCopies(t, env.namespace)) - len(before); n != 2 {
+		t.Fatalf("%d new fork copies after two forks, want 2", n)
+	}
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: child}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(forkCopies(t, env.namespace)) - len(before); n != 2 {
+		t.Errorf("%d new fork copies after deleting the child, want 2 (the grandchild rests on both)", n)
+	}
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: grandchild}); err != nil {
+		t.Fatal(err)
+	}
+	if left := forkCopies(t, env.namespace); !slices.Equal(left, before) {
+		t.Errorf("fork copies %v after deleting the grandchild, want %v (both removed)", left, before)
+	}
+}
+
 // TestForkAllOrNothing: a fork whose last child the principal's sandbox
 // cap refuses fails as that create does and leaves no child, nor its copy.
 func TestForkAllOrNothing(t *testing.T) {
