@@ -227,6 +227,10 @@ func BenchmarkSideBySide(b *testing.B) {
 		benchSnapshot(b)
 	})
 
+	b.Run("fork", func(b *testing.B) {
+		benchFork(b)
+	})
+
 	b.Run("create", func(b *testing.B) {
 		measure(b, "create/berth-cold", 0, func(b *testing.B) sample {
 			return createFirstExec(b, env.sandboxes, nil, nil)
@@ -912,6 +916,15 @@ func benchPause(b *testing.B, c *client.Client, id string, ctr *ctrExec) {
 // /workspace before it is snapshotted.
 const snapshotBytes = 256 << 20
 
+// hostShell runs sh -c script with args as $1... on the host, failing b
+// unless it exits 0.
+func hostShell(b testing.TB, script string, args ...string) {
+	b.Helper()
+	if out, err := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...).CombinedOutput(); err != nil {
+		b.Fatalf("%s: %v: %s", script, err, out)
+	}
+}
+
 // benchSnapshot is BenchmarkSideBySide's snapshot group: CreateSnapshot of
 // a sandbox with 256 MiB of random data in /workspace (written out before
 // the clock starts; the snapshot's deletion is off the clock), beside
@@ -943,11 +956,7 @@ func benchSnapshot(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	sh := func(script string, args ...string) {
-		if out, err := exec.Command("sh", append([]string{"-c", script, "sh"}, args...)...).CombinedOutput(); err != nil {
-			b.Fatalf("%s: %v: %s", script, err, out)
-		}
-	}
+	sh := func(script string, args ...string) { hostShell(b, script, args...) }
 	sub, snap, cp := filepath.Join(dir, "sub"), filepath.Join(dir, "snap"), filepath.Join(dir, "copy")
 	sh(`btrfs -q subvolume create "$1" && head -c "$2" /dev/urandom > "$1/data.bin" && sync -f "$1"`, sub, strconv.Itoa(snapshotBytes))
 	defer exec.Command("btrfs", "-q", "subvolume", "delete", sub).Run()

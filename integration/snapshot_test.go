@@ -194,7 +194,8 @@ func TestSnapshotOfPausedSandbox(t *testing.T) {
 }
 
 // TestSnapshotOwnership: another principal's snapshot is NOT_FOUND to
-// every call, and missing from their list.
+// every call, and missing from their list; another principal's sandbox
+// cannot be snapshotted nor forked (NOT_FOUND, nothing made).
 func TestSnapshotOwnership(t *testing.T) {
 	need(t)
 	a := startAuthServer(t)
@@ -209,6 +210,12 @@ func TestSnapshotOwnership(t *testing.T) {
 	t.Cleanup(func() { alice.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id}) })
 	if _, err := bob.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: id}); status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonSandboxNotFound {
 		t.Errorf("bob's CreateSnapshot of alice's sandbox: %v, want NOT_FOUND SANDBOX_NOT_FOUND", err)
+	}
+	if _, err := bob.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1}); status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonSandboxNotFound {
+		t.Errorf("bob's ForkSandbox of alice's sandbox: %v, want NOT_FOUND SANDBOX_NOT_FOUND", err)
+	}
+	if list, err := bob.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{}); err != nil || len(list.GetSandboxes()) != 0 {
+		t.Errorf("bob's sandboxes after the refused fork: %v, %v; want none", list.GetSandboxes(), err)
 	}
 	snap := createSnapshotOn(t, alice, id, nil)
 	if snap.GetOwner() != "alice" {

@@ -10,7 +10,9 @@
 # sandbox's network namespace; CreateSnapshot of a sandbox with 256 MiB
 # written beside `btrfs subvolume snapshot -r` and `cp -a --reflink=never`
 # of the same data, and create to first exec from that snapshot beside a
-# cold create; create to first exec beside `ctr run --rm`,
+# cold create; ForkSandbox of 1 and of 10 children of a sandbox with 1 GiB
+# written beside a cold CreateSandbox and `cp -a --reflink=never` of the
+# same data; create to first exec beside `ctr run --rm`,
 # for the base image and for a real Debian image (scripts/debian-image.sh,
 # built once into the cache), cold and from a warm pool, with the disk each
 # Debian sandbox takes. It is integration.BenchmarkSideBySide: go test -bench
@@ -26,6 +28,8 @@
 #   BENCH_TIME   go test -benchtime per sub-benchmark (default 2s)
 #   BERTH_BENCH_STDOUT_BYTES  bytes the stdout benchmarks stream
 #                (default 67108864)
+#   BERTH_BENCH_FORK_BYTES  bytes the fork group's parent has written
+#                (default 1073741824)
 #   BERTH_SNAPSHOTTER  the sandboxes' snapshotter, as for the integration
 #                tests (default btrfs with quotas; overlayfs puts sandbox
 #                and host files on containerd's root file system)

@@ -49,6 +49,10 @@ func (s *Service) DeleteSnapshot(ctx context.Context, req *berthv1.DeleteSnapsho
 	return s.sandboxes.DeleteSnapshot(ctx, req)
 }
 
+func (s *Service) ForkSandbox(ctx context.Context, req *berthv1.ForkSandboxRequest) (*berthv1.ForkSandboxResponse, error) {
+	return s.sandboxes.ForkSandbox(ctx, req)
+}
+
 func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error { return s.execs.Exec(stream) }
 
 func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {

@@ -20,7 +20,7 @@ import (
 func newSandboxCmd(g *globals) *cobra.Command {
 	cmd := newGroupCmd("sandbox", "Create, list, inspect and delete sandboxes", "sb")
 	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g), newSandboxKeepAliveCmd(g),
-		newSandboxFreezeCmd(g, true), newSandboxFreezeCmd(g, false))
+		newSandboxFreezeCmd(g, true), newSandboxFreezeCmd(g, false), newSandboxForkCmd(g))
 	return cmd
 }
 

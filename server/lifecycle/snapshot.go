@@ -18,6 +18,8 @@ type snapshots interface {
 	GetSnapshot(ctx context.Context, snapID string) (runtime.Snapshot, error)
 	ListSnapshots(ctx context.Context, sees func(owner string) bool) ([]runtime.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, snapID string) error
+	ForkSnapshot(ctx context.Context, id, owner string, freeze func(context.Context) (func(), error)) (string, func(context.Context), error)
+	SandboxEnv(ctx context.Context, id string) (map[string]string, error)
 }
 
 // snapshotStore returns the Manager's store as a snapshots, or an error
@@ -58,7 +60,16 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 			return runtime.Snapshot{}, fmt.Errorf("%w: principal %s holds %d snapshots, at most %d (--max-snapshots-per-principal); delete one first", runtime.ErrSnapshotLimit, p.Name, len(held), limit)
 		}
 	}
-	freeze := func(ctx context.Context) (func(), error) {
+	return st.CreateSnapshot(ctx, id, p.Name, labels, m.freezer(id, "snapshot"))
+}
+
+// freezer returns the freeze of sandbox id for a copy of its root
+// (runtime.Runtime.CreateSnapshot's freeze): it pauses the sandbox and
+// returns the function that resumes it, or, for a sandbox paused already,
+// one that leaves it paused. what names the copy in messages ("snapshot",
+// "fork"). The caller holds the sandbox's lifecycle lock.
+func (m *Manager) freezer(id, what string) func(context.Context) (func(), error) {
+	return func(ctx context.Context) (func(), error) {
 		if m.reach.Paused(id) {
 			return func() {}, nil
 		}
@@ -68,20 +79,19 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 			// stays running), as nobody asked for it paused.
 			if ctx.Err() != nil {
 				if rerr := m.reach.Resume(context.WithoutCancel(ctx), id); rerr != nil {
-					m.log.Error("resume after a cancelled pause for a snapshot failed; the sandbox may stay frozen (ResumeSandbox thaws it)", slog.String("sandbox_id", id), slog.Any("error", rerr))
+					m.log.Error("resume after a cancelled pause for a "+what+" failed; the sandbox may stay frozen (ResumeSandbox thaws it)", slog.String("sandbox_id", id), slog.Any("error", rerr))
 				}
 			}
-			return nil, fmt.Errorf("pause sandbox %s for its snapshot: %w", id, err)
+			return nil, fmt.Errorf("pause sandbox %s for its %s: %w", id, what, err)
 		}
 		paused := time.Now()
 		return func() {
-			m.log.InfoContext(ctx, "sandbox paused for its snapshot", slog.String("sandbox_id", id), slog.Duration("frozen", time.Since(paused)))
+			m.log.InfoContext(ctx, "sandbox paused for its "+what, slog.String("sandbox_id", id), slog.Duration("frozen", time.Since(paused)))
 			if err := m.reach.Resume(context.WithoutCancel(ctx), id); err != nil {
-				m.log.Error("resume after a snapshot failed; the sandbox stays paused (ResumeSandbox or any call resumes it)", slog.String("sandbox_id", id), slog.Any("error", err))
+				m.log.Error("resume after a "+what+" failed; the sandbox stays paused (ResumeSandbox or any call resumes it)", slog.String("sandbox_id", id), slog.Any("error", err))
 			}
 		}, nil
 	}
-	return st.CreateSnapshot(ctx, id, p.Name, labels, freeze)
 }
 
 // snapshotLock returns the lock of principal's snapshot count.

@@ -162,6 +162,13 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	if s.FromSnapshot != "" {
 		labels[labelFromSnapshot] = s.FromSnapshot
 	}
+	if s.Fork.Parent != "" {
+		labels[labelForkOf] = s.Fork.Parent
+		labels[labelForkCount] = strconv.Itoa(s.Fork.Count)
+		if s.Fork.RequestID != "" {
+			labels[labelForkRequest] = s.Fork.RequestID
+		}
+	}
 	if len(s.Env) > 0 {
 		labels[labelEnvKeys] = EnvKeysJSON(s.Env)
 		labels[labelEnvHash] = EnvDigest(s.Env)
@@ -205,6 +212,10 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	sb.Expired = labels[labelExpired]
 	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
 	sb.FromSnapshot = labels[labelFromSnapshot]
+	if sb.Fork.Parent = labels[labelForkOf]; sb.Fork.Parent != "" {
+		sb.Fork.RequestID = labels[labelForkRequest]
+		sb.Fork.Count, _ = strconv.Atoi(labels[labelForkCount])
+	}
 	sb.IdleAction = IdleDelete
 	if labels[labelIdleAction] == IdlePause {
 		sb.IdleAction = IdlePause
@@ -228,7 +239,7 @@ func (sb Sandbox) Spec() SandboxSpec {
 		HostUsers: sb.HostUsers, Runtime: sb.Runtime,
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
-		Network: sb.Network, IdleAction: sb.IdleAction, FromSnapshot: sb.FromSnapshot,
+		Network: sb.Network, IdleAction: sb.IdleAction, FromSnapshot: sb.FromSnapshot, Fork: sb.Fork,
 	}
 }
 

@@ -398,6 +398,19 @@ type SandboxSpec struct {
 	// IdleAction is what the idle timeout does: IdleDelete (also for "")
 	// or IdlePause. The runtime only records it.
 	IdleAction string
+	// Fork records, on a sandbox ForkSandbox makes, the call that made
+	// it; the zero value for any other sandbox. Not part of Digest.
+	Fork ForkOrigin
+}
+
+// ForkOrigin is the ForkSandbox call a sandbox comes from.
+type ForkOrigin struct {
+	// Parent is the id of the sandbox forked.
+	Parent string
+	// RequestID is the call's request_id ("" for none).
+	RequestID string
+	// Count is how many children the call made.
+	Count int
 }
 
 // Idle actions of SandboxSpec.IdleAction.
@@ -460,8 +473,9 @@ type Sandbox struct {
 	Paused bool
 	// IdleAction is as in SandboxSpec, IdleDelete when none was recorded.
 	IdleAction string
-	// FromSnapshot is as in SandboxSpec.
+	// FromSnapshot and Fork are as in SandboxSpec.
 	FromSnapshot string
+	Fork         ForkOrigin
 	// TaskPID is the task's host pid; zero when there is no task.
 	TaskPID uint32
 	// SocketPath is the host path of the agent's socket.
@@ -1044,6 +1058,9 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 		return fmt.Errorf("load container %s: %w", id, err)
 	}
 	c.changes()
+	// A forked sandbox's snapshot rests on the fork's copy, which goes
+	// with the last sandbox resting on it.
+	parent := r.snapshotParentOf(ctx, id)
 	// A create of the container still under way may start its task
 	// between the two deletes (containerd then refuses the container's
 	// delete as FAILED_PRECONDITION): delete that task too.
@@ -1068,7 +1085,10 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 	if err := r.removeSnapshot(ctx, id); err != nil {
 		return err
 	}
-	return r.removeHostDir(id)
+	if err := r.removeHostDir(id); err != nil {
+		return err
+	}
+	return r.reclaimForks(ctx, parent)
 }
 
 // deleteTask kills and deletes the container's task, if any. A task whose

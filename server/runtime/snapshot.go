@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -120,13 +121,9 @@ func (r *Runtime) snapshotsSupported() error {
 }
 
 // CreateSnapshot stores a crash-consistent copy of sandbox id's root file
-// system owned by owner with labels. freeze is called once everything is
-// ready: it pauses the sandbox's processes and returns the function that
-// undoes that; between the two, the file system is synced (syncfs(2)) and
-// the sandbox's writable subvolume snapshotted (btrfs subvolume snapshot),
-// nothing else. Errors: ErrSandboxNotFound, ErrSnapshotUnsupported (not
-// btrfs, or a sandbox without an idmapped root), freeze's, containerd's
-// and btrfs's.
+// system owned by owner with labels (copyRoot says how it is taken).
+// Errors: ErrSandboxNotFound, ErrSnapshotUnsupported (not btrfs, or a
+// sandbox without an idmapped root), freeze's, containerd's and btrfs's.
 func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels map[string]string, freeze func(context.Context) (func(), error)) (_ Snapshot, err error) {
 	c := r.begin(ctx, "snapshot sandbox "+id)
 	defer c.end(&err)
@@ -137,34 +134,55 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	if err != nil {
 		return Snapshot{}, err
 	}
-	sb, err := r.Get(ctx, id)
-	if err != nil {
-		return Snapshot{}, err
-	}
-	if sb.RootFS != RootFSIDMapped {
-		return Snapshot{}, fmt.Errorf("%w: sandbox %s's root is not idmapped (%s): its files are stored under host ids, which another sandbox could not share", ErrSnapshotUnsupported, id, rootFSName(sb.RootFS))
-	}
-	root, err := r.btrfsRoot(ctx)
-	if err != nil {
-		return Snapshot{}, err
-	}
-	sn := r.client.SnapshotService(r.cfg.Snapshotter)
-	info, err := sn.Stat(ctx, id)
-	if err != nil {
-		return Snapshot{}, fmt.Errorf("snapshot of sandbox %s: %w", id, err)
-	}
-	c.changes()
 	ctx, done, err := r.withLease(ctx, time.Hour)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("lease for the snapshot: %w", err)
 	}
 	defer done(context.WithoutCancel(ctx))
+	snapID := newStoredID("snap-")
+	if err := r.copyRoot(ctx, c, id, snapshotKeyPrefix+snapID, owner, freeze, map[string]string{
+		labelGCRoot:         time.Now().UTC().Format(time.RFC3339Nano),
+		labelSnapshotLabels: userLabels,
+	}); err != nil {
+		return Snapshot{}, err
+	}
+	return r.getSnapshot(context.WithoutCancel(ctx), snapID)
+}
 
-	snapID := newSnapshotID()
-	key := snapshotKeyPrefix + snapID
+// copyRoot commits a crash-consistent copy of sandbox id's root file
+// system as snapshot key of the btrfs snapshotter, parent the sandbox's
+// image, labelled with owner, the source, its image, the time and extra.
+// ctx must carry a lease: until the copy has another holder (a gc.root
+// label, a sandbox made from it) only the lease keeps it. freeze is called
+// once everything is ready: it pauses the sandbox's processes and returns
+// the function that undoes that; between the two, the file system is
+// synced (syncfs(2)) and the sandbox's writable subvolume snapshotted
+// (btrfs subvolume snapshot), nothing else. Errors: ErrSandboxNotFound,
+// ErrSnapshotUnsupported, freeze's, containerd's and btrfs's.
+func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, freeze func(context.Context) (func(), error), extra map[string]string) error {
+	if err := r.snapshotsSupported(); err != nil {
+		return err
+	}
+	sb, err := r.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sb.RootFS != RootFSIDMapped {
+		return fmt.Errorf("%w: sandbox %s's root is not idmapped (%s): its files are stored under host ids, which another sandbox could not share", ErrSnapshotUnsupported, id, rootFSName(sb.RootFS))
+	}
+	root, err := r.btrfsRoot(ctx)
+	if err != nil {
+		return err
+	}
+	sn := r.client.SnapshotService(r.cfg.Snapshotter)
+	info, err := sn.Stat(ctx, id)
+	if err != nil {
+		return fmt.Errorf("snapshot of sandbox %s: %w", id, err)
+	}
+	c.changes()
 	tmp := key + "/preparing"
 	if _, err := sn.Prepare(ctx, tmp, info.Parent); err != nil {
-		return Snapshot{}, fmt.Errorf("prepare snapshot %s: %w", tmp, err)
+		return fmt.Errorf("prepare snapshot %s: %w", tmp, err)
 	}
 	committed := false
 	defer func() {
@@ -174,11 +192,11 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	}()
 	src, err := r.activeSubvolume(ctx, root, id)
 	if err != nil {
-		return Snapshot{}, err
+		return err
 	}
 	dst, err := r.activeSubvolume(ctx, root, tmp)
 	if err != nil {
-		return Snapshot{}, err
+		return err
 	}
 	// The copy is taken beside dst and put in its place only once it
 	// exists: deleting dst first would leave, on any failure after (the
@@ -189,11 +207,11 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	// Most dirty data goes out while the sandbox still runs; the syncfs
 	// under the freeze writes only what came after.
 	if err := syncfs(src); err != nil {
-		return Snapshot{}, err
+		return err
 	}
 	thaw, err := freeze(ctx)
 	if err != nil {
-		return Snapshot{}, err
+		return err
 	}
 	// Once the sandbox is frozen the caller's cancel no longer cuts the
 	// copy short (that would only lengthen the freeze and leave a
@@ -209,29 +227,29 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 		if _, serr := os.Stat(next); serr == nil {
 			_ = btrfs(context.WithoutCancel(ctx), "subvolume", "delete", next)
 		}
-		return Snapshot{}, err
+		return err
 	}
 	if err := btrfs(ctx, "subvolume", "delete", dst); err != nil {
 		_ = btrfs(context.WithoutCancel(ctx), "subvolume", "delete", next)
-		return Snapshot{}, err
+		return err
 	}
 	if err := os.Rename(next, dst); err != nil {
-		return Snapshot{}, fmt.Errorf("put the snapshot of sandbox %s in place: %w", id, err)
+		return fmt.Errorf("put the snapshot of sandbox %s in place: %w", id, err)
 	}
 	created := time.Now().UTC()
-	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(map[string]string{
-		labelGCRoot:          created.Format(time.RFC3339Nano),
+	labels := map[string]string{
 		labelSnapshotOwner:   owner,
 		labelSnapshotSource:  id,
 		labelSnapshotImage:   sb.Image,
 		labelSnapshotCreated: created.Format(time.RFC3339Nano),
-		labelSnapshotLabels:  userLabels,
 		labelSnapshotRootFS:  RootFSIDMapped,
-	})); err != nil {
-		return Snapshot{}, fmt.Errorf("commit snapshot %s: %w", key, err)
+	}
+	maps.Copy(labels, extra)
+	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(labels)); err != nil {
+		return fmt.Errorf("commit snapshot %s: %w", key, err)
 	}
 	committed = true
-	return r.getSnapshot(context.WithoutCancel(ctx), snapID)
+	return nil
 }
 
 // rootFSName names a sandbox's RootFS for messages.
@@ -317,7 +335,12 @@ func (r *Runtime) DeleteSnapshot(ctx context.Context, snapID string) (err error)
 		return err
 	}
 	c.changes()
+	parent := r.snapshotParentOf(ctx, snapshotKeyPrefix+snapID)
 	err = r.client.SnapshotService(r.cfg.Snapshotter).Remove(ctx, snapshotKeyPrefix+snapID)
+	if err == nil {
+		// A snapshot of a forked sandbox rests on the fork's copy.
+		return r.reclaimForks(ctx, parent)
+	}
 	switch {
 	case errdefs.IsNotFound(err):
 		return fmt.Errorf("%w: %s", ErrSnapshotNotFound, snapID)
@@ -331,7 +354,18 @@ func (r *Runtime) DeleteSnapshot(ctx context.Context, snapID string) (err error)
 
 // snapshotParent returns the snapshotter key a sandbox made from stored
 // snapshot snapID prepares its own snapshot from, and the snapshot's image.
+// snapID may also be a fork's copy (ForkSnapshot).
 func (r *Runtime) snapshotParent(ctx context.Context, snapID string) (string, error) {
+	if forkIDPattern.MatchString(snapID) {
+		_, err := r.client.SnapshotService(r.cfg.Snapshotter).Stat(ctx, snapshotKeyPrefix+snapID)
+		if errdefs.IsNotFound(err) {
+			return "", fmt.Errorf("%w: fork copy %s is gone", ErrSnapshotNotFound, snapID)
+		}
+		if err != nil {
+			return "", fmt.Errorf("stat fork copy %s: %w", snapID, err)
+		}
+		return snapshotKeyPrefix + snapID, nil
+	}
 	if _, err := r.getSnapshot(ctx, snapID); err != nil {
 		return "", err
 	}
@@ -392,9 +426,10 @@ func btrfs(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// newSnapshotID returns a new random snapshot id.
-func newSnapshotID() string {
+// newStoredID returns a new random id of a stored snapshot: prefix and 20
+// lowercase hex digits.
+func newStoredID(prefix string) string {
 	b := make([]byte, 10)
 	rand.Read(b) // never fails (crypto/rand)
-	return "snap-" + hex.EncodeToString(b)
+	return prefix + hex.EncodeToString(b)
 }

@@ -68,6 +68,7 @@ func (s *Service) Describe(sb runtime.Sandbox, info *agentv1.InfoResponse, usage
 		RootIdMapping: rootIDMapping(sb.RootFS),
 		Cpuset:        sb.CPUSet,
 		IdleAction:    berthv1.IdleAction_IDLE_ACTION_DELETE,
+		ForkedFrom:    sb.Fork.Parent,
 	}
 	if sb.IdleAction == runtime.IdlePause {
 		out.IdleAction = berthv1.IdleAction_IDLE_ACTION_PAUSE

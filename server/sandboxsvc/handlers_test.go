@@ -143,6 +143,12 @@ func (f *fakeStore) DeleteSnapshot(context.Context, string) error {
 	return runtime.ErrSnapshotUnsupported
 }
 
+func (f *fakeStore) ForkSnapshot(context.Context, string, string, func(context.Context) (func(), error)) (string, func(context.Context), error) {
+	return "", nil, runtime.ErrSnapshotUnsupported
+}
+
+func (f *fakeStore) SandboxEnv(context.Context, string) (map[string]string, error) { return nil, nil }
+
 func (f *fakeStore) ResolveImage(_ context.Context, ref string) (string, error) {
 	if !strings.Contains(ref, ":") {
 		ref += ":latest"
@@ -731,6 +737,35 @@ func TestCreateSnapshotLabelsFit(t *testing.T) {
 		if isBad := got.code == codes.InvalidArgument && got.meta["field"] == "labels"; isBad != c.bad {
 			t.Errorf("%s: %+v (%v), want INVALID_ARGUMENT labels: %v", c.name, got, err, c.bad)
 		}
+	}
+}
+
+// TestForkSandboxBounds: a count outside 1-16, an overlong request_id and a
+// malformed sandbox id are INVALID_ARGUMENT naming the field before the
+// sandbox is looked at; another principal's sandbox is NOT_FOUND.
+func TestForkSandboxBounds(t *testing.T) {
+	s, st := newHandlers(t)
+	id := "sb-forked"
+	st.put(runtime.SandboxSpec{ID: id, Image: "berth.dev/base:latest", Owner: "alice"})
+	for _, c := range []struct {
+		name  string
+		req   *berthv1.ForkSandboxRequest
+		field string
+	}{
+		{"count 0", &berthv1.ForkSandboxRequest{SandboxId: id}, "count"},
+		{"count 17", &berthv1.ForkSandboxRequest{SandboxId: id, Count: 17}, "count"},
+		{"request_id too long", &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, RequestId: strings.Repeat("r", 129)}, "request_id"},
+		{"bad sandbox_id", &berthv1.ForkSandboxRequest{SandboxId: "no/such", Count: 1}, "sandbox_id"},
+		{"bad label", &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Labels: map[string]string{"": "v"}}, "labels"},
+	} {
+		_, err := s.ForkSandbox(as(alice), c.req)
+		if got := answerOf(err); got.code != codes.InvalidArgument || got.meta["field"] != c.field {
+			t.Errorf("%s: %+v (%v), want INVALID_ARGUMENT %s", c.name, got, err, c.field)
+		}
+	}
+	_, err := s.ForkSandbox(as(bob), &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1})
+	if got := answerOf(err); got.code != codes.NotFound {
+		t.Errorf("bob's fork of alice's sandbox: %+v (%v), want NOT_FOUND", got, err)
 	}
 }
 

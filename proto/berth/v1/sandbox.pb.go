@@ -784,7 +784,10 @@ type Sandbox struct {
 	Cpuset string `protobuf:"bytes,31,opt,name=cpuset,proto3" json:"cpuset,omitempty"`
 	// idle_action is what the idle timeout does to the sandbox
 	// (CreateSandboxRequest.idle_action), never UNSPECIFIED.
-	IdleAction    IdleAction `protobuf:"varint,32,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
+	IdleAction IdleAction `protobuf:"varint,32,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
+	// forked_from is the id of the sandbox ForkSandbox made this one from;
+	// empty for a sandbox made otherwise.
+	ForkedFrom    string `protobuf:"bytes,33,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1041,6 +1044,13 @@ func (x *Sandbox) GetIdleAction() IdleAction {
 		return x.IdleAction
 	}
 	return IdleAction_IDLE_ACTION_UNSPECIFIED
+}
+
+func (x *Sandbox) GetForkedFrom() string {
+	if x != nil {
+		return x.ForkedFrom
+	}
+	return ""
 }
 
 // CreateSandboxRequest asks for a new sandbox.
@@ -2175,6 +2185,133 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
+// ForkSandboxRequest names the sandbox to fork and how many children to
+// make.
+type ForkSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the parent sandbox.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// count is how many children to make, 1 to 16.
+	Count uint32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// request_id makes the call idempotent: a repeated call by the same
+	// principal with the same request_id, sandbox_id, count and labels
+	// returns the same children (the child ids derive from the principal,
+	// the request_id and the child's index) and makes none; with another
+	// sandbox_id, count or labels it is ALREADY_EXISTS SANDBOX_EXISTS naming
+	// the differing fields. Empty: every call makes new children. At most
+	// 128 bytes, as CreateSandboxRequest.request_id.
+	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// labels are added to the parent's labels on every child (a key here
+	// wins); the result follows a sandbox's label rules.
+	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxRequest) Reset() {
+	*x = ForkSandboxRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxRequest) ProtoMessage() {}
+
+func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ForkSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *ForkSandboxRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+// ForkSandboxResponse returns the children.
+type ForkSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandboxes are the children, in index order.
+	Sandboxes     []*Sandbox `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxResponse) Reset() {
+	*x = ForkSandboxResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxResponse) ProtoMessage() {}
+
+func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ForkSandboxResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
 // KeepAliveRequest names the sandbox to keep.
 type KeepAliveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2190,7 +2327,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2339,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2352,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KeepAliveRequest) GetSandboxId() string {
@@ -2246,7 +2383,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2395,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2408,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
@@ -2320,7 +2457,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\x95\v\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xb6\v\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -2361,7 +2498,9 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x0froot_id_mapping\x18\x1e \x01(\x0e2\x17.berth.v1.RootIDMappingR\rrootIdMapping\x12\x16\n" +
 	"\x06cpuset\x18\x1f \x01(\tR\x06cpuset\x125\n" +
 	"\vidle_action\x18  \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
-	"idleAction\x1a9\n" +
+	"idleAction\x12\x1f\n" +
+	"\vforked_from\x18! \x01(\tR\n" +
+	"forkedFrom\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x06\n" +
@@ -2454,7 +2593,19 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"g\n" +
+	"\x16DeleteSnapshotResponse\"\xe5\x01\n" +
+	"\x12ForkSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\rR\x05count\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\x12@\n" +
+	"\x06labels\x18\x04 \x03(\v2(.berth.v1.ForkSandboxRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
+	"\x13ForkSandboxResponse\x12/\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x11.berth.v1.SandboxR\tsandboxes\"g\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
@@ -2488,7 +2639,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
 	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
-	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\x80\t\n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\xcc\t\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -2506,7 +2657,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12S\n" +
 	"\x0eCreateSnapshot\x12\x1f.berth.v1.CreateSnapshotRequest\x1a .berth.v1.CreateSnapshotResponse\x12P\n" +
 	"\rListSnapshots\x12\x1e.berth.v1.ListSnapshotsRequest\x1a\x1f.berth.v1.ListSnapshotsResponse\x12S\n" +
-	"\x0eDeleteSnapshot\x12\x1f.berth.v1.DeleteSnapshotRequest\x1a .berth.v1.DeleteSnapshotResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\x0eDeleteSnapshot\x12\x1f.berth.v1.DeleteSnapshotRequest\x1a .berth.v1.DeleteSnapshotResponse\x12J\n" +
+	"\vForkSandbox\x12\x1c.berth.v1.ForkSandboxRequest\x1a\x1d.berth.v1.ForkSandboxResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2521,7 +2673,7 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_berth_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),              // 0: berth.v1.SandboxState
 	(IdleAction)(0),                // 1: berth.v1.IdleAction
@@ -2552,102 +2704,109 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*ListSnapshotsResponse)(nil),  // 26: berth.v1.ListSnapshotsResponse
 	(*DeleteSnapshotRequest)(nil),  // 27: berth.v1.DeleteSnapshotRequest
 	(*DeleteSnapshotResponse)(nil), // 28: berth.v1.DeleteSnapshotResponse
-	(*KeepAliveRequest)(nil),       // 29: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),      // 30: berth.v1.KeepAliveResponse
-	nil,                            // 31: berth.v1.Sandbox.LabelsEntry
-	nil,                            // 32: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                            // 33: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                            // 34: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	nil,                            // 35: berth.v1.Snapshot.LabelsEntry
-	nil,                            // 36: berth.v1.CreateSnapshotRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
-	(*ExecRequest)(nil),            // 39: berth.v1.ExecRequest
-	(*RunRequest)(nil),             // 40: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),       // 41: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),      // 42: berth.v1.SignalExecRequest
-	(*PortForwardRequest)(nil),     // 43: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),           // 44: berth.v1.ExecResponse
-	(*RunResponse)(nil),            // 45: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),      // 46: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),     // 47: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),    // 48: berth.v1.PortForwardResponse
+	(*ForkSandboxRequest)(nil),     // 29: berth.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),    // 30: berth.v1.ForkSandboxResponse
+	(*KeepAliveRequest)(nil),       // 31: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),      // 32: berth.v1.KeepAliveResponse
+	nil,                            // 33: berth.v1.Sandbox.LabelsEntry
+	nil,                            // 34: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                            // 35: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                            // 36: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	nil,                            // 37: berth.v1.Snapshot.LabelsEntry
+	nil,                            // 38: berth.v1.CreateSnapshotRequest.LabelsEntry
+	nil,                            // 39: berth.v1.ForkSandboxRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 41: google.protobuf.Timestamp
+	(*ExecRequest)(nil),            // 42: berth.v1.ExecRequest
+	(*RunRequest)(nil),             // 43: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),       // 44: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),      // 45: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),     // 46: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),           // 47: berth.v1.ExecResponse
+	(*RunResponse)(nil),            // 48: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),      // 49: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),     // 50: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),    // 51: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
-	37, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	38, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	40, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	41, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	31, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	38, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	33, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	41, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
 	5,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	37, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	37, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	38, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	38, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	38, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	40, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	40, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	41, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	41, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	41, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
 	7,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
 	6,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
 	4,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
 	1,  // 17: berth.v1.Sandbox.idle_action:type_name -> berth.v1.IdleAction
-	32, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	34, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
 	5,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	33, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	37, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	37, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	35, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	40, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	40, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
 	6,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
 	1,  // 24: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
 	9,  // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
 	9,  // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	34, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	36, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
 	9,  // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
 	9,  // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
 	9,  // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	38, // 31: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
-	35, // 32: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
-	36, // 33: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
+	41, // 31: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	37, // 32: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
+	38, // 33: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
 	22, // 34: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
 	22, // 35: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
-	37, // 36: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	38, // 37: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	38, // 38: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 39: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	12, // 40: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	14, // 41: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	16, // 42: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	29, // 43: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	39, // 44: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	40, // 45: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	41, // 46: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	42, // 47: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	43, // 48: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	18, // 49: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	20, // 50: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 51: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	25, // 52: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	27, // 53: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	11, // 54: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	13, // 55: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	15, // 56: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	17, // 57: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	30, // 58: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	44, // 59: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	45, // 60: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	46, // 61: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	47, // 62: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	48, // 63: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	19, // 64: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	21, // 65: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 66: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	26, // 67: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	28, // 68: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	54, // [54:69] is the sub-list for method output_type
-	39, // [39:54] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	39, // 36: berth.v1.ForkSandboxRequest.labels:type_name -> berth.v1.ForkSandboxRequest.LabelsEntry
+	9,  // 37: berth.v1.ForkSandboxResponse.sandboxes:type_name -> berth.v1.Sandbox
+	40, // 38: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	41, // 39: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	41, // 40: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 41: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	12, // 42: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	14, // 43: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	16, // 44: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	31, // 45: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	42, // 46: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	43, // 47: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	44, // 48: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	45, // 49: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	46, // 50: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	18, // 51: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	20, // 52: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 53: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	25, // 54: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	27, // 55: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	29, // 56: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	11, // 57: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	13, // 58: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	15, // 59: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	17, // 60: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	32, // 61: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	47, // 62: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	48, // 63: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	49, // 64: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	50, // 65: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	51, // 66: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	19, // 67: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	21, // 68: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 69: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	26, // 70: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	28, // 71: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	30, // 72: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	57, // [57:73] is the sub-list for method output_type
+	41, // [41:57] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -2663,7 +2822,7 @@ func file_berth_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   32,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

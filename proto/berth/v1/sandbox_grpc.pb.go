@@ -34,6 +34,7 @@ const (
 	SandboxService_CreateSnapshot_FullMethodName = "/berth.v1.SandboxService/CreateSnapshot"
 	SandboxService_ListSnapshots_FullMethodName  = "/berth.v1.SandboxService/ListSnapshots"
 	SandboxService_DeleteSnapshot_FullMethodName = "/berth.v1.SandboxService/DeleteSnapshot"
+	SandboxService_ForkSandbox_FullMethodName    = "/berth.v1.SandboxService/ForkSandbox"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -166,6 +167,33 @@ type SandboxServiceClient interface {
 	// (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
 	// (SNAPSHOT_IN_USE) while a sandbox created from it exists.
 	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error)
+	// ForkSandbox makes count new sandboxes from a live sandbox's files as of
+	// one point in time: the parent is paused once (a paused one stays
+	// paused), its file system synced and its writable layer snapshotted
+	// (btrfs, copy-on-write), then resumed, and each child starts from a
+	// writable snapshot of that copy, so every write the parent saw complete
+	// before the call is in every child. Memory is not kept: each child's
+	// processes start anew. A child inherits the parent's create spec
+	// (image, resources, disk quota, user, workdir, env, runtime, network
+	// policy, idle timeout and action, maximum lifetime counted from its own
+	// creation, labels with the request's added) and gets its own id, user
+	// namespace range, network address and quota; it is owned by the caller
+	// and counts against the caller's limits like a CreateSandbox. The parent
+	// is not otherwise touched. All or nothing: when one child cannot be
+	// made, those already made are deleted and the call fails. The copy the
+	// children share is no snapshot of the caller's (not listed, not counted
+	// against --max-snapshots-per-principal); it is removed with the last
+	// sandbox resting on it. Idempotent by request_id. Errors:
+	// INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
+	// NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
+	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
+	// CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
+	// such as host_users or gVisor, a fleet), ALREADY_EXISTS
+	// (SANDBOX_EXISTS) when request_id named an earlier fork with other
+	// parameters (metadata "fields") or one whose children are not all
+	// there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
+	// FLEET_BUSY, principal limits, UNAVAILABLE).
+	ForkSandbox(ctx context.Context, in *ForkSandboxRequest, opts ...grpc.CallOption) (*ForkSandboxResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -332,6 +360,16 @@ func (c *sandboxServiceClient) DeleteSnapshot(ctx context.Context, in *DeleteSna
 	return out, nil
 }
 
+func (c *sandboxServiceClient) ForkSandbox(ctx context.Context, in *ForkSandboxRequest, opts ...grpc.CallOption) (*ForkSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForkSandboxResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ForkSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -462,6 +500,33 @@ type SandboxServiceServer interface {
 	// (SNAPSHOT_NOT_FOUND, also for another principal's), FAILED_PRECONDITION
 	// (SNAPSHOT_IN_USE) while a sandbox created from it exists.
 	DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error)
+	// ForkSandbox makes count new sandboxes from a live sandbox's files as of
+	// one point in time: the parent is paused once (a paused one stays
+	// paused), its file system synced and its writable layer snapshotted
+	// (btrfs, copy-on-write), then resumed, and each child starts from a
+	// writable snapshot of that copy, so every write the parent saw complete
+	// before the call is in every child. Memory is not kept: each child's
+	// processes start anew. A child inherits the parent's create spec
+	// (image, resources, disk quota, user, workdir, env, runtime, network
+	// policy, idle timeout and action, maximum lifetime counted from its own
+	// creation, labels with the request's added) and gets its own id, user
+	// namespace range, network address and quota; it is owned by the caller
+	// and counts against the caller's limits like a CreateSandbox. The parent
+	// is not otherwise touched. All or nothing: when one child cannot be
+	// made, those already made are deleted and the call fails. The copy the
+	// children share is no snapshot of the caller's (not listed, not counted
+	// against --max-snapshots-per-principal); it is removed with the last
+	// sandbox resting on it. Idempotent by request_id. Errors:
+	// INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
+	// NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
+	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
+	// CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
+	// such as host_users or gVisor, a fleet), ALREADY_EXISTS
+	// (SANDBOX_EXISTS) when request_id named an earlier fork with other
+	// parameters (metadata "fields") or one whose children are not all
+	// there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
+	// FLEET_BUSY, principal limits, UNAVAILABLE).
+	ForkSandbox(context.Context, *ForkSandboxRequest) (*ForkSandboxResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -516,6 +581,9 @@ func (UnimplementedSandboxServiceServer) ListSnapshots(context.Context, *ListSna
 }
 func (UnimplementedSandboxServiceServer) DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSnapshot not implemented")
+}
+func (UnimplementedSandboxServiceServer) ForkSandbox(context.Context, *ForkSandboxRequest) (*ForkSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForkSandbox not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -786,6 +854,24 @@ func _SandboxService_DeleteSnapshot_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_ForkSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForkSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ForkSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ForkSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ForkSandbox(ctx, req.(*ForkSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -844,6 +930,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSnapshot",
 			Handler:    _SandboxService_DeleteSnapshot_Handler,
+		},
+		{
+			MethodName: "ForkSandbox",
+			Handler:    _SandboxService_ForkSandbox_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -102,6 +102,11 @@ class SandboxServiceStub(object):
                 request_serializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
                 )
+        self.ForkSandbox = channel.unary_unary(
+                '/berth.v1.SandboxService/ForkSandbox',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -307,6 +312,38 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForkSandbox(self, request, context):
+        """ForkSandbox makes count new sandboxes from a live sandbox's files as of
+        one point in time: the parent is paused once (a paused one stays
+        paused), its file system synced and its writable layer snapshotted
+        (btrfs, copy-on-write), then resumed, and each child starts from a
+        writable snapshot of that copy, so every write the parent saw complete
+        before the call is in every child. Memory is not kept: each child's
+        processes start anew. A child inherits the parent's create spec
+        (image, resources, disk quota, user, workdir, env, runtime, network
+        policy, idle timeout and action, maximum lifetime counted from its own
+        creation, labels with the request's added) and gets its own id, user
+        namespace range, network address and quota; it is owned by the caller
+        and counts against the caller's limits like a CreateSandbox. The parent
+        is not otherwise touched. All or nothing: when one child cannot be
+        made, those already made are deleted and the call fails. The copy the
+        children share is no snapshot of the caller's (not listed, not counted
+        against --max-snapshots-per-principal); it is removed with the last
+        sandbox resting on it. Idempotent by request_id. Errors:
+        INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
+        NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
+        FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
+        CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
+        such as host_users or gVisor, a fleet), ALREADY_EXISTS
+        (SANDBOX_EXISTS) when request_id named an earlier fork with other
+        parameters (metadata "fields") or one whose children are not all
+        there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
+        FLEET_BUSY, principal limits, UNAVAILABLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -384,6 +421,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.DeleteSnapshot,
                     request_deserializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.FromString,
                     response_serializer=berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.SerializeToString,
+            ),
+            'ForkSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSandbox,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -658,5 +700,22 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/DeleteSnapshot',
             berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotRequest.SerializeToString,
             berth_dot_v1_dot_sandbox__pb2.DeleteSnapshotResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ForkSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ForkSandbox',
+            berth_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -606,6 +606,11 @@ export interface Sandbox {
    * (CreateSandboxRequest.idle_action), never UNSPECIFIED.
    */
   idleAction: IdleAction;
+  /**
+   * forked_from is the id of the sandbox ForkSandbox made this one from;
+   * empty for a sandbox made otherwise.
+   */
+  forkedFrom: string;
 }
 
 export interface Sandbox_LabelsEntry {
@@ -901,6 +906,43 @@ export interface DeleteSnapshotRequest {
 
 /** DeleteSnapshotResponse is empty. */
 export interface DeleteSnapshotResponse {
+}
+
+/**
+ * ForkSandboxRequest names the sandbox to fork and how many children to
+ * make.
+ */
+export interface ForkSandboxRequest {
+  /** sandbox_id names the parent sandbox. */
+  sandboxId: string;
+  /** count is how many children to make, 1 to 16. */
+  count: number;
+  /**
+   * request_id makes the call idempotent: a repeated call by the same
+   * principal with the same request_id, sandbox_id, count and labels
+   * returns the same children (the child ids derive from the principal,
+   * the request_id and the child's index) and makes none; with another
+   * sandbox_id, count or labels it is ALREADY_EXISTS SANDBOX_EXISTS naming
+   * the differing fields. Empty: every call makes new children. At most
+   * 128 bytes, as CreateSandboxRequest.request_id.
+   */
+  requestId: string;
+  /**
+   * labels are added to the parent's labels on every child (a key here
+   * wins); the result follows a sandbox's label rules.
+   */
+  labels: { [key: string]: string };
+}
+
+export interface ForkSandboxRequest_LabelsEntry {
+  key: string;
+  value: string;
+}
+
+/** ForkSandboxResponse returns the children. */
+export interface ForkSandboxResponse {
+  /** sandboxes are the children, in index order. */
+  sandboxes: Sandbox[];
 }
 
 /** KeepAliveRequest names the sandbox to keep. */
@@ -1593,6 +1635,7 @@ function createBaseSandbox(): Sandbox {
     rootIdMapping: 0,
     cpuset: "",
     idleAction: 0,
+    forkedFrom: "",
   };
 }
 
@@ -1693,6 +1736,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.idleAction !== 0) {
       writer.uint32(256).int32(message.idleAction);
+    }
+    if (message.forkedFrom !== "") {
+      writer.uint32(266).string(message.forkedFrom);
     }
     return writer;
   },
@@ -1969,6 +2015,14 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.idleAction = reader.int32() as any;
             continue;
           }
+          case 33: {
+            if (tag !== 266) {
+              break;
+            }
+
+            message.forkedFrom = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2108,6 +2162,11 @@ export const Sandbox: MessageFns<Sandbox> = {
         : isSet(object.idle_action)
         ? idleActionFromJSON(object.idle_action)
         : 0,
+      forkedFrom: isSet(object.forkedFrom)
+        ? globalThis.String(object.forkedFrom)
+        : isSet(object.forked_from)
+        ? globalThis.String(object.forked_from)
+        : "",
     };
   },
 
@@ -2215,6 +2274,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.idleAction !== 0) {
       obj.idleAction = idleActionToJSON(message.idleAction);
     }
+    if (message.forkedFrom !== "") {
+      obj.forkedFrom = message.forkedFrom;
+    }
     return obj;
   },
 
@@ -2275,6 +2337,7 @@ export const Sandbox: MessageFns<Sandbox> = {
     message.rootIdMapping = object.rootIdMapping ?? 0;
     message.cpuset = object.cpuset ?? "";
     message.idleAction = object.idleAction ?? 0;
+    message.forkedFrom = object.forkedFrom ?? "";
     return message;
   },
 };
@@ -4755,6 +4818,319 @@ export const DeleteSnapshotResponse: MessageFns<DeleteSnapshotResponse> = {
   },
 };
 
+function createBaseForkSandboxRequest(): ForkSandboxRequest {
+  return { sandboxId: "", count: 0, requestId: "", labels: {} };
+}
+
+export const ForkSandboxRequest: MessageFns<ForkSandboxRequest> = {
+  encode(message: ForkSandboxRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    if (message.count !== 0) {
+      writer.uint32(16).uint32(message.count);
+    }
+    if (message.requestId !== "") {
+      writer.uint32(26).string(message.requestId);
+    }
+    globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
+      ForkSandboxRequest_LabelsEntry.encode({ key: key as any, value }, writer.uint32(34).fork()).join();
+    });
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForkSandboxRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForkSandboxRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.count = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.requestId = reader.string();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            const entry4 = ForkSandboxRequest_LabelsEntry.decode(reader, reader.uint32());
+            if (entry4.value !== undefined) {
+              message.labels[entry4.key] = entry4.value;
+            }
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForkSandboxRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      count: isSet(object.count) ? globalThis.Number(object.count) : 0,
+      requestId: isSet(object.requestId)
+        ? globalThis.String(object.requestId)
+        : isSet(object.request_id)
+        ? globalThis.String(object.request_id)
+        : "",
+      labels: isObject(object.labels)
+        ? (globalThis.Object.entries(object.labels) as [string, any][]).reduce(
+          (acc: { [key: string]: string }, [key, value]: [string, any]) => {
+            globalThis.Object.defineProperty(acc, key, {
+              value: globalThis.String(value),
+              enumerable: true,
+              configurable: true,
+              writable: true,
+            });
+            return acc;
+          },
+          {},
+        )
+        : {},
+    };
+  },
+
+  toJSON(message: ForkSandboxRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.count !== 0) {
+      obj.count = Math.round(message.count);
+    }
+    if (message.requestId !== "") {
+      obj.requestId = message.requestId;
+    }
+    if (message.labels) {
+      const entries = globalThis.Object.entries(message.labels) as [string, string][];
+      if (entries.length > 0) {
+        obj.labels = {};
+        entries.forEach(([k, v]) => {
+          obj.labels[k] = v;
+        });
+      }
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForkSandboxRequest>, I>>(base?: I): ForkSandboxRequest {
+    return ForkSandboxRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForkSandboxRequest>, I>>(object: I): ForkSandboxRequest {
+    const message = createBaseForkSandboxRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    message.count = object.count ?? 0;
+    message.requestId = object.requestId ?? "";
+    message.labels = (globalThis.Object.entries(object.labels ?? {}) as [string, string][]).reduce(
+      (acc: { [key: string]: string }, [key, value]: [string, string]) => {
+        if (value !== undefined) {
+          acc[key] = globalThis.String(value);
+        }
+        return acc;
+      },
+      {},
+    );
+    return message;
+  },
+};
+
+function createBaseForkSandboxRequest_LabelsEntry(): ForkSandboxRequest_LabelsEntry {
+  return { key: "", value: "" };
+}
+
+export const ForkSandboxRequest_LabelsEntry: MessageFns<ForkSandboxRequest_LabelsEntry> = {
+  encode(message: ForkSandboxRequest_LabelsEntry, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.key !== "") {
+      writer.uint32(10).string(message.key);
+    }
+    if (message.value !== "") {
+      writer.uint32(18).string(message.value);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForkSandboxRequest_LabelsEntry {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForkSandboxRequest_LabelsEntry();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.key = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.value = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForkSandboxRequest_LabelsEntry {
+    return {
+      key: isSet(object.key) ? globalThis.String(object.key) : "",
+      value: isSet(object.value) ? globalThis.String(object.value) : "",
+    };
+  },
+
+  toJSON(message: ForkSandboxRequest_LabelsEntry): unknown {
+    const obj: any = {};
+    if (message.key !== "") {
+      obj.key = message.key;
+    }
+    if (message.value !== "") {
+      obj.value = message.value;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForkSandboxRequest_LabelsEntry>, I>>(base?: I): ForkSandboxRequest_LabelsEntry {
+    return ForkSandboxRequest_LabelsEntry.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForkSandboxRequest_LabelsEntry>, I>>(
+    object: I,
+  ): ForkSandboxRequest_LabelsEntry {
+    const message = createBaseForkSandboxRequest_LabelsEntry();
+    message.key = object.key ?? "";
+    message.value = object.value ?? "";
+    return message;
+  },
+};
+
+function createBaseForkSandboxResponse(): ForkSandboxResponse {
+  return { sandboxes: [] };
+}
+
+export const ForkSandboxResponse: MessageFns<ForkSandboxResponse> = {
+  encode(message: ForkSandboxResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.sandboxes) {
+      Sandbox.encode(v!, writer.uint32(10).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ForkSandboxResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseForkSandboxResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxes.push(Sandbox.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ForkSandboxResponse {
+    return {
+      sandboxes: globalThis.Array.isArray(object?.sandboxes)
+        ? object.sandboxes.map((e: any) => Sandbox.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: ForkSandboxResponse): unknown {
+    const obj: any = {};
+    if (message.sandboxes?.length) {
+      obj.sandboxes = message.sandboxes.map((e) => Sandbox.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ForkSandboxResponse>, I>>(base?: I): ForkSandboxResponse {
+    return ForkSandboxResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ForkSandboxResponse>, I>>(object: I): ForkSandboxResponse {
+    const message = createBaseForkSandboxResponse();
+    message.sandboxes = object.sandboxes?.map((e) => Sandbox.fromPartial(e)) || [];
+    return message;
+  },
+};
+
 function createBaseKeepAliveRequest(): KeepAliveRequest {
   return { sandboxId: "", holdFor: undefined };
 }
@@ -5230,6 +5606,43 @@ export const SandboxServiceService = {
       Buffer.from(DeleteSnapshotResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): DeleteSnapshotResponse => DeleteSnapshotResponse.decode(value),
   },
+  /**
+   * ForkSandbox makes count new sandboxes from a live sandbox's files as of
+   * one point in time: the parent is paused once (a paused one stays
+   * paused), its file system synced and its writable layer snapshotted
+   * (btrfs, copy-on-write), then resumed, and each child starts from a
+   * writable snapshot of that copy, so every write the parent saw complete
+   * before the call is in every child. Memory is not kept: each child's
+   * processes start anew. A child inherits the parent's create spec
+   * (image, resources, disk quota, user, workdir, env, runtime, network
+   * policy, idle timeout and action, maximum lifetime counted from its own
+   * creation, labels with the request's added) and gets its own id, user
+   * namespace range, network address and quota; it is owned by the caller
+   * and counts against the caller's limits like a CreateSandbox. The parent
+   * is not otherwise touched. All or nothing: when one child cannot be
+   * made, those already made are deleted and the call fails. The copy the
+   * children share is no snapshot of the caller's (not listed, not counted
+   * against --max-snapshots-per-principal); it is removed with the last
+   * sandbox resting on it. Idempotent by request_id. Errors:
+   * INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
+   * NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
+   * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
+   * CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
+   * such as host_users or gVisor, a fleet), ALREADY_EXISTS
+   * (SANDBOX_EXISTS) when request_id named an earlier fork with other
+   * parameters (metadata "fields") or one whose children are not all
+   * there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
+   * FLEET_BUSY, principal limits, UNAVAILABLE).
+   */
+  forkSandbox: {
+    path: "/berth.v1.SandboxService/ForkSandbox" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ForkSandboxRequest): Buffer => Buffer.from(ForkSandboxRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ForkSandboxRequest => ForkSandboxRequest.decode(value),
+    responseSerialize: (value: ForkSandboxResponse): Buffer => Buffer.from(ForkSandboxResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ForkSandboxResponse => ForkSandboxResponse.decode(value),
+  },
 } as const;
 
 export interface SandboxServiceServer extends UntypedServiceImplementation {
@@ -5375,6 +5788,35 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * (SNAPSHOT_IN_USE) while a sandbox created from it exists.
    */
   deleteSnapshot: handleUnaryCall<DeleteSnapshotRequest, DeleteSnapshotResponse>;
+  /**
+   * ForkSandbox makes count new sandboxes from a live sandbox's files as of
+   * one point in time: the parent is paused once (a paused one stays
+   * paused), its file system synced and its writable layer snapshotted
+   * (btrfs, copy-on-write), then resumed, and each child starts from a
+   * writable snapshot of that copy, so every write the parent saw complete
+   * before the call is in every child. Memory is not kept: each child's
+   * processes start anew. A child inherits the parent's create spec
+   * (image, resources, disk quota, user, workdir, env, runtime, network
+   * policy, idle timeout and action, maximum lifetime counted from its own
+   * creation, labels with the request's added) and gets its own id, user
+   * namespace range, network address and quota; it is owned by the caller
+   * and counts against the caller's limits like a CreateSandbox. The parent
+   * is not otherwise touched. All or nothing: when one child cannot be
+   * made, those already made are deleted and the call fails. The copy the
+   * children share is no snapshot of the caller's (not listed, not counted
+   * against --max-snapshots-per-principal); it is removed with the last
+   * sandbox resting on it. Idempotent by request_id. Errors:
+   * INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
+   * NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
+   * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
+   * CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
+   * such as host_users or gVisor, a fleet), ALREADY_EXISTS
+   * (SANDBOX_EXISTS) when request_id named an earlier fork with other
+   * parameters (metadata "fields") or one whose children are not all
+   * there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
+   * FLEET_BUSY, principal limits, UNAVAILABLE).
+   */
+  forkSandbox: handleUnaryCall<ForkSandboxRequest, ForkSandboxResponse>;
 }
 
 export interface SandboxServiceClient extends Client {
@@ -5705,6 +6147,49 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: DeleteSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ForkSandbox makes count new sandboxes from a live sandbox's files as of
+   * one point in time: the parent is paused once (a paused one stays
+   * paused), its file system synced and its writable layer snapshotted
+   * (btrfs, copy-on-write), then resumed, and each child starts from a
+   * writable snapshot of that copy, so every write the parent saw complete
+   * before the call is in every child. Memory is not kept: each child's
+   * processes start anew. A child inherits the parent's create spec
+   * (image, resources, disk quota, user, workdir, env, runtime, network
+   * policy, idle timeout and action, maximum lifetime counted from its own
+   * creation, labels with the request's added) and gets its own id, user
+   * namespace range, network address and quota; it is owned by the caller
+   * and counts against the caller's limits like a CreateSandbox. The parent
+   * is not otherwise touched. All or nothing: when one child cannot be
+   * made, those already made are deleted and the call fails. The copy the
+   * children share is no snapshot of the caller's (not listed, not counted
+   * against --max-snapshots-per-principal); it is removed with the last
+   * sandbox resting on it. Idempotent by request_id. Errors:
+   * INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
+   * NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
+   * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
+   * CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
+   * such as host_users or gVisor, a fleet), ALREADY_EXISTS
+   * (SANDBOX_EXISTS) when request_id named an earlier fork with other
+   * parameters (metadata "fields") or one whose children are not all
+   * there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
+   * FLEET_BUSY, principal limits, UNAVAILABLE).
+   */
+  forkSandbox(
+    request: ForkSandboxRequest,
+    callback: (error: ServiceError | null, response: ForkSandboxResponse) => void,
+  ): ClientUnaryCall;
+  forkSandbox(
+    request: ForkSandboxRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ForkSandboxResponse) => void,
+  ): ClientUnaryCall;
+  forkSandbox(
+    request: ForkSandboxRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ForkSandboxResponse) => void,
   ): ClientUnaryCall;
 }
 

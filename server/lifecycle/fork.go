@@ -1,0 +1,208 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/sandboxid"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/runtime"
+	"github.com/berth-sandbox/berth/server/validate"
+)
+
+// MaxForkCount is the most children one Fork makes.
+const MaxForkCount = 16
+
+// forkParallel is how many children of one Fork are created at once: each
+// create is mostly containerd's and the agent's start, which a handful at
+// once overlap without queueing on containerd's metadata lock.
+const forkParallel = 4
+
+// ForkRequest is what Fork makes.
+type ForkRequest struct {
+	// Count is how many children, 1 to MaxForkCount.
+	Count int
+	// RequestID makes the call idempotent ("" for none).
+	RequestID string
+	// Labels are added to the parent's on every child.
+	Labels map[string]string
+}
+
+// Fork makes req.Count new sandboxes for caller p from the files of
+// sandbox id as of one point in time. Under the parent's lifecycle lock
+// its root is copied once (runtime.Runtime.ForkSnapshot: the parent
+// paused only around the sync and the btrfs snapshot; a paused one stays
+// paused); then each child is created as by Create, from that copy, with
+// the parent's spec (env values included), owned by p, req.Labels added
+// to its labels. All or nothing: when one child fails, every child of the
+// call is deleted and the first error returned. With req.RequestID the
+// child ids derive from p, the request id and the index, and a repeated
+// call returns the existing children (forkAgain). A sandbox p may not see
+// is runtime.ErrSandboxNotFound.
+func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req ForkRequest) ([]Created, error) {
+	if _, err := m.snapshotStore(); err != nil {
+		return nil, err
+	}
+	ids := make([]string, req.Count)
+	for i := range ids {
+		ids[i] = sandboxid.New("sb-", 10)
+		if req.RequestID != "" {
+			ids[i] = sandboxid.FromRequest(p.Name, "fork\x00"+req.RequestID+"\x00"+strconv.Itoa(i))
+		}
+	}
+	if req.RequestID != "" {
+		// One fork of a principal's request ids at a time: a repeat waits
+		// for the first call and then finds its children.
+		l := m.snapshotLock("fork\x00" + p.Name)
+		l.Lock()
+		defer l.Unlock()
+		if children, err := m.forkAgain(ctx, id, p, req, ids); children != nil || err != nil {
+			return children, err
+		}
+	}
+	began := time.Now()
+	specs, forkID, release, err := m.forkCopy(ctx, id, p, req)
+	if err != nil {
+		return nil, err
+	}
+	defer release(context.WithoutCancel(ctx))
+	copied := time.Since(began)
+	began = time.Now()
+	created := make([]Created, req.Count)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(forkParallel)
+	for i := range ids {
+		spec := specs
+		spec.ID = ids[i]
+		g.Go(func() error {
+			c, err := m.Create(gctx, spec, p, false)
+			if err != nil {
+				return fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, req.Count, spec.ID, err)
+			}
+			created[i] = c
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		for _, child := range ids {
+			if derr := m.Delete(cleanup, child, p); derr != nil {
+				m.log.Error("remove a child of a failed fork", slog.String("sandbox_id", child), slog.Any("error", derr))
+			}
+		}
+		return nil, err
+	}
+	m.log.InfoContext(ctx, "sandbox forked", slog.String("sandbox_id", id), slog.String("fork_copy", forkID),
+		slog.Any("children", ids), slog.Duration("copy_took", copied), slog.Duration("children_took", time.Since(began)))
+	return created, nil
+}
+
+// forkCopy copies sandbox id's root for a fork under its lifecycle lock
+// and returns the spec of its children (without their ids), the copy's id
+// and the function that lets the copy go (runtime.Runtime.ForkSnapshot).
+func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest) (runtime.SandboxSpec, string, func(context.Context), error) {
+	st, _ := m.snapshotStore()
+	unlock, err := m.lockSeen(ctx, id, p)
+	if err != nil {
+		return runtime.SandboxSpec{}, "", nil, err
+	}
+	defer unlock()
+	parent, err := m.rt.Get(ctx, id)
+	if err != nil {
+		return runtime.SandboxSpec{}, "", nil, err
+	}
+	spec := parent.Spec()
+	spec.Labels = maps.Clone(parent.Labels)
+	if spec.Labels == nil {
+		spec.Labels = map[string]string{}
+	}
+	maps.Copy(spec.Labels, req.Labels)
+	if err := validate.Labels("labels", spec.Labels); err != nil {
+		return runtime.SandboxSpec{}, "", nil, err
+	}
+	if spec.Env, err = st.SandboxEnv(ctx, id); err != nil {
+		return runtime.SandboxSpec{}, "", nil, err
+	}
+	spec.Owner, spec.Pooled = p.Name, false
+	spec.Fork = runtime.ForkOrigin{Parent: id, RequestID: req.RequestID, Count: req.Count}
+	forkID, release, err := st.ForkSnapshot(ctx, id, p.Name, m.freezer(id, "fork"))
+	if err != nil {
+		return runtime.SandboxSpec{}, "", nil, err
+	}
+	spec.FromSnapshot = forkID
+	return spec, forkID, release, nil
+}
+
+// forkAgain looks for the children of an earlier Fork with req.RequestID
+// (ids). It returns nil and no error when there are none; the children when
+// every one is there and was made by a call with the same parent, count
+// and labels; else ALREADY_EXISTS SANDBOX_EXISTS naming the differing
+// fields, or saying the set is incomplete (berthd stopped during that
+// call, or some were deleted since).
+func (m *Manager) forkAgain(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string) ([]Created, error) {
+	var out []Created
+	var missing []string
+	for _, child := range ids {
+		sb, err := m.rt.Get(ctx, child)
+		switch {
+		case errors.Is(err, runtime.ErrSandboxNotFound):
+			missing = append(missing, child)
+			continue
+		case err != nil:
+			return nil, err
+		case !p.Sees(sb.Owner):
+			return nil, takenError(child)
+		}
+		var fields []string
+		if sb.Fork.Parent != id {
+			fields = append(fields, "sandbox_id")
+		}
+		if sb.Fork.Count != req.Count {
+			fields = append(fields, "count")
+		}
+		for k, v := range req.Labels {
+			if got, ok := sb.Labels[k]; !ok || got != v {
+				fields = append(fields, "labels")
+				break
+			}
+		}
+		if sb.Fork.RequestID != req.RequestID {
+			fields = append(fields, "request_id")
+		}
+		if len(fields) > 0 {
+			return nil, apierr.New(codes.AlreadyExists, rpcstatus.ReasonSandboxExists,
+				fmt.Sprintf("request_id %q named an earlier fork with other parameters (its child %s differs in %s): use another request_id", req.RequestID, child, strings.Join(fields, ", ")),
+				map[string]string{"sandbox_id": child, "fields": strings.Join(fields, ",")})
+		}
+		c := Created{Sandbox: sb}
+		if sb.Running {
+			if c.Info, err = m.waitAgent(ctx, child); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, c)
+	}
+	switch {
+	case len(missing) == len(ids):
+		return nil, nil
+	case len(missing) > 0:
+		return nil, apierr.New(codes.AlreadyExists, rpcstatus.ReasonSandboxExists,
+			fmt.Sprintf("the fork of request_id %q is incomplete: %d of its %d children are gone (%s; berthd stopped during the call, or they were deleted): delete the rest or use another request_id",
+				req.RequestID, len(missing), len(ids), strings.Join(missing, ", ")),
+			map[string]string{"request_id": req.RequestID})
+	}
+	m.log.InfoContext(ctx, "fork of the same request_id exists; returning its children", slog.String("sandbox_id", id), slog.Any("children", ids))
+	return out, nil
+}
