@@ -69,6 +69,7 @@ type sandboxes interface {
 	GetSnapshot(ctx context.Context, snapID string, p auth.Principal) (runtime.Snapshot, error)
 	ListSnapshots(ctx context.Context, p auth.Principal) ([]runtime.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, snapID string, p auth.Principal) error
+	CommitSnapshot(ctx context.Context, snapID string, p auth.Principal, opts runtime.CommitOptions) (runtime.Commit, error)
 	Status(id string) (lifecycle.Status, bool)
 	Starting(id string) bool
 	Touch(id string)
