@@ -39,11 +39,11 @@ if test -e /etc/shells; then echo shells-back; else echo shells-gone; fi; cat /e
 
 // commitOn commits snapshot snapID as ref on svc; the image is deleted at
 // cleanup through images.
-func commitOn(t *testing.T, svc berthv1.SandboxServiceClient, images berthv1.ImageServiceClient, snapID, ref string) *berthv1.CommitSnapshotResponse {
+func commitOn(t *testing.T, svc berthv1.SandboxServiceClient, images berthv1.ImageServiceClient, snapID, ref string, changes *berthv1.ImageConfigChanges) *berthv1.CommitSnapshotResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	resp, err := svc.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snapID, Reference: ref})
+	resp, err := svc.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snapID, Reference: ref, Changes: changes})
 	if err != nil {
 		t.Fatalf("CommitSnapshot(%s, %s): %v", snapID, ref, err)
 	}
@@ -89,7 +89,7 @@ func TestCommitSnapshot(t *testing.T) {
 	writeCommitChanges(t, svc, src)
 	snap := createSnapshotOn(t, svc, src, nil)
 	ref := "berth.test/commit-" + src + ":v1"
-	resp := commitOn(t, svc, env.images, snap.GetId(), ref)
+	resp := commitOn(t, svc, env.images, snap.GetId(), ref, &berthv1.ImageConfigChanges{Env: []string{"COMMITTED=yes"}, WorkingDir: "/workspace/d"})
 	if got := listedImage(t, env.images, ref); got != resp.GetImage().GetDigest() {
 		t.Errorf("ListImages shows %s with digest %q, want %s", ref, got, resp.GetImage().GetDigest())
 	}
@@ -97,13 +97,16 @@ func TestCommitSnapshot(t *testing.T) {
 	if got := shellOut(t, svc, child, commitCheck); got != commitWant {
 		t.Errorf("sandbox of the committed image shows\n%q\nwant\n%q", got, commitWant)
 	}
+	if got := shellOut(t, svc, child, `echo "$COMMITTED $PATH"`); !strings.HasPrefix(got, "yes /") {
+		t.Errorf("environment of the committed image: %q, want COMMITTED=yes beside the base image's PATH", got)
+	}
 
 	// A chain: a sandbox from the snapshot, a change, a snapshot, a commit.
 	grand := fromSnapshotOn(t, svc, snap.GetId())
 	shellOut(t, svc, grand, "echo second >/workspace/second && rm /workspace/d/f")
 	snap2 := createSnapshotOn(t, svc, grand, nil)
 	ref2 := "berth.test/commit-" + src + ":v2"
-	commitOn(t, svc, env.images, snap2.GetId(), ref2)
+	commitOn(t, svc, env.images, snap2.GetId(), ref2, nil)
 	child2 := newSandbox(t, &berthv1.CreateSandboxRequest{Image: ref2}).GetId()
 	const want2 = "second\nmissing\nd/f\nshells-gone\n"
 	if got := shellOut(t, svc, child2, "cat /workspace/second; test -e /workspace/d/f || echo missing; readlink /workspace/link; test -e /etc/shells || echo shells-gone"); got != want2 {
@@ -147,7 +150,7 @@ func TestCommitSnapshotRefusals(t *testing.T) {
 	if listedImage(t, opsImages, ref) != "" {
 		t.Fatalf("%s is stored after refused commits", ref)
 	}
-	commitOn(t, alice, opsImages, snap.GetId(), ref)
+	commitOn(t, alice, opsImages, snap.GetId(), ref, nil)
 	_, err = alice.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snap.GetId(), Reference: ref})
 	if status.Code(err) != codes.AlreadyExists || rpcstatus.Reason(err) != rpcstatus.ReasonImageExists {
 		t.Errorf("second CommitSnapshot to %s: %v, want ALREADY_EXISTS IMAGE_EXISTS", ref, err)
@@ -179,7 +182,7 @@ func TestCommittedImageSurvivesRestart(t *testing.T) {
 	writeCommitChanges(t, e.sandboxes, src)
 	snap := createSnapshotOn(t, e.sandboxes, src, nil)
 	ref := "berth.test/commit-restart:v1"
-	commitOn(t, e.sandboxes, e.images, snap.GetId(), ref)
+	commitOn(t, e.sandboxes, e.images, snap.GetId(), ref, nil)
 	// content_size_bytes is 0 when a blob of the image is missing.
 	size := listed(t, e.images, ref).GetContentSizeBytes()
 	if size == 0 {

@@ -111,9 +111,10 @@ func newSnapshotCommitCmd(g *globals) *cobra.Command {
 		Long: `Store an image named REF made of the snapshot, like docker commit: the
 snapshot's image plus one layer holding what the sandbox changed (deleted
 files stay deleted), with the image's config (and --env, --workdir,
---entrypoint, --cmd changed). "berth image ls" lists it and "berth sandbox
-create --image REF" runs it; it outlives the snapshot. A stored REF is
-refused unless --replace (admins only).`,
+--entrypoint, --cmd changed: sandboxes see the environment; the others
+matter only to other tools that run the image). "berth image ls" lists it
+and "berth sandbox create --image REF" runs it; it outlives the snapshot.
+A stored REF is refused unless --replace (admins only).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ch := &berthv1.ImageConfigChanges{Env: env, WorkingDir: workdir, Entrypoint: entrypoint, Cmd: cmdArgs}

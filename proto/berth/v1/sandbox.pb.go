@@ -2255,7 +2255,10 @@ func (x *CommitSnapshotRequest) GetChanges() *ImageConfigChanges {
 }
 
 // ImageConfigChanges changes an image's config (OCI image-spec config.md)
-// on commit.
+// on commit. A berth sandbox takes the image's Env; its processes start
+// in the sandbox's own working directory and berth-agent is its first
+// process, so WorkingDir, Entrypoint and Cmd matter only to other tools
+// that run the image.
 type ImageConfigChanges struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// env are "KEY=VALUE" variables set in the image's Env, replacing one of

@@ -932,7 +932,10 @@ export interface CommitSnapshotRequest {
 
 /**
  * ImageConfigChanges changes an image's config (OCI image-spec config.md)
- * on commit.
+ * on commit. A berth sandbox takes the image's Env; its processes start
+ * in the sandbox's own working directory and berth-agent is its first
+ * process, so WorkingDir, Entrypoint and Cmd matter only to other tools
+ * that run the image.
  */
 export interface ImageConfigChanges {
   /**
