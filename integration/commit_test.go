@@ -128,16 +128,11 @@ func TestCommitSnapshotRefusals(t *testing.T) {
 	ops, opsImages := berthv1.NewSandboxServiceClient(opsConn), berthv1.NewImageServiceClient(opsConn)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	created, err := alice.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.GetSandbox().GetId()
-	t.Cleanup(func() { alice.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id}) })
+	id := createSandboxOn(t, alice, &berthv1.CreateSandboxRequest{}).GetId()
 	snap := createSnapshotOn(t, alice, id, nil)
 	ref := "berth.test/commit-" + id + ":v1"
 
-	_, err = bob.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snap.GetId(), Reference: ref})
+	_, err := bob.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snap.GetId(), Reference: ref})
 	if status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonSnapshotNotFound {
 		t.Errorf("bob's CommitSnapshot of alice's snapshot: %v, want NOT_FOUND SNAPSHOT_NOT_FOUND", err)
 	}
