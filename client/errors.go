@@ -23,6 +23,7 @@ const (
 	ReasonSandboxNotFound     = "SANDBOX_NOT_FOUND"     // no such sandbox (or not the caller's)
 	ReasonSandboxExists       = "SANDBOX_EXISTS"        // the sandbox id is taken: by another spec, or by a sandbox of another principal
 	ReasonImageNotFound       = "IMAGE_NOT_FOUND"       // the image is not in berthd's store
+	ReasonImageExists         = "IMAGE_EXISTS"          // ALREADY_EXISTS: CommitSnapshot without replace names a stored image
 	ReasonImageArchive        = "IMAGE_ARCHIVE_INVALID" // an imported archive cannot be read or names no image
 	ReasonExecNotFound        = "EXEC_NOT_FOUND"        // no such exec in the sandbox
 	ReasonExecExists          = "EXEC_EXISTS"           // the exec id is taken

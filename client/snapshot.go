@@ -46,3 +46,29 @@ func (c *Client) DeleteSnapshot(ctx context.Context, id string) error {
 		return convertError(err)
 	})
 }
+
+// CommitOptions are the optional parts of CommitSnapshot.
+type CommitOptions struct {
+	// Replace replaces a stored image of the same reference (admins only).
+	Replace bool
+	// Changes are applied to the image's config; nil keeps the
+	// snapshot's image's config.
+	Changes *berthv1.ImageConfigChanges
+}
+
+// CommitSnapshot makes image ref of the caller's snapshot named id, like
+// docker commit: the snapshot's image plus one layer of what the snapshot
+// changed (whiteouts for deleted files), listed by ListImages and taken
+// by CreateSandbox. It is not retried (a lost reply is found by
+// ListImages). Errors: codes.InvalidArgument (snapshot_id, reference),
+// codes.NotFound (ReasonSnapshotNotFound, also for another principal's;
+// ReasonImageNotFound when the snapshot's image is gone),
+// codes.AlreadyExists (ReasonImageExists) without opts.Replace,
+// codes.PermissionDenied (ReasonNotPermitted) for Replace by a non-admin.
+func (c *Client) CommitSnapshot(ctx context.Context, id, ref string, opts CommitOptions) (*berthv1.CommitSnapshotResponse, error) {
+	resp, err := c.sandboxes.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: id, Reference: ref, Replace: opts.Replace, Changes: opts.Changes})
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return resp, nil
+}

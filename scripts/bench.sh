@@ -9,8 +9,9 @@
 # PortForward and `berth port-forward` beside a direct connection in the
 # sandbox's network namespace; CreateSnapshot of a sandbox with 256 MiB
 # written beside `btrfs subvolume snapshot -r` and `cp -a --reflink=never`
-# of the same data, and create to first exec from that snapshot beside a
-# cold create; ForkSandbox of 1 and of 10 children of a sandbox with 1 GiB
+# of the same data, create to first exec from that snapshot beside a
+# cold create, and CommitSnapshot of it beside `tar c | gzip` of the data;
+# ForkSandbox of 1 and of 10 children of a sandbox with 1 GiB
 # written beside a cold CreateSandbox and `cp -a --reflink=never` of the
 # same data; create to first exec beside `ctr run --rm`,
 # for the base image and for a real Debian image (scripts/debian-image.sh,

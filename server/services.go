@@ -53,6 +53,10 @@ func (s *Service) ForkSandbox(ctx context.Context, req *berthv1.ForkSandboxReque
 	return s.sandboxes.ForkSandbox(ctx, req)
 }
 
+func (s *Service) CommitSnapshot(ctx context.Context, req *berthv1.CommitSnapshotRequest) (*berthv1.CommitSnapshotResponse, error) {
+	return s.sandboxes.CommitSnapshot(ctx, req)
+}
+
 func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error { return s.execs.Exec(stream) }
 
 func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.RunResponse, error) {

@@ -14,8 +14,8 @@ import (
 )
 
 func newSnapshotCmd(g *globals) *cobra.Command {
-	cmd := newGroupCmd("snapshot", "Take, list and remove snapshots of sandboxes' files", "snap")
-	cmd.AddCommand(newSnapshotCreateCmd(g), newSnapshotListCmd(g), newSnapshotRemoveCmd(g))
+	cmd := newGroupCmd("snapshot", "Take, list, commit and remove snapshots of sandboxes' files", "snap")
+	cmd.AddCommand(newSnapshotCreateCmd(g), newSnapshotListCmd(g), newSnapshotRemoveCmd(g), newSnapshotCommitCmd(g))
 	return cmd
 }
 
@@ -96,4 +96,42 @@ func newSnapshotRemoveCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+}
+
+func newSnapshotCommitCmd(g *globals) *cobra.Command {
+	var (
+		replace         bool
+		env, entrypoint []string
+		cmdArgs         []string
+		workdir         string
+	)
+	cmd := &cobra.Command{
+		Use:   "commit SNAPSHOT REF",
+		Short: "Make an image of a snapshot and print its reference and digest",
+		Long: `Store an image named REF made of the snapshot, like docker commit: the
+snapshot's image plus one layer holding what the sandbox changed (deleted
+files stay deleted), with the image's config (and --env, --workdir,
+--entrypoint, --cmd changed: sandboxes see the environment; the others
+matter only to other tools that run the image). "berth image ls" lists it
+and "berth sandbox create --image REF" runs it; it outlives the snapshot.
+A stored REF is refused unless --replace (admins only).`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ch := &berthv1.ImageConfigChanges{Env: env, WorkingDir: workdir, Entrypoint: entrypoint, Cmd: cmdArgs}
+			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
+				resp, err := c.CommitSnapshot(ctx, args[0], args[1], client.CommitOptions{Replace: replace, Changes: ch})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", resp.GetImage().GetName(), resp.GetImage().GetDigest())
+				return nil
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&replace, "replace", false, "replace a stored image of that reference (admins only)")
+	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "set KEY=VALUE in the image's environment (repeatable)")
+	cmd.Flags().StringVarP(&workdir, "workdir", "w", "", "set the image's working directory")
+	cmd.Flags().StringArrayVar(&entrypoint, "entrypoint", nil, "set the image's entrypoint, one argument per flag")
+	cmd.Flags().StringArrayVar(&cmdArgs, "cmd", nil, "set the image's command, one argument per flag")
+	return cmd
 }

@@ -29,6 +29,9 @@ const (
 	ReasonSandboxExists   = "SANDBOX_EXISTS"
 	ReasonImageNotFound   = "IMAGE_NOT_FOUND"
 	ReasonImageArchive    = "IMAGE_ARCHIVE_INVALID"
+	// ReasonImageExists (ALREADY_EXISTS): CommitSnapshot without replace
+	// names a stored image.
+	ReasonImageExists = "IMAGE_EXISTS"
 	// ReasonImageUnusable (FAILED_PRECONDITION): what the image holds
 	// cannot start a sandbox (its /etc/passwd is a named pipe, say).
 	ReasonImageUnusable     = "IMAGE_UNUSABLE"

@@ -120,7 +120,8 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			}
 			return r.create(ctx, p, req.(*berthv1.CreateSandboxRequest), handler)
 		case berthv1.SandboxService_CreateSnapshot_FullMethodName, berthv1.SandboxService_ListSnapshots_FullMethodName,
-			berthv1.SandboxService_DeleteSnapshot_FullMethodName, berthv1.SandboxService_ForkSandbox_FullMethodName:
+			berthv1.SandboxService_DeleteSnapshot_FullMethodName, berthv1.SandboxService_ForkSandbox_FullMethodName,
+			berthv1.SandboxService_CommitSnapshot_FullMethodName:
 			return nil, snapshotsNotInFleet()
 		case berthv1.SandboxService_ListSandboxes_FullMethodName:
 			return r.list(ctx, p, req.(*berthv1.ListSandboxesRequest), handler)

@@ -23,6 +23,7 @@ func TestEveryRoutedMethodNamesItsSandbox(t *testing.T) {
 		// Refused in a fleet (snapshotsNotInFleet).
 		berthv1.SandboxService_ListSnapshots_FullMethodName:  true,
 		berthv1.SandboxService_DeleteSnapshot_FullMethodName: true,
+		berthv1.SandboxService_CommitSnapshot_FullMethodName: true,
 	}
 	for _, sd := range []grpc.ServiceDesc{berthv1.SandboxService_ServiceDesc, berthv1.FileService_ServiceDesc} {
 		if !routedServices[sd.ServiceName] {

@@ -24,6 +24,7 @@ func TestRouterRefusesSnapshots(t *testing.T) {
 		berthv1.SandboxService_ListSnapshots_FullMethodName:  &berthv1.ListSnapshotsRequest{},
 		berthv1.SandboxService_DeleteSnapshot_FullMethodName: &berthv1.DeleteSnapshotRequest{SnapshotId: "snap-0123456789abcdef0123"},
 		berthv1.SandboxService_CreateSandbox_FullMethodName:  &berthv1.CreateSandboxRequest{FromSnapshot: "snap-0123456789abcdef0123"},
+		berthv1.SandboxService_CommitSnapshot_FullMethodName: &berthv1.CommitSnapshotRequest{SnapshotId: "snap-0123456789abcdef0123", Reference: "x:1"},
 	} {
 		ran := false
 		_, err := r.UnaryInterceptor()(ctx, req, &grpc.UnaryServerInfo{FullMethod: method},

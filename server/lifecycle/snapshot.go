@@ -147,3 +147,29 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, snapID string, p auth.Prin
 	}
 	return st.DeleteSnapshot(ctx, snapID)
 }
+
+// committer is what the Manager needs of containerd to make an image of a
+// stored snapshot (*runtime.Runtime).
+type committer interface {
+	CommitSnapshot(ctx context.Context, snapID string, opts runtime.CommitOptions) (runtime.Commit, error)
+}
+
+// CommitSnapshot makes image opts.Ref of snapshot snapID for p
+// (runtime.Runtime.CommitSnapshot), its owner recorded as p; another
+// principal's snapshot is runtime.ErrSnapshotNotFound. A fleet learns of
+// the new image.
+func (m *Manager) CommitSnapshot(ctx context.Context, snapID string, p auth.Principal, opts runtime.CommitOptions) (runtime.Commit, error) {
+	st, ok := m.rt.(committer)
+	if !ok {
+		return runtime.Commit{}, fmt.Errorf("%w: this store keeps no snapshots", runtime.ErrSnapshotUnsupported)
+	}
+	if _, err := m.GetSnapshot(ctx, snapID, p); err != nil {
+		return runtime.Commit{}, err
+	}
+	opts.Owner = p.Name
+	c, err := st.CommitSnapshot(ctx, snapID, opts)
+	if err == nil {
+		m.ImagesChanged()
+	}
+	return c, err
+}

@@ -59,6 +59,8 @@ type fakeStore struct {
 	frozen     map[string]bool
 	onPause    func()
 	snapFreeze bool
+	// committed are the CommitSnapshot calls that reached the store.
+	committed []runtime.CommitOptions
 }
 
 func newFakeStore(t *testing.T) *fakeStore {
@@ -133,6 +135,13 @@ func (f *fakeStore) CreateSnapshot(ctx context.Context, _, _ string, _ map[strin
 	}
 	thaw()
 	return runtime.Snapshot{ID: testSnapshotID}, nil
+}
+
+func (f *fakeStore) CommitSnapshot(_ context.Context, _ string, opts runtime.CommitOptions) (runtime.Commit, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.committed = append(f.committed, opts)
+	return runtime.Commit{Image: runtime.Image{Name: opts.Ref}}, nil
 }
 
 func (f *fakeStore) ListSnapshots(context.Context, func(string) bool) ([]runtime.Snapshot, error) {
@@ -790,5 +799,53 @@ func TestCreateSnapshotCancelDuringPause(t *testing.T) {
 	defer st.mu.Unlock()
 	if st.frozen[id] {
 		t.Errorf("sandbox %s left frozen by a CreateSnapshot cancelled during its pause", id)
+	}
+}
+
+// TestCommitSnapshotChecks: CommitSnapshot's refusals before containerd:
+// malformed snapshot ids, references and config changes are
+// INVALID_ARGUMENT, replace by a principal that is not an admin is
+// PERMISSION_DENIED, another principal's snapshot NOT_FOUND; the owner the
+// store records is the caller.
+func TestCommitSnapshotChecks(t *testing.T) {
+	s, st := newHandlers(t)
+	admin := auth.Principal{Name: "ops", Admin: true}
+	req := func(mod func(*berthv1.CommitSnapshotRequest)) *berthv1.CommitSnapshotRequest {
+		r := &berthv1.CommitSnapshotRequest{SnapshotId: testSnapshotID, Reference: "tools/py:v2"}
+		mod(r)
+		return r
+	}
+	for _, c := range []struct {
+		name  string
+		who   auth.Principal
+		req   *berthv1.CommitSnapshotRequest
+		code  codes.Code
+		field string
+	}{
+		{"not an id", alice, req(func(r *berthv1.CommitSnapshotRequest) { r.SnapshotId = "nope" }), codes.InvalidArgument, "snapshot_id"},
+		{"no reference", alice, req(func(r *berthv1.CommitSnapshotRequest) { r.Reference = "" }), codes.InvalidArgument, "reference"},
+		{"upper case", alice, req(func(r *berthv1.CommitSnapshotRequest) { r.Reference = "tools/Py" }), codes.InvalidArgument, "reference"},
+		{"env without =", alice, req(func(r *berthv1.CommitSnapshotRequest) {
+			r.Changes = &berthv1.ImageConfigChanges{Env: []string{"A=1", "NOVALUE"}}
+		}), codes.InvalidArgument, "changes.env"},
+		{"env without key", alice, req(func(r *berthv1.CommitSnapshotRequest) { r.Changes = &berthv1.ImageConfigChanges{Env: []string{"=1"}} }), codes.InvalidArgument, "changes.env"},
+		{"relative working_dir", alice, req(func(r *berthv1.CommitSnapshotRequest) { r.Changes = &berthv1.ImageConfigChanges{WorkingDir: "src"} }), codes.InvalidArgument, "changes.working_dir"},
+		{"replace, not an admin", alice, req(func(r *berthv1.CommitSnapshotRequest) { r.Replace = true }), codes.PermissionDenied, ""},
+		{"another principal's", bob, req(func(*berthv1.CommitSnapshotRequest) {}), codes.NotFound, ""},
+		{"missing", alice, req(func(r *berthv1.CommitSnapshotRequest) { r.SnapshotId = "snap-ffffffffffffffffffff" }), codes.NotFound, ""},
+		{"alice's own", alice, req(func(*berthv1.CommitSnapshotRequest) {}), codes.OK, ""},
+		{"replace by an admin", admin, req(func(r *berthv1.CommitSnapshotRequest) { r.Replace = true }), codes.OK, ""},
+	} {
+		_, err := s.CommitSnapshot(as(c.who), c.req)
+		got := answerOf(err)
+		if got.code != c.code {
+			t.Errorf("%s: %+v (%v), want %v", c.name, got, err, c.code)
+		}
+		if c.field != "" && !strings.Contains(fmt.Sprint(err), c.field) {
+			t.Errorf("%s: %v does not name %s", c.name, err, c.field)
+		}
+	}
+	if len(st.committed) != 2 || st.committed[0].Owner != "alice" || st.committed[1].Owner != "ops" || !st.committed[1].Replace {
+		t.Errorf("commits that reached the store: %+v, want alice's, then ops's replace", st.committed)
 	}
 }

@@ -70,6 +70,7 @@ type sandboxes interface {
 	ListSnapshots(ctx context.Context, p auth.Principal) ([]runtime.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, snapID string, p auth.Principal) error
 	Fork(ctx context.Context, id string, p auth.Principal, req lifecycle.ForkRequest) ([]lifecycle.Created, error)
+	CommitSnapshot(ctx context.Context, snapID string, p auth.Principal, opts runtime.CommitOptions) (runtime.Commit, error)
 	Status(id string) (lifecycle.Status, bool)
 	Starting(id string) bool
 	Touch(id string)

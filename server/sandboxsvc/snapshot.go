@@ -2,9 +2,15 @@ package sandboxsvc
 
 import (
 	"context"
+	"fmt"
+	"path"
+	"strings"
+
+	"google.golang.org/grpc/codes"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -87,4 +93,54 @@ func snapshotProto(s runtime.Snapshot) *berthv1.Snapshot {
 		Labels:    s.Labels,
 		Image:     s.Image,
 	}
+}
+
+// CommitSnapshot makes an image of one of the caller's snapshots (see the
+// proto). Errors: INVALID_ARGUMENT (snapshot_id; reference, which must
+// parse as a docker reference; changes.env, changes.working_dir),
+// PERMISSION_DENIED NOT_PERMITTED for replace by a non-admin, NOT_FOUND
+// SNAPSHOT_NOT_FOUND (also another principal's) or IMAGE_NOT_FOUND,
+// ALREADY_EXISTS IMAGE_EXISTS, RESOURCE_EXHAUSTED NO_SPACE.
+func (s *Service) CommitSnapshot(ctx context.Context, req *berthv1.CommitSnapshotRequest) (*berthv1.CommitSnapshotResponse, error) {
+	id, ref := req.GetSnapshotId(), req.GetReference()
+	if !runtime.ValidSnapshotID(id) {
+		return nil, apierr.InvalidArgument("snapshot_id", "is not a snapshot id (snap- and 20 lowercase hex digits)")
+	}
+	if err := validate.ImageRef("reference", ref); err != nil {
+		return nil, err
+	}
+	if _, err := runtime.NormalizeReference(ref); err != nil {
+		return nil, apierr.InvalidArgument("reference", err.Error())
+	}
+	ch := req.GetChanges()
+	for i, kv := range ch.GetEnv() {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+			return nil, apierr.InvalidArgument("changes.env", fmt.Sprintf("entry %d is not KEY=VALUE (a non-empty key, no NUL)", i))
+		}
+	}
+	if wd := ch.GetWorkingDir(); wd != "" && !path.IsAbs(wd) {
+		return nil, apierr.InvalidArgument("changes.working_dir", "is not an absolute path")
+	}
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{"snapshot_id": id, "reference": ref}
+	if req.GetReplace() && !p.Admin {
+		return nil, apierr.New(codes.PermissionDenied, rpcstatus.ReasonNotPermitted,
+			"replace is for admins: every principal's next sandbox of "+ref+" would run the replacement; commit under a new reference", meta)
+	}
+	c, err := s.life.CommitSnapshot(ctx, id, p, runtime.CommitOptions{
+		Ref: ref, Replace: req.GetReplace(),
+		Env: ch.GetEnv(), WorkingDir: ch.GetWorkingDir(), Entrypoint: ch.GetEntrypoint(), Cmd: ch.GetCmd(),
+	})
+	if err != nil {
+		return nil, apierr.WithMeta(err, meta)
+	}
+	img := c.Image
+	return &berthv1.CommitSnapshotResponse{
+		Image:          &berthv1.Image{Name: img.Name, Digest: img.Digest, SizeBytes: img.SizeBytes, ContentSizeBytes: img.ContentSizeBytes, CreatedAt: timestamppb.New(img.CreatedAt)},
+		LayerDigest:    c.Layer.Digest.String(),
+		LayerSizeBytes: c.Layer.Size,
+	}, nil
 }

@@ -143,6 +143,8 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonSnapshotLimit, msg, meta)
 	case errors.Is(err, runtime.ErrSandboxExists):
 		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonSandboxExists, msg, meta)
+	case errors.Is(err, runtime.ErrImageExists):
+		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonImageExists, msg, meta)
 	case errors.Is(err, runtime.ErrImageNotFound):
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonImageNotFound, msg, meta)
 	case errors.Is(err, runtime.ErrDiskQuotaUnsupported):

@@ -2312,6 +2312,227 @@ func (x *ForkSandboxResponse) GetSandboxes() []*Sandbox {
 	return nil
 }
 
+// CommitSnapshotRequest names the snapshot to commit and the image to
+// make of it.
+type CommitSnapshotRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// snapshot_id names one of the caller's snapshots.
+	SnapshotId string `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// reference names the new image, e.g. "tools/py:v2" (stored as given,
+	// like ImportImageHeader.name; CreateSandbox finds it by that name or
+	// its normalized form).
+	Reference string `protobuf:"bytes,2,opt,name=reference,proto3" json:"reference,omitempty"`
+	// replace lets the commit replace a stored image of that name (admins
+	// only: every principal's next sandbox of that name would run it);
+	// without it such a commit is ALREADY_EXISTS.
+	Replace bool `protobuf:"varint,3,opt,name=replace,proto3" json:"replace,omitempty"`
+	// changes are applied to the snapshot's image's config; unset fields
+	// keep the image's.
+	Changes       *ImageConfigChanges `protobuf:"bytes,4,opt,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitSnapshotRequest) Reset() {
+	*x = CommitSnapshotRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitSnapshotRequest) ProtoMessage() {}
+
+func (x *CommitSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*CommitSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *CommitSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *CommitSnapshotRequest) GetReference() string {
+	if x != nil {
+		return x.Reference
+	}
+	return ""
+}
+
+func (x *CommitSnapshotRequest) GetReplace() bool {
+	if x != nil {
+		return x.Replace
+	}
+	return false
+}
+
+func (x *CommitSnapshotRequest) GetChanges() *ImageConfigChanges {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+// ImageConfigChanges changes an image's config (OCI image-spec config.md)
+// on commit. A berth sandbox takes the image's Env; its processes start
+// in the sandbox's own working directory and berth-agent is its first
+// process, so WorkingDir, Entrypoint and Cmd matter only to other tools
+// that run the image.
+type ImageConfigChanges struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// env are "KEY=VALUE" variables set in the image's Env, replacing one of
+	// the same key.
+	Env []string `protobuf:"bytes,1,rep,name=env,proto3" json:"env,omitempty"`
+	// working_dir, when set, is the image's WorkingDir (absolute).
+	WorkingDir string `protobuf:"bytes,2,opt,name=working_dir,json=workingDir,proto3" json:"working_dir,omitempty"`
+	// entrypoint, when not empty, replaces the image's Entrypoint.
+	Entrypoint []string `protobuf:"bytes,3,rep,name=entrypoint,proto3" json:"entrypoint,omitempty"`
+	// cmd, when not empty, replaces the image's Cmd.
+	Cmd           []string `protobuf:"bytes,4,rep,name=cmd,proto3" json:"cmd,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ImageConfigChanges) Reset() {
+	*x = ImageConfigChanges{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ImageConfigChanges) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ImageConfigChanges) ProtoMessage() {}
+
+func (x *ImageConfigChanges) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ImageConfigChanges.ProtoReflect.Descriptor instead.
+func (*ImageConfigChanges) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ImageConfigChanges) GetEnv() []string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ImageConfigChanges) GetWorkingDir() string {
+	if x != nil {
+		return x.WorkingDir
+	}
+	return ""
+}
+
+func (x *ImageConfigChanges) GetEntrypoint() []string {
+	if x != nil {
+		return x.Entrypoint
+	}
+	return nil
+}
+
+func (x *ImageConfigChanges) GetCmd() []string {
+	if x != nil {
+		return x.Cmd
+	}
+	return nil
+}
+
+// CommitSnapshotResponse returns the new image.
+type CommitSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// image is the stored image (as ListImages shows it).
+	Image *Image `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	// layer_digest is the new layer's digest (compressed), "sha256:<hex>".
+	LayerDigest string `protobuf:"bytes,2,opt,name=layer_digest,json=layerDigest,proto3" json:"layer_digest,omitempty"`
+	// layer_size_bytes is the new layer's size (compressed), in bytes.
+	LayerSizeBytes int64 `protobuf:"varint,3,opt,name=layer_size_bytes,json=layerSizeBytes,proto3" json:"layer_size_bytes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CommitSnapshotResponse) Reset() {
+	*x = CommitSnapshotResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitSnapshotResponse) ProtoMessage() {}
+
+func (x *CommitSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*CommitSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CommitSnapshotResponse) GetImage() *Image {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+func (x *CommitSnapshotResponse) GetLayerDigest() string {
+	if x != nil {
+		return x.LayerDigest
+	}
+	return ""
+}
+
+func (x *CommitSnapshotResponse) GetLayerSizeBytes() int64 {
+	if x != nil {
+		return x.LayerSizeBytes
+	}
+	return 0
+}
+
 // KeepAliveRequest names the sandbox to keep.
 type KeepAliveRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2327,7 +2548,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2560,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2573,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *KeepAliveRequest) GetSandboxId() string {
@@ -2383,7 +2604,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2395,7 +2616,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2408,7 +2629,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
@@ -2429,7 +2650,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -2605,7 +2826,25 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
 	"\x13ForkSandboxResponse\x12/\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x11.berth.v1.SandboxR\tsandboxes\"g\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x11.berth.v1.SandboxR\tsandboxes\"\xa8\x01\n" +
+	"\x15CommitSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x1c\n" +
+	"\treference\x18\x02 \x01(\tR\treference\x12\x18\n" +
+	"\areplace\x18\x03 \x01(\bR\areplace\x126\n" +
+	"\achanges\x18\x04 \x01(\v2\x1c.berth.v1.ImageConfigChangesR\achanges\"y\n" +
+	"\x12ImageConfigChanges\x12\x10\n" +
+	"\x03env\x18\x01 \x03(\tR\x03env\x12\x1f\n" +
+	"\vworking_dir\x18\x02 \x01(\tR\n" +
+	"workingDir\x12\x1e\n" +
+	"\n" +
+	"entrypoint\x18\x03 \x03(\tR\n" +
+	"entrypoint\x12\x10\n" +
+	"\x03cmd\x18\x04 \x03(\tR\x03cmd\"\x8c\x01\n" +
+	"\x16CommitSnapshotResponse\x12%\n" +
+	"\x05image\x18\x01 \x01(\v2\x0f.berth.v1.ImageR\x05image\x12!\n" +
+	"\flayer_digest\x18\x02 \x01(\tR\vlayerDigest\x12(\n" +
+	"\x10layer_size_bytes\x18\x03 \x01(\x03R\x0elayerSizeBytes\"g\n" +
 	"\x10KeepAliveRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x124\n" +
@@ -2639,7 +2878,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
 	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
-	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\xcc\t\n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\xa1\n" +
+	"\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -2658,7 +2898,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x0eCreateSnapshot\x12\x1f.berth.v1.CreateSnapshotRequest\x1a .berth.v1.CreateSnapshotResponse\x12P\n" +
 	"\rListSnapshots\x12\x1e.berth.v1.ListSnapshotsRequest\x1a\x1f.berth.v1.ListSnapshotsResponse\x12S\n" +
 	"\x0eDeleteSnapshot\x12\x1f.berth.v1.DeleteSnapshotRequest\x1a .berth.v1.DeleteSnapshotResponse\x12J\n" +
-	"\vForkSandbox\x12\x1c.berth.v1.ForkSandboxRequest\x1a\x1d.berth.v1.ForkSandboxResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\vForkSandbox\x12\x1c.berth.v1.ForkSandboxRequest\x1a\x1d.berth.v1.ForkSandboxResponse\x12S\n" +
+	"\x0eCommitSnapshot\x12\x1f.berth.v1.CommitSnapshotRequest\x1a .berth.v1.CommitSnapshotResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -2673,7 +2914,7 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_berth_v1_sandbox_proto_goTypes = []any{
 	(SandboxState)(0),              // 0: berth.v1.SandboxState
 	(IdleAction)(0),                // 1: berth.v1.IdleAction
@@ -2706,107 +2947,115 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*DeleteSnapshotResponse)(nil), // 28: berth.v1.DeleteSnapshotResponse
 	(*ForkSandboxRequest)(nil),     // 29: berth.v1.ForkSandboxRequest
 	(*ForkSandboxResponse)(nil),    // 30: berth.v1.ForkSandboxResponse
-	(*KeepAliveRequest)(nil),       // 31: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),      // 32: berth.v1.KeepAliveResponse
-	nil,                            // 33: berth.v1.Sandbox.LabelsEntry
-	nil,                            // 34: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                            // 35: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                            // 36: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	nil,                            // 37: berth.v1.Snapshot.LabelsEntry
-	nil,                            // 38: berth.v1.CreateSnapshotRequest.LabelsEntry
-	nil,                            // 39: berth.v1.ForkSandboxRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 40: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 41: google.protobuf.Timestamp
-	(*ExecRequest)(nil),            // 42: berth.v1.ExecRequest
-	(*RunRequest)(nil),             // 43: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),       // 44: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),      // 45: berth.v1.SignalExecRequest
-	(*PortForwardRequest)(nil),     // 46: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),           // 47: berth.v1.ExecResponse
-	(*RunResponse)(nil),            // 48: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),      // 49: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),     // 50: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),    // 51: berth.v1.PortForwardResponse
+	(*CommitSnapshotRequest)(nil),  // 31: berth.v1.CommitSnapshotRequest
+	(*ImageConfigChanges)(nil),     // 32: berth.v1.ImageConfigChanges
+	(*CommitSnapshotResponse)(nil), // 33: berth.v1.CommitSnapshotResponse
+	(*KeepAliveRequest)(nil),       // 34: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),      // 35: berth.v1.KeepAliveResponse
+	nil,                            // 36: berth.v1.Sandbox.LabelsEntry
+	nil,                            // 37: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                            // 38: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                            // 39: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	nil,                            // 40: berth.v1.Snapshot.LabelsEntry
+	nil,                            // 41: berth.v1.CreateSnapshotRequest.LabelsEntry
+	nil,                            // 42: berth.v1.ForkSandboxRequest.LabelsEntry
+	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
+	(*Image)(nil),                  // 45: berth.v1.Image
+	(*ExecRequest)(nil),            // 46: berth.v1.ExecRequest
+	(*RunRequest)(nil),             // 47: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),       // 48: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),      // 49: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),     // 50: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),           // 51: berth.v1.ExecResponse
+	(*RunResponse)(nil),            // 52: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),      // 53: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),     // 54: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),    // 55: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
-	40, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	41, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	43, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	44, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	33, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	41, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	36, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	44, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
 	5,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	40, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	40, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	41, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	41, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	41, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	43, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	43, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	44, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	44, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
 	7,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
 	6,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
 	4,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
 	1,  // 17: berth.v1.Sandbox.idle_action:type_name -> berth.v1.IdleAction
-	34, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	37, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
 	5,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	35, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	40, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	40, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	38, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	43, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	43, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
 	6,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
 	1,  // 24: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
 	9,  // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
 	9,  // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	36, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	39, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
 	9,  // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
 	9,  // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
 	9,  // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	41, // 31: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
-	37, // 32: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
-	38, // 33: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
+	44, // 31: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	40, // 32: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
+	41, // 33: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
 	22, // 34: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
 	22, // 35: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
-	39, // 36: berth.v1.ForkSandboxRequest.labels:type_name -> berth.v1.ForkSandboxRequest.LabelsEntry
+	42, // 36: berth.v1.ForkSandboxRequest.labels:type_name -> berth.v1.ForkSandboxRequest.LabelsEntry
 	9,  // 37: berth.v1.ForkSandboxResponse.sandboxes:type_name -> berth.v1.Sandbox
-	40, // 38: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	41, // 39: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	41, // 40: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 41: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	12, // 42: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	14, // 43: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	16, // 44: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	31, // 45: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	42, // 46: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	43, // 47: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	44, // 48: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	45, // 49: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	46, // 50: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	18, // 51: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	20, // 52: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 53: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	25, // 54: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	27, // 55: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	29, // 56: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
-	11, // 57: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	13, // 58: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	15, // 59: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	17, // 60: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	32, // 61: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	47, // 62: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	48, // 63: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	49, // 64: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	50, // 65: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	51, // 66: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	19, // 67: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	21, // 68: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 69: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	26, // 70: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	28, // 71: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	30, // 72: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
-	57, // [57:73] is the sub-list for method output_type
-	41, // [41:57] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	32, // 38: berth.v1.CommitSnapshotRequest.changes:type_name -> berth.v1.ImageConfigChanges
+	45, // 39: berth.v1.CommitSnapshotResponse.image:type_name -> berth.v1.Image
+	43, // 40: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	44, // 41: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	44, // 42: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	10, // 43: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	12, // 44: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	14, // 45: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	16, // 46: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	34, // 47: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	46, // 48: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	47, // 49: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	48, // 50: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	49, // 51: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	50, // 52: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	18, // 53: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	20, // 54: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 55: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	25, // 56: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	27, // 57: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	29, // 58: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	31, // 59: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
+	11, // 60: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	13, // 61: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	15, // 62: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	17, // 63: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	35, // 64: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	51, // 65: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	52, // 66: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	53, // 67: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	54, // 68: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	55, // 69: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	19, // 70: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	21, // 71: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 72: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	26, // 73: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	28, // 74: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	30, // 75: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	33, // 76: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
+	60, // [60:77] is the sub-list for method output_type
+	43, // [43:60] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -2815,6 +3064,7 @@ func file_berth_v1_sandbox_proto_init() {
 		return
 	}
 	file_berth_v1_exec_proto_init()
+	file_berth_v1_image_proto_init()
 	file_berth_v1_port_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2822,7 +3072,7 @@ func file_berth_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   35,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,7 @@ const (
 	SandboxService_ListSnapshots_FullMethodName  = "/berth.v1.SandboxService/ListSnapshots"
 	SandboxService_DeleteSnapshot_FullMethodName = "/berth.v1.SandboxService/DeleteSnapshot"
 	SandboxService_ForkSandbox_FullMethodName    = "/berth.v1.SandboxService/ForkSandbox"
+	SandboxService_CommitSnapshot_FullMethodName = "/berth.v1.SandboxService/CommitSnapshot"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -194,6 +195,25 @@ type SandboxServiceClient interface {
 	// there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
 	// FLEET_BUSY, principal limits, UNAVAILABLE).
 	ForkSandbox(ctx context.Context, in *ForkSandboxRequest, opts ...grpc.CallOption) (*ForkSandboxResponse, error)
+	// CommitSnapshot makes an image of one of the caller's snapshots, like
+	// docker commit: the snapshot's image plus one new layer holding what
+	// the snapshot changed (containerd's diff of the image's files and the
+	// snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
+	// files), the image's config with the new layer, a history entry and the
+	// request's changes, and a manifest, stored under reference and unpacked
+	// so that CreateSandbox takes it. The image is in the one image store
+	// every principal lists and creates sandboxes from (ListImages), like an
+	// imported one; it is labelled with the principal and the snapshot it
+	// came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+	// (snapshot_id, reference: not a reference containerd's parser takes;
+	// changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
+	// principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
+	// replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
+	// stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
+	// for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
+	// (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
+	// (SNAPSHOT_UNSUPPORTED) where snapshots are.
+	CommitSnapshot(ctx context.Context, in *CommitSnapshotRequest, opts ...grpc.CallOption) (*CommitSnapshotResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -370,6 +390,16 @@ func (c *sandboxServiceClient) ForkSandbox(ctx context.Context, in *ForkSandboxR
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CommitSnapshot(ctx context.Context, in *CommitSnapshotRequest, opts ...grpc.CallOption) (*CommitSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommitSnapshotResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CommitSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -527,6 +557,25 @@ type SandboxServiceServer interface {
 	// there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
 	// FLEET_BUSY, principal limits, UNAVAILABLE).
 	ForkSandbox(context.Context, *ForkSandboxRequest) (*ForkSandboxResponse, error)
+	// CommitSnapshot makes an image of one of the caller's snapshots, like
+	// docker commit: the snapshot's image plus one new layer holding what
+	// the snapshot changed (containerd's diff of the image's files and the
+	// snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
+	// files), the image's config with the new layer, a history entry and the
+	// request's changes, and a manifest, stored under reference and unpacked
+	// so that CreateSandbox takes it. The image is in the one image store
+	// every principal lists and creates sandboxes from (ListImages), like an
+	// imported one; it is labelled with the principal and the snapshot it
+	// came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+	// (snapshot_id, reference: not a reference containerd's parser takes;
+	// changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
+	// principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
+	// replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
+	// stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
+	// for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
+	// (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
+	// (SNAPSHOT_UNSUPPORTED) where snapshots are.
+	CommitSnapshot(context.Context, *CommitSnapshotRequest) (*CommitSnapshotResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -584,6 +633,9 @@ func (UnimplementedSandboxServiceServer) DeleteSnapshot(context.Context, *Delete
 }
 func (UnimplementedSandboxServiceServer) ForkSandbox(context.Context, *ForkSandboxRequest) (*ForkSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ForkSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) CommitSnapshot(context.Context, *CommitSnapshotRequest) (*CommitSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CommitSnapshot not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -872,6 +924,24 @@ func _SandboxService_ForkSandbox_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CommitSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommitSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CommitSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CommitSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CommitSnapshot(ctx, req.(*CommitSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -934,6 +1004,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForkSandbox",
 			Handler:    _SandboxService_ForkSandbox_Handler,
+		},
+		{
+			MethodName: "CommitSnapshot",
+			Handler:    _SandboxService_CommitSnapshot_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

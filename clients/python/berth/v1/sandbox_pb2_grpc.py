@@ -107,6 +107,11 @@ class SandboxServiceStub(object):
                 request_serializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
                 )
+        self.CommitSnapshot = channel.unary_unary(
+                '/berth.v1.SandboxService/CommitSnapshot',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotResponse.FromString,
+                )
 
 
 class SandboxServiceServicer(object):
@@ -344,6 +349,30 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitSnapshot(self, request, context):
+        """CommitSnapshot makes an image of one of the caller's snapshots, like
+        docker commit: the snapshot's image plus one new layer holding what
+        the snapshot changed (containerd's diff of the image's files and the
+        snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
+        files), the image's config with the new layer, a history entry and the
+        request's changes, and a manifest, stored under reference and unpacked
+        so that CreateSandbox takes it. The image is in the one image store
+        every principal lists and creates sandboxes from (ListImages), like an
+        imported one; it is labelled with the principal and the snapshot it
+        came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+        (snapshot_id, reference: not a reference containerd's parser takes;
+        changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
+        principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
+        replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
+        stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
+        for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
+        (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
+        (SNAPSHOT_UNSUPPORTED) where snapshots are.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -426,6 +455,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ForkSandbox,
                     request_deserializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.FromString,
                     response_serializer=berth_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.SerializeToString,
+            ),
+            'CommitSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitSnapshot,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -717,5 +751,22 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ForkSandbox',
             berth_dot_v1_dot_sandbox__pb2.ForkSandboxRequest.SerializeToString,
             berth_dot_v1_dot_sandbox__pb2.ForkSandboxResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CommitSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/CommitSnapshot',
+            berth_dot_v1_dot_sandbox__pb2.CommitSnapshotRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.CommitSnapshotResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

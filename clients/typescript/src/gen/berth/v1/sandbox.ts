@@ -32,6 +32,7 @@ import {
   SignalExecRequest,
   SignalExecResponse,
 } from "./exec";
+import { Image } from "./image";
 import { PortForwardRequest, PortForwardResponse } from "./port";
 
 /** SandboxState is the lifecycle state of a sandbox. */
@@ -943,6 +944,65 @@ export interface ForkSandboxRequest_LabelsEntry {
 export interface ForkSandboxResponse {
   /** sandboxes are the children, in index order. */
   sandboxes: Sandbox[];
+}
+
+/**
+ * CommitSnapshotRequest names the snapshot to commit and the image to
+ * make of it.
+ */
+export interface CommitSnapshotRequest {
+  /** snapshot_id names one of the caller's snapshots. */
+  snapshotId: string;
+  /**
+   * reference names the new image, e.g. "tools/py:v2" (stored as given,
+   * like ImportImageHeader.name; CreateSandbox finds it by that name or
+   * its normalized form).
+   */
+  reference: string;
+  /**
+   * replace lets the commit replace a stored image of that name (admins
+   * only: every principal's next sandbox of that name would run it);
+   * without it such a commit is ALREADY_EXISTS.
+   */
+  replace: boolean;
+  /**
+   * changes are applied to the snapshot's image's config; unset fields
+   * keep the image's.
+   */
+  changes: ImageConfigChanges | undefined;
+}
+
+/**
+ * ImageConfigChanges changes an image's config (OCI image-spec config.md)
+ * on commit. A berth sandbox takes the image's Env; its processes start
+ * in the sandbox's own working directory and berth-agent is its first
+ * process, so WorkingDir, Entrypoint and Cmd matter only to other tools
+ * that run the image.
+ */
+export interface ImageConfigChanges {
+  /**
+   * env are "KEY=VALUE" variables set in the image's Env, replacing one of
+   * the same key.
+   */
+  env: string[];
+  /** working_dir, when set, is the image's WorkingDir (absolute). */
+  workingDir: string;
+  /** entrypoint, when not empty, replaces the image's Entrypoint. */
+  entrypoint: string[];
+  /** cmd, when not empty, replaces the image's Cmd. */
+  cmd: string[];
+}
+
+/** CommitSnapshotResponse returns the new image. */
+export interface CommitSnapshotResponse {
+  /** image is the stored image (as ListImages shows it). */
+  image:
+    | Image
+    | undefined;
+  /** layer_digest is the new layer's digest (compressed), "sha256:<hex>". */
+  layerDigest: string;
+  /** layer_size_bytes is the new layer's size (compressed), in bytes. */
+  layerSizeBytes: bigint;
 }
 
 /** KeepAliveRequest names the sandbox to keep. */
@@ -5131,6 +5191,366 @@ export const ForkSandboxResponse: MessageFns<ForkSandboxResponse> = {
   },
 };
 
+function createBaseCommitSnapshotRequest(): CommitSnapshotRequest {
+  return { snapshotId: "", reference: "", replace: false, changes: undefined };
+}
+
+export const CommitSnapshotRequest: MessageFns<CommitSnapshotRequest> = {
+  encode(message: CommitSnapshotRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.snapshotId !== "") {
+      writer.uint32(10).string(message.snapshotId);
+    }
+    if (message.reference !== "") {
+      writer.uint32(18).string(message.reference);
+    }
+    if (message.replace !== false) {
+      writer.uint32(24).bool(message.replace);
+    }
+    if (message.changes !== undefined) {
+      ImageConfigChanges.encode(message.changes, writer.uint32(34).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CommitSnapshotRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCommitSnapshotRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.snapshotId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.reference = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.replace = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.changes = ImageConfigChanges.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CommitSnapshotRequest {
+    return {
+      snapshotId: isSet(object.snapshotId)
+        ? globalThis.String(object.snapshotId)
+        : isSet(object.snapshot_id)
+        ? globalThis.String(object.snapshot_id)
+        : "",
+      reference: isSet(object.reference) ? globalThis.String(object.reference) : "",
+      replace: isSet(object.replace) ? globalThis.Boolean(object.replace) : false,
+      changes: isSet(object.changes) ? ImageConfigChanges.fromJSON(object.changes) : undefined,
+    };
+  },
+
+  toJSON(message: CommitSnapshotRequest): unknown {
+    const obj: any = {};
+    if (message.snapshotId !== "") {
+      obj.snapshotId = message.snapshotId;
+    }
+    if (message.reference !== "") {
+      obj.reference = message.reference;
+    }
+    if (message.replace !== false) {
+      obj.replace = message.replace;
+    }
+    if (message.changes !== undefined) {
+      obj.changes = ImageConfigChanges.toJSON(message.changes);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CommitSnapshotRequest>, I>>(base?: I): CommitSnapshotRequest {
+    return CommitSnapshotRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CommitSnapshotRequest>, I>>(object: I): CommitSnapshotRequest {
+    const message = createBaseCommitSnapshotRequest();
+    message.snapshotId = object.snapshotId ?? "";
+    message.reference = object.reference ?? "";
+    message.replace = object.replace ?? false;
+    message.changes = (object.changes !== undefined && object.changes !== null)
+      ? ImageConfigChanges.fromPartial(object.changes)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseImageConfigChanges(): ImageConfigChanges {
+  return { env: [], workingDir: "", entrypoint: [], cmd: [] };
+}
+
+export const ImageConfigChanges: MessageFns<ImageConfigChanges> = {
+  encode(message: ImageConfigChanges, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.env) {
+      writer.uint32(10).string(v!);
+    }
+    if (message.workingDir !== "") {
+      writer.uint32(18).string(message.workingDir);
+    }
+    for (const v of message.entrypoint) {
+      writer.uint32(26).string(v!);
+    }
+    for (const v of message.cmd) {
+      writer.uint32(34).string(v!);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ImageConfigChanges {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseImageConfigChanges();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.env.push(reader.string());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.workingDir = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.entrypoint.push(reader.string());
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.cmd.push(reader.string());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ImageConfigChanges {
+    return {
+      env: globalThis.Array.isArray(object?.env) ? object.env.map((e: any) => globalThis.String(e)) : [],
+      workingDir: isSet(object.workingDir)
+        ? globalThis.String(object.workingDir)
+        : isSet(object.working_dir)
+        ? globalThis.String(object.working_dir)
+        : "",
+      entrypoint: globalThis.Array.isArray(object?.entrypoint)
+        ? object.entrypoint.map((e: any) => globalThis.String(e))
+        : [],
+      cmd: globalThis.Array.isArray(object?.cmd) ? object.cmd.map((e: any) => globalThis.String(e)) : [],
+    };
+  },
+
+  toJSON(message: ImageConfigChanges): unknown {
+    const obj: any = {};
+    if (message.env?.length) {
+      obj.env = message.env;
+    }
+    if (message.workingDir !== "") {
+      obj.workingDir = message.workingDir;
+    }
+    if (message.entrypoint?.length) {
+      obj.entrypoint = message.entrypoint;
+    }
+    if (message.cmd?.length) {
+      obj.cmd = message.cmd;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ImageConfigChanges>, I>>(base?: I): ImageConfigChanges {
+    return ImageConfigChanges.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ImageConfigChanges>, I>>(object: I): ImageConfigChanges {
+    const message = createBaseImageConfigChanges();
+    message.env = object.env?.map((e) => e) || [];
+    message.workingDir = object.workingDir ?? "";
+    message.entrypoint = object.entrypoint?.map((e) => e) || [];
+    message.cmd = object.cmd?.map((e) => e) || [];
+    return message;
+  },
+};
+
+function createBaseCommitSnapshotResponse(): CommitSnapshotResponse {
+  return { image: undefined, layerDigest: "", layerSizeBytes: 0n };
+}
+
+export const CommitSnapshotResponse: MessageFns<CommitSnapshotResponse> = {
+  encode(message: CommitSnapshotResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.image !== undefined) {
+      Image.encode(message.image, writer.uint32(10).fork()).join();
+    }
+    if (message.layerDigest !== "") {
+      writer.uint32(18).string(message.layerDigest);
+    }
+    if (message.layerSizeBytes !== 0n) {
+      if (BigInt.asIntN(64, message.layerSizeBytes) !== message.layerSizeBytes) {
+        throw new globalThis.Error("value provided for field message.layerSizeBytes of type int64 too large");
+      }
+      writer.uint32(24).int64(message.layerSizeBytes);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): CommitSnapshotResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseCommitSnapshotResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.image = Image.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.layerDigest = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.layerSizeBytes = reader.int64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): CommitSnapshotResponse {
+    return {
+      image: isSet(object.image) ? Image.fromJSON(object.image) : undefined,
+      layerDigest: isSet(object.layerDigest)
+        ? globalThis.String(object.layerDigest)
+        : isSet(object.layer_digest)
+        ? globalThis.String(object.layer_digest)
+        : "",
+      layerSizeBytes: isSet(object.layerSizeBytes)
+        ? BigInt(object.layerSizeBytes)
+        : isSet(object.layer_size_bytes)
+        ? BigInt(object.layer_size_bytes)
+        : 0n,
+    };
+  },
+
+  toJSON(message: CommitSnapshotResponse): unknown {
+    const obj: any = {};
+    if (message.image !== undefined) {
+      obj.image = Image.toJSON(message.image);
+    }
+    if (message.layerDigest !== "") {
+      obj.layerDigest = message.layerDigest;
+    }
+    if (message.layerSizeBytes !== 0n) {
+      obj.layerSizeBytes = message.layerSizeBytes.toString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<CommitSnapshotResponse>, I>>(base?: I): CommitSnapshotResponse {
+    return CommitSnapshotResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<CommitSnapshotResponse>, I>>(object: I): CommitSnapshotResponse {
+    const message = createBaseCommitSnapshotResponse();
+    message.image = (object.image !== undefined && object.image !== null) ? Image.fromPartial(object.image) : undefined;
+    message.layerDigest = object.layerDigest ?? "";
+    message.layerSizeBytes = (object.layerSizeBytes !== undefined && object.layerSizeBytes !== null)
+      ? BigInt(object.layerSizeBytes)
+      : 0n;
+    return message;
+  },
+};
+
 function createBaseKeepAliveRequest(): KeepAliveRequest {
   return { sandboxId: "", holdFor: undefined };
 }
@@ -5643,6 +6063,37 @@ export const SandboxServiceService = {
     responseSerialize: (value: ForkSandboxResponse): Buffer => Buffer.from(ForkSandboxResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ForkSandboxResponse => ForkSandboxResponse.decode(value),
   },
+  /**
+   * CommitSnapshot makes an image of one of the caller's snapshots, like
+   * docker commit: the snapshot's image plus one new layer holding what
+   * the snapshot changed (containerd's diff of the image's files and the
+   * snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
+   * files), the image's config with the new layer, a history entry and the
+   * request's changes, and a manifest, stored under reference and unpacked
+   * so that CreateSandbox takes it. The image is in the one image store
+   * every principal lists and creates sandboxes from (ListImages), like an
+   * imported one; it is labelled with the principal and the snapshot it
+   * came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+   * (snapshot_id, reference: not a reference containerd's parser takes;
+   * changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
+   * principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
+   * replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
+   * stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
+   * for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
+   * (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
+   * (SNAPSHOT_UNSUPPORTED) where snapshots are.
+   */
+  commitSnapshot: {
+    path: "/berth.v1.SandboxService/CommitSnapshot" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CommitSnapshotRequest): Buffer =>
+      Buffer.from(CommitSnapshotRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CommitSnapshotRequest => CommitSnapshotRequest.decode(value),
+    responseSerialize: (value: CommitSnapshotResponse): Buffer =>
+      Buffer.from(CommitSnapshotResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CommitSnapshotResponse => CommitSnapshotResponse.decode(value),
+  },
 } as const;
 
 export interface SandboxServiceServer extends UntypedServiceImplementation {
@@ -5817,6 +6268,27 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * FLEET_BUSY, principal limits, UNAVAILABLE).
    */
   forkSandbox: handleUnaryCall<ForkSandboxRequest, ForkSandboxResponse>;
+  /**
+   * CommitSnapshot makes an image of one of the caller's snapshots, like
+   * docker commit: the snapshot's image plus one new layer holding what
+   * the snapshot changed (containerd's diff of the image's files and the
+   * snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
+   * files), the image's config with the new layer, a history entry and the
+   * request's changes, and a manifest, stored under reference and unpacked
+   * so that CreateSandbox takes it. The image is in the one image store
+   * every principal lists and creates sandboxes from (ListImages), like an
+   * imported one; it is labelled with the principal and the snapshot it
+   * came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+   * (snapshot_id, reference: not a reference containerd's parser takes;
+   * changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
+   * principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
+   * replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
+   * stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
+   * for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
+   * (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
+   * (SNAPSHOT_UNSUPPORTED) where snapshots are.
+   */
+  commitSnapshot: handleUnaryCall<CommitSnapshotRequest, CommitSnapshotResponse>;
 }
 
 export interface SandboxServiceClient extends Client {
@@ -6190,6 +6662,41 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ForkSandboxResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * CommitSnapshot makes an image of one of the caller's snapshots, like
+   * docker commit: the snapshot's image plus one new layer holding what
+   * the snapshot changed (containerd's diff of the image's files and the
+   * snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
+   * files), the image's config with the new layer, a history entry and the
+   * request's changes, and a manifest, stored under reference and unpacked
+   * so that CreateSandbox takes it. The image is in the one image store
+   * every principal lists and creates sandboxes from (ListImages), like an
+   * imported one; it is labelled with the principal and the snapshot it
+   * came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+   * (snapshot_id, reference: not a reference containerd's parser takes;
+   * changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
+   * principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
+   * replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
+   * stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
+   * for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
+   * (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
+   * (SNAPSHOT_UNSUPPORTED) where snapshots are.
+   */
+  commitSnapshot(
+    request: CommitSnapshotRequest,
+    callback: (error: ServiceError | null, response: CommitSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  commitSnapshot(
+    request: CommitSnapshotRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CommitSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  commitSnapshot(
+    request: CommitSnapshotRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CommitSnapshotResponse) => void,
   ): ClientUnaryCall;
 }
 
