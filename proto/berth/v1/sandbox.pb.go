@@ -44,6 +44,11 @@ const (
 	// (PauseSandbox, or the idle timeout with IDLE_ACTION_PAUSE): it keeps its
 	// memory and uses no CPU.
 	SandboxState_SANDBOX_STATE_PAUSED SandboxState = 5
+	// SANDBOX_STATE_HIBERNATED means the sandbox's processes ended and its
+	// files are kept (HibernateSandbox, or the idle timeout with
+	// IDLE_ACTION_HIBERNATE): it holds no memory and no CPU, and the next call
+	// naming it starts a new task.
+	SandboxState_SANDBOX_STATE_HIBERNATED SandboxState = 6
 )
 
 // Enum value maps for SandboxState.
@@ -55,6 +60,7 @@ var (
 		3: "SANDBOX_STATE_STARTING",
 		4: "SANDBOX_STATE_STOPPING",
 		5: "SANDBOX_STATE_PAUSED",
+		6: "SANDBOX_STATE_HIBERNATED",
 	}
 	SandboxState_value = map[string]int32{
 		"SANDBOX_STATE_UNSPECIFIED": 0,
@@ -63,6 +69,7 @@ var (
 		"SANDBOX_STATE_STARTING":    3,
 		"SANDBOX_STATE_STOPPING":    4,
 		"SANDBOX_STATE_PAUSED":      5,
+		"SANDBOX_STATE_HIBERNATED":  6,
 	}
 )
 
@@ -104,6 +111,10 @@ const (
 	// IDLE_ACTION_PAUSE pauses the sandbox (see PauseSandbox): its memory and
 	// files are kept, it uses no CPU, and the next call naming it resumes it.
 	IdleAction_IDLE_ACTION_PAUSE IdleAction = 2
+	// IDLE_ACTION_HIBERNATE hibernates the sandbox (see HibernateSandbox):
+	// its processes end, its files are kept, it holds no memory, and the
+	// next call naming it starts a new task.
+	IdleAction_IDLE_ACTION_HIBERNATE IdleAction = 3
 )
 
 // Enum value maps for IdleAction.
@@ -112,11 +123,13 @@ var (
 		0: "IDLE_ACTION_UNSPECIFIED",
 		1: "IDLE_ACTION_DELETE",
 		2: "IDLE_ACTION_PAUSE",
+		3: "IDLE_ACTION_HIBERNATE",
 	}
 	IdleAction_value = map[string]int32{
 		"IDLE_ACTION_UNSPECIFIED": 0,
 		"IDLE_ACTION_DELETE":      1,
 		"IDLE_ACTION_PAUSE":       2,
+		"IDLE_ACTION_HIBERNATE":   3,
 	}
 )
 
@@ -326,6 +339,57 @@ func (x RootIDMapping) Number() protoreflect.EnumNumber {
 // Deprecated: Use RootIDMapping.Descriptor instead.
 func (RootIDMapping) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+// Hibernation says what a hibernation kept.
+type Hibernation int32
+
+const (
+	// HIBERNATION_UNSPECIFIED is never sent.
+	Hibernation_HIBERNATION_UNSPECIFIED Hibernation = 0
+	// HIBERNATION_PROCESSES_ENDED: every process ended (memory, processes
+	// and connections are lost), the file system is kept; the wake starts
+	// a fresh agent.
+	Hibernation_HIBERNATION_PROCESSES_ENDED Hibernation = 1
+)
+
+// Enum value maps for Hibernation.
+var (
+	Hibernation_name = map[int32]string{
+		0: "HIBERNATION_UNSPECIFIED",
+		1: "HIBERNATION_PROCESSES_ENDED",
+	}
+	Hibernation_value = map[string]int32{
+		"HIBERNATION_UNSPECIFIED":     0,
+		"HIBERNATION_PROCESSES_ENDED": 1,
+	}
+)
+
+func (x Hibernation) Enum() *Hibernation {
+	p := new(Hibernation)
+	*p = x
+	return p
+}
+
+func (x Hibernation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Hibernation) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_sandbox_proto_enumTypes[5].Descriptor()
+}
+
+func (Hibernation) Type() protoreflect.EnumType {
+	return &file_berth_v1_sandbox_proto_enumTypes[5]
+}
+
+func (x Hibernation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Hibernation.Descriptor instead.
+func (Hibernation) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 // Resources limits what a sandbox may use. Zero fields take the server's
@@ -1805,6 +1869,118 @@ func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+// HibernateSandboxRequest names the sandbox to hibernate.
+type HibernateSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId     string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateSandboxRequest) Reset() {
+	*x = HibernateSandboxRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateSandboxRequest) ProtoMessage() {}
+
+func (x *HibernateSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateSandboxRequest.ProtoReflect.Descriptor instead.
+func (*HibernateSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *HibernateSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// HibernateSandboxResponse returns the hibernated sandbox and what was
+// kept.
+type HibernateSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox is the sandbox, in state SANDBOX_STATE_HIBERNATED.
+	Sandbox *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// hibernation says what happened to the sandbox's memory.
+	Hibernation Hibernation `protobuf:"varint,2,opt,name=hibernation,proto3,enum=berth.v1.Hibernation" json:"hibernation,omitempty"`
+	// description says it in words, e.g. "processes ended, filesystem
+	// kept".
+	Description   string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateSandboxResponse) Reset() {
+	*x = HibernateSandboxResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateSandboxResponse) ProtoMessage() {}
+
+func (x *HibernateSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateSandboxResponse.ProtoReflect.Descriptor instead.
+func (*HibernateSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *HibernateSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *HibernateSandboxResponse) GetHibernation() Hibernation {
+	if x != nil {
+		return x.Hibernation
+	}
+	return Hibernation_HIBERNATION_UNSPECIFIED
+}
+
+func (x *HibernateSandboxResponse) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
 // Snapshot is a stored copy of a sandbox's root file system
 // (CreateSnapshot).
 type Snapshot struct {
@@ -1831,7 +2007,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +2019,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +2032,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1921,7 +2097,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2109,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2122,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -1974,7 +2150,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2162,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2175,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -2018,7 +2194,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2030,7 +2206,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2043,7 +2219,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 // ListSnapshotsResponse holds the snapshots, oldest first.
@@ -2057,7 +2233,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2069,7 +2245,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2082,7 +2258,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -2103,7 +2279,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2291,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2304,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2147,7 +2323,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2335,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2348,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 // KeepAliveRequest names the sandbox to keep.
@@ -2190,7 +2366,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2202,7 +2378,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2215,7 +2391,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KeepAliveRequest) GetSandboxId() string {
@@ -2246,7 +2422,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2434,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2447,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
@@ -2425,7 +2601,14 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"D\n" +
 	"\x15ResumeSandboxResponse\x12+\n" +
-	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"\xad\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"8\n" +
+	"\x17HibernateSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xa2\x01\n" +
+	"\x18HibernateSandboxResponse\x12+\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\x127\n" +
+	"\vhibernation\x18\x02 \x01(\x0e2\x15.berth.v1.HibernationR\vhibernation\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"\xad\x02\n" +
 	"\bSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -2462,19 +2645,21 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x11KeepAliveResponse\x12B\n" +
 	"\x0fidle_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ridleExpiresAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*\xb5\x01\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*\xd3\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x02\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STARTING\x10\x03\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x18\n" +
-	"\x14SANDBOX_STATE_PAUSED\x10\x05*X\n" +
+	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
+	"\x18SANDBOX_STATE_HIBERNATED\x10\x06*s\n" +
 	"\n" +
 	"IdleAction\x12\x1b\n" +
 	"\x17IDLE_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12IDLE_ACTION_DELETE\x10\x01\x12\x15\n" +
-	"\x11IDLE_ACTION_PAUSE\x10\x02*e\n" +
+	"\x11IDLE_ACTION_PAUSE\x10\x02\x12\x19\n" +
+	"\x15IDLE_ACTION_HIBERNATE\x10\x03*e\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
@@ -2488,7 +2673,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
 	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
-	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\x80\t\n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x03*K\n" +
+	"\vHibernation\x12\x1b\n" +
+	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x012\xdb\t\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -2503,7 +2691,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n" +
 	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12M\n" +
 	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
-	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12S\n" +
+	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12Y\n" +
+	"\x10HibernateSandbox\x12!.berth.v1.HibernateSandboxRequest\x1a\".berth.v1.HibernateSandboxResponse\x12S\n" +
 	"\x0eCreateSnapshot\x12\x1f.berth.v1.CreateSnapshotRequest\x1a .berth.v1.CreateSnapshotResponse\x12P\n" +
 	"\rListSnapshots\x12\x1e.berth.v1.ListSnapshotsRequest\x1a\x1f.berth.v1.ListSnapshotsResponse\x12S\n" +
 	"\x0eDeleteSnapshot\x12\x1f.berth.v1.DeleteSnapshotRequest\x1a .berth.v1.DeleteSnapshotResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
@@ -2520,134 +2709,141 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_berth_v1_sandbox_proto_rawDescData
 }
 
-var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_berth_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),              // 0: berth.v1.SandboxState
-	(IdleAction)(0),                // 1: berth.v1.IdleAction
-	(StopReason)(0),                // 2: berth.v1.StopReason
-	(NetworkMode)(0),               // 3: berth.v1.NetworkMode
-	(RootIDMapping)(0),             // 4: berth.v1.RootIDMapping
-	(*Resources)(nil),              // 5: berth.v1.Resources
-	(*NetworkPolicy)(nil),          // 6: berth.v1.NetworkPolicy
-	(*SandboxUsage)(nil),           // 7: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),        // 8: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),                // 9: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),   // 10: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),  // 11: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),      // 12: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),     // 13: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 14: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 15: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),   // 16: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),  // 17: berth.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),    // 18: berth.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),   // 19: berth.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),   // 20: berth.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),  // 21: berth.v1.ResumeSandboxResponse
-	(*Snapshot)(nil),               // 22: berth.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),  // 23: berth.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil), // 24: berth.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),   // 25: berth.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 26: berth.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),  // 27: berth.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 28: berth.v1.DeleteSnapshotResponse
-	(*KeepAliveRequest)(nil),       // 29: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),      // 30: berth.v1.KeepAliveResponse
-	nil,                            // 31: berth.v1.Sandbox.LabelsEntry
-	nil,                            // 32: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                            // 33: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                            // 34: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	nil,                            // 35: berth.v1.Snapshot.LabelsEntry
-	nil,                            // 36: berth.v1.CreateSnapshotRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
-	(*ExecRequest)(nil),            // 39: berth.v1.ExecRequest
-	(*RunRequest)(nil),             // 40: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),       // 41: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),      // 42: berth.v1.SignalExecRequest
-	(*PortForwardRequest)(nil),     // 43: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),           // 44: berth.v1.ExecResponse
-	(*RunResponse)(nil),            // 45: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),      // 46: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),     // 47: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),    // 48: berth.v1.PortForwardResponse
+	(SandboxState)(0),                // 0: berth.v1.SandboxState
+	(IdleAction)(0),                  // 1: berth.v1.IdleAction
+	(StopReason)(0),                  // 2: berth.v1.StopReason
+	(NetworkMode)(0),                 // 3: berth.v1.NetworkMode
+	(RootIDMapping)(0),               // 4: berth.v1.RootIDMapping
+	(Hibernation)(0),                 // 5: berth.v1.Hibernation
+	(*Resources)(nil),                // 6: berth.v1.Resources
+	(*NetworkPolicy)(nil),            // 7: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),             // 8: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),          // 9: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),                  // 10: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),     // 11: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),    // 12: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),        // 13: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),       // 14: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),     // 15: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),    // 16: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),     // 17: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),    // 18: berth.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),      // 19: berth.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),     // 20: berth.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),     // 21: berth.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),    // 22: berth.v1.ResumeSandboxResponse
+	(*HibernateSandboxRequest)(nil),  // 23: berth.v1.HibernateSandboxRequest
+	(*HibernateSandboxResponse)(nil), // 24: berth.v1.HibernateSandboxResponse
+	(*Snapshot)(nil),                 // 25: berth.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),    // 26: berth.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),   // 27: berth.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),     // 28: berth.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 29: berth.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 30: berth.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 31: berth.v1.DeleteSnapshotResponse
+	(*KeepAliveRequest)(nil),         // 32: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),        // 33: berth.v1.KeepAliveResponse
+	nil,                              // 34: berth.v1.Sandbox.LabelsEntry
+	nil,                              // 35: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                              // 36: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                              // 37: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	nil,                              // 38: berth.v1.Snapshot.LabelsEntry
+	nil,                              // 39: berth.v1.CreateSnapshotRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 40: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
+	(*ExecRequest)(nil),              // 42: berth.v1.ExecRequest
+	(*RunRequest)(nil),               // 43: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),         // 44: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),        // 45: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),       // 46: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),             // 47: berth.v1.ExecResponse
+	(*RunResponse)(nil),              // 48: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),        // 49: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),       // 50: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),      // 51: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
-	37, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	38, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	40, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	41, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	31, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	38, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	8,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
-	5,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	37, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	37, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	38, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	38, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	38, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	34, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	41, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
+	6,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
+	40, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	40, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	41, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	41, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	41, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
-	7,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
-	6,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
+	8,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
+	7,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
 	4,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
 	1,  // 17: berth.v1.Sandbox.idle_action:type_name -> berth.v1.IdleAction
-	32, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	5,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	33, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	37, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	37, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
-	6,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
+	35, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	6,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	36, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	40, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	40, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	7,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
 	1,  // 24: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
-	9,  // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	9,  // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	34, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	9,  // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	9,  // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	9,  // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	38, // 31: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
-	35, // 32: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
-	36, // 33: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
-	22, // 34: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
-	22, // 35: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
-	37, // 36: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	38, // 37: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	38, // 38: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 39: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	12, // 40: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	14, // 41: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	16, // 42: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	29, // 43: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	39, // 44: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	40, // 45: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	41, // 46: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	42, // 47: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	43, // 48: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	18, // 49: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	20, // 50: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 51: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	25, // 52: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	27, // 53: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	11, // 54: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	13, // 55: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	15, // 56: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	17, // 57: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	30, // 58: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	44, // 59: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	45, // 60: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	46, // 61: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	47, // 62: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	48, // 63: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	19, // 64: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	21, // 65: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 66: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	26, // 67: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	28, // 68: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	54, // [54:69] is the sub-list for method output_type
-	39, // [39:54] is the sub-list for method input_type
-	39, // [39:39] is the sub-list for extension type_name
-	39, // [39:39] is the sub-list for extension extendee
-	0,  // [0:39] is the sub-list for field type_name
+	10, // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	37, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	10, // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	10, // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 31: berth.v1.HibernateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	5,  // 32: berth.v1.HibernateSandboxResponse.hibernation:type_name -> berth.v1.Hibernation
+	41, // 33: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	38, // 34: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
+	39, // 35: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
+	25, // 36: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
+	25, // 37: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
+	40, // 38: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	41, // 39: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	41, // 40: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 41: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	13, // 42: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	15, // 43: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	17, // 44: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	32, // 45: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	42, // 46: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	43, // 47: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	44, // 48: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	45, // 49: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	46, // 50: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	19, // 51: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	21, // 52: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 53: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
+	26, // 54: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	28, // 55: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	30, // 56: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	12, // 57: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	14, // 58: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	16, // 59: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	18, // 60: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	33, // 61: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	47, // 62: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	48, // 63: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	49, // 64: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	50, // 65: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	51, // 66: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	20, // 67: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	22, // 68: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 69: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
+	27, // 70: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	29, // 71: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	31, // 72: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	57, // [57:73] is the sub-list for method output_type
+	41, // [41:57] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -2662,8 +2858,8 @@ func file_berth_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   32,
+			NumEnums:      6,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
