@@ -43,6 +43,14 @@ func hostProcessesOf(id string, pid uint32) []string {
 	return found
 }
 
+// processesLike counts the processes of sandbox id whose command line
+// matches the grep pattern.
+func processesLike(t *testing.T, id, pattern string) string {
+	t.Helper()
+	ps := run(t, id, "sh", "-c", "ps -o args | grep -c '"+pattern+"' || true")
+	return strings.TrimSpace(string(ps.GetStdout()))
+}
+
 // hibernated checks that sandbox id is hibernated: containerd holds no
 // task for it, no host process of it is left (its task's, whose host pid
 // was pid, nor its shim), and GetSandbox says HIBERNATED.
@@ -92,6 +100,9 @@ func TestHibernate(t *testing.T) {
 		t.Fatal(err)
 	}
 	startDetached(t, id, "sleep", "1000")
+	if n := processesLike(t, id, "^sleep 1000"); n != "1" {
+		t.Fatalf("sleep processes before the hibernation: %q, want 1", n)
+	}
 	old, err := env.rt.Get(ctx, id)
 	if err != nil || old.TaskPID == 0 {
 		t.Fatalf("sandbox before: task pid %d, %v", old.TaskPID, err)
@@ -141,8 +152,8 @@ func TestHibernate(t *testing.T) {
 		t.Errorf("after the waking Run: state %v, boot id %s (before %s); want RUNNING with a new agent",
 			after.GetSandbox().GetState(), after.GetSandbox().GetRuntime().GetAgentBootId(), sb.GetRuntime().GetAgentBootId())
 	}
-	if ps := run(t, id, "sh", "-c", "ps -o comm | grep -c '^sleep' || true"); strings.TrimSpace(string(ps.GetStdout())) != "0" {
-		t.Errorf("sleep processes after the wake: %q, want 0 (processes ended)", ps.GetStdout())
+	if n := processesLike(t, id, "^sleep 1000"); n != "0" {
+		t.Errorf("sleep processes after the wake: %q, want 0 (processes ended)", n)
 	}
 	_, err = env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, ExecId: "before", Process: &berthv1.ProcessSpec{Argv: []string{"true"}}})
 	wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonStaleHandle, "")
@@ -268,4 +279,42 @@ func TestHibernateSurvivesRestart(t *testing.T) {
 		t.Error(err)
 	}
 	p2.signal(t, syscall.SIGTERM)
+}
+
+// TestHibernateGVisor hibernates a gVisor sandbox running a loop: as
+// under runc, its processes end and its files are kept (the answer says
+// PROCESSES_ENDED; no host process of it — sentry, gofer, shim — is
+// left), and the next Run wakes it with a new agent, the loop gone. berth
+// does not checkpoint gVisor's memory: runsc refuses while the agent's
+// listening socket is a host one ("Cannot save endpoint with bound host
+// socket"; docs/state.md).
+func TestHibernateGVisor(t *testing.T) {
+	needGVisor(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
+	id := sb.GetId()
+	run(t, id, "sh", "-c", "echo kept >/workspace/kept")
+	startDetached(t, id, "sh", "-c", "while :; do sleep 0.2; done")
+	if n := processesLike(t, id, "^sh -c while"); n != "1" {
+		t.Fatalf("loops before the hibernation: %q, want 1", n)
+	}
+	old, err := env.rt.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id})
+	if err != nil {
+		t.Fatalf("HibernateSandbox: %v", err)
+	}
+	if resp.GetHibernation() != berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED || !strings.Contains(resp.GetDescription(), "processes ended, filesystem kept") {
+		t.Errorf("HibernateSandbox of a gVisor sandbox: %v %q, want PROCESSES_ENDED", resp.GetHibernation(), resp.GetDescription())
+	}
+	hibernatedIn(t, ctx, env.rt, env.sandboxes, id, old.TaskPID)
+	if got := run(t, id, "cat", "/workspace/kept"); string(got.GetStdout()) != "kept\n" {
+		t.Errorf("the file written before the hibernation: %q, want kept", got.GetStdout())
+	}
+	if n := processesLike(t, id, "^sh -c while"); n != "0" {
+		t.Errorf("loops after the wake: %q, want 0 (processes ended)", n)
+	}
 }
