@@ -318,3 +318,28 @@ func TestHibernateGVisor(t *testing.T) {
 		t.Errorf("loops after the wake: %q, want 0 (processes ended)", n)
 	}
 }
+
+// TestHibernateNetwork: a sandbox with a network keeps its address across
+// a hibernation and the wake (its network namespace is kept).
+func TestHibernateNetwork(t *testing.T) {
+	need(t)
+	ne := newNetEnv(t, "hnet")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sb := ne.create(t, egress("10.99.0.0/16"))
+	addr := sb.GetNetworkAddress()
+	if out, code := ne.sh(t, sb.GetId(), "ip -4 -o addr"); code != 0 || !strings.Contains(out, " "+addr+"/") {
+		t.Fatalf("addresses before: %q (exit %d), want %s", out, code, addr)
+	}
+	if _, err := ne.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: sb.GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	hibernated(t, ctx, ne.berthEnv, sb.GetId(), 0)
+	if out, code := ne.sh(t, sb.GetId(), "ip -4 -o addr"); code != 0 || !strings.Contains(out, " "+addr+"/") {
+		t.Errorf("addresses after the wake: %q (exit %d), want %s", out, code, addr)
+	}
+	got, err := ne.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: sb.GetId()})
+	if err != nil || got.GetSandbox().GetNetworkAddress() != addr {
+		t.Errorf("network_address after the wake: %q, %v; want %s", got.GetSandbox().GetNetworkAddress(), err, addr)
+	}
+}
