@@ -343,3 +343,26 @@ func TestHibernateNetwork(t *testing.T) {
 		t.Errorf("network_address after the wake: %q, %v; want %s", got.GetSandbox().GetNetworkAddress(), err, addr)
 	}
 }
+
+// TestRuntimeReplacedWhenHibernated hibernates a sandbox under a running
+// exec: its stream ends RUNTIME_REPLACED with cause SANDBOX_HIBERNATED, no
+// new runtime named (none is started until a call wakes it).
+func TestRuntimeReplacedWhenHibernated(t *testing.T) {
+	need(t)
+	c := dialClient(t, env.berthdAddr)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sb := newSandbox(t, nil)
+	e, err := c.Exec(ctx, sb.GetId(), &berthv1.ProcessSpec{Argv: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.HibernateSandbox(ctx, sb.GetId()); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Wait()
+	d := checkReplaced(t, err, sb.GetId(), e.ID(), sb.GetRuntime())
+	if d.GetCause() != berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_HIBERNATED || d.GetAfter() != nil || d.GetRestarting() {
+		t.Errorf("detail = %v, want SANDBOX_HIBERNATED without an after", d)
+	}
+}
