@@ -107,6 +107,9 @@ func TestHibernate(t *testing.T) {
 	if err != nil || old.TaskPID == 0 {
 		t.Fatalf("sandbox before: task pid %d, %v", old.TaskPID, err)
 	}
+	if shim := hostProcessesOf(id, 0); len(shim) == 0 {
+		t.Fatalf("no containerd shim naming sandbox %s before the hibernation: the check after it would prove nothing", id)
+	}
 
 	resp, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id})
 	if err != nil {
