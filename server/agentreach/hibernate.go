@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
@@ -85,7 +86,8 @@ func (r *Reacher) SetHibernated(id string, hibernated bool) { r.pauses.setAsleep
 // it is hibernated (as berthd knows, or as containerd's record says:
 // recorded), and reports whether it did. A caller that asked not to
 // (resume.Header) gets FAILED_PRECONDITION SANDBOX_HIBERNATED, and the
-// sandbox stays hibernated.
+// sandbox stays hibernated; a wake whose new task did not start is an
+// *apierr.Unreachable (TASK_STOPPED, nothing ran).
 func (r *Reacher) wakeHibernated(ctx context.Context, id, execID string, recorded bool) (bool, error) {
 	if !recorded && !r.pauses.isAsleep(id) {
 		return false, nil
@@ -105,7 +107,11 @@ func (r *Reacher) wakeHibernated(ctx context.Context, id, execID string, recorde
 		r.pauses.setAsleep(id, true) // found so in containerd: the Waker wakes what it knows asleep
 	}
 	if err := r.Waker(ctx, id); err != nil {
-		return false, err
+		if errors.Is(err, runtime.ErrSandboxNotFound) || ctx.Err() != nil {
+			return false, err
+		}
+		return false, &apierr.Unreachable{SandboxID: id, ExecID: execID, Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED,
+			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: "the sandbox was hibernated and its new task did not start: " + err.Error()}
 	}
 	return true, nil
 }
