@@ -30,6 +30,7 @@ const (
 	ReasonCwdInvalid          = "CWD_INVALID"           // the working directory is missing or not a directory
 	ReasonSandboxNotRunning   = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
 	ReasonSandboxPaused       = "SANDBOX_PAUSED"        // FAILED_PRECONDITION: the sandbox is paused and the call asked not to resume it (NoResume)
+	ReasonSandboxHibernated   = "SANDBOX_HIBERNATED"    // FAILED_PRECONDITION: the sandbox is hibernated and the call asked not to wake it (NoResume)
 	ReasonSnapshotNotFound    = "SNAPSHOT_NOT_FOUND"    // no such snapshot (or not the caller's)
 	ReasonSnapshotUnsupported = "SNAPSHOT_UNSUPPORTED"  // FAILED_PRECONDITION: snapshots need the btrfs snapshotter and an idmapped root
 	ReasonSnapshotInUse       = "SNAPSHOT_IN_USE"       // FAILED_PRECONDITION: a sandbox created from the snapshot exists

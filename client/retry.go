@@ -17,7 +17,7 @@ import (
 // MaxAttempts is reached; the last error is returned.
 //
 // Retried calls: CreateSandbox, GetSandbox, DeleteSandbox, PauseSandbox,
-// ResumeSandbox (both idempotent), each page of
+// ResumeSandbox, HibernateSandbox (all three idempotent), each page of
 // ListSandboxes, Run, ListImages, and the opening of Exec and Attach (until
 // berthd says the process runs; an Execution is never re-opened). Not
 // ImportImage, whose reader cannot be read again.

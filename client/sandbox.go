@@ -87,11 +87,30 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (*berthv1.Sandbox
 	return resp.GetSandbox(), nil
 }
 
-// NoResume returns ctx for calls that must not resume a paused sandbox:
-// such a call naming a paused sandbox fails with
-// codes.FailedPrecondition (ReasonSandboxPaused) and leaves it paused. It
-// sets the gRPC metadata "berth-no-resume: true", which any client can
-// send.
+// HibernateSandbox ends every process of the sandbox named id (its task,
+// agent included, is removed: memory, processes and connections are lost)
+// and keeps its container and files, and returns it, hibernated (state
+// SANDBOX_STATE_HIBERNATED), holding no memory and no CPU. Any later call
+// that needs the sandbox wakes it first — a new task with a new agent on
+// the same files — unless its context comes from NoResume. Hibernating a
+// hibernated or paused sandbox succeeds. Errors as for PauseSandbox.
+func (c *Client) HibernateSandbox(ctx context.Context, id string) (*berthv1.Sandbox, error) {
+	var resp *berthv1.HibernateSandboxResponse
+	err := c.retry(ctx, func() (err error) {
+		resp, err = c.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id})
+		return convertError(err)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSandbox(), nil
+}
+
+// NoResume returns ctx for calls that must not resume a paused sandbox
+// nor wake a hibernated one: such a call fails with
+// codes.FailedPrecondition (ReasonSandboxPaused, ReasonSandboxHibernated)
+// and leaves the sandbox as it is. It sets the gRPC metadata
+// "berth-no-resume: true", which any client can send.
 func NoResume(ctx context.Context) context.Context { return resume.Forbid(ctx) }
 
 // ListOption configures ListSandboxes.

@@ -90,7 +90,10 @@ const fileBytes = 128 << 20
 //   - pause: PauseSandbox and ResumeSandbox of a sandbox running a CPU
 //     hog, each until its answer (the other off the clock), beside
 //     containerd's task.Pause and task.Resume on the same task; and an
-//     Exec of `true` that resumes the paused sandbox, until its exit status.
+//     Exec of `true` that resumes the paused sandbox, until its exit status;
+//     then HibernateSandbox of it (until its answer: every process ended)
+//     and an Exec of `true` that wakes the hibernated sandbox (a new task
+//     and agent), until its exit status.
 //   - snapshot: CreateSnapshot of a sandbox with 256 MiB written in
 //     /workspace, beside `btrfs subvolume snapshot -r` of a host subvolume
 //     holding the same 256 MiB on the same btrfs and `cp -a
@@ -909,6 +912,19 @@ func benchPause(b *testing.B, c *client.Client, id string, ctr *ctrExec) {
 	measure(b, "pause/containerd-Resume", 0, func(b *testing.B) sample {
 		must(func() error { return ctr.task.Pause(ctx) })
 		return timed(func() error { return ctr.task.Resume(ctx) })
+	})
+	// Last: a hibernation ends the hog with every other process.
+	hibernate := func() error { _, err := c.HibernateSandbox(ctx, id); return err }
+	measure(b, "pause/berth-Hibernate", 0, func(b *testing.B) sample {
+		s := timed(hibernate)
+		berthExec(b, c, id, spec, io.Discard) // wakes it, off the clock
+		return s
+	})
+	measure(b, "pause/berth-Exec-waking", 0, func(b *testing.B) sample {
+		must(hibernate)
+		start := time.Now()
+		berthExec(b, c, id, spec, io.Discard)
+		return sample{d: time.Since(start)}
 	})
 }
 

@@ -37,6 +37,10 @@ func (s *Service) ResumeSandbox(ctx context.Context, req *berthv1.ResumeSandboxR
 	return s.sandboxes.ResumeSandbox(ctx, req)
 }
 
+func (s *Service) HibernateSandbox(ctx context.Context, req *berthv1.HibernateSandboxRequest) (*berthv1.HibernateSandboxResponse, error) {
+	return s.sandboxes.HibernateSandbox(ctx, req)
+}
+
 func (s *Service) CreateSnapshot(ctx context.Context, req *berthv1.CreateSnapshotRequest) (*berthv1.CreateSnapshotResponse, error) {
 	return s.sandboxes.CreateSnapshot(ctx, req)
 }

@@ -20,7 +20,7 @@ import (
 func newSandboxCmd(g *globals) *cobra.Command {
 	cmd := newGroupCmd("sandbox", "Create, list, inspect and delete sandboxes", "sb")
 	cmd.AddCommand(newSandboxCreateCmd(g), newSandboxListCmd(g), newSandboxGetCmd(g), newSandboxRemoveCmd(g), newSandboxKeepAliveCmd(g),
-		newSandboxFreezeCmd(g, true), newSandboxFreezeCmd(g, false), newSandboxForkCmd(g))
+		newSandboxFreezeCmd(g, "pause"), newSandboxFreezeCmd(g, "resume"), newSandboxFreezeCmd(g, "hibernate"), newSandboxForkCmd(g))
 	return cmd
 }
 
@@ -66,8 +66,10 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			case "", "delete":
 			case "pause":
 				req.IdleAction = berthv1.IdleAction_IDLE_ACTION_PAUSE
+			case "hibernate":
+				req.IdleAction = berthv1.IdleAction_IDLE_ACTION_HIBERNATE
 			default:
-				return fmt.Errorf("--idle-action %q: want delete or pause", idleAction)
+				return fmt.Errorf("--idle-action %q: want delete, pause or hibernate", idleAction)
 			}
 			if len(egress) > 0 || maxConns > 0 || egressRate > 0 || inRate > 0 {
 				// berthd checks the entries and names a bad one.
@@ -99,7 +101,7 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid" or "uid:gid" (default 0:0)`)
 	cmd.Flags().StringVar(&req.Workdir, "workdir", "", "working directory, created for the workload user (default /workspace)")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 0, "remove the sandbox after this long without a running command or request (default berthd's)")
-	cmd.Flags().StringVar(&idleAction, "idle-action", "delete", "what the idle timeout does: delete the sandbox, or pause it (the next command resumes it)")
+	cmd.Flags().StringVar(&idleAction, "idle-action", "delete", "what the idle timeout does: delete the sandbox, pause it, or hibernate it (processes end, files kept); the next command resumes or wakes it")
 	cmd.Flags().DurationVar(&lifetime, "max-lifetime", 0, "remove the sandbox this long after creation (default berthd's)")
 	cmd.Flags().StringVar(&req.RequestId, "request-id", "", "idempotency key: the same key names the same sandbox (ignored with --id)")
 	cmd.Flags().StringArrayVar(&egress, "egress", nil, "network mode EGRESS, allowing ENTRY: ADDR, CIDR or NAME, *.NAME, each with an optional :PORT (repeatable; without it the sandbox has no network)")
@@ -109,17 +111,30 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	return cmd
 }
 
-// newSandboxFreezeCmd is "sandbox pause" (pause) or "sandbox resume".
-func newSandboxFreezeCmd(g *globals, pause bool) *cobra.Command {
+// newSandboxFreezeCmd is "sandbox pause", "sandbox resume" or "sandbox
+// hibernate" (op).
+func newSandboxFreezeCmd(g *globals, op string) *cobra.Command {
 	use, short, long := "pause SANDBOX...", "Pause sandboxes: freeze their processes, keep their memory",
 		`Freeze every process of each sandbox and print its id. A paused sandbox
 uses no CPU and keeps its memory, files, connections and attached commands;
 the next command naming it resumes it (unless run with --no-resume).
 Pausing a paused sandbox succeeds.`
-	if !pause {
-		use, short, long = "resume SANDBOX...", "Resume paused sandboxes",
+	call := (*client.Client).PauseSandbox
+	switch op {
+	case "resume":
+		use, short, long = "resume SANDBOX...", "Resume paused sandboxes, wake hibernated ones",
 			`Thaw each paused sandbox and print its id: its processes go on where they
-stopped. Resuming a running sandbox succeeds.`
+stopped. A hibernated sandbox is woken: a new task starts with its files.
+Resuming a running sandbox succeeds.`
+		call = (*client.Client).ResumeSandbox
+	case "hibernate":
+		use, short, long = "hibernate SANDBOX...", "Hibernate sandboxes: end their processes, keep their files",
+			`End every process of each sandbox (memory, processes and connections are
+lost), keep its files, and print its id: a hibernated sandbox holds no memory
+and no CPU. The next command naming it wakes it (unless run with
+--no-resume): a new task starts, with a new agent, on the same files.
+Hibernating a hibernated or paused sandbox succeeds.`
+		call = (*client.Client).HibernateSandbox
 	}
 	return &cobra.Command{
 		Use:   use,
@@ -127,13 +142,8 @@ stopped. Resuming a running sandbox succeeds.`
 		Long:  long,
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return doEach(cmd, g, strings.Fields(use)[0]+" ", args, func(c *client.Client, ctx context.Context, id string) error {
-				var err error
-				if pause {
-					_, err = c.PauseSandbox(ctx, id)
-				} else {
-					_, err = c.ResumeSandbox(ctx, id)
-				}
+			return doEach(cmd, g, op+" ", args, func(c *client.Client, ctx context.Context, id string) error {
+				_, err := call(c, ctx, id)
 				return err
 			})
 		},

@@ -42,6 +42,9 @@ const (
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).
 	ReasonSandboxPaused = "SANDBOX_PAUSED"
+	// ReasonSandboxHibernated (FAILED_PRECONDITION): the call names a
+	// hibernated sandbox and asked not to wake it (NoResumeHeader).
+	ReasonSandboxHibernated = "SANDBOX_HIBERNATED"
 	// ReasonSnapshotNotFound (NOT_FOUND): no such snapshot, or another
 	// principal's.
 	ReasonSnapshotNotFound = "SNAPSHOT_NOT_FOUND"

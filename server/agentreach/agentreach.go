@@ -70,6 +70,10 @@ type Reacher struct {
 	// OnPause, when set before use, is told of each pause and resume
 	// berthd made (the idle reaper stops counting a paused sandbox).
 	OnPause func(id string, paused bool)
+	// Waker, when set before use, wakes a hibernated sandbox: it starts
+	// its new task and returns once the new agent answered, or once
+	// another call woke it (the lifecycle engine).
+	Waker func(ctx context.Context, id string) error
 }
 
 // New returns a Reacher of the agents of rt's sandboxes through agents,
@@ -126,6 +130,9 @@ func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.
 			return &apierr.Unreachable{SandboxID: sandboxID, ExecID: execID, Cause: cause, TaskRunning: sb.Running,
 				Runtime: last, Waited: time.Since(began), Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: what}
 		}
+		if sb.Hibernated {
+			return nil // woken before its agent is asked (hibernate.go)
+		}
 		if !sb.Running && !sb.Paused {
 			return unreachable(berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED, "the sandbox's task is not running")
 		}
@@ -151,7 +158,17 @@ func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.
 			return nil, apierr.Runtime{}, err
 		}
 	}
-	// A paused sandbox is resumed before its agent is asked (pause.go).
+	// A hibernated sandbox is woken (hibernate.go), a paused one resumed
+	// (pause.go), before its agent is asked.
+	woke, err := r.wakeHibernated(ctx, sandboxID, execID, checked && sb.Hibernated)
+	if err != nil {
+		return nil, apierr.Runtime{}, err
+	}
+	if woke {
+		// A new task: the wake recorded its runtime.
+		last, known = r.ids.Live(sandboxID)
+		checked = false
+	}
 	if err := r.wake(ctx, sandboxID, execID, checked && sb.Paused); err != nil {
 		return nil, apierr.Runtime{}, err
 	}
@@ -171,6 +188,19 @@ func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.
 		cancel()
 		if err == nil || ctx.Err() != nil || status.Code(err) != codes.DeadlineExceeded {
 			break
+		}
+		if r.pauses.isAsleep(sandboxID) {
+			// Hibernated while this call waited: it wakes it, as any call.
+			if _, err := r.wakeHibernated(ctx, sandboxID, execID, false); err != nil {
+				return nil, apierr.Runtime{}, err
+			}
+			last, known = r.ids.Live(sandboxID)
+			checked = false
+			if agent, err = r.agents.Get(r.rt.SocketPath(sandboxID)); err != nil {
+				return nil, apierr.Runtime{}, err
+			}
+			watch = r.NewWatch(sandboxID, last.TaskPID)
+			continue
 		}
 		if r.pauses.get(sandboxID) {
 			// Paused while this call waited: it resumes it, as any call.

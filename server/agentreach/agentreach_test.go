@@ -261,3 +261,5 @@ type fakeFreezer struct{ pauses, resumes int }
 
 func (f *fakeFreezer) Pause(context.Context, string) error  { f.pauses++; return nil }
 func (f *fakeFreezer) Resume(context.Context, string) error { f.resumes++; return nil }
+
+func (f *fakeFreezer) Hibernate(context.Context, string) (uint32, error) { return 0, nil }

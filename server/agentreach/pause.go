@@ -30,6 +30,7 @@ import (
 type freezer interface {
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
+	Hibernate(ctx context.Context, id string) (uint32, error)
 }
 
 // pauses holds the paused sandboxes and serializes pauses and resumes of
@@ -41,6 +42,8 @@ type pauses struct {
 	// changed holds, for a sandbox someone watches (watch), the channel
 	// closed at the next set of its state.
 	changed map[string]chan struct{}
+	// asleep holds the hibernated sandboxes (hibernate.go).
+	asleep map[string]bool
 }
 
 type idLock struct {

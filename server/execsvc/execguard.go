@@ -360,8 +360,11 @@ func (g *execGuard) replacedError(cause berthv1.ReplacedCause) *apierr.RuntimeRe
 // runtime to name it.
 func (g *execGuard) replaced(ctx context.Context, ev runtime.TaskEvent, decision runtimes.ExitDecision) error {
 	cause := berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED
-	if decision == runtimes.ExitDeleting {
+	switch decision {
+	case runtimes.ExitDeleting:
 		cause = berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_DELETED
+	case runtimes.ExitHibernating:
+		cause = berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_HIBERNATED
 	}
 	e := g.replacedError(cause)
 	if g.slot != nil {

@@ -188,6 +188,8 @@ func (fakeStore) SocketPath(string) string { return "" }
 func (fakeStore) Pause(context.Context, string) error  { return nil }
 func (fakeStore) Resume(context.Context, string) error { return nil }
 
+func (fakeStore) Hibernate(context.Context, string) (uint32, error) { return 0, nil }
+
 // fakeAdmitter is a real admit.Capacity without limits, or refuses with err.
 type fakeAdmitter struct {
 	*admit.Capacity

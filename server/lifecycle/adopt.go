@@ -34,8 +34,15 @@ func (m *Manager) Adopt(ctx context.Context) error {
 		switch {
 		case sb.Expired != "":
 			why = "it expired (" + sb.Expired + ") before berthd stopped"
+		case sb.Hibernated && !sb.Pooled:
+			// Its task was removed on purpose: it waits for a call.
+			m.reach.SetHibernated(sb.ID, true)
+			m.track(sb)
+			adopted++
+			log.Info("sandbox re-adopted hibernated")
+			continue
 		case !sb.Running && !sb.Paused:
-			why = "orphan: container without a running task"
+			why = "orphan: container without a running task (nor hibernated)"
 		case sb.Pooled && !m.pool.Adopt(sb.Image, sb.ID):
 			why = "warm-pool member beyond the pool's size for its image"
 		case sb.Pooled:
@@ -99,7 +106,7 @@ func (p prober) Probe(ctx context.Context, id string) (Activity, error) {
 		return Activity{}, ErrGone
 	case err != nil:
 		return Activity{}, err
-	case sb.Paused:
+	case sb.Paused, sb.Hibernated:
 		return Activity{}, ErrPaused
 	case !sb.Running:
 		return Activity{}, ErrNotRunning
@@ -135,12 +142,16 @@ func (st stopper) Stop(ctx context.Context, id string, reason Reason) error {
 	return st.m.deleteLocked(ctx, id)
 }
 
-// Pause pauses an idle sandbox whose idle action is to pause it.
+// Pause pauses an idle sandbox whose idle action is to pause it, or
+// hibernates one whose idle action is to hibernate it.
 func (st stopper) Pause(ctx context.Context, id string) error {
 	unlock, err := st.m.lifecycle.Lock(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if sb, err := st.m.rt.Get(ctx, id); err == nil && sb.IdleAction == runtime.IdleHibernate {
+		return st.m.hibernate(ctx, id)
+	}
 	return st.m.pause(ctx, id, true)
 }

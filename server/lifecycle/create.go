@@ -258,8 +258,8 @@ func (m *Manager) track(sb runtime.Sandbox) {
 		life = m.cfg.Defaults.MaxLifetime
 	}
 	m.reaper.Track(sb.ID, Limits{CreatedAt: sb.CreatedAt, IdleTimeout: idle, MaxLifetime: life, HoldUntil: sb.HoldUntil,
-		PauseOnIdle: sb.IdleAction == runtime.IdlePause})
-	if sb.Paused {
+		PauseOnIdle: sb.IdleAction == runtime.IdlePause || sb.IdleAction == runtime.IdleHibernate})
+	if sb.Paused || sb.Hibernated {
 		m.reaper.SetPaused(sb.ID, true)
 	}
 }

@@ -35,6 +35,8 @@ func (m *Manager) deleteLocked(ctx context.Context, id string) error {
 	m.detachNetwork(ctx, id)
 	m.reaper.Forget(id)
 	m.reach.SetPaused(id, false)
+	m.reach.SetHibernated(id, false)
+	m.restarts.woken(id)
 	m.release(ctx, id)
 	return nil
 }

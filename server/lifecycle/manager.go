@@ -82,6 +82,7 @@ type store interface {
 	Claim(ctx context.Context, id string, spec runtime.SandboxSpec) error
 	Delete(ctx context.Context, id string) error
 	RestartTask(ctx context.Context, id string, exited uint32) (uint32, error)
+	Woken(ctx context.Context, id string) error
 	WaitExit(ctx context.Context, id string) (<-chan containerd.ExitStatus, error)
 	MarkExpired(ctx context.Context, id, reason string) error
 	SetHoldUntil(ctx context.Context, id string, until time.Time) error
@@ -159,6 +160,7 @@ func New(cfg Config, rt store, agents *agentconn.Pool, reach *agentreach.Reacher
 	events.OnGone = func(ev runtime.TaskEvent) { ids.TaskGone(ev.SandboxID, ev.Pid) }
 	events.OnExit = m.restarts.onExit
 	reach.OnPause = m.reaper.SetPaused
+	reach.Waker = m.wake
 	m.bg.Add(2)
 	go func() {
 		defer m.bg.Done()

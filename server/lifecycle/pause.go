@@ -27,6 +27,12 @@ func (m *Manager) freeze(ctx context.Context, id string, p auth.Principal, pause
 		return err
 	}
 	defer unlock()
+	switch {
+	case m.reach.Hibernated(id) && pause:
+		return nil // holds less than a paused sandbox: left hibernated
+	case m.reach.Hibernated(id):
+		return m.wakeLocked(ctx, id)
+	}
 	return m.pause(ctx, id, pause)
 }
 

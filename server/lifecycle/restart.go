@@ -40,6 +40,9 @@ type restarter struct {
 	gone     map[string]tombstone          // sandboxes deleted recently, for late exit events
 	running  map[string]context.CancelFunc // a restart is under way; the func aborts it
 	restarts map[string][]time.Time        // recent restart times per sandbox
+	// asleep holds, per hibernated sandbox, the host pid of the task its
+	// hibernation ended (0: any): its exit is the hibernation's.
+	asleep map[string]uint32
 }
 
 // tombstone is a deleted sandbox's last task: its late exit event is the
@@ -59,7 +62,23 @@ func newRestarter(m *Manager) *restarter {
 		gone:     make(map[string]tombstone),
 		running:  make(map[string]context.CancelFunc),
 		restarts: make(map[string][]time.Time),
+		asleep:   make(map[string]uint32),
 	}
+}
+
+// hibernating notes that sandbox id is being hibernated, ending its task
+// with host pid pid (0: whichever): that task's exit is not restarted.
+func (r *restarter) hibernating(id string, pid uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.asleep[id] = pid
+}
+
+// woken notes that sandbox id is no longer hibernated (woken, deleted).
+func (r *restarter) woken(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.asleep, id)
 }
 
 // hold keeps the sandbox's task from being restarted until release is
@@ -128,6 +147,9 @@ func (r *restarter) onExit(ev runtime.TaskEvent) runtimes.ExitDecision {
 	if tomb, ok := r.gone[ev.SandboxID]; r.held[ev.SandboxID] > 0 ||
 		(ok && time.Since(tomb.at) < tombstoneTTL && (tomb.pid == 0 || ev.Pid == 0 || tomb.pid == ev.Pid)) {
 		return runtimes.ExitDeleting
+	}
+	if pid, ok := r.asleep[ev.SandboxID]; ok && (pid == 0 || ev.Pid == 0 || pid == ev.Pid) {
+		return runtimes.ExitHibernating
 	}
 	if _, restarting := r.running[ev.SandboxID]; r.limit < 0 || restarting {
 		if restarting {

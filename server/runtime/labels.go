@@ -26,7 +26,8 @@ const (
 	labelExpired     = LabelPrefix + "expired"      // reason, set just before removal
 	labelHoldUntil   = LabelPrefix + "hold-until"   // time
 	labelShm         = LabelPrefix + "shm-bytes"    // decimal bytes
-	labelIdleAction  = LabelPrefix + "idle-action"  // IdlePause; absent for IdleDelete
+	labelIdleAction  = LabelPrefix + "idle-action"  // IdlePause or IdleHibernate; absent for IdleDelete
+	labelHibernated  = LabelPrefix + "hibernated"   // HibernatedProcessesEnded while hibernated; absent otherwise
 	// LabelOwner holds the principal that created the sandbox (package
 	// server/auth); absent on warm-pool members no one claimed and on
 	// sandboxes of a berthd that did not record owners.
@@ -217,9 +218,11 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 		sb.Fork.Count, _ = strconv.Atoi(labels[labelForkCount])
 	}
 	sb.IdleAction = IdleDelete
-	if labels[labelIdleAction] == IdlePause {
-		sb.IdleAction = IdlePause
+	if a := labels[labelIdleAction]; a == IdlePause || a == IdleHibernate {
+		sb.IdleAction = a
 	}
+	// Until the task is read: a sandbox with a live task is not (list).
+	sb.Hibernated = labels[labelHibernated] != ""
 }
 
 // idleAction returns the spec's idle action, IdleDelete for "".

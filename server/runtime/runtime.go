@@ -395,8 +395,8 @@ type SandboxSpec struct {
 	Owner string
 	// Network is the sandbox's network; the zero value is mode NONE.
 	Network NetworkSpec
-	// IdleAction is what the idle timeout does: IdleDelete (also for "")
-	// or IdlePause. The runtime only records it.
+	// IdleAction is what the idle timeout does: IdleDelete (also for ""),
+	// IdlePause or IdleHibernate. The runtime only records it.
 	IdleAction string
 	// Fork records, on a sandbox ForkSandbox makes, the call that made
 	// it; the zero value for any other sandbox. Not part of Digest.
@@ -415,8 +415,9 @@ type ForkOrigin struct {
 
 // Idle actions of SandboxSpec.IdleAction.
 const (
-	IdleDelete = "delete"
-	IdlePause  = "pause"
+	IdleDelete    = "delete"
+	IdlePause     = "pause"
+	IdleHibernate = "hibernate"
 )
 
 // Sandbox is a sandbox as recorded in containerd.
@@ -471,6 +472,9 @@ type Sandbox struct {
 	// Paused is true when the container's task is paused or pausing
 	// (Pause): alive, its processes frozen. Running is false then.
 	Paused bool
+	// Hibernated is true when the sandbox was hibernated (Hibernate) and
+	// has no task: its processes ended, its container and files are kept.
+	Hibernated bool
 	// IdleAction is as in SandboxSpec, IdleDelete when none was recorded.
 	IdleAction string
 	// FromSnapshot and Fork are as in SandboxSpec.
@@ -965,6 +969,7 @@ func (r *Runtime) list(ctx context.Context, filter string) (_ []Sandbox, err err
 			sb.TaskPID = t.GetPid()
 			sb.Running = t.GetStatus() == tasktypes.Status_RUNNING
 			sb.Paused = t.GetStatus() == tasktypes.Status_PAUSED || t.GetStatus() == tasktypes.Status_PAUSING
+			sb.Hibernated = sb.Hibernated && !sb.Running && !sb.Paused
 		}
 		out = append(out, sb)
 	}
@@ -990,6 +995,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	case err == nil:
 		sb.Running = st.Status == containerd.Running
 		sb.Paused = st.Status == containerd.Paused || st.Status == containerd.Pausing
+		sb.Hibernated = sb.Hibernated && !sb.Running && !sb.Paused
 	case !errdefs.IsNotFound(err):
 		return Sandbox{}, fmt.Errorf("task status %s: %w", c.ID(), err)
 	}

@@ -44,6 +44,9 @@ const (
 	ExitRestarting
 	// ExitDeleting: the sandbox is being deleted.
 	ExitDeleting
+	// ExitHibernating: the sandbox is being hibernated (its processes end,
+	// its container is kept; a later call starts a new task).
+	ExitHibernating
 )
 
 // Watch is one watcher's interest in a sandbox's task. fired is closed

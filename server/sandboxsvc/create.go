@@ -181,6 +181,8 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 		spec.IdleAction = runtime.IdleDelete
 	case berthv1.IdleAction_IDLE_ACTION_PAUSE:
 		spec.IdleAction = runtime.IdlePause
+	case berthv1.IdleAction_IDLE_ACTION_HIBERNATE:
+		spec.IdleAction = runtime.IdleHibernate
 	default:
 		return spec, apierr.InvalidArgument("idle_action", fmt.Sprintf("%d is not an IdleAction", req.GetIdleAction()))
 	}

@@ -70,8 +70,11 @@ func (s *Service) Describe(sb runtime.Sandbox, info *agentv1.InfoResponse, usage
 		IdleAction:    berthv1.IdleAction_IDLE_ACTION_DELETE,
 		ForkedFrom:    sb.Fork.Parent,
 	}
-	if sb.IdleAction == runtime.IdlePause {
+	switch sb.IdleAction {
+	case runtime.IdlePause:
 		out.IdleAction = berthv1.IdleAction_IDLE_ACTION_PAUSE
+	case runtime.IdleHibernate:
+		out.IdleAction = berthv1.IdleAction_IDLE_ACTION_HIBERNATE
 	}
 	s.networkProto(sb, out)
 	if sb.IdleTimeout > 0 {
@@ -100,6 +103,10 @@ func (s *Service) Describe(sb runtime.Sandbox, info *agentv1.InfoResponse, usage
 		// Its agent is frozen: nothing was asked of it.
 		out.State = berthv1.SandboxState_SANDBOX_STATE_PAUSED
 		out.Runtime = runtimeIdentity(sb, nil)
+	}
+	if sb.Hibernated {
+		// No task: its processes ended, its files are kept.
+		out.State = berthv1.SandboxState_SANDBOX_STATE_HIBERNATED
 	}
 	if st, ok := s.life.Status(sb.ID); ok {
 		out.LastActivityAt = timestamppb.New(st.LastActivity)

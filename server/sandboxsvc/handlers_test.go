@@ -246,6 +246,10 @@ func (f *fakeStore) Pause(ctx context.Context, id string) error {
 	return ctx.Err()
 }
 
+func (f *fakeStore) Hibernate(context.Context, string) (uint32, error) { return 0, nil }
+
+func (f *fakeStore) Woken(context.Context, string) error { return nil }
+
 func (f *fakeStore) Resume(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

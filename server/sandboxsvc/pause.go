@@ -31,6 +31,31 @@ func (s *Service) ResumeSandbox(ctx context.Context, req *berthv1.ResumeSandboxR
 	return &berthv1.ResumeSandboxResponse{Sandbox: sb}, nil
 }
 
+// hibernatedDescription is HibernateSandboxResponse.description for
+// runtime.HibernatedProcessesEnded, under runc and gVisor alike.
+const hibernatedDescription = "processes ended, filesystem kept: memory, processes and connections are gone; the next call starts a new task with a new agent"
+
+// HibernateSandbox ends every process of the sandbox, keeping its files,
+// and returns it, hibernated, with what was kept (see the proto).
+// Hibernating a hibernated sandbox succeeds. Errors as for PauseSandbox.
+func (s *Service) HibernateSandbox(ctx context.Context, req *berthv1.HibernateSandboxRequest) (*berthv1.HibernateSandboxResponse, error) {
+	id := req.GetSandboxId()
+	meta := map[string]string{"sandbox_id": id}
+	p, err := s.callerSeeing(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.life.Hibernate(ctx, id, p); err != nil {
+		return nil, apierr.WithMeta(err, meta)
+	}
+	sb, err := s.visibleSandbox(ctx, id)
+	if err != nil {
+		return nil, apierr.WithMeta(err, meta)
+	}
+	return &berthv1.HibernateSandboxResponse{Sandbox: s.Describe(sb, nil, nil),
+		Hibernation: berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED, Description: hibernatedDescription}, nil
+}
+
 // callerSeeing validates sandbox_id id and returns the caller of ctx once
 // it may see that sandbox. Errors: INVALID_ARGUMENT (sandbox_id),
 // UNAUTHENTICATED, NOT_FOUND (with metadata sandbox_id).

@@ -1,6 +1,6 @@
 // Package sandboxsvc is berth.v1.SandboxService's sandbox RPCs —
 // CreateSandbox, GetSandbox, ListSandboxes, DeleteSandbox, KeepAlive,
-// PauseSandbox, ResumeSandbox — one
+// PauseSandbox, ResumeSandbox, HibernateSandbox — one
 // file each: they validate the request, name the caller, and hand the
 // sandbox's lifecycle to the lifecycle engine through small interfaces
 // (store, sandboxes, agents), which tests fake without containerd.
@@ -65,6 +65,7 @@ type sandboxes interface {
 	Delete(ctx context.Context, id string, p auth.Principal) error
 	Pause(ctx context.Context, id string, p auth.Principal) error
 	Resume(ctx context.Context, id string, p auth.Principal) error
+	Hibernate(ctx context.Context, id string, p auth.Principal) error
 	CreateSnapshot(ctx context.Context, id string, p auth.Principal, labels map[string]string) (runtime.Snapshot, error)
 	GetSnapshot(ctx context.Context, snapID string, p auth.Principal) (runtime.Snapshot, error)
 	ListSnapshots(ctx context.Context, p auth.Principal) ([]runtime.Snapshot, error)

@@ -44,6 +44,11 @@ const (
 	// (PauseSandbox, or the idle timeout with IDLE_ACTION_PAUSE): it keeps its
 	// memory and uses no CPU.
 	SandboxState_SANDBOX_STATE_PAUSED SandboxState = 5
+	// SANDBOX_STATE_HIBERNATED means the sandbox's processes ended and its
+	// files are kept (HibernateSandbox, or the idle timeout with
+	// IDLE_ACTION_HIBERNATE): it holds no memory and no CPU, and the next call
+	// naming it starts a new task.
+	SandboxState_SANDBOX_STATE_HIBERNATED SandboxState = 6
 )
 
 // Enum value maps for SandboxState.
@@ -55,6 +60,7 @@ var (
 		3: "SANDBOX_STATE_STARTING",
 		4: "SANDBOX_STATE_STOPPING",
 		5: "SANDBOX_STATE_PAUSED",
+		6: "SANDBOX_STATE_HIBERNATED",
 	}
 	SandboxState_value = map[string]int32{
 		"SANDBOX_STATE_UNSPECIFIED": 0,
@@ -63,6 +69,7 @@ var (
 		"SANDBOX_STATE_STARTING":    3,
 		"SANDBOX_STATE_STOPPING":    4,
 		"SANDBOX_STATE_PAUSED":      5,
+		"SANDBOX_STATE_HIBERNATED":  6,
 	}
 )
 
@@ -104,6 +111,10 @@ const (
 	// IDLE_ACTION_PAUSE pauses the sandbox (see PauseSandbox): its memory and
 	// files are kept, it uses no CPU, and the next call naming it resumes it.
 	IdleAction_IDLE_ACTION_PAUSE IdleAction = 2
+	// IDLE_ACTION_HIBERNATE hibernates the sandbox (see HibernateSandbox):
+	// its processes end, its files are kept, it holds no memory, and the
+	// next call naming it starts a new task.
+	IdleAction_IDLE_ACTION_HIBERNATE IdleAction = 3
 )
 
 // Enum value maps for IdleAction.
@@ -112,11 +123,13 @@ var (
 		0: "IDLE_ACTION_UNSPECIFIED",
 		1: "IDLE_ACTION_DELETE",
 		2: "IDLE_ACTION_PAUSE",
+		3: "IDLE_ACTION_HIBERNATE",
 	}
 	IdleAction_value = map[string]int32{
 		"IDLE_ACTION_UNSPECIFIED": 0,
 		"IDLE_ACTION_DELETE":      1,
 		"IDLE_ACTION_PAUSE":       2,
+		"IDLE_ACTION_HIBERNATE":   3,
 	}
 )
 
@@ -326,6 +339,57 @@ func (x RootIDMapping) Number() protoreflect.EnumNumber {
 // Deprecated: Use RootIDMapping.Descriptor instead.
 func (RootIDMapping) EnumDescriptor() ([]byte, []int) {
 	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+// Hibernation says what a hibernation kept.
+type Hibernation int32
+
+const (
+	// HIBERNATION_UNSPECIFIED is never sent.
+	Hibernation_HIBERNATION_UNSPECIFIED Hibernation = 0
+	// HIBERNATION_PROCESSES_ENDED: every process ended (memory, processes
+	// and connections are lost), the file system is kept; the wake starts
+	// a fresh agent.
+	Hibernation_HIBERNATION_PROCESSES_ENDED Hibernation = 1
+)
+
+// Enum value maps for Hibernation.
+var (
+	Hibernation_name = map[int32]string{
+		0: "HIBERNATION_UNSPECIFIED",
+		1: "HIBERNATION_PROCESSES_ENDED",
+	}
+	Hibernation_value = map[string]int32{
+		"HIBERNATION_UNSPECIFIED":     0,
+		"HIBERNATION_PROCESSES_ENDED": 1,
+	}
+)
+
+func (x Hibernation) Enum() *Hibernation {
+	p := new(Hibernation)
+	*p = x
+	return p
+}
+
+func (x Hibernation) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Hibernation) Descriptor() protoreflect.EnumDescriptor {
+	return file_berth_v1_sandbox_proto_enumTypes[5].Descriptor()
+}
+
+func (Hibernation) Type() protoreflect.EnumType {
+	return &file_berth_v1_sandbox_proto_enumTypes[5]
+}
+
+func (x Hibernation) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Hibernation.Descriptor instead.
+func (Hibernation) EnumDescriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 // Resources limits what a sandbox may use. Zero fields take the server's
@@ -1815,6 +1879,118 @@ func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
 	return nil
 }
 
+// HibernateSandboxRequest names the sandbox to hibernate.
+type HibernateSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox.
+	SandboxId     string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateSandboxRequest) Reset() {
+	*x = HibernateSandboxRequest{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateSandboxRequest) ProtoMessage() {}
+
+func (x *HibernateSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateSandboxRequest.ProtoReflect.Descriptor instead.
+func (*HibernateSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *HibernateSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// HibernateSandboxResponse returns the hibernated sandbox and what was
+// kept.
+type HibernateSandboxResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox is the sandbox, in state SANDBOX_STATE_HIBERNATED.
+	Sandbox *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// hibernation says what happened to the sandbox's memory.
+	Hibernation Hibernation `protobuf:"varint,2,opt,name=hibernation,proto3,enum=berth.v1.Hibernation" json:"hibernation,omitempty"`
+	// description says it in words, e.g. "processes ended, filesystem
+	// kept".
+	Description   string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HibernateSandboxResponse) Reset() {
+	*x = HibernateSandboxResponse{}
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HibernateSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HibernateSandboxResponse) ProtoMessage() {}
+
+func (x *HibernateSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HibernateSandboxResponse.ProtoReflect.Descriptor instead.
+func (*HibernateSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *HibernateSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *HibernateSandboxResponse) GetHibernation() Hibernation {
+	if x != nil {
+		return x.Hibernation
+	}
+	return Hibernation_HIBERNATION_UNSPECIFIED
+}
+
+func (x *HibernateSandboxResponse) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
 // Snapshot is a stored copy of a sandbox's root file system
 // (CreateSnapshot).
 type Snapshot struct {
@@ -1841,7 +2017,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2029,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[17]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2042,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{17}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Snapshot) GetId() string {
@@ -1931,7 +2107,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1943,7 +2119,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[18]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1956,7 +2132,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{18}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateSnapshotRequest) GetSandboxId() string {
@@ -1984,7 +2160,7 @@ type CreateSnapshotResponse struct {
 
 func (x *CreateSnapshotResponse) Reset() {
 	*x = CreateSnapshotResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2172,7 @@ func (x *CreateSnapshotResponse) String() string {
 func (*CreateSnapshotResponse) ProtoMessage() {}
 
 func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[19]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2185,7 @@ func (x *CreateSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{19}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateSnapshotResponse) GetSnapshot() *Snapshot {
@@ -2028,7 +2204,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2040,7 +2216,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[20]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2053,7 +2229,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{20}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{22}
 }
 
 // ListSnapshotsResponse holds the snapshots, oldest first.
@@ -2067,7 +2243,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2079,7 +2255,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[21]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2092,7 +2268,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{21}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -2113,7 +2289,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2301,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[22]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2314,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{22}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -2157,7 +2333,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2345,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[23]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2358,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{23}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{25}
 }
 
 // ForkSandboxRequest names the sandbox to fork and how many children to
@@ -2210,7 +2386,7 @@ type ForkSandboxRequest struct {
 
 func (x *ForkSandboxRequest) Reset() {
 	*x = ForkSandboxRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2222,7 +2398,7 @@ func (x *ForkSandboxRequest) String() string {
 func (*ForkSandboxRequest) ProtoMessage() {}
 
 func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[24]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2235,7 +2411,7 @@ func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{24}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForkSandboxRequest) GetSandboxId() string {
@@ -2277,7 +2453,7 @@ type ForkSandboxResponse struct {
 
 func (x *ForkSandboxResponse) Reset() {
 	*x = ForkSandboxResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2465,7 @@ func (x *ForkSandboxResponse) String() string {
 func (*ForkSandboxResponse) ProtoMessage() {}
 
 func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[25]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2478,7 @@ func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
 func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{25}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForkSandboxResponse) GetSandboxes() []*Sandbox {
@@ -2335,7 +2511,7 @@ type CommitSnapshotRequest struct {
 
 func (x *CommitSnapshotRequest) Reset() {
 	*x = CommitSnapshotRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2523,7 @@ func (x *CommitSnapshotRequest) String() string {
 func (*CommitSnapshotRequest) ProtoMessage() {}
 
 func (x *CommitSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[26]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2536,7 @@ func (x *CommitSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CommitSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{26}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CommitSnapshotRequest) GetSnapshotId() string {
@@ -2413,7 +2589,7 @@ type ImageConfigChanges struct {
 
 func (x *ImageConfigChanges) Reset() {
 	*x = ImageConfigChanges{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2425,7 +2601,7 @@ func (x *ImageConfigChanges) String() string {
 func (*ImageConfigChanges) ProtoMessage() {}
 
 func (x *ImageConfigChanges) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[27]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2438,7 +2614,7 @@ func (x *ImageConfigChanges) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageConfigChanges.ProtoReflect.Descriptor instead.
 func (*ImageConfigChanges) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{27}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ImageConfigChanges) GetEnv() []string {
@@ -2484,7 +2660,7 @@ type CommitSnapshotResponse struct {
 
 func (x *CommitSnapshotResponse) Reset() {
 	*x = CommitSnapshotResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[28]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2672,7 @@ func (x *CommitSnapshotResponse) String() string {
 func (*CommitSnapshotResponse) ProtoMessage() {}
 
 func (x *CommitSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[28]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2685,7 @@ func (x *CommitSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*CommitSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{28}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommitSnapshotResponse) GetImage() *Image {
@@ -2548,7 +2724,7 @@ type KeepAliveRequest struct {
 
 func (x *KeepAliveRequest) Reset() {
 	*x = KeepAliveRequest{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[29]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2560,7 +2736,7 @@ func (x *KeepAliveRequest) String() string {
 func (*KeepAliveRequest) ProtoMessage() {}
 
 func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[29]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2573,7 +2749,7 @@ func (x *KeepAliveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveRequest.ProtoReflect.Descriptor instead.
 func (*KeepAliveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{29}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *KeepAliveRequest) GetSandboxId() string {
@@ -2604,7 +2780,7 @@ type KeepAliveResponse struct {
 
 func (x *KeepAliveResponse) Reset() {
 	*x = KeepAliveResponse{}
-	mi := &file_berth_v1_sandbox_proto_msgTypes[30]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2792,7 @@ func (x *KeepAliveResponse) String() string {
 func (*KeepAliveResponse) ProtoMessage() {}
 
 func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_sandbox_proto_msgTypes[30]
+	mi := &file_berth_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2805,7 @@ func (x *KeepAliveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAliveResponse.ProtoReflect.Descriptor instead.
 func (*KeepAliveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{30}
+	return file_berth_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *KeepAliveResponse) GetIdleExpiresAt() *timestamppb.Timestamp {
@@ -2785,7 +2961,14 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"D\n" +
 	"\x15ResumeSandboxResponse\x12+\n" +
-	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"\xad\x02\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\"8\n" +
+	"\x17HibernateSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\xa2\x01\n" +
+	"\x18HibernateSandboxResponse\x12+\n" +
+	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\x127\n" +
+	"\vhibernation\x18\x02 \x01(\x0e2\x15.berth.v1.HibernationR\vhibernation\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"\xad\x02\n" +
 	"\bSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -2852,19 +3035,21 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x11KeepAliveResponse\x12B\n" +
 	"\x0fidle_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\ridleExpiresAt\x129\n" +
 	"\n" +
-	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*\xb5\x01\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt*\xd3\x01\n" +
 	"\fSandboxState\x12\x1d\n" +
 	"\x19SANDBOX_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15SANDBOX_STATE_RUNNING\x10\x01\x12\x19\n" +
 	"\x15SANDBOX_STATE_STOPPED\x10\x02\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STARTING\x10\x03\x12\x1a\n" +
 	"\x16SANDBOX_STATE_STOPPING\x10\x04\x12\x18\n" +
-	"\x14SANDBOX_STATE_PAUSED\x10\x05*X\n" +
+	"\x14SANDBOX_STATE_PAUSED\x10\x05\x12\x1c\n" +
+	"\x18SANDBOX_STATE_HIBERNATED\x10\x06*s\n" +
 	"\n" +
 	"IdleAction\x12\x1b\n" +
 	"\x17IDLE_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12IDLE_ACTION_DELETE\x10\x01\x12\x15\n" +
-	"\x11IDLE_ACTION_PAUSE\x10\x02*e\n" +
+	"\x11IDLE_ACTION_PAUSE\x10\x02\x12\x19\n" +
+	"\x15IDLE_ACTION_HIBERNATE\x10\x03*e\n" +
 	"\n" +
 	"StopReason\x12\x1b\n" +
 	"\x17STOP_REASON_UNSPECIFIED\x10\x00\x12\x1c\n" +
@@ -2878,7 +3063,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
 	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
-	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x032\xa1\n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x03*K\n" +
+	"\vHibernation\x12\x1b\n" +
+	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x012\xfc\n" +
 	"\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
@@ -2894,7 +3082,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n" +
 	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12M\n" +
 	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
-	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12S\n" +
+	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12Y\n" +
+	"\x10HibernateSandbox\x12!.berth.v1.HibernateSandboxRequest\x1a\".berth.v1.HibernateSandboxResponse\x12S\n" +
 	"\x0eCreateSnapshot\x12\x1f.berth.v1.CreateSnapshotRequest\x1a .berth.v1.CreateSnapshotResponse\x12P\n" +
 	"\rListSnapshots\x12\x1e.berth.v1.ListSnapshotsRequest\x1a\x1f.berth.v1.ListSnapshotsResponse\x12S\n" +
 	"\x0eDeleteSnapshot\x12\x1f.berth.v1.DeleteSnapshotRequest\x1a .berth.v1.DeleteSnapshotResponse\x12J\n" +
@@ -2913,149 +3102,156 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_berth_v1_sandbox_proto_rawDescData
 }
 
-var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_berth_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),              // 0: berth.v1.SandboxState
-	(IdleAction)(0),                // 1: berth.v1.IdleAction
-	(StopReason)(0),                // 2: berth.v1.StopReason
-	(NetworkMode)(0),               // 3: berth.v1.NetworkMode
-	(RootIDMapping)(0),             // 4: berth.v1.RootIDMapping
-	(*Resources)(nil),              // 5: berth.v1.Resources
-	(*NetworkPolicy)(nil),          // 6: berth.v1.NetworkPolicy
-	(*SandboxUsage)(nil),           // 7: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),        // 8: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),                // 9: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),   // 10: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),  // 11: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),      // 12: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),     // 13: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),   // 14: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),  // 15: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),   // 16: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),  // 17: berth.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),    // 18: berth.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),   // 19: berth.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),   // 20: berth.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),  // 21: berth.v1.ResumeSandboxResponse
-	(*Snapshot)(nil),               // 22: berth.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),  // 23: berth.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil), // 24: berth.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),   // 25: berth.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 26: berth.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),  // 27: berth.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 28: berth.v1.DeleteSnapshotResponse
-	(*ForkSandboxRequest)(nil),     // 29: berth.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),    // 30: berth.v1.ForkSandboxResponse
-	(*CommitSnapshotRequest)(nil),  // 31: berth.v1.CommitSnapshotRequest
-	(*ImageConfigChanges)(nil),     // 32: berth.v1.ImageConfigChanges
-	(*CommitSnapshotResponse)(nil), // 33: berth.v1.CommitSnapshotResponse
-	(*KeepAliveRequest)(nil),       // 34: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),      // 35: berth.v1.KeepAliveResponse
-	nil,                            // 36: berth.v1.Sandbox.LabelsEntry
-	nil,                            // 37: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                            // 38: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                            // 39: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	nil,                            // 40: berth.v1.Snapshot.LabelsEntry
-	nil,                            // 41: berth.v1.CreateSnapshotRequest.LabelsEntry
-	nil,                            // 42: berth.v1.ForkSandboxRequest.LabelsEntry
-	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
-	(*Image)(nil),                  // 45: berth.v1.Image
-	(*ExecRequest)(nil),            // 46: berth.v1.ExecRequest
-	(*RunRequest)(nil),             // 47: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),       // 48: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),      // 49: berth.v1.SignalExecRequest
-	(*PortForwardRequest)(nil),     // 50: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),           // 51: berth.v1.ExecResponse
-	(*RunResponse)(nil),            // 52: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),      // 53: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),     // 54: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),    // 55: berth.v1.PortForwardResponse
+	(SandboxState)(0),                // 0: berth.v1.SandboxState
+	(IdleAction)(0),                  // 1: berth.v1.IdleAction
+	(StopReason)(0),                  // 2: berth.v1.StopReason
+	(NetworkMode)(0),                 // 3: berth.v1.NetworkMode
+	(RootIDMapping)(0),               // 4: berth.v1.RootIDMapping
+	(Hibernation)(0),                 // 5: berth.v1.Hibernation
+	(*Resources)(nil),                // 6: berth.v1.Resources
+	(*NetworkPolicy)(nil),            // 7: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),             // 8: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),          // 9: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),                  // 10: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),     // 11: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),    // 12: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),        // 13: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),       // 14: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),     // 15: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),    // 16: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),     // 17: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),    // 18: berth.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),      // 19: berth.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),     // 20: berth.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),     // 21: berth.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),    // 22: berth.v1.ResumeSandboxResponse
+	(*HibernateSandboxRequest)(nil),  // 23: berth.v1.HibernateSandboxRequest
+	(*HibernateSandboxResponse)(nil), // 24: berth.v1.HibernateSandboxResponse
+	(*Snapshot)(nil),                 // 25: berth.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),    // 26: berth.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),   // 27: berth.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),     // 28: berth.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),    // 29: berth.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),    // 30: berth.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),   // 31: berth.v1.DeleteSnapshotResponse
+	(*ForkSandboxRequest)(nil),       // 32: berth.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),      // 33: berth.v1.ForkSandboxResponse
+	(*CommitSnapshotRequest)(nil),    // 34: berth.v1.CommitSnapshotRequest
+	(*ImageConfigChanges)(nil),       // 35: berth.v1.ImageConfigChanges
+	(*CommitSnapshotResponse)(nil),   // 36: berth.v1.CommitSnapshotResponse
+	(*KeepAliveRequest)(nil),         // 37: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),        // 38: berth.v1.KeepAliveResponse
+	nil,                              // 39: berth.v1.Sandbox.LabelsEntry
+	nil,                              // 40: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                              // 41: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                              // 42: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	nil,                              // 43: berth.v1.Snapshot.LabelsEntry
+	nil,                              // 44: berth.v1.CreateSnapshotRequest.LabelsEntry
+	nil,                              // 45: berth.v1.ForkSandboxRequest.LabelsEntry
+	(*durationpb.Duration)(nil),      // 46: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),    // 47: google.protobuf.Timestamp
+	(*Image)(nil),                    // 48: berth.v1.Image
+	(*ExecRequest)(nil),              // 49: berth.v1.ExecRequest
+	(*RunRequest)(nil),               // 50: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),         // 51: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),        // 52: berth.v1.SignalExecRequest
+	(*PortForwardRequest)(nil),       // 53: berth.v1.PortForwardRequest
+	(*ExecResponse)(nil),             // 54: berth.v1.ExecResponse
+	(*RunResponse)(nil),              // 55: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),        // 56: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),       // 57: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),      // 58: berth.v1.PortForwardResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
-	43, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
-	44, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
+	46, // 1: berth.v1.SandboxUsage.cpu_time:type_name -> google.protobuf.Duration
+	47, // 2: berth.v1.RuntimeIdentity.started_at:type_name -> google.protobuf.Timestamp
 	0,  // 3: berth.v1.Sandbox.state:type_name -> berth.v1.SandboxState
-	36, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
-	44, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
-	8,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
-	5,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
-	43, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	43, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
-	44, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
-	44, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 4: berth.v1.Sandbox.labels:type_name -> berth.v1.Sandbox.LabelsEntry
+	47, // 5: berth.v1.Sandbox.created_at:type_name -> google.protobuf.Timestamp
+	9,  // 6: berth.v1.Sandbox.runtime:type_name -> berth.v1.RuntimeIdentity
+	6,  // 7: berth.v1.Sandbox.resources:type_name -> berth.v1.Resources
+	46, // 8: berth.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	46, // 9: berth.v1.Sandbox.max_lifetime:type_name -> google.protobuf.Duration
+	47, // 10: berth.v1.Sandbox.expires_at:type_name -> google.protobuf.Timestamp
+	47, // 11: berth.v1.Sandbox.last_activity_at:type_name -> google.protobuf.Timestamp
+	47, // 12: berth.v1.Sandbox.idle_expires_at:type_name -> google.protobuf.Timestamp
 	2,  // 13: berth.v1.Sandbox.stop_reason:type_name -> berth.v1.StopReason
-	7,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
-	6,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
+	8,  // 14: berth.v1.Sandbox.usage:type_name -> berth.v1.SandboxUsage
+	7,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
 	4,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
 	1,  // 17: berth.v1.Sandbox.idle_action:type_name -> berth.v1.IdleAction
-	37, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	5,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	38, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	43, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	43, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
-	6,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
+	40, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	6,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	41, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	46, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	46, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	7,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
 	1,  // 24: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
-	9,  // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	9,  // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	39, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	9,  // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	9,  // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	9,  // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	44, // 31: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
-	40, // 32: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
-	41, // 33: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
-	22, // 34: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
-	22, // 35: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
-	42, // 36: berth.v1.ForkSandboxRequest.labels:type_name -> berth.v1.ForkSandboxRequest.LabelsEntry
-	9,  // 37: berth.v1.ForkSandboxResponse.sandboxes:type_name -> berth.v1.Sandbox
-	32, // 38: berth.v1.CommitSnapshotRequest.changes:type_name -> berth.v1.ImageConfigChanges
-	45, // 39: berth.v1.CommitSnapshotResponse.image:type_name -> berth.v1.Image
-	43, // 40: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	44, // 41: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	44, // 42: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	10, // 43: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	12, // 44: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	14, // 45: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	16, // 46: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	34, // 47: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	46, // 48: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	47, // 49: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	48, // 50: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	49, // 51: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	50, // 52: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	18, // 53: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	20, // 54: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 55: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	25, // 56: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	27, // 57: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	29, // 58: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
-	31, // 59: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
-	11, // 60: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	13, // 61: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	15, // 62: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	17, // 63: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	35, // 64: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	51, // 65: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	52, // 66: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	53, // 67: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	54, // 68: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	55, // 69: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	19, // 70: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	21, // 71: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 72: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	26, // 73: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	28, // 74: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	30, // 75: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
-	33, // 76: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
-	60, // [60:77] is the sub-list for method output_type
-	43, // [43:60] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	10, // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	42, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	10, // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	10, // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 31: berth.v1.HibernateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	5,  // 32: berth.v1.HibernateSandboxResponse.hibernation:type_name -> berth.v1.Hibernation
+	47, // 33: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	43, // 34: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
+	44, // 35: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
+	25, // 36: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
+	25, // 37: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
+	45, // 38: berth.v1.ForkSandboxRequest.labels:type_name -> berth.v1.ForkSandboxRequest.LabelsEntry
+	10, // 39: berth.v1.ForkSandboxResponse.sandboxes:type_name -> berth.v1.Sandbox
+	35, // 40: berth.v1.CommitSnapshotRequest.changes:type_name -> berth.v1.ImageConfigChanges
+	48, // 41: berth.v1.CommitSnapshotResponse.image:type_name -> berth.v1.Image
+	46, // 42: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	47, // 43: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	47, // 44: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 45: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	13, // 46: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	15, // 47: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	17, // 48: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	37, // 49: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	49, // 50: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	50, // 51: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	51, // 52: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	52, // 53: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	53, // 54: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	19, // 55: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	21, // 56: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 57: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
+	26, // 58: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	28, // 59: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	30, // 60: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	32, // 61: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	34, // 62: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
+	12, // 63: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	14, // 64: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	16, // 65: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	18, // 66: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	38, // 67: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	54, // 68: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	55, // 69: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	56, // 70: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	57, // 71: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	58, // 72: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	20, // 73: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	22, // 74: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 75: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
+	27, // 76: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	29, // 77: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	31, // 78: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	33, // 79: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	36, // 80: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
+	63, // [63:81] is the sub-list for method output_type
+	45, // [45:63] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -3071,8 +3267,8 @@ func file_berth_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_sandbox_proto_rawDesc), len(file_berth_v1_sandbox_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   38,
+			NumEnums:      6,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

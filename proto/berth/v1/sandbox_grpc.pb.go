@@ -19,23 +19,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_CreateSandbox_FullMethodName  = "/berth.v1.SandboxService/CreateSandbox"
-	SandboxService_GetSandbox_FullMethodName     = "/berth.v1.SandboxService/GetSandbox"
-	SandboxService_ListSandboxes_FullMethodName  = "/berth.v1.SandboxService/ListSandboxes"
-	SandboxService_DeleteSandbox_FullMethodName  = "/berth.v1.SandboxService/DeleteSandbox"
-	SandboxService_KeepAlive_FullMethodName      = "/berth.v1.SandboxService/KeepAlive"
-	SandboxService_Exec_FullMethodName           = "/berth.v1.SandboxService/Exec"
-	SandboxService_Run_FullMethodName            = "/berth.v1.SandboxService/Run"
-	SandboxService_ListExecs_FullMethodName      = "/berth.v1.SandboxService/ListExecs"
-	SandboxService_SignalExec_FullMethodName     = "/berth.v1.SandboxService/SignalExec"
-	SandboxService_PortForward_FullMethodName    = "/berth.v1.SandboxService/PortForward"
-	SandboxService_PauseSandbox_FullMethodName   = "/berth.v1.SandboxService/PauseSandbox"
-	SandboxService_ResumeSandbox_FullMethodName  = "/berth.v1.SandboxService/ResumeSandbox"
-	SandboxService_CreateSnapshot_FullMethodName = "/berth.v1.SandboxService/CreateSnapshot"
-	SandboxService_ListSnapshots_FullMethodName  = "/berth.v1.SandboxService/ListSnapshots"
-	SandboxService_DeleteSnapshot_FullMethodName = "/berth.v1.SandboxService/DeleteSnapshot"
-	SandboxService_ForkSandbox_FullMethodName    = "/berth.v1.SandboxService/ForkSandbox"
-	SandboxService_CommitSnapshot_FullMethodName = "/berth.v1.SandboxService/CommitSnapshot"
+	SandboxService_CreateSandbox_FullMethodName    = "/berth.v1.SandboxService/CreateSandbox"
+	SandboxService_GetSandbox_FullMethodName       = "/berth.v1.SandboxService/GetSandbox"
+	SandboxService_ListSandboxes_FullMethodName    = "/berth.v1.SandboxService/ListSandboxes"
+	SandboxService_DeleteSandbox_FullMethodName    = "/berth.v1.SandboxService/DeleteSandbox"
+	SandboxService_KeepAlive_FullMethodName        = "/berth.v1.SandboxService/KeepAlive"
+	SandboxService_Exec_FullMethodName             = "/berth.v1.SandboxService/Exec"
+	SandboxService_Run_FullMethodName              = "/berth.v1.SandboxService/Run"
+	SandboxService_ListExecs_FullMethodName        = "/berth.v1.SandboxService/ListExecs"
+	SandboxService_SignalExec_FullMethodName       = "/berth.v1.SandboxService/SignalExec"
+	SandboxService_PortForward_FullMethodName      = "/berth.v1.SandboxService/PortForward"
+	SandboxService_PauseSandbox_FullMethodName     = "/berth.v1.SandboxService/PauseSandbox"
+	SandboxService_ResumeSandbox_FullMethodName    = "/berth.v1.SandboxService/ResumeSandbox"
+	SandboxService_HibernateSandbox_FullMethodName = "/berth.v1.SandboxService/HibernateSandbox"
+	SandboxService_CreateSnapshot_FullMethodName   = "/berth.v1.SandboxService/CreateSnapshot"
+	SandboxService_ListSnapshots_FullMethodName    = "/berth.v1.SandboxService/ListSnapshots"
+	SandboxService_DeleteSnapshot_FullMethodName   = "/berth.v1.SandboxService/DeleteSnapshot"
+	SandboxService_ForkSandbox_FullMethodName      = "/berth.v1.SandboxService/ForkSandbox"
+	SandboxService_CommitSnapshot_FullMethodName   = "/berth.v1.SandboxService/CommitSnapshot"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -148,6 +149,22 @@ type SandboxServiceClient interface {
 	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
 	// (SANDBOX_NOT_RUNNING) when its task is not running.
 	ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*ResumeSandboxResponse, error)
+	// HibernateSandbox releases the sandbox's memory and CPU and keeps its
+	// files: every process ends (its containerd task, the agent included, is
+	// killed and removed) and its container and writable layer are kept
+	// (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
+	// docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
+	// berthd restarts. Any later call that needs the sandbox's agent wakes it
+	// first, as for a paused sandbox (metadata "berth-no-resume: true":
+	// FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
+	// ResumeSandbox: a new task starts from the same container, with a fresh
+	// agent (a new boot id: exec ids of before are STALE_HANDLE), the same
+	// network address and limits. Exec streams attached at the hibernation
+	// end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+	// Hibernating a paused sandbox works; hibernating a hibernated one
+	// succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
+	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
+	HibernateSandbox(ctx context.Context, in *HibernateSandboxRequest, opts ...grpc.CallOption) (*HibernateSandboxResponse, error)
 	// CreateSnapshot stores a point-in-time, crash-consistent copy of a
 	// sandbox's root file system: the sandbox is paused (a paused one stays
 	// paused), its file system synced (syncfs(2)) and its writable layer
@@ -350,6 +367,16 @@ func (c *sandboxServiceClient) ResumeSandbox(ctx context.Context, in *ResumeSand
 	return out, nil
 }
 
+func (c *sandboxServiceClient) HibernateSandbox(ctx context.Context, in *HibernateSandboxRequest, opts ...grpc.CallOption) (*HibernateSandboxResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HibernateSandboxResponse)
+	err := c.cc.Invoke(ctx, SandboxService_HibernateSandbox_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sandboxServiceClient) CreateSnapshot(ctx context.Context, in *CreateSnapshotRequest, opts ...grpc.CallOption) (*CreateSnapshotResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CreateSnapshotResponse)
@@ -510,6 +537,22 @@ type SandboxServiceServer interface {
 	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
 	// (SANDBOX_NOT_RUNNING) when its task is not running.
 	ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error)
+	// HibernateSandbox releases the sandbox's memory and CPU and keeps its
+	// files: every process ends (its containerd task, the agent included, is
+	// killed and removed) and its container and writable layer are kept
+	// (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
+	// docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
+	// berthd restarts. Any later call that needs the sandbox's agent wakes it
+	// first, as for a paused sandbox (metadata "berth-no-resume: true":
+	// FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
+	// ResumeSandbox: a new task starts from the same container, with a fresh
+	// agent (a new boot id: exec ids of before are STALE_HANDLE), the same
+	// network address and limits. Exec streams attached at the hibernation
+	// end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+	// Hibernating a paused sandbox works; hibernating a hibernated one
+	// succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
+	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
+	HibernateSandbox(context.Context, *HibernateSandboxRequest) (*HibernateSandboxResponse, error)
 	// CreateSnapshot stores a point-in-time, crash-consistent copy of a
 	// sandbox's root file system: the sandbox is paused (a paused one stays
 	// paused), its file system synced (syncfs(2)) and its writable layer
@@ -621,6 +664,9 @@ func (UnimplementedSandboxServiceServer) PauseSandbox(context.Context, *PauseSan
 }
 func (UnimplementedSandboxServiceServer) ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeSandbox not implemented")
+}
+func (UnimplementedSandboxServiceServer) HibernateSandbox(context.Context, *HibernateSandboxRequest) (*HibernateSandboxResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method HibernateSandbox not implemented")
 }
 func (UnimplementedSandboxServiceServer) CreateSnapshot(context.Context, *CreateSnapshotRequest) (*CreateSnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateSnapshot not implemented")
@@ -852,6 +898,24 @@ func _SandboxService_ResumeSandbox_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_HibernateSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HibernateSandboxRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).HibernateSandbox(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_HibernateSandbox_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).HibernateSandbox(ctx, req.(*HibernateSandboxRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SandboxService_CreateSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(CreateSnapshotRequest)
 	if err := dec(in); err != nil {
@@ -988,6 +1052,10 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeSandbox",
 			Handler:    _SandboxService_ResumeSandbox_Handler,
+		},
+		{
+			MethodName: "HibernateSandbox",
+			Handler:    _SandboxService_HibernateSandbox_Handler,
 		},
 		{
 			MethodName: "CreateSnapshot",

@@ -87,6 +87,11 @@ class SandboxServiceStub(object):
                 request_serializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
                 )
+        self.HibernateSandbox = channel.unary_unary(
+                '/berth.v1.SandboxService/HibernateSandbox',
+                request_serializer=berth_dot_v1_dot_sandbox__pb2.HibernateSandboxRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_sandbox__pb2.HibernateSandboxResponse.FromString,
+                )
         self.CreateSnapshot = channel.unary_unary(
                 '/berth.v1.SandboxService/CreateSnapshot',
                 request_serializer=berth_dot_v1_dot_sandbox__pb2.CreateSnapshotRequest.SerializeToString,
@@ -282,6 +287,27 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HibernateSandbox(self, request, context):
+        """HibernateSandbox releases the sandbox's memory and CPU and keeps its
+        files: every process ends (its containerd task, the agent included, is
+        killed and removed) and its container and writable layer are kept
+        (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
+        docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
+        berthd restarts. Any later call that needs the sandbox's agent wakes it
+        first, as for a paused sandbox (metadata "berth-no-resume: true":
+        FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
+        ResumeSandbox: a new task starts from the same container, with a fresh
+        agent (a new boot id: exec ids of before are STALE_HANDLE), the same
+        network address and limits. Exec streams attached at the hibernation
+        end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+        Hibernating a paused sandbox works; hibernating a hibernated one
+        succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
+        FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateSnapshot(self, request, context):
         """CreateSnapshot stores a point-in-time, crash-consistent copy of a
         sandbox's root file system: the sandbox is paused (a paused one stays
@@ -435,6 +461,11 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.ResumeSandbox,
                     request_deserializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.FromString,
                     response_serializer=berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.SerializeToString,
+            ),
+            'HibernateSandbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.HibernateSandbox,
+                    request_deserializer=berth_dot_v1_dot_sandbox__pb2.HibernateSandboxRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_sandbox__pb2.HibernateSandboxResponse.SerializeToString,
             ),
             'CreateSnapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateSnapshot,
@@ -683,6 +714,23 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ResumeSandbox',
             berth_dot_v1_dot_sandbox__pb2.ResumeSandboxRequest.SerializeToString,
             berth_dot_v1_dot_sandbox__pb2.ResumeSandboxResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def HibernateSandbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/HibernateSandbox',
+            berth_dot_v1_dot_sandbox__pb2.HibernateSandboxRequest.SerializeToString,
+            berth_dot_v1_dot_sandbox__pb2.HibernateSandboxResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

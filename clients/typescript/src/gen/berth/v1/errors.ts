@@ -346,6 +346,11 @@ export enum ReplacedCause {
   REPLACED_CAUSE_AGENT_RESTARTED = 2,
   /** REPLACED_CAUSE_SANDBOX_DELETED - REPLACED_CAUSE_SANDBOX_DELETED means the sandbox was deleted. */
   REPLACED_CAUSE_SANDBOX_DELETED = 3,
+  /**
+   * REPLACED_CAUSE_SANDBOX_HIBERNATED - REPLACED_CAUSE_SANDBOX_HIBERNATED means the sandbox was hibernated
+   * (HibernateSandbox): its processes ended, its files are kept.
+   */
+  REPLACED_CAUSE_SANDBOX_HIBERNATED = 4,
   UNRECOGNIZED = -1,
 }
 
@@ -363,6 +368,9 @@ export function replacedCauseFromJSON(object: any): ReplacedCause {
     case 3:
     case "REPLACED_CAUSE_SANDBOX_DELETED":
       return ReplacedCause.REPLACED_CAUSE_SANDBOX_DELETED;
+    case 4:
+    case "REPLACED_CAUSE_SANDBOX_HIBERNATED":
+      return ReplacedCause.REPLACED_CAUSE_SANDBOX_HIBERNATED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -380,6 +388,8 @@ export function replacedCauseToJSON(object: ReplacedCause): string {
       return "REPLACED_CAUSE_AGENT_RESTARTED";
     case ReplacedCause.REPLACED_CAUSE_SANDBOX_DELETED:
       return "REPLACED_CAUSE_SANDBOX_DELETED";
+    case ReplacedCause.REPLACED_CAUSE_SANDBOX_HIBERNATED:
+      return "REPLACED_CAUSE_SANDBOX_HIBERNATED";
     case ReplacedCause.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

@@ -62,6 +62,13 @@ export enum SandboxState {
    * memory and uses no CPU.
    */
   SANDBOX_STATE_PAUSED = 5,
+  /**
+   * SANDBOX_STATE_HIBERNATED - SANDBOX_STATE_HIBERNATED means the sandbox's processes ended and its
+   * files are kept (HibernateSandbox, or the idle timeout with
+   * IDLE_ACTION_HIBERNATE): it holds no memory and no CPU, and the next call
+   * naming it starts a new task.
+   */
+  SANDBOX_STATE_HIBERNATED = 6,
   UNRECOGNIZED = -1,
 }
 
@@ -85,6 +92,9 @@ export function sandboxStateFromJSON(object: any): SandboxState {
     case 5:
     case "SANDBOX_STATE_PAUSED":
       return SandboxState.SANDBOX_STATE_PAUSED;
+    case 6:
+    case "SANDBOX_STATE_HIBERNATED":
+      return SandboxState.SANDBOX_STATE_HIBERNATED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -106,6 +116,8 @@ export function sandboxStateToJSON(object: SandboxState): string {
       return "SANDBOX_STATE_STOPPING";
     case SandboxState.SANDBOX_STATE_PAUSED:
       return "SANDBOX_STATE_PAUSED";
+    case SandboxState.SANDBOX_STATE_HIBERNATED:
+      return "SANDBOX_STATE_HIBERNATED";
     case SandboxState.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -123,6 +135,12 @@ export enum IdleAction {
    * files are kept, it uses no CPU, and the next call naming it resumes it.
    */
   IDLE_ACTION_PAUSE = 2,
+  /**
+   * IDLE_ACTION_HIBERNATE - IDLE_ACTION_HIBERNATE hibernates the sandbox (see HibernateSandbox):
+   * its processes end, its files are kept, it holds no memory, and the
+   * next call naming it starts a new task.
+   */
+  IDLE_ACTION_HIBERNATE = 3,
   UNRECOGNIZED = -1,
 }
 
@@ -137,6 +155,9 @@ export function idleActionFromJSON(object: any): IdleAction {
     case 2:
     case "IDLE_ACTION_PAUSE":
       return IdleAction.IDLE_ACTION_PAUSE;
+    case 3:
+    case "IDLE_ACTION_HIBERNATE":
+      return IdleAction.IDLE_ACTION_HIBERNATE;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -152,6 +173,8 @@ export function idleActionToJSON(object: IdleAction): string {
       return "IDLE_ACTION_DELETE";
     case IdleAction.IDLE_ACTION_PAUSE:
       return "IDLE_ACTION_PAUSE";
+    case IdleAction.IDLE_ACTION_HIBERNATE:
+      return "IDLE_ACTION_HIBERNATE";
     case IdleAction.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -319,6 +342,46 @@ export function rootIDMappingToJSON(object: RootIDMapping): string {
     case RootIDMapping.ROOT_ID_MAPPING_CHOWNED_COPY:
       return "ROOT_ID_MAPPING_CHOWNED_COPY";
     case RootIDMapping.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** Hibernation says what a hibernation kept. */
+export enum Hibernation {
+  /** HIBERNATION_UNSPECIFIED - HIBERNATION_UNSPECIFIED is never sent. */
+  HIBERNATION_UNSPECIFIED = 0,
+  /**
+   * HIBERNATION_PROCESSES_ENDED - HIBERNATION_PROCESSES_ENDED: every process ended (memory, processes
+   * and connections are lost), the file system is kept; the wake starts
+   * a fresh agent.
+   */
+  HIBERNATION_PROCESSES_ENDED = 1,
+  UNRECOGNIZED = -1,
+}
+
+export function hibernationFromJSON(object: any): Hibernation {
+  switch (object) {
+    case 0:
+    case "HIBERNATION_UNSPECIFIED":
+      return Hibernation.HIBERNATION_UNSPECIFIED;
+    case 1:
+    case "HIBERNATION_PROCESSES_ENDED":
+      return Hibernation.HIBERNATION_PROCESSES_ENDED;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return Hibernation.UNRECOGNIZED;
+  }
+}
+
+export function hibernationToJSON(object: Hibernation): string {
+  switch (object) {
+    case Hibernation.HIBERNATION_UNSPECIFIED:
+      return "HIBERNATION_UNSPECIFIED";
+    case Hibernation.HIBERNATION_PROCESSES_ENDED:
+      return "HIBERNATION_PROCESSES_ENDED";
+    case Hibernation.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
   }
@@ -834,6 +897,30 @@ export interface ResumeSandboxRequest {
 export interface ResumeSandboxResponse {
   /** sandbox is the sandbox, in state SANDBOX_STATE_RUNNING. */
   sandbox: Sandbox | undefined;
+}
+
+/** HibernateSandboxRequest names the sandbox to hibernate. */
+export interface HibernateSandboxRequest {
+  /** sandbox_id names the sandbox. */
+  sandboxId: string;
+}
+
+/**
+ * HibernateSandboxResponse returns the hibernated sandbox and what was
+ * kept.
+ */
+export interface HibernateSandboxResponse {
+  /** sandbox is the sandbox, in state SANDBOX_STATE_HIBERNATED. */
+  sandbox:
+    | Sandbox
+    | undefined;
+  /** hibernation says what happened to the sandbox's memory. */
+  hibernation: Hibernation;
+  /**
+   * description says it in words, e.g. "processes ended, filesystem
+   * kept".
+   */
+  description: string;
 }
 
 /**
@@ -4062,6 +4149,182 @@ export const ResumeSandboxResponse: MessageFns<ResumeSandboxResponse> = {
   },
 };
 
+function createBaseHibernateSandboxRequest(): HibernateSandboxRequest {
+  return { sandboxId: "" };
+}
+
+export const HibernateSandboxRequest: MessageFns<HibernateSandboxRequest> = {
+  encode(message: HibernateSandboxRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HibernateSandboxRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHibernateSandboxRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): HibernateSandboxRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+    };
+  },
+
+  toJSON(message: HibernateSandboxRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<HibernateSandboxRequest>, I>>(base?: I): HibernateSandboxRequest {
+    return HibernateSandboxRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<HibernateSandboxRequest>, I>>(object: I): HibernateSandboxRequest {
+    const message = createBaseHibernateSandboxRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    return message;
+  },
+};
+
+function createBaseHibernateSandboxResponse(): HibernateSandboxResponse {
+  return { sandbox: undefined, hibernation: 0, description: "" };
+}
+
+export const HibernateSandboxResponse: MessageFns<HibernateSandboxResponse> = {
+  encode(message: HibernateSandboxResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandbox !== undefined) {
+      Sandbox.encode(message.sandbox, writer.uint32(10).fork()).join();
+    }
+    if (message.hibernation !== 0) {
+      writer.uint32(16).int32(message.hibernation);
+    }
+    if (message.description !== "") {
+      writer.uint32(26).string(message.description);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): HibernateSandboxResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseHibernateSandboxResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandbox = Sandbox.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.hibernation = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.description = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): HibernateSandboxResponse {
+    return {
+      sandbox: isSet(object.sandbox) ? Sandbox.fromJSON(object.sandbox) : undefined,
+      hibernation: isSet(object.hibernation) ? hibernationFromJSON(object.hibernation) : 0,
+      description: isSet(object.description) ? globalThis.String(object.description) : "",
+    };
+  },
+
+  toJSON(message: HibernateSandboxResponse): unknown {
+    const obj: any = {};
+    if (message.sandbox !== undefined) {
+      obj.sandbox = Sandbox.toJSON(message.sandbox);
+    }
+    if (message.hibernation !== 0) {
+      obj.hibernation = hibernationToJSON(message.hibernation);
+    }
+    if (message.description !== "") {
+      obj.description = message.description;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<HibernateSandboxResponse>, I>>(base?: I): HibernateSandboxResponse {
+    return HibernateSandboxResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<HibernateSandboxResponse>, I>>(object: I): HibernateSandboxResponse {
+    const message = createBaseHibernateSandboxResponse();
+    message.sandbox = (object.sandbox !== undefined && object.sandbox !== null)
+      ? Sandbox.fromPartial(object.sandbox)
+      : undefined;
+    message.hibernation = object.hibernation ?? 0;
+    message.description = object.description ?? "";
+    return message;
+  },
+};
+
 function createBaseSnapshot(): Snapshot {
   return { id: "", sandboxId: "", owner: "", created: undefined, sizeBytes: 0n, labels: {}, image: "" };
 }
@@ -5972,6 +6235,34 @@ export const SandboxServiceService = {
     responseDeserialize: (value: Buffer): ResumeSandboxResponse => ResumeSandboxResponse.decode(value),
   },
   /**
+   * HibernateSandbox releases the sandbox's memory and CPU and keeps its
+   * files: every process ends (its containerd task, the agent included, is
+   * killed and removed) and its container and writable layer are kept
+   * (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
+   * docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
+   * berthd restarts. Any later call that needs the sandbox's agent wakes it
+   * first, as for a paused sandbox (metadata "berth-no-resume: true":
+   * FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
+   * ResumeSandbox: a new task starts from the same container, with a fresh
+   * agent (a new boot id: exec ids of before are STALE_HANDLE), the same
+   * network address and limits. Exec streams attached at the hibernation
+   * end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+   * Hibernating a paused sandbox works; hibernating a hibernated one
+   * succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
+   * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
+   */
+  hibernateSandbox: {
+    path: "/berth.v1.SandboxService/HibernateSandbox" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: HibernateSandboxRequest): Buffer =>
+      Buffer.from(HibernateSandboxRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): HibernateSandboxRequest => HibernateSandboxRequest.decode(value),
+    responseSerialize: (value: HibernateSandboxResponse): Buffer =>
+      Buffer.from(HibernateSandboxResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): HibernateSandboxResponse => HibernateSandboxResponse.decode(value),
+  },
+  /**
    * CreateSnapshot stores a point-in-time, crash-consistent copy of a
    * sandbox's root file system: the sandbox is paused (a paused one stays
    * paused), its file system synced (syncfs(2)) and its writable layer
@@ -6213,6 +6504,24 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * (SANDBOX_NOT_RUNNING) when its task is not running.
    */
   resumeSandbox: handleUnaryCall<ResumeSandboxRequest, ResumeSandboxResponse>;
+  /**
+   * HibernateSandbox releases the sandbox's memory and CPU and keeps its
+   * files: every process ends (its containerd task, the agent included, is
+   * killed and removed) and its container and writable layer are kept
+   * (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
+   * docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
+   * berthd restarts. Any later call that needs the sandbox's agent wakes it
+   * first, as for a paused sandbox (metadata "berth-no-resume: true":
+   * FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
+   * ResumeSandbox: a new task starts from the same container, with a fresh
+   * agent (a new boot id: exec ids of before are STALE_HANDLE), the same
+   * network address and limits. Exec streams attached at the hibernation
+   * end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+   * Hibernating a paused sandbox works; hibernating a hibernated one
+   * succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
+   * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
+   */
+  hibernateSandbox: handleUnaryCall<HibernateSandboxRequest, HibernateSandboxResponse>;
   /**
    * CreateSnapshot stores a point-in-time, crash-consistent copy of a
    * sandbox's root file system: the sandbox is paused (a paused one stays
@@ -6551,6 +6860,38 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ResumeSandboxResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * HibernateSandbox releases the sandbox's memory and CPU and keeps its
+   * files: every process ends (its containerd task, the agent included, is
+   * killed and removed) and its container and writable layer are kept
+   * (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
+   * docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
+   * berthd restarts. Any later call that needs the sandbox's agent wakes it
+   * first, as for a paused sandbox (metadata "berth-no-resume: true":
+   * FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
+   * ResumeSandbox: a new task starts from the same container, with a fresh
+   * agent (a new boot id: exec ids of before are STALE_HANDLE), the same
+   * network address and limits. Exec streams attached at the hibernation
+   * end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+   * Hibernating a paused sandbox works; hibernating a hibernated one
+   * succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
+   * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
+   */
+  hibernateSandbox(
+    request: HibernateSandboxRequest,
+    callback: (error: ServiceError | null, response: HibernateSandboxResponse) => void,
+  ): ClientUnaryCall;
+  hibernateSandbox(
+    request: HibernateSandboxRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: HibernateSandboxResponse) => void,
+  ): ClientUnaryCall;
+  hibernateSandbox(
+    request: HibernateSandboxRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: HibernateSandboxResponse) => void,
   ): ClientUnaryCall;
   /**
    * CreateSnapshot stores a point-in-time, crash-consistent copy of a

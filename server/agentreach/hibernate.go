@@ -1,0 +1,117 @@
+package agentreach
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-sandbox/berth/internal/resume"
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// A hibernated sandbox has no task (runtime.Hibernate): its processes
+// ended, its container and files are kept. The Reacher keeps which
+// sandboxes are hibernated, so that Reach wakes one — Waker starts a new
+// task and waits for its agent — before it asks its agent anything, or
+// refuses with SANDBOX_HIBERNATED when the caller asked not to
+// (resume.Header). The lifecycle engine tells it what it found at
+// adoption (SetHibernated).
+
+func (p *pauses) setAsleep(id string, asleep bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.asleep == nil {
+		p.asleep = make(map[string]bool)
+	}
+	if asleep {
+		p.asleep[id] = true
+	} else {
+		delete(p.asleep, id)
+	}
+}
+
+func (p *pauses) isAsleep(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.asleep[id]
+}
+
+// Hibernate ends every process of sandbox id (a paused one included) and
+// removes its task, keeping its container (runtime.Hibernate), and
+// returns the host pid of the task it removed (0: none). A hibernated
+// sandbox stays so (no error). The caller decided that its caller may see
+// the sandbox, and holds its lifecycle lock. Errors:
+// runtime.ErrSandboxNotFound, runtime.ErrTaskNotRunning, containerd's.
+func (r *Reacher) Hibernate(ctx context.Context, id string) (uint32, error) {
+	unlock := r.pauses.lock(id)
+	defer unlock()
+	began := time.Now()
+	was := r.pauses.isAsleep(id)
+	pid, err := r.freezer.Hibernate(ctx, id)
+	if err != nil {
+		if errors.Is(err, runtime.ErrSandboxNotFound) {
+			r.pauses.set(id, false)
+			r.pauses.setAsleep(id, false)
+		}
+		return 0, err
+	}
+	r.pauses.setAsleep(id, true)
+	r.pauses.set(id, false) // not paused: wakes the PauseWatch waiters
+	if r.OnPause != nil {
+		r.OnPause(id, true) // the idle clock stands still, as for a pause
+	}
+	if !was {
+		r.log.InfoContext(ctx, "sandbox hibernated: processes ended, filesystem kept", slog.String("sandbox_id", id),
+			slog.Uint64("task_pid", uint64(pid)), slog.Duration("took", time.Since(began)))
+	}
+	return pid, nil
+}
+
+// Hibernated reports whether sandbox id is hibernated, as berthd
+// hibernated it or found it at adoption.
+func (r *Reacher) Hibernated(id string) bool { return r.pauses.isAsleep(id) }
+
+// SetHibernated records whether sandbox id is hibernated (adoption, wake,
+// removal).
+func (r *Reacher) SetHibernated(id string, hibernated bool) { r.pauses.setAsleep(id, hibernated) }
+
+// wakeHibernated wakes sandbox id before a call that needs its agent, when
+// it is hibernated (as berthd knows, or as containerd's record says:
+// recorded), and reports whether it did. A caller that asked not to
+// (resume.Header) gets FAILED_PRECONDITION SANDBOX_HIBERNATED, and the
+// sandbox stays hibernated; a wake whose new task did not start is an
+// *apierr.Unreachable (TASK_STOPPED, nothing ran).
+func (r *Reacher) wakeHibernated(ctx context.Context, id, execID string, recorded bool) (bool, error) {
+	if !recorded && !r.pauses.isAsleep(id) {
+		return false, nil
+	}
+	if resume.Refused(ctx) {
+		meta := map[string]string{"sandbox_id": id}
+		if execID != "" {
+			meta["exec_id"] = execID
+		}
+		return false, apierr.New(codes.FailedPrecondition, rpcstatus.ReasonSandboxHibernated,
+			fmt.Sprintf("sandbox %s is hibernated (its processes ended, its files kept) and the call asked not to wake it (metadata %s: true); ResumeSandbox wakes it", id, resume.Header), meta)
+	}
+	if r.Waker == nil {
+		return false, fmt.Errorf("sandbox %s is hibernated and this berthd cannot wake it", id)
+	}
+	if recorded {
+		r.pauses.setAsleep(id, true) // found so in containerd: the Waker wakes what it knows asleep
+	}
+	if err := r.Waker(ctx, id); err != nil {
+		if errors.Is(err, runtime.ErrSandboxNotFound) || ctx.Err() != nil {
+			return false, err
+		}
+		return false, &apierr.Unreachable{SandboxID: id, ExecID: execID, Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED,
+			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: "the sandbox was hibernated and its new task did not start: " + err.Error()}
+	}
+	return true, nil
+}

@@ -1,0 +1,101 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// Hibernate ends every process of sandbox id for caller p
+// (HibernateSandbox) and keeps its container and files: see
+// agentreach.Reacher.Hibernate. It runs under the sandbox's lifecycle
+// lock. A sandbox p may not see is runtime.ErrSandboxNotFound.
+func (m *Manager) Hibernate(ctx context.Context, id string, p auth.Principal) error {
+	unlock, err := m.lockSeen(ctx, id, p)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.hibernate(ctx, id)
+}
+
+// hibernate hibernates sandbox id; the caller holds its lifecycle lock.
+// The exit of its task is the hibernation's (not restarted; exec streams
+// see RUNTIME_REPLACED cause SANDBOX_HIBERNATED).
+func (m *Manager) hibernate(ctx context.Context, id string) error {
+	var pid uint32
+	if sb, err := m.rt.Get(ctx, id); err == nil {
+		pid = sb.TaskPID
+	}
+	m.restarts.hibernating(id, pid)
+	if _, err := m.reach.Hibernate(ctx, id); err != nil {
+		if !m.reach.Hibernated(id) {
+			m.restarts.woken(id)
+		}
+		return err
+	}
+	// The old agent's connection goes with its task; the wake dials the
+	// new one.
+	m.agents.Forget(m.rt.SocketPath(id))
+	return nil
+}
+
+// Hibernated reports whether sandbox id is hibernated.
+func (m *Manager) Hibernated(id string) bool { return m.reach.Hibernated(id) }
+
+// wake starts a new task for hibernated sandbox id and returns once its
+// agent answered (agentreach.Reacher.Waker); a sandbox another call woke
+// meanwhile is left as it is. Concurrent wakes of one sandbox are
+// serialized by its lifecycle lock: one starts the task, the others find
+// it running.
+func (m *Manager) wake(ctx context.Context, id string) error {
+	unlock, err := m.lifecycle.Lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", id, err)
+	}
+	defer unlock()
+	return m.wakeLocked(ctx, id)
+}
+
+// wakeLocked is wake; the caller holds the lifecycle lock. The wake, once
+// begun, is not cut off by the caller's cancel (other calls wait for it),
+// but bounded by Config.AgentReadyTimeout.
+func (m *Manager) wakeLocked(ctx context.Context, id string) error {
+	if !m.reach.Hibernated(id) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.AgentReadyTimeout)
+	defer cancel()
+	sb, err := m.rt.Get(ctx, id)
+	if err != nil {
+		if errors.Is(err, runtime.ErrSandboxNotFound) {
+			m.reach.SetHibernated(id, false)
+			m.restarts.woken(id)
+		}
+		return err
+	}
+	began := time.Now()
+	m.restarts.woken(id)
+	if !sb.Running && !sb.Paused {
+		// A task left by a wake cut off before its mark was cleared runs
+		// already: only the mark is left to clear.
+		if _, err := m.restarts.start(ctx, id, 0, time.Time{}); err != nil {
+			m.restarts.hibernating(id, 0)
+			return fmt.Errorf("wake hibernated sandbox %s: %w", id, err)
+		}
+	}
+	if err := m.rt.Woken(ctx, id); err != nil {
+		// The task runs: berthd reads the sandbox as running whatever
+		// the mark says (runtime.Sandbox.Hibernated).
+		m.log.Warn("clear the hibernation mark of a woken sandbox", slog.String("sandbox_id", id), slog.Any("error", err))
+	}
+	m.reach.SetHibernated(id, false)
+	m.reaper.SetPaused(id, false)
+	m.log.InfoContext(ctx, "hibernated sandbox woken: new task, files kept", slog.String("sandbox_id", id), slog.Duration("took", time.Since(began)))
+	return nil
+}
