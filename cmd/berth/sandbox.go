@@ -96,7 +96,7 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().Uint64Var(&mem, "memory-bytes", 0, "memory cap in bytes, no swap (default: none)")
 	cmd.Flags().Uint64Var(&disk, "disk-bytes", 0, "disk quota in bytes: what the sandbox may store beyond its image (default berthd's)")
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable of every process, KEY=VALUE (repeatable)")
-	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid" or "uid:gid" (default 0:0)`)
+	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid", "uid:gid", or a name or "name:group" of the image's /etc/passwd and /etc/group (default 0:0)`)
 	cmd.Flags().StringVar(&req.Workdir, "workdir", "", "working directory, created for the workload user (default /workspace)")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 0, "remove the sandbox after this long without a running command or request (default berthd's)")
 	cmd.Flags().StringVar(&idleAction, "idle-action", "delete", "what the idle timeout does: delete the sandbox, or pause it (the next command resumes it)")
