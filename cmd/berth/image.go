@@ -175,11 +175,11 @@ type progress struct {
 	w     io.Writer
 	verb  string // "importing", "pulling"
 	label string
-	total int64  // -1 when unknown
+	total int64 // -1 when unknown
 	// approx says total is an estimate: shown as "~", the percentage
 	// kept below 100 until done.
 	approx bool
-	extra string // appended, e.g. "2/3 blobs"
+	extra  string // appended, e.g. "2/3 blobs"
 
 	mu    sync.Mutex
 	start time.Time // of the first update: the rate's
