@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -155,7 +156,12 @@ func (cp *copier) upload(ctx context.Context, local string, dst remote, intoDir 
 	pr, pw := io.Pipe()
 	go func() { pw.CloseWithError(writeTree(pw, local, name, cp.skip)) }()
 	defer pr.Close()
-	p := newTransferProgress(cp.stderr, filepath.Base(local), -1)
+	p := newTransferProgress(cp.stderr, filepath.Base(local), -1, true)
+	if p != nil {
+		// The archive's size is known once the tree is walked: the line
+		// shows bytes and rate until then.
+		go func() { p.setTotal(archiveEstimate(local)) }()
+	}
 	defer p.done()
 	opts := p.option()
 	if cp.opts.archive {
@@ -218,22 +224,22 @@ func (cp *copier) download(ctx context.Context, src remote, local string, stdout
 		target = filepath.Join(local, path.Base(src.path))
 	}
 	if isDir {
-		return cp.extract(ctx, src, target)
+		return cp.extract(ctx, src, target, -1)
 	}
-	return cp.downloadFile(ctx, src, target)
+	return cp.downloadFile(ctx, src, target, archiveSize(int64(info.GetSizeBytes())))
 }
 
 // downloadFile downloads src, a file, as an archive of one entry into a
 // temporary directory next to target and renames the file into place
 // only when the archive was complete: with its mode, mtime and holes (and
 // owner with -a), as a directory's files.
-func (cp *copier) downloadFile(ctx context.Context, src remote, target string) error {
+func (cp *copier) downloadFile(ctx context.Context, src remote, target string, total int64) error {
 	tmp, err := os.MkdirTemp(filepath.Dir(target), "."+filepath.Base(target)+".berth-*")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(tmp) // after the rename: empty
-	if err := cp.extract(ctx, src, tmp); err != nil {
+	if err := cp.extract(ctx, src, tmp, total); err != nil {
 		return err
 	}
 	entries, err := os.ReadDir(tmp)
@@ -250,7 +256,7 @@ func (cp *copier) downloadFile(ctx context.Context, src remote, target string) e
 // (internal/tartree: whole or not at all, nothing written outside target,
 // modes, mtimes and holes kept, owners with -a); a directory's own mode
 // and mtime come with it (client.WithRoot).
-func (cp *copier) extract(ctx context.Context, src remote, target string) error {
+func (cp *copier) extract(ctx context.Context, src remote, target string, total int64) error {
 	pr, pw := io.Pipe()
 	opts := tartree.Options{Skip: func(name, why string) { cp.skip(filepath.Join(target, name), why) }}
 	if cp.opts.archive {
@@ -265,7 +271,7 @@ func (cp *copier) extract(ctx context.Context, src remote, target string) error 
 		pr.CloseWithError(err) // a failed extraction stops the download
 		extracted <- err
 	}()
-	p := newTransferProgress(cp.stderr, path.Base(src.path), -1)
+	p := newTransferProgress(cp.stderr, path.Base(src.path), total, true)
 	sum, err := cp.c.Download(ctx, src.sandboxID, src.path, pw, append(p.option(), client.WithRoot())...)
 	p.done()
 	pw.CloseWithError(err)
@@ -294,4 +300,30 @@ func chown(fd, uid, gid int, mode uint32) error {
 func isReason(err error, reason string) bool {
 	var ce *client.Error
 	return errors.As(err, &ce) && ce.Reason == reason
+}
+
+// archiveEstimate is about the size of the tar stream of local (a file or
+// a tree): what its entries' sizes and headers take. Sparse files make it
+// high (only their data travels); entries it cannot read are left out.
+func archiveEstimate(local string) int64 {
+	var total int64 = 1024 // the end-of-archive blocks
+	_ = filepath.WalkDir(local, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		total += 512
+		if d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				total += (fi.Size() + 511) / 512 * 512
+			}
+		}
+		return nil
+	})
+	return total
+}
+
+// archiveSize is the size of a tar stream of one file of size bytes: a
+// header, the data in 512-byte blocks and the end-of-archive blocks.
+func archiveSize(size int64) int64 {
+	return 512 + (size+511)/512*512 + 1024
 }

@@ -53,6 +53,7 @@ with the signal and "timeout" or "oom" when they apply.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print exec ids only")
+	cmd.Flags().BoolP("all", "a", true, "running and ended execs: berth ps always lists both; accepted as for docker ps -a")
 	addOutputFlag(cmd, &output, "table")
 	return cmd
 }

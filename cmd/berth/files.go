@@ -10,10 +10,8 @@ import (
 	"path"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -55,27 +53,21 @@ func parseRemote(arg string) (remote, bool) {
 	return remote{sandboxID: m[1], path: path.Clean(p)}, true
 }
 
-// transferProgress draws one status line for a transfer on a terminal, at
-// most ten times a second.
-type transferProgress struct {
-	w     io.Writer
-	label string
-	total int64 // -1 when unknown
-
-	mu    sync.Mutex
-	last  time.Time
-	moved uint64
-	drawn bool
-}
+// transferProgress draws one status line for a transfer on a terminal
+// (progress: total, rate and time), at most ten times a second; nil draws
+// nothing.
+type transferProgress struct{ *progress }
 
 // newTransferProgress returns a progress line on stderr when it is a
-// terminal, and nil otherwise.
-func newTransferProgress(stderr io.Writer, label string, total int64) *transferProgress {
+// terminal, and nil otherwise. total is the bytes the transfer moves, -1
+// when unknown; approx says it is an estimate (an archive's size from its
+// files' sizes).
+func newTransferProgress(stderr io.Writer, label string, total int64, approx bool) *transferProgress {
 	f, ok := stderr.(*os.File)
 	if !ok || !term.IsTerminal(int(f.Fd())) {
 		return nil
 	}
-	return &transferProgress{w: f, label: label, total: total}
+	return &transferProgress{&progress{w: f, verb: "copying", label: label, total: total, approx: approx}}
 }
 
 // option returns the client option reporting to p, or none for nil.
@@ -86,32 +78,10 @@ func (p *transferProgress) option() []client.FileOption {
 	return []client.FileOption{client.WithTransferProgress(p.update)}
 }
 
-func (p *transferProgress) update(moved uint64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.moved = moved
-	if time.Since(p.last) < 100*time.Millisecond {
-		return
-	}
-	p.last = time.Now()
-	p.draw()
-}
-
-func (p *transferProgress) draw() {
-	fmt.Fprintf(p.w, "\r\033[Kcopying %s: %s", p.label, progressText(p.moved, p.total))
-	p.drawn = true
-}
-
 // done ends the line.
 func (p *transferProgress) done() {
-	if p == nil {
-		return
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.drawn {
-		p.draw()
-		fmt.Fprintln(p.w)
+	if p != nil {
+		p.progress.done()
 	}
 }
 

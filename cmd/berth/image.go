@@ -83,7 +83,7 @@ stderr when it is a terminal. The import is not bounded by --rpc-timeout.`,
 			return g.withClient(cmd, func(ctx context.Context, c *client.Client) error {
 				var nodes []*berthv1.ImageNodeResult
 				opts := []client.ImportOption{client.WithImportNodes(func(r []*berthv1.ImageNodeResult) { nodes = r })}
-				p := &progress{verb: "importing", label: src.label, total: src.total}
+				p := &progress{verb: "sending", label: src.label, total: src.total, sentPhase: "storing and unpacking"}
 				if f, ok := cmd.ErrOrStderr().(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 					p.w = f
 					opts = append(opts, client.WithProgress(p.update))
@@ -175,24 +175,50 @@ type progress struct {
 	w     io.Writer
 	verb  string // "importing", "pulling"
 	label string
-	total int64  // -1 when unknown
-	extra string // appended, e.g. "2/3 blobs"
+	total int64 // -1 when unknown
+	// approx says total is an estimate: shown as "~", the percentage
+	// kept below 100 until done.
+	approx bool
+	extra  string // appended, e.g. "2/3 blobs"
 
 	mu    sync.Mutex
+	start time.Time // of the first update: the rate's
+	ended time.Time // when sent reached the total, for sentPhase
 	last  time.Time
 	sent  uint64
 	drawn bool
+	// sentPhase, when set, is the verb once sent reaches a known total:
+	// berthd still works on what it has (an import's "unpacking"), and a
+	// bar at 100% would look stuck.
+	sentPhase string
+	now       func() time.Time // time.Now; tests set it
 }
 
 func (p *progress) update(sent uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.now == nil {
+		p.now = time.Now
+	}
+	if p.start.IsZero() {
+		p.start = p.now()
+	}
 	p.sent = sent
-	if time.Since(p.last) < 100*time.Millisecond && int64(sent) != p.total {
+	if p.sentPhase != "" && p.total > 0 && int64(sent) >= p.total {
+		p.verb, p.sentPhase, p.ended = p.sentPhase, "", p.now()
+	}
+	if p.now().Sub(p.last) < 100*time.Millisecond && int64(sent) != p.total {
 		return
 	}
-	p.last = time.Now()
+	p.last = p.now()
 	p.draw()
+}
+
+// setTotal sets the total once it is known.
+func (p *progress) setTotal(total int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.total = total
 }
 
 // pulled draws a PullImage progress message. Once every blob is
@@ -226,9 +252,25 @@ func (p *progress) updateTotal(sent uint64, total int64, extra string) {
 }
 
 func (p *progress) draw() {
-	line := fmt.Sprintf("\r\033[K%s %s %s%s", p.verb, p.label, progressBar(p.sent, p.total, 24), progressText(p.sent, p.total))
+	text := progressText(p.sent, p.total)
+	if p.approx && p.total > 0 {
+		text = fmt.Sprintf("%s / ~%s (%d%%)", byteSize(p.sent), byteSize(uint64(p.total)), min(p.sent*100/uint64(p.total), 99))
+	}
+	line := fmt.Sprintf("\r\033[K%s %s %s%s", p.verb, p.label, progressBar(p.sent, p.total, 24), text)
 	if p.extra != "" {
 		line += ", " + p.extra
+	}
+	if p.now != nil {
+		// The rate of the transfer, over its time only; then the time
+		// since the start.
+		now := p.now()
+		d, moving := now.Sub(p.start), now.Sub(p.start)
+		if !p.ended.IsZero() {
+			moving = p.ended.Sub(p.start)
+		}
+		if moving >= 100*time.Millisecond && p.sent > 0 {
+			line += fmt.Sprintf(", %s/s, %s", byteSize(uint64(float64(p.sent)/moving.Seconds())), d.Round(time.Second))
+		}
 	}
 	fmt.Fprint(p.w, line)
 	p.drawn = true

@@ -83,10 +83,11 @@ before the command started; 141 when its output is a closed pipe.`,
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
 	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newNodeCmd(g), newSnapshotCmd(g), newVersionCmd())
 	root.AddCommand(newCpCmd(g), newLsCmd(g), newCatCmd(g), newPortForwardCmd(g))
+	addDockerCommands(root, g)
 	// Shell completion (berth completion bash|zsh|fish|powershell) of
 	// sandbox ids, asked of berthd.
 	for path, complete := range map[string]cobra.CompletionFunc{
-		"exec": g.sandboxArg(), "ps": g.sandboxArg(), "attach": g.sandboxArg(), "kill": g.sandboxArg(),
+		"exec": g.sandboxArg(), "ps": g.sandboxArg(), "logs": g.sandboxArg(), "inspect": g.sandboxArgs(), "stats": g.sandboxArgs(), "attach": g.sandboxArg(), "kill": g.sandboxArg(),
 		"sandbox get": g.sandboxArg(), "sandbox keepalive": g.sandboxArg(), "sandbox rm": g.sandboxArgs(),
 		"cp": g.remoteArg(), "cat": g.remoteArg(), "ls": g.remoteArg(),
 	} {

@@ -359,7 +359,7 @@ func TestByteSize(t *testing.T) {
 func TestSandboxTable(t *testing.T) {
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	sbs := []*berthv1.Sandbox{
-		{Id: "a", Image: "busybox", State: berthv1.SandboxState_SANDBOX_STATE_RUNNING, CreatedAt: timestamppb.New(now.Add(-2 * time.Minute)),
+		{Id: "a", Image: "busybox", State: berthv1.SandboxState_SANDBOX_STATE_RUNNING, Owner: "unix:1000", CreatedAt: timestamppb.New(now.Add(-2 * time.Minute)),
 			Runtime: &berthv1.RuntimeIdentity{AgentBootId: "0123456789abcdef0123"}},
 		{Id: "long-sandbox", Image: "berth.dev/base:latest", State: berthv1.SandboxState_SANDBOX_STATE_STOPPED, CreatedAt: timestamppb.New(now.Add(-3 * time.Hour))},
 	}
@@ -368,9 +368,9 @@ func TestSandboxTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "" +
-		"ID             IMAGE                   STATE     CREATED   AGENT BOOT ID\n" +
-		"a              busybox                 running   2m ago    0123456789ab\n" +
-		"long-sandbox   berth.dev/base:latest   stopped   3h ago    -\n"
+		"ID             IMAGE                   STATE     OWNER       CREATED   AGENT BOOT ID\n" +
+		"a              busybox                 running   unix:1000   2m ago    0123456789ab\n" +
+		"long-sandbox   berth.dev/base:latest   stopped   -           3h ago    -\n"
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("table (-want +got):\n%s", diff)
 	}

@@ -108,6 +108,7 @@ ask for its defaults (no --pids-limit).`,
 	cmd.Flags().StringVar(&image, "image", "", "image reference to create the sandbox from (required)")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label the sandbox, KEY=VALUE (repeatable)")
 	cmd.Flags().Uint64Var(&pidsLimit, "pids-limit", 0, "maximum processes and threads in the sandbox (default berthd's)")
+	cmd.Flags().Bool("rm", true, "delete the sandbox when the command ends: berth run always does; accepted as for docker run --rm")
 	f.register(cmd.Flags(), false)
 	return cmd
 }

@@ -29,7 +29,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		req                   berthv1.CreateSandboxRequest
 		labels, env           []string
 		pidsLimit, cpu, mem   uint64
-		disk                  uint64
+		disk, shm             uint64
 		idleTimeout, lifetime time.Duration
 		egress                []string
 		maxConns              uint32
@@ -53,8 +53,8 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			if req.Env, err = parseKV("env", env); err != nil {
 				return err
 			}
-			if pidsLimit > 0 || cpu > 0 || mem > 0 || disk > 0 {
-				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit, CpuMillis: cpu, MemoryBytes: mem, DiskBytes: disk}
+			if pidsLimit > 0 || cpu > 0 || mem > 0 || disk > 0 || shm > 0 {
+				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit, CpuMillis: cpu, MemoryBytes: mem, DiskBytes: disk, ShmBytes: shm}
 			}
 			if idleTimeout != 0 {
 				req.IdleTimeout = durationpb.New(idleTimeout)
@@ -97,8 +97,10 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().Uint64Var(&cpu, "cpu-millis", 0, "CPU cap in thousandths of a CPU, e.g. 500 for half a core (default: none)")
 	cmd.Flags().Uint64Var(&mem, "memory-bytes", 0, "memory cap in bytes, no swap (default: none)")
 	cmd.Flags().Uint64Var(&disk, "disk-bytes", 0, "disk quota in bytes: what the sandbox may store beyond its image (default berthd's)")
+	cmd.Flags().Uint64Var(&shm, "shm-bytes", 0, "size of /dev/shm in bytes, counted against --memory-bytes (default berthd's: a share of the memory cap)")
+	cmd.Flags().StringVar(&req.Runtime, "runtime", "", `OCI runtime: "runc" or "gvisor" (berthd --gvisor-binary) (default runc)`)
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable of every process, KEY=VALUE (repeatable)")
-	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid" or "uid:gid" (default 0:0)`)
+	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid", "uid:gid", or a name or "name:group" of the image's /etc/passwd and /etc/group (default 0:0)`)
 	cmd.Flags().StringVar(&req.Workdir, "workdir", "", "working directory, created for the workload user (default /workspace)")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 0, "remove the sandbox after this long without a running command or request (default berthd's)")
 	cmd.Flags().StringVar(&idleAction, "idle-action", "delete", "what the idle timeout does: delete the sandbox, pause it, or hibernate it (processes end, files kept); the next command resumes or wakes it")
@@ -177,12 +179,12 @@ sandbox expires now: idle and maximum lifetime, RFC 3339.`,
 
 func newSandboxListCmd(g *globals) *cobra.Command {
 	var (
-		labels []string
-		quiet  bool
-		output outputFormat
+		labels, filters []string
+		quiet           bool
+		output          outputFormat
 	)
 	cmd := &cobra.Command{
-		Use:     "ls [--label KEY=VALUE ...]",
+		Use:     "ls [--label KEY=VALUE ...] [--filter label=KEY=VALUE|state=STATE ...]",
 		Aliases: []string{"list"},
 		Short:   "List sandboxes",
 		Args:    cobra.NoArgs,
@@ -191,6 +193,11 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			f, err := parseSandboxFilters(filters)
+			if err != nil {
+				return err
+			}
+			sel = f.addLabels(sel)
 			return g.call(cmd, func(ctx context.Context, c *client.Client) error {
 				var (
 					sbs         []*berthv1.Sandbox
@@ -200,7 +207,9 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 					if err != nil {
 						return err
 					}
-					sbs = append(sbs, sb)
+					if f.match(sb) {
+						sbs = append(sbs, sb)
+					}
 				}
 				if len(unreachable) > 0 {
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: nodes %s did not answer (or are lost): their sandboxes are missing from this list\n", terminalSafe(strings.Join(unreachable, ", ")))
@@ -219,6 +228,7 @@ func newSandboxListCmd(g *globals) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with this label, KEY=VALUE (repeatable: all must match)")
+	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, `only sandboxes that match, as docker ps --filter: "label=KEY=VALUE", "label=KEY" (has the label), "state=running" (running, paused, stopped...), "owner=NAME" (repeatable: all must match; several state= or owner= match any of theirs)`)
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only the ids")
 	addOutputFlag(cmd, &output, "table")
 	return cmd
@@ -229,7 +239,7 @@ func writeSandboxTable(w io.Writer, sbs []*berthv1.Sandbox, now time.Time) error
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 	// In a fleet each sandbox names its node: a NODE column then.
 	fleet := slices.ContainsFunc(sbs, func(sb *berthv1.Sandbox) bool { return sb.GetNodeId() != "" })
-	header := "ID\tIMAGE\tSTATE\tCREATED\tAGENT BOOT ID"
+	header := "ID\tIMAGE\tSTATE\tOWNER\tCREATED\tAGENT BOOT ID"
 	if fleet {
 		header += "\tNODE"
 	}
@@ -239,7 +249,11 @@ func writeSandboxTable(w io.Writer, sbs []*berthv1.Sandbox, now time.Time) error
 		if boot == "" {
 			boot = "-"
 		}
-		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s", sb.GetId(), sb.GetImage(), stateName(sb.GetState()), ago(sb.GetCreatedAt().AsTime(), now), shorten(boot, 12))
+		owner := sb.GetOwner()
+		if owner == "" {
+			owner = "-"
+		}
+		row := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", sb.GetId(), sb.GetImage(), stateName(sb.GetState()), terminalSafe(owner), ago(sb.GetCreatedAt().AsTime(), now), shorten(boot, 12))
 		if fleet {
 			row += "\t" + terminalSafe(sb.GetNodeId())
 		}
@@ -304,18 +318,28 @@ func newSandboxGetCmd(g *globals) *cobra.Command {
 }
 
 func newSandboxRemoveCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm SANDBOX...",
+	var force bool
+	cmd := &cobra.Command{
+		Use:     "rm [-f] SANDBOX...",
 		Aliases: []string{"delete"},
 		Short:   "Delete sandboxes",
-		Long: `Delete each sandbox and print its id. A sandbox that does not exist is an
-error (SANDBOX_NOT_FOUND, exit 125), as for docker rm; the others are still
-deleted.`,
+		Long: `Delete each sandbox and print its id, whatever it runs: running commands
+are killed, and a paused sandbox is deleted without being resumed. A
+sandbox that does not exist is an error (SANDBOX_NOT_FOUND, exit 125), as
+for docker rm; the others are still deleted. With -f (as docker rm -f) a
+sandbox that does not exist is not an error: berth prints its id as for
+the others, and a script's clean-up can run twice.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if force {
+				// DeleteSandbox succeeds for an id that does not exist.
+				return deleteEach(cmd, g, "", args, func(c *client.Client, ctx context.Context, id string) error { return c.DeleteSandbox(ctx, id) })
+			}
 			return deleteEach(cmd, g, "", args, deleteExisting)
 		},
 	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "a sandbox that does not exist is not an error")
+	return cmd
 }
 
 // deleteExisting deletes sandbox id, failing with SANDBOX_NOT_FOUND when

@@ -15,9 +15,15 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print berth's version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "berth %s %s %s/%s\n", buildVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			fmt.Fprint(cmd.OutOrStdout(), versionLine())
 		},
 	}
+}
+
+// versionLine is what "berth version" and "berth --version" print:
+// "berth VERSION GO_VERSION OS/ARCH" and a newline.
+func versionLine() string {
+	return fmt.Sprintf("berth %s %s %s/%s\n", buildVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
 // buildVersion is berth's version (internal/version).

@@ -92,6 +92,11 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 	case !errors.Is(err, runtime.ErrImageNotFound):
 		return nil, apierr.WithMeta(err, meta)
 	}
+	if namedUser(req.GetUser()) {
+		if err := s.resolveUser(ctx, &spec, req.GetUser()); err != nil {
+			return nil, apierr.WithMeta(err, meta)
+		}
+	}
 	c, err := s.life.Create(ctx, spec, p, req.GetSandboxId() == "" && req.GetRequestId() == "")
 	if err != nil {
 		return nil, apierr.WithMeta(err, meta)
@@ -158,7 +163,13 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	if spec.DiskBytes, err = s.diskBytes(res.GetDiskBytes()); err != nil {
 		return spec, err
 	}
-	if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
+	// A name is resolved against the image once it is found
+	// (resolveUser); ids are checked here.
+	if !namedUser(req.GetUser()) {
+		if spec.UID, spec.GID, err = parseUser("user", req.GetUser()); err != nil {
+			return spec, err
+		}
+	} else if err := validateUserName("user", req.GetUser()); err != nil {
 		return spec, err
 	}
 	if err := s.isolation(&spec, req); err != nil {
@@ -258,8 +269,18 @@ func (s *Service) isolation(spec *runtime.SandboxSpec, req *berthv1.CreateSandbo
 	if spec.HostUsers && !s.cfg.AllowHostUsers {
 		return apierr.InvalidArgument("host_users", "this server runs every sandbox in a user namespace of its own (berthd --allow-host-users permits the host's)")
 	}
+	return userInRange(*spec, "")
+}
+
+// userInRange checks that a runc sandbox in a user namespace of its own
+// runs as ids the namespace maps; name is the user name they came from,
+// if any.
+func userInRange(spec runtime.SandboxSpec, name string) error {
 	if !spec.HostUsers && spec.Runtime == runtime.RuntimeRunc && (spec.UID >= runtime.IDRangeSize || spec.GID >= runtime.IDRangeSize) {
-		return apierr.InvalidArgument("user", fmt.Sprintf("%d:%d: ids in a sandbox's user namespace are 0 to %d", spec.UID, spec.GID, runtime.IDRangeSize-1))
+		if name != "" {
+			name = textsafe.Quote(name) + " is "
+		}
+		return apierr.InvalidArgument("user", fmt.Sprintf("%s%d:%d: ids in a sandbox's user namespace are 0 to %d", name, spec.UID, spec.GID, runtime.IDRangeSize-1))
 	}
 	return nil
 }
@@ -422,6 +443,49 @@ func validateEnv(field string, env map[string]string) error {
 		return apierr.InvalidArgument(field, fmt.Sprintf("its key names take %d bytes as JSON; the limit is %d", n, runtime.MaxEnvKeysLabelBytes))
 	}
 	return nil
+}
+
+// namedUser reports whether a create's user names a user or group
+// ("dev", "dev:staff", "1000:staff") rather than giving ids alone.
+func namedUser(v string) bool {
+	u, g, _ := strings.Cut(v, ":")
+	return v != "" && (!allDigits(u) || !allDigits(g))
+}
+
+// allDigits reports whether s is empty or only ASCII digits.
+func allDigits(s string) bool {
+	return strings.Trim(s, "0123456789") == ""
+}
+
+// validateUserName checks the text of a user given by name: at most 256
+// bytes, no NUL, no "/" (a name of /etc/passwd is a plain word), one ":" at
+// most, neither side empty.
+func validateUserName(field, v string) error {
+	u, g, hasGroup := strings.Cut(v, ":")
+	if len(v) > 256 || strings.ContainsAny(v, "\x00/") || u == "" || (hasGroup && (g == "" || strings.Contains(g, ":"))) {
+		return apierr.InvalidArgument(field, fmt.Sprintf("%s must be \"uid\", \"uid:gid\", \"name\" or \"name:group\" (names of the image's /etc/passwd and /etc/group, at most 256 bytes)", textsafe.Quote(v)))
+	}
+	return nil
+}
+
+// resolveUser sets spec's ids to those of the user and group names in
+// name, read from spec.Image's /etc/passwd and /etc/group (a name's group
+// is its passwd entry's unless name gives one): the sandbox records, and
+// idempotent creates compare, the ids, so a create by name and one by the
+// ids it resolves to are the same spec. A sandbox from a snapshot resolves
+// against its image's files, not the snapshot's. An unknown name is
+// INVALID_ARGUMENT naming user and the image; an image not stored is
+// IMAGE_NOT_FOUND.
+func (s *Service) resolveUser(ctx context.Context, spec *runtime.SandboxSpec, name string) error {
+	uid, gid, err := s.rt.ImageUser(ctx, spec.Image, name)
+	if errors.Is(err, runtime.ErrUnknownUser) {
+		return apierr.InvalidArgument("user", textsafe.Escape(err.Error()))
+	}
+	if err != nil {
+		return err
+	}
+	spec.UID, spec.GID = uid, gid
+	return userInRange(*spec, name)
 }
 
 // parseUser parses "uid" or "uid:gid" (numeric; gid defaults to uid); empty

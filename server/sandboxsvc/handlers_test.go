@@ -158,6 +158,16 @@ func (f *fakeStore) ForkSnapshot(context.Context, string, string, func(context.C
 
 func (f *fakeStore) SandboxEnv(context.Context, string) (map[string]string, error) { return nil, nil }
 
+// ImageUser knows the users of every image: root (0:0) and dev
+// (1000:1000), group staff (50).
+func (f *fakeStore) ImageUser(_ context.Context, ref, spec string) (uint32, uint32, error) {
+	users := map[string][2]uint32{"root": {0, 0}, "dev": {1000, 1000}, "dev:staff": {1000, 50}}
+	if ids, ok := users[spec]; ok {
+		return ids[0], ids[1], nil
+	}
+	return 0, 0, fmt.Errorf("%w: %s is not in image %s's /etc/passwd", runtime.ErrUnknownUser, spec, ref)
+}
+
 func (f *fakeStore) ResolveImage(_ context.Context, ref string) (string, error) {
 	if !strings.Contains(ref, ":") {
 		ref += ":latest"
@@ -474,6 +484,28 @@ func TestCreateSandboxRequestID(t *testing.T) {
 	}
 }
 
+// TestCreateSandboxUserName: a user name resolves against the image to the
+// ids the sandbox keeps, so a create by name of a sandbox created by those
+// ids (and the other way round) returns it, and another user is a
+// conflict naming user.
+func TestCreateSandboxUserName(t *testing.T) {
+	s, st := newHandlers(t)
+	req := baseRequest("sb-named")
+	req.User = "1000:50"
+	existing(t, s, st, req, alice)
+	for _, user := range []string{"dev:staff", "1000:50"} {
+		req.User = user
+		if resp, err := s.CreateSandbox(as(alice), req); err != nil || resp.GetSandbox().GetUser() != "1000:50" {
+			t.Errorf("create of sb-named (1000:50) again as %s = %v, %v; want it back", user, resp, err)
+		}
+	}
+	req.User = "dev"
+	_, err := s.CreateSandbox(as(alice), req)
+	if got := answerOf(err); got.code != codes.AlreadyExists || got.meta["fields"] != "user" {
+		t.Errorf("create of sb-named (1000:50) as dev (1000:1000) = %v, want ALREADY_EXISTS naming user", err)
+	}
+}
+
 // TestCreateSandboxRefuses: bad requests are INVALID_ARGUMENT naming the
 // field, and a request without a principal is UNAUTHENTICATED; nothing is
 // created.
@@ -494,7 +526,9 @@ func TestCreateSandboxRefuses(t *testing.T) {
 			r.Labels = map[string]string{runtime.LabelOwner: "bob"}
 			return r
 		}(), codes.InvalidArgument, "labels"},
-		{"user name", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.User = "dev"; return r }(), codes.InvalidArgument, "user"},
+		{"unknown user name", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.User = "nosuch"; return r }(), codes.InvalidArgument, "user"},
+		{"user name with a slash", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.User = "dev/x"; return r }(), codes.InvalidArgument, "user"},
+		{"user name with an empty group", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.User = "dev:"; return r }(), codes.InvalidArgument, "user"},
 		{"relative workdir", as(alice), func() *berthv1.CreateSandboxRequest { r := baseRequest("sb-x"); r.Workdir = "work"; return r }(), codes.InvalidArgument, "workdir"},
 		{"idle timeout too long", as(alice), func() *berthv1.CreateSandboxRequest {
 			r := baseRequest("sb-x")

@@ -51,6 +51,7 @@ type Config struct {
 // store is what the handlers read of containerd (*runtime.Runtime).
 type store interface {
 	ResolveImage(ctx context.Context, ref string) (string, error)
+	ImageUser(ctx context.Context, ref, spec string) (uid, gid uint32, err error)
 	Get(ctx context.Context, id string) (runtime.Sandbox, error)
 	List(ctx context.Context, labels map[string]string) ([]runtime.Sandbox, error)
 	Usage(ctx context.Context, id string) (runtime.Usage, error)

@@ -63,8 +63,8 @@ class Sandbox:
         image: a reference in berthd's image store (default $BERTH_IMAGE,
         else DEFAULT_IMAGE). user: the workload user processes run as and
         files are created as, "uid", "uid:gid", an int or a (uid, gid)
-        tuple (berthd takes numbers here; names are refused with
-        InvalidArgument, while commands.run(user=...) takes names too);
+        tuple, or a name "dev" / "dev:staff" of the image's /etc/passwd
+        and /etc/group (an unknown one is InvalidArgument);
         default root without capabilities. env, workdir (default
         /workspace), labels. memory_bytes, cpu_millis, disk_bytes: limits
         (unset: the server's defaults). idle_timeout and max_lifetime in

@@ -1137,8 +1137,13 @@ type CreateSandboxRequest struct {
 	// bytes but NUL. Values are never logged nor returned.
 	Env map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// user is the workload user that processes run as and files are created
-	// as: "uid" or "uid:gid", numeric (gid defaults to uid). Empty means
-	// "0:0", root without capabilities.
+	// as: "uid" or "uid:gid", numeric (gid defaults to uid), or "name" or
+	// "name:group" (either side a name or a number) resolved at create
+	// against the image's /etc/passwd and /etc/group (a name's group is its
+	// passwd entry's). The sandbox keeps the ids (Sandbox.user), and a
+	// retried create compares them: by name or by the ids it resolved to is
+	// the same request. An unknown name is INVALID_ARGUMENT naming user and
+	// the image. Empty means "0:0", root without capabilities.
 	User string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
 	// workdir is the working directory of processes started without a cwd,
 	// an absolute path; created when missing and owned by the workload user.

@@ -712,8 +712,13 @@ export interface CreateSandboxRequest {
   env: { [key: string]: string };
   /**
    * user is the workload user that processes run as and files are created
-   * as: "uid" or "uid:gid", numeric (gid defaults to uid). Empty means
-   * "0:0", root without capabilities.
+   * as: "uid" or "uid:gid", numeric (gid defaults to uid), or "name" or
+   * "name:group" (either side a name or a number) resolved at create
+   * against the image's /etc/passwd and /etc/group (a name's group is its
+   * passwd entry's). The sandbox keeps the ids (Sandbox.user), and a
+   * retried create compares them: by name or by the ids it resolved to is
+   * the same request. An unknown name is INVALID_ARGUMENT naming user and
+   * the image. Empty means "0:0", root without capabilities.
    */
   user: string;
   /**
