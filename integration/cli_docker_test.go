@@ -44,11 +44,19 @@ func TestCLIDockerHabits(t *testing.T) {
 	}
 
 	// logs: seq 1 "one" (stdout), 2 "two" (stderr), then 3 "three" once
-	// the command is let go (the file appears).
-	out, _ = ok("exec", "-d", id, "--", "sh", "-c", "echo one; echo two >&2; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo three")
+	// the command is let go (the file appears). "two" waits for /tmp/a,
+	// written once "one" has its seq: stdout and stderr are two pipes,
+	// read concurrently, so without it "two" could take seq 1.
+	out, _ = ok("exec", "-d", id, "--", "sh", "-c", "echo one; while [ ! -e /tmp/a ]; do sleep 0.1; done; echo two >&2; while [ ! -e /tmp/go ]; do sleep 0.1; done; echo three")
 	execID := strings.TrimSpace(out)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if !poll(30*time.Second, func() bool { return listExecs(t, env.sandboxes, id)[execID].GetLastSeq() >= 1 }) {
+		t.Fatalf("exec %s: no output event within 30 s", execID)
+	}
+	if _, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"touch", "/tmp/a"}}}); err != nil {
+		t.Fatalf("touch /tmp/a: %v", err)
+	}
 	if !poll(30*time.Second, func() bool { return listExecs(t, env.sandboxes, id)[execID].GetLastSeq() >= 2 }) {
 		t.Fatalf("exec %s: no two output events within 30 s", execID)
 	}
