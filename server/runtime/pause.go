@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
@@ -64,7 +65,7 @@ func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error)
 	}
 	c.changes()
 	if pause {
-		err = task.Pause(ctx)
+		err = pauseTask(ctx, task)
 	} else {
 		err = task.Resume(ctx)
 	}
@@ -72,6 +73,32 @@ func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error)
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
+}
+
+// pauseAttempts bounds pauseTask's tries.
+const pauseAttempts = 3
+
+// pauseTask freezes task, trying again while it still runs: runc's cgroup
+// v1 freezer gives up when the cgroup stays FREEZING through its own
+// retries (it thaws and fails "unable to freeze", libcontainer/cgroups/fs/
+// freezer.go), which a workload that forks fast can cause on a loaded
+// host; a later try usually catches it between forks. Seen as an INTERNAL
+// PauseSandbox in TestPauseResume at load 15.
+func pauseTask(ctx context.Context, task containerd.Task) error {
+	for attempt := 1; ; attempt++ {
+		err := task.Pause(ctx)
+		if err == nil || attempt == pauseAttempts || errdefs.IsNotFound(err) || ctx.Err() != nil {
+			return err
+		}
+		if st, serr := task.Status(ctx); serr != nil || st.Status != containerd.Running {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 50 * time.Millisecond):
+		}
+	}
 }
 
 // thawForDelete makes a paused task killable before deleteTask removes it:
