@@ -10,6 +10,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -32,8 +34,8 @@ const maxPasswdBytes = 4 << 20
 // when the user has no entry, as docker does) unless base's HOME was set
 // on purpose (Config.KeepHome); USER, LOGNAME and SHELL from its entry
 // unless base sets them; PATH the usual default unless base sets it.
-// /etc/passwd is read at every start, so a user added in the sandbox
-// counts at once.
+// /etc/passwd is looked up at every start (passwdCache: read again
+// whenever it changed), so a user added in the sandbox counts at once.
 func (s *Server) loginEnv(base []string, uid uint32) []string {
 	env := make([]string, 0, len(base)+5)
 	has := make(map[string]bool, len(base))
@@ -78,26 +80,96 @@ type passwdEntry struct {
 // (login(1)).
 func lookupUID(path string, uid uint32) (*passwdEntry, error) {
 	want := strconv.FormatUint(uint64(uid), 10)
-	return lookupPasswd(path, func(fields [][]byte) bool { return string(fields[2]) == want })
+	return passwds.lookup(path, "uid "+want, func(fields [][]byte) bool { return string(fields[2]) == want })
 }
 
 // lookupName is lookupUID for the entry named name.
 func lookupName(path, name string) (*passwdEntry, error) {
-	return lookupPasswd(path, func(fields [][]byte) bool { return string(fields[0]) == name })
+	return passwds.lookup(path, "name "+name, func(fields [][]byte) bool { return string(fields[0]) == name })
 }
 
+// passwds keeps the agent's recent passwd(5) answers (passwdCache).
+var passwds passwdCache
+
+// passwdCache keeps the answers lookupPasswd gave from one passwd file as
+// long as the file is the same: same device, inode, size, modification
+// and change times (nanoseconds) at lstat(2). Every exec looks up its
+// user's entry (loginEnv); reading and scanning the file each time was
+// most of that (issue 23). A user added, removed or changed in the sandbox
+// changes the file's times (or its inode, when the file is replaced), and
+// counts at the next exec as before. A file changed within passwdSettle is
+// read at every lookup.
+type passwdCache struct {
+	mu      sync.Mutex
+	path    string
+	stamp   fileStamp
+	answers map[string]*passwdEntry // by lookup key; nil: no such entry
+}
+
+// fileStamp is what tells one version of a file from another.
+type fileStamp struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime unix.Timespec
+}
+
+func stampOf(st *unix.Stat_t) fileStamp {
+	return fileStamp{dev: st.Dev, ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim}
+}
+
+// lookup is lookupPasswd(path, match), whose answer is key's, from the
+// cache when path is unchanged since the cached answer was read.
+func (c *passwdCache) lookup(path, key string, match func(fields [][]byte) bool) (*passwdEntry, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+		c.mu.Lock()
+		e, ok := c.answers[key]
+		ok = ok && c.path == path && c.stamp == stampOf(&st)
+		c.mu.Unlock()
+		if ok {
+			return e, nil
+		}
+	}
+	e, stamp, err := lookupPasswd(path, match)
+	if err != nil {
+		return e, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(time.Unix(stamp.ctime.Unix())) < passwdSettle {
+		// Changed a moment ago: a change within the file system's
+		// timestamp granularity may follow and leave the same stamp.
+		c.path, c.answers = "", nil
+		return e, nil
+	}
+	if c.path != path || c.stamp != stamp {
+		c.path, c.stamp, c.answers = path, stamp, make(map[string]*passwdEntry)
+	}
+	c.answers[key] = e
+	return e, nil
+}
+
+// passwdSettle is how long a passwd file must have been unchanged (its
+// change time) for its answers to be kept: file times may be as coarse
+// as the kernel's tick, and a second change within one tick, of the same
+// size, would leave the stamp as it was (as git treats "racily clean"
+// index entries).
+var passwdSettle = time.Second
+
 // lookupPasswd returns the first entry of the passwd(5) file at path that
-// match accepts, or nil.
-func lookupPasswd(path string, match func(fields [][]byte) bool) (*passwdEntry, error) {
+// match accepts, or nil, and the stamp of the file it read.
+func lookupPasswd(path string, match func(fields [][]byte) bool) (*passwdEntry, fileStamp, error) {
 	// O_NOFOLLOW: the file is the sandbox's, and the agent is root.
 	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
-		return nil, err
+		return nil, fileStamp{}, err
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return nil, errors.New(path + " is not a regular file")
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, fileStamp{}, errors.New(path + " is not a regular file")
 	}
+	stamp := stampOf(&st)
 	sc := bufio.NewScanner(io.LimitReader(f, maxPasswdBytes))
 	sc.Buffer(make([]byte, 0, 4096), 64<<10)
 	for sc.Scan() {
@@ -121,9 +193,9 @@ func lookupPasswd(path string, match func(fields [][]byte) bool) (*passwdEntry, 
 		if e.shell == "" {
 			e.shell = "/bin/sh"
 		}
-		return e, nil
+		return e, stamp, nil
 	}
-	return nil, sc.Err()
+	return nil, stamp, sc.Err()
 }
 
 // nameHost makes hostsFile (/etc/hosts) resolve host, the sandbox's

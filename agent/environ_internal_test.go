@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestLookupUID(t *testing.T) {
@@ -113,5 +114,64 @@ func TestResolveUser(t *testing.T) {
 		if err != nil || uid != tt.uid || gid != tt.gid {
 			t.Errorf("resolveUser(%q) = %d, %d, %v; want %d, %d", tt.in, uid, gid, err, tt.uid, tt.gid)
 		}
+	}
+}
+
+// TestPasswdCache checks that an unchanged passwd file is not read again
+// (the same entry comes back), and that every change counts at the next
+// lookup: a line added in place (new size and times), a same-size rewrite
+// (new times), the file replaced by rename (new inode), and a symlink in
+// its place (refused, as without the cache).
+func TestPasswdCache(t *testing.T) {
+	dir := t.TempDir()
+	passwd := filepath.Join(dir, "passwd")
+	write := func(content string) {
+		t.Helper()
+		if err := os.WriteFile(passwd, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := func(uid uint32, name string) *passwdEntry {
+		t.Helper()
+		e, err := lookupUID(passwd, uid)
+		if err != nil || (e == nil) != (name == "") || e != nil && e.name != name {
+			t.Fatalf("lookupUID(%d) = %+v, %v; want %q", uid, e, err, name)
+		}
+		return e
+	}
+	write("root:x:0:0:root:/root:/bin/sh\n")
+	// Just written: read at every lookup.
+	if first := want(0, "root"); want(0, "root") == first {
+		t.Error("a file changed a moment ago was answered from the cache")
+	}
+	// Settled (passwdSettle 0 stands for a file older than a second).
+	defer func(d time.Duration) { passwdSettle = d }(passwdSettle)
+	passwdSettle = 0
+	first := want(0, "root")
+	if again := want(0, "root"); again != first {
+		t.Error("an unchanged file was read again (a new entry came back)")
+	}
+	want(1000, "")
+
+	write("root:x:0:0:root:/root:/bin/sh\ndev:x:1000:1000::/home/dev:/bin/sh\n")
+	want(1000, "dev")
+
+	// Same size, new times.
+	write("root:x:0:0:root:/root:/bin/sh\nabc:x:1000:1000::/home/dev:/bin/sh\n")
+	want(1000, "abc")
+
+	// Replaced by rename: another inode.
+	next := filepath.Join(dir, "passwd.new")
+	os.WriteFile(next, []byte("root:x:0:0:root:/root:/bin/sh\nxyz:x:1000:1000::/home/dev:/bin/sh\n"), 0o644)
+	if err := os.Rename(next, passwd); err != nil {
+		t.Fatal(err)
+	}
+	want(1000, "xyz")
+
+	// A symlink is refused, not answered from the cache.
+	os.Rename(passwd, next)
+	os.Symlink(next, passwd)
+	if e, err := lookupUID(passwd, 1000); err == nil || e != nil {
+		t.Errorf("lookupUID through a symlink = %+v, %v; want an error", e, err)
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,5 +144,29 @@ func TestSummarizeArgv(t *testing.T) {
 	got, cut = summarizeArgv([]string{"echo", "hi"})
 	if strings.Join(got, " ") != "echo hi" || cut {
 		t.Errorf("summarizeArgv(short) = %q, %v; want it unchanged", got, cut)
+	}
+}
+
+// TestOOMCounterFollows: the counter file, kept open after the first
+// count, is read afresh at every count (a cgroup file is made anew by a
+// read at offset 0; a regular file here is rewritten in place).
+func TestOOMCounterFollows(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "memory.events")
+	c := &oomCounter{path: p}
+	t.Cleanup(func() {
+		if c.f != nil {
+			c.f.Close()
+		}
+	})
+	for _, want := range []uint64{0, 1, 12, 3} {
+		if err := os.WriteFile(p, []byte(fmt.Sprintf("low 0\nhigh 0\nmax 2\noom %d\noom_kill %d\n", want, want)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if n, ok := c.count(); n != want || !ok {
+			t.Errorf("count() = %d, %v; want %d, true", n, ok, want)
+		}
+	}
+	if c.f == nil {
+		t.Error("the counter file was not kept open")
 	}
 }

@@ -29,6 +29,18 @@ type measurement struct {
 	bytes   int64           // payload bytes per iteration; 0 for a latency
 	samples []time.Duration // wall time of each iteration
 	lost    int64           // payload bytes that did not arrive, over all iterations
+	// A rate of operations (measureRate): ops completed over wall, and
+	// refused, the calls refused meanwhile.
+	ops, refused int64
+	wall         time.Duration
+}
+
+// opsRate is the operations completed per second of wall time.
+func (m measurement) opsRate() float64 {
+	if m.wall == 0 {
+		return 0
+	}
+	return float64(m.ops) / m.wall.Seconds()
 }
 
 // rate is the throughput in MB/s (10^6 bytes) over all iterations.
@@ -107,6 +119,7 @@ type comparison struct {
 	berth   string   // sub-benchmark name of berth's side
 	anchors []string // sub-benchmark names of the anchors, the first one the target's
 	latency bool     // a latency (p50, p99; lower is better), else a throughput
+	ops     bool     // a rate of operations (execs/s; higher is better), else of bytes
 	target  string   // the issue's target for berth/first anchor, "" when none
 	met     func(ratio float64) bool
 	// metP50, when set, judges the target by berth's own p50 instead of
@@ -135,6 +148,8 @@ var comparisons = []comparison{
 		target: "p50 <= 1/30", met: func(r float64) bool { return r <= 1.0/30 }},
 	{what: "exec round trip of `true`, runtime gvisor", berth: "roundtrip/berth-Exec-gvisor", anchors: []string{"roundtrip/gvisor-fork-exec", "roundtrip/berth-Exec", "roundtrip/containerd-Exec"}, latency: true,
 		target: "p50 <= 3x", met: func(r float64) bool { return r <= 3 }},
+	{what: "concurrent Run(true) loops (execs/s)", berth: "concurrent/berth-Run", anchors: []string{"concurrent/host-fork-exec"}, ops: true,
+		target: ">= 0.8x, 0 refused", met: func(r float64) bool { return r >= 0.8 }},
 	{what: "exec round trip of `true` through a fleet node that routes it", berth: "fleet/routed-Exec", anchors: []string{"fleet/owner-Exec"}, latency: true},
 	{what: "PortForward: HTTP GET of 256 MiB", berth: "portforward/berth-PortForward", anchors: []string{"portforward/direct-netns"},
 		target: ">= 0.7x", met: func(r float64) bool { return r >= 0.7 }},
@@ -178,6 +193,7 @@ var anchorText = map[string]string{
 	"roundtrip/containerd-Exec":    "containerd task.Exec",
 	"roundtrip/host-fork-exec":     "host fork+exec+wait",
 	"roundtrip/gvisor-fork-exec":   "fork+exec+wait inside the gvisor sandbox",
+	"concurrent/host-fork-exec":    "host fork+exec+wait loops, as many",
 	"create/ctr-run":               "ctr run --rm",
 	"pause/containerd-Pause":       "containerd task.Pause (cgroup freezer)",
 	"pause/containerd-Resume":      "containerd task.Resume",
@@ -217,8 +233,11 @@ func printSideBySide(w io.Writer) {
 	fmt.Fprintln(tw, "what\tberth\tanchor\tanchor's figure\tberth/anchor\ttarget\t")
 	for _, c := range comparisons {
 		metric := measurement.rate
-		if c.latency {
+		switch {
+		case c.latency:
 			metric = func(m measurement) float64 { return float64(m.quantile(0.5)) }
+		case c.ops:
+			metric = measurement.opsRate
 		}
 		b, runs, ok := median(c.berth, metric)
 		if !ok {
@@ -245,7 +264,7 @@ func printSideBySide(w io.Writer) {
 				if c.metP50 == nil {
 					met = c.met(ratio)
 				}
-				if met && b.lost == 0 {
+				if met && b.lost == 0 && b.refused == 0 {
 					verdict = "met"
 				}
 				target = c.target + " " + verdict
@@ -268,11 +287,15 @@ func printSideBySide(w io.Writer) {
 		}
 	}
 	fmt.Fprintln(w, "\nMB/s: 10^6 payload bytes delivered per second of wall time. p50, p99: of n operations.")
-	fmt.Fprintln(w, "berth/anchor: of MB/s (higher is better for berth), of p50 (lower is better for berth).")
+	fmt.Fprintln(w, "berth/anchor: of MB/s and execs/s (higher is better for berth), of p50 (lower is better for berth).")
 }
 
-// figure formats a measurement: MB/s, or p50/p99 and the sample count.
+// figure formats a measurement: MB/s, execs/s and refusals, or p50/p99
+// and the sample count.
 func figure(m measurement, latency bool) string {
+	if m.wall > 0 {
+		return fmt.Sprintf("%.0f execs/s, %d refused", m.opsRate(), m.refused)
+	}
 	if latency {
 		return fmt.Sprintf("p50 %s p99 %s n=%d", ms(m.quantile(0.5)), ms(m.quantile(0.99)), len(m.samples))
 	}

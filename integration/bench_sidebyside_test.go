@@ -76,6 +76,11 @@ const fileBytes = 128 << 20
 //     and wait4 of busybox true on the host; and through berth's Exec in a
 //     gvisor sandbox, beside fork, exec and wait4 of true timed inside
 //     that sandbox (testdata/forkexec).
+//   - concurrent: 50 sandboxes x 10 goroutines calling Run(true) one
+//     after the other for 20 s, beside 500 goroutines on the host running
+//     fork, exec and wait4 of busybox true for as long: execs completed per
+//     second and Runs refused (benchConcurrent; sizes and window from the
+//     environment).
 //   - fleet: the round trip of `true` through a fleet of two berthd
 //     processes (one etcd, TLS between nodes, the caller over TLS with a
 //     token): through the node that holds the sandbox, and through the
@@ -197,6 +202,10 @@ func BenchmarkSideBySide(b *testing.B) {
 			return sample{d: time.Since(start)}
 		})
 		measureInside(b, "roundtrip/gvisor-fork-exec", c, gvisor, "true")
+	})
+
+	b.Run("concurrent", func(b *testing.B) {
+		benchConcurrent(b)
 	})
 
 	b.Run("fleet", func(b *testing.B) {

@@ -5,7 +5,8 @@
 # ReadFile, WriteFile, `berth cp`, Download and Upload of 128 MiB beside
 # host cp, cp && sync, tar; exec round trip (p50, p99) beside containerd's
 # task.Exec and fork+exec on the host, and under gVisor beside fork+exec
-# timed inside the gVisor sandbox; a 256 MiB HTTP GET through
+# timed inside the gVisor sandbox; 50 sandboxes x 10 concurrent Run(true)
+# loops beside 500 host fork+exec loops (execs/s, refusals); a 256 MiB HTTP GET through
 # PortForward and `berth port-forward` beside a direct connection in the
 # sandbox's network namespace; CreateSnapshot of a sandbox with 256 MiB
 # written beside `btrfs subvolume snapshot -r` and `cp -a --reflink=never`
@@ -34,6 +35,9 @@
 #   BERTH_SNAPSHOTTER  the sandboxes' snapshotter, as for the integration
 #                tests (default btrfs with quotas; overlayfs puts sandbox
 #                and host files on containerd's root file system)
+#   BERTH_BENCH_CONCURRENT_SANDBOXES, BERTH_BENCH_CONCURRENT_LOOPS,
+#   BERTH_BENCH_CONCURRENT_SECONDS  the concurrent group's sandboxes
+#                (default 50), Run loops per sandbox (10) and window (20 s)
 #   GO_TEST_FLAGS  extra go test flags, e.g. -cpuprofile cpu.out
 #
 # The go test output comes first, then the table; the exit status is go

@@ -39,6 +39,10 @@ type Pool struct {
 	received map[string]*atomic.Uint64
 	// sockets holds, per socket path, the last connection dialed.
 	sockets map[string]net.Conn
+	// proven holds, per socket path, the last Info answer that proved the
+	// agent on a connection (Proven).
+	proven map[string]proof
+	dials  map[string]uint64 // per socket path, the connections dialed
 	// dialErrs holds, per socket path, the last failure to connect since
 	// the last connection made: gRPC reports a failing dial only as
 	// UNAVAILABLE, without its cause.
@@ -83,7 +87,7 @@ func WithOnConnect(f func(ctx context.Context, socketPath string, agent agentv1.
 func NewPool(v Verifier, opts ...Option) *Pool {
 	p := &Pool{verifier: v, refused: refusals{last: make(map[string]error)},
 		conns: make(map[string]*conn), dialErrs: make(map[string]error), received: make(map[string]*atomic.Uint64),
-		sockets: make(map[string]net.Conn)}
+		sockets: make(map[string]net.Conn), proven: make(map[string]proof), dials: make(map[string]uint64)}
 	for _, o := range opts {
 		o(p)
 	}
@@ -161,11 +165,13 @@ func (p *Pool) dial(ctx context.Context, socketPath string) (net.Conn, error) {
 	defer p.mu.Unlock()
 	if err != nil {
 		p.dialErrs[socketPath] = err
-	} else {
-		delete(p.dialErrs, socketPath)
-		p.sockets[socketPath] = conn
+		return nil, err
 	}
-	return conn, err
+	delete(p.dialErrs, socketPath)
+	live := newLiveConn(conn)
+	p.sockets[socketPath] = live
+	p.dials[socketPath]++
+	return live, nil
 }
 
 // Get returns a client for the agent listening on socketPath, creating the
@@ -222,6 +228,8 @@ func (p *Pool) Forget(socketPath string) {
 	delete(p.dialErrs, socketPath)
 	delete(p.received, socketPath)
 	delete(p.sockets, socketPath)
+	delete(p.proven, socketPath)
+	delete(p.dials, socketPath)
 	p.mu.Unlock()
 	if ok {
 		c.close()

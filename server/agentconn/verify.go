@@ -102,20 +102,31 @@ func (p *Pool) verifyPeer(ctx context.Context, path string, conn net.Conn) error
 
 // proveInfo is the unary interceptor of an agent connection: every Info
 // call carries a fresh challenge, and an answer without the proof of the
-// sandbox's secret fails with ErrUnverified and drops the connection.
+// sandbox's secret fails with ErrUnverified and drops the connection. An
+// answer that proved it is remembered for its connection (Proven).
 func (p *Pool) proveInfo(path string) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if _, ok := req.(*agentv1.InfoRequest); !ok || p.verifier == nil {
+		if _, ok := req.(*agentv1.InfoRequest); !ok {
 			return invoker(ctx, method, req, reply, cc, opts...)
+		}
+		if p.verifier == nil {
+			was, dials := p.current(path)
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if err == nil {
+				p.noteProof(path, was, dials, reply.(*agentv1.InfoResponse).GetBootId())
+			}
+			return err
 		}
 		secret, err := p.verifier.Secret(ctx, path)
 		if err != nil {
 			return fmt.Errorf("look up the agent secret: %w", err)
 		}
+		was, dials := p.current(path)
 		if secret == nil {
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			if err == nil {
 				p.refused.set(path, nil)
+				p.noteProof(path, was, dials, reply.(*agentv1.InfoResponse).GetBootId())
 			}
 			return err
 		}
@@ -133,6 +144,7 @@ func (p *Pool) proveInfo(path string) grpc.UnaryClientInterceptor {
 			return err
 		}
 		p.refused.set(path, nil)
+		p.noteProof(path, was, dials, reply.(*agentv1.InfoResponse).GetBootId())
 		return nil
 	}
 }

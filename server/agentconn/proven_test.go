@@ -1,0 +1,72 @@
+package agentconn
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/berth-sandbox/berth/internal/agentproof"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
+)
+
+// TestProven checks what lets a request skip Reach's Info (issue 23): an
+// Info answer that proved the secret makes its connection Proven with the
+// answer's boot id while the agent sent something within the window; not
+// before any Info, not past the window, not for a listener that failed the
+// proof, and not once the connection was forgotten.
+func TestProven(t *testing.T) {
+	secret, _ := agentproof.ParseSecret(agentproof.NewSecret())
+	other, _ := agentproof.ParseSecret(agentproof.NewSecret())
+	info := func(t *testing.T, p *Pool, sock string) error {
+		t.Helper()
+		agent, err := p.Get(sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_, err = agent.Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
+		return err
+	}
+
+	sock := serveFake(t, secret)
+	p := NewPool(&stubVerifier{secret: secret, pid: int32(os.Getpid())})
+	defer p.Close()
+	if boot, ok := p.Proven(sock, time.Minute); ok {
+		t.Fatalf("Proven before any Info = %q, true; want false", boot)
+	}
+	// The first Info dials the connection it goes over.
+	if err := info(t, p, sock); err != nil {
+		t.Fatal(err)
+	}
+	if boot, ok := p.Proven(sock, time.Minute); !ok || boot != "b" {
+		t.Errorf("Proven after an Info = %q, %v; want \"b\", true", boot, ok)
+	}
+	if err := info(t, p, sock); err != nil {
+		t.Fatal(err)
+	}
+	if boot, ok := p.Proven(sock, time.Minute); !ok || boot != "b" {
+		t.Errorf("Proven after a second Info = %q, %v; want \"b\", true", boot, ok)
+	}
+	if _, ok := p.Proven(sock, time.Nanosecond); ok {
+		t.Error("Proven with a window of 1 ns = true; want false (the agent sent nothing since)")
+	}
+	p.Forget(sock)
+	if _, ok := p.Proven(sock, time.Minute); ok {
+		t.Error("Proven after Forget = true; want false")
+	}
+
+	// A listener that cannot prove the sandbox's secret proves nothing.
+	impostor := serveFake(t, other)
+	q := NewPool(&stubVerifier{secret: secret, pid: int32(os.Getpid())})
+	defer q.Close()
+	if err := info(t, q, impostor); err == nil {
+		t.Fatal("Info of an impostor succeeded")
+	}
+	if _, ok := q.Proven(impostor, time.Minute); ok {
+		t.Error("Proven of an impostor = true; want false")
+	}
+}
