@@ -46,13 +46,16 @@ func TestTypeScriptSDK(t *testing.T) {
 	}
 	// node --test passes when tests are skipped or todo: each must have run.
 	for _, name := range []string{"bot loop", "64 MiB streamed to a slow consumer", "uploadDir and downloadDir keep symlinks and modes",
-		"port forward", "background commands", "the packed tarball installs into a fresh project"} {
+		"port forward", "background commands", "the packed tarball installs into a fresh project", "examples/node/bot.js",
+		"a status's ErrorInfo reason chooses the class", "the retry policy waits the RetryInfo delay"} {
 		if !strings.Contains(out.String(), "✔ "+name) {
 			t.Errorf("node --test output does not show %q passed:\n%s", name, out.String())
 		}
 	}
-	if strings.Contains(out.String(), "# skipped 0") == false && strings.Contains(out.String(), "skipped") {
-		t.Errorf("node --test skipped tests:\n%s", out.String())
+	for _, want := range []string{"ℹ skipped 0", "ℹ todo 0"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("node --test output lacks %q (a test skipped):\n%s", want, out.String())
+		}
 	}
 	t.Logf("TypeScript SDK tests:\n%s", out.String())
 }
