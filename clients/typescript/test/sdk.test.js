@@ -15,7 +15,15 @@ const http = require("node:http");
 const net = require("node:net");
 const os = require("node:os");
 const path = require("node:path");
-const { execFileSync } = require("node:child_process");
+const { execFile } = require("node:child_process");
+
+// run runs a program without blocking the event loop (a blocked loop
+// cannot answer berthd's keepalive pings, which then drops the connection).
+function run(file, args, options = {}) {
+  return new Promise((resolve, reject) => {
+    execFile(file, args, { encoding: "utf8", ...options }, (err, stdout, stderr) => (err ? reject(new Error(`${file} ${args.join(" ")}: ${err.message}\n${stdout}${stderr}`)) : resolve(stdout)));
+  });
+}
 const berth = require("..");
 
 const REPO = path.resolve(__dirname, "../../..");
@@ -255,13 +263,13 @@ test("the packed tarball installs into a fresh project", async () => {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "berth-ts-pack-"));
   try {
     const out = process.env.BERTH_TS_SDK_PACK_DIR || path.join(tmp, "dist");
-    execFileSync(path.join(REPO, "scripts", "ts-sdk.sh"), [out], { stdio: "pipe" });
+    await run(path.join(REPO, "scripts", "ts-sdk.sh"), [out]);
     const tgz = fs.readdirSync(out).filter((f) => f.endsWith(".tgz"));
     assert.equal(tgz.length, 1, String(tgz));
     const proj = path.join(tmp, "proj");
     fs.mkdirSync(proj);
     fs.writeFileSync(path.join(proj, "package.json"), JSON.stringify({ name: "fresh", version: "1.0.0", private: true }));
-    execFileSync("npm", ["install", "--no-audit", "--no-fund", "--prefer-offline", path.join(out, tgz[0])], { cwd: proj, stdio: "pipe" });
+    await run("npm", ["install", "--no-audit", "--no-fund", "--prefer-offline", path.join(out, tgz[0])], { cwd: proj });
     const pkg = JSON.parse(fs.readFileSync(path.join(proj, "node_modules/@berth-sandbox/client/package.json"), "utf8"));
     assert.notEqual(pkg.version, "0.0.0-dev");
     assert.equal(pkg.private, undefined);
@@ -269,9 +277,32 @@ test("the packed tarball installs into a fresh project", async () => {
     const code = "const { Sandbox } = require('@berth-sandbox/client'); (async () => { const sb = await Sandbox.create(); " +
       "const r = await sb.commands.run('echo from the tarball'); await sb.kill(); sb.close(); " +
       "console.log([require.resolve('@berth-sandbox/client'), r.stdout.trim()].join('|')); })().catch((e) => { console.error(e); process.exit(1); });";
-    const [where, said] = execFileSync("node", ["-e", code], { cwd: proj, encoding: "utf8" }).trim().split("|");
+    const [where, said] = (await run("node", ["-e", code], { cwd: proj })).trim().split("|");
     assert.ok(where.startsWith(proj), where);
     assert.equal(said, "from the tarball");
+
+    // TypeScript against the package's types, with `await using`: the
+    // sandbox is gone after the block.
+    fs.writeFileSync(path.join(proj, "main.ts"), [
+      'import { Sandbox, CommandResult, SandboxNotFound } from "@berth-sandbox/client";',
+      "async function main(): Promise<string> {",
+      "  let id: string;",
+      "  {",
+      "    await using sb = await Sandbox.create();",
+      "    id = sb.id;",
+      '    const r: CommandResult = await sb.commands.run(["echo", "typed"]);',
+      "    if (r.exitCode !== 0 || r.stdout !== 'typed\\n') throw new Error(JSON.stringify(r));",
+      "  }",
+      "  try { await Sandbox.connect(id); } catch (e) { if (e instanceof SandboxNotFound) return 'disposed ' + id; throw e; }",
+      "  return 'still there ' + id;",
+      "}",
+      "main().then((s) => console.log(s), (e) => { console.error(e); process.exit(1); });",
+      "",
+    ].join("\n"));
+    const tsc = path.join(__dirname, "..", "node_modules", ".bin", "tsc");
+    await run(tsc, ["--strict", "--target", "ES2022", "--module", "commonjs", "--moduleResolution", "node", "--lib", "ES2022,ESNext.Disposable",
+      "--typeRoots", path.join(__dirname, "..", "node_modules", "@types"), "--types", "node", "main.ts"], { cwd: proj });
+    assert.match(await run("node", ["main.js"], { cwd: proj }), /^disposed sb-/);
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
   }
