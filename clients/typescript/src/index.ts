@@ -1,14 +1,27 @@
-// berth's API for Node: the generated clients and messages (src/gen, made
-// by ts-proto from proto/berth/v1 and google/rpc; see buf.gen.clients.yaml),
-// plus the two things every caller needs besides them: a connection to
-// berthd (unix socket or TCP, with a bearer token when one is given) and
-// the typed details of an error.
+// berth's SDK for Node (@berth-sandbox/client): Sandbox.create/connect with
+// its commands, files and ports, typed errors and the Go client's retry
+// policy (src/sdk, hand-written; the same names and semantics as the Python
+// SDK, docs/clients.md). Below it, the generated clients and messages
+// (src/gen, made by ts-proto from proto/berth/v1 and google/rpc; see
+// buf.gen.clients.yaml), connect() for raw clients and details() of an
+// error.
+
+export { Sandbox, SandboxInfo, CreateOptions, DEFAULT_IMAGE } from "./sdk/sandbox";
+export { Connection, ConnectionOptions, RetryPolicy, DEFAULT_ADDR } from "./sdk/connection";
+export { Commands, CommandHandle, CommandResult, CommandInfo, RunOptions, OutputCallback, StdinData } from "./sdk/commands";
+export { Files, FileInfo, FileKind, WriteData, WriteOptions, UploadSummary } from "./sdk/files";
+export { Ports, PortForward } from "./sdk/ports";
+export {
+  BerthError, InvalidArgument, Unauthenticated, NotPermitted, NotFound, SandboxNotFound, ExecNotFound, ImageNotFound, FileNotFound,
+  FileExists, FilePermissionDenied, PortClosed, FleetBusy, Unreachable, RuntimeReplaced, StaleHandle, DependencyFailure, ProtocolError, FieldViolation,
+  isRetryable, fromServiceError, num,
+} from "./sdk/errors";
 
 import { ChannelCredentials, Metadata, ServiceError, credentials } from "@grpc/grpc-js";
 import { SandboxServiceClient } from "./gen/berth/v1/sandbox";
 import { FileServiceClient } from "./gen/berth/v1/file";
 import { ImageServiceClient } from "./gen/berth/v1/image";
-import { FleetBusy, RuntimeReplaced, StaleHandle, Unreachable } from "./gen/berth/v1/errors";
+import * as pbErrors from "./gen/berth/v1/errors";
 import { Status } from "./gen/google/rpc/status";
 import { BadRequest, ErrorInfo, RetryInfo } from "./gen/google/rpc/error_details";
 
@@ -17,7 +30,9 @@ export * as exec from "./gen/berth/v1/exec";
 export * as file from "./gen/berth/v1/file";
 export * as image from "./gen/berth/v1/image";
 export * as errors from "./gen/berth/v1/errors";
-export { ErrorInfo, RetryInfo, BadRequest, FleetBusy, Unreachable, RuntimeReplaced, StaleHandle };
+// The typed details' messages are errors.FleetBusy, errors.Unreachable, ...:
+// the top-level FleetBusy, Unreachable, ... are the SDK's error classes.
+export { ErrorInfo, RetryInfo, BadRequest };
 
 /** The clients of one berthd. */
 export interface Berth {
@@ -79,10 +94,10 @@ export interface Details {
   errorInfo?: ErrorInfo;
   retryInfo?: RetryInfo;
   badRequest?: BadRequest;
-  fleetBusy?: FleetBusy;
-  unreachable?: Unreachable;
-  runtimeReplaced?: RuntimeReplaced;
-  staleHandle?: StaleHandle;
+  fleetBusy?: pbErrors.FleetBusy;
+  unreachable?: pbErrors.Unreachable;
+  runtimeReplaced?: pbErrors.RuntimeReplaced;
+  staleHandle?: pbErrors.StaleHandle;
 }
 
 const typePrefix = "type.googleapis.com/";
@@ -113,16 +128,16 @@ export function details(err: ServiceError): Details {
         out.badRequest = BadRequest.decode(value);
         break;
       case "berth.v1.FleetBusy":
-        out.fleetBusy = FleetBusy.decode(value);
+        out.fleetBusy = pbErrors.FleetBusy.decode(value);
         break;
       case "berth.v1.Unreachable":
-        out.unreachable = Unreachable.decode(value);
+        out.unreachable = pbErrors.Unreachable.decode(value);
         break;
       case "berth.v1.RuntimeReplaced":
-        out.runtimeReplaced = RuntimeReplaced.decode(value);
+        out.runtimeReplaced = pbErrors.RuntimeReplaced.decode(value);
         break;
       case "berth.v1.StaleHandle":
-        out.staleHandle = StaleHandle.decode(value);
+        out.staleHandle = pbErrors.StaleHandle.decode(value);
         break;
     }
   }
