@@ -423,19 +423,23 @@ const sampleTTL = 10 * time.Millisecond
 
 // procSample is what procSampler read of an agent at one time.
 type procSample struct {
-	at       time.Time
-	progress progress // without frames
-	states   []byte   // of the agent's and its launchers' threads
-	full     bool     // all of the above was read, not only a baseline
+	at       time.Time // when the read began (the counters are of then)
+	read     time.Time // when it ended: the sample serves until sampleTTL after
+	progress progress  // without frames
+	states   []byte    // of the agent's and its launchers' threads
+	full     bool      // all of the above was read, not only a baseline
 }
 
-// cached returns the sample of pid read within sampleTTL of now, a full one
-// when full.
+// cached returns the sample of pid whose read ended within sampleTTL of
+// now, a full one when full. From the end, not the start: on a loaded host
+// a full read takes longer than sampleTTL, and a sample timed from its
+// start would then never be shared — the burst it exists for is when the
+// host is loaded (TestProcSamplerShares failed so in CI: 18 ms apart).
 func (ps *procSampler) cached(pid uint32, now time.Time, full bool) (procSample, bool) {
 	ps.mu.Lock()
 	s, ok := ps.last[pid]
 	ps.mu.Unlock()
-	return s, ok && now.Sub(s.at) < sampleTTL && (s.full || !full)
+	return s, ok && now.Sub(s.read) < sampleTTL && (s.full || !full)
 }
 
 // baseline returns the counters a Watch starts from: a sample's within
@@ -482,8 +486,10 @@ func (ps *procSampler) sample(pid uint32) procSample {
 	return s
 }
 
-// store keeps s as pid's sample and forgets those older than a second.
+// store keeps s as pid's sample, its read ended now, and forgets those older
+// than a second.
 func (ps *procSampler) store(pid uint32, s procSample) {
+	s.read = time.Now()
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.last == nil {
