@@ -208,3 +208,76 @@ func TestCommittedImageSurvivesRestart(t *testing.T) {
 	}
 	p2.signal(t, syscall.SIGTERM)
 }
+
+// TestCommittedImagePrivate: an image a principal that is not an admin
+// commits is that principal's: another tenant neither lists it nor
+// creates a sandbox from it (by name, with a user name, with a
+// request_id: NOT_FOUND IMAGE_NOT_FOUND as for a missing image) nor
+// deletes it, and cannot commit over it; its committer lists, runs and
+// deletes it; an admin lists it. An admin's commit is shared. Without
+// this a tenant could plant "python:3" before an admin imports it and run
+// its files in every other tenant's sandboxes.
+func TestCommittedImagePrivate(t *testing.T) {
+	need(t)
+	a := startAuthServer(t)
+	aliceConn, bobConn, opsConn := a.conn(t, aliceToken), a.conn(t, bobToken), a.conn(t, opsToken)
+	alice, bob, ops := berthv1.NewSandboxServiceClient(aliceConn), berthv1.NewSandboxServiceClient(bobConn), berthv1.NewSandboxServiceClient(opsConn)
+	aliceImages, bobImages, opsImages := berthv1.NewImageServiceClient(aliceConn), berthv1.NewImageServiceClient(bobConn), berthv1.NewImageServiceClient(opsConn)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := createSandboxOn(t, alice, &berthv1.CreateSandboxRequest{}).GetId()
+	snap := createSnapshotOn(t, alice, id, nil)
+	ref := "berth.test/x-" + id + "/y:1"
+	commitOn(t, alice, opsImages, snap.GetId(), ref, nil)
+
+	if listed(t, aliceImages, ref) == nil || listed(t, opsImages, ref) == nil {
+		t.Errorf("%s is not listed to its committer alice or to admin ops", ref)
+	}
+	if listed(t, bobImages, ref) != nil {
+		t.Errorf("bob's ListImages shows alice's committed image %s", ref)
+	}
+	for _, req := range []*berthv1.CreateSandboxRequest{
+		{Image: ref},
+		{Image: ref, User: "root"},
+		{Image: ref, RequestId: "private-image"},
+	} {
+		resp, err := bob.CreateSandbox(ctx, req)
+		if err == nil {
+			bob.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: resp.GetSandbox().GetId()})
+		}
+		if status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonImageNotFound {
+			t.Errorf("bob's CreateSandbox(%v) of alice's image: %v, want NOT_FOUND IMAGE_NOT_FOUND", req, err)
+		}
+	}
+	bobSandbox := createSandboxOn(t, bob, &berthv1.CreateSandboxRequest{}).GetId()
+	bobSnap := createSnapshotOn(t, bob, bobSandbox, nil)
+	_, err := bob.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: bobSnap.GetId(), Reference: ref})
+	if status.Code(err) != codes.AlreadyExists || rpcstatus.Reason(err) != rpcstatus.ReasonImageExists {
+		t.Errorf("bob's CommitSnapshot to alice's %s: %v, want ALREADY_EXISTS IMAGE_EXISTS", ref, err)
+	}
+	_, err = bobImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: ref})
+	if status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonImageNotFound {
+		t.Errorf("bob's DeleteImage of alice's image: %v, want NOT_FOUND IMAGE_NOT_FOUND", err)
+	}
+	_, err = bobImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: env.image})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("bob's DeleteImage of the shared %s: %v, want PERMISSION_DENIED", env.image, err)
+	}
+	createSandboxOn(t, alice, &berthv1.CreateSandboxRequest{Image: ref})
+
+	// An admin's commit is shared.
+	shared := "berth.test/x-" + id + "/shared:1"
+	opsSandbox := createSandboxOn(t, ops, &berthv1.CreateSandboxRequest{}).GetId()
+	commitOn(t, ops, opsImages, createSnapshotOn(t, ops, opsSandbox, nil).GetId(), shared, nil)
+	if listed(t, bobImages, shared) == nil {
+		t.Errorf("bob's ListImages does not show admin ops's committed image %s", shared)
+	}
+	createSandboxOn(t, bob, &berthv1.CreateSandboxRequest{Image: shared})
+
+	if _, err := aliceImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: ref}); err != nil {
+		t.Errorf("alice's DeleteImage of her own %s: %v", ref, err)
+	}
+	if listed(t, opsImages, ref) != nil {
+		t.Errorf("%s is still listed after alice deleted it", ref)
+	}
+}

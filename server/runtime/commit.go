@@ -26,13 +26,20 @@ import (
 )
 
 // ErrImageExists means an image of that name is stored already (a commit
-// without replace).
+// without replace), whoever's it is.
 var ErrImageExists = errors.New("image exists")
+
+// ErrImageShared means a principal that is not an admin asked to delete a
+// shared image (only admins delete those).
+var ErrImageShared = errors.New("image is shared")
 
 // Labels of an image record made by CommitSnapshot.
 const (
 	labelImageCommittedBy   = LabelPrefix + "image.committed-by"   // principal
 	labelImageCommittedFrom = LabelPrefix + "image.committed-from" // snapshot id
+	// labelImagePrivateTo marks a private image (CommitOptions.Private):
+	// the principal that alone, beside admins, lists, runs and deletes it.
+	labelImagePrivateTo = LabelPrefix + "image.private-to"
 )
 
 // CommitOptions say what CommitSnapshot makes.
@@ -44,6 +51,10 @@ type CommitOptions struct {
 	Replace bool
 	// Owner is the committing principal, kept as a label of the image.
 	Owner string
+	// Private makes the image Owner's (Image.PrivateTo): the commit of a
+	// principal that is not an admin, which must not put files under a
+	// name other principals run.
+	Private bool
 	// Env are "KEY=VALUE" variables set in the config's Env, replacing a
 	// variable of the same key.
 	Env []string
@@ -170,6 +181,9 @@ func (r *Runtime) CommitSnapshot(ctx context.Context, snapID string, opts Commit
 		Name:   opts.Ref,
 		Target: manifestDesc,
 		Labels: map[string]string{labelImageCommittedBy: opts.Owner, labelImageCommittedFrom: snapID},
+	}
+	if opts.Private {
+		img.Labels[labelImagePrivateTo] = opts.Owner
 	}
 	created := true
 	stored, err := is.Create(ctx, img)
