@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -279,5 +280,21 @@ func TestCommittedImagePrivate(t *testing.T) {
 	}
 	if listed(t, opsImages, ref) != nil {
 		t.Errorf("%s is still listed after alice deleted it", ref)
+	}
+
+	// An admin's import under the name of a private image makes it the
+	// admin's shared image: the tenant's claim on the name does not hide it.
+	squat := "berth.test/x-" + id + "/squat:1"
+	commitOn(t, alice, opsImages, snap.GetId(), squat, nil)
+	if err := importImageTo(ctx, opsImages, os.Getenv("BERTH_TEST_IMAGE"), squat); err != nil {
+		t.Fatalf("admin ops's import of %s over alice's private image: %v", squat, err)
+	}
+	if listed(t, bobImages, squat) == nil {
+		t.Errorf("bob's ListImages does not show %s, imported by admin ops over alice's private image", squat)
+	}
+	createSandboxOn(t, bob, &berthv1.CreateSandboxRequest{Image: squat})
+	_, err = aliceImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: squat})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("alice's DeleteImage of %s after ops imported it: %v, want PERMISSION_DENIED", squat, err)
 	}
 }

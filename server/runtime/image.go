@@ -84,7 +84,10 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 		return nil, fmt.Errorf("lease for the import: %w", err)
 	}
 	defer done(context.WithoutCancel(ctx))
-	var opts []containerd.ImportOpt
+	// An import replaces a record's labels with none: an admin's import
+	// over the name of a principal's private image (CommitSnapshot) is a
+	// shared image, not that principal's.
+	opts := []containerd.ImportOpt{containerd.WithImageLabels(map[string]string{})}
 	if name != "" {
 		opts = append(opts, containerd.WithIndexName(name), containerd.WithSkipDigestRef(func(string) bool { return true }))
 	}
