@@ -1131,6 +1131,28 @@ func TestAttackFifoInImage(t *testing.T) {
 	}
 }
 
+// TestAttackFifoUserDB: CreateSandbox with a user name reads the image's
+// /etc/passwd and /etc/group itself before any container exists; an
+// image (a tenant's committed snapshot, say) whose /etc/group is a FIFO
+// must not make that open(2) wait for a writer forever, holding a mount
+// and a goroutine of berthd per call. Expected: FAILED_PRECONDITION
+// IMAGE_UNUSABLE naming the file, at once.
+func TestAttackFifoUserDB(t *testing.T) {
+	e := attackEnv(t, "fifo-user", env.snapshotter, "")
+	const ref = "test.berth.dev/fifo-group-user:1"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := e.rt.ImportImage(ctx, bytes.NewReader(fifoGroupImage(t, ref)), ""); err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	for _, user := range []string{"root", "root:root", "0:root"} {
+		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := e.sandboxes.CreateSandbox(cctx, &berthv1.CreateSandboxRequest{Image: ref, User: user})
+		ccancel()
+		wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonImageUnusable, "", "/etc/group is a named pipe")
+	}
+}
+
 // TestAttackContainerdLabels: labels containerd acts on (garbage
 // collection roots and references) are refused at create and in
 // selectors; look-alikes containerd ignores are kept as plain labels.

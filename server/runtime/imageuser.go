@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/moby/sys/user"
 	"github.com/opencontainers/image-spec/identity"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/sandboxid"
 )
@@ -70,10 +71,21 @@ func (r *Runtime) ImageUser(ctx context.Context, ref, spec string) (uid, gid uin
 		defer root.Close()
 		var db [2]io.Reader
 		for i, name := range userDB {
-			f, err := root.Open(name)
+			// Checked before the open: open(2) of a named pipe waits for
+			// a writer forever and no context ends it, and opening a
+			// device may act on it. O_NONBLOCK too: the view is read-only,
+			// but a pipe must never block berthd.
+			st, err := root.Stat(name)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
+			if err != nil {
+				return fmt.Errorf("image %s: stat /%s: %w", ref, name, err)
+			}
+			if !st.Mode().IsRegular() {
+				return fmt.Errorf("%w: image %s: /%s is a %s, not a regular file", ErrImageUnusable, ref, name, fileKind(st.Mode()))
+			}
+			f, err := root.OpenFile(name, os.O_RDONLY|unix.O_NONBLOCK, 0)
 			if err != nil {
 				return fmt.Errorf("image %s: open /%s: %w", ref, name, err)
 			}
