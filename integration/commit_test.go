@@ -13,6 +13,8 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // writeCommitChanges writes in sandbox id what TestCommitSnapshot checks
@@ -297,4 +299,41 @@ func TestCommittedImagePrivate(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied {
 		t.Errorf("alice's DeleteImage of %s after ops imported it: %v, want PERMISSION_DENIED", squat, err)
 	}
+}
+
+// TestCommitSparseFileBounded: a snapshot holding a 1 GiB sparse file
+// takes no disk, and its layer compresses to about a megabyte, but
+// unpacking the committed image writes the gigabyte in full. Under
+// --max-image-store-bytes the commit counts the layer's uncompressed
+// bytes, as an import counts an archive's, and is refused RESOURCE_EXHAUSTED
+// NO_SPACE before containerd's diff reads the file; nothing is stored.
+func TestCommitSparseFileBounded(t *testing.T) {
+	need(t)
+	st, err := os.Stat(archivePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newInProcessEnvWith(t, "commit-sparse", server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) {
+		c.MaxImageStoreBytes = uint64(st.Size()) + 64<<20
+	}, nil)
+	e.importBase(t)
+	id := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{}).GetId()
+	shellOut(t, e.sandboxes, id, "dd if=/dev/zero of=/workspace/sparse bs=1 count=0 seek=1073741824 2>/dev/null; echo more >/workspace/small")
+	snap := createSnapshotOn(t, e.sandboxes, id, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const ref = "berth.test/sparse:1"
+	_, err = e.sandboxes.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snap.GetId(), Reference: ref})
+	if err == nil {
+		e.images.DeleteImage(context.Background(), &berthv1.DeleteImageRequest{Name: ref})
+	}
+	if status.Code(err) != codes.ResourceExhausted || rpcstatus.Reason(err) != rpcstatus.ReasonNoSpace {
+		t.Errorf("CommitSnapshot of a snapshot holding a 1 GiB sparse file under a 64 MiB image store room: %v, want RESOURCE_EXHAUSTED NO_SPACE", err)
+	}
+	if listed(t, e.images, ref) != nil {
+		t.Errorf("%s is stored after a refused commit", ref)
+	}
+	// Without the sparse file the commit fits.
+	shellOut(t, e.sandboxes, id, "rm /workspace/sparse")
+	commitOn(t, e.sandboxes, e.images, createSnapshotOn(t, e.sandboxes, id, nil).GetId(), ref, nil)
 }
