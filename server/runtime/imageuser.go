@@ -33,7 +33,8 @@ const maxUserDBBytes = 16 << 20
 // from a read-only view of the image's unpacked snapshot, within its root
 // (symbolic links cannot leave it). A name in neither file is
 // ErrUnknownUser; a missing image ErrImageNotFound; a user database that is
-// not a regular file ErrImageUnusable.
+// not a regular file, or a symbolic link that leaves the root (an absolute
+// target included) or loops, ErrImageUnusable.
 func (r *Runtime) ImageUser(ctx context.Context, ref, spec string) (uid, gid uint32, err error) {
 	c := r.begin(ctx, "find user "+spec+" in image "+ref)
 	defer c.end(&err)
@@ -80,7 +81,9 @@ func (r *Runtime) ImageUser(ctx context.Context, ref, spec string) (uid, gid uin
 				continue
 			}
 			if err != nil {
-				return fmt.Errorf("image %s: stat /%s: %w", ref, name, err)
+				// A link out of the root (os.Root refuses absolute
+				// targets too) or in a loop: the image's fault.
+				return fmt.Errorf("%w: image %s: /%s does not resolve within the image's root: %v", ErrImageUnusable, ref, name, err)
 			}
 			if !st.Mode().IsRegular() {
 				return fmt.Errorf("%w: image %s: /%s is a %s, not a regular file", ErrImageUnusable, ref, name, fileKind(st.Mode()))
