@@ -337,3 +337,34 @@ func TestCommitSparseFileBounded(t *testing.T) {
 	shellOut(t, e.sandboxes, id, "rm /workspace/sparse")
 	commitOn(t, e.sandboxes, e.images, createSnapshotOn(t, e.sandboxes, id, nil).GetId(), ref, nil)
 }
+
+// TestPrivateImagesCapped: one snapshot can be committed under any number
+// of names, each a private image that every ListImages walks; a
+// principal that is not an admin holds at most
+// --max-snapshots-per-principal of them (RESOURCE_EXHAUSTED
+// SNAPSHOT_LIMIT), and deleting one makes room. An admin's shared commits
+// are not counted.
+func TestPrivateImagesCapped(t *testing.T) {
+	need(t)
+	a := startAuthServerWith(t, server.Config{TaskRestartLimit: -1, MaxSnapshotsPerPrincipal: 2})
+	aliceConn, opsConn := a.conn(t, aliceToken), a.conn(t, opsToken)
+	alice, aliceImages, opsImages := berthv1.NewSandboxServiceClient(aliceConn), berthv1.NewImageServiceClient(aliceConn), berthv1.NewImageServiceClient(opsConn)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := createSandboxOn(t, alice, &berthv1.CreateSandboxRequest{}).GetId()
+	snap := createSnapshotOn(t, alice, id, nil).GetId()
+	prefix := "berth.test/cap-" + id + "/x:"
+	commitOn(t, alice, opsImages, snap, prefix+"1", nil)
+	commitOn(t, alice, opsImages, snap, prefix+"2", nil)
+	_, err := alice.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snap, Reference: prefix + "3"})
+	if err == nil {
+		opsImages.DeleteImage(context.Background(), &berthv1.DeleteImageRequest{Name: prefix + "3"})
+	}
+	if status.Code(err) != codes.ResourceExhausted || rpcstatus.Reason(err) != rpcstatus.ReasonSnapshotLimit {
+		t.Errorf("alice's third private image under a cap of 2: %v, want RESOURCE_EXHAUSTED SNAPSHOT_LIMIT", err)
+	}
+	if _, err := aliceImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: prefix + "1"}); err != nil {
+		t.Fatal(err)
+	}
+	commitOn(t, alice, opsImages, snap, prefix+"3", nil)
+}
