@@ -396,8 +396,10 @@ class SandboxServiceServicer(object):
         replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
         stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
         for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
-        (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
-        (SNAPSHOT_UNSUPPORTED) where snapshots are.
+        (NO_SPACE past the server's image store bound, counting the new
+        layer's files uncompressed; SNAPSHOT_LIMIT when a principal that is
+        not an admin holds as many private images as it may hold snapshots),
+        FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

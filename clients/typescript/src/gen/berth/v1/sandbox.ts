@@ -6380,8 +6380,10 @@ export const SandboxServiceService = {
    * replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
    * stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
    * for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
-   * (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
-   * (SNAPSHOT_UNSUPPORTED) where snapshots are.
+   * (NO_SPACE past the server's image store bound, counting the new
+   * layer's files uncompressed; SNAPSHOT_LIMIT when a principal that is
+   * not an admin holds as many private images as it may hold snapshots),
+   * FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
    */
   commitSnapshot: {
     path: "/berth.v1.SandboxService/CommitSnapshot" as const,
@@ -6607,8 +6609,10 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
    * stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
    * for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
-   * (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
-   * (SNAPSHOT_UNSUPPORTED) where snapshots are.
+   * (NO_SPACE past the server's image store bound, counting the new
+   * layer's files uncompressed; SNAPSHOT_LIMIT when a principal that is
+   * not an admin holds as many private images as it may hold snapshots),
+   * FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
    */
   commitSnapshot: handleUnaryCall<CommitSnapshotRequest, CommitSnapshotResponse>;
 }
@@ -7038,8 +7042,10 @@ export interface SandboxServiceClient extends Client {
    * replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
    * stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
    * for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
-   * (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
-   * (SNAPSHOT_UNSUPPORTED) where snapshots are.
+   * (NO_SPACE past the server's image store bound, counting the new
+   * layer's files uncompressed; SNAPSHOT_LIMIT when a principal that is
+   * not an admin holds as many private images as it may hold snapshots),
+   * FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
    */
   commitSnapshot(
     request: CommitSnapshotRequest,
