@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -1128,6 +1129,49 @@ func TestAttackFifoInImage(t *testing.T) {
 				t.Errorf("left by the refused create: mounts %q dirs %q containers %q", newIn(before.mounts, after.mounts), newIn(before.dirs, after.dirs), newIn(before.containers, after.containers))
 			}
 		})
+	}
+}
+
+// TestAttackFifoUserDB: CreateSandbox with a user name reads the image's
+// /etc/passwd and /etc/group itself before any container exists; an
+// image (a tenant's committed snapshot, say) whose /etc/group is a FIFO
+// must not make that open(2) wait for a writer forever, holding a mount
+// and a goroutine of berthd per call. Expected: FAILED_PRECONDITION
+// IMAGE_UNUSABLE naming the file, at once.
+func TestAttackFifoUserDB(t *testing.T) {
+	e := attackEnv(t, "fifo-user", env.snapshotter, "")
+	const ref = "test.berth.dev/fifo-group-user:1"
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := e.rt.ImportImage(ctx, bytes.NewReader(fifoGroupImage(t, ref)), ""); err != nil {
+		t.Fatalf("import: %v", err)
+	}
+	for _, user := range []string{"root", "root:root", "0:root"} {
+		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := e.sandboxes.CreateSandbox(cctx, &berthv1.CreateSandboxRequest{Image: ref, User: user})
+		ccancel()
+		wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonImageUnusable, "", "/etc/group is a named pipe")
+	}
+	// An /etc/passwd that leads out of the image's root, or in a loop, is
+	// the image's fault too: no host file is read, no INTERNAL error.
+	for _, target := range []string{"../../../../../etc/shadow", "/etc/shadow", "passwd"} {
+		ref := "test.berth.dev/passwd-link:" + strconv.Itoa(len(target))
+		archive := imageWithLayers(t, ref, []*tar.Header{
+			{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+			{Name: "etc/.wh.passwd", Typeflag: tar.TypeReg, Mode: 0o644},
+		}, []*tar.Header{
+			{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755},
+			{Name: "etc/passwd", Typeflag: tar.TypeSymlink, Linkname: target, Mode: 0o777},
+		})
+		if _, err := e.rt.ImportImage(ctx, bytes.NewReader(archive), ""); err != nil {
+			t.Fatalf("import: %v", err)
+		}
+		cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := e.sandboxes.CreateSandbox(cctx, &berthv1.CreateSandboxRequest{Image: ref, User: "root"})
+		ccancel()
+		if status.Code(err) != codes.FailedPrecondition || rpcstatus.Reason(err) != rpcstatus.ReasonImageUnusable {
+			t.Errorf("CreateSandbox as root of an image whose /etc/passwd links to %s: %v, want FAILED_PRECONDITION IMAGE_UNUSABLE", target, err)
+		}
 	}
 }
 

@@ -306,7 +306,7 @@ func benchDebianImage(b *testing.B, rt *runtime.Runtime) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if _, err := rt.ResolveImage(ctx, benchDebianRef); err == nil {
+	if _, err := rt.ResolveImage(ctx, benchDebianRef, runtime.ImageViewer{Admin: true}); err == nil {
 		return benchDebianRef
 	}
 	img, err := rootfsimage.FromDir(root, rootfsimage.Options{})

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // writeCommitChanges writes in sandbox id what TestCommitSnapshot checks
@@ -207,4 +210,161 @@ func TestCommittedImageSurvivesRestart(t *testing.T) {
 		t.Error(err)
 	}
 	p2.signal(t, syscall.SIGTERM)
+}
+
+// TestCommittedImagePrivate: an image a principal that is not an admin
+// commits is that principal's: another tenant neither lists it nor
+// creates a sandbox from it (by name, with a user name, with a
+// request_id: NOT_FOUND IMAGE_NOT_FOUND as for a missing image) nor
+// deletes it, and cannot commit over it; its committer lists, runs and
+// deletes it; an admin lists it. An admin's commit is shared. Without
+// this a tenant could plant "python:3" before an admin imports it and run
+// its files in every other tenant's sandboxes.
+func TestCommittedImagePrivate(t *testing.T) {
+	need(t)
+	a := startAuthServer(t)
+	aliceConn, bobConn, opsConn := a.conn(t, aliceToken), a.conn(t, bobToken), a.conn(t, opsToken)
+	alice, bob, ops := berthv1.NewSandboxServiceClient(aliceConn), berthv1.NewSandboxServiceClient(bobConn), berthv1.NewSandboxServiceClient(opsConn)
+	aliceImages, bobImages, opsImages := berthv1.NewImageServiceClient(aliceConn), berthv1.NewImageServiceClient(bobConn), berthv1.NewImageServiceClient(opsConn)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := createSandboxOn(t, alice, &berthv1.CreateSandboxRequest{}).GetId()
+	snap := createSnapshotOn(t, alice, id, nil)
+	ref := "berth.test/x-" + id + "/y:1"
+	commitOn(t, alice, opsImages, snap.GetId(), ref, nil)
+
+	if listed(t, aliceImages, ref) == nil || listed(t, opsImages, ref) == nil {
+		t.Errorf("%s is not listed to its committer alice or to admin ops", ref)
+	}
+	if listed(t, bobImages, ref) != nil {
+		t.Errorf("bob's ListImages shows alice's committed image %s", ref)
+	}
+	for _, req := range []*berthv1.CreateSandboxRequest{
+		{Image: ref},
+		{Image: ref, User: "root"},
+		{Image: ref, RequestId: "private-image"},
+	} {
+		resp, err := bob.CreateSandbox(ctx, req)
+		if err == nil {
+			bob.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: resp.GetSandbox().GetId()})
+		}
+		if status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonImageNotFound {
+			t.Errorf("bob's CreateSandbox(%v) of alice's image: %v, want NOT_FOUND IMAGE_NOT_FOUND", req, err)
+		}
+	}
+	bobSandbox := createSandboxOn(t, bob, &berthv1.CreateSandboxRequest{}).GetId()
+	bobSnap := createSnapshotOn(t, bob, bobSandbox, nil)
+	_, err := bob.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: bobSnap.GetId(), Reference: ref})
+	if status.Code(err) != codes.AlreadyExists || rpcstatus.Reason(err) != rpcstatus.ReasonImageExists {
+		t.Errorf("bob's CommitSnapshot to alice's %s: %v, want ALREADY_EXISTS IMAGE_EXISTS", ref, err)
+	}
+	_, err = bobImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: ref})
+	if status.Code(err) != codes.NotFound || rpcstatus.Reason(err) != rpcstatus.ReasonImageNotFound {
+		t.Errorf("bob's DeleteImage of alice's image: %v, want NOT_FOUND IMAGE_NOT_FOUND", err)
+	}
+	_, err = bobImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: env.image})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("bob's DeleteImage of the shared %s: %v, want PERMISSION_DENIED", env.image, err)
+	}
+	createSandboxOn(t, alice, &berthv1.CreateSandboxRequest{Image: ref})
+
+	// An admin's commit is shared.
+	shared := "berth.test/x-" + id + "/shared:1"
+	opsSandbox := createSandboxOn(t, ops, &berthv1.CreateSandboxRequest{}).GetId()
+	commitOn(t, ops, opsImages, createSnapshotOn(t, ops, opsSandbox, nil).GetId(), shared, nil)
+	if listed(t, bobImages, shared) == nil {
+		t.Errorf("bob's ListImages does not show admin ops's committed image %s", shared)
+	}
+	createSandboxOn(t, bob, &berthv1.CreateSandboxRequest{Image: shared})
+
+	if _, err := aliceImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: ref}); err != nil {
+		t.Errorf("alice's DeleteImage of her own %s: %v", ref, err)
+	}
+	if listed(t, opsImages, ref) != nil {
+		t.Errorf("%s is still listed after alice deleted it", ref)
+	}
+
+	// An admin's import under the name of a private image makes it the
+	// admin's shared image: the tenant's claim on the name does not hide it.
+	squat := "berth.test/x-" + id + "/squat:1"
+	commitOn(t, alice, opsImages, snap.GetId(), squat, nil)
+	if err := importImageTo(ctx, opsImages, os.Getenv("BERTH_TEST_IMAGE"), squat); err != nil {
+		t.Fatalf("admin ops's import of %s over alice's private image: %v", squat, err)
+	}
+	if listed(t, bobImages, squat) == nil {
+		t.Errorf("bob's ListImages does not show %s, imported by admin ops over alice's private image", squat)
+	}
+	createSandboxOn(t, bob, &berthv1.CreateSandboxRequest{Image: squat})
+	_, err = aliceImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: squat})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("alice's DeleteImage of %s after ops imported it: %v, want PERMISSION_DENIED", squat, err)
+	}
+}
+
+// TestCommitSparseFileBounded: a snapshot holding a 1 GiB sparse file
+// takes no disk, and its layer compresses to about a megabyte, but
+// unpacking the committed image writes the gigabyte in full. Under
+// --max-image-store-bytes the commit counts the layer's uncompressed
+// bytes, as an import counts an archive's, and is refused RESOURCE_EXHAUSTED
+// NO_SPACE before containerd's diff reads the file; nothing is stored.
+func TestCommitSparseFileBounded(t *testing.T) {
+	need(t)
+	st, err := os.Stat(archivePath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newInProcessEnvWith(t, "commit-sparse", server.Config{TaskRestartLimit: -1}, func(c *runtime.Config) {
+		c.MaxImageStoreBytes = uint64(st.Size()) + 64<<20
+	}, nil)
+	e.importBase(t)
+	id := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{}).GetId()
+	shellOut(t, e.sandboxes, id, "dd if=/dev/zero of=/workspace/sparse bs=1 count=0 seek=1073741824 2>/dev/null; echo more >/workspace/small")
+	snap := createSnapshotOn(t, e.sandboxes, id, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const ref = "berth.test/sparse:1"
+	_, err = e.sandboxes.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snap.GetId(), Reference: ref})
+	if err == nil {
+		e.images.DeleteImage(context.Background(), &berthv1.DeleteImageRequest{Name: ref})
+	}
+	if status.Code(err) != codes.ResourceExhausted || rpcstatus.Reason(err) != rpcstatus.ReasonNoSpace {
+		t.Errorf("CommitSnapshot of a snapshot holding a 1 GiB sparse file under a 64 MiB image store room: %v, want RESOURCE_EXHAUSTED NO_SPACE", err)
+	}
+	if listed(t, e.images, ref) != nil {
+		t.Errorf("%s is stored after a refused commit", ref)
+	}
+	// Without the sparse file the commit fits.
+	shellOut(t, e.sandboxes, id, "rm /workspace/sparse")
+	commitOn(t, e.sandboxes, e.images, createSnapshotOn(t, e.sandboxes, id, nil).GetId(), ref, nil)
+}
+
+// TestPrivateImagesCapped: one snapshot can be committed under any number
+// of names, each a private image that every ListImages walks; a
+// principal that is not an admin holds at most
+// --max-snapshots-per-principal of them (RESOURCE_EXHAUSTED
+// SNAPSHOT_LIMIT), and deleting one makes room. An admin's shared commits
+// are not counted.
+func TestPrivateImagesCapped(t *testing.T) {
+	need(t)
+	a := startAuthServerWith(t, server.Config{TaskRestartLimit: -1, MaxSnapshotsPerPrincipal: 2})
+	aliceConn, opsConn := a.conn(t, aliceToken), a.conn(t, opsToken)
+	alice, aliceImages, opsImages := berthv1.NewSandboxServiceClient(aliceConn), berthv1.NewImageServiceClient(aliceConn), berthv1.NewImageServiceClient(opsConn)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := createSandboxOn(t, alice, &berthv1.CreateSandboxRequest{}).GetId()
+	snap := createSnapshotOn(t, alice, id, nil).GetId()
+	prefix := "berth.test/cap-" + id + "/x:"
+	commitOn(t, alice, opsImages, snap, prefix+"1", nil)
+	commitOn(t, alice, opsImages, snap, prefix+"2", nil)
+	_, err := alice.CommitSnapshot(ctx, &berthv1.CommitSnapshotRequest{SnapshotId: snap, Reference: prefix + "3"})
+	if err == nil {
+		opsImages.DeleteImage(context.Background(), &berthv1.DeleteImageRequest{Name: prefix + "3"})
+	}
+	if status.Code(err) != codes.ResourceExhausted || rpcstatus.Reason(err) != rpcstatus.ReasonSnapshotLimit {
+		t.Errorf("alice's third private image under a cap of 2: %v, want RESOURCE_EXHAUSTED SNAPSHOT_LIMIT", err)
+	}
+	if _, err := aliceImages.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: prefix + "1"}); err != nil {
+		t.Fatal(err)
+	}
+	commitOn(t, alice, opsImages, snap, prefix+"3", nil)
 }

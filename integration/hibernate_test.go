@@ -369,3 +369,27 @@ func TestRuntimeReplacedWhenHibernated(t *testing.T) {
 		t.Errorf("detail = %v, want SANDBOX_HIBERNATED without an after", d)
 	}
 }
+
+// TestWakeAfterImageDeleted: a hibernated sandbox keeps its files; its
+// image deleted (and collected) meanwhile, the next call still wakes it.
+func TestWakeAfterImageDeleted(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ref = "berth.test/wake-deleted:1"
+	if err := importImageAs(ctx, archivePath(), ref); err != nil {
+		t.Fatal(err)
+	}
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Image: ref}).GetId()
+	shellOut(t, env.sandboxes, id, "echo kept >/workspace/kept")
+	if _, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatalf("HibernateSandbox: %v", err)
+	}
+	if _, err := env.images.DeleteImage(ctx, &berthv1.DeleteImageRequest{Name: ref}); err != nil {
+		t.Fatal(err)
+	}
+	collectGarbage(t, env.namespace)
+	if got := shellOut(t, env.sandboxes, id, "cat /workspace/kept"); got != "kept\n" {
+		t.Errorf("woken sandbox whose image was deleted shows %q, want kept", got)
+	}
+}

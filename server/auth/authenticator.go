@@ -63,11 +63,12 @@ var ForwardedImageMethods = map[string]bool{
 // others). Images are one store that every principal's sandboxes are
 // created from: an import under an existing name replaces what everyone's
 // next sandbox runs, and a delete breaks their creates. Every principal may
-// list images and create sandboxes from any stored image.
+// list images and create sandboxes from any shared image; an image that a
+// principal that is not an admin commits (CommitSnapshot) is private to
+// it, and it may delete that one (imagesvc and sandboxsvc check).
 var AdminOnly = map[string]bool{
 	berthv1.ImageService_ImportImage_FullMethodName: true,
 	berthv1.ImageService_PullImage_FullMethodName:   true,
-	berthv1.ImageService_DeleteImage_FullMethodName: true,
 	// The fleet's nodes: their addresses, capacity and drain marks.
 	berthv1.NodeService_ListNodes_FullMethodName:   true,
 	berthv1.NodeService_DrainNode_FullMethodName:   true,

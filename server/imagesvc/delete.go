@@ -10,13 +10,20 @@ import (
 )
 
 // DeleteImage deletes an image record; sandboxes created from it keep their
-// snapshots and run on.
+// snapshots and run on. An admin deletes any image, another principal
+// only its own private ones (CommitSnapshot): a shared image is
+// PERMISSION_DENIED NOT_PERMITTED, another principal's private one
+// NOT_FOUND IMAGE_NOT_FOUND as a missing one.
 func (s *Service) DeleteImage(ctx context.Context, req *berthv1.DeleteImageRequest) (*berthv1.DeleteImageResponse, error) {
 	name := req.GetName()
 	if err := validate.ImageRef("name", name); err != nil {
 		return nil, err
 	}
-	if err := s.rt.DeleteImage(ctx, name); err != nil {
+	v, err := viewer(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.rt.DeleteImage(ctx, name, v); err != nil {
 		return nil, apierr.WithMeta(err, map[string]string{"name": name})
 	}
 	s.life.ImagesChanged()

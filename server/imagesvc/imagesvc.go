@@ -10,7 +10,12 @@ import (
 	"log/slog"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
@@ -25,7 +30,7 @@ type store interface {
 	ImportImage(ctx context.Context, archive io.Reader, name string) ([]runtime.Image, error)
 	ListImages(ctx context.Context) ([]runtime.Image, error)
 	PullImage(ctx context.Context, ref string, opts runtime.PullOptions, progress func([]runtime.PullProgress)) (runtime.Image, error)
-	DeleteImage(ctx context.Context, name string) error
+	DeleteImage(ctx context.Context, name string, v runtime.ImageViewer) error
 }
 
 // fleet learns that the node's images changed (*lifecycle.Manager).
@@ -47,4 +52,14 @@ var _ berthv1.ImageServiceServer = (*Service)(nil)
 // New returns the ImageService over rt.
 func New(cfg Config, rt store, life fleet, log *slog.Logger) *Service {
 	return &Service{cfg: cfg, rt: rt, life: life, log: log}
+}
+
+// viewer is the caller as the runtime's image calls see it: a principal
+// that is not an admin sees shared images and its own private ones.
+func viewer(ctx context.Context) (runtime.ImageViewer, error) {
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return runtime.ImageViewer{}, apierr.New(codes.Unauthenticated, rpcstatus.ReasonUnauthenticated, "the request carries no authenticated principal", nil)
+	}
+	return runtime.ImageViewer{Principal: p.Name, Admin: p.Admin}, nil
 }

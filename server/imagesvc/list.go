@@ -8,15 +8,22 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// ListImages lists the images in berthd's containerd namespace.
+// ListImages lists the images in berthd's containerd namespace that the
+// caller sees: the shared ones and its own private ones (an admin: all).
 func (s *Service) ListImages(ctx context.Context, _ *berthv1.ListImagesRequest) (*berthv1.ListImagesResponse, error) {
+	v, err := viewer(ctx)
+	if err != nil {
+		return nil, err
+	}
 	imgs, err := s.rt.ListImages(ctx)
 	if err != nil {
 		return nil, err
 	}
 	resp := &berthv1.ListImagesResponse{}
 	for _, img := range imgs {
-		resp.Images = append(resp.Images, imageProto(img))
+		if v.Sees(img.PrivateTo) {
+			resp.Images = append(resp.Images, imageProto(img))
+		}
 	}
 	return resp, nil
 }

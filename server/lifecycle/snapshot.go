@@ -152,12 +152,14 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, snapID string, p auth.Prin
 // stored snapshot (*runtime.Runtime).
 type committer interface {
 	CommitSnapshot(ctx context.Context, snapID string, opts runtime.CommitOptions) (runtime.Commit, error)
+	ListImages(ctx context.Context) ([]runtime.Image, error)
 }
 
 // CommitSnapshot makes image opts.Ref of snapshot snapID for p
 // (runtime.Runtime.CommitSnapshot), its owner recorded as p; another
-// principal's snapshot is runtime.ErrSnapshotNotFound. A fleet learns of
-// the new image.
+// principal's snapshot is runtime.ErrSnapshotNotFound. A private image
+// (opts.Private) past Config.MaxSnapshotsPerPrincipal private images of p
+// is runtime.ErrSnapshotLimit. A fleet learns of the new image.
 func (m *Manager) CommitSnapshot(ctx context.Context, snapID string, p auth.Principal, opts runtime.CommitOptions) (runtime.Commit, error) {
 	st, ok := m.rt.(committer)
 	if !ok {
@@ -167,6 +169,27 @@ func (m *Manager) CommitSnapshot(ctx context.Context, snapID string, p auth.Prin
 		return runtime.Commit{}, err
 	}
 	opts.Owner = p.Name
+	if limit := m.cfg.MaxSnapshotsPerPrincipal; limit > 0 && opts.Private {
+		// One snapshot commits under any number of names: each private
+		// image counts as a snapshot does, so that a principal cannot
+		// fill the image list every ListImages walks.
+		l := m.snapshotLock(p.Name)
+		l.Lock()
+		defer l.Unlock()
+		imgs, err := st.ListImages(ctx)
+		if err != nil {
+			return runtime.Commit{}, fmt.Errorf("count the private images of %s: %w", p.Name, err)
+		}
+		held := 0
+		for _, img := range imgs {
+			if img.PrivateTo == p.Name {
+				held++
+			}
+		}
+		if held >= limit {
+			return runtime.Commit{}, fmt.Errorf("%w: principal %s holds %d private images, at most %d (--max-snapshots-per-principal); delete one first", runtime.ErrSnapshotLimit, p.Name, held, limit)
+		}
+	}
 	c, err := st.CommitSnapshot(ctx, snapID, opts)
 	if err == nil {
 		m.ImagesChanged()

@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -23,16 +26,26 @@ import (
 	"github.com/opencontainers/image-spec/identity"
 	specs "github.com/opencontainers/image-spec/specs-go"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/bounds"
 )
 
 // ErrImageExists means an image of that name is stored already (a commit
-// without replace).
+// without replace), whoever's it is.
 var ErrImageExists = errors.New("image exists")
+
+// ErrImageShared means a principal that is not an admin asked to delete a
+// shared image (only admins delete those).
+var ErrImageShared = errors.New("image is shared")
 
 // Labels of an image record made by CommitSnapshot.
 const (
 	labelImageCommittedBy   = LabelPrefix + "image.committed-by"   // principal
 	labelImageCommittedFrom = LabelPrefix + "image.committed-from" // snapshot id
+	// labelImagePrivateTo marks a private image (CommitOptions.Private):
+	// the principal that alone, beside admins, lists, runs and deletes it.
+	labelImagePrivateTo = LabelPrefix + "image.private-to"
 )
 
 // CommitOptions say what CommitSnapshot makes.
@@ -44,6 +57,10 @@ type CommitOptions struct {
 	Replace bool
 	// Owner is the committing principal, kept as a label of the image.
 	Owner string
+	// Private makes the image Owner's (Image.PrivateTo): the commit of a
+	// principal that is not an admin, which must not put files under a
+	// name other principals run.
+	Private bool
 	// Env are "KEY=VALUE" variables set in the config's Env, replacing a
 	// variable of the same key.
 	Env []string
@@ -129,11 +146,8 @@ func (r *Runtime) CommitSnapshot(ctx context.Context, snapID string, opts Commit
 	if docker {
 		layerType, manifestType = images.MediaTypeDockerSchema2LayerGzip, images.MediaTypeDockerSchema2Manifest
 	}
-	layer, diffID, err := r.diffSnapshot(ctx, snapID, chain, layerType)
+	layer, diffID, err := r.diffSnapshot(ctx, snapID, chain, layerType, budget)
 	if err != nil {
-		return Commit{}, err
-	}
-	if err := budget.add(uint64(max(layer.Size, 0))); err != nil {
 		return Commit{}, err
 	}
 
@@ -170,6 +184,9 @@ func (r *Runtime) CommitSnapshot(ctx context.Context, snapID string, opts Commit
 		Name:   opts.Ref,
 		Target: manifestDesc,
 		Labels: map[string]string{labelImageCommittedBy: opts.Owner, labelImageCommittedFrom: snapID},
+	}
+	if opts.Private {
+		img.Labels[labelImagePrivateTo] = opts.Owner
 	}
 	created := true
 	stored, err := is.Create(ctx, img)
@@ -235,7 +252,12 @@ func (r *Runtime) snapshotOnChain(ctx context.Context, snapID, chain string) err
 // layers) and stored snapshot snapID into the content store as a layer of
 // mediaType, through containerd's diff service, and returns it with its
 // diff id (the digest of the uncompressed tar). ctx must hold a lease.
-func (r *Runtime) diffSnapshot(ctx context.Context, snapID, chain, mediaType string) (ocispec.Descriptor, digest.Digest, error) {
+// Before the diff, budget counts the bytes of the files the snapshot adds
+// or changes (changedBytes): the tar holds them in full and the unpack
+// writes them in full, whatever disk they take in the snapshot (a sparse
+// file takes none, a reflinked copy shares its extents); after it, the
+// compressed layer where that is larger.
+func (r *Runtime) diffSnapshot(ctx context.Context, snapID, chain, mediaType string, budget *imageBudget) (ocispec.Descriptor, digest.Digest, error) {
 	sn := r.client.SnapshotService(r.cfg.Snapshotter)
 	view := func(key, parent string) ([]mount.Mount, func(), error) {
 		mounts, err := sn.View(ctx, key, parent)
@@ -255,6 +277,15 @@ func (r *Runtime) diffSnapshot(ctx context.Context, snapID, chain, mediaType str
 		return ocispec.Descriptor{}, "", err
 	}
 	defer removeUpper()
+	var changed uint64
+	if budget != nil {
+		if changed, err = changedBytes(ctx, lower, upper); err != nil {
+			return ocispec.Descriptor{}, "", fmt.Errorf("measure snapshot %s against its image: %w", snapID, err)
+		}
+		if err := budget.add(changed); err != nil {
+			return ocispec.Descriptor{}, "", err
+		}
+	}
 	layer, err := r.client.DiffService().Compare(ctx, lower, upper,
 		diff.WithMediaType(mediaType), diff.WithReference("berth-commit-layer-"+snapID))
 	if err != nil {
@@ -263,6 +294,11 @@ func (r *Runtime) diffSnapshot(ctx context.Context, snapID, chain, mediaType str
 	info, err := r.client.ContentStore().Info(ctx, layer.Digest)
 	if err != nil {
 		return ocispec.Descriptor{}, "", fmt.Errorf("read the layer of snapshot %s: %w", snapID, err)
+	}
+	if size := uint64(max(info.Size, 0)); size > changed {
+		if err := budget.add(size - changed); err != nil {
+			return ocispec.Descriptor{}, "", err
+		}
 	}
 	diffID, err := digest.Parse(info.Labels[labels.LabelUncompressed])
 	if err != nil {
@@ -304,4 +340,65 @@ func applyConfigChanges(config *ocispec.ImageConfig, opts CommitOptions) {
 	if len(opts.Cmd) > 0 {
 		config.Cmd = opts.Cmd
 	}
+}
+
+// changedBytes is the size in bytes (st_size: holes and shared extents
+// count in full) of the regular files of the tree mounted by upper that
+// the tree mounted by lower does not hold as they are: a file counts
+// unless lower has a file of the same inode number (a btrfs snapshot keeps
+// its parent's), size and modification time; hard links count once.
+func changedBytes(ctx context.Context, lower, upper []mount.Mount) (uint64, error) {
+	type file struct {
+		size  int64
+		mtime unix.Timespec
+	}
+	base := make(map[uint64]file)
+	err := mount.WithReadonlyTempMount(ctx, lower, func(dir string) error {
+		return walkRegular(ctx, dir, func(st *unix.Stat_t) {
+			base[st.Ino] = file{st.Size, st.Mtim}
+		})
+	})
+	if err != nil {
+		return 0, err
+	}
+	var total uint64
+	seen := make(map[uint64]bool)
+	err = mount.WithReadonlyTempMount(ctx, upper, func(dir string) error {
+		return walkRegular(ctx, dir, func(st *unix.Stat_t) {
+			if seen[st.Ino] {
+				return
+			}
+			seen[st.Ino] = true
+			if f, ok := base[st.Ino]; ok && f.size == st.Size && f.mtime == st.Mtim {
+				return
+			}
+			var ok bool
+			if total, ok = bounds.Add(total, uint64(max(st.Size, 0))); !ok {
+				total = math.MaxUint64
+			}
+		})
+	})
+	return total, err
+}
+
+// walkRegular calls fn with the stat of each regular file under dir (not
+// following symbolic links, staying on dir's file system), until ctx ends.
+func walkRegular(ctx context.Context, dir string, fn func(*unix.Stat_t)) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return fmt.Errorf("stat %s: %w", p, err)
+		}
+		fn(&st)
+		return nil
+	})
 }

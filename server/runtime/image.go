@@ -28,7 +28,34 @@ type Image struct {
 	ContentSizeBytes uint64
 	// CreatedAt is when the record was created.
 	CreatedAt time.Time
+	// PrivateTo is the principal an image committed by a principal that
+	// is not an admin belongs to (CommitOptions.Private); empty for a
+	// shared image, which every principal lists and runs.
+	PrivateTo string
 }
+
+// ImageViewer is the principal an image call acts for: a private image
+// (Image.PrivateTo) is seen only by its principal and by admins.
+type ImageViewer struct {
+	Principal string
+	Admin     bool
+}
+
+// Sees reports whether v may list, run and delete an image private to
+// privateTo (empty: shared).
+func (v ImageViewer) Sees(privateTo string) bool {
+	return privateTo == "" || v.Admin || privateTo == v.Principal
+}
+
+// ErrImageHidden is ErrImageNotFound for an image stored as another
+// principal's private image: its text is the same as a missing image's,
+// so that a caller learns nothing of it.
+var ErrImageHidden error = hiddenImage{}
+
+type hiddenImage struct{}
+
+func (hiddenImage) Error() string { return ErrImageNotFound.Error() }
+func (hiddenImage) Unwrap() error { return ErrImageNotFound }
 
 // ImportImage reads an OCI image layout tar stream (or a Docker archive),
 // gzip-compressed or not, stores every image it names and unpacks each into
@@ -57,7 +84,10 @@ func (r *Runtime) ImportImage(ctx context.Context, archive io.Reader, name strin
 		return nil, fmt.Errorf("lease for the import: %w", err)
 	}
 	defer done(context.WithoutCancel(ctx))
-	var opts []containerd.ImportOpt
+	// An import replaces a record's labels with none: an admin's import
+	// over the name of a principal's private image (CommitSnapshot) is a
+	// shared image, not that principal's.
+	opts := []containerd.ImportOpt{containerd.WithImageLabels(map[string]string{})}
 	if name != "" {
 		opts = append(opts, containerd.WithIndexName(name), containerd.WithSkipDigestRef(func(string) bool { return true }))
 	}
@@ -128,6 +158,7 @@ func (r *Runtime) imageOf(ctx context.Context, img images.Image) Image {
 		Digest:    img.Target.Digest.String(),
 		SizeBytes: uint64(img.Target.Size),
 		CreatedAt: img.CreatedAt,
+		PrivateTo: img.Labels[labelImagePrivateTo],
 	}
 	if n, err := containerd.NewImage(r.client, img).Size(ctx); err == nil && n > 0 {
 		out.ContentSizeBytes = uint64(n)
@@ -135,27 +166,33 @@ func (r *Runtime) imageOf(ctx context.Context, img images.Image) Image {
 	return out
 }
 
-// ResolveImage returns the stored name of the image ref names: ref itself
-// when it is stored, else its normalized form as docker would read it
-// ("busybox" is "docker.io/library/busybox:latest", "berth.dev/base" is
-// "berth.dev/base:latest") when that is stored. It fails with
-// ErrImageNotFound naming ref otherwise.
-func (r *Runtime) ResolveImage(ctx context.Context, ref string) (_ string, err error) {
+// ResolveImage returns the stored name of the image ref names, as v sees
+// it: ref itself when it is stored, else its normalized form as docker
+// would read it ("busybox" is "docker.io/library/busybox:latest",
+// "berth.dev/base" is "berth.dev/base:latest") when that is stored. It
+// fails with ErrImageNotFound naming ref otherwise, and with
+// ErrImageHidden (an ErrImageNotFound of the same text) when the name it
+// finds is another principal's private image.
+func (r *Runtime) ResolveImage(ctx context.Context, ref string, v ImageViewer) (_ string, err error) {
 	c := r.begin(ctx, "find image "+ref)
 	defer c.end(&err)
 	ctx, cancel := c.step()
 	defer cancel()
-	_, err = r.client.ImageService().Get(ctx, ref)
-	if err == nil {
-		return ref, nil
-	}
-	if !errdefs.IsNotFound(err) {
-		return "", fmt.Errorf("get image %s: %w", ref, err)
-	}
+	names := []string{ref}
 	if named, perr := reference.ParseDockerRef(ref); perr == nil && named.String() != ref {
-		if _, err := r.client.ImageService().Get(ctx, named.String()); err == nil {
-			return named.String(), nil
+		names = append(names, named.String())
+	}
+	for _, name := range names {
+		img, err := r.client.ImageService().Get(ctx, name)
+		switch {
+		case errdefs.IsNotFound(err):
+			continue
+		case err != nil:
+			return "", fmt.Errorf("get image %s: %w", name, err)
+		case !v.Sees(img.Labels[labelImagePrivateTo]):
+			return "", fmt.Errorf("%w: %s", ErrImageHidden, ref)
 		}
+		return name, nil
 	}
 	return "", fmt.Errorf("%w: %s", ErrImageNotFound, ref)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 	"github.com/moby/sys/user"
 	"github.com/opencontainers/image-spec/identity"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/sandboxid"
 )
@@ -32,7 +33,8 @@ const maxUserDBBytes = 16 << 20
 // from a read-only view of the image's unpacked snapshot, within its root
 // (symbolic links cannot leave it). A name in neither file is
 // ErrUnknownUser; a missing image ErrImageNotFound; a user database that is
-// not a regular file ErrImageUnusable.
+// not a regular file, or a symbolic link that leaves the root (an absolute
+// target included) or loops, ErrImageUnusable.
 func (r *Runtime) ImageUser(ctx context.Context, ref, spec string) (uid, gid uint32, err error) {
 	c := r.begin(ctx, "find user "+spec+" in image "+ref)
 	defer c.end(&err)
@@ -70,10 +72,23 @@ func (r *Runtime) ImageUser(ctx context.Context, ref, spec string) (uid, gid uin
 		defer root.Close()
 		var db [2]io.Reader
 		for i, name := range userDB {
-			f, err := root.Open(name)
+			// Checked before the open: open(2) of a named pipe waits for
+			// a writer forever and no context ends it, and opening a
+			// device may act on it. O_NONBLOCK too: the view is read-only,
+			// but a pipe must never block berthd.
+			st, err := root.Stat(name)
 			if errors.Is(err, fs.ErrNotExist) {
 				continue
 			}
+			if err != nil {
+				// A link out of the root (os.Root refuses absolute
+				// targets too) or in a loop: the image's fault.
+				return fmt.Errorf("%w: image %s: /%s does not resolve within the image's root: %v", ErrImageUnusable, ref, name, err)
+			}
+			if !st.Mode().IsRegular() {
+				return fmt.Errorf("%w: image %s: /%s is a %s, not a regular file", ErrImageUnusable, ref, name, fileKind(st.Mode()))
+			}
+			f, err := root.OpenFile(name, os.O_RDONLY|unix.O_NONBLOCK, 0)
 			if err != nil {
 				return fmt.Errorf("image %s: open /%s: %w", ref, name, err)
 			}

@@ -254,12 +254,27 @@ func (r *Runtime) pullError(ctx context.Context, ref string, resolveTimeout time
 	return fmt.Errorf("pull %s: %w", ref, err)
 }
 
-// DeleteImage removes the image record name and waits for its content to be
-// garbage collected. Content still used by other images or by sandboxes'
-// snapshots stays.
-func (r *Runtime) DeleteImage(ctx context.Context, name string) (err error) {
+// DeleteImage removes the image record name for v and waits for its
+// content to be garbage collected. Content still used by other images or
+// by sandboxes' snapshots stays. Errors: ErrImageNotFound (ErrImageHidden
+// for another principal's private image), ErrImageShared when v is not an
+// admin and the image is not v's private image.
+func (r *Runtime) DeleteImage(ctx context.Context, name string, v ImageViewer) (err error) {
 	c := r.begin(ctx, "delete image "+name)
 	defer c.end(&err)
+	if !v.Admin {
+		img, err := r.client.ImageService().Get(ctx, name)
+		switch {
+		case errdefs.IsNotFound(err):
+			return fmt.Errorf("%w: %s", ErrImageNotFound, name)
+		case err != nil:
+			return fmt.Errorf("get image %s: %w", name, err)
+		case !v.Sees(img.Labels[labelImagePrivateTo]):
+			return fmt.Errorf("%w: %s", ErrImageHidden, name)
+		case img.Labels[labelImagePrivateTo] != v.Principal:
+			return fmt.Errorf("%w: %s is shared by every principal", ErrImageShared, name)
+		}
+	}
 	c.changes()
 	if err := r.client.ImageService().Delete(ctx, name, images.SynchronousDelete()); err != nil {
 		if errdefs.IsNotFound(err) {

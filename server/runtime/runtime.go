@@ -519,6 +519,12 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 		return fmt.Errorf("get image %s: %w", spec.Image, err)
 	}
+	// A private image runs in its principal's sandboxes (the services
+	// check the caller; an admin may run it too), never in a warm-pool
+	// member, which has no owner until a caller claims it.
+	if image.Labels()[labelImagePrivateTo] != "" && (spec.Pooled || spec.Owner == "") {
+		return fmt.Errorf("%w: %s", ErrImageHidden, spec.Image)
+	}
 	unpacked, err := image.IsUnpacked(step, r.cfg.Snapshotter)
 	if err != nil {
 		return fmt.Errorf("check unpacked image %s: %w", spec.Image, err)

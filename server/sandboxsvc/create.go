@@ -76,19 +76,23 @@ func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxR
 		}
 		// The snapshot's image may have been deleted since: IMAGE_NOT_FOUND
 		// (pull it again), not a wrong request.
-		if _, err := s.rt.ResolveImage(ctx, snap.Image); err != nil {
+		if _, err := s.rt.ResolveImage(ctx, snap.Image, imageViewer(p)); err != nil {
 			return nil, apierr.WithMeta(fmt.Errorf("snapshot %s's image: %w", snap.ID, err), meta)
 		}
-		if name, err := s.rt.ResolveImage(ctx, spec.Image); err != nil || name != snap.Image {
+		if name, err := s.rt.ResolveImage(ctx, spec.Image, imageViewer(p)); err != nil || name != snap.Image {
 			return nil, apierr.InvalidArgument("image", fmt.Sprintf("%s is not snapshot %s's image %s: a sandbox created from a snapshot runs the snapshot's image (leave image empty)", spec.Image, snap.ID, snap.Image))
 		}
 	}
 	// "berth.dev/base" means "berth.dev/base:latest", as for docker. An
 	// image not stored keeps its name: an existing sandbox of the same
 	// spec is still returned, a new one fails with IMAGE_NOT_FOUND.
-	switch name, err := s.rt.ResolveImage(ctx, spec.Image); {
+	// Another principal's private image is IMAGE_NOT_FOUND now: the
+	// runtime, which does not know the caller, would run it.
+	switch name, err := s.rt.ResolveImage(ctx, spec.Image, imageViewer(p)); {
 	case err == nil:
 		spec.Image = name
+	case errors.Is(err, runtime.ErrImageHidden):
+		return nil, apierr.WithMeta(err, meta)
 	case !errors.Is(err, runtime.ErrImageNotFound):
 		return nil, apierr.WithMeta(err, meta)
 	}

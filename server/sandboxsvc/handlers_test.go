@@ -168,7 +168,7 @@ func (f *fakeStore) ImageUser(_ context.Context, ref, spec string) (uint32, uint
 	return 0, 0, fmt.Errorf("%w: %s is not in image %s's /etc/passwd", runtime.ErrUnknownUser, spec, ref)
 }
 
-func (f *fakeStore) ResolveImage(_ context.Context, ref string) (string, error) {
+func (f *fakeStore) ResolveImage(_ context.Context, ref string, _ runtime.ImageViewer) (string, error) {
 	if !strings.Contains(ref, ":") {
 		ref += ":latest"
 	}

@@ -50,7 +50,7 @@ type Config struct {
 
 // store is what the handlers read of containerd (*runtime.Runtime).
 type store interface {
-	ResolveImage(ctx context.Context, ref string) (string, error)
+	ResolveImage(ctx context.Context, ref string, v runtime.ImageViewer) (string, error)
 	ImageUser(ctx context.Context, ref, spec string) (uid, gid uint32, err error)
 	Get(ctx context.Context, id string) (runtime.Sandbox, error)
 	List(ctx context.Context, labels map[string]string) ([]runtime.Sandbox, error)
@@ -122,6 +122,11 @@ func (s *Service) visibleSandbox(ctx context.Context, id string) (runtime.Sandbo
 
 // caller returns the principal of ctx; a context the auth interceptors did
 // not make has none and is refused as UNAUTHENTICATED.
+// imageViewer is p as the runtime's image calls see it.
+func imageViewer(p auth.Principal) runtime.ImageViewer {
+	return runtime.ImageViewer{Principal: p.Name, Admin: p.Admin}
+}
+
 func caller(ctx context.Context) (auth.Principal, error) {
 	p, ok := auth.FromContext(ctx)
 	if !ok {

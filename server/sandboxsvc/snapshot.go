@@ -131,7 +131,7 @@ func (s *Service) CommitSnapshot(ctx context.Context, req *berthv1.CommitSnapsho
 			"replace is for admins: every principal's next sandbox of "+ref+" would run the replacement; commit under a new reference", meta)
 	}
 	c, err := s.life.CommitSnapshot(ctx, id, p, runtime.CommitOptions{
-		Ref: ref, Replace: req.GetReplace(),
+		Ref: ref, Replace: req.GetReplace(), Private: !p.Admin,
 		Env: ch.GetEnv(), WorkingDir: ch.GetWorkingDir(), Entrypoint: ch.GetEntrypoint(), Cmd: ch.GetCmd(),
 	})
 	if err != nil {

@@ -147,6 +147,8 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonImageExists, msg, meta)
 	case errors.Is(err, runtime.ErrImageNotFound):
 		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonImageNotFound, msg, meta)
+	case errors.Is(err, runtime.ErrImageShared):
+		return rpcstatus.Error(codes.PermissionDenied, rpcstatus.ReasonNotPermitted, msg, meta)
 	case errors.Is(err, runtime.ErrDiskQuotaUnsupported):
 		// Create could not put the quota in force (the kernel's quota
 		// accounting stayed inconsistent); nothing was created.

@@ -46,9 +46,11 @@ type ImageServiceClient interface {
 	// (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
 	// image.
 	ImportImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImportImageRequest, ImportImageResponse], error)
-	// ListImages lists stored images ordered by name. In a fleet each image
-	// names the live nodes that hold it (node_ids), and images that only
-	// other nodes hold are listed by name with their nodes.
+	// ListImages lists stored images ordered by name: the shared ones and
+	// the caller's private ones (committed by it, see
+	// SandboxService.CommitSnapshot); an admin's list holds all. In a fleet
+	// each image names the live nodes that hold it (node_ids), and images
+	// that only other nodes hold are listed by name with their nodes.
 	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
 	// PullImage fetches an image from its registry, stores and unpacks it, and
 	// streams progress while it does: PullImageProgress messages, then one
@@ -61,7 +63,11 @@ type ImageServiceClient interface {
 	// message says which nodes did not get the image (nodes).
 	PullImage(ctx context.Context, in *PullImageRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullImageResponse], error)
 	// DeleteImage removes an image record from the store; sandboxes created
-	// from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+	// from it keep running. An admin deletes any image, another principal
+	// its own private images only. Errors: NOT_FOUND (IMAGE_NOT_FOUND, also
+	// for another principal's private image), PERMISSION_DENIED
+	// (NOT_PERMITTED) for a shared image and a principal that is not an
+	// admin.
 	DeleteImage(ctx context.Context, in *DeleteImageRequest, opts ...grpc.CallOption) (*DeleteImageResponse, error)
 }
 
@@ -146,9 +152,11 @@ type ImageServiceServer interface {
 	// (IMAGE_ARCHIVE_INVALID) when the archive cannot be read or names no
 	// image.
 	ImportImage(grpc.ClientStreamingServer[ImportImageRequest, ImportImageResponse]) error
-	// ListImages lists stored images ordered by name. In a fleet each image
-	// names the live nodes that hold it (node_ids), and images that only
-	// other nodes hold are listed by name with their nodes.
+	// ListImages lists stored images ordered by name: the shared ones and
+	// the caller's private ones (committed by it, see
+	// SandboxService.CommitSnapshot); an admin's list holds all. In a fleet
+	// each image names the live nodes that hold it (node_ids), and images
+	// that only other nodes hold are listed by name with their nodes.
 	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
 	// PullImage fetches an image from its registry, stores and unpacks it, and
 	// streams progress while it does: PullImageProgress messages, then one
@@ -161,7 +169,11 @@ type ImageServiceServer interface {
 	// message says which nodes did not get the image (nodes).
 	PullImage(*PullImageRequest, grpc.ServerStreamingServer[PullImageResponse]) error
 	// DeleteImage removes an image record from the store; sandboxes created
-	// from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+	// from it keep running. An admin deletes any image, another principal
+	// its own private images only. Errors: NOT_FOUND (IMAGE_NOT_FOUND, also
+	// for another principal's private image), PERMISSION_DENIED
+	// (NOT_PERMITTED) for a shared image and a principal that is not an
+	// admin.
 	DeleteImage(context.Context, *DeleteImageRequest) (*DeleteImageResponse, error)
 	mustEmbedUnimplementedImageServiceServer()
 }

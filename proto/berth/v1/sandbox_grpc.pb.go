@@ -218,18 +218,24 @@ type SandboxServiceClient interface {
 	// snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
 	// files), the image's config with the new layer, a history entry and the
 	// request's changes, and a manifest, stored under reference and unpacked
-	// so that CreateSandbox takes it. The image is in the one image store
-	// every principal lists and creates sandboxes from (ListImages), like an
-	// imported one; it is labelled with the principal and the snapshot it
-	// came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+	// so that CreateSandbox takes it. An admin's commit is shared like an
+	// imported image: every principal lists it and creates sandboxes from
+	// it. Another principal's is private to it: only it and admins list it,
+	// create sandboxes from it (others get NOT_FOUND IMAGE_NOT_FOUND, as for
+	// a missing image) and delete it. The image is labelled with the
+	// principal and the snapshot it came from, and outlives the snapshot.
+	// A reference that names a stored image, whoever's, is ALREADY_EXISTS:
+	// that tells the caller the name exists. Errors: INVALID_ARGUMENT
 	// (snapshot_id, reference: not a reference containerd's parser takes;
 	// changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
 	// principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
 	// replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
 	// stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
 	// for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
-	// (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
-	// (SNAPSHOT_UNSUPPORTED) where snapshots are.
+	// (NO_SPACE past the server's image store bound, counting the new
+	// layer's files uncompressed; SNAPSHOT_LIMIT when a principal that is
+	// not an admin holds as many private images as it may hold snapshots),
+	// FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
 	CommitSnapshot(ctx context.Context, in *CommitSnapshotRequest, opts ...grpc.CallOption) (*CommitSnapshotResponse, error)
 }
 
@@ -606,18 +612,24 @@ type SandboxServiceServer interface {
 	// snapshot's, as a gzip-compressed OCI tar with whiteouts for deleted
 	// files), the image's config with the new layer, a history entry and the
 	// request's changes, and a manifest, stored under reference and unpacked
-	// so that CreateSandbox takes it. The image is in the one image store
-	// every principal lists and creates sandboxes from (ListImages), like an
-	// imported one; it is labelled with the principal and the snapshot it
-	// came from, and outlives the snapshot. Errors: INVALID_ARGUMENT
+	// so that CreateSandbox takes it. An admin's commit is shared like an
+	// imported image: every principal lists it and creates sandboxes from
+	// it. Another principal's is private to it: only it and admins list it,
+	// create sandboxes from it (others get NOT_FOUND IMAGE_NOT_FOUND, as for
+	// a missing image) and delete it. The image is labelled with the
+	// principal and the snapshot it came from, and outlives the snapshot.
+	// A reference that names a stored image, whoever's, is ALREADY_EXISTS:
+	// that tells the caller the name exists. Errors: INVALID_ARGUMENT
 	// (snapshot_id, reference: not a reference containerd's parser takes;
 	// changes.env), NOT_FOUND (SNAPSHOT_NOT_FOUND, also for another
 	// principal's; IMAGE_NOT_FOUND when the snapshot's image was deleted or
 	// replaced since), ALREADY_EXISTS (IMAGE_EXISTS) when reference names a
 	// stored image and replace is not set, PERMISSION_DENIED (NOT_PERMITTED)
 	// for replace by a principal that is not an admin, RESOURCE_EXHAUSTED
-	// (NO_SPACE) past the server's image store bound, FAILED_PRECONDITION
-	// (SNAPSHOT_UNSUPPORTED) where snapshots are.
+	// (NO_SPACE past the server's image store bound, counting the new
+	// layer's files uncompressed; SNAPSHOT_LIMIT when a principal that is
+	// not an admin holds as many private images as it may hold snapshots),
+	// FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
 	CommitSnapshot(context.Context, *CommitSnapshotRequest) (*CommitSnapshotResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }

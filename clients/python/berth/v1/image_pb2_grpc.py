@@ -63,9 +63,11 @@ class ImageServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListImages(self, request, context):
-        """ListImages lists stored images ordered by name. In a fleet each image
-        names the live nodes that hold it (node_ids), and images that only
-        other nodes hold are listed by name with their nodes.
+        """ListImages lists stored images ordered by name: the shared ones and
+        the caller's private ones (committed by it, see
+        SandboxService.CommitSnapshot); an admin's list holds all. In a fleet
+        each image names the live nodes that hold it (node_ids), and images
+        that only other nodes hold are listed by name with their nodes.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -88,7 +90,11 @@ class ImageServiceServicer(object):
 
     def DeleteImage(self, request, context):
         """DeleteImage removes an image record from the store; sandboxes created
-        from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+        from it keep running. An admin deletes any image, another principal
+        its own private images only. Errors: NOT_FOUND (IMAGE_NOT_FOUND, also
+        for another principal's private image), PERMISSION_DENIED
+        (NOT_PERMITTED) for a shared image and a principal that is not an
+        admin.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1404,9 +1404,11 @@ export const ImageServiceService = {
     responseDeserialize: (value: Buffer): ImportImageResponse => ImportImageResponse.decode(value),
   },
   /**
-   * ListImages lists stored images ordered by name. In a fleet each image
-   * names the live nodes that hold it (node_ids), and images that only
-   * other nodes hold are listed by name with their nodes.
+   * ListImages lists stored images ordered by name: the shared ones and
+   * the caller's private ones (committed by it, see
+   * SandboxService.CommitSnapshot); an admin's list holds all. In a fleet
+   * each image names the live nodes that hold it (node_ids), and images
+   * that only other nodes hold are listed by name with their nodes.
    */
   listImages: {
     path: "/berth.v1.ImageService/ListImages" as const,
@@ -1439,7 +1441,11 @@ export const ImageServiceService = {
   },
   /**
    * DeleteImage removes an image record from the store; sandboxes created
-   * from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+   * from it keep running. An admin deletes any image, another principal
+   * its own private images only. Errors: NOT_FOUND (IMAGE_NOT_FOUND, also
+   * for another principal's private image), PERMISSION_DENIED
+   * (NOT_PERMITTED) for a shared image and a principal that is not an
+   * admin.
    */
   deleteImage: {
     path: "/berth.v1.ImageService/DeleteImage" as const,
@@ -1470,9 +1476,11 @@ export interface ImageServiceServer extends UntypedServiceImplementation {
    */
   importImage: handleClientStreamingCall<ImportImageRequest, ImportImageResponse>;
   /**
-   * ListImages lists stored images ordered by name. In a fleet each image
-   * names the live nodes that hold it (node_ids), and images that only
-   * other nodes hold are listed by name with their nodes.
+   * ListImages lists stored images ordered by name: the shared ones and
+   * the caller's private ones (committed by it, see
+   * SandboxService.CommitSnapshot); an admin's list holds all. In a fleet
+   * each image names the live nodes that hold it (node_ids), and images
+   * that only other nodes hold are listed by name with their nodes.
    */
   listImages: handleUnaryCall<ListImagesRequest, ListImagesResponse>;
   /**
@@ -1489,7 +1497,11 @@ export interface ImageServiceServer extends UntypedServiceImplementation {
   pullImage: handleServerStreamingCall<PullImageRequest, PullImageResponse>;
   /**
    * DeleteImage removes an image record from the store; sandboxes created
-   * from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+   * from it keep running. An admin deletes any image, another principal
+   * its own private images only. Errors: NOT_FOUND (IMAGE_NOT_FOUND, also
+   * for another principal's private image), PERMISSION_DENIED
+   * (NOT_PERMITTED) for a shared image and a principal that is not an
+   * admin.
    */
   deleteImage: handleUnaryCall<DeleteImageRequest, DeleteImageResponse>;
 }
@@ -1527,9 +1539,11 @@ export interface ImageServiceClient extends Client {
     callback: (error: ServiceError | null, response: ImportImageResponse) => void,
   ): ClientWritableStream<ImportImageRequest>;
   /**
-   * ListImages lists stored images ordered by name. In a fleet each image
-   * names the live nodes that hold it (node_ids), and images that only
-   * other nodes hold are listed by name with their nodes.
+   * ListImages lists stored images ordered by name: the shared ones and
+   * the caller's private ones (committed by it, see
+   * SandboxService.CommitSnapshot); an admin's list holds all. In a fleet
+   * each image names the live nodes that hold it (node_ids), and images
+   * that only other nodes hold are listed by name with their nodes.
    */
   listImages(
     request: ListImagesRequest,
@@ -1565,7 +1579,11 @@ export interface ImageServiceClient extends Client {
   ): ClientReadableStream<PullImageResponse>;
   /**
    * DeleteImage removes an image record from the store; sandboxes created
-   * from it keep running. Errors: NOT_FOUND (IMAGE_NOT_FOUND).
+   * from it keep running. An admin deletes any image, another principal
+   * its own private images only. Errors: NOT_FOUND (IMAGE_NOT_FOUND, also
+   * for another principal's private image), PERMISSION_DENIED
+   * (NOT_PERMITTED) for a shared image and a principal that is not an
+   * admin.
    */
   deleteImage(
     request: DeleteImageRequest,
