@@ -158,9 +158,10 @@ func (cs *Commands) List(ctx context.Context) ([]*berthv1.ExecInfo, error) {
 	return resp.GetExecs(), err
 }
 
-// Kill sends SIGKILL to the command execID; false when it had ended.
-func (cs *Commands) Kill(ctx context.Context, execID string) (bool, error) {
-	st, err := cs.c.SignalExec(ctx, cs.id, execID, "SIGKILL")
+// Kill sends the command execID's process group signal (default
+// SIGKILL; "TERM" or "SIGTERM" style names); false when it had ended.
+func (cs *Commands) Kill(ctx context.Context, execID string, signal ...string) (bool, error) {
+	st, err := cs.c.SignalExec(ctx, cs.id, execID, signalName(signal))
 	return st == berthv1.ExecState_EXEC_STATE_RUNNING, err
 }
 
@@ -187,12 +188,15 @@ func (h *CommandHandle) Wait() (*CommandResult, error) {
 
 // Kill sends the command's process group signal (default SIGKILL).
 func (h *CommandHandle) Kill(ctx context.Context, signal ...string) error {
-	sig := "SIGKILL"
-	if len(signal) > 0 {
-		sig = signal[0]
-	}
-	_, err := h.cs.c.SignalExec(ctx, h.cs.id, h.ExecID, sig)
+	_, err := h.cs.Kill(ctx, h.ExecID, signal...)
 	return err
+}
+
+func signalName(signal []string) string {
+	if len(signal) > 0 && signal[0] != "" {
+		return signal[0]
+	}
+	return "SIGKILL"
 }
 
 // SendStdin writes p to the command's stdin (StdinOpen or Stdin given).
