@@ -7,14 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
-	"path"
-	"path/filepath"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/berth-sandbox/berth/internal/tartree"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -95,167 +91,69 @@ func (f *Files) MakeDir(ctx context.Context, path string, parents bool, opts ...
 }
 
 // UploadDir copies the local directory local into the directory remote
-// of the sandbox (created when missing, replaced atomically by berthd's
-// Upload) as a tar stream made with archive/tar: symlinks stay symlinks
-// (targets verbatim), modes and modification times are kept, files belong
-// to the sandbox's user. Sockets and device nodes are skipped.
+// of the sandbox (created when missing; berthd's Upload replaces it
+// atomically) as a tar stream made by internal/tartree, as berth cp does:
+// symlinks stay symlinks (targets verbatim), modes, modification times
+// and holes are kept, the directory's own mode too; files belong to the
+// sandbox's user. Sockets are passed over.
 func (f *Files) UploadDir(ctx context.Context, local, remote string) error {
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(writeTar(pw, local)) }()
+	go func() {
+		tw := tartree.NewWriter(pw)
+		err := tartree.Walk(local, tartree.WalkOptions{IncludeRoot: true}, func(e *tartree.Entry) error {
+			_, err := tw.Add(e)
+			return err
+		})
+		if err == nil {
+			err = tw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
 	_, err := f.c.Upload(ctx, f.id, remote, pr)
 	pr.CloseWithError(io.ErrClosedPipe)
-	return err
-}
-
-func writeTar(w io.Writer, root string) error {
-	tw := tar.NewWriter(w)
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil || rel == "." {
-			return err
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() && !fi.IsDir() && fi.Mode()&fs.ModeSymlink == 0 {
-			return nil
-		}
-		link := ""
-		if fi.Mode()&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		h, err := tar.FileInfoHeader(fi, link)
-		if err != nil {
-			return err
-		}
-		h.Name, h.Uid, h.Gid, h.Uname, h.Gname = filepath.ToSlash(rel), 0, 0, "", ""
-		if fi.IsDir() {
-			h.Name += "/"
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if !fi.Mode().IsRegular() {
-			return nil
-		}
-		file, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer file.Close()
-		_, err = io.Copy(tw, file)
-		return err
-	})
 	if err != nil {
-		return fmt.Errorf("upload dir %s: %w", root, err)
+		return fmt.Errorf("upload dir %s to %s: %w", local, remote, err)
 	}
-	return tw.Close()
+	return nil
 }
 
 // DownloadDir copies the directory remote of the sandbox into the local
-// directory local (created when missing), reading berthd's tar stream
-// with archive/tar inside an os.Root: entries that would land outside
-// local (absolute names, "..", through a symlink) fail the download, as
-// do device nodes; the sandbox is not trusted. Symlinks are made after
-// everything else, modes kept without setuid/setgid, files owned by the
-// caller.
+// directory local (made with its parents when missing), extracting
+// berthd's tar stream with internal/tartree as berth cp does: whole or
+// not at all; entries that would land outside local (absolute names,
+// "..", a write through a symlink) fail it, and so do device nodes, since
+// the sandbox is not trusted. Symlinks stay symlinks, modes and
+// modification times are kept without setuid/setgid, and the files belong
+// to the caller.
 func (f *Files) DownloadDir(ctx context.Context, remote, local string) error {
-	if err := os.MkdirAll(local, 0o755); err != nil {
-		return fmt.Errorf("download dir: %w", err)
-	}
-	root, err := os.OpenRoot(local)
-	if err != nil {
-		return fmt.Errorf("download dir: %w", err)
-	}
-	defer root.Close()
 	pr, pw := io.Pipe()
-	done := make(chan error, 1)
+	extracted := make(chan error, 1)
 	go func() {
-		err := readTar(pr, root)
-		pr.CloseWithError(io.ErrClosedPipe)
-		done <- err
+		err := extractDir(local, pr)
+		if err == nil {
+			_, err = io.Copy(io.Discard, pr) // let the download reach its summary
+		}
+		pr.CloseWithError(err) // a failed extraction stops the download
+		extracted <- err
 	}()
-	_, err = f.c.Download(ctx, f.id, remote, pw)
+	_, err := f.c.Download(ctx, f.id, remote, pw, WithRoot())
 	pw.CloseWithError(err)
-	if terr := <-done; terr != nil && (err == nil || errors.Is(err, io.ErrClosedPipe)) {
-		err = fmt.Errorf("download dir %s to %s: %w", remote, local, terr)
+	if xerr := <-extracted; xerr != nil && (err == nil || errors.Is(err, xerr)) {
+		err = xerr
 	}
-	return err
-}
-
-func readTar(r io.Reader, root *os.Root) error {
-	tr := tar.NewReader(r)
-	type link struct{ name, target string }
-	var links []link
-	var dirs []*tar.Header
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
-		if name == "." {
-			continue
-		}
-		if !fs.ValidPath(name) {
-			return fmt.Errorf("entry %q: outside the directory", h.Name)
-		}
-		mode := fs.FileMode(h.Mode) & fs.ModePerm
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o700); err != nil {
-				return err
-			}
-			dirs = append(dirs, h)
-		case tar.TypeReg:
-			if err := root.MkdirAll(path.Dir(name), 0o755); err != nil {
-				return err
-			}
-			out, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(out, tr)
-			if cerr := out.Close(); err == nil {
-				err = cerr
-			}
-			if err == nil {
-				err = root.Chmod(name, mode)
-			}
-			if err == nil {
-				err = root.Chtimes(name, h.ModTime, h.ModTime)
-			}
-			if err != nil {
-				return err
-			}
-		case tar.TypeSymlink:
-			links = append(links, link{name, h.Linkname})
-		default:
-			return fmt.Errorf("entry %q: type %q refused (device nodes, hard links and fifos are not extracted)", h.Name, h.Typeflag)
-		}
-	}
-	for _, l := range links {
-		if err := root.MkdirAll(path.Dir(l.name), 0o755); err != nil {
-			return err
-		}
-		if err := root.Symlink(l.target, l.name); err != nil {
-			return err
-		}
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		name := path.Clean(strings.TrimPrefix(dirs[i].Name, "./"))
-		if err := root.Chmod(name, fs.FileMode(dirs[i].Mode)&fs.ModePerm); err != nil {
-			return err
-		}
+	if err != nil {
+		return fmt.Errorf("download dir %s to %s: %w", remote, local, err)
 	}
 	return nil
+}
+
+// extractDir extracts the tar stream r into dir, refusing device nodes.
+func extractDir(dir string, r io.Reader) error {
+	_, err := tartree.Extract(dir, r, tartree.Options{Check: func(h *tar.Header) error {
+		if h.Typeflag == tar.TypeChar || h.Typeflag == tar.TypeBlock {
+			return fmt.Errorf("entry %q: a device node from the sandbox is not extracted", h.Name)
+		}
+		return nil
+	}})
+	return err
 }

@@ -87,13 +87,7 @@ func CreateSandbox(ctx context.Context, opts SandboxOptions) (*Sandbox, error) {
 		req.MaxLifetime = durationpb.New(opts.MaxLifetime)
 	}
 	info, err := c.CreateSandbox(ctx, req)
-	if err != nil {
-		if own {
-			_ = c.Close()
-		}
-		return nil, err
-	}
-	return newSandbox(c, own, info), nil
+	return newSandbox(c, own, info, err)
 }
 
 // ConnectSandbox returns the existing sandbox id (opts' connection fields
@@ -105,21 +99,23 @@ func ConnectSandbox(ctx context.Context, id string, opts SandboxOptions) (*Sandb
 		return nil, err
 	}
 	info, err := c.GetSandbox(ctx, id)
+	return newSandbox(c, own, info, err)
+}
+
+// newSandbox returns the Sandbox of info, or err after closing a
+// connection the sandbox would have owned.
+func newSandbox(c *Client, own bool, info *berthv1.Sandbox, err error) (*Sandbox, error) {
 	if err != nil {
 		if own {
 			_ = c.Close()
 		}
 		return nil, err
 	}
-	return newSandbox(c, own, info), nil
-}
-
-func newSandbox(c *Client, own bool, info *berthv1.Sandbox) *Sandbox {
 	sb := &Sandbox{ID: info.GetId(), Info: info, Client: c, ownClient: own}
 	sb.Commands = &Commands{c: c, id: sb.ID}
 	sb.Files = &Files{c: c, id: sb.ID}
 	sb.Ports = &Ports{c: c, id: sb.ID}
-	return sb
+	return sb, nil
 }
 
 // Refresh reads the sandbox from berthd into Info.
