@@ -180,6 +180,9 @@ type CommandHandle struct {
 // SinceSeq: LastSeq()).
 func (h *CommandHandle) Wait() (*CommandResult, error) {
 	res, err := h.e.Wait()
+	if h.cancel != nil {
+		h.cancel() // the stream has ended
+	}
 	if err != nil {
 		return nil, err
 	}

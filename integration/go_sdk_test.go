@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,6 +75,10 @@ func TestGoSDK(t *testing.T) {
 		if err != nil || r.ExitCode != 3 || string(r.Stdout) != "out\n" || string(r.Stderr) != "err\n" {
 			t.Fatalf("exit 3 = %+v, %v", r, err)
 		}
+		r, err = sb.Commands.Run(ctx, "tr a-z A-Z", client.RunOptions{Stdin: strings.NewReader("from stdin")})
+		if err != nil || string(r.Stdout) != "FROM STDIN" {
+			t.Errorf("Run with Stdin = %+v, %v", r, err)
+		}
 		_, err = sb.Files.Read(ctx, "/workspace/missing.txt")
 		var be *client.Error
 		if !client.IsReason(err, client.ReasonFileNotFound) || !errors.As(err, &be) || be.Metadata["path"] != "/workspace/missing.txt" {
@@ -97,9 +102,18 @@ func TestGoSDK(t *testing.T) {
 		if d := time.Since(start); d > 20*time.Second {
 			t.Errorf("the timed-out run took %v", d)
 		}
-		ps, err := sb.Commands.Run(ctx, "ps -o args | grep -c '^sleep 30' || true", client.RunOptions{})
-		if err != nil || string(ps.Stdout) != "0\n" {
-			t.Errorf("sleep 30 left running after its timeout: %+v, %v", ps, err)
+		// A caller's ctx that ends first kills the command too.
+		short, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		if r, err := sb.Commands.Run(short, "sleep 30", client.RunOptions{}); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("Run(sleep 30) under a 1 s ctx = %+v, %v; want context.DeadlineExceeded", r, err)
+		}
+		var ps *client.CommandResult
+		if !poll(10*time.Second, func() bool {
+			ps, err = sb.Commands.Run(ctx, "ps -o args | grep -c '^sleep 30' || true", client.RunOptions{})
+			return err == nil && string(ps.Stdout) == "0\n"
+		}) {
+			t.Errorf("sleep 30 left running after its timeout or its caller's ctx: %+v, %v", ps, err)
 		}
 	})
 
@@ -111,8 +125,8 @@ func TestGoSDK(t *testing.T) {
 		r, err := sb.Commands.Run(ctx, "yes 'berth sdk' | head -c 67108864", client.RunOptions{NoCapture: true, OnStdout: func(b []byte) {
 			h.Write(b)
 			n += len(b)
-			if calls++; calls%64 == 0 {
-				time.Sleep(5 * time.Millisecond) // a slow consumer: gRPC flow control slows the command
+			if calls++; calls%8 == 0 {
+				time.Sleep(10 * time.Millisecond) // the slow consumer this test is about: gRPC flow control slows the command
 			}
 		}})
 		if err != nil || r.ExitCode != 0 || r.DroppedBytes != 0 || len(r.Stdout) != 0 {
@@ -121,6 +135,7 @@ func TestGoSDK(t *testing.T) {
 		if n != size || !bytes.Equal(h.Sum(nil), want[:]) || r.StdoutBytes != size {
 			t.Errorf("got %d bytes (result says %d), sha256 %x; want %d bytes of sha256 %x", n, r.StdoutBytes, h.Sum(nil), size, want)
 		}
+		t.Logf("64 MiB in %d callbacks over %v", calls, r.Duration)
 	})
 
 	t.Run("UploadDir and DownloadDir keep symlinks and modes", func(t *testing.T) {
@@ -208,10 +223,25 @@ func TestGoSDK(t *testing.T) {
 	})
 
 	t.Run("background commands", func(t *testing.T) {
-		h, err := sb.Commands.Start(ctx, "echo one; read x; echo got $x; echo err >&2", client.RunOptions{StdinOpen: true})
+		var mu sync.Mutex
+		var seen []byte
+		h, err := sb.Commands.Start(ctx, "echo one; read x; echo got $x; echo err >&2", client.RunOptions{StdinOpen: true, OnStdout: func(b []byte) {
+			mu.Lock()
+			seen = append(seen, b...)
+			mu.Unlock()
+		}})
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Stdin goes after "one" has arrived, so that "got hello" is an event of its own.
+		if !poll(30*time.Second, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return string(seen) == "one\n" && h.LastSeq() > 0
+		}) {
+			t.Fatalf("the background command's first output: %q", seen)
+		}
+		oneSeq := h.LastSeq()
 		if err := h.SendStdin([]byte("hello\n")); err != nil {
 			t.Fatal(err)
 		}
@@ -229,12 +259,12 @@ func TestGoSDK(t *testing.T) {
 		if r, err := again.Wait(); err != nil || string(r.Stdout) != "one\ngot hello\n" {
 			t.Errorf("replay = %+v, %v", r, err)
 		}
-		tail, err := sb.Commands.Connect(ctx, h.ExecID, client.ConnectOptions{SinceSeq: 1})
+		tail, err := sb.Commands.Connect(ctx, h.ExecID, client.ConnectOptions{SinceSeq: oneSeq})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if r, err := tail.Wait(); err != nil || string(r.Stdout)+string(r.Stderr) != "got hello\nerr\n" {
-			t.Errorf("replay since seq 1 = %+v, %v", r, err)
+			t.Errorf("replay since seq %d = %+v, %v", oneSeq, r, err)
 		}
 		long, err := sb.Commands.StartArgv(ctx, []string{"sleep", "300"}, client.RunOptions{})
 		if err != nil {
