@@ -32,8 +32,12 @@ type SandboxOptions struct {
 	// of the file $BERTH_TOKEN_FILE. TLS files come from $BERTH_TLS_CA,
 	// $BERTH_TLS_CERT and $BERTH_TLS_KEY for a host:port address.
 	Token string
-	// Dial are more options for Dial (WithRetry, WithTLS, ...).
-	Dial []Option
+	// Dial are more options for Dial (WithTLS, WithRetry of another
+	// policy, ...). A dialled Client retries under the default
+	// RetryPolicy, as the Python and TypeScript SDKs do; NoRetry turns
+	// that off.
+	Dial    []Option
+	NoRetry bool
 
 	Image   string            // default: berthd's default image
 	User    string            // "uid", "uid:gid" or a name from the image's /etc/passwd
@@ -173,6 +177,9 @@ func (opts SandboxOptions) client(ctx context.Context) (*Client, bool, error) {
 		token = strings.TrimSpace(string(b))
 	}
 	var dial []Option
+	if !opts.NoRetry {
+		dial = append(dial, WithRetry(RetryPolicy{}))
+	}
 	if token != "" {
 		dial = append(dial, WithToken(token))
 	}
