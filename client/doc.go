@@ -19,4 +19,11 @@
 // then delivers the process's stdout and stderr bytes exactly as they were
 // read, in sequence order, to the writers given with WithStdout and
 // WithStderr, until Wait returns the process's result.
+//
+// On top of the Client is the SDK surface shared with the Python and
+// TypeScript SDKs (docs/clients.md): CreateSandbox and ConnectSandbox return
+// a *Sandbox whose Commands (Run with a command timeout, Start, Connect with
+// replay), Files (Read, Write, List, Stat, Remove, Rename, MakeDir,
+// UploadDir, DownloadDir) and Ports (Forward to a local address) call the
+// Client's methods; see the example of CreateSandbox and examples/go/bot.go.
 package client
