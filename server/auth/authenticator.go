@@ -369,7 +369,13 @@ func (a *Authenticator) identify(ctx context.Context) (Principal, error) {
 	if !ok {
 		return Principal{}, unauthenticated("the connection has no peer information")
 	}
-	switch info := pr.AuthInfo.(type) {
+	info := pr.AuthInfo
+	if info == nil {
+		// A call through net/http (HTTPConnContext): grpc-go's peer has
+		// the request's TLS state at most.
+		info, _ = connAuthInfo(ctx)
+	}
+	switch info := info.(type) {
 	case PeerCred:
 		name := UnixPrincipal(info.UID)
 		if a.cfg.UnixHost != "" && name != RootPrincipal {

@@ -113,3 +113,36 @@ func serverTLS(current func() *tls.Config) credentials.TransportCredentials {
 		},
 	})
 }
+
+// connInfoKey keys the AuthInfo of the connection of a call that arrived
+// through net/http (Connect, gRPC-Web, HTTP/1.1): grpc-go's ServeHTTP
+// transport builds the call's peer from the request alone, with TLS
+// information at most, so a unix socket caller's SO_PEERCRED travels in
+// the context instead (HTTPConnContext) and identify reads it there.
+type connInfoKey struct{}
+
+// HTTPConnContext returns ctx carrying the identity of conn, a connection
+// that net/http serves (http.Server.ConnContext): on a unix socket its
+// SO_PEERCRED, so that calls on it authenticate as they do over gRPC (the
+// uid's principal); on TCP nothing (the caller gives a bearer token, or
+// its client certificate reaches the call through the request's TLS
+// state). conn may wrap the socket: its SyscallConn reaches the socket's
+// descriptor. A unix connection whose credentials cannot be read is
+// served without them (its calls need a bearer token), and that is
+// logged by the caller through the returned error.
+func HTTPConnContext(ctx context.Context, conn net.Conn) (context.Context, error) {
+	if conn.LocalAddr().Network() != "unix" {
+		return ctx, nil
+	}
+	cred, err := peerCred(conn)
+	if err != nil {
+		return ctx, err
+	}
+	return context.WithValue(ctx, connInfoKey{}, credentials.AuthInfo(cred)), nil
+}
+
+// connAuthInfo returns the AuthInfo HTTPConnContext put in ctx, if any.
+func connAuthInfo(ctx context.Context) (credentials.AuthInfo, bool) {
+	info, ok := ctx.Value(connInfoKey{}).(credentials.AuthInfo)
+	return info, ok
+}
