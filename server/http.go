@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -66,12 +67,13 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 	m := cmux.New(lis)
 	m.SetReadTimeout(tc.MaxConnectionIdle)
 	m.HandleError(func(error) bool { return true }) // a connection not sorted is closed; serving goes on
-	grpcL := m.MatchWithWriters(matchGRPC(tc.MaxHeaderListBytes))
-	httpL := m.Match(cmux.Any())
+	var settled sync.Map
+	grpcL := m.MatchWithWriters(matchGRPC(tc.MaxHeaderListBytes, &settled))
+	httpL := m.MatchWithWriters(notFailed(&settled))
 	hs := newHTTPServer(h, tc, cfg.Log)
 	go m.Serve()
-	go hs.Serve(sniffedListener{httpL})
-	err = srv.Serve(sniffedListener{grpcL})
+	go hs.Serve(sniffedListener{httpL, &settled})
+	err = srv.Serve(sniffedListener{grpcL, &settled})
 	// srv stopped: its listener (the root, shared) is closed; HTTP calls in
 	// flight were closed by srv's stop (grpc-go closes ServeHTTP's calls).
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -153,26 +155,110 @@ func newHTTPServer(h http.Handler, tc TransportConfig, log *slog.Logger) *http.S
 }
 
 // sniffedListener hands out cmux's connections with their socket's
-// SyscallConn, which auth reads SO_PEERCRED through.
-type sniffedListener struct{ net.Listener }
+// SyscallConn, which auth reads SO_PEERCRED through. A connection to
+// which matchGRPC wrote a SETTINGS frame (recorded in settled) has the
+// client's ACK of it dropped: grpc-go ignores an extra ACK, net/http's
+// HTTP/2 server takes it for a protocol error.
+type sniffedListener struct {
+	net.Listener
+	settled *sync.Map
+}
 
 func (l sniffedListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	if mc, ok := c.(*cmux.MuxConn); ok {
-		if _, ok := mc.Conn.(syscall.Conn); ok {
-			return sniffedConn{mc}, nil
-		}
+	mc, ok := c.(*cmux.MuxConn)
+	if !ok {
+		return c, nil
 	}
-	return c, nil
+	v, _ := l.settled.LoadAndDelete(mc.Conn)
+	wrote := v == wroteSettings
+	sc := &sniffedConn{MuxConn: mc, dropAck: wrote}
+	if wrote {
+		sc.prefaceLeft = len(http2.ClientPreface)
+	}
+	if _, ok := mc.Conn.(syscall.Conn); ok {
+		return sysConn{sc}, nil
+	}
+	return sc, nil
 }
 
-type sniffedConn struct{ *cmux.MuxConn }
+type sniffedConn struct {
+	*cmux.MuxConn
+	// dropAck: drop the client's next SETTINGS ACK frame. Until then
+	// Read follows the client's frames: the preface's bytes still to
+	// pass, the current frame's payload bytes, a header to hand out.
+	dropAck      bool
+	prefaceLeft  int
+	payloadLeft  int
+	pendingBytes []byte
+}
 
-func (c sniffedConn) SyscallConn() (syscall.RawConn, error) {
+// Read passes the client's bytes on, but for the first SETTINGS ACK
+// (type 4, flag ACK, empty) while dropAck holds.
+func (c *sniffedConn) Read(p []byte) (int, error) {
+	if len(c.pendingBytes) > 0 {
+		n := copy(p, c.pendingBytes)
+		c.pendingBytes = c.pendingBytes[n:]
+		return n, nil
+	}
+	if !c.dropAck || len(p) == 0 {
+		return c.MuxConn.Read(p)
+	}
+	if c.prefaceLeft > 0 {
+		n, err := c.MuxConn.Read(p[:min(len(p), c.prefaceLeft)])
+		c.prefaceLeft -= n
+		return n, err
+	}
+	if c.payloadLeft > 0 {
+		n, err := c.MuxConn.Read(p[:min(len(p), c.payloadLeft)])
+		c.payloadLeft -= n
+		return n, err
+	}
+	var h [9]byte
+	if _, err := io.ReadFull(c.MuxConn, h[:]); err != nil {
+		return 0, err
+	}
+	length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+	if length == 0 && h[3] == byte(http2.FrameSettings) && h[4]&byte(http2.FlagSettingsAck) != 0 {
+		c.dropAck = false
+		return c.MuxConn.Read(p)
+	}
+	c.payloadLeft = length
+	n := copy(p, h[:])
+	c.pendingBytes = append([]byte(nil), h[n:]...)
+	return n, nil
+}
+
+// sysConn is a sniffedConn whose socket has a descriptor.
+type sysConn struct{ *sniffedConn }
+
+func (c sysConn) SyscallConn() (syscall.RawConn, error) {
 	return c.MuxConn.Conn.(syscall.Conn).SyscallConn()
+}
+
+// What matchGRPC records of a connection in Serve's settled map.
+type sniffState int
+
+const (
+	wroteSettings sniffState = iota + 1 // it wrote a SETTINGS frame
+	sniffFailed                         // reading failed: timed out, closed, not HTTP/2
+)
+
+// notFailed matches every connection but those matchGRPC failed to read
+// (sniffFailed: past MaxConnectionIdle, or closed), which cmux then
+// closes, so that a connection that sends nothing is held for
+// MaxConnectionIdle once, not again by net/http.
+func notFailed(settled *sync.Map) cmux.MatchWriter {
+	return func(w io.Writer, _ io.Reader) bool {
+		if v, _ := settled.Load(w); v == sniffFailed {
+			settled.Delete(w)
+			return false
+		}
+		return true
+	}
 }
 
 // sniffFrameBytes is the largest HTTP/2 frame matchGRPC reads: the
@@ -186,12 +272,24 @@ const sniffFrameBytes = 16 << 10
 // when the client sends its own, as some gRPC clients (Java) wait for the
 // server's before sending a request; the server's real SETTINGS follow.
 // It reads frames of at most sniffFrameBytes and header lists of at most
-// maxHeaderBytes.
-func matchGRPC(maxHeaderBytes uint32) cmux.MatchWriter {
+// maxHeaderBytes. It records in settled (by w, the connection) that it
+// wrote SETTINGS, so that sniffedListener drops the client's ACK of it on
+// the net/http side.
+func matchGRPC(maxHeaderBytes uint32, settled *sync.Map) cmux.MatchWriter {
 	return func(w io.Writer, r io.Reader) bool {
+		// The preface as it arrives: a short HTTP/1.1 request differs
+		// from it before its end.
 		var preface [len(http2.ClientPreface)]byte
-		if _, err := io.ReadFull(r, preface[:]); err != nil || string(preface[:]) != http2.ClientPreface {
-			return false
+		for got := 0; got < len(preface); {
+			n, err := r.Read(preface[got:])
+			got += n
+			if string(preface[:got]) != http2.ClientPreface[:got] {
+				return false
+			}
+			if err != nil {
+				settled.Store(w, sniffFailed)
+				return false
+			}
 		}
 		framer := http2.NewFramer(w, r)
 		framer.SetMaxReadFrameSize(sniffFrameBytes)
@@ -207,6 +305,7 @@ func matchGRPC(maxHeaderBytes uint32) cmux.MatchWriter {
 		for !done {
 			f, err := framer.ReadFrame()
 			if err != nil {
+				settled.Store(w, sniffFailed)
 				return false
 			}
 			var fragment []byte
@@ -216,6 +315,7 @@ func matchGRPC(maxHeaderBytes uint32) cmux.MatchWriter {
 					if err := framer.WriteSettings(); err != nil {
 						return false
 					}
+					settled.Store(w, wroteSettings)
 				}
 			case *http2.HeadersFrame:
 				fragment, done = f.HeaderBlockFragment(), f.HeadersEnded()
