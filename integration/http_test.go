@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -170,4 +171,40 @@ func grpcWebRun(t *testing.T, url, sb string) {
 	if trailer := strings.ToLower(string(raw[5+n:])); !strings.Contains(trailer, "grpc-status: 0\r\n") {
 		t.Errorf("gRPC-Web Run: trailer frame %q lacks grpc-status: 0", trailer)
 	}
+}
+
+// BenchmarkRunProtocols is the round trip of Run(true) over gRPC and over
+// Connect JSON (HTTP/1.1) on the suite's unix socket, in the same run
+// (issue 26: the HTTP path's cost beside gRPC's).
+func BenchmarkRunProtocols(b *testing.B) {
+	if env.skip != "" {
+		b.Skip("integration environment unavailable: " + env.skip)
+	}
+	sb := benchSandboxOf(b, &berthv1.CreateSandboxRequest{Image: env.image}).GetId()
+	req := &berthv1.RunRequest{SandboxId: sb, Process: &berthv1.ProcessSpec{Argv: []string{"true"}}}
+	b.Run("grpc", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := env.sandboxes.Run(context.Background(), req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("connect-json-http1", func(b *testing.B) {
+		sock := strings.TrimPrefix(env.berthdAddr, "unix://")
+		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+		body := []byte(`{"sandboxId":"` + sb + `","process":{"argv":["true"]}}`)
+		for b.Loop() {
+			r, err := c.Post("http://berthd/berth.v1.SandboxService/Run", "application/json", bytes.NewReader(body))
+			if err != nil {
+				b.Fatal(err)
+			}
+			out, _ := io.ReadAll(r.Body)
+			r.Body.Close()
+			if r.StatusCode != 200 {
+				b.Fatalf("Run: %s: %s", r.Status, out)
+			}
+		}
+	})
 }
