@@ -16,9 +16,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/testcerts"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/auth"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -207,4 +212,74 @@ func BenchmarkRunProtocols(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestHTTPOverTLS serves a TLS TCP listener (with client CAs) and checks
+// every protocol on it: Connect JSON over HTTP/1.1 and HTTP/2 with a
+// bearer token (curl), a client certificate's principal over Connect (its
+// own sandboxes only: the token principal's is SANDBOX_NOT_FOUND, 404),
+// and native gRPC with the token.
+func TestHTTPOverTLS(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "httptls")
+	dir := t.TempDir()
+	certs, err := testcerts.NewSet(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCert, clientKey, err := certs.ClientFiles("certuser")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(auth.TokenHash(httpToken)+" web\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	startBerthd(t, e, "--listen", addr, "--tls-cert", certs.CertFile, "--tls-key", certs.KeyFile, "--tls-client-ca", certs.CAFile, "--token-file", tokens)
+	e.importBase(t)
+	url := "https://" + addr
+	sb := "tls-" + strings.ToLower(xid(t)[len(xid(t))-6:])
+	t.Cleanup(func() {
+		e.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: sb})
+	})
+	curl := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command("curl", append([]string{"-sS", "--cacert", certs.CAFile, "-w", "\nHTTP %{http_version} %{http_code}\n", "-X", "POST",
+			"-H", "Content-Type: application/json"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("curl %v: %v\n%s", args, err, out)
+		}
+		return string(out)
+	}
+	bearer := "Authorization: Bearer " + httpToken
+	if out := curl("--http1.1", "-H", bearer, "-d", `{"sandboxId":"`+sb+`","image":"berth.dev/base:latest"}`, url+"/berth.v1.SandboxService/CreateSandbox"); !strings.Contains(out, `"owner":"web"`) || !strings.Contains(out, "HTTP 1.1 200") {
+		t.Fatalf("CreateSandbox over TLS, HTTP/1.1, token: %s", out)
+	}
+	if out := curl("--http2", "-H", bearer, "-d", `{"sandboxId":"`+sb+`","process":{"argv":["echo","hi"]}}`, url+"/berth.v1.SandboxService/Run"); !strings.Contains(out, `"stdout":"aGkK"`) || !strings.Contains(out, "HTTP 2 200") {
+		t.Errorf("Run over TLS, HTTP/2, token: %s", out)
+	}
+	out := curl("--http1.1", "--cert", clientCert, "--key", clientKey, "-d", `{"sandboxId":"`+sb+`"}`, url+"/berth.v1.SandboxService/GetSandbox")
+	if !strings.Contains(out, "HTTP 1.1 404") || errorReason(t, out) != "SANDBOX_NOT_FOUND" {
+		t.Errorf("GetSandbox of web's sandbox as certuser (client certificate): %s, want 404 SANDBOX_NOT_FOUND", out)
+	}
+	if out := curl("--http1.1", "-d", `{}`, url+"/berth.v1.SandboxService/ListSandboxes"); !strings.Contains(out, "HTTP 1.1 401") {
+		t.Errorf("ListSandboxes over TLS without credentials: %s, want 401", out)
+	}
+
+	trust, err := client.TLSConfigFromFiles(certs.CAFile, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(trust)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+httpToken)
+	got, err := berthv1.NewSandboxServiceClient(conn).GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: sb})
+	if err != nil || got.GetSandbox().GetOwner() != "web" {
+		t.Errorf("gRPC GetSandbox over TLS with the token: %v %v", got, err)
+	}
 }

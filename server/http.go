@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,10 @@ type ServeConfig struct {
 	// Transport bounds the HTTP connections as it bounds gRPC's (zero
 	// fields: TransportConfig's defaults).
 	Transport TransportConfig
+	// TLS, when set, is the TLS of a TCP listener: berthd makes the
+	// handshake before sorting the connection, and the transport
+	// credentials of srv take its state (auth.TLSConn).
+	TLS *tls.Config
 	// Log receives the HTTP server's errors.
 	Log *slog.Logger
 }
@@ -64,6 +69,9 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 		return err
 	}
 	tc := cfg.Transport.withDefaults()
+	if cfg.TLS != nil {
+		lis = tlsListener{lis, cfg.TLS}
+	}
 	m := cmux.New(lis)
 	m.SetReadTimeout(tc.MaxConnectionIdle)
 	m.HandleError(func(error) bool { return true }) // a connection not sorted is closed; serving goes on
@@ -230,6 +238,31 @@ func (c *sniffedConn) Read(p []byte) (int, error) {
 	n := copy(p, h[:])
 	c.pendingBytes = append([]byte(nil), h[n:]...)
 	return n, nil
+}
+
+// TLSConnectionState implements auth.TLSConn: the state of a TLS
+// listener's connection (tlsListener).
+func (c *sniffedConn) TLSConnectionState() (tls.ConnectionState, bool) {
+	if t, ok := c.MuxConn.Conn.(*tls.Conn); ok {
+		return t.ConnectionState(), true
+	}
+	return tls.ConnectionState{}, false
+}
+
+// tlsListener hands out its connections as TLS servers whose handshake
+// runs at their first read: in the connection's own goroutine of cmux,
+// bounded by its read deadline, never in Accept.
+type tlsListener struct {
+	net.Listener
+	cfg *tls.Config
+}
+
+func (l tlsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return tls.Server(c, l.cfg), nil
 }
 
 // sysConn is a sniffedConn whose socket has a descriptor.

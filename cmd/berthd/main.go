@@ -55,7 +55,7 @@ func main() {
 	flag.DurationVar(&rtCfg.CreateWorkLimit, "create-work-limit", 10*time.Minute, "longest a create's data work may take (unpacking its image, a chowned copy with --root-id-mapping chowned) within the caller's deadline; past it the create fails UNAVAILABLE and a retry with the same sandbox_id goes on from the work done")
 	flag.DurationVar(&rtCfg.CallBudget, "containerd-budget", 10*time.Second, "how long a containerd request that should answer at once (records, tasks) may take before it fails with UNAVAILABLE CONTAINERD_UNAVAILABLE")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
-	flag.Func("listen", "gRPC listen `address`: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp); repeatable, e.g. a unix socket for local callers and TCP for the fleet (default unix:///run/berth/berthd.sock)", func(v string) error {
+	flag.Func("listen", "listen `address` (gRPC, Connect and gRPC-Web: docs/http.md): unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp); repeatable, e.g. a unix socket for local callers and TCP for the fleet (default unix:///run/berth/berthd.sock)", func(v string) error {
 		listens = append(listens, v)
 		return nil
 	})

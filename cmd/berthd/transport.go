@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -136,23 +137,23 @@ func (f *transportFlags) listenOptions(log *slog.Logger, socket socketFlags) []s
 // serveConfig says how each listener is served (server.Serve).
 type serveConfig struct {
 	cfg server.ServeConfig
-	// tls: TCP listeners serve TLS, which the HTTP protocols do not
-	// support yet (docs/http.md): TCP listeners are gRPC's alone.
-	tls bool
+	// tls: TCP listeners serve TLS; berthd makes the handshake before it
+	// sorts their connections.
+	tls *tls.Config
 }
 
 // serveConfig returns the listeners' serveConfig: the HTTP protocols
 // (Connect, gRPC-Web, gRPC over HTTP/1.1) beside gRPC, with the
-// transport's bounds, on the unix socket and on plaintext TCP.
+// transport's bounds, on every listener.
 func (f *transportFlags) serveConfig(authn *auth.Authenticator, log *slog.Logger) serveConfig {
-	return serveConfig{cfg: server.ServeConfig{HTTP: true, Transport: f.cfg, Log: log}, tls: authn.ServesTLS()}
+	return serveConfig{cfg: server.ServeConfig{HTTP: true, Transport: f.cfg, Log: log}, tls: authn.HTTPTLSConfig()}
 }
 
 // forListen is the server.ServeConfig of the listener on addr.
 func (c serveConfig) forListen(addr string) server.ServeConfig {
 	cfg := c.cfg
-	if _, unix := server.UnixPath(addr); !unix && c.tls {
-		cfg.HTTP = false
+	if _, unix := server.UnixPath(addr); !unix {
+		cfg.TLS = c.tls
 	}
 	return cfg
 }

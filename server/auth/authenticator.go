@@ -215,6 +215,23 @@ func (a *Authenticator) CheckListen(network, addr string) error {
 	return nil
 }
 
+// HTTPTLSConfig returns the TLS configuration of a TLS listener that also
+// serves the HTTP protocols (server.Serve): the certificate and client
+// CAs of the latest Reload at each handshake, ALPN h2 and http/1.1. It
+// is nil without TLS.
+func (a *Authenticator) HTTPTLSConfig() *tls.Config {
+	if a.tls.Load() == nil {
+		return nil
+	}
+	alpn := []string{"h2", "http/1.1"}
+	return &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: alpn,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			c := a.tls.Load().Clone()
+			c.NextProtos = alpn
+			return c, nil
+		}}
+}
+
 // TransportCredentials returns the server's transport credentials: unix
 // socket peers are identified by SO_PEERCRED; TCP gets TLS (with the
 // material of the latest Reload), plaintext with Config.InsecureTCP, or is
