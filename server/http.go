@@ -76,7 +76,7 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 	m.SetReadTimeout(tc.MaxConnectionIdle)
 	m.HandleError(func(error) bool { return true }) // a connection not sorted is closed; serving goes on
 	var settled sync.Map
-	grpcL := m.MatchWithWriters(matchGRPC(tc.MaxHeaderListBytes, &settled))
+	grpcL := m.MatchWithWriters(matchGRPC(tc.MaxHeaderListBytes, &settled, tc))
 	httpL := m.MatchWithWriters(notFailed(&settled))
 	hs := newHTTPServer(h, tc, cfg.Log)
 	go m.Serve()
@@ -251,7 +251,7 @@ func (c *sniffedConn) TLSConnectionState() (tls.ConnectionState, bool) {
 
 // tlsListener hands out its connections as TLS servers whose handshake
 // runs at their first read: in the connection's own goroutine of cmux,
-// bounded by its read deadline, never in Accept.
+// bounded by HandshakeTimeout (matchGRPC), never in Accept.
 type tlsListener struct {
 	net.Listener
 	cfg *tls.Config
@@ -308,8 +308,21 @@ const sniffFrameBytes = 16 << 10
 // maxHeaderBytes. It records in settled (by w, the connection) that it
 // wrote SETTINGS, so that sniffedListener drops the client's ACK of it on
 // the net/http side.
-func matchGRPC(maxHeaderBytes uint32, settled *sync.Map) cmux.MatchWriter {
+func matchGRPC(maxHeaderBytes uint32, settled *sync.Map, tc TransportConfig) cmux.MatchWriter {
 	return func(w io.Writer, r io.Reader) bool {
+		if c, ok := w.(*tls.Conn); ok {
+			// A TLS listener's connection: its handshake is bounded by
+			// HandshakeTimeout, as grpc-go bounds it; then the sorting
+			// by what remains of MaxConnectionIdle.
+			start := time.Now()
+			c.SetDeadline(start.Add(tc.HandshakeTimeout))
+			if err := c.Handshake(); err != nil {
+				settled.Store(w, sniffFailed)
+				return false
+			}
+			c.SetWriteDeadline(time.Time{})
+			c.SetReadDeadline(start.Add(tc.MaxConnectionIdle))
+		}
 		// The preface as it arrives: a short HTTP/1.1 request differs
 		// from it before its end.
 		var preface [len(http2.ClientPreface)]byte

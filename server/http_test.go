@@ -49,7 +49,7 @@ func TestMatchGRPC(t *testing.T) {
 		{"HTTP/1.1", []byte("POST /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\n\r\n"), false},
 		{"half a preface", []byte(http2.ClientPreface[:10]), false},
 	} {
-		if got := matchGRPC(DefaultMaxHeaderListBytes, &sync.Map{})(io.Discard, bytes.NewReader(c.conn)); got != c.want {
+		if got := matchGRPC(DefaultMaxHeaderListBytes, &sync.Map{}, TransportConfig{}.withDefaults())(io.Discard, bytes.NewReader(c.conn)); got != c.want {
 			t.Errorf("%s: matchGRPC %v, want %v", c.name, got, c.want)
 		}
 	}
