@@ -181,7 +181,9 @@ func setup(m *testing.M) (code int, err error) {
 		return 0, err
 	}
 	srv := server.NewGRPCServer(svc, log)
-	go srv.Serve(lis)
+	// As berthd serves its unix socket: gRPC and the HTTP protocols on
+	// one listener (BERTH_TEST_GRPC_ONLY=1: gRPC alone, to compare).
+	go server.Serve(srv, lis, server.ServeConfig{HTTP: os.Getenv("BERTH_TEST_GRPC_ONLY") == "", Log: log})
 	defer srv.Stop()
 
 	env.conn, err = grpc.NewClient(env.berthdAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -55,7 +55,7 @@ func main() {
 	flag.DurationVar(&rtCfg.CreateWorkLimit, "create-work-limit", 10*time.Minute, "longest a create's data work may take (unpacking its image, a chowned copy with --root-id-mapping chowned) within the caller's deadline; past it the create fails UNAVAILABLE and a retry with the same sandbox_id goes on from the work done")
 	flag.DurationVar(&rtCfg.CallBudget, "containerd-budget", 10*time.Second, "how long a containerd request that should answer at once (records, tasks) may take before it fails with UNAVAILABLE CONTAINERD_UNAVAILABLE")
 	flag.StringVar(&rtCfg.AgentBinary, "agent-binary", "/usr/local/lib/berth/berth-agent", "host path of the static berth-agent binary")
-	flag.Func("listen", "gRPC listen `address`: unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp); repeatable, e.g. a unix socket for local callers and TCP for the fleet (default unix:///run/berth/berthd.sock)", func(v string) error {
+	flag.Func("listen", "listen `address` (gRPC, Connect and gRPC-Web: docs/http.md): unix:///path or host:port (TCP needs --tls-cert and --tls-key, or --insecure-tcp); repeatable, e.g. a unix socket for local callers and TCP for the fleet (default unix:///run/berth/berthd.sock)", func(v string) error {
 		listens = append(listens, v)
 		return nil
 	})
@@ -416,7 +416,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		}
 		defer stopMetrics()
 	}
-	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), join, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
+	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), transport.serveConfig(authn, log), join, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
 		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes),
 		slog.String("node_id", svcCfg.NodeID), slog.String("cpuset", rt.CPUSet()))
 }
@@ -436,7 +436,7 @@ func runGateway(log *slog.Logger, cf *clusterFlags, stateDir string, connectBudg
 	hup.add(fl.reloads...)
 	router := cluster.NewRouter(cluster.RouterConfig{Directory: fl.directory, Peers: fl.peers, Version: server.Version, BusyRetryDelay: busyRetryDelay, EtcdBudget: cf.etcdBudget, ListBudget: cf.listBudget, Log: log})
 	srv := server.NewGatewayServer(log, server.WithAuthenticator(authn), server.WithCluster(router, fl.nodes), server.WithTransport(transport.cfg))
-	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), nil, slog.String("version", server.Version), slog.Bool("gateway", true))
+	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), transport.serveConfig(authn, log), nil, slog.String("version", server.Version), slog.Bool("gateway", true))
 }
 
 // signals returns a context that ends at SIGTERM or SIGINT, and runs
@@ -471,7 +471,7 @@ func signals(log *slog.Logger, hup *reloads) (context.Context, func()) {
 // live on). Once every address is served it runs join (when not nil) on
 // a goroutine until ctx ends: an error from it (the fleet refused the
 // node's registration) stops the server and is returned.
-func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []string, listenOpts []server.ListenOption, join func(context.Context) error, attrs ...any) error {
+func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []string, listenOpts []server.ListenOption, serveCfg serveConfig, join func(context.Context) error, attrs ...any) error {
 	served := make(chan error, len(listens))
 	for _, addr := range listens {
 		lis, err := server.Listen(addr, listenOpts...)
@@ -479,7 +479,8 @@ func serve(ctx context.Context, log *slog.Logger, srv *grpc.Server, listens []st
 			srv.Stop()
 			return err
 		}
-		go func() { served <- srv.Serve(lis) }()
+		cfg := serveCfg.forListen(addr)
+		go func() { served <- server.Serve(srv, lis, cfg) }()
 	}
 	stopHealth, err := serveHealth(healthAt, log)
 	if err != nil {

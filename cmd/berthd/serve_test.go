@@ -39,7 +39,7 @@ func TestServeJoinsOnceServing(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- serve(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), srv, []string{"unix://" + sock}, nil, join)
+		done <- serve(context.Background(), slog.New(slog.NewTextHandler(io.Discard, nil)), srv, []string{"unix://" + sock}, nil, serveConfig{}, join)
 	}()
 	select {
 	case err := <-done:

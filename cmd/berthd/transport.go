@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/memrelease"
 	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/connlimit"
 )
 
@@ -130,4 +132,28 @@ func (f *transportFlags) listenOptions(log *slog.Logger, socket socketFlags) []s
 		last, refused = time.Now(), 0
 	}})
 	return append(socket.options(), server.WithConnectionLimits(lim))
+}
+
+// serveConfig says how each listener is served (server.Serve).
+type serveConfig struct {
+	cfg server.ServeConfig
+	// tls: TCP listeners serve TLS; berthd makes the handshake before it
+	// sorts their connections.
+	tls *tls.Config
+}
+
+// serveConfig returns the listeners' serveConfig: the HTTP protocols
+// (Connect, gRPC-Web, gRPC over HTTP/1.1) beside gRPC, with the
+// transport's bounds, on every listener.
+func (f *transportFlags) serveConfig(authn *auth.Authenticator, log *slog.Logger) serveConfig {
+	return serveConfig{cfg: server.ServeConfig{HTTP: true, Transport: f.cfg, Log: log}, tls: authn.HTTPTLSConfig()}
+}
+
+// forListen is the server.ServeConfig of the listener on addr.
+func (c serveConfig) forListen(addr string) server.ServeConfig {
+	cfg := c.cfg
+	if _, unix := server.UnixPath(addr); !unix {
+		cfg.TLS = c.tls
+	}
+	return cfg
 }

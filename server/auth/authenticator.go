@@ -215,6 +215,23 @@ func (a *Authenticator) CheckListen(network, addr string) error {
 	return nil
 }
 
+// HTTPTLSConfig returns the TLS configuration of a TLS listener that also
+// serves the HTTP protocols (server.Serve): the certificate and client
+// CAs of the latest Reload at each handshake, ALPN h2 and http/1.1. It
+// is nil without TLS.
+func (a *Authenticator) HTTPTLSConfig() *tls.Config {
+	if a.tls.Load() == nil {
+		return nil
+	}
+	alpn := []string{"h2", "http/1.1"}
+	return &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: alpn,
+		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			c := a.tls.Load().Clone()
+			c.NextProtos = alpn
+			return c, nil
+		}}
+}
+
 // TransportCredentials returns the server's transport credentials: unix
 // socket peers are identified by SO_PEERCRED; TCP gets TLS (with the
 // material of the latest Reload), plaintext with Config.InsecureTCP, or is
@@ -369,7 +386,13 @@ func (a *Authenticator) identify(ctx context.Context) (Principal, error) {
 	if !ok {
 		return Principal{}, unauthenticated("the connection has no peer information")
 	}
-	switch info := pr.AuthInfo.(type) {
+	info := pr.AuthInfo
+	if info == nil {
+		// A call through net/http (HTTPConnContext): grpc-go's peer has
+		// the request's TLS state at most.
+		info, _ = connAuthInfo(ctx)
+	}
+	switch info := info.(type) {
 	case PeerCred:
 		name := UnixPrincipal(info.UID)
 		if a.cfg.UnixHost != "" && name != RootPrincipal {

@@ -39,7 +39,31 @@ type transport struct {
 	insecureTCP bool
 }
 
+// TLSConn is a connection whose TLS handshake the server already made
+// (server.Serve, which sorts a TLS listener's connections by their first
+// request): the transport credentials take its state as it is.
+type TLSConn interface {
+	TLSConnectionState() (tls.ConnectionState, bool)
+}
+
+// tlsInfo is the AuthInfo of a connection that conn's TLSConn says is
+// TLS, and false for any other.
+func tlsInfo(conn net.Conn) (credentials.AuthInfo, bool) {
+	tc, ok := conn.(TLSConn)
+	if !ok {
+		return nil, false
+	}
+	cs, ok := tc.TLSConnectionState()
+	if !ok {
+		return nil, false
+	}
+	return credentials.TLSInfo{State: cs, CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, true
+}
+
 func (t *transport) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	if info, ok := tlsInfo(conn); ok {
+		return conn, info, nil
+	}
 	if conn.LocalAddr().Network() == "unix" {
 		cred, err := peerCred(conn)
 		if err != nil {
@@ -112,4 +136,39 @@ func serverTLS(current func() *tls.Config) credentials.TransportCredentials {
 			return current(), nil
 		},
 	})
+}
+
+// connInfoKey keys the AuthInfo of the connection of a call that arrived
+// through net/http (Connect, gRPC-Web, HTTP/1.1): grpc-go's ServeHTTP
+// transport builds the call's peer from the request alone, with TLS
+// information at most, so a unix socket caller's SO_PEERCRED travels in
+// the context instead (HTTPConnContext) and identify reads it there.
+type connInfoKey struct{}
+
+// HTTPConnContext returns ctx carrying the identity of conn, a connection
+// that net/http serves (http.Server.ConnContext): on a unix socket its
+// SO_PEERCRED, so that calls on it authenticate as they do over gRPC (the
+// uid's principal); on a TLSConn its TLS state (a client certificate's
+// principal); on plaintext TCP nothing (the caller gives a bearer token). conn may wrap the socket: its SyscallConn reaches the socket's
+// descriptor. A unix connection whose credentials cannot be read is
+// served without them (its calls need a bearer token), and that is
+// logged by the caller through the returned error.
+func HTTPConnContext(ctx context.Context, conn net.Conn) (context.Context, error) {
+	if info, ok := tlsInfo(conn); ok {
+		return context.WithValue(ctx, connInfoKey{}, info), nil
+	}
+	if conn.LocalAddr().Network() != "unix" {
+		return ctx, nil
+	}
+	cred, err := peerCred(conn)
+	if err != nil {
+		return ctx, err
+	}
+	return context.WithValue(ctx, connInfoKey{}, credentials.AuthInfo(cred)), nil
+}
+
+// connAuthInfo returns the AuthInfo HTTPConnContext put in ctx, if any.
+func connAuthInfo(ctx context.Context) (credentials.AuthInfo, bool) {
+	info, ok := ctx.Value(connInfoKey{}).(credentials.AuthInfo)
+	return info, ok
 }

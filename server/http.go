@@ -1,0 +1,382 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/vanguard/vanguardgrpc"
+	"github.com/soheilhy/cmux"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+
+	"github.com/berth-sandbox/berth/server/auth"
+)
+
+// ServeConfig configures Serve.
+type ServeConfig struct {
+	// HTTP also serves Connect (binary and JSON), gRPC-Web and gRPC over
+	// HTTP/1.1 on the listener (see Serve). Without it the listener is
+	// grpc-go's alone.
+	HTTP bool
+	// Transport bounds the HTTP connections as it bounds gRPC's (zero
+	// fields: TransportConfig's defaults).
+	Transport TransportConfig
+	// TLS, when set, is the TLS of a TCP listener: berthd makes the
+	// handshake before sorting the connection, and the transport
+	// credentials of srv take its state (auth.TLSConn).
+	TLS *tls.Config
+	// Log receives the HTTP server's errors.
+	Log *slog.Logger
+}
+
+// Serve serves srv on lis until srv stops (Stop or GracefulStop), and
+// returns srv.Serve's error. With cfg.HTTP, each connection is sorted by
+// its first request (docs/http.md): HTTP/2 whose first request has
+// content-type application/grpc or application/grpc+<codec> — every gRPC
+// client's — goes to srv's own transport, unchanged (no cost on gRPC's
+// path); any other (HTTP/1.1; HTTP/2 carrying Connect or gRPC-Web) to
+// net/http, where connectrpc.com/vanguard turns Connect and gRPC-Web
+// calls into gRPC ones and hands them to srv.ServeHTTP: the same
+// interceptors (authentication, routing, the error boundary), handlers and
+// message size limits serve every protocol. Bidi calls (Exec,
+// PortForward) need HTTP/2: over HTTP/1.1 they are answered 505 "bidi
+// streams require HTTP/2".
+//
+// The sorting reads at most one HTTP/2 frame of 16 KiB at a time, and
+// holds a connection that sends nothing for cfg.Transport's
+// MaxConnectionIdle, as grpc-go does. On the net/http side the bounds
+// are net/http's: MaxHeaderListBytes is the largest request header,
+// HandshakeTimeout bounds reading it, MaxConnectionIdle closes an idle
+// connection, MaxConcurrentStreams bounds an HTTP/2 connection's streams.
+func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
+	if !cfg.HTTP {
+		return srv.Serve(lis)
+	}
+	h, err := NewHTTPHandler(srv)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	tc := cfg.Transport.withDefaults()
+	if cfg.TLS != nil {
+		lis = tlsListener{lis, cfg.TLS}
+	}
+	m := cmux.New(lis)
+	m.SetReadTimeout(tc.MaxConnectionIdle)
+	m.HandleError(func(error) bool { return true }) // a connection not sorted is closed; serving goes on
+	var settled sync.Map
+	grpcL := m.MatchWithWriters(matchGRPC(tc.MaxHeaderListBytes, &settled, tc))
+	httpL := m.MatchWithWriters(notFailed(&settled))
+	hs := newHTTPServer(h, tc, cfg.Log)
+	go m.Serve()
+	go hs.Serve(sniffedListener{httpL, &settled})
+	err = srv.Serve(sniffedListener{grpcL, &settled})
+	// srv stopped: its listener (the root, shared) is closed; HTTP calls in
+	// flight were closed by srv's stop (grpc-go closes ServeHTTP's calls).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if serr := hs.Shutdown(ctx); serr != nil {
+		hs.Close()
+	}
+	if errors.Is(err, cmux.ErrListenerClosed) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// NewHTTPHandler returns the http.Handler serving srv's services over
+// Connect (binary and JSON), gRPC-Web and gRPC, through vanguard's
+// transcoder in front of srv.ServeHTTP.
+func NewHTTPHandler(srv *grpc.Server) (http.Handler, error) {
+	t, err := vanguardgrpc.NewTranscoder(srv)
+	if err != nil {
+		return nil, fmt.Errorf("HTTP transcoder: %w", err)
+	}
+	methods := map[string]bool{}
+	for name, info := range srv.GetServiceInfo() {
+		for _, m := range info.Methods {
+			methods["/"+name+"/"+m.Name] = true
+		}
+	}
+	return connectUnaryByDefault(methods, t), nil
+}
+
+// connectUnaryByDefault marks a POST of a unary body (application/json,
+// application/proto) to a method's path as Connect (Connect-Protocol-Version:
+// 1) when the caller left the header out, as connect-go servers accept
+// it: vanguard would take it for REST (google.api.http), which has no
+// route at a method's path, and answer 404. So `curl -H 'Content-Type:
+// application/json' -d ... /berth.v1.SandboxService/Run` works.
+func connectUnaryByDefault(methods map[string]bool, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && methods[r.URL.Path] && r.Header.Get("Connect-Protocol-Version") == "" {
+			ct, _, _ := strings.Cut(r.Header.Get("Content-Type"), ";")
+			if ct = strings.TrimSpace(strings.ToLower(ct)); ct == "application/json" || ct == "application/proto" {
+				r.Header.Set("Connect-Protocol-Version", "1")
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// newHTTPServer is the net/http server of Serve: HTTP/1.1 and HTTP/2
+// without TLS (prior knowledge), bounded by tc, each connection carrying
+// its identity (auth.HTTPConnContext).
+func newHTTPServer(h http.Handler, tc TransportConfig, log *slog.Logger) *http.Server {
+	var protocols http.Protocols
+	protocols.SetHTTP1(true)
+	protocols.SetUnencryptedHTTP2(true)
+	hs := &http.Server{
+		Handler:           h,
+		Protocols:         &protocols,
+		ReadHeaderTimeout: tc.HandshakeTimeout,
+		IdleTimeout:       tc.MaxConnectionIdle,
+		MaxHeaderBytes:    int(tc.MaxHeaderListBytes),
+		HTTP2: &http.HTTP2Config{
+			MaxConcurrentStreams: int(tc.MaxConcurrentStreams),
+			SendPingTimeout:      30 * time.Second,
+			PingTimeout:          10 * time.Second,
+		},
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			ctx, err := auth.HTTPConnContext(ctx, c)
+			if err != nil && log != nil {
+				log.Warn("HTTP connection on the unix socket served without its peer credentials (its calls need a bearer token)", slog.Any("error", err))
+			}
+			return ctx
+		},
+	}
+	if log != nil {
+		hs.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+	}
+	return hs
+}
+
+// sniffedListener hands out cmux's connections with their socket's
+// SyscallConn, which auth reads SO_PEERCRED through. A connection to
+// which matchGRPC wrote a SETTINGS frame (recorded in settled) has the
+// client's ACK of it dropped: grpc-go ignores an extra ACK, net/http's
+// HTTP/2 server takes it for a protocol error.
+type sniffedListener struct {
+	net.Listener
+	settled *sync.Map
+}
+
+func (l sniffedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	mc, ok := c.(*cmux.MuxConn)
+	if !ok {
+		return c, nil
+	}
+	v, _ := l.settled.LoadAndDelete(mc.Conn)
+	wrote := v == wroteSettings
+	sc := &sniffedConn{MuxConn: mc, dropAck: wrote}
+	if wrote {
+		sc.prefaceLeft = len(http2.ClientPreface)
+	}
+	if _, ok := mc.Conn.(syscall.Conn); ok {
+		return sysConn{sc}, nil
+	}
+	return sc, nil
+}
+
+type sniffedConn struct {
+	*cmux.MuxConn
+	// dropAck: drop the client's next SETTINGS ACK frame. Until then
+	// Read follows the client's frames: the preface's bytes still to
+	// pass, the current frame's payload bytes, a header to hand out.
+	dropAck      bool
+	prefaceLeft  int
+	payloadLeft  int
+	pendingBytes []byte
+}
+
+// Read passes the client's bytes on, but for the first SETTINGS ACK
+// (type 4, flag ACK, empty) while dropAck holds.
+func (c *sniffedConn) Read(p []byte) (int, error) {
+	if len(c.pendingBytes) > 0 {
+		n := copy(p, c.pendingBytes)
+		c.pendingBytes = c.pendingBytes[n:]
+		return n, nil
+	}
+	if !c.dropAck || len(p) == 0 {
+		return c.MuxConn.Read(p)
+	}
+	if c.prefaceLeft > 0 {
+		n, err := c.MuxConn.Read(p[:min(len(p), c.prefaceLeft)])
+		c.prefaceLeft -= n
+		return n, err
+	}
+	if c.payloadLeft > 0 {
+		n, err := c.MuxConn.Read(p[:min(len(p), c.payloadLeft)])
+		c.payloadLeft -= n
+		return n, err
+	}
+	var h [9]byte
+	if _, err := io.ReadFull(c.MuxConn, h[:]); err != nil {
+		return 0, err
+	}
+	length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+	if length == 0 && h[3] == byte(http2.FrameSettings) && h[4]&byte(http2.FlagSettingsAck) != 0 {
+		c.dropAck = false
+		return c.MuxConn.Read(p)
+	}
+	c.payloadLeft = length
+	n := copy(p, h[:])
+	c.pendingBytes = append([]byte(nil), h[n:]...)
+	return n, nil
+}
+
+// TLSConnectionState implements auth.TLSConn: the state of a TLS
+// listener's connection (tlsListener).
+func (c *sniffedConn) TLSConnectionState() (tls.ConnectionState, bool) {
+	if t, ok := c.MuxConn.Conn.(*tls.Conn); ok {
+		return t.ConnectionState(), true
+	}
+	return tls.ConnectionState{}, false
+}
+
+// tlsListener hands out its connections as TLS servers whose handshake
+// runs at their first read: in the connection's own goroutine of cmux,
+// bounded by HandshakeTimeout (matchGRPC), never in Accept.
+type tlsListener struct {
+	net.Listener
+	cfg *tls.Config
+}
+
+func (l tlsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return tls.Server(c, l.cfg), nil
+}
+
+// sysConn is a sniffedConn whose socket has a descriptor.
+type sysConn struct{ *sniffedConn }
+
+func (c sysConn) SyscallConn() (syscall.RawConn, error) {
+	return c.MuxConn.Conn.(syscall.Conn).SyscallConn()
+}
+
+// What matchGRPC records of a connection in Serve's settled map.
+type sniffState int
+
+const (
+	wroteSettings sniffState = iota + 1 // it wrote a SETTINGS frame
+	sniffFailed                         // reading failed: timed out, closed, not HTTP/2
+)
+
+// notFailed matches every connection but those matchGRPC failed to read
+// (sniffFailed: past MaxConnectionIdle, or closed), which cmux then
+// closes, so that a connection that sends nothing is held for
+// MaxConnectionIdle once, not again by net/http.
+func notFailed(settled *sync.Map) cmux.MatchWriter {
+	return func(w io.Writer, _ io.Reader) bool {
+		if v, _ := settled.Load(w); v == sniffFailed {
+			settled.Delete(w)
+			return false
+		}
+		return true
+	}
+}
+
+// sniffFrameBytes is the largest HTTP/2 frame matchGRPC reads: the
+// default SETTINGS_MAX_FRAME_SIZE, which every client keeps to until the
+// server announces more.
+const sniffFrameBytes = 16 << 10
+
+// matchGRPC matches a connection whose first HTTP/2 request is native
+// gRPC: content-type application/grpc or application/grpc+<codec> (not
+// gRPC-Web's application/grpc-web). It writes an empty SETTINGS frame
+// when the client sends its own, as some gRPC clients (Java) wait for the
+// server's before sending a request; the server's real SETTINGS follow.
+// It reads frames of at most sniffFrameBytes and header lists of at most
+// maxHeaderBytes. It records in settled (by w, the connection) that it
+// wrote SETTINGS, so that sniffedListener drops the client's ACK of it on
+// the net/http side.
+func matchGRPC(maxHeaderBytes uint32, settled *sync.Map, tc TransportConfig) cmux.MatchWriter {
+	return func(w io.Writer, r io.Reader) bool {
+		if c, ok := w.(*tls.Conn); ok {
+			// A TLS listener's connection: its handshake is bounded by
+			// HandshakeTimeout, as grpc-go bounds it; then the sorting
+			// by what remains of MaxConnectionIdle.
+			start := time.Now()
+			c.SetDeadline(start.Add(tc.HandshakeTimeout))
+			if err := c.Handshake(); err != nil {
+				settled.Store(w, sniffFailed)
+				return false
+			}
+			c.SetWriteDeadline(time.Time{})
+			c.SetReadDeadline(start.Add(tc.MaxConnectionIdle))
+		}
+		// The preface as it arrives: a short HTTP/1.1 request differs
+		// from it before its end.
+		var preface [len(http2.ClientPreface)]byte
+		for got := 0; got < len(preface); {
+			n, err := r.Read(preface[got:])
+			got += n
+			if string(preface[:got]) != http2.ClientPreface[:got] {
+				return false
+			}
+			if err != nil {
+				settled.Store(w, sniffFailed)
+				return false
+			}
+		}
+		framer := http2.NewFramer(w, r)
+		framer.SetMaxReadFrameSize(sniffFrameBytes)
+		var contentType string
+		var found, done bool
+		var read uint32
+		dec := hpack.NewDecoder(4096, func(f hpack.HeaderField) {
+			if f.Name == "content-type" && !found {
+				contentType, found = f.Value, true
+			}
+		})
+		dec.SetMaxStringLength(int(maxHeaderBytes))
+		for !done {
+			f, err := framer.ReadFrame()
+			if err != nil {
+				settled.Store(w, sniffFailed)
+				return false
+			}
+			var fragment []byte
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					if err := framer.WriteSettings(); err != nil {
+						return false
+					}
+					settled.Store(w, wroteSettings)
+				}
+			case *http2.HeadersFrame:
+				fragment, done = f.HeaderBlockFragment(), f.HeadersEnded()
+			case *http2.ContinuationFrame:
+				fragment, done = f.HeaderBlockFragment(), f.HeadersEnded()
+			}
+			if read += uint32(len(fragment)); read > maxHeaderBytes {
+				// Too large for gRPC's transport too: grpc-go refuses it there.
+				return true
+			}
+			if _, err := dec.Write(fragment); err != nil {
+				return false
+			}
+			done = done || found
+		}
+		return contentType == "application/grpc" || strings.HasPrefix(contentType, "application/grpc+")
+	}
+}
