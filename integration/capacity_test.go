@@ -137,6 +137,13 @@ func TestPoolFull(t *testing.T) {
 	// Cleanups run last first: this one after the filler's delete.
 	t.Cleanup(func() { waitPoolFree(t, root) })
 	filler := createSandbox(t, c, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{DiskBytes: size}})
+	// Before the delete (cleanups run last first): empty the workspace from
+	// inside, so that containerd, whose snapshot metadata (metadata.db) is
+	// on this pool, has room to record the removal. In CI8 the pool stayed
+	// full a minute after the delete and every later test hit ENOSPC.
+	t.Cleanup(func() {
+		_, _ = c.Run(context.Background(), filler.GetId(), &berthv1.ProcessSpec{Argv: []string{"sh", "-c", "rm -rf /workspace/f* /workspace/m; sync"}})
+	})
 	// Allocate data in ever smaller pieces until nothing more fits (btrfs
 	// refuses a fallocate larger than what is free as a whole), then fill
 	// the metadata with files small enough to be stored inline (up to

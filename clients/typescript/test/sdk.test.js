@@ -316,7 +316,7 @@ test("examples/node/bot.js: the bot loop in under 40 lines", async () => {
       { env: { ...process.env, BERTH_SDK: path.resolve(__dirname, "..") } }, (err, stdout, stderr) => resolve({ code: err ? err.code : 0, text: stdout + stderr }));
   });
   assert.equal(out.code, 0, out.text);
-  for (const want of ["  | calc says 5", "tests: exit 1", "  | PASS", "after the fix: exit 0", "typed error: FILE_NOT_FOUND /workspace/project/notes.txt",
+  for (const want of ["  | calc says 5", "tests: exit 1", "PASS", "after the fix: exit 0", "typed error: FILE_NOT_FOUND /workspace/project/notes.txt",
     "timeout: timedOut=true signal=SIGTERM"]) {
     assert.ok(out.text.includes(want), `bot.js output lacks ${JSON.stringify(want)}:\n${out.text}`);
   }
