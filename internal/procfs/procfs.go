@@ -134,16 +134,34 @@ func ThreadStates(pid uint32) []byte {
 	}
 	states := make([]byte, 0, len(tasks))
 	for _, task := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
-		if err != nil {
-			continue
-		}
-		// The state, field 3, follows the command name's last ')'.
-		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
-			states = append(states, b[i+2])
+		if state, ok := stateOf(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name())); ok {
+			states = append(states, state)
 		}
 	}
 	return states
+}
+
+// stateOf returns the state, field 3, of the stat file at path (proc(5)),
+// read into a buffer on the stack: the exec path asks once an exec
+// (Stopped). The state follows the command name's last ')'; the name is
+// at most 64 bytes (a kernel thread's, TASK_COMM_LEN for others) and the
+// fields after it hold no ')', so the line's first 256 bytes hold both.
+func stateOf(path string) (byte, bool) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(fd)
+	var buf [256]byte
+	n, err := unix.Read(fd, buf[:])
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	b := buf[:n]
+	if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) {
+		return b[i+2], true
+	}
+	return 0, false
 }
 
 // WorkingState reports whether a thread in state (field 3 of
@@ -235,8 +253,11 @@ func statField(file, key string) (uint64, error) {
 // Stopped reports whether host process pid is stopped by a signal
 // (state T, or t when traced, in /proc/<pid>/stat, proc(5)).
 func Stopped(pid uint32) bool {
-	fields, err := Stat(pid)
-	return err == nil && (fields[3] == "T" || fields[3] == "t")
+	if pid == 0 {
+		return false
+	}
+	state, ok := stateOf("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	return ok && (state == 'T' || state == 't')
 }
 
 // ProcessID returns host process pid as "<pid>:<start time>" (the start

@@ -60,9 +60,12 @@ func diskFS(fsType int64) bool {
 // from it, and returns its fstat(2). The descriptor comes from the
 // sandbox and is untrusted: it must be a regular file (a FIFO, socket or
 // device could block a read or yield anything), of a disk file system
-// (diskFS), the file the agent named (dev, ino of its fstat) and in the
-// state the header described (size, modification time): otherwise berthd
-// does not read it and the read goes through the agent.
+// (diskFS), open read-only as the agent opens it (not write-only, O_PATH
+// or O_DIRECT, whose pread(2) fails: berthd would have sent the header
+// and then an error the agent's own read would not give), the file the
+// agent named (dev, ino of its fstat) and in the state the header
+// described (size, modification time): otherwise berthd does not read it
+// and the read goes through the agent.
 func checkTaken(fd int, open *agentv1.OpenFile, info *berthv1.FileInfo) (unix.Stat_t, error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
@@ -77,6 +80,13 @@ func checkTaken(fd int, open *agentv1.OpenFile, info *berthv1.FileInfo) (unix.St
 	}
 	if !diskFS(sfs.Type) {
 		return st, fmt.Errorf("on a file system of type %#x, not a local disk's", sfs.Type)
+	}
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil {
+		return st, fmt.Errorf("fcntl F_GETFL: %w", err)
+	}
+	if flags&unix.O_ACCMODE != unix.O_RDONLY || flags&(unix.O_PATH|unix.O_DIRECT) != 0 {
+		return st, fmt.Errorf("not open read-only as the agent opens a file (flags %#o)", flags)
 	}
 	if st.Dev != open.GetDev() || st.Ino != open.GetIno() {
 		return st, fmt.Errorf("file %d:%d, not %d:%d the agent named", st.Dev, st.Ino, open.GetDev(), open.GetIno())

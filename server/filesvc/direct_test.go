@@ -49,7 +49,8 @@ func openFD(t *testing.T, path string, flags int) int {
 // reads directly, a 10-byte regular file (its descriptor good) and opens
 // what an agent could hand instead of it: a FIFO (whose read would wait
 // for a writer), a socket, a directory, a device, a procfs file, another
-// regular file of the same bytes, an empty file.
+// regular file of the same bytes, an empty file, and the good file itself
+// opened so that pread(2) fails (write-only, O_PATH, O_DIRECT).
 func hostileFiles(t *testing.T) (good int, hostile map[string]int) {
 	t.Helper()
 	dir := t.TempDir()
@@ -81,15 +82,19 @@ func hostileFiles(t *testing.T) (good int, hostile map[string]int) {
 		"procfs":     openFD(t, "/proc/self/status", unix.O_RDONLY),
 		"other file": openFD(t, filepath.Join(dir, "g"), unix.O_RDONLY),
 		"empty file": openFD(t, filepath.Join(dir, "empty"), unix.O_RDONLY),
+		"write-only": openFD(t, filepath.Join(dir, "f"), unix.O_WRONLY),
+		"O_PATH":     openFD(t, filepath.Join(dir, "f"), unix.O_PATH),
+		"O_DIRECT":   openFD(t, filepath.Join(dir, "f"), unix.O_RDONLY|unix.O_DIRECT),
 	}
 }
 
 // TestCheckTakenRefuses: berthd reads a descriptor taken from an agent
 // only when it is the regular file of a disk file system the agent named,
-// as the header described it. A FIFO (whose read would wait for a
-// writer), a socket, a directory, a device, a pseudo file, a file other
-// than the one named and a file that changed since are refused, and the
-// read goes through the agent.
+// as the header described it, open for reading as the agent opens it. A
+// FIFO (whose read would wait for a writer), a socket, a directory, a
+// device, a pseudo file, a file other than the one named, the named file
+// open so that a read fails, and a file that changed since are refused,
+// and the read goes through the agent.
 func TestCheckTakenRefuses(t *testing.T) {
 	good, hostile := hostileFiles(t)
 	open, info := describe(t, good)
@@ -280,8 +285,9 @@ func (s *recordingSink) SendMsg(m any) error {
 // TestReadDirectHostileDescriptors: whatever descriptor an agent hands
 // berthd, berthd reads only a regular file of a disk file system that is
 // the one the header described; for a FIFO, a socket, a directory, a
-// device, a procfs file, another file or a file without the data (empty
-// where the header said 10 bytes) it sends the caller nothing, closes
+// device, a procfs file, another file, a file without the data (empty
+// where the header said 10 bytes) or the file itself open write-only,
+// O_PATH or O_DIRECT (a pread(2) would fail) it sends the caller nothing, closes
 // what it took and reports that the read must go through the agent.
 func TestReadDirectHostileDescriptors(t *testing.T) {
 	good, hostile := hostileFiles(t)

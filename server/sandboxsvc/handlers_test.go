@@ -61,6 +61,8 @@ type fakeStore struct {
 	snapFreeze bool
 	// committed are the CommitSnapshot calls that reached the store.
 	committed []runtime.CommitOptions
+	// hibernated are the sandboxes whose Hibernate reached the store.
+	hibernated []string
 }
 
 func newFakeStore(t *testing.T) *fakeStore {
@@ -256,7 +258,12 @@ func (f *fakeStore) Pause(ctx context.Context, id string) error {
 	return ctx.Err()
 }
 
-func (f *fakeStore) Hibernate(context.Context, string) (uint32, error) { return 0, nil }
+func (f *fakeStore) Hibernate(_ context.Context, id string) (uint32, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hibernated = append(f.hibernated, id)
+	return 0, nil
+}
 
 func (f *fakeStore) Woken(context.Context, string) error { return nil }
 
@@ -813,6 +820,49 @@ func TestForkSandboxBounds(t *testing.T) {
 	_, err := s.ForkSandbox(as(bob), &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1})
 	if got := answerOf(err); got.code != codes.NotFound {
 		t.Errorf("bob's fork of alice's sandbox: %+v (%v), want NOT_FOUND", got, err)
+	}
+}
+
+// TestFreezeOthersSandbox: another principal's PauseSandbox, ResumeSandbox
+// and HibernateSandbox of a sandbox are NOT_FOUND, as for a sandbox that
+// does not exist, and never reach the runtime: the sandbox is neither
+// frozen nor hibernated. Its owner's HibernateSandbox reaches it.
+func TestFreezeOthersSandbox(t *testing.T) {
+	s, st := newHandlers(t)
+	id := "sb-alices"
+	st.put(runtime.SandboxSpec{ID: id, Image: "berth.dev/base:latest", Owner: "alice"})
+	calls := map[string]func() error{
+		"PauseSandbox": func() error {
+			_, err := s.PauseSandbox(as(bob), &berthv1.PauseSandboxRequest{SandboxId: id})
+			return err
+		},
+		"ResumeSandbox": func() error {
+			_, err := s.ResumeSandbox(as(bob), &berthv1.ResumeSandboxRequest{SandboxId: id})
+			return err
+		},
+		"HibernateSandbox": func() error {
+			_, err := s.HibernateSandbox(as(bob), &berthv1.HibernateSandboxRequest{SandboxId: id})
+			return err
+		},
+	}
+	for name, call := range calls {
+		if got := answerOf(call()); got.code != codes.NotFound || got.reason != rpcstatus.ReasonSandboxNotFound {
+			t.Errorf("bob's %s of alice's sandbox: %+v, want NOT_FOUND SANDBOX_NOT_FOUND", name, got)
+		}
+	}
+	st.mu.Lock()
+	frozen, hibernated := st.frozen[id], st.hibernated
+	st.mu.Unlock()
+	if frozen || len(hibernated) != 0 {
+		t.Errorf("after bob's calls: frozen %v, hibernated %v; want neither", frozen, hibernated)
+	}
+	if _, err := s.HibernateSandbox(as(alice), &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatalf("alice's HibernateSandbox of her sandbox: %v", err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.hibernated) != 1 || st.hibernated[0] != id {
+		t.Errorf("after alice's HibernateSandbox the store hibernated %v, want [%s]", st.hibernated, id)
 	}
 }
 
