@@ -228,6 +228,14 @@ func imageLayerDigest(t *testing.T, ns, snapshotter, id string) map[string]strin
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// The view below is held by nothing else: without a lease containerd's
+	// garbage collector (scheduled by any deletion berthd makes meanwhile)
+	// removes it while it is being walked.
+	ctx, done, err := cc.WithLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done(context.WithoutCancel(ctx))
 	sn := cc.SnapshotService(snapshotter)
 	mounts, err := sn.Mounts(ctx, id)
 	if err != nil {

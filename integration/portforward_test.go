@@ -344,7 +344,7 @@ func TestPortForwardPath(t *testing.T) {
 	need(t)
 	for _, tc := range []struct {
 		runtime     string
-		agentHolds  int // sockets the agent holds more while the connection is open
+		agentHolds  int // the agent's connections to the port while one is forwarded
 		description string
 	}{
 		{"runc", 0, "berthd dials in the sandbox's network namespace"},
@@ -359,33 +359,29 @@ func TestPortForwardPath(t *testing.T) {
 			c := dialClient(t, env.berthdAddr)
 			id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: tc.runtime}).GetId()
 			startInSandbox(t, c, id, 9002, "nc", "-ll", "-p", "9002", "-e", "cat")
-			// The agent's sockets: from the host for runc (the agent is not
-			// dumpable, so the sandbox cannot read its fds); inside for
-			// gVisor, whose sockets the host does not see.
 			sb, err := c.GetSandbox(ctx, id)
 			if err != nil {
 				t.Fatal(err)
 			}
 			pid := sb.GetRuntime().GetTaskPid()
-			agentSockets := func() int {
-				if tc.runtime == "gvisor" {
-					out := run(t, id, "sh", "-c", "ls -l /proc/1/fd | grep -c socket:")
-					n, err := strconv.Atoi(strings.TrimSpace(string(out.GetStdout())))
-					if err != nil || n == 0 || len(out.GetStderr()) > 0 {
-						t.Fatalf("sockets of the agent: %q %q", out.GetStdout(), out.GetStderr())
-					}
-					return n
+			// The agent's TCP connections to the port: counted by socket
+			// inode, so that its other sockets (berthd's connections come
+			// and go) do not count. waitPort's probe connection closes
+			// after its stream ends: wait (bounded) until it has gone.
+			deadline := time.Now().Add(30 * time.Second)
+			for n := agentConnsTo(t, tc.runtime, id, pid, 9002); n != 0; n = agentConnsTo(t, tc.runtime, id, pid, 9002) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent still holds %d connections to port 9002 with no forward open", n)
 				}
-				return hostSockets(t, pid)
+				time.Sleep(20 * time.Millisecond)
 			}
-			before := agentSockets()
 			pc, err := c.PortForward(ctx, id, 9002)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer pc.Close()
-			if during := agentSockets(); during != before+tc.agentHolds {
-				t.Errorf("the agent holds %d sockets with a forwarded connection open, %d without; want %d more (%s)", during, before, tc.agentHolds, tc.description)
+			if during := agentConnsTo(t, tc.runtime, id, pid, 9002); during != tc.agentHolds {
+				t.Errorf("the agent holds %d connections to port 9002 with a forwarded connection open; want %d (%s)", during, tc.agentHolds, tc.description)
 			}
 			echoThrough(t, pc)
 			_, err = c.PortForward(ctx, id, 9)
@@ -398,22 +394,57 @@ func TestPortForwardPath(t *testing.T) {
 	}
 }
 
-// hostSockets counts the sockets host process pid holds (it must hold
-// one).
-func hostSockets(t *testing.T, pid uint32) int {
+// agentConnsTo counts the TCP connections to port that the sandbox's
+// agent (task pid, PID 1 inside) holds: its socket inodes
+// (/proc/<pid>/fd) that /proc/net/tcp and tcp6 of its network namespace
+// list with that remote port (proc(5)). runc: read from the host (the
+// agent is not dumpable, so the sandbox cannot read its fds); gVisor:
+// read inside, whose sockets and network stack the host does not see.
+func agentConnsTo(t *testing.T, runtime, id string, pid uint32, port uint16) int {
 	t.Helper()
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, fd := range fds {
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name())); err == nil && strings.HasPrefix(l, "socket:") {
-			n++
+	var fds, tables string
+	if runtime == "gvisor" {
+		out := run(t, id, "sh", "-c", "ls -l /proc/1/fd; echo ==; cat /proc/net/tcp /proc/net/tcp6")
+		var ok bool
+		if fds, tables, ok = strings.Cut(string(out.GetStdout()), "==\n"); !ok || len(out.GetStderr()) > 0 {
+			t.Fatalf("sockets of the agent: %q %q", out.GetStdout(), out.GetStderr())
+		}
+	} else {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b strings.Builder
+		for _, e := range ents {
+			if l, err := os.Readlink(dir + "/" + e.Name()); err == nil {
+				b.WriteString(l + "\n")
+			}
+		}
+		fds = b.String()
+		for _, f := range []string{"tcp", "tcp6"} {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tables += string(data)
 		}
 	}
-	if n == 0 {
-		t.Fatalf("process %d holds no socket", pid)
+	held := make(map[string]bool)
+	for _, m := range regexp.MustCompile(`socket:\[(\d+)\]`).FindAllStringSubmatch(fds, -1) {
+		held[m[1]] = true
+	}
+	if len(held) == 0 {
+		t.Fatalf("the agent of %s holds no socket: %q", id, fds)
+	}
+	suffix := fmt.Sprintf(":%04X", port)
+	n := 0
+	for _, line := range strings.Split(tables, "\n") {
+		// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+		f := strings.Fields(line)
+		if len(f) > 9 && strings.HasSuffix(f[2], suffix) && held[f[9]] {
+			n++
+		}
 	}
 	return n
 }
@@ -450,14 +481,13 @@ func TestPortForwardAfterRestart(t *testing.T) {
 	id, pid := created.GetSandbox().GetId(), created.GetSandbox().GetRuntime().GetTaskPid()
 	forward := func(c *client.Client) {
 		t.Helper()
-		before := hostSockets(t, pid)
 		pc, err := c.PortForward(ctx, id, 9004)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer pc.Close()
-		if during := hostSockets(t, pid); during != before {
-			t.Errorf("the agent holds %d sockets with a forwarded connection open, %d without; want berthd to hold it", during, before)
+		if during := agentConnsTo(t, "runc", id, pid, 9004); during != 0 {
+			t.Errorf("the agent holds %d connections to port 9004 with a forwarded connection open; want berthd to hold it", during)
 		}
 		echoThrough(t, pc)
 	}
