@@ -79,7 +79,11 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 	if err != nil {
 		return nil, err
 	}
-	defer c.release()
+	defer func() {
+		if err := c.release(); err != nil {
+			m.log.Error("delete a fork's copy; it stays until berthd's next start", slog.String("sandbox_id", id), slog.Any("error", err))
+		}
+	}()
 	defer c.resumed()
 	created := make([]Created, req.Count)
 	g, gctx := errgroup.WithContext(ctx)
@@ -120,7 +124,7 @@ type forkCopying struct {
 	// was) and releases its lifecycle lock.
 	resumed func()
 	// release deletes the copy.
-	release func()
+	release func() error
 }
 
 // forkCopy copies sandbox id's root for a fork under its lifecycle lock,

@@ -64,9 +64,10 @@ const (
 // snapshot under freeze, see snapshotFrozen), and returns its id — a
 // SandboxSpec.FromSnapshot for each child — and release, to be called once
 // the children exist or have failed: it deletes the copy, which the
-// children do not need once made. The copy's steps are recorded in ph (nil
+// children do not need once made (an error of it leaves the copy until
+// berthd's next start). The copy's steps are recorded in ph (nil
 // for none). Errors as for CreateSnapshot.
-func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), ph *Phases) (_ string, release func(), err error) {
+func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), ph *Phases) (_ string, release func() error, err error) {
 	c := r.begin(ctx, "fork sandbox "+id)
 	defer c.end(&err)
 	_, root, src, err := r.copySource(ctx, id)
@@ -74,6 +75,7 @@ func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(conte
 		return "", nil, err
 	}
 	r.dropOrphanForkCopies(root)
+	c.changes()
 	forkID := newStoredID("fork-")
 	dir := r.forkCopyDir(root, forkID)
 	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
@@ -82,14 +84,14 @@ func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(conte
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return "", nil, fmt.Errorf("directory of fork copy %s: %w", forkID, err)
 	}
-	release = func() { removeForkCopy(dir) }
+	release = func() error { return removeForkCopy(dir) }
 	if err := os.WriteFile(filepath.Join(dir, forkCopyHolder), []byte(procfs.ProcessID(os.Getpid())), 0o600); err != nil {
-		release()
+		_ = release()
 		return "", nil, fmt.Errorf("fork copy %s: %w", forkID, err)
 	}
 	ph.Done("prepare")
 	if err := snapshotFrozen(ctx, src, filepath.Join(dir, "root"), true, freeze, ph); err != nil {
-		release()
+		_ = release()
 		return "", nil, err
 	}
 	return forkID, release, nil
