@@ -230,7 +230,8 @@ func TestForkSandbox(t *testing.T) {
 
 // TestForkOfForkReclaims: a fork of a forked sandbox sees both forks'
 // writes, and neither fork leaves a copy behind: deleting the child does
-// not touch the grandchild's files.
+// not touch the grandchild's files, and a snapshot of the grandchild (and
+// a sandbox from it) holds them.
 func TestForkOfForkReclaims(t *testing.T) {
 	need(t)
 	svc := env.sandboxes
@@ -253,6 +254,22 @@ func TestForkOfForkReclaims(t *testing.T) {
 	}
 	if got := shellOut(t, svc, grandchild, "cat /workspace/f"); got != "one\ntwo\n" {
 		t.Errorf("grandchild's file %q after its parent's deletion, want one and two", got)
+	}
+	// A snapshot of a forked sandbox, and a sandbox made from it, hold
+	// its files; deleting them leaves no copy.
+	snap := createSnapshotOn(t, svc, grandchild, nil)
+	from := fromSnapshotOn(t, svc, snap.GetId())
+	if got := shellOut(t, svc, from, "cat /workspace/f"); got != "one\ntwo\n" {
+		t.Errorf("file of a sandbox from a snapshot of the grandchild %q, want one and two", got)
+	}
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: from}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: snap.GetId()}); err != nil {
+		t.Errorf("DeleteSnapshot of the grandchild's snapshot: %v", err)
+	}
+	if left := forkCopies(t, env.namespace); !slices.Equal(left, before) {
+		t.Errorf("fork copies %v after the snapshot's deletion, want %v", left, before)
 	}
 }
 
