@@ -137,6 +137,11 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 	}
 	spec.Owner, spec.Pooled = p.Name, false
 	spec.Fork = runtime.ForkOrigin{Parent: id, RequestID: req.RequestID, Count: req.Count}
+	admitted, err := m.admitCopy(ctx, st, id, p)
+	if err != nil {
+		return runtime.SandboxSpec{}, "", nil, err
+	}
+	defer admitted()
 	forkID, release, err := st.ForkSnapshot(ctx, id, p.Name, m.freezer(id, "fork"))
 	if err != nil {
 		return runtime.SandboxSpec{}, "", nil, err

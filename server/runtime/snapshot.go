@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,7 +61,10 @@ const (
 	labelSnapshotCreated = LabelPrefix + "snapshot.created" // RFC 3339 nano
 	labelSnapshotLabels  = LabelPrefix + "snapshot.labels"  // JSON object
 	labelSnapshotRootFS  = LabelPrefix + "snapshot.rootfs"  // RootFSIDMapped
-	labelGCRoot          = "containerd.io/gc.root"
+	// labelSnapshotDisk is the bytes the copy counts against its owner's
+	// disk (StoredDisk): its sandbox's exclusive bytes when it was taken.
+	labelSnapshotDisk = LabelPrefix + "snapshot.disk-bytes"
+	labelGCRoot       = "containerd.io/gc.root"
 	// labelFromSnapshot on a sandbox names the stored snapshot it was
 	// created from.
 	labelFromSnapshot = LabelPrefix + "from-snapshot"
@@ -108,6 +112,8 @@ type Snapshot struct {
 	Image     string // the source sandbox's image
 	Created   time.Time
 	SizeBytes int64 // what it holds beyond its image
+	// DiskBytes is what it counts against its owner's disk (StoredDisk).
+	DiskBytes uint64
 	Labels    map[string]string
 }
 
@@ -170,6 +176,9 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 	if sb.RootFS != RootFSIDMapped {
 		return fmt.Errorf("%w: sandbox %s's root is not idmapped (%s): its files are stored under host ids, which another sandbox could not share", ErrSnapshotUnsupported, id, rootFSName(sb.RootFS))
 	}
+	if err := r.checkHeadroom(c.op); err != nil {
+		return err
+	}
 	root, err := r.btrfsRoot(ctx)
 	if err != nil {
 		return err
@@ -218,6 +227,11 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 	// half-made subvolume); a wedged file system still ends it.
 	frozen, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	err = syncfs(src)
+	var disk uint64
+	if err == nil {
+		// Synced, the quota group counts every write the copy takes.
+		disk = r.exclusiveAt(src)
+	}
 	if err == nil {
 		err = btrfs(frozen, "subvolume", "snapshot", src, next)
 	}
@@ -243,6 +257,7 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 		labelSnapshotImage:   sb.Image,
 		labelSnapshotCreated: created.Format(time.RFC3339Nano),
 		labelSnapshotRootFS:  RootFSIDMapped,
+		labelSnapshotDisk:    strconv.FormatUint(disk, 10),
 	}
 	maps.Copy(labels, extra)
 	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(labels)); err != nil {
@@ -250,6 +265,20 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 	}
 	committed = true
 	return nil
+}
+
+// exclusiveAt returns the exclusive bytes of the btrfs subvolume at path
+// (its quota group's), zero when they cannot be read (no quotas).
+func (r *Runtime) exclusiveAt(path string) uint64 {
+	if r.quota == nil {
+		return 0
+	}
+	id, err := qgroup.SubvolIDAt(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := r.quota.Exclusive(id)
+	return n
 }
 
 // rootFSName names a sandbox's RootFS for messages.
@@ -299,6 +328,7 @@ func (r *Runtime) describeSnapshot(ctx context.Context, info snapshots.Info) Sna
 	if u, err := r.client.SnapshotService(r.cfg.Snapshotter).Usage(ctx, info.Name); err == nil {
 		s.SizeBytes = u.Size
 	}
+	s.DiskBytes = storedBytes(info, s.SizeBytes)
 	return s
 }
 
