@@ -90,11 +90,14 @@ func (m *Manager) admitCopy(ctx context.Context, st snapshots, id string, p auth
 // freezer returns the freeze of sandbox id for a copy of its root
 // (runtime.Runtime.CreateSnapshot's freeze): it pauses the sandbox and
 // returns the function that resumes it, or, for a sandbox paused already,
-// one that leaves it paused. what names the copy in messages ("snapshot",
-// "fork"). The caller holds the sandbox's lifecycle lock.
+// one that leaves it paused. A hibernated sandbox has no process to
+// freeze and nothing writes its files: it is copied as it is and stays
+// hibernated (no wake). what names the copy in messages ("snapshot",
+// "fork"). The caller holds the sandbox's lifecycle lock, which a wake
+// takes too.
 func (m *Manager) freezer(id, what string) func(context.Context) (func(), error) {
 	return func(ctx context.Context) (func(), error) {
-		if m.reach.Paused(id) {
+		if m.reach.Paused(id) || m.reach.Hibernated(id) {
 			return func() {}, nil
 		}
 		if err := m.reach.Pause(ctx, id); err != nil {
