@@ -184,11 +184,12 @@ func TestPoolFullDelete(t *testing.T) {
 }
 
 // fillPool fills the pool at root from inside sandbox id: data with
-// fallocate, in ever smaller pieces until nothing more fits (btrfs refuses
-// a fallocate larger than what is free as a whole), then metadata with
-// files small enough to be stored inline (up to max_inline, 2 KiB): a
-// btrfs whose data is full still makes snapshots while its metadata has
-// room. The loops end at ENOSPC, or at bounds far past a 20 GiB pool.
+// fallocate, in ever smaller pieces down to one 4 KiB block until nothing
+// more fits (btrfs refuses a fallocate larger than what is free as a
+// whole), then metadata with files small enough to be stored inline (up
+// to max_inline, 2 KiB), where any room is left for them (on a pool whose
+// data is full to the last block btrfs refuses them too). The loops end at
+// ENOSPC, or at bounds far past a 20 GiB pool.
 func fillPool(t *testing.T, c *client.Client, id, root string) {
 	t.Helper()
 	ctx := fileCtx(t)

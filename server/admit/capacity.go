@@ -228,15 +228,40 @@ func (c *Capacity) AdmitSandbox(ctx context.Context, id string, want Held) (rele
 	if l.MaxSandboxes <= 0 && l.MemoryBudget == 0 && l.DiskBudget == 0 && l.DiskBudgetNow == nil && !l.PerPrincipal.any() {
 		return func() {}, nil
 	}
+	return c.admit(ctx, id, id, want)
+}
+
+// AdmitStored admits a stored copy of sandbox id — a snapshot, a fork's
+// copy, an image committed from a snapshot — that principal owner takes
+// and that may come to hold bytes of the pool alone, within the server's
+// disk budget and owner's disk cap, counting the copies that exist
+// (Held.Stored) with the sandboxes. It refuses with a *apierr.FleetBusy
+// naming the limit, like AdmitSandbox; release must be called once the
+// copy exists (it is then counted as it is) or has failed.
+func (c *Capacity) AdmitStored(ctx context.Context, id, owner string, bytes uint64) (release func(), err error) {
+	l := c.limits
+	if l.DiskBudget == 0 && l.DiskBudgetNow == nil && l.PerPrincipal.DiskBytes == 0 {
+		return func() {}, nil
+	}
+	// Pending under a key of its own, which no sandbox has: the sandbox
+	// itself is counted, and so is every other copy pending.
+	key := fmt.Sprintf("stored-copy-of/%s/%d", id, c.copies.Add(1))
+	return c.admit(ctx, id, key, Held{Owner: owner, DiskBytes: bytes, Stored: true})
+}
+
+// admit is AdmitSandbox and AdmitStored: it admits want, held pending
+// under key, for sandbox id (named in refusals).
+func (c *Capacity) admit(ctx context.Context, id, key string, want Held) (release func(), err error) {
+	l := c.limits
 	c.createMu.Lock()
 	defer c.createMu.Unlock()
 	l.DiskBudget = c.diskBudget()
 	existing, err := c.usage(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("count sandboxes: %w", err)
+		return nil, fmt.Errorf("count sandboxes and stored copies: %w", err)
 	}
 	all := c.held(existing)
-	if _, ok := all[id]; ok {
+	if _, ok := all[key]; ok {
 		return func() {}, nil
 	}
 	var server tally
@@ -254,47 +279,10 @@ func (c *Capacity) AdmitSandbox(ctx context.Context, id string, want Held) (rele
 	case l.DiskBudget > 0 && addSaturating(server.disk, want.DiskBytes) > l.DiskBudget:
 		return nil, busy(berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, l.DiskBudget, server.disk, want.DiskBytes)
 	}
-	if err := c.checkPrincipal(id, all, want); err != nil {
-		return nil, err
-	}
-	return c.hold(id, want), nil
-}
-
-// AdmitStored admits a stored copy of sandbox id — a snapshot, a fork's
-// copy, an image committed from a snapshot — that principal owner takes
-// and that may come to hold bytes of the pool alone, within the server's
-// disk budget and owner's disk cap, counting the copies that exist
-// (Held.Stored) with the sandboxes. It refuses with a *apierr.FleetBusy
-// naming the limit, like AdmitSandbox; release must be called once the
-// copy exists (it is then counted as it is) or has failed.
-func (c *Capacity) AdmitStored(ctx context.Context, id, owner string, bytes uint64) (release func(), err error) {
-	l := c.limits
-	if l.DiskBudget == 0 && l.DiskBudgetNow == nil && l.PerPrincipal.DiskBytes == 0 {
-		return func() {}, nil
-	}
-	c.createMu.Lock()
-	defer c.createMu.Unlock()
-	l.DiskBudget = c.diskBudget()
-	existing, err := c.usage(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("count sandboxes and snapshots: %w", err)
-	}
-	all := c.held(existing)
-	var server tally
-	for _, h := range all {
-		server.add(h)
-	}
-	if l.DiskBudget > 0 && addSaturating(server.disk, bytes) > l.DiskBudget {
-		return nil, &apierr.FleetBusy{SandboxID: id, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, Limit: l.DiskBudget, InUse: server.disk, Requested: bytes, RetryDelay: l.RetryDelay}
-	}
-	want := Held{Owner: owner, DiskBytes: bytes, Stored: true}
-	// Pending under a key of its own, which no sandbox has: the sandbox
-	// itself is counted, and so is every other copy pending.
-	key := fmt.Sprintf("stored-copy-of/%s/%d", id, c.copies.Add(1))
 	if err := c.checkPrincipal(key, all, want); err != nil {
-		var busy *apierr.FleetBusy
-		if errors.As(err, &busy) {
-			busy.SandboxID = id
+		var b *apierr.FleetBusy
+		if errors.As(err, &b) {
+			b.SandboxID = id
 		}
 		return nil, err
 	}
