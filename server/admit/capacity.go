@@ -76,7 +76,7 @@ type Held struct {
 	// MemoryBytes is its memory cap in bytes (zero: none, counted zero).
 	MemoryBytes uint64
 	// DiskBytes is its disk quota in bytes (zero: none, counted zero);
-	// for a stored copy, the bytes of the pool it alone holds.
+	// for a stored copy, the bytes it counts (runtime.Runtime.StoredDisk).
 	DiskBytes uint64
 	// Stored is true for a stored snapshot or a fork's copy
 	// (runtime.Runtime.StoredDisk): it holds disk against the server's

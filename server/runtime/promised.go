@@ -19,7 +19,7 @@ type Promise struct {
 	// MemoryBytes is its memory cap in bytes; zero: none.
 	MemoryBytes uint64
 	// DiskBytes is its disk quota in bytes; zero: none. For a stored
-	// copy (Stored), the bytes of the pool it alone holds.
+	// copy (Stored), the bytes it counts (StoredDisk).
 	DiskBytes uint64
 	// Stored is true for a stored snapshot or a fork's copy (StoredDisk),
 	// which holds disk and nothing else: no sandbox, no memory.
