@@ -74,6 +74,9 @@ func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(conte
 	if err != nil {
 		return "", nil, err
 	}
+	if err := r.checkHeadroom(c.op); err != nil {
+		return "", nil, err
+	}
 	r.dropOrphanForkCopies(root)
 	c.changes()
 	forkID := newStoredID("fork-")
@@ -90,7 +93,7 @@ func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(conte
 		return "", nil, fmt.Errorf("fork copy %s: %w", forkID, err)
 	}
 	ph.Done("prepare")
-	if err := snapshotFrozen(ctx, src, filepath.Join(dir, "root"), true, freeze, ph); err != nil {
+	if _, err := r.snapshotFrozen(ctx, src, filepath.Join(dir, "root"), true, freeze, ph); err != nil {
 		_ = release()
 		return "", nil, err
 	}

@@ -532,6 +532,9 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if image.Labels()[labelImagePrivateTo] != "" && (spec.Pooled || spec.Owner == "") {
 		return fmt.Errorf("%w: %s", ErrImageHidden, spec.Image)
 	}
+	if err := r.checkHeadroom(c.op); err != nil {
+		return err
+	}
 	unpacked, err := image.IsUnpacked(step, r.cfg.Snapshotter)
 	if err != nil {
 		return fmt.Errorf("check unpacked image %s: %w", spec.Image, err)

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -59,7 +60,10 @@ const (
 	labelSnapshotCreated = LabelPrefix + "snapshot.created" // RFC 3339 nano
 	labelSnapshotLabels  = LabelPrefix + "snapshot.labels"  // JSON object
 	labelSnapshotRootFS  = LabelPrefix + "snapshot.rootfs"  // RootFSIDMapped
-	labelGCRoot          = "containerd.io/gc.root"
+	// labelSnapshotDisk is the bytes the copy counts against its owner's
+	// disk (StoredDisk): its sandbox's exclusive bytes when it was taken.
+	labelSnapshotDisk = LabelPrefix + "snapshot.disk-bytes"
+	labelGCRoot       = "containerd.io/gc.root"
 	// labelFromSnapshot on a sandbox names the stored snapshot it was
 	// created from.
 	labelFromSnapshot = LabelPrefix + "from-snapshot"
@@ -107,6 +111,8 @@ type Snapshot struct {
 	Image     string // the source sandbox's image
 	Created   time.Time
 	SizeBytes int64 // what it holds beyond its image
+	// DiskBytes is what it counts against its owner's disk (StoredDisk).
+	DiskBytes uint64
 	Labels    map[string]string
 }
 
@@ -161,6 +167,9 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 	if err != nil {
 		return err
 	}
+	if err := r.checkHeadroom(c.op); err != nil {
+		return err
+	}
 	sn := r.client.SnapshotService(r.cfg.Snapshotter)
 	info, err := sn.Stat(ctx, id)
 	if err != nil {
@@ -188,7 +197,8 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 	// of tmp without its subvolume, which the snapshotter's own Remove
 	// then fails on at every garbage collection.
 	next := dst + ".berth-next"
-	if err := snapshotFrozen(ctx, src, next, false, freeze, ph); err != nil {
+	disk, err := r.snapshotFrozen(ctx, src, next, false, freeze, ph)
+	if err != nil {
 		return err
 	}
 	if err := replaceSubvolume(next, dst); err != nil {
@@ -202,6 +212,7 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 		labelSnapshotImage:   sb.Image,
 		labelSnapshotCreated: created.Format(time.RFC3339Nano),
 		labelSnapshotRootFS:  RootFSIDMapped,
+		labelSnapshotDisk:    strconv.FormatUint(disk, 10),
 	}
 	maps.Copy(labels, extra)
 	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(labels)); err != nil {
@@ -239,22 +250,26 @@ func (r *Runtime) copySource(ctx context.Context, id string) (sb Sandbox, root, 
 // when readOnly) holding every write acknowledged before freeze returned:
 // most dirty data is written out (syncfs(2)) while the sandbox still
 // runs; then freeze pauses its processes, and between it and the thaw it
-// returns only the kernel works — syncfs(2) of what came after and the
-// snapshot ioctl, no process started and no request to containerd, which
-// the caller's cancel could not cut short. Records sync, freeze, snapshot
-// and thaw in ph. Errors: freeze's, syncfs's, the ioctl's.
-func snapshotFrozen(ctx context.Context, src, dst string, readOnly bool, freeze func(context.Context) (func(), error), ph *Phases) error {
+// returns only the kernel works — syncfs(2) of what came after, a read of
+// src's quota group and the snapshot ioctl, no process started and no
+// request to containerd, which the caller's cancel could not cut short.
+// It returns src's exclusive bytes as the copy has them (exclusiveAt,
+// read once synced: the quota group counts every write the copy takes).
+// Records sync, freeze, snapshot and thaw in ph. Errors: freeze's,
+// syncfs's, the ioctl's.
+func (r *Runtime) snapshotFrozen(ctx context.Context, src, dst string, readOnly bool, freeze func(context.Context) (func(), error), ph *Phases) (exclusive uint64, err error) {
 	if err := syncfs(src); err != nil {
-		return err
+		return 0, err
 	}
 	ph.Done("sync")
 	thaw, err := freeze(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	ph.Done("freeze")
 	err = syncfs(src)
 	if err == nil {
+		exclusive = r.exclusiveAt(src)
 		err = qgroup.Snapshot(src, dst, readOnly)
 	}
 	ph.Done("snapshot")
@@ -264,9 +279,9 @@ func snapshotFrozen(ctx context.Context, src, dst string, readOnly bool, freeze 
 		if _, serr := os.Stat(dst); serr == nil {
 			_ = qgroup.Delete(dst)
 		}
-		return err
+		return 0, err
 	}
-	return nil
+	return exclusive, nil
 }
 
 // replaceSubvolume puts subvolume next in the place of subvolume dst,
@@ -280,6 +295,20 @@ func replaceSubvolume(next, dst string) error {
 		return fmt.Errorf("put subvolume %s in the place of %s: %w", next, dst, err)
 	}
 	return nil
+}
+
+// exclusiveAt returns the exclusive bytes of the btrfs subvolume at path
+// (its quota group's), zero when they cannot be read (no quotas).
+func (r *Runtime) exclusiveAt(path string) uint64 {
+	if r.quota == nil {
+		return 0
+	}
+	id, err := qgroup.SubvolIDAt(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := r.quota.Exclusive(id)
+	return n
 }
 
 // rootFSName names a sandbox's RootFS for messages.
@@ -329,6 +358,7 @@ func (r *Runtime) describeSnapshot(ctx context.Context, info snapshots.Info) Sna
 	if u, err := r.client.SnapshotService(r.cfg.Snapshotter).Usage(ctx, info.Name); err == nil {
 		s.SizeBytes = u.Size
 	}
+	s.DiskBytes = storedBytes(info, s.SizeBytes)
 	return s
 }
 

@@ -146,6 +146,8 @@ func (f *fakeStore) CommitSnapshot(_ context.Context, _ string, opts runtime.Com
 	return runtime.Commit{Image: runtime.Image{Name: opts.Ref}}, nil
 }
 
+func (f *fakeStore) SandboxDiskUsed(context.Context, string) (uint64, error) { return 0, nil }
+
 func (f *fakeStore) ListSnapshots(context.Context, func(string) bool) ([]runtime.Snapshot, error) {
 	return nil, nil
 }
