@@ -75,10 +75,11 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		}
 	}
 	ph := runtime.NewPhases()
-	c, err := m.forkCopy(ctx, id, p, req, ph)
+	c, err := m.forkCopy(ctx, id, p, req, ids, ph)
 	if err != nil {
 		return nil, err
 	}
+	defer c.admitted()
 	defer func() {
 		if err := c.release(); err != nil {
 			m.log.Error("delete a fork's copy; it stays until berthd's next start", slog.String("sandbox_id", id), slog.Any("error", err))
@@ -125,13 +126,16 @@ type forkCopying struct {
 	resumed func()
 	// release deletes the copy.
 	release func() error
+	// admitted releases the children's admission (admitChildren), once
+	// their creates are done.
+	admitted func()
 }
 
 // forkCopy copies sandbox id's root for a fork under its lifecycle lock,
 // recording its steps in ph, and returns the children's spec and the
 // functions that end the copy (forkCopying). The parent is resumed in the
 // background once the copy is taken: its lock is held until it is.
-func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ph *runtime.Phases) (forkCopying, error) {
+func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, ph *runtime.Phases) (forkCopying, error) {
 	st, _ := m.snapshotStore()
 	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
@@ -143,6 +147,11 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 		unlock()
 	}
 	spec, err := m.forkSpec(ctx, st, id, p, req)
+	if err != nil {
+		resumed()
+		return forkCopying{}, err
+	}
+	admitted, err := m.admitChildren(ctx, id, spec, ids)
 	if err != nil {
 		resumed()
 		return forkCopying{}, err
@@ -163,11 +172,39 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 		}, nil
 	}, ph)
 	if err != nil {
+		admitted()
 		resumed()
 		return forkCopying{}, err
 	}
 	spec.FromSnapshot = forkID
-	return forkCopying{spec: spec, resumed: resumed, release: release}, nil
+	return forkCopying{spec: spec, resumed: resumed, release: release, admitted: admitted}, nil
+}
+
+// admitChildren admits the children ids of a fork of sandbox id, each with
+// spec as its CreateSandbox would be (admit.Capacity.AdmitSandbox; the
+// child's Create then finds it admitted), before the fork's copy is taken:
+// a fork past a limit is refused with the *apierr.FleetBusy a create gets
+// and makes nothing — no copy whose deleted extents btrfs frees only later
+// (the btrfs cleaner), while the sandbox's exclusive bytes, which its
+// next snapshot is counted by, would read them as shared. release must be
+// called once the children's creates are done.
+func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.SandboxSpec, ids []string) (release func(), err error) {
+	var releases []func()
+	release = func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+	for i, child := range ids {
+		spec.ID = child
+		r, err := m.capacity.AdmitSandbox(ctx, child, held(spec))
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, len(ids), child, err)
+		}
+		releases = append(releases, r)
+	}
+	return release, nil
 }
 
 // forkSpec returns the spec of the children of a fork of sandbox id by p
