@@ -5,15 +5,19 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -84,7 +88,8 @@ func benchConcurrent(b *testing.B) {
 		}
 	}
 	n := sandboxes * loops
-	measureRate(b, "concurrent/berth-Run", n, window, func(ctx context.Context, i int) (bool, error) {
+	parts := sandboxCPU(b, ids)
+	measureRate(b, "concurrent/berth-Run", n, window, parts, func(ctx context.Context, i int) (bool, error) {
 		resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: ids[i%sandboxes], Process: &berthv1.ProcessSpec{Argv: []string{"true"}}})
 		switch {
 		case status.Code(err) == codes.ResourceExhausted:
@@ -96,19 +101,134 @@ func benchConcurrent(b *testing.B) {
 		}
 		return false, nil
 	})
-	measureRate(b, "concurrent/host-fork-exec", n, window, func(context.Context, int) (bool, error) {
+	host := func() []cpuPart {
+		return []cpuPart{{"this process and its reaped children", rusageCPU(unix.RUSAGE_SELF) + rusageCPU(unix.RUSAGE_CHILDREN)}}
+	}
+	measureRate(b, "concurrent/host-fork-exec", n, window, host, func(context.Context, int) (bool, error) {
 		return false, exec.Command(busybox, "true").Run()
 	})
 	note(fmt.Sprintf("concurrent: %d sandboxes x %d Run(true) loops beside %d host fork+exec loops, windows of %v; refused: Runs that failed RESOURCE_EXHAUSTED (FLEET_BUSY).",
 		sandboxes, loops, n, window))
 }
 
+// cpuPart is the CPU time one part of a side has used so far.
+type cpuPart struct {
+	what string
+	cpu  time.Duration
+}
+
+// rusageCPU is the user and system time getrusage(2) reports for who.
+func rusageCPU(who int) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(who, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// sandboxCPU returns a reader of the CPU time berth's side of the
+// concurrent group has used: this test process (berthd and the client),
+// the sandboxes' cgroups (each agent, its launchers and the `true`s they
+// start: cpuacct.usage, or cgroup v2's usage_usec) and their containerd
+// shims (the agent's parent, every thread's run time).
+func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
+	var cgroups []string
+	var shims []uint32
+	for _, id := range ids {
+		got, err := env.sandboxes.GetSandbox(context.Background(), &berthv1.GetSandboxRequest{SandboxId: id})
+		if err != nil {
+			b.Fatal(err)
+		}
+		pid := got.GetSandbox().GetRuntime().GetTaskPid()
+		cg, err := cpuacctFile(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cgroups = append(cgroups, cg)
+		shim, err := parentOf(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		shims = append(shims, shim)
+	}
+	return func() []cpuPart {
+		var agents, shim time.Duration
+		for _, f := range cgroups {
+			raw, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			s := strings.TrimSpace(string(raw))
+			if strings.HasSuffix(f, "cpu.stat") {
+				for _, line := range strings.Split(s, "\n") {
+					if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+						us, _ := strconv.ParseInt(v, 10, 64)
+						agents += time.Duration(us) * time.Microsecond
+					}
+				}
+				continue
+			}
+			ns, _ := strconv.ParseInt(s, 10, 64)
+			agents += time.Duration(ns)
+		}
+		for _, pid := range shims {
+			if d, err := procfs.CPU(pid); err == nil {
+				shim += d
+			}
+		}
+		return []cpuPart{
+			{"test process (berthd, client)", rusageCPU(unix.RUSAGE_SELF)},
+			{"sandbox cgroups (agent, launcher, true)", agents},
+			{"shims", shim},
+		}
+	}
+}
+
+// cpuacctFile names the file holding the CPU usage of host process pid's
+// cgroup: cgroup v1's cpuacct.usage or v2's cpu.stat (cgroups(7)).
+func cpuacctFile(pid uint32) (string, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		parts := strings.SplitN(line, ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(parts[1], ","), "cpuacct") {
+			return "/sys/fs/cgroup/" + parts[1] + parts[2] + "/cpuacct.usage", nil
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			return "/sys/fs/cgroup" + parts[2] + "/cpu.stat", nil
+		}
+	}
+	return "", fmt.Errorf("/proc/%d/cgroup names no cpuacct or cgroup v2 hierarchy", pid)
+}
+
+// parentOf is host process pid's parent (PPid of /proc/<pid>/status).
+func parentOf(pid uint32) (uint32, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			return uint32(n), err
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no PPid", pid)
+}
+
 // measureRate runs n goroutines calling op(ctx, i) one call after the
 // other for window, once per benchmark iteration, and records the calls
 // completed per second of wall time (until the last call in flight
 // returned) as name. op reports a refusal (counted apart, not completed);
-// any other error fails the benchmark.
-func measureRate(b *testing.B, name string, n int, window time.Duration, op func(ctx context.Context, i int) (refused bool, err error)) {
+// any other error fails the benchmark. cpu, read before and after each
+// window, gives the CPU time of the side's parts: the measurement holds
+// their sum, and a note each part's CPU per completed call.
+func measureRate(b *testing.B, name string, n int, window time.Duration, cpu func() []cpuPart, op func(ctx context.Context, i int) (refused bool, err error)) {
 	b.Run(name[len("concurrent/"):], func(b *testing.B) {
 		var m measurement
 		for b.Loop() {
@@ -119,6 +239,7 @@ func measureRate(b *testing.B, name string, n int, window time.Duration, op func
 				fails int
 			)
 			ctx, cancel := context.WithTimeout(context.Background(), window+time.Minute)
+			cpuBefore := cpu()
 			start := time.Now()
 			end := start.Add(window)
 			var wg sync.WaitGroup
@@ -146,6 +267,7 @@ func measureRate(b *testing.B, name string, n int, window time.Duration, op func
 			}
 			wg.Wait()
 			wall := time.Since(start)
+			cpuAfter := cpu()
 			cancel()
 			if first != nil {
 				b.Fatalf("%s: %d calls failed, the first: %v", name, fails, first)
@@ -153,6 +275,15 @@ func measureRate(b *testing.B, name string, n int, window time.Duration, op func
 			m.ops += done.Load()
 			m.refused += refused.Load()
 			m.wall += wall
+			if ops := done.Load(); ops > 0 {
+				split := make([]string, len(cpuAfter))
+				for j, p := range cpuAfter {
+					used := p.cpu - cpuBefore[j].cpu
+					m.cpu += used
+					split[j] = fmt.Sprintf("%s %.0f us", p.what, float64(used)/float64(ops)/1e3)
+				}
+				note(fmt.Sprintf("%s: %d execs, CPU per exec: %s", name, ops, strings.Join(split, ", ")))
+			}
 		}
 		b.ReportMetric(m.opsRate(), "execs/s")
 		b.ReportMetric(float64(m.refused), "refused")
