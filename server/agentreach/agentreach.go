@@ -415,6 +415,12 @@ func (p agentProbe) states() []byte { return p.procs.sample(p.pid).states }
 type procSampler struct {
 	mu   sync.Mutex
 	last map[uint32]procSample
+	// cgroups holds the cgroup CPU files of each agent read lately (an
+	// agent, PID 1 of its sandbox, stays in its cgroup): a baseline then
+	// reads one or two small files, not /proc/<pid>/cgroup as well
+	// (issue 23). Forgotten with the agent's samples; read afresh when a
+	// file cannot be read (the sandbox, and its cgroup, are gone).
+	cgroups map[uint32]procfs.CgroupCPUFiles
 }
 
 // sampleTTL is how long a procSample serves: far below any connect
@@ -455,7 +461,7 @@ func (ps *procSampler) baseline(pid uint32) progress {
 		return s.progress
 	}
 	s := procSample{at: now, progress: progress{agentCPU: -1, cgroupCPU: -1}}
-	if cpu, err := procfs.CgroupCPU(pid); err == nil {
+	if cpu, err := ps.cgroupCPU(pid); err == nil {
 		s.progress.cgroupCPU = cpu
 	} else if cpu, err := agentCPU(pid); err == nil {
 		s.progress.agentCPU = cpu
@@ -475,7 +481,7 @@ func (ps *procSampler) sample(pid uint32) procSample {
 	if cpu, err := agentCPU(pid); err == nil {
 		s.progress.agentCPU = cpu
 	}
-	if cpu, err := procfs.CgroupCPU(pid); err == nil {
+	if cpu, err := ps.cgroupCPU(pid); err == nil {
 		s.progress.cgroupCPU = cpu
 	}
 	s.states = procfs.ThreadStates(pid)
@@ -486,8 +492,36 @@ func (ps *procSampler) sample(pid uint32) procSample {
 	return s
 }
 
+// cgroupCPU is procfs.CgroupCPU of pid, from the files found for it
+// before when they can still be read.
+func (ps *procSampler) cgroupCPU(pid uint32) (time.Duration, error) {
+	ps.mu.Lock()
+	files, ok := ps.cgroups[pid]
+	ps.mu.Unlock()
+	if ok {
+		if cpu, err := files.Read(); err == nil {
+			return cpu, nil
+		}
+	}
+	files, err := procfs.CgroupCPUFilesOf(pid)
+	if err != nil {
+		return 0, err
+	}
+	cpu, err := files.Read()
+	if err != nil {
+		return 0, err
+	}
+	ps.mu.Lock()
+	if ps.cgroups == nil {
+		ps.cgroups = make(map[uint32]procfs.CgroupCPUFiles)
+	}
+	ps.cgroups[pid] = files
+	ps.mu.Unlock()
+	return cpu, nil
+}
+
 // store keeps s as pid's sample, its read ended now, and forgets those older
-// than a second.
+// than a second, with their cgroup files.
 func (ps *procSampler) store(pid uint32, s procSample) {
 	s.read = time.Now()
 	ps.mu.Lock()
@@ -498,6 +532,7 @@ func (ps *procSampler) store(pid uint32, s procSample) {
 	for p, old := range ps.last {
 		if s.at.Sub(old.at) > time.Second {
 			delete(ps.last, p)
+			delete(ps.cgroups, p)
 		}
 	}
 	ps.last[pid] = s

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -240,11 +241,38 @@ func TestBaselineReadsCgroupAlone(t *testing.T) {
 	}
 }
 
-// BenchmarkWatchBaseline is what starting a Watch costs berthd (per exec).
+// TestSamplerKeepsCgroupFiles: the sampler finds an agent's cgroup files
+// once and reads them for the baselines that follow; files that cannot be
+// read (the cgroup is gone) are found afresh.
+func TestSamplerKeepsCgroupFiles(t *testing.T) {
+	var ps procSampler
+	pid := uint32(os.Getpid())
+	if b := ps.baseline(pid); b.cgroupCPU <= 0 {
+		t.Fatalf("baseline = %+v, want the cgroup's CPU", b)
+	}
+	kept, ok := ps.cgroups[pid]
+	if !ok {
+		t.Fatal("no cgroup files kept after a baseline")
+	}
+	ps.cgroups[pid] = procfs.CgroupCPUFiles{} // unreadable
+	if cpu, err := ps.cgroupCPU(pid); err != nil || cpu <= 0 {
+		t.Fatalf("cgroupCPU with unreadable kept files = %v, %v; want them found afresh", cpu, err)
+	}
+	if ps.cgroups[pid] != kept {
+		t.Errorf("kept files = %+v after a failed read, want %+v found again", ps.cgroups[pid], kept)
+	}
+}
+
+// BenchmarkWatchBaseline is what starting a Watch costs berthd (per exec):
+// one sampler, as berthd keeps, with every exec more than sampleTTL after
+// the last, so that no sample is shared.
 func BenchmarkWatchBaseline(b *testing.B) {
 	pid := uint32(os.Getpid())
+	var ps procSampler
 	for b.Loop() {
-		var ps procSampler // no sharing: every exec more than sampleTTL apart
+		ps.mu.Lock()
+		clear(ps.last)
+		ps.mu.Unlock()
 		ps.baseline(pid)
 	}
 }
