@@ -51,7 +51,9 @@ const concurrentDiskBytes = 64 << 20
 // each running fork+exec+wait of busybox true (os/exec, as the round trip's
 // host anchor) one after the other for the same time. Each side is one
 // window per benchmark run; the table shows completed execs per second of
-// the window, the ratio and the Runs refused (RESOURCE_EXHAUSTED).
+// the window, the ratio, the Runs refused (RESOURCE_EXHAUSTED) and the CPU
+// time each side used per completed exec (sandboxCPU; a note splits it),
+// which holds better than the rate on a loaded host.
 func benchConcurrent(b *testing.B) {
 	sandboxes := benchEnvInt(b, "BERTH_BENCH_CONCURRENT_SANDBOXES", 50)
 	loops := benchEnvInt(b, "BERTH_BENCH_CONCURRENT_LOOPS", 10)
