@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -131,10 +130,10 @@ func rusageCPU(who int) time.Duration {
 // sandboxCPU returns a reader of the CPU time berth's side of the
 // concurrent group has used: this test process (berthd and the client),
 // the sandboxes' cgroups (each agent, its launchers and the `true`s they
-// start: cpuacct.usage, or cgroup v2's usage_usec) and their containerd
+// start: procfs.CgroupCPUFiles.Usage) and their containerd
 // shims (the agent's parent, every thread's run time).
 func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
-	var cgroups []string
+	var cgroups []procfs.CgroupCPUFiles
 	var shims []uint32
 	for _, id := range ids {
 		got, err := env.sandboxes.GetSandbox(context.Background(), &berthv1.GetSandboxRequest{SandboxId: id})
@@ -142,7 +141,7 @@ func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
 			b.Fatal(err)
 		}
 		pid := got.GetSandbox().GetRuntime().GetTaskPid()
-		cg, err := cpuacctFile(pid)
+		cg, err := procfs.CgroupCPUFilesOf(pid)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -156,22 +155,9 @@ func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
 	return func() []cpuPart {
 		var agents, shim time.Duration
 		for _, f := range cgroups {
-			raw, err := os.ReadFile(f)
-			if err != nil {
-				continue
+			if d, err := f.Usage(); err == nil {
+				agents += d
 			}
-			s := strings.TrimSpace(string(raw))
-			if strings.HasSuffix(f, "cpu.stat") {
-				for _, line := range strings.Split(s, "\n") {
-					if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-						us, _ := strconv.ParseInt(v, 10, 64)
-						agents += time.Duration(us) * time.Microsecond
-					}
-				}
-				continue
-			}
-			ns, _ := strconv.ParseInt(s, 10, 64)
-			agents += time.Duration(ns)
 		}
 		for _, pid := range shims {
 			if d, err := procfs.CPU(pid); err == nil {
@@ -184,28 +170,6 @@ func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
 			{"shims", shim},
 		}
 	}
-}
-
-// cpuacctFile names the file holding the CPU usage of host process pid's
-// cgroup: cgroup v1's cpuacct.usage or v2's cpu.stat (cgroups(7)).
-func cpuacctFile(pid uint32) (string, error) {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if slices.Contains(strings.Split(parts[1], ","), "cpuacct") {
-			return "/sys/fs/cgroup/" + parts[1] + parts[2] + "/cpuacct.usage", nil
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			return "/sys/fs/cgroup" + parts[2] + "/cpu.stat", nil
-		}
-	}
-	return "", fmt.Errorf("/proc/%d/cgroup names no cpuacct or cgroup v2 hierarchy", pid)
 }
 
 // parentOf is host process pid's parent (PPid of /proc/<pid>/status).

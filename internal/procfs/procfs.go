@@ -248,13 +248,28 @@ func CgroupCPUFilesOf(pid uint32) (CgroupCPUFiles, error) {
 // os.File, one or two system calls each. It fails when the usage cannot be
 // read (the cgroup is gone).
 func (f CgroupCPUFiles) Read() (time.Duration, error) {
+	usage, err := f.Usage()
+	if err != nil {
+		return 0, err
+	}
+	var throttled uint64
+	switch {
+	case f.v2:
+		throttled, _ = statField(f.usage, "throttled_usec")
+		throttled *= uint64(time.Microsecond)
+	case f.throttled != "":
+		throttled, _ = statField(f.throttled, "throttled_time")
+	}
+	return usage + time.Duration(throttled), nil
+}
+
+// Usage returns the CPU time the cgroup's processes have used, without
+// the time its CPU limit held them back: cpuacct.usage, or cgroup v2's
+// usage_usec.
+func (f CgroupCPUFiles) Usage() (time.Duration, error) {
 	if f.v2 {
 		usage, err := statField(f.usage, "usage_usec")
-		if err != nil {
-			return 0, err
-		}
-		throttled, _ := statField(f.usage, "throttled_usec")
-		return time.Duration(usage+throttled) * time.Microsecond, nil
+		return time.Duration(usage) * time.Microsecond, err
 	}
 	var buf [64]byte
 	b, err := readSmall(f.usage, buf[:])
@@ -265,11 +280,7 @@ func (f CgroupCPUFiles) Read() (time.Duration, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", f.usage, err)
 	}
-	var throttled uint64
-	if f.throttled != "" {
-		throttled, _ = statField(f.throttled, "throttled_time")
-	}
-	return time.Duration(ns + throttled), nil
+	return time.Duration(ns), nil
 }
 
 // readSmall reads the file at path into buf, which must hold all of it

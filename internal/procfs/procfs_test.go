@@ -135,7 +135,8 @@ func TestCgroupCPU(t *testing.T) {
 }
 
 // TestCgroupCPUFiles: the files found once for this process's cgroup read
-// the same counter as CgroupCPU, growing as it does, with at most two
+// the same counter as CgroupCPU, growing as it does (Usage: without the
+// throttled time, no more than Read after it), with at most two
 // allocations a reading (the exec path reads them once an exec); files of
 // no cgroup fail to read, and readSmall refuses a file longer than its
 // buffer rather than cut it.
@@ -159,6 +160,17 @@ func TestCgroupCPUFiles(t *testing.T) {
 	}
 	if first <= 0 || whole < first || second < whole {
 		t.Errorf("Read %v, CgroupCPU %v, Read %v: want positive and never decreasing", first, whole, second)
+	}
+	usage, err := files.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	third, err := files.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if usage <= 0 || third < usage {
+		t.Errorf("Usage %v, then Read %v: want positive usage, and Read (usage + throttled) no less", usage, third)
 	}
 	if allocs := testing.AllocsPerRun(20, func() { files.Read() }); allocs > 2 {
 		t.Errorf("Read: %.0f allocations, want at most 2", allocs)
