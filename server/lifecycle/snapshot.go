@@ -18,7 +18,7 @@ type snapshots interface {
 	GetSnapshot(ctx context.Context, snapID string) (runtime.Snapshot, error)
 	ListSnapshots(ctx context.Context, sees func(owner string) bool) ([]runtime.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, snapID string) error
-	ForkSnapshot(ctx context.Context, id, owner string, freeze func(context.Context) (func(), error)) (string, func(context.Context), error)
+	ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), ph *runtime.Phases) (string, func() error, error)
 	SandboxEnv(ctx context.Context, id string) (map[string]string, error)
 }
 
