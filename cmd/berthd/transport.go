@@ -14,8 +14,8 @@ import (
 	"github.com/berth-sandbox/berth/internal/memrelease"
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/auth"
-	"github.com/berth-sandbox/berth/server/wsgate"
 	"github.com/berth-sandbox/berth/server/connlimit"
+	"github.com/berth-sandbox/berth/server/wsgate"
 )
 
 // transportFlags are the bounds of what a caller can make berthd hold

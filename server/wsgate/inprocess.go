@@ -3,6 +3,7 @@ package wsgate
 import (
 	"context"
 	"errors"
+	"log"
 	"net"
 	"net/http"
 	"sync"
@@ -24,32 +25,41 @@ import (
 // call has no bearer token. remote and local name that connection in the
 // calls' peer information.
 type inProcess struct {
-	conn   *grpc.ClientConn
+	conn *grpc.ClientConn
+
+	mu     sync.Mutex
+	dialed bool
+	closed bool
 	server net.Conn
-	done   chan struct{}
+	done   chan struct{} // closed when the server side returns
 }
 
-// dialInProcess returns the connection to srv; Close ends it.
-func dialInProcess(base context.Context, srv http.Handler, remote, local net.Addr) (*inProcess, error) {
-	cend, send := net.Pipe()
-	ip := &inProcess{server: send, done: make(chan struct{})}
-	go func() {
-		defer close(ip.done)
-		(&http2.Server{}).ServeConn(addrConn{send, remote, local}, &http2.ServeConnOpts{
-			Context: context.WithoutCancel(base),
-			Handler: srv,
-		})
-	}()
-	var once sync.Once
+// dialInProcess returns the connection to srv; Close ends it. The server
+// side starts with the first call (grpc-go dials lazily), so a session
+// that fails before it calls costs nothing. errLog receives the HTTP/2
+// server's errors.
+func dialInProcess(base context.Context, srv http.Handler, remote, local net.Addr, errLog *log.Logger) (*inProcess, error) {
+	ip := &inProcess{done: make(chan struct{})}
 	dial := func(context.Context, string) (net.Conn, error) {
-		var c net.Conn
-		once.Do(func() { c = cend })
-		if c == nil {
+		ip.mu.Lock()
+		defer ip.mu.Unlock()
+		if ip.dialed || ip.closed {
 			// The pipe's one connection ended: gRPC's reconnection
 			// has nothing to reach.
 			return nil, errors.New("the in-process connection to berthd is closed")
 		}
-		return c, nil
+		ip.dialed = true
+		cend, send := net.Pipe()
+		ip.server = send
+		go func() {
+			defer close(ip.done)
+			(&http2.Server{}).ServeConn(addrConn{send, remote, local}, &http2.ServeConnOpts{
+				Context:    context.WithoutCancel(base),
+				Handler:    srv,
+				BaseConfig: &http.Server{ErrorLog: errLog},
+			})
+		}()
+		return cend, nil
 	}
 	conn, err := grpc.NewClient("passthrough:///berthd",
 		grpc.WithContextDialer(dial),
@@ -58,9 +68,6 @@ func dialInProcess(base context.Context, srv http.Handler, remote, local net.Add
 		// takes what the server sends.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
-		cend.Close()
-		send.Close()
-		<-ip.done
 		return nil, err
 	}
 	ip.conn = conn
@@ -70,8 +77,16 @@ func dialInProcess(base context.Context, srv http.Handler, remote, local net.Add
 // Close ends the connection and waits for its server side.
 func (ip *inProcess) Close() {
 	ip.conn.Close()
-	ip.server.Close()
-	<-ip.done
+	ip.mu.Lock()
+	ip.closed = true
+	dialed := ip.dialed
+	if dialed {
+		ip.server.Close()
+	}
+	ip.mu.Unlock()
+	if dialed {
+		<-ip.done
+	}
 }
 
 // addrConn is a net.Conn that reports the addresses of the connection

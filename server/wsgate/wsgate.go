@@ -116,7 +116,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(h.cfg.MaxMessageBytes)
 	ctx := r.Context()
-	ip, err := dialInProcess(ctx, h.srv, stringAddr(r.RemoteAddr), localAddr(r))
+	ip, err := dialInProcess(ctx, h.srv, stringAddr(r.RemoteAddr), localAddr(r), slog.NewLogLogger(h.cfg.Log.Handler(), slog.LevelDebug))
 	if err != nil {
 		h.cfg.Log.Error("WebSocket session: in-process connection to berthd", slog.Any("error", err))
 		ws.Close(websocket.StatusInternalError, "berthd could not serve the session")
@@ -135,8 +135,9 @@ type session struct {
 	ip     *inProcess
 	header string // the upgrade request's Authorization header
 
-	wg      sync.WaitGroup // pump's goroutine
-	pumpErr chan error     // why pump stopped
+	wg       sync.WaitGroup // pump's goroutine
+	pumpErr  chan error     // why pump stopped
+	finished sync.Once
 }
 
 // pump reads the client's messages in a goroutine until the connection
@@ -201,16 +202,18 @@ type hello struct {
 }
 
 // readHello reads the session's first message, a JSON text message, into
-// v within timeout.
+// v within timeout. Past it the session is finished at once with 4004
+// (a context deadline on the read would close the connection without a
+// close frame saying why).
 func (s *session) readHello(ctx context.Context, timeout time.Duration, v any) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+	late := rpcstatus.Error(codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded,
+		fmt.Sprintf("no first message within %v: a session starts with a JSON text message naming what to open (docs/http.md, WebSocket)", timeout), nil)
+	timer := time.AfterFunc(timeout, func() { s.finish(ctx, late) })
 	typ, b, err := s.ws.Read(ctx)
+	if !timer.Stop() {
+		return late
+	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return rpcstatus.Error(codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded,
-				fmt.Sprintf("no first message within %v: a session starts with a JSON text message naming what to open (docs/http.md, WebSocket)", timeout), nil)
-		}
 		return err
 	}
 	if typ != websocket.MessageText {
@@ -262,11 +265,16 @@ type ErrorMessage struct {
 // NOT_FOUND, 4016 UNAUTHENTICATED.
 const closeCodeBase = 4000
 
-// finish ends the session: with err nil, close code 1000; else an
+// finish ends the session once (later calls do nothing): with err nil,
+// close code 1000; else an
 // ErrorMessage and close code closeCodeBase + the gRPC code, whose reason
 // text is "REASON: message" cut to the 123 bytes a close frame holds.
 // A session the client closed or whose connection broke gets no more.
 func (s *session) finish(ctx context.Context, err error) {
+	s.finished.Do(func() { s.close(ctx, err) })
+}
+
+func (s *session) close(ctx context.Context, err error) {
 	if err == nil {
 		s.ws.Close(websocket.StatusNormalClosure, "")
 		return
