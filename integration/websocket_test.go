@@ -6,11 +6,9 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -31,15 +29,7 @@ var otherToken = strings.Repeat("o7", 32)
 // (otherToken); it returns the env and the listener's URL.
 func startWSBerthd(t *testing.T) (*berthEnv, string) {
 	t.Helper()
-	e := newBinaryEnv(t, "ws")
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte(auth.TokenHash(httpToken)+" web\n"+auth.TokenHash(otherToken)+" other\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	startBerthd(t, e, "--listen", addr, "--insecure-tcp", "--token-file", tokens, "--console")
-	e.importBase(t)
-	return e, "http://" + addr
+	return startTokenBerthd(t, "ws", auth.TokenHash(httpToken)+" web\n"+auth.TokenHash(otherToken)+" other\n", "--console")
 }
 
 // connectCall makes a Connect unary JSON call with token and decodes the
@@ -139,11 +129,28 @@ func (s *wsSession) text(typ string) map[string]any {
 // SANDBOX_NOT_FOUND, as for a missing one).
 func TestWebSocketTerminal(t *testing.T) {
 	need(t)
-	_, url := startWSBerthd(t)
+	e, url := startWSBerthd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	sb := createAs(t, url, httpToken)
 	bearer := http.Header{"Authorization": {"Bearer " + httpToken}}
+
+	t.Run("unix socket peer", func(t *testing.T) {
+		// No token: the principal is the uid that connected (root, an
+		// admin, who sees web's sandbox), read from the socket as for gRPC.
+		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", e.sock)
+		}}}
+		ws, _, err := websocket.Dial(ctx, "ws://berthd"+wsgate.TerminalPath, &websocket.DialOptions{HTTPClient: hc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &wsSession{ws: ws}
+		ws.Write(ctx, websocket.MessageText, []byte(`{"sandboxId":"`+sb+`","process":{"argv":["echo","ok"]}}`))
+		if ce := s.readAll(ctx, t); ce.Code != websocket.StatusNormalClosure || s.binary.String() != "ok\r\n" {
+			t.Errorf("on the unix socket as root: close %v, output %q, want 1000 and ok", ce, s.binary.String())
+		}
+	})
 
 	t.Run("exit status", func(t *testing.T) {
 		s := dialWS(ctx, t, url, wsgate.TerminalPath, bearer, map[string]any{

@@ -31,6 +31,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"connectrpc.com/connect"
 	"github.com/coder/websocket"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -266,10 +267,10 @@ type ErrorMessage struct {
 const closeCodeBase = 4000
 
 // finish ends the session once (later calls do nothing): with err nil,
-// close code 1000; else an
-// ErrorMessage and close code closeCodeBase + the gRPC code, whose reason
-// text is "REASON: message" cut to the 123 bytes a close frame holds.
-// A session the client closed or whose connection broke gets no more.
+// close code 1000; else an ErrorMessage and close code closeCodeBase +
+// the gRPC code, whose reason text is "REASON: message" cut to the 123
+// bytes a close frame holds. A session the client closed or whose
+// connection broke gets no more.
 func (s *session) finish(ctx context.Context, err error) {
 	s.finished.Do(func() { s.close(ctx, err) })
 }
@@ -290,7 +291,7 @@ func (s *session) close(ctx context.Context, err error) {
 			reason = info.GetReason()
 		}
 	}
-	msg := ErrorMessage{Type: "error", Code: codeName(st.Code()), Reason: reason, Message: st.Message()}
+	msg := ErrorMessage{Type: "error", Code: connect.Code(st.Code()).String(), Reason: reason, Message: st.Message()}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if s.sendJSON(wctx, msg) != nil {
@@ -313,22 +314,6 @@ func cut(s string, n int) string {
 		n--
 	}
 	return s[:n]
-}
-
-// codeName spells c as Connect does (lower snake case).
-func codeName(c codes.Code) string {
-	names := map[codes.Code]string{
-		codes.OK: "ok", codes.Canceled: "canceled", codes.Unknown: "unknown", codes.InvalidArgument: "invalid_argument",
-		codes.DeadlineExceeded: "deadline_exceeded", codes.NotFound: "not_found", codes.AlreadyExists: "already_exists",
-		codes.PermissionDenied: "permission_denied", codes.ResourceExhausted: "resource_exhausted",
-		codes.FailedPrecondition: "failed_precondition", codes.Aborted: "aborted", codes.OutOfRange: "out_of_range",
-		codes.Unimplemented: "unimplemented", codes.Internal: "internal", codes.Unavailable: "unavailable",
-		codes.DataLoss: "data_loss", codes.Unauthenticated: "unauthenticated",
-	}
-	if n, ok := names[c]; ok {
-		return n
-	}
-	return "unknown"
 }
 
 // invalidArgument is a session's own refusal of what the client sent.
