@@ -175,18 +175,15 @@ if [[ ${#client_pkgs[@]} -gt 0 ]]; then
 else
 	log "protoc, grpc_python_plugin, python3-grpcio, python3-setuptools/-wheel/-pip/-venv, node, npm, chromium: present"
 fi
-TS=$REPO/clients/typescript
-# node_modules/.berth-lock is the package-lock.json it was installed from.
-if cmp -s "$TS/package-lock.json" "$TS/node_modules/.berth-lock" 2>/dev/null; then
-	log "clients/typescript: node_modules current"
-else
-	log "npm ci in clients/typescript"
-	(cd "$TS" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && cp package-lock.json node_modules/.berth-lock)
-fi
-CONSOLE=$REPO/server/console
-if cmp -s "$CONSOLE/package-lock.json" "$CONSOLE/node_modules/.berth-lock" 2>/dev/null; then
-	log "server/console: node_modules current"
-else
-	log "npm ci in server/console"
-	(cd "$CONSOLE" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && cp package-lock.json node_modules/.berth-lock)
-fi
+# npm_ci DIR installs DIR's npm packages unless node_modules/.berth-lock,
+# the package-lock.json they were installed from, is current.
+npm_ci() {
+	if cmp -s "$REPO/$1/package-lock.json" "$REPO/$1/node_modules/.berth-lock" 2>/dev/null; then
+		log "$1: node_modules current"
+	else
+		log "npm ci in $1"
+		(cd "$REPO/$1" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && cp package-lock.json node_modules/.berth-lock)
+	fi
+}
+npm_ci clients/typescript
+npm_ci server/console
