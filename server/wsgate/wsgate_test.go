@@ -168,3 +168,20 @@ func TestCut(t *testing.T) {
 		}
 	}
 }
+
+func TestTerminalRequest(t *testing.T) {
+	var h terminalHello
+	json.Unmarshal([]byte(`{"sandboxId":"sb","attach":{"execId":"x1","sinceSeq":41}}`), &h)
+	req, err := h.request()
+	if a := req.GetAttach(); err != nil || a.GetSandboxId() != "sb" || a.GetExecId() != "x1" || a.GetSinceSeq() != 41 {
+		t.Errorf("attach: %v %v, want sandbox sb, exec x1, since 41", req, err)
+	}
+	h = terminalHello{}
+	json.Unmarshal([]byte(`{"sandboxId":"sb","detach":true}`), &h)
+	req, err = h.request()
+	s := req.GetStart()
+	if err != nil || s.GetHangupOnDisconnect() || strings.Join(s.GetProcess().GetArgv(), " ") != "/bin/sh" ||
+		s.GetProcess().GetTty().GetRows() != 24 || s.GetProcess().GetTty().GetCols() != 80 {
+		t.Errorf("detached default start: %v %v, want /bin/sh on a 24x80 tty, no hangup", req, err)
+	}
+}
