@@ -39,7 +39,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require connectrpc.com/connect v1.19.1 // indirect
+require connectrpc.com/connect v1.19.1
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

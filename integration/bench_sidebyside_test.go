@@ -127,6 +127,8 @@ func BenchmarkSideBySide(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctr := newCtrExec(b, id)
+	// Connect's binary protocol over HTTP/1.1 on the same socket (issue 26).
+	split := newSplitClient(env.berthdAddr, env.sandboxes)
 
 	b.Run("stdout", func(b *testing.B) {
 		dd := []string{"dd", "if=/dev/zero", fmt.Sprintf("bs=%d", ddBlock), fmt.Sprintf("count=%d", stdoutBytes/ddBlock), "status=none"}
@@ -136,6 +138,12 @@ func BenchmarkSideBySide(b *testing.B) {
 			var n counter
 			start := time.Now()
 			berthExec(b, c, id, spec, &n)
+			return sample{d: time.Since(start), lost: size - n.n.Load()}
+		})
+		measure(b, "stdout/berth-StartExec-connect", size, func(b *testing.B) sample {
+			var n counter
+			start := time.Now()
+			connectExec(b, split, id, spec, &n)
 			return sample{d: time.Since(start), lost: size - n.n.Load()}
 		})
 		measure(b, "stdout/containerd-FIFO", size, func(b *testing.B) sample {
@@ -179,6 +187,11 @@ func BenchmarkSideBySide(b *testing.B) {
 		measure(b, "roundtrip/berth-Exec", 0, func(b *testing.B) sample {
 			start := time.Now()
 			berthExec(b, c, id, spec, io.Discard)
+			return sample{d: time.Since(start)}
+		})
+		measure(b, "roundtrip/berth-StartExec-connect", 0, func(b *testing.B) sample {
+			start := time.Now()
+			connectExec(b, split, id, spec, io.Discard)
 			return sample{d: time.Since(start)}
 		})
 		measure(b, "roundtrip/containerd-Exec", 0, func(b *testing.B) sample {

@@ -103,6 +103,8 @@ type SandboxServiceClient interface {
 	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
 	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
 	// (STALE_HANDLE) for an exec id of an earlier runtime.
+	// ExecResponse is also StartExec's and AttachExec's: the same events.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
@@ -594,6 +596,8 @@ type SandboxServiceServer interface {
 	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
 	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
 	// (STALE_HANDLE) for an exec id of an earlier runtime.
+	// ExecResponse is also StartExec's and AttachExec's: the same events.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.

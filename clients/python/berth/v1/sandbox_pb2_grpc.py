@@ -223,6 +223,8 @@ class SandboxServiceServicer(object):
         UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
         sandbox's runtime dies under the exec, FAILED_PRECONDITION
         (STALE_HANDLE) for an exec id of an earlier runtime.
+        ExecResponse is also StartExec's and AttachExec's: the same events.
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

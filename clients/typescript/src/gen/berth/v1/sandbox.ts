@@ -6126,6 +6126,8 @@ export const SandboxServiceService = {
    * UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
    * sandbox's runtime dies under the exec, FAILED_PRECONDITION
    * (STALE_HANDLE) for an exec id of an earlier runtime.
+   * ExecResponse is also StartExec's and AttachExec's: the same events.
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
    */
   exec: {
     path: "/berth.v1.SandboxService/Exec" as const,
@@ -6541,6 +6543,8 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
    * sandbox's runtime dies under the exec, FAILED_PRECONDITION
    * (STALE_HANDLE) for an exec id of an earlier runtime.
+   * ExecResponse is also StartExec's and AttachExec's: the same events.
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
    */
   exec: handleBidiStreamingCall<ExecRequest, ExecResponse>;
   /**
@@ -6877,6 +6881,8 @@ export interface SandboxServiceClient extends Client {
    * UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
    * sandbox's runtime dies under the exec, FAILED_PRECONDITION
    * (STALE_HANDLE) for an exec id of an earlier runtime.
+   * ExecResponse is also StartExec's and AttachExec's: the same events.
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
    */
   exec(): ClientDuplexStream<ExecRequest, ExecResponse>;
   exec(options: Partial<CallOptions>): ClientDuplexStream<ExecRequest, ExecResponse>;
