@@ -451,7 +451,7 @@ func badSignal(t *testing.T, c *conformance) {
 	spec.Stdin = true
 	conn := openExec(t, c.svc, startReq(c.sb, id, spec), 0)
 	conn.send(signalMsg("NOPE"))
-	wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "signal.signal", `"NOPE"`)
+	wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, c.field("signal.signal"), `"NOPE"`)
 	again := openExec(t, c.svc, attachReq(c.sb, id, 0), 0)
 	again.send(stdinMsg([]byte("y\n")))
 	if ev := again.wait(); string(ev.stdout) != "got y\n" || ev.result.GetExitCode() != 0 {
@@ -922,16 +922,17 @@ func concurrentExecs(t *testing.T, c *conformance) {
 	}
 }
 
-// field is the name an error gives a field of Exec's first message: as in
-// ExecRequest ("start.process"), or at the top of the split calls'
-// requests ("process").
+// field is the name an error gives a field of an Exec message: as in
+// ExecRequest ("start.process", "signal.signal"), or at the top of the
+// split calls' requests ("process", "signal").
 func (c *conformance) field(name string) string {
 	if !c.split {
 		return name
 	}
-	if rest, ok := strings.CutPrefix(name, "start."); ok {
-		return rest
+	for _, prefix := range []string{"start.", "attach.", "signal."} {
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			return rest
+		}
 	}
-	rest, _ := strings.CutPrefix(name, "attach.")
-	return rest
+	return name
 }

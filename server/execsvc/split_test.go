@@ -2,11 +2,14 @@ package execsvc
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
@@ -61,7 +64,7 @@ func TestStartExec(t *testing.T) {
 		t.Errorf("events %v; want started pid 7, output hi, exited", events)
 	}
 
-	bad, err := h.client.StartExec(callContext(t), &berthv1.StartExecRequest{SandboxId: testSandbox, })
+	bad, err := h.client.StartExec(callContext(t), &berthv1.StartExecRequest{SandboxId: testSandbox})
 	if err == nil {
 		_, err = bad.Recv()
 	}
@@ -95,5 +98,30 @@ func TestWriteExecStdin(t *testing.T) {
 	checkStatus(t, err, want{code: codes.InvalidArgument, reason: rpcstatus.ReasonInvalidArgument, field: "cols"})
 	if r := h.reach.Reached(); len(r) != 2 {
 		t.Errorf("reached %v; want the two stdin calls only", r)
+	}
+}
+
+// TestSplitRequestFields: StartExecRequest and AttachExecRequest carry
+// ExecStart's and ExecAttach's fields, by name, number and kind, so that a
+// field added to one and not the other fails here, not in a caller's
+// exec.
+func TestSplitRequestFields(t *testing.T) {
+	for _, tc := range []struct {
+		split, stream protoreflect.MessageDescriptor
+	}{
+		{(&berthv1.StartExecRequest{}).ProtoReflect().Descriptor(), (&berthv1.ExecStart{}).ProtoReflect().Descriptor()},
+		{(&berthv1.AttachExecRequest{}).ProtoReflect().Descriptor(), (&berthv1.ExecAttach{}).ProtoReflect().Descriptor()},
+	} {
+		fields := func(md protoreflect.MessageDescriptor) []string {
+			var out []string
+			for i := range md.Fields().Len() {
+				f := md.Fields().Get(i)
+				out = append(out, fmt.Sprintf("%d %s %v", f.Number(), f.Name(), f.Kind()))
+			}
+			return out
+		}
+		if got, want := fields(tc.split), fields(tc.stream); !slices.Equal(got, want) {
+			t.Errorf("%s fields %q; want %s's %q", tc.split.FullName(), got, tc.stream.FullName(), want)
+		}
 	}
 }
