@@ -54,6 +54,7 @@ const fileBytes = 128 << 20
 //
 //   - stdout: `dd if=/dev/zero bs=128k` of 64 MiB, every byte to a reader
 //     in this process, through berth's Exec (client -> berthd -> agent),
+//     through StartExec over Connect on HTTP/1.1 (connect-go, binary),
 //     through containerd's own task.Exec with FIFOs (the shim copies the
 //     pipe into a FIFO, the containerd client copies the FIFO), and
 //     through a host pipe. The same busybox binary produces in all three
@@ -71,7 +72,8 @@ const fileBytes = 128 << 20
 //     beside cp of it (benchBigRead), and Upload of 5,000 4 KiB files
 //     beside `tar -xf && sync -f` (benchSmallFiles). Host files live on
 //     the file system of the sandbox's files (hostBenchDir).
-//   - roundtrip: `true` through berth's Exec until its exit status, through
+//   - roundtrip: `true` through berth's Exec until its exit status (and
+//     through StartExec over Connect on HTTP/1.1), through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
 //     and wait4 of busybox true on the host; and through berth's Exec in a
 //     gvisor sandbox, beside fork, exec and wait4 of true timed inside
