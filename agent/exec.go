@@ -300,16 +300,7 @@ func (s *Server) apply(e *execution, req *agentv1.ExecRequest) error {
 			return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, err.Error(), map[string]string{"exec_id": e.id})
 		}
 	case *agentv1.ExecRequest_Resize:
-		if !e.hasTTY {
-			return rpcstatus.InvalidArgument("resize", fmt.Sprintf("exec %q was started without a terminal (process.tty is unset)", e.id))
-		}
-		rows, cols, err := ttySize("resize", ev.Resize.GetRows(), ev.Resize.GetCols())
-		if err != nil {
-			return err
-		}
-		if err := e.resize(rows, cols); err != nil {
-			return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, err.Error(), map[string]string{"exec_id": e.id})
-		}
+		return e.applyResize("resize", ev.Resize)
 	default:
 		return rpcstatus.InvalidArgument("event", fmt.Sprintf("%s may only be the first message of the stream", eventName(req)))
 	}
@@ -334,4 +325,20 @@ func eventName(req *agentv1.ExecRequest) string {
 	default:
 		return "empty (no event set)"
 	}
+}
+
+// applyResize carries out a resize of e's terminal; field names the
+// request's size in errors.
+func (e *execution) applyResize(field string, size *berthv1.ExecResize) error {
+	if !e.hasTTY {
+		return rpcstatus.InvalidArgument(field, fmt.Sprintf("exec %q was started without a terminal (process.tty is unset)", e.id))
+	}
+	rows, cols, err := ttySize(field, size.GetRows(), size.GetCols())
+	if err != nil {
+		return err
+	}
+	if err := e.resize(rows, cols); err != nil {
+		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, err.Error(), map[string]string{"exec_id": e.id})
+	}
+	return nil
 }

@@ -74,6 +74,10 @@ type execution struct {
 	// byte typed was not a line's end.
 	eotSent bool
 	midLine bool
+	// stdinTaken counts, under stdinMu, the stdin bytes the exec has taken
+	// from every caller (written, or dropped after the close or the
+	// exit): WriteStdin's offsets are positions in that count.
+	stdinTaken uint64
 
 	// oomBefore is the sandbox's OOM kill count when the exec started;
 	// oomKnown is false when the agent has no counter.
@@ -270,6 +274,35 @@ func (e *execution) awaitGroupGone(d time.Duration) {
 func (e *execution) writeStdin(data []byte) {
 	e.stdinMu.Lock()
 	defer e.stdinMu.Unlock()
+	e.writeStdinLocked(data)
+}
+
+// writeStdinAt writes the part of data that the exec's stdin has not taken
+// yet, data being the bytes of stdin from offset on, and returns the count
+// of bytes taken after it. A chunk wholly taken already (a retry) writes
+// nothing; an offset beyond the count is errStdinGap with the count.
+func (e *execution) writeStdinAt(offset uint64, data []byte) (uint64, error) {
+	e.stdinMu.Lock()
+	defer e.stdinMu.Unlock()
+	if offset > e.stdinTaken {
+		return e.stdinTaken, &stdinGapError{expected: e.stdinTaken, offset: offset}
+	}
+	if skip := e.stdinTaken - offset; skip < uint64(len(data)) {
+		e.writeStdinLocked(data[skip:])
+	}
+	return e.stdinTaken, nil
+}
+
+// stdinGapError is a WriteStdin offset beyond the bytes taken.
+type stdinGapError struct{ expected, offset uint64 }
+
+func (e *stdinGapError) Error() string {
+	return fmt.Sprintf("offset %d is beyond the %d bytes of stdin taken: send from offset %d", e.offset, e.expected, e.expected)
+}
+
+// writeStdinLocked is writeStdin with stdinMu held.
+func (e *execution) writeStdinLocked(data []byte) {
+	e.stdinTaken += uint64(len(data))
 	if e.eotSent {
 		return
 	}

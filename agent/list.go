@@ -78,9 +78,9 @@ func (s *Server) SignalExec(_ context.Context, req *agentv1.SignalExecRequest) (
 	if err != nil {
 		return nil, err
 	}
-	e := s.lookup(id)
-	if e == nil {
-		return nil, s.execNotFound(id)
+	e, err := s.execOf(id)
+	if err != nil {
+		return nil, err
 	}
 	// running and signal each take e.mu; an exec that finishes in between
 	// gets nothing from signal, which is what EXITED would say, and the

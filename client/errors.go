@@ -28,6 +28,7 @@ const (
 	ReasonExecNotFound        = "EXEC_NOT_FOUND"        // no such exec in the sandbox
 	ReasonExecExists          = "EXEC_EXISTS"           // the exec id is taken
 	ReasonCwdInvalid          = "CWD_INVALID"           // the working directory is missing or not a directory
+	ReasonStdinOffsetGap      = "STDIN_OFFSET_GAP"      // WriteExecStdin past the stdin taken; metadata expected_offset
 	ReasonSandboxNotRunning   = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
 	ReasonSandboxPaused       = "SANDBOX_PAUSED"        // FAILED_PRECONDITION: the sandbox is paused and the call asked not to resume it (NoResume)
 	ReasonSandboxHibernated   = "SANDBOX_HIBERNATED"    // FAILED_PRECONDITION: the sandbox is hibernated and the call asked not to wake it (NoResume)

@@ -54,6 +54,7 @@ const fileBytes = 128 << 20
 //
 //   - stdout: `dd if=/dev/zero bs=128k` of 64 MiB, every byte to a reader
 //     in this process, through berth's Exec (client -> berthd -> agent),
+//     through StartExec over Connect on HTTP/1.1 (connect-go, binary),
 //     through containerd's own task.Exec with FIFOs (the shim copies the
 //     pipe into a FIFO, the containerd client copies the FIFO), and
 //     through a host pipe. The same busybox binary produces in all three
@@ -71,7 +72,8 @@ const fileBytes = 128 << 20
 //     beside cp of it (benchBigRead), and Upload of 5,000 4 KiB files
 //     beside `tar -xf && sync -f` (benchSmallFiles). Host files live on
 //     the file system of the sandbox's files (hostBenchDir).
-//   - roundtrip: `true` through berth's Exec until its exit status, through
+//   - roundtrip: `true` through berth's Exec until its exit status (and
+//     through StartExec over Connect on HTTP/1.1), through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
 //     and wait4 of busybox true on the host; and through berth's Exec in a
 //     gvisor sandbox, beside fork, exec and wait4 of true timed inside
@@ -127,6 +129,8 @@ func BenchmarkSideBySide(b *testing.B) {
 		b.Fatal(err)
 	}
 	ctr := newCtrExec(b, id)
+	// Connect's binary protocol over HTTP/1.1 on the same socket (issue 26).
+	split := newSplitClient(env.berthdAddr, env.sandboxes)
 
 	b.Run("stdout", func(b *testing.B) {
 		dd := []string{"dd", "if=/dev/zero", fmt.Sprintf("bs=%d", ddBlock), fmt.Sprintf("count=%d", stdoutBytes/ddBlock), "status=none"}
@@ -136,6 +140,12 @@ func BenchmarkSideBySide(b *testing.B) {
 			var n counter
 			start := time.Now()
 			berthExec(b, c, id, spec, &n)
+			return sample{d: time.Since(start), lost: size - n.n.Load()}
+		})
+		measure(b, "stdout/berth-StartExec-connect", size, func(b *testing.B) sample {
+			var n counter
+			start := time.Now()
+			connectExec(b, split, id, spec, &n)
 			return sample{d: time.Since(start), lost: size - n.n.Load()}
 		})
 		measure(b, "stdout/containerd-FIFO", size, func(b *testing.B) sample {
@@ -179,6 +189,11 @@ func BenchmarkSideBySide(b *testing.B) {
 		measure(b, "roundtrip/berth-Exec", 0, func(b *testing.B) sample {
 			start := time.Now()
 			berthExec(b, c, id, spec, io.Discard)
+			return sample{d: time.Since(start)}
+		})
+		measure(b, "roundtrip/berth-StartExec-connect", 0, func(b *testing.B) sample {
+			start := time.Now()
+			connectExec(b, split, id, spec, io.Discard)
 			return sample{d: time.Since(start)}
 		})
 		measure(b, "roundtrip/containerd-Exec", 0, func(b *testing.B) sample {

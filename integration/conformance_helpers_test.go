@@ -286,7 +286,7 @@ func wantStatus(t testing.TB, err error, code codes.Code, reason, field string, 
 // startTunedServer serves a second berthd on the test's containerd
 // namespace whose sandboxes get the agent settings in cfg (ExecHeartbeat,
 // ExecRetention, ExecRingBytes), and returns a client for it.
-func startTunedServer(t *testing.T, cfg runtime.Config) berthv1.SandboxServiceClient {
+func startTunedServer(t *testing.T, cfg runtime.Config) (addr string, svc berthv1.SandboxServiceClient) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -297,12 +297,13 @@ func startTunedServer(t *testing.T, cfg runtime.Config) berthv1.SandboxServiceCl
 		t.Fatalf("runtime: %v", err)
 	}
 	t.Cleanup(func() { rt.Close() })
-	conn, err := grpc.NewClient(serveService(t, server.Config{}, rt), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	addr = serveService(t, server.Config{}, rt)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return berthv1.NewSandboxServiceClient(conn)
+	return addr, berthv1.NewSandboxServiceClient(conn)
 }
 
 // newSandboxOn creates a sandbox through svc and deletes it at cleanup.

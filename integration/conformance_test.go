@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
@@ -44,10 +45,12 @@ const (
 // berthd), and a sandbox with a 64 MiB memory limit.
 type conformance struct {
 	runtime  string                       // runtime.RuntimeRunc or runtime.RuntimeGVisor
-	sb       string                       // on env.sandboxes
+	svc      berthv1.SandboxServiceClient // env.sandboxes, or a split client of it
+	split    bool                         // svc runs Exec on the split calls
+	sb       string                       // on c.svc
 	tuned    berthv1.SandboxServiceClient // the second berthd
 	tunedSB  string                       // on tuned
-	memoryMB string                       // 64 MiB limit, on env.sandboxes
+	memoryMB string                       // 64 MiB limit, on c.svc
 }
 
 // TestConformance checks the exec contract of SPEC.md section 3 through the
@@ -63,19 +66,51 @@ type conformance struct {
 func TestConformance(t *testing.T) {
 	need(t)
 	for _, rt := range []string{runtime.RuntimeRunc, runtime.RuntimeGVisor} {
-		t.Run(rt, func(t *testing.T) { conformanceOn(t, rt) })
+		t.Run(rt, func(t *testing.T) { conformanceOn(t, rt, nil) })
 	}
 }
 
-func conformanceOn(t *testing.T, rt string) {
+// TestConformanceSplit runs the exec contract's cases through the calls
+// without bidi streams (StartExec, AttachExec, WriteExecStdin with
+// offsets, SignalExec, ResizeExec) over HTTP/1.1, by connect-go as a
+// Connect client and as a gRPC-Web client (issue 26), on runc.
+func TestConformanceSplit(t *testing.T) {
+	need(t)
+	for _, p := range []struct {
+		name string
+		opts []connect.ClientOption
+	}{
+		{"connect", nil},
+		{"grpc-web", []connect.ClientOption{connect.WithGRPCWeb()}},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			conformanceOn(t, runtime.RuntimeRunc, func(addr string, grpcClient berthv1.SandboxServiceClient) berthv1.SandboxServiceClient {
+				return newSplitClient(addr, grpcClient, p.opts...)
+			})
+		})
+	}
+}
+
+// conformanceOn runs the cases on runtime rt, through the gRPC client of
+// each berthd, or through via's client of it (at its address) when via is
+// not nil: Exec on the split calls (TestConformanceSplit).
+func conformanceOn(t *testing.T, rt string, via func(addr string, grpcClient berthv1.SandboxServiceClient) berthv1.SandboxServiceClient) {
 	if rt == runtime.RuntimeGVisor {
 		needGVisor(t)
 	}
 	var c conformance
 	c.runtime = rt
 	c.sb = newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: rt}).GetId()
-	c.tuned = startTunedServer(t, runtime.Config{ExecHeartbeat: tunedHeartbeat, ExecRetention: tunedRetention, ExecRingBytes: tunedRing,
+	c.svc = env.sandboxes
+	if via != nil {
+		c.svc, c.split = via(env.berthdAddr, env.sandboxes), true
+	}
+	tunedAddr, tuned := startTunedServer(t, runtime.Config{ExecHeartbeat: tunedHeartbeat, ExecRetention: tunedRetention, ExecRingBytes: tunedRing,
 		GVisorBinary: filepath.Join(env.repo, "scripts", "runsc-berth")})
+	c.tuned = tuned
+	if via != nil {
+		c.tuned = via(tunedAddr, tuned)
+	}
 	c.tunedSB = newSandboxOn(t, c.tuned, &berthv1.CreateSandboxRequest{Runtime: rt})
 	c.memoryMB = newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: rt, Resources: &berthv1.Resources{MemoryBytes: 64 << 20}}).GetId()
 
@@ -114,12 +149,17 @@ func conformanceOn(t *testing.T, rt string) {
 		{"11 bytes/8 concurrent execs keep their own output", concurrentExecs},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) { tc.run(t, &c) })
+		t.Run(tc.name, func(t *testing.T) {
+			if c.split && (strings.Contains(tc.name, "grpcurl") || strings.Contains(tc.name, "berth exec")) {
+				t.Skip("grpcurl and the berth CLI are gRPC clients, not the split client under test")
+			}
+			tc.run(t, &c)
+		})
 	}
 }
 
 func minted(t *testing.T, c *conformance) {
-	ev := runExec(t, env.sandboxes, c.sb, "", sh("echo hi"))
+	ev := runExec(t, c.svc, c.sb, "", sh("echo hi"))
 	if !regexp.MustCompile(`^ex-[a-z2-9]{12}$`).MatchString(ev.started.GetExecId()) {
 		t.Errorf("minted exec id %q, want ex- and 12 characters", ev.started.GetExecId())
 	}
@@ -131,9 +171,9 @@ func minted(t *testing.T, c *conformance) {
 func startTwice(t *testing.T, c *conformance) {
 	id := xid(t)
 	count := "/tmp/" + id + ".count"
-	first := runExec(t, env.sandboxes, c.sb, id, sh(`echo ran >> `+count+`; echo hello; echo bye >&2; exit 4`))
+	first := runExec(t, c.svc, c.sb, id, sh(`echo ran >> `+count+`; echo hello; echo bye >&2; exit 4`))
 	// Another spec under the same id: still the first exec, replayed.
-	second := runExec(t, env.sandboxes, c.sb, id, sh(`echo other`))
+	second := runExec(t, c.svc, c.sb, id, sh(`echo other`))
 	if second.started.GetExecId() != id || second.started.GetPid() != first.started.GetPid() {
 		t.Errorf("second start = %v, want exec %s with pid %d", second.started, id, first.started.GetPid())
 	}
@@ -155,12 +195,12 @@ func reattach(t *testing.T, c *conformance) {
 		fmt.Fprintf(&wantErr, "err-%d\n", i)
 	}
 	spec := sh(fmt.Sprintf(`i=1; while [ $i -le %d ]; do echo out-$i; echo err-$i >&2; i=$((i+1)); sleep 0.05; done`, n))
-	first := openExec(t, env.sandboxes, startReq(c.sb, id, spec), 0)
+	first := openExec(t, c.svc, startReq(c.sb, id, spec), 0)
 	first.until("10 events", func(ev *events) bool { return ev.lastSeq >= 10 })
 	first.cancel() // the client goes away mid-command
 	since := first.ev.lastSeq
 
-	second := openExec(t, env.sandboxes, attachReq(c.sb, id, since), since).wait()
+	second := openExec(t, c.svc, attachReq(c.sb, id, since), since).wait()
 	gotOut := string(first.ev.stdout) + string(second.stdout)
 	gotErr := string(first.ev.stderr) + string(second.stderr)
 	if gotOut != wantOut.String() || gotErr != wantErr.String() {
@@ -177,20 +217,20 @@ func reattach(t *testing.T, c *conformance) {
 	}
 
 	// After the end, attach replays what follows since_seq and nothing else.
-	all := openExec(t, env.sandboxes, attachReq(c.sb, id, 0), 0).wait()
+	all := openExec(t, c.svc, attachReq(c.sb, id, 0), 0).wait()
 	if string(all.stdout) != wantOut.String() || string(all.stderr) != wantErr.String() {
 		t.Errorf("replay from 0 = %q, %q; want everything", all.stdout, all.stderr)
 	}
-	none := openExec(t, env.sandboxes, attachReq(c.sb, id, all.lastSeq), all.lastSeq).wait()
+	none := openExec(t, c.svc, attachReq(c.sb, id, all.lastSeq), all.lastSeq).wait()
 	if len(none.outputs) != 0 || !proto.Equal(none.result, all.result) {
 		t.Errorf("attach at the last seq = %d outputs, result %v; want none and the result", len(none.outputs), none.result)
 	}
-	err := openExec(t, env.sandboxes, attachReq(c.sb, id, all.lastSeq+1), all.lastSeq+1).failure()
-	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "attach.since_seq")
+	err := openExec(t, c.svc, attachReq(c.sb, id, all.lastSeq+1), all.lastSeq+1).failure()
+	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, c.field("attach.since_seq"))
 }
 
 func attachUnknown(t *testing.T, c *conformance) {
-	err := openExec(t, env.sandboxes, attachReq(c.sb, "no-such-exec-x1", 0), 0).failure()
+	err := openExec(t, c.svc, attachReq(c.sb, "no-such-exec-x1", 0), 0).failure()
 	wantStatus(t, err, codes.NotFound, rpcstatus.ReasonExecNotFound, "", `"no-such-exec-x1"`)
 }
 
@@ -231,7 +271,7 @@ func retention(t *testing.T, c *conformance) {
 func grpcurlAttach(t *testing.T, c *conformance) {
 	bin := grpcurl(t)
 	id := xid(t)
-	runExec(t, env.sandboxes, c.sb, id, sh("echo hi; exit 3"))
+	runExec(t, c.svc, c.sb, id, sh("echo hi; exit 3"))
 	cmd := exec.Command(bin, "-plaintext", "-unix", "-d", "@", strings.TrimPrefix(env.berthdAddr, "unix://"), "berth.v1.SandboxService/Exec")
 	cmd.Stdin = strings.NewReader(`{"attach":{"sandbox_id":"` + c.sb + `","exec_id":"` + id + `","since_seq":"0"}}`)
 	out, err := cmd.CombinedOutput()
@@ -300,7 +340,7 @@ func gibThroughCap(t *testing.T, c *conformance) {
 	}
 	spec := &berthv1.ProcessSpec{Argv: []string{"head", "-c", strconv.Itoa(gib), "/dev/zero"}, StdoutLimitBytes: mib}
 	start := time.Now()
-	ev := runExec(t, env.sandboxes, c.sb, "", spec)
+	ev := runExec(t, c.svc, c.sb, "", spec)
 	t.Logf("1 GiB through a 1 MiB cap: %v (%.0f MiB/s drained)", time.Since(start), float64(gib)/mib/time.Since(start).Seconds())
 	if ev.started.GetStdoutLimitBytes() != mib {
 		t.Errorf("started stdout_limit_bytes = %d, want %d", ev.started.GetStdoutLimitBytes(), mib)
@@ -317,7 +357,7 @@ func gibThroughCap(t *testing.T, c *conformance) {
 func stderrCap(t *testing.T, c *conformance) {
 	spec := bash(`printf 'abcdefghij%.0s' {1..500} >&2; echo out`)
 	spec.StderrLimitBytes = 1000
-	ev := runExec(t, env.sandboxes, c.sb, "", spec)
+	ev := runExec(t, c.svc, c.sb, "", spec)
 	if string(ev.stderr) != strings.Repeat("abcdefghij", 100) || string(ev.stdout) != "out\n" {
 		t.Errorf("stderr %d bytes %q..., stdout %q; want the first 1000 bytes and %q", len(ev.stderr), ev.stderr[:min(len(ev.stderr), 20)], ev.stdout, "out\n")
 	}
@@ -329,7 +369,7 @@ func stderrCap(t *testing.T, c *conformance) {
 
 func capsAsAsked(t *testing.T, c *conformance) {
 	spec := &berthv1.ProcessSpec{Argv: []string{"true"}, StdoutLimitBytes: 1 << 40}
-	ev := runExec(t, env.sandboxes, c.sb, "", spec)
+	ev := runExec(t, c.svc, c.sb, "", spec)
 	// An Exec streams without a ceiling: no clamp, and no cap unless asked.
 	if ev.started.GetStdoutLimitBytes() != 1<<40 || ev.started.GetStderrLimitBytes() != 0 {
 		t.Errorf("started caps %d/%d, want %d (as asked) and 0 (none)", ev.started.GetStdoutLimitBytes(), ev.started.GetStderrLimitBytes(), uint64(1<<40))
@@ -338,7 +378,7 @@ func capsAsAsked(t *testing.T, c *conformance) {
 
 func backgroundChild(t *testing.T, c *conformance) {
 	start := time.Now()
-	ev := runExec(t, env.sandboxes, c.sb, "", sh(`sleep 30 & echo started`))
+	ev := runExec(t, c.svc, c.sb, "", sh(`sleep 30 & echo started`))
 	elapsed := time.Since(start)
 	if string(ev.stdout) != "started\n" || ev.result.GetExitCode() != 0 {
 		t.Errorf("stdout %q exit %d, want %q and 0", ev.stdout, ev.result.GetExitCode(), "started\n")
@@ -384,7 +424,7 @@ func signals(t *testing.T, c *conformance) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.signal, func(t *testing.T) {
-			conn := openExec(t, env.sandboxes, startReq(c.sb, "", sh(`sleep 30 & echo $!; wait`)), 0)
+			conn := openExec(t, c.svc, startReq(c.sb, "", sh(`sleep 30 & echo $!; wait`)), 0)
 			conn.until("the child's pid", stdoutHas("\n"))
 			conn.send(signalMsg(tt.signal))
 			ev := conn.wait()
@@ -409,10 +449,10 @@ func badSignal(t *testing.T, c *conformance) {
 	id := xid(t)
 	spec := sh(`read x; echo "got $x"`)
 	spec.Stdin = true
-	conn := openExec(t, env.sandboxes, startReq(c.sb, id, spec), 0)
+	conn := openExec(t, c.svc, startReq(c.sb, id, spec), 0)
 	conn.send(signalMsg("NOPE"))
-	wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "signal.signal", `"NOPE"`)
-	again := openExec(t, env.sandboxes, attachReq(c.sb, id, 0), 0)
+	wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, c.field("signal.signal"), `"NOPE"`)
+	again := openExec(t, c.svc, attachReq(c.sb, id, 0), 0)
 	again.send(stdinMsg([]byte("y\n")))
 	if ev := again.wait(); string(ev.stdout) != "got y\n" || ev.result.GetExitCode() != 0 {
 		t.Errorf("after the bad signal: stdout %q exit %d, want %q and 0", ev.stdout, ev.result.GetExitCode(), "got y\n")
@@ -424,7 +464,7 @@ func stdinExact(t *testing.T, c *conformance) {
 	rand.Read(data)
 	sum := sha256.Sum256(data)
 	spec := &berthv1.ProcessSpec{ShellCommand: `sha256sum | cut -d' ' -f1; cat; echo EOF`, Stdin: true}
-	conn := openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
+	conn := openExec(t, c.svc, startReq(c.sb, "", spec), 0)
 	for off := 0; off < len(data); off += 64 << 10 {
 		conn.send(stdinMsg(data[off:min(off+64<<10, len(data))]))
 	}
@@ -437,7 +477,7 @@ func stdinExact(t *testing.T, c *conformance) {
 
 func stdinIgnored(t *testing.T, c *conformance) {
 	spec := &berthv1.ProcessSpec{ShellCommand: `echo done`, Stdin: true}
-	conn := openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
+	conn := openExec(t, c.svc, startReq(c.sb, "", spec), 0)
 	sent := make(chan error, 1)
 	go func() {
 		// More than a pipe holds, never closed: the exec must end anyway.
@@ -475,7 +515,7 @@ func ttyFacts(t *testing.T, c *conformance) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ev := runExec(t, env.sandboxes, c.sb, "", tty(tt.spec, 33, 101))
+			ev := runExec(t, c.svc, c.sb, "", tty(tt.spec, 33, 101))
 			if !regexp.MustCompile(tt.want).Match(ev.stdout) || ev.result.GetExitCode() != tt.wantExit {
 				t.Errorf("output %q exit %d, want %s and %d", ev.stdout, ev.result.GetExitCode(), tt.want, tt.wantExit)
 			}
@@ -489,7 +529,7 @@ func ttyFacts(t *testing.T, c *conformance) {
 func ttyResizeEOT(t *testing.T, c *conformance) {
 	spec := tty(sh(`stty size; read x; stty size`), 24, 80)
 	spec.Stdin = true
-	conn := openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
+	conn := openExec(t, c.svc, startReq(c.sb, "", spec), 0)
 	conn.until("the first size", stdoutHas("24 80\r\n"))
 	conn.send(resizeMsg(40, 132))
 	conn.send(stdinMsg([]byte("go\n")))
@@ -502,7 +542,7 @@ func ttyResizeEOT(t *testing.T, c *conformance) {
 		// file (docs/gvisor.md).
 		spec = tty(&berthv1.ProcessSpec{Argv: []string{"cat"}}, 24, 80)
 		spec.Stdin = true
-		conn = openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
+		conn = openExec(t, c.svc, startReq(c.sb, "", spec), 0)
 		conn.send(stdinMsg([]byte("abc\n")))
 		conn.send(closeStdinMsg) // EOT: cat reads end of file
 		if ev := conn.wait(); string(ev.stdout) != "abc\r\nabc\r\n" || ev.result.GetExitCode() != 0 {
@@ -510,9 +550,13 @@ func ttyResizeEOT(t *testing.T, c *conformance) {
 		}
 	}
 
-	conn = openExec(t, env.sandboxes, startReq(c.sb, "", sh("sleep 30")), 0)
+	conn = openExec(t, c.svc, startReq(c.sb, "", sh("sleep 30")), 0)
 	conn.send(resizeMsg(10, 10))
-	wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "resize")
+	noTTY := "resize"
+	if c.split {
+		noTTY = "exec_id" // ResizeExec's request names the exec that has none
+	}
+	wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, noTTY)
 }
 
 // cliInteractive runs `berth exec -it` on a pseudo-terminal, as a person at
@@ -622,7 +666,7 @@ func oomKill(t *testing.T, c *conformance) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	runtimeOf := func() *berthv1.RuntimeIdentity {
-		resp, err := env.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: c.memoryMB})
+		resp, err := c.svc.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: c.memoryMB})
 		if err != nil {
 			t.Fatalf("GetSandbox: %v", err)
 		}
@@ -659,7 +703,7 @@ func oomKill(t *testing.T, c *conformance) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ev := runExec(t, env.sandboxes, c.memoryMB, "", tt.spec)
+			ev := runExec(t, c.svc, c.memoryMB, "", tt.spec)
 			r := ev.result
 			if r.GetOomKilled() != tt.wantOOM || r.GetExitCode() != tt.wantExit || r.GetSignal() != tt.wantSignal || r.GetTimedOut() || string(ev.stdout) != tt.wantStdout {
 				t.Errorf("result = %v, stdout %q; want oom_killed %v, exit %d, signal %q, not timed out, stdout %q",
@@ -677,7 +721,7 @@ func oomKill(t *testing.T, c *conformance) {
 
 func timeout(t *testing.T, c *conformance) {
 	spec := &berthv1.ProcessSpec{Argv: []string{"sleep", "30"}, Timeout: durationpb.New(time.Second)}
-	ev := runExec(t, env.sandboxes, c.sb, "", spec)
+	ev := runExec(t, c.svc, c.sb, "", spec)
 	r := ev.result
 	if ev.started.GetTimeout().AsDuration() != time.Second {
 		t.Errorf("started timeout %v, want 1s", ev.started.GetTimeout().AsDuration())
@@ -691,7 +735,7 @@ func timeout(t *testing.T, c *conformance) {
 }
 
 func accounting(t *testing.T, c *conformance) {
-	ev := runExec(t, env.sandboxes, c.sb, "", sh(`i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; echo $i`))
+	ev := runExec(t, c.svc, c.sb, "", sh(`i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; echo $i`))
 	r := ev.result
 	if string(ev.stdout) != "100000\n" || r.GetStdoutBytes() != 7 || r.GetStderrBytes() != 0 {
 		t.Errorf("stdout %q, bytes %d/%d; want %q, 7/0", ev.stdout, r.GetStdoutBytes(), r.GetStderrBytes(), "100000\n")
@@ -706,24 +750,24 @@ func background(t *testing.T, c *conformance) {
 	id := xid(t)
 	spec := sh(`echo one; read x; echo "two $x"`)
 	spec.Stdin = true
-	started := openExec(t, env.sandboxes, &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
+	started := openExec(t, c.svc, &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
 		SandboxId: c.sb, ExecId: id, Process: spec, Background: true,
 	}}}, 0).wait0()
 	if started.GetExecId() != id || started.GetPid() <= 0 {
 		t.Errorf("started = %v, want exec %s with a pid", started, id)
 	}
-	info := listExecs(t, env.sandboxes, c.sb)[id]
+	info := listExecs(t, c.svc, c.sb)[id]
 	if info.GetState() != berthv1.ExecState_EXEC_STATE_RUNNING || info.GetPid() != started.GetPid() || !info.GetStdin() ||
 		strings.Join(info.GetArgv(), "|") != `sh|-c|echo one; read x; echo "two $x"` || info.GetResult() != nil {
 		t.Errorf("ListExecs entry = %v, want running, pid %d, stdin, the shell's argv, no result", info, started.GetPid())
 	}
-	conn := openExec(t, env.sandboxes, attachReq(c.sb, id, 0), 0)
+	conn := openExec(t, c.svc, attachReq(c.sb, id, 0), 0)
 	conn.send(stdinMsg([]byte("y\n")))
 	ev := conn.wait()
 	if string(ev.stdout) != "one\ntwo y\n" || ev.result.GetExitCode() != 0 {
 		t.Errorf("attach: stdout %q exit %d, want %q and 0", ev.stdout, ev.result.GetExitCode(), "one\ntwo y\n")
 	}
-	info = listExecs(t, env.sandboxes, c.sb)[id]
+	info = listExecs(t, c.svc, c.sb)[id]
 	// The two lines are one output event or two, as the pipe was read
 	// (under gVisor often one): last_seq is the attach's last.
 	if info.GetState() != berthv1.ExecState_EXEC_STATE_EXITED || info.GetLastSeq() != ev.lastSeq || ev.lastSeq == 0 || !proto.Equal(info.GetResult(), ev.result) {
@@ -741,23 +785,23 @@ func signalExec(t *testing.T, c *conformance) {
 	}{{"KILL", 137, "SIGKILL"}, {"15", 143, "SIGTERM"}}
 	for _, tt := range tests {
 		id := xid(t)
-		openExec(t, env.sandboxes, &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
+		openExec(t, c.svc, &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
 			SandboxId: c.sb, ExecId: id, Process: sh("exec sleep 30"), Background: true,
 		}}}, 0).wait0()
-		resp, err := env.sandboxes.SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: c.sb, ExecId: id, Signal: tt.signal})
+		resp, err := c.svc.SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: c.sb, ExecId: id, Signal: tt.signal})
 		if err != nil || resp.GetState() != berthv1.ExecState_EXEC_STATE_RUNNING {
 			t.Fatalf("SignalExec(%s) = %v, %v; want RUNNING", tt.signal, resp, err)
 		}
-		ev := openExec(t, env.sandboxes, attachReq(c.sb, id, 0), 0).wait()
+		ev := openExec(t, c.svc, attachReq(c.sb, id, 0), 0).wait()
 		if r := ev.result; r.GetExitCode() != tt.wantCode || r.GetSignal() != tt.wantName || r.GetOomKilled() {
 			t.Errorf("result after SignalExec(%s) = %v, want exit %d by %s, not OOM", tt.signal, r, tt.wantCode, tt.wantName)
 		}
-		resp, err = env.sandboxes.SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: c.sb, ExecId: id, Signal: "TERM"})
+		resp, err = c.svc.SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: c.sb, ExecId: id, Signal: "TERM"})
 		if err != nil || resp.GetState() != berthv1.ExecState_EXEC_STATE_EXITED {
 			t.Errorf("SignalExec(ended exec) = %v, %v; want EXITED", resp, err)
 		}
 	}
-	_, err := env.sandboxes.SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: c.sb, ExecId: "no-such-exec-x2", Signal: "TERM"})
+	_, err := c.svc.SignalExec(ctx, &berthv1.SignalExecRequest{SandboxId: c.sb, ExecId: "no-such-exec-x2", Signal: "TERM"})
 	wantStatus(t, err, codes.NotFound, rpcstatus.ReasonExecNotFound, "", `"no-such-exec-x2"`)
 }
 
@@ -786,16 +830,16 @@ func validation(t *testing.T, c *conformance) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			id := xid(t)
-			err := openExec(t, env.sandboxes, startReq(c.sb, id, tt.spec), 0).failure()
-			wantStatus(t, err, tt.code, tt.reason, tt.field, tt.contains)
-			if _, ok := listExecs(t, env.sandboxes, c.sb)[id]; ok {
+			err := openExec(t, c.svc, startReq(c.sb, id, tt.spec), 0).failure()
+			wantStatus(t, err, tt.code, tt.reason, c.field(tt.field), tt.contains)
+			if _, ok := listExecs(t, c.svc, c.sb)[id]; ok {
 				t.Errorf("ListExecs lists %s: a refused start must not record an exec", id)
 			}
 		})
 	}
 	t.Run("bad exec id", func(t *testing.T) {
-		err := openExec(t, env.sandboxes, startReq(c.sb, "bad id!", &berthv1.ProcessSpec{Argv: []string{"true"}}), 0).failure()
-		wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.exec_id", `"bad id!"`)
+		err := openExec(t, c.svc, startReq(c.sb, "bad id!", &berthv1.ProcessSpec{Argv: []string{"true"}}), 0).failure()
+		wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, c.field("start.exec_id"), `"bad id!"`)
 	})
 }
 
@@ -819,11 +863,11 @@ func timeoutBounds(t *testing.T, c *conformance) {
 	for _, tt := range tests {
 		spec := &berthv1.ProcessSpec{Argv: []string{"true"}, Timeout: tt.timeout}
 		if tt.refused != "" {
-			conn := openExec(t, env.sandboxes, startReq(c.sb, "", spec), 0)
-			wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "start.process.timeout", tt.refused)
+			conn := openExec(t, c.svc, startReq(c.sb, "", spec), 0)
+			wantStatus(t, conn.failure(), codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, c.field("start.process.timeout"), tt.refused)
 			continue
 		}
-		ev := runExec(t, env.sandboxes, c.sb, "", spec)
+		ev := runExec(t, c.svc, c.sb, "", spec)
 		if got := ev.started.GetTimeout().AsDuration(); got != tt.want {
 			t.Errorf("timeout %v: started timeout %v, want %v", tt.timeout.AsDuration(), got, tt.want)
 		}
@@ -831,7 +875,7 @@ func timeoutBounds(t *testing.T, c *conformance) {
 }
 
 func binaryBytes(t *testing.T, c *conformance) {
-	ev := runExec(t, env.sandboxes, c.sb, "", bash(`printf '\x00\x01\xff\xfeA\n'; printf '\xff\x00' >&2; printf 'last'`))
+	ev := runExec(t, c.svc, c.sb, "", bash(`printf '\x00\x01\xff\xfeA\n'; printf '\xff\x00' >&2; printf 'last'`))
 	if want := "\x00\x01\xff\xfeA\nlast"; string(ev.stdout) != want || string(ev.stderr) != "\xff\x00" {
 		t.Errorf("stdout %q stderr %q, want %q and %q", ev.stdout, ev.stderr, want, "\xff\x00")
 	}
@@ -839,7 +883,7 @@ func binaryBytes(t *testing.T, c *conformance) {
 	for i := range all {
 		all[i] = byte(i)
 	}
-	conn := openExec(t, env.sandboxes, startReq(c.sb, "", &berthv1.ProcessSpec{Argv: []string{"cat"}, Stdin: true}), 0)
+	conn := openExec(t, c.svc, startReq(c.sb, "", &berthv1.ProcessSpec{Argv: []string{"cat"}, Stdin: true}), 0)
 	conn.send(stdinMsg(all))
 	conn.send(closeStdinMsg)
 	if ev := conn.wait(); !bytes.Equal(ev.stdout, all) {
@@ -849,7 +893,7 @@ func binaryBytes(t *testing.T, c *conformance) {
 
 func splitUTF8(t *testing.T, c *conformance) {
 	// The first write ends inside "€" (e2 82 ac); the rest comes later.
-	ev := runExec(t, env.sandboxes, c.sb, "", bash(`printf 'x\xe2\x82'; sleep 0.3; printf '\xacy\n'`))
+	ev := runExec(t, c.svc, c.sb, "", bash(`printf 'x\xe2\x82'; sleep 0.3; printf '\xacy\n'`))
 	if string(ev.stdout) != "x€y\n" {
 		t.Errorf("stdout %q, want %q", ev.stdout, "x€y\n")
 	}
@@ -864,7 +908,7 @@ func concurrentExecs(t *testing.T, c *conformance) {
 		t.Run(strconv.Itoa(k), func(t *testing.T) {
 			t.Parallel()
 			spec := sh(fmt.Sprintf(`i=1; while [ $i -le %d ]; do echo "%d:$i"; echo "e%d:$i" >&2; i=$((i+1)); done`, lines, k, k))
-			ev := runExec(t, env.sandboxes, c.sb, "", spec)
+			ev := runExec(t, c.svc, c.sb, "", spec)
 			var wantOut, wantErr strings.Builder
 			for i := 1; i <= lines; i++ {
 				fmt.Fprintf(&wantOut, "%d:%d\n", k, i)
@@ -876,4 +920,19 @@ func concurrentExecs(t *testing.T, c *conformance) {
 			}
 		})
 	}
+}
+
+// field is the name an error gives a field of an Exec message: as in
+// ExecRequest ("start.process", "signal.signal"), or at the top of the
+// split calls' requests ("process", "signal").
+func (c *conformance) field(name string) string {
+	if !c.split {
+		return name
+	}
+	for _, prefix := range []string{"start.", "attach.", "signal."} {
+		if rest, ok := strings.CutPrefix(name, prefix); ok {
+			return rest
+		}
+	}
+	return name
 }

@@ -73,7 +73,8 @@ func serveServiceLog(t *testing.T, cfg server.Config, rt *runtime.Runtime, log *
 		t.Fatal(err)
 	}
 	srv := server.NewGRPCServer(svc, log)
-	go srv.Serve(lis)
+	// Connect and gRPC-Web too, as berthd serves them (TestConformanceSplit).
+	go server.Serve(srv, lis, server.ServeConfig{HTTP: os.Getenv("BERTH_TEST_GRPC_ONLY") == "", Log: log})
 	t.Cleanup(func() {
 		srv.Stop()
 		svc.Close()

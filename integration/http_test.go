@@ -94,10 +94,13 @@ func TestHTTPDocRecipes(t *testing.T) {
 		t.Logf("recipe %s:\n%s", name, out)
 		return string(out)
 	}
+	// protojson puts a space after some ':' and ',' at random (fixed per
+	// binary) to keep callers from comparing bytes: the checks do not.
+	jsonSpace := regexp.MustCompile(`([:,]) +`)
 	want := func(name, out string, subs ...string) {
 		t.Helper()
 		for _, s := range subs {
-			if !strings.Contains(out, s) {
+			if !strings.Contains(jsonSpace.ReplaceAllString(out, "$1"), s) {
 				t.Errorf("recipe %s: output lacks %q:\n%s", name, s, out)
 			}
 		}
@@ -124,6 +127,38 @@ func TestHTTPDocRecipes(t *testing.T) {
 		t.Errorf("no token: ErrorInfo reason %q, want UNAUTHENTICATED:\n%s", reason, out)
 	}
 	want("bidi", run("bidi"), "HTTP 505", "bidi streams require HTTP/2")
+
+	out = run("rest")
+	want("rest", out, `"id":"`+sb+`"`, `"stdout":"cmVzdAo="`, `"sizeBytes":"`+fmt.Sprint(len(shells))+`"`,
+		"HTTP 404", `"reason":"SANDBOX_NOT_FOUND"`)
+
+	// Exec without bidi: start in the background, stdin at offsets (a
+	// resent chunk dropped), a gap refused, attach from a seq.
+	want("startexec", run("startexec"), `"started":{"execId":"cat-1"`)
+	out = run("stdin")
+	if got := regexp.MustCompile(`"nextOffset": *"(\d+)"`).FindAllStringSubmatch(out, -1); len(got) != 3 || got[0][1] != "6" || got[1][1] != "6" || got[2][1] != "12" {
+		t.Errorf("recipe stdin: next offsets %v, want 6, 6 (the resent chunk dropped), 12:\n%s", got, out)
+	}
+	out = run("stdingap")
+	want("stdingap", out, `"code":"failed_precondition"`, "HTTP 400")
+	if reason := errorReason(t, out); reason != "STDIN_OFFSET_GAP" {
+		t.Errorf("stdin past the count: ErrorInfo reason %q, want STDIN_OFFSET_GAP:\n%s", reason, out)
+	}
+	if meta := errorInfo(t, out).GetMetadata(); meta["expected_offset"] != "12" {
+		t.Errorf("stdin past the count: ErrorInfo metadata %v, want expected_offset 12", meta)
+	}
+	out = run("attach")
+	// Event 1 was "hello\n": from seq 1 on comes "world\n" alone, once.
+	want("attach", out, `"seq":"2"`, `"data":"d29ybGQK"`, `"exitCode":0`)
+	if strings.Contains(out, "aGVsbG8K") || strings.Count(out, `"output":`) != 1 {
+		t.Errorf("recipe attach from seq 1: want one output, world, and not hello:\n%s", out)
+	}
+	want("resize", run("resize"), `"code":"invalid_argument"`, "HTTP 400", `"state":"EXEC_STATE_EXITED"`)
+	// Every byte once: the exec's whole stdout is hello, world.
+	all := openExec(t, e.sandboxes, attachReq(sb, "cat-1", 0), 0).wait()
+	if string(all.stdout) != "hello\nworld\n" {
+		t.Errorf("cat-1 wrote %q, want the stdin sent, each byte once: %q", all.stdout, "hello\nworld\n")
+	}
 	grpcWebRun(t, url, sb)
 }
 
@@ -131,10 +166,17 @@ func TestHTTPDocRecipes(t *testing.T) {
 // Connect JSON error body in out.
 func errorReason(t *testing.T, out string) string {
 	t.Helper()
+	return errorInfo(t, out).GetReason()
+}
+
+// errorInfo returns the google.rpc.ErrorInfo detail of a Connect JSON
+// error body in out.
+func errorInfo(t *testing.T, out string) *errdetails.ErrorInfo {
+	t.Helper()
 	m := regexp.MustCompile(`"type":"google.rpc.ErrorInfo","value":"([^"]*)"`).FindStringSubmatch(out)
 	if m == nil {
 		t.Errorf("no google.rpc.ErrorInfo detail in %s", out)
-		return ""
+		return nil
 	}
 	b, err := base64.RawStdEncoding.DecodeString(strings.TrimRight(m[1], "="))
 	if err != nil {
@@ -144,7 +186,7 @@ func errorReason(t *testing.T, out string) string {
 	if err := proto.Unmarshal(b, &info); err != nil {
 		t.Fatalf("ErrorInfo: %v", err)
 	}
-	return info.GetReason()
+	return &info
 }
 
 // grpcWebRun calls Run in sb through gRPC-Web over HTTP/1.1 with a bearer

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench.sh measures berth beside its anchors in one run on this machine and
 # prints one table (berth, anchor, ratio, the target): Exec stdout
-# throughput beside containerd's task.Exec with a FIFO and a host pipe;
+# throughput beside containerd's task.Exec with a FIFO and a host pipe,
+# and StartExec over Connect (HTTP/1.1) beside Exec over gRPC;
 # ReadFile, WriteFile, `berth cp`, Download and Upload of 128 MiB beside
 # host cp, cp && sync, tar; exec round trip (p50, p99) beside containerd's
 # task.Exec and fork+exec on the host, and under gVisor beside fork+exec

@@ -14,10 +14,12 @@ import (
 	"syscall"
 	"time"
 
+	"connectrpc.com/vanguard"
 	"connectrpc.com/vanguard/vanguardgrpc"
 	"github.com/soheilhy/cmux"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/genproto/googleapis/api/annotations"
 	"google.golang.org/grpc"
 
 	"github.com/berth-sandbox/berth/server/auth"
@@ -105,11 +107,11 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 
 // NewHTTPHandler returns the http.Handler serving srv's services over
 // Connect (binary and JSON), gRPC-Web and gRPC, through vanguard's
-// transcoder in front of srv.ServeHTTP; the WebSocket endpoints under
-// /ws/ (cfg.WebSocket), whose calls go to srv in process; and with
-// cfg.Console the web console under /console/.
+// transcoder in front of srv.ServeHTTP, with REST routes (restRules); the
+// WebSocket endpoints under /ws/ (cfg.WebSocket), whose calls go to srv in
+// process; and with cfg.Console the web console under /console/.
 func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
-	t, err := vanguardgrpc.NewTranscoder(srv)
+	t, err := vanguardgrpc.NewTranscoder(srv, vanguard.WithRules(restRules()...))
 	if err != nil {
 		return nil, fmt.Errorf("HTTP transcoder: %w", err)
 	}
@@ -140,6 +142,41 @@ func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
 			api.ServeHTTP(w, r)
 		}
 	}), nil
+}
+
+// restRules are the REST routes of the main calls (docs/http.md), as
+// google.api.http rules: vanguard transcodes REST/JSON to them with
+// protobuf's JSON mapping, path variables and query parameters filling
+// the request's fields, and answers errors as google.rpc.Status JSON
+// with the typed details. They are given here rather than as annotations
+// in the .proto files, which would make every generated client (Python,
+// TypeScript) import googleapis' annotations.
+func restRules() []*annotations.HttpRule {
+	rule := func(method, verb, path, body string) *annotations.HttpRule {
+		r := &annotations.HttpRule{Selector: method, Body: body}
+		switch verb {
+		case http.MethodGet:
+			r.Pattern = &annotations.HttpRule_Get{Get: path}
+		case http.MethodPost:
+			r.Pattern = &annotations.HttpRule_Post{Post: path}
+		case http.MethodDelete:
+			r.Pattern = &annotations.HttpRule_Delete{Delete: path}
+		}
+		return r
+	}
+	const sb, files = "berth.v1.SandboxService.", "berth.v1.FileService."
+	return []*annotations.HttpRule{
+		rule(sb+"CreateSandbox", http.MethodPost, "/v1/sandboxes", "*"),
+		rule(sb+"ListSandboxes", http.MethodGet, "/v1/sandboxes", ""),
+		rule(sb+"GetSandbox", http.MethodGet, "/v1/sandboxes/{sandbox_id}", ""),
+		rule(sb+"DeleteSandbox", http.MethodDelete, "/v1/sandboxes/{sandbox_id}", ""),
+		rule(sb+"Run", http.MethodPost, "/v1/sandboxes/{sandbox_id}/run", "*"),
+		rule(sb+"ListExecs", http.MethodGet, "/v1/sandboxes/{sandbox_id}/execs", ""),
+		rule(sb+"WriteExecStdin", http.MethodPost, "/v1/sandboxes/{sandbox_id}/execs/{exec_id}/stdin", "*"),
+		rule(sb+"SignalExec", http.MethodPost, "/v1/sandboxes/{sandbox_id}/execs/{exec_id}/signal", "*"),
+		rule(sb+"ResizeExec", http.MethodPost, "/v1/sandboxes/{sandbox_id}/execs/{exec_id}/resize", "*"),
+		rule(files+"Stat", http.MethodGet, "/v1/sandboxes/{sandbox_id}/stat", ""),
+	}
 }
 
 // connectUnaryByDefault marks a POST of a unary body (application/json,

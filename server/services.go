@@ -75,6 +75,22 @@ func (s *Service) SignalExec(ctx context.Context, req *berthv1.SignalExecRequest
 	return s.execs.SignalExec(ctx, req)
 }
 
+func (s *Service) StartExec(req *berthv1.StartExecRequest, stream berthv1.SandboxService_StartExecServer) error {
+	return s.execs.StartExec(req, stream)
+}
+
+func (s *Service) AttachExec(req *berthv1.AttachExecRequest, stream berthv1.SandboxService_AttachExecServer) error {
+	return s.execs.AttachExec(req, stream)
+}
+
+func (s *Service) WriteExecStdin(ctx context.Context, req *berthv1.WriteExecStdinRequest) (*berthv1.WriteExecStdinResponse, error) {
+	return s.execs.WriteExecStdin(ctx, req)
+}
+
+func (s *Service) ResizeExec(ctx context.Context, req *berthv1.ResizeExecRequest) (*berthv1.ResizeExecResponse, error) {
+	return s.execs.ResizeExec(ctx, req)
+}
+
 func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) error {
 	return s.execs.PortForward(stream)
 }

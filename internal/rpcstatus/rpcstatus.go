@@ -34,10 +34,14 @@ const (
 	ReasonImageExists = "IMAGE_EXISTS"
 	// ReasonImageUnusable (FAILED_PRECONDITION): what the image holds
 	// cannot start a sandbox (its /etc/passwd is a named pipe, say).
-	ReasonImageUnusable     = "IMAGE_UNUSABLE"
-	ReasonExecNotFound      = "EXEC_NOT_FOUND"
-	ReasonExecExists        = "EXEC_EXISTS"
-	ReasonCwdInvalid        = "CWD_INVALID"
+	ReasonImageUnusable = "IMAGE_UNUSABLE"
+	ReasonExecNotFound  = "EXEC_NOT_FOUND"
+	ReasonExecExists    = "EXEC_EXISTS"
+	ReasonCwdInvalid    = "CWD_INVALID"
+	// ReasonStdinOffsetGap: FAILED_PRECONDITION, a WriteExecStdin offset
+	// beyond the stdin bytes the exec has taken (metadata
+	// "expected_offset").
+	ReasonStdinOffsetGap    = "STDIN_OFFSET_GAP"
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).
@@ -184,6 +188,21 @@ func Reason(err error) string {
 		}
 	}
 	return ""
+}
+
+// Metadata returns the ErrorInfo metadata of err when err is a berth status
+// error, and nil otherwise.
+func Metadata(err error) map[string]string {
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return nil
+	}
+	for _, d := range se.GRPCStatus().Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == Domain {
+			return info.GetMetadata()
+		}
+	}
+	return nil
 }
 
 // maxText bounds a status message, a BadRequest description and an

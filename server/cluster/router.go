@@ -95,6 +95,7 @@ var routedServices = auth.ForwardedServices
 var readOnly = map[string]bool{
 	berthv1.SandboxService_GetSandbox_FullMethodName: true,
 	berthv1.SandboxService_ListExecs_FullMethodName:  true,
+	berthv1.SandboxService_AttachExec_FullMethodName: true,
 	berthv1.FileService_ReadFile_FullMethodName:      true,
 	berthv1.FileService_Stat_FullMethodName:          true,
 	berthv1.FileService_ListDir_FullMethodName:       true,

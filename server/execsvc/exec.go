@@ -26,6 +26,14 @@ import (
 // running and stays attachable. Events pass through without copying their
 // payloads. A background start ends with OK after started.
 func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
+	return s.exec(stream, true)
+}
+
+// exec serves one exec stream: Exec's, or a split call's (split.go). nested
+// says that the first message's fields sit under start. or attach., as in
+// Exec's ExecRequest; the split calls' requests have them at their top,
+// where errors name them so.
+func (s *Service) exec(stream berthv1.SandboxService_ExecServer, nested bool) error {
 	ctx := stream.Context()
 	first, err := stream.Recv()
 	if err != nil {
@@ -41,17 +49,25 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		background bool
 		hangup     bool // SIGHUP to the exec when the caller goes away
 	)
+	_, isStart := first.GetEvent().(*berthv1.ExecRequest_Start)
+	field := func(name string) string {
+		prefix, _ := execFieldPrefix(isStart)
+		if !nested {
+			return name
+		}
+		return prefix + name
+	}
 	switch ev := first.GetEvent().(type) {
 	case *berthv1.ExecRequest_Start:
 		sandboxID = ev.Start.GetSandboxId()
-		execID, err = s.execID("start.exec_id", ev.Start.GetExecId())
+		execID, err = s.execID(field("exec_id"), ev.Start.GetExecId())
 		if err != nil {
 			return err
 		}
 		if ev.Start.GetProcess() == nil {
-			return apierr.InvalidArgument("start.process", "is missing")
+			return apierr.InvalidArgument(field("process"), "is missing")
 		}
-		if err := validate.Process("start.process", ev.Start.GetProcess()); err != nil {
+		if err := validate.Process(field("process"), ev.Start.GetProcess()); err != nil {
 			return err
 		}
 		background = ev.Start.GetBackground()
@@ -65,7 +81,7 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 	case *berthv1.ExecRequest_Attach:
 		sandboxID = ev.Attach.GetSandboxId()
 		execID = ev.Attach.GetExecId()
-		if err := validate.ExecID("attach.exec_id", execID); err != nil {
+		if err := validate.ExecID(field("exec_id"), execID); err != nil {
 			return err
 		}
 		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: ev.Attach.GetExecId(), SinceSeq: ev.Attach.GetSinceSeq()}}}
@@ -77,7 +93,6 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 		return err
 	}
 	telemetry.Annotate(ctx, sandboxID, execID)
-	_, isStart := first.GetEvent().(*berthv1.ExecRequest_Start)
 	guard, err := s.guardExec(ctx, sandboxID, execID, isStart)
 	if err != nil {
 		return apierr.WithMeta(err, meta)
@@ -161,7 +176,11 @@ func (s *Service) Exec(stream berthv1.SandboxService_ExecServer) error {
 			if hangup && started && ctx.Err() != nil {
 				s.hangUp(ctx, guard, execID)
 			}
-			return apierr.WithMeta(publicExecFields(guard.failed(ctx, err), isStart), meta)
+			err = guard.failed(ctx, err)
+			if nested {
+				err = publicExecFields(err, isStart)
+			}
+			return apierr.WithMeta(err, meta)
 		}
 		guard.seen(msg)
 		if !resp.set(msg) {

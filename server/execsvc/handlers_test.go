@@ -62,7 +62,19 @@ type fakeAgent struct {
 	listExecs   func(*agentv1.ListExecsRequest) (*agentv1.ListExecsResponse, error)
 	signalExec  func(*agentv1.SignalExecRequest) (*agentv1.SignalExecResponse, error)
 	portForward func(agentv1.AgentService_PortForwardServer) error
+	writeStdin  func(*agentv1.WriteStdinRequest) (*agentv1.WriteStdinResponse, error)
 	calls       int
+}
+
+func (a *fakeAgent) WriteStdin(_ context.Context, req *agentv1.WriteStdinRequest) (*agentv1.WriteStdinResponse, error) {
+	a.call()
+	a.mu.Lock()
+	f := a.writeStdin
+	a.mu.Unlock()
+	if f == nil {
+		return nil, grpcstatus.Error(codes.Unimplemented, "test agent: no stdin")
+	}
+	return f(req)
 }
 
 func (a *fakeAgent) call() {
@@ -288,6 +300,18 @@ func (s sandboxServer) SignalExec(ctx context.Context, req *berthv1.SignalExecRe
 
 func (s sandboxServer) PortForward(stream berthv1.SandboxService_PortForwardServer) error {
 	return s.svc.PortForward(stream)
+}
+
+func (s sandboxServer) StartExec(req *berthv1.StartExecRequest, stream berthv1.SandboxService_StartExecServer) error {
+	return s.svc.StartExec(req, stream)
+}
+
+func (s sandboxServer) WriteExecStdin(ctx context.Context, req *berthv1.WriteExecStdinRequest) (*berthv1.WriteExecStdinResponse, error) {
+	return s.svc.WriteExecStdin(ctx, req)
+}
+
+func (s sandboxServer) ResizeExec(ctx context.Context, req *berthv1.ResizeExecRequest) (*berthv1.ResizeExecResponse, error) {
+	return s.svc.ResizeExec(ctx, req)
 }
 
 type harness struct {

@@ -2118,6 +2118,416 @@ func (x *SignalExecResponse) GetState() ExecState {
 	return ExecState_EXEC_STATE_UNSPECIFIED
 }
 
+// StartExecRequest starts an exec without a bidirectional stream; its
+// fields are ExecStart's, with the same numbers and meaning.
+type StartExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox to run in.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// exec_id optionally names the exec, as ExecStart.exec_id.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// process is what to run; with process.stdin, WriteExecStdin feeds it.
+	Process *ProcessSpec `protobuf:"bytes,3,opt,name=process,proto3" json:"process,omitempty"`
+	// background ends the stream right after ExecStarted, as
+	// ExecStart.background.
+	Background bool `protobuf:"varint,4,opt,name=background,proto3" json:"background,omitempty"`
+	// detached_output is what the exec does with output nobody reads, as
+	// ExecStart.detached_output.
+	DetachedOutput DetachedOutput `protobuf:"varint,5,opt,name=detached_output,json=detachedOutput,proto3,enum=berth.v1.DetachedOutput" json:"detached_output,omitempty"`
+	// hangup_on_disconnect sends SIGHUP to the exec's process group when
+	// this stream breaks while the exec runs, as
+	// ExecStart.hangup_on_disconnect.
+	HangupOnDisconnect bool `protobuf:"varint,6,opt,name=hangup_on_disconnect,json=hangupOnDisconnect,proto3" json:"hangup_on_disconnect,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *StartExecRequest) Reset() {
+	*x = StartExecRequest{}
+	mi := &file_berth_v1_exec_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartExecRequest) ProtoMessage() {}
+
+func (x *StartExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartExecRequest.ProtoReflect.Descriptor instead.
+func (*StartExecRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *StartExecRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *StartExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *StartExecRequest) GetProcess() *ProcessSpec {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+func (x *StartExecRequest) GetBackground() bool {
+	if x != nil {
+		return x.Background
+	}
+	return false
+}
+
+func (x *StartExecRequest) GetDetachedOutput() DetachedOutput {
+	if x != nil {
+		return x.DetachedOutput
+	}
+	return DetachedOutput_DETACHED_OUTPUT_UNSPECIFIED
+}
+
+func (x *StartExecRequest) GetHangupOnDisconnect() bool {
+	if x != nil {
+		return x.HangupOnDisconnect
+	}
+	return false
+}
+
+// AttachExecRequest follows an existing exec; its fields are ExecAttach's,
+// with the same numbers and meaning.
+type AttachExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox the exec runs in.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// exec_id names the exec.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// since_seq replays only events whose sequence number is greater; zero
+	// replays everything retained, as ExecAttach.since_seq.
+	SinceSeq      uint64 `protobuf:"varint,3,opt,name=since_seq,json=sinceSeq,proto3" json:"since_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AttachExecRequest) Reset() {
+	*x = AttachExecRequest{}
+	mi := &file_berth_v1_exec_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AttachExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AttachExecRequest) ProtoMessage() {}
+
+func (x *AttachExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AttachExecRequest.ProtoReflect.Descriptor instead.
+func (*AttachExecRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *AttachExecRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *AttachExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *AttachExecRequest) GetSinceSeq() uint64 {
+	if x != nil {
+		return x.SinceSeq
+	}
+	return 0
+}
+
+// WriteExecStdinRequest carries bytes for an exec's standard input at an
+// offset.
+type WriteExecStdinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox the exec runs in.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// exec_id names the exec.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// offset is the position of data's first byte in the exec's standard
+	// input, in bytes: the number of stdin bytes sent before it (0 for the
+	// first chunk). Bytes below what the exec has taken are dropped as
+	// already written; an offset beyond it is FAILED_PRECONDITION
+	// STDIN_OFFSET_GAP.
+	Offset uint64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// data is written to the process's stdin as is, after the part already
+	// taken. At most the server's message limit (4 MiB with its framing):
+	// send large input in pieces.
+	Data []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// close_stdin closes standard input after data, as ExecCloseStdin:
+	// EOF for a pipe, EOT typed into a terminal. Closing again does nothing.
+	CloseStdin    bool `protobuf:"varint,5,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteExecStdinRequest) Reset() {
+	*x = WriteExecStdinRequest{}
+	mi := &file_berth_v1_exec_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteExecStdinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteExecStdinRequest) ProtoMessage() {}
+
+func (x *WriteExecStdinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteExecStdinRequest.ProtoReflect.Descriptor instead.
+func (*WriteExecStdinRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *WriteExecStdinRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WriteExecStdinRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *WriteExecStdinRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteExecStdinRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WriteExecStdinRequest) GetCloseStdin() bool {
+	if x != nil {
+		return x.CloseStdin
+	}
+	return false
+}
+
+// WriteExecStdinResponse says how much standard input the exec has taken.
+type WriteExecStdinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// next_offset is the number of stdin bytes the exec has taken, in bytes:
+	// the offset of the next chunk. Bytes sent after the close, or to an exec
+	// that ended, are counted and dropped, as on a stream.
+	NextOffset    uint64 `protobuf:"varint,1,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteExecStdinResponse) Reset() {
+	*x = WriteExecStdinResponse{}
+	mi := &file_berth_v1_exec_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteExecStdinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteExecStdinResponse) ProtoMessage() {}
+
+func (x *WriteExecStdinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteExecStdinResponse.ProtoReflect.Descriptor instead.
+func (*WriteExecStdinResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *WriteExecStdinResponse) GetNextOffset() uint64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+// ResizeExecRequest changes the terminal size of a tty exec.
+type ResizeExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sandbox_id names the sandbox the exec runs in.
+	SandboxId string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// exec_id names the exec.
+	ExecId string `protobuf:"bytes,2,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// rows is the number of lines, 1 to 65535.
+	Rows uint32 `protobuf:"varint,3,opt,name=rows,proto3" json:"rows,omitempty"`
+	// cols is the number of columns, 1 to 65535.
+	Cols          uint32 `protobuf:"varint,4,opt,name=cols,proto3" json:"cols,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeExecRequest) Reset() {
+	*x = ResizeExecRequest{}
+	mi := &file_berth_v1_exec_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeExecRequest) ProtoMessage() {}
+
+func (x *ResizeExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeExecRequest.ProtoReflect.Descriptor instead.
+func (*ResizeExecRequest) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ResizeExecRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ResizeExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ResizeExecRequest) GetRows() uint32 {
+	if x != nil {
+		return x.Rows
+	}
+	return 0
+}
+
+func (x *ResizeExecRequest) GetCols() uint32 {
+	if x != nil {
+		return x.Cols
+	}
+	return 0
+}
+
+// ResizeExecResponse is empty.
+type ResizeExecResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeExecResponse) Reset() {
+	*x = ResizeExecResponse{}
+	mi := &file_berth_v1_exec_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeExecResponse) ProtoMessage() {}
+
+func (x *ResizeExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_exec_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeExecResponse.ProtoReflect.Descriptor instead.
+func (*ResizeExecResponse) Descriptor() ([]byte, []int) {
+	return file_berth_v1_exec_proto_rawDescGZIP(), []int{28}
+}
+
 var File_berth_v1_exec_proto protoreflect.FileDescriptor
 
 const file_berth_v1_exec_proto_rawDesc = "" +
@@ -2262,7 +2672,40 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
 	"\x06signal\x18\x03 \x01(\tR\x06signal\"?\n" +
 	"\x12SignalExecResponse\x12)\n" +
-	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state*<\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x13.berth.v1.ExecStateR\x05state\"\x90\x02\n" +
+	"\x10StartExecRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12/\n" +
+	"\aprocess\x18\x03 \x01(\v2\x15.berth.v1.ProcessSpecR\aprocess\x12\x1e\n" +
+	"\n" +
+	"background\x18\x04 \x01(\bR\n" +
+	"background\x12A\n" +
+	"\x0fdetached_output\x18\x05 \x01(\x0e2\x18.berth.v1.DetachedOutputR\x0edetachedOutput\x120\n" +
+	"\x14hangup_on_disconnect\x18\x06 \x01(\bR\x12hangupOnDisconnect\"h\n" +
+	"\x11AttachExecRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x1b\n" +
+	"\tsince_seq\x18\x03 \x01(\x04R\bsinceSeq\"\x9c\x01\n" +
+	"\x15WriteExecStdinRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1f\n" +
+	"\vclose_stdin\x18\x05 \x01(\bR\n" +
+	"closeStdin\"9\n" +
+	"\x16WriteExecStdinResponse\x12\x1f\n" +
+	"\vnext_offset\x18\x01 \x01(\x04R\n" +
+	"nextOffset\"s\n" +
+	"\x11ResizeExecRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x17\n" +
+	"\aexec_id\x18\x02 \x01(\tR\x06execId\x12\x12\n" +
+	"\x04rows\x18\x03 \x01(\rR\x04rows\x12\x12\n" +
+	"\x04cols\x18\x04 \x01(\rR\x04cols\"\x14\n" +
+	"\x12ResizeExecResponse*<\n" +
 	"\x05Shell\x12\x15\n" +
 	"\x11SHELL_UNSPECIFIED\x10\x00\x12\f\n" +
 	"\bSHELL_SH\x10\x01\x12\x0e\n" +
@@ -2294,43 +2737,49 @@ func file_berth_v1_exec_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_exec_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_berth_v1_exec_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_berth_v1_exec_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_berth_v1_exec_proto_goTypes = []any{
-	(Shell)(0),                    // 0: berth.v1.Shell
-	(Stream)(0),                   // 1: berth.v1.Stream
-	(DetachedOutput)(0),           // 2: berth.v1.DetachedOutput
-	(ExecState)(0),                // 3: berth.v1.ExecState
-	(*ProcessSpec)(nil),           // 4: berth.v1.ProcessSpec
-	(*TtySize)(nil),               // 5: berth.v1.TtySize
-	(*ExecStart)(nil),             // 6: berth.v1.ExecStart
-	(*ExecAttach)(nil),            // 7: berth.v1.ExecAttach
-	(*ExecStdin)(nil),             // 8: berth.v1.ExecStdin
-	(*ExecCloseStdin)(nil),        // 9: berth.v1.ExecCloseStdin
-	(*ExecSignal)(nil),            // 10: berth.v1.ExecSignal
-	(*ExecResize)(nil),            // 11: berth.v1.ExecResize
-	(*ExecRequest)(nil),           // 12: berth.v1.ExecRequest
-	(*ExecStarted)(nil),           // 13: berth.v1.ExecStarted
-	(*ExecOutput)(nil),            // 14: berth.v1.ExecOutput
-	(*ExecHeartbeat)(nil),         // 15: berth.v1.ExecHeartbeat
-	(*ExecDropped)(nil),           // 16: berth.v1.ExecDropped
-	(*ExecResult)(nil),            // 17: berth.v1.ExecResult
-	(*ExecExited)(nil),            // 18: berth.v1.ExecExited
-	(*ExecResponse)(nil),          // 19: berth.v1.ExecResponse
-	(*RunRequest)(nil),            // 20: berth.v1.RunRequest
-	(*RunResponse)(nil),           // 21: berth.v1.RunResponse
-	(*ExecInfo)(nil),              // 22: berth.v1.ExecInfo
-	(*ListExecsRequest)(nil),      // 23: berth.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),     // 24: berth.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),     // 25: berth.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),    // 26: berth.v1.SignalExecResponse
-	nil,                           // 27: berth.v1.ProcessSpec.EnvEntry
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(Shell)(0),                     // 0: berth.v1.Shell
+	(Stream)(0),                    // 1: berth.v1.Stream
+	(DetachedOutput)(0),            // 2: berth.v1.DetachedOutput
+	(ExecState)(0),                 // 3: berth.v1.ExecState
+	(*ProcessSpec)(nil),            // 4: berth.v1.ProcessSpec
+	(*TtySize)(nil),                // 5: berth.v1.TtySize
+	(*ExecStart)(nil),              // 6: berth.v1.ExecStart
+	(*ExecAttach)(nil),             // 7: berth.v1.ExecAttach
+	(*ExecStdin)(nil),              // 8: berth.v1.ExecStdin
+	(*ExecCloseStdin)(nil),         // 9: berth.v1.ExecCloseStdin
+	(*ExecSignal)(nil),             // 10: berth.v1.ExecSignal
+	(*ExecResize)(nil),             // 11: berth.v1.ExecResize
+	(*ExecRequest)(nil),            // 12: berth.v1.ExecRequest
+	(*ExecStarted)(nil),            // 13: berth.v1.ExecStarted
+	(*ExecOutput)(nil),             // 14: berth.v1.ExecOutput
+	(*ExecHeartbeat)(nil),          // 15: berth.v1.ExecHeartbeat
+	(*ExecDropped)(nil),            // 16: berth.v1.ExecDropped
+	(*ExecResult)(nil),             // 17: berth.v1.ExecResult
+	(*ExecExited)(nil),             // 18: berth.v1.ExecExited
+	(*ExecResponse)(nil),           // 19: berth.v1.ExecResponse
+	(*RunRequest)(nil),             // 20: berth.v1.RunRequest
+	(*RunResponse)(nil),            // 21: berth.v1.RunResponse
+	(*ExecInfo)(nil),               // 22: berth.v1.ExecInfo
+	(*ListExecsRequest)(nil),       // 23: berth.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),      // 24: berth.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),      // 25: berth.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),     // 26: berth.v1.SignalExecResponse
+	(*StartExecRequest)(nil),       // 27: berth.v1.StartExecRequest
+	(*AttachExecRequest)(nil),      // 28: berth.v1.AttachExecRequest
+	(*WriteExecStdinRequest)(nil),  // 29: berth.v1.WriteExecStdinRequest
+	(*WriteExecStdinResponse)(nil), // 30: berth.v1.WriteExecStdinResponse
+	(*ResizeExecRequest)(nil),      // 31: berth.v1.ResizeExecRequest
+	(*ResizeExecResponse)(nil),     // 32: berth.v1.ResizeExecResponse
+	nil,                            // 33: berth.v1.ProcessSpec.EnvEntry
+	(*durationpb.Duration)(nil),    // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
 }
 var file_berth_v1_exec_proto_depIdxs = []int32{
 	0,  // 0: berth.v1.ProcessSpec.shell:type_name -> berth.v1.Shell
-	27, // 1: berth.v1.ProcessSpec.env:type_name -> berth.v1.ProcessSpec.EnvEntry
-	28, // 2: berth.v1.ProcessSpec.timeout:type_name -> google.protobuf.Duration
+	33, // 1: berth.v1.ProcessSpec.env:type_name -> berth.v1.ProcessSpec.EnvEntry
+	34, // 2: berth.v1.ProcessSpec.timeout:type_name -> google.protobuf.Duration
 	5,  // 3: berth.v1.ProcessSpec.tty:type_name -> berth.v1.TtySize
 	4,  // 4: berth.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
 	2,  // 5: berth.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
@@ -2340,11 +2789,11 @@ var file_berth_v1_exec_proto_depIdxs = []int32{
 	9,  // 9: berth.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
 	10, // 10: berth.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
 	11, // 11: berth.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	28, // 12: berth.v1.ExecStarted.timeout:type_name -> google.protobuf.Duration
+	34, // 12: berth.v1.ExecStarted.timeout:type_name -> google.protobuf.Duration
 	1,  // 13: berth.v1.ExecOutput.stream:type_name -> berth.v1.Stream
-	28, // 14: berth.v1.ExecResult.duration:type_name -> google.protobuf.Duration
-	28, // 15: berth.v1.ExecResult.user_cpu:type_name -> google.protobuf.Duration
-	28, // 16: berth.v1.ExecResult.system_cpu:type_name -> google.protobuf.Duration
+	34, // 14: berth.v1.ExecResult.duration:type_name -> google.protobuf.Duration
+	34, // 15: berth.v1.ExecResult.user_cpu:type_name -> google.protobuf.Duration
+	34, // 16: berth.v1.ExecResult.system_cpu:type_name -> google.protobuf.Duration
 	17, // 17: berth.v1.ExecExited.result:type_name -> berth.v1.ExecResult
 	13, // 18: berth.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
 	14, // 19: berth.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
@@ -2354,16 +2803,18 @@ var file_berth_v1_exec_proto_depIdxs = []int32{
 	4,  // 23: berth.v1.RunRequest.process:type_name -> berth.v1.ProcessSpec
 	17, // 24: berth.v1.RunResponse.result:type_name -> berth.v1.ExecResult
 	3,  // 25: berth.v1.ExecInfo.state:type_name -> berth.v1.ExecState
-	29, // 26: berth.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
+	35, // 26: berth.v1.ExecInfo.started_at:type_name -> google.protobuf.Timestamp
 	17, // 27: berth.v1.ExecInfo.result:type_name -> berth.v1.ExecResult
-	28, // 28: berth.v1.ExecInfo.timeout:type_name -> google.protobuf.Duration
+	34, // 28: berth.v1.ExecInfo.timeout:type_name -> google.protobuf.Duration
 	22, // 29: berth.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
 	3,  // 30: berth.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	4,  // 31: berth.v1.StartExecRequest.process:type_name -> berth.v1.ProcessSpec
+	2,  // 32: berth.v1.StartExecRequest.detached_output:type_name -> berth.v1.DetachedOutput
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_exec_proto_init() }
@@ -2393,7 +2844,7 @@ func file_berth_v1_exec_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_exec_proto_rawDesc), len(file_berth_v1_exec_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   24,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -28,6 +28,10 @@ const (
 	SandboxService_Run_FullMethodName              = "/berth.v1.SandboxService/Run"
 	SandboxService_ListExecs_FullMethodName        = "/berth.v1.SandboxService/ListExecs"
 	SandboxService_SignalExec_FullMethodName       = "/berth.v1.SandboxService/SignalExec"
+	SandboxService_StartExec_FullMethodName        = "/berth.v1.SandboxService/StartExec"
+	SandboxService_AttachExec_FullMethodName       = "/berth.v1.SandboxService/AttachExec"
+	SandboxService_WriteExecStdin_FullMethodName   = "/berth.v1.SandboxService/WriteExecStdin"
+	SandboxService_ResizeExec_FullMethodName       = "/berth.v1.SandboxService/ResizeExec"
 	SandboxService_PortForward_FullMethodName      = "/berth.v1.SandboxService/PortForward"
 	SandboxService_PauseSandbox_FullMethodName     = "/berth.v1.SandboxService/PauseSandbox"
 	SandboxService_ResumeSandbox_FullMethodName    = "/berth.v1.SandboxService/ResumeSandbox"
@@ -99,6 +103,8 @@ type SandboxServiceClient interface {
 	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
 	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
 	// (STALE_HANDLE) for an exec id of an earlier runtime.
+	// ExecResponse is also StartExec's and AttachExec's: the same events.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	Exec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecRequest, ExecResponse], error)
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
@@ -114,6 +120,45 @@ type SandboxServiceClient interface {
 	// EXEC_STATE_EXITED. Errors: INVALID_ARGUMENT for an unknown signal name,
 	// NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
 	SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error)
+	// StartExec starts an exec, as an Exec stream's ExecStart does, and
+	// streams its events: the same ExecResponse events as Exec's (ExecStarted,
+	// numbered ExecOutput, heartbeats, ExecDropped, ExecExited), the same exec
+	// ids, idempotence, admission and limits. It is Exec without a
+	// bidirectional stream, for HTTP/1.1 and browsers (Connect, gRPC-Web):
+	// stdin goes with WriteExecStdin, signals with SignalExec, terminal sizes
+	// with ResizeExec. A background start answers ExecStarted alone and ends,
+	// a unary start returning the exec id. When the stream breaks the exec
+	// runs on (unless hangup_on_disconnect), to be followed with AttachExec.
+	// Errors as for Exec.
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	StartExec(ctx context.Context, in *StartExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error)
+	// AttachExec follows an existing exec from a sequence number, as an Exec
+	// stream's ExecAttach does: ExecStarted, the retained events after
+	// since_seq, then live ones until ExecExited. Errors as for an Exec
+	// attach: INVALID_ARGUMENT (since_seq beyond the last event), NOT_FOUND
+	// (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	AttachExec(ctx context.Context, in *AttachExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error)
+	// WriteExecStdin writes bytes to an exec's standard input at an offset,
+	// and optionally closes it, without an Exec stream. The agent counts the
+	// bytes each exec's stdin has taken (from every caller: Exec streams'
+	// ExecStdin too), so a chunk sent again — a retry after a lost answer —
+	// is never applied twice: bytes below that count are dropped, the rest
+	// written. It answers once the bytes are written to the process's stdin
+	// pipe (or terminal): a process that does not read makes it wait, as
+	// ExecStdin does. Errors: INVALID_ARGUMENT (an exec without
+	// process.stdin), FAILED_PRECONDITION STDIN_OFFSET_GAP when offset is
+	// beyond the bytes taken so far (metadata "expected_offset" names the
+	// count: send from there), NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND),
+	// FAILED_PRECONDITION (STALE_HANDLE).
+	WriteExecStdin(ctx context.Context, in *WriteExecStdinRequest, opts ...grpc.CallOption) (*WriteExecStdinResponse, error)
+	// ResizeExec changes the terminal size of an exec started with a tty, as
+	// ExecResize does on a stream. Errors: INVALID_ARGUMENT (an exec without a
+	// tty, a size outside 1-65535), NOT_FOUND (SANDBOX_NOT_FOUND,
+	// EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+	ResizeExec(ctx context.Context, in *ResizeExecRequest, opts ...grpc.CallOption) (*ResizeExecResponse, error)
 	// PortForward carries one TCP connection to 127.0.0.1:port inside the
 	// sandbox's network namespace, like kubectl port-forward: the caller sends
 	// PortForwardStart, then bytes; the server sends PortForwardConnected,
@@ -340,9 +385,67 @@ func (c *sandboxServiceClient) SignalExec(ctx context.Context, in *SignalExecReq
 	return out, nil
 }
 
+func (c *sandboxServiceClient) StartExec(ctx context.Context, in *StartExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[1], SandboxService_StartExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[StartExecRequest, ExecResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_StartExecClient = grpc.ServerStreamingClient[ExecResponse]
+
+func (c *sandboxServiceClient) AttachExec(ctx context.Context, in *AttachExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[2], SandboxService_AttachExec_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[AttachExecRequest, ExecResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_AttachExecClient = grpc.ServerStreamingClient[ExecResponse]
+
+func (c *sandboxServiceClient) WriteExecStdin(ctx context.Context, in *WriteExecStdinRequest, opts ...grpc.CallOption) (*WriteExecStdinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteExecStdinResponse)
+	err := c.cc.Invoke(ctx, SandboxService_WriteExecStdin_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ResizeExec(ctx context.Context, in *ResizeExecRequest, opts ...grpc.CallOption) (*ResizeExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResizeExecResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ResizeExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sandboxServiceClient) PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[1], SandboxService_PortForward_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[3], SandboxService_PortForward_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -493,6 +596,8 @@ type SandboxServiceServer interface {
 	// UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
 	// sandbox's runtime dies under the exec, FAILED_PRECONDITION
 	// (STALE_HANDLE) for an exec id of an earlier runtime.
+	// ExecResponse is also StartExec's and AttachExec's: the same events.
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
 	Exec(grpc.BidiStreamingServer[ExecRequest, ExecResponse]) error
 	// Run runs a process to completion and returns its collected output, for
 	// callers without streaming. Errors as for Exec.
@@ -508,6 +613,45 @@ type SandboxServiceServer interface {
 	// EXEC_STATE_EXITED. Errors: INVALID_ARGUMENT for an unknown signal name,
 	// NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
 	SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error)
+	// StartExec starts an exec, as an Exec stream's ExecStart does, and
+	// streams its events: the same ExecResponse events as Exec's (ExecStarted,
+	// numbered ExecOutput, heartbeats, ExecDropped, ExecExited), the same exec
+	// ids, idempotence, admission and limits. It is Exec without a
+	// bidirectional stream, for HTTP/1.1 and browsers (Connect, gRPC-Web):
+	// stdin goes with WriteExecStdin, signals with SignalExec, terminal sizes
+	// with ResizeExec. A background start answers ExecStarted alone and ends,
+	// a unary start returning the exec id. When the stream breaks the exec
+	// runs on (unless hangup_on_disconnect), to be followed with AttachExec.
+	// Errors as for Exec.
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	StartExec(*StartExecRequest, grpc.ServerStreamingServer[ExecResponse]) error
+	// AttachExec follows an existing exec from a sequence number, as an Exec
+	// stream's ExecAttach does: ExecStarted, the retained events after
+	// since_seq, then live ones until ExecExited. Errors as for an Exec
+	// attach: INVALID_ARGUMENT (since_seq beyond the last event), NOT_FOUND
+	// (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	// buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+	AttachExec(*AttachExecRequest, grpc.ServerStreamingServer[ExecResponse]) error
+	// WriteExecStdin writes bytes to an exec's standard input at an offset,
+	// and optionally closes it, without an Exec stream. The agent counts the
+	// bytes each exec's stdin has taken (from every caller: Exec streams'
+	// ExecStdin too), so a chunk sent again — a retry after a lost answer —
+	// is never applied twice: bytes below that count are dropped, the rest
+	// written. It answers once the bytes are written to the process's stdin
+	// pipe (or terminal): a process that does not read makes it wait, as
+	// ExecStdin does. Errors: INVALID_ARGUMENT (an exec without
+	// process.stdin), FAILED_PRECONDITION STDIN_OFFSET_GAP when offset is
+	// beyond the bytes taken so far (metadata "expected_offset" names the
+	// count: send from there), NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND),
+	// FAILED_PRECONDITION (STALE_HANDLE).
+	WriteExecStdin(context.Context, *WriteExecStdinRequest) (*WriteExecStdinResponse, error)
+	// ResizeExec changes the terminal size of an exec started with a tty, as
+	// ExecResize does on a stream. Errors: INVALID_ARGUMENT (an exec without a
+	// tty, a size outside 1-65535), NOT_FOUND (SANDBOX_NOT_FOUND,
+	// EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+	ResizeExec(context.Context, *ResizeExecRequest) (*ResizeExecResponse, error)
 	// PortForward carries one TCP connection to 127.0.0.1:port inside the
 	// sandbox's network namespace, like kubectl port-forward: the caller sends
 	// PortForwardStart, then bytes; the server sends PortForwardConnected,
@@ -667,6 +811,18 @@ func (UnimplementedSandboxServiceServer) ListExecs(context.Context, *ListExecsRe
 }
 func (UnimplementedSandboxServiceServer) SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SignalExec not implemented")
+}
+func (UnimplementedSandboxServiceServer) StartExec(*StartExecRequest, grpc.ServerStreamingServer[ExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method StartExec not implemented")
+}
+func (UnimplementedSandboxServiceServer) AttachExec(*AttachExecRequest, grpc.ServerStreamingServer[ExecResponse]) error {
+	return status.Error(codes.Unimplemented, "method AttachExec not implemented")
+}
+func (UnimplementedSandboxServiceServer) WriteExecStdin(context.Context, *WriteExecStdinRequest) (*WriteExecStdinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WriteExecStdin not implemented")
+}
+func (UnimplementedSandboxServiceServer) ResizeExec(context.Context, *ResizeExecRequest) (*ResizeExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResizeExec not implemented")
 }
 func (UnimplementedSandboxServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
 	return status.Error(codes.Unimplemented, "method PortForward not implemented")
@@ -867,6 +1023,64 @@ func _SandboxService_SignalExec_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_StartExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(StartExecRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).StartExec(m, &grpc.GenericServerStream[StartExecRequest, ExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_StartExecServer = grpc.ServerStreamingServer[ExecResponse]
+
+func _SandboxService_AttachExec_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(AttachExecRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).AttachExec(m, &grpc.GenericServerStream[AttachExecRequest, ExecResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_AttachExecServer = grpc.ServerStreamingServer[ExecResponse]
+
+func _SandboxService_WriteExecStdin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteExecStdinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).WriteExecStdin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_WriteExecStdin_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).WriteExecStdin(ctx, req.(*WriteExecStdinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ResizeExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResizeExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ResizeExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ResizeExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ResizeExec(ctx, req.(*ResizeExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SandboxService_PortForward_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(SandboxServiceServer).PortForward(&grpc.GenericServerStream[PortForwardRequest, PortForwardResponse]{ServerStream: stream})
 }
@@ -1058,6 +1272,14 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _SandboxService_SignalExec_Handler,
 		},
 		{
+			MethodName: "WriteExecStdin",
+			Handler:    _SandboxService_WriteExecStdin_Handler,
+		},
+		{
+			MethodName: "ResizeExec",
+			Handler:    _SandboxService_ResizeExec_Handler,
+		},
+		{
 			MethodName: "PauseSandbox",
 			Handler:    _SandboxService_PauseSandbox_Handler,
 		},
@@ -1096,6 +1318,16 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _SandboxService_Exec_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "StartExec",
+			Handler:       _SandboxService_StartExec_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "AttachExec",
+			Handler:       _SandboxService_AttachExec_Handler,
+			ServerStreams: true,
 		},
 		{
 			StreamName:    "PortForward",

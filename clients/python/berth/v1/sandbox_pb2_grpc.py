@@ -72,6 +72,26 @@ class SandboxServiceStub(object):
                 request_serializer=berth_dot_v1_dot_exec__pb2.SignalExecRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_exec__pb2.SignalExecResponse.FromString,
                 )
+        self.StartExec = channel.unary_stream(
+                '/berth.v1.SandboxService/StartExec',
+                request_serializer=berth_dot_v1_dot_exec__pb2.StartExecRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_exec__pb2.ExecResponse.FromString,
+                )
+        self.AttachExec = channel.unary_stream(
+                '/berth.v1.SandboxService/AttachExec',
+                request_serializer=berth_dot_v1_dot_exec__pb2.AttachExecRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_exec__pb2.ExecResponse.FromString,
+                )
+        self.WriteExecStdin = channel.unary_unary(
+                '/berth.v1.SandboxService/WriteExecStdin',
+                request_serializer=berth_dot_v1_dot_exec__pb2.WriteExecStdinRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_exec__pb2.WriteExecStdinResponse.FromString,
+                )
+        self.ResizeExec = channel.unary_unary(
+                '/berth.v1.SandboxService/ResizeExec',
+                request_serializer=berth_dot_v1_dot_exec__pb2.ResizeExecRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_exec__pb2.ResizeExecResponse.FromString,
+                )
         self.PortForward = channel.stream_stream(
                 '/berth.v1.SandboxService/PortForward',
                 request_serializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.SerializeToString,
@@ -203,6 +223,8 @@ class SandboxServiceServicer(object):
         UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
         sandbox's runtime dies under the exec, FAILED_PRECONDITION
         (STALE_HANDLE) for an exec id of an earlier runtime.
+        ExecResponse is also StartExec's and AttachExec's: the same events.
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -232,6 +254,65 @@ class SandboxServiceServicer(object):
         exec that already ended sends nothing and succeeds with state
         EXEC_STATE_EXITED. Errors: INVALID_ARGUMENT for an unknown signal name,
         NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartExec(self, request, context):
+        """StartExec starts an exec, as an Exec stream's ExecStart does, and
+        streams its events: the same ExecResponse events as Exec's (ExecStarted,
+        numbered ExecOutput, heartbeats, ExecDropped, ExecExited), the same exec
+        ids, idempotence, admission and limits. It is Exec without a
+        bidirectional stream, for HTTP/1.1 and browsers (Connect, gRPC-Web):
+        stdin goes with WriteExecStdin, signals with SignalExec, terminal sizes
+        with ResizeExec. A background start answers ExecStarted alone and ends,
+        a unary start returning the exec id. When the stream breaks the exec
+        runs on (unless hangup_on_disconnect), to be followed with AttachExec.
+        Errors as for Exec.
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AttachExec(self, request, context):
+        """AttachExec follows an existing exec from a sequence number, as an Exec
+        stream's ExecAttach does: ExecStarted, the retained events after
+        since_seq, then live ones until ExecExited. Errors as for an Exec
+        attach: INVALID_ARGUMENT (since_seq beyond the last event), NOT_FOUND
+        (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+        buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+        buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteExecStdin(self, request, context):
+        """WriteExecStdin writes bytes to an exec's standard input at an offset,
+        and optionally closes it, without an Exec stream. The agent counts the
+        bytes each exec's stdin has taken (from every caller: Exec streams'
+        ExecStdin too), so a chunk sent again — a retry after a lost answer —
+        is never applied twice: bytes below that count are dropped, the rest
+        written. It answers once the bytes are written to the process's stdin
+        pipe (or terminal): a process that does not read makes it wait, as
+        ExecStdin does. Errors: INVALID_ARGUMENT (an exec without
+        process.stdin), FAILED_PRECONDITION STDIN_OFFSET_GAP when offset is
+        beyond the bytes taken so far (metadata "expected_offset" names the
+        count: send from there), NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND),
+        FAILED_PRECONDITION (STALE_HANDLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResizeExec(self, request, context):
+        """ResizeExec changes the terminal size of an exec started with a tty, as
+        ExecResize does on a stream. Errors: INVALID_ARGUMENT (an exec without a
+        tty, a size outside 1-65535), NOT_FOUND (SANDBOX_NOT_FOUND,
+        EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -453,6 +534,26 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     request_deserializer=berth_dot_v1_dot_exec__pb2.SignalExecRequest.FromString,
                     response_serializer=berth_dot_v1_dot_exec__pb2.SignalExecResponse.SerializeToString,
             ),
+            'StartExec': grpc.unary_stream_rpc_method_handler(
+                    servicer.StartExec,
+                    request_deserializer=berth_dot_v1_dot_exec__pb2.StartExecRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_exec__pb2.ExecResponse.SerializeToString,
+            ),
+            'AttachExec': grpc.unary_stream_rpc_method_handler(
+                    servicer.AttachExec,
+                    request_deserializer=berth_dot_v1_dot_exec__pb2.AttachExecRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_exec__pb2.ExecResponse.SerializeToString,
+            ),
+            'WriteExecStdin': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteExecStdin,
+                    request_deserializer=berth_dot_v1_dot_exec__pb2.WriteExecStdinRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_exec__pb2.WriteExecStdinResponse.SerializeToString,
+            ),
+            'ResizeExec': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResizeExec,
+                    request_deserializer=berth_dot_v1_dot_exec__pb2.ResizeExecRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_exec__pb2.ResizeExecResponse.SerializeToString,
+            ),
             'PortForward': grpc.stream_stream_rpc_method_handler(
                     servicer.PortForward,
                     request_deserializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.FromString,
@@ -669,6 +770,74 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/SignalExec',
             berth_dot_v1_dot_exec__pb2.SignalExecRequest.SerializeToString,
             berth_dot_v1_dot_exec__pb2.SignalExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def StartExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/berth.v1.SandboxService/StartExec',
+            berth_dot_v1_dot_exec__pb2.StartExecRequest.SerializeToString,
+            berth_dot_v1_dot_exec__pb2.ExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AttachExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/berth.v1.SandboxService/AttachExec',
+            berth_dot_v1_dot_exec__pb2.AttachExecRequest.SerializeToString,
+            berth_dot_v1_dot_exec__pb2.ExecResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WriteExecStdin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/WriteExecStdin',
+            berth_dot_v1_dot_exec__pb2.WriteExecStdinRequest.SerializeToString,
+            berth_dot_v1_dot_exec__pb2.WriteExecStdinResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ResizeExec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ResizeExec',
+            berth_dot_v1_dot_exec__pb2.ResizeExecRequest.SerializeToString,
+            berth_dot_v1_dot_exec__pb2.ResizeExecResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -1083,6 +1083,218 @@ func (*PortForwardResponse_Data) isPortForwardResponse_Event() {}
 
 func (*PortForwardResponse_Eof) isPortForwardResponse_Event() {}
 
+// WriteStdinRequest carries stdin bytes for an exec at an offset.
+type WriteStdinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exec_id names the exec.
+	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// offset is the position of data's first byte in the exec's stdin, in
+	// bytes.
+	Offset uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// data is the bytes.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// close_stdin closes stdin after data.
+	CloseStdin    bool `protobuf:"varint,4,opt,name=close_stdin,json=closeStdin,proto3" json:"close_stdin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinRequest) Reset() {
+	*x = WriteStdinRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinRequest) ProtoMessage() {}
+
+func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
+func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *WriteStdinRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *WriteStdinRequest) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteStdinRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WriteStdinRequest) GetCloseStdin() bool {
+	if x != nil {
+		return x.CloseStdin
+	}
+	return false
+}
+
+// WriteStdinResponse says how many stdin bytes the exec has taken.
+type WriteStdinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// next_offset is that count, in bytes.
+	NextOffset    uint64 `protobuf:"varint,1,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinResponse) Reset() {
+	*x = WriteStdinResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinResponse) ProtoMessage() {}
+
+func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
+func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *WriteStdinResponse) GetNextOffset() uint64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+// ResizeExecRequest names a tty exec and its new size.
+type ResizeExecRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exec_id names the exec.
+	ExecId string `protobuf:"bytes,1,opt,name=exec_id,json=execId,proto3" json:"exec_id,omitempty"`
+	// size is the new size.
+	Size          *v1.ExecResize `protobuf:"bytes,2,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeExecRequest) Reset() {
+	*x = ResizeExecRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeExecRequest) ProtoMessage() {}
+
+func (x *ResizeExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeExecRequest.ProtoReflect.Descriptor instead.
+func (*ResizeExecRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ResizeExecRequest) GetExecId() string {
+	if x != nil {
+		return x.ExecId
+	}
+	return ""
+}
+
+func (x *ResizeExecRequest) GetSize() *v1.ExecResize {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+// ResizeExecResponse is empty.
+type ResizeExecResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResizeExecResponse) Reset() {
+	*x = ResizeExecResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResizeExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResizeExecResponse) ProtoMessage() {}
+
+func (x *ResizeExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResizeExecResponse.ProtoReflect.Descriptor instead.
+func (*ResizeExecResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
 var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
@@ -1146,13 +1358,30 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\tconnected\x18\x01 \x01(\v2\x1e.berth.v1.PortForwardConnectedH\x00R\tconnected\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12,\n" +
 	"\x03eof\x18\x03 \x01(\v2\x18.berth.v1.PortForwardEOFH\x00R\x03eofB\a\n" +
-	"\x05event2\xef\x03\n" +
+	"\x05event\"y\n" +
+	"\x11WriteStdinRequest\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1f\n" +
+	"\vclose_stdin\x18\x04 \x01(\bR\n" +
+	"closeStdin\"5\n" +
+	"\x12WriteStdinResponse\x12\x1f\n" +
+	"\vnext_offset\x18\x01 \x01(\x04R\n" +
+	"nextOffset\"V\n" +
+	"\x11ResizeExecRequest\x12\x17\n" +
+	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12(\n" +
+	"\x04size\x18\x02 \x01(\v2\x14.berth.v1.ExecResizeR\x04size\"\x14\n" +
+	"\x12ResizeExecResponse2\x99\x05\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\tListExecs\x12 .berth.agent.v1.ListExecsRequest\x1a!.berth.agent.v1.ListExecsResponse\x12S\n" +
 	"\n" +
-	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12R\n" +
+	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12S\n" +
+	"\n" +
+	"WriteStdin\x12!.berth.agent.v1.WriteStdinRequest\x1a\".berth.agent.v1.WriteStdinResponse\x12S\n" +
+	"\n" +
+	"ResizeExec\x12!.berth.agent.v1.ResizeExecRequest\x1a\".berth.agent.v1.ResizeExecResponse\x12R\n" +
 	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01\x12Z\n" +
 	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
@@ -1168,7 +1397,7 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*TelemetryRequest)(nil),        // 0: berth.agent.v1.TelemetryRequest
 	(*TelemetryResponse)(nil),       // 1: berth.agent.v1.TelemetryResponse
@@ -1184,59 +1413,68 @@ var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*SignalExecResponse)(nil),      // 11: berth.agent.v1.SignalExecResponse
 	(*PortForwardRequest)(nil),      // 12: berth.agent.v1.PortForwardRequest
 	(*PortForwardResponse)(nil),     // 13: berth.agent.v1.PortForwardResponse
-	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),          // 15: berth.v1.ProcessSpec
-	(v1.DetachedOutput)(0),          // 16: berth.v1.DetachedOutput
-	(*v1.ExecStdin)(nil),            // 17: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),       // 18: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),           // 19: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),           // 20: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),          // 21: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),           // 22: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),        // 23: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),          // 24: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),           // 25: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),             // 26: berth.v1.ExecInfo
-	(v1.ExecState)(0),               // 27: berth.v1.ExecState
-	(*v1.PortForwardConnected)(nil), // 28: berth.v1.PortForwardConnected
-	(*v1.PortForwardEOF)(nil),       // 29: berth.v1.PortForwardEOF
+	(*WriteStdinRequest)(nil),       // 14: berth.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 15: berth.agent.v1.WriteStdinResponse
+	(*ResizeExecRequest)(nil),       // 16: berth.agent.v1.ResizeExecRequest
+	(*ResizeExecResponse)(nil),      // 17: berth.agent.v1.ResizeExecResponse
+	(*timestamppb.Timestamp)(nil),   // 18: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),          // 19: berth.v1.ProcessSpec
+	(v1.DetachedOutput)(0),          // 20: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),            // 21: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),       // 22: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),           // 23: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),           // 24: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),          // 25: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),           // 26: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),        // 27: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),          // 28: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),           // 29: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),             // 30: berth.v1.ExecInfo
+	(v1.ExecState)(0),               // 31: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil), // 32: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),       // 33: berth.v1.PortForwardEOF
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	14, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	15, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	16, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	18, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	19, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	20, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
 	4,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
 	5,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	17, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	18, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	19, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	20, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	21, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	22, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	23, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	24, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	25, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	26, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	27, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	28, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
-	29, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
-	2,  // 18: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	6,  // 19: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	8,  // 20: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	10, // 21: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	0,  // 22: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
-	12, // 23: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
-	3,  // 24: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	7,  // 25: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	9,  // 26: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	11, // 27: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	1,  // 28: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
-	13, // 29: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
-	24, // [24:30] is the sub-list for method output_type
-	18, // [18:24] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	21, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	22, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	23, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	24, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	25, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	26, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	27, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	28, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	29, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	30, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	31, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	32, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	33, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	24, // 18: berth.agent.v1.ResizeExecRequest.size:type_name -> berth.v1.ExecResize
+	2,  // 19: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 20: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 21: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 22: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	14, // 23: berth.agent.v1.AgentService.WriteStdin:input_type -> berth.agent.v1.WriteStdinRequest
+	16, // 24: berth.agent.v1.AgentService.ResizeExec:input_type -> berth.agent.v1.ResizeExecRequest
+	0,  // 25: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	12, // 26: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	3,  // 27: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 28: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 29: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 30: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	15, // 31: berth.agent.v1.AgentService.WriteStdin:output_type -> berth.agent.v1.WriteStdinResponse
+	17, // 32: berth.agent.v1.AgentService.ResizeExec:output_type -> berth.agent.v1.ResizeExecResponse
+	1,  // 33: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	13, // 34: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	27, // [27:35] is the sub-list for method output_type
+	19, // [19:27] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }
@@ -1274,7 +1512,7 @@ func file_berth_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

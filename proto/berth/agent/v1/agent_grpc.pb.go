@@ -23,6 +23,8 @@ const (
 	AgentService_Exec_FullMethodName        = "/berth.agent.v1.AgentService/Exec"
 	AgentService_ListExecs_FullMethodName   = "/berth.agent.v1.AgentService/ListExecs"
 	AgentService_SignalExec_FullMethodName  = "/berth.agent.v1.AgentService/SignalExec"
+	AgentService_WriteStdin_FullMethodName  = "/berth.agent.v1.AgentService/WriteStdin"
+	AgentService_ResizeExec_FullMethodName  = "/berth.agent.v1.AgentService/ResizeExec"
 	AgentService_Telemetry_FullMethodName   = "/berth.agent.v1.AgentService/Telemetry"
 	AgentService_PortForward_FullMethodName = "/berth.agent.v1.AgentService/PortForward"
 )
@@ -49,6 +51,18 @@ type AgentServiceClient interface {
 	// semantics of berth.v1.SandboxService.SignalExec. Errors:
 	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
 	SignalExec(ctx context.Context, in *SignalExecRequest, opts ...grpc.CallOption) (*SignalExecResponse, error)
+	// WriteStdin writes to an exec's stdin at an offset without a stream,
+	// with the semantics of berth.v1.SandboxService.WriteExecStdin: the agent
+	// counts each exec's stdin bytes (stream ExecStdin included) and drops
+	// what was taken already. Errors: INVALID_ARGUMENT for an exec without
+	// stdin, FAILED_PRECONDITION STDIN_OFFSET_GAP (metadata
+	// "expected_offset") for an offset beyond the count, NOT_FOUND for an
+	// unknown exec id.
+	WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error)
+	// ResizeExec changes a tty exec's terminal size without a stream. Errors:
+	// INVALID_ARGUMENT for an exec without a tty or a bad size, NOT_FOUND for
+	// an unknown exec id.
+	ResizeExec(ctx context.Context, in *ResizeExecRequest, opts ...grpc.CallOption) (*ResizeExecResponse, error)
 	// Telemetry streams the agent's finished trace spans, in batches, while
 	// the agent runs with tracing on (berthd passes --trace when it exports
 	// traces); berthd relays them to its OTLP endpoint. Without tracing the
@@ -114,6 +128,26 @@ func (c *agentServiceClient) SignalExec(ctx context.Context, in *SignalExecReque
 	return out, nil
 }
 
+func (c *agentServiceClient) WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WriteStdinResponse)
+	err := c.cc.Invoke(ctx, AgentService_WriteStdin_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) ResizeExec(ctx context.Context, in *ResizeExecRequest, opts ...grpc.CallOption) (*ResizeExecResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResizeExecResponse)
+	err := c.cc.Invoke(ctx, AgentService_ResizeExec_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *agentServiceClient) Telemetry(ctx context.Context, in *TelemetryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TelemetryResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_Telemetry_FullMethodName, cOpts...)
@@ -168,6 +202,18 @@ type AgentServiceServer interface {
 	// semantics of berth.v1.SandboxService.SignalExec. Errors:
 	// INVALID_ARGUMENT for a bad signal, NOT_FOUND for an unknown exec id.
 	SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error)
+	// WriteStdin writes to an exec's stdin at an offset without a stream,
+	// with the semantics of berth.v1.SandboxService.WriteExecStdin: the agent
+	// counts each exec's stdin bytes (stream ExecStdin included) and drops
+	// what was taken already. Errors: INVALID_ARGUMENT for an exec without
+	// stdin, FAILED_PRECONDITION STDIN_OFFSET_GAP (metadata
+	// "expected_offset") for an offset beyond the count, NOT_FOUND for an
+	// unknown exec id.
+	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
+	// ResizeExec changes a tty exec's terminal size without a stream. Errors:
+	// INVALID_ARGUMENT for an exec without a tty or a bad size, NOT_FOUND for
+	// an unknown exec id.
+	ResizeExec(context.Context, *ResizeExecRequest) (*ResizeExecResponse, error)
 	// Telemetry streams the agent's finished trace spans, in batches, while
 	// the agent runs with tracing on (berthd passes --trace when it exports
 	// traces); berthd relays them to its OTLP endpoint. Without tracing the
@@ -201,6 +247,12 @@ func (UnimplementedAgentServiceServer) ListExecs(context.Context, *ListExecsRequ
 }
 func (UnimplementedAgentServiceServer) SignalExec(context.Context, *SignalExecRequest) (*SignalExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SignalExec not implemented")
+}
+func (UnimplementedAgentServiceServer) WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WriteStdin not implemented")
+}
+func (UnimplementedAgentServiceServer) ResizeExec(context.Context, *ResizeExecRequest) (*ResizeExecResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResizeExec not implemented")
 }
 func (UnimplementedAgentServiceServer) Telemetry(*TelemetryRequest, grpc.ServerStreamingServer[TelemetryResponse]) error {
 	return status.Error(codes.Unimplemented, "method Telemetry not implemented")
@@ -290,6 +342,42 @@ func _AgentService_SignalExec_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_WriteStdin_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WriteStdinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).WriteStdin(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_WriteStdin_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).WriteStdin(ctx, req.(*WriteStdinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_ResizeExec_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResizeExecRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).ResizeExec(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_ResizeExec_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).ResizeExec(ctx, req.(*ResizeExecRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AgentService_Telemetry_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(TelemetryRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -326,6 +414,14 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SignalExec",
 			Handler:    _AgentService_SignalExec_Handler,
+		},
+		{
+			MethodName: "WriteStdin",
+			Handler:    _AgentService_WriteStdin_Handler,
+		},
+		{
+			MethodName: "ResizeExec",
+			Handler:    _AgentService_ResizeExec_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -719,6 +719,109 @@ export interface SignalExecResponse {
   state: ExecState;
 }
 
+/**
+ * StartExecRequest starts an exec without a bidirectional stream; its
+ * fields are ExecStart's, with the same numbers and meaning.
+ */
+export interface StartExecRequest {
+  /** sandbox_id names the sandbox to run in. */
+  sandboxId: string;
+  /** exec_id optionally names the exec, as ExecStart.exec_id. */
+  execId: string;
+  /** process is what to run; with process.stdin, WriteExecStdin feeds it. */
+  process:
+    | ProcessSpec
+    | undefined;
+  /**
+   * background ends the stream right after ExecStarted, as
+   * ExecStart.background.
+   */
+  background: boolean;
+  /**
+   * detached_output is what the exec does with output nobody reads, as
+   * ExecStart.detached_output.
+   */
+  detachedOutput: DetachedOutput;
+  /**
+   * hangup_on_disconnect sends SIGHUP to the exec's process group when
+   * this stream breaks while the exec runs, as
+   * ExecStart.hangup_on_disconnect.
+   */
+  hangupOnDisconnect: boolean;
+}
+
+/**
+ * AttachExecRequest follows an existing exec; its fields are ExecAttach's,
+ * with the same numbers and meaning.
+ */
+export interface AttachExecRequest {
+  /** sandbox_id names the sandbox the exec runs in. */
+  sandboxId: string;
+  /** exec_id names the exec. */
+  execId: string;
+  /**
+   * since_seq replays only events whose sequence number is greater; zero
+   * replays everything retained, as ExecAttach.since_seq.
+   */
+  sinceSeq: bigint;
+}
+
+/**
+ * WriteExecStdinRequest carries bytes for an exec's standard input at an
+ * offset.
+ */
+export interface WriteExecStdinRequest {
+  /** sandbox_id names the sandbox the exec runs in. */
+  sandboxId: string;
+  /** exec_id names the exec. */
+  execId: string;
+  /**
+   * offset is the position of data's first byte in the exec's standard
+   * input, in bytes: the number of stdin bytes sent before it (0 for the
+   * first chunk). Bytes below what the exec has taken are dropped as
+   * already written; an offset beyond it is FAILED_PRECONDITION
+   * STDIN_OFFSET_GAP.
+   */
+  offset: bigint;
+  /**
+   * data is written to the process's stdin as is, after the part already
+   * taken. At most the server's message limit (4 MiB with its framing):
+   * send large input in pieces.
+   */
+  data: Buffer;
+  /**
+   * close_stdin closes standard input after data, as ExecCloseStdin:
+   * EOF for a pipe, EOT typed into a terminal. Closing again does nothing.
+   */
+  closeStdin: boolean;
+}
+
+/** WriteExecStdinResponse says how much standard input the exec has taken. */
+export interface WriteExecStdinResponse {
+  /**
+   * next_offset is the number of stdin bytes the exec has taken, in bytes:
+   * the offset of the next chunk. Bytes sent after the close, or to an exec
+   * that ended, are counted and dropped, as on a stream.
+   */
+  nextOffset: bigint;
+}
+
+/** ResizeExecRequest changes the terminal size of a tty exec. */
+export interface ResizeExecRequest {
+  /** sandbox_id names the sandbox the exec runs in. */
+  sandboxId: string;
+  /** exec_id names the exec. */
+  execId: string;
+  /** rows is the number of lines, 1 to 65535. */
+  rows: number;
+  /** cols is the number of columns, 1 to 65535. */
+  cols: number;
+}
+
+/** ResizeExecResponse is empty. */
+export interface ResizeExecResponse {
+}
+
 function createBaseProcessSpec(): ProcessSpec {
   return {
     argv: [],
@@ -3785,6 +3888,699 @@ export const SignalExecResponse: MessageFns<SignalExecResponse> = {
   fromPartial<I extends Exact<DeepPartial<SignalExecResponse>, I>>(object: I): SignalExecResponse {
     const message = createBaseSignalExecResponse();
     message.state = object.state ?? 0;
+    return message;
+  },
+};
+
+function createBaseStartExecRequest(): StartExecRequest {
+  return {
+    sandboxId: "",
+    execId: "",
+    process: undefined,
+    background: false,
+    detachedOutput: 0,
+    hangupOnDisconnect: false,
+  };
+}
+
+export const StartExecRequest: MessageFns<StartExecRequest> = {
+  encode(message: StartExecRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    if (message.execId !== "") {
+      writer.uint32(18).string(message.execId);
+    }
+    if (message.process !== undefined) {
+      ProcessSpec.encode(message.process, writer.uint32(26).fork()).join();
+    }
+    if (message.background !== false) {
+      writer.uint32(32).bool(message.background);
+    }
+    if (message.detachedOutput !== 0) {
+      writer.uint32(40).int32(message.detachedOutput);
+    }
+    if (message.hangupOnDisconnect !== false) {
+      writer.uint32(48).bool(message.hangupOnDisconnect);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): StartExecRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseStartExecRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.process = ProcessSpec.decode(reader, reader.uint32());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.background = reader.bool();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.detachedOutput = reader.int32() as any;
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.hangupOnDisconnect = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): StartExecRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      process: isSet(object.process) ? ProcessSpec.fromJSON(object.process) : undefined,
+      background: isSet(object.background) ? globalThis.Boolean(object.background) : false,
+      detachedOutput: isSet(object.detachedOutput)
+        ? detachedOutputFromJSON(object.detachedOutput)
+        : isSet(object.detached_output)
+        ? detachedOutputFromJSON(object.detached_output)
+        : 0,
+      hangupOnDisconnect: isSet(object.hangupOnDisconnect)
+        ? globalThis.Boolean(object.hangupOnDisconnect)
+        : isSet(object.hangup_on_disconnect)
+        ? globalThis.Boolean(object.hangup_on_disconnect)
+        : false,
+    };
+  },
+
+  toJSON(message: StartExecRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.process !== undefined) {
+      obj.process = ProcessSpec.toJSON(message.process);
+    }
+    if (message.background !== false) {
+      obj.background = message.background;
+    }
+    if (message.detachedOutput !== 0) {
+      obj.detachedOutput = detachedOutputToJSON(message.detachedOutput);
+    }
+    if (message.hangupOnDisconnect !== false) {
+      obj.hangupOnDisconnect = message.hangupOnDisconnect;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<StartExecRequest>, I>>(base?: I): StartExecRequest {
+    return StartExecRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<StartExecRequest>, I>>(object: I): StartExecRequest {
+    const message = createBaseStartExecRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    message.execId = object.execId ?? "";
+    message.process = (object.process !== undefined && object.process !== null)
+      ? ProcessSpec.fromPartial(object.process)
+      : undefined;
+    message.background = object.background ?? false;
+    message.detachedOutput = object.detachedOutput ?? 0;
+    message.hangupOnDisconnect = object.hangupOnDisconnect ?? false;
+    return message;
+  },
+};
+
+function createBaseAttachExecRequest(): AttachExecRequest {
+  return { sandboxId: "", execId: "", sinceSeq: 0n };
+}
+
+export const AttachExecRequest: MessageFns<AttachExecRequest> = {
+  encode(message: AttachExecRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    if (message.execId !== "") {
+      writer.uint32(18).string(message.execId);
+    }
+    if (message.sinceSeq !== 0n) {
+      if (BigInt.asUintN(64, message.sinceSeq) !== message.sinceSeq) {
+        throw new globalThis.Error("value provided for field message.sinceSeq of type uint64 too large");
+      }
+      writer.uint32(24).uint64(message.sinceSeq);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): AttachExecRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAttachExecRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.sinceSeq = reader.uint64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): AttachExecRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      sinceSeq: isSet(object.sinceSeq)
+        ? BigInt(object.sinceSeq)
+        : isSet(object.since_seq)
+        ? BigInt(object.since_seq)
+        : 0n,
+    };
+  },
+
+  toJSON(message: AttachExecRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.sinceSeq !== 0n) {
+      obj.sinceSeq = message.sinceSeq.toString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<AttachExecRequest>, I>>(base?: I): AttachExecRequest {
+    return AttachExecRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<AttachExecRequest>, I>>(object: I): AttachExecRequest {
+    const message = createBaseAttachExecRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    message.execId = object.execId ?? "";
+    message.sinceSeq = (object.sinceSeq !== undefined && object.sinceSeq !== null) ? BigInt(object.sinceSeq) : 0n;
+    return message;
+  },
+};
+
+function createBaseWriteExecStdinRequest(): WriteExecStdinRequest {
+  return { sandboxId: "", execId: "", offset: 0n, data: Buffer.alloc(0), closeStdin: false };
+}
+
+export const WriteExecStdinRequest: MessageFns<WriteExecStdinRequest> = {
+  encode(message: WriteExecStdinRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    if (message.execId !== "") {
+      writer.uint32(18).string(message.execId);
+    }
+    if (message.offset !== 0n) {
+      if (BigInt.asUintN(64, message.offset) !== message.offset) {
+        throw new globalThis.Error("value provided for field message.offset of type uint64 too large");
+      }
+      writer.uint32(24).uint64(message.offset);
+    }
+    if (message.data.length !== 0) {
+      writer.uint32(34).bytes(message.data);
+    }
+    if (message.closeStdin !== false) {
+      writer.uint32(40).bool(message.closeStdin);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WriteExecStdinRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWriteExecStdinRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.offset = reader.uint64() as bigint;
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.data = Buffer.from(reader.bytes());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.closeStdin = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WriteExecStdinRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      offset: isSet(object.offset) ? BigInt(object.offset) : 0n,
+      data: isSet(object.data) ? Buffer.from(bytesFromBase64(object.data)) : Buffer.alloc(0),
+      closeStdin: isSet(object.closeStdin)
+        ? globalThis.Boolean(object.closeStdin)
+        : isSet(object.close_stdin)
+        ? globalThis.Boolean(object.close_stdin)
+        : false,
+    };
+  },
+
+  toJSON(message: WriteExecStdinRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.offset !== 0n) {
+      obj.offset = message.offset.toString();
+    }
+    if (message.data.length !== 0) {
+      obj.data = base64FromBytes(message.data);
+    }
+    if (message.closeStdin !== false) {
+      obj.closeStdin = message.closeStdin;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WriteExecStdinRequest>, I>>(base?: I): WriteExecStdinRequest {
+    return WriteExecStdinRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WriteExecStdinRequest>, I>>(object: I): WriteExecStdinRequest {
+    const message = createBaseWriteExecStdinRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    message.execId = object.execId ?? "";
+    message.offset = (object.offset !== undefined && object.offset !== null) ? BigInt(object.offset) : 0n;
+    message.data = object.data ?? Buffer.alloc(0);
+    message.closeStdin = object.closeStdin ?? false;
+    return message;
+  },
+};
+
+function createBaseWriteExecStdinResponse(): WriteExecStdinResponse {
+  return { nextOffset: 0n };
+}
+
+export const WriteExecStdinResponse: MessageFns<WriteExecStdinResponse> = {
+  encode(message: WriteExecStdinResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.nextOffset !== 0n) {
+      if (BigInt.asUintN(64, message.nextOffset) !== message.nextOffset) {
+        throw new globalThis.Error("value provided for field message.nextOffset of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.nextOffset);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): WriteExecStdinResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseWriteExecStdinResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.nextOffset = reader.uint64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): WriteExecStdinResponse {
+    return {
+      nextOffset: isSet(object.nextOffset)
+        ? BigInt(object.nextOffset)
+        : isSet(object.next_offset)
+        ? BigInt(object.next_offset)
+        : 0n,
+    };
+  },
+
+  toJSON(message: WriteExecStdinResponse): unknown {
+    const obj: any = {};
+    if (message.nextOffset !== 0n) {
+      obj.nextOffset = message.nextOffset.toString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<WriteExecStdinResponse>, I>>(base?: I): WriteExecStdinResponse {
+    return WriteExecStdinResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<WriteExecStdinResponse>, I>>(object: I): WriteExecStdinResponse {
+    const message = createBaseWriteExecStdinResponse();
+    message.nextOffset = (object.nextOffset !== undefined && object.nextOffset !== null)
+      ? BigInt(object.nextOffset)
+      : 0n;
+    return message;
+  },
+};
+
+function createBaseResizeExecRequest(): ResizeExecRequest {
+  return { sandboxId: "", execId: "", rows: 0, cols: 0 };
+}
+
+export const ResizeExecRequest: MessageFns<ResizeExecRequest> = {
+  encode(message: ResizeExecRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.sandboxId !== "") {
+      writer.uint32(10).string(message.sandboxId);
+    }
+    if (message.execId !== "") {
+      writer.uint32(18).string(message.execId);
+    }
+    if (message.rows !== 0) {
+      writer.uint32(24).uint32(message.rows);
+    }
+    if (message.cols !== 0) {
+      writer.uint32(32).uint32(message.cols);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResizeExecRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResizeExecRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.sandboxId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.execId = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.rows = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.cols = reader.uint32();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ResizeExecRequest {
+    return {
+      sandboxId: isSet(object.sandboxId)
+        ? globalThis.String(object.sandboxId)
+        : isSet(object.sandbox_id)
+        ? globalThis.String(object.sandbox_id)
+        : "",
+      execId: isSet(object.execId)
+        ? globalThis.String(object.execId)
+        : isSet(object.exec_id)
+        ? globalThis.String(object.exec_id)
+        : "",
+      rows: isSet(object.rows) ? globalThis.Number(object.rows) : 0,
+      cols: isSet(object.cols) ? globalThis.Number(object.cols) : 0,
+    };
+  },
+
+  toJSON(message: ResizeExecRequest): unknown {
+    const obj: any = {};
+    if (message.sandboxId !== "") {
+      obj.sandboxId = message.sandboxId;
+    }
+    if (message.execId !== "") {
+      obj.execId = message.execId;
+    }
+    if (message.rows !== 0) {
+      obj.rows = Math.round(message.rows);
+    }
+    if (message.cols !== 0) {
+      obj.cols = Math.round(message.cols);
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResizeExecRequest>, I>>(base?: I): ResizeExecRequest {
+    return ResizeExecRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResizeExecRequest>, I>>(object: I): ResizeExecRequest {
+    const message = createBaseResizeExecRequest();
+    message.sandboxId = object.sandboxId ?? "";
+    message.execId = object.execId ?? "";
+    message.rows = object.rows ?? 0;
+    message.cols = object.cols ?? 0;
+    return message;
+  },
+};
+
+function createBaseResizeExecResponse(): ResizeExecResponse {
+  return {};
+}
+
+export const ResizeExecResponse: MessageFns<ResizeExecResponse> = {
+  encode(_: ResizeExecResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ResizeExecResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseResizeExecResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(_: any): ResizeExecResponse {
+    return {};
+  },
+
+  toJSON(_: ResizeExecResponse): unknown {
+    const obj: any = {};
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ResizeExecResponse>, I>>(base?: I): ResizeExecResponse {
+    return ResizeExecResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ResizeExecResponse>, I>>(_: I): ResizeExecResponse {
+    const message = createBaseResizeExecResponse();
     return message;
   },
 };

@@ -12,8 +12,10 @@ import {
   Client,
   type ClientDuplexStream,
   type ClientOptions,
+  type ClientReadableStream,
   type ClientUnaryCall,
   type handleBidiStreamingCall,
+  type handleServerStreamingCall,
   type handleUnaryCall,
   makeGenericClientConstructor,
   type Metadata,
@@ -23,14 +25,20 @@ import {
 import { Duration } from "../../google/protobuf/duration";
 import { Timestamp } from "../../google/protobuf/timestamp";
 import {
+  AttachExecRequest,
   ExecRequest,
   ExecResponse,
   ListExecsRequest,
   ListExecsResponse,
+  ResizeExecRequest,
+  ResizeExecResponse,
   RunRequest,
   RunResponse,
   SignalExecRequest,
   SignalExecResponse,
+  StartExecRequest,
+  WriteExecStdinRequest,
+  WriteExecStdinResponse,
 } from "./exec";
 import { Image } from "./image";
 import { PortForwardRequest, PortForwardResponse } from "./port";
@@ -6150,6 +6158,8 @@ export const SandboxServiceService = {
    * UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
    * sandbox's runtime dies under the exec, FAILED_PRECONDITION
    * (STALE_HANDLE) for an exec id of an earlier runtime.
+   * ExecResponse is also StartExec's and AttachExec's: the same events.
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
    */
   exec: {
     path: "/berth.v1.SandboxService/Exec" as const,
@@ -6203,6 +6213,87 @@ export const SandboxServiceService = {
     requestDeserialize: (value: Buffer): SignalExecRequest => SignalExecRequest.decode(value),
     responseSerialize: (value: SignalExecResponse): Buffer => Buffer.from(SignalExecResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): SignalExecResponse => SignalExecResponse.decode(value),
+  },
+  /**
+   * StartExec starts an exec, as an Exec stream's ExecStart does, and
+   * streams its events: the same ExecResponse events as Exec's (ExecStarted,
+   * numbered ExecOutput, heartbeats, ExecDropped, ExecExited), the same exec
+   * ids, idempotence, admission and limits. It is Exec without a
+   * bidirectional stream, for HTTP/1.1 and browsers (Connect, gRPC-Web):
+   * stdin goes with WriteExecStdin, signals with SignalExec, terminal sizes
+   * with ResizeExec. A background start answers ExecStarted alone and ends,
+   * a unary start returning the exec id. When the stream breaks the exec
+   * runs on (unless hangup_on_disconnect), to be followed with AttachExec.
+   * Errors as for Exec.
+   * buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+   */
+  startExec: {
+    path: "/berth.v1.SandboxService/StartExec" as const,
+    requestStream: false as const,
+    responseStream: true as const,
+    requestSerialize: (value: StartExecRequest): Buffer => Buffer.from(StartExecRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): StartExecRequest => StartExecRequest.decode(value),
+    responseSerialize: (value: ExecResponse): Buffer => Buffer.from(ExecResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ExecResponse => ExecResponse.decode(value),
+  },
+  /**
+   * AttachExec follows an existing exec from a sequence number, as an Exec
+   * stream's ExecAttach does: ExecStarted, the retained events after
+   * since_seq, then live ones until ExecExited. Errors as for an Exec
+   * attach: INVALID_ARGUMENT (since_seq beyond the last event), NOT_FOUND
+   * (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+   * buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+   */
+  attachExec: {
+    path: "/berth.v1.SandboxService/AttachExec" as const,
+    requestStream: false as const,
+    responseStream: true as const,
+    requestSerialize: (value: AttachExecRequest): Buffer => Buffer.from(AttachExecRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): AttachExecRequest => AttachExecRequest.decode(value),
+    responseSerialize: (value: ExecResponse): Buffer => Buffer.from(ExecResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ExecResponse => ExecResponse.decode(value),
+  },
+  /**
+   * WriteExecStdin writes bytes to an exec's standard input at an offset,
+   * and optionally closes it, without an Exec stream. The agent counts the
+   * bytes each exec's stdin has taken (from every caller: Exec streams'
+   * ExecStdin too), so a chunk sent again — a retry after a lost answer —
+   * is never applied twice: bytes below that count are dropped, the rest
+   * written. It answers once the bytes are written to the process's stdin
+   * pipe (or terminal): a process that does not read makes it wait, as
+   * ExecStdin does. Errors: INVALID_ARGUMENT (an exec without
+   * process.stdin), FAILED_PRECONDITION STDIN_OFFSET_GAP when offset is
+   * beyond the bytes taken so far (metadata "expected_offset" names the
+   * count: send from there), NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND),
+   * FAILED_PRECONDITION (STALE_HANDLE).
+   */
+  writeExecStdin: {
+    path: "/berth.v1.SandboxService/WriteExecStdin" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: WriteExecStdinRequest): Buffer =>
+      Buffer.from(WriteExecStdinRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): WriteExecStdinRequest => WriteExecStdinRequest.decode(value),
+    responseSerialize: (value: WriteExecStdinResponse): Buffer =>
+      Buffer.from(WriteExecStdinResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): WriteExecStdinResponse => WriteExecStdinResponse.decode(value),
+  },
+  /**
+   * ResizeExec changes the terminal size of an exec started with a tty, as
+   * ExecResize does on a stream. Errors: INVALID_ARGUMENT (an exec without a
+   * tty, a size outside 1-65535), NOT_FOUND (SANDBOX_NOT_FOUND,
+   * EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+   */
+  resizeExec: {
+    path: "/berth.v1.SandboxService/ResizeExec" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ResizeExecRequest): Buffer => Buffer.from(ResizeExecRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ResizeExecRequest => ResizeExecRequest.decode(value),
+    responseSerialize: (value: ResizeExecResponse): Buffer => Buffer.from(ResizeExecResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ResizeExecResponse => ResizeExecResponse.decode(value),
   },
   /**
    * PortForward carries one TCP connection to 127.0.0.1:port inside the
@@ -6484,6 +6575,8 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
    * sandbox's runtime dies under the exec, FAILED_PRECONDITION
    * (STALE_HANDLE) for an exec id of an earlier runtime.
+   * ExecResponse is also StartExec's and AttachExec's: the same events.
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
    */
   exec: handleBidiStreamingCall<ExecRequest, ExecResponse>;
   /**
@@ -6506,6 +6599,53 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND).
    */
   signalExec: handleUnaryCall<SignalExecRequest, SignalExecResponse>;
+  /**
+   * StartExec starts an exec, as an Exec stream's ExecStart does, and
+   * streams its events: the same ExecResponse events as Exec's (ExecStarted,
+   * numbered ExecOutput, heartbeats, ExecDropped, ExecExited), the same exec
+   * ids, idempotence, admission and limits. It is Exec without a
+   * bidirectional stream, for HTTP/1.1 and browsers (Connect, gRPC-Web):
+   * stdin goes with WriteExecStdin, signals with SignalExec, terminal sizes
+   * with ResizeExec. A background start answers ExecStarted alone and ends,
+   * a unary start returning the exec id. When the stream breaks the exec
+   * runs on (unless hangup_on_disconnect), to be followed with AttachExec.
+   * Errors as for Exec.
+   * buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+   */
+  startExec: handleServerStreamingCall<StartExecRequest, ExecResponse>;
+  /**
+   * AttachExec follows an existing exec from a sequence number, as an Exec
+   * stream's ExecAttach does: ExecStarted, the retained events after
+   * since_seq, then live ones until ExecExited. Errors as for an Exec
+   * attach: INVALID_ARGUMENT (since_seq beyond the last event), NOT_FOUND
+   * (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+   * buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+   */
+  attachExec: handleServerStreamingCall<AttachExecRequest, ExecResponse>;
+  /**
+   * WriteExecStdin writes bytes to an exec's standard input at an offset,
+   * and optionally closes it, without an Exec stream. The agent counts the
+   * bytes each exec's stdin has taken (from every caller: Exec streams'
+   * ExecStdin too), so a chunk sent again — a retry after a lost answer —
+   * is never applied twice: bytes below that count are dropped, the rest
+   * written. It answers once the bytes are written to the process's stdin
+   * pipe (or terminal): a process that does not read makes it wait, as
+   * ExecStdin does. Errors: INVALID_ARGUMENT (an exec without
+   * process.stdin), FAILED_PRECONDITION STDIN_OFFSET_GAP when offset is
+   * beyond the bytes taken so far (metadata "expected_offset" names the
+   * count: send from there), NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND),
+   * FAILED_PRECONDITION (STALE_HANDLE).
+   */
+  writeExecStdin: handleUnaryCall<WriteExecStdinRequest, WriteExecStdinResponse>;
+  /**
+   * ResizeExec changes the terminal size of an exec started with a tty, as
+   * ExecResize does on a stream. Errors: INVALID_ARGUMENT (an exec without a
+   * tty, a size outside 1-65535), NOT_FOUND (SANDBOX_NOT_FOUND,
+   * EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+   */
+  resizeExec: handleUnaryCall<ResizeExecRequest, ResizeExecResponse>;
   /**
    * PortForward carries one TCP connection to 127.0.0.1:port inside the
    * sandbox's network namespace, like kubectl port-forward: the caller sends
@@ -6773,6 +6913,8 @@ export interface SandboxServiceClient extends Client {
    * UNAVAILABLE (SANDBOX_UNREACHABLE), ABORTED (RUNTIME_REPLACED) when the
    * sandbox's runtime dies under the exec, FAILED_PRECONDITION
    * (STALE_HANDLE) for an exec id of an earlier runtime.
+   * ExecResponse is also StartExec's and AttachExec's: the same events.
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
    */
   exec(): ClientDuplexStream<ExecRequest, ExecResponse>;
   exec(options: Partial<CallOptions>): ClientDuplexStream<ExecRequest, ExecResponse>;
@@ -6835,6 +6977,91 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: SignalExecResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * StartExec starts an exec, as an Exec stream's ExecStart does, and
+   * streams its events: the same ExecResponse events as Exec's (ExecStarted,
+   * numbered ExecOutput, heartbeats, ExecDropped, ExecExited), the same exec
+   * ids, idempotence, admission and limits. It is Exec without a
+   * bidirectional stream, for HTTP/1.1 and browsers (Connect, gRPC-Web):
+   * stdin goes with WriteExecStdin, signals with SignalExec, terminal sizes
+   * with ResizeExec. A background start answers ExecStarted alone and ends,
+   * a unary start returning the exec id. When the stream breaks the exec
+   * runs on (unless hangup_on_disconnect), to be followed with AttachExec.
+   * Errors as for Exec.
+   * buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+   */
+  startExec(request: StartExecRequest, options?: Partial<CallOptions>): ClientReadableStream<ExecResponse>;
+  startExec(
+    request: StartExecRequest,
+    metadata?: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientReadableStream<ExecResponse>;
+  /**
+   * AttachExec follows an existing exec from a sequence number, as an Exec
+   * stream's ExecAttach does: ExecStarted, the retained events after
+   * since_seq, then live ones until ExecExited. Errors as for an Exec
+   * attach: INVALID_ARGUMENT (since_seq beyond the last event), NOT_FOUND
+   * (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+   * buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+   * buf:lint:ignore RPC_REQUEST_RESPONSE_UNIQUE
+   */
+  attachExec(request: AttachExecRequest, options?: Partial<CallOptions>): ClientReadableStream<ExecResponse>;
+  attachExec(
+    request: AttachExecRequest,
+    metadata?: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientReadableStream<ExecResponse>;
+  /**
+   * WriteExecStdin writes bytes to an exec's standard input at an offset,
+   * and optionally closes it, without an Exec stream. The agent counts the
+   * bytes each exec's stdin has taken (from every caller: Exec streams'
+   * ExecStdin too), so a chunk sent again — a retry after a lost answer —
+   * is never applied twice: bytes below that count are dropped, the rest
+   * written. It answers once the bytes are written to the process's stdin
+   * pipe (or terminal): a process that does not read makes it wait, as
+   * ExecStdin does. Errors: INVALID_ARGUMENT (an exec without
+   * process.stdin), FAILED_PRECONDITION STDIN_OFFSET_GAP when offset is
+   * beyond the bytes taken so far (metadata "expected_offset" names the
+   * count: send from there), NOT_FOUND (SANDBOX_NOT_FOUND, EXEC_NOT_FOUND),
+   * FAILED_PRECONDITION (STALE_HANDLE).
+   */
+  writeExecStdin(
+    request: WriteExecStdinRequest,
+    callback: (error: ServiceError | null, response: WriteExecStdinResponse) => void,
+  ): ClientUnaryCall;
+  writeExecStdin(
+    request: WriteExecStdinRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: WriteExecStdinResponse) => void,
+  ): ClientUnaryCall;
+  writeExecStdin(
+    request: WriteExecStdinRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: WriteExecStdinResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ResizeExec changes the terminal size of an exec started with a tty, as
+   * ExecResize does on a stream. Errors: INVALID_ARGUMENT (an exec without a
+   * tty, a size outside 1-65535), NOT_FOUND (SANDBOX_NOT_FOUND,
+   * EXEC_NOT_FOUND), FAILED_PRECONDITION (STALE_HANDLE).
+   */
+  resizeExec(
+    request: ResizeExecRequest,
+    callback: (error: ServiceError | null, response: ResizeExecResponse) => void,
+  ): ClientUnaryCall;
+  resizeExec(
+    request: ResizeExecRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ResizeExecResponse) => void,
+  ): ClientUnaryCall;
+  resizeExec(
+    request: ResizeExecRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ResizeExecResponse) => void,
   ): ClientUnaryCall;
   /**
    * PortForward carries one TCP connection to 127.0.0.1:port inside the
