@@ -89,6 +89,11 @@ func (s *scriptedBerthd) Exec(stream grpc.BidiStreamingServer[berthv1.ExecReques
 	if err := s.next(sandboxID); err != nil {
 		return err
 	}
+	if sandboxID == "slow-open" {
+		// A loaded berthd: the stream opens, started never comes in time.
+		<-stream.Context().Done()
+		return stream.Context().Err()
+	}
 	if err := stream.Send(&berthv1.ExecResponse{Event: &berthv1.ExecResponse_Started{Started: &berthv1.ExecStarted{ExecId: execID, Pid: 7}}}); err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -81,18 +83,40 @@ func (cs *Commands) run(ctx context.Context, spec *berthv1.ProcessSpec, opts Run
 	out := newOutput(opts)
 	e, err := cs.c.Exec(ctx, cs.id, opts.spec(spec), append(out.options(), WithHangupOnDisconnect())...)
 	if err != nil {
+		if cerr := ctxEnded(ctx, err); cerr != nil {
+			// ctx ended while the stream opened (a loaded server): a
+			// command that started hangs up with the stream.
+			return nil, cerr
+		}
 		return nil, err
 	}
 	h := &CommandHandle{ExecID: e.ID(), cs: cs, e: e, out: out}
 	h.feed(opts.Stdin)
 	r, err := h.Wait()
-	if err != nil && ctx.Err() != nil {
+	if cerr := ctxEnded(ctx, err); cerr != nil {
 		kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		_, _ = cs.c.SignalExec(kctx, cs.id, h.ExecID, "SIGKILL")
-		return nil, ctx.Err()
+		return nil, cerr
 	}
 	return r, err
+}
+
+// ctxEnded returns ctx's error when err (not nil) is ctx ending, else nil:
+// ctx.Err(), or context.DeadlineExceeded for berthd's DEADLINE_EXCEEDED
+// when ctx has a deadline — berthd got it with the call (grpc-timeout)
+// and may see it pass, and end the stream, before this process does.
+func ctxEnded(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	if _, ok := ctx.Deadline(); ok && status.Code(err) == codes.DeadlineExceeded {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // Start starts cmd (under sh -c) as a background command, which outlives

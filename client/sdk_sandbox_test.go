@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,28 @@ func TestCreateSandboxDefaultImage(t *testing.T) {
 	_, err = client.CreateSandbox(ctx, client.SandboxOptions{Client: env.c})
 	if !client.IsReason(err, client.ReasonImageNotFound) || !strings.Contains(err.Error(), `"`+client.DefaultImage+`"`) {
 		t.Errorf("CreateSandbox without an image = %v; want IMAGE_NOT_FOUND for %q (the fake has only busybox)", err, client.DefaultImage)
+	}
+}
+
+// TestRunContextEndsWhileOpening: a caller's ctx that ends before the
+// exec stream's started event (a loaded berthd) is ctx's error, as
+// Commands.Run says, not the stream's RST_STREAM status (TestGoSDK got
+// "stream terminated by RST_STREAM with error code: CANCEL" at load 30).
+func TestRunContextEndsWhileOpening(t *testing.T) {
+	fake := newScriptedBerthd()
+	addr, stop, err := startScriptedBerthd(fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	sb, err := client.ConnectSandbox(context.Background(), "slow-open", client.SandboxOptions{Addr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sb.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if r, err := sb.Commands.Run(ctx, "sleep 30", client.RunOptions{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Run under a ctx that ends while the stream opens = %+v, %v; want context.DeadlineExceeded", r, err)
 	}
 }
