@@ -316,6 +316,10 @@ func (g *execGuard) probe(ctx context.Context, cause error) error {
 		return &apierr.Attempt{Err: err, Admitted: g.admitted()}
 	case !sb.Running || sb.TaskPID != g.runtime.TaskPID:
 		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskExited}, runtimes.ExitLeftStopped)
+	case sb.HibernationMark != "":
+		// A gVisor sandbox's agent closed its connections for the
+		// memory checkpoint of a hibernation under way.
+		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskExited}, runtimes.ExitHibernating)
 	}
 	infoCtx, cancel := context.WithTimeout(ctx, g.s.cfg.ConnectBudget)
 	info, err := g.agent.Info(infoCtx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
