@@ -160,6 +160,8 @@ var comparisons = []comparison{
 	{what: "Exec of `true` that resumes a paused sandbox", berth: "pause/berth-Exec-resuming", anchors: []string{"pause/containerd-Resume", "roundtrip/berth-Exec"}, latency: true},
 	{what: "HibernateSandbox (every process ended, files kept)", berth: "pause/berth-Hibernate", anchors: []string{"pause/berth-Pause"}, latency: true},
 	{what: "Exec of `true` that wakes a hibernated sandbox (new task and agent)", berth: "pause/berth-Exec-waking", anchors: []string{"pause/berth-Exec-resuming"}, latency: true},
+	{what: "gVisor checkpoint: HibernateSandbox keeping 100 MiB of memory", berth: "hibernate-gvisor/berth-Hibernate-memory", anchors: []string{"hibernate-gvisor/berth-Hibernate-ended"}, latency: true},
+	{what: "gVisor restore: Exec of `true` that restores 100 MiB of memory", berth: "hibernate-gvisor/berth-Exec-restoring", anchors: []string{"hibernate-gvisor/berth-Exec-waking-ended"}, latency: true},
 	{what: "CreateSnapshot of a sandbox with 256 MiB written", berth: "snapshot/berth-CreateSnapshot", anchors: []string{"snapshot/host-btrfs-snapshot", "snapshot/host-cp"}, latency: true},
 	{what: "create to first exec (echo) from that snapshot", berth: "snapshot/berth-from-snapshot", anchors: []string{"snapshot/berth-cold"}, latency: true},
 	{what: "ForkSandbox of 1, parent with " + forkLabel, berth: "fork/berth-Fork-1", anchors: []string{"fork/berth-cold", "fork/host-cp"}, latency: true,

@@ -18,16 +18,23 @@ import (
 const counterLoop = "i=0; while :; do i=$((i+1)); echo $i >/workspace/count; sleep 0.1; done"
 
 // readCount returns the counter loop's last value, through sandboxes (a
-// Run: it wakes a hibernated sandbox).
+// Run: it wakes a hibernated sandbox). The loop truncates the file before
+// each write: an empty read is read again (bounded).
 func readCount(t *testing.T, ctx context.Context, sandboxes berthv1.SandboxServiceClient, id string) int {
 	t.Helper()
-	resp, err := sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/count"}}})
-	if err != nil {
-		t.Fatalf("read the counter: %v", err)
+	var out []byte
+	for range 50 {
+		resp, err := sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/count"}}})
+		if err != nil {
+			t.Fatalf("read the counter: %v", err)
+		}
+		if out = resp.GetStdout(); len(out) > 0 {
+			break
+		}
 	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(resp.GetStdout())))
+	n, err := strconv.Atoi(strings.TrimSpace(string(out)))
 	if err != nil {
-		t.Fatalf("the counter %q: %v", resp.GetStdout(), err)
+		t.Fatalf("the counter %q: %v", out, err)
 	}
 	return n
 }
@@ -209,5 +216,44 @@ func TestHibernateGVisorCheckpointFails(t *testing.T) {
 	}
 	if n := processesLike(t, id, "^/workspace/unixlisten"); n != "0" {
 		t.Errorf("the workload's agent after the wake: %q, want 0 (processes ended)", n)
+	}
+}
+
+// TestRuntimeReplacedWhenHibernatedGVisor: an Exec stream attached when a
+// gVisor sandbox's memory is checkpointed ends RUNTIME_REPLACED with cause
+// SANDBOX_HIBERNATED (its agent closed the connection for the
+// checkpoint), as under runc; the exec itself survives: after the wake
+// its id is still running.
+func TestRuntimeReplacedWhenHibernatedGVisor(t *testing.T) {
+	needGVisor(t)
+	c := dialClient(t, env.berthdAddr)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
+	e, err := c.Exec(ctx, sb.GetId(), &berthv1.ProcessSpec{Argv: []string{"sleep", "600"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: sb.GetId()})
+	if err != nil || resp.GetHibernation() != berthv1.Hibernation_HIBERNATION_MEMORY_KEPT {
+		t.Fatalf("HibernateSandbox: %v (%s), %v; want MEMORY_KEPT", resp.GetHibernation(), resp.GetDescription(), err)
+	}
+	_, err = e.Wait()
+	d := checkReplaced(t, err, sb.GetId(), e.ID(), sb.GetRuntime())
+	if d.GetCause() != berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_HIBERNATED {
+		t.Errorf("detail = %v, want SANDBOX_HIBERNATED", d)
+	}
+	execs, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: sb.GetId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var state berthv1.ExecState
+	for _, x := range execs.GetExecs() {
+		if x.GetExecId() == e.ID() {
+			state = x.GetState()
+		}
+	}
+	if state != berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the exec %s after the wake: %v, want RUNNING (restored)", e.ID(), state)
 	}
 }

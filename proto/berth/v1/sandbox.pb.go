@@ -44,10 +44,11 @@ const (
 	// (PauseSandbox, or the idle timeout with IDLE_ACTION_PAUSE): it keeps its
 	// memory and uses no CPU.
 	SandboxState_SANDBOX_STATE_PAUSED SandboxState = 5
-	// SANDBOX_STATE_HIBERNATED means the sandbox's processes ended and its
-	// files are kept (HibernateSandbox, or the idle timeout with
-	// IDLE_ACTION_HIBERNATE): it holds no memory and no CPU, and the next call
-	// naming it starts a new task.
+	// SANDBOX_STATE_HIBERNATED means the sandbox has no task and its files
+	// are kept (HibernateSandbox, or the idle timeout with
+	// IDLE_ACTION_HIBERNATE): its processes ended, or under gVisor were
+	// checkpointed to disk with its memory; it holds no host memory and no
+	// CPU, and the next call naming it restores it or starts a new task.
 	SandboxState_SANDBOX_STATE_HIBERNATED SandboxState = 6
 )
 
@@ -112,8 +113,9 @@ const (
 	// files are kept, it uses no CPU, and the next call naming it resumes it.
 	IdleAction_IDLE_ACTION_PAUSE IdleAction = 2
 	// IDLE_ACTION_HIBERNATE hibernates the sandbox (see HibernateSandbox):
-	// its processes end, its files are kept, it holds no memory, and the
-	// next call naming it starts a new task.
+	// its files are kept, its processes end (under gVisor: are checkpointed
+	// with its memory), it holds no host memory, and the next call naming it
+	// restores it or starts a new task.
 	IdleAction_IDLE_ACTION_HIBERNATE IdleAction = 3
 )
 

@@ -63,10 +63,11 @@ export enum SandboxState {
    */
   SANDBOX_STATE_PAUSED = 5,
   /**
-   * SANDBOX_STATE_HIBERNATED - SANDBOX_STATE_HIBERNATED means the sandbox's processes ended and its
-   * files are kept (HibernateSandbox, or the idle timeout with
-   * IDLE_ACTION_HIBERNATE): it holds no memory and no CPU, and the next call
-   * naming it starts a new task.
+   * SANDBOX_STATE_HIBERNATED - SANDBOX_STATE_HIBERNATED means the sandbox has no task and its files
+   * are kept (HibernateSandbox, or the idle timeout with
+   * IDLE_ACTION_HIBERNATE): its processes ended, or under gVisor were
+   * checkpointed to disk with its memory; it holds no host memory and no
+   * CPU, and the next call naming it restores it or starts a new task.
    */
   SANDBOX_STATE_HIBERNATED = 6,
   UNRECOGNIZED = -1,
@@ -137,8 +138,9 @@ export enum IdleAction {
   IDLE_ACTION_PAUSE = 2,
   /**
    * IDLE_ACTION_HIBERNATE - IDLE_ACTION_HIBERNATE hibernates the sandbox (see HibernateSandbox):
-   * its processes end, its files are kept, it holds no memory, and the
-   * next call naming it starts a new task.
+   * its files are kept, its processes end (under gVisor: are checkpointed
+   * with its memory), it holds no host memory, and the next call naming it
+   * restores it or starts a new task.
    */
   IDLE_ACTION_HIBERNATE = 3,
   UNRECOGNIZED = -1,
