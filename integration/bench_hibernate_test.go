@@ -26,26 +26,36 @@ const hibernateMiB = 100
 // without a failed checkpoint is the pause group's, under runc.)
 func benchHibernateGVisor(b *testing.B, c *client.Client) {
 	ctx := context.Background()
-	holding := func(held bool) string {
-		id := benchSandboxOf(b, &berthv1.CreateSandboxRequest{Image: env.image, Runtime: "gvisor",
-			Resources: &berthv1.Resources{MemoryBytes: 4 * hibernateMiB << 20}}).GetId()
-		installProgram(b, c, id, "holdmem", "/workspace/holdmem")
-		if _, err := c.ExecBackground(ctx, id, &berthv1.ProcessSpec{Argv: []string{"/workspace/holdmem", strconv.Itoa(hibernateMiB)}}); err != nil {
+	// run starts holdmem (and, when held, unixlisten) in sandbox id and
+	// waits until the memory is touched and the socket bound.
+	run := func(id string, held bool) {
+		argvs := [][]string{{"/workspace/holdmem", strconv.Itoa(hibernateMiB)}}
+		check := "test -e /workspace/holdmem.ready"
+		if held {
+			argvs = append(argvs, []string{"/workspace/unixlisten", "/workspace/held.sock"})
+			check += " && test -S /workspace/held.sock"
+		}
+		if _, err := c.Run(ctx, id, &berthv1.ProcessSpec{ShellCommand: "rm -f /workspace/holdmem.ready /workspace/held.sock"}); err != nil {
 			b.Fatal(err)
 		}
-		if held {
-			installProgram(b, c, id, "unixlisten", "/workspace/unixlisten")
-			if _, err := c.ExecBackground(ctx, id, &berthv1.ProcessSpec{Argv: []string{"/workspace/unixlisten", "/workspace/held.sock"}}); err != nil {
+		for _, argv := range argvs {
+			if _, err := c.ExecBackground(ctx, id, &berthv1.ProcessSpec{Argv: argv}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		ready := &berthv1.ProcessSpec{ShellCommand: "test -e /workspace/holdmem.ready && test " + strconv.FormatBool(!held) + " = true -o -S /workspace/held.sock"}
 		if !poll(2*time.Minute, func() bool {
-			res, err := c.Run(ctx, id, ready)
+			res, err := c.Run(ctx, id, &berthv1.ProcessSpec{ShellCommand: check})
 			return err == nil && res.GetResult().ExitCode != nil && res.GetResult().GetExitCode() == 0
 		}) {
 			b.Fatalf("holdmem in %s never became ready", id)
 		}
+	}
+	holding := func(held bool) string {
+		id := benchSandboxOf(b, &berthv1.CreateSandboxRequest{Image: env.image, Runtime: "gvisor",
+			Resources: &berthv1.Resources{MemoryBytes: 4 * hibernateMiB << 20}}).GetId()
+		installProgram(b, c, id, "holdmem", "/workspace/holdmem")
+		installProgram(b, c, id, "unixlisten", "/workspace/unixlisten")
+		run(id, held)
 		return id
 	}
 	kept, ended := holding(false), holding(true)
@@ -78,16 +88,13 @@ func benchHibernateGVisor(b *testing.B, c *client.Client) {
 	measure(b, "hibernate-gvisor/berth-Hibernate-ended", 0, func(b *testing.B) sample {
 		d := hibernate(ended, berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED)
 		wake(ended)
-		// The new task runs neither program: start them again.
-		for _, argv := range [][]string{{"/workspace/holdmem", strconv.Itoa(hibernateMiB)}, {"/workspace/unixlisten", "/workspace/held.sock"}} {
-			if _, err := c.ExecBackground(ctx, ended, &berthv1.ProcessSpec{Argv: argv}); err != nil {
-				b.Fatal(err)
-			}
-		}
+		run(ended, true) // the new task runs neither program: off the clock
 		return sample{d: d}
 	})
 	measure(b, "hibernate-gvisor/berth-Exec-waking-ended", 0, func(b *testing.B) sample {
 		hibernate(ended, berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED)
-		return sample{d: wake(ended)}
+		d := wake(ended)
+		run(ended, true)
+		return sample{d: d}
 	})
 }
