@@ -201,7 +201,7 @@ var anchorText = map[string]string{
 	"pause/containerd-Resume":                  "containerd task.Resume",
 	"pause/berth-Pause":                        "berth PauseSandbox",
 	"pause/berth-Exec-resuming":                "berth Exec resuming a paused sandbox",
-	"hibernate-gvisor/berth-Hibernate-ended":   "the same sandbox with a host socket held: checkpoint fails, processes ended",
+	"hibernate-gvisor/berth-Hibernate-ended":   "a gVisor sandbox like it holding a host socket: checkpoint fails, processes ended",
 	"hibernate-gvisor/berth-Exec-waking-ended": "its wake: a new task and agent",
 	"snapshot/host-btrfs-snapshot":             "host btrfs subvolume snapshot -r of the same data",
 	"snapshot/host-cp":                         "host cp -a --reflink=never of the same data",

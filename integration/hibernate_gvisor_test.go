@@ -39,6 +39,23 @@ func readCount(t *testing.T, ctx context.Context, sandboxes berthv1.SandboxServi
 	return n
 }
 
+// execState returns the state ListExecs reports for exec execID of
+// sandbox id (a call that wakes a hibernated sandbox); unspecified when it
+// is not listed.
+func execState(t *testing.T, ctx context.Context, sandboxes berthv1.SandboxServiceClient, id, execID string) berthv1.ExecState {
+	t.Helper()
+	execs, err := sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range execs.GetExecs() {
+		if x.GetExecId() == execID {
+			return x.GetState()
+		}
+	}
+	return berthv1.ExecState_EXEC_STATE_UNSPECIFIED
+}
+
 // hostRSS returns the resident memory, in bytes, of the host processes
 // of sandbox id (hostProcessesOf: its shim, and the sentry and gofer it
 // runs) and of its task pid.
@@ -124,8 +141,6 @@ func TestHibernateGVisorMemory(t *testing.T) {
 	if resp.GetHibernation() != berthv1.Hibernation_HIBERNATION_MEMORY_KEPT || !strings.Contains(resp.GetDescription(), "memory kept") {
 		t.Fatalf("HibernateSandbox of a gVisor sandbox: %v %q, want MEMORY_KEPT", resp.GetHibernation(), resp.GetDescription())
 	}
-	// The counter stood still where the checkpoint took it; the file
-	// says the last value it wrote.
 	hibernated(t, ctx, e, id, old.TaskPID)
 	if after := hostRSS(id, old.TaskPID); after != 0 {
 		t.Errorf("host RSS of the hibernated sandbox: %d KiB, want 0", after>>10)
@@ -148,17 +163,7 @@ func TestHibernateGVisorMemory(t *testing.T) {
 	if err != nil || got.GetSandbox().GetRuntime().GetAgentBootId() != sb.GetRuntime().GetAgentBootId() {
 		t.Errorf("agent boot id after the wake: %q, %v; want %q (the same agent, restored)", got.GetSandbox().GetRuntime().GetAgentBootId(), err, sb.GetRuntime().GetAgentBootId())
 	}
-	execs, err := e.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var state berthv1.ExecState
-	for _, x := range execs.GetExecs() {
-		if x.GetExecId() == loop {
-			state = x.GetState()
-		}
-	}
-	if state != berthv1.ExecState_EXEC_STATE_RUNNING {
+	if state := execState(t, ctx, e.sandboxes, id, loop); state != berthv1.ExecState_EXEC_STATE_RUNNING {
 		t.Errorf("the loop's exec %s after the wake: %v, want RUNNING", loop, state)
 	}
 	if resp, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/kept"}}}); err != nil || string(resp.GetStdout()) != "kept\n" {
@@ -243,17 +248,7 @@ func TestRuntimeReplacedWhenHibernatedGVisor(t *testing.T) {
 	if d.GetCause() != berthv1.ReplacedCause_REPLACED_CAUSE_SANDBOX_HIBERNATED {
 		t.Errorf("detail = %v, want SANDBOX_HIBERNATED", d)
 	}
-	execs, err := env.sandboxes.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: sb.GetId()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var state berthv1.ExecState
-	for _, x := range execs.GetExecs() {
-		if x.GetExecId() == e.ID() {
-			state = x.GetState()
-		}
-	}
-	if state != berthv1.ExecState_EXEC_STATE_RUNNING {
+	if state := execState(t, ctx, env.sandboxes, sb.GetId(), e.ID()); state != berthv1.ExecState_EXEC_STATE_RUNNING {
 		t.Errorf("the exec %s after the wake: %v, want RUNNING (restored)", e.ID(), state)
 	}
 }
