@@ -15,6 +15,8 @@
 #   make container-image  build the Dockerfile with buildah (slow; not in test)
 #   make lint             buf lint, gofmt, go vet
 #   make check-generated  fail when proto/ differs from what buf generates
+#   make console-assets   copy xterm.js from npm into the web console (server/console/static/vendor)
+#   make check-console    fail when the console's committed copies differ from npm's packages
 #   make breaking         buf breaking against proto/BREAKING_BASELINE
 #   make bench            scripts/bench.sh: berth beside its anchors, one table
 #   make gobench          any Go benchmarks (BENCH=regexp, PKG=packages)
@@ -30,7 +32,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: all build image demo test integration check ci test-debian generate clients python-sdk ts-sdk lint breaking check-generated bench gobench soak clean container-image
+.PHONY: console-assets check-console all build image demo test integration check ci test-debian generate clients python-sdk ts-sdk lint breaking check-generated bench gobench soak clean container-image
 
 all: build
 
@@ -58,7 +60,7 @@ test:
 integration:
 	GO_TEST_PKGS='$(INTEGRATION_PKGS)' scripts/test.sh
 
-check: lint breaking check-generated
+check: lint breaking check-generated check-console
 
 ci: check test integration
 
@@ -97,6 +99,24 @@ python-sdk:
 # tarball with dist/ and types (scripts/ts-sdk.sh), version from $(VERSION).
 ts-sdk: clients
 	VERSION=$(VERSION) scripts/ts-sdk.sh build/typescript
+
+# The web console embeds xterm.js (server/console/package.json, pinned;
+# scripts/deps.sh runs npm ci there). The copies in static/vendor are
+# committed, so that go build needs no npm; check-console fails when they
+# differ from what npm installed.
+console-assets:
+	scripts/deps.sh
+	scripts/console-assets.sh
+
+check-console:
+	@scripts/deps.sh 2>/dev/null
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	scripts/console-assets.sh "$$tmp" || exit 1; \
+	if ! diff -r -q "$$tmp" server/console/static/vendor; then \
+		echo "check-console: server/console/static/vendor differs from server/console's npm packages: run 'make console-assets' and commit the result."; \
+		exit 1; \
+	fi; \
+	echo "check-console: server/console/static/vendor matches its npm packages"
 
 lint:
 	$(BUF) lint

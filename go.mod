@@ -4,6 +4,9 @@ go 1.26.8
 
 require (
 	connectrpc.com/vanguard v0.4.0
+	github.com/chromedp/cdproto v0.160.1
+	github.com/chromedp/chromedp v0.23.1
+	github.com/coder/websocket v1.8.15
 	github.com/containerd/containerd/api v1.12.0
 	github.com/containerd/containerd/v2 v2.4.2
 	github.com/containerd/errdefs v1.0.0
@@ -39,7 +42,10 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require connectrpc.com/connect v1.19.1 // indirect
+require (
+	connectrpc.com/connect v1.19.1 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+)
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect

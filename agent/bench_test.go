@@ -3,20 +3,66 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/berth-sandbox/berth/agent/launcher"
+	"github.com/berth-sandbox/berth/internal/procfs"
 )
 
 // BenchmarkExecTrue measures one `true` round trip through the real agent
-// over its unix socket, on a kept connection: start, started, exited.
+// over its unix socket, on a kept connection: start, started, exited. It
+// also reports the CPU time the agent and its launcher used per exec
+// (agent-us/op: their threads' run time, procfs.CPU; the `true`s are not
+// in it), the figure the concurrent benchmark's throughput follows on a
+// busy host (issue 23).
 func BenchmarkExecTrue(b *testing.B) {
 	a := startAgent(b, "--retention", "1s")
+	// The launcher starts with the first exec.
+	if r := a.run(b, "warm", argv("true")); r.result.GetExitCode() != 0 {
+		b.Fatalf("exit code %d", r.result.GetExitCode())
+	}
+	pids := append([]uint32{uint32(a.pid)}, childrenNamed(uint32(a.pid), launcher.Comm)...)
+	cpu := func() (sum time.Duration) {
+		for _, pid := range pids {
+			d, err := procfs.CPU(pid)
+			if err != nil {
+				b.Fatalf("CPU of %d: %v", pid, err)
+			}
+			sum += d
+		}
+		return sum
+	}
+	before := cpu()
+	n := 0
 	for i := 0; b.Loop(); i++ {
 		r := a.run(b, fmt.Sprintf("true-%d", i), argv("true"))
 		if r.result.GetExitCode() != 0 {
 			b.Fatalf("exit code %d", r.result.GetExitCode())
 		}
+		n++
 	}
+	b.ReportMetric(float64(cpu()-before)/float64(time.Microsecond)/float64(n), "agent-us/op")
+}
+
+// childrenNamed returns the children of process pid whose command name is
+// comm (/proc/<pid>/task/*/children, proc(5)).
+func childrenNamed(pid uint32, comm string) []uint32 {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var pids []uint32
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		for _, child := range strings.Fields(string(b)) {
+			c, err := os.ReadFile("/proc/" + child + "/comm")
+			var n uint32
+			if _, serr := fmt.Sscan(child, &n); err == nil && serr == nil && strings.TrimSpace(string(c)) == comm {
+				pids = append(pids, n)
+			}
+		}
+	}
+	return pids
 }
 
 // BenchmarkExecOutput measures output throughput: 64 MiB from head(1)

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/berth-sandbox/berth/agent/ring"
+	"github.com/berth-sandbox/berth/internal/textsafe"
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -587,8 +588,8 @@ wait:
 	}
 	e.finish(res)
 	s.retire(e)
-	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "exit_code", res.GetExitCode(),
-		"signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
+	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "program", textsafe.Cut(e.argv[0], maxLoggedProgram), "tty", e.hasTTY,
+		"exit_code", res.GetExitCode(), "signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
 }
 
 // drain waits for the pumps to reach the end of their output after the

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,7 +40,7 @@ type SandboxOptions struct {
 	Dial    []Option
 	NoRetry bool
 
-	Image   string            // default: berthd's default image
+	Image   string            // default: $BERTH_IMAGE, else DefaultImage
 	User    string            // "uid", "uid:gid" or a name from the image's /etc/passwd
 	Env     map[string]string // environment of every command
 	Workdir string            // working directory of every command
@@ -50,6 +51,12 @@ type SandboxOptions struct {
 	MaxLifetime time.Duration // deleted this long after creation
 	Runtime     string        // e.g. "runsc"; default berthd's
 }
+
+// DefaultImage is the image CreateSandbox asks for when
+// SandboxOptions.Image is empty and $BERTH_IMAGE is unset: the base image
+// that scripts/base-image.sh builds and the demo imports, as in the Python
+// and TypeScript SDKs (berthd itself has no default image).
+const DefaultImage = "berth.dev/base:latest"
 
 // Sandbox is one sandbox with the SDK's surface, the Go column of the
 // Python SDK's berth.Sandbox and the TypeScript SDK's Sandbox:
@@ -80,8 +87,12 @@ func CreateSandbox(ctx context.Context, opts SandboxOptions) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	image := opts.Image
+	if image == "" {
+		image = cmp.Or(os.Getenv("BERTH_IMAGE"), DefaultImage)
+	}
 	req := &berthv1.CreateSandboxRequest{
-		Image: opts.Image, User: opts.User, Env: opts.Env, Workdir: opts.Workdir,
+		Image: image, User: opts.User, Env: opts.Env, Workdir: opts.Workdir,
 		Labels: opts.Labels, Resources: opts.Resources, Runtime: opts.Runtime,
 	}
 	if opts.IdleTimeout > 0 {

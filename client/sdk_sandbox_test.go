@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -36,5 +37,33 @@ func TestConnectSandboxRetries(t *testing.T) {
 	fake.fail("sb2", busyStatus("sb2", 50*time.Millisecond))
 	if _, err := client.ConnectSandbox(ctx, "sb2", client.SandboxOptions{Addr: addr, NoRetry: true}); !client.IsReason(err, client.ReasonFleetBusy) {
 		t.Errorf("ConnectSandbox with NoRetry = %v; want FLEET_BUSY", err)
+	}
+}
+
+// TestCreateSandboxDefaultImage: without SandboxOptions.Image the Go SDK
+// asks for $BERTH_IMAGE, else DefaultImage, as the Python and TypeScript
+// SDKs do. Before, it sent an empty image and berthd answered
+// INVALID_ARGUMENT "image: is empty" to the README's Go walk-through.
+func TestCreateSandboxDefaultImage(t *testing.T) {
+	env := newTestEnv(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	t.Setenv("BERTH_IMAGE", "busybox")
+	sb, err := client.CreateSandbox(ctx, client.SandboxOptions{Client: env.c})
+	if err != nil {
+		t.Fatalf("CreateSandbox with $BERTH_IMAGE=busybox: %v", err)
+	}
+	if got := sb.Info.GetImage(); got != "busybox" {
+		t.Errorf("image with $BERTH_IMAGE=busybox = %q; want busybox", got)
+	}
+	if err := sb.Kill(ctx); err != nil {
+		t.Errorf("Kill: %v", err)
+	}
+
+	t.Setenv("BERTH_IMAGE", "")
+	_, err = client.CreateSandbox(ctx, client.SandboxOptions{Client: env.c})
+	if !client.IsReason(err, client.ReasonImageNotFound) || !strings.Contains(err.Error(), `"`+client.DefaultImage+`"`) {
+		t.Errorf("CreateSandbox without an image = %v; want IMAGE_NOT_FOUND for %q (the fake has only busybox)", err, client.DefaultImage)
 	}
 }

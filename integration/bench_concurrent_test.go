@@ -6,14 +6,17 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -47,7 +50,9 @@ const concurrentDiskBytes = 64 << 20
 // each running fork+exec+wait of busybox true (os/exec, as the round trip's
 // host anchor) one after the other for the same time. Each side is one
 // window per benchmark run; the table shows completed execs per second of
-// the window, the ratio and the Runs refused (RESOURCE_EXHAUSTED).
+// the window, the ratio, the Runs refused (RESOURCE_EXHAUSTED) and the CPU
+// time each side used per completed exec (sandboxCPU; a note splits it),
+// which holds better than the rate on a loaded host.
 func benchConcurrent(b *testing.B) {
 	sandboxes := benchEnvInt(b, "BERTH_BENCH_CONCURRENT_SANDBOXES", 50)
 	loops := benchEnvInt(b, "BERTH_BENCH_CONCURRENT_LOOPS", 10)
@@ -84,7 +89,8 @@ func benchConcurrent(b *testing.B) {
 		}
 	}
 	n := sandboxes * loops
-	measureRate(b, "concurrent/berth-Run", n, window, func(ctx context.Context, i int) (bool, error) {
+	parts := sandboxCPU(b, ids)
+	measureRate(b, "concurrent/berth-Run", n, window, parts, func(ctx context.Context, i int) (bool, error) {
 		resp, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: ids[i%sandboxes], Process: &berthv1.ProcessSpec{Argv: []string{"true"}}})
 		switch {
 		case status.Code(err) == codes.ResourceExhausted:
@@ -96,19 +102,99 @@ func benchConcurrent(b *testing.B) {
 		}
 		return false, nil
 	})
-	measureRate(b, "concurrent/host-fork-exec", n, window, func(context.Context, int) (bool, error) {
+	host := func() []cpuPart {
+		return []cpuPart{{"this process and its reaped children", rusageCPU(unix.RUSAGE_SELF) + rusageCPU(unix.RUSAGE_CHILDREN)}}
+	}
+	measureRate(b, "concurrent/host-fork-exec", n, window, host, func(context.Context, int) (bool, error) {
 		return false, exec.Command(busybox, "true").Run()
 	})
 	note(fmt.Sprintf("concurrent: %d sandboxes x %d Run(true) loops beside %d host fork+exec loops, windows of %v; refused: Runs that failed RESOURCE_EXHAUSTED (FLEET_BUSY).",
 		sandboxes, loops, n, window))
 }
 
+// cpuPart is the CPU time one part of a side has used so far.
+type cpuPart struct {
+	what string
+	cpu  time.Duration
+}
+
+// rusageCPU is the user and system time getrusage(2) reports for who.
+func rusageCPU(who int) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(who, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// sandboxCPU returns a reader of the CPU time berth's side of the
+// concurrent group has used: this test process (berthd and the client),
+// the sandboxes' cgroups (each agent, its launchers and the `true`s they
+// start: procfs.CgroupCPUFiles.Usage) and their containerd
+// shims (the agent's parent, every thread's run time).
+func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
+	var cgroups []procfs.CgroupCPUFiles
+	var shims []uint32
+	for _, id := range ids {
+		got, err := env.sandboxes.GetSandbox(context.Background(), &berthv1.GetSandboxRequest{SandboxId: id})
+		if err != nil {
+			b.Fatal(err)
+		}
+		pid := got.GetSandbox().GetRuntime().GetTaskPid()
+		cg, err := procfs.CgroupCPUFilesOf(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cgroups = append(cgroups, cg)
+		shim, err := parentOf(pid)
+		if err != nil {
+			b.Fatal(err)
+		}
+		shims = append(shims, shim)
+	}
+	return func() []cpuPart {
+		var agents, shim time.Duration
+		for _, f := range cgroups {
+			if d, err := f.Usage(); err == nil {
+				agents += d
+			}
+		}
+		for _, pid := range shims {
+			if d, err := procfs.CPU(pid); err == nil {
+				shim += d
+			}
+		}
+		return []cpuPart{
+			{"test process (berthd, client)", rusageCPU(unix.RUSAGE_SELF)},
+			{"sandbox cgroups (agent, launcher, true)", agents},
+			{"shims", shim},
+		}
+	}
+}
+
+// parentOf is host process pid's parent (PPid of /proc/<pid>/status).
+func parentOf(pid uint32) (uint32, error) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			return uint32(n), err
+		}
+	}
+	return 0, fmt.Errorf("/proc/%d/status has no PPid", pid)
+}
+
 // measureRate runs n goroutines calling op(ctx, i) one call after the
 // other for window, once per benchmark iteration, and records the calls
 // completed per second of wall time (until the last call in flight
 // returned) as name. op reports a refusal (counted apart, not completed);
-// any other error fails the benchmark.
-func measureRate(b *testing.B, name string, n int, window time.Duration, op func(ctx context.Context, i int) (refused bool, err error)) {
+// any other error fails the benchmark. cpu, read before and after each
+// window, gives the CPU time of the side's parts: the measurement holds
+// their sum, and a note each part's CPU per completed call.
+func measureRate(b *testing.B, name string, n int, window time.Duration, cpu func() []cpuPart, op func(ctx context.Context, i int) (refused bool, err error)) {
 	b.Run(name[len("concurrent/"):], func(b *testing.B) {
 		var m measurement
 		for b.Loop() {
@@ -119,6 +205,7 @@ func measureRate(b *testing.B, name string, n int, window time.Duration, op func
 				fails int
 			)
 			ctx, cancel := context.WithTimeout(context.Background(), window+time.Minute)
+			cpuBefore := cpu()
 			start := time.Now()
 			end := start.Add(window)
 			var wg sync.WaitGroup
@@ -146,6 +233,7 @@ func measureRate(b *testing.B, name string, n int, window time.Duration, op func
 			}
 			wg.Wait()
 			wall := time.Since(start)
+			cpuAfter := cpu()
 			cancel()
 			if first != nil {
 				b.Fatalf("%s: %d calls failed, the first: %v", name, fails, first)
@@ -153,6 +241,15 @@ func measureRate(b *testing.B, name string, n int, window time.Duration, op func
 			m.ops += done.Load()
 			m.refused += refused.Load()
 			m.wall += wall
+			if ops := done.Load(); ops > 0 {
+				split := make([]string, len(cpuAfter))
+				for j, p := range cpuAfter {
+					used := p.cpu - cpuBefore[j].cpu
+					m.cpu += used
+					split[j] = fmt.Sprintf("%s %.0f us", p.what, float64(used)/float64(ops)/1e3)
+				}
+				note(fmt.Sprintf("%s: %d execs, CPU per exec: %s", name, ops, strings.Join(split, ", ")))
+			}
 		}
 		b.ReportMetric(m.opsRate(), "execs/s")
 		b.ReportMetric(float64(m.refused), "refused")

@@ -33,6 +33,18 @@ type measurement struct {
 	// refused, the calls refused meanwhile.
 	ops, refused int64
 	wall         time.Duration
+	// cpu is the CPU time the processes that serve the operations used
+	// during wall (measureRate's cpu), over all iterations; 0 when not
+	// measured.
+	cpu time.Duration
+}
+
+// cpuPerOp is the CPU time per completed operation; 0 when not measured.
+func (m measurement) cpuPerOp() time.Duration {
+	if m.ops == 0 {
+		return 0
+	}
+	return m.cpu / time.Duration(m.ops)
 }
 
 // opsRate is the operations completed per second of wall time.
@@ -298,6 +310,9 @@ func printSideBySide(w io.Writer) {
 // and the sample count.
 func figure(m measurement, latency bool) string {
 	if m.wall > 0 {
+		if m.cpu > 0 {
+			return fmt.Sprintf("%.0f execs/s, %d refused, %.0f us CPU/exec", m.opsRate(), m.refused, float64(m.cpuPerOp())/float64(time.Microsecond))
+		}
 		return fmt.Sprintf("%.0f execs/s, %d refused", m.opsRate(), m.refused)
 	}
 	if latency {

@@ -79,8 +79,8 @@ const fileBytes = 128 << 20
 //   - concurrent: 50 sandboxes x 10 goroutines calling Run(true) one
 //     after the other for 20 s, beside 500 goroutines on the host running
 //     fork, exec and wait4 of busybox true for as long: execs completed per
-//     second and Runs refused (benchConcurrent; sizes and window from the
-//     environment).
+//     second, Runs refused and each side's CPU time per exec
+//     (benchConcurrent; sizes and window from the environment).
 //   - fleet: the round trip of `true` through a fleet of two berthd
 //     processes (one etcd, TLS between nodes, the caller over TLS with a
 //     token): through the node that holds the sandbox, and through the

@@ -137,30 +137,7 @@ func TestPoolFull(t *testing.T) {
 	// Cleanups run last first: this one after the filler's delete.
 	t.Cleanup(func() { waitPoolFree(t, root) })
 	filler := createSandbox(t, c, &berthv1.CreateSandboxRequest{Resources: &berthv1.Resources{DiskBytes: size}})
-	// Before the delete (cleanups run last first): empty the workspace from
-	// inside, so that containerd, whose snapshot metadata (metadata.db) is
-	// on this pool, has room to record the removal. In CI8 the pool stayed
-	// full a minute after the delete and every later test hit ENOSPC.
-	t.Cleanup(func() {
-		_, _ = c.Run(context.Background(), filler.GetId(), &berthv1.ProcessSpec{Argv: []string{"sh", "-c", "rm -rf /workspace/f* /workspace/m; sync"}})
-	})
-	// Allocate data in ever smaller pieces until nothing more fits (btrfs
-	// refuses a fallocate larger than what is free as a whole), then fill
-	// the metadata with files small enough to be stored inline (up to
-	// max_inline, 2 KiB): a btrfs whose data is full still makes
-	// snapshots while its metadata has room. The loops end at ENOSPC, or
-	// at bounds far past a 20 GiB pool.
-	script := `i=0; for n in 1073741824 134217728 16777216 1048576 65536; do while [ $i -lt 100000 ] && fallocate -l $n /workspace/f$i 2>/dev/null; do i=$((i+1)); done; done
-mkdir /workspace/m; j=0; while [ $j -lt 3000000 ] && printf '%2000s' x >/workspace/m/$j 2>/dev/null; do j=$((j+1)); done; sync; echo $i $j`
-	r, err := c.Run(ctx, filler.GetId(), &berthv1.ProcessSpec{Argv: []string{"sh", "-c", script}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(root, &st); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("filled the pool with %s files (allocated, small); %d of %d bytes free", strings.TrimSpace(string(r.GetStdout())), st.Bavail*uint64(st.Bsize), size)
+	fillPool(t, c, filler.GetId(), root)
 
 	before, err := env.rt.Promised(ctx)
 	if err != nil {
@@ -182,6 +159,51 @@ mkdir /workspace/m; j=0; while [ $j -lt 3000000 ] && printf '%2000s' x >/workspa
 	if _, ok := after[id]; ok || len(after) != len(before) {
 		t.Errorf("the refused create left sandboxes: %d before, %d after", len(before), len(after))
 	}
+}
+
+// TestPoolFullDelete: deleting the sandbox that filled the pool frees the
+// pool. containerd's btrfs snapshotter records a removal in its own bolt
+// database (metadata.db) before it deletes the subvolume; where that file
+// is on the pool, the full pool refused the record (ENOSPC), the subvolume
+// stayed, and the pool stayed full (4.6 MB free a minute after the delete,
+// CI8). The filler is deleted as it is, nothing removed from inside first.
+func TestPoolFullDelete(t *testing.T) {
+	need(t)
+	ctx := fileCtx(t)
+	root, size, _ := diskPool(t)
+	c := dialClient(t, startServer(t, server.Config{TaskRestartLimit: -1, DiskOvercommit: -1}))
+	sb, err := c.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{DiskBytes: size}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fillPool(t, c, sb.GetId(), root)
+	if err := c.DeleteSandbox(ctx, sb.GetId()); err != nil {
+		t.Fatalf("DeleteSandbox of the filler on a full pool: %v", err)
+	}
+	waitPoolFree(t, root)
+}
+
+// fillPool fills the pool at root from inside sandbox id: data with
+// fallocate, in ever smaller pieces down to one 4 KiB block until nothing
+// more fits (btrfs refuses a fallocate larger than what is free as a
+// whole), then metadata with files small enough to be stored inline (up
+// to max_inline, 2 KiB), where any room is left for them (on a pool whose
+// data is full to the last block btrfs refuses them too). The loops end at
+// ENOSPC, or at bounds far past a 20 GiB pool.
+func fillPool(t *testing.T, c *client.Client, id, root string) {
+	t.Helper()
+	ctx := fileCtx(t)
+	script := `i=0; for n in 1073741824 134217728 16777216 1048576 65536 4096; do while [ $i -lt 100000 ] && fallocate -l $n /workspace/f$i 2>/dev/null; do i=$((i+1)); done; done
+mkdir /workspace/m; j=0; while [ $j -lt 3000000 ] && printf '%2000s' x >/workspace/m/$j 2>/dev/null; do j=$((j+1)); done; sync; echo $i $j`
+	r, err := c.Run(ctx, id, &berthv1.ProcessSpec{Argv: []string{"sh", "-c", script}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("filled the pool with %s files (allocated, small); %d of %d bytes free", strings.TrimSpace(string(r.GetStdout())), st.Bavail*uint64(st.Bsize), st.Blocks*uint64(st.Bsize))
 }
 
 // waitPoolFree waits, at most a minute, for the pool to have a GiB free

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/images"
+
 	"github.com/berth-sandbox/berth/client"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/cluster"
@@ -79,5 +82,46 @@ func TestFleetImages(t *testing.T) {
 	pinned := &berthv1.CreateSandboxRequest{SandboxId: "fi-root", Image: "berth.dev/fleet-images:root", Labels: onN2.Labels}
 	if _, err := f.alice[0].CreateSandbox(ctx, pinned); fleetReason(err) != client.ReasonImageNotFound {
 		t.Errorf("create of the image n2 did not get, on n2 = %v, want IMAGE_NOT_FOUND", err)
+	}
+
+	// A private image on n2 (one committed by bob before n2 joined: a
+	// fleet refuses commits) stays off n2's record, so ListImages through
+	// n1 does not name it to alice. A shared image made at the same time
+	// shows when n2's record has been published.
+	cc, err := containerd.New(f.node("n2").containerd, containerd.WithDefaultNamespace(f.node("n2").ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	base, err := cc.ImageService().Get(ctx, env.image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, labels := range map[string]map[string]string{
+		"berth.test/bob-private:1":  {runtime.LabelPrefix + "image.private-to": "bob"},
+		"berth.test/shared-probe:1": nil,
+	} {
+		if _, err := cc.ImageService().Create(ctx, images.Image{Name: name, Target: base.Target, Labels: labels}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		list, err := f.alice[0].ListImages(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := make([]string, 0, len(list))
+		for _, im := range list {
+			names = append(names, im.GetName())
+		}
+		if slices.Contains(names, "berth.test/bob-private:1") {
+			t.Fatalf("ListImages through n1 names bob's private image on n2 to alice: %v", names)
+		}
+		if slices.Contains(names, "berth.test/shared-probe:1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n2's record never named berth.test/shared-probe:1: %v", names)
+		}
 	}
 }

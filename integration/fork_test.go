@@ -2,8 +2,11 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
@@ -55,8 +59,9 @@ func forkOn(t *testing.T, svc berthv1.SandboxServiceClient, req *berthv1.ForkSan
 	return resp.GetSandboxes()
 }
 
-// forkCopies returns the fork copies (hidden snapshots) in containerd
-// namespace ns's snapshotter.
+// forkCopies returns the fork copies of containerd namespace ns: the
+// directories of ForkSnapshot under the btrfs snapshotter's root, and the
+// hidden containerd snapshots an earlier berthd made instead.
 func forkCopies(t *testing.T, ns string) []string {
 	t.Helper()
 	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(ns))
@@ -75,6 +80,18 @@ func forkCopies(t *testing.T, ns string) []string {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	plugins, err := cc.IntrospectionService().Plugins(ctx, "type==io.containerd.snapshotter.v1,id=="+env.snapshotter)
+	if err != nil || len(plugins.GetPlugins()) != 1 || plugins.GetPlugins()[0].GetExports()["root"] == "" {
+		t.Fatalf("the root of containerd's %s snapshotter: %v %v", env.snapshotter, plugins, err)
+	}
+	dir := filepath.Join(plugins.GetPlugins()[0].GetExports()["root"], "berth-forks", ns)
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		out = append(out, filepath.Join(dir, e.Name()))
+	}
 	slices.Sort(out)
 	return out
 }
@@ -86,8 +103,8 @@ func forkCopies(t *testing.T, ns string) []string {
 // user id range, and writes that no other sees; the parent runs on; a
 // repeat with the same request_id returns the same children and makes
 // none, with another count is ALREADY_EXISTS naming count; the fork's copy
-// is no snapshot of the caller's and goes with the last child; a paused
-// parent stays paused.
+// is no snapshot of the caller's and is gone when the call returns, the
+// children keeping their files; a paused parent stays paused.
 func TestForkSandbox(t *testing.T) {
 	need(t)
 	svc := env.sandboxes
@@ -186,24 +203,16 @@ func TestForkSandbox(t *testing.T) {
 		t.Errorf("%d sandboxes forked from %s after the repeats, want %d", forked, pid, count)
 	}
 
-	// The copy is hidden: not the caller's snapshot.
+	// The copy is hidden (not the caller's snapshot) and gone once the
+	// call has returned; the children do not need it.
 	if after, err := svc.ListSnapshots(ctx, &berthv1.ListSnapshotsRequest{}); err != nil || len(after.GetSnapshots()) != len(snaps.GetSnapshots()) {
 		t.Errorf("ListSnapshots after the fork: %d snapshots, %v; want %d as before", len(after.GetSnapshots()), err, len(snaps.GetSnapshots()))
 	}
-	copies := forkCopies(t, env.namespace)
-	if len(copies) != len(before)+1 {
-		t.Fatalf("fork copies %v after the fork, %v before: want one more", copies, before)
+	if copies := forkCopies(t, env.namespace); !slices.Equal(copies, before) {
+		t.Errorf("fork copies %v after the fork, %v before: want none left", copies, before)
 	}
-	for i, id := range ids {
-		if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
-			t.Fatal(err)
-		}
-		if left := forkCopies(t, env.namespace); i < len(ids)-1 && len(left) != len(copies) {
-			t.Errorf("fork copies %v after deleting %d of %d children, want %v kept", left, i+1, len(ids), copies)
-		}
-	}
-	if left := forkCopies(t, env.namespace); !slices.Equal(left, before) {
-		t.Errorf("fork copies %v after deleting every child, want %v (the fork's removed)", left, before)
+	if got := shellOut(t, svc, ids[1], treeListing); got != want {
+		t.Errorf("child %s's /workspace listing hash %q once the copy is gone, want the parent's %q", ids[1], got, want)
 	}
 
 	// A paused parent stays paused.
@@ -219,9 +228,10 @@ func TestForkSandbox(t *testing.T) {
 	}
 }
 
-// TestForkOfForkReclaims: a fork of a forked sandbox rests on both copies;
-// each copy goes only with the last sandbox resting on it, the first
-// one's included once the grandchild, its last holder, is deleted.
+// TestForkOfForkReclaims: a fork of a forked sandbox sees both forks'
+// writes, and neither fork leaves a copy behind: deleting the child does
+// not touch the grandchild's files, and a snapshot of the grandchild (and
+// a sandbox from it) holds them.
 func TestForkOfForkReclaims(t *testing.T) {
 	need(t)
 	svc := env.sandboxes
@@ -236,20 +246,30 @@ func TestForkOfForkReclaims(t *testing.T) {
 	if got := shellOut(t, svc, grandchild, "cat /workspace/f"); got != "one\ntwo\n" {
 		t.Errorf("grandchild's file %q, want one and two", got)
 	}
-	if n := len(forkCopies(t, env.namespace)) - len(before); n != 2 {
-		t.Fatalf("%d new fork copies after two forks, want 2", n)
+	if left := forkCopies(t, env.namespace); !slices.Equal(left, before) {
+		t.Errorf("fork copies %v after two forks, want %v (none left)", left, before)
 	}
 	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: child}); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(forkCopies(t, env.namespace)) - len(before); n != 2 {
-		t.Errorf("%d new fork copies after deleting the child, want 2 (the grandchild rests on both)", n)
+	if got := shellOut(t, svc, grandchild, "cat /workspace/f"); got != "one\ntwo\n" {
+		t.Errorf("grandchild's file %q after its parent's deletion, want one and two", got)
 	}
-	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: grandchild}); err != nil {
+	// A snapshot of a forked sandbox, and a sandbox made from it, hold
+	// its files; deleting them leaves no copy.
+	snap := createSnapshotOn(t, svc, grandchild, nil)
+	from := fromSnapshotOn(t, svc, snap.GetId())
+	if got := shellOut(t, svc, from, "cat /workspace/f"); got != "one\ntwo\n" {
+		t.Errorf("file of a sandbox from a snapshot of the grandchild %q, want one and two", got)
+	}
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: from}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := svc.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: snap.GetId()}); err != nil {
+		t.Errorf("DeleteSnapshot of the grandchild's snapshot: %v", err)
+	}
 	if left := forkCopies(t, env.namespace); !slices.Equal(left, before) {
-		t.Errorf("fork copies %v after deleting the grandchild, want %v (both removed)", left, before)
+		t.Errorf("fork copies %v after the snapshot's deletion, want %v", left, before)
 	}
 }
 
@@ -277,9 +297,10 @@ func TestForkAllOrNothing(t *testing.T) {
 	}
 }
 
-// TestForkSurvivesRestart: children outlive a berthd killed with SIGKILL,
-// keep their files, and deleting them all after the restart removes the
-// fork's copy from containerd.
+// TestForkSurvivesRestart: children outlive a berthd killed with SIGKILL
+// and keep their files; no fork copy is left at any point; a copy that a
+// berthd killed during a fork left (its holder gone) is removed when the
+// next berthd starts.
 func TestForkSurvivesRestart(t *testing.T) {
 	need(t)
 	e, p1, pid := startBerthdWithSandbox(t, "fkr", "fork-rs")
@@ -287,11 +308,15 @@ func TestForkSurvivesRestart(t *testing.T) {
 	defer cancel()
 	shellOut(t, e.sandboxes, pid, "echo survived >/workspace/f")
 	children := forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 2})
-	if copies := forkCopies(t, e.ns); len(copies) != 1 {
-		t.Fatalf("fork copies %v after the fork, want one", copies)
+	if copies := forkCopies(t, e.ns); len(copies) != 0 {
+		t.Fatalf("fork copies %v after the fork, want none", copies)
 	}
+	orphan := orphanForkCopy(t, e.ns)
 	p1.signal(t, syscall.SIGKILL)
 	p2 := startBerthd(t, e)
+	if _, err := os.Stat(orphan); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("orphaned fork copy %s after berthd's start: %v, want removed", orphan, err)
+	}
 	for _, c := range children {
 		if got := shellOut(t, e.sandboxes, c.GetId(), "cat /workspace/f"); got != "survived\n" {
 			t.Errorf("child %s's file after the restart: %q, want survived", c.GetId(), got)
@@ -304,6 +329,27 @@ func TestForkSurvivesRestart(t *testing.T) {
 		t.Errorf("fork copies %v after every child was deleted, want none", copies)
 	}
 	p2.signal(t, syscall.SIGTERM)
+}
+
+// orphanForkCopy makes, in containerd namespace ns, what a berthd killed
+// during a fork leaves: a fork copy's directory with a read-only
+// subvolume, whose holder no longer runs. It returns the directory.
+func orphanForkCopy(t *testing.T, ns string) string {
+	t.Helper()
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	plugins, err := cc.IntrospectionService().Plugins(context.Background(), "type==io.containerd.snapshotter.v1,id=="+env.snapshotter)
+	if err != nil || len(plugins.GetPlugins()) != 1 {
+		t.Fatalf("containerd's %s snapshotter: %v", env.snapshotter, err)
+	}
+	dir := filepath.Join(plugins.GetPlugins()[0].GetExports()["root"], "berth-forks", ns, "fork-00000000000000000000")
+	// This process's pid with another start time: no process runs so.
+	hostShell(t, `mkdir -p "$1" && btrfs subvolume create "$1/root" >/dev/null && btrfs property set -ts "$1/root" ro true && printf %s "$2" >"$1/holder"`,
+		dir, procfs.ProcessID(os.Getpid())+"0")
+	return dir
 }
 
 // TestForkRefusedOnOverlayfs: with the overlayfs snapshotter ForkSandbox is

@@ -355,3 +355,44 @@ func TestWakeAfterImageDeleted(t *testing.T) {
 		t.Errorf("woken sandbox whose image was deleted shows %q, want kept", got)
 	}
 }
+
+// TestHibernateSnapshotAndFork: CreateSnapshot and ForkSandbox of a
+// hibernated sandbox copy its kept files without waking it (it had no
+// task to freeze; the copy used to be refused SANDBOX_NOT_RUNNING, "has no
+// task"): the snapshot and the child see the file written before the
+// hibernation, and the sandbox is still hibernated, with no task, after
+// both.
+func TestHibernateSnapshotAndFork(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := newSandbox(t, nil).GetId()
+	shellOut(t, env.sandboxes, id, "echo before-hibernation >/workspace/kept")
+	old, err := env.rt.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	hibernatedIn(t, ctx, env.rt, env.sandboxes, id, old.TaskPID)
+
+	snap := createSnapshotOn(t, env.sandboxes, id, nil)
+	hibernatedIn(t, ctx, env.rt, env.sandboxes, id, old.TaskPID)
+	if got := shellOut(t, env.sandboxes, fromSnapshotOn(t, env.sandboxes, snap.GetId()), "cat /workspace/kept"); got != "before-hibernation\n" {
+		t.Errorf("a sandbox from the hibernated sandbox's snapshot reads %q, want the file written before the hibernation", got)
+	}
+
+	resp, err := env.sandboxes.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1})
+	if err != nil {
+		t.Fatalf("ForkSandbox of a hibernated sandbox: %v", err)
+	}
+	child := resp.GetSandboxes()[0].GetId()
+	t.Cleanup(func() {
+		env.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: child})
+	})
+	if got := shellOut(t, env.sandboxes, child, "cat /workspace/kept"); got != "before-hibernation\n" {
+		t.Errorf("the hibernated sandbox's fork reads %q, want the file written before the hibernation", got)
+	}
+	hibernatedIn(t, ctx, env.rt, env.sandboxes, id, old.TaskPID)
+}

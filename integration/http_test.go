@@ -35,13 +35,21 @@ var httpToken = strings.Repeat("w3", 32)
 // TCP listener's URL and the env.
 func startHTTPBerthd(t *testing.T) (*berthEnv, string) {
 	t.Helper()
-	e := newBinaryEnv(t, "http")
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte(auth.TokenHash(httpToken)+" web\n"), 0o600); err != nil {
+	return startTokenBerthd(t, "http", auth.TokenHash(httpToken)+" web\n")
+}
+
+// startTokenBerthd starts the berthd binary (env name) with a unix socket,
+// a plaintext TCP listener, the token file tokens and flags, and imports
+// the base image; it returns the env and the TCP listener's URL.
+func startTokenBerthd(t *testing.T, name, tokens string, flags ...string) (*berthEnv, string) {
+	t.Helper()
+	e := newBinaryEnv(t, name)
+	file := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(file, []byte(tokens), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	startBerthd(t, e, "--listen", addr, "--insecure-tcp", "--token-file", tokens)
+	startBerthd(t, e, append([]string{"--listen", addr, "--insecure-tcp", "--token-file", file}, flags...)...)
 	e.importBase(t)
 	return e, "http://" + addr
 }

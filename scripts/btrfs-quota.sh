@@ -18,6 +18,13 @@
 #             `mount -o loop` takes a free loop device and releases it at
 #             unmount, so runs side by side on one machine (each with its
 #             own DIR) never share or leak one.
+#           In both cases DIR/metadata.db, where containerd's btrfs
+#           snapshotter keeps its record of snapshots, becomes a symlink to
+#           $BTRFS_METADATA (default DIR.metadata.db, beside DIR, off the
+#           pool): on a pool a sandbox filled, a record on the pool could
+#           not be written (ENOSPC), so deleting the sandbox freed nothing
+#           (docs/disk-quotas.md). An existing metadata.db is moved there
+#           unless containerd holds it (then: stop containerd, run up).
 #           Its last stdout line is DIR.
 #   down    unmounts DIR (lazily when it is busy), which frees its loop
 #           device; the image file stays, so `up` mounts the same data again.
@@ -51,6 +58,7 @@ done
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
 IMAGE=${BTRFS_IMAGE:-$DIR.img}
+METADATA=${BTRFS_METADATA:-$DIR.metadata.db}
 
 # fstype prints the type of the file system mounted exactly at DIR, or
 # nothing when DIR is not a mount point.
@@ -88,7 +96,37 @@ up() {
 		# Account what is there already before limits are relied on.
 		btrfs quota rescan -w "$DIR" >/dev/null
 	fi
+	metadata_off_pool
 	echo "$DIR"
+}
+
+# metadata_off_pool makes DIR/metadata.db, the btrfs snapshotter's bolt
+# database, a symlink to $METADATA on another file system. containerd
+# opens it through the link (and creates $METADATA when it is missing).
+metadata_off_pool() {
+	local db=$DIR/metadata.db
+	if [[ -L $db ]]; then
+		return 0 # placed already (berthd warns at start if it is on the pool)
+	fi
+	mkdir -p "$(dirname "$METADATA")"
+	if [[ $(stat -f -c %i "$(dirname "$METADATA")") == $(stat -f -c %i "$DIR") ]]; then
+		log "BTRFS_METADATA=$METADATA is on the pool itself: choose a path on another file system"
+		exit 1
+	fi
+	if [[ -e $db ]]; then
+		# bolt holds an exclusive flock on its file while containerd runs.
+		if ! flock -n -E 75 "$db" true; then
+			log "WARNING: containerd holds $db on the pool: stop containerd and run up again to move it to $METADATA; until then deleting a sandbox on a full pool may free nothing"
+			return 0
+		fi
+		if [[ -e $METADATA ]]; then
+			log "both $db and $METADATA exist: keep the one containerd used last, remove the other, and run up again"
+			exit 1
+		fi
+		mv "$db" "$METADATA"
+		log "moved the btrfs snapshotter's metadata.db off the pool to $METADATA"
+	fi
+	ln -s "$METADATA" "$db"
 }
 
 down() {

@@ -24,7 +24,8 @@
 # DIR/root (content, snapshots, metadata), DIR/state, DIR/opt,
 # DIR/containerd.log, DIR/containerd.pid, and DIR/btrfs: the root of the
 # btrfs snapshotter, a loop-mounted btrfs with quotas (backed by the sparse
-# image DIR/btrfs.img of $BERTH_BTRFS_SIZE, default 20G) made by
+# image DIR/btrfs.img of $BERTH_BTRFS_SIZE, default 20G; the snapshotter's
+# own metadata.db is DIR/btrfs.metadata.db, off the pool) made by
 # scripts/btrfs-quota.sh at start and unmounted at stop, so that berthd's
 # disk quotas work with `--snapshotter btrfs` (the integration tests use
 # it). BERTH_BTRFS=0 leaves it out: the btrfs snapshotter then reports

@@ -40,6 +40,11 @@ BERTHD_LOG=$DIR/berthd.log
 IMAGE_REF=berth.dev/base:latest
 BERTH=("$REPO/bin/berth" --addr "$ADDR")
 READY_TIMEOUT=${BERTHD_READY_TIMEOUT:-60}
+# The quota of a sandbox created without one. The demo's btrfs pool is
+# 20 GiB (btrfs-quota.sh) and berthd admits quotas summing to the pool's
+# size (--disk-overcommit 1): with berthd's own default of 10 GiB, a third
+# sandbox of the README's walk-through was refused (FLEET_BUSY, DISK).
+DEFAULT_DISK_BYTES=1073741824 # 1 GiB: 20 sandboxes at once
 HASH=$(printf %s "$DIR" | sha256sum | cut -c1-8)
 BRIDGE=bdemo$HASH # 13 characters: interface names have at most 15
 # runc keeps its containers' state by namespace and id on the host
@@ -219,6 +224,7 @@ setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$BERTHD_PID" \
 	--namespace "$NAMESPACE" \
 	--network-bridge "$BRIDGE" \
 	--network-subnet "$SUBNET" \
+	--default-disk-bytes "$DEFAULT_DISK_BYTES" \
 	</dev/null >>"$BERTHD_LOG" 2>&1 &
 ready=0
 for ((i = 0; i < READY_TIMEOUT * 10; i++)); do

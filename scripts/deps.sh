@@ -15,6 +15,9 @@
 #   - the clients' tools (see the end): protoc, grpc_python_plugin,
 #     python3-grpcio, the Python SDK's build and test tools (setuptools,
 #     wheel, pip, venv), node, npm and clients/typescript's npm packages.
+#   - the web console's: chromium (Debian's; integration/console_test.go
+#     drives it headless with chromedp) and server/console's npm packages
+#     (xterm.js; scripts/console-assets.sh copies them into the console).
 #   - bash-static: the .deb is fetched with `apt-get download` and unpacked
 #     with `dpkg-deb -x` into $BERTH_CACHE/bash-static (not installed), for
 #     the offline base image (scripts/base-image.sh).
@@ -164,18 +167,23 @@ command -v grpc_python_plugin >/dev/null || client_pkgs+=(protobuf-compiler-grpc
 	client_pkgs+=(python3-setuptools python3-wheel python3-pip python3-venv)
 command -v node >/dev/null || client_pkgs+=(nodejs)
 command -v npm >/dev/null || client_pkgs+=(npm)
+command -v chromium >/dev/null || client_pkgs+=(chromium)
 if [[ ${#client_pkgs[@]} -gt 0 ]]; then
 	apt_update
 	log "apt-get install ${client_pkgs[*]}"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${client_pkgs[@]}" >/dev/null
 else
-	log "protoc, grpc_python_plugin, python3-grpcio, python3-setuptools/-wheel/-pip/-venv, node, npm: present"
+	log "protoc, grpc_python_plugin, python3-grpcio, python3-setuptools/-wheel/-pip/-venv, node, npm, chromium: present"
 fi
-TS=$REPO/clients/typescript
-# node_modules/.berth-lock is the package-lock.json it was installed from.
-if cmp -s "$TS/package-lock.json" "$TS/node_modules/.berth-lock" 2>/dev/null; then
-	log "clients/typescript: node_modules current"
-else
-	log "npm ci in clients/typescript"
-	(cd "$TS" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && cp package-lock.json node_modules/.berth-lock)
-fi
+# npm_ci DIR installs DIR's npm packages unless node_modules/.berth-lock,
+# the package-lock.json they were installed from, is current.
+npm_ci() {
+	if cmp -s "$REPO/$1/package-lock.json" "$REPO/$1/node_modules/.berth-lock" 2>/dev/null; then
+		log "$1: node_modules current"
+	else
+		log "npm ci in $1"
+		(cd "$REPO/$1" && npm ci --no-audit --no-fund --loglevel=error >/dev/null && cp package-lock.json node_modules/.berth-lock)
+	fi
+}
+npm_ci clients/typescript
+npm_ci server/console

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/console"
+	"github.com/berth-sandbox/berth/server/wsgate"
 )
 
 // ServeConfig configures Serve.
@@ -38,6 +40,12 @@ type ServeConfig struct {
 	TLS *tls.Config
 	// Log receives the HTTP server's errors.
 	Log *slog.Logger
+	// WebSocket configures the terminal and port forward endpoints served
+	// with HTTP (server/wsgate: /ws/v1/terminal, /ws/v1/port-forward).
+	WebSocket wsgate.Config
+	// Console serves the web console (server/console) at /console/ with
+	// HTTP. Off by default.
+	Console bool
 }
 
 // Serve serves srv on lis until srv stops (Stop or GracefulStop), and
@@ -63,7 +71,7 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 	if !cfg.HTTP {
 		return srv.Serve(lis)
 	}
-	h, err := NewHTTPHandler(srv)
+	h, err := NewHTTPHandler(srv, cfg)
 	if err != nil {
 		lis.Close()
 		return err
@@ -97,8 +105,10 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 
 // NewHTTPHandler returns the http.Handler serving srv's services over
 // Connect (binary and JSON), gRPC-Web and gRPC, through vanguard's
-// transcoder in front of srv.ServeHTTP.
-func NewHTTPHandler(srv *grpc.Server) (http.Handler, error) {
+// transcoder in front of srv.ServeHTTP; the WebSocket endpoints under
+// /ws/ (cfg.WebSocket), whose calls go to srv in process; and with
+// cfg.Console the web console under /console/.
+func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
 	t, err := vanguardgrpc.NewTranscoder(srv)
 	if err != nil {
 		return nil, fmt.Errorf("HTTP transcoder: %w", err)
@@ -109,7 +119,27 @@ func NewHTTPHandler(srv *grpc.Server) (http.Handler, error) {
 			methods["/"+name+"/"+m.Name] = true
 		}
 	}
-	return connectUnaryByDefault(methods, t), nil
+	api := connectUnaryByDefault(methods, t)
+	if cfg.WebSocket.Log == nil {
+		cfg.WebSocket.Log = cfg.Log
+	}
+	ws := wsgate.New(srv, cfg.WebSocket)
+	var con http.Handler
+	if cfg.Console {
+		con = console.Handler()
+	}
+	// By prefix, not http.ServeMux, which would redirect the API's paths
+	// that are not clean rather than hand them on as they are.
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch p := r.URL.Path; {
+		case strings.HasPrefix(p, "/ws/"):
+			ws.ServeHTTP(w, r)
+		case con != nil && (p == "/console" || strings.HasPrefix(p, "/console/")):
+			con.ServeHTTP(w, r)
+		default:
+			api.ServeHTTP(w, r)
+		}
+	}), nil
 }
 
 // connectUnaryByDefault marks a POST of a unary body (application/json,

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -111,5 +112,42 @@ func TestServeSortsProtocols(t *testing.T) {
 	// SERVING is field 1 = 1: the message 08 01 in a 2-byte frame.
 	if r.StatusCode != 200 || r.ProtoMajor != 2 || !bytes.HasPrefix(body, []byte{0, 0, 0, 0, 2, 8, 1}) {
 		t.Errorf("gRPC-Web Check over HTTP/2: %s %s %q", r.Proto, r.Status, body)
+	}
+}
+
+// TestConsoleOffByDefault: the console's page is served only with
+// ServeConfig.Console, with a policy that loads nothing from elsewhere;
+// the WebSocket endpoints are there either way.
+func TestConsoleOffByDefault(t *testing.T) {
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	for _, on := range []bool{false, true} {
+		h, err := NewHTTPHandler(srv, ServeConfig{Console: on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		get := func(path string) *httptest.ResponseRecorder {
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+			return w
+		}
+		page := get("/console/")
+		switch {
+		case !on && page.Code != http.StatusNotFound:
+			t.Errorf("console off: GET /console/ %d, want 404", page.Code)
+		case on && (page.Code != http.StatusOK || !strings.Contains(page.Body.String(), `<script src="vendor/xterm.js">`)):
+			t.Errorf("console on: GET /console/ %d %.200s, want the page", page.Code, page.Body)
+		case on && !strings.HasPrefix(page.Header().Get("Content-Security-Policy"), "default-src 'none'"):
+			t.Errorf("console on: Content-Security-Policy %q", page.Header().Get("Content-Security-Policy"))
+		}
+		if on {
+			if js := get("/console/vendor/xterm.js"); js.Code != http.StatusOK || js.Body.Len() < 100000 {
+				t.Errorf("xterm.js: %d, %d bytes", js.Code, js.Body.Len())
+			}
+		}
+		// Not an upgrade: coder/websocket answers 426.
+		if ws := get("/ws/v1/terminal"); ws.Code != http.StatusUpgradeRequired {
+			t.Errorf("console %v: GET /ws/v1/terminal without an upgrade %d, want 426", on, ws.Code)
+		}
 	}
 }

@@ -205,16 +205,24 @@ func scaledBudget(size uint64, overcommit float64) uint64 {
 // budget should hold before berthd warns that it holds few.
 const fewDefaultQuotas = 10
 
-// held lists what rt's sandboxes hold for admission.
+// held lists what rt's sandboxes, stored snapshots and fork copies hold
+// for admission.
 func held(rt *runtime.Runtime) func(context.Context) (map[string]admit.Held, error) {
 	return func(ctx context.Context) (map[string]admit.Held, error) {
 		promised, err := rt.Promised(ctx)
 		if err != nil {
 			return nil, err
 		}
-		out := make(map[string]admit.Held, len(promised))
+		stored, err := rt.StoredDisk(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]admit.Held, len(promised)+len(stored))
 		for id, p := range promised {
 			out[id] = admit.Held(p)
+		}
+		for key, p := range stored {
+			out[key] = admit.Held(p)
 		}
 		return out, nil
 	}

@@ -293,10 +293,15 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	if err != nil {
 		return 0, l.transportErr(err)
 	}
-	// The descriptors ride with the first byte; the rest follows.
+	// The descriptors ride with the request, in one sendmsg(2) where the
+	// socket takes it all (a request is a few hundred bytes): the
+	// launcher's recvmsg of the length then finds the rest queued and does
+	// not sleep again (it was woken twice a start when the request
+	// followed its first byte apart, issue 23). What did not fit follows.
+	var sent int
 	var sendErr error
 	if err := rc.Write(func(fd uintptr) bool {
-		sendErr = syscall.Sendmsg(int(fd), msg[:1], syscall.UnixRights(rights...), nil, 0)
+		sent, sendErr = syscall.SendmsgN(int(fd), msg, syscall.UnixRights(rights...), nil, 0)
 		return sendErr != syscall.EAGAIN
 	}); err != nil {
 		return 0, l.transportErr(err)
@@ -304,8 +309,10 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	if sendErr != nil {
 		return 0, l.transportErr(sendErr)
 	}
-	if _, err := l.conn.Write(msg[1:]); err != nil {
-		return 0, l.transportErr(err)
+	if sent < len(msg) {
+		if _, err := l.conn.Write(msg[sent:]); err != nil {
+			return 0, l.transportErr(err)
+		}
 	}
 	var ans [answerSize]byte
 	if _, err := io.ReadFull(l.conn, ans[:]); err != nil {

@@ -2,8 +2,10 @@ package launcher_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -67,6 +69,28 @@ func TestStart(t *testing.T) {
 	}
 	if ws := wait(t, pid); ws.ExitStatus() != 3 {
 		t.Errorf("script without a shebang: exit status %d, want 3", ws.ExitStatus())
+	}
+}
+
+// TestStartLargeRequest starts a process whose environment (800 KB) is far
+// larger than the launcher socket's buffer: the request, sent with its
+// descriptors in one sendmsg(2) as far as the socket takes it, arrives
+// whole with the rest written after.
+func TestStartLargeRequest(t *testing.T) {
+	l := launcher.New(launcher.Config{})
+	defer l.Close()
+	const n, size = 8, 100 << 10
+	env := make([]string, n)
+	for i := range env {
+		env[i] = fmt.Sprintf("BIG%d=%s", i, strings.Repeat(string(rune('a'+i)), size))
+	}
+	check := fmt.Sprintf(`for v in "$BIG0" "$BIG7"; do [ ${#v} -eq %d ] || exit 1; done; case "$BIG7" in hhh*hhh) exit 0;; esac; exit 2`, size)
+	pid, err := l.Start(&launcher.Request{Path: "/bin/sh", Argv: []string{"sh", "-c", check}, Env: env, Dir: "/", Stdio: devNulls(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ws := wait(t, pid); ws.ExitStatus() != 0 {
+		t.Errorf("exit status %d, want 0 (1: a variable of the wrong length, 2: of the wrong content)", ws.ExitStatus())
 	}
 }
 

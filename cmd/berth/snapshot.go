@@ -76,9 +76,11 @@ func newSnapshotListCmd(g *globals) *cobra.Command {
 
 func writeSnapshotTable(w io.Writer, snaps []*berthv1.Snapshot, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSANDBOX\tIMAGE\tSIZE\tCREATED")
+	// DISK is what the snapshot counts against its owner's disk cap
+	// (Snapshot.disk_bytes).
+	fmt.Fprintln(tw, "ID\tSANDBOX\tIMAGE\tSIZE\tDISK\tCREATED")
 	for _, s := range snaps {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.GetId(), s.GetSandboxId(), s.GetImage(), byteSize(uint64(s.GetSizeBytes())), ago(s.GetCreated().AsTime(), now))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.GetId(), s.GetSandboxId(), s.GetImage(), byteSize(uint64(s.GetSizeBytes())), byteSize(s.GetDiskBytes()), ago(s.GetCreated().AsTime(), now))
 	}
 	return tw.Flush()
 }

@@ -343,7 +343,10 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 		if !diskDefaultSet && svcCfg.MaxDiskBytes == 0 {
 			log.Warn("sandboxes' disk use is NOT limited: any sandbox can fill the host's disk; requests with resources.disk_bytes are refused", slog.Any("reason", err))
 		}
-	} else if !diskDefaultSet {
+	} else if err := rt.PoolMetadata(); err != nil {
+		log.Warn("deleting a sandbox may NOT free a full disk pool", slog.Any("reason", err))
+	}
+	if rt.DiskQuota() == nil && !diskDefaultSet {
 		svcCfg.DefaultDiskBytes = defaultDiskBytes
 		if max := svcCfg.MaxDiskBytes; max > 0 {
 			svcCfg.DefaultDiskBytes = min(defaultDiskBytes, max)

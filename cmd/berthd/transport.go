@@ -15,6 +15,7 @@ import (
 	"github.com/berth-sandbox/berth/server"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/connlimit"
+	"github.com/berth-sandbox/berth/server/wsgate"
 )
 
 // transportFlags are the bounds of what a caller can make berthd hold
@@ -27,6 +28,10 @@ type transportFlags struct {
 	maxConns    int
 	maxPerPeer  int
 	memory      memrelease.Config
+	// console serves the web console; origins are the WebSocket
+	// endpoints' allowed browser origins beside the same origin.
+	console bool
+	origins []string
 }
 
 // Defaults of --max-connections and --max-connections-per-peer. A held
@@ -48,6 +53,11 @@ func (f *transportFlags) register() {
 	flag.DurationVar(&f.cfg.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call open this long (one that sent half a request too) gets a GOAWAY and is closed 5 s later; clients reconnect when they next call")
 	flag.IntVar(&f.maxConns, "max-connections", defaultMaxConnections, "most connections open at once over all --listen addresses; past it new connections wait in the kernel's backlog; 0: no cap")
 	flag.Uint64Var(&f.memory.Above, "memory-release-above-bytes", memrelease.DefaultAbove, "resident memory (RSS) in `bytes` above which berthd returns its free memory to the kernel within seconds of a spike's end (connections and calls ending); 0: leave it to the Go runtime, which can keep a spike's memory for minutes")
+	flag.BoolVar(&f.console, "console", false, "serve the web console at /console/ on every listener (docs/console.md); it logs in with a bearer token")
+	flag.Func("ws-allowed-origin", "host `pattern` (path.Match, e.g. *.example.com) of a browser origin allowed to open the WebSocket terminal and port forward besides the same origin (repeatable; docs/http.md)", func(v string) error {
+		f.origins = append(f.origins, v)
+		return nil
+	})
 	flag.IntVar(&f.maxPerPeer, "max-connections-per-peer", defaultMaxConnectionsPerPeer, "most connections one peer (TCP: an IP address, an IPv6 /64; unix socket: a uid) has open at once; past it a new one is closed at once; 0: no cap")
 }
 
@@ -146,7 +156,8 @@ type serveConfig struct {
 // (Connect, gRPC-Web, gRPC over HTTP/1.1) beside gRPC, with the
 // transport's bounds, on every listener.
 func (f *transportFlags) serveConfig(authn *auth.Authenticator, log *slog.Logger) serveConfig {
-	return serveConfig{cfg: server.ServeConfig{HTTP: true, Transport: f.cfg, Log: log}, tls: authn.HTTPTLSConfig()}
+	return serveConfig{cfg: server.ServeConfig{HTTP: true, Transport: f.cfg, Log: log, Console: f.console,
+		WebSocket: wsgate.Config{AllowedOrigins: f.origins, HelloTimeout: f.cfg.HandshakeTimeout, Log: log}}, tls: authn.HTTPTLSConfig()}
 }
 
 // forListen is the server.ServeConfig of the listener on addr.

@@ -1,7 +1,7 @@
 // The loop of an AI coding bot on berth's TypeScript SDK: upload a project with
 // a failing test, run the tests streaming their output, read the code, write a
 // fix, run again; a typed error and a timeout that stops the command.
-// npm install @berth-sandbox/client (docs/clients.md), then
+// From the checkout: make clients, then BERTH_SDK=$PWD/clients/typescript (else the installed npm package)
 // BERTH_ADDR=unix:///run/berth/berthd.sock node examples/node/bot.js PROJECT_DIR
 "use strict";
 const berth = require(process.env.BERTH_SDK || "@berth-sandbox/client");

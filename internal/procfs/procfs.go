@@ -181,15 +181,37 @@ func WorkingState(state byte) bool {
 // where the cpu controller has none. It fails for pid 0, a process that is
 // gone, and a cgroup whose files cannot be read.
 func CgroupCPU(pid uint32) (time.Duration, error) {
-	if pid == 0 {
-		return 0, errors.New("no pid")
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	files, err := CgroupCPUFilesOf(pid)
 	if err != nil {
 		return 0, err
 	}
-	paths := make(map[string]string) // controller -> hierarchy line's path and mount directory
-	var unified string
+	return files.Read()
+}
+
+// CgroupCPUFiles are the files CgroupCPU reads for one cgroup: found once
+// from /proc/<pid>/cgroup (CgroupCPUFilesOf), they serve every later
+// reading of the same process's cgroup (Read), which berthd takes once an
+// exec.
+type CgroupCPUFiles struct {
+	usage     string // cgroup v1's cpuacct.usage, or v2's cpu.stat
+	throttled string // v1: the cpu controller's cpu.stat; "" when none
+	v2        bool
+}
+
+// CgroupCPUFilesOf finds the files CgroupCPU reads for host process pid's
+// cgroup. It fails for pid 0, a process that is gone, and a
+// /proc/<pid>/cgroup that names neither a cpuacct nor a cgroup v2
+// hierarchy.
+func CgroupCPUFilesOf(pid uint32) (CgroupCPUFiles, error) {
+	if pid == 0 {
+		return CgroupCPUFiles{}, errors.New("no pid")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return CgroupCPUFiles{}, err
+	}
+	var f CgroupCPUFiles
+	var cpuDir, unified string
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		// hierarchy-ID:controller-list:cgroup-path
 		parts := strings.SplitN(line, ":", 3)
@@ -201,46 +223,105 @@ func CgroupCPU(pid uint32) (time.Duration, error) {
 			continue
 		}
 		for _, c := range strings.Split(parts[1], ",") {
-			paths[c] = "/sys/fs/cgroup/" + parts[1] + parts[2]
+			switch c {
+			case "cpuacct":
+				f.usage = "/sys/fs/cgroup/" + parts[1] + parts[2] + "/cpuacct.usage"
+			case "cpu":
+				cpuDir = "/sys/fs/cgroup/" + parts[1] + parts[2]
+			}
 		}
 	}
-	if dir, ok := paths["cpuacct"]; ok {
-		usage, err := os.ReadFile(dir + "/cpuacct.usage")
-		if err != nil {
-			return 0, err
+	switch {
+	case f.usage != "":
+		if cpuDir != "" {
+			f.throttled = cpuDir + "/cpu.stat"
 		}
-		ns, err := strconv.ParseUint(strings.TrimSpace(string(usage)), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s/cpuacct.usage: %w", dir, err)
-		}
-		var throttled uint64
-		if dir, ok := paths["cpu"]; ok {
-			throttled, _ = statField(dir+"/cpu.stat", "throttled_time")
-		}
-		return time.Duration(ns + throttled), nil
+		return f, nil
+	case unified == "":
+		return CgroupCPUFiles{}, fmt.Errorf("/proc/%d/cgroup names neither a cpuacct nor a cgroup v2 hierarchy", pid)
 	}
-	if unified == "" {
-		return 0, fmt.Errorf("/proc/%d/cgroup names neither a cpuacct nor a cgroup v2 hierarchy", pid)
-	}
-	file := "/sys/fs/cgroup" + unified + "/cpu.stat"
-	usage, err := statField(file, "usage_usec")
+	return CgroupCPUFiles{usage: "/sys/fs/cgroup" + unified + "/cpu.stat", v2: true}, nil
+}
+
+// Read returns the cgroup's CPU time plus its throttled time, as
+// CgroupCPU: the files are read into a buffer on the stack, with no
+// os.File, one or two system calls each. It fails when the usage cannot be
+// read (the cgroup is gone).
+func (f CgroupCPUFiles) Read() (time.Duration, error) {
+	usage, err := f.Usage()
 	if err != nil {
 		return 0, err
 	}
-	throttled, _ := statField(file, "throttled_usec")
-	return time.Duration(usage+throttled) * time.Microsecond, nil
+	var throttled uint64
+	switch {
+	case f.v2:
+		throttled, _ = statField(f.usage, "throttled_usec")
+		throttled *= uint64(time.Microsecond)
+	case f.throttled != "":
+		throttled, _ = statField(f.throttled, "throttled_time")
+	}
+	return usage + time.Duration(throttled), nil
+}
+
+// Usage returns the CPU time the cgroup's processes have used, without
+// the time its CPU limit held them back: cpuacct.usage, or cgroup v2's
+// usage_usec.
+func (f CgroupCPUFiles) Usage() (time.Duration, error) {
+	if f.v2 {
+		usage, err := statField(f.usage, "usage_usec")
+		return time.Duration(usage) * time.Microsecond, err
+	}
+	var buf [64]byte
+	b, err := readSmall(f.usage, buf[:])
+	if err != nil {
+		return 0, err
+	}
+	ns, err := strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", f.usage, err)
+	}
+	return time.Duration(ns), nil
+}
+
+// readSmall reads the file at path into buf, which must hold all of it
+// (the small /proc and cgroup files above), and returns what it read.
+func readSmall(path string, buf []byte) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if m == 0 {
+			return buf[:n], nil
+		}
+		n += m
+	}
+	return nil, fmt.Errorf("%s: longer than %d bytes", path, len(buf))
 }
 
 // statField returns the value of key in a cgroup file of "key value" lines
 // (cpu.stat).
 func statField(file, key string) (uint64, error) {
-	b, err := os.ReadFile(file)
+	// cpu.stat: a few lines (v1: 3 to 6, v2: up to a dozen).
+	var buf [1024]byte
+	b, err := readSmall(file, buf[:])
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(line, " "); ok && k == key {
-			n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte("\n"))
+		if k, v, ok := bytes.Cut(line, []byte(" ")); ok && string(k) == key {
+			n, err := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
 			if err != nil {
 				return 0, fmt.Errorf("%s %s: %w", file, key, err)
 			}

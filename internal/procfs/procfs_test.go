@@ -134,6 +134,59 @@ func TestCgroupCPU(t *testing.T) {
 	}
 }
 
+// TestCgroupCPUFiles: the files found once for this process's cgroup read
+// the same counter as CgroupCPU, growing as it does (Usage: without the
+// throttled time, no more than Read after it), with at most two
+// allocations a reading (the exec path reads them once an exec); files of
+// no cgroup fail to read, and readSmall refuses a file longer than its
+// buffer rather than cut it.
+func TestCgroupCPUFiles(t *testing.T) {
+	pid := uint32(os.Getpid())
+	files, err := CgroupCPUFilesOf(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := files.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := CgroupCPU(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := files.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first <= 0 || whole < first || second < whole {
+		t.Errorf("Read %v, CgroupCPU %v, Read %v: want positive and never decreasing", first, whole, second)
+	}
+	usage, err := files.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	third, err := files.Read()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if usage <= 0 || third < usage {
+		t.Errorf("Usage %v, then Read %v: want positive usage, and Read (usage + throttled) no less", usage, third)
+	}
+	if allocs := testing.AllocsPerRun(20, func() { files.Read() }); allocs > 2 {
+		t.Errorf("Read: %.0f allocations, want at most 2", allocs)
+	}
+	if _, err := (CgroupCPUFiles{}).Read(); err == nil {
+		t.Error("Read of no files succeeded")
+	}
+	if _, err := CgroupCPUFilesOf(0); err == nil {
+		t.Error("CgroupCPUFilesOf(0) succeeded")
+	}
+	var small [8]byte
+	if b, err := readSmall("/proc/self/status", small[:]); err == nil {
+		t.Errorf("readSmall of /proc/self/status into 8 bytes = %q, want an error", b)
+	}
+}
+
 // TestThreadStates: a process sleeping in a signal-stopped state shows T,
 // this one (running the test) shows R among its threads, and a gone
 // process has none; WorkingState counts R and D only.

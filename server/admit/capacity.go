@@ -7,6 +7,7 @@ package admit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"math"
@@ -74,8 +75,13 @@ type Held struct {
 	Pooled bool
 	// MemoryBytes is its memory cap in bytes (zero: none, counted zero).
 	MemoryBytes uint64
-	// DiskBytes is its disk quota in bytes (zero: none, counted zero).
+	// DiskBytes is its disk quota in bytes (zero: none, counted zero);
+	// for a stored copy, the bytes it counts (runtime.Runtime.StoredDisk).
 	DiskBytes uint64
+	// Stored is true for a stored snapshot or a fork's copy
+	// (runtime.Runtime.StoredDisk): it holds disk against the server's
+	// disk budget and its owner's disk cap, and is no sandbox.
+	Stored bool
 }
 
 // Observer is told when admitted execs start and end (server/metrics).
@@ -108,7 +114,8 @@ type Capacity struct {
 	execs map[string]int // running execs per sandbox
 	total int
 
-	disk atomic.Uint64 // the disk budget last read (Limits.DiskBudgetNow)
+	disk   atomic.Uint64 // the disk budget last read (Limits.DiskBudgetNow)
+	copies atomic.Uint64 // stored copies admitted (AdmitStored's keys)
 }
 
 // New returns a Capacity with limits that counts the sandboxes usage
@@ -202,8 +209,10 @@ func (c *Capacity) held(existing map[string]Held) map[string]Held {
 type tally struct{ sandboxes, memory, disk uint64 }
 
 func (t *tally) add(h Held) {
-	t.sandboxes++
-	t.memory = addSaturating(t.memory, h.MemoryBytes)
+	if !h.Stored {
+		t.sandboxes++
+		t.memory = addSaturating(t.memory, h.MemoryBytes)
+	}
 	t.disk = addSaturating(t.disk, h.DiskBytes)
 }
 
@@ -219,15 +228,40 @@ func (c *Capacity) AdmitSandbox(ctx context.Context, id string, want Held) (rele
 	if l.MaxSandboxes <= 0 && l.MemoryBudget == 0 && l.DiskBudget == 0 && l.DiskBudgetNow == nil && !l.PerPrincipal.any() {
 		return func() {}, nil
 	}
+	return c.admit(ctx, id, id, want)
+}
+
+// AdmitStored admits a stored copy of sandbox id — a snapshot, a fork's
+// copy, an image committed from a snapshot — that principal owner takes
+// and that may come to hold bytes of the pool alone, within the server's
+// disk budget and owner's disk cap, counting the copies that exist
+// (Held.Stored) with the sandboxes. It refuses with a *apierr.FleetBusy
+// naming the limit, like AdmitSandbox; release must be called once the
+// copy exists (it is then counted as it is) or has failed.
+func (c *Capacity) AdmitStored(ctx context.Context, id, owner string, bytes uint64) (release func(), err error) {
+	l := c.limits
+	if l.DiskBudget == 0 && l.DiskBudgetNow == nil && l.PerPrincipal.DiskBytes == 0 {
+		return func() {}, nil
+	}
+	// Pending under a key of its own, which no sandbox has: the sandbox
+	// itself is counted, and so is every other copy pending.
+	key := fmt.Sprintf("stored-copy-of/%s/%d", id, c.copies.Add(1))
+	return c.admit(ctx, id, key, Held{Owner: owner, DiskBytes: bytes, Stored: true})
+}
+
+// admit is AdmitSandbox and AdmitStored: it admits want, held pending
+// under key, for sandbox id (named in refusals).
+func (c *Capacity) admit(ctx context.Context, id, key string, want Held) (release func(), err error) {
+	l := c.limits
 	c.createMu.Lock()
 	defer c.createMu.Unlock()
 	l.DiskBudget = c.diskBudget()
 	existing, err := c.usage(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("count sandboxes: %w", err)
+		return nil, fmt.Errorf("count sandboxes and stored copies: %w", err)
 	}
 	all := c.held(existing)
-	if _, ok := all[id]; ok {
+	if _, ok := all[key]; ok {
 		return func() {}, nil
 	}
 	var server tally
@@ -238,17 +272,21 @@ func (c *Capacity) AdmitSandbox(ctx context.Context, id string, want Held) (rele
 		return &apierr.FleetBusy{SandboxID: id, Resource: r, Limit: limit, InUse: inUse, Requested: requested, RetryDelay: l.RetryDelay}
 	}
 	switch {
-	case l.MaxSandboxes > 0 && server.sandboxes+1 > uint64(l.MaxSandboxes):
+	case !want.Stored && l.MaxSandboxes > 0 && server.sandboxes+1 > uint64(l.MaxSandboxes):
 		return nil, busy(berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES, uint64(l.MaxSandboxes), server.sandboxes, 1)
 	case l.MemoryBudget > 0 && addSaturating(server.memory, want.MemoryBytes) > l.MemoryBudget:
 		return nil, busy(berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY, l.MemoryBudget, server.memory, want.MemoryBytes)
 	case l.DiskBudget > 0 && addSaturating(server.disk, want.DiskBytes) > l.DiskBudget:
 		return nil, busy(berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, l.DiskBudget, server.disk, want.DiskBytes)
 	}
-	if err := c.checkPrincipal(id, all, want); err != nil {
+	if err := c.checkPrincipal(key, all, want); err != nil {
+		var b *apierr.FleetBusy
+		if errors.As(err, &b) {
+			b.SandboxID = id
+		}
 		return nil, err
 	}
-	return c.hold(id, want), nil
+	return c.hold(key, want), nil
 }
 
 // AdmitClaim admits principal owner's claim of warm-pool member id, which
@@ -293,7 +331,7 @@ func (c *Capacity) checkPrincipal(id string, all map[string]Held, want Held) err
 			RetryDelay: c.limits.RetryDelay, Principal: want.Owner}
 	}
 	switch {
-	case pl.MaxSandboxes > 0 && owner.sandboxes+1 > uint64(pl.MaxSandboxes):
+	case !want.Stored && pl.MaxSandboxes > 0 && owner.sandboxes+1 > uint64(pl.MaxSandboxes):
 		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES, uint64(pl.MaxSandboxes), owner.sandboxes, 1)
 	case pl.MemoryBytes > 0 && addSaturating(owner.memory, want.MemoryBytes) > pl.MemoryBytes:
 		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY, pl.MemoryBytes, owner.memory, want.MemoryBytes)

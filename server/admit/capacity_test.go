@@ -352,3 +352,42 @@ func TestAdmitSandboxDiskPoolResized(t *testing.T) {
 		t.Errorf("25 GiB when the pool cannot be read (40 GiB last read): %v", err)
 	}
 }
+
+// TestAdmitStored: stored copies (snapshots, fork copies) count their disk
+// against the server's disk budget and their owner's disk cap, and nothing
+// else: no sandbox, no memory. A copy past a cap is FLEET_BUSY naming the
+// sandbox it is a copy of; one pending counts for the next.
+func TestAdmitStored(t *testing.T) {
+	held := map[string]Held{
+		"sb-a":             {Owner: "alice", MemoryBytes: 100, DiskBytes: 50},
+		"berth-snapshot/1": {Owner: "alice", DiskBytes: 40, Stored: true},
+		"berth-snapshot/2": {Owner: "bob", DiskBytes: 30, Stored: true},
+	}
+	c := New(Limits{MaxSandboxes: 1, DiskBudget: 200, PerPrincipal: PrincipalLimits{MaxSandboxes: 1, MemoryBytes: 100, DiskBytes: 100}}, nil,
+		func(context.Context) (map[string]Held, error) { return held, nil })
+	ctx := context.Background()
+	u, err := c.Usage(ctx, nil)
+	if err != nil || u.Sandboxes != 1 || u.MemoryBytes != 100 || u.DiskBytes != 120 {
+		t.Errorf("Usage = %+v, %v: want 1 sandbox, 100 memory, 120 disk (copies count disk only)", u, err)
+	}
+	release, err := c.AdmitStored(ctx, "sb-a", "alice", 10)
+	if err != nil {
+		t.Fatalf("alice's copy of 10 within her cap (50+40+10): %v", err)
+	}
+	_, err = c.AdmitStored(ctx, "sb-a", "alice", 1)
+	var b *apierr.FleetBusy
+	if !errors.As(err, &b) || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK || b.Limit != 100 || b.InUse != 100 || b.Requested != 1 ||
+		b.Principal != "alice" || b.SandboxID != "sb-a" {
+		t.Errorf("alice's copy past her cap while one is pending = %v (%+v), want PRINCIPAL_DISK limit 100 in use 100 requested 1 for sb-a", err, b)
+	}
+	release()
+	release, err = c.AdmitStored(ctx, "sb-b", "bob", 70)
+	if err != nil {
+		t.Fatalf("bob's copy (30+70 of his 100; the sandbox caps do not apply to copies): %v", err)
+	}
+	release()
+	_, err = c.AdmitStored(ctx, "sb-b", "bob", 81)
+	if !errors.As(err, &b) || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_DISK || b.Limit != 200 || b.InUse != 120 || b.Requested != 81 {
+		t.Errorf("a copy past the server's disk budget = %v (%+v), want DISK limit 200 in use 120 requested 81", err, b)
+	}
+}

@@ -355,9 +355,9 @@ type probe interface {
 	stopped() bool
 	// progress reads the counters.
 	progress() progress
-	// baseline reads the counters a Watch starts from, as cheaply as they
-	// can be compared with progress's: every exec starts a Watch, few
-	// ever check one.
+	// baseline reads the counters a Watch starts from, and a check reads
+	// first, as cheaply as they can be compared with progress's: every
+	// exec starts a Watch, and on a loaded host many check theirs.
 	baseline() progress
 	// states returns the states (proc(5) field 3) of the threads of the
 	// agent and of its launchers.
@@ -415,6 +415,12 @@ func (p agentProbe) states() []byte { return p.procs.sample(p.pid).states }
 type procSampler struct {
 	mu   sync.Mutex
 	last map[uint32]procSample
+	// cgroups holds the cgroup CPU files of each agent read lately (an
+	// agent, PID 1 of its sandbox, stays in its cgroup): a baseline then
+	// reads one or two small files, not /proc/<pid>/cgroup as well
+	// (issue 23). Forgotten with the agent's samples; read afresh when a
+	// file cannot be read (the sandbox, and its cgroup, are gone).
+	cgroups map[uint32]procfs.CgroupCPUFiles
 }
 
 // sampleTTL is how long a procSample serves: far below any connect
@@ -455,7 +461,7 @@ func (ps *procSampler) baseline(pid uint32) progress {
 		return s.progress
 	}
 	s := procSample{at: now, progress: progress{agentCPU: -1, cgroupCPU: -1}}
-	if cpu, err := procfs.CgroupCPU(pid); err == nil {
+	if cpu, err := ps.cgroupCPU(pid); err == nil {
 		s.progress.cgroupCPU = cpu
 	} else if cpu, err := agentCPU(pid); err == nil {
 		s.progress.agentCPU = cpu
@@ -475,7 +481,7 @@ func (ps *procSampler) sample(pid uint32) procSample {
 	if cpu, err := agentCPU(pid); err == nil {
 		s.progress.agentCPU = cpu
 	}
-	if cpu, err := procfs.CgroupCPU(pid); err == nil {
+	if cpu, err := ps.cgroupCPU(pid); err == nil {
 		s.progress.cgroupCPU = cpu
 	}
 	s.states = procfs.ThreadStates(pid)
@@ -486,8 +492,36 @@ func (ps *procSampler) sample(pid uint32) procSample {
 	return s
 }
 
+// cgroupCPU is procfs.CgroupCPU of pid, from the files found for it
+// before when they can still be read.
+func (ps *procSampler) cgroupCPU(pid uint32) (time.Duration, error) {
+	ps.mu.Lock()
+	files, ok := ps.cgroups[pid]
+	ps.mu.Unlock()
+	if ok {
+		if cpu, err := files.Read(); err == nil {
+			return cpu, nil
+		}
+	}
+	files, err := procfs.CgroupCPUFilesOf(pid)
+	if err != nil {
+		return 0, err
+	}
+	cpu, err := files.Read()
+	if err != nil {
+		return 0, err
+	}
+	ps.mu.Lock()
+	if ps.cgroups == nil {
+		ps.cgroups = make(map[uint32]procfs.CgroupCPUFiles)
+	}
+	ps.cgroups[pid] = files
+	ps.mu.Unlock()
+	return cpu, nil
+}
+
 // store keeps s as pid's sample, its read ended now, and forgets those older
-// than a second.
+// than a second, with their cgroup files.
 func (ps *procSampler) store(pid uint32, s procSample) {
 	s.read = time.Now()
 	ps.mu.Lock()
@@ -498,6 +532,7 @@ func (ps *procSampler) store(pid uint32, s procSample) {
 	for p, old := range ps.last {
 		if s.at.Sub(old.at) > time.Second {
 			delete(ps.last, p)
+			delete(ps.cgroups, p)
 		}
 	}
 	ps.last[pid] = s
@@ -569,8 +604,20 @@ func (w *Watch) check(now time.Time) bool {
 		w.worked, w.stopped = false, true
 		return false
 	}
-	pr := w.probe.progress()
-	worked := pr.changed(w.last) || slices.ContainsFunc(w.probe.states(), procfs.WorkingState)
+	// The cheap counters first (the cgroup's CPU, which counts the
+	// agent's and its launchers' too, and the frames): a sandbox that
+	// used CPU since is working, whatever its threads' states say. The
+	// full sample (some hundred /proc files: every thread's state and CPU,
+	// the launchers found through /proc/<pid>/task/*/children) is read
+	// only for one that did not. Reading it first cost berthd 1.6 ms of
+	// CPU an exec in the concurrent benchmark at load 60-90, where most
+	// Runs waited past the connect budget for their start (issue 23).
+	pr := w.probe.baseline()
+	worked := pr.changed(w.last)
+	if !worked {
+		pr = w.probe.progress()
+		worked = pr.changed(w.last) || slices.ContainsFunc(w.probe.states(), procfs.WorkingState)
+	}
 	w.last = pr
 	w.worked = w.worked || worked
 	if now.Sub(w.began) >= w.limit {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
 	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -49,6 +50,7 @@ func TestAgentError(t *testing.T) {
 type fakeProbe struct {
 	readings []reading
 	at       int // the reading served; 0 at newWatch
+	full     int // full samples read (progress, states)
 }
 
 type reading struct {
@@ -63,10 +65,13 @@ type reading struct {
 
 func (f *fakeProbe) r() reading          { return f.readings[f.at] }
 func (f *fakeProbe) stopped() bool       { return f.r().stopped }
-func (f *fakeProbe) states() []byte      { return []byte(f.r().states) }
+func (f *fakeProbe) states() []byte      { f.full++; return []byte(f.r().states) }
 func (f *fakeProbe) unread() (int, bool) { return f.r().unread, !f.r().gone }
-func (f *fakeProbe) baseline() progress  { return f.progress() }
-func (f *fakeProbe) progress() progress {
+func (f *fakeProbe) progress() progress  { f.full++; return f.baseline() }
+
+// baseline serves every counter: agentProbe's serves those of a full
+// sample when one was read within sampleTTL.
+func (f *fakeProbe) baseline() progress {
 	r := f.r()
 	return progress{agentCPU: r.agentCPU, cgroupCPU: r.cgroupCPU, frames: r.frames}
 }
@@ -152,6 +157,44 @@ func TestWatchBusy(t *testing.T) {
 	}
 }
 
+// TestWatchCheckReadsCheapFirst: a check of a sandbox whose cgroup used CPU
+// or whose agent sent frames since the last check finds it busy from
+// those counters alone and reads no full sample (every thread's state,
+// the launchers' CPU: some hundred /proc files); one that did neither
+// reads it. Reading it at every check cost berthd 1.6 ms of CPU an exec
+// when hundreds of concurrent Runs waited past the connect budget on a
+// loaded host (issue 23).
+func TestWatchCheckReadsCheapFirst(t *testing.T) {
+	const budget, limit = 150 * time.Millisecond, time.Minute
+	idle := reading{agentCPU: time.Second, cgroupCPU: 2 * time.Second, states: "SSSS", unread: 100}
+	cgroupWorked, sent, threadRuns := idle, idle, idle
+	cgroupWorked.cgroupCPU++
+	sent.frames++
+	threadRuns.states = "SRSS"
+	for _, tc := range []struct {
+		name     string
+		next     reading
+		wantFull int
+	}{
+		{"the cgroup used CPU", cgroupWorked, 0},
+		{"the agent sent frames", sent, 0},
+		{"no counter moved, a thread runs", threadRuns, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fakeProbe{readings: []reading{idle, tc.next}}
+			began := time.Unix(1000, 0)
+			w := newWatch(p, budget, limit, began)
+			p.at = 1
+			if !w.check(began.Add(budget)) {
+				t.Fatalf("check of a working sandbox: Busy = false, want true")
+			}
+			if p.full != tc.wantFull {
+				t.Errorf("full readings (progress, states) = %d, want %d", p.full, tc.wantFull)
+			}
+		})
+	}
+}
+
 // TestProcSamplerShares: Watches of one agent share what is read of its
 // processes within sampleTTL (hundreds wait on one agent in a burst, and
 // each reading is some hundred /proc files), and read afresh after it.
@@ -199,11 +242,38 @@ func TestBaselineReadsCgroupAlone(t *testing.T) {
 	}
 }
 
-// BenchmarkWatchBaseline is what starting a Watch costs berthd (per exec).
+// TestSamplerKeepsCgroupFiles: the sampler finds an agent's cgroup files
+// once and reads them for the baselines that follow; files that cannot be
+// read (the cgroup is gone) are found afresh.
+func TestSamplerKeepsCgroupFiles(t *testing.T) {
+	var ps procSampler
+	pid := uint32(os.Getpid())
+	if b := ps.baseline(pid); b.cgroupCPU <= 0 {
+		t.Fatalf("baseline = %+v, want the cgroup's CPU", b)
+	}
+	kept, ok := ps.cgroups[pid]
+	if !ok {
+		t.Fatal("no cgroup files kept after a baseline")
+	}
+	ps.cgroups[pid] = procfs.CgroupCPUFiles{} // unreadable
+	if cpu, err := ps.cgroupCPU(pid); err != nil || cpu <= 0 {
+		t.Fatalf("cgroupCPU with unreadable kept files = %v, %v; want them found afresh", cpu, err)
+	}
+	if ps.cgroups[pid] != kept {
+		t.Errorf("kept files = %+v after a failed read, want %+v found again", ps.cgroups[pid], kept)
+	}
+}
+
+// BenchmarkWatchBaseline is what starting a Watch costs berthd (per exec):
+// one sampler, as berthd keeps, with every exec more than sampleTTL after
+// the last, so that no sample is shared.
 func BenchmarkWatchBaseline(b *testing.B) {
 	pid := uint32(os.Getpid())
+	var ps procSampler
 	for b.Loop() {
-		var ps procSampler // no sharing: every exec more than sampleTTL apart
+		ps.mu.Lock()
+		clear(ps.last)
+		ps.mu.Unlock()
 		ps.baseline(pid)
 	}
 }

@@ -160,7 +160,14 @@ func TestMemberStartsWithoutEtcd(t *testing.T) {
 	s.start()
 	waitLive(t, dir, "a", "a:1", 15*time.Second, "after etcd answered")
 	for id, owner := range local.holds {
+		// The node's record goes live first; its sandboxes' records are
+		// claimed after it: wait (bounded) for each.
+		deadline := time.Now().Add(15 * time.Second)
 		rec, ok, err := dir.Sandbox(ctx, id)
+		for (err != nil || !ok) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+			rec, ok, err = dir.Sandbox(ctx, id)
+		}
 		if err != nil || !ok || rec.Node != "a" || rec.Owner != owner {
 			t.Errorf("record of %s after joining = %+v, %v, %v; want on a, owned by %s", id, rec, ok, err, owner)
 		}

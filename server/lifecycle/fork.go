@@ -8,6 +8,7 @@ import (
 	"maps"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -45,11 +46,13 @@ type ForkRequest struct {
 // paused only around the sync and the btrfs snapshot; a paused one stays
 // paused); then each child is created as by Create, from that copy, with
 // the parent's spec (env values included), owned by p, req.Labels added
-// to its labels. All or nothing: when one child fails, every child of the
-// call is deleted and the first error returned. With req.RequestID the
-// child ids derive from p, the request id and the index, and a repeated
-// call returns the existing children (forkAgain). A sandbox p may not see
-// is runtime.ErrSandboxNotFound.
+// to its labels, while the parent resumes (Fork returns once it has, with
+// the lock held until then). All or nothing: when one child fails, every
+// child of the call is deleted and the first error returned. The copy is
+// deleted when the call ends. With req.RequestID the child ids derive
+// from p, the request id and the index, and a repeated call returns the
+// existing children (forkAgain). A sandbox p may not see is
+// runtime.ErrSandboxNotFound.
 func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req ForkRequest) ([]Created, error) {
 	if _, err := m.snapshotStore(); err != nil {
 		return nil, err
@@ -71,19 +74,23 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 			return children, err
 		}
 	}
-	began := time.Now()
-	specs, forkID, release, err := m.forkCopy(ctx, id, p, req)
+	ph := runtime.NewPhases()
+	c, err := m.forkCopy(ctx, id, p, req, ids, ph)
 	if err != nil {
 		return nil, err
 	}
-	defer release(context.WithoutCancel(ctx))
-	copied := time.Since(began)
-	began = time.Now()
+	defer c.admitted()
+	defer func() {
+		if err := c.release(); err != nil {
+			m.log.Error("delete a fork's copy; it stays until berthd's next start", slog.String("sandbox_id", id), slog.Any("error", err))
+		}
+	}()
+	defer c.resumed()
 	created := make([]Created, req.Count)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(forkParallel)
 	for i := range ids {
-		spec := specs
+		spec := c.spec
 		spec.ID = ids[i]
 		g.Go(func() error {
 			c, err := m.Create(gctx, spec, p, false)
@@ -104,24 +111,108 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		}
 		return nil, err
 	}
-	m.log.InfoContext(ctx, "sandbox forked", slog.String("sandbox_id", id), slog.String("fork_copy", forkID),
-		slog.Any("children", ids), slog.Duration("copy_took", copied), slog.Duration("children_took", time.Since(began)))
+	ph.Done("children")
+	m.log.InfoContext(ctx, "sandbox forked", slog.String("sandbox_id", id), slog.String("fork_copy", c.spec.FromSnapshot),
+		slog.Any("children", ids), slog.Any("took", ph))
 	return created, nil
 }
 
-// forkCopy copies sandbox id's root for a fork under its lifecycle lock
-// and returns the spec of its children (without their ids), the copy's id
-// and the function that lets the copy go (runtime.Runtime.ForkSnapshot).
-func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest) (runtime.SandboxSpec, string, func(context.Context), error) {
+// forkCopying is a fork's copy of its parent's root (forkCopy).
+type forkCopying struct {
+	// spec is the children's spec, without their ids.
+	spec runtime.SandboxSpec
+	// resumed waits until the parent runs again (or stays paused, as it
+	// was) and releases its lifecycle lock.
+	resumed func()
+	// release deletes the copy.
+	release func() error
+	// admitted releases the children's admission (admitChildren), once
+	// their creates are done.
+	admitted func()
+}
+
+// forkCopy copies sandbox id's root for a fork under its lifecycle lock,
+// recording its steps in ph, and returns the children's spec and the
+// functions that end the copy (forkCopying). The parent is resumed in the
+// background once the copy is taken: its lock is held until it is.
+func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, ph *runtime.Phases) (forkCopying, error) {
 	st, _ := m.snapshotStore()
 	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
-		return runtime.SandboxSpec{}, "", nil, err
+		return forkCopying{}, err
 	}
-	defer unlock()
+	var thawing sync.WaitGroup
+	resumed := func() {
+		thawing.Wait()
+		unlock()
+	}
+	spec, err := m.forkSpec(ctx, st, id, p, req)
+	if err != nil {
+		resumed()
+		return forkCopying{}, err
+	}
+	admitted, err := m.admitChildren(ctx, id, spec, ids)
+	if err != nil {
+		resumed()
+		return forkCopying{}, err
+	}
+	ph.Done("parent")
+	freeze := m.freezer(id, "fork")
+	forkID, release, err := st.ForkSnapshot(ctx, id, func(ctx context.Context) (func(), error) {
+		thaw, err := freeze(ctx)
+		if err != nil {
+			return nil, err
+		}
+		thawing.Add(1)
+		return func() {
+			go func() {
+				defer thawing.Done()
+				thaw()
+			}()
+		}, nil
+	}, ph)
+	if err != nil {
+		admitted()
+		resumed()
+		return forkCopying{}, err
+	}
+	spec.FromSnapshot = forkID
+	return forkCopying{spec: spec, resumed: resumed, release: release, admitted: admitted}, nil
+}
+
+// admitChildren admits the children ids of a fork of sandbox id, each with
+// spec as its CreateSandbox would be (admit.Capacity.AdmitSandbox; the
+// child's Create then finds it admitted), before the fork's copy is taken:
+// a fork past a limit is refused with the *apierr.FleetBusy a create gets
+// and makes nothing — no copy whose deleted extents btrfs frees only later
+// (the btrfs cleaner), while the sandbox's exclusive bytes, which its
+// next snapshot is counted by, would read them as shared. release must be
+// called once the children's creates are done.
+func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.SandboxSpec, ids []string) (release func(), err error) {
+	var releases []func()
+	release = func() {
+		for _, r := range releases {
+			r()
+		}
+	}
+	for i, child := range ids {
+		spec.ID = child
+		r, err := m.capacity.AdmitSandbox(ctx, child, held(spec))
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, len(ids), child, err)
+		}
+		releases = append(releases, r)
+	}
+	return release, nil
+}
+
+// forkSpec returns the spec of the children of a fork of sandbox id by p
+// (without their ids and copy). The caller holds id's lifecycle lock.
+func (m *Manager) forkSpec(ctx context.Context, st snapshots, id string, p auth.Principal, req ForkRequest) (runtime.SandboxSpec, error) {
 	parent, err := m.rt.Get(ctx, id)
 	if err != nil {
-		return runtime.SandboxSpec{}, "", nil, err
+		return runtime.SandboxSpec{}, err
 	}
 	spec := parent.Spec()
 	spec.Labels = maps.Clone(parent.Labels)
@@ -130,19 +221,14 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 	}
 	maps.Copy(spec.Labels, req.Labels)
 	if err := validate.Labels("labels", spec.Labels); err != nil {
-		return runtime.SandboxSpec{}, "", nil, err
+		return runtime.SandboxSpec{}, err
 	}
 	if spec.Env, err = st.SandboxEnv(ctx, id); err != nil {
-		return runtime.SandboxSpec{}, "", nil, err
+		return runtime.SandboxSpec{}, err
 	}
 	spec.Owner, spec.Pooled = p.Name, false
 	spec.Fork = runtime.ForkOrigin{Parent: id, RequestID: req.RequestID, Count: req.Count}
-	forkID, release, err := st.ForkSnapshot(ctx, id, p.Name, m.freezer(id, "fork"))
-	if err != nil {
-		return runtime.SandboxSpec{}, "", nil, err
-	}
-	spec.FromSnapshot = forkID
-	return spec, forkID, release, nil
+	return spec, nil
 }
 
 // forkAgain looks for the children of an earlier Fork with req.RequestID

@@ -75,7 +75,12 @@ func (l clusterLocal) Usage(ctx context.Context) (cluster.Usage, error) {
 		MaxSandboxes: u.MaxSandboxes, MemoryBudget: u.MemoryBudget, MaxExecs: u.MaxExecs}, nil
 }
 
-// Images returns the names of the images in the node's store.
+// Images returns the names of the shared images in the node's store, for
+// its fleet record. A private image (committed by a principal that is not
+// an admin: runtime.Image.PrivateTo) is left out: every node and gateway
+// names the images on the records to every caller, and a private image's
+// name is its principal's alone (a fleet refuses commits, so one is only
+// on a node that had it before it joined).
 func (l clusterLocal) Images(ctx context.Context) ([]string, error) {
 	if err := l.containerdDown(); err != nil {
 		return nil, err
@@ -86,7 +91,9 @@ func (l clusterLocal) Images(ctx context.Context) ([]string, error) {
 	}
 	names := make([]string, 0, len(images))
 	for _, im := range images {
-		names = append(names, im.Name)
+		if im.PrivateTo == "" {
+			names = append(names, im.Name)
+		}
 	}
 	slices.Sort(names)
 	return names, nil

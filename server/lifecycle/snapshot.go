@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -18,8 +19,9 @@ type snapshots interface {
 	GetSnapshot(ctx context.Context, snapID string) (runtime.Snapshot, error)
 	ListSnapshots(ctx context.Context, sees func(owner string) bool) ([]runtime.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, snapID string) error
-	ForkSnapshot(ctx context.Context, id, owner string, freeze func(context.Context) (func(), error)) (string, func(context.Context), error)
+	ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), ph *runtime.Phases) (string, func() error, error)
 	SandboxEnv(ctx context.Context, id string) (map[string]string, error)
+	SandboxDiskUsed(ctx context.Context, id string) (uint64, error)
 }
 
 // snapshotStore returns the Manager's store as a snapshots, or an error
@@ -37,7 +39,8 @@ func (m *Manager) snapshotStore() (snapshots, error) {
 // sandbox's lifecycle lock: the sandbox is paused only around the sync
 // and the btrfs snapshot, and one that was paused already stays paused.
 // A sandbox p may not see is runtime.ErrSandboxNotFound; past
-// Config.MaxSnapshotsPerPrincipal, runtime.ErrSnapshotLimit.
+// Config.MaxSnapshotsPerPrincipal, runtime.ErrSnapshotLimit; past the
+// server's disk budget or p's disk cap (admitCopy), *apierr.FleetBusy.
 func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principal, labels map[string]string) (runtime.Snapshot, error) {
 	st, err := m.snapshotStore()
 	if err != nil {
@@ -60,17 +63,41 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 			return runtime.Snapshot{}, fmt.Errorf("%w: principal %s holds %d snapshots, at most %d (--max-snapshots-per-principal); delete one first", runtime.ErrSnapshotLimit, p.Name, len(held), limit)
 		}
 	}
+	admitted, err := m.admitCopy(ctx, st, id, p)
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	defer admitted()
 	return st.CreateSnapshot(ctx, id, p.Name, labels, m.freezer(id, "snapshot"))
+}
+
+// admitCopy admits a copy of sandbox id's root that p takes (a snapshot,
+// a fork's copy) within the server's disk budget and p's disk cap
+// (admit.Capacity.AdmitStored): it will count the bytes the sandbox holds
+// now beyond its image (runtime.Runtime.StoredDisk). A refusal is a
+// *apierr.FleetBusy, as a create's. release must be called once the copy
+// exists or has failed.
+func (m *Manager) admitCopy(ctx context.Context, st snapshots, id string, p auth.Principal) (release func(), err error) {
+	used, err := st.SandboxDiskUsed(ctx, id)
+	if errors.Is(err, runtime.ErrDiskQuotaUnsupported) {
+		used = 0
+	} else if err != nil {
+		return nil, fmt.Errorf("read the disk use of sandbox %s: %w", id, err)
+	}
+	return m.capacity.AdmitStored(ctx, id, p.Name, used)
 }
 
 // freezer returns the freeze of sandbox id for a copy of its root
 // (runtime.Runtime.CreateSnapshot's freeze): it pauses the sandbox and
 // returns the function that resumes it, or, for a sandbox paused already,
-// one that leaves it paused. what names the copy in messages ("snapshot",
-// "fork"). The caller holds the sandbox's lifecycle lock.
+// one that leaves it paused. A hibernated sandbox has no process to
+// freeze and nothing writes its files: it is copied as it is and stays
+// hibernated (no wake). what names the copy in messages ("snapshot",
+// "fork"). The caller holds the sandbox's lifecycle lock, which a wake
+// takes too.
 func (m *Manager) freezer(id, what string) func(context.Context) (func(), error) {
 	return func(ctx context.Context) (func(), error) {
-		if m.reach.Paused(id) {
+		if m.reach.Paused(id) || m.reach.Hibernated(id) {
 			return func() {}, nil
 		}
 		if err := m.reach.Pause(ctx, id); err != nil {
@@ -159,15 +186,27 @@ type committer interface {
 // (runtime.Runtime.CommitSnapshot), its owner recorded as p; another
 // principal's snapshot is runtime.ErrSnapshotNotFound. A private image
 // (opts.Private) past Config.MaxSnapshotsPerPrincipal private images of p
-// is runtime.ErrSnapshotLimit. A fleet learns of the new image.
+// is runtime.ErrSnapshotLimit. One whose layer (the snapshot's DiskBytes,
+// counted once more) would take the server past its disk budget or p
+// past its disk cap is refused with a *apierr.FleetBusy (the image itself
+// is then counted by the image store's cap, not p's). A fleet learns of
+// the new image.
 func (m *Manager) CommitSnapshot(ctx context.Context, snapID string, p auth.Principal, opts runtime.CommitOptions) (runtime.Commit, error) {
 	st, ok := m.rt.(committer)
 	if !ok {
 		return runtime.Commit{}, fmt.Errorf("%w: this store keeps no snapshots", runtime.ErrSnapshotUnsupported)
 	}
-	if _, err := m.GetSnapshot(ctx, snapID, p); err != nil {
+	snap, err := m.GetSnapshot(ctx, snapID, p)
+	if err != nil {
 		return runtime.Commit{}, err
 	}
+	// The image's layer holds what the snapshot holds beyond its image:
+	// a principal past its disk cap turns no more snapshots into images.
+	admitted, err := m.capacity.AdmitStored(ctx, snap.SandboxID, p.Name, snap.DiskBytes)
+	if err != nil {
+		return runtime.Commit{}, err
+	}
+	defer admitted()
 	opts.Owner = p.Name
 	if limit := m.cfg.MaxSnapshotsPerPrincipal; limit > 0 && opts.Private {
 		// One snapshot commits under any number of names: each private

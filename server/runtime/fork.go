@@ -3,27 +3,50 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
+
+	"github.com/berth-sandbox/berth/internal/procfs"
+	"github.com/berth-sandbox/berth/server/runtime/qgroup"
 )
 
-// A fork (ForkSandbox) rests on a copy of the parent's root taken as a
-// stored snapshot is (copyRoot), key snapshotKeyPrefix+"fork-"+20 hex
-// digits, but hidden: it is no caller's snapshot (ListSnapshots and the
-// snapshot calls take only "snap-" ids), and it carries no gc.root label.
-// Until its children exist a lease holds it; then each child's snapshot,
-// which names it as its parent, does. The deletion of the last sandbox or
-// snapshot resting on it removes it (reclaimForks); should berthd die
-// between the two, containerd's garbage collector takes it, as nothing
-// holds it any more.
+// A fork (ForkSandbox) copies the parent's root once, as a read-only
+// btrfs snapshot taken under a freeze (snapshotFrozen), into a directory
+// of berthd's own beside containerd's snapshotter state:
+// <snapshotter root>/berth-forks/<namespace>/fork-<20 hex digits>/root,
+// with a file "holder" naming the berthd process that made it. No
+// containerd record holds it: each child prepares its snapshot from its
+// image as any sandbox does, and its subvolume is then replaced by a
+// writable snapshot of the copy (fillRoot). A btrfs snapshot shares its
+// extents but does not depend on its source, so the children need the copy
+// only while they are made: the copy is deleted when the fork's call ends,
+// whatever its outcome, and one whose holder no longer runs (berthd died
+// during a fork) is deleted at berthd's start and at the next fork.
+//
+// Forks made by berthd before this layout rest on a committed, hidden
+// snapshot of containerd's, key snapshotKeyPrefix+"fork-"+20 hex digits:
+// the deletion of the last sandbox or snapshot resting on one removes it
+// (reclaimForks).
+
+// forksDir is the directory under the btrfs snapshotter's root that holds
+// forks' copies, one directory per containerd namespace: a snapshot must
+// be on its source's file system.
+const forksDir = "berth-forks"
+
+// forkCopyHolder is the file in a fork copy's directory naming the berthd
+// process that made it (procfs.ProcessID).
+const forkCopyHolder = "holder"
 
 // forkIDPattern is the id of a fork's copy.
 var forkIDPattern = regexp.MustCompile(`^fork-[0-9a-f]{20}$`)
 
-// isForkKey reports whether snapshotter key is a fork's copy.
+// isForkKey reports whether snapshotter key is a fork's copy made by an
+// earlier berthd (a containerd snapshot).
 func isForkKey(key string) bool {
 	id, ok := strings.CutPrefix(key, snapshotKeyPrefix)
 	return ok && forkIDPattern.MatchString(id)
@@ -37,33 +60,126 @@ const (
 )
 
 // ForkSnapshot takes the crash-consistent copy of sandbox id's root file
-// system that ForkSandbox's children start from (copyRoot, with owner and
-// freeze), and returns its id — a SandboxSpec.FromSnapshot for each child
-// — and release, to be called once the children exist or have failed: it
-// drops the lease that holds the copy meanwhile and removes the copy when
-// no sandbox rests on it. Errors as for CreateSnapshot.
-func (r *Runtime) ForkSnapshot(ctx context.Context, id, owner string, freeze func(context.Context) (func(), error)) (_ string, release func(context.Context), err error) {
+// system that ForkSandbox's children start from (a read-only btrfs
+// snapshot under freeze, see snapshotFrozen), and returns its id — a
+// SandboxSpec.FromSnapshot for each child — and release, to be called once
+// the children exist or have failed: it deletes the copy, which the
+// children do not need once made (an error of it leaves the copy until
+// berthd's next start). The copy's steps are recorded in ph (nil
+// for none). Errors as for CreateSnapshot.
+func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), ph *Phases) (_ string, release func() error, err error) {
 	c := r.begin(ctx, "fork sandbox "+id)
 	defer c.end(&err)
-	if err := r.snapshotsSupported(); err != nil {
-		return "", nil, err
-	}
-	lctx, done, err := r.withLease(ctx, time.Hour)
+	_, root, src, err := r.copySource(ctx, id)
 	if err != nil {
-		return "", nil, fmt.Errorf("lease for the fork: %w", err)
-	}
-	forkID := newStoredID("fork-")
-	key := snapshotKeyPrefix + forkID
-	if err := r.copyRoot(lctx, c, id, key, owner, freeze, nil); err != nil {
-		_ = done(context.WithoutCancel(ctx))
 		return "", nil, err
 	}
-	return forkID, func(ctx context.Context) {
-		// A lease left behind expires in an hour, or goes at the next
-		// start of berthd (dropOrphanLeases): nothing to do about it here.
-		_ = done(ctx)
-		_ = r.reclaimForks(ctx, key)
-	}, nil
+	if err := r.checkHeadroom(c.op); err != nil {
+		return "", nil, err
+	}
+	r.dropOrphanForkCopies(root)
+	c.changes()
+	forkID := newStoredID("fork-")
+	dir := r.forkCopyDir(root, forkID)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		return "", nil, fmt.Errorf("directory of fork copies: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return "", nil, fmt.Errorf("directory of fork copy %s: %w", forkID, err)
+	}
+	release = func() error { return removeForkCopy(dir) }
+	if err := os.WriteFile(filepath.Join(dir, forkCopyHolder), []byte(procfs.ProcessID(os.Getpid())), 0o600); err != nil {
+		_ = release()
+		return "", nil, fmt.Errorf("fork copy %s: %w", forkID, err)
+	}
+	ph.Done("prepare")
+	if _, err := r.snapshotFrozen(ctx, src, filepath.Join(dir, "root"), true, freeze, ph); err != nil {
+		_ = release()
+		return "", nil, err
+	}
+	return forkID, release, nil
+}
+
+// forkCopyDir returns the directory of fork copy forkID under the btrfs
+// snapshotter's root.
+func (r *Runtime) forkCopyDir(root, forkID string) string {
+	return filepath.Join(root, forksDir, r.cfg.Namespace, forkID)
+}
+
+// forkCopy returns the path of fork copy forkID's subvolume, or
+// ErrSnapshotNotFound when it is gone (its fork's call ended).
+func (r *Runtime) forkCopy(ctx context.Context, forkID string) (string, error) {
+	root, err := r.btrfsRoot(ctx)
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(r.forkCopyDir(root, forkID), "root")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("%w: fork copy %s is gone (a fork's copy lives only as long as its ForkSandbox call): %v", ErrSnapshotNotFound, forkID, err)
+	}
+	return p, nil
+}
+
+// fillRoot replaces the writable subvolume of snapshot key, just prepared
+// from its image, by a writable snapshot of subvolume from.
+func (r *Runtime) fillRoot(ctx context.Context, key, from string) error {
+	root, err := r.btrfsRoot(ctx)
+	if err != nil {
+		return err
+	}
+	dst, err := r.activeSubvolume(ctx, root, key)
+	if err != nil {
+		return err
+	}
+	next := dst + ".berth-next"
+	if err := qgroup.Snapshot(from, next, false); err != nil {
+		return err
+	}
+	return replaceSubvolume(next, dst)
+}
+
+// removeForkCopy deletes fork copy directory dir and its subvolume.
+func removeForkCopy(dir string) error {
+	sub := filepath.Join(dir, "root")
+	if _, err := os.Lstat(sub); err == nil {
+		if err := qgroup.Delete(sub); err != nil {
+			return err
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove fork copy %s: %w", dir, err)
+	}
+	return nil
+}
+
+// dropOrphanForkCopies deletes the fork copies of this namespace under
+// root whose holder no longer runs (a berthd that died during a fork),
+// and returns how many. A copy whose holder file is missing or unreadable
+// is being made or removed by a running berthd, or is a holder's
+// half-made one; it is left alone unless its directory is an hour old.
+func (r *Runtime) dropOrphanForkCopies(root string) int {
+	dir := filepath.Join(root, forksDir, r.cfg.Namespace)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		holder, err := os.ReadFile(filepath.Join(p, forkCopyHolder))
+		if err == nil && procfs.Running(string(holder)) {
+			continue
+		}
+		if err != nil {
+			if fi, serr := e.Info(); serr != nil || time.Since(fi.ModTime()) < time.Hour {
+				continue
+			}
+		}
+		if removeForkCopy(p) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // reclaimForks removes fork copy key when no snapshot rests on it any

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
+	tasks "github.com/containerd/containerd/api/services/tasks/v1"
+	tasktypes "github.com/containerd/containerd/api/types/task"
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 )
 
 // ErrTaskNotRunning means a sandbox's task is neither running nor paused
@@ -31,7 +35,11 @@ func (r *Runtime) Resume(ctx context.Context, id string) (err error) {
 }
 
 // freeze pauses (pause) or resumes sandbox id's task, doing nothing when it
-// is in that state already.
+// is in that state already. It asks containerd's task service directly:
+// a resume of a paused task is one request (containerd → shim → `runc
+// resume`), a pause two (the task's status, then the pause); the status
+// is read after a failed resume, to tell a running or stopped task from a
+// failure.
 func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error) {
 	op := "resume the task of sandbox " + id
 	if pause {
@@ -41,35 +49,35 @@ func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error)
 	defer c.end(&err)
 	ctx, cancel := c.step()
 	defer cancel()
-	container, err := r.client.LoadContainer(ctx, id)
-	if err != nil {
-		return r.containerError(id, err)
+	var resumeErr error
+	if !pause {
+		c.changes()
+		if _, resumeErr = r.client.TaskService().Resume(ctx, &tasks.ResumeTaskRequest{ContainerID: id}); resumeErr == nil {
+			return nil
+		}
 	}
-	task, err := container.Task(ctx, nil)
+	t, err := r.task(ctx, id)
 	if errdefs.IsNotFound(err) {
+		if _, err := r.client.LoadContainer(ctx, id); err != nil {
+			return r.containerError(id, err)
+		}
 		return fmt.Errorf("%w: sandbox %s has no task", ErrTaskNotRunning, id)
 	}
 	if err != nil {
-		return fmt.Errorf("load task %s: %w", id, err)
-	}
-	st, err := task.Status(ctx)
-	if err != nil {
 		return fmt.Errorf("task status %s: %w", id, err)
 	}
+	running := t.GetStatus() == tasktypes.Status_RUNNING
+	paused := t.GetStatus() == tasktypes.Status_PAUSED || t.GetStatus() == tasktypes.Status_PAUSING
 	switch {
-	case pause && (st.Status == containerd.Paused || st.Status == containerd.Pausing),
-		!pause && st.Status == containerd.Running:
+	case pause && paused, !pause && running:
 		return nil
-	case st.Status != containerd.Running && st.Status != containerd.Paused && st.Status != containerd.Pausing:
-		return fmt.Errorf("%w: sandbox %s's task is %s", ErrTaskNotRunning, id, st.Status)
+	case !running && !paused:
+		return fmt.Errorf("%w: sandbox %s's task is %s", ErrTaskNotRunning, id, strings.ToLower(t.GetStatus().String()))
+	case !pause:
+		return fmt.Errorf("%s: %w", op, errgrpc.ToNative(resumeErr))
 	}
 	c.changes()
-	if pause {
-		err = pauseTask(ctx, task)
-	} else {
-		err = task.Resume(ctx)
-	}
-	if err != nil {
+	if err := r.pauseTask(ctx, id); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
@@ -78,19 +86,20 @@ func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error)
 // pauseAttempts bounds pauseTask's tries.
 const pauseAttempts = 3
 
-// pauseTask freezes task, trying again while it still runs: runc's cgroup
-// v1 freezer gives up when the cgroup stays FREEZING through its own
-// retries (it thaws and fails "unable to freeze", libcontainer/cgroups/fs/
-// freezer.go), which a workload that forks fast can cause on a loaded
-// host; a later try usually catches it between forks. Seen as an INTERNAL
-// PauseSandbox in TestPauseResume at load 15.
-func pauseTask(ctx context.Context, task containerd.Task) error {
+// pauseTask freezes sandbox id's task, trying again while it still runs:
+// runc's cgroup v1 freezer gives up when the cgroup stays FREEZING through
+// its own retries (it thaws and fails "unable to freeze", libcontainer/
+// cgroups/fs/freezer.go), which a workload that forks fast can cause on a
+// loaded host; a later try usually catches it between forks. Seen as an
+// INTERNAL PauseSandbox in TestPauseResume at load 15.
+func (r *Runtime) pauseTask(ctx context.Context, id string) error {
 	for attempt := 1; ; attempt++ {
-		err := task.Pause(ctx)
+		_, err := r.client.TaskService().Pause(ctx, &tasks.PauseTaskRequest{ContainerID: id})
+		err = errgrpc.ToNative(err)
 		if err == nil || attempt == pauseAttempts || errdefs.IsNotFound(err) || ctx.Err() != nil {
 			return err
 		}
-		if st, serr := task.Status(ctx); serr != nil || st.Status != containerd.Running {
+		if t, terr := r.task(ctx, id); terr != nil || t.GetStatus() != tasktypes.Status_RUNNING {
 			return err
 		}
 		select {

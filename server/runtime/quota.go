@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 
 	"github.com/containerd/containerd/v2/core/containers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/server/runtime/qgroup"
 )
@@ -203,4 +205,57 @@ func withQuotaSafeIoctls(_ context.Context, _ oci.Client, _ *containers.Containe
 		sc.Syscalls = append(sc.Syscalls, allow(0xffff, ioctlTypeBtrfs<<8|nr))
 	}
 	return nil
+}
+
+// PoolMetadata reports whether deleting a sandbox frees the pool even
+// when the pool is full: nil when the btrfs snapshotter's own record of
+// its snapshots (root/metadata.db, a bolt database) lives on another file
+// system, else an error saying where it is and what moves it. containerd
+// records a snapshot's removal there before it deletes the subvolume; on
+// a full pool that write fails (ENOSPC), the subvolume stays, and the pool
+// stays full. scripts/btrfs-quota.sh up puts the file off the pool.
+func (r *Runtime) PoolMetadata() error {
+	if r.quota == nil {
+		return r.quotaErr
+	}
+	return metadataOffPool(r.quota.Dir())
+}
+
+// metadataOffPool checks that root/metadata.db, followed through links,
+// is on another file system than root.
+func metadataOffPool(root string) error {
+	db := filepath.Join(root, "metadata.db")
+	var pool, meta unix.Stat_t
+	if err := unix.Stat(root, &pool); err != nil {
+		return fmt.Errorf("stat the pool %s: %w", root, err)
+	}
+	if err := unix.Stat(db, &meta); err != nil {
+		return fmt.Errorf("stat the btrfs snapshotter's metadata %s: %w", db, err)
+	}
+	if pool.Dev == meta.Dev {
+		return fmt.Errorf("the btrfs snapshotter's metadata %s is on the pool it records: once the pool is full, deleting a sandbox cannot be recorded and frees nothing; stop containerd and run scripts/btrfs-quota.sh up %s to move it off the pool", db, root)
+	}
+	return nil
+}
+
+// PoolHeadroomBytes is what berthd keeps free in the pool: a create or a
+// copy (snapshot, fork) is refused once less is free (checkHeadroom), so
+// that the pool a sandbox filled still takes what starting and deleting
+// sandboxes write — a sandbox made on a full pool could not write a byte.
+const PoolHeadroomBytes = 64 << 20
+
+// checkHeadroom fails with a *PoolFullError for op when the pool has less
+// than PoolHeadroomBytes free (statfs(2) of the pool, f_bavail); nil
+// without disk quotas (no pool) or when the pool cannot be read (the
+// operation then meets its own errors).
+func (r *Runtime) checkHeadroom(op string) error {
+	if r.quota == nil {
+		return nil
+	}
+	free, _, err := r.quota.Space()
+	if err != nil || free >= PoolHeadroomBytes {
+		return nil
+	}
+	return &PoolFullError{Pool: r.poolName(), Op: op,
+		Err: fmt.Errorf("%d bytes free, less than the %d berthd keeps free so that sandboxes can still start and be deleted", free, PoolHeadroomBytes)}
 }

@@ -2,11 +2,15 @@ package runtime
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/contrib/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // ioctlAllowed evaluates a seccomp profile's rules for ioctl(fd, cmd) the
@@ -111,5 +115,42 @@ func TestAgentArgsDiskQuota(t *testing.T) {
 	}
 	if got := r.agentArgs(SandboxSpec{}); slices.Contains(got, "--disk-bytes") {
 		t.Errorf("agentArgs(no disk quota) = %q, want no --disk-bytes", got)
+	}
+}
+
+// TestMetadataOffPool: the btrfs snapshotter's metadata.db in the pool's
+// root is reported, naming it and the fix; a link to a file on another
+// file system (/dev/shm, a tmpfs) is not; a missing one is an error.
+func TestMetadataOffPool(t *testing.T) {
+	pool := t.TempDir()
+	db := filepath.Join(pool, "metadata.db")
+	if err := metadataOffPool(pool); err == nil {
+		t.Error("metadataOffPool of a pool without metadata.db = nil, want an error")
+	}
+	if err := os.WriteFile(db, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := metadataOffPool(pool)
+	if err == nil || !strings.Contains(err.Error(), db) || !strings.Contains(err.Error(), "btrfs-quota.sh up") {
+		t.Errorf("metadataOffPool with metadata.db on the pool = %v, want an error naming %s and the fix", err, db)
+	}
+	off, err := os.CreateTemp("/dev/shm", "berth-metadata-*.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	off.Close()
+	t.Cleanup(func() { os.Remove(off.Name()) })
+	var a, b unix.Stat_t
+	if unix.Stat(pool, &a) != nil || unix.Stat(off.Name(), &b) != nil || a.Dev == b.Dev {
+		t.Fatalf("/dev/shm is not another file system than %s here: the test would prove nothing", pool)
+	}
+	if err := os.Remove(db); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(off.Name(), db); err != nil {
+		t.Fatal(err)
+	}
+	if err := metadataOffPool(pool); err != nil {
+		t.Errorf("metadataOffPool with metadata.db linked off the pool = %v, want nil", err)
 	}
 }

@@ -76,14 +76,15 @@ func idMapOptions(base uint32) []string {
 }
 
 // withIDMappedRoot prepares sandbox id's own snapshot (key id) of image
-// (of snapshotter key parent instead when it is not "": a stored snapshot)
-// and mounts it at rootDir with ids mapped into the range at host id base
+// (of snapshotter key parent instead when it is not "": a stored snapshot),
+// its files replaced by a writable snapshot of subvolume from when that is
+// not "" (a fork's copy, fillRoot), and mounts it at rootDir with ids mapped into the range at host id base
 // (mountRoot), before the spec is made: the image's /etc/passwd is read
 // through it. The container records neither snapshotter nor snapshot key
 // (containerd would hand the shim the snapshot without the mapping); its
 // spec's root is rootDir. A snapshot of the key left by a create that did
 // not finish is made anew.
-func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, parent string, base uint32) containerd.NewContainerOpts {
+func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, parent, from string, base uint32) containerd.NewContainerOpts {
 	return func(ctx context.Context, client *containerd.Client, c *containers.Container) error {
 		c.Snapshotter = ""
 		if parent == "" {
@@ -117,6 +118,11 @@ func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, parent str
 			}
 			if _, err := sn.Prepare(ctx, id, parent); err != nil {
 				return fmt.Errorf("prepare snapshot %s of image %s: %w", id, image.Name(), err)
+			}
+		}
+		if from != "" {
+			if err := r.fillRoot(ctx, id, from); err != nil {
+				return fmt.Errorf("snapshot %s from fork copy %s: %w", id, from, err)
 			}
 		}
 		c.Image = image.Name()

@@ -32,6 +32,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	"github.com/containerd/errdefs/pkg/errgrpc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
@@ -300,6 +301,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		client.Close()
 		return nil, err
 	}
+	if cfg.Snapshotter == quotaSnapshotter {
+		// The copies of forks that a dead berthd was making (ForkSnapshot).
+		if root, err := r.btrfsRoot(ctx); err == nil {
+			r.dropOrphanForkCopies(root)
+		}
+	}
 	switch cfg.RootIDMapping {
 	case RootIDMappingAuto, RootFSIDMapped:
 		if err := r.probeIDMap(ctx); err != nil {
@@ -531,6 +538,9 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if image.Labels()[labelImagePrivateTo] != "" && (spec.Pooled || spec.Owner == "") {
 		return fmt.Errorf("%w: %s", ErrImageHidden, spec.Image)
 	}
+	if err := r.checkHeadroom(c.op); err != nil {
+		return err
+	}
 	unpacked, err := image.IsUnpacked(step, r.cfg.Snapshotter)
 	if err != nil {
 		return fmt.Errorf("check unpacked image %s: %w", spec.Image, err)
@@ -600,7 +610,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		specOpts = append(specOpts, oci.WithCPUs(cpus.String()))
 	}
 	snapshot := containerd.WithNewSnapshot(spec.ID, image)
-	parent := ""
+	parent, from := "", ""
 	if spec.FromSnapshot != "" {
 		if err := r.snapshotsSupported(); err != nil {
 			return err
@@ -608,7 +618,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		if !spec.userns() || r.idmapErr != nil {
 			return fmt.Errorf("%w: a sandbox created from a snapshot needs an idmapped root (not host_users, not gVisor, and a kernel that can idmap: %v)", ErrSnapshotUnsupported, r.idmapErr)
 		}
-		if parent, err = r.snapshotParent(step, spec.FromSnapshot); err != nil {
+		if parent, from, err = r.snapshotParent(step, spec.FromSnapshot); err != nil {
 			return err
 		}
 	}
@@ -626,7 +636,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 			// (mountRoot): no copy of the image.
 			labels[labelRootFS] = RootFSIDMapped
 			labels[labelGCRefSnapshot+r.cfg.Snapshotter] = spec.ID
-			snapshot = r.withIDMappedRoot(spec.ID, image, parent, base)
+			snapshot = r.withIDMappedRoot(spec.ID, image, parent, from, base)
 			specOpts = append([]oci.SpecOpts{oci.WithRootFSPath(r.rootDir(spec.ID))}, specOpts...)
 		} else {
 			// The image's files chowned into the range (a copy per range).
@@ -978,10 +988,7 @@ func (r *Runtime) list(ctx context.Context, filter string) (_ []Sandbox, err err
 	for _, c := range containers {
 		sb := r.sandboxOf(c.ID, c.Labels)
 		if t := byID[c.ID]; t != nil {
-			sb.TaskPID = t.GetPid()
-			sb.Running = t.GetStatus() == tasktypes.Status_RUNNING
-			sb.Paused = t.GetStatus() == tasktypes.Status_PAUSED || t.GetStatus() == tasktypes.Status_PAUSING
-			sb.Hibernated = sb.Hibernated && !sb.Running && !sb.Paused
+			sb.setTask(t)
 		}
 		out = append(out, sb)
 	}
@@ -990,28 +997,40 @@ func (r *Runtime) list(ctx context.Context, filter string) (_ []Sandbox, err err
 }
 
 // sandbox builds a Sandbox from a container and its labels, asking
-// containerd for the task's state. A container without a task is a stopped
-// sandbox; containerd not answering about the task is an error.
+// containerd for the task's state (one request: its pid and status). A
+// container without a task is a stopped sandbox; containerd not answering
+// about the task is an error.
 func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels map[string]string) (Sandbox, error) {
 	sb := r.sandboxOf(c.ID(), labels)
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		if errdefs.IsNotFound(err) {
-			return sb, nil
-		}
+	t, err := r.task(ctx, c.ID())
+	switch {
+	case errdefs.IsNotFound(err):
+		return sb, nil
+	case err != nil:
 		return Sandbox{}, fmt.Errorf("load task %s: %w", c.ID(), err)
 	}
-	sb.TaskPID = task.Pid()
-	st, err := task.Status(ctx)
-	switch {
-	case err == nil:
-		sb.Running = st.Status == containerd.Running
-		sb.Paused = st.Status == containerd.Paused || st.Status == containerd.Pausing
-		sb.Hibernated = sb.Hibernated && !sb.Running && !sb.Paused
-	case !errdefs.IsNotFound(err):
-		return Sandbox{}, fmt.Errorf("task status %s: %w", c.ID(), err)
-	}
+	sb.setTask(t)
 	return sb, nil
+}
+
+// task returns the process of sandbox id's task, its pid and status, as
+// containerd's task service tells them in one request (the client's
+// Container.Task and Task.Status make one each). Errors: containerd's,
+// NOT_FOUND (errdefs) when there is no task.
+func (r *Runtime) task(ctx context.Context, id string) (*tasktypes.Process, error) {
+	resp, err := r.client.TaskService().Get(ctx, &tasks.GetRequest{ContainerID: id})
+	if err != nil {
+		return nil, errgrpc.ToNative(err)
+	}
+	return resp.GetProcess(), nil
+}
+
+// setTask sets the task fields of sb from its task's process t.
+func (sb *Sandbox) setTask(t *tasktypes.Process) {
+	sb.TaskPID = t.GetPid()
+	sb.Running = t.GetStatus() == tasktypes.Status_RUNNING
+	sb.Paused = t.GetStatus() == tasktypes.Status_PAUSED || t.GetStatus() == tasktypes.Status_PAUSING
+	sb.Hibernated = sb.Hibernated && !sb.Running && !sb.Paused
 }
 
 // sandboxOf builds the Sandbox of container id from its labels, without

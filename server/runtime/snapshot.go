@@ -9,10 +9,10 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,7 +60,10 @@ const (
 	labelSnapshotCreated = LabelPrefix + "snapshot.created" // RFC 3339 nano
 	labelSnapshotLabels  = LabelPrefix + "snapshot.labels"  // JSON object
 	labelSnapshotRootFS  = LabelPrefix + "snapshot.rootfs"  // RootFSIDMapped
-	labelGCRoot          = "containerd.io/gc.root"
+	// labelSnapshotDisk is the bytes the copy counts against its owner's
+	// disk (StoredDisk): its sandbox's exclusive bytes when it was taken.
+	labelSnapshotDisk = LabelPrefix + "snapshot.disk-bytes"
+	labelGCRoot       = "containerd.io/gc.root"
 	// labelFromSnapshot on a sandbox names the stored snapshot it was
 	// created from.
 	labelFromSnapshot = LabelPrefix + "from-snapshot"
@@ -108,6 +111,8 @@ type Snapshot struct {
 	Image     string // the source sandbox's image
 	Created   time.Time
 	SizeBytes int64 // what it holds beyond its image
+	// DiskBytes is what it counts against its owner's disk (StoredDisk).
+	DiskBytes uint64
 	Labels    map[string]string
 }
 
@@ -143,7 +148,7 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 	if err := r.copyRoot(ctx, c, id, snapshotKeyPrefix+snapID, owner, freeze, map[string]string{
 		labelGCRoot:         time.Now().UTC().Format(time.RFC3339Nano),
 		labelSnapshotLabels: userLabels,
-	}); err != nil {
+	}, nil); err != nil {
 		return Snapshot{}, err
 	}
 	return r.getSnapshot(context.WithoutCancel(ctx), snapID)
@@ -154,24 +159,15 @@ func (r *Runtime) CreateSnapshot(ctx context.Context, id, owner string, labels m
 // image, labelled with owner, the source, its image, the time and extra.
 // ctx must carry a lease: until the copy has another holder (a gc.root
 // label, a sandbox made from it) only the lease keeps it. freeze is called
-// once everything is ready: it pauses the sandbox's processes and returns
-// the function that undoes that; between the two, the file system is
-// synced (syncfs(2)) and the sandbox's writable subvolume snapshotted
-// (btrfs subvolume snapshot), nothing else. Errors: ErrSandboxNotFound,
+// once everything is ready (snapshotFrozen says what happens under it).
+// Its steps are recorded in ph (nil for none). Errors: ErrSandboxNotFound,
 // ErrSnapshotUnsupported, freeze's, containerd's and btrfs's.
-func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, freeze func(context.Context) (func(), error), extra map[string]string) error {
-	if err := r.snapshotsSupported(); err != nil {
-		return err
-	}
-	sb, err := r.Get(ctx, id)
+func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, freeze func(context.Context) (func(), error), extra map[string]string, ph *Phases) error {
+	sb, root, src, err := r.copySource(ctx, id)
 	if err != nil {
 		return err
 	}
-	if sb.RootFS != RootFSIDMapped {
-		return fmt.Errorf("%w: sandbox %s's root is not idmapped (%s): its files are stored under host ids, which another sandbox could not share", ErrSnapshotUnsupported, id, rootFSName(sb.RootFS))
-	}
-	root, err := r.btrfsRoot(ctx)
-	if err != nil {
+	if err := r.checkHeadroom(c.op); err != nil {
 		return err
 	}
 	sn := r.client.SnapshotService(r.cfg.Snapshotter)
@@ -190,52 +186,25 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 			_ = sn.Remove(context.WithoutCancel(ctx), tmp)
 		}
 	}()
-	src, err := r.activeSubvolume(ctx, root, id)
-	if err != nil {
-		return err
-	}
 	dst, err := r.activeSubvolume(ctx, root, tmp)
 	if err != nil {
 		return err
 	}
+	ph.Done("prepare")
 	// The copy is taken beside dst and put in its place only once it
 	// exists: deleting dst first would leave, on any failure after (the
 	// freeze, the sync, a full disk, a caller gone), a containerd record
 	// of tmp without its subvolume, which the snapshotter's own Remove
 	// then fails on at every garbage collection.
 	next := dst + ".berth-next"
-	// Most dirty data goes out while the sandbox still runs; the syncfs
-	// under the freeze writes only what came after.
-	if err := syncfs(src); err != nil {
-		return err
-	}
-	thaw, err := freeze(ctx)
+	disk, err := r.snapshotFrozen(ctx, src, next, false, freeze, ph)
 	if err != nil {
 		return err
 	}
-	// Once the sandbox is frozen the caller's cancel no longer cuts the
-	// copy short (that would only lengthen the freeze and leave a
-	// half-made subvolume); a wedged file system still ends it.
-	frozen, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	err = syncfs(src)
-	if err == nil {
-		err = btrfs(frozen, "subvolume", "snapshot", src, next)
-	}
-	cancel()
-	thaw()
-	if err != nil {
-		if _, serr := os.Stat(next); serr == nil {
-			_ = btrfs(context.WithoutCancel(ctx), "subvolume", "delete", next)
-		}
+	if err := replaceSubvolume(next, dst); err != nil {
 		return err
 	}
-	if err := btrfs(ctx, "subvolume", "delete", dst); err != nil {
-		_ = btrfs(context.WithoutCancel(ctx), "subvolume", "delete", next)
-		return err
-	}
-	if err := os.Rename(next, dst); err != nil {
-		return fmt.Errorf("put the snapshot of sandbox %s in place: %w", id, err)
-	}
+	ph.Done("swap")
 	created := time.Now().UTC()
 	labels := map[string]string{
 		labelSnapshotOwner:   owner,
@@ -243,13 +212,103 @@ func (r *Runtime) copyRoot(ctx context.Context, c *call, id, key, owner string, 
 		labelSnapshotImage:   sb.Image,
 		labelSnapshotCreated: created.Format(time.RFC3339Nano),
 		labelSnapshotRootFS:  RootFSIDMapped,
+		labelSnapshotDisk:    strconv.FormatUint(disk, 10),
 	}
 	maps.Copy(labels, extra)
 	if err := sn.Commit(ctx, key, tmp, snapshots.WithLabels(labels)); err != nil {
 		return fmt.Errorf("commit snapshot %s: %w", key, err)
 	}
 	committed = true
+	ph.Done("commit")
 	return nil
+}
+
+// copySource returns sandbox id, the btrfs snapshotter's root and the
+// path of the sandbox's writable subvolume, or why its root cannot be
+// copied: ErrSnapshotUnsupported (not btrfs, a root that is not
+// idmapped), ErrSandboxNotFound, containerd's errors.
+func (r *Runtime) copySource(ctx context.Context, id string) (sb Sandbox, root, src string, err error) {
+	if err := r.snapshotsSupported(); err != nil {
+		return Sandbox{}, "", "", err
+	}
+	if sb, err = r.Get(ctx, id); err != nil {
+		return Sandbox{}, "", "", err
+	}
+	if sb.RootFS != RootFSIDMapped {
+		return Sandbox{}, "", "", fmt.Errorf("%w: sandbox %s's root is not idmapped (%s): its files are stored under host ids, which another sandbox could not share", ErrSnapshotUnsupported, id, rootFSName(sb.RootFS))
+	}
+	if root, err = r.btrfsRoot(ctx); err != nil {
+		return Sandbox{}, "", "", err
+	}
+	if src, err = r.activeSubvolume(ctx, root, id); err != nil {
+		return Sandbox{}, "", "", err
+	}
+	return sb, root, src, nil
+}
+
+// snapshotFrozen makes dst a btrfs snapshot of subvolume src (read-only
+// when readOnly) holding every write acknowledged before freeze returned:
+// most dirty data is written out (syncfs(2)) while the sandbox still
+// runs; then freeze pauses its processes, and between it and the thaw it
+// returns only the kernel works — syncfs(2) of what came after, a read of
+// src's quota group and the snapshot ioctl, no process started and no
+// request to containerd, which the caller's cancel could not cut short.
+// It returns src's exclusive bytes as the copy has them (exclusiveAt,
+// read once synced: the quota group counts every write the copy takes).
+// Records sync, freeze, snapshot and thaw in ph. Errors: freeze's,
+// syncfs's, the ioctl's.
+func (r *Runtime) snapshotFrozen(ctx context.Context, src, dst string, readOnly bool, freeze func(context.Context) (func(), error), ph *Phases) (exclusive uint64, err error) {
+	if err := syncfs(src); err != nil {
+		return 0, err
+	}
+	ph.Done("sync")
+	thaw, err := freeze(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ph.Done("freeze")
+	err = syncfs(src)
+	if err == nil {
+		exclusive = r.exclusiveAt(src)
+		err = qgroup.Snapshot(src, dst, readOnly)
+	}
+	ph.Done("snapshot")
+	thaw()
+	ph.Done("thaw")
+	if err != nil {
+		if _, serr := os.Stat(dst); serr == nil {
+			_ = qgroup.Delete(dst)
+		}
+		return 0, err
+	}
+	return exclusive, nil
+}
+
+// replaceSubvolume puts subvolume next in the place of subvolume dst,
+// which it deletes; on failure next is deleted.
+func replaceSubvolume(next, dst string) error {
+	if err := qgroup.Delete(dst); err != nil {
+		_ = qgroup.Delete(next)
+		return err
+	}
+	if err := os.Rename(next, dst); err != nil {
+		return fmt.Errorf("put subvolume %s in the place of %s: %w", next, dst, err)
+	}
+	return nil
+}
+
+// exclusiveAt returns the exclusive bytes of the btrfs subvolume at path
+// (its quota group's), zero when they cannot be read (no quotas).
+func (r *Runtime) exclusiveAt(path string) uint64 {
+	if r.quota == nil {
+		return 0
+	}
+	id, err := qgroup.SubvolIDAt(path)
+	if err != nil {
+		return 0
+	}
+	n, _ := r.quota.Exclusive(id)
+	return n
 }
 
 // rootFSName names a sandbox's RootFS for messages.
@@ -299,6 +358,7 @@ func (r *Runtime) describeSnapshot(ctx context.Context, info snapshots.Info) Sna
 	if u, err := r.client.SnapshotService(r.cfg.Snapshotter).Usage(ctx, info.Name); err == nil {
 		s.SizeBytes = u.Size
 	}
+	s.DiskBytes = storedBytes(info, s.SizeBytes)
 	return s
 }
 
@@ -352,24 +412,20 @@ func (r *Runtime) DeleteSnapshot(ctx context.Context, snapID string) (err error)
 	return nil
 }
 
-// snapshotParent returns the snapshotter key a sandbox made from stored
-// snapshot snapID prepares its own snapshot from, and the snapshot's image.
-// snapID may also be a fork's copy (ForkSnapshot).
-func (r *Runtime) snapshotParent(ctx context.Context, snapID string) (string, error) {
+// snapshotParent returns where a sandbox made from snapID starts: the
+// snapshotter key it prepares its own snapshot from (a stored snapshot's;
+// "" for its image's), and for a fork's copy (ForkSnapshot) the path of the
+// subvolume its snapshot is then replaced by (fillRoot), else "". Errors:
+// ErrSnapshotNotFound, containerd's.
+func (r *Runtime) snapshotParent(ctx context.Context, snapID string) (parent, from string, err error) {
 	if forkIDPattern.MatchString(snapID) {
-		_, err := r.client.SnapshotService(r.cfg.Snapshotter).Stat(ctx, snapshotKeyPrefix+snapID)
-		if errdefs.IsNotFound(err) {
-			return "", fmt.Errorf("%w: fork copy %s is gone", ErrSnapshotNotFound, snapID)
-		}
-		if err != nil {
-			return "", fmt.Errorf("stat fork copy %s: %w", snapID, err)
-		}
-		return snapshotKeyPrefix + snapID, nil
+		from, err := r.forkCopy(ctx, snapID)
+		return "", from, err
 	}
 	if _, err := r.getSnapshot(ctx, snapID); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return snapshotKeyPrefix + snapID, nil
+	return snapshotKeyPrefix + snapID, "", nil
 }
 
 // activeSubvolume returns the path of the btrfs subvolume of active
@@ -413,15 +469,6 @@ func syncfs(dir string) error {
 	defer f.Close()
 	if err := unix.Syncfs(int(f.Fd())); err != nil {
 		return fmt.Errorf("syncfs %s: %w", dir, err)
-	}
-	return nil
-}
-
-// btrfs runs btrfs-progs' btrfs(8) with args.
-func btrfs(ctx context.Context, args ...string) error {
-	out, err := exec.CommandContext(ctx, "btrfs", args...).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("btrfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

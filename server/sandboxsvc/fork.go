@@ -15,7 +15,9 @@ import (
 // INVALID_ARGUMENT (sandbox_id, count outside 1 to
 // lifecycle.MaxForkCount, request_id, labels), NOT_FOUND for a missing
 // sandbox or another principal's, FAILED_PRECONDITION
-// SNAPSHOT_UNSUPPORTED or SANDBOX_NOT_RUNNING, ALREADY_EXISTS
+// SNAPSHOT_UNSUPPORTED or SANDBOX_NOT_RUNNING, RESOURCE_EXHAUSTED
+// FLEET_BUSY when the copy would pass the disk budget or the caller's disk
+// cap, ALREADY_EXISTS
 // SANDBOX_EXISTS for a request_id of an earlier fork with other
 // parameters or with children gone, and CreateSandbox's errors for a
 // child.

@@ -146,6 +146,8 @@ func (f *fakeStore) CommitSnapshot(_ context.Context, _ string, opts runtime.Com
 	return runtime.Commit{Image: runtime.Image{Name: opts.Ref}}, nil
 }
 
+func (f *fakeStore) SandboxDiskUsed(context.Context, string) (uint64, error) { return 0, nil }
+
 func (f *fakeStore) ListSnapshots(context.Context, func(string) bool) ([]runtime.Snapshot, error) {
 	return nil, nil
 }
@@ -154,7 +156,7 @@ func (f *fakeStore) DeleteSnapshot(context.Context, string) error {
 	return runtime.ErrSnapshotUnsupported
 }
 
-func (f *fakeStore) ForkSnapshot(context.Context, string, string, func(context.Context) (func(), error)) (string, func(context.Context), error) {
+func (f *fakeStore) ForkSnapshot(context.Context, string, func(context.Context) (func(), error), *runtime.Phases) (string, func() error, error) {
 	return "", nil, runtime.ErrSnapshotUnsupported
 }
 

@@ -72,24 +72,35 @@ func (s *Service) HibernateSandbox(ctx context.Context, req *berthv1.HibernateSa
 // it may see that sandbox. Errors: INVALID_ARGUMENT (sandbox_id),
 // UNAUTHENTICATED, NOT_FOUND (with metadata sandbox_id).
 func (s *Service) callerSeeing(ctx context.Context, id string) (auth.Principal, error) {
+	p, _, err := s.seeing(ctx, id)
+	return p, err
+}
+
+// seeing is callerSeeing that also returns the sandbox as it was read.
+func (s *Service) seeing(ctx context.Context, id string) (auth.Principal, runtime.Sandbox, error) {
 	if err := validate.SandboxID("sandbox_id", id); err != nil {
-		return auth.Principal{}, err
+		return auth.Principal{}, runtime.Sandbox{}, err
 	}
 	p, err := caller(ctx)
 	if err != nil {
-		return auth.Principal{}, err
+		return auth.Principal{}, runtime.Sandbox{}, err
 	}
-	if _, err := s.visibleSandbox(ctx, id); err != nil {
-		return auth.Principal{}, apierr.WithMeta(err, map[string]string{"sandbox_id": id})
+	sb, err := s.visibleSandbox(ctx, id)
+	if err != nil {
+		return auth.Principal{}, runtime.Sandbox{}, apierr.WithMeta(err, map[string]string{"sandbox_id": id})
 	}
-	return p, nil
+	return p, sb, nil
 }
 
 // freeze pauses or resumes sandbox id for the caller of ctx and describes
-// it afterwards (without asking a paused agent anything).
+// it afterwards (without asking a paused agent anything). A sandbox that
+// ran or was paused is described from its record read before, in the
+// state the call left it in (a pause or resume changes nothing else of
+// it); one that was hibernated (a resume wakes it: a new task) is read
+// again.
 func (s *Service) freeze(ctx context.Context, id string, pause bool) (*berthv1.Sandbox, error) {
 	meta := map[string]string{"sandbox_id": id}
-	p, err := s.callerSeeing(ctx, id)
+	p, sb, err := s.seeing(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -101,8 +112,9 @@ func (s *Service) freeze(ctx context.Context, id string, pause bool) (*berthv1.S
 	if err != nil {
 		return nil, apierr.WithMeta(err, meta)
 	}
-	sb, err := s.visibleSandbox(ctx, id)
-	if err != nil {
+	if (sb.Running || sb.Paused) && !sb.Hibernated {
+		sb.Running, sb.Paused = !pause, pause
+	} else if sb, err = s.visibleSandbox(ctx, id); err != nil {
 		return nil, apierr.WithMeta(err, meta)
 	}
 	return s.Describe(sb, s.agentInfo(ctx, sb), nil), nil

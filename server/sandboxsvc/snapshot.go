@@ -23,7 +23,8 @@ import (
 // them as JSON), NOT_FOUND for a missing sandbox or another
 // principal's, FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED (not the btrfs
 // snapshotter, or a sandbox without an idmapped root) or
-// SANDBOX_NOT_RUNNING.
+// SANDBOX_NOT_RUNNING, RESOURCE_EXHAUSTED FLEET_BUSY past the disk budget
+// or the caller's disk cap, NO_SPACE on a full pool.
 func (s *Service) CreateSnapshot(ctx context.Context, req *berthv1.CreateSnapshotRequest) (*berthv1.CreateSnapshotResponse, error) {
 	id := req.GetSandboxId()
 	meta := map[string]string{"sandbox_id": id}
@@ -92,6 +93,7 @@ func snapshotProto(s runtime.Snapshot) *berthv1.Snapshot {
 		SizeBytes: s.SizeBytes,
 		Labels:    s.Labels,
 		Image:     s.Image,
+		DiskBytes: s.DiskBytes,
 	}
 }
 
@@ -100,7 +102,8 @@ func snapshotProto(s runtime.Snapshot) *berthv1.Snapshot {
 // parse as a docker reference; changes.env, changes.working_dir),
 // PERMISSION_DENIED NOT_PERMITTED for replace by a non-admin, NOT_FOUND
 // SNAPSHOT_NOT_FOUND (also another principal's) or IMAGE_NOT_FOUND,
-// ALREADY_EXISTS IMAGE_EXISTS, RESOURCE_EXHAUSTED NO_SPACE.
+// ALREADY_EXISTS IMAGE_EXISTS, RESOURCE_EXHAUSTED NO_SPACE, or FLEET_BUSY
+// past the disk budget or the caller's disk cap.
 func (s *Service) CommitSnapshot(ctx context.Context, req *berthv1.CommitSnapshotRequest) (*berthv1.CommitSnapshotResponse, error) {
 	id, ref := req.GetSnapshotId(), req.GetReference()
 	if !runtime.ValidSnapshotID(id) {

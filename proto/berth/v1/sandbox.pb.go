@@ -2024,7 +2024,14 @@ type Snapshot struct {
 	Labels map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// image is the image the source sandbox was created from; a sandbox
 	// created from the snapshot runs it.
-	Image         string `protobuf:"bytes,7,opt,name=image,proto3" json:"image,omitempty"`
+	Image string `protobuf:"bytes,7,opt,name=image,proto3" json:"image,omitempty"`
+	// disk_bytes is what the snapshot counts against its owner's disk
+	// (--max-disk-bytes-per-principal) and the server's disk budget: the
+	// bytes its sandbox held beyond its image when it was taken (btrfs
+	// quota group exclusive bytes, as SandboxUsage.disk_bytes), which it may
+	// come to hold alone once the sandbox deletes or rewrites them. Zero
+	// without disk quotas. See docs/disk-quotas.md.
+	DiskBytes     uint64 `protobuf:"varint,8,opt,name=disk_bytes,json=diskBytes,proto3" json:"disk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2106,6 +2113,13 @@ func (x *Snapshot) GetImage() string {
 		return x.Image
 	}
 	return ""
+}
+
+func (x *Snapshot) GetDiskBytes() uint64 {
+	if x != nil {
+		return x.DiskBytes
+	}
+	return 0
 }
 
 // CreateSnapshotRequest names the sandbox to snapshot.
@@ -2982,7 +2996,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x18HibernateSandboxResponse\x12+\n" +
 	"\asandbox\x18\x01 \x01(\v2\x11.berth.v1.SandboxR\asandbox\x127\n" +
 	"\vhibernation\x18\x02 \x01(\x0e2\x15.berth.v1.HibernationR\vhibernation\x12 \n" +
-	"\vdescription\x18\x03 \x01(\tR\vdescription\"\xad\x02\n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\"\xcc\x02\n" +
 	"\bSnapshot\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1d\n" +
 	"\n" +
@@ -2992,7 +3006,9 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x05 \x01(\x03R\tsizeBytes\x126\n" +
 	"\x06labels\x18\x06 \x03(\v2\x1e.berth.v1.Snapshot.LabelsEntryR\x06labels\x12\x14\n" +
-	"\x05image\x18\a \x01(\tR\x05image\x1a9\n" +
+	"\x05image\x18\a \x01(\tR\x05image\x12\x1d\n" +
+	"\n" +
+	"disk_bytes\x18\b \x01(\x04R\tdiskBytes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb6\x01\n" +

@@ -969,6 +969,15 @@ export interface Snapshot {
    * created from the snapshot runs it.
    */
   image: string;
+  /**
+   * disk_bytes is what the snapshot counts against its owner's disk
+   * (--max-disk-bytes-per-principal) and the server's disk budget: the
+   * bytes its sandbox held beyond its image when it was taken (btrfs
+   * quota group exclusive bytes, as SandboxUsage.disk_bytes), which it may
+   * come to hold alone once the sandbox deletes or rewrites them. Zero
+   * without disk quotas. See docs/disk-quotas.md.
+   */
+  diskBytes: bigint;
 }
 
 export interface Snapshot_LabelsEntry {
@@ -4345,7 +4354,7 @@ export const HibernateSandboxResponse: MessageFns<HibernateSandboxResponse> = {
 };
 
 function createBaseSnapshot(): Snapshot {
-  return { id: "", sandboxId: "", owner: "", created: undefined, sizeBytes: 0n, labels: {}, image: "" };
+  return { id: "", sandboxId: "", owner: "", created: undefined, sizeBytes: 0n, labels: {}, image: "", diskBytes: 0n };
 }
 
 export const Snapshot: MessageFns<Snapshot> = {
@@ -4373,6 +4382,12 @@ export const Snapshot: MessageFns<Snapshot> = {
     });
     if (message.image !== "") {
       writer.uint32(58).string(message.image);
+    }
+    if (message.diskBytes !== 0n) {
+      if (BigInt.asUintN(64, message.diskBytes) !== message.diskBytes) {
+        throw new globalThis.Error("value provided for field message.diskBytes of type uint64 too large");
+      }
+      writer.uint32(64).uint64(message.diskBytes);
     }
     return writer;
   },
@@ -4449,6 +4464,14 @@ export const Snapshot: MessageFns<Snapshot> = {
             message.image = reader.string();
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.diskBytes = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4491,6 +4514,11 @@ export const Snapshot: MessageFns<Snapshot> = {
         )
         : {},
       image: isSet(object.image) ? globalThis.String(object.image) : "",
+      diskBytes: isSet(object.diskBytes)
+        ? BigInt(object.diskBytes)
+        : isSet(object.disk_bytes)
+        ? BigInt(object.disk_bytes)
+        : 0n,
     };
   },
 
@@ -4523,6 +4551,9 @@ export const Snapshot: MessageFns<Snapshot> = {
     if (message.image !== "") {
       obj.image = message.image;
     }
+    if (message.diskBytes !== 0n) {
+      obj.diskBytes = message.diskBytes.toString();
+    }
     return obj;
   },
 
@@ -4546,6 +4577,7 @@ export const Snapshot: MessageFns<Snapshot> = {
       {},
     );
     message.image = object.image ?? "";
+    message.diskBytes = (object.diskBytes !== undefined && object.diskBytes !== null) ? BigInt(object.diskBytes) : 0n;
     return message;
   },
 };
