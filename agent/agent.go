@@ -24,7 +24,6 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-sandbox/berth/agent/files"
@@ -33,7 +32,6 @@ import (
 	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/version"
-	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
@@ -144,6 +142,13 @@ type Config struct {
 	// a challenge with agentproof.Prove under it. Empty: Info proves
 	// nothing.
 	Secret []byte
+
+	// Quiesce, when set, carries quiesce.Close and quiesce.Listen to
+	// ListenAndServe (package internal/quiesce): berthd asks the agent to
+	// close its listener and every connection before a gVisor memory
+	// checkpoint, and to listen again after the restore. Serve, whose
+	// listener it cannot make again, ignores it.
+	Quiesce <-chan os.Signal
 }
 
 // cgroupRoot is where the cgroup filesystem is mounted; berthd mounts the
@@ -328,15 +333,24 @@ func (s *Server) ListenAndServe(ctx context.Context, path string) error {
 			return fmt.Errorf("remove stale socket: %w", err)
 		}
 	}
+	l, err := listenUnix(path)
+	if err != nil {
+		return err
+	}
+	return s.serve(ctx, l, func() (net.Listener, error) { return listenUnix(path) })
+}
+
+// listenUnix listens on a unix socket at path, mode 0600.
+func listenUnix(path string) (net.Listener, error) {
 	l, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return nil, fmt.Errorf("listen: %w", err)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
-		return fmt.Errorf("chmod socket: %w", err)
+		return nil, fmt.Errorf("chmod socket: %w", err)
 	}
-	return s.Serve(ctx, l)
+	return l, nil
 }
 
 // Serve serves AgentService on l until ctx ends or l fails, and closes l.
@@ -347,6 +361,12 @@ func (s *Server) ListenAndServe(ctx context.Context, path string) error {
 // Config.KillGrace, waits for the execs to finish and their streams to end,
 // and returns nil. It returns an error when l fails or when called twice.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	return s.serve(ctx, l, nil)
+}
+
+// serve is Serve; relisten, when set, makes the listener again after a
+// quiesce (Config.Quiesce).
+func (s *Server) serve(ctx context.Context, l net.Listener, relisten func() (net.Listener, error)) error {
 	s.mu.Lock()
 	if s.serving {
 		s.mu.Unlock()
@@ -373,26 +393,50 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	go func() { defer bg.Done(); s.sup.run(bgCtx) }()
 	go func() { defer bg.Done(); s.janitor(bgCtx) }()
 
-	// berthd may ping idle connections to detect a dead sandbox early.
-	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
-	agentv1.RegisterAgentServiceServer(gs, s)
 	fileSvc := s.fileService(l.Addr())
 	// Before the first upload: what a crashed agent left is not in use.
 	fileSvc.RemoveStaleStaging()
-	agentv1.RegisterFileServiceServer(gs, fileSvc)
-	served := make(chan error, 1)
-	go func() { served <- gs.Serve(l) }()
+	quiesce := s.cfg.Quiesce
+	if relisten == nil {
+		quiesce = nil
+	}
 	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,
 		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore, "retained_bytes", s.cfg.RetainedBytes)
 
 	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-served:
-	}
-	s.stop(gs)
-	if serveErr == nil {
-		serveErr = <-served
+	for {
+		gs := s.grpcServer(fileSvc)
+		served := make(chan error, 1)
+		go func() { served <- gs.Serve(l) }()
+		quiet := false
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+			case serveErr = <-served:
+			case sig := <-quiesce:
+				if sig != quiesceClose {
+					continue
+				}
+				quiet = true
+			}
+			break wait
+		}
+		if quiet {
+			// Stop closes the listener (removing its socket file) and
+			// every connection, and cuts the streams on them; the execs
+			// run on, their output kept for a re-attach.
+			gs.Stop()
+			<-served
+			if l, serveErr = s.quiet(ctx, quiesce, l.Addr().String(), relisten); serveErr == nil && l != nil {
+				continue
+			}
+		}
+		s.stop(gs)
+		if serveErr == nil && !quiet {
+			serveErr = <-served
+		}
+		break
 	}
 	stopBackground()
 	bg.Wait()

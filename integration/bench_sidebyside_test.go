@@ -101,6 +101,11 @@ const fileBytes = 128 << 20
 //     then HibernateSandbox of it (until its answer: every process ended)
 //     and an Exec of `true` that wakes the hibernated sandbox (a new task
 //     and agent), until its exit status.
+//   - hibernate-gvisor: HibernateSandbox of a gVisor sandbox holding 100
+//     MiB touched (a memory checkpoint) and an Exec of `true` that
+//     restores it, beside the same for a gVisor sandbox whose checkpoint
+//     fails (a host-bound socket held): processes ended, and a wake with
+//     a new task (benchHibernateGVisor).
 //   - snapshot: CreateSnapshot of a sandbox with 256 MiB written in
 //     /workspace, beside `btrfs subvolume snapshot -r` of a host subvolume
 //     holding the same 256 MiB on the same btrfs and `cp -a
@@ -250,6 +255,9 @@ func BenchmarkSideBySide(b *testing.B) {
 		benchPause(b, c, id, ctr)
 	})
 
+	b.Run("hibernate-gvisor", func(b *testing.B) {
+		benchHibernateGVisor(b, c)
+	})
 	b.Run("snapshot", func(b *testing.B) {
 		benchSnapshot(b)
 	})

@@ -284,44 +284,6 @@ func TestHibernateSurvivesRestart(t *testing.T) {
 	p2.signal(t, syscall.SIGTERM)
 }
 
-// TestHibernateGVisor hibernates a gVisor sandbox running a loop: as
-// under runc, its processes end and its files are kept (the answer says
-// PROCESSES_ENDED; no host process of it — sentry, gofer, shim — is
-// left), and the next Run wakes it with a new agent, the loop gone. berth
-// does not checkpoint gVisor's memory: runsc refuses while the agent's
-// listening socket is a host one ("Cannot save endpoint with bound host
-// socket"; docs/state.md).
-func TestHibernateGVisor(t *testing.T) {
-	needGVisor(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
-	id := sb.GetId()
-	run(t, id, "sh", "-c", "echo kept >/workspace/kept")
-	startDetached(t, id, "sh", "-c", "while :; do sleep 0.2; done")
-	if n := processesLike(t, id, "^sh -c while"); n != "1" {
-		t.Fatalf("loops before the hibernation: %q, want 1", n)
-	}
-	old, err := env.rt.Get(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id})
-	if err != nil {
-		t.Fatalf("HibernateSandbox: %v", err)
-	}
-	if resp.GetHibernation() != berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED || !strings.Contains(resp.GetDescription(), "processes ended, filesystem kept") {
-		t.Errorf("HibernateSandbox of a gVisor sandbox: %v %q, want PROCESSES_ENDED", resp.GetHibernation(), resp.GetDescription())
-	}
-	hibernatedIn(t, ctx, env.rt, env.sandboxes, id, old.TaskPID)
-	if got := run(t, id, "cat", "/workspace/kept"); string(got.GetStdout()) != "kept\n" {
-		t.Errorf("the file written before the hibernation: %q, want kept", got.GetStdout())
-	}
-	if n := processesLike(t, id, "^sh -c while"); n != "0" {
-		t.Errorf("loops after the wake: %q, want 0 (processes ended)", n)
-	}
-}
-
 // TestHibernateNetwork: a sandbox with a network keeps its address across
 // a hibernation and the wake (its network namespace is kept).
 func TestHibernateNetwork(t *testing.T) {

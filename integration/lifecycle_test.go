@@ -255,9 +255,16 @@ func assertAlive(t *testing.T, sb *berthv1.Sandbox) {
 // process runs: nothing but the running process keeps the sandbox busy.
 func startDetached(t *testing.T, sandboxID string, argv ...string) {
 	t.Helper()
+	startDetachedIn(t, env.sandboxes, sandboxID, argv...)
+}
+
+// startDetachedIn is startDetached through sandboxes; it returns the
+// exec's id.
+func startDetachedIn(t *testing.T, sandboxes berthv1.SandboxServiceClient, sandboxID string, argv ...string) string {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	stream, err := env.sandboxes.Exec(ctx)
+	stream, err := sandboxes.Exec(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,6 +275,7 @@ func startDetached(t *testing.T, sandboxID string, argv ...string) {
 	if err != nil || msg.GetStarted().GetPid() == 0 {
 		t.Fatalf("start %q: %v %v, want started with a pid", argv, msg, err)
 	}
+	return msg.GetStarted().GetExecId()
 }
 
 // TestIdleTimeout checks that an idle sandbox is removed after its idle

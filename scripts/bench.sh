@@ -9,7 +9,9 @@
 # timed inside the gVisor sandbox; 50 sandboxes x 10 concurrent Run(true)
 # loops beside 500 host fork+exec loops (execs/s, refusals); a 256 MiB HTTP GET through
 # PortForward and `berth port-forward` beside a direct connection in the
-# sandbox's network namespace; CreateSnapshot of a sandbox with 256 MiB
+# sandbox's network namespace; a gVisor sandbox's HibernateSandbox keeping
+# 100 MiB of memory (checkpoint) and the Exec that restores it beside a
+# hibernation whose checkpoint fails (processes ended) and its wake; CreateSnapshot of a sandbox with 256 MiB
 # written beside `btrfs subvolume snapshot -r` and `cp -a --reflink=never`
 # of the same data, create to first exec from that snapshot beside a
 # cold create, and CommitSnapshot of it beside `tar c | gzip` of the data;

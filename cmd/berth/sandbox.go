@@ -103,7 +103,7 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid", "uid:gid", or a name or "name:group" of the image's /etc/passwd and /etc/group (default 0:0)`)
 	cmd.Flags().StringVar(&req.Workdir, "workdir", "", "working directory, created for the workload user (default /workspace)")
 	cmd.Flags().DurationVar(&idleTimeout, "idle-timeout", 0, "remove the sandbox after this long without a running command or request (default berthd's)")
-	cmd.Flags().StringVar(&idleAction, "idle-action", "delete", "what the idle timeout does: delete the sandbox, pause it, or hibernate it (processes end, files kept); the next command resumes or wakes it")
+	cmd.Flags().StringVar(&idleAction, "idle-action", "delete", "what the idle timeout does: delete the sandbox, pause it, or hibernate it (files kept; under gVisor memory too); the next command resumes or wakes it")
 	cmd.Flags().DurationVar(&lifetime, "max-lifetime", 0, "remove the sandbox this long after creation (default berthd's)")
 	cmd.Flags().StringVar(&req.RequestId, "request-id", "", "idempotency key: the same key names the same sandbox (ignored with --id)")
 	cmd.Flags().StringArrayVar(&egress, "egress", nil, "network mode EGRESS, allowing ENTRY: ADDR, CIDR or NAME, *.NAME, each with an optional :PORT (repeatable; without it the sandbox has no network)")
@@ -126,16 +126,20 @@ Pausing a paused sandbox succeeds.`
 	case "resume":
 		use, short, long = "resume SANDBOX...", "Resume paused sandboxes, wake hibernated ones",
 			`Thaw each paused sandbox and print its id: its processes go on where they
-stopped. A hibernated sandbox is woken: a new task starts with its files.
+stopped. A hibernated sandbox is woken: restored from its checkpoint under
+gVisor, else a new task starts with its files.
 Resuming a running sandbox succeeds.`
 		call = (*client.Client).ResumeSandbox
 	case "hibernate":
-		use, short, long = "hibernate SANDBOX...", "Hibernate sandboxes: end their processes, keep their files",
-			`End every process of each sandbox (memory, processes and connections are
-lost), keep its files, and print its id: a hibernated sandbox holds no memory
-and no CPU. The next command naming it wakes it (unless run with
---no-resume): a new task starts, with a new agent, on the same files.
-Hibernating a hibernated or paused sandbox succeeds.`
+		use, short, long = "hibernate SANDBOX...", "Hibernate sandboxes: release their memory and CPU, keep their files",
+			`Release each sandbox's memory and CPU, keep its files, and print its id.
+Under runc every process ends (memory, processes and connections are lost);
+under gVisor its memory and processes are checkpointed to disk (when the
+checkpoint fails, they end as under runc). The next command naming it wakes
+it (unless run with --no-resume): under gVisor the checkpoint is restored
+(the same processes and exec ids), otherwise a new task starts, with a new
+agent, on the same files. Hibernating a hibernated or paused sandbox
+succeeds.`
 		call = (*client.Client).HibernateSandbox
 	}
 	return &cobra.Command{

@@ -14,6 +14,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
+	"github.com/berth-sandbox/berth/server/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -332,4 +333,6 @@ type fakeFreezer struct{ pauses, resumes int }
 func (f *fakeFreezer) Pause(context.Context, string) error  { f.pauses++; return nil }
 func (f *fakeFreezer) Resume(context.Context, string) error { f.resumes++; return nil }
 
-func (f *fakeFreezer) Hibernate(context.Context, string) (uint32, error) { return 0, nil }
+func (f *fakeFreezer) Hibernate(context.Context, string) (runtime.Hibernation, error) {
+	return runtime.Hibernation{}, nil
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"google.golang.org/grpc/codes"
 
@@ -43,35 +42,42 @@ func (p *pauses) isAsleep(id string) bool {
 	return p.asleep[id]
 }
 
-// Hibernate ends every process of sandbox id (a paused one included) and
-// removes its task, keeping its container (runtime.Hibernate), and
-// returns the host pid of the task it removed (0: none). A hibernated
-// sandbox stays so (no error). The caller decided that its caller may see
-// the sandbox, and holds its lifecycle lock. Errors:
+// Hibernate releases sandbox id's memory and CPU (runtime.Hibernate:
+// under gVisor its memory is checkpointed, under runc and when that fails
+// every process ends; a paused sandbox included) and returns what it did.
+// A hibernated sandbox stays so (no error). The caller decided that its
+// caller may see the sandbox, and holds its lifecycle lock. Errors:
 // runtime.ErrSandboxNotFound, runtime.ErrTaskNotRunning, containerd's.
-func (r *Reacher) Hibernate(ctx context.Context, id string) (uint32, error) {
+func (r *Reacher) Hibernate(ctx context.Context, id string) (runtime.Hibernation, error) {
 	unlock := r.pauses.lock(id)
 	defer unlock()
-	began := time.Now()
 	was := r.pauses.isAsleep(id)
-	pid, err := r.freezer.Hibernate(ctx, id)
+	h, err := r.freezer.Hibernate(ctx, id)
 	if err != nil {
 		if errors.Is(err, runtime.ErrSandboxNotFound) {
 			r.pauses.set(id, false)
 			r.pauses.setAsleep(id, false)
 		}
-		return 0, err
+		return runtime.Hibernation{}, err
 	}
 	r.pauses.setAsleep(id, true)
 	r.pauses.set(id, false) // not paused: wakes the PauseWatch waiters
 	if r.OnPause != nil {
 		r.OnPause(id, true) // the idle clock stands still, as for a pause
 	}
-	if !was {
+	switch {
+	case was:
+	case h.Kept == runtime.HibernatedMemoryKept:
+		r.log.InfoContext(ctx, "sandbox hibernated: memory checkpointed, task removed", slog.String("sandbox_id", id),
+			slog.Uint64("task_pid", uint64(h.TaskPID)), slog.Duration("checkpoint_took", h.Saved), slog.Duration("took", h.Took))
+	case h.NotKept != "":
+		r.log.WarnContext(ctx, "sandbox hibernated: memory checkpoint failed, processes ended, filesystem kept", slog.String("sandbox_id", id),
+			slog.Uint64("task_pid", uint64(h.TaskPID)), slog.String("checkpoint_error", h.NotKept), slog.Duration("took", h.Took))
+	default:
 		r.log.InfoContext(ctx, "sandbox hibernated: processes ended, filesystem kept", slog.String("sandbox_id", id),
-			slog.Uint64("task_pid", uint64(pid)), slog.Duration("took", time.Since(began)))
+			slog.Uint64("task_pid", uint64(h.TaskPID)), slog.Duration("took", h.Took))
 	}
-	return pid, nil
+	return h, nil
 }
 
 // Hibernated reports whether sandbox id is hibernated, as berthd

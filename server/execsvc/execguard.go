@@ -314,6 +314,11 @@ func (g *execGuard) probe(ctx context.Context, cause error) error {
 		// A dependency failure (see server/status) says whether the exec
 		// may have started.
 		return &apierr.Attempt{Err: err, Admitted: g.admitted()}
+	case sb.HibernationMark != "" && (!sb.Running || sb.TaskPID == g.runtime.TaskPID):
+		// Hibernated, or a gVisor sandbox's agent closed its
+		// connections for the memory checkpoint of a hibernation under
+		// way (its task may have exited, saved, already).
+		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskExited}, runtimes.ExitHibernating)
 	case !sb.Running || sb.TaskPID != g.runtime.TaskPID:
 		return g.replaced(ctx, runtime.TaskEvent{Kind: runtime.TaskExited}, runtimes.ExitLeftStopped)
 	}

@@ -200,7 +200,9 @@ func (fakeStore) SocketPath(string) string { return "" }
 func (fakeStore) Pause(context.Context, string) error  { return nil }
 func (fakeStore) Resume(context.Context, string) error { return nil }
 
-func (fakeStore) Hibernate(context.Context, string) (uint32, error) { return 0, nil }
+func (fakeStore) Hibernate(context.Context, string) (runtime.Hibernation, error) {
+	return runtime.Hibernation{}, nil
+}
 
 // fakeAdmitter is a real admit.Capacity without limits, or refuses with err.
 type fakeAdmitter struct {

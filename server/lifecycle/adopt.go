@@ -151,7 +151,8 @@ func (st stopper) Pause(ctx context.Context, id string) error {
 	}
 	defer unlock()
 	if sb, err := st.m.rt.Get(ctx, id); err == nil && sb.IdleAction == runtime.IdleHibernate {
-		return st.m.hibernate(ctx, id)
+		_, err := st.m.hibernate(ctx, id)
+		return err
 	}
 	return st.m.pause(ctx, id, true)
 }

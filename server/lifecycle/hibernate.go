@@ -15,34 +15,35 @@ import (
 // (HibernateSandbox) and keeps its container and files: see
 // agentreach.Reacher.Hibernate. It runs under the sandbox's lifecycle
 // lock. A sandbox p may not see is runtime.ErrSandboxNotFound.
-func (m *Manager) Hibernate(ctx context.Context, id string, p auth.Principal) error {
+func (m *Manager) Hibernate(ctx context.Context, id string, p auth.Principal) (runtime.Hibernation, error) {
 	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
-		return err
+		return runtime.Hibernation{}, err
 	}
 	defer unlock()
 	return m.hibernate(ctx, id)
 }
 
-// hibernate hibernates sandbox id; the caller holds its lifecycle lock.
-// The exit of its task is the hibernation's (not restarted; exec streams
-// see RUNTIME_REPLACED cause SANDBOX_HIBERNATED).
-func (m *Manager) hibernate(ctx context.Context, id string) error {
+// hibernate hibernates sandbox id and returns what it kept; the caller
+// holds its lifecycle lock. The exit of its task is the hibernation's (not
+// restarted; exec streams see RUNTIME_REPLACED cause SANDBOX_HIBERNATED).
+func (m *Manager) hibernate(ctx context.Context, id string) (runtime.Hibernation, error) {
 	var pid uint32
 	if sb, err := m.rt.Get(ctx, id); err == nil {
 		pid = sb.TaskPID
 	}
 	m.restarts.hibernating(id, pid)
-	if _, err := m.reach.Hibernate(ctx, id); err != nil {
+	h, err := m.reach.Hibernate(ctx, id)
+	if err != nil {
 		if !m.reach.Hibernated(id) {
 			m.restarts.woken(id)
 		}
-		return err
+		return runtime.Hibernation{}, err
 	}
 	// The old agent's connection goes with its task; the wake dials the
-	// new one.
+	// new one (or the restored agent, listening again).
 	m.agents.Forget(m.rt.SocketPath(id))
-	return nil
+	return h, nil
 }
 
 // Hibernated reports whether sandbox id is hibernated.
@@ -69,9 +70,10 @@ func (m *Manager) wakeLocked(ctx context.Context, id string) error {
 	if !m.reach.Hibernated(id) {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.AgentReadyTimeout)
-	defer cancel()
-	sb, err := m.rt.Get(ctx, id)
+	ctx = context.WithoutCancel(ctx)
+	getCtx, cancel := context.WithTimeout(ctx, m.cfg.AgentReadyTimeout)
+	sb, err := m.rt.Get(getCtx, id)
+	cancel()
 	if err != nil {
 		if errors.Is(err, runtime.ErrSandboxNotFound) {
 			m.reach.SetHibernated(id, false)
@@ -79,14 +81,30 @@ func (m *Manager) wakeLocked(ctx context.Context, id string) error {
 		}
 		return err
 	}
+	wait := m.cfg.AgentReadyTimeout
+	if sb.HibernationMark == runtime.HibernatedMemoryKept {
+		wait += runtime.RestoreTimeout
+	}
+	ctx, cancel = context.WithTimeout(ctx, wait)
+	defer cancel()
+	before := m.ids.Current(id).BootID
 	began := time.Now()
 	m.restarts.woken(id)
+	how := "new task, files kept"
 	if !sb.Running && !sb.Paused {
 		// A task left by a wake cut off before its mark was cleared runs
 		// already: only the mark is left to clear.
-		if _, err := m.restarts.start(ctx, id, 0, time.Time{}); err != nil {
+		next, err := m.restarts.start(ctx, id, 0, time.Time{})
+		if err != nil {
 			m.restarts.hibernating(id, 0)
 			return fmt.Errorf("wake hibernated sandbox %s: %w", id, err)
+		}
+		switch {
+		case sb.HibernationMark != runtime.HibernatedMemoryKept:
+		case next.BootID == before && before != "":
+			how = "memory restored: the same processes and agent"
+		default:
+			how = "the memory checkpoint was not restored (the sandbox's log says why): new task, files kept"
 		}
 	}
 	if err := m.rt.Woken(ctx, id); err != nil {
@@ -96,6 +114,6 @@ func (m *Manager) wakeLocked(ctx context.Context, id string) error {
 	}
 	m.reach.SetHibernated(id, false)
 	m.reaper.SetPaused(id, false)
-	m.log.InfoContext(ctx, "hibernated sandbox woken: new task, files kept", slog.String("sandbox_id", id), slog.Duration("took", time.Since(began)))
+	m.log.InfoContext(ctx, "hibernated sandbox woken: "+how, slog.String("sandbox_id", id), slog.Duration("took", time.Since(began)))
 	return nil
 }

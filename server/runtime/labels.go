@@ -27,7 +27,7 @@ const (
 	labelHoldUntil   = LabelPrefix + "hold-until"   // time
 	labelShm         = LabelPrefix + "shm-bytes"    // decimal bytes
 	labelIdleAction  = LabelPrefix + "idle-action"  // IdlePause or IdleHibernate; absent for IdleDelete
-	labelHibernated  = LabelPrefix + "hibernated"   // HibernatedProcessesEnded while hibernated; absent otherwise
+	labelHibernated  = LabelPrefix + "hibernated"   // HibernatedMemoryKept or HibernatedProcessesEnded while hibernated; absent otherwise
 	// LabelOwner holds the principal that created the sandbox (package
 	// server/auth); absent on warm-pool members no one claimed and on
 	// sandboxes of a berthd that did not record owners.
@@ -222,7 +222,8 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 		sb.IdleAction = a
 	}
 	// Until the task is read: a sandbox with a live task is not (list).
-	sb.Hibernated = labels[labelHibernated] != ""
+	sb.HibernationMark = labels[labelHibernated]
+	sb.Hibernated = sb.HibernationMark != ""
 }
 
 // idleAction returns the spec's idle action, IdleDelete for "".

@@ -24,7 +24,10 @@ var (
 // exited, has exited: it deletes the exited task and starts a new one from
 // the same container, so the sandbox keeps its filesystem (the container's
 // snapshot) and gets a fresh agent as PID 1, with a new pid namespace,
-// network namespace and boot id. It returns the new task's host pid. It
+// network namespace and boot id. A gVisor sandbox hibernated with its
+// memory (HibernatedMemoryKept) is restored instead (restore): the same
+// processes and agent; when that fails, a fresh task starts and a line in
+// the sandbox's log says why. It returns the new task's host pid. It
 // fails with ErrSandboxNotFound when the container is gone, ErrTaskReplaced
 // when its task is not the one with pid exited, and ErrTaskRunning when its
 // task runs.
@@ -83,6 +86,14 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 		return 0, err
 	}
 	c.changes()
+	if labels[labelHibernated] == HibernatedMemoryKept {
+		pid, err := r.restore(c.parent, container, id)
+		if err == nil {
+			return pid, nil
+		}
+		// The files are kept whatever the image holds: a fresh task.
+		r.noteInLog(id, "berthd: the memory checkpoint of this hibernated sandbox could not be restored, a new task starts (processes and memory are lost, files kept): "+err.Error())
+	}
 	task, err = container.NewTask(ctx, cio.LogFile(r.LogPath(id)))
 	if err != nil {
 		if errdefs.IsNotFound(err) {

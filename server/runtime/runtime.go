@@ -482,6 +482,12 @@ type Sandbox struct {
 	// Hibernated is true when the sandbox was hibernated (Hibernate) and
 	// has no task: its processes ended, its container and files are kept.
 	Hibernated bool
+	// HibernationMark is the container's hibernation mark whatever its
+	// task: HibernatedMemoryKept or HibernatedProcessesEnded while it is
+	// hibernated and while Hibernate is under way (a gVisor sandbox's
+	// task runs on while its agent quiesces and runsc saves it); "" when
+	// it is not hibernated.
+	HibernationMark string
 	// IdleAction is as in SandboxSpec, IdleDelete when none was recorded.
 	IdleAction string
 	// FromSnapshot and Fork are as in SandboxSpec.

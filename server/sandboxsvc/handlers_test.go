@@ -260,11 +260,11 @@ func (f *fakeStore) Pause(ctx context.Context, id string) error {
 	return ctx.Err()
 }
 
-func (f *fakeStore) Hibernate(_ context.Context, id string) (uint32, error) {
+func (f *fakeStore) Hibernate(_ context.Context, id string) (runtime.Hibernation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hibernated = append(f.hibernated, id)
-	return 0, nil
+	return runtime.Hibernation{Kept: runtime.HibernatedProcessesEnded}, nil
 }
 
 func (f *fakeStore) Woken(context.Context, string) error { return nil }

@@ -32,13 +32,16 @@ func (s *Service) ResumeSandbox(ctx context.Context, req *berthv1.ResumeSandboxR
 	return &berthv1.ResumeSandboxResponse{Sandbox: sb}, nil
 }
 
-// hibernatedDescription is HibernateSandboxResponse.description for
-// runtime.HibernatedProcessesEnded, under runc and gVisor alike.
-const hibernatedDescription = "processes ended, filesystem kept: memory, processes and connections are gone; the next call starts a new task with a new agent"
+// Descriptions of a hibernation (HibernateSandboxResponse.description).
+const (
+	processesEndedDescription = "processes ended, filesystem kept: memory, processes and connections are gone; the next call starts a new task with a new agent"
+	memoryKeptDescription     = "memory kept: the sandbox's memory and processes were checkpointed to disk (gVisor) and its task removed; the next call restores them, with the same agent and exec ids"
+)
 
-// HibernateSandbox ends every process of the sandbox, keeping its files,
-// and returns it, hibernated, with what was kept (see the proto).
-// Hibernating a hibernated sandbox succeeds. Errors as for PauseSandbox.
+// HibernateSandbox releases the sandbox's memory and CPU, keeping its
+// files (under gVisor its memory too, checkpointed), and returns it,
+// hibernated, with what was kept (see the proto). Hibernating a
+// hibernated sandbox succeeds. Errors as for PauseSandbox.
 func (s *Service) HibernateSandbox(ctx context.Context, req *berthv1.HibernateSandboxRequest) (*berthv1.HibernateSandboxResponse, error) {
 	id := req.GetSandboxId()
 	meta := map[string]string{"sandbox_id": id}
@@ -46,15 +49,23 @@ func (s *Service) HibernateSandbox(ctx context.Context, req *berthv1.HibernateSa
 	if err != nil {
 		return nil, err
 	}
-	if err := s.life.Hibernate(ctx, id, p); err != nil {
+	h, err := s.life.Hibernate(ctx, id, p)
+	if err != nil {
 		return nil, apierr.WithMeta(err, meta)
 	}
 	sb, err := s.visibleSandbox(ctx, id)
 	if err != nil {
 		return nil, apierr.WithMeta(err, meta)
 	}
-	return &berthv1.HibernateSandboxResponse{Sandbox: s.Describe(sb, nil, nil),
-		Hibernation: berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED, Description: hibernatedDescription}, nil
+	resp := &berthv1.HibernateSandboxResponse{Sandbox: s.Describe(sb, nil, nil),
+		Hibernation: berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED, Description: processesEndedDescription}
+	switch {
+	case h.Kept == runtime.HibernatedMemoryKept:
+		resp.Hibernation, resp.Description = berthv1.Hibernation_HIBERNATION_MEMORY_KEPT, memoryKeptDescription
+	case h.NotKept != "":
+		resp.Description += "; the memory checkpoint failed: " + h.NotKept
+	}
+	return resp, nil
 }
 
 // callerSeeing validates sandbox_id id and returns the caller of ctx once

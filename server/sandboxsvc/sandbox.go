@@ -66,7 +66,7 @@ type sandboxes interface {
 	Delete(ctx context.Context, id string, p auth.Principal) error
 	Pause(ctx context.Context, id string, p auth.Principal) error
 	Resume(ctx context.Context, id string, p auth.Principal) error
-	Hibernate(ctx context.Context, id string, p auth.Principal) error
+	Hibernate(ctx context.Context, id string, p auth.Principal) (runtime.Hibernation, error)
 	CreateSnapshot(ctx context.Context, id string, p auth.Principal, labels map[string]string) (runtime.Snapshot, error)
 	GetSnapshot(ctx context.Context, snapID string, p auth.Principal) (runtime.Snapshot, error)
 	ListSnapshots(ctx context.Context, p auth.Principal) ([]runtime.Snapshot, error)

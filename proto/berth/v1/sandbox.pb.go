@@ -44,10 +44,11 @@ const (
 	// (PauseSandbox, or the idle timeout with IDLE_ACTION_PAUSE): it keeps its
 	// memory and uses no CPU.
 	SandboxState_SANDBOX_STATE_PAUSED SandboxState = 5
-	// SANDBOX_STATE_HIBERNATED means the sandbox's processes ended and its
-	// files are kept (HibernateSandbox, or the idle timeout with
-	// IDLE_ACTION_HIBERNATE): it holds no memory and no CPU, and the next call
-	// naming it starts a new task.
+	// SANDBOX_STATE_HIBERNATED means the sandbox has no task and its files
+	// are kept (HibernateSandbox, or the idle timeout with
+	// IDLE_ACTION_HIBERNATE): its processes ended, or under gVisor were
+	// checkpointed to disk with its memory; it holds no host memory and no
+	// CPU, and the next call naming it restores it or starts a new task.
 	SandboxState_SANDBOX_STATE_HIBERNATED SandboxState = 6
 )
 
@@ -112,8 +113,9 @@ const (
 	// files are kept, it uses no CPU, and the next call naming it resumes it.
 	IdleAction_IDLE_ACTION_PAUSE IdleAction = 2
 	// IDLE_ACTION_HIBERNATE hibernates the sandbox (see HibernateSandbox):
-	// its processes end, its files are kept, it holds no memory, and the
-	// next call naming it starts a new task.
+	// its files are kept, its processes end (under gVisor: are checkpointed
+	// with its memory), it holds no host memory, and the next call naming it
+	// restores it or starts a new task.
 	IdleAction_IDLE_ACTION_HIBERNATE IdleAction = 3
 )
 
@@ -351,6 +353,11 @@ const (
 	// and connections are lost), the file system is kept; the wake starts
 	// a fresh agent.
 	Hibernation_HIBERNATION_PROCESSES_ENDED Hibernation = 1
+	// HIBERNATION_MEMORY_KEPT: under gVisor, the sandbox's memory and
+	// processes were checkpointed to disk (runsc checkpoint) and its task
+	// removed; the wake restores them: the same processes and memory, the
+	// same agent (its boot id and exec ids stay valid), files kept.
+	Hibernation_HIBERNATION_MEMORY_KEPT Hibernation = 2
 )
 
 // Enum value maps for Hibernation.
@@ -358,10 +365,12 @@ var (
 	Hibernation_name = map[int32]string{
 		0: "HIBERNATION_UNSPECIFIED",
 		1: "HIBERNATION_PROCESSES_ENDED",
+		2: "HIBERNATION_MEMORY_KEPT",
 	}
 	Hibernation_value = map[string]int32{
 		"HIBERNATION_UNSPECIFIED":     0,
 		"HIBERNATION_PROCESSES_ENDED": 1,
+		"HIBERNATION_MEMORY_KEPT":     2,
 	}
 )
 
@@ -3084,10 +3093,11 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1bROOT_ID_MAPPING_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14ROOT_ID_MAPPING_HOST\x10\x01\x12\x1c\n" +
 	"\x18ROOT_ID_MAPPING_IDMAPPED\x10\x02\x12 \n" +
-	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x03*K\n" +
+	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x03*h\n" +
 	"\vHibernation\x12\x1b\n" +
 	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
-	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x012\xa2\r\n" +
+	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x01\x12\x1b\n" +
+	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\xa2\r\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +

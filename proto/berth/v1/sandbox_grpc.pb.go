@@ -195,17 +195,22 @@ type SandboxServiceClient interface {
 	// (SANDBOX_NOT_RUNNING) when its task is not running.
 	ResumeSandbox(ctx context.Context, in *ResumeSandboxRequest, opts ...grpc.CallOption) (*ResumeSandboxResponse, error)
 	// HibernateSandbox releases the sandbox's memory and CPU and keeps its
-	// files: every process ends (its containerd task, the agent included, is
-	// killed and removed) and its container and writable layer are kept
-	// (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
-	// docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
-	// berthd restarts. Any later call that needs the sandbox's agent wakes it
-	// first, as for a paused sandbox (metadata "berth-no-resume: true":
-	// FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
-	// ResumeSandbox: a new task starts from the same container, with a fresh
-	// agent (a new boot id: exec ids of before are STALE_HANDLE), the same
-	// network address and limits. Exec streams attached at the hibernation
-	// end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+	// files. Under gVisor its memory and processes are checkpointed to disk
+	// and its task removed (HIBERNATION_MEMORY_KEPT); under runc, and under
+	// gVisor when the checkpoint fails (the description says why), every
+	// process ends (its containerd task, the agent included, is killed and
+	// removed) and its container and writable layer are kept
+	// (HIBERNATION_PROCESSES_ENDED; see docs/state.md). Its state is
+	// SANDBOX_STATE_HIBERNATED, kept across berthd restarts. Any later call
+	// that needs the sandbox's agent wakes it first, as for a paused sandbox
+	// (metadata "berth-no-resume: true": FAILED_PRECONDITION
+	// SANDBOX_HIBERNATED instead), and so does ResumeSandbox: with memory
+	// kept the task is restored (the same processes, memory and agent: exec
+	// ids stay valid); otherwise a new task starts from the same container,
+	// with a fresh agent (a new boot id: exec ids of before are
+	// STALE_HANDLE); the same network address and limits either way. Exec
+	// streams attached at the hibernation end ABORTED RUNTIME_REPLACED (cause
+	// REPLACED_CAUSE_SANDBOX_HIBERNATED).
 	// Hibernating a paused sandbox works; hibernating a hibernated one
 	// succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
 	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
@@ -688,17 +693,22 @@ type SandboxServiceServer interface {
 	// (SANDBOX_NOT_RUNNING) when its task is not running.
 	ResumeSandbox(context.Context, *ResumeSandboxRequest) (*ResumeSandboxResponse, error)
 	// HibernateSandbox releases the sandbox's memory and CPU and keeps its
-	// files: every process ends (its containerd task, the agent included, is
-	// killed and removed) and its container and writable layer are kept
-	// (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
-	// docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
-	// berthd restarts. Any later call that needs the sandbox's agent wakes it
-	// first, as for a paused sandbox (metadata "berth-no-resume: true":
-	// FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
-	// ResumeSandbox: a new task starts from the same container, with a fresh
-	// agent (a new boot id: exec ids of before are STALE_HANDLE), the same
-	// network address and limits. Exec streams attached at the hibernation
-	// end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+	// files. Under gVisor its memory and processes are checkpointed to disk
+	// and its task removed (HIBERNATION_MEMORY_KEPT); under runc, and under
+	// gVisor when the checkpoint fails (the description says why), every
+	// process ends (its containerd task, the agent included, is killed and
+	// removed) and its container and writable layer are kept
+	// (HIBERNATION_PROCESSES_ENDED; see docs/state.md). Its state is
+	// SANDBOX_STATE_HIBERNATED, kept across berthd restarts. Any later call
+	// that needs the sandbox's agent wakes it first, as for a paused sandbox
+	// (metadata "berth-no-resume: true": FAILED_PRECONDITION
+	// SANDBOX_HIBERNATED instead), and so does ResumeSandbox: with memory
+	// kept the task is restored (the same processes, memory and agent: exec
+	// ids stay valid); otherwise a new task starts from the same container,
+	// with a fresh agent (a new boot id: exec ids of before are
+	// STALE_HANDLE); the same network address and limits either way. Exec
+	// streams attached at the hibernation end ABORTED RUNTIME_REPLACED (cause
+	// REPLACED_CAUSE_SANDBOX_HIBERNATED).
 	// Hibernating a paused sandbox works; hibernating a hibernated one
 	// succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
 	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.

@@ -71,10 +71,11 @@ export enum SandboxState {
    */
   SANDBOX_STATE_PAUSED = 5,
   /**
-   * SANDBOX_STATE_HIBERNATED - SANDBOX_STATE_HIBERNATED means the sandbox's processes ended and its
-   * files are kept (HibernateSandbox, or the idle timeout with
-   * IDLE_ACTION_HIBERNATE): it holds no memory and no CPU, and the next call
-   * naming it starts a new task.
+   * SANDBOX_STATE_HIBERNATED - SANDBOX_STATE_HIBERNATED means the sandbox has no task and its files
+   * are kept (HibernateSandbox, or the idle timeout with
+   * IDLE_ACTION_HIBERNATE): its processes ended, or under gVisor were
+   * checkpointed to disk with its memory; it holds no host memory and no
+   * CPU, and the next call naming it restores it or starts a new task.
    */
   SANDBOX_STATE_HIBERNATED = 6,
   UNRECOGNIZED = -1,
@@ -145,8 +146,9 @@ export enum IdleAction {
   IDLE_ACTION_PAUSE = 2,
   /**
    * IDLE_ACTION_HIBERNATE - IDLE_ACTION_HIBERNATE hibernates the sandbox (see HibernateSandbox):
-   * its processes end, its files are kept, it holds no memory, and the
-   * next call naming it starts a new task.
+   * its files are kept, its processes end (under gVisor: are checkpointed
+   * with its memory), it holds no host memory, and the next call naming it
+   * restores it or starts a new task.
    */
   IDLE_ACTION_HIBERNATE = 3,
   UNRECOGNIZED = -1,
@@ -365,6 +367,13 @@ export enum Hibernation {
    * a fresh agent.
    */
   HIBERNATION_PROCESSES_ENDED = 1,
+  /**
+   * HIBERNATION_MEMORY_KEPT - HIBERNATION_MEMORY_KEPT: under gVisor, the sandbox's memory and
+   * processes were checkpointed to disk (runsc checkpoint) and its task
+   * removed; the wake restores them: the same processes and memory, the
+   * same agent (its boot id and exec ids stay valid), files kept.
+   */
+  HIBERNATION_MEMORY_KEPT = 2,
   UNRECOGNIZED = -1,
 }
 
@@ -376,6 +385,9 @@ export function hibernationFromJSON(object: any): Hibernation {
     case 1:
     case "HIBERNATION_PROCESSES_ENDED":
       return Hibernation.HIBERNATION_PROCESSES_ENDED;
+    case 2:
+    case "HIBERNATION_MEMORY_KEPT":
+      return Hibernation.HIBERNATION_MEMORY_KEPT;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -389,6 +401,8 @@ export function hibernationToJSON(object: Hibernation): string {
       return "HIBERNATION_UNSPECIFIED";
     case Hibernation.HIBERNATION_PROCESSES_ENDED:
       return "HIBERNATION_PROCESSES_ENDED";
+    case Hibernation.HIBERNATION_MEMORY_KEPT:
+      return "HIBERNATION_MEMORY_KEPT";
     case Hibernation.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -6364,17 +6378,22 @@ export const SandboxServiceService = {
   },
   /**
    * HibernateSandbox releases the sandbox's memory and CPU and keeps its
-   * files: every process ends (its containerd task, the agent included, is
-   * killed and removed) and its container and writable layer are kept
-   * (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
-   * docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
-   * berthd restarts. Any later call that needs the sandbox's agent wakes it
-   * first, as for a paused sandbox (metadata "berth-no-resume: true":
-   * FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
-   * ResumeSandbox: a new task starts from the same container, with a fresh
-   * agent (a new boot id: exec ids of before are STALE_HANDLE), the same
-   * network address and limits. Exec streams attached at the hibernation
-   * end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+   * files. Under gVisor its memory and processes are checkpointed to disk
+   * and its task removed (HIBERNATION_MEMORY_KEPT); under runc, and under
+   * gVisor when the checkpoint fails (the description says why), every
+   * process ends (its containerd task, the agent included, is killed and
+   * removed) and its container and writable layer are kept
+   * (HIBERNATION_PROCESSES_ENDED; see docs/state.md). Its state is
+   * SANDBOX_STATE_HIBERNATED, kept across berthd restarts. Any later call
+   * that needs the sandbox's agent wakes it first, as for a paused sandbox
+   * (metadata "berth-no-resume: true": FAILED_PRECONDITION
+   * SANDBOX_HIBERNATED instead), and so does ResumeSandbox: with memory
+   * kept the task is restored (the same processes, memory and agent: exec
+   * ids stay valid); otherwise a new task starts from the same container,
+   * with a fresh agent (a new boot id: exec ids of before are
+   * STALE_HANDLE); the same network address and limits either way. Exec
+   * streams attached at the hibernation end ABORTED RUNTIME_REPLACED (cause
+   * REPLACED_CAUSE_SANDBOX_HIBERNATED).
    * Hibernating a paused sandbox works; hibernating a hibernated one
    * succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
    * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
@@ -6689,17 +6708,22 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
   resumeSandbox: handleUnaryCall<ResumeSandboxRequest, ResumeSandboxResponse>;
   /**
    * HibernateSandbox releases the sandbox's memory and CPU and keeps its
-   * files: every process ends (its containerd task, the agent included, is
-   * killed and removed) and its container and writable layer are kept
-   * (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
-   * docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
-   * berthd restarts. Any later call that needs the sandbox's agent wakes it
-   * first, as for a paused sandbox (metadata "berth-no-resume: true":
-   * FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
-   * ResumeSandbox: a new task starts from the same container, with a fresh
-   * agent (a new boot id: exec ids of before are STALE_HANDLE), the same
-   * network address and limits. Exec streams attached at the hibernation
-   * end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+   * files. Under gVisor its memory and processes are checkpointed to disk
+   * and its task removed (HIBERNATION_MEMORY_KEPT); under runc, and under
+   * gVisor when the checkpoint fails (the description says why), every
+   * process ends (its containerd task, the agent included, is killed and
+   * removed) and its container and writable layer are kept
+   * (HIBERNATION_PROCESSES_ENDED; see docs/state.md). Its state is
+   * SANDBOX_STATE_HIBERNATED, kept across berthd restarts. Any later call
+   * that needs the sandbox's agent wakes it first, as for a paused sandbox
+   * (metadata "berth-no-resume: true": FAILED_PRECONDITION
+   * SANDBOX_HIBERNATED instead), and so does ResumeSandbox: with memory
+   * kept the task is restored (the same processes, memory and agent: exec
+   * ids stay valid); otherwise a new task starts from the same container,
+   * with a fresh agent (a new boot id: exec ids of before are
+   * STALE_HANDLE); the same network address and limits either way. Exec
+   * streams attached at the hibernation end ABORTED RUNTIME_REPLACED (cause
+   * REPLACED_CAUSE_SANDBOX_HIBERNATED).
    * Hibernating a paused sandbox works; hibernating a hibernated one
    * succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
    * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
@@ -7139,17 +7163,22 @@ export interface SandboxServiceClient extends Client {
   ): ClientUnaryCall;
   /**
    * HibernateSandbox releases the sandbox's memory and CPU and keeps its
-   * files: every process ends (its containerd task, the agent included, is
-   * killed and removed) and its container and writable layer are kept
-   * (HIBERNATION_PROCESSES_ENDED, under runc and gVisor alike; see
-   * docs/state.md). Its state is SANDBOX_STATE_HIBERNATED, kept across
-   * berthd restarts. Any later call that needs the sandbox's agent wakes it
-   * first, as for a paused sandbox (metadata "berth-no-resume: true":
-   * FAILED_PRECONDITION SANDBOX_HIBERNATED instead), and so does
-   * ResumeSandbox: a new task starts from the same container, with a fresh
-   * agent (a new boot id: exec ids of before are STALE_HANDLE), the same
-   * network address and limits. Exec streams attached at the hibernation
-   * end ABORTED RUNTIME_REPLACED (cause REPLACED_CAUSE_SANDBOX_HIBERNATED).
+   * files. Under gVisor its memory and processes are checkpointed to disk
+   * and its task removed (HIBERNATION_MEMORY_KEPT); under runc, and under
+   * gVisor when the checkpoint fails (the description says why), every
+   * process ends (its containerd task, the agent included, is killed and
+   * removed) and its container and writable layer are kept
+   * (HIBERNATION_PROCESSES_ENDED; see docs/state.md). Its state is
+   * SANDBOX_STATE_HIBERNATED, kept across berthd restarts. Any later call
+   * that needs the sandbox's agent wakes it first, as for a paused sandbox
+   * (metadata "berth-no-resume: true": FAILED_PRECONDITION
+   * SANDBOX_HIBERNATED instead), and so does ResumeSandbox: with memory
+   * kept the task is restored (the same processes, memory and agent: exec
+   * ids stay valid); otherwise a new task starts from the same container,
+   * with a fresh agent (a new boot id: exec ids of before are
+   * STALE_HANDLE); the same network address and limits either way. Exec
+   * streams attached at the hibernation end ABORTED RUNTIME_REPLACED (cause
+   * REPLACED_CAUSE_SANDBOX_HIBERNATED).
    * Hibernating a paused sandbox works; hibernating a hibernated one
    * succeeds and changes nothing. Errors: NOT_FOUND (SANDBOX_NOT_FOUND),
    * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING) when its task is stopped.
