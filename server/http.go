@@ -111,15 +111,25 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 // WebSocket endpoints under /ws/ (cfg.WebSocket), whose calls go to srv in
 // process; and with cfg.Console the web console under /console/.
 func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
-	t, err := vanguardgrpc.NewTranscoder(srv, vanguard.WithRules(restRules()...))
-	if err != nil {
-		return nil, fmt.Errorf("HTTP transcoder: %w", err)
-	}
 	methods := map[string]bool{}
 	for name, info := range srv.GetServiceInfo() {
 		for _, m := range info.Methods {
 			methods["/"+name+"/"+m.Name] = true
 		}
+	}
+	// The routes of the services srv serves: vanguard refuses a rule
+	// naming a method it does not have (a server of some services only,
+	// as tests and gateways make).
+	var rules []*annotations.HttpRule
+	for _, r := range restRules() {
+		sel := r.GetSelector()
+		if i := strings.LastIndexByte(sel, '.'); i > 0 && methods["/"+sel[:i]+"/"+sel[i+1:]] {
+			rules = append(rules, r)
+		}
+	}
+	t, err := vanguardgrpc.NewTranscoder(srv, vanguard.WithRules(rules...))
+	if err != nil {
+		return nil, fmt.Errorf("HTTP transcoder: %w", err)
 	}
 	api := connectUnaryByDefault(methods, t)
 	if cfg.WebSocket.Log == nil {
