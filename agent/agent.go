@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -128,6 +129,11 @@ type Config struct {
 	// that a sandbox running many short execs keeps constant memory and
 	// Info and ListExecs constant cost. Default 1000.
 	MaxRetained int
+	// SessionDir holds a directory per shell session, with the FIFOs of
+	// its commands' output; it should be where file calls cannot reach.
+	// Default /.berth-run/sessions, or berth-sessions-<pid> in os.TempDir when there
+	// is no /.berth-run (an agent run by hand).
+	SessionDir string
 	// HeartbeatInterval is how long an Exec stream may stay silent before
 	// the agent sends ExecHeartbeat. Default 15s.
 	HeartbeatInterval time.Duration
@@ -186,6 +192,12 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.Retention, d.Retention)
 	setDefault(&c.MaxRetained, d.MaxRetained)
 	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
+	if c.SessionDir == "" {
+		c.SessionDir = filepath.Join(os.TempDir(), fmt.Sprintf("berth-sessions-%d", os.Getpid()))
+		if fi, err := os.Stat("/.berth-run"); err == nil && fi.IsDir() {
+			c.SessionDir = "/.berth-run/sessions"
+		}
+	}
 	if c.Env == nil {
 		c.Env = os.Environ()
 	}
@@ -238,11 +250,14 @@ type Server struct {
 	// (Config.RetainedBytes).
 	output *ring.Pool
 
-	mu      sync.Mutex
-	execs   map[string]*execution
-	retired []*execution // finished execs, oldest first (retention.go)
-	serving bool         // Serve was called
-	closing bool         // Serve is stopping: starts are refused
+	mu    sync.Mutex
+	execs map[string]*execution
+	// sessions are the shell sessions (session.go); a session whose shell
+	// is starting has pid 0.
+	sessions map[string]*session
+	retired  []*execution // finished execs, oldest first (retention.go)
+	serving  bool         // Serve was called
+	closing  bool         // Serve is stopping: starts are refused
 	// stopping is closed when Serve stops; running execs then terminate
 	// their process groups.
 	stopping chan struct{}
@@ -280,6 +295,7 @@ func New(cfg Config) (*Server, error) {
 		sup:      newSupervisor(),
 		oomScore: lowerOOMScore(cfg.Logger),
 		execs:    make(map[string]*execution),
+		sessions: make(map[string]*session),
 		stopping: make(chan struct{}),
 	}
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {

@@ -34,10 +34,15 @@ const (
 	ReasonImageExists = "IMAGE_EXISTS"
 	// ReasonImageUnusable (FAILED_PRECONDITION): what the image holds
 	// cannot start a sandbox (its /etc/passwd is a named pipe, say).
-	ReasonImageUnusable     = "IMAGE_UNUSABLE"
-	ReasonExecNotFound      = "EXEC_NOT_FOUND"
-	ReasonExecExists        = "EXEC_EXISTS"
-	ReasonCwdInvalid        = "CWD_INVALID"
+	ReasonImageUnusable = "IMAGE_UNUSABLE"
+	ReasonExecNotFound  = "EXEC_NOT_FOUND"
+	ReasonExecExists    = "EXEC_EXISTS"
+	ReasonCwdInvalid    = "CWD_INVALID"
+	// Shell sessions (docs/sessions.md).
+	ReasonSessionNotFound   = "SESSION_NOT_FOUND" // NOT_FOUND: no such session in the sandbox
+	ReasonSessionExists     = "SESSION_EXISTS"    // ALREADY_EXISTS: the session id is taken
+	ReasonSessionBusy       = "SESSION_BUSY"      // FAILED_PRECONDITION: a command runs in the session
+	ReasonSessionEnded      = "SESSION_ENDED"     // FAILED_PRECONDITION: the session's shell exited
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).

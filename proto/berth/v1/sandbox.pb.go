@@ -2831,7 +2831,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -3071,8 +3071,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x1cROOT_ID_MAPPING_CHOWNED_COPY\x10\x03*K\n" +
 	"\vHibernation\x12\x1b\n" +
 	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
-	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x012\xfc\n" +
-	"\n" +
+	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x012\xba\r\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -3085,7 +3084,12 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\tListExecs\x12\x1a.berth.v1.ListExecsRequest\x1a\x1b.berth.v1.ListExecsResponse\x12G\n" +
 	"\n" +
 	"SignalExec\x12\x1b.berth.v1.SignalExecRequest\x1a\x1c.berth.v1.SignalExecResponse\x12N\n" +
-	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12M\n" +
+	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12P\n" +
+	"\rCreateSession\x12\x1e.berth.v1.CreateSessionRequest\x1a\x1f.berth.v1.CreateSessionResponse\x12M\n" +
+	"\fListSessions\x12\x1d.berth.v1.ListSessionsRequest\x1a\x1e.berth.v1.ListSessionsResponse\x12P\n" +
+	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12I\n" +
+	"\n" +
+	"WatchFiles\x12\x1b.berth.v1.WatchFilesRequest\x1a\x1c.berth.v1.WatchFilesResponse0\x01\x12M\n" +
 	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
 	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12Y\n" +
 	"\x10HibernateSandbox\x12!.berth.v1.HibernateSandboxRequest\x1a\".berth.v1.HibernateSandboxResponse\x12S\n" +
@@ -3164,11 +3168,19 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*ListExecsRequest)(nil),         // 51: berth.v1.ListExecsRequest
 	(*SignalExecRequest)(nil),        // 52: berth.v1.SignalExecRequest
 	(*PortForwardRequest)(nil),       // 53: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),             // 54: berth.v1.ExecResponse
-	(*RunResponse)(nil),              // 55: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),        // 56: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),       // 57: berth.v1.SignalExecResponse
-	(*PortForwardResponse)(nil),      // 58: berth.v1.PortForwardResponse
+	(*CreateSessionRequest)(nil),     // 54: berth.v1.CreateSessionRequest
+	(*ListSessionsRequest)(nil),      // 55: berth.v1.ListSessionsRequest
+	(*DeleteSessionRequest)(nil),     // 56: berth.v1.DeleteSessionRequest
+	(*WatchFilesRequest)(nil),        // 57: berth.v1.WatchFilesRequest
+	(*ExecResponse)(nil),             // 58: berth.v1.ExecResponse
+	(*RunResponse)(nil),              // 59: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),        // 60: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),       // 61: berth.v1.SignalExecResponse
+	(*PortForwardResponse)(nil),      // 62: berth.v1.PortForwardResponse
+	(*CreateSessionResponse)(nil),    // 63: berth.v1.CreateSessionResponse
+	(*ListSessionsResponse)(nil),     // 64: berth.v1.ListSessionsResponse
+	(*DeleteSessionResponse)(nil),    // 65: berth.v1.DeleteSessionResponse
+	(*WatchFilesResponse)(nil),       // 66: berth.v1.WatchFilesResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
@@ -3226,34 +3238,42 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	51, // 52: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
 	52, // 53: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
 	53, // 54: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	19, // 55: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	21, // 56: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 57: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
-	26, // 58: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	28, // 59: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	30, // 60: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	32, // 61: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
-	34, // 62: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
-	12, // 63: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	14, // 64: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	16, // 65: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	18, // 66: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	38, // 67: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	54, // 68: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	55, // 69: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	56, // 70: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	57, // 71: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	58, // 72: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	20, // 73: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	22, // 74: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 75: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
-	27, // 76: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	29, // 77: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	31, // 78: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	33, // 79: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
-	36, // 80: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
-	63, // [63:81] is the sub-list for method output_type
-	45, // [45:63] is the sub-list for method input_type
+	54, // 55: berth.v1.SandboxService.CreateSession:input_type -> berth.v1.CreateSessionRequest
+	55, // 56: berth.v1.SandboxService.ListSessions:input_type -> berth.v1.ListSessionsRequest
+	56, // 57: berth.v1.SandboxService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
+	57, // 58: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
+	19, // 59: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	21, // 60: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 61: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
+	26, // 62: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	28, // 63: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	30, // 64: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	32, // 65: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	34, // 66: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
+	12, // 67: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	14, // 68: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	16, // 69: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	18, // 70: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	38, // 71: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	58, // 72: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	59, // 73: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	60, // 74: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	61, // 75: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	62, // 76: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	63, // 77: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
+	64, // 78: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
+	65, // 79: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
+	66, // 80: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
+	20, // 81: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	22, // 82: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 83: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
+	27, // 84: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	29, // 85: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	31, // 86: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	33, // 87: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	36, // 88: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
+	67, // [67:89] is the sub-list for method output_type
+	45, // [45:67] is the sub-list for method input_type
 	45, // [45:45] is the sub-list for extension type_name
 	45, // [45:45] is the sub-list for extension extendee
 	0,  // [0:45] is the sub-list for field type_name
@@ -3267,6 +3287,8 @@ func file_berth_v1_sandbox_proto_init() {
 	file_berth_v1_exec_proto_init()
 	file_berth_v1_image_proto_init()
 	file_berth_v1_port_proto_init()
+	file_berth_v1_session_proto_init()
+	file_berth_v1_watch_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1083,11 +1083,113 @@ func (*PortForwardResponse_Data) isPortForwardResponse_Event() {}
 
 func (*PortForwardResponse_Eof) isPortForwardResponse_Event() {}
 
+// CreateSessionRequest is berth.v1.CreateSessionRequest with the owner
+// berthd authenticated.
+type CreateSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session is the caller's request; session_id is always set.
+	Session *v1.CreateSessionRequest `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// owner is the principal creating the session.
+	Owner         string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionRequest) Reset() {
+	*x = CreateSessionRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionRequest) ProtoMessage() {}
+
+func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
+func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *CreateSessionRequest) GetSession() *v1.CreateSessionRequest {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *CreateSessionRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+// CreateSessionResponse describes the new session.
+type CreateSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session is the new session.
+	Session       *v1.SessionInfo `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionResponse) Reset() {
+	*x = CreateSessionResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionResponse) ProtoMessage() {}
+
+func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
+func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *CreateSessionResponse) GetSession() *v1.SessionInfo {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
 	"\x10TelemetryRequest\"T\n" +
 	"\x11TelemetryResponse\x12?\n" +
 	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"+\n" +
@@ -1146,13 +1248,23 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\tconnected\x18\x01 \x01(\v2\x1e.berth.v1.PortForwardConnectedH\x00R\tconnected\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04data\x12,\n" +
 	"\x03eof\x18\x03 \x01(\v2\x18.berth.v1.PortForwardEOFH\x00R\x03eofB\a\n" +
-	"\x05event2\xef\x03\n" +
+	"\x05event\"f\n" +
+	"\x14CreateSessionRequest\x128\n" +
+	"\asession\x18\x01 \x01(\v2\x1e.berth.v1.CreateSessionRequestR\asession\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"H\n" +
+	"\x15CreateSessionResponse\x12/\n" +
+	"\asession\x18\x01 \x01(\v2\x15.berth.v1.SessionInfoR\asession2\xb9\x06\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\tListExecs\x12 .berth.agent.v1.ListExecsRequest\x1a!.berth.agent.v1.ListExecsResponse\x12S\n" +
 	"\n" +
-	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12R\n" +
+	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12\\\n" +
+	"\rCreateSession\x12$.berth.agent.v1.CreateSessionRequest\x1a%.berth.agent.v1.CreateSessionResponse\x12M\n" +
+	"\fListSessions\x12\x1d.berth.v1.ListSessionsRequest\x1a\x1e.berth.v1.ListSessionsResponse\x12P\n" +
+	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12I\n" +
+	"\n" +
+	"WatchFiles\x12\x1b.berth.v1.WatchFilesRequest\x1a\x1c.berth.v1.WatchFilesResponse0\x01\x12R\n" +
 	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01\x12Z\n" +
 	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
@@ -1168,75 +1280,95 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
-	(*TelemetryRequest)(nil),        // 0: berth.agent.v1.TelemetryRequest
-	(*TelemetryResponse)(nil),       // 1: berth.agent.v1.TelemetryResponse
-	(*InfoRequest)(nil),             // 2: berth.agent.v1.InfoRequest
-	(*InfoResponse)(nil),            // 3: berth.agent.v1.InfoResponse
-	(*ExecStart)(nil),               // 4: berth.agent.v1.ExecStart
-	(*ExecAttach)(nil),              // 5: berth.agent.v1.ExecAttach
-	(*ExecRequest)(nil),             // 6: berth.agent.v1.ExecRequest
-	(*ExecResponse)(nil),            // 7: berth.agent.v1.ExecResponse
-	(*ListExecsRequest)(nil),        // 8: berth.agent.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),       // 9: berth.agent.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),       // 10: berth.agent.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),      // 11: berth.agent.v1.SignalExecResponse
-	(*PortForwardRequest)(nil),      // 12: berth.agent.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),     // 13: berth.agent.v1.PortForwardResponse
-	(*timestamppb.Timestamp)(nil),   // 14: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),          // 15: berth.v1.ProcessSpec
-	(v1.DetachedOutput)(0),          // 16: berth.v1.DetachedOutput
-	(*v1.ExecStdin)(nil),            // 17: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),       // 18: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),           // 19: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),           // 20: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),          // 21: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),           // 22: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),        // 23: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),          // 24: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),           // 25: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),             // 26: berth.v1.ExecInfo
-	(v1.ExecState)(0),               // 27: berth.v1.ExecState
-	(*v1.PortForwardConnected)(nil), // 28: berth.v1.PortForwardConnected
-	(*v1.PortForwardEOF)(nil),       // 29: berth.v1.PortForwardEOF
+	(*TelemetryRequest)(nil),         // 0: berth.agent.v1.TelemetryRequest
+	(*TelemetryResponse)(nil),        // 1: berth.agent.v1.TelemetryResponse
+	(*InfoRequest)(nil),              // 2: berth.agent.v1.InfoRequest
+	(*InfoResponse)(nil),             // 3: berth.agent.v1.InfoResponse
+	(*ExecStart)(nil),                // 4: berth.agent.v1.ExecStart
+	(*ExecAttach)(nil),               // 5: berth.agent.v1.ExecAttach
+	(*ExecRequest)(nil),              // 6: berth.agent.v1.ExecRequest
+	(*ExecResponse)(nil),             // 7: berth.agent.v1.ExecResponse
+	(*ListExecsRequest)(nil),         // 8: berth.agent.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),        // 9: berth.agent.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),        // 10: berth.agent.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),       // 11: berth.agent.v1.SignalExecResponse
+	(*PortForwardRequest)(nil),       // 12: berth.agent.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),      // 13: berth.agent.v1.PortForwardResponse
+	(*CreateSessionRequest)(nil),     // 14: berth.agent.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),    // 15: berth.agent.v1.CreateSessionResponse
+	(*timestamppb.Timestamp)(nil),    // 16: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),           // 17: berth.v1.ProcessSpec
+	(v1.DetachedOutput)(0),           // 18: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),             // 19: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),        // 20: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),            // 21: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),            // 22: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),           // 23: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),            // 24: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),         // 25: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),           // 26: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),            // 27: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),              // 28: berth.v1.ExecInfo
+	(v1.ExecState)(0),                // 29: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil),  // 30: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),        // 31: berth.v1.PortForwardEOF
+	(*v1.CreateSessionRequest)(nil),  // 32: berth.v1.CreateSessionRequest
+	(*v1.SessionInfo)(nil),           // 33: berth.v1.SessionInfo
+	(*v1.ListSessionsRequest)(nil),   // 34: berth.v1.ListSessionsRequest
+	(*v1.DeleteSessionRequest)(nil),  // 35: berth.v1.DeleteSessionRequest
+	(*v1.WatchFilesRequest)(nil),     // 36: berth.v1.WatchFilesRequest
+	(*v1.ListSessionsResponse)(nil),  // 37: berth.v1.ListSessionsResponse
+	(*v1.DeleteSessionResponse)(nil), // 38: berth.v1.DeleteSessionResponse
+	(*v1.WatchFilesResponse)(nil),    // 39: berth.v1.WatchFilesResponse
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	14, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	15, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	16, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	16, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	17, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	18, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
 	4,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
 	5,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	17, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	18, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	19, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	20, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	21, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	22, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	23, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	24, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	25, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	26, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	27, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	28, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
-	29, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
-	2,  // 18: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	6,  // 19: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	8,  // 20: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	10, // 21: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	0,  // 22: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
-	12, // 23: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
-	3,  // 24: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	7,  // 25: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	9,  // 26: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	11, // 27: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	1,  // 28: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
-	13, // 29: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
-	24, // [24:30] is the sub-list for method output_type
-	18, // [18:24] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	19, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	20, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	21, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	22, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	23, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	24, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	25, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	26, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	27, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	28, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	29, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	30, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	31, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	32, // 18: berth.agent.v1.CreateSessionRequest.session:type_name -> berth.v1.CreateSessionRequest
+	33, // 19: berth.agent.v1.CreateSessionResponse.session:type_name -> berth.v1.SessionInfo
+	2,  // 20: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 21: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 22: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 23: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	14, // 24: berth.agent.v1.AgentService.CreateSession:input_type -> berth.agent.v1.CreateSessionRequest
+	34, // 25: berth.agent.v1.AgentService.ListSessions:input_type -> berth.v1.ListSessionsRequest
+	35, // 26: berth.agent.v1.AgentService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
+	36, // 27: berth.agent.v1.AgentService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
+	0,  // 28: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	12, // 29: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	3,  // 30: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 31: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 32: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 33: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	15, // 34: berth.agent.v1.AgentService.CreateSession:output_type -> berth.agent.v1.CreateSessionResponse
+	37, // 35: berth.agent.v1.AgentService.ListSessions:output_type -> berth.v1.ListSessionsResponse
+	38, // 36: berth.agent.v1.AgentService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
+	39, // 37: berth.agent.v1.AgentService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
+	1,  // 38: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	13, // 39: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	30, // [30:40] is the sub-list for method output_type
+	20, // [20:30] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }
@@ -1274,7 +1406,7 @@ func file_berth_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
