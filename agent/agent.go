@@ -255,9 +255,11 @@ type Server struct {
 	// sessions are the shell sessions (session.go); a session whose shell
 	// is starting has pid 0.
 	sessions map[string]*session
-	retired  []*execution // finished execs, oldest first (retention.go)
-	serving  bool         // Serve was called
-	closing  bool         // Serve is stopping: starts are refused
+	// watches are the file watches (watch.go).
+	watches map[string]*fileWatch
+	retired []*execution // finished execs, oldest first (retention.go)
+	serving bool         // Serve was called
+	closing bool         // Serve is stopping: starts are refused
 	// stopping is closed when Serve stops; running execs then terminate
 	// their process groups.
 	stopping chan struct{}
@@ -296,6 +298,7 @@ func New(cfg Config) (*Server, error) {
 		oomScore: lowerOOMScore(cfg.Logger),
 		execs:    make(map[string]*execution),
 		sessions: make(map[string]*session),
+		watches:  make(map[string]*fileWatch),
 		stopping: make(chan struct{}),
 	}
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
