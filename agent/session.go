@@ -652,15 +652,15 @@ func (s *Server) CreateSession(_ context.Context, req *agentv1.CreateSessionRequ
 }
 
 // ListSessions lists the sessions, ordered by creation time.
-func (s *Server) ListSessions(context.Context, *berthv1.ListSessionsRequest) (*berthv1.ListSessionsResponse, error) {
-	return &berthv1.ListSessionsResponse{Sessions: s.listSessions()}, nil
+func (s *Server) ListSessions(context.Context, *agentv1.ListSessionsRequest) (*agentv1.ListSessionsResponse, error) {
+	return &agentv1.ListSessionsResponse{Sessions: s.listSessions()}, nil
 }
 
 // DeleteSession ends a session (see deleteSession).
-func (s *Server) DeleteSession(_ context.Context, req *berthv1.DeleteSessionRequest) (*berthv1.DeleteSessionResponse, error) {
+func (s *Server) DeleteSession(_ context.Context, req *agentv1.DeleteSessionRequest) (*agentv1.DeleteSessionResponse, error) {
 	s.activity.touch()
 	if err := s.deleteSession(req.GetSessionId()); err != nil {
 		return nil, err
 	}
-	return &berthv1.DeleteSessionResponse{}, nil
+	return &agentv1.DeleteSessionResponse{}, nil
 }

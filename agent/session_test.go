@@ -72,7 +72,7 @@ func TestSession(t *testing.T) {
 			// The background job of an earlier command still runs.
 			expect("kill -0 $(cat /tmp/bg.$$) && echo alive; kill $(cat /tmp/bg.$$); rm /tmp/bg.$$", "alive\n", "", 0)
 
-			list, err := a.client.ListSessions(ctx, &berthv1.ListSessionsRequest{})
+			list, err := a.client.ListSessions(ctx, &agentv1.ListSessionsRequest{})
 			if err != nil || len(list.GetSessions()) != 1 || list.GetSessions()[0].GetCommands() != uint64(n+1) {
 				t.Fatalf("ListSessions = %v, %v; want s1 with %d commands", list, err, n+1)
 			}
@@ -88,10 +88,10 @@ func TestSession(t *testing.T) {
 			if err := a.startErr(t, "late", inSession("s1", "true")); status.Code(err) != codes.FailedPrecondition {
 				t.Errorf("command after exit: %v, want FAILED_PRECONDITION", err)
 			}
-			if _, err := a.client.DeleteSession(ctx, &berthv1.DeleteSessionRequest{SessionId: "s1"}); err != nil {
+			if _, err := a.client.DeleteSession(ctx, &agentv1.DeleteSessionRequest{SessionId: "s1"}); err != nil {
 				t.Fatalf("DeleteSession: %v", err)
 			}
-			if _, err := a.client.DeleteSession(ctx, &berthv1.DeleteSessionRequest{SessionId: "s1"}); status.Code(err) != codes.NotFound {
+			if _, err := a.client.DeleteSession(ctx, &agentv1.DeleteSessionRequest{SessionId: "s1"}); status.Code(err) != codes.NotFound {
 				t.Errorf("second DeleteSession: %v, want NOT_FOUND", err)
 			}
 		})

@@ -46,7 +46,7 @@ type fileWatch struct {
 
 	mu      sync.Mutex
 	dirs    map[int32]string // watch descriptor -> directory
-	events  []*berthv1.WatchFilesResponse
+	events  []*agentv1.WatchFilesResponse
 	first   uint64 // seq of events[0]; the next seq is first+len(events)
 	wake    chan struct{}
 	streams int
@@ -56,8 +56,9 @@ type fileWatch struct {
 
 // WatchFiles streams the events of a new or resumed watch (see
 // berth.v1.SandboxService.WatchFiles).
-func (s *Server) WatchFiles(req *berthv1.WatchFilesRequest, stream agentv1.AgentService_WatchFilesServer) error {
+func (s *Server) WatchFiles(in *agentv1.WatchFilesRequest, stream agentv1.AgentService_WatchFilesServer) error {
 	s.activity.touch()
+	req := in.GetWatch()
 	w, err := s.watchFor(req)
 	if err != nil {
 		return err
@@ -74,7 +75,7 @@ func (s *Server) WatchFiles(req *berthv1.WatchFilesRequest, stream agentv1.Agent
 	if since > last {
 		return rpcstatus.InvalidArgument("since_seq", fmt.Sprintf("%d is beyond watch %q's last event %d", since, w.id, last))
 	}
-	if err := stream.Send(&berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_Started{Started: &berthv1.FileWatchStarted{
+	if err := stream.Send(&agentv1.WatchFilesResponse{Event: &agentv1.WatchFilesResponse_Started{Started: &berthv1.FileWatchStarted{
 		WatchId: w.id, Path: w.root, LastSeq: last}}}); err != nil {
 		return err
 	}
@@ -86,12 +87,12 @@ func (s *Server) WatchFiles(req *berthv1.WatchFilesRequest, stream agentv1.Agent
 			lost := &berthv1.FileWatchOverflow{Reason: berthv1.FileWatchOverflowReason_FILE_WATCH_OVERFLOW_REASON_RING, FirstSeq: next, LastSeq: w.first - 1}
 			next = w.first
 			w.mu.Unlock()
-			if err := stream.Send(&berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_Overflow{Overflow: lost}}); err != nil {
+			if err := stream.Send(&agentv1.WatchFilesResponse{Event: &agentv1.WatchFilesResponse_Overflow{Overflow: lost}}); err != nil {
 				return err
 			}
 			continue
 		}
-		batch := append([]*berthv1.WatchFilesResponse(nil), w.events[next-w.first:]...)
+		batch := append([]*agentv1.WatchFilesResponse(nil), w.events[next-w.first:]...)
 		wake, closed := w.wake, w.closed
 		w.mu.Unlock()
 		for _, ev := range batch {
@@ -217,7 +218,7 @@ func (w *fileWatch) add(dir string, report bool) {
 	wd, err := unix.InotifyAddWatch(w.fd, dir, watchMask)
 	if err != nil {
 		if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
-			w.append(&berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_Overflow{Overflow: &berthv1.FileWatchOverflow{
+			w.append(&agentv1.WatchFilesResponse{Event: &agentv1.WatchFilesResponse_Overflow{Overflow: &berthv1.FileWatchOverflow{
 				Reason: berthv1.FileWatchOverflowReason_FILE_WATCH_OVERFLOW_REASON_WATCHES, Path: dir}}})
 		}
 		return
@@ -253,17 +254,17 @@ func (w *fileWatch) file1(kind berthv1.FileEventKind, p, old string, dir bool) {
 			return
 		}
 	}
-	w.append(&berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_File{File: &berthv1.FileEvent{Kind: kind, Path: p, OldPath: old, IsDir: dir}}})
+	w.append(&agentv1.WatchFilesResponse{Event: &agentv1.WatchFilesResponse_File{File: &berthv1.FileEvent{Kind: kind, Path: p, OldPath: old, IsDir: dir}}})
 }
 
 // append numbers ev, adds it to the ring (shedding the oldest past the
 // limit) and wakes the streams. The caller holds w.mu.
-func (w *fileWatch) append(ev *berthv1.WatchFilesResponse) {
+func (w *fileWatch) append(ev *agentv1.WatchFilesResponse) {
 	seq := w.first + uint64(len(w.events))
 	switch e := ev.Event.(type) {
-	case *berthv1.WatchFilesResponse_File:
+	case *agentv1.WatchFilesResponse_File:
 		e.File.Seq = seq
-	case *berthv1.WatchFilesResponse_Overflow:
+	case *agentv1.WatchFilesResponse_Overflow:
 		e.Overflow.Seq = seq
 	}
 	w.events = append(w.events, ev)
@@ -335,7 +336,7 @@ func (w *fileWatch) parse(b []byte) {
 		b = b[end:]
 		if ev.Mask&unix.IN_Q_OVERFLOW != 0 {
 			flush()
-			w.append(&berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_Overflow{Overflow: &berthv1.FileWatchOverflow{
+			w.append(&agentv1.WatchFilesResponse{Event: &agentv1.WatchFilesResponse_Overflow{Overflow: &berthv1.FileWatchOverflow{
 				Reason: berthv1.FileWatchOverflowReason_FILE_WATCH_OVERFLOW_REASON_KERNEL}}})
 			continue
 		}

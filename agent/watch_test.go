@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -22,13 +23,13 @@ func TestWatchFiles(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	open := func(ctx context.Context, req *berthv1.WatchFilesRequest) func() *berthv1.WatchFilesResponse {
+	open := func(ctx context.Context, req *berthv1.WatchFilesRequest) func() *agentv1.WatchFilesResponse {
 		t.Helper()
-		stream, err := a.client.WatchFiles(ctx, req)
+		stream, err := a.client.WatchFiles(ctx, &agentv1.WatchFilesRequest{Watch: req})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return func() *berthv1.WatchFilesResponse {
+		return func() *agentv1.WatchFilesResponse {
 			t.Helper()
 			msg, err := stream.Recv()
 			if err != nil {
@@ -53,7 +54,7 @@ func TestWatchFiles(t *testing.T) {
 	}
 	seen := map[string]int{}
 	var last uint64
-	take := func(recv func() *berthv1.WatchFilesResponse, count int) {
+	take := func(recv func() *agentv1.WatchFilesResponse, count int) {
 		for range count {
 			ev := recv()
 			f := ev.GetFile()

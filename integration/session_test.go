@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -217,5 +218,51 @@ func TestWatchFilesReconnect(t *testing.T) {
 	}
 	if f := recv(small).GetFile(); f.GetSeq() != 201 || f.GetPath() != "/workspace/w/g200" {
 		t.Errorf("after the overflow: %v, want seq 201, g200", f)
+	}
+}
+
+// TestSessionAfterRestart kills berthd (the real binary) with SIGKILL
+// between two commands of a session: the agent owns the session, so the
+// next berthd lists it and runs the next command in the same shell, with
+// the cwd and variables the first one set.
+func TestSessionAfterRestart(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "sr")
+	p1 := startBerthd(t, e)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "sessrestart", Image: baseImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	defer e.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id})
+	sess, err := e.sandboxes.CreateSession(ctx, &berthv1.CreateSessionRequest{SandboxId: id, SessionId: "kept", Shell: berthv1.Shell_SHELL_BASH})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := func(cmd string) *berthv1.RunResponse {
+		t.Helper()
+		r, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{SessionId: "kept", ShellCommand: cmd}})
+		if err != nil {
+			t.Fatalf("Run(%q) in session: %v", cmd, err)
+		}
+		return r
+	}
+	in("cd /tmp && X=before-restart; sleep 600 &")
+	if err := p1.signal(t, syscall.SIGKILL); err == nil {
+		t.Fatal("berthd exited cleanly after SIGKILL?")
+	}
+	startBerthd(t, e)
+	list, err := e.sandboxes.ListSessions(ctx, &berthv1.ListSessionsRequest{SandboxId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ss := list.GetSessions(); len(ss) != 1 || ss[0].GetPid() != sess.GetSession().GetPid() || ss[0].GetCommands() != 1 {
+		t.Fatalf("ListSessions after the restart: %v, want session kept (pid %d) with 1 command", ss, sess.GetSession().GetPid())
+	}
+	if r := in("pwd; echo $X; jobs | wc -l"); string(r.GetStdout()) != "/tmp\nbefore-restart\n1\n" || r.GetResult().GetExitCode() != 0 {
+		t.Errorf("after the restart: stdout %q exit %d, want /tmp, before-restart, 1 job; exit 0", r.GetStdout(), r.GetResult().GetExitCode())
 	}
 }

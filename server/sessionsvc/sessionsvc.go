@@ -82,11 +82,11 @@ func (s *Service) ListSessions(ctx context.Context, req *berthv1.ListSessionsReq
 	if err != nil {
 		return nil, err
 	}
-	resp, err := agent.ListSessions(ctx, &berthv1.ListSessionsRequest{})
+	resp, err := agent.ListSessions(ctx, &agentv1.ListSessionsRequest{})
 	if err != nil {
 		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
-	return resp, nil
+	return &berthv1.ListSessionsResponse{Sessions: resp.GetSessions()}, nil
 }
 
 // DeleteSession ends a session and forgets it.
@@ -98,7 +98,7 @@ func (s *Service) DeleteSession(ctx context.Context, req *berthv1.DeleteSessionR
 	if err != nil {
 		return nil, err
 	}
-	if _, err := agent.DeleteSession(ctx, &berthv1.DeleteSessionRequest{SessionId: req.GetSessionId()}); err != nil {
+	if _, err := agent.DeleteSession(ctx, &agentv1.DeleteSessionRequest{SessionId: req.GetSessionId()}); err != nil {
 		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
 	return &berthv1.DeleteSessionResponse{}, nil

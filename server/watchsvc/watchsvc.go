@@ -53,7 +53,7 @@ func (s *Service) WatchFiles(req *berthv1.WatchFilesRequest, stream berthv1.Sand
 	}
 	fwd := &berthv1.WatchFilesRequest{WatchId: id, Path: req.GetPath(), Recursive: req.GetRecursive(), Include: req.GetInclude(),
 		SinceSeq: req.GetSinceSeq(), BufferEvents: req.GetBufferEvents()}
-	events, err := agent.WatchFiles(ctx, fwd)
+	events, err := agent.WatchFiles(ctx, &agentv1.WatchFilesRequest{Watch: fwd})
 	if err != nil {
 		return apierr.WithMeta(agentreach.AgentError(sandboxID, err), meta)
 	}
@@ -68,8 +68,22 @@ func (s *Service) WatchFiles(req *berthv1.WatchFilesRequest, stream berthv1.Sand
 			}
 			return apierr.WithMeta(agentreach.AgentError(sandboxID, err), meta)
 		}
-		if err := stream.Send(msg); err != nil {
+		if err := stream.Send(public(msg)); err != nil {
 			return err
 		}
 	}
+}
+
+// public is the berth.v1 message of an agent's watch event (the same
+// events, one oneof).
+func public(msg *agentv1.WatchFilesResponse) *berthv1.WatchFilesResponse {
+	switch ev := msg.GetEvent().(type) {
+	case *agentv1.WatchFilesResponse_Started:
+		return &berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_Started{Started: ev.Started}}
+	case *agentv1.WatchFilesResponse_File:
+		return &berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_File{File: ev.File}}
+	case *agentv1.WatchFilesResponse_Overflow:
+		return &berthv1.WatchFilesResponse{Event: &berthv1.WatchFilesResponse_Overflow{Overflow: ev.Overflow}}
+	}
+	return &berthv1.WatchFilesResponse{}
 }

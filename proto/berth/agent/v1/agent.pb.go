@@ -1185,6 +1185,323 @@ func (x *CreateSessionResponse) GetSession() *v1.SessionInfo {
 	return nil
 }
 
+// ListSessionsRequest asks for every session.
+type ListSessionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+}
+
+// ListSessionsResponse lists the sessions, ordered by creation time.
+type ListSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sessions are the sessions.
+	Sessions      []*v1.SessionInfo `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*v1.SessionInfo {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+// DeleteSessionRequest ends a session.
+type DeleteSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session_id names the session.
+	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSessionRequest) Reset() {
+	*x = DeleteSessionRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSessionRequest) ProtoMessage() {}
+
+func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DeleteSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// DeleteSessionResponse is empty.
+type DeleteSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSessionResponse) Reset() {
+	*x = DeleteSessionResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSessionResponse) ProtoMessage() {}
+
+func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+}
+
+// WatchFilesRequest is berth.v1.WatchFilesRequest with watch_id always set.
+type WatchFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watch is the caller's request.
+	Watch         *v1.WatchFilesRequest `protobuf:"bytes,1,opt,name=watch,proto3" json:"watch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchFilesRequest) Reset() {
+	*x = WatchFilesRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchFilesRequest) ProtoMessage() {}
+
+func (x *WatchFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchFilesRequest.ProtoReflect.Descriptor instead.
+func (*WatchFilesRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *WatchFilesRequest) GetWatch() *v1.WatchFilesRequest {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+// WatchFilesResponse is one message of a watch stream, as
+// berth.v1.WatchFilesResponse.
+type WatchFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// event is what happened.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchFilesResponse_Started
+	//	*WatchFilesResponse_File
+	//	*WatchFilesResponse_Overflow
+	Event         isWatchFilesResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchFilesResponse) Reset() {
+	*x = WatchFilesResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchFilesResponse) ProtoMessage() {}
+
+func (x *WatchFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchFilesResponse.ProtoReflect.Descriptor instead.
+func (*WatchFilesResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *WatchFilesResponse) GetEvent() isWatchFilesResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchFilesResponse) GetStarted() *v1.FileWatchStarted {
+	if x != nil {
+		if x, ok := x.Event.(*WatchFilesResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *WatchFilesResponse) GetFile() *v1.FileEvent {
+	if x != nil {
+		if x, ok := x.Event.(*WatchFilesResponse_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *WatchFilesResponse) GetOverflow() *v1.FileWatchOverflow {
+	if x != nil {
+		if x, ok := x.Event.(*WatchFilesResponse_Overflow); ok {
+			return x.Overflow
+		}
+	}
+	return nil
+}
+
+type isWatchFilesResponse_Event interface {
+	isWatchFilesResponse_Event()
+}
+
+type WatchFilesResponse_Started struct {
+	// started names the watch.
+	Started *v1.FileWatchStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type WatchFilesResponse_File struct {
+	// file is a change.
+	File *v1.FileEvent `protobuf:"bytes,2,opt,name=file,proto3,oneof"`
+}
+
+type WatchFilesResponse_Overflow struct {
+	// overflow says events were lost.
+	Overflow *v1.FileWatchOverflow `protobuf:"bytes,3,opt,name=overflow,proto3,oneof"`
+}
+
+func (*WatchFilesResponse_Started) isWatchFilesResponse_Event() {}
+
+func (*WatchFilesResponse_File) isWatchFilesResponse_Event() {}
+
+func (*WatchFilesResponse_Overflow) isWatchFilesResponse_Event() {}
+
 var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
@@ -1253,18 +1570,32 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\asession\x18\x01 \x01(\v2\x1e.berth.v1.CreateSessionRequestR\asession\x12\x14\n" +
 	"\x05owner\x18\x02 \x01(\tR\x05owner\"H\n" +
 	"\x15CreateSessionResponse\x12/\n" +
-	"\asession\x18\x01 \x01(\v2\x15.berth.v1.SessionInfoR\asession2\xb9\x06\n" +
+	"\asession\x18\x01 \x01(\v2\x15.berth.v1.SessionInfoR\asession\"\x15\n" +
+	"\x13ListSessionsRequest\"I\n" +
+	"\x14ListSessionsResponse\x121\n" +
+	"\bsessions\x18\x01 \x03(\v2\x15.berth.v1.SessionInfoR\bsessions\"5\n" +
+	"\x14DeleteSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\x17\n" +
+	"\x15DeleteSessionResponse\"F\n" +
+	"\x11WatchFilesRequest\x121\n" +
+	"\x05watch\x18\x01 \x01(\v2\x1b.berth.v1.WatchFilesRequestR\x05watch\"\xbb\x01\n" +
+	"\x12WatchFilesResponse\x126\n" +
+	"\astarted\x18\x01 \x01(\v2\x1a.berth.v1.FileWatchStartedH\x00R\astarted\x12)\n" +
+	"\x04file\x18\x02 \x01(\v2\x13.berth.v1.FileEventH\x00R\x04file\x129\n" +
+	"\boverflow\x18\x03 \x01(\v2\x1b.berth.v1.FileWatchOverflowH\x00R\boverflowB\a\n" +
+	"\x05event2\xdd\x06\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
 	"\tListExecs\x12 .berth.agent.v1.ListExecsRequest\x1a!.berth.agent.v1.ListExecsResponse\x12S\n" +
 	"\n" +
 	"SignalExec\x12!.berth.agent.v1.SignalExecRequest\x1a\".berth.agent.v1.SignalExecResponse\x12\\\n" +
-	"\rCreateSession\x12$.berth.agent.v1.CreateSessionRequest\x1a%.berth.agent.v1.CreateSessionResponse\x12M\n" +
-	"\fListSessions\x12\x1d.berth.v1.ListSessionsRequest\x1a\x1e.berth.v1.ListSessionsResponse\x12P\n" +
-	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12I\n" +
+	"\rCreateSession\x12$.berth.agent.v1.CreateSessionRequest\x1a%.berth.agent.v1.CreateSessionResponse\x12Y\n" +
+	"\fListSessions\x12#.berth.agent.v1.ListSessionsRequest\x1a$.berth.agent.v1.ListSessionsResponse\x12\\\n" +
+	"\rDeleteSession\x12$.berth.agent.v1.DeleteSessionRequest\x1a%.berth.agent.v1.DeleteSessionResponse\x12U\n" +
 	"\n" +
-	"WatchFiles\x12\x1b.berth.v1.WatchFilesRequest\x1a\x1c.berth.v1.WatchFilesResponse0\x01\x12R\n" +
+	"WatchFiles\x12!.berth.agent.v1.WatchFilesRequest\x1a\".berth.agent.v1.WatchFilesResponse0\x01\x12R\n" +
 	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01\x12Z\n" +
 	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
@@ -1280,95 +1611,104 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
-	(*TelemetryRequest)(nil),         // 0: berth.agent.v1.TelemetryRequest
-	(*TelemetryResponse)(nil),        // 1: berth.agent.v1.TelemetryResponse
-	(*InfoRequest)(nil),              // 2: berth.agent.v1.InfoRequest
-	(*InfoResponse)(nil),             // 3: berth.agent.v1.InfoResponse
-	(*ExecStart)(nil),                // 4: berth.agent.v1.ExecStart
-	(*ExecAttach)(nil),               // 5: berth.agent.v1.ExecAttach
-	(*ExecRequest)(nil),              // 6: berth.agent.v1.ExecRequest
-	(*ExecResponse)(nil),             // 7: berth.agent.v1.ExecResponse
-	(*ListExecsRequest)(nil),         // 8: berth.agent.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),        // 9: berth.agent.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),        // 10: berth.agent.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),       // 11: berth.agent.v1.SignalExecResponse
-	(*PortForwardRequest)(nil),       // 12: berth.agent.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),      // 13: berth.agent.v1.PortForwardResponse
-	(*CreateSessionRequest)(nil),     // 14: berth.agent.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),    // 15: berth.agent.v1.CreateSessionResponse
-	(*timestamppb.Timestamp)(nil),    // 16: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),           // 17: berth.v1.ProcessSpec
-	(v1.DetachedOutput)(0),           // 18: berth.v1.DetachedOutput
-	(*v1.ExecStdin)(nil),             // 19: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),        // 20: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),            // 21: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),            // 22: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),           // 23: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),            // 24: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),         // 25: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),           // 26: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),            // 27: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),              // 28: berth.v1.ExecInfo
-	(v1.ExecState)(0),                // 29: berth.v1.ExecState
-	(*v1.PortForwardConnected)(nil),  // 30: berth.v1.PortForwardConnected
-	(*v1.PortForwardEOF)(nil),        // 31: berth.v1.PortForwardEOF
-	(*v1.CreateSessionRequest)(nil),  // 32: berth.v1.CreateSessionRequest
-	(*v1.SessionInfo)(nil),           // 33: berth.v1.SessionInfo
-	(*v1.ListSessionsRequest)(nil),   // 34: berth.v1.ListSessionsRequest
-	(*v1.DeleteSessionRequest)(nil),  // 35: berth.v1.DeleteSessionRequest
-	(*v1.WatchFilesRequest)(nil),     // 36: berth.v1.WatchFilesRequest
-	(*v1.ListSessionsResponse)(nil),  // 37: berth.v1.ListSessionsResponse
-	(*v1.DeleteSessionResponse)(nil), // 38: berth.v1.DeleteSessionResponse
-	(*v1.WatchFilesResponse)(nil),    // 39: berth.v1.WatchFilesResponse
+	(*TelemetryRequest)(nil),        // 0: berth.agent.v1.TelemetryRequest
+	(*TelemetryResponse)(nil),       // 1: berth.agent.v1.TelemetryResponse
+	(*InfoRequest)(nil),             // 2: berth.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 3: berth.agent.v1.InfoResponse
+	(*ExecStart)(nil),               // 4: berth.agent.v1.ExecStart
+	(*ExecAttach)(nil),              // 5: berth.agent.v1.ExecAttach
+	(*ExecRequest)(nil),             // 6: berth.agent.v1.ExecRequest
+	(*ExecResponse)(nil),            // 7: berth.agent.v1.ExecResponse
+	(*ListExecsRequest)(nil),        // 8: berth.agent.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),       // 9: berth.agent.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),       // 10: berth.agent.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),      // 11: berth.agent.v1.SignalExecResponse
+	(*PortForwardRequest)(nil),      // 12: berth.agent.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),     // 13: berth.agent.v1.PortForwardResponse
+	(*CreateSessionRequest)(nil),    // 14: berth.agent.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),   // 15: berth.agent.v1.CreateSessionResponse
+	(*ListSessionsRequest)(nil),     // 16: berth.agent.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),    // 17: berth.agent.v1.ListSessionsResponse
+	(*DeleteSessionRequest)(nil),    // 18: berth.agent.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),   // 19: berth.agent.v1.DeleteSessionResponse
+	(*WatchFilesRequest)(nil),       // 20: berth.agent.v1.WatchFilesRequest
+	(*WatchFilesResponse)(nil),      // 21: berth.agent.v1.WatchFilesResponse
+	(*timestamppb.Timestamp)(nil),   // 22: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),          // 23: berth.v1.ProcessSpec
+	(v1.DetachedOutput)(0),          // 24: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),            // 25: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),       // 26: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),           // 27: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),           // 28: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),          // 29: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),           // 30: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),        // 31: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),          // 32: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),           // 33: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),             // 34: berth.v1.ExecInfo
+	(v1.ExecState)(0),               // 35: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil), // 36: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),       // 37: berth.v1.PortForwardEOF
+	(*v1.CreateSessionRequest)(nil), // 38: berth.v1.CreateSessionRequest
+	(*v1.SessionInfo)(nil),          // 39: berth.v1.SessionInfo
+	(*v1.WatchFilesRequest)(nil),    // 40: berth.v1.WatchFilesRequest
+	(*v1.FileWatchStarted)(nil),     // 41: berth.v1.FileWatchStarted
+	(*v1.FileEvent)(nil),            // 42: berth.v1.FileEvent
+	(*v1.FileWatchOverflow)(nil),    // 43: berth.v1.FileWatchOverflow
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	16, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	17, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	18, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	22, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	23, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	24, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
 	4,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
 	5,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	19, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	20, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	21, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	22, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	23, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	24, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	25, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	26, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	27, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	28, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	29, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	30, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
-	31, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
-	32, // 18: berth.agent.v1.CreateSessionRequest.session:type_name -> berth.v1.CreateSessionRequest
-	33, // 19: berth.agent.v1.CreateSessionResponse.session:type_name -> berth.v1.SessionInfo
-	2,  // 20: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	6,  // 21: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	8,  // 22: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	10, // 23: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	14, // 24: berth.agent.v1.AgentService.CreateSession:input_type -> berth.agent.v1.CreateSessionRequest
-	34, // 25: berth.agent.v1.AgentService.ListSessions:input_type -> berth.v1.ListSessionsRequest
-	35, // 26: berth.agent.v1.AgentService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
-	36, // 27: berth.agent.v1.AgentService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
-	0,  // 28: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
-	12, // 29: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
-	3,  // 30: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	7,  // 31: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	9,  // 32: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	11, // 33: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	15, // 34: berth.agent.v1.AgentService.CreateSession:output_type -> berth.agent.v1.CreateSessionResponse
-	37, // 35: berth.agent.v1.AgentService.ListSessions:output_type -> berth.v1.ListSessionsResponse
-	38, // 36: berth.agent.v1.AgentService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
-	39, // 37: berth.agent.v1.AgentService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
-	1,  // 38: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
-	13, // 39: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
-	30, // [30:40] is the sub-list for method output_type
-	20, // [20:30] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	25, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	26, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	27, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	28, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	29, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	30, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	31, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	32, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	33, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	34, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	35, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	36, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	37, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	38, // 18: berth.agent.v1.CreateSessionRequest.session:type_name -> berth.v1.CreateSessionRequest
+	39, // 19: berth.agent.v1.CreateSessionResponse.session:type_name -> berth.v1.SessionInfo
+	39, // 20: berth.agent.v1.ListSessionsResponse.sessions:type_name -> berth.v1.SessionInfo
+	40, // 21: berth.agent.v1.WatchFilesRequest.watch:type_name -> berth.v1.WatchFilesRequest
+	41, // 22: berth.agent.v1.WatchFilesResponse.started:type_name -> berth.v1.FileWatchStarted
+	42, // 23: berth.agent.v1.WatchFilesResponse.file:type_name -> berth.v1.FileEvent
+	43, // 24: berth.agent.v1.WatchFilesResponse.overflow:type_name -> berth.v1.FileWatchOverflow
+	2,  // 25: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 26: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 27: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 28: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	14, // 29: berth.agent.v1.AgentService.CreateSession:input_type -> berth.agent.v1.CreateSessionRequest
+	16, // 30: berth.agent.v1.AgentService.ListSessions:input_type -> berth.agent.v1.ListSessionsRequest
+	18, // 31: berth.agent.v1.AgentService.DeleteSession:input_type -> berth.agent.v1.DeleteSessionRequest
+	20, // 32: berth.agent.v1.AgentService.WatchFiles:input_type -> berth.agent.v1.WatchFilesRequest
+	0,  // 33: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	12, // 34: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	3,  // 35: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 36: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 37: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 38: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	15, // 39: berth.agent.v1.AgentService.CreateSession:output_type -> berth.agent.v1.CreateSessionResponse
+	17, // 40: berth.agent.v1.AgentService.ListSessions:output_type -> berth.agent.v1.ListSessionsResponse
+	19, // 41: berth.agent.v1.AgentService.DeleteSession:output_type -> berth.agent.v1.DeleteSessionResponse
+	21, // 42: berth.agent.v1.AgentService.WatchFiles:output_type -> berth.agent.v1.WatchFilesResponse
+	1,  // 43: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	13, // 44: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	35, // [35:45] is the sub-list for method output_type
+	25, // [25:35] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }
@@ -1400,13 +1740,18 @@ func file_berth_agent_v1_agent_proto_init() {
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Eof)(nil),
 	}
+	file_berth_agent_v1_agent_proto_msgTypes[21].OneofWrappers = []any{
+		(*WatchFilesResponse_Started)(nil),
+		(*WatchFilesResponse_File)(nil),
+		(*WatchFilesResponse_Overflow)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

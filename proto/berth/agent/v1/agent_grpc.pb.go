@@ -8,7 +8,6 @@ package agentv1
 
 import (
 	context "context"
-	v1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	grpc "google.golang.org/grpc"
 	codes "google.golang.org/grpc/codes"
 	status "google.golang.org/grpc/status"
@@ -58,12 +57,12 @@ type AgentServiceClient interface {
 	// berth.v1.SandboxService.CreateSession; berthd sets session_id and owner.
 	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error)
 	// ListSessions lists the sessions, ordered by creation time.
-	ListSessions(ctx context.Context, in *v1.ListSessionsRequest, opts ...grpc.CallOption) (*v1.ListSessionsResponse, error)
+	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
 	// DeleteSession ends a session. Errors: NOT_FOUND for an unknown id.
-	DeleteSession(ctx context.Context, in *v1.DeleteSessionRequest, opts ...grpc.CallOption) (*v1.DeleteSessionResponse, error)
+	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
 	// WatchFiles streams file events, with the semantics of
 	// berth.v1.SandboxService.WatchFiles; berthd sets watch_id.
-	WatchFiles(ctx context.Context, in *v1.WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[v1.WatchFilesResponse], error)
+	WatchFiles(ctx context.Context, in *WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFilesResponse], error)
 	// Telemetry streams the agent's finished trace spans, in batches, while
 	// the agent runs with tracing on (berthd passes --trace when it exports
 	// traces); berthd relays them to its OTLP endpoint. Without tracing the
@@ -139,9 +138,9 @@ func (c *agentServiceClient) CreateSession(ctx context.Context, in *CreateSessio
 	return out, nil
 }
 
-func (c *agentServiceClient) ListSessions(ctx context.Context, in *v1.ListSessionsRequest, opts ...grpc.CallOption) (*v1.ListSessionsResponse, error) {
+func (c *agentServiceClient) ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(v1.ListSessionsResponse)
+	out := new(ListSessionsResponse)
 	err := c.cc.Invoke(ctx, AgentService_ListSessions_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -149,9 +148,9 @@ func (c *agentServiceClient) ListSessions(ctx context.Context, in *v1.ListSessio
 	return out, nil
 }
 
-func (c *agentServiceClient) DeleteSession(ctx context.Context, in *v1.DeleteSessionRequest, opts ...grpc.CallOption) (*v1.DeleteSessionResponse, error) {
+func (c *agentServiceClient) DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(v1.DeleteSessionResponse)
+	out := new(DeleteSessionResponse)
 	err := c.cc.Invoke(ctx, AgentService_DeleteSession_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
@@ -159,13 +158,13 @@ func (c *agentServiceClient) DeleteSession(ctx context.Context, in *v1.DeleteSes
 	return out, nil
 }
 
-func (c *agentServiceClient) WatchFiles(ctx context.Context, in *v1.WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[v1.WatchFilesResponse], error) {
+func (c *agentServiceClient) WatchFiles(ctx context.Context, in *WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFilesResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_WatchFiles_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[v1.WatchFilesRequest, v1.WatchFilesResponse]{ClientStream: stream}
+	x := &grpc.GenericClientStream[WatchFilesRequest, WatchFilesResponse]{ClientStream: stream}
 	if err := x.ClientStream.SendMsg(in); err != nil {
 		return nil, err
 	}
@@ -176,7 +175,7 @@ func (c *agentServiceClient) WatchFiles(ctx context.Context, in *v1.WatchFilesRe
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type AgentService_WatchFilesClient = grpc.ServerStreamingClient[v1.WatchFilesResponse]
+type AgentService_WatchFilesClient = grpc.ServerStreamingClient[WatchFilesResponse]
 
 func (c *agentServiceClient) Telemetry(ctx context.Context, in *TelemetryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TelemetryResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -236,12 +235,12 @@ type AgentServiceServer interface {
 	// berth.v1.SandboxService.CreateSession; berthd sets session_id and owner.
 	CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error)
 	// ListSessions lists the sessions, ordered by creation time.
-	ListSessions(context.Context, *v1.ListSessionsRequest) (*v1.ListSessionsResponse, error)
+	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
 	// DeleteSession ends a session. Errors: NOT_FOUND for an unknown id.
-	DeleteSession(context.Context, *v1.DeleteSessionRequest) (*v1.DeleteSessionResponse, error)
+	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
 	// WatchFiles streams file events, with the semantics of
 	// berth.v1.SandboxService.WatchFiles; berthd sets watch_id.
-	WatchFiles(*v1.WatchFilesRequest, grpc.ServerStreamingServer[v1.WatchFilesResponse]) error
+	WatchFiles(*WatchFilesRequest, grpc.ServerStreamingServer[WatchFilesResponse]) error
 	// Telemetry streams the agent's finished trace spans, in batches, while
 	// the agent runs with tracing on (berthd passes --trace when it exports
 	// traces); berthd relays them to its OTLP endpoint. Without tracing the
@@ -279,13 +278,13 @@ func (UnimplementedAgentServiceServer) SignalExec(context.Context, *SignalExecRe
 func (UnimplementedAgentServiceServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateSession not implemented")
 }
-func (UnimplementedAgentServiceServer) ListSessions(context.Context, *v1.ListSessionsRequest) (*v1.ListSessionsResponse, error) {
+func (UnimplementedAgentServiceServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSessions not implemented")
 }
-func (UnimplementedAgentServiceServer) DeleteSession(context.Context, *v1.DeleteSessionRequest) (*v1.DeleteSessionResponse, error) {
+func (UnimplementedAgentServiceServer) DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSession not implemented")
 }
-func (UnimplementedAgentServiceServer) WatchFiles(*v1.WatchFilesRequest, grpc.ServerStreamingServer[v1.WatchFilesResponse]) error {
+func (UnimplementedAgentServiceServer) WatchFiles(*WatchFilesRequest, grpc.ServerStreamingServer[WatchFilesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchFiles not implemented")
 }
 func (UnimplementedAgentServiceServer) Telemetry(*TelemetryRequest, grpc.ServerStreamingServer[TelemetryResponse]) error {
@@ -395,7 +394,7 @@ func _AgentService_CreateSession_Handler(srv interface{}, ctx context.Context, d
 }
 
 func _AgentService_ListSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(v1.ListSessionsRequest)
+	in := new(ListSessionsRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -407,13 +406,13 @@ func _AgentService_ListSessions_Handler(srv interface{}, ctx context.Context, de
 		FullMethod: AgentService_ListSessions_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(AgentServiceServer).ListSessions(ctx, req.(*v1.ListSessionsRequest))
+		return srv.(AgentServiceServer).ListSessions(ctx, req.(*ListSessionsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _AgentService_DeleteSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(v1.DeleteSessionRequest)
+	in := new(DeleteSessionRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
@@ -425,21 +424,21 @@ func _AgentService_DeleteSession_Handler(srv interface{}, ctx context.Context, d
 		FullMethod: AgentService_DeleteSession_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(AgentServiceServer).DeleteSession(ctx, req.(*v1.DeleteSessionRequest))
+		return srv.(AgentServiceServer).DeleteSession(ctx, req.(*DeleteSessionRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
 func _AgentService_WatchFiles_Handler(srv interface{}, stream grpc.ServerStream) error {
-	m := new(v1.WatchFilesRequest)
+	m := new(WatchFilesRequest)
 	if err := stream.RecvMsg(m); err != nil {
 		return err
 	}
-	return srv.(AgentServiceServer).WatchFiles(m, &grpc.GenericServerStream[v1.WatchFilesRequest, v1.WatchFilesResponse]{ServerStream: stream})
+	return srv.(AgentServiceServer).WatchFiles(m, &grpc.GenericServerStream[WatchFilesRequest, WatchFilesResponse]{ServerStream: stream})
 }
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type AgentService_WatchFilesServer = grpc.ServerStreamingServer[v1.WatchFilesResponse]
+type AgentService_WatchFilesServer = grpc.ServerStreamingServer[WatchFilesResponse]
 
 func _AgentService_Telemetry_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(TelemetryRequest)
