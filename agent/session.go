@@ -246,7 +246,9 @@ func (s *Server) startShell(ss *session, p *plan) error {
 		}
 		return internal("start the shell", err)
 	}
+	s.mu.Lock() // others see the session once pid is set, under s.mu
 	ss.pid, ss.cmds = pid, cmdW
+	s.mu.Unlock()
 	s.execWG.Add(2)
 	go s.readStatuses(ss, statusR)
 	go s.awaitShell(ss, exited)
@@ -303,10 +305,8 @@ func (s *Server) awaitShell(ss *session, exited <-chan exitStatus) {
 // deleteSession ends a session's shell and its process group: SIGHUP, then
 // SIGKILL after KillGrace, and forgets it.
 func (s *Server) deleteSession(id string) error {
-	s.mu.Lock()
-	ss := s.sessions[id]
-	s.mu.Unlock()
-	if ss == nil || ss.pid == 0 {
+	ss := s.session(id)
+	if ss == nil {
 		return sessionNotFound(id)
 	}
 	ss.mu.Lock()
@@ -331,6 +331,16 @@ func (s *Server) deleteSession(id string) error {
 	s.mu.Unlock()
 	os.RemoveAll(ss.dir)
 	s.log.Info("session deleted", "session_id", id)
+	return nil
+}
+
+// session returns the session id once its shell started, else nil.
+func (s *Server) session(id string) *session {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss := s.sessions[id]; ss != nil && ss.pid != 0 {
+		return ss
+	}
 	return nil
 }
 
@@ -387,10 +397,8 @@ func checkSessionSpec(spec *berthv1.ProcessSpec) error {
 // NOT_FOUND SESSION_NOT_FOUND, FAILED_PRECONDITION SESSION_ENDED or
 // SESSION_BUSY otherwise. It marks the session busy with e.
 func (s *Server) sessionFor(id string, e *execution) (*session, error) {
-	s.mu.Lock()
-	ss := s.sessions[id]
-	s.mu.Unlock()
-	if ss == nil || ss.pid == 0 {
+	ss := s.session(id)
+	if ss == nil {
 		return nil, sessionNotFound(id)
 	}
 	ss.mu.Lock()

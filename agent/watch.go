@@ -128,6 +128,11 @@ func (s *Server) watchFor(req *berthv1.WatchFilesRequest) (*fileWatch, error) {
 		return w, nil
 	}
 	root := req.GetPath()
+	if root == "" {
+		return nil, rpcstatus.Error(codes.NotFound, rpcstatus.ReasonWatchNotFound,
+			fmt.Sprintf("watch %q not found: it ended %v after its last stream, or never existed (a new watch needs a path)", id, watchRetention),
+			map[string]string{"watch_id": id})
+	}
 	if !filepath.IsAbs(root) {
 		return nil, rpcstatus.InvalidArgument("path", fmt.Sprintf("%q is not absolute", root))
 	}

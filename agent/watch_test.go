@@ -5,8 +5,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -106,5 +110,14 @@ func TestWatchFiles(t *testing.T) {
 	}
 	if f := recv().GetFile(); f.GetSeq() != 201 {
 		t.Errorf("after the overflow: %v, want seq 201", f)
+	}
+
+	// Resuming a watch the agent does not have, with no path to start it.
+	gone, err := a.client.WatchFiles(ctx, &agentv1.WatchFilesRequest{Watch: &berthv1.WatchFilesRequest{WatchId: "gone", SinceSeq: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gone.Recv(); status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "WATCH_NOT_FOUND") && !strings.Contains(err.Error(), "not found") {
+		t.Errorf("resume of an unknown watch: %v, want NOT_FOUND", err)
 	}
 }

@@ -23,6 +23,7 @@ func TestReasonsMatchServer(t *testing.T) {
 		{ReasonSessionExists, rpcstatus.ReasonSessionExists},
 		{ReasonSessionBusy, rpcstatus.ReasonSessionBusy},
 		{ReasonSessionEnded, rpcstatus.ReasonSessionEnded},
+		{ReasonWatchNotFound, rpcstatus.ReasonWatchNotFound},
 		{ReasonSandboxNotRunning, rpcstatus.ReasonSandboxNotRunning},
 		{ReasonSandboxPaused, rpcstatus.ReasonSandboxPaused},
 		{ReasonSnapshotNotFound, rpcstatus.ReasonSnapshotNotFound},

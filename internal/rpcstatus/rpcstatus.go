@@ -43,6 +43,7 @@ const (
 	ReasonSessionExists     = "SESSION_EXISTS"    // ALREADY_EXISTS: the session id is taken
 	ReasonSessionBusy       = "SESSION_BUSY"      // FAILED_PRECONDITION: a command runs in the session
 	ReasonSessionEnded      = "SESSION_ENDED"     // FAILED_PRECONDITION: the session's shell exited
+	ReasonWatchNotFound     = "WATCH_NOT_FOUND"   // NOT_FOUND: no such file watch (docs/watch.md)
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).
