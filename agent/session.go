@@ -97,10 +97,9 @@ type session struct {
 	dir                   string // holds the FIFOs out and err, made anew for every command
 	uid, gid              uint32
 
-	cmds   *os.File        // the shell's stdin: commands, NUL-terminated
+	cmds   *os.File        // the shell's stdin: one sessionLine per command
 	status chan int32      // the statuses the shell wrote, one per command
 	ended  chan struct{}   // closed once the shell exited and was reaped
-	orphan sync.WaitGroup  // discards of output background jobs still write
 	wg     *sync.WaitGroup // the Server's execWG, for the discards
 
 	mu       sync.Mutex

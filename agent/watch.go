@@ -44,8 +44,13 @@ type fileWatch struct {
 	file      *os.File // the inotify instance, read through the poller
 	fd        int      // its descriptor, for inotify_add_watch (File.Fd would make it blocking)
 
-	mu      sync.Mutex
-	dirs    map[int32]string // watch descriptor -> directory
+	mu   sync.Mutex
+	dirs map[int32]string // watch descriptor -> directory
+	// seeded are the names of each directory that add reported as
+	// created when it began watching it: inotify may report some of them
+	// again (made between inotify_add_watch and the scan), and their
+	// CREATE is then dropped, so that each creation is reported once.
+	seeded  map[int32]map[string]bool
 	events  []*agentv1.WatchFilesResponse
 	first   uint64 // seq of events[0]; the next seq is first+len(events)
 	wake    chan struct{}
@@ -169,7 +174,7 @@ func (s *Server) watchFor(req *berthv1.WatchFilesRequest) (*fileWatch, error) {
 		return nil, rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonInternal, fmt.Sprintf("watch %s: inotify_init1: %v (fs.inotify.max_user_instances)", root, err), nil)
 	}
 	w = &fileWatch{id: id, root: root, recursive: req.GetRecursive(), include: req.GetInclude(), limit: limit,
-		file: os.NewFile(uintptr(fd), "inotify"), fd: fd, dirs: make(map[int32]string), first: 1, wake: make(chan struct{})}
+		file: os.NewFile(uintptr(fd), "inotify"), fd: fd, dirs: make(map[int32]string), seeded: make(map[int32]map[string]bool), first: 1, wake: make(chan struct{})}
 	s.mu.Lock()
 	switch {
 	case s.closing:
@@ -236,6 +241,10 @@ func (w *fileWatch) add(dir string, report bool) {
 	for _, ent := range entries {
 		p := filepath.Join(dir, ent.Name())
 		if report {
+			if w.seeded[int32(wd)] == nil {
+				w.seeded[int32(wd)] = make(map[string]bool)
+			}
+			w.seeded[int32(wd)][ent.Name()] = true
 			w.file1(berthv1.FileEventKind_FILE_EVENT_KIND_CREATE, p, "", ent.IsDir())
 		}
 		if ent.IsDir() && w.recursive {
@@ -348,10 +357,19 @@ func (w *fileWatch) parse(b []byte) {
 		dir, ok := w.dirs[ev.Wd]
 		if ev.Mask&unix.IN_IGNORED != 0 {
 			delete(w.dirs, ev.Wd)
+			delete(w.seeded, ev.Wd)
 			continue
 		}
 		if !ok || name == "" {
 			continue
+		}
+		if seeded := w.seeded[ev.Wd]; seeded[name] {
+			// Reported by the scan already: this is its creation again,
+			// or the name goes away and a later CREATE is a new one.
+			delete(seeded, name)
+			if ev.Mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0 {
+				continue
+			}
 		}
 		p := filepath.Join(dir, name)
 		isDir := ev.Mask&unix.IN_ISDIR != 0
