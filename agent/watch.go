@@ -296,9 +296,14 @@ func (w *fileWatch) append(ev *agentv1.WatchFilesResponse) {
 // is closed (retention, or the agent's stop).
 func (s *Server) readWatch(w *fileWatch) {
 	defer s.execWG.Done()
+	done := make(chan struct{})
+	defer close(done)
 	go func() {
-		<-s.stopping
-		w.file.Close()
+		select {
+		case <-s.stopping:
+			w.file.Close()
+		case <-done: // closed at the end of retention
+		}
 	}()
 	buf := make([]byte, 64<<10)
 	for {
