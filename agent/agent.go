@@ -130,9 +130,9 @@ type Config struct {
 	// Info and ListExecs constant cost. Default 1000.
 	MaxRetained int
 	// SessionDir holds a directory per shell session, with the FIFOs of
-	// its commands' output; it should be where file calls cannot reach.
-	// Default /.berth-run/sessions, or berth-sessions-<pid> in os.TempDir when there
-	// is no /.berth-run (an agent run by hand).
+	// its commands' output. Default /dev/shm/.berth-sessions (memory, never
+	// in a snapshot; /.berth-run, the agent's own, is root's alone and has
+	// 64 inodes), or berth-sessions-<pid> in os.TempDir without /dev/shm.
 	SessionDir string
 	// HeartbeatInterval is how long an Exec stream may stay silent before
 	// the agent sends ExecHeartbeat. Default 15s.
@@ -194,8 +194,8 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
 	if c.SessionDir == "" {
 		c.SessionDir = filepath.Join(os.TempDir(), fmt.Sprintf("berth-sessions-%d", os.Getpid()))
-		if fi, err := os.Stat("/.berth-run"); err == nil && fi.IsDir() {
-			c.SessionDir = "/.berth-run/sessions"
+		if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && os.Getpid() == 1 {
+			c.SessionDir = "/dev/shm/.berth-sessions"
 		}
 	}
 	if c.Env == nil {

@@ -194,7 +194,23 @@ func (s *Server) startShell(ss *session, p *plan) error {
 		}
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for session %s: %v", what, ss.id, err), meta)
 	}
-	if err := os.MkdirAll(ss.dir, 0o700); err != nil {
+	// The parent is traversable but not listable by every user (a session
+	// of another user than the agent's reaches its own directory through
+	// it); each session's directory is its user's alone.
+	if err := os.MkdirAll(s.cfg.SessionDir, 0o711); err != nil {
+		return internal("make the sessions directory", err)
+	}
+	// In a world-writable place (/dev/shm) another user could have made
+	// it first: it must be the agent's own directory.
+	if fi, err := os.Lstat(s.cfg.SessionDir); err != nil {
+		return internal("make the sessions directory", err)
+	} else if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || !ok || st.Uid != uint32(os.Getuid()) {
+		return internal("make the sessions directory", fmt.Errorf("%s is not a directory of the agent's user", s.cfg.SessionDir))
+	}
+	if err := os.Chmod(s.cfg.SessionDir, 0o711); err != nil { // past the umask
+		return internal("make the sessions directory", err)
+	}
+	if err := os.Mkdir(ss.dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 		return internal("make the session directory", err)
 	}
 	if err := chownIfOther(ss.dir, ss.uid, ss.gid); err != nil {

@@ -127,6 +127,27 @@ func TestSessionShells(t *testing.T) {
 	}
 }
 
+// TestSessionAsUser runs a session as another user than the agent's: its
+// FIFOs are its own, reached through the sessions directory.
+func TestSessionAsUser(t *testing.T) {
+	need(t)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{User: "1000:1000"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := env.sandboxes.CreateSession(ctx, &berthv1.CreateSessionRequest{SandboxId: sb.GetId(), SessionId: "u"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"cd /tmp", "id -u; pwd"} {
+		r, err := env.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: sb.GetId(), Process: &berthv1.ProcessSpec{SessionId: "u", ShellCommand: cmd}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetResult().GetExitCode() != 0 || (cmd != "cd /tmp" && string(r.GetStdout()) != "1000\n/tmp\n") {
+			t.Errorf("%q as uid 1000: stdout %q stderr %q exit %d, want exit 0 (and 1000, /tmp)", cmd, r.GetStdout(), r.GetStderr(), r.GetResult().GetExitCode())
+		}
+	}
+}
+
 // TestWatchFilesReconnect watches a sandbox's directory through berthd and
 // the Go client: 1,000 files created in the sandbox arrive as CREATE events
 // exactly once each across a reconnect that resumes from the last seq, and
