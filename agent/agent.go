@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -126,6 +127,11 @@ type Config struct {
 	// that a sandbox running many short execs keeps constant memory and
 	// Info and ListExecs constant cost. Default 1000.
 	MaxRetained int
+	// SessionDir holds a directory per shell session, with the FIFOs of
+	// its commands' output. Default /dev/shm/.berth-sessions (memory, never
+	// in a snapshot; /.berth-run, the agent's own, is root's alone and has
+	// 64 inodes), or berth-sessions-<pid> in os.TempDir without /dev/shm.
+	SessionDir string
 	// HeartbeatInterval is how long an Exec stream may stay silent before
 	// the agent sends ExecHeartbeat. Default 15s.
 	HeartbeatInterval time.Duration
@@ -191,6 +197,12 @@ func (c Config) withDefaults() (Config, error) {
 	setDefault(&c.Retention, d.Retention)
 	setDefault(&c.MaxRetained, d.MaxRetained)
 	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
+	if c.SessionDir == "" {
+		c.SessionDir = filepath.Join(os.TempDir(), fmt.Sprintf("berth-sessions-%d", os.Getpid()))
+		if fi, err := os.Stat("/dev/shm"); err == nil && fi.IsDir() && os.Getpid() == 1 {
+			c.SessionDir = "/dev/shm/.berth-sessions"
+		}
+	}
 	if c.Env == nil {
 		c.Env = os.Environ()
 	}
@@ -243,8 +255,13 @@ type Server struct {
 	// (Config.RetainedBytes).
 	output *ring.Pool
 
-	mu      sync.Mutex
-	execs   map[string]*execution
+	mu    sync.Mutex
+	execs map[string]*execution
+	// sessions are the shell sessions (session.go); a session whose shell
+	// is starting has pid 0.
+	sessions map[string]*session
+	// watches are the file watches (watch.go).
+	watches map[string]*fileWatch
 	retired []*execution // finished execs, oldest first (retention.go)
 	serving bool         // Serve was called
 	closing bool         // Serve is stopping: starts are refused
@@ -285,6 +302,8 @@ func New(cfg Config) (*Server, error) {
 		sup:      newSupervisor(),
 		oomScore: lowerOOMScore(cfg.Logger),
 		execs:    make(map[string]*execution),
+		sessions: make(map[string]*session),
+		watches:  make(map[string]*fileWatch),
 		stopping: make(chan struct{}),
 	}
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {

@@ -98,6 +98,12 @@ func (s *Server) startExec(start *agentv1.ExecStart) (*execution, *reader, error
 	if e := s.lookup(id); e != nil {
 		return s.follower(e, background)
 	}
+	sessionID := start.GetProcess().GetSessionId()
+	if sessionID != "" {
+		if err := checkSessionSpec(start.GetProcess()); err != nil {
+			return nil, nil, err
+		}
+	}
 	p, err := s.planStart(start.GetProcess(), start.GetDetachedOutput(), background)
 	if err != nil {
 		return nil, nil, err
@@ -122,7 +128,12 @@ func (s *Server) startExec(start *agentv1.ExecStart) (*execution, *reader, error
 		// Before closing can be set: stop waits for launches in flight.
 		s.launching.Add(1)
 		s.mu.Unlock()
-		r, err := s.launch(e, p, !background)
+		var r *reader
+		if sessionID != "" {
+			r, err = s.launchInSession(e, p, !background, sessionID, start.GetProcess().GetShellCommand())
+		} else {
+			r, err = s.launch(e, p, !background)
+		}
 		s.launching.Done()
 		if err != nil {
 			s.mu.Lock()

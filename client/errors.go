@@ -29,6 +29,11 @@ const (
 	ReasonExecExists          = "EXEC_EXISTS"           // the exec id is taken
 	ReasonCwdInvalid          = "CWD_INVALID"           // the working directory is missing or not a directory
 	ReasonStdinOffsetGap      = "STDIN_OFFSET_GAP"      // WriteExecStdin past the stdin taken; metadata expected_offset
+	ReasonSessionNotFound     = "SESSION_NOT_FOUND"     // NOT_FOUND: no such shell session in the sandbox
+	ReasonSessionExists       = "SESSION_EXISTS"        // ALREADY_EXISTS: the session id is taken
+	ReasonSessionBusy         = "SESSION_BUSY"          // FAILED_PRECONDITION: a command runs in the session; Metadata["exec_id"] names it
+	ReasonSessionEnded        = "SESSION_ENDED"         // FAILED_PRECONDITION: the session's shell exited; delete it
+	ReasonWatchNotFound       = "WATCH_NOT_FOUND"       // NOT_FOUND: no such file watch: it ended 10 minutes after its last stream
 	ReasonSandboxNotRunning   = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
 	ReasonSandboxPaused       = "SANDBOX_PAUSED"        // FAILED_PRECONDITION: the sandbox is paused and the call asked not to resume it (NoResume)
 	ReasonSandboxHibernated   = "SANDBOX_HIBERNATED"    // FAILED_PRECONDITION: the sandbox is hibernated and the call asked not to wake it (NoResume)

@@ -178,6 +178,22 @@ var everyRPC = []rpcCase{
 		_, err := berthv1.NewSandboxServiceClient(conn).Run(ctx, &berthv1.RunRequest{SandboxId: id, ExecId: "intruder-run", Process: sh("touch /workspace/pwned")})
 		return err
 	}},
+	{"CreateSession", func(ctx context.Context, conn *grpc.ClientConn, id string) error {
+		_, err := berthv1.NewSandboxServiceClient(conn).CreateSession(ctx, &berthv1.CreateSessionRequest{SandboxId: id, SessionId: "bobs"})
+		return err
+	}},
+	{"ListSessions", func(ctx context.Context, conn *grpc.ClientConn, id string) error {
+		_, err := berthv1.NewSandboxServiceClient(conn).ListSessions(ctx, &berthv1.ListSessionsRequest{SandboxId: id})
+		return err
+	}},
+	{"DeleteSession", func(ctx context.Context, conn *grpc.ClientConn, id string) error {
+		_, err := berthv1.NewSandboxServiceClient(conn).DeleteSession(ctx, &berthv1.DeleteSessionRequest{SandboxId: id, SessionId: "owner-session"})
+		return err
+	}},
+	{"RunInSession", func(ctx context.Context, conn *grpc.ClientConn, id string) error {
+		_, err := berthv1.NewSandboxServiceClient(conn).Run(ctx, &berthv1.RunRequest{SandboxId: id, ExecId: "intruder-session", Process: &berthv1.ProcessSpec{SessionId: "owner-session", ShellCommand: "touch /workspace/pwned-session"}})
+		return err
+	}},
 	{"ListExecs", func(ctx context.Context, conn *grpc.ClientConn, id string) error {
 		_, err := berthv1.NewSandboxServiceClient(conn).ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id})
 		return err
@@ -325,6 +341,9 @@ func TestOwnership(t *testing.T) {
 	job := openExec(t, aliceSvc, &berthv1.ExecRequest{Event: &berthv1.ExecRequest_Start{Start: &berthv1.ExecStart{
 		SandboxId: id, ExecId: "owner-job", Background: true, Process: sh("nc -l -p 8080 -e touch /workspace/pwned-port & sleep 600")}}}, 0)
 	job.wait0()
+	if _, err := aliceSvc.CreateSession(ctx, &berthv1.CreateSessionRequest{SandboxId: id, SessionId: "owner-session"}); err != nil {
+		t.Fatalf("alice CreateSession: %v", err)
+	}
 
 	// Bob, on alice's sandbox.
 	foreign := make(map[string]error, len(everyRPC))
@@ -352,6 +371,11 @@ func TestOwnership(t *testing.T) {
 		if e.GetExecId() == "owner-job" && e.GetState() != berthv1.ExecState_EXEC_STATE_RUNNING {
 			t.Errorf("alice's exec after bob's SignalExec: %v, want running", e.GetState())
 		}
+	}
+	sessions, err := aliceSvc.ListSessions(ctx, &berthv1.ListSessionsRequest{SandboxId: id})
+	check("alice ListSessions", err)
+	if ss := sessions.GetSessions(); len(ss) != 1 || ss[0].GetSessionId() != "owner-session" || ss[0].GetOwner() != "alice" || ss[0].GetCommands() != 0 {
+		t.Errorf("alice's sessions after bob's requests: %v, want owner-session of alice, untouched", ss)
 	}
 	sb, err := aliceSvc.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
 	check("alice GetSandbox", err)

@@ -160,6 +160,8 @@ var comparisons = []comparison{
 	{what: "exec round trip of `true`", berth: "roundtrip/berth-Exec", anchors: []string{"roundtrip/containerd-Exec", "roundtrip/host-fork-exec"}, latency: true,
 		target: "p50 <= 1/30", met: func(r float64) bool { return r <= 1.0/30 }},
 	{what: "exec round trip of `true`, StartExec over Connect (HTTP/1.1)", berth: "roundtrip/berth-StartExec-connect", anchors: []string{"roundtrip/berth-Exec", "roundtrip/containerd-Exec"}, latency: true},
+	{what: "command in a shell session: built-in `true`", berth: "session/berth-Session-builtin", anchors: []string{"session/berth-Exec"}, latency: true},
+	{what: "command in a shell session: program `/bin/true`", berth: "session/berth-Session-program", anchors: []string{"session/berth-Exec"}, latency: true},
 	{what: "exec round trip of `true`, runtime gvisor", berth: "roundtrip/berth-Exec-gvisor", anchors: []string{"roundtrip/gvisor-fork-exec", "roundtrip/berth-Exec", "roundtrip/containerd-Exec"}, latency: true,
 		target: "p50 <= 3x", met: func(r float64) bool { return r <= 3 }},
 	{what: "concurrent Run(true) loops (execs/s)", berth: "concurrent/berth-Run", anchors: []string{"concurrent/host-fork-exec"}, ops: true,
@@ -228,6 +230,7 @@ var anchorText = map[string]string{
 	"portforward/direct-netns":                 "direct connection in the sandbox's netns",
 	"hibernate-gvisor/berth-Hibernate-ended":   "a gVisor sandbox like it holding a host socket: checkpoint fails, processes ended",
 	"hibernate-gvisor/berth-Exec-waking-ended": "its wake: a new task and agent",
+	"session/berth-Exec":                       "berth Exec of `true` (a new process), same sandbox",
 }
 
 // printSideBySide prints the table of what BenchmarkSideBySide recorded, if

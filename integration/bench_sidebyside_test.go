@@ -72,6 +72,9 @@ const fileBytes = 128 << 20
 //     beside cp of it (benchBigRead), and Upload of 5,000 4 KiB files
 //     beside `tar -xf && sync -f` (benchSmallFiles). Host files live on
 //     the file system of the sandbox's files (hostBenchDir).
+//   - session: a command through Exec in a shell session until its exit
+//     status, the built-in `true` and the program /bin/true, beside Exec
+//     of `true` as a new process in the same sandbox.
 //   - roundtrip: `true` through berth's Exec until its exit status (and
 //     through StartExec over Connect on HTTP/1.1), through
 //     containerd's task.Exec (create, start, wait, delete), and fork, exec
@@ -187,6 +190,34 @@ func BenchmarkSideBySide(b *testing.B) {
 
 	b.Run("files", func(b *testing.B) {
 		benchFiles(b, c, id)
+	})
+
+	b.Run("session", func(b *testing.B) {
+		// A command in a shell session (docs/sessions.md) beside the
+		// one-shot exec of roundtrip: no process to start but the
+		// command's own, two FIFOs made, a line written, a status read.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		sess, err := c.CreateSession(ctx, &berthv1.CreateSessionRequest{SandboxId: id})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.DeleteSession(context.Background(), id, sess.GetSessionId())
+		measure(b, "session/berth-Session-builtin", 0, func(b *testing.B) sample {
+			start := time.Now()
+			berthExec(b, c, id, &berthv1.ProcessSpec{SessionId: sess.GetSessionId(), ShellCommand: "true"}, io.Discard)
+			return sample{d: time.Since(start)}
+		})
+		measure(b, "session/berth-Session-program", 0, func(b *testing.B) sample {
+			start := time.Now()
+			berthExec(b, c, id, &berthv1.ProcessSpec{SessionId: sess.GetSessionId(), ShellCommand: "/bin/true"}, io.Discard)
+			return sample{d: time.Since(start)}
+		})
+		measure(b, "session/berth-Exec", 0, func(b *testing.B) sample {
+			start := time.Now()
+			berthExec(b, c, id, &berthv1.ProcessSpec{Argv: []string{"true"}}, io.Discard)
+			return sample{d: time.Since(start)}
+		})
 	})
 
 	b.Run("roundtrip", func(b *testing.B) {

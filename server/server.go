@@ -34,6 +34,8 @@ import (
 	"github.com/berth-sandbox/berth/server/runtime"
 	"github.com/berth-sandbox/berth/server/runtimes"
 	"github.com/berth-sandbox/berth/server/sandboxsvc"
+	"github.com/berth-sandbox/berth/server/sessionsvc"
+	"github.com/berth-sandbox/berth/server/watchsvc"
 )
 
 // to the package that owns it (services.go).
@@ -55,6 +57,8 @@ type Service struct {
 	// sandboxes and execs serve the RPCs of SandboxService.
 	sandboxes *sandboxsvc.Service
 	execs     *execsvc.Service
+	sessions  *sessionsvc.Service
+	watches   *watchsvc.Service
 	// files and images serve FileService and ImageService.
 	files  *filesvc.Service
 	images *imagesvc.Service
@@ -122,6 +126,8 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 		RunStdoutBytes: cfg.RunStdoutBytes, RunStderrBytes: cfg.RunStderrBytes, RunMaxOutputBytes: cfg.RunMaxOutputBytes},
 		execsvc.Deps{Store: rt, Reach: s.reach, Events: s.events, Registry: s.ids, Capacity: s.capacity, RunBuffers: s.runBuffers,
 			Background: s.life, Observer: cfg.Observer, Ports: rt}, log)
+	s.sessions = sessionsvc.New(s.reach)
+	s.watches = watchsvc.New(s.reach)
 	s.files = filesvc.New(s.reach, s.reach, cfg.Observer, filesvc.WithDirectReads(rt, log))
 	s.images = imagesvc.New(imagesvc.Config{PullRegistries: cfg.PullRegistries, PullResolveTimeout: cfg.PullResolveTimeout}, rt, s.life, log)
 	return s

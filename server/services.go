@@ -7,7 +7,8 @@ import (
 )
 
 // The RPCs of berth.v1.SandboxService, each served by the package that
-// owns it: sandboxsvc (sandboxes) and execsvc (execs, port forwarding).
+// owns it: sandboxsvc (sandboxes), execsvc (execs, port forwarding) and
+// sessionsvc (shell sessions), watchsvc (file watches).
 
 func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.CreateSandboxResponse, error) {
 	return s.sandboxes.CreateSandbox(ctx, req)
@@ -93,4 +94,20 @@ func (s *Service) ResizeExec(ctx context.Context, req *berthv1.ResizeExecRequest
 
 func (s *Service) PortForward(stream berthv1.SandboxService_PortForwardServer) error {
 	return s.execs.PortForward(stream)
+}
+
+func (s *Service) CreateSession(ctx context.Context, req *berthv1.CreateSessionRequest) (*berthv1.CreateSessionResponse, error) {
+	return s.sessions.CreateSession(ctx, req)
+}
+
+func (s *Service) ListSessions(ctx context.Context, req *berthv1.ListSessionsRequest) (*berthv1.ListSessionsResponse, error) {
+	return s.sessions.ListSessions(ctx, req)
+}
+
+func (s *Service) DeleteSession(ctx context.Context, req *berthv1.DeleteSessionRequest) (*berthv1.DeleteSessionResponse, error) {
+	return s.sessions.DeleteSession(ctx, req)
+}
+
+func (s *Service) WatchFiles(req *berthv1.WatchFilesRequest, stream berthv1.SandboxService_WatchFilesServer) error {
+	return s.watches.WatchFiles(req, stream)
 }

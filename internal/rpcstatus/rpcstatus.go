@@ -41,7 +41,13 @@ const (
 	// ReasonStdinOffsetGap: FAILED_PRECONDITION, a WriteExecStdin offset
 	// beyond the stdin bytes the exec has taken (metadata
 	// "expected_offset").
-	ReasonStdinOffsetGap    = "STDIN_OFFSET_GAP"
+	ReasonStdinOffsetGap = "STDIN_OFFSET_GAP"
+	// Shell sessions (docs/sessions.md).
+	ReasonSessionNotFound   = "SESSION_NOT_FOUND" // NOT_FOUND: no such session in the sandbox
+	ReasonSessionExists     = "SESSION_EXISTS"    // ALREADY_EXISTS: the session id is taken
+	ReasonSessionBusy       = "SESSION_BUSY"      // FAILED_PRECONDITION: a command runs in the session
+	ReasonSessionEnded      = "SESSION_ENDED"     // FAILED_PRECONDITION: the session's shell exited
+	ReasonWatchNotFound     = "WATCH_NOT_FOUND"   // NOT_FOUND: no such file watch (docs/watch.md)
 	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).

@@ -6,6 +6,7 @@ import os
 from typing import Dict, Optional, Tuple, Union
 
 from berth._commands import Commands
+from berth._sessions import Sessions
 from berth._connection import Connection
 from berth._errors import SandboxNotFound, duration
 from berth._files import Files
@@ -41,6 +42,7 @@ class Sandbox:
         self.info = info
         self.id: str = info.id
         self.commands = Commands(conn, self.id)
+        self.sessions = Sessions(conn, self.id, self.commands)
         self.files = Files(conn, self.id)
         self.ports = Ports(conn, self.id)
 

@@ -185,6 +185,22 @@ class SDKTest(unittest.TestCase):
         sb.files.remove("/workspace/f", recursive=True)
         self.assertFalse(sb.files.exists("/workspace/f"))
 
+    def test_session(self):
+        s = self.sb.sessions.create(shell="bash", name="py")
+        try:
+            self.assertEqual(s.run("cd /tmp; export A=1; f() { echo $A; }").exit_code, 0)
+            r = s.run("pwd; f")
+            self.assertEqual((r.stdout, r.exit_code), (b"/tmp\n1\n", 0))
+            self.assertEqual(s.run("false").exit_code, 1)
+            slow = s.run("sleep 100", timeout=1)
+            self.assertTrue(slow.timed_out)
+            self.assertEqual(slow.exit_code, 130)
+            self.assertEqual(s.run("echo $A").stdout, b"1\n")
+            self.assertIn(s.id, [i.session_id for i in self.sb.sessions.list()])
+        finally:
+            s.delete()
+        self.assertNotIn(s.id, [i.session_id for i in self.sb.sessions.list()])
+
     def test_background_commands(self):
         sb = self.sb
         h = sb.commands.run("echo one; read x; echo got $x; echo err >&2", background=True, stdin=True)

@@ -305,7 +305,20 @@ type ProcessSpec struct {
 	// sandbox's workload user. The process still holds no capability, uid 0
 	// included. INVALID_ARGUMENT naming process.user when it is malformed or
 	// names no user.
-	User          string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
+	User string `protobuf:"bytes,11,opt,name=user,proto3" json:"user,omitempty"`
+	// session_id runs shell_command in the named shell session of the
+	// sandbox (CreateSession) instead of a new process: in its shell, with
+	// its cwd, environment, variables and functions, which the command may
+	// change for the next ones. The command gets its own stdout and stderr
+	// (pipes made for it alone), stdin /dev/null, its own exit code and
+	// timeout (at its timeout the session's foreground processes get SIGINT,
+	// like Ctrl-C, and SIGKILL after the kill grace; see docs/sessions.md).
+	// Only shell_command and timeout may be set with it: argv, env, cwd,
+	// user, shell, tty and stdin are INVALID_ARGUMENT naming the field. One
+	// command runs at a time: a second is FAILED_PRECONDITION SESSION_BUSY.
+	// NOT_FOUND SESSION_NOT_FOUND for an unknown id; FAILED_PRECONDITION
+	// SESSION_ENDED once the shell exited.
+	SessionId     string `protobuf:"bytes,12,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -413,6 +426,13 @@ func (x *ProcessSpec) GetTty() *TtySize {
 func (x *ProcessSpec) GetUser() string {
 	if x != nil {
 		return x.User
+	}
+	return ""
+}
+
+func (x *ProcessSpec) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
 	}
 	return ""
 }
@@ -2532,7 +2552,7 @@ var File_berth_v1_exec_proto protoreflect.FileDescriptor
 
 const file_berth_v1_exec_proto_rawDesc = "" +
 	"\n" +
-	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc9\x03\n" +
+	"\x13berth/v1/exec.proto\x12\bberth.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe8\x03\n" +
 	"\vProcessSpec\x12\x12\n" +
 	"\x04argv\x18\x01 \x03(\tR\x04argv\x12#\n" +
 	"\rshell_command\x18\x02 \x01(\tR\fshellCommand\x12%\n" +
@@ -2545,7 +2565,9 @@ const file_berth_v1_exec_proto_rawDesc = "" +
 	"\x12stderr_limit_bytes\x18\t \x01(\x04R\x10stderrLimitBytes\x12#\n" +
 	"\x03tty\x18\n" +
 	" \x01(\v2\x11.berth.v1.TtySizeR\x03tty\x12\x12\n" +
-	"\x04user\x18\v \x01(\tR\x04user\x1a6\n" +
+	"\x04user\x18\v \x01(\tR\x04user\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\f \x01(\tR\tsessionId\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"1\n" +

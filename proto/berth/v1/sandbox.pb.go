@@ -2854,7 +2854,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -3097,7 +3097,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vHibernation\x12\x1b\n" +
 	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x01\x12\x1b\n" +
-	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\xa2\r\n" +
+	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\xe0\x0f\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -3116,7 +3116,12 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x0eWriteExecStdin\x12\x1f.berth.v1.WriteExecStdinRequest\x1a .berth.v1.WriteExecStdinResponse\x12G\n" +
 	"\n" +
 	"ResizeExec\x12\x1b.berth.v1.ResizeExecRequest\x1a\x1c.berth.v1.ResizeExecResponse\x12N\n" +
-	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12M\n" +
+	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12P\n" +
+	"\rCreateSession\x12\x1e.berth.v1.CreateSessionRequest\x1a\x1f.berth.v1.CreateSessionResponse\x12M\n" +
+	"\fListSessions\x12\x1d.berth.v1.ListSessionsRequest\x1a\x1e.berth.v1.ListSessionsResponse\x12P\n" +
+	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12I\n" +
+	"\n" +
+	"WatchFiles\x12\x1b.berth.v1.WatchFilesRequest\x1a\x1c.berth.v1.WatchFilesResponse0\x01\x12M\n" +
 	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
 	"\rResumeSandbox\x12\x1e.berth.v1.ResumeSandboxRequest\x1a\x1f.berth.v1.ResumeSandboxResponse\x12Y\n" +
 	"\x10HibernateSandbox\x12!.berth.v1.HibernateSandboxRequest\x1a\".berth.v1.HibernateSandboxResponse\x12S\n" +
@@ -3199,13 +3204,21 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	(*WriteExecStdinRequest)(nil),    // 55: berth.v1.WriteExecStdinRequest
 	(*ResizeExecRequest)(nil),        // 56: berth.v1.ResizeExecRequest
 	(*PortForwardRequest)(nil),       // 57: berth.v1.PortForwardRequest
-	(*ExecResponse)(nil),             // 58: berth.v1.ExecResponse
-	(*RunResponse)(nil),              // 59: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),        // 60: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),       // 61: berth.v1.SignalExecResponse
-	(*WriteExecStdinResponse)(nil),   // 62: berth.v1.WriteExecStdinResponse
-	(*ResizeExecResponse)(nil),       // 63: berth.v1.ResizeExecResponse
-	(*PortForwardResponse)(nil),      // 64: berth.v1.PortForwardResponse
+	(*CreateSessionRequest)(nil),     // 58: berth.v1.CreateSessionRequest
+	(*ListSessionsRequest)(nil),      // 59: berth.v1.ListSessionsRequest
+	(*DeleteSessionRequest)(nil),     // 60: berth.v1.DeleteSessionRequest
+	(*WatchFilesRequest)(nil),        // 61: berth.v1.WatchFilesRequest
+	(*ExecResponse)(nil),             // 62: berth.v1.ExecResponse
+	(*RunResponse)(nil),              // 63: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),        // 64: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),       // 65: berth.v1.SignalExecResponse
+	(*WriteExecStdinResponse)(nil),   // 66: berth.v1.WriteExecStdinResponse
+	(*ResizeExecResponse)(nil),       // 67: berth.v1.ResizeExecResponse
+	(*PortForwardResponse)(nil),      // 68: berth.v1.PortForwardResponse
+	(*CreateSessionResponse)(nil),    // 69: berth.v1.CreateSessionResponse
+	(*ListSessionsResponse)(nil),     // 70: berth.v1.ListSessionsResponse
+	(*DeleteSessionResponse)(nil),    // 71: berth.v1.DeleteSessionResponse
+	(*WatchFilesResponse)(nil),       // 72: berth.v1.WatchFilesResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
@@ -3267,38 +3280,46 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	55, // 56: berth.v1.SandboxService.WriteExecStdin:input_type -> berth.v1.WriteExecStdinRequest
 	56, // 57: berth.v1.SandboxService.ResizeExec:input_type -> berth.v1.ResizeExecRequest
 	57, // 58: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	19, // 59: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	21, // 60: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 61: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
-	26, // 62: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	28, // 63: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	30, // 64: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	32, // 65: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
-	34, // 66: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
-	12, // 67: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	14, // 68: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	16, // 69: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	18, // 70: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	38, // 71: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	58, // 72: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	59, // 73: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	60, // 74: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	61, // 75: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	58, // 76: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
-	58, // 77: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
-	62, // 78: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
-	63, // 79: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
-	64, // 80: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	20, // 81: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	22, // 82: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 83: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
-	27, // 84: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	29, // 85: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	31, // 86: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	33, // 87: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
-	36, // 88: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
-	67, // [67:89] is the sub-list for method output_type
-	45, // [45:67] is the sub-list for method input_type
+	58, // 59: berth.v1.SandboxService.CreateSession:input_type -> berth.v1.CreateSessionRequest
+	59, // 60: berth.v1.SandboxService.ListSessions:input_type -> berth.v1.ListSessionsRequest
+	60, // 61: berth.v1.SandboxService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
+	61, // 62: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
+	19, // 63: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	21, // 64: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 65: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
+	26, // 66: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	28, // 67: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	30, // 68: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	32, // 69: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	34, // 70: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
+	12, // 71: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	14, // 72: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	16, // 73: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	18, // 74: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	38, // 75: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	62, // 76: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	63, // 77: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	64, // 78: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	65, // 79: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	62, // 80: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
+	62, // 81: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
+	66, // 82: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
+	67, // 83: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
+	68, // 84: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	69, // 85: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
+	70, // 86: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
+	71, // 87: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
+	72, // 88: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
+	20, // 89: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	22, // 90: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 91: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
+	27, // 92: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	29, // 93: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	31, // 94: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	33, // 95: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	36, // 96: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
+	71, // [71:97] is the sub-list for method output_type
+	45, // [45:71] is the sub-list for method input_type
 	45, // [45:45] is the sub-list for extension type_name
 	45, // [45:45] is the sub-list for extension extendee
 	0,  // [0:45] is the sub-list for field type_name
@@ -3312,6 +3333,8 @@ func file_berth_v1_sandbox_proto_init() {
 	file_berth_v1_exec_proto_init()
 	file_berth_v1_image_proto_init()
 	file_berth_v1_port_proto_init()
+	file_berth_v1_session_proto_init()
+	file_berth_v1_watch_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -33,6 +33,10 @@ const (
 	SandboxService_WriteExecStdin_FullMethodName   = "/berth.v1.SandboxService/WriteExecStdin"
 	SandboxService_ResizeExec_FullMethodName       = "/berth.v1.SandboxService/ResizeExec"
 	SandboxService_PortForward_FullMethodName      = "/berth.v1.SandboxService/PortForward"
+	SandboxService_CreateSession_FullMethodName    = "/berth.v1.SandboxService/CreateSession"
+	SandboxService_ListSessions_FullMethodName     = "/berth.v1.SandboxService/ListSessions"
+	SandboxService_DeleteSession_FullMethodName    = "/berth.v1.SandboxService/DeleteSession"
+	SandboxService_WatchFiles_FullMethodName       = "/berth.v1.SandboxService/WatchFiles"
 	SandboxService_PauseSandbox_FullMethodName     = "/berth.v1.SandboxService/PauseSandbox"
 	SandboxService_ResumeSandbox_FullMethodName    = "/berth.v1.SandboxService/ResumeSandbox"
 	SandboxService_HibernateSandbox_FullMethodName = "/berth.v1.SandboxService/HibernateSandbox"
@@ -175,6 +179,29 @@ type SandboxServiceClient interface {
 	// "port") when the connection in the sandbox is reset or fails after it
 	// opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
 	PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error)
+	// CreateSession starts a shell session in the sandbox (docs/sessions.md):
+	// commands then run in it with Exec or Run and process.session_id. The
+	// session belongs to the sandbox's agent and survives berthd restarts;
+	// it ends with DeleteSession, the shell's exit or the sandbox. Errors:
+	// INVALID_ARGUMENT naming the field, ALREADY_EXISTS (SESSION_EXISTS),
+	// NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID), and
+	// RESOURCE_EXHAUSTED when the shell cannot be started.
+	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error)
+	// ListSessions lists the sandbox's sessions. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE).
+	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
+	// DeleteSession ends a session: SIGHUP then SIGKILL (after the kill
+	// grace) to the shell's process group, which holds its background jobs.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
+	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
+	// WatchFiles streams create, write, remove and rename events under a
+	// directory (inotify in the sandbox), numbered so that a caller whose
+	// stream broke resumes with watch_id and since_seq without missing or
+	// repeating an event; a FileWatchOverflow says when events were lost.
+	// Errors: INVALID_ARGUMENT naming the field, NOT_FOUND (SANDBOX_NOT_FOUND;
+	// PATH_NOT_FOUND for a missing directory), FAILED_PRECONDITION
+	// (NOT_A_DIRECTORY).
+	WatchFiles(ctx context.Context, in *WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFilesResponse], error)
 	// PauseSandbox freezes every process of the sandbox (runc: the cgroup
 	// freezer; gvisor: runsc pause) and returns once they are frozen: a
 	// paused sandbox uses no CPU, keeps its memory, its files and its open
@@ -461,6 +488,55 @@ func (c *sandboxServiceClient) PortForward(ctx context.Context, opts ...grpc.Cal
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_PortForwardClient = grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse]
 
+func (c *sandboxServiceClient) CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateSessionResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CreateSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSessionsResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ListSessions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteSessionResponse)
+	err := c.cc.Invoke(ctx, SandboxService_DeleteSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) WatchFiles(ctx context.Context, in *WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFilesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[4], SandboxService_WatchFiles_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchFilesRequest, WatchFilesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_WatchFilesClient = grpc.ServerStreamingClient[WatchFilesResponse]
+
 func (c *sandboxServiceClient) PauseSandbox(ctx context.Context, in *PauseSandboxRequest, opts ...grpc.CallOption) (*PauseSandboxResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PauseSandboxResponse)
@@ -673,6 +749,29 @@ type SandboxServiceServer interface {
 	// "port") when the connection in the sandbox is reset or fails after it
 	// opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
 	PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error
+	// CreateSession starts a shell session in the sandbox (docs/sessions.md):
+	// commands then run in it with Exec or Run and process.session_id. The
+	// session belongs to the sandbox's agent and survives berthd restarts;
+	// it ends with DeleteSession, the shell's exit or the sandbox. Errors:
+	// INVALID_ARGUMENT naming the field, ALREADY_EXISTS (SESSION_EXISTS),
+	// NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID), and
+	// RESOURCE_EXHAUSTED when the shell cannot be started.
+	CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error)
+	// ListSessions lists the sandbox's sessions. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE).
+	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
+	// DeleteSession ends a session: SIGHUP then SIGKILL (after the kill
+	// grace) to the shell's process group, which holds its background jobs.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
+	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
+	// WatchFiles streams create, write, remove and rename events under a
+	// directory (inotify in the sandbox), numbered so that a caller whose
+	// stream broke resumes with watch_id and since_seq without missing or
+	// repeating an event; a FileWatchOverflow says when events were lost.
+	// Errors: INVALID_ARGUMENT naming the field, NOT_FOUND (SANDBOX_NOT_FOUND;
+	// PATH_NOT_FOUND for a missing directory), FAILED_PRECONDITION
+	// (NOT_A_DIRECTORY).
+	WatchFiles(*WatchFilesRequest, grpc.ServerStreamingServer[WatchFilesResponse]) error
 	// PauseSandbox freezes every process of the sandbox (runc: the cgroup
 	// freezer; gvisor: runsc pause) and returns once they are frozen: a
 	// paused sandbox uses no CPU, keeps its memory, its files and its open
@@ -836,6 +935,18 @@ func (UnimplementedSandboxServiceServer) ResizeExec(context.Context, *ResizeExec
 }
 func (UnimplementedSandboxServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
 	return status.Error(codes.Unimplemented, "method PortForward not implemented")
+}
+func (UnimplementedSandboxServiceServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateSession not implemented")
+}
+func (UnimplementedSandboxServiceServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSessions not implemented")
+}
+func (UnimplementedSandboxServiceServer) DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteSession not implemented")
+}
+func (UnimplementedSandboxServiceServer) WatchFiles(*WatchFilesRequest, grpc.ServerStreamingServer[WatchFilesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchFiles not implemented")
 }
 func (UnimplementedSandboxServiceServer) PauseSandbox(context.Context, *PauseSandboxRequest) (*PauseSandboxResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PauseSandbox not implemented")
@@ -1098,6 +1209,71 @@ func _SandboxService_PortForward_Handler(srv interface{}, stream grpc.ServerStre
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SandboxService_PortForwardServer = grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]
 
+func _SandboxService_CreateSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CreateSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CreateSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CreateSession(ctx, req.(*CreateSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ListSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ListSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ListSessions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ListSessions(ctx, req.(*ListSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_DeleteSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).DeleteSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_DeleteSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).DeleteSession(ctx, req.(*DeleteSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_WatchFiles_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchFilesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).WatchFiles(m, &grpc.GenericServerStream[WatchFilesRequest, WatchFilesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_WatchFilesServer = grpc.ServerStreamingServer[WatchFilesResponse]
+
 func _SandboxService_PauseSandbox_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PauseSandboxRequest)
 	if err := dec(in); err != nil {
@@ -1290,6 +1466,18 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _SandboxService_ResizeExec_Handler,
 		},
 		{
+			MethodName: "CreateSession",
+			Handler:    _SandboxService_CreateSession_Handler,
+		},
+		{
+			MethodName: "ListSessions",
+			Handler:    _SandboxService_ListSessions_Handler,
+		},
+		{
+			MethodName: "DeleteSession",
+			Handler:    _SandboxService_DeleteSession_Handler,
+		},
+		{
 			MethodName: "PauseSandbox",
 			Handler:    _SandboxService_PauseSandbox_Handler,
 		},
@@ -1344,6 +1532,11 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _SandboxService_PortForward_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "WatchFiles",
+			Handler:       _SandboxService_WatchFiles_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "berth/v1/sandbox.proto",

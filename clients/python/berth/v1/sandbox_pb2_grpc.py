@@ -5,6 +5,8 @@ import grpc
 from berth.v1 import exec_pb2 as berth_dot_v1_dot_exec__pb2
 from berth.v1 import port_pb2 as berth_dot_v1_dot_port__pb2
 from berth.v1 import sandbox_pb2 as berth_dot_v1_dot_sandbox__pb2
+from berth.v1 import session_pb2 as berth_dot_v1_dot_session__pb2
+from berth.v1 import watch_pb2 as berth_dot_v1_dot_watch__pb2
 
 
 class SandboxServiceStub(object):
@@ -96,6 +98,26 @@ class SandboxServiceStub(object):
                 '/berth.v1.SandboxService/PortForward',
                 request_serializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_port__pb2.PortForwardResponse.FromString,
+                )
+        self.CreateSession = channel.unary_unary(
+                '/berth.v1.SandboxService/CreateSession',
+                request_serializer=berth_dot_v1_dot_session__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_session__pb2.CreateSessionResponse.FromString,
+                )
+        self.ListSessions = channel.unary_unary(
+                '/berth.v1.SandboxService/ListSessions',
+                request_serializer=berth_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
+                )
+        self.DeleteSession = channel.unary_unary(
+                '/berth.v1.SandboxService/DeleteSession',
+                request_serializer=berth_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_session__pb2.DeleteSessionResponse.FromString,
+                )
+        self.WatchFiles = channel.unary_stream(
+                '/berth.v1.SandboxService/WatchFiles',
+                request_serializer=berth_dot_v1_dot_watch__pb2.WatchFilesRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_watch__pb2.WatchFilesResponse.FromString,
                 )
         self.PauseSandbox = channel.unary_unary(
                 '/berth.v1.SandboxService/PauseSandbox',
@@ -339,6 +361,49 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSession(self, request, context):
+        """CreateSession starts a shell session in the sandbox (docs/sessions.md):
+        commands then run in it with Exec or Run and process.session_id. The
+        session belongs to the sandbox's agent and survives berthd restarts;
+        it ends with DeleteSession, the shell's exit or the sandbox. Errors:
+        INVALID_ARGUMENT naming the field, ALREADY_EXISTS (SESSION_EXISTS),
+        NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID), and
+        RESOURCE_EXHAUSTED when the shell cannot be started.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """ListSessions lists the sandbox's sessions. Errors: NOT_FOUND
+        (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteSession(self, request, context):
+        """DeleteSession ends a session: SIGHUP then SIGKILL (after the kill
+        grace) to the shell's process group, which holds its background jobs.
+        Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchFiles(self, request, context):
+        """WatchFiles streams create, write, remove and rename events under a
+        directory (inotify in the sandbox), numbered so that a caller whose
+        stream broke resumes with watch_id and since_seq without missing or
+        repeating an event; a FileWatchOverflow says when events were lost.
+        Errors: INVALID_ARGUMENT naming the field, NOT_FOUND (SANDBOX_NOT_FOUND;
+        PATH_NOT_FOUND for a missing directory), FAILED_PRECONDITION
+        (NOT_A_DIRECTORY).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PauseSandbox(self, request, context):
         """PauseSandbox freezes every process of the sandbox (runc: the cgroup
         freezer; gvisor: runsc pause) and returns once they are frozen: a
@@ -563,6 +628,26 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.PortForward,
                     request_deserializer=berth_dot_v1_dot_port__pb2.PortForwardRequest.FromString,
                     response_serializer=berth_dot_v1_dot_port__pb2.PortForwardResponse.SerializeToString,
+            ),
+            'CreateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSession,
+                    request_deserializer=berth_dot_v1_dot_session__pb2.CreateSessionRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_session__pb2.CreateSessionResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=berth_dot_v1_dot_session__pb2.ListSessionsRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_session__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'DeleteSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteSession,
+                    request_deserializer=berth_dot_v1_dot_session__pb2.DeleteSessionRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_session__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'WatchFiles': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchFiles,
+                    request_deserializer=berth_dot_v1_dot_watch__pb2.WatchFilesRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_watch__pb2.WatchFilesResponse.SerializeToString,
             ),
             'PauseSandbox': grpc.unary_unary_rpc_method_handler(
                     servicer.PauseSandbox,
@@ -860,6 +945,74 @@ class SandboxService(object):
         return grpc.experimental.stream_stream(request_iterator, target, '/berth.v1.SandboxService/PortForward',
             berth_dot_v1_dot_port__pb2.PortForwardRequest.SerializeToString,
             berth_dot_v1_dot_port__pb2.PortForwardResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/CreateSession',
+            berth_dot_v1_dot_session__pb2.CreateSessionRequest.SerializeToString,
+            berth_dot_v1_dot_session__pb2.CreateSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ListSessions',
+            berth_dot_v1_dot_session__pb2.ListSessionsRequest.SerializeToString,
+            berth_dot_v1_dot_session__pb2.ListSessionsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeleteSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/DeleteSession',
+            berth_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
+            berth_dot_v1_dot_session__pb2.DeleteSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WatchFiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/berth.v1.SandboxService/WatchFiles',
+            berth_dot_v1_dot_watch__pb2.WatchFilesRequest.SerializeToString,
+            berth_dot_v1_dot_watch__pb2.WatchFilesResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

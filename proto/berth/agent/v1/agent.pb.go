@@ -1295,11 +1295,430 @@ func (*ResizeExecResponse) Descriptor() ([]byte, []int) {
 	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
+// CreateSessionRequest is berth.v1.CreateSessionRequest with the owner
+// berthd authenticated.
+type CreateSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session is the caller's request; session_id is always set.
+	Session *v1.CreateSessionRequest `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	// owner is the principal creating the session.
+	Owner         string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionRequest) Reset() {
+	*x = CreateSessionRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionRequest) ProtoMessage() {}
+
+func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
+func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CreateSessionRequest) GetSession() *v1.CreateSessionRequest {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+func (x *CreateSessionRequest) GetOwner() string {
+	if x != nil {
+		return x.Owner
+	}
+	return ""
+}
+
+// CreateSessionResponse describes the new session.
+type CreateSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session is the new session.
+	Session       *v1.SessionInfo `protobuf:"bytes,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSessionResponse) Reset() {
+	*x = CreateSessionResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSessionResponse) ProtoMessage() {}
+
+func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
+func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CreateSessionResponse) GetSession() *v1.SessionInfo {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
+// ListSessionsRequest asks for every session.
+type ListSessionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsRequest) Reset() {
+	*x = ListSessionsRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsRequest) ProtoMessage() {}
+
+func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
+func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+}
+
+// ListSessionsResponse lists the sessions, ordered by creation time.
+type ListSessionsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// sessions are the sessions.
+	Sessions      []*v1.SessionInfo `protobuf:"bytes,1,rep,name=sessions,proto3" json:"sessions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSessionsResponse) Reset() {
+	*x = ListSessionsResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSessionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSessionsResponse) ProtoMessage() {}
+
+func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
+func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListSessionsResponse) GetSessions() []*v1.SessionInfo {
+	if x != nil {
+		return x.Sessions
+	}
+	return nil
+}
+
+// DeleteSessionRequest ends a session.
+type DeleteSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session_id names the session.
+	SessionId     string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSessionRequest) Reset() {
+	*x = DeleteSessionRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSessionRequest) ProtoMessage() {}
+
+func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *DeleteSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// DeleteSessionResponse is empty.
+type DeleteSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSessionResponse) Reset() {
+	*x = DeleteSessionResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSessionResponse) ProtoMessage() {}
+
+func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+}
+
+// WatchFilesRequest is berth.v1.WatchFilesRequest with watch_id always set.
+type WatchFilesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// watch is the caller's request.
+	Watch         *v1.WatchFilesRequest `protobuf:"bytes,1,opt,name=watch,proto3" json:"watch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchFilesRequest) Reset() {
+	*x = WatchFilesRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchFilesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchFilesRequest) ProtoMessage() {}
+
+func (x *WatchFilesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchFilesRequest.ProtoReflect.Descriptor instead.
+func (*WatchFilesRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *WatchFilesRequest) GetWatch() *v1.WatchFilesRequest {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+// WatchFilesResponse is one message of a watch stream, as
+// berth.v1.WatchFilesResponse.
+type WatchFilesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// event is what happened.
+	//
+	// Types that are valid to be assigned to Event:
+	//
+	//	*WatchFilesResponse_Started
+	//	*WatchFilesResponse_File
+	//	*WatchFilesResponse_Overflow
+	Event         isWatchFilesResponse_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchFilesResponse) Reset() {
+	*x = WatchFilesResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchFilesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchFilesResponse) ProtoMessage() {}
+
+func (x *WatchFilesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchFilesResponse.ProtoReflect.Descriptor instead.
+func (*WatchFilesResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *WatchFilesResponse) GetEvent() isWatchFilesResponse_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *WatchFilesResponse) GetStarted() *v1.FileWatchStarted {
+	if x != nil {
+		if x, ok := x.Event.(*WatchFilesResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *WatchFilesResponse) GetFile() *v1.FileEvent {
+	if x != nil {
+		if x, ok := x.Event.(*WatchFilesResponse_File); ok {
+			return x.File
+		}
+	}
+	return nil
+}
+
+func (x *WatchFilesResponse) GetOverflow() *v1.FileWatchOverflow {
+	if x != nil {
+		if x, ok := x.Event.(*WatchFilesResponse_Overflow); ok {
+			return x.Overflow
+		}
+	}
+	return nil
+}
+
+type isWatchFilesResponse_Event interface {
+	isWatchFilesResponse_Event()
+}
+
+type WatchFilesResponse_Started struct {
+	// started names the watch.
+	Started *v1.FileWatchStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type WatchFilesResponse_File struct {
+	// file is a change.
+	File *v1.FileEvent `protobuf:"bytes,2,opt,name=file,proto3,oneof"`
+}
+
+type WatchFilesResponse_Overflow struct {
+	// overflow says events were lost.
+	Overflow *v1.FileWatchOverflow `protobuf:"bytes,3,opt,name=overflow,proto3,oneof"`
+}
+
+func (*WatchFilesResponse_Started) isWatchFilesResponse_Event() {}
+
+func (*WatchFilesResponse_File) isWatchFilesResponse_Event() {}
+
+func (*WatchFilesResponse_Overflow) isWatchFilesResponse_Event() {}
+
 var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
 	"\x10TelemetryRequest\"T\n" +
 	"\x11TelemetryResponse\x12?\n" +
 	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"+\n" +
@@ -1371,7 +1790,26 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\x11ResizeExecRequest\x12\x17\n" +
 	"\aexec_id\x18\x01 \x01(\tR\x06execId\x12(\n" +
 	"\x04size\x18\x02 \x01(\v2\x14.berth.v1.ExecResizeR\x04size\"\x14\n" +
-	"\x12ResizeExecResponse2\x99\x05\n" +
+	"\x12ResizeExecResponse\"f\n" +
+	"\x14CreateSessionRequest\x128\n" +
+	"\asession\x18\x01 \x01(\v2\x1e.berth.v1.CreateSessionRequestR\asession\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"H\n" +
+	"\x15CreateSessionResponse\x12/\n" +
+	"\asession\x18\x01 \x01(\v2\x15.berth.v1.SessionInfoR\asession\"\x15\n" +
+	"\x13ListSessionsRequest\"I\n" +
+	"\x14ListSessionsResponse\x121\n" +
+	"\bsessions\x18\x01 \x03(\v2\x15.berth.v1.SessionInfoR\bsessions\"5\n" +
+	"\x14DeleteSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"\x17\n" +
+	"\x15DeleteSessionResponse\"F\n" +
+	"\x11WatchFilesRequest\x121\n" +
+	"\x05watch\x18\x01 \x01(\v2\x1b.berth.v1.WatchFilesRequestR\x05watch\"\xbb\x01\n" +
+	"\x12WatchFilesResponse\x126\n" +
+	"\astarted\x18\x01 \x01(\v2\x1a.berth.v1.FileWatchStartedH\x00R\astarted\x12)\n" +
+	"\x04file\x18\x02 \x01(\v2\x13.berth.v1.FileEventH\x00R\x04file\x129\n" +
+	"\boverflow\x18\x03 \x01(\v2\x1b.berth.v1.FileWatchOverflowH\x00R\boverflowB\a\n" +
+	"\x05event2\x87\b\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
@@ -1381,7 +1819,12 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"WriteStdin\x12!.berth.agent.v1.WriteStdinRequest\x1a\".berth.agent.v1.WriteStdinResponse\x12S\n" +
 	"\n" +
-	"ResizeExec\x12!.berth.agent.v1.ResizeExecRequest\x1a\".berth.agent.v1.ResizeExecResponse\x12R\n" +
+	"ResizeExec\x12!.berth.agent.v1.ResizeExecRequest\x1a\".berth.agent.v1.ResizeExecResponse\x12\\\n" +
+	"\rCreateSession\x12$.berth.agent.v1.CreateSessionRequest\x1a%.berth.agent.v1.CreateSessionResponse\x12Y\n" +
+	"\fListSessions\x12#.berth.agent.v1.ListSessionsRequest\x1a$.berth.agent.v1.ListSessionsResponse\x12\\\n" +
+	"\rDeleteSession\x12$.berth.agent.v1.DeleteSessionRequest\x1a%.berth.agent.v1.DeleteSessionResponse\x12U\n" +
+	"\n" +
+	"WatchFiles\x12!.berth.agent.v1.WatchFilesRequest\x1a\".berth.agent.v1.WatchFilesResponse0\x01\x12R\n" +
 	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01\x12Z\n" +
 	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
@@ -1397,7 +1840,7 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*TelemetryRequest)(nil),        // 0: berth.agent.v1.TelemetryRequest
 	(*TelemetryResponse)(nil),       // 1: berth.agent.v1.TelemetryResponse
@@ -1417,64 +1860,93 @@ var file_berth_agent_v1_agent_proto_goTypes = []any{
 	(*WriteStdinResponse)(nil),      // 15: berth.agent.v1.WriteStdinResponse
 	(*ResizeExecRequest)(nil),       // 16: berth.agent.v1.ResizeExecRequest
 	(*ResizeExecResponse)(nil),      // 17: berth.agent.v1.ResizeExecResponse
-	(*timestamppb.Timestamp)(nil),   // 18: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),          // 19: berth.v1.ProcessSpec
-	(v1.DetachedOutput)(0),          // 20: berth.v1.DetachedOutput
-	(*v1.ExecStdin)(nil),            // 21: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),       // 22: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),           // 23: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),           // 24: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),          // 25: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),           // 26: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),        // 27: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),          // 28: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),           // 29: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),             // 30: berth.v1.ExecInfo
-	(v1.ExecState)(0),               // 31: berth.v1.ExecState
-	(*v1.PortForwardConnected)(nil), // 32: berth.v1.PortForwardConnected
-	(*v1.PortForwardEOF)(nil),       // 33: berth.v1.PortForwardEOF
+	(*CreateSessionRequest)(nil),    // 18: berth.agent.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),   // 19: berth.agent.v1.CreateSessionResponse
+	(*ListSessionsRequest)(nil),     // 20: berth.agent.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),    // 21: berth.agent.v1.ListSessionsResponse
+	(*DeleteSessionRequest)(nil),    // 22: berth.agent.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),   // 23: berth.agent.v1.DeleteSessionResponse
+	(*WatchFilesRequest)(nil),       // 24: berth.agent.v1.WatchFilesRequest
+	(*WatchFilesResponse)(nil),      // 25: berth.agent.v1.WatchFilesResponse
+	(*timestamppb.Timestamp)(nil),   // 26: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),          // 27: berth.v1.ProcessSpec
+	(v1.DetachedOutput)(0),          // 28: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),            // 29: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),       // 30: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),           // 31: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),           // 32: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),          // 33: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),           // 34: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),        // 35: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),          // 36: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),           // 37: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),             // 38: berth.v1.ExecInfo
+	(v1.ExecState)(0),               // 39: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil), // 40: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),       // 41: berth.v1.PortForwardEOF
+	(*v1.CreateSessionRequest)(nil), // 42: berth.v1.CreateSessionRequest
+	(*v1.SessionInfo)(nil),          // 43: berth.v1.SessionInfo
+	(*v1.WatchFilesRequest)(nil),    // 44: berth.v1.WatchFilesRequest
+	(*v1.FileWatchStarted)(nil),     // 45: berth.v1.FileWatchStarted
+	(*v1.FileEvent)(nil),            // 46: berth.v1.FileEvent
+	(*v1.FileWatchOverflow)(nil),    // 47: berth.v1.FileWatchOverflow
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	18, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	19, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	20, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	26, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	27, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	28, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
 	4,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
 	5,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	21, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	22, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	23, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	24, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	25, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	26, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	27, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	28, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	29, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	30, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	31, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	32, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
-	33, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
-	24, // 18: berth.agent.v1.ResizeExecRequest.size:type_name -> berth.v1.ExecResize
-	2,  // 19: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	6,  // 20: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	8,  // 21: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	10, // 22: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	14, // 23: berth.agent.v1.AgentService.WriteStdin:input_type -> berth.agent.v1.WriteStdinRequest
-	16, // 24: berth.agent.v1.AgentService.ResizeExec:input_type -> berth.agent.v1.ResizeExecRequest
-	0,  // 25: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
-	12, // 26: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
-	3,  // 27: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	7,  // 28: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	9,  // 29: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	11, // 30: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	15, // 31: berth.agent.v1.AgentService.WriteStdin:output_type -> berth.agent.v1.WriteStdinResponse
-	17, // 32: berth.agent.v1.AgentService.ResizeExec:output_type -> berth.agent.v1.ResizeExecResponse
-	1,  // 33: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
-	13, // 34: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
-	27, // [27:35] is the sub-list for method output_type
-	19, // [19:27] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	29, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	30, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	31, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	32, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	33, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	34, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	35, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	36, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	37, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	38, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	39, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	40, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	41, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	32, // 18: berth.agent.v1.ResizeExecRequest.size:type_name -> berth.v1.ExecResize
+	42, // 19: berth.agent.v1.CreateSessionRequest.session:type_name -> berth.v1.CreateSessionRequest
+	43, // 20: berth.agent.v1.CreateSessionResponse.session:type_name -> berth.v1.SessionInfo
+	43, // 21: berth.agent.v1.ListSessionsResponse.sessions:type_name -> berth.v1.SessionInfo
+	44, // 22: berth.agent.v1.WatchFilesRequest.watch:type_name -> berth.v1.WatchFilesRequest
+	45, // 23: berth.agent.v1.WatchFilesResponse.started:type_name -> berth.v1.FileWatchStarted
+	46, // 24: berth.agent.v1.WatchFilesResponse.file:type_name -> berth.v1.FileEvent
+	47, // 25: berth.agent.v1.WatchFilesResponse.overflow:type_name -> berth.v1.FileWatchOverflow
+	2,  // 26: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	6,  // 27: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	8,  // 28: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	10, // 29: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	14, // 30: berth.agent.v1.AgentService.WriteStdin:input_type -> berth.agent.v1.WriteStdinRequest
+	16, // 31: berth.agent.v1.AgentService.ResizeExec:input_type -> berth.agent.v1.ResizeExecRequest
+	18, // 32: berth.agent.v1.AgentService.CreateSession:input_type -> berth.agent.v1.CreateSessionRequest
+	20, // 33: berth.agent.v1.AgentService.ListSessions:input_type -> berth.agent.v1.ListSessionsRequest
+	22, // 34: berth.agent.v1.AgentService.DeleteSession:input_type -> berth.agent.v1.DeleteSessionRequest
+	24, // 35: berth.agent.v1.AgentService.WatchFiles:input_type -> berth.agent.v1.WatchFilesRequest
+	0,  // 36: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	12, // 37: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	3,  // 38: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	7,  // 39: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	9,  // 40: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	11, // 41: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	15, // 42: berth.agent.v1.AgentService.WriteStdin:output_type -> berth.agent.v1.WriteStdinResponse
+	17, // 43: berth.agent.v1.AgentService.ResizeExec:output_type -> berth.agent.v1.ResizeExecResponse
+	19, // 44: berth.agent.v1.AgentService.CreateSession:output_type -> berth.agent.v1.CreateSessionResponse
+	21, // 45: berth.agent.v1.AgentService.ListSessions:output_type -> berth.agent.v1.ListSessionsResponse
+	23, // 46: berth.agent.v1.AgentService.DeleteSession:output_type -> berth.agent.v1.DeleteSessionResponse
+	25, // 47: berth.agent.v1.AgentService.WatchFiles:output_type -> berth.agent.v1.WatchFilesResponse
+	1,  // 48: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	13, // 49: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	38, // [38:50] is the sub-list for method output_type
+	26, // [26:38] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_berth_agent_v1_agent_proto_init() }
@@ -1506,13 +1978,18 @@ func file_berth_agent_v1_agent_proto_init() {
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Eof)(nil),
 	}
+	file_berth_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
+		(*WatchFilesResponse_Started)(nil),
+		(*WatchFilesResponse_File)(nil),
+		(*WatchFilesResponse_Overflow)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,14 +19,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AgentService_Info_FullMethodName        = "/berth.agent.v1.AgentService/Info"
-	AgentService_Exec_FullMethodName        = "/berth.agent.v1.AgentService/Exec"
-	AgentService_ListExecs_FullMethodName   = "/berth.agent.v1.AgentService/ListExecs"
-	AgentService_SignalExec_FullMethodName  = "/berth.agent.v1.AgentService/SignalExec"
-	AgentService_WriteStdin_FullMethodName  = "/berth.agent.v1.AgentService/WriteStdin"
-	AgentService_ResizeExec_FullMethodName  = "/berth.agent.v1.AgentService/ResizeExec"
-	AgentService_Telemetry_FullMethodName   = "/berth.agent.v1.AgentService/Telemetry"
-	AgentService_PortForward_FullMethodName = "/berth.agent.v1.AgentService/PortForward"
+	AgentService_Info_FullMethodName          = "/berth.agent.v1.AgentService/Info"
+	AgentService_Exec_FullMethodName          = "/berth.agent.v1.AgentService/Exec"
+	AgentService_ListExecs_FullMethodName     = "/berth.agent.v1.AgentService/ListExecs"
+	AgentService_SignalExec_FullMethodName    = "/berth.agent.v1.AgentService/SignalExec"
+	AgentService_WriteStdin_FullMethodName    = "/berth.agent.v1.AgentService/WriteStdin"
+	AgentService_ResizeExec_FullMethodName    = "/berth.agent.v1.AgentService/ResizeExec"
+	AgentService_CreateSession_FullMethodName = "/berth.agent.v1.AgentService/CreateSession"
+	AgentService_ListSessions_FullMethodName  = "/berth.agent.v1.AgentService/ListSessions"
+	AgentService_DeleteSession_FullMethodName = "/berth.agent.v1.AgentService/DeleteSession"
+	AgentService_WatchFiles_FullMethodName    = "/berth.agent.v1.AgentService/WatchFiles"
+	AgentService_Telemetry_FullMethodName     = "/berth.agent.v1.AgentService/Telemetry"
+	AgentService_PortForward_FullMethodName   = "/berth.agent.v1.AgentService/PortForward"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -63,6 +67,16 @@ type AgentServiceClient interface {
 	// INVALID_ARGUMENT for an exec without a tty or a bad size, NOT_FOUND for
 	// an unknown exec id.
 	ResizeExec(ctx context.Context, in *ResizeExecRequest, opts ...grpc.CallOption) (*ResizeExecResponse, error)
+	// CreateSession starts a shell session, with the semantics of
+	// berth.v1.SandboxService.CreateSession; berthd sets session_id and owner.
+	CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error)
+	// ListSessions lists the sessions, ordered by creation time.
+	ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error)
+	// DeleteSession ends a session. Errors: NOT_FOUND for an unknown id.
+	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
+	// WatchFiles streams file events, with the semantics of
+	// berth.v1.SandboxService.WatchFiles; berthd sets watch_id.
+	WatchFiles(ctx context.Context, in *WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFilesResponse], error)
 	// Telemetry streams the agent's finished trace spans, in batches, while
 	// the agent runs with tracing on (berthd passes --trace when it exports
 	// traces); berthd relays them to its OTLP endpoint. Without tracing the
@@ -148,9 +162,58 @@ func (c *agentServiceClient) ResizeExec(ctx context.Context, in *ResizeExecReque
 	return out, nil
 }
 
+func (c *agentServiceClient) CreateSession(ctx context.Context, in *CreateSessionRequest, opts ...grpc.CallOption) (*CreateSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateSessionResponse)
+	err := c.cc.Invoke(ctx, AgentService_CreateSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) ListSessions(ctx context.Context, in *ListSessionsRequest, opts ...grpc.CallOption) (*ListSessionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSessionsResponse)
+	err := c.cc.Invoke(ctx, AgentService_ListSessions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteSessionResponse)
+	err := c.cc.Invoke(ctx, AgentService_DeleteSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *agentServiceClient) WatchFiles(ctx context.Context, in *WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFilesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_WatchFiles_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchFilesRequest, WatchFilesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_WatchFilesClient = grpc.ServerStreamingClient[WatchFilesResponse]
+
 func (c *agentServiceClient) Telemetry(ctx context.Context, in *TelemetryRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TelemetryResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[1], AgentService_Telemetry_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[2], AgentService_Telemetry_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -169,7 +232,7 @@ type AgentService_TelemetryClient = grpc.ServerStreamingClient[TelemetryResponse
 
 func (c *agentServiceClient) PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[2], AgentService_PortForward_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &AgentService_ServiceDesc.Streams[3], AgentService_PortForward_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -214,6 +277,16 @@ type AgentServiceServer interface {
 	// INVALID_ARGUMENT for an exec without a tty or a bad size, NOT_FOUND for
 	// an unknown exec id.
 	ResizeExec(context.Context, *ResizeExecRequest) (*ResizeExecResponse, error)
+	// CreateSession starts a shell session, with the semantics of
+	// berth.v1.SandboxService.CreateSession; berthd sets session_id and owner.
+	CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error)
+	// ListSessions lists the sessions, ordered by creation time.
+	ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error)
+	// DeleteSession ends a session. Errors: NOT_FOUND for an unknown id.
+	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
+	// WatchFiles streams file events, with the semantics of
+	// berth.v1.SandboxService.WatchFiles; berthd sets watch_id.
+	WatchFiles(*WatchFilesRequest, grpc.ServerStreamingServer[WatchFilesResponse]) error
 	// Telemetry streams the agent's finished trace spans, in batches, while
 	// the agent runs with tracing on (berthd passes --trace when it exports
 	// traces); berthd relays them to its OTLP endpoint. Without tracing the
@@ -253,6 +326,18 @@ func (UnimplementedAgentServiceServer) WriteStdin(context.Context, *WriteStdinRe
 }
 func (UnimplementedAgentServiceServer) ResizeExec(context.Context, *ResizeExecRequest) (*ResizeExecResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResizeExec not implemented")
+}
+func (UnimplementedAgentServiceServer) CreateSession(context.Context, *CreateSessionRequest) (*CreateSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateSession not implemented")
+}
+func (UnimplementedAgentServiceServer) ListSessions(context.Context, *ListSessionsRequest) (*ListSessionsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSessions not implemented")
+}
+func (UnimplementedAgentServiceServer) DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteSession not implemented")
+}
+func (UnimplementedAgentServiceServer) WatchFiles(*WatchFilesRequest, grpc.ServerStreamingServer[WatchFilesResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchFiles not implemented")
 }
 func (UnimplementedAgentServiceServer) Telemetry(*TelemetryRequest, grpc.ServerStreamingServer[TelemetryResponse]) error {
 	return status.Error(codes.Unimplemented, "method Telemetry not implemented")
@@ -378,6 +463,71 @@ func _AgentService_ResizeExec_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AgentService_CreateSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).CreateSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_CreateSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).CreateSession(ctx, req.(*CreateSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_ListSessions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSessionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).ListSessions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_ListSessions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).ListSessions(ctx, req.(*ListSessionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_DeleteSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).DeleteSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_DeleteSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).DeleteSession(ctx, req.(*DeleteSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AgentService_WatchFiles_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchFilesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(AgentServiceServer).WatchFiles(m, &grpc.GenericServerStream[WatchFilesRequest, WatchFilesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type AgentService_WatchFilesServer = grpc.ServerStreamingServer[WatchFilesResponse]
+
 func _AgentService_Telemetry_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(TelemetryRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -423,6 +573,18 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ResizeExec",
 			Handler:    _AgentService_ResizeExec_Handler,
 		},
+		{
+			MethodName: "CreateSession",
+			Handler:    _AgentService_CreateSession_Handler,
+		},
+		{
+			MethodName: "ListSessions",
+			Handler:    _AgentService_ListSessions_Handler,
+		},
+		{
+			MethodName: "DeleteSession",
+			Handler:    _AgentService_DeleteSession_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -430,6 +592,11 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _AgentService_Exec_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "WatchFiles",
+			Handler:       _AgentService_WatchFiles_Handler,
+			ServerStreams: true,
 		},
 		{
 			StreamName:    "Telemetry",

@@ -285,6 +285,21 @@ export interface ProcessSpec {
    * names no user.
    */
   user: string;
+  /**
+   * session_id runs shell_command in the named shell session of the
+   * sandbox (CreateSession) instead of a new process: in its shell, with
+   * its cwd, environment, variables and functions, which the command may
+   * change for the next ones. The command gets its own stdout and stderr
+   * (pipes made for it alone), stdin /dev/null, its own exit code and
+   * timeout (at its timeout the session's foreground processes get SIGINT,
+   * like Ctrl-C, and SIGKILL after the kill grace; see docs/sessions.md).
+   * Only shell_command and timeout may be set with it: argv, env, cwd,
+   * user, shell, tty and stdin are INVALID_ARGUMENT naming the field. One
+   * command runs at a time: a second is FAILED_PRECONDITION SESSION_BUSY.
+   * NOT_FOUND SESSION_NOT_FOUND for an unknown id; FAILED_PRECONDITION
+   * SESSION_ENDED once the shell exited.
+   */
+  sessionId: string;
 }
 
 export interface ProcessSpec_EnvEntry {
@@ -835,6 +850,7 @@ function createBaseProcessSpec(): ProcessSpec {
     stderrLimitBytes: 0n,
     tty: undefined,
     user: "",
+    sessionId: "",
   };
 }
 
@@ -878,6 +894,9 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
     }
     if (message.user !== "") {
       writer.uint32(90).string(message.user);
+    }
+    if (message.sessionId !== "") {
+      writer.uint32(98).string(message.sessionId);
     }
     return writer;
   },
@@ -986,6 +1005,14 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
             message.user = reader.string();
             continue;
           }
+          case 12: {
+            if (tag !== 98) {
+              break;
+            }
+
+            message.sessionId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1036,6 +1063,11 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
         : 0n,
       tty: isSet(object.tty) ? TtySize.fromJSON(object.tty) : undefined,
       user: isSet(object.user) ? globalThis.String(object.user) : "",
+      sessionId: isSet(object.sessionId)
+        ? globalThis.String(object.sessionId)
+        : isSet(object.session_id)
+        ? globalThis.String(object.session_id)
+        : "",
     };
   },
 
@@ -1080,6 +1112,9 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
     if (message.user !== "") {
       obj.user = message.user;
     }
+    if (message.sessionId !== "") {
+      obj.sessionId = message.sessionId;
+    }
     return obj;
   },
 
@@ -1113,6 +1148,7 @@ export const ProcessSpec: MessageFns<ProcessSpec> = {
       : 0n;
     message.tty = (object.tty !== undefined && object.tty !== null) ? TtySize.fromPartial(object.tty) : undefined;
     message.user = object.user ?? "";
+    message.sessionId = object.sessionId ?? "";
     return message;
   },
 };

@@ -42,6 +42,15 @@ import {
 } from "./exec";
 import { Image } from "./image";
 import { PortForwardRequest, PortForwardResponse } from "./port";
+import {
+  CreateSessionRequest,
+  CreateSessionResponse,
+  DeleteSessionRequest,
+  DeleteSessionResponse,
+  ListSessionsRequest,
+  ListSessionsResponse,
+} from "./session";
+import { WatchFilesRequest, WatchFilesResponse } from "./watch";
 
 /** SandboxState is the lifecycle state of a sandbox. */
 export enum SandboxState {
@@ -6336,6 +6345,72 @@ export const SandboxServiceService = {
     responseDeserialize: (value: Buffer): PortForwardResponse => PortForwardResponse.decode(value),
   },
   /**
+   * CreateSession starts a shell session in the sandbox (docs/sessions.md):
+   * commands then run in it with Exec or Run and process.session_id. The
+   * session belongs to the sandbox's agent and survives berthd restarts;
+   * it ends with DeleteSession, the shell's exit or the sandbox. Errors:
+   * INVALID_ARGUMENT naming the field, ALREADY_EXISTS (SESSION_EXISTS),
+   * NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID), and
+   * RESOURCE_EXHAUSTED when the shell cannot be started.
+   */
+  createSession: {
+    path: "/berth.v1.SandboxService/CreateSession" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CreateSessionRequest): Buffer => Buffer.from(CreateSessionRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CreateSessionRequest => CreateSessionRequest.decode(value),
+    responseSerialize: (value: CreateSessionResponse): Buffer =>
+      Buffer.from(CreateSessionResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CreateSessionResponse => CreateSessionResponse.decode(value),
+  },
+  /**
+   * ListSessions lists the sandbox's sessions. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE).
+   */
+  listSessions: {
+    path: "/berth.v1.SandboxService/ListSessions" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListSessionsRequest): Buffer => Buffer.from(ListSessionsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListSessionsRequest => ListSessionsRequest.decode(value),
+    responseSerialize: (value: ListSessionsResponse): Buffer =>
+      Buffer.from(ListSessionsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListSessionsResponse => ListSessionsResponse.decode(value),
+  },
+  /**
+   * DeleteSession ends a session: SIGHUP then SIGKILL (after the kill
+   * grace) to the shell's process group, which holds its background jobs.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
+   */
+  deleteSession: {
+    path: "/berth.v1.SandboxService/DeleteSession" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteSessionRequest): Buffer => Buffer.from(DeleteSessionRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteSessionRequest => DeleteSessionRequest.decode(value),
+    responseSerialize: (value: DeleteSessionResponse): Buffer =>
+      Buffer.from(DeleteSessionResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteSessionResponse => DeleteSessionResponse.decode(value),
+  },
+  /**
+   * WatchFiles streams create, write, remove and rename events under a
+   * directory (inotify in the sandbox), numbered so that a caller whose
+   * stream broke resumes with watch_id and since_seq without missing or
+   * repeating an event; a FileWatchOverflow says when events were lost.
+   * Errors: INVALID_ARGUMENT naming the field, NOT_FOUND (SANDBOX_NOT_FOUND;
+   * PATH_NOT_FOUND for a missing directory), FAILED_PRECONDITION
+   * (NOT_A_DIRECTORY).
+   */
+  watchFiles: {
+    path: "/berth.v1.SandboxService/WatchFiles" as const,
+    requestStream: false as const,
+    responseStream: true as const,
+    requestSerialize: (value: WatchFilesRequest): Buffer => Buffer.from(WatchFilesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): WatchFilesRequest => WatchFilesRequest.decode(value),
+    responseSerialize: (value: WatchFilesResponse): Buffer => Buffer.from(WatchFilesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): WatchFilesResponse => WatchFilesResponse.decode(value),
+  },
+  /**
    * PauseSandbox freezes every process of the sandbox (runc: the cgroup
    * freezer; gvisor: runsc pause) and returns once they are frozen: a
    * paused sandbox uses no CPU, keeps its memory, its files and its open
@@ -6683,6 +6758,37 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * opened, UNAVAILABLE (SANDBOX_UNREACHABLE).
    */
   portForward: handleBidiStreamingCall<PortForwardRequest, PortForwardResponse>;
+  /**
+   * CreateSession starts a shell session in the sandbox (docs/sessions.md):
+   * commands then run in it with Exec or Run and process.session_id. The
+   * session belongs to the sandbox's agent and survives berthd restarts;
+   * it ends with DeleteSession, the shell's exit or the sandbox. Errors:
+   * INVALID_ARGUMENT naming the field, ALREADY_EXISTS (SESSION_EXISTS),
+   * NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID), and
+   * RESOURCE_EXHAUSTED when the shell cannot be started.
+   */
+  createSession: handleUnaryCall<CreateSessionRequest, CreateSessionResponse>;
+  /**
+   * ListSessions lists the sandbox's sessions. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE).
+   */
+  listSessions: handleUnaryCall<ListSessionsRequest, ListSessionsResponse>;
+  /**
+   * DeleteSession ends a session: SIGHUP then SIGKILL (after the kill
+   * grace) to the shell's process group, which holds its background jobs.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
+   */
+  deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
+  /**
+   * WatchFiles streams create, write, remove and rename events under a
+   * directory (inotify in the sandbox), numbered so that a caller whose
+   * stream broke resumes with watch_id and since_seq without missing or
+   * repeating an event; a FileWatchOverflow says when events were lost.
+   * Errors: INVALID_ARGUMENT naming the field, NOT_FOUND (SANDBOX_NOT_FOUND;
+   * PATH_NOT_FOUND for a missing directory), FAILED_PRECONDITION
+   * (NOT_A_DIRECTORY).
+   */
+  watchFiles: handleServerStreamingCall<WatchFilesRequest, WatchFilesResponse>;
   /**
    * PauseSandbox freezes every process of the sandbox (runc: the cgroup
    * freezer; gvisor: runsc pause) and returns once they are frozen: a
@@ -7110,6 +7216,84 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options?: Partial<CallOptions>,
   ): ClientDuplexStream<PortForwardRequest, PortForwardResponse>;
+  /**
+   * CreateSession starts a shell session in the sandbox (docs/sessions.md):
+   * commands then run in it with Exec or Run and process.session_id. The
+   * session belongs to the sandbox's agent and survives berthd restarts;
+   * it ends with DeleteSession, the shell's exit or the sandbox. Errors:
+   * INVALID_ARGUMENT naming the field, ALREADY_EXISTS (SESSION_EXISTS),
+   * NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (CWD_INVALID), and
+   * RESOURCE_EXHAUSTED when the shell cannot be started.
+   */
+  createSession(
+    request: CreateSessionRequest,
+    callback: (error: ServiceError | null, response: CreateSessionResponse) => void,
+  ): ClientUnaryCall;
+  createSession(
+    request: CreateSessionRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CreateSessionResponse) => void,
+  ): ClientUnaryCall;
+  createSession(
+    request: CreateSessionRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CreateSessionResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ListSessions lists the sandbox's sessions. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND), UNAVAILABLE (SANDBOX_UNREACHABLE).
+   */
+  listSessions(
+    request: ListSessionsRequest,
+    callback: (error: ServiceError | null, response: ListSessionsResponse) => void,
+  ): ClientUnaryCall;
+  listSessions(
+    request: ListSessionsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListSessionsResponse) => void,
+  ): ClientUnaryCall;
+  listSessions(
+    request: ListSessionsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListSessionsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * DeleteSession ends a session: SIGHUP then SIGKILL (after the kill
+   * grace) to the shell's process group, which holds its background jobs.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
+   */
+  deleteSession(
+    request: DeleteSessionRequest,
+    callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
+  ): ClientUnaryCall;
+  deleteSession(
+    request: DeleteSessionRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
+  ): ClientUnaryCall;
+  deleteSession(
+    request: DeleteSessionRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * WatchFiles streams create, write, remove and rename events under a
+   * directory (inotify in the sandbox), numbered so that a caller whose
+   * stream broke resumes with watch_id and since_seq without missing or
+   * repeating an event; a FileWatchOverflow says when events were lost.
+   * Errors: INVALID_ARGUMENT naming the field, NOT_FOUND (SANDBOX_NOT_FOUND;
+   * PATH_NOT_FOUND for a missing directory), FAILED_PRECONDITION
+   * (NOT_A_DIRECTORY).
+   */
+  watchFiles(request: WatchFilesRequest, options?: Partial<CallOptions>): ClientReadableStream<WatchFilesResponse>;
+  watchFiles(
+    request: WatchFilesRequest,
+    metadata?: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientReadableStream<WatchFilesResponse>;
   /**
    * PauseSandbox freezes every process of the sandbox (runc: the cgroup
    * freezer; gvisor: runsc pause) and returns once they are frozen: a
