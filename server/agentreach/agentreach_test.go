@@ -336,3 +336,43 @@ func (f *fakeFreezer) Resume(context.Context, string) error { f.resumes++; retur
 func (f *fakeFreezer) Hibernate(context.Context, string) (runtime.Hibernation, error) {
 	return runtime.Hibernation{}, nil
 }
+
+// blockingFreezer pauses only once release is closed, telling entered
+// when its Pause began: a pause that containerd has done (the task is
+// frozen) and berthd has not yet recorded.
+type blockingFreezer struct {
+	fakeFreezer
+	entered, release chan struct{}
+}
+
+func (f *blockingFreezer) Pause(ctx context.Context, id string) error {
+	close(f.entered)
+	<-f.release
+	return f.fakeFreezer.Pause(ctx, id)
+}
+
+// TestWakeWaitsForPause: a call that reaches a sandbox while a pause of it
+// is under way (the idle reaper's) waits for the pause and resumes it. It
+// checked the recorded state alone and went on to the frozen agent, where
+// its exec hung until its deadline (TestIdleActionPause, once at load 30).
+func TestWakeWaitsForPause(t *testing.T) {
+	f := &blockingFreezer{entered: make(chan struct{}), release: make(chan struct{})}
+	r := &Reacher{freezer: f, log: slog.New(slog.DiscardHandler)}
+	paused := make(chan error, 1)
+	go func() { paused <- r.Pause(context.Background(), "sb") }()
+	<-f.entered
+	woke := make(chan error, 1)
+	go func() { woke <- r.wake(context.Background(), "sb", "e1", false) }()
+	select {
+	case err := <-woke:
+		t.Fatalf("wake during a pause returned %v at once, with %d resumes; want it to wait for the pause and resume", err, f.resumes)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(f.release)
+	if err := <-paused; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-woke; err != nil || f.resumes != 1 || r.Paused("sb") {
+		t.Errorf("wake after the pause: %v, %d resumes, paused %v; want resumed once", err, f.resumes, r.Paused("sb"))
+	}
+}

@@ -117,6 +117,21 @@ func (p *pauses) get(id string) bool {
 	return p.paused[id]
 }
 
+// settled returns whether sandbox id is paused once a pause or resume of
+// it under way (holding its lock) has finished: containerd may have frozen
+// the task already while the pause is not yet recorded.
+func (p *pauses) settled(id string) bool {
+	p.mu.Lock()
+	_, busy := p.locks[id]
+	paused := p.paused[id]
+	p.mu.Unlock()
+	if !busy {
+		return paused
+	}
+	p.lock(id)()
+	return p.get(id)
+}
+
 // Pause freezes every process of sandbox id and returns once they are
 // frozen; a paused sandbox stays paused (no error). The caller decided
 // that its caller may see the sandbox. Errors: runtime.ErrSandboxNotFound,
@@ -131,9 +146,28 @@ func (r *Reacher) Resume(ctx context.Context, id string) error {
 	return r.freeze(ctx, id, false)
 }
 
+// PauseIf pauses sandbox id as Pause does when ok, asked under the lock
+// that a call reaching the sandbox waits on (wake), still reports true:
+// the idle reaper's verdict, checked again where no request can slip in
+// between the check and the freeze and then find its agent frozen. It
+// reports whether it paused.
+func (r *Reacher) PauseIf(ctx context.Context, id string, ok func() bool) (bool, error) {
+	unlock := r.pauses.lock(id)
+	defer unlock()
+	if !ok() {
+		return false, nil
+	}
+	return true, r.freezeLocked(ctx, id, true)
+}
+
 func (r *Reacher) freeze(ctx context.Context, id string, pause bool) error {
 	unlock := r.pauses.lock(id)
 	defer unlock()
+	return r.freezeLocked(ctx, id, pause)
+}
+
+// freezeLocked is freeze under sandbox id's pause lock.
+func (r *Reacher) freezeLocked(ctx context.Context, id string, pause bool) error {
 	began := time.Now()
 	var err error
 	if pause {
@@ -178,12 +212,13 @@ func (r *Reacher) PauseWatch(id string) (paused bool, changed <-chan struct{}) {
 func (r *Reacher) SetPaused(id string, paused bool) { r.pauses.set(id, paused) }
 
 // wake resumes sandbox id before a call that needs its agent, when it is
-// paused (as berthd knows, or as containerd's record says: recorded). A
+// paused (as berthd knows once a pause under way has finished, or as
+// containerd's record says: recorded). A
 // caller that asked not to (resume.Header) gets FAILED_PRECONDITION
 // SANDBOX_PAUSED, and the sandbox stays paused. The caller of Reach may
 // see the sandbox: that was decided before.
 func (r *Reacher) wake(ctx context.Context, id, execID string, recorded bool) error {
-	if !recorded && !r.pauses.get(id) {
+	if !recorded && !r.pauses.settled(id) {
 		return nil
 	}
 	if resume.Refused(ctx) {

@@ -143,16 +143,22 @@ func (st stopper) Stop(ctx context.Context, id string, reason Reason) error {
 }
 
 // Pause pauses an idle sandbox whose idle action is to pause it, or
-// hibernates one whose idle action is to hibernate it.
-func (st stopper) Pause(ctx context.Context, id string) error {
+// hibernates one whose idle action is to hibernate it, when stillIdle:
+// for a pause, asked under the lock a call reaching the sandbox waits on
+// (agentreach.Reacher.PauseIf); a hibernation ends the calls in flight
+// with a typed error rather than freezing them.
+func (st stopper) Pause(ctx context.Context, id string, stillIdle func() bool) (bool, error) {
 	unlock, err := st.m.lifecycle.Lock(ctx, id)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer unlock()
 	if sb, err := st.m.rt.Get(ctx, id); err == nil && sb.IdleAction == runtime.IdleHibernate {
+		if !stillIdle() {
+			return false, nil
+		}
 		_, err := st.m.hibernate(ctx, id)
-		return err
+		return err == nil, err
 	}
-	return st.m.pause(ctx, id, true)
+	return st.m.reach.PauseIf(ctx, id, stillIdle)
 }

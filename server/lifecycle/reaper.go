@@ -83,7 +83,10 @@ var ErrPaused = errors.New("sandbox paused")
 // whose idle action is to pause.
 type Stopper interface {
 	Stop(ctx context.Context, id string, reason Reason) error
-	Pause(ctx context.Context, id string) error
+	// Pause pauses (or hibernates) idle sandbox id when stillIdle, asked
+	// where no request can begin unseen before the pause, still reports
+	// true; it reports whether it did.
+	Pause(ctx context.Context, id string, stillIdle func() bool) (bool, error)
 }
 
 // Limits are a sandbox's timeouts.
@@ -487,19 +490,28 @@ func (r *Reaper) remove(ctx context.Context, id string) {
 // pauseIdle pauses an idle sandbox whose idle action is to pause it; a
 // failure is logged and retried next round.
 func (r *Reaper) pauseIdle(ctx context.Context, id string) {
-	err := r.stop.Pause(ctx, id)
+	stillIdle := func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		e, ok := r.sandboxes[id]
+		return ok && e.idleAt(r.now())
+	}
+	paused, err := r.stop.Pause(ctx, id, stillIdle)
 	r.mu.Lock()
 	e, ok := r.sandboxes[id]
 	if ok {
 		e.stopping = ReasonNone
-		if err == nil {
+		if paused && err == nil {
 			e.paused = true
 		}
 	}
 	r.mu.Unlock()
-	if err != nil {
+	switch {
+	case err != nil:
 		r.log.Error("pause idle sandbox; retrying", slog.String("sandbox_id", id), slog.Any("error", err))
-		return
+	case !paused:
+		r.log.Info("idle sandbox in use again before its pause; keeping it running", slog.String("sandbox_id", id))
+	default:
+		r.log.Info("idle sandbox paused", slog.String("sandbox_id", id))
 	}
-	r.log.Info("idle sandbox paused", slog.String("sandbox_id", id))
 }

@@ -24,6 +24,9 @@ type fakeAgents struct {
 	stopErr  error
 	block    chan struct{}
 	paused   map[string]int // pauses asked, by sandbox
+	// beforePause, when set, runs as a Pause begins: a request that
+	// arrives between the reaper's idle verdict and the pause.
+	beforePause func()
 }
 
 func newFakeAgents() *fakeAgents {
@@ -57,11 +60,20 @@ func (f *fakeAgents) Stop(ctx context.Context, id string, reason Reason) error {
 	return nil
 }
 
-func (f *fakeAgents) Pause(_ context.Context, id string) error {
+func (f *fakeAgents) Pause(_ context.Context, id string, stillIdle func() bool) (bool, error) {
+	f.mu.Lock()
+	before := f.beforePause
+	f.mu.Unlock()
+	if before != nil {
+		before()
+	}
+	if !stillIdle() {
+		return false, nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.paused[id]++
-	return nil
+	return true, nil
 }
 
 func (f *fakeAgents) set(fn func()) {
@@ -389,4 +401,33 @@ func TestReaperRequestBetweenVerdictAndRemoval(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestReaperPauseRechecksIdle: a request that begins after the reaper
+// found a sandbox idle and before its pause keeps it running: the pause
+// asks again (stillIdle) where the request cannot slip past, so no
+// request finds its agent frozen under it.
+func TestReaperPauseRechecksIdle(t *testing.T) {
+	f := newFakeAgents()
+	r := runReaper(t, f)
+	var end func()
+	f.set(func() {
+		f.beforePause = func() {
+			e := r.Begin("p")
+			f.set(func() { end = e })
+		}
+	})
+	r.Track("p", Limits{CreatedAt: time.Now(), IdleTimeout: 30 * time.Millisecond, MaxLifetime: time.Hour, PauseOnIdle: true})
+	waitFor(t, 2*time.Second, "the reaper's pause of p asked", func() bool {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return end != nil
+	})
+	f.set(func() { f.beforePause = nil })
+	var pauses int
+	f.set(func() { pauses = f.paused["p"] })
+	if st, _ := r.Status("p"); st.Paused || pauses != 0 {
+		t.Errorf("a request began before the pause: paused %v, %d pauses; want kept running", st.Paused, pauses)
+	}
+	f.set(func() { end() })
 }
