@@ -207,7 +207,7 @@ func (r *Reacher) Reach(ctx context.Context, sandboxID, execID string) (agentv1.
 			watch = r.NewWatch(sandboxID, last.TaskPID)
 			continue
 		}
-		if r.pauses.get(sandboxID) {
+		if r.pauses.settled(sandboxID) {
 			// Paused while this call waited: it resumes it, as any call.
 			if err := r.wake(ctx, sandboxID, execID, false); err != nil {
 				return nil, apierr.Runtime{}, err
@@ -418,10 +418,15 @@ type procSampler struct {
 	// cgroups holds the cgroup CPU files of each agent read lately (an
 	// agent, PID 1 of its sandbox, stays in its cgroup): a baseline then
 	// reads one or two small files, not /proc/<pid>/cgroup as well
-	// (issue 23). Forgotten with the agent's samples; read afresh when a
-	// file cannot be read (the sandbox, and its cgroup, are gone).
+	// (issue 23). Kept past the agent's samples, which last a second,
+	// so that execs seconds apart use them too; read afresh when a file
+	// cannot be read (the sandbox, and its cgroup, are gone); dropped
+	// all at once past maxCgroupFiles agents.
 	cgroups map[uint32]procfs.CgroupCPUFiles
 }
+
+// maxCgroupFiles bounds procSampler.cgroups: three paths an agent.
+const maxCgroupFiles = 4096
 
 // sampleTTL is how long a procSample serves: far below any connect
 // budget, so that a Watch's consecutive checks see distinct samples.
@@ -512,7 +517,7 @@ func (ps *procSampler) cgroupCPU(pid uint32) (time.Duration, error) {
 		return 0, err
 	}
 	ps.mu.Lock()
-	if ps.cgroups == nil {
+	if ps.cgroups == nil || len(ps.cgroups) >= maxCgroupFiles {
 		ps.cgroups = make(map[uint32]procfs.CgroupCPUFiles)
 	}
 	ps.cgroups[pid] = files
@@ -521,7 +526,7 @@ func (ps *procSampler) cgroupCPU(pid uint32) (time.Duration, error) {
 }
 
 // store keeps s as pid's sample, its read ended now, and forgets those older
-// than a second, with their cgroup files.
+// than a second (not their cgroup files: see procSampler.cgroups).
 func (ps *procSampler) store(pid uint32, s procSample) {
 	s.read = time.Now()
 	ps.mu.Lock()
@@ -532,7 +537,6 @@ func (ps *procSampler) store(pid uint32, s procSample) {
 	for p, old := range ps.last {
 		if s.at.Sub(old.at) > time.Second {
 			delete(ps.last, p)
-			delete(ps.cgroups, p)
 		}
 	}
 	ps.last[pid] = s

@@ -262,6 +262,15 @@ func TestSamplerKeepsCgroupFiles(t *testing.T) {
 	if ps.cgroups[pid] != kept {
 		t.Errorf("kept files = %+v after a failed read, want %+v found again", ps.cgroups[pid], kept)
 	}
+	// Execs seconds apart: the agent's sample is forgotten, its files
+	// are not (they were dropped with any sample a second old).
+	ps.store(pid+1, procSample{at: time.Now().Add(2 * time.Second)})
+	if _, ok := ps.last[pid]; ok {
+		t.Fatal("a sample 2 s older than the newest was kept")
+	}
+	if ps.cgroups[pid] != kept {
+		t.Errorf("cgroup files after the agent's sample aged out = %+v, want %+v kept", ps.cgroups[pid], kept)
+	}
 }
 
 // BenchmarkWatchBaseline is what starting a Watch costs berthd (per exec):
@@ -363,10 +372,21 @@ func TestWakeWaitsForPause(t *testing.T) {
 	<-f.entered
 	woke := make(chan error, 1)
 	go func() { woke <- r.wake(context.Background(), "sb", "e1", false) }()
-	select {
-	case err := <-woke:
-		t.Fatalf("wake during a pause returned %v at once, with %d resumes; want it to wait for the pause and resume", err, f.resumes)
-	case <-time.After(100 * time.Millisecond):
+	// Blocked on the pause lock (the pause's hold and wake's wait): a
+	// wake that did not wait returns instead.
+	for {
+		r.pauses.mu.Lock()
+		l := r.pauses.locks["sb"]
+		waiting := l != nil && l.refs == 2
+		r.pauses.mu.Unlock()
+		if waiting {
+			break
+		}
+		select {
+		case err := <-woke:
+			t.Fatalf("wake during a pause returned %v at once, with %d resumes; want it to wait for the pause and resume", err, f.resumes)
+		case <-time.After(time.Millisecond):
+		}
 	}
 	close(f.release)
 	if err := <-paused; err != nil {
