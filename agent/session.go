@@ -278,6 +278,14 @@ func chownIfOther(path string, uid, gid uint32) error {
 	return os.Chown(path, int(uid), int(gid))
 }
 
+// fchownIfOther is chownIfOther of an open file.
+func fchownIfOther(f *os.File, uid, gid uint32) error {
+	if uid == uint32(os.Getuid()) && gid == uint32(os.Getgid()) {
+		return nil
+	}
+	return f.Chown(int(uid), int(gid))
+}
+
 // readStatuses hands each status line of the shell to ss.status until the
 // shell closes its stdout (it exited).
 func (s *Server) readStatuses(ss *session, statusR *os.File) {
@@ -473,14 +481,22 @@ func (s *Server) launchInSession(e *execution, p *plan, follow bool, sessionID, 
 		if err := unix.Mkfifo(path, 0o600); err != nil {
 			return nil, internal("make FIFO", err)
 		}
-		if err := chownIfOther(path, ss.uid, ss.gid); err != nil {
-			return nil, internal("give the FIFO to the session's user", err)
-		}
-		if reads[i], err = os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0); err != nil {
+		// The directory is the session user's, whose processes may swap
+		// the name for a symlink between the mkfifo and here: the FIFO is
+		// opened without following one, checked to be a FIFO, given to
+		// the user through its descriptor and opened again through it,
+		// never by name (a chown by name gave the user any file).
+		if reads[i], err = os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOFOLLOW, 0); err != nil {
 			return nil, internal("open FIFO", err)
 		}
 		opened = append(opened, reads[i])
-		if writes[i], err = os.OpenFile(path, os.O_WRONLY|unix.O_NONBLOCK, 0); err != nil {
+		if fi, err := reads[i].Stat(); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+			return nil, internal("open FIFO", fmt.Errorf("%s is no longer the FIFO the agent made", path))
+		}
+		if err := fchownIfOther(reads[i], ss.uid, ss.gid); err != nil {
+			return nil, internal("give the FIFO to the session's user", err)
+		}
+		if writes[i], err = os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", reads[i].Fd()), os.O_WRONLY|unix.O_NONBLOCK, 0); err != nil {
 			return nil, internal("open FIFO", err)
 		}
 		opened = append(opened, writes[i])
