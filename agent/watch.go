@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/internal/tartree"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -268,7 +269,10 @@ func (w *fileWatch) file1(kind berthv1.FileEventKind, p, old string, dir bool) {
 			return
 		}
 	}
-	w.append(&agentv1.WatchFilesResponse{Event: &agentv1.WatchFilesResponse_File{File: &berthv1.FileEvent{Kind: kind, Path: p, OldPath: old, IsDir: dir}}})
+	// A proto string carries UTF-8 only: a name that is not is shown with
+	// its other bytes as \xNN (tartree.Display, as files' display paths),
+	// never an event that no stream can send.
+	w.append(&agentv1.WatchFilesResponse{Event: &agentv1.WatchFilesResponse_File{File: &berthv1.FileEvent{Kind: kind, Path: tartree.Display(p), OldPath: tartree.Display(old), IsDir: dir}}})
 }
 
 // append numbers ev, adds it to the ring (shedding the oldest past the

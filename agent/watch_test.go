@@ -87,6 +87,21 @@ func TestWatchFiles(t *testing.T) {
 	if f := recv().GetFile(); f.GetKind() != berthv1.FileEventKind_FILE_EVENT_KIND_RENAME || f.GetPath() != filepath.Join(dir, "f-moved") || f.GetOldPath() != filepath.Join(dir, "sub", "f0000") {
 		t.Errorf("rename: %v, want RENAME from sub/f0000 to f-moved", f)
 	}
+	// A name that is not UTF-8 (a workload may make one) is shown with
+	// its bytes escaped, and the stream goes on: a proto string cannot
+	// carry it, and the event replayed on every resume ended the watch.
+	if err := os.WriteFile(filepath.Join(dir, "f\xff"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f-after"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if f := recv().GetFile(); f.GetPath() != filepath.Join(dir, `f\xff`) {
+		t.Errorf("event of a non-UTF-8 name: %v, want the path with \\xff", f)
+	}
+	if f := recv().GetFile(); f.GetPath() != filepath.Join(dir, "f-after") {
+		t.Errorf("event after the non-UTF-8 name: %v, want f-after", f)
+	}
 
 	// A ring of 100 events, 300 creations nobody read: 200 shed.
 	small := t.TempDir()
