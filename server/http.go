@@ -3,10 +3,12 @@ package server
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"strings"
@@ -21,6 +23,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/genproto/googleapis/api/annotations"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/console"
@@ -148,10 +151,34 @@ func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
 			ws.ServeHTTP(w, r)
 		case con != nil && (p == "/console" || strings.HasPrefix(p, "/console/")):
 			con.ServeHTTP(w, r)
+		case strings.HasPrefix(p, "/v1/") && r.Method == http.MethodPost && !jsonBody(r):
+			refuseRESTBody(w, r)
 		default:
 			api.ServeHTTP(w, r)
 		}
 	}), nil
+}
+
+// jsonBody reports whether r says its body is JSON (Content-Type
+// application/json). vanguard reads a REST body without a Content-Type
+// as JSON; a browser sends such a POST, or one of text/plain, cross site
+// without asking first (no CORS preflight: the Fetch standard's "simple"
+// requests, GET, HEAD and POST only), with the credentials it holds for
+// berthd's origin (a client certificate). application/json makes it ask
+// first. REST POSTs must say it; DELETE and GET carry no body.
+func jsonBody(r *http.Request) bool {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	return err == nil && mt == "application/json"
+}
+
+// refuseRESTBody answers a REST call whose body is not declared JSON:
+// 415, a google.rpc.Status JSON body as the routes' other errors.
+func refuseRESTBody(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusUnsupportedMediaType)
+	msg := fmt.Sprintf("%s %s: the body must be Content-Type application/json, not %q", r.Method, r.URL.Path, r.Header.Get("Content-Type"))
+	b, _ := json.Marshal(map[string]any{"code": int(codes.InvalidArgument), "message": msg})
+	w.Write(b) //nolint:errcheck // the caller may be gone
 }
 
 // restRules are the REST routes of the main calls (docs/http.md), as

@@ -60,7 +60,7 @@ func TestRESTRoutes(t *testing.T) {
 		{"POST", "/v1/sandboxes/sb-1/run", `{"process": {"argv": ["true"]}}`, 501, `"code":12`},
 	} {
 		req, _ := http.NewRequest(tc.method, hs.URL+tc.path, strings.NewReader(tc.body))
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", "application/json; charset=utf-8")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -69,6 +69,37 @@ func TestRESTRoutes(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != tc.code || !strings.Contains(string(body), tc.want) {
 			t.Errorf("%s %s: %d %s; want %d with %s", tc.method, tc.path, resp.StatusCode, body, tc.code, tc.want)
+		}
+	}
+}
+
+// TestRESTRefusesUndeclaredBodies: a REST call with a body that is not
+// declared application/json — none, or text/plain, which a browser sends
+// cross site without a CORS preflight, with a client certificate it holds
+// — is 415 and reaches no handler (vanguard read such a body as JSON).
+func TestRESTRefusesUndeclaredBodies(t *testing.T) {
+	srv := grpc.NewServer()
+	berthv1.RegisterSandboxServiceServer(srv, restSandboxes{})
+	berthv1.RegisterFileServiceServer(srv, restSandboxes{})
+	h, err := NewHTTPHandler(srv, ServeConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(h)
+	defer hs.Close()
+	for _, ct := range []string{"", "text/plain", "application/x-www-form-urlencoded"} {
+		req, _ := http.NewRequest("POST", hs.URL+"/v1/sandboxes/sb-1/execs/ex-1/stdin", strings.NewReader(`{"offset": "0", "data": "aGk="}`))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnsupportedMediaType || strings.Contains(string(body), "nextOffset") || !strings.Contains(string(body), "application/json") {
+			t.Errorf("POST stdin with Content-Type %q: %d %s; want 415 naming application/json", ct, resp.StatusCode, body)
 		}
 	}
 }
