@@ -518,7 +518,6 @@ func (s *Server) launchInSession(e *execution, p *plan, follow bool, sessionID, 
 			fmt.Sprintf("session %q ended: its shell takes no command (%v)", ss.id, err), map[string]string{"session_id": ss.id})
 	}
 	e.setStarted(ss.pid, p)
-	s.log.Info("session command started", "exec_id", e.id, "session_id", ss.id)
 	s.execWG.Add(1)
 	go s.superviseCommand(e, ss, start, p.timeout, []*pump{stdout, stderr}, writes)
 	return r, nil

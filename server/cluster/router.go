@@ -101,6 +101,7 @@ var readOnly = map[string]bool{
 	berthv1.FileService_ListDir_FullMethodName:         true,
 	berthv1.FileService_Download_FullMethodName:        true,
 	berthv1.SandboxService_ListSessions_FullMethodName: true,
+	berthv1.SandboxService_WatchFiles_FullMethodName:   true,
 }
 
 func serviceOf(fullMethod string) string {

@@ -50,24 +50,27 @@ func (s *Service) exec(stream berthv1.SandboxService_ExecServer, nested bool) er
 		hangup     bool // SIGHUP to the exec when the caller goes away
 	)
 	_, isStart := first.GetEvent().(*berthv1.ExecRequest_Start)
-	field := func(name string) string {
-		prefix, _ := execFieldPrefix(isStart)
-		if !nested {
-			return name
-		}
-		return prefix + name
+	// The opening's fields as the caller's request spells them: under
+	// Exec's start or attach (execFieldPrefix), at the top of StartExec's
+	// and AttachExec's. Constants: no concatenation on every start.
+	execIDField, processField := "exec_id", "process"
+	switch {
+	case nested && isStart:
+		execIDField, processField = "start.exec_id", "start.process"
+	case nested:
+		execIDField = "attach.exec_id"
 	}
 	switch ev := first.GetEvent().(type) {
 	case *berthv1.ExecRequest_Start:
 		sandboxID = ev.Start.GetSandboxId()
-		execID, err = s.execID(field("exec_id"), ev.Start.GetExecId())
+		execID, err = s.execID(execIDField, ev.Start.GetExecId())
 		if err != nil {
 			return err
 		}
 		if ev.Start.GetProcess() == nil {
-			return apierr.InvalidArgument(field("process"), "is missing")
+			return apierr.InvalidArgument(processField, "is missing")
 		}
-		if err := validate.Process(field("process"), ev.Start.GetProcess()); err != nil {
+		if err := validate.Process(processField, ev.Start.GetProcess()); err != nil {
 			return err
 		}
 		background = ev.Start.GetBackground()
@@ -81,7 +84,7 @@ func (s *Service) exec(stream berthv1.SandboxService_ExecServer, nested bool) er
 	case *berthv1.ExecRequest_Attach:
 		sandboxID = ev.Attach.GetSandboxId()
 		execID = ev.Attach.GetExecId()
-		if err := validate.ExecID(field("exec_id"), execID); err != nil {
+		if err := validate.ExecID(execIDField, execID); err != nil {
 			return err
 		}
 		opening = &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Attach{Attach: &agentv1.ExecAttach{ExecId: ev.Attach.GetExecId(), SinceSeq: ev.Attach.GetSinceSeq()}}}
