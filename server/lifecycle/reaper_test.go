@@ -27,6 +27,8 @@ type fakeAgents struct {
 	// beforePause, when set, runs as a Pause begins: a request that
 	// arrives between the reaper's idle verdict and the pause.
 	beforePause func()
+	// pauseCalls counts the Pause calls that returned.
+	pauseCalls int
 }
 
 func newFakeAgents() *fakeAgents {
@@ -67,11 +69,13 @@ func (f *fakeAgents) Pause(_ context.Context, id string, stillIdle func() bool) 
 	if before != nil {
 		before()
 	}
-	if !stillIdle() {
-		return false, nil
-	}
+	idle := stillIdle()
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.pauseCalls++
+	if !idle {
+		return false, nil
+	}
 	f.paused[id]++
 	return true, nil
 }
@@ -418,10 +422,10 @@ func TestReaperPauseRechecksIdle(t *testing.T) {
 		}
 	})
 	r.Track("p", Limits{CreatedAt: time.Now(), IdleTimeout: 30 * time.Millisecond, MaxLifetime: time.Hour, PauseOnIdle: true})
-	waitFor(t, 2*time.Second, "the reaper's pause of p asked", func() bool {
+	waitFor(t, 2*time.Second, "the reaper's pause of p asked and answered", func() bool {
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		return end != nil
+		return end != nil && f.pauseCalls > 0
 	})
 	f.set(func() { f.beforePause = nil })
 	var pauses int
