@@ -396,3 +396,20 @@ func TestWakeWaitsForPause(t *testing.T) {
 		t.Errorf("wake after the pause: %v, %d resumes, paused %v; want resumed once", err, f.resumes, r.Paused("sb"))
 	}
 }
+
+// TestPauseIf: the idle reaper's pause asks ok under the pause lock and
+// pauses only when it still says so.
+func TestPauseIf(t *testing.T) {
+	f := &fakeFreezer{}
+	r := &Reacher{freezer: f, log: slog.New(slog.DiscardHandler)}
+	if paused, err := r.PauseIf(context.Background(), "sb", func() bool { return false }); paused || err != nil || f.pauses != 0 || r.Paused("sb") {
+		t.Errorf("PauseIf(not idle) = %v, %v with %d pauses; want nothing done", paused, err, f.pauses)
+	}
+	var locked bool
+	if paused, err := r.PauseIf(context.Background(), "sb", func() bool { r.pauses.mu.Lock(); _, locked = r.pauses.locks["sb"]; r.pauses.mu.Unlock(); return true }); !paused || err != nil || f.pauses != 1 || !r.Paused("sb") {
+		t.Errorf("PauseIf(idle) = %v, %v with %d pauses; want paused once", paused, err, f.pauses)
+	}
+	if !locked {
+		t.Error("PauseIf asked ok without holding the sandbox's pause lock")
+	}
+}
