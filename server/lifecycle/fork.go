@@ -27,7 +27,10 @@ const MaxForkCount = 16
 
 // forkParallel is how many children of one Fork are created at once: each
 // create is mostly containerd's and the agent's start, which a handful at
-// once overlap without queueing on containerd's metadata lock.
+// once overlap without queueing on containerd's metadata lock. All ten of
+// a fork of 10 at once, on 2 cores at load 40-48, made one child's
+// NewTask (shim and runc create) outlast containerd's call budget of
+// 10 s, and the fork failed (BENCHMARKS.md, 2026-12-05).
 const forkParallel = 4
 
 // ForkRequest is what Fork makes.
