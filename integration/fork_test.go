@@ -285,6 +285,13 @@ func TestForkAllOrNothing(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("ForkSandbox of 3 with room for 2 more sandboxes: %v, want RESOURCE_EXHAUSTED", err)
 	}
+	onlyParentLeft(ctx, t, e)
+}
+
+// onlyParentLeft fails t unless env e holds one sandbox (a failed fork's
+// parent) and no fork copy.
+func onlyParentLeft(ctx context.Context, t *testing.T, e *berthEnv) {
+	t.Helper()
 	list, err := e.sandboxes.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -315,16 +322,7 @@ func TestForkCopyFailsNoChild(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "pause sandbox "+pid+" for its fork") {
 		t.Fatalf("ForkSandbox of a sandbox whose task is gone: %v, want the pause for its copy to fail", err)
 	}
-	list, err := e.sandboxes.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(list.GetSandboxes()); n != 1 {
-		t.Errorf("%d sandboxes after the failed fork, want only the parent", n)
-	}
-	if copies := forkCopies(t, e.ns); len(copies) != 0 {
-		t.Errorf("fork copies %v left after the failed fork", copies)
-	}
+	onlyParentLeft(ctx, t, e)
 }
 
 // TestForkSurvivesRestart: children outlive a berthd killed with SIGKILL
