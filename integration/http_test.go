@@ -72,8 +72,9 @@ func docRecipes(t *testing.T) map[string]string {
 // TestHTTPDocRecipes runs docs/http.md's curl recipes against a real
 // berthd over HTTP/1.1 (TCP with a bearer token, and the unix socket):
 // Connect JSON create, Run, ReadFile (a Connect server stream), a typed
-// error as JSON with its reason and HTTP status, no token, bidi refused;
-// then Run through gRPC-Web.
+// error as JSON with its reason and HTTP status, no token, bidi refused,
+// REST, exec without bidi; then Run through gRPC-Web, files as raw bodies
+// (rawFiles) and streams as JSON lines (jsonLines).
 func TestHTTPDocRecipes(t *testing.T) {
 	need(t)
 	e, url := startHTTPBerthd(t)

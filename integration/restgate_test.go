@@ -105,17 +105,7 @@ func readSandboxFile(t *testing.T, e *berthEnv, sb, path string) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []byte
-	for {
-		m, err := stream.Recv()
-		if err == io.EOF {
-			return out
-		}
-		if err != nil {
-			t.Fatalf("ReadFile %s: %v", path, err)
-		}
-		out = append(out, m.GetChunk()...)
-	}
+	return []byte(readAll(t, stream))
 }
 
 // waitTempFile waits (at most a minute) until /tmp/raw holds a WriteFile
