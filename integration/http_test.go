@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -250,10 +249,7 @@ func BenchmarkRunProtocols(b *testing.B) {
 		}
 	})
 	b.Run("connect-json-http1", func(b *testing.B) {
-		sock := strings.TrimPrefix(env.berthdAddr, "unix://")
-		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
+		c := unixHTTPClient(env.berthdAddr)
 		body := []byte(`{"sandboxId":"` + sb + `","process":{"argv":["true"]}}`)
 		for b.Loop() {
 			r, err := c.Post("http://berthd/berth.v1.SandboxService/Run", "application/json", bytes.NewReader(body))
