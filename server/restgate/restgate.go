@@ -34,7 +34,7 @@ import (
 	"github.com/berth-sandbox/berth/server/inproc"
 )
 
-// Handler serves the routes (Routes). Other paths are not its: Match
+// Handler serves routes. Other paths are not its: Match
 // tells them apart.
 type Handler struct {
 	srv http.Handler
@@ -42,9 +42,9 @@ type Handler struct {
 	mux *http.ServeMux
 }
 
-// Routes are the handler's method and path patterns (http.ServeMux
+// routes are the handler's method and path patterns (http.ServeMux
 // syntax), as docs/http.md lists them.
-var Routes = []string{
+var routes = []string{
 	"GET /v1/sandboxes/{sandbox_id}/files/content",
 	"PUT /v1/sandboxes/{sandbox_id}/files/content",
 	"GET /v1/sandboxes/{sandbox_id}/files/archive",
@@ -66,7 +66,7 @@ func New(srv http.Handler, log *slog.Logger) *Handler {
 	serve := []func(http.ResponseWriter, *http.Request, *inproc.Conn) error{
 		h.readFile, h.writeFile, h.download, h.upload, h.listDir, h.startExec, h.attachExec, h.watchFiles,
 	}
-	for i, pattern := range Routes {
+	for i, pattern := range routes {
 		serve := serve[i]
 		h.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { h.call(w, r, serve) })
 	}
@@ -123,13 +123,13 @@ func writeError(w http.ResponseWriter, err error) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Del("Content-Length")
-	w.WriteHeader(HTTPStatus(st.Code()))
+	w.WriteHeader(httpStatus(st.Code()))
 	w.Write(append(b, '\n')) //nolint:errcheck // the caller may be gone
 }
 
-// HTTPStatus is the HTTP status of a gRPC code, as vanguard and Connect
+// httpStatus is the HTTP status of a gRPC code, as vanguard and Connect
 // map them (google/rpc/code.proto's table).
-func HTTPStatus(c codes.Code) int {
+func httpStatus(c codes.Code) int {
 	switch c {
 	case codes.OK:
 		return http.StatusOK
