@@ -23,10 +23,11 @@ from berth._files import FileInfo, Files
 from berth._sessions import Session, Sessions
 from berth._ports import PortForward, Ports
 from berth._sandbox import DEFAULT_IMAGE, Sandbox
+from berth._volumes import Volumes
 
 __all__ = [
     "__version__", "Sandbox", "Connection", "RetryPolicy", "DEFAULT_ADDR", "DEFAULT_IMAGE",
-    "Commands", "CommandHandle", "CommandResult", "Sessions", "Session", "Files", "FileInfo", "Ports", "PortForward",
+    "Commands", "CommandHandle", "CommandResult", "Sessions", "Session", "Files", "FileInfo", "Ports", "PortForward", "Volumes",
     "BerthError", "InvalidArgument", "Unauthenticated", "NotPermitted", "NotFound", "SandboxNotFound",
     "ExecNotFound", "ImageNotFound", "FileNotFound", "FileExists", "FilePermissionDenied", "PortClosed",
     "FleetBusy", "Unreachable", "RuntimeReplaced", "StaleHandle", "DependencyFailure", "ProtocolError",

@@ -201,6 +201,31 @@ class SDKTest(unittest.TestCase):
             s.delete()
         self.assertNotIn(s.id, [i.session_id for i in self.sb.sessions.list()])
 
+    def test_volume(self):
+        """A volume written by one sandbox is read by another mounting it
+        read-only, outlives both, refuses deletion while mounted and lists
+        its usage."""
+        vols = berth.Volumes(self.conn)
+        name = "py-" + os.urandom(4).hex()
+        v = vols.create(name, quota_bytes=4 << 20)
+        try:
+            self.assertEqual((v.name, v.quota_bytes), (name, 4 << 20))
+            with berth.Sandbox.create(user="1000:1000", volumes=[(name, "/data")], connection=self.conn) as a:
+                self.assertEqual(a.commands.run("echo hi > /data/f").exit_code, 0)
+                with berth.Sandbox.create(volumes=[f"{name}:/ro:ro"], connection=self.conn) as b:
+                    self.assertEqual(b.commands.run("cat /ro/f").stdout, b"hi\n")
+                    self.assertNotEqual(b.commands.run("echo x > /ro/g").exit_code, 0)
+                    self.assertEqual(sorted(vols.get(name).sandbox_ids), sorted([a.id, b.id]))
+                    with self.assertRaises(berth.BerthError) as cm:
+                        vols.delete(name)
+                    self.assertEqual(cm.exception.reason, "VOLUME_IN_USE")
+            self.assertIn(name, [x.name for x in vols.list()])
+            self.assertGreater(vols.get(name).used_bytes, 0)
+        finally:
+            vols.delete(name)
+        with self.assertRaises(berth.NotFound):
+            vols.get(name)
+
     def test_background_commands(self):
         sb = self.sb
         h = sb.commands.run("echo one; read x; echo got $x; echo err >&2", background=True, stdin=True)
