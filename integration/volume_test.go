@@ -2,10 +2,15 @@ package integration
 
 import (
 	"context"
+	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -248,5 +253,89 @@ func TestVolumeGVisor(t *testing.T) {
 	}
 	if got := shellOut(t, svc, r.GetId(), "cat /data/g && stat -c %u /data/g"); got != "from-gvisor\n1000\n" {
 		t.Errorf("runc sandbox reads the gVisor sandbox's file as %q, want its line and owner 1000", got)
+	}
+}
+
+// TestVolumeRestart: volumes and their count against the principal's disk
+// cap survive a berthd killed with SIGKILL; the new berthd lists the
+// sandbox that mounts a volume, and when that sandbox's task dies (its
+// volume mount taken off the host first, as a reboot would) the restarted
+// task mounts the volume again and reads what was written before.
+func TestVolumeRestart(t *testing.T) {
+	need(t)
+	const quota = 8 << 20
+	// Room for the volume and the sandbox's own 16 MiB quota, not for a
+	// second volume.
+	flags := []string{"--max-disk-bytes-per-principal", fmt.Sprint(28 << 20)}
+	e := newBinaryEnv(t, "volrs")
+	p1 := startBerthd(t, e, flags...)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	if _, err := e.sandboxes.CreateVolume(ctx, &berthv1.CreateVolumeRequest{Name: "keep", QuotaBytes: quota}); err != nil {
+		t.Fatal(err)
+	}
+	overCap := func(when string) {
+		t.Helper()
+		_, err := e.sandboxes.CreateVolume(ctx, &berthv1.CreateVolumeRequest{Name: "more", QuotaBytes: quota})
+		if status.Code(err) != codes.ResourceExhausted || rpcstatus.Reason(err) != rpcstatus.ReasonFleetBusy {
+			t.Errorf("%s: a second 8 MiB volume under a 28 MiB cap holding 24: %v, want RESOURCE_EXHAUSTED FLEET_BUSY", when, err)
+		}
+	}
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "volrs", Image: baseImage,
+		Resources: &berthv1.Resources{DiskBytes: 16 << 20},
+		Volumes: []*berthv1.VolumeMount{{Name: "keep", Path: "/data"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	overCap("first berthd")
+	id := created.GetSandbox().GetId()
+	t.Cleanup(func() { e.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id}) })
+	shellOut(t, e.sandboxes, id, "echo kept > /data/f")
+	if err := p1.signal(t, syscall.SIGKILL); err == nil {
+		t.Fatal("berthd exited cleanly after SIGKILL?")
+	}
+
+	p2 := startBerthd(t, e, flags...)
+	defer p2.signal(t, syscall.SIGTERM)
+	v, err := e.sandboxes.GetVolume(ctx, &berthv1.GetVolumeRequest{Name: "keep"})
+	if err != nil || !slices.Equal(v.GetVolume().GetSandboxIds(), []string{id}) || v.GetVolume().GetQuotaBytes() != quota {
+		t.Fatalf("GetVolume after the restart = %v, %v; want quota %d mounted by %s", v, err, quota, id)
+	}
+	overCap("restarted berthd")
+
+	// A reboot's unmount, then the task dies: its restart mounts again.
+	mnt := filepath.Join(e.stateDir, "s", id, "volumes", "0")
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Fatalf("unmount %s: %v", mnt, err)
+	}
+	if err := unix.Kill(int(created.GetSandbox().GetRuntime().GetTaskPid()), unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// berthd restarts the task; a Run during the restart is refused
+	// (the task it was admitted to died): retry, bounded.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		r, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: "cat /data/f && echo again >> /data/f"}})
+		if err == nil {
+			if got := string(r.GetStdout()); r.GetResult().GetExitCode() != 0 || got != "kept\n" {
+				t.Errorf("after the task's restart the volume reads %q (exit %d, %q), want kept", got, r.GetResult().GetExitCode(), r.GetStderr())
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s does not run commands 2 min after its task was killed: %v", id, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	g, err := e.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+	if err != nil || g.GetSandbox().GetRuntime().GetAgentBootId() == created.GetSandbox().GetRuntime().GetAgentBootId() {
+		t.Errorf("GetSandbox after the kill = %v, %v; want a new agent", g.GetSandbox().GetRuntime(), err)
+	}
+	if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.sandboxes.DeleteVolume(ctx, &berthv1.DeleteVolumeRequest{Name: "keep"}); err != nil {
+		t.Errorf("DeleteVolume: %v", err)
 	}
 }
