@@ -39,8 +39,8 @@ func TestCLIVolumeSessionWatch(t *testing.T) {
 	if out, code := berthOut(t, "exec", ro, "--", "cat", "/ro/f"); code != 0 || out != "via-cli\n" {
 		t.Errorf("read-only mount reads %q, exit %d", out, code)
 	}
-	if _, errOut, code := berthCLI(t, nil, "exec", "--shell", "echo x > /ro/g", ro); code == 0 || !strings.Contains(errOut+"", "") {
-		t.Errorf("write into the read-only mount: exit %d", code)
+	if _, errOut, code := berthCLI(t, nil, "exec", "--shell", "echo x > /ro/g", ro); code == 0 || !strings.Contains(errOut, "Read-only file system") {
+		t.Errorf("write into the read-only mount: exit %d, stderr %q; want EROFS", code, errOut)
 	}
 	out, code := berthOut(t, "volume", "ls")
 	if code != 0 || !strings.Contains(out, name) || !strings.Contains(out, rw) || !strings.Contains(out, ro) || !strings.Contains(out, "4.0 MiB") {

@@ -284,7 +284,7 @@ func TestVolumeRestart(t *testing.T) {
 	}
 	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "volrs", Image: baseImage,
 		Resources: &berthv1.Resources{DiskBytes: 16 << 20},
-		Volumes: []*berthv1.VolumeMount{{Name: "keep", Path: "/data"}}})
+		Volumes:   []*berthv1.VolumeMount{{Name: "keep", Path: "/data"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

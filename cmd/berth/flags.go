@@ -119,8 +119,12 @@ func (f *processFlags) spec(command []string) (*berthv1.ProcessSpec, error) {
 		return nil, fmt.Errorf("--timeout %v: must not be negative", f.timeout)
 	case f.session != "" && f.shell == "":
 		return nil, errors.New("--session needs --shell: a session runs command strings in its shell")
-	case f.session != "" && (f.bash || f.tty || f.user != "" || f.cwd != "" || len(f.env) > 0):
-		return nil, errors.New("--session takes its shell, user, cwd and environment from the session: drop --bash, -t, --user, --cwd and --env")
+	case f.session != "" && (f.bash || f.tty || f.interactive || f.user != "" || f.cwd != "" || len(f.env) > 0):
+		return nil, errors.New("--session takes its shell, user, cwd and environment from the session and reads no stdin: drop --bash, -t, -i, --user, --cwd and --env")
+	}
+	if f.session != "" {
+		// A session's commands read /dev/null: berthd refuses stdin.
+		f.noStdin = true
 	}
 	env, err := parseKV("env", f.env)
 	if err != nil {
