@@ -242,8 +242,9 @@ class SDKTest(unittest.TestCase):
             self.assertGreater(vols.get(name).used_bytes, 0)
         finally:
             vols.delete(name)
-        with self.assertRaises(berth.NotFound):
+        with self.assertRaises(berth.BerthError) as cm:
             vols.get(name)
+        self.assertEqual(cm.exception.reason, "VOLUME_NOT_FOUND")
 
     def test_background_commands(self):
         sb = self.sb

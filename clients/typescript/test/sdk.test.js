@@ -315,7 +315,7 @@ test("volume shared between sandboxes, refused deletion in use", async () => {
   } finally {
     await vols.delete(name);
   }
-  await assert.rejects(vols.get(name), berth.NotFound);
+  await assert.rejects(vols.get(name), (e) => e instanceof berth.BerthError && e.reason === "VOLUME_NOT_FOUND");
 });
 
 test("await using deletes a created sandbox", async () => {
