@@ -339,3 +339,28 @@ func TestVolumeRestart(t *testing.T) {
 		t.Errorf("DeleteVolume: %v", err)
 	}
 }
+
+// TestVolumeOverlayfs: on the overlayfs snapshotter (no quota for a
+// directory, no btrfs subvolume) every volume call and a create that
+// mounts a volume are FAILED_PRECONDITION VOLUME_UNSUPPORTED naming the
+// snapshotter, never a volume without a quota; nothing is created.
+func TestVolumeOverlayfs(t *testing.T) {
+	e := attackEnv(t, "volovl", "overlayfs", "")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	unsupported := func(what string, err error) {
+		t.Helper()
+		if status.Code(err) != codes.FailedPrecondition || rpcstatus.Reason(err) != rpcstatus.ReasonVolumeUnsupported || !strings.Contains(err.Error(), "overlayfs") {
+			t.Errorf("%s on overlayfs: %v, want FAILED_PRECONDITION VOLUME_UNSUPPORTED naming overlayfs", what, err)
+		}
+	}
+	_, err := e.sandboxes.CreateVolume(ctx, &berthv1.CreateVolumeRequest{Name: "v", QuotaBytes: 1 << 20})
+	unsupported("CreateVolume", err)
+	_, err = e.sandboxes.ListVolumes(ctx, &berthv1.ListVolumesRequest{})
+	unsupported("ListVolumes", err)
+	_, err = e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Volumes: []*berthv1.VolumeMount{{Name: "v", Path: "/data"}}})
+	unsupported("CreateSandbox with a volume", err)
+	if list, err := e.sandboxes.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{}); err != nil || len(list.GetSandboxes()) != 0 {
+		t.Errorf("sandboxes after the refused create: %v, %v; want none", list.GetSandboxes(), err)
+	}
+}
