@@ -121,11 +121,17 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			if req.(*berthv1.CreateSandboxRequest).GetFromSnapshot() != "" {
 				return nil, snapshotsNotInFleet()
 			}
+			if len(req.(*berthv1.CreateSandboxRequest).GetVolumes()) > 0 {
+				return nil, volumesNotInFleet()
+			}
 			return r.create(ctx, p, req.(*berthv1.CreateSandboxRequest), handler)
 		case berthv1.SandboxService_CreateSnapshot_FullMethodName, berthv1.SandboxService_ListSnapshots_FullMethodName,
 			berthv1.SandboxService_DeleteSnapshot_FullMethodName, berthv1.SandboxService_ForkSandbox_FullMethodName,
 			berthv1.SandboxService_CommitSnapshot_FullMethodName:
 			return nil, snapshotsNotInFleet()
+		case berthv1.SandboxService_CreateVolume_FullMethodName, berthv1.SandboxService_GetVolume_FullMethodName,
+			berthv1.SandboxService_ListVolumes_FullMethodName, berthv1.SandboxService_DeleteVolume_FullMethodName:
+			return nil, volumesNotInFleet()
 		case berthv1.SandboxService_ListSandboxes_FullMethodName:
 			return r.list(ctx, p, req.(*berthv1.ListSandboxesRequest), handler)
 		}
@@ -155,6 +161,14 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 func snapshotsNotInFleet() error {
 	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotUnsupported,
 		"snapshots are not available in a fleet yet: a snapshot is kept on one node and the fleet's directory does not route by snapshot id; use a single berthd", nil)
+}
+
+// volumesNotInFleet refuses the volume calls, and creates that mount a
+// volume, in a fleet: a volume lives on one node's disk pool and the
+// fleet's directory records no volumes to place a sandbox by.
+func volumesNotInFleet() error {
+	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonVolumeUnsupported,
+		"volumes are not available in a fleet yet: a volume is kept on one node and the fleet's directory does not place sandboxes by volume; use a single berthd", nil)
 }
 
 // deleteLost deletes sandbox id, whose node is lost, for p, who may see

@@ -24,6 +24,11 @@ func TestEveryRoutedMethodNamesItsSandbox(t *testing.T) {
 		berthv1.SandboxService_ListSnapshots_FullMethodName:  true,
 		berthv1.SandboxService_DeleteSnapshot_FullMethodName: true,
 		berthv1.SandboxService_CommitSnapshot_FullMethodName: true,
+		// Refused in a fleet (volumesNotInFleet).
+		berthv1.SandboxService_CreateVolume_FullMethodName: true,
+		berthv1.SandboxService_GetVolume_FullMethodName:    true,
+		berthv1.SandboxService_ListVolumes_FullMethodName:  true,
+		berthv1.SandboxService_DeleteVolume_FullMethodName: true,
 	}
 	for _, sd := range []grpc.ServiceDesc{berthv1.SandboxService_ServiceDesc, berthv1.FileService_ServiceDesc} {
 		if !routedServices[sd.ServiceName] {

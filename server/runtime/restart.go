@@ -80,6 +80,13 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 			return 0, err
 		}
 	}
+	// Volumes are mounted again: a host's reboot unmounted them.
+	if vols := decodeVolumesLabel(labels[labelVolumes]); len(vols) > 0 {
+		userns := labels[labelIDBase] != ""
+		if err := r.mountVolumes(id, labels[LabelOwner], vols, userns, uint32(base)); err != nil {
+			return 0, err
+		}
+	}
 	// The shim appends to the log file: the new agent's lines follow the
 	// old one's.
 	if err := r.createLog(id); err != nil {

@@ -434,6 +434,15 @@ func TestCreateSandboxIdempotent(t *testing.T) {
 		{"runtime", func(r *berthv1.CreateSandboxRequest) { r.Runtime = runtime.RuntimeGVisor }, "runtime"},
 		{"host_users", func(r *berthv1.CreateSandboxRequest) { r.HostUsers = true }, "host_users"},
 		{"from_snapshot", func(r *berthv1.CreateSandboxRequest) { r.FromSnapshot = testSnapshotID }, "from_snapshot"},
+		{"volumes.name", func(r *berthv1.CreateSandboxRequest) {
+			r.Volumes = []*berthv1.VolumeMount{{Name: "data", Path: "/data"}}
+		}, "volumes"},
+		{"volumes.path", func(r *berthv1.CreateSandboxRequest) {
+			r.Volumes = []*berthv1.VolumeMount{{Name: "data", Path: "/other"}}
+		}, "volumes"},
+		{"volumes.read_only", func(r *berthv1.CreateSandboxRequest) {
+			r.Volumes = []*berthv1.VolumeMount{{Name: "data", Path: "/data", ReadOnly: true}}
+		}, "volumes"},
 	}
 	// Fields that are not part of a sandbox's spec, and why.
 	notSpec := map[string]string{
