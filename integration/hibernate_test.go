@@ -396,3 +396,17 @@ func TestHibernateSnapshotAndFork(t *testing.T) {
 	}
 	hibernatedIn(t, ctx, env.rt, env.sandboxes, id, old.TaskPID)
 }
+
+// TestWorkloadSignalsAgent: under runc too, a workload's SIGUSR1 and
+// SIGUSR2 to its PID 1 change nothing (signalAgentAsWorkload), and the
+// sandbox still hibernates and wakes.
+func TestWorkloadSignalsAgent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	id := newSandbox(t, nil).GetId()
+	signalAgentAsWorkload(t, ctx, env.sandboxes, filepath.Join(env.dir, "st"), id)
+	if _, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	signalAgentAsWorkload(t, ctx, env.sandboxes, filepath.Join(env.dir, "st"), id)
+}

@@ -101,16 +101,22 @@ func (v AgentVerifier) Secret(ctx context.Context, path string) ([]byte, error) 
 	if err != nil {
 		return nil, err
 	}
-	if b, ok := v.r.secrets.get(id); ok {
+	return v.r.agentSecret(ctx, id)
+}
+
+// agentSecret returns sandbox id's agent secret, nil for a sandbox created
+// without one.
+func (r *Runtime) agentSecret(ctx context.Context, id string) ([]byte, error) {
+	if b, ok := r.secrets.get(id); ok {
 		return b, nil
 	}
-	container, err := v.r.client.LoadContainer(ctx, id)
+	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
-		return nil, v.r.containerError(id, err)
+		return nil, r.containerError(id, err)
 	}
 	labels, err := container.Labels(ctx)
 	if err != nil {
-		return nil, v.r.containerError(id, err)
+		return nil, r.containerError(id, err)
 	}
 	var secret []byte
 	if h := labels[labelAgentSecret]; h != "" {
@@ -118,7 +124,7 @@ func (v AgentVerifier) Secret(ctx context.Context, path string) ([]byte, error) 
 			return nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
-	v.r.secrets.set(id, secret)
+	r.secrets.set(id, secret)
 	return secret, nil
 }
 
