@@ -283,3 +283,44 @@ func TestRuntimeReplacedWhenHibernatedGVisor(t *testing.T) {
 		t.Errorf("the exec %s after the wake: %v, want RUNNING (restored)", e.ID(), state)
 	}
 }
+
+// TestHibernateGVisorImageDoesNotFit: with --max-disk-bytes-per-principal
+// 100 MiB, a gVisor sandbox holding a 64 MiB disk quota and a 128 MiB
+// memory cap has no room for its checkpoint image (admitted as its memory
+// cap): the hibernation falls back to ending its processes, the answer
+// naming the principal's disk, no image is left, and the wake finds the
+// files.
+func TestHibernateGVisorImageDoesNotFit(t *testing.T) {
+	needGVisor(t)
+	e := newBinaryEnv(t, "hgf")
+	p := startBerthd(t, e, "--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"), "--agent-ready-timeout", "2m",
+		"--max-disk-bytes-per-principal", strconv.Itoa(100<<20))
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage, Runtime: "gvisor",
+		Resources: &berthv1.Resources{MemoryBytes: 128 << 20, DiskBytes: 64 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	if _, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: "echo kept >/workspace/kept"}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id})
+	if err != nil {
+		t.Fatalf("HibernateSandbox: %v", err)
+	}
+	if resp.GetHibernation() != berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED || !strings.Contains(resp.GetDescription(), "would not fit") || !strings.Contains(resp.GetDescription(), "disk") {
+		t.Errorf("HibernateSandbox past the principal's disk: %v %q, want PROCESSES_ENDED naming the disk that the image would not fit", resp.GetHibernation(), resp.GetDescription())
+	}
+	t.Logf("description: %s", resp.GetDescription())
+	if _, err := os.Stat(filepath.Join(e.stateDir, "s", id, "checkpoint")); !os.IsNotExist(err) {
+		t.Errorf("a checkpoint image: %v, want none", err)
+	}
+	got, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/kept"}}})
+	if err != nil || string(got.GetStdout()) != "kept\n" {
+		t.Errorf("the file after the wake: %q, %v; want kept", got.GetStdout(), err)
+	}
+	p.signal(t, syscall.SIGTERM)
+}

@@ -161,7 +161,7 @@ func (r *Runtime) Hibernate(ctx context.Context, id string, keep KeepMemory) (_ 
 	}
 	if marked == "" && labels[labelRuntime] == RuntimeGVisor {
 		if keep.Refused != nil {
-			h.NotKept = "the checkpoint image would not fit: " + keep.Refused.Error()
+			h.NotKept = "not made, the image would not fit: " + keep.Refused.Error()
 		} else {
 			h.Kept = HibernatedMemoryKept
 		}
