@@ -207,6 +207,16 @@ func (c *Capacity) held(existing map[string]Held) map[string]Held {
 	return all
 }
 
+// heldNow lists what the sandboxes and stored copies hold now, the
+// pending admissions laid over them (held). The caller holds createMu.
+func (c *Capacity) heldNow(ctx context.Context) (map[string]Held, error) {
+	existing, err := c.usage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
+	}
+	return c.held(existing), nil
+}
+
 // tally sums what sandboxes hold. The sums saturate at the largest uint64
 // instead of wrapping (bounds.Add): caps come from callers and from
 // labels, and a wrapped sum would admit what the limit cannot hold.
@@ -309,11 +319,10 @@ func (c *Capacity) AdmitWake(ctx context.Context, id string) (release func(), er
 	}
 	c.createMu.Lock()
 	defer c.createMu.Unlock()
-	existing, err := c.usage(ctx)
+	all, err := c.heldNow(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("count sandboxes: %w", err)
+		return nil, err
 	}
-	all := c.held(existing)
 	asleep, ok := all[id]
 	if !ok || !asleep.Hibernated {
 		return func() {}, nil
@@ -347,12 +356,12 @@ func (c *Capacity) AdmitClaim(ctx context.Context, id, owner string, pooled Held
 	}
 	c.createMu.Lock()
 	defer c.createMu.Unlock()
-	existing, err := c.usage(ctx)
+	all, err := c.heldNow(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("count sandboxes: %w", err)
+		return nil, err
 	}
 	want := Held{Owner: owner, MemoryBytes: pooled.MemoryBytes, DiskBytes: pooled.DiskBytes}
-	if err := c.checkPrincipal(id, c.held(existing), want); err != nil {
+	if err := c.checkPrincipal(id, all, want); err != nil {
 		return nil, err
 	}
 	return c.hold(id, want), nil

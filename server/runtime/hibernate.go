@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containerd/containerd/api/types/runc/options"
@@ -356,18 +355,7 @@ func (r *Runtime) writeWake(ctx context.Context, id string, base uint32) error {
 	}
 	dir := filepath.Dir(r.SocketPath(id))
 	tmp := filepath.Join(dir, quiesce.Wake+".berthd")
-	os.Remove(tmp)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
-	if err != nil {
-		return fmt.Errorf("write the wake proof: %w", err)
-	}
-	_, err = f.Write(proof)
-	if err == nil {
-		err = f.Chown(int(base), int(base))
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err = writeRunFile(tmp, proof, base)
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(dir, quiesce.Wake))
 	}

@@ -139,21 +139,28 @@ func (v AgentVerifier) Refused(path string) {
 // agent to read at start, owned by the sandbox's root (host id base) and
 // readable by it alone.
 func (r *Runtime) writeSecret(id, hexSecret string, base uint32) error {
-	path := filepath.Join(r.hostDir(id), "run", agentproof.SecretFile)
+	if err := writeRunFile(filepath.Join(r.hostDir(id), "run", agentproof.SecretFile), []byte(hexSecret), base); err != nil {
+		return fmt.Errorf("write the agent secret: %w", err)
+	}
+	return nil
+}
+
+// writeRunFile writes data to a new file at path in a sandbox's run
+// directory (replacing what is there, never through a symlink the
+// workload put there), mode 0400, owned by the sandbox's root (host id
+// base).
+func writeRunFile(path string, data []byte, base uint32) error {
 	os.Remove(path)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
 	if err != nil {
-		return fmt.Errorf("write the agent secret: %w", err)
+		return err
 	}
-	_, err = f.WriteString(hexSecret)
+	_, err = f.Write(data)
 	if err == nil {
 		err = f.Chown(int(base), int(base))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("write the agent secret: %w", err)
-	}
-	return nil
+	return err
 }
