@@ -34,16 +34,16 @@ type Promise struct {
 // lists a hibernated sandbox's checkpoint image.
 const checkpointKeyPrefix = "checkpoint-of/"
 
-// PromiseOfImage returns the key under which Promised lists the
+// imageKey returns the key under which Promised lists the
 // checkpoint image of sandbox id.
-func PromiseOfImage(id string) string { return checkpointKeyPrefix + id }
+func imageKey(id string) string { return checkpointKeyPrefix + id }
 
 // Promised returns every sandbox in the namespace with what it was
 // promised, in one containerd call. Stopped sandboxes are included: they
 // keep their promise of memory and hold their disk. A hibernated sandbox
 // holds no memory (Hibernated); the checkpoint image of one hibernated
 // with its memory is listed as a stored copy of its owner's
-// (PromiseOfImage: the image's bytes, labelCheckpointBytes).
+// (imageKey: the image's bytes, labelCheckpointBytes).
 func (r *Runtime) Promised(ctx context.Context) (_ map[string]Promise, err error) {
 	c := r.begin(ctx, "list sandboxes' owners and caps")
 	defer c.end(&err)
@@ -60,7 +60,7 @@ func (r *Runtime) Promised(ctx context.Context) (_ map[string]Promise, err error
 		out[c.ID] = Promise{Owner: c.Labels[LabelOwner], Pooled: c.Labels[labelPool] == "true", MemoryBytes: mem, DiskBytes: disk,
 			Hibernated: c.Labels[labelHibernated] != ""}
 		if image, err := strconv.ParseUint(c.Labels[labelCheckpointBytes], 10, 64); err == nil && c.Labels[labelHibernated] == HibernatedMemoryKept {
-			out[PromiseOfImage(c.ID)] = Promise{Owner: c.Labels[LabelOwner], DiskBytes: image, Stored: true}
+			out[imageKey(c.ID)] = Promise{Owner: c.Labels[LabelOwner], DiskBytes: image, Stored: true}
 		}
 	}
 	return out, nil
