@@ -27,7 +27,6 @@ import (
 
 	"github.com/berth-sandbox/berth/agent"
 	"github.com/berth-sandbox/berth/internal/agentproof"
-	"github.com/berth-sandbox/berth/internal/quiesce"
 	"github.com/berth-sandbox/berth/internal/telemetry"
 )
 
@@ -118,10 +117,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}()
 		cfg.Spans, cfg.ServerOptions = at.Queue, at.ServerOptions()
 	}
-	// berthd's checkpoint of a gVisor sandbox (package internal/quiesce).
-	quiet := make(chan os.Signal, 2)
-	signal.Notify(quiet, quiesce.Close, quiesce.Listen)
-	cfg.Quiesce = quiet
 	srv, err := agent.New(cfg)
 	if err != nil {
 		log.Error("start", "err", err)

@@ -28,6 +28,10 @@ const (
 	labelShm         = LabelPrefix + "shm-bytes"    // decimal bytes
 	labelIdleAction  = LabelPrefix + "idle-action"  // IdlePause or IdleHibernate; absent for IdleDelete
 	labelHibernated  = LabelPrefix + "hibernated"   // HibernatedMemoryKept or HibernatedProcessesEnded while hibernated; absent otherwise
+	// labelCheckpointBytes is the size in bytes of a gVisor sandbox's
+	// checkpoint image while it is hibernated with its memory; absent
+	// otherwise (Promised counts it against the disk).
+	labelCheckpointBytes = LabelPrefix + "checkpoint-bytes"
 	// LabelOwner holds the principal that created the sandbox (package
 	// server/auth); absent on warm-pool members no one claimed and on
 	// sandboxes of a berthd that did not record owners.

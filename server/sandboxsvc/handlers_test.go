@@ -260,7 +260,7 @@ func (f *fakeStore) Pause(ctx context.Context, id string) error {
 	return ctx.Err()
 }
 
-func (f *fakeStore) Hibernate(_ context.Context, id string) (runtime.Hibernation, error) {
+func (f *fakeStore) Hibernate(_ context.Context, id string, _ runtime.KeepMemory) (runtime.Hibernation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hibernated = append(f.hibernated, id)
