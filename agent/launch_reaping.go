@@ -1,7 +1,10 @@
 package agent
 
 import (
+	"bytes"
+	"errors"
 	"os"
+	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -28,7 +31,7 @@ func (s *Server) startReaped(uid, gid uint32, req *launcher.Request, before uint
 				}
 			}
 		}
-		l = launcher.NewReaping(launcher.Config{Credential: credential(uid, gid), Nofile: s.cfg.WorkloadNofile, Stderr: os.Stderr}, s.reaped)
+		l = launcher.NewReaping(launcher.Config{Credential: credential(uid, gid), Nofile: s.cfg.WorkloadNofile, Stderr: os.Stderr}, s.reaped, s.orphaned)
 		s.reapingLaunchers[key] = l
 	}
 	ch := make(chan exitStatus, 1)
@@ -47,6 +50,64 @@ func (s *Server) reaped(x launcher.Exit) {
 	st.ru.Stime = unix.Timeval{Sec: x.Rusage.Stime.Sec, Usec: x.Rusage.Stime.Usec}
 	st.ru.Maxrss = x.Rusage.Maxrss
 	s.sup.exited(x.Pid, st)
+}
+
+// orphaned settles the processes a reaping launcher started and did not
+// report before it died: once the launcher has exited (a zombie or gone),
+// they are the agent's children, which it reaps, or their status is lost
+// (the launcher reaped one and died before reporting it).
+func (s *Server) orphaned(launcher int, pids []int) {
+	go func() {
+		for deadline := time.Now().Add(time.Minute); !exitedProcess(launcher) && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		for _, pid := range s.sup.lost(pids) {
+			s.log.Error("exit status lost: the launcher reaped the process and died before reporting it", "pid", pid, "launcher_pid", launcher, "exit_code", exitLost)
+		}
+	}()
+}
+
+// exitedProcess reports whether pid has exited: it is a zombie or gone
+// (proc(5) /proc/<pid>/stat).
+func exitedProcess(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(b, ')') // the command name may hold anything
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
+}
+
+// exitLost is the exit code of an exec whose status was lost (lost), as
+// ssh(1) exits 255 when it loses its connection.
+const exitLost = 255
+
+// lost ends, with exitLost, the owned pids among pids that are not the
+// agent's children (waitid(2) WNOWAIT says ECHILD): their launcher reaped
+// them and died. It returns them. The others are the agent's, which reap
+// settles.
+func (s *supervisor) lost(pids []int) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var gone []int
+	for _, pid := range pids {
+		ch, ok := s.owners[pid]
+		if !ok {
+			continue
+		}
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		for errors.Is(err, unix.EINTR) {
+			err = unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		}
+		if !errors.Is(err, unix.ECHILD) {
+			continue
+		}
+		delete(s.owners, pid)
+		ch <- exitStatus{ws: unix.WaitStatus(exitLost << 8), at: time.Now()}
+		gone = append(gone, pid)
+	}
+	return gone
 }
 
 // own registers pid's owner: a process a reaping launcher started, whose

@@ -35,8 +35,9 @@ type Exit struct {
 // Its methods are safe for concurrent use; requests are served one at a
 // time.
 type ReapingLauncher struct {
-	cfg    Config
-	exited func(Exit)
+	cfg      Config
+	exited   func(Exit)
+	orphaned func(launcher int, pids []int)
 
 	mu  sync.Mutex // held by a request; guards run
 	run *reapingRun
@@ -55,6 +56,10 @@ type reapingRun struct {
 	done chan struct{}
 	err  error
 
+	// outstanding are the pids the launcher started and has not reported
+	// exited (read's own).
+	outstanding map[int]struct{}
+
 	mu sync.Mutex
 	// started is the request in flight's, called by read with the new pid
 	// before it reads the next frame; nil when none waits.
@@ -63,13 +68,17 @@ type reapingRun struct {
 
 // NewReaping returns a ReapingLauncher for cfg whose processes' exits are
 // handed to exited, one at a time, in the order the launcher reaped them,
-// each after the started of its own Start. exited must not block. The
-// launcher process starts with the first Start.
-func NewReaping(cfg Config, exited func(Exit)) *ReapingLauncher {
+// each after the started of its own Start. exited must not block. When a
+// launcher process is gone (its socket ended) with processes it started
+// whose exits it did not report, orphaned gets its pid and theirs: they are
+// re-parented to the agent once it has exited, except one it reaped in the
+// instant before it died, whose status is lost. The launcher process
+// starts with the first Start.
+func NewReaping(cfg Config, exited func(Exit), orphaned func(launcher int, pids []int)) *ReapingLauncher {
 	if cfg.Binary == "" {
 		cfg.Binary = "/proc/self/exe"
 	}
-	return &ReapingLauncher{cfg: cfg, exited: exited}
+	return &ReapingLauncher{cfg: cfg, exited: exited, orphaned: orphaned}
 }
 
 // Start starts req's process from the launcher and returns its pid. The
@@ -90,8 +99,8 @@ func (l *ReapingLauncher) Start(req *Request, started func(pid int)) (int, error
 		if err != nil {
 			return 0, err
 		}
-		l.run = &reapingRun{conn: conn, proc: proc, answers: make(chan [9]byte, 1), done: make(chan struct{})}
-		go l.run.read(l.exited)
+		l.run = &reapingRun{conn: conn, proc: proc, answers: make(chan [9]byte, 1), done: make(chan struct{}), outstanding: make(map[int]struct{})}
+		go l.run.read(l.exited, l.orphaned)
 	}
 	r := l.run
 	r.setStarted(started)
@@ -144,9 +153,19 @@ func (r *reapingRun) setStarted(f func(pid int)) {
 }
 
 // read reads the launcher's frames until its socket ends: answers go to
-// answers (after started has the pid), exits to exited.
-func (r *reapingRun) read(exited func(Exit)) {
+// answers (after started has the pid), exits to exited; then the pids it
+// started and did not report go to orphaned.
+func (r *reapingRun) read(exited func(Exit), orphaned func(launcher int, pids []int)) {
 	defer close(r.done)
+	defer func() {
+		if len(r.outstanding) > 0 {
+			pids := make([]int, 0, len(r.outstanding))
+			for pid := range r.outstanding {
+				pids = append(pids, pid)
+			}
+			orphaned(r.proc.Pid, pids)
+		}
+	}()
 	frame := make([]byte, frameSize)
 	for {
 		if _, err := io.ReadFull(r.conn, frame); err != nil {
@@ -161,6 +180,7 @@ func (r *reapingRun) read(exited func(Exit)) {
 			r.started = nil
 			r.mu.Unlock()
 			if started != nil && pid > 1 && binary.LittleEndian.Uint32(frame[5:9]) == 0 {
+				r.outstanding[pid] = struct{}{}
 				started(pid)
 			}
 			select {
@@ -170,6 +190,7 @@ func (r *reapingRun) read(exited func(Exit)) {
 		case frameExit:
 			x := Exit{Pid: pid, Status: syscall.WaitStatus(binary.LittleEndian.Uint32(frame[5:9]))}
 			copy(unsafe.Slice((*byte)(unsafe.Pointer(&x.Rusage)), unsafe.Sizeof(x.Rusage)), frame[10:])
+			delete(r.outstanding, pid)
 			exited(x)
 		default:
 			r.err = errors.New("unknown frame from the launcher")
