@@ -21,7 +21,9 @@
 // never see. The launcher checks every process it starts (waitid(2) with
 // WNOWAIT) and, when it is its own, answers and exits: the process is
 // re-parented to the agent (init of the sandbox, or its subreaper), and the
-// next start runs a new launcher. There each start costs a launcher.
+// next start runs a new launcher. Launcher.Left then says so, and the agent
+// starts the next processes from a ReapingLauncher instead, which stays,
+// reaps its children and reports their exits (reaping.go).
 //
 // The agent talks to the launcher over a unix socket pair: a request
 // carries the process's stdin, stdout and stderr as SCM_RIGHTS descriptors
@@ -316,7 +318,7 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 		defer l.releaseLocked() // after the answer is read: an error still names it
 	}
 	pid, err := parseAnswer(ans[:9])
-	if err != nil && !errors.Is(err, ErrResources) && !errors.As(err, new(*ExecError)) {
+	if errors.Is(err, errBadAnswer) {
 		return 0, l.transportErr(err)
 	}
 	return pid, err
@@ -356,9 +358,14 @@ func sendRequest(conn *os.File, msg []byte, stdio [3]*os.File) error {
 	return nil
 }
 
+// errBadAnswer is wrapped by parseAnswer's error for an answer that makes
+// no sense: the launcher is not to be trusted with another request.
+var errBadAnswer = errors.New("bad answer")
+
 // parseAnswer reads an answer's pid (4 bytes), errno (4) and stage (1):
-// the pid, an *ExecError, an error wrapping ErrResources, or another error
-// for an answer that makes no sense (a pid of 0 or 1 without an errno).
+// the pid, an *ExecError, the errno of a start that failed before its
+// child ran (wrapped with ErrResources when it is one of lack), or
+// errBadAnswer (a pid of 0 or 1 without an errno).
 func parseAnswer(ans []byte) (int, error) {
 	pid := int(int32(binary.LittleEndian.Uint32(ans[0:4])))
 	errno := syscall.Errno(binary.LittleEndian.Uint32(ans[4:8]))
@@ -366,7 +373,7 @@ func parseAnswer(ans []byte) (int, error) {
 	case errno == 0 && pid > 1:
 		return pid, nil
 	case errno == 0:
-		return 0, fmt.Errorf("answered pid %d", pid)
+		return 0, fmt.Errorf("%w: answered pid %d", errBadAnswer, pid)
 	case ans[8] == stageExec:
 		return 0, &ExecError{Errno: errno}
 	}

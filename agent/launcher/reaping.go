@@ -136,7 +136,7 @@ func (r *reapingRun) request(msg []byte, stdio [3]*os.File) (int, error) {
 		return 0, r.transportErr(os.ErrDeadlineExceeded)
 	}
 	pid, err := parseAnswer(ans[:])
-	if err != nil && !errors.Is(err, ErrResources) && !errors.As(err, new(*ExecError)) {
+	if errors.Is(err, errBadAnswer) {
 		return 0, r.transportErr(err)
 	}
 	return pid, err
