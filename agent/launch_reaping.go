@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"strconv"
@@ -53,12 +52,14 @@ func (s *Server) reaped(x launcher.Exit) {
 }
 
 // orphaned settles the processes a reaping launcher started and did not
-// report before it died: once the launcher has exited (a zombie or gone),
-// they are the agent's children, which it reaps, or their status is lost
-// (the launcher reaped one and died before reporting it).
+// report before it died: once the launcher has been reaped, they are the
+// agent's children, which it reaps, or their status is lost (the launcher
+// reaped one and died before reporting it). Not before: a zombie launcher
+// may still have threads exiting that hold children of their own (Linux
+// re-parents a thread's children to its live siblings first).
 func (s *Server) orphaned(launcher int, pids []int) {
 	go func() {
-		for deadline := time.Now().Add(time.Minute); !exitedProcess(launcher) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(time.Minute); !reaped(launcher) && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 		for _, pid := range s.sup.lost(pids) {
@@ -67,15 +68,11 @@ func (s *Server) orphaned(launcher int, pids []int) {
 	}()
 }
 
-// exitedProcess reports whether pid has exited: it is a zombie or gone
-// (proc(5) /proc/<pid>/stat).
-func exitedProcess(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(b, ')') // the command name may hold anything
-	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z' || b[i+2] == 'X'
+// reaped reports whether pid is gone: no /proc/<pid> (a zombie still has
+// one).
+func reaped(pid int) bool {
+	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
+	return errors.Is(err, os.ErrNotExist)
 }
 
 // exitLost is the exit code of an exec whose status was lost (lost), as

@@ -1,9 +1,11 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -44,26 +46,36 @@ func TestSupervisorLost(t *testing.T) {
 	}
 }
 
-// TestExitedProcess: a running process has not exited; a zombie has, and so
-// has a reaped one.
-func TestExitedProcess(t *testing.T) {
-	if exitedProcess(os.Getpid()) {
-		t.Error("exitedProcess(self) = true")
+// TestReaped: neither a running process nor a zombie is reaped; a
+// process waited for is.
+func TestReaped(t *testing.T) {
+	if reaped(os.Getpid()) {
+		t.Error("reaped(self) = true")
 	}
 	c := exec.Command("true")
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
 	pid := c.Process.Pid
-	for deadline := time.Now().Add(30 * time.Second); !exitedProcess(pid); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("exitedProcess stayed false for an exited, unreaped `true`")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			t.Fatal(err)
 		}
+		if strings.Contains(string(b), ") Z ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("`true` did not exit in 30 s")
+		}
+	}
+	if reaped(pid) {
+		t.Error("reaped = true for a zombie")
 	}
 	if err := c.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if !exitedProcess(pid) {
-		t.Error("exitedProcess = false for a reaped pid")
+	if !reaped(pid) {
+		t.Error("reaped = false for a process waited for")
 	}
 }
