@@ -114,6 +114,20 @@ func (e *FleetBusyError) Delay() time.Duration {
 	return DefaultBusyDelay
 }
 
+// FreedByWaiting reports whether waiting alone can free the capacity that
+// ran out: false for disk (CAPACITY_RESOURCE_DISK and _PRINCIPAL_DISK),
+// which stays promised until a sandbox, snapshot or fork copy is deleted,
+// so IsRetryable says no and berthd sends no RetryInfo; true for
+// sandboxes, memory, execs and Run output buffers, which others' work
+// frees as it ends.
+func (e *FleetBusyError) FreedByWaiting() bool {
+	switch e.Detail.GetResource() {
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK:
+		return false
+	}
+	return true
+}
+
 // NothingRan reports whether berthd says the failed call ran nothing
 // (Detail.Admitted is ADMITTED_NOT_STARTED). A status that does not say,
 // without the detail or with admitted unspecified, may have run: retrying
@@ -123,7 +137,8 @@ func (e *UnreachableError) NothingRan() bool {
 }
 
 // IsRetryable reports whether err is a condition that is safe to retry as
-// is: a *FleetBusyError (after its Delay), an *UnreachableError whose call
+// is: a *FleetBusyError that waiting can cure (after its Delay; not a
+// full disk budget: FreedByWaiting), an *UnreachableError whose call
 // ran nothing, a *DependencyError for containerd not answering whose
 // call changed nothing, or an *Error with ReasonClusterUnavailable (a
 // fleet's etcd did not answer, or no node holds a lease: berthd sent the
@@ -134,7 +149,7 @@ func (e *UnreachableError) NothingRan() bool {
 func IsRetryable(err error) bool {
 	var busy *FleetBusyError
 	if errors.As(err, &busy) {
-		return true
+		return busy.FreedByWaiting()
 	}
 	var dep *DependencyError
 	if errors.As(err, &dep) {

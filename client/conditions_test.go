@@ -241,6 +241,12 @@ func TestRetryPolicy(t *testing.T) {
 			wantErr: client.ReasonUnreachable, wantCalls: 1},
 		{name: "busy without a delay still waits", errs: []error{busyStatusNoDelay("sb")},
 			wantCalls: 2, wantRetries: 1, minWait: time.Second},
+		// Only a deletion frees disk: a full disk budget is not retried,
+		// whatever delay an older berthd sent with it.
+		{name: "busy disk is not retried", errs: []error{busyDiskStatus("sb", berthv1.CapacityResource_CAPACITY_RESOURCE_DISK)},
+			wantErr: client.ReasonFleetBusy, wantCalls: 1},
+		{name: "busy principal disk is not retried", errs: []error{busyDiskStatus("sb", berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK)},
+			wantErr: client.ReasonFleetBusy, wantCalls: 1},
 		{name: "unreachable after a start is not retried", errs: []error{unreachableStatus("sb", berthv1.Admitted_ADMITTED_STARTED)},
 			wantErr: client.ReasonUnreachable, wantCalls: 1},
 		{name: "runtime replaced is not retried", errs: []error{replacedStatus("sb", "ex")},

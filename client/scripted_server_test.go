@@ -129,6 +129,16 @@ func busyStatusNoDelay(sandboxID string) error {
 			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED})
 }
 
+// busyDiskStatus is FLEET_BUSY for disk (resource DISK or PRINCIPAL_DISK)
+// as a berthd before FreedByWaiting sent it: with a RetryInfo of 1 s.
+func busyDiskStatus(sandboxID string, resource berthv1.CapacityResource) error {
+	return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, "no capacity for sandbox "+sandboxID+": disk",
+		map[string]string{"sandbox_id": sandboxID},
+		&berthv1.FleetBusy{SandboxId: sandboxID, Resource: resource, Limit: 1 << 30, InUse: 1 << 30, Requested: 1 << 20,
+			RetryDelay: durationpb.New(time.Second), Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(time.Second)})
+}
+
 // clusterStatus is CLUSTER_UNAVAILABLE as a routing berthd answers when
 // the fleet's etcd did not answer within its budget.
 func clusterStatus(delay time.Duration) error {

@@ -59,6 +59,14 @@ func wantBusy(t *testing.T, what string, err error, resource berthv1.CapacityRes
 	if principal != "" && (busy.Metadata["principal"] != principal || !strings.Contains(err.Error(), principal)) {
 		t.Errorf("%s = %v (metadata %v): want the principal %q named", what, err, busy.Metadata, principal)
 	}
+	// Waiting frees no disk: no RetryInfo, no retry_delay, no retry.
+	disk := resource == berthv1.CapacityResource_CAPACITY_RESOURCE_DISK || resource == berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK
+	if disk && (busy.RetryDelay != 0 || d.GetRetryDelay() != nil || client.IsRetryable(err) || strings.Contains(err.Error(), "retry after")) {
+		t.Errorf("%s = %v (RetryInfo %v, detail delay %v, retryable %v): a full disk budget must not invite a retry", what, err, busy.RetryDelay, d.GetRetryDelay(), client.IsRetryable(err))
+	}
+	if !disk && (busy.RetryDelay <= 0 || !client.IsRetryable(err)) {
+		t.Errorf("%s = %v (RetryInfo %v, retryable %v): want a RetryInfo delay and retryable", what, err, busy.RetryDelay, client.IsRetryable(err))
+	}
 }
 
 // TestDiskBudget: the disk quotas of a berthd's sandboxes add up against

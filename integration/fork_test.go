@@ -285,6 +285,13 @@ func TestForkAllOrNothing(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("ForkSandbox of 3 with room for 2 more sandboxes: %v, want RESOURCE_EXHAUSTED", err)
 	}
+	onlyParentLeft(ctx, t, e)
+}
+
+// onlyParentLeft fails t unless env e holds one sandbox (a failed fork's
+// parent) and no fork copy.
+func onlyParentLeft(ctx context.Context, t *testing.T, e *berthEnv) {
+	t.Helper()
 	list, err := e.sandboxes.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -295,6 +302,27 @@ func TestForkAllOrNothing(t *testing.T) {
 	if copies := forkCopies(t, e.ns); len(copies) != 0 {
 		t.Errorf("fork copies %v left after the failed fork", copies)
 	}
+}
+
+// TestForkCopyFailsNoChild: the children's creates begin before the copy
+// is taken; when the copy then fails (the parent's task is gone, so it
+// cannot be paused for the copy), the call fails with the copy's error
+// and leaves no child, nor its copy.
+func TestForkCopyFailsNoChild(t *testing.T) {
+	need(t)
+	e := newInProcessEnvWith(t, "forkfail", server.Config{TaskRestartLimit: -1}, nil, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pid := createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{}).GetId()
+	if err := e.rt.Kill(ctx, pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitStopped(t, e, pid)
+	_, err := e.sandboxes.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 3})
+	if err == nil || !strings.Contains(err.Error(), "pause sandbox "+pid+" for its fork") {
+		t.Fatalf("ForkSandbox of a sandbox whose task is gone: %v, want the pause for its copy to fail", err)
+	}
+	onlyParentLeft(ctx, t, e)
 }
 
 // TestForkSurvivesRestart: children outlive a berthd killed with SIGKILL

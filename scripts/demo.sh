@@ -16,6 +16,8 @@
 #                   (default /tmp/berth-demo; keep it short: unix sockets)
 #   KEEP=1          leave containerd and berthd running at the end (also on
 #                   failure) and print how to use and stop them
+#   BERTHD_FLAGS    more berthd flags, split at spaces (e.g. "--console
+#                   --default-disk-bytes 2147483648"; a later flag wins)
 #
 # Layout under BERTH_DEMO_DIR: containerd's files (see containerd.sh),
 # berthd.sock, berthd.pid, berthd.log, state-berth/ (agent sockets, net/).
@@ -209,6 +211,7 @@ scripts/containerd.sh start "$DIR" >/dev/null
 done_phase
 
 stop_berthd # one left by an earlier KEEP=1 run: restart it on the new binary
+read -ra EXTRA_FLAGS <<<"${BERTHD_FLAGS:-}"
 SUBNET=$(pick_subnet)
 phase "berthd on $ADDR, sandbox network $BRIDGE $SUBNET"
 rm -f "$DIR/berthd.sock"
@@ -225,6 +228,7 @@ setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$BERTHD_PID" \
 	--network-bridge "$BRIDGE" \
 	--network-subnet "$SUBNET" \
 	--default-disk-bytes "$DEFAULT_DISK_BYTES" \
+	"${EXTRA_FLAGS[@]}" \
 	</dev/null >>"$BERTHD_LOG" 2>&1 &
 ready=0
 for ((i = 0; i < READY_TIMEOUT * 10; i++)); do

@@ -4,12 +4,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/berth-sandbox/berth/agent/launcher"
+	"github.com/berth-sandbox/berth/internal/procfs"
 )
 
 // devNulls returns /dev/null three times as a process's stdio.
@@ -112,20 +116,63 @@ func TestStartLauncherDies(t *testing.T) {
 	}
 }
 
+// launcherCPU returns the CPU time used so far by the running launcher,
+// this process's child whose command name is launcher.Comm and that is
+// not a zombie (a launcher closed earlier and not reaped): the run time of
+// its threads (procfs.CPU).
+func launcherCPU(tb testing.TB) time.Duration {
+	tb.Helper()
+	lists, err := filepath.Glob("/proc/self/task/*/children")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, list := range lists {
+		b, _ := os.ReadFile(list)
+		for _, field := range strings.Fields(string(b)) {
+			pid, err := strconv.ParseUint(field, 10, 32)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			stat, err := procfs.Stat(uint32(pid))
+			if strings.TrimSpace(string(comm)) != launcher.Comm || err != nil || stat[3] == "Z" {
+				continue
+			}
+			cpu, err := procfs.CPU(uint32(pid))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return cpu
+		}
+	}
+	tb.Fatal("no launcher among this process's children")
+	return 0
+}
+
 // BenchmarkStart measures starting `true` through the launcher and reaping
-// it, beside fork+exec from this process.
+// it, beside fork+exec from this process. The launcher's side reports the
+// CPU time the launcher process used per start (launcher-us/op: its fork
+// and its runtime's threads, not the process started).
 func BenchmarkStart(b *testing.B) {
 	stdio := devNulls(b)
 	b.Run("launcher", func(b *testing.B) {
 		l := launcher.New(launcher.Config{})
 		defer l.Close()
-		for b.Loop() {
+		start := func() {
 			pid, err := l.Start(&launcher.Request{Path: "/bin/true", Argv: []string{"true"}, Dir: "/", Stdio: stdio})
 			if err != nil {
 				b.Fatal(err)
 			}
 			wait(b, pid)
 		}
+		start() // the launcher runs from here on
+		before := launcherCPU(b)
+		n := 0
+		for b.Loop() {
+			start()
+			n++
+		}
+		b.ReportMetric(float64((launcherCPU(b)-before).Microseconds())/float64(n), "launcher-us/op")
 	})
 	b.Run("forkexec", func(b *testing.B) {
 		fds := []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()}

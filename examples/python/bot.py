@@ -5,7 +5,10 @@ fix, run again; a typed error and a timeout that stops the command.
 BERTH_ADDR=unix:///run/berth/berthd.sock python3 examples/python/bot.py PROJECT_DIR"""
 import sys
 
-import berth
+if len(sys.argv) != 2:
+    sys.exit(f"usage: {sys.argv[0]} PROJECT_DIR (a directory with test.sh and calc.sh)")
+
+import berth  # noqa: E402 (after the usage check: it names what is missing first)
 
 with berth.Sandbox.create(user="1000:1000") as sb:
     sb.files.upload_dir(sys.argv[1], "/workspace/project")

@@ -224,13 +224,16 @@ func (e *Attempt) Error() string { return e.Err.Error() }
 func (e *Attempt) Unwrap() error { return e.Err }
 
 // FleetBusy refuses new work for lack of capacity; nothing started
-// (RESOURCE_EXHAUSTED FLEET_BUSY, details berthv1.FleetBusy and RetryInfo).
+// (RESOURCE_EXHAUSTED FLEET_BUSY, details berthv1.FleetBusy and, when a
+// wait can help, RetryInfo: see Delay).
 type FleetBusy struct {
-	SandboxID  string
-	Resource   berthv1.CapacityResource
-	Limit      uint64
-	InUse      uint64
-	Requested  uint64
+	SandboxID string
+	Resource  berthv1.CapacityResource
+	Limit     uint64
+	InUse     uint64
+	Requested uint64
+	// RetryDelay is the server's configured wait before a retry
+	// (--busy-retry-delay); Delay says whether it applies.
 	RetryDelay time.Duration
 	// Principal names the principal whose cap ran out (the
 	// CAPACITY_RESOURCE_PRINCIPAL_* resources); empty for the others.
@@ -259,7 +262,24 @@ func (e *FleetBusy) Error() string {
 	case berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK:
 		what = fmt.Sprintf("principal %q's sandboxes are promised %d bytes of disk; %d more would exceed its cap of %d bytes", e.Principal, e.InUse, e.Requested, e.Limit)
 	}
-	return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, retry after %v", e.SandboxID, what, e.RetryDelay)
+	if d := e.Delay(); d > 0 {
+		return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, retry after %v", e.SandboxID, what, d)
+	}
+	return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, and waiting frees no disk: delete sandboxes or snapshots first", e.SandboxID, what)
+}
+
+// Delay is how long a caller should wait before retrying, or 0 when a wait
+// alone frees nothing: disk (CAPACITY_RESOURCE_DISK, _PRINCIPAL_DISK) is
+// promised until a sandbox, snapshot or fork copy is deleted, so its
+// refusal carries no RetryInfo and clients do not retry it (a CLI retried
+// a full disk budget ten times, a second apart). Sandboxes, memory, execs
+// and Run buffers come free as others' work ends.
+func (e *FleetBusy) Delay() time.Duration {
+	switch e.Resource {
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK:
+		return 0
+	}
+	return e.RetryDelay
 }
 
 // Invalid is INVALID_ARGUMENT blaming one request field, given by its path

@@ -38,9 +38,12 @@ type descriptors interface {
 const maxDirectReads = 256
 
 // directChunkBytes is the size of the chunks berthd reads from a taken
-// descriptor: the agent's (just under 1 MiB, a message in grpc-go's 1 MiB
-// buffer tier).
-const directChunkBytes = 1<<20 - 16
+// descriptor: 1 MiB, a whole number of pages, so that the caller's writes
+// of a copy begin and end on page boundaries of its file (with the
+// agent's 1 MiB-16 chunks, chosen for grpc-go's buffer tiers, every write
+// split a page: 13% more system time for a 1 GiB write to btrfs). The
+// buffer comes from wire's own pool, whose 1 MiB class holds it exactly.
+const directChunkBytes = 1 << 20
 
 // diskFS reports whether f_type (statfs(2)) is a file system whose reads
 // are served by this host's kernel from its page cache and disks: btrfs,

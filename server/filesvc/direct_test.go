@@ -128,6 +128,7 @@ type chunkSink struct {
 	ctx    context.Context
 	data   bytes.Buffer
 	chunks int
+	sizes  []int // of each chunk
 }
 
 func (s *chunkSink) Context() context.Context { return s.ctx }
@@ -141,16 +142,23 @@ func (s *chunkSink) SendMsg(m any) error {
 		return status.Error(codes.Internal, "sent a frame that is not a chunk")
 	}
 	var buf []byte
-	s.data.Write(fr.Data(&buf))
+	d := fr.Data(&buf)
+	s.data.Write(d)
 	s.chunks++
+	s.sizes = append(s.sizes, len(d))
 	return nil
 }
 
+// pageBytes is the page size of the hosts berth runs on (x86-64, arm64
+// with 4 KiB pages).
+const pageBytes = 4096
+
 // TestSendRange reads ranges of a regular file from its descriptor as
 // the agent would: exact bytes at chunk boundaries and for an offset and
-// length, and ABORTED FILE_CHANGED for a descriptor without the data its
-// size promised (a file truncated, an empty file), a file that grew while
-// read to its end, and one whose size changed.
+// length, chunks of whole pages, and ABORTED FILE_CHANGED for a
+// descriptor without the data its size promised (a file truncated, an
+// empty file), a file that grew while read to its end, and one whose
+// size changed.
 func TestSendRange(t *testing.T) {
 	dir := t.TempDir()
 	data := make([]byte, 2*directChunkBytes+3)
@@ -185,13 +193,27 @@ func TestSendRange(t *testing.T) {
 		}
 	}
 
+	// The caller writes the chunks one after the other from its offset 0:
+	// each but the last a whole number of pages, so that no write of a
+	// 1 GiB copy starts or ends inside a page of its destination (btrfs
+	// paid 13% more system time for 1 MiB-16 writes than for 1 MiB ones).
+	sink := &chunkSink{ctx: context.Background()}
+	if err := sendRange(sink.ctx, sink, fd, &first, path, 5, n-5, true, func(int) {}); err != nil {
+		t.Fatal(err)
+	}
+	for i, size := range sink.sizes[:len(sink.sizes)-1] {
+		if size%pageBytes != 0 {
+			t.Errorf("chunk %d of %d is %d bytes, want a multiple of %d", i, len(sink.sizes), size, pageBytes)
+		}
+	}
+
 	wantChanged := func(what string, err error) {
 		t.Helper()
 		if status.Code(err) != codes.Aborted || rpcstatus.Reason(err) != rpcstatus.ReasonFileChanged || !strings.Contains(status.Convert(err).Message(), path) {
 			t.Errorf("%s: %v, want ABORTED FILE_CHANGED naming %s", what, err, path)
 		}
 	}
-	sink := &chunkSink{ctx: context.Background()}
+	sink = &chunkSink{ctx: context.Background()}
 	// Grown while read to its end.
 	if err := os.WriteFile(path, append(data, 'x'), 0o600); err != nil {
 		t.Fatal(err)

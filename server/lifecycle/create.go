@@ -193,7 +193,8 @@ func (m *Manager) createOrGet(ctx context.Context, spec runtime.SandboxSpec, p a
 // create makes a new sandbox of spec and starts tracking it.
 func (m *Manager) create(ctx context.Context, spec runtime.SandboxSpec) (Created, error) {
 	began := time.Now()
-	sb, info, err := m.start(ctx, spec)
+	ph := runtime.NewPhases()
+	sb, info, err := m.start(ctx, spec, ph)
 	if err != nil {
 		return Created{}, err
 	}
@@ -201,14 +202,15 @@ func (m *Manager) create(ctx context.Context, spec runtime.SandboxSpec) (Created
 	m.obs.SandboxCreated(false, time.Since(began))
 	m.log.Info("sandbox created", slog.String("sandbox_id", spec.ID), slog.String("image", spec.Image),
 		slog.String("agent_boot_id", info.GetBootId()), slog.String("user", fmt.Sprintf("%d:%d", spec.UID, spec.GID)),
-		slog.Any("env_keys", sb.EnvKeys), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))
+		slog.Any("env_keys", sb.EnvKeys), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime),
+		slog.Any("took", ph))
 	return Created{Sandbox: sb, Info: info}, nil
 }
 
-// start creates the container and task of spec and waits for the agent. On
-// failure it removes what it created. The caller holds the sandbox's
-// lifecycle lock.
-func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.Sandbox, *agentv1.InfoResponse, error) {
+// start creates the container and task of spec and waits for the agent,
+// recording its steps in ph (nil for none). On failure it removes what it
+// created. The caller holds the sandbox's lifecycle lock.
+func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec, ph *runtime.Phases) (runtime.Sandbox, *agentv1.InfoResponse, error) {
 	admitted, err := m.capacity.AdmitSandbox(ctx, spec.ID, held(spec))
 	if err != nil {
 		return runtime.Sandbox{}, nil, err
@@ -217,12 +219,14 @@ func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec) (runtime.
 	if err := m.attachNetwork(ctx, &spec); err != nil {
 		return runtime.Sandbox{}, nil, err
 	}
-	if err := m.rt.Create(ctx, spec); err != nil {
+	ph.Done("network")
+	if err := m.rt.Create(runtime.WithPhases(ctx, ph), spec); err != nil {
 		m.health.created(time.Now(), false, err)
 		m.detachNetwork(context.WithoutCancel(ctx), spec.ID)
 		return runtime.Sandbox{}, nil, err
 	}
 	info, err := m.waitAgent(ctx, spec.ID)
+	ph.Done("agent")
 	if ctx.Err() == nil {
 		m.health.created(time.Now(), true, err)
 	}
@@ -437,7 +441,7 @@ func (mk maker) MakePooled(ctx context.Context, image string) (string, error) {
 		return "", err
 	}
 	defer unlock()
-	_, info, err := m.start(ctx, spec)
+	_, info, err := m.start(ctx, spec, nil)
 	if err != nil {
 		return "", err
 	}

@@ -27,7 +27,10 @@ const MaxForkCount = 16
 
 // forkParallel is how many children of one Fork are created at once: each
 // create is mostly containerd's and the agent's start, which a handful at
-// once overlap without queueing on containerd's metadata lock.
+// once overlap without queueing on containerd's metadata lock. All ten of
+// a fork of 10 at once, on 2 cores at load 40-48, made one child's
+// NewTask (shim and runc create) outlast containerd's call budget of
+// 10 s, and the fork failed (BENCHMARKS.md, 2026-12-05).
 const forkParallel = 4
 
 // ForkRequest is what Fork makes.
@@ -44,9 +47,11 @@ type ForkRequest struct {
 // sandbox id as of one point in time. Under the parent's lifecycle lock
 // its root is copied once (runtime.Runtime.ForkSnapshot: the parent
 // paused only around the sync and the btrfs snapshot; a paused one stays
-// paused); then each child is created as by Create, from that copy, with
+// paused); each child is created as by Create, from that copy, with
 // the parent's spec (env values included), owned by p, req.Labels added
-// to its labels, while the parent resumes (Fork returns once it has, with
+// to its labels: its create begins beside the copy (forkParallel at once)
+// and waits for it only where it needs its files, and ends while the
+// parent resumes (Fork returns once it has, with
 // the lock held until then). All or nothing: when one child fails, every
 // child of the call is deleted and the first error returned. The copy is
 // deleted when the call ends. With req.RequestID the child ids derive
@@ -75,8 +80,48 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		}
 	}
 	ph := runtime.NewPhases()
-	c, err := m.forkCopy(ctx, id, p, req, ids, ph)
+	created := make([]Created, req.Count)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(forkParallel)
+	// The children's creates begin as soon as the copy's id is known,
+	// beside the copy: each waits for it only where it needs its files
+	// (runtime's fillRoot), after its image, id range, CPUs and snapshot.
+	launched := make(chan struct{})
+	launch := func(children runtime.SandboxSpec) {
+		defer close(launched)
+		for i := range ids {
+			if gctx.Err() != nil {
+				break // a child failed: the rest are not begun
+			}
+			spec := children
+			spec.ID = ids[i]
+			g.Go(func() error {
+				c, err := m.Create(gctx, spec, p, false)
+				if err != nil {
+					return fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, req.Count, spec.ID, err)
+				}
+				created[i] = c
+				return nil
+			})
+		}
+	}
+	failed := func(err error) ([]Created, error) {
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		for _, child := range ids {
+			if derr := m.Delete(cleanup, child, p); derr != nil {
+				m.log.Error("remove a child of a failed fork", slog.String("sandbox_id", child), slog.Any("error", derr))
+			}
+		}
+		return nil, err
+	}
+	c, err := m.forkCopy(ctx, id, p, req, ids, func(spec runtime.SandboxSpec) { go launch(spec) }, ph)
 	if err != nil {
+		if c.launched {
+			<-launched
+			_ = g.Wait() // each child fails with the copy's error
+			return failed(err)
+		}
 		return nil, err
 	}
 	defer c.admitted()
@@ -86,30 +131,9 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		}
 	}()
 	defer c.resumed()
-	created := make([]Created, req.Count)
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(forkParallel)
-	for i := range ids {
-		spec := c.spec
-		spec.ID = ids[i]
-		g.Go(func() error {
-			c, err := m.Create(gctx, spec, p, false)
-			if err != nil {
-				return fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, req.Count, spec.ID, err)
-			}
-			created[i] = c
-			return nil
-		})
-	}
+	<-launched
 	if err := g.Wait(); err != nil {
-		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-		defer cancel()
-		for _, child := range ids {
-			if derr := m.Delete(cleanup, child, p); derr != nil {
-				m.log.Error("remove a child of a failed fork", slog.String("sandbox_id", child), slog.Any("error", derr))
-			}
-		}
-		return nil, err
+		return failed(err)
 	}
 	ph.Done("children")
 	m.log.InfoContext(ctx, "sandbox forked", slog.String("sandbox_id", id), slog.String("fork_copy", c.spec.FromSnapshot),
@@ -129,13 +153,19 @@ type forkCopying struct {
 	// admitted releases the children's admission (admitChildren), once
 	// their creates are done.
 	admitted func()
+	// launched is set when the children's creates were begun (also when
+	// forkCopy then failed: they fail with the copy's error).
+	launched bool
 }
 
 // forkCopy copies sandbox id's root for a fork under its lifecycle lock,
 // recording its steps in ph, and returns the children's spec and the
-// functions that end the copy (forkCopying). The parent is resumed in the
-// background once the copy is taken: its lock is held until it is.
-func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, ph *runtime.Phases) (forkCopying, error) {
+// functions that end the copy (forkCopying). It calls launch with the
+// children's spec (without ids) once the children are admitted and the
+// copy's id is known, before the copy is taken; the creates it begins
+// wait for the copy. The parent is resumed in the background once the
+// copy is taken: its lock is held until it is.
+func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, launch func(runtime.SandboxSpec), ph *runtime.Phases) (forkCopying, error) {
 	st, _ := m.snapshotStore()
 	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
@@ -158,6 +188,7 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 	}
 	ph.Done("parent")
 	freeze := m.freezer(id, "fork")
+	launched := false
 	forkID, release, err := st.ForkSnapshot(ctx, id, func(ctx context.Context) (func(), error) {
 		thaw, err := freeze(ctx)
 		if err != nil {
@@ -170,14 +201,22 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 				thaw()
 			}()
 		}, nil
+	}, func(forkID string) {
+		spec.FromSnapshot = forkID
+		launched = true
+		launch(spec)
 	}, ph)
 	if err != nil {
 		admitted()
 		resumed()
-		return forkCopying{}, err
+		return forkCopying{launched: launched}, err
 	}
 	spec.FromSnapshot = forkID
-	return forkCopying{spec: spec, resumed: resumed, release: release, admitted: admitted}, nil
+	if !launched {
+		launched = true
+		launch(spec)
+	}
+	return forkCopying{spec: spec, resumed: resumed, release: release, admitted: admitted, launched: launched}, nil
 }
 
 // admitChildren admits the children ids of a fork of sandbox id, each with

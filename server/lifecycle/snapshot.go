@@ -19,7 +19,7 @@ type snapshots interface {
 	GetSnapshot(ctx context.Context, snapID string) (runtime.Snapshot, error)
 	ListSnapshots(ctx context.Context, sees func(owner string) bool) ([]runtime.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, snapID string) error
-	ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), ph *runtime.Phases) (string, func() error, error)
+	ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), started func(forkID string), ph *runtime.Phases) (string, func() error, error)
 	SandboxEnv(ctx context.Context, id string) (map[string]string, error)
 	SandboxDiskUsed(ctx context.Context, id string) (uint64, error)
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -65,9 +66,12 @@ const (
 // SandboxSpec.FromSnapshot for each child — and release, to be called once
 // the children exist or have failed: it deletes the copy, which the
 // children do not need once made (an error of it leaves the copy until
-// berthd's next start). The copy's steps are recorded in ph (nil
-// for none). Errors as for CreateSnapshot.
-func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), ph *Phases) (_ string, release func() error, err error) {
+// berthd's next start). started, when not nil, is called with the id
+// before the copy is taken: creates of the children may begin then, and
+// each waits for the copy where it needs its files (fillRoot), failing
+// with the copy's error when it is not taken. The copy's steps are
+// recorded in ph (nil for none). Errors as for CreateSnapshot.
+func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), started func(forkID string), ph *Phases) (_ string, release func() error, err error) {
 	c := r.begin(ctx, "fork sandbox "+id)
 	defer c.end(&err)
 	_, root, src, err := r.copySource(ctx, id)
@@ -93,11 +97,77 @@ func (r *Runtime) ForkSnapshot(ctx context.Context, id string, freeze func(conte
 		return "", nil, fmt.Errorf("fork copy %s: %w", forkID, err)
 	}
 	ph.Done("prepare")
-	if _, err := r.snapshotFrozen(ctx, src, filepath.Join(dir, "root"), true, freeze, ph); err != nil {
+	sub := filepath.Join(dir, "root")
+	taken := r.forkTaking.begin(sub)
+	if started != nil {
+		started(forkID)
+	}
+	_, err = r.snapshotFrozen(ctx, src, sub, true, freeze, ph)
+	taken(err)
+	if err != nil {
 		_ = release()
 		return "", nil, err
 	}
 	return forkID, release, nil
+}
+
+// copiesTaking are the fork copies being taken (ForkSnapshot), by the
+// path of their subvolume: a child's create that begins before its copy
+// is taken waits for it (copyTaking.wait). The zero value is ready to use.
+type copiesTaking struct {
+	mu     sync.Mutex
+	taking map[string]*copyTaking
+}
+
+// copyTaking is one fork copy being taken: done is closed once it is,
+// or failed with err.
+type copyTaking struct {
+	done chan struct{}
+	err  error
+}
+
+// begin records that the copy at subvolume path sub is being taken and
+// returns the function that says it was (a nil error) or failed.
+func (t *copiesTaking) begin(sub string) (taken func(error)) {
+	c := &copyTaking{done: make(chan struct{})}
+	t.mu.Lock()
+	if t.taking == nil {
+		t.taking = map[string]*copyTaking{}
+	}
+	t.taking[sub] = c
+	t.mu.Unlock()
+	return func(err error) {
+		c.err = err
+		t.mu.Lock()
+		delete(t.taking, sub)
+		t.mu.Unlock()
+		close(c.done)
+	}
+}
+
+// of returns the copy at subvolume path sub being taken, nil when none
+// is (taken before, or failed: its subvolume is then missing).
+func (t *copiesTaking) of(sub string) *copyTaking {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.taking[sub]
+}
+
+// wait returns once copy c is taken (at once for a nil c), with the
+// copy's error when it failed, or ctx's.
+func (c *copyTaking) wait(ctx context.Context) error {
+	if c == nil {
+		return nil
+	}
+	select {
+	case <-c.done:
+		if c.err != nil {
+			return fmt.Errorf("the fork's copy was not taken: %w", c.err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("wait for the fork's copy: %w", ctx.Err())
+	}
 }
 
 // forkCopyDir returns the directory of fork copy forkID under the btrfs
@@ -114,6 +184,9 @@ func (r *Runtime) forkCopy(ctx context.Context, forkID string) (string, error) {
 		return "", err
 	}
 	p := filepath.Join(r.forkCopyDir(root, forkID), "root")
+	if r.forkTaking.of(p) != nil {
+		return p, nil
+	}
 	if _, err := os.Stat(p); err != nil {
 		return "", fmt.Errorf("%w: fork copy %s is gone (a fork's copy lives only as long as its ForkSandbox call): %v", ErrSnapshotNotFound, forkID, err)
 	}
@@ -121,8 +194,12 @@ func (r *Runtime) forkCopy(ctx context.Context, forkID string) (string, error) {
 }
 
 // fillRoot replaces the writable subvolume of snapshot key, just prepared
-// from its image, by a writable snapshot of subvolume from.
+// from its image, by a writable snapshot of subvolume from, once that is
+// taken (a fork's copy, ForkSnapshot).
 func (r *Runtime) fillRoot(ctx context.Context, key, from string) error {
+	if err := r.forkTaking.of(from).wait(ctx); err != nil {
+		return err
+	}
 	root, err := r.btrfsRoot(ctx)
 	if err != nil {
 		return err

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"log/slog"
 	"time"
 )
@@ -34,4 +35,19 @@ func (p *Phases) LogValue() slog.Value {
 		return slog.GroupValue()
 	}
 	return slog.GroupValue(p.steps...)
+}
+
+// phasesKey is the context key of WithPhases.
+type phasesKey struct{}
+
+// WithPhases returns ctx carrying ph: Runtime.Create records its steps
+// in it (image, root, container, task, start).
+func WithPhases(ctx context.Context, ph *Phases) context.Context {
+	return context.WithValue(ctx, phasesKey{}, ph)
+}
+
+// phasesOf returns the Phases of ctx (WithPhases), nil for none.
+func phasesOf(ctx context.Context) *Phases {
+	ph, _ := ctx.Value(phasesKey{}).(*Phases)
+	return ph
 }

@@ -239,6 +239,9 @@ type Runtime struct {
 	lists coalescer[[]Sandbox]
 	// kinds remembers which tasks run under gVisor (DialPort).
 	kinds taskKinds
+	// forkTaking are the fork copies being taken, which children's
+	// creates wait for (ForkSnapshot).
+	forkTaking copiesTaking
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -523,6 +526,7 @@ func (r *Runtime) LogPath(id string) string {
 func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	c := r.begin(ctx, "create sandbox "+spec.ID)
 	defer c.end(&retErr)
+	ph := phasesOf(ctx)
 	step, cancel := c.step()
 	defer cancel()
 	image, err := r.client.GetImage(step, spec.Image)
@@ -649,6 +653,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
 	}
+	ph.Done("image")
 	c.changes()
 	step, cancel = c.mutation()
 	defer cancel()
@@ -691,6 +696,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 
+	ph.Done("container")
 	if err := lockHostDir(dir, spec.userns(), base); err != nil {
 		return err
 	}
@@ -716,16 +722,19 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	}
 	step, cancel = c.mutation()
 	defer cancel()
+	ph.Done("quota")
 	task, err := container.NewTask(step, cio.LogFile(r.LogPath(spec.ID)))
 	if err != nil {
 		return fmt.Errorf("create task %s: %w", spec.ID, err)
 	}
+	ph.Done("task")
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 	}
 	if err := task.Start(step); err != nil {
 		return fmt.Errorf("start task %s: %w", spec.ID, err)
 	}
+	ph.Done("start")
 	return ctx.Err()
 }
 

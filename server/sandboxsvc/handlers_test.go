@@ -156,7 +156,7 @@ func (f *fakeStore) DeleteSnapshot(context.Context, string) error {
 	return runtime.ErrSnapshotUnsupported
 }
 
-func (f *fakeStore) ForkSnapshot(context.Context, string, func(context.Context) (func(), error), *runtime.Phases) (string, func() error, error) {
+func (f *fakeStore) ForkSnapshot(context.Context, string, func(context.Context) (func(), error), func(string), *runtime.Phases) (string, func() error, error) {
 	return "", nil, runtime.ErrSnapshotUnsupported
 }
 

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
@@ -101,8 +102,12 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 	case errors.As(err, &refused):
 		return rpcstatus.Error(refused.Code, refused.Reason, refused.Message, merge(meta, refused.Meta))
 	case errors.As(err, &busy):
+		details := []protoadapt.MessageV1{b.fleetBusy(busy)}
+		if d := busy.Delay(); d > 0 {
+			details = append(details, &errdetails.RetryInfo{RetryDelay: durationProto(d)})
+		}
 		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, msg, merge(meta, map[string]string{"resource": busy.Resource.String(), "principal": busy.Principal}),
-			b.fleetBusy(busy), &errdetails.RetryInfo{RetryDelay: durationProto(busy.RetryDelay)})
+			details...)
 	case errors.As(err, &replaced):
 		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonRuntimeReplaced, msg, with(meta, "exec_id", replaced.ExecID), b.runtimeReplaced(replaced))
 	case errors.As(err, &stale):
@@ -326,7 +331,7 @@ func (b *Boundary) fleetBusy(e *apierr.FleetBusy) *berthv1.FleetBusy {
 		Limit:         e.Limit,
 		InUse:         e.InUse,
 		Requested:     e.Requested,
-		RetryDelay:    durationProto(e.RetryDelay),
+		RetryDelay:    durationProto(e.Delay()),
 		ServerVersion: b.ServerVersion,
 		Admitted:      berthv1.Admitted_ADMITTED_NOT_STARTED,
 		Principal:     e.Principal,

@@ -39,6 +39,11 @@ func TestToStatus(t *testing.T) {
 	}{
 		{"fleet busy", &apierr.FleetBusy{SandboxID: "sb", Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOX_EXECS, Limit: 1, InUse: 1, Requested: 1, RetryDelay: 2 * time.Second},
 			codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, &berthv1.FleetBusy{}, 2 * time.Second},
+		// Only a deletion frees disk: no RetryInfo, so no client retries.
+		{"fleet busy, disk", &apierr.FleetBusy{SandboxID: "sb", Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, Limit: 1, InUse: 1, Requested: 1, RetryDelay: 2 * time.Second},
+			codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, &berthv1.FleetBusy{}, 0},
+		{"fleet busy, principal's disk", &apierr.FleetBusy{SandboxID: "sb", Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK, Principal: "p", Limit: 1, InUse: 1, Requested: 1, RetryDelay: 2 * time.Second},
+			codes.ResourceExhausted, rpcstatus.ReasonFleetBusy, &berthv1.FleetBusy{}, 0},
 		{"unreachable", fmt.Errorf("exec: %w", &apierr.Unreachable{SandboxID: "sb", Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_CONNECT_TIMEOUT, TaskRunning: true, Runtime: rt, What: "no answer", Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED}),
 			codes.Unavailable, rpcstatus.ReasonUnreachable, &berthv1.Unreachable{}, 0},
 		{"unreachable without facts", fmt.Errorf("%w: agent did not answer", apierr.ErrUnreachable),
@@ -87,6 +92,9 @@ func TestToStatus(t *testing.T) {
 			}
 			if got := retry.GetRetryDelay().AsDuration(); (retry != nil) != (tt.wantRetry != 0) || got != tt.wantRetry {
 				t.Errorf("RetryInfo = %v, want %v", retry, tt.wantRetry)
+			}
+			if fb, ok := detail.(*berthv1.FleetBusy); ok && fb.GetRetryDelay().AsDuration() != tt.wantRetry {
+				t.Errorf("FleetBusy.retry_delay = %v, want %v", fb.GetRetryDelay(), tt.wantRetry)
 			}
 		})
 	}

@@ -129,6 +129,16 @@ class FleetBusy(BerthError):
                 return d
         return DEFAULT_BUSY_DELAY
 
+    @property
+    def freed_by_waiting(self) -> bool:
+        """Whether waiting alone can free the capacity that ran out: False
+        for disk (CAPACITY_RESOURCE_DISK, CAPACITY_RESOURCE_PRINCIPAL_DISK),
+        which stays promised until a sandbox or snapshot is deleted, so
+        is_retryable says no; True for sandboxes, memory, execs and Run
+        buffers, which others' work frees as it ends."""
+        resource = self.detail.resource if self.detail is not None else 0
+        return resource not in (errors_pb2.CAPACITY_RESOURCE_DISK, errors_pb2.CAPACITY_RESOURCE_PRINCIPAL_DISK)
+
 
 class Unreachable(BerthError):
     """SANDBOX_UNREACHABLE (UNAVAILABLE): the sandbox's agent did not
@@ -235,11 +245,12 @@ def from_rpc_error(err: grpc.RpcError) -> BerthError:
 
 def is_retryable(err: BaseException) -> bool:
     """Whether err is safe to retry as is, as the Go client's IsRetryable:
-    FleetBusy (after retry_after), Unreachable and a containerd
+    FleetBusy that waiting can cure (after retry_after; not a full disk
+    budget: freed_by_waiting), Unreachable and a containerd
     DependencyFailure whose call ran nothing, and CLUSTER_UNAVAILABLE.
     RuntimeReplaced and StaleHandle never are."""
     if isinstance(err, FleetBusy):
-        return True
+        return err.freed_by_waiting
     if isinstance(err, DependencyFailure):
         return err.reason == "CONTAINERD_UNAVAILABLE" and err.nothing_ran
     if isinstance(err, Unreachable):

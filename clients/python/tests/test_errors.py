@@ -36,11 +36,11 @@ class FakeRpcError(grpc.RpcError):
         return self._trailers
 
 
-def busy(delay_s=2):
+def busy(delay_s=2, resource=errors_pb2.CAPACITY_RESOURCE_SANDBOX_EXECS):
     ri = error_details_pb2.RetryInfo()
     ri.retry_delay.FromSeconds(delay_s)
     return FakeRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "no capacity", "FLEET_BUSY",
-                        [ri, errors_pb2.FleetBusy(limit=1, in_use=1, admitted=errors_pb2.ADMITTED_NOT_STARTED)])
+                        [ri, errors_pb2.FleetBusy(resource=resource, limit=1, in_use=1, admitted=errors_pb2.ADMITTED_NOT_STARTED)])
 
 
 def unreachable(admitted):
@@ -70,6 +70,9 @@ class ErrorsTest(unittest.TestCase):
 
     def test_retryable_as_the_go_client(self):
         self.assertTrue(berth.is_retryable(from_rpc_error(busy())))
+        # Only a deletion frees disk, whatever delay an older berthd sent.
+        for resource in (errors_pb2.CAPACITY_RESOURCE_DISK, errors_pb2.CAPACITY_RESOURCE_PRINCIPAL_DISK):
+            self.assertFalse(berth.is_retryable(from_rpc_error(busy(resource=resource))), resource)
         self.assertTrue(berth.is_retryable(from_rpc_error(unreachable(errors_pb2.ADMITTED_NOT_STARTED))))
         self.assertFalse(berth.is_retryable(from_rpc_error(unreachable(errors_pb2.ADMITTED_UNKNOWN))))
         for reason, code in (("RUNTIME_REPLACED", grpc.StatusCode.ABORTED), ("STALE_HANDLE", grpc.StatusCode.FAILED_PRECONDITION),

@@ -16,10 +16,10 @@ function serviceError(code, message, details) {
   return Object.assign(new Error(message), { code, details: message, metadata: md });
 }
 
-const busy = (delaySec) => serviceError(status.RESOURCE_EXHAUSTED, "sandbox sb-1 runs 1 of 1 execs", [
+const busy = (delaySec, resource = berth.errors.CapacityResource.CAPACITY_RESOURCE_SANDBOX_EXECS) => serviceError(status.RESOURCE_EXHAUSTED, "sandbox sb-1 runs 1 of 1 execs", [
   ["google.rpc.ErrorInfo", berth.ErrorInfo, { reason: "FLEET_BUSY", domain: "berth.dev", metadata: { sandbox_id: "sb-1" } }],
   ["google.rpc.RetryInfo", berth.RetryInfo, { retryDelay: { seconds: BigInt(Math.floor(delaySec)), nanos: Math.round((delaySec % 1) * 1e9) } }],
-  ["berth.v1.FleetBusy", berth.errors.FleetBusy, { sandboxId: "sb-1", limit: 1n, inUse: 1n, resource: berth.errors.CapacityResource.CAPACITY_RESOURCE_SANDBOX_EXECS }],
+  ["berth.v1.FleetBusy", berth.errors.FleetBusy, { sandboxId: "sb-1", limit: 1n, inUse: 1n, resource }],
 ]);
 
 test("a status's ErrorInfo reason chooses the class; details are decoded, JSON-serialisable", () => {
@@ -29,6 +29,10 @@ test("a status's ErrorInfo reason chooses the class; details are decoded, JSON-s
   assert.deepEqual([e.detail.inUse, e.detail.limit, e.detail.resource], ["1", "1", "CAPACITY_RESOURCE_SANDBOX_EXECS"]);
   assert.equal(JSON.parse(JSON.stringify(e)).detail.resource, "CAPACITY_RESOURCE_SANDBOX_EXECS");
   assert.ok(berth.isRetryable(e));
+  // Only a deletion frees disk, whatever delay an older berthd sent.
+  for (const r of [berth.errors.CapacityResource.CAPACITY_RESOURCE_DISK, berth.errors.CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_DISK]) {
+    assert.equal(berth.isRetryable(berth.fromServiceError(busy(1, r))), false);
+  }
 
   const bad = berth.fromServiceError(serviceError(status.INVALID_ARGUMENT, "timeout too short", [
     ["google.rpc.ErrorInfo", berth.ErrorInfo, { reason: "INVALID_ARGUMENT", domain: "berth.dev" }],

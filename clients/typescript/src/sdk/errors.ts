@@ -105,6 +105,18 @@ export class FleetBusy extends BerthError {
     const d = this.detail?.retryDelay ? parseFloat(String(this.detail.retryDelay)) : 0;
     return d > 0 ? d : DEFAULT_BUSY_DELAY;
   }
+
+  /**
+   * Whether waiting alone can free the capacity that ran out: false for
+   * disk (CAPACITY_RESOURCE_DISK, CAPACITY_RESOURCE_PRINCIPAL_DISK), which
+   * stays promised until a sandbox or snapshot is deleted, so isRetryable
+   * says no; true for sandboxes, memory, execs and Run buffers, which
+   * others' work frees as it ends.
+   */
+  get freedByWaiting(): boolean {
+    const r = String(this.detail?.resource ?? "");
+    return r !== "CAPACITY_RESOURCE_DISK" && r !== "CAPACITY_RESOURCE_PRINCIPAL_DISK";
+  }
 }
 
 /**
@@ -257,13 +269,14 @@ export function fromServiceError(err: unknown): BerthError {
 
 /**
  * isRetryable says whether err is safe to retry as it is, as the Go
- * client's IsRetryable: FleetBusy (after retryAfter), Unreachable and a
+ * client's IsRetryable: FleetBusy that waiting can cure (after
+ * retryAfter; not a full disk budget: freedByWaiting), Unreachable and a
  * containerd DependencyFailure whose call ran nothing, and
  * CLUSTER_UNAVAILABLE. RuntimeReplaced and StaleHandle never are.
  */
 export function isRetryable(err: unknown): boolean {
   if (err instanceof FleetBusy) {
-    return true;
+    return err.freedByWaiting;
   }
   if (err instanceof DependencyFailure) {
     return err.reason === "CONTAINERD_UNAVAILABLE" && err.nothingRan;
