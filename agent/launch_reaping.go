@@ -57,20 +57,20 @@ func (s *Server) reaped(x launcher.Exit) {
 // reaped one and died before reporting it). Not before: a zombie launcher
 // may still have threads exiting that hold children of their own (Linux
 // re-parents a thread's children to its live siblings first).
-func (s *Server) orphaned(launcher int, pids []int) {
+func (s *Server) orphaned(launcherPID int, pids []int) {
 	go func() {
-		for deadline := time.Now().Add(time.Minute); !reaped(launcher) && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(time.Minute); !isReaped(launcherPID) && time.Now().Before(deadline); {
 			time.Sleep(10 * time.Millisecond)
 		}
 		for _, pid := range s.sup.lost(pids) {
-			s.log.Error("exit status lost: the launcher reaped the process and died before reporting it", "pid", pid, "launcher_pid", launcher, "exit_code", exitLost)
+			s.log.Error("exit status lost: the launcher reaped the process and died before reporting it", "pid", pid, "launcher_pid", launcherPID, "exit_code", exitLost)
 		}
 	}()
 }
 
-// reaped reports whether pid is gone: no /proc/<pid> (a zombie still has
-// one).
-func reaped(pid int) bool {
+// isReaped reports whether pid is gone: no /proc/<pid> (a zombie still
+// has one).
+func isReaped(pid int) bool {
 	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
 	return errors.Is(err, os.ErrNotExist)
 }

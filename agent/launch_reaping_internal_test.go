@@ -46,11 +46,11 @@ func TestSupervisorLost(t *testing.T) {
 	}
 }
 
-// TestReaped: neither a running process nor a zombie is reaped; a
+// TestIsReaped: neither a running process nor a zombie is reaped; a
 // process waited for is.
-func TestReaped(t *testing.T) {
-	if reaped(os.Getpid()) {
-		t.Error("reaped(self) = true")
+func TestIsReaped(t *testing.T) {
+	if isReaped(os.Getpid()) {
+		t.Error("isReaped(self) = true")
 	}
 	c := exec.Command("true")
 	if err := c.Start(); err != nil {
@@ -69,13 +69,13 @@ func TestReaped(t *testing.T) {
 			t.Fatal("`true` did not exit in 30 s")
 		}
 	}
-	if reaped(pid) {
-		t.Error("reaped = true for a zombie")
+	if isReaped(pid) {
+		t.Error("isReaped = true for a zombie")
 	}
 	if err := c.Wait(); err != nil {
 		t.Fatal(err)
 	}
-	if !reaped(pid) {
-		t.Error("reaped = false for a process waited for")
+	if !isReaped(pid) {
+		t.Error("isReaped = false for a process waited for")
 	}
 }
