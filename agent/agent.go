@@ -121,6 +121,11 @@ type Config struct {
 	// own soft limit to the hard one). Default 1024, the traditional
 	// value that select(2)-based programs need.
 	WorkloadNofile uint64
+	// ReapingLauncher has launchers stay and reap the processes they start
+	// from the first exec (launcher.ReapingLauncher), as they do by
+	// themselves once a kernel ignores CLONE_PARENT (gVisor). Default
+	// false: on Linux a launcher's processes are the agent's children.
+	ReapingLauncher bool
 	// Retention is how long a finished exec stays attachable. Default 10m.
 	Retention time.Duration
 	// MaxRetained bounds how many finished execs are kept for Retention:
@@ -245,6 +250,12 @@ type Server struct {
 	// uid and gid (launcherFor). userLaunchers is guarded by starting.
 	launcher      *launcher.Launcher
 	userLaunchers map[[2]uint32]*launcher.Launcher
+	// reaping says that launchers stay and reap what they start
+	// (Config.ReapingLauncher, or the kernel ignored CLONE_PARENT);
+	// reapingLaunchers are those launchers by uid and gid. Both are
+	// guarded by starting (launch_reaping.go).
+	reaping          bool
+	reapingLaunchers map[[2]uint32]*launcher.ReapingLauncher
 	// output is the budget of the output all execs retain
 	// (Config.RetainedBytes).
 	output *ring.Pool
@@ -323,6 +334,7 @@ func New(cfg Config) (*Server, error) {
 	s.output = ring.NewPool(s.cfg.RetainedBytes)
 	s.launcher = launcher.New(launcher.Config{Credential: credential(cfg.UID, cfg.GID), Nofile: cfg.WorkloadNofile, Stderr: os.Stderr})
 	s.userLaunchers = make(map[[2]uint32]*launcher.Launcher)
+	s.reaping, s.reapingLaunchers = cfg.ReapingLauncher, make(map[[2]uint32]*launcher.ReapingLauncher)
 	return s, nil
 }
 
