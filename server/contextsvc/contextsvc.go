@@ -359,7 +359,7 @@ func (s *Service) DeleteCodeContext(ctx context.Context, req *berthv1.DeleteCode
 	if !in.running() {
 		return nil, apierr.WithMeta(contextNotFound(in.contextID), meta)
 	}
-	if _, err := agent.SignalExec(ctx, &agentv1.SignalExecRequest{ExecId: in.info.GetExecId(), Signal: "KILL"}); err != nil {
+	if err := killRunning(ctx, agent, in); err != nil {
 		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
 	return &berthv1.DeleteCodeContextResponse{}, nil
@@ -381,6 +381,16 @@ func (s *Service) InterruptCodeContext(ctx context.Context, req *berthv1.Interru
 	return &berthv1.InterruptCodeContextResponse{}, nil
 }
 
+// killRunning sends SIGKILL to the interpreter's process group when it
+// runs.
+func killRunning(ctx context.Context, agent agentv1.AgentServiceClient, in *interp) error {
+	if !in.running() {
+		return nil
+	}
+	_, err := agent.SignalExec(ctx, &agentv1.SignalExecRequest{ExecId: in.info.GetExecId(), Signal: "KILL"})
+	return err
+}
+
 func contextEnded(in *interp) error {
 	return apierr.New(codes.FailedPrecondition, rpcstatus.ReasonContextEnded,
 		fmt.Sprintf("code context %q: its interpreter ended (exit code %d); RestartCodeContext starts a new one", in.contextID, in.info.GetResult().GetExitCode()),
@@ -398,10 +408,8 @@ func (s *Service) RestartCodeContext(ctx context.Context, req *berthv1.RestartCo
 	if err != nil {
 		return nil, err
 	}
-	if in.running() {
-		if _, err := agent.SignalExec(ctx, &agentv1.SignalExecRequest{ExecId: in.info.GetExecId(), Signal: "KILL"}); err != nil {
-			return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
-		}
+	if err := killRunning(ctx, agent, in); err != nil {
+		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
 	unlock, err := s.lock(ctx, req.GetSandboxId(), req.GetContextId())
 	if err != nil {
@@ -416,10 +424,10 @@ func (s *Service) RestartCodeContext(ctx context.Context, req *berthv1.RestartCo
 	if err != nil {
 		return nil, apierr.WithMeta(fmt.Errorf("code context %s: read its spec from exec %s: %w", in.contextID, in.info.GetExecId(), err), meta)
 	}
-	if in.running() { // another restart raced this one
-		if _, err := agent.SignalExec(ctx, &agentv1.SignalExecRequest{ExecId: in.info.GetExecId(), Signal: "KILL"}); err != nil {
-			return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
-		}
+	// Still listed as running: not reaped yet, or another restart raced
+	// this one.
+	if err := killRunning(ctx, agent, in); err != nil {
+		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
 	next, err := start(ctx, agent, in.contextID, in.gen+1, sp)
 	if err != nil {
