@@ -50,8 +50,8 @@ class CodeContext:
                  on_error: Optional[Callable[[context_pb2.CodeError], None]] = None) -> Execution:
         """Runs code as one cell and returns its Execution; the callbacks
         see each event as it comes. timeout: seconds; at its end the cell
-        gets KeyboardInterrupt and the context lives on. Raises NotFound
-        (CONTEXT_NOT_FOUND), BerthError with reason CONTEXT_ENDED."""
+        gets KeyboardInterrupt and the context lives on. Raises BerthError
+        with reason CONTEXT_NOT_FOUND or CONTEXT_ENDED."""
         req = context_pb2.ExecuteCodeRequest(sandbox_id=self._sandbox_id, context_id=self.id, code=code)
         if timeout is not None:
             req.timeout.CopyFrom(duration(timeout))

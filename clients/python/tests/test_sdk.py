@@ -207,7 +207,7 @@ class SDKTest(unittest.TestCase):
             self.sb.contexts.create()
         self.assertEqual((cm.exception.reason, cm.exception.metadata.get("language")), ("INTERPRETER_MISSING", "python"))
         self.assertEqual(self.sb.contexts.list(), [])
-        with self.assertRaises(berth.NotFound) as cm:
+        with self.assertRaises(berth.BerthError) as cm:
             berth.CodeContext(self.sb._conn, self.sb.id, context_pb2.CodeContextInfo(context_id="none")).run_code("1")
         self.assertEqual(cm.exception.reason, "CONTEXT_NOT_FOUND")
 

@@ -43,7 +43,7 @@ export class CodeContext {
     this.id = info.contextId;
   }
 
-  /** runCode runs code as one cell. Rejects with NotFound (CONTEXT_NOT_FOUND) or a BerthError with reason CONTEXT_ENDED. */
+  /** runCode runs code as one cell. Rejects with a BerthError with reason CONTEXT_NOT_FOUND or CONTEXT_ENDED. */
   runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
     const req = ExecuteCodeRequest.fromPartial({ sandboxId: this.sandboxId, contextId: this.id, code });
     if (opts.timeout !== undefined) {
