@@ -6,8 +6,8 @@ import (
 	"maps"
 	"os/exec"
 	"strings"
-	"testing"
 	"syscall"
+	"testing"
 	"time"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
