@@ -403,7 +403,8 @@ func (s *Service) RestartCodeContext(ctx context.Context, req *berthv1.RestartCo
 	if err := checkContextID(req.GetContextId()); err != nil {
 		return nil, err
 	}
-	// Interrupt a running cell first: its ExecuteCode holds the lock.
+	// Kill the interpreter first: a running cell's ExecuteCode holds the
+	// lock, and ends (CONTEXT_ENDED) with its interpreter.
 	agent, in, meta, err := s.find(ctx, req.GetSandboxId(), req.GetContextId())
 	if err != nil {
 		return nil, err
