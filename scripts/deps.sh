@@ -168,12 +168,14 @@ command -v grpc_python_plugin >/dev/null || client_pkgs+=(protobuf-compiler-grpc
 command -v node >/dev/null || client_pkgs+=(nodejs)
 command -v npm >/dev/null || client_pkgs+=(npm)
 command -v chromium >/dev/null || client_pkgs+=(chromium)
+# The Kubernetes tests (make test-kubernetes): kube-apiserver's store.
+command -v etcd >/dev/null || client_pkgs+=(etcd-server)
 if [[ ${#client_pkgs[@]} -gt 0 ]]; then
 	apt_update
 	log "apt-get install ${client_pkgs[*]}"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${client_pkgs[@]}" >/dev/null
 else
-	log "protoc, grpc_python_plugin, python3-grpcio, python3-setuptools/-wheel/-pip/-venv, node, npm, chromium: present"
+	log "protoc, grpc_python_plugin, python3-grpcio, python3-setuptools/-wheel/-pip/-venv, node, npm, chromium, etcd: present"
 fi
 # npm_ci DIR installs DIR's npm packages unless node_modules/.berth-lock,
 # the package-lock.json they were installed from, is current.
