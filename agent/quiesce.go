@@ -23,12 +23,18 @@ const (
 	quiesceListen = quiesce.Listen
 )
 
+// agentServiceDesc is the AgentService the agent serves: all of it, but
+// for a test build of an older agent (older_agent.go).
+var agentServiceDesc = &agentv1.AgentService_ServiceDesc
+
+var _ agentv1.AgentServiceServer = (*Server)(nil)
+
 // grpcServer returns a gRPC server of AgentService and fileSvc. Serve
 // makes one per listener: a stopped grpc.Server does not serve again.
 func (s *Server) grpcServer(fileSvc *files.Service) *grpc.Server {
 	// berthd may ping idle connections to detect a dead sandbox early.
 	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
-	agentv1.RegisterAgentServiceServer(gs, s)
+	gs.RegisterService(agentServiceDesc, s)
 	agentv1.RegisterFileServiceServer(gs, fileSvc)
 	return gs
 }

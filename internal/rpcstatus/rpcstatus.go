@@ -255,3 +255,10 @@ const (
 // (CNI plugins or nftables missing, or it failed to start); metadata
 // "field" is "network.mode".
 const ReasonNetworkUnavailable = "NETWORK_UNAVAILABLE"
+
+// ReasonAgentTooOld (FAILED_PRECONDITION): the sandbox's agent is older
+// than berthd and does not serve the call berthd made of it (it answered
+// UNIMPLEMENTED); metadata "agent_method" names the agent's method,
+// "agent_version" and "server_version" the two versions. A sandbox
+// created anew runs berthd's agent.
+const ReasonAgentTooOld = "AGENT_TOO_OLD"
