@@ -11,6 +11,7 @@ export { Connection, ConnectionOptions, RetryPolicy, DEFAULT_ADDR } from "./sdk/
 export { Commands, CommandHandle, CommandResult, CommandInfo, RunOptions, OutputCallback, StdinData } from "./sdk/commands";
 export { Files, FileInfo, FileKind, WriteData, WriteOptions, UploadSummary } from "./sdk/files";
 export { Ports, PortForward } from "./sdk/ports";
+export { CodeContexts, CodeContext, Execution, RunCodeOptions } from "./sdk/contexts";
 export {
   BerthError, InvalidArgument, Unauthenticated, NotPermitted, NotFound, SandboxNotFound, ExecNotFound, ImageNotFound, FileNotFound,
   FileExists, FilePermissionDenied, PortClosed, FleetBusy, Unreachable, RuntimeReplaced, StaleHandle, DependencyFailure, ProtocolError, FieldViolation,

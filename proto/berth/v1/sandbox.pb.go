@@ -2854,7 +2854,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x16berth/v1/context.proto\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -3097,7 +3097,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vHibernation\x12\x1b\n" +
 	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x01\x12\x1b\n" +
-	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\xe0\x0f\n" +
+	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\x8d\x14\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -3119,7 +3119,13 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12P\n" +
 	"\rCreateSession\x12\x1e.berth.v1.CreateSessionRequest\x1a\x1f.berth.v1.CreateSessionResponse\x12M\n" +
 	"\fListSessions\x12\x1d.berth.v1.ListSessionsRequest\x1a\x1e.berth.v1.ListSessionsResponse\x12P\n" +
-	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12I\n" +
+	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12\\\n" +
+	"\x11CreateCodeContext\x12\".berth.v1.CreateCodeContextRequest\x1a#.berth.v1.CreateCodeContextResponse\x12Y\n" +
+	"\x10ListCodeContexts\x12!.berth.v1.ListCodeContextsRequest\x1a\".berth.v1.ListCodeContextsResponse\x12\\\n" +
+	"\x11DeleteCodeContext\x12\".berth.v1.DeleteCodeContextRequest\x1a#.berth.v1.DeleteCodeContextResponse\x12L\n" +
+	"\vExecuteCode\x12\x1c.berth.v1.ExecuteCodeRequest\x1a\x1d.berth.v1.ExecuteCodeResponse0\x01\x12e\n" +
+	"\x14InterruptCodeContext\x12%.berth.v1.InterruptCodeContextRequest\x1a&.berth.v1.InterruptCodeContextResponse\x12_\n" +
+	"\x12RestartCodeContext\x12#.berth.v1.RestartCodeContextRequest\x1a$.berth.v1.RestartCodeContextResponse\x12I\n" +
 	"\n" +
 	"WatchFiles\x12\x1b.berth.v1.WatchFilesRequest\x1a\x1c.berth.v1.WatchFilesResponse0\x01\x12M\n" +
 	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
@@ -3146,79 +3152,91 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_berth_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),                // 0: berth.v1.SandboxState
-	(IdleAction)(0),                  // 1: berth.v1.IdleAction
-	(StopReason)(0),                  // 2: berth.v1.StopReason
-	(NetworkMode)(0),                 // 3: berth.v1.NetworkMode
-	(RootIDMapping)(0),               // 4: berth.v1.RootIDMapping
-	(Hibernation)(0),                 // 5: berth.v1.Hibernation
-	(*Resources)(nil),                // 6: berth.v1.Resources
-	(*NetworkPolicy)(nil),            // 7: berth.v1.NetworkPolicy
-	(*SandboxUsage)(nil),             // 8: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),          // 9: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),                  // 10: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),     // 11: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),    // 12: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),        // 13: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),       // 14: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),     // 15: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),    // 16: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),     // 17: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),    // 18: berth.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),      // 19: berth.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),     // 20: berth.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),     // 21: berth.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),    // 22: berth.v1.ResumeSandboxResponse
-	(*HibernateSandboxRequest)(nil),  // 23: berth.v1.HibernateSandboxRequest
-	(*HibernateSandboxResponse)(nil), // 24: berth.v1.HibernateSandboxResponse
-	(*Snapshot)(nil),                 // 25: berth.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),    // 26: berth.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),   // 27: berth.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),     // 28: berth.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 29: berth.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 30: berth.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 31: berth.v1.DeleteSnapshotResponse
-	(*ForkSandboxRequest)(nil),       // 32: berth.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),      // 33: berth.v1.ForkSandboxResponse
-	(*CommitSnapshotRequest)(nil),    // 34: berth.v1.CommitSnapshotRequest
-	(*ImageConfigChanges)(nil),       // 35: berth.v1.ImageConfigChanges
-	(*CommitSnapshotResponse)(nil),   // 36: berth.v1.CommitSnapshotResponse
-	(*KeepAliveRequest)(nil),         // 37: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),        // 38: berth.v1.KeepAliveResponse
-	nil,                              // 39: berth.v1.Sandbox.LabelsEntry
-	nil,                              // 40: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                              // 41: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                              // 42: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	nil,                              // 43: berth.v1.Snapshot.LabelsEntry
-	nil,                              // 44: berth.v1.CreateSnapshotRequest.LabelsEntry
-	nil,                              // 45: berth.v1.ForkSandboxRequest.LabelsEntry
-	(*durationpb.Duration)(nil),      // 46: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 47: google.protobuf.Timestamp
-	(*Image)(nil),                    // 48: berth.v1.Image
-	(*ExecRequest)(nil),              // 49: berth.v1.ExecRequest
-	(*RunRequest)(nil),               // 50: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),         // 51: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),        // 52: berth.v1.SignalExecRequest
-	(*StartExecRequest)(nil),         // 53: berth.v1.StartExecRequest
-	(*AttachExecRequest)(nil),        // 54: berth.v1.AttachExecRequest
-	(*WriteExecStdinRequest)(nil),    // 55: berth.v1.WriteExecStdinRequest
-	(*ResizeExecRequest)(nil),        // 56: berth.v1.ResizeExecRequest
-	(*PortForwardRequest)(nil),       // 57: berth.v1.PortForwardRequest
-	(*CreateSessionRequest)(nil),     // 58: berth.v1.CreateSessionRequest
-	(*ListSessionsRequest)(nil),      // 59: berth.v1.ListSessionsRequest
-	(*DeleteSessionRequest)(nil),     // 60: berth.v1.DeleteSessionRequest
-	(*WatchFilesRequest)(nil),        // 61: berth.v1.WatchFilesRequest
-	(*ExecResponse)(nil),             // 62: berth.v1.ExecResponse
-	(*RunResponse)(nil),              // 63: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),        // 64: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),       // 65: berth.v1.SignalExecResponse
-	(*WriteExecStdinResponse)(nil),   // 66: berth.v1.WriteExecStdinResponse
-	(*ResizeExecResponse)(nil),       // 67: berth.v1.ResizeExecResponse
-	(*PortForwardResponse)(nil),      // 68: berth.v1.PortForwardResponse
-	(*CreateSessionResponse)(nil),    // 69: berth.v1.CreateSessionResponse
-	(*ListSessionsResponse)(nil),     // 70: berth.v1.ListSessionsResponse
-	(*DeleteSessionResponse)(nil),    // 71: berth.v1.DeleteSessionResponse
-	(*WatchFilesResponse)(nil),       // 72: berth.v1.WatchFilesResponse
+	(SandboxState)(0),                    // 0: berth.v1.SandboxState
+	(IdleAction)(0),                      // 1: berth.v1.IdleAction
+	(StopReason)(0),                      // 2: berth.v1.StopReason
+	(NetworkMode)(0),                     // 3: berth.v1.NetworkMode
+	(RootIDMapping)(0),                   // 4: berth.v1.RootIDMapping
+	(Hibernation)(0),                     // 5: berth.v1.Hibernation
+	(*Resources)(nil),                    // 6: berth.v1.Resources
+	(*NetworkPolicy)(nil),                // 7: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),                 // 8: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),              // 9: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),                      // 10: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),         // 11: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),        // 12: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 13: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 14: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 15: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 16: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 17: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 18: berth.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),          // 19: berth.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 20: berth.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 21: berth.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 22: berth.v1.ResumeSandboxResponse
+	(*HibernateSandboxRequest)(nil),      // 23: berth.v1.HibernateSandboxRequest
+	(*HibernateSandboxResponse)(nil),     // 24: berth.v1.HibernateSandboxResponse
+	(*Snapshot)(nil),                     // 25: berth.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),        // 26: berth.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),       // 27: berth.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),         // 28: berth.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 29: berth.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),        // 30: berth.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 31: berth.v1.DeleteSnapshotResponse
+	(*ForkSandboxRequest)(nil),           // 32: berth.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),          // 33: berth.v1.ForkSandboxResponse
+	(*CommitSnapshotRequest)(nil),        // 34: berth.v1.CommitSnapshotRequest
+	(*ImageConfigChanges)(nil),           // 35: berth.v1.ImageConfigChanges
+	(*CommitSnapshotResponse)(nil),       // 36: berth.v1.CommitSnapshotResponse
+	(*KeepAliveRequest)(nil),             // 37: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),            // 38: berth.v1.KeepAliveResponse
+	nil,                                  // 39: berth.v1.Sandbox.LabelsEntry
+	nil,                                  // 40: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 41: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 42: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	nil,                                  // 43: berth.v1.Snapshot.LabelsEntry
+	nil,                                  // 44: berth.v1.CreateSnapshotRequest.LabelsEntry
+	nil,                                  // 45: berth.v1.ForkSandboxRequest.LabelsEntry
+	(*durationpb.Duration)(nil),          // 46: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 47: google.protobuf.Timestamp
+	(*Image)(nil),                        // 48: berth.v1.Image
+	(*ExecRequest)(nil),                  // 49: berth.v1.ExecRequest
+	(*RunRequest)(nil),                   // 50: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),             // 51: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),            // 52: berth.v1.SignalExecRequest
+	(*StartExecRequest)(nil),             // 53: berth.v1.StartExecRequest
+	(*AttachExecRequest)(nil),            // 54: berth.v1.AttachExecRequest
+	(*WriteExecStdinRequest)(nil),        // 55: berth.v1.WriteExecStdinRequest
+	(*ResizeExecRequest)(nil),            // 56: berth.v1.ResizeExecRequest
+	(*PortForwardRequest)(nil),           // 57: berth.v1.PortForwardRequest
+	(*CreateSessionRequest)(nil),         // 58: berth.v1.CreateSessionRequest
+	(*ListSessionsRequest)(nil),          // 59: berth.v1.ListSessionsRequest
+	(*DeleteSessionRequest)(nil),         // 60: berth.v1.DeleteSessionRequest
+	(*CreateCodeContextRequest)(nil),     // 61: berth.v1.CreateCodeContextRequest
+	(*ListCodeContextsRequest)(nil),      // 62: berth.v1.ListCodeContextsRequest
+	(*DeleteCodeContextRequest)(nil),     // 63: berth.v1.DeleteCodeContextRequest
+	(*ExecuteCodeRequest)(nil),           // 64: berth.v1.ExecuteCodeRequest
+	(*InterruptCodeContextRequest)(nil),  // 65: berth.v1.InterruptCodeContextRequest
+	(*RestartCodeContextRequest)(nil),    // 66: berth.v1.RestartCodeContextRequest
+	(*WatchFilesRequest)(nil),            // 67: berth.v1.WatchFilesRequest
+	(*ExecResponse)(nil),                 // 68: berth.v1.ExecResponse
+	(*RunResponse)(nil),                  // 69: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),            // 70: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),           // 71: berth.v1.SignalExecResponse
+	(*WriteExecStdinResponse)(nil),       // 72: berth.v1.WriteExecStdinResponse
+	(*ResizeExecResponse)(nil),           // 73: berth.v1.ResizeExecResponse
+	(*PortForwardResponse)(nil),          // 74: berth.v1.PortForwardResponse
+	(*CreateSessionResponse)(nil),        // 75: berth.v1.CreateSessionResponse
+	(*ListSessionsResponse)(nil),         // 76: berth.v1.ListSessionsResponse
+	(*DeleteSessionResponse)(nil),        // 77: berth.v1.DeleteSessionResponse
+	(*CreateCodeContextResponse)(nil),    // 78: berth.v1.CreateCodeContextResponse
+	(*ListCodeContextsResponse)(nil),     // 79: berth.v1.ListCodeContextsResponse
+	(*DeleteCodeContextResponse)(nil),    // 80: berth.v1.DeleteCodeContextResponse
+	(*ExecuteCodeResponse)(nil),          // 81: berth.v1.ExecuteCodeResponse
+	(*InterruptCodeContextResponse)(nil), // 82: berth.v1.InterruptCodeContextResponse
+	(*RestartCodeContextResponse)(nil),   // 83: berth.v1.RestartCodeContextResponse
+	(*WatchFilesResponse)(nil),           // 84: berth.v1.WatchFilesResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
@@ -3283,43 +3301,55 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	58, // 59: berth.v1.SandboxService.CreateSession:input_type -> berth.v1.CreateSessionRequest
 	59, // 60: berth.v1.SandboxService.ListSessions:input_type -> berth.v1.ListSessionsRequest
 	60, // 61: berth.v1.SandboxService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
-	61, // 62: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
-	19, // 63: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	21, // 64: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 65: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
-	26, // 66: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	28, // 67: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	30, // 68: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	32, // 69: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
-	34, // 70: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
-	12, // 71: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	14, // 72: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	16, // 73: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	18, // 74: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	38, // 75: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	62, // 76: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	63, // 77: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	64, // 78: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	65, // 79: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	62, // 80: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
-	62, // 81: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
-	66, // 82: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
-	67, // 83: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
-	68, // 84: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	69, // 85: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
-	70, // 86: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
-	71, // 87: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
-	72, // 88: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
-	20, // 89: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	22, // 90: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 91: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
-	27, // 92: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	29, // 93: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	31, // 94: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	33, // 95: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
-	36, // 96: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
-	71, // [71:97] is the sub-list for method output_type
-	45, // [45:71] is the sub-list for method input_type
+	61, // 62: berth.v1.SandboxService.CreateCodeContext:input_type -> berth.v1.CreateCodeContextRequest
+	62, // 63: berth.v1.SandboxService.ListCodeContexts:input_type -> berth.v1.ListCodeContextsRequest
+	63, // 64: berth.v1.SandboxService.DeleteCodeContext:input_type -> berth.v1.DeleteCodeContextRequest
+	64, // 65: berth.v1.SandboxService.ExecuteCode:input_type -> berth.v1.ExecuteCodeRequest
+	65, // 66: berth.v1.SandboxService.InterruptCodeContext:input_type -> berth.v1.InterruptCodeContextRequest
+	66, // 67: berth.v1.SandboxService.RestartCodeContext:input_type -> berth.v1.RestartCodeContextRequest
+	67, // 68: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
+	19, // 69: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	21, // 70: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 71: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
+	26, // 72: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	28, // 73: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	30, // 74: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	32, // 75: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	34, // 76: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
+	12, // 77: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	14, // 78: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	16, // 79: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	18, // 80: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	38, // 81: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	68, // 82: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	69, // 83: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	70, // 84: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	71, // 85: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	68, // 86: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
+	68, // 87: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
+	72, // 88: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
+	73, // 89: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
+	74, // 90: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	75, // 91: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
+	76, // 92: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
+	77, // 93: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
+	78, // 94: berth.v1.SandboxService.CreateCodeContext:output_type -> berth.v1.CreateCodeContextResponse
+	79, // 95: berth.v1.SandboxService.ListCodeContexts:output_type -> berth.v1.ListCodeContextsResponse
+	80, // 96: berth.v1.SandboxService.DeleteCodeContext:output_type -> berth.v1.DeleteCodeContextResponse
+	81, // 97: berth.v1.SandboxService.ExecuteCode:output_type -> berth.v1.ExecuteCodeResponse
+	82, // 98: berth.v1.SandboxService.InterruptCodeContext:output_type -> berth.v1.InterruptCodeContextResponse
+	83, // 99: berth.v1.SandboxService.RestartCodeContext:output_type -> berth.v1.RestartCodeContextResponse
+	84, // 100: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
+	20, // 101: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	22, // 102: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 103: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
+	27, // 104: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	29, // 105: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	31, // 106: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	33, // 107: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	36, // 108: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
+	77, // [77:109] is the sub-list for method output_type
+	45, // [45:77] is the sub-list for method input_type
 	45, // [45:45] is the sub-list for extension type_name
 	45, // [45:45] is the sub-list for extension extendee
 	0,  // [0:45] is the sub-list for field type_name
@@ -3330,6 +3360,7 @@ func file_berth_v1_sandbox_proto_init() {
 	if File_berth_v1_sandbox_proto != nil {
 		return
 	}
+	file_berth_v1_context_proto_init()
 	file_berth_v1_exec_proto_init()
 	file_berth_v1_image_proto_init()
 	file_berth_v1_port_proto_init()

@@ -9,6 +9,7 @@ import { Connection, ConnectionOptions } from "./connection";
 import { SandboxNotFound, duration, num } from "./errors";
 import { Files } from "./files";
 import { Ports } from "./ports";
+import { CodeContexts } from "./contexts";
 
 /** The image Sandbox.create uses when none is given and $BERTH_IMAGE is unset. */
 export const DEFAULT_IMAGE = "berth.dev/base:latest";
@@ -90,12 +91,14 @@ export class Sandbox {
   readonly commands: Commands;
   readonly files: Files;
   readonly ports: Ports;
+  readonly contexts: CodeContexts;
 
   private constructor(readonly connection: Connection, public info: SandboxInfo, private readonly owns: boolean, private readonly created: boolean) {
     this.id = info.id;
     this.commands = new Commands(connection, this.id);
     this.files = new Files(connection, this.id);
     this.ports = new Ports(connection, this.id);
+    this.contexts = new CodeContexts(connection, this.id);
   }
 
   /**
