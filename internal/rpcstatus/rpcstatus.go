@@ -49,10 +49,11 @@ const (
 	ReasonSessionEnded    = "SESSION_ENDED"     // FAILED_PRECONDITION: the session's shell exited
 	ReasonWatchNotFound   = "WATCH_NOT_FOUND"   // NOT_FOUND: no such file watch (docs/watch.md)
 	// Code contexts (docs/contexts.md).
-	ReasonContextNotFound    = "CONTEXT_NOT_FOUND"   // NOT_FOUND: no such code context in the sandbox
-	ReasonContextExists      = "CONTEXT_EXISTS"      // ALREADY_EXISTS: the context id is taken by a running context
-	ReasonContextEnded       = "CONTEXT_ENDED"       // FAILED_PRECONDITION: the context's interpreter ended; restart it
-	ReasonInterpreterMissing = "INTERPRETER_MISSING" // FAILED_PRECONDITION: the image has no interpreter for the language
+	ReasonContextNotFound    = "CONTEXT_NOT_FOUND"    // NOT_FOUND: no such code context in the sandbox
+	ReasonContextExists      = "CONTEXT_EXISTS"       // ALREADY_EXISTS: the context id is taken by a running context
+	ReasonContextEnded       = "CONTEXT_ENDED"        // FAILED_PRECONDITION: the context's interpreter ended; restart it
+	ReasonCellFrameTooLarge  = "CELL_FRAME_TOO_LARGE" // RESOURCE_EXHAUSTED: the interpreter wrote a protocol line past berthd's bound
+	ReasonInterpreterMissing = "INTERPRETER_MISSING"  // FAILED_PRECONDITION: the image has no interpreter for the language
 	ReasonSandboxNotRunning  = "SANDBOX_NOT_RUNNING"
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).

@@ -63,6 +63,12 @@ const (
 	// interruptGrace is how long a timed-out cell has to end after its
 	// KeyboardInterrupt before it is interrupted again.
 	interruptGrace = 5 * time.Second
+	// maxFrameBytes bounds the driver frame (one JSON line) berthd holds
+	// while it waits for the line's end: a result's PNG or repr fits. A
+	// cell reaches the driver's descriptor (the driver is its own
+	// process), so it can write there without a newline; past the bound
+	// the cell fails rather than grow berthd's memory.
+	maxFrameBytes = 16 << 20
 )
 
 var contextIDPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,100}$`)
@@ -565,6 +571,11 @@ func (s *Service) ExecuteCode(req *berthv1.ExecuteCodeRequest, out berthv1.Sandb
 			if done {
 				return nil
 			}
+		}
+		if len(buf) > maxFrameBytes {
+			return apierr.WithMeta(apierr.New(codes.ResourceExhausted, rpcstatus.ReasonCellFrameTooLarge,
+				fmt.Sprintf("code context %q: the interpreter wrote a line of over %d bytes on its protocol descriptor (a result that large, or a cell writing there itself); the cell is abandoned, RestartCodeContext starts a new interpreter",
+					in.contextID, maxFrameBytes), nil), meta)
 		}
 	}
 }

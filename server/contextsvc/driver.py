@@ -19,8 +19,11 @@ _running = [False]
 
 
 def _emit(frame):
+    # A newline first: bytes a cell wrote on this descriptor itself (it
+    # can reach it: the driver is its own process) end their own line,
+    # never run into the frame and hide it.
     with _lock:
-        _proto.write(json.dumps(frame) + "\n")
+        _proto.write("\n" + json.dumps(frame) + "\n")
         _proto.flush()
 
 

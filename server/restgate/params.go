@@ -20,7 +20,8 @@ import (
 // parameter per element, an integer decimal digits (a leading zero is
 // refused: mode=0644 would be read as 644, not octal). An unknown or
 // malformed parameter is INVALID_ARGUMENT naming it. skip names
-// parameters the route reads itself.
+// parameters the route reads itself. A parameter naming a field the path
+// fills (sandboxId) is refused: the path's sandbox is the call's.
 func fromQuery(r *http.Request, msg proto.Message, vars map[string]string, skip ...string) error {
 	fields := msg.ProtoReflect().Descriptor().Fields()
 	obj := map[string]any{}
@@ -37,6 +38,9 @@ func fromQuery(r *http.Request, msg proto.Message, vars map[string]string, skip 
 		}
 		if fd == nil || fd.Message() != nil || fd.IsMap() {
 			return invalid(key, fmt.Sprintf("not a parameter of %s %s", r.Method, r.URL.Path))
+		}
+		if isVarField(vars, string(fd.Name())) {
+			return invalid(key, fmt.Sprintf("given by the path of %s %s, not a query parameter", r.Method, r.URL.Path))
 		}
 		var out []any
 		for _, v := range values {
@@ -87,4 +91,14 @@ func queryValue(fd protoreflect.FieldDescriptor, v string) (any, error) {
 		return v, nil // protobuf's JSON mapping takes integers as strings too
 	}
 	return v, nil
+}
+
+// isVarField reports whether field is filled from a path variable.
+func isVarField(vars map[string]string, field string) bool {
+	for _, f := range vars {
+		if f == field {
+			return true
+		}
+	}
+	return false
 }

@@ -147,6 +147,10 @@ func TestRawFiles(t *testing.T) {
 	}{
 		{"GET", url + "/v1/sandboxes/sb-2/files/content?path=/a", 404, `"reason":"SANDBOX_NOT_FOUND"`},
 		{"GET", base + "/a&bogus=1", 400, `"field":"bogus"`},
+		// The path's sandbox is the call's: a query parameter may not
+		// name another.
+		{"GET", url + "/v1/sandboxes/sb-2/files/content?path=/a&sandboxId=sb-1", 400, `"field":"sandboxId"`},
+		{"GET", url + "/v1/sandboxes/sb-2/files/content?path=/a&sandbox_id=sb-1", 400, `"field":"sandbox_id"`},
 		{"PUT", base + "/a&mode=0644", 400, `"field":"mode"`},
 		{"PUT", base + "/a&createParents=maybe", 400, `"field":"createParents"`},
 	} {
