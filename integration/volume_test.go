@@ -223,6 +223,8 @@ func TestVolumeBadInput(t *testing.T) {
 		{[]*berthv1.VolumeMount{{Name: vol.GetName(), Path: "/proc/x"}}, "volumes[0].path"},
 		{[]*berthv1.VolumeMount{{Name: vol.GetName(), Path: "/a/../b"}}, "volumes[0].path"},
 		{[]*berthv1.VolumeMount{{Name: vol.GetName(), Path: "/.berth-run"}}, "volumes[0].path"},
+		// The agent's binary: a volume there would hide it.
+		{[]*berthv1.VolumeMount{{Name: vol.GetName(), Path: "/.berth-agent"}}, "volumes[0].path"},
 		{[]*berthv1.VolumeMount{{Name: vol.GetName(), Path: "/a"}, {Name: vol.GetName(), Path: "/a/b"}}, "volumes[1].path"},
 		{[]*berthv1.VolumeMount{{Name: "BAD", Path: "/a"}}, "volumes[0].name"},
 	} {

@@ -103,9 +103,11 @@ func VolumeNameError(name string) error {
 	return nil
 }
 
-// reservedMountPaths are where no volume may go: the kernel's file systems
-// and the agent's socket directory, which the sandbox needs as they are.
-var reservedMountPaths = []string{"/proc", "/sys", "/dev", "/.berth-run"}
+// reservedMountPaths are where no volume may go: the kernel's file systems,
+// the agent's binary and its socket directory, which the sandbox needs as
+// they are (a volume over the binary's bind mount was runc's failure,
+// INTERNAL).
+var reservedMountPaths = []string{"/proc", "/sys", "/dev", AgentPath, RunDir}
 
 // VolumeMountPathError says why p is no path a volume can be mounted at,
 // or is nil: it must be absolute and clean, not "/", not on or under a
