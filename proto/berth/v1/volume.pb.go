@@ -127,8 +127,9 @@ type VolumeMount struct {
 	// name is the volume's name (Volume.name).
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// path is where the volume appears in the sandbox: absolute, clean (no
-	// "." or ".." components, no trailing slash), not "/", not under /proc,
-	// /sys, /dev or /.berth-run, at most 4096 bytes; one volume per path.
+	// "." or ".." components, no trailing slash), not "/", not on or under
+	// /proc, /sys, /dev, /.berth-agent (the agent's binary) or /.berth-run,
+	// at most 4096 bytes; one volume per path.
 	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
 	// read_only mounts it read-only: writes fail with EROFS in the sandbox.
 	ReadOnly      bool `protobuf:"varint,3,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`

@@ -48,8 +48,9 @@ export interface VolumeMount {
   name: string;
   /**
    * path is where the volume appears in the sandbox: absolute, clean (no
-   * "." or ".." components, no trailing slash), not "/", not under /proc,
-   * /sys, /dev or /.berth-run, at most 4096 bytes; one volume per path.
+   * "." or ".." components, no trailing slash), not "/", not on or under
+   * /proc, /sys, /dev, /.berth-agent (the agent's binary) or /.berth-run,
+   * at most 4096 bytes; one volume per path.
    */
   path: string;
   /** read_only mounts it read-only: writes fail with EROFS in the sandbox. */
