@@ -174,6 +174,11 @@ func startFleetSnapshotter(t testing.TB, caps []int, shared bool, etcdURL string
 			"--node-id", n.id, "--cluster-prefix", f.prefix, "--lease-ttl", fleetLeaseTTL.String(),
 			"--max-sandboxes", fmt.Sprint(c), "--log-level", "DEBUG",
 		}
+		if snapshotter != "overlayfs" {
+			// Nodes sharing one btrfs pool, each sandbox's quota the
+			// default 10 GiB: as the suite's berthds, overcommitted.
+			n.args = append(n.args, "--disk-overcommit", "100")
+		}
 		if i == 0 && etcdURL == "" {
 			n.args = append(n.args, "--etcd-embed", "--etcd-embed-dir", filepath.Join(dir, "etcd"),
 				"--etcd-embed-client-url", f.etcd, "--etcd-embed-peer-url", peerURL)

@@ -89,7 +89,7 @@ func TestRouterSnapshotNodeLost(t *testing.T) {
 	r := NewRouter(RouterConfig{Directory: startDirectory(t, cli, prefix), Log: testLog()})
 	notFound := status.Error(codes.NotFound, "snapshot not found")
 	for _, tc := range []struct {
-		p       auth.Principal
+		p        auth.Principal
 		wantHere bool
 	}{
 		{auth.Principal{Name: "alice"}, false},
