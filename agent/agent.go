@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -120,6 +121,11 @@ type Config struct {
 	// own soft limit to the hard one). Default 1024, the traditional
 	// value that select(2)-based programs need.
 	WorkloadNofile uint64
+	// ReapingLauncher has launchers stay and reap the processes they start
+	// from the first exec (launcher.ReapingLauncher), as they do by
+	// themselves once a kernel ignores CLONE_PARENT (gVisor). Default
+	// false: on Linux a launcher's processes are the agent's children.
+	ReapingLauncher bool
 	// Retention is how long a finished exec stays attachable. Default 10m.
 	Retention time.Duration
 	// MaxRetained bounds how many finished execs are kept for Retention:
@@ -148,13 +154,6 @@ type Config struct {
 	// a challenge with agentproof.Prove under it. Empty: Info proves
 	// nothing.
 	Secret []byte
-
-	// Quiesce, when set, carries quiesce.Close and quiesce.Listen to
-	// ListenAndServe (package internal/quiesce): berthd asks the agent to
-	// close its listener and every connection before a gVisor memory
-	// checkpoint, and to listen again after the restore. Serve, whose
-	// listener it cannot make again, ignores it.
-	Quiesce <-chan os.Signal
 }
 
 // cgroupRoot is where the cgroup filesystem is mounted; berthd mounts the
@@ -251,6 +250,12 @@ type Server struct {
 	// uid and gid (launcherFor). userLaunchers is guarded by starting.
 	launcher      *launcher.Launcher
 	userLaunchers map[[2]uint32]*launcher.Launcher
+	// reaping says that launchers stay and reap what they start
+	// (Config.ReapingLauncher, or the kernel ignored CLONE_PARENT);
+	// reapingLaunchers are those launchers by uid and gid. Both are
+	// guarded by starting (launch_reaping.go).
+	reaping          bool
+	reapingLaunchers map[[2]uint32]*launcher.ReapingLauncher
 	// output is the budget of the output all execs retain
 	// (Config.RetainedBytes).
 	output *ring.Pool
@@ -268,6 +273,11 @@ type Server struct {
 	// stopping is closed when Serve stops; running execs then terminate
 	// their process groups.
 	stopping chan struct{}
+	// quiesces carries a Quiesce's expected wake proof to the serving
+	// loop (quiesce.go); relistens is set while the loop can make its
+	// listener again (ListenAndServe, not Serve).
+	quiesces  chan []byte
+	relistens atomic.Bool
 
 	starting  sync.Mutex     // held by a start (launch) from its pipes to its fork
 	launching sync.WaitGroup // one per start in flight (see startExec)
@@ -305,6 +315,7 @@ func New(cfg Config) (*Server, error) {
 		sessions: make(map[string]*session),
 		watches:  make(map[string]*fileWatch),
 		stopping: make(chan struct{}),
+		quiesces: make(chan []byte, 1),
 	}
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
 		s.log.Warn("working directory unavailable, using /", "workdir", cfg.WorkDir, "err", err)
@@ -323,6 +334,7 @@ func New(cfg Config) (*Server, error) {
 	s.output = ring.NewPool(s.cfg.RetainedBytes)
 	s.launcher = launcher.New(launcher.Config{Credential: credential(cfg.UID, cfg.GID), Nofile: cfg.WorkloadNofile, Stderr: os.Stderr})
 	s.userLaunchers = make(map[[2]uint32]*launcher.Launcher)
+	s.reaping, s.reapingLaunchers = cfg.ReapingLauncher, make(map[[2]uint32]*launcher.ReapingLauncher)
 	return s, nil
 }
 
@@ -384,7 +396,7 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 }
 
 // serve is Serve; relisten, when set, makes the listener again after a
-// quiesce (Config.Quiesce).
+// quiesce (Quiesce, package internal/quiesce).
 func (s *Server) serve(ctx context.Context, l net.Listener, relisten func() (net.Listener, error)) error {
 	s.mu.Lock()
 	if s.serving {
@@ -415,10 +427,7 @@ func (s *Server) serve(ctx context.Context, l net.Listener, relisten func() (net
 	fileSvc := s.fileService(l.Addr())
 	// Before the first upload: what a crashed agent left is not in use.
 	fileSvc.RemoveStaleStaging()
-	quiesce := s.cfg.Quiesce
-	if relisten == nil {
-		quiesce = nil
-	}
+	s.relistens.Store(relisten != nil)
 	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,
 		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore, "retained_bytes", s.cfg.RetainedBytes)
 
@@ -427,27 +436,20 @@ func (s *Server) serve(ctx context.Context, l net.Listener, relisten func() (net
 		gs := s.grpcServer(fileSvc)
 		served := make(chan error, 1)
 		go func() { served <- gs.Serve(l) }()
-		quiet := false
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-			case serveErr = <-served:
-			case sig := <-quiesce:
-				if sig != quiesceClose {
-					continue
-				}
-				quiet = true
-			}
-			break wait
+		var wake []byte // the wake proof of a Quiesce
+		select {
+		case <-ctx.Done():
+		case serveErr = <-served:
+		case wake = <-s.quiesces:
 		}
+		quiet := wake != nil
 		if quiet {
 			// Stop closes the listener (removing its socket file) and
 			// every connection, and cuts the streams on them; the execs
 			// run on, their output kept for a re-attach.
 			gs.Stop()
 			<-served
-			if l, serveErr = s.quiet(ctx, quiesce, l.Addr().String(), relisten); serveErr == nil && l != nil {
+			if l, serveErr = s.quiet(ctx, wake, l.Addr().String(), relisten); serveErr == nil && l != nil {
 				continue
 			}
 		}

@@ -140,8 +140,7 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 	// The launcher forks the process as the agent's child, born with the
 	// workload's OOM score and descriptor limit and as p's user (package
 	// launcher).
-	l := s.launcherFor(p.uid, p.gid)
-	pid, exited, err := s.sup.start(func() (int, error) { return s.startProcess(l, req, e.oomBefore, e.oomKnown) })
+	pid, exited, err := s.startAs(p.uid, p.gid, req, e.oomBefore, e.oomKnown)
 	var execErr *launcher.ExecError
 	switch {
 	case errors.As(err, &execErr):
@@ -176,7 +175,24 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 // launcher died while the sandbox's OOM killer struck.
 var errLauncherOOMKilled = errors.New("the kernel's OOM killer killed the launcher starting it")
 
-// startProcess starts req from l. A launcher that gave no answer
+// startAs starts req as uid:gid from a launcher and returns its pid and
+// the channel that receives its exit status; errors are startProcess's.
+// The caller holds s.starting. The first start whose launcher left because
+// the kernel ignored CLONE_PARENT (gVisor) makes every later start use a
+// reaping launcher (startReaped).
+func (s *Server) startAs(uid, gid uint32, req *launcher.Request, before uint64, known bool) (int, <-chan exitStatus, error) {
+	if s.reaping {
+		return s.startReaped(uid, gid, req, before, known)
+	}
+	l := s.launcherFor(uid, gid)
+	pid, exited, err := s.sup.start(func() (int, error) { return s.startProcess(l.Start, req, before, known) })
+	if err == nil && l.Left() {
+		s.reaping = true
+	}
+	return pid, exited, err
+}
+
+// startProcess starts req with start. A launcher that gave no answer
 // (launcher.ErrNoAnswer: the workload may kill it) is replaced and asked
 // once more, unless it died (launcher.ErrDied, not hung) while the cgroup
 // counted an OOM kill that no exec has taken (oomLedger): the launcher is
@@ -186,12 +202,12 @@ var errLauncherOOMKilled = errors.New("the kernel's OOM killer killed the launch
 // would have the OOM killer kill a workload process to make room for it.
 // before and known are the cgroup's OOM kill count read just now (the
 // exec's own; reading it again cost every start a file, issue 23).
-func (s *Server) startProcess(l *launcher.Launcher, req *launcher.Request, before uint64, known bool) (int, error) {
+func (s *Server) startProcess(start func(*launcher.Request) (int, error), req *launcher.Request, before uint64, known bool) (int, error) {
 	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			before, known = s.oom.count()
 		}
-		pid, err := l.Start(req)
+		pid, err := start(req)
 		if !errors.Is(err, launcher.ErrNoAnswer) {
 			return pid, err
 		}
@@ -306,6 +322,10 @@ func (s *Server) closeLaunchers() {
 	for k, l := range s.userLaunchers {
 		l.Close()
 		delete(s.userLaunchers, k)
+	}
+	for k, l := range s.reapingLaunchers {
+		l.Close()
+		delete(s.reapingLaunchers, k)
 	}
 }
 

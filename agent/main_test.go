@@ -97,6 +97,10 @@ func startAgentBinary(t testing.TB, bin, dir string, prefix []string, flags ...s
 	sock := filepath.Join(dir, "a.sock")
 	a := &testAgent{dir: dir, stderr: &agentbin.Buffer{}, exited: make(chan struct{})}
 	args := append(append(prefix, bin, "--socket", sock, "--workdir", filepath.Join(dir, "work")), flags...)
+	// BERTH_TEST_AGENT_FLAGS runs every agent with more flags, e.g.
+	// --reaping-launcher for the whole suite in the launcher mode gVisor
+	// gets.
+	args = append(args, strings.Fields(os.Getenv("BERTH_TEST_AGENT_FLAGS"))...)
 	a.cmd = exec.Command(args[0], args[1:]...)
 	a.cmd.Stderr = a.stderr
 	a.cmd.Env = append(agentEnv(), "BERTH_TEST_BASE=from-agent")

@@ -2,64 +2,110 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/agent/files"
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/quiesce"
 	"github.com/berth-sandbox/berth/internal/wire"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 )
 
-// The signals of Config.Quiesce (package internal/quiesce).
-const (
-	quiesceClose  = quiesce.Close
-	quiesceListen = quiesce.Listen
-)
+// agentServiceDesc is the AgentService the agent serves: all of it, but
+// for a test build of an older agent (older_agent.go).
+var agentServiceDesc = &agentv1.AgentService_ServiceDesc
+
+var _ agentv1.AgentServiceServer = (*Server)(nil)
 
 // grpcServer returns a gRPC server of AgentService and fileSvc. Serve
 // makes one per listener: a stopped grpc.Server does not serve again.
 func (s *Server) grpcServer(fileSvc *files.Service) *grpc.Server {
 	// berthd may ping idle connections to detect a dead sandbox early.
 	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
-	agentv1.RegisterAgentServiceServer(gs, s)
+	gs.RegisterService(agentServiceDesc, s)
 	agentv1.RegisterFileServiceServer(gs, fileSvc)
 	return gs
 }
 
+// Quiesce makes the serving loop close the listener and every connection
+// (this one too, once answered) until berthd proves the restore (quiet):
+// see package internal/quiesce. Only berthd can ask: the request proves
+// the sandbox's secret, which no process of the workload knows.
+func (s *Server) Quiesce(_ context.Context, req *agentv1.QuiesceRequest) (*agentv1.QuiesceResponse, error) {
+	token := req.GetWakeToken()
+	if len(token) != agentproof.TokenBytes {
+		return nil, status.Errorf(codes.InvalidArgument, "wake_token: %d bytes, want %d", len(token), agentproof.TokenBytes)
+	}
+	if len(s.cfg.Secret) == 0 {
+		return nil, status.Error(codes.FailedPrecondition, "this agent was given no secret: nothing proves that berthd asks it to quiesce")
+	}
+	if err := agentproof.VerifyAsk(agentproof.ProveQuiesce(s.cfg.Secret, token), req.GetProof()); err != nil {
+		s.log.Warn("a Quiesce that does not prove the sandbox's secret was refused (not berthd's)")
+		return nil, status.Error(codes.PermissionDenied, "proof: does not prove the sandbox's secret")
+	}
+	if !s.relistens.Load() {
+		return nil, status.Error(codes.FailedPrecondition, "this agent serves a listener it cannot make again (Serve, not ListenAndServe): it cannot quiesce")
+	}
+	select {
+	case s.quiesces <- agentproof.ProveWake(s.cfg.Secret, token):
+	default:
+		return nil, status.Error(codes.FailedPrecondition, "the agent is quiescing already")
+	}
+	return &agentv1.QuiesceResponse{}, nil
+}
+
 // quiet holds the agent with no socket open to the host — its listener
-// at addr and its connections are closed already — until quiesce brings
-// quiesceListen (berthd restored the sandbox's memory) or ctx ends. It
-// first creates quiesce.Mark beside addr, telling berthd that the
-// sandbox may be checkpointed, and removes it before it listens again.
-// It returns the new listener (nil when ctx ended) or why none could be
-// made.
-func (s *Server) quiet(ctx context.Context, signals <-chan os.Signal, addr string, relisten func() (net.Listener, error)) (net.Listener, error) {
-	mark := filepath.Join(filepath.Dir(addr), quiesce.Mark)
-	if f, err := os.OpenFile(mark, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600); err != nil {
+// at addr and its connections are closed already — until a quiesce.Wake
+// file beside addr holds wake (berthd restored the sandbox's memory) or
+// ctx ends; a Wake holding anything else is removed and ignored. It first
+// creates quiesce.Mark beside addr, telling berthd that the sandbox may be
+// checkpointed, and removes it before it listens again. It returns the new
+// listener (nil when ctx ended) or why none could be made.
+func (s *Server) quiet(ctx context.Context, wake []byte, addr string, relisten func() (net.Listener, error)) (net.Listener, error) {
+	dir := filepath.Dir(addr)
+	mark, wakeFile := filepath.Join(dir, quiesce.Mark), filepath.Join(dir, quiesce.Wake)
+	// A Wake left from before proves nothing now (the token is new).
+	os.Remove(wakeFile)
+	if f, err := os.OpenFile(mark, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600); err != nil {
 		// berthd waits for the mark in vain and keeps no memory.
 		s.log.Error("quiesced, but the mark for berthd cannot be made", "path", mark, "err", err)
 	} else {
 		f.Close()
 	}
 	s.log.Info("berth-agent quiesced for a checkpoint: listener and connections closed", "mark", mark)
-	for {
+	tick := time.NewTicker(quiesce.WakePoll)
+	defer tick.Stop()
+	for woken := false; !woken; {
 		select {
 		case <-ctx.Done():
 			os.Remove(mark)
 			return nil, nil
-		case sig := <-signals:
-			if sig != quiesceListen {
-				continue
-			}
+		case <-tick.C:
 		}
-		break
+		proof, err := readWake(wakeFile)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err == nil && agentproof.VerifyAsk(wake, proof) == nil:
+			woken = true
+		default:
+			s.log.Warn("a wake file that does not prove berthd's restore was removed", "path", wakeFile, "err", err)
+		}
+		if err := os.Remove(wakeFile); err != nil && !os.IsNotExist(err) {
+			s.log.Warn("remove the wake file", "path", wakeFile, "err", err)
+		}
 	}
 	if err := os.Remove(mark); err != nil && !os.IsNotExist(err) {
 		s.log.Warn("remove the quiesce mark", "path", mark, "err", err)
@@ -70,4 +116,22 @@ func (s *Server) quiet(ctx context.Context, signals <-chan os.Signal, addr strin
 	}
 	s.log.Info("berth-agent serving again after a checkpoint", "addr", l.Addr().String(), "boot_id", s.bootID)
 	return l, nil
+}
+
+// maxWakeBytes bounds what readWake reads: a proof is 32 bytes.
+const maxWakeBytes = 64
+
+// readWake returns the content of the wake file at path, at most
+// maxWakeBytes, without following a symlink there (the workload can
+// write the directory).
+func readWake(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%v)", err)
+	}
+	return io.ReadAll(io.LimitReader(f, maxWakeBytes))
 }

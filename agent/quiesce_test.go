@@ -9,19 +9,55 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/quiesce"
 	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
-// TestQuiesce: quiesce.Close makes the agent close its listener (the
-// socket file goes) and its connections (a call on the old connection
-// fails), then create quiesce.Mark; quiesce.Listen makes it remove the
-// mark and serve again on the same path, with the same boot id and the
-// exec that ran on meanwhile.
+// quiesceAgent starts an agent given a secret (--secret-file) and
+// returns it with the secret.
+func quiesceAgent(t *testing.T) (*testAgent, []byte) {
+	t.Helper()
+	hexSecret := agentproof.NewSecret()
+	secret, err := agentproof.ParseSecret(hexSecret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), agentproof.SecretFile)
+	if err := os.WriteFile(file, []byte(hexSecret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return startAgent(t, "--secret-file", file), secret
+}
+
+// writeWake puts proof in the agent's quiesce.Wake as berthd does: written
+// aside, then renamed into place.
+func writeWake(t *testing.T, dir string, proof []byte) {
+	t.Helper()
+	tmp := filepath.Join(dir, quiesce.Wake+".tmp")
+	if err := os.WriteFile(tmp, proof, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, quiesce.Wake)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestQuiesce: SIGUSR1 and SIGUSR2, which quiesced and woke the agent
+// before and which any process of a sandbox can send its PID 1, change
+// nothing; a Quiesce without the proof of the secret is PERMISSION_DENIED
+// (one with a token of another size INVALID_ARGUMENT) and changes nothing;
+// berthd's Quiesce makes the agent close its listener (the socket file
+// goes) and its connections (a call fails), then create quiesce.Mark; a
+// quiesce.Wake that proves nothing is removed and the agent stays quiet;
+// berthd's wake proof makes it remove the mark and serve again on the
+// same path, with the same boot id and the exec that ran on meanwhile.
 func TestQuiesce(t *testing.T) {
-	a := startAgent(t)
+	a, secret := quiesceAgent(t)
 	sock := filepath.Join(a.dir, "a.sock")
 	mark := filepath.Join(a.dir, quiesce.Mark)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -32,8 +68,39 @@ func TestQuiesce(t *testing.T) {
 	}
 	a.startBackground(t, "loop", &berthv1.ProcessSpec{Argv: []string{"sleep", "60"}})
 
-	if err := syscall.Kill(a.pid, quiesce.Close); err != nil {
-		t.Fatal(err)
+	// What a workload can do: signal the agent, call Quiesce unproven.
+	for _, sig := range []syscall.Signal{syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGUSR1} {
+		if err := syscall.Kill(a.pid, sig); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.client.Info(ctx, &agentv1.InfoRequest{}); err != nil {
+			t.Fatalf("Info after %v: %v, want an answer (the signal changes nothing)", sig, err)
+		}
+	}
+	token := agentproof.NewWakeToken()
+	other, _ := agentproof.ParseSecret(agentproof.NewSecret())
+	for name, tt := range map[string]struct {
+		req  *agentv1.QuiesceRequest
+		want codes.Code
+	}{
+		"no proof":           {&agentv1.QuiesceRequest{WakeToken: token}, codes.PermissionDenied},
+		"another secret's":   {&agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.ProveQuiesce(other, token)}, codes.PermissionDenied},
+		"Info's proof":       {&agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.Prove(secret, token)}, codes.PermissionDenied},
+		"a token of 8 bytes": {&agentv1.QuiesceRequest{WakeToken: token[:8], Proof: agentproof.ProveQuiesce(secret, token)}, codes.InvalidArgument},
+	} {
+		if _, err := a.client.Quiesce(ctx, tt.req); status.Code(err) != tt.want {
+			t.Errorf("Quiesce with %s: %v, want %v", name, err, tt.want)
+		}
+	}
+	if _, err := os.Lstat(mark); !os.IsNotExist(err) {
+		t.Fatalf("the quiesce mark after the workload's attempts: %v, want none", err)
+	}
+	if _, err := a.client.Info(ctx, &agentv1.InfoRequest{}); err != nil {
+		t.Fatalf("Info after the workload's attempts: %v", err)
+	}
+
+	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.ProveQuiesce(secret, token)}); err != nil && status.Code(err) != codes.Unavailable {
+		t.Fatalf("berthd's Quiesce: %v", err)
 	}
 	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
 		t.Fatalf("quiesce mark %s never appeared\nagent log:\n%s", mark, a.stderr)
@@ -41,25 +108,72 @@ func TestQuiesce(t *testing.T) {
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("the socket while quiet: %v, want it removed", err)
 	}
-	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = a.client.Info(short, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
-	cancelShort()
-	if err == nil {
-		t.Error("Info while quiet answered, want no connection")
+	quietNow := func(what string) {
+		t.Helper()
+		short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancelShort()
+		if _, err := a.client.Info(short, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err == nil {
+			t.Errorf("Info while quiet (%s) answered, want no connection", what)
+		}
+	}
+	quietNow("quiesced")
+
+	// A wake the workload could write: Info's proof of the token, and
+	// the wake proof of another token. Each is removed, unheeded.
+	for name, proof := range map[string][]byte{"Info's proof": agentproof.Prove(secret, token), "another token's": agentproof.ProveWake(secret, agentproof.NewWakeToken())} {
+		writeWake(t, a.dir, proof)
+		if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(filepath.Join(a.dir, quiesce.Wake)); return os.IsNotExist(err) }) {
+			t.Fatalf("a wake file of %s was never removed", name)
+		}
+		quietNow("after a wake of " + name)
+		if _, err := os.Lstat(mark); err != nil {
+			t.Errorf("the quiesce mark after a wake of %s: %v, want it kept", name, err)
+		}
 	}
 
-	if err := syscall.Kill(a.pid, quiesce.Listen); err != nil {
-		t.Fatal(err)
-	}
+	writeWake(t, a.dir, agentproof.ProveWake(secret, token))
 	after, err := a.client.Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true))
 	if err != nil {
-		t.Fatalf("Info after quiesce.Listen: %v\nagent log:\n%s", err, a.stderr)
+		t.Fatalf("Info after berthd's wake: %v\nagent log:\n%s", err, a.stderr)
 	}
 	if after.GetBootId() != before.GetBootId() || after.GetRunningExecs() != 1 {
 		t.Errorf("after listening again: boot id %s, %d running execs; want %s, 1", after.GetBootId(), after.GetRunningExecs(), before.GetBootId())
 	}
 	if _, err := os.Lstat(mark); !os.IsNotExist(err) {
 		t.Errorf("the quiesce mark after listening again: %v, want it removed", err)
+	}
+	// The token was for one quiesce: its proof does not quiesce again
+	// unnoticed, and a second quiesce works as the first.
+	token2 := agentproof.NewWakeToken()
+	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token2, Proof: agentproof.ProveQuiesce(secret, token2)}); err != nil && status.Code(err) != codes.Unavailable {
+		t.Fatalf("the second Quiesce: %v", err)
+	}
+	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
+		t.Fatal("the second quiesce made no mark")
+	}
+	writeWake(t, a.dir, agentproof.ProveWake(secret, token))
+	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(filepath.Join(a.dir, quiesce.Wake)); return os.IsNotExist(err) }) {
+		t.Fatal("the first quiesce's wake was never removed")
+	}
+	quietNow("after the first quiesce's wake")
+	writeWake(t, a.dir, agentproof.ProveWake(secret, token2))
+	if _, err := a.client.Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("Info after the second wake: %v", err)
+	}
+}
+
+// TestQuiesceWithoutSecret: an agent given no secret refuses Quiesce
+// (FAILED_PRECONDITION: nothing could prove berthd's ask) and serves on.
+func TestQuiesceWithoutSecret(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	token := agentproof.NewWakeToken()
+	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.ProveQuiesce(make([]byte, 32), token)}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Quiesce of an agent without a secret: %v, want FAILED_PRECONDITION", err)
+	}
+	if _, err := a.client.Info(ctx, &agentv1.InfoRequest{}); err != nil {
+		t.Errorf("Info after the refused Quiesce: %v", err)
 	}
 }
 

@@ -243,9 +243,8 @@ func (s *Server) startShell(ss *session, p *plan) error {
 	if err == nil {
 		req := &launcher.Request{Path: path, Argv: p.argv, Env: p.env, Dir: p.dir, Stdio: [3]*os.File{cmdR, statusW, errW}}
 		s.starting.Lock()
-		l := s.launcherFor(p.uid, p.gid)
 		before, known := s.oom.count()
-		pid, exited, err = s.sup.start(func() (int, error) { return s.startProcess(l, req, before, known) })
+		pid, exited, err = s.startAs(p.uid, p.gid, req, before, known)
 		s.starting.Unlock()
 	}
 	cmdR.Close()

@@ -40,6 +40,10 @@ const (
 	ReasonSnapshotNotFound    = "SNAPSHOT_NOT_FOUND"    // no such snapshot (or not the caller's)
 	ReasonSnapshotUnsupported = "SNAPSHOT_UNSUPPORTED"  // FAILED_PRECONDITION: snapshots need the btrfs snapshotter and an idmapped root
 	ReasonSnapshotInUse       = "SNAPSHOT_IN_USE"       // FAILED_PRECONDITION: a sandbox created from the snapshot exists
+	ReasonVolumeNotFound      = "VOLUME_NOT_FOUND"      // NOT_FOUND: no such volume, or another principal's
+	ReasonVolumeExists        = "VOLUME_EXISTS"         // ALREADY_EXISTS: the caller holds a volume of that name
+	ReasonVolumeInUse         = "VOLUME_IN_USE"         // FAILED_PRECONDITION: sandboxes mount the volume (metadata sandbox_ids)
+	ReasonVolumeUnsupported   = "VOLUME_UNSUPPORTED"    // FAILED_PRECONDITION: volumes need btrfs with quotas and idmapping, one berthd
 	ReasonSnapshotLimit       = "SNAPSHOT_LIMIT"        // RESOURCE_EXHAUSTED: the caller holds as many snapshots as berthd allows one principal
 	ReasonUnreachable         = "SANDBOX_UNREACHABLE"   // the sandbox's agent did not answer; see *UnreachableError
 	ReasonInternal            = "INTERNAL"              // a berthd bug or an unclassified failure

@@ -50,6 +50,9 @@ type SandboxOptions struct {
 	IdleTimeout time.Duration // deleted after this long without requests
 	MaxLifetime time.Duration // deleted this long after creation
 	Runtime     string        // e.g. "runsc"; default berthd's
+	// Volumes mounts the caller's volumes (Client.CreateVolume) into the
+	// sandbox.
+	Volumes []*berthv1.VolumeMount
 }
 
 // DefaultImage is the image CreateSandbox asks for when
@@ -94,6 +97,7 @@ func CreateSandbox(ctx context.Context, opts SandboxOptions) (*Sandbox, error) {
 	req := &berthv1.CreateSandboxRequest{
 		Image: image, User: opts.User, Env: opts.Env, Workdir: opts.Workdir,
 		Labels: opts.Labels, Resources: opts.Resources, Runtime: opts.Runtime,
+		Volumes: opts.Volumes,
 	}
 	if opts.IdleTimeout > 0 {
 		req.IdleTimeout = durationpb.New(opts.IdleTimeout)

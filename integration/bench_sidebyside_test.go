@@ -500,6 +500,38 @@ func benchFiles(b *testing.B, c *client.Client, id string) {
 		return h.GetLengthBytes(), err
 	}))
 	measure(b, "files/host-cp", fileBytes, host(`cp --reflink=never "$1" "$2"`, src, dst))
+	// The same through the raw file route, HTTP/1.1 on the unix socket
+	// (docs/http.md, "Files as raw bodies"; issue 26).
+	hc := unixHTTPClient(env.berthdAddr)
+	rawURL := "http://berthd/v1/sandboxes/" + id + "/files/content?path=" + path
+	measure(b, "files/WriteFile-raw-http", fileBytes, in(src, func(r io.Reader) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPut, rawURL, r)
+		if err != nil {
+			return err
+		}
+		req.ContentLength = int64(fileBytes)
+		resp, err := hc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if body, _ := io.ReadAll(resp.Body); resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("PUT raw: %s: %s", resp.Status, body)
+		}
+		return nil
+	}))
+	measure(b, "files/ReadFile-raw-http", fileBytes, out(func(w io.Writer) (uint64, error) {
+		resp, err := hc.Get(rawURL)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return 0, fmt.Errorf("GET raw: %s", resp.Status)
+		}
+		n, err := io.Copy(w, resp.Body)
+		return uint64(n), err
+	}))
 	measure(b, "files/berth-cp-in", fileBytes, cli("cp", src, id+":/workspace/cp.bin"))
 	measure(b, "files/berth-cp-out", fileBytes, cli("cp", id+":/workspace/cp.bin", dst))
 	measure(b, "files/Download", fileBytes, out(func(w io.Writer) (uint64, error) {

@@ -52,8 +52,9 @@ func TestGVisorSandbox(t *testing.T) {
 	if out := string(got.GetStdout()); out != "4.4.0\nhi\n" || got.GetResult().GetExitCode() != 0 {
 		t.Errorf("uname -r; echo hi under gVisor: %q (stderr %q, exit %d), want 4.4.0 and hi", out, got.GetStderr(), got.GetResult().GetExitCode())
 	}
-	// gVisor's kernel ignores CLONE_PARENT: the launcher hands each
-	// process to the agent (PID 1), which reaps it, start after start.
+	// gVisor's kernel ignores CLONE_PARENT: the first launcher hands its
+	// process to the agent (PID 1) by exiting; the next starts come from a
+	// reaping launcher (TestGVisorReapingLauncher).
 	for i := range 3 {
 		got = run(t, sb.GetId(), "sh", "-c", "echo x; exit 3")
 		if out := string(got.GetStdout()); out != "x\n" || got.GetResult().GetExitCode() != 3 {

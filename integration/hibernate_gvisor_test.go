@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/berth-sandbox/berth/internal/quiesce"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
@@ -97,6 +99,29 @@ func hostRSS(id string, pid uint32) uint64 {
 	return sum
 }
 
+// signalAgentAsWorkload has a process of sandbox id send its PID 1 (the
+// agent) SIGUSR1 and SIGUSR2 — which quiesced and woke the agent before
+// berth asked it by RPC — and checks that the agent still answers and
+// made no quiesce mark: the signals change nothing.
+func signalAgentAsWorkload(t *testing.T, ctx context.Context, sandboxes berthv1.SandboxServiceClient, stateDir, id string) {
+	t.Helper()
+	resp, err := sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: "kill -USR1 1 && kill -USR2 1 && kill -USR1 1 && echo sent"}})
+	if err != nil || string(resp.GetStdout()) != "sent\n" {
+		t.Fatalf("the workload's signals to its PID 1: %q %q, %v; want them sent", resp.GetStdout(), resp.GetStderr(), err)
+	}
+	for i := range 3 {
+		short, cancel := context.WithTimeout(ctx, time.Minute)
+		resp, err := sandboxes.Run(short, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"echo", "here"}}})
+		cancel()
+		if err != nil || string(resp.GetStdout()) != "here\n" {
+			t.Fatalf("Run %d after the workload signalled its agent: %q, %v; want the agent serving", i, resp.GetStdout(), err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(stateDir, "s", id, "run", quiesce.Mark)); !os.IsNotExist(err) {
+		t.Errorf("the quiesce mark after the workload's signals: %v, want none", err)
+	}
+}
+
 // TestHibernateGVisorMemory hibernates a gVisor sandbox running a counter
 // loop whose count lives in a shell variable: the answer says MEMORY_KEPT,
 // containerd holds no task and no host process of the sandbox is left
@@ -104,7 +129,9 @@ func hostRSS(id string, pid uint32) uint64 {
 // started again; the next Run wakes it by restoring the checkpoint: the
 // counter goes on from where it stopped (not from 1), the loop's exec id
 // is still known and running, the agent's boot id is the same, the file
-// written before is there.
+// written before is there. Before the hibernation and after the wake the
+// workload signals its agent SIGUSR1 and SIGUSR2: nothing changes
+// (signalAgentAsWorkload).
 func TestHibernateGVisorMemory(t *testing.T) {
 	needGVisor(t)
 	e := newBinaryEnv(t, "hgm")
@@ -127,6 +154,7 @@ func TestHibernateGVisorMemory(t *testing.T) {
 	if !poll(time.Minute, func() bool { before = readCount(t, ctx, e.sandboxes, id); return before >= 3 }) {
 		t.Fatalf("the counter before the hibernation: %d, want it counting", before)
 	}
+	signalAgentAsWorkload(t, ctx, e.sandboxes, e.stateDir, id)
 	old, err := e.rt.Get(ctx, id)
 	if err != nil {
 		t.Fatal(err)
@@ -169,9 +197,12 @@ func TestHibernateGVisorMemory(t *testing.T) {
 	if resp, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/kept"}}}); err != nil || string(resp.GetStdout()) != "kept\n" {
 		t.Errorf("the file written before the hibernation: %q, %v; want kept", resp.GetStdout(), err)
 	}
-	if _, err := os.Stat(filepath.Join(e.stateDir, "s", id, "checkpoint")); !os.IsNotExist(err) {
-		t.Errorf("the checkpoint image after the wake: %v, want it removed", err)
+	for _, left := range []string{"checkpoint", "wake-token", "run/" + agentproof.SecretFile, "run/" + quiesce.Wake} {
+		if _, err := os.Lstat(filepath.Join(e.stateDir, "s", id, left)); !os.IsNotExist(err) {
+			t.Errorf("%s after the wake: %v, want it removed (the secret: never written for a restored agent)", left, err)
+		}
 	}
+	signalAgentAsWorkload(t, ctx, e.sandboxes, e.stateDir, id)
 	// A second hibernation of the restored sandbox keeps its memory too.
 	if resp, err := e.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil || resp.GetHibernation() != berthv1.Hibernation_HIBERNATION_MEMORY_KEPT {
 		t.Errorf("the second HibernateSandbox: %v, %v; want MEMORY_KEPT", resp.GetHibernation(), err)
@@ -251,4 +282,45 @@ func TestRuntimeReplacedWhenHibernatedGVisor(t *testing.T) {
 	if state := execState(t, ctx, env.sandboxes, sb.GetId(), e.ID()); state != berthv1.ExecState_EXEC_STATE_RUNNING {
 		t.Errorf("the exec %s after the wake: %v, want RUNNING (restored)", e.ID(), state)
 	}
+}
+
+// TestHibernateGVisorImageDoesNotFit: with --max-disk-bytes-per-principal
+// 100 MiB, a gVisor sandbox holding a 64 MiB disk quota and a 128 MiB
+// memory cap has no room for its checkpoint image (admitted as its memory
+// cap): the hibernation falls back to ending its processes, the answer
+// naming the principal's disk, no image is left, and the wake finds the
+// files.
+func TestHibernateGVisorImageDoesNotFit(t *testing.T) {
+	needGVisor(t)
+	e := newBinaryEnv(t, "hgf")
+	p := startBerthd(t, e, "--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"), "--agent-ready-timeout", "2m",
+		"--max-disk-bytes-per-principal", strconv.Itoa(100<<20))
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage, Runtime: "gvisor",
+		Resources: &berthv1.Resources{MemoryBytes: 128 << 20, DiskBytes: 64 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	if _, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: "echo kept >/workspace/kept"}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id})
+	if err != nil {
+		t.Fatalf("HibernateSandbox: %v", err)
+	}
+	if resp.GetHibernation() != berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED || !strings.Contains(resp.GetDescription(), "would not fit") || !strings.Contains(resp.GetDescription(), "disk") {
+		t.Errorf("HibernateSandbox past the principal's disk: %v %q, want PROCESSES_ENDED naming the disk that the image would not fit", resp.GetHibernation(), resp.GetDescription())
+	}
+	t.Logf("description: %s", resp.GetDescription())
+	if _, err := os.Stat(filepath.Join(e.stateDir, "s", id, "checkpoint")); !os.IsNotExist(err) {
+		t.Errorf("a checkpoint image: %v, want none", err)
+	}
+	got, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/kept"}}})
+	if err != nil || string(got.GetStdout()) != "kept\n" {
+		t.Errorf("the file after the wake: %q, %v; want kept", got.GetStdout(), err)
+	}
+	p.signal(t, syscall.SIGTERM)
 }

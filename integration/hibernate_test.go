@@ -396,3 +396,64 @@ func TestHibernateSnapshotAndFork(t *testing.T) {
 	}
 	hibernatedIn(t, ctx, env.rt, env.sandboxes, id, old.TaskPID)
 }
+
+// TestWorkloadSignalsAgent: under runc too, a workload's SIGUSR1 and
+// SIGUSR2 to its PID 1 change nothing (signalAgentAsWorkload), and the
+// sandbox still hibernates and wakes.
+func TestWorkloadSignalsAgent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	id := newSandbox(t, nil).GetId()
+	signalAgentAsWorkload(t, ctx, env.sandboxes, filepath.Join(env.dir, "st"), id)
+	if _, err := env.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	signalAgentAsWorkload(t, ctx, env.sandboxes, filepath.Join(env.dir, "st"), id)
+}
+
+// TestHibernateWakeAdmission: under a memory budget of 200 MiB, a
+// hibernated sandbox of 128 MiB holds none of it, so a second sandbox of
+// 128 MiB is created in its place; the first one's wake then does not
+// fit: the Run that would wake it (and ResumeSandbox) is RESOURCE_EXHAUSTED
+// FLEET_BUSY naming the memory, and the sandbox stays hibernated, its
+// files intact; once the second is deleted the wake goes through.
+func TestHibernateWakeAdmission(t *testing.T) {
+	need(t)
+	e := newBinaryEnv(t, "hwa")
+	p := startBerthd(t, e, "--memory-budget-bytes", strconv.Itoa(200<<20))
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	create := func() string {
+		t.Helper()
+		resp, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage, Resources: &berthv1.Resources{MemoryBytes: 128 << 20}})
+		if err != nil {
+			t.Fatalf("CreateSandbox of 128 MiB: %v", err)
+		}
+		return resp.GetSandbox().GetId()
+	}
+	id := create()
+	if _, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: "echo kept >/workspace/kept"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	other := create() // in the hibernated sandbox's memory
+	_, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/kept"}}})
+	wantStatus(t, err, codes.ResourceExhausted, "FLEET_BUSY", "", "memory", strconv.Itoa(128<<20))
+	_, err = e.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id})
+	wantStatus(t, err, codes.ResourceExhausted, "FLEET_BUSY", "", "memory")
+	hibernated(t, ctx, e, id, 0)
+	if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: other}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{Argv: []string{"cat", "/workspace/kept"}}})
+	if err != nil || string(resp.GetStdout()) != "kept\n" {
+		t.Fatalf("Run once the memory is free: %q, %v; want the file kept", resp.GetStdout(), err)
+	}
+	// Awake, it holds its memory again: a third sandbox does not fit.
+	_, err = e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage, Resources: &berthv1.Resources{MemoryBytes: 128 << 20}})
+	wantStatus(t, err, codes.ResourceExhausted, "FLEET_BUSY", "", "memory")
+	p.signal(t, syscall.SIGTERM)
+}

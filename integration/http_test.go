@@ -7,7 +7,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,11 +30,11 @@ import (
 var httpToken = strings.Repeat("w3", 32)
 
 // startHTTPBerthd starts the berthd binary with a unix socket and a
-// plaintext TCP listener and a token file naming "web"; it returns the
-// TCP listener's URL and the env.
+// plaintext TCP listener and a token file naming "web" (httpToken) and
+// "other" (otherToken); it returns the TCP listener's URL and the env.
 func startHTTPBerthd(t *testing.T) (*berthEnv, string) {
 	t.Helper()
-	return startTokenBerthd(t, "http", auth.TokenHash(httpToken)+" web\n")
+	return startTokenBerthd(t, "http", auth.TokenHash(httpToken)+" web\n"+auth.TokenHash(otherToken)+" other\n")
 }
 
 // startTokenBerthd starts the berthd binary (env name) with a unix socket,
@@ -72,13 +71,15 @@ func docRecipes(t *testing.T) map[string]string {
 // TestHTTPDocRecipes runs docs/http.md's curl recipes against a real
 // berthd over HTTP/1.1 (TCP with a bearer token, and the unix socket):
 // Connect JSON create, Run, ReadFile (a Connect server stream), a typed
-// error as JSON with its reason and HTTP status, no token, bidi refused;
-// then Run through gRPC-Web.
+// error as JSON with its reason and HTTP status, no token, bidi refused,
+// REST, exec without bidi; then Run through gRPC-Web, files as raw bodies
+// (rawFiles) and streams as JSON lines (jsonLines).
 func TestHTTPDocRecipes(t *testing.T) {
 	need(t)
 	e, url := startHTTPBerthd(t)
 	recipes := docRecipes(t)
 	sb := "web-" + strings.ToLower(xid(t)[len(xid(t))-6:])
+	dir := t.TempDir() // the recipes' working directory
 	run := func(name string) string {
 		t.Helper()
 		script, ok := recipes[name]
@@ -86,6 +87,7 @@ func TestHTTPDocRecipes(t *testing.T) {
 			t.Fatalf("docs/http.md has no recipe %q", name)
 		}
 		cmd := exec.Command("sh", "-ec", script)
+		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "BERTH_URL="+url, "BERTH_TOKEN="+httpToken, "BERTH_SOCK="+e.sock, "SB="+sb)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -160,6 +162,8 @@ func TestHTTPDocRecipes(t *testing.T) {
 		t.Errorf("cat-1 wrote %q, want the stdin sent, each byte once: %q", all.stdout, "hello\nworld\n")
 	}
 	grpcWebRun(t, url, sb)
+	rawFiles(t, e, url, sb, dir, run, want)
+	jsonLines(t, e, url, sb, run, want)
 }
 
 // errorReason returns the reason of the google.rpc.ErrorInfo detail of a
@@ -245,10 +249,7 @@ func BenchmarkRunProtocols(b *testing.B) {
 		}
 	})
 	b.Run("connect-json-http1", func(b *testing.B) {
-		sock := strings.TrimPrefix(env.berthdAddr, "unix://")
-		c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}}
+		c := unixHTTPClient(env.berthdAddr)
 		body := []byte(`{"sandboxId":"` + sb + `","process":{"argv":["true"]}}`)
 		for b.Loop() {
 			r, err := c.Post("http://berthd/berth.v1.SandboxService/Run", "application/json", bytes.NewReader(body))

@@ -42,11 +42,17 @@ type splitClient struct {
 
 // newSplitClient returns a splitClient of the berthd listening on addr
 // ("unix://path"), over HTTP/1.1 with opts.
-func newSplitClient(addr string, grpcClient berthv1.SandboxServiceClient, opts ...connect.ClientOption) *splitClient {
+// unixHTTPClient is an HTTP client of berthd's unix socket addr
+// (unix:///path); its URLs' host is any ("http://berthd/...").
+func unixHTTPClient(addr string) *http.Client {
 	sock := strings.TrimPrefix(addr, "unix://")
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 	}}}
+}
+
+func newSplitClient(addr string, grpcClient berthv1.SandboxServiceClient, opts ...connect.ClientOption) *splitClient {
+	hc := unixHTTPClient(addr)
 	url := "http://berthd/berth.v1.SandboxService/"
 	return &splitClient{
 		SandboxServiceClient: grpcClient,

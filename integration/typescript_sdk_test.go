@@ -47,6 +47,8 @@ func TestTypeScriptSDK(t *testing.T) {
 	// node --test passes when tests are skipped or todo: each must have run.
 	for _, name := range []string{"bot loop", "64 MiB streamed to a slow consumer", "uploadDir and downloadDir keep symlinks and modes",
 		"port forward", "background commands", "the packed tarball installs into a fresh project", "examples/node/bot.js",
+		"shell session keeps state between commands", "files.watch resumes without missing or repeating",
+		"volume shared between sandboxes, refused deletion in use",
 		"a status's ErrorInfo reason chooses the class", "the retry policy waits the RetryInfo delay"} {
 		if !strings.Contains(out.String(), "✔ "+name) {
 			t.Errorf("node --test output does not show %q passed:\n%s", name, out.String())

@@ -27,6 +27,7 @@ import (
 
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/console"
+	"github.com/berth-sandbox/berth/server/restgate"
 	"github.com/berth-sandbox/berth/server/wsgate"
 )
 
@@ -111,8 +112,10 @@ func Serve(srv *grpc.Server, lis net.Listener, cfg ServeConfig) error {
 // NewHTTPHandler returns the http.Handler serving srv's services over
 // Connect (binary and JSON), gRPC-Web and gRPC, through vanguard's
 // transcoder in front of srv.ServeHTTP, with REST routes (restRules); the
-// WebSocket endpoints under /ws/ (cfg.WebSocket), whose calls go to srv in
-// process; and with cfg.Console the web console under /console/.
+// REST routes vanguard cannot serve (server/restgate: files as raw bodies,
+// server streams as JSON lines) and the WebSocket endpoints under /ws/
+// (cfg.WebSocket), whose calls go to srv in process; and with cfg.Console
+// the web console under /console/.
 func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
 	methods := map[string]bool{}
 	for name, info := range srv.GetServiceInfo() {
@@ -139,6 +142,7 @@ func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
 		cfg.WebSocket.Log = cfg.Log
 	}
 	ws := wsgate.New(srv, cfg.WebSocket)
+	rest := restgate.New(srv, cfg.Log)
 	var con http.Handler
 	if cfg.Console {
 		con = console.Handler()
@@ -151,6 +155,8 @@ func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
 			ws.ServeHTTP(w, r)
 		case con != nil && (p == "/console" || strings.HasPrefix(p, "/console/")):
 			con.ServeHTTP(w, r)
+		case strings.HasPrefix(p, "/v1/") && rest.Match(r):
+			rest.ServeHTTP(w, r)
 		case strings.HasPrefix(p, "/v1/") && r.Method == http.MethodPost && !jsonBody(r):
 			refuseRESTBody(w, r)
 		default:

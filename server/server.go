@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"os"
 
@@ -35,6 +36,7 @@ import (
 	"github.com/berth-sandbox/berth/server/runtimes"
 	"github.com/berth-sandbox/berth/server/sandboxsvc"
 	"github.com/berth-sandbox/berth/server/sessionsvc"
+	"github.com/berth-sandbox/berth/server/volumesvc"
 	"github.com/berth-sandbox/berth/server/watchsvc"
 )
 
@@ -58,6 +60,7 @@ type Service struct {
 	sandboxes *sandboxsvc.Service
 	execs     *execsvc.Service
 	sessions  *sessionsvc.Service
+	volumes   *volumesvc.Service
 	watches   *watchsvc.Service
 	// files and images serve FileService and ImageService.
 	files  *filesvc.Service
@@ -128,6 +131,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 			Background: s.life, Observer: cfg.Observer, Ports: rt}, log)
 	s.sessions = sessionsvc.New(s.reach)
 	s.watches = watchsvc.New(s.reach)
+	s.volumes = volumesvc.New(volumesvc.Config{DefaultQuotaBytes: cfg.DefaultDiskBytes, MaxQuotaBytes: cfg.MaxDiskBytes}, rt, s.capacity)
 	s.files = filesvc.New(s.reach, s.reach, cfg.Observer, filesvc.WithDirectReads(rt, log))
 	s.images = imagesvc.New(imagesvc.Config{PullRegistries: cfg.PullRegistries, PullResolveTimeout: cfg.PullResolveTimeout}, rt, s.life, log)
 	return s
@@ -211,8 +215,8 @@ func scaledBudget(size uint64, overcommit float64) uint64 {
 // budget should hold before berthd warns that it holds few.
 const fewDefaultQuotas = 10
 
-// held lists what rt's sandboxes, stored snapshots and fork copies hold
-// for admission.
+// held lists what rt's sandboxes, stored snapshots, fork copies and
+// volumes (their quotas) hold for admission.
 func held(rt *runtime.Runtime) func(context.Context) (map[string]admit.Held, error) {
 	return func(ctx context.Context) (map[string]admit.Held, error) {
 		promised, err := rt.Promised(ctx)
@@ -223,6 +227,11 @@ func held(rt *runtime.Runtime) func(context.Context) (map[string]admit.Held, err
 		if err != nil {
 			return nil, err
 		}
+		volumes, err := rt.VolumeDisk()
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(stored, volumes)
 		out := make(map[string]admit.Held, len(promised)+len(stored))
 		for id, p := range promised {
 			out[id] = admit.Held(p)

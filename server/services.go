@@ -8,7 +8,8 @@ import (
 
 // The RPCs of berth.v1.SandboxService, each served by the package that
 // owns it: sandboxsvc (sandboxes), execsvc (execs, port forwarding) and
-// sessionsvc (shell sessions), watchsvc (file watches).
+// sessionsvc (shell sessions), watchsvc (file watches), volumesvc
+// (volumes).
 
 func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.CreateSandboxResponse, error) {
 	return s.sandboxes.CreateSandbox(ctx, req)
@@ -110,4 +111,20 @@ func (s *Service) DeleteSession(ctx context.Context, req *berthv1.DeleteSessionR
 
 func (s *Service) WatchFiles(req *berthv1.WatchFilesRequest, stream berthv1.SandboxService_WatchFilesServer) error {
 	return s.watches.WatchFiles(req, stream)
+}
+
+func (s *Service) CreateVolume(ctx context.Context, req *berthv1.CreateVolumeRequest) (*berthv1.CreateVolumeResponse, error) {
+	return s.volumes.CreateVolume(ctx, req)
+}
+
+func (s *Service) GetVolume(ctx context.Context, req *berthv1.GetVolumeRequest) (*berthv1.GetVolumeResponse, error) {
+	return s.volumes.GetVolume(ctx, req)
+}
+
+func (s *Service) ListVolumes(ctx context.Context, req *berthv1.ListVolumesRequest) (*berthv1.ListVolumesResponse, error) {
+	return s.volumes.ListVolumes(ctx, req)
+}
+
+func (s *Service) DeleteVolume(ctx context.Context, req *berthv1.DeleteVolumeRequest) (*berthv1.DeleteVolumeResponse, error) {
+	return s.volumes.DeleteVolume(ctx, req)
 }

@@ -21,7 +21,9 @@
 // never see. The launcher checks every process it starts (waitid(2) with
 // WNOWAIT) and, when it is its own, answers and exits: the process is
 // re-parented to the agent (init of the sandbox, or its subreaper), and the
-// next start runs a new launcher. There each start costs a launcher.
+// next start runs a new launcher. Launcher.Left then says so, and the agent
+// starts the next processes from a ReapingLauncher instead, which stays,
+// reaps its children and reports their exits (reaping.go).
 //
 // The agent talks to the launcher over a unix socket pair: a request
 // carries the process's stdin, stdout and stderr as SCM_RIGHTS descriptors
@@ -98,6 +100,7 @@ type Launcher struct {
 	mu   sync.Mutex
 	conn *os.File // the socket; nil until started, and after the launcher died
 	proc *os.Process
+	left bool // a launcher left after a start: the kernel ignored CLONE_PARENT
 }
 
 // New returns a Launcher for cfg; the process starts with the first Start.
@@ -164,6 +167,15 @@ func (l *Launcher) Start(req *Request) (int, error) {
 	return pid, err
 }
 
+// Left reports whether a launcher of l left after a start because the
+// process was its own child: the kernel ignored CLONE_PARENT (gVisor), and
+// a ReapingLauncher serves better.
+func (l *Launcher) Left() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.left
+}
+
 // Close stops the launcher: it exits when its socket closes.
 func (l *Launcher) Close() {
 	l.mu.Lock()
@@ -194,19 +206,29 @@ func (l *Launcher) closeLocked() {
 	}
 }
 
-// startLocked runs the launcher process with one end of a socket pair as
-// its descriptor 3.
+// startLocked runs the launcher process.
 func (l *Launcher) startLocked() error {
+	conn, proc, err := run(l.cfg)
+	if err != nil {
+		return err
+	}
+	l.conn, l.proc = conn, proc
+	return nil
+}
+
+// run runs a launcher process for cfg with one end of a socket pair as its
+// descriptor 3 and extra after its arguments, and returns the other end.
+func run(cfg Config, extra ...string) (*os.File, *os.Process, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return resourceErr("socketpair for the launcher", err)
+		return nil, nil, resourceErr("socketpair for the launcher", err)
 	}
 	// Ours is non-blocking, so that requests go through Go's poller and
 	// honor a deadline.
 	if err := syscall.SetNonblock(fds[0], true); err != nil {
 		syscall.Close(fds[0])
 		syscall.Close(fds[1])
-		return fmt.Errorf("launcher socket: %w", err)
+		return nil, nil, fmt.Errorf("launcher socket: %w", err)
 	}
 	ours := os.NewFile(uintptr(fds[0]), "launcher")
 	theirs := os.NewFile(uintptr(fds[1]), "launcher")
@@ -214,27 +236,26 @@ func (l *Launcher) startLocked() error {
 	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		ours.Close()
-		return resourceErr("open "+os.DevNull+" for the launcher", err)
+		return nil, nil, resourceErr("open "+os.DevNull+" for the launcher", err)
 	}
 	defer null.Close()
-	stderr := l.cfg.Stderr
+	stderr := cfg.Stderr
 	if stderr == nil {
 		stderr = null
 	}
-	proc, err := os.StartProcess(l.cfg.Binary, []string{Arg0, strconv.FormatUint(l.cfg.Nofile, 10)}, &os.ProcAttr{
+	proc, err := os.StartProcess(cfg.Binary, append([]string{Arg0, strconv.FormatUint(cfg.Nofile, 10)}, extra...), &os.ProcAttr{
 		Dir: "/",
 		// One P is plenty to fork from; fewer threads count against the
 		// sandbox's pids limit.
 		Env:   []string{"GOMAXPROCS=1"},
 		Files: []*os.File{null, null, stderr, theirs},
-		Sys:   &syscall.SysProcAttr{Credential: l.cfg.Credential},
+		Sys:   &syscall.SysProcAttr{Credential: cfg.Credential},
 	})
 	if err != nil {
 		ours.Close()
-		return resourceErr("start the launcher "+l.cfg.Binary, err)
+		return nil, nil, resourceErr("start the launcher "+cfg.Binary, err)
 	}
-	l.conn, l.proc = ours, proc
-	return nil
+	return ours, proc, nil
 }
 
 // requestTimeout bounds one request: a launcher that does not answer within
@@ -285,49 +306,74 @@ func (l *Launcher) requestLocked(msg []byte, stdio [3]*os.File) (int, error) {
 	if err := l.conn.SetDeadline(time.Now().Add(requestTimeout)); err != nil {
 		return 0, l.transportErr(err)
 	}
-	rights := make([]int, len(stdio))
-	for i, f := range stdio {
-		rights[i] = int(f.Fd())
-	}
-	rc, err := l.conn.SyscallConn()
-	if err != nil {
+	if err := sendRequest(l.conn, msg, stdio); err != nil {
 		return 0, l.transportErr(err)
-	}
-	// The descriptors ride with the request, in one sendmsg(2) where the
-	// socket takes it all (a request is a few hundred bytes): the
-	// launcher's recvmsg of the length then finds the rest queued and does
-	// not sleep again (it was woken twice a start when the request
-	// followed its first byte apart, issue 23). What did not fit follows.
-	var sent int
-	var sendErr error
-	if err := rc.Write(func(fd uintptr) bool {
-		sent, sendErr = syscall.SendmsgN(int(fd), msg, syscall.UnixRights(rights...), nil, 0)
-		return sendErr != syscall.EAGAIN
-	}); err != nil {
-		return 0, l.transportErr(err)
-	}
-	if sendErr != nil {
-		return 0, l.transportErr(sendErr)
-	}
-	if sent < len(msg) {
-		if _, err := l.conn.Write(msg[sent:]); err != nil {
-			return 0, l.transportErr(err)
-		}
 	}
 	var ans [answerSize]byte
 	if _, err := io.ReadFull(l.conn, ans[:]); err != nil {
 		return 0, l.transportErr(err)
 	}
 	if ans[9] == 1 {
+		l.left = true
 		defer l.releaseLocked() // after the answer is read: an error still names it
 	}
+	pid, err := parseAnswer(ans[:9])
+	if errors.Is(err, errBadAnswer) {
+		return 0, l.transportErr(err)
+	}
+	return pid, err
+}
+
+// sendRequest sends msg with stdio's descriptors on conn. The descriptors
+// ride with the request, in one sendmsg(2) where the socket takes it all (a
+// request is a few hundred bytes): the launcher's recvmsg of the length
+// then finds the rest queued and does not sleep again (it was woken twice a
+// start when the request followed its first byte apart, issue 23). What did
+// not fit follows.
+func sendRequest(conn *os.File, msg []byte, stdio [3]*os.File) error {
+	rights := make([]int, len(stdio))
+	for i, f := range stdio {
+		rights[i] = int(f.Fd())
+	}
+	rc, err := conn.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var sent int
+	var sendErr error
+	if err := rc.Write(func(fd uintptr) bool {
+		sent, sendErr = syscall.SendmsgN(int(fd), msg, syscall.UnixRights(rights...), nil, 0)
+		return sendErr != syscall.EAGAIN
+	}); err != nil {
+		return err
+	}
+	if sendErr != nil {
+		return sendErr
+	}
+	if sent < len(msg) {
+		if _, err := conn.Write(msg[sent:]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errBadAnswer is wrapped by parseAnswer's error for an answer that makes
+// no sense: the launcher is not to be trusted with another request.
+var errBadAnswer = errors.New("bad answer")
+
+// parseAnswer reads an answer's pid (4 bytes), errno (4) and stage (1):
+// the pid, an *ExecError, the errno of a start that failed before its
+// child ran (wrapped with ErrResources when it is one of lack), or
+// errBadAnswer (a pid of 0 or 1 without an errno).
+func parseAnswer(ans []byte) (int, error) {
 	pid := int(int32(binary.LittleEndian.Uint32(ans[0:4])))
 	errno := syscall.Errno(binary.LittleEndian.Uint32(ans[4:8]))
 	switch {
 	case errno == 0 && pid > 1:
 		return pid, nil
 	case errno == 0:
-		return 0, l.transportErr(fmt.Errorf("answered pid %d", pid))
+		return 0, fmt.Errorf("%w: answered pid %d", errBadAnswer, pid)
 	case ans[8] == stageExec:
 		return 0, &ExecError{Errno: errno}
 	}

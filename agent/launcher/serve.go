@@ -17,8 +17,11 @@ import (
 // before the gRPC and protobuf packages the agent also imports): the
 // launcher stays small.
 func init() {
-	if len(os.Args) == 2 && os.Args[0] == Arg0 {
+	switch {
+	case len(os.Args) == 2 && os.Args[0] == Arg0:
 		os.Exit(serve(os.Args[1]))
+	case len(os.Args) == 3 && os.Args[0] == Arg0 && os.Args[2] == reapArg:
+		os.Exit(serveReaping(os.Args[1]))
 	}
 }
 
@@ -29,24 +32,7 @@ const socketFD = 3
 // inherit, then starts one process per request until the agent closes the
 // socket. It returns the exit code.
 func serve(nofile string) int {
-	// The processes started must not inherit the socket.
-	syscall.CloseOnExec(socketFD)
-	setComm(Comm)
-	score, err := newOOMScore()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "berth-agent launcher: %v\n", err)
-	}
-	if n, err := strconv.ParseUint(nofile, 10, 64); err == nil && n > 0 {
-		var lim syscall.Rlimit
-		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil {
-			lim.Cur = min(n, lim.Max)
-			// Setrlimit also stops ForkExec from restoring the limit the
-			// process started with.
-			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
-				fmt.Fprintf(os.Stderr, "berth-agent launcher: RLIMIT_NOFILE %d: %v\n", n, err)
-			}
-		}
-	}
+	score := prepare(nofile)
 	for {
 		req, fds, err := readRequest()
 		if errors.Is(err, io.EOF) {
@@ -56,7 +42,7 @@ func serve(nofile string) int {
 			fmt.Fprintf(os.Stderr, "berth-agent launcher: %v\n", err)
 			return 1
 		}
-		pid, errno, stage := spawn(req, fds, score)
+		pid, errno, stage := spawn(req, fds, score, syscall.CLONE_PARENT)
 		for _, fd := range fds {
 			syscall.Close(fd)
 		}
@@ -75,6 +61,31 @@ func serve(nofile string) int {
 			return 0
 		}
 	}
+}
+
+// prepare makes the process a launcher: its socket not inherited, its
+// name, its descriptor limit (which its children inherit), and its OOM
+// score, which it returns.
+func prepare(nofile string) oomScore {
+	// The processes started must not inherit the socket.
+	syscall.CloseOnExec(socketFD)
+	setComm(Comm)
+	score, err := newOOMScore()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "berth-agent launcher: %v\n", err)
+	}
+	if n, err := strconv.ParseUint(nofile, 10, 64); err == nil && n > 0 {
+		var lim syscall.Rlimit
+		if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err == nil {
+			lim.Cur = min(n, lim.Max)
+			// Setrlimit also stops ForkExec from restoring the limit the
+			// process started with.
+			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+				fmt.Fprintf(os.Stderr, "berth-agent launcher: RLIMIT_NOFILE %d: %v\n", n, err)
+			}
+		}
+	}
+	return score
 }
 
 // isChild reports whether pid is the launcher's own child, which it is
@@ -238,17 +249,18 @@ func (s oomScore) set(v []byte) error {
 
 const oomScorePath = "/proc/self/oom_score_adj"
 
-// spawn forks req's process as a child of the launcher's parent, born with
-// score's OOMScoreAdj. A file the kernel cannot execute is run by /bin/sh,
+// spawn forks req's process with cloneflags (CLONE_PARENT: a child of the
+// launcher's parent; 0: the launcher's own), born with score's
+// OOMScoreAdj. A file the kernel cannot execute is run by /bin/sh,
 // as execvp(3) does. It returns the pid, or the errno and whether it
 // struck before or in the child.
-func spawn(req *Request, fds []int, score oomScore) (int, syscall.Errno, byte) {
+func spawn(req *Request, fds []int, score oomScore, cloneflags uintptr) (int, syscall.Errno, byte) {
 	if len(fds) != 3 {
 		return 0, syscall.EMFILE, stageFork
 	}
 	score.raise()
 	defer score.lower()
-	sys := &syscall.SysProcAttr{Cloneflags: syscall.CLONE_PARENT}
+	sys := &syscall.SysProcAttr{Cloneflags: cloneflags}
 	if req.Session {
 		sys.Setsid, sys.Setctty, sys.Ctty = true, true, 0
 	} else {

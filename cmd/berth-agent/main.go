@@ -27,7 +27,6 @@ import (
 
 	"github.com/berth-sandbox/berth/agent"
 	"github.com/berth-sandbox/berth/internal/agentproof"
-	"github.com/berth-sandbox/berth/internal/quiesce"
 	"github.com/berth-sandbox/berth/internal/telemetry"
 )
 
@@ -60,6 +59,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&cfg.RingBytes, "ring-bytes", d.RingBytes, fmt.Sprintf("retained event log per exec in `bytes` (each event costs its data + %d); an attached reader this far behind makes the exec's output wait", agent.EventOverhead))
 	fs.Uint64Var(&cfg.RetainedBytes, "retained-bytes", 0, "output all execs retain together, in `bytes` (default: an eighth of the sandbox's memory limit, 4 MiB to 256 MiB)")
 	fs.Uint64Var(&cfg.WorkloadNofile, "workload-nofile", d.WorkloadNofile, "soft RLIMIT_NOFILE of the processes the agent starts (at most the hard limit)")
+	fs.BoolVar(&cfg.ReapingLauncher, "reaping-launcher", false, "launchers stay and reap the processes they start, reporting each exit to the agent (the default once the kernel ignores CLONE_PARENT, as gVisor's does)")
 	fs.DurationVar(&cfg.Retention, "retention", d.Retention, "how long a finished exec stays attachable")
 	fs.IntVar(&cfg.MaxRetained, "max-retained", d.MaxRetained, "most finished execs kept attachable; beyond it the oldest are forgotten at once")
 	fs.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "silence on an exec stream before a heartbeat is sent")
@@ -118,10 +118,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}()
 		cfg.Spans, cfg.ServerOptions = at.Queue, at.ServerOptions()
 	}
-	// berthd's checkpoint of a gVisor sandbox (package internal/quiesce).
-	quiet := make(chan os.Signal, 2)
-	signal.Notify(quiet, quiesce.Close, quiesce.Listen)
-	cfg.Quiesce = quiet
 	srv, err := agent.New(cfg)
 	if err != nil {
 		log.Error("start", "err", err)

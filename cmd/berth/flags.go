@@ -57,6 +57,9 @@ type processFlags struct {
 	// keepOutput makes a detached command wait for a reader rather than
 	// lose output (DETACHED_OUTPUT_BLOCK).
 	keepOutput bool
+	// session runs --shell's command in this shell session (berth exec
+	// only).
+	session string
 }
 
 // register adds the flags to fs; berth run has no --id, its sandbox being
@@ -78,6 +81,7 @@ func (f *processFlags) register(fs *pflag.FlagSet, withExecID bool) {
 	fs.BoolVarP(&f.tty, "tty", "t", false, "run the command on a terminal of berth's terminal's size (24x80 when there is none); with -i, berth's terminal is put in raw mode")
 	if withExecID {
 		fs.BoolVarP(&f.detach, "detach", "d", false, "start the command in the background, print its exec id and exit")
+		fs.StringVar(&f.session, "session", "", "run --shell's command string in this shell session (berth session create): its cwd, environment and shell variables carry over")
 		fs.BoolVar(&f.keepOutput, "keep-output", false, "while no one is attached, make the command's writes wait once its output buffer is full, instead of dropping the oldest output")
 	}
 }
@@ -113,12 +117,20 @@ func (f *processFlags) spec(command []string) (*berthv1.ProcessSpec, error) {
 		return nil, errors.New("--bash needs --shell")
 	case f.timeout < 0:
 		return nil, fmt.Errorf("--timeout %v: must not be negative", f.timeout)
+	case f.session != "" && f.shell == "":
+		return nil, errors.New("--session needs --shell: a session runs command strings in its shell")
+	case f.session != "" && (f.bash || f.tty || f.interactive || f.user != "" || f.cwd != "" || len(f.env) > 0):
+		return nil, errors.New("--session takes its shell, user, cwd and environment from the session and reads no stdin: drop --bash, -t, -i, --user, --cwd and --env")
+	}
+	if f.session != "" {
+		// A session's commands read /dev/null: berthd refuses stdin.
+		f.noStdin = true
 	}
 	env, err := parseKV("env", f.env)
 	if err != nil {
 		return nil, err
 	}
-	spec := &berthv1.ProcessSpec{Argv: command, ShellCommand: f.shell, Cwd: f.cwd, Env: env, User: f.user}
+	spec := &berthv1.ProcessSpec{Argv: command, ShellCommand: f.shell, Cwd: f.cwd, Env: env, User: f.user, SessionId: f.session}
 	if f.bash {
 		spec.Shell = berthv1.Shell_SHELL_BASH
 	}

@@ -101,6 +101,9 @@ func TestProcessSpec(t *testing.T) {
 		{name: "tty", flags: processFlags{interactive: true, tty: true}, command: []string{"sh"}, want: &berthv1.ProcessSpec{Argv: []string{"sh"}}},
 		{name: "detach and interactive", flags: processFlags{interactive: true, detach: true}, command: []string{"sh"}, wantErr: "--detach and -i"},
 		{name: "interactive without stdin", flags: processFlags{interactive: true, noStdin: true}, command: []string{"sh"}, wantErr: "-i and --no-stdin"},
+		{name: "session", flags: processFlags{shell: "pwd", session: "ss-1"}, want: &berthv1.ProcessSpec{ShellCommand: "pwd", SessionId: "ss-1"}},
+		{name: "session without shell", flags: processFlags{session: "ss-1"}, command: []string{"pwd"}, wantErr: "--session needs --shell"},
+		{name: "session with env", flags: processFlags{shell: "pwd", session: "ss-1", env: []string{"A=1"}}, wantErr: "takes its shell, user, cwd and environment"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -35,6 +35,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		maxConns              uint32
 		egressRate, inRate    uint64
 		idleAction            string
+		volumes               []string
 	)
 	cmd := &cobra.Command{
 		Use:   "create --image REF [flags]",
@@ -55,6 +56,9 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 			}
 			if pidsLimit > 0 || cpu > 0 || mem > 0 || disk > 0 || shm > 0 {
 				req.Resources = &berthv1.Resources{PidsLimit: pidsLimit, CpuMillis: cpu, MemoryBytes: mem, DiskBytes: disk, ShmBytes: shm}
+			}
+			if req.Volumes, err = parseVolumeMounts(volumes); err != nil {
+				return err
 			}
 			if idleTimeout != 0 {
 				req.IdleTimeout = durationpb.New(idleTimeout)
@@ -98,6 +102,7 @@ agent answers. Creating an id that exists with the same spec prints it again.`,
 	cmd.Flags().Uint64Var(&mem, "memory-bytes", 0, "memory cap in bytes, no swap (default: none)")
 	cmd.Flags().Uint64Var(&disk, "disk-bytes", 0, "disk quota in bytes: what the sandbox may store beyond its image (default berthd's)")
 	cmd.Flags().Uint64Var(&shm, "shm-bytes", 0, "size of /dev/shm in bytes, counted against --memory-bytes (default berthd's: a share of the memory cap)")
+	cmd.Flags().StringArrayVarP(&volumes, "volume", "v", nil, "mount your volume NAME (berth volume create) at PATH, NAME:PATH or NAME:PATH:ro for read-only (repeatable)")
 	cmd.Flags().StringVar(&req.Runtime, "runtime", "", `OCI runtime: "runc" or "gvisor" (berthd --gvisor-binary) (default runc)`)
 	cmd.Flags().StringArrayVarP(&env, "env", "e", nil, "environment variable of every process, KEY=VALUE (repeatable)")
 	cmd.Flags().StringVar(&req.User, "user", "", `workload user "uid", "uid:gid", or a name or "name:group" of the image's /etc/passwd and /etc/group (default 0:0)`)

@@ -24,6 +24,12 @@ func Build(dir, ldflags string) (string, error) {
 	return build(dir, ldflags, RaceEnabled)
 }
 
+// BuildTagged is Build with the build tags tags (comma-separated), for a
+// test build of the agent (berth_older_agent: an agent older than berthd).
+func BuildTagged(dir, ldflags, tags string) (string, error) {
+	return build(dir, ldflags, RaceEnabled, "-tags", tags)
+}
+
 // BuildStatic is Build without the race detector even under it: the
 // static binary that ships, for what a cgo build cannot do (change every
 // thread's capabilities with syscall.AllThreadsSyscall).
@@ -31,9 +37,9 @@ func BuildStatic(dir, ldflags string) (string, error) {
 	return build(dir, ldflags, false)
 }
 
-func build(dir, ldflags string, race bool) (string, error) {
+func build(dir, ldflags string, race bool, extra ...string) (string, error) {
 	bin := filepath.Join(dir, "berth-agent")
-	args := []string{"build", "-o", bin}
+	args := append([]string{"build", "-o", bin}, extra...)
 	if ldflags != "" {
 		args = append(args, "-ldflags", ldflags)
 	}

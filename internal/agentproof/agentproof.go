@@ -94,3 +94,48 @@ func Verify(secret, challenge, proof []byte) error {
 	}
 	return nil
 }
+
+// Proofs of berthd's own asks (memory hibernation, package
+// internal/quiesce). A workload that reaches the agent's socket may have
+// Info prove any challenge of at most MaxChallengeBytes, so these prove
+// messages longer than that: no Info answer is ever one of them.
+const (
+	// TokenBytes is the size of a quiesce's wake token.
+	TokenBytes = 48
+	// quiesceDomain and wakeDomain prefix the token in the message each
+	// proof is of.
+	quiesceDomain = "berth-agent quiesce v1\x00"
+	wakeDomain    = "berth-agent wake v1\x00"
+)
+
+// NewWakeToken returns a new random wake token of TokenBytes.
+func NewWakeToken() []byte { return random(TokenBytes) }
+
+// ProveQuiesce returns berthd's proof that it asks the agent with secret
+// to quiesce, the wake token being token; nil when secret is empty or the
+// token is not TokenBytes long.
+func ProveQuiesce(secret, token []byte) []byte { return proveAsk(secret, quiesceDomain, token) }
+
+// ProveWake returns berthd's proof that the agent with secret, quiesced
+// with token, was restored and may listen again; nil as for ProveQuiesce.
+func ProveWake(secret, token []byte) []byte { return proveAsk(secret, wakeDomain, token) }
+
+// VerifyAsk checks proof against want (ProveQuiesce or ProveWake of the
+// agent's own secret and token) in constant time: ErrMismatch when they
+// differ or want is nil.
+func VerifyAsk(want, proof []byte) error {
+	if want == nil || !hmac.Equal(want, proof) {
+		return ErrMismatch
+	}
+	return nil
+}
+
+func proveAsk(secret []byte, domain string, token []byte) []byte {
+	if len(secret) == 0 || len(token) != TokenBytes {
+		return nil
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(domain))
+	m.Write(token)
+	return m.Sum(nil)
+}

@@ -30,3 +30,38 @@ func TestVerify(t *testing.T) {
 		t.Error(`ParseSecret("abc") = nil error, want one`)
 	}
 }
+
+// TestAskProofs: berthd's quiesce and wake proofs differ from each other
+// and from every answer Info gives (a workload can have Info prove any
+// challenge of at most MaxChallengeBytes, the domain and token included).
+func TestAskProofs(t *testing.T) {
+	secret, _ := ParseSecret(NewSecret())
+	other, _ := ParseSecret(NewSecret())
+	token := NewWakeToken()
+	quiesce, wake := ProveQuiesce(secret, token), ProveWake(secret, token)
+	if err := VerifyAsk(quiesce, ProveQuiesce(secret, token)); err != nil {
+		t.Errorf("VerifyAsk(the quiesce proof) = %v, want nil", err)
+	}
+	forged := map[string][]byte{
+		"the wake proof for a quiesce":   wake,
+		"another secret's":               ProveQuiesce(other, token),
+		"another token's":                ProveQuiesce(secret, NewWakeToken()),
+		"Info of the token":              Prove(secret, token),
+		"Info of the domain and a token": Prove(secret, append([]byte(quiesceDomain), token[:MaxChallengeBytes-len(quiesceDomain)]...)),
+		"none":                           nil,
+	}
+	for name, proof := range forged {
+		if err := VerifyAsk(quiesce, proof); err != ErrMismatch {
+			t.Errorf("%s: VerifyAsk = %v, want ErrMismatch", name, err)
+		}
+	}
+	if p := ProveQuiesce(nil, token); p != nil {
+		t.Errorf("ProveQuiesce without a secret = %x, want nil", p)
+	}
+	if p := ProveWake(secret, token[:8]); p != nil {
+		t.Errorf("ProveWake of a short token = %x, want nil", p)
+	}
+	if err := VerifyAsk(nil, nil); err != ErrMismatch {
+		t.Errorf("VerifyAsk(nil, nil) = %v, want ErrMismatch", err)
+	}
+}

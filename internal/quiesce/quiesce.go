@@ -4,29 +4,40 @@
 // host socket"), and the agent's listener in the sandbox's run directory is
 // one (runsc --host-uds=all), as is every connection berthd made to it. So
 // berthd asks the agent to close them first and to listen again after the
-// restore, by signals sent to the task's PID 1 (the agent):
+// restore:
 //
-//  1. berthd sends Close; the agent stops serving — it closes its listener
-//     (removing the socket file) and every connection — and then creates
-//     Mark in its socket's directory (mode 0600, empty);
+//  1. berthd calls the agent's Quiesce with a fresh random wake token and
+//     its proof of the sandbox's secret (agentproof.ProveQuiesce); the
+//     agent answers, stops serving — it closes its listener (removing the
+//     socket file) and every connection — and then creates Mark in its
+//     socket's directory (mode 0600, empty);
 //  2. berthd waits for Mark (bounded), then checkpoints the task;
-//  3. after the restore berthd sends Listen; the agent removes Mark,
-//     listens on its socket path again and serves as before: the same boot
-//     id, the same exec records, the processes it supervised.
+//  3. after the restore berthd writes agentproof.ProveWake of the token
+//     into Wake in that directory; the agent, which looks for it every
+//     WakePoll while quiet, removes Mark and Wake, listens on its socket
+//     path again and serves as before: the same boot id, the same exec
+//     records, the processes it supervised.
 //
-// An agent that knows nothing of this ignores both signals (a Go PID 1
-// that did not ask for them is not ended by them), Mark never appears, and
-// berthd hibernates the sandbox without its memory.
+// Nothing in the sandbox can take part: the workload can reach the agent's
+// socket and write the run directory, but knows neither the secret nor the
+// token, so it can neither quiesce the agent nor wake a quiet one. A
+// Wake that proves nothing is removed and ignored. (Before, berthd sent
+// the agent SIGUSR1 and SIGUSR2, which any process of the sandbox could
+// send its PID 1 too: the agent ignores both now.) An agent that knows
+// nothing of Quiesce answers UNIMPLEMENTED, and berthd hibernates the
+// sandbox without its memory.
 package quiesce
 
-import "golang.org/x/sys/unix"
+import "time"
 
 const (
-	// Close asks the agent to close its listener and connections.
-	Close = unix.SIGUSR1
-	// Listen asks an agent that closed them to listen again.
-	Listen = unix.SIGUSR2
 	// Mark is the file the agent creates in its socket's directory once
 	// nothing of it is connected to the host.
 	Mark = "agent.quiet"
+	// Wake is the file berthd writes in the agent's socket's directory
+	// after the restore: agentproof.ProveWake of the token, raw bytes.
+	Wake = "agent.wake"
+	// WakePoll is how often a quiet agent looks for Wake: a restored
+	// sandbox answers this much later at most.
+	WakePoll = 10 * time.Millisecond
 )

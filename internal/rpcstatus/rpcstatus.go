@@ -67,8 +67,20 @@ const (
 	// ReasonSnapshotLimit (RESOURCE_EXHAUSTED): the caller holds as many
 	// snapshots as berthd allows one principal; deleting one frees room.
 	ReasonSnapshotLimit = "SNAPSHOT_LIMIT"
-	ReasonUnreachable   = "SANDBOX_UNREACHABLE"
-	ReasonInternal      = "INTERNAL"
+	// ReasonVolumeNotFound (NOT_FOUND): no such volume, or another
+	// principal's.
+	ReasonVolumeNotFound = "VOLUME_NOT_FOUND"
+	// ReasonVolumeExists (ALREADY_EXISTS): the caller holds a volume of
+	// that name.
+	ReasonVolumeExists = "VOLUME_EXISTS"
+	// ReasonVolumeInUse (FAILED_PRECONDITION): sandboxes mount the volume;
+	// metadata "sandbox_ids" names them.
+	ReasonVolumeInUse = "VOLUME_IN_USE"
+	// ReasonVolumeUnsupported (FAILED_PRECONDITION): volumes need the btrfs
+	// snapshotter with quotas and a kernel that idmaps, on a single berthd.
+	ReasonVolumeUnsupported = "VOLUME_UNSUPPORTED"
+	ReasonUnreachable       = "SANDBOX_UNREACHABLE"
+	ReasonInternal          = "INTERNAL"
 	// The runtime conditions of berth.v1's errors.proto: each status with
 	// one of these reasons also carries the typed detail of that name.
 	ReasonFleetBusy       = "FLEET_BUSY"
@@ -255,3 +267,10 @@ const (
 // (CNI plugins or nftables missing, or it failed to start); metadata
 // "field" is "network.mode".
 const ReasonNetworkUnavailable = "NETWORK_UNAVAILABLE"
+
+// ReasonAgentTooOld (FAILED_PRECONDITION): the sandbox's agent is older
+// than berthd and does not serve the call berthd made of it (it answered
+// UNIMPLEMENTED); metadata "agent_method" names the agent's method,
+// "agent_version" and "server_version" the two versions. A sandbox
+// created anew runs berthd's agent.
+const ReasonAgentTooOld = "AGENT_TOO_OLD"

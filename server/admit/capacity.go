@@ -79,9 +79,13 @@ type Held struct {
 	// for a stored copy, the bytes it counts (runtime.Runtime.StoredDisk).
 	DiskBytes uint64
 	// Stored is true for a stored snapshot or a fork's copy
-	// (runtime.Runtime.StoredDisk): it holds disk against the server's
-	// disk budget and its owner's disk cap, and is no sandbox.
+	// (runtime.Runtime.StoredDisk), or a hibernated sandbox's checkpoint
+	// image (runtime.Runtime.Promised): it holds disk against the
+	// server's disk budget and its owner's disk cap, and is no sandbox.
 	Stored bool
+	// Hibernated is true for a hibernated sandbox: it counts as a sandbox
+	// and holds its disk, but no memory, until AdmitWake admits its wake.
+	Hibernated bool
 }
 
 // Observer is told when admitted execs start and end (server/metrics).
@@ -203,6 +207,16 @@ func (c *Capacity) held(existing map[string]Held) map[string]Held {
 	return all
 }
 
+// heldNow lists what the sandboxes and stored copies hold now, the
+// pending admissions laid over them (held). The caller holds createMu.
+func (c *Capacity) heldNow(ctx context.Context) (map[string]Held, error) {
+	existing, err := c.usage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("count sandboxes: %w", err)
+	}
+	return c.held(existing), nil
+}
+
 // tally sums what sandboxes hold. The sums saturate at the largest uint64
 // instead of wrapping (bounds.Add): caps come from callers and from
 // labels, and a wrapped sum would admit what the limit cannot hold.
@@ -211,6 +225,8 @@ type tally struct{ sandboxes, memory, disk uint64 }
 func (t *tally) add(h Held) {
 	if !h.Stored {
 		t.sandboxes++
+	}
+	if !h.Stored && !h.Hibernated {
 		t.memory = addSaturating(t.memory, h.MemoryBytes)
 	}
 	t.disk = addSaturating(t.disk, h.DiskBytes)
@@ -289,6 +305,46 @@ func (c *Capacity) admit(ctx context.Context, id, key string, want Held) (releas
 	return c.hold(key, want), nil
 }
 
+// AdmitWake admits the wake of hibernated sandbox id: the memory it is
+// promised (its memory cap), which it did not hold while hibernated,
+// within the server's memory budget and its owner's memory cap. It
+// refuses with a *apierr.FleetBusy naming the limit (the sandbox stays
+// hibernated); a sandbox that is not hibernated, or not listed, is
+// admitted without counting. release must be called once the wake
+// finished (the sandbox then counts its memory itself) or failed.
+func (c *Capacity) AdmitWake(ctx context.Context, id string) (release func(), err error) {
+	l := c.limits
+	if l.MemoryBudget == 0 && l.PerPrincipal.MemoryBytes == 0 {
+		return func() {}, nil
+	}
+	c.createMu.Lock()
+	defer c.createMu.Unlock()
+	all, err := c.heldNow(ctx)
+	if err != nil {
+		return nil, err
+	}
+	asleep, ok := all[id]
+	if !ok || !asleep.Hibernated {
+		return func() {}, nil
+	}
+	var server tally
+	for _, h := range all {
+		server.add(h)
+	}
+	if l.MemoryBudget > 0 && addSaturating(server.memory, asleep.MemoryBytes) > l.MemoryBudget {
+		return nil, &apierr.FleetBusy{SandboxID: id, Resource: berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY, Limit: l.MemoryBudget,
+			InUse: server.memory, Requested: asleep.MemoryBytes, RetryDelay: l.RetryDelay}
+	}
+	awake := asleep
+	awake.Hibernated = false
+	// Its own entry, hibernated, counts no memory: checked as a sandbox
+	// of its owner's that it is, with its memory only.
+	if err := c.checkPrincipal(id, all, Held{Owner: awake.Owner, Pooled: awake.Pooled, MemoryBytes: awake.MemoryBytes, Stored: true}); err != nil {
+		return nil, err
+	}
+	return c.hold(id, awake), nil
+}
+
 // AdmitClaim admits principal owner's claim of warm-pool member id, which
 // holds pooled, within owner's per-principal caps; the server's limits
 // counted the member when it was made. It refuses with a
@@ -300,12 +356,12 @@ func (c *Capacity) AdmitClaim(ctx context.Context, id, owner string, pooled Held
 	}
 	c.createMu.Lock()
 	defer c.createMu.Unlock()
-	existing, err := c.usage(ctx)
+	all, err := c.heldNow(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("count sandboxes: %w", err)
+		return nil, err
 	}
 	want := Held{Owner: owner, MemoryBytes: pooled.MemoryBytes, DiskBytes: pooled.DiskBytes}
-	if err := c.checkPrincipal(id, c.held(existing), want); err != nil {
+	if err := c.checkPrincipal(id, all, want); err != nil {
 		return nil, err
 	}
 	return c.hold(id, want), nil

@@ -391,3 +391,66 @@ func TestAdmitStored(t *testing.T) {
 		t.Errorf("a copy past the server's disk budget = %v (%+v), want DISK limit 200 in use 120 requested 81", err, b)
 	}
 }
+
+// TestHibernatedMemory: a hibernated sandbox holds no memory, so another
+// sandbox fits in its place; its wake is admitted again and refused
+// (MEMORY, PRINCIPAL_MEMORY) while the memory is taken, admitted once it
+// is free, and held for it until released; a checkpoint image (Stored)
+// counts against its owner's disk.
+func TestHibernatedMemory(t *testing.T) {
+	const mib = 1 << 20
+	held := map[string]Held{
+		"asleep":               {Owner: "alice", MemoryBytes: 64 * mib, DiskBytes: 10 * mib, Hibernated: true},
+		"checkpoint-of/asleep": {Owner: "alice", DiskBytes: 30 * mib, Stored: true},
+	}
+	usage := func(context.Context) (map[string]Held, error) { return held, nil }
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name   string
+		limits Limits
+		want   berthv1.CapacityResource
+	}{
+		{"server budget", Limits{MemoryBudget: 100 * mib}, berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY},
+		{"principal cap", Limits{PerPrincipal: PrincipalLimits{MemoryBytes: 100 * mib}}, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(tt.limits, nil, usage)
+			release, err := c.AdmitSandbox(ctx, "other", Held{Owner: "alice", MemoryBytes: 64 * mib})
+			if err != nil {
+				t.Fatalf("a sandbox in the hibernated one's memory: %v, want admitted", err)
+			}
+			held["other"] = Held{Owner: "alice", MemoryBytes: 64 * mib}
+			release()
+			defer delete(held, "other")
+			_, err = c.AdmitWake(ctx, "asleep")
+			var busy *apierr.FleetBusy
+			if !errors.As(err, &busy) || busy.Resource != tt.want || busy.InUse != 64*mib || busy.Requested != 64*mib || busy.SandboxID != "asleep" {
+				t.Fatalf("AdmitWake with its memory taken: %v (%+v), want FLEET_BUSY %v in use 64 MiB requested 64 MiB", err, busy, tt.want)
+			}
+			delete(held, "other")
+			wake, err := c.AdmitWake(ctx, "asleep")
+			if err != nil {
+				t.Fatalf("AdmitWake with the memory free: %v", err)
+			}
+			// Held for the wake: another sandbox does not take it meanwhile.
+			if _, err := c.AdmitSandbox(ctx, "third", Held{Owner: "alice", MemoryBytes: 64 * mib}); !errors.As(err, &busy) {
+				t.Errorf("a sandbox during the wake: %v, want FLEET_BUSY (the wake holds the memory)", err)
+			}
+			wake()
+			if r, err := c.AdmitSandbox(ctx, "third", Held{Owner: "alice", MemoryBytes: 64 * mib}); err != nil {
+				t.Errorf("a sandbox after the wake released (still hibernated in the record): %v", err)
+			} else {
+				r()
+			}
+		})
+	}
+	c := New(Limits{PerPrincipal: PrincipalLimits{DiskBytes: 50 * mib}}, nil, usage)
+	_, err := c.AdmitStored(ctx, "asleep", "alice", 20*mib)
+	var busy *apierr.FleetBusy
+	if !errors.As(err, &busy) || busy.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK || busy.InUse != 40*mib {
+		t.Errorf("a 20 MiB copy past 40 MiB held (10 the sandbox, 30 its checkpoint image) under a 50 MiB cap: %v, want PRINCIPAL_DISK in use 40 MiB", err)
+	}
+	if _, err := c.AdmitWake(ctx, "asleep"); err != nil {
+		t.Errorf("AdmitWake without memory limits: %v, want admitted", err)
+	}
+}

@@ -189,7 +189,10 @@ func (p *Pool) Get(socketPath string) (agentv1.AgentServiceClient, error) {
 		// Never through a symlink the sandbox put in place of its socket,
 		// and only to the sandbox's agent.
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return p.dial(ctx, socketPath) }),
-		grpc.WithUnaryInterceptor(p.proveInfo(socketPath)),
+		grpc.WithChainUnaryInterceptor(p.proveInfo(socketPath), tooOldUnary),
+		// An older agent answers a newer method UNIMPLEMENTED: every
+		// call says so as AGENT_TOO_OLD (tooOld).
+		grpc.WithChainStreamInterceptor(tooOldStream),
 		// An agent comes up within a few hundred milliseconds of its task
 		// starting; gRPC's default 1 s first backoff would double that.
 		grpc.WithConnectParams(grpc.ConnectParams{

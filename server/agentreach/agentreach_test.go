@@ -342,7 +342,7 @@ type fakeFreezer struct{ pauses, resumes int }
 func (f *fakeFreezer) Pause(context.Context, string) error  { f.pauses++; return nil }
 func (f *fakeFreezer) Resume(context.Context, string) error { f.resumes++; return nil }
 
-func (f *fakeFreezer) Hibernate(context.Context, string) (runtime.Hibernation, error) {
+func (f *fakeFreezer) Hibernate(context.Context, string, runtime.KeepMemory) (runtime.Hibernation, error) {
 	return runtime.Hibernation{}, nil
 }
 

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	agentv1 "github.com/berth-sandbox/berth/proto/berth/agent/v1"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -45,14 +48,16 @@ func (p *pauses) isAsleep(id string) bool {
 // Hibernate releases sandbox id's memory and CPU (runtime.Hibernate:
 // under gVisor its memory is checkpointed, under runc and when that fails
 // every process ends; a paused sandbox included) and returns what it did.
+// noMemory, when not nil, says why a gVisor sandbox's memory is not to be
+// kept (runtime.KeepMemory.Refused).
 // A hibernated sandbox stays so (no error). The caller decided that its
 // caller may see the sandbox, and holds its lifecycle lock. Errors:
 // runtime.ErrSandboxNotFound, runtime.ErrTaskNotRunning, containerd's.
-func (r *Reacher) Hibernate(ctx context.Context, id string) (runtime.Hibernation, error) {
+func (r *Reacher) Hibernate(ctx context.Context, id string, noMemory error) (runtime.Hibernation, error) {
 	unlock := r.pauses.lock(id)
 	defer unlock()
 	was := r.pauses.isAsleep(id)
-	h, err := r.freezer.Hibernate(ctx, id)
+	h, err := r.freezer.Hibernate(ctx, id, runtime.KeepMemory{Ask: r.quiescer(id), Refused: noMemory})
 	if err != nil {
 		if errors.Is(err, runtime.ErrSandboxNotFound) {
 			r.pauses.set(id, false)
@@ -78,6 +83,24 @@ func (r *Reacher) Hibernate(ctx context.Context, id string) (runtime.Hibernation
 			slog.Uint64("task_pid", uint64(h.TaskPID)), slog.Duration("took", h.Took))
 	}
 	return h, nil
+}
+
+// quiescer returns how runtime.Hibernate asks sandbox id's agent to
+// quiesce: its Quiesce RPC on berthd's connection to it, which the agent
+// closes as it answers (UNAVAILABLE once sent: taken, the agent's mark
+// decides).
+func (r *Reacher) quiescer(id string) runtime.Quiescer {
+	return func(ctx context.Context, token, proof []byte) error {
+		agent, err := r.agents.Get(r.rt.SocketPath(id))
+		if err != nil {
+			return err
+		}
+		_, err = agent.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token, Proof: proof}, grpc.WaitForReady(true))
+		if status.Code(err) == codes.Unavailable {
+			return nil
+		}
+		return err
+	}
 }
 
 // Hibernated reports whether sandbox id is hibernated, as berthd
@@ -113,8 +136,9 @@ func (r *Reacher) wakeHibernated(ctx context.Context, id, execID string, recorde
 		r.pauses.setAsleep(id, true) // found so in containerd: the Waker wakes what it knows asleep
 	}
 	if err := r.Waker(ctx, id); err != nil {
-		if errors.Is(err, runtime.ErrSandboxNotFound) || ctx.Err() != nil {
-			return false, err
+		var busy *apierr.FleetBusy
+		if errors.Is(err, runtime.ErrSandboxNotFound) || errors.As(err, &busy) || ctx.Err() != nil {
+			return false, err // FLEET_BUSY: its memory does not fit; it stays hibernated
 		}
 		return false, &apierr.Unreachable{SandboxID: id, ExecID: execID, Cause: berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED,
 			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED, What: "the sandbox was hibernated and its new task did not start: " + err.Error()}

@@ -30,7 +30,7 @@ import (
 type freezer interface {
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
-	Hibernate(ctx context.Context, id string) (runtime.Hibernation, error)
+	Hibernate(ctx context.Context, id string, keep runtime.KeepMemory) (runtime.Hibernation, error)
 }
 
 // pauses holds the paused sandboxes and serializes pauses and resumes of

@@ -118,6 +118,9 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		switch info.FullMethod {
 		case berthv1.SandboxService_CreateSandbox_FullMethodName:
+			if len(req.(*berthv1.CreateSandboxRequest).GetVolumes()) > 0 {
+				return nil, volumesNotInFleet()
+			}
 			if req.(*berthv1.CreateSandboxRequest).GetFromSnapshot() != "" {
 				return r.createFromSnapshot(ctx, p, req.(*berthv1.CreateSandboxRequest), handler)
 			}
@@ -128,6 +131,9 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			return r.snapshotCall(ctx, p, info.FullMethod, req.(proto.Message), handler)
 		case berthv1.SandboxService_ListSnapshots_FullMethodName:
 			return r.listSnapshots(ctx, p, req.(*berthv1.ListSnapshotsRequest), handler)
+		case berthv1.SandboxService_CreateVolume_FullMethodName, berthv1.SandboxService_GetVolume_FullMethodName,
+			berthv1.SandboxService_ListVolumes_FullMethodName, berthv1.SandboxService_DeleteVolume_FullMethodName:
+			return nil, volumesNotInFleet()
 		case berthv1.SandboxService_ListSandboxes_FullMethodName:
 			return r.list(ctx, p, req.(*berthv1.ListSandboxesRequest), handler)
 		}
@@ -148,6 +154,14 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		return r.forwardUnary(ctx, p, node, info.FullMethod, m, id)
 	}
+}
+
+// volumesNotInFleet refuses the volume calls, and creates that mount a
+// volume, in a fleet: a volume lives on one node's disk pool and the
+// fleet's directory records no volumes to place a sandbox by.
+func volumesNotInFleet() error {
+	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonVolumeUnsupported,
+		"volumes are not available in a fleet yet: a volume is kept on one node and the fleet's directory does not place sandboxes by volume; use a single berthd", nil)
 }
 
 // deleteLost deletes sandbox id, whose node is lost, for p, who may see

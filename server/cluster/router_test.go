@@ -22,6 +22,11 @@ func TestEveryRoutedMethodNamesItsSandbox(t *testing.T) {
 		berthv1.SandboxService_CreateSandbox_FullMethodName: true,
 		berthv1.SandboxService_ListSandboxes_FullMethodName: true,
 		berthv1.SandboxService_ListSnapshots_FullMethodName: true,
+		// Refused in a fleet (volumesNotInFleet).
+		berthv1.SandboxService_CreateVolume_FullMethodName: true,
+		berthv1.SandboxService_GetVolume_FullMethodName:    true,
+		berthv1.SandboxService_ListVolumes_FullMethodName:  true,
+		berthv1.SandboxService_DeleteVolume_FullMethodName: true,
 	}
 	// These name a snapshot, routed to its node by its record
 	// (snapshotCall): a snapshot_id field, read by snapshotIDOf.

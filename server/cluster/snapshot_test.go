@@ -114,3 +114,25 @@ func TestRouterSnapshotNodeLost(t *testing.T) {
 		}
 	}
 }
+
+// TestRouterRefusesVolumes: in a fleet the volume calls, and a create that
+// mounts a volume, are FAILED_PRECONDITION VOLUME_UNSUPPORTED, never run
+// on whichever node the call reached (a volume lives on one node).
+func TestRouterRefusesVolumes(t *testing.T) {
+	r := NewRouter(RouterConfig{Log: testLog()})
+	ctx := auth.NewContext(context.Background(), auth.Principal{Name: "alice"})
+	for method, req := range map[string]any{
+		berthv1.SandboxService_CreateVolume_FullMethodName:  &berthv1.CreateVolumeRequest{Name: "v"},
+		berthv1.SandboxService_GetVolume_FullMethodName:     &berthv1.GetVolumeRequest{Name: "v"},
+		berthv1.SandboxService_ListVolumes_FullMethodName:   &berthv1.ListVolumesRequest{},
+		berthv1.SandboxService_DeleteVolume_FullMethodName:  &berthv1.DeleteVolumeRequest{Name: "v"},
+		berthv1.SandboxService_CreateSandbox_FullMethodName: &berthv1.CreateSandboxRequest{Volumes: []*berthv1.VolumeMount{{Name: "v", Path: "/data"}}},
+	} {
+		ran := false
+		_, err := r.UnaryInterceptor()(ctx, req, &grpc.UnaryServerInfo{FullMethod: method},
+			func(context.Context, any) (any, error) { ran = true; return nil, nil })
+		if ran || status.Code(err) != codes.FailedPrecondition || rpcstatus.Reason(err) != rpcstatus.ReasonVolumeUnsupported {
+			t.Errorf("%s in a fleet: ran %v, %v; want FAILED_PRECONDITION VOLUME_UNSUPPORTED without running", method, ran, err)
+		}
+	}
+}

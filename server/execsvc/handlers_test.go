@@ -200,7 +200,7 @@ func (fakeStore) SocketPath(string) string { return "" }
 func (fakeStore) Pause(context.Context, string) error  { return nil }
 func (fakeStore) Resume(context.Context, string) error { return nil }
 
-func (fakeStore) Hibernate(context.Context, string) (runtime.Hibernation, error) {
+func (fakeStore) Hibernate(context.Context, string, runtime.KeepMemory) (runtime.Hibernation, error) {
 	return runtime.Hibernation{}, nil
 }
 

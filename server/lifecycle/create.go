@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -299,6 +300,7 @@ func specDiff(have runtime.SandboxSpec, haveEnv string, want runtime.SandboxSpec
 	add(!have.Network.Equal(want.Network), "network")
 	add(idleAction(have.IdleAction) != idleAction(want.IdleAction), "idle_action")
 	add(have.FromSnapshot != want.FromSnapshot, "from_snapshot")
+	add(!slices.Equal(have.Volumes, want.Volumes), "volumes")
 	return fields
 }
 
@@ -332,7 +334,7 @@ func (m *Manager) poolable(spec runtime.SandboxSpec) bool {
 	return m.pool.Enabled(spec.Image) && len(spec.Env) == 0 && spec.UID == 0 && spec.GID == 0 &&
 		spec.WorkDir == def.WorkDir && spec.PidsLimit == def.PidsLimit && spec.CPUMillis == def.CPUMillis &&
 		spec.MemoryBytes == def.MemoryBytes && spec.OpenFiles == def.OpenFiles && spec.HostUsers == def.HostUsers && spec.Runtime == def.Runtime &&
-		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes && !spec.Network.Egress && spec.FromSnapshot == ""
+		spec.ShmBytes == def.ShmBytes && spec.DiskBytes == def.DiskBytes && !spec.Network.Egress && spec.FromSnapshot == "" && len(spec.Volumes) == 0
 }
 
 // MinShmBytes is the smallest /dev/shm, in bytes: a semaphore or a small

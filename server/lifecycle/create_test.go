@@ -44,7 +44,7 @@ func TestSpecDiffEveryField(t *testing.T) {
 		"Labels": "labels", "Env": "env", "WorkDir": "workdir", "IdleTimeout": "idle_timeout", "MaxLifetime": "max_lifetime",
 		"HostUsers": "host_users", "PidsLimit": "resources.pids_limit", "CPUMillis": "resources.cpu_millis",
 		"MemoryBytes": "resources.memory_bytes", "OpenFiles": "resources.open_files_limit", "DiskBytes": "resources.disk_bytes",
-		"ShmBytes": "resources.shm_bytes", "IdleAction": "idle_action", "FromSnapshot": "from_snapshot"}
+		"ShmBytes": "resources.shm_bytes", "IdleAction": "idle_action", "FromSnapshot": "from_snapshot", "Volumes": "volumes"}
 	typ := reflect.TypeOf(base)
 	for i := range typ.NumField() {
 		f := typ.Field(i)
@@ -58,6 +58,8 @@ func TestSpecDiffEveryField(t *testing.T) {
 			other.Network = runtime.NetworkSpec{Egress: true, Allow: []string{"10.0.0.0/8"}}
 		case "Runtime":
 			other.Runtime = runtime.RuntimeGVisor
+		case "Volumes":
+			other.Volumes = []runtime.VolumeMount{{Name: "v", Path: "/data"}}
 		default:
 			switch v.Kind() {
 			case reflect.String:

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
@@ -27,13 +28,36 @@ func (m *Manager) Hibernate(ctx context.Context, id string, p auth.Principal) (r
 // hibernate hibernates sandbox id and returns what it kept; the caller
 // holds its lifecycle lock. The exit of its task is the hibernation's (not
 // restarted; exec streams see RUNTIME_REPLACED cause SANDBOX_HIBERNATED).
+//
+// A gVisor sandbox's checkpoint image is admitted first as a stored copy
+// of its owner's (admit.Capacity.AdmitStored: the server's disk budget,
+// the owner's --max-disk-bytes-per-principal), sized as its memory cap:
+// an image holds at most the memory the sandbox may hold. When it does
+// not fit, the sandbox is hibernated without its memory (its processes
+// end, Hibernation.NotKept names the limit) rather than refused: the
+// caller asked to release its memory, and that is done.
 func (m *Manager) hibernate(ctx context.Context, id string) (runtime.Hibernation, error) {
-	var pid uint32
+	var (
+		pid      uint32
+		noMemory error
+	)
 	if sb, err := m.rt.Get(ctx, id); err == nil {
 		pid = sb.TaskPID
+		if sb.Runtime == runtime.RuntimeGVisor && !sb.Hibernated {
+			release, err := m.capacity.AdmitStored(ctx, id, sb.Owner, sb.MemoryBytes)
+			var busy *apierr.FleetBusy
+			switch {
+			case errors.As(err, &busy):
+				noMemory = busy
+			case err != nil:
+				return runtime.Hibernation{}, err
+			default:
+				defer release() // the image counts itself once made (runtime.Promised)
+			}
+		}
 	}
 	m.restarts.hibernating(id, pid)
-	h, err := m.reach.Hibernate(ctx, id)
+	h, err := m.reach.Hibernate(ctx, id, noMemory)
 	if err != nil {
 		if !m.reach.Hibernated(id) {
 			m.restarts.woken(id)
@@ -81,6 +105,14 @@ func (m *Manager) wakeLocked(ctx context.Context, id string) error {
 		}
 		return err
 	}
+	// Its memory counted for nothing while it slept: the wake is
+	// admitted again, and refused (FLEET_BUSY, the sandbox left
+	// hibernated) when it does not fit.
+	admitted, err := m.capacity.AdmitWake(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	wait := m.cfg.AgentReadyTimeout
 	if sb.HibernationMark == runtime.HibernatedMemoryKept {
 		wait += runtime.RestoreTimeout

@@ -2,10 +2,14 @@ package runtime
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
 
+	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/quiesce"
 )
 
@@ -48,14 +53,52 @@ type Hibernation struct {
 	// Took is how long the hibernation took; Saved is how long of it the
 	// checkpoint took (0 when none was made).
 	Took, Saved time.Duration
+	// ImageBytes is the size of the checkpoint image in bytes (0 when
+	// none was made): it counts against the owner's disk and the disk
+	// budget until the wake (Promised).
+	ImageBytes uint64
+}
+
+// dirBytes returns the bytes of the regular files under dir (a
+// checkpoint image: a few files); what cannot be read counts zero.
+func dirBytes(dir string) uint64 {
+	var n uint64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += uint64(fi.Size())
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// Quiescer asks a sandbox's agent, over berthd's connection to it, to
+// close its host sockets (the agent's Quiesce RPC, package
+// internal/quiesce) with wake token token and berthd's proof of it
+// (agentproof.ProveQuiesce). It returns nil once the agent took the ask
+// (the agent then closes that connection too: a call cut off once sent is
+// taken); the agent's quiesce.Mark says when it is done.
+type Quiescer func(ctx context.Context, token, proof []byte) error
+
+// KeepMemory is how Hibernate keeps a gVisor sandbox's memory.
+type KeepMemory struct {
+	// Ask asks the sandbox's agent to quiesce; nil keeps no memory.
+	Ask Quiescer
+	// Refused, when not nil, says why the memory is not to be kept (its
+	// checkpoint image does not fit the disk: *apierr.FleetBusy): the
+	// processes end instead, Hibernation.NotKept saying why.
+	Refused error
 }
 
 // Hibernate removes sandbox id's task, keeping its container: the sandbox
 // then holds no memory and no CPU, and RestartTask starts it again with its
 // files (Woken clears the mark).
 //
-// Under gVisor it first saves the sandbox's memory: the agent closes its
-// host sockets (package internal/quiesce: at most quiesceTimeout), the
+// Under gVisor it first saves the sandbox's memory (unless keep.Refused):
+// keep.Ask makes the agent close its host sockets (package
+// internal/quiesce: at most quiesceTimeout), the
 // task is checkpointed into checkpointDir (runsc checkpoint through
 // containerd's task.Checkpoint, at most checkpointTimeout) and exits, and
 // RestartTask restores it. When any of that fails (an agent that does not
@@ -72,7 +115,7 @@ type Hibernation struct {
 // hibernated sandbox stays so (no error). Errors: ErrSandboxNotFound;
 // ErrTaskNotRunning when the sandbox is not hibernated and its task
 // neither runs nor is paused.
-func (r *Runtime) Hibernate(ctx context.Context, id string) (_ Hibernation, err error) {
+func (r *Runtime) Hibernate(ctx context.Context, id string, keep KeepMemory) (_ Hibernation, err error) {
 	began := time.Now()
 	c := r.begin(ctx, "hibernate sandbox "+id)
 	defer c.end(&err)
@@ -116,7 +159,11 @@ func (r *Runtime) Hibernate(ctx context.Context, id string) (_ Hibernation, err 
 		return Hibernation{}, fmt.Errorf("%w: sandbox %s's task is %s", ErrTaskNotRunning, id, st.Status)
 	}
 	if marked == "" && labels[labelRuntime] == RuntimeGVisor {
-		h.Kept = HibernatedMemoryKept
+		if keep.Refused != nil {
+			h.NotKept = "not made, the image would not fit: " + keep.Refused.Error()
+		} else {
+			h.Kept = HibernatedMemoryKept
+		}
 	}
 	c.changes()
 	if marked != h.Kept {
@@ -126,13 +173,17 @@ func (r *Runtime) Hibernate(ctx context.Context, id string) (_ Hibernation, err 
 	}
 	if h.Kept == HibernatedMemoryKept && live {
 		saved := time.Now()
-		if err := r.checkpoint(c.parent, task, id, st.Status != containerd.Running); err != nil {
+		if err := r.checkpoint(c.parent, task, id, st.Status != containerd.Running, keep.Ask); err != nil {
 			h.Kept, h.NotKept = HibernatedProcessesEnded, err.Error()
 			if _, err := container.SetLabels(ctx, map[string]string{labelHibernated: h.Kept}); err != nil {
 				return Hibernation{}, r.containerError(id, err)
 			}
 		} else {
 			h.Saved = time.Since(saved)
+			h.ImageBytes = dirBytes(r.checkpointDir(id))
+			if _, err := container.SetLabels(ctx, map[string]string{labelCheckpointBytes: strconv.FormatUint(h.ImageBytes, 10)}); err != nil {
+				return Hibernation{}, r.containerError(id, err)
+			}
 		}
 	}
 	if err := r.deleteTask(ctx, container); err != nil {
@@ -157,15 +208,22 @@ func (r *Runtime) checkpointDir(id string) string {
 	return filepath.Join(r.hostDir(id), "checkpoint")
 }
 
+// wakeTokenPath is the file of the wake token of sandbox id's last
+// quiesce (hex), beside its checkpoint image: the restore proves it to the
+// agent (writeWake), whichever berthd runs it.
+func (r *Runtime) wakeTokenPath(id string) string {
+	return filepath.Join(r.hostDir(id), "wake-token")
+}
+
 // checkpoint saves gVisor task's memory and processes into
 // checkpointDir(id) and leaves the task exited: it resumes a paused task
 // (paused), asks its agent to close its host sockets and waits for it
-// (quiesce), then runs runsc checkpoint through the runc shim
+// (quiesce, through ask), then runs runsc checkpoint through the runc shim
 // (task.Checkpoint with an image path; containerd pauses the task around
 // it). It is not cut off by ctx's cancel (a checkpoint half made is
 // nothing), only bounded. On failure the image is removed and the task is
 // left running, its agent quiet: the caller kills it.
-func (r *Runtime) checkpoint(ctx context.Context, task containerd.Task, id string, paused bool) error {
+func (r *Runtime) checkpoint(ctx context.Context, task containerd.Task, id string, paused bool, ask Quiescer) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), quiesceTimeout+checkpointTimeout)
 	defer cancel()
 	dir := r.checkpointDir(id)
@@ -177,7 +235,7 @@ func (r *Runtime) checkpoint(ctx context.Context, task containerd.Task, id strin
 			return fmt.Errorf("resume the paused task for its agent to quiesce: %w", err)
 		}
 	}
-	if err := r.quiesce(ctx, task, id); err != nil {
+	if err := r.quiesce(ctx, ask, id); err != nil {
 		return err
 	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -230,13 +288,31 @@ func withCheckpointExit(info *containerd.CheckpointTaskInfo) error {
 	return nil
 }
 
-// quiesce asks task's agent to close its listener and connections
-// (quiesce.Close) and waits, at most quiesceTimeout, for its quiesce.Mark
-// in the run directory.
-func (r *Runtime) quiesce(ctx context.Context, task containerd.Task, id string) error {
+// quiesce asks sandbox id's agent through ask to close its listener and
+// connections, with a new wake token (kept in wakeTokenPath for the
+// restore) and berthd's proof of the sandbox's secret, and waits, at most
+// quiesceTimeout, for its quiesce.Mark in the run directory.
+func (r *Runtime) quiesce(ctx context.Context, ask Quiescer, id string) error {
+	if ask == nil {
+		return errors.New("berthd cannot reach the agent to ask it to quiesce")
+	}
+	secret, err := r.agentSecret(ctx, id)
+	if err != nil {
+		return err
+	}
+	if secret == nil {
+		return errors.New("the sandbox's agent has no secret (a sandbox of a berth before agent secrets): nothing would prove berthd's ask to quiesce")
+	}
+	token := agentproof.NewWakeToken()
+	if err := os.WriteFile(r.wakeTokenPath(id), []byte(hex.EncodeToString(token)), 0o600); err != nil {
+		return fmt.Errorf("keep the wake token: %w", err)
+	}
 	mark := filepath.Join(filepath.Dir(r.SocketPath(id)), quiesce.Mark)
 	os.Remove(mark)
-	if err := task.Kill(ctx, quiesce.Close); err != nil {
+	askCtx, cancel := context.WithTimeout(ctx, quiesceTimeout)
+	err = ask(askCtx, token, agentproof.ProveQuiesce(secret, token))
+	cancel()
+	if err != nil {
 		return fmt.Errorf("ask the agent to quiesce: %w", err)
 	}
 	deadline := time.Now().Add(quiesceTimeout)
@@ -245,7 +321,7 @@ func (r *Runtime) quiesce(ctx context.Context, task containerd.Task, id string) 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the agent did not close its sockets within %s (an agent of a berth before memory hibernation?)", quiesceTimeout)
+			return fmt.Errorf("the agent did not close its sockets within %s", quiesceTimeout)
 		}
 		select {
 		case <-ctx.Done():
@@ -255,15 +331,53 @@ func (r *Runtime) quiesce(ctx context.Context, task containerd.Task, id string) 
 	}
 }
 
+// writeWake proves to sandbox id's restored agent, quiet since the
+// checkpoint, that berthd restored it: agentproof.ProveWake of the wake
+// token of its quiesce, written aside and renamed into quiesce.Wake in its
+// run directory (the agent never reads half of it), owned by the sandbox's
+// root as the secret is (writeSecret).
+func (r *Runtime) writeWake(ctx context.Context, id string, base uint32) error {
+	b, err := os.ReadFile(r.wakeTokenPath(id))
+	if err != nil {
+		return fmt.Errorf("read the wake token: %w", err)
+	}
+	token, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return fmt.Errorf("wake token %s: %w", r.wakeTokenPath(id), err)
+	}
+	secret, err := r.agentSecret(ctx, id)
+	if err != nil {
+		return err
+	}
+	proof := agentproof.ProveWake(secret, token)
+	if proof == nil {
+		return fmt.Errorf("no wake proof: the sandbox has no secret or the token in %s is not %d bytes", r.wakeTokenPath(id), agentproof.TokenBytes)
+	}
+	dir := filepath.Dir(r.SocketPath(id))
+	tmp := filepath.Join(dir, quiesce.Wake+".berthd")
+	err = writeRunFile(tmp, proof, base)
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, quiesce.Wake))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write the wake proof: %w", err)
+	}
+	return nil
+}
+
 // Woken clears sandbox id's hibernation mark once RestartTask started its
 // new task, and removes its checkpoint image. Errors: ErrSandboxNotFound,
 // containerd's.
 func (r *Runtime) Woken(ctx context.Context, id string) error {
-	if err := r.setLabels(ctx, id, map[string]string{labelHibernated: ""}); err != nil {
+	if err := r.setLabels(ctx, id, map[string]string{labelHibernated: "", labelCheckpointBytes: ""}); err != nil {
 		return err
 	}
 	if err := os.RemoveAll(r.checkpointDir(id)); err != nil {
 		return fmt.Errorf("remove the checkpoint image of sandbox %s: %w", id, err)
+	}
+	if err := os.Remove(r.wakeTokenPath(id)); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("remove the wake token of sandbox %s: %w", id, err)
 	}
 	return nil
 }
@@ -273,11 +387,12 @@ func (r *Runtime) Woken(ctx context.Context, id string) error {
 // allows it on top of the agent's answer.
 const RestoreTimeout = 2 * time.Minute
 
-// restore starts a task for gVisor sandbox id from its checkpoint image
-// (runsc restore through the runc shim: NewTask with the image path, then
-// Start) and asks the restored agent to listen again (quiesce.Listen). It
-// returns the new task's host pid. On failure no task is left.
-func (r *Runtime) restore(ctx context.Context, container containerd.Container, id string) (uint32, error) {
+// restore starts a task for gVisor sandbox id, whose root is host id
+// base, from its checkpoint image (runsc restore through the runc shim:
+// NewTask with the image path, then Start) and proves the restore to the
+// agent for it to listen again (writeWake). It returns the new task's host
+// pid. On failure no task is left.
+func (r *Runtime) restore(ctx context.Context, container containerd.Container, id string, base uint32) (uint32, error) {
 	dir := r.checkpointDir(id)
 	entries, err := os.ReadDir(dir)
 	if err != nil || len(entries) == 0 {
@@ -300,7 +415,7 @@ func (r *Runtime) restore(ctx context.Context, container containerd.Container, i
 	if err := task.Start(ctx); err != nil {
 		return fail(fmt.Errorf("runsc restore: %w", err))
 	}
-	if err := task.Kill(ctx, quiesce.Listen); err != nil {
+	if err := r.writeWake(ctx, id, base); err != nil {
 		return fail(fmt.Errorf("ask the restored agent to listen again: %w", err))
 	}
 	return task.Pid(), nil

@@ -28,6 +28,10 @@ const (
 	labelShm         = LabelPrefix + "shm-bytes"    // decimal bytes
 	labelIdleAction  = LabelPrefix + "idle-action"  // IdlePause or IdleHibernate; absent for IdleDelete
 	labelHibernated  = LabelPrefix + "hibernated"   // HibernatedMemoryKept or HibernatedProcessesEnded while hibernated; absent otherwise
+	// labelCheckpointBytes is the size in bytes of a gVisor sandbox's
+	// checkpoint image while it is hibernated with its memory; absent
+	// otherwise (Promised counts it against the disk).
+	labelCheckpointBytes = LabelPrefix + "checkpoint-bytes"
 	// LabelOwner holds the principal that created the sandbox (package
 	// server/auth); absent on warm-pool members no one claimed and on
 	// sandboxes of a berthd that did not record owners.
@@ -121,6 +125,9 @@ func (s SandboxSpec) Digest() string {
 	if s.FromSnapshot != "" {
 		field("from-snapshot", s.FromSnapshot)
 	}
+	if len(s.Volumes) > 0 {
+		field("volumes", volumesLabel(s.Volumes))
+	}
 	field("user", fmt.Sprintf("%d:%d", s.UID, s.GID))
 	field("workdir", s.workDir())
 	field("idle", s.IdleTimeout.String())
@@ -162,6 +169,9 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	}
 	if s.FromSnapshot != "" {
 		labels[labelFromSnapshot] = s.FromSnapshot
+	}
+	if len(s.Volumes) > 0 {
+		labels[labelVolumes] = volumesLabel(s.Volumes)
 	}
 	if s.Fork.Parent != "" {
 		labels[labelForkOf] = s.Fork.Parent
@@ -213,6 +223,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	sb.Expired = labels[labelExpired]
 	sb.HoldUntil, _ = time.Parse(time.RFC3339Nano, labels[labelHoldUntil])
 	sb.FromSnapshot = labels[labelFromSnapshot]
+	sb.Volumes = decodeVolumesLabel(labels[labelVolumes])
 	if sb.Fork.Parent = labels[labelForkOf]; sb.Fork.Parent != "" {
 		sb.Fork.RequestID = labels[labelForkRequest]
 		sb.Fork.Count, _ = strconv.Atoi(labels[labelForkCount])
@@ -244,6 +255,7 @@ func (sb Sandbox) Spec() SandboxSpec {
 		UID: sb.UID, GID: sb.GID, WorkDir: sb.WorkDir,
 		IdleTimeout: sb.IdleTimeout, MaxLifetime: sb.MaxLifetime, Pooled: sb.Pooled, Owner: sb.Owner,
 		Network: sb.Network, IdleAction: sb.IdleAction, FromSnapshot: sb.FromSnapshot, Fork: sb.Fork,
+		Volumes: sb.Volumes,
 	}
 }
 

@@ -22,13 +22,28 @@ type Promise struct {
 	// copy (Stored), the bytes it counts (StoredDisk).
 	DiskBytes uint64
 	// Stored is true for a stored snapshot or a fork's copy (StoredDisk),
-	// which holds disk and nothing else: no sandbox, no memory.
+	// or a hibernated gVisor sandbox's checkpoint image (Promised), which
+	// holds disk and nothing else: no sandbox, no memory.
 	Stored bool
+	// Hibernated is true for a hibernated sandbox: it holds its disk and
+	// no memory (its wake is admitted again).
+	Hibernated bool
 }
+
+// checkpointKeyPrefix prefixes the key (sandbox id) under which Promised
+// lists a hibernated sandbox's checkpoint image.
+const checkpointKeyPrefix = "checkpoint-of/"
+
+// imageKey returns the key under which Promised lists the
+// checkpoint image of sandbox id.
+func imageKey(id string) string { return checkpointKeyPrefix + id }
 
 // Promised returns every sandbox in the namespace with what it was
 // promised, in one containerd call. Stopped sandboxes are included: they
-// keep their promise of memory and hold their disk.
+// keep their promise of memory and hold their disk. A hibernated sandbox
+// holds no memory (Hibernated); the checkpoint image of one hibernated
+// with its memory is listed as a stored copy of its owner's
+// (imageKey: the image's bytes, labelCheckpointBytes).
 func (r *Runtime) Promised(ctx context.Context) (_ map[string]Promise, err error) {
 	c := r.begin(ctx, "list sandboxes' owners and caps")
 	defer c.end(&err)
@@ -42,7 +57,11 @@ func (r *Runtime) Promised(ctx context.Context) (_ map[string]Promise, err error
 	for _, c := range records {
 		mem, _ := strconv.ParseUint(c.Labels[labelMemory], 10, 64)
 		disk, _ := strconv.ParseUint(c.Labels[labelDisk], 10, 64)
-		out[c.ID] = Promise{Owner: c.Labels[LabelOwner], Pooled: c.Labels[labelPool] == "true", MemoryBytes: mem, DiskBytes: disk}
+		out[c.ID] = Promise{Owner: c.Labels[LabelOwner], Pooled: c.Labels[labelPool] == "true", MemoryBytes: mem, DiskBytes: disk,
+			Hibernated: c.Labels[labelHibernated] != ""}
+		if image, err := strconv.ParseUint(c.Labels[labelCheckpointBytes], 10, 64); err == nil && c.Labels[labelHibernated] == HibernatedMemoryKept {
+			out[imageKey(c.ID)] = Promise{Owner: c.Labels[LabelOwner], DiskBytes: image, Stored: true}
+		}
 	}
 	return out, nil
 }

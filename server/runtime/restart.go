@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	containerd "github.com/containerd/containerd/v2/client"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/errdefs"
+
+	"github.com/berth-sandbox/berth/internal/agentproof"
 )
 
 var (
@@ -69,8 +73,17 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 	if err := lockHostDir(r.hostDir(id), labels[labelIDBase] != "", uint32(base)); err != nil {
 		return 0, err
 	}
-	if h := labels[labelAgentSecret]; h != "" {
-		if err := r.writeSecret(id, h, uint32(base)); err != nil {
+	// A restored agent read its secret at its first start: none is
+	// written for it (the workload, sandbox root, could read it there).
+	restoring := labels[labelHibernated] == HibernatedMemoryKept
+	writeSecret := func() error {
+		if h := labels[labelAgentSecret]; h != "" {
+			return r.writeSecret(id, h, uint32(base))
+		}
+		return nil
+	}
+	if !restoring {
+		if err := writeSecret(); err != nil {
 			return 0, err
 		}
 	}
@@ -80,19 +93,30 @@ func (r *Runtime) RestartTask(ctx context.Context, id string, exited uint32) (_ 
 			return 0, err
 		}
 	}
+	// Volumes are mounted again: a host's reboot unmounted them.
+	if vols := decodeVolumesLabel(labels[labelVolumes]); len(vols) > 0 {
+		userns := labels[labelIDBase] != ""
+		if err := r.mountVolumes(id, labels[LabelOwner], vols, userns, uint32(base)); err != nil {
+			return 0, err
+		}
+	}
 	// The shim appends to the log file: the new agent's lines follow the
 	// old one's.
 	if err := r.createLog(id); err != nil {
 		return 0, err
 	}
 	c.changes()
-	if labels[labelHibernated] == HibernatedMemoryKept {
-		pid, err := r.restore(c.parent, container, id)
+	if restoring {
+		os.Remove(filepath.Join(r.hostDir(id), "run", agentproof.SecretFile)) // left by a berthd before this one
+		pid, err := r.restore(c.parent, container, id, uint32(base))
 		if err == nil {
 			return pid, nil
 		}
 		// The files are kept whatever the image holds: a fresh task.
 		r.noteInLog(id, "berthd: the memory checkpoint of this hibernated sandbox could not be restored, a new task starts (processes and memory are lost, files kept): "+err.Error())
+		if err := writeSecret(); err != nil {
+			return 0, err
+		}
 	}
 	task, err = container.NewTask(ctx, cio.LogFile(r.LogPath(id)))
 	if err != nil {

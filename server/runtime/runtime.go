@@ -227,6 +227,12 @@ type Runtime struct {
 	// there are none.
 	quota    *qgroup.FS
 	quotaErr error
+	// volMu serializes volume creates and deletes with the checks of
+	// creates that mount volumes (volume.go); volPending holds those
+	// creates' sandbox ids by volumeKey until their containers exist.
+	volMu        sync.Mutex
+	volPendingMu sync.Mutex
+	volPending   map[string]map[string]bool
 	// pool is the btrfs snapshotter's root when quota is set: the file
 	// system of every sandbox's writable snapshot (PoolFullError).
 	pool string
@@ -411,6 +417,9 @@ type SandboxSpec struct {
 	// Fork records, on a sandbox ForkSandbox makes, the call that made
 	// it; the zero value for any other sandbox. Not part of Digest.
 	Fork ForkOrigin
+	// Volumes are Owner's volumes mounted into the sandbox (volume.go),
+	// paths already validated; none for a warm-pool member.
+	Volumes []VolumeMount
 }
 
 // ForkOrigin is the ForkSandbox call a sandbox comes from.
@@ -493,9 +502,10 @@ type Sandbox struct {
 	HibernationMark string
 	// IdleAction is as in SandboxSpec, IdleDelete when none was recorded.
 	IdleAction string
-	// FromSnapshot and Fork are as in SandboxSpec.
+	// FromSnapshot, Fork and Volumes are as in SandboxSpec.
 	FromSnapshot string
 	Fork         ForkOrigin
+	Volumes      []VolumeMount
 	// TaskPID is the task's host pid; zero when there is no task.
 	TaskPID uint32
 	// SocketPath is the host path of the agent's socket.
@@ -599,7 +609,15 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	labels[labelAgentSecret] = secret
 	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
+	releaseVolumes, err := r.claimVolumes(spec)
+	if err != nil {
+		return err
+	}
+	defer releaseVolumes()
 	specOpts := r.specOpts(image, spec, dir)
+	if len(spec.Volumes) > 0 {
+		specOpts = append(specOpts, r.withVolumes(spec))
+	}
 	// One containerd read, no file of berthd's own (the cgroups were
 	// probed at start): its failure is containerd's, classified by end.
 	pinStep, cancelPin := c.step()
@@ -715,6 +733,9 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		return err
 	}
 	if err := r.writeSecret(spec.ID, secret, base); err != nil {
+		return err
+	}
+	if err := r.mountVolumes(spec.ID, spec.Owner, spec.Volumes, spec.userns(), base); err != nil {
 		return err
 	}
 	if err := r.createLog(spec.ID); err != nil {
@@ -1213,6 +1234,9 @@ func (r *Runtime) removeHostDir(id string) error {
 			return err
 		}
 		if err = unmountRoot(r.rootDir(id)); err != nil {
+			return err
+		}
+		if err = r.unmountVolumes(id); err != nil {
 			return err
 		}
 		if err = os.RemoveAll(r.hostDir(id)); !errors.Is(err, unix.EBUSY) {

@@ -101,16 +101,22 @@ func (v AgentVerifier) Secret(ctx context.Context, path string) ([]byte, error) 
 	if err != nil {
 		return nil, err
 	}
-	if b, ok := v.r.secrets.get(id); ok {
+	return v.r.agentSecret(ctx, id)
+}
+
+// agentSecret returns sandbox id's agent secret, nil for a sandbox created
+// without one.
+func (r *Runtime) agentSecret(ctx context.Context, id string) ([]byte, error) {
+	if b, ok := r.secrets.get(id); ok {
 		return b, nil
 	}
-	container, err := v.r.client.LoadContainer(ctx, id)
+	container, err := r.client.LoadContainer(ctx, id)
 	if err != nil {
-		return nil, v.r.containerError(id, err)
+		return nil, r.containerError(id, err)
 	}
 	labels, err := container.Labels(ctx)
 	if err != nil {
-		return nil, v.r.containerError(id, err)
+		return nil, r.containerError(id, err)
 	}
 	var secret []byte
 	if h := labels[labelAgentSecret]; h != "" {
@@ -118,7 +124,7 @@ func (v AgentVerifier) Secret(ctx context.Context, path string) ([]byte, error) 
 			return nil, fmt.Errorf("sandbox %s: %w", id, err)
 		}
 	}
-	v.r.secrets.set(id, secret)
+	r.secrets.set(id, secret)
 	return secret, nil
 }
 
@@ -133,21 +139,28 @@ func (v AgentVerifier) Refused(path string) {
 // agent to read at start, owned by the sandbox's root (host id base) and
 // readable by it alone.
 func (r *Runtime) writeSecret(id, hexSecret string, base uint32) error {
-	path := filepath.Join(r.hostDir(id), "run", agentproof.SecretFile)
+	if err := writeRunFile(filepath.Join(r.hostDir(id), "run", agentproof.SecretFile), []byte(hexSecret), base); err != nil {
+		return fmt.Errorf("write the agent secret: %w", err)
+	}
+	return nil
+}
+
+// writeRunFile writes data to a new file at path in a sandbox's run
+// directory (replacing what is there, never through a symlink the
+// workload put there), mode 0400, owned by the sandbox's root (host id
+// base).
+func writeRunFile(path string, data []byte, base uint32) error {
 	os.Remove(path)
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
 	if err != nil {
-		return fmt.Errorf("write the agent secret: %w", err)
+		return err
 	}
-	_, err = f.WriteString(hexSecret)
+	_, err = f.Write(data)
 	if err == nil {
 		err = f.Chown(int(base), int(base))
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return fmt.Errorf("write the agent secret: %w", err)
-	}
-	return nil
+	return err
 }

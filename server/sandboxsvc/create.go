@@ -137,6 +137,11 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 		}
 		spec.FromSnapshot = snapID
 	}
+	vols, verr := volumeMounts(req.GetVolumes())
+	if verr != nil {
+		return spec, verr
+	}
+	spec.Volumes = vols
 	if err := validate.Labels("labels", spec.Labels); err != nil {
 		return spec, err
 	}
@@ -558,4 +563,34 @@ func (s *Service) defaultResources(spec *runtime.SandboxSpec) {
 	if spec.OpenFiles == 0 {
 		spec.OpenFiles = s.cfg.DefaultOpenFiles
 	}
+}
+
+// volumeMounts checks a create's volume mounts: at most
+// runtime.MaxVolumeMounts, each a volume name and a path no other mount
+// shares or nests in (INVALID_ARGUMENT naming volumes[N].name or
+// volumes[N].path).
+func volumeMounts(in []*berthv1.VolumeMount) ([]runtime.VolumeMount, error) {
+	if len(in) > runtime.MaxVolumeMounts {
+		return nil, apierr.InvalidArgument("volumes", fmt.Sprintf("has %d mounts, at most %d", len(in), runtime.MaxVolumeMounts))
+	}
+	out := make([]runtime.VolumeMount, 0, len(in))
+	for i, m := range in {
+		if err := runtime.VolumeNameError(m.GetName()); err != nil {
+			return nil, apierr.InvalidArgument(fmt.Sprintf("volumes[%d].name", i), err.Error())
+		}
+		field := fmt.Sprintf("volumes[%d].path", i)
+		if err := runtime.VolumeMountPathError(m.GetPath()); err != nil {
+			return nil, apierr.InvalidArgument(field, err.Error())
+		}
+		for j, o := range out {
+			if o.Path == m.GetPath() || strings.HasPrefix(m.GetPath(), o.Path+"/") || strings.HasPrefix(o.Path, m.GetPath()+"/") {
+				return nil, apierr.InvalidArgument(field, fmt.Sprintf("%s overlaps volumes[%d].path %s: one volume per path, none inside another", textsafe.Quote(m.GetPath()), j, textsafe.Quote(o.Path)))
+			}
+		}
+		out = append(out, runtime.VolumeMount{Name: m.GetName(), Path: m.GetPath(), ReadOnly: m.GetReadOnly()})
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
 }

@@ -69,6 +69,7 @@ func (s *Service) Describe(sb runtime.Sandbox, info *agentv1.InfoResponse, usage
 		Cpuset:        sb.CPUSet,
 		IdleAction:    berthv1.IdleAction_IDLE_ACTION_DELETE,
 		ForkedFrom:    sb.Fork.Parent,
+		Volumes:       volumeMountsProto(sb.Volumes),
 	}
 	switch sb.IdleAction {
 	case runtime.IdlePause:
@@ -151,4 +152,13 @@ func rootIDMapping(rootFS string) berthv1.RootIDMapping {
 		return berthv1.RootIDMapping_ROOT_ID_MAPPING_CHOWNED_COPY
 	}
 	return berthv1.RootIDMapping_ROOT_ID_MAPPING_HOST
+}
+
+// volumeMountsProto is the API's view of a sandbox's volume mounts.
+func volumeMountsProto(in []runtime.VolumeMount) []*berthv1.VolumeMount {
+	var out []*berthv1.VolumeMount
+	for _, m := range in {
+		out = append(out, &berthv1.VolumeMount{Name: m.Name, Path: m.Path, ReadOnly: m.ReadOnly})
+	}
+	return out
 }

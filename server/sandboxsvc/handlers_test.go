@@ -260,7 +260,7 @@ func (f *fakeStore) Pause(ctx context.Context, id string) error {
 	return ctx.Err()
 }
 
-func (f *fakeStore) Hibernate(_ context.Context, id string) (runtime.Hibernation, error) {
+func (f *fakeStore) Hibernate(_ context.Context, id string, _ runtime.KeepMemory) (runtime.Hibernation, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.hibernated = append(f.hibernated, id)
@@ -434,6 +434,15 @@ func TestCreateSandboxIdempotent(t *testing.T) {
 		{"runtime", func(r *berthv1.CreateSandboxRequest) { r.Runtime = runtime.RuntimeGVisor }, "runtime"},
 		{"host_users", func(r *berthv1.CreateSandboxRequest) { r.HostUsers = true }, "host_users"},
 		{"from_snapshot", func(r *berthv1.CreateSandboxRequest) { r.FromSnapshot = testSnapshotID }, "from_snapshot"},
+		{"volumes.name", func(r *berthv1.CreateSandboxRequest) {
+			r.Volumes = []*berthv1.VolumeMount{{Name: "data", Path: "/data"}}
+		}, "volumes"},
+		{"volumes.path", func(r *berthv1.CreateSandboxRequest) {
+			r.Volumes = []*berthv1.VolumeMount{{Name: "data", Path: "/other"}}
+		}, "volumes"},
+		{"volumes.read_only", func(r *berthv1.CreateSandboxRequest) {
+			r.Volumes = []*berthv1.VolumeMount{{Name: "data", Path: "/data", ReadOnly: true}}
+		}, "volumes"},
 	}
 	// Fields that are not part of a sandbox's spec, and why.
 	notSpec := map[string]string{

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"log/slog"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -95,6 +96,7 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		journal     *apierr.Journal
 		storeFull   *runtime.ImageStoreFull
 		poolFull    *runtime.PoolFullError
+		volumeInUse *runtime.VolumeInUseError
 	)
 	switch {
 	case errors.As(err, &invalid):
@@ -144,6 +146,14 @@ func (b *Boundary) Status(ctx context.Context, err error) error {
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotUnsupported, msg, meta)
 	case errors.Is(err, runtime.ErrSnapshotInUse):
 		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotInUse, msg, meta)
+	case errors.As(err, &volumeInUse):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonVolumeInUse, msg, merge(meta, map[string]string{"volume": volumeInUse.Name, "sandbox_ids": strings.Join(volumeInUse.SandboxIDs, ",")}))
+	case errors.Is(err, runtime.ErrVolumeNotFound):
+		return rpcstatus.Error(codes.NotFound, rpcstatus.ReasonVolumeNotFound, msg, meta)
+	case errors.Is(err, runtime.ErrVolumeExists):
+		return rpcstatus.Error(codes.AlreadyExists, rpcstatus.ReasonVolumeExists, msg, meta)
+	case errors.Is(err, runtime.ErrVolumeUnsupported):
+		return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonVolumeUnsupported, msg, meta)
 	case errors.Is(err, runtime.ErrSnapshotLimit):
 		return rpcstatus.Error(codes.ResourceExhausted, rpcstatus.ReasonSnapshotLimit, msg, meta)
 	case errors.Is(err, runtime.ErrSandboxExists):

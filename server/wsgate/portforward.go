@@ -30,7 +30,7 @@ func (h *Handler) portForward(ctx context.Context, s *session) error {
 	}
 	callCtx, cancel := context.WithCancel(s.callContext(ctx, hi.Token))
 	defer cancel()
-	stream, err := berthv1.NewSandboxServiceClient(s.ip.conn).PortForward(callCtx)
+	stream, err := berthv1.NewSandboxServiceClient(s.ip).PortForward(callCtx)
 	if err != nil {
 		return err
 	}

@@ -76,7 +76,7 @@ func (h *Handler) terminal(ctx context.Context, s *session) error {
 	}
 	callCtx, cancel := context.WithCancel(s.callContext(ctx, hi.Token))
 	defer cancel()
-	stream, err := berthv1.NewSandboxServiceClient(s.ip.conn).Exec(callCtx)
+	stream, err := berthv1.NewSandboxServiceClient(s.ip).Exec(callCtx)
 	if err != nil {
 		return err
 	}

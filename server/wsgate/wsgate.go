@@ -35,6 +35,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
+	"github.com/berth-sandbox/berth/server/inproc"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -117,7 +118,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(h.cfg.MaxMessageBytes)
 	ctx := r.Context()
-	ip, err := dialInProcess(ctx, h.srv, stringAddr(r.RemoteAddr), localAddr(r), slog.NewLogLogger(h.cfg.Log.Handler(), slog.LevelDebug))
+	ip, err := inproc.Dial(ctx, h.srv, inproc.RemoteAddr(r), inproc.LocalAddr(r), slog.NewLogLogger(h.cfg.Log.Handler(), slog.LevelDebug))
 	if err != nil {
 		h.cfg.Log.Error("WebSocket session: in-process connection to berthd", slog.Any("error", err))
 		ws.Close(websocket.StatusInternalError, "berthd could not serve the session")
@@ -133,7 +134,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // session is one WebSocket and the in-process connection of its calls.
 type session struct {
 	ws     *websocket.Conn
-	ip     *inProcess
+	ip     *inproc.Conn
 	header string // the upgrade request's Authorization header
 
 	wg       sync.WaitGroup // pump's goroutine
@@ -319,19 +320,4 @@ func cut(s string, n int) string {
 // invalidArgument is a session's own refusal of what the client sent.
 func invalidArgument(msg string) error {
 	return rpcstatus.Error(codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, msg, nil)
-}
-
-// stringAddr is an address known by its text only (http.Request's
-// RemoteAddr).
-type stringAddr string
-
-func (a stringAddr) Network() string { return "tcp" }
-func (a stringAddr) String() string  { return string(a) }
-
-// localAddr is the address r arrived on, as net/http records it.
-func localAddr(r *http.Request) net.Addr {
-	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && a != nil {
-		return a
-	}
-	return stringAddr("")
 }

@@ -20,13 +20,15 @@ from berth._errors import (
 from berth._connection import DEFAULT_ADDR, Connection, RetryPolicy
 from berth._commands import CommandHandle, CommandResult, Commands
 from berth._files import FileInfo, Files
+from berth._watch import FileWatch
 from berth._sessions import Session, Sessions
 from berth._ports import PortForward, Ports
 from berth._sandbox import DEFAULT_IMAGE, Sandbox
+from berth._volumes import Volumes
 
 __all__ = [
     "__version__", "Sandbox", "Connection", "RetryPolicy", "DEFAULT_ADDR", "DEFAULT_IMAGE",
-    "Commands", "CommandHandle", "CommandResult", "Sessions", "Session", "Files", "FileInfo", "Ports", "PortForward",
+    "Commands", "CommandHandle", "CommandResult", "Sessions", "Session", "Files", "FileInfo", "FileWatch", "Ports", "PortForward", "Volumes",
     "BerthError", "InvalidArgument", "Unauthenticated", "NotPermitted", "NotFound", "SandboxNotFound",
     "ExecNotFound", "ImageNotFound", "FileNotFound", "FileExists", "FilePermissionDenied", "PortClosed",
     "FleetBusy", "Unreachable", "RuntimeReplaced", "StaleHandle", "DependencyFailure", "ProtocolError",

@@ -17,6 +17,7 @@ import grpc
 
 from berth._connection import Connection
 from berth._errors import BerthError, FileNotFound, ProtocolError, from_rpc_error, timestamp
+from berth._watch import FileWatch, open_watch
 from berth.v1 import file_pb2
 
 #: The largest chunk sent in one WriteFile or Upload message (the proto's
@@ -161,6 +162,16 @@ class Files:
             raise from_rpc_error(e) from None
         finally:
             call.cancel()
+
+    def watch(self, path: str, *, recursive: bool = False, include: Optional[List[str]] = None,
+              watch_id: Optional[str] = None, since_seq: int = 0, buffer_events: int = 0) -> FileWatch:
+        """Opens (or, with watch_id of an existing watch, resumes after
+        since_seq) a watch of the directory path: a FileWatch to iterate
+        for create/write/remove/rename events and overflow notes
+        (docs/watch.md). include: shell patterns on file names. Raises
+        FileNotFound, InvalidArgument, BerthError NOT_A_DIRECTORY."""
+        return open_watch(self._conn, self._id, path, recursive=recursive, include=include, watch_id=watch_id,
+                          since_seq=since_seq, buffer_events=buffer_events)
 
     def read(self, path: str, *, offset: int = 0, limit: int = 0) -> bytes:
         """The file's bytes (read_stream for large files)."""

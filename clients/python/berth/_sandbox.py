@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Iterable, Optional, Tuple, Union
 
 from berth._commands import Commands
 from berth._sessions import Sessions
@@ -11,6 +11,7 @@ from berth._connection import Connection
 from berth._errors import SandboxNotFound, duration
 from berth._files import Files
 from berth._ports import Ports
+from berth._volumes import VolumeMountSpec, volume_mounts
 from berth.v1 import sandbox_pb2
 
 #: The image Sandbox.create uses when none is given and $BERTH_IMAGE is unset.
@@ -58,6 +59,7 @@ class Sandbox:
                sandbox_id: Optional[str] = None, memory_bytes: Optional[int] = None, cpu_millis: Optional[int] = None,
                disk_bytes: Optional[int] = None, idle_timeout: Optional[float] = None, max_lifetime: Optional[float] = None,
                runtime: Optional[str] = None, network: Optional[str] = None, from_snapshot: Optional[str] = None,
+               volumes: Optional[Iterable[VolumeMountSpec]] = None,
                timeout: Optional[float] = 120.0, connection: Optional[Connection] = None, addr: Optional[str] = None,
                token: Optional[str] = None, **conn_kw) -> "Sandbox":
         """Creates a sandbox and returns it once it runs.
@@ -71,6 +73,8 @@ class Sandbox:
         /workspace), labels. memory_bytes, cpu_millis, disk_bytes: limits
         (unset: the server's defaults). idle_timeout and max_lifetime in
         seconds. runtime: "runc" or "gvisor"; network: "none" or "egress".
+        volumes: the caller's volumes (berth.Volumes) to mount, each
+        "NAME:PATH[:ro]", (name, path[, read_only]) or a VolumeMount.
         sandbox_id names it (else berthd mints one); a create retried by the
         retry policy after a failure that ran nothing is safe.
 
@@ -80,7 +84,8 @@ class Sandbox:
         the retries), ImageNotFound, InvalidArgument, ..."""
         req = sandbox_pb2.CreateSandboxRequest(sandbox_id=sandbox_id or "", image=image or os.environ.get("BERTH_IMAGE") or DEFAULT_IMAGE,
                                                labels=labels or {}, env=env or {}, user=_user(user), workdir=workdir or "",
-                                               runtime=runtime or "", from_snapshot=from_snapshot or "")
+                                               runtime=runtime or "", from_snapshot=from_snapshot or "",
+                                               volumes=volume_mounts(volumes))
         if memory_bytes is not None:
             req.resources.memory_bytes = memory_bytes
         if cpu_millis is not None:

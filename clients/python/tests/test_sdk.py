@@ -21,7 +21,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import berth  # noqa: E402
-from berth.v1 import exec_pb2  # noqa: E402
+from berth.v1 import exec_pb2, watch_pb2  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ADDR = os.environ.get("BERTH_ADDR")
@@ -200,6 +200,51 @@ class SDKTest(unittest.TestCase):
         finally:
             s.delete()
         self.assertNotIn(s.id, [i.session_id for i in self.sb.sessions.list()])
+
+    def test_watch(self):
+        """files.watch sees 20 creations exactly once each across a
+        reconnect that resumes from the last seq."""
+        sb = self.sb
+        sb.files.make_dir("/workspace/watched")
+        w = sb.files.watch("/workspace/watched", include=["f-*"])
+        seen = []
+        try:
+            self.assertEqual(sb.commands.run("cd /workspace/watched && for i in $(seq 1 20); do : > f-$i; done").exit_code, 0)
+            for ev in w.next_events(10):
+                self.assertIsInstance(ev, watch_pb2.FileEvent)
+                seen.append(ev.path)
+        finally:
+            w.close()
+        with sb.files.watch("/workspace/watched", watch_id=w.watch_id, since_seq=w.last_seq) as again:
+            self.assertEqual(again.watch_id, w.watch_id)
+            seen += [ev.path for ev in again.next_events(10)]
+        self.assertEqual(sorted(seen), sorted(f"/workspace/watched/f-{i}" for i in range(1, 21)))
+
+    def test_volume(self):
+        """A volume written by one sandbox is read by another mounting it
+        read-only, outlives both, refuses deletion while mounted and lists
+        its usage."""
+        vols = berth.Volumes(self.conn)
+        name = "py-" + os.urandom(4).hex()
+        v = vols.create(name, quota_bytes=4 << 20)
+        try:
+            self.assertEqual((v.name, v.quota_bytes), (name, 4 << 20))
+            with berth.Sandbox.create(user="1000:1000", volumes=[(name, "/data")], connection=self.conn) as a:
+                self.assertEqual(a.commands.run("echo hi > /data/f").exit_code, 0)
+                with berth.Sandbox.create(volumes=[f"{name}:/ro:ro"], connection=self.conn) as b:
+                    self.assertEqual(b.commands.run("cat /ro/f").stdout, b"hi\n")
+                    self.assertNotEqual(b.commands.run("echo x > /ro/g").exit_code, 0)
+                    self.assertEqual(sorted(vols.get(name).sandbox_ids), sorted([a.id, b.id]))
+                    with self.assertRaises(berth.BerthError) as cm:
+                        vols.delete(name)
+                    self.assertEqual(cm.exception.reason, "VOLUME_IN_USE")
+            self.assertIn(name, [x.name for x in vols.list()])
+            self.assertGreater(vols.get(name).used_bytes, 0)
+        finally:
+            vols.delete(name)
+        with self.assertRaises(berth.BerthError) as cm:
+            vols.get(name)
+        self.assertEqual(cm.exception.reason, "VOLUME_NOT_FOUND")
 
     def test_background_commands(self):
         sb = self.sb

@@ -11,6 +11,9 @@ export { Connection, ConnectionOptions, RetryPolicy, DEFAULT_ADDR } from "./sdk/
 export { Commands, CommandHandle, CommandResult, CommandInfo, RunOptions, OutputCallback, StdinData } from "./sdk/commands";
 export { Files, FileInfo, FileKind, WriteData, WriteOptions, UploadSummary } from "./sdk/files";
 export { Ports, PortForward } from "./sdk/ports";
+export { Sessions, Session, SessionOptions, SessionRunOptions } from "./sdk/sessions";
+export { Volumes, VolumeMountSpec } from "./sdk/volumes";
+export { FileWatch, WatchEvent, WatchOptions } from "./sdk/watch";
 export {
   BerthError, InvalidArgument, Unauthenticated, NotPermitted, NotFound, SandboxNotFound, ExecNotFound, ImageNotFound, FileNotFound,
   FileExists, FilePermissionDenied, PortClosed, FleetBusy, Unreachable, RuntimeReplaced, StaleHandle, DependencyFailure, ProtocolError, FieldViolation,
@@ -29,6 +32,9 @@ export * as sandbox from "./gen/berth/v1/sandbox";
 export * as exec from "./gen/berth/v1/exec";
 export * as file from "./gen/berth/v1/file";
 export * as image from "./gen/berth/v1/image";
+export * as session from "./gen/berth/v1/session";
+export * as volume from "./gen/berth/v1/volume";
+export * as watch from "./gen/berth/v1/watch";
 export * as errors from "./gen/berth/v1/errors";
 // The typed details' messages are errors.FleetBusy, errors.Unreachable, ...:
 // the top-level FleetBusy, Unreachable, ... are the SDK's error classes.

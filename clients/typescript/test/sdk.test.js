@@ -248,6 +248,76 @@ test("port forward", async () => {
   }
 });
 
+test("shell session keeps state between commands", async () => {
+  const s = await sb.sessions.create({ shell: "bash", name: "ts" });
+  try {
+    assert.equal((await s.run("cd /tmp; export A=1; f() { echo $A; }")).exitCode, 0);
+    const r = await s.run("pwd; f");
+    assert.deepEqual([r.stdout, r.exitCode], ["/tmp\n1\n", 0]);
+    assert.equal((await s.run("false")).exitCode, 1);
+    const slow = await s.run("sleep 100", { timeout: 1 });
+    assert.equal(slow.timedOut, true);
+    assert.equal(slow.exitCode, 130);
+    assert.equal((await s.run("echo $A")).stdout, "1\n");
+    assert.ok((await sb.sessions.list()).some((i) => i.sessionId === s.id));
+  } finally {
+    await s.delete();
+  }
+  assert.ok(!(await sb.sessions.list()).some((i) => i.sessionId === s.id));
+});
+
+test("files.watch resumes without missing or repeating", async () => {
+  await sb.files.makeDir("/workspace/watched-ts");
+  const w = await sb.files.watch("/workspace/watched-ts", { include: ["f-*"] });
+  const seen = [];
+  try {
+    assert.equal((await sb.commands.run("cd /workspace/watched-ts && for i in $(seq 1 20); do : > f-$i; done")).exitCode, 0);
+    for (const ev of await w.next(10)) {
+      assert.equal(ev.kind, "file");
+      seen.push(ev.event.path);
+    }
+  } finally {
+    w.close();
+  }
+  const again = await sb.files.watch("/workspace/watched-ts", { watchId: w.watchId, sinceSeq: w.lastSeq });
+  try {
+    assert.equal(again.watchId, w.watchId);
+    for (const ev of await again.next(10)) seen.push(ev.event.path);
+  } finally {
+    again.close();
+  }
+  const want = Array.from({ length: 20 }, (_, i) => `/workspace/watched-ts/f-${i + 1}`);
+  assert.deepEqual([...seen].sort(), want.sort());
+});
+
+test("volume shared between sandboxes, refused deletion in use", async () => {
+  const vols = new berth.Volumes({ connection: conn });
+  const name = "ts-" + crypto.randomBytes(4).toString("hex");
+  const v = await vols.create(name, { quotaBytes: 4 << 20 });
+  try {
+    assert.equal(v.name, name);
+    const a = await berth.Sandbox.create({ user: "1000:1000", volumes: [`${name}:/data`], connection: conn });
+    try {
+      assert.equal((await a.commands.run("echo hi > /data/f")).exitCode, 0);
+      const b = await berth.Sandbox.create({ volumes: [{ name, path: "/ro", readOnly: true }], connection: conn });
+      try {
+        assert.equal((await b.commands.run("cat /ro/f")).stdout, "hi\n");
+        assert.notEqual((await b.commands.run("echo x > /ro/g")).exitCode, 0);
+        assert.deepEqual([...(await vols.get(name)).sandboxIds].sort(), [a.id, b.id].sort());
+        await assert.rejects(vols.delete(name), (e) => e instanceof berth.BerthError && e.reason === "VOLUME_IN_USE");
+      } finally {
+        await b.kill();
+      }
+    } finally {
+      await a.kill();
+    }
+    assert.ok((await vols.list()).some((x) => x.name === name));
+  } finally {
+    await vols.delete(name);
+  }
+  await assert.rejects(vols.get(name), (e) => e instanceof berth.BerthError && e.reason === "VOLUME_NOT_FOUND");
+});
+
 test("await using deletes a created sandbox", async () => {
   let id;
   {

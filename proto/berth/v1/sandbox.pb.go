@@ -860,7 +860,10 @@ type Sandbox struct {
 	IdleAction IdleAction `protobuf:"varint,32,opt,name=idle_action,json=idleAction,proto3,enum=berth.v1.IdleAction" json:"idle_action,omitempty"`
 	// forked_from is the id of the sandbox ForkSandbox made this one from;
 	// empty for a sandbox made otherwise.
-	ForkedFrom    string `protobuf:"bytes,33,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	ForkedFrom string `protobuf:"bytes,33,opt,name=forked_from,json=forkedFrom,proto3" json:"forked_from,omitempty"`
+	// volumes are the volumes mounted into the sandbox at create
+	// (CreateSandboxRequest.volumes).
+	Volumes       []*VolumeMount `protobuf:"bytes,34,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1126,6 +1129,13 @@ func (x *Sandbox) GetForkedFrom() string {
 	return ""
 }
 
+func (x *Sandbox) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
+}
+
 // CreateSandboxRequest asks for a new sandbox.
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1201,7 +1211,16 @@ type CreateSandboxRequest struct {
 	// NOT_FOUND (SNAPSHOT_NOT_FOUND), FAILED_PRECONDITION
 	// (SNAPSHOT_UNSUPPORTED) for a sandbox without an idmapped root
 	// (host_users, gVisor).
-	FromSnapshot  string `protobuf:"bytes,15,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	FromSnapshot string `protobuf:"bytes,15,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	// volumes mounts the caller's volumes (CreateVolume) into the sandbox,
+	// read-write or read-only, at most 16. A file one sandbox's user writes
+	// there is that same user's in every other sandbox that mounts the
+	// volume (each sandbox's ids are mapped at mount time). Errors:
+	// INVALID_ARGUMENT naming the field (volumes[N].name, volumes[N].path),
+	// NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_UNSUPPORTED:
+	// not the btrfs snapshotter with quotas, a kernel that cannot idmap, or
+	// a fleet).
+	Volumes       []*VolumeMount `protobuf:"bytes,16,rep,name=volumes,proto3" json:"volumes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1339,6 +1358,13 @@ func (x *CreateSandboxRequest) GetFromSnapshot() string {
 		return x.FromSnapshot
 	}
 	return ""
+}
+
+func (x *CreateSandboxRequest) GetVolumes() []*VolumeMount {
+	if x != nil {
+		return x.Volumes
+	}
+	return nil
 }
 
 // CreateSandboxResponse returns the created sandbox.
@@ -2868,7 +2894,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x15berth/v1/volume.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -2896,7 +2922,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\ragent_boot_id\x18\x01 \x01(\tR\vagentBootId\x12\x19\n" +
 	"\btask_pid\x18\x02 \x01(\rR\ataskPid\x129\n" +
 	"\n" +
-	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xb6\v\n" +
+	"started_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"\xe7\v\n" +
 	"\aSandbox\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05image\x18\x02 \x01(\tR\x05image\x12,\n" +
@@ -2939,10 +2965,11 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vidle_action\x18  \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
 	"idleAction\x12\x1f\n" +
 	"\vforked_from\x18! \x01(\tR\n" +
-	"forkedFrom\x1a9\n" +
+	"forkedFrom\x12/\n" +
+	"\avolumes\x18\" \x03(\v2\x15.berth.v1.VolumeMountR\avolumes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb2\x06\n" +
 	"\x14CreateSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -2963,7 +2990,8 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\anetwork\x18\r \x01(\v2\x17.berth.v1.NetworkPolicyR\anetwork\x125\n" +
 	"\vidle_action\x18\x0e \x01(\x0e2\x14.berth.v1.IdleActionR\n" +
 	"idleAction\x12#\n" +
-	"\rfrom_snapshot\x18\x0f \x01(\tR\ffromSnapshot\x1a9\n" +
+	"\rfrom_snapshot\x18\x0f \x01(\tR\ffromSnapshot\x12/\n" +
+	"\avolumes\x18\x10 \x03(\v2\x15.berth.v1.VolumeMountR\avolumes\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a6\n" +
@@ -3112,7 +3140,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vHibernation\x12\x1b\n" +
 	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x01\x12\x1b\n" +
-	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\xe0\x0f\n" +
+	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\x90\x12\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -3144,7 +3172,11 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\rListSnapshots\x12\x1e.berth.v1.ListSnapshotsRequest\x1a\x1f.berth.v1.ListSnapshotsResponse\x12S\n" +
 	"\x0eDeleteSnapshot\x12\x1f.berth.v1.DeleteSnapshotRequest\x1a .berth.v1.DeleteSnapshotResponse\x12J\n" +
 	"\vForkSandbox\x12\x1c.berth.v1.ForkSandboxRequest\x1a\x1d.berth.v1.ForkSandboxResponse\x12S\n" +
-	"\x0eCommitSnapshot\x12\x1f.berth.v1.CommitSnapshotRequest\x1a .berth.v1.CommitSnapshotResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
+	"\x0eCommitSnapshot\x12\x1f.berth.v1.CommitSnapshotRequest\x1a .berth.v1.CommitSnapshotResponse\x12M\n" +
+	"\fCreateVolume\x12\x1d.berth.v1.CreateVolumeRequest\x1a\x1e.berth.v1.CreateVolumeResponse\x12D\n" +
+	"\tGetVolume\x12\x1a.berth.v1.GetVolumeRequest\x1a\x1b.berth.v1.GetVolumeResponse\x12J\n" +
+	"\vListVolumes\x12\x1c.berth.v1.ListVolumesRequest\x1a\x1d.berth.v1.ListVolumesResponse\x12M\n" +
+	"\fDeleteVolume\x12\x1d.berth.v1.DeleteVolumeRequest\x1a\x1e.berth.v1.DeleteVolumeResponseB7Z5github.com/berth-sandbox/berth/proto/berth/v1;berthv1b\x06proto3"
 
 var (
 	file_berth_v1_sandbox_proto_rawDescOnce sync.Once
@@ -3209,31 +3241,40 @@ var file_berth_v1_sandbox_proto_goTypes = []any{
 	nil,                              // 45: berth.v1.ForkSandboxRequest.LabelsEntry
 	(*durationpb.Duration)(nil),      // 46: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),    // 47: google.protobuf.Timestamp
-	(*Image)(nil),                    // 48: berth.v1.Image
-	(*ExecRequest)(nil),              // 49: berth.v1.ExecRequest
-	(*RunRequest)(nil),               // 50: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),         // 51: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),        // 52: berth.v1.SignalExecRequest
-	(*StartExecRequest)(nil),         // 53: berth.v1.StartExecRequest
-	(*AttachExecRequest)(nil),        // 54: berth.v1.AttachExecRequest
-	(*WriteExecStdinRequest)(nil),    // 55: berth.v1.WriteExecStdinRequest
-	(*ResizeExecRequest)(nil),        // 56: berth.v1.ResizeExecRequest
-	(*PortForwardRequest)(nil),       // 57: berth.v1.PortForwardRequest
-	(*CreateSessionRequest)(nil),     // 58: berth.v1.CreateSessionRequest
-	(*ListSessionsRequest)(nil),      // 59: berth.v1.ListSessionsRequest
-	(*DeleteSessionRequest)(nil),     // 60: berth.v1.DeleteSessionRequest
-	(*WatchFilesRequest)(nil),        // 61: berth.v1.WatchFilesRequest
-	(*ExecResponse)(nil),             // 62: berth.v1.ExecResponse
-	(*RunResponse)(nil),              // 63: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),        // 64: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),       // 65: berth.v1.SignalExecResponse
-	(*WriteExecStdinResponse)(nil),   // 66: berth.v1.WriteExecStdinResponse
-	(*ResizeExecResponse)(nil),       // 67: berth.v1.ResizeExecResponse
-	(*PortForwardResponse)(nil),      // 68: berth.v1.PortForwardResponse
-	(*CreateSessionResponse)(nil),    // 69: berth.v1.CreateSessionResponse
-	(*ListSessionsResponse)(nil),     // 70: berth.v1.ListSessionsResponse
-	(*DeleteSessionResponse)(nil),    // 71: berth.v1.DeleteSessionResponse
-	(*WatchFilesResponse)(nil),       // 72: berth.v1.WatchFilesResponse
+	(*VolumeMount)(nil),              // 48: berth.v1.VolumeMount
+	(*Image)(nil),                    // 49: berth.v1.Image
+	(*ExecRequest)(nil),              // 50: berth.v1.ExecRequest
+	(*RunRequest)(nil),               // 51: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),         // 52: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),        // 53: berth.v1.SignalExecRequest
+	(*StartExecRequest)(nil),         // 54: berth.v1.StartExecRequest
+	(*AttachExecRequest)(nil),        // 55: berth.v1.AttachExecRequest
+	(*WriteExecStdinRequest)(nil),    // 56: berth.v1.WriteExecStdinRequest
+	(*ResizeExecRequest)(nil),        // 57: berth.v1.ResizeExecRequest
+	(*PortForwardRequest)(nil),       // 58: berth.v1.PortForwardRequest
+	(*CreateSessionRequest)(nil),     // 59: berth.v1.CreateSessionRequest
+	(*ListSessionsRequest)(nil),      // 60: berth.v1.ListSessionsRequest
+	(*DeleteSessionRequest)(nil),     // 61: berth.v1.DeleteSessionRequest
+	(*WatchFilesRequest)(nil),        // 62: berth.v1.WatchFilesRequest
+	(*CreateVolumeRequest)(nil),      // 63: berth.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),         // 64: berth.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),       // 65: berth.v1.ListVolumesRequest
+	(*DeleteVolumeRequest)(nil),      // 66: berth.v1.DeleteVolumeRequest
+	(*ExecResponse)(nil),             // 67: berth.v1.ExecResponse
+	(*RunResponse)(nil),              // 68: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),        // 69: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),       // 70: berth.v1.SignalExecResponse
+	(*WriteExecStdinResponse)(nil),   // 71: berth.v1.WriteExecStdinResponse
+	(*ResizeExecResponse)(nil),       // 72: berth.v1.ResizeExecResponse
+	(*PortForwardResponse)(nil),      // 73: berth.v1.PortForwardResponse
+	(*CreateSessionResponse)(nil),    // 74: berth.v1.CreateSessionResponse
+	(*ListSessionsResponse)(nil),     // 75: berth.v1.ListSessionsResponse
+	(*DeleteSessionResponse)(nil),    // 76: berth.v1.DeleteSessionResponse
+	(*WatchFilesResponse)(nil),       // 77: berth.v1.WatchFilesResponse
+	(*CreateVolumeResponse)(nil),     // 78: berth.v1.CreateVolumeResponse
+	(*GetVolumeResponse)(nil),        // 79: berth.v1.GetVolumeResponse
+	(*ListVolumesResponse)(nil),      // 80: berth.v1.ListVolumesResponse
+	(*DeleteVolumeResponse)(nil),     // 81: berth.v1.DeleteVolumeResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
@@ -3254,90 +3295,100 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	7,  // 15: berth.v1.Sandbox.network:type_name -> berth.v1.NetworkPolicy
 	4,  // 16: berth.v1.Sandbox.root_id_mapping:type_name -> berth.v1.RootIDMapping
 	1,  // 17: berth.v1.Sandbox.idle_action:type_name -> berth.v1.IdleAction
-	40, // 18: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
-	6,  // 19: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
-	41, // 20: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
-	46, // 21: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	46, // 22: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
-	7,  // 23: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
-	1,  // 24: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
-	10, // 25: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	10, // 26: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	42, // 27: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	10, // 28: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
-	10, // 29: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	10, // 30: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	10, // 31: berth.v1.HibernateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
-	5,  // 32: berth.v1.HibernateSandboxResponse.hibernation:type_name -> berth.v1.Hibernation
-	47, // 33: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
-	43, // 34: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
-	44, // 35: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
-	25, // 36: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
-	25, // 37: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
-	45, // 38: berth.v1.ForkSandboxRequest.labels:type_name -> berth.v1.ForkSandboxRequest.LabelsEntry
-	10, // 39: berth.v1.ForkSandboxResponse.sandboxes:type_name -> berth.v1.Sandbox
-	35, // 40: berth.v1.CommitSnapshotRequest.changes:type_name -> berth.v1.ImageConfigChanges
-	48, // 41: berth.v1.CommitSnapshotResponse.image:type_name -> berth.v1.Image
-	46, // 42: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
-	47, // 43: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
-	47, // 44: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
-	11, // 45: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
-	13, // 46: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
-	15, // 47: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
-	17, // 48: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
-	37, // 49: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
-	49, // 50: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
-	50, // 51: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
-	51, // 52: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
-	52, // 53: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
-	53, // 54: berth.v1.SandboxService.StartExec:input_type -> berth.v1.StartExecRequest
-	54, // 55: berth.v1.SandboxService.AttachExec:input_type -> berth.v1.AttachExecRequest
-	55, // 56: berth.v1.SandboxService.WriteExecStdin:input_type -> berth.v1.WriteExecStdinRequest
-	56, // 57: berth.v1.SandboxService.ResizeExec:input_type -> berth.v1.ResizeExecRequest
-	57, // 58: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
-	58, // 59: berth.v1.SandboxService.CreateSession:input_type -> berth.v1.CreateSessionRequest
-	59, // 60: berth.v1.SandboxService.ListSessions:input_type -> berth.v1.ListSessionsRequest
-	60, // 61: berth.v1.SandboxService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
-	61, // 62: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
-	19, // 63: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	21, // 64: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 65: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
-	26, // 66: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	28, // 67: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	30, // 68: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	32, // 69: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
-	34, // 70: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
-	12, // 71: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	14, // 72: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	16, // 73: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	18, // 74: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	38, // 75: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	62, // 76: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	63, // 77: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	64, // 78: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	65, // 79: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	62, // 80: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
-	62, // 81: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
-	66, // 82: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
-	67, // 83: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
-	68, // 84: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	69, // 85: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
-	70, // 86: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
-	71, // 87: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
-	72, // 88: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
-	20, // 89: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	22, // 90: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 91: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
-	27, // 92: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	29, // 93: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	31, // 94: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	33, // 95: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
-	36, // 96: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
-	71, // [71:97] is the sub-list for method output_type
-	45, // [45:71] is the sub-list for method input_type
-	45, // [45:45] is the sub-list for extension type_name
-	45, // [45:45] is the sub-list for extension extendee
-	0,  // [0:45] is the sub-list for field type_name
+	48, // 18: berth.v1.Sandbox.volumes:type_name -> berth.v1.VolumeMount
+	40, // 19: berth.v1.CreateSandboxRequest.labels:type_name -> berth.v1.CreateSandboxRequest.LabelsEntry
+	6,  // 20: berth.v1.CreateSandboxRequest.resources:type_name -> berth.v1.Resources
+	41, // 21: berth.v1.CreateSandboxRequest.env:type_name -> berth.v1.CreateSandboxRequest.EnvEntry
+	46, // 22: berth.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	46, // 23: berth.v1.CreateSandboxRequest.max_lifetime:type_name -> google.protobuf.Duration
+	7,  // 24: berth.v1.CreateSandboxRequest.network:type_name -> berth.v1.NetworkPolicy
+	1,  // 25: berth.v1.CreateSandboxRequest.idle_action:type_name -> berth.v1.IdleAction
+	48, // 26: berth.v1.CreateSandboxRequest.volumes:type_name -> berth.v1.VolumeMount
+	10, // 27: berth.v1.CreateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 28: berth.v1.GetSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	42, // 29: berth.v1.ListSandboxesRequest.label_selector:type_name -> berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	10, // 30: berth.v1.ListSandboxesResponse.sandboxes:type_name -> berth.v1.Sandbox
+	10, // 31: berth.v1.PauseSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 32: berth.v1.ResumeSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	10, // 33: berth.v1.HibernateSandboxResponse.sandbox:type_name -> berth.v1.Sandbox
+	5,  // 34: berth.v1.HibernateSandboxResponse.hibernation:type_name -> berth.v1.Hibernation
+	47, // 35: berth.v1.Snapshot.created:type_name -> google.protobuf.Timestamp
+	43, // 36: berth.v1.Snapshot.labels:type_name -> berth.v1.Snapshot.LabelsEntry
+	44, // 37: berth.v1.CreateSnapshotRequest.labels:type_name -> berth.v1.CreateSnapshotRequest.LabelsEntry
+	25, // 38: berth.v1.CreateSnapshotResponse.snapshot:type_name -> berth.v1.Snapshot
+	25, // 39: berth.v1.ListSnapshotsResponse.snapshots:type_name -> berth.v1.Snapshot
+	45, // 40: berth.v1.ForkSandboxRequest.labels:type_name -> berth.v1.ForkSandboxRequest.LabelsEntry
+	10, // 41: berth.v1.ForkSandboxResponse.sandboxes:type_name -> berth.v1.Sandbox
+	35, // 42: berth.v1.CommitSnapshotRequest.changes:type_name -> berth.v1.ImageConfigChanges
+	49, // 43: berth.v1.CommitSnapshotResponse.image:type_name -> berth.v1.Image
+	46, // 44: berth.v1.KeepAliveRequest.hold_for:type_name -> google.protobuf.Duration
+	47, // 45: berth.v1.KeepAliveResponse.idle_expires_at:type_name -> google.protobuf.Timestamp
+	47, // 46: berth.v1.KeepAliveResponse.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 47: berth.v1.SandboxService.CreateSandbox:input_type -> berth.v1.CreateSandboxRequest
+	13, // 48: berth.v1.SandboxService.GetSandbox:input_type -> berth.v1.GetSandboxRequest
+	15, // 49: berth.v1.SandboxService.ListSandboxes:input_type -> berth.v1.ListSandboxesRequest
+	17, // 50: berth.v1.SandboxService.DeleteSandbox:input_type -> berth.v1.DeleteSandboxRequest
+	37, // 51: berth.v1.SandboxService.KeepAlive:input_type -> berth.v1.KeepAliveRequest
+	50, // 52: berth.v1.SandboxService.Exec:input_type -> berth.v1.ExecRequest
+	51, // 53: berth.v1.SandboxService.Run:input_type -> berth.v1.RunRequest
+	52, // 54: berth.v1.SandboxService.ListExecs:input_type -> berth.v1.ListExecsRequest
+	53, // 55: berth.v1.SandboxService.SignalExec:input_type -> berth.v1.SignalExecRequest
+	54, // 56: berth.v1.SandboxService.StartExec:input_type -> berth.v1.StartExecRequest
+	55, // 57: berth.v1.SandboxService.AttachExec:input_type -> berth.v1.AttachExecRequest
+	56, // 58: berth.v1.SandboxService.WriteExecStdin:input_type -> berth.v1.WriteExecStdinRequest
+	57, // 59: berth.v1.SandboxService.ResizeExec:input_type -> berth.v1.ResizeExecRequest
+	58, // 60: berth.v1.SandboxService.PortForward:input_type -> berth.v1.PortForwardRequest
+	59, // 61: berth.v1.SandboxService.CreateSession:input_type -> berth.v1.CreateSessionRequest
+	60, // 62: berth.v1.SandboxService.ListSessions:input_type -> berth.v1.ListSessionsRequest
+	61, // 63: berth.v1.SandboxService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
+	62, // 64: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
+	19, // 65: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	21, // 66: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 67: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
+	26, // 68: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	28, // 69: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	30, // 70: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	32, // 71: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	34, // 72: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
+	63, // 73: berth.v1.SandboxService.CreateVolume:input_type -> berth.v1.CreateVolumeRequest
+	64, // 74: berth.v1.SandboxService.GetVolume:input_type -> berth.v1.GetVolumeRequest
+	65, // 75: berth.v1.SandboxService.ListVolumes:input_type -> berth.v1.ListVolumesRequest
+	66, // 76: berth.v1.SandboxService.DeleteVolume:input_type -> berth.v1.DeleteVolumeRequest
+	12, // 77: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	14, // 78: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	16, // 79: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	18, // 80: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	38, // 81: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	67, // 82: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	68, // 83: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	69, // 84: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	70, // 85: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	67, // 86: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
+	67, // 87: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
+	71, // 88: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
+	72, // 89: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
+	73, // 90: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	74, // 91: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
+	75, // 92: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
+	76, // 93: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
+	77, // 94: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
+	20, // 95: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	22, // 96: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 97: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
+	27, // 98: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	29, // 99: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	31, // 100: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	33, // 101: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	36, // 102: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
+	78, // 103: berth.v1.SandboxService.CreateVolume:output_type -> berth.v1.CreateVolumeResponse
+	79, // 104: berth.v1.SandboxService.GetVolume:output_type -> berth.v1.GetVolumeResponse
+	80, // 105: berth.v1.SandboxService.ListVolumes:output_type -> berth.v1.ListVolumesResponse
+	81, // 106: berth.v1.SandboxService.DeleteVolume:output_type -> berth.v1.DeleteVolumeResponse
+	77, // [77:107] is the sub-list for method output_type
+	47, // [47:77] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_sandbox_proto_init() }
@@ -3349,6 +3400,7 @@ func file_berth_v1_sandbox_proto_init() {
 	file_berth_v1_image_proto_init()
 	file_berth_v1_port_proto_init()
 	file_berth_v1_session_proto_init()
+	file_berth_v1_volume_proto_init()
 	file_berth_v1_watch_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -45,6 +45,10 @@ const (
 	SandboxService_DeleteSnapshot_FullMethodName   = "/berth.v1.SandboxService/DeleteSnapshot"
 	SandboxService_ForkSandbox_FullMethodName      = "/berth.v1.SandboxService/ForkSandbox"
 	SandboxService_CommitSnapshot_FullMethodName   = "/berth.v1.SandboxService/CommitSnapshot"
+	SandboxService_CreateVolume_FullMethodName     = "/berth.v1.SandboxService/CreateVolume"
+	SandboxService_GetVolume_FullMethodName        = "/berth.v1.SandboxService/GetVolume"
+	SandboxService_ListVolumes_FullMethodName      = "/berth.v1.SandboxService/ListVolumes"
+	SandboxService_DeleteVolume_FullMethodName     = "/berth.v1.SandboxService/DeleteVolume"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -314,6 +318,23 @@ type SandboxServiceClient interface {
 	// not an admin holds as many private images as it may hold snapshots),
 	// FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
 	CommitSnapshot(ctx context.Context, in *CommitSnapshotRequest, opts ...grpc.CallOption) (*CommitSnapshotResponse, error)
+	// CreateVolume makes an empty named volume owned by the caller: a btrfs
+	// subvolume of the disk pool with a quota of its own, counted against the
+	// caller's --max-disk-bytes-per-principal and the server's disk budget
+	// (RESOURCE_EXHAUSTED FLEET_BUSY past them). Errors: INVALID_ARGUMENT
+	// (name, quota_bytes), ALREADY_EXISTS (VOLUME_EXISTS), FAILED_PRECONDITION
+	// (VOLUME_UNSUPPORTED: not the btrfs snapshotter with quotas, or a fleet).
+	CreateVolume(ctx context.Context, in *CreateVolumeRequest, opts ...grpc.CallOption) (*CreateVolumeResponse, error)
+	// GetVolume returns one of the caller's volumes with its usage. Errors:
+	// NOT_FOUND (VOLUME_NOT_FOUND, also for another principal's).
+	GetVolume(ctx context.Context, in *GetVolumeRequest, opts ...grpc.CallOption) (*GetVolumeResponse, error)
+	// ListVolumes lists the caller's volumes (an admin's: all) with usage.
+	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
+	// DeleteVolume removes one of the caller's volumes and its files. Errors:
+	// NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_IN_USE, the
+	// message and metadata "sandbox_ids" naming the sandboxes that mount it:
+	// delete them first).
+	DeleteVolume(ctx context.Context, in *DeleteVolumeRequest, opts ...grpc.CallOption) (*DeleteVolumeResponse, error)
 }
 
 type sandboxServiceClient struct {
@@ -617,6 +638,46 @@ func (c *sandboxServiceClient) CommitSnapshot(ctx context.Context, in *CommitSna
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CreateVolume(ctx context.Context, in *CreateVolumeRequest, opts ...grpc.CallOption) (*CreateVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateVolumeResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CreateVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) GetVolume(ctx context.Context, in *GetVolumeRequest, opts ...grpc.CallOption) (*GetVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetVolumeResponse)
+	err := c.cc.Invoke(ctx, SandboxService_GetVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListVolumesResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ListVolumes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) DeleteVolume(ctx context.Context, in *DeleteVolumeRequest, opts ...grpc.CallOption) (*DeleteVolumeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteVolumeResponse)
+	err := c.cc.Invoke(ctx, SandboxService_DeleteVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SandboxServiceServer is the server API for SandboxService service.
 // All implementations must embed UnimplementedSandboxServiceServer
 // for forward compatibility.
@@ -884,6 +945,23 @@ type SandboxServiceServer interface {
 	// not an admin holds as many private images as it may hold snapshots),
 	// FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
 	CommitSnapshot(context.Context, *CommitSnapshotRequest) (*CommitSnapshotResponse, error)
+	// CreateVolume makes an empty named volume owned by the caller: a btrfs
+	// subvolume of the disk pool with a quota of its own, counted against the
+	// caller's --max-disk-bytes-per-principal and the server's disk budget
+	// (RESOURCE_EXHAUSTED FLEET_BUSY past them). Errors: INVALID_ARGUMENT
+	// (name, quota_bytes), ALREADY_EXISTS (VOLUME_EXISTS), FAILED_PRECONDITION
+	// (VOLUME_UNSUPPORTED: not the btrfs snapshotter with quotas, or a fleet).
+	CreateVolume(context.Context, *CreateVolumeRequest) (*CreateVolumeResponse, error)
+	// GetVolume returns one of the caller's volumes with its usage. Errors:
+	// NOT_FOUND (VOLUME_NOT_FOUND, also for another principal's).
+	GetVolume(context.Context, *GetVolumeRequest) (*GetVolumeResponse, error)
+	// ListVolumes lists the caller's volumes (an admin's: all) with usage.
+	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
+	// DeleteVolume removes one of the caller's volumes and its files. Errors:
+	// NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_IN_USE, the
+	// message and metadata "sandbox_ids" naming the sandboxes that mount it:
+	// delete them first).
+	DeleteVolume(context.Context, *DeleteVolumeRequest) (*DeleteVolumeResponse, error)
 	mustEmbedUnimplementedSandboxServiceServer()
 }
 
@@ -971,6 +1049,18 @@ func (UnimplementedSandboxServiceServer) ForkSandbox(context.Context, *ForkSandb
 }
 func (UnimplementedSandboxServiceServer) CommitSnapshot(context.Context, *CommitSnapshotRequest) (*CommitSnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CommitSnapshot not implemented")
+}
+func (UnimplementedSandboxServiceServer) CreateVolume(context.Context, *CreateVolumeRequest) (*CreateVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateVolume not implemented")
+}
+func (UnimplementedSandboxServiceServer) GetVolume(context.Context, *GetVolumeRequest) (*GetVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetVolume not implemented")
+}
+func (UnimplementedSandboxServiceServer) ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListVolumes not implemented")
+}
+func (UnimplementedSandboxServiceServer) DeleteVolume(context.Context, *DeleteVolumeRequest) (*DeleteVolumeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteVolume not implemented")
 }
 func (UnimplementedSandboxServiceServer) mustEmbedUnimplementedSandboxServiceServer() {}
 func (UnimplementedSandboxServiceServer) testEmbeddedByValue()                        {}
@@ -1418,6 +1508,78 @@ func _SandboxService_CommitSnapshot_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CreateVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CreateVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CreateVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CreateVolume(ctx, req.(*CreateVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_GetVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).GetVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_GetVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).GetVolume(ctx, req.(*GetVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ListVolumes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListVolumesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ListVolumes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ListVolumes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ListVolumes(ctx, req.(*ListVolumesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_DeleteVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).DeleteVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_DeleteVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).DeleteVolume(ctx, req.(*DeleteVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SandboxService_ServiceDesc is the grpc.ServiceDesc for SandboxService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1508,6 +1670,22 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CommitSnapshot",
 			Handler:    _SandboxService_CommitSnapshot_Handler,
+		},
+		{
+			MethodName: "CreateVolume",
+			Handler:    _SandboxService_CreateVolume_Handler,
+		},
+		{
+			MethodName: "GetVolume",
+			Handler:    _SandboxService_GetVolume_Handler,
+		},
+		{
+			MethodName: "ListVolumes",
+			Handler:    _SandboxService_ListVolumes_Handler,
+		},
+		{
+			MethodName: "DeleteVolume",
+			Handler:    _SandboxService_DeleteVolume_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

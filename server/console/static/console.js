@@ -66,19 +66,6 @@ async function stream(service, method, msgs) {
   throw new ApiError("internal", `${method}: the stream ended without its end message`);
 }
 
-function toBase64(bytes) {
-  let s = "";
-  for (let i = 0; i < bytes.length; i += 0x8000) s += String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000));
-  return btoa(s);
-}
-
-function fromBase64(b64) {
-  const s = atob(b64);
-  const out = new Uint8Array(s.length);
-  for (let i = 0; i < s.length; i++) out[i] = s.charCodeAt(i);
-  return out;
-}
-
 function showError(err) {
   const box = $("error");
   box.textContent = String(err);
@@ -236,10 +223,30 @@ async function listDir(e) {
   }
 }
 
+// fileURL is the raw file route of path in the current sandbox
+// (docs/http.md, "Files as raw bodies").
+function fileURL(path, params) {
+  const q = new URLSearchParams({ path, ...params });
+  return `/v1/sandboxes/${encodeURIComponent(current)}/files/content?${q}`;
+}
+
+// restError is the ApiError of a REST error body (google.rpc.Status JSON).
+async function restError(r) {
+  const j = await r.json().catch(() => ({}));
+  const info = (j.details || []).find((d) => (d["@type"] || "").endsWith("/google.rpc.ErrorInfo"));
+  return new ApiError(CODES[j.code] || `HTTP ${r.status}`, j.message || "", info ? info.reason : "");
+}
+
+const CODES = ["ok", "canceled", "unknown", "invalid_argument", "deadline_exceeded", "not_found", "already_exists", "permission_denied",
+  "resource_exhausted", "failed_precondition", "aborted", "out_of_range", "unimplemented", "internal", "unavailable", "data_loss", "unauthenticated"];
+
+// download saves a file through the raw route: the bytes go from the
+// response into the browser's blob store (which keeps large blobs on
+// disk), never through JavaScript arrays or base64.
 async function download(path, name) {
-  const msgs = await stream("FileService", "ReadFile", [{ sandboxId: current, path }]);
-  const chunks = msgs.filter((m) => m.chunk !== undefined).map((m) => fromBase64(m.chunk));
-  const url = URL.createObjectURL(new Blob(chunks, { type: "application/octet-stream" }));
+  const r = await fetch(fileURL(path), { headers: { "Authorization": "Bearer " + token } });
+  if (!r.ok) throw await restError(r);
+  const url = URL.createObjectURL(await r.blob());
   const a = document.createElement("a");
   a.href = url;
   a.download = name;
@@ -249,15 +256,17 @@ async function download(path, name) {
   setTimeout(() => URL.revokeObjectURL(url), 60000);
 }
 
+// upload sends the chosen file as the raw route's body: the browser reads
+// the File from disk as it sends it (with its Content-Length), and berthd
+// commits it only once the whole body arrived.
 async function upload() {
   const input = $("upload");
   const file = input.files[0];
   if (!file) return;
-  const bytes = new Uint8Array(await file.arrayBuffer());
   const dir = $("dir").value.replace(/\/+$/, "");
-  const msgs = [{ header: { sandboxId: current, path: `${dir}/${file.name}`, createParents: true, writeMode: "WRITE_MODE_REPLACE", sizeBytes: String(bytes.length) } }];
-  for (let i = 0; i < bytes.length; i += 256 << 10) msgs.push({ chunk: toBase64(bytes.subarray(i, i + (256 << 10))) });
-  await stream("FileService", "WriteFile", msgs);
+  const r = await fetch(fileURL(`${dir}/${file.name}`, { createParents: "true" }),
+    { method: "PUT", headers: { "Authorization": "Bearer " + token, "Content-Type": "application/octet-stream" }, body: file });
+  if (!r.ok) throw await restError(r);
   input.value = "";
   await listDir();
 }

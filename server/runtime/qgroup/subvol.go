@@ -16,6 +16,9 @@ const (
 	// iocSnapDestroy is _IOW(0x94, 15, struct btrfs_ioctl_vol_args) (4096
 	// bytes).
 	iocSnapDestroy = 0x5000940f
+	// iocSubvolCreate is _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	// (4096 bytes).
+	iocSubvolCreate = 0x5000940e
 	// subvolReadOnly is BTRFS_SUBVOL_RDONLY.
 	subvolReadOnly = 1 << 1
 	// subvolNameMax is BTRFS_SUBVOL_NAME_MAX.
@@ -86,6 +89,28 @@ func Delete(path string) error {
 	copy(args.name[:], name)
 	if err := ioctl(dir, iocSnapDestroy, unsafe.Pointer(&args)); err != nil {
 		return fmt.Errorf("delete btrfs subvolume %s: %w", path, err)
+	}
+	return nil
+}
+
+// Create makes path an empty btrfs subvolume (mode 0755, owned by the
+// caller), with a level-0 quota group of its own when quotas are on: path
+// must not exist, and its directory must be on btrfs. Errors: the ioctl's
+// errno (EEXIST, ENOTTY off btrfs), naming path.
+func Create(path string) error {
+	name := filepath.Base(path)
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return fmt.Errorf("create subvolume %s: %w", path, err)
+	}
+	defer dir.Close()
+	var args volArgs
+	if len(name) >= len(args.name) {
+		return fmt.Errorf("create subvolume %s: name longer than %d bytes", path, len(args.name)-1)
+	}
+	copy(args.name[:], name)
+	if err := ioctl(dir, iocSubvolCreate, unsafe.Pointer(&args)); err != nil {
+		return fmt.Errorf("create btrfs subvolume %s: %w", path, err)
 	}
 	return nil
 }

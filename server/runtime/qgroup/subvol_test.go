@@ -72,3 +72,29 @@ func TestSnapshotDelete(t *testing.T) {
 		t.Error("Delete off btrfs succeeded")
 	}
 }
+
+// TestCreate makes a subvolume with Create on a real btrfs: btrfs-progs
+// lists it as a subvolume of its own, it takes files, and a second Create
+// of the path fails with EEXIST.
+func TestCreate(t *testing.T) {
+	dir := btrfsDir(t)
+	p := filepath.Join(dir, "vol")
+	if err := qgroup.Create(p); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	if out := btrfs(t, "subvolume", "show", p); !strings.Contains(out, "Subvolume ID:") {
+		t.Errorf("btrfs subvolume show %s:\n%s", p, out)
+	}
+	if id, parent := subvolID(t, p), subvolID(t, dir); id == parent {
+		t.Errorf("Create made no subvolume: %s is subvolume %d, its parent's", p, id)
+	}
+	if err := os.WriteFile(filepath.Join(p, "f"), []byte("x"), 0o644); err != nil {
+		t.Errorf("write into the new subvolume: %v", err)
+	}
+	if err := qgroup.Create(p); !errors.Is(err, unix.EEXIST) {
+		t.Errorf("Create of an existing path: %v, want EEXIST", err)
+	}
+	if err := qgroup.Create(filepath.Join(t.TempDir(), "x")); err == nil {
+		t.Error("Create off btrfs succeeded")
+	}
+}

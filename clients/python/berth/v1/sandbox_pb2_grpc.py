@@ -6,6 +6,7 @@ from berth.v1 import exec_pb2 as berth_dot_v1_dot_exec__pb2
 from berth.v1 import port_pb2 as berth_dot_v1_dot_port__pb2
 from berth.v1 import sandbox_pb2 as berth_dot_v1_dot_sandbox__pb2
 from berth.v1 import session_pb2 as berth_dot_v1_dot_session__pb2
+from berth.v1 import volume_pb2 as berth_dot_v1_dot_volume__pb2
 from berth.v1 import watch_pb2 as berth_dot_v1_dot_watch__pb2
 
 
@@ -158,6 +159,26 @@ class SandboxServiceStub(object):
                 '/berth.v1.SandboxService/CommitSnapshot',
                 request_serializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotResponse.FromString,
+                )
+        self.CreateVolume = channel.unary_unary(
+                '/berth.v1.SandboxService/CreateVolume',
+                request_serializer=berth_dot_v1_dot_volume__pb2.CreateVolumeRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_volume__pb2.CreateVolumeResponse.FromString,
+                )
+        self.GetVolume = channel.unary_unary(
+                '/berth.v1.SandboxService/GetVolume',
+                request_serializer=berth_dot_v1_dot_volume__pb2.GetVolumeRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_volume__pb2.GetVolumeResponse.FromString,
+                )
+        self.ListVolumes = channel.unary_unary(
+                '/berth.v1.SandboxService/ListVolumes',
+                request_serializer=berth_dot_v1_dot_volume__pb2.ListVolumesRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_volume__pb2.ListVolumesResponse.FromString,
+                )
+        self.DeleteVolume = channel.unary_unary(
+                '/berth.v1.SandboxService/DeleteVolume',
+                request_serializer=berth_dot_v1_dot_volume__pb2.DeleteVolumeRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_volume__pb2.DeleteVolumeResponse.FromString,
                 )
 
 
@@ -556,6 +577,43 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateVolume(self, request, context):
+        """CreateVolume makes an empty named volume owned by the caller: a btrfs
+        subvolume of the disk pool with a quota of its own, counted against the
+        caller's --max-disk-bytes-per-principal and the server's disk budget
+        (RESOURCE_EXHAUSTED FLEET_BUSY past them). Errors: INVALID_ARGUMENT
+        (name, quota_bytes), ALREADY_EXISTS (VOLUME_EXISTS), FAILED_PRECONDITION
+        (VOLUME_UNSUPPORTED: not the btrfs snapshotter with quotas, or a fleet).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetVolume(self, request, context):
+        """GetVolume returns one of the caller's volumes with its usage. Errors:
+        NOT_FOUND (VOLUME_NOT_FOUND, also for another principal's).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListVolumes(self, request, context):
+        """ListVolumes lists the caller's volumes (an admin's: all) with usage.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteVolume(self, request, context):
+        """DeleteVolume removes one of the caller's volumes and its files. Errors:
+        NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_IN_USE, the
+        message and metadata "sandbox_ids" naming the sandboxes that mount it:
+        delete them first).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SandboxServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -688,6 +746,26 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.CommitSnapshot,
                     request_deserializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotRequest.FromString,
                     response_serializer=berth_dot_v1_dot_sandbox__pb2.CommitSnapshotResponse.SerializeToString,
+            ),
+            'CreateVolume': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateVolume,
+                    request_deserializer=berth_dot_v1_dot_volume__pb2.CreateVolumeRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_volume__pb2.CreateVolumeResponse.SerializeToString,
+            ),
+            'GetVolume': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetVolume,
+                    request_deserializer=berth_dot_v1_dot_volume__pb2.GetVolumeRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_volume__pb2.GetVolumeResponse.SerializeToString,
+            ),
+            'ListVolumes': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListVolumes,
+                    request_deserializer=berth_dot_v1_dot_volume__pb2.ListVolumesRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_volume__pb2.ListVolumesResponse.SerializeToString,
+            ),
+            'DeleteVolume': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteVolume,
+                    request_deserializer=berth_dot_v1_dot_volume__pb2.DeleteVolumeRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_volume__pb2.DeleteVolumeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1149,5 +1227,73 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/CommitSnapshot',
             berth_dot_v1_dot_sandbox__pb2.CommitSnapshotRequest.SerializeToString,
             berth_dot_v1_dot_sandbox__pb2.CommitSnapshotResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateVolume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/CreateVolume',
+            berth_dot_v1_dot_volume__pb2.CreateVolumeRequest.SerializeToString,
+            berth_dot_v1_dot_volume__pb2.CreateVolumeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetVolume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/GetVolume',
+            berth_dot_v1_dot_volume__pb2.GetVolumeRequest.SerializeToString,
+            berth_dot_v1_dot_volume__pb2.GetVolumeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListVolumes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ListVolumes',
+            berth_dot_v1_dot_volume__pb2.ListVolumesRequest.SerializeToString,
+            berth_dot_v1_dot_volume__pb2.ListVolumesResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeleteVolume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/DeleteVolume',
+            berth_dot_v1_dot_volume__pb2.DeleteVolumeRequest.SerializeToString,
+            berth_dot_v1_dot_volume__pb2.DeleteVolumeResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

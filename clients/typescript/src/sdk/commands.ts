@@ -311,10 +311,13 @@ export class Commands {
   /** @internal */
   constructor(private readonly conn: Connection, private readonly sandboxId: string) {}
 
-  // open opens an Exec stream with first and resolves once berthd says the
-  // command runs; retried under the policy (only conditions under which
-  // nothing ran).
-  private open(first: ExecRequest["event"], opts: ConnectOptions): Promise<CommandHandle> {
+  /**
+   * @internal open opens an Exec stream with first and resolves once
+   * berthd says the command runs; retried under the policy (only
+   * conditions under which nothing ran). Sessions run their commands
+   * through it.
+   */
+  open(first: ExecRequest["event"], opts: ConnectOptions): Promise<CommandHandle> {
     return this.conn.retry(
       () =>
         new Promise<CommandHandle>((resolve, reject) => {

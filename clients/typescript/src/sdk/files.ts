@@ -11,6 +11,7 @@ import {
   UploadResponse, WriteFileRequest, WriteFileResponse, WriteMode,
 } from "../gen/berth/v1/file";
 import { Connection } from "./connection";
+import { FileWatch, WatchOptions, watchRequest } from "./watch";
 import { BerthError, FileNotFound, ProtocolError, fromServiceError, num } from "./errors";
 import { status as grpcStatus } from "@grpc/grpc-js";
 
@@ -143,6 +144,17 @@ export class Files {
     if (want === undefined || got !== want) {
       throw new ProtocolError(`ReadFile ${p}: ${got} bytes arrived, the header said ${want}`);
     }
+  }
+
+  /**
+   * watch opens (or, with watchId of an existing watch, resumes after
+   * sinceSeq) a watch of the directory p: a FileWatch to iterate for
+   * create/write/remove/rename events and overflow notes (docs/watch.md).
+   * Rejects with FileNotFound, InvalidArgument, a BerthError of reason
+   * NOT_A_DIRECTORY.
+   */
+  watch(p: string, options: WatchOptions = {}): Promise<FileWatch> {
+    return FileWatch.open(this.conn, watchRequest(this.sandboxId, p, options));
   }
 
   /** read gives the file's bytes (readStream for large files). */

@@ -9,6 +9,8 @@ import { Connection, ConnectionOptions } from "./connection";
 import { SandboxNotFound, duration, num } from "./errors";
 import { Files } from "./files";
 import { Ports } from "./ports";
+import { Sessions } from "./sessions";
+import { VolumeMountSpec, volumeMounts } from "./volumes";
 
 /** The image Sandbox.create uses when none is given and $BERTH_IMAGE is unset. */
 export const DEFAULT_IMAGE = "berth.dev/base:latest";
@@ -62,6 +64,8 @@ export interface CreateOptions extends ConnectionOptions {
   runtime?: "runc" | "gvisor";
   network?: "none" | "egress";
   fromSnapshot?: string;
+  /** volumes: the caller's volumes (Volumes) to mount, each "NAME:PATH[:ro]" or { name, path, readOnly }. */
+  volumes?: VolumeMountSpec[];
   /** timeout: seconds for the whole create with its retries (default 120). */
   timeout?: number;
   /** connection: share one Connection instead of making one from the options. */
@@ -90,12 +94,14 @@ export class Sandbox {
   readonly commands: Commands;
   readonly files: Files;
   readonly ports: Ports;
+  readonly sessions: Sessions;
 
   private constructor(readonly connection: Connection, public info: SandboxInfo, private readonly owns: boolean, private readonly created: boolean) {
     this.id = info.id;
     this.commands = new Commands(connection, this.id);
     this.files = new Files(connection, this.id);
     this.ports = new Ports(connection, this.id);
+    this.sessions = new Sessions(connection, this.id, this.commands);
   }
 
   /**
@@ -109,6 +115,7 @@ export class Sandbox {
     const req = CreateSandboxRequest.fromPartial({
       sandboxId: options.sandboxId ?? "", image: options.image || process.env.BERTH_IMAGE || DEFAULT_IMAGE, labels: options.labels ?? {},
       env: options.env ?? {}, user: userOf(options.user), workdir: options.workdir ?? "", runtime: options.runtime ?? "", fromSnapshot: options.fromSnapshot ?? "",
+      volumes: volumeMounts(options.volumes),
     });
     if (options.memoryBytes !== undefined || options.cpuMillis !== undefined || options.diskBytes !== undefined) {
       req.resources = {

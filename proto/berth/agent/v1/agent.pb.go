@@ -23,6 +23,100 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// QuiesceRequest asks the agent to close its sockets until the restore.
+type QuiesceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// wake_token is random, 48 bytes (agentproof.TokenBytes), one per
+	// quiesce.
+	WakeToken []byte `protobuf:"bytes,1,opt,name=wake_token,json=wakeToken,proto3" json:"wake_token,omitempty"`
+	// proof is HMAC-SHA256 under the sandbox's secret of a message holding
+	// wake_token (agentproof.ProveQuiesce), 32 bytes.
+	Proof         []byte `protobuf:"bytes,2,opt,name=proof,proto3" json:"proof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuiesceRequest) Reset() {
+	*x = QuiesceRequest{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuiesceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuiesceRequest) ProtoMessage() {}
+
+func (x *QuiesceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuiesceRequest.ProtoReflect.Descriptor instead.
+func (*QuiesceRequest) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *QuiesceRequest) GetWakeToken() []byte {
+	if x != nil {
+		return x.WakeToken
+	}
+	return nil
+}
+
+func (x *QuiesceRequest) GetProof() []byte {
+	if x != nil {
+		return x.Proof
+	}
+	return nil
+}
+
+// QuiesceResponse says the agent is closing its sockets.
+type QuiesceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuiesceResponse) Reset() {
+	*x = QuiesceResponse{}
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuiesceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuiesceResponse) ProtoMessage() {}
+
+func (x *QuiesceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuiesceResponse.ProtoReflect.Descriptor instead.
+func (*QuiesceResponse) Descriptor() ([]byte, []int) {
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
 // TelemetryRequest is empty.
 type TelemetryRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -32,7 +126,7 @@ type TelemetryRequest struct {
 
 func (x *TelemetryRequest) Reset() {
 	*x = TelemetryRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +138,7 @@ func (x *TelemetryRequest) String() string {
 func (*TelemetryRequest) ProtoMessage() {}
 
 func (x *TelemetryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[0]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +151,7 @@ func (x *TelemetryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TelemetryRequest.ProtoReflect.Descriptor instead.
 func (*TelemetryRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{0}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{2}
 }
 
 // TelemetryResponse is one batch of spans.
@@ -73,7 +167,7 @@ type TelemetryResponse struct {
 
 func (x *TelemetryResponse) Reset() {
 	*x = TelemetryResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -85,7 +179,7 @@ func (x *TelemetryResponse) String() string {
 func (*TelemetryResponse) ProtoMessage() {}
 
 func (x *TelemetryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[1]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -98,7 +192,7 @@ func (x *TelemetryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TelemetryResponse.ProtoReflect.Descriptor instead.
 func (*TelemetryResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TelemetryResponse) GetExportTraceServiceRequest() []byte {
@@ -120,7 +214,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -132,7 +226,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[2]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -145,7 +239,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *InfoRequest) GetChallenge() []byte {
@@ -184,7 +278,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -196,7 +290,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[3]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -209,7 +303,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *InfoResponse) GetBootId() string {
@@ -280,7 +374,7 @@ type ExecStart struct {
 
 func (x *ExecStart) Reset() {
 	*x = ExecStart{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -292,7 +386,7 @@ func (x *ExecStart) String() string {
 func (*ExecStart) ProtoMessage() {}
 
 func (x *ExecStart) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[4]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -305,7 +399,7 @@ func (x *ExecStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecStart.ProtoReflect.Descriptor instead.
 func (*ExecStart) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecStart) GetExecId() string {
@@ -353,7 +447,7 @@ type ExecAttach struct {
 
 func (x *ExecAttach) Reset() {
 	*x = ExecAttach{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +459,7 @@ func (x *ExecAttach) String() string {
 func (*ExecAttach) ProtoMessage() {}
 
 func (x *ExecAttach) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[5]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +472,7 @@ func (x *ExecAttach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecAttach.ProtoReflect.Descriptor instead.
 func (*ExecAttach) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ExecAttach) GetExecId() string {
@@ -423,7 +517,7 @@ type ExecRequest struct {
 
 func (x *ExecRequest) Reset() {
 	*x = ExecRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +529,7 @@ func (x *ExecRequest) String() string {
 func (*ExecRequest) ProtoMessage() {}
 
 func (x *ExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[6]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +542,7 @@ func (x *ExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
 func (*ExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ExecRequest) GetEvent() isExecRequest_Event {
@@ -577,7 +671,7 @@ type ExecResponse struct {
 
 func (x *ExecResponse) Reset() {
 	*x = ExecResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +683,7 @@ func (x *ExecResponse) String() string {
 func (*ExecResponse) ProtoMessage() {}
 
 func (x *ExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[7]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +696,7 @@ func (x *ExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
 func (*ExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ExecResponse) GetEvent() isExecResponse_Event {
@@ -705,7 +799,7 @@ type ListExecsRequest struct {
 
 func (x *ListExecsRequest) Reset() {
 	*x = ListExecsRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +811,7 @@ func (x *ListExecsRequest) String() string {
 func (*ListExecsRequest) ProtoMessage() {}
 
 func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[8]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +824,7 @@ func (x *ListExecsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsRequest.ProtoReflect.Descriptor instead.
 func (*ListExecsRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 // ListExecsResponse lists the agent's execs.
@@ -747,7 +841,7 @@ type ListExecsResponse struct {
 
 func (x *ListExecsResponse) Reset() {
 	*x = ListExecsResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -759,7 +853,7 @@ func (x *ListExecsResponse) String() string {
 func (*ListExecsResponse) ProtoMessage() {}
 
 func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[9]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -772,7 +866,7 @@ func (x *ListExecsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListExecsResponse.ProtoReflect.Descriptor instead.
 func (*ListExecsResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListExecsResponse) GetExecs() []*v1.ExecInfo {
@@ -802,7 +896,7 @@ type SignalExecRequest struct {
 
 func (x *SignalExecRequest) Reset() {
 	*x = SignalExecRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -814,7 +908,7 @@ func (x *SignalExecRequest) String() string {
 func (*SignalExecRequest) ProtoMessage() {}
 
 func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[10]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -827,7 +921,7 @@ func (x *SignalExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalExecRequest.ProtoReflect.Descriptor instead.
 func (*SignalExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SignalExecRequest) GetExecId() string {
@@ -855,7 +949,7 @@ type SignalExecResponse struct {
 
 func (x *SignalExecResponse) Reset() {
 	*x = SignalExecResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +961,7 @@ func (x *SignalExecResponse) String() string {
 func (*SignalExecResponse) ProtoMessage() {}
 
 func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[11]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +974,7 @@ func (x *SignalExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SignalExecResponse.ProtoReflect.Descriptor instead.
 func (*SignalExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SignalExecResponse) GetState() v1.ExecState {
@@ -907,7 +1001,7 @@ type PortForwardRequest struct {
 
 func (x *PortForwardRequest) Reset() {
 	*x = PortForwardRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -919,7 +1013,7 @@ func (x *PortForwardRequest) String() string {
 func (*PortForwardRequest) ProtoMessage() {}
 
 func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[12]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -932,7 +1026,7 @@ func (x *PortForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardRequest.ProtoReflect.Descriptor instead.
 func (*PortForwardRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PortForwardRequest) GetEvent() isPortForwardRequest_Event {
@@ -996,7 +1090,7 @@ type PortForwardResponse struct {
 
 func (x *PortForwardResponse) Reset() {
 	*x = PortForwardResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1102,7 @@ func (x *PortForwardResponse) String() string {
 func (*PortForwardResponse) ProtoMessage() {}
 
 func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[13]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1115,7 @@ func (x *PortForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PortForwardResponse.ProtoReflect.Descriptor instead.
 func (*PortForwardResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PortForwardResponse) GetEvent() isPortForwardResponse_Event {
@@ -1101,7 +1195,7 @@ type WriteStdinRequest struct {
 
 func (x *WriteStdinRequest) Reset() {
 	*x = WriteStdinRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1207,7 @@ func (x *WriteStdinRequest) String() string {
 func (*WriteStdinRequest) ProtoMessage() {}
 
 func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[14]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1220,7 @@ func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
 func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WriteStdinRequest) GetExecId() string {
@@ -1168,7 +1262,7 @@ type WriteStdinResponse struct {
 
 func (x *WriteStdinResponse) Reset() {
 	*x = WriteStdinResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1274,7 @@ func (x *WriteStdinResponse) String() string {
 func (*WriteStdinResponse) ProtoMessage() {}
 
 func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[15]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1287,7 @@ func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
 func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WriteStdinResponse) GetNextOffset() uint64 {
@@ -1216,7 +1310,7 @@ type ResizeExecRequest struct {
 
 func (x *ResizeExecRequest) Reset() {
 	*x = ResizeExecRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1228,7 +1322,7 @@ func (x *ResizeExecRequest) String() string {
 func (*ResizeExecRequest) ProtoMessage() {}
 
 func (x *ResizeExecRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[16]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1241,7 +1335,7 @@ func (x *ResizeExecRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeExecRequest.ProtoReflect.Descriptor instead.
 func (*ResizeExecRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResizeExecRequest) GetExecId() string {
@@ -1267,7 +1361,7 @@ type ResizeExecResponse struct {
 
 func (x *ResizeExecResponse) Reset() {
 	*x = ResizeExecResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1279,7 +1373,7 @@ func (x *ResizeExecResponse) String() string {
 func (*ResizeExecResponse) ProtoMessage() {}
 
 func (x *ResizeExecResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[17]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1292,7 +1386,7 @@ func (x *ResizeExecResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResizeExecResponse.ProtoReflect.Descriptor instead.
 func (*ResizeExecResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{17}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 // CreateSessionRequest is berth.v1.CreateSessionRequest with the owner
@@ -1309,7 +1403,7 @@ type CreateSessionRequest struct {
 
 func (x *CreateSessionRequest) Reset() {
 	*x = CreateSessionRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1415,7 @@ func (x *CreateSessionRequest) String() string {
 func (*CreateSessionRequest) ProtoMessage() {}
 
 func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[18]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1428,7 @@ func (x *CreateSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSessionRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{18}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CreateSessionRequest) GetSession() *v1.CreateSessionRequest {
@@ -1362,7 +1456,7 @@ type CreateSessionResponse struct {
 
 func (x *CreateSessionResponse) Reset() {
 	*x = CreateSessionResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1468,7 @@ func (x *CreateSessionResponse) String() string {
 func (*CreateSessionResponse) ProtoMessage() {}
 
 func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[19]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1481,7 @@ func (x *CreateSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSessionResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{19}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CreateSessionResponse) GetSession() *v1.SessionInfo {
@@ -1406,7 +1500,7 @@ type ListSessionsRequest struct {
 
 func (x *ListSessionsRequest) Reset() {
 	*x = ListSessionsRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1512,7 @@ func (x *ListSessionsRequest) String() string {
 func (*ListSessionsRequest) ProtoMessage() {}
 
 func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[20]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1525,7 @@ func (x *ListSessionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsRequest.ProtoReflect.Descriptor instead.
 func (*ListSessionsRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{20}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{22}
 }
 
 // ListSessionsResponse lists the sessions, ordered by creation time.
@@ -1445,7 +1539,7 @@ type ListSessionsResponse struct {
 
 func (x *ListSessionsResponse) Reset() {
 	*x = ListSessionsResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1457,7 +1551,7 @@ func (x *ListSessionsResponse) String() string {
 func (*ListSessionsResponse) ProtoMessage() {}
 
 func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[21]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1470,7 +1564,7 @@ func (x *ListSessionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSessionsResponse.ProtoReflect.Descriptor instead.
 func (*ListSessionsResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{21}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListSessionsResponse) GetSessions() []*v1.SessionInfo {
@@ -1491,7 +1585,7 @@ type DeleteSessionRequest struct {
 
 func (x *DeleteSessionRequest) Reset() {
 	*x = DeleteSessionRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1597,7 @@ func (x *DeleteSessionRequest) String() string {
 func (*DeleteSessionRequest) ProtoMessage() {}
 
 func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[22]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1610,7 @@ func (x *DeleteSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSessionRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{22}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteSessionRequest) GetSessionId() string {
@@ -1535,7 +1629,7 @@ type DeleteSessionResponse struct {
 
 func (x *DeleteSessionResponse) Reset() {
 	*x = DeleteSessionResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1641,7 @@ func (x *DeleteSessionResponse) String() string {
 func (*DeleteSessionResponse) ProtoMessage() {}
 
 func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[23]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1654,7 @@ func (x *DeleteSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSessionResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSessionResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{23}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{25}
 }
 
 // WatchFilesRequest is berth.v1.WatchFilesRequest with watch_id always set.
@@ -1574,7 +1668,7 @@ type WatchFilesRequest struct {
 
 func (x *WatchFilesRequest) Reset() {
 	*x = WatchFilesRequest{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1680,7 @@ func (x *WatchFilesRequest) String() string {
 func (*WatchFilesRequest) ProtoMessage() {}
 
 func (x *WatchFilesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[24]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1693,7 @@ func (x *WatchFilesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFilesRequest.ProtoReflect.Descriptor instead.
 func (*WatchFilesRequest) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{24}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchFilesRequest) GetWatch() *v1.WatchFilesRequest {
@@ -1627,7 +1721,7 @@ type WatchFilesResponse struct {
 
 func (x *WatchFilesResponse) Reset() {
 	*x = WatchFilesResponse{}
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1639,7 +1733,7 @@ func (x *WatchFilesResponse) String() string {
 func (*WatchFilesResponse) ProtoMessage() {}
 
 func (x *WatchFilesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_agent_v1_agent_proto_msgTypes[25]
+	mi := &file_berth_agent_v1_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1652,7 +1746,7 @@ func (x *WatchFilesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchFilesResponse.ProtoReflect.Descriptor instead.
 func (*WatchFilesResponse) Descriptor() ([]byte, []int) {
-	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{25}
+	return file_berth_agent_v1_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *WatchFilesResponse) GetEvent() isWatchFilesResponse_Event {
@@ -1718,7 +1812,12 @@ var File_berth_agent_v1_agent_proto protoreflect.FileDescriptor
 
 const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x12\n" +
+	"\x1aberth/agent/v1/agent.proto\x12\x0eberth.agent.v1\x1a\x13berth/v1/exec.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x14berth/v1/watch.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"E\n" +
+	"\x0eQuiesceRequest\x12\x1d\n" +
+	"\n" +
+	"wake_token\x18\x01 \x01(\fR\twakeToken\x12\x14\n" +
+	"\x05proof\x18\x02 \x01(\fR\x05proof\"\x11\n" +
+	"\x0fQuiesceResponse\"\x12\n" +
 	"\x10TelemetryRequest\"T\n" +
 	"\x11TelemetryResponse\x12?\n" +
 	"\x1cexport_trace_service_request\x18\x01 \x01(\fR\x19exportTraceServiceRequest\"+\n" +
@@ -1809,7 +1908,7 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\astarted\x18\x01 \x01(\v2\x1a.berth.v1.FileWatchStartedH\x00R\astarted\x12)\n" +
 	"\x04file\x18\x02 \x01(\v2\x13.berth.v1.FileEventH\x00R\x04file\x129\n" +
 	"\boverflow\x18\x03 \x01(\v2\x1b.berth.v1.FileWatchOverflowH\x00R\boverflowB\a\n" +
-	"\x05event2\x87\b\n" +
+	"\x05event2\xd3\b\n" +
 	"\fAgentService\x12A\n" +
 	"\x04Info\x12\x1b.berth.agent.v1.InfoRequest\x1a\x1c.berth.agent.v1.InfoResponse\x12E\n" +
 	"\x04Exec\x12\x1b.berth.agent.v1.ExecRequest\x1a\x1c.berth.agent.v1.ExecResponse(\x010\x01\x12P\n" +
@@ -1826,7 +1925,8 @@ const file_berth_agent_v1_agent_proto_rawDesc = "" +
 	"\n" +
 	"WatchFiles\x12!.berth.agent.v1.WatchFilesRequest\x1a\".berth.agent.v1.WatchFilesResponse0\x01\x12R\n" +
 	"\tTelemetry\x12 .berth.agent.v1.TelemetryRequest\x1a!.berth.agent.v1.TelemetryResponse0\x01\x12Z\n" +
-	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01B=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
+	"\vPortForward\x12\".berth.agent.v1.PortForwardRequest\x1a#.berth.agent.v1.PortForwardResponse(\x010\x01\x12J\n" +
+	"\aQuiesce\x12\x1e.berth.agent.v1.QuiesceRequest\x1a\x1f.berth.agent.v1.QuiesceResponseB=Z;github.com/berth-sandbox/berth/proto/berth/agent/v1;agentv1b\x06proto3"
 
 var (
 	file_berth_agent_v1_agent_proto_rawDescOnce sync.Once
@@ -1840,110 +1940,114 @@ func file_berth_agent_v1_agent_proto_rawDescGZIP() []byte {
 	return file_berth_agent_v1_agent_proto_rawDescData
 }
 
-var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_berth_agent_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_berth_agent_v1_agent_proto_goTypes = []any{
-	(*TelemetryRequest)(nil),        // 0: berth.agent.v1.TelemetryRequest
-	(*TelemetryResponse)(nil),       // 1: berth.agent.v1.TelemetryResponse
-	(*InfoRequest)(nil),             // 2: berth.agent.v1.InfoRequest
-	(*InfoResponse)(nil),            // 3: berth.agent.v1.InfoResponse
-	(*ExecStart)(nil),               // 4: berth.agent.v1.ExecStart
-	(*ExecAttach)(nil),              // 5: berth.agent.v1.ExecAttach
-	(*ExecRequest)(nil),             // 6: berth.agent.v1.ExecRequest
-	(*ExecResponse)(nil),            // 7: berth.agent.v1.ExecResponse
-	(*ListExecsRequest)(nil),        // 8: berth.agent.v1.ListExecsRequest
-	(*ListExecsResponse)(nil),       // 9: berth.agent.v1.ListExecsResponse
-	(*SignalExecRequest)(nil),       // 10: berth.agent.v1.SignalExecRequest
-	(*SignalExecResponse)(nil),      // 11: berth.agent.v1.SignalExecResponse
-	(*PortForwardRequest)(nil),      // 12: berth.agent.v1.PortForwardRequest
-	(*PortForwardResponse)(nil),     // 13: berth.agent.v1.PortForwardResponse
-	(*WriteStdinRequest)(nil),       // 14: berth.agent.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),      // 15: berth.agent.v1.WriteStdinResponse
-	(*ResizeExecRequest)(nil),       // 16: berth.agent.v1.ResizeExecRequest
-	(*ResizeExecResponse)(nil),      // 17: berth.agent.v1.ResizeExecResponse
-	(*CreateSessionRequest)(nil),    // 18: berth.agent.v1.CreateSessionRequest
-	(*CreateSessionResponse)(nil),   // 19: berth.agent.v1.CreateSessionResponse
-	(*ListSessionsRequest)(nil),     // 20: berth.agent.v1.ListSessionsRequest
-	(*ListSessionsResponse)(nil),    // 21: berth.agent.v1.ListSessionsResponse
-	(*DeleteSessionRequest)(nil),    // 22: berth.agent.v1.DeleteSessionRequest
-	(*DeleteSessionResponse)(nil),   // 23: berth.agent.v1.DeleteSessionResponse
-	(*WatchFilesRequest)(nil),       // 24: berth.agent.v1.WatchFilesRequest
-	(*WatchFilesResponse)(nil),      // 25: berth.agent.v1.WatchFilesResponse
-	(*timestamppb.Timestamp)(nil),   // 26: google.protobuf.Timestamp
-	(*v1.ProcessSpec)(nil),          // 27: berth.v1.ProcessSpec
-	(v1.DetachedOutput)(0),          // 28: berth.v1.DetachedOutput
-	(*v1.ExecStdin)(nil),            // 29: berth.v1.ExecStdin
-	(*v1.ExecCloseStdin)(nil),       // 30: berth.v1.ExecCloseStdin
-	(*v1.ExecSignal)(nil),           // 31: berth.v1.ExecSignal
-	(*v1.ExecResize)(nil),           // 32: berth.v1.ExecResize
-	(*v1.ExecStarted)(nil),          // 33: berth.v1.ExecStarted
-	(*v1.ExecOutput)(nil),           // 34: berth.v1.ExecOutput
-	(*v1.ExecHeartbeat)(nil),        // 35: berth.v1.ExecHeartbeat
-	(*v1.ExecDropped)(nil),          // 36: berth.v1.ExecDropped
-	(*v1.ExecExited)(nil),           // 37: berth.v1.ExecExited
-	(*v1.ExecInfo)(nil),             // 38: berth.v1.ExecInfo
-	(v1.ExecState)(0),               // 39: berth.v1.ExecState
-	(*v1.PortForwardConnected)(nil), // 40: berth.v1.PortForwardConnected
-	(*v1.PortForwardEOF)(nil),       // 41: berth.v1.PortForwardEOF
-	(*v1.CreateSessionRequest)(nil), // 42: berth.v1.CreateSessionRequest
-	(*v1.SessionInfo)(nil),          // 43: berth.v1.SessionInfo
-	(*v1.WatchFilesRequest)(nil),    // 44: berth.v1.WatchFilesRequest
-	(*v1.FileWatchStarted)(nil),     // 45: berth.v1.FileWatchStarted
-	(*v1.FileEvent)(nil),            // 46: berth.v1.FileEvent
-	(*v1.FileWatchOverflow)(nil),    // 47: berth.v1.FileWatchOverflow
+	(*QuiesceRequest)(nil),          // 0: berth.agent.v1.QuiesceRequest
+	(*QuiesceResponse)(nil),         // 1: berth.agent.v1.QuiesceResponse
+	(*TelemetryRequest)(nil),        // 2: berth.agent.v1.TelemetryRequest
+	(*TelemetryResponse)(nil),       // 3: berth.agent.v1.TelemetryResponse
+	(*InfoRequest)(nil),             // 4: berth.agent.v1.InfoRequest
+	(*InfoResponse)(nil),            // 5: berth.agent.v1.InfoResponse
+	(*ExecStart)(nil),               // 6: berth.agent.v1.ExecStart
+	(*ExecAttach)(nil),              // 7: berth.agent.v1.ExecAttach
+	(*ExecRequest)(nil),             // 8: berth.agent.v1.ExecRequest
+	(*ExecResponse)(nil),            // 9: berth.agent.v1.ExecResponse
+	(*ListExecsRequest)(nil),        // 10: berth.agent.v1.ListExecsRequest
+	(*ListExecsResponse)(nil),       // 11: berth.agent.v1.ListExecsResponse
+	(*SignalExecRequest)(nil),       // 12: berth.agent.v1.SignalExecRequest
+	(*SignalExecResponse)(nil),      // 13: berth.agent.v1.SignalExecResponse
+	(*PortForwardRequest)(nil),      // 14: berth.agent.v1.PortForwardRequest
+	(*PortForwardResponse)(nil),     // 15: berth.agent.v1.PortForwardResponse
+	(*WriteStdinRequest)(nil),       // 16: berth.agent.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),      // 17: berth.agent.v1.WriteStdinResponse
+	(*ResizeExecRequest)(nil),       // 18: berth.agent.v1.ResizeExecRequest
+	(*ResizeExecResponse)(nil),      // 19: berth.agent.v1.ResizeExecResponse
+	(*CreateSessionRequest)(nil),    // 20: berth.agent.v1.CreateSessionRequest
+	(*CreateSessionResponse)(nil),   // 21: berth.agent.v1.CreateSessionResponse
+	(*ListSessionsRequest)(nil),     // 22: berth.agent.v1.ListSessionsRequest
+	(*ListSessionsResponse)(nil),    // 23: berth.agent.v1.ListSessionsResponse
+	(*DeleteSessionRequest)(nil),    // 24: berth.agent.v1.DeleteSessionRequest
+	(*DeleteSessionResponse)(nil),   // 25: berth.agent.v1.DeleteSessionResponse
+	(*WatchFilesRequest)(nil),       // 26: berth.agent.v1.WatchFilesRequest
+	(*WatchFilesResponse)(nil),      // 27: berth.agent.v1.WatchFilesResponse
+	(*timestamppb.Timestamp)(nil),   // 28: google.protobuf.Timestamp
+	(*v1.ProcessSpec)(nil),          // 29: berth.v1.ProcessSpec
+	(v1.DetachedOutput)(0),          // 30: berth.v1.DetachedOutput
+	(*v1.ExecStdin)(nil),            // 31: berth.v1.ExecStdin
+	(*v1.ExecCloseStdin)(nil),       // 32: berth.v1.ExecCloseStdin
+	(*v1.ExecSignal)(nil),           // 33: berth.v1.ExecSignal
+	(*v1.ExecResize)(nil),           // 34: berth.v1.ExecResize
+	(*v1.ExecStarted)(nil),          // 35: berth.v1.ExecStarted
+	(*v1.ExecOutput)(nil),           // 36: berth.v1.ExecOutput
+	(*v1.ExecHeartbeat)(nil),        // 37: berth.v1.ExecHeartbeat
+	(*v1.ExecDropped)(nil),          // 38: berth.v1.ExecDropped
+	(*v1.ExecExited)(nil),           // 39: berth.v1.ExecExited
+	(*v1.ExecInfo)(nil),             // 40: berth.v1.ExecInfo
+	(v1.ExecState)(0),               // 41: berth.v1.ExecState
+	(*v1.PortForwardConnected)(nil), // 42: berth.v1.PortForwardConnected
+	(*v1.PortForwardEOF)(nil),       // 43: berth.v1.PortForwardEOF
+	(*v1.CreateSessionRequest)(nil), // 44: berth.v1.CreateSessionRequest
+	(*v1.SessionInfo)(nil),          // 45: berth.v1.SessionInfo
+	(*v1.WatchFilesRequest)(nil),    // 46: berth.v1.WatchFilesRequest
+	(*v1.FileWatchStarted)(nil),     // 47: berth.v1.FileWatchStarted
+	(*v1.FileEvent)(nil),            // 48: berth.v1.FileEvent
+	(*v1.FileWatchOverflow)(nil),    // 49: berth.v1.FileWatchOverflow
 }
 var file_berth_agent_v1_agent_proto_depIdxs = []int32{
-	26, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
-	27, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
-	28, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
-	4,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
-	5,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
-	29, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
-	30, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
-	31, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
-	32, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
-	33, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
-	34, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
-	35, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
-	36, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
-	37, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
-	38, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
-	39, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
-	40, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
-	41, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
-	32, // 18: berth.agent.v1.ResizeExecRequest.size:type_name -> berth.v1.ExecResize
-	42, // 19: berth.agent.v1.CreateSessionRequest.session:type_name -> berth.v1.CreateSessionRequest
-	43, // 20: berth.agent.v1.CreateSessionResponse.session:type_name -> berth.v1.SessionInfo
-	43, // 21: berth.agent.v1.ListSessionsResponse.sessions:type_name -> berth.v1.SessionInfo
-	44, // 22: berth.agent.v1.WatchFilesRequest.watch:type_name -> berth.v1.WatchFilesRequest
-	45, // 23: berth.agent.v1.WatchFilesResponse.started:type_name -> berth.v1.FileWatchStarted
-	46, // 24: berth.agent.v1.WatchFilesResponse.file:type_name -> berth.v1.FileEvent
-	47, // 25: berth.agent.v1.WatchFilesResponse.overflow:type_name -> berth.v1.FileWatchOverflow
-	2,  // 26: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
-	6,  // 27: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
-	8,  // 28: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
-	10, // 29: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
-	14, // 30: berth.agent.v1.AgentService.WriteStdin:input_type -> berth.agent.v1.WriteStdinRequest
-	16, // 31: berth.agent.v1.AgentService.ResizeExec:input_type -> berth.agent.v1.ResizeExecRequest
-	18, // 32: berth.agent.v1.AgentService.CreateSession:input_type -> berth.agent.v1.CreateSessionRequest
-	20, // 33: berth.agent.v1.AgentService.ListSessions:input_type -> berth.agent.v1.ListSessionsRequest
-	22, // 34: berth.agent.v1.AgentService.DeleteSession:input_type -> berth.agent.v1.DeleteSessionRequest
-	24, // 35: berth.agent.v1.AgentService.WatchFiles:input_type -> berth.agent.v1.WatchFilesRequest
-	0,  // 36: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
-	12, // 37: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
-	3,  // 38: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
-	7,  // 39: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
-	9,  // 40: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
-	11, // 41: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
-	15, // 42: berth.agent.v1.AgentService.WriteStdin:output_type -> berth.agent.v1.WriteStdinResponse
-	17, // 43: berth.agent.v1.AgentService.ResizeExec:output_type -> berth.agent.v1.ResizeExecResponse
-	19, // 44: berth.agent.v1.AgentService.CreateSession:output_type -> berth.agent.v1.CreateSessionResponse
-	21, // 45: berth.agent.v1.AgentService.ListSessions:output_type -> berth.agent.v1.ListSessionsResponse
-	23, // 46: berth.agent.v1.AgentService.DeleteSession:output_type -> berth.agent.v1.DeleteSessionResponse
-	25, // 47: berth.agent.v1.AgentService.WatchFiles:output_type -> berth.agent.v1.WatchFilesResponse
-	1,  // 48: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
-	13, // 49: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
-	38, // [38:50] is the sub-list for method output_type
-	26, // [26:38] is the sub-list for method input_type
+	28, // 0: berth.agent.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	29, // 1: berth.agent.v1.ExecStart.process:type_name -> berth.v1.ProcessSpec
+	30, // 2: berth.agent.v1.ExecStart.detached_output:type_name -> berth.v1.DetachedOutput
+	6,  // 3: berth.agent.v1.ExecRequest.start:type_name -> berth.agent.v1.ExecStart
+	7,  // 4: berth.agent.v1.ExecRequest.attach:type_name -> berth.agent.v1.ExecAttach
+	31, // 5: berth.agent.v1.ExecRequest.stdin:type_name -> berth.v1.ExecStdin
+	32, // 6: berth.agent.v1.ExecRequest.close_stdin:type_name -> berth.v1.ExecCloseStdin
+	33, // 7: berth.agent.v1.ExecRequest.signal:type_name -> berth.v1.ExecSignal
+	34, // 8: berth.agent.v1.ExecRequest.resize:type_name -> berth.v1.ExecResize
+	35, // 9: berth.agent.v1.ExecResponse.started:type_name -> berth.v1.ExecStarted
+	36, // 10: berth.agent.v1.ExecResponse.output:type_name -> berth.v1.ExecOutput
+	37, // 11: berth.agent.v1.ExecResponse.heartbeat:type_name -> berth.v1.ExecHeartbeat
+	38, // 12: berth.agent.v1.ExecResponse.dropped:type_name -> berth.v1.ExecDropped
+	39, // 13: berth.agent.v1.ExecResponse.exited:type_name -> berth.v1.ExecExited
+	40, // 14: berth.agent.v1.ListExecsResponse.execs:type_name -> berth.v1.ExecInfo
+	41, // 15: berth.agent.v1.SignalExecResponse.state:type_name -> berth.v1.ExecState
+	42, // 16: berth.agent.v1.PortForwardResponse.connected:type_name -> berth.v1.PortForwardConnected
+	43, // 17: berth.agent.v1.PortForwardResponse.eof:type_name -> berth.v1.PortForwardEOF
+	34, // 18: berth.agent.v1.ResizeExecRequest.size:type_name -> berth.v1.ExecResize
+	44, // 19: berth.agent.v1.CreateSessionRequest.session:type_name -> berth.v1.CreateSessionRequest
+	45, // 20: berth.agent.v1.CreateSessionResponse.session:type_name -> berth.v1.SessionInfo
+	45, // 21: berth.agent.v1.ListSessionsResponse.sessions:type_name -> berth.v1.SessionInfo
+	46, // 22: berth.agent.v1.WatchFilesRequest.watch:type_name -> berth.v1.WatchFilesRequest
+	47, // 23: berth.agent.v1.WatchFilesResponse.started:type_name -> berth.v1.FileWatchStarted
+	48, // 24: berth.agent.v1.WatchFilesResponse.file:type_name -> berth.v1.FileEvent
+	49, // 25: berth.agent.v1.WatchFilesResponse.overflow:type_name -> berth.v1.FileWatchOverflow
+	4,  // 26: berth.agent.v1.AgentService.Info:input_type -> berth.agent.v1.InfoRequest
+	8,  // 27: berth.agent.v1.AgentService.Exec:input_type -> berth.agent.v1.ExecRequest
+	10, // 28: berth.agent.v1.AgentService.ListExecs:input_type -> berth.agent.v1.ListExecsRequest
+	12, // 29: berth.agent.v1.AgentService.SignalExec:input_type -> berth.agent.v1.SignalExecRequest
+	16, // 30: berth.agent.v1.AgentService.WriteStdin:input_type -> berth.agent.v1.WriteStdinRequest
+	18, // 31: berth.agent.v1.AgentService.ResizeExec:input_type -> berth.agent.v1.ResizeExecRequest
+	20, // 32: berth.agent.v1.AgentService.CreateSession:input_type -> berth.agent.v1.CreateSessionRequest
+	22, // 33: berth.agent.v1.AgentService.ListSessions:input_type -> berth.agent.v1.ListSessionsRequest
+	24, // 34: berth.agent.v1.AgentService.DeleteSession:input_type -> berth.agent.v1.DeleteSessionRequest
+	26, // 35: berth.agent.v1.AgentService.WatchFiles:input_type -> berth.agent.v1.WatchFilesRequest
+	2,  // 36: berth.agent.v1.AgentService.Telemetry:input_type -> berth.agent.v1.TelemetryRequest
+	14, // 37: berth.agent.v1.AgentService.PortForward:input_type -> berth.agent.v1.PortForwardRequest
+	0,  // 38: berth.agent.v1.AgentService.Quiesce:input_type -> berth.agent.v1.QuiesceRequest
+	5,  // 39: berth.agent.v1.AgentService.Info:output_type -> berth.agent.v1.InfoResponse
+	9,  // 40: berth.agent.v1.AgentService.Exec:output_type -> berth.agent.v1.ExecResponse
+	11, // 41: berth.agent.v1.AgentService.ListExecs:output_type -> berth.agent.v1.ListExecsResponse
+	13, // 42: berth.agent.v1.AgentService.SignalExec:output_type -> berth.agent.v1.SignalExecResponse
+	17, // 43: berth.agent.v1.AgentService.WriteStdin:output_type -> berth.agent.v1.WriteStdinResponse
+	19, // 44: berth.agent.v1.AgentService.ResizeExec:output_type -> berth.agent.v1.ResizeExecResponse
+	21, // 45: berth.agent.v1.AgentService.CreateSession:output_type -> berth.agent.v1.CreateSessionResponse
+	23, // 46: berth.agent.v1.AgentService.ListSessions:output_type -> berth.agent.v1.ListSessionsResponse
+	25, // 47: berth.agent.v1.AgentService.DeleteSession:output_type -> berth.agent.v1.DeleteSessionResponse
+	27, // 48: berth.agent.v1.AgentService.WatchFiles:output_type -> berth.agent.v1.WatchFilesResponse
+	3,  // 49: berth.agent.v1.AgentService.Telemetry:output_type -> berth.agent.v1.TelemetryResponse
+	15, // 50: berth.agent.v1.AgentService.PortForward:output_type -> berth.agent.v1.PortForwardResponse
+	1,  // 51: berth.agent.v1.AgentService.Quiesce:output_type -> berth.agent.v1.QuiesceResponse
+	39, // [39:52] is the sub-list for method output_type
+	26, // [26:39] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -1954,7 +2058,7 @@ func file_berth_agent_v1_agent_proto_init() {
 	if File_berth_agent_v1_agent_proto != nil {
 		return
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[6].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[8].OneofWrappers = []any{
 		(*ExecRequest_Start)(nil),
 		(*ExecRequest_Attach)(nil),
 		(*ExecRequest_Stdin)(nil),
@@ -1962,23 +2066,23 @@ func file_berth_agent_v1_agent_proto_init() {
 		(*ExecRequest_Signal)(nil),
 		(*ExecRequest_Resize)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[7].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[9].OneofWrappers = []any{
 		(*ExecResponse_Started)(nil),
 		(*ExecResponse_Output)(nil),
 		(*ExecResponse_Heartbeat)(nil),
 		(*ExecResponse_Dropped)(nil),
 		(*ExecResponse_Exited)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*PortForwardRequest_Port)(nil),
 		(*PortForwardRequest_Data)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[13].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[15].OneofWrappers = []any{
 		(*PortForwardResponse_Connected)(nil),
 		(*PortForwardResponse_Data)(nil),
 		(*PortForwardResponse_Eof)(nil),
 	}
-	file_berth_agent_v1_agent_proto_msgTypes[25].OneofWrappers = []any{
+	file_berth_agent_v1_agent_proto_msgTypes[27].OneofWrappers = []any{
 		(*WatchFilesResponse_Started)(nil),
 		(*WatchFilesResponse_File)(nil),
 		(*WatchFilesResponse_Overflow)(nil),
@@ -1989,7 +2093,7 @@ func file_berth_agent_v1_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_agent_v1_agent_proto_rawDesc), len(file_berth_agent_v1_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -31,6 +31,7 @@ const (
 	AgentService_WatchFiles_FullMethodName    = "/berth.agent.v1.AgentService/WatchFiles"
 	AgentService_Telemetry_FullMethodName     = "/berth.agent.v1.AgentService/Telemetry"
 	AgentService_PortForward_FullMethodName   = "/berth.agent.v1.AgentService/PortForward"
+	AgentService_Quiesce_FullMethodName       = "/berth.agent.v1.AgentService/Quiesce"
 )
 
 // AgentServiceClient is the client API for AgentService service.
@@ -89,6 +90,17 @@ type AgentServiceClient interface {
 	// missing start or a bad port, FAILED_PRECONDITION (PORT_CLOSED) when the
 	// connection is refused, ABORTED (CONNECTION_RESET) when it fails later.
 	PortForward(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse], error)
+	// Quiesce closes the agent's listener and every connection to the host
+	// (this one too, once answered), for berthd to checkpoint a gVisor
+	// sandbox's memory: runsc cannot save a host-backed socket. The agent
+	// then creates the file agent.quiet in its socket's directory, and
+	// listens again only once the file agent.wake there holds wake_proof
+	// (package internal/quiesce). Errors: PERMISSION_DENIED when proof does
+	// not prove the sandbox's secret (a workload reaching the socket cannot
+	// quiesce it); FAILED_PRECONDITION when the agent has no secret, cannot
+	// listen again, or is quiescing already; INVALID_ARGUMENT for a
+	// wake_token of another size.
+	Quiesce(ctx context.Context, in *QuiesceRequest, opts ...grpc.CallOption) (*QuiesceResponse, error)
 }
 
 type agentServiceClient struct {
@@ -243,6 +255,16 @@ func (c *agentServiceClient) PortForward(ctx context.Context, opts ...grpc.CallO
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_PortForwardClient = grpc.BidiStreamingClient[PortForwardRequest, PortForwardResponse]
 
+func (c *agentServiceClient) Quiesce(ctx context.Context, in *QuiesceRequest, opts ...grpc.CallOption) (*QuiesceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(QuiesceResponse)
+	err := c.cc.Invoke(ctx, AgentService_Quiesce_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AgentServiceServer is the server API for AgentService service.
 // All implementations must embed UnimplementedAgentServiceServer
 // for forward compatibility.
@@ -299,6 +321,17 @@ type AgentServiceServer interface {
 	// missing start or a bad port, FAILED_PRECONDITION (PORT_CLOSED) when the
 	// connection is refused, ABORTED (CONNECTION_RESET) when it fails later.
 	PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error
+	// Quiesce closes the agent's listener and every connection to the host
+	// (this one too, once answered), for berthd to checkpoint a gVisor
+	// sandbox's memory: runsc cannot save a host-backed socket. The agent
+	// then creates the file agent.quiet in its socket's directory, and
+	// listens again only once the file agent.wake there holds wake_proof
+	// (package internal/quiesce). Errors: PERMISSION_DENIED when proof does
+	// not prove the sandbox's secret (a workload reaching the socket cannot
+	// quiesce it); FAILED_PRECONDITION when the agent has no secret, cannot
+	// listen again, or is quiescing already; INVALID_ARGUMENT for a
+	// wake_token of another size.
+	Quiesce(context.Context, *QuiesceRequest) (*QuiesceResponse, error)
 	mustEmbedUnimplementedAgentServiceServer()
 }
 
@@ -344,6 +377,9 @@ func (UnimplementedAgentServiceServer) Telemetry(*TelemetryRequest, grpc.ServerS
 }
 func (UnimplementedAgentServiceServer) PortForward(grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]) error {
 	return status.Error(codes.Unimplemented, "method PortForward not implemented")
+}
+func (UnimplementedAgentServiceServer) Quiesce(context.Context, *QuiesceRequest) (*QuiesceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Quiesce not implemented")
 }
 func (UnimplementedAgentServiceServer) mustEmbedUnimplementedAgentServiceServer() {}
 func (UnimplementedAgentServiceServer) testEmbeddedByValue()                      {}
@@ -546,6 +582,24 @@ func _AgentService_PortForward_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AgentService_PortForwardServer = grpc.BidiStreamingServer[PortForwardRequest, PortForwardResponse]
 
+func _AgentService_Quiesce_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(QuiesceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AgentServiceServer).Quiesce(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AgentService_Quiesce_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AgentServiceServer).Quiesce(ctx, req.(*QuiesceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AgentService_ServiceDesc is the grpc.ServiceDesc for AgentService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -584,6 +638,10 @@ var AgentService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteSession",
 			Handler:    _AgentService_DeleteSession_Handler,
+		},
+		{
+			MethodName: "Quiesce",
+			Handler:    _AgentService_Quiesce_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -50,6 +50,17 @@ import {
   ListSessionsRequest,
   ListSessionsResponse,
 } from "./session";
+import {
+  CreateVolumeRequest,
+  CreateVolumeResponse,
+  DeleteVolumeRequest,
+  DeleteVolumeResponse,
+  GetVolumeRequest,
+  GetVolumeResponse,
+  ListVolumesRequest,
+  ListVolumesResponse,
+  VolumeMount,
+} from "./volume";
 import { WatchFilesRequest, WatchFilesResponse } from "./watch";
 
 /** SandboxState is the lifecycle state of a sandbox. */
@@ -706,6 +717,11 @@ export interface Sandbox {
    * empty for a sandbox made otherwise.
    */
   forkedFrom: string;
+  /**
+   * volumes are the volumes mounted into the sandbox at create
+   * (CreateSandboxRequest.volumes).
+   */
+  volumes: VolumeMount[];
 }
 
 export interface Sandbox_LabelsEntry {
@@ -824,6 +840,17 @@ export interface CreateSandboxRequest {
    * (host_users, gVisor).
    */
   fromSnapshot: string;
+  /**
+   * volumes mounts the caller's volumes (CreateVolume) into the sandbox,
+   * read-write or read-only, at most 16. A file one sandbox's user writes
+   * there is that same user's in every other sandbox that mounts the
+   * volume (each sandbox's ids are mapped at mount time). Errors:
+   * INVALID_ARGUMENT naming the field (volumes[N].name, volumes[N].path),
+   * NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_UNSUPPORTED:
+   * not the btrfs snapshotter with quotas, a kernel that cannot idmap, or
+   * a fleet).
+   */
+  volumes: VolumeMount[];
 }
 
 export interface CreateSandboxRequest_LabelsEntry {
@@ -1837,6 +1864,7 @@ function createBaseSandbox(): Sandbox {
     cpuset: "",
     idleAction: 0,
     forkedFrom: "",
+    volumes: [],
   };
 }
 
@@ -1940,6 +1968,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     }
     if (message.forkedFrom !== "") {
       writer.uint32(266).string(message.forkedFrom);
+    }
+    for (const v of message.volumes) {
+      VolumeMount.encode(v!, writer.uint32(274).fork()).join();
     }
     return writer;
   },
@@ -2224,6 +2255,14 @@ export const Sandbox: MessageFns<Sandbox> = {
             message.forkedFrom = reader.string();
             continue;
           }
+          case 34: {
+            if (tag !== 274) {
+              break;
+            }
+
+            message.volumes.push(VolumeMount.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2368,6 +2407,9 @@ export const Sandbox: MessageFns<Sandbox> = {
         : isSet(object.forked_from)
         ? globalThis.String(object.forked_from)
         : "",
+      volumes: globalThis.Array.isArray(object?.volumes)
+        ? object.volumes.map((e: any) => VolumeMount.fromJSON(e))
+        : [],
     };
   },
 
@@ -2478,6 +2520,9 @@ export const Sandbox: MessageFns<Sandbox> = {
     if (message.forkedFrom !== "") {
       obj.forkedFrom = message.forkedFrom;
     }
+    if (message.volumes?.length) {
+      obj.volumes = message.volumes.map((e) => VolumeMount.toJSON(e));
+    }
     return obj;
   },
 
@@ -2539,6 +2584,7 @@ export const Sandbox: MessageFns<Sandbox> = {
     message.cpuset = object.cpuset ?? "";
     message.idleAction = object.idleAction ?? 0;
     message.forkedFrom = object.forkedFrom ?? "";
+    message.volumes = object.volumes?.map((e) => VolumeMount.fromPartial(e)) || [];
     return message;
   },
 };
@@ -2645,6 +2691,7 @@ function createBaseCreateSandboxRequest(): CreateSandboxRequest {
     network: undefined,
     idleAction: 0,
     fromSnapshot: "",
+    volumes: [],
   };
 }
 
@@ -2694,6 +2741,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     }
     if (message.fromSnapshot !== "") {
       writer.uint32(122).string(message.fromSnapshot);
+    }
+    for (const v of message.volumes) {
+      VolumeMount.encode(v!, writer.uint32(130).fork()).join();
     }
     return writer;
   },
@@ -2837,6 +2887,14 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
             message.fromSnapshot = reader.string();
             continue;
           }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.volumes.push(VolumeMount.decode(reader, reader.uint32()));
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2920,6 +2978,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
         : isSet(object.from_snapshot)
         ? globalThis.String(object.from_snapshot)
         : "",
+      volumes: globalThis.Array.isArray(object?.volumes)
+        ? object.volumes.map((e: any) => VolumeMount.fromJSON(e))
+        : [],
     };
   },
 
@@ -2982,6 +3043,9 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
     if (message.fromSnapshot !== "") {
       obj.fromSnapshot = message.fromSnapshot;
     }
+    if (message.volumes?.length) {
+      obj.volumes = message.volumes.map((e) => VolumeMount.toJSON(e));
+    }
     return obj;
   },
 
@@ -3029,6 +3093,7 @@ export const CreateSandboxRequest: MessageFns<CreateSandboxRequest> = {
       : undefined;
     message.idleAction = object.idleAction ?? 0;
     message.fromSnapshot = object.fromSnapshot ?? "";
+    message.volumes = object.volumes?.map((e) => VolumeMount.fromPartial(e)) || [];
     return message;
   },
 };
@@ -6642,6 +6707,63 @@ export const SandboxServiceService = {
       Buffer.from(CommitSnapshotResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): CommitSnapshotResponse => CommitSnapshotResponse.decode(value),
   },
+  /**
+   * CreateVolume makes an empty named volume owned by the caller: a btrfs
+   * subvolume of the disk pool with a quota of its own, counted against the
+   * caller's --max-disk-bytes-per-principal and the server's disk budget
+   * (RESOURCE_EXHAUSTED FLEET_BUSY past them). Errors: INVALID_ARGUMENT
+   * (name, quota_bytes), ALREADY_EXISTS (VOLUME_EXISTS), FAILED_PRECONDITION
+   * (VOLUME_UNSUPPORTED: not the btrfs snapshotter with quotas, or a fleet).
+   */
+  createVolume: {
+    path: "/berth.v1.SandboxService/CreateVolume" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CreateVolumeRequest): Buffer => Buffer.from(CreateVolumeRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CreateVolumeRequest => CreateVolumeRequest.decode(value),
+    responseSerialize: (value: CreateVolumeResponse): Buffer =>
+      Buffer.from(CreateVolumeResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CreateVolumeResponse => CreateVolumeResponse.decode(value),
+  },
+  /**
+   * GetVolume returns one of the caller's volumes with its usage. Errors:
+   * NOT_FOUND (VOLUME_NOT_FOUND, also for another principal's).
+   */
+  getVolume: {
+    path: "/berth.v1.SandboxService/GetVolume" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: GetVolumeRequest): Buffer => Buffer.from(GetVolumeRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): GetVolumeRequest => GetVolumeRequest.decode(value),
+    responseSerialize: (value: GetVolumeResponse): Buffer => Buffer.from(GetVolumeResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): GetVolumeResponse => GetVolumeResponse.decode(value),
+  },
+  /** ListVolumes lists the caller's volumes (an admin's: all) with usage. */
+  listVolumes: {
+    path: "/berth.v1.SandboxService/ListVolumes" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListVolumesRequest): Buffer => Buffer.from(ListVolumesRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListVolumesRequest => ListVolumesRequest.decode(value),
+    responseSerialize: (value: ListVolumesResponse): Buffer => Buffer.from(ListVolumesResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListVolumesResponse => ListVolumesResponse.decode(value),
+  },
+  /**
+   * DeleteVolume removes one of the caller's volumes and its files. Errors:
+   * NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_IN_USE, the
+   * message and metadata "sandbox_ids" naming the sandboxes that mount it:
+   * delete them first).
+   */
+  deleteVolume: {
+    path: "/berth.v1.SandboxService/DeleteVolume" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteVolumeRequest): Buffer => Buffer.from(DeleteVolumeRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteVolumeRequest => DeleteVolumeRequest.decode(value),
+    responseSerialize: (value: DeleteVolumeResponse): Buffer =>
+      Buffer.from(DeleteVolumeResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteVolumeResponse => DeleteVolumeResponse.decode(value),
+  },
 } as const;
 
 export interface SandboxServiceServer extends UntypedServiceImplementation {
@@ -6946,6 +7068,29 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * FAILED_PRECONDITION (SNAPSHOT_UNSUPPORTED) where snapshots are.
    */
   commitSnapshot: handleUnaryCall<CommitSnapshotRequest, CommitSnapshotResponse>;
+  /**
+   * CreateVolume makes an empty named volume owned by the caller: a btrfs
+   * subvolume of the disk pool with a quota of its own, counted against the
+   * caller's --max-disk-bytes-per-principal and the server's disk budget
+   * (RESOURCE_EXHAUSTED FLEET_BUSY past them). Errors: INVALID_ARGUMENT
+   * (name, quota_bytes), ALREADY_EXISTS (VOLUME_EXISTS), FAILED_PRECONDITION
+   * (VOLUME_UNSUPPORTED: not the btrfs snapshotter with quotas, or a fleet).
+   */
+  createVolume: handleUnaryCall<CreateVolumeRequest, CreateVolumeResponse>;
+  /**
+   * GetVolume returns one of the caller's volumes with its usage. Errors:
+   * NOT_FOUND (VOLUME_NOT_FOUND, also for another principal's).
+   */
+  getVolume: handleUnaryCall<GetVolumeRequest, GetVolumeResponse>;
+  /** ListVolumes lists the caller's volumes (an admin's: all) with usage. */
+  listVolumes: handleUnaryCall<ListVolumesRequest, ListVolumesResponse>;
+  /**
+   * DeleteVolume removes one of the caller's volumes and its files. Errors:
+   * NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_IN_USE, the
+   * message and metadata "sandbox_ids" naming the sandboxes that mount it:
+   * delete them first).
+   */
+  deleteVolume: handleUnaryCall<DeleteVolumeRequest, DeleteVolumeResponse>;
 }
 
 export interface SandboxServiceClient extends Client {
@@ -7562,6 +7707,85 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: CommitSnapshotResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * CreateVolume makes an empty named volume owned by the caller: a btrfs
+   * subvolume of the disk pool with a quota of its own, counted against the
+   * caller's --max-disk-bytes-per-principal and the server's disk budget
+   * (RESOURCE_EXHAUSTED FLEET_BUSY past them). Errors: INVALID_ARGUMENT
+   * (name, quota_bytes), ALREADY_EXISTS (VOLUME_EXISTS), FAILED_PRECONDITION
+   * (VOLUME_UNSUPPORTED: not the btrfs snapshotter with quotas, or a fleet).
+   */
+  createVolume(
+    request: CreateVolumeRequest,
+    callback: (error: ServiceError | null, response: CreateVolumeResponse) => void,
+  ): ClientUnaryCall;
+  createVolume(
+    request: CreateVolumeRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CreateVolumeResponse) => void,
+  ): ClientUnaryCall;
+  createVolume(
+    request: CreateVolumeRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CreateVolumeResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * GetVolume returns one of the caller's volumes with its usage. Errors:
+   * NOT_FOUND (VOLUME_NOT_FOUND, also for another principal's).
+   */
+  getVolume(
+    request: GetVolumeRequest,
+    callback: (error: ServiceError | null, response: GetVolumeResponse) => void,
+  ): ClientUnaryCall;
+  getVolume(
+    request: GetVolumeRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: GetVolumeResponse) => void,
+  ): ClientUnaryCall;
+  getVolume(
+    request: GetVolumeRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: GetVolumeResponse) => void,
+  ): ClientUnaryCall;
+  /** ListVolumes lists the caller's volumes (an admin's: all) with usage. */
+  listVolumes(
+    request: ListVolumesRequest,
+    callback: (error: ServiceError | null, response: ListVolumesResponse) => void,
+  ): ClientUnaryCall;
+  listVolumes(
+    request: ListVolumesRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListVolumesResponse) => void,
+  ): ClientUnaryCall;
+  listVolumes(
+    request: ListVolumesRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListVolumesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * DeleteVolume removes one of the caller's volumes and its files. Errors:
+   * NOT_FOUND (VOLUME_NOT_FOUND), FAILED_PRECONDITION (VOLUME_IN_USE, the
+   * message and metadata "sandbox_ids" naming the sandboxes that mount it:
+   * delete them first).
+   */
+  deleteVolume(
+    request: DeleteVolumeRequest,
+    callback: (error: ServiceError | null, response: DeleteVolumeResponse) => void,
+  ): ClientUnaryCall;
+  deleteVolume(
+    request: DeleteVolumeRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteVolumeResponse) => void,
+  ): ClientUnaryCall;
+  deleteVolume(
+    request: DeleteVolumeRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteVolumeResponse) => void,
   ): ClientUnaryCall;
 }
 

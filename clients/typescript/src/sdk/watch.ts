@@ -1,0 +1,106 @@
+// sandbox.files.watch: a stream of file events under a directory
+// (docs/watch.md), the Go client's FileWatch and the Python SDK's.
+
+import { ClientReadableStream } from "@grpc/grpc-js";
+import { FileEvent, FileWatchOverflow, WatchFilesRequest, WatchFilesResponse } from "../gen/berth/v1/watch";
+import { Connection } from "./connection";
+import { ProtocolError, fromServiceError, num } from "./errors";
+
+/** Options of files.watch. */
+export interface WatchOptions {
+  /** recursive watches every directory under the path, later ones too. */
+  recursive?: boolean;
+  /** include keeps events whose file name matches one of these shell patterns. */
+  include?: string[];
+  /** watchId with sinceSeq resumes an existing watch after that event. */
+  watchId?: string;
+  sinceSeq?: number;
+  /** bufferEvents bounds the watch's ring (default berthd's 65536). */
+  bufferEvents?: number;
+}
+
+/** What a FileWatch yields: a change ("file") or a note that events were lost ("overflow": rescan). */
+export type WatchEvent = { kind: "file"; event: FileEvent } | { kind: "overflow"; overflow: FileWatchOverflow };
+
+/**
+ * An open WatchFiles stream: iterate it (for await) for events in seq
+ * order. watchId names the watch and lastSeq is the seq of the latest
+ * event yielded (or of the watch when the stream opened):
+ * files.watch(path, { watchId, sinceSeq: lastSeq }) resumes after a broken
+ * stream, each later event exactly once. close() ends the stream; the
+ * watch lives on (10 minutes without a stream).
+ */
+export class FileWatch implements AsyncIterable<WatchEvent> {
+  lastSeq: number;
+  private closed = false;
+
+  /** @internal */
+  constructor(private readonly call: ClientReadableStream<WatchFilesResponse>, private readonly it: AsyncIterator<WatchFilesResponse>, readonly watchId: string, readonly path: string, lastSeq: number) {
+    this.lastSeq = lastSeq;
+  }
+
+  /** @internal open opens the stream and reads its started message. */
+  static async open(conn: Connection, req: WatchFilesRequest): Promise<FileWatch> {
+    const call = conn.sandboxes.watchFiles(req, conn.metadata()) as ClientReadableStream<WatchFilesResponse>;
+    const it = (call as AsyncIterable<WatchFilesResponse>)[Symbol.asyncIterator]();
+    let first: IteratorResult<WatchFilesResponse>;
+    try {
+      first = await it.next();
+    } catch (e) {
+      call.cancel();
+      throw fromServiceError(e);
+    }
+    if (first.done || first.value.event?.$case !== "started") {
+      call.cancel();
+      throw new ProtocolError("the WatchFiles stream did not begin with its started message");
+    }
+    const s = first.value.event.value;
+    return new FileWatch(call, it, s.watchId, s.path, num(s.lastSeq));
+  }
+
+  async *[Symbol.asyncIterator](): AsyncGenerator<WatchEvent> {
+    for (;;) {
+      let r: IteratorResult<WatchFilesResponse>;
+      try {
+        r = await this.it.next();
+      } catch (e) {
+        if (this.closed) return;
+        throw fromServiceError(e);
+      }
+      if (r.done) return;
+      const ev = r.value.event;
+      if (ev?.$case === "file") {
+        this.lastSeq = num(ev.value.seq);
+        yield { kind: "file", event: ev.value };
+      } else if (ev?.$case === "overflow") {
+        if (num(ev.value.seq) > 0) this.lastSeq = num(ev.value.seq);
+        yield { kind: "overflow", overflow: ev.value };
+      }
+    }
+  }
+
+  /** next resolves to the next n events (fewer only if the stream ends). */
+  async next(n: number): Promise<WatchEvent[]> {
+    const out: WatchEvent[] = [];
+    if (n <= 0) return out;
+    for await (const ev of this) {
+      out.push(ev);
+      if (out.length === n) break;
+    }
+    return out;
+  }
+
+  /** close ends the stream; the watch lives on, to be resumed. */
+  close(): void {
+    this.closed = true;
+    this.call.cancel();
+  }
+}
+
+/** @internal watchRequest is files.watch's request. */
+export function watchRequest(sandboxId: string, path: string, o: WatchOptions): WatchFilesRequest {
+  return WatchFilesRequest.fromPartial({
+    sandboxId, path, recursive: o.recursive ?? false, include: o.include ?? [], watchId: o.watchId ?? "",
+    sinceSeq: BigInt(o.sinceSeq ?? 0), bufferEvents: o.bufferEvents ?? 0,
+  });
+}
