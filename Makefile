@@ -68,7 +68,7 @@ ci: check test integration test-debian
 # every test named TestDebian* (files tagged debian) runs against it.
 test-debian:
 	scripts/deps.sh
-	BERTH_E2E=1 BERTH_DEBIAN_ROOT=$$(scripts/debian-image.sh) GO_TEST_PKGS=./integration/ \
+	BERTH_E2E=1 BERTH_DEBIAN_ROOT=$$(scripts/debian-image.sh) BERTH_DEBIAN_MATPLOTLIB_ROOT=$$(scripts/debian-image.sh matplotlib) GO_TEST_PKGS=./integration/ \
 		GO_TEST_FLAGS='-tags debian -run ^TestDebian -v' scripts/test.sh
 
 # generate also makes the Python and TypeScript clients (buf.gen.clients.yaml),

@@ -33,6 +33,10 @@ const (
 	ReasonSessionExists       = "SESSION_EXISTS"        // ALREADY_EXISTS: the session id is taken
 	ReasonSessionBusy         = "SESSION_BUSY"          // FAILED_PRECONDITION: a command runs in the session; Metadata["exec_id"] names it
 	ReasonSessionEnded        = "SESSION_ENDED"         // FAILED_PRECONDITION: the session's shell exited; delete it
+	ReasonContextNotFound     = "CONTEXT_NOT_FOUND"     // NOT_FOUND: no such code context in the sandbox
+	ReasonContextExists       = "CONTEXT_EXISTS"        // ALREADY_EXISTS: the context id is taken by a running context
+	ReasonContextEnded        = "CONTEXT_ENDED"         // FAILED_PRECONDITION: the context's interpreter ended; restart it
+	ReasonInterpreterMissing  = "INTERPRETER_MISSING"   // FAILED_PRECONDITION: the image has no interpreter (python3) for the context
 	ReasonWatchNotFound       = "WATCH_NOT_FOUND"       // NOT_FOUND: no such file watch: it ended 10 minutes after its last stream
 	ReasonSandboxNotRunning   = "SANDBOX_NOT_RUNNING"   // the sandbox's task is not running
 	ReasonSandboxPaused       = "SANDBOX_PAUSED"        // FAILED_PRECONDITION: the sandbox is paused and the call asked not to resume it (NoResume)

@@ -14,6 +14,12 @@
 #   DEBIAN_MIRROR  archive to bootstrap from (default: http://deb.debian.org/debian)
 #   FORCE=1        rebuild the tree
 #
+# With the argument "matplotlib" it builds a variant for the code-context
+# tests (docs/contexts.md): a copy of the plain tree with
+# python3-matplotlib added (chroot apt-get install), cached beside it in
+# $BERTH_CACHE/debian-root-matplotlib; the plain tree, which the create
+# benchmarks use, is not changed.
+#
 # Output: the tree's path on stdout ($BERTH_CACHE/debian-root). Needs root.
 set -euo pipefail
 
@@ -25,6 +31,31 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 log() { printf 'debian-image: %s\n' "$*" >&2; }
 
 [[ $EUID -eq 0 ]] || { log "debootstrap needs root"; exit 1; }
+if [[ ${1:-} == matplotlib ]]; then
+	BASE=$(FORCE=0 "$0")
+	VAR=$CACHE/debian-root-matplotlib
+	if [[ ${FORCE:-0} != 1 && -f $VAR/.berth-complete ]]; then
+		log "$VAR is built (FORCE=1 rebuilds)"
+		echo "$VAR"
+		exit 0
+	fi
+	rm -rf "$VAR" "$VAR.tmp"
+	start=$(date +%s)
+	cp -a "$BASE" "$VAR.tmp"
+	rm -f "$VAR.tmp/.berth-complete"
+	cp /etc/resolv.conf "$VAR.tmp/etc/resolv.conf"
+	log "chroot apt-get install python3-matplotlib"
+	{
+		chroot "$VAR.tmp" apt-get -o DPkg::Lock::Timeout=300 update -qq &&
+			DEBIAN_FRONTEND=noninteractive chroot "$VAR.tmp" apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends python3-matplotlib
+	} >"$CACHE/debian-matplotlib.log" 2>&1 || { tail -20 "$CACHE/debian-matplotlib.log" >&2; exit 1; }
+	rm -rf "$VAR.tmp"/var/cache/apt/archives/*.deb "$VAR.tmp"/var/lib/apt/lists/*
+	touch "$VAR.tmp/.berth-complete"
+	mv "$VAR.tmp" "$VAR"
+	log "$VAR: $(du -sh "$VAR" | cut -f1) in $(($(date +%s) - start))s"
+	echo "$VAR"
+	exit 0
+fi
 if ! command -v debootstrap >/dev/null; then
 	log "apt-get install debootstrap"
 	export DEBIAN_FRONTEND=noninteractive

@@ -27,6 +27,7 @@ import (
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/cluster"
+	"github.com/berth-sandbox/berth/server/contextsvc"
 	"github.com/berth-sandbox/berth/server/execsvc"
 	"github.com/berth-sandbox/berth/server/filesvc"
 	"github.com/berth-sandbox/berth/server/imagesvc"
@@ -61,6 +62,7 @@ type Service struct {
 	execs     *execsvc.Service
 	sessions  *sessionsvc.Service
 	volumes   *volumesvc.Service
+	contexts  *contextsvc.Service
 	watches   *watchsvc.Service
 	// files and images serve FileService and ImageService.
 	files  *filesvc.Service
@@ -130,6 +132,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 		execsvc.Deps{Store: rt, Reach: s.reach, Events: s.events, Registry: s.ids, Capacity: s.capacity, RunBuffers: s.runBuffers,
 			Background: s.life, Observer: cfg.Observer, Ports: rt}, log)
 	s.sessions = sessionsvc.New(s.reach)
+	s.contexts = contextsvc.New(s.reach)
 	s.watches = watchsvc.New(s.reach)
 	s.volumes = volumesvc.New(volumesvc.Config{DefaultQuotaBytes: cfg.DefaultDiskBytes, MaxQuotaBytes: cfg.MaxDiskBytes}, rt, s.capacity)
 	s.files = filesvc.New(s.reach, s.reach, cfg.Observer, filesvc.WithDirectReads(rt, log))

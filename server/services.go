@@ -8,8 +8,8 @@ import (
 
 // The RPCs of berth.v1.SandboxService, each served by the package that
 // owns it: sandboxsvc (sandboxes), execsvc (execs, port forwarding) and
-// sessionsvc (shell sessions), watchsvc (file watches), volumesvc
-// (volumes).
+// sessionsvc (shell sessions), contextsvc (code contexts), watchsvc (file
+// watches), volumesvc (volumes).
 
 func (s *Service) CreateSandbox(ctx context.Context, req *berthv1.CreateSandboxRequest) (*berthv1.CreateSandboxResponse, error) {
 	return s.sandboxes.CreateSandbox(ctx, req)
@@ -103,6 +103,30 @@ func (s *Service) CreateSession(ctx context.Context, req *berthv1.CreateSessionR
 
 func (s *Service) ListSessions(ctx context.Context, req *berthv1.ListSessionsRequest) (*berthv1.ListSessionsResponse, error) {
 	return s.sessions.ListSessions(ctx, req)
+}
+
+func (s *Service) CreateCodeContext(ctx context.Context, req *berthv1.CreateCodeContextRequest) (*berthv1.CreateCodeContextResponse, error) {
+	return s.contexts.CreateCodeContext(ctx, req)
+}
+
+func (s *Service) ListCodeContexts(ctx context.Context, req *berthv1.ListCodeContextsRequest) (*berthv1.ListCodeContextsResponse, error) {
+	return s.contexts.ListCodeContexts(ctx, req)
+}
+
+func (s *Service) DeleteCodeContext(ctx context.Context, req *berthv1.DeleteCodeContextRequest) (*berthv1.DeleteCodeContextResponse, error) {
+	return s.contexts.DeleteCodeContext(ctx, req)
+}
+
+func (s *Service) InterruptCodeContext(ctx context.Context, req *berthv1.InterruptCodeContextRequest) (*berthv1.InterruptCodeContextResponse, error) {
+	return s.contexts.InterruptCodeContext(ctx, req)
+}
+
+func (s *Service) RestartCodeContext(ctx context.Context, req *berthv1.RestartCodeContextRequest) (*berthv1.RestartCodeContextResponse, error) {
+	return s.contexts.RestartCodeContext(ctx, req)
+}
+
+func (s *Service) ExecuteCode(req *berthv1.ExecuteCodeRequest, out berthv1.SandboxService_ExecuteCodeServer) error {
+	return s.contexts.ExecuteCode(req, out)
 }
 
 func (s *Service) DeleteSession(ctx context.Context, req *berthv1.DeleteSessionRequest) (*berthv1.DeleteSessionResponse, error) {

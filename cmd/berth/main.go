@@ -81,7 +81,7 @@ before the command started; 141 when its output is a closed pipe.`,
 	root.PersistentFlags().BoolVar(&g.noResume, "no-resume", false, "do not resume a paused sandbox nor wake a hibernated one: a command naming one fails with SANDBOX_PAUSED or SANDBOX_HIBERNATED instead")
 	root.PersistentFlags().DurationVar(&g.rpcTimeout, "rpc-timeout", time.Minute, "deadline of each request to berthd, and of starting a command; 0 for none (\"berth exec --timeout\" bounds the command itself)")
 	root.PersistentPreRun = func(cmd *cobra.Command, _ []string) { g.stderr = cmd.ErrOrStderr() }
-	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newKillCmd(g), newImageCmd(g), newNodeCmd(g), newSnapshotCmd(g), newVolumeCmd(g), newSessionCmd(g), newWatchCmd(g), newVersionCmd())
+	root.AddCommand(newSandboxCmd(g), newExecCmd(g), newRunCmd(g), newPsCmd(g), newAttachCmd(g), newContextCmd(g), newKillCmd(g), newImageCmd(g), newNodeCmd(g), newSnapshotCmd(g), newVolumeCmd(g), newSessionCmd(g), newWatchCmd(g), newVersionCmd())
 	root.AddCommand(newCpCmd(g), newLsCmd(g), newCatCmd(g), newPortForwardCmd(g))
 	addDockerCommands(root, g)
 	// Shell completion (berth completion bash|zsh|fish|powershell) of

@@ -43,12 +43,17 @@ const (
 	// "expected_offset").
 	ReasonStdinOffsetGap = "STDIN_OFFSET_GAP"
 	// Shell sessions (docs/sessions.md).
-	ReasonSessionNotFound   = "SESSION_NOT_FOUND" // NOT_FOUND: no such session in the sandbox
-	ReasonSessionExists     = "SESSION_EXISTS"    // ALREADY_EXISTS: the session id is taken
-	ReasonSessionBusy       = "SESSION_BUSY"      // FAILED_PRECONDITION: a command runs in the session
-	ReasonSessionEnded      = "SESSION_ENDED"     // FAILED_PRECONDITION: the session's shell exited
-	ReasonWatchNotFound     = "WATCH_NOT_FOUND"   // NOT_FOUND: no such file watch (docs/watch.md)
-	ReasonSandboxNotRunning = "SANDBOX_NOT_RUNNING"
+	ReasonSessionNotFound = "SESSION_NOT_FOUND" // NOT_FOUND: no such session in the sandbox
+	ReasonSessionExists   = "SESSION_EXISTS"    // ALREADY_EXISTS: the session id is taken
+	ReasonSessionBusy     = "SESSION_BUSY"      // FAILED_PRECONDITION: a command runs in the session
+	ReasonSessionEnded    = "SESSION_ENDED"     // FAILED_PRECONDITION: the session's shell exited
+	ReasonWatchNotFound   = "WATCH_NOT_FOUND"   // NOT_FOUND: no such file watch (docs/watch.md)
+	// Code contexts (docs/contexts.md).
+	ReasonContextNotFound    = "CONTEXT_NOT_FOUND"   // NOT_FOUND: no such code context in the sandbox
+	ReasonContextExists      = "CONTEXT_EXISTS"      // ALREADY_EXISTS: the context id is taken by a running context
+	ReasonContextEnded       = "CONTEXT_ENDED"       // FAILED_PRECONDITION: the context's interpreter ended; restart it
+	ReasonInterpreterMissing = "INTERPRETER_MISSING" // FAILED_PRECONDITION: the image has no interpreter for the language
+	ReasonSandboxNotRunning  = "SANDBOX_NOT_RUNNING"
 	// ReasonSandboxPaused (FAILED_PRECONDITION): the call names a paused
 	// sandbox and asked not to resume it (NoResumeHeader).
 	ReasonSandboxPaused = "SANDBOX_PAUSED"

@@ -93,15 +93,16 @@ var routedServices = auth.ForwardedServices
 // breaks off, nothing took effect (ADMITTED_NOT_STARTED). A broken call of
 // any other method may have (ADMITTED_UNKNOWN).
 var readOnly = map[string]bool{
-	berthv1.SandboxService_GetSandbox_FullMethodName:   true,
-	berthv1.SandboxService_ListExecs_FullMethodName:    true,
-	berthv1.SandboxService_AttachExec_FullMethodName:   true,
-	berthv1.FileService_ReadFile_FullMethodName:        true,
-	berthv1.FileService_Stat_FullMethodName:            true,
-	berthv1.FileService_ListDir_FullMethodName:         true,
-	berthv1.FileService_Download_FullMethodName:        true,
-	berthv1.SandboxService_ListSessions_FullMethodName: true,
-	berthv1.SandboxService_WatchFiles_FullMethodName:   true,
+	berthv1.SandboxService_GetSandbox_FullMethodName:       true,
+	berthv1.SandboxService_ListExecs_FullMethodName:        true,
+	berthv1.SandboxService_AttachExec_FullMethodName:       true,
+	berthv1.FileService_ReadFile_FullMethodName:            true,
+	berthv1.FileService_Stat_FullMethodName:                true,
+	berthv1.FileService_ListDir_FullMethodName:             true,
+	berthv1.FileService_Download_FullMethodName:            true,
+	berthv1.SandboxService_ListSessions_FullMethodName:     true,
+	berthv1.SandboxService_WatchFiles_FullMethodName:       true,
+	berthv1.SandboxService_ListCodeContexts_FullMethodName: true,
 }
 
 func serviceOf(fullMethod string) string {

@@ -22,13 +22,15 @@ from berth._commands import CommandHandle, CommandResult, Commands
 from berth._files import FileInfo, Files
 from berth._watch import FileWatch
 from berth._sessions import Session, Sessions
+from berth._contexts import CodeContext, CodeContexts, Execution
 from berth._ports import PortForward, Ports
 from berth._sandbox import DEFAULT_IMAGE, Sandbox
 from berth._volumes import Volumes
 
 __all__ = [
     "__version__", "Sandbox", "Connection", "RetryPolicy", "DEFAULT_ADDR", "DEFAULT_IMAGE",
-    "Commands", "CommandHandle", "CommandResult", "Sessions", "Session", "Files", "FileInfo", "FileWatch", "Ports", "PortForward", "Volumes",
+    "Commands", "CommandHandle", "CommandResult", "Sessions", "Session", "CodeContexts", "CodeContext", "Execution", "Files", "FileInfo",
+    "FileWatch", "Ports", "PortForward", "Volumes",
     "BerthError", "InvalidArgument", "Unauthenticated", "NotPermitted", "NotFound", "SandboxNotFound",
     "ExecNotFound", "ImageNotFound", "FileNotFound", "FileExists", "FilePermissionDenied", "PortClosed",
     "FleetBusy", "Unreachable", "RuntimeReplaced", "StaleHandle", "DependencyFailure", "ProtocolError",

@@ -7,6 +7,7 @@ from typing import Dict, Iterable, Optional, Tuple, Union
 
 from berth._commands import Commands
 from berth._sessions import Sessions
+from berth._contexts import CodeContexts
 from berth._connection import Connection
 from berth._errors import SandboxNotFound, duration
 from berth._files import Files
@@ -44,6 +45,7 @@ class Sandbox:
         self.id: str = info.id
         self.commands = Commands(conn, self.id)
         self.sessions = Sessions(conn, self.id, self.commands)
+        self.contexts = CodeContexts(conn, self.id)
         self.files = Files(conn, self.id)
         self.ports = Ports(conn, self.id)
 

@@ -21,7 +21,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import berth  # noqa: E402
-from berth.v1 import exec_pb2, watch_pb2  # noqa: E402
+from berth.v1 import context_pb2, exec_pb2, watch_pb2  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ADDR = os.environ.get("BERTH_ADDR")
@@ -245,6 +245,15 @@ class SDKTest(unittest.TestCase):
         with self.assertRaises(berth.BerthError) as cm:
             vols.get(name)
         self.assertEqual(cm.exception.reason, "VOLUME_NOT_FOUND")
+    def test_code_context(self):
+        # The base image has no python3: a typed error, and nothing listed.
+        with self.assertRaises(berth.BerthError) as cm:
+            self.sb.contexts.create()
+        self.assertEqual((cm.exception.reason, cm.exception.metadata.get("language")), ("INTERPRETER_MISSING", "python"))
+        self.assertEqual(self.sb.contexts.list(), [])
+        with self.assertRaises(berth.BerthError) as cm:
+            berth.CodeContext(self.sb._conn, self.sb.id, context_pb2.CodeContextInfo(context_id="none")).run_code("1")
+        self.assertEqual(cm.exception.reason, "CONTEXT_NOT_FOUND")
 
     def test_background_commands(self):
         sb = self.sb

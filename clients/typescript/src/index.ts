@@ -14,6 +14,7 @@ export { Ports, PortForward } from "./sdk/ports";
 export { Sessions, Session, SessionOptions, SessionRunOptions } from "./sdk/sessions";
 export { Volumes, VolumeMountSpec } from "./sdk/volumes";
 export { FileWatch, WatchEvent, WatchOptions } from "./sdk/watch";
+export { CodeContexts, CodeContext, Execution, RunCodeOptions } from "./sdk/contexts";
 export {
   BerthError, InvalidArgument, Unauthenticated, NotPermitted, NotFound, SandboxNotFound, ExecNotFound, ImageNotFound, FileNotFound,
   FileExists, FilePermissionDenied, PortClosed, FleetBusy, Unreachable, RuntimeReplaced, StaleHandle, DependencyFailure, ProtocolError, FieldViolation,

@@ -209,6 +209,13 @@ test("background commands: stdin, reattach with replay from a seq, kill", async 
   await assert.rejects(sb.commands.connect("no-such-exec"), berth.ExecNotFound);
 });
 
+test("code context: the base image has no python3", async () => {
+  const err = await sb.contexts.create().then(() => undefined, (e) => e);
+  assert.ok(err instanceof berth.BerthError, String(err));
+  assert.deepEqual([err.reason, err.metadata.language], ["INTERPRETER_MISSING", "python"]);
+  assert.deepEqual(await sb.contexts.list(), []);
+});
+
 test("port forward", async () => {
   await sb.files.write("/workspace/www/index.html", "hello through the forward\n");
   const httpd = await sb.commands.start(["httpd", "-f", "-p", "8080", "-h", "/workspace/www"]);

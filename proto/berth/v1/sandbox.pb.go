@@ -2894,7 +2894,7 @@ var File_berth_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x15berth/v1/volume.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
+	"\x16berth/v1/sandbox.proto\x12\bberth.v1\x1a\x16berth/v1/context.proto\x1a\x13berth/v1/exec.proto\x1a\x14berth/v1/image.proto\x1a\x13berth/v1/port.proto\x1a\x16berth/v1/session.proto\x1a\x15berth/v1/volume.proto\x1a\x14berth/v1/watch.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd2\x01\n" +
 	"\tResources\x12\x1d\n" +
 	"\n" +
 	"pids_limit\x18\x01 \x01(\x04R\tpidsLimit\x12\x1d\n" +
@@ -3140,7 +3140,7 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vHibernation\x12\x1b\n" +
 	"\x17HIBERNATION_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bHIBERNATION_PROCESSES_ENDED\x10\x01\x12\x1b\n" +
-	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\x90\x12\n" +
+	"\x17HIBERNATION_MEMORY_KEPT\x10\x022\xbd\x16\n" +
 	"\x0eSandboxService\x12P\n" +
 	"\rCreateSandbox\x12\x1e.berth.v1.CreateSandboxRequest\x1a\x1f.berth.v1.CreateSandboxResponse\x12G\n" +
 	"\n" +
@@ -3162,7 +3162,13 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\vPortForward\x12\x1c.berth.v1.PortForwardRequest\x1a\x1d.berth.v1.PortForwardResponse(\x010\x01\x12P\n" +
 	"\rCreateSession\x12\x1e.berth.v1.CreateSessionRequest\x1a\x1f.berth.v1.CreateSessionResponse\x12M\n" +
 	"\fListSessions\x12\x1d.berth.v1.ListSessionsRequest\x1a\x1e.berth.v1.ListSessionsResponse\x12P\n" +
-	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12I\n" +
+	"\rDeleteSession\x12\x1e.berth.v1.DeleteSessionRequest\x1a\x1f.berth.v1.DeleteSessionResponse\x12\\\n" +
+	"\x11CreateCodeContext\x12\".berth.v1.CreateCodeContextRequest\x1a#.berth.v1.CreateCodeContextResponse\x12Y\n" +
+	"\x10ListCodeContexts\x12!.berth.v1.ListCodeContextsRequest\x1a\".berth.v1.ListCodeContextsResponse\x12\\\n" +
+	"\x11DeleteCodeContext\x12\".berth.v1.DeleteCodeContextRequest\x1a#.berth.v1.DeleteCodeContextResponse\x12L\n" +
+	"\vExecuteCode\x12\x1c.berth.v1.ExecuteCodeRequest\x1a\x1d.berth.v1.ExecuteCodeResponse0\x01\x12e\n" +
+	"\x14InterruptCodeContext\x12%.berth.v1.InterruptCodeContextRequest\x1a&.berth.v1.InterruptCodeContextResponse\x12_\n" +
+	"\x12RestartCodeContext\x12#.berth.v1.RestartCodeContextRequest\x1a$.berth.v1.RestartCodeContextResponse\x12I\n" +
 	"\n" +
 	"WatchFiles\x12\x1b.berth.v1.WatchFilesRequest\x1a\x1c.berth.v1.WatchFilesResponse0\x01\x12M\n" +
 	"\fPauseSandbox\x12\x1d.berth.v1.PauseSandboxRequest\x1a\x1e.berth.v1.PauseSandboxResponse\x12P\n" +
@@ -3193,88 +3199,100 @@ func file_berth_v1_sandbox_proto_rawDescGZIP() []byte {
 var file_berth_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_berth_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_berth_v1_sandbox_proto_goTypes = []any{
-	(SandboxState)(0),                // 0: berth.v1.SandboxState
-	(IdleAction)(0),                  // 1: berth.v1.IdleAction
-	(StopReason)(0),                  // 2: berth.v1.StopReason
-	(NetworkMode)(0),                 // 3: berth.v1.NetworkMode
-	(RootIDMapping)(0),               // 4: berth.v1.RootIDMapping
-	(Hibernation)(0),                 // 5: berth.v1.Hibernation
-	(*Resources)(nil),                // 6: berth.v1.Resources
-	(*NetworkPolicy)(nil),            // 7: berth.v1.NetworkPolicy
-	(*SandboxUsage)(nil),             // 8: berth.v1.SandboxUsage
-	(*RuntimeIdentity)(nil),          // 9: berth.v1.RuntimeIdentity
-	(*Sandbox)(nil),                  // 10: berth.v1.Sandbox
-	(*CreateSandboxRequest)(nil),     // 11: berth.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),    // 12: berth.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),        // 13: berth.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),       // 14: berth.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),     // 15: berth.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),    // 16: berth.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),     // 17: berth.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),    // 18: berth.v1.DeleteSandboxResponse
-	(*PauseSandboxRequest)(nil),      // 19: berth.v1.PauseSandboxRequest
-	(*PauseSandboxResponse)(nil),     // 20: berth.v1.PauseSandboxResponse
-	(*ResumeSandboxRequest)(nil),     // 21: berth.v1.ResumeSandboxRequest
-	(*ResumeSandboxResponse)(nil),    // 22: berth.v1.ResumeSandboxResponse
-	(*HibernateSandboxRequest)(nil),  // 23: berth.v1.HibernateSandboxRequest
-	(*HibernateSandboxResponse)(nil), // 24: berth.v1.HibernateSandboxResponse
-	(*Snapshot)(nil),                 // 25: berth.v1.Snapshot
-	(*CreateSnapshotRequest)(nil),    // 26: berth.v1.CreateSnapshotRequest
-	(*CreateSnapshotResponse)(nil),   // 27: berth.v1.CreateSnapshotResponse
-	(*ListSnapshotsRequest)(nil),     // 28: berth.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),    // 29: berth.v1.ListSnapshotsResponse
-	(*DeleteSnapshotRequest)(nil),    // 30: berth.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil),   // 31: berth.v1.DeleteSnapshotResponse
-	(*ForkSandboxRequest)(nil),       // 32: berth.v1.ForkSandboxRequest
-	(*ForkSandboxResponse)(nil),      // 33: berth.v1.ForkSandboxResponse
-	(*CommitSnapshotRequest)(nil),    // 34: berth.v1.CommitSnapshotRequest
-	(*ImageConfigChanges)(nil),       // 35: berth.v1.ImageConfigChanges
-	(*CommitSnapshotResponse)(nil),   // 36: berth.v1.CommitSnapshotResponse
-	(*KeepAliveRequest)(nil),         // 37: berth.v1.KeepAliveRequest
-	(*KeepAliveResponse)(nil),        // 38: berth.v1.KeepAliveResponse
-	nil,                              // 39: berth.v1.Sandbox.LabelsEntry
-	nil,                              // 40: berth.v1.CreateSandboxRequest.LabelsEntry
-	nil,                              // 41: berth.v1.CreateSandboxRequest.EnvEntry
-	nil,                              // 42: berth.v1.ListSandboxesRequest.LabelSelectorEntry
-	nil,                              // 43: berth.v1.Snapshot.LabelsEntry
-	nil,                              // 44: berth.v1.CreateSnapshotRequest.LabelsEntry
-	nil,                              // 45: berth.v1.ForkSandboxRequest.LabelsEntry
-	(*durationpb.Duration)(nil),      // 46: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),    // 47: google.protobuf.Timestamp
-	(*VolumeMount)(nil),              // 48: berth.v1.VolumeMount
-	(*Image)(nil),                    // 49: berth.v1.Image
-	(*ExecRequest)(nil),              // 50: berth.v1.ExecRequest
-	(*RunRequest)(nil),               // 51: berth.v1.RunRequest
-	(*ListExecsRequest)(nil),         // 52: berth.v1.ListExecsRequest
-	(*SignalExecRequest)(nil),        // 53: berth.v1.SignalExecRequest
-	(*StartExecRequest)(nil),         // 54: berth.v1.StartExecRequest
-	(*AttachExecRequest)(nil),        // 55: berth.v1.AttachExecRequest
-	(*WriteExecStdinRequest)(nil),    // 56: berth.v1.WriteExecStdinRequest
-	(*ResizeExecRequest)(nil),        // 57: berth.v1.ResizeExecRequest
-	(*PortForwardRequest)(nil),       // 58: berth.v1.PortForwardRequest
-	(*CreateSessionRequest)(nil),     // 59: berth.v1.CreateSessionRequest
-	(*ListSessionsRequest)(nil),      // 60: berth.v1.ListSessionsRequest
-	(*DeleteSessionRequest)(nil),     // 61: berth.v1.DeleteSessionRequest
-	(*WatchFilesRequest)(nil),        // 62: berth.v1.WatchFilesRequest
-	(*CreateVolumeRequest)(nil),      // 63: berth.v1.CreateVolumeRequest
-	(*GetVolumeRequest)(nil),         // 64: berth.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),       // 65: berth.v1.ListVolumesRequest
-	(*DeleteVolumeRequest)(nil),      // 66: berth.v1.DeleteVolumeRequest
-	(*ExecResponse)(nil),             // 67: berth.v1.ExecResponse
-	(*RunResponse)(nil),              // 68: berth.v1.RunResponse
-	(*ListExecsResponse)(nil),        // 69: berth.v1.ListExecsResponse
-	(*SignalExecResponse)(nil),       // 70: berth.v1.SignalExecResponse
-	(*WriteExecStdinResponse)(nil),   // 71: berth.v1.WriteExecStdinResponse
-	(*ResizeExecResponse)(nil),       // 72: berth.v1.ResizeExecResponse
-	(*PortForwardResponse)(nil),      // 73: berth.v1.PortForwardResponse
-	(*CreateSessionResponse)(nil),    // 74: berth.v1.CreateSessionResponse
-	(*ListSessionsResponse)(nil),     // 75: berth.v1.ListSessionsResponse
-	(*DeleteSessionResponse)(nil),    // 76: berth.v1.DeleteSessionResponse
-	(*WatchFilesResponse)(nil),       // 77: berth.v1.WatchFilesResponse
-	(*CreateVolumeResponse)(nil),     // 78: berth.v1.CreateVolumeResponse
-	(*GetVolumeResponse)(nil),        // 79: berth.v1.GetVolumeResponse
-	(*ListVolumesResponse)(nil),      // 80: berth.v1.ListVolumesResponse
-	(*DeleteVolumeResponse)(nil),     // 81: berth.v1.DeleteVolumeResponse
+	(SandboxState)(0),                    // 0: berth.v1.SandboxState
+	(IdleAction)(0),                      // 1: berth.v1.IdleAction
+	(StopReason)(0),                      // 2: berth.v1.StopReason
+	(NetworkMode)(0),                     // 3: berth.v1.NetworkMode
+	(RootIDMapping)(0),                   // 4: berth.v1.RootIDMapping
+	(Hibernation)(0),                     // 5: berth.v1.Hibernation
+	(*Resources)(nil),                    // 6: berth.v1.Resources
+	(*NetworkPolicy)(nil),                // 7: berth.v1.NetworkPolicy
+	(*SandboxUsage)(nil),                 // 8: berth.v1.SandboxUsage
+	(*RuntimeIdentity)(nil),              // 9: berth.v1.RuntimeIdentity
+	(*Sandbox)(nil),                      // 10: berth.v1.Sandbox
+	(*CreateSandboxRequest)(nil),         // 11: berth.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),        // 12: berth.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),            // 13: berth.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),           // 14: berth.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),         // 15: berth.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),        // 16: berth.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),         // 17: berth.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),        // 18: berth.v1.DeleteSandboxResponse
+	(*PauseSandboxRequest)(nil),          // 19: berth.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),         // 20: berth.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),         // 21: berth.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),        // 22: berth.v1.ResumeSandboxResponse
+	(*HibernateSandboxRequest)(nil),      // 23: berth.v1.HibernateSandboxRequest
+	(*HibernateSandboxResponse)(nil),     // 24: berth.v1.HibernateSandboxResponse
+	(*Snapshot)(nil),                     // 25: berth.v1.Snapshot
+	(*CreateSnapshotRequest)(nil),        // 26: berth.v1.CreateSnapshotRequest
+	(*CreateSnapshotResponse)(nil),       // 27: berth.v1.CreateSnapshotResponse
+	(*ListSnapshotsRequest)(nil),         // 28: berth.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),        // 29: berth.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),        // 30: berth.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),       // 31: berth.v1.DeleteSnapshotResponse
+	(*ForkSandboxRequest)(nil),           // 32: berth.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),          // 33: berth.v1.ForkSandboxResponse
+	(*CommitSnapshotRequest)(nil),        // 34: berth.v1.CommitSnapshotRequest
+	(*ImageConfigChanges)(nil),           // 35: berth.v1.ImageConfigChanges
+	(*CommitSnapshotResponse)(nil),       // 36: berth.v1.CommitSnapshotResponse
+	(*KeepAliveRequest)(nil),             // 37: berth.v1.KeepAliveRequest
+	(*KeepAliveResponse)(nil),            // 38: berth.v1.KeepAliveResponse
+	nil,                                  // 39: berth.v1.Sandbox.LabelsEntry
+	nil,                                  // 40: berth.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                  // 41: berth.v1.CreateSandboxRequest.EnvEntry
+	nil,                                  // 42: berth.v1.ListSandboxesRequest.LabelSelectorEntry
+	nil,                                  // 43: berth.v1.Snapshot.LabelsEntry
+	nil,                                  // 44: berth.v1.CreateSnapshotRequest.LabelsEntry
+	nil,                                  // 45: berth.v1.ForkSandboxRequest.LabelsEntry
+	(*durationpb.Duration)(nil),          // 46: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),        // 47: google.protobuf.Timestamp
+	(*VolumeMount)(nil),                  // 48: berth.v1.VolumeMount
+	(*Image)(nil),                        // 49: berth.v1.Image
+	(*ExecRequest)(nil),                  // 50: berth.v1.ExecRequest
+	(*RunRequest)(nil),                   // 51: berth.v1.RunRequest
+	(*ListExecsRequest)(nil),             // 52: berth.v1.ListExecsRequest
+	(*SignalExecRequest)(nil),            // 53: berth.v1.SignalExecRequest
+	(*StartExecRequest)(nil),             // 54: berth.v1.StartExecRequest
+	(*AttachExecRequest)(nil),            // 55: berth.v1.AttachExecRequest
+	(*WriteExecStdinRequest)(nil),        // 56: berth.v1.WriteExecStdinRequest
+	(*ResizeExecRequest)(nil),            // 57: berth.v1.ResizeExecRequest
+	(*PortForwardRequest)(nil),           // 58: berth.v1.PortForwardRequest
+	(*CreateSessionRequest)(nil),         // 59: berth.v1.CreateSessionRequest
+	(*ListSessionsRequest)(nil),          // 60: berth.v1.ListSessionsRequest
+	(*DeleteSessionRequest)(nil),         // 61: berth.v1.DeleteSessionRequest
+	(*CreateCodeContextRequest)(nil),     // 62: berth.v1.CreateCodeContextRequest
+	(*ListCodeContextsRequest)(nil),      // 63: berth.v1.ListCodeContextsRequest
+	(*DeleteCodeContextRequest)(nil),     // 64: berth.v1.DeleteCodeContextRequest
+	(*ExecuteCodeRequest)(nil),           // 65: berth.v1.ExecuteCodeRequest
+	(*InterruptCodeContextRequest)(nil),  // 66: berth.v1.InterruptCodeContextRequest
+	(*RestartCodeContextRequest)(nil),    // 67: berth.v1.RestartCodeContextRequest
+	(*WatchFilesRequest)(nil),            // 68: berth.v1.WatchFilesRequest
+	(*CreateVolumeRequest)(nil),          // 69: berth.v1.CreateVolumeRequest
+	(*GetVolumeRequest)(nil),             // 70: berth.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),           // 71: berth.v1.ListVolumesRequest
+	(*DeleteVolumeRequest)(nil),          // 72: berth.v1.DeleteVolumeRequest
+	(*ExecResponse)(nil),                 // 73: berth.v1.ExecResponse
+	(*RunResponse)(nil),                  // 74: berth.v1.RunResponse
+	(*ListExecsResponse)(nil),            // 75: berth.v1.ListExecsResponse
+	(*SignalExecResponse)(nil),           // 76: berth.v1.SignalExecResponse
+	(*WriteExecStdinResponse)(nil),       // 77: berth.v1.WriteExecStdinResponse
+	(*ResizeExecResponse)(nil),           // 78: berth.v1.ResizeExecResponse
+	(*PortForwardResponse)(nil),          // 79: berth.v1.PortForwardResponse
+	(*CreateSessionResponse)(nil),        // 80: berth.v1.CreateSessionResponse
+	(*ListSessionsResponse)(nil),         // 81: berth.v1.ListSessionsResponse
+	(*DeleteSessionResponse)(nil),        // 82: berth.v1.DeleteSessionResponse
+	(*CreateCodeContextResponse)(nil),    // 83: berth.v1.CreateCodeContextResponse
+	(*ListCodeContextsResponse)(nil),     // 84: berth.v1.ListCodeContextsResponse
+	(*DeleteCodeContextResponse)(nil),    // 85: berth.v1.DeleteCodeContextResponse
+	(*ExecuteCodeResponse)(nil),          // 86: berth.v1.ExecuteCodeResponse
+	(*InterruptCodeContextResponse)(nil), // 87: berth.v1.InterruptCodeContextResponse
+	(*RestartCodeContextResponse)(nil),   // 88: berth.v1.RestartCodeContextResponse
+	(*WatchFilesResponse)(nil),           // 89: berth.v1.WatchFilesResponse
+	(*CreateVolumeResponse)(nil),         // 90: berth.v1.CreateVolumeResponse
+	(*GetVolumeResponse)(nil),            // 91: berth.v1.GetVolumeResponse
+	(*ListVolumesResponse)(nil),          // 92: berth.v1.ListVolumesResponse
+	(*DeleteVolumeResponse)(nil),         // 93: berth.v1.DeleteVolumeResponse
 }
 var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	3,  // 0: berth.v1.NetworkPolicy.mode:type_name -> berth.v1.NetworkMode
@@ -3341,51 +3359,63 @@ var file_berth_v1_sandbox_proto_depIdxs = []int32{
 	59, // 61: berth.v1.SandboxService.CreateSession:input_type -> berth.v1.CreateSessionRequest
 	60, // 62: berth.v1.SandboxService.ListSessions:input_type -> berth.v1.ListSessionsRequest
 	61, // 63: berth.v1.SandboxService.DeleteSession:input_type -> berth.v1.DeleteSessionRequest
-	62, // 64: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
-	19, // 65: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
-	21, // 66: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
-	23, // 67: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
-	26, // 68: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
-	28, // 69: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
-	30, // 70: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
-	32, // 71: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
-	34, // 72: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
-	63, // 73: berth.v1.SandboxService.CreateVolume:input_type -> berth.v1.CreateVolumeRequest
-	64, // 74: berth.v1.SandboxService.GetVolume:input_type -> berth.v1.GetVolumeRequest
-	65, // 75: berth.v1.SandboxService.ListVolumes:input_type -> berth.v1.ListVolumesRequest
-	66, // 76: berth.v1.SandboxService.DeleteVolume:input_type -> berth.v1.DeleteVolumeRequest
-	12, // 77: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
-	14, // 78: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
-	16, // 79: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
-	18, // 80: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
-	38, // 81: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
-	67, // 82: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
-	68, // 83: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
-	69, // 84: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
-	70, // 85: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
-	67, // 86: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
-	67, // 87: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
-	71, // 88: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
-	72, // 89: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
-	73, // 90: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
-	74, // 91: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
-	75, // 92: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
-	76, // 93: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
-	77, // 94: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
-	20, // 95: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
-	22, // 96: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
-	24, // 97: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
-	27, // 98: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
-	29, // 99: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
-	31, // 100: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
-	33, // 101: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
-	36, // 102: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
-	78, // 103: berth.v1.SandboxService.CreateVolume:output_type -> berth.v1.CreateVolumeResponse
-	79, // 104: berth.v1.SandboxService.GetVolume:output_type -> berth.v1.GetVolumeResponse
-	80, // 105: berth.v1.SandboxService.ListVolumes:output_type -> berth.v1.ListVolumesResponse
-	81, // 106: berth.v1.SandboxService.DeleteVolume:output_type -> berth.v1.DeleteVolumeResponse
-	77, // [77:107] is the sub-list for method output_type
-	47, // [47:77] is the sub-list for method input_type
+	62, // 64: berth.v1.SandboxService.CreateCodeContext:input_type -> berth.v1.CreateCodeContextRequest
+	63, // 65: berth.v1.SandboxService.ListCodeContexts:input_type -> berth.v1.ListCodeContextsRequest
+	64, // 66: berth.v1.SandboxService.DeleteCodeContext:input_type -> berth.v1.DeleteCodeContextRequest
+	65, // 67: berth.v1.SandboxService.ExecuteCode:input_type -> berth.v1.ExecuteCodeRequest
+	66, // 68: berth.v1.SandboxService.InterruptCodeContext:input_type -> berth.v1.InterruptCodeContextRequest
+	67, // 69: berth.v1.SandboxService.RestartCodeContext:input_type -> berth.v1.RestartCodeContextRequest
+	68, // 70: berth.v1.SandboxService.WatchFiles:input_type -> berth.v1.WatchFilesRequest
+	19, // 71: berth.v1.SandboxService.PauseSandbox:input_type -> berth.v1.PauseSandboxRequest
+	21, // 72: berth.v1.SandboxService.ResumeSandbox:input_type -> berth.v1.ResumeSandboxRequest
+	23, // 73: berth.v1.SandboxService.HibernateSandbox:input_type -> berth.v1.HibernateSandboxRequest
+	26, // 74: berth.v1.SandboxService.CreateSnapshot:input_type -> berth.v1.CreateSnapshotRequest
+	28, // 75: berth.v1.SandboxService.ListSnapshots:input_type -> berth.v1.ListSnapshotsRequest
+	30, // 76: berth.v1.SandboxService.DeleteSnapshot:input_type -> berth.v1.DeleteSnapshotRequest
+	32, // 77: berth.v1.SandboxService.ForkSandbox:input_type -> berth.v1.ForkSandboxRequest
+	34, // 78: berth.v1.SandboxService.CommitSnapshot:input_type -> berth.v1.CommitSnapshotRequest
+	69, // 79: berth.v1.SandboxService.CreateVolume:input_type -> berth.v1.CreateVolumeRequest
+	70, // 80: berth.v1.SandboxService.GetVolume:input_type -> berth.v1.GetVolumeRequest
+	71, // 81: berth.v1.SandboxService.ListVolumes:input_type -> berth.v1.ListVolumesRequest
+	72, // 82: berth.v1.SandboxService.DeleteVolume:input_type -> berth.v1.DeleteVolumeRequest
+	12, // 83: berth.v1.SandboxService.CreateSandbox:output_type -> berth.v1.CreateSandboxResponse
+	14, // 84: berth.v1.SandboxService.GetSandbox:output_type -> berth.v1.GetSandboxResponse
+	16, // 85: berth.v1.SandboxService.ListSandboxes:output_type -> berth.v1.ListSandboxesResponse
+	18, // 86: berth.v1.SandboxService.DeleteSandbox:output_type -> berth.v1.DeleteSandboxResponse
+	38, // 87: berth.v1.SandboxService.KeepAlive:output_type -> berth.v1.KeepAliveResponse
+	73, // 88: berth.v1.SandboxService.Exec:output_type -> berth.v1.ExecResponse
+	74, // 89: berth.v1.SandboxService.Run:output_type -> berth.v1.RunResponse
+	75, // 90: berth.v1.SandboxService.ListExecs:output_type -> berth.v1.ListExecsResponse
+	76, // 91: berth.v1.SandboxService.SignalExec:output_type -> berth.v1.SignalExecResponse
+	73, // 92: berth.v1.SandboxService.StartExec:output_type -> berth.v1.ExecResponse
+	73, // 93: berth.v1.SandboxService.AttachExec:output_type -> berth.v1.ExecResponse
+	77, // 94: berth.v1.SandboxService.WriteExecStdin:output_type -> berth.v1.WriteExecStdinResponse
+	78, // 95: berth.v1.SandboxService.ResizeExec:output_type -> berth.v1.ResizeExecResponse
+	79, // 96: berth.v1.SandboxService.PortForward:output_type -> berth.v1.PortForwardResponse
+	80, // 97: berth.v1.SandboxService.CreateSession:output_type -> berth.v1.CreateSessionResponse
+	81, // 98: berth.v1.SandboxService.ListSessions:output_type -> berth.v1.ListSessionsResponse
+	82, // 99: berth.v1.SandboxService.DeleteSession:output_type -> berth.v1.DeleteSessionResponse
+	83, // 100: berth.v1.SandboxService.CreateCodeContext:output_type -> berth.v1.CreateCodeContextResponse
+	84, // 101: berth.v1.SandboxService.ListCodeContexts:output_type -> berth.v1.ListCodeContextsResponse
+	85, // 102: berth.v1.SandboxService.DeleteCodeContext:output_type -> berth.v1.DeleteCodeContextResponse
+	86, // 103: berth.v1.SandboxService.ExecuteCode:output_type -> berth.v1.ExecuteCodeResponse
+	87, // 104: berth.v1.SandboxService.InterruptCodeContext:output_type -> berth.v1.InterruptCodeContextResponse
+	88, // 105: berth.v1.SandboxService.RestartCodeContext:output_type -> berth.v1.RestartCodeContextResponse
+	89, // 106: berth.v1.SandboxService.WatchFiles:output_type -> berth.v1.WatchFilesResponse
+	20, // 107: berth.v1.SandboxService.PauseSandbox:output_type -> berth.v1.PauseSandboxResponse
+	22, // 108: berth.v1.SandboxService.ResumeSandbox:output_type -> berth.v1.ResumeSandboxResponse
+	24, // 109: berth.v1.SandboxService.HibernateSandbox:output_type -> berth.v1.HibernateSandboxResponse
+	27, // 110: berth.v1.SandboxService.CreateSnapshot:output_type -> berth.v1.CreateSnapshotResponse
+	29, // 111: berth.v1.SandboxService.ListSnapshots:output_type -> berth.v1.ListSnapshotsResponse
+	31, // 112: berth.v1.SandboxService.DeleteSnapshot:output_type -> berth.v1.DeleteSnapshotResponse
+	33, // 113: berth.v1.SandboxService.ForkSandbox:output_type -> berth.v1.ForkSandboxResponse
+	36, // 114: berth.v1.SandboxService.CommitSnapshot:output_type -> berth.v1.CommitSnapshotResponse
+	90, // 115: berth.v1.SandboxService.CreateVolume:output_type -> berth.v1.CreateVolumeResponse
+	91, // 116: berth.v1.SandboxService.GetVolume:output_type -> berth.v1.GetVolumeResponse
+	92, // 117: berth.v1.SandboxService.ListVolumes:output_type -> berth.v1.ListVolumesResponse
+	93, // 118: berth.v1.SandboxService.DeleteVolume:output_type -> berth.v1.DeleteVolumeResponse
+	83, // [83:119] is the sub-list for method output_type
+	47, // [47:83] is the sub-list for method input_type
 	47, // [47:47] is the sub-list for extension type_name
 	47, // [47:47] is the sub-list for extension extendee
 	0,  // [0:47] is the sub-list for field type_name
@@ -3396,6 +3426,7 @@ func file_berth_v1_sandbox_proto_init() {
 	if File_berth_v1_sandbox_proto != nil {
 		return
 	}
+	file_berth_v1_context_proto_init()
 	file_berth_v1_exec_proto_init()
 	file_berth_v1_image_proto_init()
 	file_berth_v1_port_proto_init()

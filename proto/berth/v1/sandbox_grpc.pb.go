@@ -19,36 +19,42 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SandboxService_CreateSandbox_FullMethodName    = "/berth.v1.SandboxService/CreateSandbox"
-	SandboxService_GetSandbox_FullMethodName       = "/berth.v1.SandboxService/GetSandbox"
-	SandboxService_ListSandboxes_FullMethodName    = "/berth.v1.SandboxService/ListSandboxes"
-	SandboxService_DeleteSandbox_FullMethodName    = "/berth.v1.SandboxService/DeleteSandbox"
-	SandboxService_KeepAlive_FullMethodName        = "/berth.v1.SandboxService/KeepAlive"
-	SandboxService_Exec_FullMethodName             = "/berth.v1.SandboxService/Exec"
-	SandboxService_Run_FullMethodName              = "/berth.v1.SandboxService/Run"
-	SandboxService_ListExecs_FullMethodName        = "/berth.v1.SandboxService/ListExecs"
-	SandboxService_SignalExec_FullMethodName       = "/berth.v1.SandboxService/SignalExec"
-	SandboxService_StartExec_FullMethodName        = "/berth.v1.SandboxService/StartExec"
-	SandboxService_AttachExec_FullMethodName       = "/berth.v1.SandboxService/AttachExec"
-	SandboxService_WriteExecStdin_FullMethodName   = "/berth.v1.SandboxService/WriteExecStdin"
-	SandboxService_ResizeExec_FullMethodName       = "/berth.v1.SandboxService/ResizeExec"
-	SandboxService_PortForward_FullMethodName      = "/berth.v1.SandboxService/PortForward"
-	SandboxService_CreateSession_FullMethodName    = "/berth.v1.SandboxService/CreateSession"
-	SandboxService_ListSessions_FullMethodName     = "/berth.v1.SandboxService/ListSessions"
-	SandboxService_DeleteSession_FullMethodName    = "/berth.v1.SandboxService/DeleteSession"
-	SandboxService_WatchFiles_FullMethodName       = "/berth.v1.SandboxService/WatchFiles"
-	SandboxService_PauseSandbox_FullMethodName     = "/berth.v1.SandboxService/PauseSandbox"
-	SandboxService_ResumeSandbox_FullMethodName    = "/berth.v1.SandboxService/ResumeSandbox"
-	SandboxService_HibernateSandbox_FullMethodName = "/berth.v1.SandboxService/HibernateSandbox"
-	SandboxService_CreateSnapshot_FullMethodName   = "/berth.v1.SandboxService/CreateSnapshot"
-	SandboxService_ListSnapshots_FullMethodName    = "/berth.v1.SandboxService/ListSnapshots"
-	SandboxService_DeleteSnapshot_FullMethodName   = "/berth.v1.SandboxService/DeleteSnapshot"
-	SandboxService_ForkSandbox_FullMethodName      = "/berth.v1.SandboxService/ForkSandbox"
-	SandboxService_CommitSnapshot_FullMethodName   = "/berth.v1.SandboxService/CommitSnapshot"
-	SandboxService_CreateVolume_FullMethodName     = "/berth.v1.SandboxService/CreateVolume"
-	SandboxService_GetVolume_FullMethodName        = "/berth.v1.SandboxService/GetVolume"
-	SandboxService_ListVolumes_FullMethodName      = "/berth.v1.SandboxService/ListVolumes"
-	SandboxService_DeleteVolume_FullMethodName     = "/berth.v1.SandboxService/DeleteVolume"
+	SandboxService_CreateSandbox_FullMethodName        = "/berth.v1.SandboxService/CreateSandbox"
+	SandboxService_GetSandbox_FullMethodName           = "/berth.v1.SandboxService/GetSandbox"
+	SandboxService_ListSandboxes_FullMethodName        = "/berth.v1.SandboxService/ListSandboxes"
+	SandboxService_DeleteSandbox_FullMethodName        = "/berth.v1.SandboxService/DeleteSandbox"
+	SandboxService_KeepAlive_FullMethodName            = "/berth.v1.SandboxService/KeepAlive"
+	SandboxService_Exec_FullMethodName                 = "/berth.v1.SandboxService/Exec"
+	SandboxService_Run_FullMethodName                  = "/berth.v1.SandboxService/Run"
+	SandboxService_ListExecs_FullMethodName            = "/berth.v1.SandboxService/ListExecs"
+	SandboxService_SignalExec_FullMethodName           = "/berth.v1.SandboxService/SignalExec"
+	SandboxService_StartExec_FullMethodName            = "/berth.v1.SandboxService/StartExec"
+	SandboxService_AttachExec_FullMethodName           = "/berth.v1.SandboxService/AttachExec"
+	SandboxService_WriteExecStdin_FullMethodName       = "/berth.v1.SandboxService/WriteExecStdin"
+	SandboxService_ResizeExec_FullMethodName           = "/berth.v1.SandboxService/ResizeExec"
+	SandboxService_PortForward_FullMethodName          = "/berth.v1.SandboxService/PortForward"
+	SandboxService_CreateSession_FullMethodName        = "/berth.v1.SandboxService/CreateSession"
+	SandboxService_ListSessions_FullMethodName         = "/berth.v1.SandboxService/ListSessions"
+	SandboxService_DeleteSession_FullMethodName        = "/berth.v1.SandboxService/DeleteSession"
+	SandboxService_CreateCodeContext_FullMethodName    = "/berth.v1.SandboxService/CreateCodeContext"
+	SandboxService_ListCodeContexts_FullMethodName     = "/berth.v1.SandboxService/ListCodeContexts"
+	SandboxService_DeleteCodeContext_FullMethodName    = "/berth.v1.SandboxService/DeleteCodeContext"
+	SandboxService_ExecuteCode_FullMethodName          = "/berth.v1.SandboxService/ExecuteCode"
+	SandboxService_InterruptCodeContext_FullMethodName = "/berth.v1.SandboxService/InterruptCodeContext"
+	SandboxService_RestartCodeContext_FullMethodName   = "/berth.v1.SandboxService/RestartCodeContext"
+	SandboxService_WatchFiles_FullMethodName           = "/berth.v1.SandboxService/WatchFiles"
+	SandboxService_PauseSandbox_FullMethodName         = "/berth.v1.SandboxService/PauseSandbox"
+	SandboxService_ResumeSandbox_FullMethodName        = "/berth.v1.SandboxService/ResumeSandbox"
+	SandboxService_HibernateSandbox_FullMethodName     = "/berth.v1.SandboxService/HibernateSandbox"
+	SandboxService_CreateSnapshot_FullMethodName       = "/berth.v1.SandboxService/CreateSnapshot"
+	SandboxService_ListSnapshots_FullMethodName        = "/berth.v1.SandboxService/ListSnapshots"
+	SandboxService_DeleteSnapshot_FullMethodName       = "/berth.v1.SandboxService/DeleteSnapshot"
+	SandboxService_ForkSandbox_FullMethodName          = "/berth.v1.SandboxService/ForkSandbox"
+	SandboxService_CommitSnapshot_FullMethodName       = "/berth.v1.SandboxService/CommitSnapshot"
+	SandboxService_CreateVolume_FullMethodName         = "/berth.v1.SandboxService/CreateVolume"
+	SandboxService_GetVolume_FullMethodName            = "/berth.v1.SandboxService/GetVolume"
+	SandboxService_ListVolumes_FullMethodName          = "/berth.v1.SandboxService/ListVolumes"
+	SandboxService_DeleteVolume_FullMethodName         = "/berth.v1.SandboxService/DeleteVolume"
 )
 
 // SandboxServiceClient is the client API for SandboxService service.
@@ -198,6 +204,33 @@ type SandboxServiceClient interface {
 	// grace) to the shell's process group, which holds its background jobs.
 	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
 	DeleteSession(ctx context.Context, in *DeleteSessionRequest, opts ...grpc.CallOption) (*DeleteSessionResponse, error)
+	// CreateCodeContext starts a code context (docs/contexts.md): a
+	// long-lived Python interpreter, run as a background exec of the
+	// sandbox's agent, in which ExecuteCode runs cells. It survives berthd
+	// restarts. Errors: INVALID_ARGUMENT naming the field, ALREADY_EXISTS
+	// (CONTEXT_EXISTS), NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+	// (INTERPRETER_MISSING: the image has no python3; CWD_INVALID).
+	CreateCodeContext(ctx context.Context, in *CreateCodeContextRequest, opts ...grpc.CallOption) (*CreateCodeContextResponse, error)
+	// ListCodeContexts lists the sandbox's code contexts. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND).
+	ListCodeContexts(ctx context.Context, in *ListCodeContextsRequest, opts ...grpc.CallOption) (*ListCodeContextsResponse, error)
+	// DeleteCodeContext ends a context's interpreter (SIGKILL to its process
+	// group). Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+	DeleteCodeContext(ctx context.Context, in *DeleteCodeContextRequest, opts ...grpc.CallOption) (*DeleteCodeContextResponse, error)
+	// ExecuteCode runs a code cell in a context and streams its stdout, stderr,
+	// rich results, error and, last, done. Cells of one context run one
+	// after another. Errors: INVALID_ARGUMENT naming the field, NOT_FOUND
+	// (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND), FAILED_PRECONDITION
+	// (CONTEXT_ENDED).
+	ExecuteCode(ctx context.Context, in *ExecuteCodeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecuteCodeResponse], error)
+	// InterruptCodeContext raises KeyboardInterrupt in the cell running in a
+	// context (SIGINT); the context lives on. Between cells it does nothing.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+	InterruptCodeContext(ctx context.Context, in *InterruptCodeContextRequest, opts ...grpc.CallOption) (*InterruptCodeContextResponse, error)
+	// RestartCodeContext replaces a context's interpreter with a fresh one
+	// (its state is gone), keeping the context id. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+	RestartCodeContext(ctx context.Context, in *RestartCodeContextRequest, opts ...grpc.CallOption) (*RestartCodeContextResponse, error)
 	// WatchFiles streams create, write, remove and rename events under a
 	// directory (inotify in the sandbox), numbered so that a caller whose
 	// stream broke resumes with watch_id and since_seq without missing or
@@ -539,9 +572,78 @@ func (c *sandboxServiceClient) DeleteSession(ctx context.Context, in *DeleteSess
 	return out, nil
 }
 
+func (c *sandboxServiceClient) CreateCodeContext(ctx context.Context, in *CreateCodeContextRequest, opts ...grpc.CallOption) (*CreateCodeContextResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateCodeContextResponse)
+	err := c.cc.Invoke(ctx, SandboxService_CreateCodeContext_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ListCodeContexts(ctx context.Context, in *ListCodeContextsRequest, opts ...grpc.CallOption) (*ListCodeContextsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListCodeContextsResponse)
+	err := c.cc.Invoke(ctx, SandboxService_ListCodeContexts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) DeleteCodeContext(ctx context.Context, in *DeleteCodeContextRequest, opts ...grpc.CallOption) (*DeleteCodeContextResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteCodeContextResponse)
+	err := c.cc.Invoke(ctx, SandboxService_DeleteCodeContext_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) ExecuteCode(ctx context.Context, in *ExecuteCodeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecuteCodeResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[4], SandboxService_ExecuteCode_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExecuteCodeRequest, ExecuteCodeResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExecuteCodeClient = grpc.ServerStreamingClient[ExecuteCodeResponse]
+
+func (c *sandboxServiceClient) InterruptCodeContext(ctx context.Context, in *InterruptCodeContextRequest, opts ...grpc.CallOption) (*InterruptCodeContextResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(InterruptCodeContextResponse)
+	err := c.cc.Invoke(ctx, SandboxService_InterruptCodeContext_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *sandboxServiceClient) RestartCodeContext(ctx context.Context, in *RestartCodeContextRequest, opts ...grpc.CallOption) (*RestartCodeContextResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RestartCodeContextResponse)
+	err := c.cc.Invoke(ctx, SandboxService_RestartCodeContext_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *sandboxServiceClient) WatchFiles(ctx context.Context, in *WatchFilesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchFilesResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[4], SandboxService_WatchFiles_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &SandboxService_ServiceDesc.Streams[5], SandboxService_WatchFiles_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -825,6 +927,33 @@ type SandboxServiceServer interface {
 	// grace) to the shell's process group, which holds its background jobs.
 	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
 	DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error)
+	// CreateCodeContext starts a code context (docs/contexts.md): a
+	// long-lived Python interpreter, run as a background exec of the
+	// sandbox's agent, in which ExecuteCode runs cells. It survives berthd
+	// restarts. Errors: INVALID_ARGUMENT naming the field, ALREADY_EXISTS
+	// (CONTEXT_EXISTS), NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+	// (INTERPRETER_MISSING: the image has no python3; CWD_INVALID).
+	CreateCodeContext(context.Context, *CreateCodeContextRequest) (*CreateCodeContextResponse, error)
+	// ListCodeContexts lists the sandbox's code contexts. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND).
+	ListCodeContexts(context.Context, *ListCodeContextsRequest) (*ListCodeContextsResponse, error)
+	// DeleteCodeContext ends a context's interpreter (SIGKILL to its process
+	// group). Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+	DeleteCodeContext(context.Context, *DeleteCodeContextRequest) (*DeleteCodeContextResponse, error)
+	// ExecuteCode runs a code cell in a context and streams its stdout, stderr,
+	// rich results, error and, last, done. Cells of one context run one
+	// after another. Errors: INVALID_ARGUMENT naming the field, NOT_FOUND
+	// (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND), FAILED_PRECONDITION
+	// (CONTEXT_ENDED).
+	ExecuteCode(*ExecuteCodeRequest, grpc.ServerStreamingServer[ExecuteCodeResponse]) error
+	// InterruptCodeContext raises KeyboardInterrupt in the cell running in a
+	// context (SIGINT); the context lives on. Between cells it does nothing.
+	// Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+	InterruptCodeContext(context.Context, *InterruptCodeContextRequest) (*InterruptCodeContextResponse, error)
+	// RestartCodeContext replaces a context's interpreter with a fresh one
+	// (its state is gone), keeping the context id. Errors: NOT_FOUND
+	// (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+	RestartCodeContext(context.Context, *RestartCodeContextRequest) (*RestartCodeContextResponse, error)
 	// WatchFiles streams create, write, remove and rename events under a
 	// directory (inotify in the sandbox), numbered so that a caller whose
 	// stream broke resumes with watch_id and since_seq without missing or
@@ -1022,6 +1151,24 @@ func (UnimplementedSandboxServiceServer) ListSessions(context.Context, *ListSess
 }
 func (UnimplementedSandboxServiceServer) DeleteSession(context.Context, *DeleteSessionRequest) (*DeleteSessionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteSession not implemented")
+}
+func (UnimplementedSandboxServiceServer) CreateCodeContext(context.Context, *CreateCodeContextRequest) (*CreateCodeContextResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateCodeContext not implemented")
+}
+func (UnimplementedSandboxServiceServer) ListCodeContexts(context.Context, *ListCodeContextsRequest) (*ListCodeContextsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListCodeContexts not implemented")
+}
+func (UnimplementedSandboxServiceServer) DeleteCodeContext(context.Context, *DeleteCodeContextRequest) (*DeleteCodeContextResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteCodeContext not implemented")
+}
+func (UnimplementedSandboxServiceServer) ExecuteCode(*ExecuteCodeRequest, grpc.ServerStreamingServer[ExecuteCodeResponse]) error {
+	return status.Error(codes.Unimplemented, "method ExecuteCode not implemented")
+}
+func (UnimplementedSandboxServiceServer) InterruptCodeContext(context.Context, *InterruptCodeContextRequest) (*InterruptCodeContextResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method InterruptCodeContext not implemented")
+}
+func (UnimplementedSandboxServiceServer) RestartCodeContext(context.Context, *RestartCodeContextRequest) (*RestartCodeContextResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RestartCodeContext not implemented")
 }
 func (UnimplementedSandboxServiceServer) WatchFiles(*WatchFilesRequest, grpc.ServerStreamingServer[WatchFilesResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchFiles not implemented")
@@ -1353,6 +1500,107 @@ func _SandboxService_DeleteSession_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SandboxService_CreateCodeContext_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateCodeContextRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).CreateCodeContext(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_CreateCodeContext_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).CreateCodeContext(ctx, req.(*CreateCodeContextRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ListCodeContexts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListCodeContextsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).ListCodeContexts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_ListCodeContexts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).ListCodeContexts(ctx, req.(*ListCodeContextsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_DeleteCodeContext_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteCodeContextRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).DeleteCodeContext(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_DeleteCodeContext_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).DeleteCodeContext(ctx, req.(*DeleteCodeContextRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_ExecuteCode_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExecuteCodeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SandboxServiceServer).ExecuteCode(m, &grpc.GenericServerStream[ExecuteCodeRequest, ExecuteCodeResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SandboxService_ExecuteCodeServer = grpc.ServerStreamingServer[ExecuteCodeResponse]
+
+func _SandboxService_InterruptCodeContext_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InterruptCodeContextRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).InterruptCodeContext(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_InterruptCodeContext_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).InterruptCodeContext(ctx, req.(*InterruptCodeContextRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _SandboxService_RestartCodeContext_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RestartCodeContextRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SandboxServiceServer).RestartCodeContext(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SandboxService_RestartCodeContext_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SandboxServiceServer).RestartCodeContext(ctx, req.(*RestartCodeContextRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _SandboxService_WatchFiles_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(WatchFilesRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -1640,6 +1888,26 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _SandboxService_DeleteSession_Handler,
 		},
 		{
+			MethodName: "CreateCodeContext",
+			Handler:    _SandboxService_CreateCodeContext_Handler,
+		},
+		{
+			MethodName: "ListCodeContexts",
+			Handler:    _SandboxService_ListCodeContexts_Handler,
+		},
+		{
+			MethodName: "DeleteCodeContext",
+			Handler:    _SandboxService_DeleteCodeContext_Handler,
+		},
+		{
+			MethodName: "InterruptCodeContext",
+			Handler:    _SandboxService_InterruptCodeContext_Handler,
+		},
+		{
+			MethodName: "RestartCodeContext",
+			Handler:    _SandboxService_RestartCodeContext_Handler,
+		},
+		{
 			MethodName: "PauseSandbox",
 			Handler:    _SandboxService_PauseSandbox_Handler,
 		},
@@ -1710,6 +1978,11 @@ var SandboxService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _SandboxService_PortForward_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "ExecuteCode",
+			Handler:       _SandboxService_ExecuteCode_Handler,
+			ServerStreams: true,
 		},
 		{
 			StreamName:    "WatchFiles",

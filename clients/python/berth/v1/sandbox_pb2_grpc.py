@@ -2,6 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
+from berth.v1 import context_pb2 as berth_dot_v1_dot_context__pb2
 from berth.v1 import exec_pb2 as berth_dot_v1_dot_exec__pb2
 from berth.v1 import port_pb2 as berth_dot_v1_dot_port__pb2
 from berth.v1 import sandbox_pb2 as berth_dot_v1_dot_sandbox__pb2
@@ -114,6 +115,36 @@ class SandboxServiceStub(object):
                 '/berth.v1.SandboxService/DeleteSession',
                 request_serializer=berth_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
                 response_deserializer=berth_dot_v1_dot_session__pb2.DeleteSessionResponse.FromString,
+                )
+        self.CreateCodeContext = channel.unary_unary(
+                '/berth.v1.SandboxService/CreateCodeContext',
+                request_serializer=berth_dot_v1_dot_context__pb2.CreateCodeContextRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_context__pb2.CreateCodeContextResponse.FromString,
+                )
+        self.ListCodeContexts = channel.unary_unary(
+                '/berth.v1.SandboxService/ListCodeContexts',
+                request_serializer=berth_dot_v1_dot_context__pb2.ListCodeContextsRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_context__pb2.ListCodeContextsResponse.FromString,
+                )
+        self.DeleteCodeContext = channel.unary_unary(
+                '/berth.v1.SandboxService/DeleteCodeContext',
+                request_serializer=berth_dot_v1_dot_context__pb2.DeleteCodeContextRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_context__pb2.DeleteCodeContextResponse.FromString,
+                )
+        self.ExecuteCode = channel.unary_stream(
+                '/berth.v1.SandboxService/ExecuteCode',
+                request_serializer=berth_dot_v1_dot_context__pb2.ExecuteCodeRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_context__pb2.ExecuteCodeResponse.FromString,
+                )
+        self.InterruptCodeContext = channel.unary_unary(
+                '/berth.v1.SandboxService/InterruptCodeContext',
+                request_serializer=berth_dot_v1_dot_context__pb2.InterruptCodeContextRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_context__pb2.InterruptCodeContextResponse.FromString,
+                )
+        self.RestartCodeContext = channel.unary_unary(
+                '/berth.v1.SandboxService/RestartCodeContext',
+                request_serializer=berth_dot_v1_dot_context__pb2.RestartCodeContextRequest.SerializeToString,
+                response_deserializer=berth_dot_v1_dot_context__pb2.RestartCodeContextResponse.FromString,
                 )
         self.WatchFiles = channel.unary_stream(
                 '/berth.v1.SandboxService/WatchFiles',
@@ -412,6 +443,63 @@ class SandboxServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateCodeContext(self, request, context):
+        """CreateCodeContext starts a code context (docs/contexts.md): a
+        long-lived Python interpreter, run as a background exec of the
+        sandbox's agent, in which ExecuteCode runs cells. It survives berthd
+        restarts. Errors: INVALID_ARGUMENT naming the field, ALREADY_EXISTS
+        (CONTEXT_EXISTS), NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+        (INTERPRETER_MISSING: the image has no python3; CWD_INVALID).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListCodeContexts(self, request, context):
+        """ListCodeContexts lists the sandbox's code contexts. Errors: NOT_FOUND
+        (SANDBOX_NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteCodeContext(self, request, context):
+        """DeleteCodeContext ends a context's interpreter (SIGKILL to its process
+        group). Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExecuteCode(self, request, context):
+        """ExecuteCode runs a code cell in a context and streams its stdout, stderr,
+        rich results, error and, last, done. Cells of one context run one
+        after another. Errors: INVALID_ARGUMENT naming the field, NOT_FOUND
+        (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND), FAILED_PRECONDITION
+        (CONTEXT_ENDED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InterruptCodeContext(self, request, context):
+        """InterruptCodeContext raises KeyboardInterrupt in the cell running in a
+        context (SIGINT); the context lives on. Between cells it does nothing.
+        Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RestartCodeContext(self, request, context):
+        """RestartCodeContext replaces a context's interpreter with a fresh one
+        (its state is gone), keeping the context id. Errors: NOT_FOUND
+        (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchFiles(self, request, context):
         """WatchFiles streams create, write, remove and rename events under a
         directory (inotify in the sandbox), numbered so that a caller whose
@@ -701,6 +789,36 @@ def add_SandboxServiceServicer_to_server(servicer, server):
                     servicer.DeleteSession,
                     request_deserializer=berth_dot_v1_dot_session__pb2.DeleteSessionRequest.FromString,
                     response_serializer=berth_dot_v1_dot_session__pb2.DeleteSessionResponse.SerializeToString,
+            ),
+            'CreateCodeContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateCodeContext,
+                    request_deserializer=berth_dot_v1_dot_context__pb2.CreateCodeContextRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_context__pb2.CreateCodeContextResponse.SerializeToString,
+            ),
+            'ListCodeContexts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListCodeContexts,
+                    request_deserializer=berth_dot_v1_dot_context__pb2.ListCodeContextsRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_context__pb2.ListCodeContextsResponse.SerializeToString,
+            ),
+            'DeleteCodeContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteCodeContext,
+                    request_deserializer=berth_dot_v1_dot_context__pb2.DeleteCodeContextRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_context__pb2.DeleteCodeContextResponse.SerializeToString,
+            ),
+            'ExecuteCode': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExecuteCode,
+                    request_deserializer=berth_dot_v1_dot_context__pb2.ExecuteCodeRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_context__pb2.ExecuteCodeResponse.SerializeToString,
+            ),
+            'InterruptCodeContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.InterruptCodeContext,
+                    request_deserializer=berth_dot_v1_dot_context__pb2.InterruptCodeContextRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_context__pb2.InterruptCodeContextResponse.SerializeToString,
+            ),
+            'RestartCodeContext': grpc.unary_unary_rpc_method_handler(
+                    servicer.RestartCodeContext,
+                    request_deserializer=berth_dot_v1_dot_context__pb2.RestartCodeContextRequest.FromString,
+                    response_serializer=berth_dot_v1_dot_context__pb2.RestartCodeContextResponse.SerializeToString,
             ),
             'WatchFiles': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchFiles,
@@ -1074,6 +1192,108 @@ class SandboxService(object):
         return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/DeleteSession',
             berth_dot_v1_dot_session__pb2.DeleteSessionRequest.SerializeToString,
             berth_dot_v1_dot_session__pb2.DeleteSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateCodeContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/CreateCodeContext',
+            berth_dot_v1_dot_context__pb2.CreateCodeContextRequest.SerializeToString,
+            berth_dot_v1_dot_context__pb2.CreateCodeContextResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListCodeContexts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/ListCodeContexts',
+            berth_dot_v1_dot_context__pb2.ListCodeContextsRequest.SerializeToString,
+            berth_dot_v1_dot_context__pb2.ListCodeContextsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeleteCodeContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/DeleteCodeContext',
+            berth_dot_v1_dot_context__pb2.DeleteCodeContextRequest.SerializeToString,
+            berth_dot_v1_dot_context__pb2.DeleteCodeContextResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExecuteCode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/berth.v1.SandboxService/ExecuteCode',
+            berth_dot_v1_dot_context__pb2.ExecuteCodeRequest.SerializeToString,
+            berth_dot_v1_dot_context__pb2.ExecuteCodeResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def InterruptCodeContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/InterruptCodeContext',
+            berth_dot_v1_dot_context__pb2.InterruptCodeContextRequest.SerializeToString,
+            berth_dot_v1_dot_context__pb2.InterruptCodeContextResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RestartCodeContext(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/berth.v1.SandboxService/RestartCodeContext',
+            berth_dot_v1_dot_context__pb2.RestartCodeContextRequest.SerializeToString,
+            berth_dot_v1_dot_context__pb2.RestartCodeContextResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -11,6 +11,7 @@ import { Files } from "./files";
 import { Ports } from "./ports";
 import { Sessions } from "./sessions";
 import { VolumeMountSpec, volumeMounts } from "./volumes";
+import { CodeContexts } from "./contexts";
 
 /** The image Sandbox.create uses when none is given and $BERTH_IMAGE is unset. */
 export const DEFAULT_IMAGE = "berth.dev/base:latest";
@@ -95,6 +96,7 @@ export class Sandbox {
   readonly files: Files;
   readonly ports: Ports;
   readonly sessions: Sessions;
+  readonly contexts: CodeContexts;
 
   private constructor(readonly connection: Connection, public info: SandboxInfo, private readonly owns: boolean, private readonly created: boolean) {
     this.id = info.id;
@@ -102,6 +104,7 @@ export class Sandbox {
     this.files = new Files(connection, this.id);
     this.ports = new Ports(connection, this.id);
     this.sessions = new Sessions(connection, this.id, this.commands);
+    this.contexts = new CodeContexts(connection, this.id);
   }
 
   /**

@@ -25,6 +25,20 @@ import {
 import { Duration } from "../../google/protobuf/duration";
 import { Timestamp } from "../../google/protobuf/timestamp";
 import {
+  CreateCodeContextRequest,
+  CreateCodeContextResponse,
+  DeleteCodeContextRequest,
+  DeleteCodeContextResponse,
+  ExecuteCodeRequest,
+  ExecuteCodeResponse,
+  InterruptCodeContextRequest,
+  InterruptCodeContextResponse,
+  ListCodeContextsRequest,
+  ListCodeContextsResponse,
+  RestartCodeContextRequest,
+  RestartCodeContextResponse,
+} from "./context";
+import {
   AttachExecRequest,
   ExecRequest,
   ExecResponse,
@@ -6487,6 +6501,103 @@ export const SandboxServiceService = {
     responseDeserialize: (value: Buffer): DeleteSessionResponse => DeleteSessionResponse.decode(value),
   },
   /**
+   * CreateCodeContext starts a code context (docs/contexts.md): a
+   * long-lived Python interpreter, run as a background exec of the
+   * sandbox's agent, in which ExecuteCode runs cells. It survives berthd
+   * restarts. Errors: INVALID_ARGUMENT naming the field, ALREADY_EXISTS
+   * (CONTEXT_EXISTS), NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (INTERPRETER_MISSING: the image has no python3; CWD_INVALID).
+   */
+  createCodeContext: {
+    path: "/berth.v1.SandboxService/CreateCodeContext" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: CreateCodeContextRequest): Buffer =>
+      Buffer.from(CreateCodeContextRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): CreateCodeContextRequest => CreateCodeContextRequest.decode(value),
+    responseSerialize: (value: CreateCodeContextResponse): Buffer =>
+      Buffer.from(CreateCodeContextResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): CreateCodeContextResponse => CreateCodeContextResponse.decode(value),
+  },
+  /**
+   * ListCodeContexts lists the sandbox's code contexts. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND).
+   */
+  listCodeContexts: {
+    path: "/berth.v1.SandboxService/ListCodeContexts" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: ListCodeContextsRequest): Buffer =>
+      Buffer.from(ListCodeContextsRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ListCodeContextsRequest => ListCodeContextsRequest.decode(value),
+    responseSerialize: (value: ListCodeContextsResponse): Buffer =>
+      Buffer.from(ListCodeContextsResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ListCodeContextsResponse => ListCodeContextsResponse.decode(value),
+  },
+  /**
+   * DeleteCodeContext ends a context's interpreter (SIGKILL to its process
+   * group). Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  deleteCodeContext: {
+    path: "/berth.v1.SandboxService/DeleteCodeContext" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: DeleteCodeContextRequest): Buffer =>
+      Buffer.from(DeleteCodeContextRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeleteCodeContextRequest => DeleteCodeContextRequest.decode(value),
+    responseSerialize: (value: DeleteCodeContextResponse): Buffer =>
+      Buffer.from(DeleteCodeContextResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeleteCodeContextResponse => DeleteCodeContextResponse.decode(value),
+  },
+  /**
+   * ExecuteCode runs a code cell in a context and streams its stdout, stderr,
+   * rich results, error and, last, done. Cells of one context run one
+   * after another. Errors: INVALID_ARGUMENT naming the field, NOT_FOUND
+   * (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND), FAILED_PRECONDITION
+   * (CONTEXT_ENDED).
+   */
+  executeCode: {
+    path: "/berth.v1.SandboxService/ExecuteCode" as const,
+    requestStream: false as const,
+    responseStream: true as const,
+    requestSerialize: (value: ExecuteCodeRequest): Buffer => Buffer.from(ExecuteCodeRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): ExecuteCodeRequest => ExecuteCodeRequest.decode(value),
+    responseSerialize: (value: ExecuteCodeResponse): Buffer => Buffer.from(ExecuteCodeResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): ExecuteCodeResponse => ExecuteCodeResponse.decode(value),
+  },
+  /**
+   * InterruptCodeContext raises KeyboardInterrupt in the cell running in a
+   * context (SIGINT); the context lives on. Between cells it does nothing.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  interruptCodeContext: {
+    path: "/berth.v1.SandboxService/InterruptCodeContext" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: InterruptCodeContextRequest): Buffer =>
+      Buffer.from(InterruptCodeContextRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): InterruptCodeContextRequest => InterruptCodeContextRequest.decode(value),
+    responseSerialize: (value: InterruptCodeContextResponse): Buffer =>
+      Buffer.from(InterruptCodeContextResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): InterruptCodeContextResponse => InterruptCodeContextResponse.decode(value),
+  },
+  /**
+   * RestartCodeContext replaces a context's interpreter with a fresh one
+   * (its state is gone), keeping the context id. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  restartCodeContext: {
+    path: "/berth.v1.SandboxService/RestartCodeContext" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: RestartCodeContextRequest): Buffer =>
+      Buffer.from(RestartCodeContextRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): RestartCodeContextRequest => RestartCodeContextRequest.decode(value),
+    responseSerialize: (value: RestartCodeContextResponse): Buffer =>
+      Buffer.from(RestartCodeContextResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): RestartCodeContextResponse => RestartCodeContextResponse.decode(value),
+  },
+  /**
    * WatchFiles streams create, write, remove and rename events under a
    * directory (inotify in the sandbox), numbered so that a caller whose
    * stream broke resumes with watch_id and since_seq without missing or
@@ -6930,6 +7041,45 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * Errors: NOT_FOUND (SANDBOX_NOT_FOUND, SESSION_NOT_FOUND).
    */
   deleteSession: handleUnaryCall<DeleteSessionRequest, DeleteSessionResponse>;
+  /**
+   * CreateCodeContext starts a code context (docs/contexts.md): a
+   * long-lived Python interpreter, run as a background exec of the
+   * sandbox's agent, in which ExecuteCode runs cells. It survives berthd
+   * restarts. Errors: INVALID_ARGUMENT naming the field, ALREADY_EXISTS
+   * (CONTEXT_EXISTS), NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (INTERPRETER_MISSING: the image has no python3; CWD_INVALID).
+   */
+  createCodeContext: handleUnaryCall<CreateCodeContextRequest, CreateCodeContextResponse>;
+  /**
+   * ListCodeContexts lists the sandbox's code contexts. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND).
+   */
+  listCodeContexts: handleUnaryCall<ListCodeContextsRequest, ListCodeContextsResponse>;
+  /**
+   * DeleteCodeContext ends a context's interpreter (SIGKILL to its process
+   * group). Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  deleteCodeContext: handleUnaryCall<DeleteCodeContextRequest, DeleteCodeContextResponse>;
+  /**
+   * ExecuteCode runs a code cell in a context and streams its stdout, stderr,
+   * rich results, error and, last, done. Cells of one context run one
+   * after another. Errors: INVALID_ARGUMENT naming the field, NOT_FOUND
+   * (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND), FAILED_PRECONDITION
+   * (CONTEXT_ENDED).
+   */
+  executeCode: handleServerStreamingCall<ExecuteCodeRequest, ExecuteCodeResponse>;
+  /**
+   * InterruptCodeContext raises KeyboardInterrupt in the cell running in a
+   * context (SIGINT); the context lives on. Between cells it does nothing.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  interruptCodeContext: handleUnaryCall<InterruptCodeContextRequest, InterruptCodeContextResponse>;
+  /**
+   * RestartCodeContext replaces a context's interpreter with a fresh one
+   * (its state is gone), keeping the context id. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  restartCodeContext: handleUnaryCall<RestartCodeContextRequest, RestartCodeContextResponse>;
   /**
    * WatchFiles streams create, write, remove and rename events under a
    * directory (inotify in the sandbox), numbered so that a caller whose
@@ -7452,6 +7602,120 @@ export interface SandboxServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: DeleteSessionResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * CreateCodeContext starts a code context (docs/contexts.md): a
+   * long-lived Python interpreter, run as a background exec of the
+   * sandbox's agent, in which ExecuteCode runs cells. It survives berthd
+   * restarts. Errors: INVALID_ARGUMENT naming the field, ALREADY_EXISTS
+   * (CONTEXT_EXISTS), NOT_FOUND (SANDBOX_NOT_FOUND), FAILED_PRECONDITION
+   * (INTERPRETER_MISSING: the image has no python3; CWD_INVALID).
+   */
+  createCodeContext(
+    request: CreateCodeContextRequest,
+    callback: (error: ServiceError | null, response: CreateCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  createCodeContext(
+    request: CreateCodeContextRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: CreateCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  createCodeContext(
+    request: CreateCodeContextRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: CreateCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ListCodeContexts lists the sandbox's code contexts. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND).
+   */
+  listCodeContexts(
+    request: ListCodeContextsRequest,
+    callback: (error: ServiceError | null, response: ListCodeContextsResponse) => void,
+  ): ClientUnaryCall;
+  listCodeContexts(
+    request: ListCodeContextsRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: ListCodeContextsResponse) => void,
+  ): ClientUnaryCall;
+  listCodeContexts(
+    request: ListCodeContextsRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: ListCodeContextsResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * DeleteCodeContext ends a context's interpreter (SIGKILL to its process
+   * group). Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  deleteCodeContext(
+    request: DeleteCodeContextRequest,
+    callback: (error: ServiceError | null, response: DeleteCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  deleteCodeContext(
+    request: DeleteCodeContextRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: DeleteCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  deleteCodeContext(
+    request: DeleteCodeContextRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: DeleteCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * ExecuteCode runs a code cell in a context and streams its stdout, stderr,
+   * rich results, error and, last, done. Cells of one context run one
+   * after another. Errors: INVALID_ARGUMENT naming the field, NOT_FOUND
+   * (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND), FAILED_PRECONDITION
+   * (CONTEXT_ENDED).
+   */
+  executeCode(request: ExecuteCodeRequest, options?: Partial<CallOptions>): ClientReadableStream<ExecuteCodeResponse>;
+  executeCode(
+    request: ExecuteCodeRequest,
+    metadata?: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientReadableStream<ExecuteCodeResponse>;
+  /**
+   * InterruptCodeContext raises KeyboardInterrupt in the cell running in a
+   * context (SIGINT); the context lives on. Between cells it does nothing.
+   * Errors: NOT_FOUND (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  interruptCodeContext(
+    request: InterruptCodeContextRequest,
+    callback: (error: ServiceError | null, response: InterruptCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  interruptCodeContext(
+    request: InterruptCodeContextRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: InterruptCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  interruptCodeContext(
+    request: InterruptCodeContextRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: InterruptCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * RestartCodeContext replaces a context's interpreter with a fresh one
+   * (its state is gone), keeping the context id. Errors: NOT_FOUND
+   * (SANDBOX_NOT_FOUND, CONTEXT_NOT_FOUND).
+   */
+  restartCodeContext(
+    request: RestartCodeContextRequest,
+    callback: (error: ServiceError | null, response: RestartCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  restartCodeContext(
+    request: RestartCodeContextRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: RestartCodeContextResponse) => void,
+  ): ClientUnaryCall;
+  restartCodeContext(
+    request: RestartCodeContextRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: RestartCodeContextResponse) => void,
   ): ClientUnaryCall;
   /**
    * WatchFiles streams create, write, remove and rename events under a
