@@ -115,6 +115,13 @@ func startFleetOn(t testing.TB, caps []int, shared bool, etcdURL string) *fleetE
 // base image.
 func startFleetWith(t testing.TB, caps []int, shared bool, etcdURL string, importEach bool) *fleetEnv {
 	t.Helper()
+	return startFleetSnapshotter(t, caps, shared, etcdURL, importEach, "overlayfs")
+}
+
+// startFleetSnapshotter is startFleetWith with the nodes' sandboxes under
+// containerd's snapshotter (btrfs for snapshots and forks).
+func startFleetSnapshotter(t testing.TB, caps []int, shared bool, etcdURL string, importEach bool, snapshotter string) *fleetEnv {
+	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "bf")
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +141,7 @@ func startFleetWith(t testing.TB, caps []int, shared bool, etcdURL string, impor
 		t.Fatal(err)
 	}
 	tokens := filepath.Join(dir, "tokens")
-	lines := fmt.Sprintf("%s alice\n%s ops\n", auth.TokenHash(aliceToken), auth.TokenHash(opsToken))
+	lines := fmt.Sprintf("%s alice\n%s ops\n%s bob\n", auth.TokenHash(aliceToken), auth.TokenHash(opsToken), auth.TokenHash(bobToken))
 	if err := os.WriteFile(tokens, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -159,13 +166,18 @@ func startFleetWith(t testing.TB, caps []int, shared bool, etcdURL string, impor
 		}
 		n.args = []string{
 			"--containerd-address", n.containerd, "--namespace", n.ns, "--state-dir", n.dir,
-			"--agent-binary", env.agentBinary, "--snapshotter", "overlayfs",
+			"--agent-binary", env.agentBinary, "--snapshotter", snapshotter,
 			"--listen", "unix://" + n.sock, "--listen", n.addr,
 			"--tls-cert", f.certs.CertFile, "--tls-key", f.certs.KeyFile, "--tls-client-ca", f.certs.CAFile,
 			"--token-file", tokens, "--admin", "ops", "--node-principal", "berth-node",
 			"--peer-tls-ca", f.certs.CAFile, "--peer-tls-cert", peerCert, "--peer-tls-key", peerKey,
 			"--node-id", n.id, "--cluster-prefix", f.prefix, "--lease-ttl", fleetLeaseTTL.String(),
 			"--max-sandboxes", fmt.Sprint(c), "--log-level", "DEBUG",
+		}
+		if snapshotter != "overlayfs" {
+			// Nodes sharing one btrfs pool, each sandbox's quota the
+			// default 10 GiB: as the suite's berthds, overcommitted.
+			n.args = append(n.args, "--disk-overcommit", "100")
 		}
 		if i == 0 && etcdURL == "" {
 			n.args = append(n.args, "--etcd-embed", "--etcd-embed-dir", filepath.Join(dir, "etcd"),
@@ -175,7 +187,7 @@ func startFleetWith(t testing.TB, caps []int, shared bool, etcdURL string, impor
 		}
 		f.nodes = append(f.nodes, n)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		n.rt, err = runtime.New(ctx, runtime.Config{Address: n.containerd, Namespace: n.ns, Snapshotter: "overlayfs", StateDir: n.dir, AgentBinary: env.agentBinary})
+		n.rt, err = runtime.New(ctx, runtime.Config{Address: n.containerd, Namespace: n.ns, Snapshotter: snapshotter, StateDir: n.dir, AgentBinary: env.agentBinary})
 		cancel()
 		if err != nil {
 			t.Fatal(err)
@@ -379,6 +391,13 @@ func (f *fleetEnv) cleanup(t testing.TB) {
 		for _, sb := range sbs {
 			if err := n.rt.Delete(ctx, sb.ID); err != nil {
 				t.Logf("cleanup: delete %s on %s: %v", sb.ID, n.id, err)
+			}
+		}
+		// Snapshots (btrfs nodes only; overlayfs keeps none).
+		snaps, _ := n.rt.ListSnapshots(ctx, func(string) bool { return true })
+		for _, s := range snaps {
+			if err := n.rt.DeleteSnapshot(ctx, s.ID); err != nil {
+				t.Logf("cleanup: delete snapshot %s on %s: %v", s.ID, n.id, err)
 			}
 		}
 	}

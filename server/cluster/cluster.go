@@ -151,6 +151,8 @@ func (k keys) sandboxes() string                { return k.prefix + "sandboxes/"
 func (k keys) sandbox(id string) string         { return k.sandboxes() + id }
 func (k keys) tombstones(node string) string    { return k.prefix + "tombstones/" + node + "/" }
 func (k keys) tombstone(node, id string) string { return k.tombstones(node) + id }
+func (k keys) snapshots() string                { return k.prefix + "snapshots/" }
+func (k keys) snapshot(id string) string        { return k.snapshots() + id }
 func (k keys) idOf(prefix, key string) string   { return strings.TrimPrefix(key, prefix) }
 
 // NodeRecord is what a node publishes about itself under its lease.

@@ -203,16 +203,27 @@ func (d *Directory) Nodes(ctx context.Context) ([]NodeRecord, error) {
 // Sandbox returns the record of sandbox id, read from etcd; false when no
 // node holds the id.
 func (d *Directory) Sandbox(ctx context.Context, id string) (SandboxRecord, bool, error) {
-	resp, err := d.cli.Get(ctx, d.keys.sandbox(id))
+	return d.record(ctx, d.keys.sandbox(id), "sandbox "+id)
+}
+
+// Snapshot returns the record of snapshot id, read from etcd; false when
+// no node records it.
+func (d *Directory) Snapshot(ctx context.Context, id string) (SnapshotRecord, bool, error) {
+	return d.record(ctx, d.keys.snapshot(id), "snapshot "+id)
+}
+
+// record reads the record at key, of what ("sandbox sb-1").
+func (d *Directory) record(ctx context.Context, key, what string) (SandboxRecord, bool, error) {
+	resp, err := d.cli.Get(ctx, key)
 	if err != nil {
-		return SandboxRecord{}, false, storeError("read the record of sandbox "+id, err)
+		return SandboxRecord{}, false, storeError("read the record of "+what, err)
 	}
 	if len(resp.Kvs) == 0 {
 		return SandboxRecord{}, false, nil
 	}
 	var rec SandboxRecord
 	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
-		return SandboxRecord{}, false, fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
+		return SandboxRecord{}, false, fmt.Errorf("cluster: the record of %s does not parse: %w", what, err)
 	}
 	return rec, true, nil
 }
@@ -220,15 +231,26 @@ func (d *Directory) Sandbox(ctx context.Context, id string) (SandboxRecord, bool
 // Sandboxes reads every sandbox record from etcd, by sandbox id; records
 // that do not parse are left out.
 func (d *Directory) Sandboxes(ctx context.Context) (map[string]SandboxRecord, error) {
-	resp, err := d.cli.Get(ctx, d.keys.sandboxes(), clientv3.WithPrefix())
+	return d.records(ctx, d.keys.sandboxes(), "sandbox")
+}
+
+// Snapshots reads every snapshot record from etcd, by snapshot id;
+// records that do not parse are left out.
+func (d *Directory) Snapshots(ctx context.Context) (map[string]SnapshotRecord, error) {
+	return d.records(ctx, d.keys.snapshots(), "snapshot")
+}
+
+// records reads the records under prefix, of what ("sandbox"), by id.
+func (d *Directory) records(ctx context.Context, prefix, what string) (map[string]SandboxRecord, error) {
+	resp, err := d.cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, storeError("read the sandbox records", err)
+		return nil, storeError("read the "+what+" records", err)
 	}
 	out := make(map[string]SandboxRecord, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		var rec SandboxRecord
 		if json.Unmarshal(kv.Value, &rec) == nil {
-			out[d.keys.idOf(d.keys.sandboxes(), string(kv.Key))] = rec
+			out[d.keys.idOf(prefix, string(kv.Key))] = rec
 		}
 	}
 	return out, nil

@@ -357,7 +357,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 	m.log.Info("cluster: sandbox records reconciled", slog.Int("held", len(holds)), slog.Int("recorded_again", adopted),
 		slog.Int("released", released), slog.Int("conflicts", len(conflicts)), slog.Int("deleted", deleted))
 	m.Kick()
-	return nil
+	return m.reconcileSnapshots(ctx)
 }
 
 // buryDeleted deletes the sandboxes of holds that tombstones (this node's,
@@ -535,16 +535,7 @@ func (m *Member) Release(ctx context.Context, id string) {
 	defer m.Kick()
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
 	defer cancel()
-	key := m.keys.sandbox(id)
-	resp, err := m.cli.Get(ctx, key)
-	if err == nil && len(resp.Kvs) == 1 {
-		var rec SandboxRecord
-		if json.Unmarshal(resp.Kvs[0].Value, &rec) != nil || rec.Node != m.cfg.NodeID {
-			return
-		}
-		_, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).Then(clientv3.OpDelete(key)).Commit()
-	}
-	if err != nil {
+	if err := m.releaseRecord(ctx, m.keys.sandbox(id)); err != nil {
 		m.log.Warn("cluster: release the record of a removed sandbox", slog.String("sandbox_id", id), slog.Any("error", err))
 	}
 }

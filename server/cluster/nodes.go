@@ -146,6 +146,7 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 		clientv3.OpGet(seenKey, clientv3.WithKeysOnly()),
 		clientv3.OpGet(drainKey, clientv3.WithKeysOnly()),
 		clientv3.OpGet(s.keys.sandboxes(), clientv3.WithPrefix()),
+		clientv3.OpGet(s.keys.snapshots(), clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return nil, storeError("read node "+id+" and its sandboxes", err)
@@ -175,6 +176,30 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 	sort.Strings(out.SandboxIds)
 	if req.GetDryRun() {
 		return out, nil
+	}
+	// The node's snapshots are gone with it: their records first, so that
+	// a removal that stops half-way (NODE_CHANGED) is simply asked again.
+	var snaps []string
+	for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
+		var rec SnapshotRecord
+		if json.Unmarshal(kv.Value, &rec) == nil && rec.Node == id {
+			snaps = append(snaps, string(kv.Key))
+		}
+	}
+	for start := 0; start < len(snaps); start += removeBatch {
+		var ops []clientv3.Op
+		for _, key := range snaps[start:min(start+removeBatch, len(snaps))] {
+			ops = append(ops, clientv3.OpDelete(key))
+		}
+		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).Then(ops...).Commit()
+		if err != nil {
+			return nil, storeError("remove the snapshot records of node "+id, err)
+		}
+		if !resp.Succeeded {
+			return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
+				fmt.Sprintf("node %s registered while it was being removed; none of its sandbox records were removed; list the nodes and try again", id),
+				map[string]string{"node_id": id})
+		}
 	}
 	for start := 0; start == 0 || start < len(recs); start += removeBatch {
 		batch := recs[start:min(start+removeBatch, len(recs))]

@@ -34,6 +34,12 @@ func TestRemoveNode(t *testing.T) {
 		}
 	}
 	a.Close()
+	// a's snapshot records go with it; b's stay.
+	for id, node := range map[string]string{snapGone: "a", snapKept: "b"} {
+		if _, err := cli.Put(ctx, keys{prefix}.snapshot(id), fmt.Sprintf(`{"node":%q,"owner":"alice"}`, node)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A pending delete of one of a's sandboxes (a tombstone) goes with a.
 	if _, err := cli.Put(ctx, keys{prefix}.tombstone("a", "s0"), `{"revision":1}`); err != nil {
 		t.Fatal(err)
@@ -74,8 +80,8 @@ func TestRemoveNode(t *testing.T) {
 			left = append(left, k)
 		}
 	}
-	if strings.Join(left, ",") != "sandboxes/s3" {
-		t.Errorf("keys left besides node b's own: %v, want only sandboxes/s3", left)
+	if want := "sandboxes/s3,snapshots/" + snapKept; strings.Join(left, ",") != want {
+		t.Errorf("keys left besides node b's own: %v, want only %s", left, want)
 	}
 	if l := listed(t, nodes); l["a"] != nil || l["c"] != nil || l["b"] == nil {
 		t.Errorf("listed after the removals: %v, want b only", l)

@@ -119,17 +119,19 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		switch info.FullMethod {
 		case berthv1.SandboxService_CreateSandbox_FullMethodName:
-			if req.(*berthv1.CreateSandboxRequest).GetFromSnapshot() != "" {
-				return nil, snapshotsNotInFleet()
-			}
 			if len(req.(*berthv1.CreateSandboxRequest).GetVolumes()) > 0 {
 				return nil, volumesNotInFleet()
 			}
+			if req.(*berthv1.CreateSandboxRequest).GetFromSnapshot() != "" {
+				return r.createFromSnapshot(ctx, p, req.(*berthv1.CreateSandboxRequest), handler)
+			}
 			return r.create(ctx, p, req.(*berthv1.CreateSandboxRequest), handler)
-		case berthv1.SandboxService_CreateSnapshot_FullMethodName, berthv1.SandboxService_ListSnapshots_FullMethodName,
-			berthv1.SandboxService_DeleteSnapshot_FullMethodName, berthv1.SandboxService_ForkSandbox_FullMethodName,
-			berthv1.SandboxService_CommitSnapshot_FullMethodName:
-			return nil, snapshotsNotInFleet()
+		case berthv1.SandboxService_DeleteSnapshot_FullMethodName, berthv1.SandboxService_CommitSnapshot_FullMethodName:
+			// CreateSnapshot and ForkSandbox name their sandbox and go
+			// to its node below.
+			return r.snapshotCall(ctx, p, info.FullMethod, req.(proto.Message), handler)
+		case berthv1.SandboxService_ListSnapshots_FullMethodName:
+			return r.listSnapshots(ctx, p, req.(*berthv1.ListSnapshotsRequest), handler)
 		case berthv1.SandboxService_CreateVolume_FullMethodName, berthv1.SandboxService_GetVolume_FullMethodName,
 			berthv1.SandboxService_ListVolumes_FullMethodName, berthv1.SandboxService_DeleteVolume_FullMethodName:
 			return nil, volumesNotInFleet()
@@ -153,15 +155,6 @@ func (r *Router) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		return r.forwardUnary(ctx, p, node, info.FullMethod, m, id)
 	}
-}
-
-// snapshotsNotInFleet refuses the snapshot calls in a fleet: a snapshot
-// lives on the node of its source sandbox, and the directory records no
-// snapshots to route by, so a list, delete or create from one could land
-// on a node that does not hold it.
-func snapshotsNotInFleet() error {
-	return rpcstatus.Error(codes.FailedPrecondition, rpcstatus.ReasonSnapshotUnsupported,
-		"snapshots are not available in a fleet yet: a snapshot is kept on one node and the fleet's directory does not route by snapshot id; use a single berthd", nil)
 }
 
 // volumesNotInFleet refuses the volume calls, and creates that mount a
@@ -281,22 +274,33 @@ func (r *Router) holder(ctx context.Context, p auth.Principal, id string) (node 
 	sctx, cancel := r.storeContext(ctx)
 	defer cancel()
 	rec, ok, err := r.cfg.Directory.Sandbox(sctx, id)
+	node, local, lost, err := r.recordHolder(ctx, sctx, p, rec, ok, err)
+	if lost {
+		return NodeRecord{}, false, r.nodeUnreachable(id, rec.Node, true, berthv1.Admitted_ADMITTED_NOT_STARTED)
+	}
+	return node, local, err
+}
+
+// recordHolder is holder's answer for the record rec of a sandbox or a
+// snapshot (ok: there is one; err: the lookup under sctx failed): its
+// live node, local, or lost when its node is lost and p may see it.
+func (r *Router) recordHolder(ctx, sctx context.Context, p auth.Principal, rec SandboxRecord, ok bool, err error) (node NodeRecord, local, lost bool, _ error) {
 	if err != nil || !ok {
-		return NodeRecord{}, err == nil, r.storeFailed(ctx, err)
+		return NodeRecord{}, err == nil, false, r.storeFailed(ctx, err)
 	}
 	if m := r.cfg.Member; m != nil && rec.Node == m.NodeID() {
-		return NodeRecord{}, true, nil
+		return NodeRecord{}, true, false, nil
 	}
 	node, live, err := r.cfg.Directory.LiveNode(sctx, rec.Node)
 	switch {
 	case err != nil:
-		return NodeRecord{}, false, r.storeFailed(ctx, err)
+		return NodeRecord{}, false, false, r.storeFailed(ctx, err)
 	case live:
-		return node, false, nil
+		return node, false, false, nil
 	case !p.Sees(rec.Owner):
-		return NodeRecord{}, true, nil
+		return NodeRecord{}, true, false, nil
 	}
-	return NodeRecord{}, false, r.nodeUnreachable(id, rec.Node, true, berthv1.Admitted_ADMITTED_NOT_STARTED)
+	return NodeRecord{}, false, true, nil
 }
 
 // storeContext returns the context of a call's etcd lookups: ctx bounded
@@ -696,96 +700,22 @@ func withResource(meta map[string]string, resource string) map[string]string {
 	return meta
 }
 
-// list asks every live node for the caller's sandboxes, in parallel, and
-// merges the pages by id. It waits at most the list budget: a node that
-// did not answer by then (a frozen berthd), or failed for a reason of its
-// own, is named in unreachable_nodes, and so is a lost node (no lease)
-// that the fleet records sandboxes of the caller on; their sandboxes are
-// missing from the page. An error of the request itself (a bad page
-// token) fails the call, as does no node answering at all.
+// list asks every live node for the caller's sandboxes (listAll) and
+// merges the pages by id.
 func (r *Router) list(ctx context.Context, p auth.Principal, req *berthv1.ListSandboxesRequest, handler grpc.UnaryHandler) (any, error) {
-	nodes := r.cfg.Directory.LiveNodes()
-	type answer struct {
-		resp *berthv1.ListSandboxesResponse
-		err  error
-		node string
+	resps, unreachable, err := r.listAll(ctx, p, berthv1.SandboxService_ListSandboxes_FullMethodName, req, handler, r.cfg.Directory.Sandboxes)
+	if err != nil {
+		return nil, err
 	}
-	// Every call runs under lctx, which ends when list returns: a node
-	// that did not answer in time is abandoned, its call canceled.
-	lctx, cancel := context.WithTimeout(ctx, r.cfg.ListBudget)
-	defer cancel()
-	ask := func(n NodeRecord, local bool, out chan<- answer) {
-		var resp any
-		var err error
-		if local {
-			resp, err = handler(lctx, req)
-		} else {
-			resp, err = r.forwardUnary(lctx, p, n, berthv1.SandboxService_ListSandboxes_FullMethodName, req, "")
-		}
-		a := answer{err: err, node: n.ID}
-		a.resp, _ = resp.(*berthv1.ListSandboxesResponse)
-		out <- a
-	}
-	answers := make(chan answer, len(nodes)+1)
-	asked := make(map[string]bool, len(nodes)+1)
-	for _, n := range nodes {
-		asked[n.ID] = true
-		go ask(n, r.cfg.Member != nil && n.ID == r.cfg.Member.NodeID(), answers)
-	}
-	if m := r.cfg.Member; m != nil && !asked[m.NodeID()] {
-		// This node lost its lease: it still lists its own.
-		asked[m.NodeID()] = true
-		go ask(NodeRecord{ID: m.NodeID()}, true, answers)
-	}
-	lost := make(chan []string, 1)
-	go func() { lost <- r.lostHolders(lctx, p, asked) }()
 	var (
-		all         []*berthv1.Sandbox
-		more        bool
-		unreachable []string
+		all  []*berthv1.Sandbox
+		more bool
 	)
-	answered := make(map[string]bool, len(asked))
-	budget := time.NewTimer(r.cfg.ListBudget)
-	defer budget.Stop()
-collect:
-	for len(answered) < len(asked) {
-		select {
-		case a := <-answers:
-			answered[a.node] = true
-			switch {
-			case ctx.Err() != nil:
-				return nil, listEnded(ctx)
-			case a.err != nil && requestError(a.err):
-				return nil, a.err
-			case a.err != nil:
-				r.log.WarnContext(ctx, "cluster: a node did not answer ListSandboxes; it is named in unreachable_nodes", slog.String("node_id", a.node), slog.Any("error", a.err))
-				unreachable = append(unreachable, a.node)
-			default:
-				all = append(all, a.resp.GetSandboxes()...)
-				more = more || a.resp.GetNextPageToken() != ""
-			}
-		case <-budget.C:
-			break collect
-		case <-ctx.Done():
-			return nil, listEnded(ctx)
-		}
+	for _, resp := range resps {
+		resp, _ := resp.(*berthv1.ListSandboxesResponse)
+		all = append(all, resp.GetSandboxes()...)
+		more = more || resp.GetNextPageToken() != ""
 	}
-	for id := range asked {
-		if !answered[id] {
-			r.log.WarnContext(ctx, "cluster: a node did not answer ListSandboxes within the list budget; it is named in unreachable_nodes", slog.String("node_id", id), slog.Duration("list_budget", r.cfg.ListBudget))
-			unreachable = append(unreachable, id)
-		}
-	}
-	if len(unreachable) == len(asked) && len(asked) > 0 {
-		sort.Strings(unreachable)
-		return nil, rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable,
-			fmt.Sprintf("no node of the fleet answered ListSandboxes within %v (asked: %s)", r.cfg.ListBudget, strings.Join(unreachable, ", ")), nil,
-			&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
-	}
-	// Within the budget too: the lookup runs under lctx.
-	unreachable = append(unreachable, <-lost...)
-	sort.Strings(unreachable)
-	unreachable = slices.Compact(unreachable)
 	size := int(req.GetPageSize())
 	if size <= 0 {
 		size = 100
@@ -801,13 +731,99 @@ collect:
 	return out, nil
 }
 
-// listEnded is the status of a ListSandboxes whose caller went away
-// (ctx ended) before the nodes answered.
+// listAll asks every live node for the answer of the list call method with
+// req, for p, in parallel, and returns the answers that came. It waits at
+// most the list budget: a node that did not answer by then (a frozen
+// berthd), or failed for a reason of its own, is named in unreachable, and
+// so is a lost node (no lease) on which records (read by records: the
+// sandboxes' or the snapshots') name something of p's. An error of the
+// request itself (a bad page token) fails the call, as does no node
+// answering at all.
+func (r *Router) listAll(ctx context.Context, p auth.Principal, method string, req proto.Message, handler grpc.UnaryHandler,
+	records func(context.Context) (map[string]SandboxRecord, error)) (resps []any, unreachable []string, _ error) {
+	nodes := r.cfg.Directory.LiveNodes()
+	name := method[strings.LastIndex(method, "/")+1:]
+	type answer struct {
+		resp any
+		err  error
+		node string
+	}
+	// Every call runs under lctx, which ends when listAll returns: a node
+	// that did not answer in time is abandoned, its call canceled.
+	lctx, cancel := context.WithTimeout(ctx, r.cfg.ListBudget)
+	defer cancel()
+	ask := func(n NodeRecord, local bool, out chan<- answer) {
+		a := answer{node: n.ID}
+		if local {
+			a.resp, a.err = handler(lctx, req)
+		} else {
+			a.resp, a.err = r.forwardUnary(lctx, p, n, method, req, "")
+		}
+		out <- a
+	}
+	answers := make(chan answer, len(nodes)+1)
+	asked := make(map[string]bool, len(nodes)+1)
+	for _, n := range nodes {
+		asked[n.ID] = true
+		go ask(n, r.cfg.Member != nil && n.ID == r.cfg.Member.NodeID(), answers)
+	}
+	if m := r.cfg.Member; m != nil && !asked[m.NodeID()] {
+		// This node lost its lease: it still lists its own.
+		asked[m.NodeID()] = true
+		go ask(NodeRecord{ID: m.NodeID()}, true, answers)
+	}
+	lost := make(chan []string, 1)
+	go func() { lost <- r.lostHolders(lctx, p, asked, records) }()
+	answered := make(map[string]bool, len(asked))
+	budget := time.NewTimer(r.cfg.ListBudget)
+	defer budget.Stop()
+collect:
+	for len(answered) < len(asked) {
+		select {
+		case a := <-answers:
+			answered[a.node] = true
+			switch {
+			case ctx.Err() != nil:
+				return nil, nil, listEnded(ctx)
+			case a.err != nil && requestError(a.err):
+				return nil, nil, a.err
+			case a.err != nil:
+				r.log.WarnContext(ctx, "cluster: a node did not answer "+name+"; it is named in unreachable_nodes", slog.String("node_id", a.node), slog.Any("error", a.err))
+				unreachable = append(unreachable, a.node)
+			default:
+				resps = append(resps, a.resp)
+			}
+		case <-budget.C:
+			break collect
+		case <-ctx.Done():
+			return nil, nil, listEnded(ctx)
+		}
+	}
+	for id := range asked {
+		if !answered[id] {
+			r.log.WarnContext(ctx, "cluster: a node did not answer "+name+" within the list budget; it is named in unreachable_nodes", slog.String("node_id", id), slog.Duration("list_budget", r.cfg.ListBudget))
+			unreachable = append(unreachable, id)
+		}
+	}
+	if len(unreachable) == len(asked) && len(asked) > 0 {
+		sort.Strings(unreachable)
+		return nil, nil, rpcstatus.Error(codes.Unavailable, rpcstatus.ReasonClusterUnavailable,
+			fmt.Sprintf("no node of the fleet answered %s within %v (asked: %s)", name, r.cfg.ListBudget, strings.Join(unreachable, ", ")), nil,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(clusterRetryDelay)})
+	}
+	// Within the budget too: the lookup runs under lctx.
+	unreachable = append(unreachable, <-lost...)
+	sort.Strings(unreachable)
+	return resps, slices.Compact(unreachable), nil
+}
+
+// listEnded is the status of a list whose caller went away (ctx ended)
+// before the nodes answered.
 func listEnded(ctx context.Context) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return rpcstatus.Error(codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded, "deadline exceeded while the fleet's nodes listed sandboxes", nil)
+		return rpcstatus.Error(codes.DeadlineExceeded, rpcstatus.ReasonDeadlineExceeded, "deadline exceeded while the fleet's nodes listed", nil)
 	}
-	return rpcstatus.Error(codes.Canceled, rpcstatus.ReasonCanceled, "request canceled while the fleet's nodes listed sandboxes", nil)
+	return rpcstatus.Error(codes.Canceled, rpcstatus.ReasonCanceled, "request canceled while the fleet's nodes listed", nil)
 }
 
 // requestError reports whether a node's err is about the request rather
@@ -821,14 +837,15 @@ func requestError(err error) bool {
 }
 
 // lostHolders returns the nodes outside asked (lost: they hold no lease)
-// on which the fleet records sandboxes that p may see, within ctx and the
-// etcd budget; none when etcd does not answer in time (logged).
-func (r *Router) lostHolders(ctx context.Context, p auth.Principal, asked map[string]bool) []string {
+// on which records (a Directory's Sandboxes or Snapshots) name something
+// that p may see, within ctx and the etcd budget; none when etcd does not
+// answer in time (logged).
+func (r *Router) lostHolders(ctx context.Context, p auth.Principal, asked map[string]bool, records func(context.Context) (map[string]SandboxRecord, error)) []string {
 	sctx, cancel := r.storeContext(ctx)
 	defer cancel()
-	recs, err := r.cfg.Directory.Sandboxes(sctx)
+	recs, err := records(sctx)
 	if err != nil {
-		r.log.WarnContext(ctx, "cluster: ListSandboxes could not read which lost nodes hold sandboxes", slog.Any("error", err))
+		r.log.WarnContext(ctx, "cluster: a list could not read which lost nodes hold what it lists", slog.Any("error", err))
 		return nil
 	}
 	var out []string

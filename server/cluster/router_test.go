@@ -11,8 +11,9 @@ import (
 
 // TestEveryRoutedMethodNamesItsSandbox checks the router's one assumption
 // about the routed services: the request (the first message of a stream)
-// of every method but CreateSandbox and ListSandboxes, which the router
-// handles itself, names its sandbox in a sandbox_id field at most one level
+// of every method but CreateSandbox, ListSandboxes and ListSnapshots, which
+// the router handles itself, and the calls naming a snapshot (routed by
+// its record), names its sandbox in a sandbox_id field at most one level
 // down. A method added to these services (PortForward) is routed by it
 // without more code; one whose request names no sandbox fails here, and
 // needs a decision in Router.
@@ -20,15 +21,18 @@ func TestEveryRoutedMethodNamesItsSandbox(t *testing.T) {
 	special := map[string]bool{
 		berthv1.SandboxService_CreateSandbox_FullMethodName: true,
 		berthv1.SandboxService_ListSandboxes_FullMethodName: true,
-		// Refused in a fleet (snapshotsNotInFleet).
-		berthv1.SandboxService_ListSnapshots_FullMethodName:  true,
-		berthv1.SandboxService_DeleteSnapshot_FullMethodName: true,
-		berthv1.SandboxService_CommitSnapshot_FullMethodName: true,
+		berthv1.SandboxService_ListSnapshots_FullMethodName: true,
 		// Refused in a fleet (volumesNotInFleet).
 		berthv1.SandboxService_CreateVolume_FullMethodName: true,
 		berthv1.SandboxService_GetVolume_FullMethodName:    true,
 		berthv1.SandboxService_ListVolumes_FullMethodName:  true,
 		berthv1.SandboxService_DeleteVolume_FullMethodName: true,
+	}
+	// These name a snapshot, routed to its node by its record
+	// (snapshotCall): a snapshot_id field, read by snapshotIDOf.
+	namesSnapshot := map[string]bool{
+		berthv1.SandboxService_DeleteSnapshot_FullMethodName: true,
+		berthv1.SandboxService_CommitSnapshot_FullMethodName: true,
 	}
 	for _, sd := range []grpc.ServiceDesc{berthv1.SandboxService_ServiceDesc, berthv1.FileService_ServiceDesc} {
 		if !routedServices[sd.ServiceName] {
@@ -48,6 +52,19 @@ func TestEveryRoutedMethodNamesItsSandbox(t *testing.T) {
 			in, _, err := messageTypes(method)
 			if err != nil {
 				t.Errorf("%s: %v", method, err)
+				continue
+			}
+			if namesSnapshot[method] {
+				req := in.New()
+				fd := req.Descriptor().Fields().ByName("snapshot_id")
+				if fd == nil {
+					t.Errorf("%s: request %s has no snapshot_id field", method, in.Descriptor().FullName())
+					continue
+				}
+				req.Set(fd, protoreflect.ValueOfString("snap-x"))
+				if got := snapshotIDOf(req.Interface()); got != "snap-x" {
+					t.Errorf("%s: snapshotIDOf = %q, want snap-x", method, got)
+				}
 				continue
 			}
 			req := in.New()

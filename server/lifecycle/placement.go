@@ -8,6 +8,7 @@ import (
 
 	"github.com/berth-sandbox/berth/server/admit"
 	"github.com/berth-sandbox/berth/server/cluster"
+	"github.com/berth-sandbox/berth/server/runtime"
 )
 
 // Placements records which node of a fleet holds each sandbox
@@ -52,7 +53,10 @@ func (m *Manager) ClusterLocal() cluster.Local { return clusterLocal{m} }
 
 type clusterLocal struct{ m *Manager }
 
-var _ cluster.Local = clusterLocal{}
+var (
+	_ cluster.Local         = clusterLocal{}
+	_ cluster.SnapshotLocal = clusterLocal{}
+)
 
 // Usage counts the sandboxes (running or stopped, warm-pool members and
 // creations in progress included) and the memory promised to them as
@@ -140,6 +144,27 @@ func (l clusterLocal) Holds(ctx context.Context) (map[string]string, error) {
 		if !sb.Pooled {
 			out[sb.ID] = sb.Owner
 		}
+	}
+	return out, nil
+}
+
+// Snapshots returns the node's stored snapshots with their owners
+// (cluster.SnapshotLocal); none when its store keeps no snapshots.
+func (l clusterLocal) Snapshots(ctx context.Context) (map[string]string, error) {
+	st, err := l.m.snapshotStore()
+	if err != nil {
+		return nil, nil
+	}
+	all, err := st.ListSnapshots(ctx, func(string) bool { return true })
+	if errors.Is(err, runtime.ErrSnapshotUnsupported) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(all))
+	for _, s := range all {
+		out[s.ID] = s.Owner
 	}
 	return out, nil
 }

@@ -68,7 +68,31 @@ func (m *Manager) CreateSnapshot(ctx context.Context, id string, p auth.Principa
 		return runtime.Snapshot{}, err
 	}
 	defer admitted()
-	return st.CreateSnapshot(ctx, id, p.Name, labels, m.freezer(id, "snapshot"))
+	snap, err := st.CreateSnapshot(ctx, id, p.Name, labels, m.freezer(id, "snapshot"))
+	if err != nil {
+		return runtime.Snapshot{}, err
+	}
+	if sp, ok := m.cfg.Placements.(SnapshotPlacements); ok {
+		// In a fleet the snapshot is found through its record: one
+		// that could not be recorded is not kept.
+		if err := sp.RecordSnapshot(ctx, snap.ID, snap.Owner); err != nil {
+			if derr := st.DeleteSnapshot(context.WithoutCancel(ctx), snap.ID); derr != nil {
+				m.log.Error("delete a snapshot that the fleet could not record; the node records it at its next registration", slog.String("snapshot_id", snap.ID), slog.Any("error", derr))
+			}
+			return runtime.Snapshot{}, err
+		}
+	}
+	return snap, nil
+}
+
+// SnapshotPlacements records which node of a fleet keeps each snapshot
+// (cluster.Member); a Placements without it records none.
+type SnapshotPlacements interface {
+	// RecordSnapshot records snapshot id, of owner, on this node, or
+	// fails with a status (the cluster store does not answer).
+	RecordSnapshot(ctx context.Context, id, owner string) error
+	// ReleaseSnapshot removes the record of a deleted snapshot.
+	ReleaseSnapshot(ctx context.Context, id string)
 }
 
 // admitCopy admits a copy of sandbox id's root that p takes (a snapshot,
@@ -172,7 +196,13 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, snapID string, p auth.Prin
 	if _, err := m.GetSnapshot(ctx, snapID, p); err != nil {
 		return err
 	}
-	return st.DeleteSnapshot(ctx, snapID)
+	if err := st.DeleteSnapshot(ctx, snapID); err != nil {
+		return err
+	}
+	if sp, ok := m.cfg.Placements.(SnapshotPlacements); ok {
+		sp.ReleaseSnapshot(ctx, snapID)
+	}
+	return nil
 }
 
 // committer is what the Manager needs of containerd to make an image of a

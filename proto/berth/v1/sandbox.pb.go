@@ -2290,9 +2290,16 @@ func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
 type ListSnapshotsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// snapshots are the caller's snapshots.
-	Snapshots     []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Snapshots []*Snapshot `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	// unreachable_nodes names, in a fleet, the nodes whose snapshots are
+	// missing from snapshots: the node did not answer within the entry
+	// point's list budget (berthd --list-budget), failed, or is lost (its
+	// lease expired) while the cluster store records snapshots of the
+	// caller on it. Empty when the listing is complete, and always outside
+	// a fleet.
+	UnreachableNodes []string `protobuf:"bytes,2,rep,name=unreachable_nodes,json=unreachableNodes,proto3" json:"unreachable_nodes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListSnapshotsResponse) Reset() {
@@ -2328,6 +2335,13 @@ func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
 	if x != nil {
 		return x.Snapshots
+	}
+	return nil
+}
+
+func (x *ListSnapshotsResponse) GetUnreachableNodes() []string {
+	if x != nil {
+		return x.UnreachableNodes
 	}
 	return nil
 }
@@ -3049,9 +3063,10 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"H\n" +
 	"\x16CreateSnapshotResponse\x12.\n" +
 	"\bsnapshot\x18\x01 \x01(\v2\x12.berth.v1.SnapshotR\bsnapshot\"\x16\n" +
-	"\x14ListSnapshotsRequest\"I\n" +
+	"\x14ListSnapshotsRequest\"v\n" +
 	"\x15ListSnapshotsResponse\x120\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x12.berth.v1.SnapshotR\tsnapshots\"8\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x12.berth.v1.SnapshotR\tsnapshots\x12+\n" +
+	"\x11unreachable_nodes\x18\x02 \x03(\tR\x10unreachableNodes\"8\n" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +

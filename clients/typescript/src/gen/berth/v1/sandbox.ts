@@ -1070,6 +1070,15 @@ export interface ListSnapshotsRequest {
 export interface ListSnapshotsResponse {
   /** snapshots are the caller's snapshots. */
   snapshots: Snapshot[];
+  /**
+   * unreachable_nodes names, in a fleet, the nodes whose snapshots are
+   * missing from snapshots: the node did not answer within the entry
+   * point's list budget (berthd --list-budget), failed, or is lost (its
+   * lease expired) while the cluster store records snapshots of the
+   * caller on it. Empty when the listing is complete, and always outside
+   * a fleet.
+   */
+  unreachableNodes: string[];
 }
 
 /** DeleteSnapshotRequest names the snapshot to delete. */
@@ -5093,13 +5102,16 @@ export const ListSnapshotsRequest: MessageFns<ListSnapshotsRequest> = {
 };
 
 function createBaseListSnapshotsResponse(): ListSnapshotsResponse {
-  return { snapshots: [] };
+  return { snapshots: [], unreachableNodes: [] };
 }
 
 export const ListSnapshotsResponse: MessageFns<ListSnapshotsResponse> = {
   encode(message: ListSnapshotsResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
     for (const v of message.snapshots) {
       Snapshot.encode(v!, writer.uint32(10).fork()).join();
+    }
+    for (const v of message.unreachableNodes) {
+      writer.uint32(18).string(v!);
     }
     return writer;
   },
@@ -5125,6 +5137,14 @@ export const ListSnapshotsResponse: MessageFns<ListSnapshotsResponse> = {
             message.snapshots.push(Snapshot.decode(reader, reader.uint32()));
             continue;
           }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.unreachableNodes.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5142,6 +5162,11 @@ export const ListSnapshotsResponse: MessageFns<ListSnapshotsResponse> = {
       snapshots: globalThis.Array.isArray(object?.snapshots)
         ? object.snapshots.map((e: any) => Snapshot.fromJSON(e))
         : [],
+      unreachableNodes: globalThis.Array.isArray(object?.unreachableNodes)
+        ? object.unreachableNodes.map((e: any) => globalThis.String(e))
+        : globalThis.Array.isArray(object?.unreachable_nodes)
+        ? object.unreachable_nodes.map((e: any) => globalThis.String(e))
+        : [],
     };
   },
 
@@ -5149,6 +5174,9 @@ export const ListSnapshotsResponse: MessageFns<ListSnapshotsResponse> = {
     const obj: any = {};
     if (message.snapshots?.length) {
       obj.snapshots = message.snapshots.map((e) => Snapshot.toJSON(e));
+    }
+    if (message.unreachableNodes?.length) {
+      obj.unreachableNodes = message.unreachableNodes;
     }
     return obj;
   },
@@ -5159,6 +5187,7 @@ export const ListSnapshotsResponse: MessageFns<ListSnapshotsResponse> = {
   fromPartial<I extends Exact<DeepPartial<ListSnapshotsResponse>, I>>(object: I): ListSnapshotsResponse {
     const message = createBaseListSnapshotsResponse();
     message.snapshots = object.snapshots?.map((e) => Snapshot.fromPartial(e)) || [];
+    message.unreachableNodes = object.unreachableNodes?.map((e) => e) || [];
     return message;
   },
 };
