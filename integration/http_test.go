@@ -73,7 +73,8 @@ func docRecipes(t *testing.T) map[string]string {
 // Connect JSON create, Run, ReadFile (a Connect server stream), a typed
 // error as JSON with its reason and HTTP status, no token, bidi refused,
 // REST, exec without bidi; then Run through gRPC-Web, files as raw bodies
-// (rawFiles) and streams as JSON lines (jsonLines).
+// (rawFiles), streams as JSON lines (jsonLines) and every other call
+// (everyCall).
 func TestHTTPDocRecipes(t *testing.T) {
 	need(t)
 	e, url := startHTTPBerthd(t)
@@ -164,6 +165,7 @@ func TestHTTPDocRecipes(t *testing.T) {
 	grpcWebRun(t, url, sb)
 	rawFiles(t, e, url, sb, dir, run, want)
 	jsonLines(t, e, url, sb, run, want)
+	everyCall(t, e, sb, run, want)
 }
 
 // errorReason returns the reason of the google.rpc.ErrorInfo detail of a
