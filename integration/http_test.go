@@ -73,7 +73,8 @@ func docRecipes(t *testing.T) map[string]string {
 // Connect JSON create, Run, ReadFile (a Connect server stream), a typed
 // error as JSON with its reason and HTTP status, no token, bidi refused,
 // REST, exec without bidi; then Run through gRPC-Web, files as raw bodies
-// (rawFiles) and streams as JSON lines (jsonLines).
+// (rawFiles), streams as JSON lines (jsonLines) and every other call
+// (everyCall).
 func TestHTTPDocRecipes(t *testing.T) {
 	need(t)
 	e, url := startHTTPBerthd(t)
@@ -96,13 +97,10 @@ func TestHTTPDocRecipes(t *testing.T) {
 		t.Logf("recipe %s:\n%s", name, out)
 		return string(out)
 	}
-	// protojson puts a space after some ':' and ',' at random (fixed per
-	// binary) to keep callers from comparing bytes: the checks do not.
-	jsonSpace := regexp.MustCompile(`([:,]) +`)
 	want := func(name, out string, subs ...string) {
 		t.Helper()
 		for _, s := range subs {
-			if !strings.Contains(jsonSpace.ReplaceAllString(out, "$1"), s) {
+			if !strings.Contains(normJSON(out), s) {
 				t.Errorf("recipe %s: output lacks %q:\n%s", name, s, out)
 			}
 		}
@@ -164,6 +162,7 @@ func TestHTTPDocRecipes(t *testing.T) {
 	grpcWebRun(t, url, sb)
 	rawFiles(t, e, url, sb, dir, run, want)
 	jsonLines(t, e, url, sb, run, want)
+	everyCall(t, e, sb, run, want)
 }
 
 // errorReason returns the reason of the google.rpc.ErrorInfo detail of a
