@@ -6,8 +6,7 @@
 #   make demo             scripts/demo.sh: a command in a real sandbox
 #   make test             unit tests: no root, no containerd (well under a minute)
 #   make integration      root: a private containerd, real containers (BERTH_E2E=1)
-#   make test-kubernetes  berth-controller against a real kube-apiserver (built once into .cache;
-#                         not yet in make ci: its test has not run, issue 28)
+#   make test-kubernetes  berth-controller against a real kube-apiserver (built once into .cache)
 #   make check            lint, gofmt, vet, generated code, breaking changes
 #   make ci               check, test and integration: what .ci/run runs
 #   make generate         regenerate proto/ and clients/ with buf
@@ -66,7 +65,7 @@ integration:
 
 check: lint breaking check-generated check-console
 
-ci: check test integration test-debian
+ci: check test integration test-debian test-kubernetes
 
 # berth-controller (the Go module kubernetes/, apart from berthd's so that
 # Kubernetes' modules stay out of berthd's dependencies) against a real

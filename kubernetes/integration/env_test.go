@@ -61,9 +61,10 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// proc is a child process the test started; Cleanup stops it (SIGTERM,
-// then SIGKILL after 15 s) and prints its log when the test failed.
-func startProc(t *testing.T, name string, cmd *exec.Cmd) {
+// startProc starts a child process; Cleanup stops it (SIGTERM, then
+// SIGKILL after 15 s) and prints its log when the test failed. The
+// returned channel is closed when the process has exited.
+func startProc(t *testing.T, name string, cmd *exec.Cmd) <-chan struct{} {
 	t.Helper()
 	logPath := filepath.Join(t.TempDir(), name+".log")
 	logFile, err := os.Create(logPath)
@@ -94,6 +95,7 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd) {
 			t.Logf("%s log (last 16 KiB):\n%s", name, b)
 		}
 	})
+	return done
 }
 
 // goBuild builds pkg of the berth repository into out.
@@ -173,9 +175,14 @@ func startKube(t *testing.T, repo string) *kube {
 	writeFile(t, pubFile, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}))
 	tokens := filepath.Join(dir, "tokens.csv")
 	writeFile(t, tokens, []byte(adminToken+",berth-test-admin,berth-test-admin,system:masters\n"))
-	startProc(t, "kube-apiserver", exec.Command(apiserver,
+	// The endpoint reconciler publishes the advertise address as the
+	// kubernetes Service's endpoint and refuses a loopback one; no pod
+	// here needs that Service.
+	exited := startProc(t, "kube-apiserver", exec.Command(apiserver,
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+		"--endpoint-reconciler-type", "none",
+		"--allow-privileged=true", // the berthd DaemonSet is privileged, as docs/kubernetes.md says
 		"--secure-port", fmt.Sprint(securePort), "--cert-dir", filepath.Join(dir, "certs"),
 		"--token-auth-file", tokens,
 		"--authorization-mode", "RBAC",
@@ -193,6 +200,11 @@ func startKube(t *testing.T, repo string) *kube {
 	}}
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	waitFor(t, 3*time.Minute, "kube-apiserver /readyz", func() (bool, string) {
+		select {
+		case <-exited:
+			t.Fatal("kube-apiserver exited before it was ready (its log follows)")
+		default:
+		}
 		req, _ := http.NewRequest("GET", k.admin.Host+"/readyz", nil)
 		req.Header.Set("Authorization", "Bearer "+adminToken)
 		resp, err := hc.Do(req)
