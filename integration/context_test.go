@@ -39,6 +39,19 @@ func TestCodeContextBase(t *testing.T) {
 	if err != nil || len(list.GetContexts()) != 0 {
 		t.Errorf("ListCodeContexts after a failed create = %v, %v; want none", list, err)
 	}
+	// A context whose interpreter never started does not exist; a second
+	// create tries again (a new generation, not the failed exec replayed).
+	_, err = alice.InterruptCodeContext(ctx, &berthv1.InterruptCodeContextRequest{SandboxId: id, ContextId: "py"})
+	wantStatus(t, err, codes.NotFound, rpcstatus.ReasonContextNotFound, "")
+	_, err = alice.RestartCodeContext(ctx, &berthv1.RestartCodeContextRequest{SandboxId: id, ContextId: "py"})
+	wantStatus(t, err, codes.NotFound, rpcstatus.ReasonContextNotFound, "")
+	_, err = alice.DeleteCodeContext(ctx, &berthv1.DeleteCodeContextRequest{SandboxId: id, ContextId: "py"})
+	wantStatus(t, err, codes.NotFound, rpcstatus.ReasonContextNotFound, "")
+	_, err = alice.CreateCodeContext(ctx, &berthv1.CreateCodeContextRequest{SandboxId: id, ContextId: "py"})
+	wantStatus(t, err, codes.FailedPrecondition, rpcstatus.ReasonInterpreterMissing, "", "python3")
+	if execs, err := alice.ListExecs(ctx, &berthv1.ListExecsRequest{SandboxId: id}); err != nil || len(execs.GetExecs()) != 2 {
+		t.Errorf("ListExecs after two failed creates = %v, %v; want two interpreters that never started", execs, err)
+	}
 	_, err = alice.CreateCodeContext(ctx, &berthv1.CreateCodeContextRequest{SandboxId: id, Language: "cobol"})
 	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "language")
 	_, err = alice.CreateCodeContext(ctx, &berthv1.CreateCodeContextRequest{SandboxId: id, ContextId: "a.b"})

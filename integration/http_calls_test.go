@@ -37,12 +37,13 @@ func everyCall(t *testing.T, e *berthEnv, sb string, run func(string) string, wa
 	out = run("contexts")
 	ok("contexts", out, 1) // ListCodeContexts
 	want("contexts", out, `"code":"failed_precondition"`, `{"contexts":[]}`)
-	// Create; ExecuteCode and Interrupt on the failed interpreter; Restart; Delete.
+	// Create fails; a context whose interpreter never started does not
+	// exist: ExecuteCode, Interrupt, Restart and Delete are NOT_FOUND.
 	var reasons []string
 	for _, m := range regexp.MustCompile(`"reason":"(\w+)"`).FindAllStringSubmatch(normJSON(out), -1) {
 		reasons = append(reasons, m[1])
 	}
-	if w := []string{"INTERPRETER_MISSING", "CONTEXT_ENDED", "CONTEXT_ENDED", "INTERPRETER_MISSING", "CONTEXT_NOT_FOUND"}; !slices.Equal(reasons, w) {
+	if w := []string{"INTERPRETER_MISSING", "CONTEXT_NOT_FOUND", "CONTEXT_NOT_FOUND", "CONTEXT_NOT_FOUND", "CONTEXT_NOT_FOUND"}; !slices.Equal(reasons, w) {
 		t.Errorf("recipe contexts: error reasons %v, want %v:\n%s", reasons, w, out)
 	}
 

@@ -156,6 +156,9 @@ type interp struct {
 	contextID string
 	gen       int
 	info      *berthv1.ExecInfo
+	// next is the generation the context's next interpreter takes: one
+	// past every exec of the context the agent lists, started or not.
+	next int
 }
 
 func (in *interp) running() bool {
@@ -184,7 +187,12 @@ func parseExecID(execID string) (string, int, bool) {
 	return rest[:i], gen, true
 }
 
-// latest lists the newest interpreter of every context the agent knows.
+// latest lists the newest interpreter that started (a pid) of every
+// context the agent knows. An exec whose interpreter never started (no
+// python3: CreateCodeContext or RestartCodeContext answered
+// INTERPRETER_MISSING) is no interpreter: a context with nothing else has
+// info nil and is not found, one restarted in vain keeps its last
+// interpreter (ended). Either way next counts it.
 func latest(ctx context.Context, agent agentv1.AgentServiceClient) (map[string]*interp, error) {
 	resp, err := agent.ListExecs(ctx, &agentv1.ListExecsRequest{})
 	if err != nil {
@@ -196,8 +204,14 @@ func latest(ctx context.Context, agent agentv1.AgentServiceClient) (map[string]*
 		if !ok {
 			continue
 		}
-		if cur := out[id]; cur == nil || cur.gen < gen {
-			out[id] = &interp{contextID: id, gen: gen, info: e}
+		cur := out[id]
+		if cur == nil {
+			cur = &interp{contextID: id}
+			out[id] = cur
+		}
+		cur.next = max(cur.next, gen+1)
+		if e.GetPid() != 0 && (cur.info == nil || cur.gen < gen) {
+			cur.gen, cur.info = gen, e
 		}
 	}
 	return out, nil
@@ -236,7 +250,7 @@ func (s *Service) find(ctx context.Context, sandboxID, contextID string) (agentv
 		return nil, nil, meta, apierr.WithMeta(agentreach.AgentError(sandboxID, err), meta)
 	}
 	in := all[contextID]
-	if in == nil {
+	if in == nil || in.info == nil {
 		return nil, nil, meta, apierr.WithMeta(contextNotFound(contextID), meta)
 	}
 	return agent, in, meta, nil
@@ -323,7 +337,7 @@ func (s *Service) CreateCodeContext(ctx context.Context, req *berthv1.CreateCode
 		if in.running() {
 			return nil, apierr.New(codes.AlreadyExists, rpcstatus.ReasonContextExists, fmt.Sprintf("code context %q exists", id), meta)
 		}
-		gen = in.gen + 1
+		gen = in.next
 	}
 	in, err := start(ctx, agent, id, gen, spec{Cwd: req.GetCwd(), User: req.GetUser(), Env: req.GetEnv()})
 	if err != nil {
@@ -436,7 +450,7 @@ func (s *Service) RestartCodeContext(ctx context.Context, req *berthv1.RestartCo
 	if err := killRunning(ctx, agent, in); err != nil {
 		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
-	next, err := start(ctx, agent, in.contextID, in.gen+1, sp)
+	next, err := start(ctx, agent, in.contextID, in.next, sp)
 	if err != nil {
 		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
