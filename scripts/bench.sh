@@ -32,7 +32,7 @@
 #                (default 1)
 #   BENCH_TIME   go test -benchtime per sub-benchmark (default 2s)
 #   BERTH_BENCH_STDOUT_BYTES  bytes the stdout benchmarks stream
-#                (default 67108864)
+#                (default 268435456)
 #   BERTH_BENCH_FORK_BYTES  bytes the fork group's parent has written
 #                (default 1073741824)
 #   BERTH_SNAPSHOTTER  the sandboxes' snapshotter, as for the integration
