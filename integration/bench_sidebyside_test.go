@@ -53,7 +53,7 @@ const fileBytes = 128 << 20
 // BenchmarkSideBySide measures berth beside its anchors in one run on one
 // machine, and TestMain prints the table (printSideBySide) after it:
 //
-//   - stdout: `dd if=/dev/zero bs=128k` of 64 MiB, every byte to a reader
+//   - stdout: `dd if=/dev/zero bs=128k` of 256 MiB (BERTH_BENCH_STDOUT_BYTES), every byte to a reader
 //     in this process, through berth's Exec (client -> berthd -> agent),
 //     through StartExec over Connect on HTTP/1.1 (connect-go, binary),
 //     through containerd's own task.Exec with FIFOs (the shim copies the
