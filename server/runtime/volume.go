@@ -356,18 +356,26 @@ func (r *Runtime) ListVolumes(ctx context.Context, sees func(owner string) bool)
 // volumeRecords reads every volume's record, ordered by owner and name;
 // directories without one (a create under way or cut short) are skipped.
 func (r *Runtime) volumeRecords() ([]volumeMeta, error) {
+	// berthd's own calls: out of descriptors or disk is a *HostError
+	// (SERVER_DESCRIPTORS_EXHAUSTED naming the operation, nothing changed).
+	hostErr := func(op string, err error) error {
+		if _, ok := HostErrno(err); ok {
+			return &HostError{Op: op, Err: err}
+		}
+		return fmt.Errorf("%s: %w", op, err)
+	}
 	owners, err := os.ReadDir(r.volumesRoot())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list volumes: %w", err)
+		return nil, hostErr("list volumes", err)
 	}
 	var out []volumeMeta
 	for _, o := range owners {
 		names, err := os.ReadDir(filepath.Join(r.volumesRoot(), o.Name()))
 		if err != nil {
-			return nil, fmt.Errorf("list volumes: %w", err)
+			return nil, hostErr("list volumes", err)
 		}
 		for _, n := range names {
 			b, err := os.ReadFile(filepath.Join(r.volumesRoot(), o.Name(), n.Name(), "volume.json"))
@@ -375,7 +383,7 @@ func (r *Runtime) volumeRecords() ([]volumeMeta, error) {
 				continue
 			}
 			if err != nil {
-				return nil, fmt.Errorf("read volume %s: %w", n.Name(), err)
+				return nil, hostErr("read volume "+n.Name(), err)
 			}
 			var m volumeMeta
 			if err := json.Unmarshal(b, &m); err != nil {
