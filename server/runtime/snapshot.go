@@ -405,11 +405,33 @@ func (r *Runtime) DeleteSnapshot(ctx context.Context, snapID string) (err error)
 	case errdefs.IsNotFound(err):
 		return fmt.Errorf("%w: %s", ErrSnapshotNotFound, snapID)
 	case errdefs.IsFailedPrecondition(err):
-		return fmt.Errorf("%w: snapshot %s: a sandbox created from it, or a snapshot of such a sandbox, still exists (delete those first): %v", ErrSnapshotInUse, snapID, err)
+		return fmt.Errorf("%w: snapshot %s: a sandbox created from it, or a snapshot of such a sandbox, still exists (delete those first; containerd lists %s): %v",
+			ErrSnapshotInUse, snapID, r.snapshotChildren(ctx, snapshotKeyPrefix+snapID), err)
 	case err != nil:
 		return fmt.Errorf("remove snapshot %s: %w", snapID, err)
 	}
 	return nil
+}
+
+// snapshotChildren names the snapshotter keys whose parent is key, for an
+// error message: which sandboxes or snapshots still rest on a snapshot
+// that cannot be removed ("none" when containerd lists none: its removal
+// of a child has not caught up).
+func (r *Runtime) snapshotChildren(ctx context.Context, key string) string {
+	var kids []string
+	err := r.client.SnapshotService(r.cfg.Snapshotter).Walk(ctx, func(_ context.Context, info snapshots.Info) error {
+		if info.Parent == key {
+			kids = append(kids, info.Name)
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return "its children unknown: " + err.Error()
+	case len(kids) == 0:
+		return "no child"
+	}
+	return "children " + strings.Join(kids, ", ")
 }
 
 // snapshotParent returns where a sandbox made from snapID starts: the
