@@ -328,7 +328,7 @@ func TestServerDiskFull(t *testing.T) {
 }
 
 // TestServerOutOfDescriptors lowers the open-file limit of a berthd (the
-// real binary, a process of the test's own) to what it has open: a
+// real binary, a process of the test's own) to 0, so it opens nothing: a
 // CreateSandbox, whose new agent connection needs a descriptor, fails
 // RESOURCE_EXHAUSTED SERVER_DESCRIPTORS_EXHAUSTED at once, not after the
 // agent-ready timeout as an unreachable agent; a sandbox it is connected
@@ -351,21 +351,18 @@ func TestServerOutOfDescriptors(t *testing.T) {
 	if err := prlimitNofile(pid, nil, &old); err != nil {
 		t.Fatal(err)
 	}
-	// The lowest free descriptor number: the next one berthd opens.
+	// A limit of 0 leaves every descriptor berthd has open usable and lets
+	// it open none (getrlimit(2): an open fails EMFILE when the lowest free
+	// number is not below the limit). A limit at the lowest free number
+	// would not be deterministic: a descriptor closed below it in the
+	// meantime (a finished import's stream) lets one more open succeed,
+	// and the create then fails at a later step (CI saw it pass admission
+	// and fail at the idmapped mount).
 	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := map[uint64]bool{}
-	for _, e := range entries {
-		n, _ := strconv.ParseUint(e.Name(), 10, 64)
-		open[n] = true
-	}
-	var next uint64
-	for open[next] {
-		next++
-	}
-	if err := prlimitNofile(pid, &syscall.Rlimit{Cur: next, Max: old.Max}, nil); err != nil {
+	if err := prlimitNofile(pid, &syscall.Rlimit{Cur: 0, Max: old.Max}, nil); err != nil {
 		t.Fatal(err)
 	}
 	restored := false
@@ -378,7 +375,7 @@ func TestServerOutOfDescriptors(t *testing.T) {
 		}
 	}
 	defer restore()
-	t.Logf("berthd pid %d: %d descriptors open, limit lowered to %d (was %d)", pid, len(entries), next, old.Cur)
+	t.Logf("berthd pid %d: %d descriptors open, limit lowered to 0 (was %d)", pid, len(entries), old.Cur)
 
 	began := time.Now()
 	_, err = c.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image})
