@@ -3,8 +3,8 @@
 // sandbox created through berthd's API at --berth-addr; each
 // extensions.agents.x-k8s.io SandboxClaim becomes a Sandbox object of its
 // template; each sandbox created through berth's API gets a Sandbox object
-// in --mirror-namespace. It reaches the API
-// server in-cluster or through --kubeconfig / $KUBECONFIG.
+// in --mirror-namespace. It reaches the API server in-cluster or through
+// --kubeconfig / $KUBECONFIG.
 package main
 
 import (
