@@ -219,6 +219,31 @@ func TestKubernetesMirror(t *testing.T) {
 		err := admin.Get(ctx, client.ObjectKey{Namespace: mirrorNamespace, Name: first.GetId()}, &sandboxv1.Sandbox{})
 		return apierrors.IsNotFound(err), fmt.Sprint(err)
 	})
+	// A pause through berth's API stands: the object says Paused (a
+	// reconcile that resumed it would reflect Running instead), and berth
+	// still holds it paused. A spec change through Kubernetes acts.
+	secondKey := client.ObjectKey{Namespace: mirrorNamespace, Name: second.GetId()}
+	if _, err := node.client.PauseSandbox(ctx, second.GetId()); err != nil {
+		t.Fatalf("berth PauseSandbox: %v", err)
+	}
+	var got sandboxv1.Sandbox
+	waitFor(t, time.Minute, "the object of a sandbox paused through berth says Paused", func() (bool, string) {
+		if err := admin.Get(ctx, secondKey, &got); err != nil {
+			return false, err.Error()
+		}
+		return got.Status.Berth.Phase == sandboxv1.PhasePaused && meta.IsStatusConditionTrue(got.Status.Conditions, sandboxv1.ConditionSuspended),
+			fmt.Sprintf("%+v", got.Status)
+	})
+	if sb, err := node.client.GetSandbox(ctx, second.GetId()); err != nil || sb.GetState() != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("berth: %v, %v; want the sandbox still paused", sb.GetState(), err)
+	}
+	setMode(t, ctx, admin, secondKey, sandboxv1.OperatingModeSuspended)
+	setMode(t, ctx, admin, secondKey, sandboxv1.OperatingModeRunning)
+	waitFor(t, time.Minute, "operatingMode Running set through Kubernetes resumes it", func() (bool, string) {
+		sb, err := node.client.GetSandbox(ctx, second.GetId())
+		return err == nil && sb.GetState() == berthv1.SandboxState_SANDBOX_STATE_RUNNING, fmt.Sprintf("%v %v", sb.GetState(), err)
+	})
+
 	// The object deleted: the sandbox goes, then the object.
 	if err := admin.Delete(ctx, &sandboxv1.Sandbox{ObjectMeta: metav1.ObjectMeta{Namespace: mirrorNamespace, Name: second.GetId()}}); err != nil {
 		t.Fatal(err)
