@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"maps"
 
+	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -31,6 +33,28 @@ import (
 // no sandbox made from it, as in agent-sandbox.
 type ClaimReconciler struct {
 	Client client.Client
+}
+
+// setupClaims registers the ClaimReconciler when the API server serves
+// SandboxClaim and SandboxTemplate (sandboxclaim-crd.yaml and
+// sandboxtemplate-crd.yaml applied); without them it logs that claims are
+// not served, and Sandbox objects are reconciled as before.
+func setupClaims(mgr ctrl.Manager, logger logr.Logger) error {
+	for _, kind := range []string{"SandboxClaim", "SandboxTemplate"} {
+		gk := schema.GroupKind{Group: extv1alpha1.GroupVersion.Group, Kind: kind}
+		_, err := mgr.GetRESTMapper().RESTMapping(gk, extv1alpha1.GroupVersion.Version)
+		if meta.IsNoMatchError(err) {
+			logger.Info("the API server does not serve "+gk.String()+" (apply deploy/kubernetes/sandboxclaim-crd.yaml and sandboxtemplate-crd.yaml, then restart): claims are not served", "version", extv1alpha1.GroupVersion.Version)
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("sandboxclaim controller: look up %s: %w", gk, err)
+		}
+	}
+	if err := (&ClaimReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("sandboxclaim controller: %w", err)
+	}
+	return nil
 }
 
 // SetupWithManager registers the reconciler for claims, the Sandbox

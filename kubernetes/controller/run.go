@@ -98,8 +98,8 @@ func Run(ctx context.Context, opts Options) error {
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("sandbox controller: %w", err)
 	}
-	if err := (&ClaimReconciler{Client: mgr.GetClient()}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("sandboxclaim controller: %w", err)
+	if err := setupClaims(mgr, opts.Log); err != nil {
+		return err
 	}
 	if opts.MirrorNamespace != "" {
 		lister, ok := opts.Berth.(SandboxLister)
