@@ -67,7 +67,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, &obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	id := SandboxID(obj.Namespace, obj.Name, string(obj.UID))
+	id := objectSandboxID(&obj)
 	logger := log.FromContext(ctx).WithValues("sandbox_id", id)
 	if !obj.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, r.finalize(ctx, &obj, id)
@@ -134,6 +134,9 @@ func (r *Reconciler) finalize(ctx context.Context, obj *sandboxv1.Sandbox, id st
 func (r *Reconciler) sync(ctx context.Context, obj *sandboxv1.Sandbox, id string) (*berthv1.Sandbox, ctrl.Result, error) {
 	sb, err := r.Berth.GetSandbox(ctx, id)
 	switch {
+	case berth.IsReason(err, berth.ReasonSandboxNotFound) && Mirrored(obj):
+		// Deleted through berth's API: the object goes too.
+		return nil, ctrl.Result{}, r.mirrorGone(ctx, obj)
 	case berth.IsReason(err, berth.ReasonSandboxNotFound) && obj.Status.Berth.SandboxID == "":
 		creq, rerr := CreateRequest(obj, id)
 		if rerr != nil {
@@ -164,6 +167,9 @@ func (r *Reconciler) sync(ctx context.Context, obj *sandboxv1.Sandbox, id string
 	case err != nil:
 		setCondition(obj, sandboxv1.ConditionReady, metav1.ConditionUnknown, reasonOf(err), fmt.Sprintf("get sandbox %s: %v", id, err))
 		return nil, ctrl.Result{}, err
+	}
+	if mirrorFollows(obj) {
+		return sb, ctrl.Result{}, nil
 	}
 	next, err := r.operate(ctx, obj, id, sb)
 	if err != nil {

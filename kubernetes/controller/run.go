@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
+	extv1alpha1 "github.com/berth-sandbox/berth/kubernetes/api/extensions/v1alpha1"
 	sandboxv1 "github.com/berth-sandbox/berth/kubernetes/api/v1beta1"
 )
 
@@ -34,14 +35,20 @@ type Options struct {
 	LeaderElectionNamespace string
 	// Resync: Reconciler.Resync.
 	Resync time.Duration
+	// MirrorNamespace, when set, runs Mirror: every sandbox made through
+	// berth's API gets a Sandbox object there. Berth must then also be a
+	// SandboxLister.
+	MirrorNamespace string
+	// MirrorInterval: Mirror.Interval.
+	MirrorInterval time.Duration
 }
 
 // LeaderElectionID names the Lease replicas of berth-controller elect a
 // leader by.
 const LeaderElectionID = "berth-controller.berth.dev"
 
-// Scheme is the scheme of the controller's client: Kubernetes' own types
-// and Sandbox.
+// Scheme is the scheme of the controller's client: Kubernetes' own types,
+// Sandbox, SandboxTemplate and SandboxClaim.
 func Scheme() (*runtime.Scheme, error) {
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
@@ -50,10 +57,14 @@ func Scheme() (*runtime.Scheme, error) {
 	if err := sandboxv1.AddToScheme(s); err != nil {
 		return nil, err
 	}
+	if err := extv1alpha1.AddToScheme(s); err != nil {
+		return nil, err
+	}
 	return s, nil
 }
 
-// Run reconciles Sandbox objects until ctx ends.
+// Run reconciles Sandbox and SandboxClaim objects, and mirrors berth's
+// sandboxes when opts.MirrorNamespace is set, until ctx ends.
 func Run(ctx context.Context, opts Options) error {
 	scheme, err := Scheme()
 	if err != nil {
@@ -86,6 +97,21 @@ func Run(ctx context.Context, opts Options) error {
 	r := &Reconciler{Client: mgr.GetClient(), Berth: opts.Berth, Resync: opts.Resync}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("sandbox controller: %w", err)
+	}
+	if err := setupClaims(mgr, opts.Log); err != nil {
+		return err
+	}
+	if opts.MirrorNamespace != "" {
+		lister, ok := opts.Berth.(SandboxLister)
+		if !ok {
+			return fmt.Errorf("mirror: berth's client %T cannot list sandboxes", opts.Berth)
+		}
+		if err := mgr.Add(&Mirror{
+			Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Berth: lister,
+			Namespace: opts.MirrorNamespace, Interval: opts.MirrorInterval, Log: opts.Log.WithName("mirror"),
+		}); err != nil {
+			return fmt.Errorf("mirror: %w", err)
+		}
 	}
 	return mgr.Start(ctx)
 }

@@ -21,6 +21,7 @@ import (
 
 	berth "github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/internal/e2e"
+	extv1alpha1 "github.com/berth-sandbox/berth/kubernetes/api/extensions/v1alpha1"
 	sandboxv1 "github.com/berth-sandbox/berth/kubernetes/api/v1beta1"
 	"github.com/berth-sandbox/berth/kubernetes/controller"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
@@ -33,7 +34,7 @@ import (
 // node and the agent's boot id, and an Exec through berth's API runs in
 // it; Suspended pauses it and Running resumes it; deleting the object
 // deletes the sandbox; a ServiceAccount without rights cannot create
-// Sandbox objects.
+// Sandbox objects, nor the controller's SandboxTemplates.
 func TestKubernetesSandbox(t *testing.T) {
 	e2e.NeedRoot(t, "containerd and berthd")
 	repo := repoRoot(t)
@@ -41,6 +42,8 @@ func TestKubernetesSandbox(t *testing.T) {
 	deploy := filepath.Join(repo, "deploy", "kubernetes")
 	applied := k.apply(t,
 		filepath.Join(deploy, "sandbox-crd.yaml"),
+		filepath.Join(deploy, "sandboxtemplate-crd.yaml"),
+		filepath.Join(deploy, "sandboxclaim-crd.yaml"),
 		filepath.Join(deploy, "berth-controller.yaml"),
 		filepath.Join(deploy, "berthd-daemonset.yaml"))
 	kinds := map[string]bool{}
@@ -196,8 +199,9 @@ func TestKubernetesSandbox(t *testing.T) {
 	if err := controllerClient.List(ctx, &sandboxv1.SandboxList{}); err != nil {
 		t.Errorf("list Sandboxes as berth-system/berth-controller: %v", err)
 	}
-	if err := controllerClient.Create(ctx, denied); !apierrors.IsForbidden(err) {
-		t.Errorf("create Sandbox as berth-system/berth-controller: %v, want Forbidden (its ClusterRole does not create)", err)
+	tmpl := &extv1alpha1.SandboxTemplate{ObjectMeta: metav1.ObjectMeta{Name: "denied", Namespace: "default"}, Spec: extv1alpha1.SandboxTemplateSpec{Berth: sandboxv1.BerthSpec{Image: baseImage}}}
+	if err := controllerClient.Create(ctx, tmpl); !apierrors.IsForbidden(err) {
+		t.Errorf("create SandboxTemplate as berth-system/berth-controller: %v, want Forbidden (its ClusterRole reads templates only)", err)
 	}
 
 	// Deleting the object deletes the sandbox, then the object goes.

@@ -1,7 +1,10 @@
 // Command berth-controller reconciles agents.x-k8s.io/v1beta1 Sandbox
 // objects onto berth (package controller): each object becomes a berth
-// sandbox created through berthd's API at --berth-addr. It reaches the API
-// server in-cluster or through --kubeconfig / $KUBECONFIG.
+// sandbox created through berthd's API at --berth-addr; each
+// extensions.agents.x-k8s.io SandboxClaim becomes a Sandbox object of its
+// template; each sandbox created through berth's API gets a Sandbox object
+// in --mirror-namespace. It reaches the API server in-cluster or through
+// --kubeconfig / $KUBECONFIG.
 package main
 
 import (
@@ -36,6 +39,8 @@ func run() error {
 	health := flag.String("health-listen", ":8081", "address of /healthz and /readyz (\"0\": off)")
 	elect := flag.Bool("leader-elect", true, "elect one active replica through a Lease")
 	electNS := flag.String("leader-election-namespace", "berth-system", "namespace of the leader election Lease")
+	mirrorNS := flag.String("mirror-namespace", "berth-sandboxes", "namespace of the Sandbox objects of sandboxes created through berth's API (\"\": none are made)")
+	mirrorInterval := flag.Duration("mirror-interval", controller.DefaultMirrorInterval, "how often berth's sandboxes are listed for the mirror")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse() // also --kubeconfig, registered by controller-runtime's config package
@@ -73,5 +78,6 @@ func run() error {
 		Config: cfg, Berth: c, Log: zap.New(zap.UseFlagOptions(&zapOpts)),
 		MetricsAddr: *metrics, HealthAddr: *health,
 		LeaderElection: *elect, LeaderElectionNamespace: *electNS,
+		MirrorNamespace: *mirrorNS, MirrorInterval: *mirrorInterval,
 	})
 }
