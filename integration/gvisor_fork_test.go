@@ -33,6 +33,14 @@ func gvisorFromSnapshot(t *testing.T, snapID, runtime string) string {
 // cache: the copy must have it all the same).
 const gvisorWrites = `mkdir -p /workspace/d && head -c 8388608 /dev/urandom >/workspace/d/data && echo mine >/workspace/d/owned && chmod 640 /workspace/d/owned && ln -s d/owned /workspace/link`
 
+// gvisorWritten returns a new gVisor sandbox holding gvisorWrites.
+func gvisorWritten(t *testing.T) string {
+	t.Helper()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
+	shellOut(t, env.sandboxes, id, gvisorWrites)
+	return id
+}
+
 // TestGVisorSnapshot: a snapshot of a running gVisor sandbox holds every
 // write acknowledged before the call (a file still held open by its
 // writer included), under the workload's ids; a gVisor sandbox and a runc
@@ -43,8 +51,7 @@ func TestGVisorSnapshot(t *testing.T) {
 	svc := env.sandboxes
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	src := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
-	shellOut(t, svc, src, gvisorWrites)
+	src := gvisorWritten(t)
 	// A file of a workload user other than root: the copy keeps its owner.
 	if r, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: src, Process: &berthv1.ProcessSpec{ShellCommand: "echo theirs >/var/tmp/nobody && id -u", User: "65534"}}); err != nil || r.GetResult().GetExitCode() != 0 || string(r.GetStdout()) != "65534\n" {
 		t.Fatalf("Run as user 65534: %v, %v %q", err, r.GetResult(), r.GetStdout())
@@ -85,8 +92,7 @@ func TestGVisorFork(t *testing.T) {
 	svc := env.sandboxes
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	parent := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
-	shellOut(t, svc, parent, gvisorWrites)
+	parent := gvisorWritten(t)
 	want := shellOut(t, svc, parent, treeListing)
 	before := forkCopies(t, env.namespace)
 
