@@ -115,6 +115,8 @@ const fileBytes = 128 << 20
 //     holding the same 256 MiB on the same btrfs and `cp -a
 //     --reflink=never` of it; and create to first exec from that snapshot
 //     beside a cold create to first exec of the base image (benchSnapshot).
+//   - fork-gvisor: ForkSandbox of 1 child of a gVisor sandbox with 64 MiB
+//     written, beside a cold gVisor CreateSandbox (benchForkGVisor).
 //   - create: CreateSandbox then Run of `echo hi` until its result, cold
 //     (a new container) and from a warm pool of one, beside `ctr run --rm`
 //     of the same image; deleting the sandbox is off the clock.
@@ -296,6 +298,9 @@ func BenchmarkSideBySide(b *testing.B) {
 
 	b.Run("fork", func(b *testing.B) {
 		benchFork(b)
+	})
+	b.Run("fork-gvisor", func(b *testing.B) {
+		benchForkGVisor(b)
 	})
 
 	b.Run("create", func(b *testing.B) {

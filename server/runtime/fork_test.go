@@ -55,3 +55,22 @@ func TestCopiesTaking(t *testing.T) {
 		t.Errorf("wait with a cancelled context = %v, want context.Canceled", err)
 	}
 }
+
+// TestUnderImageIDs: the roots a copy can be made of are those that
+// store files under the image's own ids: idmapped ones and gVisor's.
+func TestUnderImageIDs(t *testing.T) {
+	for _, tc := range []struct {
+		sb   Sandbox
+		want bool
+	}{
+		{Sandbox{Runtime: RuntimeRunc, RootFS: RootFSIDMapped}, true},
+		{Sandbox{Runtime: RuntimeRunc, RootFS: RootFSChowned}, false},
+		{Sandbox{Runtime: RuntimeRunc, HostUsers: true}, false},
+		{Sandbox{Runtime: RuntimeGVisor}, true},
+		{Sandbox{Runtime: RuntimeGVisor, HostUsers: true}, false},
+	} {
+		if got := underImageIDs(tc.sb); got != tc.want {
+			t.Errorf("underImageIDs(runtime %q, rootfs %q, host_users %v) = %v, want %v", tc.sb.Runtime, tc.sb.RootFS, tc.sb.HostUsers, got, tc.want)
+		}
+	}
+}

@@ -87,43 +87,8 @@ func idMapOptions(base uint32) []string {
 func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, parent, from string, base uint32) containerd.NewContainerOpts {
 	return func(ctx context.Context, client *containerd.Client, c *containers.Container) error {
 		c.Snapshotter = ""
-		if parent == "" {
-			diffIDs, err := image.RootFS(ctx)
-			if err != nil {
-				return fmt.Errorf("image %s root file system: %w", image.Name(), err)
-			}
-			parent = identity.ChainID(diffIDs).String()
-		}
-		sn := client.SnapshotService(r.cfg.Snapshotter)
-		if _, err := sn.Prepare(ctx, id, parent); err != nil {
-			if !errdefs.IsAlreadyExists(err) {
-				return fmt.Errorf("prepare snapshot %s of image %s: %w", id, image.Name(), err)
-			}
-			if _, err := client.ContainerService().Get(ctx, id); err == nil {
-				return fmt.Errorf("%w: %s", errdefs.ErrAlreadyExists, id)
-			}
-			// A create of the id by another berthd on this namespace is
-			// under way: its snapshot is younger than a create's call
-			// to containerd lasts.
-			if info, err := sn.Stat(ctx, id); err == nil && time.Since(info.Created) < r.cfg.CallBudget {
-				return fmt.Errorf("%w: %s: another create of the id is under way (its snapshot is %v old)", errdefs.ErrAlreadyExists, id, time.Since(info.Created).Round(time.Millisecond))
-			}
-			// Left by a create that did not finish, perhaps of another
-			// image or id range: a new one costs nothing.
-			if err := unmountRoot(r.rootDir(id)); err != nil {
-				return err
-			}
-			if err := sn.Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
-				return fmt.Errorf("remove stale snapshot %s: %w", id, err)
-			}
-			if _, err := sn.Prepare(ctx, id, parent); err != nil {
-				return fmt.Errorf("prepare snapshot %s of image %s: %w", id, image.Name(), err)
-			}
-		}
-		if from != "" {
-			if err := r.fillRoot(ctx, id, from); err != nil {
-				return fmt.Errorf("snapshot %s from fork copy %s: %w", id, from, err)
-			}
+		if err := r.prepareRoot(ctx, client, id, image, parent, from); err != nil {
+			return err
 		}
 		c.Image = image.Name()
 		// Never a mount of an earlier sandbox of the id whose delete
@@ -133,6 +98,69 @@ func (r *Runtime) withIDMappedRoot(id string, image containerd.Image, parent, fr
 		}
 		return r.mountRoot(ctx, id, base)
 	}
+}
+
+// withCopiedRoot gives a gVisor sandbox id its own snapshot (key id) of
+// snapshotter key parent (a stored snapshot's; of image when "") whose
+// files are replaced by a writable snapshot of subvolume from when that is
+// not "" (a fork's copy, fillRoot). Unlike withIDMappedRoot the container
+// records the snapshotter and key: the shim mounts the snapshot as it is,
+// since gVisor's gofer stores the workload's files under their own ids
+// (container id n as n), as an idmapped root on btrfs does.
+func (r *Runtime) withCopiedRoot(id string, image containerd.Image, parent, from string) containerd.NewContainerOpts {
+	return func(ctx context.Context, client *containerd.Client, c *containers.Container) error {
+		if err := r.prepareRoot(ctx, client, id, image, parent, from); err != nil {
+			return err
+		}
+		c.Snapshotter, c.SnapshotKey, c.Image = r.cfg.Snapshotter, id, image.Name()
+		return nil
+	}
+}
+
+// prepareRoot prepares snapshot key id of snapshotter key parent (of
+// image's unpacked layers when parent is "") and, when from is not "",
+// replaces its files by a writable snapshot of subvolume from (fillRoot).
+// A snapshot of the key left by a create that did not finish is made anew.
+func (r *Runtime) prepareRoot(ctx context.Context, client *containerd.Client, id string, image containerd.Image, parent, from string) error {
+	if parent == "" {
+		diffIDs, err := image.RootFS(ctx)
+		if err != nil {
+			return fmt.Errorf("image %s root file system: %w", image.Name(), err)
+		}
+		parent = identity.ChainID(diffIDs).String()
+	}
+	sn := client.SnapshotService(r.cfg.Snapshotter)
+	if _, err := sn.Prepare(ctx, id, parent); err != nil {
+		if !errdefs.IsAlreadyExists(err) {
+			return fmt.Errorf("prepare snapshot %s of image %s: %w", id, image.Name(), err)
+		}
+		if _, err := client.ContainerService().Get(ctx, id); err == nil {
+			return fmt.Errorf("%w: %s", errdefs.ErrAlreadyExists, id)
+		}
+		// A create of the id by another berthd on this namespace is
+		// under way: its snapshot is younger than a create's call
+		// to containerd lasts.
+		if info, err := sn.Stat(ctx, id); err == nil && time.Since(info.Created) < r.cfg.CallBudget {
+			return fmt.Errorf("%w: %s: another create of the id is under way (its snapshot is %v old)", errdefs.ErrAlreadyExists, id, time.Since(info.Created).Round(time.Millisecond))
+		}
+		// Left by a create that did not finish, perhaps of another
+		// image or id range: a new one costs nothing.
+		if err := unmountRoot(r.rootDir(id)); err != nil {
+			return err
+		}
+		if err := sn.Remove(ctx, id); err != nil && !errdefs.IsNotFound(err) {
+			return fmt.Errorf("remove stale snapshot %s: %w", id, err)
+		}
+		if _, err := sn.Prepare(ctx, id, parent); err != nil {
+			return fmt.Errorf("prepare snapshot %s of image %s: %w", id, image.Name(), err)
+		}
+	}
+	if from != "" {
+		if err := r.fillRoot(ctx, id, from); err != nil {
+			return fmt.Errorf("snapshot %s from fork copy %s: %w", id, from, err)
+		}
+	}
+	return nil
 }
 
 // mountRoot mounts the snapshot of sandbox id at rootDir with ids mapped

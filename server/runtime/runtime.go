@@ -637,11 +637,14 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		if err := r.snapshotsSupported(); err != nil {
 			return err
 		}
-		if !spec.userns() || r.idmapErr != nil {
-			return fmt.Errorf("%w: a sandbox created from a snapshot needs an idmapped root (not host_users, not gVisor, and a kernel that can idmap: %v)", ErrSnapshotUnsupported, r.idmapErr)
+		if spec.runtime() != RuntimeGVisor && (!spec.userns() || r.idmapErr != nil) {
+			return fmt.Errorf("%w: a sandbox created from a snapshot needs an idmapped root or gVisor (not host_users, and a kernel that can idmap: %v)", ErrSnapshotUnsupported, r.idmapErr)
 		}
 		if parent, from, err = r.snapshotParent(step, spec.FromSnapshot); err != nil {
 			return err
+		}
+		if spec.runtime() == RuntimeGVisor {
+			snapshot = r.withCopiedRoot(spec.ID, image, parent, from)
 		}
 	}
 	var base uint32

@@ -234,7 +234,7 @@ func (r *Runtime) copySource(ctx context.Context, id string) (sb Sandbox, root, 
 	if sb, err = r.Get(ctx, id); err != nil {
 		return Sandbox{}, "", "", err
 	}
-	if sb.RootFS != RootFSIDMapped {
+	if !underImageIDs(sb) {
 		return Sandbox{}, "", "", fmt.Errorf("%w: sandbox %s's root is not idmapped (%s): its files are stored under host ids, which another sandbox could not share", ErrSnapshotUnsupported, id, rootFSName(sb.RootFS))
 	}
 	if root, err = r.btrfsRoot(ctx); err != nil {
@@ -309,6 +309,15 @@ func (r *Runtime) exclusiveAt(path string) uint64 {
 	}
 	n, _ := r.quota.Exclusive(id)
 	return n
+}
+
+// underImageIDs reports whether sandbox sb's root stores its files on
+// disk under the image's own ids (container id n as n), so that a copy of
+// it can become any other sandbox's root: an idmapped root, and a gVisor
+// sandbox's plain snapshot (gVisor's gofer creates files with the ids of
+// the sandbox's process, and the sandbox has no host id range).
+func underImageIDs(sb Sandbox) bool {
+	return sb.RootFS == RootFSIDMapped || (sb.Runtime == RuntimeGVisor && !sb.HostUsers)
 }
 
 // rootFSName names a sandbox's RootFS for messages.

@@ -1209,8 +1209,8 @@ type CreateSandboxRequest struct {
 	// of it (instant whatever its size), and image, when set, must be the
 	// snapshot's image. Its writes do not change the snapshot. Errors:
 	// NOT_FOUND (SNAPSHOT_NOT_FOUND), FAILED_PRECONDITION
-	// (SNAPSHOT_UNSUPPORTED) for a sandbox without an idmapped root
-	// (host_users, gVisor).
+	// (SNAPSHOT_UNSUPPORTED) for a runc sandbox without an idmapped root
+	// (host_users); a gVisor sandbox may be made from any snapshot.
 	FromSnapshot string `protobuf:"bytes,15,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
 	// volumes mounts the caller's volumes (CreateVolume) into the sandbox,
 	// read-write or read-only, at most 16. A file one sandbox's user writes

@@ -290,7 +290,8 @@ type SandboxServiceClient interface {
 	// DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
 	// (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
 	// SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
-	// sandbox's root is not an idmapped one, the message naming which).
+	// sandbox's root is neither an idmapped one nor gVisor's, the message
+	// naming which).
 	CreateSnapshot(ctx context.Context, in *CreateSnapshotRequest, opts ...grpc.CallOption) (*CreateSnapshotResponse, error)
 	// ListSnapshots lists the caller's snapshots (an admin's: all), oldest
 	// first.
@@ -319,8 +320,8 @@ type SandboxServiceClient interface {
 	// INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
 	// NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
 	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
-	// CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
-	// such as host_users or gVisor, a fleet), ALREADY_EXISTS
+	// CreateSnapshot: not the btrfs snapshotter, a root that is neither
+	// idmapped nor gVisor's such as host_users, a fleet), ALREADY_EXISTS
 	// (SANDBOX_EXISTS) when request_id named an earlier fork with other
 	// parameters (metadata "fields") or one whose children are not all
 	// there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
@@ -1013,7 +1014,8 @@ type SandboxServiceServer interface {
 	// DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
 	// (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
 	// SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
-	// sandbox's root is not an idmapped one, the message naming which).
+	// sandbox's root is neither an idmapped one nor gVisor's, the message
+	// naming which).
 	CreateSnapshot(context.Context, *CreateSnapshotRequest) (*CreateSnapshotResponse, error)
 	// ListSnapshots lists the caller's snapshots (an admin's: all), oldest
 	// first.
@@ -1042,8 +1044,8 @@ type SandboxServiceServer interface {
 	// INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
 	// NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
 	// FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
-	// CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
-	// such as host_users or gVisor, a fleet), ALREADY_EXISTS
+	// CreateSnapshot: not the btrfs snapshotter, a root that is neither
+	// idmapped nor gVisor's such as host_users, a fleet), ALREADY_EXISTS
 	// (SANDBOX_EXISTS) when request_id named an earlier fork with other
 	// parameters (metadata "fields") or one whose children are not all
 	// there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED

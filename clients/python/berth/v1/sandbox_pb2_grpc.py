@@ -580,7 +580,8 @@ class SandboxServiceServicer(object):
         DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
         (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
         SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
-        sandbox's root is not an idmapped one, the message naming which).
+        sandbox's root is neither an idmapped one nor gVisor's, the message
+        naming which).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -624,8 +625,8 @@ class SandboxServiceServicer(object):
         INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
         NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
         FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
-        CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
-        such as host_users or gVisor, a fleet), ALREADY_EXISTS
+        CreateSnapshot: not the btrfs snapshotter, a root that is neither
+        idmapped nor gVisor's such as host_users, a fleet), ALREADY_EXISTS
         (SANDBOX_EXISTS) when request_id named an earlier fork with other
         parameters (metadata "fields") or one whose children are not all
         there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED

@@ -850,8 +850,8 @@ export interface CreateSandboxRequest {
    * of it (instant whatever its size), and image, when set, must be the
    * snapshot's image. Its writes do not change the snapshot. Errors:
    * NOT_FOUND (SNAPSHOT_NOT_FOUND), FAILED_PRECONDITION
-   * (SNAPSHOT_UNSUPPORTED) for a sandbox without an idmapped root
-   * (host_users, gVisor).
+   * (SNAPSHOT_UNSUPPORTED) for a runc sandbox without an idmapped root
+   * (host_users); a gVisor sandbox may be made from any snapshot.
    */
   fromSnapshot: string;
   /**
@@ -6701,7 +6701,8 @@ export const SandboxServiceService = {
    * DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
    * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
    * SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
-   * sandbox's root is not an idmapped one, the message naming which).
+   * sandbox's root is neither an idmapped one nor gVisor's, the message
+   * naming which).
    */
   createSnapshot: {
     path: "/berth.v1.SandboxService/CreateSnapshot" as const,
@@ -6765,8 +6766,8 @@ export const SandboxServiceService = {
    * INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
    * NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
    * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
-   * CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
-   * such as host_users or gVisor, a fleet), ALREADY_EXISTS
+   * CreateSnapshot: not the btrfs snapshotter, a root that is neither
+   * idmapped nor gVisor's such as host_users, a fleet), ALREADY_EXISTS
    * (SANDBOX_EXISTS) when request_id named an earlier fork with other
    * parameters (metadata "fields") or one whose children are not all
    * there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
@@ -7148,7 +7149,8 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
    * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
    * SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
-   * sandbox's root is not an idmapped one, the message naming which).
+   * sandbox's root is neither an idmapped one nor gVisor's, the message
+   * naming which).
    */
   createSnapshot: handleUnaryCall<CreateSnapshotRequest, CreateSnapshotResponse>;
   /**
@@ -7183,8 +7185,8 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
    * NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
    * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
-   * CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
-   * such as host_users or gVisor, a fleet), ALREADY_EXISTS
+   * CreateSnapshot: not the btrfs snapshotter, a root that is neither
+   * idmapped nor gVisor's such as host_users, a fleet), ALREADY_EXISTS
    * (SANDBOX_EXISTS) when request_id named an earlier fork with other
    * parameters (metadata "fields") or one whose children are not all
    * there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
@@ -7832,7 +7834,8 @@ export interface SandboxServiceClient extends Client {
    * DeleteSnapshot. Memory is not kept. Errors: NOT_FOUND
    * (SANDBOX_NOT_FOUND), FAILED_PRECONDITION (SANDBOX_NOT_RUNNING;
    * SNAPSHOT_UNSUPPORTED when berthd's snapshotter is not btrfs or the
-   * sandbox's root is not an idmapped one, the message naming which).
+   * sandbox's root is neither an idmapped one nor gVisor's, the message
+   * naming which).
    */
   createSnapshot(
     request: CreateSnapshotRequest,
@@ -7909,8 +7912,8 @@ export interface SandboxServiceClient extends Client {
    * INVALID_ARGUMENT (sandbox_id, count outside 1-16, request_id, labels),
    * NOT_FOUND (SANDBOX_NOT_FOUND, also for another principal's),
    * FAILED_PRECONDITION (SANDBOX_NOT_RUNNING; SNAPSHOT_UNSUPPORTED as for
-   * CreateSnapshot: not the btrfs snapshotter, a root that is not idmapped
-   * such as host_users or gVisor, a fleet), ALREADY_EXISTS
+   * CreateSnapshot: not the btrfs snapshotter, a root that is neither
+   * idmapped nor gVisor's such as host_users, a fleet), ALREADY_EXISTS
    * (SANDBOX_EXISTS) when request_id named an earlier fork with other
    * parameters (metadata "fields") or one whose children are not all
    * there, and CreateSandbox's errors for a child (RESOURCE_EXHAUSTED
