@@ -153,6 +153,11 @@ func TestRawFiles(t *testing.T) {
 		{"GET", url + "/v1/sandboxes/sb-2/files/content?path=/a&sandbox_id=sb-1", 400, `"field":"sandbox_id"`},
 		{"PUT", base + "/a&mode=0644", 400, `"field":"mode"`},
 		{"PUT", base + "/a&createParents=maybe", 400, `"field":"createParents"`},
+		// Out of the field's range: named, not left to protojson
+		// (whose error named "query").
+		{"GET", base + "/a&offsetBytes=-5", 400, `"field":"offsetBytes"`},
+		{"GET", base + "/a&limitBytes=18446744073709551616", 400, `"field":"limitBytes"`},
+		{"PUT", base + "/a&mode=4294967296", 400, `"field":"mode"`},
 	} {
 		resp, body, _ := do(t, tc.method, tc.url, strings.NewReader("x"))
 		if resp.StatusCode != tc.code || resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(strings.ReplaceAll(string(body), " ", ""), tc.want) {
