@@ -96,7 +96,7 @@ func queryValue(fd protoreflect.FieldDescriptor, v string) (any, error) {
 // range (-5 for a uint64, 2^32 for a uint32) is an error naming the
 // parameter, not protojson's naming none.
 func integer(v string, parse func() error) (any, error) {
-	if len(strings.TrimPrefix(v, "-")) > 1 && strings.TrimPrefix(v, "-")[0] == '0' {
+	if digits := strings.TrimPrefix(v, "-"); len(digits) > 1 && digits[0] == '0' {
 		return nil, fmt.Errorf("%q has a leading zero: give the number in decimal (420 for 0644)", v)
 	}
 	if err := parse(); err != nil {
