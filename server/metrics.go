@@ -50,6 +50,10 @@ func stateLabel(st berthv1.SandboxState) string {
 		return "running"
 	case berthv1.SandboxState_SANDBOX_STATE_STOPPING:
 		return "stopping"
+	case berthv1.SandboxState_SANDBOX_STATE_PAUSED:
+		return "paused"
+	case berthv1.SandboxState_SANDBOX_STATE_HIBERNATED:
+		return "hibernated"
 	}
 	return "stopped"
 }

@@ -26,6 +26,13 @@ func (s *Service) ImportImage(stream berthv1.ImageService_ImportImageServer) err
 	if header == nil {
 		return apierr.InvalidArgument("header", "the first message must be the header")
 	}
+	// A name CreateSandbox would refuse is refused here, before anything
+	// is stored: an image no sandbox can name is of no use.
+	if name := header.GetName(); name != "" {
+		if err := validate.ImageRef("header.name", name); err != nil {
+			return err
+		}
+	}
 	pr, pw := io.Pipe()
 	var protoErr validate.ProtocolError
 	go func() {

@@ -42,9 +42,8 @@ const (
 // Snapshot is the state the gauges show, read from the service at each
 // scrape.
 type Snapshot struct {
-	// Sandboxes counts sandboxes by state: "starting", "running",
-	// "stopping", "stopped". Warm-pool members are counted under
-	// "pooled", not in the others.
+	// Sandboxes counts sandboxes by state, one of SandboxStates.
+	// Warm-pool members are counted under "pooled", not in the others.
 	Sandboxes map[string]int
 	// WarmPoolReady is the number of ready warm-pool sandboxes by image.
 	WarmPoolReady map[string]int

@@ -7,8 +7,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// SandboxStates are the states berth_sandboxes counts (besides "pooled"),
+// each a SandboxState's name in lower case; a scrape shows every one, 0
+// included.
+var SandboxStates = []string{"starting", "running", "paused", "hibernated", "stopping", "stopped"}
+
 var (
-	sandboxesDesc = prometheus.NewDesc(namespace+"_sandboxes", "Sandboxes by state (starting, running, stopping, stopped; warm-pool members as pooled).", []string{"state"}, nil)
+	sandboxesDesc = prometheus.NewDesc(namespace+"_sandboxes", "Sandboxes by state (starting, running, paused, hibernated, stopping, stopped; warm-pool members as pooled).", []string{"state"}, nil)
 	warmPoolDesc  = prometheus.NewDesc(namespace+"_warm_pool_ready", "Ready warm-pool sandboxes by image.", []string{"image"}, nil)
 	inUseDesc     = prometheus.NewDesc(namespace+"_capacity_in_use", "What is in use of each admission limit: sandboxes, server_execs (execs running), memory_bytes (memory promised), disk_bytes (disk quotas promised), run_output_bytes (output buffers reserved by Runs in progress).", []string{"resource"}, nil)
 	limitDesc     = prometheus.NewDesc(namespace+"_capacity_limit", "Each admission limit; 0 is none.", []string{"resource"}, nil)
@@ -37,7 +42,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		failed = 1
 	}
 	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, failed)
-	for _, state := range []string{"starting", "running", "stopping", "stopped", "pooled"} {
+	for _, state := range append(SandboxStates, "pooled") {
 		if err == nil || snap.Sandboxes != nil {
 			ch <- prometheus.MustNewConstMetric(sandboxesDesc, prometheus.GaugeValue, float64(snap.Sandboxes[state]), state)
 		}

@@ -52,7 +52,7 @@ func (h *Handler) attachExec(w http.ResponseWriter, r *http.Request, conn *inpro
 	})
 }
 
-// listDir serves GET .../files/list?path=DIR[&recursive=true...]:
+// listDir serves GET .../files/list?path=DIR[&maxDepth=N]:
 // ListDir's batches as JSON lines.
 func (h *Handler) listDir(w http.ResponseWriter, r *http.Request, conn *inproc.Conn) error {
 	req := &berthv1.ListDirRequest{}

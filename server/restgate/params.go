@@ -2,6 +2,7 @@ package restgate
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -78,19 +79,42 @@ func queryValue(fd protoreflect.FieldDescriptor, v string) (any, error) {
 			return nil, fmt.Errorf("%q is not true or false", v)
 		}
 		return b, nil
-	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind, protoreflect.Uint32Kind, protoreflect.Fixed32Kind,
-		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		if len(v) > 1 && v[0] == '0' {
-			return nil, fmt.Errorf("%q has a leading zero: give the number in decimal (420 for 0644)", v)
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return integer(v, func() error { _, err := strconv.ParseInt(v, 10, bits(fd)); return err })
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		if strings.HasPrefix(v, "-") {
+			return nil, fmt.Errorf("%q is negative: this field takes 0 or more", v)
 		}
-		if _, err := strconv.ParseInt(strings.TrimPrefix(v, "-"), 10, 64); err != nil {
-			if _, uerr := strconv.ParseUint(v, 10, 64); uerr != nil {
-				return nil, fmt.Errorf("%q is not a decimal integer", v)
-			}
-		}
-		return v, nil // protobuf's JSON mapping takes integers as strings too
+		return integer(v, func() error { _, err := strconv.ParseUint(v, 10, bits(fd)); return err })
 	}
 	return v, nil
+}
+
+// integer checks parameter text v of an integer field with parse (strconv
+// for the field's sign and size), so that a value out of the field's
+// range (-5 for a uint64, 2^32 for a uint32) is an error naming the
+// parameter, not protojson's naming none.
+func integer(v string, parse func() error) (any, error) {
+	if digits := strings.TrimPrefix(v, "-"); len(digits) > 1 && digits[0] == '0' {
+		return nil, fmt.Errorf("%q has a leading zero: give the number in decimal (420 for 0644)", v)
+	}
+	if err := parse(); err != nil {
+		if errors.Is(err, strconv.ErrRange) {
+			return nil, fmt.Errorf("%q is out of range for this field", v)
+		}
+		return nil, fmt.Errorf("%q is not a decimal integer", v)
+	}
+	return v, nil // protobuf's JSON mapping takes integers as strings too
+}
+
+// bits is the size in bits of integer field fd.
+func bits(fd protoreflect.FieldDescriptor) int {
+	switch fd.Kind() {
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind, protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
+		return 32
+	}
+	return 64
 }
 
 // isVarField reports whether field is filled from a path variable.

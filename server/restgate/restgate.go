@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/server/inproc"
 )
@@ -101,11 +102,17 @@ func (h *Handler) call(w http.ResponseWriter, r *http.Request, serve func(http.R
 	}
 }
 
-// callContext is r's context with its Authorization header as the call's.
+// callContext is r's context with its Authorization header as the call's,
+// and its berth-no-resume headers (internal/resume), each value, so that
+// a call on a paused sandbox is refused as over gRPC, and a header given
+// twice is refused there too.
 func callContext(r *http.Request) context.Context {
 	ctx := r.Context()
 	if a := r.Header.Get("Authorization"); a != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", a)
+	}
+	for _, v := range r.Header.Values(resume.Header) {
+		ctx = metadata.AppendToOutgoingContext(ctx, resume.Header, v)
 	}
 	return ctx
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/restgate"
@@ -37,6 +39,7 @@ type write struct {
 	header *berthv1.WriteFileHeader
 	data   []byte
 	auth   string
+	resume []string // the berth-no-resume metadata
 	err    error
 }
 
@@ -56,7 +59,7 @@ func (f *fakeFiles) ReadFile(req *berthv1.ReadFileRequest, s grpc.ServerStreamin
 
 func (f *fakeFiles) WriteFile(s grpc.ClientStreamingServer[berthv1.WriteFileRequest, berthv1.WriteFileResponse]) error {
 	md, _ := metadata.FromIncomingContext(s.Context())
-	w := write{auth: strings.Join(md.Get("authorization"), ",")}
+	w := write{auth: strings.Join(md.Get("authorization"), ","), resume: md.Get(resume.Header)}
 	defer func() { f.writes <- w }()
 	first, err := s.Recv()
 	if err != nil {
@@ -153,10 +156,38 @@ func TestRawFiles(t *testing.T) {
 		{"GET", url + "/v1/sandboxes/sb-2/files/content?path=/a&sandbox_id=sb-1", 400, `"field":"sandbox_id"`},
 		{"PUT", base + "/a&mode=0644", 400, `"field":"mode"`},
 		{"PUT", base + "/a&createParents=maybe", 400, `"field":"createParents"`},
+		// Out of the field's range: named, not left to protojson
+		// (whose error named "query").
+		{"GET", base + "/a&offsetBytes=-5", 400, `"field":"offsetBytes"`},
+		{"GET", base + "/a&limitBytes=18446744073709551616", 400, `"field":"limitBytes"`},
+		{"PUT", base + "/a&mode=4294967296", 400, `"field":"mode"`},
 	} {
 		resp, body, _ := do(t, tc.method, tc.url, strings.NewReader("x"))
 		if resp.StatusCode != tc.code || resp.Header.Get("Content-Type") != "application/json" || !strings.Contains(strings.ReplaceAll(string(body), " ", ""), tc.want) {
 			t.Errorf("%s %s: %s %s; want %d with %s", tc.method, tc.url, resp.Status, body, tc.code, tc.want)
+		}
+	}
+}
+
+// TestNoResumeHeader: the berth-no-resume header reaches the call as its
+// metadata, every value of it (twice is refused there): berthd serves
+// these routes itself, and a GET of a paused sandbox's file with
+// "berth-no-resume: true" resumed it.
+func TestNoResumeHeader(t *testing.T) {
+	f, url := serve(t)
+	for _, values := range [][]string{{"true"}, {"true", "true"}, nil} {
+		req, _ := http.NewRequest("PUT", url+"/v1/sandboxes/sb-1/files/content?path=/b", strings.NewReader("x"))
+		for _, v := range values {
+			req.Header.Add(resume.Header, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		<-f.started
+		if w := <-f.writes; !slices.Equal(w.resume, values) {
+			t.Errorf("header %s: %q, WriteFile's metadata held %q", resume.Header, values, w.resume)
 		}
 	}
 }

@@ -128,14 +128,16 @@ func (s *Service) sandboxSpec(req *berthv1.CreateSandboxRequest, owner string) (
 	default:
 		spec.ID = sandboxid.New("sb-", 10)
 	}
-	if err := validate.ImageRef("image", spec.Image); err != nil {
-		return spec, err
-	}
+	// from_snapshot first: a malformed one fills no image, which would
+	// otherwise be refused as empty, naming the wrong field.
 	if snapID := req.GetFromSnapshot(); snapID != "" {
 		if !runtime.ValidSnapshotID(snapID) {
 			return spec, apierr.InvalidArgument("from_snapshot", fmt.Sprintf("%s is not a snapshot id (snap- and 20 lowercase hex digits)", textsafe.Quote(snapID)))
 		}
 		spec.FromSnapshot = snapID
+	}
+	if err := validate.ImageRef("image", spec.Image); err != nil {
+		return spec, err
 	}
 	vols, verr := volumeMounts(req.GetVolumes())
 	if verr != nil {

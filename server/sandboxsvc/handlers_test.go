@@ -737,8 +737,9 @@ func TestKeepAlive(t *testing.T) {
 	}
 }
 
-// TestCreateSandboxFromSnapshotChecks: from_snapshot must be a snapshot id,
-// the caller's, and image (when set) the snapshot's.
+// TestCreateSandboxFromSnapshotChecks: from_snapshot must be a snapshot id
+// (refused naming from_snapshot, also without an image: it once said
+// "image: is empty"), the caller's, and image (when set) the snapshot's.
 func TestCreateSandboxFromSnapshotChecks(t *testing.T) {
 	s, _ := newHandlers(t)
 	for _, c := range []struct {
@@ -747,15 +748,17 @@ func TestCreateSandboxFromSnapshotChecks(t *testing.T) {
 		req    *berthv1.CreateSandboxRequest
 		code   codes.Code
 		reason string
+		field  string
 	}{
-		{"not an id", alice, &berthv1.CreateSandboxRequest{FromSnapshot: "nope"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument},
-		{"another principal's", bob, &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID}, codes.NotFound, rpcstatus.ReasonSnapshotNotFound},
-		{"missing", alice, &berthv1.CreateSandboxRequest{FromSnapshot: "snap-ffffffffffffffffffff"}, codes.NotFound, rpcstatus.ReasonSnapshotNotFound},
-		{"another image", alice, &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID, Image: "berth.dev/other:v2"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument},
+		{"not an id", alice, &berthv1.CreateSandboxRequest{FromSnapshot: "nope"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "from_snapshot"},
+		{"a path", alice, &berthv1.CreateSandboxRequest{FromSnapshot: "../x", Image: "berth.dev/base:latest"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "from_snapshot"},
+		{"another principal's", bob, &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID}, codes.NotFound, rpcstatus.ReasonSnapshotNotFound, ""},
+		{"missing", alice, &berthv1.CreateSandboxRequest{FromSnapshot: "snap-ffffffffffffffffffff"}, codes.NotFound, rpcstatus.ReasonSnapshotNotFound, ""},
+		{"another image", alice, &berthv1.CreateSandboxRequest{FromSnapshot: testSnapshotID, Image: "berth.dev/other:v2"}, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "image"},
 	} {
 		_, err := s.CreateSandbox(as(c.who), c.req)
-		if got := answerOf(err); got.code != c.code || got.reason != c.reason {
-			t.Errorf("%s: %+v (%v), want %v %s", c.name, got, err, c.code, c.reason)
+		if got := answerOf(err); got.code != c.code || got.reason != c.reason || got.meta["field"] != c.field {
+			t.Errorf("%s: %+v (%v), want %v %s naming %q", c.name, got, err, c.code, c.reason, c.field)
 		}
 	}
 }
