@@ -22,20 +22,7 @@ func shimOf(t *testing.T, ns, id string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	c, err := cc.LoadContainer(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		t.Fatalf("task of %s: %v", id, err)
-	}
-	stat, err := procfs.Stat(task.Pid())
+	stat, err := procfs.Stat(sandboxTask(ctx, t, ns, id).Pid())
 	if err != nil {
 		t.Fatalf("task of %s: %v", id, err)
 	}
@@ -44,6 +31,26 @@ func shimOf(t *testing.T, ns, id string) int {
 		t.Fatalf("task of %s: ppid %q: %v", id, stat[4], err)
 	}
 	return ppid
+}
+
+// sandboxTask returns sandbox id's task in containerd namespace ns, through
+// a containerd client closed at t's cleanup.
+func sandboxTask(ctx context.Context, t *testing.T, ns, id string) containerd.Task {
+	t.Helper()
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	c, err := cc.LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatalf("container of %s: %v", id, err)
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		t.Fatalf("task of %s: %v", id, err)
+	}
+	return task
 }
 
 // TestForkSharesParentShim: a fork's children are served by the parent's
