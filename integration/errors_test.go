@@ -113,19 +113,7 @@ func killTask(t *testing.T, id string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.namespace))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	c, err := cc.LoadContainer(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	task := sandboxTask(ctx, t, env.namespace, id)
 	if err := task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil {
 		t.Fatalf("kill task %s: %v", id, err)
 	}

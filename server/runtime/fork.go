@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
 
 	"github.com/berth-sandbox/berth/internal/procfs"
@@ -59,6 +60,31 @@ const (
 	labelForkRequest = LabelPrefix + "fork.request" // the caller's request_id
 	labelForkCount   = LabelPrefix + "fork.count"   // children of the call
 )
+
+// shimGroupAnnotation is the OCI annotation by which containerd's runc v2
+// shim (containerd 1.6: runtime/v2/runc/manager, Start) groups containers
+// into one shim process: its `start` command listens on, or connects to,
+// the socket derived from the annotation's value instead of the
+// container's id, so a container whose group's shim runs starts no shim.
+const shimGroupAnnotation = "io.containerd.runc.v2.group"
+
+// withShimGroup puts a fork's child into its parent's shim process: a
+// sandbox's shim listens on the socket derived from its own id (no
+// annotation), so the group named by the parent's id is the parent's
+// shim while it runs — the `start` of each child connects to it and
+// returns instead of starting another (a shim that is gone, e.g. the
+// parent's deleted while none of its children ran, is started anew by
+// the first child under that name). That shim then serves, and outlives,
+// every sandbox of the group until the last one's task is deleted (its
+// Shutdown waits for none left): one shim crash ends the tasks of the
+// parent and all its children alive (docs/state.md#fork). Each sandbox
+// keeps its own cgroup, OOM events and runc state. A child's own forks
+// group under the child's id. The children of a gVisor sandbox are not
+// grouped (Create adds this only under runc): runsc's shim keeps one
+// sandbox per process.
+func withShimGroup(spec SandboxSpec) oci.SpecOpts {
+	return oci.WithAnnotations(map[string]string{shimGroupAnnotation: spec.Fork.Parent})
+}
 
 // ForkSnapshot takes the crash-consistent copy of sandbox id's root file
 // system that ForkSandbox's children start from (a read-only btrfs

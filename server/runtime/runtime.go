@@ -618,6 +618,9 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if len(spec.Volumes) > 0 {
 		specOpts = append(specOpts, r.withVolumes(spec))
 	}
+	if spec.Fork.Parent != "" && spec.runtime() != RuntimeGVisor {
+		specOpts = append(specOpts, withShimGroup(spec))
+	}
 	// One containerd read, no file of berthd's own (the cgroups were
 	// probed at start): its failure is containerd's, classified by end.
 	pinStep, cancelPin := c.step()
