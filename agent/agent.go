@@ -273,10 +273,10 @@ type Server struct {
 	// stopping is closed when Serve stops; running execs then terminate
 	// their process groups.
 	stopping chan struct{}
-	// quiesces carries a Quiesce's expected wake proof to the serving
-	// loop (quiesce.go); relistens is set while the loop can make its
-	// listener again (ListenAndServe, not Serve).
-	quiesces  chan []byte
+	// quiesces carries a Quiesce's proofs to the serving loop
+	// (quiesce.go); relistens is set while the loop can make its listener
+	// again (ListenAndServe, not Serve).
+	quiesces  chan quiesceProofs
 	relistens atomic.Bool
 
 	starting  sync.Mutex     // held by a start (launch) from its pipes to its fork
@@ -315,7 +315,7 @@ func New(cfg Config) (*Server, error) {
 		sessions: make(map[string]*session),
 		watches:  make(map[string]*fileWatch),
 		stopping: make(chan struct{}),
-		quiesces: make(chan []byte, 1),
+		quiesces: make(chan quiesceProofs, 1),
 	}
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
 		s.log.Warn("working directory unavailable, using /", "workdir", cfg.WorkDir, "err", err)
@@ -436,20 +436,20 @@ func (s *Server) serve(ctx context.Context, l net.Listener, relisten func() (net
 		gs := s.grpcServer(fileSvc)
 		served := make(chan error, 1)
 		go func() { served <- gs.Serve(l) }()
-		var wake []byte // the wake proof of a Quiesce
+		var proofs quiesceProofs // a Quiesce's
 		select {
 		case <-ctx.Done():
 		case serveErr = <-served:
-		case wake = <-s.quiesces:
+		case proofs = <-s.quiesces:
 		}
-		quiet := wake != nil
+		quiet := proofs.wake != nil
 		if quiet {
 			// Stop closes the listener (removing its socket file) and
 			// every connection, and cuts the streams on them; the execs
 			// run on, their output kept for a re-attach.
 			gs.Stop()
 			<-served
-			if l, serveErr = s.quiet(ctx, wake, l.Addr().String(), relisten); serveErr == nil && l != nil {
+			if l, serveErr = s.quiet(ctx, proofs, l.Addr().String(), relisten); serveErr == nil && l != nil {
 				continue
 			}
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -59,30 +58,35 @@ func (s *Server) Quiesce(_ context.Context, req *agentv1.QuiesceRequest) (*agent
 		return nil, status.Error(codes.FailedPrecondition, "this agent serves a listener it cannot make again (Serve, not ListenAndServe): it cannot quiesce")
 	}
 	select {
-	case s.quiesces <- agentproof.ProveWake(s.cfg.Secret, token):
+	case s.quiesces <- quiesceProofs{wake: agentproof.ProveWake(s.cfg.Secret, token), quiet: agentproof.ProveQuiet(s.cfg.Secret, token)}:
 	default:
 		return nil, status.Error(codes.FailedPrecondition, "the agent is quiescing already")
 	}
 	return &agentv1.QuiesceResponse{}, nil
 }
 
+// quiesceProofs are what a Quiesce's token proves: wake, what berthd's
+// quiesce.Wake must hold; quiet, what the agent writes into quiesce.Mark.
+type quiesceProofs struct{ wake, quiet []byte }
+
 // quiet holds the agent with no socket open to the host — its listener
 // at addr and its connections are closed already — until a quiesce.Wake
-// file beside addr holds wake (berthd restored the sandbox's memory) or
-// ctx ends; a Wake holding anything else is removed and ignored. It first
-// creates quiesce.Mark beside addr, telling berthd that the sandbox may be
-// checkpointed, and removes it before it listens again. It returns the new
-// listener (nil when ctx ended) or why none could be made.
-func (s *Server) quiet(ctx context.Context, wake []byte, addr string, relisten func() (net.Listener, error)) (net.Listener, error) {
+// file beside addr holds proofs.wake (berthd restored the sandbox's
+// memory) or ctx ends; a Wake holding anything else is removed and
+// ignored. It first writes proofs.quiet into quiesce.Mark beside addr
+// (aside, then renamed: berthd never reads half of it), telling berthd
+// that the sandbox may be checkpointed, and removes it before it listens
+// again. It returns the new listener (nil when ctx ended) or why none
+// could be made.
+func (s *Server) quiet(ctx context.Context, proofs quiesceProofs, addr string, relisten func() (net.Listener, error)) (net.Listener, error) {
 	dir := filepath.Dir(addr)
 	mark, wakeFile := filepath.Join(dir, quiesce.Mark), filepath.Join(dir, quiesce.Wake)
+	wake := proofs.wake
 	// A Wake left from before proves nothing now (the token is new).
 	os.Remove(wakeFile)
-	if f, err := os.OpenFile(mark, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600); err != nil {
+	if err := writeMark(mark, proofs.quiet); err != nil {
 		// berthd waits for the mark in vain and keeps no memory.
 		s.log.Error("quiesced, but the mark for berthd cannot be made", "path", mark, "err", err)
-	} else {
-		f.Close()
 	}
 	s.log.Info("berth-agent quiesced for a checkpoint: listener and connections closed", "mark", mark)
 	tick := time.NewTicker(quiesce.WakePoll)
@@ -94,7 +98,7 @@ func (s *Server) quiet(ctx context.Context, wake []byte, addr string, relisten f
 			return nil, nil
 		case <-tick.C:
 		}
-		proof, err := readWake(wakeFile)
+		proof, err := quiesce.ReadProof(wakeFile)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			continue
@@ -118,20 +122,25 @@ func (s *Server) quiet(ctx context.Context, wake []byte, addr string, relisten f
 	return l, nil
 }
 
-// maxWakeBytes bounds what readWake reads: a proof is 32 bytes.
-const maxWakeBytes = 64
-
-// readWake returns the content of the wake file at path, at most
-// maxWakeBytes, without following a symlink there (the workload can
-// write the directory).
-func readWake(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+// writeMark writes proof into the quiesce mark at path: into a file
+// beside it made anew (O_EXCL, never following a symlink the workload put
+// there), then renamed over path.
+func writeMark(path string, proof []byte) error {
+	tmp := path + ".agent"
+	os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("not a regular file (%v)", err)
+	_, err = f.Write(proof)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	return io.ReadAll(io.LimitReader(f, maxWakeBytes))
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
 }

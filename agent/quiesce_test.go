@@ -52,7 +52,8 @@ func writeWake(t *testing.T, dir string, proof []byte) {
 // nothing; a Quiesce without the proof of the secret is PERMISSION_DENIED
 // (one with a token of another size INVALID_ARGUMENT) and changes nothing;
 // berthd's Quiesce makes the agent close its listener (the socket file
-// goes) and its connections (a call fails), then create quiesce.Mark; a
+// goes) and its connections (a call fails), then write quiesce.Mark
+// holding its proof of being quiet (agentproof.ProveQuiet); a
 // quiesce.Wake that proves nothing is removed and the agent stays quiet;
 // berthd's wake proof makes it remove the mark and serve again on the
 // same path, with the same boot id and the exec that ran on meanwhile.
@@ -104,6 +105,10 @@ func TestQuiesce(t *testing.T) {
 	}
 	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
 		t.Fatalf("quiesce mark %s never appeared\nagent log:\n%s", mark, a.stderr)
+	}
+	// The mark is the agent's word, proved: berthd believes no other.
+	if got, err := quiesce.ReadProof(mark); err != nil || agentproof.VerifyAsk(agentproof.ProveQuiet(secret, token), got) != nil {
+		t.Errorf("quiesce mark holds %x (%v), want ProveQuiet of the secret and token", got, err)
 	}
 	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
 		t.Errorf("the socket while quiet: %v, want it removed", err)

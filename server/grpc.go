@@ -25,6 +25,7 @@ import (
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/cluster"
 	"github.com/berth-sandbox/berth/server/connlimit"
+	"github.com/berth-sandbox/berth/server/rawcap"
 	"github.com/berth-sandbox/berth/server/status"
 )
 
@@ -42,7 +43,9 @@ type grpcConfig struct {
 // TransportConfig bounds what a caller can make berthd hold on its HTTP/2
 // transport before it is authenticated (issue 21: one caller's 8 MB
 // metadata values took berthd to 1.37 GB; half-open connections were held
-// forever). Zero fields take the defaults named.
+// forever), and on the HTTP streams berthd serves itself after (a client
+// that never read a raw download held its call and ~5 MiB forever). Zero
+// fields take the defaults named.
 type TransportConfig struct {
 	// MaxHeaderListBytes is the largest header list (metadata, uncompressed,
 	// as HTTP/2 counts it: name + value + 32 a field) of a request.
@@ -66,6 +69,20 @@ type TransportConfig struct {
 	// request's headers and no more. gRPC clients reconnect when they next
 	// call. Default 2 min.
 	MaxConnectionIdle time.Duration
+	// MaxRawStreamsPerPrincipal is the most raw HTTP file streams (GET and
+	// PUT of .../files/content and .../files/archive, server/restgate)
+	// one principal has open at once; one more is refused with
+	// RESOURCE_EXHAUSTED FLEET_BUSY, resource
+	// CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS (server/rawcap). Default 16.
+	MaxRawStreamsPerPrincipal int
+	// StreamStall is the longest an HTTP stream berthd serves itself
+	// (server/restgate's raw bodies and JSON lines, server/wsgate's
+	// WebSockets) waits on its client: for a response write to be taken
+	// (restgate writes at most 32 KiB at a time, so a client is cut only
+	// when it reads less than that in StreamStall) or for the next bytes
+	// of a request body. Past it the call ends and the connection is
+	// closed. Default 1 min.
+	StreamStall time.Duration
 }
 
 // Default TransportConfig values.
@@ -74,6 +91,8 @@ const (
 	DefaultMaxConcurrentStreams = 1024
 	DefaultHandshakeTimeout     = 10 * time.Second
 	DefaultMaxConnectionIdle    = 2 * time.Minute
+	DefaultMaxRawStreams        = 16
+	DefaultStreamStall          = time.Minute
 )
 
 func (c TransportConfig) withDefaults() TransportConfig {
@@ -88,6 +107,12 @@ func (c TransportConfig) withDefaults() TransportConfig {
 	}
 	if c.MaxConnectionIdle == 0 {
 		c.MaxConnectionIdle = DefaultMaxConnectionIdle
+	}
+	if c.MaxRawStreamsPerPrincipal == 0 {
+		c.MaxRawStreamsPerPrincipal = DefaultMaxRawStreams
+	}
+	if c.StreamStall == 0 {
+		c.StreamStall = DefaultStreamStall
 	}
 	return c
 }
@@ -194,6 +219,11 @@ func newGRPCServer(svc *Service, log *slog.Logger, opts []GRPCOption) *grpc.Serv
 	stream := []grpc.StreamServerInterceptor{logging.StreamServerInterceptor(logger, logOpts...), recovery.StreamServerInterceptor(recoverOpts...)}
 	stream = append(stream, cfg.auth.StreamInterceptors()...)
 	stream = append(stream, logPrincipalStream)
+	retryDelay := time.Second // the gateway's, as its router's default
+	if svc != nil {
+		retryDelay = svc.cfg.BusyRetryDelay
+	}
+	stream = append(stream, rawcap.New(cfg.transport.withDefaults().MaxRawStreamsPerPrincipal, retryDelay).StreamInterceptor(boundary.Status))
 	if cfg.router != nil {
 		stream = append(stream, cfg.router.StreamInterceptor(), cfg.router.ImageStreamInterceptor())
 	}

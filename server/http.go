@@ -142,7 +142,7 @@ func NewHTTPHandler(srv *grpc.Server, cfg ServeConfig) (http.Handler, error) {
 		cfg.WebSocket.Log = cfg.Log
 	}
 	ws := wsgate.New(srv, cfg.WebSocket)
-	rest := restgate.New(srv, cfg.Log)
+	rest := restgate.New(srv, cfg.Log, cfg.Transport.withDefaults().StreamStall)
 	var con http.Handler
 	if cfg.Console {
 		con = console.Handler()

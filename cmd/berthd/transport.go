@@ -51,6 +51,8 @@ func (f *transportFlags) register() {
 	flag.UintVar(&f.streams, "max-concurrent-streams", server.DefaultMaxConcurrentStreams, "most calls one connection has open at once; a gRPC client queues calls past it")
 	flag.DurationVar(&f.cfg.HandshakeTimeout, "handshake-timeout", server.DefaultHandshakeTimeout, "longest a new connection may take for its TLS handshake and HTTP/2 preface")
 	flag.DurationVar(&f.cfg.MaxConnectionIdle, "max-connection-idle", server.DefaultMaxConnectionIdle, "a connection with no call open this long (one that sent half a request too) gets a GOAWAY and is closed 5 s later; clients reconnect when they next call")
+	flag.IntVar(&f.cfg.MaxRawStreamsPerPrincipal, "max-raw-streams-per-principal", server.DefaultMaxRawStreams, "most raw HTTP file streams (GET and PUT of /v1/sandboxes/{id}/files/content and /files/archive) one principal has open at once; one more is refused with RESOURCE_EXHAUSTED FLEET_BUSY (PRINCIPAL_RAW_STREAMS)")
+	flag.DurationVar(&f.cfg.StreamStall, "http-stream-stall", server.DefaultStreamStall, "longest an HTTP stream berthd serves itself (raw file bodies, JSON lines, WebSockets) waits on its client to take the next 32 KiB of its answer or to send the next bytes of its body; past it the call ends and the connection is closed")
 	flag.IntVar(&f.maxConns, "max-connections", defaultMaxConnections, "most connections open at once over all --listen addresses; past it new connections wait in the kernel's backlog; 0: no cap")
 	flag.Uint64Var(&f.memory.Above, "memory-release-above-bytes", memrelease.DefaultAbove, "resident memory (RSS) in `bytes` above which berthd returns its free memory to the kernel within seconds of a spike's end (connections and calls ending); 0: leave it to the Go runtime, which can keep a spike's memory for minutes")
 	flag.BoolVar(&f.console, "console", false, "serve the web console at /console/ on every listener (docs/console.md); it logs in with a bearer token")
@@ -69,7 +71,7 @@ func (f *transportFlags) check() error {
 	if f.streams == 0 || f.streams > 1<<20 {
 		return fmt.Errorf("--max-concurrent-streams %d: must be from 1 to 1048576", f.streams)
 	}
-	for name, d := range map[string]time.Duration{"--handshake-timeout": f.cfg.HandshakeTimeout, "--max-connection-idle": f.cfg.MaxConnectionIdle} {
+	for name, d := range map[string]time.Duration{"--handshake-timeout": f.cfg.HandshakeTimeout, "--max-connection-idle": f.cfg.MaxConnectionIdle, "--http-stream-stall": f.cfg.StreamStall} {
 		if d <= 0 {
 			return fmt.Errorf("%s %v: must be positive", name, d)
 		}
@@ -78,6 +80,9 @@ func (f *transportFlags) check() error {
 		if n < 0 {
 			return fmt.Errorf("%s %d: must be 0 (no cap) or more", name, n)
 		}
+	}
+	if f.cfg.MaxRawStreamsPerPrincipal < 1 {
+		return fmt.Errorf("--max-raw-streams-per-principal %d: must be 1 or more", f.cfg.MaxRawStreamsPerPrincipal)
 	}
 	f.cfg.MaxHeaderListBytes, f.cfg.MaxConcurrentStreams = uint32(f.headerBytes), uint32(f.streams)
 	return nil
@@ -157,7 +162,7 @@ type serveConfig struct {
 // transport's bounds, on every listener.
 func (f *transportFlags) serveConfig(authn *auth.Authenticator, log *slog.Logger) serveConfig {
 	return serveConfig{cfg: server.ServeConfig{HTTP: true, Transport: f.cfg, Log: log, Console: f.console,
-		WebSocket: wsgate.Config{AllowedOrigins: f.origins, HelloTimeout: f.cfg.HandshakeTimeout, Log: log}}, tls: authn.HTTPTLSConfig()}
+		WebSocket: wsgate.Config{AllowedOrigins: f.origins, HelloTimeout: f.cfg.HandshakeTimeout, WriteStall: f.cfg.StreamStall, Log: log}}, tls: authn.HTTPTLSConfig()}
 }
 
 // forListen is the server.ServeConfig of the listener on addr.

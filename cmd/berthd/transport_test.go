@@ -10,7 +10,7 @@ import (
 func TestTransportFlagsCheck(t *testing.T) {
 	ok := func() transportFlags {
 		return transportFlags{headerBytes: 16 << 10, streams: 1024, maxConns: 2048, maxPerPeer: 256,
-			cfg: server.TransportConfig{HandshakeTimeout: 10 * time.Second, MaxConnectionIdle: 2 * time.Minute}}
+			cfg: server.TransportConfig{HandshakeTimeout: 10 * time.Second, MaxConnectionIdle: 2 * time.Minute, StreamStall: time.Minute, MaxRawStreamsPerPrincipal: 16}}
 	}
 	for _, c := range []struct {
 		name   string
@@ -26,6 +26,8 @@ func TestTransportFlagsCheck(t *testing.T) {
 		{"negative idle", func(f *transportFlags) { f.cfg.MaxConnectionIdle = -time.Second }, false},
 		{"negative connections", func(f *transportFlags) { f.maxConns = -1 }, false},
 		{"negative per peer", func(f *transportFlags) { f.maxPerPeer = -1 }, false},
+		{"zero stream stall", func(f *transportFlags) { f.cfg.StreamStall = 0 }, false},
+		{"no raw streams", func(f *transportFlags) { f.cfg.MaxRawStreamsPerPrincipal = 0 }, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := ok()

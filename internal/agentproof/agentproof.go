@@ -106,6 +106,7 @@ const (
 	// proof is of.
 	quiesceDomain = "berth-agent quiesce v1\x00"
 	wakeDomain    = "berth-agent wake v1\x00"
+	quietDomain   = "berth-agent quiet v1\x00"
 )
 
 // NewWakeToken returns a new random wake token of TokenBytes.
@@ -120,9 +121,15 @@ func ProveQuiesce(secret, token []byte) []byte { return proveAsk(secret, quiesce
 // with token, was restored and may listen again; nil as for ProveQuiesce.
 func ProveWake(secret, token []byte) []byte { return proveAsk(secret, wakeDomain, token) }
 
+// ProveQuiet returns the agent's proof, written into its quiesce mark,
+// that it quiesced for berthd's ask with wake token token: a mark without
+// it (made by the workload, which can write the run directory) is not
+// the agent's word; nil as for ProveQuiesce.
+func ProveQuiet(secret, token []byte) []byte { return proveAsk(secret, quietDomain, token) }
+
 // VerifyAsk checks proof against want (ProveQuiesce or ProveWake of the
-// agent's own secret and token) in constant time: ErrMismatch when they
-// differ or want is nil.
+// agent's own secret and token; ProveQuiet of the sandbox's, in berthd)
+// in constant time: ErrMismatch when they differ or want is nil.
 func VerifyAsk(want, proof []byte) error {
 	if want == nil || !hmac.Equal(want, proof) {
 		return ErrMismatch

@@ -44,6 +44,7 @@ func TestAskProofs(t *testing.T) {
 	}
 	forged := map[string][]byte{
 		"the wake proof for a quiesce":   wake,
+		"the quiet proof for a quiesce":  ProveQuiet(secret, token),
 		"another secret's":               ProveQuiesce(other, token),
 		"another token's":                ProveQuiesce(secret, NewWakeToken()),
 		"Info of the token":              Prove(secret, token),
@@ -54,6 +55,9 @@ func TestAskProofs(t *testing.T) {
 		if err := VerifyAsk(quiesce, proof); err != ErrMismatch {
 			t.Errorf("%s: VerifyAsk = %v, want ErrMismatch", name, err)
 		}
+	}
+	if q := ProveQuiet(secret, token); q == nil || VerifyAsk(q, wake) != ErrMismatch || VerifyAsk(q, ProveQuiet(secret, token)) != nil {
+		t.Errorf("ProveQuiet = %x: want a proof of its own, not the wake proof's", q)
 	}
 	if p := ProveQuiesce(nil, token); p != nil {
 		t.Errorf("ProveQuiesce without a secret = %x, want nil", p)

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -339,6 +340,23 @@ func Stopped(pid uint32) bool {
 	}
 	state, ok := stateOf("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
 	return ok && (state == 'T' || state == 't')
+}
+
+// Exited reports whether host process pid has exited: /proc/<pid>/stat
+// does not exist (ENOENT, ESRCH), or its state is Z (a zombie not yet
+// reaped) or X (dead), proc(5). Any other failure to read it (EMFILE) is
+// not taken for an exit.
+func Exited(pid uint32) bool {
+	if pid == 0 {
+		return false
+	}
+	path := "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat"
+	state, ok := stateOf(path)
+	if !ok {
+		_, err := os.Stat(path)
+		return errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ESRCH)
+	}
+	return state == 'Z' || state == 'X'
 }
 
 // ProcessID returns host process pid as "<pid>:<start time>" (the start

@@ -261,6 +261,8 @@ func (e *FleetBusy) Error() string {
 		what = fmt.Sprintf("principal %q's sandboxes are promised %d bytes of memory; %d more would exceed its cap of %d bytes", e.Principal, e.InUse, e.Requested, e.Limit)
 	case berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK:
 		what = fmt.Sprintf("principal %q's sandboxes are promised %d bytes of disk; %d more would exceed its cap of %d bytes", e.Principal, e.InUse, e.Requested, e.Limit)
+	case berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS:
+		what = fmt.Sprintf("principal %q has %d of at most %d raw HTTP file streams open (--max-raw-streams-per-principal)", e.Principal, e.InUse, e.Limit)
 	}
 	if d := e.Delay(); d > 0 {
 		return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, retry after %v", e.SandboxID, what, d)

@@ -96,24 +96,11 @@ func (s *Service) exec(stream berthv1.SandboxService_ExecServer, nested bool) er
 		return err
 	}
 	telemetry.Annotate(ctx, sandboxID, execID)
-	guard, err := s.guardExec(ctx, sandboxID, execID, isStart)
+	guard, upstream, err := s.openAgentExec(ctx, sandboxID, execID, isStart, opening)
 	if err != nil {
 		return apierr.WithMeta(err, meta)
 	}
 	defer guard.close()
-
-	// agentCtx ends the agent stream when the caller breaks the protocol,
-	// and when the sandbox's runtime dies (the guard); the caller going away
-	// ends it through ctx.
-	agentCtx := guard.streamContext(ctx)
-	upstream, err := guard.agent.Exec(agentCtx, wire.CallOption())
-	if err != nil {
-		return apierr.WithMeta(guard.failed(ctx, err), meta)
-	}
-	if err := upstream.Send(opening); err != nil && !errors.Is(err, io.EOF) {
-		return apierr.WithMeta(guard.failed(ctx, err), meta)
-	}
-	guard.opened()
 	var protoErr validate.ProtocolError
 	// The forwarder ends when the caller closes its side or the stream's
 	// context ends, which returning from this handler does.

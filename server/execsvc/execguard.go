@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/procfs"
+	"github.com/berth-sandbox/berth/internal/wire"
 	"github.com/berth-sandbox/berth/server/admit"
 	"github.com/berth-sandbox/berth/server/agentreach"
 	"github.com/berth-sandbox/berth/server/apierr"
@@ -518,5 +520,85 @@ func followToExit(ctx context.Context, agent agentv1.AgentServiceClient, execID 
 func (s *Service) recordRunning(sandboxID, execID, bootID string) {
 	if _, err := s.ids.RecordExec(sandboxID, execID, bootID); err != nil {
 		s.log.Error("journal an exec that runs", slog.String("sandbox_id", sandboxID), slog.String("exec_id", execID), slog.Any("error", err))
+	}
+}
+
+// openAgentExec reaches the sandbox's agent (guardExec), opens its exec
+// stream and sends opening; the guard's stream context ends the stream
+// (streamContext). The caller closes the guard.
+//
+// A sandbox whose task berthd is restarting (its agent killed, an OOM of
+// PID 1) is waited for: when containerd reports its task stopped, the
+// stream cannot be opened, or the task is seen gone before opening is
+// sent, because the task exited and berthd is starting a new one, nothing
+// was sent, and the request is sent again to the new agent once it
+// answers, until ctx ends. Then, or when berthd does not restart the
+// task, the error is the one the old runtime gave: ABORTED
+// RUNTIME_REPLACED or UNAVAILABLE SANDBOX_UNREACHABLE (TASK_STOPPED), with
+// admitted NOT_STARTED (a retry is safe). A stream that breaks after
+// opening was sent is not retried: the old agent may have started the
+// exec (ADMITTED_UNKNOWN).
+func (s *Service) openAgentExec(ctx context.Context, sandboxID, execID string, start bool, opening *agentv1.ExecRequest) (*execGuard, agentv1.AgentService_ExecClient, error) {
+	for {
+		guard, err := s.guardExec(ctx, sandboxID, execID, start)
+		var unreachable *apierr.Unreachable
+		if errors.As(err, &unreachable) && unreachable.Admitted == berthv1.Admitted_ADMITTED_NOT_STARTED &&
+			(unreachable.Cause == berthv1.UnreachableCause_UNREACHABLE_CAUSE_TASK_STOPPED || unreachable.Cause == berthv1.UnreachableCause_UNREACHABLE_CAUSE_SOCKET_MISSING) &&
+			s.awaitRestart(ctx, sandboxID, unreachable.Runtime.BootID) {
+			continue
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		upstream, err := guard.agent.Exec(guard.streamContext(ctx), wire.CallOption())
+		if err == nil && procfs.Exited(guard.runtime.TaskPID) {
+			err = errTaskGone
+		}
+		if err == nil {
+			if err = upstream.Send(opening); err == nil || errors.Is(err, io.EOF) {
+				guard.opened()
+				return guard, upstream, nil
+			}
+		}
+		err = guard.failed(ctx, err)
+		old := guard.runtime.BootID
+		guard.close()
+		var replaced *apierr.RuntimeReplaced
+		if !errors.As(err, &replaced) || replaced.Admitted != berthv1.Admitted_ADMITTED_NOT_STARTED ||
+			replaced.Cause != berthv1.ReplacedCause_REPLACED_CAUSE_TASK_EXITED || !(replaced.Restarting || replaced.After.BootID != "") {
+			return nil, nil, err
+		}
+		if !s.awaitRestart(ctx, sandboxID, old) {
+			return nil, nil, err // ctx ended first, or no restart came
+		}
+	}
+}
+
+// errTaskGone fails an exec stream opened to a runtime whose task has
+// exited already: its opening is not sent.
+var errTaskGone = errors.New("the sandbox's task exited before the request was sent")
+
+// awaitRestart waits for a runtime of the sandbox other than the one with
+// boot id old, which berthd is restarting (or about to: containerd's exit
+// event may reach berthd's decision up to replacedGrace after the task
+// is seen stopped), until ctx ends. It reports whether one came; false at
+// once when old is unknown.
+func (s *Service) awaitRestart(ctx context.Context, sandboxID, old string) bool {
+	if old == "" {
+		return false
+	}
+	grace := time.NewTimer(replacedGrace)
+	defer grace.Stop()
+	for {
+		if next, _ := s.ids.AwaitReplacement(ctx, sandboxID, old); next.BootID != "" {
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-grace.C:
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
 }

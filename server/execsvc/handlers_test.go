@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -50,7 +51,10 @@ const (
 	callTimeout = 20 * time.Second
 )
 
-var testRuntime = apierr.Runtime{BootID: testBoot, TaskPID: 4242, AgentVersion: "agent-test"}
+// testRuntime's task is the test process itself: openAgentExec reads the
+// task's /proc entry before it sends a start (procfs.Exited), and a pid of
+// no process is a task that exited.
+var testRuntime = apierr.Runtime{BootID: testBoot, TaskPID: uint32(os.Getpid()), AgentVersion: "agent-test"}
 
 // fakeAgent is a sandbox's agent: each RPC runs the function the test set,
 // and counts its calls.

@@ -2,9 +2,7 @@ package execsvc
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 
 	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
@@ -77,20 +75,12 @@ func (s *Service) Run(ctx context.Context, req *berthv1.RunRequest) (*berthv1.Ru
 	// the response was sent from it.
 	out.HoldIn(lease)
 	defer out.Release()
-	guard, err := s.guardExec(ctx, sandboxID, execID, true)
+	start := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: spec}}}
+	guard, upstream, err := s.openAgentExec(ctx, sandboxID, execID, true, start)
 	if err != nil {
 		return nil, apierr.WithMeta(err, meta)
 	}
 	defer guard.close()
-	upstream, err := guard.agent.Exec(guard.streamContext(ctx), wire.CallOption())
-	if err != nil {
-		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
-	}
-	start := &agentv1.ExecRequest{Event: &agentv1.ExecRequest_Start{Start: &agentv1.ExecStart{ExecId: execID, Process: spec}}}
-	if err := upstream.Send(start); err != nil && !errors.Is(err, io.EOF) {
-		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
-	}
-	guard.opened()
 	if err := upstream.CloseSend(); err != nil {
 		return nil, apierr.WithMeta(guard.failed(ctx, err), meta)
 	}

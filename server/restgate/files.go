@@ -108,8 +108,11 @@ func (h *Handler) download(w http.ResponseWriter, r *http.Request, conn *inproc.
 
 // copyOut writes the chunks next returns to w until it returns io.EOF (or
 // last); any other error is logged and cuts the connection
-// (http.ErrAbortHandler), as the status line went out already.
+// (http.ErrAbortHandler), as the status line went out already. A client
+// that stops reading for the handler's stall fails the write: the call
+// ends, and so does the connection.
 func (h *Handler) copyOut(w http.ResponseWriter, r *http.Request, next func() (chunk []byte, last bool, err error)) error {
+	sw := h.stallWriter(w)
 	for {
 		b, last, err := next()
 		if err == io.EOF {
@@ -121,8 +124,8 @@ func (h *Handler) copyOut(w http.ResponseWriter, r *http.Request, next func() (c
 			}
 			panic(http.ErrAbortHandler)
 		}
-		if _, err := w.Write(b); err != nil {
-			return nil // the caller went away: nothing to answer
+		if _, err := sw.Write(b); err != nil {
+			return nil // the caller went away or stalled: nothing to answer
 		}
 		if last {
 			return nil
@@ -153,7 +156,7 @@ func (h *Handler) writeFile(w http.ResponseWriter, r *http.Request, conn *inproc
 	if err != nil {
 		return err
 	}
-	resp, err := sendBody(r, cancel, stream, &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Header{Header: hdr}},
+	resp, err := sendBody(h.stallReader(w, r), cancel, stream, &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Header{Header: hdr}},
 		func(b []byte) *berthv1.WriteFileRequest {
 			return &berthv1.WriteFileRequest{Part: &berthv1.WriteFileRequest_Chunk{Chunk: b}}
 		})
@@ -178,7 +181,7 @@ func (h *Handler) upload(w http.ResponseWriter, r *http.Request, conn *inproc.Co
 	if err != nil {
 		return err
 	}
-	resp, err := sendBody(r, cancel, stream, &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Header{Header: hdr}},
+	resp, err := sendBody(h.stallReader(w, r), cancel, stream, &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Header{Header: hdr}},
 		func(b []byte) *berthv1.UploadRequest {
 			return &berthv1.UploadRequest{Part: &berthv1.UploadRequest_Chunk{Chunk: b}}
 		})
@@ -196,17 +199,18 @@ type clientStream[Req, Resp any] interface {
 
 // sendBody sends header, then r's body in chunks of at most chunkBytes
 // (chunk makes a message of one), then closes the stream and returns the
-// answer. A body that fails before its end cancels the call (cancel)
-// rather than closing it: the write is not committed. berthd ending the
-// call early (a refusal) stops the copy; its status is the error.
-func sendBody[Req, Resp any](r *http.Request, cancel context.CancelFunc, stream clientStream[Req, Resp], header *Req, chunk func([]byte) *Req) (*Resp, error) {
+// answer. A body that fails before its end (its client went away, or sent
+// nothing for the stall of body) cancels the call (cancel) rather than
+// closing it: the write is not committed. berthd ending the call early
+// (a refusal) stops the copy; its status is the error.
+func sendBody[Req, Resp any](body io.Reader, cancel context.CancelFunc, stream clientStream[Req, Resp], header *Req, chunk func([]byte) *Req) (*Resp, error) {
 	if err := stream.Send(header); err != nil {
 		_, err = stream.CloseAndRecv()
 		return nil, err
 	}
 	buf := make([]byte, chunkBytes)
 	for {
-		n, rerr := fill(r.Body, buf)
+		n, rerr := fill(body, buf)
 		if n > 0 {
 			// gRPC marshals the message before Send returns: buf can
 			// be reused.

@@ -24,7 +24,7 @@ func (h *Handler) startExec(w http.ResponseWriter, r *http.Request, conn *inproc
 	if err := needJSON(r); err != nil {
 		return err
 	}
-	body, err := readAll(r, maxJSONBody)
+	body, err := readAll(h.stallReader(w, r), maxJSONBody)
 	if err != nil {
 		return err
 	}
@@ -35,7 +35,7 @@ func (h *Handler) startExec(w http.ResponseWriter, r *http.Request, conn *inproc
 		}
 	}
 	req.SandboxId = r.PathValue("sandbox_id")
-	return serveLines(w, r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.ExecResponse], error) {
+	return serveLines(h.stallWriter(w), r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.ExecResponse], error) {
 		return berthv1.NewSandboxServiceClient(conn).StartExec(ctx, req)
 	})
 }
@@ -47,7 +47,7 @@ func (h *Handler) attachExec(w http.ResponseWriter, r *http.Request, conn *inpro
 	if err := fromQuery(r, req, map[string]string{"sandbox_id": "sandbox_id", "exec_id": "exec_id"}); err != nil {
 		return err
 	}
-	return serveLines(w, r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.ExecResponse], error) {
+	return serveLines(h.stallWriter(w), r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.ExecResponse], error) {
 		return berthv1.NewSandboxServiceClient(conn).AttachExec(ctx, req)
 	})
 }
@@ -59,7 +59,7 @@ func (h *Handler) listDir(w http.ResponseWriter, r *http.Request, conn *inproc.C
 	if err := fromQuery(r, req, sandboxVar); err != nil {
 		return err
 	}
-	return serveLines(w, r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.ListDirResponse], error) {
+	return serveLines(h.stallWriter(w), r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.ListDirResponse], error) {
 		return berthv1.NewFileServiceClient(conn).ListDir(ctx, req)
 	})
 }
@@ -71,7 +71,7 @@ func (h *Handler) watchFiles(w http.ResponseWriter, r *http.Request, conn *inpro
 	if err := fromQuery(r, req, sandboxVar); err != nil {
 		return err
 	}
-	return serveLines(w, r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.WatchFilesResponse], error) {
+	return serveLines(h.stallWriter(w), r, func(ctx context.Context) (grpc.ServerStreamingClient[berthv1.WatchFilesResponse], error) {
 		return berthv1.NewSandboxServiceClient(conn).WatchFiles(ctx, req)
 	})
 }
@@ -81,11 +81,12 @@ func (h *Handler) watchFiles(w http.ResponseWriter, r *http.Request, conn *inpro
 // line, flushed as it comes. A call refused before its first message is
 // an HTTP error with a google.rpc.Status body; one that fails later ends
 // the body with the line {"error": <google.rpc.Status>} (the status line
-// went out already), so a stream that ends without it ended OK.
+// went out already), so a stream that ends without it ended OK. A client
+// that stops reading for w's stall ends the call and its connection.
 func serveLines[T any, PT interface {
 	*T
 	proto.Message
-}](w http.ResponseWriter, r *http.Request, open func(context.Context) (grpc.ServerStreamingClient[T], error)) error {
+}](w *stallWriter, r *http.Request, open func(context.Context) (grpc.ServerStreamingClient[T], error)) error {
 	ctx, cancel := context.WithCancel(callContext(r))
 	defer cancel()
 	stream, err := open(ctx)
@@ -96,10 +97,9 @@ func serveLines[T any, PT interface {
 	if err != nil && err != io.EOF {
 		return err
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
+	w.w.Header().Set("Content-Type", "application/x-ndjson")
+	w.w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.w.WriteHeader(http.StatusOK)
 	for m := first; err == nil; m, err = stream.Recv() {
 		b, merr := protojson.Marshal(PT(m))
 		if merr != nil {
@@ -108,7 +108,7 @@ func serveLines[T any, PT interface {
 		if _, werr := w.Write(append(b, '\n')); werr != nil {
 			return nil // the caller went away
 		}
-		if rc.Flush() != nil {
+		if w.Flush() != nil {
 			return nil
 		}
 	}

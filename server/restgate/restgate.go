@@ -24,6 +24,7 @@ import (
 	"mime"
 	"net/http"
 	"path"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -33,15 +34,20 @@ import (
 	"github.com/berth-sandbox/berth/internal/resume"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/server/inproc"
+	"github.com/berth-sandbox/berth/server/rawcap"
 )
 
 // Handler serves routes. Other paths are not its: Match
 // tells them apart.
 type Handler struct {
-	srv http.Handler
-	log *slog.Logger
-	mux *http.ServeMux
+	srv   http.Handler
+	log   *slog.Logger
+	stall time.Duration
+	mux   *http.ServeMux
 }
+
+// DefaultStall is New's stall when it is given none.
+const DefaultStall = time.Minute
 
 // routes are the handler's method and path patterns (http.ServeMux
 // syntax), as docs/http.md lists them.
@@ -58,18 +64,33 @@ var routes = []string{
 
 // New returns the Handler whose calls go to srv, berthd's gRPC server (a
 // *grpc.Server's ServeHTTP). log receives the in-process HTTP/2 server's
-// errors.
-func New(srv http.Handler, log *slog.Logger) *Handler {
+// errors. stall (0: DefaultStall) is the longest a request waits on its
+// client: for a write of at most stallWriteBytes of its answer to be
+// taken, or for the next bytes of its body; past it the call ends and the
+// connection is closed.
+//
+// The raw file routes' calls are marked for server/rawcap, which caps
+// how many of them one principal has open.
+func New(srv http.Handler, log *slog.Logger, stall time.Duration) *Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{srv: srv, log: log, mux: http.NewServeMux()}
+	if stall <= 0 {
+		stall = DefaultStall
+	}
+	h := &Handler{srv: srv, log: log, stall: stall, mux: http.NewServeMux()}
 	serve := []func(http.ResponseWriter, *http.Request, *inproc.Conn) error{
 		h.readFile, h.writeFile, h.download, h.upload, h.listDir, h.startExec, h.attachExec, h.watchFiles,
 	}
+	raw := []bool{true, true, true, true, false, false, false, false}
 	for i, pattern := range routes {
-		serve := serve[i]
-		h.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) { h.call(w, r, serve) })
+		serve, raw := serve[i], raw[i]
+		h.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			if raw {
+				r = r.WithContext(rawcap.Mark(r.Context(), r.PathValue("sandbox_id")))
+			}
+			h.call(w, r, serve)
+		})
 	}
 	return h
 }
@@ -100,6 +121,70 @@ func (h *Handler) call(w http.ResponseWriter, r *http.Request, serve func(http.R
 	if err := serve(w, r, conn); err != nil {
 		writeError(w, err)
 	}
+}
+
+// stallWriteBytes is the most one write to the client waits for under one
+// stall deadline: a client is cut when it takes less than this in a
+// whole stall, never for reading a large answer slowly.
+const stallWriteBytes = 32 << 10
+
+// stallWriter writes to an HTTP response with a write deadline of stall
+// before each stallWriteBytes, so that a client that stops reading ends
+// the write (and its connection) within about stall.
+type stallWriter struct {
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+func (h *Handler) stallWriter(w http.ResponseWriter) *stallWriter {
+	return &stallWriter{w: w, rc: http.NewResponseController(w), stall: h.stall}
+}
+
+// Write writes b in pieces of at most stallWriteBytes, each under a fresh
+// deadline; a deadline past fails the write.
+func (s *stallWriter) Write(b []byte) (int, error) {
+	n := 0
+	for len(b) > 0 {
+		piece := b[:min(len(b), stallWriteBytes)]
+		s.deadline()
+		m, err := s.w.Write(piece)
+		n += m
+		if err != nil {
+			return n, err
+		}
+		b = b[len(piece):]
+	}
+	return n, nil
+}
+
+// Flush sends what the response buffers, under a fresh deadline.
+func (s *stallWriter) Flush() error {
+	s.deadline()
+	return s.rc.Flush()
+}
+
+func (s *stallWriter) deadline() {
+	// http.ErrNotSupported: a writer without deadlines (a test's
+	// recorder); nothing to bound.
+	s.rc.SetWriteDeadline(time.Now().Add(s.stall)) //nolint:errcheck // see above
+}
+
+// stallReader reads a request body with a read deadline of stall before
+// each read, so that a client that stops sending ends the read.
+type stallReader struct {
+	r     io.Reader
+	rc    *http.ResponseController
+	stall time.Duration
+}
+
+func (h *Handler) stallReader(w http.ResponseWriter, r *http.Request) *stallReader {
+	return &stallReader{r: r.Body, rc: http.NewResponseController(w), stall: h.stall}
+}
+
+func (s *stallReader) Read(b []byte) (int, error) {
+	s.rc.SetReadDeadline(time.Now().Add(s.stall)) //nolint:errcheck // as stallWriter's
+	return s.r.Read(b)
 }
 
 // callContext is r's context with its Authorization header as the call's,
@@ -182,8 +267,8 @@ func needJSON(r *http.Request) error {
 }
 
 // readAll reads a JSON request body of at most max bytes.
-func readAll(r *http.Request, max int64) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r.Body, max+1))
+func readAll(body io.Reader, max int64) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(body, max+1))
 	if err != nil {
 		return nil, err
 	}

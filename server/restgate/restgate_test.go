@@ -94,7 +94,7 @@ func serve(t *testing.T) (*fakeFiles, string) {
 	srv := grpc.NewServer()
 	berthv1.RegisterFileServiceServer(srv, f)
 	berthv1.RegisterSandboxServiceServer(srv, f)
-	h := restgate.New(srv, nil)
+	h := restgate.New(srv, nil, 0)
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !h.Match(r) {
 			http.NotFound(w, r)

@@ -315,13 +315,29 @@ func (r *Runtime) quiesce(ctx context.Context, ask Quiescer, id string) error {
 	if err != nil {
 		return fmt.Errorf("ask the agent to quiesce: %w", err)
 	}
-	deadline := time.Now().Add(quiesceTimeout)
+	return waitQuiet(ctx, mark, agentproof.ProveQuiet(secret, token), quiesceTimeout)
+}
+
+// waitQuiet waits, at most timeout, for the quiesce.Mark at path to hold
+// want (agentproof.ProveQuiet of the sandbox's secret and the quiesce's
+// token): the agent's word that it is quiet. A mark holding anything else
+// — the workload can write the run directory, but knows neither the
+// secret nor the token — is not believed: the wait goes on, and fails at
+// timeout saying so.
+func waitQuiet(ctx context.Context, path string, want []byte, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	forged := false
 	for {
-		if _, err := os.Lstat(mark); err == nil {
+		proof, err := quiesce.ReadProof(path)
+		if err == nil && agentproof.VerifyAsk(want, proof) == nil {
 			return nil
 		}
+		forged = forged || !errors.Is(err, fs.ErrNotExist)
 		if time.Now().After(deadline) {
-			return fmt.Errorf("the agent did not close its sockets within %s", quiesceTimeout)
+			if forged {
+				return fmt.Errorf("the agent did not prove within %s that it closed its sockets (%s held no proof of the sandbox's secret: not the agent's)", timeout, path)
+			}
+			return fmt.Errorf("the agent did not close its sockets within %s", timeout)
 		}
 		select {
 		case <-ctx.Done():

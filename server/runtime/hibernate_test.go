@@ -1,9 +1,18 @@
 package runtime
 
 import (
+	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/berth-sandbox/berth/internal/quiesce"
 )
 
 // TestCheckpointError: runsc's refusal of a host socket names the socket
@@ -25,5 +34,52 @@ func TestCheckpointError(t *testing.T) {
 				t.Errorf("checkpointError(%.40q) = %q, want %q", tt.in, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestWaitQuiet: a quiesce mark the workload could make — empty, another
+// token's proof, a symlink to the real proof, a FIFO — is not the
+// agent's word: the wait fails at its timeout saying so; the agent's
+// proof (agentproof.ProveQuiet of the sandbox's secret and the token)
+// ends it.
+func TestWaitQuiet(t *testing.T) {
+	secret, _ := agentproof.ParseSecret(agentproof.NewSecret())
+	token := agentproof.NewWakeToken()
+	want := agentproof.ProveQuiet(secret, token)
+	dir := t.TempDir()
+	real := filepath.Join(dir, "proof")
+	if err := os.WriteFile(real, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mark := filepath.Join(dir, quiesce.Mark)
+	forged := map[string]func() error{
+		"empty": func() error { return os.WriteFile(mark, nil, 0o600) },
+		"another token's": func() error {
+			return os.WriteFile(mark, agentproof.ProveQuiet(secret, agentproof.NewWakeToken()), 0o600)
+		},
+		"the wake proof":      func() error { return os.WriteFile(mark, agentproof.ProveWake(secret, token), 0o600) },
+		"a symlink to it":     func() error { return os.Symlink(real, mark) },
+		"a FIFO":              func() error { return unix.Mkfifo(mark, 0o600) },
+		"the proof, too long": func() error { return os.WriteFile(mark, append(append([]byte{}, want...), 'x'), 0o600) },
+	}
+	for name, forge := range forged {
+		os.Remove(mark)
+		if err := forge(); err != nil {
+			t.Fatal(err)
+		}
+		err := waitQuiet(context.Background(), mark, want, 100*time.Millisecond)
+		if err == nil || !strings.Contains(err.Error(), "held no proof of the sandbox's secret") {
+			t.Errorf("waitQuiet with a mark of %s = %v, want it not believed", name, err)
+		}
+	}
+	os.Remove(mark)
+	if err := waitQuiet(context.Background(), mark, want, 100*time.Millisecond); err == nil || !strings.Contains(err.Error(), "did not close its sockets") {
+		t.Errorf("waitQuiet without a mark = %v, want a timeout", err)
+	}
+	if err := os.WriteFile(mark, want, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitQuiet(context.Background(), mark, want, 100*time.Millisecond); err != nil {
+		t.Errorf("waitQuiet with the agent's proof = %v, want nil", err)
 	}
 }

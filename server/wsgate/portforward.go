@@ -67,7 +67,7 @@ func (h *Handler) portForward(ctx context.Context, s *session) error {
 		case *berthv1.PortForwardResponse_Connected:
 			err = s.sendJSON(ctx, map[string]any{"type": "connected", "port": ev.Connected.GetPort()})
 		case *berthv1.PortForwardResponse_Data:
-			err = s.ws.Write(ctx, websocket.MessageBinary, ev.Data)
+			err = s.write(ctx, websocket.MessageBinary, ev.Data)
 		case *berthv1.PortForwardResponse_Eof:
 			err = s.sendJSON(ctx, map[string]any{"type": "eof"})
 		}

@@ -102,7 +102,7 @@ func (h *Handler) terminal(ctx context.Context, s *session) error {
 		case *berthv1.ExecResponse_Started:
 			err = s.sendJSON(ctx, map[string]any{"type": "started", "execId": ev.Started.GetExecId(), "pid": ev.Started.GetPid()})
 		case *berthv1.ExecResponse_Output:
-			err = s.ws.Write(ctx, websocket.MessageBinary, ev.Output.GetData())
+			err = s.write(ctx, websocket.MessageBinary, ev.Output.GetData())
 		case *berthv1.ExecResponse_Dropped:
 			err = s.sendJSON(ctx, map[string]any{"type": "dropped", "firstSeq": ev.Dropped.GetFirstSeq(),
 				"lastSeq": ev.Dropped.GetLastSeq(), "lostBytes": ev.Dropped.GetLostBytes()})

@@ -65,6 +65,10 @@ type Config struct {
 	// port data, control); a larger one ends the session with close code
 	// 1009. Default 64 KiB.
 	MaxMessageBytes int64
+	// WriteStall is the longest a message to the client may wait to be
+	// taken; a client that stops reading for longer has its session
+	// ended and its connection closed. Default 1 min.
+	WriteStall time.Duration
 	// Log receives what goes wrong with a session outside its calls.
 	Log *slog.Logger
 }
@@ -75,6 +79,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = 64 << 10
+	}
+	if c.WriteStall == 0 {
+		c.WriteStall = time.Minute
 	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
@@ -125,7 +132,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ip.Close()
-	s := &session{ws: ws, ip: ip, header: r.Header.Get("Authorization"), pumpErr: make(chan error, 1)}
+	s := &session{ws: ws, ip: ip, header: r.Header.Get("Authorization"), stall: h.cfg.WriteStall, pumpErr: make(chan error, 1)}
 	err = serve(ctx, s)
 	s.finish(ctx, err)
 	s.wg.Wait()
@@ -136,6 +143,7 @@ type session struct {
 	ws     *websocket.Conn
 	ip     *inproc.Conn
 	header string // the upgrade request's Authorization header
+	stall  time.Duration
 
 	wg       sync.WaitGroup // pump's goroutine
 	pumpErr  chan error     // why pump stopped
@@ -246,7 +254,15 @@ func (s *session) sendJSON(ctx context.Context, v any) error {
 	if err != nil {
 		return err
 	}
-	return s.ws.Write(ctx, websocket.MessageText, b)
+	return s.write(ctx, websocket.MessageText, b)
+}
+
+// write writes one message, waiting at most the session's stall for the
+// client to take it (past it the WebSocket is closed).
+func (s *session) write(ctx context.Context, typ websocket.MessageType, b []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, s.stall)
+	defer cancel()
+	return s.ws.Write(ctx, typ, b)
 }
 
 // ErrorMessage is the last text message of a session that failed, before

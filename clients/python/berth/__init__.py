@@ -13,9 +13,10 @@ The generated gRPC modules stay available as berth.v1.*_pb2 and
 
 from berth._version import __version__
 from berth._errors import (
-    BerthError, DependencyFailure, ExecNotFound, FileExists, FileNotFound, FilePermissionDenied, FleetBusy,
-    ImageNotFound, InvalidArgument, NotFound, NotPermitted, PortClosed, ProtocolError, RuntimeReplaced,
-    SandboxNotFound, StaleHandle, Unauthenticated, Unreachable, is_retryable,
+    BerthError, ContextEnded, ContextExists, ContextNotFound, DependencyFailure, ExecNotFound, FileExists,
+    FileNotFound, FilePermissionDenied, FleetBusy, ImageNotFound, InvalidArgument, NotFound, NotPermitted,
+    PortClosed, ProtocolError, RuntimeReplaced, SandboxNotFound, SessionBusy, SessionEnded, SessionExists,
+    SessionNotFound, StaleHandle, Unauthenticated, Unreachable, is_retryable,
 )
 from berth._connection import DEFAULT_ADDR, Connection, RetryPolicy
 from berth._commands import CommandHandle, CommandResult, Commands
@@ -34,5 +35,6 @@ __all__ = [
     "BerthError", "InvalidArgument", "Unauthenticated", "NotPermitted", "NotFound", "SandboxNotFound",
     "ExecNotFound", "ImageNotFound", "FileNotFound", "FileExists", "FilePermissionDenied", "PortClosed",
     "FleetBusy", "Unreachable", "RuntimeReplaced", "StaleHandle", "DependencyFailure", "ProtocolError",
-    "is_retryable",
+    "SessionNotFound", "SessionExists", "SessionBusy", "SessionEnded", "ContextNotFound", "ContextExists",
+    "ContextEnded", "is_retryable",
 ]

@@ -99,6 +99,38 @@ class FileNotFound(NotFound):
     """FILE_NOT_FOUND: the path or a parent is missing; metadata["path"] names it."""
 
 
+class SessionNotFound(NotFound):
+    """SESSION_NOT_FOUND: no such shell session in the sandbox."""
+
+
+class SessionExists(BerthError):
+    """SESSION_EXISTS (ALREADY_EXISTS): the session id is taken."""
+
+
+class SessionBusy(BerthError):
+    """SESSION_BUSY (FAILED_PRECONDITION): a command runs in the session;
+    metadata["exec_id"] names it."""
+
+
+class SessionEnded(BerthError):
+    """SESSION_ENDED (FAILED_PRECONDITION): the session's shell exited;
+    delete the session."""
+
+
+class ContextNotFound(NotFound):
+    """CONTEXT_NOT_FOUND: no such code context in the sandbox."""
+
+
+class ContextExists(BerthError):
+    """CONTEXT_EXISTS (ALREADY_EXISTS): the context id is taken by a running
+    context."""
+
+
+class ContextEnded(BerthError):
+    """CONTEXT_ENDED (FAILED_PRECONDITION): the context's interpreter
+    ended; restart the context."""
+
+
 class FileExists(BerthError):
     """FILE_EXISTS: the target exists and may not be replaced."""
 
@@ -187,6 +219,13 @@ _BY_REASON = {
     "EXEC_NOT_FOUND": ExecNotFound,
     "IMAGE_NOT_FOUND": ImageNotFound,
     "FILE_NOT_FOUND": FileNotFound,
+    "SESSION_NOT_FOUND": SessionNotFound,
+    "SESSION_EXISTS": SessionExists,
+    "SESSION_BUSY": SessionBusy,
+    "SESSION_ENDED": SessionEnded,
+    "CONTEXT_NOT_FOUND": ContextNotFound,
+    "CONTEXT_EXISTS": ContextExists,
+    "CONTEXT_ENDED": ContextEnded,
     "FILE_EXISTS": FileExists,
     "PERMISSION_DENIED": FilePermissionDenied,
     "PORT_CLOSED": PortClosed,

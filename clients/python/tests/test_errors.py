@@ -3,6 +3,7 @@ Statuses are built as berthd sends them (a google.rpc.Status with
 ErrorInfo, RetryInfo and a berth.v1 detail in grpc-status-details-bin)."""
 
 import os
+import re
 import sys
 import unittest
 
@@ -67,6 +68,31 @@ class ErrorsTest(unittest.TestCase):
         # The message never decides: a reason-less status whose text names
         # a reason is still a plain BerthError.
         self.assertEqual(type(from_rpc_error(FakeRpcError(grpc.StatusCode.NOT_FOUND, "SANDBOX_NOT_FOUND"))), berth.BerthError)
+
+    def test_session_and_context_reasons(self):
+        # Each SESSION_* and CONTEXT_* reason the Go client names
+        # (client/errors.go) picks its own subclass, the not-found ones
+        # under NotFound; none is retried.
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "client", "errors.go")) as f:
+            go = f.read()
+        reasons = sorted(set(re.findall(r'"((?:SESSION|CONTEXT)_[A-Z_]+)"', go)))
+        self.assertEqual(len(reasons), 7, reasons)
+        want = {
+            "SESSION_NOT_FOUND": (berth.SessionNotFound, grpc.StatusCode.NOT_FOUND),
+            "SESSION_EXISTS": (berth.SessionExists, grpc.StatusCode.ALREADY_EXISTS),
+            "SESSION_BUSY": (berth.SessionBusy, grpc.StatusCode.FAILED_PRECONDITION),
+            "SESSION_ENDED": (berth.SessionEnded, grpc.StatusCode.FAILED_PRECONDITION),
+            "CONTEXT_NOT_FOUND": (berth.ContextNotFound, grpc.StatusCode.NOT_FOUND),
+            "CONTEXT_EXISTS": (berth.ContextExists, grpc.StatusCode.ALREADY_EXISTS),
+            "CONTEXT_ENDED": (berth.ContextEnded, grpc.StatusCode.FAILED_PRECONDITION),
+        }
+        self.assertEqual(reasons, sorted(want))
+        for reason, (cls, code) in want.items():
+            e = from_rpc_error(FakeRpcError(code, "x", reason, metadata={"exec_id": "e1"}))
+            self.assertIs(type(e), cls, reason)
+            self.assertEqual((e.reason, e.metadata), (reason, {"exec_id": "e1"}))
+            self.assertEqual(isinstance(e, berth.NotFound), reason.endswith("_NOT_FOUND"), reason)
+            self.assertFalse(berth.is_retryable(e), reason)
 
     def test_retryable_as_the_go_client(self):
         self.assertTrue(berth.is_retryable(from_rpc_error(busy())))

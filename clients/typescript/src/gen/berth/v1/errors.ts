@@ -126,6 +126,13 @@ export enum CapacityResource {
    * principal names it.
    */
   CAPACITY_RESOURCE_PRINCIPAL_DISK = 9,
+  /**
+   * CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS - CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS is the number of raw HTTP file
+   * streams (GET and PUT of /v1/sandboxes/{id}/files/content and
+   * /files/archive, docs/http.md) one principal has open at once (berthd
+   * --max-raw-streams-per-principal); principal names it.
+   */
+  CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS = 10,
   UNRECOGNIZED = -1,
 }
 
@@ -161,6 +168,9 @@ export function capacityResourceFromJSON(object: any): CapacityResource {
     case 9:
     case "CAPACITY_RESOURCE_PRINCIPAL_DISK":
       return CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_DISK;
+    case 10:
+    case "CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS":
+      return CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -190,6 +200,8 @@ export function capacityResourceToJSON(object: CapacityResource): string {
       return "CAPACITY_RESOURCE_PRINCIPAL_MEMORY";
     case CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_DISK:
       return "CAPACITY_RESOURCE_PRINCIPAL_DISK";
+    case CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS:
+      return "CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS";
     case CapacityResource.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
