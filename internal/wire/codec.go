@@ -290,26 +290,32 @@ type Receiver struct {
 // m and returns chunk false. Errors are recvMsg's (io.EOF at the end) or a
 // message that does not decode.
 func (r *Receiver) Recv(recvMsg func(any) error, m proto.Message) (data []byte, chunk bool, err error) {
-	if err := recvMsg(&r.fr); err != nil {
+	if chunk, err = r.recv(recvMsg, m); !chunk || err != nil {
 		return nil, false, err
 	}
-	if _, ok := r.fr.Chunk(r.Field); ok {
-		return r.fr.Data(&r.buf), true, nil
-	}
-	return nil, false, r.fr.Decode(m)
+	return r.fr.Data(&r.buf), true, nil
 }
 
 // RecvBuffers is Recv for a caller that takes a chunk's bytes as views of
 // gRPC's buffers (Frame.Buffers), appended to views[:0], rather than
 // copied into one slice.
 func (r *Receiver) RecvBuffers(recvMsg func(any) error, m proto.Message, views [][]byte) (data [][]byte, chunk bool, err error) {
-	if err := recvMsg(&r.fr); err != nil {
+	if chunk, err = r.recv(recvMsg, m); !chunk || err != nil {
 		return nil, false, err
 	}
-	if _, ok := r.fr.Chunk(r.Field); ok {
-		return r.fr.Buffers(views[:0]), true, nil
+	return r.fr.Buffers(views[:0]), true, nil
+}
+
+// recv receives the next message into r.fr: chunk true for a plain chunk,
+// any other message decoded into m.
+func (r *Receiver) recv(recvMsg func(any) error, m proto.Message) (chunk bool, err error) {
+	if err := recvMsg(&r.fr); err != nil {
+		return false, err
 	}
-	return nil, false, r.fr.Decode(m)
+	if _, ok := r.fr.Chunk(r.Field); ok {
+		return true, nil
+	}
+	return false, r.fr.Decode(m)
 }
 
 // Free releases the last chunk's buffers.
