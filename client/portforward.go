@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -32,7 +33,8 @@ type PortConn struct {
 
 	readMu  sync.Mutex
 	in      wire.Receiver // holds the last data message in gRPC's buffers
-	pending []byte        // the unread rest of the last data message
+	views   [][]byte      // the last data message's bytes, one view per gRPC buffer
+	pending net.Buffers   // the unread rest of views
 	readErr error         // sticky: io.EOF or the stream's error
 
 	writeMu     sync.Mutex
@@ -87,23 +89,32 @@ func (p *PortConn) Read(b []byte) (int, error) {
 		}
 		p.receive()
 	}
-	n := copy(b, p.pending)
-	p.pending = p.pending[n:]
+	// As much as b holds, across the message's buffers.
+	n := 0
+	for len(p.pending) > 0 && n < len(b) {
+		k := copy(b[n:], p.pending[0])
+		n += k
+		if p.pending[0] = p.pending[0][k:]; len(p.pending[0]) == 0 {
+			p.pending = p.pending[1:]
+		}
+	}
 	return n, nil
 }
 
 // WriteTo writes what the server in the sandbox sends to w until it closes
-// its writing side, each message as it comes (io.Copy uses it: no
-// intermediate buffer).
+// its writing side, each message as it comes, straight from gRPC's
+// buffers: one writev(2) per message when w is a socket (io.Copy uses it:
+// no intermediate buffer, no copy).
 func (p *PortConn) WriteTo(w io.Writer) (int64, error) {
 	p.readMu.Lock()
 	defer p.readMu.Unlock()
 	var n int64
 	for {
 		if len(p.pending) > 0 {
-			k, err := w.Write(p.pending)
-			n += int64(k)
-			p.pending = p.pending[k:]
+			// WriteTo consumes p.pending as it writes, partial writes
+			// included.
+			k, err := p.pending.WriteTo(w)
+			n += k
 			if err != nil {
 				return n, err
 			}
@@ -124,18 +135,19 @@ func (p *PortConn) WriteTo(w io.Writer) (int64, error) {
 // decoding, no copy) until the next receive.
 func (p *PortConn) receive() {
 	var resp berthv1.PortForwardResponse
-	data, chunk, err := p.in.Recv(p.stream.RecvMsg, &resp)
+	views, chunk, err := p.in.RecvBuffers(p.stream.RecvMsg, &resp, p.views)
 	switch {
 	case errors.Is(err, io.EOF):
 		p.readErr = io.EOF
 	case err != nil:
 		p.readErr = convertError(err)
 	case chunk:
-		p.pending = data
+		p.views = views
+		p.pending = views
 	default:
 		switch ev := resp.GetEvent().(type) {
 		case *berthv1.PortForwardResponse_Data:
-			p.pending = ev.Data
+			p.pending = append(p.views[:0], ev.Data)
 		case *berthv1.PortForwardResponse_Eof:
 			p.readErr = io.EOF
 		}

@@ -133,19 +133,23 @@ func Relay(conn *net.TCPConn, s Stream, meta map[string]string) error {
 
 // toConn writes the caller's data to conn until the caller closes its
 // side, then shuts down conn's writing side. A plain data message is
-// written from gRPC's own buffer, without decoding it.
+// written from gRPC's own buffers, without decoding or copying it: one
+// writev(2) of its buffers (one per HTTP/2 data frame).
 func toConn(s Stream, conn *net.TCPConn, meta map[string]string) error {
 	var fr wire.Frame
 	defer fr.Free()
-	var buf []byte
+	var views [][]byte
 	for {
 		err := s.RecvMsg(&fr)
-		var data []byte
+		var data net.Buffers
 		if err == nil {
 			if _, ok := fr.Chunk(DataField); ok {
-				data = fr.Data(&buf)
+				views = fr.Buffers(views[:0])
+				data = views
 			} else {
-				data, err = s.Data(&fr)
+				var b []byte
+				b, err = s.Data(&fr)
+				data = append(views[:0], b)
 			}
 		}
 		if errors.Is(err, io.EOF) {
@@ -157,7 +161,7 @@ func toConn(s Stream, conn *net.TCPConn, meta map[string]string) error {
 		if err != nil {
 			return err
 		}
-		if _, err := conn.Write(data); err != nil {
+		if _, err := data.WriteTo(conn); err != nil {
 			return resetError("write", err, meta)
 		}
 	}

@@ -202,6 +202,31 @@ func (f *Frame) Data(buf *[]byte) []byte {
 	return nil
 }
 
+// Buffers appends the chunk's bytes after Chunk or Embedded reported one
+// to views, as views of gRPC's buffers in order, and returns views: a
+// message of 1 MiB arrives in 64 buffers of 16 KiB (one per HTTP/2 data
+// frame), which Data would copy into one. The views are valid until the
+// frame is freed, received into or sent.
+func (f *Frame) Buffers(views [][]byte) [][]byte {
+	skip, left := f.off, f.n
+	for _, b := range f.data {
+		if left == 0 {
+			break
+		}
+		d := b.ReadOnlyData()
+		if skip >= len(d) {
+			skip -= len(d)
+			continue
+		}
+		d = d[skip:]
+		skip = 0
+		d = d[:min(len(d), left)]
+		left -= len(d)
+		views = append(views, d)
+	}
+	return views
+}
+
 // DataLen returns the length in bytes of the chunk's data after Chunk or
 // Embedded reported one, without copying it (for accounting).
 func (f *Frame) DataLen() int { return f.n }
@@ -265,13 +290,32 @@ type Receiver struct {
 // m and returns chunk false. Errors are recvMsg's (io.EOF at the end) or a
 // message that does not decode.
 func (r *Receiver) Recv(recvMsg func(any) error, m proto.Message) (data []byte, chunk bool, err error) {
-	if err := recvMsg(&r.fr); err != nil {
+	if chunk, err = r.recv(recvMsg, m); !chunk || err != nil {
 		return nil, false, err
 	}
-	if _, ok := r.fr.Chunk(r.Field); ok {
-		return r.fr.Data(&r.buf), true, nil
+	return r.fr.Data(&r.buf), true, nil
+}
+
+// RecvBuffers is Recv for a caller that takes a chunk's bytes as views of
+// gRPC's buffers (Frame.Buffers), appended to views[:0], rather than
+// copied into one slice.
+func (r *Receiver) RecvBuffers(recvMsg func(any) error, m proto.Message, views [][]byte) (data [][]byte, chunk bool, err error) {
+	if chunk, err = r.recv(recvMsg, m); !chunk || err != nil {
+		return nil, false, err
 	}
-	return nil, false, r.fr.Decode(m)
+	return r.fr.Buffers(views[:0]), true, nil
+}
+
+// recv receives the next message into r.fr: chunk true for a plain chunk,
+// any other message decoded into m.
+func (r *Receiver) recv(recvMsg func(any) error, m proto.Message) (chunk bool, err error) {
+	if err := recvMsg(&r.fr); err != nil {
+		return false, err
+	}
+	if _, ok := r.fr.Chunk(r.Field); ok {
+		return true, nil
+	}
+	return false, r.fr.Decode(m)
 }
 
 // Free releases the last chunk's buffers.
@@ -338,11 +382,14 @@ func FrameOf(b []byte) *Frame {
 	return &Frame{data: mem.BufferSlice{mem.SliceBuffer(b)}}
 }
 
-// fillPool holds Fill's buffers. grpc-go's pools zero each buffer they
+// fillPool holds Fill's buffers, and gRPC's receive buffers on every hop
+// (ServerOptions, DialOptions). grpc-go's pools zero each buffer they
 // hand out: for PortForward's reads that was a tenth of berthd's CPU
 // (docs/performance.md). Fill's buffer is written by fill before anything
 // is sent, and only the bytes it wrote are, so nothing of an earlier use
-// leaves through it.
+// leaves through it; gRPC reads each HTTP/2 data frame into the whole of
+// its buffer (io.ReadFull) before anything looks at it, and gives one
+// that failed back.
 var fillPool mem.BufferPool = &unzeroedPool{}
 
 // Size classes of unzeroedPool: powers of two from 4 KiB to 4 MiB.

@@ -81,6 +81,13 @@ func TestFrameChunk(t *testing.T) {
 				if got := fr.Data(&buf); n != len(tc.data) || !bytes.Equal(got, tc.data) {
 					t.Errorf("%s in pieces of %d: Data = %d bytes (Chunk said %d), want %d", tc.name, piece, len(got), n, len(tc.data))
 				}
+				views := fr.Buffers(nil)
+				if got := bytes.Join(views, nil); !bytes.Equal(got, tc.data) {
+					t.Errorf("%s in pieces of %d: Buffers = %d views of %d bytes, want the %d bytes of Data", tc.name, piece, len(views), len(got), len(tc.data))
+				}
+				if want := (len(tc.wire) + piece - 1) / piece; len(views) > want {
+					t.Errorf("%s in pieces of %d: Buffers = %d views, more than the %d buffers", tc.name, piece, len(views), want)
+				}
 			} else if len(tc.wire) > 0 && tc.name != "length past the end" {
 				var got, want berthv1.ReadFileResponse
 				if err := fr.Decode(&got); err != nil {

@@ -2,6 +2,7 @@ package execsvc
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -112,25 +113,29 @@ func echoServer(t *testing.T) string {
 // TestPortForwardDirect: where berthd can dial in the sandbox's network
 // namespace itself, it does, for the task Reach found, and the agent is
 // not asked: connected, the caller's data (plain chunks, an empty one,
-// and one with an unknown field, which is decoded), its half-close, the
-// server's answer and end of file, then OK.
+// one of 300 KiB that arrives in many of gRPC's 16 KiB buffers and is
+// written from them, and one with an unknown field, which is decoded),
+// its half-close, the server's answer and end of file, then OK.
 func TestPortForwardDirect(t *testing.T) {
 	addr := echoServer(t)
 	d := &fakeDialer{dial: func(uint32) (*net.TCPConn, error) { return dialLocal(addr) }}
 	h := newHarnessWith(t, 0, func(h *harness) { h.ports = d })
 	unknown := portData("pong\x00")
 	unknown.ProtoReflect().SetUnknown(protowire.AppendVarint(protowire.AppendTag(nil, 99, protowire.VarintType), 1))
+	large := make([]byte, 300<<10)
+	rand.Read(large)
+	want := "echo:ping " + string(large) + "pong\x00"
 	var got []byte
 	eof := false
-	for _, msg := range exchange(t, h, portData("ping "), portData(""), unknown) {
+	for _, msg := range exchange(t, h, portData("ping "), portData(""), portData(string(large)), unknown) {
 		if eof {
 			t.Errorf("message %v after eof", msg)
 		}
 		got = append(got, msg.GetData()...)
 		eof = msg.GetEof() != nil
 	}
-	if string(got) != "echo:ping pong\x00" || !eof {
-		t.Errorf("after connected: %q, eof %v; want %q, then eof", got, eof, "echo:ping pong\x00")
+	if string(got) != want || !eof {
+		t.Errorf("after connected: %d bytes (%q...), eof %v; want the %d bytes %q..., then eof", len(got), got[:min(len(got), 16)], eof, len(want), want[:16])
 	}
 	if asked := d.Asked(); !slices.Equal(asked, []string{fmt.Sprintf("%s %d 8080", testSandbox, testRuntime.TaskPID)}) {
 		t.Errorf("dialer asked %q; want the port of the task Reach found", asked)
