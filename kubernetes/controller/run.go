@@ -34,6 +34,8 @@ type Options struct {
 	LeaderElectionNamespace string
 	// Resync: Reconciler.Resync.
 	Resync time.Duration
+	// NodeLostGrace: Reconciler.NodeLostGrace.
+	NodeLostGrace time.Duration
 }
 
 // LeaderElectionID names the Lease replicas of berth-controller elect a
@@ -83,7 +85,7 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	r := &Reconciler{Client: mgr.GetClient(), Berth: opts.Berth, Resync: opts.Resync}
+	r := &Reconciler{Client: mgr.GetClient(), Berth: opts.Berth, Resync: opts.Resync, NodeLostGrace: opts.NodeLostGrace}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("sandbox controller: %w", err)
 	}

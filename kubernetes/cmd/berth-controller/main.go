@@ -36,6 +36,7 @@ func run() error {
 	health := flag.String("health-listen", ":8081", "address of /healthz and /readyz (\"0\": off)")
 	elect := flag.Bool("leader-elect", true, "elect one active replica through a Lease")
 	electNS := flag.String("leader-election-namespace", "berth-system", "namespace of the leader election Lease")
+	grace := flag.Duration("node-lost-grace", controller.DefaultNodeLostGrace, "how long deleting a Sandbox object whose berthd node is lost waits for the node to come back and delete the sandbox; after it the object goes and the sandbox stays on that node")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse() // also --kubeconfig, registered by controller-runtime's config package
@@ -72,6 +73,6 @@ func run() error {
 	return controller.Run(ctx, controller.Options{
 		Config: cfg, Berth: c, Log: zap.New(zap.UseFlagOptions(&zapOpts)),
 		MetricsAddr: *metrics, HealthAddr: *health,
-		LeaderElection: *elect, LeaderElectionNamespace: *electNS,
+		LeaderElection: *elect, LeaderElectionNamespace: *electNS, NodeLostGrace: *grace,
 	})
 }
