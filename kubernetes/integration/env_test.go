@@ -131,7 +131,9 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 
 // kube is a running kube-apiserver on its own etcd.
 type kube struct {
-	admin *rest.Config // system:masters through a static token
+	admin   *rest.Config // system:masters through a static token
+	port    int          // the secure port on 127.0.0.1
+	certDir string       // the serving certificate: apiserver.crt, self-signed for 127.0.0.1
 }
 
 const adminToken = "berth-test-admin"
@@ -193,7 +195,7 @@ func startKube(t *testing.T, repo string) *kube {
 		"--service-cluster-ip-range", "10.96.0.0/24",
 		"--enable-priority-and-fairness=false",
 	))
-	k := &kube{admin: &rest.Config{
+	k := &kube{port: securePort, certDir: filepath.Join(dir, "certs"), admin: &rest.Config{
 		Host:            fmt.Sprintf("https://127.0.0.1:%d", securePort),
 		BearerToken:     adminToken,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
@@ -287,6 +289,7 @@ func (k *kube) apply(t *testing.T, files ...string) []*unstructured.Unstructured
 // the base image imported.
 type berthd struct {
 	sock    string // unix socket: root is an admin there
+	cdir    string // its containerd's directory (containerd.sock)
 	tcp     string // plaintext TCP address (--insecure-tcp), the fleet's address of the node
 	nodeID  string
 	etcdURL string // the embedded etcd's client URL; empty on a node that joined one
@@ -337,7 +340,7 @@ func startBerthd(t *testing.T, repo, nodeID string, flags ...string) *berthd {
 	})
 	b := make([]byte, 4)
 	rand.Read(b)
-	n := &berthd{sock: filepath.Join(dir, "berthd.sock"), nodeID: nodeID}
+	n := &berthd{sock: filepath.Join(dir, "berthd.sock"), cdir: cdir, nodeID: nodeID}
 	n.tcp = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	n.argv = []string{filepath.Join(bin, "berthd"),
 		"--containerd-address", filepath.Join(cdir, "containerd.sock"),
