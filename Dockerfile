@@ -1,6 +1,9 @@
 # berthd, berth-agent and the berth CLI in one image, for running berthd next
 # to a node's containerd: deploy/kubernetes/berthd-daemonset.yaml runs it as
-# a Kubernetes DaemonSet (what it mounts and why is written there).
+# a Kubernetes DaemonSet (what it mounts and why is written there). It also
+# holds berth-controller, the command of deploy/kubernetes/
+# berth-controller.yaml's Deployment (kubernetes/integration
+# TestKubernetesControllerPod runs it as that Deployment says).
 #
 # Build:   docker build --build-arg VERSION=$(git describe --tags --always) -t berth .
 # or, without a Docker engine, with Debian's buildah: scripts/container-image.sh
@@ -67,6 +70,9 @@ COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
       -ldflags "-X github.com/berth-sandbox/berth/internal/version.Version=${VERSION}" \
       -o /out/ ./cmd/berthd ./cmd/berth ./cmd/berth-agent
+# berth-controller (deploy/kubernetes/berth-controller.yaml runs this image
+# with it as the command): the Go module kubernetes/, apart from berthd's.
+RUN cd kubernetes && go mod download && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o /out/ ./cmd/berth-controller
 
 FROM debian:bookworm-slim
 # ca-certificates: image pulls are fetched by berthd itself (the containerd
@@ -76,6 +82,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /out/berthd /out/berth /usr/local/bin/
 COPY --from=build /out/berth-agent /usr/local/lib/berth/berth-agent
+COPY --from=build /out/berth-controller /usr/local/bin/berth-controller
 COPY deploy/berthd-entrypoint.sh /usr/local/bin/berthd-entrypoint
 VOLUME ["/run/berth"]
 ENTRYPOINT ["/usr/local/bin/berthd-entrypoint"]

@@ -45,6 +45,16 @@ const DefaultResync = 30 * time.Second
 // looked at again.
 const startingPoll = time.Second
 
+// lostPoll is how soon a Sandbox whose node is lost or does not answer is
+// looked at again (at most; Resync when shorter), so that its Ready
+// condition turns True soon after the node is back.
+const lostPoll = 5 * time.Second
+
+// DefaultNodeLostGrace is how long the deletion of a Sandbox object whose
+// node is lost waits for the node to come back and delete the sandbox
+// before the object goes without it.
+const DefaultNodeLostGrace = 5 * time.Minute
+
 // Reconciler makes Sandbox objects berth sandboxes.
 type Reconciler struct {
 	// Client reads and writes the objects.
@@ -54,6 +64,14 @@ type Reconciler struct {
 	// Resync is how often a settled object is reconciled again; 0 means
 	// DefaultResync.
 	Resync time.Duration
+	// NodeLostGrace is how long a deleted object whose sandbox's node is
+	// lost (berth answers SANDBOX_UNREACHABLE, cause NODE_LOST or
+	// NODE_UNREACHABLE) keeps its finalizer, counted from its
+	// deletionTimestamp; after it the object goes and the sandbox stays on
+	// that node (it keeps its labels k8s.berth.dev/namespace and name, and
+	// berth deletes it at its idle timeout or lifetime, or through its API).
+	// 0 means DefaultNodeLostGrace.
+	NodeLostGrace time.Duration
 }
 
 // SetupWithManager registers the reconciler for Sandbox objects.
@@ -70,7 +88,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	id := objectSandboxID(&obj)
 	logger := log.FromContext(ctx).WithValues("sandbox_id", id)
 	if !obj.DeletionTimestamp.IsZero() {
-		return ctrl.Result{}, r.finalize(ctx, &obj, id)
+		return r.finalize(ctx, &obj, id)
 	}
 	// Patches, not updates: a round trip through the Go types would
 	// rewrite fields of spec.podTemplate they do not hold.
@@ -81,9 +99,20 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	before := obj.DeepCopy()
-	sb, result, err := r.sync(ctx, &obj, id)
-	if sb != nil {
-		r.reflect(&obj, id, sb)
+	var sb *berthv1.Sandbox
+	var result ctrl.Result
+	var err error
+	expired := obj.Spec.ShutdownTime != nil && !time.Now().Before(obj.Spec.ShutdownTime.Time)
+	if expired {
+		var gone bool
+		if gone, result, err = r.expire(ctx, &obj, id); gone {
+			return ctrl.Result{}, nil
+		}
+	} else {
+		sb, result, err = r.sync(ctx, &obj, id)
+		if sb != nil {
+			r.reflect(&obj, id, sb)
+		}
 	}
 	if !equality.Semantic.DeepEqual(before.Status, obj.Status) {
 		if uerr := r.Client.Status().Patch(ctx, &obj, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); uerr != nil {
@@ -94,6 +123,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		logger.Error(err, "reconcile")
 		return ctrl.Result{}, err
 	}
+	if expired {
+		return result, nil
+	}
 	if result.RequeueAfter == 0 {
 		result.RequeueAfter = r.resync()
 		switch obj.Status.Berth.Phase {
@@ -101,7 +133,64 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			result.RequeueAfter = startingPoll
 		}
 	}
+	if t := obj.Spec.ShutdownTime; t != nil {
+		// Back at shutdownTime, whatever the resync.
+		result.RequeueAfter = min(result.RequeueAfter, max(time.Until(t.Time), 0)+10*time.Millisecond)
+	}
 	return result, nil
+}
+
+// expire acts on an object whose spec.shutdownTime has come, as
+// agent-sandbox's Lifecycle says: the sandbox is deleted, then with
+// shutdownPolicy Delete the object is too (gone is true), and with Retain
+// (the default) the object stays with its live status cleared and Ready
+// False, reason SandboxExpired. A sandbox whose node is lost is deleted when
+// the node is back: the object waits (Ready False, NodeLost) until then.
+func (r *Reconciler) expire(ctx context.Context, obj *sandboxv1.Sandbox, id string) (gone bool, _ ctrl.Result, _ error) {
+	if obj.Status.Berth.Phase != sandboxv1.PhaseExpired {
+		err := r.Berth.DeleteSandbox(ctx, id)
+		switch {
+		case err == nil, berth.IsReason(err, berth.ReasonSandboxNotFound):
+		case nodeLost(err) != "":
+			setCondition(obj, sandboxv1.ConditionReady, metav1.ConditionFalse, nodeLost(err),
+				fmt.Sprintf("shutdownTime %s has come; the sandbox is deleted once its node is back: %v", obj.Spec.ShutdownTime.UTC().Format(time.RFC3339), err))
+			return false, ctrl.Result{RequeueAfter: min(r.resync(), lostPoll)}, nil
+		default:
+			return false, ctrl.Result{}, fmt.Errorf("shutdownTime: delete sandbox %s: %w", id, err)
+		}
+	}
+	if obj.Spec.ShutdownPolicy == sandboxv1.ShutdownPolicyDelete {
+		if err := r.Client.Delete(ctx, obj, client.Preconditions{UID: &obj.UID}); client.IgnoreNotFound(err) != nil {
+			return false, ctrl.Result{}, fmt.Errorf("shutdownPolicy Delete: delete the object: %w", err)
+		}
+		return true, ctrl.Result{}, nil
+	}
+	st := &obj.Status
+	st.NodeName = ""
+	st.Berth.Phase = sandboxv1.PhaseExpired
+	st.Berth.AgentBootID = ""
+	st.Berth.ObservedGeneration = obj.Generation
+	setCondition(obj, sandboxv1.ConditionReady, metav1.ConditionFalse, sandboxv1.ReasonExpired,
+		fmt.Sprintf("shutdownTime %s has come: sandbox %s is deleted (shutdownPolicy Retain keeps this object)", obj.Spec.ShutdownTime.UTC().Format(time.RFC3339), id))
+	meta.RemoveStatusCondition(&st.Conditions, sandboxv1.ConditionSuspended)
+	return false, ctrl.Result{}, nil
+}
+
+// nodeLost is the condition reason of berth's answer that the sandbox's
+// node is out of the fleet (NodeLost: its lease ended) or does not answer
+// (NodeUnreachable: its lease runs); empty for any other error.
+func nodeLost(err error) string {
+	var e *berth.UnreachableError
+	if !errors.As(err, &e) {
+		return ""
+	}
+	switch e.Detail.GetCause() {
+	case berthv1.UnreachableCause_UNREACHABLE_CAUSE_NODE_LOST:
+		return sandboxv1.ReasonNodeLost
+	case berthv1.UnreachableCause_UNREACHABLE_CAUSE_NODE_UNREACHABLE:
+		return sandboxv1.ReasonNodeUnreachable
+	}
+	return ""
 }
 
 func (r *Reconciler) resync() time.Duration {
@@ -112,20 +201,34 @@ func (r *Reconciler) resync() time.Duration {
 }
 
 // finalize deletes the berth sandbox of an object being deleted, then lets
-// the object go.
-func (r *Reconciler) finalize(ctx context.Context, obj *sandboxv1.Sandbox, id string) error {
+// the object go. While the sandbox's node is lost it waits for the node, up
+// to NodeLostGrace from the deletion.
+func (r *Reconciler) finalize(ctx context.Context, obj *sandboxv1.Sandbox, id string) (ctrl.Result, error) {
 	if !controllerutil.ContainsFinalizer(obj, sandboxv1.Finalizer) {
-		return nil
+		return ctrl.Result{}, nil
 	}
 	if err := r.Berth.DeleteSandbox(ctx, id); err != nil && !berth.IsReason(err, berth.ReasonSandboxNotFound) {
-		return fmt.Errorf("delete sandbox %s: %w", id, err)
+		lost := nodeLost(err)
+		if lost == "" {
+			return ctrl.Result{}, fmt.Errorf("delete sandbox %s: %w", id, err)
+		}
+		grace := r.NodeLostGrace
+		if grace <= 0 {
+			grace = DefaultNodeLostGrace
+		}
+		if wait := time.Until(obj.DeletionTimestamp.Add(grace)); wait > 0 {
+			// The node may come back and re-adopt the sandbox: wait for it.
+			return ctrl.Result{RequeueAfter: min(wait, lostPoll)}, nil
+		}
+		log.FromContext(ctx).Info("the sandbox's node is still lost after the grace; the object goes, the sandbox stays on the node",
+			"sandbox_id", id, "node", obj.Status.NodeName, "grace", grace.String(), "error", err.Error())
 	}
 	base := obj.DeepCopy()
 	controllerutil.RemoveFinalizer(obj, sandboxv1.Finalizer)
 	if err := r.Client.Patch(ctx, obj, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-		return fmt.Errorf("remove finalizer %s: %w", sandboxv1.Finalizer, err)
+		return ctrl.Result{}, fmt.Errorf("remove finalizer %s: %w", sandboxv1.Finalizer, err)
 	}
-	return nil
+	return ctrl.Result{}, nil
 }
 
 // sync creates the berth sandbox when it was never created, and pauses,
@@ -164,6 +267,17 @@ func (r *Reconciler) sync(ctx context.Context, obj *sandboxv1.Sandbox, id string
 		setCondition(obj, sandboxv1.ConditionReady, metav1.ConditionFalse, sandboxv1.ReasonGone,
 			fmt.Sprintf("berth no longer holds sandbox %s (its idle timeout or lifetime ended it, or it was deleted through berth's API); delete this object", id))
 		return nil, ctrl.Result{}, nil
+	case nodeLost(err) != "":
+		// Its node is out of the fleet or does not answer: the sandbox
+		// may run on, and is back when the node is (same node id).
+		var e *berth.UnreachableError
+		errors.As(err, &e)
+		if n := e.Detail.GetNodeId(); n != "" {
+			obj.Status.NodeName = n
+		}
+		setCondition(obj, sandboxv1.ConditionReady, metav1.ConditionFalse, nodeLost(err),
+			fmt.Sprintf("node %s holding sandbox %s: %v", obj.Status.NodeName, id, err))
+		return nil, ctrl.Result{RequeueAfter: min(r.resync(), lostPoll)}, nil
 	case err != nil:
 		setCondition(obj, sandboxv1.ConditionReady, metav1.ConditionUnknown, reasonOf(err), fmt.Sprintf("get sandbox %s: %v", id, err))
 		return nil, ctrl.Result{}, err

@@ -41,6 +41,8 @@ type Options struct {
 	MirrorNamespace string
 	// MirrorInterval: Mirror.Interval.
 	MirrorInterval time.Duration
+	// NodeLostGrace: Reconciler.NodeLostGrace.
+	NodeLostGrace time.Duration
 }
 
 // LeaderElectionID names the Lease replicas of berth-controller elect a
@@ -94,7 +96,7 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	r := &Reconciler{Client: mgr.GetClient(), Berth: opts.Berth, Resync: opts.Resync}
+	r := &Reconciler{Client: mgr.GetClient(), Berth: opts.Berth, Resync: opts.Resync, NodeLostGrace: opts.NodeLostGrace}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("sandbox controller: %w", err)
 	}

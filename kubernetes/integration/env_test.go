@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -130,7 +131,9 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool
 
 // kube is a running kube-apiserver on its own etcd.
 type kube struct {
-	admin *rest.Config // system:masters through a static token
+	admin   *rest.Config // system:masters through a static token
+	port    int          // the secure port on 127.0.0.1
+	certDir string       // the serving certificate: apiserver.crt, self-signed for 127.0.0.1
 }
 
 const adminToken = "berth-test-admin"
@@ -192,7 +195,7 @@ func startKube(t *testing.T, repo string) *kube {
 		"--service-cluster-ip-range", "10.96.0.0/24",
 		"--enable-priority-and-fairness=false",
 	))
-	k := &kube{admin: &rest.Config{
+	k := &kube{port: securePort, certDir: filepath.Join(dir, "certs"), admin: &rest.Config{
 		Host:            fmt.Sprintf("https://127.0.0.1:%d", securePort),
 		BearerToken:     adminToken,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
@@ -282,17 +285,28 @@ func (k *kube) apply(t *testing.T, files ...string) []*unstructured.Unstructured
 	return applied
 }
 
-// berthd is one real berthd node of a fleet (embedded etcd) on a private
-// containerd, with the base image imported.
+// berthd is one real berthd node of a fleet on a private containerd, with
+// the base image imported.
 type berthd struct {
-	sock   string // unix socket: root is an admin there
-	nodeID string
-	client *berth.Client
+	sock    string // unix socket: root is an admin there
+	cdir    string // its containerd's directory (containerd.sock)
+	tcp     string // plaintext TCP address (--insecure-tcp), the fleet's address of the node
+	nodeID  string
+	etcdURL string // the embedded etcd's client URL; empty on a node that joined one
+	client  *berth.Client
+
+	argv []string        // berthd's command line, the same at every start
+	cmd  *exec.Cmd       // the running berthd
+	done <-chan struct{} // closed when cmd has exited
+	runs int
 }
 
 const baseImage = "berth.dev/base:latest"
 
-func startBerthd(t *testing.T, repo, nodeID string) *berthd {
+// startBerthd starts berthd as fleet node nodeID with flags added to its
+// command line: with an --etcd-endpoints flag it joins that fleet,
+// otherwise it runs the fleet's etcd embedded (etcdURL).
+func startBerthd(t *testing.T, repo, nodeID string, flags ...string) *berthd {
 	t.Helper()
 	archive := os.Getenv("BERTH_TEST_IMAGE")
 	if archive == "" {
@@ -326,40 +340,80 @@ func startBerthd(t *testing.T, repo, nodeID string) *berthd {
 	})
 	b := make([]byte, 4)
 	rand.Read(b)
-	n := &berthd{sock: filepath.Join(dir, "berthd.sock"), nodeID: nodeID}
-	tcp := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	startProc(t, "berthd-"+nodeID, exec.Command(filepath.Join(bin, "berthd"),
+	n := &berthd{sock: filepath.Join(dir, "berthd.sock"), cdir: cdir, nodeID: nodeID}
+	n.tcp = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	n.argv = []string{filepath.Join(bin, "berthd"),
 		"--containerd-address", filepath.Join(cdir, "containerd.sock"),
-		"--namespace", "berth-k8s-"+hex.EncodeToString(b),
+		"--namespace", "berth-k8s-" + hex.EncodeToString(b),
 		"--state-dir", filepath.Join(dir, "s"),
 		"--agent-binary", filepath.Join(bin, "berth-agent"),
 		"--snapshotter", "overlayfs",
-		"--listen", "unix://"+n.sock, "--listen", tcp, "--insecure-tcp", "--peer-insecure",
+		"--listen", "unix://" + n.sock, "--listen", n.tcp, "--insecure-tcp", "--peer-insecure",
 		"--node-id", nodeID,
-		"--etcd-embed", "--etcd-embed-dir", filepath.Join(dir, "etcd"),
-		"--etcd-embed-client-url", fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
-		"--etcd-embed-peer-url", fmt.Sprintf("http://127.0.0.1:%d", freePort(t)),
-	))
+	}
+	if !slices.Contains(flags, "--etcd-endpoints") {
+		n.etcdURL = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		n.argv = append(n.argv, "--etcd-embed", "--etcd-embed-dir", filepath.Join(dir, "etcd"),
+			"--etcd-embed-client-url", n.etcdURL,
+			"--etcd-embed-peer-url", fmt.Sprintf("http://127.0.0.1:%d", freePort(t)))
+	}
+	n.argv = append(n.argv, flags...)
+	n.start(t)
 	n.client, err = berth.Dial(context.Background(), "unix://"+n.sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.client.Close() })
+	n.waitServing(t)
 	fh, err := os.Open(archive)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fh.Close()
-	waitFor(t, 2*time.Minute, "berthd serves", func() (bool, string) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_, err := n.client.ListImages(ctx)
-		return err == nil, fmt.Sprint(err)
-	})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := n.client.ImportImage(ctx, fh, ""); err != nil {
 		t.Fatalf("import the base image: %v", err)
 	}
 	return n
+}
+
+// start runs berthd with n.argv (its log: berthd-NODE[-RUN].log).
+func (n *berthd) start(t *testing.T) {
+	t.Helper()
+	name := "berthd-" + n.nodeID
+	if n.runs++; n.runs > 1 {
+		name = fmt.Sprintf("%s-%d", name, n.runs)
+	}
+	n.cmd = exec.Command(n.argv[0], n.argv[1:]...)
+	n.done = startProc(t, name, n.cmd)
+}
+
+func (n *berthd) waitServing(t *testing.T) {
+	t.Helper()
+	waitFor(t, 2*time.Minute, "berthd "+n.nodeID+" serves", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := n.client.ListImages(ctx)
+		return err == nil, fmt.Sprint(err)
+	})
+}
+
+// kill ends berthd with SIGKILL, as a crashed host would: its lease is not
+// revoked, it runs out; its sandboxes' tasks keep running under
+// containerd.
+func (n *berthd) kill(t *testing.T) {
+	t.Helper()
+	if err := n.cmd.Process.Kill(); err != nil {
+		t.Fatalf("kill berthd %s: %v", n.nodeID, err)
+	}
+	<-n.done
+}
+
+// restart starts berthd again with the same node id, state and flags, and
+// waits until it serves (it re-adopted its sandboxes by then).
+func (n *berthd) restart(t *testing.T) {
+	t.Helper()
+	n.start(t)
+	n.waitServing(t)
 }

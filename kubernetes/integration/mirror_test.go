@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
@@ -41,53 +39,11 @@ const mirrorNamespace = "berth-sandboxes"
 func TestKubernetesMirror(t *testing.T) {
 	e2e.NeedRoot(t, "containerd and berthd")
 	repo := repoRoot(t)
-	k := startKube(t, repo)
-	deploy := filepath.Join(repo, "deploy", "kubernetes")
-	k.apply(t,
-		filepath.Join(deploy, "sandbox-crd.yaml"),
-		filepath.Join(deploy, "sandboxtemplate-crd.yaml"),
-		filepath.Join(deploy, "sandboxclaim-crd.yaml"),
-		filepath.Join(deploy, "berth-controller.yaml"))
-
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cs := kubernetes.NewForConfigOrDie(k.admin)
-	scheme, err := controller.Scheme()
-	if err != nil {
-		t.Fatal(err)
-	}
-	admin, err := client.New(k.admin, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, time.Minute, "the CRDs serve", func() (bool, string) {
-		err := admin.List(ctx, &sandboxv1.SandboxList{})
-		if err == nil {
-			err = admin.List(ctx, &extv1alpha1.SandboxClaimList{})
-		}
-		if err == nil {
-			err = admin.List(ctx, &extv1alpha1.SandboxTemplateList{})
-		}
-		return err == nil, fmt.Sprint(err)
-	})
-
+	k, cs, admin, _ := setUpKube(t, ctx, repo)
 	node := startBerthd(t, repo, "node-a")
-	controllerCfg := saConfig(t, ctx, cs, k.admin, "berth-system", "berth-controller")
-	runCtx, stopController := context.WithCancel(ctx)
-	controllerDone := make(chan error, 1)
-	go func() {
-		controllerDone <- controller.Run(runCtx, controller.Options{
-			Config: controllerCfg, Berth: node.client, Log: zap.New(zap.UseDevMode(true), zap.WriteTo(testWriter{t})),
-			MetricsAddr: "0", Resync: 2 * time.Second,
-			MirrorNamespace: mirrorNamespace, MirrorInterval: time.Second,
-		})
-	}()
-	t.Cleanup(func() {
-		stopController()
-		if err := <-controllerDone; err != nil {
-			t.Errorf("controller.Run: %v", err)
-		}
-	})
+	runController(t, ctx, k, cs, controller.Options{Berth: node.client, MirrorNamespace: mirrorNamespace, MirrorInterval: time.Second})
 
 	// A claim from a template: a Sandbox object owned by the claim, a
 	// running sandbox with the template's and the claim's env.

@@ -46,6 +46,19 @@ const (
 	ReasonGone = "SandboxGone"
 	// ReasonInvalidSpec: the object names no image.
 	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonExpired is agent-sandbox's reason for Ready False once
+	// spec.shutdownTime has come and the sandbox was deleted (shutdownPolicy
+	// Retain).
+	ReasonExpired = "SandboxExpired"
+	// ReasonNodeLost: the berthd node holding the sandbox left the fleet
+	// (its lease ended: killed, cut off from the fleet's store, or
+	// stopped); berth answers SANDBOX_UNREACHABLE, cause NODE_LOST. The
+	// sandbox may still run there and is Ready again when the node comes
+	// back under its node id.
+	ReasonNodeLost = "NodeLost"
+	// ReasonNodeUnreachable: the node's lease runs but it does not answer
+	// (SANDBOX_UNREACHABLE, cause NODE_UNREACHABLE).
+	ReasonNodeUnreachable = "NodeUnreachable"
 	// Any other reason of a False Ready is the reason of berth's typed
 	// error (docs/errors.md), e.g. IMAGE_NOT_FOUND, FLEET_BUSY.
 )
@@ -61,6 +74,19 @@ const (
 	PhaseStopped    = "Stopped"
 	PhaseGone       = "Gone"
 	PhaseFailed     = "Failed"
+	// PhaseExpired: spec.shutdownTime came and the sandbox was deleted;
+	// the object stays (shutdownPolicy Retain).
+	PhaseExpired = "Expired"
+)
+
+// Values of spec.shutdownPolicy, agent-sandbox's.
+const (
+	// ShutdownPolicyRetain (the default) keeps the object at shutdownTime:
+	// its sandbox is deleted, its status says SandboxExpired.
+	ShutdownPolicyRetain = "Retain"
+	// ShutdownPolicyDelete deletes the object at shutdownTime, after its
+	// sandbox.
+	ShutdownPolicyDelete = "Delete"
 )
 
 // Finalizer is the finalizer the controller puts on every Sandbox it
@@ -91,11 +117,16 @@ type SandboxSpec struct {
 	PodTemplate *PodTemplate `json:"podTemplate,omitempty"`
 	// OperatingMode: Running (default) or Suspended.
 	OperatingMode OperatingMode `json:"operatingMode,omitempty"`
-	// ShutdownTime and ShutdownPolicy are agent-sandbox's lifecycle
-	// fields; accepted and stored, not acted on yet (spec.berth.maxLifetime
-	// bounds a sandbox's life).
-	ShutdownTime   *metav1.Time `json:"shutdownTime,omitempty"`
-	ShutdownPolicy string       `json:"shutdownPolicy,omitempty"`
+	// ShutdownTime is agent-sandbox's expiry (RFC 3339): when it comes the
+	// controller deletes the berth sandbox (an object whose shutdownTime
+	// has passed at create gets none) and applies ShutdownPolicy to the
+	// object. Unset: the sandbox lives until the object is deleted (or
+	// spec.berth.maxLifetime ends it).
+	ShutdownTime *metav1.Time `json:"shutdownTime,omitempty"`
+	// ShutdownPolicy is Retain (default: the object stays, Ready False,
+	// reason SandboxExpired, status.berth.phase Expired) or Delete (the
+	// object is deleted after its sandbox).
+	ShutdownPolicy string `json:"shutdownPolicy,omitempty"`
 	// Berth holds berth's own fields.
 	Berth BerthSpec `json:"berth,omitempty"`
 }
@@ -182,7 +213,7 @@ type BerthStatus struct {
 	// derived from the object's namespace, name and uid.
 	SandboxID string `json:"sandboxID,omitempty"`
 	// Phase is the sandbox's state: Pending, Starting, Running, Paused,
-	// Hibernated, Stopping, Stopped, Gone or Failed.
+	// Hibernated, Stopping, Stopped, Gone, Failed or Expired.
 	Phase string `json:"phase,omitempty"`
 	// AgentBootID is random per start of the sandbox's agent: it changes
 	// when the agent restarted (after a hibernation, say).

@@ -41,6 +41,7 @@ func run() error {
 	electNS := flag.String("leader-election-namespace", "berth-system", "namespace of the leader election Lease")
 	mirrorNS := flag.String("mirror-namespace", "berth-sandboxes", "namespace of the Sandbox objects of sandboxes created through berth's API (\"\": none are made)")
 	mirrorInterval := flag.Duration("mirror-interval", controller.DefaultMirrorInterval, "how often berth's sandboxes are listed for the mirror")
+	grace := flag.Duration("node-lost-grace", controller.DefaultNodeLostGrace, "how long deleting a Sandbox object whose berthd node is lost waits for the node to come back and delete the sandbox; after it the object goes and the sandbox stays on that node")
 	zapOpts := zap.Options{}
 	zapOpts.BindFlags(flag.CommandLine)
 	flag.Parse() // also --kubeconfig, registered by controller-runtime's config package
@@ -77,7 +78,7 @@ func run() error {
 	return controller.Run(ctx, controller.Options{
 		Config: cfg, Berth: c, Log: zap.New(zap.UseFlagOptions(&zapOpts)),
 		MetricsAddr: *metrics, HealthAddr: *health,
-		LeaderElection: *elect, LeaderElectionNamespace: *electNS,
+		LeaderElection: *elect, LeaderElectionNamespace: *electNS, NodeLostGrace: *grace,
 		MirrorNamespace: *mirrorNS, MirrorInterval: *mirrorInterval,
 	})
 }
