@@ -2,6 +2,7 @@
 # left where Go keeps them by default, so repeated runs stay warm.
 #
 #   make build            bin/berthd, bin/berth, bin/berth-agent (static)
+#   make launcher         rebuild the native launcher the agent embeds (gcc)
 #   make image            install dependencies, build build/base.oci.tar
 #   make demo             scripts/demo.sh: a command in a real sandbox
 #   make test             unit tests: no root, no containerd (well under a minute)
@@ -33,7 +34,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: test-kubernetes console-assets check-console all build image demo test integration check ci test-debian generate clients python-sdk ts-sdk lint breaking check-generated bench gobench soak clean container-image
+.PHONY: launcher test-kubernetes console-assets check-console all build image demo test integration check ci test-debian generate clients python-sdk ts-sdk lint breaking check-generated bench gobench soak clean container-image
 
 all: build
 
@@ -44,6 +45,13 @@ build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/berthd ./cmd/berth
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/berth-agent ./cmd/berth-agent
 	cd kubernetes && $(GO) build -o ../bin/ ./cmd/berth-controller
+
+# The native launcher, a static C program the agent binary embeds
+# (agent/launcher/native.go) and runs from a memfd: it is committed, so that
+# a plain go build of the agent carries it; rebuild it after editing
+# agent/launcher/c/launcher.c (needs gcc and libc6-dev).
+launcher:
+	gcc -static -O2 -s -Wall -Wextra -Werror -o agent/launcher/c/berth-launcher agent/launcher/c/launcher.c
 
 image:
 	scripts/deps.sh
