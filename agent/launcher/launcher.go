@@ -214,13 +214,16 @@ func (l *Launcher) closeLocked() {
 func (l *Launcher) startLocked() error {
 	cfg := l.cfg
 	if cfg.Binary == "" {
-		cfg.Binary = agentBinary
-		if path, err := nativeBinary(); err == nil {
-			cfg.Binary = path
+		path, err := nativeBinary()
+		if err != nil {
+			l.complain("the agent binary is the launcher: %v", err)
+			path = agentBinary
 		}
+		cfg.Binary = path
 	}
 	conn, proc, err := run(cfg)
 	if err != nil && cfg.Binary != l.cfg.Binary && cfg.Binary != agentBinary && !errors.Is(err, ErrResources) {
+		l.complain("the agent binary is the launcher: the native one did not run: %v", err)
 		cfg.Binary = agentBinary
 		conn, proc, err = run(cfg)
 	}
@@ -271,6 +274,13 @@ func run(cfg Config, extra ...string) (*os.File, *os.Process, error) {
 		return nil, nil, resourceErr("start the launcher "+cfg.Binary, err)
 	}
 	return ours, proc, nil
+}
+
+// complain writes a line to cfg.Stderr, if any.
+func (l *Launcher) complain(format string, args ...any) {
+	if l.cfg.Stderr != nil {
+		fmt.Fprintf(l.cfg.Stderr, "berth-agent launcher: "+format+"\n", args...)
+	}
 }
 
 // agentBinary runs the agent binary again, as a Go launcher.

@@ -233,7 +233,9 @@ func launcherCPU(tb testing.TB) time.Duration {
 // BenchmarkStart measures starting `true` through the launcher and reaping
 // it, beside fork+exec from this process. The launcher's side reports the
 // CPU time the launcher process used per start (launcher-us/op: its fork
-// and its runtime's threads, not the process started).
+// and, for the Go launcher, its runtime's threads; not the process
+// started). The launcher is the native one, or BERTH_TEST_LAUNCHER's
+// program (/proc/self/exe: the Go launcher) to compare.
 func BenchmarkStart(b *testing.B) {
 	stdio := devNulls(b)
 	b.Run("launcher", func(b *testing.B) {
