@@ -47,7 +47,7 @@ build:
 	cd kubernetes && $(GO) build -o ../bin/ ./cmd/berth-controller
 
 # The native launcher, a static C program the agent binary embeds
-# (agent/launcher/native.go) and runs from a memfd: it is committed, so that
+# (agent/launcher/native_amd64.go) and runs from a memfd: it is committed, so that
 # a plain go build of the agent carries it; rebuild it after editing
 # agent/launcher/c/launcher.c (needs gcc and libc6-dev).
 launcher:

@@ -2,7 +2,7 @@
 // helper process, the launcher, instead of from the agent itself.
 //
 // The launcher is the native launcher (c/launcher.c, a static C program
-// the agent binary carries and runs from a memfd, native.go), or, where
+// the agent binary carries and runs from a memfd, native_amd64.go), or, where
 // that cannot be run, and for the ReapingLauncher, the agent binary run
 // again (/proc/self/exe); both get argv[0] Arg0, and this package's init
 // turns such an agent process into a launcher before anything else in the
@@ -69,7 +69,7 @@ const OOMScoreAdj = 1000
 type Config struct {
 	// Binary is the program to run as the launcher: the agent binary
 	// (/proc/self/exe) or the native launcher. Default: the native
-	// launcher (native.go), or the agent binary when it cannot be run.
+	// launcher (native_amd64.go), or the agent binary when it cannot be run.
 	Binary string
 	// Credential is the workload user the launcher, and every process it
 	// starts, runs as; nil keeps the agent's.

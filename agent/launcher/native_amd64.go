@@ -9,7 +9,7 @@ import (
 	"unsafe"
 )
 
-// native is the launcher without the Go runtime (c/launcher.c, built by
+// native is the amd64 launcher without the Go runtime (c/launcher.c, built by
 // `make launcher`: gcc -static -O2 -s): a Launcher runs it instead of the
 // agent binary. A Go launcher's runtime monitor (sysmon), woken by the
 // first system call of each request and then polling every 20 us for a
