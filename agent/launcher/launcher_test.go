@@ -82,13 +82,23 @@ func testStart(t *testing.T, binary string) {
 	}
 }
 
-// TestStartNative checks that a Launcher runs the native launcher by
+// TestStartNative checks, as this process's user and as nobody (the
+// memfd is executed after the launcher switched to the workload user),
+// that a Launcher runs the native launcher by
 // default (no Go runtime: one thread, executed from its memfd) and that a
 // process it starts leads its own process group, is this process's child
 // (CLONE_PARENT) and is born with oom_score_adj 1000 while the launcher
 // keeps this process's score.
 func TestStartNative(t *testing.T) {
-	l := launcher.New(launcher.Config{})
+	t.Run("agent's user", func(t *testing.T) { testStartNative(t, nil) })
+	if os.Getuid() == 0 {
+		// The memfd is executed after the switch to the workload user.
+		t.Run("nobody", func(t *testing.T) { testStartNative(t, &syscall.Credential{Uid: 65534, Gid: 65534}) })
+	}
+}
+
+func testStartNative(t *testing.T, cred *syscall.Credential) {
+	l := launcher.New(launcher.Config{Credential: cred})
 	defer l.Close()
 	pid, err := l.Start(&launcher.Request{Path: "/bin/sleep", Argv: []string{"sleep", "60"}, Dir: "/", Stdio: devNulls(t)})
 	if err != nil {
@@ -105,6 +115,9 @@ func TestStartNative(t *testing.T) {
 	}
 	if threads := statusField(t, lpid, "Threads"); threads != "1" {
 		t.Errorf("launcher has %s threads, want 1 (no Go runtime)", threads)
+	}
+	if uid := strings.Fields(statusField(t, pid, "Uid"))[0]; cred != nil && uid != strconv.Itoa(int(cred.Uid)) {
+		t.Errorf("process runs as uid %s, want %d", uid, cred.Uid)
 	}
 	if pgid, err := syscall.Getpgid(pid); err != nil || pgid != pid {
 		t.Errorf("process group %d (%v), want its own, %d", pgid, err, pid)
