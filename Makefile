@@ -2,6 +2,7 @@
 # left where Go keeps them by default, so repeated runs stay warm.
 #
 #   make build            bin/berthd, bin/berth, bin/berth-agent (static)
+#   make launcher         rebuild the native launcher the agent embeds (gcc)
 #   make image            install dependencies, build build/base.oci.tar
 #   make demo             scripts/demo.sh: a command in a real sandbox
 #   make test             unit tests: no root, no containerd (well under a minute)
@@ -33,7 +34,7 @@ BENCH   ?= .
 PKG     ?= ./...
 IMAGE   := $(CURDIR)/build/base.oci.tar
 
-.PHONY: test-kubernetes console-assets check-console all build image demo test integration check ci test-debian generate clients python-sdk ts-sdk lint breaking check-generated bench gobench soak clean container-image
+.PHONY: launcher check-launcher test-kubernetes console-assets check-console all build image demo test integration check ci test-debian generate clients python-sdk ts-sdk lint breaking check-generated bench gobench soak clean container-image
 
 all: build
 
@@ -44,6 +45,21 @@ build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o bin/ ./cmd/berthd ./cmd/berth
 	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o bin/berth-agent ./cmd/berth-agent
 	cd kubernetes && $(GO) build -o ../bin/ ./cmd/berth-controller
+
+# The native launcher, a static C program the agent binary embeds
+# (agent/launcher/native_amd64.go) and runs from a memfd: it is committed, so that
+# a plain go build of the agent carries it; rebuild it after editing
+# agent/launcher/c/launcher.c (needs gcc and libc6-dev).
+LAUNCHER_CC = gcc -static -O2 -s -Wall -Wextra -Werror
+launcher:
+	$(LAUNCHER_CC) -o agent/launcher/c/berth-launcher agent/launcher/c/launcher.c
+
+# check-launcher: the committed launcher is what its source builds to (gcc's
+# static build is byte-for-byte reproducible with Debian 12's gcc 12.2).
+check-launcher:
+	@tmp=$$(mktemp) && $(LAUNCHER_CC) -o $$tmp agent/launcher/c/launcher.c && \
+	if cmp -s $$tmp agent/launcher/c/berth-launcher; then rm -f $$tmp; echo "check-launcher: agent/launcher/c/berth-launcher is launcher.c's build"; \
+	else rm -f $$tmp; echo "check-launcher: agent/launcher/c/berth-launcher is not what launcher.c builds to with $$(gcc -dumpfullversion): run 'make launcher' and commit it"; exit 1; fi
 
 image:
 	scripts/deps.sh
@@ -63,7 +79,7 @@ test:
 integration:
 	GO_TEST_PKGS='$(INTEGRATION_PKGS)' scripts/test.sh
 
-check: lint breaking check-generated check-console
+check: lint breaking check-generated check-console check-launcher
 
 ci: check test integration test-debian test-kubernetes
 

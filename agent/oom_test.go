@@ -213,13 +213,16 @@ func TestOOMKillAttributedToItsExec(t *testing.T) {
 // The kill is real and certain to strike the launcher mid-request: the
 // launcher is stopped (SIGSTOP) before the start reaches it; once the
 // request waits in its socket its oom_score_adj is set to 1000 (as while it
-// forks) and a memory hog at 0 fills the agent's 96 MiB cgroup. The OOM
-// killer picks the launcher first (at 1000 its badness exceeds the
-// cgroup's limit in pages, more than any process at 0 can hold), then the
-// hog (at the agent's score, with many times its memory); the agent reads
-// both kills in its cgroup.
+// forks) and a memory hog at 0 fills the agent's cgroup of 24,000 pages
+// (about 94 MiB). The OOM killer picks the launcher first (its badness is
+// its pages plus 1000 x (the limit in pages / 1000, rounded down): the
+// whole limit, more than the hog can hold beside the agent), then the hog
+// (at the agent's score, with many times its memory); the agent reads both
+// kills in its cgroup. At 96 MiB (24,576 pages) the rounding left out 576
+// pages, which the Go launcher's RSS made up and the native launcher's
+// 140 pages do not: the hog was killed alone.
 func TestStartWhoseLauncherIsOOMKilled(t *testing.T) {
-	dir := memoryCgroup(t, 96<<20)
+	dir := memoryCgroup(t, 24000*4096)
 	a := startAgentInCgroup(t, dir)
 	if r := a.run(t, execID(t)+"-first", shell(`echo first`)); string(r.stdout) != "first\n" {
 		t.Fatalf("first exec: stdout %q, result %v; want %q", r.stdout, r.result, "first\n")

@@ -84,17 +84,21 @@ command -v ip >/dev/null || missing+=(iproute2)
 # image may lack them) and list ldd's libraries (libc-bin).
 { command -v setpriv >/dev/null && command -v unshare >/dev/null; } || missing+=(util-linux)
 command -v ldd >/dev/null || missing+=(libc-bin)
+# make check-launcher rebuilds the agent's native launcher (a static C
+# program, agent/launcher/c) to check the committed binary is its source's.
+command -v gcc >/dev/null || missing+=(gcc)
+installed libc6-dev || missing+=(libc6-dev)
 if [[ ${#missing[@]} -gt 0 ]]; then
 	apt_update
 	# Always the full set, so versions stay consistent with each other.
 	pkgs=(containerd runc busybox-static)
-	for p in make git libarchive-tools btrfs-progs runsc containernetworking-plugins nftables iproute2 util-linux libc-bin; do
+	for p in make git libarchive-tools btrfs-progs runsc containernetworking-plugins nftables iproute2 util-linux libc-bin gcc libc6-dev; do
 		[[ " ${missing[*]} " == *" $p "* ]] && pkgs+=("$p")
 	done
 	log "apt-get install ${pkgs[*]} (missing: ${missing[*]})"
 	"${SUDO[@]}" "${APT[@]}" install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
 else
-	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, runsc, containernetworking-plugins, nftables, iproute2, util-linux, libc-bin: present"
+	log "containerd, runc, busybox-static, libarchive-tools, make, git, btrfs-progs, runsc, containernetworking-plugins, nftables, iproute2, util-linux, libc-bin, gcc, libc6-dev: present"
 fi
 
 if [[ -x $BASH_STATIC_DIR/bin/bash-static ]]; then

@@ -1,9 +1,14 @@
 // Package launcher starts berth-agent's workload processes from a small
 // helper process, the launcher, instead of from the agent itself.
 //
-// The launcher is the agent binary run again (/proc/self/exe) with argv[0]
-// set to Arg0; this package's init turns such a process into a launcher
-// before anything else in the binary starts. It runs as the workload user,
+// The launcher is the native launcher (c/launcher.c, a static C program
+// the agent binary carries and runs from a memfd, native_amd64.go), or, where
+// that cannot be run, and for the ReapingLauncher, the agent binary run
+// again (/proc/self/exe); both get argv[0] Arg0, and this package's init
+// turns such an agent process into a launcher before anything else in the
+// binary starts. The native one has no Go runtime, whose monitor thread
+// cost twice the launcher's own work a start, and starts each process with
+// clone(CLONE_VM|CLONE_VFORK). It runs as the workload user,
 // with the workload's soft RLIMIT_NOFILE, and forks every process the agent
 // asks for, raising its OOM score to the highest (oom_score_adj 1000) for
 // the fork and lowering it back to the agent's after. A child inherits both
@@ -62,8 +67,9 @@ const OOMScoreAdj = 1000
 
 // Config configures a Launcher.
 type Config struct {
-	// Binary is the agent binary to run as the launcher. Default
-	// /proc/self/exe.
+	// Binary is the program to run as the launcher: the agent binary
+	// (/proc/self/exe) or the native launcher. Default: the native
+	// launcher (native_amd64.go), or the agent binary when it cannot be run.
 	Binary string
 	// Credential is the workload user the launcher, and every process it
 	// starts, runs as; nil keeps the agent's.
@@ -105,9 +111,6 @@ type Launcher struct {
 
 // New returns a Launcher for cfg; the process starts with the first Start.
 func New(cfg Config) *Launcher {
-	if cfg.Binary == "" {
-		cfg.Binary = "/proc/self/exe"
-	}
 	return &Launcher{cfg: cfg}
 }
 
@@ -206,9 +209,24 @@ func (l *Launcher) closeLocked() {
 	}
 }
 
-// startLocked runs the launcher process.
+// startLocked runs the launcher process: cfg's Binary, or the native
+// launcher, or, when that cannot be made or run, the agent binary.
 func (l *Launcher) startLocked() error {
-	conn, proc, err := run(l.cfg)
+	cfg := l.cfg
+	if cfg.Binary == "" {
+		path, err := nativeBinary()
+		if err != nil {
+			l.complain("the agent binary is the launcher: %v", err)
+			path = agentBinary
+		}
+		cfg.Binary = path
+	}
+	conn, proc, err := run(cfg)
+	if err != nil && cfg.Binary != l.cfg.Binary && cfg.Binary != agentBinary && !errors.Is(err, ErrResources) {
+		l.complain("the agent binary is the launcher: the native one did not run: %v", err)
+		cfg.Binary = agentBinary
+		conn, proc, err = run(cfg)
+	}
 	if err != nil {
 		return err
 	}
@@ -257,6 +275,16 @@ func run(cfg Config, extra ...string) (*os.File, *os.Process, error) {
 	}
 	return ours, proc, nil
 }
+
+// complain writes a line to cfg.Stderr, if any.
+func (l *Launcher) complain(format string, args ...any) {
+	if l.cfg.Stderr != nil {
+		fmt.Fprintf(l.cfg.Stderr, "berth-agent launcher: "+format+"\n", args...)
+	}
+}
+
+// agentBinary runs the agent binary again, as a Go launcher.
+const agentBinary = "/proc/self/exe"
 
 // requestTimeout bounds one request: a launcher that does not answer within
 // it is replaced.

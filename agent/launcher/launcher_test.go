@@ -44,11 +44,17 @@ func wait(tb testing.TB, pid int) syscall.WaitStatus {
 	}
 }
 
-// TestStart runs processes through a launcher: they are this process's
+// TestStart runs processes through a launcher, native and Go: they are this process's
 // children, a missing program is an *ExecError, and a script without a
 // shebang runs under /bin/sh.
 func TestStart(t *testing.T) {
-	l := launcher.New(launcher.Config{})
+	for _, binary := range []string{"", "/proc/self/exe"} { // the native launcher, the Go one
+		t.Run("binary="+binary, func(t *testing.T) { testStart(t, binary) })
+	}
+}
+
+func testStart(t *testing.T, binary string) {
+	l := launcher.New(launcher.Config{Binary: binary})
 	defer l.Close()
 	stdio := devNulls(t)
 	pid, err := l.Start(&launcher.Request{Path: "/bin/sh", Argv: []string{"sh", "-c", "exit 7"}, Dir: "/", Stdio: stdio})
@@ -74,6 +80,94 @@ func TestStart(t *testing.T) {
 	if ws := wait(t, pid); ws.ExitStatus() != 3 {
 		t.Errorf("script without a shebang: exit status %d, want 3", ws.ExitStatus())
 	}
+}
+
+// TestStartNative checks, as this process's user and as nobody (the
+// memfd is executed after the launcher switched to the workload user),
+// that a Launcher runs the native launcher by
+// default (no Go runtime: one thread, executed from its memfd) and that a
+// process it starts leads its own process group, is this process's child
+// (CLONE_PARENT) and is born with oom_score_adj 1000 while the launcher
+// keeps this process's score.
+func TestStartNative(t *testing.T) {
+	t.Run("agent's user", func(t *testing.T) { testStartNative(t, nil) })
+	if os.Getuid() == 0 {
+		// The memfd is executed after the switch to the workload user.
+		t.Run("nobody", func(t *testing.T) { testStartNative(t, &syscall.Credential{Uid: 65534, Gid: 65534}) })
+	}
+}
+
+func testStartNative(t *testing.T, cred *syscall.Credential) {
+	l := launcher.New(launcher.Config{Credential: cred})
+	defer l.Close()
+	pid, err := l.Start(&launcher.Request{Path: "/bin/sleep", Argv: []string{"sleep", "60"}, Dir: "/", Stdio: devNulls(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		wait(t, pid)
+	}()
+	lpid := launcherPID(t)
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", lpid))
+	if err != nil || !strings.HasPrefix(exe, "/memfd:"+launcher.Comm) {
+		t.Errorf("launcher %d runs %q (%v), want the native launcher's memfd /memfd:%s", lpid, exe, err, launcher.Comm)
+	}
+	if threads := statusField(t, lpid, "Threads"); threads != "1" {
+		t.Errorf("launcher has %s threads, want 1 (no Go runtime)", threads)
+	}
+	if uid := strings.Fields(statusField(t, pid, "Uid"))[0]; cred != nil && uid != strconv.Itoa(int(cred.Uid)) {
+		t.Errorf("process runs as uid %s, want %d", uid, cred.Uid)
+	}
+	if pgid, err := syscall.Getpgid(pid); err != nil || pgid != pid {
+		t.Errorf("process group %d (%v), want its own, %d", pgid, err, pid)
+	}
+	if ppid := statusField(t, pid, "PPid"); ppid != strconv.Itoa(os.Getpid()) {
+		t.Errorf("parent %s, want this process %d (CLONE_PARENT)", ppid, os.Getpid())
+	}
+	own, _ := os.ReadFile("/proc/self/oom_score_adj")
+	for p, want := range map[int]string{pid: strconv.Itoa(launcher.OOMScoreAdj), lpid: strings.TrimSpace(string(own))} {
+		got, err := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", p))
+		if err != nil || strings.TrimSpace(string(got)) != want {
+			t.Errorf("oom_score_adj of %d = %q (%v), want %s", p, got, err, want)
+		}
+	}
+}
+
+// launcherPID returns the pid of this process's running launcher (its
+// child named launcher.Comm that is not a zombie: a launcher closed
+// earlier and not reaped).
+func launcherPID(tb testing.TB) int {
+	tb.Helper()
+	lists, _ := filepath.Glob("/proc/self/task/*/children")
+	for _, list := range lists {
+		b, _ := os.ReadFile(list)
+		for _, field := range strings.Fields(string(b)) {
+			comm, _ := os.ReadFile("/proc/" + field + "/comm")
+			pid, _ := strconv.Atoi(field)
+			if strings.TrimSpace(string(comm)) == launcher.Comm && !strings.HasPrefix(statusField(tb, pid, "State"), "Z") {
+				return pid
+			}
+		}
+	}
+	tb.Fatal("no launcher among this process's children")
+	return 0
+}
+
+// statusField returns the value of field in /proc/<pid>/status.
+func statusField(tb testing.TB, pid int, field string) string {
+	tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	tb.Fatalf("no %s in /proc/%d/status", field, pid)
+	return ""
 }
 
 // TestStartLargeRequest starts a process whose environment (800 KB) is far
@@ -152,11 +246,13 @@ func launcherCPU(tb testing.TB) time.Duration {
 // BenchmarkStart measures starting `true` through the launcher and reaping
 // it, beside fork+exec from this process. The launcher's side reports the
 // CPU time the launcher process used per start (launcher-us/op: its fork
-// and its runtime's threads, not the process started).
+// and, for the Go launcher, its runtime's threads; not the process
+// started). The launcher is the native one, or BERTH_TEST_LAUNCHER's
+// program (/proc/self/exe: the Go launcher) to compare.
 func BenchmarkStart(b *testing.B) {
 	stdio := devNulls(b)
 	b.Run("launcher", func(b *testing.B) {
-		l := launcher.New(launcher.Config{})
+		l := launcher.New(launcher.Config{Binary: os.Getenv("BERTH_TEST_LAUNCHER")})
 		defer l.Close()
 		start := func() {
 			pid, err := l.Start(&launcher.Request{Path: "/bin/true", Argv: []string{"true"}, Dir: "/", Stdio: stdio})

@@ -76,7 +76,7 @@ type reapingRun struct {
 // starts with the first Start.
 func NewReaping(cfg Config, exited func(Exit), orphaned func(launcher int, pids []int)) *ReapingLauncher {
 	if cfg.Binary == "" {
-		cfg.Binary = "/proc/self/exe"
+		cfg.Binary = agentBinary
 	}
 	return &ReapingLauncher{cfg: cfg, exited: exited, orphaned: orphaned}
 }
