@@ -2,11 +2,12 @@ package launcher
 
 import (
 	_ "embed"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
-	"syscall"
-	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // native is the amd64 launcher without the Go runtime (c/launcher.c, built by
@@ -26,23 +27,6 @@ var (
 	nativeErr  error
 )
 
-// memfd_create(2) and fcntl(2) sealing constants (linux/memfd.h,
-// linux/fcntl.h), which package syscall lacks. MFD_EXEC (Linux 6.3): the
-// file may be executed whatever vm.memfd_noexec says; older kernels refuse
-// the flag with EINVAL and execute every memfd.
-const (
-	mfdCloexec      = 0x1
-	mfdAllowSealing = 0x2
-	mfdExec         = 0x10
-	fAddSeals       = 1033
-	fSealSeal       = 0x1
-	fSealShrink     = 0x2
-	fSealGrow       = 0x4
-	fSealWrite      = 0x8
-	// sysMemfdCreate is memfd_create's system call number on amd64.
-	sysMemfdCreate = 319
-)
-
 // nativeBinary returns the path the native launcher is executed from: a
 // memfd (memfd_create(2)) the agent keeps open, close-on-exec, sealed
 // against writes, which a process it forks reaches as /proc/self/fd/N
@@ -56,10 +40,12 @@ func nativeBinary() (string, error) {
 }
 
 func makeNative() (string, error) {
-	name := []byte(Comm + "\x00")
-	fd, err := memfdCreate(name, mfdExec|mfdCloexec|mfdAllowSealing)
-	if err == syscall.EINVAL {
-		fd, err = memfdCreate(name, mfdCloexec|mfdAllowSealing)
+	// MFD_EXEC (Linux 6.3): the file may be executed whatever
+	// vm.memfd_noexec says; older kernels refuse the flag with EINVAL and
+	// execute every memfd.
+	fd, err := unix.MemfdCreate(Comm, unix.MFD_EXEC|unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate(Comm, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	}
 	if err != nil {
 		return "", fmt.Errorf("memfd for the launcher: %w", err)
@@ -69,10 +55,10 @@ func makeNative() (string, error) {
 		f.Close()
 		return "", fmt.Errorf("write the launcher's memfd: %w", err)
 	}
-	const seals = fSealSeal | fSealShrink | fSealGrow | fSealWrite
-	if _, _, e := syscall.Syscall(syscall.SYS_FCNTL, f.Fd(), fAddSeals, seals); e != 0 {
+	const seals = unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
 		f.Close()
-		return "", fmt.Errorf("seal the launcher's memfd: %w", e)
+		return "", fmt.Errorf("seal the launcher's memfd: %w", err)
 	}
 	// f stays open (and reachable) for the process's life.
 	nativeFile = f
@@ -81,11 +67,3 @@ func makeNative() (string, error) {
 
 // nativeFile keeps the memfd from being closed by a finalizer.
 var nativeFile *os.File
-
-func memfdCreate(name []byte, flags uintptr) (int, error) {
-	fd, _, e := syscall.Syscall(sysMemfdCreate, uintptr(unsafe.Pointer(&name[0])), flags, 0)
-	if e != 0 {
-		return -1, e
-	}
-	return int(fd), nil
-}
