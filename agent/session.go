@@ -153,7 +153,8 @@ func (s *Server) createSession(req *berthv1.CreateSessionRequest, owner string) 
 	p, err := s.planStart(&berthv1.ProcessSpec{ShellCommand: fmt.Sprintf(sessionScript, dir), Shell: shell,
 		Cwd: req.GetCwd(), Env: req.GetEnv(), User: req.GetUser()}, berthv1.DetachedOutput_DETACHED_OUTPUT_UNSPECIFIED, true)
 	if err != nil {
-		return nil, err
+		// The request's cwd, env and user are its own fields.
+		return nil, rpcstatus.RenameField(err, "process.", "")
 	}
 	s.mu.Lock()
 	switch {

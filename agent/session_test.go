@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -95,5 +96,45 @@ func TestSession(t *testing.T) {
 				t.Errorf("second DeleteSession: %v, want NOT_FOUND", err)
 			}
 		})
+	}
+}
+
+// TestCreateSessionFieldNames: a bad cwd, env or user of CreateSession is
+// refused naming the request's own field (cwd, env, user), as the caller
+// wrote it, not process.cwd of the exec spec the agent checks it as.
+func TestCreateSessionFieldNames(t *testing.T) {
+	a := startAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, tt := range []struct {
+		name  string
+		req   *berthv1.CreateSessionRequest
+		code  codes.Code
+		field string
+	}{
+		{"relative cwd", &berthv1.CreateSessionRequest{SessionId: "c1", Cwd: "tmp"}, codes.InvalidArgument, "cwd"},
+		{"missing cwd", &berthv1.CreateSessionRequest{SessionId: "c2", Cwd: "/no/such/dir"}, codes.FailedPrecondition, "cwd"},
+		{"env key with =", &berthv1.CreateSessionRequest{SessionId: "c3", Env: map[string]string{"A=B": "1"}}, codes.InvalidArgument, "env"},
+	} {
+		_, err := a.client.CreateSession(ctx, &agentv1.CreateSessionRequest{Owner: "alice", Session: tt.req})
+		st := status.Convert(err)
+		if st.Code() != tt.code || !strings.HasPrefix(st.Message(), tt.field+":") || strings.Contains(st.Message(), "process.") {
+			t.Errorf("%s: %v; want %v with a message starting %q and no process. field", tt.name, err, tt.code, tt.field+":")
+			continue
+		}
+		for _, d := range st.Details() {
+			switch d := d.(type) {
+			case *errdetails.ErrorInfo:
+				if d.GetMetadata()["field"] != tt.field {
+					t.Errorf("%s: ErrorInfo field %q, want %q", tt.name, d.GetMetadata()["field"], tt.field)
+				}
+			case *errdetails.BadRequest:
+				for _, v := range d.GetFieldViolations() {
+					if v.GetField() != tt.field {
+						t.Errorf("%s: BadRequest field %q, want %q", tt.name, v.GetField(), tt.field)
+					}
+				}
+			}
+		}
 	}
 }

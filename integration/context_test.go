@@ -56,6 +56,9 @@ func TestCodeContextBase(t *testing.T) {
 	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "language")
 	_, err = alice.CreateCodeContext(ctx, &berthv1.CreateCodeContextRequest{SandboxId: id, ContextId: "a.b"})
 	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "context_id")
+	// The agent checks cwd as its exec's process.cwd; the caller wrote cwd.
+	_, err = alice.CreateCodeContext(ctx, &berthv1.CreateCodeContextRequest{SandboxId: id, ContextId: "rel", Cwd: "tmp"})
+	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "cwd", "cwd: ")
 	_, err = runCode(ctx, alice, &berthv1.ExecuteCodeRequest{SandboxId: id, ContextId: "py", Code: "1", Timeout: durationpb.New(time.Millisecond)})
 	wantStatus(t, err, codes.InvalidArgument, rpcstatus.ReasonInvalidArgument, "timeout")
 	_, err = runCode(ctx, alice, &berthv1.ExecuteCodeRequest{SandboxId: id, ContextId: "none", Code: "1"})

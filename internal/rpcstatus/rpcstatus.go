@@ -8,6 +8,7 @@ package rpcstatus
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/berth-sandbox/berth/internal/textsafe"
@@ -197,6 +198,56 @@ func InvalidArgument(field, description string) error {
 	return Error(codes.InvalidArgument, ReasonInvalidArgument, field+": "+description,
 		map[string]string{"field": field},
 		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: description}}})
+}
+
+// RenameField returns err with the field it names moved from under prefix
+// from to under prefix to: the message's leading field, ErrorInfo's
+// "field" metadata and BadRequest's field violations. A call that checks
+// its request as another message (CreateSession's cwd and env checked as
+// an exec's process.cwd and process.env) refuses in the caller's own
+// words with it. Any other error, or one naming no field under from, is
+// returned as it is.
+func RenameField(err error, from, to string) error {
+	st, ok := status.FromError(err)
+	if !ok || err == nil {
+		return err
+	}
+	p := st.Proto()
+	changed := false
+	if msg := p.GetMessage(); strings.HasPrefix(msg, from) {
+		p.Message = to + strings.TrimPrefix(msg, from)
+		changed = true
+	}
+	for _, a := range p.GetDetails() {
+		m, uerr := a.UnmarshalNew()
+		if uerr != nil {
+			continue
+		}
+		switch d := m.(type) {
+		case *errdetails.ErrorInfo:
+			if f, ok := d.GetMetadata()["field"]; ok && strings.HasPrefix(f, from) {
+				d.Metadata["field"] = to + strings.TrimPrefix(f, from)
+			} else {
+				continue
+			}
+		case *errdetails.BadRequest:
+			for _, v := range d.GetFieldViolations() {
+				if strings.HasPrefix(v.GetField(), from) {
+					v.Field = to + strings.TrimPrefix(v.GetField(), from)
+				}
+			}
+		default:
+			continue
+		}
+		if merr := a.MarshalFrom(m); merr != nil {
+			return err
+		}
+		changed = true
+	}
+	if !changed {
+		return err
+	}
+	return status.ErrorProto(p)
 }
 
 // Reason returns the ErrorInfo reason of err when err is a berth status

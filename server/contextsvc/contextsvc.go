@@ -341,6 +341,9 @@ func (s *Service) CreateCodeContext(ctx context.Context, req *berthv1.CreateCode
 	}
 	in, err := start(ctx, agent, id, gen, spec{Cwd: req.GetCwd(), User: req.GetUser(), Env: req.GetEnv()})
 	if err != nil {
+		// The agent checks cwd, env and user as its exec's process.cwd,
+		// process.env and process.user: they are this request's fields.
+		err = rpcstatus.RenameField(err, "process.", "")
 		return nil, apierr.WithMeta(agentreach.AgentError(req.GetSandboxId(), err), meta)
 	}
 	return &berthv1.CreateCodeContextResponse{Context: in.proto()}, nil

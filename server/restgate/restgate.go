@@ -188,16 +188,21 @@ func (s *stallReader) Read(b []byte) (int, error) {
 }
 
 // callContext is r's context with its Authorization header as the call's,
-// and its berth-no-resume headers (internal/resume), each value, so that
-// a call on a paused sandbox is refused as over gRPC, and a header given
-// twice is refused there too.
+// its berth-no-resume headers (internal/resume), each value, so that a
+// call on a paused sandbox is refused as over gRPC, and a header given
+// twice is refused there too, and its traceparent and tracestate.
 func callContext(r *http.Request) context.Context {
 	ctx := r.Context()
 	if a := r.Header.Get("Authorization"); a != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", a)
 	}
-	for _, v := range r.Header.Values(resume.Header) {
-		ctx = metadata.AppendToOutgoingContext(ctx, resume.Header, v)
+	// berth-no-resume, and W3C Trace Context (traceparent, tracestate:
+	// https://www.w3.org/TR/trace-context/) so that the call's span joins
+	// the caller's trace as a gRPC call's does.
+	for _, h := range []string{resume.Header, "traceparent", "tracestate"} {
+		for _, v := range r.Header.Values(h) {
+			ctx = metadata.AppendToOutgoingContext(ctx, h, v)
+		}
 	}
 	return ctx
 }

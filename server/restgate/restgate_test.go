@@ -40,6 +40,7 @@ type write struct {
 	data   []byte
 	auth   string
 	resume []string // the berth-no-resume metadata
+	trace  []string // the traceparent and tracestate metadata
 	err    error
 }
 
@@ -59,7 +60,8 @@ func (f *fakeFiles) ReadFile(req *berthv1.ReadFileRequest, s grpc.ServerStreamin
 
 func (f *fakeFiles) WriteFile(s grpc.ClientStreamingServer[berthv1.WriteFileRequest, berthv1.WriteFileResponse]) error {
 	md, _ := metadata.FromIncomingContext(s.Context())
-	w := write{auth: strings.Join(md.Get("authorization"), ","), resume: md.Get(resume.Header)}
+	w := write{auth: strings.Join(md.Get("authorization"), ","), resume: md.Get(resume.Header),
+		trace: append(md.Get("traceparent"), md.Get("tracestate")...)}
 	defer func() { f.writes <- w }()
 	first, err := s.Recv()
 	if err != nil {
@@ -189,6 +191,27 @@ func TestNoResumeHeader(t *testing.T) {
 		if w := <-f.writes; !slices.Equal(w.resume, values) {
 			t.Errorf("header %s: %q, WriteFile's metadata held %q", resume.Header, values, w.resume)
 		}
+	}
+}
+
+// TestTraceContextHeaders: a call made through these routes carries the
+// request's W3C Trace Context (traceparent, tracestate) as its metadata, as
+// a gRPC or Connect call does, so berthd's span of it joins the caller's
+// trace; only the Authorization header was passed on.
+func TestTraceContextHeaders(t *testing.T) {
+	f, url := serve(t)
+	const parent, state = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "berth=t61rcWkgMzE"
+	req, _ := http.NewRequest("PUT", url+"/v1/sandboxes/sb-1/files/content?path=/b", strings.NewReader("x"))
+	req.Header.Set("traceparent", parent)
+	req.Header.Set("tracestate", state)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	<-f.started
+	if w := <-f.writes; !slices.Equal(w.trace, []string{parent, state}) {
+		t.Errorf("WriteFile's trace metadata %q, want %q", w.trace, []string{parent, state})
 	}
 }
 
