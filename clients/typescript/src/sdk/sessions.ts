@@ -6,7 +6,7 @@ import {
   CreateSessionRequest, CreateSessionResponse, DeleteSessionRequest, ListSessionsRequest, ListSessionsResponse, SessionInfo as PbSessionInfo,
   sessionStateToJSON,
 } from "../gen/berth/v1/session";
-import { CommandResult, Commands, OutputCallback } from "./commands";
+import { CommandResult, Commands, OutputCallback, userOf } from "./commands";
 import { Connection } from "./connection";
 import { BerthError, ProtocolError, duration, num } from "./errors";
 
@@ -45,7 +45,8 @@ function infoOf(s: PbSessionInfo | undefined): SessionInfo {
 export interface SessionRunOptions {
   /**
    * timeout: seconds; at its end the command is interrupted like Ctrl-C
-   * (exitCode 130, timedOut) and the session runs on.
+   * (exitCode 130, timedOut) and the session runs on. NaN, infinite or
+   * negative: InvalidArgument before sending.
    */
   timeout?: number;
   onStdout?: OutputCallback;
@@ -116,7 +117,7 @@ export class Sessions {
   async create(options: SessionOptions = {}): Promise<Session> {
     const req = CreateSessionRequest.fromPartial({
       sandboxId: this.sandboxId, sessionId: options.sessionId ?? "", name: options.name ?? "", cwd: options.cwd ?? "", env: options.env ?? {},
-      user: options.user === undefined ? "" : String(options.user), shell: options.shell === "bash" ? Shell.SHELL_BASH : Shell.SHELL_SH,
+      user: userOf(options.user), shell: options.shell === "bash" ? Shell.SHELL_BASH : Shell.SHELL_SH,
     });
     const resp = await this.conn.call<CreateSessionRequest, CreateSessionResponse>(this.conn.sandboxes, "createSession", req);
     return new Session(this.conn, this.sandboxId, this.commands, infoOf(resp.session));

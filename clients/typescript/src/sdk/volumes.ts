@@ -6,7 +6,7 @@ import {
   Volume as PbVolume, VolumeMount,
 } from "../gen/berth/v1/volume";
 import { Connection, ConnectionOptions } from "./connection";
-import { ProtocolError, num } from "./errors";
+import { ProtocolError, intArg, num } from "./errors";
 
 /**
  * A volume's record, plain data, JSON-serialisable. created is an ISO 8601
@@ -68,13 +68,13 @@ export class Volumes {
   }
 
   /**
-   * create makes an empty volume; quotaBytes 0 (default) takes berthd's
-   * default disk quota. Rejects with InvalidArgument (name, quota_bytes),
+   * create makes an empty volume; quotaBytes (bytes, an integer) 0 (default)
+   * takes berthd's default disk quota. Rejects with InvalidArgument (name, quota_bytes),
    * a BerthError of reason VOLUME_EXISTS, FleetBusy past the caller's disk
    * cap. Not retried: a lost reply is found by get.
    */
   async create(name: string, options: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
-    const req = CreateVolumeRequest.fromPartial({ name, quotaBytes: BigInt(options.quotaBytes ?? 0) });
+    const req = CreateVolumeRequest.fromPartial({ name, quotaBytes: BigInt(intArg("quotaBytes", options.quotaBytes) ?? 0) });
     return infoOf((await this.connection.call<CreateVolumeRequest, CreateVolumeResponse>(this.connection.sandboxes, "createVolume", req)).volume);
   }
 

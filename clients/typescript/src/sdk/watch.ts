@@ -7,7 +7,7 @@ import {
   fileWatchOverflowReasonToJSON,
 } from "../gen/berth/v1/watch";
 import { Connection } from "./connection";
-import { ProtocolError, fromServiceError, num } from "./errors";
+import { ProtocolError, fromServiceError, intArg, num } from "./errors";
 
 /** Options of files.watch. */
 export interface WatchOptions {
@@ -15,10 +15,10 @@ export interface WatchOptions {
   recursive?: boolean;
   /** include keeps events whose file name matches one of these shell patterns. */
   include?: string[];
-  /** watchId with sinceSeq resumes an existing watch after that event. */
+  /** watchId with sinceSeq (an integer from 0) resumes an existing watch after that event. */
   watchId?: string;
   sinceSeq?: number;
-  /** bufferEvents bounds the watch's ring (default berthd's 65536). */
+  /** bufferEvents bounds the watch's ring, in events (an integer; default berthd's 65536). */
   bufferEvents?: number;
 }
 
@@ -146,6 +146,6 @@ export class FileWatch implements AsyncIterable<WatchEvent> {
 export function watchRequest(sandboxId: string, path: string, o: WatchOptions): WatchFilesRequest {
   return WatchFilesRequest.fromPartial({
     sandboxId, path, recursive: o.recursive ?? false, include: o.include ?? [], watchId: o.watchId ?? "",
-    sinceSeq: BigInt(o.sinceSeq ?? 0), bufferEvents: o.bufferEvents ?? 0,
+    sinceSeq: BigInt(intArg("sinceSeq", o.sinceSeq) ?? 0), bufferEvents: intArg("bufferEvents", o.bufferEvents, 0xffffffff) ?? 0,
   });
 }
