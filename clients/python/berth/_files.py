@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterable, Iterator, List, Optional, Union
 import grpc
 
 from berth._connection import Connection
-from berth._errors import BerthError, FileNotFound, ProtocolError, from_rpc_error, timestamp
+from berth._errors import UINT32_MAX, BerthError, FileNotFound, ProtocolError, from_rpc_error, int_arg, mode_arg, timestamp
 from berth._watch import FileWatch, open_watch
 from berth.v1 import file_pb2
 
@@ -146,7 +146,8 @@ class Files:
         """Yields the file's bytes in chunks of at most 1 MiB as they arrive
         (limit 0: to the end). The stream ends with FILE_CHANGED rather than
         yield a file that changed while read."""
-        req = file_pb2.ReadFileRequest(sandbox_id=self._id, path=path, offset_bytes=offset, limit_bytes=limit)
+        req = file_pb2.ReadFileRequest(sandbox_id=self._id, path=path, offset_bytes=int_arg("offset", offset),
+                                       limit_bytes=int_arg("limit", limit))
         call = self._conn.files.ReadFile(req, metadata=self._conn.metadata)
         try:
             want, got = None, 0
@@ -192,7 +193,7 @@ class Files:
         header = file_pb2.WriteFileHeader(sandbox_id=self._id, path=path, create_parents=make_parents,
                                           write_mode=file_pb2.WRITE_MODE_APPEND if append else file_pb2.WRITE_MODE_REPLACE)
         if mode is not None:
-            header.mode = mode
+            header.mode = mode_arg("mode", mode)
         if isinstance(data, (bytes, str)):
             header.size_bytes = len(data.encode() if isinstance(data, str) else data)
 
@@ -220,9 +221,10 @@ class Files:
     def list(self, path: str, *, depth: int = 1) -> List[FileInfo]:
         """The entries of directory path (depth levels deep), in order.
         Subdirectories that could not be listed raise the first error."""
+        req = file_pb2.ListDirRequest(sandbox_id=self._id, path=path, max_depth=int_arg("depth", depth, UINT32_MAX))
         out: List[FileInfo] = []
         try:
-            for m in self._conn.files.ListDir(file_pb2.ListDirRequest(sandbox_id=self._id, path=path, max_depth=depth),
+            for m in self._conn.files.ListDir(req,
                                               metadata=self._conn.metadata):
                 out += [FileInfo._of(i) for i in m.entries]
                 for err in m.errors:
@@ -237,7 +239,7 @@ class Files:
         directory is fine, as mkdir -p). mode default 0o755."""
         req = file_pb2.MakeDirRequest(sandbox_id=self._id, path=path, parents=parents)
         if mode is not None:
-            req.mode = mode
+            req.mode = mode_arg("mode", mode)
         return FileInfo._of(self._conn.call(self._conn.files.MakeDir, req).info)
 
     def remove(self, path: str, *, recursive: bool = False) -> None:
