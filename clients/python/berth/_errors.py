@@ -34,7 +34,10 @@ class BerthError(Exception):
     description) pairs of a BadRequest; retry_delay the RetryInfo delay in
     seconds (None without one); detail the typed berth.v1 detail
     (FleetBusy, Unreachable, RuntimeReplaced, StaleHandle,
-    DependencyFailure) or None."""
+    DependencyFailure) or None; entries, for an error of files.list, the
+    FileInfo entries received before it was raised (else None)."""
+
+    entries: Optional[List[Any]] = None
 
     def __init__(self, code: grpc.StatusCode, message: str, reason: str = "",
                  metadata: Optional[Dict[str, str]] = None,

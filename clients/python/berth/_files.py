@@ -220,18 +220,31 @@ class Files:
 
     def list(self, path: str, *, depth: int = 1) -> List[FileInfo]:
         """The entries of directory path (depth levels deep), in order.
-        Subdirectories that could not be listed raise the first error."""
+
+        berthd lists a subdirectory it cannot read (PERMISSION_DENIED, ...)
+        and goes on, reporting it beside the entries; then, as the Go
+        client's Files.List, the whole listing is read and the first such
+        directory raises a BerthError of its reason (metadata["path"] names
+        it) whose entries attribute holds every entry listed. A stream that
+        fails midway raises its error with the entries received before it
+        in entries: nothing received is discarded."""
         req = file_pb2.ListDirRequest(sandbox_id=self._id, path=path, max_depth=int_arg("depth", depth, UINT32_MAX))
         out: List[FileInfo] = []
+        first: Optional[file_pb2.ListDirError] = None
         try:
-            for m in self._conn.files.ListDir(req,
-                                              metadata=self._conn.metadata):
+            for m in self._conn.files.ListDir(req, metadata=self._conn.metadata):
                 out += [FileInfo._of(i) for i in m.entries]
-                for err in m.errors:
-                    raise BerthError(grpc.StatusCode.FAILED_PRECONDITION, f"list {err.display_path}: {err.message}",
-                                     reason=err.reason, metadata={"path": err.display_path})
+                if first is None and m.errors:
+                    first = m.errors[0]
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            err = from_rpc_error(e)
+            err.entries = out
+            raise err from None
+        if first is not None:
+            err = BerthError(grpc.StatusCode.FAILED_PRECONDITION, f"list {first.display_path}: {first.message}",
+                             reason=first.reason, metadata={"path": first.display_path})
+            err.entries = out
+            raise err
         return out
 
     def make_dir(self, path: str, *, mode: Optional[int] = None, parents: bool = True) -> FileInfo:

@@ -9,6 +9,7 @@ import * as errs from "../gen/berth/v1/errors";
 import { Status } from "../gen/google/rpc/status";
 import { BadRequest, ErrorInfo, RetryInfo } from "../gen/google/rpc/error_details";
 import { Duration } from "../gen/google/protobuf/duration";
+import type { FileInfo } from "./files";
 
 /** The google.rpc.ErrorInfo domain of berth's errors. */
 export const ERROR_DOMAIN = "berth.dev";
@@ -35,6 +36,8 @@ export interface FieldViolation {
  * berth.v1 detail (FleetBusy, Unreachable, RuntimeReplaced, StaleHandle,
  * DependencyFailure) in its proto3 JSON form (enums as their names, int64
  * as decimal strings), or undefined. JSON.stringify(err) gives all of them.
+ * entries, for an error of files.list, are the entries received before it
+ * was raised (else undefined).
  */
 export class BerthError extends Error {
   readonly code: number;
@@ -44,6 +47,7 @@ export class BerthError extends Error {
   readonly fieldViolations: FieldViolation[];
   readonly retryDelay: number | undefined;
   readonly detail: any;
+  entries?: FileInfo[];
 
   constructor(code: number, message: string, reason = "", metadata: Record<string, string> = {},
     fieldViolations: FieldViolation[] = [], retryDelay?: number, detail?: any) {

@@ -6,7 +6,7 @@ import * as path from "node:path";
 import { Readable } from "node:stream";
 import * as tar from "tar";
 import {
-  Compression, DownloadRequest, DownloadResponse, FileInfo as PbFileInfo, FileType, ListDirRequest, ListDirResponse, MakeDirRequest,
+  Compression, DownloadRequest, DownloadResponse, FileInfo as PbFileInfo, FileType, ListDirError, ListDirRequest, ListDirResponse, MakeDirRequest,
   MakeDirResponse, ReadFileRequest, ReadFileResponse, RemoveRequest, RenameRequest, StatRequest, StatResponse, UploadRequest,
   UploadResponse, WriteFileRequest, WriteFileResponse, WriteMode,
 } from "../gen/berth/v1/file";
@@ -227,23 +227,36 @@ export class Files {
   /**
    * list gives the entries of directory p (depth levels deep, default 1;
    * an integer from 0 to 2^32 - 1, else InvalidArgument), in order.
-   * Subdirectories that could not be listed reject with the first error.
+   *
+   * berthd lists a subdirectory it cannot read (PERMISSION_DENIED, ...)
+   * and goes on, reporting it beside the entries; then, as the Go client's
+   * Files.List, the whole listing is read and the first such directory
+   * rejects with a BerthError of its reason (metadata.path names it) whose
+   * entries hold every entry listed. A stream that fails midway rejects
+   * with its error, the entries received before it in entries: nothing
+   * received is discarded.
    */
   async list(p: string, options: { depth?: number } = {}): Promise<FileInfo[]> {
     const maxDepth = intArg("depth", options.depth, 0xffffffff) ?? 1;
     const call = this.conn.files.listDir(ListDirRequest.fromPartial({ sandboxId: this.sandboxId, location: loc(p), maxDepth }),
       this.conn.metadata());
     const out: FileInfo[] = [];
+    let first: ListDirError | undefined;
     try {
       for await (const m of call as AsyncIterable<ListDirResponse>) {
         out.push(...m.entries.map(infoOf));
-        for (const err of m.errors) {
-          throw new BerthError(grpcStatus.FAILED_PRECONDITION, `list ${err.displayPath}: ${err.message}`, err.reason, { path: err.displayPath });
-        }
+        first ??= m.errors[0];
       }
     } catch (e) {
       call.cancel();
-      throw fromServiceError(e);
+      const err = fromServiceError(e);
+      err.entries = out;
+      throw err;
+    }
+    if (first) {
+      const err = new BerthError(grpcStatus.FAILED_PRECONDITION, `list ${first.displayPath}: ${first.message}`, first.reason, { path: first.displayPath });
+      err.entries = out;
+      throw err;
     }
     return out;
   }
