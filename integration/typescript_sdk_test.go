@@ -49,7 +49,9 @@ func TestTypeScriptSDK(t *testing.T) {
 		"port forward", "background commands", "the packed tarball installs into a fresh project", "examples/node/bot.js",
 		"shell session keeps state between commands", "files.watch resumes without missing or repeating",
 		"volume shared between sandboxes, refused deletion in use",
-		"a status's ErrorInfo reason chooses the class", "the retry policy waits the RetryInfo delay"} {
+		"a status's ErrorInfo reason chooses the class", "the retry policy waits the RetryInfo delay",
+		"sessions.create and sessions.list give SessionInfo with numbers", "files.list depth -1 rejects with InvalidArgument naming depth",
+		"an unreadable subdirectory keeps every entry listed"} {
 		if !strings.Contains(out.String(), "✔ "+name) {
 			t.Errorf("node --test output does not show %q passed:\n%s", name, out.String())
 		}

@@ -6,12 +6,12 @@ import dataclasses
 import io
 import queue
 import threading
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
 from berth._connection import Connection
-from berth._errors import BerthError, ProtocolError, duration, from_rpc_error, seconds
+from berth._errors import UINT32_MAX, BerthError, ProtocolError, duration, from_rpc_error, int_arg, seconds, seconds_arg
 from berth.v1 import exec_pb2
 
 #: The largest stdin chunk sent in one message (the Go client's).
@@ -55,6 +55,19 @@ class CommandResult:
         """stdout decoded as UTF-8 (invalid bytes replaced)."""
         return self.stdout.decode("utf-8", "replace")
 
+def user_arg(user: Union[None, int, str, Tuple[int, int]]) -> str:
+    """The user of a command, session or sandbox: a name, "uid[:gid]", a
+    uid or (uid, gid), whose numbers are ints from 0 to 2**32 - 1 (else
+    InvalidArgument naming "user")."""
+    if user is None:
+        return ""
+    if isinstance(user, tuple):
+        return ":".join(str(int_arg("user", u, UINT32_MAX)) for u in user)
+    if isinstance(user, str):
+        return user
+    return str(int_arg("user", user, UINT32_MAX))
+
+
 def process_spec(cmd: Union[str, Sequence[str]], cwd: Optional[str], env: Optional[Dict[str, str]], user: Union[None, int, str],
                  timeout: Optional[float], stdin: bool, shell: str = "sh") -> exec_pb2.ProcessSpec:
     """The ProcessSpec of a command: a str runs under the shell (/bin/sh -c,
@@ -65,8 +78,7 @@ def process_spec(cmd: Union[str, Sequence[str]], cwd: Optional[str], env: Option
         spec.shell = exec_pb2.SHELL_BASH if shell == "bash" else exec_pb2.SHELL_SH
     else:
         spec.argv.extend(cmd)
-    if user is not None:
-        spec.user = str(user)
+    spec.user = user_arg(user)
     if timeout is not None:
         spec.timeout.CopyFrom(duration(timeout))
     return spec
@@ -175,7 +187,7 @@ class CommandHandle:
         BerthError that ended the stream (e.g. RuntimeReplaced), a callback's
         exception, or TimeoutError when timeout seconds pass first (the
         command runs on)."""
-        if not self._done.wait(timeout):
+        if not self._done.wait(seconds_arg("timeout", timeout)):
             raise TimeoutError(f"exec {self.exec_id} still runs after {timeout} s")
         if self._error is not None:
             raise self._error
@@ -342,6 +354,7 @@ class Commands:
         berthd replays the retained output after since_seq (0: all), then
         follows live. Raises ExecNotFound, StaleHandle (an exec of an
         earlier runtime of the sandbox)."""
+        int_arg("since_seq", since_seq)
         first = exec_pb2.ExecRequest(attach=exec_pb2.ExecAttach(sandbox_id=self._sandbox_id, exec_id=exec_id, since_seq=since_seq))
         return self._open(first, on_stdout, on_stderr, capture, since_seq)
 

@@ -7,6 +7,8 @@ client/conditions.go) whose types these mirror."""
 from __future__ import annotations
 
 import datetime
+import math
+import numbers
 from typing import Any, Dict, List, Optional, Tuple
 
 import grpc
@@ -32,7 +34,10 @@ class BerthError(Exception):
     description) pairs of a BadRequest; retry_delay the RetryInfo delay in
     seconds (None without one); detail the typed berth.v1 detail
     (FleetBusy, Unreachable, RuntimeReplaced, StaleHandle,
-    DependencyFailure) or None."""
+    DependencyFailure) or None; entries, for an error of files.list, the
+    FileInfo entries received before it was raised (else None)."""
+
+    entries: Optional[List[Any]] = None
 
     def __init__(self, code: grpc.StatusCode, message: str, reason: str = "",
                  metadata: Optional[Dict[str, str]] = None,
@@ -297,9 +302,60 @@ def is_retryable(err: BaseException) -> bool:
     return isinstance(err, BerthError) and err.reason == "CLUSTER_UNAVAILABLE"
 
 
-def duration(sec: float) -> Any:
-    """float seconds as a google.protobuf.Duration."""
+def invalid_argument(field: str, description: str) -> InvalidArgument:
+    """The InvalidArgument the SDK raises for a bad argument before anything
+    is sent: field names the parameter as the caller wrote it ("depth",
+    "timeout"), in field_violations and the message, as berthd's own
+    BadRequest would."""
+    return InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, f"{field} {description}", "INVALID_ARGUMENT",
+                           field_violations=[(field, description)])
+
+
+#: The largest uint32 and uint64 of the API, the bounds of int_arg.
+UINT32_MAX = 2 ** 32 - 1
+UINT64_MAX = 2 ** 64 - 1
+
+#: The longest google.protobuf.Duration, in seconds (10000 years).
+MAX_DURATION = 315_576_000_000
+
+
+def int_arg(field: str, v: Any, maximum: int = UINT64_MAX, minimum: int = 0) -> Any:
+    """Checks a count, size, sequence number or id: an int from minimum to
+    maximum (default 0 to 2**64 - 1, a uint64 of the API; any
+    numbers.Integral but bool); None passes. Else InvalidArgument naming
+    field."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or not minimum <= v <= maximum:
+        raise invalid_argument(field, f"{v!r} is not an int from {minimum} to {maximum}")
+    return int(v)
+
+
+def mode_arg(field: str, v: Any) -> Optional[int]:
+    """Checks permission bits: an int from 0 to 0o7777, written in octal as
+    0o755. A string such as "0755" is refused rather than guessed at
+    (decimal or octal). None passes."""
+    if isinstance(v, str):
+        raise invalid_argument(field, f"{v!r} is a string: give the permission bits as an int, such as 0o755")
+    return int_arg(field, v, 0o7777)
+
+
+def seconds_arg(field: str, v: Any) -> Optional[float]:
+    """Checks a timeout or delay in seconds: a real number (int, float, any
+    numbers.Real but bool), finite, from 0 to 10000 years; None passes.
+    Else InvalidArgument naming field."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not 0 <= v <= MAX_DURATION:
+        raise invalid_argument(field, f"{v!r} is not a number of seconds from 0 to {MAX_DURATION}")
+    return float(v)
+
+
+def duration(sec: float, field: str = "timeout") -> Any:
+    """sec, the argument field in seconds (checked by seconds_arg), as a
+    google.protobuf.Duration."""
     from google.protobuf import duration_pb2
+    seconds_arg(field, sec)
     d = duration_pb2.Duration()
     d.FromNanoseconds(int(sec * 1e9))
     return d

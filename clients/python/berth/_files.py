@@ -16,7 +16,7 @@ from typing import BinaryIO, Iterable, Iterator, List, Optional, Union
 import grpc
 
 from berth._connection import Connection
-from berth._errors import BerthError, FileNotFound, ProtocolError, from_rpc_error, timestamp
+from berth._errors import UINT32_MAX, BerthError, FileNotFound, ProtocolError, from_rpc_error, int_arg, mode_arg, timestamp
 from berth._watch import FileWatch, open_watch
 from berth.v1 import file_pb2
 
@@ -146,7 +146,8 @@ class Files:
         """Yields the file's bytes in chunks of at most 1 MiB as they arrive
         (limit 0: to the end). The stream ends with FILE_CHANGED rather than
         yield a file that changed while read."""
-        req = file_pb2.ReadFileRequest(sandbox_id=self._id, path=path, offset_bytes=offset, limit_bytes=limit)
+        req = file_pb2.ReadFileRequest(sandbox_id=self._id, path=path, offset_bytes=int_arg("offset", offset),
+                                       limit_bytes=int_arg("limit", limit))
         call = self._conn.files.ReadFile(req, metadata=self._conn.metadata)
         try:
             want, got = None, 0
@@ -192,7 +193,7 @@ class Files:
         header = file_pb2.WriteFileHeader(sandbox_id=self._id, path=path, create_parents=make_parents,
                                           write_mode=file_pb2.WRITE_MODE_APPEND if append else file_pb2.WRITE_MODE_REPLACE)
         if mode is not None:
-            header.mode = mode
+            header.mode = mode_arg("mode", mode)
         if isinstance(data, (bytes, str)):
             header.size_bytes = len(data.encode() if isinstance(data, str) else data)
 
@@ -219,17 +220,31 @@ class Files:
 
     def list(self, path: str, *, depth: int = 1) -> List[FileInfo]:
         """The entries of directory path (depth levels deep), in order.
-        Subdirectories that could not be listed raise the first error."""
+
+        berthd lists a subdirectory it cannot read (PERMISSION_DENIED, ...)
+        and goes on, reporting it beside the entries; then, as the Go
+        client's Files.List, the whole listing is read and the first such
+        directory raises a BerthError of its reason (metadata["path"] names
+        it) whose entries attribute holds every entry listed. A stream that
+        fails midway raises its error with the entries received before it
+        in entries: nothing received is discarded."""
+        req = file_pb2.ListDirRequest(sandbox_id=self._id, path=path, max_depth=int_arg("depth", depth, UINT32_MAX))
         out: List[FileInfo] = []
+        first: Optional[file_pb2.ListDirError] = None
         try:
-            for m in self._conn.files.ListDir(file_pb2.ListDirRequest(sandbox_id=self._id, path=path, max_depth=depth),
-                                              metadata=self._conn.metadata):
+            for m in self._conn.files.ListDir(req, metadata=self._conn.metadata):
                 out += [FileInfo._of(i) for i in m.entries]
-                for err in m.errors:
-                    raise BerthError(grpc.StatusCode.FAILED_PRECONDITION, f"list {err.display_path}: {err.message}",
-                                     reason=err.reason, metadata={"path": err.display_path})
+                if first is None and m.errors:
+                    first = m.errors[0]
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            err = from_rpc_error(e)
+            err.entries = out
+            raise err from None
+        if first is not None:
+            err = BerthError(grpc.StatusCode.FAILED_PRECONDITION, f"list {first.display_path}: {first.message}",
+                             reason=first.reason, metadata={"path": first.display_path})
+            err.entries = out
+            raise err
         return out
 
     def make_dir(self, path: str, *, mode: Optional[int] = None, parents: bool = True) -> FileInfo:
@@ -237,7 +252,7 @@ class Files:
         directory is fine, as mkdir -p). mode default 0o755."""
         req = file_pb2.MakeDirRequest(sandbox_id=self._id, path=path, parents=parents)
         if mode is not None:
-            req.mode = mode
+            req.mode = mode_arg("mode", mode)
         return FileInfo._of(self._conn.call(self._conn.files.MakeDir, req).info)
 
     def remove(self, path: str, *, recursive: bool = False) -> None:

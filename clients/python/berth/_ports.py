@@ -10,7 +10,7 @@ from typing import List, Optional
 import grpc
 
 from berth._connection import Connection
-from berth._errors import from_rpc_error
+from berth._errors import from_rpc_error, int_arg
 from berth.v1 import port_pb2
 
 #: How much is read from a local connection for one PortForward message.
@@ -123,6 +123,6 @@ class Ports:
     def forward(self, port: int, *, local_port: int = 0, host: str = "127.0.0.1") -> PortForward:
         """Listens on host:local_port (0: a free port) and relays each
         connection to port inside the sandbox; .address is what to dial."""
-        if not 1 <= port <= 65535:
-            raise ValueError(f"ports.forward: port {port} is outside 1-65535")
+        int_arg("port", port, 65535, 1)
+        int_arg("local_port", local_port, 65535)
         return PortForward(self._conn, self._sandbox_id, port, host, local_port)

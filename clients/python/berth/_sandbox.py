@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 from typing import Dict, Iterable, Optional, Tuple, Union
 
-from berth._commands import Commands
+from berth._commands import Commands, user_arg
 from berth._sessions import Sessions
 from berth._contexts import CodeContexts
 from berth._connection import Connection
-from berth._errors import SandboxNotFound, duration
+from berth._errors import SandboxNotFound, duration, int_arg, seconds_arg
 from berth._files import Files
 from berth._ports import Ports
 from berth._volumes import VolumeMountSpec, volume_mounts
@@ -17,14 +17,6 @@ from berth.v1 import sandbox_pb2
 
 #: The image Sandbox.create uses when none is given and $BERTH_IMAGE is unset.
 DEFAULT_IMAGE = "berth.dev/base:latest"
-
-def _user(user: Union[None, int, str, Tuple[int, int]]) -> str:
-    if user is None:
-        return ""
-    if isinstance(user, tuple):
-        return f"{user[0]}:{user[1]}"
-    return str(user)
-
 
 class Sandbox:
     """A sandbox on berthd. Make one with Sandbox.create(...) or attach to
@@ -85,19 +77,20 @@ class Sandbox:
         $BERTH_ADDR, $BERTH_TOKEN, $BERTH_TLS_*). Raises FleetBusy (after
         the retries), ImageNotFound, InvalidArgument, ..."""
         req = sandbox_pb2.CreateSandboxRequest(sandbox_id=sandbox_id or "", image=image or os.environ.get("BERTH_IMAGE") or DEFAULT_IMAGE,
-                                               labels=labels or {}, env=env or {}, user=_user(user), workdir=workdir or "",
+                                               labels=labels or {}, env=env or {}, user=user_arg(user), workdir=workdir or "",
                                                runtime=runtime or "", from_snapshot=from_snapshot or "",
                                                volumes=volume_mounts(volumes))
         if memory_bytes is not None:
-            req.resources.memory_bytes = memory_bytes
+            req.resources.memory_bytes = int_arg("memory_bytes", memory_bytes)
         if cpu_millis is not None:
-            req.resources.cpu_millis = cpu_millis
+            req.resources.cpu_millis = int_arg("cpu_millis", cpu_millis)
         if disk_bytes is not None:
-            req.resources.disk_bytes = disk_bytes
+            req.resources.disk_bytes = int_arg("disk_bytes", disk_bytes)
         if idle_timeout is not None:
-            req.idle_timeout.CopyFrom(duration(idle_timeout))
+            req.idle_timeout.CopyFrom(duration(idle_timeout, "idle_timeout"))
         if max_lifetime is not None:
-            req.max_lifetime.CopyFrom(duration(max_lifetime))
+            req.max_lifetime.CopyFrom(duration(max_lifetime, "max_lifetime"))
+        seconds_arg("timeout", timeout)
         if network is not None:
             if network.lower() not in ("none", "egress"):
                 raise ValueError(f"Sandbox.create: network {network!r} is neither 'none' nor 'egress'")

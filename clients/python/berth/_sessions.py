@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
-from berth._commands import CommandResult, Commands, OutputCallback
+from berth._commands import CommandResult, Commands, OutputCallback, user_arg
 from berth._connection import Connection
 from berth._errors import BerthError, duration
 from berth.v1 import exec_pb2, session_pb2
@@ -59,12 +59,12 @@ class Sessions:
         self._commands = commands
 
     def create(self, *, shell: str = "sh", name: str = "", cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-               user: Optional[str] = None, session_id: Optional[str] = None) -> Session:
+               user: Union[None, int, str] = None, session_id: Optional[str] = None) -> Session:
         """Starts a session: shell "sh" (/bin/sh) or "bash"; cwd, env and
         user as for commands.run; session_id names it (else minted)."""
         req = session_pb2.CreateSessionRequest(
             sandbox_id=self._sandbox_id, session_id=session_id or "", name=name, cwd=cwd or "", env=env or {},
-            user=user or "", shell=exec_pb2.SHELL_BASH if shell == "bash" else exec_pb2.SHELL_SH)
+            user=user_arg(user), shell=exec_pb2.SHELL_BASH if shell == "bash" else exec_pb2.SHELL_SH)
         resp = self._conn.call(self._conn.sandboxes.CreateSession, req)
         return Session(self._conn, self._sandbox_id, self._commands, resp.session)
 

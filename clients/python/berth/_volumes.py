@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterable, List, Optional, Tuple, Union
 
 from berth._connection import Connection
+from berth._errors import int_arg
 from berth.v1 import volume_pb2
 
 # A volume mount for Sandbox.create(volumes=...): a VolumeMount, a
@@ -47,7 +48,7 @@ class Volumes:
         quota. Raises InvalidArgument (name, quota_bytes), BerthError with
         reason VOLUME_EXISTS, FleetBusy past the caller's disk cap. Not
         retried: a lost reply is found by get."""
-        req = volume_pb2.CreateVolumeRequest(name=name, quota_bytes=quota_bytes)
+        req = volume_pb2.CreateVolumeRequest(name=name, quota_bytes=int_arg("quota_bytes", quota_bytes))
         return self._conn.call(self._conn.sandboxes.CreateVolume, req).volume
 
     def get(self, name: str) -> volume_pb2.Volume:

@@ -8,7 +8,7 @@ from typing import Iterator, List, Optional, Union
 import grpc
 
 from berth._connection import Connection
-from berth._errors import ProtocolError, from_rpc_error
+from berth._errors import UINT32_MAX, ProtocolError, from_rpc_error, int_arg
 from berth.v1 import watch_pb2
 
 # What a FileWatch yields: a change, or a note that events were lost.
@@ -83,6 +83,8 @@ class FileWatch:
 
 def open_watch(conn: Connection, sandbox_id: str, path: str, *, recursive: bool, include: Optional[List[str]],
                watch_id: Optional[str], since_seq: int, buffer_events: int) -> FileWatch:
+    int_arg("since_seq", since_seq)
+    int_arg("buffer_events", buffer_events, UINT32_MAX)
     req = watch_pb2.WatchFilesRequest(sandbox_id=sandbox_id, path=path, recursive=recursive, include=include or [],
                                       watch_id=watch_id or "", since_seq=since_seq, buffer_events=buffer_events)
     return FileWatch(conn.sandboxes.WatchFiles(req, metadata=conn.metadata))

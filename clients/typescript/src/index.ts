@@ -11,9 +11,9 @@ export { Connection, ConnectionOptions, RetryPolicy, DEFAULT_ADDR } from "./sdk/
 export { Commands, CommandHandle, CommandResult, CommandInfo, RunOptions, OutputCallback, StdinData } from "./sdk/commands";
 export { Files, FileInfo, FileKind, WriteData, WriteOptions, UploadSummary } from "./sdk/files";
 export { Ports, PortForward } from "./sdk/ports";
-export { Sessions, Session, SessionOptions, SessionRunOptions } from "./sdk/sessions";
-export { Volumes, VolumeMountSpec } from "./sdk/volumes";
-export { FileWatch, WatchEvent, WatchOptions } from "./sdk/watch";
+export { Sessions, Session, SessionInfo, SessionOptions, SessionRunOptions } from "./sdk/sessions";
+export { Volumes, VolumeInfo, VolumeMountSpec } from "./sdk/volumes";
+export { FileWatch, FileEvent, FileWatchOverflow, WatchEvent, WatchOptions } from "./sdk/watch";
 export { CodeContexts, CodeContext, Execution, RunCodeOptions } from "./sdk/contexts";
 export {
   BerthError, InvalidArgument, Unauthenticated, NotPermitted, NotFound, SandboxNotFound, ExecNotFound, ImageNotFound, FileNotFound,

@@ -7,7 +7,7 @@ import {
   SignalExecResponse, Stream, execStateToJSON,
 } from "../gen/berth/v1/exec";
 import { Connection } from "./connection";
-import { BerthError, ProtocolError, duration, fromServiceError, num, seconds } from "./errors";
+import { BerthError, ProtocolError, duration, fromServiceError, intArg, num, seconds } from "./errors";
 import { status as grpcStatus } from "@grpc/grpc-js";
 
 /** The largest stdin chunk sent in one message (the Go client's). */
@@ -56,11 +56,12 @@ export interface RunOptions {
   cwd?: string;
   /** env: added to the sandbox's environment. */
   env?: Record<string, string>;
-  /** user: a name from the sandbox's /etc/passwd, "uid", "uid:gid" or a number. */
+  /** user: a name from the sandbox's /etc/passwd, "uid", "uid:gid" or a number (a uid from 0 to 2^32 - 1). */
   user?: string | number;
   /**
    * timeout: seconds the command may run (1 s to 24 h; the server's
-   * bounds, else InvalidArgument); on expiry berthd sends its process group
+   * bounds, else InvalidArgument; NaN, infinite, negative or not a number:
+   * InvalidArgument before sending); on expiry berthd sends its process group
    * SIGTERM, then SIGKILL after its grace, and the result says timedOut.
    * Default: the server's (30 min).
    */
@@ -79,7 +80,7 @@ export interface RunOptions {
 
 /** Options of commands.connect. */
 export interface ConnectOptions {
-  /** sinceSeq: replay the retained output after this sequence number (0: all). */
+  /** sinceSeq: replay the retained output after this sequence number (an integer; 0: all). */
   sinceSeq?: number;
   onStdout?: OutputCallback;
   onStderr?: OutputCallback;
@@ -98,8 +99,20 @@ export interface CommandInfo {
 
 type Call = ClientDuplexStream<ExecRequest, ExecResponse>;
 
+/**
+ * @internal userOf is the user of a command, session or sandbox: a name,
+ * "uid[:gid]", a uid or [uid, gid], whose numbers are integers from 0 to
+ * 2^32 - 1 (else InvalidArgument naming "user").
+ */
+export function userOf(u: string | number | [number, number] | undefined): string {
+  if (u === undefined) return "";
+  if (Array.isArray(u)) return u.map((id) => intArg("user", id, 0xffffffff)).join(":");
+  if (typeof u === "number") return String(intArg("user", u, 0xffffffff));
+  return String(u);
+}
+
 function processSpec(cmd: string | string[], o: RunOptions, stdin: boolean): ProcessSpec {
-  const spec = ProcessSpec.fromPartial({ cwd: o.cwd ?? "", env: o.env ?? {}, stdin, user: o.user === undefined ? "" : String(o.user) });
+  const spec = ProcessSpec.fromPartial({ cwd: o.cwd ?? "", env: o.env ?? {}, stdin, user: userOf(o.user) });
   if (typeof cmd === "string") {
     spec.shellCommand = cmd;
     spec.shell = o.shell === "bash" ? Shell.SHELL_BASH : Shell.SHELL_SH;
@@ -416,8 +429,9 @@ export class Commands {
    * then follows live. Rejects with ExecNotFound, StaleHandle (an exec of
    * an earlier runtime of the sandbox).
    */
-  connect(execId: string, options: ConnectOptions = {}): Promise<CommandHandle> {
-    return this.open({ $case: "attach", value: { sandboxId: this.sandboxId, execId, sinceSeq: BigInt(options.sinceSeq ?? 0) } } as any, options);
+  async connect(execId: string, options: ConnectOptions = {}): Promise<CommandHandle> {
+    const sinceSeq = BigInt(intArg("sinceSeq", options.sinceSeq) ?? 0);
+    return this.open({ $case: "attach", value: { sandboxId: this.sandboxId, execId, sinceSeq } } as any, options);
   }
 
   /** list gives the sandbox's commands that run or ended recently (ListExecs). */

@@ -7,7 +7,7 @@ import {
   RestartCodeContextRequest, RestartCodeContextResponse,
 } from "../gen/berth/v1/context";
 import { Connection } from "./connection";
-import { fromServiceError } from "./errors";
+import { duration, fromServiceError } from "./errors";
 
 /**
  * What a cell did: stdout and stderr (text, in order), results (rich
@@ -25,7 +25,11 @@ export interface Execution {
   text?: string;
 }
 
-/** RunCodeOptions: timeout in seconds (KeyboardInterrupt at its end); callbacks see each event as it comes. */
+/**
+ * RunCodeOptions: timeout in seconds (KeyboardInterrupt at its end; NaN,
+ * infinite or negative: InvalidArgument); callbacks see each event as it
+ * comes.
+ */
 export interface RunCodeOptions {
   timeout?: number;
   onStdout?: (text: string) => void;
@@ -47,8 +51,11 @@ export class CodeContext {
   runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
     const req = ExecuteCodeRequest.fromPartial({ sandboxId: this.sandboxId, contextId: this.id, code });
     if (opts.timeout !== undefined) {
-      const s = Math.floor(opts.timeout);
-      req.timeout = { seconds: BigInt(s), nanos: Math.round((opts.timeout - s) * 1e9) };
+      try {
+        req.timeout = duration(opts.timeout);
+      } catch (e) {
+        return Promise.reject(e);
+      }
     }
     const ex: Execution = { stdout: "", stderr: "", results: [], timedOut: false };
     return new Promise((resolve, reject) => {

@@ -9,6 +9,7 @@ import * as errs from "../gen/berth/v1/errors";
 import { Status } from "../gen/google/rpc/status";
 import { BadRequest, ErrorInfo, RetryInfo } from "../gen/google/rpc/error_details";
 import { Duration } from "../gen/google/protobuf/duration";
+import type { FileInfo } from "./files";
 
 /** The google.rpc.ErrorInfo domain of berth's errors. */
 export const ERROR_DOMAIN = "berth.dev";
@@ -35,6 +36,8 @@ export interface FieldViolation {
  * berth.v1 detail (FleetBusy, Unreachable, RuntimeReplaced, StaleHandle,
  * DependencyFailure) in its proto3 JSON form (enums as their names, int64
  * as decimal strings), or undefined. JSON.stringify(err) gives all of them.
+ * entries, for an error of files.list, are the entries received before it
+ * was raised (else undefined).
  */
 export class BerthError extends Error {
   readonly code: number;
@@ -44,6 +47,7 @@ export class BerthError extends Error {
   readonly fieldViolations: FieldViolation[];
   readonly retryDelay: number | undefined;
   readonly detail: any;
+  entries?: FileInfo[];
 
   constructor(code: number, message: string, reason = "", metadata: Record<string, string> = {},
     fieldViolations: FieldViolation[] = [], retryDelay?: number, detail?: any) {
@@ -196,8 +200,60 @@ export function seconds(d: Duration | undefined): number {
   return d ? Number(d.seconds) + d.nanos / 1e9 : 0;
 }
 
-/** duration converts seconds to a google.protobuf.Duration. */
-export function duration(sec: number): Duration {
+/**
+ * invalidArgument is the InvalidArgument the SDK rejects a bad argument
+ * with before anything is sent: field names the parameter as the caller
+ * wrote it ("depth", "timeout"), in fieldViolations and the message, as
+ * berthd's own BadRequest would.
+ */
+export function invalidArgument(field: string, description: string): InvalidArgument {
+  return new InvalidArgument(grpcStatus.INVALID_ARGUMENT, `${field} ${description}`, "INVALID_ARGUMENT", {}, [{ field, description }]);
+}
+
+/**
+ * intArg checks a count, size, sequence number or id: an integer from min
+ * to max (default 0 to Number.MAX_SAFE_INTEGER, what a uint64 of the API
+ * can carry exactly); undefined passes. Else InvalidArgument naming field.
+ */
+export function intArg(field: string, v: unknown, max = Number.MAX_SAFE_INTEGER, min = 0): number | undefined {
+  if (v === undefined) return undefined;
+  if (typeof v !== "number" || !Number.isInteger(v) || v < min || v > max) {
+    throw invalidArgument(field, `${typeof v === "string" ? JSON.stringify(v) : String(v)} is not an integer from ${min} to ${max}`);
+  }
+  return v;
+}
+
+/**
+ * modeArg checks permission bits: a number from 0 to 0o7777. Write them in
+ * octal as a number, 0o755; a string ("0755") is refused rather than
+ * guessed at (decimal or octal). undefined passes.
+ */
+export function modeArg(field: string, v: unknown): number | undefined {
+  if (typeof v === "string") {
+    throw invalidArgument(field, `${JSON.stringify(v)} is a string: give the permission bits as a number, such as 0o755`);
+  }
+  return intArg(field, v, 0o7777);
+}
+
+/** The longest google.protobuf.Duration, in seconds (10000 years). */
+const MAX_DURATION = 315576000000;
+
+/**
+ * secondsArg checks a timeout or delay in seconds: a finite number from 0
+ * to 10000 years (fractions are fine); undefined passes. Else
+ * InvalidArgument naming field.
+ */
+export function secondsArg(field: string, v: unknown): number | undefined {
+  if (v === undefined) return undefined;
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > MAX_DURATION) {
+    throw invalidArgument(field, `${typeof v === "string" ? JSON.stringify(v) : String(v)} is not a number of seconds from 0 to ${MAX_DURATION}`);
+  }
+  return v;
+}
+
+/** duration converts sec, the argument field in seconds (checked by secondsArg), to a google.protobuf.Duration. */
+export function duration(sec: number, field = "timeout"): Duration {
+  secondsArg(field, sec);
   const whole = Math.floor(sec);
   return { seconds: BigInt(whole), nanos: Math.round((sec - whole) * 1e9) };
 }

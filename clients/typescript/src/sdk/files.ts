@@ -6,13 +6,13 @@ import * as path from "node:path";
 import { Readable } from "node:stream";
 import * as tar from "tar";
 import {
-  Compression, DownloadRequest, DownloadResponse, FileInfo as PbFileInfo, FileType, ListDirRequest, ListDirResponse, MakeDirRequest,
+  Compression, DownloadRequest, DownloadResponse, FileInfo as PbFileInfo, FileType, ListDirError, ListDirRequest, ListDirResponse, MakeDirRequest,
   MakeDirResponse, ReadFileRequest, ReadFileResponse, RemoveRequest, RenameRequest, StatRequest, StatResponse, UploadRequest,
   UploadResponse, WriteFileRequest, WriteFileResponse, WriteMode,
 } from "../gen/berth/v1/file";
 import { Connection } from "./connection";
 import { FileWatch, WatchOptions, watchRequest } from "./watch";
-import { BerthError, FileNotFound, ProtocolError, fromServiceError, num } from "./errors";
+import { BerthError, FileNotFound, ProtocolError, fromServiceError, intArg, modeArg, num } from "./errors";
 import { status as grpcStatus } from "@grpc/grpc-js";
 
 /** The largest chunk sent in one WriteFile or Upload message (the proto's bound is 2 MiB). */
@@ -60,7 +60,11 @@ export type WriteData = string | Uint8Array | Readable | AsyncIterable<Uint8Arra
 
 /** Options of files.write. */
 export interface WriteOptions {
-  /** mode: permission bits (default: the replaced file's, or 0o644). */
+  /**
+   * mode: permission bits as a number, written in octal: 0o644 (default:
+   * the replaced file's, or 0o644). A string such as "0644" is refused
+   * with InvalidArgument.
+   */
   mode?: number;
   /** makeParents creates missing directories (default true). */
   makeParents?: boolean;
@@ -119,12 +123,14 @@ export class Files {
   /**
    * readStream yields the file's bytes in chunks of at most 1 MiB as they
    * arrive (limit 0: to the end), with backpressure. The stream ends with
-   * FILE_CHANGED rather than yield a file that changed while read.
+   * FILE_CHANGED rather than yield a file that changed while read. offset
+   * and limit are bytes, integers from 0 (else InvalidArgument).
    */
   async *readStream(p: string, options: { offset?: number; limit?: number } = {}): AsyncGenerator<Buffer> {
-    const call = this.conn.files.readFile(ReadFileRequest.fromPartial({
-      sandboxId: this.sandboxId, location: loc(p), offsetBytes: BigInt(options.offset ?? 0), limitBytes: BigInt(options.limit ?? 0),
-    }), this.conn.metadata());
+    const offsetBytes = BigInt(intArg("offset", options.offset) ?? 0);
+    const limitBytes = BigInt(intArg("limit", options.limit) ?? 0);
+    const call = this.conn.files.readFile(ReadFileRequest.fromPartial({ sandboxId: this.sandboxId, location: loc(p), offsetBytes, limitBytes }),
+      this.conn.metadata());
     let want: number | undefined;
     let got = 0;
     try {
@@ -151,9 +157,10 @@ export class Files {
    * sinceSeq) a watch of the directory p: a FileWatch to iterate for
    * create/write/remove/rename events and overflow notes (docs/watch.md).
    * Rejects with FileNotFound, InvalidArgument, a BerthError of reason
-   * NOT_A_DIRECTORY.
+   * NOT_A_DIRECTORY; with InvalidArgument before sending for a sinceSeq
+   * or bufferEvents that is not an integer from 0.
    */
-  watch(p: string, options: WatchOptions = {}): Promise<FileWatch> {
+  async watch(p: string, options: WatchOptions = {}): Promise<FileWatch> {
     return FileWatch.open(this.conn, watchRequest(this.sandboxId, p, options));
   }
 
@@ -177,7 +184,8 @@ export class Files {
    * resolves to the stored file's info. The file is replaced atomically
    * (readers see the old or the new one) unless append.
    */
-  write(p: string, data: WriteData, options: WriteOptions = {}): Promise<FileInfo> {
+  async write(p: string, data: WriteData, options: WriteOptions = {}): Promise<FileInfo> {
+    const mode = modeArg("mode", options.mode);
     return new Promise<FileInfo>((resolve, reject) => {
       const call = this.conn.files.writeFile(this.conn.metadata(), (err, resp?: WriteFileResponse) =>
         err ? reject(fromServiceError(err)) : resolve(infoOf(resp!.info)));
@@ -186,7 +194,7 @@ export class Files {
         part: {
           $case: "header",
           value: {
-            sandboxId: this.sandboxId, location: loc(p), createParents: options.makeParents ?? true, mode: options.mode,
+            sandboxId: this.sandboxId, location: loc(p), createParents: options.makeParents ?? true, mode,
             writeMode: options.append ? WriteMode.WRITE_MODE_APPEND : WriteMode.WRITE_MODE_REPLACE,
             sizeBytes: size === undefined ? undefined : BigInt(size),
           },
@@ -217,31 +225,51 @@ export class Files {
   }
 
   /**
-   * list gives the entries of directory p (depth levels deep), in order.
-   * Subdirectories that could not be listed reject with the first error.
+   * list gives the entries of directory p (depth levels deep, default 1;
+   * an integer from 0 to 2^32 - 1, else InvalidArgument), in order.
+   *
+   * berthd lists a subdirectory it cannot read (PERMISSION_DENIED, ...)
+   * and goes on, reporting it beside the entries; then, as the Go client's
+   * Files.List, the whole listing is read and the first such directory
+   * rejects with a BerthError of its reason (metadata.path names it) whose
+   * entries hold every entry listed. A stream that fails midway rejects
+   * with its error, the entries received before it in entries: nothing
+   * received is discarded.
    */
   async list(p: string, options: { depth?: number } = {}): Promise<FileInfo[]> {
-    const call = this.conn.files.listDir(ListDirRequest.fromPartial({ sandboxId: this.sandboxId, location: loc(p), maxDepth: options.depth ?? 1 }),
+    const maxDepth = intArg("depth", options.depth, 0xffffffff) ?? 1;
+    const call = this.conn.files.listDir(ListDirRequest.fromPartial({ sandboxId: this.sandboxId, location: loc(p), maxDepth }),
       this.conn.metadata());
     const out: FileInfo[] = [];
+    let first: ListDirError | undefined;
     try {
       for await (const m of call as AsyncIterable<ListDirResponse>) {
         out.push(...m.entries.map(infoOf));
-        for (const err of m.errors) {
-          throw new BerthError(grpcStatus.FAILED_PRECONDITION, `list ${err.displayPath}: ${err.message}`, err.reason, { path: err.displayPath });
-        }
+        first ??= m.errors[0];
       }
     } catch (e) {
       call.cancel();
-      throw fromServiceError(e);
+      const err = fromServiceError(e);
+      err.entries = out;
+      throw err;
+    }
+    if (first) {
+      const err = new BerthError(grpcStatus.FAILED_PRECONDITION, `list ${first.displayPath}: ${first.message}`, first.reason, { path: first.displayPath });
+      err.entries = out;
+      throw err;
     }
     return out;
   }
 
-  /** makeDir creates directory p (parents, default true: also its parents, and an existing directory is fine). mode default 0o755. */
+  /**
+   * makeDir creates directory p (parents, default true: also its parents,
+   * and an existing directory is fine). mode: permission bits as a number,
+   * 0o755 (the default); a string is refused as in write.
+   */
   async makeDir(p: string, options: { mode?: number; parents?: boolean } = {}): Promise<FileInfo> {
+    const mode = modeArg("mode", options.mode);
     const r = await this.conn.call<MakeDirRequest, MakeDirResponse>(this.conn.files, "makeDir",
-      MakeDirRequest.fromPartial({ sandboxId: this.sandboxId, location: loc(p), parents: options.parents ?? true, mode: options.mode }));
+      MakeDirRequest.fromPartial({ sandboxId: this.sandboxId, location: loc(p), parents: options.parents ?? true, mode }));
     return infoOf(r.info);
   }
 

@@ -5,7 +5,7 @@ import * as net from "node:net";
 import { ClientDuplexStream } from "@grpc/grpc-js";
 import { PortForwardRequest, PortForwardResponse } from "../gen/berth/v1/port";
 import { Connection } from "./connection";
-import { BerthError, fromServiceError } from "./errors";
+import { BerthError, fromServiceError, intArg } from "./errors";
 
 /**
  * A listener on host:port (address is "host:port") relaying each
@@ -90,12 +90,12 @@ export class Ports {
   /**
    * forward listens on host:localPort (localPort 0: a free port; host
    * default 127.0.0.1) and relays each connection to port inside the
-   * sandbox; .address is what to dial.
+   * sandbox; .address is what to dial. port outside 1-65535 or localPort
+   * outside 0-65535: InvalidArgument.
    */
   async forward(port: number, options: { localPort?: number; host?: string } = {}): Promise<PortForward> {
-    if (!Number.isInteger(port) || port < 1 || port > 65535) {
-      throw new RangeError(`ports.forward: port ${port} is outside 1-65535`);
-    }
+    intArg("port", port, 65535, 1);
+    intArg("localPort", options.localPort, 65535);
     const server = net.createServer({ allowHalfOpen: true });
     await new Promise<void>((resolve, reject) => {
       server.once("error", reject);

@@ -4,9 +4,9 @@ import {
   CreateSandboxRequest, CreateSandboxResponse, DeleteSandboxRequest, GetSandboxRequest, GetSandboxResponse, NetworkMode,
   Sandbox as PbSandbox, sandboxStateToJSON,
 } from "../gen/berth/v1/sandbox";
-import { Commands } from "./commands";
+import { Commands, userOf } from "./commands";
 import { Connection, ConnectionOptions } from "./connection";
-import { SandboxNotFound, duration, num } from "./errors";
+import { SandboxNotFound, duration, intArg, num, secondsArg } from "./errors";
 import { Files } from "./files";
 import { Ports } from "./ports";
 import { Sessions } from "./sessions";
@@ -40,7 +40,12 @@ function infoOf(s: PbSandbox | undefined): SandboxInfo {
   };
 }
 
-/** Options of Sandbox.create: the sandbox's, then the connection's (ConnectionOptions). */
+/**
+ * Options of Sandbox.create: the sandbox's, then the connection's
+ * (ConnectionOptions). Numbers are checked before anything is sent: sizes
+ * and cpuMillis integers from 0, times finite seconds from 0, else
+ * InvalidArgument naming the option.
+ */
 export interface CreateOptions extends ConnectionOptions {
   /** image: a reference in berthd's image store (default $BERTH_IMAGE, else DEFAULT_IMAGE). */
   image?: string;
@@ -56,6 +61,7 @@ export interface CreateOptions extends ConnectionOptions {
   labels?: Record<string, string>;
   /** sandboxId names it (else berthd mints one); a create retried after a failure that ran nothing is safe. */
   sandboxId?: string;
+  /** memoryBytes, diskBytes: bytes; cpuMillis: thousandths of a CPU; 0 or unset: berthd's defaults. */
   memoryBytes?: number;
   cpuMillis?: number;
   diskBytes?: number;
@@ -71,11 +77,6 @@ export interface CreateOptions extends ConnectionOptions {
   timeout?: number;
   /** connection: share one Connection instead of making one from the options. */
   connection?: Connection;
-}
-
-function userOf(u: CreateOptions["user"]): string {
-  if (u === undefined) return "";
-  return Array.isArray(u) ? `${u[0]}:${u[1]}` : String(u);
 }
 
 /**
@@ -122,18 +123,20 @@ export class Sandbox {
     });
     if (options.memoryBytes !== undefined || options.cpuMillis !== undefined || options.diskBytes !== undefined) {
       req.resources = {
-        pidsLimit: 0n, cpuMillis: BigInt(options.cpuMillis ?? 0), memoryBytes: BigInt(options.memoryBytes ?? 0), diskBytes: BigInt(options.diskBytes ?? 0),
+        pidsLimit: 0n, cpuMillis: BigInt(intArg("cpuMillis", options.cpuMillis) ?? 0), memoryBytes: BigInt(intArg("memoryBytes", options.memoryBytes) ?? 0),
+        diskBytes: BigInt(intArg("diskBytes", options.diskBytes) ?? 0),
         shmBytes: 0n, openFilesLimit: 0n,
       };
     }
-    if (options.idleTimeout !== undefined) req.idleTimeout = duration(options.idleTimeout);
-    if (options.maxLifetime !== undefined) req.maxLifetime = duration(options.maxLifetime);
+    if (options.idleTimeout !== undefined) req.idleTimeout = duration(options.idleTimeout, "idleTimeout");
+    if (options.maxLifetime !== undefined) req.maxLifetime = duration(options.maxLifetime, "maxLifetime");
     if (options.network !== undefined) {
       req.network = { mode: options.network === "egress" ? NetworkMode.NETWORK_MODE_EGRESS : NetworkMode.NETWORK_MODE_NONE, allow: [], maxConnections: 0, egressBytesPerSecond: 0n, ingressBytesPerSecond: 0n };
     }
+    const timeout = secondsArg("timeout", options.timeout) ?? 120;
     const conn = options.connection ?? new Connection(options);
     try {
-      const r = await conn.unary<CreateSandboxRequest, CreateSandboxResponse>(conn.sandboxes, "createSandbox", req, options.timeout ?? 120);
+      const r = await conn.unary<CreateSandboxRequest, CreateSandboxResponse>(conn.sandboxes, "createSandbox", req, timeout);
       return new Sandbox(conn, infoOf(r.sandbox), !options.connection, true);
     } catch (e) {
       if (!options.connection) conn.close();

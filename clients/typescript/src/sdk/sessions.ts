@@ -3,17 +3,50 @@
 
 import { ProcessSpec, Shell } from "../gen/berth/v1/exec";
 import {
-  CreateSessionRequest, CreateSessionResponse, DeleteSessionRequest, ListSessionsRequest, ListSessionsResponse, SessionInfo,
+  CreateSessionRequest, CreateSessionResponse, DeleteSessionRequest, ListSessionsRequest, ListSessionsResponse, SessionInfo as PbSessionInfo,
+  sessionStateToJSON,
 } from "../gen/berth/v1/session";
-import { CommandResult, Commands, OutputCallback } from "./commands";
+import { CommandResult, Commands, OutputCallback, userOf } from "./commands";
 import { Connection } from "./connection";
-import { BerthError, duration } from "./errors";
+import { BerthError, ProtocolError, duration, num } from "./errors";
+
+/**
+ * A session's record, plain data, JSON-serialisable. shell is "sh" or
+ * "bash"; state "idle" (waits for a command), "busy" (currentExecId runs)
+ * or "ended"; pid the shell's process id in the sandbox; createdAt an ISO
+ * 8601 time or null; commands how many commands it has run; exitCode the
+ * shell's exit status once ended (128+N when signal N killed it), else
+ * null; user the user the shell runs as ("": the sandbox's workload user).
+ */
+export interface SessionInfo {
+  sessionId: string;
+  name: string;
+  owner: string;
+  shell: "sh" | "bash";
+  state: string;
+  pid: number;
+  createdAt: string | null;
+  currentExecId: string;
+  commands: number;
+  exitCode: number | null;
+  user: string;
+}
+
+function infoOf(s: PbSessionInfo | undefined): SessionInfo {
+  if (!s) throw new ProtocolError("berthd answered without the session");
+  return {
+    sessionId: s.sessionId, name: s.name, owner: s.owner, shell: s.shell === Shell.SHELL_BASH ? "bash" : "sh",
+    state: sessionStateToJSON(s.state).replace(/^SESSION_STATE_/, "").toLowerCase(), pid: num(s.pid), createdAt: s.createdAt ? s.createdAt.toISOString() : null,
+    currentExecId: s.currentExecId, commands: num(s.commands), exitCode: s.exitCode ?? null, user: s.user,
+  };
+}
 
 /** Options of session.run. */
 export interface SessionRunOptions {
   /**
    * timeout: seconds; at its end the command is interrupted like Ctrl-C
-   * (exitCode 130, timedOut) and the session runs on.
+   * (exitCode 130, timedOut) and the session runs on. NaN, infinite or
+   * negative: InvalidArgument before sending.
    */
   timeout?: number;
   onStdout?: OutputCallback;
@@ -40,7 +73,7 @@ export interface SessionOptions {
 /**
  * A shell whose cwd, environment, variables, functions and background jobs
  * persist from one command to the next. info is the SessionInfo of its
- * creation; id names it.
+ * creation (not refreshed: sessions.list gives the current one); id names it.
  */
 export class Session {
   readonly id: string;
@@ -84,15 +117,15 @@ export class Sessions {
   async create(options: SessionOptions = {}): Promise<Session> {
     const req = CreateSessionRequest.fromPartial({
       sandboxId: this.sandboxId, sessionId: options.sessionId ?? "", name: options.name ?? "", cwd: options.cwd ?? "", env: options.env ?? {},
-      user: options.user === undefined ? "" : String(options.user), shell: options.shell === "bash" ? Shell.SHELL_BASH : Shell.SHELL_SH,
+      user: userOf(options.user), shell: options.shell === "bash" ? Shell.SHELL_BASH : Shell.SHELL_SH,
     });
     const resp = await this.conn.call<CreateSessionRequest, CreateSessionResponse>(this.conn.sandboxes, "createSession", req);
-    return new Session(this.conn, this.sandboxId, this.commands, resp.session!);
+    return new Session(this.conn, this.sandboxId, this.commands, infoOf(resp.session));
   }
 
   /** list gives the sandbox's sessions, oldest first. */
   async list(): Promise<SessionInfo[]> {
     const resp = await this.conn.call<ListSessionsRequest, ListSessionsResponse>(this.conn.sandboxes, "listSessions", ListSessionsRequest.fromPartial({ sandboxId: this.sandboxId }));
-    return resp.sessions;
+    return resp.sessions.map(infoOf);
   }
 }

@@ -3,9 +3,34 @@
 
 import {
   CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest, GetVolumeRequest, GetVolumeResponse, ListVolumesRequest, ListVolumesResponse,
-  Volume, VolumeMount,
+  Volume as PbVolume, VolumeMount,
 } from "../gen/berth/v1/volume";
 import { Connection, ConnectionOptions } from "./connection";
+import { ProtocolError, intArg, num } from "./errors";
+
+/**
+ * A volume's record, plain data, JSON-serialisable. created is an ISO 8601
+ * time or null; quotaBytes caps what it holds and usedBytes is what it
+ * holds now (btrfs quota group exclusive bytes, read when berthd answered),
+ * both in bytes (numbers: see num); sandboxIds lists the sandboxes that
+ * mount it now, sorted.
+ */
+export interface VolumeInfo {
+  name: string;
+  owner: string;
+  created: string | null;
+  quotaBytes: number;
+  usedBytes: number;
+  sandboxIds: string[];
+}
+
+function infoOf(v: PbVolume | undefined): VolumeInfo {
+  if (!v) throw new ProtocolError("berthd answered without the volume");
+  return {
+    name: v.name, owner: v.owner, created: v.created ? v.created.toISOString() : null, quotaBytes: num(v.quotaBytes), usedBytes: num(v.usedBytes),
+    sandboxIds: [...v.sandboxIds],
+  };
+}
 
 /**
  * A volume mount for Sandbox.create({ volumes }): "NAME:PATH" or
@@ -43,24 +68,24 @@ export class Volumes {
   }
 
   /**
-   * create makes an empty volume; quotaBytes 0 (default) takes berthd's
-   * default disk quota. Rejects with InvalidArgument (name, quota_bytes),
+   * create makes an empty volume; quotaBytes (bytes, an integer) 0 (default)
+   * takes berthd's default disk quota. Rejects with InvalidArgument (name, quota_bytes),
    * a BerthError of reason VOLUME_EXISTS, FleetBusy past the caller's disk
    * cap. Not retried: a lost reply is found by get.
    */
-  async create(name: string, options: { quotaBytes?: number } = {}): Promise<Volume> {
-    const req = CreateVolumeRequest.fromPartial({ name, quotaBytes: BigInt(options.quotaBytes ?? 0) });
-    return (await this.connection.call<CreateVolumeRequest, CreateVolumeResponse>(this.connection.sandboxes, "createVolume", req)).volume!;
+  async create(name: string, options: { quotaBytes?: number } = {}): Promise<VolumeInfo> {
+    const req = CreateVolumeRequest.fromPartial({ name, quotaBytes: BigInt(intArg("quotaBytes", options.quotaBytes) ?? 0) });
+    return infoOf((await this.connection.call<CreateVolumeRequest, CreateVolumeResponse>(this.connection.sandboxes, "createVolume", req)).volume);
   }
 
   /** get resolves to the volume with its usage and the sandboxes that mount it; NotFound (VOLUME_NOT_FOUND) otherwise. */
-  async get(name: string): Promise<Volume> {
-    return (await this.connection.unary<GetVolumeRequest, GetVolumeResponse>(this.connection.sandboxes, "getVolume", GetVolumeRequest.fromPartial({ name }))).volume!;
+  async get(name: string): Promise<VolumeInfo> {
+    return infoOf((await this.connection.unary<GetVolumeRequest, GetVolumeResponse>(this.connection.sandboxes, "getVolume", GetVolumeRequest.fromPartial({ name }))).volume);
   }
 
   /** list gives the caller's volumes, ordered by name. */
-  async list(): Promise<Volume[]> {
-    return (await this.connection.unary<ListVolumesRequest, ListVolumesResponse>(this.connection.sandboxes, "listVolumes", ListVolumesRequest.fromPartial({}))).volumes;
+  async list(): Promise<VolumeInfo[]> {
+    return (await this.connection.unary<ListVolumesRequest, ListVolumesResponse>(this.connection.sandboxes, "listVolumes", ListVolumesRequest.fromPartial({}))).volumes.map(infoOf);
   }
 
   /** delete removes the volume and its files; a BerthError of reason VOLUME_IN_USE while a sandbox mounts it. */

@@ -2,9 +2,12 @@
 // (docs/watch.md), the Go client's FileWatch and the Python SDK's.
 
 import { ClientReadableStream } from "@grpc/grpc-js";
-import { FileEvent, FileWatchOverflow, WatchFilesRequest, WatchFilesResponse } from "../gen/berth/v1/watch";
+import {
+  FileEvent as PbFileEvent, FileWatchOverflow as PbFileWatchOverflow, WatchFilesRequest, WatchFilesResponse, fileEventKindToJSON,
+  fileWatchOverflowReasonToJSON,
+} from "../gen/berth/v1/watch";
 import { Connection } from "./connection";
-import { ProtocolError, fromServiceError, num } from "./errors";
+import { ProtocolError, fromServiceError, intArg, num } from "./errors";
 
 /** Options of files.watch. */
 export interface WatchOptions {
@@ -12,15 +15,55 @@ export interface WatchOptions {
   recursive?: boolean;
   /** include keeps events whose file name matches one of these shell patterns. */
   include?: string[];
-  /** watchId with sinceSeq resumes an existing watch after that event. */
+  /** watchId with sinceSeq (an integer from 0) resumes an existing watch after that event. */
   watchId?: string;
   sinceSeq?: number;
-  /** bufferEvents bounds the watch's ring (default berthd's 65536). */
+  /** bufferEvents bounds the watch's ring, in events (an integer; default berthd's 65536). */
   bufferEvents?: number;
+}
+
+/**
+ * One change under a watched directory, plain data. seq numbers the
+ * watch's events from 1, contiguously (overflow notes included); kind is
+ * "create", "write", "remove", "rename" (oldPath is the path before it)
+ * or what docs/watch.md lists; path is absolute; isDir says whether it is
+ * a directory.
+ */
+export interface FileEvent {
+  seq: number;
+  kind: string;
+  path: string;
+  oldPath: string;
+  isDir: boolean;
+}
+
+/**
+ * A note that events were lost: rescan. reason is "kernel" (inotify's
+ * queue overflowed), "ring" (the watch's ring shed events firstSeq to
+ * lastSeq before this stream read them) or "watches" (directory path could
+ * not be watched); seq is its place in the watch's sequence, 0 for "ring".
+ */
+export interface FileWatchOverflow {
+  reason: string;
+  seq: number;
+  firstSeq: number;
+  lastSeq: number;
+  path: string;
 }
 
 /** What a FileWatch yields: a change ("file") or a note that events were lost ("overflow": rescan). */
 export type WatchEvent = { kind: "file"; event: FileEvent } | { kind: "overflow"; overflow: FileWatchOverflow };
+
+function eventOf(e: PbFileEvent): FileEvent {
+  return { seq: num(e.seq), kind: fileEventKindToJSON(e.kind).replace(/^FILE_EVENT_KIND_/, "").toLowerCase(), path: e.path, oldPath: e.oldPath, isDir: e.isDir };
+}
+
+function overflowOf(o: PbFileWatchOverflow): FileWatchOverflow {
+  return {
+    reason: fileWatchOverflowReasonToJSON(o.reason).replace(/^FILE_WATCH_OVERFLOW_REASON_/, "").toLowerCase(), seq: num(o.seq),
+    firstSeq: num(o.firstSeq), lastSeq: num(o.lastSeq), path: o.path,
+  };
+}
 
 /**
  * An open WatchFiles stream: iterate it (for await) for events in seq
@@ -70,11 +113,13 @@ export class FileWatch implements AsyncIterable<WatchEvent> {
       if (r.done) return;
       const ev = r.value.event;
       if (ev?.$case === "file") {
-        this.lastSeq = num(ev.value.seq);
-        yield { kind: "file", event: ev.value };
+        const e = eventOf(ev.value);
+        this.lastSeq = e.seq;
+        yield { kind: "file", event: e };
       } else if (ev?.$case === "overflow") {
-        if (num(ev.value.seq) > 0) this.lastSeq = num(ev.value.seq);
-        yield { kind: "overflow", overflow: ev.value };
+        const o = overflowOf(ev.value);
+        if (o.seq > 0) this.lastSeq = o.seq;
+        yield { kind: "overflow", overflow: o };
       }
     }
   }
@@ -101,6 +146,6 @@ export class FileWatch implements AsyncIterable<WatchEvent> {
 export function watchRequest(sandboxId: string, path: string, o: WatchOptions): WatchFilesRequest {
   return WatchFilesRequest.fromPartial({
     sandboxId, path, recursive: o.recursive ?? false, include: o.include ?? [], watchId: o.watchId ?? "",
-    sinceSeq: BigInt(o.sinceSeq ?? 0), bufferEvents: o.bufferEvents ?? 0,
+    sinceSeq: BigInt(intArg("sinceSeq", o.sinceSeq) ?? 0), bufferEvents: intArg("bufferEvents", o.bufferEvents, 0xffffffff) ?? 0,
   });
 }
