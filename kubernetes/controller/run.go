@@ -10,6 +10,7 @@ import (
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -43,6 +44,11 @@ type Options struct {
 	MirrorInterval time.Duration
 	// NodeLostGrace: Reconciler.NodeLostGrace.
 	NodeLostGrace time.Duration
+	// SeveralPerProcess lets Run be called again in one process while an
+	// earlier Run's controllers are registered (tests): controller-runtime
+	// refuses a second controller of the same name in a process, whose
+	// metrics would be counted together, unless told to skip that check.
+	SeveralPerProcess bool
 }
 
 // LeaderElectionID names the Lease replicas of berth-controller elect a
@@ -84,6 +90,7 @@ func Run(ctx context.Context, opts Options) error {
 		LeaderElection:          opts.LeaderElection,
 		LeaderElectionID:        LeaderElectionID,
 		LeaderElectionNamespace: opts.LeaderElectionNamespace,
+		Controller:              config.Controller{SkipNameValidation: &opts.SeveralPerProcess},
 	})
 	if err != nil {
 		return fmt.Errorf("controller manager: %w", err)

@@ -349,7 +349,8 @@ func TestKubernetesNodes(t *testing.T) {
 
 	// spec.shutdownTime: Retain (the default) keeps the object; Delete
 	// deletes it. Both sandboxes are deleted when it comes.
-	soon := metav1.NewTime(time.Now().Add(2 * time.Second))
+	// RFC 3339 as sent has whole seconds: soon is what the object holds.
+	soon := metav1.NewTime(time.Now().Add(2 * time.Second).Truncate(time.Second))
 	patchSpec(t, ctx, admin, objs["on-a"], fmt.Sprintf(`{"spec":{"shutdownTime":%q}}`, soon.Format(time.RFC3339)))
 	patchSpec(t, ctx, admin, objs["on-b"], fmt.Sprintf(`{"spec":{"shutdownTime":%q,"shutdownPolicy":"Delete"}}`, soon.Format(time.RFC3339)))
 	waitFor(t, 2*time.Minute, "shutdownTime: on-a Expired, on-b deleted, both sandboxes gone", func() (bool, string) {
@@ -496,6 +497,7 @@ func runController(t *testing.T, ctx context.Context, k *kube, cs kubernetes.Int
 	opts.Config = cfg
 	opts.Log = zap.New(zap.UseDevMode(true), zap.WriteTo(testWriter{t}))
 	opts.MetricsAddr = "0"
+	opts.SeveralPerProcess = true // the tests of this package run several in one process
 	if opts.Resync == 0 {
 		opts.Resync = 2 * time.Second
 	}
