@@ -812,19 +812,7 @@ func containerdRoot(t *testing.T) string {
 // berth (the image's are static).
 func deployRootFS(t *testing.T, dir string) string {
 	t.Helper()
-	copyFile := func(src, dst string, mode os.FileMode) {
-		t.Helper()
-		b, err := os.ReadFile(src)
-		if err == nil {
-			err = os.MkdirAll(filepath.Dir(dst), 0o755)
-		}
-		if err == nil {
-			err = os.WriteFile(dst, b, mode)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	copyFile := func(src, dst string, mode os.FileMode) { e2e.CopyFile(t, src, dst, mode) }
 	copyFile("/bin/busybox", filepath.Join(dir, "bin", "busybox"), 0o755)
 	applets, err := exec.Command("/bin/busybox", "--list").Output()
 	if err != nil {

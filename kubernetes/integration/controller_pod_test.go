@@ -98,11 +98,11 @@ func TestKubernetesControllerPod(t *testing.T) {
 	// libraries go into the root with it.
 	bin := filepath.Join(dir, "berth-controller")
 	goBuild(t, filepath.Join(repo, "kubernetes"), bin, "./cmd/berth-controller")
-	copyFile(t, bin, filepath.Join(root, c.Command[0]), 0o755)
+	e2e.CopyFile(t, bin, filepath.Join(root, c.Command[0]), 0o755)
 	if out, err := exec.Command("ldd", bin).Output(); err == nil {
 		for _, f := range strings.Fields(string(out)) {
 			if strings.HasPrefix(f, "/") {
-				copyFile(t, f, filepath.Join(root, f), 0o755)
+				e2e.CopyFile(t, f, filepath.Join(root, f), 0o755)
 			}
 		}
 	}
@@ -258,20 +258,6 @@ func dockerfileBuilds(t *testing.T, repo, cmd, path string) bool {
 	build := regexp.MustCompile(`(?m)go build .*\./cmd/` + regexp.QuoteMeta(cmd) + `\b`)
 	cp := regexp.MustCompile(`(?m)^COPY --from=build /out/` + regexp.QuoteMeta(cmd) + ` ` + regexp.QuoteMeta(path) + `$`)
 	return build.Match(b) && cp.Match(b)
-}
-
-func copyFile(t *testing.T, src, dst string, mode os.FileMode) {
-	t.Helper()
-	b, err := os.ReadFile(src)
-	if err == nil {
-		err = os.MkdirAll(filepath.Dir(dst), 0o755)
-	}
-	if err == nil {
-		err = os.WriteFile(dst, b, mode)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // podMount is a read-only bind mount of a pod's volume.
