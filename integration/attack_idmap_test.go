@@ -364,7 +364,14 @@ func captureHostState(t *testing.T, e *berthEnv, snapshotter string) hostState {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if l := sc.Text(); strings.Contains(l, e.stateDir+"/") || strings.Contains(l, "ovl-idmapped") {
+		// This berthd's mounts are under its state directory; the
+		// idmapped lower layers it mounts while creating an overlayfs
+		// root are /tmp/ovl-idmapped*. Another berthd's sandbox roots on
+		// the host (whose options name its own lower layer) are not this
+		// test's: proc(5)'s fifth field is the mount point.
+		l := sc.Text()
+		f := strings.Fields(l)
+		if len(f) > 4 && (strings.HasPrefix(f[4], e.stateDir+"/") || strings.Contains(f[4], "ovl-idmapped")) {
 			s.mounts = append(s.mounts, l)
 		}
 	}

@@ -7,8 +7,13 @@
 package e2e
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -47,4 +52,53 @@ func CopyFile(t testing.TB, src, dst string, mode os.FileMode) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// UnmountUnder detaches (umount2(2) MNT_DETACH) every mount whose mount
+// point is dir or under it, deepest first, as listed by
+// /proc/self/mountinfo (proc(5): the fifth field, octal escapes such as
+// \040 for a space). A test whose daemons are stopped without deleting
+// their sandboxes calls it before removing dir, so that the sandboxes'
+// root and run mounts do not outlive the test on the host. Failures are
+// logged: a cleanup that cannot unmount leaves the mount to be seen.
+func UnmountUnder(t testing.TB, dir string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Logf("unmount under %s: %v", dir, err)
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		p := unescapeMountinfo(f[4])
+		if p == dir || strings.HasPrefix(p, dir+"/") {
+			points = append(points, p)
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		if err := syscall.Unmount(p, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, syscall.ENOENT) {
+			t.Logf("unmount %s: %v", p, err)
+		}
+	}
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\ooo).
+func unescapeMountinfo(s string) string {
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				out.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		out.WriteByte(s[i])
+	}
+	return out.String()
 }

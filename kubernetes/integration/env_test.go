@@ -321,6 +321,11 @@ func startBerthd(t *testing.T, repo, nodeID string, flags ...string) *berthd {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	// Run after berthd and containerd stop (cleanups run last first):
+	// berthd keeps its sandboxes across a stop, and their root and run
+	// mounts under dir (a claim's sandbox, whose object no garbage
+	// collector deletes here) would outlive the test.
+	t.Cleanup(func() { e2e.UnmountUnder(t, dir) })
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
