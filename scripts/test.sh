@@ -10,7 +10,8 @@
 # Environment:
 #   BERTH_E2E=1        integration tests fail, not skip, when they cannot
 #                      run (set here unless BERTH_E2E=0 is given)
-#   GO_TEST_TIMEOUT    go test -timeout (default 30m)
+#   GO_TEST_TIMEOUT    go test -timeout (default 45m: the integration package
+#                      took 22 min on a quiet 2-core machine)
 #   GO_TEST_FLAGS      extra go test flags, e.g. "-run TestExec -v"
 #   GO_TEST_PKGS       packages (default ./...)
 #
@@ -42,4 +43,4 @@ if [[ ${BERTH_E2E:-} != 0 ]]; then
 fi
 set -x
 # shellcheck disable=SC2086 # GO_TEST_FLAGS and GO_TEST_PKGS are word lists
-exec go test -count=1 -timeout "${GO_TEST_TIMEOUT:-30m}" ${GO_TEST_FLAGS:-} ${GO_TEST_PKGS:-./...}
+exec go test -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" ${GO_TEST_FLAGS:-} ${GO_TEST_PKGS:-./...}
