@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -730,5 +731,100 @@ func TestPauseDeleteRaces(t *testing.T) {
 		if rec, err := env.rt.Get(ctx, id); err == nil {
 			t.Errorf("round %d: containerd still holds the deleted sandbox: %+v", round, rec)
 		}
+	}
+}
+
+// TestPauseFreezer: berthd pauses and resumes a runc sandbox through its
+// cgroup's freezer, and containerd's shim keeps holding the task running
+// (server/runtime/freezer.go). Five pauses in a row, each right after a
+// resume, freeze every process (a CPU hog's cgroup uses no CPU over 300
+// ms) and read PAUSED; each resume reads RUNNING at once and the hog goes
+// on; containerd's task status stays RUNNING throughout. A task paused
+// through containerd itself (`ctr task pause`, or a berthd of before) is
+// resumed by ResumeSandbox, after which containerd holds it running again,
+// and a delete right after a resume removes the sandbox.
+func TestPauseFreezer(t *testing.T) {
+	need(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	id := newSandbox(t, nil).GetId()
+	startDetached(t, id, "sh", "-c", "while :; do :; done")
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.rt.Namespace()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	task := func() containerd.Task {
+		t.Helper()
+		c, err := cc.LoadContainer(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		task, err := c.Task(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return task
+	}
+	taskStatus := func() containerd.ProcessStatus {
+		t.Helper()
+		st, err := task().Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Status
+	}
+	hogRuns := func(what string) {
+		t.Helper()
+		cpu := cgroupCPU(t, ctx, id)
+		waitFor(t, 10*time.Second, "the hog using CPU "+what, func() bool { return cgroupCPU(t, ctx, id)-cpu > 50*time.Millisecond })
+	}
+	for round := range 5 {
+		if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+			t.Fatalf("round %d: PauseSandbox: %v", round, err)
+		}
+		cpu := cgroupCPU(t, ctx, id)
+		time.Sleep(300 * time.Millisecond)
+		if used := cgroupCPU(t, ctx, id) - cpu; used > 20*time.Millisecond {
+			t.Errorf("round %d: paused sandbox used %v of CPU in 300ms, want ~0", round, used)
+		}
+		if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+			t.Errorf("round %d: state while paused: %v, want PAUSED", round, got)
+		}
+		if st := taskStatus(); st != containerd.Running {
+			t.Errorf("round %d: containerd's task status while paused: %v, want running (the freezer pauses it, not the shim)", round, st)
+		}
+		if _, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+			t.Fatalf("round %d: ResumeSandbox: %v", round, err)
+		}
+		if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+			t.Errorf("round %d: state right after ResumeSandbox: %v, want RUNNING", round, got)
+		}
+	}
+	hogRuns("after the last resume")
+
+	// Paused through containerd, as berthd paused before the freezer.
+	if err := task().Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatalf("ResumeSandbox of a task containerd paused: %v", err)
+	}
+	if st := taskStatus(); st != containerd.Running {
+		t.Errorf("containerd's task status after ResumeSandbox of a task it paused: %v, want running", st)
+	}
+	hogRuns("after the resume of a task containerd paused")
+
+	if _, err := env.sandboxes.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.sandboxes.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatalf("DeleteSandbox right after a resume: %v", err)
+	}
+	if rec, err := env.rt.Get(ctx, id); err == nil {
+		t.Errorf("containerd still holds the deleted sandbox: %+v", rec)
 	}
 }

@@ -17,16 +17,17 @@ import (
 	"github.com/berth-sandbox/berth/server/runtime"
 )
 
-// A paused sandbox's processes are frozen (containerd's task.Pause: the
-// cgroup freezer under runc, runsc pause under gVisor): its agent cannot
-// answer, yet it is neither unreachable nor busy. The Reacher keeps which
+// A paused sandbox's processes are frozen (runtime.Pause: the cgroup
+// freezer under runc, runsc pause under gVisor): its agent cannot answer,
+// yet it is neither unreachable nor busy. The Reacher keeps which
 // sandboxes are paused, so that Reach resumes one before it asks its agent
 // anything (or refuses with SANDBOX_PAUSED when the caller asked not to,
 // resume.Header), and Watches wait for a paused agent rather than call it
-// unreachable. containerd keeps a task paused across a berthd restart: the
-// lifecycle engine tells the Reacher what it found at adoption (SetPaused).
+// unreachable. A task stays paused across a berthd restart (its cgroup stays
+// frozen): the lifecycle engine tells the Reacher what it found at adoption
+// (SetPaused).
 
-// freezer is what pausing needs of containerd (*runtime.Runtime).
+// freezer is what pausing needs of the runtime (*runtime.Runtime).
 type freezer interface {
 	Pause(ctx context.Context, id string) error
 	Resume(ctx context.Context, id string) error
@@ -207,7 +208,7 @@ func (r *Reacher) PauseWatch(id string) (paused bool, changed <-chan struct{}) {
 	return r.pauses.watch(id)
 }
 
-// SetPaused records what containerd says of sandbox id's task: paused or
+// SetPaused records what the runtime says of sandbox id's task: paused or
 // not (adoption, removal).
 func (r *Reacher) SetPaused(id string, paused bool) { r.pauses.set(id, paused) }
 

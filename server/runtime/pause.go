@@ -35,11 +35,13 @@ func (r *Runtime) Resume(ctx context.Context, id string) (err error) {
 }
 
 // freeze pauses (pause) or resumes sandbox id's task, doing nothing when it
-// is in that state already. It asks containerd's task service directly:
-// a resume of a paused task is one request (containerd → shim → `runc
-// resume`), a pause two (the task's status, then the pause); the status
-// is read after a failed resume, to tell a running or stopped task from a
-// failure.
+// is in that state already. A runc task is frozen and thawed through its
+// cgroup's freezer (freezer.go): a resume of a task this berthd froze
+// writes one file and asks containerd nothing; otherwise one request reads
+// the task's status and pid first. A task containerd holds paused (paused
+// by an earlier berthd, or a gVisor task) and a gVisor task are paused and
+// resumed through containerd's task service (containerd → shim → `runc`
+// or `runsc pause`/`resume`).
 func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error) {
 	op := "resume the task of sandbox " + id
 	if pause {
@@ -49,12 +51,20 @@ func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error)
 	defer c.end(&err)
 	ctx, cancel := c.step()
 	defer cancel()
-	var resumeErr error
-	if !pause {
-		c.changes()
-		if _, resumeErr = r.client.TaskService().Resume(ctx, &tasks.ResumeTaskRequest{ContainerID: id}); resumeErr == nil {
+	if k, ok := r.freezers.get(id); !pause && ok && k.ours {
+		// Frozen by this berthd: containerd's shim holds the task running.
+		if frozen, ferr := k.f.frozen(); ferr == nil {
+			if frozen {
+				c.changes()
+				if err := k.f.thaw(); err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+			}
+			r.freezers.setOurs(id, false)
 			return nil
 		}
+		// The cgroup is gone: the task ended (or was restarted).
+		r.freezers.forget(id)
 	}
 	t, err := r.task(ctx, id)
 	if errdefs.IsNotFound(err) {
@@ -69,18 +79,122 @@ func (r *Runtime) freeze(ctx context.Context, id string, pause bool) (err error)
 	running := t.GetStatus() == tasktypes.Status_RUNNING
 	paused := t.GetStatus() == tasktypes.Status_PAUSED || t.GetStatus() == tasktypes.Status_PAUSING
 	switch {
-	case pause && paused, !pause && running:
-		return nil
 	case !running && !paused:
 		return fmt.Errorf("%w: sandbox %s's task is %s", ErrTaskNotRunning, id, strings.ToLower(t.GetStatus().String()))
-	case !pause:
-		return fmt.Errorf("%s: %w", op, errgrpc.ToNative(resumeErr))
+	case paused && pause:
+		// Held paused by containerd; frozen too, unless someone thawed
+		// its cgroup under the shim (resumeHeld).
+		if f, ok := r.runcFreezer(ctx, id, t.GetPid()); ok {
+			if frozen, err := f.frozen(); err == nil && !frozen {
+				c.changes()
+				if err := f.freeze(ctx); err != nil {
+					return fmt.Errorf("%s: %w", op, err)
+				}
+			}
+		}
+		return nil
+	case paused:
+		c.changes()
+		if err := r.resumeHeld(ctx, id, t.GetPid()); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		return nil
+	}
+	if f, ok := r.runcFreezer(ctx, id, t.GetPid()); ok {
+		frozen, err := f.frozen()
+		if err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		switch {
+		case frozen == pause:
+			// containerd holds the task running: a frozen cgroup
+			// is a berthd's freeze.
+			r.freezers.setOurs(id, frozen)
+			return nil
+		case pause:
+			c.changes()
+			err = f.freeze(ctx)
+		default:
+			c.changes()
+			err = f.thaw()
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		r.freezers.setOurs(id, pause)
+		return nil
+	}
+	if !pause {
+		return nil
 	}
 	c.changes()
 	if err := r.pauseTask(ctx, id); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
+}
+
+// resumeHeld resumes sandbox id's task pid, which containerd holds paused,
+// through containerd (its shim's `runc resume` or `runsc resume`). When the
+// shim's runc finds the task's cgroup thawed already (someone thawed it
+// under the shim: berthd's fast resume of a task that `ctr task pause`
+// paused), it refuses ("container not paused") and the shim would hold the
+// task paused for good, refusing to delete it: the cgroup is frozen again
+// and the resume asked once more.
+func (r *Runtime) resumeHeld(ctx context.Context, id string, pid uint32) error {
+	_, err := r.client.TaskService().Resume(ctx, &tasks.ResumeTaskRequest{ContainerID: id})
+	if err == nil {
+		return nil
+	}
+	f, ferr := freezerOf(pid)
+	if ferr != nil {
+		return errgrpc.ToNative(err)
+	}
+	if frozen, ferr := f.frozen(); ferr != nil || frozen {
+		return errgrpc.ToNative(err)
+	}
+	if ferr := f.freeze(ctx); ferr != nil {
+		return fmt.Errorf("%w (freezing its thawed cgroup for containerd's resume: %v)", errgrpc.ToNative(err), ferr)
+	}
+	_, err = r.client.TaskService().Resume(ctx, &tasks.ResumeTaskRequest{ContainerID: id})
+	return errgrpc.ToNative(err)
+}
+
+// runcFreezer returns the freezer of sandbox id's task pid when it runs
+// under runc and its cgroup has one (recording it for the next resume),
+// false for a gVisor task and a cgroup without a freezer: those are paused
+// through containerd.
+func (r *Runtime) runcFreezer(ctx context.Context, id string, pid uint32) (taskFreezer, bool) {
+	if k, ok := r.freezers.get(id); ok && k.pid == pid {
+		return k.f, true
+	}
+	gvisor, err := r.kinds.gvisor(ctx, id, pid, r.Get)
+	if err != nil || gvisor {
+		return taskFreezer{}, false
+	}
+	f, err := freezerOf(pid)
+	if err != nil {
+		return taskFreezer{}, false
+	}
+	r.freezers.put(id, pid, f)
+	return f, true
+}
+
+// frozenByFreezer reports whether task pid of sandbox id, which containerd
+// holds running, is frozen by its cgroup's freezer (a runc task paused by
+// berthd: freezer.go; `runsc pause` leaves a gVisor task's freezer
+// thawed). It asks containerd nothing.
+func (r *Runtime) frozenByFreezer(id string, pid uint32) bool {
+	k, ok := r.freezers.get(id)
+	if !ok || k.pid != pid {
+		f, err := freezerOf(pid)
+		if err != nil {
+			return false
+		}
+		k = knownFreezer{pid: pid, f: f}
+	}
+	frozen, err := k.f.frozen()
+	return err == nil && frozen
 }
 
 // pauseAttempts bounds pauseTask's tries.
@@ -113,13 +227,22 @@ func (r *Runtime) pauseTask(ctx context.Context, id string) error {
 // thawForDelete makes a paused task killable before deleteTask removes it:
 // under the cgroup v1 freezer a frozen process takes SIGKILL only once it
 // is thawed, so the task's processes are sent SIGKILL first (they die as
-// they thaw, running nothing more) and the task is resumed. A task that is
-// not paused is left alone.
-func thawForDelete(ctx context.Context, task containerd.Task) {
+// they thaw, running nothing more) and the task is resumed: through its
+// freezer when berthd froze it (freezer.go), through containerd when
+// containerd holds it paused. A task that is not paused is left alone.
+func (r *Runtime) thawForDelete(ctx context.Context, task containerd.Task) {
 	st, err := task.Status(ctx)
-	if err != nil || (st.Status != containerd.Paused && st.Status != containerd.Pausing) {
+	if err != nil {
 		return
 	}
-	_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
-	_ = task.Resume(ctx)
+	switch {
+	case st.Status == containerd.Paused || st.Status == containerd.Pausing:
+		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
+		_ = r.resumeHeld(ctx, task.ID(), task.Pid())
+	case st.Status == containerd.Running && r.frozenByFreezer(task.ID(), task.Pid()):
+		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
+		if f, err := freezerOf(task.Pid()); err == nil {
+			_ = f.thaw()
+		}
+	}
 }

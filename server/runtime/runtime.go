@@ -248,6 +248,9 @@ type Runtime struct {
 	// forkTaking are the fork copies being taken, which children's
 	// creates wait for (ForkSnapshot).
 	forkTaking copiesTaking
+	// freezers are the cgroup freezers of the runc tasks berthd paused or
+	// resumed (freezer.go).
+	freezers freezers
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -1024,7 +1027,7 @@ func (r *Runtime) list(ctx context.Context, filter string) (_ []Sandbox, err err
 	for _, c := range containers {
 		sb := r.sandboxOf(c.ID, c.Labels)
 		if t := byID[c.ID]; t != nil {
-			sb.setTask(t)
+			r.setTask(&sb, t)
 		}
 		out = append(out, sb)
 	}
@@ -1045,7 +1048,7 @@ func (r *Runtime) sandbox(ctx context.Context, c containerd.Container, labels ma
 	case err != nil:
 		return Sandbox{}, fmt.Errorf("load task %s: %w", c.ID(), err)
 	}
-	sb.setTask(t)
+	r.setTask(&sb, t)
 	return sb, nil
 }
 
@@ -1059,6 +1062,17 @@ func (r *Runtime) task(ctx context.Context, id string) (*tasktypes.Process, erro
 		return nil, errgrpc.ToNative(err)
 	}
 	return resp.GetProcess(), nil
+}
+
+// setTask sets the task fields of sb from its task's process t, as
+// Sandbox.setTask, and reads a task containerd holds running as paused
+// when its cgroup's freezer is frozen (a runc task berthd paused:
+// freezer.go).
+func (r *Runtime) setTask(sb *Sandbox, t *tasktypes.Process) {
+	sb.setTask(t)
+	if sb.Running && r.frozenByFreezer(sb.ID, sb.TaskPID) {
+		sb.Running, sb.Paused = false, true
+	}
 }
 
 // setTask sets the task fields of sb from its task's process t.
@@ -1177,7 +1191,7 @@ func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container
 			return nil
 		}
 		if err == nil {
-			thawForDelete(ctx, task)
+			r.thawForDelete(ctx, task)
 		}
 		if err != nil {
 			err = fmt.Errorf("load task %s: %w", container.ID(), err)
