@@ -42,6 +42,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require github.com/fsnotify/fsnotify v1.10.1 // indirect
+
 require (
 	connectrpc.com/connect v1.19.1
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect

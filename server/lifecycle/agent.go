@@ -33,6 +33,7 @@ func (m *Manager) waitAgent(ctx context.Context, id string) (*agentv1.InfoRespon
 	answered := make(chan answer, 1)
 	infoCtx, cancelInfo := context.WithCancel(ctx)
 	defer cancelInfo()
+	go m.agents.ResetWhenListening(infoCtx, m.rt.SocketPath(id))
 	go func() {
 		info, err := agentconn.WaitReady(infoCtx, agent)
 		answered <- answer{info, err}
