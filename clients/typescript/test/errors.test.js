@@ -28,6 +28,11 @@ test("a status's ErrorInfo reason chooses the class; details are decoded, JSON-s
   assert.deepEqual([e.code, e.codeName, e.reason, e.metadata.sandbox_id, e.retryDelay, e.retryAfter], [8, "RESOURCE_EXHAUSTED", "FLEET_BUSY", "sb-1", 0.25, 0.25]);
   assert.deepEqual([e.detail.inUse, e.detail.limit, e.detail.resource], ["1", "1", "CAPACITY_RESOURCE_SANDBOX_EXECS"]);
   assert.equal(JSON.parse(JSON.stringify(e)).detail.resource, "CAPACITY_RESOURCE_SANDBOX_EXECS");
+  assert.equal("entries" in JSON.parse(JSON.stringify(e)), false);
+  // files.list's error carries the entries received before it; so does its JSON.
+  const entry = { name: "a", path: "/w/a", type: "file", mode: 0o644, size: 3, uid: 0, gid: 0, modified: null, symlinkTarget: "" };
+  e.entries = [entry];
+  assert.deepEqual(JSON.parse(JSON.stringify(e)).entries, [entry]);
   assert.ok(berth.isRetryable(e));
   // Only a deletion frees disk, whatever delay an older berthd sent.
   for (const r of [berth.errors.CapacityResource.CAPACITY_RESOURCE_DISK, berth.errors.CapacityResource.CAPACITY_RESOURCE_PRINCIPAL_DISK]) {

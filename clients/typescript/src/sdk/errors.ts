@@ -64,11 +64,16 @@ export class BerthError extends Error {
     this.detail = detail;
   }
 
+  /** toJSON gives every field above (entries only when set), so that a logged error keeps what files.list received. */
   toJSON(): Record<string, unknown> {
-    return {
+    const out: Record<string, unknown> = {
       name: this.name, code: this.codeName, reason: this.reason, message: this.message, metadata: this.metadata,
       fieldViolations: this.fieldViolations, retryDelay: this.retryDelay, detail: this.detail,
     };
+    if (this.entries !== undefined) {
+      out.entries = this.entries;
+    }
+    return out;
   }
 }
 
