@@ -42,7 +42,7 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
-require github.com/fsnotify/fsnotify v1.10.1 // indirect
+require github.com/fsnotify/fsnotify v1.10.1
 
 require (
 	connectrpc.com/connect v1.19.1
