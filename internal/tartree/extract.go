@@ -8,10 +8,13 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -91,7 +94,7 @@ type Counts struct {
 // *ArchiveError; file system failures are *fs.PathError values naming the
 // final path.
 func Extract(dir string, r io.Reader, opts Options) (Counts, error) {
-	x := &extraction{opts: opts, dir: dir, dirAt: make(map[string]int), parentFd: -1}
+	x := &extraction{opts: opts, dir: dir, dirAt: make(map[string]int), parentFd: -1, umask: processUmask()}
 	if err := x.stage(); err != nil {
 		return Counts{}, err
 	}
@@ -265,6 +268,10 @@ type extraction struct {
 	parentName string
 	parentFd   int
 	copyBuf    []byte
+
+	// The process's umask, which open(2) applies to a new file's mode;
+	// -1 when unknown (then every file's mode is set by fchmod(2)).
+	umask int
 }
 
 // openFile is a regular file extracted and kept open to fsync(2) it.
@@ -576,9 +583,18 @@ func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error
 	if err != nil {
 		return err
 	}
+	// The file is made with its final mode when open(2)'s umask leaves
+	// that whole (the staging directory, 0700, hides it meanwhile):
+	// no fchmod(2) then. Setuid, setgid and sticky bits, and a mode the
+	// umask would cut, are set by fchmod(2) after the write.
+	mode := uint32(hdr.Mode) & x.mask()
+	createMode, chmod := uint32(0o600), true
+	if x.umask >= 0 && mode&^0o777 == 0 && mode&uint32(x.umask) == 0 {
+		createMode, chmod = mode, false
+	}
 	fd := -1
 	err = x.replacing(parent, base, name, func() (err error) {
-		fd, err = unix.Openat(parent, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		fd, err = unix.Openat(parent, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, createMode)
 		return err
 	})
 	if err != nil {
@@ -606,14 +622,15 @@ func (x *extraction) file(name string, hdr *tar.Header, content io.Reader) error
 	if err := w.finish(); err != nil {
 		return pathError("write", x.b.full(name), err)
 	}
-	mode := uint32(hdr.Mode) & x.mask()
-	if err := unix.Fchmod(fd, mode); err != nil {
-		return pathError("chmod", x.b.full(name), err)
+	if chmod {
+		if err := unix.Fchmod(fd, mode); err != nil {
+			return pathError("chmod", x.b.full(name), err)
+		}
 	}
 	// Times before the owner: once another user owns it, setting them
 	// would need CAP_FOWNER.
-	if err := x.times(parent, base, name, hdr); err != nil {
-		return err
+	if err := futimens(fd, hdr); err != nil {
+		return pathError("set times of", x.b.full(name), err)
 	}
 	if x.opts.Chown != nil {
 		if err := x.opts.Chown(fd, hdr.Uid, hdr.Gid, mode); err != nil {
@@ -808,6 +825,41 @@ func (x *extraction) times(parent int, base, name string, hdr *tar.Header) error
 	atime, mtime := entryTimes(hdr)
 	if err := unix.UtimesNanoAt(parent, base, []unix.Timespec{atime, mtime}, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return pathError("set times of", x.b.full(name), err)
+	}
+	return nil
+}
+
+// processUmask returns the umask of the process (its threads share one),
+// from the Umask line of /proc/thread-self/status (Linux 4.7), or -1 when
+// that cannot be read: reading it with umask(2) would set it meanwhile,
+// under the files that other goroutines create.
+func processUmask() int {
+	b, err := os.ReadFile("/proc/thread-self/status")
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			m, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			if err != nil || m > 0o777 {
+				return -1
+			}
+			return int(m)
+		}
+	}
+	return -1
+}
+
+// futimens gives the file open at fd the entry's access and modification
+// time (entryTimes): utimensat(2) with a NULL path, as glibc's
+// futimens(3), which x/sys/unix lacks (its Futimes goes through
+// /proc/self/fd, by path).
+func futimens(fd int, hdr *tar.Header) error {
+	var ts [2]unix.Timespec
+	ts[0], ts[1] = entryTimes(hdr)
+	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
+	if errno != 0 {
+		return errno
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -373,5 +375,56 @@ func TestExtractSyncFewFiles(t *testing.T) {
 	}
 	if *calls != 1 || *fsyncs != 0 {
 		t.Errorf("Extract of 100 files called syncfs %d times and fsync of a file %d times, want 1 and 0", *calls, *fsyncs)
+	}
+}
+
+// TestExtractFileModesAndTimes extracts files of every kind of mode under
+// umasks that leave it whole and that would cut it: a file made with its
+// final mode (no fchmod) and one whose mode fchmod sets end up with the
+// archive's mode (setuid and setgid cleared without Chown) and its times.
+func TestExtractFileModesAndTimes(t *testing.T) {
+	modes := []int64{0o000, 0o400, 0o444, 0o600, 0o640, 0o644, 0o666, 0o700, 0o755, 0o777, 0o1644, 0o2755, 0o4755}
+	mtime := time.Date(2021, 3, 4, 5, 6, 7, 891011121, time.UTC)
+	atime := time.Date(2022, 1, 2, 3, 4, 5, 600000000, time.UTC)
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, m := range modes {
+		body := fmt.Sprintf("mode %o", m)
+		hdr := &tar.Header{Name: fmt.Sprintf("f%o", m), Typeflag: tar.TypeReg, Mode: m, Size: int64(len(body)), ModTime: mtime, AccessTime: atime, Format: tar.FormatPAX}
+		if err := tw.WriteHeader(hdr); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(body))
+	}
+	tw.Close()
+	for _, umask := range []int{0, 0o022, 0o077, 0o777} {
+		t.Run(fmt.Sprintf("umask%03o", umask), func(t *testing.T) {
+			old := syscall.Umask(umask)
+			t.Cleanup(func() { syscall.Umask(old) })
+			dir := filepath.Join(t.TempDir(), "out")
+			if _, err := tartree.Extract(dir, bytes.NewReader(buf.Bytes()), tartree.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range modes {
+				name := filepath.Join(dir, fmt.Sprintf("f%o", m))
+				var st unix.Stat_t
+				if err := unix.Lstat(name, &st); err != nil {
+					t.Fatal(err)
+				}
+				want := uint32(m) &^ 0o6000
+				if got := st.Mode & 0o7777; got != want {
+					t.Errorf("mode of %s = %04o, want %04o", name, got, want)
+				}
+				if got := time.Unix(st.Mtim.Unix()); !got.Equal(mtime) {
+					t.Errorf("mtime of %s = %v, want %v", name, got, mtime)
+				}
+				if got := time.Unix(st.Atim.Unix()); !got.Equal(atime) {
+					t.Errorf("atime of %s = %v, want %v", name, got, atime)
+				}
+				if b, err := os.ReadFile(name); err != nil || string(b) != fmt.Sprintf("mode %o", m) {
+					t.Errorf("content of %s = %q, %v", name, b, err)
+				}
+			}
+		})
 	}
 }
