@@ -145,6 +145,11 @@ type Config struct {
 	// Logger receives the agent's operational log; it never gets env
 	// values. Default slog.Default().
 	Logger *slog.Logger
+	// ExecLogger receives the one line each exec logs when it finishes
+	// (or could not run). Default Logger. berth-agent gives it a handler
+	// that holds lines for a moment (package logbatch), so that a busy
+	// agent does not wake its shim once per exec.
+	ExecLogger *slog.Logger
 
 	// Files caps the file service (package files); its UID, GID and
 	// Logger are set from this Config.
@@ -207,6 +212,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.ExecLogger == nil {
+		c.ExecLogger = c.Logger
 	}
 	switch {
 	case c.MinTimeout < 0 || c.MinTimeout > c.MaxTimeout:

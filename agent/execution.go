@@ -621,7 +621,7 @@ wait:
 	}
 	e.finish(res)
 	s.retire(e)
-	s.log.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "program", textsafe.Cut(e.argv[0], maxLoggedProgram), "tty", e.hasTTY,
+	s.cfg.ExecLogger.Info("exec finished", "exec_id", e.id, "pid", e.pgid, "program", textsafe.Cut(e.argv[0], maxLoggedProgram), "tty", e.hasTTY,
 		"exit_code", res.GetExitCode(), "signal", res.Signal, "timed_out", timedOut, "oom_killed", res.OomKilled, "duration", res.Duration.AsDuration())
 }
 

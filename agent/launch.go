@@ -248,7 +248,7 @@ func (s *Server) cannotRun(e *execution, p *plan, stderr *pump, err error) {
 	stderr.fill(res)
 	e.finish(res)
 	s.retire(e)
-	s.log.Info("exec could not run", "exec_id", e.id, "program", textsafe.Cut(p.argv[0], maxLoggedProgram), "exit_code", code, "err", textsafe.Cut(msg, maxLoggedProgram))
+	s.cfg.ExecLogger.Info("exec could not run", "exec_id", e.id, "program", textsafe.Cut(p.argv[0], maxLoggedProgram), "exit_code", code, "err", textsafe.Cut(msg, maxLoggedProgram))
 }
 
 // maxLoggedProgram bounds the program name the agent logs, in bytes: it is

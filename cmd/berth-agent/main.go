@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/agent"
+	"github.com/berth-sandbox/berth/agent/logbatch"
 	"github.com/berth-sandbox/berth/internal/agentproof"
 	"github.com/berth-sandbox/berth/internal/telemetry"
 )
@@ -82,8 +83,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg.Logger = log
+	// The lines execs log wait in logs for up to logbatch.Delay; every
+	// other line is written at once, with them.
+	logs := logbatch.New(stderr)
+	defer logs.Flush()
+	text := slog.NewTextHandler(logs, nil)
+	log := slog.New(logs.Handler(text, false))
+	cfg.Logger, cfg.ExecLogger = log, slog.New(logs.Handler(text, true))
 	if *secretFile != "" {
 		// Read and removed before anything runs: no process of the
 		// workload ever sees it.
