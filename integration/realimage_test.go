@@ -502,9 +502,12 @@ func snapshotDir(t *testing.T, ns, snapshotter, id string) string {
 // diskUsed returns the bytes the snapshots under a snapshotter's root dir
 // take. On btrfs, whose copy-on-write snapshots share extents that du
 // cannot see, that is the file system's used bytes after a sync (the
-// snapshotter's btrfs holds nothing else); elsewhere, the blocks of every
-// inode under dir, each once, so that other writers to the same file
-// system do not count.
+// snapshotter's btrfs holds nothing else) and after btrfs has cleaned up
+// the subvolumes deleted before (`btrfs subvolume sync`: the space of a
+// deleted subvolume comes back in the background, and coming back while
+// a measurement ran it made the "disk per sandbox" note negative, -1514
+// KiB in a session-6 run); elsewhere, the blocks of every inode under dir,
+// each once, so that other writers to the same file system do not count.
 func diskUsed(t testing.TB, dir string) uint64 {
 	t.Helper()
 	unix.Sync()
@@ -513,6 +516,13 @@ func diskUsed(t testing.TB, dir string) uint64 {
 		t.Fatal(err)
 	}
 	if st.Type == unix.BTRFS_SUPER_MAGIC {
+		if out, err := exec.Command("btrfs", "subvolume", "sync", dir).CombinedOutput(); err != nil {
+			t.Fatalf("btrfs subvolume sync %s: %v: %s", dir, err, out)
+		}
+		unix.Sync()
+		if err := unix.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
 		return (st.Blocks - st.Bfree) * uint64(st.Bsize)
 	}
 	type inode struct{ dev, ino uint64 }
