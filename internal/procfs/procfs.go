@@ -199,49 +199,66 @@ type CgroupCPUFiles struct {
 	v2        bool
 }
 
-// CgroupCPUFilesOf finds the files CgroupCPU reads for host process pid's
-// cgroup. It fails for pid 0, a process that is gone, and a
-// /proc/<pid>/cgroup that names neither a cpuacct nor a cgroup v2
-// hierarchy.
-func CgroupCPUFilesOf(pid uint32) (CgroupCPUFiles, error) {
+// CgroupDirs are the directories of a host process's cgroups under
+// /sys/fs/cgroup, as /proc/<pid>/cgroup names them (cgroups(7): lines of
+// hierarchy-ID:controller-list:cgroup-path).
+type CgroupDirs struct {
+	// V1 holds, by cgroup v1 controller ("cpuacct", "freezer", ...), the
+	// directory of the process's cgroup in that controller's hierarchy,
+	// e.g. /sys/fs/cgroup/cpu,cpuacct/berth/sb-1.
+	V1 map[string]string
+	// Unified is the directory of its cgroup v2 cgroup, "" when it is in
+	// none.
+	Unified string
+}
+
+// CgroupDirsOf reads host process pid's cgroup directories. It fails for
+// pid 0 and a process that is gone.
+func CgroupDirsOf(pid uint32) (CgroupDirs, error) {
 	if pid == 0 {
-		return CgroupCPUFiles{}, errors.New("no pid")
+		return CgroupDirs{}, errors.New("no pid")
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 	if err != nil {
-		return CgroupCPUFiles{}, err
+		return CgroupDirs{}, err
 	}
-	var f CgroupCPUFiles
-	var cpuDir, unified string
+	d := CgroupDirs{V1: make(map[string]string)}
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		// hierarchy-ID:controller-list:cgroup-path
 		parts := strings.SplitN(line, ":", 3)
 		if len(parts) != 3 {
 			continue
 		}
 		if parts[0] == "0" && parts[1] == "" {
-			unified = parts[2]
+			d.Unified = "/sys/fs/cgroup" + parts[2]
 			continue
 		}
 		for _, c := range strings.Split(parts[1], ",") {
-			switch c {
-			case "cpuacct":
-				f.usage = "/sys/fs/cgroup/" + parts[1] + parts[2] + "/cpuacct.usage"
-			case "cpu":
-				cpuDir = "/sys/fs/cgroup/" + parts[1] + parts[2]
-			}
+			d.V1[c] = "/sys/fs/cgroup/" + parts[1] + parts[2]
 		}
 	}
-	switch {
-	case f.usage != "":
-		if cpuDir != "" {
-			f.throttled = cpuDir + "/cpu.stat"
+	return d, nil
+}
+
+// CgroupCPUFilesOf finds the files CgroupCPU reads for host process pid's
+// cgroup. It fails for pid 0, a process that is gone, and a
+// /proc/<pid>/cgroup that names neither a cpuacct nor a cgroup v2
+// hierarchy.
+func CgroupCPUFilesOf(pid uint32) (CgroupCPUFiles, error) {
+	d, err := CgroupDirsOf(pid)
+	if err != nil {
+		return CgroupCPUFiles{}, err
+	}
+	if acct, ok := d.V1["cpuacct"]; ok {
+		f := CgroupCPUFiles{usage: acct + "/cpuacct.usage"}
+		if cpu, ok := d.V1["cpu"]; ok {
+			f.throttled = cpu + "/cpu.stat"
 		}
 		return f, nil
-	case unified == "":
+	}
+	if d.Unified == "" {
 		return CgroupCPUFiles{}, fmt.Errorf("/proc/%d/cgroup names neither a cpuacct nor a cgroup v2 hierarchy", pid)
 	}
-	return CgroupCPUFiles{usage: "/sys/fs/cgroup" + unified + "/cpu.stat", v2: true}, nil
+	return CgroupCPUFiles{usage: d.Unified + "/cpu.stat", v2: true}, nil
 }
 
 // Read returns the cgroup's CPU time plus its throttled time, as

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -184,6 +186,48 @@ func TestCgroupCPUFiles(t *testing.T) {
 	var small [8]byte
 	if b, err := readSmall("/proc/self/status", small[:]); err == nil {
 		t.Errorf("readSmall of /proc/self/status into 8 bytes = %q, want an error", b)
+	}
+}
+
+// TestCgroupDirs: this process's cgroup directories are directories
+// holding their controller's files (cpuacct.usage; freezer.state but in a
+// hierarchy's root cgroup, which cannot be frozen; cgroup.controllers in
+// the unified hierarchy), and each lists this process; pid 0 fails.
+func TestCgroupDirs(t *testing.T) {
+	pid := os.Getpid()
+	d, err := CgroupDirsOf(uint32(pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.V1) == 0 && d.Unified == "" {
+		t.Fatalf("CgroupDirsOf(self) = %+v: no cgroup", d)
+	}
+	check := func(dir, file string) {
+		t.Helper()
+		if _, err := os.Stat(dir + "/" + file); err != nil {
+			t.Errorf("cgroup directory %s: %v", dir, err)
+		}
+		procs, err := os.ReadFile(dir + "/cgroup.procs")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(pid)) {
+			t.Errorf("%s/cgroup.procs does not list this process (%d)", dir, pid)
+		}
+	}
+	for c, file := range map[string]string{"cpuacct": "cpuacct.usage", "freezer": "freezer.state"} {
+		if dir, ok := d.V1[c]; ok {
+			if c == "freezer" && strings.HasSuffix(dir, "/") {
+				file = "cgroup.procs"
+			}
+			check(dir, file)
+		}
+	}
+	if d.Unified != "" && len(d.V1) == 0 {
+		check(d.Unified, "cgroup.controllers")
+	}
+	if _, err := CgroupDirsOf(0); err == nil {
+		t.Error("CgroupDirsOf(0) succeeded")
 	}
 }
 

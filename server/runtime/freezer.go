@@ -3,12 +3,13 @@ package runtime
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/berth-sandbox/berth/internal/procfs"
 )
 
 // berthd pauses and resumes a runc sandbox through its task's cgroup
@@ -35,36 +36,20 @@ type taskFreezer struct {
 }
 
 // freezerOf finds host process pid's freezer from /proc/<pid>/cgroup
-// (cgroups(7): hierarchy-ID:controller-list:cgroup-path). It fails for a
-// process that is gone and for one whose cgroups have no freezer.
+// (procfs.CgroupDirsOf). It fails for a process that is gone and for one
+// whose cgroups have no freezer.
 func freezerOf(pid uint32) (taskFreezer, error) {
-	if pid == 0 {
-		return taskFreezer{}, errors.New("no task pid")
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	d, err := procfs.CgroupDirsOf(pid)
 	if err != nil {
 		return taskFreezer{}, fmt.Errorf("cgroup of task %d: %w", pid, err)
 	}
-	var unified string
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if parts[0] == "0" && parts[1] == "" {
-			unified = parts[2]
-			continue
-		}
-		for _, c := range strings.Split(parts[1], ",") {
-			if c == "freezer" {
-				return taskFreezer{dir: cgroupRoot + "/" + parts[1] + parts[2]}, nil
-			}
-		}
+	if dir, ok := d.V1["freezer"]; ok {
+		return taskFreezer{dir: dir}, nil
 	}
-	if unified == "" {
+	if d.Unified == "" {
 		return taskFreezer{}, fmt.Errorf("/proc/%d/cgroup names neither a freezer nor a cgroup v2 hierarchy", pid)
 	}
-	return taskFreezer{dir: cgroupRoot + unified, v2: true}, nil
+	return taskFreezer{dir: d.Unified, v2: true}, nil
 }
 
 // frozen reports whether the cgroup is frozen: FROZEN, or FREEZING (a
