@@ -239,9 +239,13 @@ func (r *Runtime) thawForDelete(ctx context.Context, task containerd.Task) {
 	case st.Status == containerd.Paused || st.Status == containerd.Pausing:
 		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
 		_ = r.resumeHeld(ctx, task.ID(), task.Pid())
-	case st.Status == containerd.Running && r.frozenByFreezer(task.ID(), task.Pid()):
-		_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
-		if f, err := freezerOf(task.Pid()); err == nil {
+	case st.Status == containerd.Running:
+		f, err := freezerOf(task.Pid())
+		if err != nil {
+			return
+		}
+		if frozen, err := f.frozen(); err == nil && frozen {
+			_ = task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll)
 			_ = f.thaw()
 		}
 	}
