@@ -243,7 +243,9 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	workDir string // cfg.WorkDir, or "/" when it could not be created
-	bootID  string
+	// ident is the agent's secret and boot id: cfg.Secret and a random
+	// one at start, a fork child's from its fork wake on (quiesce.go).
+	ident   atomic.Pointer[identity]
 	devNull *os.File // stdin of processes started without stdin
 	sup     *supervisor
 	// activity feeds Info's last_activity (activity.go).
@@ -315,7 +317,6 @@ func New(cfg Config) (*Server, error) {
 		cfg:      cfg,
 		log:      cfg.Logger,
 		workDir:  cfg.WorkDir,
-		bootID:   hex.EncodeToString(id),
 		devNull:  devNull,
 		sup:      newSupervisor(),
 		oomScore: lowerOOMScore(cfg.Logger),
@@ -325,6 +326,7 @@ func New(cfg Config) (*Server, error) {
 		stopping: make(chan struct{}),
 		quiesces: make(chan quiesceProofs, 1),
 	}
+	s.ident.Store(&identity{secret: cfg.Secret, bootID: hex.EncodeToString(id)})
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
 		s.log.Warn("working directory unavailable, using /", "workdir", cfg.WorkDir, "err", err)
 		s.workDir = "/"
@@ -351,8 +353,9 @@ func New(cfg Config) (*Server, error) {
 // activity.
 func (s *Server) Info(_ context.Context, req *agentv1.InfoRequest) (*agentv1.InfoResponse, error) {
 	running, last := s.execActivity()
-	resp := &agentv1.InfoResponse{BootId: s.bootID, Version: Version, Build: Build(), Pid: int64(os.Getpid()), RunningExecs: running,
-		Proof: agentproof.Prove(s.cfg.Secret, req.GetChallenge())}
+	id := s.ident.Load()
+	resp := &agentv1.InfoResponse{BootId: id.bootID, Version: Version, Build: Build(), Pid: int64(os.Getpid()), RunningExecs: running,
+		Proof: agentproof.Prove(id.secret, req.GetChallenge())}
 	if !last.IsZero() {
 		resp.LastActivity = timestamppb.New(last)
 	}
@@ -436,7 +439,7 @@ func (s *Server) serve(ctx context.Context, l net.Listener, relisten func() (net
 	// Before the first upload: what a crashed agent left is not in use.
 	fileSvc.RemoveStaleStaging()
 	s.relistens.Store(relisten != nil)
-	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.bootID,
+	s.log.Info("berth-agent serving", "addr", l.Addr().String(), "version", Version, "pid", os.Getpid(), "boot_id", s.ident.Load().bootID,
 		"oom_counter", s.oom.describe(), "oom_score_adj", s.oomScore, "retained_bytes", s.cfg.RetainedBytes)
 
 	var serveErr error

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -47,10 +49,11 @@ func (s *Server) Quiesce(_ context.Context, req *agentv1.QuiesceRequest) (*agent
 	if len(token) != agentproof.TokenBytes {
 		return nil, status.Errorf(codes.InvalidArgument, "wake_token: %d bytes, want %d", len(token), agentproof.TokenBytes)
 	}
-	if len(s.cfg.Secret) == 0 {
+	secret := s.ident.Load().secret
+	if len(secret) == 0 {
 		return nil, status.Error(codes.FailedPrecondition, "this agent was given no secret: nothing proves that berthd asks it to quiesce")
 	}
-	if err := agentproof.VerifyAsk(agentproof.ProveQuiesce(s.cfg.Secret, token), req.GetProof()); err != nil {
+	if err := agentproof.VerifyAsk(agentproof.ProveQuiesce(secret, token), req.GetProof()); err != nil {
 		s.log.Warn("a Quiesce that does not prove the sandbox's secret was refused (not berthd's)")
 		return nil, status.Error(codes.PermissionDenied, "proof: does not prove the sandbox's secret")
 	}
@@ -58,7 +61,7 @@ func (s *Server) Quiesce(_ context.Context, req *agentv1.QuiesceRequest) (*agent
 		return nil, status.Error(codes.FailedPrecondition, "this agent serves a listener it cannot make again (Serve, not ListenAndServe): it cannot quiesce")
 	}
 	select {
-	case s.quiesces <- quiesceProofs{wake: agentproof.ProveWake(s.cfg.Secret, token), quiet: agentproof.ProveQuiet(s.cfg.Secret, token)}:
+	case s.quiesces <- quiesceProofs{wake: agentproof.ProveWake(secret, token), quiet: agentproof.ProveQuiet(secret, token), secret: secret, token: token}:
 	default:
 		return nil, status.Error(codes.FailedPrecondition, "the agent is quiescing already")
 	}
@@ -66,14 +69,44 @@ func (s *Server) Quiesce(_ context.Context, req *agentv1.QuiesceRequest) (*agent
 }
 
 // quiesceProofs are what a Quiesce's token proves: wake, what berthd's
-// quiesce.Wake must hold; quiet, what the agent writes into quiesce.Mark.
-type quiesceProofs struct{ wake, quiet []byte }
+// quiesce.Wake must hold; quiet, what the agent writes into quiesce.Mark;
+// with the secret and token they were made of, from which a fork wake is
+// checked and a fork child's secret derived (forkWake).
+type quiesceProofs struct{ wake, quiet, secret, token []byte }
+
+// identity is what tells one agent from another: the secret its Info
+// proves and its boot id.
+type identity struct {
+	secret []byte
+	bootID string
+}
+
+// forkWake checks a Wake file's content against a fork wake
+// (agentproof.ProveForkWake: the nonce, then the proof) and returns the
+// identity of the fork's child this restored agent now is: the child's
+// secret (agentproof.ForkSecret) and a new random boot id. ok is false for
+// anything else.
+func (p quiesceProofs) forkWake(content []byte) (_ identity, ok bool) {
+	if len(content) != agentproof.ForkWakeBytes {
+		return identity{}, false
+	}
+	nonce, proof := content[:agentproof.ForkNonceBytes], content[agentproof.ForkNonceBytes:]
+	if agentproof.VerifyAsk(agentproof.ProveForkWake(p.secret, p.token, nonce), proof) != nil {
+		return identity{}, false
+	}
+	id := make([]byte, 16)
+	rand.Read(id) // never fails (crypto/rand)
+	return identity{secret: agentproof.ForkSecret(p.secret, p.token, nonce), bootID: hex.EncodeToString(id)}, true
+}
 
 // quiet holds the agent with no socket open to the host — its listener
 // at addr and its connections are closed already — until a quiesce.Wake
 // file beside addr holds proofs.wake (berthd restored the sandbox's
 // memory) or ctx ends; a Wake holding anything else is removed and
-// ignored. It first writes proofs.quiet into quiesce.Mark beside addr
+// ignored. A Wake holding a fork wake instead (forkWake: berthd restored
+// this memory into a fork's child) makes the agent that child's: it serves
+// on under the child's secret and a new boot id, with the same exec
+// records and processes. It first writes proofs.quiet into quiesce.Mark beside addr
 // (aside, then renamed: berthd never reads half of it), telling berthd
 // that the sandbox may be checkpointed, and removes it before it listens
 // again. It returns the new listener (nil when ctx ended) or why none
@@ -104,6 +137,15 @@ func (s *Server) quiet(ctx context.Context, proofs quiesceProofs, addr string, r
 			continue
 		case err == nil && agentproof.VerifyAsk(wake, proof) == nil:
 			woken = true
+		case err == nil && len(proof) == agentproof.ForkWakeBytes:
+			child, ok := proofs.forkWake(proof)
+			if !ok {
+				s.log.Warn("a fork wake file that does not prove berthd's restore was removed", "path", wakeFile)
+				break
+			}
+			woken = true
+			s.log.Info("berth-agent restored into a fork's child: serving under the child's secret and a new boot id", "parent_boot_id", s.ident.Load().bootID, "boot_id", child.bootID)
+			s.ident.Store(&child)
 		default:
 			s.log.Warn("a wake file that does not prove berthd's restore was removed", "path", wakeFile, "err", err)
 		}
@@ -118,7 +160,7 @@ func (s *Server) quiet(ctx context.Context, proofs quiesceProofs, addr string, r
 	if err != nil {
 		return nil, fmt.Errorf("listen again after a checkpoint: %w", err)
 	}
-	s.log.Info("berth-agent serving again after a checkpoint", "addr", l.Addr().String(), "boot_id", s.bootID)
+	s.log.Info("berth-agent serving again after a checkpoint", "addr", l.Addr().String(), "boot_id", s.ident.Load().bootID)
 	return l, nil
 }
 

@@ -191,3 +191,79 @@ func pollFor(d time.Duration, cond func() bool) bool {
 	}
 	return cond()
 }
+
+// TestQuiesceForkWake: a fork wake (berthd restored the quiet agent's
+// memory into a fork's child) that another token, another nonce's proof
+// or a forged nonce makes is removed and leaves the agent quiet; berthd's
+// makes the agent serve again as the child: a new boot id, Info proving
+// agentproof.ForkSecret of the parent's secret, the token and the nonce
+// (and no longer the parent's secret), the exec that ran on still
+// running; a later quiesce and wake work under the child's secret.
+func TestQuiesceForkWake(t *testing.T) {
+	a, secret := quiesceAgent(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	before, err := a.client.Info(ctx, &agentv1.InfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.startBackground(t, "loop", &berthv1.ProcessSpec{Argv: []string{"sleep", "60"}})
+	token := agentproof.NewWakeToken()
+	mark := filepath.Join(a.dir, quiesce.Mark)
+	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.ProveQuiesce(secret, token)}); err != nil && status.Code(err) != codes.Unavailable {
+		t.Fatalf("berthd's Quiesce: %v", err)
+	}
+	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
+		t.Fatalf("quiesce mark %s never appeared\nagent log:\n%s", mark, a.stderr)
+	}
+	nonce := agentproof.NewForkNonce()
+	forkWake := func(secret, token, nonce, proofNonce []byte) []byte {
+		return append(append([]byte{}, nonce...), agentproof.ProveForkWake(secret, token, proofNonce)...)
+	}
+	for name, content := range map[string][]byte{
+		"another token's":        forkWake(secret, agentproof.NewWakeToken(), nonce, nonce),
+		"another nonce's proof":  forkWake(secret, token, nonce, agentproof.NewForkNonce()),
+		"the plain wake, padded": append(agentproof.ProveWake(secret, token), make([]byte, agentproof.ForkNonceBytes)...),
+	} {
+		writeWake(t, a.dir, content)
+		if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(filepath.Join(a.dir, quiesce.Wake)); return os.IsNotExist(err) }) {
+			t.Fatalf("a fork wake of %s was never removed", name)
+		}
+		short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+		if _, err := a.client.Info(short, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err == nil {
+			t.Errorf("Info after a fork wake of %s answered, want the agent quiet", name)
+		}
+		cancelShort()
+	}
+	writeWake(t, a.dir, forkWake(secret, token, nonce, nonce))
+	challenge := agentproof.NewChallenge()
+	after, err := a.client.Info(ctx, &agentv1.InfoRequest{Challenge: challenge}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatalf("Info after berthd's fork wake: %v\nagent log:\n%s", err, a.stderr)
+	}
+	child := agentproof.ForkSecret(secret, token, nonce)
+	if err := agentproof.Verify(child, challenge, after.GetProof()); err != nil {
+		t.Errorf("the child's Info proof: %v, want it to prove ForkSecret(parent's secret, token, nonce)", err)
+	}
+	if agentproof.Verify(secret, challenge, after.GetProof()) == nil {
+		t.Error("the child's Info proves the parent's secret")
+	}
+	if after.GetBootId() == before.GetBootId() || after.GetBootId() == "" || after.GetRunningExecs() != 1 {
+		t.Errorf("the child: boot id %q (parent's %q), %d running execs; want a new boot id and the parent's 1 exec", after.GetBootId(), before.GetBootId(), after.GetRunningExecs())
+	}
+	// The child's secret is the one berthd proves from now on.
+	token2 := agentproof.NewWakeToken()
+	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token2, Proof: agentproof.ProveQuiesce(secret, token2)}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("Quiesce proving the parent's secret in the child: %v, want PermissionDenied", err)
+	}
+	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token2, Proof: agentproof.ProveQuiesce(child, token2)}); err != nil && status.Code(err) != codes.Unavailable {
+		t.Fatalf("Quiesce proving the child's secret: %v", err)
+	}
+	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
+		t.Fatal("the child's quiesce made no mark")
+	}
+	writeWake(t, a.dir, agentproof.ProveWake(child, token2))
+	if again, err := a.client.Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err != nil || again.GetBootId() != after.GetBootId() {
+		t.Fatalf("Info after the child's wake: %v, boot id %q, want %q", err, again.GetBootId(), after.GetBootId())
+	}
+}

@@ -107,6 +107,15 @@ const (
 	quiesceDomain = "berth-agent quiesce v1\x00"
 	wakeDomain    = "berth-agent wake v1\x00"
 	quietDomain   = "berth-agent quiet v1\x00"
+	// forkWakeDomain and forkSecretDomain prefix the token and a fork
+	// child's nonce in the messages of ProveForkWake and ForkSecret.
+	forkWakeDomain   = "berth-agent fork wake v1\x00"
+	forkSecretDomain = "berth-agent fork secret v1\x00"
+	// ForkNonceBytes is the size of a fork child's nonce: a fork wake
+	// file holds the nonce, then ProveForkWake (ForkWakeBytes in all).
+	ForkNonceBytes = 32
+	// ForkWakeBytes is the size of a fork wake file's content.
+	ForkWakeBytes = ForkNonceBytes + sha256.Size
 )
 
 // NewWakeToken returns a new random wake token of TokenBytes.
@@ -137,12 +146,43 @@ func VerifyAsk(want, proof []byte) error {
 	return nil
 }
 
-func proveAsk(secret []byte, domain string, token []byte) []byte {
+// ProveForkWake returns berthd's proof that it restored the memory of the
+// agent with secret, quiesced with token, into a new sandbox (a fork's
+// child, ForkSandbox with memory) whose nonce is nonce: the agent then
+// serves under ForkSecret(secret, token, nonce) and a new boot id. nil
+// as for ProveQuiesce, or when nonce is not ForkNonceBytes long.
+func ProveForkWake(secret, token, nonce []byte) []byte {
+	if len(nonce) != ForkNonceBytes {
+		return nil
+	}
+	return proveAsk(secret, forkWakeDomain, token, nonce)
+}
+
+// ForkSecret returns the secret of a fork's child whose agent was
+// restored from the memory of the agent with secret, quiesced with token,
+// and woken with nonce (ProveForkWake): each child its own, which neither
+// the parent nor a sibling proves. Its message is longer than
+// MaxChallengeBytes, so no Info answer of the parent's agent is a child's
+// secret. nil as for ProveForkWake.
+func ForkSecret(secret, token, nonce []byte) []byte {
+	if len(nonce) != ForkNonceBytes {
+		return nil
+	}
+	return proveAsk(secret, forkSecretDomain, token, nonce)
+}
+
+// NewForkNonce returns a new random nonce of ForkNonceBytes.
+func NewForkNonce() []byte { return random(ForkNonceBytes) }
+
+func proveAsk(secret []byte, domain string, token []byte, more ...[]byte) []byte {
 	if len(secret) == 0 || len(token) != TokenBytes {
 		return nil
 	}
 	m := hmac.New(sha256.New, secret)
 	m.Write([]byte(domain))
 	m.Write(token)
+	for _, b := range more {
+		m.Write(b)
+	}
 	return m.Sum(nil)
 }

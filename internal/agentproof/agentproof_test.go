@@ -1,6 +1,9 @@
 package agentproof
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 func TestVerify(t *testing.T) {
 	secret, err := ParseSecret(NewSecret())
@@ -67,5 +70,41 @@ func TestAskProofs(t *testing.T) {
 	}
 	if err := VerifyAsk(nil, nil); err != ErrMismatch {
 		t.Errorf("VerifyAsk(nil, nil) = %v, want ErrMismatch", err)
+	}
+}
+
+func TestForkProofs(t *testing.T) {
+	secret, _ := ParseSecret(NewSecret())
+	token, nonce, other := NewWakeToken(), NewForkNonce(), NewForkNonce()
+	wake := ProveForkWake(secret, token, nonce)
+	if len(wake) != ForkWakeBytes-ForkNonceBytes {
+		t.Fatalf("ProveForkWake = %d bytes, want %d", len(wake), ForkWakeBytes-ForkNonceBytes)
+	}
+	for name, proof := range map[string][]byte{
+		"the plain wake proof":    ProveWake(secret, token),
+		"another child's":         ProveForkWake(secret, token, other),
+		"another token's":         ProveForkWake(secret, NewWakeToken(), nonce),
+		"the child's secret":      ForkSecret(secret, token, nonce),
+		"Info of token and nonce": Prove(secret, append(append([]byte{}, token...), nonce[:MaxChallengeBytes-TokenBytes]...)),
+	} {
+		if err := VerifyAsk(wake, proof); err != ErrMismatch {
+			t.Errorf("%s: VerifyAsk(fork wake) = %v, want ErrMismatch", name, err)
+		}
+	}
+	child := ForkSecret(secret, token, nonce)
+	if len(child) != SecretBytes {
+		t.Fatalf("ForkSecret = %d bytes, want %d (a secret's size)", len(child), SecretBytes)
+	}
+	if bytes.Equal(child, secret) || bytes.Equal(child, ForkSecret(secret, token, other)) {
+		t.Error("ForkSecret gave a child the parent's or a sibling's secret")
+	}
+	if !bytes.Equal(child, ForkSecret(secret, token, nonce)) {
+		t.Error("ForkSecret is not a function of secret, token and nonce: berthd and the agent would disagree")
+	}
+	if p := ProveForkWake(secret, token, nonce[:8]); p != nil {
+		t.Errorf("ProveForkWake of a short nonce = %x, want nil", p)
+	}
+	if s := ForkSecret(nil, token, nonce); s != nil {
+		t.Errorf("ForkSecret without a secret = %x, want nil", s)
 	}
 }

@@ -20,6 +20,14 @@
 //     path again and serves as before: the same boot id, the same exec
 //     records, the processes it supervised.
 //
+// A fork with memory (ForkSandbox under gVisor) restores one checkpoint
+// into each child as well: there berthd writes into the child's Wake a
+// random nonce followed by agentproof.ProveForkWake of the token and that
+// nonce, and the restored agent, once it checked the proof, serves as the
+// child: under agentproof.ForkSecret of the secret, the token and the
+// nonce (each child its own, which berthd derives alike) and a new boot
+// id, with the parent's exec records and processes.
+//
 // Nothing in the sandbox can take part: the workload can reach the agent's
 // socket and write the run directory, but knows neither the secret nor the
 // token, so it can neither quiesce the agent, nor pass itself off as a
@@ -47,7 +55,9 @@ const (
 	// the wake token, raw bytes.
 	Mark = "agent.quiet"
 	// Wake is the file berthd writes in the agent's socket's directory
-	// after the restore: agentproof.ProveWake of the token, raw bytes.
+	// after the restore: agentproof.ProveWake of the token, raw bytes
+	// (32), or in a fork's child the nonce and agentproof.ProveForkWake
+	// (agentproof.ForkWakeBytes).
 	Wake = "agent.wake"
 	// WakePoll is how often a quiet agent looks for Wake: a restored
 	// sandbox answers this much later at most.
