@@ -53,11 +53,11 @@ func (p *pauses) isAsleep(id string) bool {
 // A hibernated sandbox stays so (no error). The caller decided that its
 // caller may see the sandbox, and holds its lifecycle lock. Errors:
 // runtime.ErrSandboxNotFound, runtime.ErrTaskNotRunning, containerd's.
-func (r *Reacher) Hibernate(ctx context.Context, id string, noMemory error) (runtime.Hibernation, error) {
+func (r *Reacher) Hibernate(ctx context.Context, id string, noMemory error, mustKeepMemory bool) (runtime.Hibernation, error) {
 	unlock := r.pauses.lock(id)
 	defer unlock()
 	was := r.pauses.isAsleep(id)
-	h, err := r.freezer.Hibernate(ctx, id, runtime.KeepMemory{Ask: r.quiescer(id), Refused: noMemory})
+	h, err := r.freezer.Hibernate(ctx, id, runtime.KeepMemory{Ask: r.quiescer(id), Refused: noMemory, Must: mustKeepMemory})
 	if err != nil {
 		if errors.Is(err, runtime.ErrSandboxNotFound) {
 			r.pauses.set(id, false)

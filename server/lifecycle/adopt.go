@@ -157,7 +157,7 @@ func (st stopper) Pause(ctx context.Context, id string, stillIdle func() bool) (
 		if !stillIdle() {
 			return false, nil
 		}
-		_, err := st.m.hibernate(ctx, id)
+		_, err := st.m.hibernate(ctx, id, false)
 		return err == nil, err
 	}
 	return st.m.reach.PauseIf(ctx, id, stillIdle)

@@ -41,6 +41,9 @@ type ForkRequest struct {
 	RequestID string
 	// Labels are added to the parent's on every child.
 	Labels map[string]string
+	// Memory restores every child from a checkpoint of the parent's
+	// memory too (gVisor; memoryFreezer).
+	Memory bool
 }
 
 // Fork makes req.Count new sandboxes for caller p from the files of
@@ -171,12 +174,22 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 	if err != nil {
 		return forkCopying{}, err
 	}
+	if req.Memory {
+		// A call that needs the sandbox's processes wakes it.
+		if err := m.wakeLocked(ctx, id); err != nil {
+			unlock()
+			return forkCopying{}, err
+		}
+	}
 	var thawing sync.WaitGroup
 	resumed := func() {
 		thawing.Wait()
 		unlock()
 	}
 	spec, err := m.forkSpec(ctx, st, id, p, req)
+	if err == nil && req.Memory && spec.Runtime != runtime.RuntimeGVisor {
+		err = fmt.Errorf("%w: sandbox %s runs under %s: a fork with memory needs gVisor (memory checkpoints under runc need CRIU, which does not work on the kernels berth is tested on)", runtime.ErrSnapshotUnsupported, id, runtimeName(spec.Runtime))
+	}
 	if err != nil {
 		resumed()
 		return forkCopying{}, err
@@ -188,8 +201,12 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 	}
 	ph.Done("parent")
 	freeze := m.freezer(id, "fork")
+	var releaseMemory func() error
+	if req.Memory {
+		freeze = m.memoryFreezer(st, id, func() string { return spec.FromSnapshot }, &releaseMemory)
+	}
 	launched := false
-	forkID, release, err := st.ForkSnapshot(ctx, id, func(ctx context.Context) (func(), error) {
+	forkID, releaseCopy, err := st.ForkSnapshot(ctx, id, func(ctx context.Context) (func(), error) {
 		thaw, err := freeze(ctx)
 		if err != nil {
 			return nil, err
@@ -203,10 +220,26 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 		}, nil
 	}, func(forkID string) {
 		spec.FromSnapshot = forkID
+		if req.Memory {
+			spec.Fork.MemoryImage = st.ForkMemoryDir(id, forkID)
+		}
 		launched = true
 		launch(spec)
 	}, ph)
+	release := func() error {
+		var err error
+		if releaseCopy != nil {
+			err = releaseCopy()
+		}
+		if releaseMemory != nil {
+			err = errors.Join(err, releaseMemory())
+		}
+		return err
+	}
 	if err != nil {
+		if rerr := release(); rerr != nil {
+			m.log.Error("delete a failed fork's memory image; it stays until the parent's deletion", slog.String("sandbox_id", id), slog.Any("error", rerr))
+		}
 		admitted()
 		resumed()
 		return forkCopying{launched: launched}, err
@@ -217,6 +250,50 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 		launch(spec)
 	}
 	return forkCopying{spec: spec, resumed: resumed, release: release, admitted: admitted, launched: launched}, nil
+}
+
+// memoryFreezer is the freeze of a fork with memory (ForkSnapshot's):
+// instead of pausing sandbox id it hibernates it with its memory
+// (hibernate, mustKeepMemory: a checkpoint that fails leaves it running
+// and fails the fork) and gives the fork hard links of the checkpoint
+// image (runtime.Runtime.ForkMemory, for the fork of id forkID(); their
+// release is put in *release). The thaw it returns wakes the parent
+// (runsc restore of its own image) and pauses it again when it was
+// paused. The caller holds id's lifecycle lock.
+func (m *Manager) memoryFreezer(st snapshots, id string, forkID func() string, release *func() error) func(context.Context) (func(), error) {
+	return func(ctx context.Context) (func(), error) {
+		paused := m.reach.Paused(id)
+		if _, err := m.hibernate(ctx, id, true); err != nil {
+			return nil, fmt.Errorf("checkpoint sandbox %s's memory for its fork: %w", id, err)
+		}
+		wake := func() {
+			ctx := context.WithoutCancel(ctx)
+			if err := m.wakeLocked(ctx, id); err != nil {
+				m.log.Error("wake after a fork with memory failed; the sandbox stays hibernated (any call naming it wakes it)", slog.String("sandbox_id", id), slog.Any("error", err))
+				return
+			}
+			if paused {
+				if err := m.pause(ctx, id, true); err != nil {
+					m.log.Error("pause again after a fork with memory failed; the sandbox runs", slog.String("sandbox_id", id), slog.Any("error", err))
+				}
+			}
+		}
+		r, err := st.ForkMemory(id, forkID())
+		if err != nil {
+			wake()
+			return nil, err
+		}
+		*release = r
+		return wake, nil
+	}
+}
+
+// runtimeName is the name of runtime r, "runc" for the default ("").
+func runtimeName(r string) string {
+	if r == "" {
+		return runtime.RuntimeRunc
+	}
+	return r
 }
 
 // admitChildren admits the children ids of a fork of sandbox id, each with
@@ -266,7 +343,7 @@ func (m *Manager) forkSpec(ctx context.Context, st snapshots, id string, p auth.
 		return runtime.SandboxSpec{}, err
 	}
 	spec.Owner, spec.Pooled = p.Name, false
-	spec.Fork = runtime.ForkOrigin{Parent: id, RequestID: req.RequestID, Count: req.Count}
+	spec.Fork = runtime.ForkOrigin{Parent: id, RequestID: req.RequestID, Count: req.Count, Memory: req.Memory}
 	return spec, nil
 }
 
@@ -302,6 +379,9 @@ func (m *Manager) forkAgain(ctx context.Context, id string, p auth.Principal, re
 				fields = append(fields, "labels")
 				break
 			}
+		}
+		if sb.Fork.Memory != req.Memory {
+			fields = append(fields, "memory")
 		}
 		if sb.Fork.RequestID != req.RequestID {
 			fields = append(fields, "request_id")

@@ -22,7 +22,7 @@ func (m *Manager) Hibernate(ctx context.Context, id string, p auth.Principal) (r
 		return runtime.Hibernation{}, err
 	}
 	defer unlock()
-	return m.hibernate(ctx, id)
+	return m.hibernate(ctx, id, false)
 }
 
 // hibernate hibernates sandbox id and returns what it kept; the caller
@@ -35,8 +35,11 @@ func (m *Manager) Hibernate(ctx context.Context, id string, p auth.Principal) (r
 // an image holds at most the memory the sandbox may hold. When it does
 // not fit, the sandbox is hibernated without its memory (its processes
 // end, Hibernation.NotKept names the limit) rather than refused: the
-// caller asked to release its memory, and that is done.
-func (m *Manager) hibernate(ctx context.Context, id string) (runtime.Hibernation, error) {
+// caller asked to release its memory, and that is done. With
+// mustKeepMemory (a fork with memory) it is refused instead (the
+// *apierr.FleetBusy), and so is any hibernation that would not keep the
+// memory (runtime.KeepMemory.Must): the sandbox then runs on.
+func (m *Manager) hibernate(ctx context.Context, id string, mustKeepMemory bool) (runtime.Hibernation, error) {
 	var (
 		pid      uint32
 		noMemory error
@@ -47,6 +50,8 @@ func (m *Manager) hibernate(ctx context.Context, id string) (runtime.Hibernation
 			release, err := m.capacity.AdmitStored(ctx, id, sb.Owner, sb.MemoryBytes)
 			var busy *apierr.FleetBusy
 			switch {
+			case errors.As(err, &busy) && mustKeepMemory:
+				return runtime.Hibernation{}, busy
 			case errors.As(err, &busy):
 				noMemory = busy
 			case err != nil:
@@ -57,7 +62,7 @@ func (m *Manager) hibernate(ctx context.Context, id string) (runtime.Hibernation
 		}
 	}
 	m.restarts.hibernating(id, pid)
-	h, err := m.reach.Hibernate(ctx, id, noMemory)
+	h, err := m.reach.Hibernate(ctx, id, noMemory, mustKeepMemory)
 	if err != nil {
 		if !m.reach.Hibernated(id) {
 			m.restarts.woken(id)

@@ -20,6 +20,8 @@ type snapshots interface {
 	ListSnapshots(ctx context.Context, sees func(owner string) bool) ([]runtime.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, snapID string) error
 	ForkSnapshot(ctx context.Context, id string, freeze func(context.Context) (func(), error), started func(forkID string), ph *runtime.Phases) (string, func() error, error)
+	ForkMemory(parent, forkID string) (release func() error, err error)
+	ForkMemoryDir(parent, forkID string) string
 	SandboxEnv(ctx context.Context, id string) (map[string]string, error)
 	SandboxDiskUsed(ctx context.Context, id string) (uint64, error)
 }

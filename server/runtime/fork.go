@@ -59,6 +59,7 @@ const (
 	labelForkOf      = LabelPrefix + "fork.of"      // parent sandbox id
 	labelForkRequest = LabelPrefix + "fork.request" // the caller's request_id
 	labelForkCount   = LabelPrefix + "fork.count"   // children of the call
+	labelForkMemory  = LabelPrefix + "fork.memory"  // "true": restored from the parent's memory
 )
 
 // shimGroupAnnotation is the OCI annotation by which containerd's runc v2

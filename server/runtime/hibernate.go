@@ -90,6 +90,11 @@ type KeepMemory struct {
 	// checkpoint image does not fit the disk: *apierr.FleetBusy): the
 	// processes end instead, Hibernation.NotKept saying why.
 	Refused error
+	// Must makes the memory a condition (a fork with memory): where it
+	// cannot be kept — not gVisor, Refused, a checkpoint that fails —
+	// Hibernate fails with ErrSnapshotUnsupported (wrapped) and the
+	// sandbox runs on as it was (a quiet agent woken again: wakeInPlace).
+	Must bool
 }
 
 // Hibernate removes sandbox id's task, keeping its container: the sandbox
@@ -158,6 +163,19 @@ func (r *Runtime) Hibernate(ctx context.Context, id string, keep KeepMemory) (_ 
 		// is not hibernated: what ran in it is gone already.
 		return Hibernation{}, fmt.Errorf("%w: sandbox %s's task is %s", ErrTaskNotRunning, id, st.Status)
 	}
+	if keep.Must && (marked != "" || labels[labelRuntime] != RuntimeGVisor || keep.Refused != nil || keep.Ask == nil) {
+		why := "it is hibernated"
+		switch {
+		case marked != "":
+		case labels[labelRuntime] != RuntimeGVisor:
+			why = "its runtime is " + labels[labelRuntime] + ", and memory checkpoints need gVisor (runc would need CRIU, which does not work on the kernels berth is tested on: docs/state.md)"
+		case keep.Refused != nil:
+			why = "its checkpoint image would not fit: " + keep.Refused.Error()
+		default:
+			why = "berthd cannot reach its agent to ask it to quiesce"
+		}
+		return Hibernation{}, fmt.Errorf("%w: the memory of sandbox %s cannot be checkpointed: %s", ErrSnapshotUnsupported, id, why)
+	}
 	if marked == "" && labels[labelRuntime] == RuntimeGVisor {
 		if keep.Refused != nil {
 			h.NotKept = "not made, the image would not fit: " + keep.Refused.Error()
@@ -174,6 +192,9 @@ func (r *Runtime) Hibernate(ctx context.Context, id string, keep KeepMemory) (_ 
 	if h.Kept == HibernatedMemoryKept && live {
 		saved := time.Now()
 		if err := r.checkpoint(c.parent, task, id, st.Status != containerd.Running, keep.Ask); err != nil {
+			if keep.Must {
+				return Hibernation{}, r.wakeInPlace(ctx, container, id, err)
+			}
 			h.Kept, h.NotKept = HibernatedProcessesEnded, err.Error()
 			if _, err := container.SetLabels(ctx, map[string]string{labelHibernated: h.Kept}); err != nil {
 				return Hibernation{}, r.containerError(id, err)
@@ -222,7 +243,9 @@ func (r *Runtime) wakeTokenPath(id string) string {
 // (task.Checkpoint with an image path; containerd pauses the task around
 // it). It is not cut off by ctx's cancel (a checkpoint half made is
 // nothing), only bounded. On failure the image is removed and the task is
-// left running, its agent quiet: the caller kills it.
+// left running, its agent quiet: the caller kills it — except that
+// this runsc ends the sandbox when its checkpoint fails, so one that would
+// fail for a host socket (hostSockets) is not tried.
 func (r *Runtime) checkpoint(ctx context.Context, task containerd.Task, id string, paused bool, ask Quiescer) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), quiesceTimeout+checkpointTimeout)
 	defer cancel()
@@ -238,6 +261,12 @@ func (r *Runtime) checkpoint(ctx context.Context, task containerd.Task, id strin
 	if err := r.quiesce(ctx, ask, id); err != nil {
 		return err
 	}
+	// This runsc ends the sandbox when a checkpoint fails: one that
+	// would fail for a host socket is not tried (when the gofer cannot
+	// be read, it is, and fails as it would).
+	if paths, err := hostSockets(id, task.Pid()); err == nil && len(paths) > 0 {
+		return fmt.Errorf("runsc checkpoint not tried: a process (its socket %s) holds a unix socket bound on the host, which gVisor cannot save (%q)", strings.Join(paths, ", "), boundHostSocket)
+	}
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpoint image directory: %w", err)
 	}
@@ -247,6 +276,23 @@ func (r *Runtime) checkpoint(ctx context.Context, task containerd.Task, id strin
 		return checkpointError(err)
 	}
 	return nil
+}
+
+// wakeInPlace undoes a hibernation whose checkpoint failed (err) and
+// whose memory was a condition (KeepMemory.Must): the task still runs
+// (checkpoint leaves it so), its agent is asked to listen again
+// (writeWake: a quiet agent serves again, one that never quiesced
+// ignores it) and the hibernation mark is cleared. It returns err wrapped
+// in ErrSnapshotUnsupported, with what could not be undone.
+func (r *Runtime) wakeInPlace(ctx context.Context, container containerd.Container, id string, err error) error {
+	err = fmt.Errorf("%w: the memory of sandbox %s cannot be checkpointed: %v", ErrSnapshotUnsupported, id, err)
+	if werr := r.writeWake(ctx, id, 0); werr != nil {
+		err = fmt.Errorf("%w (and its agent, quiet, was not asked to listen again: %v)", err, werr)
+	}
+	if _, lerr := container.SetLabels(ctx, map[string]string{labelHibernated: ""}); lerr != nil {
+		err = fmt.Errorf("%w (and its hibernation mark stays: %v)", err, r.containerError(id, lerr))
+	}
+	return err
 }
 
 // boundHostSocket is runsc's refusal of a socket bound on the host, and
@@ -369,9 +415,17 @@ func (r *Runtime) writeWake(ctx context.Context, id string, base uint32) error {
 	if proof == nil {
 		return fmt.Errorf("no wake proof: the sandbox has no secret or the token in %s is not %d bytes", r.wakeTokenPath(id), agentproof.TokenBytes)
 	}
+	return r.putWake(id, proof, base)
+}
+
+// putWake writes content (a wake proof, or a fork wake) into
+// quiesce.Wake in sandbox id's run directory: aside, then renamed (the
+// agent never reads half of it), owned by the sandbox's root (host id
+// base) as the secret is (writeSecret).
+func (r *Runtime) putWake(id string, content []byte, base uint32) error {
 	dir := filepath.Dir(r.SocketPath(id))
 	tmp := filepath.Join(dir, quiesce.Wake+".berthd")
-	err = writeRunFile(tmp, proof, base)
+	err := writeRunFile(tmp, content, base)
 	if err == nil {
 		err = os.Rename(tmp, filepath.Join(dir, quiesce.Wake))
 	}
@@ -421,7 +475,7 @@ func (r *Runtime) restore(ctx context.Context, container containerd.Container, i
 		return 0, fmt.Errorf("create the task to restore: %w", err)
 	}
 	fail := func(err error) (uint32, error) {
-		if _, derr := task.Delete(ctx, containerd.WithProcessKill); derr != nil && !errdefs.IsNotFound(derr) {
+		if _, derr := task.Delete(ctx, withInitKill); derr != nil && !errdefs.IsNotFound(derr) {
 			if ferr := r.forceDeleteGVisor(ctx, container); ferr != nil {
 				err = fmt.Errorf("%w (delete failed: %v; %v)", err, derr, ferr)
 			}

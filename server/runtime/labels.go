@@ -176,6 +176,9 @@ func (s SandboxSpec) labels(now time.Time) map[string]string {
 	if s.Fork.Parent != "" {
 		labels[labelForkOf] = s.Fork.Parent
 		labels[labelForkCount] = strconv.Itoa(s.Fork.Count)
+		if s.Fork.Memory {
+			labels[labelForkMemory] = "true"
+		}
 		if s.Fork.RequestID != "" {
 			labels[labelForkRequest] = s.Fork.RequestID
 		}
@@ -227,6 +230,7 @@ func (sb *Sandbox) decodeLabels(labels map[string]string) {
 	if sb.Fork.Parent = labels[labelForkOf]; sb.Fork.Parent != "" {
 		sb.Fork.RequestID = labels[labelForkRequest]
 		sb.Fork.Count, _ = strconv.Atoi(labels[labelForkCount])
+		sb.Fork.Memory = labels[labelForkMemory] == "true"
 	}
 	sb.IdleAction = IdleDelete
 	if a := labels[labelIdleAction]; a == IdlePause || a == IdleHibernate {

@@ -433,6 +433,15 @@ type ForkOrigin struct {
 	RequestID string
 	// Count is how many children the call made.
 	Count int
+	// Memory says the child was restored from its parent's memory
+	// (ForkSandbox with memory, gVisor): the parent's processes, exec
+	// records and memory, its agent serving under a secret and boot id
+	// of the child's own.
+	Memory bool
+	// MemoryImage, at the create of a child with Memory, is the
+	// directory of the parent's checkpoint image and wake token
+	// (Runtime.ForkMemory) its task is restored from. Not recorded.
+	MemoryImage string
 }
 
 // Idle actions of SandboxSpec.IdleAction.
@@ -609,6 +618,13 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 
 	labels := spec.labels(time.Now())
 	secret := agentproof.NewSecret()
+	var restore *childRestore
+	if spec.Fork.MemoryImage != "" {
+		if restore, err = r.forkRestore(ctx, spec); err != nil {
+			return err
+		}
+		secret = restore.secret
+	}
 	labels[labelAgentSecret] = secret
 	r.secrets.drop(spec.ID) // a deleted sandbox of the same id had another
 
@@ -741,8 +757,12 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err := mountRunDir(filepath.Join(dir, "run"), base, base); err != nil {
 		return err
 	}
-	if err := r.writeSecret(spec.ID, secret, base); err != nil {
-		return err
+	// A restored agent read its secret at its first start (the
+	// parent's): the fork wake gives it the child's.
+	if restore == nil {
+		if err := r.writeSecret(spec.ID, secret, base); err != nil {
+			return err
+		}
 	}
 	if err := r.mountVolumes(spec.ID, spec.Owner, spec.Volumes, spec.userns(), base); err != nil {
 		return err
@@ -750,9 +770,15 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err := r.createLog(spec.ID); err != nil {
 		return err
 	}
+	ph.Done("quota")
+	if restore != nil {
+		if err := r.restoreChild(ctx, container, spec.ID, restore, ph); err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
 	step, cancel = c.mutation()
 	defer cancel()
-	ph.Done("quota")
 	task, err := container.NewTask(step, cio.LogFile(r.LogPath(spec.ID)))
 	if err != nil {
 		return fmt.Errorf("create task %s: %w", spec.ID, err)
@@ -1178,11 +1204,47 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 	return r.reclaimForks(ctx, parent)
 }
 
+// withInitKill is containerd's WithProcessKill for a gVisor task: SIGKILL
+// to the task's init alone (the agent, PID 1 of the sandbox's only
+// container), whose end ends the sentry and every process in it, then
+// the wait for its exit. containerd's sends SIGKILL to every process of
+// the container (`runsc kill --all`), which runsc finds by the container
+// id they were started under: in a fork's child restored from its
+// parent's memory that is the parent's, so it would kill none and the
+// delete would wait for ever (TestGVisorForkMemory).
+func withInitKill(ctx context.Context, p containerd.Process) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	exited, err := p.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.Kill(ctx, syscall.SIGKILL); err != nil {
+		switch {
+		case errdefs.IsFailedPrecondition(err):
+			return nil // exited already
+		case !errdefs.IsNotFound(err):
+			return err
+		}
+		// NotFound may come with the kill done: wait for the exit.
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-exited:
+		return nil
+	}
+}
+
 // deleteTask kills and deletes the container's task, if any. A task whose
 // start is under way when the delete comes can lose its shim during the
 // delete ("ttrpc: closed"): the delete is tried again, a few times, until
 // containerd no longer has the task.
 func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container) error {
+	kill := containerd.WithProcessKill
+	if labels, err := container.Labels(ctx); err == nil && labels[labelRuntime] == RuntimeGVisor {
+		kill = withInitKill
+	}
 	var err error
 	for attempt := range 4 {
 		var task containerd.Task
@@ -1195,7 +1257,7 @@ func (r *Runtime) deleteTask(ctx context.Context, container containerd.Container
 		}
 		if err != nil {
 			err = fmt.Errorf("load task %s: %w", container.ID(), err)
-		} else if _, err = task.Delete(ctx, containerd.WithProcessKill); err == nil || errdefs.IsNotFound(err) {
+		} else if _, err = task.Delete(ctx, kill); err == nil || errdefs.IsNotFound(err) {
 			return nil
 		} else {
 			err = fmt.Errorf("delete task %s: %w", container.ID(), err)

@@ -39,7 +39,7 @@ func (s *Service) ForkSandbox(ctx context.Context, req *berthv1.ForkSandboxReque
 	if err != nil {
 		return nil, err
 	}
-	children, err := s.life.Fork(ctx, id, p, lifecycle.ForkRequest{Count: int(req.GetCount()), RequestID: req.GetRequestId(), Labels: req.GetLabels()})
+	children, err := s.life.Fork(ctx, id, p, lifecycle.ForkRequest{Count: int(req.GetCount()), RequestID: req.GetRequestId(), Labels: req.GetLabels(), Memory: req.GetMemory()})
 	if err != nil {
 		return nil, apierr.WithMeta(err, map[string]string{"sandbox_id": id})
 	}

@@ -2447,7 +2447,24 @@ type ForkSandboxRequest struct {
 	RequestId string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	// labels are added to the parent's labels on every child (a key here
 	// wins); the result follows a sandbox's label rules.
-	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// memory copies the parent's memory and processes too (gVisor only):
+	// the parent is checkpointed (runsc checkpoint, as HibernateSandbox
+	// does), its files copied while nothing runs, and restored; each child
+	// is restored from the same checkpoint on its copy of the files, so
+	// every process of the parent goes on in every child from that point
+	// (exec records and their output included; the hostname stays the
+	// parent's id), under an agent secret and boot id of the child's own.
+	// The parent's processes stand still for the checkpoint and restore
+	// (seconds: see BENCHMARKS.md) and its open exec streams end with
+	// RUNTIME_REPLACED cause SANDBOX_HIBERNATED (reattach: the same exec
+	// ids run on); a paused parent is paused again after, a hibernated one
+	// is woken first. FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED when the
+	// memory cannot be copied: a runc sandbox (memory checkpoints need CRIU,
+	// which does not work on the kernels berth is tested on), or the
+	// checkpoint failed (e.g. a process holds a unix socket bound on the
+	// host): the parent then runs on as it was.
+	Memory        bool `protobuf:"varint,5,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2508,6 +2525,13 @@ func (x *ForkSandboxRequest) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *ForkSandboxRequest) GetMemory() bool {
+	if x != nil {
+		return x.Memory
+	}
+	return false
 }
 
 // ForkSandboxResponse returns the children.
@@ -3070,14 +3094,15 @@ const file_berth_v1_sandbox_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"\xe5\x01\n" +
+	"\x16DeleteSnapshotResponse\"\xfd\x01\n" +
 	"\x12ForkSandboxRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x03 \x01(\tR\trequestId\x12@\n" +
-	"\x06labels\x18\x04 \x03(\v2(.berth.v1.ForkSandboxRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x04 \x03(\v2(.berth.v1.ForkSandboxRequest.LabelsEntryR\x06labels\x12\x16\n" +
+	"\x06memory\x18\x05 \x01(\bR\x06memory\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +

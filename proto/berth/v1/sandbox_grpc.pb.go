@@ -305,14 +305,16 @@ type SandboxServiceClient interface {
 	// paused), its file system synced and its writable layer snapshotted
 	// (btrfs, copy-on-write), then resumed, and each child starts from a
 	// writable snapshot of that copy, so every write the parent saw complete
-	// before the call is in every child. Memory is not kept: each child's
+	// before the call is in every child. Unless memory is asked for, each child's
 	// processes start anew. A child inherits the parent's create spec
 	// (image, resources, disk quota, user, workdir, env, runtime, network
 	// policy, idle timeout and action, maximum lifetime counted from its own
 	// creation, labels with the request's added) and gets its own id, user
 	// namespace range, network address and quota; it is owned by the caller
 	// and counts against the caller's limits like a CreateSandbox. The parent
-	// is not otherwise touched. All or nothing: when one child cannot be
+	// is not otherwise touched. With memory (gVisor) the children are
+	// restored from a checkpoint of the parent's memory as well:
+	// ForkSandboxRequest.memory. All or nothing: when one child cannot be
 	// made, those already made are deleted and the call fails. The copy the
 	// children share is no snapshot of the caller's (not listed, not counted
 	// against --max-snapshots-per-principal); it is removed with the last
@@ -1029,14 +1031,16 @@ type SandboxServiceServer interface {
 	// paused), its file system synced and its writable layer snapshotted
 	// (btrfs, copy-on-write), then resumed, and each child starts from a
 	// writable snapshot of that copy, so every write the parent saw complete
-	// before the call is in every child. Memory is not kept: each child's
+	// before the call is in every child. Unless memory is asked for, each child's
 	// processes start anew. A child inherits the parent's create spec
 	// (image, resources, disk quota, user, workdir, env, runtime, network
 	// policy, idle timeout and action, maximum lifetime counted from its own
 	// creation, labels with the request's added) and gets its own id, user
 	// namespace range, network address and quota; it is owned by the caller
 	// and counts against the caller's limits like a CreateSandbox. The parent
-	// is not otherwise touched. All or nothing: when one child cannot be
+	// is not otherwise touched. With memory (gVisor) the children are
+	// restored from a checkpoint of the parent's memory as well:
+	// ForkSandboxRequest.memory. All or nothing: when one child cannot be
 	// made, those already made are deleted and the call fails. The copy the
 	// children share is no snapshot of the caller's (not listed, not counted
 	// against --max-snapshots-per-principal); it is removed with the last

@@ -1115,6 +1115,25 @@ export interface ForkSandboxRequest {
    * wins); the result follows a sandbox's label rules.
    */
   labels: { [key: string]: string };
+  /**
+   * memory copies the parent's memory and processes too (gVisor only):
+   * the parent is checkpointed (runsc checkpoint, as HibernateSandbox
+   * does), its files copied while nothing runs, and restored; each child
+   * is restored from the same checkpoint on its copy of the files, so
+   * every process of the parent goes on in every child from that point
+   * (exec records and their output included; the hostname stays the
+   * parent's id), under an agent secret and boot id of the child's own.
+   * The parent's processes stand still for the checkpoint and restore
+   * (seconds: see BENCHMARKS.md) and its open exec streams end with
+   * RUNTIME_REPLACED cause SANDBOX_HIBERNATED (reattach: the same exec
+   * ids run on); a paused parent is paused again after, a hibernated one
+   * is woken first. FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED when the
+   * memory cannot be copied: a runc sandbox (memory checkpoints need CRIU,
+   * which does not work on the kernels berth is tested on), or the
+   * checkpoint failed (e.g. a process holds a unix socket bound on the
+   * host): the parent then runs on as it was.
+   */
+  memory: boolean;
 }
 
 export interface ForkSandboxRequest_LabelsEntry {
@@ -5318,7 +5337,7 @@ export const DeleteSnapshotResponse: MessageFns<DeleteSnapshotResponse> = {
 };
 
 function createBaseForkSandboxRequest(): ForkSandboxRequest {
-  return { sandboxId: "", count: 0, requestId: "", labels: {} };
+  return { sandboxId: "", count: 0, requestId: "", labels: {}, memory: false };
 }
 
 export const ForkSandboxRequest: MessageFns<ForkSandboxRequest> = {
@@ -5335,6 +5354,9 @@ export const ForkSandboxRequest: MessageFns<ForkSandboxRequest> = {
     globalThis.Object.entries(message.labels).forEach(([key, value]: [string, string]) => {
       ForkSandboxRequest_LabelsEntry.encode({ key: key as any, value }, writer.uint32(34).fork()).join();
     });
+    if (message.memory !== false) {
+      writer.uint32(40).bool(message.memory);
+    }
     return writer;
   },
 
@@ -5386,6 +5408,14 @@ export const ForkSandboxRequest: MessageFns<ForkSandboxRequest> = {
             }
             continue;
           }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.memory = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5425,6 +5455,7 @@ export const ForkSandboxRequest: MessageFns<ForkSandboxRequest> = {
           {},
         )
         : {},
+      memory: isSet(object.memory) ? globalThis.Boolean(object.memory) : false,
     };
   },
 
@@ -5448,6 +5479,9 @@ export const ForkSandboxRequest: MessageFns<ForkSandboxRequest> = {
         });
       }
     }
+    if (message.memory !== false) {
+      obj.memory = message.memory;
+    }
     return obj;
   },
 
@@ -5468,6 +5502,7 @@ export const ForkSandboxRequest: MessageFns<ForkSandboxRequest> = {
       },
       {},
     );
+    message.memory = object.memory ?? false;
     return message;
   },
 };
@@ -6751,14 +6786,16 @@ export const SandboxServiceService = {
    * paused), its file system synced and its writable layer snapshotted
    * (btrfs, copy-on-write), then resumed, and each child starts from a
    * writable snapshot of that copy, so every write the parent saw complete
-   * before the call is in every child. Memory is not kept: each child's
+   * before the call is in every child. Unless memory is asked for, each child's
    * processes start anew. A child inherits the parent's create spec
    * (image, resources, disk quota, user, workdir, env, runtime, network
    * policy, idle timeout and action, maximum lifetime counted from its own
    * creation, labels with the request's added) and gets its own id, user
    * namespace range, network address and quota; it is owned by the caller
    * and counts against the caller's limits like a CreateSandbox. The parent
-   * is not otherwise touched. All or nothing: when one child cannot be
+   * is not otherwise touched. With memory (gVisor) the children are
+   * restored from a checkpoint of the parent's memory as well:
+   * ForkSandboxRequest.memory. All or nothing: when one child cannot be
    * made, those already made are deleted and the call fails. The copy the
    * children share is no snapshot of the caller's (not listed, not counted
    * against --max-snapshots-per-principal); it is removed with the last
@@ -7170,14 +7207,16 @@ export interface SandboxServiceServer extends UntypedServiceImplementation {
    * paused), its file system synced and its writable layer snapshotted
    * (btrfs, copy-on-write), then resumed, and each child starts from a
    * writable snapshot of that copy, so every write the parent saw complete
-   * before the call is in every child. Memory is not kept: each child's
+   * before the call is in every child. Unless memory is asked for, each child's
    * processes start anew. A child inherits the parent's create spec
    * (image, resources, disk quota, user, workdir, env, runtime, network
    * policy, idle timeout and action, maximum lifetime counted from its own
    * creation, labels with the request's added) and gets its own id, user
    * namespace range, network address and quota; it is owned by the caller
    * and counts against the caller's limits like a CreateSandbox. The parent
-   * is not otherwise touched. All or nothing: when one child cannot be
+   * is not otherwise touched. With memory (gVisor) the children are
+   * restored from a checkpoint of the parent's memory as well:
+   * ForkSandboxRequest.memory. All or nothing: when one child cannot be
    * made, those already made are deleted and the call fails. The copy the
    * children share is no snapshot of the caller's (not listed, not counted
    * against --max-snapshots-per-principal); it is removed with the last
@@ -7897,14 +7936,16 @@ export interface SandboxServiceClient extends Client {
    * paused), its file system synced and its writable layer snapshotted
    * (btrfs, copy-on-write), then resumed, and each child starts from a
    * writable snapshot of that copy, so every write the parent saw complete
-   * before the call is in every child. Memory is not kept: each child's
+   * before the call is in every child. Unless memory is asked for, each child's
    * processes start anew. A child inherits the parent's create spec
    * (image, resources, disk quota, user, workdir, env, runtime, network
    * policy, idle timeout and action, maximum lifetime counted from its own
    * creation, labels with the request's added) and gets its own id, user
    * namespace range, network address and quota; it is owned by the caller
    * and counts against the caller's limits like a CreateSandbox. The parent
-   * is not otherwise touched. All or nothing: when one child cannot be
+   * is not otherwise touched. With memory (gVisor) the children are
+   * restored from a checkpoint of the parent's memory as well:
+   * ForkSandboxRequest.memory. All or nothing: when one child cannot be
    * made, those already made are deleted and the call fails. The copy the
    * children share is no snapshot of the caller's (not listed, not counted
    * against --max-snapshots-per-principal); it is removed with the last
