@@ -52,8 +52,8 @@ func benchFork(b *testing.B) {
 		b.Fatalf("write /workspace/data.bin: %v %q", err, r.GetStderr())
 	}
 
-	measure(b, "fork/berth-Fork-1", 0, forkSample(id, 1))
-	measure(b, "fork/berth-Fork-10", 0, forkSample(id, 10))
+	measure(b, "fork/berth-Fork-1", 0, forkSample(&berthv1.ForkSandboxRequest{SandboxId: id, Count: 1}))
+	measure(b, "fork/berth-Fork-10", 0, forkSample(&berthv1.ForkSandboxRequest{SandboxId: id, Count: 10}))
 	measure(b, "fork/berth-cold", 0, coldSample(&berthv1.CreateSandboxRequest{Image: baseImage}))
 
 	dir, err := os.MkdirTemp(hostBenchDir(), "bench-fork-")
@@ -80,11 +80,12 @@ func benchFork(b *testing.B) {
 
 // forkSample times ForkSandbox of count children of sandbox id to its
 // answer (every child's agent answered); their deletion is off the clock.
-func forkSample(id string, count uint32) func(*testing.B) sample {
+func forkSample(req *berthv1.ForkSandboxRequest) func(*testing.B) sample {
+	count := req.GetCount()
 	return func(b *testing.B) sample {
 		ctx := context.Background()
 		start := time.Now()
-		resp, err := env.sandboxes.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: count})
+		resp, err := env.sandboxes.ForkSandbox(ctx, req)
 		d := time.Since(start)
 		if err != nil {
 			b.Fatal(err)
@@ -142,6 +143,11 @@ func benchForkGVisor(b *testing.B) {
 	if err != nil || r.GetResult().GetExitCode() != 0 {
 		b.Fatalf("write /workspace/data.bin: %v %q", err, r.GetStderr())
 	}
-	measure(b, "fork-gvisor/berth-Fork-1", 0, forkSample(id, 1))
+	measure(b, "fork-gvisor/berth-Fork-1", 0, forkSample(&berthv1.ForkSandboxRequest{SandboxId: id, Count: 1}))
 	measure(b, "fork-gvisor/berth-cold", 0, coldSample(&berthv1.CreateSandboxRequest{Image: baseImage, Runtime: "gvisor"}))
+	// With memory: the parent checkpointed and restored, the child
+	// restored from the same image (a process holding 64 MiB of memory
+	// runs in the parent: its pages are in the image).
+	startDetachedIn(b, env.sandboxes, id, "sh", "-c", fmt.Sprintf("head -c %d /dev/urandom >/dev/shm/held && exec sleep 100000", forkGVisorMiB<<20))
+	measure(b, "fork-gvisor/berth-Fork-1-memory", 0, forkSample(&berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true}))
 }

@@ -189,6 +189,7 @@ var comparisons = []comparison{
 	{what: "ForkSandbox of 10, parent with " + forkLabel, berth: "fork/berth-Fork-10", anchors: []string{"fork/berth-cold", "fork/host-cp"}, latency: true,
 		target: "p50 <= 2 s", metP50: func(p50 time.Duration) bool { return p50 <= 2*time.Second }},
 	{what: "ForkSandbox of 1 under gVisor (files only), parent with 64 MiB written", berth: "fork-gvisor/berth-Fork-1", anchors: []string{"fork-gvisor/berth-cold"}, latency: true},
+	{what: "ForkSandbox of 1 under gVisor with memory, parent with 64 MiB written and 64 MiB in memory", berth: "fork-gvisor/berth-Fork-1-memory", anchors: []string{"fork-gvisor/berth-cold"}, latency: true},
 	{what: "CommitSnapshot of that snapshot to an image", berth: "snapshot/berth-CommitSnapshot", anchors: []string{"snapshot/host-tar-gzip"}, latency: true},
 	{what: "create to first exec (echo)", berth: "create/berth-cold", anchors: []string{"create/ctr-run"}, latency: true},
 	{what: "create to first exec, host_users (no id mapping)", berth: "create/berth-cold-host-users", anchors: []string{"create/ctr-run"}, latency: true},

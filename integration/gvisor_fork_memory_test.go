@@ -19,7 +19,10 @@ import (
 // counting: the process was restored, not started anew), under the
 // parent's exec id, RUNNING; each child's agent has a boot id of its own
 // (neither the parent's nor its sibling's) and berthd reaches it (its
-// Info proved the child's own secret); their writes are their own; the
+// Info proved the child's own secret); the same request id returns them
+// again, and names another fork without memory; a child hibernates with
+// its memory and wakes (its agent quiesced for the child's secret); their
+// writes are their own; the
 // parent runs on with its loop, exec and boot id, and no memory image of
 // the fork is left in its host directory.
 func TestGVisorForkMemory(t *testing.T) {
@@ -36,7 +39,8 @@ func TestGVisorForkMemory(t *testing.T) {
 		t.Fatalf("the counter before the fork: %d, want it counting", before)
 	}
 	began := time.Now()
-	children := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true})
+	req := &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true, RequestId: "memory-" + id}
+	children := forkOn(t, svc, req)
 	t.Logf("fork of 2 with memory took %v", time.Since(began))
 	if len(children) != 2 {
 		t.Fatalf("ForkSandbox made %d children, want 2", len(children))
@@ -66,6 +70,25 @@ func TestGVisorForkMemory(t *testing.T) {
 		if got := shellOut(t, svc, cid, "cat /workspace/kept"); got != "kept\n" {
 			t.Errorf("child %s's /workspace/kept %q, want kept", cid, got)
 		}
+	}
+	// The same request again returns the same children; without memory
+	// it names another fork.
+	again, err := svc.ForkSandbox(ctx, req)
+	if err != nil || len(again.GetSandboxes()) != 2 || again.GetSandboxes()[0].GetId() != children[0].GetId() {
+		t.Errorf("the same fork again: %v, %v; want the same 2 children", again.GetSandboxes(), err)
+	}
+	filesOnly := &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, RequestId: req.GetRequestId()}
+	if _, err := svc.ForkSandbox(ctx, filesOnly); status.Code(err) != codes.AlreadyExists || errorMeta(err)["fields"] != "memory" {
+		t.Errorf("the request id again without memory: %v (fields %q), want ALREADY_EXISTS naming memory", err, errorMeta(err)["fields"])
+	}
+	// A child hibernates and wakes with its memory: its agent quiesces
+	// for berthd's proof of the child's own secret.
+	hib, err := svc.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: children[1].GetId()})
+	if err != nil || hib.GetHibernation() != berthv1.Hibernation_HIBERNATION_MEMORY_KEPT {
+		t.Errorf("HibernateSandbox of child %s: %v, %v; want MEMORY_KEPT", children[1].GetId(), hib.GetHibernation(), err)
+	}
+	if n := readCount(t, ctx, svc, children[1].GetId()); n < before {
+		t.Errorf("child %s's counter after its wake: %d, want at least %d", children[1].GetId(), n, before)
 	}
 	shellOut(t, svc, children[0].GetId(), "echo mine >/workspace/mine")
 	for _, other := range []string{id, children[1].GetId()} {

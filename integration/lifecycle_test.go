@@ -270,7 +270,7 @@ func startDetached(t *testing.T, sandboxID string, argv ...string) {
 
 // startDetachedIn is startDetached through sandboxes; it returns the
 // exec's id.
-func startDetachedIn(t *testing.T, sandboxes berthv1.SandboxServiceClient, sandboxID string, argv ...string) string {
+func startDetachedIn(t testing.TB, sandboxes berthv1.SandboxServiceClient, sandboxID string, argv ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -160,6 +160,12 @@ func (f *fakeStore) ForkSnapshot(context.Context, string, func(context.Context) 
 	return "", nil, runtime.ErrSnapshotUnsupported
 }
 
+func (f *fakeStore) ForkMemory(string, string) (func() error, error) {
+	return nil, runtime.ErrSnapshotUnsupported
+}
+
+func (f *fakeStore) ForkMemoryDir(string, string) string { return "" }
+
 func (f *fakeStore) SandboxEnv(context.Context, string) (map[string]string, error) { return nil, nil }
 
 // ImageUser knows the users of every image: root (0:0) and dev
