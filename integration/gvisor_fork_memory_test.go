@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,4 +164,47 @@ func TestForkMemoryRefused(t *testing.T) {
 	if len(after.GetSandboxes()) != len(before.GetSandboxes()) {
 		t.Errorf("%d sandboxes after the refused forks, %d before: want no child left", len(after.GetSandboxes()), len(before.GetSandboxes()))
 	}
+}
+
+// TestForkMemorySurvivesRestart: the children of a fork with memory
+// outlive a berthd killed with SIGKILL: the next berthd adopts them (their
+// agents prove the child's own secret, recorded on the container), their
+// counter loops go on, their boot ids are unchanged, and they delete.
+func TestForkMemorySurvivesRestart(t *testing.T) {
+	needGVisor(t)
+	e := newBinaryEnv(t, "fmr")
+	gvisorFlags := []string{"--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"), "--agent-ready-timeout", "2m"}
+	p1 := startBerthd(t, e, gvisorFlags...)
+	e.importBase(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage, Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	startDetachedIn(t, e.sandboxes, id, "sh", "-c", counterLoop)
+	var before int
+	if !poll(time.Minute, func() bool { before = readCount(t, ctx, e.sandboxes, id); return before >= 5 }) {
+		t.Fatalf("the counter before the fork: %d, want it counting", before)
+	}
+	children := forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})
+	child := children[0]
+	p1.signal(t, syscall.SIGKILL)
+	p2 := startBerthd(t, e, gvisorFlags...)
+	first := readCount(t, ctx, e.sandboxes, child.GetId())
+	var later int
+	if first < before || !poll(time.Minute, func() bool { later = readCount(t, ctx, e.sandboxes, child.GetId()); return later > first }) {
+		t.Errorf("the child's counter after berthd's restart: %d then %d, want at least %d and counting", first, later, before)
+	}
+	got, err := e.sandboxes.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: child.GetId()})
+	if err != nil || got.GetSandbox().GetRuntime().GetAgentBootId() != child.GetRuntime().GetAgentBootId() {
+		t.Errorf("the child's boot id after berthd's restart: %q, %v; want %q", got.GetSandbox().GetRuntime().GetAgentBootId(), err, child.GetRuntime().GetAgentBootId())
+	}
+	for _, sb := range []string{child.GetId(), id} {
+		if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb}); err != nil {
+			t.Errorf("delete %s: %v", sb, err)
+		}
+	}
+	p2.signal(t, syscall.SIGTERM)
 }
