@@ -47,6 +47,20 @@ func writeWake(t *testing.T, dir string, proof []byte) {
 	}
 }
 
+// quiesceAsBerthd calls the agent's Quiesce as berthd does (token, and
+// the proof of secret) and waits for its quiesce mark; what names the
+// call in failures.
+func quiesceAsBerthd(t *testing.T, ctx context.Context, a *testAgent, secret, token []byte, what string) {
+	t.Helper()
+	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.ProveQuiesce(secret, token)}); err != nil && status.Code(err) != codes.Unavailable {
+		t.Fatalf("%s: %v", what, err)
+	}
+	mark := filepath.Join(a.dir, quiesce.Mark)
+	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
+		t.Fatalf("%s: quiesce mark %s never appeared\nagent log:\n%s", what, mark, a.stderr)
+	}
+}
+
 // TestQuiesce: SIGUSR1 and SIGUSR2, which quiesced and woke the agent
 // before and which any process of a sandbox can send its PID 1, change
 // nothing; a Quiesce without the proof of the secret is PERMISSION_DENIED
@@ -100,12 +114,7 @@ func TestQuiesce(t *testing.T) {
 		t.Fatalf("Info after the workload's attempts: %v", err)
 	}
 
-	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.ProveQuiesce(secret, token)}); err != nil && status.Code(err) != codes.Unavailable {
-		t.Fatalf("berthd's Quiesce: %v", err)
-	}
-	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
-		t.Fatalf("quiesce mark %s never appeared\nagent log:\n%s", mark, a.stderr)
-	}
+	quiesceAsBerthd(t, ctx, a, secret, token, "berthd's Quiesce")
 	// The mark is the agent's word, proved: berthd believes no other.
 	if got, err := quiesce.ReadProof(mark); err != nil || agentproof.VerifyAsk(agentproof.ProveQuiet(secret, token), got) != nil {
 		t.Errorf("quiesce mark holds %x (%v), want ProveQuiet of the secret and token", got, err)
@@ -150,12 +159,7 @@ func TestQuiesce(t *testing.T) {
 	// The token was for one quiesce: its proof does not quiesce again
 	// unnoticed, and a second quiesce works as the first.
 	token2 := agentproof.NewWakeToken()
-	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token2, Proof: agentproof.ProveQuiesce(secret, token2)}); err != nil && status.Code(err) != codes.Unavailable {
-		t.Fatalf("the second Quiesce: %v", err)
-	}
-	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
-		t.Fatal("the second quiesce made no mark")
-	}
+	quiesceAsBerthd(t, ctx, a, secret, token2, "the second Quiesce")
 	writeWake(t, a.dir, agentproof.ProveWake(secret, token))
 	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(filepath.Join(a.dir, quiesce.Wake)); return os.IsNotExist(err) }) {
 		t.Fatal("the first quiesce's wake was never removed")
@@ -209,13 +213,7 @@ func TestQuiesceForkWake(t *testing.T) {
 	}
 	a.startBackground(t, "loop", &berthv1.ProcessSpec{Argv: []string{"sleep", "60"}})
 	token := agentproof.NewWakeToken()
-	mark := filepath.Join(a.dir, quiesce.Mark)
-	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token, Proof: agentproof.ProveQuiesce(secret, token)}); err != nil && status.Code(err) != codes.Unavailable {
-		t.Fatalf("berthd's Quiesce: %v", err)
-	}
-	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
-		t.Fatalf("quiesce mark %s never appeared\nagent log:\n%s", mark, a.stderr)
-	}
+	quiesceAsBerthd(t, ctx, a, secret, token, "berthd's Quiesce")
 	nonce := agentproof.NewForkNonce()
 	forkWake := func(secret, token, nonce, proofNonce []byte) []byte {
 		return append(append([]byte{}, nonce...), agentproof.ProveForkWake(secret, token, proofNonce)...)
@@ -256,12 +254,7 @@ func TestQuiesceForkWake(t *testing.T) {
 	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token2, Proof: agentproof.ProveQuiesce(secret, token2)}); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("Quiesce proving the parent's secret in the child: %v, want PermissionDenied", err)
 	}
-	if _, err := a.client.Quiesce(ctx, &agentv1.QuiesceRequest{WakeToken: token2, Proof: agentproof.ProveQuiesce(child, token2)}); err != nil && status.Code(err) != codes.Unavailable {
-		t.Fatalf("Quiesce proving the child's secret: %v", err)
-	}
-	if !pollFor(10*time.Second, func() bool { _, err := os.Lstat(mark); return err == nil }) {
-		t.Fatal("the child's quiesce made no mark")
-	}
+	quiesceAsBerthd(t, ctx, a, child, token2, "Quiesce proving the child's secret")
 	writeWake(t, a.dir, agentproof.ProveWake(child, token2))
 	if again, err := a.client.Info(ctx, &agentv1.InfoRequest{}, grpc.WaitForReady(true)); err != nil || again.GetBootId() != after.GetBootId() {
 		t.Fatalf("Info after the child's wake: %v, boot id %q, want %q", err, again.GetBootId(), after.GetBootId())

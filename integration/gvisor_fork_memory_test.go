@@ -143,7 +143,7 @@ func TestForkMemoryRefused(t *testing.T) {
 	}
 	for _, parent := range []string{runc, gvisor} {
 		_, err := svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: parent, Count: 1, Memory: true})
-		if status.Code(err) != codes.FailedPrecondition || reasonOf(err) != rpcstatus.ReasonSnapshotUnsupported {
+		if status.Code(err) != codes.FailedPrecondition || rpcstatus.Reason(err) != rpcstatus.ReasonSnapshotUnsupported {
 			t.Errorf("ForkSandbox with memory of %s: %v, want FAILED_PRECONDITION %s", parent, err, rpcstatus.ReasonSnapshotUnsupported)
 		}
 		t.Logf("%s: %v", parent, err)
@@ -172,10 +172,7 @@ func TestForkMemoryRefused(t *testing.T) {
 // counter loops go on, their boot ids are unchanged, and they delete.
 func TestForkMemorySurvivesRestart(t *testing.T) {
 	needGVisor(t)
-	e := newBinaryEnv(t, "fmr")
-	gvisorFlags := []string{"--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"), "--agent-ready-timeout", "2m"}
-	p1 := startBerthd(t, e, gvisorFlags...)
-	e.importBase(t)
+	e, p1, gvisorFlags := startGVisorBerthd(t, "fmr")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage, Runtime: "gvisor"})

@@ -122,6 +122,19 @@ func signalAgentAsWorkload(t *testing.T, ctx context.Context, sandboxes berthv1.
 	}
 }
 
+// startGVisorBerthd starts a berthd binary that runs gVisor sandboxes
+// (agent ready timeout 2 minutes: a restore under load takes seconds) on
+// a namespace of its own named name, with the base image imported, and
+// returns it with the flags that start it again.
+func startGVisorBerthd(t *testing.T, name string) (*berthEnv, *berthdProc, []string) {
+	t.Helper()
+	e := newBinaryEnv(t, name)
+	flags := []string{"--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"), "--agent-ready-timeout", "2m"}
+	p := startBerthd(t, e, flags...)
+	e.importBase(t)
+	return e, p, flags
+}
+
 // TestHibernateGVisorMemory hibernates a gVisor sandbox running a counter
 // loop whose count lives in a shell variable: the answer says MEMORY_KEPT,
 // containerd holds no task and no host process of the sandbox is left
@@ -134,10 +147,7 @@ func signalAgentAsWorkload(t *testing.T, ctx context.Context, sandboxes berthv1.
 // (signalAgentAsWorkload).
 func TestHibernateGVisorMemory(t *testing.T) {
 	needGVisor(t)
-	e := newBinaryEnv(t, "hgm")
-	gvisorFlags := []string{"--gvisor-binary", filepath.Join(env.repo, "scripts", "runsc-berth"), "--agent-ready-timeout", "2m"}
-	p1 := startBerthd(t, e, gvisorFlags...)
-	e.importBase(t)
+	e, p1, gvisorFlags := startGVisorBerthd(t, "hgm")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: baseImage, Runtime: "gvisor"})

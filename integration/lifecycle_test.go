@@ -115,16 +115,6 @@ func errorMeta(err error) map[string]string {
 	return nil
 }
 
-// reasonOf returns the berth ErrorInfo reason of err, "" when none.
-func reasonOf(err error) string {
-	for _, d := range status.Convert(err).Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			return info.GetReason()
-		}
-	}
-	return ""
-}
-
 // TestWorkloadUserEnvWorkdir checks that processes run as the workload user
 // with the sandbox's env, in a working directory that user owns, and hold
 // no capabilities; GetSandbox shows the spec without env values.
