@@ -300,10 +300,16 @@ func lookPath(file, path string) (string, error) {
 			continue
 		}
 		p := filepath.Join(dir, file)
-		fi, statErr := os.Stat(p)
+		// unix.Stat into a Stat_t here: os.Stat allocated a FileInfo for
+		// each PATH entry tried, six for a program in /bin (issue 23).
+		var st unix.Stat_t
+		statErr := unix.Stat(p, &st)
+		for statErr == unix.EINTR {
+			statErr = unix.Stat(p, &st)
+		}
 		switch {
-		case statErr != nil, fi.IsDir():
-		case fi.Mode()&0o111 != 0:
+		case statErr != nil, st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		case st.Mode&0o111 != 0:
 			return p, nil
 		default:
 			err = unix.EACCES
