@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -126,8 +125,16 @@ func (c *oomCounter) count() (uint64, bool) {
 		}
 		c.f = f
 	}
-	n, err := c.f.ReadAt(c.buf[:], 0)
-	if err != nil && !errors.Is(err, io.EOF) || n == len(c.buf) {
+	// One pread(2): a cgroup file's contents are made whole by a read at
+	// offset 0 into a buffer larger than them, and os.File.ReadAt read
+	// again until it met the end, a second system call each count, two an
+	// exec (issue 23). The file is a regular one, outside the poller: Fd
+	// changes nothing of it.
+	n, err := unix.Pread(int(c.f.Fd()), c.buf[:], 0)
+	for errors.Is(err, unix.EINTR) {
+		n, err = unix.Pread(int(c.f.Fd()), c.buf[:], 0)
+	}
+	if err != nil || n == len(c.buf) {
 		// A file that cannot be read so (or is longer than the counter
 		// files ever are) is read whole, and opened anew next time.
 		c.f.Close()
