@@ -86,8 +86,8 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 		}
 		return rpcstatus.Error(codes.Internal, rpcstatus.ReasonInternal, fmt.Sprintf("%s for exec %s: %v", what, id, err), meta)
 	}
-	pipe := func() (r, w *os.File, err error) {
-		r, w, err = os.Pipe()
+	pipe := func(childReads bool) (r, w *os.File, err error) {
+		r, w, err = stdioPipe(childReads)
 		if err != nil {
 			return nil, nil, internal("create pipe", err)
 		}
@@ -118,15 +118,15 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 		req.Session = true
 	} else {
 		var outW, errW *os.File
-		if stdout.f, outW, err = pipe(); err != nil {
+		if stdout.f, outW, err = pipe(false); err != nil {
 			return nil, err
 		}
-		if stderr.f, errW, err = pipe(); err != nil {
+		if stderr.f, errW, err = pipe(false); err != nil {
 			return nil, err
 		}
 		inR := s.devNull
 		if p.stdin {
-			if inR, e.stdin, err = pipe(); err != nil {
+			if inR, e.stdin, err = pipe(true); err != nil {
 				return nil, err
 			}
 			childEnds = append(childEnds, inR)
@@ -169,6 +169,35 @@ func (s *Server) launch(e *execution, p *plan, follow bool) (_ *reader, err erro
 	s.execWG.Add(1)
 	go s.supervise(e, exited, start, p.timeout, pumps)
 	return r, nil
+}
+
+// stdioPipe returns a pipe (r, w) for a process's stdout or stderr, or
+// its stdin when childReads: the agent's end is non-blocking and in Go's
+// poller, the child's a blocking descriptor outside it, which the launcher
+// receives as it is. os.Pipe puts both ends in the poller non-blocking,
+// and os.File.Fd made the child's end blocking again before it was sent:
+// five system calls more a pipe (fcntl twice to set O_NONBLOCK, epoll_ctl
+// to add, fcntl twice to clear it, epoll_ctl to remove at close; issue 23).
+// Both ends are close-on-exec.
+func stdioPipe(childReads bool) (r, w *os.File, err error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return nil, nil, fmt.Errorf("pipe2: %w", err)
+	}
+	child := 1
+	if childReads {
+		child = 0
+	}
+	// A pipe end's only status flag is O_NONBLOCK (fcntl(2) F_SETFL leaves
+	// the access mode alone): 0 makes the child's end blocking.
+	if _, err := unix.FcntlInt(uintptr(fds[child]), unix.F_SETFL, 0); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("make the child's end of a pipe blocking: %w", err)
+	}
+	// os.NewFile takes a non-blocking descriptor into the poller and leaves
+	// a blocking one out.
+	return os.NewFile(uintptr(fds[0]), "|0"), os.NewFile(uintptr(fds[1]), "|1"), nil
 }
 
 // errLauncherOOMKilled is wrapped by startProcess's error when the
@@ -271,10 +300,16 @@ func lookPath(file, path string) (string, error) {
 			continue
 		}
 		p := filepath.Join(dir, file)
-		fi, statErr := os.Stat(p)
+		// unix.Stat into a Stat_t here: os.Stat allocated a FileInfo for
+		// each PATH entry tried, six for a program in /bin (issue 23).
+		var st unix.Stat_t
+		statErr := unix.Stat(p, &st)
+		for statErr == unix.EINTR {
+			statErr = unix.Stat(p, &st)
+		}
 		switch {
-		case statErr != nil, fi.IsDir():
-		case fi.Mode()&0o111 != 0:
+		case statErr != nil, st.Mode&unix.S_IFMT == unix.S_IFDIR:
+		case st.Mode&0o111 != 0:
 			return p, nil
 		default:
 			err = unix.EACCES

@@ -61,10 +61,19 @@ func TestReapingLauncher(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	a := startAgentCmd(t, dir, []string{"prlimit", "--nofile=512:4096", "--"}, "--reaping-launcher", "--workload-nofile", "777", "--kill-grace", "300ms")
 
-	r := a.run(t, execID(t), shell(`echo $PPID; cat /proc/self/oom_score_adj; ulimit -Sn; i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exit 3`))
+	r := a.run(t, execID(t), shell(`echo $PPID; cat /proc/self/oom_score_adj; ulimit -Sn; grep SigBlk /proc/self/status; i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exit 3`))
 	lp := reapingLauncherPID(t, a.pid)
-	if got, want := string(r.stdout), fmt.Sprintf("%d\n1000\n777\n", lp); got != want {
-		t.Errorf("parent, oom_score_adj, soft nofile = %q, want %q (the launcher's child)", got, want)
+	// The launcher blocks SIGCHLD (it reads it from a signalfd); its
+	// children must not inherit that mask.
+	if got, want := string(r.stdout), fmt.Sprintf("%d\n1000\n777\nSigBlk:\t0000000000000000\n", lp); got != want {
+		t.Errorf("parent, oom_score_adj, soft nofile, blocked signals = %q, want %q (the launcher's child)", got, want)
+	}
+	// The native launcher (no Go runtime: one thread, run from its memfd).
+	if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", lp)); err != nil || !strings.HasPrefix(exe, "/memfd:berth-launcher") {
+		t.Errorf("reaping launcher %d runs %q (%v), want the native launcher's memfd", lp, exe, err)
+	}
+	if status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", lp)); err != nil || !strings.Contains(string(status), "\nThreads:\t1\n") {
+		t.Errorf("reaping launcher %d: want 1 thread (no Go runtime), status %q (%v)", lp, status, err)
 	}
 	if got := r.result.GetExitCode(); got != 3 {
 		t.Errorf("exit code = %d, want 3", got)

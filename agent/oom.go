@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -59,12 +58,16 @@ func lowerOOMScore(log *slog.Logger) string {
 type oomCounter struct {
 	path string // empty when no counter was found
 
-	// mu guards f and buf: the file kept open after the first count,
+	// mu guards fd and buf: the file kept open after the first count,
 	// read at offset 0 each time (a cgroup file's contents are made anew
 	// by a read at offset 0). Opening, reading and closing it, three times
 	// an exec, was 3 % of the agent's time in an exec round trip (issue 23).
+	// A descriptor, not an *os.File: os.Open puts a cgroup file (kernfs
+	// polls) in Go's poller, non-blocking, and a pread(2) of it through
+	// Fd made it blocking again with fcntl(2) at every count.
 	mu  sync.Mutex
-	f   *os.File
+	fd  int  // the counter file, when ok
+	ok  bool // fd is open
 	buf [512]byte
 }
 
@@ -119,22 +122,36 @@ func (c *oomCounter) count() (uint64, bool) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.f == nil {
-		f, err := os.Open(c.path)
+	if !c.ok {
+		fd, err := unix.Open(c.path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return 0, false
 		}
-		c.f = f
+		c.fd, c.ok = fd, true
 	}
-	n, err := c.f.ReadAt(c.buf[:], 0)
-	if err != nil && !errors.Is(err, io.EOF) || n == len(c.buf) {
+	// One pread(2): a cgroup file's contents are made whole by a read at
+	// offset 0 into a buffer larger than them; os.File.ReadAt read again
+	// until it met the end, a second system call each count, two an exec
+	// (issue 23).
+	n, err := unix.Pread(c.fd, c.buf[:], 0)
+	for errors.Is(err, unix.EINTR) {
+		n, err = unix.Pread(c.fd, c.buf[:], 0)
+	}
+	if err != nil || n == len(c.buf) {
 		// A file that cannot be read so (or is longer than the counter
 		// files ever are) is read whole, and opened anew next time.
-		c.f.Close()
-		c.f = nil
+		c.close()
 		return readOOMKill(c.path)
 	}
 	return parseOOMKill(c.buf[:n])
+}
+
+// close closes the counter file, if open. The caller holds c.mu.
+func (c *oomCounter) close() {
+	if c.ok {
+		unix.Close(c.fd)
+		c.ok = false
+	}
 }
 
 // readOOMKill returns the value of the "oom_kill N" line of a

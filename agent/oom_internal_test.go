@@ -153,11 +153,7 @@ func TestSummarizeArgv(t *testing.T) {
 func TestOOMCounterFollows(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "memory.events")
 	c := &oomCounter{path: p}
-	t.Cleanup(func() {
-		if c.f != nil {
-			c.f.Close()
-		}
-	})
+	t.Cleanup(c.close)
 	for _, want := range []uint64{0, 1, 12, 3} {
 		if err := os.WriteFile(p, []byte(fmt.Sprintf("low 0\nhigh 0\nmax 2\noom %d\noom_kill %d\n", want, want)), 0o644); err != nil {
 			t.Fatal(err)
@@ -166,7 +162,7 @@ func TestOOMCounterFollows(t *testing.T) {
 			t.Errorf("count() = %d, %v; want %d, true", n, ok, want)
 		}
 	}
-	if c.f == nil {
+	if !c.ok {
 		t.Error("the counter file was not kept open")
 	}
 }

@@ -60,6 +60,12 @@ func TestGVisorReapingLauncher(t *testing.T) {
 	if !reaping(cmdline) {
 		t.Fatalf("an exec's parent runs %q, want the reaping launcher (berth-agent-launcher <nofile> reap)", cmdline)
 	}
+	// The native launcher: no Go runtime, one thread (gVisor's /proc
+	// shows neither its memfd as exe nor SigBlk; the agent's unit test
+	// TestReapingLauncher checks both on the host).
+	if got := string(runSpec(t, id, sh(fmt.Sprintf(`grep '^Threads:' /proc/%d/status`, lp))).GetStdout()); got != "Threads:\t1\n" {
+		t.Errorf("reaping launcher %d: %q, want 1 thread (the native launcher)", lp, got)
+	}
 	if again, _ := parent(); again != lp {
 		t.Errorf("launcher pid %d, then %d: want the same launcher to stay", lp, again)
 	}

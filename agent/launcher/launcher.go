@@ -2,9 +2,9 @@
 // helper process, the launcher, instead of from the agent itself.
 //
 // The launcher is the native launcher (c/launcher.c, a static C program
-// the agent binary carries and runs from a memfd, native_amd64.go), or, where
-// that cannot be run, and for the ReapingLauncher, the agent binary run
-// again (/proc/self/exe); both get argv[0] Arg0, and this package's init
+// the agent binary carries and runs from a memfd, native_amd64.go), for
+// the Launcher and the ReapingLauncher alike, or, where that cannot be
+// run, the agent binary run again (/proc/self/exe); both get argv[0] Arg0, and this package's init
 // turns such an agent process into a launcher before anything else in the
 // binary starts. The native one has no Go runtime, whose monitor thread
 // cost twice the launcher's own work a start, and starts each process with
@@ -276,10 +276,13 @@ func run(cfg Config, extra ...string) (*os.File, *os.Process, error) {
 	return ours, proc, nil
 }
 
+// complain writes a line to l's Stderr, if any.
+func (l *Launcher) complain(format string, args ...any) { complain(l.cfg, format, args...) }
+
 // complain writes a line to cfg.Stderr, if any.
-func (l *Launcher) complain(format string, args ...any) {
-	if l.cfg.Stderr != nil {
-		fmt.Fprintf(l.cfg.Stderr, "berth-agent launcher: "+format+"\n", args...)
+func complain(cfg Config, format string, args ...any) {
+	if cfg.Stderr != nil {
+		fmt.Fprintf(cfg.Stderr, "berth-agent launcher: "+format+"\n", args...)
 	}
 }
 

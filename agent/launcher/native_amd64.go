@@ -15,8 +15,8 @@ import (
 // agent binary. A Go launcher's runtime monitor (sysmon), woken by the
 // first system call of each request and then polling every 20 us for a
 // millisecond or more, cost about twice the launcher's own work
-// (docs/performance.md, issue 23). The reaping launcher (gVisor) is still
-// the agent binary's.
+// (docs/performance.md, issue 23). The ReapingLauncher (gVisor) runs it
+// too, in its reaping mode (argument reap).
 //
 //go:embed c/berth-launcher
 var native []byte

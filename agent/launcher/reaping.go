@@ -24,8 +24,13 @@ type Exit struct {
 // wait status and rusage over its socket, which the agent takes as if it
 // had reaped the process itself. It serves kernels that ignore
 // CLONE_PARENT (gVisor), where a Launcher must leave after every start and
-// each start runs the agent binary again: a Go start of hundreds of system
-// calls, each a ptrace stop in gVisor.
+// each start runs a launcher again: a Go start of hundreds of system
+// calls, each a ptrace stop in gVisor. The process is the native
+// launcher's reaping mode (c/launcher.c, one thread woken by its socket or
+// a SIGCHLD signalfd), or, where that cannot be run, the agent binary's
+// (serveReaping: the Go runtime, a reaper thread beside the serving one,
+// each wake-up more system calls, which gVisor's ptrace platform makes
+// ptrace stops, docs/performance.md).
 //
 // A reaping launcher that dies (the workload or the OOM killer killed it)
 // leaves its running children to the agent: they are re-parented to it (it
@@ -75,9 +80,6 @@ type reapingRun struct {
 // instant before it died, whose status is lost. The launcher process
 // starts with the first Start.
 func NewReaping(cfg Config, exited func(Exit), orphaned func(launcher int, pids []int)) *ReapingLauncher {
-	if cfg.Binary == "" {
-		cfg.Binary = agentBinary
-	}
 	return &ReapingLauncher{cfg: cfg, exited: exited, orphaned: orphaned}
 }
 
@@ -95,7 +97,7 @@ func (l *ReapingLauncher) Start(req *Request, started func(pid int)) (int, error
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.run == nil {
-		conn, proc, err := run(l.cfg, reapArg)
+		conn, proc, err := l.startProcess()
 		if err != nil {
 			return 0, err
 		}
@@ -113,6 +115,28 @@ func (l *ReapingLauncher) Start(req *Request, started func(pid int)) (int, error
 		}
 	}
 	return pid, err
+}
+
+// startProcess runs a reaping launcher process: cfg's Binary, or the
+// native launcher, or, when that cannot be made or run, the agent binary
+// (as Launcher.startLocked).
+func (l *ReapingLauncher) startProcess() (*os.File, *os.Process, error) {
+	cfg := l.cfg
+	if cfg.Binary == "" {
+		path, err := nativeBinary()
+		if err != nil {
+			complain(cfg, "the agent binary is the reaping launcher: %v", err)
+			path = agentBinary
+		}
+		cfg.Binary = path
+	}
+	conn, proc, err := run(cfg, reapArg)
+	if err != nil && cfg.Binary != l.cfg.Binary && cfg.Binary != agentBinary && !errors.Is(err, ErrResources) {
+		complain(cfg, "the agent binary is the reaping launcher: the native one did not run: %v", err)
+		cfg.Binary = agentBinary
+		conn, proc, err = run(cfg, reapArg)
+	}
+	return conn, proc, err
 }
 
 // request sends one request and waits for its answer, for the launcher's

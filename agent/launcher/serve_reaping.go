@@ -20,7 +20,8 @@ const reapArg = "reap"
 // (4), then for frameAnswer the errno (4) and stage (1) of Launcher's
 // answer, for frameExit the wait status (4), a byte of padding and the
 // rusage as the kernel wrote it (the agent runs the same binary, so the
-// same layout).
+// same layout; the native launcher's struct rusage is the same 144 bytes
+// on amd64).
 const (
 	frameAnswer = 1
 	frameExit   = 2
@@ -28,7 +29,8 @@ const (
 
 var frameSize = 10 + int(unsafe.Sizeof(syscall.Rusage{}))
 
-// serveReaping is the reaping launcher: as serve, but each process is its
+// serveReaping is the reaping launcher where the native one cannot run (its
+// C twin is c/launcher.c's serve_reaping): as serve, but each process is its
 // own child, which it reaps (reapChildren) and whose wait status and rusage
 // it sends after the process's answer. It returns the exit code; the
 // processes still running then are re-parented to the agent.

@@ -14,8 +14,15 @@
  * shares with the launcher, which resumes once the child has exec'd or
  * exited.
  *
- * Usage: berth-launcher NOFILE (argv[0] as the agent sets it). Reaping
- * mode (argv[2] "reap") is served by the agent binary, not here.
+ * Usage: berth-launcher NOFILE [reap] (argv[0] as the agent sets it).
+ * With "reap" it is package launcher's ReapingLauncher (serve_reaping.go)
+ * for kernels that ignore CLONE_PARENT (gVisor): each process is its own
+ * child, forked without CLONE_PARENT, and it sends the frames serveReaping
+ * sends: an answer frame for each request, then an exit frame (wait
+ * status and rusage of wait4(2)) for each child it reaps. One thread does
+ * both, woken by the socket or by SIGCHLD (a signalfd), so a pid's exit
+ * frame is sent right after its wait4 and before the next start, which
+ * alone could be handed the pid again.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,7 +35,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +48,14 @@
 #define STAGE_EXEC 1
 #define MAX_REQUEST (64u << 20)
 #define STACK_SIZE (64 * 1024)
+#define FRAME_ANSWER 1
+#define FRAME_EXIT 2
+#define FRAME_SIZE (10 + sizeof(struct rusage))
+
+/* reaping: the reaping mode, whose SIGCHLD is blocked (read from a
+ * signalfd); its children get the empty mask back before execve. */
+static int reaping;
+static sigset_t no_signals;
 
 /* The OOM score: the agent's (own) except around a clone (top). */
 static int oom_fd = -1;
@@ -114,6 +131,8 @@ static int child_main(void *arg)
 	struct child *c = arg;
 	struct request *r = c->req;
 	int i;
+	if (reaping && sigprocmask(SIG_SETMASK, &no_signals, NULL) < 0)
+		goto fail;
 	if (r->session ? setsid() < 0 : setpgid(0, 0) < 0)
 		goto fail;
 	if (r->dir[0] && chdir(r->dir) < 0)
@@ -142,6 +161,7 @@ static int lack(int e)
  * *stage set. */
 static int spawn(struct request *r, int *err, int *stage)
 {
+	int parent = reaping ? 0 : CLONE_PARENT;
 	struct child c = {.req = r, .err = 0};
 	if (r->nfds != 3) {
 		*err = EMFILE;
@@ -149,7 +169,7 @@ static int spawn(struct request *r, int *err, int *stage)
 		return 0;
 	}
 	oom_set("1000", 4);
-	int pid = clone(child_main, stack + STACK_SIZE, CLONE_VM | CLONE_VFORK | CLONE_PARENT | SIGCHLD, &c);
+	int pid = clone(child_main, stack + STACK_SIZE, CLONE_VM | CLONE_VFORK | parent | SIGCHLD, &c);
 	int e = errno;
 	oom_set(oom_own, oom_own_len);
 	if (pid < 0) {
@@ -159,7 +179,7 @@ static int spawn(struct request *r, int *err, int *stage)
 	}
 	if (c.err) {
 		/* The child has exited; its parent (the agent, or the launcher
-		 * when CLONE_PARENT was ignored) reaps it. */
+		 * when CLONE_PARENT was ignored or not asked for) reaps it. */
 		if (waitpid(pid, NULL, __WALL) < 0 && errno != ECHILD)
 			perror("berth-launcher: wait for a failed child");
 		*err = c.err;
@@ -292,18 +312,147 @@ static void put32(unsigned char *b, uint32_t v)
 	b[0] = v, b[1] = v >> 8, b[2] = v >> 16, b[3] = v >> 24;
 }
 
+static int write_full(const void *p, size_t n)
+{
+	const char *b = p;
+	while (n > 0) {
+		ssize_t w = write(SOCKET_FD, b, n);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return -1;
+		b += w;
+		n -= (size_t)w;
+	}
+	return 0;
+}
+
+/* serve_one reads one request and starts its process. It returns 1 to go
+ * on, 0 at EOF (the agent closed the socket), -1 on an error; *pid is the
+ * process's, or 0. */
+static int serve_one(unsigned char ans[ANSWER_SIZE], int *pid)
+{
+	struct request r;
+	char *body = NULL;
+	int got = read_request(&r, &body);
+	if (got <= 0)
+		return got;
+	int err = 0, stage = STAGE_FORK;
+	*pid = spawn(&r, &err, &stage);
+	for (int i = 0; i < r.nfds; i++)
+		close(r.fds[i]);
+	free(r.argv);
+	free(r.env);
+	free(r.sh_argv);
+	free(body);
+	memset(ans, 0, ANSWER_SIZE);
+	put32(ans, (uint32_t)*pid);
+	put32(ans + 4, (uint32_t)err);
+	ans[8] = (unsigned char)stage;
+	return 1;
+}
+
+/* serve_leaving is the Launcher: its processes are the agent's children
+ * (CLONE_PARENT). */
+static int serve_leaving(void)
+{
+	for (;;) {
+		unsigned char ans[ANSWER_SIZE];
+		int pid = 0;
+		int got = serve_one(ans, &pid);
+		if (got <= 0)
+			return got == 0 ? 0 : 1;
+		/* A kernel that ignored CLONE_PARENT made the process ours, and
+		 * only the agent reaps: leave, so that it is re-parented to the
+		 * agent (init of the sandbox). */
+		int leaving = pid > 0 && is_child(pid);
+		ans[9] = (unsigned char)leaving;
+		if (write_full(ans, sizeof ans) < 0 || leaving)
+			return 0;
+	}
+}
+
+/* reap_children reaps every child that has exited and sends its exit
+ * frame. It returns -1 when the socket failed. */
+static int reap_children(void)
+{
+	for (;;) {
+		int status = 0;
+		struct rusage ru;
+		memset(&ru, 0, sizeof ru);
+		pid_t pid = wait4(-1, &status, WNOHANG, &ru);
+		if (pid < 0 && errno == EINTR)
+			continue;
+		if (pid <= 0)
+			return 0; /* none exited (0) or none left (ECHILD) */
+		unsigned char frame[FRAME_SIZE] = {0};
+		frame[0] = FRAME_EXIT;
+		put32(frame + 1, (uint32_t)pid);
+		put32(frame + 5, (uint32_t)status);
+		memcpy(frame + 10, &ru, sizeof ru);
+		if (write_full(frame, sizeof frame) < 0)
+			return -1;
+	}
+}
+
+/* serve_reaping is the ReapingLauncher: its processes are its own
+ * children, whose exits it reports. */
+static int serve_reaping(void)
+{
+	sigset_t chld;
+	sigemptyset(&chld);
+	sigaddset(&chld, SIGCHLD);
+	if (sigprocmask(SIG_BLOCK, &chld, NULL) < 0) {
+		perror("berth-agent launcher: block SIGCHLD");
+		return 1;
+	}
+	int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+	if (sfd < 0) {
+		perror("berth-agent launcher: signalfd");
+		return 1;
+	}
+	reaping = 1;
+	for (;;) {
+		struct pollfd fds[2] = {{.fd = SOCKET_FD, .events = POLLIN}, {.fd = sfd, .events = POLLIN}};
+		if (poll(fds, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			perror("berth-agent launcher: poll");
+			return 1;
+		}
+		if (fds[1].revents) {
+			struct signalfd_siginfo si[8];
+			while (read(sfd, si, sizeof si) > 0)
+				;
+			if (reap_children() < 0)
+				return 0; /* the agent is gone */
+		}
+		if (fds[0].revents) {
+			unsigned char ans[ANSWER_SIZE];
+			int pid = 0;
+			int got = serve_one(ans, &pid);
+			if (got <= 0)
+				return got == 0 ? 0 : 1;
+			unsigned char frame[FRAME_SIZE] = {0};
+			frame[0] = FRAME_ANSWER;
+			memcpy(frame + 1, ans, 9); /* pid, errno, stage */
+			if (write_full(frame, sizeof frame) < 0)
+				return 0;
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 2) {
-		fprintf(stderr, "usage: berth-launcher NOFILE (reaping mode is the agent's)\n");
+	if (argc != 2 && !(argc == 3 && strcmp(argv[2], "reap") == 0)) {
+		fprintf(stderr, "usage: berth-launcher NOFILE [reap]\n");
 		return 2;
 	}
 	/* The processes started must not inherit the socket. */
 	fcntl(SOCKET_FD, F_SETFD, FD_CLOEXEC);
 	prctl(PR_SET_NAME, "berth-launcher", 0, 0, 0);
-	sigset_t none;
-	sigemptyset(&none);
-	sigprocmask(SIG_SETMASK, &none, NULL);
+	sigemptyset(&no_signals);
+	sigprocmask(SIG_SETMASK, &no_signals, NULL);
 	oom_prepare();
 	char *tail;
 	unsigned long long nofile = strtoull(argv[1], &tail, 10);
@@ -315,34 +464,5 @@ int main(int argc, char **argv)
 				fprintf(stderr, "berth-agent launcher: RLIMIT_NOFILE %llu: %s\n", nofile, strerror(errno));
 		}
 	}
-	for (;;) {
-		struct request r;
-		char *body = NULL;
-		int got = read_request(&r, &body);
-		if (got <= 0)
-			return got == 0 ? 0 : 1;
-		int err = 0, stage = STAGE_FORK;
-		int pid = spawn(&r, &err, &stage);
-		for (int i = 0; i < r.nfds; i++)
-			close(r.fds[i]);
-		free(r.argv);
-		free(r.env);
-		free(r.sh_argv);
-		free(body);
-		/* A kernel that ignored CLONE_PARENT made the process ours, and
-		 * only the agent reaps: leave, so that it is re-parented to the
-		 * agent (init of the sandbox). */
-		int leaving = pid > 0 && is_child(pid);
-		unsigned char ans[ANSWER_SIZE] = {0};
-		put32(ans, (uint32_t)pid);
-		put32(ans + 4, (uint32_t)err);
-		ans[8] = (unsigned char)stage;
-		ans[9] = (unsigned char)leaving;
-		ssize_t w;
-		do
-			w = write(SOCKET_FD, ans, sizeof ans);
-		while (w < 0 && errno == EINTR);
-		if (w != sizeof ans || leaving)
-			return 0;
-	}
+	return argc == 3 ? serve_reaping() : serve_leaving();
 }
