@@ -28,8 +28,8 @@ const (
 // securebits SECBIT_NOROOT and SECBIT_NO_CAP_AMBIENT_RAISE, both locked, so
 // that execve(2) grants uid 0 no capabilities and nothing can be raised into
 // the ambient set, and drops every capability from the bounding set
-// (prctl(2) PR_CAPBSET_DROP), so that no execve can gain one from a file
-// either. Both need CAP_SETPCAP. Children inherit the securebits and the
+// (prctl(2) PR_CAPBSET_DROP of each capability the set holds), so that no
+// execve can gain one from a file either. Both need CAP_SETPCAP. Children inherit the securebits and the
 // bounding set across fork and execve; with empty inheritable and ambient
 // sets, every program they execute has CapPrm, CapEff and CapBnd zero, even
 // as uid 0 (capabilities(7) "Transformation of capabilities during
@@ -55,7 +55,19 @@ func LockCapabilities() error {
 	}
 	last := lastCap()
 	for c := 0; c <= last; c++ {
-		err := prctlAllThreads(unix.PR_CAPBSET_DROP, uintptr(c), 0)
+		// Each drop stops the world and signals every thread: skip the
+		// capabilities the bounding set lacks already (a sandbox's agent
+		// starts with berthd's runtime.AgentCapabilities alone). The
+		// set is read on this thread; every thread has the same one, as
+		// none has dropped anything before this.
+		in, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
+		if errors.Is(err, unix.EINVAL) {
+			break // beyond the kernel's last capability
+		}
+		if err == nil && in == 0 {
+			continue
+		}
+		err = prctlAllThreads(unix.PR_CAPBSET_DROP, uintptr(c), 0)
 		if errors.Is(err, unix.EINVAL) {
 			break // beyond the kernel's last capability
 		}

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,11 +48,16 @@ func TestChildrenHoldNoCapabilities(t *testing.T) {
 		}
 	}
 	for _, tc := range []struct {
-		name  string
-		flags []string
+		name   string
+		prefix []string
+		flags  []string
 	}{
-		{"root", nil},
-		{"user 65534", []string{"--user", "65534:65534"}},
+		{"root", nil, nil},
+		{"user 65534", nil, []string{"--user", "65534:65534"}},
+		// A sandbox's agent starts with a few capabilities in its bounding
+		// set (runtime.AgentCapabilities); LockCapabilities drops only
+		// those, and the child must hold none either.
+		{"few in the bounding set", []string{"setpriv", "--bounding-set", "-all,+chown,+dac_override,+dac_read_search,+fowner,+setuid,+setgid,+setpcap,+kill"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir, err := os.MkdirTemp("", "ag")
@@ -59,7 +65,12 @@ func TestChildrenHoldNoCapabilities(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { os.RemoveAll(dir) })
-			a := startAgentBinary(t, bin, dir, nil, tc.flags...)
+			if len(tc.prefix) > 0 {
+				if _, err := exec.LookPath(tc.prefix[0]); err != nil {
+					t.Skipf("%s (util-linux) is not installed", tc.prefix[0])
+				}
+			}
+			a := startAgentBinary(t, bin, dir, tc.prefix, tc.flags...)
 			caps := procCaps(t, a, "caps")
 			for _, k := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
 				if caps[k] != "0000000000000000" {

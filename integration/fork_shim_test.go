@@ -53,13 +53,15 @@ func sandboxTask(ctx context.Context, t *testing.T, ns, id string) containerd.Ta
 	return task
 }
 
-// TestForkSharesParentShim: a fork's children are served by the parent's
-// containerd shim process (no shim is started for them); deleting the
-// parent first leaves its shim serving the children, which run, answer
-// and are deleted as any sandbox; a child's own fork groups under the
-// child's id (another shim); a crash of the shared shim ends the task of
-// every sandbox it serves, and none of another group (the fault domain,
-// docs/state.md#fork).
+// TestForkSharesParentShim: a fork's children are served by two shim
+// processes, in turns (lifecycle's shimLane): the even ones by the
+// parent's (no shim is started for them), the odd ones by the second
+// child's, which that child starts; deleting the parent first leaves its
+// shim serving its children, which run, answer and are deleted as any
+// sandbox; a child's own fork groups under the child's id (another shim
+// where the child has none of its own); a crash of the parent's shim ends
+// the task of every sandbox it serves, and none of another group (the
+// fault domain, docs/state.md#fork).
 func TestForkSharesParentShim(t *testing.T) {
 	need(t)
 	e := newInProcessEnvWith(t, "forkshim", server.Config{TaskRestartLimit: -1}, nil, nil)
@@ -70,10 +72,20 @@ func TestForkSharesParentShim(t *testing.T) {
 	shellOut(t, svc, pid, "echo shared >/workspace/f")
 	shim := shimOf(t, e.ns, pid)
 	var children []string
-	for _, c := range forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 3}) {
+	for _, c := range forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 4}) {
 		children = append(children, c.GetId())
-		if got := shimOf(t, e.ns, c.GetId()); got != shim {
-			t.Errorf("child %s served by shim %d, want its parent's %d", c.GetId(), got, shim)
+	}
+	lane := shimOf(t, e.ns, children[1])
+	if lane == shim {
+		t.Errorf("second child %s served by its parent's shim %d, want one of its own", children[1], shim)
+	}
+	for i, c := range children {
+		want := shim
+		if i%2 == 1 {
+			want = lane
+		}
+		if got := shimOf(t, e.ns, c); got != want {
+			t.Errorf("child %d (%s) served by shim %d, want %d (parent's %d, second child's %d)", i, c, got, want, shim, lane)
 		}
 	}
 	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: pid}); err != nil {
@@ -85,34 +97,38 @@ func TestForkSharesParentShim(t *testing.T) {
 	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: children[0]}); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range children[1:] {
+	children = children[1:]
+	for _, c := range children {
 		if got := shellOut(t, svc, c, "cat /workspace/f && echo more >>/workspace/f && cat /workspace/f"); got != "shared\nshared\nmore\n" {
 			t.Errorf("child %s after the parent's and a sibling's deletion: %q", c, got)
 		}
 	}
-	// The grandchild's group is children[1]'s id: no shim listens there
-	// (children[1] is in its parent's), so its first grandchild starts one.
+	// The grandchild's group is the third child's id: no shim listens
+	// there (that child is in its parent's), so its first grandchild
+	// starts one.
 	grandchild := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: children[1], Count: 1})[0].GetId()
 	other := shimOf(t, e.ns, grandchild)
-	if other == shim {
-		t.Errorf("grandchild %s served by its grandparent's shim %d, want one of its own group", grandchild, shim)
+	if other == shim || other == lane {
+		t.Errorf("grandchild %s served by shim %d, want one of its own group (not its grandparent's %d nor the second child's %d)", grandchild, other, shim, lane)
 	}
 	if got := shellOut(t, svc, grandchild, "cat /workspace/f"); got != "shared\nmore\n" {
 		t.Errorf("grandchild's file %q", got)
 	}
 
-	// The fault domain: the shared shim's crash ends its sandboxes' tasks.
+	// The fault domain: the parent's shim's crash ends its sandboxes'
+	// tasks (the third child's), no other's (the second and fourth
+	// children's, the grandchild's).
 	if err := syscall.Kill(shim, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range children[1:] {
-		waitStopped(t, e, c)
+	waitStopped(t, e, children[1])
+	for id, want := range map[string]int{children[0]: lane, children[2]: lane, grandchild: other} {
+		if got := shimOf(t, e.ns, id); got != want {
+			t.Errorf("%s's shim %d after the parent's shim crashed, want %d", id, got, want)
+		}
+		shellOut(t, svc, id, "true")
 	}
-	if got := shimOf(t, e.ns, grandchild); got != other {
-		t.Errorf("grandchild's shim %d after the other group's shim crashed, want %d", got, other)
-	}
-	shellOut(t, svc, grandchild, "true")
-	for _, c := range append(children[1:], grandchild) {
+	for _, c := range append(children, grandchild) {
 		if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: c}); err != nil {
 			t.Errorf("delete %s: %v", c, err)
 		}

@@ -109,7 +109,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Info("descriptor limit", "nofile", lim.Cur, "workload_nofile", min(cfg.WorkloadNofile, lim.Max))
 	}
 	// Threads made now survive a fork bomb that exhausts the pids limit.
-	agent.ReserveThreads(reservedThreads)
+	// They are made beside agent.New (each new thread waits to be
+	// scheduled once) and all exist before the socket is served: no
+	// process of the workload can run before then.
+	reserved := make(chan struct{})
+	go func() { agent.ReserveThreads(reservedThreads); close(reserved) }()
 	if *trace {
 		// At most 4 MiB of spans wait for berthd; older ones go first.
 		at, err := telemetry.StartAgent(context.Background(), agent.Version, 4<<20)
@@ -129,6 +133,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Error("start", "err", err)
 		return 1
 	}
+	<-reserved
 	// As PID 1 the agent gets no default action for these: stop explicitly.
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer stop()

@@ -33,6 +33,19 @@ const MaxForkCount = 16
 // 10 s, and the fork failed (BENCHMARKS.md, 2026-12-05).
 const forkParallel = 4
 
+// shimLane returns the runtime.ForkOrigin.ShimGroup of child i of a fork
+// whose children are ids: the children under runc queue in their shim
+// for `runc create`, one at a time under its service lock, so they are
+// spread over two shims — the parent's (even i, "") and the second
+// child's (odd i), which that child starts. Two creates then run at once
+// on a host of 2 cores or more (BENCHMARKS.md, session 7).
+func shimLane(ids []string, i int) string {
+	if i%2 == 0 {
+		return ""
+	}
+	return ids[1]
+}
+
 // ForkRequest is what Fork makes.
 type ForkRequest struct {
 	// Count is how many children, 1 to MaxForkCount.
@@ -98,6 +111,7 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 			}
 			spec := children
 			spec.ID = ids[i]
+			spec.Fork.ShimGroup = shimLane(ids, i)
 			g.Go(func() error {
 				c, err := m.Create(gctx, spec, p, false)
 				if err != nil {

@@ -69,22 +69,27 @@ const (
 // container's id, so a container whose group's shim runs starts no shim.
 const shimGroupAnnotation = "io.containerd.runc.v2.group"
 
-// withShimGroup puts a fork's child into its parent's shim process: a
-// sandbox's shim listens on the socket derived from its own id (no
-// annotation), so the group named by the parent's id is the parent's
-// shim while it runs — the `start` of each child connects to it and
-// returns instead of starting another (a shim that is gone, e.g. the
-// parent's deleted while none of its children ran, is started anew by
-// the first child under that name). That shim then serves, and outlives,
-// every sandbox of the group until the last one's task is deleted (its
-// Shutdown waits for none left): one shim crash ends the tasks of the
-// parent and all its children alive (docs/state.md#fork). Each sandbox
-// keeps its own cgroup, OOM events and runc state. A child's own forks
-// group under the child's id. The children of a gVisor sandbox are not
-// grouped (Create adds this only under runc): runsc's shim keeps one
-// sandbox per process.
+// withShimGroup puts a fork's child into the shim process of the sandbox
+// spec.Fork.ShimGroup names, its parent's when empty: a sandbox's shim
+// listens on the socket derived from its own id (no annotation), so the
+// group named by a sandbox's id is that sandbox's shim while it runs —
+// the `start` of each child connects to it and returns instead of
+// starting another (a shim that is gone, e.g. the parent's deleted while
+// none of its children ran, is started anew by the first child under that
+// name; a child named by its own id starts its own). That shim then
+// serves, and outlives, every sandbox of the group until the last one's
+// task is deleted (its Shutdown waits for none left): one shim crash ends
+// the tasks of every sandbox of its group alive (docs/state.md#fork).
+// Each sandbox keeps its own cgroup, OOM events and runc state. A child's
+// own forks group under the child's id. The children of a gVisor sandbox
+// are not grouped (Create adds this only under runc): runsc's shim keeps
+// one sandbox per process.
 func withShimGroup(spec SandboxSpec) oci.SpecOpts {
-	return oci.WithAnnotations(map[string]string{shimGroupAnnotation: spec.Fork.Parent})
+	group := spec.Fork.ShimGroup
+	if group == "" {
+		group = spec.Fork.Parent
+	}
+	return oci.WithAnnotations(map[string]string{shimGroupAnnotation: group})
 }
 
 // ForkSnapshot takes the crash-consistent copy of sandbox id's root file

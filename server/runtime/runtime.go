@@ -442,6 +442,11 @@ type ForkOrigin struct {
 	// directory of the parent's checkpoint image and wake token
 	// (Runtime.ForkMemory) its task is restored from. Not recorded.
 	MemoryImage string
+	// ShimGroup, under runc, is the id of the sandbox whose shim process
+	// serves the child (withShimGroup): "" for Parent's; the child's own
+	// id for one that starts a shim of its own, which later children
+	// join. Only Create reads it; it is not recorded.
+	ShimGroup string
 }
 
 // Idle actions of SandboxSpec.IdleAction.
