@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -207,4 +208,61 @@ func TestForkMemorySurvivesRestart(t *testing.T) {
 		}
 	}
 	p2.signal(t, syscall.SIGTERM)
+}
+
+// TestForkMemoryRefusedPaused: a paused gVisor sandbox whose workload
+// holds a unix socket bound on the host is refused a fork with memory
+// (FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED) and stays paused: its task
+// held paused by containerd (runsc pause), not only recorded so — the
+// checkpoint resumes a paused task for its agent to quiesce, and the
+// refusal must pause it again — and PAUSED in GetSandbox; it resumes with
+// its socket's holder RUNNING.
+func TestForkMemoryRefusedPaused(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
+	installProgram(t, dialClient(t, env.berthdAddr), id, "unixlisten", "/workspace/unixlisten")
+	holder := startDetachedIn(t, svc, id, "/workspace/unixlisten", "/workspace/held.sock")
+	if !poll(time.Minute, func() bool {
+		return shellOut(t, svc, id, "test -S /workspace/held.sock && echo yes || true") == "yes\n"
+	}) {
+		t.Fatal("the workload's socket /workspace/held.sock never appeared")
+	}
+	if _, err := svc.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})
+	if status.Code(err) != codes.FailedPrecondition || reasonOf(err) != rpcstatus.ReasonSnapshotUnsupported {
+		t.Errorf("ForkSandbox with memory of paused %s: %v, want FAILED_PRECONDITION %s", id, err, rpcstatus.ReasonSnapshotUnsupported)
+	}
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("the paused parent after the refused fork: %v, want PAUSED", got)
+	}
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.rt.Namespace()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c, err := cc.LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := task.Status(ctx); err != nil || st.Status != containerd.Paused {
+		t.Errorf("containerd's task status of the paused parent after the refused fork: %v, %v; want paused (runsc pause)", st.Status, err)
+	}
+	if _, err := svc.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if state := execState(t, ctx, svc, id, holder); state != berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the socket's holder %s after the resume: %v, want RUNNING", holder, state)
+	}
+	if got := shellOut(t, svc, id, "echo here"); got != "here\n" {
+		t.Errorf("after the resume: %q, want its agent answering", got)
+	}
 }
