@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -264,5 +265,71 @@ func TestForkMemoryRefusedPaused(t *testing.T) {
 	}
 	if got := shellOut(t, svc, id, "echo here"); got != "here\n" {
 		t.Errorf("after the resume: %q, want its agent answering", got)
+	}
+}
+
+// TestForkMemoryParentDeleted: a DeleteSandbox of the parent sent while
+// its fork with memory runs (once the checkpoint image is linked for the
+// fork) waits for the parent's lifecycle lock and deletes it; the fork
+// either gives children that run on from the parent's memory (their
+// counter loops counting) — the image they restore from is theirs, not
+// taken away with the parent's directory — or fails leaving no child.
+func TestForkMemoryParentDeleted(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	created, err := svc.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	hostDir := filepath.Dir(filepath.Dir(env.rt.SocketPath(id)))
+	startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	var before int
+	if !poll(time.Minute, func() bool { before = readCount(t, ctx, svc, id); return before >= 5 }) {
+		t.Fatalf("the counter before the fork: %d, want it counting", before)
+	}
+	listed, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type forked struct {
+		resp *berthv1.ForkSandboxResponse
+		err  error
+	}
+	done := make(chan forked, 1)
+	go func() {
+		resp, err := svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true})
+		done <- forked{resp, err}
+	}()
+	if !poll(2*time.Minute, func() bool {
+		left, _ := filepath.Glob(filepath.Join(hostDir, "fork-memory-*"))
+		return len(left) > 0
+	}) {
+		t.Fatal("the fork's memory image never appeared in the parent's host directory")
+	}
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Errorf("DeleteSandbox of the parent during its fork: %v", err)
+	}
+	f := <-done
+	t.Logf("the fork: %v", f.err)
+	for _, c := range f.resp.GetSandboxes() {
+		t.Cleanup(func() { svc.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: c.GetId()}) })
+		first := readCount(t, ctx, svc, c.GetId())
+		var later int
+		if first < before || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, c.GetId()); return later > first }) {
+			t.Errorf("child %s's counter: %d then %d, want at least %d and counting", c.GetId(), first, later, before)
+		}
+	}
+	after, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(listed.GetSandboxes()) - 1 + len(f.resp.GetSandboxes()); len(after.GetSandboxes()) != want {
+		t.Errorf("%d sandboxes after the fork and the parent's delete, want %d (%d before, the parent gone, %d children)", len(after.GetSandboxes()), want, len(listed.GetSandboxes()), len(f.resp.GetSandboxes()))
+	}
+	if _, err := os.Stat(hostDir); !os.IsNotExist(err) {
+		t.Errorf("the deleted parent's host directory: %v, want it gone", err)
 	}
 }
