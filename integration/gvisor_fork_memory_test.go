@@ -333,3 +333,77 @@ func TestForkMemoryParentDeleted(t *testing.T) {
 		t.Errorf("the deleted parent's host directory: %v, want it gone", err)
 	}
 }
+
+// TestForkMemoryChains: forks with memory of a paused parent, of a child
+// (a grandchild) and of a hibernated parent, and a files-only fork of a
+// child. The paused parent is paused again after the fork (containerd
+// holds its task paused, GetSandbox says PAUSED) while its child counts
+// on; the grandchild counts on from its parent's count; the files-only
+// fork of a child has the child's files and no process of its; the
+// hibernated parent is woken and its child counts on.
+func TestForkMemoryChains(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
+	loop := startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	var before int
+	if !poll(time.Minute, func() bool { before = readCount(t, ctx, svc, id); return before >= 5 }) {
+		t.Fatalf("the counter before the fork: %d, want it counting", before)
+	}
+	counting := func(sb string, from int) {
+		t.Helper()
+		first := readCount(t, ctx, svc, sb)
+		var later int
+		if first < from || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, sb); return later > first }) {
+			t.Errorf("%s's counter: %d then %d, want at least %d and counting", sb, first, later, from)
+		}
+	}
+	if _, err := svc.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})[0].GetId()
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("the paused parent after its fork with memory: %v, want PAUSED", got)
+	}
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.rt.Namespace()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	if c, err := cc.LoadContainer(ctx, id); err != nil {
+		t.Error(err)
+	} else if task, err := c.Task(ctx, nil); err != nil {
+		t.Error(err)
+	} else if st, err := task.Status(ctx); err != nil || st.Status != containerd.Paused {
+		t.Errorf("containerd's task status of the paused parent after its fork: %v, %v; want paused", st.Status, err)
+	}
+	counting(child, before)
+	childCount := readCount(t, ctx, svc, child)
+	grandchild := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: child, Count: 1, Memory: true})[0].GetId()
+	counting(grandchild, childCount)
+	if state := execState(t, ctx, svc, grandchild, loop); state != berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the first parent's loop exec %s in the grandchild: %v, want RUNNING", loop, state)
+	}
+	shellOut(t, svc, child, "echo child >/workspace/mark")
+	files := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: child, Count: 1})[0].GetId()
+	if got := shellOut(t, svc, files, "cat /workspace/mark"); got != "child\n" {
+		t.Errorf("the files-only fork of child %s: mark %q, want child's", child, got)
+	}
+	if state := execState(t, ctx, svc, files, loop); state == berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the loop exec %s in the files-only fork of child %s: RUNNING, want no process of its", loop, child)
+	}
+	if _, err := svc.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if hib, err := svc.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil || hib.GetHibernation() != berthv1.Hibernation_HIBERNATION_MEMORY_KEPT {
+		t.Fatalf("HibernateSandbox of %s: %v, %v; want MEMORY_KEPT", id, hib.GetHibernation(), err)
+	}
+	woken := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})[0].GetId()
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("the hibernated parent after its fork with memory: %v, want RUNNING (woken)", got)
+	}
+	counting(woken, before)
+	counting(id, before)
+}
