@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -406,4 +408,102 @@ func TestForkMemoryChains(t *testing.T) {
 	}
 	counting(woken, before)
 	counting(id, before)
+}
+
+// TestForkMemoryRestoreKilled: a fork with memory whose child's runsc
+// restore is killed (SIGKILL to the first process whose command line
+// names the fork's memory image) fails, leaving no child, no memory image
+// in the parent's host directory, and the parent running on: its counter
+// counting, its loop exec RUNNING, the same boot id.
+func TestForkMemoryRestoreKilled(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	parent := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
+	id := parent.GetId()
+	hostDir := filepath.Dir(filepath.Dir(env.rt.SocketPath(id)))
+	loop := startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	var before int
+	if !poll(time.Minute, func() bool { before = readCount(t, ctx, svc, id); return before >= 5 }) {
+		t.Fatalf("the counter before the fork: %d, want it counting", before)
+	}
+	listed, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := make(chan string, 1)
+	stop := make(chan struct{})
+	go func() {
+		defer close(killed)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+			for _, p := range procs {
+				b, err := os.ReadFile(p)
+				if err != nil || !strings.Contains(string(b), hostDir+"/fork-memory-") {
+					continue
+				}
+				pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				if err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+					killed <- strings.ReplaceAll(string(b), "\x00", " ")
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	_, err = svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true})
+	close(stop)
+	what, ok := <-killed
+	if !ok {
+		t.Skipf("no process naming the fork's memory image was seen to kill (the fork: %v)", err)
+	}
+	t.Logf("killed %q; the fork: %v", what, err)
+	if err == nil {
+		t.Errorf("ForkSandbox with a child's restore killed: no error")
+	}
+	after, lerr := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if len(after.GetSandboxes()) != len(listed.GetSandboxes()) {
+		t.Errorf("%d sandboxes after the failed fork, %d before: want no child left", len(after.GetSandboxes()), len(listed.GetSandboxes()))
+	}
+	if left, _ := filepath.Glob(filepath.Join(hostDir, "fork-memory-*")); len(left) != 0 {
+		t.Errorf("memory images left after the failed fork: %v", left)
+	}
+	// No process of the child whose restore was killed is left (its
+	// runsc sandbox and gofer name its bundle, named by its id).
+	fields := strings.Fields(what)
+	child := "/" + fields[len(fields)-1]
+	var left []string
+	if !poll(time.Minute, func() bool {
+		left = nil
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), child+"\x00") {
+				left = append(left, strings.ReplaceAll(string(b), "\x00", " "))
+			}
+		}
+		return len(left) == 0
+	}) {
+		t.Errorf("processes of the failed child %s left: %q", child, left)
+	}
+	first := readCount(t, ctx, svc, id)
+	var later int
+	if first < before || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, id); return later > first }) {
+		t.Errorf("the parent's counter after the failed fork: %d then %d, want at least %d and counting", first, later, before)
+	}
+	if state := execState(t, ctx, svc, id, loop); state != berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the parent's loop exec %s after the failed fork: %v, want RUNNING", loop, state)
+	}
+	got, gerr := svc.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+	if gerr != nil || got.GetSandbox().GetRuntime().GetAgentBootId() != parent.GetRuntime().GetAgentBootId() || got.GetSandbox().GetState() != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("the parent after the failed fork: %v, %v; want RUNNING with boot id %s", got.GetSandbox(), gerr, parent.GetRuntime().GetAgentBootId())
+	}
 }
