@@ -173,7 +173,9 @@ func TestForkMemoryRefused(t *testing.T) {
 // TestForkMemorySurvivesRestart: the children of a fork with memory
 // outlive a berthd killed with SIGKILL: the next berthd adopts them (their
 // agents prove the child's own secret, recorded on the container), their
-// counter loops go on, their boot ids are unchanged, and they delete.
+// counter loops go on, their boot ids are unchanged, and they delete. A
+// fork's memory image left in the parent's host directory (a berthd
+// killed during the fork) is removed at the next berthd's start.
 func TestForkMemorySurvivesRestart(t *testing.T) {
 	needGVisor(t)
 	e := newBinaryEnv(t, "fmr")
@@ -194,8 +196,17 @@ func TestForkMemorySurvivesRestart(t *testing.T) {
 	}
 	children := forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})
 	child := children[0]
+	// What a berthd killed during a fork with memory leaves: the fork's
+	// image in the parent's host directory. The next berthd removes it.
+	stale := filepath.Join(filepath.Dir(filepath.Dir(e.rt.SocketPath(id))), "fork-memory-fork-stale")
+	if err := os.MkdirAll(filepath.Join(stale, "image"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	p1.signal(t, syscall.SIGKILL)
 	p2 := startBerthd(t, e, gvisorFlags...)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("a fork's memory image left by the killed berthd, after the next one's start: %v, want it removed", err)
+	}
 	first := readCount(t, ctx, e.sandboxes, child.GetId())
 	var later int
 	if first < before || !poll(time.Minute, func() bool { later = readCount(t, ctx, e.sandboxes, child.GetId()); return later > first }) {
