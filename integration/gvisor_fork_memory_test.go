@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -516,5 +517,51 @@ func TestForkMemoryRestoreKilled(t *testing.T) {
 	got, gerr := svc.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
 	if gerr != nil || got.GetSandbox().GetRuntime().GetAgentBootId() != parent.GetRuntime().GetAgentBootId() || got.GetSandbox().GetState() != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Errorf("the parent after the failed fork: %v, %v; want RUNNING with boot id %s", got.GetSandbox(), gerr, parent.GetRuntime().GetAgentBootId())
+	}
+}
+
+// TestForkMemoryRequestRepeated: the same fork with memory (one request
+// id) sent twice at once makes one set of children: both calls return
+// the same 2 ids, and 2 sandboxes are added in all.
+func TestForkMemoryRequestRepeated(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
+	startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	listed, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true, RequestId: "repeated-" + id}
+	resps := make([]*berthv1.ForkSandboxResponse, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range resps {
+		wg.Go(func() { resps[i], errs[i] = svc.ForkSandbox(ctx, req) })
+	}
+	wg.Wait()
+	ids := map[string]bool{}
+	for i, r := range resps {
+		if errs[i] != nil {
+			t.Errorf("call %d: %v", i, errs[i])
+		}
+		for _, sb := range r.GetSandboxes() {
+			if !ids[sb.GetId()] {
+				t.Cleanup(func() { svc.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}) })
+			}
+			ids[sb.GetId()] = true
+		}
+	}
+	if len(ids) != 2 {
+		t.Errorf("the two calls returned children %v, want the same 2", ids)
+	}
+	after, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after.GetSandboxes()) != len(listed.GetSandboxes())+2 {
+		t.Errorf("%d sandboxes after, %d before: want 2 more", len(after.GetSandboxes()), len(listed.GetSandboxes()))
 	}
 }
