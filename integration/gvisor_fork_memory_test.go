@@ -255,21 +255,8 @@ func TestForkMemoryRefusedPaused(t *testing.T) {
 	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Errorf("the paused parent after the refused fork: %v, want PAUSED", got)
 	}
-	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.rt.Namespace()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	c, err := cc.LoadContainer(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	task, err := c.Task(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, err := task.Status(ctx); err != nil || st.Status != containerd.Paused {
-		t.Errorf("containerd's task status of the paused parent after the refused fork: %v, %v; want paused (runsc pause)", st.Status, err)
+	if st := taskStatusOf(t, ctx, id); st != containerd.Paused {
+		t.Errorf("containerd's task status of the paused parent after the refused fork: %v, want paused (runsc pause)", st)
 	}
 	if _, err := svc.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
 		t.Fatal(err)
@@ -330,11 +317,7 @@ func TestForkMemoryParentDeleted(t *testing.T) {
 	t.Logf("the fork: %v", f.err)
 	for _, c := range f.resp.GetSandboxes() {
 		t.Cleanup(func() { svc.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: c.GetId()}) })
-		first := readCount(t, ctx, svc, c.GetId())
-		var later int
-		if first < before || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, c.GetId()); return later > first }) {
-			t.Errorf("child %s's counter: %d then %d, want at least %d and counting", c.GetId(), first, later, before)
-		}
+		countsOn(t, ctx, svc, c.GetId(), before)
 	}
 	after, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
 	if err != nil {
@@ -366,14 +349,6 @@ func TestForkMemoryChains(t *testing.T) {
 	if !poll(time.Minute, func() bool { before = readCount(t, ctx, svc, id); return before >= 5 }) {
 		t.Fatalf("the counter before the fork: %d, want it counting", before)
 	}
-	counting := func(sb string, from int) {
-		t.Helper()
-		first := readCount(t, ctx, svc, sb)
-		var later int
-		if first < from || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, sb); return later > first }) {
-			t.Errorf("%s's counter: %d then %d, want at least %d and counting", sb, first, later, from)
-		}
-	}
 	if _, err := svc.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
 		t.Fatal(err)
 	}
@@ -381,22 +356,13 @@ func TestForkMemoryChains(t *testing.T) {
 	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
 		t.Errorf("the paused parent after its fork with memory: %v, want PAUSED", got)
 	}
-	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.rt.Namespace()))
-	if err != nil {
-		t.Fatal(err)
+	if st := taskStatusOf(t, ctx, id); st != containerd.Paused {
+		t.Errorf("containerd's task status of the paused parent after its fork: %v, want paused", st)
 	}
-	defer cc.Close()
-	if c, err := cc.LoadContainer(ctx, id); err != nil {
-		t.Error(err)
-	} else if task, err := c.Task(ctx, nil); err != nil {
-		t.Error(err)
-	} else if st, err := task.Status(ctx); err != nil || st.Status != containerd.Paused {
-		t.Errorf("containerd's task status of the paused parent after its fork: %v, %v; want paused", st.Status, err)
-	}
-	counting(child, before)
+	countsOn(t, ctx, svc, child, before)
 	childCount := readCount(t, ctx, svc, child)
 	grandchild := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: child, Count: 1, Memory: true})[0].GetId()
-	counting(grandchild, childCount)
+	countsOn(t, ctx, svc, grandchild, childCount)
 	if state := execState(t, ctx, svc, grandchild, loop); state != berthv1.ExecState_EXEC_STATE_RUNNING {
 		t.Errorf("the first parent's loop exec %s in the grandchild: %v, want RUNNING", loop, state)
 	}
@@ -418,8 +384,8 @@ func TestForkMemoryChains(t *testing.T) {
 	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
 		t.Errorf("the hibernated parent after its fork with memory: %v, want RUNNING (woken)", got)
 	}
-	counting(woken, before)
-	counting(id, before)
+	countsOn(t, ctx, svc, woken, before)
+	countsOn(t, ctx, svc, id, before)
 }
 
 // TestForkMemoryRestoreKilled: a fork with memory whose child's runsc
@@ -506,11 +472,7 @@ func TestForkMemoryRestoreKilled(t *testing.T) {
 	}) {
 		t.Errorf("processes of the failed child %s left: %q", child, left)
 	}
-	first := readCount(t, ctx, svc, id)
-	var later int
-	if first < before || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, id); return later > first }) {
-		t.Errorf("the parent's counter after the failed fork: %d then %d, want at least %d and counting", first, later, before)
-	}
+	countsOn(t, ctx, svc, id, before)
 	if state := execState(t, ctx, svc, id, loop); state != berthv1.ExecState_EXEC_STATE_RUNNING {
 		t.Errorf("the parent's loop exec %s after the failed fork: %v, want RUNNING", loop, state)
 	}
@@ -564,4 +526,38 @@ func TestForkMemoryRequestRepeated(t *testing.T) {
 	if len(after.GetSandboxes()) != len(listed.GetSandboxes())+2 {
 		t.Errorf("%d sandboxes after, %d before: want 2 more", len(after.GetSandboxes()), len(listed.GetSandboxes()))
 	}
+}
+
+// countsOn checks that sandbox sb's counter loop (counterLoop) stands at
+// least at from and goes on counting.
+func countsOn(t *testing.T, ctx context.Context, svc berthv1.SandboxServiceClient, sb string, from int) {
+	t.Helper()
+	first := readCount(t, ctx, svc, sb)
+	var later int
+	if first < from || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, sb); return later > first }) {
+		t.Errorf("%s's counter: %d then %d, want at least %d and counting", sb, first, later, from)
+	}
+}
+
+// taskStatusOf returns containerd's status of sandbox id's task.
+func taskStatusOf(t *testing.T, ctx context.Context, id string) containerd.ProcessStatus {
+	t.Helper()
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.rt.Namespace()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c, err := cc.LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Status
 }
