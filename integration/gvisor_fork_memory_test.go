@@ -2,11 +2,16 @@ package integration
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	containerd "github.com/containerd/containerd/v2/client"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -169,7 +174,9 @@ func TestForkMemoryRefused(t *testing.T) {
 // TestForkMemorySurvivesRestart: the children of a fork with memory
 // outlive a berthd killed with SIGKILL: the next berthd adopts them (their
 // agents prove the child's own secret, recorded on the container), their
-// counter loops go on, their boot ids are unchanged, and they delete.
+// counter loops go on, their boot ids are unchanged, and they delete. A
+// fork's memory image left in the parent's host directory (a berthd
+// killed during the fork) is removed at the next berthd's start.
 func TestForkMemorySurvivesRestart(t *testing.T) {
 	needGVisor(t)
 	e, p1, gvisorFlags := startGVisorBerthd(t, "fmr")
@@ -187,8 +194,17 @@ func TestForkMemorySurvivesRestart(t *testing.T) {
 	}
 	children := forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})
 	child := children[0]
+	// What a berthd killed during a fork with memory leaves: the fork's
+	// image in the parent's host directory. The next berthd removes it.
+	stale := filepath.Join(filepath.Dir(filepath.Dir(e.rt.SocketPath(id))), "fork-memory-fork-stale")
+	if err := os.MkdirAll(filepath.Join(stale, "image"), 0o700); err != nil {
+		t.Fatal(err)
+	}
 	p1.signal(t, syscall.SIGKILL)
 	p2 := startBerthd(t, e, gvisorFlags...)
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("a fork's memory image left by the killed berthd, after the next one's start: %v, want it removed", err)
+	}
 	first := readCount(t, ctx, e.sandboxes, child.GetId())
 	var later int
 	if first < before || !poll(time.Minute, func() bool { later = readCount(t, ctx, e.sandboxes, child.GetId()); return later > first }) {
@@ -204,4 +220,341 @@ func TestForkMemorySurvivesRestart(t *testing.T) {
 		}
 	}
 	p2.signal(t, syscall.SIGTERM)
+}
+
+// TestForkMemoryRefusedPaused: a paused gVisor sandbox whose workload
+// holds a unix socket bound on the host is refused a fork with memory
+// (FAILED_PRECONDITION SNAPSHOT_UNSUPPORTED) and stays paused: its task
+// held paused by containerd (runsc pause), not only recorded so — the
+// checkpoint resumes a paused task for its agent to quiesce, and the
+// refusal must pause it again — and PAUSED in GetSandbox; it resumes with
+// its socket's holder RUNNING.
+func TestForkMemoryRefusedPaused(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
+	installProgram(t, dialClient(t, env.berthdAddr), id, "unixlisten", "/workspace/unixlisten")
+	holder := startDetachedIn(t, svc, id, "/workspace/unixlisten", "/workspace/held.sock")
+	if !poll(time.Minute, func() bool {
+		return shellOut(t, svc, id, "test -S /workspace/held.sock && echo yes || true") == "yes\n"
+	}) {
+		t.Fatal("the workload's socket /workspace/held.sock never appeared")
+	}
+	if _, err := svc.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})
+	if status.Code(err) != codes.FailedPrecondition || reasonOf(err) != rpcstatus.ReasonSnapshotUnsupported {
+		t.Errorf("ForkSandbox with memory of paused %s: %v, want FAILED_PRECONDITION %s", id, err, rpcstatus.ReasonSnapshotUnsupported)
+	}
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("the paused parent after the refused fork: %v, want PAUSED", got)
+	}
+	if st := taskStatusOf(t, ctx, id); st != containerd.Paused {
+		t.Errorf("containerd's task status of the paused parent after the refused fork: %v, want paused (runsc pause)", st)
+	}
+	if _, err := svc.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if state := execState(t, ctx, svc, id, holder); state != berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the socket's holder %s after the resume: %v, want RUNNING", holder, state)
+	}
+	if got := shellOut(t, svc, id, "echo here"); got != "here\n" {
+		t.Errorf("after the resume: %q, want its agent answering", got)
+	}
+}
+
+// TestForkMemoryParentDeleted: a DeleteSandbox of the parent sent while
+// its fork with memory runs (once the checkpoint image is linked for the
+// fork) waits for the parent's lifecycle lock and deletes it; the fork
+// either gives children that run on from the parent's memory (their
+// counter loops counting) — the image they restore from is theirs, not
+// taken away with the parent's directory — or fails leaving no child.
+func TestForkMemoryParentDeleted(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	created, err := svc.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Runtime: "gvisor"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.GetSandbox().GetId()
+	hostDir := filepath.Dir(filepath.Dir(env.rt.SocketPath(id)))
+	startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	var before int
+	if !poll(time.Minute, func() bool { before = readCount(t, ctx, svc, id); return before >= 5 }) {
+		t.Fatalf("the counter before the fork: %d, want it counting", before)
+	}
+	listed, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type forked struct {
+		resp *berthv1.ForkSandboxResponse
+		err  error
+	}
+	done := make(chan forked, 1)
+	go func() {
+		resp, err := svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true})
+		done <- forked{resp, err}
+	}()
+	if !poll(2*time.Minute, func() bool {
+		left, _ := filepath.Glob(filepath.Join(hostDir, "fork-memory-*"))
+		return len(left) > 0
+	}) {
+		t.Fatal("the fork's memory image never appeared in the parent's host directory")
+	}
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+		t.Errorf("DeleteSandbox of the parent during its fork: %v", err)
+	}
+	f := <-done
+	t.Logf("the fork: %v", f.err)
+	for _, c := range f.resp.GetSandboxes() {
+		t.Cleanup(func() { svc.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: c.GetId()}) })
+		countsOn(t, ctx, svc, c.GetId(), before)
+	}
+	after, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := len(listed.GetSandboxes()) - 1 + len(f.resp.GetSandboxes()); len(after.GetSandboxes()) != want {
+		t.Errorf("%d sandboxes after the fork and the parent's delete, want %d (%d before, the parent gone, %d children)", len(after.GetSandboxes()), want, len(listed.GetSandboxes()), len(f.resp.GetSandboxes()))
+	}
+	if _, err := os.Stat(hostDir); !os.IsNotExist(err) {
+		t.Errorf("the deleted parent's host directory: %v, want it gone", err)
+	}
+}
+
+// TestForkMemoryChains: forks with memory of a paused parent, of a child
+// (a grandchild) and of a hibernated parent, and a files-only fork of a
+// child. The paused parent is paused again after the fork (containerd
+// holds its task paused, GetSandbox says PAUSED) while its child counts
+// on; the grandchild counts on from its parent's count; the files-only
+// fork of a child has the child's files and no process of its; the
+// hibernated parent is woken and its child counts on.
+func TestForkMemoryChains(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
+	loop := startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	var before int
+	if !poll(time.Minute, func() bool { before = readCount(t, ctx, svc, id); return before >= 5 }) {
+		t.Fatalf("the counter before the fork: %d, want it counting", before)
+	}
+	if _, err := svc.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})[0].GetId()
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("the paused parent after its fork with memory: %v, want PAUSED", got)
+	}
+	if st := taskStatusOf(t, ctx, id); st != containerd.Paused {
+		t.Errorf("containerd's task status of the paused parent after its fork: %v, want paused", st)
+	}
+	countsOn(t, ctx, svc, child, before)
+	childCount := readCount(t, ctx, svc, child)
+	grandchild := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: child, Count: 1, Memory: true})[0].GetId()
+	countsOn(t, ctx, svc, grandchild, childCount)
+	if state := execState(t, ctx, svc, grandchild, loop); state != berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the first parent's loop exec %s in the grandchild: %v, want RUNNING", loop, state)
+	}
+	shellOut(t, svc, child, "echo child >/workspace/mark")
+	files := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: child, Count: 1})[0].GetId()
+	if got := shellOut(t, svc, files, "cat /workspace/mark"); got != "child\n" {
+		t.Errorf("the files-only fork of child %s: mark %q, want child's", child, got)
+	}
+	if state := execState(t, ctx, svc, files, loop); state == berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the loop exec %s in the files-only fork of child %s: RUNNING, want no process of its", loop, child)
+	}
+	if _, err := svc.ResumeSandbox(ctx, &berthv1.ResumeSandboxRequest{SandboxId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if hib, err := svc.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id}); err != nil || hib.GetHibernation() != berthv1.Hibernation_HIBERNATION_MEMORY_KEPT {
+		t.Fatalf("HibernateSandbox of %s: %v, %v; want MEMORY_KEPT", id, hib.GetHibernation(), err)
+	}
+	woken := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})[0].GetId()
+	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("the hibernated parent after its fork with memory: %v, want RUNNING (woken)", got)
+	}
+	countsOn(t, ctx, svc, woken, before)
+	countsOn(t, ctx, svc, id, before)
+}
+
+// TestForkMemoryRestoreKilled: a fork with memory whose child's runsc
+// restore is killed (SIGKILL to the first process whose command line
+// names the fork's memory image) fails, leaving no child, no memory image
+// in the parent's host directory, and the parent running on: its counter
+// counting, its loop exec RUNNING, the same boot id.
+func TestForkMemoryRestoreKilled(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	parent := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
+	id := parent.GetId()
+	hostDir := filepath.Dir(filepath.Dir(env.rt.SocketPath(id)))
+	loop := startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	var before int
+	if !poll(time.Minute, func() bool { before = readCount(t, ctx, svc, id); return before >= 5 }) {
+		t.Fatalf("the counter before the fork: %d, want it counting", before)
+	}
+	listed, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	killed := make(chan string, 1)
+	stop := make(chan struct{})
+	go func() {
+		defer close(killed)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+			for _, p := range procs {
+				b, err := os.ReadFile(p)
+				if err != nil || !strings.Contains(string(b), hostDir+"/fork-memory-") {
+					continue
+				}
+				pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+				if err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+					killed <- strings.ReplaceAll(string(b), "\x00", " ")
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	_, err = svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true})
+	close(stop)
+	what, ok := <-killed
+	if !ok {
+		t.Skipf("no process naming the fork's memory image was seen to kill (the fork: %v)", err)
+	}
+	t.Logf("killed %q; the fork: %v", what, err)
+	if err == nil {
+		t.Errorf("ForkSandbox with a child's restore killed: no error")
+	}
+	after, lerr := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	if len(after.GetSandboxes()) != len(listed.GetSandboxes()) {
+		t.Errorf("%d sandboxes after the failed fork, %d before: want no child left", len(after.GetSandboxes()), len(listed.GetSandboxes()))
+	}
+	if left, _ := filepath.Glob(filepath.Join(hostDir, "fork-memory-*")); len(left) != 0 {
+		t.Errorf("memory images left after the failed fork: %v", left)
+	}
+	// No process of the child whose restore was killed is left (its
+	// runsc sandbox and gofer name its bundle, named by its id).
+	fields := strings.Fields(what)
+	child := "/" + fields[len(fields)-1]
+	var left []string
+	if !poll(time.Minute, func() bool {
+		left = nil
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), child+"\x00") {
+				left = append(left, strings.ReplaceAll(string(b), "\x00", " "))
+			}
+		}
+		return len(left) == 0
+	}) {
+		t.Errorf("processes of the failed child %s left: %q", child, left)
+	}
+	countsOn(t, ctx, svc, id, before)
+	if state := execState(t, ctx, svc, id, loop); state != berthv1.ExecState_EXEC_STATE_RUNNING {
+		t.Errorf("the parent's loop exec %s after the failed fork: %v, want RUNNING", loop, state)
+	}
+	got, gerr := svc.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: id})
+	if gerr != nil || got.GetSandbox().GetRuntime().GetAgentBootId() != parent.GetRuntime().GetAgentBootId() || got.GetSandbox().GetState() != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("the parent after the failed fork: %v, %v; want RUNNING with boot id %s", got.GetSandbox(), gerr, parent.GetRuntime().GetAgentBootId())
+	}
+}
+
+// TestForkMemoryRequestRepeated: the same fork with memory (one request
+// id) sent twice at once makes one set of children: both calls return
+// the same 2 ids, and 2 sandboxes are added in all.
+func TestForkMemoryRequestRepeated(t *testing.T) {
+	needGVisor(t)
+	svc := env.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
+	startDetachedIn(t, svc, id, "sh", "-c", counterLoop)
+	listed, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &berthv1.ForkSandboxRequest{SandboxId: id, Count: 2, Memory: true, RequestId: "repeated-" + id}
+	resps := make([]*berthv1.ForkSandboxResponse, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for i := range resps {
+		wg.Go(func() { resps[i], errs[i] = svc.ForkSandbox(ctx, req) })
+	}
+	wg.Wait()
+	ids := map[string]bool{}
+	for i, r := range resps {
+		if errs[i] != nil {
+			t.Errorf("call %d: %v", i, errs[i])
+		}
+		for _, sb := range r.GetSandboxes() {
+			if !ids[sb.GetId()] {
+				t.Cleanup(func() { svc.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}) })
+			}
+			ids[sb.GetId()] = true
+		}
+	}
+	if len(ids) != 2 {
+		t.Errorf("the two calls returned children %v, want the same 2", ids)
+	}
+	after, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after.GetSandboxes()) != len(listed.GetSandboxes())+2 {
+		t.Errorf("%d sandboxes after, %d before: want 2 more", len(after.GetSandboxes()), len(listed.GetSandboxes()))
+	}
+}
+
+// countsOn checks that sandbox sb's counter loop (counterLoop) stands at
+// least at from and goes on counting.
+func countsOn(t *testing.T, ctx context.Context, svc berthv1.SandboxServiceClient, sb string, from int) {
+	t.Helper()
+	first := readCount(t, ctx, svc, sb)
+	var later int
+	if first < from || !poll(time.Minute, func() bool { later = readCount(t, ctx, svc, sb); return later > first }) {
+		t.Errorf("%s's counter: %d then %d, want at least %d and counting", sb, first, later, from)
+	}
+}
+
+// taskStatusOf returns containerd's status of sandbox id's task.
+func taskStatusOf(t *testing.T, ctx context.Context, id string) containerd.ProcessStatus {
+	t.Helper()
+	cc, err := containerd.New(env.containerd, containerd.WithDefaultNamespace(env.rt.Namespace()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	c, err := cc.LoadContainer(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := c.Task(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := task.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Status
 }

@@ -30,6 +30,13 @@ func (m *Manager) Adopt(ctx context.Context) error {
 	for _, sb := range sbs {
 		known[sb.ID] = true
 		log := m.log.With(slog.String("sandbox_id", sb.ID))
+		// No fork runs yet: a memory image of one is what a berthd that
+		// stopped during a fork with memory left.
+		if n, err := m.rt.ReclaimForkMemory(sb.ID); err != nil {
+			log.Error("remove memory images of forks left by an earlier berthd", slog.Any("error", err))
+		} else if n > 0 {
+			log.Warn("removed memory images of forks left by an earlier berthd", slog.Int("images", n))
+		}
 		var why string
 		switch {
 		case sb.Expired != "":

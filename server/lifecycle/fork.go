@@ -252,7 +252,7 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 	}
 	if err != nil {
 		if rerr := release(); rerr != nil {
-			m.log.Error("delete a failed fork's memory image; it stays until the parent's deletion", slog.String("sandbox_id", id), slog.Any("error", rerr))
+			m.log.Error("delete a failed fork's memory image; it stays until the parent's deletion or berthd's next start", slog.String("sandbox_id", id), slog.Any("error", rerr))
 		}
 		admitted()
 		resumed()

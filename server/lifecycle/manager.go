@@ -91,6 +91,7 @@ type store interface {
 	TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <-chan error)
 	HostDirs() ([]string, error)
 	RemoveHostDir(id string) error
+	ReclaimForkMemory(id string) (int, error)
 	SocketPath(id string) string
 	LogTail(id string, max int64) []byte
 	TrimLog(id string, max int64) (bool, error)

@@ -40,7 +40,8 @@ func (r *Runtime) ForkMemoryDir(parent, forkID string) string {
 // parent's checkpoint image and a copy of its wake token in
 // ForkMemoryDir(parent, forkID): the parent's wake removes its own
 // (Woken) while the children restore from these. release removes them
-// (the parent's deletion does too: they are in its host directory).
+// (the parent's deletion does too: they are in its host directory;
+// and berthd's next start, ReclaimForkMemory).
 // Errors: a missing image, the file system's.
 func (r *Runtime) ForkMemory(parent, forkID string) (release func() error, err error) {
 	src, dst := r.checkpointDir(parent), r.ForkMemoryDir(parent, forkID)
@@ -80,6 +81,24 @@ func (r *Runtime) ForkMemory(parent, forkID string) (release func() error, err e
 		return nil, fmt.Errorf("link sandbox %s's checkpoint image for fork %s: %w", parent, forkID, err)
 	}
 	return release, nil
+}
+
+// ReclaimForkMemory removes the memory images of forks of sandbox id
+// (ForkMemory) from its host directory and returns how many it removed:
+// at berthd's start no fork runs, and one that a berthd stopped during
+// a fork with memory left would stay until the sandbox's deletion (a
+// copy of its memory each). Errors: the file system's.
+func (r *Runtime) ReclaimForkMemory(id string) (int, error) {
+	dirs, err := filepath.Glob(filepath.Join(r.hostDir(id), forkMemoryPrefix+"*"))
+	if err != nil {
+		return 0, fmt.Errorf("memory images of forks of sandbox %s: %w", id, err)
+	}
+	for i, dir := range dirs {
+		if err := os.RemoveAll(dir); err != nil {
+			return i, fmt.Errorf("remove the memory image of a fork of sandbox %s: %w", id, err)
+		}
+	}
+	return len(dirs), nil
 }
 
 // forkWakeToken is the file of the wake token in a fork's memory image

@@ -191,9 +191,10 @@ func (r *Runtime) Hibernate(ctx context.Context, id string, keep KeepMemory) (_ 
 	}
 	if h.Kept == HibernatedMemoryKept && live {
 		saved := time.Now()
-		if err := r.checkpoint(c.parent, task, id, st.Status != containerd.Running, keep.Ask); err != nil {
+		paused := st.Status != containerd.Running
+		if err := r.checkpoint(c.parent, task, id, paused, keep.Ask); err != nil {
 			if keep.Must {
-				return Hibernation{}, r.wakeInPlace(ctx, container, id, err)
+				return Hibernation{}, r.wakeInPlace(ctx, container, task, id, paused, err)
 			}
 			h.Kept, h.NotKept = HibernatedProcessesEnded, err.Error()
 			if _, err := container.SetLabels(ctx, map[string]string{labelHibernated: h.Kept}); err != nil {
@@ -282,12 +283,23 @@ func (r *Runtime) checkpoint(ctx context.Context, task containerd.Task, id strin
 // whose memory was a condition (KeepMemory.Must): the task still runs
 // (checkpoint leaves it so), its agent is asked to listen again
 // (writeWake: a quiet agent serves again, one that never quiesced
-// ignores it) and the hibernation mark is cleared. It returns err wrapped
-// in ErrSnapshotUnsupported, with what could not be undone.
-func (r *Runtime) wakeInPlace(ctx context.Context, container containerd.Container, id string, err error) error {
+// ignores it), a task that was paused (checkpoint resumed it for its
+// agent to quiesce) is paused again, and the hibernation mark is cleared.
+// The undo is not cut off by ctx's cancel, only bounded. It returns err
+// wrapped in ErrSnapshotUnsupported, with what could not be undone.
+func (r *Runtime) wakeInPlace(ctx context.Context, container containerd.Container, task containerd.Task, id string, paused bool, err error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), quiesceTimeout)
+	defer cancel()
 	err = fmt.Errorf("%w: the memory of sandbox %s cannot be checkpointed: %v", ErrSnapshotUnsupported, id, err)
 	if werr := r.writeWake(ctx, id, 0); werr != nil {
 		err = fmt.Errorf("%w (and its agent, quiet, was not asked to listen again: %v)", err, werr)
+	}
+	if paused {
+		if st, serr := task.Status(ctx); serr == nil && st.Status == containerd.Running {
+			if perr := task.Pause(ctx); perr != nil {
+				err = fmt.Errorf("%w (and it was paused, and runs now: %v)", err, perr)
+			}
+		}
 	}
 	if _, lerr := container.SetLabels(ctx, map[string]string{labelHibernated: ""}); lerr != nil {
 		err = fmt.Errorf("%w (and its hibernation mark stays: %v)", err, r.containerError(id, lerr))

@@ -255,6 +255,8 @@ func (f *fakeStore) TaskEvents(ctx context.Context) (<-chan runtime.TaskEvent, <
 func (f *fakeStore) HostDirs() ([]string, error) { return nil, nil }
 func (f *fakeStore) RemoveHostDir(string) error  { return nil }
 func (f *fakeStore) SocketPath(id string) string { return f.dir + "/" + id + ".sock" }
+
+func (f *fakeStore) ReclaimForkMemory(string) (int, error) { return 0, nil }
 func (f *fakeStore) Pause(ctx context.Context, id string) error {
 	f.mu.Lock()
 	f.frozen[id] = true
