@@ -246,7 +246,7 @@ func TestForkMemoryRefusedPaused(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err := svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1, Memory: true})
-	if status.Code(err) != codes.FailedPrecondition || reasonOf(err) != rpcstatus.ReasonSnapshotUnsupported {
+	if status.Code(err) != codes.FailedPrecondition || rpcstatus.Reason(err) != rpcstatus.ReasonSnapshotUnsupported {
 		t.Errorf("ForkSandbox with memory of paused %s: %v, want FAILED_PRECONDITION %s", id, err, rpcstatus.ReasonSnapshotUnsupported)
 	}
 	if got := sandboxState(t, ctx, id); got != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
