@@ -1191,6 +1191,19 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 		if err := unmountRoot(r.rootDir(id)); err != nil {
 			return err
 		}
+		// The sandbox's snapshot goes before its container: an idmapped
+		// root's is held only by the container's gc.ref label, and
+		// containerd's garbage collector, which a container's delete
+		// may start before the removal below, deletes a snapshot
+		// without clearing it from its parent's children (containerd's
+		// metadata/gc.go remove): a stored snapshot the sandbox was made
+		// from could then never be deleted ("cannot remove snapshot with
+		// child" while containerd lists none; TestFleetSnapshots in CI,
+		// TestSnapshotPointInTime once). A removal by the snapshotter
+		// service clears it.
+		if err := r.removeSnapshot(ctx, id); err != nil {
+			return err
+		}
 		err := container.Delete(ctx, containerd.WithSnapshotCleanup)
 		if err == nil || errdefs.IsNotFound(err) {
 			break
@@ -1198,10 +1211,6 @@ func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 		if !errdefs.IsFailedPrecondition(err) || attempt == 3 {
 			return fmt.Errorf("delete container %s: %w", id, err)
 		}
-	}
-	// An idmapped root's snapshot has no container to clean it up.
-	if err := r.removeSnapshot(ctx, id); err != nil {
-		return err
 	}
 	if err := r.removeHostDir(id); err != nil {
 		return err
