@@ -135,13 +135,7 @@ func TestForkMemoryRefused(t *testing.T) {
 	runc := newSandbox(t, nil).GetId()
 	gvisorSB := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
 	gvisor := gvisorSB.GetId()
-	installProgram(t, dialClient(t, env.berthdAddr), gvisor, "unixlisten", "/workspace/unixlisten")
-	holder := startDetachedIn(t, svc, gvisor, "/workspace/unixlisten", "/workspace/held.sock")
-	if !poll(time.Minute, func() bool {
-		return shellOut(t, svc, gvisor, "test -S /workspace/held.sock && echo yes || true") == "yes\n"
-	}) {
-		t.Fatal("the workload's socket /workspace/held.sock never appeared")
-	}
+	holder := holdHostSocket(t, gvisor)
 	before, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -235,13 +229,7 @@ func TestForkMemoryRefusedPaused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	id := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"}).GetId()
-	installProgram(t, dialClient(t, env.berthdAddr), id, "unixlisten", "/workspace/unixlisten")
-	holder := startDetachedIn(t, svc, id, "/workspace/unixlisten", "/workspace/held.sock")
-	if !poll(time.Minute, func() bool {
-		return shellOut(t, svc, id, "test -S /workspace/held.sock && echo yes || true") == "yes\n"
-	}) {
-		t.Fatal("the workload's socket /workspace/held.sock never appeared")
-	}
+	holder := holdHostSocket(t, id)
 	if _, err := svc.PauseSandbox(ctx, &berthv1.PauseSandboxRequest{SandboxId: id}); err != nil {
 		t.Fatal(err)
 	}

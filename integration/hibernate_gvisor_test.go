@@ -135,6 +135,23 @@ func startGVisorBerthd(t *testing.T, name string) (*berthEnv, *berthdProc, []str
 	return e, p, flags
 }
 
+// holdHostSocket has gVisor sandbox id's workload listen on a unix
+// socket bound on the host (runsc --host-uds=all: testdata/unixlisten on
+// /workspace/held.sock), which runsc cannot checkpoint, and returns the
+// listener's exec id once the socket is there.
+func holdHostSocket(t *testing.T, id string) string {
+	t.Helper()
+	svc := env.sandboxes
+	installProgram(t, dialClient(t, env.berthdAddr), id, "unixlisten", "/workspace/unixlisten")
+	holder := startDetachedIn(t, svc, id, "/workspace/unixlisten", "/workspace/held.sock")
+	if !poll(time.Minute, func() bool {
+		return shellOut(t, svc, id, "test -S /workspace/held.sock && echo yes || true") == "yes\n"
+	}) {
+		t.Fatal("the workload's socket /workspace/held.sock never appeared")
+	}
+	return holder
+}
+
 // TestHibernateGVisorMemory hibernates a gVisor sandbox running a counter
 // loop whose count lives in a shell variable: the answer says MEMORY_KEPT,
 // containerd holds no task and no host process of the sandbox is left
@@ -237,13 +254,7 @@ func TestHibernateGVisorCheckpointFails(t *testing.T) {
 	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
 	id := sb.GetId()
 	run(t, id, "sh", "-c", "echo kept >/workspace/kept")
-	installProgram(t, dialClient(t, env.berthdAddr), id, "unixlisten", "/workspace/unixlisten")
-	startDetached(t, id, "/workspace/unixlisten", "/workspace/held.sock")
-	if !poll(time.Minute, func() bool {
-		return string(run(t, id, "sh", "-c", "test -S /workspace/held.sock && echo yes || true").GetStdout()) == "yes\n"
-	}) {
-		t.Fatal("the workload's socket /workspace/held.sock never appeared")
-	}
+	holdHostSocket(t, id)
 	old, err := env.rt.Get(ctx, id)
 	if err != nil {
 		t.Fatal(err)
