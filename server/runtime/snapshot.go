@@ -412,7 +412,11 @@ func (r *Runtime) DeleteSnapshot(ctx context.Context, snapID string) (err error)
 	// its removal of the child has not caught up (seen 1 run in 6 at load
 	// ~8, and for more than 3 s once in CI after the holding node's
 	// restart). Ask again for up to snapshotRemoveLag; a child it lists
-	// is a real refusal.
+	// is a real refusal. A refusal that outlasts it while containerd
+	// lists no child is a child its garbage collector removed without
+	// clearing it from this snapshot's children: Delete removes a
+	// sandbox's snapshot before its container so that this cannot come
+	// from berthd since 2026-12-05; one left by an earlier berthd stays.
 	deadline := time.Now().Add(snapshotRemoveLag)
 	for wait := 25 * time.Millisecond; errdefs.IsFailedPrecondition(err) && time.Now().Before(deadline); wait = min(2*wait, 800*time.Millisecond) {
 		if r.snapshotChildren(ctx, key) != noChild {
