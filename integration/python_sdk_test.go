@@ -37,7 +37,7 @@ func TestPythonSDK(t *testing.T) {
 	}
 	// unittest says OK also when everything skipped: each test must have run.
 	for _, name := range []string{"test_bot_loop", "test_streamed_64mib_slow_consumer", "test_upload_download_dir_keeps_symlinks_and_modes",
-		"test_port_forward", "test_background_commands", "test_session", "test_volume", "test_watch", "test_code_context", "test_wheel_installs_in_a_venv", "test_retry_policy", "test_session_and_context_reasons",
+		"test_port_forward", "test_background_commands", "test_session", "test_volume", "test_state", "test_watch", "test_code_context", "test_wheel_installs_in_a_venv", "test_retry_policy", "test_session_and_context_reasons",
 		"test_bad_numbers_raise_invalid_argument_naming_the_parameter", "test_unreadable_subdirectory_keeps_all_entries"} {
 		if !strings.Contains(out.String(), name+" ") || strings.Contains(out.String(), "skipped") {
 			t.Errorf("unittest output does not show %s run (or something skipped):\n%s", name, out.String())

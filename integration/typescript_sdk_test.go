@@ -48,7 +48,7 @@ func TestTypeScriptSDK(t *testing.T) {
 	for _, name := range []string{"bot loop", "64 MiB streamed to a slow consumer", "uploadDir and downloadDir keep symlinks and modes",
 		"port forward", "background commands", "the packed tarball installs into a fresh project", "examples/node/bot.js",
 		"shell session keeps state between commands", "files.watch resumes without missing or repeating",
-		"volume shared between sandboxes, refused deletion in use",
+		"volume shared between sandboxes, refused deletion in use", "pause, resume, snapshot, fork, commit and hibernate",
 		"a status's ErrorInfo reason chooses the class", "the retry policy waits the RetryInfo delay",
 		"sessions.create and sessions.list give SessionInfo with numbers", "files.list depth -1 rejects with InvalidArgument naming depth",
 		"an unreadable subdirectory keeps every entry listed"} {

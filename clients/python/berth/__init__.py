@@ -27,11 +27,12 @@ from berth._contexts import CodeContext, CodeContexts, Execution
 from berth._ports import PortForward, Ports
 from berth._sandbox import DEFAULT_IMAGE, Sandbox
 from berth._volumes import Volumes
+from berth._snapshots import Snapshots
 
 __all__ = [
     "__version__", "Sandbox", "Connection", "RetryPolicy", "DEFAULT_ADDR", "DEFAULT_IMAGE",
     "Commands", "CommandHandle", "CommandResult", "Sessions", "Session", "CodeContexts", "CodeContext", "Execution", "Files", "FileInfo",
-    "FileWatch", "Ports", "PortForward", "Volumes",
+    "FileWatch", "Ports", "PortForward", "Volumes", "Snapshots",
     "BerthError", "InvalidArgument", "Unauthenticated", "NotPermitted", "NotFound", "SandboxNotFound",
     "ExecNotFound", "ImageNotFound", "FileNotFound", "FileExists", "FilePermissionDenied", "PortClosed",
     "FleetBusy", "Unreachable", "RuntimeReplaced", "StaleHandle", "DependencyFailure", "ProtocolError",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Dict, Iterable, Optional, Tuple, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 from berth._commands import Commands, user_arg
 from berth._sessions import Sessions
 from berth._contexts import CodeContexts
 from berth._connection import Connection
-from berth._errors import SandboxNotFound, duration, int_arg, seconds_arg
+from berth._errors import SandboxNotFound, duration, int_arg, invalid_argument, seconds_arg
 from berth._files import Files
 from berth._ports import Ports
 from berth._volumes import VolumeMountSpec, volume_mounts
@@ -53,7 +53,7 @@ class Sandbox:
                sandbox_id: Optional[str] = None, memory_bytes: Optional[int] = None, cpu_millis: Optional[int] = None,
                disk_bytes: Optional[int] = None, idle_timeout: Optional[float] = None, max_lifetime: Optional[float] = None,
                runtime: Optional[str] = None, network: Optional[str] = None, from_snapshot: Optional[str] = None,
-               volumes: Optional[Iterable[VolumeMountSpec]] = None,
+               volumes: Optional[Iterable[VolumeMountSpec]] = None, idle_action: Optional[str] = None,
                timeout: Optional[float] = 120.0, connection: Optional[Connection] = None, addr: Optional[str] = None,
                token: Optional[str] = None, **conn_kw) -> "Sandbox":
         """Creates a sandbox and returns it once it runs.
@@ -69,6 +69,9 @@ class Sandbox:
         seconds. runtime: "runc" or "gvisor"; network: "none" or "egress".
         volumes: the caller's volumes (berth.Volumes) to mount, each
         "NAME:PATH[:ro]", (name, path[, read_only]) or a VolumeMount.
+        idle_action: what the idle timeout does, "delete" (the server's
+        default), "pause" or "hibernate" (docs/state.md). from_snapshot:
+        a snapshot's id (Sandbox.snapshot, berth.Snapshots) to start from.
         sandbox_id names it (else berthd mints one); a create retried by the
         retry policy after a failure that ran nothing is safe.
 
@@ -95,6 +98,8 @@ class Sandbox:
             if network.lower() not in ("none", "egress"):
                 raise ValueError(f"Sandbox.create: network {network!r} is neither 'none' nor 'egress'")
             req.network.mode = sandbox_pb2.NetworkMode.Value("NETWORK_MODE_" + network.upper())
+        if idle_action is not None:
+            req.idle_action = _enum_arg(sandbox_pb2.IdleAction, "IDLE_ACTION_", "idle_action", idle_action, ("delete", "pause", "hibernate"))
         conn, owns = cls._connection(connection, addr, token, conn_kw)
         try:
             info = conn.unary(conn.sandboxes.CreateSandbox, req, timeout).sandbox
@@ -123,6 +128,69 @@ class Sandbox:
         self.info = self._conn.unary(self._conn.sandboxes.GetSandbox, sandbox_pb2.GetSandboxRequest(sandbox_id=self.id)).sandbox
         return self.info
 
+    def pause(self) -> None:
+        """Freezes every process of the sandbox (runc: its cgroup freezer;
+        gVisor: runsc pause): it uses no CPU and keeps its memory, files,
+        connections and attached commands; info.state becomes
+        SANDBOX_STATE_PAUSED. Any later call that needs the sandbox
+        (commands, files, ports) resumes it first. Pausing a paused sandbox
+        changes nothing. Raises SandboxNotFound, BerthError with reason
+        SANDBOX_NOT_RUNNING."""
+        self.info = self._conn.unary(self._conn.sandboxes.PauseSandbox, sandbox_pb2.PauseSandboxRequest(sandbox_id=self.id)).sandbox
+
+    def resume(self) -> None:
+        """Thaws a paused sandbox, or wakes a hibernated one; its processes
+        go on where they stopped. Resuming a running sandbox changes
+        nothing. Errors as pause()."""
+        self.info = self._conn.unary(self._conn.sandboxes.ResumeSandbox, sandbox_pb2.ResumeSandboxRequest(sandbox_id=self.id)).sandbox
+
+    def hibernate(self) -> str:
+        """Releases the sandbox's memory and CPU and keeps its files; the
+        next call that needs it wakes it. Returns what was kept:
+        "memory_kept" (gVisor: memory and processes checkpointed to disk
+        and restored at the wake, command ids stay valid) or
+        "processes_ended" (runc: every process ended; the wake starts a
+        fresh agent, so commands of before are StaleHandle). info.state
+        becomes SANDBOX_STATE_HIBERNATED. Errors as pause()."""
+        r = self._conn.unary(self._conn.sandboxes.HibernateSandbox, sandbox_pb2.HibernateSandboxRequest(sandbox_id=self.id))
+        self.info = r.sandbox
+        return sandbox_pb2.Hibernation.Name(r.hibernation).removeprefix("HIBERNATION_").lower()
+
+    def snapshot(self, *, labels: Optional[Dict[str, str]] = None) -> sandbox_pb2.Snapshot:
+        """Stores a point-in-time, crash-consistent copy of the sandbox's
+        root file system (paused, synced, btrfs snapshot, resumed: every
+        write the workload saw complete before the call is in it) and
+        returns it (id, size_bytes, ...); memory is not kept. It belongs to
+        the caller and outlives the sandbox until berth.Snapshots.delete.
+        Not retried: a lost reply is found by berth.Snapshots.list. Raises
+        SandboxNotFound, BerthError with reason SNAPSHOT_UNSUPPORTED (not
+        the btrfs snapshotter) or SNAPSHOT_LIMIT."""
+        req = sandbox_pb2.CreateSnapshotRequest(sandbox_id=self.id, labels=labels or {})
+        return self._conn.call(self._conn.sandboxes.CreateSnapshot, req).snapshot
+
+    def fork(self, count: int = 1, *, memory: bool = False, request_id: Optional[str] = None,
+             labels: Optional[Dict[str, str]] = None, timeout: Optional[float] = 300.0) -> List["Sandbox"]:
+        """Makes count (1-16) new sandboxes from this one's files as of one
+        point in time, each with its own id, network address and quota and
+        this one's create spec; returns them in order, sharing this
+        Sandbox's connection (leaving their with block deletes them). With
+        memory (gVisor only) every process of this sandbox goes on in each
+        child where a checkpoint stopped it. All or nothing. request_id
+        makes the call idempotent, and only then is it retried: the same
+        request_id returns the same children. timeout in seconds. Raises
+        InvalidArgument (count, request_id, labels), SandboxNotFound,
+        BerthError with reason SNAPSHOT_UNSUPPORTED (also memory of a runc
+        sandbox) or SANDBOX_EXISTS (request_id of another fork), and
+        create's errors for a child (FleetBusy, ...)."""
+        req = sandbox_pb2.ForkSandboxRequest(sandbox_id=self.id, count=int_arg("count", count, 16, 1), request_id=request_id or "",
+                                             labels=labels or {}, memory=memory)
+        seconds_arg("timeout", timeout)
+        if request_id:
+            resp = self._conn.unary(self._conn.sandboxes.ForkSandbox, req, timeout)
+        else:
+            resp = self._conn.call(self._conn.sandboxes.ForkSandbox, req, timeout)
+        return [Sandbox(self._conn, info, False, created=True) for info in resp.sandboxes]
+
     def kill(self) -> None:
         """Deletes the sandbox (its processes and files); idempotent towards
         a sandbox already gone."""
@@ -149,3 +217,11 @@ class Sandbox:
 
     def __repr__(self) -> str:
         return f"<berth.Sandbox {self.id}>"
+
+
+def _enum_arg(enum, prefix: str, field: str, value: str, allowed: Tuple[str, ...]) -> int:
+    """The enum value prefix+VALUE of one of allowed (lowercase), else
+    InvalidArgument naming field."""
+    if not isinstance(value, str) or value.lower() not in allowed:
+        raise invalid_argument(field, f"{value!r} is none of {', '.join(allowed)}")
+    return enum.Value(prefix + value.upper())

@@ -21,7 +21,7 @@ import urllib.request
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import berth  # noqa: E402
-from berth.v1 import context_pb2, exec_pb2, watch_pb2  # noqa: E402
+from berth.v1 import context_pb2, exec_pb2, image_pb2, sandbox_pb2, watch_pb2  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 ADDR = os.environ.get("BERTH_ADDR")
@@ -245,6 +245,83 @@ class SDKTest(unittest.TestCase):
         with self.assertRaises(berth.BerthError) as cm:
             vols.get(name)
         self.assertEqual(cm.exception.reason, "VOLUME_NOT_FOUND")
+    def test_state(self):
+        """Pause, resume, snapshot, create from the snapshot, fork (and
+        again by request id), commit and hibernate through the SDK, each
+        seen in the sandbox's record and its files (docs/state.md)."""
+        S = sandbox_pb2
+        snaps = berth.Snapshots(self.conn)
+        with berth.Sandbox.create(idle_action="pause", labels={"who": "py"}, connection=self.conn) as sb:
+            self.assertEqual(sb.info.idle_action, S.IDLE_ACTION_PAUSE)
+            sb.files.write("/workspace/f", "one")
+            sb.pause()
+            self.assertEqual((sb.info.state, sb.refresh().state), (S.SANDBOX_STATE_PAUSED, S.SANDBOX_STATE_PAUSED))
+            sb.resume()
+            self.assertEqual(sb.info.state, S.SANDBOX_STATE_RUNNING)
+            sb.pause()
+            # A command on a paused sandbox resumes it first.
+            self.assertEqual(sb.commands.run("cat /workspace/f").stdout, b"one")
+            self.assertEqual(sb.refresh().state, S.SANDBOX_STATE_RUNNING)
+
+            snap = sb.snapshot(labels={"step": "one"})
+            self.assertTrue(snap.id.startswith("snap-"), snap.id)
+            self.assertEqual((snap.sandbox_id, dict(snap.labels)), (sb.id, {"step": "one"}))
+            self.assertIn(snap.id, [x.id for x in snaps.list()])
+            sb.files.write("/workspace/f", "two")
+
+            with self.assertRaises(berth.InvalidArgument) as cm:
+                sb.fork(0)
+            self.assertEqual(cm.exception.field_violations[0][0], "count")
+            kids = sb.fork(2, labels={"kid": "yes"})
+            try:
+                self.assertEqual(len({k.id for k in kids} | {sb.id}), 3)
+                for k in kids:
+                    self.assertEqual(dict(k.info.labels), {"who": "py", "kid": "yes"})
+                    self.assertEqual(k.files.read_text("/workspace/f"), "two")
+                kids[0].files.write("/workspace/f", "three")
+                self.assertEqual([k.files.read_text("/workspace/f") for k in kids], ["three", "two"])
+                self.assertEqual(sb.files.read_text("/workspace/f"), "two")
+            finally:
+                for k in kids:
+                    k.kill()
+            rid = "py-" + os.urandom(4).hex()
+            first = sb.fork(1, request_id=rid)
+            try:
+                self.assertEqual([k.id for k in sb.fork(1, request_id=rid)], [first[0].id])
+                with self.assertRaises(berth.BerthError) as cm:
+                    sb.fork(2, request_id=rid)
+                self.assertEqual(cm.exception.reason, "SANDBOX_EXISTS")
+            finally:
+                first[0].kill()
+
+            with berth.Sandbox.create(from_snapshot=snap.id, connection=self.conn) as again:
+                self.assertEqual(again.files.read_text("/workspace/f"), "one")
+                with self.assertRaises(berth.BerthError) as cm:
+                    snaps.delete(snap.id)
+                self.assertEqual(cm.exception.reason, "SNAPSHOT_IN_USE")
+            ref = "py-sdk/commit:" + os.urandom(4).hex()
+            img = snaps.commit(snap.id, ref, env=["STEP=one"])
+            try:
+                self.assertEqual(img.name, ref)
+                with berth.Sandbox.create(image=ref, connection=self.conn) as c:
+                    self.assertEqual(c.commands.run("echo $STEP; cat /workspace/f").stdout, b"one\none")
+            finally:
+                self.conn.unary(self.conn.images.DeleteImage, image_pb2.DeleteImageRequest(name=ref))
+            snaps.delete(snap.id)
+            self.assertNotIn(snap.id, [x.id for x in snaps.list()])
+            with self.assertRaises(berth.BerthError) as cm:
+                snaps.delete(snap.id)
+            self.assertEqual(cm.exception.reason, "SNAPSHOT_NOT_FOUND")
+
+            # runc: the processes end, the files stay; the next call wakes it.
+            self.assertEqual(sb.hibernate(), "processes_ended")
+            self.assertEqual(sb.info.state, S.SANDBOX_STATE_HIBERNATED)
+            self.assertEqual(sb.commands.run("cat /workspace/f").stdout, b"two")
+            self.assertEqual(sb.refresh().state, S.SANDBOX_STATE_RUNNING)
+        with self.assertRaises(berth.InvalidArgument) as cm:
+            berth.Sandbox.create(idle_action="sleep", connection=self.conn)
+        self.assertEqual(cm.exception.field_violations[0][0], "idle_action")
+
     def test_code_context(self):
         # The base image has no python3: a typed error, and nothing listed.
         with self.assertRaises(berth.BerthError) as cm:

@@ -13,6 +13,7 @@ export { Files, FileInfo, FileKind, WriteData, WriteOptions, UploadSummary } fro
 export { Ports, PortForward } from "./sdk/ports";
 export { Sessions, Session, SessionInfo, SessionOptions, SessionRunOptions } from "./sdk/sessions";
 export { Volumes, VolumeInfo, VolumeMountSpec } from "./sdk/volumes";
+export { Snapshots, SnapshotInfo, CommitOptions } from "./sdk/snapshots";
 export { FileWatch, FileEvent, FileWatchOverflow, WatchEvent, WatchOptions } from "./sdk/watch";
 export { CodeContexts, CodeContext, Execution, RunCodeOptions } from "./sdk/contexts";
 export {

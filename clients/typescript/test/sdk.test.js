@@ -325,6 +325,85 @@ test("volume shared between sandboxes, refused deletion in use", async () => {
   await assert.rejects(vols.get(name), (e) => e instanceof berth.BerthError && e.reason === "VOLUME_NOT_FOUND");
 });
 
+test("pause, resume, snapshot, fork, commit and hibernate", async () => {
+  const snaps = new berth.Snapshots({ connection: conn });
+  const reason = (r) => (e) => e instanceof berth.BerthError && e.reason === r;
+  const sb = await berth.Sandbox.create({ idleAction: "pause", labels: { who: "ts" }, connection: conn });
+  try {
+    assert.equal(sb.info.idleAction, "pause");
+    await sb.files.write("/workspace/f", "one");
+    await sb.pause();
+    assert.deepEqual([sb.info.state, (await sb.refresh()).state], ["paused", "paused"]);
+    await sb.resume();
+    assert.equal(sb.info.state, "running");
+    await sb.pause();
+    // A command on a paused sandbox resumes it first.
+    assert.equal((await sb.commands.run("cat /workspace/f")).stdout, "one");
+    assert.equal((await sb.refresh()).state, "running");
+
+    const snap = await sb.snapshot({ labels: { step: "one" } });
+    assert.match(snap.id, /^snap-/);
+    assert.deepEqual([snap.sandboxId, snap.labels], [sb.id, { step: "one" }]);
+    assert.ok((await snaps.list()).some((x) => x.id === snap.id));
+    await sb.files.write("/workspace/f", "two");
+
+    await assert.rejects(sb.fork({ count: 17 }), (e) => e instanceof berth.InvalidArgument && e.fieldViolations[0].field === "count");
+    const kids = await sb.fork({ count: 2, labels: { kid: "yes" } });
+    try {
+      assert.equal(new Set([sb.id, ...kids.map((k) => k.id)]).size, 3);
+      for (const k of kids) {
+        assert.deepEqual(k.info.labels, { who: "ts", kid: "yes" });
+        assert.equal(await k.files.readText("/workspace/f"), "two");
+      }
+      await kids[0].files.write("/workspace/f", "three");
+      assert.deepEqual([await kids[0].files.readText("/workspace/f"), await kids[1].files.readText("/workspace/f")], ["three", "two"]);
+      assert.equal(await sb.files.readText("/workspace/f"), "two");
+    } finally {
+      for (const k of kids) await k.kill();
+    }
+    const requestId = "ts-" + crypto.randomBytes(4).toString("hex");
+    const [first] = await sb.fork({ requestId });
+    try {
+      assert.deepEqual((await sb.fork({ requestId })).map((k) => k.id), [first.id]);
+      await assert.rejects(sb.fork({ requestId, count: 2 }), reason("SANDBOX_EXISTS"));
+    } finally {
+      await first.kill();
+    }
+
+    const again = await berth.Sandbox.create({ fromSnapshot: snap.id, connection: conn });
+    try {
+      assert.equal(await again.files.readText("/workspace/f"), "one");
+      await assert.rejects(snaps.delete(snap.id), reason("SNAPSHOT_IN_USE"));
+    } finally {
+      await again.kill();
+    }
+    const ref = "ts-sdk/commit:" + crypto.randomBytes(4).toString("hex");
+    assert.equal(await snaps.commit(snap.id, ref, { env: ["STEP=one"] }), ref);
+    try {
+      const c = await berth.Sandbox.create({ image: ref, connection: conn });
+      try {
+        assert.equal((await c.commands.run("echo $STEP; cat /workspace/f")).stdout, "one\none");
+      } finally {
+        await c.kill();
+      }
+    } finally {
+      await conn.unary(conn.images, "deleteImage", berth.image.DeleteImageRequest.fromPartial({ name: ref }));
+    }
+    await snaps.delete(snap.id);
+    assert.ok(!(await snaps.list()).some((x) => x.id === snap.id));
+    await assert.rejects(snaps.delete(snap.id), reason("SNAPSHOT_NOT_FOUND"));
+
+    // runc: the processes end, the files stay; the next call wakes it.
+    assert.equal(await sb.hibernate(), "processes_ended");
+    assert.equal(sb.info.state, "hibernated");
+    assert.equal((await sb.commands.run("cat /workspace/f")).stdout, "two");
+    assert.equal((await sb.refresh()).state, "running");
+  } finally {
+    await sb.kill();
+  }
+  await assert.rejects(berth.Sandbox.create({ idleAction: "sleep", connection: conn }), (e) => e instanceof berth.InvalidArgument && e.fieldViolations[0].field === "idleAction");
+});
+
 test("await using deletes a created sandbox", async () => {
   let id;
   {

@@ -1,22 +1,25 @@
 // berth.Sandbox: one sandbox and its commands, files and ports.
 
 import {
-  CreateSandboxRequest, CreateSandboxResponse, DeleteSandboxRequest, GetSandboxRequest, GetSandboxResponse, NetworkMode,
-  Sandbox as PbSandbox, sandboxStateToJSON,
+  CreateSandboxRequest, CreateSandboxResponse, CreateSnapshotRequest, CreateSnapshotResponse, DeleteSandboxRequest, ForkSandboxRequest,
+  ForkSandboxResponse, GetSandboxRequest, GetSandboxResponse, HibernateSandboxRequest, HibernateSandboxResponse, IdleAction, NetworkMode,
+  PauseSandboxRequest, PauseSandboxResponse, ResumeSandboxRequest, ResumeSandboxResponse, Sandbox as PbSandbox, hibernationToJSON,
+  idleActionToJSON, sandboxStateToJSON,
 } from "../gen/berth/v1/sandbox";
 import { Commands, userOf } from "./commands";
 import { Connection, ConnectionOptions } from "./connection";
-import { SandboxNotFound, duration, intArg, num, secondsArg } from "./errors";
+import { SandboxNotFound, duration, intArg, invalidArgument, num, secondsArg } from "./errors";
 import { Files } from "./files";
 import { Ports } from "./ports";
 import { Sessions } from "./sessions";
 import { VolumeMountSpec, volumeMounts } from "./volumes";
 import { CodeContexts } from "./contexts";
+import { SnapshotInfo, snapshotInfoOf } from "./snapshots";
 
 /** The image Sandbox.create uses when none is given and $BERTH_IMAGE is unset. */
 export const DEFAULT_IMAGE = "berth.dev/base:latest";
 
-/** A sandbox's record, JSON-serialisable: state is "running", "paused", "stopped", ... */
+/** A sandbox's record, JSON-serialisable: state is "running", "paused", "hibernated", "stopped", ...; idleAction "delete", "pause" or "hibernate". */
 export interface SandboxInfo {
   id: string;
   image: string;
@@ -29,14 +32,21 @@ export interface SandboxInfo {
   agentBootId: string;
   createdAt: string | null;
   memoryBytes: number;
+  idleAction: string;
 }
+
+function lowerEnum(name: string, prefix: string): string {
+  return name.replace(prefix, "").toLowerCase();
+}
+
+const idleActions: Record<string, IdleAction> = { delete: IdleAction.IDLE_ACTION_DELETE, pause: IdleAction.IDLE_ACTION_PAUSE, hibernate: IdleAction.IDLE_ACTION_HIBERNATE };
 
 function infoOf(s: PbSandbox | undefined): SandboxInfo {
   if (!s) throw new Error("berthd answered without the sandbox");
   return {
     id: s.id, image: s.image, state: sandboxStateToJSON(s.state).replace(/^SANDBOX_STATE_/, "").toLowerCase(), user: s.user, workdir: s.workdir,
     owner: s.owner, labels: { ...s.labels }, agentBootId: s.runtime?.agentBootId ?? "", createdAt: s.createdAt ? s.createdAt.toISOString() : null,
-    memoryBytes: num(s.resources?.memoryBytes),
+    memoryBytes: num(s.resources?.memoryBytes), idleAction: lowerEnum(idleActionToJSON(s.idleAction), "IDLE_ACTION_"),
   };
 }
 
@@ -70,7 +80,10 @@ export interface CreateOptions extends ConnectionOptions {
   maxLifetime?: number;
   runtime?: "runc" | "gvisor";
   network?: "none" | "egress";
+  /** fromSnapshot: a snapshot's id (sb.snapshot(), Snapshots) to start from. */
   fromSnapshot?: string;
+  /** idleAction: what the idle timeout does: "delete" (the server's default), "pause" or "hibernate" (docs/state.md). */
+  idleAction?: "delete" | "pause" | "hibernate";
   /** volumes: the caller's volumes (Volumes) to mount, each "NAME:PATH[:ro]" or { name, path, readOnly }. */
   volumes?: VolumeMountSpec[];
   /** timeout: seconds for the whole create with its retries (default 120). */
@@ -130,6 +143,13 @@ export class Sandbox {
     }
     if (options.idleTimeout !== undefined) req.idleTimeout = duration(options.idleTimeout, "idleTimeout");
     if (options.maxLifetime !== undefined) req.maxLifetime = duration(options.maxLifetime, "maxLifetime");
+    if (options.idleAction !== undefined) {
+      const a = idleActions[String(options.idleAction)];
+      if (!Object.hasOwn(idleActions, String(options.idleAction))) {
+        throw invalidArgument("idleAction", `${JSON.stringify(options.idleAction)} is none of "delete", "pause", "hibernate"`);
+      }
+      req.idleAction = a;
+    }
     if (options.network !== undefined) {
       req.network = { mode: options.network === "egress" ? NetworkMode.NETWORK_MODE_EGRESS : NetworkMode.NETWORK_MODE_NONE, allow: [], maxConnections: 0, egressBytesPerSecond: 0n, ingressBytesPerSecond: 0n };
     }
@@ -161,6 +181,80 @@ export class Sandbox {
     const r = await this.connection.unary<GetSandboxRequest, GetSandboxResponse>(this.connection.sandboxes, "getSandbox", GetSandboxRequest.fromPartial({ sandboxId: this.id }));
     this.info = infoOf(r.sandbox);
     return this.info;
+  }
+
+  /**
+   * pause freezes every process of the sandbox (runc: its cgroup freezer;
+   * gVisor: runsc pause): it uses no CPU and keeps its memory, files,
+   * connections and attached commands; info.state becomes "paused". Any
+   * later call that needs the sandbox (commands, files, ports) resumes it
+   * first. Pausing a paused sandbox changes nothing. Rejects with
+   * SandboxNotFound, a BerthError of reason SANDBOX_NOT_RUNNING.
+   */
+  async pause(): Promise<void> {
+    const r = await this.connection.unary<PauseSandboxRequest, PauseSandboxResponse>(this.connection.sandboxes, "pauseSandbox", PauseSandboxRequest.fromPartial({ sandboxId: this.id }));
+    this.info = infoOf(r.sandbox);
+  }
+
+  /** resume thaws a paused sandbox or wakes a hibernated one; resuming a running one changes nothing. Errors as pause(). */
+  async resume(): Promise<void> {
+    const r = await this.connection.unary<ResumeSandboxRequest, ResumeSandboxResponse>(this.connection.sandboxes, "resumeSandbox", ResumeSandboxRequest.fromPartial({ sandboxId: this.id }));
+    this.info = infoOf(r.sandbox);
+  }
+
+  /**
+   * hibernate releases the sandbox's memory and CPU and keeps its files;
+   * the next call that needs it wakes it. Resolves to what was kept:
+   * "memory_kept" (gVisor: memory and processes checkpointed and restored
+   * at the wake, command ids stay valid) or "processes_ended" (runc: every
+   * process ended; the wake starts a fresh agent, so commands of before
+   * are StaleHandle). info.state becomes "hibernated". Errors as pause().
+   */
+  async hibernate(): Promise<string> {
+    const r = await this.connection.unary<HibernateSandboxRequest, HibernateSandboxResponse>(this.connection.sandboxes, "hibernateSandbox", HibernateSandboxRequest.fromPartial({ sandboxId: this.id }));
+    this.info = infoOf(r.sandbox);
+    return lowerEnum(hibernationToJSON(r.hibernation), "HIBERNATION_");
+  }
+
+  /**
+   * snapshot stores a point-in-time, crash-consistent copy of the
+   * sandbox's root file system (paused, synced, btrfs snapshot, resumed:
+   * every write the workload saw complete before the call is in it);
+   * memory is not kept. It belongs to the caller and outlives the sandbox
+   * until Snapshots.delete. Not retried: a lost reply is found by
+   * Snapshots.list. Rejects with SandboxNotFound, a BerthError of reason
+   * SNAPSHOT_UNSUPPORTED (not the btrfs snapshotter) or SNAPSHOT_LIMIT.
+   */
+  async snapshot(options: { labels?: Record<string, string> } = {}): Promise<SnapshotInfo> {
+    const req = CreateSnapshotRequest.fromPartial({ sandboxId: this.id, labels: options.labels ?? {} });
+    const r = await this.connection.call<CreateSnapshotRequest, CreateSnapshotResponse>(this.connection.sandboxes, "createSnapshot", req);
+    return snapshotInfoOf(r.snapshot);
+  }
+
+  /**
+   * fork makes count (1-16, default 1) new sandboxes from this one's files
+   * as of one point in time, each with its own id, network address and
+   * quota and this one's create spec; resolves to them in order, sharing
+   * this Sandbox's connection (disposing them deletes them). With memory
+   * (gVisor only) every process of this sandbox goes on in each child
+   * where a checkpoint stopped it. All or nothing. requestId makes the
+   * call idempotent, and only then is it retried: the same requestId
+   * gives the same children. timeout in seconds (default 300). Rejects
+   * with InvalidArgument (count, requestId, labels), SandboxNotFound, a
+   * BerthError of reason SNAPSHOT_UNSUPPORTED (also memory of a runc
+   * sandbox) or SANDBOX_EXISTS (requestId of another fork), and create's
+   * errors for a child (FleetBusy, ...).
+   */
+  async fork(options: { count?: number; memory?: boolean; requestId?: string; labels?: Record<string, string>; timeout?: number } = {}): Promise<Sandbox[]> {
+    const req = ForkSandboxRequest.fromPartial({
+      sandboxId: this.id, count: intArg("count", options.count ?? 1, 16, 1), requestId: options.requestId ?? "", labels: options.labels ?? {},
+      memory: options.memory ?? false,
+    });
+    const timeout = secondsArg("timeout", options.timeout) ?? 300;
+    const r = options.requestId
+      ? await this.connection.unary<ForkSandboxRequest, ForkSandboxResponse>(this.connection.sandboxes, "forkSandbox", req, timeout)
+      : await this.connection.call<ForkSandboxRequest, ForkSandboxResponse>(this.connection.sandboxes, "forkSandbox", req, timeout);
+    return r.sandboxes.map((s) => new Sandbox(this.connection, infoOf(s), false, true));
   }
 
   /** kill deletes the sandbox (its processes and files); idempotent towards a sandbox already gone. */
