@@ -53,12 +53,17 @@ class Connection:
     server_name when the address's host is not in berthd's certificate,
     or credentials (a grpc.ChannelCredentials) instead. insecure talks
     plaintext TCP to a berthd run with --insecure-tcp. retry: a
-    RetryPolicy (the default) or None to never retry."""
+    RetryPolicy (the default) or None to never retry. no_resume: calls
+    through this connection never resume a paused sandbox nor wake a
+    hibernated one (they raise BerthError with reason SANDBOX_PAUSED or
+    SANDBOX_HIBERNATED and change nothing): every call carries the
+    metadata "berth-no-resume: true", as the Go client's NoResume(ctx)
+    (docs/state.md)."""
 
     def __init__(self, addr: Optional[str] = None, *, token: Optional[str] = None,
                  ca_file: Optional[str] = None, cert_file: Optional[str] = None, key_file: Optional[str] = None,
                  server_name: Optional[str] = None, credentials: Optional[grpc.ChannelCredentials] = None,
-                 insecure: bool = False, retry: Optional[RetryPolicy] = RetryPolicy()):
+                 insecure: bool = False, retry: Optional[RetryPolicy] = RetryPolicy(), no_resume: bool = False):
         addr = addr or os.environ.get("BERTH_ADDR") or DEFAULT_ADDR
         if addr.startswith("/"):
             addr = "unix://" + addr
@@ -72,6 +77,8 @@ class Connection:
                 if not token:
                     raise ValueError(f"$BERTH_TOKEN_FILE {token_file} is empty")
         self.metadata = (("authorization", "Bearer " + token),) if token else ()
+        if no_resume:
+            self.metadata += (("berth-no-resume", "true"),)
         options = [("grpc.keepalive_time_ms", 30000), ("grpc.keepalive_timeout_ms", 10000),
                    ("grpc.keepalive_permit_without_calls", 1)]
         if addr.startswith("unix:") or insecure:

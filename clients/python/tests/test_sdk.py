@@ -259,6 +259,20 @@ class SDKTest(unittest.TestCase):
             sb.resume()
             self.assertEqual(sb.info.state, S.SANDBOX_STATE_RUNNING)
             sb.pause()
+            # Through a no_resume connection a call that needs the agent
+            # is refused and the sandbox stays paused.
+            peek = berth.Connection(no_resume=True)
+            try:
+                p = berth.Sandbox.connect(sb.id, connection=peek)
+                with self.assertRaises(berth.BerthError) as cm:
+                    p.commands.run("true")
+                self.assertEqual((cm.exception.code.name, cm.exception.reason), ("FAILED_PRECONDITION", "SANDBOX_PAUSED"))
+                with self.assertRaises(berth.BerthError) as cm:
+                    p.files.read("/workspace/f")
+                self.assertEqual(cm.exception.reason, "SANDBOX_PAUSED")
+                self.assertEqual(p.refresh().state, S.SANDBOX_STATE_PAUSED)
+            finally:
+                peek.close()
             # A command on a paused sandbox resumes it first.
             self.assertEqual(sb.commands.run("cat /workspace/f").stdout, b"one")
             self.assertEqual(sb.refresh().state, S.SANDBOX_STATE_RUNNING)

@@ -337,6 +337,17 @@ test("pause, resume, snapshot, fork, commit and hibernate", async () => {
     await sb.resume();
     assert.equal(sb.info.state, "running");
     await sb.pause();
+    // Through a noResume connection a call that needs the agent is
+    // refused and the sandbox stays paused.
+    const peekConn = new berth.Connection({ noResume: true });
+    try {
+      const p = await berth.Sandbox.connect(sb.id, { connection: peekConn });
+      await assert.rejects(p.commands.run("true"), reason("SANDBOX_PAUSED"));
+      await assert.rejects(p.files.read("/workspace/f"), reason("SANDBOX_PAUSED"));
+      assert.equal((await p.refresh()).state, "paused");
+    } finally {
+      peekConn.close();
+    }
     // A command on a paused sandbox resumes it first.
     assert.equal((await sb.commands.run("cat /workspace/f")).stdout, "one");
     assert.equal((await sb.refresh()).state, "running");

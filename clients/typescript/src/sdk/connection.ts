@@ -56,6 +56,14 @@ export interface ConnectionOptions {
   insecure?: boolean;
   /** retry: the policy (default: the Go client's), or null to never retry. */
   retry?: RetryPolicy | null;
+  /**
+   * noResume: calls through this connection never resume a paused sandbox
+   * nor wake a hibernated one (they reject with a BerthError of reason
+   * SANDBOX_PAUSED or SANDBOX_HIBERNATED and change nothing): every call
+   * carries the metadata "berth-no-resume: true", as the Go client's
+   * NoResume(ctx) (docs/state.md).
+   */
+  noResume?: boolean;
 }
 
 const defaultPolicy: Required<Omit<RetryPolicy, "onRetry">> = { maxAttempts: 10, initialBackoff: 0.1, maxBackoff: 5, maxBusyDelay: 30 };
@@ -73,6 +81,7 @@ export class Connection {
   readonly images: ImageServiceClient;
   readonly retryPolicy: RetryPolicy | null;
   private readonly token: string | undefined;
+  private readonly noResume: boolean;
 
   constructor(options: ConnectionOptions = {}) {
     let addr = options.addr || process.env.BERTH_ADDR || DEFAULT_ADDR;
@@ -89,6 +98,7 @@ export class Connection {
       }
     }
     this.token = token || undefined;
+    this.noResume = options.noResume ?? false;
     // berthd pings idle connections every 30 s and permits client pings
     // every 10 s or more while calls are open (not on an idle connection:
     // that is answered with GOAWAY).
@@ -119,11 +129,14 @@ export class Connection {
     this.retryPolicy = options.retry === null ? null : { ...defaultPolicy, ...(options.retry ?? {}) };
   }
 
-  /** metadata returns the per-call metadata: the bearer token, if any. */
+  /** metadata returns the per-call metadata: the bearer token, if any, and berth-no-resume with noResume. */
   metadata(): Metadata {
     const md = new Metadata();
     if (this.token) {
       md.set("authorization", "Bearer " + this.token);
+    }
+    if (this.noResume) {
+      md.set("berth-no-resume", "true");
     }
     return md;
   }
