@@ -17,7 +17,8 @@ import (
 // also reports the CPU time the agent and its launcher used per exec
 // (agent-us/op: their threads' run time, procfs.CPU; the `true`s are not
 // in it), the figure the concurrent benchmark's throughput follows on a
-// busy host (issue 23).
+// busy host (issue 23), and how many times the agent's and launcher's
+// threads were put on a CPU per exec (agent-runs/op: each a wake-up).
 func BenchmarkExecTrue(b *testing.B) {
 	a := startAgent(b, "--retention", "1s")
 	// The launcher starts with the first exec.
@@ -35,7 +36,13 @@ func BenchmarkExecTrue(b *testing.B) {
 		}
 		return sum
 	}
-	before := cpu()
+	slices := func() (sum uint64) {
+		for _, pid := range pids {
+			sum += timeslices(pid)
+		}
+		return sum
+	}
+	before, slicesBefore := cpu(), slices()
 	n := 0
 	for i := 0; b.Loop(); i++ {
 		r := a.run(b, fmt.Sprintf("true-%d", i), argv("true"))
@@ -45,6 +52,23 @@ func BenchmarkExecTrue(b *testing.B) {
 		n++
 	}
 	b.ReportMetric(float64(cpu()-before)/float64(time.Microsecond)/float64(n), "agent-us/op")
+	b.ReportMetric(float64(slices()-slicesBefore)/float64(n), "agent-runs/op")
+}
+
+// timeslices returns how many times the threads of process pid were put
+// on a CPU (field 3 of /proc/<pid>/task/*/schedstat, the kernel's
+// sched-stats.rst): each wake-up of a thread counts one. Threads that
+// ended are not counted.
+func timeslices(pid uint32) (sum uint64) {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+		var run, wait, n uint64
+		if _, err := fmt.Sscan(string(b), &run, &wait, &n); err == nil {
+			sum += n
+		}
+	}
+	return sum
 }
 
 // childrenNamed returns the children of process pid whose command name is
