@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"bufio"
-	"bytes"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -14,14 +12,15 @@ import (
 // when its cgroup caps its CPU at one CPU or less (cpuCap), and returns
 // the GOMAXPROCS it leaves. Go's default rounds a cap below two CPUs up to
 // two Ps (runtime/cgroup_linux.go), and with two Ps each goroutine an exec
-// wakes while the other P is idle starts a second thread spinning for work
-// and going back to sleep: with one P, the agent and its launcher were put
-// on a CPU 28 times an exec instead of 38, and used 1.47-1.59 ms of CPU
-// an exec instead of 1.73-1.92 (BenchmarkExecTrue, issue 23). Berth's
-// default sandbox cap is one CPU (berthd's --default-cpu-millis 1000),
-// where a second P buys the agent no CPU time the cap would not take back.
-// A cap above one CPU, none, or one that cannot be read leaves Go's
-// default. It reads the cgroup files under cgroupRoot.
+// readies while the other P is idle wakes a second thread to spin for work
+// and sleep again: with one P the agent's and launcher's threads were put
+// on a CPU 14.1-14.6 times an exec instead of 16.6-18.6, with 10 execs at
+// once (BenchmarkExecTrueConcurrent, issue 23). berthd's default cap is
+// one CPU (--default-cpu-millis 1000). A sandbox berthd pins to one CPU
+// (--cpuset auto) has one P already, since Go follows the CPU affinity
+// too; this serves those it does not pin. A cap above one CPU, none, or
+// one that cannot be read leaves Go's default. It reads the cgroup files
+// under cgroupRoot.
 func FitProcs() int {
 	selfCgroup, _ := os.ReadFile("/proc/self/cgroup")
 	if limit, ok := cpuCap(cgroupRoot, selfCgroup); ok && limit <= 1 {
@@ -37,16 +36,10 @@ func FitProcs() int {
 // the path named, as findOOMCounter does. It is false without a cap ("max",
 // -1) or when no file can be read.
 func cpuCap(root string, procSelfCgroup []byte) (float64, bool) {
-	sc := bufio.NewScanner(bytes.NewReader(procSelfCgroup))
-	for sc.Scan() {
-		// hierarchy-ID:controller-list:cgroup-path (cgroups(7))
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
+	for _, cg := range cgroupsOf(procSelfCgroup) {
 		switch {
-		case parts[0] == "0" && parts[1] == "":
-			for _, dir := range []string{filepath.Join(root, parts[2]), root} {
+		case cg.unified():
+			for _, dir := range []string{filepath.Join(root, cg.path), root} {
 				b, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
 				if err != nil {
 					continue
@@ -58,8 +51,8 @@ func cpuCap(root string, procSelfCgroup []byte) (float64, bool) {
 				}
 				return capOf(f[0], f[1])
 			}
-		case containsController(parts[1], "cpu"):
-			for _, dir := range []string{filepath.Join(root, "cpu", parts[2]), filepath.Join(root, "cpu")} {
+		case containsController(cg.controllers, "cpu"):
+			for _, dir := range []string{filepath.Join(root, "cpu", cg.path), filepath.Join(root, "cpu")} {
 				quota, err := os.ReadFile(filepath.Join(dir, "cpu.cfs_quota_us"))
 				if err != nil {
 					continue
