@@ -31,8 +31,9 @@ var agentServiceDesc = &agentv1.AgentService_ServiceDesc
 var _ agentv1.AgentServiceServer = (*Server)(nil)
 
 // streamWorkers is how many goroutines of the agent's gRPC server serve
-// streams and stay for the next: enough for a few concurrent execs, each
-// holding its grown stack (some 32 KiB) while idle.
+// streams and stay for the next: more than the 10 Runs at once each
+// sandbox of the concurrent benchmark gets. An idle worker keeps its grown
+// stack until the garbage collector shrinks it, as any goroutine's.
 const streamWorkers = 16
 
 // grpcServer returns a gRPC server of AgentService and fileSvc. Serve
