@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +19,8 @@ import (
 // also reports the CPU time the agent and its launcher used per exec
 // (agent-us/op: their threads' run time, procfs.CPU; the `true`s are not
 // in it), the figure the concurrent benchmark's throughput follows on a
-// busy host (issue 23).
+// busy host (issue 23), and how many times the agent's and launcher's
+// threads were put on a CPU per exec (agent-runs/op: each a wake-up).
 func BenchmarkExecTrue(b *testing.B) {
 	a := startAgent(b, "--retention", "1s")
 	// The launcher starts with the first exec.
@@ -35,7 +38,13 @@ func BenchmarkExecTrue(b *testing.B) {
 		}
 		return sum
 	}
-	before := cpu()
+	slices := func() (sum uint64) {
+		for _, pid := range pids {
+			sum += timeslices(pid)
+		}
+		return sum
+	}
+	before, slicesBefore := cpu(), slices()
 	n := 0
 	for i := 0; b.Loop(); i++ {
 		r := a.run(b, fmt.Sprintf("true-%d", i), argv("true"))
@@ -45,6 +54,23 @@ func BenchmarkExecTrue(b *testing.B) {
 		n++
 	}
 	b.ReportMetric(float64(cpu()-before)/float64(time.Microsecond)/float64(n), "agent-us/op")
+	b.ReportMetric(float64(slices()-slicesBefore)/float64(n), "agent-runs/op")
+}
+
+// timeslices returns how many times the threads of process pid were put
+// on a CPU (field 3 of /proc/<pid>/task/*/schedstat, the kernel's
+// sched-stats.rst): each wake-up of a thread counts one. Threads that
+// ended are not counted.
+func timeslices(pid uint32) (sum uint64) {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+		var run, wait, n uint64
+		if _, err := fmt.Sscan(string(b), &run, &wait, &n); err == nil {
+			sum += n
+		}
+	}
+	return sum
 }
 
 // childrenNamed returns the children of process pid whose command name is
@@ -98,4 +124,59 @@ func BenchmarkExecOutput(b *testing.B) {
 		cancel()
 	}
 	b.ReportMetric(float64(events)/float64(b.N), "events/op")
+}
+
+// BenchmarkExecTrueConcurrent is BenchmarkExecTrue with 10 streams at
+// once, as each sandbox of the concurrent benchmark gets, for the agent
+// with Go's default GOMAXPROCS and with one P (FitProcs: a sandbox capped
+// at one CPU). agent-us/op and agent-runs/op are as in BenchmarkExecTrue.
+func BenchmarkExecTrueConcurrent(b *testing.B) {
+	const streams = 10
+	for _, procs := range []string{"default", "1"} {
+		b.Run("procs="+procs, func(b *testing.B) {
+			dir, err := os.MkdirTemp("", "ag")
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { os.RemoveAll(dir) })
+			var prefix []string
+			if procs != "default" {
+				prefix = []string{"env", "GOMAXPROCS=" + procs}
+			}
+			a := startAgentCmd(b, dir, prefix, "--retention", "1s")
+			if r := a.run(b, "warm", argv("true")); r.result.GetExitCode() != 0 {
+				b.Fatalf("exit code %d", r.result.GetExitCode())
+			}
+			pids := append([]uint32{uint32(a.pid)}, childrenNamed(uint32(a.pid), launcher.Comm)...)
+			usage := func() (cpu time.Duration, runs uint64) {
+				for _, pid := range pids {
+					d, err := procfs.CPU(pid)
+					if err != nil {
+						b.Fatalf("CPU of %d: %v", pid, err)
+					}
+					cpu += d
+					runs += timeslices(pid)
+				}
+				return cpu, runs
+			}
+			cpuBefore, runsBefore := usage()
+			var next atomic.Int64
+			b.SetParallelism((streams + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					r := a.run(b, fmt.Sprintf("true-%d", next.Add(1)), argv("true"))
+					if r.result.GetExitCode() != 0 {
+						b.Errorf("exit code %d", r.result.GetExitCode())
+						return
+					}
+				}
+			})
+			b.StopTimer()
+			cpu, runs := usage()
+			n := float64(next.Load())
+			b.ReportMetric(float64(cpu-cpuBefore)/float64(time.Microsecond)/n, "agent-us/op")
+			b.ReportMetric(float64(runs-runsBefore)/n, "agent-runs/op")
+		})
+	}
 }

@@ -79,21 +79,15 @@ type oomCounter struct {
 // /proc/self/cgroup names.
 func findOOMCounter(root string, procSelfCgroup []byte) *oomCounter {
 	var candidates []string
-	sc := bufio.NewScanner(bytes.NewReader(procSelfCgroup))
-	for sc.Scan() {
-		// hierarchy-ID:controller-list:cgroup-path (cgroups(7))
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
+	for _, cg := range cgroupsOf(procSelfCgroup) {
 		switch {
-		case parts[0] == "0" && parts[1] == "":
+		case cg.unified():
 			candidates = append(candidates,
-				filepath.Join(root, parts[2], "memory.events"),
+				filepath.Join(root, cg.path, "memory.events"),
 				filepath.Join(root, "memory.events"))
-		case containsController(parts[1], "memory"):
+		case containsController(cg.controllers, "memory"):
 			candidates = append(candidates,
-				filepath.Join(root, "memory", parts[2], "memory.oom_control"),
+				filepath.Join(root, "memory", cg.path, "memory.oom_control"),
 				filepath.Join(root, "memory", "memory.oom_control"))
 		}
 	}
@@ -103,6 +97,27 @@ func findOOMCounter(root string, procSelfCgroup []byte) *oomCounter {
 		}
 	}
 	return &oomCounter{}
+}
+
+// cgroupLine is one line of /proc/self/cgroup:
+// hierarchy-ID:controller-list:cgroup-path (cgroups(7)).
+type cgroupLine struct{ id, controllers, path string }
+
+// unified reports whether the line is cgroup v2's ("0::path").
+func (cg cgroupLine) unified() bool { return cg.id == "0" && cg.controllers == "" }
+
+// cgroupsOf returns the lines of procSelfCgroup, the content of
+// /proc/self/cgroup, skipping malformed ones.
+func cgroupsOf(procSelfCgroup []byte) []cgroupLine {
+	var lines []cgroupLine
+	sc := bufio.NewScanner(bytes.NewReader(procSelfCgroup))
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) == 3 {
+			lines = append(lines, cgroupLine{id: parts[0], controllers: parts[1], path: parts[2]})
+		}
+	}
+	return lines
 }
 
 func containsController(list, name string) bool {

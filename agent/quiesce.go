@@ -30,11 +30,22 @@ var agentServiceDesc = &agentv1.AgentService_ServiceDesc
 
 var _ agentv1.AgentServiceServer = (*Server)(nil)
 
+// streamWorkers is how many goroutines of the agent's gRPC server serve
+// streams and stay for the next: more than the 10 Runs at once each
+// sandbox of the concurrent benchmark gets. An idle worker keeps its grown
+// stack until the garbage collector shrinks it, as any goroutine's.
+const streamWorkers = 16
+
 // grpcServer returns a gRPC server of AgentService and fileSvc. Serve
 // makes one per listener: a stopped grpc.Server does not serve again.
 func (s *Server) grpcServer(fileSvc *files.Service) *grpc.Server {
 	// berthd may ping idle connections to detect a dead sandbox early.
-	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...), grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))...)
+	// Streams run on streamWorkers goroutines kept between streams (one
+	// more for each stream beyond them): a goroutine per stream grew its
+	// stack again through the handler's depth at every exec (issue 23).
+	gs := grpc.NewServer(append(append(wire.ServerOptions(), s.cfg.ServerOptions...),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.NumStreamWorkers(streamWorkers))...)
 	gs.RegisterService(agentServiceDesc, s)
 	agentv1.RegisterFileServiceServer(gs, fileSvc)
 	return gs

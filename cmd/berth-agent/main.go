@@ -108,6 +108,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		log.Info("descriptor limit", "nofile", lim.Cur, "workload_nofile", min(cfg.WorkloadNofile, lim.Max))
 	}
+	// One P in a sandbox capped at one CPU (issue 23: fewer wake-ups an
+	// exec); Go's default otherwise.
+	log.Info("processors", "gomaxprocs", agent.FitProcs())
 	// Threads made now survive a fork bomb that exhausts the pids limit.
 	// They are made beside agent.New (each new thread waits to be
 	// scheduled once) and all exist before the socket is served: no

@@ -350,24 +350,36 @@ func statField(file, key string) (uint64, error) {
 }
 
 // Stopped reports whether host process pid is stopped by a signal
-// (state T, or t when traced, in /proc/<pid>/stat, proc(5)).
+// (state T, or t when traced, in its stat file, proc(5); see leaderStat).
 func Stopped(pid uint32) bool {
 	if pid == 0 {
 		return false
 	}
-	state, ok := stateOf("/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat")
+	state, ok := stateOf(leaderStat(pid))
 	return ok && (state == 'T' || state == 't')
 }
 
-// Exited reports whether host process pid has exited: /proc/<pid>/stat
-// does not exist (ENOENT, ESRCH), or its state is Z (a zombie not yet
-// reaped) or X (dead), proc(5). Any other failure to read it (EMFILE) is
-// not taken for an exit.
+// leaderStat returns the path of the stat file of process pid's main
+// thread, /proc/<pid>/task/<pid>/stat. Its state is the one
+// /proc/<pid>/stat shows, which is the main thread's too (fs/proc/array.c,
+// do_task_stat), and it goes with the process when it is reaped; the
+// process's own file also sums the CPU times and faults of every thread
+// to make, which the exec path, asking twice an exec for an agent of some
+// 20 threads, does not need (issue 23).
+func leaderStat(pid uint32) string {
+	n := strconv.FormatUint(uint64(pid), 10)
+	return "/proc/" + n + "/task/" + n + "/stat"
+}
+
+// Exited reports whether host process pid has exited: its stat file
+// (leaderStat) does not exist (ENOENT, ESRCH), or its state is Z (a zombie
+// not yet reaped) or X (dead), proc(5). Any other failure to read it
+// (EMFILE) is not taken for an exit.
 func Exited(pid uint32) bool {
 	if pid == 0 {
 		return false
 	}
-	path := "/proc/" + strconv.FormatUint(uint64(pid), 10) + "/stat"
+	path := leaderStat(pid)
 	state, ok := stateOf(path)
 	if !ok {
 		_, err := os.Stat(path)

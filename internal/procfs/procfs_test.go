@@ -294,3 +294,35 @@ func TestStopped(t *testing.T) {
 		t.Errorf("Stopped allocates %.0f times a call, want at most 3", allocs)
 	}
 }
+
+// TestExited: a running process has not exited; once it exits it has,
+// as a zombie not yet reaped and once reaped (its stat file gone); no
+// process (pid 0) has not.
+func TestExited(t *testing.T) {
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := uint32(cmd.Process.Pid)
+	if Exited(pid) || Exited(uint32(os.Getpid())) || Exited(0) {
+		t.Fatalf("Exited(running process), Exited(this process) or Exited(0) = true, want false")
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// Not reaped yet: a zombie, state Z.
+	deadline := time.Now().Add(5 * time.Second)
+	for !Exited(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Exited(killed process, not reaped) = false after 5 s, want true")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if state, ok := stateOf("/proc/" + strconv.Itoa(int(pid)) + "/stat"); !ok || state != 'Z' {
+		t.Errorf("state of the killed process in /proc/%d/stat = %q (read %v), want Z", pid, state, ok)
+	}
+	_ = cmd.Wait()
+	if !Exited(pid) {
+		t.Errorf("Exited(reaped process) = false, want true")
+	}
+}
