@@ -34,8 +34,9 @@ type measurement struct {
 	ops, refused int64
 	wall         time.Duration
 	// cpu is the CPU time the processes that serve the operations used
-	// during wall (measureRate's cpu), over all iterations; 0 when not
-	// measured.
+	// during wall (measureRate's cpu), or during a side's timed
+	// operations (measureABBA, sample.cpu), over all iterations; 0 when
+	// not measured.
 	cpu time.Duration
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 // stdoutBytes is how much the stdout benchmarks stream: 256 MiB (issue
@@ -609,6 +610,7 @@ func benchBigRead(b *testing.B, c *client.Client, dir string) {
 	readFile := func(b *testing.B) sample {
 		writeOut(b, dir, dst)
 		berthExec(b, c, id, warm, io.Discard)
+		cpu0 := selfCPU(b)
 		start := time.Now()
 		out, err := os.Create(dst)
 		if err != nil {
@@ -618,10 +620,11 @@ func benchBigRead(b *testing.B, c *client.Client, dir string) {
 		if cerr := out.Close(); err == nil {
 			err = cerr
 		}
+		d := time.Since(start)
 		if err != nil || h.GetLengthBytes() != bigFileBytes {
 			b.Fatalf("ReadFile: %v, %d bytes", err, h.GetLengthBytes())
 		}
-		return sample{d: time.Since(start)}
+		return sample{d: d, cpu: selfCPU(b) - cpu0}
 	}
 	hostCP := func(b *testing.B) sample {
 		writeOut(b, dir, dst)
@@ -629,10 +632,11 @@ func benchBigRead(b *testing.B, c *client.Client, dir string) {
 			b.Fatalf("read %s: %v: %s", src, err, out)
 		}
 		start := time.Now()
-		if out, err := exec.Command("cp", "--reflink=never", src, dst).CombinedOutput(); err != nil {
+		cp := exec.Command("cp", "--reflink=never", src, dst)
+		if out, err := cp.CombinedOutput(); err != nil {
 			b.Fatalf("cp: %v: %s", err, out)
 		}
-		return sample{d: time.Since(start)}
+		return sample{d: time.Since(start), cpu: cp.ProcessState.UserTime() + cp.ProcessState.SystemTime()}
 	}
 	measureABBA(b, "files/ReadFile-1GiB-vs-cp", bigFileBytes,
 		side{"files/ReadFile-1GiB", readFile}, side{"files/host-cp-1GiB", hostCP})
@@ -654,7 +658,8 @@ type side struct {
 // than a side run all after it (ReadFile of 1 GiB at 0.38x to 0.80x of cp
 // in runs minutes apart, cp itself at 268 to 951 MB/s), and a linear drift
 // over an iteration weighs on both alike. The go test line reports the
-// pair's time per iteration and each side's MB/s.
+// pair's time per iteration, each side's MB/s and, for a side whose
+// samples carry it, its CPU seconds per GiB moved.
 func measureABBA(b *testing.B, name string, bytes int64, a, z side) {
 	b.Run(filepath.Base(name), func(b *testing.B) {
 		ma, mz := measurement{bytes: bytes}, measurement{bytes: bytes}
@@ -667,10 +672,20 @@ func measureABBA(b *testing.B, name string, bytes int64, a, z side) {
 				got := s.op(b)
 				m.samples = append(m.samples, got.d)
 				m.lost += got.lost
+				m.cpu += got.cpu
 			}
 		}
 		b.ReportMetric(ma.rate(), "MB/s-"+filepath.Base(a.name))
 		b.ReportMetric(mz.rate(), "MB/s-"+filepath.Base(z.name))
+		for _, s := range []struct {
+			name string
+			m    measurement
+		}{{a.name, ma}, {z.name, mz}} {
+			if s.m.cpu > 0 {
+				gib := float64(len(s.m.samples)) * float64(bytes) / (1 << 30)
+				b.ReportMetric(s.m.cpu.Seconds()/gib, "cpu-s/GiB-"+filepath.Base(s.name))
+			}
+		}
 		record(a.name, ma)
 		record(z.name, mz)
 	})
@@ -688,6 +703,16 @@ func writeOut(b *testing.B, dir, rm string) {
 	if out, err := exec.Command("sync", "-f", dir).CombinedOutput(); err != nil {
 		b.Fatalf("sync -f %s: %v: %s", dir, err, out)
 	}
+}
+
+// selfCPU returns the CPU time (user and system) this process has used:
+// the client's and berthd's, which the integration tests run in it.
+func selfCPU(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // Small files: smallDirs directories of smallPerDir files of smallBytes.
@@ -781,6 +806,10 @@ func hostBenchDir() string {
 type sample struct {
 	d    time.Duration
 	lost int64
+	// cpu is the CPU time (user and system) of the processes that did
+	// the operation, when the benchmark measures it (measureABBA reports
+	// it per GiB); 0 when not.
+	cpu time.Duration
 }
 
 // measure runs op as the sub-benchmark name (its last path element) in a
