@@ -85,11 +85,78 @@ const shimGroupAnnotation = "io.containerd.runc.v2.group"
 // are not grouped (Create adds this only under runc): runsc's shim keeps
 // one sandbox per process.
 func withShimGroup(spec SandboxSpec) oci.SpecOpts {
-	group := spec.Fork.ShimGroup
-	if group == "" {
-		group = spec.Fork.Parent
+	return oci.WithAnnotations(map[string]string{shimGroupAnnotation: shimGroup(spec)})
+}
+
+// shimGroup is the shim group of a fork's child under runc
+// (withShimGroup), "" for a sandbox that is not grouped: one that is no
+// fork's child, or runs under gVisor.
+func shimGroup(spec SandboxSpec) string {
+	switch {
+	case spec.Fork.Parent == "" || spec.runtime() == RuntimeGVisor:
+		return ""
+	case spec.Fork.ShimGroup != "":
+		return spec.Fork.ShimGroup
 	}
-	return oci.WithAnnotations(map[string]string{shimGroupAnnotation: group})
+	return spec.Fork.Parent
+}
+
+// shimQueues hold the task creates of grouped sandboxes (shimGroup) in
+// berthd, one at a time per group: containerd 1.6's runc shim runs the
+// `runc create`s of its group one at a time under its service lock, so a
+// create sent while another of its group runs waits there, and its wait
+// counts against containerd's call budget (Config.CallBudget) — a fork's
+// children whose creates all begin at once would queue in two shims and
+// the last ones would outlast the budget on a loaded host. Here they
+// wait under the create's own deadline instead, and NewTask's budget
+// counts the shim's work. The zero value is ready to use.
+type shimQueues struct {
+	mu     sync.Mutex
+	groups map[string]*shimQueue
+}
+
+// shimQueue is one group's queue: slot holds a token while a task create
+// of the group runs; users counts the creates waiting or running.
+type shimQueue struct {
+	slot  chan struct{}
+	users int
+}
+
+// enter waits until no other task create of shim group runs (at once for
+// group ""), or ctx ends, and returns the function that lets the next one
+// in.
+func (q *shimQueues) enter(ctx context.Context, group string) (leave func(), err error) {
+	if group == "" {
+		return func() {}, nil
+	}
+	q.mu.Lock()
+	if q.groups == nil {
+		q.groups = map[string]*shimQueue{}
+	}
+	g := q.groups[group]
+	if g == nil {
+		g = &shimQueue{slot: make(chan struct{}, 1)}
+		q.groups[group] = g
+	}
+	g.users++
+	q.mu.Unlock()
+	done := func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if g.users--; g.users == 0 {
+			delete(q.groups, group)
+		}
+	}
+	select {
+	case g.slot <- struct{}{}:
+		return func() {
+			<-g.slot
+			done()
+		}, nil
+	case <-ctx.Done():
+		done()
+		return nil, fmt.Errorf("wait for the task creates of shim group %s: %w", group, ctx.Err())
+	}
 }
 
 // ForkSnapshot takes the crash-consistent copy of sandbox id's root file

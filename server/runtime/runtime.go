@@ -248,6 +248,9 @@ type Runtime struct {
 	// forkTaking are the fork copies being taken, which children's
 	// creates wait for (ForkSnapshot).
 	forkTaking copiesTaking
+	// shimQueues hold the task creates of a shim group's sandboxes
+	// one at a time (a fork's children under runc).
+	shimQueues shimQueues
 	// freezers are the cgroup freezers of the runc tasks berthd paused or
 	// resumed (freezer.go).
 	freezers freezers
@@ -642,7 +645,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if len(spec.Volumes) > 0 {
 		specOpts = append(specOpts, r.withVolumes(spec))
 	}
-	if spec.Fork.Parent != "" && spec.runtime() != RuntimeGVisor {
+	if shimGroup(spec) != "" {
 		specOpts = append(specOpts, withShimGroup(spec))
 	}
 	// One containerd read, no file of berthd's own (the cgroups were
@@ -782,9 +785,18 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 		return ctx.Err()
 	}
+	group := shimGroup(spec)
+	leave, err := r.shimQueues.enter(ctx, group)
+	if err != nil {
+		return err
+	}
+	if group != "" {
+		ph.Done("queue")
+	}
 	step, cancel = c.mutation()
 	defer cancel()
 	task, err := container.NewTask(step, cio.LogFile(r.LogPath(spec.ID)))
+	leave()
 	if err != nil {
 		return fmt.Errorf("create task %s: %w", spec.ID, err)
 	}
