@@ -33,7 +33,7 @@ const MaxForkCount = 16
 // Under runc every child's create begins at once (forkLimit): each
 // prepares its network, snapshot, mounts and container while others are
 // in their shim or their agent's start, and their task creates, which a
-// shim runs one at a time, wait in the runtime (shimQueues) instead of in
+// shim runs one at a time, wait in the runtime (enterShim) instead of in
 // the shim, not against the call budget (BENCHMARKS.md, session 8).
 const forkParallel = 4
 

@@ -101,62 +101,25 @@ func shimGroup(spec SandboxSpec) string {
 	return spec.Fork.Parent
 }
 
-// shimQueues hold the task creates of grouped sandboxes (shimGroup) in
-// berthd, one at a time per group: containerd 1.6's runc shim runs the
+// enterShim waits until no other task create of shim group (shimGroup)
+// runs, or ctx ends, and returns the function that lets the next one in;
+// it returns at once for group "". containerd 1.6's runc shim runs the
 // `runc create`s of its group one at a time under its service lock, so a
 // create sent while another of its group runs waits there, and its wait
-// counts against containerd's call budget (Config.CallBudget) — a fork's
-// children whose creates all begin at once would queue in two shims and
+// counts against containerd's call budget (Config.CallBudget): a fork's
+// children whose creates all begin at once would queue in two shims, and
 // the last ones would outlast the budget on a loaded host. Here they
-// wait under the create's own deadline instead, and NewTask's budget
-// counts the shim's work. The zero value is ready to use.
-type shimQueues struct {
-	mu     sync.Mutex
-	groups map[string]*shimQueue
-}
-
-// shimQueue is one group's queue: slot holds a token while a task create
-// of the group runs; users counts the creates waiting or running.
-type shimQueue struct {
-	slot  chan struct{}
-	users int
-}
-
-// enter waits until no other task create of shim group runs (at once for
-// group ""), or ctx ends, and returns the function that lets the next one
-// in.
-func (q *shimQueues) enter(ctx context.Context, group string) (leave func(), err error) {
+// wait under the create's own deadline, and NewTask's budget counts the
+// shim's work.
+func (r *Runtime) enterShim(ctx context.Context, group string) (leave func(), err error) {
 	if group == "" {
 		return func() {}, nil
 	}
-	q.mu.Lock()
-	if q.groups == nil {
-		q.groups = map[string]*shimQueue{}
+	leave, err = r.shimQueues.Lock(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("wait for the task creates of shim group %s: %w", group, err)
 	}
-	g := q.groups[group]
-	if g == nil {
-		g = &shimQueue{slot: make(chan struct{}, 1)}
-		q.groups[group] = g
-	}
-	g.users++
-	q.mu.Unlock()
-	done := func() {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		if g.users--; g.users == 0 {
-			delete(q.groups, group)
-		}
-	}
-	select {
-	case g.slot <- struct{}{}:
-		return func() {
-			<-g.slot
-			done()
-		}, nil
-	case <-ctx.Done():
-		done()
-		return nil, fmt.Errorf("wait for the task creates of shim group %s: %w", group, ctx.Err())
-	}
+	return leave, nil
 }
 
 // ForkSnapshot takes the crash-consistent copy of sandbox id's root file

@@ -94,19 +94,19 @@ func TestShimGroup(t *testing.T) {
 	}
 }
 
-// TestShimQueues: the task creates of one shim group run one at a time,
+// TestEnterShim: the task creates of one shim group run one at a time,
 // in any order; another group's and an ungrouped one's do not wait; a
 // wait ends with its context; a group no create holds is forgotten.
-func TestShimQueues(t *testing.T) {
-	var q shimQueues
+func TestEnterShim(t *testing.T) {
+	var r Runtime
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	leaveA, err := q.enter(ctx, "sb-p")
+	leaveA, err := r.enterShim(ctx, "sb-p")
 	if err != nil {
 		t.Fatalf("enter an empty group: %v", err)
 	}
 	for _, group := range []string{"", "sb-c2"} {
-		leave, err := q.enter(ctx, group)
+		leave, err := r.enterShim(ctx, group)
 		if err != nil {
 			t.Fatalf("enter group %q while sb-p's runs: %v", group, err)
 		}
@@ -115,7 +115,7 @@ func TestShimQueues(t *testing.T) {
 
 	entered := make(chan func(), 1)
 	go func() {
-		leave, err := q.enter(ctx, "sb-p")
+		leave, err := r.enterShim(ctx, "sb-p")
 		if err != nil {
 			t.Errorf("enter sb-p after the first left: %v", err)
 			leave = func() {}
@@ -130,16 +130,13 @@ func TestShimQueues(t *testing.T) {
 
 	short, stop := context.WithCancel(ctx)
 	stop()
-	if _, err := q.enter(short, "sb-p"); !errors.Is(err, context.Canceled) {
+	if _, err := r.enterShim(short, "sb-p"); !errors.Is(err, context.Canceled) {
 		t.Errorf("enter sb-p with a cancelled context while it is held = %v, want context.Canceled", err)
 	}
 
 	leaveA()
 	(<-entered)()
-	q.mu.Lock()
-	left := len(q.groups)
-	q.mu.Unlock()
-	if left != 0 {
-		t.Errorf("%d groups kept after every create left, want 0", left)
+	if r.shimQueues.Held("sb-p") {
+		t.Error("group sb-p kept after every create left")
 	}
 }

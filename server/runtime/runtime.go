@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/berth-sandbox/berth/internal/keylock"
 	"github.com/containerd/cgroups/v3"
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
@@ -249,8 +250,8 @@ type Runtime struct {
 	// creates wait for (ForkSnapshot).
 	forkTaking copiesTaking
 	// shimQueues hold the task creates of a shim group's sandboxes
-	// one at a time (a fork's children under runc).
-	shimQueues shimQueues
+	// one at a time (a fork's children under runc; enterShim).
+	shimQueues keylock.Locks
 	// freezers are the cgroup freezers of the runc tasks berthd paused or
 	// resumed (freezer.go).
 	freezers freezers
@@ -786,7 +787,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		return ctx.Err()
 	}
 	group := shimGroup(spec)
-	leave, err := r.shimQueues.enter(ctx, group)
+	leave, err := r.enterShim(ctx, group)
 	if err != nil {
 		return err
 	}
