@@ -47,11 +47,12 @@ func forkLimit(spec runtime.SandboxSpec) int {
 }
 
 // shimLane returns the runtime.ForkOrigin.ShimGroup of child i of a fork
-// whose children are ids: the children under runc queue in their shim
-// for `runc create`, one at a time under its service lock, so they are
-// spread over two shims — the parent's (even i, "") and the second
-// child's (odd i), which that child starts. Two creates then run at once
-// on a host of 2 cores or more (BENCHMARKS.md, session 7).
+// whose children are ids: a shim runs the `runc create`s of the children
+// under runc one at a time, under its service lock (the runtime queues
+// them for it: enterShim), so they are spread over two shims — the
+// parent's (even i, "") and the second child's (odd i), which that child
+// starts. Two creates then run at once on a host of 2 cores or more
+// (BENCHMARKS.md, session 7; four shims were slower: session 8).
 func shimLane(ids []string, i int) string {
 	if i%2 == 0 {
 		return ""
