@@ -25,20 +25,34 @@ import (
 // MaxForkCount is the most children one Fork makes.
 const MaxForkCount = 16
 
-// forkParallel is how many children of one Fork are created at once: each
-// create is mostly containerd's and the agent's start, which a handful at
-// once overlap without queueing on containerd's metadata lock. All ten of
-// a fork of 10 at once, on 2 cores at load 40-48, made one child's
-// NewTask (shim and runc create) outlast containerd's call budget of
-// 10 s, and the fork failed (BENCHMARKS.md, 2026-12-05).
+// forkParallel is how many children of one Fork under gVisor are created
+// at once: each has a shim and a sandbox of its own. All ten of a fork of
+// 10 at once, on 2 cores at load 40-48, made one child's NewTask outlast
+// containerd's call budget of 10 s, and the fork failed (BENCHMARKS.md,
+// 2026-12-05; then under runc, whose children queued in their shim).
+// Under runc every child's create begins at once (forkLimit): each
+// prepares its network, snapshot, mounts and container while others are
+// in their shim or their agent's start, and their task creates, which a
+// shim runs one at a time, wait in the runtime (enterShim) instead of in
+// the shim, not against the call budget (BENCHMARKS.md, session 8).
 const forkParallel = 4
 
+// forkLimit is how many children of spec are created at once (errgroup's
+// limit: -1 for all).
+func forkLimit(spec runtime.SandboxSpec) int {
+	if spec.Runtime == runtime.RuntimeGVisor {
+		return forkParallel
+	}
+	return -1
+}
+
 // shimLane returns the runtime.ForkOrigin.ShimGroup of child i of a fork
-// whose children are ids: the children under runc queue in their shim
-// for `runc create`, one at a time under its service lock, so they are
-// spread over two shims — the parent's (even i, "") and the second
-// child's (odd i), which that child starts. Two creates then run at once
-// on a host of 2 cores or more (BENCHMARKS.md, session 7).
+// whose children are ids: a shim runs the `runc create`s of the children
+// under runc one at a time, under its service lock (the runtime queues
+// them for it: enterShim), so they are spread over two shims — the
+// parent's (even i, "") and the second child's (odd i), which that child
+// starts. Two creates then run at once on a host of 2 cores or more
+// (BENCHMARKS.md, session 7; four shims were slower: session 8).
 func shimLane(ids []string, i int) string {
 	if i%2 == 0 {
 		return ""
@@ -65,7 +79,7 @@ type ForkRequest struct {
 // paused only around the sync and the btrfs snapshot; a paused one stays
 // paused); each child is created as by Create, from that copy, with
 // the parent's spec (env values included), owned by p, req.Labels added
-// to its labels: its create begins beside the copy (forkParallel at once)
+// to its labels: its create begins beside the copy (forkLimit at once)
 // and waits for it only where it needs its files, and ends while the
 // parent resumes (Fork returns once it has, with
 // the lock held until then). All or nothing: when one child fails, every
@@ -98,13 +112,13 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 	ph := runtime.NewPhases()
 	created := make([]Created, req.Count)
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(forkParallel)
 	// The children's creates begin as soon as the copy's id is known,
 	// beside the copy: each waits for it only where it needs its files
 	// (runtime's fillRoot), after its image, id range, CPUs and snapshot.
 	launched := make(chan struct{})
 	launch := func(children runtime.SandboxSpec) {
 		defer close(launched)
+		g.SetLimit(forkLimit(children))
 		for i := range ids {
 			if gctx.Err() != nil {
 				break // a child failed: the rest are not begun

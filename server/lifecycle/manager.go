@@ -4,7 +4,7 @@
 // idled or lived past their limits (Reaper), keeps the warm pool full
 // (Pool), re-adopts what containerd holds at start and removes what no
 // sandbox owns. Every create, delete and restart of one sandbox id runs
-// under that id's lock (Locks), one after another.
+// under that id's lock (keylock.Locks), one after another.
 //
 // Anything that stops a sandbox's task on purpose must hold its restarts
 // (restarter.hold, as deleteLocked does through deletingSandbox), or the
@@ -22,6 +22,7 @@ import (
 
 	containerd "github.com/containerd/containerd/v2/client"
 
+	"github.com/berth-sandbox/berth/internal/keylock"
 	"github.com/berth-sandbox/berth/server/admit"
 	"github.com/berth-sandbox/berth/server/agentconn"
 	"github.com/berth-sandbox/berth/server/agentreach"
@@ -130,7 +131,7 @@ type Manager struct {
 	// lifecycle serializes what creates, removes or restarts a sandbox,
 	// per sandbox id: a create and a delete of one id never interleave,
 	// so neither sees the other's half-made or half-removed sandbox.
-	lifecycle Locks
+	lifecycle keylock.Locks
 
 	mu       sync.Mutex
 	creating map[string]*creation // creations in progress, by sandbox id

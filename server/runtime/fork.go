@@ -85,11 +85,41 @@ const shimGroupAnnotation = "io.containerd.runc.v2.group"
 // are not grouped (Create adds this only under runc): runsc's shim keeps
 // one sandbox per process.
 func withShimGroup(spec SandboxSpec) oci.SpecOpts {
-	group := spec.Fork.ShimGroup
-	if group == "" {
-		group = spec.Fork.Parent
+	return oci.WithAnnotations(map[string]string{shimGroupAnnotation: shimGroup(spec)})
+}
+
+// shimGroup is the shim group of a fork's child under runc
+// (withShimGroup), "" for a sandbox that is not grouped: one that is no
+// fork's child, or runs under gVisor.
+func shimGroup(spec SandboxSpec) string {
+	switch {
+	case spec.Fork.Parent == "" || spec.runtime() == RuntimeGVisor:
+		return ""
+	case spec.Fork.ShimGroup != "":
+		return spec.Fork.ShimGroup
 	}
-	return oci.WithAnnotations(map[string]string{shimGroupAnnotation: group})
+	return spec.Fork.Parent
+}
+
+// enterShim waits until no other task create of shim group (shimGroup)
+// runs, or ctx ends, and returns the function that lets the next one in;
+// it returns at once for group "". containerd 1.6's runc shim runs the
+// `runc create`s of its group one at a time under its service lock, so a
+// create sent while another of its group runs waits there, and its wait
+// counts against containerd's call budget (Config.CallBudget): a fork's
+// children whose creates all begin at once would queue in two shims, and
+// the last ones would outlast the budget on a loaded host. Here they
+// wait under the create's own deadline, and NewTask's budget counts the
+// shim's work.
+func (r *Runtime) enterShim(ctx context.Context, group string) (leave func(), err error) {
+	if group == "" {
+		return func() {}, nil
+	}
+	leave, err = r.shimQueues.Lock(ctx, group)
+	if err != nil {
+		return nil, fmt.Errorf("wait for the task creates of shim group %s: %w", group, err)
+	}
+	return leave, nil
 }
 
 // ForkSnapshot takes the crash-consistent copy of sandbox id's root file

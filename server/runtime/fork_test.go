@@ -74,3 +74,69 @@ func TestUnderImageIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestShimGroup: a fork's child under runc is grouped in its parent's
+// shim, or the one ForkOrigin.ShimGroup names; other sandboxes and
+// gVisor's children are not grouped.
+func TestShimGroup(t *testing.T) {
+	for _, tc := range []struct {
+		spec SandboxSpec
+		want string
+	}{
+		{SandboxSpec{ID: "sb-a"}, ""},
+		{SandboxSpec{ID: "sb-c", Fork: ForkOrigin{Parent: "sb-p"}}, "sb-p"},
+		{SandboxSpec{ID: "sb-c", Fork: ForkOrigin{Parent: "sb-p", ShimGroup: "sb-c2"}}, "sb-c2"},
+		{SandboxSpec{ID: "sb-c", Runtime: RuntimeGVisor, Fork: ForkOrigin{Parent: "sb-p"}}, ""},
+	} {
+		if got := shimGroup(tc.spec); got != tc.want {
+			t.Errorf("shimGroup(%+v) = %q, want %q", tc.spec, got, tc.want)
+		}
+	}
+}
+
+// TestEnterShim: the task creates of one shim group run one at a time,
+// in any order; another group's and an ungrouped one's do not wait; a
+// wait ends with its context; a group no create holds is forgotten.
+func TestEnterShim(t *testing.T) {
+	var r Runtime
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	leaveA, err := r.enterShim(ctx, "sb-p")
+	if err != nil {
+		t.Fatalf("enter an empty group: %v", err)
+	}
+	for _, group := range []string{"", "sb-c2"} {
+		leave, err := r.enterShim(ctx, group)
+		if err != nil {
+			t.Fatalf("enter group %q while sb-p's runs: %v", group, err)
+		}
+		leave()
+	}
+
+	entered := make(chan func(), 1)
+	go func() {
+		leave, err := r.enterShim(ctx, "sb-p")
+		if err != nil {
+			t.Errorf("enter sb-p after the first left: %v", err)
+			leave = func() {}
+		}
+		entered <- leave
+	}()
+	select {
+	case <-entered:
+		t.Fatal("a second create of sb-p entered while the first ran")
+	case <-time.After(10 * time.Millisecond):
+	}
+
+	short, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := r.enterShim(short, "sb-p"); !errors.Is(err, context.Canceled) {
+		t.Errorf("enter sb-p with a cancelled context while it is held = %v, want context.Canceled", err)
+	}
+
+	leaveA()
+	(<-entered)()
+	if r.shimQueues.Held("sb-p") {
+		t.Error("group sb-p kept after every create left")
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/berth-sandbox/berth/internal/keylock"
 	"github.com/containerd/cgroups/v3"
 	tasks "github.com/containerd/containerd/api/services/tasks/v1"
 	tasktypes "github.com/containerd/containerd/api/types/task"
@@ -248,6 +249,9 @@ type Runtime struct {
 	// forkTaking are the fork copies being taken, which children's
 	// creates wait for (ForkSnapshot).
 	forkTaking copiesTaking
+	// shimQueues hold the task creates of a shim group's sandboxes
+	// one at a time (a fork's children under runc; enterShim).
+	shimQueues keylock.Locks
 	// freezers are the cgroup freezers of the runc tasks berthd paused or
 	// resumed (freezer.go).
 	freezers freezers
@@ -642,7 +646,7 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if len(spec.Volumes) > 0 {
 		specOpts = append(specOpts, r.withVolumes(spec))
 	}
-	if spec.Fork.Parent != "" && spec.runtime() != RuntimeGVisor {
+	if shimGroup(spec) != "" {
 		specOpts = append(specOpts, withShimGroup(spec))
 	}
 	// One containerd read, no file of berthd's own (the cgroups were
@@ -782,9 +786,18 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 		return ctx.Err()
 	}
+	group := shimGroup(spec)
+	leave, err := r.enterShim(ctx, group)
+	if err != nil {
+		return err
+	}
+	if group != "" {
+		ph.Done("queue")
+	}
 	step, cancel = c.mutation()
 	defer cancel()
 	task, err := container.NewTask(step, cio.LogFile(r.LogPath(spec.ID)))
+	leave()
 	if err != nil {
 		return fmt.Errorf("create task %s: %w", spec.ID, err)
 	}

@@ -55,16 +55,13 @@ func (r *Runtime) allocIDBase(ctx context.Context, id string) (base uint32, rele
 	r.idMu.Lock()
 	defer r.idMu.Unlock()
 	used := make(map[uint32]bool)
-	containers, err := r.client.Containers(ctx, fmt.Sprintf("labels.%q", labelIDBase))
+	// One read: the records listed carry their labels.
+	records, err := r.client.ContainerService().List(ctx, fmt.Sprintf("labels.%q", labelIDBase))
 	if err != nil {
 		return 0, nil, fmt.Errorf("list id ranges: %w", err)
 	}
-	for _, c := range containers {
-		labels, err := c.Labels(ctx)
-		if err != nil {
-			continue // deleted meanwhile
-		}
-		if b, err := strconv.ParseUint(labels[labelIDBase], 10, 32); err == nil {
+	for _, c := range records {
+		if b, err := strconv.ParseUint(c.Labels[labelIDBase], 10, 32); err == nil {
 			used[uint32(b)] = true
 		}
 	}

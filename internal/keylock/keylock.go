@@ -1,8 +1,8 @@
-package lifecycle
-
-// Locks serialize operations on one key — berthd's lifecycle operations on
-// one sandbox id (create, delete, task restart, removal by the reaper) —
-// while operations on different keys run in parallel.
+// Package keylock serializes operations on one key while operations on
+// different keys run in parallel: berthd's lifecycle operations on one
+// sandbox id (create, delete, task restart, removal by the reaper), and
+// the task creates of one shim group (a fork's children).
+package keylock
 
 import (
 	"context"
