@@ -109,6 +109,12 @@ class Connection:
         """Closes the channel; streams and port forwards on it end."""
         self.channel.close()
 
+    def __enter__(self) -> "Connection":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def call(self, method: Callable[..., T], request, timeout: Optional[float] = None) -> T:
         """Calls a unary method once, converting its error."""
         try:

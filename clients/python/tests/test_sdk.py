@@ -261,8 +261,7 @@ class SDKTest(unittest.TestCase):
             sb.pause()
             # Through a no_resume connection a call that needs the agent
             # is refused and the sandbox stays paused.
-            peek = berth.Connection(no_resume=True)
-            try:
+            with berth.Connection(no_resume=True) as peek:
                 p = berth.Sandbox.connect(sb.id, connection=peek)
                 with self.assertRaises(berth.BerthError) as cm:
                     p.commands.run("true")
@@ -271,8 +270,9 @@ class SDKTest(unittest.TestCase):
                     p.files.read("/workspace/f")
                 self.assertEqual(cm.exception.reason, "SANDBOX_PAUSED")
                 self.assertEqual(p.refresh().state, S.SANDBOX_STATE_PAUSED)
-            finally:
-                peek.close()
+            # Leaving the with block closed the connection, not the sandbox.
+            with self.assertRaises(ValueError):
+                peek.channel.unary_unary("/x")(b"")
             # A command on a paused sandbox resumes it first.
             self.assertEqual(sb.commands.run("cat /workspace/f").stdout, b"one")
             self.assertEqual(sb.refresh().state, S.SANDBOX_STATE_RUNNING)
