@@ -6,7 +6,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
@@ -44,31 +43,8 @@ func BenchmarkReadFileParts(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	req := &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{MemoryBytes: 3 * bigFileBytes}}
-	if testDiskQuota() > 0 {
-		req.Resources.DiskBytes = 2 * bigFileBytes
-	}
-	id := benchSandboxOf(b, req).GetId()
-	src, dst := filepath.Join(dir, "big.bin"), filepath.Join(dir, "big-dst.bin")
-	f, err := os.Create(src)
-	if err != nil {
-		b.Fatal(err)
-	}
-	chunk := randomData(16 << 20)
-	for range bigFileBytes / len(chunk) {
-		if _, err := f.Write(chunk); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		b.Fatal(err)
-	}
-	const path = "/workspace/big.bin"
-	_, err = c.WriteFile(ctx, id, path, f, client.WithSize(bigFileBytes))
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
+	id, src, dst := bigFileSource(b, c, dir)
+	const path = bigFilePath
 	warm := &berthv1.ProcessSpec{Argv: []string{"sh", "-c", `cat "$1" >/dev/null`, "sh", path}}
 
 	var n int

@@ -572,34 +572,8 @@ const bigFileBytes = 1 << 30
 // 1 GiB).
 func benchBigRead(b *testing.B, c *client.Client, dir string) {
 	ctx := context.Background()
-	// Memory for the file's pages: with the default 1 GiB cap the
-	// sandbox's memory cgroup, which its page cache is charged to, could
-	// not keep the file cached, and the agent read it from disk.
-	req := &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{MemoryBytes: 3 * bigFileBytes}}
-	if testDiskQuota() > 0 {
-		req.Resources.DiskBytes = 2 * bigFileBytes
-	}
-	id := benchSandboxOf(b, req).GetId()
-	src, dst := filepath.Join(dir, "big.bin"), filepath.Join(dir, "big-dst.bin")
-	f, err := os.Create(src)
-	if err != nil {
-		b.Fatal(err)
-	}
-	chunk := randomData(16 << 20)
-	for range bigFileBytes / len(chunk) {
-		if _, err := f.Write(chunk); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		b.Fatal(err)
-	}
-	const path = "/workspace/big.bin"
-	_, err = c.WriteFile(ctx, id, path, f, client.WithSize(bigFileBytes))
-	f.Close()
-	if err != nil {
-		b.Fatal(err)
-	}
+	id, src, dst := bigFileSource(b, c, dir)
+	const path = bigFilePath
 	defer os.Remove(src)
 	defer os.Remove(dst)
 	// Each side reads its source whole just before its timed copy, off
@@ -640,6 +614,44 @@ func benchBigRead(b *testing.B, c *client.Client, dir string) {
 	}
 	measureABBA(b, "files/ReadFile-1GiB-vs-cp", bigFileBytes,
 		side{"files/ReadFile-1GiB", readFile}, side{"files/host-cp-1GiB", hostCP})
+}
+
+// bigFilePath is where bigFileSource puts the 1 GiB file in its sandbox.
+const bigFilePath = "/workspace/big.bin"
+
+// bigFileSource makes the setting of benchBigRead and
+// BenchmarkReadFileParts: a sandbox of its own with the memory and disk
+// for a 1 GiB random file, that file at src in dir on the host and at
+// bigFilePath in the sandbox (written by WriteFile); dst names where
+// copies go. It returns the sandbox's id and the two host paths.
+func bigFileSource(b *testing.B, c *client.Client, dir string) (id, src, dst string) {
+	// Memory for the file's pages: with the default 1 GiB cap the
+	// sandbox's memory cgroup, which its page cache is charged to, could
+	// not keep the file cached, and the agent read it from disk.
+	req := &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{MemoryBytes: 3 * bigFileBytes}}
+	if testDiskQuota() > 0 {
+		req.Resources.DiskBytes = 2 * bigFileBytes
+	}
+	id = benchSandboxOf(b, req).GetId()
+	src, dst = filepath.Join(dir, "big.bin"), filepath.Join(dir, "big-dst.bin")
+	f, err := os.Create(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	chunk := randomData(16 << 20)
+	for range bigFileBytes / len(chunk) {
+		if _, err := f.Write(chunk); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := c.WriteFile(context.Background(), id, bigFilePath, f, client.WithSize(bigFileBytes)); err != nil {
+		b.Fatal(err)
+	}
+	return id, src, dst
 }
 
 // side is one side of measureABBA: the name it is recorded under and its
