@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -199,6 +200,18 @@ func staleStatus(sandboxID, execID string) error {
 		map[string]string{"sandbox_id": sandboxID, "exec_id": execID},
 		&berthv1.StaleHandle{SandboxId: sandboxID, ExecId: execID, HandleRuntime: oldRuntime, CurrentRuntime: newRuntime,
 			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED})
+}
+
+// serveScripted serves fake for the test, stopped at its cleanup, and
+// returns its address.
+func serveScripted(t *testing.T, fake *scriptedBerthd) string {
+	t.Helper()
+	addr, stop, err := startScriptedBerthd(fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return addr
 }
 
 // startScriptedBerthd serves s on a unix socket in a new temporary

@@ -16,11 +16,7 @@ import (
 // do (a bare Client retries only WithRetry), and NoRetry turns it off.
 func TestConnectSandboxRetries(t *testing.T) {
 	fake := newScriptedBerthd()
-	addr, stop, err := startScriptedBerthd(fake)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	addr := serveScripted(t, fake)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -100,11 +96,7 @@ func TestRunContextEndsWhileOpening(t *testing.T) {
 // request id is retried, and its children share the Sandbox's Client.
 func TestSandboxStateRetries(t *testing.T) {
 	fake := newScriptedBerthd()
-	addr, stop, err := startScriptedBerthd(fake)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	addr := serveScripted(t, fake)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sb, err := client.ConnectSandbox(ctx, "sb", client.SandboxOptions{Addr: addr})
