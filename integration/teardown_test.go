@@ -80,6 +80,9 @@ func (td *teardown) onSignal() (stop func()) {
 			signal.Reset(syscall.SIGINT, syscall.SIGTERM)
 			fmt.Fprintf(os.Stderr, "integration: %v: tearing down the environment (again to stop at once)\n", sig)
 			td.run(killChildren)
+			// The tests ran on meanwhile: one may have started a process
+			// since.
+			killChildren()
 			os.Exit(128 + int(sig.(syscall.Signal)))
 		}
 	}()
@@ -100,9 +103,9 @@ func killChildren() {
 		if err != nil {
 			continue // exited meanwhile
 		}
-		_, rest, ok := strings.Cut(string(b[strings.LastIndexByte(string(b), ')')+1:]), " ")
-		fields := strings.Fields(rest)
-		if !ok || len(fields) < 2 {
+		stat := string(b)
+		fields := strings.Fields(stat[strings.LastIndexByte(stat, ')')+1:]) // state, ppid, ...
+		if len(fields) < 2 {
 			continue
 		}
 		if ppid, _ := strconv.Atoi(fields[1]); ppid == self {
