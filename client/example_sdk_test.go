@@ -40,3 +40,54 @@ func ExampleCreateSandbox() {
 		fmt.Println("no such file")
 	}
 }
+
+// The state calls: a sandbox paused and resumed, snapshotted with labels,
+// forked into two children that go their own ways (the same request id
+// would return the same two), and hibernated until the next command wakes
+// it (docs/state.md).
+func ExampleSandbox_Fork() {
+	ctx := context.Background()
+	sb, err := client.CreateSandbox(ctx, client.SandboxOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sb.Kill(ctx)
+	if _, err := sb.Files.Write(ctx, "/workspace/state", []byte("warm\n")); err != nil {
+		log.Fatal(err)
+	}
+
+	if err := sb.Pause(ctx); err != nil { // no CPU, memory kept
+		log.Fatal(err)
+	}
+	if _, err := sb.Commands.Run(client.NoResume(ctx), "true", client.RunOptions{}); client.IsReason(err, client.ReasonSandboxPaused) {
+		fmt.Println("paused")
+	}
+	if err := sb.Resume(ctx); err != nil {
+		log.Fatal(err)
+	}
+
+	snap, err := sb.Snapshot(ctx, map[string]string{"step": "warm"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sb.Client.DeleteSnapshot(ctx, snap.GetId())
+
+	kids, err := sb.Fork(ctx, client.ForkOptions{Count: 2, RequestID: "warm-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i, k := range kids {
+		defer k.Kill(ctx)
+		k.Files.Write(ctx, "/workspace/state", fmt.Appendf(nil, "kid %d\n", i))
+	}
+
+	kept, err := sb.Hibernate(ctx) // HIBERNATION_PROCESSES_ENDED under runc
+	if err != nil {
+		log.Fatal(err)
+	}
+	r, err := sb.Commands.Run(ctx, "cat /workspace/state", client.RunOptions{}) // wakes it
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%v %s", kept, r.Stdout)
+}

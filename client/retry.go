@@ -17,10 +17,12 @@ import (
 // MaxAttempts is reached; the last error is returned.
 //
 // Retried calls: CreateSandbox, GetSandbox, DeleteSandbox, PauseSandbox,
-// ResumeSandbox, HibernateSandbox (all three idempotent), each page of
-// ListSandboxes, Run, ListImages, and the opening of Exec and Attach (until
-// berthd says the process runs; an Execution is never re-opened). Not
-// ImportImage, whose reader cannot be read again.
+// ResumeSandbox, HibernateSandbox (all three idempotent), ForkSandbox with
+// a request id, each page of ListSandboxes, Run, ListImages, and the
+// opening of Exec and Attach (until berthd says the process runs; an
+// Execution is never re-opened); the Sandbox methods over them too. Not
+// ImportImage, whose reader cannot be read again, nor CreateSnapshot or a
+// ForkSandbox without a request id (each call makes new ones).
 type RetryPolicy struct {
 	// MaxAttempts bounds the attempts of one call, the first included.
 	// Default 10.

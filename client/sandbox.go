@@ -88,13 +88,25 @@ func (c *Client) ResumeSandbox(ctx context.Context, id string) (*berthv1.Sandbox
 }
 
 // HibernateSandbox ends every process of the sandbox named id (its task,
-// agent included, is removed: memory, processes and connections are lost)
-// and keeps its container and files, and returns it, hibernated (state
-// SANDBOX_STATE_HIBERNATED), holding no memory and no CPU. Any later call
-// that needs the sandbox wakes it first — a new task with a new agent on
-// the same files — unless its context comes from NoResume. Hibernating a
-// hibernated or paused sandbox succeeds. Errors as for PauseSandbox.
+// agent included, is removed: memory, processes and connections are lost;
+// under gVisor they are checkpointed to disk instead and restored at the
+// wake) and keeps its container and files, and returns it, hibernated
+// (state SANDBOX_STATE_HIBERNATED), holding no memory and no CPU. Any
+// later call that needs the sandbox wakes it first — a new task with a new
+// agent on the same files — unless its context comes from NoResume.
+// Hibernating a hibernated or paused sandbox succeeds. Errors as for
+// PauseSandbox. Sandbox.Hibernate also says what was kept.
 func (c *Client) HibernateSandbox(ctx context.Context, id string) (*berthv1.Sandbox, error) {
+	resp, err := c.hibernateSandbox(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetSandbox(), nil
+}
+
+// hibernateSandbox is HibernateSandbox with the whole response: the
+// sandbox and what the hibernation kept.
+func (c *Client) hibernateSandbox(ctx context.Context, id string) (*berthv1.HibernateSandboxResponse, error) {
 	var resp *berthv1.HibernateSandboxResponse
 	err := c.retry(ctx, func() (err error) {
 		resp, err = c.sandboxes.HibernateSandbox(ctx, &berthv1.HibernateSandboxRequest{SandboxId: id})
@@ -103,7 +115,7 @@ func (c *Client) HibernateSandbox(ctx context.Context, id string) (*berthv1.Sand
 	if err != nil {
 		return nil, err
 	}
-	return resp.GetSandbox(), nil
+	return resp, nil
 }
 
 // NoResume returns ctx for calls that must not resume a paused sandbox

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -103,6 +104,36 @@ func (s *scriptedBerthd) Exec(stream grpc.BidiStreamingServer[berthv1.ExecReques
 	return stream.Send(&berthv1.ExecResponse{Event: &berthv1.ExecResponse_Exited{Exited: &berthv1.ExecExited{Result: &berthv1.ExecResult{}}}})
 }
 
+// ForkSandbox returns req.Count children named <parent>-<i>, carrying
+// req.Labels.
+func (s *scriptedBerthd) ForkSandbox(_ context.Context, req *berthv1.ForkSandboxRequest) (*berthv1.ForkSandboxResponse, error) {
+	if err := s.next(req.GetSandboxId()); err != nil {
+		return nil, err
+	}
+	resp := &berthv1.ForkSandboxResponse{}
+	for i := range req.GetCount() {
+		resp.Sandboxes = append(resp.Sandboxes, &berthv1.Sandbox{Id: fmt.Sprintf("%s-%d", req.GetSandboxId(), i),
+			State: berthv1.SandboxState_SANDBOX_STATE_RUNNING, Labels: req.GetLabels()})
+	}
+	return resp, nil
+}
+
+// HibernateSandbox answers as a runc berthd: processes ended.
+func (s *scriptedBerthd) HibernateSandbox(_ context.Context, req *berthv1.HibernateSandboxRequest) (*berthv1.HibernateSandboxResponse, error) {
+	if err := s.next(req.GetSandboxId()); err != nil {
+		return nil, err
+	}
+	return &berthv1.HibernateSandboxResponse{Sandbox: &berthv1.Sandbox{Id: req.GetSandboxId(), State: berthv1.SandboxState_SANDBOX_STATE_HIBERNATED},
+		Hibernation: berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED}, nil
+}
+
+func (s *scriptedBerthd) CreateSnapshot(_ context.Context, req *berthv1.CreateSnapshotRequest) (*berthv1.CreateSnapshotResponse, error) {
+	if err := s.next(req.GetSandboxId()); err != nil {
+		return nil, err
+	}
+	return &berthv1.CreateSnapshotResponse{Snapshot: &berthv1.Snapshot{Id: "snap-00000000000000000001", SandboxId: req.GetSandboxId(), Labels: req.GetLabels()}}, nil
+}
+
 // The runtimes of the scripted sandboxes.
 var (
 	oldRuntime = &berthv1.RuntimeIdentity{AgentBootId: "0a1b2c3d4e5f60718293a4b5c6d7e8f9", TaskPid: 4100}
@@ -169,6 +200,18 @@ func staleStatus(sandboxID, execID string) error {
 		map[string]string{"sandbox_id": sandboxID, "exec_id": execID},
 		&berthv1.StaleHandle{SandboxId: sandboxID, ExecId: execID, HandleRuntime: oldRuntime, CurrentRuntime: newRuntime,
 			Admitted: berthv1.Admitted_ADMITTED_NOT_STARTED})
+}
+
+// serveScripted serves fake for the test, stopped at its cleanup, and
+// returns its address.
+func serveScripted(t *testing.T, fake *scriptedBerthd) string {
+	t.Helper()
+	addr, stop, err := startScriptedBerthd(fake)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return addr
 }
 
 // startScriptedBerthd serves s on a unix socket in a new temporary

@@ -40,19 +40,26 @@ type SandboxOptions struct {
 	Dial    []Option
 	NoRetry bool
 
-	Image   string            // default: $BERTH_IMAGE, else DefaultImage
+	Image   string            // default: $BERTH_IMAGE, else DefaultImage (with FromSnapshot: the snapshot's)
 	User    string            // "uid", "uid:gid" or a name from the image's /etc/passwd
 	Env     map[string]string // environment of every command
 	Workdir string            // working directory of every command
 	Labels  map[string]string
 	// Resources are the sandbox's limits (memory, cpu, disk, ...).
 	Resources   *berthv1.Resources
-	IdleTimeout time.Duration // deleted after this long without requests
+	IdleTimeout time.Duration // deleted after this long without requests (or IdleAction)
 	MaxLifetime time.Duration // deleted this long after creation
 	Runtime     string        // e.g. "runsc"; default berthd's
 	// Volumes mounts the caller's volumes (Client.CreateVolume) into the
 	// sandbox.
 	Volumes []*berthv1.VolumeMount
+	// IdleAction is what the idle timeout does: delete the sandbox (zero:
+	// berthd's default), pause or hibernate it (docs/state.md).
+	IdleAction berthv1.IdleAction
+	// FromSnapshot starts the sandbox from a snapshot of the caller's
+	// (Sandbox.Snapshot, Client.ListSnapshots): its files, with Image
+	// naming the snapshot's image or left empty.
+	FromSnapshot string
 }
 
 // DefaultImage is the image CreateSandbox asks for when
@@ -91,13 +98,13 @@ func CreateSandbox(ctx context.Context, opts SandboxOptions) (*Sandbox, error) {
 		return nil, err
 	}
 	image := opts.Image
-	if image == "" {
+	if image == "" && opts.FromSnapshot == "" {
 		image = cmp.Or(os.Getenv("BERTH_IMAGE"), DefaultImage)
 	}
 	req := &berthv1.CreateSandboxRequest{
 		Image: image, User: opts.User, Env: opts.Env, Workdir: opts.Workdir,
 		Labels: opts.Labels, Resources: opts.Resources, Runtime: opts.Runtime,
-		Volumes: opts.Volumes,
+		Volumes: opts.Volumes, IdleAction: opts.IdleAction, FromSnapshot: opts.FromSnapshot,
 	}
 	if opts.IdleTimeout > 0 {
 		req.IdleTimeout = durationpb.New(opts.IdleTimeout)

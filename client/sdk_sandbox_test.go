@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // TestConnectSandboxRetries: a Sandbox that dials its own connection
@@ -15,11 +16,7 @@ import (
 // do (a bare Client retries only WithRetry), and NoRetry turns it off.
 func TestConnectSandboxRetries(t *testing.T) {
 	fake := newScriptedBerthd()
-	addr, stop, err := startScriptedBerthd(fake)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer stop()
+	addr := serveScripted(t, fake)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -89,5 +86,71 @@ func TestRunContextEndsWhileOpening(t *testing.T) {
 	defer cancel()
 	if r, err := sb.Commands.Run(ctx, "sleep 30", client.RunOptions{}); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Run under a ctx that ends while the stream opens = %+v, %v; want context.DeadlineExceeded", r, err)
+	}
+}
+
+// TestSandboxStateRetries: the state calls of Sandbox keep Client's retry
+// rules, as the Python and TypeScript SDKs do (docs/clients.md): Hibernate
+// is retried and says what was kept; a Snapshot and a Fork without a
+// request id are sent once (each call would make new ones); a Fork with a
+// request id is retried, and its children share the Sandbox's Client.
+func TestSandboxStateRetries(t *testing.T) {
+	fake := newScriptedBerthd()
+	addr := serveScripted(t, fake)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sb, err := client.ConnectSandbox(ctx, "sb", client.SandboxOptions{Addr: addr})
+	if err != nil {
+		t.Fatalf("ConnectSandbox: %v", err)
+	}
+	defer sb.Close()
+	calls := func(f func()) int {
+		before := fake.callsTo("sb")
+		f()
+		return fake.callsTo("sb") - before
+	}
+	busy := busyStatus("sb", 10*time.Millisecond)
+
+	fake.fail("sb", busy)
+	var hib berthv1.Hibernation
+	if n := calls(func() { hib, err = sb.Hibernate(ctx) }); err != nil || n != 2 ||
+		hib != berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED || sb.Info.GetState() != berthv1.SandboxState_SANDBOX_STATE_HIBERNATED {
+		t.Errorf("Hibernate after one FLEET_BUSY = %v, %v in %d calls, state %v; want PROCESSES_ENDED in 2 calls, HIBERNATED", hib, err, n, sb.Info.GetState())
+	}
+
+	fake.fail("sb", busy)
+	if n := calls(func() { _, err = sb.Snapshot(ctx, nil) }); !client.IsReason(err, client.ReasonFleetBusy) || n != 1 {
+		t.Errorf("Snapshot after one FLEET_BUSY = %v in %d calls; want FLEET_BUSY in 1 call", err, n)
+	}
+
+	fake.fail("sb", busy)
+	if n := calls(func() { _, err = sb.Fork(ctx, client.ForkOptions{Count: 2}) }); !client.IsReason(err, client.ReasonFleetBusy) || n != 1 {
+		t.Errorf("Fork without a request id after one FLEET_BUSY = %v in %d calls; want FLEET_BUSY in 1 call", err, n)
+	}
+
+	fake.fail("sb", busy)
+	var children []*client.Sandbox
+	labels := map[string]string{"k": "v"}
+	if n := calls(func() { children, err = sb.Fork(ctx, client.ForkOptions{Count: 2, RequestID: "r1", Labels: labels}) }); err != nil || n != 2 {
+		t.Fatalf("Fork with a request id after one FLEET_BUSY = %v in %d calls; want children in 2 calls", err, n)
+	}
+	if len(children) != 2 || children[0].ID != "sb-0" || children[1].ID != "sb-1" || children[1].Info.GetLabels()["k"] != "v" {
+		t.Fatalf("Fork children = %v; want sb-0, sb-1 labelled k=v", children)
+	}
+	for _, c := range children {
+		if c.Client != sb.Client || c.Commands == nil || c.Files == nil || c.Ports == nil {
+			t.Errorf("child %s: Client shared %v, Commands/Files/Ports set %v", c.ID, c.Client == sb.Client, c.Commands != nil && c.Files != nil && c.Ports != nil)
+		}
+		if err := c.Close(); err != nil {
+			t.Errorf("child %s Close: %v", c.ID, err)
+		}
+	}
+	// A child's Close leaves the shared connection open.
+	if _, err := sb.Refresh(ctx); err != nil {
+		t.Errorf("Refresh after the children's Close: %v", err)
+	}
+
+	if children, err := sb.Fork(ctx, client.ForkOptions{}); err != nil || len(children) != 1 {
+		t.Errorf("Fork with Count 0 = %v, %v; want 1 child", children, err)
 	}
 }

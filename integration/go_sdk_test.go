@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/berth-sandbox/berth/client"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
 
 // TestGoSDK covers the Go column of the SDK surface (client.Sandbox) against
@@ -323,4 +325,173 @@ func TestGoSDK(t *testing.T) {
 			t.Errorf("LastError = %v; want PORT_CLOSED", closed.LastError())
 		}
 	})
+}
+
+// TestGoSDKState covers the state calls of the Go SDK's Sandbox against a
+// real berthd, as TestPythonSDK's test_state does for Python's: Pause
+// (a NoResume call is refused SANDBOX_PAUSED and leaves it paused),
+// Resume, Snapshot with labels (listed, and a sandbox made FromSnapshot
+// has its files), Fork of 2 whose children write apart, the same request
+// id returning the same children, and Hibernate (runc: processes ended)
+// woken by a command.
+func TestGoSDKState(t *testing.T) {
+	e := startClientBerthd(t, "gosdkst")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c, err := client.Dial(ctx, "unix://"+e.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	kill := func(sb *client.Sandbox) {
+		if err := sb.Kill(context.Background()); err != nil {
+			t.Errorf("Kill %s: %v", sb.ID, err)
+		}
+	}
+	read := func(sb *client.Sandbox, path string) string {
+		t.Helper()
+		b, err := sb.Files.Read(ctx, path)
+		if err != nil {
+			t.Fatalf("read %s in %s: %v", path, sb.ID, err)
+		}
+		return string(b)
+	}
+	write := func(sb *client.Sandbox, path, data string) {
+		t.Helper()
+		if _, err := sb.Files.Write(ctx, path, []byte(data)); err != nil {
+			t.Fatalf("write %s in %s: %v", path, sb.ID, err)
+		}
+	}
+
+	sb, err := client.CreateSandbox(ctx, client.SandboxOptions{Client: c, Image: baseImage, Labels: map[string]string{"who": "go"}})
+	if err != nil {
+		t.Fatalf("CreateSandbox: %v", err)
+	}
+	defer kill(sb)
+	write(sb, "/workspace/f", "one")
+
+	// Pause, and a call that must not resume is refused.
+	if err := sb.Pause(ctx); err != nil || sb.Info.GetState() != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Fatalf("Pause = %v, state %v; want PAUSED", err, sb.Info.GetState())
+	}
+	if _, err := sb.Commands.Run(client.NoResume(ctx), "true", client.RunOptions{}); !client.IsReason(err, client.ReasonSandboxPaused) {
+		t.Errorf("Run under NoResume on a paused sandbox = %v; want SANDBOX_PAUSED", err)
+	}
+	if _, err := sb.Files.Read(client.NoResume(ctx), "/workspace/f"); !client.IsReason(err, client.ReasonSandboxPaused) {
+		t.Errorf("Files.Read under NoResume on a paused sandbox = %v; want SANDBOX_PAUSED", err)
+	}
+	if info, err := sb.Refresh(ctx); err != nil || info.GetState() != berthv1.SandboxState_SANDBOX_STATE_PAUSED {
+		t.Errorf("state after the refused calls = %v, %v; want PAUSED", info.GetState(), err)
+	}
+	if err := sb.Resume(ctx); err != nil || sb.Info.GetState() != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Fatalf("Resume = %v, state %v; want RUNNING", err, sb.Info.GetState())
+	}
+	if got := read(sb, "/workspace/f"); got != "one" {
+		t.Errorf("/workspace/f after Resume = %q; want one", got)
+	}
+
+	// Snapshot with labels, listed with them; a sandbox from it has its files.
+	step := "one-" + shortID("s")
+	snap, err := sb.Snapshot(ctx, map[string]string{"step": step})
+	if err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	defer func() {
+		if err := c.DeleteSnapshot(context.Background(), snap.GetId()); err != nil {
+			t.Errorf("DeleteSnapshot %s: %v", snap.GetId(), err)
+		}
+	}()
+	if !strings.HasPrefix(snap.GetId(), "snap-") || snap.GetSandboxId() != sb.ID || snap.GetLabels()["step"] != step {
+		t.Errorf("Snapshot = %v; want snap-..., of %s, labelled step=%s", snap, sb.ID, step)
+	}
+	snaps, err := c.ListSnapshots(ctx)
+	if err != nil {
+		t.Fatalf("ListSnapshots: %v", err)
+	}
+	listed := false
+	for _, s := range snaps {
+		if s.GetId() == snap.GetId() {
+			listed = s.GetLabels()["step"] == step
+		}
+	}
+	if !listed {
+		t.Errorf("ListSnapshots = %v; want %s labelled step=%s", snaps, snap.GetId(), step)
+	}
+	write(sb, "/workspace/f", "two")
+	again, err := client.CreateSandbox(ctx, client.SandboxOptions{Client: c, FromSnapshot: snap.GetId()})
+	if err != nil {
+		t.Fatalf("CreateSandbox FromSnapshot %s: %v", snap.GetId(), err)
+	}
+	if got := read(again, "/workspace/f"); got != "one" {
+		t.Errorf("/workspace/f in a sandbox from the snapshot = %q; want one", got)
+	}
+	kill(again)
+
+	// Fork of 2: children with the parent's files, writing apart.
+	kids, err := sb.Fork(ctx, client.ForkOptions{Count: 2, Labels: map[string]string{"kid": "yes"}})
+	if err != nil {
+		t.Fatalf("Fork of 2: %v", err)
+	}
+	for _, k := range kids {
+		defer kill(k)
+	}
+	if len(kids) != 2 || kids[0].ID == kids[1].ID || kids[0].ID == sb.ID || kids[1].ID == sb.ID {
+		t.Fatalf("Fork of 2 = %v; want 2 new sandboxes", kids)
+	}
+	for i, k := range kids {
+		if k.Client != c || k.Info.GetLabels()["who"] != "go" || k.Info.GetLabels()["kid"] != "yes" {
+			t.Errorf("child %s: same Client %v, labels %v; want true, who=go kid=yes", k.ID, k.Client == c, k.Info.GetLabels())
+		}
+		if got := read(k, "/workspace/f"); got != "two" {
+			t.Errorf("/workspace/f in child %s = %q; want two", k.ID, got)
+		}
+		write(k, "/workspace/f", fmt.Sprintf("kid %d", i))
+	}
+	if got0, got1, gotp := read(kids[0], "/workspace/f"), read(kids[1], "/workspace/f"), read(sb, "/workspace/f"); got0 != "kid 0" || got1 != "kid 1" || gotp != "two" {
+		t.Errorf("/workspace/f after the children's writes: %q, %q, parent %q; want kid 0, kid 1, two", got0, got1, gotp)
+	}
+
+	// The same request id returns the same children and makes none.
+	rid := shortID("gosdk-fork")
+	first, err := sb.Fork(ctx, client.ForkOptions{Count: 2, RequestID: rid})
+	if err != nil {
+		t.Fatalf("Fork with request id %s: %v", rid, err)
+	}
+	for _, k := range first {
+		defer kill(k)
+	}
+	repeat, err := sb.Fork(ctx, client.ForkOptions{Count: 2, RequestID: rid})
+	if err != nil {
+		t.Fatalf("Fork again with request id %s: %v", rid, err)
+	}
+	if len(first) != 2 || len(repeat) != 2 || repeat[0].ID != first[0].ID || repeat[1].ID != first[1].ID {
+		t.Errorf("Fork twice with request id %s = %v then %v; want the same 2 children", rid, sandboxIDs(first), sandboxIDs(repeat))
+	}
+	if _, err := sb.Fork(ctx, client.ForkOptions{Count: 1, RequestID: rid}); !client.IsReason(err, client.ReasonSandboxExists) {
+		t.Errorf("Fork with request id %s and another count = %v; want SANDBOX_EXISTS", rid, err)
+	}
+
+	// Hibernate (runc: processes end, files stay); a command wakes it.
+	hib, err := sb.Hibernate(ctx)
+	if err != nil || hib != berthv1.Hibernation_HIBERNATION_PROCESSES_ENDED || sb.Info.GetState() != berthv1.SandboxState_SANDBOX_STATE_HIBERNATED {
+		t.Fatalf("Hibernate = %v, %v, state %v; want PROCESSES_ENDED, HIBERNATED", hib, err, sb.Info.GetState())
+	}
+	if _, err := sb.Commands.Run(client.NoResume(ctx), "true", client.RunOptions{}); !client.IsReason(err, client.ReasonSandboxHibernated) {
+		t.Errorf("Run under NoResume on a hibernated sandbox = %v; want SANDBOX_HIBERNATED", err)
+	}
+	r, err := sb.Commands.Run(ctx, "cat /workspace/f", client.RunOptions{})
+	if err != nil || r.ExitCode != 0 || string(r.Stdout) != "two" {
+		t.Errorf("Run after Hibernate = %+v, %v; want two", r, err)
+	}
+	if info, err := sb.Refresh(ctx); err != nil || info.GetState() != berthv1.SandboxState_SANDBOX_STATE_RUNNING {
+		t.Errorf("state after the waking command = %v, %v; want RUNNING", info.GetState(), err)
+	}
+}
+
+func sandboxIDs(sbs []*client.Sandbox) []string {
+	ids := make([]string, len(sbs))
+	for i, sb := range sbs {
+		ids[i] = sb.ID
+	}
+	return ids
 }

@@ -79,41 +79,66 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// setup brings the environment up, runs the tests and tears it down. It
-// returns an error only when the environment could not be brought up.
+// setup brings the environment up, runs the tests and tears it down, also
+// when the test binary is stopped by SIGINT or SIGTERM. It returns an
+// error only when the environment could not be brought up.
 func setup(m *testing.M) (code int, err error) {
+	td := &teardown{}
+	stop := td.onSignal()
+	defer stop()
+	defer td.run(nil) // before stop: a signal meanwhile waits for it
+	td.mu.Lock()
+	err = bringUp(td)
+	td.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	code = m.Run()
+	printSideBySide(os.Stdout)
+	return code, nil
+}
+
+// bringUp brings the environment up and adds to td what undoes each step.
+// It runs with td.mu held, so that a signal's teardown waits for it.
+func bringUp(td *teardown) error {
 	if os.Geteuid() != 0 {
-		return 0, fmt.Errorf("containerd needs root")
+		return fmt.Errorf("containerd needs root")
 	}
 	repo, err := filepath.Abs("..")
 	if err != nil {
-		return 0, err
+		return err
 	}
 	env.repo = repo
 	// Socket paths are limited to 108 bytes: keep the directory short.
 	env.dir, err = os.MkdirTemp("/tmp", "bt")
 	if err != nil {
-		return 0, err
+		return err
 	}
-	defer os.RemoveAll(env.dir)
+	td.add(func() {
+		unmountUnder(env.dir)
+		os.RemoveAll(env.dir)
+	})
 	// Sandboxes' roots are unprivileged host ids (user namespaces): they
 	// must pass through to the containerd state and the agent binary here.
 	if err := os.Chmod(env.dir, 0o711); err != nil {
-		return 0, err
+		return err
 	}
 
 	env.containerd = os.Getenv("BERTH_CONTAINERD_ADDRESS")
 	if env.containerd == "" {
 		script := filepath.Join(repo, "scripts", "containerd.sh")
 		dir := filepath.Join(env.dir, "c")
-		if out, err := exec.Command("bash", script, "start", dir).CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("start containerd: %v: %s", err, out)
-		}
-		defer func() {
+		// Added before the start: a start cut short (a Ctrl-C reaches the
+		// script too) may have mounted the btrfs or started containerd,
+		// and stop undoes whatever is there.
+		td.add(func() {
 			if out, err := exec.Command("bash", script, "stop", dir).CombinedOutput(); err != nil {
 				fmt.Fprintf(os.Stderr, "integration: stop containerd: %v: %s\n", err, out)
 			}
-		}()
+		})
+		if out, err := exec.Command("bash", script, "start", dir).CombinedOutput(); err != nil {
+			return fmt.Errorf("start containerd: %v: %s", err, out)
+		}
 		env.containerd = filepath.Join(dir, "containerd.sock")
 		env.containerdDir = dir
 	}
@@ -122,10 +147,10 @@ func setup(m *testing.M) (code int, err error) {
 	env.agentBinary = filepath.Join(bin, "berth-agent")
 	env.cliBinary = filepath.Join(bin, "berth")
 	if err := goBuild(env.agentBinary, "./cmd/berth-agent", "CGO_ENABLED=0"); err != nil {
-		return 0, err
+		return err
 	}
 	if err := goBuild(env.cliBinary, "./cmd/berth"); err != nil {
-		return 0, err
+		return err
 	}
 
 	archive := os.Getenv("BERTH_TEST_IMAGE")
@@ -134,7 +159,7 @@ func setup(m *testing.M) (code int, err error) {
 	}
 	env.archive = archive
 	if _, err := os.Stat(archive); err != nil {
-		return 0, fmt.Errorf("test image archive (build it with `make image`): %w", err)
+		return fmt.Errorf("test image archive (build it with `make image`): %w", err)
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -156,9 +181,9 @@ func setup(m *testing.M) (code int, err error) {
 		GVisorBinary: filepath.Join(repo, "scripts", "runsc-berth"),
 	})
 	if err != nil {
-		return 0, err
+		return err
 	}
-	defer env.rt.Close()
+	td.add(func() { env.rt.Close() })
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("BERTH_TEST_LOG") != "" {
@@ -166,42 +191,40 @@ func setup(m *testing.M) (code int, err error) {
 	}
 	if env.snapshotter == "btrfs" {
 		if err := env.rt.DiskQuota(); err != nil {
-			return 0, fmt.Errorf("the btrfs snapshotter cannot enforce disk quotas: %w", err)
+			return fmt.Errorf("the btrfs snapshotter cannot enforce disk quotas: %w", err)
 		}
 	}
 	svc := server.New(server.Config{PullRegistries: []string{"*", "127.0.0.1:*"}, JournalDir: journalDir(), DefaultDiskBytes: testDiskQuota()}, env.rt, log)
-	defer svc.Close()
+	td.add(svc.Close)
 	if err := svc.Start(ctx); err != nil {
-		return 0, err
+		return err
 	}
 	sock := filepath.Join(env.dir, "berthd.sock")
 	env.berthdAddr = "unix://" + sock
 	lis, err := server.Listen(env.berthdAddr)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	srv := server.NewGRPCServer(svc, log)
 	// As berthd serves its unix socket: gRPC and the HTTP protocols on
 	// one listener (BERTH_TEST_GRPC_ONLY=1: gRPC alone, to compare).
 	go server.Serve(srv, lis, server.ServeConfig{HTTP: os.Getenv("BERTH_TEST_GRPC_ONLY") == "", Log: log})
-	defer srv.Stop()
+	td.add(srv.Stop)
 
 	env.conn, err = grpc.NewClient(env.berthdAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
-		return 0, err
+		return err
 	}
-	defer env.conn.Close()
+	td.add(func() { env.conn.Close() })
 	env.sandboxes = berthv1.NewSandboxServiceClient(env.conn)
 	env.images = berthv1.NewImageServiceClient(env.conn)
 
 	if err := importImage(ctx, archive); err != nil {
-		return 0, err
+		return err
 	}
 	env.image = baseImage
-	defer cleanupNamespace()
-	code = m.Run()
-	printSideBySide(os.Stdout)
-	return code, nil
+	td.add(cleanupNamespace)
+	return nil
 }
 
 // testDiskQuota is the main server's default disk quota: testDiskBytes when

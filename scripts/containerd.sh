@@ -16,8 +16,10 @@
 #           line is the socket path.
 #   stop    kills every task of the instance (all namespaces), then stops
 #           containerd by its pid (SIGTERM, SIGKILL after
-#           $CONTAINERD_STOP_TIMEOUT seconds, default 15) and kills any shim
-#           left serving it. Images, containers and snapshots stay in DIR/root.
+#           $CONTAINERD_STOP_TIMEOUT seconds, default 15), kills any shim
+#           left serving it and deletes runc containers of its bundles that
+#           no shim serves (a create cut short by a kill). Images,
+#           containers and snapshots stay in DIR/root.
 #   status  prints whether it runs; exits 0 when it answers, 3 when not.
 #
 # Layout: DIR/config.toml, DIR/containerd.sock (+ .ttrpc), DIR/debug.sock,
@@ -172,6 +174,22 @@ kill_tasks() {
 	done
 }
 
+# orphans deletes the runc containers of this instance that no shim
+# serves any more: a task create cut short (its berthd killed between
+# runc create and start) leaves `runc init` waiting in state "created",
+# which neither `ctr tasks ls` nor the shim sweep sees. Their state is
+# outside DIR (/run/containerd/runc/<namespace>/<id>/state.json) but names
+# the bundle under DIR/state.
+orphans() {
+	local f id
+	# grep fails when nothing matches (1) or no state.json exists (2).
+	for f in $(grep -lsF -- "$DIR/state/" /run/containerd/runc/*/*/state.json || true); do
+		id=${f%/state.json}
+		log "deleting orphaned runc container ${id##*/} (runc state ${id%/*})"
+		runc --root "${id%/*}" delete --force "${id##*/}" >/dev/null 2>&1 || true
+	done
+}
+
 stop() {
 	local p i s
 	if ! p=$(pid); then
@@ -197,6 +215,7 @@ stop() {
 		log "killing leftover shim pid $s"
 		kill -KILL "$s" 2>/dev/null || true
 	done
+	orphans
 	rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc" "$DIR/debug.sock"
 	if [[ -d $BTRFS_ROOT ]]; then
 		"$BTRFS_QUOTA" down "$BTRFS_ROOT"
