@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,7 +26,7 @@ func BenchmarkExecTrue(b *testing.B) {
 	if r := a.run(b, "warm", argv("true")); r.result.GetExitCode() != 0 {
 		b.Fatalf("exit code %d", r.result.GetExitCode())
 	}
-	pids := append([]uint32{uint32(a.pid)}, childrenNamed(uint32(a.pid), launcher.Comm)...)
+	pids := append([]uint32{uint32(a.pid)}, procfs.ChildrenNamed(uint32(a.pid), launcher.Comm)...)
 	cpu := func() (sum time.Duration) {
 		for _, pid := range pids {
 			d, err := procfs.CPU(pid)
@@ -71,24 +70,6 @@ func timeslices(pid uint32) (sum uint64) {
 		}
 	}
 	return sum
-}
-
-// childrenNamed returns the children of process pid whose command name is
-// comm (/proc/<pid>/task/*/children, proc(5)).
-func childrenNamed(pid uint32, comm string) []uint32 {
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	var pids []uint32
-	for _, task := range tasks {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
-		for _, child := range strings.Fields(string(b)) {
-			c, err := os.ReadFile("/proc/" + child + "/comm")
-			var n uint32
-			if _, serr := fmt.Sscan(child, &n); err == nil && serr == nil && strings.TrimSpace(string(c)) == comm {
-				pids = append(pids, n)
-			}
-		}
-	}
-	return pids
 }
 
 // BenchmarkExecOutput measures output throughput: 64 MiB from head(1)
@@ -147,7 +128,7 @@ func BenchmarkExecTrueConcurrent(b *testing.B) {
 			if r := a.run(b, "warm", argv("true")); r.result.GetExitCode() != 0 {
 				b.Fatalf("exit code %d", r.result.GetExitCode())
 			}
-			pids := append([]uint32{uint32(a.pid)}, childrenNamed(uint32(a.pid), launcher.Comm)...)
+			pids := append([]uint32{uint32(a.pid)}, procfs.ChildrenNamed(uint32(a.pid), launcher.Comm)...)
 			usage := func() (cpu time.Duration, runs uint64) {
 				for _, pid := range pids {
 					d, err := procfs.CPU(pid)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-sandbox/berth/agent/launcher"
 	"github.com/berth-sandbox/berth/internal/procfs"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 )
@@ -103,7 +104,7 @@ func benchConcurrent(b *testing.B) {
 		return false, nil
 	})
 	host := func() []cpuPart {
-		return []cpuPart{{"this process and its reaped children", rusageCPU(unix.RUSAGE_SELF) + rusageCPU(unix.RUSAGE_CHILDREN)}}
+		return []cpuPart{{what: "this process and its reaped children", cpu: rusageCPU(unix.RUSAGE_SELF) + rusageCPU(unix.RUSAGE_CHILDREN)}}
 	}
 	measureRate(b, "concurrent/host-fork-exec", n, window, host, func(context.Context, int) (bool, error) {
 		return false, exec.Command(busybox, "true").Run()
@@ -116,6 +117,9 @@ func benchConcurrent(b *testing.B) {
 type cpuPart struct {
 	what string
 	cpu  time.Duration
+	// within marks a breakdown of the part before it (counted there): it
+	// is printed, not added to the side's sum.
+	within bool
 }
 
 // rusageCPU is the user and system time getrusage(2) reports for who.
@@ -130,11 +134,15 @@ func rusageCPU(who int) time.Duration {
 // sandboxCPU returns a reader of the CPU time berth's side of the
 // concurrent group has used: this test process (berthd and the client),
 // the sandboxes' cgroups (each agent, its launchers and the `true`s they
-// start: procfs.CgroupCPUFiles.Usage) and their containerd
-// shims (the agent's parent, every thread's run time).
+// start: procfs.CgroupCPUFiles.Usage), of which the agents' own and their
+// launchers' (every thread's run time, procfs.CPU: the rest is the
+// `true`s), and their containerd shims (the agent's parent, every
+// thread's run time). The test process's figure leaves out the CPU the
+// reader itself spends reading /proc.
 func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
 	var cgroups []procfs.CgroupCPUFiles
-	var shims []uint32
+	var agentPIDs, shims []uint32
+	var probe time.Duration // the reader's own CPU so far
 	for _, id := range ids {
 		got, err := env.sandboxes.GetSandbox(context.Background(), &berthv1.GetSandboxRequest{SandboxId: id})
 		if err != nil {
@@ -146,6 +154,7 @@ func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
 			b.Fatal(err)
 		}
 		cgroups = append(cgroups, cg)
+		agentPIDs = append(agentPIDs, pid)
 		shim, err := parentOf(pid)
 		if err != nil {
 			b.Fatal(err)
@@ -153,10 +162,23 @@ func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
 		shims = append(shims, shim)
 	}
 	return func() []cpuPart {
-		var agents, shim time.Duration
+		start := rusageCPU(unix.RUSAGE_SELF)
+		var cgroupsCPU, agents, launchers, shim time.Duration
 		for _, f := range cgroups {
 			if d, err := f.Usage(); err == nil {
+				cgroupsCPU += d
+			}
+		}
+		for _, pid := range agentPIDs {
+			if d, err := procfs.CPU(pid); err == nil {
 				agents += d
+			}
+			// A launcher starts with its agent's first exec; one that
+			// was replaced takes its CPU with it.
+			for _, l := range procfs.ChildrenNamed(pid, launcher.Comm) {
+				if d, err := procfs.CPU(l); err == nil {
+					launchers += d
+				}
 			}
 		}
 		for _, pid := range shims {
@@ -164,10 +186,14 @@ func sandboxCPU(b *testing.B, ids []string) func() []cpuPart {
 				shim += d
 			}
 		}
+		end := rusageCPU(unix.RUSAGE_SELF)
+		probe += end - start
 		return []cpuPart{
-			{"test process (berthd, client)", rusageCPU(unix.RUSAGE_SELF)},
-			{"sandbox cgroups (agent, launcher, true)", agents},
-			{"shims", shim},
+			{what: "test process (berthd, client)", cpu: end - probe},
+			{what: "sandbox cgroups (agent, launcher, true)", cpu: cgroupsCPU},
+			{what: "of which agents", cpu: agents, within: true},
+			{what: "launchers", cpu: launchers, within: true},
+			{what: "shims", cpu: shim},
 		}
 	}
 }
@@ -245,7 +271,9 @@ func measureRate(b *testing.B, name string, n int, window time.Duration, cpu fun
 				split := make([]string, len(cpuAfter))
 				for j, p := range cpuAfter {
 					used := p.cpu - cpuBefore[j].cpu
-					m.cpu += used
+					if !p.within {
+						m.cpu += used
+					}
 					split[j] = fmt.Sprintf("%s %.0f us", p.what, float64(used)/float64(ops)/1e3)
 				}
 				note(fmt.Sprintf("%s: %d execs, CPU per exec: %s", name, ops, strings.Join(split, ", ")))

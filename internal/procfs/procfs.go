@@ -349,6 +349,28 @@ func statField(file, key string) (uint64, error) {
 	return 0, fmt.Errorf("%s has no %s", file, key)
 }
 
+// ChildrenNamed returns the children of host process pid whose command
+// name (/proc/<child>/comm) is comm, found in /proc/<pid>/task/*/children
+// (proc(5): each thread lists the children it forked). A process that is
+// gone has none.
+func ChildrenNamed(pid uint32, comm string) []uint32 {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var pids []uint32
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		for _, child := range strings.Fields(string(b)) {
+			n, err := strconv.ParseUint(child, 10, 32)
+			if err != nil {
+				continue
+			}
+			if c, err := os.ReadFile("/proc/" + child + "/comm"); err == nil && strings.TrimSpace(string(c)) == comm {
+				pids = append(pids, uint32(n))
+			}
+		}
+	}
+	return pids
+}
+
 // Stopped reports whether host process pid is stopped by a signal
 // (state T, or t when traced, in its stat file, proc(5); see leaderStat).
 func Stopped(pid uint32) bool {

@@ -326,3 +326,30 @@ func TestExited(t *testing.T) {
 		t.Errorf("Exited(reaped process) = false, want true")
 	}
 }
+
+// TestChildrenNamed finds this process's sleep children by their command
+// name and nothing for another name or a process that is gone.
+func TestChildrenNamed(t *testing.T) {
+	var want []uint32
+	for range 2 {
+		cmd := exec.Command("sleep", "60")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { cmd.Process.Kill(); cmd.Wait() }()
+		want = append(want, uint32(cmd.Process.Pid))
+	}
+	self := uint32(os.Getpid())
+	got := ChildrenNamed(self, "sleep")
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("ChildrenNamed(this process, sleep) = %v, want %v", got, want)
+	}
+	if got := ChildrenNamed(self, "sleeper"); len(got) != 0 {
+		t.Errorf("ChildrenNamed(this process, sleeper) = %v, want none", got)
+	}
+	if got := ChildrenNamed(0, "sleep"); len(got) != 0 {
+		t.Errorf("ChildrenNamed(0, sleep) = %v, want none", got)
+	}
+}
