@@ -619,6 +619,11 @@ func runDaemonSetPod(t *testing.T, pod k8sPodSpec, c k8sContainer, configMaps ma
 	if n := strings.Count(string(log), "sandboxes are NOT pinned to CPUs"); n != 1 || !strings.Contains(string(log), `"cpuset":"off (auto unavailable)"`) {
 		t.Errorf("berthd in the DaemonSet's container on %s logged the cpuset warning %d times and no \"off (auto unavailable)\" start line; want one warning and that line:\n%s", nodeName, n, log)
 	}
+	// Nor can it weigh the sandboxes' parent cpu cgroup there
+	// (docs/default-limits.md#cpu-weight): one warning, and creates work.
+	if n := strings.Count(string(log), "the sandboxes' parent cgroup is NOT weighed"); n != 1 || !strings.Contains(string(log), `"cpu_weight":"off (auto unavailable)"`) {
+		t.Errorf("berthd in the DaemonSet's container on %s logged the cpu weight warning %d times and no \"off (auto unavailable)\" start line; want one warning and that line:\n%s", nodeName, n, log)
+	}
 	return dp
 }
 

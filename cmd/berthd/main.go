@@ -127,6 +127,13 @@ func main() {
 		rtCfg.CPUSet = v
 		return nil
 	})
+	flag.Func("cpu-weight", "\"auto\": weigh the sandboxes' parent cgroup (/<namespace> in the cpu hierarchy) as the sum of its sandboxes' weights, 1024 per CPU of each one's cap, so that under contention a sandbox gets the share its processes would get on the host; \"off\": leave it at the kernel's default, one task's weight for all sandboxes together (default auto; where berthd cannot weigh it — in a container, without a writable cpu cgroup — it warns once and runs as off; docs/default-limits.md)", func(v string) error {
+		if v != runtime.CPUWeightAuto && v != runtime.CPUWeightOff {
+			return fmt.Errorf("want %s or %s", runtime.CPUWeightAuto, runtime.CPUWeightOff)
+		}
+		rtCfg.CPUWeight = v
+		return nil
+	})
 	flag.Uint64Var(&rtCfg.MaxImageStoreBytes, "max-image-store-bytes", 0, "most `bytes` containerd's content store may hold for berthd's namespace (every image's blobs); an import or pull past it fails RESOURCE_EXHAUSTED NO_SPACE; 0: no bound")
 	flag.StringVar(&rtCfg.GVisorBinary, "gvisor-binary", "", "runsc wrapper (scripts/runsc-berth) the runc shim runs for sandboxes with runtime \"gvisor\"; empty: such sandboxes are refused")
 	flag.Uint64Var(&svcCfg.MaxSandboxOpenFiles, "max-sandbox-open-files", 1<<20, "largest pids_limit x open_files_limit of a sandbox: its worst case of open files, kept well under the host's fs.file-max")
@@ -339,6 +346,9 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 	if err := rt.CPUSetUnavailable(); err != nil {
 		log.Warn("sandboxes are NOT pinned to CPUs (--cpuset auto): nproc in a sandbox shows every CPU berthd may use, not its CPU cap; the cap itself holds", slog.Any("reason", err))
 	}
+	if err := rt.CPUWeightUnavailable(); err != nil {
+		log.Warn("the sandboxes' parent cgroup is NOT weighed (--cpu-weight auto): under CPU contention all sandboxes together get the share of one host process", slog.Any("reason", err))
+	}
 	if err := rt.DiskQuota(); err != nil {
 		if !diskDefaultSet && svcCfg.MaxDiskBytes == 0 {
 			log.Warn("sandboxes' disk use is NOT limited: any sandbox can fill the host's disk; requests with resources.disk_bytes are refused", slog.Any("reason", err))
@@ -421,7 +431,7 @@ func run(log *slog.Logger, rtCfg runtime.Config, svcCfg server.Config, cf *clust
 	}
 	return serve(ctx, log, srv, listens, transport.listenOptions(log, socket), transport.serveConfig(authn, log), join, slog.String("containerd", rtCfg.Address), slog.String("namespace", rt.Namespace()), slog.String("version", server.Version),
 		slog.String("snapshotter", rtCfg.Snapshotter), slog.Uint64("default_disk_bytes", svcCfg.DefaultDiskBytes), slog.Uint64("max_disk_bytes", svcCfg.MaxDiskBytes),
-		slog.String("node_id", svcCfg.NodeID), slog.String("cpuset", rt.CPUSet()))
+		slog.String("node_id", svcCfg.NodeID), slog.String("cpuset", rt.CPUSet()), slog.String("cpu_weight", rt.CPUWeight()))
 }
 
 // runGateway serves a fleet's API without containerd: every call goes to

@@ -178,6 +178,12 @@ type Config struct {
 	// pinning cannot work (probeCPUSet), none is pinned and
 	// Runtime.CPUSetUnavailable says why.
 	CPUSet string
+	// CPUWeight is CPUWeightAuto ("" too) or CPUWeightOff: whether the
+	// sandboxes' parent cgroup weighs as its sandboxes' CPU caps
+	// (cpuweight.go). With CPUWeightAuto where that cannot work
+	// (probeCPUWeight), nothing is weighed and
+	// Runtime.CPUWeightUnavailable says why.
+	CPUWeight string
 }
 
 func (c *Config) setDefaults() {
@@ -205,6 +211,9 @@ func (c *Config) setDefaults() {
 	if c.CPUSet == "" {
 		c.CPUSet = CPUSetAuto
 	}
+	if c.CPUWeight == "" {
+		c.CPUWeight = CPUWeightAuto
+	}
 }
 
 // Runtime creates and inspects sandboxes in containerd.
@@ -224,6 +233,12 @@ type Runtime struct {
 	cpusetErr   error
 	cpuMu       sync.Mutex
 	cpuReserved map[string]pinning
+	// unified is whether the cgroup hierarchy is v2. cpuWeightErr says
+	// why the sandboxes' parent cgroup is not weighed (probeCPUWeight);
+	// weighs coalesces reweighs.
+	unified      bool
+	cpuWeightErr error
+	weighs       coalescer[struct{}]
 	// quota sets sandboxes' disk quotas; nil when quotaErr says why
 	// there are none.
 	quota    *qgroup.FS
@@ -312,6 +327,21 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	default:
 		client.Close()
 		return nil, fmt.Errorf("cpuset %q: want %q or %q", cfg.CPUSet, CPUSetAuto, CPUSetOff)
+	}
+	r.unified = cgroups.Mode() == cgroups.Unified
+	switch cfg.CPUWeight {
+	case CPUWeightAuto:
+		// Never fatal: a berthd that cannot weigh runs as with
+		// CPUWeightOff.
+		if r.cpuWeightErr = probeCPUWeight(cgroupRoot, r.unified, cfg.Namespace); r.cpuWeightErr == nil {
+			if err := r.reweigh(ctx); err != nil {
+				r.cpuWeightErr = err
+			}
+		}
+	case CPUWeightOff:
+	default:
+		client.Close()
+		return nil, fmt.Errorf("cpu weight %q: want %q or %q", cfg.CPUWeight, CPUWeightAuto, CPUWeightOff)
 	}
 	if r.orphanLeases, err = r.dropOrphanLeases(ctx); err != nil {
 		client.Close()
@@ -557,6 +587,7 @@ func (r *Runtime) LogPath(id string) string {
 func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	c := r.begin(ctx, "create sandbox "+spec.ID)
 	defer c.end(&retErr)
+	defer r.reweighAfter(ctx)
 	ph := phasesOf(ctx)
 	step, cancel := c.step()
 	defer cancel()
@@ -902,6 +933,11 @@ func (r *Runtime) specOpts(image containerd.Image, spec SandboxSpec, dir string)
 		const period = 100_000 // µs, the kernel's default CFS period
 		opts = append(opts, oci.WithCPUCFS(int64(spec.CPUMillis)*period/1000, period))
 	}
+	if r.cfg.CPUWeight != CPUWeightOff {
+		// Its weight among the sandboxes: 1024 per CPU of its cap
+		// (cpuweight.go).
+		opts = append(opts, oci.WithCPUShares(cpuShares(spec.CPUMillis)))
+	}
 	if spec.userns() && spec.Network.NetNS != "" {
 		// The network namespace berthd made belongs to the host's user
 		// namespace: the sandbox may neither mount sysfs nor write its
@@ -1179,6 +1215,7 @@ func recordFromLabels(id string, labels map[string]string) Sandbox {
 func (r *Runtime) Delete(ctx context.Context, id string) (err error) {
 	c := r.begin(ctx, "delete sandbox "+id)
 	defer c.end(&err)
+	defer r.reweighAfter(ctx)
 	ctx, cancel := c.step()
 	defer cancel()
 	container, err := r.client.LoadContainer(ctx, id)
