@@ -49,7 +49,7 @@ func newStandbyEnv(t *testing.T, name string, n int) (*berthEnv, *network.Manage
 
 // standbyMembers returns the ids of the standby members of parent that
 // containerd holds in e's namespace.
-func standbyMembers(t *testing.T, e *berthEnv, parent string) []string {
+func standbyMembers(t testing.TB, e *berthEnv, parent string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -68,7 +68,7 @@ func standbyMembers(t *testing.T, e *berthEnv, parent string) []string {
 
 // waitStandby waits until e's pool holds n ready standby members of
 // parent.
-func waitStandby(t *testing.T, e *berthEnv, parent string, n int) {
+func waitStandby(t testing.TB, e *berthEnv, parent string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for e.svc.ForkStandbyReady(parent) < n {
@@ -111,6 +111,14 @@ func TestForkStandby(t *testing.T) {
 	members := standbyMembers(t, e, pid)
 	if len(members) != 1 {
 		t.Fatalf("standby members of %s: %v, want one", pid, members)
+	}
+	if rec, err := e.rt.Get(ctx, members[0]); err == nil {
+		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", rec.TaskPID))
+		for _, line := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(line, "VmRSS:") {
+				t.Logf("standby member %s's waiting agent: %s", members[0], strings.Join(strings.Fields(line), " "))
+			}
+		}
 	}
 	list, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
 	if err != nil {
@@ -221,6 +229,23 @@ func TestForkStandby(t *testing.T) {
 	if byReq.GetId() == refill[0] || e.svc.ForkStandbyReady(pid) != 1 {
 		t.Errorf("fork with a request_id made %s (member %v, %d ready); want a cold child, the member kept", byReq.GetId(), refill, e.svc.ForkStandbyReady(pid))
 	}
+
+	// A member whose mount points the parent's workload turned into
+	// symbolic links is not switched through them: the fork makes its
+	// child the cold way, under an id of its own, and removes the member.
+	shellOut(t, svc, pid, "mv /etc /etc.real && ln -s etc.real /etc")
+	linked := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0]
+	if linked.GetId() == refill[0] {
+		t.Errorf("fork of a parent whose /etc is a link used standby member %s", refill[0])
+	}
+	if got := shellOut(t, svc, linked.GetId(), "readlink /etc; cat /workspace/d/a"); got != "etc.real\none\n" {
+		t.Errorf("cold child of the linked parent: %q", got)
+	}
+	if _, err := e.rt.Get(ctx, refill[0]); !errors.Is(err, runtime.ErrSandboxNotFound) {
+		t.Errorf("Get of the unusable standby member %s: %v, want not found", refill[0], err)
+	}
+	waitStandby(t, e, pid, 1)
+	refill = standbyMembers(t, e, pid)
 
 	// Deleting the parent deletes its member.
 	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: pid}); err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/moby/sys/mountinfo"
@@ -86,19 +87,20 @@ func Switch(table io.Reader) error {
 	if rootID < 0 || nextID < 0 {
 		return fmt.Errorf("no mount at / or %s: nothing to switch to", NextDir)
 	}
+	// Every mount point is checked before anything moves.
+	var moves []string
 	for _, m := range mounts {
-		if m.Parent != rootID || m.ID == nextID || m.Mountpoint == "/" {
+		if m.Parent != rootID || m.ID == nextID || m.Mountpoint == "/" || strings.HasPrefix(m.Mountpoint, NextDir+"/") {
 			continue
 		}
-		if strings.HasPrefix(m.Mountpoint, NextDir+"/") {
-			continue
+		if err := plainPath(NextDir, m.Mountpoint); err != nil {
+			return err
 		}
-		target := NextDir + m.Mountpoint
-		if _, err := os.Lstat(target); err != nil {
-			return fmt.Errorf("mount point %s in the new root: %w", m.Mountpoint, err)
-		}
-		if err := unix.Mount(m.Mountpoint, target, "", unix.MS_MOVE, ""); err != nil {
-			return fmt.Errorf("move mount %s into the new root: %w", m.Mountpoint, err)
+		moves = append(moves, m.Mountpoint)
+	}
+	for _, m := range moves {
+		if err := unix.Mount(m, NextDir+m, "", unix.MS_MOVE, ""); err != nil {
+			return fmt.Errorf("move mount %s into the new root: %w", m, err)
 		}
 	}
 	old, err := unix.Open("/", unix.O_DIRECTORY|unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -125,6 +127,23 @@ func Switch(table io.Reader) error {
 	}
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the new root private: %w", err)
+	}
+	return nil
+}
+
+// plainPath checks that root+path (path absolute) and each of its
+// directories under root exist and are no symbolic links: the new root
+// holds what the fork's parent's workload wrote, and a mount moved
+// through a link would land where that workload chose.
+func plainPath(root, path string) error {
+	for p := filepath.Clean(path); p != "/" && p != "."; p = filepath.Dir(p) {
+		fi, err := os.Lstat(root + p)
+		if err != nil {
+			return fmt.Errorf("mount point %s in the new root: %w", path, err)
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			return fmt.Errorf("mount point %s in the new root: %s is a symbolic link", path, p)
+		}
 	}
 	return nil
 }
