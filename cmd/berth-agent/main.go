@@ -9,9 +9,10 @@
 //	berth-agent switch-root
 //
 // switch-root is not the agent: berthd runs it as host root in a standby
-// sandbox's mount namespace (nsenter --mount) to move that namespace onto
-// its real root (switchroot.Switch; the namespace's mount table on
-// descriptor 3), and it exits.
+// sandbox's mount namespace (nsenter --mount), ahead of the fork; once
+// berthd writes the go byte on its stdin it moves that namespace onto its
+// real root (switchroot.Switch; the namespace's mount table on descriptor
+// 3) and exits; when stdin ends without it, it exits switching nothing.
 //
 // It stops on SIGTERM or SIGINT: running execs get SIGTERM, SIGKILL after
 // --kill-grace, and the agent exits 0.
@@ -46,6 +47,13 @@ func main() {
 // after a clean stop, 2 for bad flags, 1 for any other failure.
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 1 && args[0] == "switch-root" {
+		// Started ahead; it switches once berthd writes the go byte on
+		// stdin, and leaves the namespace as it is when stdin ends.
+		var b [1]byte
+		if n, _ := os.Stdin.Read(b[:]); n != 1 || b[0] != switchroot.Go {
+			fmt.Fprintln(stderr, "berth-agent switch-root: no go from berthd; nothing switched")
+			return 1
+		}
 		if err := switchroot.Switch(os.NewFile(switchroot.MountInfoFD, "mountinfo")); err != nil {
 			fmt.Fprintf(stderr, "berth-agent switch-root: %v\n", err)
 			return 1

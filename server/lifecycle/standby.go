@@ -22,7 +22,7 @@ import (
 // rest (*runtime.Runtime).
 type standbyStore interface {
 	Standby(id string) bool
-	TakeStandby(ctx context.Context, spec runtime.SandboxSpec) error
+	TakeStandby(ctx context.Context, spec runtime.SandboxSpec) (recorded func() error, err error)
 }
 
 // errStandbyUnfit means a standby member cannot serve a fork: its spec is
@@ -151,11 +151,15 @@ func (m *Manager) fromStandby(ctx context.Context, spec runtime.SandboxSpec, p a
 		return fail(err)
 	}
 	m.ids.SetOwner(spec.ID, "", "") // it changes now
-	if err := ss.TakeStandby(runtime.WithPhases(ctx, ph), spec); err != nil {
+	recorded, err := ss.TakeStandby(runtime.WithPhases(ctx, ph), spec)
+	if err != nil {
 		return fail(err)
 	}
 	info, err := m.waitAgent(ctx, spec.ID)
 	ph.Done("agent")
+	if rerr := recorded(); err == nil {
+		err = rerr
+	}
 	if err != nil {
 		return fail(err)
 	}

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,15 +36,20 @@ import (
 // mounted only while its spec is made (the image's /etc/passwd is read
 // as for any sandbox).
 //
-// TakeStandby turns it into the fork's child: the snapshot's files are
-// replaced by a writable snapshot of the fork's copy (fillRoot), mounted
-// idmapped at rootDir as any child's, bound at standbyRoot/.berth-next
-// (it propagates), and `berth-agent switch-root` is run by nsenter(1) as
-// host root in the member's mount namespace only (switchroot.Switch: the
-// mounts runc made move into the new root, pivot_root, the old root is
-// detached and the tree made private, cutting the propagation). The
-// container's record then names rootDir as its root and loses the wait,
-// as a cold child's, and the agent is told to go on.
+// Once the agent waits, berthd starts the switcher: `berth-agent
+// switch-root` run by nsenter(1) as host root in the member's mount
+// namespace only, which starts (the Go runtime's and the agent binary's
+// start, tens of milliseconds) and waits for a byte on its stdin.
+//
+// TakeStandby turns the member into the fork's child: the snapshot's
+// files are replaced by a writable snapshot of the fork's copy (fillRoot),
+// mounted idmapped at rootDir as any child's, bound at
+// standbyRoot/.berth-next (it propagates), and the switcher is told to
+// switch (switchroot.Switch: the mounts runc made move into the new root,
+// pivot_root, the old root is detached and the tree made private, cutting
+// the propagation). The agent is told to go on, and the container's
+// record then names rootDir as its root and loses the wait, as a cold
+// child's, while the agent starts.
 
 // standbyFIFO is the FIFO in a standby member's run directory its agent
 // waits on (--standby-wait).
@@ -65,11 +71,78 @@ type standbys struct {
 }
 
 // standbyWait is one standby member waiting: its FIFO's write end, its
-// task's host pid and the first host id of its range.
+// task's host pid, the first host id of its range and its switcher.
 type standbyWait struct {
 	release *os.File
 	pid     uint32
 	base    uint32
+	sw      *switcher
+}
+
+// switcher is a started `berth-agent switch-root` in a standby member's
+// mount namespace, waiting for the byte on go that makes it switch; it
+// exits without switching when go closes.
+type switcher struct {
+	cmd   *exec.Cmd
+	goEnd *os.File
+	out   bytes.Buffer
+}
+
+// startSwitcher starts the switcher of the standby member whose agent has
+// host pid pid. It holds the member's mount table (an open
+// /proc/<pid>/mountinfo, read when it switches) on
+// switchroot.MountInfoFD.
+func startSwitcher(pid uint32) (*switcher, error) {
+	proc := "/proc/" + strconv.FormatUint(uint64(pid), 10)
+	table, err := os.Open(proc + "/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("mount table of the standby member: %w", err)
+	}
+	defer table.Close()
+	in, goEnd, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("switcher pipe: %w", err)
+	}
+	defer in.Close()
+	s := &switcher{goEnd: goEnd}
+	s.cmd = exec.Command("nsenter", "--mount="+proc+"/ns/mnt", "--", AgentPath, "switch-root")
+	s.cmd.Stdin, s.cmd.Stdout, s.cmd.Stderr = in, &s.out, &s.out
+	s.cmd.ExtraFiles = []*os.File{table} // switchroot.MountInfoFD
+	if err := s.cmd.Start(); err != nil {
+		goEnd.Close()
+		return nil, fmt.Errorf("start the switcher: %w", err)
+	}
+	return s, nil
+}
+
+// run makes the switcher switch and waits for it, within ctx.
+func (s *switcher) run(ctx context.Context) error {
+	if _, err := s.goEnd.Write([]byte{switchroot.Go}); err != nil {
+		s.stop()
+		return fmt.Errorf("tell the switcher to switch: %w", err)
+	}
+	s.goEnd.Close()
+	done := make(chan error, 1)
+	go func() { done <- s.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, strings.TrimSpace(s.out.String()))
+		}
+		return nil
+	case <-ctx.Done():
+		s.cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("switch: %w", ctx.Err())
+	}
+}
+
+// stop ends a switcher that has not switched: it exits when its stdin
+// closes, and is killed in case it does not.
+func (s *switcher) stop() {
+	s.goEnd.Close()
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
 }
 
 func (s *standbys) put(id string, w standbyWait) {
@@ -90,10 +163,12 @@ func (s *standbys) take(id string) (standbyWait, bool) {
 	return w, ok
 }
 
-// drop closes member id's FIFO end, if this berthd holds it.
+// drop closes member id's FIFO end and stops its switcher, if this
+// berthd holds them.
 func (s *standbys) drop(id string) {
 	if w, ok := s.take(id); ok {
 		w.release.Close()
+		w.sw.stop()
 	}
 }
 
@@ -183,7 +258,12 @@ func (r *Runtime) awaitStandby(ctx context.Context, id string, pid, base uint32)
 		if o.err != nil {
 			return fmt.Errorf("standby fifo of %s: %w", id, o.err)
 		}
-		r.standbys.put(id, standbyWait{release: o.f, pid: pid, base: base})
+		sw, err := startSwitcher(pid)
+		if err != nil {
+			o.f.Close()
+			return fmt.Errorf("standby member %s: %w", id, err)
+		}
+		r.standbys.put(id, standbyWait{release: o.f, pid: pid, base: base, sw: sw})
 		return nil
 	case <-ctx.Done():
 		// A reader of our own ends the blocked open.
@@ -202,71 +282,81 @@ func (r *Runtime) awaitStandby(ctx context.Context, id string, pid, base uint32)
 // the fork's copy, being taken or taken): its root becomes a writable
 // snapshot of the copy, mounted idmapped into its own id range, with its
 // disk quota, switched under its running agent (switchroot.Switch); its
-// record becomes spec's (owner, labels, fork origin) with its root and
-// agent arguments a cold child's; then its agent goes on. It does not
-// wait for the agent. Steps are recorded in the Phases of ctx. On an
-// error the member is unusable: the caller deletes it.
-func (r *Runtime) TakeStandby(ctx context.Context, spec SandboxSpec) (err error) {
+// agent goes on. It does not wait for the agent: it returns recorded,
+// which waits until the member's record has become spec's (owner, labels,
+// fork origin, with its root and agent arguments a cold child's), made
+// while the agent starts. Steps are recorded in the Phases of ctx
+// ("record" by recorded). On an error, of either, the member is unusable:
+// the caller deletes it.
+func (r *Runtime) TakeStandby(ctx context.Context, spec SandboxSpec) (recorded func() error, err error) {
 	id := spec.ID
 	c := r.begin(ctx, "take standby member "+id)
 	defer c.end(&err)
 	ph := phasesOf(ctx)
 	w, ok := r.standbys.take(id)
 	if !ok {
-		return fmt.Errorf("%w: %s is no standby member of this berthd", ErrSandboxNotFound, id)
+		return nil, fmt.Errorf("%w: %s is no standby member of this berthd", ErrSandboxNotFound, id)
 	}
 	defer w.release.Close()
+	switched := false
+	defer func() {
+		if !switched {
+			w.sw.stop()
+		}
+	}()
 	c.changes()
 	from, err := r.forkCopy(ctx, spec.FromSnapshot)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := r.fillRoot(ctx, id, from); err != nil {
-		return fmt.Errorf("snapshot %s from fork copy %s: %w", id, spec.FromSnapshot, err)
+		return nil, fmt.Errorf("snapshot %s from fork copy %s: %w", id, spec.FromSnapshot, err)
 	}
+	ph.Done("fill")
 	if spec.DiskBytes > 0 {
 		// The quota was the replaced subvolume's.
 		if err := r.limitDisk(ctx, id, spec.DiskBytes); err != nil {
-			return fmt.Errorf("disk quota of sandbox %s: %w", id, err)
+			return nil, fmt.Errorf("disk quota of sandbox %s: %w", id, err)
 		}
 	}
 	if err := r.mountRoot(ctx, id, w.base); err != nil {
-		return err
+		return nil, err
 	}
 	ph.Done("root")
 	placeholder := r.standbyRoot(id)
 	next := filepath.Join(placeholder, switchroot.NextDir)
 	if err := unix.Mount(r.rootDir(id), next, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind the root of %s into its standby root: %w", id, err)
+		return nil, fmt.Errorf("bind the root of %s into its standby root: %w", id, err)
 	}
 	step, cancel := c.step()
 	defer cancel()
-	proc := "/proc/" + strconv.FormatUint(uint64(w.pid), 10)
-	table, err := os.Open(proc + "/mountinfo")
-	if err != nil {
-		return fmt.Errorf("mount table of standby member %s: %w", id, err)
-	}
-	defer table.Close()
-	cmd := exec.CommandContext(step, "nsenter", "--mount="+proc+"/ns/mnt", "--", AgentPath, "switch-root")
-	cmd.ExtraFiles = []*os.File{table} // switchroot.MountInfoFD
-	out, err := cmd.CombinedOutput()
+	switched = true
+	err = w.sw.run(step)
 	// The member's tree is private now (or the member is dropped): the
 	// host's mounts of the placeholder go.
 	if uerr := unmountRoot(placeholder); uerr != nil && err == nil {
 		err = uerr
 	}
 	if err != nil {
-		return fmt.Errorf("switch the root of standby member %s: %w: %s", id, err, strings.TrimSpace(string(out)))
+		return nil, fmt.Errorf("switch the root of standby member %s: %w", id, err)
 	}
 	ph.Done("switch")
-	if err := r.recordTaken(step, spec); err != nil {
-		return err
-	}
-	ph.Done("record")
 	if _, err := w.release.Write([]byte{switchroot.Go}); err != nil {
-		return fmt.Errorf("let the agent of %s go on: %w", id, err)
+		return nil, fmt.Errorf("let the agent of %s go on: %w", id, err)
 	}
-	return nil
+	// While the agent starts.
+	done := make(chan error, 1)
+	go func() {
+		defer close(done)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.CallBudget)
+		defer cancel()
+		done <- r.recordTaken(ctx, spec)
+	}()
+	return func() error {
+		err := <-done
+		ph.Done("record")
+		return err
+	}, nil
 }
 
 // recordTaken makes the record of taken standby member spec.ID a cold
