@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -259,4 +260,63 @@ func TestForkStandby(t *testing.T) {
 	} else if !errors.Is(err, runtime.ErrSandboxNotFound) {
 		t.Errorf("Get of standby member %s after its parent's deletion: %v, want not found", refill[0], err)
 	}
+}
+
+// switchers returns the pids of the processes running `berth-agent
+// switch-root` on this host (standby members' switchers).
+func switchers(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []string
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.HasSuffix(string(cmdline), "\x00switch-root\x00") && strings.Contains(string(cmdline), runtime.AgentPath) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// TestForkStandbyRestart: berthd (the binary, --fork-standby 1 by
+// default) makes a standby member after a fork of one; killed (SIGKILL),
+// it leaves no switcher running, and the next berthd removes the member
+// at its start; the parent's next fork of one works.
+func TestForkStandbyRestart(t *testing.T) {
+	need(t)
+	if env.rt.IDMapped() != nil {
+		t.Skipf("standby members need idmapped roots: %v", env.rt.IDMapped())
+	}
+	e, p1, pid := startBerthdWithSandbox(t, "fsr", "fsb-rs")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	var member string
+	for deadline := time.Now().Add(time.Minute); member == ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no standby member of the parent a minute after its fork")
+		}
+		if ids := standbyMembers(t, e, pid); len(ids) == 1 {
+			if sb, err := e.rt.Get(ctx, ids[0]); err == nil && sb.Running {
+				member = ids[0]
+			}
+		}
+	}
+	p1.signal(t, syscall.SIGKILL)
+	for deadline := time.Now().Add(30 * time.Second); len(switchers(t)) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("switchers %v still run 30 s after berthd was killed", switchers(t))
+		}
+	}
+	p2 := startBerthd(t, e)
+	if _, err := e.rt.Get(ctx, member); !errors.Is(err, runtime.ErrSandboxNotFound) {
+		t.Errorf("standby member %s after berthd's restart: %v, want removed", member, err)
+	}
+	again := forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0]
+	if got := shellOut(t, e.sandboxes, again.GetId(), "echo ok"); got != "ok\n" {
+		t.Errorf("child forked after the restart printed %q", got)
+	}
+	p2.signal(t, syscall.SIGTERM)
 }

@@ -89,6 +89,13 @@ type ForkRequest struct {
 // from p, the request id and the index, and a repeated call returns the
 // existing children (forkAgain). A sandbox p may not see is
 // runtime.ErrSandboxNotFound.
+//
+// A fork that a standby member can serve (standbyServes: one child, no
+// memory, no request id) takes the parent's ready member, if any: the
+// child is that member, switched onto the copy (fromStandby) instead of
+// created; a member that turns out unusable is removed and the child
+// created the cold way under an id of its own. After such a fork the pool
+// is asked for the parent's next member (Pool.Want).
 func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req ForkRequest) ([]Created, error) {
 	if _, err := m.snapshotStore(); err != nil {
 		return nil, err
@@ -197,7 +204,7 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 	ph.Done("children")
 	m.log.InfoContext(ctx, "sandbox forked", slog.String("sandbox_id", id), slog.String("fork_copy", c.spec.FromSnapshot),
 		slog.Any("children", ids), slog.Bool("standby", standby != "" && ids[0] == standby), slog.Any("took", ph))
-	if m.standbyServes(req) && c.spec.Runtime == runtime.RuntimeRunc && !c.spec.HostUsers {
+	if m.standbyServes(req) && m.rt.(standbyStore).CanStandby(c.spec) == nil {
 		// A caller that forked one child tends to fork again (tree
 		// search, best-of-N): the next one may be ready.
 		m.pool.Want(id)

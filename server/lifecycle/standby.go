@@ -22,6 +22,7 @@ import (
 // rest (*runtime.Runtime).
 type standbyStore interface {
 	Standby(id string) bool
+	CanStandby(spec runtime.SandboxSpec) error
 	TakeStandby(ctx context.Context, spec runtime.SandboxSpec) (recorded func() error, err error)
 }
 

@@ -182,6 +182,14 @@ func (r *Runtime) Standby(id string) bool {
 	return ok
 }
 
+// CanStandby returns why a standby member of spec (the child of a fork:
+// its FromSnapshot is ignored) cannot be made here, nil when it can: it
+// wraps ErrStandbyUnsupported.
+func (r *Runtime) CanStandby(spec SandboxSpec) error {
+	spec.FromSnapshot = ""
+	return r.checkStandby(spec)
+}
+
 // checkStandby returns why spec cannot be a standby member: it needs an
 // idmapped root under runc, and is never restored from memory nor made
 // from a stored snapshot.
