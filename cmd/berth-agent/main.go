@@ -34,8 +34,8 @@ import (
 
 	"github.com/berth-sandbox/berth/agent"
 	"github.com/berth-sandbox/berth/agent/logbatch"
-	"github.com/berth-sandbox/berth/agent/switchroot"
 	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/berth-sandbox/berth/internal/switchroot"
 	"github.com/berth-sandbox/berth/internal/telemetry"
 )
 

@@ -20,7 +20,7 @@ import (
 	"github.com/containerd/typeurl/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/berth-sandbox/berth/agent/switchroot"
+	"github.com/berth-sandbox/berth/internal/switchroot"
 )
 
 // A fork standby member (SandboxSpec.Standby) is a sandbox made ahead of a

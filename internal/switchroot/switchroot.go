@@ -1,8 +1,10 @@
-// Package switchroot is the agent's side of a standby sandbox (berthd's
-// fork standby members, docs/state.md#fork): an agent started on a
-// placeholder root waits (Wait) until berthd has moved its mount
-// namespace onto the real root (Switch, run by berthd as host root in
-// that namespace through nsenter(1), before any workload ran there).
+// Package switchroot is what berthd and berth-agent share of a standby
+// sandbox (berthd's fork standby members, docs/state.md#fork): an agent
+// started on a placeholder root waits (Wait) until berthd has moved its
+// mount namespace onto the real root (Switch, run by berthd as host root
+// in that namespace through nsenter(1) and `berth-agent switch-root`,
+// before any workload ran there), with the paths and bytes both sides
+// use.
 package switchroot
 
 import (
