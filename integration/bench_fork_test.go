@@ -10,6 +10,7 @@ import (
 	"time"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
 )
 
 // forkBenchBytes is what the fork group's parent has written in
@@ -55,6 +56,7 @@ func benchFork(b *testing.B) {
 	measure(b, "fork/berth-Fork-1", 0, forkSample(&berthv1.ForkSandboxRequest{SandboxId: id, Count: 1}))
 	measure(b, "fork/berth-Fork-10", 0, forkSample(&berthv1.ForkSandboxRequest{SandboxId: id, Count: 10}))
 	measure(b, "fork/berth-cold", 0, coldSample(&berthv1.CreateSandboxRequest{Image: baseImage}))
+	benchForkStandby(b, req)
 
 	dir, err := os.MkdirTemp(hostBenchDir(), "bench-fork-")
 	if err != nil {
@@ -78,14 +80,67 @@ func benchFork(b *testing.B) {
 	})
 }
 
+// benchForkStandby adds the fork group's row for a fork of one served by
+// a fork standby member: a berthd of its own keeping one per parent
+// (server.Config.ForkStandby), a parent of req with forkBenchBytes
+// written as the group's, forked once off the clock (a standby member is
+// made after a fork); each sample waits, off the clock, until the member
+// is ready, and fails unless the child is that member.
+func benchForkStandby(b *testing.B, req *berthv1.CreateSandboxRequest) {
+	ctx := context.Background()
+	e := newInProcessEnv(b, "benchstandby", server.Config{ForkStandby: 1, DefaultDiskBytes: testDiskQuota()})
+	resp, err := e.sandboxes.CreateSandbox(ctx, req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := resp.GetSandbox().GetId()
+	b.Cleanup(func() { e.sandboxes.DeleteSandbox(context.Background(), &berthv1.DeleteSandboxRequest{SandboxId: id}) })
+	r, err := e.sandboxes.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{
+		ShellCommand: fmt.Sprintf("head -c %d /dev/urandom > /workspace/data.bin && sync", forkBenchBytes)}})
+	if err != nil || r.GetResult().GetExitCode() != 0 {
+		b.Fatalf("write /workspace/data.bin: %v %q", err, r.GetStderr())
+	}
+	first, err := e.sandboxes.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: first.GetSandboxes()[0].GetId()}); err != nil {
+		b.Fatal(err)
+	}
+	fork := forkSampleOn(e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1})
+	measure(b, "fork/berth-Fork-1-standby", 0, func(b *testing.B) sample {
+		b.StopTimer()
+		waitStandby(b, e, id, 1)
+		member := standbyMembers(b, e, id)
+		b.StartTimer()
+		s := fork(b)
+		if s.child != member[0] {
+			b.Fatalf("the fork made %s, not its standby member %v: this row times standby forks only", s.child, member)
+		}
+		return s.sample
+	})
+}
+
 // forkSample times ForkSandbox of count children of sandbox id to its
 // answer (every child's agent answered); their deletion is off the clock.
 func forkSample(req *berthv1.ForkSandboxRequest) func(*testing.B) sample {
+	fork := forkSampleOn(env.sandboxes, req)
+	return func(b *testing.B) sample { return fork(b).sample }
+}
+
+// forkSampled is a forkSample and the id of its first child.
+type forkSampled struct {
+	sample
+	child string
+}
+
+// forkSampleOn is forkSample on svc.
+func forkSampleOn(svc berthv1.SandboxServiceClient, req *berthv1.ForkSandboxRequest) func(*testing.B) forkSampled {
 	count := req.GetCount()
-	return func(b *testing.B) sample {
+	return func(b *testing.B) forkSampled {
 		ctx := context.Background()
 		start := time.Now()
-		resp, err := env.sandboxes.ForkSandbox(ctx, req)
+		resp, err := svc.ForkSandbox(ctx, req)
 		d := time.Since(start)
 		if err != nil {
 			b.Fatal(err)
@@ -96,11 +151,11 @@ func forkSample(req *berthv1.ForkSandboxRequest) func(*testing.B) sample {
 			b.Fatalf("ForkSandbox made %d children, want %d", n, count)
 		}
 		for _, sb := range resp.GetSandboxes() {
-			if _, err := env.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
+			if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		return sample{d: d}
+		return forkSampled{sample: sample{d: d}, child: resp.GetSandboxes()[0].GetId()}
 	}
 }
 

@@ -118,6 +118,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	}
 	s.life = lifecycle.New(lifecycle.Config{AgentReadyTimeout: cfg.AgentReadyTimeout, ConnectBudget: cfg.ConnectBudget,
 		TaskRestartLimit: cfg.TaskRestartLimit, TaskRestartWindow: cfg.TaskRestartWindow, Reaper: cfg.Reaper, WarmPool: cfg.WarmPool,
+		ForkStandby: cfg.ForkStandby, ForkStandbyIdle: cfg.ForkStandbyIdle,
 		MaxAgentLogBytes: cfg.MaxAgentLogBytes, AgentLogCheck: cfg.AgentLogCheck, MaxSnapshotsPerPrincipal: cfg.MaxSnapshotsPerPrincipal, Defaults: defaults,
 		Network: cfg.Network, NetworkUnavailable: cfg.NetworkUnavailable, Placements: cfg.Placements, Observer: cfg.Observer},
 		rt, s.agents, s.reach, s.ids, s.events, s.capacity, log)
@@ -165,6 +166,10 @@ func (s *Service) Close() {
 
 // WarmPoolReady returns the number of warm-pool sandboxes ready for image.
 func (s *Service) WarmPoolReady(image string) int { return s.life.WarmPoolReady(image) }
+
+// ForkStandbyReady returns the number of fork standby members ready for
+// sandbox parent (Config.ForkStandby).
+func (s *Service) ForkStandbyReady(parent string) int { return s.life.ForkStandbyReady(parent) }
 
 // ClusterLocal returns the node's side of its fleet membership
 // (cluster.Local): its usage, images and sandboxes.

@@ -6,6 +6,13 @@
 //
 //	berth-agent [--socket PATH] [flags]
 //	berth-agent --version
+//	berth-agent switch-root
+//
+// switch-root is not the agent: berthd runs it as host root in a standby
+// sandbox's mount namespace (nsenter --mount), ahead of the fork; once
+// berthd writes the go byte on its stdin it moves that namespace onto its
+// real root (switchroot.Switch; the namespace's mount table on descriptor
+// 3) and exits; when stdin ends without it, it exits switching nothing.
 //
 // It stops on SIGTERM or SIGINT: running execs get SIGTERM, SIGKILL after
 // --kill-grace, and the agent exits 0.
@@ -28,6 +35,7 @@ import (
 	"github.com/berth-sandbox/berth/agent"
 	"github.com/berth-sandbox/berth/agent/logbatch"
 	"github.com/berth-sandbox/berth/internal/agentproof"
+	"github.com/berth-sandbox/berth/internal/switchroot"
 	"github.com/berth-sandbox/berth/internal/telemetry"
 )
 
@@ -38,6 +46,20 @@ func main() {
 // run is main with its arguments and outputs; it returns the exit code: 0
 // after a clean stop, 2 for bad flags, 1 for any other failure.
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && args[0] == "switch-root" {
+		// Started ahead; it switches once berthd writes the go byte on
+		// stdin, and leaves the namespace as it is when stdin ends.
+		var b [1]byte
+		if n, _ := os.Stdin.Read(b[:]); n != 1 || b[0] != switchroot.Go {
+			fmt.Fprintln(stderr, "berth-agent switch-root: no go from berthd; nothing switched")
+			return 1
+		}
+		if err := switchroot.Switch(os.NewFile(switchroot.MountInfoFD, "mountinfo")); err != nil {
+			fmt.Fprintf(stderr, "berth-agent switch-root: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	d := agent.DefaultConfig()
 	cfg := d
 	fs := flag.NewFlagSet("berth-agent", flag.ContinueOnError)
@@ -45,6 +67,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	socket := fs.String("socket", "/.berth-run/agent.sock", "`path` of the unix socket to serve on (a stale socket there is replaced)")
 	version := fs.Bool("version", false, "print the version and exit")
 	trace := fs.Bool("trace", false, "trace the agent's calls (W3C traceparent from berthd) and hand the spans to berthd on the Telemetry stream")
+	standby := fs.String("standby-wait", "", "`path` of a FIFO to wait on before anything else: a standby sandbox's agent starts on a placeholder root and goes on once berthd writes its go there, after moving the root (switchroot)")
 	secretFile := fs.String("secret-file", "", "`path` of berthd's per-sandbox secret, which Info proves; read and removed at start")
 	fs.StringVar(&cfg.WorkDir, "workdir", d.WorkDir, "working `directory` for execs without a cwd (created when missing; / when it cannot be)")
 	fs.Func("user", "workload `uid:gid` (numeric) that processes run as and files are created as (default 0:0)", func(v string) error {
@@ -81,6 +104,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if *version {
 		fmt.Fprintln(stdout, agent.Version)
 		return 0
+	}
+
+	if *standby != "" {
+		// Nothing of the root is touched before: it is a placeholder
+		// until berthd switched it.
+		if err := switchroot.Wait(*standby); err != nil {
+			fmt.Fprintf(stderr, "berth-agent: %v\n", err)
+			return 1
+		}
 	}
 
 	// The lines execs log wait in logs for up to logbatch.Delay; every

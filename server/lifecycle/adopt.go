@@ -48,6 +48,10 @@ func (m *Manager) Adopt(ctx context.Context) error {
 			adopted++
 			log.Info("sandbox re-adopted hibernated")
 			continue
+		case sb.Pooled && sb.Fork.Parent != "":
+			// Its agent stopped, or stops, when the FIFO end of the
+			// berthd that made it closed.
+			why = "fork standby member of an earlier berthd"
 		case !sb.Running && !sb.Paused:
 			why = "orphan: container without a running task (nor hibernated)"
 		case sb.Pooled && !m.pool.Adopt(sb.Image, sb.ID):

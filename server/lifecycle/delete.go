@@ -38,6 +38,7 @@ func (m *Manager) deleteLocked(ctx context.Context, id string) error {
 	m.reach.SetHibernated(id, false)
 	m.restarts.woken(id)
 	m.release(ctx, id)
+	m.forgetStandby(ctx, id)
 	return nil
 }
 

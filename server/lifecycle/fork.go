@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/sandboxid"
+	"github.com/berth-sandbox/berth/server/admit"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -88,6 +89,13 @@ type ForkRequest struct {
 // from p, the request id and the index, and a repeated call returns the
 // existing children (forkAgain). A sandbox p may not see is
 // runtime.ErrSandboxNotFound.
+//
+// A fork that a standby member can serve (standbyServes: one child, no
+// memory, no request id) takes the parent's ready member, if any: the
+// child is that member, switched onto the copy (fromStandby) instead of
+// created; a member that turns out unusable is removed and the child
+// created the cold way under an id of its own. After such a fork the pool
+// is asked for the parent's next member (Pool.Want).
 func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req ForkRequest) ([]Created, error) {
 	if _, err := m.snapshotStore(); err != nil {
 		return nil, err
@@ -97,6 +105,14 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		ids[i] = sandboxid.New("sb-", 10)
 		if req.RequestID != "" {
 			ids[i] = sandboxid.FromRequest(p.Name, "fork\x00"+req.RequestID+"\x00"+strconv.Itoa(i))
+		}
+	}
+	// A standby member of the parent, when one is ready, is the child
+	// (fromStandby): its id is the child's.
+	var standby string
+	if m.standbyServes(req) {
+		if sid, ok := m.pool.TakeStandby(id); ok {
+			standby, ids[0] = sid, sid
 		}
 	}
 	if req.RequestID != "" {
@@ -127,6 +143,22 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 			spec.ID = ids[i]
 			spec.Fork.ShimGroup = shimLane(ids, i)
 			g.Go(func() error {
+				if spec.ID == standby {
+					c, err := m.fromStandby(gctx, spec, p, ph)
+					if err == nil {
+						created[i] = c
+						return nil
+					}
+					if gctx.Err() != nil {
+						return fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, req.Count, spec.ID, err)
+					}
+					// The member is removed: the child is made the cold way,
+					// under an id of its own.
+					spec.ID = sandboxid.New("sb-", 10)
+					ids[i] = spec.ID
+					m.log.WarnContext(gctx, "fork: standby member unusable; creating the child anew", slog.String("sandbox_id", id),
+						slog.String("member", standby), slog.String("child", spec.ID), slog.Any("error", err))
+				}
 				c, err := m.Create(gctx, spec, p, false)
 				if err != nil {
 					return fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, req.Count, spec.ID, err)
@@ -146,12 +178,15 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		}
 		return nil, err
 	}
-	c, err := m.forkCopy(ctx, id, p, req, ids, func(spec runtime.SandboxSpec) { go launch(spec) }, ph)
+	c, err := m.forkCopy(ctx, id, p, req, ids, standby, func(spec runtime.SandboxSpec) { go launch(spec) }, ph)
 	if err != nil {
 		if c.launched {
 			<-launched
 			_ = g.Wait() // each child fails with the copy's error
 			return failed(err)
+		}
+		if standby != "" {
+			m.returnStandby(ctx, id, standby)
 		}
 		return nil, err
 	}
@@ -168,7 +203,12 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 	}
 	ph.Done("children")
 	m.log.InfoContext(ctx, "sandbox forked", slog.String("sandbox_id", id), slog.String("fork_copy", c.spec.FromSnapshot),
-		slog.Any("children", ids), slog.Any("took", ph))
+		slog.Any("children", ids), slog.Bool("standby", standby != "" && ids[0] == standby), slog.Any("took", ph))
+	if m.standbyServes(req) && m.rt.(standbyStore).CanStandby(c.spec) == nil {
+		// A caller that forked one child tends to fork again (tree
+		// search, best-of-N): the next one may be ready.
+		m.pool.Want(id)
+	}
 	return created, nil
 }
 
@@ -196,7 +236,7 @@ type forkCopying struct {
 // copy's id is known, before the copy is taken; the creates it begins
 // wait for the copy. The parent is resumed in the background once the
 // copy is taken: its lock is held until it is.
-func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, launch func(runtime.SandboxSpec), ph *runtime.Phases) (forkCopying, error) {
+func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, standby string, launch func(runtime.SandboxSpec), ph *runtime.Phases) (forkCopying, error) {
 	st, _ := m.snapshotStore()
 	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
@@ -222,7 +262,7 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 		resumed()
 		return forkCopying{}, err
 	}
-	admitted, err := m.admitChildren(ctx, id, spec, ids)
+	admitted, err := m.admitChildren(ctx, id, spec, ids, standby)
 	if err != nil {
 		resumed()
 		return forkCopying{}, err
@@ -331,8 +371,10 @@ func runtimeName(r string) string {
 // and makes nothing — no copy whose deleted extents btrfs frees only later
 // (the btrfs cleaner), while the sandbox's exclusive bytes, which its
 // next snapshot is counted by, would read them as shared. release must be
-// called once the children's creates are done.
-func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.SandboxSpec, ids []string) (release func(), err error) {
+// called once the children's creates are done. A standby member child
+// (standby) was counted against the server's limits when it was made: it
+// is admitted as a warm-pool member's claim (admit.Capacity.AdmitClaim).
+func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.SandboxSpec, ids []string, standby string) (release func(), err error) {
 	var releases []func()
 	release = func() {
 		for _, r := range releases {
@@ -341,7 +383,13 @@ func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.San
 	}
 	for i, child := range ids {
 		spec.ID = child
-		r, err := m.capacity.AdmitSandbox(ctx, child, held(spec))
+		admitOne := m.capacity.AdmitSandbox
+		if child == standby {
+			admitOne = func(ctx context.Context, id string, h admit.Held) (func(), error) {
+				return m.capacity.AdmitClaim(ctx, id, h.Owner, h)
+			}
+		}
+		r, err := admitOne(ctx, child, held(spec))
 		if err != nil {
 			release()
 			return nil, fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, len(ids), child, err)

@@ -43,8 +43,13 @@ type Config struct {
 	TaskRestartWindow time.Duration
 	Reaper            ReaperConfig
 	WarmPool          map[string]int
-	MaxAgentLogBytes  int64
-	AgentLogCheck     time.Duration
+	// ForkStandby is how many fork standby members to keep per parent
+	// after its fork (standby.go); zero: none. ForkStandbyIdle is how long
+	// after its last fork they are kept (zero: the Pool's default).
+	ForkStandby      int
+	ForkStandbyIdle  time.Duration
+	MaxAgentLogBytes int64
+	AgentLogCheck    time.Duration
 	// MaxSnapshotsPerPrincipal caps how many stored snapshots one
 	// principal may hold (RESOURCE_EXHAUSTED SNAPSHOT_LIMIT); zero: no
 	// cap. Snapshots keep disk that no sandbox quota counts.
@@ -157,7 +162,7 @@ func New(cfg Config, rt store, agents *agentconn.Pool, reach *agentreach.Reacher
 	m.bgCtx, m.bgStop = context.WithCancel(context.Background())
 	m.health = &health{onChange: m.healthChanged}
 	m.reaper = NewReaper(cfg.Reaper, prober{m}, stopper{m}, log)
-	m.pool = NewPool(PoolConfig{Sizes: cfg.WarmPool}, maker{m}, log)
+	m.pool = NewPool(PoolConfig{Sizes: cfg.WarmPool, Standby: cfg.ForkStandby, StandbyIdle: cfg.ForkStandbyIdle}, maker{m}, log)
 	m.restarts = newRestarter(m)
 	events.OnGone = func(ev runtime.TaskEvent) { ids.TaskGone(ev.SandboxID, ev.Pid) }
 	events.OnExit = m.restarts.onExit
@@ -246,6 +251,10 @@ func (m *Manager) Network() (Network, string) { return m.cfg.Network, m.cfg.Netw
 
 // WarmPoolReady returns the number of warm-pool sandboxes ready for image.
 func (m *Manager) WarmPoolReady(image string) int { return m.pool.Ready(image) }
+
+// ForkStandbyReady returns the number of fork standby members ready for
+// sandbox parent (standby.go).
+func (m *Manager) ForkStandbyReady(parent string) int { return m.pool.Ready(standbyKey(parent)) }
 
 // Status returns the reaper's view of a sandbox: its last activity, idle
 // deadline and whether it is being stopped; false when it is not tracked.

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -14,6 +15,14 @@ type Maker interface {
 	// MakePooled creates a sandbox of image with the default spec, marked as
 	// an unclaimed pool member, and returns its id once its agent answers.
 	MakePooled(ctx context.Context, image string) (string, error)
+	// MakeStandby creates a fork standby member of sandbox parent (the
+	// child its next fork makes, started on a placeholder root: see
+	// runtime.SandboxSpec.Standby) and returns its id once its agent
+	// waits.
+	MakeStandby(ctx context.Context, parent string) (string, error)
+	// Discard deletes a member the pool no longer wants (its parent gone
+	// or idle past its time).
+	Discard(ctx context.Context, id string)
 }
 
 // PoolConfig configures a Pool. Zero fields take the defaults given.
@@ -24,29 +33,131 @@ type PoolConfig struct {
 	// RetryDelay is the pause after a failed creation before the next try
 	// for that image. Default 5s.
 	RetryDelay time.Duration
+	// Standby is how many fork standby members to keep per parent once
+	// it forked (Want); zero disables them.
+	Standby int
+	// StandbyIdle is how long a parent's standby members are kept after
+	// its last fork. Default 10m.
+	StandbyIdle time.Duration
 }
 
 // Pool keeps up to PoolConfig.Sizes[image] ready, unclaimed sandboxes per
 // image and hands them out with Take. Run refills it in the background, one
 // creation at a time. Its methods are safe for concurrent use.
+//
+// Its second kind of member is a fork standby member: up to
+// PoolConfig.Standby per parent sandbox, wanted from that parent's fork
+// (Want) until StandbyIdle after its last one or until Forget, and handed
+// out with TakeStandby. Both kinds share the ready, failed and refill
+// bookkeeping under a key: an image reference, or standbyKey(parent).
 type Pool struct {
 	cfg   PoolConfig
 	maker Maker
 	log   *slog.Logger
 
-	mu     sync.Mutex
-	ready  map[string][]string  // image -> member ids, oldest first
-	failed map[string]time.Time // image -> when a creation last failed
-	wake   chan struct{}        // buffered: a refill may be needed
+	mu      sync.Mutex
+	ready   map[string][]string  // key -> member ids, oldest first
+	failed  map[string]time.Time // key -> when a creation last failed
+	standby map[string]time.Time // parent -> when its members are no longer wanted
+	wake    chan struct{}        // buffered: a refill may be needed
 }
+
+// standbyKey is the pool key of parent's standby members: no image
+// reference holds a NUL.
+func standbyKey(parent string) string { return "\x00standby\x00" + parent }
+
+// parentOf returns the parent of a standby key, false for an image's key.
+func parentOf(key string) (string, bool) { return strings.CutPrefix(key, "\x00standby\x00") }
 
 // NewPool returns a Pool creating members with maker. Call Run to fill it.
 func NewPool(cfg PoolConfig, maker Maker, log *slog.Logger) *Pool {
 	if cfg.RetryDelay <= 0 {
 		cfg.RetryDelay = 5 * time.Second
 	}
+	if cfg.StandbyIdle <= 0 {
+		cfg.StandbyIdle = 10 * time.Minute
+	}
 	cfg.Sizes = maps.Clone(cfg.Sizes)
-	return &Pool{cfg: cfg, maker: maker, log: log, ready: make(map[string][]string), failed: make(map[string]time.Time), wake: make(chan struct{}, 1)}
+	return &Pool{cfg: cfg, maker: maker, log: log, ready: make(map[string][]string), failed: make(map[string]time.Time),
+		standby: make(map[string]time.Time), wake: make(chan struct{}, 1)}
+}
+
+// Want asks for PoolConfig.Standby standby members of parent from now
+// until StandbyIdle after the last call (a fork of parent calls it: a
+// caller that forks once tends to fork again). A no-op when standby
+// members are disabled.
+func (p *Pool) Want(parent string) {
+	if p.cfg.Standby <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.standby[parent] = time.Now().Add(p.cfg.StandbyIdle)
+	p.poke()
+}
+
+// TakeStandby hands out a ready standby member of parent, removing it
+// from the pool; false when none is ready. A refill follows.
+func (p *Pool) TakeStandby(parent string) (string, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := standbyKey(parent)
+	ids := p.ready[key]
+	if len(ids) == 0 {
+		return "", false
+	}
+	p.ready[key] = ids[1:]
+	p.poke()
+	return ids[0], true
+}
+
+// ReturnStandby puts standby member id of parent back (its fork did not
+// use it). It reports false when the pool no longer wants it: the caller
+// removes it.
+func (p *Pool) ReturnStandby(parent, id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := standbyKey(parent)
+	if _, ok := p.standby[parent]; !ok || len(p.ready[key]) >= p.cfg.Standby {
+		return false
+	}
+	p.ready[key] = append(p.ready[key], id)
+	return true
+}
+
+// Forget stops wanting standby members of parent (it is deleted, or its
+// spec changed) and returns the ready ones for the caller to remove; one
+// being made then is discarded when done.
+func (p *Pool) Forget(parent string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := standbyKey(parent)
+	ids := p.ready[key]
+	delete(p.ready, key)
+	delete(p.failed, key)
+	delete(p.standby, parent)
+	return ids
+}
+
+// idle forgets the parents whose StandbyIdle passed and returns their
+// ready members, and the time until the next one's ends (0: none).
+func (p *Pool) idle(now time.Time) (ids []string, wait time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for parent, until := range p.standby {
+		if left := until.Sub(now); left > 0 {
+			if wait == 0 || left < wait {
+				wait = left
+			}
+			continue
+		}
+		key := standbyKey(parent)
+		ids = append(ids, p.ready[key]...)
+		delete(p.ready, key)
+		delete(p.failed, key)
+		delete(p.standby, parent)
+	}
+	return ids, wait
 }
 
 // Enabled reports whether the pool keeps sandboxes for image.
@@ -86,7 +197,7 @@ func (p *Pool) Ready(image string) int {
 	return len(p.ready[image])
 }
 
-// Members returns the ids of every ready member.
+// Members returns the ids of every ready member, standby members too.
 func (p *Pool) Members() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -109,7 +220,7 @@ func (p *Pool) poke() {
 // creation that image waits RetryDelay. Members stay when Run returns, for
 // the next berthd to adopt.
 func (p *Pool) Run(ctx context.Context) {
-	if len(p.cfg.Sizes) == 0 {
+	if len(p.cfg.Sizes) == 0 && p.cfg.Standby <= 0 {
 		return
 	}
 	p.poke()
@@ -124,22 +235,44 @@ func (p *Pool) Run(ctx context.Context) {
 		case <-retry.C:
 		}
 		for {
+			idle, idleWait := p.idle(time.Now())
+			for _, id := range idle {
+				p.log.Info("warm pool: standby member idle past its time; removing it", slog.String("sandbox_id", id))
+				p.maker.Discard(ctx, id)
+			}
 			image, wait := p.next()
 			if image == "" {
+				if idleWait > 0 && (wait == 0 || idleWait < wait) {
+					wait = idleWait
+				}
 				if wait > 0 {
 					retry.Reset(wait)
 				}
 				break
 			}
-			id, err := p.maker.MakePooled(ctx, image)
+			parent, standby := parentOf(image)
+			var id string
+			var err error
+			if standby {
+				id, err = p.maker.MakeStandby(ctx, parent)
+			} else {
+				id, err = p.maker.MakePooled(ctx, image)
+			}
 			if ctx.Err() != nil {
 				return
 			}
 			p.mu.Lock()
-			if err != nil {
+			_, wanted := p.standby[parent]
+			switch {
+			case err != nil:
 				p.failed[image] = time.Now()
 				p.log.Error("warm pool: create sandbox", slog.String("image", image), slog.Any("error", err), slog.Duration("retry_in", p.cfg.RetryDelay))
-			} else {
+			case standby && !wanted:
+				p.mu.Unlock()
+				p.log.Info("warm pool: standby member's parent is gone; removing it", slog.String("parent", parent), slog.String("sandbox_id", id))
+				p.maker.Discard(ctx, id)
+				continue
+			default:
 				delete(p.failed, image)
 				p.ready[image] = append(p.ready[image], id)
 				p.log.Info("warm pool: sandbox ready", slog.String("image", image), slog.String("sandbox_id", id), slog.Int("ready", len(p.ready[image])))
@@ -149,14 +282,23 @@ func (p *Pool) Run(ctx context.Context) {
 	}
 }
 
-// next returns an image that needs a member now, or "" and how long until
-// the earliest failed image may be retried (0 when none waits).
+// next returns the key (an image, or a standby key) that needs a member
+// now, or "" and how long until the earliest failed key may be retried (0
+// when none waits). Standby keys sort first (a fork that waits for one is
+// the caller's next step), then images.
 func (p *Pool) next() (string, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var wait time.Duration
-	for _, image := range slices.Sorted(maps.Keys(p.cfg.Sizes)) {
-		if len(p.ready[image]) >= p.cfg.Sizes[image] {
+	sizes := maps.Clone(p.cfg.Sizes)
+	if sizes == nil {
+		sizes = map[string]int{}
+	}
+	for parent := range p.standby {
+		sizes[standbyKey(parent)] = p.cfg.Standby
+	}
+	for _, image := range slices.Sorted(maps.Keys(sizes)) {
+		if len(p.ready[image]) >= sizes[image] {
 			continue
 		}
 		if at, ok := p.failed[image]; ok {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -310,6 +312,11 @@ type fakeMaker struct {
 	n        int
 	fail     bool
 	failures int // calls that failed
+	// gate, when set, holds MakeStandby until closed; discarded are the
+	// ids Discard was given.
+	gate      chan struct{}
+	waiting   int
+	discarded []string
 }
 
 func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) {
@@ -321,6 +328,106 @@ func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) 
 	}
 	m.n++
 	return fmt.Sprintf("%s-%d", image, m.n), nil
+}
+
+func (m *fakeMaker) MakeStandby(ctx context.Context, parent string) (string, error) {
+	m.mu.Lock()
+	gate := m.gate
+	if gate != nil {
+		m.waiting++
+	}
+	m.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	return m.MakePooled(ctx, "standby-of-"+parent)
+}
+
+func (m *fakeMaker) Discard(_ context.Context, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.discarded = append(m.discarded, id)
+}
+
+func (m *fakeMaker) discards() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.discarded)
+}
+
+func TestPoolStandby(t *testing.T) {
+	m := &fakeMaker{}
+	p := NewPool(PoolConfig{Sizes: map[string]int{"img": 1}, Standby: 1, StandbyIdle: time.Hour, RetryDelay: 20 * time.Millisecond}, m, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	waitFor(t, 2*time.Second, "image pool filled", func() bool { return p.Ready("img") == 1 })
+	if id, ok := p.TakeStandby("sb-a"); ok {
+		t.Fatalf("TakeStandby before any fork = %q; want none", id)
+	}
+	p.Want("sb-a")
+	waitFor(t, 2*time.Second, "standby member made", func() bool { return len(p.Members()) == 2 })
+	id, ok := p.TakeStandby("sb-a")
+	if !ok || !strings.HasPrefix(id, "standby-of-sb-a-") {
+		t.Fatalf("TakeStandby(sb-a) = %q, %v; want a member made for sb-a", id, ok)
+	}
+	if _, ok := p.TakeStandby("sb-b"); ok {
+		t.Error("TakeStandby of a parent that never forked succeeded")
+	}
+	if _, ok := p.Take("img"); !ok {
+		t.Error("the image's member went with the standby one")
+	}
+	waitFor(t, 2*time.Second, "both refilled", func() bool { return len(p.Members()) == 2 })
+	if p.ReturnStandby("sb-a", id) {
+		t.Error("ReturnStandby past the size of 1 was accepted")
+	}
+	again := p.Forget("sb-a")
+	if len(again) != 1 || !strings.HasPrefix(again[0], "standby-of-sb-a-") {
+		t.Errorf("Forget(sb-a) = %q; want its one ready member", again)
+	}
+	if p.ReturnStandby("sb-a", id) {
+		t.Error("ReturnStandby after Forget was accepted")
+	}
+
+	// A member made while its parent is forgotten is discarded.
+	gate := make(chan struct{})
+	m.mu.Lock()
+	m.gate = gate
+	m.mu.Unlock()
+	p.Want("sb-c")
+	waitFor(t, 2*time.Second, "a make under way", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.waiting == 1 })
+	p.Forget("sb-c")
+	close(gate)
+	waitFor(t, 2*time.Second, "the late member discarded", func() bool {
+		d := m.discards()
+		return len(d) == 1 && strings.HasPrefix(d[0], "standby-of-sb-c-")
+	})
+	if _, ok := p.TakeStandby("sb-c"); ok {
+		t.Error("a forgotten parent's late member was kept")
+	}
+}
+
+func TestPoolStandbyIdle(t *testing.T) {
+	m := &fakeMaker{}
+	p := NewPool(PoolConfig{Standby: 2, StandbyIdle: 50 * time.Millisecond}, m, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	p.Want("sb-a")
+	// Idle past its time: both members made for it are discarded, and
+	// none is made again.
+	waitFor(t, 2*time.Second, "idle members discarded", func() bool { return len(m.discards()) == 2 })
+	if got := p.Members(); len(got) != 0 {
+		t.Errorf("Members after the idle time = %q; want none", got)
+	}
+	disabled := NewPool(PoolConfig{}, m, discard)
+	disabled.Want("sb-a")
+	if got, _ := disabled.next(); got != "" {
+		t.Errorf("next of a pool without standby members after Want = %q; want nothing", got)
+	}
 }
 
 func TestPool(t *testing.T) {

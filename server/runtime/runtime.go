@@ -270,6 +270,8 @@ type Runtime struct {
 	// freezers are the cgroup freezers of the runc tasks berthd paused or
 	// resumed (freezer.go).
 	freezers freezers
+	// standbys are the standby members waiting (standby.go).
+	standbys standbys
 }
 
 // New connects to containerd at cfg.Address and returns a Runtime that
@@ -457,6 +459,11 @@ type SandboxSpec struct {
 	// Volumes are Owner's volumes mounted into the sandbox (volume.go),
 	// paths already validated; none for a warm-pool member.
 	Volumes []VolumeMount
+	// Standby makes a fork standby member (standby.go): with Pooled and
+	// Fork.Parent, the spec of that parent's next fork's child, started on
+	// a placeholder root with its agent waiting until TakeStandby. Not
+	// recorded (Pooled and Fork.Parent are).
+	Standby bool
 }
 
 // ForkOrigin is the ForkSandbox call a sandbox comes from.
@@ -607,6 +614,11 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err := r.checkHeadroom(c.op); err != nil {
 		return err
 	}
+	if spec.Standby {
+		if err := r.checkStandby(spec); err != nil {
+			return err
+		}
+	}
 	unpacked, err := image.IsUnpacked(step, r.cfg.Snapshotter)
 	if err != nil {
 		return fmt.Errorf("check unpacked image %s: %w", spec.Image, err)
@@ -736,6 +748,9 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		}
 		specOpts = append(specOpts, oci.WithUserNamespace(idMaps(base), idMaps(base)))
 	}
+	if spec.Standby {
+		specOpts = append(specOpts, r.withStandbyRoot(spec.ID))
+	}
 	ph.Done("image")
 	c.changes()
 	step, cancel = c.mutation()
@@ -810,6 +825,11 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	if err := r.createLog(spec.ID); err != nil {
 		return err
 	}
+	if spec.Standby {
+		if err := r.prepareStandby(spec.ID, base); err != nil {
+			return err
+		}
+	}
 	ph.Done("quota")
 	if restore != nil {
 		if err := r.restoreChild(ctx, container, spec.ID, restore, ph); err != nil {
@@ -840,6 +860,11 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 		return fmt.Errorf("start task %s: %w", spec.ID, err)
 	}
 	ph.Done("start")
+	if spec.Standby {
+		if err := r.awaitStandby(step, spec.ID, task.Pid(), base); err != nil {
+			return err
+		}
+	}
 	return ctx.Err()
 }
 
@@ -952,6 +977,9 @@ func (r *Runtime) agentArgs(spec SandboxSpec) []string {
 	args := []string{AgentPath, "--socket", RunDir + "/" + socketName, "--secret-file", RunDir + "/" + agentproof.SecretFile,
 		"--user", fmt.Sprintf("%d:%d", spec.UID, spec.GID), "--workdir", spec.workDir(),
 		"--login-env", "--name-host"}
+	if spec.Standby {
+		args = append(args, "--standby-wait", RunDir+"/"+standbyFIFO)
+	}
 	if r.cfg.ExecHeartbeat > 0 {
 		args = append(args, "--heartbeat-interval", r.cfg.ExecHeartbeat.String())
 	}
@@ -1383,6 +1411,7 @@ func (r *Runtime) removeSnapshot(ctx context.Context, id string) error {
 
 func (r *Runtime) removeHostDir(id string) error {
 	r.secrets.drop(id)
+	r.standbys.drop(id)
 	run := filepath.Join(r.hostDir(id), "run")
 	// A create of the same id racing this delete may mount the run
 	// directory's tmpfs between the unmount and the removal: unmount again.
@@ -1392,6 +1421,9 @@ func (r *Runtime) removeHostDir(id string) error {
 			return err
 		}
 		if err = unmountRoot(r.rootDir(id)); err != nil {
+			return err
+		}
+		if err = unmountRoot(r.standbyRoot(id)); err != nil {
 			return err
 		}
 		if err = r.unmountVolumes(id); err != nil {

@@ -1,0 +1,322 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
+	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/network"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// newStandbyEnv is an in-process berthd keeping n fork standby members
+// per parent (server.Config.ForkStandby), with a sandbox network of its
+// own; at cleanup its sandboxes, then its network, are removed.
+func newStandbyEnv(t *testing.T, name string, n int) (*berthEnv, *network.Manager) {
+	t.Helper()
+	ncfg := network.Config{Bridge: "bt" + randHex(4), Subnet: freeSubnet(t), StateDir: filepath.Join(t.TempDir(), "net"), DNSUpstreams: []string{startFakeDNS(t).addr}}
+	nm, err := network.New(ncfg, discardLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e *berthEnv
+	// Registered first, so it runs last: after the service closed.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if e != nil {
+			sbs, _ := e.rt.List(ctx, nil)
+			for _, sb := range sbs {
+				e.rt.Delete(ctx, sb.ID)
+			}
+		}
+		if err := nm.Remove(ctx); err != nil {
+			t.Errorf("network cleanup: %v", err)
+		}
+	})
+	e = newInProcessEnv(t, name, server.Config{ForkStandby: n, Network: nm, DefaultDiskBytes: testDiskQuota()})
+	return e, nm
+}
+
+// standbyMembers returns the ids of the standby members of parent that
+// containerd holds in e's namespace.
+func standbyMembers(t testing.TB, e *berthEnv, parent string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sbs, err := e.rt.List(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, sb := range sbs {
+		if sb.Pooled && sb.Fork.Parent == parent {
+			ids = append(ids, sb.ID)
+		}
+	}
+	return ids
+}
+
+// waitStandby waits until e's pool holds n ready standby members of
+// parent.
+func waitStandby(t testing.TB, e *berthEnv, parent string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for e.svc.ForkStandbyReady(parent) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d standby members of %s ready after a minute, want %d", e.svc.ForkStandbyReady(parent), parent, n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestForkStandby: after a fork of one (cold: no standby member ready),
+// berthd makes a standby member of the parent, not listed; the next fork
+// of one is served by it (the child has the member's id) and the child is
+// a fork's child in every way: the parent's files as of the fork, those
+// written after the member was made included; its own writes seen by
+// neither the parent nor its sibling; its own id range, its files owned
+// as in the cold child; its own network address; its disk quota; a
+// working exec; a root that is private (a mount the host makes under
+// the child's root afterwards does not appear inside) with nothing of
+// the placeholder left. A fork with a request_id is cold. Deleting the
+// parent deletes its standby member.
+func TestForkStandby(t *testing.T) {
+	need(t)
+	if env.rt.IDMapped() != nil {
+		t.Skipf("standby members need idmapped roots: %v", env.rt.IDMapped())
+	}
+	e, nm := newStandbyEnv(t, "fsb", 1)
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	resp, err := svc.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress(), Labels: map[string]string{"team": "a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := resp.GetSandbox().GetId()
+	shellOut(t, svc, pid, "mkdir -p /workspace/d && echo one >/workspace/d/a")
+
+	cold := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0]
+	waitStandby(t, e, pid, 1)
+	members := standbyMembers(t, e, pid)
+	if len(members) != 1 {
+		t.Fatalf("standby members of %s: %v, want one", pid, members)
+	}
+	if rec, err := e.rt.Get(ctx, members[0]); err == nil {
+		status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", rec.TaskPID))
+		for _, line := range strings.Split(string(status), "\n") {
+			if strings.HasPrefix(line, "VmRSS:") {
+				t.Logf("standby member %s's waiting agent: %s", members[0], strings.Join(strings.Fields(line), " "))
+			}
+		}
+	}
+	list, err := svc.ListSandboxes(ctx, &berthv1.ListSandboxesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list.GetSandboxes() {
+		if sb.GetId() == members[0] {
+			t.Errorf("ListSandboxes lists standby member %s", members[0])
+		}
+	}
+	if _, err := svc.GetSandbox(ctx, &berthv1.GetSandboxRequest{SandboxId: members[0]}); err == nil {
+		t.Errorf("GetSandbox of standby member %s answered", members[0])
+	}
+
+	// Written after the member was made: the fork must see it.
+	shellOut(t, svc, pid, "echo two >/workspace/d/b")
+	began := time.Now()
+	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1, Labels: map[string]string{"child": "yes"}})[0]
+	t.Logf("ForkSandbox of 1 from a standby member took %v", time.Since(began))
+	id := child.GetId()
+	if id != members[0] {
+		t.Fatalf("fork child %s, want the standby member %s", id, members[0])
+	}
+	if child.GetForkedFrom() != pid || child.GetState() != berthv1.SandboxState_SANDBOX_STATE_RUNNING ||
+		child.GetLabels()["team"] != "a" || child.GetLabels()["child"] != "yes" {
+		t.Errorf("standby child %v: want forked from %s, RUNNING, labels team=a child=yes", child, pid)
+	}
+	if got := shellOut(t, svc, id, "cat /workspace/d/a /workspace/d/b; stat -c %u:%g /workspace/d/a /workspace/d"); got != shellOut(t, svc, cold.GetId(), "echo one; echo two; stat -c %u:%g /workspace/d/a /workspace/d") {
+		t.Errorf("standby child reads %q, want the parent's files owned as in the cold child", got)
+	}
+
+	// Writes are each sandbox's own.
+	shellOut(t, svc, id, "echo mine >/workspace/d/c")
+	for _, other := range []string{pid, cold.GetId()} {
+		if got := shellOut(t, svc, other, "ls /workspace/d/c 2>/dev/null | wc -l"); got != "0\n" {
+			t.Errorf("%s sees the standby child's write: %q", other, got)
+		}
+	}
+
+	// Its own id range: the host sees its files in it.
+	rec, err := e.rt.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	coldRec, err := e.rt.Get(ctx, cold.GetId())
+	if err != nil {
+		t.Fatal(err)
+	}
+	parentRec, err := e.rt.Get(ctx, pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.IDBase == coldRec.IDBase || rec.IDBase == parentRec.IDBase || rec.Pooled || rec.Owner != coldRec.Owner || rec.Fork.Parent != pid {
+		t.Errorf("standby child's record: base %d (cold child %d, parent %d), pooled %v, owner %q (cold %q), fork of %q", rec.IDBase, coldRec.IDBase, parentRec.IDBase, rec.Pooled, rec.Owner, coldRec.Owner, rec.Fork.Parent)
+	}
+	root := filepath.Join(e.stateDir, "s", id, "root")
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(root, "workspace/d/c"), &st); err != nil || st.Uid != rec.IDBase || st.Gid != rec.IDBase {
+		t.Errorf("host stat of the child's new file: %d:%d, %v; want its range's root %d", st.Uid, st.Gid, err, rec.IDBase)
+	}
+	if _, err := os.Stat(filepath.Join(e.stateDir, "s", id, "standby", ".berth-next", "workspace")); err == nil {
+		t.Error("the child's root is still mounted at its placeholder on the host")
+	}
+
+	// Its own address.
+	addr, ok := nm.Addr(id)
+	coldAddr, _ := nm.Addr(cold.GetId())
+	parentAddr, _ := nm.Addr(pid)
+	if !ok || addr == coldAddr || addr == parentAddr {
+		t.Errorf("standby child's address %v (%v), cold child's %v, parent's %v: want one of its own", addr, ok, coldAddr, parentAddr)
+	}
+	if got := shellOut(t, svc, id, "grep -c '"+addr.String()+"' /proc/net/fib_trie || true"); got == "0\n" {
+		t.Errorf("standby child's interfaces lack its address %v", addr)
+	}
+
+	// Its quota.
+	if q := testDiskQuota(); q > 0 {
+		mib := q>>20 + 8
+		r, err := svc.Run(ctx, &berthv1.RunRequest{SandboxId: id, Process: &berthv1.ProcessSpec{ShellCommand: fmt.Sprintf("dd if=/dev/zero of=/workspace/big bs=1M count=%d conv=fsync 2>&1; echo rc=$?", mib)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out := string(r.GetStdout()); strings.Contains(out, "rc=0") || !strings.Contains(out, "quota") && !strings.Contains(out, "space") {
+			t.Errorf("writing %d MiB past the quota of %d bytes in the standby child: %q; want a quota or space error", mib, q, out)
+		}
+		shellOut(t, svc, id, "rm -f /workspace/big")
+	}
+
+	// Private: a mount the host makes under the child's root does not
+	// reach it, and no mount of its is anyone's slave or peer.
+	shellOut(t, svc, id, "mkdir -p /workspace/m")
+	m := filepath.Join(root, "workspace/m")
+	if err := unix.Mount("berth-standby-test", m, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Unmount(m, unix.MNT_DETACH)
+	if err := os.WriteFile(filepath.Join(m, "from-host"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := shellOut(t, svc, id, "ls -A /workspace/m | wc -l; grep -cE 'shared:|master:|berth-next|/standby' /proc/self/mountinfo || true"); got != "0\n0\n" {
+		t.Errorf("in the standby child, a host mount under its root and propagation marks: %q, want 0 and 0", got)
+	}
+
+	// A fork with a request_id takes the cold path; the member stays.
+	waitStandby(t, e, pid, 1)
+	refill := standbyMembers(t, e, pid)
+	byReq := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1, RequestId: "standby-req"})[0]
+	if byReq.GetId() == refill[0] || e.svc.ForkStandbyReady(pid) != 1 {
+		t.Errorf("fork with a request_id made %s (member %v, %d ready); want a cold child, the member kept", byReq.GetId(), refill, e.svc.ForkStandbyReady(pid))
+	}
+
+	// A member whose mount points the parent's workload turned into
+	// symbolic links is not switched through them: the fork makes its
+	// child the cold way, under an id of its own, and removes the member.
+	shellOut(t, svc, pid, "mv /etc /etc.real && ln -s etc.real /etc")
+	linked := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0]
+	if linked.GetId() == refill[0] {
+		t.Errorf("fork of a parent whose /etc is a link used standby member %s", refill[0])
+	}
+	if got := shellOut(t, svc, linked.GetId(), "readlink /etc; cat /workspace/d/a"); got != "etc.real\none\n" {
+		t.Errorf("cold child of the linked parent: %q", got)
+	}
+	if _, err := e.rt.Get(ctx, refill[0]); !errors.Is(err, runtime.ErrSandboxNotFound) {
+		t.Errorf("Get of the unusable standby member %s: %v, want not found", refill[0], err)
+	}
+	waitStandby(t, e, pid, 1)
+	refill = standbyMembers(t, e, pid)
+
+	// Deleting the parent deletes its member.
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: pid}); err != nil {
+		t.Fatal(err)
+	}
+	if left := standbyMembers(t, e, pid); len(left) != 0 {
+		t.Errorf("standby members of deleted %s: %v, want none", pid, left)
+	}
+	if _, err := e.rt.Get(ctx, refill[0]); err == nil {
+		t.Errorf("standby member %s outlived its parent", refill[0])
+	} else if !errors.Is(err, runtime.ErrSandboxNotFound) {
+		t.Errorf("Get of standby member %s after its parent's deletion: %v, want not found", refill[0], err)
+	}
+}
+
+// switchers returns the pids of the processes running `berth-agent
+// switch-root` on this host (standby members' switchers).
+func switchers(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []string
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.HasSuffix(string(cmdline), "\x00switch-root\x00") && strings.Contains(string(cmdline), runtime.AgentPath) {
+			pids = append(pids, e.Name())
+		}
+	}
+	return pids
+}
+
+// TestForkStandbyRestart: berthd (the binary, --fork-standby 1 by
+// default) makes a standby member after a fork of one; killed (SIGKILL),
+// it leaves no switcher running, and the next berthd removes the member
+// at its start; the parent's next fork of one works.
+func TestForkStandbyRestart(t *testing.T) {
+	need(t)
+	if env.rt.IDMapped() != nil {
+		t.Skipf("standby members need idmapped roots: %v", env.rt.IDMapped())
+	}
+	e, p1, pid := startBerthdWithSandbox(t, "fsr", "fsb-rs")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	var member string
+	for deadline := time.Now().Add(time.Minute); member == ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no standby member of the parent a minute after its fork")
+		}
+		if ids := standbyMembers(t, e, pid); len(ids) == 1 {
+			if sb, err := e.rt.Get(ctx, ids[0]); err == nil && sb.Running {
+				member = ids[0]
+			}
+		}
+	}
+	p1.signal(t, syscall.SIGKILL)
+	for deadline := time.Now().Add(30 * time.Second); len(switchers(t)) > 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("switchers %v still run 30 s after berthd was killed", switchers(t))
+		}
+	}
+	p2 := startBerthd(t, e)
+	if _, err := e.rt.Get(ctx, member); !errors.Is(err, runtime.ErrSandboxNotFound) {
+		t.Errorf("standby member %s after berthd's restart: %v, want removed", member, err)
+	}
+	again := forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0]
+	if got := shellOut(t, e.sandboxes, again.GetId(), "echo ok"); got != "ok\n" {
+		t.Errorf("child forked after the restart printed %q", got)
+	}
+	p2.signal(t, syscall.SIGTERM)
+}

@@ -1,0 +1,199 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/sandboxid"
+	"github.com/berth-sandbox/berth/server/auth"
+	"github.com/berth-sandbox/berth/server/runtime"
+)
+
+// Fork standby members (runtime.SandboxSpec.Standby; docs/state.md#fork)
+// are the Pool's second kind of member: after a fork of parent P the pool
+// keeps Config.ForkStandby children of P's next fork made ahead, their
+// containers and agents running on a placeholder root, and a fork of one
+// child that one can serve takes it (fromStandby) instead of creating one.
+
+// standbyStore is what standby members need of the store beyond the
+// rest (*runtime.Runtime).
+type standbyStore interface {
+	Standby(id string) bool
+	CanStandby(spec runtime.SandboxSpec) error
+	TakeStandby(ctx context.Context, spec runtime.SandboxSpec) (recorded func() error, err error)
+}
+
+// errStandbyUnfit means a standby member cannot serve a fork: its spec is
+// no longer the fork's child's, or this berthd does not hold it waiting.
+var errStandbyUnfit = errors.New("standby member unfit")
+
+// standbyServes reports whether a fork of req may be served by a standby
+// member: one child, no memory (gVisor), no request_id (whose child ids
+// derive from the request, while a member's id is fixed at its creation).
+func (m *Manager) standbyServes(req ForkRequest) bool {
+	_, ok := m.rt.(standbyStore)
+	return ok && m.cfg.ForkStandby > 0 && req.Count == 1 && !req.Memory && req.RequestID == ""
+}
+
+// standbySpec returns the spec of a standby member of sandbox parent: its
+// fork's child's (forkSpec) for no one yet, pooled, a fork of one.
+func (m *Manager) standbySpec(ctx context.Context, parent string) (runtime.SandboxSpec, error) {
+	st, err := m.snapshotStore()
+	if err != nil {
+		return runtime.SandboxSpec{}, err
+	}
+	unlock, err := m.lifecycle.Lock(ctx, parent)
+	if err != nil {
+		return runtime.SandboxSpec{}, fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", parent, err)
+	}
+	defer unlock()
+	spec, err := m.forkSpec(ctx, st, parent, auth.Principal{}, ForkRequest{Count: 1})
+	if err != nil {
+		return runtime.SandboxSpec{}, err
+	}
+	spec.ID, spec.Owner, spec.Pooled, spec.Standby = sandboxid.New("sb-", 10), "", true, true
+	return spec, nil
+}
+
+// MakeStandby creates a standby member of parent (Maker): admitted and
+// counted as a warm-pool member (no owner), its network attached, its
+// container and task made (runtime.Runtime.Create); it returns once its
+// agent waits.
+func (mk maker) MakeStandby(ctx context.Context, parent string) (string, error) {
+	m := mk.m
+	ctx, cancel := context.WithTimeout(ctx, m.createTimeout())
+	defer cancel()
+	spec, err := m.standbySpec(ctx, parent)
+	if err != nil {
+		return "", err
+	}
+	unlock, err := m.lifecycle.Lock(ctx, spec.ID)
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	admitted, err := m.capacity.AdmitSandbox(ctx, spec.ID, held(spec))
+	if err != nil {
+		return "", err
+	}
+	defer admitted()
+	if err := m.attachNetwork(ctx, &spec); err != nil {
+		return "", err
+	}
+	if err := m.rt.Create(ctx, spec); err != nil {
+		m.detachNetwork(context.WithoutCancel(ctx), spec.ID)
+		return "", err
+	}
+	return spec.ID, nil
+}
+
+// Discard removes a pool member the pool no longer wants (Maker).
+func (mk maker) Discard(ctx context.Context, id string) {
+	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	if err := mk.m.deleteSandbox(cleanup, id); err != nil {
+		mk.m.log.Error("warm pool: remove member", slog.String("sandbox_id", id), slog.Any("error", err))
+	}
+}
+
+// forgetStandby removes the standby members of sandbox parent (being
+// deleted); ones being made are removed once made.
+func (m *Manager) forgetStandby(ctx context.Context, parent string) {
+	for _, id := range m.pool.Forget(parent) {
+		maker{m}.Discard(ctx, id)
+	}
+}
+
+// returnStandby puts standby member id of parent back in the pool after
+// a fork that did not reach it, or removes it when the pool has no room.
+func (m *Manager) returnStandby(ctx context.Context, parent, id string) {
+	if !m.pool.ReturnStandby(parent, id) {
+		maker{m}.Discard(ctx, id)
+	}
+}
+
+// fromStandby makes the fork child of spec (spec.ID a standby member's
+// id) out of that member for p: under the member's lifecycle lock it
+// checks that the member is still the child the fork makes (its spec but
+// for the labels the fork adds and the copy it is made from), switches it
+// onto the fork's copy (runtime.Runtime.TakeStandby) and waits for its
+// agent; the child is then tracked as a created one. errStandbyUnfit
+// when the member cannot serve; any failure removes the member, and the
+// caller creates the child the cold way.
+func (m *Manager) fromStandby(ctx context.Context, spec runtime.SandboxSpec, p auth.Principal, ph *runtime.Phases) (Created, error) {
+	ss := m.rt.(standbyStore)
+	began := time.Now()
+	unlock, err := m.lifecycle.Lock(ctx, spec.ID)
+	if err != nil {
+		return Created{}, err
+	}
+	defer unlock()
+	fail := func(err error) (Created, error) {
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if derr := m.deleteLocked(cleanup, spec.ID); derr != nil {
+			m.log.Error("remove an unusable standby member", slog.String("sandbox_id", spec.ID), slog.Any("error", derr))
+		}
+		return Created{}, err
+	}
+	member, err := m.rt.Get(ctx, spec.ID)
+	if err != nil {
+		return fail(err)
+	}
+	if why := standbyMismatch(member, spec); why != "" || !ss.Standby(spec.ID) {
+		if why == "" {
+			why = "this berthd does not hold it waiting"
+		}
+		return fail(fmt.Errorf("%w: %s: %s", errStandbyUnfit, spec.ID, why))
+	}
+	if err := m.claim(ctx, spec.ID, spec.Owner); err != nil {
+		return fail(err)
+	}
+	m.ids.SetOwner(spec.ID, "", "") // it changes now
+	recorded, err := ss.TakeStandby(runtime.WithPhases(ctx, ph), spec)
+	if err != nil {
+		return fail(err)
+	}
+	info, err := m.waitAgent(ctx, spec.ID)
+	ph.Done("agent")
+	if rerr := recorded(); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return fail(err)
+	}
+	m.sandboxCreated(spec.ID, info.GetBootId(), info.GetVersion())
+	m.ids.SetOwner(spec.ID, info.GetBootId(), spec.Owner)
+	sb, err := m.rt.Get(ctx, spec.ID)
+	if err != nil {
+		return fail(err)
+	}
+	m.track(sb)
+	// Counted as a creation served ahead, as a warm-pool claim is.
+	m.obs.SandboxCreated(true, time.Since(began))
+	return Created{Sandbox: sb, Info: info}, nil
+}
+
+// standbyMismatch names why standby member sb is not the child of spec
+// ("" when it is): a member stays the spec its parent had when it was
+// made, so a parent changed since (labels, env) makes it unfit.
+func standbyMismatch(sb runtime.Sandbox, spec runtime.SandboxSpec) string {
+	if !sb.Pooled || sb.Fork.Parent != spec.Fork.Parent {
+		return "not a standby member of " + spec.Fork.Parent
+	}
+	have := sb.Spec()
+	for k, v := range have.Labels {
+		if got, ok := spec.Labels[k]; !ok || got != v {
+			return "label " + k + " differs"
+		}
+	}
+	want := spec
+	want.Labels, want.FromSnapshot = have.Labels, have.FromSnapshot
+	if fields := specDiff(have, sb.EnvHash, want); len(fields) > 0 {
+		return fmt.Sprintf("spec differs in %v", fields)
+	}
+	return ""
+}
