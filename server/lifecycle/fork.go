@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -108,11 +109,22 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		}
 	}
 	// A standby member of the parent, when one is ready, is the child
-	// (fromStandby): its id is the child's.
+	// (fromStandby): its id is the child's. One the fork did not reach
+	// (the copy failed before, or the call ended before the child was
+	// begun) goes back to the pool, untouched: not to be left running
+	// unowned, which no Delete of the caller's could name.
 	var standby string
+	var reached atomic.Bool
 	if m.standbyServes(req) {
 		if sid, ok := m.pool.TakeStandby(id); ok {
 			standby, ids[0] = sid, sid
+			defer func() {
+				if reached.Load() {
+					m.pool.StandbyUsed(id)
+					return
+				}
+				m.returnStandby(ctx, id, standby)
+			}()
 		}
 	}
 	if req.RequestID != "" {
@@ -144,6 +156,7 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 			spec.Fork.ShimGroup = shimLane(ids, i)
 			g.Go(func() error {
 				if spec.ID == standby {
+					reached.Store(true)
 					c, err := m.fromStandby(gctx, spec, p, ph)
 					if err == nil {
 						created[i] = c
@@ -172,6 +185,9 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		for _, child := range ids {
+			if child == standby && !reached.Load() {
+				continue
+			}
 			if derr := m.Delete(cleanup, child, p); derr != nil {
 				m.log.Error("remove a child of a failed fork", slog.String("sandbox_id", child), slog.Any("error", derr))
 			}
@@ -184,9 +200,6 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 			<-launched
 			_ = g.Wait() // each child fails with the copy's error
 			return failed(err)
-		}
-		if standby != "" {
-			m.returnStandby(ctx, id, standby)
 		}
 		return nil, err
 	}

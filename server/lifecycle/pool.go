@@ -59,6 +59,7 @@ type Pool struct {
 	ready   map[string][]string  // key -> member ids, oldest first
 	failed  map[string]time.Time // key -> when a creation last failed
 	standby map[string]time.Time // parent -> when its members are no longer wanted
+	lent    map[string]int       // standby key -> members handed out, neither returned nor used yet
 	wake    chan struct{}        // buffered: a refill may be needed
 }
 
@@ -79,7 +80,7 @@ func NewPool(cfg PoolConfig, maker Maker, log *slog.Logger) *Pool {
 	}
 	cfg.Sizes = maps.Clone(cfg.Sizes)
 	return &Pool{cfg: cfg, maker: maker, log: log, ready: make(map[string][]string), failed: make(map[string]time.Time),
-		standby: make(map[string]time.Time), wake: make(chan struct{}, 1)}
+		standby: make(map[string]time.Time), lent: make(map[string]int), wake: make(chan struct{}, 1)}
 }
 
 // Want asks for PoolConfig.Standby standby members of parent from now
@@ -97,7 +98,11 @@ func (p *Pool) Want(parent string) {
 }
 
 // TakeStandby hands out a ready standby member of parent, removing it
-// from the pool; false when none is ready. A refill follows.
+// from the pool; false when none is ready. The member still fills its
+// place, and none is made in its stead, until the caller returns it
+// (ReturnStandby) or used it (StandbyUsed): a fork that fails before it
+// reaches the member — a caller who may not see parent, or who is at
+// a cap — must not make berthd create and discard members at its rate.
 func (p *Pool) TakeStandby(parent string) (string, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -107,17 +112,37 @@ func (p *Pool) TakeStandby(parent string) (string, bool) {
 		return "", false
 	}
 	p.ready[key] = ids[1:]
-	p.poke()
+	p.lent[key]++
 	return ids[0], true
 }
 
-// ReturnStandby puts standby member id of parent back (its fork did not
-// use it). It reports false when the pool no longer wants it: the caller
-// removes it.
+// StandbyUsed says that a standby member of parent handed out by
+// TakeStandby is gone: it became a fork's child, or was removed. A
+// refill follows.
+func (p *Pool) StandbyUsed(parent string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.unlend(standbyKey(parent))
+	p.poke()
+}
+
+// unlend counts one member of key handed out back; the caller holds mu.
+func (p *Pool) unlend(key string) {
+	if p.lent[key] <= 1 {
+		delete(p.lent, key)
+		return
+	}
+	p.lent[key]--
+}
+
+// ReturnStandby puts standby member id of parent, handed out by
+// TakeStandby, back (its fork did not use it). It reports false when the
+// pool no longer wants it: the caller removes it.
 func (p *Pool) ReturnStandby(parent, id string) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	key := standbyKey(parent)
+	p.unlend(key)
 	if _, ok := p.standby[parent]; !ok || len(p.ready[key]) >= p.cfg.Standby {
 		return false
 	}
@@ -135,6 +160,7 @@ func (p *Pool) Forget(parent string) []string {
 	ids := p.ready[key]
 	delete(p.ready, key)
 	delete(p.failed, key)
+	delete(p.lent, key)
 	delete(p.standby, parent)
 	return ids
 }
@@ -155,6 +181,7 @@ func (p *Pool) idle(now time.Time) (ids []string, wait time.Duration) {
 		ids = append(ids, p.ready[key]...)
 		delete(p.ready, key)
 		delete(p.failed, key)
+		delete(p.lent, key)
 		delete(p.standby, parent)
 	}
 	return ids, wait
@@ -298,7 +325,7 @@ func (p *Pool) next() (string, time.Duration) {
 		sizes[standbyKey(parent)] = p.cfg.Standby
 	}
 	for _, image := range slices.Sorted(maps.Keys(sizes)) {
-		if len(p.ready[image]) >= sizes[image] {
+		if len(p.ready[image])+p.lent[image] >= sizes[image] {
 			continue
 		}
 		if at, ok := p.failed[image]; ok {

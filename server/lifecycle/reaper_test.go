@@ -379,6 +379,7 @@ func TestPoolStandby(t *testing.T) {
 	if _, ok := p.Take("img"); !ok {
 		t.Error("the image's member went with the standby one")
 	}
+	p.StandbyUsed("sb-a") // the fork made its child of it
 	waitFor(t, 2*time.Second, "both refilled", func() bool { return len(p.Members()) == 2 })
 	if p.ReturnStandby("sb-a", id) {
 		t.Error("ReturnStandby past the size of 1 was accepted")
@@ -406,6 +407,50 @@ func TestPoolStandby(t *testing.T) {
 	})
 	if _, ok := p.TakeStandby("sb-c"); ok {
 		t.Error("a forgotten parent's late member was kept")
+	}
+}
+
+// TestPoolStandbyLent: a standby member handed out by TakeStandby still
+// fills its parent's place until the fork returns it (ReturnStandby) or
+// used it (StandbyUsed): a fork that fails before reaching the member —
+// a caller who may not see the parent, or at its cap — makes no member
+// and discards none, however often it is repeated.
+func TestPoolStandbyLent(t *testing.T) {
+	m := &fakeMaker{}
+	p := NewPool(PoolConfig{Standby: 1, StandbyIdle: time.Hour, RetryDelay: 20 * time.Millisecond}, m, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	p.Want("sb-a")
+	waitFor(t, 2*time.Second, "standby member made", func() bool { return p.Ready(standbyKey("sb-a")) == 1 })
+	cancel()
+	<-done
+
+	for range 3 {
+		id, ok := p.TakeStandby("sb-a")
+		if !ok {
+			t.Fatal("TakeStandby(sb-a) found no member")
+		}
+		if key, _ := p.next(); key != "" {
+			t.Fatalf("next with sb-a's member handed out = %q, want nothing: the member still fills its place", key)
+		}
+		if !p.ReturnStandby("sb-a", id) {
+			t.Fatalf("ReturnStandby(sb-a, %s) of the member handed out was refused", id)
+		}
+	}
+	if d := m.discards(); len(d) != 0 {
+		t.Errorf("discarded %q after forks that returned the member, want none", d)
+	}
+	if _, ok := p.TakeStandby("sb-a"); !ok {
+		t.Fatal("TakeStandby(sb-a) found no member")
+	}
+	p.StandbyUsed("sb-a")
+	if key, _ := p.next(); key != standbyKey("sb-a") {
+		t.Errorf("next after sb-a's member was used = %q, want sb-a's key", key)
+	}
+	p.StandbyUsed("sb-a") // once too often: no member is owed
+	if key, _ := p.next(); key != standbyKey("sb-a") {
+		t.Errorf("next after a second StandbyUsed = %q, want sb-a's key", key)
 	}
 }
 
