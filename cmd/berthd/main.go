@@ -127,7 +127,7 @@ func main() {
 		rtCfg.CPUSet = v
 		return nil
 	})
-	flag.Func("cpu-weight", "\"auto\": weigh the sandboxes' parent cgroup (/<namespace> in the cpu hierarchy) as the sum of its sandboxes' weights, 1024 per CPU of each one's cap, so that under contention a sandbox gets the share its processes would get on the host; \"off\": leave it at the kernel's default, one task's weight for all sandboxes together (default auto; where berthd cannot weigh it — in a container, without a writable cpu cgroup — it warns once and runs as off; docs/default-limits.md)", func(v string) error {
+	flag.Func("cpu-weight", "\"auto\": weigh the sandboxes' parent cgroup (/<namespace> in the cpu hierarchy) as the sum of its sandboxes' weights, 1024 per CPU of each one's cap, at most 1024 per CPU they may run on (as the kubelet weighs pods), so that under contention they are not weighed as one host process; \"off\": leave it at the kernel's default, one task's weight for all sandboxes together (default auto; where berthd cannot weigh it — in a container, without a writable cpu cgroup — it warns once and runs as off; docs/default-limits.md)", func(v string) error {
 		if v != runtime.CPUWeightAuto && v != runtime.CPUWeightOff {
 			return fmt.Errorf("want %s or %s", runtime.CPUWeightAuto, runtime.CPUWeightOff)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strconv"
 	"strings"
 
@@ -14,19 +15,23 @@ import (
 
 // berthd weighs the sandboxes' parent cgroup (containerd's default,
 // /<namespace>, in the cpu hierarchy) as the sum of its sandboxes'
-// weights, each 1024 per CPU of its cap: under CPU contention a sandbox
-// then gets the share its processes would get on the host, as the kubelet
-// weighs a pod by its CPU request (MilliCPUToShares). Left at the kernel's
-// default of 1024 — one task's weight at nice 0 — the parent made every
-// sandbox of the host together weigh as one process against the host's
-// others (berthd's and the client's threads, the shims, any other
-// daemon): 50 sandboxes running execs got 0.50-0.64x of what as many host
-// processes did beside other work, and 0.92-1.23x weighted
-// (BENCHMARKS.md, session 9). Only contention is affected: each sandbox is
-// still held to its own CPU cap (cpu.cfs_quota_us). The weight counts
-// every sandbox berthd holds, running or not, since a parent's weight
-// matters only while some of its sandboxes run. Config.CPUWeight
-// CPUWeightOff leaves the parent's weight alone.
+// weights, each 1024 per CPU of its cap, at most 1024 per CPU the
+// sandboxes may run on — as the kubelet weighs a pod by its CPU request
+// (MilliCPUToShares) and the pods' parent, kubepods, by the node's
+// allocatable CPUs. Left at the kernel's default of 1024 — one task's
+// weight at nice 0 — the parent made every sandbox of the host together
+// weigh as one process against the host's others (berthd's and the
+// client's threads, the shims, any other daemon): 50 sandboxes running
+// execs got 0.60-0.65x of what as many host processes did beside other
+// work (BENCHMARKS.md, session 9). The bound keeps the host's own
+// processes — berthd, containerd, the shims that serve the sandboxes — a
+// share when many sandboxes are held and a few are busy: the parent's
+// weight is split among its busy sandboxes alone (a hostile review found
+// that 200 sandboxes, one of them busy, would otherwise leave berthd a
+// two-hundredth of the CPU). Only contention is affected: each sandbox is
+// still held to its own CPU cap (cpu.cfs_quota_us). The sum counts every
+// sandbox berthd holds, running or not. Config.CPUWeight CPUWeightOff
+// leaves the parent's weight alone.
 
 // Config.CPUWeight values.
 const (
@@ -50,6 +55,20 @@ func cpuShares(millis uint64) uint64 {
 		return taskShares
 	}
 	return min(max(millis*taskShares/1000, minShares), maxShares)
+}
+
+// fleetShares is the weight of the sandboxes' parent cgroup for
+// sandboxes capped at millis each (0: no cap), on cpus CPUs: the sum of
+// their cpuShares, at most 1024 per CPU; 1024 with no sandbox.
+func fleetShares(millis []uint64, cpus int) uint64 {
+	if len(millis) == 0 {
+		return taskShares
+	}
+	var sum uint64
+	for _, m := range millis {
+		sum += cpuShares(m)
+	}
+	return min(sum, uint64(max(cpus, 1))*taskShares, maxShares)
 }
 
 // sharesToWeight converts cgroup v1's cpu.shares to cgroup v2's
@@ -155,9 +174,9 @@ func (r *Runtime) CPUWeight() string {
 // CPUWeightOff.
 func (r *Runtime) CPUWeightUnavailable() error { return r.cpuWeightErr }
 
-// reweigh sets the sandboxes' parent cgroup's weight to the sum of the
-// cpuShares of the sandboxes containerd records (1024 when there are
-// none). Concurrent calls share one containerd List (coalescer), each
+// reweigh sets the sandboxes' parent cgroup's weight to the fleetShares
+// of the sandboxes containerd records on the CPUs they may run on (the
+// cpuset's, else berthd's). Concurrent calls share one containerd List (coalescer), each
 // seeing the sandboxes of a moment after it asked. Create and Delete call
 // it and ignore its error (the weight is a share under contention, never
 // a limit: no create fails for it); New fails on it.
@@ -170,15 +189,16 @@ func (r *Runtime) reweigh(ctx context.Context) error {
 		if err != nil {
 			return struct{}{}, fmt.Errorf("list the sandboxes' CPU caps: %w", err)
 		}
-		var sum uint64
+		millis := make([]uint64, 0, len(records))
 		for _, c := range records {
-			millis, _ := strconv.ParseUint(c.Labels[labelCPUMillis], 10, 64)
-			sum += cpuShares(millis)
+			m, _ := strconv.ParseUint(c.Labels[labelCPUMillis], 10, 64)
+			millis = append(millis, m)
 		}
-		if len(records) == 0 {
-			sum = taskShares
+		cpus := r.cpus.Size()
+		if cpus == 0 {
+			cpus = goruntime.NumCPU()
 		}
-		return struct{}{}, writeCPUWeight(cgroupRoot, r.unified, r.cfg.Namespace, sum)
+		return struct{}{}, writeCPUWeight(cgroupRoot, r.unified, r.cfg.Namespace, fleetShares(millis, cpus))
 	})
 	return err
 }

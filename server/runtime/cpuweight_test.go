@@ -22,6 +22,29 @@ func TestCPUShares(t *testing.T) {
 	}
 }
 
+// TestFleetShares: the sum of the sandboxes' weights, at most 1024 per
+// CPU (the kubelet's bound for kubepods), 1024 with none.
+func TestFleetShares(t *testing.T) {
+	for _, tc := range []struct {
+		millis []uint64
+		cpus   int
+		want   uint64
+	}{
+		{nil, 2, 1024},
+		{[]uint64{500}, 2, 512},
+		{[]uint64{500, 1000}, 2, 1536},
+		{[]uint64{500, 1000, 2000}, 2, 2048},
+		{[]uint64{1000, 1000, 1000}, 64, 3072},
+		{make([]uint64, 50), 2, 2048},
+		{make([]uint64, 50), 1000, 51200},
+		{make([]uint64, 500), 1000, 262144},
+	} {
+		if got := fleetShares(tc.millis, tc.cpus); got != tc.want {
+			t.Errorf("fleetShares(%d sandboxes %v, %d CPUs) = %d, want %d", len(tc.millis), tc.millis[:min(len(tc.millis), 3)], tc.cpus, got, tc.want)
+		}
+	}
+}
+
 // TestProbeCPUWeight: on a v1 hierarchy's root (release_agent there)
 // the parent is made and its weight written; seen from below the root
 // (in a container) or on a v2 cgroup that is not the root it is refused,
