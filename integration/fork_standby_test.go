@@ -281,8 +281,7 @@ func switchers(t *testing.T) []string {
 	return pids
 }
 
-// TestForkStandbyRestart: berthd (the binary, --fork-standby 1 by
-// default) makes a standby member after a fork of one; killed (SIGKILL),
+// TestForkStandbyRestart: berthd (the binary, --fork-standby 1) makes a standby member after a fork of one; killed (SIGKILL),
 // it leaves no switcher running, and the next berthd removes the member
 // at its start; the parent's next fork of one works.
 func TestForkStandbyRestart(t *testing.T) {
@@ -290,9 +289,16 @@ func TestForkStandbyRestart(t *testing.T) {
 	if env.rt.IDMapped() != nil {
 		t.Skipf("standby members need idmapped roots: %v", env.rt.IDMapped())
 	}
-	e, p1, pid := startBerthdWithSandbox(t, "fsr", "fsb-rs")
+	e := newBinaryEnv(t, "fsr")
+	p1 := startBerthd(t, e, "--fork-standby", "1")
+	e.importBase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "fsb-rs", Image: baseImage})
+	if err != nil {
+		t.Fatalf("create sandbox fsb-rs: %v", err)
+	}
+	pid := created.GetSandbox().GetId()
 	forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
 	var member string
 	for deadline := time.Now().Add(time.Minute); member == ""; time.Sleep(20 * time.Millisecond) {
@@ -311,7 +317,7 @@ func TestForkStandbyRestart(t *testing.T) {
 			t.Fatalf("switchers %v still run 30 s after berthd was killed", switchers(t))
 		}
 	}
-	p2 := startBerthd(t, e)
+	p2 := startBerthd(t, e, "--fork-standby", "1")
 	if _, err := e.rt.Get(ctx, member); !errors.Is(err, runtime.ErrSandboxNotFound) {
 		t.Errorf("standby member %s after berthd's restart: %v, want removed", member, err)
 	}
