@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -80,15 +81,23 @@ func benchFork(b *testing.B) {
 	})
 }
 
-// benchForkStandby adds the fork group's row for a fork of one served by
-// a fork standby member: a berthd of its own keeping one per parent
-// (server.Config.ForkStandby), a parent of req with forkBenchBytes
-// written as the group's, forked once off the clock (a standby member is
-// made after a fork); each sample waits, off the clock, until the member
-// is ready, and fails unless the child is that member.
+// forkStandbyBench is the most standby members per parent of the fork
+// group's standby berthd (server.Config.ForkStandby, --fork-standby):
+// enough for its fork of 10.
+const forkStandbyBench = 10
+
+// benchForkStandby adds the fork group's rows for forks served by fork
+// standby members: a berthd of its own keeping up to forkStandbyBench per
+// parent (server.Config.ForkStandby), a parent of req with forkBenchBytes
+// written as the group's, forked once off the clock (members are made
+// after a fork, as many as it had children). Fork-1-standby: each sample
+// waits, off the clock, until the member is ready, and fails unless the
+// child is that member. Then a fork of 10 off the clock (the parent then
+// wants 10), and Fork-10-standby: each sample waits until the 10 members
+// are ready and fails unless every child is one of them.
 func benchForkStandby(b *testing.B, req *berthv1.CreateSandboxRequest) {
 	ctx := context.Background()
-	e := newInProcessEnv(b, "benchstandby", server.Config{ForkStandby: 1, DefaultDiskBytes: testDiskQuota()})
+	e := newInProcessEnv(b, "benchstandby", server.Config{ForkStandby: forkStandbyBench, DefaultDiskBytes: testDiskQuota()})
 	resp, err := e.sandboxes.CreateSandbox(ctx, req)
 	if err != nil {
 		b.Fatal(err)
@@ -119,6 +128,33 @@ func benchForkStandby(b *testing.B, req *berthv1.CreateSandboxRequest) {
 		}
 		return s.sample
 	})
+
+	ten, err := e.sandboxes.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: id, Count: forkStandbyBench})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, sb := range ten.GetSandboxes() {
+		if _, err := e.sandboxes.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	fork10 := forkSampleOn(e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: id, Count: forkStandbyBench})
+	measure(b, "fork/berth-Fork-10-standby", 0, func(b *testing.B) sample {
+		b.StopTimer()
+		waitStandby(b, e, id, forkStandbyBench)
+		members := standbyMembers(b, e, id)
+		b.StartTimer()
+		s := fork10(b)
+		if len(s.children) != forkStandbyBench || !sameSet(s.children, members) {
+			b.Fatalf("the fork made %v, not its standby members %v: this row times standby forks only", s.children, members)
+		}
+		return s.sample
+	})
+}
+
+// sameSet reports whether a and b hold the same strings, in any order.
+func sameSet(a, b []string) bool {
+	return slices.Equal(slices.Sorted(slices.Values(a)), slices.Sorted(slices.Values(b)))
 }
 
 // forkSample times ForkSandbox of count children of sandbox id to its
@@ -128,10 +164,12 @@ func forkSample(req *berthv1.ForkSandboxRequest) func(*testing.B) sample {
 	return func(b *testing.B) sample { return fork(b).sample }
 }
 
-// forkSampled is a forkSample and the id of its first child.
+// forkSampled is a forkSample and the ids of its children (child the
+// first).
 type forkSampled struct {
 	sample
-	child string
+	child    string
+	children []string
 }
 
 // forkSampleOn is forkSample on svc.
@@ -150,12 +188,14 @@ func forkSampleOn(svc berthv1.SandboxServiceClient, req *berthv1.ForkSandboxRequ
 		if n := len(resp.GetSandboxes()); n != int(count) {
 			b.Fatalf("ForkSandbox made %d children, want %d", n, count)
 		}
+		var children []string
 		for _, sb := range resp.GetSandboxes() {
+			children = append(children, sb.GetId())
 			if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: sb.GetId()}); err != nil {
 				b.Fatal(err)
 			}
 		}
-		return forkSampled{sample: sample{d: d}, child: resp.GetSandboxes()[0].GetId()}
+		return forkSampled{sample: sample{d: d}, child: children[0], children: children}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -280,8 +281,7 @@ func switchers(t *testing.T) []string {
 	return pids
 }
 
-// TestForkStandbyRestart: berthd (the binary, --fork-standby 1 by
-// default) makes a standby member after a fork of one; killed (SIGKILL),
+// TestForkStandbyRestart: berthd (the binary, --fork-standby 1) makes a standby member after a fork of one; killed (SIGKILL),
 // it leaves no switcher running, and the next berthd removes the member
 // at its start; the parent's next fork of one works.
 func TestForkStandbyRestart(t *testing.T) {
@@ -289,9 +289,16 @@ func TestForkStandbyRestart(t *testing.T) {
 	if env.rt.IDMapped() != nil {
 		t.Skipf("standby members need idmapped roots: %v", env.rt.IDMapped())
 	}
-	e, p1, pid := startBerthdWithSandbox(t, "fsr", "fsb-rs")
+	e := newBinaryEnv(t, "fsr")
+	p1 := startBerthd(t, e, "--fork-standby", "1")
+	e.importBase(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	created, err := e.sandboxes.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "fsb-rs", Image: baseImage})
+	if err != nil {
+		t.Fatalf("create sandbox fsb-rs: %v", err)
+	}
+	pid := created.GetSandbox().GetId()
 	forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
 	var member string
 	for deadline := time.Now().Add(time.Minute); member == ""; time.Sleep(20 * time.Millisecond) {
@@ -310,7 +317,7 @@ func TestForkStandbyRestart(t *testing.T) {
 			t.Fatalf("switchers %v still run 30 s after berthd was killed", switchers(t))
 		}
 	}
-	p2 := startBerthd(t, e)
+	p2 := startBerthd(t, e, "--fork-standby", "1")
 	if _, err := e.rt.Get(ctx, member); !errors.Is(err, runtime.ErrSandboxNotFound) {
 		t.Errorf("standby member %s after berthd's restart: %v, want removed", member, err)
 	}
@@ -319,4 +326,77 @@ func TestForkStandbyRestart(t *testing.T) {
 		t.Errorf("child forked after the restart printed %q", got)
 	}
 	p2.signal(t, syscall.SIGTERM)
+}
+
+// TestForkStandbyMany: a berthd keeping up to 3 standby members per
+// parent makes as many as the parent's largest fork had children (3
+// after a fork of 3, none more after a fork of 1); a fork of 3 is
+// served by all three, each child with the parent's files, its own
+// writes and its own address; a fork of 5 takes the 3 members for its
+// first children and creates 2 the cold way beside them, all of them
+// working.
+func TestForkStandbyMany(t *testing.T) {
+	need(t)
+	if env.rt.IDMapped() != nil {
+		t.Skipf("standby members need idmapped roots: %v", env.rt.IDMapped())
+	}
+	e, nm := newStandbyEnv(t, "fsbmany", 3)
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	resp, err := svc.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := resp.GetSandbox().GetId()
+	shellOut(t, svc, pid, "echo parent >/workspace/f")
+
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	waitStandby(t, e, pid, 1)
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 3})
+	waitStandby(t, e, pid, 3)
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1}) // takes one; the count stays 3
+	waitStandby(t, e, pid, 3)
+	members := standbyMembers(t, e, pid)
+	if len(members) != 3 {
+		t.Fatalf("standby members of %s after forks of 1, 3 and 1: %v, want three", pid, members)
+	}
+
+	shellOut(t, svc, pid, "echo later >>/workspace/f")
+	three := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 3})
+	var ids []string
+	addrs := map[string]bool{}
+	for i, c := range three {
+		ids = append(ids, c.GetId())
+		if got := shellOut(t, svc, c.GetId(), fmt.Sprintf("cat /workspace/f; echo %d >/workspace/mine; cat /workspace/mine", i)); got != fmt.Sprintf("parent\nlater\n%d\n", i) {
+			t.Errorf("child %s of the fork of 3 printed %q, want the parent's file then its own write %d", c.GetId(), got, i)
+		}
+		a, ok := nm.Addr(c.GetId())
+		if !ok || addrs[a.String()] {
+			t.Errorf("child %s's address %v (%v): want one of its own", c.GetId(), a, ok)
+		}
+		addrs[a.String()] = true
+	}
+	if !sameSet(ids, members) {
+		t.Errorf("the fork of 3 made %v, want its three standby members %v", ids, members)
+	}
+	if got := shellOut(t, svc, pid, "cat /workspace/mine 2>&1 || true"); !strings.Contains(got, "No such file") {
+		t.Errorf("the parent sees a child's write: %q", got)
+	}
+
+	waitStandby(t, e, pid, 3)
+	members = standbyMembers(t, e, pid)
+	five := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 5})
+	served := 0
+	for _, c := range five {
+		if slices.Contains(members, c.GetId()) {
+			served++
+		}
+		if got := shellOut(t, svc, c.GetId(), "cat /workspace/f"); got != "parent\nlater\n" {
+			t.Errorf("child %s of the fork of 5 printed %q, want the parent's file", c.GetId(), got)
+		}
+	}
+	if served != 3 {
+		t.Errorf("%d of the fork of 5's children were standby members (%v), want 3", served, members)
+	}
 }

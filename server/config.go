@@ -163,12 +163,13 @@ type Config struct {
 	// requests without sandbox_id and request_id, with default resources,
 	// user, working directory and no env, are served from it.
 	WarmPool map[string]int
-	// ForkStandby is how many fork standby members berthd keeps per
-	// parent once it forked one child (runtime.SandboxSpec.Standby,
-	// docs/state.md#fork): a next fork of one is served by one, its
-	// container and agent already running. Zero disables them. Only forks
-	// of one child without memory or request_id, of runc sandboxes with
-	// idmapped roots, are served; others fork the cold way.
+	// ForkStandby is the most fork standby members berthd keeps per
+	// parent once it forked (runtime.SandboxSpec.Standby,
+	// docs/state.md#fork): as many as its largest fork had children, up
+	// to this; a next fork's first children are served by them, their
+	// containers and agents already running. Zero disables them. Only
+	// forks without memory or request_id, of runc sandboxes with idmapped
+	// roots, are served; others fork the cold way.
 	ForkStandby int
 	// ForkStandbyIdle is how long a parent's standby members are kept
 	// after its last fork. Default 10 minutes.

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -91,12 +90,14 @@ type ForkRequest struct {
 // existing children (forkAgain). A sandbox p may not see is
 // runtime.ErrSandboxNotFound.
 //
-// A fork that a standby member can serve (standbyServes: one child, no
-// memory, no request id) takes the parent's ready member, if any: the
-// child is that member, switched onto the copy (fromStandby) instead of
-// created; a member that turns out unusable is removed and the child
-// created the cold way under an id of its own. After such a fork the pool
-// is asked for the parent's next member (Pool.Want).
+// A fork that standby members can serve (standbyServes: no memory, no
+// request id) takes up to req.Count of the parent's ready members: the
+// first children are those members, each switched onto the copy
+// (fromStandby) instead of created, the rest are created; a member that
+// turns out unusable is removed and its child created the cold way under
+// an id of its own. After such a fork the pool is asked for as many
+// members as the fork had children, up to Config.ForkStandby
+// (Pool.Want).
 func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req ForkRequest) ([]Created, error) {
 	if _, err := m.snapshotStore(); err != nil {
 		return nil, err
@@ -108,25 +109,40 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 			ids[i] = sandboxid.FromRequest(p.Name, "fork\x00"+req.RequestID+"\x00"+strconv.Itoa(i))
 		}
 	}
-	// A standby member of the parent, when one is ready, is the child
-	// (fromStandby): its id is the child's. One the fork did not reach
-	// (the copy failed before, or the call ended before the child was
-	// begun) goes back to the pool, untouched: not to be left running
+	// The parent's ready standby members are the first children
+	// (fromStandby): their ids are the children's. One the fork did not
+	// reach (the copy failed before, or the call ended before its child
+	// was begun) goes back to the pool, untouched: not to be left running
 	// unowned, which no Delete of the caller's could name.
-	var standby string
-	var reached atomic.Bool
-	if m.standbyServes(req) {
-		if sid, ok := m.pool.TakeStandby(id); ok {
-			standby, ids[0] = sid, sid
-			defer func() {
-				if reached.Load() {
-					m.pool.StandbyUsed(id)
-					return
-				}
-				m.returnStandby(ctx, id, standby)
-			}()
-		}
+	standby := map[string]bool{}
+	var reachedMu sync.Mutex
+	reached := map[string]bool{}
+	wasReached := func(sid string) bool {
+		reachedMu.Lock()
+		defer reachedMu.Unlock()
+		return reached[sid]
 	}
+	if m.standbyServes(req) {
+		for i := range ids {
+			sid, ok := m.pool.TakeStandby(id)
+			if !ok {
+				break
+			}
+			standby[sid], ids[i] = true, sid
+		}
+		defer func() {
+			for sid := range standby {
+				if wasReached(sid) {
+					m.pool.StandbyUsed(id)
+					continue
+				}
+				m.returnStandby(ctx, id, sid)
+			}
+		}()
+	}
+	// The children created the cold way share shims in pairs
+	// (shimLane) among themselves: a member has its task already.
+	cold := ids[len(standby):]
 	if req.RequestID != "" {
 		// One fork of a principal's request ids at a time: a repeat waits
 		// for the first call and then finds its children.
@@ -153,10 +169,14 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 			}
 			spec := children
 			spec.ID = ids[i]
-			spec.Fork.ShimGroup = shimLane(ids, i)
+			if i >= len(standby) {
+				spec.Fork.ShimGroup = shimLane(cold, i-len(standby))
+			}
 			g.Go(func() error {
-				if spec.ID == standby {
-					reached.Store(true)
+				if standby[spec.ID] {
+					reachedMu.Lock()
+					reached[spec.ID] = true
+					reachedMu.Unlock()
 					c, err := m.fromStandby(gctx, spec, p, ph)
 					if err == nil {
 						created[i] = c
@@ -167,10 +187,11 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 					}
 					// The member is removed: the child is made the cold way,
 					// under an id of its own.
+					member := spec.ID
 					spec.ID = sandboxid.New("sb-", 10)
 					ids[i] = spec.ID
 					m.log.WarnContext(gctx, "fork: standby member unusable; creating the child anew", slog.String("sandbox_id", id),
-						slog.String("member", standby), slog.String("child", spec.ID), slog.Any("error", err))
+						slog.String("member", member), slog.String("child", spec.ID), slog.Any("error", err))
 				}
 				c, err := m.Create(gctx, spec, p, false)
 				if err != nil {
@@ -185,7 +206,7 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		for _, child := range ids {
-			if child == standby && !reached.Load() {
+			if standby[child] && !wasReached(child) {
 				continue
 			}
 			if derr := m.Delete(cleanup, child, p); derr != nil {
@@ -216,13 +237,25 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 	}
 	ph.Done("children")
 	m.log.InfoContext(ctx, "sandbox forked", slog.String("sandbox_id", id), slog.String("fork_copy", c.spec.FromSnapshot),
-		slog.Any("children", ids), slog.Bool("standby", standby != "" && ids[0] == standby), slog.Any("took", ph))
+		slog.Any("children", ids), slog.Int("standby", servedBy(ids, standby)), slog.Any("took", ph))
 	if m.standbyServes(req) && m.rt.(standbyStore).CanStandby(c.spec) == nil {
-		// A caller that forked one child tends to fork again (tree
-		// search, best-of-N): the next one may be ready.
-		m.pool.Want(id)
+		// A caller that forked tends to fork again alike (tree search,
+		// best-of-N): the next fork's children may be ready.
+		m.pool.Want(id, req.Count)
 	}
 	return created, nil
+}
+
+// servedBy counts the children ids that are standby members (standby):
+// those a member served.
+func servedBy(ids []string, standby map[string]bool) int {
+	n := 0
+	for _, id := range ids {
+		if standby[id] {
+			n++
+		}
+	}
+	return n
 }
 
 // forkCopying is a fork's copy of its parent's root (forkCopy).
@@ -249,7 +282,7 @@ type forkCopying struct {
 // copy's id is known, before the copy is taken; the creates it begins
 // wait for the copy. The parent is resumed in the background once the
 // copy is taken: its lock is held until it is.
-func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, standby string, launch func(runtime.SandboxSpec), ph *runtime.Phases) (forkCopying, error) {
+func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req ForkRequest, ids []string, standby map[string]bool, launch func(runtime.SandboxSpec), ph *runtime.Phases) (forkCopying, error) {
 	st, _ := m.snapshotStore()
 	unlock, err := m.lockSeen(ctx, id, p)
 	if err != nil {
@@ -385,9 +418,9 @@ func runtimeName(r string) string {
 // (the btrfs cleaner), while the sandbox's exclusive bytes, which its
 // next snapshot is counted by, would read them as shared. release must be
 // called once the children's creates are done. A standby member child
-// (standby) was counted against the server's limits when it was made: it
-// is admitted as a warm-pool member's claim (admit.Capacity.AdmitClaim).
-func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.SandboxSpec, ids []string, standby string) (release func(), err error) {
+// (in standby) was counted against the server's limits when it was made:
+// it is admitted as a warm-pool member's claim (admit.Capacity.AdmitClaim).
+func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.SandboxSpec, ids []string, standby map[string]bool) (release func(), err error) {
 	var releases []func()
 	release = func() {
 		for _, r := range releases {
@@ -397,7 +430,7 @@ func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.San
 	for i, child := range ids {
 		spec.ID = child
 		admitOne := m.capacity.AdmitSandbox
-		if child == standby {
+		if standby[child] {
 			admitOne = func(ctx context.Context, id string, h admit.Held) (func(), error) {
 				return m.capacity.AdmitClaim(ctx, id, h.Owner, h)
 			}

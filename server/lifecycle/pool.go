@@ -58,8 +58,8 @@ type Pool struct {
 	mu      sync.Mutex
 	ready   map[string][]string  // key -> member ids, oldest first
 	failed  map[string]time.Time // key -> when a creation last failed
-	standby map[string]time.Time // parent -> when its members are no longer wanted
-	lent    map[string]int       // standby key -> members handed out, neither returned nor used yet
+	standby map[string]standbyWant // parent -> how many members, until when
+	lent    map[string]int         // standby key -> members handed out, neither returned nor used yet
 	wake    chan struct{}        // buffered: a refill may be needed
 }
 
@@ -80,21 +80,33 @@ func NewPool(cfg PoolConfig, maker Maker, log *slog.Logger) *Pool {
 	}
 	cfg.Sizes = maps.Clone(cfg.Sizes)
 	return &Pool{cfg: cfg, maker: maker, log: log, ready: make(map[string][]string), failed: make(map[string]time.Time),
-		standby: make(map[string]time.Time), lent: make(map[string]int), wake: make(chan struct{}, 1)}
+		standby: make(map[string]standbyWant), lent: make(map[string]int), wake: make(chan struct{}, 1)}
 }
 
-// Want asks for PoolConfig.Standby standby members of parent from now
-// until StandbyIdle after the last call (a fork of parent calls it: a
-// caller that forks once tends to fork again). A no-op when standby
-// members are disabled.
-func (p *Pool) Want(parent string) {
+// Want asks for n standby members of parent (at most
+// PoolConfig.Standby; the most any call asked for since the parent's
+// members were last forgotten) from now until StandbyIdle after the last
+// call (a fork of parent calls it with its count of children: a caller
+// that forks tends to fork again alike). A no-op when standby members are
+// disabled.
+func (p *Pool) Want(parent string, n int) {
 	if p.cfg.Standby <= 0 {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.standby[parent] = time.Now().Add(p.cfg.StandbyIdle)
+	w := p.standby[parent]
+	w.until = time.Now().Add(p.cfg.StandbyIdle)
+	w.n = min(max(w.n, n, 1), p.cfg.Standby)
+	p.standby[parent] = w
 	p.poke()
+}
+
+// standbyWant is how many standby members of a parent are wanted, until
+// when.
+type standbyWant struct {
+	until time.Time
+	n     int
 }
 
 // TakeStandby hands out a ready standby member of parent, removing it
@@ -143,7 +155,7 @@ func (p *Pool) ReturnStandby(parent, id string) bool {
 	defer p.mu.Unlock()
 	key := standbyKey(parent)
 	p.unlend(key)
-	if _, ok := p.standby[parent]; !ok || len(p.ready[key]) >= p.cfg.Standby {
+	if w, ok := p.standby[parent]; !ok || len(p.ready[key])+p.lent[key] >= w.n {
 		return false
 	}
 	p.ready[key] = append(p.ready[key], id)
@@ -170,8 +182,8 @@ func (p *Pool) Forget(parent string) []string {
 func (p *Pool) idle(now time.Time) (ids []string, wait time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for parent, until := range p.standby {
-		if left := until.Sub(now); left > 0 {
+	for parent, w := range p.standby {
+		if left := w.until.Sub(now); left > 0 {
 			if wait == 0 || left < wait {
 				wait = left
 			}
@@ -321,8 +333,8 @@ func (p *Pool) next() (string, time.Duration) {
 	if sizes == nil {
 		sizes = map[string]int{}
 	}
-	for parent := range p.standby {
-		sizes[standbyKey(parent)] = p.cfg.Standby
+	for parent, w := range p.standby {
+		sizes[standbyKey(parent)] = w.n
 	}
 	for _, image := range slices.Sorted(maps.Keys(sizes)) {
 		if len(p.ready[image])+p.lent[image] >= sizes[image] {

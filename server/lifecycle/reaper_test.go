@@ -367,7 +367,7 @@ func TestPoolStandby(t *testing.T) {
 	if id, ok := p.TakeStandby("sb-a"); ok {
 		t.Fatalf("TakeStandby before any fork = %q; want none", id)
 	}
-	p.Want("sb-a")
+	p.Want("sb-a", 1)
 	waitFor(t, 2*time.Second, "standby member made", func() bool { return len(p.Members()) == 2 })
 	id, ok := p.TakeStandby("sb-a")
 	if !ok || !strings.HasPrefix(id, "standby-of-sb-a-") {
@@ -397,7 +397,7 @@ func TestPoolStandby(t *testing.T) {
 	m.mu.Lock()
 	m.gate = gate
 	m.mu.Unlock()
-	p.Want("sb-c")
+	p.Want("sb-c", 1)
 	waitFor(t, 2*time.Second, "a make under way", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.waiting == 1 })
 	p.Forget("sb-c")
 	close(gate)
@@ -421,7 +421,7 @@ func TestPoolStandbyLent(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
-	p.Want("sb-a")
+	p.Want("sb-a", 1)
 	waitFor(t, 2*time.Second, "standby member made", func() bool { return p.Ready(standbyKey("sb-a")) == 1 })
 	cancel()
 	<-done
@@ -461,7 +461,7 @@ func TestPoolStandbyIdle(t *testing.T) {
 	done := make(chan struct{})
 	go func() { p.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	p.Want("sb-a")
+	p.Want("sb-a", 2)
 	// Idle past its time: both members made for it are discarded, and
 	// none is made again.
 	waitFor(t, 2*time.Second, "idle members discarded", func() bool { return len(m.discards()) == 2 })
@@ -469,9 +469,44 @@ func TestPoolStandbyIdle(t *testing.T) {
 		t.Errorf("Members after the idle time = %q; want none", got)
 	}
 	disabled := NewPool(PoolConfig{}, m, discard)
-	disabled.Want("sb-a")
+	disabled.Want("sb-a", 1)
 	if got, _ := disabled.next(); got != "" {
 		t.Errorf("next of a pool without standby members after Want = %q; want nothing", got)
+	}
+}
+
+// TestPoolStandbyCount: a parent gets as many members as its largest
+// fork asked for since it was last forgotten, at most PoolConfig.Standby;
+// a member given back past that count is refused.
+func TestPoolStandbyCount(t *testing.T) {
+	m := &fakeMaker{}
+	p := NewPool(PoolConfig{Standby: 3, StandbyIdle: time.Hour}, m, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	p.Want("sb-a", 1)
+	waitFor(t, 2*time.Second, "one member", func() bool { return p.Ready(standbyKey("sb-a")) == 1 })
+	p.Want("sb-a", 10)
+	waitFor(t, 2*time.Second, "three members (the cap)", func() bool { return p.Ready(standbyKey("sb-a")) == 3 })
+	p.Want("sb-a", 1) // a smaller fork keeps the larger count
+	var taken []string
+	for range 3 {
+		id, ok := p.TakeStandby("sb-a")
+		if !ok {
+			t.Fatalf("TakeStandby after %d of 3 members: none", len(taken))
+		}
+		taken = append(taken, id)
+	}
+	for range taken {
+		p.StandbyUsed("sb-a")
+	}
+	waitFor(t, 2*time.Second, "three members again", func() bool { return p.Ready(standbyKey("sb-a")) == 3 })
+	if p.ReturnStandby("sb-a", taken[0]) {
+		t.Error("ReturnStandby past the wanted 3 was accepted")
+	}
+	if got := p.Ready(standbyKey("sb-a")); got != 3 {
+		t.Errorf("ready members of sb-a = %d, want 3", got)
 	}
 }
 

@@ -30,12 +30,12 @@ type standbyStore interface {
 // no longer the fork's child's, or this berthd does not hold it waiting.
 var errStandbyUnfit = errors.New("standby member unfit")
 
-// standbyServes reports whether a fork of req may be served by a standby
-// member: one child, no memory (gVisor), no request_id (whose child ids
-// derive from the request, while a member's id is fixed at its creation).
+// standbyServes reports whether a fork of req may be served by standby
+// members: no memory (gVisor), no request_id (whose child ids derive from
+// the request, while a member's id is fixed at its creation).
 func (m *Manager) standbyServes(req ForkRequest) bool {
 	_, ok := m.rt.(standbyStore)
-	return ok && m.cfg.ForkStandby > 0 && req.Count == 1 && !req.Memory && req.RequestID == ""
+	return ok && m.cfg.ForkStandby > 0 && !req.Memory && req.RequestID == ""
 }
 
 // standbySpec returns the spec of a standby member of sandbox parent: its
