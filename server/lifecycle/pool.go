@@ -56,11 +56,11 @@ type Pool struct {
 	log   *slog.Logger
 
 	mu      sync.Mutex
-	ready   map[string][]string  // key -> member ids, oldest first
-	failed  map[string]time.Time // key -> when a creation last failed
+	ready   map[string][]string    // key -> member ids, oldest first
+	failed  map[string]time.Time   // key -> when a creation last failed
 	standby map[string]standbyWant // parent -> how many members, until when
 	lent    map[string]int         // standby key -> members handed out, neither returned nor used yet
-	wake    chan struct{}        // buffered: a refill may be needed
+	wake    chan struct{}          // buffered: a refill may be needed
 }
 
 // standbyKey is the pool key of parent's standby members: no image
