@@ -113,10 +113,12 @@ type Fence struct {
 	Lease    LeaseID // FenceLease
 }
 
-func absent(key string) Fence               { return Fence{Kind: FenceAbsent, Key: key} }
-func present(key string) Fence              { return Fence{Kind: FencePresent, Key: key} }
-func unchanged(key string, rev int64) Fence { return Fence{Kind: FenceUnchanged, Key: key, Revision: rev} }
-func leasedBy(key string, l LeaseID) Fence  { return Fence{Kind: FenceLease, Key: key, Lease: l} }
+func absent(key string) Fence  { return Fence{Kind: FenceAbsent, Key: key} }
+func present(key string) Fence { return Fence{Kind: FencePresent, Key: key} }
+func unchanged(key string, rev int64) Fence {
+	return Fence{Kind: FenceUnchanged, Key: key, Revision: rev}
+}
+func leasedBy(key string, l LeaseID) Fence { return Fence{Kind: FenceLease, Key: key, Lease: l} }
 
 // OpKind is what an Op does.
 type OpKind int
@@ -140,10 +142,12 @@ type Op struct {
 	Lease LeaseID
 }
 
-func put(key string, value []byte) Op                  { return Op{Kind: OpPut, Key: key, Value: value} }
-func putLeased(key string, value []byte, l LeaseID) Op { return Op{Kind: OpPut, Key: key, Value: value, Lease: l} }
-func del(key string) Op                                { return Op{Kind: OpDelete, Key: key} }
-func delPrefix(prefix string) Op                       { return Op{Kind: OpDeletePrefix, Key: prefix} }
+func put(key string, value []byte) Op { return Op{Kind: OpPut, Key: key, Value: value} }
+func putLeased(key string, value []byte, l LeaseID) Op {
+	return Op{Kind: OpPut, Key: key, Value: value, Lease: l}
+}
+func del(key string) Op          { return Op{Kind: OpDelete, Key: key} }
+func delPrefix(prefix string) Op { return Op{Kind: OpDeletePrefix, Key: prefix} }
 
 // WatchBatch is the changes of one revision of a Watch, or its end (Err).
 type WatchBatch struct {
