@@ -138,6 +138,7 @@ func (f *clusterFlags) check(listens []string) error {
 type fleet struct {
 	embedded  *cluster.Embedded
 	cli       *clientv3.Client
+	store     *cluster.EtcdStore // the fleet's records, in cli's etcd
 	directory *cluster.Directory
 	peers     *cluster.Peers
 	nodes     *cluster.NodeService
@@ -179,6 +180,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		fl.Close()
 		return nil, err
 	}
+	fl.store = cluster.NewEtcdStore(fl.cli)
 	if fl.directory, err = cluster.NewDirectory(fl.cli, f.prefix, log); err == nil {
 		err = fl.directory.Start(ctx, f.etcdBudget)
 	}
@@ -232,7 +234,7 @@ func (fl *fleet) Close() {
 
 // member returns the membership of this node.
 func (f *clusterFlags) member(fl *fleet, stateDir string, log *slog.Logger) (*cluster.Member, error) {
-	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir, EtcdBudget: f.etcdBudget}, fl.cli, log)
+	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir, EtcdBudget: f.etcdBudget}, fl.store, log)
 }
 
 // tlsConfig loads a client TLS configuration: the CA bundle to verify

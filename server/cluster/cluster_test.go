@@ -226,7 +226,7 @@ func TestLeaseLost(t *testing.T) {
 	lease := m.lease
 	m.mu.Unlock()
 	revoked := time.Now()
-	if _, err := cli.Revoke(ctx, lease); err != nil {
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
 		t.Fatal(err)
 	}
 	dir := startDirectory(t, cli, prefix)
@@ -349,7 +349,7 @@ func TestPlace(t *testing.T) {
 func TestMemberLeaseExpiry(t *testing.T) {
 	cli, prefix := etcd(t)
 	ctx := context.Background()
-	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 3 * time.Second, PublishInterval: 2 * time.Second}, cli, testLog())
+	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 3 * time.Second, PublishInterval: 2 * time.Second}, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +484,7 @@ func TestRegisterAnotherHolder(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cli, prefix := etcd(t)
 			ctx := context.Background()
-			first, err := NewMember(Config{NodeID: "a", Address: "first:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: tt.holder}, cli, testLog())
+			first, err := NewMember(Config{NodeID: "a", Address: "first:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: tt.holder}, NewEtcdStore(cli), testLog())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -494,7 +494,7 @@ func TestRegisterAnotherHolder(t *testing.T) {
 			t.Cleanup(first.Close)
 			dir := startDirectory(t, cli, prefix)
 
-			second, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, cli, testLog())
+			second, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, NewEtcdStore(cli), testLog())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -564,7 +564,7 @@ func TestRegisterAfterDeadSelf(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := startDirectory(t, cli, prefix)
-			m, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, cli, testLog())
+			m, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, NewEtcdStore(cli), testLog())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -100,10 +100,11 @@ func (s *EtcdStore) Commit(ctx context.Context, fences []Fence, ops []Op, elseGe
 	if len(cmps) > 0 {
 		txn = txn.If(cmps...)
 	}
+	txn = txn.Then(thens...) // clientv3 takes If, Then, Else in that order
 	if len(elses) > 0 {
 		txn = txn.Else(elses...)
 	}
-	resp, err := txn.Then(thens...).Commit()
+	resp, err := txn.Commit()
 	if err != nil {
 		return false, nil, err
 	}

@@ -171,3 +171,11 @@ func getKey(ctx context.Context, st Store, key string) (*KV, error) {
 	}
 	return &found[0][0], nil
 }
+
+// deleteUnchanged deletes kv's key if nothing wrote it since it was read
+// as kv (a record released or a tombstone removed by the node that read
+// it): a key changed meanwhile is left as it is, without error.
+func deleteUnchanged(ctx context.Context, st Store, kv KV) error {
+	_, _, err := st.Commit(ctx, []Fence{unchanged(kv.Key, kv.ModRevision)}, []Op{del(kv.Key)})
+	return err
+}

@@ -64,7 +64,7 @@ func startMemberAt(t *testing.T, cli *clientv3.Client, prefix, id, addr string, 
 // startMemberCfg starts the membership cfg describes, closed at cleanup.
 func startMemberCfg(t *testing.T, cli *clientv3.Client, cfg Config, local Local) *Member {
 	t.Helper()
-	m, err := NewMember(cfg, cli, testLog())
+	m, err := NewMember(cfg, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
