@@ -181,7 +181,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		return nil, err
 	}
 	fl.store = cluster.NewEtcdStore(fl.cli)
-	if fl.directory, err = cluster.NewDirectory(fl.cli, f.prefix, log); err == nil {
+	if fl.directory, err = cluster.NewDirectory(fl.store, f.prefix, log); err == nil {
 		err = fl.directory.Start(ctx, f.etcdBudget)
 	}
 	if err != nil {
@@ -212,7 +212,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		fl.reloads = append(fl.reloads, reloader{"peer token", tok.Reload})
 	}
 	fl.peers = cluster.NewPeers(creds, connectBudget)
-	fl.nodes = cluster.NewNodeService(fl.cli, f.prefix).WithEtcdBudget(f.etcdBudget)
+	fl.nodes = cluster.NewNodeService(fl.store, f.prefix).WithEtcdBudget(f.etcdBudget)
 	return fl, nil
 }
 

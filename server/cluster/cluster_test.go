@@ -191,7 +191,7 @@ func TestDrainRefusesNewClaims(t *testing.T) {
 	if err := m.Claim(ctx, "old", "alice"); err != nil {
 		t.Fatal(err)
 	}
-	nodes := NewNodeService(cli, prefix)
+	nodes := NewNodeService(NewEtcdStore(cli), prefix)
 	if _, err := nodes.DrainNode(ctx, &berthv1.DrainNodeRequest{NodeId: "a"}); err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestReconcile(t *testing.T) {
 	put("elsewhere", "b") // the id is b's
 	local := &fakeLocal{holds: map[string]string{"here": "alice", "elsewhere": "bob"}}
 	m := startMember(t, cli, prefix, "a", local)
-	dir, _ := NewDirectory(cli, prefix, testLog())
+	dir, _ := NewDirectory(NewEtcdStore(cli), prefix, testLog())
 	if _, ok, _ := dir.Sandbox(ctx, "gone"); ok {
 		t.Error("the record of a sandbox the node no longer holds stayed")
 	}
@@ -416,7 +416,7 @@ func TestRouterNodeLostOwner(t *testing.T) {
 // cleanup.
 func startDirectory(t *testing.T, cli *clientv3.Client, prefix string) *Directory {
 	t.Helper()
-	dir, err := NewDirectory(cli, prefix, testLog())
+	dir, err := NewDirectory(NewEtcdStore(cli), prefix, testLog())
 	if err != nil {
 		t.Fatal(err)
 	}

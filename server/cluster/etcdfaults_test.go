@@ -131,7 +131,7 @@ func TestMemberStartsWithoutEtcd(t *testing.T) {
 		t.Errorf("Start without etcd took %v, want within the %v budget", took, testBudget)
 	}
 	t.Cleanup(m.Close)
-	dir, err := NewDirectory(cli, prefix, testLog())
+	dir, err := NewDirectory(NewEtcdStore(cli), prefix, testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestStoreCallsWithinBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	nodes := NewNodeService(cli, prefix).WithEtcdBudget(testBudget)
+	nodes := NewNodeService(NewEtcdStore(cli), prefix).WithEtcdBudget(testBudget)
 	s.stop()
 	max := testBudget + 1500*time.Millisecond
 

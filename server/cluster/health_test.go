@@ -196,7 +196,7 @@ func TestPublishHealth(t *testing.T) {
 	if rec.Health.Reason != HealthContainerd || !rec.Health.Since.Equal(since) || rec.Sandboxes != 3 || rec.MaxSandboxes != 10 {
 		t.Errorf("record %+v, want health %s since %v with the last usage (3 of 10 sandboxes)", rec, HealthContainerd, since)
 	}
-	ns := NewNodeService(cli, prefix)
+	ns := NewNodeService(NewEtcdStore(cli), prefix)
 	list, err := ns.ListNodes(ctx, &berthv1.ListNodesRequest{})
 	if err != nil {
 		t.Fatal(err)
