@@ -29,7 +29,9 @@
 // a node serves the sandboxes it holds without it, starts without it, and
 // joins (or keeps its lease, when etcd still has it) once it answers.
 //
-// Keys, under Config.Prefix (default "/berth/"):
+// The fleet reaches its store through Store (fleetstore.go; etcd:
+// EtcdStore; docs/fleet-store.md lists what each call relies on). Keys,
+// under Config.Prefix (default "/berth/"):
 //
 //	nodes/<id>      NodeRecord (JSON), under the node's lease
 //	seen/<id>       seenRecord (JSON): the node's address, kept after its lease
