@@ -30,11 +30,13 @@ type Store interface {
 	// apply.
 	Commit(ctx context.Context, fences []Fence, ops []Op, elseGet ...string) (applied bool, got []*KV, err error)
 	// Watch sends the changes to the keys under prefix after revision
-	// afterRev, in order, a batch a revision, until ctx ends or the watch
-	// fails: then a last batch carries Err and the channel is closed
-	// (the store lost its quorum, or afterRev was compacted away; read
-	// again and watch from that read's revision). The caller cancels ctx
-	// once it stops reading.
+	// afterRev, in order, in batches (the changes of one Commit in one
+	// batch; a batch's Revision is the store's revision when it was sent,
+	// to watch on from), until ctx ends or the watch fails: then a last
+	// batch carries Err and the channel is closed (the store lost its
+	// quorum, or afterRev was compacted away; read again and watch from
+	// that read's revision). The caller cancels ctx once it stops
+	// reading.
 	Watch(ctx context.Context, prefix string, afterRev int64) <-chan WatchBatch
 
 	// Grant takes a new lease that lasts ttl (rounded up to a second)
