@@ -180,8 +180,9 @@ type NodeRecord struct {
 	// sandboxes; the zero value (records of berthds before it) is healthy.
 	Health Health `json:"health"`
 
-	// Lease is the lease the record lives under (from etcd, not stored).
-	Lease int64 `json:"-"`
+	// Lease is the lease the record lives under (from the store, not
+	// stored).
+	Lease LeaseID `json:"-"`
 	// Draining is set from the node's drain key (not stored).
 	Draining bool `json:"-"`
 }

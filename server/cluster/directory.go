@@ -139,7 +139,7 @@ func parseNode(b []byte, lease LeaseID) (NodeRecord, bool) {
 	if json.Unmarshal(b, &rec) != nil || rec.ID == "" {
 		return NodeRecord{}, false
 	}
-	rec.Lease = int64(lease)
+	rec.Lease = lease
 	return rec, true
 }
 

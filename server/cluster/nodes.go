@@ -270,7 +270,7 @@ func (s *NodeService) nodes(ctx context.Context) (map[string]*berthv1.Node, erro
 		}
 		n.StartedAt, n.UpdatedAt = timestamppb.New(rec.StartedAt), timestamppb.New(rec.UpdatedAt)
 		n.LeaseId = fmt.Sprintf("%x", rec.Lease)
-		if remaining, granted, err := s.store.LeaseRemaining(ctx, LeaseID(rec.Lease)); err == nil && remaining > 0 {
+		if remaining, granted, err := s.store.LeaseRemaining(ctx, rec.Lease); err == nil && remaining > 0 {
 			n.LeaseTtl = durationpb.New(granted)
 			n.LeaseRemaining = durationpb.New(remaining)
 		}
