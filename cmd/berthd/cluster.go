@@ -138,6 +138,7 @@ func (f *clusterFlags) check(listens []string) error {
 type fleet struct {
 	embedded  *cluster.Embedded
 	cli       *clientv3.Client
+	store     *cluster.EtcdStore // the fleet's records, in cli's etcd
 	directory *cluster.Directory
 	peers     *cluster.Peers
 	nodes     *cluster.NodeService
@@ -179,7 +180,8 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		fl.Close()
 		return nil, err
 	}
-	if fl.directory, err = cluster.NewDirectory(fl.cli, f.prefix, log); err == nil {
+	fl.store = cluster.NewEtcdStore(fl.cli)
+	if fl.directory, err = cluster.NewDirectory(fl.store, f.prefix, log); err == nil {
 		err = fl.directory.Start(ctx, f.etcdBudget)
 	}
 	if err != nil {
@@ -210,7 +212,7 @@ func (f *clusterFlags) open(ctx context.Context, log *slog.Logger, stateDir stri
 		fl.reloads = append(fl.reloads, reloader{"peer token", tok.Reload})
 	}
 	fl.peers = cluster.NewPeers(creds, connectBudget)
-	fl.nodes = cluster.NewNodeService(fl.cli, f.prefix).WithEtcdBudget(f.etcdBudget)
+	fl.nodes = cluster.NewNodeService(fl.store, f.prefix).WithEtcdBudget(f.etcdBudget)
 	return fl, nil
 }
 
@@ -232,7 +234,7 @@ func (fl *fleet) Close() {
 
 // member returns the membership of this node.
 func (f *clusterFlags) member(fl *fleet, stateDir string, log *slog.Logger) (*cluster.Member, error) {
-	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir, EtcdBudget: f.etcdBudget}, fl.cli, log)
+	return cluster.NewMember(cluster.Config{NodeID: f.nodeID, Address: f.advertise, Labels: f.labels, Prefix: f.prefix, LeaseTTL: f.leaseTTL, Version: server.Version, StateDir: stateDir, EtcdBudget: f.etcdBudget}, fl.store, log)
 }
 
 // tlsConfig loads a client TLS configuration: the CA bundle to verify

@@ -29,7 +29,9 @@
 // a node serves the sandboxes it holds without it, starts without it, and
 // joins (or keeps its lease, when etcd still has it) once it answers.
 //
-// Keys, under Config.Prefix (default "/berth/"):
+// The fleet reaches its store through Store (fleetstore.go; etcd:
+// EtcdStore; docs/fleet-store.md lists what each call relies on). Keys,
+// under Config.Prefix (default "/berth/"):
 //
 //	nodes/<id>      NodeRecord (JSON), under the node's lease
 //	seen/<id>       seenRecord (JSON): the node's address, kept after its lease
@@ -178,8 +180,9 @@ type NodeRecord struct {
 	// sandboxes; the zero value (records of berthds before it) is healthy.
 	Health Health `json:"health"`
 
-	// Lease is the lease the record lives under (from etcd, not stored).
-	Lease int64 `json:"-"`
+	// Lease is the lease the record lives under (from the store, not
+	// stored).
+	Lease LeaseID `json:"-"`
 	// Draining is set from the node's drain key (not stored).
 	Draining bool `json:"-"`
 }

@@ -191,7 +191,7 @@ func TestDrainRefusesNewClaims(t *testing.T) {
 	if err := m.Claim(ctx, "old", "alice"); err != nil {
 		t.Fatal(err)
 	}
-	nodes := NewNodeService(cli, prefix)
+	nodes := NewNodeService(NewEtcdStore(cli), prefix)
 	if _, err := nodes.DrainNode(ctx, &berthv1.DrainNodeRequest{NodeId: "a"}); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestLeaseLost(t *testing.T) {
 	lease := m.lease
 	m.mu.Unlock()
 	revoked := time.Now()
-	if _, err := cli.Revoke(ctx, lease); err != nil {
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(lease)); err != nil {
 		t.Fatal(err)
 	}
 	dir := startDirectory(t, cli, prefix)
@@ -267,7 +267,7 @@ func TestReconcile(t *testing.T) {
 	put("elsewhere", "b") // the id is b's
 	local := &fakeLocal{holds: map[string]string{"here": "alice", "elsewhere": "bob"}}
 	m := startMember(t, cli, prefix, "a", local)
-	dir, _ := NewDirectory(cli, prefix, testLog())
+	dir, _ := NewDirectory(NewEtcdStore(cli), prefix, testLog())
 	if _, ok, _ := dir.Sandbox(ctx, "gone"); ok {
 		t.Error("the record of a sandbox the node no longer holds stayed")
 	}
@@ -349,7 +349,7 @@ func TestPlace(t *testing.T) {
 func TestMemberLeaseExpiry(t *testing.T) {
 	cli, prefix := etcd(t)
 	ctx := context.Background()
-	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 3 * time.Second, PublishInterval: 2 * time.Second}, cli, testLog())
+	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 3 * time.Second, PublishInterval: 2 * time.Second}, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,7 +416,7 @@ func TestRouterNodeLostOwner(t *testing.T) {
 // cleanup.
 func startDirectory(t *testing.T, cli *clientv3.Client, prefix string) *Directory {
 	t.Helper()
-	dir, err := NewDirectory(cli, prefix, testLog())
+	dir, err := NewDirectory(NewEtcdStore(cli), prefix, testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,7 +484,7 @@ func TestRegisterAnotherHolder(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cli, prefix := etcd(t)
 			ctx := context.Background()
-			first, err := NewMember(Config{NodeID: "a", Address: "first:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: tt.holder}, cli, testLog())
+			first, err := NewMember(Config{NodeID: "a", Address: "first:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: tt.holder}, NewEtcdStore(cli), testLog())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -494,7 +494,7 @@ func TestRegisterAnotherHolder(t *testing.T) {
 			t.Cleanup(first.Close)
 			dir := startDirectory(t, cli, prefix)
 
-			second, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, cli, testLog())
+			second, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, NewEtcdStore(cli), testLog())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -564,7 +564,7 @@ func TestRegisterAfterDeadSelf(t *testing.T) {
 				t.Fatal(err)
 			}
 			dir := startDirectory(t, cli, prefix)
-			m, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, cli, testLog())
+			m, err := NewMember(Config{NodeID: "a", Address: "second:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: 100 * time.Millisecond, Holder: self}, NewEtcdStore(cli), testLog())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -9,18 +9,16 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// Directory reads the fleet from etcd for routing and placement: which
-// nodes hold a lease (kept current by a watch), and which node holds a
-// sandbox (read from etcd at each call, linearizably). Its methods are safe
-// for concurrent use.
+// Directory reads the fleet from its store for routing and placement:
+// which nodes hold a lease (kept current by a watch), and which node holds
+// a sandbox (read from the store at each call, linearizably). Its methods
+// are safe for concurrent use.
 type Directory struct {
-	cli  *clientv3.Client
-	keys keys
-	log  *slog.Logger
+	store Store
+	keys  keys
+	log   *slog.Logger
 
 	mu    sync.Mutex
 	nodes map[string]NodeRecord // live nodes, from the watch
@@ -30,15 +28,15 @@ type Directory struct {
 }
 
 // NewDirectory returns the directory of the fleet under prefix ("" for
-// DefaultPrefix) in the etcd cli reaches. Start fills it.
-func NewDirectory(cli *clientv3.Client, prefix string, log *slog.Logger) (*Directory, error) {
+// DefaultPrefix) in st (NewEtcdStore). Start fills it.
+func NewDirectory(st Store, prefix string, log *slog.Logger) (*Directory, error) {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
 	if err := validPrefix(prefix); err != nil {
 		return nil, err
 	}
-	return &Directory{cli: cli, keys: keys{prefix}, log: log, nodes: make(map[string]NodeRecord)}, nil
+	return &Directory{store: st, keys: keys{prefix}, log: log, nodes: make(map[string]NodeRecord)}, nil
 }
 
 // Start reads the live nodes and follows their changes in the background
@@ -77,12 +75,12 @@ func (d *Directory) Close() {
 
 // load replaces the live nodes with etcd's and returns the revision read.
 func (d *Directory) load(ctx context.Context) (int64, error) {
-	resp, err := d.cli.Get(ctx, d.keys.nodes(), clientv3.WithPrefix())
+	rev, found, err := d.store.Read(ctx, prefixRange(d.keys.nodes()))
 	if err != nil {
 		return 0, storeError("read the fleet's nodes", err)
 	}
-	nodes := make(map[string]NodeRecord, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	nodes := make(map[string]NodeRecord, len(found[0]))
+	for _, kv := range found[0] {
 		if rec, ok := parseNode(kv.Value, kv.Lease); ok {
 			nodes[rec.ID] = rec
 		}
@@ -90,7 +88,7 @@ func (d *Directory) load(ctx context.Context) (int64, error) {
 	d.mu.Lock()
 	d.nodes = nodes
 	d.mu.Unlock()
-	return resp.Header.Revision, nil
+	return rev, nil
 }
 
 // follow applies the node keys' changes after rev, reloading when the
@@ -101,24 +99,25 @@ func (d *Directory) follow(ctx context.Context, rev int64) {
 			rev = d.reload(ctx)
 			continue
 		}
-		wch := d.cli.Watch(clientv3.WithRequireLeader(ctx), d.keys.nodes(), clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		for wr := range wch {
-			if err := wr.Err(); err != nil {
-				d.log.Warn("cluster: watch of the fleet's nodes failed; reading them again", slog.Any("error", err))
+		wctx, cancel := context.WithCancel(ctx)
+		for wb := range d.store.Watch(wctx, d.keys.nodes(), rev) {
+			if wb.Err != nil {
+				d.log.Warn("cluster: watch of the fleet's nodes failed; reading them again", slog.Any("error", wb.Err))
 				break
 			}
 			d.mu.Lock()
-			for _, ev := range wr.Events {
-				id := d.keys.idOf(d.keys.nodes(), string(ev.Kv.Key))
-				if ev.Type == clientv3.EventTypeDelete {
+			for _, ev := range wb.Events {
+				id := d.keys.idOf(d.keys.nodes(), ev.KV.Key)
+				if ev.Deleted {
 					delete(d.nodes, id)
-				} else if rec, ok := parseNode(ev.Kv.Value, ev.Kv.Lease); ok {
+				} else if rec, ok := parseNode(ev.KV.Value, ev.KV.Lease); ok {
 					d.nodes[id] = rec
 				}
 			}
 			d.mu.Unlock()
-			rev = wr.Header.Revision
+			rev = wb.Revision
 		}
+		cancel()
 		rev = d.reload(ctx)
 	}
 }
@@ -135,7 +134,7 @@ func (d *Directory) reload(ctx context.Context) int64 {
 	return 0
 }
 
-func parseNode(b []byte, lease int64) (NodeRecord, bool) {
+func parseNode(b []byte, lease LeaseID) (NodeRecord, bool) {
 	var rec NodeRecord
 	if json.Unmarshal(b, &rec) != nil || rec.ID == "" {
 		return NodeRecord{}, false
@@ -154,14 +153,14 @@ func (d *Directory) LiveNode(ctx context.Context, id string) (NodeRecord, bool, 
 	if ok {
 		return rec, true, nil
 	}
-	resp, err := d.cli.Get(ctx, d.keys.node(id))
+	kv, err := getKey(ctx, d.store, d.keys.node(id))
 	if err != nil {
 		return NodeRecord{}, false, storeError("read node "+id, err)
 	}
-	if len(resp.Kvs) == 0 {
+	if kv == nil {
 		return NodeRecord{}, false, nil
 	}
-	rec, ok = parseNode(resp.Kvs[0].Value, resp.Kvs[0].Lease)
+	rec, ok = parseNode(kv.Value, kv.Lease)
 	return rec, ok, nil
 }
 
@@ -182,16 +181,16 @@ func (d *Directory) LiveNodes() []NodeRecord {
 // (linearizably, in one transaction), ordered by id: what placement
 // decides on.
 func (d *Directory) Nodes(ctx context.Context) ([]NodeRecord, error) {
-	resp, err := d.cli.Txn(ctx).Then(clientv3.OpGet(d.keys.nodes(), clientv3.WithPrefix()), clientv3.OpGet(d.keys.drains(), clientv3.WithPrefix(), clientv3.WithKeysOnly())).Commit()
+	_, found, err := d.store.Read(ctx, prefixRange(d.keys.nodes()), prefixRange(d.keys.drains()))
 	if err != nil {
 		return nil, storeError("read the fleet's nodes", err)
 	}
 	draining := make(map[string]bool)
-	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
-		draining[d.keys.idOf(d.keys.drains(), string(kv.Key))] = true
+	for _, kv := range found[1] {
+		draining[d.keys.idOf(d.keys.drains(), kv.Key)] = true
 	}
 	var out []NodeRecord
-	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
+	for _, kv := range found[0] {
 		if rec, ok := parseNode(kv.Value, kv.Lease); ok {
 			rec.Draining = draining[rec.ID]
 			out = append(out, rec)
@@ -214,15 +213,15 @@ func (d *Directory) Snapshot(ctx context.Context, id string) (SnapshotRecord, bo
 
 // record reads the record at key, of what ("sandbox sb-1").
 func (d *Directory) record(ctx context.Context, key, what string) (SandboxRecord, bool, error) {
-	resp, err := d.cli.Get(ctx, key)
+	kv, err := getKey(ctx, d.store, key)
 	if err != nil {
 		return SandboxRecord{}, false, storeError("read the record of "+what, err)
 	}
-	if len(resp.Kvs) == 0 {
+	if kv == nil {
 		return SandboxRecord{}, false, nil
 	}
 	var rec SandboxRecord
-	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
 		return SandboxRecord{}, false, fmt.Errorf("cluster: the record of %s does not parse: %w", what, err)
 	}
 	return rec, true, nil
@@ -242,15 +241,15 @@ func (d *Directory) Snapshots(ctx context.Context) (map[string]SnapshotRecord, e
 
 // records reads the records under prefix, of what ("sandbox"), by id.
 func (d *Directory) records(ctx context.Context, prefix, what string) (map[string]SandboxRecord, error) {
-	resp, err := d.cli.Get(ctx, prefix, clientv3.WithPrefix())
+	_, found, err := d.store.Read(ctx, prefixRange(prefix))
 	if err != nil {
 		return nil, storeError("read the "+what+" records", err)
 	}
-	out := make(map[string]SandboxRecord, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
+	out := make(map[string]SandboxRecord, len(found[0]))
+	for _, kv := range found[0] {
 		var rec SandboxRecord
 		if json.Unmarshal(kv.Value, &rec) == nil {
-			out[d.keys.idOf(prefix, string(kv.Key))] = rec
+			out[d.keys.idOf(prefix, kv.Key)] = rec
 		}
 	}
 	return out, nil

@@ -119,7 +119,7 @@ func TestMemberStartsWithoutEtcd(t *testing.T) {
 	s.stop()
 
 	local := &fakeLocal{holds: map[string]string{"kept": "alice", "made-offline": "bob"}}
-	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, EtcdBudget: testBudget}, cli, testLog())
+	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 100 * time.Millisecond, EtcdBudget: testBudget}, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestMemberStartsWithoutEtcd(t *testing.T) {
 		t.Errorf("Start without etcd took %v, want within the %v budget", took, testBudget)
 	}
 	t.Cleanup(m.Close)
-	dir, err := NewDirectory(cli, prefix, testLog())
+	dir, err := NewDirectory(NewEtcdStore(cli), prefix, testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestLeaseOutlivesEtcdRestart(t *testing.T) {
 	s.start()
 	cli := s.client()
 	const ttl = 2 * time.Second
-	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: "/restart/", LeaseTTL: ttl, PublishInterval: 100 * time.Millisecond, EtcdBudget: testBudget}, cli, testLog())
+	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: "/restart/", LeaseTTL: ttl, PublishInterval: 100 * time.Millisecond, EtcdBudget: testBudget}, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestStoreCallsWithinBudget(t *testing.T) {
 	s.start()
 	cli := s.client()
 	prefix := "/budget-member/"
-	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: 100 * time.Millisecond, EtcdBudget: testBudget}, cli, testLog())
+	m, err := NewMember(Config{NodeID: "a", Address: "a:1", Prefix: prefix, LeaseTTL: 10 * time.Second, PublishInterval: 100 * time.Millisecond, EtcdBudget: testBudget}, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestStoreCallsWithinBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(m.Close)
-	nodes := NewNodeService(cli, prefix).WithEtcdBudget(testBudget)
+	nodes := NewNodeService(NewEtcdStore(cli), prefix).WithEtcdBudget(testBudget)
 	s.stop()
 	max := testBudget + 1500*time.Millisecond
 

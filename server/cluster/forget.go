@@ -7,7 +7,6 @@ import (
 	"time"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/status"
 )
 
@@ -29,7 +28,8 @@ func lostNode(err error) string {
 // an admin, and the node deletes the sandbox when it registers again
 // (Member.reconcile).
 type tombstoneRecord struct {
-	// Revision is the etcd revision of the removed record's last change.
+	// Revision is the store's revision of the removed record's last
+	// change (KV.ModRevision).
 	Revision int64 `json:"revision"`
 	// DeletedAt is when the record was removed.
 	DeletedAt time.Time `json:"deleted_at"`
@@ -46,27 +46,25 @@ type tombstoneRecord struct {
 // again. A record that is gone already counts as removed.
 func (d *Directory) forgetLost(ctx context.Context, id, node, principal string) (bool, error) {
 	key := d.keys.sandbox(id)
-	resp, err := d.cli.Get(ctx, key)
+	kv, err := getKey(ctx, d.store, key)
 	if err != nil {
 		return false, storeError("read the record of sandbox "+id, err)
 	}
-	if len(resp.Kvs) == 0 {
+	if kv == nil {
 		return true, nil
 	}
 	var rec SandboxRecord
-	if err := json.Unmarshal(resp.Kvs[0].Value, &rec); err != nil {
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
 		return false, fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
 	}
 	if rec.Node != node {
 		return false, nil
 	}
-	tomb, _ := json.Marshal(tombstoneRecord{Revision: resp.Kvs[0].ModRevision, DeletedAt: time.Now().UTC(), Principal: principal})
-	txn, err := d.cli.Txn(ctx).If(
-		clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision),
-		clientv3.Compare(clientv3.CreateRevision(d.keys.node(node)), "=", 0),
-	).Then(clientv3.OpDelete(key), clientv3.OpPut(d.keys.tombstone(node, id), string(tomb))).Commit()
+	tomb, _ := json.Marshal(tombstoneRecord{Revision: kv.ModRevision, DeletedAt: time.Now().UTC(), Principal: principal})
+	removed, _, err := d.store.Commit(ctx, []Fence{unchanged(key, kv.ModRevision), absent(d.keys.node(node))},
+		[]Op{del(key), put(d.keys.tombstone(node, id), tomb)})
 	if err != nil {
 		return false, storeError("remove the record of sandbox "+id, err)
 	}
-	return txn.Succeeded, nil
+	return removed, nil
 }

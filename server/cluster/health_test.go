@@ -64,7 +64,7 @@ func startMemberAt(t *testing.T, cli *clientv3.Client, prefix, id, addr string, 
 // startMemberCfg starts the membership cfg describes, closed at cleanup.
 func startMemberCfg(t *testing.T, cli *clientv3.Client, cfg Config, local Local) *Member {
 	t.Helper()
-	m, err := NewMember(cfg, cli, testLog())
+	m, err := NewMember(cfg, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestPublishHealth(t *testing.T) {
 	if rec.Health.Reason != HealthContainerd || !rec.Health.Since.Equal(since) || rec.Sandboxes != 3 || rec.MaxSandboxes != 10 {
 		t.Errorf("record %+v, want health %s since %v with the last usage (3 of 10 sandboxes)", rec, HealthContainerd, since)
 	}
-	ns := NewNodeService(cli, prefix)
+	ns := NewNodeService(NewEtcdStore(cli), prefix)
 	list, err := ns.ListNodes(ctx, &berthv1.ListNodesRequest{})
 	if err != nil {
 		t.Fatal(err)

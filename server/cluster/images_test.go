@@ -109,7 +109,7 @@ func startImageNode(t *testing.T, cli *clientv3.Client, prefix string, n *imageN
 		go srv.Serve(lis)
 		t.Cleanup(srv.Stop)
 	}
-	m, err := NewMember(Config{NodeID: n.id, Address: lis.Addr().String(), Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 10 * time.Second}, cli, testLog())
+	m, err := NewMember(Config{NodeID: n.id, Address: lis.Addr().String(), Prefix: prefix, LeaseTTL: 2 * time.Second, PublishInterval: 10 * time.Second}, NewEtcdStore(cli), testLog())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,16 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -48,10 +44,10 @@ type Local interface {
 // record and the records of the sandboxes it holds. Its methods are safe
 // for concurrent use.
 type Member struct {
-	cfg  Config
-	keys keys
-	cli  *clientv3.Client
-	log  *slog.Logger
+	cfg   Config
+	keys  keys
+	store Store
+	log   *slog.Logger
 
 	local Local
 	kick  chan struct{} // publish now
@@ -64,7 +60,7 @@ type Member struct {
 	refused chan error
 
 	mu    sync.Mutex
-	lease clientv3.LeaseID // 0 while the node holds none
+	lease LeaseID // 0 while the node holds none
 	// registering is closed when the registration under way (if any)
 	// has stored its lease or failed: its record may be visible a moment
 	// before lease is set.
@@ -85,13 +81,13 @@ type Member struct {
 }
 
 // NewMember returns the membership of the node cfg describes in the fleet
-// whose etcd cli reaches. Start registers it.
-func NewMember(cfg Config, cli *clientv3.Client, log *slog.Logger) (*Member, error) {
+// whose records st keeps (NewEtcdStore). Start registers it.
+func NewMember(cfg Config, st Store, log *slog.Logger) (*Member, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg.setDefaults()
-	return &Member{cfg: cfg, keys: keys{cfg.Prefix}, cli: cli, log: log, kick: make(chan struct{}, 1), pub: make(chan struct{}, 1), refused: make(chan error, 1),
+	return &Member{cfg: cfg, keys: keys{cfg.Prefix}, store: st, log: log, kick: make(chan struct{}, 1), pub: make(chan struct{}, 1), refused: make(chan error, 1),
 		held: make(map[string]bool), conflicts: make(map[string]string)}, nil
 }
 
@@ -126,7 +122,7 @@ func (m *Member) Start(ctx context.Context, local Local) error {
 	}
 	m.mu.Unlock()
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
-	_, err = m.cli.Get(pctx, m.keys.node(m.cfg.NodeID))
+	_, err = getKey(pctx, m.store, m.keys.node(m.cfg.NodeID))
 	cancel()
 	if err == nil {
 		err = m.register(ctx)
@@ -170,7 +166,7 @@ func (m *Member) Close() {
 	if lease != 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.EtcdBudget)
 		defer cancel()
-		if _, err := m.cli.Revoke(ctx, lease); err != nil {
+		if err := m.store.Revoke(ctx, lease); err != nil {
 			m.log.Warn("cluster: revoke the node's lease; it ends after the lease time", slog.Any("error", err), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
 		}
 	}
@@ -188,16 +184,15 @@ const registerWait = time.Second
 // this node that no longer runs (Holder.deadSelf), waits for one that
 // recorded no holder to end, and refuses one of another berthd.
 func (m *Member) register(ctx context.Context) error {
-	ttl := int64(math.Ceil(m.cfg.LeaseTTL.Seconds()))
 	for waited := false; ; waited = true {
-		g, err := m.cli.Grant(ctx, ttl)
+		lease, err := m.store.Grant(ctx, m.cfg.LeaseTTL)
 		if err != nil {
-			return fmt.Errorf("cluster: take a lease of %ds: %w", ttl, err)
+			return fmt.Errorf("cluster: take a lease of %v: %w", m.cfg.LeaseTTL, err)
 		}
 		now := time.Now().UTC()
 		rec, err := m.record(ctx, now)
 		if err != nil {
-			m.revoke(g.ID)
+			m.revoke(lease)
 			return err
 		}
 		rec.StartedAt = now
@@ -208,32 +203,29 @@ func (m *Member) register(ctx context.Context) error {
 		m.mu.Lock()
 		m.registering = registered
 		m.mu.Unlock()
-		resp, err := m.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).
-			Then(clientv3.OpPut(nodeKey, string(body), clientv3.WithLease(g.ID)), clientv3.OpPut(m.keys.seen(m.cfg.NodeID), string(seen))).
-			Else(clientv3.OpGet(nodeKey)).
-			Commit()
+		registeredNow, got, err := m.store.Commit(ctx, []Fence{absent(nodeKey)},
+			[]Op{putLeased(nodeKey, body, lease), put(m.keys.seen(m.cfg.NodeID), seen)}, nodeKey)
 		m.mu.Lock()
-		if err == nil && resp.Succeeded {
-			m.lease, m.startedAt, m.last = g.ID, now, rec
+		if err == nil && registeredNow {
+			m.lease, m.startedAt, m.last = lease, now, rec
 		}
 		m.registering = nil
 		m.mu.Unlock()
 		close(registered)
 		if err != nil {
-			m.revoke(g.ID)
+			m.revoke(lease)
 			return fmt.Errorf("cluster: register node %s: %w", m.cfg.NodeID, err)
 		}
-		if resp.Succeeded {
+		if registeredNow {
 			m.log.Info("cluster: node registered", slog.String("node_id", m.cfg.NodeID), slog.String("address", m.cfg.Address),
-				slog.String("lease", fmt.Sprintf("%x", int64(g.ID))), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
+				slog.String("lease", fmt.Sprintf("%x", int64(lease))), slog.Duration("lease_ttl", m.cfg.LeaseTTL))
 			if err := m.reconcile(ctx); err != nil {
 				// Registered but not reconciled: undone, for the next
 				// attempt to start from a clean state.
 				m.mu.Lock()
 				m.lease = 0
 				m.mu.Unlock()
-				m.revoke(g.ID)
+				m.revoke(lease)
 				return err
 			}
 			m.mu.Lock()
@@ -241,10 +233,10 @@ func (m *Member) register(ctx context.Context) error {
 			m.mu.Unlock()
 			return nil
 		}
-		m.revoke(g.ID)
-		if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+		m.revoke(lease)
+		if have := got[0]; have != nil {
 			var other NodeRecord
-			if err := json.Unmarshal(kvs[0].Value, &other); err != nil {
+			if err := json.Unmarshal(have.Value, &other); err != nil {
 				return fmt.Errorf("cluster: the record of node %s does not parse: %w", m.cfg.NodeID, err)
 			}
 			if !m.cfg.Holder.earlierSelf(other.Holder) {
@@ -255,8 +247,8 @@ func (m *Member) register(ctx context.Context) error {
 				// longer runs (berthd crashed and was restarted): its lease
 				// serves no one, so it ends now rather than after the
 				// lease time, and the node registers at once.
-				dead := clientv3.LeaseID(kvs[0].Lease)
-				if _, err := m.cli.Revoke(ctx, dead); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				dead := have.Lease
+				if err := m.store.Revoke(ctx, dead); err != nil && !errors.Is(err, ErrLeaseNotFound) {
 					return fmt.Errorf("cluster: revoke lease %x of node %s's earlier berthd (%s), which no longer runs: %w", int64(dead), m.cfg.NodeID, other.Holder, err)
 				}
 				m.log.Info("cluster: revoked the lease of an earlier berthd of this node that no longer runs", slog.String("node_id", m.cfg.NodeID),
@@ -276,10 +268,10 @@ func (m *Member) register(ctx context.Context) error {
 	}
 }
 
-func (m *Member) revoke(lease clientv3.LeaseID) {
+func (m *Member) revoke(lease LeaseID) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	m.cli.Revoke(ctx, lease)
+	m.store.Revoke(ctx, lease)
 }
 
 // reconcile makes the sandbox records agree with what the node holds, after
@@ -299,10 +291,7 @@ func (m *Member) revoke(lease clientv3.LeaseID) {
 // local sandboxes: a creation that claims its id after the read is listed
 // by Holds, so its record is never taken for a leftover.
 func (m *Member) reconcile(ctx context.Context) error {
-	resp, err := m.cli.Txn(ctx).Then(
-		clientv3.OpGet(m.keys.sandboxes(), clientv3.WithPrefix()),
-		clientv3.OpGet(m.keys.tombstones(m.cfg.NodeID), clientv3.WithPrefix()),
-	).Commit()
+	_, found, err := m.store.Read(ctx, prefixRange(m.keys.sandboxes()), prefixRange(m.keys.tombstones(m.cfg.NodeID)))
 	if err != nil {
 		return fmt.Errorf("cluster: read sandbox records: %w", err)
 	}
@@ -310,15 +299,15 @@ func (m *Member) reconcile(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cluster: list the node's sandboxes: %w", err)
 	}
-	deleted, err := m.buryDeleted(ctx, resp.Responses[1].GetResponseRange().GetKvs(), holds)
+	deleted, err := m.buryDeleted(ctx, found[1], holds)
 	if err != nil {
 		return err
 	}
 	recorded := make(map[string]bool)
 	conflicts := make(map[string]string)
 	var adopted, released int
-	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
-		id := m.keys.idOf(m.keys.sandboxes(), string(kv.Key))
+	for _, kv := range found[0] {
+		id := m.keys.idOf(m.keys.sandboxes(), kv.Key)
 		var rec SandboxRecord
 		if json.Unmarshal(kv.Value, &rec) != nil {
 			continue
@@ -329,8 +318,7 @@ func (m *Member) reconcile(ctx context.Context) error {
 		case rec.Node == m.cfg.NodeID && here:
 			m.setHeld(id, true)
 		case rec.Node == m.cfg.NodeID:
-			if _, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
-				Then(clientv3.OpDelete(string(kv.Key))).Commit(); err != nil {
+			if err := deleteUnchanged(ctx, m.store, kv); err != nil {
 				return fmt.Errorf("cluster: release the record of sandbox %s: %w", id, err)
 			}
 			released++
@@ -366,10 +354,10 @@ func (m *Member) reconcile(ctx context.Context) error {
 // many sandboxes it deleted. A sandbox it fails to delete stays out of
 // holds (not recorded again) and its tombstone stays, for the next
 // registration.
-func (m *Member) buryDeleted(ctx context.Context, tombstones []*mvccpb.KeyValue, holds map[string]string) (int, error) {
+func (m *Member) buryDeleted(ctx context.Context, tombstones []KV, holds map[string]string) (int, error) {
 	deleted := 0
 	for _, kv := range tombstones {
-		id := m.keys.idOf(m.keys.tombstones(m.cfg.NodeID), string(kv.Key))
+		id := m.keys.idOf(m.keys.tombstones(m.cfg.NodeID), kv.Key)
 		if _, here := holds[id]; here {
 			delete(holds, id)
 			m.setHeld(id, false)
@@ -384,8 +372,7 @@ func (m *Member) buryDeleted(ctx context.Context, tombstones []*mvccpb.KeyValue,
 			m.log.Info("cluster: deleted a sandbox deleted through the fleet while this node was lost", slog.String("sandbox_id", id),
 				slog.String("principal", tomb.Principal), slog.Time("deleted_at", tomb.DeletedAt), slog.Int64("record_revision", tomb.Revision))
 		}
-		if _, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
-			Then(clientv3.OpDelete(string(kv.Key))).Commit(); err != nil {
+		if err := deleteUnchanged(ctx, m.store, kv); err != nil {
 			return deleted, fmt.Errorf("cluster: remove the tombstone of sandbox %s: %w", id, err)
 		}
 	}
@@ -475,24 +462,21 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 	nodeBody, _ := json.Marshal(rec)
 	body, _ := json.Marshal(SandboxRecord{Node: m.cfg.NodeID, Owner: owner, CreatedAt: time.Now().UTC()})
 	key, nodeKey, drainKey := m.keys.sandbox(id), m.keys.node(m.cfg.NodeID), m.keys.drain(m.cfg.NodeID)
-	conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0), clientv3.Compare(clientv3.LeaseValue(nodeKey), "=", int64(lease))}
+	fences := []Fence{absent(key), leasedBy(nodeKey, lease)}
 	if !adopting {
-		conds = append(conds, clientv3.Compare(clientv3.CreateRevision(drainKey), "=", 0))
+		fences = append(fences, absent(drainKey))
 	}
-	resp, err := m.cli.Txn(ctx).If(conds...).
-		Then(clientv3.OpPut(key, string(body)), clientv3.OpPut(nodeKey, string(nodeBody), clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(key), clientv3.OpGet(drainKey)).
-		Commit()
+	claimed, got, err := m.store.Commit(ctx, fences, []Op{put(key, body), putLeased(nodeKey, nodeBody, lease)}, key, drainKey)
 	if err != nil {
 		return storeFailed(caller, m.cfg.EtcdBudget, storeError(fmt.Sprintf("record sandbox %s on node %s", id, m.cfg.NodeID), err))
 	}
-	if resp.Succeeded {
+	if claimed {
 		m.setHeld(id, true)
 		return nil
 	}
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 {
+	if kv := got[0]; kv != nil {
 		var have SandboxRecord
-		if err := json.Unmarshal(kvs[0].Value, &have); err != nil {
+		if err := json.Unmarshal(kv.Value, &have); err != nil {
 			return fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
 		}
 		if have.Node == m.cfg.NodeID {
@@ -502,7 +486,7 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonPlacedElsewhere,
 			fmt.Sprintf("sandbox %s is recorded on node %s, not on %s", id, have.Node, m.cfg.NodeID), map[string]string{"sandbox_id": id, "node_id": have.Node})
 	}
-	return notAccepting(m.cfg.NodeID, id, len(resp.Responses[1].GetResponseRange().GetKvs()) > 0)
+	return notAccepting(m.cfg.NodeID, id, got[1] != nil)
 }
 
 // notAccepting is UNAVAILABLE NODE_NOT_ACCEPTING of node for sandbox id:
@@ -611,7 +595,7 @@ func (m *Member) publish(ctx context.Context) {
 	}
 	rec.StartedAt = started
 	body, _ := json.Marshal(rec)
-	_, err = m.cli.Put(ctx, m.keys.node(m.cfg.NodeID), string(body), clientv3.WithLease(lease))
+	_, _, err = m.store.Commit(ctx, nil, []Op{putLeased(m.keys.node(m.cfg.NodeID), body, lease)})
 	m.mu.Lock()
 	failing := m.pubFailing
 	m.pubFailing = err != nil
@@ -647,15 +631,13 @@ func (m *Member) run(ctx context.Context) {
 			m.registerUntilDone(ctx)
 			continue
 		}
-		alive, err := m.cli.KeepAlive(ctx, lease)
+		ended, err := m.store.KeepAlive(ctx, lease)
 		if err == nil {
 		refresh:
 			for {
 				select {
-				case _, ok := <-alive:
-					if !ok {
-						break refresh
-					}
+				case <-ended:
+					break refresh
 				case <-tick.C:
 					m.publish(ctx)
 				case <-m.kick:
@@ -679,16 +661,16 @@ func (m *Member) run(ctx context.Context) {
 
 // leaseLives waits for etcd to answer whether lease still lives, asking
 // about every half second, and reports its answer (false when ctx ended).
-func (m *Member) leaseLives(ctx context.Context, lease clientv3.LeaseID) bool {
+func (m *Member) leaseLives(ctx context.Context, lease LeaseID) bool {
 	for waited := false; ctx.Err() == nil; waited = true {
 		tctx, cancel := context.WithTimeout(ctx, m.cfg.EtcdBudget)
-		resp, err := m.cli.TimeToLive(tctx, lease)
+		remaining, _, err := m.store.LeaseRemaining(tctx, lease)
 		cancel()
 		if err == nil {
-			if resp.TTL > 0 && waited {
-				m.log.Info("cluster: etcd answers again and the node's lease held", slog.String("node_id", m.cfg.NodeID), slog.Int64("lease_remaining_s", resp.TTL))
+			if remaining > 0 && waited {
+				m.log.Info("cluster: etcd answers again and the node's lease held", slog.String("node_id", m.cfg.NodeID), slog.Int64("lease_remaining_s", int64(remaining/time.Second)))
 			}
-			return resp.TTL > 0
+			return remaining > 0
 		}
 		if !waited {
 			m.log.Warn("cluster: etcd does not answer the node's keep-alive; waiting for it", slog.String("node_id", m.cfg.NodeID), slog.Any("error", err))

@@ -9,18 +9,18 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
-// NodeService implements berth.v1.NodeService from etcd; any node or
-// gateway of the fleet serves it. auth.AdminOnly keeps it for admins.
+// NodeService implements berth.v1.NodeService from the fleet's store;
+// any node or gateway of the fleet serves it. auth.AdminOnly keeps it for
+// admins.
 type NodeService struct {
 	berthv1.UnimplementedNodeServiceServer
-	cli  *clientv3.Client
-	keys keys
+	store Store
+	keys  keys
 	// budget bounds each call's etcd calls (WithEtcdBudget).
 	budget time.Duration
 }
@@ -28,12 +28,12 @@ type NodeService struct {
 var _ berthv1.NodeServiceServer = (*NodeService)(nil)
 
 // NewNodeService returns the NodeService of the fleet under prefix ("" for
-// DefaultPrefix).
-func NewNodeService(cli *clientv3.Client, prefix string) *NodeService {
+// DefaultPrefix) in st (NewEtcdStore).
+func NewNodeService(st Store, prefix string) *NodeService {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	return &NodeService{cli: cli, keys: keys{prefix}, budget: DefaultEtcdBudget}
+	return &NodeService{store: st, keys: keys{prefix}, budget: DefaultEtcdBudget}
 }
 
 // WithEtcdBudget bounds how long each call waits for etcd (default DefaultEtcdBudget):
@@ -88,17 +88,17 @@ func (s *NodeService) setDrain(ctx context.Context, id string, drain bool) (*ber
 	ctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
 	seen := s.keys.seen(id)
-	op := clientv3.OpDelete(s.keys.drain(id))
+	op := del(s.keys.drain(id))
 	if drain {
-		op = clientv3.OpPut(s.keys.drain(id), time.Now().UTC().Format(time.RFC3339))
+		op = put(s.keys.drain(id), []byte(time.Now().UTC().Format(time.RFC3339)))
 	}
 	// Only a node the fleet saw: a typo must not leave a mark that waits
 	// for a node of that name.
-	resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(seen), ">", 0)).Then(op).Commit()
+	set, _, err := s.store.Commit(ctx, []Fence{present(seen)}, []Op{op})
 	if err != nil {
 		return nil, storeError("set the drain mark of node "+id, err)
 	}
-	if !resp.Succeeded {
+	if !set {
 		return nil, rpcstatus.Error(codes.NotFound, rpcstatus.ReasonNodeNotFound, fmt.Sprintf("node %s: the fleet never saw a node of that id", id), map[string]string{"node_id": id})
 	}
 	nodes, err := s.nodes(ctx)
@@ -141,17 +141,12 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 		return nil, rpcstatus.InvalidArgument("node_id", "is empty")
 	}
 	nodeKey, seenKey, drainKey := s.keys.node(id), s.keys.seen(id), s.keys.drain(id)
-	resp, err := s.cli.Txn(ctx).Then(
-		clientv3.OpGet(nodeKey),
-		clientv3.OpGet(seenKey, clientv3.WithKeysOnly()),
-		clientv3.OpGet(drainKey, clientv3.WithKeysOnly()),
-		clientv3.OpGet(s.keys.sandboxes(), clientv3.WithPrefix()),
-		clientv3.OpGet(s.keys.snapshots(), clientv3.WithPrefix()),
-	).Commit()
+	_, found, err := s.store.Read(ctx, keyRange(nodeKey), keyRange(seenKey), keyRange(drainKey),
+		prefixRange(s.keys.sandboxes()), prefixRange(s.keys.snapshots()))
 	if err != nil {
 		return nil, storeError("read node "+id+" and its sandboxes", err)
 	}
-	if len(resp.Responses[0].GetResponseRange().GetKvs()) > 0 {
+	if len(found[0]) > 0 {
 		return nil, nodeLive(id)
 	}
 	type record struct {
@@ -159,13 +154,13 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 		rev int64
 	}
 	var recs []record
-	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+	for _, kv := range found[3] {
 		var rec SandboxRecord
 		if json.Unmarshal(kv.Value, &rec) == nil && rec.Node == id {
-			recs = append(recs, record{s.keys.idOf(s.keys.sandboxes(), string(kv.Key)), kv.ModRevision})
+			recs = append(recs, record{s.keys.idOf(s.keys.sandboxes(), kv.Key), kv.ModRevision})
 		}
 	}
-	known := len(resp.Responses[1].GetResponseRange().GetKvs()) > 0 || len(resp.Responses[2].GetResponseRange().GetKvs()) > 0 || len(recs) > 0
+	known := len(found[1]) > 0 || len(found[2]) > 0 || len(recs) > 0
 	if !known {
 		return nil, rpcstatus.Error(codes.NotFound, rpcstatus.ReasonNodeNotFound, fmt.Sprintf("node %s: the fleet knows no node of that id", id), map[string]string{"node_id": id})
 	}
@@ -180,22 +175,22 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 	// The node's snapshots are gone with it: their records first, so that
 	// a removal that stops half-way (NODE_CHANGED) is simply asked again.
 	var snaps []string
-	for _, kv := range resp.Responses[4].GetResponseRange().GetKvs() {
+	for _, kv := range found[4] {
 		var rec SnapshotRecord
 		if json.Unmarshal(kv.Value, &rec) == nil && rec.Node == id {
-			snaps = append(snaps, string(kv.Key))
+			snaps = append(snaps, kv.Key)
 		}
 	}
 	for start := 0; start < len(snaps); start += removeBatch {
-		var ops []clientv3.Op
+		var ops []Op
 		for _, key := range snaps[start:min(start+removeBatch, len(snaps))] {
-			ops = append(ops, clientv3.OpDelete(key))
+			ops = append(ops, del(key))
 		}
-		resp, err := s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)).Then(ops...).Commit()
+		removed, _, err := s.store.Commit(ctx, []Fence{absent(nodeKey)}, ops)
 		if err != nil {
 			return nil, storeError("remove the snapshot records of node "+id, err)
 		}
-		if !resp.Succeeded {
+		if !removed {
 			return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
 				fmt.Sprintf("node %s registered while it was being removed; none of its sandbox records were removed; list the nodes and try again", id),
 				map[string]string{"node_id": id})
@@ -203,21 +198,21 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 	}
 	for start := 0; start == 0 || start < len(recs); start += removeBatch {
 		batch := recs[start:min(start+removeBatch, len(recs))]
-		conds := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(nodeKey), "=", 0)}
-		var ops []clientv3.Op
+		fences := []Fence{absent(nodeKey)}
+		var ops []Op
 		for _, r := range batch {
 			key := s.keys.sandbox(r.id)
-			conds = append(conds, clientv3.Compare(clientv3.ModRevision(key), "=", r.rev))
-			ops = append(ops, clientv3.OpDelete(key))
+			fences = append(fences, unchanged(key, r.rev))
+			ops = append(ops, del(key))
 		}
 		if start+removeBatch >= len(recs) {
-			ops = append(ops, clientv3.OpDelete(seenKey), clientv3.OpDelete(drainKey), clientv3.OpDelete(s.keys.tombstones(id), clientv3.WithPrefix()))
+			ops = append(ops, del(seenKey), del(drainKey), delPrefix(s.keys.tombstones(id)))
 		}
-		resp, err := s.cli.Txn(ctx).If(conds...).Then(ops...).Commit()
+		removed, _, err := s.store.Commit(ctx, fences, ops)
 		if err != nil {
 			return nil, storeError("remove the records of node "+id, err)
 		}
-		if !resp.Succeeded {
+		if !removed {
 			// The node registered, or one of its records changed (only
 			// the node itself, or a delete of the sandbox, changes one).
 			return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
@@ -237,12 +232,8 @@ func nodeLive(id string) error {
 
 // nodes reads every node the fleet knows, by id.
 func (s *NodeService) nodes(ctx context.Context) (map[string]*berthv1.Node, error) {
-	resp, err := s.cli.Txn(ctx).Then(
-		clientv3.OpGet(s.keys.nodes(), clientv3.WithPrefix()),
-		clientv3.OpGet(s.keys.seenAll(), clientv3.WithPrefix()),
-		clientv3.OpGet(s.keys.drains(), clientv3.WithPrefix(), clientv3.WithKeysOnly()),
-		clientv3.OpGet(s.keys.sandboxes(), clientv3.WithPrefix()),
-	).Commit()
+	_, found, err := s.store.Read(ctx, prefixRange(s.keys.nodes()), prefixRange(s.keys.seenAll()),
+		prefixRange(s.keys.drains()), prefixRange(s.keys.sandboxes()))
 	if err != nil {
 		return nil, storeError("read the fleet's nodes", err)
 	}
@@ -255,13 +246,13 @@ func (s *NodeService) nodes(ctx context.Context) (map[string]*berthv1.Node, erro
 		}
 		return n
 	}
-	for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
+	for _, kv := range found[1] {
 		var seen seenRecord
 		if json.Unmarshal(kv.Value, &seen) == nil {
-			get(s.keys.idOf(s.keys.seenAll(), string(kv.Key))).Address = seen.Address
+			get(s.keys.idOf(s.keys.seenAll(), kv.Key)).Address = seen.Address
 		}
 	}
-	for _, kv := range resp.Responses[0].GetResponseRange().GetKvs() {
+	for _, kv := range found[0] {
 		rec, ok := parseNode(kv.Value, kv.Lease)
 		if !ok {
 			continue
@@ -279,18 +270,18 @@ func (s *NodeService) nodes(ctx context.Context) (map[string]*berthv1.Node, erro
 		}
 		n.StartedAt, n.UpdatedAt = timestamppb.New(rec.StartedAt), timestamppb.New(rec.UpdatedAt)
 		n.LeaseId = fmt.Sprintf("%x", rec.Lease)
-		if ttl, err := s.cli.TimeToLive(ctx, clientv3.LeaseID(rec.Lease)); err == nil && ttl.TTL > 0 {
-			n.LeaseTtl = durationpb.New(time.Duration(ttl.GrantedTTL) * time.Second)
-			n.LeaseRemaining = durationpb.New(time.Duration(ttl.TTL) * time.Second)
+		if remaining, granted, err := s.store.LeaseRemaining(ctx, rec.Lease); err == nil && remaining > 0 {
+			n.LeaseTtl = durationpb.New(granted)
+			n.LeaseRemaining = durationpb.New(remaining)
 		}
 	}
-	for _, kv := range resp.Responses[2].GetResponseRange().GetKvs() {
-		n := get(s.keys.idOf(s.keys.drains(), string(kv.Key)))
+	for _, kv := range found[2] {
+		n := get(s.keys.idOf(s.keys.drains(), kv.Key))
 		if n.State == berthv1.NodeState_NODE_STATE_READY {
 			n.State = berthv1.NodeState_NODE_STATE_DRAINING
 		}
 	}
-	for _, kv := range resp.Responses[3].GetResponseRange().GetKvs() {
+	for _, kv := range found[3] {
 		var rec SandboxRecord
 		if json.Unmarshal(kv.Value, &rec) == nil && rec.Node != "" {
 			get(rec.Node).PlacedSandboxes++

@@ -52,7 +52,7 @@ type Peers struct {
 type peerConn struct {
 	conn    *grpc.ClientConn
 	address string
-	lease   int64 // of the registration last seen
+	lease   LeaseID // of the registration last seen
 }
 
 // NewPeers returns Peers that dial with creds and wait at most

@@ -22,7 +22,7 @@ import (
 func TestRemoveNode(t *testing.T) {
 	cli, prefix := etcd(t)
 	ctx := context.Background()
-	nodes := NewNodeService(cli, prefix)
+	nodes := NewNodeService(NewEtcdStore(cli), prefix)
 	a := startMember(t, cli, prefix, "a", &fakeLocal{holds: map[string]string{"s1": "alice", "s2": "bob"}})
 	startMember(t, cli, prefix, "b", &fakeLocal{holds: map[string]string{"s3": "alice"}})
 	if _, err := nodes.DrainNode(ctx, &berthv1.DrainNodeRequest{NodeId: "a"}); err != nil {
@@ -95,7 +95,7 @@ func TestRemoveNode(t *testing.T) {
 // listing (Node.conflicting_sandbox_ids).
 func TestConflictsListed(t *testing.T) {
 	cli, prefix := etcd(t)
-	nodes := NewNodeService(cli, prefix)
+	nodes := NewNodeService(NewEtcdStore(cli), prefix)
 	startMember(t, cli, prefix, "a", &fakeLocal{holds: map[string]string{"x1": "alice", "x2": "alice"}})
 	startMember(t, cli, prefix, "b", &fakeLocal{holds: map[string]string{"x2": "alice", "x3": "alice"}})
 	deadline := time.Now().Add(10 * time.Second)

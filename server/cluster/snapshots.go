@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // SnapshotRecord is the value of snapshots/<id>: the node that keeps a
@@ -37,16 +35,15 @@ func (m *Member) RecordSnapshot(ctx context.Context, id, owner string) error {
 	defer cancel()
 	key := m.keys.snapshot(id)
 	body, _ := json.Marshal(SnapshotRecord{Node: m.cfg.NodeID, Owner: owner, CreatedAt: time.Now().UTC()})
-	resp, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, string(body))).Else(clientv3.OpGet(key)).Commit()
+	recorded, got, err := m.store.Commit(ctx, []Fence{absent(key)}, []Op{put(key, body)}, key)
 	if err != nil {
 		return storeFailed(caller, m.cfg.EtcdBudget, storeError(fmt.Sprintf("record snapshot %s on node %s", id, m.cfg.NodeID), err))
 	}
-	if resp.Succeeded {
+	if recorded {
 		return nil
 	}
 	var have SnapshotRecord
-	if kvs := resp.Responses[0].GetResponseRange().GetKvs(); len(kvs) > 0 && json.Unmarshal(kvs[0].Value, &have) == nil && have.Node == m.cfg.NodeID {
+	if kv := got[0]; kv != nil && json.Unmarshal(kv.Value, &have) == nil && have.Node == m.cfg.NodeID {
 		return nil
 	}
 	return fmt.Errorf("cluster: snapshot %s is recorded on node %s already, not on %s", id, have.Node, m.cfg.NodeID)
@@ -66,16 +63,15 @@ func (m *Member) ReleaseSnapshot(ctx context.Context, id string) {
 // releaseRecord deletes the record at key if it names this node and did
 // not change since it was read.
 func (m *Member) releaseRecord(ctx context.Context, key string) error {
-	resp, err := m.cli.Get(ctx, key)
-	if err != nil || len(resp.Kvs) != 1 {
+	kv, err := getKey(ctx, m.store, key)
+	if err != nil || kv == nil {
 		return err
 	}
 	var rec SandboxRecord
-	if json.Unmarshal(resp.Kvs[0].Value, &rec) != nil || rec.Node != m.cfg.NodeID {
+	if json.Unmarshal(kv.Value, &rec) != nil || rec.Node != m.cfg.NodeID {
 		return nil
 	}
-	_, err = m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Kvs[0].ModRevision)).Then(clientv3.OpDelete(key)).Commit()
-	return err
+	return deleteUnchanged(ctx, m.store, *kv)
 }
 
 // reconcileSnapshots makes the fleet's snapshot records of this node those
@@ -89,18 +85,19 @@ func (m *Member) reconcileSnapshots(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	resp, err := m.cli.Get(ctx, m.keys.snapshots(), clientv3.WithPrefix())
+	_, found, err := m.store.Read(ctx, prefixRange(m.keys.snapshots()))
 	if err != nil {
 		return fmt.Errorf("cluster: read snapshot records: %w", err)
 	}
+	records := found[0]
 	kept, err := sl.Snapshots(ctx)
 	if err != nil {
 		return fmt.Errorf("cluster: list the node's snapshots: %w", err)
 	}
-	recorded := make(map[string]bool, len(resp.Kvs))
+	recorded := make(map[string]bool, len(records))
 	var adopted, released int
-	for _, kv := range resp.Kvs {
-		id := m.keys.idOf(m.keys.snapshots(), string(kv.Key))
+	for _, kv := range records {
+		id := m.keys.idOf(m.keys.snapshots(), kv.Key)
 		var rec SnapshotRecord
 		if json.Unmarshal(kv.Value, &rec) != nil {
 			continue
@@ -109,8 +106,7 @@ func (m *Member) reconcileSnapshots(ctx context.Context) error {
 		_, here := kept[id]
 		switch {
 		case rec.Node == m.cfg.NodeID && !here:
-			if _, err := m.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(string(kv.Key)), "=", kv.ModRevision)).
-				Then(clientv3.OpDelete(string(kv.Key))).Commit(); err != nil {
+			if err := deleteUnchanged(ctx, m.store, kv); err != nil {
 				return fmt.Errorf("cluster: release the record of snapshot %s: %w", id, err)
 			}
 			released++

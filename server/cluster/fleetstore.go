@@ -1,0 +1,183 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Store is what the fleet needs of the store it keeps its records in
+// (etcd: EtcdStore): keys read at one revision, writes applied atomically
+// only while their fences hold, a watch of a prefix, and leases that
+// expire unless kept alive. The keys are those of keys; the fleet's
+// records (NodeRecord, SandboxRecord, ...) are their values, in JSON.
+// docs/fleet-store.md lists what each use relies on, and how a store other
+// than etcd would meet it.
+//
+// Every call is linearizable: a read sees every write that was
+// acknowledged before it began. A call that ctx ends or that the store
+// does not answer returns an error and, for Commit, may or may not have
+// applied: the fleet's callers repeat only what is safe to repeat.
+type Store interface {
+	// Read reads the keys of each range, all at one revision of the store
+	// (one consistent cut across ranges), and returns that revision and
+	// the keys found for each range in its order, keys ordered.
+	Read(ctx context.Context, ranges ...Range) (revision int64, found [][]KV, err error)
+	// Commit applies ops, in order, in one atomic step if every fence
+	// holds, and reports true; else it applies none of them, reports
+	// false, and returns the keys elseGet names as they are in that same
+	// step (nil for an absent key), in order. With no fences, ops always
+	// apply.
+	Commit(ctx context.Context, fences []Fence, ops []Op, elseGet ...string) (applied bool, got []*KV, err error)
+	// Watch sends the changes to the keys under prefix after revision
+	// afterRev, in order, in batches (the changes of one Commit in one
+	// batch; a batch's Revision is the store's revision when it was sent,
+	// to watch on from), until ctx ends or the watch fails: then a last
+	// batch carries Err and the channel is closed (the store lost its
+	// quorum, or afterRev was compacted away; read again and watch from
+	// that read's revision). The caller cancels ctx once it stops
+	// reading.
+	Watch(ctx context.Context, prefix string, afterRev int64) <-chan WatchBatch
+
+	// Grant takes a new lease that lasts ttl (rounded up to a second)
+	// unless kept alive. When a lease ends — it expired, or was revoked —
+	// the store deletes every key put under it, at once and atomically:
+	// for the fleet, the node whose record it is becomes lost.
+	Grant(ctx context.Context, ttl time.Duration) (LeaseID, error)
+	// KeepAlive renews lease in the background until ctx ends; the
+	// channel it returns is closed when renewing stops: ctx ended, the
+	// lease ended, or the store did not answer for about the lease's
+	// time. The lease may still live then (LeaseRemaining says).
+	KeepAlive(ctx context.Context, lease LeaseID) (ended <-chan struct{}, err error)
+	// LeaseRemaining returns how long lease lives unless renewed, and the
+	// time it was granted for; remaining is 0 or less once it ended.
+	LeaseRemaining(ctx context.Context, lease LeaseID) (remaining, granted time.Duration, err error)
+	// Revoke ends lease now (deleting its keys, as expiry does); a lease
+	// that ended already is ErrLeaseNotFound.
+	Revoke(ctx context.Context, lease LeaseID) error
+}
+
+// LeaseID names a lease of a Store; 0 is none.
+type LeaseID int64
+
+// ErrLeaseNotFound is a Store's error for a lease that ended (expired or
+// revoked) or never was.
+var ErrLeaseNotFound = errors.New("cluster store: lease not found")
+
+// KV is one key of a Store as read.
+type KV struct {
+	Key   string
+	Value []byte
+	// ModRevision is the store's revision of the key's last write: a
+	// FenceUnchanged of it holds while nothing wrote the key since.
+	ModRevision int64
+	// Lease is the lease the key was put under (0: none).
+	Lease LeaseID
+}
+
+// Range names what a Read reads: one key, or every key under a prefix.
+type Range struct {
+	Key    string
+	Prefix bool
+}
+
+func keyRange(key string) Range       { return Range{Key: key} }
+func prefixRange(prefix string) Range { return Range{Key: prefix, Prefix: true} }
+
+// FenceKind is what a Fence asks of its key.
+type FenceKind int
+
+// The fences a Commit can take: each the condition of one key, checked in
+// the same atomic step as the writes.
+const (
+	// FenceAbsent holds while the key does not exist: a write that
+	// creates a key only once (a sandbox id's one holder, a node id's one
+	// registration), and "the node holds no lease" for its node key.
+	FenceAbsent FenceKind = iota + 1
+	// FencePresent holds while the key exists.
+	FencePresent
+	// FenceUnchanged holds while the key exists and was not written since
+	// the read that returned Revision as its ModRevision: compare-and-swap
+	// of a record read before.
+	FenceUnchanged
+	// FenceLease holds while the key exists under lease Lease: for the
+	// node key, "this node still holds the lease it registered with", so
+	// that a node that lost its lease (and may be taken for lost by the
+	// fleet) writes nothing in its name.
+	FenceLease
+)
+
+// Fence is one condition of a Commit.
+type Fence struct {
+	Kind     FenceKind
+	Key      string
+	Revision int64   // FenceUnchanged
+	Lease    LeaseID // FenceLease
+}
+
+func absent(key string) Fence  { return Fence{Kind: FenceAbsent, Key: key} }
+func present(key string) Fence { return Fence{Kind: FencePresent, Key: key} }
+func unchanged(key string, rev int64) Fence {
+	return Fence{Kind: FenceUnchanged, Key: key, Revision: rev}
+}
+func leasedBy(key string, l LeaseID) Fence { return Fence{Kind: FenceLease, Key: key, Lease: l} }
+
+// OpKind is what an Op does.
+type OpKind int
+
+// The writes a Commit can make.
+const (
+	// OpPut writes Value at Key, under Lease when it is not 0 (the key
+	// goes when the lease ends).
+	OpPut OpKind = iota + 1
+	// OpDelete deletes Key; an absent key is no error.
+	OpDelete
+	// OpDeletePrefix deletes every key under Key.
+	OpDeletePrefix
+)
+
+// Op is one write of a Commit.
+type Op struct {
+	Kind  OpKind
+	Key   string
+	Value []byte
+	Lease LeaseID
+}
+
+func put(key string, value []byte) Op { return Op{Kind: OpPut, Key: key, Value: value} }
+func putLeased(key string, value []byte, l LeaseID) Op {
+	return Op{Kind: OpPut, Key: key, Value: value, Lease: l}
+}
+func del(key string) Op          { return Op{Kind: OpDelete, Key: key} }
+func delPrefix(prefix string) Op { return Op{Kind: OpDeletePrefix, Key: prefix} }
+
+// WatchBatch is the changes of one revision of a Watch, or its end (Err).
+type WatchBatch struct {
+	Revision int64
+	Events   []WatchEvent
+	Err      error
+}
+
+// WatchEvent is one key's change: its value after a put, or its deletion
+// (a delete, or the end of the lease it was put under).
+type WatchEvent struct {
+	Deleted bool
+	KV      KV
+}
+
+// getKey reads key from st: nil when it is absent.
+func getKey(ctx context.Context, st Store, key string) (*KV, error) {
+	_, found, err := st.Read(ctx, keyRange(key))
+	if err != nil || len(found[0]) == 0 {
+		return nil, err
+	}
+	return &found[0][0], nil
+}
+
+// deleteUnchanged deletes kv's key if nothing wrote it since it was read
+// as kv (a record released or a tombstone removed by the node that read
+// it): a key changed meanwhile is left as it is, without error.
+func deleteUnchanged(ctx context.Context, st Store, kv KV) error {
+	_, _, err := st.Commit(ctx, []Fence{unchanged(kv.Key, kv.ModRevision)}, []Op{del(kv.Key)})
+	return err
+}
