@@ -15,6 +15,7 @@ package fdpass
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 
@@ -149,6 +150,12 @@ func (c *Conn) Read(p []byte) (int, error) {
 		c.queue.mu.Lock()
 		c.queue.truncated++
 		c.queue.mu.Unlock()
+	}
+	// ReadMsgUnix, unlike Read, gives a failing recvmsg's -1 and the end
+	// of the stream as 0 bytes without io.EOF.
+	n = max(n, 0)
+	if n == 0 && err == nil && len(p) > 0 {
+		err = io.EOF
 	}
 	return n, err
 }

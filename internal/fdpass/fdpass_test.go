@@ -231,3 +231,17 @@ func TestTruncated(t *testing.T) {
 		}
 	}
 }
+
+func TestReadEnd(t *testing.T) {
+	client, server := pair(t)
+	exchange(t, client, server, []byte("last"))
+	client.Close()
+	var b [8]byte
+	if n, err := server.Read(b[:]); n != 0 || !errors.Is(err, io.EOF) {
+		t.Errorf("Read after the peer closed = %d, %v; want 0, io.EOF", n, err)
+	}
+	server.Close()
+	if n, err := server.Read(b[:]); n != 0 || !errors.Is(err, net.ErrClosed) {
+		t.Errorf("Read after Close = %d, %v; want 0, net.ErrClosed", n, err)
+	}
+}

@@ -40,7 +40,9 @@ type DestinationError struct {
 	Err error  // its errno
 }
 
-func (e *DestinationError) Error() string { return fmt.Sprintf("write destination (%s): %v", e.Op, e.Err) }
+func (e *DestinationError) Error() string {
+	return fmt.Sprintf("write destination (%s): %v", e.Op, e.Err)
+}
 func (e *DestinationError) Unwrap() error { return e.Err }
 
 // Copy writes r into the file open at dst, at and advancing dst's own
