@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/berth-sandbox/berth/internal/fdpass"
@@ -51,6 +52,30 @@ type fdConns struct {
 	// while one is under way is streamed, never given the other's
 	// descriptor (and its file offset).
 	busy map[[2]uint64]bool
+}
+
+// connected reports whether a handshake made a connection yet.
+func (f *fdConns) connected() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.current != nil
+}
+
+// awaitConnection waits until the client's connection is ready, or
+// failing, or ctx ends.
+func (c *Client) awaitConnection(ctx context.Context) {
+	for {
+		s := c.conn.GetState()
+		switch s {
+		case connectivity.Ready, connectivity.TransientFailure, connectivity.Shutdown:
+			return
+		case connectivity.Idle:
+			c.conn.Connect()
+		}
+		if !c.conn.WaitForStateChange(ctx, s) {
+			return
+		}
+	}
 }
 
 func (f *fdConns) set(c *fdpass.Conn) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/status"
@@ -165,6 +166,11 @@ func isText(path string) bool { return utf8.ValidString(path) }
 func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writer, opts ...FileOption) (*berthv1.ReadFileHeader, error) {
 	cfg := fileOptions(opts)
 	req := &berthv1.ReadFileRequest{SandboxId: sandboxID, OffsetBytes: cfg.offset, LimitBytes: cfg.limit}
+	if _, ok := w.(*os.File); ok && c.fds != nil && !c.fds.connected() {
+		// The descriptor goes on the connection the handshake made: a
+		// new client's first call waits for it, as the call would.
+		c.awaitConnection(ctx)
+	}
 	if dest, done := c.fds.destination(w); dest != nil {
 		defer done()
 		req.Destination = dest

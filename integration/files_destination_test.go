@@ -230,6 +230,12 @@ func TestReadFileDestinationConnections(t *testing.T) {
 	if _, err := c.WriteFile(fileCtx(t), id, path, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
+	// A new client's first call: the descriptor waits for the connection.
+	first := destFile(t, "")
+	if h, err := dialClient(t, addr).ReadFile(fileCtx(t), id, path, first); err != nil || !h.GetWrittenToDestination() {
+		t.Errorf("a new client's first call, ReadFile into a file = header %v, %v; want it written by berthd", h, err)
+	}
+	wantFileContent(t, first, data, int64(len(data)), "first call")
 	sockPath, _ := server.UnixPath(addr)
 	// Two raw connections; a's socket passes descriptors.
 	var a *fdpass.Conn
@@ -329,5 +335,54 @@ func TestReadFileDestinationConnections(t *testing.T) {
 	wantFileContent(t, g, append([]byte("tcp"), data...), int64(3+len(data)), "TCP")
 	if strings.HasPrefix(as.tcpAddr, "unix") {
 		t.Fatalf("the auth server's TCP address is %s", as.tcpAddr)
+	}
+}
+
+// TestReadFileDestinationFleet: a call that a node or a gateway forwards
+// to the node holding the sandbox cannot carry the caller's descriptor
+// (it stayed on the caller's connection to the first berthd): the holder
+// finds none on its connection from the forwarder and streams, and the
+// client writes the bytes itself. Through the holder's own unix socket
+// the holder writes them.
+func TestReadFileDestinationFleet(t *testing.T) {
+	need(t)
+	f := startFleet(t, []int{2, 2}, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	holder := f.nodes[1]
+	sb, err := f.ops.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{SandboxId: "fl-dest", Image: env.image, Labels: map[string]string{"node.berth.dev/id": holder.id}})
+	if err != nil || sb.GetNodeId() != holder.id {
+		t.Fatalf("create on %s = %v, %v", holder.id, sb, err)
+	}
+	data := randomData(2<<20 + 3)
+	path := "/workspace/f.bin"
+	if _, err := f.ops.WriteFile(ctx, sb.GetId(), path, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	f.startGateway(t)
+	for _, entry := range []struct {
+		name, sock  string
+		wantWritten bool
+	}{
+		{"another node", f.nodes[0].sock, false},
+		{"the gateway", filepath.Join(filepath.Dir(f.nodes[0].sock), "gw.sock"), false},
+		{"the holder", holder.sock, true},
+	} {
+		// As ops, who created the sandbox (root on a node's socket is
+		// a principal of its own).
+		c := dialClient(t, "unix://"+entry.sock, client.WithToken(opsToken))
+		dst := destFile(t, "p")
+		h, err := c.ReadFile(ctx, sb.GetId(), path, dst)
+		if err != nil || h.GetWrittenToDestination() != entry.wantWritten {
+			t.Errorf("ReadFile through %s into a file = header %v, %v; want written_to_destination %v", entry.name, h, err, entry.wantWritten)
+		}
+		wantFileContent(t, dst, append([]byte("p"), data...), int64(1+len(data)), entry.name)
+	}
+	if t.Failed() {
+		for _, line := range strings.Split(holder.proc.log.String(), "\n") {
+			if strings.Contains(line, "ReadFile") {
+				t.Log(line)
+			}
+		}
 	}
 }
