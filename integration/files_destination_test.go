@@ -386,3 +386,22 @@ func TestReadFileDestinationFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestReadFileDestinationGVisor: berthd does not open a gVisor sandbox's
+// files itself, so a ReadFile into a host file is streamed there, with
+// the same bytes.
+func TestReadFileDestinationGVisor(t *testing.T) {
+	needGVisor(t)
+	sb := newSandbox(t, &berthv1.CreateSandboxRequest{Runtime: "gvisor"})
+	c, _ := directServer(t)
+	data := randomData(1<<20 + 9)
+	if _, err := c.WriteFile(fileCtx(t), sb.GetId(), "/workspace/g.bin", bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	f := destFile(t, "g")
+	h, err := c.ReadFile(fileCtx(t), sb.GetId(), "/workspace/g.bin", f, client.WithRange(1, 0))
+	if err != nil || h.GetWrittenToDestination() {
+		t.Errorf("ReadFile in gVisor into a file = header %v, %v; want it streamed", h, err)
+	}
+	wantFileContent(t, f, append([]byte("g"), data[1:]...), int64(len(data)), "gVisor")
+}
