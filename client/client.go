@@ -40,6 +40,9 @@ type Client struct {
 	nodes     berthv1.NodeServiceClient
 	// retryPolicy is nil unless WithRetry was given.
 	retryPolicy *RetryPolicy
+	// fds sends ReadFile's destinations; nil unless connected over a
+	// unix socket.
+	fds *fdConns
 }
 
 // Option configures Dial.
@@ -152,11 +155,14 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		o(&cfg)
 	}
 	var creds credentials.TransportCredentials
+	var fds *fdConns
 	switch {
 	case strings.HasPrefix(t, "unix:"):
 		// Local credentials: a unix socket counts as private, so a
-		// token may go over it.
-		creds = local.NewCredentials()
+		// token may go over it. Its connections also carry ReadFile's
+		// destinations (fdCreds).
+		fds = &fdConns{}
+		creds = fdCreds{TransportCredentials: local.NewCredentials(), conns: fds}
 	case cfg.insecure:
 		creds = insecure.NewCredentials()
 	default:
@@ -182,6 +188,7 @@ func Dial(ctx context.Context, target string, opts ...Option) (*Client, error) {
 		images:      berthv1.NewImageServiceClient(conn),
 		nodes:       berthv1.NewNodeServiceClient(conn),
 		retryPolicy: cfg.retry,
+		fds:         fds,
 	}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/status"
@@ -153,9 +154,27 @@ func isText(path string) bool { return utf8.ValidString(path) }
 // of the range read. It returns nil only when w received exactly
 // header.LengthBytes bytes; when the file changed while it was read the
 // error has ReasonFileChanged and w holds an incomplete copy.
+//
+// When w is an *os.File of a regular file open for writing (not
+// O_APPEND) and the client is connected over berthd's unix socket, the
+// file's descriptor goes to berthd with the request and berthd writes
+// the bytes into it in the kernel, at and advancing its offset as
+// w.Write would (header.WrittenToDestination says so): no byte crosses
+// the socket. When berthd does not (another file system type, a gVisor
+// sandbox, an older berthd, a gateway), it streams them to w as for any
+// other writer.
 func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writer, opts ...FileOption) (*berthv1.ReadFileHeader, error) {
 	cfg := fileOptions(opts)
 	req := &berthv1.ReadFileRequest{SandboxId: sandboxID, OffsetBytes: cfg.offset, LimitBytes: cfg.limit}
+	if _, ok := w.(*os.File); ok && c.fds != nil && !c.fds.connected() {
+		// The descriptor goes on the connection the handshake made: a
+		// new client's first call waits for it, as the call would.
+		c.awaitConnection(ctx)
+	}
+	if dest, done := c.fds.destination(w); dest != nil {
+		defer done()
+		req.Destination = dest
+	}
 	if isText(path) {
 		req.Location = &berthv1.ReadFileRequest_Path{Path: path}
 	} else {
@@ -190,10 +209,20 @@ func (c *Client) ReadFile(ctx context.Context, sandboxID, path string, w io.Writ
 		if header == nil {
 			return nil, errors.New("read file: berthd sent data before the header")
 		}
+		if header.GetWrittenToDestination() {
+			return header, errors.New("read file: berthd sent data after writing to the destination")
+		}
 		if _, err := w.Write(data); err != nil {
 			return header, fmt.Errorf("read file %s: write: %w", path, err)
 		}
 		got += uint64(len(data))
+		if cfg.progress != nil {
+			cfg.progress(got)
+		}
+	}
+	if header.GetWrittenToDestination() && req.Destination != nil {
+		// berthd ended OK: it wrote exactly length_bytes into w.
+		got = header.GetLengthBytes()
 		if cfg.progress != nil {
 			cfg.progress(got)
 		}

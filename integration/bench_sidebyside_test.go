@@ -569,7 +569,13 @@ const bigFileBytes = 1 << 30
 // and written out, and its source read whole, off the clock), taken in
 // turns (measureABBA). The file lives in a sandbox of its own
 // with a disk quota and a memory cap that hold it (the main one's are
-// 1 GiB).
+// 1 GiB). ReadFile goes through the client as a caller's would: into an
+// *os.File on berthd's host, berthd writes it itself (since session 10),
+// which on the sandbox's own btrfs is a clone (copy_file_range(2)), so
+// two more pairs copy into a tmpfs file (/dev/shm), where berthd copies
+// the bytes (sendfile(2)): through that path, and through the streamed
+// one (a writer that is not an *os.File), each beside cp into the same
+// tmpfs.
 func benchBigRead(b *testing.B, c *client.Client, dir string) {
 	ctx := context.Background()
 	id, src, dst := bigFileSource(b, c, dir)
@@ -581,39 +587,67 @@ func benchBigRead(b *testing.B, c *client.Client, dir string) {
 	// memory is short (other engineers' builds fill it) and one source
 	// was evicted since its last use.
 	warm := &berthv1.ProcessSpec{Argv: []string{"sh", "-c", `cat "$1" >/dev/null`, "sh", path}}
-	readFile := func(b *testing.B) sample {
-		writeOut(b, dir, dst)
-		berthExec(b, c, id, warm, io.Discard)
-		cpu0 := selfCPU(b)
-		start := time.Now()
-		out, err := os.Create(dst)
-		if err != nil {
-			b.Fatal(err)
+	// readFile times ReadFile into a new file at to, through wrap's
+	// writer: the *os.File itself (berthd writes into it: a clone on the
+	// same btrfs, a copy of the bytes across file systems) or a writer
+	// that is not one (the streamed path).
+	readFile := func(to string, wrap func(*os.File) io.Writer) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			writeOut(b, filepath.Dir(to), to)
+			berthExec(b, c, id, warm, io.Discard)
+			cpu0 := selfCPU(b)
+			start := time.Now()
+			out, err := os.Create(to)
+			if err != nil {
+				b.Fatal(err)
+			}
+			h, err := c.ReadFile(ctx, id, path, wrap(out))
+			if cerr := out.Close(); err == nil {
+				err = cerr
+			}
+			d := time.Since(start)
+			if err != nil || h.GetLengthBytes() != bigFileBytes {
+				b.Fatalf("ReadFile: %v, %d bytes", err, h.GetLengthBytes())
+			}
+			if _, isFile := wrap(out).(*os.File); isFile && !h.GetWrittenToDestination() {
+				// berthd did not take the descriptor: this sample is the
+				// streamed path's.
+				b.Logf("ReadFile into %s was streamed, not written by berthd", to)
+			}
+			return sample{d: d, cpu: selfCPU(b) - cpu0}
 		}
-		h, err := c.ReadFile(ctx, id, path, out)
-		if cerr := out.Close(); err == nil {
-			err = cerr
-		}
-		d := time.Since(start)
-		if err != nil || h.GetLengthBytes() != bigFileBytes {
-			b.Fatalf("ReadFile: %v, %d bytes", err, h.GetLengthBytes())
-		}
-		return sample{d: d, cpu: selfCPU(b) - cpu0}
 	}
-	hostCP := func(b *testing.B) sample {
-		writeOut(b, dir, dst)
-		if out, err := exec.Command("sh", "-c", `cat "$1" >/dev/null`, "sh", src).CombinedOutput(); err != nil {
-			b.Fatalf("read %s: %v: %s", src, err, out)
+	hostCP := func(to string) func(*testing.B) sample {
+		return func(b *testing.B) sample {
+			writeOut(b, filepath.Dir(to), to)
+			if out, err := exec.Command("sh", "-c", `cat "$1" >/dev/null`, "sh", src).CombinedOutput(); err != nil {
+				b.Fatalf("read %s: %v: %s", src, err, out)
+			}
+			start := time.Now()
+			cp := exec.Command("cp", "--reflink=never", src, to)
+			if out, err := cp.CombinedOutput(); err != nil {
+				b.Fatalf("cp: %v: %s", err, out)
+			}
+			return sample{d: time.Since(start), cpu: cp.ProcessState.UserTime() + cp.ProcessState.SystemTime()}
 		}
-		start := time.Now()
-		cp := exec.Command("cp", "--reflink=never", src, dst)
-		if out, err := cp.CombinedOutput(); err != nil {
-			b.Fatalf("cp: %v: %s", err, out)
-		}
-		return sample{d: time.Since(start), cpu: cp.ProcessState.UserTime() + cp.ProcessState.SystemTime()}
 	}
+	file := func(f *os.File) io.Writer { return f }
+	streamed := func(f *os.File) io.Writer { return struct{ io.Writer }{f} }
 	measureABBA(b, "files/ReadFile-1GiB-vs-cp", bigFileBytes,
-		side{"files/ReadFile-1GiB", readFile}, side{"files/host-cp-1GiB", hostCP})
+		side{"files/ReadFile-1GiB", readFile(dst, file)}, side{"files/host-cp-1GiB", hostCP(dst)})
+	// Into a tmpfs: berthd cannot clone across file systems and copies the
+	// bytes (sendfile(2)), as cp does; and the same through the streamed
+	// path, beside cp again.
+	shm, err := os.MkdirTemp("/dev/shm", "berth-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(shm)
+	shmDst := filepath.Join(shm, "big-dst.bin")
+	measureABBA(b, "files/ReadFile-1GiB-tmpfs-vs-cp", bigFileBytes,
+		side{"files/ReadFile-1GiB-tmpfs", readFile(shmDst, file)}, side{"files/host-cp-1GiB-tmpfs", hostCP(shmDst)})
+	measureABBA(b, "files/ReadFile-1GiB-tmpfs-streamed-vs-cp", bigFileBytes,
+		side{"files/ReadFile-1GiB-tmpfs-streamed", readFile(shmDst, streamed)}, side{"files/host-cp-1GiB-tmpfs-beside-streamed", hostCP(shmDst)})
 }
 
 // bigFilePath is where bigFileSource puts the 1 GiB file in its sandbox.

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/berth-sandbox/berth/internal/fdpass"
 	"github.com/berth-sandbox/berth/internal/rpcstatus"
 	"github.com/berth-sandbox/berth/internal/sandboxid"
 	"github.com/berth-sandbox/berth/internal/wire"
@@ -396,7 +397,9 @@ func Listen(addr string, opts ...ListenOption) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("restrict socket %s: %w", path, err)
 	}
-	return cfg.limit(l), nil
+	// Its connections receive descriptors beside their bytes, for
+	// ReadFile's copy into a caller's own file (internal/fdpass).
+	return cfg.limit(fdpass.Listener{UnixListener: l.(*net.UnixListener)}), nil
 }
 
 func (c listenConfig) limit(l net.Listener) net.Listener {

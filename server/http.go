@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 
+	"github.com/berth-sandbox/berth/internal/fdpass"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/console"
 	"github.com/berth-sandbox/berth/server/restgate"
@@ -373,6 +374,15 @@ func (l tlsListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return tls.Server(c, l.cfg), nil
+}
+
+// Descriptors passes on the descriptors the connection received
+// (fdpass.Holder): nil when it receives none.
+func (c *sniffedConn) Descriptors() *fdpass.Queue {
+	if h, ok := c.MuxConn.Conn.(fdpass.Holder); ok {
+		return h.Descriptors()
+	}
+	return nil
 }
 
 // sysConn is a sniffedConn whose socket has a descriptor.

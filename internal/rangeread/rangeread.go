@@ -67,6 +67,13 @@ func Send(ctx context.Context, send func(*wire.Frame) error, field protoreflect.
 		}
 		done += uint64(n)
 	}
+	return r.finish()
+}
+
+// finish checks, after the range was read whole, that the file did not
+// change: no byte past the range when it runs to the end, and the size
+// and modification time of First.
+func (r Range) finish() error {
 	size := uint64(r.First.Size)
 	if r.ToEnd {
 		// Reading to the end: a byte past it means the file grew.

@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/berth-sandbox/berth/internal/fdpass"
 )
 
 // PeerCred is the AuthInfo of a connection on a unix socket: the
@@ -21,7 +23,15 @@ type PeerCred struct {
 	credentials.CommonAuthInfo
 	PID      int32
 	UID, GID uint32
+	// Received holds the descriptors the caller sent on the connection
+	// (SCM_RIGHTS, internal/fdpass), for ReadFile's destination; nil on a
+	// connection that carries none (a call through net/http).
+	Received *fdpass.Queue
 }
+
+// Descriptors returns the descriptors the connection received, nil when
+// it carries none.
+func (p PeerCred) Descriptors() *fdpass.Queue { return p.Received }
 
 // AuthType implements credentials.AuthInfo.
 func (PeerCred) AuthType() string { return "unix-peercred" }
@@ -68,6 +78,9 @@ func (t *transport) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthIn
 		cred, err := peerCred(conn)
 		if err != nil {
 			return nil, nil, err
+		}
+		if h, ok := conn.(fdpass.Holder); ok {
+			cred.Received = h.Descriptors()
 		}
 		return conn, cred, nil
 	}

@@ -22,6 +22,8 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/fdpass"
 )
 
 // Limits are a Limiter's caps; 0 is no cap.
@@ -146,6 +148,15 @@ func (c *conn) Close() error {
 }
 
 var errNoSocket = errors.New("connection exposes no socket")
+
+// Descriptors passes on the descriptors the connection received
+// (fdpass.Holder): nil when it receives none.
+func (c *conn) Descriptors() *fdpass.Queue {
+	if h, ok := c.Conn.(fdpass.Holder); ok {
+		return h.Descriptors()
+	}
+	return nil
+}
 
 func (c *conn) SyscallConn() (syscall.RawConn, error) {
 	sc, ok := c.Conn.(syscall.Conn)

@@ -9,6 +9,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/fdpass"
 )
 
 // accepted serves l, sending each accepted connection on the channel.
@@ -150,4 +154,46 @@ func TestUnixPeerCred(t *testing.T) {
 	if _, err := io.ReadFull(s, make([]byte, 1)); err != nil {
 		t.Errorf("read through the counted connection: %v", err)
 	}
+}
+
+// TestDescriptorsPassedOn: a counted connection of a listener whose
+// connections receive descriptors (fdpass) passes its queue on, so that
+// ReadFile finds a caller's destination behind the limiter.
+func TestDescriptorsPassedOn(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s")
+	raw, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conns := accepted(t, New(Limits{Total: 4, PerPeer: 4}).Listener(fdpass.Listener{UnixListener: raw.(*net.UnixListener)}))
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := <-conns
+	h, ok := s.(fdpass.Holder)
+	if !ok || h.Descriptors() == nil {
+		t.Fatalf("accepted connection %T passes on no descriptor queue", s)
+	}
+	f, err := os.CreateTemp(t.TempDir(), "dest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, _, err := c.(*net.UnixConn).WriteMsgUnix([]byte("x"), unix.UnixRights(int(f.Fd())), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(s, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	fd, ok := h.Descriptors().Take(st.Dev, st.Ino)
+	if !ok {
+		t.Fatal("the descriptor sent is not in the counted connection's queue")
+	}
+	unix.Close(fd)
 }

@@ -129,7 +129,7 @@ func checkRange(header *berthv1.ReadFileHeader, req *agentv1.ReadFileRequest, si
 // read the descriptor); otherwise it did the read, with the result it
 // returns. What the agent refuses (a missing file, permissions, a
 // directory) comes back as its status, as before.
-func (f *Service) readDirect(ctx context.Context, files agentv1.FileServiceClient, sandboxID string, pid uint32, areq *agentv1.ReadFileRequest, down grpc.ServerStream) (bool, error) {
+func (f *Service) readDirect(ctx context.Context, files agentv1.FileServiceClient, sandboxID string, pid uint32, areq *agentv1.ReadFileRequest, dest int, down grpc.ServerStream) (bool, error) {
 	agentCtx, cancel := context.WithCancel(ctx)
 	// Ends the agent's stream: the agent closes its copy of the descriptor.
 	defer cancel()
@@ -190,7 +190,7 @@ func (f *Service) readDirect(ctx context.Context, files agentv1.FileServiceClien
 			if header == nil {
 				return false, nil
 			}
-			return f.sendTaken(ctx, sandboxID, pid, part.OpenFile, header, req, down, cancel)
+			return f.sendTaken(ctx, sandboxID, pid, part.OpenFile, header, req, dest, down, cancel)
 		default:
 			return false, nil
 		}
@@ -202,7 +202,7 @@ func (f *Service) readDirect(ctx context.Context, files agentv1.FileServiceClien
 // agent's stream, and sends the header and the range from it. It reports
 // false, having sent nothing, when the descriptor cannot be taken or
 // fails a check.
-func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, open *agentv1.OpenFile, header *berthv1.ReadFileHeader, req *agentv1.ReadFileRequest, down grpc.ServerStream, endAgent func()) (bool, error) {
+func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, open *agentv1.OpenFile, header *berthv1.ReadFileHeader, req *agentv1.ReadFileRequest, dest int, down grpc.ServerStream, endAgent func()) (bool, error) {
 	fd, err := f.direct.fds.TakeFD(ctx, sandboxID, pid, open.GetFd())
 	if err != nil {
 		f.direct.log.Debug("ReadFile goes through the agent: berthd could not take its descriptor", "sandbox_id", sandboxID, "err", err)
@@ -219,10 +219,18 @@ func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, o
 		return false, nil
 	}
 	f.obs.FileReadDirect()
+	header.WrittenToDestination = dest >= 0
 	if err := down.SendMsg(&berthv1.ReadFileResponse{Part: &berthv1.ReadFileResponse_Header{Header: header}}); err != nil {
 		return true, f.fail(ctx, sandboxID, err)
 	}
 	path := string(header.GetInfo().GetPath())
+	if dest >= 0 {
+		r := rangeread.Range{FD: fd, Path: path, First: &first, Offset: req.GetOffsetBytes(), Length: header.GetLengthBytes(), ToEnd: req.GetLimitBytes() == 0}
+		if err := f.copyRange(ctx, sandboxID, dest, r); err != nil {
+			return true, f.fail(ctx, sandboxID, err)
+		}
+		return true, nil
+	}
 	if err := sendRange(ctx, down, fd, &first, path, req.GetOffsetBytes(), header.GetLengthBytes(), req.GetLimitBytes() == 0, f.moved("out")); err != nil {
 		return true, f.fail(ctx, sandboxID, err)
 	}
@@ -237,7 +245,13 @@ func (f *Service) sendTaken(ctx context.Context, sandboxID string, pid uint32, o
 // read. It stops when ctx ends. moved counts the bytes sent.
 func sendRange(ctx context.Context, down grpc.ServerStream, fd int, first *unix.Stat_t, path string, offset, length uint64, toEnd bool, moved func(int)) error {
 	r := rangeread.Range{FD: fd, Path: path, First: first, Offset: offset, Length: length, ToEnd: toEnd}
-	err := rangeread.Send(ctx, func(fr *wire.Frame) error { return down.SendMsg(fr) }, readChunk, directChunkBytes, r, moved)
+	return rangeError(rangeread.Send(ctx, func(fr *wire.Frame) error { return down.SendMsg(fr) }, readChunk, directChunkBytes, r, moved))
+}
+
+// rangeError is the agent's status for an error of reading a range:
+// ABORTED FILE_CHANGED, FAILED_PRECONDITION FILE_REFUSED; any other as
+// it is.
+func rangeError(err error) error {
 	var changedErr *tartree.ChangedError
 	var pathErr *fs.PathError
 	switch {

@@ -326,7 +326,7 @@ func TestReadDirectHostileDescriptors(t *testing.T) {
 		f := New(nil, nil, obs, WithDirectReads(fds, slog.New(slog.NewTextHandler(io.Discard, nil))))
 		agent := &fakeAgent{msgs: agentSays}
 		sink := &recordingSink{chunkSink: chunkSink{ctx: context.Background()}}
-		done, err := f.readDirect(context.Background(), agent, "sb", 1, &agentv1.ReadFileRequest{Path: []byte("/workspace/f")}, sink)
+		done, err := f.readDirect(context.Background(), agent, "sb", 1, &agentv1.ReadFileRequest{Path: []byte("/workspace/f")}, -1, sink)
 		if !agent.req.GetHandFd() {
 			t.Errorf("berthd did not ask the agent for its descriptor")
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/validate"
 
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -157,6 +158,12 @@ func (f *Service) ReadFile(req *berthv1.ReadFileRequest, stream berthv1.FileServ
 	if err != nil {
 		return err
 	}
+	// Taken first, so that a request's descriptor never waits in its
+	// connection's queue for another request.
+	dest := f.destination(ctx, req.GetSandboxId(), req)
+	if dest >= 0 {
+		defer unix.Close(dest)
+	}
 	files, rt, err := f.reachFiles(ctx, req.GetSandboxId())
 	if err != nil {
 		return err
@@ -165,7 +172,7 @@ func (f *Service) ReadFile(req *berthv1.ReadFileRequest, stream berthv1.FileServ
 	if f.direct.fds != nil && f.direct.fds.TakesFDs(ctx, req.GetSandboxId(), rt.TaskPID) {
 		select {
 		case f.direct.slots <- struct{}{}:
-			done, err := f.readDirect(ctx, files, req.GetSandboxId(), rt.TaskPID, areq, stream)
+			done, err := f.readDirect(ctx, files, req.GetSandboxId(), rt.TaskPID, areq, dest, stream)
 			<-f.direct.slots
 			if done {
 				return err

@@ -395,7 +395,10 @@ type ReadFileRequest struct {
 	// the file. An offset at or past the end reads nothing.
 	OffsetBytes uint64 `protobuf:"varint,4,opt,name=offset_bytes,json=offsetBytes,proto3" json:"offset_bytes,omitempty"`
 	// limit_bytes is the most bytes to read; 0 reads to the end of the file.
-	LimitBytes    uint64 `protobuf:"varint,5,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	LimitBytes uint64 `protobuf:"varint,5,opt,name=limit_bytes,json=limitBytes,proto3" json:"limit_bytes,omitempty"`
+	// destination, when set, asks berthd to write the range into the
+	// caller's own file instead of sending it (see FileService.ReadFile).
+	Destination   *ReadFileDestination `protobuf:"bytes,6,opt,name=destination,proto3" json:"destination,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -476,6 +479,13 @@ func (x *ReadFileRequest) GetLimitBytes() uint64 {
 	return 0
 }
 
+func (x *ReadFileRequest) GetDestination() *ReadFileDestination {
+	if x != nil {
+		return x.Destination
+	}
+	return nil
+}
+
 type isReadFileRequest_Location interface {
 	isReadFileRequest_Location()
 }
@@ -494,6 +504,68 @@ func (*ReadFileRequest_Path) isReadFileRequest_Location() {}
 
 func (*ReadFileRequest_PathBytes) isReadFileRequest_Location() {}
 
+// ReadFileDestination names a descriptor the caller sent on the same unix
+// socket connection, at or before the request's own bytes, as SCM_RIGHTS
+// ancillary data (unix(7)): berthd keeps the last few descriptors each
+// connection sent and takes the one whose fstat(2) has this st_dev and
+// st_ino. berthd writes only into that descriptor, and only when it is a
+// regular file opened for writing without O_APPEND on a local disk file
+// system (btrfs, ext4, xfs, overlayfs, tmpfs); a descriptor no request
+// takes is closed when the connection closes.
+type ReadFileDestination struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// dev is the file's st_dev (fstat(2)) as the caller saw it.
+	Dev uint64 `protobuf:"varint,1,opt,name=dev,proto3" json:"dev,omitempty"`
+	// ino is the file's st_ino.
+	Ino           uint64 `protobuf:"varint,2,opt,name=ino,proto3" json:"ino,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadFileDestination) Reset() {
+	*x = ReadFileDestination{}
+	mi := &file_berth_v1_file_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadFileDestination) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadFileDestination) ProtoMessage() {}
+
+func (x *ReadFileDestination) ProtoReflect() protoreflect.Message {
+	mi := &file_berth_v1_file_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadFileDestination.ProtoReflect.Descriptor instead.
+func (*ReadFileDestination) Descriptor() ([]byte, []int) {
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReadFileDestination) GetDev() uint64 {
+	if x != nil {
+		return x.Dev
+	}
+	return 0
+}
+
+func (x *ReadFileDestination) GetIno() uint64 {
+	if x != nil {
+		return x.Ino
+	}
+	return 0
+}
+
 // ReadFileHeader is the first message of a ReadFile stream.
 type ReadFileHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -504,14 +576,18 @@ type ReadFileHeader struct {
 	// length_bytes is exactly how many bytes the chunks that follow carry:
 	// min(info.size_bytes - offset, limit), 0 when the offset is past the
 	// end.
-	LengthBytes   uint64 `protobuf:"varint,3,opt,name=length_bytes,json=lengthBytes,proto3" json:"length_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LengthBytes uint64 `protobuf:"varint,3,opt,name=length_bytes,json=lengthBytes,proto3" json:"length_bytes,omitempty"`
+	// written_to_destination says berthd writes the range into the
+	// request's destination: no chunks follow, and an OK end means exactly
+	// length_bytes were written there.
+	WrittenToDestination bool `protobuf:"varint,4,opt,name=written_to_destination,json=writtenToDestination,proto3" json:"written_to_destination,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ReadFileHeader) Reset() {
 	*x = ReadFileHeader{}
-	mi := &file_berth_v1_file_proto_msgTypes[2]
+	mi := &file_berth_v1_file_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -523,7 +599,7 @@ func (x *ReadFileHeader) String() string {
 func (*ReadFileHeader) ProtoMessage() {}
 
 func (x *ReadFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[2]
+	mi := &file_berth_v1_file_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -536,7 +612,7 @@ func (x *ReadFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileHeader.ProtoReflect.Descriptor instead.
 func (*ReadFileHeader) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{2}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReadFileHeader) GetInfo() *FileInfo {
@@ -560,6 +636,13 @@ func (x *ReadFileHeader) GetLengthBytes() uint64 {
 	return 0
 }
 
+func (x *ReadFileHeader) GetWrittenToDestination() bool {
+	if x != nil {
+		return x.WrittenToDestination
+	}
+	return false
+}
+
 // ReadFileResponse is one message of a ReadFile stream: the header first,
 // then chunks.
 type ReadFileResponse struct {
@@ -577,7 +660,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[3]
+	mi := &file_berth_v1_file_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -589,7 +672,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[3]
+	mi := &file_berth_v1_file_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -602,7 +685,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{3}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReadFileResponse) GetPart() isReadFileResponse_Part {
@@ -689,7 +772,7 @@ type WriteFileHeader struct {
 
 func (x *WriteFileHeader) Reset() {
 	*x = WriteFileHeader{}
-	mi := &file_berth_v1_file_proto_msgTypes[4]
+	mi := &file_berth_v1_file_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -701,7 +784,7 @@ func (x *WriteFileHeader) String() string {
 func (*WriteFileHeader) ProtoMessage() {}
 
 func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[4]
+	mi := &file_berth_v1_file_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -714,7 +797,7 @@ func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
 func (*WriteFileHeader) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{4}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *WriteFileHeader) GetSandboxId() string {
@@ -833,7 +916,7 @@ type WriteFileRequest struct {
 
 func (x *WriteFileRequest) Reset() {
 	*x = WriteFileRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[5]
+	mi := &file_berth_v1_file_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +928,7 @@ func (x *WriteFileRequest) String() string {
 func (*WriteFileRequest) ProtoMessage() {}
 
 func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[5]
+	mi := &file_berth_v1_file_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +941,7 @@ func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
 func (*WriteFileRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{5}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *WriteFileRequest) GetPart() isWriteFileRequest_Part {
@@ -922,7 +1005,7 @@ type WriteFileResponse struct {
 
 func (x *WriteFileResponse) Reset() {
 	*x = WriteFileResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[6]
+	mi := &file_berth_v1_file_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -934,7 +1017,7 @@ func (x *WriteFileResponse) String() string {
 func (*WriteFileResponse) ProtoMessage() {}
 
 func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[6]
+	mi := &file_berth_v1_file_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -947,7 +1030,7 @@ func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
 func (*WriteFileResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{6}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *WriteFileResponse) GetWrittenBytes() uint64 {
@@ -989,7 +1072,7 @@ type StatRequest struct {
 
 func (x *StatRequest) Reset() {
 	*x = StatRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[7]
+	mi := &file_berth_v1_file_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1001,7 +1084,7 @@ func (x *StatRequest) String() string {
 func (*StatRequest) ProtoMessage() {}
 
 func (x *StatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[7]
+	mi := &file_berth_v1_file_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1014,7 +1097,7 @@ func (x *StatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
 func (*StatRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{7}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatRequest) GetSandboxId() string {
@@ -1078,7 +1161,7 @@ type StatResponse struct {
 
 func (x *StatResponse) Reset() {
 	*x = StatResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[8]
+	mi := &file_berth_v1_file_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1173,7 @@ func (x *StatResponse) String() string {
 func (*StatResponse) ProtoMessage() {}
 
 func (x *StatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[8]
+	mi := &file_berth_v1_file_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1186,7 @@ func (x *StatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
 func (*StatResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{8}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StatResponse) GetInfo() *FileInfo {
@@ -1135,7 +1218,7 @@ type ListDirRequest struct {
 
 func (x *ListDirRequest) Reset() {
 	*x = ListDirRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[9]
+	mi := &file_berth_v1_file_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1147,7 +1230,7 @@ func (x *ListDirRequest) String() string {
 func (*ListDirRequest) ProtoMessage() {}
 
 func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[9]
+	mi := &file_berth_v1_file_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1160,7 +1243,7 @@ func (x *ListDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirRequest.ProtoReflect.Descriptor instead.
 func (*ListDirRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{9}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListDirRequest) GetSandboxId() string {
@@ -1237,7 +1320,7 @@ type ListDirError struct {
 
 func (x *ListDirError) Reset() {
 	*x = ListDirError{}
-	mi := &file_berth_v1_file_proto_msgTypes[10]
+	mi := &file_berth_v1_file_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1332,7 @@ func (x *ListDirError) String() string {
 func (*ListDirError) ProtoMessage() {}
 
 func (x *ListDirError) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[10]
+	mi := &file_berth_v1_file_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1345,7 @@ func (x *ListDirError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirError.ProtoReflect.Descriptor instead.
 func (*ListDirError) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{10}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListDirError) GetPath() []byte {
@@ -1308,7 +1391,7 @@ type ListDirResponse struct {
 
 func (x *ListDirResponse) Reset() {
 	*x = ListDirResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[11]
+	mi := &file_berth_v1_file_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1403,7 @@ func (x *ListDirResponse) String() string {
 func (*ListDirResponse) ProtoMessage() {}
 
 func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[11]
+	mi := &file_berth_v1_file_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1416,7 @@ func (x *ListDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDirResponse.ProtoReflect.Descriptor instead.
 func (*ListDirResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{11}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListDirResponse) GetEntries() []*FileInfo {
@@ -1375,7 +1458,7 @@ type MakeDirRequest struct {
 
 func (x *MakeDirRequest) Reset() {
 	*x = MakeDirRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[12]
+	mi := &file_berth_v1_file_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1470,7 @@ func (x *MakeDirRequest) String() string {
 func (*MakeDirRequest) ProtoMessage() {}
 
 func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[12]
+	mi := &file_berth_v1_file_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1483,7 @@ func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
 func (*MakeDirRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{12}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MakeDirRequest) GetSandboxId() string {
@@ -1478,7 +1561,7 @@ type MakeDirResponse struct {
 
 func (x *MakeDirResponse) Reset() {
 	*x = MakeDirResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[13]
+	mi := &file_berth_v1_file_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +1573,7 @@ func (x *MakeDirResponse) String() string {
 func (*MakeDirResponse) ProtoMessage() {}
 
 func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[13]
+	mi := &file_berth_v1_file_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +1586,7 @@ func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
 func (*MakeDirResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{13}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MakeDirResponse) GetInfo() *FileInfo {
@@ -1535,7 +1618,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[14]
+	mi := &file_berth_v1_file_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1547,7 +1630,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[14]
+	mi := &file_berth_v1_file_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1560,7 +1643,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{14}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveRequest) GetSandboxId() string {
@@ -1629,7 +1712,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[15]
+	mi := &file_berth_v1_file_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1641,7 +1724,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[15]
+	mi := &file_berth_v1_file_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1654,7 +1737,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{15}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{16}
 }
 
 // RenameRequest names the path to rename and its new path.
@@ -1685,7 +1768,7 @@ type RenameRequest struct {
 
 func (x *RenameRequest) Reset() {
 	*x = RenameRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[16]
+	mi := &file_berth_v1_file_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1697,7 +1780,7 @@ func (x *RenameRequest) String() string {
 func (*RenameRequest) ProtoMessage() {}
 
 func (x *RenameRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[16]
+	mi := &file_berth_v1_file_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1710,7 +1793,7 @@ func (x *RenameRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameRequest.ProtoReflect.Descriptor instead.
 func (*RenameRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{16}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RenameRequest) GetSandboxId() string {
@@ -1822,7 +1905,7 @@ type RenameResponse struct {
 
 func (x *RenameResponse) Reset() {
 	*x = RenameResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[17]
+	mi := &file_berth_v1_file_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1834,7 +1917,7 @@ func (x *RenameResponse) String() string {
 func (*RenameResponse) ProtoMessage() {}
 
 func (x *RenameResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[17]
+	mi := &file_berth_v1_file_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1847,7 +1930,7 @@ func (x *RenameResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenameResponse.ProtoReflect.Descriptor instead.
 func (*RenameResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{17}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{18}
 }
 
 // UploadHeader is the first message of an Upload stream.
@@ -1875,7 +1958,7 @@ type UploadHeader struct {
 
 func (x *UploadHeader) Reset() {
 	*x = UploadHeader{}
-	mi := &file_berth_v1_file_proto_msgTypes[18]
+	mi := &file_berth_v1_file_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1887,7 +1970,7 @@ func (x *UploadHeader) String() string {
 func (*UploadHeader) ProtoMessage() {}
 
 func (x *UploadHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[18]
+	mi := &file_berth_v1_file_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1900,7 +1983,7 @@ func (x *UploadHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadHeader.ProtoReflect.Descriptor instead.
 func (*UploadHeader) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{18}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UploadHeader) GetSandboxId() string {
@@ -1984,7 +2067,7 @@ type UploadRequest struct {
 
 func (x *UploadRequest) Reset() {
 	*x = UploadRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[19]
+	mi := &file_berth_v1_file_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1996,7 +2079,7 @@ func (x *UploadRequest) String() string {
 func (*UploadRequest) ProtoMessage() {}
 
 func (x *UploadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[19]
+	mi := &file_berth_v1_file_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2009,7 +2092,7 @@ func (x *UploadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadRequest.ProtoReflect.Descriptor instead.
 func (*UploadRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{19}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *UploadRequest) GetPart() isUploadRequest_Part {
@@ -2086,7 +2169,7 @@ type UploadResponse struct {
 
 func (x *UploadResponse) Reset() {
 	*x = UploadResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[20]
+	mi := &file_berth_v1_file_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2098,7 +2181,7 @@ func (x *UploadResponse) String() string {
 func (*UploadResponse) ProtoMessage() {}
 
 func (x *UploadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[20]
+	mi := &file_berth_v1_file_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2111,7 +2194,7 @@ func (x *UploadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadResponse.ProtoReflect.Descriptor instead.
 func (*UploadResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{20}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UploadResponse) GetFiles() uint64 {
@@ -2203,7 +2286,7 @@ type DownloadRequest struct {
 
 func (x *DownloadRequest) Reset() {
 	*x = DownloadRequest{}
-	mi := &file_berth_v1_file_proto_msgTypes[21]
+	mi := &file_berth_v1_file_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2298,7 @@ func (x *DownloadRequest) String() string {
 func (*DownloadRequest) ProtoMessage() {}
 
 func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[21]
+	mi := &file_berth_v1_file_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2311,7 @@ func (x *DownloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadRequest.ProtoReflect.Descriptor instead.
 func (*DownloadRequest) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{21}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DownloadRequest) GetSandboxId() string {
@@ -2314,7 +2397,7 @@ type DownloadSummary struct {
 
 func (x *DownloadSummary) Reset() {
 	*x = DownloadSummary{}
-	mi := &file_berth_v1_file_proto_msgTypes[22]
+	mi := &file_berth_v1_file_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2326,7 +2409,7 @@ func (x *DownloadSummary) String() string {
 func (*DownloadSummary) ProtoMessage() {}
 
 func (x *DownloadSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[22]
+	mi := &file_berth_v1_file_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2339,7 +2422,7 @@ func (x *DownloadSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadSummary.ProtoReflect.Descriptor instead.
 func (*DownloadSummary) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{22}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DownloadSummary) GetEntries() uint64 {
@@ -2387,7 +2470,7 @@ type DownloadResponse struct {
 
 func (x *DownloadResponse) Reset() {
 	*x = DownloadResponse{}
-	mi := &file_berth_v1_file_proto_msgTypes[23]
+	mi := &file_berth_v1_file_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2482,7 @@ func (x *DownloadResponse) String() string {
 func (*DownloadResponse) ProtoMessage() {}
 
 func (x *DownloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_berth_v1_file_proto_msgTypes[23]
+	mi := &file_berth_v1_file_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2495,7 @@ func (x *DownloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DownloadResponse.ProtoReflect.Descriptor instead.
 func (*DownloadResponse) Descriptor() ([]byte, []int) {
-	return file_berth_v1_file_proto_rawDescGZIP(), []int{23}
+	return file_berth_v1_file_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DownloadResponse) GetPart() isDownloadResponse_Part {
@@ -2481,7 +2564,7 @@ const file_berth_v1_file_proto_rawDesc = "" +
 	"\x16display_symlink_target\x18\f \x01(\tR\x14displaySymlinkTarget\x12\x1d\n" +
 	"\n" +
 	"link_count\x18\r \x01(\x04R\tlinkCount\x12\x14\n" +
-	"\x05depth\x18\x0e \x01(\rR\x05depth\"\xb7\x01\n" +
+	"\x05depth\x18\x0e \x01(\rR\x05depth\"\xf8\x01\n" +
 	"\x0fReadFileRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
@@ -2490,13 +2573,18 @@ const file_berth_v1_file_proto_rawDesc = "" +
 	"path_bytes\x18\x03 \x01(\fH\x00R\tpathBytes\x12!\n" +
 	"\foffset_bytes\x18\x04 \x01(\x04R\voffsetBytes\x12\x1f\n" +
 	"\vlimit_bytes\x18\x05 \x01(\x04R\n" +
-	"limitBytesB\n" +
+	"limitBytes\x12?\n" +
+	"\vdestination\x18\x06 \x01(\v2\x1d.berth.v1.ReadFileDestinationR\vdestinationB\n" +
 	"\n" +
-	"\blocation\"~\n" +
+	"\blocation\"9\n" +
+	"\x13ReadFileDestination\x12\x10\n" +
+	"\x03dev\x18\x01 \x01(\x04R\x03dev\x12\x10\n" +
+	"\x03ino\x18\x02 \x01(\x04R\x03ino\"\xb4\x01\n" +
 	"\x0eReadFileHeader\x12&\n" +
 	"\x04info\x18\x01 \x01(\v2\x12.berth.v1.FileInfoR\x04info\x12!\n" +
 	"\foffset_bytes\x18\x02 \x01(\x04R\voffsetBytes\x12!\n" +
-	"\flength_bytes\x18\x03 \x01(\x04R\vlengthBytes\"f\n" +
+	"\flength_bytes\x18\x03 \x01(\x04R\vlengthBytes\x124\n" +
+	"\x16written_to_destination\x18\x04 \x01(\bR\x14writtenToDestination\"f\n" +
 	"\x10ReadFileResponse\x122\n" +
 	"\x06header\x18\x01 \x01(\v2\x18.berth.v1.ReadFileHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05chunk\x18\x02 \x01(\fH\x00R\x05chunkB\x06\n" +
@@ -2679,76 +2767,78 @@ func file_berth_v1_file_proto_rawDescGZIP() []byte {
 }
 
 var file_berth_v1_file_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_berth_v1_file_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_berth_v1_file_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_berth_v1_file_proto_goTypes = []any{
 	(FileType)(0),                 // 0: berth.v1.FileType
 	(WriteMode)(0),                // 1: berth.v1.WriteMode
 	(Compression)(0),              // 2: berth.v1.Compression
 	(*FileInfo)(nil),              // 3: berth.v1.FileInfo
 	(*ReadFileRequest)(nil),       // 4: berth.v1.ReadFileRequest
-	(*ReadFileHeader)(nil),        // 5: berth.v1.ReadFileHeader
-	(*ReadFileResponse)(nil),      // 6: berth.v1.ReadFileResponse
-	(*WriteFileHeader)(nil),       // 7: berth.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),      // 8: berth.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),     // 9: berth.v1.WriteFileResponse
-	(*StatRequest)(nil),           // 10: berth.v1.StatRequest
-	(*StatResponse)(nil),          // 11: berth.v1.StatResponse
-	(*ListDirRequest)(nil),        // 12: berth.v1.ListDirRequest
-	(*ListDirError)(nil),          // 13: berth.v1.ListDirError
-	(*ListDirResponse)(nil),       // 14: berth.v1.ListDirResponse
-	(*MakeDirRequest)(nil),        // 15: berth.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),       // 16: berth.v1.MakeDirResponse
-	(*RemoveRequest)(nil),         // 17: berth.v1.RemoveRequest
-	(*RemoveResponse)(nil),        // 18: berth.v1.RemoveResponse
-	(*RenameRequest)(nil),         // 19: berth.v1.RenameRequest
-	(*RenameResponse)(nil),        // 20: berth.v1.RenameResponse
-	(*UploadHeader)(nil),          // 21: berth.v1.UploadHeader
-	(*UploadRequest)(nil),         // 22: berth.v1.UploadRequest
-	(*UploadResponse)(nil),        // 23: berth.v1.UploadResponse
-	(*DownloadRequest)(nil),       // 24: berth.v1.DownloadRequest
-	(*DownloadSummary)(nil),       // 25: berth.v1.DownloadSummary
-	(*DownloadResponse)(nil),      // 26: berth.v1.DownloadResponse
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
+	(*ReadFileDestination)(nil),   // 5: berth.v1.ReadFileDestination
+	(*ReadFileHeader)(nil),        // 6: berth.v1.ReadFileHeader
+	(*ReadFileResponse)(nil),      // 7: berth.v1.ReadFileResponse
+	(*WriteFileHeader)(nil),       // 8: berth.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),      // 9: berth.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),     // 10: berth.v1.WriteFileResponse
+	(*StatRequest)(nil),           // 11: berth.v1.StatRequest
+	(*StatResponse)(nil),          // 12: berth.v1.StatResponse
+	(*ListDirRequest)(nil),        // 13: berth.v1.ListDirRequest
+	(*ListDirError)(nil),          // 14: berth.v1.ListDirError
+	(*ListDirResponse)(nil),       // 15: berth.v1.ListDirResponse
+	(*MakeDirRequest)(nil),        // 16: berth.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),       // 17: berth.v1.MakeDirResponse
+	(*RemoveRequest)(nil),         // 18: berth.v1.RemoveRequest
+	(*RemoveResponse)(nil),        // 19: berth.v1.RemoveResponse
+	(*RenameRequest)(nil),         // 20: berth.v1.RenameRequest
+	(*RenameResponse)(nil),        // 21: berth.v1.RenameResponse
+	(*UploadHeader)(nil),          // 22: berth.v1.UploadHeader
+	(*UploadRequest)(nil),         // 23: berth.v1.UploadRequest
+	(*UploadResponse)(nil),        // 24: berth.v1.UploadResponse
+	(*DownloadRequest)(nil),       // 25: berth.v1.DownloadRequest
+	(*DownloadSummary)(nil),       // 26: berth.v1.DownloadSummary
+	(*DownloadResponse)(nil),      // 27: berth.v1.DownloadResponse
+	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
 }
 var file_berth_v1_file_proto_depIdxs = []int32{
 	0,  // 0: berth.v1.FileInfo.type:type_name -> berth.v1.FileType
-	27, // 1: berth.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
-	3,  // 2: berth.v1.ReadFileHeader.info:type_name -> berth.v1.FileInfo
-	5,  // 3: berth.v1.ReadFileResponse.header:type_name -> berth.v1.ReadFileHeader
-	1,  // 4: berth.v1.WriteFileHeader.write_mode:type_name -> berth.v1.WriteMode
-	7,  // 5: berth.v1.WriteFileRequest.header:type_name -> berth.v1.WriteFileHeader
-	3,  // 6: berth.v1.WriteFileResponse.info:type_name -> berth.v1.FileInfo
-	3,  // 7: berth.v1.StatResponse.info:type_name -> berth.v1.FileInfo
-	3,  // 8: berth.v1.ListDirResponse.entries:type_name -> berth.v1.FileInfo
-	13, // 9: berth.v1.ListDirResponse.errors:type_name -> berth.v1.ListDirError
-	3,  // 10: berth.v1.MakeDirResponse.info:type_name -> berth.v1.FileInfo
-	2,  // 11: berth.v1.UploadHeader.compression:type_name -> berth.v1.Compression
-	21, // 12: berth.v1.UploadRequest.header:type_name -> berth.v1.UploadHeader
-	2,  // 13: berth.v1.DownloadRequest.compression:type_name -> berth.v1.Compression
-	25, // 14: berth.v1.DownloadResponse.summary:type_name -> berth.v1.DownloadSummary
-	4,  // 15: berth.v1.FileService.ReadFile:input_type -> berth.v1.ReadFileRequest
-	8,  // 16: berth.v1.FileService.WriteFile:input_type -> berth.v1.WriteFileRequest
-	10, // 17: berth.v1.FileService.Stat:input_type -> berth.v1.StatRequest
-	12, // 18: berth.v1.FileService.ListDir:input_type -> berth.v1.ListDirRequest
-	15, // 19: berth.v1.FileService.MakeDir:input_type -> berth.v1.MakeDirRequest
-	17, // 20: berth.v1.FileService.Remove:input_type -> berth.v1.RemoveRequest
-	19, // 21: berth.v1.FileService.Rename:input_type -> berth.v1.RenameRequest
-	22, // 22: berth.v1.FileService.Upload:input_type -> berth.v1.UploadRequest
-	24, // 23: berth.v1.FileService.Download:input_type -> berth.v1.DownloadRequest
-	6,  // 24: berth.v1.FileService.ReadFile:output_type -> berth.v1.ReadFileResponse
-	9,  // 25: berth.v1.FileService.WriteFile:output_type -> berth.v1.WriteFileResponse
-	11, // 26: berth.v1.FileService.Stat:output_type -> berth.v1.StatResponse
-	14, // 27: berth.v1.FileService.ListDir:output_type -> berth.v1.ListDirResponse
-	16, // 28: berth.v1.FileService.MakeDir:output_type -> berth.v1.MakeDirResponse
-	18, // 29: berth.v1.FileService.Remove:output_type -> berth.v1.RemoveResponse
-	20, // 30: berth.v1.FileService.Rename:output_type -> berth.v1.RenameResponse
-	23, // 31: berth.v1.FileService.Upload:output_type -> berth.v1.UploadResponse
-	26, // 32: berth.v1.FileService.Download:output_type -> berth.v1.DownloadResponse
-	24, // [24:33] is the sub-list for method output_type
-	15, // [15:24] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	28, // 1: berth.v1.FileInfo.modified_at:type_name -> google.protobuf.Timestamp
+	5,  // 2: berth.v1.ReadFileRequest.destination:type_name -> berth.v1.ReadFileDestination
+	3,  // 3: berth.v1.ReadFileHeader.info:type_name -> berth.v1.FileInfo
+	6,  // 4: berth.v1.ReadFileResponse.header:type_name -> berth.v1.ReadFileHeader
+	1,  // 5: berth.v1.WriteFileHeader.write_mode:type_name -> berth.v1.WriteMode
+	8,  // 6: berth.v1.WriteFileRequest.header:type_name -> berth.v1.WriteFileHeader
+	3,  // 7: berth.v1.WriteFileResponse.info:type_name -> berth.v1.FileInfo
+	3,  // 8: berth.v1.StatResponse.info:type_name -> berth.v1.FileInfo
+	3,  // 9: berth.v1.ListDirResponse.entries:type_name -> berth.v1.FileInfo
+	14, // 10: berth.v1.ListDirResponse.errors:type_name -> berth.v1.ListDirError
+	3,  // 11: berth.v1.MakeDirResponse.info:type_name -> berth.v1.FileInfo
+	2,  // 12: berth.v1.UploadHeader.compression:type_name -> berth.v1.Compression
+	22, // 13: berth.v1.UploadRequest.header:type_name -> berth.v1.UploadHeader
+	2,  // 14: berth.v1.DownloadRequest.compression:type_name -> berth.v1.Compression
+	26, // 15: berth.v1.DownloadResponse.summary:type_name -> berth.v1.DownloadSummary
+	4,  // 16: berth.v1.FileService.ReadFile:input_type -> berth.v1.ReadFileRequest
+	9,  // 17: berth.v1.FileService.WriteFile:input_type -> berth.v1.WriteFileRequest
+	11, // 18: berth.v1.FileService.Stat:input_type -> berth.v1.StatRequest
+	13, // 19: berth.v1.FileService.ListDir:input_type -> berth.v1.ListDirRequest
+	16, // 20: berth.v1.FileService.MakeDir:input_type -> berth.v1.MakeDirRequest
+	18, // 21: berth.v1.FileService.Remove:input_type -> berth.v1.RemoveRequest
+	20, // 22: berth.v1.FileService.Rename:input_type -> berth.v1.RenameRequest
+	23, // 23: berth.v1.FileService.Upload:input_type -> berth.v1.UploadRequest
+	25, // 24: berth.v1.FileService.Download:input_type -> berth.v1.DownloadRequest
+	7,  // 25: berth.v1.FileService.ReadFile:output_type -> berth.v1.ReadFileResponse
+	10, // 26: berth.v1.FileService.WriteFile:output_type -> berth.v1.WriteFileResponse
+	12, // 27: berth.v1.FileService.Stat:output_type -> berth.v1.StatResponse
+	15, // 28: berth.v1.FileService.ListDir:output_type -> berth.v1.ListDirResponse
+	17, // 29: berth.v1.FileService.MakeDir:output_type -> berth.v1.MakeDirResponse
+	19, // 30: berth.v1.FileService.Remove:output_type -> berth.v1.RemoveResponse
+	21, // 31: berth.v1.FileService.Rename:output_type -> berth.v1.RenameResponse
+	24, // 32: berth.v1.FileService.Upload:output_type -> berth.v1.UploadResponse
+	27, // 33: berth.v1.FileService.Download:output_type -> berth.v1.DownloadResponse
+	25, // [25:34] is the sub-list for method output_type
+	16, // [16:25] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_berth_v1_file_proto_init() }
@@ -2760,53 +2850,53 @@ func file_berth_v1_file_proto_init() {
 		(*ReadFileRequest_Path)(nil),
 		(*ReadFileRequest_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[3].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[4].OneofWrappers = []any{
 		(*ReadFileResponse_Header)(nil),
 		(*ReadFileResponse_Chunk)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[4].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[5].OneofWrappers = []any{
 		(*WriteFileHeader_Path)(nil),
 		(*WriteFileHeader_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[5].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[6].OneofWrappers = []any{
 		(*WriteFileRequest_Header)(nil),
 		(*WriteFileRequest_Chunk)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[7].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[8].OneofWrappers = []any{
 		(*StatRequest_Path)(nil),
 		(*StatRequest_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[9].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[10].OneofWrappers = []any{
 		(*ListDirRequest_Path)(nil),
 		(*ListDirRequest_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[12].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[13].OneofWrappers = []any{
 		(*MakeDirRequest_Path)(nil),
 		(*MakeDirRequest_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[14].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[15].OneofWrappers = []any{
 		(*RemoveRequest_Path)(nil),
 		(*RemoveRequest_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[16].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[17].OneofWrappers = []any{
 		(*RenameRequest_FromPath)(nil),
 		(*RenameRequest_FromPathBytes)(nil),
 		(*RenameRequest_ToPath)(nil),
 		(*RenameRequest_ToPathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[18].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[19].OneofWrappers = []any{
 		(*UploadHeader_Path)(nil),
 		(*UploadHeader_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[19].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[20].OneofWrappers = []any{
 		(*UploadRequest_Header)(nil),
 		(*UploadRequest_Chunk)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[21].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[22].OneofWrappers = []any{
 		(*DownloadRequest_Path)(nil),
 		(*DownloadRequest_PathBytes)(nil),
 	}
-	file_berth_v1_file_proto_msgTypes[23].OneofWrappers = []any{
+	file_berth_v1_file_proto_msgTypes[24].OneofWrappers = []any{
 		(*DownloadResponse_Chunk)(nil),
 		(*DownloadResponse_Summary)(nil),
 	}
@@ -2816,7 +2906,7 @@ func file_berth_v1_file_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_berth_v1_file_proto_rawDesc), len(file_berth_v1_file_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -84,6 +84,22 @@ type FileServiceClient interface {
 	// cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
 	// know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
 	// length_bytes is what was read.
+	//
+	// A caller on berthd's host, connected over its unix socket, may instead
+	// have berthd write the range into a file of its own (destination): it
+	// sends the file's open descriptor on the connection (SCM_RIGHTS,
+	// unix(7); see ReadFileDestination) and berthd copies into it in the
+	// kernel (copy_file_range(2), else sendfile(2), else read and write) at
+	// and advancing the descriptor's file offset. The header then says so
+	// (written_to_destination) and no chunks follow; the stream ends OK only
+	// once exactly length_bytes were written, else with the errors above
+	// (ABORTED FILE_CHANGED; a failing write of the destination is
+	// FAILED_PRECONDITION FILE_OPERATION_REFUSED naming the errno, or
+	// RESOURCE_EXHAUSTED NO_SPACE), with what was written left in the file.
+	// When berthd does not use the descriptor (not received on this
+	// connection, not a regular writable file of a local disk file system,
+	// a sandbox whose files berthd cannot open itself, a call forwarded to
+	// another node) the stream is the ordinary one, chunks and all.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the
@@ -349,6 +365,22 @@ type FileServiceServer interface {
 	// cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
 	// know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
 	// length_bytes is what was read.
+	//
+	// A caller on berthd's host, connected over its unix socket, may instead
+	// have berthd write the range into a file of its own (destination): it
+	// sends the file's open descriptor on the connection (SCM_RIGHTS,
+	// unix(7); see ReadFileDestination) and berthd copies into it in the
+	// kernel (copy_file_range(2), else sendfile(2), else read and write) at
+	// and advancing the descriptor's file offset. The header then says so
+	// (written_to_destination) and no chunks follow; the stream ends OK only
+	// once exactly length_bytes were written, else with the errors above
+	// (ABORTED FILE_CHANGED; a failing write of the destination is
+	// FAILED_PRECONDITION FILE_OPERATION_REFUSED naming the errno, or
+	// RESOURCE_EXHAUSTED NO_SPACE), with what was written left in the file.
+	// When berthd does not use the descriptor (not received on this
+	// connection, not a regular writable file of a local disk file system,
+	// a sandbox whose files berthd cannot open itself, a call forwarded to
+	// another node) the stream is the ordinary one, chunks and all.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
 	// WriteFile stores a file: the first message is a WriteFileHeader, the
 	// others chunks of content in order. The response comes only after the

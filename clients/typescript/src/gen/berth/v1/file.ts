@@ -279,6 +279,28 @@ export interface ReadFileRequest {
   offsetBytes: bigint;
   /** limit_bytes is the most bytes to read; 0 reads to the end of the file. */
   limitBytes: bigint;
+  /**
+   * destination, when set, asks berthd to write the range into the
+   * caller's own file instead of sending it (see FileService.ReadFile).
+   */
+  destination: ReadFileDestination | undefined;
+}
+
+/**
+ * ReadFileDestination names a descriptor the caller sent on the same unix
+ * socket connection, at or before the request's own bytes, as SCM_RIGHTS
+ * ancillary data (unix(7)): berthd keeps the last few descriptors each
+ * connection sent and takes the one whose fstat(2) has this st_dev and
+ * st_ino. berthd writes only into that descriptor, and only when it is a
+ * regular file opened for writing without O_APPEND on a local disk file
+ * system (btrfs, ext4, xfs, overlayfs, tmpfs); a descriptor no request
+ * takes is closed when the connection closes.
+ */
+export interface ReadFileDestination {
+  /** dev is the file's st_dev (fstat(2)) as the caller saw it. */
+  dev: bigint;
+  /** ino is the file's st_ino. */
+  ino: bigint;
 }
 
 /** ReadFileHeader is the first message of a ReadFile stream. */
@@ -295,6 +317,12 @@ export interface ReadFileHeader {
    * end.
    */
   lengthBytes: bigint;
+  /**
+   * written_to_destination says berthd writes the range into the
+   * request's destination: no chunks follow, and an OK end means exactly
+   * length_bytes were written there.
+   */
+  writtenToDestination: boolean;
 }
 
 /**
@@ -1026,7 +1054,7 @@ export const FileInfo: MessageFns<FileInfo> = {
 };
 
 function createBaseReadFileRequest(): ReadFileRequest {
-  return { sandboxId: "", location: undefined, offsetBytes: 0n, limitBytes: 0n };
+  return { sandboxId: "", location: undefined, offsetBytes: 0n, limitBytes: 0n, destination: undefined };
 }
 
 export const ReadFileRequest: MessageFns<ReadFileRequest> = {
@@ -1053,6 +1081,9 @@ export const ReadFileRequest: MessageFns<ReadFileRequest> = {
         throw new globalThis.Error("value provided for field message.limitBytes of type uint64 too large");
       }
       writer.uint32(40).uint64(message.limitBytes);
+    }
+    if (message.destination !== undefined) {
+      ReadFileDestination.encode(message.destination, writer.uint32(50).fork()).join();
     }
     return writer;
   },
@@ -1110,6 +1141,14 @@ export const ReadFileRequest: MessageFns<ReadFileRequest> = {
             message.limitBytes = reader.uint64() as bigint;
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.destination = ReadFileDestination.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1146,6 +1185,7 @@ export const ReadFileRequest: MessageFns<ReadFileRequest> = {
         : isSet(object.limit_bytes)
         ? BigInt(object.limit_bytes)
         : 0n,
+      destination: isSet(object.destination) ? ReadFileDestination.fromJSON(object.destination) : undefined,
     };
   },
 
@@ -1164,6 +1204,9 @@ export const ReadFileRequest: MessageFns<ReadFileRequest> = {
     }
     if (message.limitBytes !== 0n) {
       obj.limitBytes = message.limitBytes.toString();
+    }
+    if (message.destination !== undefined) {
+      obj.destination = ReadFileDestination.toJSON(message.destination);
     }
     return obj;
   },
@@ -1194,12 +1237,103 @@ export const ReadFileRequest: MessageFns<ReadFileRequest> = {
     message.limitBytes = (object.limitBytes !== undefined && object.limitBytes !== null)
       ? BigInt(object.limitBytes)
       : 0n;
+    message.destination = (object.destination !== undefined && object.destination !== null)
+      ? ReadFileDestination.fromPartial(object.destination)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseReadFileDestination(): ReadFileDestination {
+  return { dev: 0n, ino: 0n };
+}
+
+export const ReadFileDestination: MessageFns<ReadFileDestination> = {
+  encode(message: ReadFileDestination, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.dev !== 0n) {
+      if (BigInt.asUintN(64, message.dev) !== message.dev) {
+        throw new globalThis.Error("value provided for field message.dev of type uint64 too large");
+      }
+      writer.uint32(8).uint64(message.dev);
+    }
+    if (message.ino !== 0n) {
+      if (BigInt.asUintN(64, message.ino) !== message.ino) {
+        throw new globalThis.Error("value provided for field message.ino of type uint64 too large");
+      }
+      writer.uint32(16).uint64(message.ino);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): ReadFileDestination {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseReadFileDestination();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.dev = reader.uint64() as bigint;
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.ino = reader.uint64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): ReadFileDestination {
+    return { dev: isSet(object.dev) ? BigInt(object.dev) : 0n, ino: isSet(object.ino) ? BigInt(object.ino) : 0n };
+  },
+
+  toJSON(message: ReadFileDestination): unknown {
+    const obj: any = {};
+    if (message.dev !== 0n) {
+      obj.dev = message.dev.toString();
+    }
+    if (message.ino !== 0n) {
+      obj.ino = message.ino.toString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<ReadFileDestination>, I>>(base?: I): ReadFileDestination {
+    return ReadFileDestination.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<ReadFileDestination>, I>>(object: I): ReadFileDestination {
+    const message = createBaseReadFileDestination();
+    message.dev = (object.dev !== undefined && object.dev !== null) ? BigInt(object.dev) : 0n;
+    message.ino = (object.ino !== undefined && object.ino !== null) ? BigInt(object.ino) : 0n;
     return message;
   },
 };
 
 function createBaseReadFileHeader(): ReadFileHeader {
-  return { info: undefined, offsetBytes: 0n, lengthBytes: 0n };
+  return { info: undefined, offsetBytes: 0n, lengthBytes: 0n, writtenToDestination: false };
 }
 
 export const ReadFileHeader: MessageFns<ReadFileHeader> = {
@@ -1218,6 +1352,9 @@ export const ReadFileHeader: MessageFns<ReadFileHeader> = {
         throw new globalThis.Error("value provided for field message.lengthBytes of type uint64 too large");
       }
       writer.uint32(24).uint64(message.lengthBytes);
+    }
+    if (message.writtenToDestination !== false) {
+      writer.uint32(32).bool(message.writtenToDestination);
     }
     return writer;
   },
@@ -1259,6 +1396,14 @@ export const ReadFileHeader: MessageFns<ReadFileHeader> = {
             message.lengthBytes = reader.uint64() as bigint;
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.writtenToDestination = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1284,6 +1429,11 @@ export const ReadFileHeader: MessageFns<ReadFileHeader> = {
         : isSet(object.length_bytes)
         ? BigInt(object.length_bytes)
         : 0n,
+      writtenToDestination: isSet(object.writtenToDestination)
+        ? globalThis.Boolean(object.writtenToDestination)
+        : isSet(object.written_to_destination)
+        ? globalThis.Boolean(object.written_to_destination)
+        : false,
     };
   },
 
@@ -1297,6 +1447,9 @@ export const ReadFileHeader: MessageFns<ReadFileHeader> = {
     }
     if (message.lengthBytes !== 0n) {
       obj.lengthBytes = message.lengthBytes.toString();
+    }
+    if (message.writtenToDestination !== false) {
+      obj.writtenToDestination = message.writtenToDestination;
     }
     return obj;
   },
@@ -1313,6 +1466,7 @@ export const ReadFileHeader: MessageFns<ReadFileHeader> = {
     message.lengthBytes = (object.lengthBytes !== undefined && object.lengthBytes !== null)
       ? BigInt(object.lengthBytes)
       : 0n;
+    message.writtenToDestination = object.writtenToDestination ?? false;
     return message;
   },
 };
@@ -4069,6 +4223,22 @@ export const FileServiceService = {
    * cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
    * know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
    * length_bytes is what was read.
+   *
+   * A caller on berthd's host, connected over its unix socket, may instead
+   * have berthd write the range into a file of its own (destination): it
+   * sends the file's open descriptor on the connection (SCM_RIGHTS,
+   * unix(7); see ReadFileDestination) and berthd copies into it in the
+   * kernel (copy_file_range(2), else sendfile(2), else read and write) at
+   * and advancing the descriptor's file offset. The header then says so
+   * (written_to_destination) and no chunks follow; the stream ends OK only
+   * once exactly length_bytes were written, else with the errors above
+   * (ABORTED FILE_CHANGED; a failing write of the destination is
+   * FAILED_PRECONDITION FILE_OPERATION_REFUSED naming the errno, or
+   * RESOURCE_EXHAUSTED NO_SPACE), with what was written left in the file.
+   * When berthd does not use the descriptor (not received on this
+   * connection, not a regular writable file of a local disk file system,
+   * a sandbox whose files berthd cannot open itself, a call forwarded to
+   * another node) the stream is the ordinary one, chunks and all.
    */
   readFile: {
     path: "/berth.v1.FileService/ReadFile" as const,
@@ -4252,6 +4422,22 @@ export interface FileServiceServer extends UntypedServiceImplementation {
    * cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
    * know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
    * length_bytes is what was read.
+   *
+   * A caller on berthd's host, connected over its unix socket, may instead
+   * have berthd write the range into a file of its own (destination): it
+   * sends the file's open descriptor on the connection (SCM_RIGHTS,
+   * unix(7); see ReadFileDestination) and berthd copies into it in the
+   * kernel (copy_file_range(2), else sendfile(2), else read and write) at
+   * and advancing the descriptor's file offset. The header then says so
+   * (written_to_destination) and no chunks follow; the stream ends OK only
+   * once exactly length_bytes were written, else with the errors above
+   * (ABORTED FILE_CHANGED; a failing write of the destination is
+   * FAILED_PRECONDITION FILE_OPERATION_REFUSED naming the errno, or
+   * RESOURCE_EXHAUSTED NO_SPACE), with what was written left in the file.
+   * When berthd does not use the descriptor (not received on this
+   * connection, not a regular writable file of a local disk file system,
+   * a sandbox whose files berthd cannot open itself, a call forwarded to
+   * another node) the stream is the ordinary one, chunks and all.
    */
   readFile: handleServerStreamingCall<ReadFileRequest, ReadFileResponse>;
   /**
@@ -4363,6 +4549,22 @@ export interface FileServiceClient extends Client {
    * cgroup, debugfs, tracefs, securityfs), whose size fstat(2) does not
    * know, are read whole first (at most 16 MiB, else FILE_TOO_LARGE) and
    * length_bytes is what was read.
+   *
+   * A caller on berthd's host, connected over its unix socket, may instead
+   * have berthd write the range into a file of its own (destination): it
+   * sends the file's open descriptor on the connection (SCM_RIGHTS,
+   * unix(7); see ReadFileDestination) and berthd copies into it in the
+   * kernel (copy_file_range(2), else sendfile(2), else read and write) at
+   * and advancing the descriptor's file offset. The header then says so
+   * (written_to_destination) and no chunks follow; the stream ends OK only
+   * once exactly length_bytes were written, else with the errors above
+   * (ABORTED FILE_CHANGED; a failing write of the destination is
+   * FAILED_PRECONDITION FILE_OPERATION_REFUSED naming the errno, or
+   * RESOURCE_EXHAUSTED NO_SPACE), with what was written left in the file.
+   * When berthd does not use the descriptor (not received on this
+   * connection, not a regular writable file of a local disk file system,
+   * a sandbox whose files berthd cannot open itself, a call forwarded to
+   * another node) the stream is the ordinary one, chunks and all.
    */
   readFile(request: ReadFileRequest, options?: Partial<CallOptions>): ClientReadableStream<ReadFileResponse>;
   readFile(
