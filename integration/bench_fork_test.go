@@ -119,8 +119,8 @@ func benchForkStandby(b *testing.B, req *berthv1.CreateSandboxRequest) {
 	fork := forkSampleOn(e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: id, Count: 1})
 	measure(b, "fork/berth-Fork-1-standby", 0, func(b *testing.B) sample {
 		b.StopTimer()
-		waitStandby(b, e, id, 1)
-		member := standbyMembers(b, e, id)
+		waitStandby(b, e.svc, id, 1)
+		member := standbyMembers(b, e.rt, id)
 		b.StartTimer()
 		s := fork(b)
 		if s.child != member[0] {
@@ -141,8 +141,8 @@ func benchForkStandby(b *testing.B, req *berthv1.CreateSandboxRequest) {
 	fork10 := forkSampleOn(e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: id, Count: forkStandbyBench})
 	measure(b, "fork/berth-Fork-10-standby", 0, func(b *testing.B) sample {
 		b.StopTimer()
-		waitStandby(b, e, id, forkStandbyBench)
-		members := standbyMembers(b, e, id)
+		waitStandby(b, e.svc, id, forkStandbyBench)
+		members := standbyMembers(b, e.rt, id)
 		b.StartTimer()
 		s := fork10(b)
 		if len(s.children) != forkStandbyBench || !sameSet(s.children, members) {

@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/status"
 
 	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server"
+	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/network"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
@@ -24,6 +26,13 @@ import (
 // per parent (server.Config.ForkStandby), with a sandbox network of its
 // own; at cleanup its sandboxes, then its network, are removed.
 func newStandbyEnv(t *testing.T, name string, n int) (*berthEnv, *network.Manager) {
+	t.Helper()
+	return newStandbyEnvWith(t, name, server.Config{ForkStandby: n})
+}
+
+// newStandbyEnvWith is newStandbyEnv with cfg's limits (its ForkStandby
+// standby members per parent).
+func newStandbyEnvWith(t *testing.T, name string, cfg server.Config) (*berthEnv, *network.Manager) {
 	t.Helper()
 	ncfg := network.Config{Bridge: "bt" + randHex(4), Subnet: freeSubnet(t), StateDir: filepath.Join(t.TempDir(), "net"), DNSUpstreams: []string{startFakeDNS(t).addr}}
 	nm, err := network.New(ncfg, discardLog())
@@ -45,17 +54,18 @@ func newStandbyEnv(t *testing.T, name string, n int) (*berthEnv, *network.Manage
 			t.Errorf("network cleanup: %v", err)
 		}
 	})
-	e = newInProcessEnv(t, name, server.Config{ForkStandby: n, Network: nm, DefaultDiskBytes: testDiskQuota()})
+	cfg.Network, cfg.DefaultDiskBytes = nm, testDiskQuota()
+	e = newInProcessEnv(t, name, cfg)
 	return e, nm
 }
 
 // standbyMembers returns the ids of the standby members of parent that
-// containerd holds in e's namespace.
-func standbyMembers(t testing.TB, e *berthEnv, parent string) []string {
+// containerd holds in rt's namespace.
+func standbyMembers(t testing.TB, rt *runtime.Runtime, parent string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	sbs, err := e.rt.List(ctx, nil)
+	sbs, err := rt.List(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,14 +88,14 @@ func needIDMap(t *testing.T) {
 	}
 }
 
-// waitStandby waits until e's pool holds n ready standby members of
+// waitStandby waits until svc's pool holds n ready standby members of
 // parent.
-func waitStandby(t testing.TB, e *berthEnv, parent string, n int) {
+func waitStandby(t testing.TB, svc *server.Service, parent string, n int) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
-	for e.svc.ForkStandbyReady(parent) < n {
+	for svc.ForkStandbyReady(parent) < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d standby members of %s ready after a minute, want %d", e.svc.ForkStandbyReady(parent), parent, n)
+			t.Fatalf("%d standby members of %s ready after a minute, want %d", svc.ForkStandbyReady(parent), parent, n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -117,8 +127,8 @@ func TestForkStandby(t *testing.T) {
 	shellOut(t, svc, pid, "mkdir -p /workspace/d && echo one >/workspace/d/a")
 
 	cold := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0]
-	waitStandby(t, e, pid, 1)
-	members := standbyMembers(t, e, pid)
+	waitStandby(t, e.svc, pid, 1)
+	members := standbyMembers(t, e.rt, pid)
 	if len(members) != 1 {
 		t.Fatalf("standby members of %s: %v, want one", pid, members)
 	}
@@ -233,8 +243,8 @@ func TestForkStandby(t *testing.T) {
 	}
 
 	// A fork with a request_id takes the cold path; the member stays.
-	waitStandby(t, e, pid, 1)
-	refill := standbyMembers(t, e, pid)
+	waitStandby(t, e.svc, pid, 1)
+	refill := standbyMembers(t, e.rt, pid)
 	byReq := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1, RequestId: "standby-req"})[0]
 	if byReq.GetId() == refill[0] || e.svc.ForkStandbyReady(pid) != 1 {
 		t.Errorf("fork with a request_id made %s (member %v, %d ready); want a cold child, the member kept", byReq.GetId(), refill, e.svc.ForkStandbyReady(pid))
@@ -254,14 +264,14 @@ func TestForkStandby(t *testing.T) {
 	if _, err := e.rt.Get(ctx, refill[0]); !errors.Is(err, runtime.ErrSandboxNotFound) {
 		t.Errorf("Get of the unusable standby member %s: %v, want not found", refill[0], err)
 	}
-	waitStandby(t, e, pid, 1)
-	refill = standbyMembers(t, e, pid)
+	waitStandby(t, e.svc, pid, 1)
+	refill = standbyMembers(t, e.rt, pid)
 
 	// Deleting the parent deletes its member.
 	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: pid}); err != nil {
 		t.Fatal(err)
 	}
-	if left := standbyMembers(t, e, pid); len(left) != 0 {
+	if left := standbyMembers(t, e.rt, pid); len(left) != 0 {
 		t.Errorf("standby members of deleted %s: %v, want none", pid, left)
 	}
 	if _, err := e.rt.Get(ctx, refill[0]); err == nil {
@@ -311,7 +321,7 @@ func TestForkStandbyRestart(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no standby member of the parent a minute after its fork")
 		}
-		if ids := standbyMembers(t, e, pid); len(ids) == 1 {
+		if ids := standbyMembers(t, e.rt, pid); len(ids) == 1 {
 			if sb, err := e.rt.Get(ctx, ids[0]); err == nil && sb.Running {
 				member = ids[0]
 			}
@@ -356,12 +366,12 @@ func TestForkStandbyMany(t *testing.T) {
 	shellOut(t, svc, pid, "echo parent >/workspace/f")
 
 	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
-	waitStandby(t, e, pid, 1)
+	waitStandby(t, e.svc, pid, 1)
 	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 3})
-	waitStandby(t, e, pid, 3)
+	waitStandby(t, e.svc, pid, 3)
 	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1}) // takes one; the count stays 3
-	waitStandby(t, e, pid, 3)
-	members := standbyMembers(t, e, pid)
+	waitStandby(t, e.svc, pid, 3)
+	members := standbyMembers(t, e.rt, pid)
 	if len(members) != 3 {
 		t.Fatalf("standby members of %s after forks of 1, 3 and 1: %v, want three", pid, members)
 	}
@@ -388,8 +398,8 @@ func TestForkStandbyMany(t *testing.T) {
 		t.Errorf("the parent sees a child's write: %q", got)
 	}
 
-	waitStandby(t, e, pid, 3)
-	members = standbyMembers(t, e, pid)
+	waitStandby(t, e.svc, pid, 3)
+	members = standbyMembers(t, e.rt, pid)
 	five := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 5})
 	served := 0
 	for _, c := range five {
@@ -402,5 +412,118 @@ func TestForkStandbyMany(t *testing.T) {
 	}
 	if served != 3 {
 		t.Errorf("%d of the fork of 5's children were standby members (%v), want 3", served, members)
+	}
+}
+
+// TestForkStandbyCaps: a standby member counts against its parent's
+// owner's caps and gives way to that owner's sandboxes. With a cap of 3
+// sandboxes: the parent, a fork's child and the member fill it; a create
+// then removes the member and is admitted; no member is made while the
+// cap is full, so the next fork of the parent is refused as at any cap;
+// after deletes the member is made again and serves the next fork.
+func TestForkStandbyCaps(t *testing.T) {
+	need(t)
+	needIDMap(t)
+	e, _ := newStandbyEnvWith(t, "fsbcap", server.Config{ForkStandby: 1, MaxSandboxesPerPrincipal: 3, TaskRestartLimit: -1})
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
+	first := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
+	waitStandby(t, e.svc, pid, 1)
+	member := standbyMembers(t, e.rt, pid)
+	if len(member) != 1 {
+		t.Fatalf("standby members of %s: %v, want one", pid, member)
+	}
+
+	// The parent, its child and the member fill the cap: the owner's
+	// create is admitted in the member's place.
+	other := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
+	if left := standbyMembers(t, e.rt, pid); len(left) != 0 {
+		t.Errorf("standby members of %s after the create at the cap: %v, want none (it gives way)", pid, left)
+	}
+	if n := e.svc.ForkStandbyReady(pid); n != 0 {
+		t.Errorf("%d standby members of %s ready with the cap full, want 0", n, pid)
+	}
+	_, err := svc.ForkSandbox(ctx, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	if b := fleetBusyOf(err); b == nil || b.GetResource() != berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES {
+		t.Fatalf("ForkSandbox with the cap full: %v, want FLEET_BUSY PRINCIPAL_SANDBOXES", err)
+	}
+
+	// Room again: the member is made again and serves the next fork.
+	for _, id := range []string{other, first} {
+		if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitStandby(t, e.svc, pid, 1)
+	member = standbyMembers(t, e.rt, pid)
+	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
+	if len(member) != 1 || child != member[0] {
+		t.Errorf("the fork after the deletes made %s, want its standby member %v", child, member)
+	}
+	// Parent, child and the next member: the cap, not past it.
+	waitStandby(t, e.svc, pid, 1)
+	if n := countSandboxes(t, e); n != 3 {
+		t.Errorf("containerd holds %d sandboxes of the principal, want 3 (its cap)", n)
+	}
+}
+
+// countSandboxes returns how many sandboxes containerd holds in e's
+// namespace, standby members included.
+func countSandboxes(t *testing.T, e *berthEnv) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sbs, err := e.rt.List(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(sbs)
+}
+
+// fleetBusyOf returns the FleetBusy detail of gRPC error err, nil when it
+// carries none.
+func fleetBusyOf(err error) *berthv1.FleetBusy {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if b, ok := d.(*berthv1.FleetBusy); ok {
+			return b
+		}
+	}
+	return nil
+}
+
+// TestForkStandbyPrivateImage: a standby member of a sandbox made from a
+// private image (its principal's commit) is made — it runs none of the
+// image's files, its root a placeholder until the fork — and serves the
+// next fork, whose child has the image's files. (A warm-pool member of
+// the image is still refused: TestCommittedImagePrivate.)
+func TestForkStandbyPrivateImage(t *testing.T) {
+	need(t)
+	needIDMap(t)
+	e, _ := newStandbyEnvWith(t, "fsbpriv", server.Config{ForkStandby: 1, TaskRestartLimit: -1})
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	base := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image}).GetId()
+	shellOut(t, svc, base, "echo private >/workspace/f")
+	snap := createSnapshotOn(t, svc, base, nil)
+	ref := "berth.test/standby-" + base + "/img:1"
+	if _, err := e.rt.CommitSnapshot(ctx, snap.GetId(), runtime.CommitOptions{Ref: ref, Owner: auth.RootPrincipal, Private: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.images.DeleteImage(context.Background(), &berthv1.DeleteImageRequest{Name: ref}) })
+
+	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: ref}).GetId()
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	waitStandby(t, e.svc, pid, 1)
+	member := standbyMembers(t, e.rt, pid)
+	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
+	if len(member) != 1 || child != member[0] {
+		t.Errorf("the fork of a private image's sandbox made %s, want its standby member %v", child, member)
+	}
+	if got := shellOut(t, svc, child, "cat /workspace/f"); got != "private\n" {
+		t.Errorf("the child served by the member printed %q, want the private image's file", got)
 	}
 }

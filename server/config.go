@@ -169,7 +169,9 @@ type Config struct {
 	// to this; a next fork's first children are served by them, their
 	// containers and agents already running. Zero disables them. Only
 	// forks without memory or request_id, of runc sandboxes with idmapped
-	// roots, are served; others fork the cold way.
+	// roots, are served; others fork the cold way. Members count against
+	// the parent's owner's caps and give way to any sandbox refused for
+	// room they hold (lifecycle's giveWay). berthd's flag defaults to 1.
 	ForkStandby int
 	// ForkStandbyIdle is how long a parent's standby members are kept
 	// after its last fork. Default 10 minutes.

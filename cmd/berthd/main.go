@@ -164,7 +164,7 @@ func main() {
 	// Off: members count against no principal's caps yet (a tenant
 	// could hold more than its caps allow: docs/state.md), so a host
 	// turns them on where that is acceptable.
-	flag.IntVar(&svcCfg.ForkStandby, "fork-standby", 0, "after a sandbox's fork, keep the children of its next fork made ahead (standby members, their agents running): as many as its largest fork had, at most `N`; 0 disables them")
+	flag.IntVar(&svcCfg.ForkStandby, "fork-standby", 1, "after a sandbox's fork, keep the children of its next fork made ahead (standby members, their agents running; counted against the parent's owner's caps, giving way to any sandbox refused for room): as many as its largest fork had, at most `N`; 0 disables them")
 	flag.DurationVar(&svcCfg.ForkStandbyIdle, "fork-standby-idle", 10*time.Minute, "remove a sandbox's standby members this long after its last fork")
 	flag.DurationVar(&rtCfg.ExecHeartbeat, "exec-heartbeat-interval", 15*time.Second, "silence on an exec stream before the agent sends a heartbeat (given to new sandboxes' agents)")
 	flag.DurationVar(&rtCfg.ExecRetention, "exec-retention", 10*time.Minute, "how long a finished exec stays attachable and listed (given to new sandboxes' agents)")

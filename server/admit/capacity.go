@@ -51,8 +51,9 @@ type Limits struct {
 }
 
 // PrincipalLimits cap what the sandboxes one principal holds (Held.Owner)
-// may together be promised; zero fields impose none. Warm-pool members
-// count for no principal until one claims them.
+// may together be promised; zero fields impose none. Warm-pool members of
+// an image count for no principal until one claims them; fork standby
+// members count for their parent's owner (Held.Standby).
 type PrincipalLimits struct {
 	// MaxSandboxes caps the principal's sandboxes, running or stopped.
 	MaxSandboxes int
@@ -86,6 +87,13 @@ type Held struct {
 	// Hibernated is true for a hibernated sandbox: it counts as a sandbox
 	// and holds its disk, but no memory, until AdmitWake admits its wake.
 	Hibernated bool
+	// Standby is true for a fork standby member (runtime.Promise.Standby):
+	// made ahead for the next fork of a sandbox of Owner's, it counts
+	// against Owner's caps and the server's limits as Owner's sandboxes
+	// do, so that a principal's members fit within its caps. Admission
+	// never removes one: the caller makes members give way when a refusal
+	// names a limit they hold room in (lifecycle's giveWay).
+	Standby bool
 }
 
 // Observer is told when admitted execs start and end (server/metrics).

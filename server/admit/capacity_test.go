@@ -454,3 +454,36 @@ func TestHibernatedMemory(t *testing.T) {
 		t.Errorf("AdmitWake without memory limits: %v, want admitted", err)
 	}
 }
+
+// TestAdmitStandbyMember: a fork standby member (Held.Standby) counts for
+// its parent's owner: a member of alice's past her cap is refused, and
+// her members fill her cap for her own next sandbox (the caller then
+// makes them give way), not for bob's.
+func TestAdmitStandbyMember(t *testing.T) {
+	ctx := context.Background()
+	existing := map[string]Held{
+		"a1":        {Owner: "alice", MemoryBytes: 100},
+		"standby-1": {Owner: "alice", Standby: true, MemoryBytes: 100},
+	}
+	usage := func(context.Context) (map[string]Held, error) { return existing, nil }
+	c := New(Limits{PerPrincipal: PrincipalLimits{MaxSandboxes: 2, MemoryBytes: 250}}, nil, usage)
+	var b *apierr.FleetBusy
+	if _, err := c.AdmitSandbox(ctx, "standby-2", Held{Owner: "alice", Standby: true, MemoryBytes: 100}); !errors.As(err, &b) ||
+		b.Principal != "alice" || b.Resource != berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES || b.InUse != 2 {
+		t.Errorf("alice's second member = %v (%+v), want PRINCIPAL_SANDBOXES of alice with 2 in use", err, b)
+	}
+	if _, err := c.AdmitSandbox(ctx, "a2", Held{Owner: "alice", MemoryBytes: 10}); !errors.As(err, &b) || b.Principal != "alice" || b.InUse != 2 {
+		t.Errorf("alice's a2 beside her member = %v (%+v), want refused for alice with 2 in use (her member counted)", err, b)
+	}
+	r, err := c.AdmitSandbox(ctx, "b1", Held{Owner: "bob", MemoryBytes: 100})
+	if err != nil {
+		t.Fatalf("bob's b1 beside alice's member: %v", err)
+	}
+	r()
+	// The fork that takes the member claims it: it is counted once.
+	rc, err := c.AdmitClaim(ctx, "standby-1", "alice", existing["standby-1"])
+	if err != nil {
+		t.Fatalf("alice's fork claims her member: %v", err)
+	}
+	rc()
+}

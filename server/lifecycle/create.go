@@ -212,7 +212,7 @@ func (m *Manager) create(ctx context.Context, spec runtime.SandboxSpec) (Created
 // recording its steps in ph (nil for none). On failure it removes what it
 // created. The caller holds the sandbox's lifecycle lock.
 func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec, ph *runtime.Phases) (runtime.Sandbox, *agentv1.InfoResponse, error) {
-	admitted, err := m.capacity.AdmitSandbox(ctx, spec.ID, held(spec))
+	admitted, err := m.giveWay(ctx, func() (func(), error) { return m.capacity.AdmitSandbox(ctx, spec.ID, held(spec)) })
 	if err != nil {
 		return runtime.Sandbox{}, nil, err
 	}
@@ -386,7 +386,9 @@ func (m *Manager) fromPool(ctx context.Context, spec runtime.SandboxSpec) (Creat
 	}
 	// The member counts against the server's limits since it was made;
 	// from the claim on it counts for its owner too.
-	admitted, err := m.capacity.AdmitClaim(ctx, id, spec.Owner, held(m.pooledSpec(spec.Image, id)))
+	admitted, err := m.giveWay(ctx, func() (func(), error) {
+		return m.capacity.AdmitClaim(ctx, id, spec.Owner, held(m.pooledSpec(spec.Image, id)))
+	})
 	if err != nil {
 		// The member goes back (or, when a refill took its place, away);
 		// the usual creation is refused the same way.

@@ -23,8 +23,9 @@ func (m *Manager) deleteSandbox(ctx context.Context, id string) error {
 // deleteLocked removes the sandbox; the caller holds its lifecycle lock.
 func (m *Manager) deleteLocked(ctx context.Context, id string) error {
 	var pid uint32
+	member := false
 	if sb, err := m.rt.Get(ctx, id); err == nil {
-		pid = sb.TaskPID
+		pid, member = sb.TaskPID, sb.Pooled
 	}
 	done := m.deletingSandbox(id, pid)
 	defer done()
@@ -39,6 +40,10 @@ func (m *Manager) deleteLocked(ctx context.Context, id string) error {
 	m.restarts.woken(id)
 	m.release(ctx, id)
 	m.forgetStandby(ctx, id)
+	if !member {
+		// Room freed: standby members refused for it may be made.
+		m.pool.Freed()
+	}
 	return nil
 }
 

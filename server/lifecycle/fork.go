@@ -435,7 +435,7 @@ func (m *Manager) admitChildren(ctx context.Context, id string, spec runtime.San
 				return m.capacity.AdmitClaim(ctx, id, h.Owner, h)
 			}
 		}
-		r, err := admitOne(ctx, child, held(spec))
+		r, err := m.giveWay(ctx, func() (func(), error) { return admitOne(ctx, child, held(spec)) })
 		if err != nil {
 			release()
 			return nil, fmt.Errorf("fork sandbox %s: child %d of %d (%s): %w", id, i+1, len(ids), child, err)

@@ -113,7 +113,7 @@ func (m *Manager) wakeLocked(ctx context.Context, id string) error {
 	// Its memory counted for nothing while it slept: the wake is
 	// admitted again, and refused (FLEET_BUSY, the sandbox left
 	// hibernated) when it does not fit.
-	admitted, err := m.capacity.AdmitWake(ctx, id)
+	admitted, err := m.giveWay(ctx, func() (func(), error) { return m.capacity.AdmitWake(ctx, id) })
 	if err != nil {
 		return err
 	}

@@ -2,12 +2,15 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/berth-sandbox/berth/server/apierr"
 )
 
 // Maker creates warm-pool members.
@@ -60,7 +63,14 @@ type Pool struct {
 	failed  map[string]time.Time   // key -> when a creation last failed
 	standby map[string]standbyWant // parent -> how many members, until when
 	lent    map[string]int         // standby key -> members handed out, neither returned nor used yet
-	wake    chan struct{}          // buffered: a refill may be needed
+	// full holds the standby keys not refilled until a sandbox is deleted
+	// (Freed): their member was refused for room, or gave way to a
+	// sandbox that needed it (YieldStandby).
+	full   map[string]bool
+	making string             // the key whose member Run is making now ("": none)
+	cancel context.CancelFunc // cancels that making (YieldStandby)
+	made   chan struct{}      // closed when that making ended
+	wake   chan struct{}      // buffered: a refill may be needed
 }
 
 // standbyKey is the pool key of parent's standby members: no image
@@ -80,7 +90,7 @@ func NewPool(cfg PoolConfig, maker Maker, log *slog.Logger) *Pool {
 	}
 	cfg.Sizes = maps.Clone(cfg.Sizes)
 	return &Pool{cfg: cfg, maker: maker, log: log, ready: make(map[string][]string), failed: make(map[string]time.Time),
-		standby: make(map[string]standbyWant), lent: make(map[string]int), wake: make(chan struct{}, 1)}
+		standby: make(map[string]standbyWant), lent: make(map[string]int), full: make(map[string]bool), wake: make(chan struct{}, 1)}
 }
 
 // Want asks for n standby members of parent (at most
@@ -173,8 +183,72 @@ func (p *Pool) Forget(parent string) []string {
 	delete(p.ready, key)
 	delete(p.failed, key)
 	delete(p.lent, key)
+	delete(p.full, key)
 	delete(p.standby, parent)
 	return ids
+}
+
+// YieldStandby takes a ready standby member of a parent that match
+// accepts out of the pool for the caller to remove, so that a sandbox
+// refused for room it holds can be admitted; that parent's members are
+// then not made again until a sandbox is deleted (Freed). When none is
+// ready but one of such a parent is being made (its admission may hold
+// the room), it cancels that making, waits until it ended and reports
+// true with no id: the caller tries again. (Waiting for the member to be
+// made instead could wait for ever: its making locks its parent, which a
+// refused fork of that parent holds.) false: no member of such a parent.
+// match is called without the pool's lock held.
+func (p *Pool) YieldStandby(ctx context.Context, match func(parent string) bool) (string, bool) {
+	for {
+		p.mu.Lock()
+		var parents []string
+		for key, ids := range p.ready {
+			if parent, ok := parentOf(key); ok && len(ids) > 0 {
+				parents = append(parents, parent)
+			}
+		}
+		making, cancel, made := p.making, p.cancel, p.made
+		p.mu.Unlock()
+		slices.Sort(parents)
+		for _, parent := range parents {
+			if !match(parent) {
+				continue
+			}
+			p.mu.Lock()
+			key := standbyKey(parent)
+			if ids := p.ready[key]; len(ids) > 0 {
+				p.ready[key] = ids[1:]
+				p.full[key] = true
+				p.mu.Unlock()
+				return ids[0], true
+			}
+			p.mu.Unlock()
+		}
+		if parent, ok := parentOf(making); !ok || !match(parent) {
+			return "", false
+		}
+		p.mu.Lock()
+		p.full[making] = true
+		p.mu.Unlock()
+		cancel()
+		select {
+		case <-made:
+			return "", true
+		case <-ctx.Done():
+			return "", false
+		}
+	}
+}
+
+// Freed says that a sandbox was deleted: standby members refused for
+// room, or that gave way, may be made again.
+func (p *Pool) Freed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.full) > 0 {
+		clear(p.full)
+		p.poke()
+	}
 }
 
 // idle forgets the parents whose StandbyIdle passed and returns their
@@ -194,6 +268,7 @@ func (p *Pool) idle(now time.Time) (ids []string, wait time.Duration) {
 		delete(p.ready, key)
 		delete(p.failed, key)
 		delete(p.lent, key)
+		delete(p.full, key)
 		delete(p.standby, parent)
 	}
 	return ids, wait
@@ -290,19 +365,40 @@ func (p *Pool) Run(ctx context.Context) {
 				break
 			}
 			parent, standby := parentOf(image)
+			mctx, made := p.beginMaking(ctx, image)
 			var id string
 			var err error
 			if standby {
-				id, err = p.maker.MakeStandby(ctx, parent)
+				id, err = p.maker.MakeStandby(mctx, parent)
 			} else {
-				id, err = p.maker.MakePooled(ctx, image)
-			}
-			if ctx.Err() != nil {
-				return
+				id, err = p.maker.MakePooled(mctx, image)
 			}
 			p.mu.Lock()
+			yielded := mctx.Err() != nil && ctx.Err() == nil
+			p.cancel()
+			p.making, p.cancel = "", nil
+			close(made)
+			if ctx.Err() != nil {
+				p.mu.Unlock()
+				return
+			}
 			_, wanted := p.standby[parent]
+			var busy *apierr.FleetBusy
 			switch {
+			case yielded && err == nil:
+				// Made as it was canceled: it gives way all the same.
+				p.mu.Unlock()
+				p.log.Info("warm pool: standby member gave way while being made; removing it", slog.String("parent", parent), slog.String("sandbox_id", id))
+				p.maker.Discard(ctx, id)
+				continue
+			case yielded:
+				p.log.Info("warm pool: standby member gave way while being made", slog.String("parent", parent))
+			case err != nil && standby && errors.As(err, &busy):
+				// No room within the parent's owner's caps or the
+				// server's limits: a member never takes a sandbox's.
+				p.full[image] = true
+				p.log.Info("warm pool: no room for a standby member; none is made until a sandbox is deleted",
+					slog.String("parent", parent), slog.Any("error", err))
 			case err != nil:
 				p.failed[image] = time.Now()
 				p.log.Error("warm pool: create sandbox", slog.String("image", image), slog.Any("error", err), slog.Duration("retry_in", p.cfg.RetryDelay))
@@ -321,6 +417,18 @@ func (p *Pool) Run(ctx context.Context) {
 	}
 }
 
+// beginMaking records that key's member is being made and returns the
+// context to make it under (YieldStandby cancels it) and the channel to
+// close when the making ended.
+func (p *Pool) beginMaking(ctx context.Context, key string) (context.Context, chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var mctx context.Context
+	mctx, p.cancel = context.WithCancel(ctx)
+	p.making, p.made = key, make(chan struct{})
+	return mctx, p.made
+}
+
 // next returns the key (an image, or a standby key) that needs a member
 // now, or "" and how long until the earliest failed key may be retried (0
 // when none waits). Standby keys sort first (a fork that waits for one is
@@ -337,7 +445,7 @@ func (p *Pool) next() (string, time.Duration) {
 		sizes[standbyKey(parent)] = w.n
 	}
 	for _, image := range slices.Sorted(maps.Keys(sizes)) {
-		if len(p.ready[image])+p.lent[image] >= sizes[image] {
+		if len(p.ready[image])+p.lent[image] >= sizes[image] || p.full[image] {
 			continue
 		}
 		if at, ok := p.failed[image]; ok {

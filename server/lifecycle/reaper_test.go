@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berth-sandbox/berth/server/apierr"
 )
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -317,6 +319,8 @@ type fakeMaker struct {
 	gate      chan struct{}
 	waiting   int
 	discarded []string
+	// busy makes MakeStandby refuse for room (a *apierr.FleetBusy).
+	busy bool
 }
 
 func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) {
@@ -332,13 +336,23 @@ func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) 
 
 func (m *fakeMaker) MakeStandby(ctx context.Context, parent string) (string, error) {
 	m.mu.Lock()
-	gate := m.gate
+	gate, busy := m.gate, m.busy
 	if gate != nil {
 		m.waiting++
 	}
 	m.mu.Unlock()
 	if gate != nil {
-		<-gate
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	if busy {
+		m.mu.Lock()
+		m.failures++
+		m.mu.Unlock()
+		return "", &apierr.FleetBusy{SandboxID: "standby-of-" + parent, Principal: "alice"}
 	}
 	return m.MakePooled(ctx, "standby-of-"+parent)
 }
@@ -508,6 +522,77 @@ func TestPoolStandbyCount(t *testing.T) {
 	if got := p.Ready(standbyKey("sb-a")); got != 3 {
 		t.Errorf("ready members of sb-a = %d, want 3", got)
 	}
+}
+
+// TestPoolStandbyYield: a standby member gives way to a sandbox refused
+// for room (YieldStandby) — a ready one of a parent the caller names, or
+// one being made, whose making is canceled — and its parent gets none
+// again until a sandbox is deleted (Freed); a member refused for room is
+// not retried on a timer either.
+func TestPoolStandbyYield(t *testing.T) {
+	ctx := context.Background()
+	m := &fakeMaker{}
+	p := NewPool(PoolConfig{Standby: 1, StandbyIdle: time.Hour, RetryDelay: 10 * time.Millisecond}, m, discard)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { p.Run(rctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	p.Want("sb-a", 1)
+	p.Want("sb-b", 1)
+	waitFor(t, 2*time.Second, "both members made", func() bool {
+		return p.Ready(standbyKey("sb-a")) == 1 && p.Ready(standbyKey("sb-b")) == 1
+	})
+	onlyA := func(parent string) bool { return parent == "sb-a" }
+	id, ok := p.YieldStandby(ctx, onlyA)
+	if !ok || !strings.HasPrefix(id, "standby-of-sb-a-") {
+		t.Fatalf("YieldStandby(sb-a) = %q, %v; want sb-a's member", id, ok)
+	}
+	if id, ok := p.YieldStandby(ctx, onlyA); ok {
+		t.Fatalf("second YieldStandby(sb-a) = %q; want none: sb-a had one member", id)
+	}
+	if key, _ := p.next(); key != "" {
+		t.Fatalf("next after sb-a's member gave way = %q, want nothing until a sandbox is deleted", key)
+	}
+	if p.Ready(standbyKey("sb-b")) != 1 {
+		t.Error("sb-b's member went with sb-a's")
+	}
+	p.Freed()
+	waitFor(t, 2*time.Second, "sb-a's member made again after a delete", func() bool { return p.Ready(standbyKey("sb-a")) == 1 })
+
+	// One being made gives way: its making is canceled, and YieldStandby
+	// reports true with no id.
+	gate := make(chan struct{})
+	m.mu.Lock()
+	m.gate = gate
+	m.mu.Unlock()
+	p.Want("sb-c", 1)
+	waitFor(t, 2*time.Second, "sb-c's member being made", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.waiting == 1 })
+	if id, ok := p.YieldStandby(ctx, func(parent string) bool { return parent == "sb-c" }); !ok || id != "" {
+		t.Fatalf("YieldStandby(sb-c) while it is made = %q, %v; want \"\", true", id, ok)
+	}
+	if key, _ := p.next(); key != "" {
+		t.Fatalf("next after sb-c's making gave way = %q, want nothing", key)
+	}
+	if _, ok := p.TakeStandby("sb-c"); ok {
+		t.Error("the canceled member of sb-c was kept")
+	}
+
+	// Refused for room: not retried after RetryDelay, only after Freed.
+	m.mu.Lock()
+	m.gate, m.busy = nil, true
+	m.mu.Unlock()
+	p.Want("sb-d", 1)
+	waitFor(t, 2*time.Second, "sb-d's member refused", func() bool { m.mu.Lock(); defer m.mu.Unlock(); return m.failures == 1 })
+	if key, _ := p.next(); key != "" {
+		t.Errorf("next after sb-d's member was refused for room = %q, want nothing (no retry on a timer)", key)
+	}
+	m.mu.Lock()
+	m.busy = false
+	m.mu.Unlock()
+	p.Freed()
+	waitFor(t, 2*time.Second, "sb-c's and sb-d's members made after a delete", func() bool {
+		return p.Ready(standbyKey("sb-c")) == 1 && p.Ready(standbyKey("sb-d")) == 1
+	})
 }
 
 func TestPool(t *testing.T) {

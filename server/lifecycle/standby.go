@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/sandboxid"
+	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
 )
@@ -38,35 +39,41 @@ func (m *Manager) standbyServes(req ForkRequest) bool {
 	return ok && m.cfg.ForkStandby > 0 && !req.Memory && req.RequestID == ""
 }
 
-// standbySpec returns the spec of a standby member of sandbox parent: its
-// fork's child's (forkSpec) for no one yet, pooled, a fork of one.
-func (m *Manager) standbySpec(ctx context.Context, parent string) (runtime.SandboxSpec, error) {
+// standbySpec returns the spec of a standby member of sandbox parent — its
+// fork's child's (forkSpec) for no one yet, pooled, a fork of one — and
+// the parent's owner, for whom it is made.
+func (m *Manager) standbySpec(ctx context.Context, parent string) (spec runtime.SandboxSpec, owner string, err error) {
 	st, err := m.snapshotStore()
 	if err != nil {
-		return runtime.SandboxSpec{}, err
+		return runtime.SandboxSpec{}, "", err
 	}
 	unlock, err := m.lifecycle.Lock(ctx, parent)
 	if err != nil {
-		return runtime.SandboxSpec{}, fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", parent, err)
+		return runtime.SandboxSpec{}, "", fmt.Errorf("wait for other lifecycle operations on sandbox %s: %w", parent, err)
 	}
 	defer unlock()
-	spec, err := m.forkSpec(ctx, st, parent, auth.Principal{}, ForkRequest{Count: 1})
+	sb, err := m.rt.Get(ctx, parent)
 	if err != nil {
-		return runtime.SandboxSpec{}, err
+		return runtime.SandboxSpec{}, "", err
+	}
+	spec, err = m.forkSpec(ctx, st, parent, auth.Principal{}, ForkRequest{Count: 1})
+	if err != nil {
+		return runtime.SandboxSpec{}, "", err
 	}
 	spec.ID, spec.Owner, spec.Pooled, spec.Standby = sandboxid.New("sb-", 10), "", true, true
-	return spec, nil
+	return spec, sb.Owner, nil
 }
 
-// MakeStandby creates a standby member of parent (Maker): admitted and
-// counted as a warm-pool member (no owner), its network attached, its
-// container and task made (runtime.Runtime.Create); it returns once its
-// agent waits.
+// MakeStandby creates a standby member of parent (Maker): admitted as
+// its parent's owner's sandbox (admit.Held.Standby: within that owner's
+// caps and the server's limits, a *apierr.FleetBusy past them), its
+// network attached, its container and task made (runtime.Runtime.Create);
+// it returns once its agent waits.
 func (mk maker) MakeStandby(ctx context.Context, parent string) (string, error) {
 	m := mk.m
 	ctx, cancel := context.WithTimeout(ctx, m.createTimeout())
 	defer cancel()
-	spec, err := m.standbySpec(ctx, parent)
+	spec, owner, err := m.standbySpec(ctx, parent)
 	if err != nil {
 		return "", err
 	}
@@ -75,7 +82,9 @@ func (mk maker) MakeStandby(ctx context.Context, parent string) (string, error) 
 		return "", err
 	}
 	defer unlock()
-	admitted, err := m.capacity.AdmitSandbox(ctx, spec.ID, held(spec))
+	want := held(spec)
+	want.Owner, want.Pooled, want.Standby = owner, false, true
+	admitted, err := m.capacity.AdmitSandbox(ctx, spec.ID, want)
 	if err != nil {
 		return "", err
 	}
@@ -88,6 +97,40 @@ func (mk maker) MakeStandby(ctx context.Context, parent string) (string, error) 
 		return "", err
 	}
 	return spec.ID, nil
+}
+
+// giveWay runs admit (an admission of a sandbox, a claim or a wake) and,
+// while it refuses with a *apierr.FleetBusy, removes a ready standby
+// member holding room in the limit the refusal names — one of the refused
+// principal's own for its caps (members count for their parent's owner),
+// any for the server's limits — and runs admit again. Members are made
+// ahead for forks that may not come: they never keep a sandbox out. A
+// member still being made for such a parent gives way too: its making is
+// canceled (Pool.YieldStandby).
+func (m *Manager) giveWay(ctx context.Context, admit func() (func(), error)) (func(), error) {
+	for {
+		release, err := admit()
+		var busy *apierr.FleetBusy
+		if err == nil || !errors.As(err, &busy) {
+			return release, err
+		}
+		id, ok := m.pool.YieldStandby(ctx, func(parent string) bool {
+			if busy.Principal == "" {
+				return true
+			}
+			sb, err := m.rt.Get(ctx, parent)
+			return err == nil && sb.Owner == busy.Principal
+		})
+		switch {
+		case !ok:
+			return nil, err
+		case id == "":
+			continue // a member being made gave way
+		}
+		m.log.InfoContext(ctx, "standby member gives way to a sandbox refused for room", slog.String("member_id", id),
+			slog.String("refused", busy.SandboxID), slog.String("resource", busy.Resource.String()), slog.String("principal", busy.Principal))
+		maker{m}.Discard(ctx, id)
+	}
 }
 
 // Discard removes a pool member the pool no longer wants (Maker).

@@ -14,7 +14,7 @@ import (
 type Promise struct {
 	// Owner is the principal that holds it (LabelOwner).
 	Owner string
-	// Pooled is true for an unclaimed warm-pool member.
+	// Pooled is true for an unclaimed warm-pool member of an image.
 	Pooled bool
 	// MemoryBytes is its memory cap in bytes; zero: none.
 	MemoryBytes uint64
@@ -28,6 +28,11 @@ type Promise struct {
 	// Hibernated is true for a hibernated sandbox: it holds its disk and
 	// no memory (its wake is admitted again).
 	Hibernated bool
+	// Standby is true for a fork standby member (SandboxSpec.Standby):
+	// unlisted and owned by no one, it is made for its parent's next fork
+	// and counts for the parent's owner (Owner), whose sandboxes it would
+	// join.
+	Standby bool
 }
 
 // checkpointKeyPrefix prefixes the key (sandbox id) under which Promised
@@ -39,7 +44,8 @@ const checkpointKeyPrefix = "checkpoint-of/"
 func imageKey(id string) string { return checkpointKeyPrefix + id }
 
 // Promised returns every sandbox in the namespace with what it was
-// promised, in one containerd call. Stopped sandboxes are included: they
+// promised, in one containerd call; a fork standby member is its parent's
+// owner's (Promise.Standby). Stopped sandboxes are included: they
 // keep their promise of memory and hold their disk. A hibernated sandbox
 // holds no memory (Hibernated); the checkpoint image of one hibernated
 // with its memory is listed as a stored copy of its owner's
@@ -54,11 +60,21 @@ func (r *Runtime) Promised(ctx context.Context) (_ map[string]Promise, err error
 		return nil, fmt.Errorf("list containers: %w", err)
 	}
 	out := make(map[string]Promise, len(records))
+	owners := make(map[string]string, len(records))
+	for _, c := range records {
+		owners[c.ID] = c.Labels[LabelOwner]
+	}
 	for _, c := range records {
 		mem, _ := strconv.ParseUint(c.Labels[labelMemory], 10, 64)
 		disk, _ := strconv.ParseUint(c.Labels[labelDisk], 10, 64)
-		out[c.ID] = Promise{Owner: c.Labels[LabelOwner], Pooled: c.Labels[labelPool] == "true", MemoryBytes: mem, DiskBytes: disk,
+		p := Promise{Owner: c.Labels[LabelOwner], Pooled: c.Labels[labelPool] == "true", MemoryBytes: mem, DiskBytes: disk,
 			Hibernated: c.Labels[labelHibernated] != ""}
+		if parent := c.Labels[labelForkOf]; p.Pooled && parent != "" {
+			// A standby member: its parent's owner's (a member whose
+			// parent is gone counts for no one until it is removed).
+			p.Owner, p.Pooled, p.Standby = owners[parent], false, true
+		}
+		out[c.ID] = p
 		if image, err := strconv.ParseUint(c.Labels[labelCheckpointBytes], 10, 64); err == nil && c.Labels[labelHibernated] == HibernatedMemoryKept {
 			out[imageKey(c.ID)] = Promise{Owner: c.Labels[LabelOwner], DiskBytes: image, Stored: true}
 		}

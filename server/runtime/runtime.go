@@ -607,8 +607,12 @@ func (r *Runtime) Create(ctx context.Context, spec SandboxSpec) (retErr error) {
 	}
 	// A private image runs in its principal's sandboxes (the services
 	// check the caller; an admin may run it too), never in a warm-pool
-	// member, which has no owner until a caller claims it.
-	if image.Labels()[labelImagePrivateTo] != "" && (spec.Pooled || spec.Owner == "") {
+	// member, which has no owner until a caller claims it. A fork standby
+	// member runs none of its image's files (its root is a placeholder
+	// until a fork's copy of its parent replaces it, and the fork checks
+	// its caller may see the parent), so its parent's private image
+	// does not keep it from being made.
+	if image.Labels()[labelImagePrivateTo] != "" && !spec.Standby && (spec.Pooled || spec.Owner == "") {
 		return fmt.Errorf("%w: %s", ErrImageHidden, spec.Image)
 	}
 	if err := r.checkHeadroom(c.op); err != nil {

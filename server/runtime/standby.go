@@ -332,8 +332,7 @@ func (r *Runtime) TakeStandby(ctx context.Context, spec SandboxSpec) (recorded f
 	}
 	ph.Done("root")
 	placeholder := r.standbyRoot(id)
-	next := filepath.Join(placeholder, switchroot.NextDir)
-	if err := unix.Mount(r.rootDir(id), next, "", unix.MS_BIND, ""); err != nil {
+	if err := bindBeneath(r.rootDir(id), placeholder, strings.TrimLeft(switchroot.NextDir, "/")); err != nil {
 		return nil, fmt.Errorf("bind the root of %s into its standby root: %w", id, err)
 	}
 	step, cancel := c.step()
@@ -365,6 +364,32 @@ func (r *Runtime) TakeStandby(ctx context.Context, spec SandboxSpec) (recorded f
 		ph.Done("record")
 		return err
 	}, nil
+}
+
+// bindBeneath bind-mounts src on directory name of directory dir, never
+// elsewhere: name is resolved beneath dir without following a symbolic
+// link (openat2(2) RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS, O_PATH) and the
+// mount targets that descriptor (its /proc/self/fd link, as runc mounts),
+// so that whoever can write dir — a standby member's placeholder root is
+// its container root's — cannot swap name for a link to a host path
+// between a check and the mount. Errors: openat2's (ENOTDIR, ELOOP or
+// EXDEV for a link), mount(2)'s.
+func bindBeneath(src, dir, name string) error {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Openat2(dfd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS})
+	if err != nil {
+		return fmt.Errorf("open %s beneath %s without links: %w", name, dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Mount(src, fmt.Sprintf("/proc/self/fd/%d", fd), "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind %s on %s/%s: %w", src, dir, name, err)
+	}
+	return nil
 }
 
 // recordTaken makes the record of taken standby member spec.ID a cold
