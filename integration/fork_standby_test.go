@@ -527,3 +527,54 @@ func TestForkStandbyPrivateImage(t *testing.T) {
 		t.Errorf("the child served by the member printed %q, want the private image's file", got)
 	}
 }
+
+// TestForkStandbyGivesWayToStoredDisk: a standby member holds its
+// parent's disk quota against its owner's disk cap (and the server's disk
+// budget), so a snapshot or a volume refused for that room must remove
+// it, as a create does: with a cap of three quotas, the parent, a fork's
+// child and the member fill it, and the owner's snapshot, then (the
+// member made again) volume, are admitted in the member's place.
+func TestForkStandbyGivesWayToStoredDisk(t *testing.T) {
+	need(t)
+	needIDMap(t)
+	quota := testDiskQuota()
+	if quota == 0 {
+		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
+	}
+	e, _ := newStandbyEnvWith(t, "fsbdisk", server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
+	shellOut(t, svc, pid, "head -c 1048576 /dev/urandom >/workspace/f && sync")
+	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
+	waitStandby(t, e.svc, pid, 1)
+
+	resp, err := svc.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: pid})
+	if err != nil {
+		t.Fatalf("CreateSnapshot with the cap full of the parent, its child and its member: %v (FLEET_BUSY %v), want the member to give way", err, fleetBusyOf(err))
+	}
+	if left := standbyMembers(t, e.rt, pid); len(left) != 0 {
+		t.Errorf("standby members of %s after the snapshot at the cap: %v, want none (it gives way)", pid, left)
+	}
+	if _, err := svc.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: resp.GetSnapshot().GetId()}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A delete lets the member be made again; the next fork takes it and
+	// a new member fills the cap again.
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: child}); err != nil {
+		t.Fatal(err)
+	}
+	waitStandby(t, e.svc, pid, 1)
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	waitStandby(t, e.svc, pid, 1)
+	name := "v-" + randHex(4)
+	if _, err := svc.CreateVolume(ctx, &berthv1.CreateVolumeRequest{Name: name, QuotaBytes: 2 << 20}); err != nil {
+		t.Fatalf("CreateVolume with the cap full of the parent, its child and its member: %v (FLEET_BUSY %v), want the member to give way", err, fleetBusyOf(err))
+	}
+	t.Cleanup(func() { svc.DeleteVolume(context.Background(), &berthv1.DeleteVolumeRequest{Name: name}) })
+	if left := standbyMembers(t, e.rt, pid); len(left) != 0 {
+		t.Errorf("standby members of %s after the volume at the cap: %v, want none (it gives way)", pid, left)
+	}
+}

@@ -99,8 +99,9 @@ func (mk maker) MakeStandby(ctx context.Context, parent string) (string, error) 
 	return spec.ID, nil
 }
 
-// giveWay runs admit (an admission of a sandbox, a claim or a wake) and,
-// while it refuses with a *apierr.FleetBusy, removes a ready standby
+// giveWay runs admit (an admission of a sandbox, a claim, a wake or a
+// stored copy: AdmitStored) and, while it refuses with a
+// *apierr.FleetBusy, removes a ready standby
 // member holding room in the limit the refusal names — one of the refused
 // principal's own for its caps (members count for their parent's owner),
 // any for the server's limits — and runs admit again. Members are made

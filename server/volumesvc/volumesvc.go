@@ -32,7 +32,8 @@ type store interface {
 }
 
 // admitter admits stored bytes within the server's disk budget and the
-// owner's disk cap (*admit.Capacity).
+// owner's disk cap (*lifecycle.Manager: admit.Capacity.AdmitStored, fork
+// standby members giving way to a volume refused for room they hold).
 type admitter interface {
 	AdmitStored(ctx context.Context, id, owner string, bytes uint64) (release func(), err error)
 }
