@@ -578,3 +578,34 @@ func TestForkStandbyGivesWayToStoredDisk(t *testing.T) {
 		t.Errorf("standby members of %s after the volume at the cap: %v, want none (it gives way)", pid, left)
 	}
 }
+
+// TestForkStandbyKeptWhenNoHelp: a refusal that removing members cannot
+// cure removes none: with a cap of three disk quotas filled by the
+// parent, a fork's child and the member, a create asking for two quotas
+// is refused (the member frees one) and the member stays. Else any
+// caller — another tenant at the server's budget too — could make berthd
+// remove every member with creates that never fit, at its request rate.
+func TestForkStandbyKeptWhenNoHelp(t *testing.T) {
+	need(t)
+	needIDMap(t)
+	quota := testDiskQuota()
+	if quota == 0 {
+		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
+	}
+	e, _ := newStandbyEnvWith(t, "fsbkeep", server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	waitStandby(t, e.svc, pid, 1)
+	member := standbyMembers(t, e.rt, pid)
+
+	_, err := svc.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{DiskBytes: 2 * quota}})
+	if b := fleetBusyOf(err); b == nil || b.GetResource() != berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK {
+		t.Fatalf("CreateSandbox of two quotas with one free and one in a member: %v, want FLEET_BUSY PRINCIPAL_DISK", err)
+	}
+	if left := standbyMembers(t, e.rt, pid); len(left) != 1 || left[0] != member[0] || e.svc.ForkStandbyReady(pid) != 1 {
+		t.Errorf("standby members of %s after a create they could not make room for: %v (%d ready), want %v kept", pid, left, e.svc.ForkStandbyReady(pid), member)
+	}
+}

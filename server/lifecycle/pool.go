@@ -240,6 +240,24 @@ func (p *Pool) YieldStandby(ctx context.Context, match func(parent string) bool)
 	}
 }
 
+// Yieldable returns how many standby members of each parent
+// YieldStandby could take or cancel now: its ready ones, and the one
+// being made.
+func (p *Pool) Yieldable() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int)
+	for key, ids := range p.ready {
+		if parent, ok := parentOf(key); ok && len(ids) > 0 {
+			out[parent] += len(ids)
+		}
+	}
+	if parent, ok := parentOf(p.making); ok {
+		out[parent]++
+	}
+	return out
+}
+
 // Freed says that a sandbox was deleted: standby members refused for
 // room, or that gave way, may be made again.
 func (p *Pool) Freed() {
