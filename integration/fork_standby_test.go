@@ -609,3 +609,34 @@ func TestForkStandbyKeptWhenNoHelp(t *testing.T) {
 		t.Errorf("standby members of %s after a create they could not make room for: %v (%d ready), want %v kept", pid, left, e.svc.ForkStandbyReady(pid), member)
 	}
 }
+
+// TestForkStandbyAfterSnapshotDeleted: a member that gave way to a
+// snapshot is made again once that snapshot is deleted (the room is
+// back), not only after a sandbox's delete.
+func TestForkStandbyAfterSnapshotDeleted(t *testing.T) {
+	need(t)
+	needIDMap(t)
+	quota := testDiskQuota()
+	if quota == 0 {
+		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
+	}
+	e, _ := newStandbyEnvWith(t, "fsbsnapdel", server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
+	shellOut(t, svc, pid, "head -c 1048576 /dev/urandom >/workspace/f && sync")
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	waitStandby(t, e.svc, pid, 1)
+	resp, err := svc.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: pid})
+	if err != nil {
+		t.Fatalf("CreateSnapshot at the cap: %v", err)
+	}
+	if n := e.svc.ForkStandbyReady(pid); n != 0 {
+		t.Fatalf("%d standby members of %s after the snapshot at the cap, want 0 (it gave way)", n, pid)
+	}
+	if _, err := svc.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: resp.GetSnapshot().GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	waitStandby(t, e.svc, pid, 1)
+}

@@ -73,6 +73,7 @@ func (m *Manager) hibernate(ctx context.Context, id string, mustKeepMemory bool)
 	// The old agent's connection goes with its task; the wake dials the
 	// new one (or the restored agent, listening again).
 	m.agents.Forget(m.rt.SocketPath(id))
+	m.RoomFreed() // its memory
 	return h, nil
 }
 

@@ -63,8 +63,9 @@ type Pool struct {
 	failed  map[string]time.Time   // key -> when a creation last failed
 	standby map[string]standbyWant // parent -> how many members, until when
 	lent    map[string]int         // standby key -> members handed out, neither returned nor used yet
-	// full holds the standby keys not refilled until a sandbox is deleted
-	// (Freed), with when: their member was refused for room, or gave way
+	// full holds the standby keys not refilled until room comes back
+	// (Freed: a sandbox, snapshot or volume deleted, a sandbox
+	// hibernated), with when: their member was refused for room, or gave way
 	// to a sandbox that needed it (YieldStandby). A delete retries one
 	// (freed), the one marked longest ago; a retry that makes its member
 	// (retrying) lets the next be tried.
@@ -195,7 +196,7 @@ func (p *Pool) Forget(parent string) []string {
 // YieldStandby takes a ready standby member of a parent that match
 // accepts out of the pool for the caller to remove, so that a sandbox
 // refused for room it holds can be admitted; that parent's members are
-// then not made again until a sandbox is deleted (Freed). When none is
+// then not made again until room comes back (Freed). When none is
 // ready but one of such a parent is being made (its admission may hold
 // the room), it cancels that making, waits until it ended and reports
 // true with no id: the caller tries again. (Waiting for the member to be
@@ -262,8 +263,9 @@ func (p *Pool) Yieldable() map[string]int {
 	return out
 }
 
-// Freed says that a sandbox was deleted: a standby member refused for
-// room, or that gave way, may be made again. One parent's is tried (the
+// Freed says that room came back (a sandbox, snapshot or volume deleted,
+// a sandbox hibernated): a standby member refused for room, or that gave
+// way, may be made again. One parent's is tried (the
 // one refused longest ago), and the next only when it was made: each try
 // is an admission, and a delete must not cost one per such parent.
 func (p *Pool) Freed() {
@@ -423,7 +425,7 @@ func (p *Pool) Run(ctx context.Context) {
 				// No room within the parent's owner's caps or the
 				// server's limits: a member never takes a sandbox's.
 				p.full[image] = time.Now()
-				p.log.Info("warm pool: no room for a standby member; none is made until a sandbox is deleted",
+				p.log.Info("warm pool: no room for a standby member; none is made until room comes back",
 					slog.String("parent", parent), slog.Any("error", err))
 			case err != nil:
 				p.failed[image] = time.Now()

@@ -213,8 +213,15 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, snapID string, p auth.Prin
 	if sp, ok := m.cfg.Placements.(SnapshotPlacements); ok {
 		sp.ReleaseSnapshot(ctx, snapID)
 	}
+	m.RoomFreed()
 	return nil
 }
+
+// RoomFreed says that room within the limits came back without a
+// sandbox's delete (a snapshot or a volume deleted, a sandbox hibernated):
+// a standby member refused for room, or that gave way, may be made again
+// (Pool.Freed, as after a delete).
+func (m *Manager) RoomFreed() { m.pool.Freed() }
 
 // committer is what the Manager needs of containerd to make an image of a
 // stored snapshot (*runtime.Runtime).

@@ -36,6 +36,9 @@ type store interface {
 // standby members giving way to a volume refused for room they hold).
 type admitter interface {
 	AdmitStored(ctx context.Context, id, owner string, bytes uint64) (release func(), err error)
+	// RoomFreed says that a volume's quota was given back (a standby
+	// member refused for room may be made again).
+	RoomFreed()
 }
 
 // Config is what the volume RPCs need of berthd's flags.
@@ -163,6 +166,7 @@ func (s *Service) DeleteVolume(ctx context.Context, req *berthv1.DeleteVolumeReq
 	if err := s.store.DeleteVolume(ctx, p.Name, req.GetName()); err != nil {
 		return nil, apierr.WithMeta(err, map[string]string{"volume": req.GetName()})
 	}
+	s.admit.RoomFreed()
 	return &berthv1.DeleteVolumeResponse{}, nil
 }
 
