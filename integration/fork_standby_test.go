@@ -528,6 +528,25 @@ func TestForkStandbyPrivateImage(t *testing.T) {
 	}
 }
 
+// diskCapStandby makes env name whose principal's disk cap is three
+// default disk quotas (ForkStandby 1), a parent with 1 MiB written, its
+// fork's child and the parent's member, which fill that cap; it returns
+// the env, the parent's and the child's ids and the quota in bytes.
+func diskCapStandby(t *testing.T, name string) (e *berthEnv, pid, child string, quota uint64) {
+	t.Helper()
+	need(t)
+	needIDMap(t)
+	if quota = testDiskQuota(); quota == 0 {
+		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
+	}
+	e, _ = newStandbyEnvWith(t, name, server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	pid = createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
+	shellOut(t, e.sandboxes, pid, "head -c 1048576 /dev/urandom >/workspace/f && sync")
+	child = forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
+	waitStandby(t, e.svc, pid, 1)
+	return e, pid, child, quota
+}
+
 // TestForkStandbyGivesWayToStoredDisk: a standby member holds its
 // parent's disk quota against its owner's disk cap (and the server's disk
 // budget), so a snapshot or a volume refused for that room must remove
@@ -535,20 +554,10 @@ func TestForkStandbyPrivateImage(t *testing.T) {
 // child and the member fill it, and the owner's snapshot, then (the
 // member made again) volume, are admitted in the member's place.
 func TestForkStandbyGivesWayToStoredDisk(t *testing.T) {
-	need(t)
-	needIDMap(t)
-	quota := testDiskQuota()
-	if quota == 0 {
-		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
-	}
-	e, _ := newStandbyEnvWith(t, "fsbdisk", server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	e, pid, child, _ := diskCapStandby(t, "fsbdisk")
 	svc := e.sandboxes
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
-	shellOut(t, svc, pid, "head -c 1048576 /dev/urandom >/workspace/f && sync")
-	child := forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
-	waitStandby(t, e.svc, pid, 1)
 
 	resp, err := svc.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: pid})
 	if err != nil {
@@ -586,19 +595,10 @@ func TestForkStandbyGivesWayToStoredDisk(t *testing.T) {
 // caller — another tenant at the server's budget too — could make berthd
 // remove every member with creates that never fit, at its request rate.
 func TestForkStandbyKeptWhenNoHelp(t *testing.T) {
-	need(t)
-	needIDMap(t)
-	quota := testDiskQuota()
-	if quota == 0 {
-		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
-	}
-	e, _ := newStandbyEnvWith(t, "fsbkeep", server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	e, pid, _, quota := diskCapStandby(t, "fsbkeep")
 	svc := e.sandboxes
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
-	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
-	waitStandby(t, e.svc, pid, 1)
 	member := standbyMembers(t, e.rt, pid)
 
 	_, err := svc.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{DiskBytes: 2 * quota}})
@@ -614,20 +614,10 @@ func TestForkStandbyKeptWhenNoHelp(t *testing.T) {
 // snapshot is made again once that snapshot is deleted (the room is
 // back), not only after a sandbox's delete.
 func TestForkStandbyAfterSnapshotDeleted(t *testing.T) {
-	need(t)
-	needIDMap(t)
-	quota := testDiskQuota()
-	if quota == 0 {
-		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
-	}
-	e, _ := newStandbyEnvWith(t, "fsbsnapdel", server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	e, pid, _, _ := diskCapStandby(t, "fsbsnapdel")
 	svc := e.sandboxes
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	pid := createSandboxOn(t, svc, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
-	shellOut(t, svc, pid, "head -c 1048576 /dev/urandom >/workspace/f && sync")
-	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
-	waitStandby(t, e.svc, pid, 1)
 	resp, err := svc.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: pid})
 	if err != nil {
 		t.Fatalf("CreateSnapshot at the cap: %v", err)
