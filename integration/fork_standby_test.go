@@ -527,3 +527,106 @@ func TestForkStandbyPrivateImage(t *testing.T) {
 		t.Errorf("the child served by the member printed %q, want the private image's file", got)
 	}
 }
+
+// diskCapStandby makes env name whose principal's disk cap is three
+// default disk quotas (ForkStandby 1), a parent with 1 MiB written, its
+// fork's child and the parent's member, which fill that cap; it returns
+// the env, the parent's and the child's ids and the quota in bytes.
+func diskCapStandby(t *testing.T, name string) (e *berthEnv, pid, child string, quota uint64) {
+	t.Helper()
+	need(t)
+	needIDMap(t)
+	if quota = testDiskQuota(); quota == 0 {
+		t.Fatal("disk quotas unsupported here: the member holds no disk to give")
+	}
+	e, _ = newStandbyEnvWith(t, name, server.Config{ForkStandby: 1, MaxDiskBytesPerPrincipal: 3 * quota, TaskRestartLimit: -1})
+	pid = createSandboxOn(t, e.sandboxes, &berthv1.CreateSandboxRequest{Image: env.image, Network: egress()}).GetId()
+	shellOut(t, e.sandboxes, pid, "head -c 1048576 /dev/urandom >/workspace/f && sync")
+	child = forkOn(t, e.sandboxes, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})[0].GetId()
+	waitStandby(t, e.svc, pid, 1)
+	return e, pid, child, quota
+}
+
+// TestForkStandbyGivesWayToStoredDisk: a standby member holds its
+// parent's disk quota against its owner's disk cap (and the server's disk
+// budget), so a snapshot or a volume refused for that room must remove
+// it, as a create does: with a cap of three quotas, the parent, a fork's
+// child and the member fill it, and the owner's snapshot, then (the
+// member made again) volume, are admitted in the member's place.
+func TestForkStandbyGivesWayToStoredDisk(t *testing.T) {
+	e, pid, child, _ := diskCapStandby(t, "fsbdisk")
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	resp, err := svc.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: pid})
+	if err != nil {
+		t.Fatalf("CreateSnapshot with the cap full of the parent, its child and its member: %v (FLEET_BUSY %v), want the member to give way", err, fleetBusyOf(err))
+	}
+	if left := standbyMembers(t, e.rt, pid); len(left) != 0 {
+		t.Errorf("standby members of %s after the snapshot at the cap: %v, want none (it gives way)", pid, left)
+	}
+	if _, err := svc.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: resp.GetSnapshot().GetId()}); err != nil {
+		t.Fatal(err)
+	}
+
+	// A delete lets the member be made again; the next fork takes it and
+	// a new member fills the cap again.
+	if _, err := svc.DeleteSandbox(ctx, &berthv1.DeleteSandboxRequest{SandboxId: child}); err != nil {
+		t.Fatal(err)
+	}
+	waitStandby(t, e.svc, pid, 1)
+	forkOn(t, svc, &berthv1.ForkSandboxRequest{SandboxId: pid, Count: 1})
+	waitStandby(t, e.svc, pid, 1)
+	name := "v-" + randHex(4)
+	if _, err := svc.CreateVolume(ctx, &berthv1.CreateVolumeRequest{Name: name, QuotaBytes: 2 << 20}); err != nil {
+		t.Fatalf("CreateVolume with the cap full of the parent, its child and its member: %v (FLEET_BUSY %v), want the member to give way", err, fleetBusyOf(err))
+	}
+	t.Cleanup(func() { svc.DeleteVolume(context.Background(), &berthv1.DeleteVolumeRequest{Name: name}) })
+	if left := standbyMembers(t, e.rt, pid); len(left) != 0 {
+		t.Errorf("standby members of %s after the volume at the cap: %v, want none (it gives way)", pid, left)
+	}
+}
+
+// TestForkStandbyKeptWhenNoHelp: a refusal that removing members cannot
+// cure removes none: with a cap of three disk quotas filled by the
+// parent, a fork's child and the member, a create asking for two quotas
+// is refused (the member frees one) and the member stays. Else any
+// caller — another tenant at the server's budget too — could make berthd
+// remove every member with creates that never fit, at its request rate.
+func TestForkStandbyKeptWhenNoHelp(t *testing.T) {
+	e, pid, _, quota := diskCapStandby(t, "fsbkeep")
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	member := standbyMembers(t, e.rt, pid)
+
+	_, err := svc.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image, Resources: &berthv1.Resources{DiskBytes: 2 * quota}})
+	if b := fleetBusyOf(err); b == nil || b.GetResource() != berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK {
+		t.Fatalf("CreateSandbox of two quotas with one free and one in a member: %v, want FLEET_BUSY PRINCIPAL_DISK", err)
+	}
+	if left := standbyMembers(t, e.rt, pid); len(left) != 1 || left[0] != member[0] || e.svc.ForkStandbyReady(pid) != 1 {
+		t.Errorf("standby members of %s after a create they could not make room for: %v (%d ready), want %v kept", pid, left, e.svc.ForkStandbyReady(pid), member)
+	}
+}
+
+// TestForkStandbyAfterSnapshotDeleted: a member that gave way to a
+// snapshot is made again once that snapshot is deleted (the room is
+// back), not only after a sandbox's delete.
+func TestForkStandbyAfterSnapshotDeleted(t *testing.T) {
+	e, pid, _, _ := diskCapStandby(t, "fsbsnapdel")
+	svc := e.sandboxes
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	resp, err := svc.CreateSnapshot(ctx, &berthv1.CreateSnapshotRequest{SandboxId: pid})
+	if err != nil {
+		t.Fatalf("CreateSnapshot at the cap: %v", err)
+	}
+	if n := e.svc.ForkStandbyReady(pid); n != 0 {
+		t.Fatalf("%d standby members of %s after the snapshot at the cap, want 0 (it gave way)", n, pid)
+	}
+	if _, err := svc.DeleteSnapshot(ctx, &berthv1.DeleteSnapshotRequest{SnapshotId: resp.GetSnapshot().GetId()}); err != nil {
+		t.Fatal(err)
+	}
+	waitStandby(t, e.svc, pid, 1)
+}

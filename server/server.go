@@ -135,7 +135,7 @@ func New(cfg Config, rt *runtime.Runtime, log *slog.Logger) *Service {
 	s.sessions = sessionsvc.New(s.reach)
 	s.contexts = contextsvc.New(s.reach)
 	s.watches = watchsvc.New(s.reach)
-	s.volumes = volumesvc.New(volumesvc.Config{DefaultQuotaBytes: cfg.DefaultDiskBytes, MaxQuotaBytes: cfg.MaxDiskBytes}, rt, s.capacity)
+	s.volumes = volumesvc.New(volumesvc.Config{DefaultQuotaBytes: cfg.DefaultDiskBytes, MaxQuotaBytes: cfg.MaxDiskBytes}, rt, s.life)
 	s.files = filesvc.New(s.reach, s.reach, cfg.Observer, filesvc.WithDirectReads(rt, log))
 	s.images = imagesvc.New(imagesvc.Config{PullRegistries: cfg.PullRegistries, PullResolveTimeout: cfg.PullResolveTimeout}, rt, s.life, log)
 	return s

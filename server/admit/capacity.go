@@ -181,7 +181,11 @@ type Usage struct {
 // Usage counts the sandboxes (running or stopped, creations admitted and
 // those in creating included) and the memory and disk promised to them as
 // AdmitSandbox does, and the execs running. creating maps sandbox ids of
-// creations in progress to what they will hold.
+// creations in progress to what they will hold. Fork standby members
+// (Held.Standby), made or being made, are left out: they give way to any
+// sandbox refused for room (lifecycle's giveWay), so the room they hold is
+// room for a new sandbox, and a fleet's gateway that places by this count
+// (cluster.Usage) must not refuse a sandbox the node would take.
 func (c *Capacity) Usage(ctx context.Context, creating map[string]Held) (Usage, error) {
 	existing, err := c.usage(ctx)
 	if err != nil {
@@ -197,7 +201,9 @@ func (c *Capacity) Usage(ctx context.Context, creating map[string]Held) (Usage, 
 	}
 	var t tally
 	for _, h := range all {
-		t.add(h)
+		if !h.Standby {
+			t.add(h)
+		}
 	}
 	_, execs := c.Running("")
 	return Usage{Sandboxes: t.sandboxes, MemoryBytes: t.memory, DiskBytes: t.disk, Execs: uint64(max(execs, 0)),

@@ -487,3 +487,29 @@ func TestAdmitStandbyMember(t *testing.T) {
 	}
 	rc()
 }
+
+// TestUsageLeavesOutStandby: the usage a node reports to its fleet
+// (Usage) leaves out fork standby members, made and being made: they give
+// way to any sandbox refused for room, so a gateway that placed by a
+// count with them in would refuse (FLEET_BUSY) a sandbox the node takes.
+func TestUsageLeavesOutStandby(t *testing.T) {
+	ctx := context.Background()
+	existing := map[string]Held{
+		"a1":        {Owner: "alice", MemoryBytes: 100, DiskBytes: 10},
+		"standby-1": {Owner: "alice", Standby: true, MemoryBytes: 100, DiskBytes: 10},
+	}
+	usage := func(context.Context) (map[string]Held, error) { return existing, nil }
+	c := New(Limits{MaxSandboxes: 3, MemoryBudget: 300}, nil, usage)
+	r, err := c.AdmitSandbox(ctx, "standby-2", Held{Owner: "alice", Standby: true, MemoryBytes: 100})
+	if err != nil {
+		t.Fatalf("member standby-2: %v", err)
+	}
+	defer r()
+	u, err := c.Usage(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Sandboxes != 1 || u.MemoryBytes != 100 || u.DiskBytes != 10 {
+		t.Errorf("Usage with a member made and one admitted = %d sandboxes, %d memory, %d disk bytes; want 1, 100, 10 (a1 only)", u.Sandboxes, u.MemoryBytes, u.DiskBytes)
+	}
+}

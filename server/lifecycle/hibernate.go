@@ -30,8 +30,9 @@ func (m *Manager) Hibernate(ctx context.Context, id string, p auth.Principal) (r
 // restarted; exec streams see RUNTIME_REPLACED cause SANDBOX_HIBERNATED).
 //
 // A gVisor sandbox's checkpoint image is admitted first as a stored copy
-// of its owner's (admit.Capacity.AdmitStored: the server's disk budget,
-// the owner's --max-disk-bytes-per-principal), sized as its memory cap:
+// of its owner's (Manager.AdmitStored, standby members giving way: the
+// server's disk budget, the owner's --max-disk-bytes-per-principal),
+// sized as its memory cap:
 // an image holds at most the memory the sandbox may hold. When it does
 // not fit, the sandbox is hibernated without its memory (its processes
 // end, Hibernation.NotKept names the limit) rather than refused: the
@@ -47,7 +48,7 @@ func (m *Manager) hibernate(ctx context.Context, id string, mustKeepMemory bool)
 	if sb, err := m.rt.Get(ctx, id); err == nil {
 		pid = sb.TaskPID
 		if sb.Runtime == runtime.RuntimeGVisor && !sb.Hibernated {
-			release, err := m.capacity.AdmitStored(ctx, id, sb.Owner, sb.MemoryBytes)
+			release, err := m.AdmitStored(ctx, id, sb.Owner, sb.MemoryBytes)
 			var busy *apierr.FleetBusy
 			switch {
 			case errors.As(err, &busy) && mustKeepMemory:
@@ -72,6 +73,7 @@ func (m *Manager) hibernate(ctx context.Context, id string, mustKeepMemory bool)
 	// The old agent's connection goes with its task; the wake dials the
 	// new one (or the restored agent, listening again).
 	m.agents.Forget(m.rt.SocketPath(id))
+	m.RoomFreed() // its memory
 	return h, nil
 }
 

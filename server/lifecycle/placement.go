@@ -60,7 +60,8 @@ var (
 
 // Usage counts the sandboxes (running or stopped, warm-pool members and
 // creations in progress included) and the memory promised to them as
-// capacity admission does, and the execs running.
+// capacity admission does, and the execs running. Fork standby members
+// are left out (admit.Capacity.Usage): they give way to a new sandbox.
 func (l clusterLocal) Usage(ctx context.Context) (cluster.Usage, error) {
 	if err := l.containerdDown(); err != nil {
 		return cluster.Usage{}, err

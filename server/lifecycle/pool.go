@@ -63,14 +63,19 @@ type Pool struct {
 	failed  map[string]time.Time   // key -> when a creation last failed
 	standby map[string]standbyWant // parent -> how many members, until when
 	lent    map[string]int         // standby key -> members handed out, neither returned nor used yet
-	// full holds the standby keys not refilled until a sandbox is deleted
-	// (Freed): their member was refused for room, or gave way to a
-	// sandbox that needed it (YieldStandby).
-	full   map[string]bool
-	making string             // the key whose member Run is making now ("": none)
-	cancel context.CancelFunc // cancels that making (YieldStandby)
-	made   chan struct{}      // closed when that making ended
-	wake   chan struct{}      // buffered: a refill may be needed
+	// full holds the standby keys not refilled until room comes back
+	// (Freed: a sandbox, snapshot or volume deleted, a sandbox
+	// hibernated), with when: their member was refused for room, or gave way
+	// to a sandbox that needed it (YieldStandby). A delete retries one
+	// (freed), the one marked longest ago; a retry that makes its member
+	// (retrying) lets the next be tried.
+	full     map[string]time.Time
+	freed    bool
+	retrying string
+	making   string             // the key whose member Run is making now ("": none)
+	cancel   context.CancelFunc // cancels that making (YieldStandby)
+	made     chan struct{}      // closed when that making ended
+	wake     chan struct{}      // buffered: a refill may be needed
 }
 
 // standbyKey is the pool key of parent's standby members: no image
@@ -90,7 +95,7 @@ func NewPool(cfg PoolConfig, maker Maker, log *slog.Logger) *Pool {
 	}
 	cfg.Sizes = maps.Clone(cfg.Sizes)
 	return &Pool{cfg: cfg, maker: maker, log: log, ready: make(map[string][]string), failed: make(map[string]time.Time),
-		standby: make(map[string]standbyWant), lent: make(map[string]int), full: make(map[string]bool), wake: make(chan struct{}, 1)}
+		standby: make(map[string]standbyWant), lent: make(map[string]int), full: make(map[string]time.Time), wake: make(chan struct{}, 1)}
 }
 
 // Want asks for n standby members of parent (at most
@@ -191,7 +196,7 @@ func (p *Pool) Forget(parent string) []string {
 // YieldStandby takes a ready standby member of a parent that match
 // accepts out of the pool for the caller to remove, so that a sandbox
 // refused for room it holds can be admitted; that parent's members are
-// then not made again until a sandbox is deleted (Freed). When none is
+// then not made again until room comes back (Freed). When none is
 // ready but one of such a parent is being made (its admission may hold
 // the room), it cancels that making, waits until it ended and reports
 // true with no id: the caller tries again. (Waiting for the member to be
@@ -218,7 +223,7 @@ func (p *Pool) YieldStandby(ctx context.Context, match func(parent string) bool)
 			key := standbyKey(parent)
 			if ids := p.ready[key]; len(ids) > 0 {
 				p.ready[key] = ids[1:]
-				p.full[key] = true
+				p.full[key] = time.Now()
 				p.mu.Unlock()
 				return ids[0], true
 			}
@@ -228,7 +233,7 @@ func (p *Pool) YieldStandby(ctx context.Context, match func(parent string) bool)
 			return "", false
 		}
 		p.mu.Lock()
-		p.full[making] = true
+		p.full[making] = time.Now()
 		p.mu.Unlock()
 		cancel()
 		select {
@@ -240,13 +245,34 @@ func (p *Pool) YieldStandby(ctx context.Context, match func(parent string) bool)
 	}
 }
 
-// Freed says that a sandbox was deleted: standby members refused for
-// room, or that gave way, may be made again.
+// Yieldable returns how many standby members of each parent
+// YieldStandby could take or cancel now: its ready ones, and the one
+// being made.
+func (p *Pool) Yieldable() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]int)
+	for key, ids := range p.ready {
+		if parent, ok := parentOf(key); ok && len(ids) > 0 {
+			out[parent] += len(ids)
+		}
+	}
+	if parent, ok := parentOf(p.making); ok {
+		out[parent]++
+	}
+	return out
+}
+
+// Freed says that room came back (a sandbox, snapshot or volume deleted,
+// a sandbox hibernated): a standby member refused for room, or that gave
+// way, may be made again. One parent's is tried (the
+// one refused longest ago), and the next only when it was made: each try
+// is an admission, and a delete must not cost one per such parent.
 func (p *Pool) Freed() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.full) > 0 {
-		clear(p.full)
+		p.freed = true
 		p.poke()
 	}
 }
@@ -377,6 +403,8 @@ func (p *Pool) Run(ctx context.Context) {
 			yielded := mctx.Err() != nil && ctx.Err() == nil
 			p.cancel()
 			p.making, p.cancel = "", nil
+			retried := p.retrying
+			p.retrying = ""
 			close(made)
 			if ctx.Err() != nil {
 				p.mu.Unlock()
@@ -396,8 +424,8 @@ func (p *Pool) Run(ctx context.Context) {
 			case err != nil && standby && errors.As(err, &busy):
 				// No room within the parent's owner's caps or the
 				// server's limits: a member never takes a sandbox's.
-				p.full[image] = true
-				p.log.Info("warm pool: no room for a standby member; none is made until a sandbox is deleted",
+				p.full[image] = time.Now()
+				p.log.Info("warm pool: no room for a standby member; none is made until room comes back",
 					slog.String("parent", parent), slog.Any("error", err))
 			case err != nil:
 				p.failed[image] = time.Now()
@@ -410,6 +438,9 @@ func (p *Pool) Run(ctx context.Context) {
 			default:
 				delete(p.failed, image)
 				p.ready[image] = append(p.ready[image], id)
+				if image == retried && len(p.full) > 0 {
+					p.freed = true // there was room: try the next
+				}
 				p.log.Info("warm pool: sandbox ready", slog.String("image", image), slog.String("sandbox_id", id), slog.Int("ready", len(p.ready[image])))
 			}
 			p.mu.Unlock()
@@ -432,7 +463,9 @@ func (p *Pool) beginMaking(ctx context.Context, key string) (context.Context, ch
 // next returns the key (an image, or a standby key) that needs a member
 // now, or "" and how long until the earliest failed key may be retried (0
 // when none waits). Standby keys sort first (a fork that waits for one is
-// the caller's next step), then images.
+// the caller's next step), then images. A standby key refused for room
+// (full) is returned only after a delete (Freed), one per delete, the one
+// refused longest ago, and only when no other key needs a member.
 func (p *Pool) next() (string, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -444,8 +477,15 @@ func (p *Pool) next() (string, time.Duration) {
 	for parent, w := range p.standby {
 		sizes[standbyKey(parent)] = w.n
 	}
+	var retry string // the full key to try after a delete (Freed)
 	for _, image := range slices.Sorted(maps.Keys(sizes)) {
-		if len(p.ready[image])+p.lent[image] >= sizes[image] || p.full[image] {
+		if len(p.ready[image])+p.lent[image] >= sizes[image] {
+			continue
+		}
+		if at, ok := p.full[image]; ok {
+			if p.freed && (retry == "" || at.Before(p.full[retry])) {
+				retry = image
+			}
 			continue
 		}
 		if at, ok := p.failed[image]; ok {
@@ -457,6 +497,11 @@ func (p *Pool) next() (string, time.Duration) {
 			}
 		}
 		return image, 0
+	}
+	if retry != "" {
+		delete(p.full, retry)
+		p.freed, p.retrying = false, retry
+		return retry, 0
 	}
 	return "", wait
 }

@@ -319,8 +319,10 @@ type fakeMaker struct {
 	gate      chan struct{}
 	waiting   int
 	discarded []string
-	// busy makes MakeStandby refuse for room (a *apierr.FleetBusy).
-	busy bool
+	// busy makes MakeStandby refuse for room (a *apierr.FleetBusy);
+	// refused lists the parents it refused, in order.
+	busy    bool
+	refused []string
 }
 
 func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) {
@@ -351,6 +353,7 @@ func (m *fakeMaker) MakeStandby(ctx context.Context, parent string) (string, err
 	if busy {
 		m.mu.Lock()
 		m.failures++
+		m.refused = append(m.refused, parent)
 		m.mu.Unlock()
 		return "", &apierr.FleetBusy{SandboxID: "standby-of-" + parent, Principal: "alice"}
 	}
@@ -592,6 +595,63 @@ func TestPoolStandbyYield(t *testing.T) {
 	p.Freed()
 	waitFor(t, 2*time.Second, "sb-c's and sb-d's members made after a delete", func() bool {
 		return p.Ready(standbyKey("sb-c")) == 1 && p.Ready(standbyKey("sb-d")) == 1
+	})
+}
+
+// TestPoolStandbyRetryBounded: a delete (Freed) retries one parent
+// whose member was refused for room, the one refused longest ago, not
+// every such parent: each retry is an admission (a containerd listing
+// under the admission lock every create waits for), and a tenant with
+// many forked parents at its cap must not make every delete cost that
+// many. A retry that makes its member lets the next parent's be tried.
+func TestPoolStandbyRetryBounded(t *testing.T) {
+	ctx := context.Background()
+	m := &fakeMaker{busy: true}
+	p := NewPool(PoolConfig{Standby: 1, StandbyIdle: time.Hour, RetryDelay: 10 * time.Millisecond}, m, discard)
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { p.Run(rctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	parents := []string{"sb-a", "sb-b", "sb-c", "sb-d"}
+	for _, parent := range parents {
+		p.Want(parent, 1)
+	}
+	refused := func() int { m.mu.Lock(); defer m.mu.Unlock(); return len(m.refused) }
+	// Settled: every refusal recorded and nothing wanted that may be tried.
+	settled := func(n int) func() bool {
+		return func() bool {
+			key, _ := p.next()
+			return key == "" && refused() >= n
+		}
+	}
+	waitFor(t, 2*time.Second, "each parent's member refused once", settled(len(parents)))
+	retried := map[string]bool{}
+	for i := range parents {
+		p.Freed()
+		waitFor(t, 2*time.Second, "a retry after a delete", settled(len(parents)+i+1))
+		m.mu.Lock()
+		n, last := len(m.refused), m.refused[len(m.refused)-1]
+		m.mu.Unlock()
+		if n != len(parents)+i+1 {
+			t.Fatalf("delete %d: %d refusals in all, want %d (one retry per delete)", i+1, n, len(parents)+i+1)
+		}
+		retried[last] = true
+	}
+	if len(retried) != len(parents) {
+		t.Errorf("four deletes retried %v, want each parent once (the one refused longest ago first)", retried)
+	}
+	// Room again: one delete lets every member be made, one after another.
+	m.mu.Lock()
+	m.busy = false
+	m.mu.Unlock()
+	p.Freed()
+	waitFor(t, 2*time.Second, "every member made after a delete with room", func() bool {
+		for _, parent := range parents {
+			if p.Ready(standbyKey(parent)) != 1 {
+				return false
+			}
+		}
+		return true
 	})
 }
 

@@ -110,7 +110,16 @@ func (m *Manager) admitCopy(ctx context.Context, st snapshots, id string, p auth
 	} else if err != nil {
 		return nil, fmt.Errorf("read the disk use of sandbox %s: %w", id, err)
 	}
-	return m.capacity.AdmitStored(ctx, id, p.Name, used)
+	return m.AdmitStored(ctx, id, p.Name, used)
+}
+
+// AdmitStored is admit.Capacity.AdmitStored with standby members giving
+// way (giveWay): a member holds its parent's disk quota against the
+// server's disk budget and its owner's disk cap, and a snapshot, a commit,
+// a checkpoint image or a volume refused for that room takes it, as a
+// sandbox does (volumesvc admits volumes here).
+func (m *Manager) AdmitStored(ctx context.Context, id, owner string, bytes uint64) (release func(), err error) {
+	return m.giveWay(ctx, func() (func(), error) { return m.capacity.AdmitStored(ctx, id, owner, bytes) })
 }
 
 // freezer returns the freeze of sandbox id for a copy of its root
@@ -204,8 +213,15 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, snapID string, p auth.Prin
 	if sp, ok := m.cfg.Placements.(SnapshotPlacements); ok {
 		sp.ReleaseSnapshot(ctx, snapID)
 	}
+	m.RoomFreed()
 	return nil
 }
+
+// RoomFreed says that room within the limits came back without a
+// sandbox's delete (a snapshot or a volume deleted, a sandbox hibernated):
+// a standby member refused for room, or that gave way, may be made again
+// (Pool.Freed, as after a delete).
+func (m *Manager) RoomFreed() { m.pool.Freed() }
 
 // committer is what the Manager needs of containerd to make an image of a
 // stored snapshot (*runtime.Runtime).
@@ -234,7 +250,7 @@ func (m *Manager) CommitSnapshot(ctx context.Context, snapID string, p auth.Prin
 	}
 	// The image's layer holds what the snapshot holds beyond its image:
 	// a principal past its disk cap turns no more snapshots into images.
-	admitted, err := m.capacity.AdmitStored(ctx, snap.SandboxID, p.Name, snap.DiskBytes)
+	admitted, err := m.AdmitStored(ctx, snap.SandboxID, p.Name, snap.DiskBytes)
 	if err != nil {
 		return runtime.Commit{}, err
 	}

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/bounds"
 	"github.com/berth-sandbox/berth/internal/sandboxid"
+	berthv1 "github.com/berth-sandbox/berth/proto/berth/v1"
 	"github.com/berth-sandbox/berth/server/apierr"
 	"github.com/berth-sandbox/berth/server/auth"
 	"github.com/berth-sandbox/berth/server/runtime"
@@ -99,14 +101,18 @@ func (mk maker) MakeStandby(ctx context.Context, parent string) (string, error) 
 	return spec.ID, nil
 }
 
-// giveWay runs admit (an admission of a sandbox, a claim or a wake) and,
-// while it refuses with a *apierr.FleetBusy, removes a ready standby
-// member holding room in the limit the refusal names — one of the refused
-// principal's own for its caps (members count for their parent's owner),
-// any for the server's limits — and runs admit again. Members are made
-// ahead for forks that may not come: they never keep a sandbox out. A
-// member still being made for such a parent gives way too: its making is
-// canceled (Pool.YieldStandby).
+// giveWay runs admit (an admission of a sandbox, a claim, a wake or a
+// stored copy: AdmitStored) and, while it refuses with a
+// *apierr.FleetBusy, removes a ready standby member holding room in the
+// limit the refusal names — one of the refused principal's own for its
+// caps (members count for their parent's owner), any for the server's
+// limits; one that holds some of the refused resource — and runs admit
+// again. Members are made ahead for forks that may not come: they never
+// keep a sandbox out. A member still being made for such a parent gives
+// way too: its making is canceled (Pool.YieldStandby). When all such
+// members together hold less than the refusal lacks, none is removed:
+// the refusal stands either way, and a caller must not make berthd
+// remove members with requests that never fit.
 func (m *Manager) giveWay(ctx context.Context, admit func() (func(), error)) (func(), error) {
 	for {
 		release, err := admit()
@@ -114,13 +120,11 @@ func (m *Manager) giveWay(ctx context.Context, admit func() (func(), error)) (fu
 		if err == nil || !errors.As(err, &busy) {
 			return release, err
 		}
-		id, ok := m.pool.YieldStandby(ctx, func(parent string) bool {
-			if busy.Principal == "" {
-				return true
-			}
-			sb, err := m.rt.Get(ctx, parent)
-			return err == nil && sb.Owner == busy.Principal
-		})
+		holds := m.standbyHolds(ctx, busy)
+		if !standbyCovers(busy, holds, m.pool.Yieldable()) {
+			return nil, err
+		}
+		id, ok := m.pool.YieldStandby(ctx, func(parent string) bool { return holds[parent] > 0 })
 		switch {
 		case !ok:
 			return nil, err
@@ -131,6 +135,57 @@ func (m *Manager) giveWay(ctx context.Context, admit func() (func(), error)) (fu
 			slog.String("refused", busy.SandboxID), slog.String("resource", busy.Resource.String()), slog.String("principal", busy.Principal))
 		maker{m}.Discard(ctx, id)
 	}
+}
+
+// standbyHolds returns, for each parent with standby members that busy's
+// limit counts (the refused principal's, or any for the server's
+// limits), what one of its members holds of busy's resource: one sandbox,
+// or the parent's memory cap or disk quota in bytes, which its members
+// were made with. Parents whose members hold none of it are left out.
+func (m *Manager) standbyHolds(ctx context.Context, busy *apierr.FleetBusy) map[string]uint64 {
+	holds := make(map[string]uint64)
+	for parent := range m.pool.Yieldable() {
+		sb, err := m.rt.Get(ctx, parent)
+		if err != nil || busy.Principal != "" && sb.Owner != busy.Principal {
+			continue
+		}
+		var h uint64
+		switch busy.Resource {
+		case berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES:
+			h = 1
+		case berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY:
+			h = sb.MemoryBytes
+		case berthv1.CapacityResource_CAPACITY_RESOURCE_DISK, berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK:
+			h = sb.DiskBytes
+		}
+		if h > 0 {
+			holds[parent] = h
+		}
+	}
+	return holds
+}
+
+// standbyCovers reports whether the members counts lists (parent -> how
+// many), each holding holds[parent] of busy's resource, together hold at
+// least what busy lacks (InUse + Requested - Limit, at least 1).
+func standbyCovers(busy *apierr.FleetBusy, holds map[string]uint64, counts map[string]int) bool {
+	need, ok := bounds.Add(busy.InUse, busy.Requested)
+	if !ok {
+		return false // no limit holds it
+	}
+	lack := uint64(1)
+	if need > busy.Limit {
+		lack = need - busy.Limit
+	}
+	var have uint64
+	for parent, h := range holds {
+		for range counts[parent] {
+			if have, _ = bounds.Add(have, h); have >= lack {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Discard removes a pool member the pool no longer wants (Maker).

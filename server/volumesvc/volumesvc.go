@@ -32,9 +32,13 @@ type store interface {
 }
 
 // admitter admits stored bytes within the server's disk budget and the
-// owner's disk cap (*admit.Capacity).
+// owner's disk cap (*lifecycle.Manager: admit.Capacity.AdmitStored, fork
+// standby members giving way to a volume refused for room they hold).
 type admitter interface {
 	AdmitStored(ctx context.Context, id, owner string, bytes uint64) (release func(), err error)
+	// RoomFreed says that a volume's quota was given back (a standby
+	// member refused for room may be made again).
+	RoomFreed()
 }
 
 // Config is what the volume RPCs need of berthd's flags.
@@ -162,6 +166,7 @@ func (s *Service) DeleteVolume(ctx context.Context, req *berthv1.DeleteVolumeReq
 	if err := s.store.DeleteVolume(ctx, p.Name, req.GetName()); err != nil {
 		return nil, apierr.WithMeta(err, map[string]string{"volume": req.GetName()})
 	}
+	s.admit.RoomFreed()
 	return &berthv1.DeleteVolumeResponse{}, nil
 }
 

@@ -55,6 +55,8 @@ func (f *fakeAdmit) AdmitStored(_ context.Context, _, _ string, bytes uint64) (f
 	return func() {}, nil
 }
 
+func (f *fakeAdmit) RoomFreed() {}
+
 // TestCreateVolume: names and quotas are checked before anything is
 // admitted or made (INVALID_ARGUMENT naming the field), the default quota
 // fills a zero, the admission's refusal stops the create, and the volume
