@@ -473,9 +473,9 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 		m.setHeld(id, true)
 		return nil
 	}
-	if kv := holder; kv != nil {
+	if holder != nil {
 		var have SandboxRecord
-		if err := json.Unmarshal(kv.Value, &have); err != nil {
+		if err := json.Unmarshal(holder.Value, &have); err != nil {
 			return fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
 		}
 		if have.Node == m.cfg.NodeID {

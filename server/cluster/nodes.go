@@ -117,9 +117,9 @@ func (s *NodeService) setDrain(ctx context.Context, id string, drain bool) (*ber
 // it still runs; a node registering meanwhile makes the call fail
 // NODE_CHANGED with nothing more removed. The store may delete in several
 // steps (etcd: batches of removeBatch), the node's own keys with the last
-// one: a call that fails midway leaves the node listed, and is repeated. The whole
-// call waits at most the etcd budget (WithEtcdBudget); past it it fails
-// CLUSTER_UNAVAILABLE with RetryInfo.
+// one: a call that fails midway leaves the node listed, and is repeated.
+// The whole call waits at most the etcd budget (WithEtcdBudget); past it
+// it fails CLUSTER_UNAVAILABLE with RetryInfo.
 func (s *NodeService) RemoveNode(ctx context.Context, req *berthv1.RemoveNodeRequest) (*berthv1.RemoveNodeResponse, error) {
 	sctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
