@@ -120,6 +120,79 @@ func (s *EtcdStore) Commit(ctx context.Context, fences []Fence, ops []Op, elseGe
 	return false, got, nil
 }
 
+// ClaimSandbox implements Store as one transaction: compares that the
+// record is absent, the node key under the lease and (unless adopting)
+// the drain key absent; puts of the record and the node key; else gets of
+// the record and the drain key.
+func (s *EtcdStore) ClaimSandbox(ctx context.Context, c SandboxClaim) (bool, *KV, bool, error) {
+	fences := []Fence{absent(c.Key), leasedBy(c.NodeKey, c.Lease)}
+	if !c.Adopting {
+		fences = append(fences, absent(c.DrainKey))
+	}
+	claimed, got, err := s.Commit(ctx, fences, []Op{put(c.Key, c.Record), putLeased(c.NodeKey, c.NodeRecord, c.Lease)}, c.Key, c.DrainKey)
+	if err != nil || claimed {
+		return claimed, nil, false, err
+	}
+	return false, got[0], got[1] != nil, nil
+}
+
+// ForgetLost implements Store as one transaction: compares that the record
+// is unchanged and the node key absent; the record's delete and the
+// tombstone's put.
+func (s *EtcdStore) ForgetLost(ctx context.Context, f LostSandbox) (bool, error) {
+	forgotten, _, err := s.Commit(ctx, []Fence{unchanged(f.Key, f.Revision), absent(f.NodeKey)},
+		[]Op{del(f.Key), put(f.TombstoneKey, f.Tombstone)})
+	return forgotten, err
+}
+
+// removeBatch bounds the records one RemoveNode transaction deletes: etcd
+// refuses transactions of more than --max-txn-ops (128 by default)
+// operations.
+const removeBatch = 100
+
+// RemoveNode implements Store in transactions of at most removeBatch
+// deletes, each fenced on the node key absent: the snapshot records, then
+// the sandbox records (each fenced unchanged), the node's own keys with
+// the last batch (which is made even when there are no records).
+func (s *EtcdStore) RemoveNode(ctx context.Context, r NodeRemoval) (NodeRemoved, error) {
+	var done NodeRemoved
+	for start := 0; start < len(r.Snapshots); start += removeBatch {
+		var ops []Op
+		for _, key := range r.Snapshots[start:min(start+removeBatch, len(r.Snapshots))] {
+			ops = append(ops, del(key))
+		}
+		removed, _, err := s.Commit(ctx, []Fence{absent(r.NodeKey)}, ops)
+		if err != nil || !removed {
+			return done, err
+		}
+		done.Snapshots += len(ops)
+	}
+	for start := 0; start == 0 || start < len(r.Records); start += removeBatch {
+		batch := r.Records[start:min(start+removeBatch, len(r.Records))]
+		fences := []Fence{absent(r.NodeKey)}
+		var ops []Op
+		for _, kv := range batch {
+			fences = append(fences, unchanged(kv.Key, kv.ModRevision))
+			ops = append(ops, del(kv.Key))
+		}
+		if start+removeBatch >= len(r.Records) {
+			for _, key := range r.Keys {
+				ops = append(ops, del(key))
+			}
+			for _, prefix := range r.Prefixes {
+				ops = append(ops, delPrefix(prefix))
+			}
+		}
+		removed, _, err := s.Commit(ctx, fences, ops)
+		if err != nil || !removed {
+			return done, err
+		}
+		done.Records += len(batch)
+	}
+	done.Done = true
+	return done, nil
+}
+
 // Watch implements Store with an etcd watch that requires a leader: it
 // ends with an error when the member it talks to loses its quorum, rather
 // than staying silent.

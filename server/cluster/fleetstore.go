@@ -55,6 +55,91 @@ type Store interface {
 	// Revoke ends lease now (deleting its keys, as expiry does); a lease
 	// that ended already is ErrLeaseNotFound.
 	Revoke(ctx context.Context, lease LeaseID) error
+
+	// The fleet's writes to several keys that must hold together. Each
+	// states the guarantee the fleet needs rather than the fences that
+	// give it on etcd (one transaction there), so that a store without
+	// multi-key transactions can meet it with single-key writes and a
+	// check after (docs/fleet-store.md).
+
+	// ClaimSandbox records a sandbox on its node (c.Key, c.Record) and
+	// publishes the node's record (c.NodeKey, c.NodeRecord, under
+	// c.Lease) only if no record of the sandbox exists, the node's key is
+	// still under c.Lease (the node holds the lease it registered with:
+	// a node the fleet may take for lost records nothing in its name),
+	// and, unless c.Adopting, the node's drain key c.DrainKey is absent.
+	// When it reports claimed, all of these held once both were written
+	// and no other record of the sandbox was written: one holder per
+	// sandbox id. Else it wrote nothing that stays, and reports what it
+	// found: holder is the sandbox's record as it is (nil when absent),
+	// draining whether c.DrainKey exists; with neither, the lease no
+	// longer holds.
+	ClaimSandbox(ctx context.Context, c SandboxClaim) (claimed bool, holder *KV, draining bool, err error)
+	// ForgetLost removes the record of a sandbox whose node is lost and
+	// leaves that node a tombstone (f.TombstoneKey, f.Tombstone), only
+	// while the record is unchanged since read at f.Revision and the
+	// node's key f.NodeKey is absent (the node holds no lease). When it
+	// reports forgotten, the record is gone and the tombstone is there; a
+	// node that registers again finds the tombstone (or, on a store that
+	// cannot write both at once, its record being removed) and deletes
+	// the sandbox. Else it removed nothing: the record changed or the
+	// node registered again.
+	ForgetLost(ctx context.Context, f LostSandbox) (forgotten bool, err error)
+	// RemoveNode removes the records of a node that holds no lease: first
+	// the keys of r.Snapshots, then the records r.Records (each only if
+	// unchanged since read at its ModRevision), and with the last of them
+	// r.Keys and every key under each of r.Prefixes (the node's own keys),
+	// all only while r.NodeKey is absent. It may remove them in several
+	// steps: progress says how many of each it removed, and Done whether
+	// it removed everything. A step refused (the node registered, or a
+	// record changed) ends it with what earlier steps removed kept, and
+	// the node's own keys not removed, so the node stays listed and the
+	// call can be repeated.
+	RemoveNode(ctx context.Context, r NodeRemoval) (progress NodeRemoved, err error)
+}
+
+// SandboxClaim is what Store.ClaimSandbox writes and checks.
+type SandboxClaim struct {
+	Key    string // the sandbox's record
+	Record []byte
+	// NodeKey is the claiming node's key, put with NodeRecord under
+	// Lease, the lease the node registered with.
+	NodeKey    string
+	NodeRecord []byte
+	Lease      LeaseID
+	// DrainKey is the node's drain mark: the claim is refused while it
+	// exists, unless Adopting (a record of a sandbox the node runs
+	// already, which a draining node records too).
+	DrainKey string
+	Adopting bool
+}
+
+// LostSandbox is what Store.ForgetLost removes and writes.
+type LostSandbox struct {
+	Key      string // the sandbox's record,
+	Revision int64  // as read (its ModRevision)
+	NodeKey  string // the key of the node that holds it, absent while lost
+	// TombstoneKey and Tombstone are written for the node.
+	TombstoneKey string
+	Tombstone    []byte
+}
+
+// NodeRemoval is what Store.RemoveNode removes.
+type NodeRemoval struct {
+	NodeKey   string   // absent while the node holds no lease
+	Snapshots []string // the node's snapshot records, removed first
+	// Records are the node's sandbox records as read (Key, ModRevision).
+	Records []KV
+	// Keys and Prefixes are removed with the last records.
+	Keys     []string
+	Prefixes []string
+}
+
+// NodeRemoved is how far a Store.RemoveNode got.
+type NodeRemoved struct {
+	Snapshots int // of NodeRemoval.Snapshots, removed
+	Records   int // of NodeRemoval.Records, removed
+	Done      bool
 }
 
 // LeaseID names a lease of a Store; 0 is none.

@@ -38,8 +38,8 @@ type tombstoneRecord struct {
 }
 
 // forgetLost removes the record of sandbox id when it still names node
-// and node still holds no lease, in one transaction that also leaves a
-// tombstone for node (tombstoneRecord): the DeleteSandbox of a sandbox
+// and node still holds no lease, leaving a tombstone (tombstoneRecord)
+// for node (Store.ForgetLost): the DeleteSandbox of a sandbox
 // whose node is lost, asked for by principal. It reports false when the
 // record or the node changed since (the node registered again, or another
 // call removed or replaced the record): the caller routes the delete
@@ -61,8 +61,8 @@ func (d *Directory) forgetLost(ctx context.Context, id, node, principal string) 
 		return false, nil
 	}
 	tomb, _ := json.Marshal(tombstoneRecord{Revision: kv.ModRevision, DeletedAt: time.Now().UTC(), Principal: principal})
-	removed, _, err := d.store.Commit(ctx, []Fence{unchanged(key, kv.ModRevision), absent(d.keys.node(node))},
-		[]Op{del(key), put(d.keys.tombstone(node, id), tomb)})
+	removed, err := d.store.ForgetLost(ctx, LostSandbox{Key: key, Revision: kv.ModRevision, NodeKey: d.keys.node(node),
+		TombstoneKey: d.keys.tombstone(node, id), Tombstone: tomb})
 	if err != nil {
 		return false, storeError("remove the record of sandbox "+id, err)
 	}

@@ -412,9 +412,9 @@ func (m *Member) Holds(id string) bool {
 	return m.held[id]
 }
 
-// Claim records sandbox id, created by owner, on this node: in one
-// transaction, only if no node holds the id, while the node holds its
-// lease and is not draining; the same transaction publishes the node's
+// Claim records sandbox id, created by owner, on this node
+// (Store.ClaimSandbox): only if no node holds the id, while the node holds
+// its lease and is not draining; the same write publishes the node's
 // usage, which counts the creation in progress (Local.Usage), so that the
 // next placement sees it. An id the node holds already is claimed again
 // without change.
@@ -461,12 +461,11 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 	rec.UpdatedAt = time.Now().UTC()
 	nodeBody, _ := json.Marshal(rec)
 	body, _ := json.Marshal(SandboxRecord{Node: m.cfg.NodeID, Owner: owner, CreatedAt: time.Now().UTC()})
-	key, nodeKey, drainKey := m.keys.sandbox(id), m.keys.node(m.cfg.NodeID), m.keys.drain(m.cfg.NodeID)
-	fences := []Fence{absent(key), leasedBy(nodeKey, lease)}
-	if !adopting {
-		fences = append(fences, absent(drainKey))
-	}
-	claimed, got, err := m.store.Commit(ctx, fences, []Op{put(key, body), putLeased(nodeKey, nodeBody, lease)}, key, drainKey)
+	claimed, holder, draining, err := m.store.ClaimSandbox(ctx, SandboxClaim{
+		Key: m.keys.sandbox(id), Record: body,
+		NodeKey: m.keys.node(m.cfg.NodeID), NodeRecord: nodeBody, Lease: lease,
+		DrainKey: m.keys.drain(m.cfg.NodeID), Adopting: adopting,
+	})
 	if err != nil {
 		return storeFailed(caller, m.cfg.EtcdBudget, storeError(fmt.Sprintf("record sandbox %s on node %s", id, m.cfg.NodeID), err))
 	}
@@ -474,9 +473,9 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 		m.setHeld(id, true)
 		return nil
 	}
-	if kv := got[0]; kv != nil {
+	if holder != nil {
 		var have SandboxRecord
-		if err := json.Unmarshal(kv.Value, &have); err != nil {
+		if err := json.Unmarshal(holder.Value, &have); err != nil {
 			return fmt.Errorf("cluster: the record of sandbox %s does not parse: %w", id, err)
 		}
 		if have.Node == m.cfg.NodeID {
@@ -486,7 +485,7 @@ func (m *Member) claim(ctx context.Context, id, owner string, adopting bool) err
 		return rpcstatus.Error(codes.Aborted, rpcstatus.ReasonPlacedElsewhere,
 			fmt.Sprintf("sandbox %s is recorded on node %s, not on %s", id, have.Node, m.cfg.NodeID), map[string]string{"sandbox_id": id, "node_id": have.Node})
 	}
-	return notAccepting(m.cfg.NodeID, id, got[1] != nil)
+	return notAccepting(m.cfg.NodeID, id, draining)
 }
 
 // notAccepting is UNAVAILABLE NODE_NOT_ACCEPTING of node for sandbox id:

@@ -108,23 +108,18 @@ func (s *NodeService) setDrain(ctx context.Context, id string, drain bool) (*ber
 	return nodes[id], nil
 }
 
-// removeBatch bounds the sandbox records one RemoveNode transaction
-// deletes: etcd refuses transactions of more than --max-txn-ops (128 by
-// default) operations.
-const removeBatch = 100
-
 // RemoveNode forgets a lost node and the records of its sandboxes (see
-// berth.v1.NodeService.RemoveNode). Each transaction deletes only while
-// the node holds no lease (its record is absent) and only records that
-// are unchanged since they were read; the node's tombstones (deletes of
-// its sandboxes asked for while it was lost) go with the last one, so a
-// node removed and then started again records every sandbox it still runs;
-// a node registering meanwhile makes
-// the call fail NODE_LIVE with nothing more removed. Records are deleted
-// in batches of removeBatch, the node's own keys with the last one: a call
-// that fails midway leaves the node listed, and is repeated. The whole
-// call waits at most the etcd budget (WithEtcdBudget); past it it fails
-// CLUSTER_UNAVAILABLE with RetryInfo.
+// berth.v1.NodeService.RemoveNode), through Store.RemoveNode: it deletes
+// only while the node holds no lease (its record is absent) and only
+// records that are unchanged since they were read; the node's tombstones
+// (deletes of its sandboxes asked for while it was lost) go with the last
+// records, so a node removed and then started again records every sandbox
+// it still runs; a node registering meanwhile makes the call fail
+// NODE_CHANGED with nothing more removed. The store may delete in several
+// steps (etcd: batches of removeBatch), the node's own keys with the last
+// one: a call that fails midway leaves the node listed, and is repeated.
+// The whole call waits at most the etcd budget (WithEtcdBudget); past it
+// it fails CLUSTER_UNAVAILABLE with RetryInfo.
 func (s *NodeService) RemoveNode(ctx context.Context, req *berthv1.RemoveNodeRequest) (*berthv1.RemoveNodeResponse, error) {
 	sctx, cancel := context.WithTimeout(ctx, s.budget)
 	defer cancel()
@@ -174,51 +169,32 @@ func (s *NodeService) removeNode(ctx context.Context, req *berthv1.RemoveNodeReq
 	}
 	// The node's snapshots are gone with it: their records first, so that
 	// a removal that stops half-way (NODE_CHANGED) is simply asked again.
-	var snaps []string
+	removal := NodeRemoval{NodeKey: nodeKey, Keys: []string{seenKey, drainKey}, Prefixes: []string{s.keys.tombstones(id)}}
 	for _, kv := range found[4] {
 		var rec SnapshotRecord
 		if json.Unmarshal(kv.Value, &rec) == nil && rec.Node == id {
-			snaps = append(snaps, kv.Key)
+			removal.Snapshots = append(removal.Snapshots, kv.Key)
 		}
 	}
-	for start := 0; start < len(snaps); start += removeBatch {
-		var ops []Op
-		for _, key := range snaps[start:min(start+removeBatch, len(snaps))] {
-			ops = append(ops, del(key))
-		}
-		removed, _, err := s.store.Commit(ctx, []Fence{absent(nodeKey)}, ops)
-		if err != nil {
-			return nil, storeError("remove the snapshot records of node "+id, err)
-		}
-		if !removed {
-			return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
-				fmt.Sprintf("node %s registered while it was being removed; none of its sandbox records were removed; list the nodes and try again", id),
-				map[string]string{"node_id": id})
-		}
+	for _, r := range recs {
+		removal.Records = append(removal.Records, KV{Key: s.keys.sandbox(r.id), ModRevision: r.rev})
 	}
-	for start := 0; start == 0 || start < len(recs); start += removeBatch {
-		batch := recs[start:min(start+removeBatch, len(recs))]
-		fences := []Fence{absent(nodeKey)}
-		var ops []Op
-		for _, r := range batch {
-			key := s.keys.sandbox(r.id)
-			fences = append(fences, unchanged(key, r.rev))
-			ops = append(ops, del(key))
-		}
-		if start+removeBatch >= len(recs) {
-			ops = append(ops, del(seenKey), del(drainKey), delPrefix(s.keys.tombstones(id)))
-		}
-		removed, _, err := s.store.Commit(ctx, fences, ops)
-		if err != nil {
-			return nil, storeError("remove the records of node "+id, err)
-		}
-		if !removed {
-			// The node registered, or one of its records changed (only
-			// the node itself, or a delete of the sandbox, changes one).
-			return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
-				fmt.Sprintf("node %s registered or its sandbox records changed while it was being removed; %d of its %d records were removed; list the nodes and try again", id, start, len(recs)),
-				map[string]string{"node_id": id})
-		}
+	done, err := s.store.RemoveNode(ctx, removal)
+	if err != nil {
+		return nil, storeError("remove the records of node "+id, err)
+	}
+	switch {
+	case done.Done:
+	case done.Snapshots < len(removal.Snapshots):
+		return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
+			fmt.Sprintf("node %s registered while it was being removed; none of its sandbox records were removed; list the nodes and try again", id),
+			map[string]string{"node_id": id})
+	default:
+		// The node registered, or one of its records changed (only the
+		// node itself, or a delete of the sandbox, changes one).
+		return nil, rpcstatus.Error(codes.Aborted, rpcstatus.ReasonNodeChanged,
+			fmt.Sprintf("node %s registered or its sandbox records changed while it was being removed; %d of its %d records were removed; list the nodes and try again", id, done.Records, len(recs)),
+			map[string]string{"node_id": id})
 	}
 	return out, nil
 }
