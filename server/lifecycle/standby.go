@@ -137,6 +137,19 @@ func (m *Manager) giveWay(ctx context.Context, admit func() (func(), error)) (fu
 	}
 }
 
+// endAdmission releases an admission (giveWay's release) once the work
+// it admitted ended. Work that did not keep the room — a create, a claim
+// or a fork that failed or gave up — tells the pool it came back
+// (Pool.Freed), after the release so that the retry finds it free: a
+// standby member that gave way to it, or was refused for the room it
+// held, is made again now instead of after some later delete.
+func (m *Manager) endAdmission(release func(), kept bool) {
+	release()
+	if !kept {
+		m.pool.Freed()
+	}
+}
+
 // standbyHolds returns, for each parent with standby members that busy's
 // limit counts (the refused principal's, or any for the server's
 // limits), what one of its members holds of busy's resource: one sandbox,
