@@ -612,11 +612,7 @@ func TestPoolStandbyYield(t *testing.T) {
 func TestPoolRemoveRetried(t *testing.T) {
 	ctx := context.Background()
 	m := &fakeMaker{}
-	p := NewPool(PoolConfig{Standby: 1, StandbyIdle: time.Hour, RetryDelay: 10 * time.Millisecond}, m, discard)
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { p.Run(rctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	p := runStandbyPool(t, m)
 	p.Want("sb-a", 1)
 	waitFor(t, 2*time.Second, "sb-a's member made", func() bool { return p.Ready(standbyKey("sb-a")) == 1 })
 	id, ok := p.YieldStandby(ctx, func(string) bool { return true })
@@ -640,6 +636,17 @@ func TestPoolRemoveRetried(t *testing.T) {
 	if left != 0 {
 		t.Errorf("%d failing removals left untried, want 0", left)
 	}
+}
+
+// runStandbyPool runs a pool of one standby member per parent made by
+// m until the test ends.
+func runStandbyPool(t *testing.T, m *fakeMaker) *Pool {
+	p := NewPool(PoolConfig{Standby: 1, StandbyIdle: time.Hour, RetryDelay: 10 * time.Millisecond}, m, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return p
 }
 
 // TestPoolStandbyRetryBounded: a delete (Freed) retries one parent

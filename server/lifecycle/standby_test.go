@@ -1,7 +1,6 @@
 package lifecycle
 
 import (
-	"context"
 	"math"
 	"testing"
 	"time"
@@ -43,14 +42,9 @@ func TestStandbyCovers(t *testing.T) {
 // some later delete; work that kept its room does not (it would cost a
 // refused admission).
 func TestEndAdmission(t *testing.T) {
-	ctx := context.Background()
 	mk := &fakeMaker{busy: true}
-	p := NewPool(PoolConfig{Standby: 1, StandbyIdle: time.Hour, RetryDelay: 10 * time.Millisecond}, mk, discard)
+	p := runStandbyPool(t, mk)
 	m := &Manager{pool: p}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { p.Run(rctx); close(done) }()
-	defer func() { cancel(); <-done }()
 	refused := func() int { mk.mu.Lock(); defer mk.mu.Unlock(); return len(mk.refused) }
 	p.Want("sb-a", 1)
 	waitFor(t, 2*time.Second, "sb-a's member refused for room", func() bool { key, _ := p.next(); return key == "" && refused() == 1 })
