@@ -390,23 +390,26 @@ func (c *Capacity) checkPrincipal(id string, all map[string]Held, want Held) err
 	if want.Pooled || !pl.any() {
 		return nil
 	}
-	var owner tally
+	var owner, standby tally // standby: the part of owner's that her members hold
 	for hid, h := range all {
 		if hid != id && !h.Pooled && h.Owner == want.Owner {
 			owner.add(h)
+			if h.Standby {
+				standby.add(h)
+			}
 		}
 	}
-	busy := func(r berthv1.CapacityResource, limit, inUse, requested uint64) error {
+	busy := func(r berthv1.CapacityResource, limit, inUse, requested, members uint64) error {
 		return &apierr.FleetBusy{SandboxID: id, Resource: r, Limit: limit, InUse: inUse, Requested: requested,
-			RetryDelay: c.limits.RetryDelay, Principal: want.Owner}
+			RetryDelay: c.limits.RetryDelay, Principal: want.Owner, Standby: members}
 	}
 	switch {
 	case !want.Stored && pl.MaxSandboxes > 0 && owner.sandboxes+1 > uint64(pl.MaxSandboxes):
-		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES, uint64(pl.MaxSandboxes), owner.sandboxes, 1)
+		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES, uint64(pl.MaxSandboxes), owner.sandboxes, 1, standby.sandboxes)
 	case pl.MemoryBytes > 0 && addSaturating(owner.memory, want.MemoryBytes) > pl.MemoryBytes:
-		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY, pl.MemoryBytes, owner.memory, want.MemoryBytes)
+		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY, pl.MemoryBytes, owner.memory, want.MemoryBytes, standby.memory)
 	case pl.DiskBytes > 0 && addSaturating(owner.disk, want.DiskBytes) > pl.DiskBytes:
-		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK, pl.DiskBytes, owner.disk, want.DiskBytes)
+		return busy(berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK, pl.DiskBytes, owner.disk, want.DiskBytes, standby.disk)
 	}
 	return nil
 }

@@ -513,3 +513,57 @@ func TestUsageLeavesOutStandby(t *testing.T) {
 		t.Errorf("Usage with a member made and one admitted = %d sandboxes, %d memory, %d disk bytes; want 1, 100, 10 (a1 only)", u.Sandboxes, u.MemoryBytes, u.DiskBytes)
 	}
 }
+
+// TestStandbyInRefusal: a refusal at a principal's cap says how much of
+// what she holds is her fork standby members (which she cannot list, and
+// which stayed: they could not make room), so that "delete sandboxes"
+// does not send her hunting for sandboxes she does not have. A refusal
+// at the server's limits, which another principal may get, says nothing
+// of anyone's members.
+func TestStandbyInRefusal(t *testing.T) {
+	ctx := context.Background()
+	existing := map[string]Held{
+		"a1":        {Owner: "alice", MemoryBytes: 100, DiskBytes: 10},
+		"standby-1": {Owner: "alice", Standby: true, MemoryBytes: 100, DiskBytes: 10},
+		"standby-2": {Owner: "alice", Standby: true, MemoryBytes: 100, DiskBytes: 10},
+	}
+	usage := func(context.Context) (map[string]Held, error) { return existing, nil }
+	for _, tt := range []struct {
+		name     string
+		limits   Limits
+		want     Held
+		standby  uint64
+		inMsg    string
+		resource berthv1.CapacityResource
+	}{
+		{"alice's sandboxes cap", Limits{PerPrincipal: PrincipalLimits{MaxSandboxes: 3}}, Held{Owner: "alice"},
+			2, "2 of them are fork standby members", berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES},
+		{"alice's memory cap", Limits{PerPrincipal: PrincipalLimits{MemoryBytes: 350}}, Held{Owner: "alice", MemoryBytes: 100},
+			200, "200 bytes of them are held by fork standby members", berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_MEMORY},
+		{"alice's disk cap", Limits{PerPrincipal: PrincipalLimits{DiskBytes: 35}}, Held{Owner: "alice", DiskBytes: 10},
+			20, "20 bytes of them are held by fork standby members", berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_DISK},
+		{"the server's sandboxes, for bob", Limits{MaxSandboxes: 3}, Held{Owner: "bob"},
+			0, "", berthv1.CapacityResource_CAPACITY_RESOURCE_SANDBOXES},
+		{"the server's memory, for alice", Limits{MemoryBudget: 350}, Held{Owner: "alice", MemoryBytes: 100},
+			0, "", berthv1.CapacityResource_CAPACITY_RESOURCE_MEMORY},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(tt.limits, nil, usage)
+			_, err := c.AdmitSandbox(ctx, "new", tt.want)
+			var b *apierr.FleetBusy
+			if !errors.As(err, &b) || b.Resource != tt.resource {
+				t.Fatalf("AdmitSandbox = %v, want FLEET_BUSY on %v", err, tt.resource)
+			}
+			if b.Standby != tt.standby {
+				t.Errorf("Standby = %d, want %d", b.Standby, tt.standby)
+			}
+			msg := err.Error()
+			if tt.inMsg != "" && !strings.Contains(msg, tt.inMsg) {
+				t.Errorf("message %q lacks %q", msg, tt.inMsg)
+			}
+			if tt.inMsg == "" && strings.Contains(msg, "standby") {
+				t.Errorf("message %q speaks of standby members at the server's limits", msg)
+			}
+		})
+	}
+}

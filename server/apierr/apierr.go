@@ -238,6 +238,13 @@ type FleetBusy struct {
 	// Principal names the principal whose cap ran out (the
 	// CAPACITY_RESOURCE_PRINCIPAL_* resources); empty for the others.
 	Principal string
+	// Standby is how much of InUse (sandboxes, or bytes) Principal's
+	// own fork standby members hold: made ahead for the next forks of
+	// her sandboxes, not listed to her, removed when that alone makes
+	// the request fit (lifecycle's giveWay). Said only for Principal's
+	// own caps: a refusal at the server's limits says nothing of whose
+	// members it counts.
+	Standby uint64
 }
 
 func (e *FleetBusy) Error() string {
@@ -264,10 +271,23 @@ func (e *FleetBusy) Error() string {
 	case berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_RAW_STREAMS:
 		what = fmt.Sprintf("principal %q has %d of at most %d raw HTTP file streams open (--max-raw-streams-per-principal)", e.Principal, e.InUse, e.Limit)
 	}
+	if e.Standby > 0 && e.Principal != "" {
+		what += e.standby()
+	}
 	if d := e.Delay(); d > 0 {
 		return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, retry after %v", e.SandboxID, what, d)
 	}
 	return fmt.Sprintf("no capacity for sandbox %s: %s; nothing was started, and waiting frees no disk: delete sandboxes or snapshots first", e.SandboxID, what)
+}
+
+// standby says how much of the refused principal's use her fork
+// standby members hold, and why they stay.
+func (e *FleetBusy) standby() string {
+	const why = "fork standby members made ahead for the next forks of its sandboxes: not listed, they are removed when that makes room and no fork is taking them"
+	if e.Resource == berthv1.CapacityResource_CAPACITY_RESOURCE_PRINCIPAL_SANDBOXES {
+		return fmt.Sprintf(" (%d of them are %s)", e.Standby, why)
+	}
+	return fmt.Sprintf(" (%d bytes of them are held by %s)", e.Standby, why)
 }
 
 // Delay is how long a caller should wait before retrying, or 0 when a wait

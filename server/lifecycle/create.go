@@ -216,7 +216,8 @@ func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec, ph *runti
 	if err != nil {
 		return runtime.Sandbox{}, nil, err
 	}
-	defer admitted()
+	made := false
+	defer func() { m.endAdmission(admitted, made) }()
 	if err := m.attachNetwork(ctx, &spec); err != nil {
 		return runtime.Sandbox{}, nil, err
 	}
@@ -241,6 +242,7 @@ func (m *Manager) start(ctx context.Context, spec runtime.SandboxSpec, ph *runti
 		m.ids.SetOwner(spec.ID, info.GetBootId(), spec.Owner)
 		var sb runtime.Sandbox
 		if sb, err = m.rt.Get(ctx, spec.ID); err == nil {
+			made = true
 			return sb, info, nil
 		}
 	}
@@ -397,7 +399,8 @@ func (m *Manager) fromPool(ctx context.Context, spec runtime.SandboxSpec) (Creat
 		}
 		return Created{}, false
 	}
-	defer admitted()
+	claimed := false
+	defer func() { m.endAdmission(admitted, claimed) }()
 	if err := m.claim(ctx, id, spec.Owner); err != nil {
 		return drop(err)
 	}
@@ -415,6 +418,7 @@ func (m *Manager) fromPool(ctx context.Context, spec runtime.SandboxSpec) (Creat
 	}
 	m.ids.SetOwner(id, info.GetBootId(), sb.Owner)
 	m.track(sb)
+	claimed = true
 	m.log.Info("sandbox created from the warm pool", slog.String("sandbox_id", id), slog.String("image", spec.Image),
 		slog.String("agent_boot_id", info.GetBootId()), slog.Duration("idle_timeout", spec.IdleTimeout), slog.Duration("max_lifetime", spec.MaxLifetime))
 	return Created{Sandbox: sb, Info: info, FromPool: true}, true

@@ -224,7 +224,8 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		}
 		return nil, err
 	}
-	defer c.admitted()
+	forked := false
+	defer func() { m.endAdmission(c.admitted, forked) }()
 	defer func() {
 		if err := c.release(); err != nil {
 			m.log.Error("delete a fork's copy; it stays until berthd's next start", slog.String("sandbox_id", id), slog.Any("error", err))
@@ -243,6 +244,7 @@ func (m *Manager) Fork(ctx context.Context, id string, p auth.Principal, req For
 		// best-of-N): the next fork's children may be ready.
 		m.pool.Want(id, req.Count)
 	}
+	forked = true
 	return created, nil
 }
 
@@ -354,7 +356,7 @@ func (m *Manager) forkCopy(ctx context.Context, id string, p auth.Principal, req
 		if rerr := release(); rerr != nil {
 			m.log.Error("delete a failed fork's memory image; it stays until the parent's deletion or berthd's next start", slog.String("sandbox_id", id), slog.Any("error", rerr))
 		}
-		admitted()
+		m.endAdmission(admitted, false)
 		resumed()
 		return forkCopying{launched: launched}, err
 	}

@@ -24,8 +24,9 @@ type Maker interface {
 	// waits.
 	MakeStandby(ctx context.Context, parent string) (string, error)
 	// Discard deletes a member the pool no longer wants (its parent gone
-	// or idle past its time).
-	Discard(ctx context.Context, id string)
+	// or idle past its time, or given way); a sandbox already gone is no
+	// error. On an error the pool tries again (Pool.Remove).
+	Discard(ctx context.Context, id string) error
 }
 
 // PoolConfig configures a Pool. Zero fields take the defaults given.
@@ -72,10 +73,14 @@ type Pool struct {
 	full     map[string]time.Time
 	freed    bool
 	retrying string
-	making   string             // the key whose member Run is making now ("": none)
-	cancel   context.CancelFunc // cancels that making (YieldStandby)
-	made     chan struct{}      // closed when that making ended
-	wake     chan struct{}      // buffered: a refill may be needed
+	// orphans are members out of the pool whose removal failed: they
+	// still hold room (a standby member counts against its parent's
+	// owner, who cannot list it), so Run tries again every RetryDelay.
+	orphans []string
+	making  string             // the key whose member Run is making now ("": none)
+	cancel  context.CancelFunc // cancels that making (YieldStandby)
+	made    chan struct{}      // closed when that making ended
+	wake    chan struct{}      // buffered: a refill may be needed
 }
 
 // standbyKey is the pool key of parent's standby members: no image
@@ -300,6 +305,54 @@ func (p *Pool) idle(now time.Time) (ids []string, wait time.Duration) {
 	return ids, wait
 }
 
+// Remove deletes member id, which the pool no longer holds (given way,
+// forgotten, not returned, idle), with Maker.Discard. When that fails
+// the member is kept to be removed again by Run, every RetryDelay, until
+// it is gone: left, it would hold room no one can see or free until
+// berthd restarts.
+func (p *Pool) Remove(ctx context.Context, id string) {
+	if err := p.maker.Discard(ctx, id); err != nil {
+		p.log.Error("warm pool: remove member; trying again", slog.String("sandbox_id", id), slog.Any("error", err),
+			slog.Duration("retry_in", p.cfg.RetryDelay))
+		p.mu.Lock()
+		p.orphans = append(p.orphans, id)
+		p.mu.Unlock()
+		p.poke()
+	}
+}
+
+// removeOrphans tries again to remove the members whose removal failed
+// (Remove) and returns how long until the next try (0: none left).
+func (p *Pool) removeOrphans(ctx context.Context) time.Duration {
+	p.mu.Lock()
+	ids := p.orphans
+	p.orphans = nil
+	p.mu.Unlock()
+	var left []string
+	for _, id := range ids {
+		if err := p.maker.Discard(ctx, id); err != nil {
+			p.log.Error("warm pool: remove member again", slog.String("sandbox_id", id), slog.Any("error", err),
+				slog.Duration("retry_in", p.cfg.RetryDelay))
+			left = append(left, id)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.orphans = append(p.orphans, left...)
+	if len(p.orphans) == 0 {
+		return 0
+	}
+	return p.cfg.RetryDelay
+}
+
+// Orphans returns the ids of the members whose removal failed and is
+// tried again (Remove).
+func (p *Pool) Orphans() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.orphans)
+}
+
 // Enabled reports whether the pool keeps sandboxes for image.
 func (p *Pool) Enabled(image string) bool { return p.cfg.Sizes[image] > 0 }
 
@@ -374,16 +427,19 @@ func (p *Pool) Run(ctx context.Context) {
 		case <-p.wake:
 		case <-retry.C:
 		}
+		orphanWait := p.removeOrphans(ctx)
 		for {
 			idle, idleWait := p.idle(time.Now())
 			for _, id := range idle {
 				p.log.Info("warm pool: standby member idle past its time; removing it", slog.String("sandbox_id", id))
-				p.maker.Discard(ctx, id)
+				p.Remove(ctx, id)
 			}
 			image, wait := p.next()
 			if image == "" {
-				if idleWait > 0 && (wait == 0 || idleWait < wait) {
-					wait = idleWait
+				for _, w := range []time.Duration{idleWait, orphanWait} {
+					if w > 0 && (wait == 0 || w < wait) {
+						wait = w
+					}
 				}
 				if wait > 0 {
 					retry.Reset(wait)
@@ -417,7 +473,7 @@ func (p *Pool) Run(ctx context.Context) {
 				// Made as it was canceled: it gives way all the same.
 				p.mu.Unlock()
 				p.log.Info("warm pool: standby member gave way while being made; removing it", slog.String("parent", parent), slog.String("sandbox_id", id))
-				p.maker.Discard(ctx, id)
+				p.Remove(ctx, id)
 				continue
 			case yielded:
 				p.log.Info("warm pool: standby member gave way while being made", slog.String("parent", parent))
@@ -433,7 +489,7 @@ func (p *Pool) Run(ctx context.Context) {
 			case standby && !wanted:
 				p.mu.Unlock()
 				p.log.Info("warm pool: standby member's parent is gone; removing it", slog.String("parent", parent), slog.String("sandbox_id", id))
-				p.maker.Discard(ctx, id)
+				p.Remove(ctx, id)
 				continue
 			default:
 				delete(p.failed, image)

@@ -323,6 +323,8 @@ type fakeMaker struct {
 	// refused lists the parents it refused, in order.
 	busy    bool
 	refused []string
+	// discardFails is how many Discard calls fail before they succeed.
+	discardFails int
 }
 
 func (m *fakeMaker) MakePooled(_ context.Context, image string) (string, error) {
@@ -360,10 +362,15 @@ func (m *fakeMaker) MakeStandby(ctx context.Context, parent string) (string, err
 	return m.MakePooled(ctx, "standby-of-"+parent)
 }
 
-func (m *fakeMaker) Discard(_ context.Context, id string) {
+func (m *fakeMaker) Discard(_ context.Context, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.discardFails > 0 {
+		m.discardFails--
+		return errors.New("containerd: unavailable")
+	}
 	m.discarded = append(m.discarded, id)
+	return nil
 }
 
 func (m *fakeMaker) discards() []string {
@@ -596,6 +603,50 @@ func TestPoolStandbyYield(t *testing.T) {
 	waitFor(t, 2*time.Second, "sb-c's and sb-d's members made after a delete", func() bool {
 		return p.Ready(standbyKey("sb-c")) == 1 && p.Ready(standbyKey("sb-d")) == 1
 	})
+}
+
+// TestPoolRemoveRetried: a member whose removal failed (a standby
+// member that gave way, say) is not left behind: out of the pool it would
+// hold its parent's owner's room, unlisted, until berthd restarts. Run
+// removes it again every RetryDelay until the removal succeeds.
+func TestPoolRemoveRetried(t *testing.T) {
+	ctx := context.Background()
+	m := &fakeMaker{}
+	p := runStandbyPool(t, m)
+	p.Want("sb-a", 1)
+	waitFor(t, 2*time.Second, "sb-a's member made", func() bool { return p.Ready(standbyKey("sb-a")) == 1 })
+	id, ok := p.YieldStandby(ctx, func(string) bool { return true })
+	if !ok || id == "" {
+		t.Fatalf("YieldStandby = %q, %v; want sb-a's member", id, ok)
+	}
+	m.mu.Lock()
+	m.discardFails = 2
+	m.mu.Unlock()
+	p.Remove(ctx, id)
+	if got := p.Orphans(); !slices.Equal(got, []string{id}) {
+		t.Errorf("Orphans after a failed removal = %q, want [%s]", got, id)
+	}
+	waitFor(t, 2*time.Second, "the member removed on a later try", func() bool { return slices.Equal(m.discards(), []string{id}) })
+	if got := p.Orphans(); len(got) != 0 {
+		t.Errorf("Orphans after the removal succeeded = %q, want none", got)
+	}
+	m.mu.Lock()
+	left := m.discardFails
+	m.mu.Unlock()
+	if left != 0 {
+		t.Errorf("%d failing removals left untried, want 0", left)
+	}
+}
+
+// runStandbyPool runs a pool of one standby member per parent made by
+// m until the test ends.
+func runStandbyPool(t *testing.T, m *fakeMaker) *Pool {
+	p := NewPool(PoolConfig{Standby: 1, StandbyIdle: time.Hour, RetryDelay: 10 * time.Millisecond}, m, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return p
 }
 
 // TestPoolStandbyRetryBounded: a delete (Freed) retries one parent

@@ -133,7 +133,20 @@ func (m *Manager) giveWay(ctx context.Context, admit func() (func(), error)) (fu
 		}
 		m.log.InfoContext(ctx, "standby member gives way to a sandbox refused for room", slog.String("member_id", id),
 			slog.String("refused", busy.SandboxID), slog.String("resource", busy.Resource.String()), slog.String("principal", busy.Principal))
-		maker{m}.Discard(ctx, id)
+		m.pool.Remove(ctx, id)
+	}
+}
+
+// endAdmission releases an admission (giveWay's release) once the work
+// it admitted ended. Work that did not keep the room — a create, a claim
+// or a fork that failed or gave up — tells the pool it came back
+// (Pool.Freed), after the release so that the retry finds it free: a
+// standby member that gave way to it, or was refused for the room it
+// held, is made again now instead of after some later delete.
+func (m *Manager) endAdmission(release func(), kept bool) {
+	release()
+	if !kept {
+		m.pool.Freed()
 	}
 }
 
@@ -189,19 +202,17 @@ func standbyCovers(busy *apierr.FleetBusy, holds map[string]uint64, counts map[s
 }
 
 // Discard removes a pool member the pool no longer wants (Maker).
-func (mk maker) Discard(ctx context.Context, id string) {
+func (mk maker) Discard(ctx context.Context, id string) error {
 	cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := mk.m.deleteSandbox(cleanup, id); err != nil {
-		mk.m.log.Error("warm pool: remove member", slog.String("sandbox_id", id), slog.Any("error", err))
-	}
+	return mk.m.deleteSandbox(cleanup, id)
 }
 
 // forgetStandby removes the standby members of sandbox parent (being
 // deleted); ones being made are removed once made.
 func (m *Manager) forgetStandby(ctx context.Context, parent string) {
 	for _, id := range m.pool.Forget(parent) {
-		maker{m}.Discard(ctx, id)
+		m.pool.Remove(ctx, id)
 	}
 }
 
@@ -209,7 +220,7 @@ func (m *Manager) forgetStandby(ctx context.Context, parent string) {
 // a fork that did not reach it, or removes it when the pool has no room.
 func (m *Manager) returnStandby(ctx context.Context, parent, id string) {
 	if !m.pool.ReturnStandby(parent, id) {
-		maker{m}.Discard(ctx, id)
+		m.pool.Remove(ctx, id)
 	}
 }
 
