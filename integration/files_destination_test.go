@@ -405,3 +405,38 @@ func TestReadFileDestinationGVisor(t *testing.T) {
 	}
 	wantFileContent(t, f, append([]byte("g"), data[1:]...), int64(len(data)), "gVisor")
 }
+
+// TestReadFileDestinationOtherPrincipal: a caller who does not own the
+// sandbox gets NOT_FOUND with its descriptor sent as well as streamed,
+// and berthd writes nothing into its file (the descriptor is taken off
+// the connection before the sandbox is looked up, and only closed);
+// the owner's own ReadFile into a file is still copied by berthd.
+func TestReadFileDestinationOtherPrincipal(t *testing.T) {
+	need(t)
+	a := startAuthServer(t)
+	alice := dialClient(t, a.unixAddr, client.WithToken(aliceToken))
+	bob := dialClient(t, a.unixAddr, client.WithToken(bobToken))
+	ctx := fileCtx(t)
+	sb, err := alice.CreateSandbox(ctx, &berthv1.CreateSandboxRequest{Image: env.image})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { alice.DeleteSandbox(context.Background(), sb.GetId()) })
+	data := randomData(64<<10 + 3)
+	path := "/workspace/secret.bin"
+	if _, err := alice.WriteFile(ctx, sb.GetId(), path, bytes.NewReader(data)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 { // more than one: no descriptor left behind answers a later call
+		f := destFile(t, "bob's ")
+		if _, err := bob.ReadFile(ctx, sb.GetId(), path, f); !isClientReason(err, codes.NotFound, client.ReasonSandboxNotFound) {
+			t.Errorf("bob's ReadFile %d of alice's sandbox into his file: %v, want NOT_FOUND SANDBOX_NOT_FOUND", i, err)
+		}
+		wantFileContent(t, f, []byte("bob's "), 6, "bob's file after his refused ReadFile")
+	}
+	own := destFile(t, "")
+	if h, err := alice.ReadFile(ctx, sb.GetId(), path, own); err != nil || !h.GetWrittenToDestination() {
+		t.Errorf("alice's ReadFile into her file = header %v, %v; want it written by berthd", h, err)
+	}
+	wantFileContent(t, own, data, int64(len(data)), "alice's file")
+}
